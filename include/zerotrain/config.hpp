@@ -1,0 +1,285 @@
+// Configuration: a DeepSpeed JSON config and HF-TrainingArguments-style options, parsed once
+// into typed, validated structs, then "auto" values resolved with HF Trainer's semantics.
+//
+// Thread-safety: the functions here are pure (no global state besides the log sink) and may be
+// called from any thread. Nothing here is collective.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zerotrain/error.hpp"
+
+namespace zt {
+
+/// A DeepSpeed setting that may be left out (the default applies), written as "auto" (resolved
+/// later from the training arguments or the model), or written with a concrete value.
+template <typename T>
+class Auto {
+ public:
+  enum class State { kUnset, kAuto, kSet };
+
+  Auto() = default;
+  explicit Auto(T default_value) : value_(std::move(default_value)) {}
+
+  State state() const { return state_; }
+  bool is_auto() const { return state_ == State::kAuto; }
+  bool is_set() const { return state_ == State::kSet; }    ///< a concrete value was written
+  bool is_unset() const { return state_ == State::kUnset; }
+
+  /// The value (the default when unset). Throws ConfigError when still "auto": the engine calls
+  /// `check_resolved` first, so reaching this is a bug in the caller.
+  const T& value() const {
+    if (state_ == State::kAuto) throw ConfigError("internal: an \"auto\" value was read before resolution");
+    return value_;
+  }
+
+  void set(T v) { value_ = std::move(v); state_ = State::kSet; }
+  void set_auto() { state_ = State::kAuto; }
+  /// Fills an "auto" (or unset) value; keeps it distinguishable from a written one.
+  void resolve(T v) {
+    value_ = std::move(v);
+    if (state_ == State::kAuto) state_ = State::kUnset;
+  }
+
+ private:
+  T value_{};
+  State state_ = State::kUnset;
+};
+
+enum class OffloadDevice { kNone, kCpu, kNvme };
+
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  bool pin_memory = false;
+  std::string nvme_path;
+  int64_t buffer_count = 4;
+  bool enabled() const { return device != OffloadDevice::kNone; }
+};
+
+/// `zero_optimization` (REFERENCE §1). Sizes are in elements, as in DeepSpeed.
+struct ZeroConfig {
+  int stage = 0;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  Auto<int64_t> reduce_bucket_size{500000000};
+  int64_t allgather_bucket_size = 500000000;
+  /// Unset means DeepSpeed's default: on for stage 3, off otherwise (see `overlap()`).
+  std::optional<bool> overlap_comm;
+  OffloadConfig offload_optimizer;
+  OffloadConfig offload_param;
+  int64_t sub_group_size = 1000000000;
+  Auto<int64_t> stage3_prefetch_bucket_size{50000000};
+  Auto<int64_t> stage3_param_persistence_threshold{100000};
+  int64_t stage3_max_live_parameters = 1000000000;
+  int64_t stage3_max_reuse_distance = 1000000000;
+  bool stage3_gather_16bit_weights_on_model_save = false;
+  bool round_robin_gradients = false;
+  bool ignore_unused_parameters = true;
+
+  bool overlap() const { return overlap_comm.value_or(stage == 3); }
+};
+
+/// The parameters of DeepSpeed's DynamicLossScaler, after the "no scaler keys" quirk.
+struct LossScalerParams {
+  bool dynamic = true;
+  double initial_scale = 4294967296.0;  ///< 2^32: DeepSpeed's class default
+  int64_t scale_window = 1000;
+  int64_t hysteresis = 1;  ///< DeepSpeed's delayed_shift
+  bool consecutive_hysteresis = false;
+  double min_scale = 1.0;
+};
+
+struct Fp16Config {
+  Auto<bool> enabled{false};
+  bool auto_cast = false;
+  double loss_scale = 0.0;  ///< 0 = dynamic; otherwise a static scale
+  int64_t initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int64_t hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+  /// True when any of initial_scale_power, loss_scale_window, min_loss_scale, hysteresis,
+  /// consecutive_hysteresis was written. When none was, DeepSpeed uses its class defaults.
+  bool scaler_keys_given = false;
+
+  /// The scaler DeepSpeed would build from this block.
+  LossScalerParams scaler() const;
+};
+
+struct Bf16Config {
+  Auto<bool> enabled{false};
+};
+
+enum class OptimizerType { kAdamW, kAdam, kSgd };
+
+/// `optimizer`. When the block is absent, `present` is false and resolution fills it from the
+/// training arguments (the Trainer's own AdamW).
+struct OptimizerConfig {
+  bool present = false;
+  std::string type_name = "AdamW";  ///< as written
+  OptimizerType type = OptimizerType::kAdamW;
+  Auto<double> lr{1e-3};
+  Auto<std::array<double, 2>> betas{{0.9, 0.999}};
+  Auto<double> eps{1e-8};
+  Auto<double> weight_decay{0.0};
+  bool bias_correction = true;
+  double momentum = 0.0;  ///< SGD only
+};
+
+enum class SchedulerType { kWarmupLR, kWarmupDecayLR, kWarmupCosineLR, kOneCycle, kLRRangeTest };
+enum class WarmupType { kLog, kLinear };
+
+/// `scheduler`. When absent, the Trainer's `lr_scheduler_type` schedule is used instead.
+struct SchedulerConfig {
+  bool present = false;
+  SchedulerType type = SchedulerType::kWarmupLR;
+  std::string type_name;
+  // WarmupLR / WarmupDecayLR / WarmupCosineLR
+  Auto<double> warmup_min_lr{0.0};
+  Auto<double> warmup_max_lr{0.001};
+  Auto<int64_t> warmup_num_steps{1000};
+  Auto<int64_t> total_num_steps{0};
+  WarmupType warmup_type = WarmupType::kLog;
+  double warmup_min_ratio = 0.0;  ///< WarmupCosineLR
+  double cos_min_ratio = 0.0001;  ///< WarmupCosineLR
+  // OneCycle
+  double cycle_min_lr = 0.0;
+  double cycle_max_lr = 0.0;
+  double decay_lr_rate = 0.0;
+  int64_t cycle_first_step_size = 2000;
+  std::optional<int64_t> cycle_second_step_size;  ///< defaults to the first
+  int64_t cycle_first_stair_count = 0;
+  std::optional<int64_t> cycle_second_stair_count;
+  int64_t decay_step_size = 0;
+  // LRRangeTest
+  double lr_range_test_min_lr = 0.001;
+  int64_t lr_range_test_step_size = 2000;
+  double lr_range_test_step_rate = 1.0;
+  bool lr_range_test_staircase = false;
+};
+
+enum class CommDataType { kDefault, kFp32, kFp16, kBf16 };
+
+/// A whole DeepSpeed config.
+struct DeepSpeedConfig {
+  std::string source = "<default>";  ///< file path, or "<string>" for inline JSON
+  Auto<int64_t> train_batch_size;
+  Auto<int64_t> train_micro_batch_size_per_gpu;
+  Auto<int64_t> gradient_accumulation_steps;
+  Auto<double> gradient_clipping{0.0};
+  int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  CommDataType communication_data_type = CommDataType::kDefault;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  ZeroConfig zero;
+  Fp16Config fp16;
+  Bf16Config bf16;
+  /// Unknown keys and ignored monitoring blocks, each with its JSON path (also logged).
+  std::vector<std::string> warnings;
+};
+
+/// Parses DeepSpeed JSON text. `source` names it in messages (a path, or "<string>").
+/// Throws ConfigError with the JSON path for malformed JSON, wrong types, out-of-range or
+/// unsupported values. Unknown keys become warnings.
+DeepSpeedConfig parse_deepspeed_config(std::string_view json, const std::string& source = "<string>");
+
+/// Reads and parses a DeepSpeed config file. A missing/unreadable file is an IoError.
+DeepSpeedConfig load_deepspeed_config(const std::string& path);
+
+/// Training options with HF TrainingArguments names and defaults.
+struct TrainingArguments {
+  std::string output_dir = "trainer_output";
+  bool overwrite_output_dir = false;
+  bool do_train = true;
+  bool do_eval = false;
+  int64_t per_device_train_batch_size = 8;
+  int64_t per_device_eval_batch_size = 8;
+  int64_t gradient_accumulation_steps = 1;
+  double learning_rate = 5e-5;
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;
+  double num_train_epochs = 3.0;
+  int64_t max_steps = -1;
+  int64_t warmup_steps = 0;
+  double warmup_ratio = 0.0;
+  std::string lr_scheduler_type = "linear";
+  std::string optim = "adamw_torch";
+  bool fp16 = false;
+  bool bf16 = false;
+  int64_t seed = 42;
+  std::optional<int64_t> data_seed;
+  int64_t logging_steps = 500;
+  bool logging_first_step = false;
+  int64_t save_steps = 500;
+  std::optional<int64_t> save_total_limit;
+  bool gradient_checkpointing = false;
+  bool dataloader_drop_last = false;
+  /// DeepSpeed config: a path to a JSON file, or inline JSON text starting with '{'.
+  std::string deepspeed;
+  int64_t ddp_timeout = 1800;          ///< seconds, for collectives
+  int64_t rendezvous_timeout = 300;    ///< seconds, for start-up
+  std::string report_to = "none";
+  std::string run_name;
+  bool disable_tqdm = false;
+
+  /// Names of the options that were given explicitly (flag or JSON key), as opposed to defaulted.
+  std::set<std::string> given;
+  bool is_given(const std::string& name) const { return given.count(name) != 0; }
+};
+
+/// Applies `--name value` / `--name=value` flags (`--fp16` alone means true; `True`/`false`/`1`
+/// accepted). `--local_rank N` is accepted and ignored. Positional arguments are returned in
+/// order. Throws ConfigError naming an unknown flag or a bad value.
+std::vector<std::string> apply_training_flags(TrainingArguments& args,
+                                              const std::vector<std::string>& argv);
+
+/// Applies a JSON object of the same names. `source` names it in messages.
+void apply_training_json(TrainingArguments& args, std::string_view json_object,
+                         const std::string& source = "<string>");
+
+/// The DeepSpeed config the arguments name: none (an empty DeepSpeedConfig: plain data
+/// parallel, stage 0), inline JSON text, or a file path.
+DeepSpeedConfig deepspeed_config_for(const TrainingArguments& args);
+
+/// Every option name the parser accepts (for help output).
+std::vector<std::string> training_option_names();
+
+/// What resolution may know beyond the configs themselves.
+struct ResolveContext {
+  int world_size = 1;
+  std::optional<int64_t> hidden_size;        ///< once the model is known
+  std::optional<int64_t> total_train_steps;  ///< once the data size is known
+};
+
+/// Resolves "auto" values with HF Trainer's semantics and reconciles both configs, in place:
+/// afterwards `args` and `ds` agree on batch sizes, optimizer hyper-parameters, clipping and
+/// precision. A written DeepSpeed value overrides a defaulted argument; one that contradicts an
+/// explicitly given argument is a ConfigError naming both. May be called again with more
+/// context (model, run length) to resolve what remained "auto".
+void resolve_config(DeepSpeedConfig& ds, TrainingArguments& args, const ResolveContext& context);
+
+/// The JSON paths that are still "auto" (empty when everything is resolved).
+std::vector<std::string> unresolved_keys(const DeepSpeedConfig& ds);
+
+/// Throws ConfigError listing every value still "auto" and what would resolve it.
+void check_resolved(const DeepSpeedConfig& ds);
+
+/// The effective warmup step count: warmup_steps if > 0, else ceil(warmup_ratio * total).
+int64_t warmup_steps_for(const TrainingArguments& args, int64_t total_train_steps);
+
+/// One line per setting, for logs and `zerotrain config`.
+std::string describe(const DeepSpeedConfig& ds);
+
+}  // namespace zt

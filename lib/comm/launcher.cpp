@@ -1,0 +1,182 @@
+// launch_local: N ranks as child processes, torchrun-style, killed together on failure.
+#include "zerotrain/launch.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "zerotrain/error.hpp"
+
+extern char** environ;
+
+namespace zt {
+
+int pick_free_port(const std::string& addr) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw DistributedError(fmt::format("socket(): {}", std::strerror(errno)));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = 0;
+  if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw DistributedError(fmt::format("cannot bind a free port on {}: {}", addr, std::strerror(err)));
+  }
+  socklen_t len = sizeof(sa);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+std::string LaunchResult::summary() const {
+  std::string out;
+  for (const RankExit& r : ranks) {
+    if (!out.empty()) out += "\n";
+    if (r.signal != 0) {
+      out += fmt::format("rank {}: killed by signal {}{}", r.rank, r.signal,
+                         r.killed_by_launcher ? " (by the launcher)" : "");
+    } else {
+      out += fmt::format("rank {}: exit {}", r.rank, r.exit_code);
+    }
+  }
+  if (timed_out) out += "\n(the launch timed out)";
+  return out;
+}
+
+LaunchResult launch_local(const std::vector<std::string>& command,
+                          const LocalLaunchOptions& options) {
+  if (command.empty()) throw InvalidArgument("launch_local: empty command");
+  if (options.nproc < 1) throw InvalidArgument("launch_local: nproc must be at least 1");
+  const int port = options.master_port > 0 ? options.master_port : pick_free_port(options.master_addr);
+
+  // Everything the child needs is built before fork(): only async-signal-safe calls after it.
+  std::vector<char*> argv;
+  for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+
+  static const char* kOwned[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=",
+                                 "MASTER_ADDR=", "MASTER_PORT=", "GROUP_RANK=",
+                                 "TORCHELASTIC_USE_AGENT_STORE="};
+  std::vector<std::string> base_env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    bool owned = false;
+    for (const char* k : kOwned) owned = owned || std::strncmp(*e, k, std::strlen(k)) == 0;
+    for (const auto& kv : options.env) {
+      owned = owned || std::strncmp(*e, (kv.first + "=").c_str(), kv.first.size() + 1) == 0;
+    }
+    if (!owned) base_env.emplace_back(*e);
+  }
+  for (const auto& kv : options.env) base_env.push_back(kv.first + "=" + kv.second);
+
+  LaunchResult result;
+  std::vector<pid_t> pids(static_cast<size_t>(options.nproc), -1);
+  std::vector<std::vector<std::string>> env_strings(static_cast<size_t>(options.nproc));
+  std::vector<std::vector<char*>> envps(static_cast<size_t>(options.nproc));
+  for (int r = 0; r < options.nproc; ++r) {
+    auto& es = env_strings[static_cast<size_t>(r)];
+    es = base_env;
+    es.push_back(fmt::format("RANK={}", r));
+    es.push_back(fmt::format("LOCAL_RANK={}", r));
+    es.push_back(fmt::format("GROUP_RANK=0"));
+    es.push_back(fmt::format("WORLD_SIZE={}", options.nproc));
+    es.push_back(fmt::format("LOCAL_WORLD_SIZE={}", options.nproc));
+    es.push_back(fmt::format("MASTER_ADDR={}", options.master_addr));
+    es.push_back(fmt::format("MASTER_PORT={}", port));
+    for (std::string& s : es) envps[static_cast<size_t>(r)].push_back(s.data());
+    envps[static_cast<size_t>(r)].push_back(nullptr);
+    RankExit x;
+    x.rank = r;
+    if (!options.output_dir.empty()) x.log_path = fmt::format("{}/rank{}.log", options.output_dir, r);
+    result.ranks.push_back(x);
+  }
+
+  const pid_t parent = ::getpid();
+  for (int r = 0; r < options.nproc; ++r) {
+    int log_fd = -1;
+    if (!options.output_dir.empty()) {
+      const std::string& path = result.ranks[static_cast<size_t>(r)].log_path;
+      log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (log_fd < 0) {
+        for (pid_t p : pids) if (p > 0) ::kill(p, SIGKILL);
+        throw InvalidArgument(fmt::format("cannot create '{}': {}", path, std::strerror(errno)));
+      }
+    }
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(125);
+      if (log_fd >= 0) {
+        ::dup2(log_fd, 1);
+        ::dup2(log_fd, 2);
+      }
+      ::execvpe(argv[0], argv.data(), envps[static_cast<size_t>(r)].data());
+      const char msg[] = "zerotrain launch: cannot execute the command\n";
+      ssize_t ignored = ::write(2, msg, sizeof(msg) - 1);
+      (void)ignored;
+      ::_exit(127);
+    }
+    if (log_fd >= 0) ::close(log_fd);
+    if (pid < 0) {
+      for (pid_t p : pids) if (p > 0) ::kill(p, SIGKILL);
+      throw InvalidArgument(fmt::format("fork() failed: {}", std::strerror(errno)));
+    }
+    pids[static_cast<size_t>(r)] = pid;
+  }
+
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  Clock::time_point kill_at = Clock::time_point::max();  // after the first failure + grace
+  int running = options.nproc;
+  while (running > 0) {
+    for (int r = 0; r < options.nproc; ++r) {
+      pid_t& pid = pids[static_cast<size_t>(r)];
+      if (pid <= 0) continue;
+      int status = 0;
+      pid_t got = ::waitpid(pid, &status, WNOHANG);
+      if (got == 0) continue;
+      RankExit& x = result.ranks[static_cast<size_t>(r)];
+      if (got < 0) {
+        x.exit_code = -1;
+      } else if (WIFEXITED(status)) {
+        x.exit_code = WEXITSTATUS(status);
+      } else if (WIFSIGNALED(status)) {
+        x.signal = WTERMSIG(status);
+      }
+      pid = -1;
+      --running;
+      bool failed = x.exit_code != 0 || x.signal != 0;
+      if (failed && result.first_failed_rank < 0 && !x.killed_by_launcher) {
+        result.first_failed_rank = r;
+        kill_at = Clock::now() + options.grace;
+      }
+    }
+    auto now = Clock::now();
+    bool timeout = options.timeout.count() > 0 && now - start > options.timeout;
+    if (timeout) result.timed_out = true;
+    if (timeout || now >= kill_at) {
+      for (int r = 0; r < options.nproc; ++r) {
+        if (pids[static_cast<size_t>(r)] > 0) {
+          ::kill(pids[static_cast<size_t>(r)], SIGKILL);
+          result.ranks[static_cast<size_t>(r)].killed_by_launcher = true;
+        }
+      }
+      kill_at = Clock::time_point::max();
+    }
+    if (running > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return result;
+}
+
+}  // namespace zt

@@ -1,0 +1,355 @@
+// The GPU backend: NCCL on a communication stream of its own.
+//
+// Ordering without host syncs: each op records an event on the caller's compute stream and makes
+// the communication stream wait on it (so the op sees every kernel that produced its inputs),
+// launches NCCL on the communication stream, and records a completion event there.
+// Work::wait() makes the caller's current stream wait on that event; only synchronize() blocks
+// the host. A watchdog thread polls completion events and ncclCommGetAsyncError: an op that
+// outlives the timeout, or an asynchronous NCCL error (a dead peer), aborts the communicator so
+// that kernels stuck waiting for a peer exit, and every later call throws DistributedError
+// instead of hanging. Tensors stay referenced until their op completed, so the caching allocator
+// never hands their memory to the compute stream while NCCL still uses it.
+#include <nccl.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "comm/backends.hpp"
+#include "comm/cuda_glue.hpp"
+#include "comm/rendezvous.hpp"
+#include "comm/work.hpp"
+#include "util/log.hpp"
+#include "zerotrain/error.hpp"
+
+static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0), "zerotrain needs NCCL 2.18 or newer");
+
+namespace zt::comm {
+namespace {
+
+std::string nccl_version() {
+  int v = 0;
+  ncclGetVersion(&v);
+  return fmt::format("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100);
+}
+
+[[noreturn]] void throw_cuda(cudaError_t e, const char* expr, const char* file, int line) {
+  std::string msg = fmt::format("CUDA error '{}' in {} ({}:{})", cudaGetErrorString(e), expr, file,
+                                line);
+  if (e == cudaErrorMemoryAllocation) throw OutOfMemoryError(msg);
+  throw DistributedError(msg);
+}
+
+#define ZT_CUDA_CHECK(expr)                                          \
+  do {                                                               \
+    cudaError_t zt_err_ = (expr);                                    \
+    if (zt_err_ != cudaSuccess) throw_cuda(zt_err_, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+[[noreturn]] void throw_nccl(ncclResult_t r, ncclComm_t comm, const std::string& what,
+                             const char* file, int line) {
+  const char* detail = comm != nullptr ? ncclGetLastError(comm) : ncclGetLastError(nullptr);
+  throw DistributedError(fmt::format("{}: NCCL error '{}'{}{} (NCCL {}, {}:{})", what,
+                                     ncclGetErrorString(r), detail && *detail ? ": " : "",
+                                     detail ? detail : "", nccl_version(), file, line));
+}
+
+#define ZT_NCCL_CHECK(expr, comm, what)                                          \
+  do {                                                                           \
+    ncclResult_t zt_res_ = (expr);                                               \
+    if (zt_res_ != ncclSuccess) throw_nccl(zt_res_, comm, what, __FILE__, __LINE__); \
+  } while (0)
+
+ncclDataType_t nccl_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ncclFloat32;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kHalf: return ncclFloat16;
+    case at::kLong: return ncclInt64;
+    default: throw InvalidArgument(fmt::format("NCCL: unsupported dtype {}", c10::toString(t)));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+  }
+  return ncclSum;
+}
+
+// An event destroyed when the last holder lets go (CUDA defers the release until it completed).
+struct Event {
+  cudaEvent_t handle = nullptr;
+  Event() { ZT_CUDA_CHECK(cudaEventCreateWithFlags(&handle, cudaEventDisableTiming)); }
+  ~Event() { cudaEventDestroy(handle); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+};
+
+class NcclCommunicator;
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(NcclCommunicator* owner, std::shared_ptr<Event> done, std::string what)
+      : owner_(owner), done_(std::move(done)), what_(std::move(what)) {}
+  void wait() override;
+  void synchronize() override;
+
+ private:
+  NcclCommunicator* owner_;
+  std::shared_ptr<Event> done_;
+  std::string what_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnv& env,
+                   const CommOptions& options)
+      : rank_(env.rank), world_(env.world_size), device_(options.device),
+        timeout_(options.timeout) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      cudaGetLastError();  // clear the sticky error of a machine without a driver
+      throw DistributedError(fmt::format("rank {}: the NCCL backend needs a CUDA device, but none "
+                                         "is visible (CUDA_VISIBLE_DEVICES, driver?)",
+                                         rank_));
+    }
+    index_ = device_.has_index() ? device_.index() : 0;
+    if (index_ >= count) {
+      throw DistributedError(fmt::format("rank {}: CUDA device {} does not exist ({} visible)",
+                                         rank_, index_, count));
+    }
+    ZT_CUDA_CHECK(cudaSetDevice(index_));
+    int low = 0, high = 0;
+    ZT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&low, &high));
+    // High priority, so communication kernels are not starved by the compute stream.
+    ZT_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, high));
+
+    ncclUniqueId id;
+    const std::string key = key_prefix() + "nccl_unique_id";
+    if (rank_ == 0) {
+      ZT_NCCL_CHECK(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
+      const auto* p = reinterpret_cast<const uint8_t*>(&id);
+      if (world_ > 1) store->set(key, std::vector<uint8_t>(p, p + sizeof(id)));
+    } else {
+      std::vector<uint8_t> bytes;
+      try {
+        bytes = store->get(key);
+      } catch (const std::exception& e) {
+        throw DistributedError(fmt::format("rank {}: did not receive NCCL's id from rank 0: {}",
+                                           rank_, e.what()));
+      }
+      if (bytes.size() != sizeof(id)) throw DistributedError("malformed NCCL id in the store");
+      std::memcpy(&id, bytes.data(), sizeof(id));
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 1;
+    ZT_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world_, id, rank_, &config), nullptr,
+                  fmt::format("rank {}: ncclCommInitRank ({} ranks)", rank_, world_));
+    watchdog_ = std::thread([this] { watch(); });
+  }
+
+  ~NcclCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    if (!aborted_) {
+      cudaStreamSynchronize(stream_);
+      ncclCommDestroy(comm_);
+    }
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  at::Device device() const override { return device_; }
+  Backend backend() const override { return Backend::kNccl; }
+
+  WorkHandle all_reduce(const at::Tensor& t, ReduceOp op) override {
+    check_tensor(t, device_, "all_reduce", "tensor");
+    check_op(t, op, "all_reduce");
+    return launch("all_reduce", {t}, [&] {
+      return ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()),
+                           nccl_type(t.scalar_type()), nccl_op(op), comm_, stream_);
+    });
+  }
+
+  WorkHandle reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
+    check_tensor(out, device_, "reduce_scatter", "output");
+    check_tensor(in, device_, "reduce_scatter", "input");
+    check_sizes(out, in, world_, "reduce_scatter");
+    check_op(in, op, "reduce_scatter");
+    return launch("reduce_scatter", {out, in}, [&] {
+      return ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
+                               nccl_type(in.scalar_type()), nccl_op(op), comm_, stream_);
+    });
+  }
+
+  WorkHandle all_gather(const at::Tensor& out, const at::Tensor& in) override {
+    check_tensor(out, device_, "all_gather", "output");
+    check_tensor(in, device_, "all_gather", "input");
+    check_sizes(in, out, world_, "all_gather");
+    return launch("all_gather", {out, in}, [&] {
+      return ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()),
+                           nccl_type(in.scalar_type()), comm_, stream_);
+    });
+  }
+
+  WorkHandle broadcast(const at::Tensor& t, int root) override {
+    check_tensor(t, device_, "broadcast", "tensor");
+    if (root < 0 || root >= world_) {
+      throw InvalidArgument(fmt::format("broadcast: root {} is not a rank of {}", root, world_));
+    }
+    return launch("broadcast", {t}, [&] {
+      return ncclBroadcast(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()),
+                           nccl_type(t.scalar_type()), root, comm_, stream_);
+    });
+  }
+
+  void barrier() override {
+    // A one-element all-reduce, waited on by the host: NCCL has no barrier of its own.
+    at::Tensor one = at::ones({1}, at::TensorOptions().device(device_).dtype(at::kFloat));
+    all_reduce(one, ReduceOp::kSum)->synchronize();
+  }
+
+  // Throws the watchdog's error, if any.
+  void check_healthy() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_.empty()) throw DistributedError(error_);
+  }
+
+  void stream_wait(const std::shared_ptr<Event>& done) {
+    check_healthy();
+    ZT_CUDA_CHECK(cudaStreamWaitEvent(cuda_glue::current_stream(index_), done->handle, 0));
+  }
+
+  void host_wait(const std::shared_ptr<Event>& done) {
+    for (;;) {
+      cudaError_t e = cudaEventQuery(done->handle);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) throw_cuda(e, "cudaEventQuery", __FILE__, __LINE__);
+      check_healthy();  // the watchdog turns timeouts and dead peers into an error
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+ private:
+  struct Pending {
+    std::shared_ptr<Event> done;
+    std::vector<at::Tensor> keep_alive;
+    std::chrono::steady_clock::time_point started;
+    std::string what;
+  };
+
+  template <typename Launch>
+  WorkHandle launch(const char* op, std::vector<at::Tensor> tensors, Launch&& nccl_call) {
+    check_healthy();
+    std::string what = fmt::format("nccl {} #{} on rank {} of {}", op, ++sequence_, rank_, world_);
+    // The communication stream must see every kernel that wrote the inputs: an event on the
+    // compute stream, waited on by the communication stream (no host sync).
+    auto ready = std::make_shared<Event>();
+    ZT_CUDA_CHECK(cudaEventRecord(ready->handle, cuda_glue::current_stream(index_)));
+    ZT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready->handle, 0));
+    ZT_NCCL_CHECK(nccl_call(), comm_, what);
+    auto done = std::make_shared<Event>();
+    ZT_CUDA_CHECK(cudaEventRecord(done->handle, stream_));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pending_.push_back(Pending{done, std::move(tensors), std::chrono::steady_clock::now(), what});
+    }
+    wake_.notify_all();
+    return std::make_unique<NcclWork>(this, done, what);
+  }
+
+  void fail(const std::string& message) {
+    // Called by the watchdog with mutex_ held.
+    error_ = message;
+    log::error("{}", message);
+    ncclCommAbort(comm_);  // unblocks kernels waiting for a dead peer
+    aborted_ = true;
+    pending_.clear();
+  }
+
+  void watch() {
+    cudaSetDevice(index_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stopping_) {
+      if (pending_.empty() || aborted_) {
+        wake_.wait_for(lock, std::chrono::milliseconds(100));
+        continue;
+      }
+      // Completed ops release their tensors in issue order.
+      cudaError_t query = cudaSuccess;
+      while (!pending_.empty()) {
+        query = cudaEventQuery(pending_.front().done->handle);
+        if (query != cudaSuccess) break;
+        pending_.pop_front();
+      }
+      if (query != cudaSuccess && query != cudaErrorNotReady) {
+        fail(fmt::format("{}: CUDA error '{}' while waiting for it", pending_.front().what,
+                         cudaGetErrorString(query)));
+        continue;
+      }
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        fail(fmt::format("rank {}: NCCL reported an asynchronous error '{}': {} — a peer may have "
+                         "died; the communicator was aborted (NCCL {})",
+                         rank_, ncclGetErrorString(async), ncclGetLastError(comm_),
+                         nccl_version()));
+        continue;
+      }
+      if (!pending_.empty() &&
+          std::chrono::steady_clock::now() - pending_.front().started > timeout_) {
+        fail(fmt::format("{} did not finish within the {} s timeout (ddp_timeout) — a peer is "
+                         "stuck or dead; the communicator was aborted",
+                         pending_.front().what,
+                         std::chrono::duration_cast<std::chrono::seconds>(timeout_).count()));
+        continue;
+      }
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      lock.lock();
+    }
+  }
+
+  int rank_;
+  int world_;
+  at::Device device_;
+  int index_ = 0;
+  std::chrono::milliseconds timeout_;
+  cudaStream_t stream_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  int64_t sequence_ = 0;
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Pending> pending_;
+  std::string error_;
+  bool aborted_ = false;
+  bool stopping_ = false;
+  std::thread watchdog_;
+};
+
+void NcclWork::wait() { owner_->stream_wait(done_); }
+
+void NcclWork::synchronize() { owner_->host_wait(done_); }
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const LaunchEnv& env,
+                                                     const CommOptions& options) {
+  return std::make_unique<NcclCommunicator>(store, env, options);
+}
+
+}  // namespace zt::comm

@@ -1,0 +1,110 @@
+// Rendezvous through a c10d TCPStore with timeouts that name what is missing.
+#include "comm/rendezvous.hpp"
+
+#include <thread>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "util/log.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt::comm {
+
+std::string key_prefix() {
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return fmt::format("zt/{}/", restart ? restart : "0");
+}
+
+c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout,
+                                           std::chrono::milliseconds op_timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + timeout;
+  const std::string where = fmt::format("{}:{}", env.master_addr, env.master_port);
+  const bool serve = env.rank == 0 && !env.agent_store;
+
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(env.master_port);
+  opts.isServer = serve;
+  opts.waitWorkers = false;  // arrival is checked below, where missing ranks can be named
+  opts.timeout = timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  } catch (const std::exception& e) {
+    if (serve) {
+      throw DistributedError(fmt::format(
+          "rank 0 cannot serve the rendezvous store on {}: {} — is the port already in use? "
+          "Choose a free MASTER_PORT.",
+          where, e.what()));
+    }
+    throw DistributedError(fmt::format(
+        "rank {} cannot reach the rendezvous store at {} within {} s: {} — is rank 0 running, "
+        "and are MASTER_ADDR/MASTER_PORT right?",
+        env.rank, where, timeout.count() / 1000, e.what()));
+  }
+
+  const std::string prefix = key_prefix() + "arrived/";
+  std::vector<std::string> keys;
+  for (int r = 0; r < env.world_size; ++r) keys.push_back(prefix + std::to_string(r));
+  // Who is still missing, refreshed now and then: if rank 0 gives up first its store vanishes,
+  // and the other ranks must still be able to say whom they were waiting for.
+  std::vector<int> missing;
+  auto refresh_missing = [&] {
+    missing.clear();
+    for (int r = 0; r < env.world_size; ++r) {
+      if (!store->check({keys[static_cast<size_t>(r)]})) missing.push_back(r);
+    }
+  };
+  auto missing_text = [&] {
+    return missing.empty() ? std::string("none known")
+                           : fmt::format("rank(s) {} of {}", fmt::join(missing, ", "),
+                                         env.world_size);
+  };
+  try {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    std::string me = fmt::format("{} pid {}", host, static_cast<long>(getpid()));
+    store->set(keys[static_cast<size_t>(env.rank)], std::vector<uint8_t>(me.begin(), me.end()));
+    auto next_refresh = Clock::now();
+    while (!store->check(keys)) {
+      if (Clock::now() >= next_refresh) {
+        refresh_missing();
+        next_refresh = Clock::now() + std::chrono::milliseconds(500);
+      }
+      if (Clock::now() >= deadline) {
+        refresh_missing();
+        throw DistributedError(fmt::format(
+            "rendezvous at {} timed out after {} s on rank {}: {} never arrived — check that "
+            "every rank was started with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE",
+            where, timeout.count() / 1000, env.rank, missing_text()));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const DistributedError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw DistributedError(fmt::format(
+        "rendezvous at {} failed on rank {}: lost the store ({}) — rank 0 gave up or died; "
+        "still missing when last checked: {}",
+        where, env.rank, e.what(), missing_text()));
+  }
+  store->setTimeout(op_timeout);
+  log::debug("rank {}/{} joined the rendezvous at {}", env.rank, env.world_size, where);
+  return store;
+}
+
+}  // namespace zt::comm
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "comm/backends.hpp"
+
+namespace zt::comm {
+
+c10::intrusive_ptr<c10d::Store> local_store() { return c10::make_intrusive<c10d::HashStore>(); }
+
+}  // namespace zt::comm

@@ -1,0 +1,309 @@
+// TrainingArguments from `--name value` flags or a JSON object, through one option table.
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <variant>
+
+#include <fmt/format.h>
+
+#include "util/files.hpp"
+#include "util/json.hpp"
+#include "zerotrain/config.hpp"
+
+namespace zt {
+namespace {
+
+using Args = TrainingArguments;
+using Member = std::variant<bool Args::*, int64_t Args::*, double Args::*, std::string Args::*,
+                            std::optional<int64_t> Args::*>;
+
+struct Option {
+  const char* name;
+  Member member;
+  std::vector<std::string> choices = {};  // for strings; empty = free text
+  double min = -1e308;                    // for numbers
+};
+
+const std::vector<Option>& options() {
+  static const std::vector<Option> table = {
+      {"output_dir", &Args::output_dir},
+      {"overwrite_output_dir", &Args::overwrite_output_dir},
+      {"do_train", &Args::do_train},
+      {"do_eval", &Args::do_eval},
+      {"per_device_train_batch_size", &Args::per_device_train_batch_size, {}, 1},
+      {"per_device_eval_batch_size", &Args::per_device_eval_batch_size, {}, 1},
+      {"gradient_accumulation_steps", &Args::gradient_accumulation_steps, {}, 1},
+      {"learning_rate", &Args::learning_rate, {}, 0},
+      {"weight_decay", &Args::weight_decay, {}, 0},
+      {"adam_beta1", &Args::adam_beta1, {}, 0},
+      {"adam_beta2", &Args::adam_beta2, {}, 0},
+      {"adam_epsilon", &Args::adam_epsilon, {}, 0},
+      {"max_grad_norm", &Args::max_grad_norm, {}, 0},
+      {"num_train_epochs", &Args::num_train_epochs, {}, 0},
+      {"max_steps", &Args::max_steps, {}, -1},
+      {"warmup_steps", &Args::warmup_steps, {}, 0},
+      {"warmup_ratio", &Args::warmup_ratio, {}, 0},
+      {"lr_scheduler_type",
+       &Args::lr_scheduler_type,
+       {"linear", "cosine", "constant", "constant_with_warmup", "polynomial", "inverse_sqrt"}},
+      {"optim", &Args::optim, {"adamw_torch", "adamw_torch_fused", "adamw_hf", "sgd"}},
+      {"fp16", &Args::fp16},
+      {"bf16", &Args::bf16},
+      {"seed", &Args::seed, {}, 0},
+      {"data_seed", &Args::data_seed, {}, 0},
+      {"logging_steps", &Args::logging_steps, {}, 1},
+      {"logging_first_step", &Args::logging_first_step},
+      {"save_steps", &Args::save_steps, {}, 1},
+      {"save_total_limit", &Args::save_total_limit, {}, 1},
+      {"gradient_checkpointing", &Args::gradient_checkpointing},
+      {"dataloader_drop_last", &Args::dataloader_drop_last},
+      {"deepspeed", &Args::deepspeed},
+      {"ddp_timeout", &Args::ddp_timeout, {}, 1},
+      {"rendezvous_timeout", &Args::rendezvous_timeout, {}, 1},
+      {"report_to", &Args::report_to, {"none"}},
+      {"run_name", &Args::run_name},
+      {"disable_tqdm", &Args::disable_tqdm},
+  };
+  return table;
+}
+
+const Option* find_option(std::string_view name) {
+  for (const Option& o : options()) {
+    if (name == o.name) return &o;
+  }
+  return nullptr;
+}
+
+// Levenshtein distance, for "did you mean" hints on typos.
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string suggestion(std::string_view name) {
+  const Option* best = nullptr;
+  size_t best_d = 4;
+  for (const Option& o : options()) {
+    size_t d = edit_distance(name, o.name);
+    if (d < best_d) {
+      best_d = d;
+      best = &o;
+    }
+  }
+  return best ? fmt::format(" (did you mean '{}'?)", best->name) : "";
+}
+
+std::optional<bool> parse_bool_text(std::string_view s) {
+  if (s == "true" || s == "True" || s == "TRUE" || s == "1" || s == "yes") return true;
+  if (s == "false" || s == "False" || s == "FALSE" || s == "0" || s == "no") return false;
+  return std::nullopt;
+}
+
+std::optional<double> parse_double_text(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  char* end = nullptr;
+  double d = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || !std::isfinite(d)) return std::nullopt;
+  return d;
+}
+
+std::optional<int64_t> parse_int_text(const std::string& s) {
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec == std::errc() && p == s.data() + s.size()) return v;
+  // Integral floats such as 2e8, as users write sizes.
+  std::optional<double> d = parse_double_text(s);
+  if (d && std::floor(*d) == *d && std::fabs(*d) < 9.2e18) return static_cast<int64_t>(*d);
+  return std::nullopt;
+}
+
+// A value as it arrived: command-line text, or a JSON value.
+struct RawValue {
+  std::string text;
+  const rapidjson::Value* json = nullptr;
+  std::string shown() const { return json ? json::render(*json) : fmt::format("\"{}\"", text); }
+};
+
+[[noreturn]] void bad_value(const std::string& where, const Option& o, const RawValue& v,
+                            const std::string& expected) {
+  throw ConfigError(
+      fmt::format("{}{}: expected {}, found {}", where, o.name, expected, v.shown()));
+}
+
+void assign(Args& args, const Option& o, const RawValue& v, const std::string& where) {
+  struct Visitor {
+    Args& args;
+    const Option& o;
+    const RawValue& v;
+    const std::string& where;
+
+    void operator()(bool Args::*m) const {
+      std::optional<bool> b;
+      if (v.json && v.json->IsBool()) b = v.json->GetBool();
+      if (!v.json || v.json->IsString()) {
+        b = parse_bool_text(v.json ? v.json->GetString() : v.text);
+      }
+      if (!b) bad_value(where, o, v, "true or false");
+      args.*m = *b;
+    }
+    void operator()(int64_t Args::*m) const { args.*m = integer(); }
+    void operator()(std::optional<int64_t> Args::*m) const {
+      if ((v.json && v.json->IsNull()) || (!v.json && (v.text == "None" || v.text == "null"))) {
+        (args.*m).reset();
+        return;
+      }
+      args.*m = integer();
+    }
+    void operator()(double Args::*m) const {
+      std::optional<double> d;
+      if (v.json && v.json->IsNumber()) d = v.json->GetDouble();
+      if (!v.json) d = parse_double_text(v.text);
+      if (!d || *d < o.min) bad_value(where, o, v, fmt::format("a number >= {}", o.min));
+      args.*m = *d;
+    }
+    void operator()(std::string Args::*m) const {
+      std::string s;
+      if (v.json && v.json->IsString()) {
+        s.assign(v.json->GetString(), v.json->GetStringLength());
+      } else if (v.json && v.json->IsObject() && std::string_view(o.name) == "deepspeed") {
+        s = json::dump(*v.json);  // an inline DeepSpeed config
+      } else if (v.json) {
+        bad_value(where, o, v, "a string");
+      } else {
+        s = v.text;
+      }
+      if (!o.choices.empty() &&
+          std::find(o.choices.begin(), o.choices.end(), s) == o.choices.end()) {
+        std::string list;
+        for (const std::string& c : o.choices) list += (list.empty() ? "" : ", ") + c;
+        bad_value(where, o, v, "one of " + list);
+      }
+      args.*m = s;
+    }
+    int64_t integer() const {
+      std::optional<int64_t> i;
+      if (v.json && v.json->IsNumber()) i = json::as_integer(*v.json);
+      if (!v.json) i = parse_int_text(v.text);
+      if (!i || static_cast<double>(*i) < o.min) {
+        bad_value(where, o, v, fmt::format("an integer >= {}", o.min));
+      }
+      return *i;
+    }
+  };
+  std::visit(Visitor{args, o, v, where}, o.member);
+  args.given.insert(o.name);
+}
+
+// Checks that span several options.
+void validate(const Args& a, const std::string& where) {
+  if (a.fp16 && a.bf16) {
+    throw ConfigError(fmt::format("{}fp16 and bf16 are both true; choose one", where));
+  }
+  if (a.adam_beta1 >= 1.0 || a.adam_beta2 >= 1.0) {
+    throw ConfigError(fmt::format("{}adam_beta1 and adam_beta2 must be below 1 (found {}, {})",
+                                  where, a.adam_beta1, a.adam_beta2));
+  }
+  if (a.warmup_ratio > 1.0) {
+    throw ConfigError(fmt::format("{}warmup_ratio: expected a number in [0, 1], found {}", where,
+                                  a.warmup_ratio));
+  }
+}
+
+bool is_local_rank_flag(std::string_view name) {
+  return name == "local_rank" || name == "local-rank";
+}
+
+}  // namespace
+
+std::vector<std::string> training_option_names() {
+  std::vector<std::string> names;
+  for (const Option& o : options()) names.emplace_back(o.name);
+  return names;
+}
+
+std::vector<std::string> apply_training_flags(TrainingArguments& args,
+                                              const std::vector<std::string>& argv) {
+  std::vector<std::string> positional;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& token = argv[i];
+    if (token.size() < 3 || token.compare(0, 2, "--") != 0) {
+      positional.push_back(token);
+      continue;
+    }
+    std::string name = token.substr(2);
+    std::optional<std::string> inline_value;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      inline_value = name.substr(eq + 1);
+      name.resize(eq);
+    }
+    if (is_local_rank_flag(name)) {  // DeepSpeed's launcher passes it; ranks come from the env
+      if (!inline_value) ++i;
+      continue;
+    }
+    std::replace(name.begin(), name.end(), '-', '_');
+    const Option* o = find_option(name);
+    if (o == nullptr) {
+      throw ConfigError(fmt::format("unknown option --{}{}; see 'zerotrain train --help'", name,
+                                    suggestion(name)));
+    }
+    RawValue v;
+    if (inline_value) {
+      v.text = *inline_value;
+    } else if (std::holds_alternative<bool Args::*>(o->member)) {
+      // `--fp16` alone means true; `--fp16 False` is also accepted.
+      if (i + 1 < argv.size() && parse_bool_text(argv[i + 1])) {
+        v.text = argv[++i];
+      } else {
+        v.text = "true";
+      }
+    } else {
+      if (i + 1 >= argv.size()) {
+        throw ConfigError(fmt::format("--{} needs a value", name));
+      }
+      v.text = argv[++i];
+    }
+    assign(args, *o, v, "--");
+  }
+  validate(args, "");
+  return positional;
+}
+
+void apply_training_json(TrainingArguments& args, std::string_view text,
+                         const std::string& source) {
+  rapidjson::Document doc = json::parse(text, source);
+  if (!doc.IsObject()) {
+    throw ConfigError(fmt::format("{}: expected a JSON object of options, found {}", source,
+                                  json::type_name(doc)));
+  }
+  std::string where = source + ": ";
+  for (auto it = doc.MemberBegin(); it != doc.MemberEnd(); ++it) {
+    std::string name(it->name.GetString(), it->name.GetStringLength());
+    if (is_local_rank_flag(name)) continue;
+    const Option* o = find_option(name);
+    if (o == nullptr) {
+      throw ConfigError(fmt::format("{}{}: unknown option{}", where, name, suggestion(name)));
+    }
+    RawValue v;
+    v.json = &it->value;
+    assign(args, *o, v, where);
+  }
+  validate(args, where);
+}
+
+int64_t warmup_steps_for(const TrainingArguments& args, int64_t total_train_steps) {
+  if (args.warmup_steps > 0) return args.warmup_steps;
+  return static_cast<int64_t>(std::ceil(args.warmup_ratio * static_cast<double>(total_train_steps)));
+}
+
+}  // namespace zt

@@ -1,0 +1,143 @@
+#include "support/collectives.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <fmt/format.h>
+
+namespace zt::test {
+namespace {
+
+// A host tensor of doubles → the communicator's dtype and device.
+at::Tensor make(const std::vector<double>& values, at::ScalarType dtype, at::Device device) {
+  at::Tensor host = at::tensor(values, at::TensorOptions().dtype(at::kDouble));
+  return host.to(dtype).to(device).contiguous();
+}
+
+std::vector<double> read(const at::Tensor& t) {
+  at::Tensor host = t.to(at::kCPU).to(at::kDouble).contiguous();
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+}
+
+// Rank r's i-th input value: small integers so every sum over ≤ 8 ranks is exact in bf16.
+double value(int r, int64_t i) { return static_cast<double>((r + 1) * ((i % 5) + 1) % 13); }
+
+}  // namespace
+
+void check_collectives(Communicator& comm, at::ScalarType dtype) {
+  const int r = comm.rank();
+  const int w = comm.world_size();
+  const at::Device dev = comm.device();
+  const bool floating = at::isFloatingType(dtype);
+  INFO("rank " << r << " of " << w << ", dtype " << c10::toString(dtype) << ", " << dev.str());
+  const int64_t n = 11;  // odd on purpose
+
+  // all_reduce: sum, max and (floating) average.
+  std::vector<ReduceOp> ops{ReduceOp::kSum, ReduceOp::kMax};
+  if (floating) ops.push_back(ReduceOp::kAvg);
+  for (ReduceOp op : ops) {
+    std::vector<double> mine(n), expected(n);
+    for (int64_t i = 0; i < n; ++i) {
+      mine[i] = value(r, i);
+      double acc = op == ReduceOp::kMax ? -1e300 : 0.0;
+      for (int q = 0; q < w; ++q) acc = op == ReduceOp::kMax ? std::max(acc, value(q, i)) : acc + value(q, i);
+      expected[i] = op == ReduceOp::kAvg ? acc / w : acc;
+    }
+    at::Tensor t = make(mine, dtype, dev);
+    comm.all_reduce(t, op)->wait();
+    std::vector<double> got = read(t);
+    if (op == ReduceOp::kAvg) {
+      // Averages of small integers are exact in fp32; bf16/fp16 round them.
+      for (int64_t i = 0; i < n; ++i) CHECK(got[i] == Approx(expected[i]).epsilon(1e-2));
+    } else {
+      CHECK(got == expected);
+    }
+  }
+
+  // reduce_scatter: rank r keeps the reduction of chunk r.
+  for (ReduceOp op : ops) {
+    std::vector<double> input(static_cast<size_t>(n * w)), expected(n);
+    for (int64_t j = 0; j < n * w; ++j) input[j] = value(r, j + 3);
+    for (int64_t k = 0; k < n; ++k) {
+      double acc = op == ReduceOp::kMax ? -1e300 : 0.0;
+      for (int q = 0; q < w; ++q) {
+        double v = value(q, r * n + k + 3);
+        acc = op == ReduceOp::kMax ? std::max(acc, v) : acc + v;
+      }
+      expected[k] = op == ReduceOp::kAvg ? acc / w : acc;
+    }
+    at::Tensor in = make(input, dtype, dev);
+    at::Tensor in_copy = in.clone();
+    at::Tensor out = make(std::vector<double>(n, -7.0), dtype, dev);
+    comm.reduce_scatter(out, in, op)->wait();
+    std::vector<double> got = read(out);
+    if (op == ReduceOp::kAvg) {
+      for (int64_t i = 0; i < n; ++i) CHECK(got[i] == Approx(expected[i]).epsilon(1e-2));
+    } else {
+      CHECK(got == expected);
+    }
+    CHECK(read(in) == read(in_copy));  // the input is left alone
+  }
+
+  // all_gather: rank q's block lands at [q·n, (q+1)·n).
+  {
+    std::vector<double> mine(n), expected;
+    for (int64_t i = 0; i < n; ++i) mine[i] = value(r, i + 1);
+    for (int q = 0; q < w; ++q) {
+      for (int64_t i = 0; i < n; ++i) expected.push_back(value(q, i + 1));
+    }
+    at::Tensor out = make(std::vector<double>(static_cast<size_t>(n * w), -1.0), dtype, dev);
+    comm.all_gather(out, make(mine, dtype, dev))->wait();
+    CHECK(read(out) == expected);
+  }
+
+  // Uneven all_gather: rank q contributes (q % 3) elements — rank 0 none at all.
+  {
+    std::vector<int64_t> counts;
+    for (int q = 0; q < w; ++q) counts.push_back(q % 3 == 0 && w > 1 ? 0 : q % 3 + 2);
+    std::vector<double> mine, expected;
+    for (int q = 0; q < w; ++q) {
+      for (int64_t i = 0; i < counts[static_cast<size_t>(q)]; ++i) {
+        expected.push_back(value(q, i + 2));
+        if (q == r) mine.push_back(value(q, i + 2));
+      }
+    }
+    at::Tensor in = mine.empty() ? at::empty({0}, at::TensorOptions().dtype(dtype).device(dev))
+                                 : make(mine, dtype, dev);
+    at::Tensor out = at::full({static_cast<int64_t>(expected.size())}, -3.0,
+                              at::TensorOptions().dtype(dtype).device(dev));
+    comm.all_gather_uneven(out, in, counts)->wait();
+    CHECK(read(out) == expected);
+  }
+
+  // broadcast from the last rank.
+  {
+    const double half = floating ? 0.5 : 0.0;
+    std::vector<double> mine(n), expected(n);
+    for (int64_t i = 0; i < n; ++i) {
+      mine[i] = value(r, i) + half;
+      expected[i] = value(w - 1, i) + half;
+    }
+    at::Tensor t = make(mine, dtype, dev);
+    comm.broadcast(t, w - 1)->wait();
+    CHECK(read(t) == expected);
+  }
+
+  // Several collectives in flight at once, waited on in reverse order.
+  {
+    std::vector<at::Tensor> ts;
+    std::vector<WorkHandle> works;
+    for (int k = 0; k < 4; ++k) {
+      ts.push_back(make(std::vector<double>(static_cast<size_t>(n), r + k), dtype, dev));
+      works.push_back(comm.all_reduce(ts.back(), ReduceOp::kSum));
+    }
+    for (int k = 3; k >= 0; --k) {
+      works[static_cast<size_t>(k)]->wait();
+      double expected = w * k + w * (w - 1) / 2.0;
+      CHECK(read(ts[static_cast<size_t>(k)]) == std::vector<double>(static_cast<size_t>(n), expected));
+    }
+  }
+
+  comm.barrier();
+}
+
+}  // namespace zt::test

@@ -1,0 +1,73 @@
+#include "support/ranks.hpp"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+namespace zt::test {
+
+std::string temp_dir(const std::string& tag) {
+  static int counter = 0;
+  auto dir = std::filesystem::temp_directory_path() /
+             fmt::format("zt-{}-{}-{}", tag, static_cast<long>(::getpid()), ++counter);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+std::string RankRun::report() const {
+  std::string out = result.summary();
+  for (size_t r = 0; r < logs.size(); ++r) {
+    out += fmt::format("\n----- rank {} output -----\n{}", r, logs[r]);
+  }
+  return out;
+}
+
+RankRun launch_ranks(int world, const std::string& name, std::chrono::seconds timeout, Env env,
+                     std::chrono::seconds grace) {
+  char exe[4096] = {0};
+  ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  REQUIRE(n > 0);
+  LocalLaunchOptions o;
+  o.nproc = world;
+  o.timeout = timeout;
+  o.grace = grace;
+  o.output_dir = temp_dir("ranks");
+  o.env = std::move(env);
+  o.env.emplace_back("OMP_NUM_THREADS", "1");
+  RankRun run;
+  run.result = launch_local({exe, name}, o);
+  for (const RankExit& r : run.result.ranks) {
+    std::ifstream in(r.log_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    run.logs.push_back(ss.str());
+  }
+  return run;
+}
+
+void run_ranks(int world, const std::string& name, std::chrono::seconds timeout, Env env) {
+  INFO("world size " << world << ", test '" << name << "'");
+  RankRun run = launch_ranks(world, name, timeout, std::move(env));
+  INFO(run.report());
+  REQUIRE(run.result.ok());
+}
+
+std::unique_ptr<Communicator> join(Backend backend, at::Device device) {
+  CommOptions o;
+  o.backend = backend;
+  o.device = device;
+  const char* t = std::getenv("ZT_TEST_TIMEOUT_MS");
+  const char* r = std::getenv("ZT_TEST_RDZV_MS");
+  o.timeout = std::chrono::milliseconds(t ? std::atol(t) : 60000);
+  o.rendezvous_timeout = std::chrono::milliseconds(r ? std::atol(r) : 30000);
+  return create_communicator(launch_env_from_environment(), o);
+}
+
+}  // namespace zt::test

@@ -1,0 +1,40 @@
+// Multi-rank tests: a visible test case runs a hidden one ("rank: ...") as N processes of this
+// test binary with torchrun's variables, and fails with every rank's output if any rank fails.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zerotrain/comm.hpp"
+#include "zerotrain/launch.hpp"
+
+namespace zt::test {
+
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+/// Runs the hidden test `name` as `world` ranks and returns how they ended, with their logs.
+struct RankRun {
+  LaunchResult result;
+  std::vector<std::string> logs;  ///< per rank
+  std::string report() const;     ///< summary + every rank's log
+};
+RankRun launch_ranks(int world, const std::string& name,
+                     std::chrono::seconds timeout = std::chrono::seconds(180), Env env = {},
+                     std::chrono::seconds grace = std::chrono::seconds(30));
+
+/// launch_ranks + REQUIRE that every rank passed (the report is the failure message).
+void run_ranks(int world, const std::string& name,
+               std::chrono::seconds timeout = std::chrono::seconds(180), Env env = {});
+
+/// Inside a rank: joins the job from the environment with short test timeouts (collectives
+/// 60 s, rendezvous 30 s, unless ZT_TEST_TIMEOUT_MS / ZT_TEST_RDZV_MS say otherwise).
+std::unique_ptr<Communicator> join(Backend backend = Backend::kAuto,
+                                   at::Device device = at::kCPU);
+
+/// A fresh empty folder under the system temp dir (not removed, for post-mortems).
+std::string temp_dir(const std::string& tag);
+
+}  // namespace zt::test

@@ -1,0 +1,180 @@
+// Communicator backends on CPU: Gloo at world sizes 1, 2 and 4 (real processes), the
+// single-rank backend, rendezvous failures (missing rank, port taken) and dead peers.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "support/collectives.hpp"
+#include "support/ranks.hpp"
+#include "zerotrain/build_config.hpp"
+#include "zerotrain/error.hpp"
+
+using namespace zt;
+using Catch::Contains;
+
+namespace {
+
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kBFloat16, at::kHalf, at::kLong};
+
+int env_int(const char* name) { return std::atoi(std::getenv(name)); }
+
+}  // namespace
+
+// ---- every op and dtype -----------------------------------------------------------------------
+
+TEST_CASE("rank: gloo collectives", "[.rank]") {
+  auto comm = test::join(Backend::kGloo);
+  REQUIRE(comm->world_size() == env_int("WORLD_SIZE"));
+  REQUIRE(comm->rank() == env_int("RANK"));
+  for (at::ScalarType dtype : kDtypes) test::check_collectives(*comm, dtype);
+}
+
+TEST_CASE("gloo: every collective and dtype at world sizes 1, 2 and 4", "[comm][gloo]") {
+  if (!backend_available(Backend::kGloo)) {
+    CHECK_THROWS_AS(test::join(Backend::kGloo), ConfigError);
+    return;
+  }
+  for (int world : {1, 2, 4}) test::run_ranks(world, "rank: gloo collectives");
+}
+
+TEST_CASE("self backend: every collective and dtype at world size 1", "[comm]") {
+  LaunchEnv single;
+  auto comm = create_communicator(single, CommOptions{});
+  CHECK(comm->backend() == Backend::kSelf);
+  for (at::ScalarType dtype : kDtypes) test::check_collectives(*comm, dtype);
+}
+
+TEST_CASE("collectives reject bad arguments with InvalidArgument", "[comm][errors]") {
+  auto comm = create_communicator(LaunchEnv{}, CommOptions{});
+  at::Tensor f = at::zeros({4});
+  CHECK_THROWS_AS(comm->all_reduce(at::zeros({4}, at::kInt)), InvalidArgument);
+  CHECK_THROWS_AS(comm->all_reduce(at::zeros({4, 4}).t()), InvalidArgument);  // non-contiguous
+  CHECK_THROWS_AS(comm->all_reduce(at::zeros({4}, at::kLong), ReduceOp::kAvg), InvalidArgument);
+  CHECK_THROWS_AS(comm->reduce_scatter(at::zeros({3}), f), InvalidArgument);
+  CHECK_THROWS_AS(comm->all_gather(f, at::zeros({4}, at::kBFloat16)), InvalidArgument);
+  CHECK_THROWS_AS(comm->broadcast(f, 1), InvalidArgument);
+  CHECK_THROWS_AS(comm->all_gather_uneven(f, f, {4, 4}), InvalidArgument);
+}
+
+TEST_CASE("the NCCL backend needs a CUDA device and says so", "[comm][errors]") {
+  CommOptions o;
+  o.backend = Backend::kNccl;
+  o.device = at::Device(at::kCUDA, 0);
+  if (!backend_available(Backend::kNccl)) {
+    CHECK_THROWS_AS(create_communicator(LaunchEnv{}, o), ConfigError);
+  } else if (!ZT_TORCH_CUDA) {
+    // Built (CUDA + NCCL compile and link on CI) but no GPU can be used here.
+    CHECK_THROWS_WITH(create_communicator(LaunchEnv{}, o), Contains("CUDA device"));
+  }
+  o.device = at::kCPU;
+  CHECK_THROWS_WITH(create_communicator(LaunchEnv{}, o), Contains("needs a CUDA device"));
+}
+
+// ---- rendezvous failures ----------------------------------------------------------------------
+
+TEST_CASE("rank: missing peer", "[.rank]") {
+  // ZT_TEST_ABSENT names the rank that never joins; the others must fail in time, naming it.
+  const int absent = env_int("ZT_TEST_ABSENT");
+  if (env_int("RANK") == absent) return;
+  auto start = std::chrono::steady_clock::now();
+  try {
+    test::join(Backend::kGloo);
+    FAIL("joined without the absent rank");
+  } catch (const DistributedError& e) {
+    std::string msg = e.what();
+    INFO(msg);
+    CHECK_THAT(msg, Contains("127.0.0.1:" + std::string(std::getenv("MASTER_PORT"))));
+    if (absent != 0) CHECK_THAT(msg, Contains("rank(s) " + std::to_string(absent) + " of"));
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+}
+
+TEST_CASE("a rank that never arrives fails the others with a clear timeout", "[comm][errors]") {
+  if (!backend_available(Backend::kGloo)) return;
+  for (int absent : {1, 0}) {
+    INFO("absent rank " << absent);
+    test::run_ranks(2, "rank: missing peer", std::chrono::seconds(60),
+                    {{"ZT_TEST_ABSENT", std::to_string(absent)}, {"ZT_TEST_RDZV_MS", "3000"}});
+  }
+  test::run_ranks(4, "rank: missing peer", std::chrono::seconds(60),
+                  {{"ZT_TEST_ABSENT", "2"}, {"ZT_TEST_RDZV_MS", "3000"}});
+}
+
+TEST_CASE("rank: port taken", "[.rank]") {
+  // Another program holds MASTER_PORT before rank 0 starts its store.
+  int fd = -1;
+  if (env_int("RANK") == 0) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(env_int("MASTER_PORT")));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0);
+    REQUIRE(::listen(fd, 16) == 0);
+  }
+  auto start = std::chrono::steady_clock::now();
+  try {
+    test::join(Backend::kGloo);
+    FAIL("joined although the port was taken");
+  } catch (const DistributedError& e) {
+    std::string msg = e.what();
+    INFO(msg);
+    CHECK_THAT(msg, Contains("127.0.0.1:" + std::string(std::getenv("MASTER_PORT"))));
+    if (env_int("RANK") == 0) CHECK_THAT(msg, Contains("in use"));
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+  if (fd >= 0) ::close(fd);
+}
+
+TEST_CASE("a port already taken is reported by every rank within the timeout", "[comm][errors]") {
+  if (!backend_available(Backend::kGloo)) return;
+  test::run_ranks(2, "rank: port taken", std::chrono::seconds(60), {{"ZT_TEST_RDZV_MS", "3000"}});
+}
+
+// ---- a rank dies mid-run ------------------------------------------------------------------------
+
+TEST_CASE("rank: peer dies", "[.rank]") {
+  auto comm = test::join(Backend::kGloo);
+  at::Tensor t = at::ones({1000});
+  comm->all_reduce(t)->wait();
+  CHECK(t[0].item<float>() == static_cast<float>(comm->world_size()));
+  if (comm->rank() == comm->world_size() - 1) std::_Exit(17);  // dies without a goodbye
+  // The survivors report by exit code: destructors are skipped (_Exit) because tearing down a
+  // group with a dead member is not what this test is about.
+  auto start = std::chrono::steady_clock::now();
+  bool caught = false;
+  try {
+    for (int i = 0; i < 100; ++i) comm->all_reduce(t)->wait();
+  } catch (const DistributedError& e) {
+    std::string msg = e.what();
+    caught = msg.find("all_reduce") != std::string::npos;
+    std::printf("rank %d caught: %s\n", comm->rank(), msg.c_str());
+  }
+  bool timely = std::chrono::steady_clock::now() - start < std::chrono::seconds(30);
+  std::printf("caught=%d timely=%d\n", caught, timely);
+  std::fflush(stdout);
+  std::_Exit(caught && timely ? 0 : 1);
+}
+
+TEST_CASE("a rank that dies mid-run fails the others with DistributedError, no hang",
+          "[comm][errors]") {
+  if (!backend_available(Backend::kGloo)) return;
+  for (int world : {2, 4}) {
+    test::RankRun run = test::launch_ranks(world, "rank: peer dies", std::chrono::seconds(90),
+                                           {{"ZT_TEST_TIMEOUT_MS", "20000"}},
+                                           std::chrono::seconds(60));
+    INFO(run.report());
+    CHECK_FALSE(run.result.timed_out);
+    for (int r = 0; r < world - 1; ++r) {
+      CHECK(run.result.ranks[static_cast<size_t>(r)].exit_code == 0);
+      CHECK_FALSE(run.result.ranks[static_cast<size_t>(r)].killed_by_launcher);
+    }
+    CHECK(run.result.ranks[static_cast<size_t>(world - 1)].exit_code == 17);
+  }
+}

@@ -1,0 +1,437 @@
+// DeepSpeed config parsing, training arguments and "auto" resolution (HF Trainer semantics).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "support/ranks.hpp"
+#include "zerotrain/config.hpp"
+
+using namespace zt;
+
+namespace {
+
+// Every key REFERENCE §1 lists, with non-default values, so a key that is not read shows up as
+// a default in the assertions below.
+const char* kFull = R"({
+  "train_batch_size": 64,
+  "train_micro_batch_size_per_gpu": 4,
+  "gradient_accumulation_steps": 8,
+  "gradient_clipping": 0.5,
+  "steps_per_print": 7,
+  "wall_clock_breakdown": true,
+  "prescale_gradients": true,
+  "gradient_predivide_factor": 2.0,
+  "communication_data_type": "bf16",
+  "optimizer": {"type": "AdamW",
+                "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1}},
+  "scheduler": {"type": "WarmupDecayLR",
+                "params": {"warmup_min_lr": 1e-6, "warmup_max_lr": 3e-4, "warmup_num_steps": 50,
+                           "total_num_steps": 1000, "warmup_type": "linear"}},
+  "zero_optimization": {
+    "stage": 3,
+    "contiguous_gradients": false,
+    "reduce_scatter": false,
+    "reduce_bucket_size": 2e8,
+    "allgather_bucket_size": 3e8,
+    "overlap_comm": false,
+    "offload_optimizer": {"device": "cpu", "pin_memory": true, "buffer_count": 6},
+    "offload_param": {"device": "cpu", "pin_memory": false},
+    "sub_group_size": 1e8,
+    "stage3_prefetch_bucket_size": 1e7,
+    "stage3_param_persistence_threshold": 1e4,
+    "stage3_max_live_parameters": 2e9,
+    "stage3_max_reuse_distance": 3e9,
+    "stage3_gather_16bit_weights_on_model_save": true,
+    "round_robin_gradients": true,
+    "ignore_unused_parameters": false,
+    "zero_hpz_partition_size": 1,
+    "zero_quantized_weights": false,
+    "zero_quantized_gradients": false
+  },
+  "fp16": {"enabled": true, "auto_cast": false, "loss_scale": 0, "initial_scale_power": 12,
+           "loss_scale_window": 500, "hysteresis": 3, "consecutive_hysteresis": true,
+           "min_loss_scale": 0.25},
+  "bf16": {"enabled": false}
+})";
+
+}  // namespace
+
+TEST_CASE("every DeepSpeed key of REFERENCE §1 is parsed", "[config]") {
+  DeepSpeedConfig ds = parse_deepspeed_config(kFull, "full.json");
+  CHECK(ds.warnings.empty());
+  CHECK(ds.train_batch_size.value() == 64);
+  CHECK(ds.train_micro_batch_size_per_gpu.value() == 4);
+  CHECK(ds.gradient_accumulation_steps.value() == 8);
+  CHECK(ds.gradient_clipping.value() == 0.5);
+  CHECK(ds.steps_per_print == 7);
+  CHECK(ds.wall_clock_breakdown);
+  CHECK(ds.prescale_gradients);
+  CHECK(ds.gradient_predivide_factor == 2.0);
+  CHECK(ds.communication_data_type == CommDataType::kBf16);
+
+  CHECK(ds.optimizer.present);
+  CHECK(ds.optimizer.type == OptimizerType::kAdamW);
+  CHECK(ds.optimizer.lr.value() == Approx(3e-4));
+  CHECK(ds.optimizer.betas.value()[0] == 0.8);
+  CHECK(ds.optimizer.betas.value()[1] == 0.95);
+  CHECK(ds.optimizer.eps.value() == 1e-6);
+  CHECK(ds.optimizer.weight_decay.value() == 0.1);
+
+  CHECK(ds.scheduler.present);
+  CHECK(ds.scheduler.type == SchedulerType::kWarmupDecayLR);
+  CHECK(ds.scheduler.warmup_min_lr.value() == 1e-6);
+  CHECK(ds.scheduler.warmup_max_lr.value() == 3e-4);
+  CHECK(ds.scheduler.warmup_num_steps.value() == 50);
+  CHECK(ds.scheduler.total_num_steps.value() == 1000);
+  CHECK(ds.scheduler.warmup_type == WarmupType::kLinear);
+
+  const ZeroConfig& z = ds.zero;
+  CHECK(z.stage == 3);
+  CHECK_FALSE(z.contiguous_gradients);
+  CHECK_FALSE(z.reduce_scatter);
+  CHECK(z.reduce_bucket_size.value() == 200000000);
+  CHECK(z.allgather_bucket_size == 300000000);
+  CHECK_FALSE(z.overlap());
+  CHECK(z.offload_optimizer.device == OffloadDevice::kCpu);
+  CHECK(z.offload_optimizer.pin_memory);
+  CHECK(z.offload_optimizer.buffer_count == 6);
+  CHECK(z.offload_param.device == OffloadDevice::kCpu);
+  CHECK_FALSE(z.offload_param.pin_memory);
+  CHECK(z.sub_group_size == 100000000);
+  CHECK(z.stage3_prefetch_bucket_size.value() == 10000000);
+  CHECK(z.stage3_param_persistence_threshold.value() == 10000);
+  CHECK(z.stage3_max_live_parameters == 2000000000);
+  CHECK(z.stage3_max_reuse_distance == 3000000000);
+  CHECK(z.stage3_gather_16bit_weights_on_model_save);
+  CHECK(z.round_robin_gradients);
+  CHECK_FALSE(z.ignore_unused_parameters);
+
+  CHECK(ds.fp16.enabled.value());
+  LossScalerParams s = ds.fp16.scaler();
+  CHECK(s.dynamic);
+  CHECK(s.initial_scale == 4096.0);
+  CHECK(s.scale_window == 500);
+  CHECK(s.hysteresis == 3);
+  CHECK(s.consecutive_hysteresis);
+  CHECK(s.min_scale == 0.25);
+  CHECK_FALSE(ds.bf16.enabled.value());
+}
+
+TEST_CASE("DeepSpeed defaults apply to keys left out", "[config]") {
+  DeepSpeedConfig ds = parse_deepspeed_config("{}");
+  CHECK(ds.zero.stage == 0);
+  CHECK(ds.zero.contiguous_gradients);
+  CHECK(ds.zero.reduce_scatter);
+  CHECK(ds.zero.reduce_bucket_size.value() == 500000000);
+  CHECK(ds.zero.allgather_bucket_size == 500000000);
+  CHECK(ds.zero.stage3_prefetch_bucket_size.value() == 50000000);
+  CHECK(ds.zero.stage3_param_persistence_threshold.value() == 100000);
+  CHECK(ds.zero.stage3_max_live_parameters == 1000000000);
+  CHECK(ds.zero.sub_group_size == 1000000000);
+  CHECK_FALSE(ds.zero.stage3_gather_16bit_weights_on_model_save);
+  CHECK(ds.steps_per_print == 10);
+  CHECK(ds.gradient_predivide_factor == 1.0);
+  CHECK_FALSE(ds.optimizer.present);
+  CHECK_FALSE(ds.scheduler.present);
+}
+
+TEST_CASE("overlap_comm defaults to true for stage 3 only", "[config]") {
+  for (int stage : {0, 1, 2, 3}) {
+    DeepSpeedConfig ds =
+        parse_deepspeed_config(fmt::format(R"({{"zero_optimization": {{"stage": {}}}}})", stage));
+    CHECK(ds.zero.overlap() == (stage == 3));
+  }
+}
+
+TEST_CASE("fp16 without scaler keys uses DeepSpeed's class defaults (2^32, hysteresis 1)",
+          "[config]") {
+  LossScalerParams quirk = parse_deepspeed_config(R"({"fp16": {"enabled": true}})").fp16.scaler();
+  CHECK(quirk.dynamic);
+  CHECK(quirk.initial_scale == std::ldexp(1.0, 32));
+  CHECK(quirk.hysteresis == 1);
+  CHECK(quirk.scale_window == 1000);
+  CHECK(quirk.min_scale == 1.0);
+
+  // loss_scale 0 is not one of the five scaler keys: still the quirk.
+  LossScalerParams zero =
+      parse_deepspeed_config(R"({"fp16": {"enabled": true, "loss_scale": 0}})").fp16.scaler();
+  CHECK(zero.initial_scale == std::ldexp(1.0, 32));
+
+  // Any one scaler key switches to the config defaults: 2^16, hysteresis 2.
+  LossScalerParams one =
+      parse_deepspeed_config(R"({"fp16": {"enabled": true, "loss_scale_window": 1000}})")
+          .fp16.scaler();
+  CHECK(one.initial_scale == std::ldexp(1.0, 16));
+  CHECK(one.hysteresis == 2);
+
+  LossScalerParams fixed =
+      parse_deepspeed_config(R"({"fp16": {"enabled": true, "loss_scale": 128}})").fp16.scaler();
+  CHECK_FALSE(fixed.dynamic);
+  CHECK(fixed.initial_scale == 128.0);
+}
+
+TEST_CASE("DeepSpeed's Adam is AdamW unless adam_w_mode is false; SGD is accepted", "[config]") {
+  CHECK(parse_deepspeed_config(R"({"optimizer": {"type": "Adam"}})").optimizer.type ==
+        OptimizerType::kAdamW);
+  CHECK(parse_deepspeed_config(R"({"optimizer": {"type": "adam", "params": {"adam_w_mode": false}}})")
+            .optimizer.type == OptimizerType::kAdam);
+  CHECK(parse_deepspeed_config(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})")
+            .optimizer.type == OptimizerType::kAdamW);
+  DeepSpeedConfig sgd =
+      parse_deepspeed_config(R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}})");
+  CHECK(sgd.optimizer.type == OptimizerType::kSgd);
+  CHECK(sgd.optimizer.momentum == 0.9);
+}
+
+TEST_CASE("all five DeepSpeed schedulers parse with their parameters", "[config]") {
+  DeepSpeedConfig cos = parse_deepspeed_config(R"({"scheduler": {"type": "WarmupCosineLR",
+      "params": {"total_num_steps": 100, "warmup_num_steps": 10, "warmup_min_ratio": 0.1,
+                 "cos_min_ratio": 0.01}}})");
+  CHECK(cos.scheduler.type == SchedulerType::kWarmupCosineLR);
+  CHECK(cos.scheduler.warmup_min_ratio == 0.1);
+  CHECK(cos.scheduler.cos_min_ratio == 0.01);
+  CHECK(cos.scheduler.warmup_type == WarmupType::kLog);
+  DeepSpeedConfig one = parse_deepspeed_config(R"({"scheduler": {"type": "OneCycle", "params": {
+      "cycle_min_lr": 0.001, "cycle_max_lr": 0.01, "cycle_first_step_size": 100,
+      "cycle_second_step_size": 50, "decay_lr_rate": 0.5, "decay_step_size": 10,
+      "cycle_momentum": false}}})");
+  CHECK(one.scheduler.type == SchedulerType::kOneCycle);
+  CHECK(one.scheduler.cycle_max_lr == 0.01);
+  CHECK(*one.scheduler.cycle_second_step_size == 50);
+  CHECK(one.scheduler.decay_step_size == 10);
+  DeepSpeedConfig range = parse_deepspeed_config(R"({"scheduler": {"type": "LRRangeTest",
+      "params": {"lr_range_test_min_lr": 1e-5, "lr_range_test_step_size": 20,
+                 "lr_range_test_step_rate": 2.0, "lr_range_test_staircase": true}}})");
+  CHECK(range.scheduler.type == SchedulerType::kLRRangeTest);
+  CHECK(range.scheduler.lr_range_test_staircase);
+  CHECK(range.scheduler.lr_range_test_step_size == 20);
+  DeepSpeedConfig warm = parse_deepspeed_config(
+      R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}}})");
+  CHECK(warm.scheduler.type == SchedulerType::kWarmupLR);
+  CHECK(warm.scheduler.warmup_num_steps.value() == 5);
+}
+
+TEST_CASE("older spellings: bfloat16 block, cpu_offload, gather_fp16", "[config]") {
+  DeepSpeedConfig ds = parse_deepspeed_config(R"({"bfloat16": {"enabled": true},
+      "zero_optimization": {"stage": 2, "cpu_offload": true,
+                            "stage3_gather_fp16_weights_on_model_save": true}})");
+  CHECK(ds.bf16.enabled.value());
+  CHECK(ds.zero.offload_optimizer.device == OffloadDevice::kCpu);
+  CHECK(ds.zero.stage3_gather_16bit_weights_on_model_save);
+}
+
+TEST_CASE("unknown DeepSpeed keys are warnings with their path", "[config]") {
+  DeepSpeedConfig ds = parse_deepspeed_config(R"({"zero_optimization": {"stage": 1, "stagee": 2},
+      "fp16": {"enabled": false, "loss_scael": 1}, "my_extra": 1, "tensorboard": {"enabled": true}})");
+  auto has = [&](const std::string& s) {
+    for (const std::string& w : ds.warnings) {
+      if (w.find(s) != std::string::npos) return true;
+    }
+    return false;
+  };
+  CHECK(ds.warnings.size() == 4);
+  CHECK(has("zero_optimization.stagee"));
+  CHECK(has("fp16.loss_scael"));
+  CHECK(has("my_extra"));
+  CHECK(has("tensorboard"));
+}
+
+TEST_CASE("a DeepSpeed config file is read from disk", "[config]") {
+  std::string dir = test::temp_dir("cfg");
+  std::string path = dir + "/ds.json";
+  std::ofstream(path) << R"({"zero_optimization": {"stage": 2}})";
+  CHECK(load_deepspeed_config(path).zero.stage == 2);
+  CHECK(load_deepspeed_config(path).source == path);
+  TrainingArguments args;
+  args.deepspeed = path;
+  CHECK(deepspeed_config_for(args).zero.stage == 2);
+  args.deepspeed = R"({"zero_optimization": {"stage": 1}})";
+  CHECK(deepspeed_config_for(args).zero.stage == 1);
+  args.deepspeed.clear();
+  CHECK(deepspeed_config_for(args).source == "<default>");
+}
+
+// ---- training arguments ----------------------------------------------------------------------
+
+TEST_CASE("training flags: HF names, booleans, --local_rank, positional", "[config][args]") {
+  TrainingArguments a;
+  std::vector<std::string> rest = apply_training_flags(
+      a, {"train", "--per_device_train_batch_size", "4", "--learning_rate=2e-5", "--bf16",
+          "--gradient_checkpointing", "True", "--fp16", "false", "--local_rank", "3",
+          "--max-steps", "100", "--save_total_limit", "2", "--lr_scheduler_type", "cosine",
+          "--local-rank=1", "--output_dir", "/tmp/x", "extra"});
+  CHECK(rest == std::vector<std::string>({"train", "extra"}));
+  CHECK(a.per_device_train_batch_size == 4);
+  CHECK(a.learning_rate == 2e-5);
+  CHECK(a.bf16);
+  CHECK_FALSE(a.fp16);
+  CHECK(a.gradient_checkpointing);
+  CHECK(a.max_steps == 100);
+  CHECK(*a.save_total_limit == 2);
+  CHECK(a.lr_scheduler_type == "cosine");
+  CHECK(a.output_dir == "/tmp/x");
+  CHECK(a.is_given("learning_rate"));
+  CHECK(a.is_given("max_steps"));
+  CHECK_FALSE(a.is_given("weight_decay"));
+  CHECK_FALSE(a.is_given("local_rank"));
+}
+
+TEST_CASE("training JSON uses the same names and parser", "[config][args]") {
+  TrainingArguments a;
+  apply_training_json(a, R"({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4,
+      "fp16": "True", "weight_decay": 0.01, "save_total_limit": null, "seed": 7,
+      "deepspeed": {"zero_optimization": {"stage": 2}}})");
+  CHECK(a.per_device_train_batch_size == 2);
+  CHECK(a.gradient_accumulation_steps == 4);
+  CHECK(a.fp16);
+  CHECK(a.weight_decay == 0.01);
+  CHECK_FALSE(a.save_total_limit.has_value());
+  CHECK(a.seed == 7);
+  CHECK(deepspeed_config_for(a).zero.stage == 2);
+}
+
+TEST_CASE("HF TrainingArguments defaults", "[config][args]") {
+  TrainingArguments a;
+  CHECK(a.per_device_train_batch_size == 8);
+  CHECK(a.learning_rate == 5e-5);
+  CHECK(a.adam_beta2 == 0.999);
+  CHECK(a.adam_epsilon == 1e-8);
+  CHECK(a.max_grad_norm == 1.0);
+  CHECK(a.num_train_epochs == 3.0);
+  CHECK(a.max_steps == -1);
+  CHECK(a.lr_scheduler_type == "linear");
+  CHECK(a.seed == 42);
+  CHECK(a.logging_steps == 500);
+  CHECK(a.ddp_timeout == 1800);
+}
+
+// ---- "auto" resolution ------------------------------------------------------------------------
+
+const char* kAllAuto = R"({
+  "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+  "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+  "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                            "weight_decay": "auto"}},
+  "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto",
+      "warmup_max_lr": "auto", "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+  "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+  "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+      "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto"}
+})";
+
+TEST_CASE("auto values resolve from the arguments, the world size and the model", "[config][auto]") {
+  DeepSpeedConfig ds = parse_deepspeed_config(kAllAuto, "auto.json");
+  TrainingArguments a;
+  apply_training_flags(a, {"--per_device_train_batch_size", "3", "--gradient_accumulation_steps",
+                           "5", "--learning_rate", "1e-4", "--adam_beta1", "0.85",
+                           "--weight_decay", "0.02", "--max_grad_norm", "0.7", "--bf16",
+                           "--warmup_ratio", "0.1"});
+  resolve_config(ds, a, ResolveContext{4, std::nullopt, std::nullopt});
+  CHECK(ds.train_micro_batch_size_per_gpu.value() == 3);
+  CHECK(ds.gradient_accumulation_steps.value() == 5);
+  CHECK(ds.train_batch_size.value() == 3 * 5 * 4);
+  CHECK(ds.gradient_clipping.value() == 0.7);
+  CHECK(ds.optimizer.lr.value() == 1e-4);
+  CHECK(ds.optimizer.betas.value()[0] == 0.85);
+  CHECK(ds.optimizer.betas.value()[1] == 0.999);
+  CHECK(ds.optimizer.eps.value() == 1e-8);
+  CHECK(ds.optimizer.weight_decay.value() == 0.02);
+  CHECK(ds.bf16.enabled.value());
+  CHECK_FALSE(ds.fp16.enabled.value());
+  CHECK(ds.scheduler.warmup_min_lr.value() == 0.0);
+  CHECK(ds.scheduler.warmup_max_lr.value() == 1e-4);
+  // Still unknown: the model (bucket sizes) and the run length (schedule).
+  std::vector<std::string> left = unresolved_keys(ds);
+  CHECK(left.size() == 5);
+  CHECK_THROWS_WITH(check_resolved(ds), Catch::Contains("zero_optimization.reduce_bucket_size") &&
+                                            Catch::Contains("scheduler.params.total_num_steps"));
+
+  resolve_config(ds, a, ResolveContext{4, 3584, 1000});
+  CHECK(ds.zero.reduce_bucket_size.value() == 3584 * 3584);
+  const int64_t prefetch = static_cast<int64_t>(0.9 * 3584.0 * 3584.0);
+  CHECK(ds.zero.stage3_prefetch_bucket_size.value() == prefetch);
+  CHECK(ds.zero.stage3_param_persistence_threshold.value() == 35840);
+  CHECK(ds.scheduler.total_num_steps.value() == 1000);
+  CHECK(ds.scheduler.warmup_num_steps.value() == 100);  // ceil(0.1 × 1000)
+  CHECK_NOTHROW(check_resolved(ds));
+}
+
+TEST_CASE("a written DeepSpeed value wins over a defaulted argument", "[config][auto]") {
+  DeepSpeedConfig ds = parse_deepspeed_config(R"({"train_micro_batch_size_per_gpu": 2,
+      "gradient_accumulation_steps": 3, "gradient_clipping": 0.3,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
+      "bf16": {"enabled": true}})");
+  TrainingArguments a;
+  resolve_config(ds, a, ResolveContext{2, std::nullopt, std::nullopt});
+  CHECK(a.per_device_train_batch_size == 2);
+  CHECK(a.gradient_accumulation_steps == 3);
+  CHECK(ds.train_batch_size.value() == 12);
+  CHECK(a.max_grad_norm == 0.3);
+  CHECK(a.learning_rate == 1e-3);
+  CHECK(a.weight_decay == 0.1);
+  CHECK(a.bf16);
+}
+
+TEST_CASE("missing batch sizes follow DeepSpeed's derivation from train_batch_size",
+          "[config][auto]") {
+  SECTION("only train_batch_size: accumulation 1, micro = train / world") {
+    DeepSpeedConfig ds = parse_deepspeed_config(R"({"train_batch_size": 32})");
+    TrainingArguments a;
+    resolve_config(ds, a, ResolveContext{2, std::nullopt, std::nullopt});
+    CHECK(ds.gradient_accumulation_steps.value() == 1);
+    CHECK(ds.train_micro_batch_size_per_gpu.value() == 16);
+    CHECK(a.per_device_train_batch_size == 16);
+  }
+  SECTION("train and micro: accumulation derived") {
+    DeepSpeedConfig ds =
+        parse_deepspeed_config(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2})");
+    TrainingArguments a;
+    resolve_config(ds, a, ResolveContext{2, std::nullopt, std::nullopt});
+    CHECK(ds.gradient_accumulation_steps.value() == 8);
+    CHECK(a.gradient_accumulation_steps == 8);
+  }
+  SECTION("train with an explicit micro batch argument") {
+    DeepSpeedConfig ds = parse_deepspeed_config(R"({"train_batch_size": 24})");
+    TrainingArguments a;
+    apply_training_flags(a, {"--per_device_train_batch_size", "3"});
+    resolve_config(ds, a, ResolveContext{2, std::nullopt, std::nullopt});
+    CHECK(ds.gradient_accumulation_steps.value() == 4);
+  }
+}
+
+TEST_CASE("no DeepSpeed config: plain data parallel with the Trainer's defaults", "[config][auto]") {
+  DeepSpeedConfig ds;  // as deepspeed_config_for() returns without --deepspeed
+  TrainingArguments a;
+  resolve_config(ds, a, ResolveContext{2, 64, 100});
+  CHECK(ds.zero.stage == 0);
+  CHECK(ds.train_batch_size.value() == 16);
+  CHECK(ds.gradient_clipping.value() == 1.0);  // HF clips at max_grad_norm
+  CHECK(ds.optimizer.type == OptimizerType::kAdamW);
+  CHECK(ds.optimizer.lr.value() == 5e-5);
+  CHECK_FALSE(ds.fp16.enabled.value());
+  CHECK_NOTHROW(check_resolved(ds));
+}
+
+TEST_CASE("a DeepSpeed config without gradient_clipping means no clipping unless asked",
+          "[config][auto]") {
+  DeepSpeedConfig ds = parse_deepspeed_config(R"({"zero_optimization": {"stage": 1}})", "x.json");
+  TrainingArguments a;
+  resolve_config(ds, a, ResolveContext{});
+  CHECK(ds.gradient_clipping.value() == 0.0);
+  DeepSpeedConfig ds2 = parse_deepspeed_config(R"({"zero_optimization": {"stage": 1}})", "x.json");
+  TrainingArguments b;
+  apply_training_flags(b, {"--max_grad_norm", "2.5"});
+  resolve_config(ds2, b, ResolveContext{});
+  CHECK(ds2.gradient_clipping.value() == 2.5);
+}
+
+TEST_CASE("describe() shows the resolved settings", "[config]") {
+  DeepSpeedConfig ds = parse_deepspeed_config(kFull, "full.json");
+  std::string text = describe(ds);
+  CHECK_THAT(text, Catch::Contains("stage=3"));
+  CHECK_THAT(text, Catch::Contains("fp16, dynamic loss scale from 4096"));
+  CHECK_THAT(text, Catch::Contains("WarmupDecayLR"));
+}

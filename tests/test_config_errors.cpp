@@ -1,0 +1,163 @@
+// Malformed and inconsistent configuration: each is rejected with the JSON path (or option
+// name) in the message, never a crash or a silent default.
+#include <catch2/catch.hpp>
+
+#include "support/ranks.hpp"
+#include "zerotrain/config.hpp"
+
+using namespace zt;
+using Catch::Contains;
+
+namespace {
+
+struct Bad {
+  const char* json;
+  std::vector<const char*> must_contain;
+};
+
+}  // namespace
+
+TEST_CASE("malformed DeepSpeed configs are rejected with the path and the found value",
+          "[config][errors]") {
+  const std::vector<Bad> cases = {
+      {R"({"zero_optimization": {"stage": "two"}})",
+       {"zero_optimization.stage", "expected an integer 0-3", "\"two\""}},
+      {R"({"zero_optimization": {"stage": 4}})", {"zero_optimization.stage", "0-3", "found 4"}},
+      {R"({"train_batch_size": -8})", {"train_batch_size", "found -8"}},
+      {R"({"train_micro_batch_size_per_gpu": 2.5})", {"train_micro_batch_size_per_gpu", "2.5"}},
+      {R"({"gradient_accumulation_steps": "many"})", {"gradient_accumulation_steps", "\"many\""}},
+      {R"({"zero_optimization": {"reduce_bucket_size": "big"}})",
+       {"zero_optimization.reduce_bucket_size", "\"auto\"", "\"big\""}},
+      {R"({"zero_optimization": {"overlap_comm": "yes"}})",
+       {"zero_optimization.overlap_comm", "true or false"}},
+      {R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})",
+       {"zero_optimization.offload_param.device", "stage 3"}},
+      {R"({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})",
+       {"zero_optimization.offload_optimizer.device", "stage 1, 2 or 3"}},
+      {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}})",
+       {"zero_optimization.offload_optimizer.device", "NVMe"}},
+      {R"({"zero_optimization": {"offload_optimizer": {"device": "tpu"}}})",
+       {"zero_optimization.offload_optimizer.device", "\"none\", \"cpu\", \"nvme\""}},
+      {R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true}})",
+       {"zero_optimization.zero_quantized_weights", "ZeRO++"}},
+      {R"({"zero_optimization": {"zero_hpz_partition_size": 8}})",
+       {"zero_optimization.zero_hpz_partition_size"}},
+      {R"({"fp16": {"enabled": true, "hysteresis": 0}})", {"fp16.hysteresis", ">= 1"}},
+      {R"({"fp16": {"enabled": true, "loss_scale": -1}})", {"fp16.loss_scale"}},
+      {R"({"fp16": {"enabled": 1}})", {"fp16.enabled", "true, false or \"auto\""}},
+      {R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", {"fp16", "bf16", "both"}},
+      {R"({"optimizer": {"type": "Lamb", "params": {"lr": 0.1}}})",
+       {"optimizer.type", "Lamb", "AdamW"}},
+      {R"({"optimizer": {"params": {"lr": 0.1}}})", {"optimizer.type"}},
+      {R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.9]}}})",
+       {"optimizer.params.betas", "[beta1, beta2]"}},
+      {R"({"optimizer": {"type": "AdamW", "params": {"lr": "fast"}}})",
+       {"optimizer.params.lr", "\"fast\""}},
+      {R"({"optimizer": {"type": "Adam", "params": {"amsgrad": true}}})",
+       {"optimizer.params.amsgrad"}},
+      {R"({"scheduler": {"type": "CosineLR"}})", {"scheduler.type", "WarmupLR"}},
+      {R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cubic"}}})",
+       {"scheduler.params.warmup_type", "\"log\", \"linear\""}},
+      {R"({"scheduler": {"type": "OneCycle", "params": {"cycle_max_lr": 0.1}}})",
+       {"scheduler.params.cycle_momentum"}},
+      {R"({"communication_data_type": "int8"})", {"communication_data_type", "\"int8\""}},
+      {R"({"gradient_predivide_factor": 0})", {"gradient_predivide_factor"}},
+      {R"({"zero_optimization": []})", {"zero_optimization", "expected an object"}},
+      {R"({"amp": {"enabled": true}})", {"amp", "not supported"}},
+      {R"({"zero_optimization": {"stage": 1, "stage": 2}})", {"zero_optimization.stage", "twice"}},
+      {R"([1, 2])", {"expected an object"}},
+      {R"({"train_batch_size": 8,})", {"invalid JSON", "line 1"}},
+      {"{\n  \"zero_optimization\": {\n    \"stage\": 2\n  \n", {"invalid JSON", "line 5"}},
+  };
+  for (const Bad& c : cases) {
+    INFO("config: " << c.json);
+    try {
+      parse_deepspeed_config(c.json, "bad.json");
+      FAIL("accepted a malformed config");
+    } catch (const ConfigError& e) {
+      std::string msg = e.what();
+      INFO("message: " << msg);
+      CHECK_THAT(msg, Contains("bad.json"));
+      for (const char* part : c.must_contain) CHECK_THAT(msg, Contains(part));
+    }
+  }
+}
+
+TEST_CASE("inconsistent configs and arguments are rejected naming both sides",
+          "[config][errors]") {
+  auto resolve_err = [](const char* ds_json, std::vector<std::string> flags, int world) {
+    DeepSpeedConfig ds = parse_deepspeed_config(ds_json, "ds.json");
+    TrainingArguments a;
+    apply_training_flags(a, flags);
+    try {
+      resolve_config(ds, a, ResolveContext{world, std::nullopt, std::nullopt});
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  CHECK_THAT(resolve_err(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4,
+                             "gradient_accumulation_steps": 2})", {}, 2),
+             Contains("train_batch_size 30") && Contains("world size 2") && Contains("= 16"));
+  CHECK_THAT(resolve_err(R"({"train_micro_batch_size_per_gpu": 4})",
+                         {"--per_device_train_batch_size", "2"}, 1),
+             Contains("train_micro_batch_size_per_gpu is 4") &&
+                 Contains("per_device_train_batch_size is 2"));
+  CHECK_THAT(resolve_err(R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})",
+                         {"--learning_rate", "2e-5"}, 1),
+             Contains("optimizer.params.lr") && Contains("learning_rate"));
+  CHECK_THAT(resolve_err(R"({"gradient_clipping": 1.0})", {"--max_grad_norm", "0.5"}, 1),
+             Contains("gradient_clipping") && Contains("max_grad_norm"));
+  CHECK_THAT(resolve_err(R"({"bf16": {"enabled": false}})", {"--bf16"}, 1),
+             Contains("bf16.enabled") && Contains("training argument bf16"));
+  CHECK_THAT(resolve_err(R"({"fp16": {"enabled": true}})", {"--bf16"}, 1),
+             Contains("fp16 and bf16 are both enabled"));
+  CHECK_THAT(resolve_err(R"({"train_batch_size": 10})", {"--per_device_train_batch_size", "4"}, 1),
+             Contains("train_batch_size 10 is not divisible"));
+  CHECK_THAT(resolve_err(R"({"train_batch_size": 16})",
+                         {"--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2"},
+                         1),
+             Contains("gradient_accumulation_steps"));
+  CHECK_THAT(resolve_err(R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.9, 0.95]}}})",
+                         {"--adam_beta2", "0.999"}, 1),
+             Contains("optimizer.params.betas[1]") && Contains("adam_beta2"));
+  CHECK_THAT(resolve_err(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})",
+                         {"--warmup_steps", "20"}, 1),
+             Contains("warmup_num_steps") && Contains("warmup_steps"));
+}
+
+TEST_CASE("bad flags and option keys are errors naming them", "[config][errors][args]") {
+  auto flag_err = [](std::vector<std::string> flags) {
+    TrainingArguments a;
+    try {
+      apply_training_flags(a, flags);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  CHECK_THAT(flag_err({"--lerning_rate", "1e-4"}),
+             Contains("--lerning_rate") && Contains("did you mean 'learning_rate'"));
+  CHECK_THAT(flag_err({"--learning_rate", "fast"}), Contains("learning_rate") && Contains("fast"));
+  CHECK_THAT(flag_err({"--per_device_train_batch_size", "0"}),
+             Contains("per_device_train_batch_size") && Contains(">= 1"));
+  CHECK_THAT(flag_err({"--per_device_train_batch_size"}), Contains("needs a value"));
+  CHECK_THAT(flag_err({"--fp16", "--bf16"}), Contains("fp16 and bf16"));
+  CHECK_THAT(flag_err({"--lr_scheduler_type", "cosine_warm"}),
+             Contains("lr_scheduler_type") && Contains("linear"));
+  CHECK_THAT(flag_err({"--fp16=maybe"}), Contains("fp16") && Contains("maybe"));
+  CHECK_THAT(flag_err({"--adam_beta1", "1.5"}), Contains("adam_beta1"));
+
+  TrainingArguments a;
+  CHECK_THROWS_WITH(apply_training_json(a, R"({"learning_rat": 1})", "run.json"),
+                    Contains("run.json") && Contains("learning_rat") && Contains("unknown option"));
+  CHECK_THROWS_WITH(apply_training_json(a, R"({"seed": "x"})", "run.json"),
+                    Contains("run.json: seed"));
+  CHECK_THROWS_WITH(apply_training_json(a, R"([1])", "run.json"), Contains("JSON object"));
+}
+
+TEST_CASE("a missing DeepSpeed config file is an IoError naming it", "[config][errors]") {
+  CHECK_THROWS_AS(load_deepspeed_config("/nonexistent/ds.json"), IoError);
+  CHECK_THROWS_WITH(load_deepspeed_config("/nonexistent/ds.json"),
+                    Contains("/nonexistent/ds.json"));
+}
