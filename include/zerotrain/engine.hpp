@@ -1,0 +1,158 @@
+// zt::Engine — the analogue of deepspeed.initialize(): wraps a LibTorch module, shards its
+// optimizer state, gradients and (stage 3) parameters across the ranks of a Communicator, and
+// runs mixed-precision training steps with DeepSpeed's semantics.
+//
+// Collective-ness: the constructor, backward(), step() and gather_full_parameters() are
+// collectives — every rank calls them in the same order. Threading: one thread drives an
+// Engine; LibTorch's autograd threads run its hooks. The Engine does not own the communicator
+// exclusively (shared_ptr) but must be the only user of it while it runs.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zerotrain/comm.hpp"
+#include "zerotrain/config.hpp"
+
+namespace zt {
+
+class Engine;
+
+/// The function of one sharding unit: tensors in, tensors out. It may use only its inputs and
+/// long-lived state (module pointers, captured *by value*), because with ZeRO-3 or activation
+/// checkpointing it runs again during backward, after the caller's stack frame is gone.
+using UnitFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+
+/// The sharding-unit mechanism. A module that wants ZeRO-3 (or activation checkpointing) holds a
+/// UnitGate and routes each unit's computation through it:
+///
+///     x = gate(2, {x, mask}, [layer = layers[2]](const auto& in) {
+///       return std::vector<at::Tensor>{layer->forward(in[0], in[1])};
+///     })[0];
+///
+/// and lists the units' submodules in EngineOptions::units, in the order the forward runs them
+/// (unit i of the gate is EngineOptions::units[i]). Outside an Engine, or when neither ZeRO-3
+/// nor checkpointing is on, the gate simply calls the function. Under an Engine each call
+/// becomes an autograd function whose forward gathers the unit's parameters (stage 3), runs
+/// without saving activations and releases them; its backward re-gathers, recomputes with
+/// gradients, reduce-scatters the unit's gradients straight into this rank's shard, and releases
+/// again. Inputs that require grad get their gradients back; integer outputs are not
+/// differentiable.
+class UnitGate {
+ public:
+  std::vector<at::Tensor> operator()(size_t unit, const std::vector<at::Tensor>& inputs,
+                                     const UnitFn& fn) const;
+
+ private:
+  friend class Engine;
+  Engine* engine_ = nullptr;
+};
+
+/// One sharding unit: a name for messages and the submodule whose parameters form it.
+struct UnitSpec {
+  std::string name;
+  std::shared_ptr<torch::nn::Module> module;
+};
+
+struct EngineOptions {
+  /// Where the compute copy of the parameters lives (one GPU per rank, or CPU).
+  at::Device device = at::kCPU;
+  /// Sharding units in forward order (see UnitGate). Required for ZeRO-3 unless the whole
+  /// model is one unit; also the activation-checkpointing boundaries.
+  std::vector<UnitSpec> units;
+  /// The gate the model routes units through; the engine attaches itself to it.
+  UnitGate* gate = nullptr;
+  /// Recompute units in backward (HF's gradient_checkpointing); implied by stage 3.
+  bool activation_checkpointing = false;
+  /// Optimizer steps of the whole run, for schedules ("auto" total_num_steps, HF schedules).
+  int64_t total_train_steps = 0;
+  /// Record a trace of bucket launches and backward boundaries (tests, debugging).
+  bool trace = false;
+};
+
+/// One recorded engine event (EngineOptions::trace).
+struct TraceEvent {
+  enum class Kind { kBackwardBegin, kBucketLaunch, kBackwardEnd, kUnitGather, kUnitRelease };
+  Kind kind;
+  int64_t micro_step;
+  int index;  ///< bucket or unit, -1 otherwise
+};
+
+/// Memory the engine holds on this rank, by role, in bytes (what ZeRO partitions).
+struct EngineMemory {
+  int64_t compute_params = 0;     ///< resident compute-dtype parameters (full or shards)
+  int64_t gradients = 0;          ///< gradient buffers (full flat grads, shard accumulators)
+  int64_t optimizer_state = 0;    ///< fp32 master + moments
+  int64_t gathered_peak = 0;      ///< stage 3: peak of gathered parameter elements
+  int64_t gathered_now = 0;       ///< stage 3: gathered parameter elements right now
+};
+
+class Engine {
+ public:
+  /// Takes over `model`'s trainable parameters (requires_grad) and, under ZeRO-3, all of its
+  /// parameters: moves them to `options.device` in the compute dtype (bf16/fp16 per config),
+  /// broadcasts rank 0's initial values, and builds the sharded fp32 master and optimizer
+  /// state. `ds` and `args` must be resolved (check_resolved passes). Collective.
+  /// Throws ConfigError for unusable settings (e.g. no trainable parameters).
+  Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& ds,
+         const TrainingArguments& args, std::shared_ptr<Communicator> comm,
+         EngineOptions options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Back-propagates one micro-batch with DeepSpeed's normalization: `loss` is this rank's
+  /// mean loss, and the applied gradient is the mean over ranks and accumulation steps.
+  /// Collective (reduces gradients as buckets fill).
+  void backward(const at::Tensor& loss);
+  /// Back-propagates with an explicit normalizer (HF Trainer ≥ 4.46 token normalization):
+  /// `loss` is a *sum* (e.g. of token losses on this rank's micro-batch) and the applied
+  /// gradient is ∂(Σ over ranks and accumulation steps of loss)/∂θ ÷ `divisor` (e.g. the number
+  /// of non-ignored tokens in the global batch). Collective.
+  void backward(const at::Tensor& loss, double divisor);
+
+  /// Ends a micro-step. At an accumulation boundary it runs the optimizer step (unless fp16
+  /// overflowed, see last_step_skipped) and returns true; otherwise returns false. Collective.
+  /// Throws NumericError for a non-finite gradient in bf16/fp32 or a loss scale at its minimum.
+  bool step();
+
+  double learning_rate() const;   ///< of the last (or, before any, the first) optimizer step
+  double loss_scale() const;      ///< 1 unless fp16
+  double last_grad_norm() const;  ///< global norm before clipping, of the last boundary
+  bool last_step_skipped() const;
+  int64_t global_step() const;    ///< accumulation boundaries passed (skipped ones included)
+  int64_t micro_step() const;     ///< backward() calls so far
+  int gradient_accumulation_steps() const;
+  at::ScalarType compute_dtype() const;
+  int stage() const;
+
+  Communicator& communicator();
+  torch::nn::Module& module();
+
+  /// Full fp32 values of every trainable parameter by name (from the master weights), and the
+  /// compute-dtype values of frozen ones. Collective under stage ≥ 1 (all-gathers).
+  std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
+
+  EngineMemory memory() const;
+  const std::vector<TraceEvent>& trace() const;
+
+  /// Internal: the UnitGate entry point.
+  std::vector<at::Tensor> run_unit(size_t unit, const std::vector<at::Tensor>& inputs,
+                                   const UnitFn& fn);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// HF's weight-decay rule, by parameter name: biases and normalization weights are excluded
+/// (names containing "bias", "layernorm", "rmsnorm", or a path component "norm"/ending "_norm").
+bool applies_weight_decay(const std::string& parameter_name);
+
+}  // namespace zt

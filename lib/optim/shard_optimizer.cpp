@@ -1,0 +1,124 @@
+// ShardOptimizer: state allocation and the per-device update paths.
+#include "optim/shard_optimizer.hpp"
+
+#include <cmath>
+
+#include "util/torch_compat.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt {
+
+ShardOptimizer::ShardOptimizer(OptimizerType type, at::Tensor master, std::vector<Segment> segments,
+                               double momentum)
+    : type_(type), master_(std::move(master)), segments_(std::move(segments)) {
+  TORCH_CHECK(master_.scalar_type() == at::kFloat && master_.is_contiguous() && master_.dim() == 1,
+              "ShardOptimizer: the master shard must be a flat contiguous fp32 tensor");
+  if (type_ == OptimizerType::kSgd) {
+    if (momentum != 0.0) state0_ = at::zeros_like(master_);  // the momentum buffer
+  } else {
+    state0_ = at::zeros_like(master_);
+    state1_ = at::zeros_like(master_);
+  }
+}
+
+void ShardOptimizer::set_state(int64_t steps, const at::Tensor& s0, const at::Tensor& s1) {
+  steps_ = steps;
+  if (s0.defined()) state0_.copy_(s0);
+  if (s1.defined() && state1_.defined()) state1_.copy_(s1);
+}
+
+int64_t ShardOptimizer::state_bytes() const {
+  int64_t bytes = master_.numel() * 4;
+  if (state0_.defined()) bytes += state0_.numel() * 4;
+  if (state1_.defined()) bytes += state1_.numel() * 4;
+  return bytes;
+}
+
+void ShardOptimizer::step(const at::Tensor& grad, const UpdateHyper& hyper) {
+  TORCH_CHECK(grad.sizes() == master_.sizes() && grad.scalar_type() == at::kFloat,
+              "ShardOptimizer::step: gradient shape/dtype mismatch");
+  ++steps_;
+  if (type_ == OptimizerType::kSgd) {
+    step_sgd(grad.device() == master_.device() ? grad : grad.to(master_.device()), hyper);
+  } else if (master_.is_cpu()) {
+    step_cpu(grad.is_cpu() ? grad.contiguous() : grad.to(at::kCPU), hyper);
+  } else {
+    step_device(grad, hyper);
+  }
+}
+
+void ShardOptimizer::step_sgd(const at::Tensor& grad, const UpdateHyper& h) {
+  // torch.optim.SGD without dampening or Nesterov: d = g + wd·p; buf = d on the first step,
+  // else μ·buf + d; p -= lr·buf (lr·d without momentum).
+  for (const Segment& s : segments_) {
+    const double wd = s.decay ? h.weight_decay : 0.0;
+    at::Tensor p = master_.narrow(0, s.offset, s.length);
+    at::Tensor g = grad.narrow(0, s.offset, s.length);
+    at::Tensor d = wd != 0.0 ? g.add(p, wd) : g;
+    if (h.momentum == 0.0) {
+      p.add_(d, -h.lr);
+      continue;
+    }
+    at::Tensor buf = state0_.narrow(0, s.offset, s.length);
+    if (steps_ == 1) {
+      buf.copy_(d);
+    } else {
+      buf.mul_(h.momentum).add_(d);
+    }
+    p.add_(buf, -h.lr);
+  }
+}
+
+void ShardOptimizer::step_cpu(const at::Tensor& grad, const UpdateHyper& h) {
+  float* p = master_.data_ptr<float>();
+  const float* g = grad.data_ptr<float>();
+  for (const Segment& s : segments_) {
+    const double wd = s.decay ? h.weight_decay : 0.0;
+    kernels::adam_cpu(p + s.offset, g + s.offset, state0_.data_ptr<float>() + s.offset,
+                      state1_.data_ptr<float>() + s.offset, s.length, h.lr, h.beta1, h.beta2,
+                      h.eps, wd, type_ == OptimizerType::kAdamW, h.bias_correction, steps_);
+  }
+}
+
+void ShardOptimizer::step_device(const at::Tensor& grad, const UpdateHyper& h) {
+  if (type_ == OptimizerType::kAdamW && h.bias_correction &&
+      compat::has_fused_adamw(master_.device())) {
+    // One fused launch per weight-decay group over views of the segments.
+    for (bool decay : {true, false}) {
+      std::vector<at::Tensor> ps, gs, ms, vs;
+      for (const Segment& s : segments_) {
+        if (s.decay != decay) continue;
+        ps.push_back(master_.narrow(0, s.offset, s.length));
+        gs.push_back(grad.narrow(0, s.offset, s.length));
+        ms.push_back(state0_.narrow(0, s.offset, s.length));
+        vs.push_back(state1_.narrow(0, s.offset, s.length));
+      }
+      if (ps.empty()) continue;
+      at::Tensor step = at::full({}, static_cast<double>(steps_),
+                                 at::TensorOptions().dtype(at::kFloat).device(master_.device()));
+      compat::fused_adamw(ps, gs, ms, vs, step, h.lr, h.beta1, h.beta2,
+                          decay ? h.weight_decay : 0.0, h.eps);
+    }
+    return;
+  }
+  const double bc1 = h.bias_correction ? 1.0 - std::pow(h.beta1, static_cast<double>(steps_)) : 1.0;
+  const double bc2 = h.bias_correction ? 1.0 - std::pow(h.beta2, static_cast<double>(steps_)) : 1.0;
+  for (const Segment& s : segments_) {
+    const double wd = s.decay ? h.weight_decay : 0.0;
+    at::Tensor p = master_.narrow(0, s.offset, s.length);
+    at::Tensor g = grad.narrow(0, s.offset, s.length);
+    at::Tensor m = state0_.narrow(0, s.offset, s.length);
+    at::Tensor v = state1_.narrow(0, s.offset, s.length);
+    if (type_ == OptimizerType::kAdamW) {
+      p.mul_(1.0 - h.lr * wd);
+    } else if (wd != 0.0) {
+      g = g.add(p, wd);
+    }
+    m.mul_(h.beta1).add_(g, 1.0 - h.beta1);
+    v.mul_(h.beta2).addcmul_(g, g, 1.0 - h.beta2);
+    at::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(h.eps);
+    p.addcdiv_(m, denom, -h.lr / bc1);
+  }
+}
+
+}  // namespace zt

@@ -1,0 +1,71 @@
+// AdamW / Adam / SGD on one rank's flat fp32 shard, with weight decay chosen per segment.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "zerotrain/config.hpp"
+
+namespace zt {
+
+/// A run of real (non-padding) elements of the shard with one weight-decay setting.
+struct Segment {
+  int64_t offset = 0;
+  int64_t length = 0;
+  bool decay = true;
+};
+
+/// Hyper-parameters of one update (lr comes from the schedule each step).
+struct UpdateHyper {
+  double lr = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0, momentum = 0.0;
+  bool bias_correction = true;
+};
+
+/// Owns the optimizer state of a flat fp32 master shard and updates it in place.
+///
+/// The CPU path is a vectorized loop (GCC function multi-versioning: AVX-512 / AVX2 / baseline
+/// chosen at load time, no -march baked in) run on all intra-op threads; CUDA uses LibTorch's
+/// fused multi-tensor AdamW where it exists (2.x), else ATen ops. State tensors live on the
+/// master's device (pinned host memory when offloaded).
+class ShardOptimizer {
+ public:
+  /// `momentum` matters for SGD only (no buffer without it).
+  ShardOptimizer(OptimizerType type, at::Tensor master, std::vector<Segment> segments,
+                 double momentum = 0.0);
+
+  /// One update with `grad` (same shape as the master, already unscaled and clipped).
+  void step(const at::Tensor& grad, const UpdateHyper& hyper);
+
+  OptimizerType type() const { return type_; }
+  int64_t steps() const { return steps_; }
+  const at::Tensor& master() const { return master_; }
+  /// Adam: exp_avg / exp_avg_sq. SGD with momentum: momentum buffer / undefined.
+  const at::Tensor& state0() const { return state0_; }
+  const at::Tensor& state1() const { return state1_; }
+  void set_state(int64_t steps, const at::Tensor& s0, const at::Tensor& s1);
+  int64_t state_bytes() const;
+
+ private:
+  void step_sgd(const at::Tensor& grad, const UpdateHyper& h);
+  void step_cpu(const at::Tensor& grad, const UpdateHyper& h);
+  void step_device(const at::Tensor& grad, const UpdateHyper& h);
+
+  OptimizerType type_;
+  at::Tensor master_, state0_, state1_;
+  std::vector<Segment> segments_;
+  int64_t steps_ = 0;
+};
+
+namespace kernels {
+/// The CPU Adam(W) kernel on raw arrays; exposed for the benchmark and tests.
+/// `decoupled`: AdamW (decay applied to the weights) else Adam (L2 added to the gradient).
+void adam_cpu(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+              double lr, double beta1, double beta2, double eps, double weight_decay,
+              bool decoupled, bool bias_correction, int64_t step);
+/// The instruction set the CPU kernel dispatched to on this machine ("avx512f", "avx2", ...).
+const char* adam_cpu_isa();
+}  // namespace kernels
+
+}  // namespace zt

@@ -1,0 +1,44 @@
+// The one place that bridges LibTorch versions: Debian's 1.13 (CI) and 2.x (the GPU machine).
+// Everything else calls these helpers instead of testing TORCH_VERSION_* itself.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/version.h>
+
+#include <optional>
+
+static_assert(TORCH_VERSION_MAJOR > 1 || (TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR >= 13),
+              "zerotrain needs LibTorch 1.13 or newer");
+
+#define ZT_TORCH_2 (TORCH_VERSION_MAJOR >= 2)
+
+namespace zt::compat {
+
+/// True when LibTorch has a fused multi-tensor AdamW kernel for tensors on `device`
+/// (at::_fused_adamw_, LibTorch 2.x, CUDA).
+inline bool has_fused_adamw(const at::Device& device) {
+#if ZT_TORCH_2
+  return device.is_cuda();
+#else
+  (void)device;
+  return false;
+#endif
+}
+
+/// One fused AdamW update of every tensor in the lists (decoupled weight decay, bias
+/// correction from `step`, which counts this update). Only when has_fused_adamw().
+inline void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                        at::TensorList exp_avg_sqs, const at::Tensor& step, double lr,
+                        double beta1, double beta2, double weight_decay, double eps) {
+#if ZT_TORCH_2
+  std::vector<at::Tensor> steps(params.size(), step);
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr,
+                    beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)step, (void)lr;
+  (void)beta1, (void)beta2, (void)weight_decay, (void)eps;
+  TORCH_CHECK(false, "fused AdamW needs LibTorch 2.x");
+#endif
+}
+
+}  // namespace zt::compat

@@ -1,0 +1,442 @@
+// Engine set-up, the optimizer step and the public API. Gradient reduction lives in
+// gradients.cpp, sharding units in units.cpp.
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "util/log.hpp"
+#include "zero/engine_impl.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt {
+
+bool applies_weight_decay(const std::string& parameter_name) {
+  std::string name;
+  for (char c : parameter_name) name += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (name.find("bias") != std::string::npos || name.find("layernorm") != std::string::npos ||
+      name.find("rmsnorm") != std::string::npos) {
+    return false;
+  }
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t end = name.find('.', start);
+    std::string part = name.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (part == "norm" || (part.size() > 5 && part.compare(part.size() - 5, 5, "_norm") == 0)) {
+      return false;
+    }
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return true;
+}
+
+std::vector<at::Tensor> UnitGate::operator()(size_t unit, const std::vector<at::Tensor>& inputs,
+                                             const UnitFn& fn) const {
+  if (engine_ == nullptr) return fn(inputs);
+  return engine_->run_unit(unit, inputs, fn);
+}
+
+void Engine::Impl::record(TraceEvent::Kind kind, int index) {
+  if (options.trace) trace.push_back(TraceEvent{kind, micro_steps, index});
+}
+
+namespace {
+
+at::ScalarType wire_dtype(CommDataType c, at::ScalarType compute) {
+  switch (c) {
+    case CommDataType::kFp32: return at::kFloat;
+    case CommDataType::kFp16: return at::kHalf;
+    case CommDataType::kBf16: return at::kBFloat16;
+    case CommDataType::kDefault: return compute;
+  }
+  return compute;
+}
+
+bool schedule_needs_total(const DeepSpeedConfig& ds, const TrainingArguments& args) {
+  if (ds.scheduler.present) {
+    return ds.scheduler.type == SchedulerType::kWarmupDecayLR ||
+           ds.scheduler.type == SchedulerType::kWarmupCosineLR;
+  }
+  return args.lr_scheduler_type != "constant" && args.lr_scheduler_type != "constant_with_warmup" &&
+         args.lr_scheduler_type != "inverse_sqrt";
+}
+
+// Each parameter's unit: the first unit whose module holds it; one held by two units (tied
+// weights) belongs to none and so stays whole under stage 3.
+std::unordered_map<const void*, int> unit_of_parameters(const std::vector<UnitSpec>& units) {
+  std::unordered_map<const void*, int> unit_of;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!units[u].module) {
+      throw InvalidArgument(fmt::format("EngineOptions::units[{}] ('{}') has no module", u,
+                                        units[u].name));
+    }
+    for (const at::Tensor& p : units[u].module->parameters(true)) {
+      auto [it, fresh] = unit_of.emplace(p.unsafeGetTensorImpl(), static_cast<int>(u));
+      if (!fresh && it->second != static_cast<int>(u)) it->second = -1;
+    }
+  }
+  return unit_of;
+}
+
+}  // namespace
+
+Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& ds,
+               const TrainingArguments& args, std::shared_ptr<Communicator> comm,
+               EngineOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  if (!model) throw InvalidArgument("Engine: model is null");
+  if (!comm) throw InvalidArgument("Engine: communicator is null");
+  check_resolved(ds);
+  I.ds = ds;
+  I.args = args;
+  I.options = std::move(options);
+  I.model = std::move(model);
+  I.comm = std::move(comm);
+  I.stage = ds.zero.stage;
+  I.world = I.comm->world_size();
+  I.rank = I.comm->rank();
+  I.accumulation = static_cast<int>(ds.gradient_accumulation_steps.value());
+  I.device = I.options.device;
+  if (I.comm->device().type() != I.device.type()) {
+    throw ConfigError(fmt::format("Engine: the communicator runs on {} but the model on {}",
+                                  I.comm->device().str(), I.device.str()));
+  }
+
+  // Precision. fp16 on CPU computes in fp32 (LibTorch 1.13 has no CPU half matmul) while the
+  // loss scaler still runs, so the fp16 code path stays exercised.
+  const bool fp16 = ds.fp16.enabled.value(), bf16 = ds.bf16.enabled.value();
+  I.compute = bf16 ? at::kBFloat16 : fp16 ? at::kHalf : at::kFloat;
+  if (fp16 && I.device.is_cpu()) {
+    I.compute = at::kFloat;
+    log::warn("fp16 on CPU: computing in fp32 (no CPU half matmul); the dynamic loss scaler "
+              "still runs");
+  }
+  if (fp16) I.scaler = LossScaler(ds.fp16.scaler());
+  I.wire = wire_dtype(ds.communication_data_type, I.compute);
+  I.overlap = I.stage == 0 || ds.zero.overlap();
+  I.use_reduce_scatter = ds.zero.reduce_scatter;
+  const double w = static_cast<double>(I.world), f = ds.gradient_predivide_factor;
+  I.pre_scale = ds.prescale_gradients ? 1.0 / w : 1.0 / f;
+  I.post_scale = ds.prescale_gradients ? 1.0 : f / w;
+  I.offload_optimizer = I.stage >= 1 && ds.zero.offload_optimizer.enabled();
+  I.offload_param = I.stage == 3 && ds.zero.offload_param.enabled();
+  I.checkpointing = I.options.activation_checkpointing || I.stage == 3;
+  I.prefetch_elements = ds.zero.stage3_prefetch_bucket_size.value();
+  I.max_live_elements = ds.zero.stage3_max_live_parameters;
+  if (I.stage == 3 && I.options.units.empty()) {
+    log::warn("ZeRO-3 without sharding units keeps every parameter whole on every rank (stage 2 "
+              "memory); declare EngineOptions::units to partition parameters");
+  }
+  if (schedule_needs_total(ds, args) && I.options.total_train_steps <= 0) {
+    throw ConfigError(fmt::format(
+        "the learning-rate schedule '{}' needs the run length: set max_steps (or "
+        "EngineOptions::total_train_steps)",
+        ds.scheduler.present ? ds.scheduler.type_name : args.lr_scheduler_type));
+  }
+  I.schedule = LrSchedule::from_config(ds, args, I.options.total_train_steps);
+
+  // Parameters and layout.
+  I.model->to(I.device);
+  std::unordered_map<const void*, int> unit_of = unit_of_parameters(I.options.units);
+  std::vector<zero::ParamInfo> params;
+  for (const auto& item : I.model->named_parameters(true)) {
+    zero::ParamInfo p;
+    p.name = item.key();
+    p.param = item.value();
+    p.shape = p.param.sizes().vec();
+    p.numel = p.param.numel();
+    p.trainable = p.param.requires_grad();
+    p.decay = applies_weight_decay(p.name);
+    auto it = unit_of.find(p.param.unsafeGetTensorImpl());
+    p.unit = it == unit_of.end() ? -1 : it->second;
+    params.push_back(std::move(p));
+  }
+  bool any_trainable = false;
+  for (const zero::ParamInfo& p : params) any_trainable = any_trainable || p.trainable;
+  if (!any_trainable) throw ConfigError("Engine: the model has no trainable parameters");
+  zero::LayoutOptions lo;
+  lo.stage = I.stage;
+  lo.world = I.world;
+  lo.rank = I.rank;
+  lo.bucket_size = std::max<int64_t>(1, ds.zero.reduce_bucket_size.value());
+  lo.persistence_threshold = ds.zero.stage3_param_persistence_threshold.value();
+  lo.num_units = static_cast<int>(I.options.units.size());
+  I.layout = zero::build_layout(std::move(params), lo);
+  const zero::Layout& L = I.layout;
+  I.bucket_of_param.assign(L.params.size(), -1);
+  I.slot_of_param.assign(L.params.size(), -1);
+  for (const zero::Bucket& b : L.buckets) {
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      I.bucket_of_param[static_cast<size_t>(b.params[k])] = b.index;
+      I.slot_of_param[static_cast<size_t>(b.params[k])] = static_cast<int>(k);
+    }
+  }
+  for (size_t i = 0; i < L.params.size(); ++i) {
+    I.param_of_impl[L.params[i].param.unsafeGetTensorImpl()] = static_cast<int>(i);
+  }
+
+  // Storage. Every bucket is assembled in fp32 from the module's initial values and broadcast
+  // from rank 0, so all ranks start from the same weights whatever the stage and world size;
+  // then each rank keeps what its stage keeps.
+  const auto host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU).pinned_memory(
+      I.device.is_cuda());
+  const auto dev32 = at::TensorOptions().dtype(at::kFloat).device(I.device);
+  I.master = at::zeros({L.state_numel}, I.offload_optimizer ? host : dev32);
+  I.grad_acc = at::zeros({L.state_numel}, dev32);
+  I.buckets.resize(L.buckets.size());
+  at::NoGradGuard no_grad;
+  for (const zero::Bucket& b : L.buckets) {
+    Impl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
+    at::Tensor full = at::zeros({b.numel}, dev32);
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const zero::ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];
+      full.narrow(0, b.offsets[k], p.numel).copy_(p.param.reshape({-1}));
+    }
+    I.comm->broadcast(full, 0)->wait();
+    at::Tensor slice = full.narrow(0, b.slice_begin(I.rank, L.replicated), b.shard_numel);
+    if (b.trainable) I.master.narrow(0, b.shard.offset, b.shard_numel).copy_(slice);
+    if (b.sharded_params) {
+      s.param_shard = I.offload_param
+                          ? slice.to(at::TensorOptions().dtype(I.compute).device(at::kCPU).pinned_memory(
+                                I.device.is_cuda()))
+                          : slice.to(I.compute).clone();
+    } else {
+      s.flat_param = full.to(I.compute);
+      if (b.trainable && I.stage <= 1) s.flat_grad = at::zeros({b.numel}, s.flat_param.options());
+    }
+  }
+  // Point the module's parameters (and, for stages 0/1, their gradients) into the buckets.
+  for (const zero::Bucket& b : L.buckets) {
+    Impl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const zero::ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];
+      at::Tensor param = p.param;
+      if (b.sharded_params) {
+        param.set_data(at::empty({0}, at::TensorOptions().dtype(I.compute).device(I.device)));
+      } else {
+        param.set_data(s.flat_param.narrow(0, b.offsets[k], p.numel).view(p.shape));
+      }
+      if (s.flat_grad.defined()) {
+        param.mutable_grad() = s.flat_grad.narrow(0, b.offsets[k], p.numel).view(p.shape);
+      }
+    }
+  }
+  I.optimizer = std::make_unique<ShardOptimizer>(ds.optimizer.type, I.master, L.segments,
+                                                 ds.optimizer.momentum);
+  I.units.resize(I.options.units.size());
+  I.dummy = at::zeros({}, dev32).requires_grad_(true);
+  I.nonfinite_losses = at::zeros({}, dev32);
+  I.install_hooks();
+  if (I.options.gate != nullptr) I.options.gate->engine_ = this;
+  I.last_lr = I.schedule.lr(0);
+  if (I.rank == 0) {
+    log::info("engine: ZeRO stage {}, {} ranks, compute {}, {} buckets, {} state elements/rank{}{}",
+              I.stage, I.world, c10::toString(I.compute), L.buckets.size(), L.state_numel,
+              I.offload_optimizer ? ", optimizer offloaded" : "",
+              I.offload_param ? ", parameters offloaded" : "");
+  }
+}
+
+Engine::~Engine() {
+  if (impl_ && impl_->options.gate != nullptr) impl_->options.gate->engine_ = nullptr;
+}
+
+void Engine::backward(const at::Tensor& loss) { backward(loss, 0.0); }
+
+void Engine::backward(const at::Tensor& loss, double divisor) {
+  Impl& I = *impl_;
+  if (I.awaiting_step) {
+    throw InvalidArgument("Engine::backward called twice without step() in between");
+  }
+  if (!loss.defined() || loss.numel() != 1 || !loss.requires_grad()) {
+    throw InvalidArgument("Engine::backward needs a scalar loss that requires grad");
+  }
+  if (divisor < 0.0) throw InvalidArgument("Engine::backward: negative divisor");
+  // DeepSpeed: mean over accumulation steps here, mean over ranks in the reduction. With a
+  // divisor the loss is a sum and the reduction's 1/world is undone.
+  const double factor =
+      I.scaler.scale() * (divisor > 0.0 ? static_cast<double>(I.world) / divisor
+                                        : 1.0 / static_cast<double>(I.accumulation));
+  {
+    at::NoGradGuard no_grad;
+    I.nonfinite_losses.add_(at::isfinite(loss.detach()).logical_not().to(at::kFloat).reshape({}));
+  }
+  I.begin_backward();
+  at::Tensor scaled = loss.to(at::kFloat).reshape({}) * factor;
+  scaled.backward();
+  I.finish_backward();
+  ++I.micro_steps;
+  I.awaiting_step = true;
+}
+
+bool Engine::step() {
+  Impl& I = *impl_;
+  if (!I.awaiting_step) throw InvalidArgument("Engine::step called without backward()");
+  I.awaiting_step = false;
+  if (!I.at_boundary()) return false;
+  ++I.global_steps;
+  at::NoGradGuard no_grad;
+
+  // One all-reduce carries the squared norm of this rank's slices and the count of non-finite
+  // losses. Replicated buckets (stage 0) hold the same values on every rank: rank 0 speaks.
+  at::Tensor local_sq = I.grad_acc.numel() > 0 ? I.grad_acc.norm().pow(2).reshape({1})
+                                               : at::zeros({1}, I.grad_acc.options());
+  if (I.layout.replicated && I.rank != 0) local_sq.zero_();
+  at::Tensor stats = at::cat({local_sq, I.nonfinite_losses.reshape({1})});
+  I.comm->all_reduce(stats, ReduceOp::kSum)->wait();
+  at::Tensor host = stats.to(at::kCPU);
+  const double scaled_norm = std::sqrt(host[0].item<double>());
+  const double bad_losses = host[1].item<double>();
+  const double scale = I.scaler.scale();
+  const bool overflow = !std::isfinite(scaled_norm);
+  const bool fp16 = I.ds.fp16.enabled.value();
+  I.nonfinite_losses.zero_();
+
+  if (!fp16 && (overflow || bad_losses > 0)) {
+    throw NumericError(fmt::format(
+        "non-finite {} at optimizer step {} (micro-step {}, {}): training diverged or the data "
+        "has a problem; lower the learning rate or check the inputs",
+        bad_losses > 0 ? "loss" : "gradient norm", I.global_steps, I.micro_steps,
+        c10::toString(I.compute)));
+  }
+  if (fp16) I.scaler.update(overflow);  // throws at the minimum scale
+  auto clear = [&] {
+    I.grad_acc.zero_();
+    for (Impl::BucketState& s : I.buckets) {
+      if (s.flat_grad.defined()) s.flat_grad.zero_();
+    }
+  };
+  if (overflow) {
+    I.last_skipped = true;
+    I.last_norm = std::numeric_limits<double>::infinity();
+    clear();
+    log::info("fp16 overflow at step {}: skipped, loss scale now {}", I.global_steps,
+              I.scaler.scale());
+    return true;
+  }
+
+  // Unscale and clip in one multiply (DeepSpeed: 1 / (scale · max(1, (norm + 1e-6) / clip))).
+  const double norm = scaled_norm / scale;
+  const double clip = I.ds.gradient_clipping.value();
+  double coef = 1.0 / scale;
+  if (clip > 0.0 && (norm + 1e-6) / clip > 1.0) coef /= (norm + 1e-6) / clip;
+  if (coef != 1.0) I.grad_acc.mul_(coef);
+
+  UpdateHyper h;
+  h.lr = I.schedule.lr(I.applied_steps);
+  h.beta1 = I.ds.optimizer.betas.value()[0];
+  h.beta2 = I.ds.optimizer.betas.value()[1];
+  h.eps = I.ds.optimizer.eps.value();
+  h.weight_decay = I.ds.optimizer.weight_decay.value();
+  h.momentum = I.ds.optimizer.momentum;
+  h.bias_correction = I.ds.optimizer.bias_correction;
+  I.optimizer->step(I.offload_optimizer ? I.grad_acc.to(at::kCPU) : I.grad_acc, h);
+  ++I.applied_steps;
+  I.last_lr = h.lr;
+  I.last_norm = norm;
+  I.last_skipped = false;
+
+  // Publish the new weights to the compute copies.
+  const zero::Layout& L = I.layout;
+  std::vector<WorkHandle> gathers;
+  std::vector<at::Tensor> keep;
+  int64_t in_flight = 0;
+  for (const zero::Bucket& b : L.buckets) {
+    if (!b.trainable) continue;
+    Impl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
+    at::Tensor mine = I.master.narrow(0, b.shard.offset, b.shard_numel);
+    if (L.replicated) {
+      s.flat_param.copy_(mine);
+    } else if (b.sharded_params) {
+      s.param_shard.copy_(mine);
+    } else {
+      // All-gathers in flight are bounded by allgather_bucket_size elements.
+      at::Tensor piece = mine.to(at::TensorOptions().dtype(I.compute).device(I.device));
+      if (in_flight > 0 && in_flight + b.numel > I.ds.zero.allgather_bucket_size) {
+        for (WorkHandle& g : gathers) g->wait();
+        gathers.clear();
+        keep.clear();
+        in_flight = 0;
+      }
+      gathers.push_back(I.comm->all_gather(s.flat_param, piece));
+      keep.push_back(piece);
+      in_flight += b.numel;
+    }
+  }
+  for (WorkHandle& g : gathers) g->wait();
+  clear();
+  return true;
+}
+
+std::vector<at::Tensor> Engine::run_unit(size_t unit, const std::vector<at::Tensor>& inputs,
+                                         const UnitFn& fn) {
+  return impl_->run_unit(unit, inputs, fn);
+}
+
+double Engine::learning_rate() const { return impl_->last_lr; }
+double Engine::loss_scale() const { return impl_->scaler.scale(); }
+double Engine::last_grad_norm() const { return impl_->last_norm; }
+bool Engine::last_step_skipped() const { return impl_->last_skipped; }
+int64_t Engine::global_step() const { return impl_->global_steps; }
+int64_t Engine::micro_step() const { return impl_->micro_steps; }
+int Engine::gradient_accumulation_steps() const { return impl_->accumulation; }
+at::ScalarType Engine::compute_dtype() const { return impl_->compute; }
+int Engine::stage() const { return impl_->stage; }
+Communicator& Engine::communicator() { return *impl_->comm; }
+torch::nn::Module& Engine::module() { return *impl_->model; }
+const std::vector<TraceEvent>& Engine::trace() const { return impl_->trace; }
+
+EngineMemory Engine::memory() const {
+  const Impl& I = *impl_;
+  EngineMemory m;
+  for (const Impl::BucketState& s : I.buckets) {
+    if (s.param_shard.defined()) m.compute_params += s.param_shard.nbytes();
+    if (s.flat_param.defined() && !s.param_shard.defined()) m.compute_params += s.flat_param.nbytes();
+    if (s.flat_grad.defined()) m.gradients += s.flat_grad.nbytes();
+  }
+  m.gradients += I.grad_acc.nbytes();
+  m.optimizer_state = I.optimizer->state_bytes();
+  m.gathered_now = I.gathered_now;
+  m.gathered_peak = I.gathered_peak;
+  return m;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Engine::gather_full_parameters() {
+  Impl& I = *impl_;
+  const zero::Layout& L = I.layout;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> full_of_bucket(L.buckets.size());
+  for (const zero::Bucket& b : L.buckets) {
+    at::Tensor full;
+    if (b.trainable) {
+      at::Tensor mine = I.master.narrow(0, b.shard.offset, b.shard_numel).to(I.device);
+      if (L.replicated) {
+        full = mine;
+      } else {
+        full = at::empty({b.numel}, mine.options());
+        I.comm->all_gather(full, mine)->wait();
+      }
+    } else if (b.sharded_params) {
+      at::Tensor mine = I.buckets[static_cast<size_t>(b.index)].param_shard.to(I.device);
+      full = at::empty({b.numel}, mine.options());
+      I.comm->all_gather(full, mine)->wait();
+    } else {
+      full = I.buckets[static_cast<size_t>(b.index)].flat_param;
+    }
+    full_of_bucket[static_cast<size_t>(b.index)] = full;
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = 0; i < L.params.size(); ++i) {
+    const zero::ParamInfo& p = L.params[i];
+    const zero::Bucket& b = L.buckets[static_cast<size_t>(I.bucket_of_param[i])];
+    const at::Tensor& full = full_of_bucket[static_cast<size_t>(b.index)];
+    int64_t off = b.offsets[static_cast<size_t>(I.slot_of_param[i])];
+    out.emplace_back(p.name, full.narrow(0, off, p.numel).view(p.shape).clone());
+  }
+  return out;
+}
+
+}  // namespace zt

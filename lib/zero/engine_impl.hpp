@@ -1,0 +1,121 @@
+// The engine's state, shared by its three parts: engine.cpp (set-up, step, public API),
+// gradients.cpp (hooks, buckets, reductions) and units.cpp (sharding units: gather, release,
+// recompute).
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include <torch/csrc/autograd/function.h>
+
+#include "optim/schedule.hpp"
+#include "optim/shard_optimizer.hpp"
+#include "precision/loss_scaler.hpp"
+#include "zero/layout.hpp"
+#include "zerotrain/engine.hpp"
+
+namespace zt {
+
+struct Engine::Impl {
+  // ---- configuration (fixed after construction) ----
+  DeepSpeedConfig ds;
+  TrainingArguments args;
+  EngineOptions options;
+  std::shared_ptr<torch::nn::Module> model;
+  std::shared_ptr<Communicator> comm;
+  int stage = 0, world = 1, rank = 0, accumulation = 1;
+  at::Device device = at::kCPU;
+  at::ScalarType compute = at::kFloat;    ///< dtype of the module's parameters
+  at::ScalarType wire = at::kFloat;       ///< dtype of gradient reductions
+  bool overlap = false;                   ///< reduce buckets while backward runs
+  bool use_reduce_scatter = true;
+  double pre_scale = 1.0, post_scale = 1.0;  ///< around each gradient reduction (product 1/world)
+  bool offload_optimizer = false, offload_param = false;
+  bool checkpointing = false;              ///< recompute units in backward
+  int64_t prefetch_elements = 0, max_live_elements = 0;
+  zero::Layout layout;
+
+  // ---- per-bucket storage ----
+  struct BucketState {
+    at::Tensor flat_param;   ///< full compute-dtype values (resident, or gathered stage-3)
+    at::Tensor flat_grad;    ///< stages 0/1: the .grad of every parameter is a view into it
+    at::Tensor param_shard;  ///< stage 3 units: this rank's compute-dtype slice (persistent)
+    at::Tensor staging;      ///< stage 2/3: gradients of this micro-step, until reduced
+    int expected = 0;        ///< parameters whose gradient readiness is awaited
+    int ready = 0;
+    bool launched = false;
+  };
+  std::vector<BucketState> buckets;
+  std::unordered_map<const void*, int> param_of_impl;  ///< TensorImpl* → ParamInfo index
+  std::vector<int> bucket_of_param, slot_of_param;     ///< ParamInfo index → bucket, position
+
+  // ---- optimizer state (this rank's slices of the trainable buckets) ----
+  at::Tensor master;    ///< fp32, on device or (offload) host
+  at::Tensor grad_acc;  ///< fp32 reduced gradients of this rank's slices, accumulated
+  std::unique_ptr<ShardOptimizer> optimizer;
+  LrSchedule schedule;
+  LossScaler scaler;
+
+  // ---- step bookkeeping ----
+  int64_t micro_steps = 0, global_steps = 0, applied_steps = 0;
+  double last_norm = 0.0, last_lr = 0.0;
+  bool last_skipped = false;
+  bool awaiting_step = false;      ///< backward() ran; step() must follow
+  bool reducing = false;           ///< gradients are reduced during the current backward
+  int next_launch = 0;             ///< buckets launch strictly in index order
+  at::Tensor nonfinite_losses;     ///< count of non-finite losses since the last boundary
+
+  struct Pending {
+    WorkHandle work;
+    int bucket = -1;
+    at::Tensor output;   ///< reduce-scatter output slice (wire dtype)
+    at::Tensor input;    ///< kept alive until done
+    bool in_place = false;  ///< stage 0: the all-reduce result is the flat grad itself
+  };
+  std::deque<Pending> pending;
+
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  ///< hooks live with them
+  std::vector<TraceEvent> trace;
+
+  // ---- sharding units ----
+  enum class UnitStatus { kReleased, kGathering, kGathered };
+  struct UnitState {
+    UnitStatus status = UnitStatus::kReleased;
+    std::vector<WorkHandle> gathers;
+    std::vector<at::Tensor> sources;  ///< shard copies on the device while gathering
+    int64_t elements = 0;  ///< gathered elements when gathered
+  };
+  std::vector<UnitState> units;
+  int64_t gathered_now = 0, gathered_peak = 0;
+  at::Tensor dummy;  ///< requires grad, so every unit call has a backward
+  int unit_depth = 0;
+
+  // engine.cpp
+  void record(TraceEvent::Kind kind, int index);
+  bool at_boundary() const { return micro_steps % accumulation == 0; }
+
+  // gradients.cpp
+  void install_hooks();
+  void begin_backward();
+  void on_gradient(int param_index);
+  void try_launch();
+  void launch(int bucket);
+  void complete_oldest();
+  void finish_backward();
+  at::Tensor slice_of(int bucket, const at::Tensor& state) const;
+  void reduce_unit_gradients(int bucket);
+
+  // units.cpp
+  std::vector<at::Tensor> run_unit(size_t unit, const std::vector<at::Tensor>& inputs,
+                                   const UnitFn& fn);
+  void gather(size_t unit, bool forward_order);
+  void start_gather(size_t unit);
+  void finish_gather(size_t unit);
+  void release(size_t unit);
+  void prefetch_after(size_t unit, bool forward_order);
+  void bind_unit_params(size_t unit, bool gathered);
+};
+
+}  // namespace zt

@@ -1,0 +1,197 @@
+// Gradient reduction: hooks on the gradient accumulators mark parameters ready; buckets launch
+// in index order as they complete (during backward when overlapping), and their results are
+// accumulated in fp32 into this rank's slices.
+//
+// Stage 0: each parameter's .grad is a view into its bucket's flat gradient, all-reduced at
+//          the accumulation boundary (in place).
+// Stage 1: the same flat gradients accumulate over micro-steps and are reduce-scattered at the
+//          boundary into the fp32 slice.
+// Stage 2 (and stage 3's whole parameters): each gradient is copied into the bucket's staging
+//          buffer as soon as it is complete and the parameter's own .grad is dropped, so a rank
+//          never holds the full gradient; each micro-step reduce-scatters its buckets.
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <fmt/format.h>
+
+#include "zero/engine_impl.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt {
+namespace {
+
+class ReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  ReadyHook(Engine::Impl* impl, int param) : impl_(impl), param_(param) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    impl_->on_gradient(param_);
+    return outputs;
+  }
+
+ private:
+  Engine::Impl* impl_;
+  int param_;
+};
+
+// At most this many bucket reductions in flight before the oldest is completed, bounding the
+// staging memory of stages 2/3 to a few buckets.
+constexpr size_t kMaxInFlight = 2;
+
+}  // namespace
+
+void Engine::Impl::install_hooks() {
+  for (const zero::Bucket& b : layout.buckets) {
+    if (!b.trainable || b.sharded_params) continue;
+    for (int p : b.params) {
+      const at::Tensor& param = layout.params[static_cast<size_t>(p)].param;
+      // The accumulator must be kept alive, or it is recreated and the hook is lost.
+      std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(param);
+      acc->add_post_hook(std::make_unique<ReadyHook>(this, p));
+      accumulators.push_back(std::move(acc));
+      buckets[static_cast<size_t>(b.index)].expected += 1;
+    }
+  }
+}
+
+at::Tensor Engine::Impl::slice_of(int bucket, const at::Tensor& state) const {
+  const zero::Bucket& b = layout.buckets[static_cast<size_t>(bucket)];
+  return state.narrow(0, b.shard.offset, b.shard_numel);
+}
+
+void Engine::Impl::begin_backward() {
+  // Stages 0/1 reduce once per accumulation window (at its last micro-step); stages 2/3 every
+  // micro-step.
+  reducing = stage >= 2 || (micro_steps + 1) % accumulation == 0;
+  for (BucketState& s : buckets) {
+    s.ready = 0;
+    s.launched = false;
+  }
+  next_launch = 0;
+  record(TraceEvent::Kind::kBackwardBegin, -1);
+}
+
+void Engine::Impl::on_gradient(int param_index) {
+  const int b = bucket_of_param[static_cast<size_t>(param_index)];
+  BucketState& s = buckets[static_cast<size_t>(b)];
+  const zero::Bucket& bucket = layout.buckets[static_cast<size_t>(b)];
+  const zero::ParamInfo& p = layout.params[static_cast<size_t>(param_index)];
+  if (stage >= 2) {
+    if (s.launched) {
+      throw InvalidArgument(fmt::format(
+          "parameter '{}' received a gradient after its bucket was reduced: it is used by two "
+          "sharding units (tie it through one module) or twice across reentrant backward passes",
+          p.name));
+    }
+    if (!s.staging.defined()) {
+      s.staging = at::zeros({bucket.numel}, at::TensorOptions().dtype(wire).device(device));
+    }
+    at::Tensor& grad = p.param.mutable_grad();
+    const int64_t off = bucket.offsets[static_cast<size_t>(slot_of_param[static_cast<size_t>(param_index)])];
+    s.staging.narrow(0, off, p.numel).add_(grad.reshape({-1}));
+    grad.reset();
+  } else {
+    // Autograd accumulates into the bucket view in place; if it ever replaced the .grad (it
+    // does when the old one is shared elsewhere), fold the new one back into the bucket.
+    const int64_t off = bucket.offsets[static_cast<size_t>(slot_of_param[static_cast<size_t>(param_index)])];
+    at::Tensor view = s.flat_grad.narrow(0, off, p.numel);
+    at::Tensor& grad = p.param.mutable_grad();
+    if (!grad.defined() || grad.data_ptr() != view.data_ptr()) {
+      if (grad.defined()) view.copy_(grad.reshape({-1}));
+      grad = view.view(p.shape);
+    }
+  }
+  if (!reducing) return;
+  s.ready += 1;
+  if (overlap) try_launch();
+}
+
+void Engine::Impl::try_launch() {
+  while (next_launch < static_cast<int>(buckets.size())) {
+    const zero::Bucket& b = layout.buckets[static_cast<size_t>(next_launch)];
+    if (!b.trainable || b.sharded_params) {  // resident trainable buckets come first
+      next_launch = static_cast<int>(buckets.size());
+      return;
+    }
+    BucketState& s = buckets[static_cast<size_t>(next_launch)];
+    if (s.ready < s.expected) return;
+    launch(next_launch++);
+  }
+}
+
+void Engine::Impl::launch(int bucket) {
+  const zero::Bucket& b = layout.buckets[static_cast<size_t>(bucket)];
+  BucketState& s = buckets[static_cast<size_t>(bucket)];
+  s.launched = true;
+  record(TraceEvent::Kind::kBucketLaunch, bucket);
+  Pending p;
+  p.bucket = bucket;
+  if (stage == 0) {
+    // Stage 0: all-reduce the flat gradient (in place when the wire dtype is the compute one).
+    at::Tensor wire_grad = s.flat_grad.scalar_type() == wire ? s.flat_grad : s.flat_grad.to(wire);
+    p.in_place = wire_grad.is_same(s.flat_grad);
+    if (pre_scale != 1.0) wire_grad.mul_(pre_scale);
+    p.work = comm->all_reduce(wire_grad, ReduceOp::kSum);
+    p.input = wire_grad;
+  } else {
+    at::Tensor input;
+    if (stage == 1) {
+      // The flat gradient is cleared after the step, so it may be scaled and sent in place.
+      input = s.flat_grad.scalar_type() == wire ? s.flat_grad : s.flat_grad.to(wire);
+    } else {
+      if (!s.staging.defined()) {  // no gradient reached this bucket here; peers may have some
+        s.staging = at::zeros({b.numel}, at::TensorOptions().dtype(wire).device(device));
+      }
+      input = s.staging.scalar_type() == wire ? s.staging : s.staging.to(wire);
+      s.staging = at::Tensor();
+    }
+    if (pre_scale != 1.0) input.mul_(pre_scale);
+    if (use_reduce_scatter) {
+      p.output = at::empty({b.shard_numel}, input.options());
+      p.work = comm->reduce_scatter(p.output, input, ReduceOp::kSum);
+    } else {
+      p.work = comm->all_reduce(input, ReduceOp::kSum);
+      p.output = input.narrow(0, rank * b.shard_numel, b.shard_numel);
+    }
+    p.input = input;
+  }
+  pending.push_back(std::move(p));
+  if (stage >= 1 && pending.size() > kMaxInFlight) complete_oldest();
+}
+
+void Engine::Impl::complete_oldest() {
+  Pending p = std::move(pending.front());
+  pending.pop_front();
+  p.work->wait();
+  if (stage == 0) {
+    BucketState& s = buckets[static_cast<size_t>(p.bucket)];
+    if (!p.in_place) s.flat_grad.copy_(p.input);
+    if (post_scale != 1.0) s.flat_grad.mul_(post_scale);
+    slice_of(p.bucket, grad_acc).add_(s.flat_grad);
+  } else {
+    slice_of(p.bucket, grad_acc).add_(p.output, post_scale);
+  }
+}
+
+void Engine::Impl::reduce_unit_gradients(int bucket) {
+  BucketState& s = buckets[static_cast<size_t>(bucket)];
+  s.launched = false;
+  launch(bucket);
+}
+
+void Engine::Impl::finish_backward() {
+  record(TraceEvent::Kind::kBackwardEnd, -1);
+  if (reducing) {
+    // Buckets not launched yet (no overlap, or parameters that got no gradient) go now, in
+    // order, so every rank issues the same collectives.
+    for (size_t i = static_cast<size_t>(next_launch); i < buckets.size(); ++i) {
+      const zero::Bucket& b = layout.buckets[i];
+      if (!b.trainable || b.sharded_params) break;
+      launch(static_cast<int>(i));
+    }
+    next_launch = static_cast<int>(buckets.size());
+  }
+  while (!pending.empty()) complete_oldest();
+}
+
+}  // namespace zt

@@ -1,0 +1,80 @@
+// How parameters are laid out in flat buckets and sharded across ranks.
+//
+// Every bucket is a contiguous flat space of whole parameters (each aligned to kAlign elements),
+// padded to a multiple of world × kAlign and cut into world equal slices; rank r owns slice r of
+// every bucket. Reduce-scatter of a bucket therefore lands exactly in the owner's slice, and the
+// rank's optimizer state is the concatenation of its slices of the trainable buckets.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "optim/shard_optimizer.hpp"
+
+namespace zt::zero {
+
+/// Alignment of parameters inside a bucket and of slices, in elements: 64 bytes in fp32,
+/// 32 in bf16/fp16 — whole vector lanes for the kernels and aligned NCCL chunks.
+constexpr int64_t kAlign = 16;
+
+inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+struct ParamInfo {
+  std::string name;
+  at::Tensor param;  ///< the module's parameter object (its data is replaced, never the object)
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  bool trainable = false;
+  bool decay = true;
+  int unit = -1;             ///< sharding unit, -1 when in none
+  bool persistent = false;   ///< stage 3: kept whole on every rank
+};
+
+/// One bucket's slice on this rank.
+struct ShardLayout {
+  int64_t offset = 0;   ///< where the slice starts in this rank's flat fp32 state
+  int64_t numel = 0;    ///< elements in the slice, padding included
+  int64_t padding = 0;  ///< elements of the slice that belong to no parameter
+};
+
+struct Bucket {
+  int index = 0;
+  bool trainable = false;
+  bool sharded_params = false;  ///< stage 3 unit bucket: parameters exist only as shards
+  int unit = -1;
+  std::vector<int> params;        ///< ParamInfo indices in layout order
+  std::vector<int64_t> offsets;   ///< per param, offset in the bucket's flat space
+  int64_t numel = 0;              ///< padded flat size
+  int64_t shard_numel = 0;        ///< numel / world (numel when replicated)
+  ShardLayout shard;              ///< this rank's slice (trainable buckets)
+  /// Start of this rank's slice in the bucket's flat space.
+  int64_t slice_begin(int rank, bool replicated) const { return replicated ? 0 : rank * shard_numel; }
+};
+
+struct LayoutOptions {
+  int stage = 0;
+  int world = 1;
+  int rank = 0;
+  int64_t bucket_size = 500000000;           ///< reduce_bucket_size (elements)
+  int64_t persistence_threshold = 100000;    ///< stage3_param_persistence_threshold
+  int num_units = 0;
+};
+
+struct Layout {
+  std::vector<ParamInfo> params;
+  std::vector<Bucket> buckets;
+  std::vector<std::vector<int>> unit_buckets;  ///< stage 3: the sharded buckets of each unit
+  bool replicated = false;                     ///< stage 0: every rank holds whole buckets
+  int64_t state_numel = 0;                     ///< this rank's flat fp32 state
+  std::vector<Segment> segments;               ///< real elements of the state, with decay flags
+};
+
+/// Builds buckets for `params` (in module registration order). Stages 0–2 and stage-3
+/// persistent parameters: buckets of up to bucket_size elements in reverse registration order
+/// (the order backward produces gradients), trainable and frozen apart. Stage 3: one trainable
+/// and one frozen bucket per unit. Inside a bucket, decaying parameters come first.
+Layout build_layout(std::vector<ParamInfo> params, const LayoutOptions& options);
+
+}  // namespace zt::zero

@@ -1,0 +1,149 @@
+#include "support/models.hpp"
+
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cmath>
+
+namespace zt::test {
+namespace {
+
+constexpr int64_t kFeatures = 8, kHidden = 32, kClasses = 5;
+constexpr int64_t kVocab = 32, kModel = 16, kHeads = 2, kSeq = 6, kBlocks = 2;
+
+at::Tensor ce_sum(const at::Tensor& logits, const at::Tensor& labels) {
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
+                                labels.reshape({-1}), {}, at::Reduction::Sum, -100);
+}
+
+struct Mlp : TestModel {
+  torch::nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr};
+  Mlp() {
+    l1 = register_module("l1", torch::nn::Linear(kFeatures, kHidden));
+    l2 = register_module("l2", torch::nn::Linear(kHidden, kHidden));
+    l3 = register_module("l3", torch::nn::Linear(kHidden, kClasses));
+  }
+  at::Tensor loss_sum(const at::Tensor& x, const at::Tensor& labels) override {
+    auto dtype = l1->weight.scalar_type();
+    at::Tensor h = gate(0, {x.to(dtype)}, [l1 = l1.ptr()](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{at::tanh(l1->forward(in[0]))};
+    })[0];
+    h = gate(1, {h}, [l2 = l2.ptr()](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{at::tanh(l2->forward(in[0]))};
+    })[0];
+    at::Tensor logits = gate(2, {h}, [l3 = l3.ptr()](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{l3->forward(in[0])};
+    })[0];
+    return ce_sum(logits, labels);
+  }
+  std::vector<UnitSpec> units() override {
+    return {{"l1", l1.ptr()}, {"l2", l2.ptr()}, {"l3", l3.ptr()}};
+  }
+};
+
+struct Block : torch::nn::Module {
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  torch::nn::Linear qkv{nullptr}, out{nullptr}, up{nullptr}, down{nullptr};
+  Block() {
+    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kModel})));
+    // No qkv bias: the key bias has an exactly-zero gradient in exact arithmetic (softmax is
+    // shift-invariant), and Adam would turn its rounding noise into lr-sized updates.
+    qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(kModel, 3 * kModel).bias(false)));
+    out = register_module("out", torch::nn::Linear(kModel, kModel));
+    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kModel})));
+    up = register_module("up", torch::nn::Linear(kModel, 4 * kModel));
+    down = register_module("down", torch::nn::Linear(4 * kModel, kModel));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t b = x.size(0), t = x.size(1), hd = kModel / kHeads;
+    at::Tensor h = ln1->forward(x);
+    std::vector<at::Tensor> parts = qkv->forward(h).chunk(3, -1);
+    auto heads = [&](const at::Tensor& y) { return y.view({b, t, kHeads, hd}).transpose(1, 2); };
+    at::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+    at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
+    at::Tensor mask = at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
+    scores = scores.masked_fill(mask, -1e9);
+    at::Tensor att = at::matmul(at::softmax(scores.to(at::kFloat), -1).to(x.scalar_type()), v);
+    at::Tensor y = x + out->forward(att.transpose(1, 2).reshape({b, t, kModel}));
+    return y + down->forward(at::gelu(up->forward(ln2->forward(y))));
+  }
+};
+
+struct Transformer : TestModel {
+  torch::nn::Embedding embed{nullptr};
+  torch::nn::ModuleList block_list{nullptr};
+  std::vector<std::shared_ptr<Block>> blocks;
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Linear head{nullptr};
+  Transformer() {
+    embed = register_module("embed", torch::nn::Embedding(kVocab, kModel));
+    block_list = register_module("blocks", torch::nn::ModuleList());
+    for (int i = 0; i < kBlocks; ++i) {
+      blocks.push_back(std::make_shared<Block>());
+      block_list->push_back(blocks.back());
+    }
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kModel})));
+    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(kModel, kVocab).bias(false)));
+  }
+  at::Tensor loss_sum(const at::Tensor& ids, const at::Tensor& labels) override {
+    at::Tensor x = gate(0, {ids}, [embed = embed.ptr()](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{embed->forward(in[0])};
+    })[0];
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      x = gate(1 + i, {x}, [block = blocks[i]](const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{block->forward(in[0])};
+      })[0];
+    }
+    // The final norm stays outside every unit (whole on every rank under stage 3).
+    at::Tensor h = norm->forward(x);
+    at::Tensor logits = gate(1 + blocks.size(), {h}, [head = head.ptr()](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{head->forward(in[0])};
+    })[0];
+    return ce_sum(logits, labels);
+  }
+  std::vector<UnitSpec> units() override {
+    std::vector<UnitSpec> u{{"embed", embed.ptr()}};
+    for (size_t i = 0; i < blocks.size(); ++i) u.push_back({"block" + std::to_string(i), blocks[i]});
+    u.push_back({"head", head.ptr()});
+    return u;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<TestModel> make_model(const std::string& kind, uint64_t seed) {
+  at::manual_seed(seed);
+  if (kind == "mlp") return std::make_shared<Mlp>();
+  return std::make_shared<Transformer>();
+}
+
+int64_t Batch::tokens() const { return labels.ne(-100).sum().item<int64_t>(); }
+
+Batch make_batch(const std::string& kind, int64_t step, int64_t first, int64_t count) {
+  // Each sample is drawn from its own generator state, so any split of a global batch across
+  // ranks and micro-steps sees exactly the same samples.
+  std::vector<at::Tensor> xs, ys;
+  for (int64_t i = first; i < first + count; ++i) {
+    at::manual_seed(static_cast<uint64_t>(1000003 * step + i + 17));
+    if (kind == "mlp") {
+      xs.push_back(at::randn({1, kFeatures}));
+      at::Tensor y = at::randint(0, kClasses, {1}, at::kLong);
+      if (at::rand({1}).item<double>() < 0.3) y.fill_(-100);  // ignored sample
+      ys.push_back(y);
+    } else {
+      at::Tensor ids = at::randint(0, kVocab, {1, kSeq}, at::kLong);
+      at::Tensor labels = at::roll(ids, -1, 1);
+      // A random number of leading positions are "prompt" (ignored), as in instruction data.
+      int64_t prompt = at::randint(0, kSeq - 1, {1}, at::kLong).item<int64_t>();
+      labels.narrow(1, 0, prompt).fill_(-100);
+      labels.narrow(1, kSeq - 1, 1).fill_(-100);
+      xs.push_back(ids);
+      ys.push_back(labels);
+    }
+  }
+  return {at::cat(xs), at::cat(ys)};
+}
+
+}  // namespace zt::test
