@@ -1,6 +1,6 @@
 // Communicator backends on CPU: Gloo at world sizes 1, 2 and 4 (real processes), the
 // single-rank backend, rendezvous failures (missing rank, port taken) and dead peers.
-#include <catch2/catch.hpp>
+#include "support/catch.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

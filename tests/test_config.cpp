@@ -1,5 +1,5 @@
 // DeepSpeed config parsing, training arguments and "auto" resolution (HF Trainer semantics).
-#include <catch2/catch.hpp>
+#include "support/catch.hpp"
 
 #include <cmath>
 #include <fstream>

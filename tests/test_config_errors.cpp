@@ -1,6 +1,6 @@
 // Malformed and inconsistent configuration: each is rejected with the JSON path (or option
 // name) in the message, never a crash or a silent default.
-#include <catch2/catch.hpp>
+#include "support/catch.hpp"
 
 #include "support/ranks.hpp"
 #include "zerotrain/config.hpp"

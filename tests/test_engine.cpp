@@ -7,7 +7,7 @@
 // 2e-5 relative on norms and 2e-5 absolute on parameters — summation order across ranks moves
 // fp32 results by ~1e-7 (REFERENCE §3), so anything near 1e-3 would be a bug. bf16: norms within
 // 4% and the mean parameter error below 15% of the mean parameter movement.
-#include <catch2/catch.hpp>
+#include "support/catch.hpp"
 
 #include <torch/types.h>
 #include <torch/nn/utils/clip_grad.h>

@@ -1,5 +1,5 @@
 // Launcher variables (torchrun / mpirun / srun) and the local multi-process launcher.
-#include <catch2/catch.hpp>
+#include "support/catch.hpp"
 
 #include <fstream>
 #include <map>

@@ -1,6 +1,6 @@
 // The NCCL backend on the GPU machine: every collective and dtype at world size 1, ordering
 // against the compute stream, and — when more than one GPU is visible — all GPUs as ranks.
-#include <catch2/catch.hpp>
+#include "support/catch.hpp"
 
 #include <ATen/Context.h>
 

@@ -1,6 +1,6 @@
 #include "support/collectives.hpp"
 
-#include <catch2/catch.hpp>
+#include "support/catch.hpp"
 
 #include <fmt/format.h>
 

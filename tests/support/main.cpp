@@ -1,7 +1,7 @@
 // Catch2 entry point for zerotrain's tests: one intra-op thread per process, so multi-rank
 // tests on a 2-core machine do not oversubscribe it.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "support/catch.hpp"
 
 #include <ATen/Parallel.h>
 

@@ -43,6 +43,44 @@ struct Mlp : TestModel {
   }
 };
 
+// ~270k parameters in 256-wide layers: large enough that alignment padding is negligible when
+// memory is measured against the ZeRO formulas.
+struct Wide : TestModel {
+  static constexpr int64_t kIn = 16, kWidth = 256, kLayers = 4, kOut = 16;
+  torch::nn::Linear input{nullptr}, output{nullptr};
+  torch::nn::ModuleList list{nullptr};
+  std::vector<std::shared_ptr<torch::nn::LinearImpl>> layers;
+  Wide() {
+    input = register_module("input", torch::nn::Linear(kIn, kWidth));
+    list = register_module("layers", torch::nn::ModuleList());
+    for (int i = 0; i < kLayers; ++i) {
+      layers.push_back(std::make_shared<torch::nn::LinearImpl>(kWidth, kWidth));
+      list->push_back(layers.back());
+    }
+    output = register_module("output", torch::nn::Linear(kWidth, kOut));
+  }
+  at::Tensor loss_sum(const at::Tensor& x, const at::Tensor& labels) override {
+    at::Tensor h = gate(0, {x.to(input->weight.scalar_type())}, [l = input.ptr()](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{at::tanh(l->forward(in[0]))};
+    })[0];
+    for (size_t i = 0; i < layers.size(); ++i) {
+      h = gate(1 + i, {h}, [l = layers[i]](const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{at::tanh(l->forward(in[0]))};
+      })[0];
+    }
+    at::Tensor logits = gate(1 + layers.size(), {h}, [l = output.ptr()](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{l->forward(in[0])};
+    })[0];
+    return ce_sum(logits, labels);
+  }
+  std::vector<UnitSpec> units() override {
+    std::vector<UnitSpec> u{{"input", input.ptr()}};
+    for (size_t i = 0; i < layers.size(); ++i) u.push_back({"layer" + std::to_string(i), layers[i]});
+    u.push_back({"output", output.ptr()});
+    return u;
+  }
+};
+
 struct Block : torch::nn::Module {
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   torch::nn::Linear qkv{nullptr}, out{nullptr}, up{nullptr}, down{nullptr};
@@ -116,6 +154,7 @@ struct Transformer : TestModel {
 std::shared_ptr<TestModel> make_model(const std::string& kind, uint64_t seed) {
   at::manual_seed(seed);
   if (kind == "mlp") return std::make_shared<Mlp>();
+  if (kind == "wide") return std::make_shared<Wide>();
   return std::make_shared<Transformer>();
 }
 
@@ -127,9 +166,10 @@ Batch make_batch(const std::string& kind, int64_t step, int64_t first, int64_t c
   std::vector<at::Tensor> xs, ys;
   for (int64_t i = first; i < first + count; ++i) {
     at::manual_seed(static_cast<uint64_t>(1000003 * step + i + 17));
-    if (kind == "mlp") {
-      xs.push_back(at::randn({1, kFeatures}));
-      at::Tensor y = at::randint(0, kClasses, {1}, at::kLong);
+    if (kind == "mlp" || kind == "wide") {
+      const bool wide = kind == "wide";
+      xs.push_back(at::randn({1, wide ? Wide::kIn : kFeatures}));
+      at::Tensor y = at::randint(0, wide ? Wide::kOut : kClasses, {1}, at::kLong);
       if (at::rand({1}).item<double>() < 0.3) y.fill_(-100);  // ignored sample
       ys.push_back(y);
     } else {

@@ -18,7 +18,7 @@ struct TestModel : torch::nn::Module {
   virtual std::vector<UnitSpec> units() = 0;
 };
 
-/// Builds model "mlp" or "transformer" with parameters drawn from `seed`.
+/// Builds model "mlp", "wide" or "transformer" with parameters drawn from `seed`.
 std::shared_ptr<TestModel> make_model(const std::string& kind, uint64_t seed);
 
 /// One micro-batch: inputs and labels (some -100) for sample indices [first, first + count).

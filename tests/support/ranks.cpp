@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include <catch2/catch.hpp>
+#include "support/catch.hpp"
 #include <fmt/format.h>
 
 namespace zt::test {
