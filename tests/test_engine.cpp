@@ -1,281 +1,48 @@
 // The backbone: ZeRO stages, world sizes, accumulation, precision and offload must not change
-// the math. Each case trains N steps in real processes (Gloo) and rank 0 compares per-step
-// global gradient norms and the final parameters with a plain single-process LibTorch run
-// (torch::optim::AdamW / SGD + clip_grad_norm_) on the same global batches.
-//
-// Tolerances: fp32 (and fp16 on CPU, which computes in fp32 under a power-of-two loss scale):
-// 2e-5 relative on norms and 2e-5 absolute on parameters — summation order across ranks moves
-// fp32 results by ~1e-7 (REFERENCE §3), so anything near 1e-3 would be a bug. bf16: norms within
-// 4% and the mean parameter error below 15% of the mean parameter movement.
+// the math. Each case trains in real processes (Gloo) and rank 0 compares per-step global
+// gradient norms and the final parameters with a plain single-process LibTorch run
+// (torch::optim::AdamW / SGD + clip_grad_norm_) on the same global batches; tolerances are in
+// support/equivalence.cpp.
 #include "support/catch.hpp"
 
-#include <torch/types.h>
-#include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
+#include "support/equivalence.hpp"
 
-#include <cstdio>
-#include <cstdlib>
-#include <sstream>
-
-#include <fmt/format.h>
-
-#include "support/models.hpp"
-#include "support/ranks.hpp"
-#include "zerotrain/engine.hpp"
-#include "zerotrain/error.hpp"
-
-using namespace zt;
-
-namespace {
-
-struct Case {
-  int stage = 0;
-  int world = 1;
-  int accum = 1;
-  std::string dtype = "fp32";
-  bool offload = false;
-  std::string model = "mlp";
-  std::string opt = "adamw";
-  bool ckpt = false;
-  bool token_norm = true;
-  int64_t bucket = 400;
-  int64_t steps = 4;
-  int64_t micro = 2;
-
-  std::string encode() const {
-    return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {}", stage, world, accum, dtype,
-                       int(offload), model, opt, int(ckpt), int(token_norm), bucket, steps, micro);
-  }
-  static Case decode(const std::string& s) {
-    Case c;
-    std::istringstream in(s);
-    in >> c.stage >> c.world >> c.accum >> c.dtype >> c.offload >> c.model >> c.opt >> c.ckpt >>
-        c.token_norm >> c.bucket >> c.steps >> c.micro;
-    if (!in) throw std::runtime_error("malformed ZT_CASE: " + s);
-    return c;
-  }
-  std::string describe() const {
-    return fmt::format("stage {} world {} accum {} {} offload {} {} {} ckpt {} {}", stage, world,
-                       accum, dtype, offload, model, opt, ckpt,
-                       token_norm ? "token-normalized" : "mean-normalized");
-  }
-};
-
-constexpr double kLr = 0.01, kWd = 0.1, kClip = 1.0;
-constexpr uint64_t kSeed = 1234;
-
-std::string ds_json(const Case& c) {
-  std::string offload = c.offload ? R"(, "offload_optimizer": {"device": "cpu"})" : "";
-  if (c.offload && c.stage == 3) offload += R"(, "offload_param": {"device": "cpu"})";
-  return fmt::format(R"({{
-    "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-    "train_batch_size": "auto", "gradient_clipping": "auto",
-    "fp16": {{"enabled": "auto"}}, "bf16": {{"enabled": "auto"}},
-    "zero_optimization": {{"stage": {}, "reduce_bucket_size": {}, "allgather_bucket_size": {},
-       "overlap_comm": true, "stage3_param_persistence_threshold": 20,
-       "stage3_prefetch_bucket_size": 1000 {}}}}})",
-                     c.stage, c.bucket, c.bucket, offload);
-}
-
-TrainingArguments args_for(const Case& c) {
-  TrainingArguments a;
-  apply_training_json(a, fmt::format(R"({{"per_device_train_batch_size": {},
-      "gradient_accumulation_steps": {}, "learning_rate": {}, "weight_decay": {},
-      "max_grad_norm": {}, "lr_scheduler_type": "constant", "fp16": {}, "bf16": {},
-      "optim": "{}", "max_steps": {}}})",
-                                     c.micro, c.accum, kLr, kWd, kClip, c.dtype == "fp16",
-                                     c.dtype == "bf16", c.opt == "sgd" ? "sgd" : "adamw_torch",
-                                     c.steps));
-  return a;
-}
-
-// The reference: one process, fp32, the whole global batch at once.
-struct Reference {
-  std::vector<double> norms;
-  std::vector<std::pair<std::string, at::Tensor>> params;
-};
-
-Reference reference_run(const Case& c) {
-  auto model = test::make_model(c.model, kSeed);
-  std::vector<at::Tensor> decay, no_decay;
-  for (const auto& p : model->named_parameters()) {
-    (applies_weight_decay(p.key()) ? decay : no_decay).push_back(p.value());
-  }
-  std::unique_ptr<torch::optim::Optimizer> opt;
-  if (c.opt == "sgd") {
-    std::vector<torch::optim::OptimizerParamGroup> groups;
-    groups.emplace_back(decay, std::make_unique<torch::optim::SGDOptions>(
-                                   torch::optim::SGDOptions(kLr).weight_decay(kWd)));
-    groups.emplace_back(no_decay, std::make_unique<torch::optim::SGDOptions>(
-                                      torch::optim::SGDOptions(kLr).weight_decay(0.0)));
-    opt = std::make_unique<torch::optim::SGD>(groups, torch::optim::SGDOptions(kLr));
-  } else {
-    std::vector<torch::optim::OptimizerParamGroup> groups;
-    groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
-                                   torch::optim::AdamWOptions(kLr).weight_decay(kWd)));
-    groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
-                                      torch::optim::AdamWOptions(kLr).weight_decay(0.0)));
-    opt = std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(kLr));
-  }
-  Reference ref;
-  const int64_t global = c.micro * c.accum * c.world;
-  for (int64_t s = 0; s < c.steps; ++s) {
-    opt->zero_grad();
-    at::Tensor loss;
-    if (c.token_norm) {
-      test::Batch all = test::make_batch(c.model, s, 0, global);
-      loss = model->loss_sum(all.inputs, all.labels) / static_cast<double>(all.tokens());
-    } else {
-      // DeepSpeed's normalization: the mean over micro-batches of each micro-batch's mean.
-      loss = at::zeros({});
-      for (int64_t m = 0; m < c.accum * c.world; ++m) {
-        test::Batch b = test::make_batch(c.model, s, m * c.micro, c.micro);
-        loss = loss + model->loss_sum(b.inputs, b.labels) /
-                          static_cast<double>(std::max<int64_t>(1, b.tokens()));
-      }
-      loss = loss / static_cast<double>(c.accum * c.world);
-    }
-    loss.backward();
-    ref.norms.push_back(torch::nn::utils::clip_grad_norm_(model->parameters(), kClip));
-    opt->step();
-  }
-  for (const auto& p : model->named_parameters()) ref.params.emplace_back(p.key(), p.value().detach().clone());
-  return ref;
-}
-
-bool compare(const Case& c, const std::vector<double>& norms,
-             const std::vector<std::pair<std::string, at::Tensor>>& params) {
-  Reference ref = reference_run(c);
-  auto init = test::make_model(c.model, kSeed)->named_parameters();
-  const bool bf16 = c.dtype == "bf16";
-  bool ok = true;
-  for (size_t s = 0; s < norms.size(); ++s) {
-    double rel = std::fabs(norms[s] - ref.norms[s]) / std::max(1e-12, ref.norms[s]);
-    std::printf("step %zu: grad norm %.9g, reference %.9g (rel %.2g)\n", s, norms[s], ref.norms[s], rel);
-    if (rel > (bf16 ? 4e-2 : 2e-5)) ok = false;
-  }
-  double err_sum = 0, move_sum = 0;
-  int64_t count = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (params[i].first != ref.params[i].first) {
-      std::printf("parameter order differs: %s vs %s\n", params[i].first.c_str(), ref.params[i].first.c_str());
-      return false;
-    }
-    at::Tensor got = params[i].second.to(at::kCPU).to(at::kFloat);
-    at::Tensor want = ref.params[i].second;
-    double max_err = (got - want).abs().max().item<double>();
-    err_sum += (got - want).abs().sum().item<double>();
-    move_sum += (want - init[params[i].first]).abs().sum().item<double>();
-    count += want.numel();
-    if (!bf16 && max_err > 2e-5) {
-      std::printf("%s: max |engine - reference| = %.3g\n", params[i].first.c_str(), max_err);
-      ok = false;
-    }
-  }
-  std::printf("mean |error| %.3g, mean |movement| %.3g\n", err_sum / count, move_sum / count);
-  if (move_sum <= 0 || (bf16 && err_sum > 0.15 * move_sum)) ok = false;
-  return ok;
-}
-
-}  // namespace
-
-TEST_CASE("rank: engine equivalence", "[.rank]") {
-  Case c = Case::decode(std::getenv("ZT_CASE"));
-  std::printf("case: %s\n", c.describe().c_str());
-  auto comm = std::shared_ptr<Communicator>(test::join());
-  const int rank = comm->rank(), world = comm->world_size();
-  REQUIRE(world == c.world);
-  auto model = test::make_model(c.model, kSeed);
-  DeepSpeedConfig ds = parse_deepspeed_config(ds_json(c), "case.json");
-  TrainingArguments args = args_for(c);
-  resolve_config(ds, args, ResolveContext{world, 16, c.steps});
-  EngineOptions eo;
-  eo.units = model->units();
-  eo.gate = &model->gate;
-  eo.activation_checkpointing = c.ckpt;
-  eo.total_train_steps = c.steps;
-  Engine engine(model, ds, args, comm, eo);
-
-  std::vector<double> norms;
-  const int64_t global = c.micro * c.accum * world;
-  for (int64_t s = 0; s < c.steps; ++s) {
-    const double divisor = static_cast<double>(test::make_batch(c.model, s, 0, global).tokens());
-    for (int64_t m = 0; m < c.accum; ++m) {
-      test::Batch b = test::make_batch(c.model, s, (m * world + rank) * c.micro, c.micro);
-      at::Tensor loss = model->loss_sum(b.inputs, b.labels);
-      if (c.token_norm) {
-        engine.backward(loss, divisor);
-      } else {
-        engine.backward(loss / static_cast<double>(std::max<int64_t>(1, b.tokens())));
-      }
-      bool stepped = engine.step();
-      REQUIRE(stepped == (m == c.accum - 1));
-    }
-    REQUIRE_FALSE(engine.last_step_skipped());
-    norms.push_back(engine.last_grad_norm());
-  }
-  auto params = engine.gather_full_parameters();
-  if (rank == 0) REQUIRE(compare(c, norms, params));
-}
-
-namespace {
-
-void run_case(const Case& c) {
-  INFO(c.describe());
-  test::run_ranks(c.world, "rank: engine equivalence", std::chrono::seconds(240),
-                  {{"ZT_CASE", c.encode()}});
-}
-
-Case make(int stage, int world, int accum, const char* dtype, bool offload, const char* model,
-          const char* opt = "adamw", bool ckpt = false) {
-  Case c;
-  c.stage = stage;
-  c.world = world;
-  c.accum = accum;
-  c.dtype = dtype;
-  c.offload = offload;
-  c.model = model;
-  c.opt = opt;
-  c.ckpt = ckpt;
-  return c;
-}
-
-}  // namespace
+using zt::test::make_case;
+using zt::test::run_case;
 
 // Pairwise coverage: every stage at world sizes 1, 2 and 4; accumulation 1/3, offload on/off,
 // fp32/bf16/fp16, both models, AdamW and SGD each meet every stage.
 TEST_CASE("engine: stage 0 matches the single-process reference", "[engine][equivalence]") {
-  run_case(make(0, 1, 1, "fp32", false, "mlp"));
-  run_case(make(0, 2, 3, "bf16", false, "transformer"));
-  run_case(make(0, 4, 1, "fp16", false, "mlp", "sgd"));
-  run_case(make(0, 2, 1, "fp32", false, "transformer", "adamw", true));
+  run_case(make_case(0, 1, 1, "fp32", false, "mlp"));
+  run_case(make_case(0, 2, 3, "bf16", false, "transformer"));
+  run_case(make_case(0, 4, 1, "fp16", false, "mlp", "sgd"));
+  run_case(make_case(0, 2, 1, "fp32", false, "transformer", "adamw", true));
 }
 
 TEST_CASE("engine: stage 1 matches the single-process reference", "[engine][equivalence]") {
-  run_case(make(1, 1, 3, "fp16", true, "transformer"));
-  run_case(make(1, 2, 1, "fp32", true, "mlp", "sgd"));
-  run_case(make(1, 4, 3, "bf16", false, "transformer", "sgd"));
-  run_case(make(1, 4, 1, "fp32", false, "transformer"));
+  run_case(make_case(1, 1, 3, "fp16", true, "transformer"));
+  run_case(make_case(1, 2, 1, "fp32", true, "mlp", "sgd"));
+  run_case(make_case(1, 4, 3, "bf16", false, "transformer", "sgd"));
+  run_case(make_case(1, 4, 1, "fp32", false, "transformer"));
 }
 
 TEST_CASE("engine: stage 2 matches the single-process reference", "[engine][equivalence]") {
-  run_case(make(2, 1, 1, "bf16", true, "mlp"));
-  run_case(make(2, 2, 3, "fp32", false, "transformer", "adamw", true));
-  run_case(make(2, 4, 3, "fp16", true, "mlp"));
-  run_case(make(2, 4, 1, "fp32", false, "transformer", "sgd"));
+  run_case(make_case(2, 1, 1, "bf16", true, "mlp"));
+  run_case(make_case(2, 2, 3, "fp32", false, "transformer", "adamw", true));
+  run_case(make_case(2, 4, 3, "fp16", true, "mlp"));
+  run_case(make_case(2, 4, 1, "fp32", false, "transformer", "sgd"));
 }
 
 TEST_CASE("engine: stage 3 matches the single-process reference", "[engine][equivalence]") {
-  run_case(make(3, 1, 3, "fp32", true, "mlp", "sgd"));
-  run_case(make(3, 2, 1, "fp16", false, "transformer"));
-  run_case(make(3, 4, 3, "bf16", true, "transformer"));
-  run_case(make(3, 4, 1, "fp32", false, "transformer"));
-  run_case(make(3, 2, 3, "fp32", false, "mlp", "sgd"));
+  run_case(make_case(3, 1, 3, "fp32", true, "mlp", "sgd"));
+  run_case(make_case(3, 2, 1, "fp16", false, "transformer"));
+  run_case(make_case(3, 4, 3, "bf16", true, "transformer"));
+  run_case(make_case(3, 4, 1, "fp32", false, "transformer"));
+  run_case(make_case(3, 2, 3, "fp32", false, "mlp", "sgd"));
 }
 
 TEST_CASE("engine: DeepSpeed's mean normalization matches too", "[engine][equivalence]") {
-  Case c = make(2, 2, 3, "fp32", false, "transformer");
+  zt::test::Case c = make_case(2, 2, 3, "fp32", false, "transformer");
   c.token_norm = false;
   run_case(c);
 }

@@ -39,14 +39,15 @@ ZT_CLONES void adam_chunk(float* __restrict p, const float* __restrict g, float*
   }
 }
 
-ZT_CLONES int isa_probe() {
-#if defined(__AVX512F__)
-  return 2;
-#elif defined(__AVX2__)
-  return 1;
-#else
-  return 0;
+// Which clone the loader picks, by the same precedence (target macros are not per clone, so
+// this asks the CPU instead).
+int isa_probe() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return 2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
 #endif
+  return 0;
 }
 
 }  // namespace

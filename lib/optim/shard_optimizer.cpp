@@ -81,7 +81,7 @@ void ShardOptimizer::step_cpu(const at::Tensor& grad, const UpdateHyper& h) {
 }
 
 void ShardOptimizer::step_device(const at::Tensor& grad, const UpdateHyper& h) {
-  if (type_ == OptimizerType::kAdamW && h.bias_correction &&
+  if (type_ == OptimizerType::kAdamW && h.bias_correction && master_.is_cuda() &&
       compat::has_fused_adamw(master_.device())) {
     // One fused launch per weight-decay group over views of the segments.
     for (bool decay : {true, false}) {

@@ -15,10 +15,10 @@ static_assert(TORCH_VERSION_MAJOR > 1 || (TORCH_VERSION_MAJOR == 1 && TORCH_VERS
 namespace zt::compat {
 
 /// True when LibTorch has a fused multi-tensor AdamW kernel for tensors on `device`
-/// (at::_fused_adamw_, LibTorch 2.x, CUDA).
+/// (at::_fused_adamw_: CUDA since 2.0, CPU since 2.4).
 inline bool has_fused_adamw(const at::Device& device) {
 #if ZT_TORCH_2
-  return device.is_cuda();
+  return device.is_cuda() || (device.is_cpu() && TORCH_VERSION_MINOR >= 4);
 #else
   (void)device;
   return false;

@@ -186,6 +186,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   const auto dev32 = at::TensorOptions().dtype(at::kFloat).device(I.device);
   I.master = at::zeros({L.state_numel}, I.offload_optimizer ? host : dev32);
   I.grad_acc = at::zeros({L.state_numel}, dev32);
+  if (I.offload_optimizer) I.grad_host = at::empty({L.state_numel}, host);
   I.buckets.resize(L.buckets.size());
   at::NoGradGuard no_grad;
   for (const zero::Bucket& b : L.buckets) {
@@ -333,7 +334,12 @@ bool Engine::step() {
   h.weight_decay = I.ds.optimizer.weight_decay.value();
   h.momentum = I.ds.optimizer.momentum;
   h.bias_correction = I.ds.optimizer.bias_correction;
-  I.optimizer->step(I.offload_optimizer ? I.grad_acc.to(at::kCPU) : I.grad_acc, h);
+  if (I.offload_optimizer) {
+    I.grad_host.copy_(I.grad_acc);  // into pinned host memory when on a GPU
+    I.optimizer->step(I.grad_host, h);
+  } else {
+    I.optimizer->step(I.grad_acc, h);
+  }
   ++I.applied_steps;
   I.last_lr = h.lr;
   I.last_norm = norm;
@@ -348,10 +354,10 @@ bool Engine::step() {
     if (!b.trainable) continue;
     Impl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
     at::Tensor mine = I.master.narrow(0, b.shard.offset, b.shard_numel);
-    if (L.replicated) {
-      s.flat_param.copy_(mine);
-    } else if (b.sharded_params) {
+    if (b.sharded_params) {
       s.param_shard.copy_(mine);
+    } else if (L.replicated || I.world == 1) {
+      s.flat_param.copy_(mine);
     } else {
       // All-gathers in flight are bounded by allgather_bucket_size elements.
       at::Tensor piece = mine.to(at::TensorOptions().dtype(I.compute).device(I.device));

@@ -54,6 +54,7 @@ struct Engine::Impl {
   // ---- optimizer state (this rank's slices of the trainable buckets) ----
   at::Tensor master;    ///< fp32, on device or (offload) host
   at::Tensor grad_acc;  ///< fp32 reduced gradients of this rank's slices, accumulated
+  at::Tensor grad_host; ///< offload: the host copy of grad_acc the CPU optimizer reads
   std::unique_ptr<ShardOptimizer> optimizer;
   LrSchedule schedule;
   LossScaler scaler;

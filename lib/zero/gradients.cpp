@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/work.hpp"
 #include "zero/engine_impl.hpp"
 #include "zerotrain/error.hpp"
 
@@ -126,6 +127,24 @@ void Engine::Impl::launch(int bucket) {
   record(TraceEvent::Kind::kBucketLaunch, bucket);
   Pending p;
   p.bucket = bucket;
+  if (world == 1) {
+    // One rank: the reduction is the identity; skip the collective, its copies and scalings.
+    p.work = std::make_unique<comm::DoneWork>();
+    p.in_place = true;
+    if (stage >= 1) {
+      if (stage == 1) {
+        p.output = s.flat_grad;
+      } else {
+        if (!s.staging.defined()) {
+          s.staging = at::zeros({b.numel}, at::TensorOptions().dtype(wire).device(device));
+        }
+        p.output = s.staging;
+        s.staging = at::Tensor();
+      }
+    }
+    pending.push_back(std::move(p));
+    return;
+  }
   if (stage == 0) {
     // Stage 0: all-reduce the flat gradient (in place when the wire dtype is the compute one).
     at::Tensor wire_grad = s.flat_grad.scalar_type() == wire ? s.flat_grad : s.flat_grad.to(wire);
@@ -163,13 +182,14 @@ void Engine::Impl::complete_oldest() {
   Pending p = std::move(pending.front());
   pending.pop_front();
   p.work->wait();
+  const double post = world == 1 ? 1.0 : post_scale;
   if (stage == 0) {
     BucketState& s = buckets[static_cast<size_t>(p.bucket)];
     if (!p.in_place) s.flat_grad.copy_(p.input);
-    if (post_scale != 1.0) s.flat_grad.mul_(post_scale);
+    if (post != 1.0) s.flat_grad.mul_(post);
     slice_of(p.bucket, grad_acc).add_(s.flat_grad);
   } else {
-    slice_of(p.bucket, grad_acc).add_(p.output, post_scale);
+    slice_of(p.bucket, grad_acc).add_(p.output, post);
   }
 }
 

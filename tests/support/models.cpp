@@ -15,7 +15,8 @@ constexpr int64_t kVocab = 32, kModel = 16, kHeads = 2, kSeq = 6, kBlocks = 2;
 
 at::Tensor ce_sum(const at::Tensor& logits, const at::Tensor& labels) {
   return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
-                                labels.reshape({-1}), {}, at::Reduction::Sum, -100);
+                                labels.reshape({-1}).to(logits.device()), {}, at::Reduction::Sum,
+                                -100);
 }
 
 struct Mlp : TestModel {
@@ -26,8 +27,8 @@ struct Mlp : TestModel {
     l3 = register_module("l3", torch::nn::Linear(kHidden, kClasses));
   }
   at::Tensor loss_sum(const at::Tensor& x, const at::Tensor& labels) override {
-    auto dtype = l1->weight.scalar_type();
-    at::Tensor h = gate(0, {x.to(dtype)}, [l1 = l1.ptr()](const std::vector<at::Tensor>& in) {
+    const at::Tensor& w = l1->weight;  // empty but typed while ZeRO-3 has it released
+    at::Tensor h = gate(0, {x.to(w.device()).to(w.scalar_type())}, [l1 = l1.ptr()](const std::vector<at::Tensor>& in) {
       return std::vector<at::Tensor>{at::tanh(l1->forward(in[0]))};
     })[0];
     h = gate(1, {h}, [l2 = l2.ptr()](const std::vector<at::Tensor>& in) {
@@ -60,7 +61,8 @@ struct Wide : TestModel {
     output = register_module("output", torch::nn::Linear(kWidth, kOut));
   }
   at::Tensor loss_sum(const at::Tensor& x, const at::Tensor& labels) override {
-    at::Tensor h = gate(0, {x.to(input->weight.scalar_type())}, [l = input.ptr()](const std::vector<at::Tensor>& in) {
+    const at::Tensor& w = input->weight;
+    at::Tensor h = gate(0, {x.to(w.device()).to(w.scalar_type())}, [l = input.ptr()](const std::vector<at::Tensor>& in) {
       return std::vector<at::Tensor>{at::tanh(l->forward(in[0]))};
     })[0];
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -126,7 +128,7 @@ struct Transformer : TestModel {
     head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(kModel, kVocab).bias(false)));
   }
   at::Tensor loss_sum(const at::Tensor& ids, const at::Tensor& labels) override {
-    at::Tensor x = gate(0, {ids}, [embed = embed.ptr()](const std::vector<at::Tensor>& in) {
+    at::Tensor x = gate(0, {ids.to(embed->weight.device())}, [embed = embed.ptr()](const std::vector<at::Tensor>& in) {
       return std::vector<at::Tensor>{embed->forward(in[0])};
     })[0];
     for (size_t i = 0; i < blocks.size(); ++i) {
