@@ -12,6 +12,14 @@ static_assert(TORCH_VERSION_MAJOR > 1 || (TORCH_VERSION_MAJOR == 1 && TORCH_VERS
 
 #define ZT_TORCH_2 (TORCH_VERSION_MAJOR >= 2)
 
+// c10::Allocator::allocate lost its const in LibTorch 2.3; custom allocators declare
+// `c10::DataPtr allocate(size_t n) ZT_ALLOCATE_CONST override`.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define ZT_ALLOCATE_CONST
+#else
+#define ZT_ALLOCATE_CONST const
+#endif
+
 namespace zt::compat {
 
 /// True when LibTorch has a fused multi-tensor AdamW kernel for tensors on `device`

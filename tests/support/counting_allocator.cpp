@@ -2,6 +2,8 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include "util/torch_compat.hpp"
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -27,7 +29,7 @@ void release(void* data) {
 
 class CountingAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) ZT_ALLOCATE_CONST override {
     void* block = nullptr;
     if (posix_memalign(&block, kHeader, n + kHeader) != 0) throw std::bad_alloc();
     const int64_t bytes = static_cast<int64_t>(n);
