@@ -10,6 +10,8 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
 
+#include <ATen/Context.h>
+
 #include <cstdio>
 #include <exception>
 
@@ -58,7 +60,13 @@ struct DeepMlp : torch::nn::Module {
 int main() {
   try {
     zt::LaunchEnv env = zt::launch_env_from_environment();
-    std::shared_ptr<zt::Communicator> comm = zt::create_communicator(env, zt::CommOptions{});
+    // One GPU per rank when there are enough, else CPU ranks.
+    zt::CommOptions comm_options;
+    if (static_cast<int>(at::getNumGPUs()) >= env.local_world_size) {
+      comm_options.device = at::Device(at::kCUDA, static_cast<int16_t>(env.local_rank));
+    }
+    std::shared_ptr<zt::Communicator> comm = zt::create_communicator(env, comm_options);
+    const at::Device device = comm_options.device;
 
     zt::DeepSpeedConfig ds = zt::parse_deepspeed_config(R"({
       "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 2,
@@ -76,16 +84,17 @@ int main() {
     options.units = model->units();
     options.gate = &model->gate;
     options.total_train_steps = 60;
+    options.device = device;
     zt::Engine engine(model, ds, args, comm, options);
 
     // A fixed random target function; each rank draws its own micro-batches.
     at::manual_seed(7);
-    at::Tensor teacher = at::randn({64, 1}) / 8.0;
+    at::Tensor teacher = (at::randn({64, 1}) / 8.0).to(device);
     at::manual_seed(100 + static_cast<uint64_t>(comm->rank()));
     double first = 0, last = 0;
     for (int step = 0; step < 60; ++step) {
       for (int micro = 0; micro < engine.gradient_accumulation_steps(); ++micro) {
-        at::Tensor x = at::randn({16, 64});
+        at::Tensor x = at::randn({16, 64}).to(device);
         at::Tensor y = at::tanh(at::mm(x, teacher));
         at::Tensor loss = at::mse_loss(model->forward(x), y);
         engine.backward(loss);

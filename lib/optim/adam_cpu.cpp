@@ -1,13 +1,17 @@
 // The CPU Adam(W) kernel: one pass over p, g, m, v (28 bytes per parameter), auto-vectorized
 // in three clones (AVX-512F, AVX2+FMA, baseline x86-64) picked at load time by the dynamic
-// loader (GCC target_clones), and split over LibTorch's intra-op threads.
+// loader (GCC target_clones), and split over LibTorch's intra-op thread count.
 //
+// Threads are plain std::threads: LibTorch's at::parallel_for is an OpenMP pragma inlined into
+// the caller, so in a library not built with -fopenmp it silently runs on one thread.
 // Operation order follows torch.optim.AdamW (decay first, then m, v, then
-// p -= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps)) so results match it to the last bit or so.
+// p -= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps)) so results match it to an ulp or so.
 // This file is compiled with -fno-math-errno so that sqrt vectorizes.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
+#include <thread>
 
 #include "optim/shard_optimizer.hpp"
 
@@ -16,7 +20,7 @@ namespace {
 
 struct Coeffs {
   float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, decay_factor, l2, step_size,
-      bc2_sqrt;
+      bc2_sqrt, grad_scale;
 };
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -29,7 +33,7 @@ ZT_CLONES void adam_chunk(float* __restrict p, const float* __restrict g, float*
                           float* __restrict v, int64_t n, Coeffs c) {
   for (int64_t i = 0; i < n; ++i) {
     float pi = p[i] * c.decay_factor;
-    float gi = g[i] + c.l2 * p[i];
+    float gi = g[i] * c.grad_scale + c.l2 * p[i];
     float mi = c.beta1 * m[i] + c.one_minus_beta1 * gi;
     float vi = c.beta2 * v[i] + c.one_minus_beta2 * gi * gi;
     m[i] = mi;
@@ -50,27 +54,72 @@ int isa_probe() {
   return 0;
 }
 
+Coeffs coefficients(const AdamArgs& a, double weight_decay) {
+  const double bc1 = a.bias_correction ? 1.0 - std::pow(a.beta1, static_cast<double>(a.step)) : 1.0;
+  const double bc2 = a.bias_correction ? 1.0 - std::pow(a.beta2, static_cast<double>(a.step)) : 1.0;
+  Coeffs c;
+  c.beta1 = static_cast<float>(a.beta1);
+  c.beta2 = static_cast<float>(a.beta2);
+  c.one_minus_beta1 = static_cast<float>(1.0 - a.beta1);
+  c.one_minus_beta2 = static_cast<float>(1.0 - a.beta2);
+  c.eps = static_cast<float>(a.eps);
+  c.decay_factor = a.decoupled ? static_cast<float>(1.0 - a.lr * weight_decay) : 1.0f;
+  c.l2 = a.decoupled ? 0.0f : static_cast<float>(weight_decay);
+  c.step_size = static_cast<float>(a.lr / bc1);
+  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  c.grad_scale = static_cast<float>(a.grad_scale);
+  return c;
+}
+
 }  // namespace
+
+void adam_cpu_segments(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                       const std::vector<Segment>& segments, const AdamArgs& args) {
+  std::vector<int64_t> starts{0};  // prefix sums: the segments laid end to end
+  for (const Segment& s : segments) starts.push_back(starts.back() + s.length);
+  const int64_t total = starts.back();
+  const Coeffs with_decay = coefficients(args, args.weight_decay);
+  const Coeffs without = coefficients(args, 0.0);
+  // Work [lo, hi) of the concatenated segments.
+  auto work = [&](int64_t lo, int64_t hi) {
+    size_t k = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), lo) - starts.begin()) - 1;
+    for (; k < segments.size() && starts[k] < hi; ++k) {
+      const Segment& s = segments[k];
+      int64_t a = std::max(lo, starts[k]) - starts[k], b = std::min(hi, starts[k + 1]) - starts[k];
+      if (b <= a) continue;
+      int64_t o = s.offset + a;
+      adam_chunk(param + o, grad + o, exp_avg + o, exp_avg_sq + o, b - a, s.decay ? with_decay : without);
+    }
+  };
+  // At least 256 Ki elements per thread: below that, thread start-up costs more than it saves.
+  const int64_t threads = std::max<int64_t>(
+      1, std::min<int64_t>(at::get_num_threads(), total / (int64_t{1} << 18)));
+  if (threads == 1) {
+    work(0, total);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const int64_t per = (total + threads - 1) / threads;
+  for (int64_t t = 1; t < threads; ++t) {
+    pool.emplace_back(work, std::min(total, t * per), std::min(total, (t + 1) * per));
+  }
+  work(0, std::min(total, per));
+  for (std::thread& th : pool) th.join();
+}
 
 void adam_cpu(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
               double lr, double beta1, double beta2, double eps, double weight_decay,
               bool decoupled, bool bias_correction, int64_t step) {
-  const double bc1 = bias_correction ? 1.0 - std::pow(beta1, static_cast<double>(step)) : 1.0;
-  const double bc2 = bias_correction ? 1.0 - std::pow(beta2, static_cast<double>(step)) : 1.0;
-  Coeffs c;
-  c.beta1 = static_cast<float>(beta1);
-  c.beta2 = static_cast<float>(beta2);
-  c.one_minus_beta1 = static_cast<float>(1.0 - beta1);
-  c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
-  c.eps = static_cast<float>(eps);
-  c.decay_factor = decoupled ? static_cast<float>(1.0 - lr * weight_decay) : 1.0f;
-  c.l2 = decoupled ? 0.0f : static_cast<float>(weight_decay);
-  c.step_size = static_cast<float>(lr / bc1);
-  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  // Chunks of 64 Ki elements: large enough to amortize scheduling, small enough to balance.
-  at::parallel_for(0, n, 1 << 16, [&](int64_t begin, int64_t end) {
-    adam_chunk(param + begin, grad + begin, exp_avg + begin, exp_avg_sq + begin, end - begin, c);
-  });
+  AdamArgs a;
+  a.lr = lr;
+  a.beta1 = beta1;
+  a.beta2 = beta2;
+  a.eps = eps;
+  a.weight_decay = weight_decay;
+  a.decoupled = decoupled;
+  a.bias_correction = bias_correction;
+  a.step = step;
+  adam_cpu_segments(param, grad, exp_avg, exp_avg_sq, {Segment{0, n, true}}, a);
 }
 
 const char* adam_cpu_isa() {

@@ -47,7 +47,8 @@ void ShardOptimizer::step(const at::Tensor& grad, const UpdateHyper& hyper) {
   }
 }
 
-void ShardOptimizer::step_sgd(const at::Tensor& grad, const UpdateHyper& h) {
+void ShardOptimizer::step_sgd(const at::Tensor& grad_in, const UpdateHyper& h) {
+  const at::Tensor grad = h.grad_scale == 1.0 ? grad_in : grad_in * h.grad_scale;
   // torch.optim.SGD without dampening or Nesterov: d = g + wd·p; buf = d on the first step,
   // else μ·buf + d; p -= lr·buf (lr·d without momentum).
   for (const Segment& s : segments_) {
@@ -70,14 +71,18 @@ void ShardOptimizer::step_sgd(const at::Tensor& grad, const UpdateHyper& h) {
 }
 
 void ShardOptimizer::step_cpu(const at::Tensor& grad, const UpdateHyper& h) {
-  float* p = master_.data_ptr<float>();
-  const float* g = grad.data_ptr<float>();
-  for (const Segment& s : segments_) {
-    const double wd = s.decay ? h.weight_decay : 0.0;
-    kernels::adam_cpu(p + s.offset, g + s.offset, state0_.data_ptr<float>() + s.offset,
-                      state1_.data_ptr<float>() + s.offset, s.length, h.lr, h.beta1, h.beta2,
-                      h.eps, wd, type_ == OptimizerType::kAdamW, h.bias_correction, steps_);
-  }
+  kernels::AdamArgs a;
+  a.lr = h.lr;
+  a.beta1 = h.beta1;
+  a.beta2 = h.beta2;
+  a.eps = h.eps;
+  a.weight_decay = h.weight_decay;
+  a.decoupled = type_ == OptimizerType::kAdamW;
+  a.bias_correction = h.bias_correction;
+  a.step = steps_;
+  a.grad_scale = h.grad_scale;
+  kernels::adam_cpu_segments(master_.data_ptr<float>(), grad.data_ptr<float>(),
+                             state0_.data_ptr<float>(), state1_.data_ptr<float>(), segments_, a);
 }
 
 void ShardOptimizer::step_device(const at::Tensor& grad, const UpdateHyper& h) {
@@ -94,10 +99,12 @@ void ShardOptimizer::step_device(const at::Tensor& grad, const UpdateHyper& h) {
         vs.push_back(state1_.narrow(0, s.offset, s.length));
       }
       if (ps.empty()) continue;
-      at::Tensor step = at::full({}, static_cast<double>(steps_),
-                                 at::TensorOptions().dtype(at::kFloat).device(master_.device()));
+      const auto f32 = at::TensorOptions().dtype(at::kFloat).device(master_.device());
+      at::Tensor step = at::full({}, static_cast<double>(steps_), f32);
+      // The fused kernel divides gradients by grad_scale.
+      at::Tensor divisor = h.grad_scale == 1.0 ? at::Tensor() : at::full({}, 1.0 / h.grad_scale, f32);
       compat::fused_adamw(ps, gs, ms, vs, step, h.lr, h.beta1, h.beta2,
-                          decay ? h.weight_decay : 0.0, h.eps);
+                          decay ? h.weight_decay : 0.0, h.eps, divisor);
     }
     return;
   }
@@ -107,6 +114,7 @@ void ShardOptimizer::step_device(const at::Tensor& grad, const UpdateHyper& h) {
     const double wd = s.decay ? h.weight_decay : 0.0;
     at::Tensor p = master_.narrow(0, s.offset, s.length);
     at::Tensor g = grad.narrow(0, s.offset, s.length);
+    if (h.grad_scale != 1.0) g = g * h.grad_scale;
     at::Tensor m = state0_.narrow(0, s.offset, s.length);
     at::Tensor v = state1_.narrow(0, s.offset, s.length);
     if (type_ == OptimizerType::kAdamW) {

@@ -21,6 +21,9 @@ struct UpdateHyper {
   double lr = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0, momentum = 0.0;
   bool bias_correction = true;
+  /// Multiplies the gradient inside the update (loss-scale removal and clipping), sparing a
+  /// separate pass over it.
+  double grad_scale = 1.0;
 };
 
 /// Owns the optimizer state of a flat fp32 master shard and updates it in place.
@@ -35,7 +38,7 @@ class ShardOptimizer {
   ShardOptimizer(OptimizerType type, at::Tensor master, std::vector<Segment> segments,
                  double momentum = 0.0);
 
-  /// One update with `grad` (same shape as the master, already unscaled and clipped).
+  /// One update with `grad` (same shape as the master) times hyper.grad_scale.
   void step(const at::Tensor& grad, const UpdateHyper& hyper);
 
   OptimizerType type() const { return type_; }
@@ -59,7 +62,16 @@ class ShardOptimizer {
 };
 
 namespace kernels {
-/// The CPU Adam(W) kernel on raw arrays; exposed for the benchmark and tests.
+struct AdamArgs {
+  double lr = 0.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool decoupled = true, bias_correction = true;
+  int64_t step = 1;
+  double grad_scale = 1.0;
+};
+/// Adam(W) over the given segments of flat arrays, on all intra-op threads; decay per segment.
+void adam_cpu_segments(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                       const std::vector<Segment>& segments, const AdamArgs& args);
+/// The CPU Adam kernel on one contiguous array; exposed for the benchmark and tests.
 /// `decoupled`: AdamW (decay applied to the weights) else Adam (L2 added to the gradient).
 void adam_cpu(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
               double lr, double beta1, double beta2, double eps, double weight_decay,

@@ -34,17 +34,22 @@ inline bool has_fused_adamw(const at::Device& device) {
 }
 
 /// One fused AdamW update of every tensor in the lists (decoupled weight decay, bias
-/// correction from `step`, which counts this update). Only when has_fused_adamw().
+/// correction from `step`, which counts this update; gradients divided by `grad_divisor` when
+/// it is defined). Only when has_fused_adamw().
 inline void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                         at::TensorList exp_avg_sqs, const at::Tensor& step, double lr,
-                        double beta1, double beta2, double weight_decay, double eps) {
+                        double beta1, double beta2, double weight_decay, double eps,
+                        const at::Tensor& grad_divisor = {}) {
 #if ZT_TORCH_2
   std::vector<at::Tensor> steps(params.size(), step);
+  std::optional<at::Tensor> divisor;
+  if (grad_divisor.defined()) divisor = grad_divisor;
   at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr,
-                    beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+                    beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false,
+                    divisor, /*found_inf=*/std::nullopt);
 #else
   (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)step, (void)lr;
-  (void)beta1, (void)beta2, (void)weight_decay, (void)eps;
+  (void)beta1, (void)beta2, (void)weight_decay, (void)eps, (void)grad_divisor;
   TORCH_CHECK(false, "fused AdamW needs LibTorch 2.x");
 #endif
 }

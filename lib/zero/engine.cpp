@@ -280,6 +280,11 @@ bool Engine::step() {
   if (!I.at_boundary()) return false;
   ++I.global_steps;
   at::NoGradGuard no_grad;
+  // Slices that received nothing this window (a unit that did not run) hold stale values.
+  for (const zero::Bucket& b : I.layout.buckets) {
+    Impl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
+    if (b.trainable && s.slice_fresh) I.slice_of(b.index, I.grad_acc).zero_();
+  }
 
   // One all-reduce carries the squared norm of this rank's slices and the count of non-finite
   // losses. Replicated buckets (stage 0) hold the same values on every rank: rank 0 speaks.
@@ -305,8 +310,8 @@ bool Engine::step() {
   }
   if (fp16) I.scaler.update(overflow);  // throws at the minimum scale
   auto clear = [&] {
-    I.grad_acc.zero_();
     for (Impl::BucketState& s : I.buckets) {
+      s.slice_fresh = true;
       if (s.flat_grad.defined()) s.flat_grad.zero_();
     }
   };
@@ -319,12 +324,12 @@ bool Engine::step() {
     return true;
   }
 
-  // Unscale and clip in one multiply (DeepSpeed: 1 / (scale · max(1, (norm + 1e-6) / clip))).
+  // Unscale and clip with one factor (DeepSpeed: 1 / (scale · max(1, (norm + 1e-6) / clip))),
+  // applied inside the optimizer's pass over the gradients.
   const double norm = scaled_norm / scale;
   const double clip = I.ds.gradient_clipping.value();
   double coef = 1.0 / scale;
   if (clip > 0.0 && (norm + 1e-6) / clip > 1.0) coef /= (norm + 1e-6) / clip;
-  if (coef != 1.0) I.grad_acc.mul_(coef);
 
   UpdateHyper h;
   h.lr = I.schedule.lr(I.applied_steps);
@@ -334,6 +339,7 @@ bool Engine::step() {
   h.weight_decay = I.ds.optimizer.weight_decay.value();
   h.momentum = I.ds.optimizer.momentum;
   h.bias_correction = I.ds.optimizer.bias_correction;
+  h.grad_scale = coef;
   if (I.offload_optimizer) {
     I.grad_host.copy_(I.grad_acc);  // into pinned host memory when on a GPU
     I.optimizer->step(I.grad_host, h);
@@ -354,6 +360,8 @@ bool Engine::step() {
     if (!b.trainable) continue;
     Impl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
     at::Tensor mine = I.master.narrow(0, b.shard.offset, b.shard_numel);
+    // Offloaded masters cross to the device in fp32 (pinned, DMA) and are converted there.
+    if (mine.device() != I.device && !b.sharded_params) mine = mine.to(I.device, /*non_blocking=*/true);
     if (b.sharded_params) {
       s.param_shard.copy_(mine);
     } else if (L.replicated || I.world == 1) {

@@ -44,6 +44,7 @@ struct Engine::Impl {
     at::Tensor param_shard;  ///< stage 3 units: this rank's compute-dtype slice (persistent)
     at::Tensor staging;      ///< stage 2/3: gradients of this micro-step, until reduced
     int expected = 0;        ///< parameters whose gradient readiness is awaited
+    bool slice_fresh = true; ///< grad_acc's slice holds nothing of this window yet (copy, not add)
     int ready = 0;
     bool launched = false;
   };

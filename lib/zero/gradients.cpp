@@ -183,13 +183,20 @@ void Engine::Impl::complete_oldest() {
   pending.pop_front();
   p.work->wait();
   const double post = world == 1 ? 1.0 : post_scale;
+  BucketState& s = buckets[static_cast<size_t>(p.bucket)];
+  at::Tensor slice = slice_of(p.bucket, grad_acc);
+  at::Tensor result = p.output;
   if (stage == 0) {
-    BucketState& s = buckets[static_cast<size_t>(p.bucket)];
     if (!p.in_place) s.flat_grad.copy_(p.input);
-    if (post != 1.0) s.flat_grad.mul_(post);
-    slice_of(p.bucket, grad_acc).add_(s.flat_grad);
+    result = s.flat_grad;
+  }
+  // The first reduction of a window overwrites the slice, so it never needs zeroing.
+  if (s.slice_fresh) {
+    slice.copy_(result);
+    if (post != 1.0) slice.mul_(post);
+    s.slice_fresh = false;
   } else {
-    slice_of(p.bucket, grad_acc).add_(p.output, post);
+    slice.add_(result, post);
   }
 }
 

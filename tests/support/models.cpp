@@ -104,8 +104,8 @@ struct Block : torch::nn::Module {
     at::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
     at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
     at::Tensor mask = at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
-    scores = scores.masked_fill(mask, -1e9);
-    at::Tensor att = at::matmul(at::softmax(scores.to(at::kFloat), -1).to(x.scalar_type()), v);
+    scores = scores.to(at::kFloat).masked_fill(mask, -1e9);  // -1e9 does not fit fp16
+    at::Tensor att = at::matmul(at::softmax(scores, -1).to(x.scalar_type()), v);
     at::Tensor y = x + out->forward(att.transpose(1, 2).reshape({b, t, kModel}));
     return y + down->forward(at::gelu(up->forward(ln2->forward(y))));
   }

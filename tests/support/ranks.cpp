@@ -59,6 +59,12 @@ void run_ranks(int world, const std::string& name, std::chrono::seconds timeout,
   REQUIRE(run.result.ok());
 }
 
+bool skip_cpu_world(int world) {
+  if (world <= 1 || backend_available(Backend::kGloo)) return false;
+  WARN("skipped: " << world << " CPU ranks need the Gloo backend, which this build lacks");
+  return true;
+}
+
 std::unique_ptr<Communicator> join(Backend backend, at::Device device) {
   CommOptions o;
   o.backend = backend;

@@ -29,6 +29,11 @@ RankRun launch_ranks(int world, const std::string& name,
 void run_ranks(int world, const std::string& name,
                std::chrono::seconds timeout = std::chrono::seconds(180), Env env = {});
 
+/// True (with a Catch warning) when `world` CPU ranks cannot run in this build: more than one
+/// rank needs the Gloo backend, which LibTorch builds without Gloo headers (the GPU machine's
+/// wheel) lack. CPU multi-rank tests return early then; CI always has Gloo.
+bool skip_cpu_world(int world);
+
 /// Inside a rank: joins the job from the environment with short test timeouts (collectives
 /// 60 s, rendezvous 30 s, unless ZT_TEST_TIMEOUT_MS / ZT_TEST_RDZV_MS say otherwise).
 std::unique_ptr<Communicator> join(Backend backend = Backend::kAuto,
