@@ -34,24 +34,25 @@ int64_t ShardOptimizer::state_bytes() const {
   return bytes;
 }
 
-void ShardOptimizer::step(const at::Tensor& grad, const UpdateHyper& hyper) {
+void ShardOptimizer::update(const at::Tensor& grad, const UpdateHyper& hyper,
+                            const std::vector<Segment>& segments) {
   TORCH_CHECK(grad.sizes() == master_.sizes() && grad.scalar_type() == at::kFloat,
-              "ShardOptimizer::step: gradient shape/dtype mismatch");
-  ++steps_;
+              "ShardOptimizer::update: gradient shape/dtype mismatch");
   if (type_ == OptimizerType::kSgd) {
-    step_sgd(grad.device() == master_.device() ? grad : grad.to(master_.device()), hyper);
+    step_sgd(grad.device() == master_.device() ? grad : grad.to(master_.device()), hyper, segments);
   } else if (master_.is_cpu()) {
-    step_cpu(grad.is_cpu() ? grad.contiguous() : grad.to(at::kCPU), hyper);
+    step_cpu(grad.is_cpu() ? grad.contiguous() : grad.to(at::kCPU), hyper, segments);
   } else {
-    step_device(grad, hyper);
+    step_device(grad, hyper, segments);
   }
 }
 
-void ShardOptimizer::step_sgd(const at::Tensor& grad_in, const UpdateHyper& h) {
+void ShardOptimizer::step_sgd(const at::Tensor& grad_in, const UpdateHyper& h,
+                              const std::vector<Segment>& segs) {
   const at::Tensor grad = h.grad_scale == 1.0 ? grad_in : grad_in * h.grad_scale;
   // torch.optim.SGD without dampening or Nesterov: d = g + wd·p; buf = d on the first step,
   // else μ·buf + d; p -= lr·buf (lr·d without momentum).
-  for (const Segment& s : segments_) {
+  for (const Segment& s : segs) {
     const double wd = s.decay ? h.weight_decay : 0.0;
     at::Tensor p = master_.narrow(0, s.offset, s.length);
     at::Tensor g = grad.narrow(0, s.offset, s.length);
@@ -70,7 +71,8 @@ void ShardOptimizer::step_sgd(const at::Tensor& grad_in, const UpdateHyper& h) {
   }
 }
 
-void ShardOptimizer::step_cpu(const at::Tensor& grad, const UpdateHyper& h) {
+void ShardOptimizer::step_cpu(const at::Tensor& grad, const UpdateHyper& h,
+                              const std::vector<Segment>& segs) {
   kernels::AdamArgs a;
   a.lr = h.lr;
   a.beta1 = h.beta1;
@@ -82,16 +84,17 @@ void ShardOptimizer::step_cpu(const at::Tensor& grad, const UpdateHyper& h) {
   a.step = steps_;
   a.grad_scale = h.grad_scale;
   kernels::adam_cpu_segments(master_.data_ptr<float>(), grad.data_ptr<float>(),
-                             state0_.data_ptr<float>(), state1_.data_ptr<float>(), segments_, a);
+                             state0_.data_ptr<float>(), state1_.data_ptr<float>(), segs, a);
 }
 
-void ShardOptimizer::step_device(const at::Tensor& grad, const UpdateHyper& h) {
+void ShardOptimizer::step_device(const at::Tensor& grad, const UpdateHyper& h,
+                                 const std::vector<Segment>& segs) {
   if (type_ == OptimizerType::kAdamW && h.bias_correction && master_.is_cuda() &&
       compat::has_fused_adamw(master_.device())) {
     // One fused launch per weight-decay group over views of the segments.
     for (bool decay : {true, false}) {
       std::vector<at::Tensor> ps, gs, ms, vs;
-      for (const Segment& s : segments_) {
+      for (const Segment& s : segs) {
         if (s.decay != decay) continue;
         ps.push_back(master_.narrow(0, s.offset, s.length));
         gs.push_back(grad.narrow(0, s.offset, s.length));
@@ -110,7 +113,7 @@ void ShardOptimizer::step_device(const at::Tensor& grad, const UpdateHyper& h) {
   }
   const double bc1 = h.bias_correction ? 1.0 - std::pow(h.beta1, static_cast<double>(steps_)) : 1.0;
   const double bc2 = h.bias_correction ? 1.0 - std::pow(h.beta2, static_cast<double>(steps_)) : 1.0;
-  for (const Segment& s : segments_) {
+  for (const Segment& s : segs) {
     const double wd = s.decay ? h.weight_decay : 0.0;
     at::Tensor p = master_.narrow(0, s.offset, s.length);
     at::Tensor g = grad.narrow(0, s.offset, s.length);

@@ -39,7 +39,15 @@ class ShardOptimizer {
                  double momentum = 0.0);
 
   /// One update with `grad` (same shape as the master) times hyper.grad_scale.
-  void step(const at::Tensor& grad, const UpdateHyper& hyper);
+  void step(const at::Tensor& grad, const UpdateHyper& hyper) {
+    begin_step();
+    update(grad, hyper, segments_);
+  }
+  /// The same update in pieces (offloaded steps pipeline their copies per bucket): count the
+  /// step once, then update disjoint subsets of the segments.
+  void begin_step() { ++steps_; }
+  void update(const at::Tensor& grad, const UpdateHyper& hyper, const std::vector<Segment>& segments);
+  const std::vector<Segment>& segments() const { return segments_; }
 
   OptimizerType type() const { return type_; }
   int64_t steps() const { return steps_; }
@@ -51,9 +59,9 @@ class ShardOptimizer {
   int64_t state_bytes() const;
 
  private:
-  void step_sgd(const at::Tensor& grad, const UpdateHyper& h);
-  void step_cpu(const at::Tensor& grad, const UpdateHyper& h);
-  void step_device(const at::Tensor& grad, const UpdateHyper& h);
+  void step_sgd(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs);
+  void step_cpu(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs);
+  void step_device(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs);
 
   OptimizerType type_;
   at::Tensor master_, state0_, state1_;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "util/log.hpp"
+#include "zero/copy_stream.hpp"
 #include "zero/engine_impl.hpp"
 #include "zerotrain/error.hpp"
 
@@ -227,6 +228,15 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   }
   I.optimizer = std::make_unique<ShardOptimizer>(ds.optimizer.type, I.master, L.segments,
                                                  ds.optimizer.momentum);
+  I.bucket_segments.resize(L.buckets.size());
+  for (const zero::Bucket& b : L.buckets) {
+    if (!b.trainable) continue;
+    for (const Segment& seg : L.segments) {
+      if (seg.offset >= b.shard.offset && seg.offset < b.shard.offset + b.shard_numel) {
+        I.bucket_segments[static_cast<size_t>(b.index)].push_back(seg);
+      }
+    }
+  }
   I.units.resize(I.options.units.size());
   I.dummy = at::zeros({}, dev32).requires_grad_(true);
   I.nonfinite_losses = at::zeros({}, dev32);
@@ -341,48 +351,83 @@ bool Engine::step() {
   h.bias_correction = I.ds.optimizer.bias_correction;
   h.grad_scale = coef;
   if (I.offload_optimizer) {
-    I.grad_host.copy_(I.grad_acc);  // into pinned host memory when on a GPU
-    I.optimizer->step(I.grad_host, h);
+    I.offloaded_step(h);
   } else {
     I.optimizer->step(I.grad_acc, h);
+    for (const zero::Bucket& b : I.layout.buckets) {
+      if (b.trainable) I.publish(b, I.slice_of(b.index, I.master));
+    }
   }
+  I.finish_publishing();
   ++I.applied_steps;
   I.last_lr = h.lr;
   I.last_norm = norm;
   I.last_skipped = false;
-
-  // Publish the new weights to the compute copies.
-  const zero::Layout& L = I.layout;
-  std::vector<WorkHandle> gathers;
-  std::vector<at::Tensor> keep;
-  int64_t in_flight = 0;
-  for (const zero::Bucket& b : L.buckets) {
-    if (!b.trainable) continue;
-    Impl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
-    at::Tensor mine = I.master.narrow(0, b.shard.offset, b.shard_numel);
-    // Offloaded masters cross to the device in fp32 (pinned, DMA) and are converted there.
-    if (mine.device() != I.device && !b.sharded_params) mine = mine.to(I.device, /*non_blocking=*/true);
-    if (b.sharded_params) {
-      s.param_shard.copy_(mine);
-    } else if (L.replicated || I.world == 1) {
-      s.flat_param.copy_(mine);
-    } else {
-      // All-gathers in flight are bounded by allgather_bucket_size elements.
-      at::Tensor piece = mine.to(at::TensorOptions().dtype(I.compute).device(I.device));
-      if (in_flight > 0 && in_flight + b.numel > I.ds.zero.allgather_bucket_size) {
-        for (WorkHandle& g : gathers) g->wait();
-        gathers.clear();
-        keep.clear();
-        in_flight = 0;
-      }
-      gathers.push_back(I.comm->all_gather(s.flat_param, piece));
-      keep.push_back(piece);
-      in_flight += b.numel;
-    }
-  }
-  for (WorkHandle& g : gathers) g->wait();
   clear();
   return true;
+}
+
+void Engine::Impl::offloaded_step(const UpdateHyper& h) {
+  // Pipelined per bucket: every bucket's gradients start down at once; as each lands, the CPU
+  // updates it while later ones are still in flight, and its new masters go up while the CPU
+  // moves on. At most two uploaded buckets wait to be published, bounding device scratch.
+  zero::CopyStream copies(device);
+  std::vector<int64_t> down(layout.buckets.size(), -1);
+  for (const zero::Bucket& b : layout.buckets) {
+    if (b.trainable) down[static_cast<size_t>(b.index)] = copies.copy(slice_of(b.index, grad_host), slice_of(b.index, grad_acc));
+  }
+  optimizer->begin_step();
+  struct Upload {
+    const zero::Bucket* bucket;
+    int64_t ticket;
+    at::Tensor values;
+  };
+  std::deque<Upload> uploads;
+  auto publish_oldest = [&] {
+    Upload u = std::move(uploads.front());
+    uploads.pop_front();
+    copies.device_wait(u.ticket);
+    publish(*u.bucket, u.values);
+  };
+  for (const zero::Bucket& b : layout.buckets) {
+    if (!b.trainable) continue;
+    copies.host_wait(down[static_cast<size_t>(b.index)]);
+    optimizer->update(grad_host, h, bucket_segments[static_cast<size_t>(b.index)]);
+    at::Tensor mine = slice_of(b.index, master);
+    if (b.sharded_params && offload_param) {
+      publish(b, mine);  // host to host
+      continue;
+    }
+    at::Tensor up = at::empty({b.shard_numel}, at::TensorOptions().dtype(at::kFloat).device(device));
+    uploads.push_back(Upload{&b, copies.copy(up, mine), up});
+    if (uploads.size() > 2) publish_oldest();
+  }
+  while (!uploads.empty()) publish_oldest();
+}
+
+void Engine::Impl::publish(const zero::Bucket& b, const at::Tensor& mine) {
+  BucketState& s = buckets[static_cast<size_t>(b.index)];
+  if (b.sharded_params) {
+    s.param_shard.copy_(mine);
+  } else if (layout.replicated || world == 1) {
+    s.flat_param.copy_(mine);
+  } else {
+    // All-gathers in flight are bounded by allgather_bucket_size elements.
+    at::Tensor piece = mine.to(at::TensorOptions().dtype(compute).device(device));
+    if (gathering_elements > 0 && gathering_elements + b.numel > ds.zero.allgather_bucket_size) {
+      finish_publishing();
+    }
+    param_gathers.push_back(comm->all_gather(s.flat_param, piece));
+    param_gather_inputs.push_back(piece);
+    gathering_elements += b.numel;
+  }
+}
+
+void Engine::Impl::finish_publishing() {
+  for (WorkHandle& g : param_gathers) g->wait();
+  param_gathers.clear();
+  param_gather_inputs.clear();
+  gathering_elements = 0;
 }
 
 std::vector<at::Tensor> Engine::run_unit(size_t unit, const std::vector<at::Tensor>& inputs,

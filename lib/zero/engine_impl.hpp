@@ -57,6 +57,7 @@ struct Engine::Impl {
   at::Tensor grad_acc;  ///< fp32 reduced gradients of this rank's slices, accumulated
   at::Tensor grad_host; ///< offload: the host copy of grad_acc the CPU optimizer reads
   std::unique_ptr<ShardOptimizer> optimizer;
+  std::vector<std::vector<Segment>> bucket_segments;  ///< per trainable bucket, its slice's runs
   LrSchedule schedule;
   LossScaler scaler;
 
@@ -94,8 +95,18 @@ struct Engine::Impl {
   at::Tensor dummy;  ///< requires grad, so every unit call has a backward
   int unit_depth = 0;
 
+  // parameter all-gathers after a step
+  std::vector<WorkHandle> param_gathers;
+  std::vector<at::Tensor> param_gather_inputs;
+  int64_t gathering_elements = 0;
+
   // engine.cpp
   void record(TraceEvent::Kind kind, int index);
+  void offloaded_step(const UpdateHyper& h);
+  /// Writes a trainable bucket's updated fp32 slice `mine` into its compute copy (all-gathers
+  /// when others hold the rest).
+  void publish(const zero::Bucket& b, const at::Tensor& mine);
+  void finish_publishing();
   bool at_boundary() const { return micro_steps % accumulation == 0; }
 
   // gradients.cpp

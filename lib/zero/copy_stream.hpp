@@ -1,0 +1,34 @@
+// Host<->device copies on a side stream, so offloaded optimizer steps overlap their transfers
+// with host work. With a CUDA LibTorch (copy_stream_cuda.cpp) copies run on a pool stream and
+// are tracked by events; elsewhere (copy_stream_plain.cpp) they are plain synchronous copies.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+
+namespace zt::zero {
+
+class CopyStream {
+ public:
+  /// `device`: the compute device whose current stream the copies are ordered after.
+  explicit CopyStream(at::Device device);
+  ~CopyStream();
+  CopyStream(const CopyStream&) = delete;
+  CopyStream& operator=(const CopyStream&) = delete;
+
+  /// Enqueues dst.copy_(src) after everything already queued on the compute stream. Both stay
+  /// referenced until the copy finished. Returns a ticket.
+  int64_t copy(at::Tensor dst, at::Tensor src);
+  /// Blocks the host until the ticket's copy finished.
+  void host_wait(int64_t ticket);
+  /// Makes the compute stream wait for the ticket's copy (no host sync).
+  void device_wait(int64_t ticket);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zt::zero
