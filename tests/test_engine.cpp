@@ -28,6 +28,7 @@ TEST_CASE("engine: stage 1 matches the single-process reference", "[engine][equi
 
 TEST_CASE("engine: stage 2 matches the single-process reference", "[engine][equivalence]") {
   run_case(make_case(2, 1, 1, "bf16", true, "mlp"));
+  run_case(make_case(2, 1, 3, "fp32", false, "transformer"));
   run_case(make_case(2, 2, 3, "fp32", false, "transformer", "adamw", true));
   run_case(make_case(2, 4, 3, "fp16", true, "mlp"));
   run_case(make_case(2, 4, 1, "fp32", false, "transformer", "sgd"));

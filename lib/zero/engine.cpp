@@ -168,6 +168,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   I.layout = zero::build_layout(std::move(params), lo);
   const zero::Layout& L = I.layout;
   I.bucket_of_param.assign(L.params.size(), -1);
+  I.fired.assign(L.params.size(), 0);
   I.slot_of_param.assign(L.params.size(), -1);
   for (const zero::Bucket& b : L.buckets) {
     for (size_t k = 0; k < b.params.size(); ++k) {

@@ -51,6 +51,7 @@ struct Engine::Impl {
   std::vector<BucketState> buckets;
   std::unordered_map<const void*, int> param_of_impl;  ///< TensorImpl* → ParamInfo index
   std::vector<int> bucket_of_param, slot_of_param;     ///< ParamInfo index → bucket, position
+  std::vector<char> fired;  ///< per parameter: its gradient arrived in the current backward
 
   // ---- optimizer state (this rank's slices of the trainable buckets) ----
   at::Tensor master;    ///< fp32, on device or (offload) host

@@ -68,6 +68,7 @@ void Engine::Impl::begin_backward() {
     s.ready = 0;
     s.launched = false;
   }
+  std::fill(fired.begin(), fired.end(), 0);
   next_launch = 0;
   record(TraceEvent::Kind::kBackwardBegin, -1);
 }
@@ -77,7 +78,26 @@ void Engine::Impl::on_gradient(int param_index) {
   BucketState& s = buckets[static_cast<size_t>(b)];
   const zero::Bucket& bucket = layout.buckets[static_cast<size_t>(b)];
   const zero::ParamInfo& p = layout.params[static_cast<size_t>(param_index)];
-  if (stage >= 2) {
+  if (stage >= 2 && world == 1) {
+    // One rank: the gradient goes straight into the fp32 accumulator (the reduction is the
+    // identity), overwriting at the start of a window.
+    if (s.launched) {
+      throw InvalidArgument(fmt::format(
+          "parameter '{}' received a gradient after its bucket was reduced: it is used by two "
+          "sharding units (tie it through one module) or twice across reentrant backward passes",
+          p.name));
+    }
+    at::Tensor& grad = p.param.mutable_grad();
+    const int64_t off = bucket.offsets[static_cast<size_t>(slot_of_param[static_cast<size_t>(param_index)])];
+    at::Tensor region = grad_acc.narrow(0, bucket.shard.offset + off, p.numel);
+    if (s.slice_fresh) {
+      region.copy_(grad.reshape({-1}));
+    } else {
+      region.add_(grad.reshape({-1}));
+    }
+    grad.reset();
+    fired[static_cast<size_t>(param_index)] = 1;
+  } else if (stage >= 2) {
     if (s.launched) {
       throw InvalidArgument(fmt::format(
           "parameter '{}' received a gradient after its bucket was reduced: it is used by two "
@@ -131,16 +151,11 @@ void Engine::Impl::launch(int bucket) {
     // One rank: the reduction is the identity; skip the collective, its copies and scalings.
     p.work = std::make_unique<comm::DoneWork>();
     p.in_place = true;
-    if (stage >= 1) {
-      if (stage == 1) {
-        p.output = s.flat_grad;
-      } else {
-        if (!s.staging.defined()) {
-          s.staging = at::zeros({b.numel}, at::TensorOptions().dtype(wire).device(device));
-        }
-        p.output = s.staging;
-        s.staging = at::Tensor();
-      }
+    if (stage == 1) {
+      p.output = s.flat_grad;
+    } else if (stage >= 2 && s.staging.defined()) {
+      p.output = s.staging;  // a stage-3 unit's gradients
+      s.staging = at::Tensor();
     }
     pending.push_back(std::move(p));
     return;
@@ -184,6 +199,21 @@ void Engine::Impl::complete_oldest() {
   p.work->wait();
   const double post = world == 1 ? 1.0 : post_scale;
   BucketState& s = buckets[static_cast<size_t>(p.bucket)];
+  if (stage >= 2 && world == 1 && !p.output.defined()) {
+    // The hooks wrote straight into the accumulator; parameters that got no gradient in the
+    // first micro-step of a window still hold the last window's values.
+    if (s.slice_fresh) {
+      const zero::Bucket& b = layout.buckets[static_cast<size_t>(p.bucket)];
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        const int pi = b.params[k];
+        if (!fired[static_cast<size_t>(pi)]) {
+          grad_acc.narrow(0, b.shard.offset + b.offsets[k], layout.params[static_cast<size_t>(pi)].numel).zero_();
+        }
+      }
+    }
+    s.slice_fresh = false;
+    return;
+  }
   at::Tensor slice = slice_of(p.bucket, grad_acc);
   at::Tensor result = p.output;
   if (stage == 0) {

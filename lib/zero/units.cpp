@@ -192,10 +192,17 @@ void Engine::Impl::start_gather(size_t u) {
   for (int b : layout.unit_buckets[u]) {
     const zero::Bucket& bucket = layout.buckets[static_cast<size_t>(b)];
     BucketState& s = buckets[static_cast<size_t>(b)];
-    s.flat_param = at::empty({bucket.numel}, at::TensorOptions().dtype(compute).device(device));
-    at::Tensor source = s.param_shard.device() == device ? s.param_shard : s.param_shard.to(device);
-    st.gathers.push_back(comm->all_gather(s.flat_param, source));
-    st.sources.push_back(source);
+    // Offloaded shards come up from pinned memory asynchronously, ordered before the gather.
+    at::Tensor source = s.param_shard.device() == device
+                            ? s.param_shard
+                            : s.param_shard.to(device, /*non_blocking=*/true);
+    if (world == 1) {
+      s.flat_param = source;  // the whole bucket already; nothing to gather
+    } else {
+      s.flat_param = at::empty({bucket.numel}, at::TensorOptions().dtype(compute).device(device));
+      st.gathers.push_back(comm->all_gather(s.flat_param, source));
+      st.sources.push_back(source);
+    }
     st.elements += bucket.numel;
   }
   gathered_now += st.elements;
