@@ -1,0 +1,379 @@
+#!/usr/bin/env python3
+"""Reference fixtures from the Hugging Face stack, made on the GPU machine (transformers 5.x,
+PEFT, tokenizers, safetensors), committed under tests/fixtures/ and checked by CI without them.
+
+    python3 tests/tools/make_fixtures.py OUT_DIR [models] [peft] [tokenizers]
+
+models/     tiny random llama (plain, llama3 and linear RoPE scaling), qwen2 (q/k/v bias, tied
+            embeddings, also saved sharded) and mistral checkpoints as save_pretrained writes
+            them, plus config_v4.json in the older key spelling, and expected.safetensors:
+            logits, per-layer hidden states, the loss and a few gradients for fixed inputs.
+peft/       adapters PEFT creates on the tiny llama (LoRA, rsLoRA on all linear layers,
+            P-Tuning with MLP and LSTM encoders, prefix tuning with and without projection),
+            with the logits and loss they give and PEFT's trainable-parameter counts.
+tokenizers/ small BPE tokenizers trained with the pipelines of Qwen2 (byte-level, digits one
+            by one), LLaMA-3 (digits in threes), LLaMA-2 (normalizer ▁ + byte fallback) and
+            Mistral (Metaspace pre-tokenizer), with the ids HF produces for a varied text set.
+Everything is computed in fp32 on the CPU so the numbers are deterministic.
+"""
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+OUT = sys.argv[1]
+WHAT = set(sys.argv[2:]) or {"models", "peft", "tokenizers"}
+torch.manual_seed(0)
+torch.use_deterministic_algorithms(True)
+torch.set_num_threads(4)
+
+
+def write_json(path, obj):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+
+
+def inputs(vocab):
+    g = torch.Generator().manual_seed(1234)
+    ids = torch.randint(3, vocab, (2, 16), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 12:] = 0  # right padding on the second row
+    labels = ids.clone()
+    labels[0, :3] = -100  # a "prompt"
+    labels[mask == 0] = -100
+    return ids, mask, labels
+
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+            rms_norm_eps=1e-6)
+
+MODELS = {
+    "llama": ("llama", dict(TINY, rope_theta=10000.0, tie_word_embeddings=False)),
+    "llama_rope_llama3": ("llama", dict(TINY, rope_theta=500000.0, tie_word_embeddings=False,
+                                        rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                      "low_freq_factor": 1.0,
+                                                      "high_freq_factor": 4.0,
+                                                      "original_max_position_embeddings": 32})),
+    "llama_rope_linear": ("llama", dict(TINY, rope_theta=10000.0, tie_word_embeddings=False,
+                                        rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "qwen2": ("qwen2", dict(TINY, rope_theta=1000000.0, tie_word_embeddings=True,
+                            use_sliding_window=False)),
+    "mistral": ("mistral", dict(TINY, rope_theta=10000.0, tie_word_embeddings=False,
+                                sliding_window=None)),
+}
+
+
+def build(kind, kwargs, seed):
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+    kwargs = dict(kwargs)
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        # transformers 5 keeps RoPE settings in one rope_parameters dict.
+        rope = {"rope_type": "default", "rope_theta": kwargs.pop("rope_theta")}
+        scaling = kwargs.pop("rope_scaling", None)
+        if scaling:
+            rope.update(scaling)
+        kwargs["rope_parameters"] = rope
+    cfg = AutoConfig.for_model(kind, **kwargs)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    try:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    except TypeError:
+        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    # Non-trivial norms and biases, so a loader that skips them is caught.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.05 * torch.randn_like(p))
+    return model
+
+
+def old_spelling(config):
+    """transformers 4.x spelling: torch_dtype, rope_theta, rope_scaling."""
+    c = dict(config)
+    if "dtype" in c:
+        c["torch_dtype"] = c.pop("dtype")
+    rp = c.pop("rope_parameters", None)
+    if rp is not None:
+        rp = dict(rp)
+        c["rope_theta"] = rp.pop("rope_theta")
+        if rp.get("rope_type", "default") != "default":
+            rp["type"] = rp["rope_type"]
+            c["rope_scaling"] = rp
+        else:
+            c["rope_scaling"] = None
+    return c
+
+
+def make_models():
+    from safetensors.torch import save_file
+    root = os.path.join(OUT, "models")
+    for name, (kind, kwargs) in MODELS.items():
+        d = os.path.join(root, name)
+        os.makedirs(d, exist_ok=True)
+        model = build(kind, kwargs, seed=sum(map(ord, name)))
+        model.save_pretrained(d, safe_serialization=True)
+        with open(os.path.join(d, "config.json")) as f:
+            write_json(os.path.join(d, "config_v4.json"), old_spelling(json.load(f)))
+        ids, mask, labels = inputs(kwargs["vocab_size"])
+        model.train()
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, output_hidden_states=True)
+        out.loss.backward()
+        expected = {"input_ids": ids, "attention_mask": mask, "labels": labels,
+                    "logits": out.logits.detach(), "loss": out.loss.detach().reshape(1)}
+        for i, h in enumerate(out.hidden_states):
+            expected[f"hidden_states.{i}"] = h.detach()
+        for pname, p in model.named_parameters():
+            if any(k in pname for k in ("embed_tokens", "layers.0.self_attn.q_proj",
+                                         "layers.1.mlp.down_proj", "model.norm", "lm_head",
+                                         "layers.0.self_attn.k_proj.bias")):
+                expected["grad." + pname] = p.grad.detach().clone()
+        save_file({k: v.contiguous() for k, v in expected.items()}, os.path.join(d, "expected.safetensors"))
+        if name == "llama":
+            save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()},
+                      os.path.join(d, "model_bf16.safetensors"), metadata={"format": "pt"})
+        if name == "qwen2":
+            sd = os.path.join(root, "qwen2_sharded")
+            model.save_pretrained(sd, safe_serialization=True, max_shard_size="100KB")
+        print("model", name, "loss", float(out.loss))
+
+
+PEFT_CASES = {
+    "lora": dict(kind="lora", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),
+    "lora_rslora_all_linear": dict(kind="lora", r=8, lora_alpha=16, target_modules="all-linear",
+                                   use_rslora=True),
+    "ptuning_mlp": dict(kind="ptuning", num_virtual_tokens=4, encoder_hidden_size=32,
+                        encoder_reparameterization_type="MLP"),
+    "ptuning_lstm": dict(kind="ptuning", num_virtual_tokens=4, encoder_hidden_size=32,
+                         encoder_reparameterization_type="LSTM"),
+    "prefix": dict(kind="prefix", num_virtual_tokens=4, prefix_projection=False),
+    "prefix_projection": dict(kind="prefix", num_virtual_tokens=4, prefix_projection=True,
+                              encoder_hidden_size=32),
+}
+
+
+def make_peft():
+    from peft import (LoraConfig, PrefixTuningConfig, PromptEncoderConfig, TaskType,
+                      get_peft_model)
+    from safetensors.torch import save_file
+    root = os.path.join(OUT, "peft")
+    for name, spec in PEFT_CASES.items():
+        d = os.path.join(root, name)
+        os.makedirs(d, exist_ok=True)
+        kind, kwargs = MODELS["llama"]
+        base = build(kind, kwargs, seed=sum(map(ord, "llama")))
+        spec = dict(spec)
+        method = spec.pop("kind")
+        if method == "lora":
+            cfg = LoraConfig(task_type=TaskType.CAUSAL_LM, lora_dropout=0.0, bias="none", **spec)
+        elif method == "ptuning":
+            cfg = PromptEncoderConfig(task_type=TaskType.CAUSAL_LM, **spec)
+        else:
+            cfg = PrefixTuningConfig(task_type=TaskType.CAUSAL_LM, **spec)
+        torch.manual_seed(77)
+        model = get_peft_model(base, cfg)
+        if method == "lora":  # B starts at zero: give the adapter an effect worth checking
+            with torch.no_grad():
+                for pname, p in model.named_parameters():
+                    if "lora_B" in pname:
+                        p.copy_(0.05 * torch.randn_like(p))
+        trainable, total = model.get_nb_trainable_parameters()
+        model.save_pretrained(d)
+        ids, mask, labels = inputs(kwargs["vocab_size"])
+        model.eval()
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        save_file({"input_ids": ids, "attention_mask": mask, "labels": labels,
+                   "logits": out.logits.contiguous(), "loss": out.loss.reshape(1)},
+                  os.path.join(d, "expected.safetensors"))
+        # The full trainable state (PEFT saves only part of it for prompt methods).
+        state = {k: v.detach().contiguous() for k, v in model.named_parameters() if v.requires_grad}
+        save_file(state, os.path.join(d, "trainable_state.safetensors"))
+        write_json(os.path.join(d, "counts.json"), {"trainable": trainable, "all": total,
+                                                     "base_model": "models/llama"})
+        print("peft", name, "trainable", trainable, "all", total, "loss", float(out.loss))
+
+
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+               r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+LLAMA3_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+TEXTS = [
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "  leading spaces and trailing   ",
+    "tabs\tand\nnewlines\r\n\r\nand blank lines\n\n\n",
+    "I'm sure you'll see they've done it, we'd say it's THE END'S",
+    "Numbers: 1 12 123 1234 12345 3.14159 -42 1,000,000 2026-11-29",
+    "深度学习模型的微调需要大量的计算资源。",
+    "混合 English 和中文 text 123 测试",
+    "日本語のテキストも少し。한국어도 조금.",
+    "Emoji 🙂🚀🔥 and flags 🇫🇷 and ZWJ 👩‍💻",
+    "def f(x):\n    return x ** 2  # square\n",
+    "for (int i = 0; i < n; ++i) { sum += a[i]; }",
+    "{\"key\": [1, 2, 3], \"nested\": {\"a\": null}}",
+    "Ünïcödé àccents café naïve façade",
+    "\u00a0non-breaking\u2009thin\u3000ideographic spaces",
+    "word" * 20,
+    "a b c d e f g h i j k l m n o p q r s t u v w x y z",
+    "!!! ??? ... --- *** ###",
+    "",
+    " ",
+    "\n",
+    "Mixed\u200bzero\u200bwidth",
+    "Ⅻ ½ ² ٣ numbers in other scripts ١٢٣",
+    "<|im_start|>user\nWhat is ZeRO?<|im_end|>\n<|im_start|>assistant\nSharding.<|im_end|>",
+    "Text with <|endoftext|> inside and <s> tags </s> around <unk>",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    "x" + " " * 7 + "y",
+    "ZWJ family 👨‍👩‍👧‍👦 and skin tone 👍🏽",
+]
+
+CORPUS_EN = ("The model learns from data. Training large language models requires careful "
+             "engineering of memory, communication and numerics. Optimizer states are sharded "
+             "across ranks; gradients are reduced in buckets while the backward pass runs. ")
+CORPUS_ZH = "大规模语言模型的训练需要仔细设计内存、通信和数值精度。优化器状态在多个进程之间分片。"
+CORPUS_CODE = "def train(model, data):\n    for batch in data:\n        loss = model(batch)\n        loss.backward()\n"
+
+
+def corpus():
+    lines = []
+    for i in range(400):
+        lines.append(CORPUS_EN[(i * 7) % 50:] + f" step {i} loss {1.0 / (i + 1):.4f}")
+        lines.append(CORPUS_ZH[(i * 3) % 20:])
+        lines.append(CORPUS_CODE.replace("batch", f"batch{i % 10}"))
+    return lines + TEXTS
+
+
+def record_cases(tok_dir, tok, hf_extra=True):
+    cases = []
+    fast = None
+    if hf_extra:
+        from transformers import AutoTokenizer
+        fast = AutoTokenizer.from_pretrained(tok_dir)
+    for text in TEXTS:
+        enc = tok.encode(text, add_special_tokens=False)
+        with_special = tok.encode(text, add_special_tokens=True)
+        case = {"text": text, "ids": enc.ids, "ids_with_special_tokens": with_special.ids,
+                "decoded": tok.decode(enc.ids, skip_special_tokens=False),
+                "decoded_skip_special": tok.decode(enc.ids, skip_special_tokens=True)}
+        if fast is not None:
+            case["transformers_ids"] = fast(text)["input_ids"]
+        cases.append(case)
+    write_json(os.path.join(tok_dir, "cases.json"), cases)
+
+
+def make_tokenizers():
+    from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                            processors, trainers)
+    root = os.path.join(OUT, "tokenizers")
+    lines = corpus()
+
+    # Byte-level BPE (Qwen2, LLaMA-3).
+    for name, pattern, specials, cfg in [
+        ("qwen2", QWEN2_SPLIT, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+         {"add_bos_token": False, "add_eos_token": False, "bos_token": None,
+          "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "model_max_length": 32768,
+          "tokenizer_class": "Qwen2Tokenizer", "clean_up_tokenization_spaces": False}),
+        ("llama3", LLAMA3_SPLIT, ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"],
+         {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
+          "model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast",
+          "clean_up_tokenization_spaces": True}),
+    ]:
+        d = os.path.join(root, name)
+        os.makedirs(d, exist_ok=True)
+        tok = Tokenizer(models.BPE())
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+        trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=specials, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(lines, trainer=trainer)
+        if name == "llama3":  # LLaMA-3 prepends <|begin_of_text|>
+            bos = specials[0]
+            tok.post_processor = processors.TemplateProcessing(
+                single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                special_tokens=[(bos, tok.token_to_id(bos))])
+        else:
+            tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        tok.save(os.path.join(d, "tokenizer.json"))
+        write_json(os.path.join(d, "tokenizer_config.json"), cfg)
+        record_cases(d, Tokenizer.from_file(os.path.join(d, "tokenizer.json")))
+        print("tokenizer", name, tok.get_vocab_size())
+
+    # SentencePiece-style BPE with byte fallback (LLaMA-2: normalizer; Mistral: Metaspace).
+    for name in ("llama2", "mistral"):
+        d = os.path.join(root, name)
+        os.makedirs(d, exist_ok=True)
+        trainer_tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        trainer_tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+        trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<unk>", "<s>", "</s>"],
+                                      show_progress=False)
+        trainer_tok.train_from_iterator(lines, trainer=trainer)
+        learned = json.loads(trainer_tok.to_str())["model"]
+        # Vocabulary laid out as LLaMA's: specials, the 256 byte tokens, then learned pieces.
+        vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+        for b in range(256):
+            vocab[f"<0x{b:02X}>"] = len(vocab)
+        for piece, _ in sorted(learned["vocab"].items(), key=lambda kv: kv[1]):
+            if piece not in vocab:
+                vocab[piece] = len(vocab)
+        merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in learned["merges"]]
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True,
+                                   byte_fallback=True))
+        if name == "llama2":
+            tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"),
+                                                   normalizers.Replace(" ", "▁")])
+        else:
+            tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first",
+                                                         split=False)
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+        from tokenizers import AddedToken
+        tok.add_special_tokens([AddedToken("<unk>", normalized=False, special=True),
+                                AddedToken("<s>", normalized=False, special=True),
+                                AddedToken("</s>", normalized=False, special=True)])
+        tok.save(os.path.join(d, "tokenizer.json"))
+        write_json(os.path.join(d, "tokenizer_config.json"),
+                   {"add_bos_token": True, "add_eos_token": False, "bos_token": "<s>",
+                    "eos_token": "</s>", "unk_token": "<unk>", "pad_token": None,
+                    "legacy": False, "model_max_length": 4096,
+                    "tokenizer_class": "LlamaTokenizerFast" if name == "llama2" else "PreTrainedTokenizerFast",
+                    "clean_up_tokenization_spaces": False})
+        record_cases(d, Tokenizer.from_file(os.path.join(d, "tokenizer.json")))
+        print("tokenizer", name, tok.get_vocab_size())
+
+
+def versions():
+    import importlib
+    v = {}
+    for mod in ("torch", "transformers", "peft", "tokenizers", "safetensors"):
+        try:
+            v[mod] = importlib.import_module(mod).__version__
+        except Exception as e:  # noqa: BLE001
+            v[mod] = f"unavailable: {e}"
+    os.makedirs(OUT, exist_ok=True)
+    write_json(os.path.join(OUT, "VERSIONS.json"), v)
+
+
+versions()
+for section, fn in (("models", make_models), ("peft", make_peft), ("tokenizers", make_tokenizers)):
+    if section not in WHAT:
+        continue
+    try:
+        fn()
+    except Exception:
+        print(f"FAILED section {section}", flush=True)
+        traceback.print_exc()
