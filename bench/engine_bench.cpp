@@ -79,9 +79,12 @@ int env_int(const char* name, int fallback) {
   return v ? std::atoi(v) : fallback;
 }
 
-// A plain mixed-precision loop: bf16 weights and gradients, fp32 masters updated by LibTorch's
-// fused AdamW (or an ATen-ops AdamW where there is none), weights refreshed from the masters.
-double plain_step_seconds(int layers, int64_t h, int64_t f, const at::Tensor& input, int steps) {
+// A plain mixed-precision loop with the engine's math: bf16 weights and gradients, fp32 masters,
+// global-norm clipping at 1.0 when `clip` (what clip_grad_norm_ does: per-tensor norms, their
+// norm, one scale of every gradient), LibTorch's fused AdamW (or ATen ops where there is none),
+// weights refreshed from the masters.
+double plain_step_seconds(int layers, int64_t h, int64_t f, const at::Tensor& input, int steps,
+                          bool clip) {
   at::manual_seed(0);
   auto model = std::make_shared<Stack>(layers, h, f);
   model->to(input.device(), at::kBFloat16);
@@ -100,6 +103,12 @@ double plain_step_seconds(int layers, int64_t h, int64_t f, const at::Tensor& in
     loss.backward();
     grads32.clear();
     for (auto& p : params) grads32.push_back(p.grad().to(at::kFloat));
+    if (clip) {
+      std::vector<at::Tensor> norms;
+      for (auto& g : grads32) norms.push_back(g.norm());
+      at::Tensor coef = (1.0 / (at::stack(norms).norm() + 1e-6)).clamp_max(1.0);
+      for (auto& g : grads32) g.mul_(coef);
+    }
     step.add_(1);
     if (compat::has_fused_adamw(input.device())) {
       compat::fused_adamw(masters, grads32, ms, vs, step, 1e-5, 0.9, 0.999, 0.0, 1e-8);
@@ -174,7 +183,10 @@ int overhead() {
   co.device = device;
   std::shared_ptr<Communicator> comm = create_communicator(LaunchEnv{}, co);
   const double params = static_cast<double>(layers) * 2.0 * static_cast<double>(h * f);
-  const double plain = plain_step_seconds(layers, h, f, input, steps);
+  const double unclipped = plain_step_seconds(layers, h, f, input, steps, false);
+  std::printf("RESULT %s\n", fmt::format(R"J({{"bench": "overhead", "variant": "plain LibTorch loop without clipping", "params": {}, "tokens": {}, "step_s": {:.5f}}})J",
+                                         params, tokens, unclipped).c_str());
+  const double plain = plain_step_seconds(layers, h, f, input, steps, true);
   std::printf("RESULT %s\n", fmt::format(R"J({{"bench": "overhead", "variant": "plain LibTorch loop", "params": {}, "tokens": {}, "step_s": {:.5f}}})J",
                                          params, tokens, plain).c_str());
   struct Variant { int stage; bool offload; };
