@@ -47,3 +47,16 @@ TEST_CASE("engine: DeepSpeed's mean normalization matches too", "[engine][equiva
   c.token_norm = false;
   run_case(c);
 }
+
+TEST_CASE("engine: zerotrain's own decoder trains identically under every stage",
+          "[engine][equivalence][model]") {
+  run_case(make_case(0, 2, 1, "fp32", false, "llm"));
+  run_case(make_case(1, 1, 3, "fp32", true, "llm", "sgd"));
+  run_case(make_case(2, 4, 1, "bf16", false, "llm", "adamw", true));
+  run_case(make_case(3, 2, 3, "fp32", false, "llm"));
+  run_case(make_case(3, 4, 1, "fp16", true, "llm", "sgd"));
+  // Tied embeddings: one weight in two units, its gradient arrives twice per backward.
+  run_case(make_case(0, 2, 1, "fp32", false, "llm_tied", "adamw", true));
+  run_case(make_case(2, 2, 3, "fp32", false, "llm_tied", "adamw", true));
+  run_case(make_case(3, 4, 1, "fp32", false, "llm_tied"));
+}

@@ -53,6 +53,17 @@ class UnitGate {
   Engine* engine_ = nullptr;
 };
 
+/// Supplies initial parameter values by name: elements [offset, offset + out.numel()) of the
+/// flattened parameter into `out` (any dtype; CPU). With one, the Engine places only each rank's
+/// slice (ZeRO-3 loading without materializing the whole model) and the model's parameters may
+/// live on the meta device. Implementations: zt::checkpoint_source, zt::random_source.
+class ParameterSource {
+ public:
+  virtual ~ParameterSource() = default;
+  virtual void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
+                    const at::Tensor& out) = 0;
+};
+
 /// One sharding unit: a name for messages and the submodule whose parameters form it.
 struct UnitSpec {
   std::string name;
@@ -73,6 +84,8 @@ struct EngineOptions {
   int64_t total_train_steps = 0;
   /// Record a trace of bucket launches and backward boundaries (tests, debugging).
   bool trace = false;
+  /// Where initial values come from; empty: the module's own values, broadcast from rank 0.
+  std::shared_ptr<ParameterSource> source;
 };
 
 /// One recorded engine event (EngineOptions::trace).

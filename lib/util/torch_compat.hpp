@@ -54,4 +54,32 @@ inline void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorL
 #endif
 }
 
+/// softmax(q·kᵀ·scale + mask)·v for q [B, H, T, D] and k, v [B, H, S, D]. `mask` is bool
+/// [B or 1, 1, T, S] (true = may attend) or undefined with `causal` set for a plain causal mask.
+/// LibTorch 2.x: scaled_dot_product_attention (flash / memory-efficient kernels on GPUs). 1.13:
+/// the same math as transformers' eager attention (scores in the input dtype, softmax in fp32).
+inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& mask, bool causal, double scale) {
+#if ZT_TORCH_2
+  std::optional<at::Tensor> m;
+  if (mask.defined()) m = mask;
+  return at::scaled_dot_product_attention(q, k, v, m, 0.0, causal && !mask.defined(), scale);
+#else
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * scale;
+  at::Tensor allowed = mask;
+  if (!allowed.defined() && causal) {
+    allowed = at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool))
+                  .tril(k.size(-2) - q.size(-2));
+  }
+  if (allowed.defined()) {
+    double lowest = q.scalar_type() == at::kHalf ? -65504.0
+                    : q.scalar_type() == at::kBFloat16 ? -3.3895313892515355e38
+                                                         : -3.4028234663852886e38;
+    scores = scores.masked_fill(allowed.logical_not(), lowest);
+  }
+  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  return at::matmul(probs, v);
+#endif
+}
+
 }  // namespace zt::compat

@@ -65,7 +65,8 @@ bool schedule_needs_total(const DeepSpeedConfig& ds, const TrainingArguments& ar
 }
 
 // Each parameter's unit: the first unit whose module holds it; one held by two units (tied
-// weights) belongs to none and so stays whole under stage 3.
+// weights) gets -2: it belongs to none (so it stays whole under stage 3) and its gradient
+// arrives once per unit that uses it.
 std::unordered_map<const void*, int> unit_of_parameters(const std::vector<UnitSpec>& units) {
   std::unordered_map<const void*, int> unit_of;
   for (size_t u = 0; u < units.size(); ++u) {
@@ -75,7 +76,7 @@ std::unordered_map<const void*, int> unit_of_parameters(const std::vector<UnitSp
     }
     for (const at::Tensor& p : units[u].module->parameters(true)) {
       auto [it, fresh] = unit_of.emplace(p.unsafeGetTensorImpl(), static_cast<int>(u));
-      if (!fresh && it->second != static_cast<int>(u)) it->second = -1;
+      if (!fresh && it->second != static_cast<int>(u)) it->second = -2;
     }
   }
   return unit_of;
@@ -139,8 +140,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   }
   I.schedule = LrSchedule::from_config(ds, args, I.options.total_train_steps);
 
-  // Parameters and layout.
-  I.model->to(I.device);
+  // Parameters and layout. With a source the module's own values are placeholders or
+  // irrelevant and are never moved.
+  const bool from_source = I.options.source != nullptr;
+  if (!from_source) I.model->to(I.device);
   std::unordered_map<const void*, int> unit_of = unit_of_parameters(I.options.units);
   std::vector<zero::ParamInfo> params;
   for (const auto& item : I.model->named_parameters(true)) {
@@ -152,7 +155,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
     p.trainable = p.param.requires_grad();
     p.decay = applies_weight_decay(p.name);
     auto it = unit_of.find(p.param.unsafeGetTensorImpl());
-    p.unit = it == unit_of.end() ? -1 : it->second;
+    p.unit = it == unit_of.end() ? -1 : std::max(-1, it->second);
+    p.shared = it != unit_of.end() && it->second == -2;
     params.push_back(std::move(p));
   }
   bool any_trainable = false;
@@ -193,13 +197,38 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   at::NoGradGuard no_grad;
   for (const zero::Bucket& b : L.buckets) {
     Impl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
-    at::Tensor full = at::zeros({b.numel}, dev32);
-    for (size_t k = 0; k < b.params.size(); ++k) {
-      const zero::ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];
-      full.narrow(0, b.offsets[k], p.numel).copy_(p.param.reshape({-1}));
+    const int64_t lo = b.slice_begin(I.rank, L.replicated);
+    at::Tensor slice;  // this rank's slice of the bucket, fp32, on the device
+    at::Tensor full;   // the whole bucket when this rank keeps it whole
+    if (from_source) {
+      // Every rank reads what it keeps straight from the source (the same values everywhere):
+      // sharded buckets only their slice, so no rank ever holds the whole model.
+      const bool whole = !b.sharded_params;
+      const int64_t begin = whole ? 0 : lo, len = whole ? b.numel : b.shard_numel;
+      at::Tensor host = at::zeros({len}, at::TensorOptions().dtype(at::kFloat));
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        const zero::ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];
+        const int64_t a = std::max(begin, b.offsets[k]);
+        const int64_t e = std::min(begin + len, b.offsets[k] + p.numel);
+        if (a >= e) continue;
+        I.options.source->read(p.name, p.shape, a - b.offsets[k], host.narrow(0, a - begin, e - a));
+      }
+      at::Tensor values = host.to(I.device);
+      if (whole) {
+        full = values;
+        slice = full.narrow(0, lo, b.shard_numel);
+      } else {
+        slice = values;
+      }
+    } else {
+      full = at::zeros({b.numel}, dev32);
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        const zero::ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];
+        full.narrow(0, b.offsets[k], p.numel).copy_(p.param.reshape({-1}));
+      }
+      I.comm->broadcast(full, 0)->wait();
+      slice = full.narrow(0, lo, b.shard_numel);
     }
-    I.comm->broadcast(full, 0)->wait();
-    at::Tensor slice = full.narrow(0, b.slice_begin(I.rank, L.replicated), b.shard_numel);
     if (b.trainable) I.master.narrow(0, b.shard.offset, b.shard_numel).copy_(slice);
     if (b.sharded_params) {
       s.param_shard = I.offload_param

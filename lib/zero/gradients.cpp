@@ -78,43 +78,35 @@ void Engine::Impl::on_gradient(int param_index) {
   BucketState& s = buckets[static_cast<size_t>(b)];
   const zero::Bucket& bucket = layout.buckets[static_cast<size_t>(b)];
   const zero::ParamInfo& p = layout.params[static_cast<size_t>(param_index)];
-  if (stage >= 2 && world == 1) {
-    // One rank: the gradient goes straight into the fp32 accumulator (the reduction is the
-    // identity), overwriting at the start of a window.
-    if (s.launched) {
-      throw InvalidArgument(fmt::format(
-          "parameter '{}' received a gradient after its bucket was reduced: it is used by two "
-          "sharding units (tie it through one module) or twice across reentrant backward passes",
-          p.name));
-    }
+  const bool again = fired[static_cast<size_t>(param_index)] != 0;  // a tied weight's next share
+  const int64_t off = bucket.offsets[static_cast<size_t>(slot_of_param[static_cast<size_t>(param_index)])];
+  if (stage >= 2 && s.launched) {
+    throw InvalidArgument(fmt::format(
+        "parameter '{}' received a gradient after its bucket was reduced: it is used by two "
+        "sharding units without being registered in both (tie it through the units' modules)",
+        p.name));
+  }
+  if (stage >= 2) {
     at::Tensor& grad = p.param.mutable_grad();
-    const int64_t off = bucket.offsets[static_cast<size_t>(slot_of_param[static_cast<size_t>(param_index)])];
-    at::Tensor region = grad_acc.narrow(0, bucket.shard.offset + off, p.numel);
-    if (s.slice_fresh) {
-      region.copy_(grad.reshape({-1}));
+    if (world == 1) {
+      // One rank: straight into the fp32 accumulator (the reduction is the identity),
+      // overwriting at the start of a window.
+      at::Tensor region = grad_acc.narrow(0, bucket.shard.offset + off, p.numel);
+      if (s.slice_fresh && !again) {
+        region.copy_(grad.reshape({-1}));
+      } else {
+        region.add_(grad.reshape({-1}));
+      }
     } else {
-      region.add_(grad.reshape({-1}));
+      if (!s.staging.defined()) {
+        s.staging = at::zeros({bucket.numel}, at::TensorOptions().dtype(wire).device(device));
+      }
+      s.staging.narrow(0, off, p.numel).add_(grad.reshape({-1}));
     }
-    grad.reset();
-    fired[static_cast<size_t>(param_index)] = 1;
-  } else if (stage >= 2) {
-    if (s.launched) {
-      throw InvalidArgument(fmt::format(
-          "parameter '{}' received a gradient after its bucket was reduced: it is used by two "
-          "sharding units (tie it through one module) or twice across reentrant backward passes",
-          p.name));
-    }
-    if (!s.staging.defined()) {
-      s.staging = at::zeros({bucket.numel}, at::TensorOptions().dtype(wire).device(device));
-    }
-    at::Tensor& grad = p.param.mutable_grad();
-    const int64_t off = bucket.offsets[static_cast<size_t>(slot_of_param[static_cast<size_t>(param_index)])];
-    s.staging.narrow(0, off, p.numel).add_(grad.reshape({-1}));
     grad.reset();
   } else {
     // Autograd accumulates into the bucket view in place; if it ever replaced the .grad (it
     // does when the old one is shared elsewhere), fold the new one back into the bucket.
-    const int64_t off = bucket.offsets[static_cast<size_t>(slot_of_param[static_cast<size_t>(param_index)])];
     at::Tensor view = s.flat_grad.narrow(0, off, p.numel);
     at::Tensor& grad = p.param.mutable_grad();
     if (!grad.defined() || grad.data_ptr() != view.data_ptr()) {
@@ -122,7 +114,8 @@ void Engine::Impl::on_gradient(int param_index) {
       grad = view.view(p.shape);
     }
   }
-  if (!reducing) return;
+  fired[static_cast<size_t>(param_index)] = 1;
+  if (!reducing || again) return;
   s.ready += 1;
   if (overlap) try_launch();
 }
@@ -135,7 +128,7 @@ void Engine::Impl::try_launch() {
       return;
     }
     BucketState& s = buckets[static_cast<size_t>(next_launch)];
-    if (s.ready < s.expected) return;
+    if (s.ready < s.expected || b.late) return;  // late: more shares may still come
     launch(next_launch++);
   }
 }

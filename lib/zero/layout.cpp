@@ -45,6 +45,7 @@ Layout build_layout(std::vector<ParamInfo> params, const LayoutOptions& o) {
     b.sharded_params = sharded;
     b.unit = unit;
     b.params = std::move(members);
+    for (int m : b.params) b.late = b.late || L.params[static_cast<size_t>(m)].shared;
     finish_bucket(b, L.params, o, L.replicated);
     L.buckets.push_back(std::move(b));
   };

@@ -30,6 +30,7 @@ struct ParamInfo {
   bool decay = true;
   int unit = -1;             ///< sharding unit, -1 when in none
   bool persistent = false;   ///< stage 3: kept whole on every rank
+  bool shared = false;       ///< held by two units (tied weights): gradients arrive more than once
 };
 
 /// One bucket's slice on this rank.
@@ -49,6 +50,7 @@ struct Bucket {
   int64_t numel = 0;              ///< padded flat size
   int64_t shard_numel = 0;        ///< numel / world (numel when replicated)
   ShardLayout shard;              ///< this rank's slice (trainable buckets)
+  bool late = false;              ///< holds a shared parameter: reduced only after backward
   /// Start of this rank's slice in the bucket's flat space.
   int64_t slice_begin(int rank, bool replicated) const { return replicated ? 0 : rank * shard_numel; }
 };

@@ -187,7 +187,7 @@ TEST_CASE("rank: engine equivalence", "[.rank]") {
   resolve_config(ds, args, ResolveContext{world, 16, c.steps});
   EngineOptions eo;
   eo.units = model->units();
-  eo.gate = &model->gate;
+  eo.gate = &model->unit_gate();
   eo.activation_checkpointing = c.ckpt;
   eo.total_train_steps = c.steps;
   eo.device = device;

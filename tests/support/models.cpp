@@ -7,6 +7,8 @@
 
 #include <cmath>
 
+#include "zerotrain/model.hpp"
+
 namespace zt::test {
 namespace {
 
@@ -151,16 +153,40 @@ struct Transformer : TestModel {
   }
 };
 
+// zerotrain's own decoder (tiny LLaMA with GQA), so engine equivalence covers the real model.
+struct Llm : TestModel {
+  std::shared_ptr<CausalLM> lm;
+  static ModelConfig config(bool tied) {
+    return parse_model_config(std::string(R"({"model_type": "llama", "vocab_size": 32, "hidden_size": 32,
+        "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "tie_word_embeddings": )") +
+                              (tied ? "true}" : "false}"));
+  }
+  Llm(uint64_t seed, bool tied) {
+    lm = register_module("lm", std::make_shared<CausalLM>(config(tied), at::TensorOptions()));
+    lm->initialize_random(seed);
+  }
+  UnitGate& unit_gate() override { return lm->gate(); }
+  at::Tensor loss_sum(const at::Tensor& ids, const at::Tensor& labels) override {
+    return lm->loss(ids, labels, {}, /*chunk_tokens=*/5).sum;
+  }
+  std::vector<UnitSpec> units() override { return lm->units(); }
+};
+
 }  // namespace
 
 std::shared_ptr<TestModel> make_model(const std::string& kind, uint64_t seed) {
   at::manual_seed(seed);
   if (kind == "mlp") return std::make_shared<Mlp>();
   if (kind == "wide") return std::make_shared<Wide>();
+  if (kind == "llm" || kind == "llm_tied") return std::make_shared<Llm>(seed, kind == "llm_tied");
   return std::make_shared<Transformer>();
 }
 
-int64_t Batch::tokens() const { return labels.ne(-100).sum().item<int64_t>(); }
+int64_t Batch::tokens() const {
+  at::Tensor counted = causal_shift ? labels.narrow(1, 1, labels.size(1) - 1) : labels;
+  return counted.ne(-100).sum().item<int64_t>();
+}
 
 Batch make_batch(const std::string& kind, int64_t step, int64_t first, int64_t count) {
   // Each sample is drawn from its own generator state, so any split of a global batch across
@@ -174,6 +200,14 @@ Batch make_batch(const std::string& kind, int64_t step, int64_t first, int64_t c
       at::Tensor y = at::randint(0, wide ? Wide::kOut : kClasses, {1}, at::kLong);
       if (at::rand({1}).item<double>() < 0.3) y.fill_(-100);  // ignored sample
       ys.push_back(y);
+    } else if (kind == "llm" || kind == "llm_tied") {
+      // Causal LM data: the model shifts labels itself; a random prompt length is ignored.
+      at::Tensor ids = at::randint(0, 32, {1, 8}, at::kLong);
+      at::Tensor labels = ids.clone();
+      int64_t prompt = at::randint(1, 6, {1}, at::kLong).item<int64_t>();
+      labels.narrow(1, 0, prompt).fill_(-100);
+      xs.push_back(ids);
+      ys.push_back(labels);
     } else {
       at::Tensor ids = at::randint(0, kVocab, {1, kSeq}, at::kLong);
       at::Tensor labels = at::roll(ids, -1, 1);
@@ -185,7 +219,9 @@ Batch make_batch(const std::string& kind, int64_t step, int64_t first, int64_t c
       ys.push_back(labels);
     }
   }
-  return {at::cat(xs), at::cat(ys)};
+  Batch b{at::cat(xs), at::cat(ys)};
+  b.causal_shift = kind == "llm" || kind == "llm_tied";
+  return b;
 }
 
 }  // namespace zt::test

@@ -13,18 +13,23 @@ namespace zt::test {
 /// A model that computes the summed token loss of a batch and counts its tokens.
 struct TestModel : torch::nn::Module {
   UnitGate gate;
+  /// The gate the model routes its units through (a wrapped model may own another).
+  virtual UnitGate& unit_gate() { return gate; }
   /// Summed cross-entropy over labels != -100 (the HF ≥ 4.46 numerator).
   virtual at::Tensor loss_sum(const at::Tensor& inputs, const at::Tensor& labels) = 0;
   virtual std::vector<UnitSpec> units() = 0;
 };
 
-/// Builds model "mlp", "wide" or "transformer" with parameters drawn from `seed`.
+/// Builds model "mlp", "wide", "transformer", "llm" or "llm_tied" (zt::CausalLM: a tiny LLaMA,
+/// with untied or tied embeddings) with
+/// parameters drawn from `seed`.
 std::shared_ptr<TestModel> make_model(const std::string& kind, uint64_t seed);
 
 /// One micro-batch: inputs and labels (some -100) for sample indices [first, first + count).
 struct Batch {
   at::Tensor inputs, labels;
-  int64_t tokens() const;
+  bool causal_shift = false;  ///< the model predicts label t+1 at position t (causal LMs)
+  int64_t tokens() const;     ///< the labels the loss counts
 };
 Batch make_batch(const std::string& kind, int64_t step, int64_t first, int64_t count);
 

@@ -1,0 +1,143 @@
+// Decoder-only LLMs as transformers builds them (LLaMA, Qwen2, Mistral): the configuration from
+// an HF config.json, the model in LibTorch with HF's parameter names, weight loading and saving,
+// and generation.
+//
+// Thread-safety: a CausalLM is used by one thread at a time (as any torch::nn::Module).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zerotrain/engine.hpp"
+
+namespace zt {
+
+struct RopeScaling {
+  std::string type = "default";  ///< default | linear | llama3
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 0;
+};
+
+/// What an HF config.json says about a decoder, in either spelling: transformers 4.x
+/// (`torch_dtype`, `rope_theta`, `rope_scaling`) or 5.x (`dtype`, `rope_parameters`).
+struct ModelConfig {
+  std::string model_type;  ///< llama | qwen2 | mistral
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;     ///< Qwen2, or LLaMA's attention_bias
+  bool o_proj_bias = false;  ///< LLaMA's attention_bias
+  bool mlp_bias = false;
+  std::optional<int64_t> sliding_window;  ///< Mistral / Qwen2 with use_sliding_window
+  at::ScalarType dtype = at::kFloat;      ///< the checkpoint's dtype (torch_dtype / dtype)
+  double initializer_range = 0.02;
+  std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
+  std::string source = "<inline>";
+
+  int64_t kv_dim() const { return num_key_value_heads * head_dim; }
+  /// Total parameters of the model this config builds.
+  int64_t parameter_count() const;
+};
+
+/// Parses config.json text. Unsupported model types, rope types or inconsistent sizes are a
+/// ConfigError naming the key and listing what is supported.
+ModelConfig parse_model_config(std::string_view json, const std::string& source = "<inline>");
+/// Reads `<dir>/config.json` (or a file path).
+ModelConfig load_model_config(const std::string& path);
+/// config.json text for `config` in transformers' 5.x spelling (as save_pretrained writes).
+std::string model_config_json(const ModelConfig& config);
+
+/// Loss of a batch: the sum of token losses and the number of tokens it covers.
+struct LossSum {
+  at::Tensor sum;  ///< fp32 scalar, differentiable
+  int64_t tokens = 0;
+};
+
+/// Options for generate().
+struct GenerationOptions {
+  int64_t max_new_tokens = 64;
+  bool do_sample = false;       ///< greedy when false
+  double temperature = 1.0;
+  int64_t top_k = 0;            ///< 0: off
+  double top_p = 1.0;           ///< 1: off
+  std::vector<int64_t> eos_token_ids;
+  uint64_t seed = 0;
+};
+
+/// A decoder-only causal LM with HF's module tree and parameter names (`model.embed_tokens`,
+/// `model.layers.N.self_attn.q_proj`, ..., `model.norm`, `lm_head`). Its units for ZeRO-3 and
+/// activation checkpointing are the embeddings, each layer, and the head (final norm + LM head).
+class CausalLM : public torch::nn::Module {
+ public:
+  /// Parameters get `options` (device, dtype). With `allocate` they are allocated but not
+  /// initialized (call initialize_random or load_weights); without, they are placeholders that
+  /// hold only their shape, for an Engine given a ParameterSource (ZeRO-3 then never builds the
+  /// whole model anywhere) or for load_weights.
+  CausalLM(const ModelConfig& config, at::TensorOptions options, bool allocate = true);
+  ~CausalLM() override;
+
+  const ModelConfig& config() const { return config_; }
+  UnitGate& gate() { return gate_; }
+  std::vector<UnitSpec> units();
+
+  /// Seeded random initialization as transformers does it (normal(0, initializer_range) for
+  /// projections and embeddings, zero biases, unit norms). Every rank gets the same values.
+  void initialize_random(uint64_t seed);
+
+  /// The summed cross-entropy of next-token prediction over labels != -100 (labels are shifted
+  /// inside, as HF's causal LM loss). The logits are produced in chunks of `chunk_tokens`
+  /// positions and never held whole. `attention_mask` (1 = real token) may be undefined.
+  LossSum loss(const at::Tensor& input_ids, const at::Tensor& labels,
+               const at::Tensor& attention_mask = {}, int64_t chunk_tokens = 1024);
+
+  /// Full fp32 logits [batch, seq, vocab] (for tests and short inputs).
+  at::Tensor logits(const at::Tensor& input_ids, const at::Tensor& attention_mask = {});
+  /// Hidden states after the embeddings and after every layer (the last one before the final
+  /// norm), as HF's output_hidden_states (whose last entry is after the final norm).
+  std::vector<at::Tensor> hidden_states(const at::Tensor& input_ids,
+                                        const at::Tensor& attention_mask = {});
+
+  /// Generates continuations of `input_ids` [batch, seq] (no padding) with a KV cache.
+  /// Returns the new tokens [batch, ≤ max_new_tokens].
+  at::Tensor generate(const at::Tensor& input_ids, const GenerationOptions& options);
+
+  struct Impl;
+
+ private:
+  ModelConfig config_;
+  UnitGate gate_;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Values from a model folder's safetensors (single file or sharded). A tensor the model needs
+/// but the checkpoint lacks is an IoError naming it; a shape mismatch too.
+std::shared_ptr<ParameterSource> checkpoint_source(const std::string& path);
+/// transformers' random initialization, seeded (see CausalLM::initialize_random).
+std::shared_ptr<ParameterSource> random_source(const ModelConfig& config, uint64_t seed);
+
+/// Fills every parameter of `model` from `source` (materializing them on their device).
+void load_weights(torch::nn::Module& model, ParameterSource& source);
+
+/// Checks that a checkpoint has every tensor the model needs with the right shape; throws
+/// IoError naming the first missing or mismatched tensor. Extra tensors are ignored.
+void check_checkpoint(const CausalLM& model, const std::string& path);
+
+}  // namespace zt

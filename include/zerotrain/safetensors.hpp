@@ -1,0 +1,108 @@
+// Reading and writing Hugging Face safetensors files: memory-mapped, validated, single files or
+// sharded folders with model.safetensors.index.json.
+//
+// Thread-safety: a SafetensorsFile / Checkpoint may be read from several threads at once (reads
+// do not mutate it). Nothing here is collective.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace zt {
+
+struct TensorInfo {
+  at::ScalarType dtype = at::kFloat;
+  std::string dtype_name;  ///< as written ("BF16", "F32", ...)
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  int64_t begin = 0;  ///< byte offset of the data from the start of the file
+  int64_t nbytes = 0;
+};
+
+/// One .safetensors file, memory-mapped read-only. The header is validated completely on open
+/// (size bounds, JSON, known dtypes, shapes, offsets inside the file and non-overlapping,
+/// shape × dtype = byte length): a corrupt or truncated file is an IoError naming the file and,
+/// where one is at fault, the tensor.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::vector<std::string> names() const;  ///< in file order
+  bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
+  /// Throws IoError naming the file and the tensor when absent.
+  const TensorInfo& info(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  /// A copy of the tensor (CPU, its stored dtype, or `dtype` when given).
+  at::Tensor load(const std::string& name,
+                  std::optional<at::ScalarType> dtype = std::nullopt) const;
+  /// Copies elements [offset, offset + out.numel()) of the flattened tensor into `out` (any
+  /// dtype and device; converted), touching only those bytes of the file.
+  void read_range(const std::string& name, int64_t offset, const at::Tensor& out) const;
+
+ private:
+  at::Tensor mapped(const TensorInfo& info, int64_t offset, int64_t count) const;
+
+  std::string path_;
+  int fd_ = -1;
+  void* map_ = nullptr;
+  size_t size_ = 0;
+  std::map<std::string, TensorInfo> tensors_;
+  std::vector<std::string> order_;
+  std::map<std::string, std::string> metadata_;
+};
+
+/// A model folder's weights: model.safetensors, or shards listed by model.safetensors.index.json
+/// (or a single .safetensors file path). Shards are opened lazily.
+class SafetensorsCheckpoint {
+ public:
+  explicit SafetensorsCheckpoint(const std::string& path);
+  std::vector<std::string> names() const;
+  bool contains(const std::string& name) const;
+  const SafetensorsFile& file_of(const std::string& name) const;
+  const TensorInfo& info(const std::string& name) const { return file_of(name).info(name); }
+  at::Tensor load(const std::string& name, std::optional<at::ScalarType> dtype = std::nullopt) const {
+    return file_of(name).load(name, dtype);
+  }
+  void read_range(const std::string& name, int64_t offset, const at::Tensor& out) const {
+    file_of(name).read_range(name, offset, out);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::map<std::string, std::string> shard_of_;  ///< tensor → shard file
+  mutable std::map<std::string, std::unique_ptr<SafetensorsFile>> open_;
+  mutable std::mutex mutex_;
+};
+
+/// Writes tensors (in the given order) to one safetensors file, atomically: a temporary file in
+/// the same folder renamed over `path` only when complete. `metadata` lands in __metadata__.
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
+/// Writes `tensors` into `dir` as HF does: one `<prefix>.safetensors` when it fits in
+/// `max_shard_bytes`, else `<prefix>-0000k-of-0000n.safetensors` + `<prefix>.safetensors.index.json`.
+/// Returns the files written.
+std::vector<std::string> save_sharded_safetensors(
+    const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+    int64_t max_shard_bytes = 5000000000, const std::string& prefix = "model");
+
+/// The safetensors name of a dtype ("BF16", ...), and back (nullopt when unknown).
+std::string safetensors_dtype_name(at::ScalarType dtype);
+std::optional<at::ScalarType> safetensors_dtype(const std::string& name);
+
+}  // namespace zt

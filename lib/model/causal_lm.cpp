@@ -1,0 +1,185 @@
+// CausalLM: the decoder stack, its sharding units, losses, logits and generation.
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <fmt/format.h>
+
+#include "model/layers.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
+
+namespace zt {
+
+// The `model` submodule of HF's *ForCausalLM (embed_tokens, layers, norm).
+struct DecoderBody : torch::nn::Module {
+  std::shared_ptr<model::Embedding> embed_tokens;
+  torch::nn::ModuleList layer_list{nullptr};
+  std::vector<std::shared_ptr<model::DecoderLayer>> layers;
+  std::shared_ptr<model::RMSNorm> norm;
+  DecoderBody(const ModelConfig& c, const model::ParamFactory& o) {
+    embed_tokens = register_module("embed_tokens", std::make_shared<model::Embedding>(c.vocab_size, c.hidden_size, o));
+    layer_list = register_module("layers", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      layers.push_back(std::make_shared<model::DecoderLayer>(c, o));
+      layer_list->push_back(layers.back());
+    }
+    norm = register_module("norm", std::make_shared<model::RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
+  }
+};
+
+// The head unit's parameters: the final norm and the LM head (the embeddings when tied).
+struct HeadUnit : torch::nn::Module {
+  HeadUnit(std::shared_ptr<model::RMSNorm> norm, std::shared_ptr<torch::nn::Module> head) {
+    register_module("norm", std::move(norm));
+    if (head) register_module("lm_head", std::move(head));
+  }
+};
+
+struct CausalLM::Impl {
+  std::shared_ptr<DecoderBody> body;
+  std::shared_ptr<model::Linear> lm_head;  // null when tied to the embeddings
+
+  const at::Tensor& head_weight() const { return lm_head ? lm_head->weight : body->embed_tokens->weight; }
+};
+
+CausalLM::CausalLM(const ModelConfig& config, at::TensorOptions options, bool allocate)
+    : config_(config), impl_(std::make_unique<Impl>()) {
+  at::NoGradGuard no_grad;
+  model::ParamFactory factory{options, allocate};
+  impl_->body = register_module("model", std::make_shared<DecoderBody>(config_, factory));
+  if (!config_.tie_word_embeddings) {
+    impl_->lm_head = register_module(
+        "lm_head", std::make_shared<model::Linear>(config_.hidden_size, config_.vocab_size, false, factory));
+  }
+}
+
+CausalLM::~CausalLM() = default;
+
+std::vector<UnitSpec> CausalLM::units() {
+  std::vector<UnitSpec> u{{"embed_tokens", impl_->body->embed_tokens}};
+  for (size_t i = 0; i < impl_->body->layers.size(); ++i) {
+    u.push_back({fmt::format("layers.{}", i), impl_->body->layers[i]});
+  }
+  std::shared_ptr<torch::nn::Module> head = impl_->lm_head;
+  if (!head) head = impl_->body->embed_tokens;  // tied: shared with unit 0, so kept whole
+  u.push_back({"head", std::make_shared<HeadUnit>(impl_->body->norm, head)});
+  return u;
+}
+
+void CausalLM::initialize_random(uint64_t seed) { load_weights(*this, *random_source(config_, seed)); }
+
+namespace {
+
+at::Tensor mask_or_empty(const at::Tensor& attention_mask, const at::Tensor& like) {
+  if (!attention_mask.defined()) return at::empty({0}, like.options().dtype(at::kLong));
+  return attention_mask.to(like.device());
+}
+
+}  // namespace
+
+LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
+                       const at::Tensor& attention_mask, int64_t chunk_tokens) {
+  Impl& I = *impl_;
+  const at::Device device = I.body->embed_tokens->weight.device();
+  at::Tensor ids = input_ids.to(device);
+  at::Tensor mask = mask_or_empty(attention_mask, ids);
+  // HF's causal loss: position t predicts label t+1; the last position predicts nothing.
+  // Counted where the labels are (usually the host), so a GPU step needs no sync for it.
+  at::Tensor shifted = at::cat({labels.narrow(1, 1, labels.size(1) - 1),
+                                at::full({labels.size(0), 1}, -100, labels.options())}, 1)
+                           .reshape({-1});
+  const int64_t tokens = shifted.ne(-100).sum().item<int64_t>();
+  shifted = shifted.to(device);
+
+  auto body = I.body;
+  at::Tensor x = gate_(0, {ids}, [body](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{body->embed_tokens->forward(in[0])};
+  })[0];
+  auto [cos, sin] = model::rotary_tables(config_, 0, ids.size(1), x.scalar_type(), device);
+  for (size_t i = 0; i < body->layers.size(); ++i) {
+    x = gate_(1 + i, {x, cos, sin, mask}, [layer = body->layers[i]](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{layer->forward(in[0], in[1], in[2], in[3])};
+    })[0];
+  }
+  auto lm_head = I.lm_head;
+  const int64_t chunk = chunk_tokens;
+  at::Tensor sum = gate_(1 + body->layers.size(), {x, shifted},
+                         [body, lm_head, chunk](const std::vector<at::Tensor>& in) {
+                           at::Tensor h = body->norm->forward(in[0]);
+                           const at::Tensor& w = lm_head ? lm_head->weight : body->embed_tokens->weight;
+                           return std::vector<at::Tensor>{model::linear_cross_entropy(
+                               h.reshape({-1, h.size(-1)}), w, in[1], chunk)};
+                         })[0];
+  return {sum, tokens};
+}
+
+std::vector<at::Tensor> CausalLM::hidden_states(const at::Tensor& input_ids,
+                                                const at::Tensor& attention_mask) {
+  Impl& I = *impl_;
+  const at::Device device = I.body->embed_tokens->weight.device();
+  at::Tensor ids = input_ids.to(device);
+  at::Tensor mask = mask_or_empty(attention_mask, ids);
+  std::vector<at::Tensor> out{I.body->embed_tokens->forward(ids)};
+  auto [cos, sin] = model::rotary_tables(config_, 0, ids.size(1), out[0].scalar_type(), device);
+  for (auto& layer : I.body->layers) out.push_back(layer->forward(out.back(), cos, sin, mask));
+  return out;
+}
+
+at::Tensor CausalLM::logits(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
+  std::vector<at::Tensor> states = hidden_states(input_ids, attention_mask);
+  at::Tensor h = impl_->body->norm->forward(states.back());
+  return at::matmul(h, impl_->head_weight().t()).to(at::kFloat);
+}
+
+at::Tensor CausalLM::generate(const at::Tensor& input_ids, const GenerationOptions& o) {
+  Impl& I = *impl_;
+  at::NoGradGuard no_grad;
+  const at::Device device = I.body->embed_tokens->weight.device();
+  at::Tensor ids = input_ids.to(device);
+  const int64_t batch = ids.size(0);
+  std::vector<model::KvCache> cache(I.body->layers.size());
+  at::Generator gen = at::detail::createCPUGenerator(o.seed);
+  std::vector<at::Tensor> produced;
+  at::Tensor finished = at::zeros({batch}, at::TensorOptions().dtype(at::kBool).device(device));
+  const at::Tensor no_mask = at::empty({0}, ids.options());
+  int64_t position = 0;
+  at::Tensor step_ids = ids;
+  for (int64_t n = 0; n < o.max_new_tokens; ++n) {
+    at::Tensor x = I.body->embed_tokens->forward(step_ids);
+    auto [cos, sin] = model::rotary_tables(config_, position, step_ids.size(1), x.scalar_type(), device);
+    for (size_t i = 0; i < I.body->layers.size(); ++i) {
+      x = I.body->layers[i]->forward(x, cos, sin, no_mask, &cache[i]);
+    }
+    position += step_ids.size(1);
+    at::Tensor h = I.body->norm->forward(x.select(1, x.size(1) - 1));
+    at::Tensor logits = at::matmul(h, I.head_weight().t()).to(at::kFloat);
+    at::Tensor next;
+    if (!o.do_sample) {
+      next = logits.argmax(-1);
+    } else {
+      logits = logits / std::max(o.temperature, 1e-6);
+      if (o.top_k > 0 && o.top_k < logits.size(-1)) {
+        at::Tensor kth = std::get<0>(logits.topk(o.top_k, -1)).select(-1, o.top_k - 1).unsqueeze(-1);
+        logits = logits.masked_fill(logits < kth, -INFINITY);
+      }
+      if (o.top_p < 1.0) {
+        auto [sorted, order] = logits.sort(-1, /*descending=*/true);
+        at::Tensor cum = at::softmax(sorted, -1).cumsum(-1);
+        at::Tensor drop = (cum - at::softmax(sorted, -1)) > o.top_p;  // keep the first over p
+        logits = logits.scatter(-1, order, sorted.masked_fill(drop, -INFINITY));
+      }
+      at::Tensor probs = at::softmax(logits, -1).to(at::kCPU);
+      next = at::multinomial(probs, 1, false, gen).squeeze(-1).to(device);
+    }
+    if (!o.eos_token_ids.empty() && config_.pad_token_id) {
+      next = at::where(finished, at::full_like(next, *config_.pad_token_id), next);
+    }
+    produced.push_back(next.unsqueeze(1));
+    for (int64_t eos : o.eos_token_ids) finished = finished.logical_or(next.eq(eos));
+    if (!o.eos_token_ids.empty() && finished.all().item<bool>()) break;
+    step_ids = next.unsqueeze(1);
+  }
+  if (produced.empty()) return at::empty({batch, 0}, ids.options());
+  return at::cat(produced, 1);
+}
+
+}  // namespace zt

@@ -1,0 +1,267 @@
+// HF config.json → ModelConfig, in transformers' 4.x and 5.x spellings.
+#include <cmath>
+
+#include <fmt/format.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/prettywriter.h>
+
+#include "util/files.hpp"
+#include "util/json.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
+
+namespace zt {
+namespace {
+
+using json::ObjectReader;
+
+at::ScalarType dtype_from_name(ObjectReader& r, const char* key, const std::string& name) {
+  if (name == "float32" || name == "float") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16" || name == "half") return at::kHalf;
+  r.fail(key, "\"float32\", \"bfloat16\" or \"float16\"");
+}
+
+const char* dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return "float32";
+  }
+}
+
+// The RoPE block: 4.x rope_theta + rope_scaling, or 5.x rope_parameters.
+void read_rope(ObjectReader& top, ModelConfig& c) {
+  std::optional<ObjectReader> params = top.object("rope_parameters");
+  std::optional<ObjectReader> scaling = top.object("rope_scaling");
+  if (auto v = top.number("rope_theta", 1e-12)) c.rope_theta = *v;
+  std::optional<ObjectReader>& r = params ? params : scaling;
+  if (!r) return;
+  if (params) {
+    if (auto v = params->number("rope_theta", 1e-12)) c.rope_theta = *v;
+  }
+  std::optional<std::string> type = r->string("rope_type");
+  if (!type) type = r->string("type");
+  if (!type) type = std::string("default");
+  r->known({"type", "rope_type"});
+  if (*type != "default" && *type != "linear" && *type != "llama3") {
+    r->fail_value("rope_type", fmt::format("RoPE type \"{}\" is not supported; supported: "
+                                           "default, linear, llama3",
+                                           *type));
+  }
+  c.rope_scaling.type = *type;
+  if (*type == "default") return;
+  std::optional<double> factor = r->number("factor", 1e-12);
+  if (!factor) r->fail("factor", fmt::format("a scaling factor for RoPE type \"{}\"", *type));
+  c.rope_scaling.factor = *factor;
+  if (*type == "llama3") {
+    if (auto v = r->number("low_freq_factor", 1e-12)) c.rope_scaling.low_freq_factor = *v;
+    if (auto v = r->number("high_freq_factor", 1e-12)) c.rope_scaling.high_freq_factor = *v;
+    std::optional<int64_t> orig = r->integer("original_max_position_embeddings", 1);
+    if (!orig) r->fail("original_max_position_embeddings", "an integer for llama3 RoPE scaling");
+    c.rope_scaling.original_max_position_embeddings = *orig;
+    if (c.rope_scaling.high_freq_factor <= c.rope_scaling.low_freq_factor) {
+      r->fail_value("high_freq_factor", "must exceed low_freq_factor");
+    }
+  }
+}
+
+std::optional<int64_t> first_token_id(ObjectReader& r, const char* key) {
+  const rapidjson::Value* v = r.find(key);
+  if (v == nullptr) return std::nullopt;
+  if (v->IsArray()) {
+    if (v->Size() == 0) return std::nullopt;
+    v = &(*v)[0];
+  }
+  std::optional<int64_t> id = v->IsNumber() ? json::as_integer(*v) : std::nullopt;
+  if (!id) r.fail(key, "a token id or a list of token ids");
+  return id;
+}
+
+}  // namespace
+
+int64_t ModelConfig::parameter_count() const {
+  const int64_t h = hidden_size, q = num_attention_heads * head_dim, kv = kv_dim();
+  int64_t layer = h * q + 2 * h * kv + q * h + 3 * h * intermediate_size + 2 * h;
+  if (qkv_bias) layer += q + 2 * kv;
+  if (o_proj_bias) layer += h;
+  if (mlp_bias) layer += 2 * intermediate_size + h;
+  int64_t total = vocab_size * h + num_hidden_layers * layer + h;
+  if (!tie_word_embeddings) total += vocab_size * h;
+  return total;
+}
+
+ModelConfig parse_model_config(std::string_view text, const std::string& source) {
+  rapidjson::Document doc = json::parse(text, source);
+  ObjectReader r(doc, "", source);
+  ModelConfig c;
+  c.source = source;
+  std::optional<std::string> type = r.string("model_type");
+  if (!type) r.fail("model_type", "the model family (llama, qwen2 or mistral)");
+  if (*type != "llama" && *type != "qwen2" && *type != "mistral") {
+    r.fail_value("model_type", fmt::format("\"{}\" is not supported; supported: llama, qwen2, "
+                                           "mistral",
+                                           *type));
+  }
+  c.model_type = *type;
+  auto required = [&](const char* key) {
+    std::optional<int64_t> v = r.integer(key, 1);
+    if (!v) r.fail(key, "a positive integer");
+    return *v;
+  };
+  c.vocab_size = required("vocab_size");
+  c.hidden_size = required("hidden_size");
+  c.intermediate_size = required("intermediate_size");
+  c.num_hidden_layers = required("num_hidden_layers");
+  c.num_attention_heads = required("num_attention_heads");
+  c.num_key_value_heads = r.integer("num_key_value_heads", 1).value_or(c.num_attention_heads);
+  if (auto v = r.integer("head_dim", 1)) {
+    c.head_dim = *v;
+  } else {
+    if (c.hidden_size % c.num_attention_heads != 0) {
+      r.fail_value("num_attention_heads", fmt::format("hidden_size {} is not divisible by {} heads",
+                                                      c.hidden_size, c.num_attention_heads));
+    }
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    r.fail_value("num_key_value_heads", fmt::format("{} attention heads are not a multiple of {} "
+                                                    "key/value heads",
+                                                    c.num_attention_heads, c.num_key_value_heads));
+  }
+  if (auto v = r.integer("max_position_embeddings", 1)) c.max_position_embeddings = *v;
+  if (auto v = r.number("rms_norm_eps", 1e-30)) c.rms_norm_eps = *v;
+  if (auto v = r.number("initializer_range", 0.0)) c.initializer_range = *v;
+  read_rope(r, c);
+  if (auto v = r.boolean("tie_word_embeddings")) c.tie_word_embeddings = *v;
+  if (auto act = r.string("hidden_act"); act && *act != "silu") {
+    r.fail_value("hidden_act", fmt::format("\"{}\" is not supported; the decoder uses silu", *act));
+  }
+  if (c.model_type == "qwen2") {
+    c.qkv_bias = true;  // Qwen2 always has q/k/v biases
+    if (auto v = r.boolean("use_sliding_window"); v && *v) {
+      r.fail_value("use_sliding_window", "Qwen2's per-layer sliding window is not supported; set "
+                                         "it to false (Qwen2.5 releases ship it off)");
+    }
+    r.known({"sliding_window", "max_window_layers", "layer_types"});
+  } else {
+    if (auto v = r.boolean("attention_bias")) c.qkv_bias = c.o_proj_bias = *v;
+    if (auto v = r.boolean("mlp_bias")) c.mlp_bias = *v;
+    if (c.model_type == "mistral") {
+      const rapidjson::Value* w = r.find("sliding_window");
+      if (w != nullptr) {
+        std::optional<int64_t> window = w->IsNumber() ? json::as_integer(*w) : std::nullopt;
+        if (!window || *window < 1) r.fail("sliding_window", "a positive integer or null");
+        c.sliding_window = *window;
+      }
+    }
+  }
+  if (auto d = r.string("dtype")) {
+    c.dtype = dtype_from_name(r, "dtype", *d);
+  } else if (auto td = r.string("torch_dtype")) {
+    c.dtype = dtype_from_name(r, "torch_dtype", *td);
+  }
+  c.bos_token_id = first_token_id(r, "bos_token_id");
+  c.eos_token_id = first_token_id(r, "eos_token_id");
+  c.pad_token_id = first_token_id(r, "pad_token_id");
+  if (auto tp = r.integer("pretraining_tp", 1); tp && *tp != 1) {
+    r.fail_value("pretraining_tp", "tensor-parallel pretraining slices (pretraining_tp > 1) are "
+                                   "not supported");
+  }
+  return c;
+}
+
+ModelConfig load_model_config(const std::string& path) {
+  std::string file = path;
+  if (file.size() < 5 || file.compare(file.size() - 5, 5, ".json") != 0) file += "/config.json";
+  return parse_model_config(files::read_text(file, "model config"), file);
+}
+
+std::string model_config_json(const ModelConfig& c) {
+  rapidjson::StringBuffer buffer;
+  rapidjson::PrettyWriter<rapidjson::StringBuffer> w(buffer);
+  w.SetIndent(' ', 2);
+  const char* arch = c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
+                     : c.model_type == "mistral" ? "MistralForCausalLM"
+                                                 : "LlamaForCausalLM";
+  w.StartObject();
+  w.Key("architectures");
+  w.StartArray();
+  w.String(arch);
+  w.EndArray();
+  w.Key("model_type");
+  w.String(c.model_type.c_str());
+  auto integer = [&](const char* k, int64_t v) {
+    w.Key(k);
+    w.Int64(v);
+  };
+  integer("vocab_size", c.vocab_size);
+  integer("hidden_size", c.hidden_size);
+  integer("intermediate_size", c.intermediate_size);
+  integer("num_hidden_layers", c.num_hidden_layers);
+  integer("num_attention_heads", c.num_attention_heads);
+  integer("num_key_value_heads", c.num_key_value_heads);
+  integer("head_dim", c.head_dim);
+  integer("max_position_embeddings", c.max_position_embeddings);
+  w.Key("rms_norm_eps");
+  w.Double(c.rms_norm_eps);
+  w.Key("initializer_range");
+  w.Double(c.initializer_range);
+  w.Key("hidden_act");
+  w.String("silu");
+  w.Key("tie_word_embeddings");
+  w.Bool(c.tie_word_embeddings);
+  if (c.model_type != "qwen2") {
+    w.Key("attention_bias");
+    w.Bool(c.qkv_bias);
+    w.Key("mlp_bias");
+    w.Bool(c.mlp_bias);
+  } else {
+    w.Key("use_sliding_window");
+    w.Bool(false);
+  }
+  if (c.model_type == "mistral") {
+    w.Key("sliding_window");
+    if (c.sliding_window) {
+      w.Int64(*c.sliding_window);
+    } else {
+      w.Null();
+    }
+  }
+  w.Key("rope_parameters");
+  w.StartObject();
+  w.Key("rope_type");
+  w.String(c.rope_scaling.type.c_str());
+  w.Key("rope_theta");
+  w.Double(c.rope_theta);
+  if (c.rope_scaling.type != "default") {
+    w.Key("factor");
+    w.Double(c.rope_scaling.factor);
+  }
+  if (c.rope_scaling.type == "llama3") {
+    w.Key("low_freq_factor");
+    w.Double(c.rope_scaling.low_freq_factor);
+    w.Key("high_freq_factor");
+    w.Double(c.rope_scaling.high_freq_factor);
+    w.Key("original_max_position_embeddings");
+    w.Int64(c.rope_scaling.original_max_position_embeddings);
+  }
+  w.EndObject();
+  w.Key("dtype");
+  w.String(dtype_name(c.dtype));
+  auto token = [&](const char* k, const std::optional<int64_t>& v) {
+    w.Key(k);
+    if (v) {
+      w.Int64(*v);
+    } else {
+      w.Null();
+    }
+  };
+  token("bos_token_id", c.bos_token_id);
+  token("eos_token_id", c.eos_token_id);
+  token("pad_token_id", c.pad_token_id);
+  w.EndObject();
+  return buffer.GetString();
+}
+
+}  // namespace zt

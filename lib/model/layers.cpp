@@ -1,0 +1,168 @@
+// Rotary embeddings, attention and the chunked linear + cross-entropy.
+#include "model/layers.hpp"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+
+#include "util/torch_compat.hpp"
+
+namespace zt::model {
+
+namespace {
+
+// Inverse frequencies with transformers' scaling rules (default, linear, llama3).
+at::Tensor inverse_frequencies(const ModelConfig& c) {
+  const int64_t dim = c.head_dim;
+  at::Tensor inv = 1.0 / at::pow(c.rope_theta, at::arange(0, dim, 2, at::kLong).to(at::kFloat) /
+                                                   static_cast<double>(dim));
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == "linear") return inv / s.factor;
+  if (s.type != "llama3") return inv;
+  const double old_len = static_cast<double>(s.original_max_position_embeddings);
+  const double low_wavelen = old_len / s.low_freq_factor;
+  const double high_wavelen = old_len / s.high_freq_factor;
+  const double pi = 3.14159265358979323846;
+  at::Tensor wavelen = 2 * pi / inv;
+  at::Tensor scaled = at::where(wavelen > low_wavelen, inv / s.factor, inv);
+  at::Tensor smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  at::Tensor smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+  at::Tensor medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+  return at::where(medium, smoothed, scaled);
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, int64_t start,
+                                                int64_t length, at::ScalarType dtype,
+                                                const at::Device& device) {
+  at::Tensor inv = inverse_frequencies(c);
+  at::Tensor pos = at::arange(start, start + length, at::kLong).to(at::kFloat);
+  at::Tensor freqs = at::outer(pos, inv);
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)};
+}
+
+Attention::Attention(const ModelConfig& c, const ParamFactory& o) : config(&c) {
+  const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.kv_dim();
+  q_proj = register_module("q_proj", std::make_shared<Linear>(h, q, c.qkv_bias, o));
+  k_proj = register_module("k_proj", std::make_shared<Linear>(h, kv, c.qkv_bias, o));
+  v_proj = register_module("v_proj", std::make_shared<Linear>(h, kv, c.qkv_bias, o));
+  o_proj = register_module("o_proj", std::make_shared<Linear>(q, h, c.o_proj_bias, o));
+}
+
+at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                              const at::Tensor& attention_mask, KvCache* cache) {
+  const ModelConfig& c = *config;
+  const int64_t b = x.size(0), t = x.size(1), d = c.head_dim;
+  const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
+  at::Tensor q = q_proj->forward(x).view({b, t, heads, d}).transpose(1, 2);
+  at::Tensor k = k_proj->forward(x).view({b, t, kv_heads, d}).transpose(1, 2);
+  at::Tensor v = v_proj->forward(x).view({b, t, kv_heads, d}).transpose(1, 2);
+  q = q * cos + rotate_half(q) * sin;
+  k = k * cos + rotate_half(k) * sin;
+  if (cache != nullptr) {
+    if (cache->k.defined()) {
+      k = at::cat({cache->k, k}, 2);
+      v = at::cat({cache->v, v}, 2);
+    }
+    cache->k = k;
+    cache->v = v;
+  }
+  const int64_t s = k.size(2);  // keys: cached + new
+  if (kv_heads != heads) {      // grouped-query attention: each key/value head serves a group
+    k = k.repeat_interleave(heads / kv_heads, 1);
+    v = v.repeat_interleave(heads / kv_heads, 1);
+  }
+  // Query i (absolute position s - t + i) sees keys j <= its position, within the sliding
+  // window if any, and only real tokens.
+  at::Tensor mask;
+  const bool padded = attention_mask.numel() > 0;
+  if (padded || c.sliding_window || t != s) {
+    at::Tensor qpos = at::arange(s - t, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
+    at::Tensor kpos = at::arange(0, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
+    mask = kpos.unsqueeze(0) <= qpos.unsqueeze(1);  // [t, s]
+    if (c.sliding_window) mask = mask.logical_and(kpos.unsqueeze(0) > qpos.unsqueeze(1) - *c.sliding_window);
+    mask = mask.view({1, 1, t, s});
+    if (padded) mask = mask.logical_and(attention_mask.to(at::kBool).view({b, 1, 1, s}));
+  }
+  at::Tensor out = compat::attention(q, k, v, mask, /*causal=*/!mask.defined(),
+                                     1.0 / std::sqrt(static_cast<double>(d)));
+  return o_proj->forward(out.transpose(1, 2).reshape({b, t, heads * d}));
+}
+
+Mlp::Mlp(const ModelConfig& c, const ParamFactory& o) {
+  gate_proj = register_module("gate_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
+  up_proj = register_module("up_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
+  down_proj = register_module("down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, c.mlp_bias, o));
+}
+
+DecoderLayer::DecoderLayer(const ModelConfig& c, const ParamFactory& o) {
+  self_attn = register_module("self_attn", std::make_shared<Attention>(c, o));
+  mlp = register_module("mlp", std::make_shared<Mlp>(c, o));
+  input_layernorm = register_module("input_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
+}
+
+namespace {
+
+class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
+                            const at::Tensor& weight, const at::Tensor& labels, int64_t chunk) {
+    ctx->save_for_backward({hidden, weight, labels});
+    ctx->saved_data["chunk"] = chunk;
+    at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
+    const int64_t n = hidden.size(0);
+    for (int64_t lo = 0; lo < n; lo += chunk) {
+      const int64_t len = std::min(chunk, n - lo);
+      at::Tensor y = labels.narrow(0, lo, len);
+      at::Tensor valid = y.ne(-100);
+      at::Tensor logits = at::matmul(hidden.narrow(0, lo, len), weight.t()).to(at::kFloat);
+      at::Tensor target = logits.gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);
+      total = total + ((at::logsumexp(logits, 1) - target) * valid).sum();
+    }
+    return total;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& hidden = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& labels = saved[2];
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const at::Tensor& g = grads[0];
+    at::Tensor grad_hidden = at::empty_like(hidden);
+    at::Tensor grad_weight = at::zeros_like(weight);
+    const int64_t n = hidden.size(0);
+    for (int64_t lo = 0; lo < n; lo += chunk) {
+      const int64_t len = std::min(chunk, n - lo);
+      at::Tensor h = hidden.narrow(0, lo, len);
+      at::Tensor y = labels.narrow(0, lo, len);
+      // d loss / d logits = (softmax − onehot) on valid rows, times the incoming gradient.
+      at::Tensor p = at::softmax(at::matmul(h, weight.t()).to(at::kFloat), 1);
+      p.scatter_add_(1, y.clamp_min(0).unsqueeze(1), at::full({len, 1}, -1.0, p.options()));
+      p.mul_(y.ne(-100).to(at::kFloat).unsqueeze(1) * g);
+      at::Tensor dl = p.to(hidden.scalar_type());
+      grad_hidden.narrow(0, lo, len).copy_(at::matmul(dl, weight));
+      grad_weight.addmm_(dl.t(), h);
+    }
+    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
+                                const at::Tensor& labels, int64_t chunk) {
+  return LinearCrossEntropy::apply(hidden, weight, labels, std::max<int64_t>(1, chunk));
+}
+
+}  // namespace zt::model

@@ -1,0 +1,102 @@
+// The decoder's building blocks with HF's parameter names. Parameters are registered without
+// initialization (values come from a ParameterSource): either allocated, or placeholders that
+// hold only their shape (one element with zero strides) until an Engine or load_weights
+// places real values.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+
+#include "zerotrain/model.hpp"
+
+namespace zt::model {
+
+/// Creates a parameter tensor of a given shape (allocated or a placeholder).
+struct ParamFactory {
+  at::TensorOptions options;
+  bool allocate = true;
+  at::Tensor operator()(at::IntArrayRef shape) const {
+    if (allocate) return at::empty(shape, options);
+    return at::zeros({1}, options).expand(shape).detach();
+  }
+};
+
+struct Linear : torch::nn::Module {
+  at::Tensor weight, bias;
+  Linear(int64_t in, int64_t out, bool with_bias, const ParamFactory& o) {
+    weight = register_parameter("weight", o({out, in}));
+    if (with_bias) bias = register_parameter("bias", o({out}));
+  }
+  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+};
+
+struct RMSNorm : torch::nn::Module {
+  at::Tensor weight;
+  double eps;
+  RMSNorm(int64_t dim, double eps_, const ParamFactory& o) : eps(eps_) {
+    weight = register_parameter("weight", o({dim}));
+  }
+  // As transformers: normalize in fp32, cast back, then scale.
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = x.to(at::kFloat);
+    h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+    return weight * h.to(x.scalar_type());
+  }
+};
+
+struct Embedding : torch::nn::Module {
+  at::Tensor weight;
+  Embedding(int64_t n, int64_t dim, const ParamFactory& o) {
+    weight = register_parameter("weight", o({n, dim}));
+  }
+  at::Tensor forward(const at::Tensor& ids) { return at::embedding(weight, ids); }
+};
+
+/// cos / sin tables [T, head_dim] for positions [0, T) (fp32 math, cast to `dtype`).
+std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, int64_t start, int64_t length,
+                                                at::ScalarType dtype, const at::Device& device);
+
+/// The key-cache of one layer during generation.
+struct KvCache {
+  at::Tensor k, v;  ///< [B, kv_heads, S, head_dim]
+};
+
+struct Attention : torch::nn::Module {
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+  const ModelConfig* config;
+  Attention(const ModelConfig& c, const ParamFactory& o);
+  /// x [B, T, H]; cos/sin [T, D]; attention_mask [B, S] (1 = token) or an empty tensor;
+  /// with `cache`, the new keys/values are appended and attention covers the cached ones.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const at::Tensor& attention_mask, KvCache* cache = nullptr);
+};
+
+struct Mlp : torch::nn::Module {
+  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+  Mlp(const ModelConfig& c, const ParamFactory& o);
+  at::Tensor forward(const at::Tensor& x) {
+    return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  }
+};
+
+struct DecoderLayer : torch::nn::Module {
+  std::shared_ptr<Attention> self_attn;
+  std::shared_ptr<Mlp> mlp;
+  std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
+  DecoderLayer(const ModelConfig& c, const ParamFactory& o);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const at::Tensor& attention_mask, KvCache* cache = nullptr) {
+    at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, attention_mask, cache);
+    return h + mlp->forward(post_attention_layernorm->forward(h));
+  }
+};
+
+/// Σ over rows with label != -100 of cross-entropy(hidden · weightᵀ, label), computed in chunks
+/// of `chunk` rows with the logits recomputed in backward, so [rows, vocab] fp32 logits never
+/// exist at once. hidden [N, H], weight [V, H], labels [N] (int64). Returns an fp32 scalar.
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
+                                const at::Tensor& labels, int64_t chunk);
+
+}  // namespace zt::model

@@ -1,0 +1,109 @@
+// Where parameter values come from: checkpoints (read per slice) and seeded random init.
+#include <functional>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "util/log.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/safetensors.hpp"
+
+namespace zt {
+namespace {
+
+class CheckpointSource final : public ParameterSource {
+ public:
+  explicit CheckpointSource(const std::string& path) : ckpt_(path) {}
+  void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
+            const at::Tensor& out) override {
+    if (!ckpt_.contains(name)) {
+      throw IoError(fmt::format("checkpoint '{}' lacks tensor '{}', which the model's config "
+                                "requires (a different model_type, size or tie_word_embeddings?)",
+                                ckpt_.path(), name));
+    }
+    const TensorInfo& info = ckpt_.info(name);
+    if (info.shape != shape) {
+      throw IoError(fmt::format("checkpoint '{}': tensor '{}' has shape [{}] but the model expects "
+                                "[{}]",
+                                ckpt_.path(), name, fmt::join(info.shape, ", "),
+                                fmt::join(shape, ", ")));
+    }
+    ckpt_.read_range(name, offset, out);
+  }
+
+ private:
+  SafetensorsCheckpoint ckpt_;
+};
+
+// transformers' _init_weights for these models: normal(0, initializer_range) for linear and
+// embedding weights, zero biases, unit RMSNorm weights. Each parameter draws from its own
+// generator seeded by (seed, name), so any rank can produce any parameter on its own and the
+// values do not depend on the order of reads.
+class RandomSource final : public ParameterSource {
+ public:
+  RandomSource(double std, uint64_t seed) : std_(std), seed_(seed) {}
+  void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
+            const at::Tensor& out) override {
+    if (name != cached_name_) {
+      int64_t numel = 1;
+      for (int64_t d : shape) numel *= d;
+      const bool norm = name.size() > 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0;
+      const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+      if (norm) {
+        cached_ = at::ones({numel});
+      } else if (bias) {
+        cached_ = at::zeros({numel});
+      } else {
+        at::Generator gen = at::detail::createCPUGenerator(seed_ ^ std::hash<std::string>{}(name));
+        cached_ = at::empty({numel}).normal_(0.0, std_, gen);
+      }
+      cached_name_ = name;
+    }
+    out.view({-1}).copy_(cached_.narrow(0, offset, out.numel()));
+  }
+
+ private:
+  double std_;
+  uint64_t seed_;
+  std::string cached_name_;
+  at::Tensor cached_;
+};
+
+}  // namespace
+
+std::shared_ptr<ParameterSource> checkpoint_source(const std::string& path) {
+  return std::make_shared<CheckpointSource>(path);
+}
+
+std::shared_ptr<ParameterSource> random_source(const ModelConfig& config, uint64_t seed) {
+  return std::make_shared<RandomSource>(config.initializer_range, seed);
+}
+
+void load_weights(torch::nn::Module& model, ParameterSource& source) {
+  at::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters(true)) {
+    at::Tensor p = item.value();
+    std::vector<int64_t> shape = p.sizes().vec();
+    if (!p.is_contiguous()) p.set_data(at::empty(shape, p.options()));  // a placeholder
+    at::Tensor staging = p.is_cpu() && p.is_contiguous() ? p : at::empty(shape, p.options().device(at::kCPU));
+    source.read(item.key(), shape, 0, staging);
+    if (!staging.is_same(p)) p.copy_(staging);
+  }
+}
+
+void check_checkpoint(const CausalLM& model, const std::string& path) {
+  SafetensorsCheckpoint ckpt(path);
+  for (const auto& item : model.named_parameters(true)) {
+    if (!ckpt.contains(item.key())) {
+      throw IoError(fmt::format("checkpoint '{}' lacks tensor '{}', which the model's config "
+                                "requires",
+                                path, item.key()));
+    }
+    if (ckpt.info(item.key()).shape != item.value().sizes().vec()) {
+      throw IoError(fmt::format("checkpoint '{}': tensor '{}' has the wrong shape", path, item.key()));
+    }
+  }
+}
+
+}  // namespace zt

@@ -1,0 +1,419 @@
+// safetensors: 8-byte little-endian header length, a JSON header, then the raw data.
+#include "zerotrain/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
+#include "util/files.hpp"
+#include "util/json.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt {
+namespace {
+
+// Headers of real checkpoints are a few hundred KiB; anything near this is not a header.
+constexpr uint64_t kMaxHeader = 100u << 20;
+
+struct DtypeEntry {
+  const char* name;
+  at::ScalarType type;
+};
+const DtypeEntry kDtypes[] = {
+    {"F32", at::kFloat}, {"F16", at::kHalf},  {"BF16", at::kBFloat16}, {"F64", at::kDouble},
+    {"I64", at::kLong},  {"I32", at::kInt},   {"I16", at::kShort},     {"I8", at::kChar},
+    {"U8", at::kByte},   {"BOOL", at::kBool},
+};
+
+}  // namespace
+
+std::string safetensors_dtype_name(at::ScalarType dtype) {
+  for (const DtypeEntry& e : kDtypes) {
+    if (e.type == dtype) return e.name;
+  }
+  throw InvalidArgument(fmt::format("safetensors: dtype {} cannot be stored", c10::toString(dtype)));
+}
+
+std::optional<at::ScalarType> safetensors_dtype(const std::string& name) {
+  for (const DtypeEntry& e : kDtypes) {
+    if (name == e.name) return e.type;
+  }
+  return std::nullopt;
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) {
+    throw IoError(fmt::format("cannot open safetensors file '{}': {}", path, std::strerror(errno)));
+  }
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    ::close(fd_);
+    throw IoError(fmt::format("cannot stat '{}': {}", path, std::strerror(errno)));
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  auto fail = [&](const std::string& what) -> IoError {
+    return IoError(fmt::format("corrupt safetensors file '{}': {}", path, what));
+  };
+  if (size_ < 8) {
+    ::close(fd_);
+    throw fail(fmt::format("{} bytes, shorter than the 8-byte header length", size_));
+  }
+  if (size_ > 0) {
+    map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+    if (map_ == MAP_FAILED) {
+      map_ = nullptr;
+      ::close(fd_);
+      throw IoError(fmt::format("cannot map '{}': {}", path, std::strerror(errno)));
+    }
+  }
+  try {
+    const auto* bytes = static_cast<const unsigned char*>(map_);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];
+    if (n > kMaxHeader || n > size_ - 8) {
+      throw fail(fmt::format("header length {} does not fit in the {} bytes of the file "
+                             "(truncated download?)",
+                             n, size_));
+    }
+    const char* header = reinterpret_cast<const char*>(bytes + 8);
+    if (n == 0 || header[0] != '{') throw fail("the header is not a JSON object");
+    rapidjson::Document doc;
+    doc.Parse(header, static_cast<size_t>(n));
+    if (doc.HasParseError() || !doc.IsObject()) throw fail("the header is not valid JSON");
+    const int64_t data_start = 8 + static_cast<int64_t>(n);
+    const int64_t data_size = static_cast<int64_t>(size_) - data_start;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    std::vector<std::string> range_names;
+    for (auto it = doc.MemberBegin(); it != doc.MemberEnd(); ++it) {
+      std::string name(it->name.GetString(), it->name.GetStringLength());
+      const rapidjson::Value& v = it->value;
+      if (name == "__metadata__") {
+        if (!v.IsObject()) throw fail("__metadata__ is not an object");
+        for (auto m = v.MemberBegin(); m != v.MemberEnd(); ++m) {
+          if (!m->value.IsString()) throw fail("__metadata__ values must be strings");
+          metadata_[m->name.GetString()] = m->value.GetString();
+        }
+        continue;
+      }
+      auto bad = [&](const std::string& what) { return fail(fmt::format("tensor '{}': {}", name, what)); };
+      if (tensors_.count(name)) throw bad("appears twice in the header");
+      if (!v.IsObject()) throw bad("entry is not an object");
+      auto dt = v.FindMember("dtype");
+      auto sh = v.FindMember("shape");
+      auto off = v.FindMember("data_offsets");
+      if (dt == v.MemberEnd() || !dt->value.IsString()) throw bad("missing dtype");
+      if (sh == v.MemberEnd() || !sh->value.IsArray()) throw bad("missing shape");
+      if (off == v.MemberEnd() || !off->value.IsArray() || off->value.Size() != 2) {
+        throw bad("missing data_offsets");
+      }
+      TensorInfo info;
+      info.dtype_name = dt->value.GetString();
+      std::optional<at::ScalarType> type = safetensors_dtype(info.dtype_name);
+      if (!type) {
+        throw bad(fmt::format("dtype '{}' is not supported (supported: F32, F16, BF16, F64, I64, "
+                              "I32, I16, I8, U8, BOOL)",
+                              info.dtype_name));
+      }
+      info.dtype = *type;
+      int64_t numel = 1;
+      for (const rapidjson::Value& d : sh->value.GetArray()) {
+        std::optional<int64_t> dim = d.IsNumber() ? json::as_integer(d) : std::nullopt;
+        if (!dim || *dim < 0 || *dim > (int64_t{1} << 40)) throw bad("invalid shape");
+        info.shape.push_back(*dim);
+        if (*dim != 0 && numel > (int64_t{1} << 50) / *dim) throw bad("shape is too large");
+        numel *= *dim;
+      }
+      info.numel = numel;
+      std::optional<int64_t> b = off->value[0].IsNumber() ? json::as_integer(off->value[0]) : std::nullopt;
+      std::optional<int64_t> e = off->value[1].IsNumber() ? json::as_integer(off->value[1]) : std::nullopt;
+      if (!b || !e || *b < 0 || *e < *b) throw bad("invalid data_offsets");
+      if (*e > data_size) {
+        throw bad(fmt::format("data ends at byte {} but the file holds only {} data bytes "
+                              "(truncated?)",
+                              *e, data_size));
+      }
+      const int64_t expected = numel * static_cast<int64_t>(c10::elementSize(info.dtype));
+      if (*e - *b != expected) {
+        throw bad(fmt::format("{} bytes of data for shape × dtype = {} bytes", *e - *b, expected));
+      }
+      info.begin = data_start + *b;
+      info.nbytes = expected;
+      ranges.emplace_back(*b, *e);
+      range_names.push_back(name);
+      tensors_.emplace(name, std::move(info));
+      order_.push_back(name);
+    }
+    std::vector<size_t> idx(ranges.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
+    for (size_t k = 1; k < idx.size(); ++k) {
+      if (ranges[idx[k]].first < ranges[idx[k - 1]].second) {
+        throw fail(fmt::format("tensors '{}' and '{}' overlap", range_names[idx[k - 1]],
+                               range_names[idx[k]]));
+      }
+    }
+  } catch (...) {
+    if (map_ != nullptr) ::munmap(map_, size_);
+    ::close(fd_);
+    map_ = nullptr;
+    fd_ = -1;
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(map_, size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::vector<std::string> SafetensorsFile::names() const { return order_; }
+
+const TensorInfo& SafetensorsFile::info(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    throw IoError(fmt::format("tensor '{}' is not in '{}'", name, path_));
+  }
+  return it->second;
+}
+
+at::Tensor SafetensorsFile::mapped(const TensorInfo& info, int64_t offset, int64_t count) const {
+  // A read-only view of the mapping; it is only ever copied from.
+  auto* base = static_cast<char*>(map_) + info.begin +
+               offset * static_cast<int64_t>(c10::elementSize(info.dtype));
+  return at::from_blob(base, {count}, at::TensorOptions().dtype(info.dtype));
+}
+
+at::Tensor SafetensorsFile::load(const std::string& name, std::optional<at::ScalarType> dtype) const {
+  const TensorInfo& i = info(name);
+  at::Tensor flat = mapped(i, 0, i.numel);
+  at::Tensor out = dtype && *dtype != i.dtype ? flat.to(*dtype) : flat.clone();
+  return out.view(i.shape);
+}
+
+void SafetensorsFile::read_range(const std::string& name, int64_t offset, const at::Tensor& out) const {
+  const TensorInfo& i = info(name);
+  const int64_t count = out.numel();
+  if (offset < 0 || offset + count > i.numel) {
+    throw InvalidArgument(fmt::format("read_range: elements [{}, {}) are outside tensor '{}' of {} "
+                                      "elements in '{}'",
+                                      offset, offset + count, name, i.numel, path_));
+  }
+  out.view({-1}).copy_(mapped(i, offset, count));
+}
+
+SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) : path_(path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) {
+    open_[path] = std::make_unique<SafetensorsFile>(path);
+    for (const std::string& n : open_[path]->names()) shard_of_[n] = path;
+    return;
+  }
+  if (!fs::is_directory(path, ec)) {
+    throw IoError(fmt::format("model weights '{}': no such file or folder", path));
+  }
+  const std::string index = (fs::path(path) / "model.safetensors.index.json").string();
+  const std::string single = (fs::path(path) / "model.safetensors").string();
+  if (fs::exists(index, ec)) {
+    rapidjson::Document doc = json::parse(files::read_text(index, "safetensors index"), index);
+    json::ObjectReader top(doc, "", index);
+    std::optional<json::ObjectReader> map = top.object("weight_map");
+    if (!map) throw IoError(fmt::format("'{}' has no weight_map", index));
+    const rapidjson::Value* wm = top.find("weight_map");
+    for (auto it = wm->MemberBegin(); it != wm->MemberEnd(); ++it) {
+      if (!it->value.IsString()) {
+        throw IoError(fmt::format("'{}': weight_map.{} is not a file name", index,
+                                  it->name.GetString()));
+      }
+      std::string file = (fs::path(path) / it->value.GetString()).string();
+      if (!fs::exists(file, ec)) {
+        throw IoError(fmt::format("'{}' lists '{}' for tensor '{}', but that file is missing",
+                                  index, it->value.GetString(), it->name.GetString()));
+      }
+      shard_of_[it->name.GetString()] = file;
+    }
+  } else if (fs::exists(single, ec)) {
+    open_[single] = std::make_unique<SafetensorsFile>(single);
+    for (const std::string& n : open_[single]->names()) shard_of_[n] = single;
+  } else {
+    throw IoError(fmt::format("'{}' holds neither model.safetensors nor "
+                              "model.safetensors.index.json (only safetensors weights are read; "
+                              "convert .bin checkpoints first)",
+                              path));
+  }
+}
+
+std::vector<std::string> SafetensorsCheckpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& kv : shard_of_) out.push_back(kv.first);
+  return out;
+}
+
+bool SafetensorsCheckpoint::contains(const std::string& name) const { return shard_of_.count(name) != 0; }
+
+const SafetensorsFile& SafetensorsCheckpoint::file_of(const std::string& name) const {
+  auto it = shard_of_.find(name);
+  if (it == shard_of_.end()) {
+    throw IoError(fmt::format("checkpoint '{}' has no tensor '{}'", path_, name));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& slot = open_[it->second];
+  if (!slot) slot = std::make_unique<SafetensorsFile>(it->second);
+  if (!slot->contains(name)) {
+    throw IoError(fmt::format("'{}' should hold tensor '{}' (per the index) but does not",
+                              it->second, name));
+  }
+  return *slot;
+}
+
+namespace {
+
+std::string header_json(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  rapidjson::StringBuffer buffer;
+  rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
+  w.StartObject();
+  if (!metadata.empty()) {
+    w.Key("__metadata__");
+    w.StartObject();
+    for (const auto& kv : metadata) {
+      w.Key(kv.first.c_str());
+      w.String(kv.second.c_str());
+    }
+    w.EndObject();
+  }
+  int64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    w.Key(name.c_str());
+    w.StartObject();
+    w.Key("dtype");
+    w.String(safetensors_dtype_name(t.scalar_type()).c_str());
+    w.Key("shape");
+    w.StartArray();
+    for (int64_t d : t.sizes()) w.Int64(d);
+    w.EndArray();
+    int64_t nbytes = t.numel() * static_cast<int64_t>(t.element_size());
+    w.Key("data_offsets");
+    w.StartArray();
+    w.Int64(offset);
+    w.Int64(offset + nbytes);
+    w.EndArray();
+    w.EndObject();
+    offset += nbytes;
+  }
+  w.EndObject();
+  std::string h = buffer.GetString();
+  h.append((8 - h.size() % 8) % 8, ' ');  // data starts 8-byte aligned, as HF writes it
+  return h;
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t k = ::write(fd, p, n);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      throw IoError(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  const std::string header = header_json(tensors, metadata);
+  const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw IoError(fmt::format("cannot create '{}': {}", tmp, std::strerror(errno)));
+  try {
+    unsigned char len[8];
+    uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+    write_all(fd, len, 8, tmp);
+    write_all(fd, header.data(), header.size(), tmp);
+    for (const auto& [name, t] : tensors) {
+      at::Tensor c = t.detach().to(at::kCPU).contiguous();
+      write_all(fd, c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size(), tmp);
+    }
+    if (::fsync(fd) != 0) throw IoError(fmt::format("cannot flush '{}': {}", tmp, std::strerror(errno)));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw IoError(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(err)));
+  }
+}
+
+std::vector<std::string> save_sharded_safetensors(
+    const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+    int64_t max_shard_bytes, const std::string& prefix) {
+  namespace fs = std::filesystem;
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> shards(1);
+  int64_t filled = 0, total = 0;
+  for (const auto& item : tensors) {
+    int64_t bytes = item.second.numel() * static_cast<int64_t>(item.second.element_size());
+    if (!shards.back().empty() && filled + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      filled = 0;
+    }
+    shards.back().push_back(item);
+    filled += bytes;
+    total += bytes;
+  }
+  std::vector<std::string> written;
+  if (shards.size() == 1) {
+    std::string file = (fs::path(dir) / (prefix + ".safetensors")).string();
+    save_safetensors(file, tensors);
+    written.push_back(file);
+    return written;
+  }
+  rapidjson::StringBuffer buffer;
+  rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
+  w.StartObject();
+  w.Key("metadata");
+  w.StartObject();
+  w.Key("total_size");
+  w.Int64(total);
+  w.EndObject();
+  w.Key("weight_map");
+  w.StartObject();
+  for (size_t k = 0; k < shards.size(); ++k) {
+    std::string name = fmt::format("{}-{:05d}-of-{:05d}.safetensors", prefix, k + 1, shards.size());
+    std::string file = (fs::path(dir) / name).string();
+    save_safetensors(file, shards[k]);
+    written.push_back(file);
+    for (const auto& item : shards[k]) {
+      w.Key(item.first.c_str());
+      w.String(name.c_str());
+    }
+  }
+  w.EndObject();
+  w.EndObject();
+  std::string index = (fs::path(dir) / (prefix + ".safetensors.index.json")).string();
+  files::write_atomic(index, buffer.GetString());
+  written.push_back(index);
+  return written;
+}
+
+}  // namespace zt

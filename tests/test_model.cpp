@@ -1,0 +1,222 @@
+// Decoder models against transformers 5.17: configs in both spellings, logits, hidden states,
+// loss and gradients on the fixtures tests/tools/make_fixtures.py wrote; loading errors;
+// random init; generation with a KV cache.
+//
+// Tolerance: fp32 on CPU, 2e-5 absolute on logits and hidden states (values of order 1; the two
+// implementations differ only in summation order), 1e-5 relative on the loss, 1e-4 relative on
+// gradient norms and 1e-5 absolute on gradient elements.
+#include "support/catch.hpp"
+
+#include <filesystem>
+#include <fstream>
+
+#include "support/ranks.hpp"
+#include "util/files.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/safetensors.hpp"
+
+using namespace zt;
+using Catch::Contains;
+
+namespace {
+
+std::string fixture(const std::string& rel) { return std::string(ZT_FIXTURES) + "/" + rel; }
+
+std::shared_ptr<CausalLM> load_fixture_model(const std::string& name,
+                                             const std::string& config_file = "config.json") {
+  ModelConfig c = load_model_config(fixture("models/" + name + "/" + config_file));
+  auto model = std::make_shared<CausalLM>(c, at::TensorOptions().dtype(at::kFloat), /*allocate=*/false);
+  load_weights(*model, *checkpoint_source(fixture("models/" + name)));
+  return model;
+}
+
+double max_abs(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>();
+}
+
+}  // namespace
+
+TEST_CASE("HF config.json in the 5.x and 4.x spellings parse to the same config", "[model][config]") {
+  for (const char* name : {"llama", "llama_rope_llama3", "llama_rope_linear", "qwen2", "mistral"}) {
+    INFO(name);
+    ModelConfig a = load_model_config(fixture(std::string("models/") + name));
+    ModelConfig b = load_model_config(fixture(std::string("models/") + name + "/config_v4.json"));
+    CHECK(a.model_type == b.model_type);
+    CHECK(a.rope_theta == b.rope_theta);
+    CHECK(a.rope_scaling.type == b.rope_scaling.type);
+    CHECK(a.rope_scaling.factor == b.rope_scaling.factor);
+    CHECK(a.rope_scaling.original_max_position_embeddings == b.rope_scaling.original_max_position_embeddings);
+    CHECK(a.dtype == b.dtype);
+    CHECK(a.num_key_value_heads == 2);
+    CHECK(a.head_dim == 16);
+    CHECK(a.tie_word_embeddings == b.tie_word_embeddings);
+    // Written back in 5.x spelling, it reads the same again.
+    ModelConfig c = parse_model_config(model_config_json(a));
+    CHECK(c.model_type == a.model_type);
+    CHECK(c.rope_scaling.type == a.rope_scaling.type);
+    CHECK(c.rope_scaling.low_freq_factor == a.rope_scaling.low_freq_factor);
+    CHECK(c.qkv_bias == a.qkv_bias);
+    CHECK(c.parameter_count() == a.parameter_count());
+  }
+  ModelConfig q = load_model_config(fixture("models/qwen2"));
+  CHECK(q.qkv_bias);
+  CHECK_FALSE(q.o_proj_bias);
+  CHECK(q.tie_word_embeddings);
+  CHECK(q.rope_theta == 1000000.0);
+  CHECK(load_model_config(fixture("models/llama_rope_llama3")).rope_scaling.type == "llama3");
+}
+
+TEST_CASE("unsupported or inconsistent model configs are errors naming the key", "[model][config][errors]") {
+  auto err = [](const std::string& json) {
+    try {
+      parse_model_config(json, "config.json");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const std::string base = R"("vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 1, "num_attention_heads": 2)";
+  CHECK_THAT(err(R"({"model_type": "gpt2", )" + base + "}"),
+             Contains("model_type") && Contains("gpt2") && Contains("llama, qwen2, mistral"));
+  CHECK_THAT(err(R"({"model_type": "llama"})"), Contains("vocab_size"));
+  CHECK_THAT(err(R"({"model_type": "llama", "rope_scaling": {"type": "yarn", "factor": 4}, )" + base + "}"),
+             Contains("yarn") && Contains("default, linear, llama3"));
+  CHECK_THAT(err(R"({"model_type": "llama", "num_key_value_heads": 3, )" + base + "}"),
+             Contains("num_key_value_heads"));
+  CHECK_THAT(err(R"({"model_type": "llama", "hidden_act": "gelu", )" + base + "}"),
+             Contains("hidden_act") && Contains("gelu"));
+  CHECK_THAT(err(R"({"model_type": "qwen2", "use_sliding_window": true, )" + base + "}"),
+             Contains("use_sliding_window"));
+  CHECK_THAT(err(R"({"model_type": "llama", "torch_dtype": "int8", )" + base + "}"), Contains("torch_dtype"));
+  CHECK_THAT(err(R"({"model_type": "llama", "rope_scaling": {"rope_type": "linear"}, )" + base + "}"),
+             Contains("factor"));
+  CHECK_THROWS_AS(load_model_config("/nonexistent"), IoError);
+}
+
+TEST_CASE("logits, hidden states, loss and gradients match transformers", "[model][parity]") {
+  for (const char* name : {"llama", "llama_rope_llama3", "llama_rope_linear", "qwen2", "mistral"}) {
+    INFO("model " << name);
+    auto model = load_fixture_model(name);
+    SafetensorsFile expected(fixture(std::string("models/") + name + "/expected.safetensors"));
+    at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");
+    at::Tensor labels = expected.load("labels");
+    at::Tensor real = mask.to(at::kBool);  // padded positions are not compared
+    at::Tensor logits = model->logits(ids, mask);
+    at::Tensor want = expected.load("logits");
+    CHECK(max_abs(logits.index({real}), want.index({real})) < 2e-5);
+    std::vector<at::Tensor> states = model->hidden_states(ids, mask);
+    for (size_t i = 0; i + 1 < states.size(); ++i) {  // HF's last entry is after the final norm
+      INFO("hidden state " << i);
+      CHECK(max_abs(states[i].index({real}), expected.load("hidden_states." + std::to_string(i)).index({real})) < 2e-5);
+    }
+    // HF's loss is the mean over its tokens; ours is the sum and the count, here in odd chunks.
+    LossSum loss = model->loss(ids, labels, mask, /*chunk_tokens=*/7);
+    const double hf_loss = expected.load("loss").item<double>();
+    CHECK(loss.sum.item<double>() / loss.tokens == Approx(hf_loss).epsilon(1e-5));
+    (loss.sum / static_cast<double>(loss.tokens)).backward();
+    int compared = 0;
+    for (const auto& p : model->named_parameters()) {
+      std::string key = "grad." + p.key();
+      if (!expected.contains(key)) continue;
+      INFO("gradient of " << p.key());
+      at::Tensor g = expected.load(key);
+      CHECK(max_abs(p.value().grad(), g) < 1e-5);
+      CHECK(p.value().grad().norm().item<double>() == Approx(g.norm().item<double>()).epsilon(1e-4));
+      ++compared;
+    }
+    CHECK(compared >= 4);
+  }
+}
+
+TEST_CASE("the same model loads from a sharded folder and from the 4.x config", "[model][parity]") {
+  auto a = load_fixture_model("qwen2");
+  ModelConfig c = load_model_config(fixture("models/qwen2/config_v4.json"));
+  auto b = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
+  load_weights(*b, *checkpoint_source(fixture("models/qwen2_sharded")));
+  at::Tensor ids = at::randint(0, c.vocab_size, {1, 9}, at::kLong);
+  CHECK(at::equal(a->logits(ids), b->logits(ids)));
+}
+
+TEST_CASE("a checkpoint missing a tensor or with a wrong shape names the tensor", "[model][errors]") {
+  std::string dir = test::temp_dir("ckpt");
+  SafetensorsFile src(fixture("models/llama/model.safetensors"));
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const std::string& n : src.names()) {
+    if (n != "model.layers.1.self_attn.k_proj.weight") tensors.emplace_back(n, src.load(n));
+  }
+  save_safetensors(dir + "/model.safetensors", tensors);
+  ModelConfig c = load_model_config(fixture("models/llama"));
+  CausalLM model(c, at::TensorOptions(), false);
+  CHECK_THROWS_WITH(load_weights(model, *checkpoint_source(dir)),
+                    Contains("model.layers.1.self_attn.k_proj.weight") && Contains(dir));
+  CHECK_THROWS_WITH(check_checkpoint(model, dir), Contains("model.layers.1.self_attn.k_proj.weight"));
+  tensors.emplace_back("model.layers.1.self_attn.k_proj.weight", at::zeros({5, 5}));
+  save_safetensors(dir + "/model.safetensors", tensors);
+  CHECK_THROWS_WITH(load_weights(model, *checkpoint_source(dir)), Contains("shape") && Contains("[5, 5]"));
+}
+
+TEST_CASE("random initialization is seeded and follows transformers' rule", "[model]") {
+  ModelConfig c = load_model_config(fixture("models/qwen2"));
+  CausalLM a(c, at::TensorOptions()), b(c, at::TensorOptions()), d(c, at::TensorOptions());
+  a.initialize_random(5);
+  b.initialize_random(5);
+  d.initialize_random(6);
+  auto pa = a.named_parameters(), pb = b.named_parameters(), pd = d.named_parameters();
+  for (const auto& p : pa) {
+    INFO(p.key());
+    CHECK(at::equal(p.value(), pb[p.key()]));
+    if (p.key().find("norm.weight") != std::string::npos) {
+      CHECK(at::equal(p.value(), at::ones_like(p.value())));
+    } else if (p.key().find(".bias") != std::string::npos) {
+      CHECK(at::equal(p.value(), at::zeros_like(p.value())));
+    } else {
+      CHECK_FALSE(at::equal(p.value(), pd[p.key()]));
+      CHECK(p.value().std().item<double>() == Approx(0.02).epsilon(0.1));
+    }
+  }
+  CHECK(c.parameter_count() == [&] {
+    int64_t n = 0;
+    for (const auto& p : pa) n += p.value().numel();
+    return n;
+  }());
+}
+
+TEST_CASE("greedy generation with the KV cache equals step-by-step full forwards", "[model][generate]") {
+  for (const char* name : {"llama", "qwen2", "mistral"}) {
+    INFO(name);
+    auto model = load_fixture_model(name);
+    at::NoGradGuard no_grad;
+    at::Tensor prompt = at::randint(3, 128, {2, 5}, at::kLong);
+    GenerationOptions o;
+    o.max_new_tokens = 6;
+    at::Tensor fast = model->generate(prompt, o);
+    at::Tensor seq = prompt;
+    for (int i = 0; i < 6; ++i) {
+      at::Tensor next = model->logits(seq).select(1, seq.size(1) - 1).argmax(-1, true);
+      seq = at::cat({seq, next}, 1);
+    }
+    CHECK(at::equal(fast, seq.narrow(1, 5, 6)));
+    // Sampling restricted to the top token is greedy; sampling is reproducible by seed.
+    o.do_sample = true;
+    o.top_k = 1;
+    CHECK(at::equal(model->generate(prompt, o), fast));
+    o.top_k = 0;
+    o.top_p = 0.9;
+    o.temperature = 0.8;
+    o.seed = 3;
+    CHECK(at::equal(model->generate(prompt, o), model->generate(prompt, o)));
+  }
+}
+
+TEST_CASE("generation stops when every sequence produced an end token", "[model][generate]") {
+  auto model = load_fixture_model("llama");
+  at::Tensor prompt = at::randint(3, 128, {1, 4}, at::kLong);
+  GenerationOptions o;
+  o.max_new_tokens = 8;
+  at::Tensor first = model->generate(prompt, o);
+  o.eos_token_ids = {first[0][2].item<int64_t>()};
+  at::Tensor stopped = model->generate(prompt, o);
+  CHECK(stopped.size(1) <= 3);
+}
