@@ -114,6 +114,10 @@ struct Fp16Config {
 
 struct Bf16Config {
   Auto<bool> enabled{false};
+  /// DeepSpeed's low-precision options: master weights and gradients in bf16 (no fp32 copy),
+  /// and Adam moments in bf16 — "pure bf16" training at 8 bytes per parameter.
+  bool master_weights_and_grads = false;
+  bool optimizer_states = false;
 };
 
 enum class OptimizerType { kAdamW, kAdam, kSgd };

@@ -145,8 +145,9 @@ Bf16Config parse_bf16(ObjectReader& top, std::vector<std::string>& warnings) {
   std::optional<ObjectReader> r = top.object(key);
   if (!r) return b;
   config::read_auto_bool(*r, "enabled", b.enabled);
-  r->known({"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
-            "bf16_optimizer_states"});
+  if (auto v = r->boolean("bf16_master_weights_and_grads")) b.master_weights_and_grads = *v;
+  if (auto v = r->boolean("bf16_optimizer_states")) b.optimizer_states = *v;
+  r->known({"immediate_grad_update", "check_grad_overflow"});
   collect_unknown(*r, warnings);
   return b;
 }

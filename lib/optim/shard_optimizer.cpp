@@ -9,15 +9,16 @@
 namespace zt {
 
 ShardOptimizer::ShardOptimizer(OptimizerType type, at::Tensor master, std::vector<Segment> segments,
-                               double momentum)
+                               double momentum, at::ScalarType state_dtype)
     : type_(type), master_(std::move(master)), segments_(std::move(segments)) {
-  TORCH_CHECK(master_.scalar_type() == at::kFloat && master_.is_contiguous() && master_.dim() == 1,
-              "ShardOptimizer: the master shard must be a flat contiguous fp32 tensor");
+  TORCH_CHECK(at::isFloatingType(master_.scalar_type()) && master_.is_contiguous() && master_.dim() == 1,
+              "ShardOptimizer: the master shard must be a flat contiguous floating tensor");
+  const auto options = master_.options().dtype(state_dtype);
   if (type_ == OptimizerType::kSgd) {
-    if (momentum != 0.0) state0_ = at::zeros_like(master_);  // the momentum buffer
+    if (momentum != 0.0) state0_ = at::zeros(master_.sizes(), options);  // the momentum buffer
   } else {
-    state0_ = at::zeros_like(master_);
-    state1_ = at::zeros_like(master_);
+    state0_ = at::zeros(master_.sizes(), options);
+    state1_ = at::zeros(master_.sizes(), options);
   }
 }
 
@@ -27,23 +28,25 @@ void ShardOptimizer::set_state(int64_t steps, const at::Tensor& s0, const at::Te
   if (s1.defined() && state1_.defined()) state1_.copy_(s1);
 }
 
-int64_t ShardOptimizer::state_bytes() const {
-  int64_t bytes = master_.numel() * 4;
-  if (state0_.defined()) bytes += state0_.numel() * 4;
-  if (state1_.defined()) bytes += state1_.numel() * 4;
+int64_t ShardOptimizer::state_bytes(bool with_master) const {
+  int64_t bytes = with_master ? static_cast<int64_t>(master_.nbytes()) : 0;
+  if (state0_.defined()) bytes += static_cast<int64_t>(state0_.nbytes());
+  if (state1_.defined()) bytes += static_cast<int64_t>(state1_.nbytes());
   return bytes;
 }
 
 void ShardOptimizer::update(const at::Tensor& grad, const UpdateHyper& hyper,
                             const std::vector<Segment>& segments) {
-  TORCH_CHECK(grad.sizes() == master_.sizes() && grad.scalar_type() == at::kFloat,
-              "ShardOptimizer::update: gradient shape/dtype mismatch");
+  TORCH_CHECK(grad.sizes() == master_.sizes(), "ShardOptimizer::update: gradient shape mismatch");
+  const at::Tensor g = grad.device() == master_.device() ? grad : grad.to(master_.device());
+  const bool all_fp32 = master_.scalar_type() == at::kFloat && g.scalar_type() == at::kFloat &&
+                        state0_.scalar_type() == at::kFloat;
   if (type_ == OptimizerType::kSgd) {
-    step_sgd(grad.device() == master_.device() ? grad : grad.to(master_.device()), hyper, segments);
-  } else if (master_.is_cpu()) {
-    step_cpu(grad.is_cpu() ? grad.contiguous() : grad.to(at::kCPU), hyper, segments);
+    step_sgd(g, hyper, segments);
+  } else if (master_.is_cpu() && all_fp32) {
+    step_cpu(g.contiguous(), hyper, segments);
   } else {
-    step_device(grad, hyper, segments);
+    step_generic(g, hyper, segments);
   }
 }
 
@@ -87,9 +90,11 @@ void ShardOptimizer::step_cpu(const at::Tensor& grad, const UpdateHyper& h,
                              state0_.data_ptr<float>(), state1_.data_ptr<float>(), segs, a);
 }
 
-void ShardOptimizer::step_device(const at::Tensor& grad, const UpdateHyper& h,
-                                 const std::vector<Segment>& segs) {
-  if (type_ == OptimizerType::kAdamW && h.bias_correction && master_.is_cuda() &&
+void ShardOptimizer::step_generic(const at::Tensor& grad, const UpdateHyper& h,
+                                  const std::vector<Segment>& segs) {
+  const bool same_dtypes = grad.scalar_type() == master_.scalar_type() &&
+                           state0_.scalar_type() == master_.scalar_type();
+  if (type_ == OptimizerType::kAdamW && h.bias_correction && master_.is_cuda() && same_dtypes &&
       compat::has_fused_adamw(master_.device())) {
     // One fused launch per weight-decay group over views of the segments.
     for (bool decay : {true, false}) {

@@ -26,17 +26,19 @@ struct UpdateHyper {
   double grad_scale = 1.0;
 };
 
-/// Owns the optimizer state of a flat fp32 master shard and updates it in place.
+/// Owns the optimizer state of a flat master shard and updates it in place.
 ///
 /// The CPU path is a vectorized loop (GCC function multi-versioning: AVX-512 / AVX2 / baseline
 /// chosen at load time, no -march baked in) run on all intra-op threads; CUDA uses LibTorch's
-/// fused multi-tensor AdamW where it exists (2.x), else ATen ops. State tensors live on the
-/// master's device (pinned host memory when offloaded).
+/// fused multi-tensor AdamW where it exists (2.x) and the dtypes agree, else ATen ops (also
+/// the path for bf16 masters on CPU). State tensors live on the master's device (pinned host
+/// memory when offloaded).
 class ShardOptimizer {
  public:
-  /// `momentum` matters for SGD only (no buffer without it).
+  /// `momentum` matters for SGD only (no buffer without it). The master may be fp32 or bf16
+  /// (DeepSpeed's bf16_master_weights_and_grads); the moments are kept in `state_dtype`.
   ShardOptimizer(OptimizerType type, at::Tensor master, std::vector<Segment> segments,
-                 double momentum = 0.0);
+                 double momentum = 0.0, at::ScalarType state_dtype = at::kFloat);
 
   /// One update with `grad` (same shape as the master) times hyper.grad_scale.
   void step(const at::Tensor& grad, const UpdateHyper& hyper) {
@@ -56,12 +58,13 @@ class ShardOptimizer {
   const at::Tensor& state0() const { return state0_; }
   const at::Tensor& state1() const { return state1_; }
   void set_state(int64_t steps, const at::Tensor& s0, const at::Tensor& s1);
-  int64_t state_bytes() const;
+  /// Bytes of optimizer state; the master's own bytes only with `with_master`.
+  int64_t state_bytes(bool with_master = true) const;
 
  private:
   void step_sgd(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs);
   void step_cpu(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs);
-  void step_device(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs);
+  void step_generic(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs);
 
   OptimizerType type_;
   at::Tensor master_, state0_, state1_;

@@ -117,6 +117,12 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
               "still runs");
   }
   if (fp16) I.scaler = LossScaler(ds.fp16.scaler());
+  if ((ds.bf16.master_weights_and_grads || ds.bf16.optimizer_states) && !bf16) {
+    throw ConfigError(fmt::format("{}: bf16.bf16_master_weights_and_grads / bf16_optimizer_states "
+                                  "need bf16.enabled",
+                                  ds.source));
+  }
+  if (ds.bf16.master_weights_and_grads) I.master_dtype = at::kBFloat16;
   I.wire = wire_dtype(ds.communication_data_type, I.compute);
   I.overlap = I.stage == 0 || ds.zero.overlap();
   I.use_reduce_scatter = ds.zero.reduce_scatter;
@@ -125,6 +131,11 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   I.post_scale = ds.prescale_gradients ? 1.0 : f / w;
   I.offload_optimizer = I.stage >= 1 && ds.zero.offload_optimizer.enabled();
   I.offload_param = I.stage == 3 && ds.zero.offload_param.enabled();
+  if (I.offload_optimizer && I.master_dtype != at::kFloat) {
+    throw ConfigError(fmt::format("{}: bf16_master_weights_and_grads cannot be combined with "
+                                  "offload_optimizer (the CPU optimizer keeps fp32 masters)",
+                                  ds.source));
+  }
   I.checkpointing = I.options.activation_checkpointing || I.stage == 3;
   I.prefetch_elements = ds.zero.stage3_prefetch_bucket_size.value();
   I.max_live_elements = ds.zero.stage3_max_live_parameters;
@@ -190,8 +201,11 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   const auto host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU).pinned_memory(
       I.device.is_cuda());
   const auto dev32 = at::TensorOptions().dtype(at::kFloat).device(I.device);
-  I.master = at::zeros({L.state_numel}, I.offload_optimizer ? host : dev32);
-  I.grad_acc = at::zeros({L.state_numel}, dev32);
+  I.master = at::zeros({L.state_numel}, (I.offload_optimizer ? host : dev32).dtype(I.master_dtype));
+  I.grad_acc = at::zeros({L.state_numel}, dev32.dtype(I.master_dtype));
+  // bf16 masters on a rank that keeps whole buckets are the parameters themselves.
+  I.master_aliases_params = I.master_dtype == I.compute && !I.offload_optimizer &&
+                            (L.replicated || I.world == 1);
   if (I.offload_optimizer) I.grad_host = at::empty({L.state_numel}, host);
   I.buckets.resize(L.buckets.size());
   at::NoGradGuard no_grad;
@@ -236,7 +250,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
                                 I.device.is_cuda()))
                           : slice.to(I.compute).clone();
     } else {
-      s.flat_param = full.to(I.compute);
+      s.flat_param = b.trainable && I.master_aliases_params
+                         ? I.master.narrow(0, b.shard.offset, b.numel)
+                         : full.to(I.compute);
       if (b.trainable && I.stage <= 1) s.flat_grad = at::zeros({b.numel}, s.flat_param.options());
     }
   }
@@ -256,8 +272,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
       }
     }
   }
-  I.optimizer = std::make_unique<ShardOptimizer>(ds.optimizer.type, I.master, L.segments,
-                                                 ds.optimizer.momentum);
+  I.optimizer = std::make_unique<ShardOptimizer>(
+      ds.optimizer.type, I.master, L.segments, ds.optimizer.momentum,
+      bf16 && ds.bf16.optimizer_states ? at::kBFloat16 : at::kFloat);
   I.bucket_segments.resize(L.buckets.size());
   for (const zero::Bucket& b : L.buckets) {
     if (!b.trainable) continue;
@@ -328,8 +345,10 @@ bool Engine::step() {
 
   // One all-reduce carries the squared norm of this rank's slices and the count of non-finite
   // losses. Replicated buckets (stage 0) hold the same values on every rank: rank 0 speaks.
-  at::Tensor local_sq = I.grad_acc.numel() > 0 ? I.grad_acc.norm().pow(2).reshape({1})
-                                               : at::zeros({1}, I.grad_acc.options());
+  at::Tensor local_sq =
+      I.grad_acc.numel() > 0
+          ? at::linalg_vector_norm(I.grad_acc, 2, c10::nullopt, false, at::kFloat).pow(2).reshape({1})
+          : at::zeros({1}, I.grad_acc.options().dtype(at::kFloat));
   if (I.layout.replicated && I.rank != 0) local_sq.zero_();
   at::Tensor stats = at::cat({local_sq, I.nonfinite_losses.reshape({1})});
   I.comm->all_reduce(stats, ReduceOp::kSum)->wait();
@@ -440,7 +459,7 @@ void Engine::Impl::publish(const zero::Bucket& b, const at::Tensor& mine) {
   if (b.sharded_params) {
     s.param_shard.copy_(mine);
   } else if (layout.replicated || world == 1) {
-    s.flat_param.copy_(mine);
+    if (!s.flat_param.is_same(mine) && s.flat_param.data_ptr() != mine.data_ptr()) s.flat_param.copy_(mine);
   } else {
     // All-gathers in flight are bounded by allgather_bucket_size elements.
     at::Tensor piece = mine.to(at::TensorOptions().dtype(compute).device(device));
@@ -487,7 +506,7 @@ EngineMemory Engine::memory() const {
     if (s.flat_grad.defined()) m.gradients += s.flat_grad.nbytes();
   }
   m.gradients += I.grad_acc.nbytes();
-  m.optimizer_state = I.optimizer->state_bytes();
+  m.optimizer_state = I.optimizer->state_bytes(/*with_master=*/!I.master_aliases_params);
   m.gathered_now = I.gathered_now;
   m.gathered_peak = I.gathered_peak;
   return m;
@@ -501,7 +520,7 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gather_full_parameters()
   for (const zero::Bucket& b : L.buckets) {
     at::Tensor full;
     if (b.trainable) {
-      at::Tensor mine = I.master.narrow(0, b.shard.offset, b.shard_numel).to(I.device);
+      at::Tensor mine = I.master.narrow(0, b.shard.offset, b.shard_numel).to(I.device, at::kFloat);
       if (L.replicated) {
         full = mine;
       } else {

@@ -34,6 +34,9 @@ struct Engine::Impl {
   double pre_scale = 1.0, post_scale = 1.0;  ///< around each gradient reduction (product 1/world)
   bool offload_optimizer = false, offload_param = false;
   bool checkpointing = false;              ///< recompute units in backward
+  at::ScalarType master_dtype = at::kFloat;  ///< fp32, or bf16 with bf16_master_weights_and_grads
+  /// The master slice IS the compute copy (bf16 masters where a rank keeps whole buckets).
+  bool master_aliases_params = false;
   int64_t prefetch_elements = 0, max_live_elements = 0;
   zero::Layout layout;
 

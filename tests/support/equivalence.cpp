@@ -57,15 +57,19 @@ std::string ds_json(const Case& c) {
   std::string offload = c.offload ? R"(, "offload_optimizer": {"device": "cpu"})" : "";
   // Real fp16 (GPU) starts from 2^8: DeepSpeed's 2^32 default would skip the first steps.
   std::string fp16 = c.device == "cuda" ? R"(, "initial_scale_power": 8)" : "";
+  // "bf16_pure": DeepSpeed's bf16 master weights, gradients and optimizer states.
+  std::string bf16 = c.dtype == "bf16_pure"
+                         ? R"(, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true)"
+                         : "";
   if (c.offload && c.stage == 3) offload += R"(, "offload_param": {"device": "cpu"})";
   return fmt::format(R"({{
     "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
     "train_batch_size": "auto", "gradient_clipping": "auto",
-    "fp16": {{"enabled": "auto"{}}}, "bf16": {{"enabled": "auto"}},
+    "fp16": {{"enabled": "auto"{}}}, "bf16": {{"enabled": "auto"{}}},
     "zero_optimization": {{"stage": {}, "reduce_bucket_size": {}, "allgather_bucket_size": {},
        "overlap_comm": true, "stage3_param_persistence_threshold": 20,
        "stage3_prefetch_bucket_size": 1000 {}}}}})",
-                     fp16, c.stage, c.bucket, c.bucket, offload);
+                     fp16, bf16, c.stage, c.bucket, c.bucket, offload);
 }
 
 TrainingArguments args_for(const Case& c) {
@@ -75,7 +79,7 @@ TrainingArguments args_for(const Case& c) {
       "max_grad_norm": {}, "lr_scheduler_type": "constant", "fp16": {}, "bf16": {},
       "optim": "{}", "max_steps": {}}})",
                                      c.micro, c.accum, kLr, kWd, kClip, c.dtype == "fp16",
-                                     c.dtype == "bf16", c.opt == "sgd" ? "sgd" : "adamw_torch",
+                                     c.dtype.rfind("bf16", 0) == 0, c.opt == "sgd" ? "sgd" : "adamw_torch",
                                      c.steps));
   return a;
 }
@@ -138,7 +142,7 @@ bool compare(const Case& c, const std::vector<double>& norms,
              const std::vector<std::pair<std::string, at::Tensor>>& params) {
   Reference ref = reference_run(c);
   auto init = test::make_model(c.model, kSeed)->named_parameters();
-  const bool bf16 = c.dtype == "bf16" || (c.dtype == "fp16" && c.device == "cuda");
+  const bool bf16 = c.dtype.rfind("bf16", 0) == 0 || (c.dtype == "fp16" && c.device == "cuda");
   bool ok = true;
   for (size_t s = 0; s < norms.size(); ++s) {
     double rel = std::fabs(norms[s] - ref.norms[s]) / std::max(1e-12, ref.norms[s]);

@@ -1,0 +1,96 @@
+// Training-step throughput and peak GPU memory of zerotrain's decoder on a real model shape,
+// printed as `RESULT {json}` to set beside shared/bench/hf_baseline.py in the same run.
+//
+//   zt_bench_model SHAPE MODE SEQ MICRO_BATCH CKPT [STEPS]
+//
+// MODE full: pure bf16 (DeepSpeed's bf16_master_weights_and_grads + bf16_optimizer_states,
+// i.e. bf16 weights, gradients and Adam moments, as the peer's "full" row), ZeRO-2 at one rank;
+// full_amp: bf16 compute with fp32 masters and moments. Weights are random (seeded) and never
+// built whole on the host: the engine reads them bucket by bucket from a random source.
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "shapes.hpp"
+#include "util/device_stats.hpp"
+#include "zerotrain/comm.hpp"
+#include "zerotrain/config.hpp"
+#include "zerotrain/engine.hpp"
+#include "zerotrain/model.hpp"
+
+using namespace zt;
+
+int main(int argc, char** argv) {
+  if (argc < 6) {
+    std::fprintf(stderr, "usage: zt_bench_model SHAPE MODE SEQ MICRO_BATCH CKPT [STEPS]\n");
+    return 2;
+  }
+  const std::string shape = argv[1], mode = argv[2];
+  const int64_t seq = std::atol(argv[3]), mbs = std::atol(argv[4]);
+  const bool ckpt = std::atoi(argv[5]) != 0;
+  const int steps = argc > 6 ? std::atoi(argv[6]) : 8;
+  const at::Device device = at::getNumGPUs() > 0 ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  try {
+    ModelConfig c = bench::shape_config(shape);
+    auto model = std::make_shared<CausalLM>(c, at::TensorOptions().dtype(at::kBFloat16).device(device),
+                                            /*allocate=*/false);
+    const bool pure = mode == "full";
+    DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
+        R"({{"bf16": {{"enabled": true{}}}, "gradient_clipping": 1.0,
+            "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-5}}}},
+            "zero_optimization": {{"stage": 2, "reduce_bucket_size": "auto"}}}})",
+        pure ? R"(, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true)" : ""));
+    TrainingArguments args;
+    args.per_device_train_batch_size = mbs;
+    args.lr_scheduler_type = "constant";
+    resolve_config(ds, args, ResolveContext{1, c.hidden_size, steps + 3});
+    CommOptions co;
+    co.device = device;
+    std::shared_ptr<Communicator> comm = create_communicator(LaunchEnv{}, co);
+    EngineOptions eo;
+    eo.device = device;
+    eo.units = model->units();
+    eo.gate = &model->gate();
+    eo.activation_checkpointing = ckpt;
+    eo.total_train_steps = steps + 3;
+    eo.source = random_source(c, 0);
+    auto t_init = std::chrono::steady_clock::now();
+    Engine engine(model, ds, args, comm, eo);
+    const double init_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count();
+
+    at::manual_seed(0);
+    at::Tensor ids = at::randint(0, c.vocab_size, {mbs, seq}, at::kLong);
+    double total = 0, loss_value = 0;
+    for (int s = 0; s < steps + 3; ++s) {
+      if (s == 3) device_stats::reset_peak(0);
+      if (device.is_cuda()) torch::cuda::synchronize();
+      auto t0 = std::chrono::steady_clock::now();
+      LossSum loss = model->loss(ids, ids);  // labels = inputs, as the peer does
+      engine.backward(loss.sum, static_cast<double>(loss.tokens));
+      engine.step();
+      if (device.is_cuda()) torch::cuda::synchronize();
+      if (s >= 3) total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      loss_value = loss.sum.item<double>() / static_cast<double>(loss.tokens);
+    }
+    const double step_s = total / steps;
+    const double tokens_per_s = static_cast<double>(mbs * seq) / step_s;
+    const double n = static_cast<double>(c.parameter_count());
+    const double flops_token = 6 * n + 12.0 * c.num_hidden_layers * c.hidden_size * seq;
+    std::printf("RESULT %s\n",
+                fmt::format(R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}}})J",
+                            shape, mode, seq, mbs, ckpt ? 1 : 0, c.parameter_count(), step_s,
+                            tokens_per_s, tokens_per_s * flops_token / 1e12,
+                            device_stats::peak_allocated(0) / 1073741824.0, init_s, loss_value)
+                    .c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::printf("RESULT %s\n", fmt::format(R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "error": "{}"}})J",
+                                           shape, mode, std::string(e.what()).substr(0, 300)).c_str());
+    return 1;
+  }
+}

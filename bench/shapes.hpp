@@ -1,0 +1,44 @@
+// Model shapes of the peer baseline (shared/bench/hf_baseline.py), as inline HF configs.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "zerotrain/model.hpp"
+
+namespace zt::bench {
+
+inline ModelConfig shape_config(const std::string& shape) {
+  std::string json;
+  if (shape == "qwen2.5-7b") {
+    json = R"({"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+      "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+      "vocab_size": 152064, "tie_word_embeddings": false, "rope_theta": 1000000.0,
+      "max_position_embeddings": 32768, "rms_norm_eps": 1e-6})";
+  } else if (shape == "qwen2.5-1.5b") {
+    json = R"({"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960,
+      "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+      "vocab_size": 151936, "tie_word_embeddings": true, "rope_theta": 1000000.0,
+      "max_position_embeddings": 32768, "rms_norm_eps": 1e-6})";
+  } else if (shape == "llama2-7b") {
+    json = R"({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+      "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+      "vocab_size": 32000, "tie_word_embeddings": false, "rope_theta": 10000.0,
+      "max_position_embeddings": 4096, "rms_norm_eps": 1e-5})";
+  } else if (shape == "llama2-13b") {
+    json = R"({"model_type": "llama", "hidden_size": 5120, "intermediate_size": 13824,
+      "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40,
+      "vocab_size": 32000, "tie_word_embeddings": false, "rope_theta": 10000.0,
+      "max_position_embeddings": 4096, "rms_norm_eps": 1e-5})";
+  } else if (shape == "tiny") {  // for smoke tests of the tools
+    json = R"({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "vocab_size": 256, "tie_word_embeddings": false, "rms_norm_eps": 1e-6})";
+  } else {
+    throw std::invalid_argument("unknown shape '" + shape +
+                                "' (qwen2.5-7b, qwen2.5-1.5b, llama2-7b, llama2-13b)");
+  }
+  return parse_model_config(json, shape);
+}
+
+}  // namespace zt::bench

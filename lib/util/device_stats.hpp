@@ -1,0 +1,14 @@
+// GPU memory statistics of LibTorch's caching allocator (zeros without a CUDA LibTorch).
+#pragma once
+
+#include <cstdint>
+
+namespace zt::device_stats {
+
+/// Peak bytes allocated by LibTorch on `device` since the last reset.
+int64_t peak_allocated(int device);
+/// Bytes allocated right now.
+int64_t allocated(int device);
+void reset_peak(int device);
+
+}  // namespace zt::device_stats
