@@ -7,7 +7,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <thread>
 
 #include "support/collectives.hpp"
@@ -107,17 +109,31 @@ TEST_CASE("a rank that never arrives fails the others with a clear timeout", "[c
 }
 
 TEST_CASE("rank: port taken", "[.rank]") {
-  // Another program holds MASTER_PORT before rank 0 starts its store.
+  // Another program holds the port before rank 0 starts its store. Rank 0 takes a port the
+  // kernel picks and tells rank 1 through a file, so no other test can hold it meanwhile.
+  const std::string port_file = std::string(std::getenv("ZT_TEST_DIR")) + "/port";
   int fd = -1;
   if (env_int("RANK") == 0) {
     fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
-    sa.sin_port = htons(static_cast<uint16_t>(env_int("MASTER_PORT")));
+    sa.sin_port = 0;
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0);
     REQUIRE(::listen(fd, 16) == 0);
+    socklen_t len = sizeof(sa);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+    std::ofstream(port_file + ".tmp") << ntohs(sa.sin_port);
+    std::rename((port_file + ".tmp").c_str(), port_file.c_str());
   }
+  std::string port;
+  for (int i = 0; i < 500 && port.empty(); ++i) {
+    std::ifstream in(port_file);
+    in >> port;
+    if (port.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE_FALSE(port.empty());
+  ::setenv("MASTER_PORT", port.c_str(), 1);
   auto start = std::chrono::steady_clock::now();
   try {
     test::join(Backend::kGloo);
@@ -125,7 +141,7 @@ TEST_CASE("rank: port taken", "[.rank]") {
   } catch (const DistributedError& e) {
     std::string msg = e.what();
     INFO(msg);
-    CHECK_THAT(msg, Contains("127.0.0.1:" + std::string(std::getenv("MASTER_PORT"))));
+    CHECK_THAT(msg, Contains("127.0.0.1:" + port));
     if (env_int("RANK") == 0) CHECK_THAT(msg, Contains("in use"));
   }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
@@ -134,7 +150,8 @@ TEST_CASE("rank: port taken", "[.rank]") {
 
 TEST_CASE("a port already taken is reported by every rank within the timeout", "[comm][errors]") {
   if (!backend_available(Backend::kGloo)) return;
-  test::run_ranks(2, "rank: port taken", std::chrono::seconds(60), {{"ZT_TEST_RDZV_MS", "3000"}});
+  test::run_ranks(2, "rank: port taken", std::chrono::seconds(60),
+                  {{"ZT_TEST_RDZV_MS", "3000"}, {"ZT_TEST_DIR", test::temp_dir("port")}});
 }
 
 // ---- a rank dies mid-run ------------------------------------------------------------------------

@@ -68,6 +68,9 @@ class ParameterSource {
 struct UnitSpec {
   std::string name;
   std::shared_ptr<torch::nn::Module> module;
+  /// Whether activation checkpointing recomputes this unit in stages 0–2 (ZeRO-3 always
+  /// recomputes to re-gather). Off for cheap units whose activations are small anyway.
+  bool recompute = true;
 };
 
 struct EngineOptions {

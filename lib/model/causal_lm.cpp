@@ -55,13 +55,15 @@ CausalLM::CausalLM(const ModelConfig& config, at::TensorOptions options, bool al
 CausalLM::~CausalLM() = default;
 
 std::vector<UnitSpec> CausalLM::units() {
-  std::vector<UnitSpec> u{{"embed_tokens", impl_->body->embed_tokens}};
+  // The embeddings and the head are units for ZeRO-3 but not worth recomputing otherwise: the
+  // lookup is cheap and the chunked loss keeps only its input.
+  std::vector<UnitSpec> u{{"embed_tokens", impl_->body->embed_tokens, /*recompute=*/false}};
   for (size_t i = 0; i < impl_->body->layers.size(); ++i) {
     u.push_back({fmt::format("layers.{}", i), impl_->body->layers[i]});
   }
   std::shared_ptr<torch::nn::Module> head = impl_->lm_head;
   if (!head) head = impl_->body->embed_tokens;  // tied: shared with unit 0, so kept whole
-  u.push_back({"head", std::make_shared<HeadUnit>(impl_->body->norm, head)});
+  u.push_back({"head", std::make_shared<HeadUnit>(impl_->body->norm, head), /*recompute=*/false});
   return u;
 }
 

@@ -74,11 +74,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
     cache->k = k;
     cache->v = v;
   }
-  const int64_t s = k.size(2);  // keys: cached + new
-  if (kv_heads != heads) {      // grouped-query attention: each key/value head serves a group
-    k = k.repeat_interleave(heads / kv_heads, 1);
-    v = v.repeat_interleave(heads / kv_heads, 1);
-  }
+  const int64_t s = k.size(2);  // keys: cached + new (attention handles the head groups)
   // Query i (absolute position s - t + i) sees keys j <= its position, within the sliding
   // window if any, and only real tokens.
   at::Tensor mask;

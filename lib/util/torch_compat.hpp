@@ -54,12 +54,23 @@ inline void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorL
 #endif
 }
 
-/// softmax(q·kᵀ·scale + mask)·v for q [B, H, T, D] and k, v [B, H, S, D]. `mask` is bool
-/// [B or 1, 1, T, S] (true = may attend) or undefined with `causal` set for a plain causal mask.
-/// LibTorch 2.x: scaled_dot_product_attention (flash / memory-efficient kernels on GPUs). 1.13:
-/// the same math as transformers' eager attention (scores in the input dtype, softmax in fp32).
-inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+/// softmax(q·kᵀ·scale + mask)·v for q [B, H, T, D] and k, v [B, Hkv, S, D] where Hkv divides H
+/// (grouped-query attention). `mask` is bool [B or 1, 1, T, S] (true = may attend) or undefined
+/// with `causal` set for a plain causal mask. LibTorch ≥ 2.5: scaled_dot_product_attention with
+/// native GQA (flash / memory-efficient kernels on GPUs). Older: key/value heads repeated, and
+/// on 1.13 the same math as transformers' eager attention (scores in the input dtype, softmax in
+/// fp32).
+inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
                             const at::Tensor& mask, bool causal, double scale) {
+  const int64_t groups = q.size(1) / k_in.size(1);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  std::optional<at::Tensor> m;
+  if (mask.defined()) m = mask;
+  return at::scaled_dot_product_attention(q, k_in, v_in, m, 0.0, causal && !mask.defined(), scale,
+                                          /*enable_gqa=*/groups > 1);
+#else
+  at::Tensor k = groups > 1 ? k_in.repeat_interleave(groups, 1) : k_in;
+  at::Tensor v = groups > 1 ? v_in.repeat_interleave(groups, 1) : v_in;
 #if ZT_TORCH_2
   std::optional<at::Tensor> m;
   if (mask.defined()) m = mask;
@@ -79,6 +90,7 @@ inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::
   }
   at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
   return at::matmul(probs, v);
+#endif
 #endif
 }
 

@@ -206,6 +206,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   // bf16 masters on a rank that keeps whole buckets are the parameters themselves.
   I.master_aliases_params = I.master_dtype == I.compute && !I.offload_optimizer &&
                             (L.replicated || I.world == 1);
+  I.grads_in_acc = I.world == 1 && I.master_dtype == I.compute;
   if (I.offload_optimizer) I.grad_host = at::empty({L.state_numel}, host);
   I.buckets.resize(L.buckets.size());
   at::NoGradGuard no_grad;
@@ -253,7 +254,11 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
       s.flat_param = b.trainable && I.master_aliases_params
                          ? I.master.narrow(0, b.shard.offset, b.numel)
                          : full.to(I.compute);
-      if (b.trainable && I.stage <= 1) s.flat_grad = at::zeros({b.numel}, s.flat_param.options());
+      if (b.trainable && I.grads_in_acc) {
+        s.flat_grad = I.grad_acc.narrow(0, b.shard.offset, b.numel);
+      } else if (b.trainable && I.stage <= 1) {
+        s.flat_grad = at::zeros({b.numel}, s.flat_param.options());
+      }
     }
   }
   // Point the module's parameters (and, for stages 0/1, their gradients) into the buckets.
@@ -340,7 +345,7 @@ bool Engine::step() {
   // Slices that received nothing this window (a unit that did not run) hold stale values.
   for (const zero::Bucket& b : I.layout.buckets) {
     Impl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
-    if (b.trainable && s.slice_fresh) I.slice_of(b.index, I.grad_acc).zero_();
+    if (b.trainable && s.slice_fresh && !I.grads_in_acc) I.slice_of(b.index, I.grad_acc).zero_();
   }
 
   // One all-reduce carries the squared norm of this rank's slices and the count of non-finite
@@ -369,9 +374,10 @@ bool Engine::step() {
   }
   if (fp16) I.scaler.update(overflow);  // throws at the minimum scale
   auto clear = [&] {
+    if (I.grads_in_acc) I.grad_acc.zero_();  // autograd accumulates into it in place
     for (Impl::BucketState& s : I.buckets) {
       s.slice_fresh = true;
-      if (s.flat_grad.defined()) s.flat_grad.zero_();
+      if (s.flat_grad.defined() && !I.grads_in_acc) s.flat_grad.zero_();
     }
   };
   if (overflow) {

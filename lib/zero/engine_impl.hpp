@@ -37,6 +37,9 @@ struct Engine::Impl {
   at::ScalarType master_dtype = at::kFloat;  ///< fp32, or bf16 with bf16_master_weights_and_grads
   /// The master slice IS the compute copy (bf16 masters where a rank keeps whole buckets).
   bool master_aliases_params = false;
+  /// One rank and the accumulator in the compute dtype: every parameter's .grad is a view into
+  /// grad_acc, so autograd accumulates there and no reduction, copy or staging is needed.
+  bool grads_in_acc = false;
   int64_t prefetch_elements = 0, max_live_elements = 0;
   zero::Layout layout;
 

@@ -80,13 +80,13 @@ void Engine::Impl::on_gradient(int param_index) {
   const zero::ParamInfo& p = layout.params[static_cast<size_t>(param_index)];
   const bool again = fired[static_cast<size_t>(param_index)] != 0;  // a tied weight's next share
   const int64_t off = bucket.offsets[static_cast<size_t>(slot_of_param[static_cast<size_t>(param_index)])];
-  if (stage >= 2 && s.launched) {
+  if (stage >= 2 && s.launched && !grads_in_acc) {
     throw InvalidArgument(fmt::format(
         "parameter '{}' received a gradient after its bucket was reduced: it is used by two "
         "sharding units without being registered in both (tie it through the units' modules)",
         p.name));
   }
-  if (stage >= 2) {
+  if (stage >= 2 && !grads_in_acc) {
     at::Tensor& grad = p.param.mutable_grad();
     if (world == 1) {
       // One rank: straight into the fp32 accumulator (the reduction is the identity),
@@ -192,6 +192,10 @@ void Engine::Impl::complete_oldest() {
   p.work->wait();
   const double post = world == 1 ? 1.0 : post_scale;
   BucketState& s = buckets[static_cast<size_t>(p.bucket)];
+  if (grads_in_acc) {  // the gradients already live in the accumulator
+    s.slice_fresh = false;
+    return;
+  }
   if (stage >= 2 && world == 1 && !p.output.defined()) {
     // The hooks wrote straight into the accumulator; parameters that got no gradient in the
     // first micro-step of a window still hold the last window's values.

@@ -95,10 +95,12 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
         if (!bucket.trainable) continue;
         grad_bucket = b;
         Engine::Impl::BucketState& s = I.buckets[static_cast<size_t>(b)];
-        s.staging = at::zeros({bucket.numel}, at::TensorOptions().dtype(I.compute).device(I.device));
+        // One rank with same-dtype accumulation: straight into the accumulator.
+        at::Tensor target = I.grads_in_acc ? I.slice_of(b, I.grad_acc)
+                                           : (s.staging = at::zeros({bucket.numel}, at::TensorOptions().dtype(I.compute).device(I.device)));
         for (size_t k = 0; k < bucket.params.size(); ++k) {
           const zero::ParamInfo& p = I.layout.params[static_cast<size_t>(bucket.params[k])];
-          p.param.mutable_grad() = s.staging.narrow(0, bucket.offsets[k], p.numel).view(p.shape);
+          p.param.mutable_grad() = target.narrow(0, bucket.offsets[k], p.numel).view(p.shape);
         }
       }
     }
@@ -165,7 +167,7 @@ std::vector<at::Tensor> Engine::Impl::run_unit(size_t unit, const std::vector<at
                                       options.units[unit].name));
   }
   const bool sharded = stage == 3;
-  if (!sharded && !checkpointing) return fn(inputs);
+  if (!sharded && !(checkpointing && options.units[unit].recompute)) return fn(inputs);
   if (!at::GradMode::is_enabled()) {
     // Evaluation: nothing to recompute later, only parameters to gather.
     if (sharded) gather(unit, true);
