@@ -238,6 +238,26 @@ struct TrainingArguments {
   std::string run_name;
   bool disable_tqdm = false;
 
+  // Fine-tuning method (flat names, as LLaMA-Factory / ChatGLM-Finetuning users write them).
+  std::string finetuning_type = "full";  ///< full | lora | ptuning | prefix (alias ptuning_v2) | freeze
+  int64_t lora_r = 8;
+  double lora_alpha = 16.0;
+  double lora_dropout = 0.0;
+  std::string lora_target_modules = "all-linear";  ///< comma list, a regex, or all-linear
+  std::string lora_bias = "none";                  ///< none | all | lora_only
+  std::string lora_modules_to_save;                ///< comma list
+  bool use_rslora = false;
+  std::string adapter_name_or_path;  ///< continue from a PEFT LoRA adapter folder
+  int64_t num_virtual_tokens = 16;
+  std::string encoder_reparameterization_type = "MLP";  ///< MLP | LSTM (ptuning)
+  int64_t encoder_hidden_size = 0;                      ///< 0: the model's hidden size
+  std::optional<int64_t> pre_seq_len;                   ///< alias of num_virtual_tokens (prefix)
+  bool prefix_projection = false;
+  int64_t freeze_trainable_layers = 2;       ///< last N layers; negative: first N
+  std::string freeze_trainable_modules = "all";  ///< all, or a comma list (mlp, self_attn, ...)
+  std::string freeze_module_name;            ///< comma list of name substrings (overrides layers)
+  std::string freeze_extra_modules;          ///< comma list of modules also trained (embed_tokens, lm_head, norm)
+
   /// Names of the options that were given explicitly (flag or JSON key), as opposed to defaulted.
   std::set<std::string> given;
   bool is_given(const std::string& name) const { return given.count(name) != 0; }

@@ -60,6 +60,8 @@ class UnitGate {
 class ParameterSource {
  public:
   virtual ~ParameterSource() = default;
+  /// Whether this source holds `name` (sources that hold everything answer true).
+  virtual bool has(const std::string& /*name*/) const { return true; }
   virtual void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
                     const at::Tensor& out) = 0;
 };

@@ -82,6 +82,22 @@ struct GenerationOptions {
   uint64_t seed = 0;
 };
 
+/// Extension point for prompt-learning adapters (P-Tuning, prefix tuning; see peft.hpp). A
+/// CausalLM holds at most one, registered as its submodule `prompt_encoder`.
+class PromptAdapter : public torch::nn::Module {
+ public:
+  virtual int64_t num_virtual_tokens() const = 0;
+  /// True for P-Tuning (tokens in front of the input), false for prefix tuning.
+  virtual bool prepends_tokens() const = 0;
+  /// P-Tuning: [num_virtual_tokens, hidden] embeddings placed before the input's embeddings
+  /// (attention mask and labels are extended to match); undefined for other methods.
+  virtual at::Tensor virtual_embeddings() = 0;
+  /// Prefix tuning: per layer, key and value prefixes [kv_heads, num_virtual_tokens, head_dim]
+  /// that every position attends to (not rotated; the input's positions start after them);
+  /// empty for other methods.
+  virtual std::vector<std::pair<at::Tensor, at::Tensor>> layer_prefixes() = 0;
+};
+
 /// A decoder-only causal LM with HF's module tree and parameter names (`model.embed_tokens`,
 /// `model.layers.N.self_attn.q_proj`, ..., `model.norm`, `lm_head`). Its units for ZeRO-3 and
 /// activation checkpointing are the embeddings, each layer, and the head (final norm + LM head).
@@ -118,6 +134,11 @@ class CausalLM : public torch::nn::Module {
   /// Generates continuations of `input_ids` [batch, seq] (no padding) with a KV cache.
   /// Returns the new tokens [batch, ≤ max_new_tokens].
   at::Tensor generate(const at::Tensor& input_ids, const GenerationOptions& options);
+
+  /// Installs (or, with null, removes) a prompt-learning adapter. With P-Tuning, logits() and
+  /// hidden_states() cover the virtual tokens too (as PEFT's outputs do).
+  void set_prompt_adapter(std::shared_ptr<PromptAdapter> adapter);
+  PromptAdapter* prompt_adapter() const;
 
   struct Impl;
 

@@ -64,6 +64,26 @@ const std::vector<Option>& options() {
       {"report_to", &Args::report_to, {"none"}},
       {"run_name", &Args::run_name},
       {"disable_tqdm", &Args::disable_tqdm},
+      {"finetuning_type", &Args::finetuning_type, {"full", "lora", "ptuning", "prefix", "ptuning_v2", "freeze"}},
+      {"lora_r", &Args::lora_r, {}, 1},
+      {"lora_rank", &Args::lora_r, {}, 1},
+      {"lora_alpha", &Args::lora_alpha, {}, 0},
+      {"lora_dropout", &Args::lora_dropout, {}, 0},
+      {"lora_target_modules", &Args::lora_target_modules},
+      {"lora_target", &Args::lora_target_modules},
+      {"lora_bias", &Args::lora_bias, {"none", "all", "lora_only"}},
+      {"lora_modules_to_save", &Args::lora_modules_to_save},
+      {"use_rslora", &Args::use_rslora},
+      {"adapter_name_or_path", &Args::adapter_name_or_path},
+      {"num_virtual_tokens", &Args::num_virtual_tokens, {}, 1},
+      {"encoder_reparameterization_type", &Args::encoder_reparameterization_type, {"MLP", "LSTM"}},
+      {"encoder_hidden_size", &Args::encoder_hidden_size, {}, 0},
+      {"pre_seq_len", &Args::pre_seq_len, {}, 1},
+      {"prefix_projection", &Args::prefix_projection},
+      {"freeze_trainable_layers", &Args::freeze_trainable_layers},
+      {"freeze_trainable_modules", &Args::freeze_trainable_modules},
+      {"freeze_module_name", &Args::freeze_module_name},
+      {"freeze_extra_modules", &Args::freeze_extra_modules},
   };
   return table;
 }
@@ -213,6 +233,17 @@ void validate(const Args& a, const std::string& where) {
   if (a.adam_beta1 >= 1.0 || a.adam_beta2 >= 1.0) {
     throw ConfigError(fmt::format("{}adam_beta1 and adam_beta2 must be below 1 (found {}, {})",
                                   where, a.adam_beta1, a.adam_beta2));
+  }
+  if (a.pre_seq_len && a.finetuning_type == "ptuning") {
+    throw ConfigError(fmt::format(
+        "{}pre_seq_len is P-Tuning v2's prefix length, but finetuning_type is ptuning (P-Tuning "
+        "v1); use --finetuning_type prefix (alias ptuning_v2), or num_virtual_tokens for ptuning",
+        where));
+  }
+  if (a.freeze_trainable_layers == 0 && a.finetuning_type == "freeze" && a.freeze_module_name.empty()) {
+    throw ConfigError(fmt::format("{}freeze_trainable_layers: 0 trains nothing; give N > 0 (last N "
+                                  "layers) or N < 0 (first N)",
+                                  where));
   }
   if (a.warmup_ratio > 1.0) {
     throw ConfigError(fmt::format("{}warmup_ratio: expected a number in [0, 1], found {}", where,

@@ -37,9 +37,52 @@ struct HeadUnit : torch::nn::Module {
 struct CausalLM::Impl {
   std::shared_ptr<DecoderBody> body;
   std::shared_ptr<model::Linear> lm_head;  // null when tied to the embeddings
+  std::shared_ptr<PromptAdapter> prompt;
 
   const at::Tensor& head_weight() const { return lm_head ? lm_head->weight : body->embed_tokens->weight; }
 };
+
+namespace {
+
+// What the layers see of a batch once a prompt adapter had its say.
+struct Prepared {
+  at::Tensor x;        // [B, T', H] embeddings (virtual tokens first with P-Tuning)
+  at::Tensor mask;     // [B, S] over all keys (prefix included), or empty
+  int64_t start = 0;   // position of the first input token (after a prefix)
+  std::vector<std::pair<at::Tensor, at::Tensor>> prefixes;  // per layer [B, kvH, P, D]
+  int64_t virtual_tokens = 0;  // P-Tuning tokens in front of x
+};
+
+at::Tensor mask_or_empty(const at::Tensor& attention_mask, const at::Tensor& like) {
+  if (!attention_mask.defined()) return at::empty({0}, like.options().dtype(at::kLong));
+  return attention_mask.to(like.device());
+}
+
+// Adds the adapter's virtual tokens or prefixes to embedded inputs `x` [B, T, H].
+Prepared apply_prompt(PromptAdapter* prompt, at::Tensor x, at::Tensor mask) {
+  Prepared p;
+  p.x = std::move(x);
+  p.mask = std::move(mask);
+  if (prompt == nullptr) return p;
+  const int64_t b = p.x.size(0), n = prompt->num_virtual_tokens();
+  const bool padded = p.mask.numel() > 0;
+  at::Tensor ones = at::ones({b, n}, p.mask.options().dtype(at::kLong));
+  if (prompt->prepends_tokens()) {
+    at::Tensor virt = prompt->virtual_embeddings();
+    p.x = at::cat({virt.to(p.x.scalar_type()).unsqueeze(0).expand({b, n, virt.size(-1)}), p.x}, 1);
+    p.virtual_tokens = n;
+  } else {
+    for (auto& [k, v] : prompt->layer_prefixes()) {
+      p.prefixes.emplace_back(k.to(p.x.scalar_type()).unsqueeze(0).expand({b, k.size(0), k.size(1), k.size(2)}),
+                              v.to(p.x.scalar_type()).unsqueeze(0).expand({b, v.size(0), v.size(1), v.size(2)}));
+    }
+    p.start = n;
+  }
+  if (padded) p.mask = at::cat({ones.to(p.mask.device()), p.mask}, 1);
+  return p;
+}
+
+}  // namespace
 
 CausalLM::CausalLM(const ModelConfig& config, at::TensorOptions options, bool allocate)
     : config_(config), impl_(std::make_unique<Impl>()) {
@@ -69,14 +112,13 @@ std::vector<UnitSpec> CausalLM::units() {
 
 void CausalLM::initialize_random(uint64_t seed) { load_weights(*this, *random_source(config_, seed)); }
 
-namespace {
-
-at::Tensor mask_or_empty(const at::Tensor& attention_mask, const at::Tensor& like) {
-  if (!attention_mask.defined()) return at::empty({0}, like.options().dtype(at::kLong));
-  return attention_mask.to(like.device());
+void CausalLM::set_prompt_adapter(std::shared_ptr<PromptAdapter> adapter) {
+  if (impl_->prompt) unregister_module("prompt_encoder");
+  impl_->prompt = std::move(adapter);
+  if (impl_->prompt) register_module("prompt_encoder", impl_->prompt);
 }
 
-}  // namespace
+PromptAdapter* CausalLM::prompt_adapter() const { return impl_->prompt.get(); }
 
 LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
                        const at::Tensor& attention_mask, int64_t chunk_tokens) {
@@ -85,22 +127,35 @@ LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
   at::Tensor ids = input_ids.to(device);
   at::Tensor mask = mask_or_empty(attention_mask, ids);
   // HF's causal loss: position t predicts label t+1; the last position predicts nothing.
-  // Counted where the labels are (usually the host), so a GPU step needs no sync for it.
-  at::Tensor shifted = at::cat({labels.narrow(1, 1, labels.size(1) - 1),
-                                at::full({labels.size(0), 1}, -100, labels.options())}, 1)
+  // Virtual tokens (P-Tuning) are labelled -100 in front, so the last of them predicts the first
+  // input token, as PEFT arranges it. Counted where the labels are (usually the host), so a GPU
+  // step needs no sync for it.
+  at::Tensor y = labels;
+  if (I.prompt && I.prompt->prepends_tokens()) {
+    y = at::cat({at::full({labels.size(0), I.prompt->num_virtual_tokens()}, -100, labels.options()), labels}, 1);
+  }
+  at::Tensor shifted = at::cat({y.narrow(1, 1, y.size(1) - 1), at::full({y.size(0), 1}, -100, y.options())}, 1)
                            .reshape({-1});
   const int64_t tokens = shifted.ne(-100).sum().item<int64_t>();
   shifted = shifted.to(device);
 
   auto body = I.body;
-  at::Tensor x = gate_(0, {ids}, [body](const std::vector<at::Tensor>& in) {
+  at::Tensor embedded = gate_(0, {ids}, [body](const std::vector<at::Tensor>& in) {
     return std::vector<at::Tensor>{body->embed_tokens->forward(in[0])};
   })[0];
-  auto [cos, sin] = model::rotary_tables(config_, 0, ids.size(1), x.scalar_type(), device);
+  Prepared p = apply_prompt(I.prompt.get(), embedded, mask);
+  at::Tensor x = p.x;
+  auto [cos, sin] = model::rotary_tables(config_, p.start, x.size(1), x.scalar_type(), device);
+  const at::Tensor none = at::empty({0}, x.options());
   for (size_t i = 0; i < body->layers.size(); ++i) {
-    x = gate_(1 + i, {x, cos, sin, mask}, [layer = body->layers[i]](const std::vector<at::Tensor>& in) {
-      return std::vector<at::Tensor>{layer->forward(in[0], in[1], in[2], in[3])};
-    })[0];
+    const at::Tensor& pk = p.prefixes.empty() ? none : p.prefixes[i].first;
+    const at::Tensor& pv = p.prefixes.empty() ? none : p.prefixes[i].second;
+    x = gate_(1 + i, {x, cos, sin, p.mask, pk, pv},
+              [layer = body->layers[i]](const std::vector<at::Tensor>& in) {
+                model::KvCache prefix{in[4], in[5]};
+                return std::vector<at::Tensor>{layer->forward(
+                    in[0], in[1], in[2], in[3], in[4].numel() > 0 ? &prefix : nullptr)};
+              })[0];
   }
   auto lm_head = I.lm_head;
   const int64_t chunk = chunk_tokens;
@@ -119,10 +174,16 @@ std::vector<at::Tensor> CausalLM::hidden_states(const at::Tensor& input_ids,
   Impl& I = *impl_;
   const at::Device device = I.body->embed_tokens->weight.device();
   at::Tensor ids = input_ids.to(device);
-  at::Tensor mask = mask_or_empty(attention_mask, ids);
-  std::vector<at::Tensor> out{I.body->embed_tokens->forward(ids)};
-  auto [cos, sin] = model::rotary_tables(config_, 0, ids.size(1), out[0].scalar_type(), device);
-  for (auto& layer : I.body->layers) out.push_back(layer->forward(out.back(), cos, sin, mask));
+  Prepared p = apply_prompt(I.prompt.get(), I.body->embed_tokens->forward(ids),
+                            mask_or_empty(attention_mask, ids));
+  std::vector<at::Tensor> out{p.x};
+  auto [cos, sin] = model::rotary_tables(config_, p.start, p.x.size(1), p.x.scalar_type(), device);
+  for (size_t i = 0; i < I.body->layers.size(); ++i) {
+    model::KvCache prefix;
+    if (!p.prefixes.empty()) prefix = {p.prefixes[i].first, p.prefixes[i].second};
+    out.push_back(I.body->layers[i]->forward(out.back(), cos, sin, p.mask,
+                                             p.prefixes.empty() ? nullptr : &prefix));
+  }
   return out;
 }
 
@@ -139,19 +200,28 @@ at::Tensor CausalLM::generate(const at::Tensor& input_ids, const GenerationOptio
   at::Tensor ids = input_ids.to(device);
   const int64_t batch = ids.size(0);
   std::vector<model::KvCache> cache(I.body->layers.size());
+  int64_t position = 0;
+  at::Tensor virtual_tokens;
+  if (I.prompt) {
+    Prepared p = apply_prompt(I.prompt.get(), I.body->embed_tokens->forward(ids.narrow(1, 0, 1)),
+                              at::empty({0}, ids.options()));
+    if (p.virtual_tokens > 0) virtual_tokens = p.x.narrow(1, 0, p.virtual_tokens);
+    for (size_t i = 0; i < p.prefixes.size(); ++i) cache[i] = {p.prefixes[i].first, p.prefixes[i].second};
+    position = p.start;
+  }
   at::Generator gen = at::detail::createCPUGenerator(o.seed);
   std::vector<at::Tensor> produced;
   at::Tensor finished = at::zeros({batch}, at::TensorOptions().dtype(at::kBool).device(device));
   const at::Tensor no_mask = at::empty({0}, ids.options());
-  int64_t position = 0;
   at::Tensor step_ids = ids;
   for (int64_t n = 0; n < o.max_new_tokens; ++n) {
     at::Tensor x = I.body->embed_tokens->forward(step_ids);
-    auto [cos, sin] = model::rotary_tables(config_, position, step_ids.size(1), x.scalar_type(), device);
+    if (n == 0 && virtual_tokens.defined()) x = at::cat({virtual_tokens, x}, 1);
+    auto [cos, sin] = model::rotary_tables(config_, position, x.size(1), x.scalar_type(), device);
     for (size_t i = 0; i < I.body->layers.size(); ++i) {
       x = I.body->layers[i]->forward(x, cos, sin, no_mask, &cache[i]);
     }
-    position += step_ids.size(1);
+    position += x.size(1);
     at::Tensor h = I.body->norm->forward(x.select(1, x.size(1) - 1));
     at::Tensor logits = at::matmul(h, I.head_weight().t()).to(at::kFloat);
     at::Tensor next;

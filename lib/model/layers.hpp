@@ -23,13 +23,28 @@ struct ParamFactory {
   }
 };
 
+/// A projection, optionally with a LoRA adapter (PEFT's layout: submodules lora_A [r, in] and
+/// lora_B [out, r], output += lora_B(lora_A(dropout(x))) · scaling).
 struct Linear : torch::nn::Module {
   at::Tensor weight, bias;
-  Linear(int64_t in, int64_t out, bool with_bias, const ParamFactory& o) {
+  int64_t in_features, out_features;
+  std::shared_ptr<Linear> lora_A, lora_B;
+  double lora_scaling = 0.0, lora_dropout = 0.0;
+  bool lora_merged = false;
+
+  Linear(int64_t in, int64_t out, bool with_bias, const ParamFactory& o)
+      : in_features(in), out_features(out) {
     weight = register_parameter("weight", o({out, in}));
     if (with_bias) bias = register_parameter("bias", o({out}));
   }
-  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = at::linear(x, weight, bias);
+    if (lora_A && !lora_merged) {
+      at::Tensor h = lora_dropout > 0 && is_training() ? at::dropout(x, lora_dropout, true) : x;
+      y = y + lora_B->forward(lora_A->forward(h)) * lora_scaling;
+    }
+    return y;
+  }
 };
 
 struct RMSNorm : torch::nn::Module {
@@ -58,7 +73,7 @@ struct Embedding : torch::nn::Module {
 std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, int64_t start, int64_t length,
                                                 at::ScalarType dtype, const at::Device& device);
 
-/// The key-cache of one layer during generation.
+/// The key/value cache of one layer (generation, and prefix tuning's learned prefixes).
 struct KvCache {
   at::Tensor k, v;  ///< [B, kv_heads, S, head_dim]
 };

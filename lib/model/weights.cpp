@@ -15,6 +15,7 @@ namespace {
 class CheckpointSource final : public ParameterSource {
  public:
   explicit CheckpointSource(const std::string& path) : ckpt_(path) {}
+  bool has(const std::string& name) const override { return ckpt_.contains(name); }
   void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
             const at::Tensor& out) override {
     if (!ckpt_.contains(name)) {

@@ -1,0 +1,109 @@
+// Parameter-efficient fine-tuning on a CausalLM — LoRA, P-Tuning (v1), prefix tuning (P-Tuning
+// v2) and Freeze — interoperable with HF PEFT's files (adapter_config.json +
+// adapter_model.safetensors, PEFT's key names).
+//
+// Thread-safety: these functions modify or read a model; use them from the thread that owns it.
+// Nothing here is collective (under ZeRO-3, pass Engine::gather_full_parameters() values).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zerotrain/config.hpp"
+#include "zerotrain/model.hpp"
+
+namespace zt {
+
+enum class FinetuningType { kFull, kLora, kPTuning, kPrefix, kFreeze };
+
+struct LoraOptions {
+  int64_t r = 8;
+  double alpha = 16.0;
+  double dropout = 0.0;
+  /// Module names (a module matches when its path equals or ends with ".name"); ignored when
+  /// `target_regex` is set (full match on the module path, as PEFT treats a string).
+  /// "all-linear": every projection except the output layer.
+  std::vector<std::string> target_modules{"all-linear"};
+  std::string target_regex;
+  std::string bias = "none";  ///< none | all | lora_only
+  std::vector<std::string> modules_to_save;
+  bool use_rslora = false;    ///< scale by alpha / sqrt(r) instead of alpha / r
+};
+
+struct PromptOptions {
+  int64_t num_virtual_tokens = 16;
+  std::string reparameterization = "MLP";  ///< P-Tuning encoder: MLP | LSTM
+  int64_t encoder_hidden_size = 0;         ///< 0: the model's hidden size
+  int64_t encoder_num_layers = 2;          ///< LSTM layers (PEFT's default)
+  bool prefix_projection = false;          ///< prefix tuning through a 2-layer tanh MLP
+};
+
+struct FreezeOptions {
+  int64_t trainable_layers = 2;                     ///< last N; negative: first N
+  std::vector<std::string> trainable_modules{"all"};
+  std::vector<std::string> module_names;            ///< name substrings (ChatGLM-Finetuning)
+  std::vector<std::string> extra_modules;           ///< embed_tokens, lm_head, norm, ...
+};
+
+struct PeftConfig {
+  FinetuningType type = FinetuningType::kFull;
+  LoraOptions lora;
+  PromptOptions prompt;
+  FreezeOptions freeze;
+  std::string base_model_name_or_path;
+};
+
+/// The method and options the flat training arguments ask for (finetuning_type, lora_*,
+/// num_virtual_tokens / pre_seq_len, encoder_*, prefix_projection, freeze_*).
+PeftConfig peft_config_for(const TrainingArguments& args);
+
+struct ParameterCount {
+  int64_t trainable = 0;
+  int64_t all = 0;
+  /// PEFT's start-up line: "trainable params: 3,584 || all params: 106,304 || trainable%: 3.3715"
+  std::string line() const;
+};
+ParameterCount count_parameters(const torch::nn::Module& model);
+
+/// Applies the method to `model`: adds LoRA A/B to the targeted projections (A kaiming-uniform,
+/// B zero, as PEFT), or installs a P-Tuning / prefix encoder (PyTorch's default inits), and sets
+/// requires_grad so that only what the method trains is trainable. Seeded: every rank gets the
+/// same values. Unsupported combinations are ConfigErrors.
+ParameterCount apply_peft(CausalLM& model, const PeftConfig& config, uint64_t seed);
+
+/// Writes the adapter in PEFT's format: adapter_config.json and adapter_model.safetensors
+/// (LoRA: base_model.model.<module>.lora_A.weight / lora_B.weight, trainable biases and
+/// modules_to_save; prompt methods: prompt_embeddings, the encoder's output). `values`, when
+/// given, supplies full tensors by parameter name (under ZeRO-3: Engine::gather_full_parameters)
+/// instead of the module's own. Written atomically.
+void save_adapter(CausalLM& model, const PeftConfig& config, const std::string& dir,
+                  const std::vector<std::pair<std::string, at::Tensor>>& values = {});
+
+/// Reads adapter_config.json. Options zerotrain does not implement (use_dora, layers_to_transform,
+/// other PEFT types, ...) are ConfigErrors naming them.
+PeftConfig load_adapter_config(const std::string& dir);
+
+/// Applies a PEFT adapter folder to `model` (built without one): LoRA weights are loaded into
+/// newly created adapters (trainable when `trainable`); P-Tuning and prefix adapters become a
+/// fixed table of prompt_embeddings, as PEFT loads them for inference. Shapes are checked.
+ParameterCount load_adapter(CausalLM& model, const std::string& dir, bool trainable);
+
+/// Folds every LoRA adapter into its base weight (W += B·A·scaling) / takes it out again.
+void merge_lora(CausalLM& model);
+void unmerge_lora(CausalLM& model);
+
+/// Writes an HF model folder (config.json + safetensors, 5 GB shards) with LoRA merged in and no
+/// adapter tensors, in `dtype`. The model is left unmerged.
+void export_merged(CausalLM& model, const std::string& dir, at::ScalarType dtype);
+
+/// A ParameterSource that reads base weights from `base` and everything `base` lacks (adapter
+/// parameters) from `model`'s own values — for an Engine over a PEFT model whose base comes
+/// from a checkpoint.
+std::shared_ptr<ParameterSource> with_adapter_values(std::shared_ptr<ParameterSource> base,
+                                                     torch::nn::Module& model);
+
+}  // namespace zt

@@ -1,0 +1,327 @@
+// PEFT's adapter files: adapter_config.json + adapter_model.safetensors, and merged exports.
+#include <filesystem>
+#include <map>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <rapidjson/prettywriter.h>
+#include <rapidjson/stringbuffer.h>
+
+#include "model/layers.hpp"
+#include "peft/prompt_encoders.hpp"
+#include "util/files.hpp"
+#include "util/json.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/peft.hpp"
+#include "zerotrain/safetensors.hpp"
+
+namespace zt {
+namespace {
+
+constexpr const char* kPrefix = "base_model.model.";
+
+bool is_lora_name(const std::string& n) {
+  return n.find(".lora_A.") != std::string::npos || n.find(".lora_B.") != std::string::npos;
+}
+
+using Writer = rapidjson::PrettyWriter<rapidjson::StringBuffer>;
+
+void key_string(Writer& w, const char* k, const std::string& v) {
+  w.Key(k);
+  if (v.empty()) {
+    w.Null();
+  } else {
+    w.String(v.c_str());
+  }
+}
+
+void key_list(Writer& w, const char* k, const std::vector<std::string>& v, bool null_when_empty) {
+  w.Key(k);
+  if (v.empty() && null_when_empty) {
+    w.Null();
+    return;
+  }
+  w.StartArray();
+  for (const std::string& s : v) w.String(s.c_str());
+  w.EndArray();
+}
+
+std::string adapter_config_json(const CausalLM& model, const PeftConfig& c) {
+  const ModelConfig& m = model.config();
+  rapidjson::StringBuffer buffer;
+  Writer w(buffer);
+  w.SetIndent(' ', 2);
+  w.StartObject();
+  key_string(w, "base_model_name_or_path", c.base_model_name_or_path);
+  w.Key("task_type");
+  w.String("CAUSAL_LM");
+  w.Key("inference_mode");
+  w.Bool(true);
+  w.Key("revision");
+  w.Null();
+  if (c.type == FinetuningType::kLora) {
+    w.Key("peft_type");
+    w.String("LORA");
+    w.Key("r");
+    w.Int64(c.lora.r);
+    w.Key("lora_alpha");
+    w.Double(c.lora.alpha);
+    w.Key("lora_dropout");
+    w.Double(c.lora.dropout);
+    w.Key("target_modules");
+    if (!c.lora.target_regex.empty()) {
+      w.String(c.lora.target_regex.c_str());
+    } else {
+      w.StartArray();
+      for (const std::string& t : c.lora.target_modules) w.String(t.c_str());
+      w.EndArray();
+    }
+    w.Key("bias");
+    w.String(c.lora.bias.c_str());
+    key_list(w, "modules_to_save", c.lora.modules_to_save, true);
+    w.Key("use_rslora");
+    w.Bool(c.lora.use_rslora);
+    w.Key("use_dora");
+    w.Bool(false);
+    w.Key("fan_in_fan_out");
+    w.Bool(false);
+    w.Key("init_lora_weights");
+    w.Bool(true);
+    w.Key("layers_to_transform");
+    w.Null();
+    w.Key("layers_pattern");
+    w.Null();
+    w.Key("rank_pattern");
+    w.StartObject();
+    w.EndObject();
+    w.Key("alpha_pattern");
+    w.StartObject();
+    w.EndObject();
+  } else {
+    const bool prefix = c.type == FinetuningType::kPrefix;
+    w.Key("peft_type");
+    w.String(prefix ? "PREFIX_TUNING" : "P_TUNING");
+    w.Key("num_virtual_tokens");
+    w.Int64(c.prompt.num_virtual_tokens);
+    w.Key("token_dim");
+    w.Int64(prefix ? m.kv_dim() : m.hidden_size);
+    w.Key("num_transformer_submodules");
+    w.Int64(1);
+    w.Key("num_attention_heads");
+    w.Int64(prefix ? m.num_key_value_heads : m.num_attention_heads);
+    w.Key("num_layers");
+    w.Int64(m.num_hidden_layers);
+    w.Key("encoder_hidden_size");
+    w.Int64(c.prompt.encoder_hidden_size > 0 ? c.prompt.encoder_hidden_size : m.hidden_size);
+    if (prefix) {
+      w.Key("prefix_projection");
+      w.Bool(c.prompt.prefix_projection);
+    } else {
+      w.Key("encoder_reparameterization_type");
+      w.String(c.prompt.reparameterization.c_str());
+      w.Key("encoder_num_layers");
+      w.Int64(c.prompt.encoder_num_layers);
+      w.Key("encoder_dropout");
+      w.Double(0.0);
+    }
+  }
+  w.EndObject();
+  return buffer.GetString();
+}
+
+}  // namespace
+
+void save_adapter(CausalLM& model, const PeftConfig& c, const std::string& dir,
+                  const std::vector<std::pair<std::string, at::Tensor>>& values) {
+  if (c.type == FinetuningType::kFull || c.type == FinetuningType::kFreeze) {
+    throw InvalidArgument("save_adapter: full and freeze fine-tuning have no adapter; export the "
+                          "model instead");
+  }
+  std::map<std::string, at::Tensor> given(values.begin(), values.end());
+  auto value_of = [&](const std::string& name, const at::Tensor& own) {
+    auto it = given.find(name);
+    at::Tensor v = it != given.end() ? it->second : own;
+    if (!v.defined() || v.numel() == 0 || !v.is_contiguous()) {
+      throw InvalidArgument(fmt::format(
+          "save_adapter: no values for '{}' (under ZeRO-3 pass Engine::gather_full_parameters())",
+          name));
+    }
+    return v.detach().to(at::kCPU).contiguous();
+  };
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  if (c.type == FinetuningType::kLora) {
+    for (const auto& item : model.named_parameters(true)) {
+      const std::string& name = item.key();
+      if (!is_lora_name(name) && !item.value().requires_grad()) continue;
+      tensors.emplace_back(kPrefix + name, value_of(name, item.value()));
+    }
+  } else {
+    PromptAdapter* prompt = model.prompt_adapter();
+    if (prompt == nullptr) throw InvalidArgument("save_adapter: the model has no prompt adapter");
+    at::NoGradGuard no_grad;
+    at::Tensor table;
+    if (auto* p = dynamic_cast<peft::PrefixEncoder*>(prompt)) {
+      table = p->encode();
+    } else if (auto* f = dynamic_cast<peft::FixedPrompt*>(prompt)) {
+      table = f->named_parameters(false)["prompt_embeddings"];
+    } else {
+      table = prompt->virtual_embeddings();
+    }
+    tensors.emplace_back("prompt_embeddings", table.to(at::kCPU, at::kFloat).contiguous());
+  }
+  std::filesystem::create_directories(dir);
+  save_safetensors(dir + "/adapter_model.safetensors", tensors);
+  files::write_atomic(dir + "/adapter_config.json", adapter_config_json(model, c) + "\n");
+}
+
+PeftConfig load_adapter_config(const std::string& dir) {
+  const std::string path = dir + "/adapter_config.json";
+  rapidjson::Document doc = json::parse(files::read_text(path, "adapter config"), path);
+  json::ObjectReader r(doc, "", path);
+  PeftConfig c;
+  std::optional<std::string> type = r.string("peft_type");
+  if (!type) r.fail("peft_type", "LORA, P_TUNING or PREFIX_TUNING");
+  if (*type == "LORA") {
+    c.type = FinetuningType::kLora;
+  } else if (*type == "P_TUNING") {
+    c.type = FinetuningType::kPTuning;
+  } else if (*type == "PREFIX_TUNING") {
+    c.type = FinetuningType::kPrefix;
+  } else {
+    r.fail_value("peft_type", fmt::format("\"{}\" adapters are not supported; supported: LORA, "
+                                          "P_TUNING, PREFIX_TUNING",
+                                          *type));
+  }
+  if (auto t = r.string("task_type"); t && *t != "CAUSAL_LM") {
+    r.fail_value("task_type", fmt::format("\"{}\" is not a causal LM adapter", *t));
+  }
+  if (auto b = r.string("base_model_name_or_path")) c.base_model_name_or_path = *b;
+  if (c.type == FinetuningType::kLora) {
+    if (auto v = r.integer("r", 1)) c.lora.r = *v;
+    if (auto v = r.number("lora_alpha", 0.0)) c.lora.alpha = *v;
+    if (auto v = r.number("lora_dropout", 0.0, 1.0)) c.lora.dropout = *v;
+    const rapidjson::Value* t = r.find("target_modules");
+    if (t != nullptr && t->IsString()) {
+      c.lora.target_regex = t->GetString();
+      c.lora.target_modules.clear();
+      if (c.lora.target_regex == "all-linear") {
+        c.lora.target_regex.clear();
+        c.lora.target_modules = {"all-linear"};
+      }
+    } else if (t != nullptr && t->IsArray()) {
+      c.lora.target_modules.clear();
+      for (const auto& x : t->GetArray()) {
+        if (!x.IsString()) r.fail("target_modules", "a list of module names or a regex");
+        c.lora.target_modules.emplace_back(x.GetString());
+      }
+    }
+    if (auto v = r.choice("bias", {"none", "all", "lora_only"})) c.lora.bias = *v;
+    if (const rapidjson::Value* m = r.find("modules_to_save"); m != nullptr) {
+      if (!m->IsArray()) r.fail("modules_to_save", "a list of module names or null");
+      for (const auto& x : m->GetArray()) c.lora.modules_to_save.emplace_back(x.GetString());
+    }
+    if (auto v = r.boolean("use_rslora")) c.lora.use_rslora = *v;
+    // PEFT options that would change what the adapter computes and that zerotrain lacks.
+    for (const char* k : {"use_dora", "fan_in_fan_out", "use_qalora"}) {
+      if (auto v = r.boolean(k); v && *v) {
+        r.fail_value(k, "is not supported by zerotrain (plain LoRA only); remove it or set false");
+      }
+    }
+    for (const char* k : {"layers_to_transform", "layer_replication", "target_parameters",
+                          "exclude_modules", "trainable_token_indices"}) {
+      const rapidjson::Value* v = r.find(k);
+      if (v != nullptr && !(v->IsArray() && v->Empty())) {
+        r.fail_value(k, "is not supported by zerotrain; remove it");
+      }
+    }
+    for (const char* k : {"rank_pattern", "alpha_pattern"}) {
+      const rapidjson::Value* v = r.find(k);
+      if (v != nullptr && v->IsObject() && v->MemberCount() > 0) {
+        r.fail_value(k, "per-module ranks are not supported by zerotrain; remove it");
+      }
+    }
+  } else {
+    if (auto v = r.integer("num_virtual_tokens", 1)) c.prompt.num_virtual_tokens = *v;
+    if (auto v = r.integer("encoder_hidden_size", 0)) c.prompt.encoder_hidden_size = *v;
+    if (auto v = r.string("encoder_reparameterization_type")) c.prompt.reparameterization = *v;
+    if (auto v = r.integer("encoder_num_layers", 1)) c.prompt.encoder_num_layers = *v;
+    if (auto v = r.boolean("prefix_projection")) c.prompt.prefix_projection = *v;
+  }
+  return c;
+}
+
+ParameterCount load_adapter(CausalLM& model, const std::string& dir, bool trainable) {
+  PeftConfig c = load_adapter_config(dir);
+  const std::string file = dir + "/adapter_model.safetensors";
+  SafetensorsFile st(file);
+  const ModelConfig& m = model.config();
+  if (c.type == FinetuningType::kLora) {
+    apply_peft(model, c, 0);
+    at::NoGradGuard no_grad;
+    std::map<std::string, at::Tensor> params;
+    for (const auto& item : model.named_parameters(true)) params[item.key()] = item.value();
+    for (const std::string& key : st.names()) {
+      if (key.rfind(kPrefix, 0) != 0 || !params.count(key.substr(std::string(kPrefix).size()))) {
+        throw IoError(fmt::format("'{}' holds tensor '{}', which has no place in this model "
+                                  "(a different base model?)",
+                                  file, key));
+      }
+    }
+    for (auto& [name, p] : params) {
+      const bool lora = is_lora_name(name);
+      if (!lora && !p.requires_grad()) continue;
+      const std::string key = kPrefix + name;
+      if (!st.contains(key)) {
+        if (!lora) continue;  // a trainable bias or saved module the adapter did not store
+        throw IoError(fmt::format("'{}' lacks '{}', which its adapter_config.json implies", file, key));
+      }
+      if (st.info(key).shape != p.sizes().vec()) {
+        throw IoError(fmt::format("'{}': '{}' has shape [{}] but this model needs [{}] (a different "
+                                  "base model or rank?)",
+                                  file, key, fmt::join(st.info(key).shape, ", "),
+                                  fmt::join(p.sizes(), ", ")));
+      }
+      if (!p.is_contiguous()) p.set_data(at::empty(p.sizes(), p.options()));
+      p.copy_(st.load(key));
+      p.set_requires_grad(lora && trainable);
+    }
+  } else {
+    const bool prefix = c.type == FinetuningType::kPrefix;
+    at::Tensor table = st.load("prompt_embeddings");
+    const int64_t width = prefix ? m.num_hidden_layers * 2 * m.kv_dim() : m.hidden_size;
+    if (table.dim() != 2 || table.size(0) != c.prompt.num_virtual_tokens || table.size(1) != width) {
+      throw IoError(fmt::format("'{}': prompt_embeddings has shape [{}] but this model needs [{}, {}]",
+                                file, fmt::join(table.sizes(), ", "), c.prompt.num_virtual_tokens, width));
+    }
+    for (auto& p : model.parameters(true)) p.set_requires_grad(false);
+    const at::Tensor& w = model.named_parameters(true).begin()->value();
+    auto adapter = std::make_shared<peft::FixedPrompt>(m, table.to(w.device(), w.scalar_type()), prefix);
+    for (auto& p : adapter->parameters()) p.set_requires_grad(trainable);
+    model.set_prompt_adapter(adapter);
+  }
+  return count_parameters(model);
+}
+
+void export_merged(CausalLM& model, const std::string& dir, at::ScalarType dtype) {
+  merge_lora(model);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  try {
+    for (const auto& item : model.named_parameters(true)) {
+      const std::string& name = item.key();
+      if (is_lora_name(name) || name.rfind("prompt_encoder.", 0) == 0) continue;
+      // A copy: unmerging below changes the parameters in place.
+      tensors.emplace_back(name, item.value().detach().to(at::kCPU, dtype, false, /*copy=*/true).contiguous());
+    }
+  } catch (...) {
+    unmerge_lora(model);
+    throw;
+  }
+  unmerge_lora(model);
+  std::filesystem::create_directories(dir);
+  save_sharded_safetensors(dir, tensors);
+  ModelConfig c = model.config();
+  c.dtype = dtype;
+  files::write_atomic(dir + "/config.json", model_config_json(c) + "\n");
+}
+
+}  // namespace zt

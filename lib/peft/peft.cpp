@@ -1,0 +1,340 @@
+// Applying PEFT methods to a CausalLM: LoRA injection, prompt encoders, Freeze, counting,
+// merging.
+#include "zerotrain/peft.hpp"
+
+#include <cmath>
+#include <functional>
+#include <regex>
+
+#include <fmt/format.h>
+
+#include "model/layers.hpp"
+#include "peft/prompt_encoders.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt {
+namespace {
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    std::string item = s.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    size_t a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
+    if (a != std::string::npos) out.push_back(item.substr(a, b - a + 1));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return out;
+}
+
+bool ends_with_component(const std::string& path, const std::string& name) {
+  return path == name ||
+         (path.size() > name.size() && path.compare(path.size() - name.size(), name.size(), name) == 0 &&
+          path[path.size() - name.size() - 1] == '.');
+}
+
+bool has_component(const std::string& path, const std::string& name) {
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('.', start);
+    if (path.compare(start, end == std::string::npos ? std::string::npos : end - start, name) == 0 &&
+        (end == std::string::npos ? path.size() - start : end - start) == name.size()) {
+      return true;
+    }
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return false;
+}
+
+std::string with_commas(int64_t v) {
+  std::string digits = std::to_string(v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// The projections of the model by module path (LoRA's own A/B excluded).
+std::vector<std::pair<std::string, std::shared_ptr<model::Linear>>> projections(torch::nn::Module& m) {
+  std::vector<std::pair<std::string, std::shared_ptr<model::Linear>>> out;
+  for (const auto& item : m.named_modules("", /*include_self=*/false)) {
+    auto lin = std::dynamic_pointer_cast<model::Linear>(item.value());
+    if (!lin) continue;
+    if (ends_with_component(item.key(), "lora_A") || ends_with_component(item.key(), "lora_B")) continue;
+    out.emplace_back(item.key(), lin);
+  }
+  return out;
+}
+
+bool is_lora_target(const std::string& path, const LoraOptions& o) {
+  if (!o.target_regex.empty()) return std::regex_match(path, std::regex(o.target_regex));
+  for (const std::string& t : o.target_modules) {
+    if (t == "all-linear") {
+      if (!ends_with_component(path, "lm_head")) return true;
+    } else if (ends_with_component(path, t)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void freeze_all(torch::nn::Module& m) {
+  for (auto& p : m.parameters(true)) p.set_requires_grad(false);
+}
+
+// A generator per name, so values do not depend on creation order and agree on every rank.
+at::Generator generator_for(uint64_t seed, const std::string& name) {
+  return at::detail::createCPUGenerator(seed ^ (std::hash<std::string>{}(name) * 0x9E3779B97F4A7C15ULL));
+}
+
+void add_lora(const std::string& path, model::Linear& lin, const LoraOptions& o, uint64_t seed) {
+  if (lin.lora_A) throw InvalidArgument(fmt::format("'{}' already has a LoRA adapter", path));
+  const auto options = lin.weight.options();
+  model::ParamFactory factory{options, true};
+  lin.lora_A = lin.register_module("lora_A", std::make_shared<model::Linear>(lin.in_features, o.r, false, factory));
+  lin.lora_B = lin.register_module("lora_B", std::make_shared<model::Linear>(o.r, lin.out_features, false, factory));
+  at::NoGradGuard no_grad;
+  // PEFT: A ~ kaiming_uniform(a=√5) = U(±1/√in), B = 0, so the adapter starts as a no-op.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(lin.in_features));
+  at::Tensor a = at::empty({o.r, lin.in_features}).uniform_(-bound, bound, generator_for(seed, path));
+  lin.lora_A->weight.copy_(a);
+  lin.lora_B->weight.zero_();
+  lin.lora_scaling = o.use_rslora ? o.alpha / std::sqrt(static_cast<double>(o.r)) : o.alpha / static_cast<double>(o.r);
+  lin.lora_dropout = o.dropout;
+}
+
+void apply_lora(CausalLM& model, const LoraOptions& o, uint64_t seed) {
+  if (o.r < 1) throw ConfigError(fmt::format("lora_r: expected an integer >= 1, found {}", o.r));
+  if (o.bias != "none" && o.bias != "all" && o.bias != "lora_only") {
+    throw ConfigError(fmt::format("lora_bias: expected none, all or lora_only, found \"{}\"", o.bias));
+  }
+  if (!o.target_regex.empty()) {
+    try {
+      std::regex check(o.target_regex);
+    } catch (const std::regex_error& e) {
+      throw ConfigError(fmt::format("lora_target_modules: \"{}\" is not a valid regex: {}",
+                                    o.target_regex, e.what()));
+    }
+  }
+  freeze_all(model);
+  std::vector<std::string> targeted;
+  for (auto& [path, lin] : projections(model)) {
+    if (!is_lora_target(path, o)) continue;
+    add_lora(path, *lin, o, seed);
+    targeted.push_back(path);
+  }
+  if (targeted.empty()) {
+    std::string names;
+    for (auto& [path, lin] : projections(model)) names += (names.empty() ? "" : ", ") + path.substr(path.rfind('.') + 1);
+    throw ConfigError(fmt::format("lora_target_modules matches no projection of this model; its "
+                                  "projections end in: {} (or use all-linear)",
+                                  names));
+  }
+  for (auto& item : model.named_parameters(true)) {
+    const std::string& name = item.key();
+    bool train = name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+    const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    if (bias && o.bias == "all") train = true;
+    if (bias && o.bias == "lora_only") {
+      std::string module = name.substr(0, name.size() - 5);
+      for (const std::string& t : targeted) train = train || module == t;
+    }
+    for (const std::string& m : o.modules_to_save) {
+      std::string module = name.substr(0, name.rfind('.'));
+      train = train || ends_with_component(module, m);
+    }
+    item.value().set_requires_grad(train);
+  }
+}
+
+void apply_freeze(CausalLM& model, const FreezeOptions& o) {
+  const int64_t layers = model.config().num_hidden_layers;
+  std::vector<int64_t> chosen;
+  if (o.module_names.empty()) {
+    const int64_t n = std::min<int64_t>(std::abs(o.trainable_layers), layers);
+    for (int64_t i = 0; i < n; ++i) chosen.push_back(o.trainable_layers > 0 ? layers - n + i : i);
+  }
+  const bool all_modules = o.trainable_modules.empty() ||
+                           (o.trainable_modules.size() == 1 && o.trainable_modules[0] == "all");
+  if (!all_modules) {
+    for (const std::string& m : o.trainable_modules) {
+      if (m != "self_attn" && m != "mlp" && m != "input_layernorm" && m != "post_attention_layernorm" &&
+          m != "q_proj" && m != "k_proj" && m != "v_proj" && m != "o_proj" && m != "gate_proj" &&
+          m != "up_proj" && m != "down_proj") {
+        throw ConfigError(fmt::format(
+            "freeze_trainable_modules: \"{}\" is not a module of a decoder layer; use all, or "
+            "self_attn, mlp, input_layernorm, post_attention_layernorm, q_proj, k_proj, v_proj, "
+            "o_proj, gate_proj, up_proj, down_proj",
+            m));
+      }
+    }
+  }
+  int64_t trainable = 0;
+  for (auto& item : model.named_parameters(true)) {
+    const std::string& name = item.key();
+    bool train = false;
+    for (const std::string& s : o.module_names) train = train || name.find(s) != std::string::npos;
+    for (int64_t i : chosen) {
+      if (name.rfind(fmt::format("model.layers.{}.", i), 0) != 0) continue;
+      if (all_modules) {
+        train = true;
+      } else {
+        for (const std::string& m : o.trainable_modules) train = train || has_component(name, m);
+      }
+    }
+    for (const std::string& m : o.extra_modules) train = train || has_component(name, m);
+    item.value().set_requires_grad(train);
+    if (train) trainable += item.value().numel();
+  }
+  if (trainable == 0) {
+    throw ConfigError("freeze: no parameter is left trainable (check freeze_trainable_layers, "
+                      "freeze_module_name and freeze_extra_modules against the model's names)");
+  }
+}
+
+}  // namespace
+
+PeftConfig peft_config_for(const TrainingArguments& a) {
+  PeftConfig c;
+  const std::string& t = a.finetuning_type;
+  c.type = t == "lora"                             ? FinetuningType::kLora
+           : t == "ptuning"                        ? FinetuningType::kPTuning
+           : t == "prefix" || t == "ptuning_v2"    ? FinetuningType::kPrefix
+           : t == "freeze"                         ? FinetuningType::kFreeze
+                                                   : FinetuningType::kFull;
+  c.lora.r = a.lora_r;
+  c.lora.alpha = a.lora_alpha;
+  c.lora.dropout = a.lora_dropout;
+  // A comma list of names, all-linear, or — when it holds regex syntax — a regex.
+  const std::string& targets = a.lora_target_modules;
+  if (targets.find_first_of("*()[]|\\^$+?{}") != std::string::npos) {
+    c.lora.target_regex = targets;
+    c.lora.target_modules.clear();
+  } else {
+    c.lora.target_modules = split_list(targets);
+    if (c.lora.target_modules.empty()) throw ConfigError("lora_target_modules: empty");
+  }
+  c.lora.bias = a.lora_bias;
+  c.lora.modules_to_save = split_list(a.lora_modules_to_save);
+  c.lora.use_rslora = a.use_rslora;
+  c.prompt.num_virtual_tokens = a.pre_seq_len.value_or(a.num_virtual_tokens);
+  c.prompt.reparameterization = a.encoder_reparameterization_type;
+  c.prompt.encoder_hidden_size = a.encoder_hidden_size;
+  c.prompt.prefix_projection = a.prefix_projection;
+  c.freeze.trainable_layers = a.freeze_trainable_layers;
+  c.freeze.trainable_modules = split_list(a.freeze_trainable_modules);
+  c.freeze.module_names = split_list(a.freeze_module_name);
+  c.freeze.extra_modules = split_list(a.freeze_extra_modules);
+  return c;
+}
+
+std::string ParameterCount::line() const {
+  return fmt::format("trainable params: {} || all params: {} || trainable%: {:.4f}",
+                     with_commas(trainable), with_commas(all),
+                     all > 0 ? 100.0 * static_cast<double>(trainable) / static_cast<double>(all) : 0.0);
+}
+
+ParameterCount count_parameters(const torch::nn::Module& model) {
+  ParameterCount c;
+  for (const auto& p : model.parameters(true)) {
+    c.all += p.numel();
+    if (p.requires_grad()) c.trainable += p.numel();
+  }
+  return c;
+}
+
+ParameterCount apply_peft(CausalLM& model, const PeftConfig& c, uint64_t seed) {
+  switch (c.type) {
+    case FinetuningType::kFull:
+      for (auto& p : model.parameters(true)) p.set_requires_grad(true);
+      break;
+    case FinetuningType::kLora:
+      apply_lora(model, c.lora, seed);
+      break;
+    case FinetuningType::kFreeze:
+      apply_freeze(model, c.freeze);
+      break;
+    case FinetuningType::kPTuning:
+    case FinetuningType::kPrefix: {
+      if (c.prompt.num_virtual_tokens < 1) throw ConfigError("num_virtual_tokens: expected >= 1");
+      if (c.type == FinetuningType::kPTuning && c.prompt.reparameterization != "MLP" &&
+          c.prompt.reparameterization != "LSTM") {
+        throw ConfigError(fmt::format("encoder_reparameterization_type: expected MLP or LSTM, found \"{}\"",
+                                      c.prompt.reparameterization));
+      }
+      freeze_all(model);
+      at::manual_seed(seed);  // PyTorch's default inits draw from the global generator
+      std::shared_ptr<PromptAdapter> adapter;
+      if (c.type == FinetuningType::kPTuning) {
+        adapter = std::make_shared<peft::PTuningEncoder>(model.config(), c.prompt);
+      } else {
+        adapter = std::make_shared<peft::PrefixEncoder>(model.config(), c.prompt);
+      }
+      const at::Tensor& w = model.named_parameters(true).begin()->value();
+      adapter->to(w.device(), w.scalar_type());
+      model.set_prompt_adapter(adapter);
+      break;
+    }
+  }
+  return count_parameters(model);
+}
+
+void merge_lora(CausalLM& model) {
+  at::NoGradGuard no_grad;
+  for (auto& [path, lin] : projections(model)) {
+    if (!lin->lora_A || lin->lora_merged) continue;
+    at::Tensor delta = at::matmul(lin->lora_B->weight.to(at::kFloat), lin->lora_A->weight.to(at::kFloat)) *
+                       lin->lora_scaling;
+    lin->weight.copy_(lin->weight.to(at::kFloat) + delta);
+    lin->lora_merged = true;
+  }
+}
+
+void unmerge_lora(CausalLM& model) {
+  at::NoGradGuard no_grad;
+  for (auto& [path, lin] : projections(model)) {
+    if (!lin->lora_A || !lin->lora_merged) continue;
+    at::Tensor delta = at::matmul(lin->lora_B->weight.to(at::kFloat), lin->lora_A->weight.to(at::kFloat)) *
+                       lin->lora_scaling;
+    lin->weight.copy_(lin->weight.to(at::kFloat) - delta);
+    lin->lora_merged = false;
+  }
+}
+
+namespace {
+
+class AdapterOverlay final : public ParameterSource {
+ public:
+  AdapterOverlay(std::shared_ptr<ParameterSource> base, torch::nn::Module& model) : base_(std::move(base)) {
+    for (const auto& item : model.named_parameters(true)) own_[item.key()] = item.value();
+  }
+  bool has(const std::string& name) const override { return base_->has(name) || own_.count(name) != 0; }
+  void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
+            const at::Tensor& out) override {
+    if (base_->has(name)) return base_->read(name, shape, offset, out);
+    auto it = own_.find(name);
+    if (it == own_.end() || !it->second.is_contiguous()) {
+      throw IoError(fmt::format("no values for parameter '{}': neither the checkpoint nor the "
+                                "model holds it",
+                                name));
+    }
+    out.view({-1}).copy_(it->second.detach().reshape({-1}).narrow(0, offset, out.numel()));
+  }
+
+ private:
+  std::shared_ptr<ParameterSource> base_;
+  std::map<std::string, at::Tensor> own_;
+};
+
+}  // namespace
+
+std::shared_ptr<ParameterSource> with_adapter_values(std::shared_ptr<ParameterSource> base,
+                                                     torch::nn::Module& model) {
+  return std::make_shared<AdapterOverlay>(std::move(base), model);
+}
+
+}  // namespace zt

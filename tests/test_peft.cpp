@@ -1,0 +1,258 @@
+// PEFT adapters against HF PEFT 0.21: adapters PEFT created load into zerotrain and give PEFT's
+// logits and loss; trainable-parameter counts equal PEFT's; zerotrain's saved adapters have
+// PEFT's layout and round-trip; merging; Freeze; and errors. Tolerances as in test_model.cpp
+// (fp32: 2e-5 absolute on logits, 1e-5 relative on the loss).
+#include "support/catch.hpp"
+
+#include <filesystem>
+#include <fstream>
+
+#include "peft/prompt_encoders.hpp"
+#include "support/ranks.hpp"
+#include "util/files.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
+#include "zerotrain/safetensors.hpp"
+
+using namespace zt;
+using Catch::Contains;
+
+namespace {
+
+std::string fixture(const std::string& rel) { return std::string(ZT_FIXTURES) + "/" + rel; }
+
+std::shared_ptr<CausalLM> base_llama() {
+  ModelConfig c = load_model_config(fixture("models/llama"));
+  auto m = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
+  load_weights(*m, *checkpoint_source(fixture("models/llama")));
+  return m;
+}
+
+double max_abs(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>();
+}
+
+const char* kMethods[] = {"lora", "lora_rslora_all_linear", "ptuning_mlp", "ptuning_lstm", "prefix",
+                          "prefix_projection"};
+
+}  // namespace
+
+TEST_CASE("adapters PEFT created give PEFT's logits and loss in zerotrain", "[peft][parity]") {
+  for (const char* name : kMethods) {
+    INFO("adapter " << name);
+    const std::string dir = fixture(std::string("peft/") + name);
+    auto model = base_llama();
+    load_adapter(*model, dir, /*trainable=*/false);
+    SafetensorsFile expected(dir + "/expected.safetensors");
+    at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");
+    at::Tensor labels = expected.load("labels");
+    at::Tensor want = expected.load("logits");
+    at::NoGradGuard no_grad;
+    at::Tensor got = model->logits(ids, mask);
+    REQUIRE(got.sizes() == want.sizes());
+    // Compared where the token is real (virtual tokens count as real).
+    const int64_t extra = got.size(1) - ids.size(1);
+    at::Tensor real = at::cat({at::ones({ids.size(0), extra}, mask.options()), mask}, 1).to(at::kBool);
+    CHECK(max_abs(got.index({real}), want.index({real})) < 2e-5);
+    LossSum loss = model->loss(ids, labels, mask);
+    CHECK(loss.sum.item<double>() / loss.tokens == Approx(expected.load("loss").item<double>()).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("trainable-parameter counts equal PEFT's for the same config", "[peft]") {
+  for (const char* name : kMethods) {
+    INFO("adapter " << name);
+    const std::string dir = fixture(std::string("peft/") + name);
+    PeftConfig c = load_adapter_config(dir);
+    auto model = base_llama();
+    ParameterCount count = apply_peft(*model, c, 1);
+    std::string counts = files::read_text(dir + "/counts.json");
+    auto number = [&](const char* key) {
+      size_t at = counts.find(key);
+      return std::stoll(counts.substr(counts.find(':', at) + 1));
+    };
+    CHECK(count.trainable == number("\"trainable\""));
+    CHECK(count.all == number("\"all\""));
+  }
+  auto model = base_llama();
+  PeftConfig lora;
+  lora.type = FinetuningType::kLora;
+  lora.lora.r = 4;
+  lora.lora.alpha = 8;
+  lora.lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+  CHECK(apply_peft(*model, lora, 1).line() ==
+        "trainable params: 3,584 || all params: 106,304 || trainable%: 3.3715");
+}
+
+TEST_CASE("zerotrain's prompt encoders compute what PEFT's do", "[peft][parity]") {
+  // PEFT's full trainable state (encoder weights) loaded into zerotrain's encoder reproduces the
+  // prompt_embeddings PEFT saved.
+  for (const char* name : {"ptuning_mlp", "ptuning_lstm", "prefix", "prefix_projection"}) {
+    INFO(name);
+    const std::string dir = fixture(std::string("peft/") + name);
+    auto model = base_llama();
+    apply_peft(*model, load_adapter_config(dir), 1);
+    SafetensorsFile state(dir + "/trainable_state.safetensors");
+    at::NoGradGuard no_grad;
+    for (auto& item : model->named_parameters()) {
+      if (item.key().rfind("prompt_encoder.", 0) != 0) continue;
+      std::string key = "prompt_encoder.default." + item.key().substr(std::string("prompt_encoder.").size());
+      REQUIRE(state.contains(key));
+      item.value().copy_(state.load(key));
+    }
+    at::Tensor table = std::string(name).rfind("prefix", 0) == 0
+                           ? dynamic_cast<peft::PrefixEncoder*>(model->prompt_adapter())->encode()
+                           : model->prompt_adapter()->virtual_embeddings();
+    CHECK(max_abs(table, SafetensorsFile(dir + "/adapter_model.safetensors").load("prompt_embeddings")) < 1e-5);
+  }
+}
+
+TEST_CASE("saved adapters have PEFT's layout and load back to the same logits", "[peft]") {
+  at::Tensor ids = at::randint(3, 128, {2, 9}, at::kLong);
+  for (const char* name : {"lora", "ptuning_mlp", "prefix_projection"}) {
+    INFO(name);
+    PeftConfig c = load_adapter_config(fixture(std::string("peft/") + name));
+    auto model = base_llama();
+    apply_peft(*model, c, 5);
+    {
+      at::NoGradGuard no_grad;  // give LoRA's B (zero at init) an effect
+      for (auto& item : model->named_parameters()) {
+        if (item.key().find("lora_B") != std::string::npos) item.value().normal_(0, 0.05);
+      }
+    }
+    std::string dir = test::temp_dir("adapter");
+    save_adapter(*model, c, dir);
+    // Same tensor names and shapes as the adapter PEFT wrote for this config.
+    SafetensorsFile ours(dir + "/adapter_model.safetensors");
+    SafetensorsFile peft(fixture(std::string("peft/") + name + "/adapter_model.safetensors"));
+    CHECK(ours.names().size() == peft.names().size());
+    for (const std::string& key : peft.names()) {
+      INFO(key);
+      REQUIRE(ours.contains(key));
+      CHECK(ours.info(key).shape == peft.info(key).shape);
+    }
+    PeftConfig back = load_adapter_config(dir);
+    CHECK(back.type == c.type);
+    CHECK(back.lora.r == c.lora.r);
+    CHECK(back.prompt.num_virtual_tokens == c.prompt.num_virtual_tokens);
+    auto loaded = base_llama();
+    load_adapter(*loaded, dir, false);
+    at::NoGradGuard no_grad;
+    CHECK(max_abs(model->logits(ids), loaded->logits(ids)) < 1e-5);
+  }
+}
+
+TEST_CASE("merged LoRA gives the adapter's outputs; export loads as a plain model", "[peft]") {
+  const std::string dir = fixture("peft/lora_rslora_all_linear");
+  auto model = base_llama();
+  load_adapter(*model, dir, false);
+  at::Tensor ids = at::randint(3, 128, {2, 11}, at::kLong);
+  at::NoGradGuard no_grad;
+  at::Tensor with_adapter = model->logits(ids);
+  at::Tensor base_q = model->named_parameters()["model.layers.0.self_attn.q_proj.weight"].clone();
+  merge_lora(*model);
+  CHECK(max_abs(model->logits(ids), with_adapter) < 1e-5);
+  CHECK_FALSE(at::equal(model->named_parameters()["model.layers.0.self_attn.q_proj.weight"], base_q));
+  unmerge_lora(*model);
+  CHECK(max_abs(model->named_parameters()["model.layers.0.self_attn.q_proj.weight"], base_q) < 1e-6);
+  std::string out = test::temp_dir("merged");
+  export_merged(*model, out, at::kFloat);
+  ModelConfig c = load_model_config(out);
+  auto plain = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
+  load_weights(*plain, *checkpoint_source(out));
+  CHECK(max_abs(plain->logits(ids), with_adapter) < 1e-5);
+  for (const std::string& n : SafetensorsCheckpoint(out).names()) CHECK(n.find("lora") == std::string::npos);
+}
+
+TEST_CASE("freeze trains the chosen layers and modules only", "[peft]") {
+  auto trainable_names = [](CausalLM& m) {
+    std::vector<std::string> out;
+    for (const auto& p : m.named_parameters()) {
+      if (p.value().requires_grad()) out.push_back(p.key());
+    }
+    return out;
+  };
+  auto all_start = [](const std::vector<std::string>& names, const std::string& prefix) {
+    for (const std::string& n : names) {
+      if (n.rfind(prefix, 0) != 0) return false;
+    }
+    return !names.empty();
+  };
+  PeftConfig c;
+  c.type = FinetuningType::kFreeze;
+  c.freeze.trainable_layers = 1;
+  auto m = base_llama();
+  apply_peft(*m, c, 0);
+  CHECK(all_start(trainable_names(*m), "model.layers.1."));
+  c.freeze.trainable_layers = -1;
+  apply_peft(*m, c, 0);
+  CHECK(all_start(trainable_names(*m), "model.layers.0."));
+  c.freeze.trainable_modules = {"mlp"};
+  apply_peft(*m, c, 0);
+  CHECK(all_start(trainable_names(*m), "model.layers.0.mlp."));
+  c.freeze.trainable_modules = {"all"};
+  c.freeze.module_names = {"layers.1.self_attn"};
+  c.freeze.extra_modules = {"lm_head"};
+  apply_peft(*m, c, 0);
+  for (const std::string& n : trainable_names(*m)) {
+    CHECK((n.find("layers.1.self_attn") != std::string::npos || n.rfind("lm_head", 0) == 0));
+  }
+  c.freeze.module_names = {"no_such_module"};
+  c.freeze.extra_modules.clear();
+  CHECK_THROWS_AS(apply_peft(*m, c, 0), ConfigError);
+  c.freeze.module_names.clear();
+  c.freeze.trainable_modules = {"attention"};
+  CHECK_THROWS_WITH(apply_peft(*m, c, 0), Contains("freeze_trainable_modules") && Contains("self_attn"));
+}
+
+TEST_CASE("flat training options select the method, and misuse is an error", "[peft][config]") {
+  TrainingArguments a;
+  apply_training_flags(a, {"--finetuning_type", "lora", "--lora_r", "16", "--lora_target_modules",
+                           "q_proj, v_proj", "--lora_modules_to_save", "lm_head"});
+  PeftConfig c = peft_config_for(a);
+  CHECK(c.type == FinetuningType::kLora);
+  CHECK(c.lora.r == 16);
+  CHECK(c.lora.target_modules == std::vector<std::string>({"q_proj", "v_proj"}));
+  CHECK(c.lora.modules_to_save == std::vector<std::string>({"lm_head"}));
+  TrainingArguments r;
+  apply_training_flags(r, {"--finetuning_type", "lora", "--lora_target_modules", ".*\\.(q|v)_proj"});
+  CHECK(peft_config_for(r).lora.target_regex == ".*\\.(q|v)_proj");
+  TrainingArguments v2;
+  apply_training_flags(v2, {"--finetuning_type", "ptuning_v2", "--pre_seq_len", "8"});
+  CHECK(peft_config_for(v2).type == FinetuningType::kPrefix);
+  CHECK(peft_config_for(v2).prompt.num_virtual_tokens == 8);
+  TrainingArguments bad;
+  CHECK_THROWS_WITH(apply_training_flags(bad, {"--finetuning_type", "ptuning", "--pre_seq_len", "8"}),
+                    Contains("pre_seq_len") && Contains("prefix"));
+  CHECK_THROWS_WITH(apply_training_flags(bad, {"--lora_bias", "some"}), Contains("lora_bias"));
+  // A regex or names that match nothing.
+  auto m = base_llama();
+  PeftConfig none;
+  none.type = FinetuningType::kLora;
+  none.lora.target_modules = {"query_key_value"};
+  CHECK_THROWS_WITH(apply_peft(*m, none, 0), Contains("matches no projection") && Contains("q_proj"));
+}
+
+TEST_CASE("adapter options zerotrain lacks are errors naming them", "[peft][errors]") {
+  auto write = [](const std::string& json) {
+    std::string dir = test::temp_dir("badadapter");
+    std::ofstream(dir + "/adapter_config.json") << json;
+    return dir;
+  };
+  CHECK_THROWS_WITH(load_adapter_config(write(R"({"peft_type": "LORA", "use_dora": true})")),
+                    Contains("use_dora"));
+  CHECK_THROWS_WITH(load_adapter_config(write(R"({"peft_type": "IA3"})")),
+                    Contains("IA3") && Contains("LORA, P_TUNING, PREFIX_TUNING"));
+  CHECK_THROWS_WITH(load_adapter_config(write(R"({"peft_type": "LORA", "layers_to_transform": [0]})")),
+                    Contains("layers_to_transform"));
+  CHECK_THROWS_WITH(load_adapter_config(write(R"({"peft_type": "LORA", "task_type": "SEQ_CLS"})")),
+                    Contains("task_type"));
+  // An adapter of another base: shapes do not fit.
+  std::string dir = test::temp_dir("otherbase");
+  std::filesystem::copy(fixture("peft/lora/adapter_config.json"), dir + "/adapter_config.json");
+  save_safetensors(dir + "/adapter_model.safetensors",
+                   {{"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", at::zeros({4, 99})}});
+  auto m = base_llama();
+  CHECK_THROWS_AS(load_adapter(*m, dir, false), IoError);
+}
