@@ -4,6 +4,7 @@
 // (fp32: 2e-5 absolute on logits, 1e-5 relative on the loss).
 #include "support/catch.hpp"
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -255,4 +256,98 @@ TEST_CASE("adapter options zerotrain lacks are errors naming them", "[peft][erro
                    {{"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", at::zeros({4, 99})}});
   auto m = base_llama();
   CHECK_THROWS_AS(load_adapter(*m, dir, false), IoError);
+}
+
+// The other direction of interoperability: adapters zerotrain wrote were loaded into HF PEFT
+// 0.21 on the GPU machine (tests/tools/check_peft_loads.py) and PEFT's logits with them were
+// kept as fixtures. Here zerotrain loads the same files and must give those logits, and must
+// write the very same files again from what it loaded — so the fixture stays "what zerotrain
+// writes", not a one-off.
+namespace {
+
+const char* kWrittenByZerotrain[] = {"lora", "ptuning_mlp", "prefix_projection"};
+
+// An adapter with an effect worth checking (LoRA's B is zero at init): the configuration of the
+// PEFT fixture of the same name, every trainable value nudged.
+void write_zerotrain_adapter(const std::string& name, const std::string& dir) {
+  PeftConfig c = load_adapter_config(fixture("peft/" + name));
+  auto model = base_llama();
+  apply_peft(*model, c, 5);
+  {
+    at::NoGradGuard no_grad;
+    at::manual_seed(11);
+    for (auto& item : model->named_parameters()) {
+      if (item.value().requires_grad()) item.value().add_(at::randn_like(item.value()), 0.05);
+    }
+  }
+  save_adapter(*model, c, dir);
+  SafetensorsFile inputs(fixture("peft/" + name + "/expected.safetensors"));
+  at::Tensor ids = inputs.load("input_ids"), mask = inputs.load("attention_mask");
+  at::NoGradGuard no_grad;
+  save_safetensors(dir + "/zerotrain_logits.safetensors",
+                   {{"input_ids", ids}, {"attention_mask", mask}, {"logits", model->logits(ids, mask)}});
+}
+
+}  // namespace
+
+TEST_CASE("tool: write zerotrain adapters for the PEFT check", "[.tool]") {
+  const char* out = std::getenv("ZT_OUT");
+  REQUIRE(out != nullptr);
+  for (const char* name : kWrittenByZerotrain) {
+    const std::string dir = std::string(out) + "/" + name;
+    std::filesystem::create_directories(dir);
+    write_zerotrain_adapter(name, dir);
+  }
+}
+
+TEST_CASE("adapters zerotrain saved give zerotrain's logits in HF PEFT", "[peft][parity]") {
+  for (const char* name : kWrittenByZerotrain) {
+    INFO("adapter " << name);
+    const std::string dir = fixture(std::string("peft_from_zerotrain/") + name);
+    SafetensorsFile expected(dir + "/peft_logits.safetensors");
+    at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");
+    at::Tensor want = expected.load("logits");
+    auto model = base_llama();
+    load_adapter(*model, dir, /*trainable=*/false);
+    at::NoGradGuard no_grad;
+    at::Tensor got = model->logits(ids, mask);
+    REQUIRE(got.sizes() == want.sizes());
+    const int64_t extra = got.size(1) - ids.size(1);
+    at::Tensor real = at::cat({at::ones({ids.size(0), extra}, mask.options()), mask}, 1).to(at::kBool);
+    CHECK(max_abs(got.index({real}), want.index({real})) < 2e-5);
+
+    // Saving what was loaded writes the fixture's files again, tensor for tensor.
+    std::string again = test::temp_dir("resave");
+    save_adapter(*model, load_adapter_config(dir), again);
+    SafetensorsFile a(dir + "/adapter_model.safetensors"), b(again + "/adapter_model.safetensors");
+    CHECK(a.names() == b.names());
+    for (const std::string& key : a.names()) {
+      INFO(key);
+      REQUIRE(b.contains(key));
+      CHECK(at::equal(a.load(key), b.load(key)));
+    }
+    CHECK(load_adapter_config(again).type == load_adapter_config(dir).type);
+  }
+}
+
+TEST_CASE("training continues from a LoRA adapter folder with its values", "[peft]") {
+  const std::string dir = fixture("peft/lora_rslora_all_linear");
+  auto model = base_llama();
+  ParameterCount count = load_adapter(*model, dir, /*trainable=*/true);
+  std::string counts = files::read_text(dir + "/counts.json");
+  CHECK(count.trainable == std::stoll(counts.substr(counts.find(':', counts.find("\"trainable\"")) + 1)));
+  SafetensorsFile expected(dir + "/expected.safetensors");
+  at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");
+  LossSum loss = model->loss(ids, expected.load("labels"), mask);
+  CHECK(loss.sum.item<double>() / loss.tokens == Approx(expected.load("loss").item<double>()).epsilon(1e-5));
+  loss.sum.backward();
+  int64_t with_grad = 0;
+  for (const auto& item : model->named_parameters()) {
+    INFO(item.key());
+    const bool lora = item.key().find("lora_") != std::string::npos;
+    CHECK(item.value().requires_grad() == lora);
+    CHECK(item.value().grad().defined() == lora);
+    if (lora) with_grad += item.value().numel();
+  }
+  CHECK(with_grad == count.trainable);
 }

@@ -269,7 +269,9 @@ ParameterCount load_adapter(CausalLM& model, const std::string& dir, bool traina
     }
     for (auto& [name, p] : params) {
       const bool lora = is_lora_name(name);
-      if (!lora && !p.requires_grad()) continue;
+      if (!lora && !p.requires_grad()) continue;  // a frozen base weight
+      // LoRA weights, and the biases and modules_to_save the config makes trainable.
+      p.set_requires_grad(trainable);
       const std::string key = kPrefix + name;
       if (!st.contains(key)) {
         if (!lora) continue;  // a trainable bias or saved module the adapter did not store
@@ -283,7 +285,6 @@ ParameterCount load_adapter(CausalLM& model, const std::string& dir, bool traina
       }
       if (!p.is_contiguous()) p.set_data(at::empty(p.sizes(), p.options()));
       p.copy_(st.load(key));
-      p.set_requires_grad(lora && trainable);
     }
   } else {
     const bool prefix = c.type == FinetuningType::kPrefix;
