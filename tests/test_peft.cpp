@@ -332,8 +332,10 @@ TEST_CASE("adapters zerotrain saved give zerotrain's logits in HF PEFT", "[peft]
 
 TEST_CASE("training continues from a LoRA adapter folder with its values", "[peft]") {
   const std::string dir = fixture("peft/lora_rslora_all_linear");
+  TrainingArguments args;
+  apply_training_flags(args, {"--finetuning_type", "lora", "--adapter_name_or_path", dir});
   auto model = base_llama();
-  ParameterCount count = load_adapter(*model, dir, /*trainable=*/true);
+  ParameterCount count = apply_peft_from_args(*model, args, 0);
   std::string counts = files::read_text(dir + "/counts.json");
   CHECK(count.trainable == std::stoll(counts.substr(counts.find(':', counts.find("\"trainable\"")) + 1)));
   SafetensorsFile expected(dir + "/expected.safetensors");
@@ -350,4 +352,34 @@ TEST_CASE("training continues from a LoRA adapter folder with its values", "[pef
     if (lora) with_grad += item.value().numel();
   }
   CHECK(with_grad == count.trainable);
+}
+
+TEST_CASE("continuing from an adapter that does not fit the options is an error", "[peft][errors]") {
+  const std::string lora = fixture("peft/lora_rslora_all_linear");
+  auto model = base_llama();
+  auto attempt = [&](std::vector<std::string> flags) {
+    TrainingArguments args;
+    apply_training_flags(args, flags);
+    apply_peft_from_args(*model, args, 0);
+  };
+  CHECK_THROWS_WITH(attempt({"--finetuning_type", "freeze", "--adapter_name_or_path", lora}),
+                    Contains("finetuning_type lora") && Contains(lora));
+  CHECK_THROWS_WITH(attempt({"--finetuning_type", "lora", "--adapter_name_or_path",
+                             fixture("peft/prefix")}),
+                    Contains("prompt adapter") && Contains("checkpoint"));
+  PeftConfig saved = load_adapter_config(lora);
+  CHECK_THROWS_WITH(attempt({"--finetuning_type", "lora", "--adapter_name_or_path", lora, "--lora_r",
+                             std::to_string(saved.lora.r * 2)}),
+                    Contains("lora_r") && Contains(lora));
+  CHECK_THROWS_WITH(attempt({"--finetuning_type", "lora", "--adapter_name_or_path", lora,
+                             "--lora_target_modules", "q_proj"}),
+                    Contains("lora_target_modules") && Contains("projections"));
+  CHECK_THROWS_WITH(attempt({"--finetuning_type", "lora", "--adapter_name_or_path",
+                             test::temp_dir("no_adapter")}),
+                    Contains("adapter_config.json"));
+  // The same targets written another way agree (PEFT saves all-linear as module paths).
+  TrainingArguments same;
+  apply_training_flags(same, {"--finetuning_type", "lora", "--adapter_name_or_path", lora,
+                              "--lora_target_modules", "all-linear"});
+  CHECK_NOTHROW(apply_peft_from_args(*model, same, 0));
 }

@@ -83,6 +83,10 @@ TEST_CASE("rank: peft trains under every stage", "[.rank]") {
     // parameter, split across ranks from stage 1, plus bucket padding.
     const int64_t holders = stage == 0 ? 1 : comm->world_size();
     CHECK(engine.memory().optimizer_state <= 12 * count.trainable / holders + 4096 * 12);
+    // Nor gradient buffers: at most a full fp32 gradient and a shard accumulator per trainable
+    // parameter, against 4 bytes per parameter of the whole model were frozen weights included.
+    CHECK(engine.memory().gradients <= 8 * count.trainable + 4096 * 8);
+    CHECK(8 * count.trainable + 4096 * 8 < 4 * count.all);
     double first = 0, last = 0;
     for (int step = 0; step < 12; ++step) {
       LossSum loss = model->loss(ids, labels, mask);

@@ -92,6 +92,14 @@ PeftConfig load_adapter_config(const std::string& dir);
 /// fixed table of prompt_embeddings, as PEFT loads them for inference. Shapes are checked.
 ParameterCount load_adapter(CausalLM& model, const std::string& dir, bool trainable);
 
+/// Applies what the training arguments ask for — the call a trainer makes. With
+/// `adapter_name_or_path`, the LoRA adapter in that folder trains on from its saved values: its
+/// adapter_config.json decides the LoRA shape, and lora_r / lora_alpha / use_rslora given
+/// explicitly must agree with it; the method must be lora (P-Tuning and prefix adapters keep only
+/// the encoder's output, so those resume from zerotrain checkpoints). Otherwise
+/// apply_peft(model, peft_config_for(args), seed). Mismatches are ConfigErrors naming the folder.
+ParameterCount apply_peft_from_args(CausalLM& model, const TrainingArguments& args, uint64_t seed);
+
 /// Folds every LoRA adapter into its base weight (W += B·A·scaling) / takes it out again.
 void merge_lora(CausalLM& model);
 void unmerge_lora(CausalLM& model);

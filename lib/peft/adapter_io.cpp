@@ -8,6 +8,7 @@
 #include <rapidjson/stringbuffer.h>
 
 #include "model/layers.hpp"
+#include "peft/lora_targets.hpp"
 #include "peft/prompt_encoders.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
@@ -301,6 +302,47 @@ ParameterCount load_adapter(CausalLM& model, const std::string& dir, bool traina
     model.set_prompt_adapter(adapter);
   }
   return count_parameters(model);
+}
+
+ParameterCount apply_peft_from_args(CausalLM& model, const TrainingArguments& args, uint64_t seed) {
+  const std::string& dir = args.adapter_name_or_path;
+  if (dir.empty()) return apply_peft(model, peft_config_for(args), seed);
+  if (args.finetuning_type != "lora") {
+    throw ConfigError(fmt::format(
+        "adapter_name_or_path '{}' continues a LoRA adapter, but finetuning_type is {}; use "
+        "--finetuning_type lora (P-Tuning and prefix adapters resume from zerotrain checkpoints, "
+        "which keep the prompt encoder)",
+        dir, args.finetuning_type));
+  }
+  PeftConfig saved = load_adapter_config(dir);
+  if (saved.type != FinetuningType::kLora) {
+    throw ConfigError(fmt::format("adapter_name_or_path '{}' holds a prompt adapter, not LoRA; "
+                                  "resume P-Tuning / prefix tuning from a zerotrain checkpoint",
+                                  dir));
+  }
+  auto agree = [&](const char* option, bool same, const std::string& ours, const std::string& theirs) {
+    if (args.is_given(option) && !same) {
+      throw ConfigError(fmt::format("{} {} contradicts the adapter in '{}' ({}); drop the option "
+                                    "or start a new adapter",
+                                    option, ours, dir, theirs));
+    }
+  };
+  agree("lora_r", args.lora_r == saved.lora.r, std::to_string(args.lora_r),
+        fmt::format("r {}", saved.lora.r));
+  agree("lora_alpha", args.lora_alpha == saved.lora.alpha, fmt::format("{}", args.lora_alpha),
+        fmt::format("lora_alpha {}", saved.lora.alpha));
+  agree("use_rslora", args.use_rslora == saved.lora.use_rslora, args.use_rslora ? "true" : "false",
+        fmt::format("use_rslora {}", saved.lora.use_rslora));
+  agree("lora_dropout", args.lora_dropout == saved.lora.dropout, fmt::format("{}", args.lora_dropout),
+        fmt::format("lora_dropout {}", saved.lora.dropout));
+  if (args.is_given("lora_target_modules")) {
+    // Compared by the projections they pick: PEFT writes all-linear out as module paths.
+    const std::vector<std::string> asked = peft::lora_targets(model, peft_config_for(args).lora);
+    const std::vector<std::string> theirs = peft::lora_targets(model, saved.lora);
+    agree("lora_target_modules", asked == theirs, args.lora_target_modules,
+          fmt::format("it adapts {} projections: {}", theirs.size(), fmt::join(theirs, ", ")));
+  }
+  return load_adapter(model, dir, /*trainable=*/true);
 }
 
 void export_merged(CausalLM& model, const std::string& dir, at::ScalarType dtype) {

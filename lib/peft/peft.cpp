@@ -2,6 +2,7 @@
 // merging.
 #include "zerotrain/peft.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <regex>
@@ -9,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "model/layers.hpp"
+#include "peft/lora_targets.hpp"
 #include "peft/prompt_encoders.hpp"
 #include "zerotrain/error.hpp"
 
@@ -112,20 +114,10 @@ void apply_lora(CausalLM& model, const LoraOptions& o, uint64_t seed) {
   if (o.bias != "none" && o.bias != "all" && o.bias != "lora_only") {
     throw ConfigError(fmt::format("lora_bias: expected none, all or lora_only, found \"{}\"", o.bias));
   }
-  if (!o.target_regex.empty()) {
-    try {
-      std::regex check(o.target_regex);
-    } catch (const std::regex_error& e) {
-      throw ConfigError(fmt::format("lora_target_modules: \"{}\" is not a valid regex: {}",
-                                    o.target_regex, e.what()));
-    }
-  }
+  const std::vector<std::string> targeted = peft::lora_targets(model, o);
   freeze_all(model);
-  std::vector<std::string> targeted;
   for (auto& [path, lin] : projections(model)) {
-    if (!is_lora_target(path, o)) continue;
-    add_lora(path, *lin, o, seed);
-    targeted.push_back(path);
+    if (std::find(targeted.begin(), targeted.end(), path) != targeted.end()) add_lora(path, *lin, o, seed);
   }
   if (targeted.empty()) {
     std::string names;
@@ -197,6 +189,22 @@ void apply_freeze(CausalLM& model, const FreezeOptions& o) {
 }
 
 }  // namespace
+
+std::vector<std::string> peft::lora_targets(torch::nn::Module& model, const LoraOptions& o) {
+  if (!o.target_regex.empty()) {
+    try {
+      std::regex check(o.target_regex);
+    } catch (const std::regex_error& e) {
+      throw ConfigError(fmt::format("lora_target_modules: \"{}\" is not a valid regex: {}",
+                                    o.target_regex, e.what()));
+    }
+  }
+  std::vector<std::string> out;
+  for (auto& [path, lin] : projections(model)) {
+    if (is_lora_target(path, o)) out.push_back(path);
+  }
+  return out;
+}
 
 PeftConfig peft_config_for(const TrainingArguments& a) {
   PeftConfig c;
