@@ -87,6 +87,12 @@ TEST_CASE("rank: peft trains under every stage", "[.rank]") {
     // parameter, against 4 bytes per parameter of the whole model were frozen weights included.
     CHECK(engine.memory().gradients <= 8 * count.trainable + 4096 * 8);
     CHECK(8 * count.trainable + 4096 * 8 < 4 * count.all);
+    if (stage == 3) {
+      // Frozen weights are sharded too: each rank keeps about 1/world of every fp32 parameter
+      // (plus persistent small ones and padding), not the frozen model in full.
+      CHECK(engine.memory().compute_params <= 4 * count.all / comm->world_size() + 4096 * 16);
+      CHECK(4 * count.all / comm->world_size() + 4096 * 16 < 4 * count.all);
+    }
     double first = 0, last = 0;
     for (int step = 0; step < 12; ++step) {
       LossSum loss = model->loss(ids, labels, mask);
