@@ -201,8 +201,26 @@ DeepSpeedConfig load_deepspeed_config(const std::string& path);
 
 /// Training options with HF TrainingArguments names and defaults.
 struct TrainingArguments {
+  std::string model_name_or_path;  ///< HF model folder
+  std::string model_config;        ///< or a config.json path / inline JSON: random weights
   std::string output_dir = "trainer_output";
   bool overwrite_output_dir = false;
+  std::string resume_from_checkpoint;  ///< a checkpoint folder, or "True": newest in output_dir
+  std::string train_file;              ///< JSONL
+  std::string eval_file;               ///< JSONL
+  std::string template_name = "alpaca_zh";  ///< option "template": alpaca_zh | alpaca | chatml | plain
+  int64_t max_length = 1024;
+  bool train_on_prompt = false;
+  bool skip_bad_lines = false;
+  bool group_by_length = false;
+  bool packing = false;
+  std::string cache_dir;               ///< tokenized data; empty: output_dir/.cache
+  std::string device = "auto";         ///< auto | cpu | cuda
+  std::string eval_strategy = "no";    ///< no | steps | epoch
+  std::optional<int64_t> eval_steps;   ///< default: logging_steps
+  std::string save_strategy = "steps"; ///< no | steps | epoch
+  bool load_best_model_at_end = false;
+  std::string metric_for_best_model = "eval_loss";
   bool do_train = true;
   bool do_eval = false;
   int64_t per_device_train_batch_size = 8;
@@ -279,6 +297,14 @@ DeepSpeedConfig deepspeed_config_for(const TrainingArguments& args);
 
 /// Every option name the parser accepts (for help output).
 std::vector<std::string> training_option_names();
+
+/// One option for `--help`: its name, its default as text ("" when none) and a line of help.
+struct OptionHelp {
+  std::string name;
+  std::string default_value;
+  std::string help;
+};
+std::vector<OptionHelp> training_option_help();
 
 /// What resolution may know beyond the configs themselves.
 struct ResolveContext {

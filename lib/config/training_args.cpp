@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <type_traits>
 #include <variant>
 
 #include <fmt/format.h>
@@ -23,67 +24,91 @@ struct Option {
   Member member;
   std::vector<std::string> choices = {};  // for strings; empty = free text
   double min = -1e308;                    // for numbers
+  const char* help = "";
 };
 
 const std::vector<Option>& options() {
   static const std::vector<Option> table = {
-      {"output_dir", &Args::output_dir},
-      {"overwrite_output_dir", &Args::overwrite_output_dir},
-      {"do_train", &Args::do_train},
-      {"do_eval", &Args::do_eval},
-      {"per_device_train_batch_size", &Args::per_device_train_batch_size, {}, 1},
-      {"per_device_eval_batch_size", &Args::per_device_eval_batch_size, {}, 1},
-      {"gradient_accumulation_steps", &Args::gradient_accumulation_steps, {}, 1},
-      {"learning_rate", &Args::learning_rate, {}, 0},
-      {"weight_decay", &Args::weight_decay, {}, 0},
-      {"adam_beta1", &Args::adam_beta1, {}, 0},
-      {"adam_beta2", &Args::adam_beta2, {}, 0},
-      {"adam_epsilon", &Args::adam_epsilon, {}, 0},
-      {"max_grad_norm", &Args::max_grad_norm, {}, 0},
-      {"num_train_epochs", &Args::num_train_epochs, {}, 0},
-      {"max_steps", &Args::max_steps, {}, -1},
-      {"warmup_steps", &Args::warmup_steps, {}, 0},
-      {"warmup_ratio", &Args::warmup_ratio, {}, 0},
+      // Run and data.
+      {"model_name_or_path", &Args::model_name_or_path, {}, -1e308, "HF model folder (config.json + safetensors)"},
+      {"model_config", &Args::model_config, {}, -1e308, "a model without weights: config.json path or inline JSON (random init)"},
+      {"output_dir", &Args::output_dir, {}, -1e308, "where checkpoints, logs and the final model go"},
+      {"overwrite_output_dir", &Args::overwrite_output_dir, {}, -1e308, "allow a new run into an output_dir holding checkpoints"},
+      {"resume_from_checkpoint", &Args::resume_from_checkpoint, {}, -1e308, "a checkpoint folder, or True for the newest in output_dir"},
+      {"train_file", &Args::train_file, {}, -1e308, "JSONL training data"},
+      {"eval_file", &Args::eval_file, {}, -1e308, "JSONL evaluation data"},
+      {"template", &Args::template_name, {"alpaca_zh", "alpaca", "chatml", "plain"}, -1e308, "prompt template for instruction data"},
+      {"max_length", &Args::max_length, {}, 1, "tokens per example after truncation"},
+      {"train_on_prompt", &Args::train_on_prompt, {}, -1e308, "compute the loss on prompt tokens too"},
+      {"skip_bad_lines", &Args::skip_bad_lines, {}, -1e308, "skip (and count) malformed JSONL lines instead of failing"},
+      {"group_by_length", &Args::group_by_length, {}, -1e308, "batch examples of similar length (HF LengthGroupedSampler)"},
+      {"packing", &Args::packing, {}, -1e308, "pack examples into max_length sequences (no attention across them)"},
+      {"cache_dir", &Args::cache_dir, {}, -1e308, "tokenized-data cache (default: output_dir/.cache)"},
+      {"device", &Args::device, {"auto", "cpu", "cuda"}, -1e308, "auto: one GPU per rank when CUDA is present, else CPU"},
+      {"do_train", &Args::do_train, {}, -1e308, "accepted (training runs when train_file is given)"},
+      {"do_eval", &Args::do_eval, {}, -1e308, "accepted (evaluation runs when eval_file is given)"},
+      // Batches and optimization.
+      {"per_device_train_batch_size", &Args::per_device_train_batch_size, {}, 1, "micro-batch per rank"},
+      {"per_device_eval_batch_size", &Args::per_device_eval_batch_size, {}, 1, "evaluation batch per rank"},
+      {"gradient_accumulation_steps", &Args::gradient_accumulation_steps, {}, 1, "micro-batches per optimizer step"},
+      {"learning_rate", &Args::learning_rate, {}, 0, "peak learning rate"},
+      {"weight_decay", &Args::weight_decay, {}, 0, "AdamW weight decay (not on biases and norms)"},
+      {"adam_beta1", &Args::adam_beta1, {}, 0, ""},
+      {"adam_beta2", &Args::adam_beta2, {}, 0, ""},
+      {"adam_epsilon", &Args::adam_epsilon, {}, 0, ""},
+      {"max_grad_norm", &Args::max_grad_norm, {}, 0, "gradient clipping (0: none)"},
+      {"num_train_epochs", &Args::num_train_epochs, {}, 0, "epochs (fractions allowed)"},
+      {"max_steps", &Args::max_steps, {}, -1, "optimizer steps; overrides num_train_epochs when > 0"},
+      {"warmup_steps", &Args::warmup_steps, {}, 0, ""},
+      {"warmup_ratio", &Args::warmup_ratio, {}, 0, "warmup as a fraction of all steps (when warmup_steps is 0)"},
       {"lr_scheduler_type",
        &Args::lr_scheduler_type,
-       {"linear", "cosine", "constant", "constant_with_warmup", "polynomial", "inverse_sqrt"}},
-      {"optim", &Args::optim, {"adamw_torch", "adamw_torch_fused", "adamw_hf", "sgd"}},
-      {"fp16", &Args::fp16},
-      {"bf16", &Args::bf16},
-      {"seed", &Args::seed, {}, 0},
-      {"data_seed", &Args::data_seed, {}, 0},
-      {"logging_steps", &Args::logging_steps, {}, 1},
-      {"logging_first_step", &Args::logging_first_step},
-      {"save_steps", &Args::save_steps, {}, 1},
-      {"save_total_limit", &Args::save_total_limit, {}, 1},
-      {"gradient_checkpointing", &Args::gradient_checkpointing},
-      {"dataloader_drop_last", &Args::dataloader_drop_last},
-      {"deepspeed", &Args::deepspeed},
-      {"ddp_timeout", &Args::ddp_timeout, {}, 1},
-      {"rendezvous_timeout", &Args::rendezvous_timeout, {}, 1},
-      {"report_to", &Args::report_to, {"none"}},
-      {"run_name", &Args::run_name},
-      {"disable_tqdm", &Args::disable_tqdm},
-      {"finetuning_type", &Args::finetuning_type, {"full", "lora", "ptuning", "prefix", "ptuning_v2", "freeze"}},
-      {"lora_r", &Args::lora_r, {}, 1},
-      {"lora_rank", &Args::lora_r, {}, 1},
-      {"lora_alpha", &Args::lora_alpha, {}, 0},
-      {"lora_dropout", &Args::lora_dropout, {}, 0},
-      {"lora_target_modules", &Args::lora_target_modules},
-      {"lora_target", &Args::lora_target_modules},
-      {"lora_bias", &Args::lora_bias, {"none", "all", "lora_only"}},
-      {"lora_modules_to_save", &Args::lora_modules_to_save},
-      {"use_rslora", &Args::use_rslora},
-      {"adapter_name_or_path", &Args::adapter_name_or_path},
-      {"num_virtual_tokens", &Args::num_virtual_tokens, {}, 1},
-      {"encoder_reparameterization_type", &Args::encoder_reparameterization_type, {"MLP", "LSTM"}},
-      {"encoder_hidden_size", &Args::encoder_hidden_size, {}, 0},
-      {"pre_seq_len", &Args::pre_seq_len, {}, 1},
-      {"prefix_projection", &Args::prefix_projection},
-      {"freeze_trainable_layers", &Args::freeze_trainable_layers},
-      {"freeze_trainable_modules", &Args::freeze_trainable_modules},
-      {"freeze_module_name", &Args::freeze_module_name},
-      {"freeze_extra_modules", &Args::freeze_extra_modules},
+       {"linear", "cosine", "constant", "constant_with_warmup", "polynomial", "inverse_sqrt"}, -1e308, ""},
+      {"optim", &Args::optim, {"adamw_torch", "adamw_torch_fused", "adamw_hf", "sgd"}, -1e308, ""},
+      {"fp16", &Args::fp16, {}, -1e308, "fp16 mixed precision with dynamic loss scaling"},
+      {"bf16", &Args::bf16, {}, -1e308, "bf16 mixed precision"},
+      {"seed", &Args::seed, {}, 0, "seed of initialization, adapters and dropout"},
+      {"data_seed", &Args::data_seed, {}, 0, "seed of data shuffling (default: seed)"},
+      {"gradient_checkpointing", &Args::gradient_checkpointing, {}, -1e308, "recompute activations in backward"},
+      {"dataloader_drop_last", &Args::dataloader_drop_last, {}, -1e308, "drop the last incomplete batch"},
+      {"deepspeed", &Args::deepspeed, {}, -1e308, "DeepSpeed config: a JSON file or inline JSON"},
+      // Logging, evaluation, saving.
+      {"logging_steps", &Args::logging_steps, {}, 1, "log every N optimizer steps"},
+      {"logging_first_step", &Args::logging_first_step, {}, -1e308, ""},
+      {"eval_strategy", &Args::eval_strategy, {"no", "steps", "epoch"}, -1e308, ""},
+      {"evaluation_strategy", &Args::eval_strategy, {"no", "steps", "epoch"}, -1e308, "alias of eval_strategy"},
+      {"eval_steps", &Args::eval_steps, {}, 1, "evaluate every N steps (default: logging_steps)"},
+      {"save_strategy", &Args::save_strategy, {"no", "steps", "epoch"}, -1e308, ""},
+      {"save_steps", &Args::save_steps, {}, 1, "checkpoint every N optimizer steps"},
+      {"save_total_limit", &Args::save_total_limit, {}, 1, "keep at most N checkpoints (the best one too)"},
+      {"load_best_model_at_end", &Args::load_best_model_at_end, {}, -1e308, "save the best checkpoint's weights as the final model"},
+      {"metric_for_best_model", &Args::metric_for_best_model, {"eval_loss", "loss"}, -1e308, ""},
+      {"ddp_timeout", &Args::ddp_timeout, {}, 1, "seconds every collective may take"},
+      {"rendezvous_timeout", &Args::rendezvous_timeout, {}, 1, "seconds start-up may take"},
+      {"report_to", &Args::report_to, {"none"}, -1e308, "metrics go to the log and trainer_log.jsonl"},
+      {"run_name", &Args::run_name, {}, -1e308, "accepted"},
+      {"disable_tqdm", &Args::disable_tqdm, {}, -1e308, "plain log lines instead of a live progress line"},
+      // Fine-tuning method.
+      {"finetuning_type", &Args::finetuning_type, {"full", "lora", "ptuning", "prefix", "ptuning_v2", "freeze"}, -1e308, ""},
+      {"lora_r", &Args::lora_r, {}, 1, "LoRA rank"},
+      {"lora_rank", &Args::lora_r, {}, 1, "alias of lora_r"},
+      {"lora_alpha", &Args::lora_alpha, {}, 0, ""},
+      {"lora_dropout", &Args::lora_dropout, {}, 0, ""},
+      {"lora_target_modules", &Args::lora_target_modules, {}, -1e308, "comma list, a regex, or all-linear"},
+      {"lora_target", &Args::lora_target_modules, {}, -1e308, "alias of lora_target_modules"},
+      {"lora_bias", &Args::lora_bias, {"none", "all", "lora_only"}, -1e308, ""},
+      {"lora_modules_to_save", &Args::lora_modules_to_save, {}, -1e308, "comma list of modules trained in full"},
+      {"use_rslora", &Args::use_rslora, {}, -1e308, "scale by alpha/sqrt(r)"},
+      {"adapter_name_or_path", &Args::adapter_name_or_path, {}, -1e308, "continue from a PEFT LoRA adapter folder"},
+      {"num_virtual_tokens", &Args::num_virtual_tokens, {}, 1, "P-Tuning / prefix length"},
+      {"encoder_reparameterization_type", &Args::encoder_reparameterization_type, {"MLP", "LSTM"}, -1e308, ""},
+      {"encoder_hidden_size", &Args::encoder_hidden_size, {}, 0, "0: the model's hidden size"},
+      {"pre_seq_len", &Args::pre_seq_len, {}, 1, "prefix length (prefix / ptuning_v2 only)"},
+      {"prefix_projection", &Args::prefix_projection, {}, -1e308, ""},
+      {"freeze_trainable_layers", &Args::freeze_trainable_layers, {}, -1e308, "last N layers train; negative: first N"},
+      {"freeze_trainable_modules", &Args::freeze_trainable_modules, {}, -1e308, "all, or layer modules (mlp, self_attn, ...)"},
+      {"freeze_module_name", &Args::freeze_module_name, {}, -1e308, "comma list of name substrings that train"},
+      {"freeze_extra_modules", &Args::freeze_extra_modules, {}, -1e308, "also train these (embed_tokens, lm_head, norm)"},
   };
   return table;
 }
@@ -227,6 +252,25 @@ void assign(Args& args, const Option& o, const RawValue& v, const std::string& w
 
 // Checks that span several options.
 void validate(const Args& a, const std::string& where) {
+  if (!a.model_name_or_path.empty() && !a.model_config.empty()) {
+    throw ConfigError(fmt::format("{}model_name_or_path and model_config are both given; give one "
+                                  "(model_config builds a model with random weights)",
+                                  where));
+  }
+  if (a.load_best_model_at_end) {
+    // HF TrainingArguments' rule: the best model is chosen among saved checkpoints.
+    if (a.eval_strategy == "no" || a.eval_strategy != a.save_strategy) {
+      throw ConfigError(fmt::format("{}load_best_model_at_end needs eval_strategy and save_strategy "
+                                    "to be the same and not \"no\" (found {} and {})",
+                                    where, a.eval_strategy, a.save_strategy));
+    }
+    const int64_t every = a.eval_steps.value_or(a.logging_steps);
+    if (a.eval_strategy == "steps" && a.save_steps % every != 0) {
+      throw ConfigError(fmt::format("{}load_best_model_at_end needs save_steps ({}) to be a multiple "
+                                    "of eval_steps ({})",
+                                    where, a.save_steps, every));
+    }
+  }
   if (a.fp16 && a.bf16) {
     throw ConfigError(fmt::format("{}fp16 and bf16 are both true; choose one", where));
   }
@@ -256,6 +300,36 @@ bool is_local_rank_flag(std::string_view name) {
 }
 
 }  // namespace
+
+std::vector<OptionHelp> training_option_help() {
+  const Args defaults;
+  std::vector<OptionHelp> out;
+  for (const Option& o : options()) {
+    OptionHelp h{o.name, "", o.help};
+    std::visit(
+        [&](auto m) {
+          const auto& v = defaults.*m;
+          using V = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<V, bool>) {
+            h.default_value = v ? "true" : "false";
+          } else if constexpr (std::is_same_v<V, std::optional<int64_t>>) {
+            h.default_value = v ? std::to_string(*v) : "";
+          } else if constexpr (std::is_same_v<V, std::string>) {
+            h.default_value = v;
+          } else {
+            h.default_value = fmt::format("{}", v);
+          }
+        },
+        o.member);
+    if (!o.choices.empty()) {
+      std::string list;
+      for (const std::string& c : o.choices) list += (list.empty() ? "" : " | ") + c;
+      h.help = h.help.empty() ? list : h.help + " (" + list + ")";
+    }
+    out.push_back(std::move(h));
+  }
+  return out;
+}
 
 std::vector<std::string> training_option_names() {
   std::vector<std::string> names;
