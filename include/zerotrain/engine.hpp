@@ -110,6 +110,32 @@ struct EngineMemory {
   int64_t gathered_now = 0;       ///< stage 3: gathered parameter elements right now
 };
 
+/// What a checkpoint keeps of an engine besides tensors: step counters and the loss scaler.
+struct EngineState {
+  int64_t global_steps = 0;     ///< accumulation boundaries passed (skipped ones included)
+  int64_t applied_steps = 0;    ///< optimizer updates applied (what schedules count)
+  int64_t micro_steps = 0;
+  int64_t optimizer_steps = 0;  ///< the optimizer's own step count (Adam bias correction)
+  double loss_scale = 1.0;
+  int64_t scaler_iter = 0;
+  int64_t scaler_last_overflow_iter = -1;
+  int64_t scaler_hysteresis = 1;
+};
+
+/// A contiguous run of one trainable parameter's flattened elements in a rank's optimizer state
+/// — the unit in which state is saved and restored, independent of bucket layout and world size.
+struct StatePiece {
+  std::string name;             ///< the parameter's name
+  std::vector<int64_t> shape;   ///< the whole parameter's shape
+  int64_t begin = 0;            ///< first element, within the flattened parameter
+  int64_t length = 0;
+};
+
+/// Reads elements [piece.begin, piece.begin + piece.length) of one state kind of a parameter
+/// into `out` (CPU, fp32 or the state's dtype). Throws when the checkpoint lacks them.
+using StateReader =
+    std::function<void(const std::string& kind, const StatePiece& piece, const at::Tensor& out)>;
+
 class Engine {
  public:
   /// Takes over `model`'s trainable parameters (requires_grad) and, under ZeRO-3, all of its
@@ -155,6 +181,21 @@ class Engine {
   /// Full fp32 values of every trainable parameter by name (from the master weights), and the
   /// compute-dtype values of frozen ones. Collective under stage ≥ 1 (all-gathers).
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
+
+  /// Names and shapes of the trainable parameters (the optimizer's), in module order.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> trainable_parameters() const;
+  /// The kinds of optimizer state kept per trainable element, in order: "master", then
+  /// "exp_avg" and "exp_avg_sq" (Adam/AdamW) or "momentum_buffer" (SGD with momentum).
+  std::vector<std::string> state_kinds() const;
+  /// What this rank contributes to a checkpoint: its pieces of the trainable parameters with a
+  /// host copy of each kind's values (state_kinds() order). Under stage 0 every rank holds
+  /// everything and rank 0 alone contributes. Not collective.
+  std::vector<std::pair<StatePiece, std::vector<at::Tensor>>> state_pieces() const;
+  EngineState state() const;
+  /// Restores the optimizer state of every piece this rank holds through `read`, and the
+  /// counters, then refreshes the parameters' compute copies from the restored masters. Works
+  /// for any world size and stage the state was saved with. Collective.
+  void load_state(const StateReader& read, const EngineState& state);
 
   EngineMemory memory() const;
   const std::vector<TraceEvent>& trace() const;

@@ -503,6 +503,128 @@ Communicator& Engine::communicator() { return *impl_->comm; }
 torch::nn::Module& Engine::module() { return *impl_->model; }
 const std::vector<TraceEvent>& Engine::trace() const { return impl_->trace; }
 
+namespace {
+
+// This rank's pieces of the trainable parameters, each with its offset in the flat state.
+std::vector<std::pair<StatePiece, int64_t>> held_pieces(const Engine::Impl& I) {
+  const zero::Layout& L = I.layout;
+  std::vector<std::pair<StatePiece, int64_t>> out;
+  for (const zero::Bucket& b : L.buckets) {
+    if (!b.trainable) continue;
+    const int64_t lo = b.slice_begin(I.rank, L.replicated);
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const zero::ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];
+      const int64_t a = std::max(lo, b.offsets[k]);
+      const int64_t e = std::min(lo + b.shard_numel, b.offsets[k] + p.numel);
+      if (a >= e) continue;
+      out.emplace_back(StatePiece{p.name, p.shape, a - b.offsets[k], e - a}, b.shard.offset + (a - lo));
+    }
+  }
+  return out;
+}
+
+// The state tensors in state_kinds() order.
+std::vector<at::Tensor> state_tensors(const Engine::Impl& I) {
+  std::vector<at::Tensor> out{I.master};
+  if (I.optimizer->state0().defined()) out.push_back(I.optimizer->state0());
+  if (I.optimizer->state1().defined()) out.push_back(I.optimizer->state1());
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> Engine::trainable_parameters() const {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const zero::ParamInfo& p : impl_->layout.params) {
+    if (p.trainable) out.emplace_back(p.name, p.shape);
+  }
+  return out;
+}
+
+std::vector<std::string> Engine::state_kinds() const {
+  const Impl& I = *impl_;
+  if (I.optimizer->type() == OptimizerType::kSgd) {
+    return I.optimizer->state0().defined() ? std::vector<std::string>{"master", "momentum_buffer"}
+                                           : std::vector<std::string>{"master"};
+  }
+  return {"master", "exp_avg", "exp_avg_sq"};
+}
+
+std::vector<std::pair<StatePiece, std::vector<at::Tensor>>> Engine::state_pieces() const {
+  const Impl& I = *impl_;
+  std::vector<std::pair<StatePiece, std::vector<at::Tensor>>> out;
+  if (I.layout.replicated && I.rank != 0) return out;
+  const std::vector<at::Tensor> tensors = state_tensors(I);
+  for (auto& [piece, offset] : held_pieces(I)) {
+    std::vector<at::Tensor> values;
+    for (const at::Tensor& t : tensors) {
+      at::Tensor run = t.narrow(0, offset, piece.length);
+      values.push_back(run.is_cpu() ? run.clone() : run.cpu());
+    }
+    out.emplace_back(std::move(piece), std::move(values));
+  }
+  return out;
+}
+
+EngineState Engine::state() const {
+  const Impl& I = *impl_;
+  EngineState s;
+  s.global_steps = I.global_steps;
+  s.applied_steps = I.applied_steps;
+  s.micro_steps = I.micro_steps;
+  s.optimizer_steps = I.optimizer->steps();
+  const LossScaler::State& ls = I.scaler.state();
+  s.loss_scale = ls.cur_scale;
+  s.scaler_iter = ls.cur_iter;
+  s.scaler_last_overflow_iter = ls.last_overflow_iter;
+  s.scaler_hysteresis = ls.cur_hysteresis;
+  return s;
+}
+
+void Engine::load_state(const StateReader& read, const EngineState& state) {
+  Impl& I = *impl_;
+  if (I.awaiting_step) throw InvalidArgument("Engine::load_state between backward() and step()");
+  at::NoGradGuard no_grad;
+  const std::vector<std::string> kinds = state_kinds();
+  const std::vector<at::Tensor> tensors = state_tensors(I);
+  std::string error;
+  try {
+    for (const auto& [piece, offset] : held_pieces(I)) {
+      for (size_t k = 0; k < kinds.size(); ++k) {
+        at::Tensor host = at::empty({piece.length}, at::TensorOptions().dtype(tensors[k].scalar_type()));
+        read(kinds[k], piece, host);
+        tensors[k].narrow(0, offset, piece.length).copy_(host);
+      }
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // Every rank learns whether all could read before any republishes (a collective).
+  at::Tensor failed = at::full({1}, error.empty() ? 0.0 : 1.0, at::TensorOptions().device(I.device));
+  I.comm->all_reduce(failed)->wait();
+  if (!error.empty()) throw IoError(error);
+  if (failed.item<double>() > 0) {
+    throw IoError("restoring the optimizer state failed on another rank (see its error)");
+  }
+  I.optimizer->set_state(state.optimizer_steps, at::Tensor(), at::Tensor());
+  LossScaler::State ls;
+  ls.cur_scale = state.loss_scale;
+  ls.cur_iter = state.scaler_iter;
+  ls.last_overflow_iter = state.scaler_last_overflow_iter;
+  ls.cur_hysteresis = state.scaler_hysteresis;
+  I.scaler.set_state(ls);
+  // Saved at a boundary; with another accumulation count (another world size, same global
+  // batch) the micro-step count restarts from the boundary in this run's terms.
+  I.global_steps = state.global_steps;
+  I.applied_steps = state.applied_steps;
+  I.micro_steps = state.global_steps * I.accumulation;
+  I.last_lr = I.schedule.lr(I.applied_steps);
+  for (const zero::Bucket& b : I.layout.buckets) {
+    if (b.trainable) I.publish(b, I.slice_of(b.index, I.master));
+  }
+  I.finish_publishing();
+}
+
 EngineMemory Engine::memory() const {
   const Impl& I = *impl_;
   EngineMemory m;

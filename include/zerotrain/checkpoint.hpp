@@ -1,0 +1,81 @@
+// Training checkpoints: `output_dir/checkpoint-<step>/` folders written atomically, the
+// `output_dir/latest` pointer, rotation, and the engine's sharded optimizer state in a layout
+// that any world size can read back.
+//
+// On disk (docs/checkpoints.md has the full description):
+//   checkpoint-<step>/layout.json                          state kinds, parameters, shard files
+//   checkpoint-<step>/optimizer/rank-<r>-of-<w>.safetensors  rank r's pieces: "<kind>/<name>"
+//   checkpoint-<step>/trainer_state.json, adapter or HF weights (written by the trainer)
+//
+// Collective-ness: CheckpointWriter's constructor and commit(), save_engine_state and
+// load_engine_state are collectives over the engine's communicator. Threading: one thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "zerotrain/comm.hpp"
+#include "zerotrain/engine.hpp"
+
+namespace zt {
+
+/// A complete checkpoint folder of a run.
+struct CheckpointInfo {
+  std::string path;
+  int64_t step = 0;
+};
+
+/// Complete checkpoints under `output_dir` (folders named checkpoint-<digits>), oldest first.
+/// Temporary folders of an interrupted save never match.
+std::vector<CheckpointInfo> list_checkpoints(const std::string& output_dir);
+
+/// The newest complete checkpoint: the one `output_dir/latest` names when that folder exists,
+/// else the highest step; none when there is no checkpoint.
+std::optional<std::string> latest_checkpoint(const std::string& output_dir);
+
+/// Writes one checkpoint atomically. The constructor prepares a temporary folder (a name that
+/// never matches checkpoint-<digits>) that every rank writes into; commit() renames it to
+/// checkpoint-<step> once every rank has succeeded, then updates `latest` and rotates. A run
+/// killed in between leaves earlier checkpoints and `latest` untouched.
+class CheckpointWriter {
+ public:
+  /// Collective. An existing checkpoint-<step> is an IoError (it is never overwritten).
+  CheckpointWriter(Communicator& comm, const std::string& output_dir, int64_t step);
+  /// The temporary folder to write into.
+  const std::string& dir() const { return tmp_; }
+  /// Collective: `ok` is this rank's verdict on its own writes (false after a caught error).
+  /// When any rank reports failure, the temporary folder is removed and an IoError naming the
+  /// failing ranks is thrown on every rank. Otherwise the folder is renamed into place,
+  /// `latest` is rewritten, and with `total_limit` the oldest checkpoints beyond it are
+  /// deleted — never `keep` (the best checkpoint) and never the new one. Returns the final path.
+  std::string commit(bool ok, std::optional<int64_t> total_limit = std::nullopt,
+                     const std::string& keep = "");
+
+ private:
+  Communicator& comm_;
+  std::string output_dir_, tmp_, final_;
+};
+
+/// Writes the engine's optimizer state (fp32 masters and moments of the trainable parameters)
+/// and its counters into `dir`: every rank its own shard file, rank 0 layout.json. Collective;
+/// throws on every rank when any rank failed (naming it).
+void save_engine_state(Engine& engine, const std::string& dir);
+
+/// Reads state written by save_engine_state — at any world size and ZeRO stage — into the
+/// engine, with its counters. The checkpoint must hold exactly the engine's trainable
+/// parameters with the same shapes, else ConfigError naming the first difference. Collective.
+void load_engine_state(Engine& engine, const std::string& dir);
+
+/// The counters save_engine_state recorded in `dir`.
+EngineState read_engine_state(const std::string& dir);
+
+/// The trainable parameters a checkpoint's layout.json lists, with their shapes.
+std::vector<std::pair<std::string, std::vector<int64_t>>> checkpoint_parameters(const std::string& dir);
+
+/// A ParameterSource over a checkpoint's fp32 masters: full values of its trainable
+/// parameters assembled from every rank's shard file (for merge and export).
+std::shared_ptr<ParameterSource> checkpoint_master_source(const std::string& dir);
+
+}  // namespace zt

@@ -1,0 +1,428 @@
+// Checkpoint folders (atomic writes, `latest`, rotation) and the engine's optimizer state in a
+// world-size-independent layout.
+#include "zerotrain/checkpoint.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+
+#include <fmt/format.h>
+#include <rapidjson/prettywriter.h>
+#include <rapidjson/stringbuffer.h>
+
+#include "util/files.hpp"
+#include "util/json.hpp"
+#include "util/log.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/safetensors.hpp"
+
+namespace zt {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kLayout = "layout.json";
+constexpr const char* kFormat = "zerotrain-optimizer-state";
+constexpr int kVersion = 1;
+
+std::string rank_file(int rank, int world) {
+  return fmt::format("optimizer/rank-{:05d}-of-{:05d}.safetensors", rank, world);
+}
+
+// Every rank's verdict in one all-reduce: the ranks that failed, empty when none did.
+std::vector<int> failed_ranks(Communicator& comm, bool ok) {
+  at::Tensor flags = at::zeros({comm.world_size()}, at::TensorOptions().dtype(at::kFloat).device(comm.device()));
+  if (!ok) flags[comm.rank()] = 1.0;
+  comm.all_reduce(flags)->wait();
+  at::Tensor host = flags.cpu();
+  std::vector<int> failed;
+  for (int r = 0; r < comm.world_size(); ++r) {
+    if (host[r].item<float>() != 0.0f) failed.push_back(r);
+  }
+  return failed;
+}
+
+std::string rank_list(const std::vector<int>& ranks) { return fmt::format("{}", fmt::join(ranks, ", ")); }
+
+// layout.json, parsed.
+struct Layout {
+  int world = 0;
+  int stage = 0;
+  std::vector<std::string> kinds;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> parameters;
+  std::vector<std::string> files;
+  EngineState engine;
+};
+
+Layout read_layout(const std::string& dir) {
+  const std::string path = dir + "/" + kLayout;
+  rapidjson::Document doc = json::parse(files::read_text(path, "checkpoint layout"), path);
+  json::ObjectReader r(doc, "", path);
+  Layout l;
+  if (r.string("format").value_or("") != kFormat) r.fail("format", fmt::format("\"{}\"", kFormat));
+  if (r.integer("version").value_or(0) != kVersion) {
+    r.fail_value("version", fmt::format("this zerotrain reads version {}", kVersion));
+  }
+  l.world = static_cast<int>(r.integer("world_size", 1).value_or(0));
+  l.stage = static_cast<int>(r.integer("stage", 0, 3).value_or(0));
+  auto strings = [&](const char* key) {
+    std::vector<std::string> out;
+    const rapidjson::Value* v = r.find(key);
+    if (v == nullptr || !v->IsArray()) r.fail(key, "an array of strings");
+    for (const auto& x : v->GetArray()) {
+      if (!x.IsString()) r.fail(key, "an array of strings");
+      out.emplace_back(x.GetString());
+    }
+    return out;
+  };
+  l.kinds = strings("kinds");
+  l.files = strings("files");
+  if (static_cast<int>(l.files.size()) != l.world) r.fail_value("files", "needs one file per rank");
+  const rapidjson::Value* params = r.find("parameters");
+  if (params == nullptr || !params->IsArray()) r.fail("parameters", "an array");
+  for (const auto& p : params->GetArray()) {
+    json::ObjectReader pr(p, "parameters[]", path);
+    std::optional<std::string> name = pr.string("name");
+    const rapidjson::Value* shape = pr.find("shape");
+    if (!name || shape == nullptr || !shape->IsArray()) pr.fail("name", "a name and a shape");
+    std::vector<int64_t> dims;
+    for (const auto& d : shape->GetArray()) {
+      std::optional<int64_t> v = json::as_integer(d);
+      if (!v || *v < 0) pr.fail("shape", "non-negative integers");
+      dims.push_back(*v);
+    }
+    l.parameters.emplace_back(*name, std::move(dims));
+  }
+  std::optional<json::ObjectReader> e = r.object("engine");
+  if (!e) r.fail("engine", "an object of counters");
+  l.engine.global_steps = e->integer("global_steps", 0).value_or(0);
+  l.engine.applied_steps = e->integer("applied_steps", 0).value_or(0);
+  l.engine.micro_steps = e->integer("micro_steps", 0).value_or(0);
+  l.engine.optimizer_steps = e->integer("optimizer_steps", 0).value_or(0);
+  l.engine.loss_scale = e->number("loss_scale", 0.0).value_or(1.0);
+  l.engine.scaler_iter = e->integer("scaler_iter").value_or(0);
+  l.engine.scaler_last_overflow_iter = e->integer("scaler_last_overflow_iter").value_or(-1);
+  l.engine.scaler_hysteresis = e->integer("scaler_hysteresis").value_or(1);
+  return l;
+}
+
+std::string layout_json(const Engine& engine, int world) {
+  rapidjson::StringBuffer buf;
+  rapidjson::PrettyWriter<rapidjson::StringBuffer> w(buf);
+  w.SetIndent(' ', 1);
+  w.StartObject();
+  w.Key("format");
+  w.String(kFormat);
+  w.Key("version");
+  w.Int(kVersion);
+  w.Key("world_size");
+  w.Int(world);
+  w.Key("stage");
+  w.Int(engine.stage());
+  w.Key("kinds");
+  w.StartArray();
+  for (const std::string& k : engine.state_kinds()) w.String(k.c_str());
+  w.EndArray();
+  w.Key("files");
+  w.StartArray();
+  for (int r = 0; r < world; ++r) w.String(rank_file(r, world).c_str());
+  w.EndArray();
+  w.Key("parameters");
+  w.StartArray();
+  for (const auto& [name, shape] : engine.trainable_parameters()) {
+    w.StartObject();
+    w.Key("name");
+    w.String(name.c_str());
+    w.Key("shape");
+    w.StartArray();
+    for (int64_t d : shape) w.Int64(d);
+    w.EndArray();
+    w.EndObject();
+  }
+  w.EndArray();
+  const EngineState s = engine.state();
+  w.Key("engine");
+  w.StartObject();
+  w.Key("global_steps");
+  w.Int64(s.global_steps);
+  w.Key("applied_steps");
+  w.Int64(s.applied_steps);
+  w.Key("micro_steps");
+  w.Int64(s.micro_steps);
+  w.Key("optimizer_steps");
+  w.Int64(s.optimizer_steps);
+  w.Key("loss_scale");
+  w.Double(s.loss_scale);
+  w.Key("scaler_iter");
+  w.Int64(s.scaler_iter);
+  w.Key("scaler_last_overflow_iter");
+  w.Int64(s.scaler_last_overflow_iter);
+  w.Key("scaler_hysteresis");
+  w.Int64(s.scaler_hysteresis);
+  w.EndObject();
+  w.EndObject();
+  return std::string(buf.GetString(), buf.GetSize()) + "\n";
+}
+
+// The pieces of every rank's shard file, by parameter name: which file holds which elements.
+class StoredState {
+ public:
+  explicit StoredState(const std::string& dir) : dir_(dir), layout_(read_layout(dir)) {
+    for (size_t f = 0; f < layout_.files.size(); ++f) {
+      files_.push_back(std::make_unique<SafetensorsFile>(dir + "/" + layout_.files[f]));
+      const SafetensorsFile& file = *files_.back();
+      for (const auto& [name, begin] : file.metadata()) {
+        if (name == "format") continue;
+        const std::string key = layout_.kinds.front() + "/" + name;
+        runs_[name].push_back(Run{f, std::stoll(begin), file.info(key).numel});
+      }
+    }
+  }
+
+  const Layout& layout() const { return layout_; }
+
+  // Copies elements [begin, begin + out.numel()) of `kind` of `name` into `out`.
+  void read(const std::string& kind, const std::string& name, int64_t begin, const at::Tensor& out) const {
+    const int64_t end = begin + out.numel();
+    int64_t covered = 0;
+    auto it = runs_.find(name);
+    if (it != runs_.end()) {
+      for (const Run& run : it->second) {
+        const int64_t a = std::max(begin, run.begin), e = std::min(end, run.begin + run.length);
+        if (a >= e) continue;
+        files_[run.file]->read_range(kind + "/" + name, a - run.begin, out.narrow(0, a - begin, e - a));
+        covered += e - a;
+      }
+    }
+    if (covered != end - begin) {
+      throw IoError(fmt::format("checkpoint '{}' lacks elements [{}, {}) of '{}' ({}): a shard file is "
+                                "missing or from another save",
+                                dir_, begin, end, name, kind));
+    }
+  }
+
+ private:
+  struct Run {
+    size_t file;
+    int64_t begin;
+    int64_t length;
+  };
+  std::string dir_;
+  Layout layout_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, std::vector<Run>> runs_;
+};
+
+class MasterSource final : public ParameterSource {
+ public:
+  explicit MasterSource(const std::string& dir) : state_(dir) {
+    for (const auto& [name, shape] : state_.layout().parameters) names_.insert(name);
+  }
+  bool has(const std::string& name) const override { return names_.count(name) != 0; }
+  void read(const std::string& name, const std::vector<int64_t>& /*shape*/, int64_t offset,
+            const at::Tensor& out) override {
+    if (out.is_contiguous()) {
+      state_.read("master", name, offset, out.view({-1}));
+    } else {
+      at::Tensor tmp = at::empty({out.numel()}, at::TensorOptions().dtype(at::kFloat));
+      state_.read("master", name, offset, tmp);
+      out.copy_(tmp.view(out.sizes()));
+    }
+  }
+
+ private:
+  StoredState state_;
+  std::set<std::string> names_;
+};
+
+}  // namespace
+
+std::vector<CheckpointInfo> list_checkpoints(const std::string& output_dir) {
+  std::vector<CheckpointInfo> out;
+  std::error_code ec;
+  if (!fs::is_directory(output_dir, ec)) return out;
+  static const std::regex pattern("checkpoint-([0-9]+)");
+  for (const auto& entry : fs::directory_iterator(output_dir, ec)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && std::regex_match(name, m, pattern)) {
+      out.push_back(CheckpointInfo{entry.path().string(), std::stoll(m[1].str())});
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+  return out;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& output_dir) {
+  std::error_code ec;
+  const std::string pointer = output_dir + "/latest";
+  if (fs::is_regular_file(pointer, ec)) {
+    std::string name = files::read_text(pointer, "latest-checkpoint pointer");
+    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
+    if (!name.empty() && name.find('/') == std::string::npos && fs::is_directory(output_dir + "/" + name, ec)) {
+      return output_dir + "/" + name;
+    }
+    log::warn("'{}' names '{}', which is not a checkpoint folder there; using the highest step", pointer, name);
+  }
+  std::vector<CheckpointInfo> all = list_checkpoints(output_dir);
+  if (all.empty()) return std::nullopt;
+  return all.back().path;
+}
+
+CheckpointWriter::CheckpointWriter(Communicator& comm, const std::string& output_dir, int64_t step)
+    : comm_(comm),
+      output_dir_(output_dir),
+      tmp_(fmt::format("{}/.tmp-checkpoint-{}", output_dir, step)),
+      final_(fmt::format("{}/checkpoint-{}", output_dir, step)) {
+  std::string error;
+  if (comm_.rank() == 0) {
+    try {
+      std::error_code ec;
+      if (fs::exists(final_, ec)) {
+        throw IoError(fmt::format("'{}' already exists; checkpoints are never overwritten (choose "
+                                  "another output_dir or remove it)",
+                                  final_));
+      }
+      fs::remove_all(tmp_);  // our own leftover of an interrupted save of this step
+      fs::create_directories(tmp_ + "/optimizer");
+    } catch (const Error& e) {
+      error = e.what();
+    } catch (const std::exception& e) {
+      error = fmt::format("cannot create '{}': {}", tmp_, e.what());
+    }
+  }
+  if (!failed_ranks(comm_, error.empty()).empty()) {
+    throw IoError(error.empty() ? fmt::format("rank 0 could not prepare checkpoint folder '{}'", tmp_) : error);
+  }
+}
+
+std::string CheckpointWriter::commit(bool ok, std::optional<int64_t> total_limit, const std::string& keep) {
+  std::vector<int> failed = failed_ranks(comm_, ok);
+  if (!failed.empty()) {
+    if (comm_.rank() == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp_, ec);
+    }
+    throw IoError(fmt::format("saving checkpoint '{}' failed on rank(s) {}; earlier checkpoints are "
+                              "intact (see those ranks' errors)",
+                              final_, rank_list(failed)));
+  }
+  std::string error;
+  if (comm_.rank() == 0) {
+    try {
+      fs::rename(tmp_, final_);
+      files::write_atomic(output_dir_ + "/latest", fs::path(final_).filename().string() + "\n");
+      if (total_limit) {
+        std::vector<CheckpointInfo> all = list_checkpoints(output_dir_);
+        int64_t excess = static_cast<int64_t>(all.size()) - *total_limit;
+        for (const CheckpointInfo& c : all) {
+          if (excess <= 0) break;
+          if (c.path == final_ || (!keep.empty() && fs::equivalent(c.path, keep))) continue;
+          fs::remove_all(c.path);
+          --excess;
+        }
+      }
+    } catch (const std::exception& e) {
+      error = fmt::format("finishing checkpoint '{}': {}", final_, e.what());
+    }
+  }
+  if (!failed_ranks(comm_, error.empty()).empty()) {
+    throw IoError(error.empty() ? fmt::format("rank 0 could not finish checkpoint '{}'", final_) : error);
+  }
+  return final_;
+}
+
+void save_engine_state(Engine& engine, const std::string& dir) {
+  Communicator& comm = engine.communicator();
+  const int world = comm.world_size(), rank = comm.rank();
+  std::string error;
+  try {
+    const std::vector<std::string> kinds = engine.state_kinds();
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    std::map<std::string, std::string> metadata{{"format", "pt"}};
+    for (auto& [piece, values] : engine.state_pieces()) {
+      metadata[piece.name] = std::to_string(piece.begin);
+      for (size_t k = 0; k < kinds.size(); ++k) tensors.emplace_back(kinds[k] + "/" + piece.name, values[k]);
+    }
+    fs::create_directories(dir + "/optimizer");
+    save_safetensors(dir + "/" + rank_file(rank, world), tensors, metadata);
+    if (rank == 0) files::write_atomic(dir + "/" + kLayout, layout_json(engine, world));
+  } catch (const std::exception& e) {
+    error = e.what();
+    log::error("rank {}: saving optimizer state into '{}': {}", rank, dir, error);
+  }
+  std::vector<int> failed = failed_ranks(comm, error.empty());
+  if (!failed.empty()) {
+    throw IoError(error.empty() ? fmt::format("saving optimizer state into '{}' failed on rank(s) {}", dir,
+                                              rank_list(failed))
+                                : fmt::format("saving optimizer state into '{}': {}", dir, error));
+  }
+}
+
+EngineState read_engine_state(const std::string& dir) { return read_layout(dir).engine; }
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> checkpoint_parameters(const std::string& dir) {
+  return read_layout(dir).parameters;
+}
+
+void load_engine_state(Engine& engine, const std::string& dir) {
+  Communicator& comm = engine.communicator();
+  std::exception_ptr error;
+  std::unique_ptr<StoredState> stored;
+  try {
+    stored = std::make_unique<StoredState>(dir);
+    const Layout& l = stored->layout();
+    if (l.kinds != engine.state_kinds()) {
+      throw ConfigError(fmt::format("checkpoint '{}' holds optimizer state [{}] but this run's optimizer "
+                                    "keeps [{}]; resume with the optimizer it was saved with",
+                                    dir, fmt::join(l.kinds, ", "), fmt::join(engine.state_kinds(), ", ")));
+    }
+    std::map<std::string, std::vector<int64_t>> saved(l.parameters.begin(), l.parameters.end());
+    auto ours = engine.trainable_parameters();
+    for (const auto& [name, shape] : ours) {
+      auto it = saved.find(name);
+      if (it == saved.end()) {
+        throw ConfigError(fmt::format("checkpoint '{}' has no state for trainable parameter '{}': it was "
+                                      "saved with another model or fine-tuning method",
+                                      dir, name));
+      }
+      if (it->second != shape) {
+        throw ConfigError(fmt::format("checkpoint '{}': '{}' has shape [{}] there but [{}] in this run "
+                                      "(another model or adapter configuration?)",
+                                      dir, name, fmt::join(it->second, ", "), fmt::join(shape, ", ")));
+      }
+    }
+    if (saved.size() != ours.size()) {
+      std::set<std::string> mine;
+      for (const auto& [name, shape] : ours) mine.insert(name);
+      for (const auto& [name, shape] : saved) {
+        if (!mine.count(name)) {
+          throw ConfigError(fmt::format("checkpoint '{}' trains '{}', which this run does not; resume with "
+                                        "the fine-tuning settings it was saved with",
+                                        dir, name));
+        }
+      }
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  std::vector<int> failed = failed_ranks(comm, error == nullptr);
+  if (error) std::rethrow_exception(error);
+  if (!failed.empty()) {
+    throw IoError(fmt::format("reading checkpoint '{}' failed on rank(s) {}", dir, rank_list(failed)));
+  }
+  engine.load_state(
+      [&](const std::string& kind, const StatePiece& piece, const at::Tensor& out) {
+        stored->read(kind, piece.name, piece.begin, out);
+      },
+      stored->layout().engine);
+}
+
+std::shared_ptr<ParameterSource> checkpoint_master_source(const std::string& dir) {
+  return std::make_shared<MasterSource>(dir);
+}
+
+}  // namespace zt

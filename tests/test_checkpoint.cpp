@@ -1,0 +1,202 @@
+// Checkpoints: the engine's optimizer state saved at one world size and ZeRO stage resumes at
+// another and continues exactly as the uninterrupted run (fp32 tolerance 2e-5, as the
+// equivalence tests); checkpoint folders are atomic, `latest` names a complete one, rotation
+// keeps the best, and a failure on any rank leaves earlier checkpoints intact.
+#include "support/catch.hpp"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "support/models.hpp"
+#include "support/ranks.hpp"
+#include "util/files.hpp"
+#include "zerotrain/checkpoint.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/safetensors.hpp"
+
+using namespace zt;
+using Catch::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kMicro = 2, kGlobal = 8;  // the global batch every world size keeps
+constexpr int64_t kSaveAt = 3, kTotal = 6;
+
+// An engine over the tiny LLaMA at `stage`, accumulation chosen to keep kGlobal samples per step.
+std::unique_ptr<Engine> make_engine(const std::shared_ptr<test::TestModel>& model,
+                                    const std::shared_ptr<Communicator>& comm, int stage) {
+  const int64_t accum = kGlobal / (kMicro * comm->world_size());
+  DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
+      R"({{"zero_optimization": {{"stage": {}, "reduce_bucket_size": 300,
+           "stage3_param_persistence_threshold": 20}},
+          "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01, "weight_decay": 0.1}}}},
+          "gradient_clipping": 1.0}})",
+      stage));
+  TrainingArguments args;
+  args.per_device_train_batch_size = kMicro;
+  args.gradient_accumulation_steps = accum;
+  args.lr_scheduler_type = "linear";  // the learning rate depends on the restored step count
+  resolve_config(ds, args, ResolveContext{comm->world_size(), 16, kTotal});
+  EngineOptions eo;
+  eo.units = model->units();
+  eo.gate = &model->unit_gate();
+  eo.total_train_steps = kTotal;
+  return std::make_unique<Engine>(model, ds, args, comm, eo);
+}
+
+// Optimizer steps [from, to) on the world-independent global batches.
+void train(Engine& engine, test::TestModel& model, int64_t from, int64_t to) {
+  const int world = engine.communicator().world_size(), rank = engine.communicator().rank();
+  const int accum = engine.gradient_accumulation_steps();
+  for (int64_t s = from; s < to; ++s) {
+    const double divisor = static_cast<double>(test::make_batch("llm", s, 0, kGlobal).tokens());
+    for (int m = 0; m < accum; ++m) {
+      test::Batch b = test::make_batch("llm", s, (m * world + rank) * kMicro, kMicro);
+      engine.backward(model.loss_sum(b.inputs, b.labels), divisor);
+      engine.step();
+    }
+  }
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  REQUIRE(v != nullptr);
+  return v;
+}
+
+}  // namespace
+
+// Phase "save": train kSaveAt steps, checkpoint, train on to kTotal and record the parameters.
+// Phase "resume": load the checkpoint (any world size / stage), train on to kTotal, compare.
+TEST_CASE("rank: engine state resumes across world sizes", "[.rank]") {
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  const std::string dir = env("ZT_DIR"), phase = env("ZT_PHASE");
+  const int stage = std::stoi(env("ZT_STAGE"));
+  auto model = test::make_model("llm", phase == "save" ? 7 : 99);  // resume starts elsewhere
+  auto engine = make_engine(model, comm, stage);
+  if (phase == "save") {
+    train(*engine, *model, 0, kSaveAt);
+    CheckpointWriter writer(*comm, dir, kSaveAt);
+    save_engine_state(*engine, writer.dir());
+    writer.commit(true);
+    train(*engine, *model, kSaveAt, kTotal);
+    auto params = engine->gather_full_parameters();
+    if (comm->rank() == 0) save_safetensors(dir + "/uninterrupted.safetensors", params);
+    comm->barrier();
+    return;
+  }
+  const std::string ckpt = dir + "/checkpoint-" + std::to_string(kSaveAt);
+  load_engine_state(*engine, ckpt);
+  CHECK(engine->global_step() == kSaveAt);
+  train(*engine, *model, kSaveAt, kTotal);
+  auto params = engine->gather_full_parameters();
+  if (comm->rank() == 0) {
+    SafetensorsFile want(dir + "/uninterrupted.safetensors");
+    for (const auto& [name, value] : params) {
+      INFO(name);
+      CHECK((value.to(at::kFloat) - want.load(name)).abs().max().item<double>() < 2e-5);
+    }
+  }
+  comm->barrier();
+}
+
+TEST_CASE("optimizer state saved at 2 ranks resumes at 1, 2 and 4 ranks and other stages",
+          "[checkpoint][engine]") {
+  if (test::skip_cpu_world(4)) return;
+  struct Resume {
+    int world, stage;
+  };
+  for (int saved_stage : {1, 3}) {
+    const std::string dir = test::temp_dir("resume");
+    test::run_ranks(2, "rank: engine state resumes across world sizes", std::chrono::seconds(240),
+                    {{"ZT_DIR", dir}, {"ZT_PHASE", "save"}, {"ZT_STAGE", std::to_string(saved_stage)}});
+    for (Resume r : {Resume{1, saved_stage}, Resume{2, saved_stage == 3 ? 0 : 3}, Resume{4, 2}}) {
+      INFO("saved at stage " << saved_stage << ", resumed at world " << r.world << " stage " << r.stage);
+      test::run_ranks(r.world, "rank: engine state resumes across world sizes", std::chrono::seconds(240),
+                      {{"ZT_DIR", dir}, {"ZT_PHASE", "resume"}, {"ZT_STAGE", std::to_string(r.stage)}});
+    }
+  }
+}
+
+TEST_CASE("rank: a failed save leaves earlier checkpoints intact", "[.rank]") {
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  const std::string dir = env("ZT_DIR");
+  CheckpointWriter first(*comm, dir, 1);
+  if (comm->rank() == 0) files::write_atomic(first.dir() + "/marker", "one");
+  first.commit(true);
+  CheckpointWriter second(*comm, dir, 2);
+  if (comm->rank() == 0) files::write_atomic(second.dir() + "/marker", "two");
+  // Rank 1 fails its part of the save: every rank learns it and nothing is renamed.
+  CHECK_THROWS_WITH(second.commit(comm->rank() != 1), Contains("rank(s) 1") && Contains("checkpoint-2"));
+  comm->barrier();
+  auto all = list_checkpoints(dir);
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].step == 1);
+  CHECK(latest_checkpoint(dir) == dir + "/checkpoint-1");
+  CHECK(files::read_text(dir + "/checkpoint-1/marker") == "one");
+  CHECK_FALSE(fs::exists(second.dir()));
+  comm->barrier();
+}
+
+TEST_CASE("a failure on any rank aborts the save everywhere and keeps the previous checkpoint",
+          "[checkpoint]") {
+  if (test::skip_cpu_world(2)) return;
+  test::run_ranks(2, "rank: a failed save leaves earlier checkpoints intact", std::chrono::seconds(120),
+                  {{"ZT_DIR", test::temp_dir("failed_save")}});
+}
+
+TEST_CASE("checkpoint folders: atomic names, latest, rotation keeping the best", "[checkpoint]") {
+  const std::string dir = test::temp_dir("rotation");
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  for (int64_t step : {10, 20, 30, 40}) {
+    CheckpointWriter w(*comm, dir, step);
+    // While being written the folder is invisible to list/latest.
+    CHECK(list_checkpoints(dir).size() == std::min<size_t>(static_cast<size_t>(step / 10 - 1), 2));
+    CHECK(fs::path(w.dir()).filename().string().rfind("checkpoint-", 0) != 0);
+    // Keep at most 2, always keeping checkpoint-10 (the "best").
+    w.commit(true, 2, dir + "/checkpoint-10");
+    CHECK(files::read_text(dir + "/latest") == fmt::format("checkpoint-{}\n", step));
+  }
+  auto all = list_checkpoints(dir);
+  REQUIRE(all.size() == 2);
+  CHECK(all[0].step == 10);
+  CHECK(all[1].step == 40);
+  CHECK(latest_checkpoint(dir) == dir + "/checkpoint-40");
+  // A pointer to something that is not there falls back to the highest step.
+  files::write_atomic(dir + "/latest", "checkpoint-999\n");
+  CHECK(latest_checkpoint(dir) == dir + "/checkpoint-40");
+  // Existing checkpoints are never overwritten.
+  CHECK_THROWS_WITH(CheckpointWriter(*comm, dir, 40), Contains("checkpoint-40") && Contains("never overwritten"));
+  // An interrupted save (its temporary folder left behind) is not a checkpoint.
+  fs::create_directories(dir + "/.tmp-checkpoint-50/optimizer");
+  CHECK(latest_checkpoint(dir) == dir + "/checkpoint-40");
+  CHECK(list_checkpoints(test::temp_dir("empty")).empty());
+  CHECK_FALSE(latest_checkpoint(test::temp_dir("empty")).has_value());
+}
+
+TEST_CASE("resuming with another model or method is an error naming the difference", "[checkpoint][errors]") {
+  const std::string dir = test::temp_dir("mismatch");
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  {
+    auto model = test::make_model("llm", 1);
+    auto engine = make_engine(model, comm, 1);
+    CheckpointWriter w(*comm, dir, 1);
+    save_engine_state(*engine, w.dir());
+    w.commit(true);
+  }
+  // The MLP has none of these parameters.
+  auto other = test::make_model("mlp", 1);
+  auto engine = make_engine(other, comm, 1);
+  CHECK_THROWS_WITH(load_engine_state(*engine, dir + "/checkpoint-1"), Contains("checkpoint-1") && Contains("no state"));
+  // A corrupt shard file is named.
+  const std::string shard = dir + "/checkpoint-1/optimizer/rank-00000-of-00001.safetensors";
+  fs::resize_file(shard, fs::file_size(shard) / 2);
+  auto model = test::make_model("llm", 1);
+  auto again = make_engine(model, comm, 1);
+  CHECK_THROWS_WITH(load_engine_state(*again, dir + "/checkpoint-1"), Contains("rank-00000-of-00001"));
+  CHECK_THROWS_WITH(load_engine_state(*again, dir), Contains("layout.json"));
+}
