@@ -220,3 +220,46 @@ TEST_CASE("generation stops when every sequence produced an end token", "[model]
   at::Tensor stopped = model->generate(prompt, o);
   CHECK(stopped.size(1) <= 3);
 }
+
+TEST_CASE("a packed sequence gives each document's own loss and gradients", "[model][packing]") {
+  // Three documents of different lengths, alone and packed into one row with padding after.
+  for (const char* name : {"llama", "mistral"}) {  // mistral: a sliding window as well
+    INFO(name);
+    auto model = load_fixture_model(name);
+    const int64_t lengths[] = {5, 9, 4};
+    at::Tensor docs[3];
+    at::manual_seed(3);
+    for (int d = 0; d < 3; ++d) docs[d] = at::randint(3, model->config().vocab_size, {1, lengths[d]}, at::kLong);
+    double alone_sum = 0;
+    int64_t alone_tokens = 0;
+    model->zero_grad();
+    for (const at::Tensor& ids : docs) {
+      LossSum l = model->loss(ids, ids);
+      alone_sum += l.sum.item<double>();
+      alone_tokens += l.tokens;
+      l.sum.backward();
+    }
+    std::vector<at::Tensor> alone_grads;
+    for (const at::Tensor& p : model->parameters()) alone_grads.push_back(p.grad().clone());
+
+    const int64_t total = 5 + 9 + 4, padded = total + 3;
+    at::Tensor ids = at::zeros({1, padded}, at::kLong), labels = at::full({1, padded}, -100, at::kLong);
+    at::Tensor mask = at::zeros({1, padded}, at::kLong), positions = at::zeros({1, padded}, at::kLong);
+    int64_t at_pos = 0;
+    for (int d = 0; d < 3; ++d) {
+      ids.narrow(1, at_pos, lengths[d]).copy_(docs[d]);
+      labels.narrow(1, at_pos, lengths[d]).copy_(docs[d]);
+      labels[0][at_pos] = -100;  // the first token's label would be predicted across documents
+      mask.narrow(1, at_pos, lengths[d]).fill_(d + 1);
+      positions.narrow(1, at_pos, lengths[d]).copy_(at::arange(lengths[d], at::kLong));
+      at_pos += lengths[d];
+    }
+    model->zero_grad();
+    LossSum packed = model->loss(ids, labels, mask, 1024, positions);
+    packed.sum.backward();
+    CHECK(packed.tokens == alone_tokens);
+    CHECK(packed.sum.item<double>() == Approx(alone_sum).epsilon(1e-5));
+    size_t i = 0;
+    for (const at::Tensor& p : model->parameters()) CHECK(max_abs(p.grad(), alone_grads[i++]) < 1e-5);
+  }
+}

@@ -120,9 +120,15 @@ class CausalLM : public torch::nn::Module {
 
   /// The summed cross-entropy of next-token prediction over labels != -100 (labels are shifted
   /// inside, as HF's causal LM loss). The logits are produced in chunks of `chunk_tokens`
-  /// positions and never held whole. `attention_mask` (1 = real token) may be undefined.
+  /// positions and never held whole. `attention_mask` (1 = real token, 0 = padding) may be
+  /// undefined. Packed sequences number their documents 1, 2, ... in `attention_mask` instead
+  /// (a token attends only within its document) and give `position_ids` [B, T] restarting at 0
+  /// per document; labels must then be -100 at each document's first token (as the data
+  /// module's packing does), since with the shift that label would be predicted by the previous
+  /// document's last token. A lone document never uses its first label, so nothing changes.
   LossSum loss(const at::Tensor& input_ids, const at::Tensor& labels,
-               const at::Tensor& attention_mask = {}, int64_t chunk_tokens = 1024);
+               const at::Tensor& attention_mask = {}, int64_t chunk_tokens = 1024,
+               const at::Tensor& position_ids = {});
 
   /// Full fp32 logits [batch, seq, vocab] (for tests and short inputs).
   at::Tensor logits(const at::Tensor& input_ids, const at::Tensor& attention_mask = {});

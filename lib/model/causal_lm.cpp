@@ -121,8 +121,13 @@ void CausalLM::set_prompt_adapter(std::shared_ptr<PromptAdapter> adapter) {
 PromptAdapter* CausalLM::prompt_adapter() const { return impl_->prompt.get(); }
 
 LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
-                       const at::Tensor& attention_mask, int64_t chunk_tokens) {
+                       const at::Tensor& attention_mask, int64_t chunk_tokens,
+                       const at::Tensor& position_ids) {
   Impl& I = *impl_;
+  if (position_ids.defined() && I.prompt) {
+    throw InvalidArgument("CausalLM::loss: packed sequences (position_ids) cannot be combined with "
+                          "P-Tuning or prefix tuning; train those methods without packing");
+  }
   const at::Device device = I.body->embed_tokens->weight.device();
   at::Tensor ids = input_ids.to(device);
   at::Tensor mask = mask_or_empty(attention_mask, ids);
@@ -145,7 +150,9 @@ LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
   })[0];
   Prepared p = apply_prompt(I.prompt.get(), embedded, mask);
   at::Tensor x = p.x;
-  auto [cos, sin] = model::rotary_tables(config_, p.start, x.size(1), x.scalar_type(), device);
+  auto [cos, sin] = position_ids.defined()
+                        ? model::rotary_tables(config_, position_ids.to(device), x.scalar_type())
+                        : model::rotary_tables(config_, p.start, x.size(1), x.scalar_type(), device);
   const at::Tensor none = at::empty({0}, x.options());
   for (size_t i = 0; i < body->layers.size(); ++i) {
     const at::Tensor& pk = p.prefixes.empty() ? none : p.prefixes[i].first;

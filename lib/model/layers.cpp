@@ -48,6 +48,14 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, int64_t st
   return {emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)};
 }
 
+std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, const at::Tensor& positions,
+                                                at::ScalarType dtype) {
+  at::Tensor inv = inverse_frequencies(c).to(positions.device());
+  at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv;  // [B, T, D/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);        // [B, 1, T, D]
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
 Attention::Attention(const ModelConfig& c, const ParamFactory& o) : config(&c) {
   const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.kv_dim();
   q_proj = register_module("q_proj", std::make_shared<Linear>(h, q, c.qkv_bias, o));
@@ -85,7 +93,12 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
     mask = kpos.unsqueeze(0) <= qpos.unsqueeze(1);  // [t, s]
     if (c.sliding_window) mask = mask.logical_and(kpos.unsqueeze(0) > qpos.unsqueeze(1) - *c.sliding_window);
     mask = mask.view({1, 1, t, s});
-    if (padded) mask = mask.logical_and(attention_mask.to(at::kBool).view({b, 1, 1, s}));
+    if (padded) {
+      // Real keys of the query's own document (queries are the last t of the s keys).
+      at::Tensor kdoc = attention_mask.view({b, 1, 1, s});
+      at::Tensor qdoc = attention_mask.narrow(1, s - t, t).view({b, 1, t, 1});
+      mask = mask.logical_and(kdoc.ne(0)).logical_and(kdoc.eq(qdoc).logical_or(qdoc.eq(0)));
+    }
   }
   at::Tensor out = compat::attention(q, k, v, mask, /*causal=*/!mask.defined(),
                                      1.0 / std::sqrt(static_cast<double>(d)));

@@ -72,6 +72,10 @@ struct Embedding : torch::nn::Module {
 /// cos / sin tables [T, head_dim] for positions [0, T) (fp32 math, cast to `dtype`).
 std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, int64_t start, int64_t length,
                                                 at::ScalarType dtype, const at::Device& device);
+/// Rotary tables for explicit positions [B, T] (packed sequences restart per document):
+/// cos/sin [B, 1, T, D], broadcasting over heads.
+std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, const at::Tensor& positions,
+                                                at::ScalarType dtype);
 
 /// The key/value cache of one layer (generation, and prefix tuning's learned prefixes).
 struct KvCache {
@@ -82,8 +86,10 @@ struct Attention : torch::nn::Module {
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
   const ModelConfig* config;
   Attention(const ModelConfig& c, const ParamFactory& o);
-  /// x [B, T, H]; cos/sin [T, D]; attention_mask [B, S] (1 = token) or an empty tensor;
-  /// with `cache`, the new keys/values are appended and attention covers the cached ones.
+  /// x [B, T, H]; cos/sin [T, D] or [B, 1, T, D]; attention_mask [B, S] or an empty tensor:
+  /// 0 = padding, otherwise a document number — a query sees only keys of its own document
+  /// (plain batches have one document, 1; packed ones number theirs 1, 2, ...). With `cache`,
+  /// the new keys/values are appended and attention covers the cached ones.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& attention_mask, KvCache* cache = nullptr);
 };
