@@ -41,8 +41,9 @@ std::optional<std::string> latest_checkpoint(const std::string& output_dir);
 /// killed in between leaves earlier checkpoints and `latest` untouched.
 class CheckpointWriter {
  public:
-  /// Collective. An existing checkpoint-<step> is an IoError (it is never overwritten).
-  CheckpointWriter(Communicator& comm, const std::string& output_dir, int64_t step);
+  /// Collective. An existing checkpoint-<step> is an IoError (it is never overwritten) unless
+  /// `replace` (overwrite_output_dir): then the old folder is removed when the new one commits.
+  CheckpointWriter(Communicator& comm, const std::string& output_dir, int64_t step, bool replace = false);
   /// The temporary folder to write into.
   const std::string& dir() const { return tmp_; }
   /// Collective: `ok` is this rank's verdict on its own writes (false after a caught error).
@@ -56,6 +57,7 @@ class CheckpointWriter {
  private:
   Communicator& comm_;
   std::string output_dir_, tmp_, final_;
+  bool replace_ = false;
 };
 
 /// Writes the engine's optimizer state (fp32 masters and moments of the trainable parameters)

@@ -179,8 +179,9 @@ class Engine {
   torch::nn::Module& module();
 
   /// Full fp32 values of every trainable parameter by name (from the master weights), and the
-  /// compute-dtype values of frozen ones. Collective under stage ≥ 1 (all-gathers).
-  std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
+  /// compute-dtype values of frozen ones (unless `trainable_only`, which spares gathering a
+  /// frozen base model to save an adapter). Collective under stage ≥ 1 (all-gathers).
+  std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters(bool trainable_only = false);
 
   /// Names and shapes of the trainable parameters (the optimizer's), in module order.
   std::vector<std::pair<std::string, std::vector<int64_t>>> trainable_parameters() const;

@@ -101,6 +101,43 @@ std::vector<std::string> save_sharded_safetensors(
     const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
     int64_t max_shard_bytes = 5000000000, const std::string& prefix = "model");
 
+/// A tensor a writer will receive: its name, dtype and shape.
+struct TensorEntry {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  int64_t nbytes() const;
+};
+
+/// Writes a model folder's safetensors one tensor at a time, so nothing needs the whole model
+/// in memory: the plan (every tensor's name, dtype and shape, in order) fixes the shards — one
+/// `<prefix>.safetensors`, or `<prefix>-0000k-of-0000n.safetensors` of at most `max_shard_bytes`
+/// each plus `<prefix>.safetensors.index.json` — and their headers up front. write() takes the
+/// tensors in plan order (converting to the planned dtype); each file is written under a
+/// temporary name and renamed when complete, the index last, by finish(). A writer destroyed
+/// before finish() leaves no partial file behind. Not thread-safe.
+class SafetensorsStreamWriter {
+ public:
+  SafetensorsStreamWriter(const std::string& dir, std::vector<TensorEntry> plan,
+                          int64_t max_shard_bytes = 5000000000, const std::string& prefix = "model");
+  ~SafetensorsStreamWriter();
+  void write(const std::string& name, const at::Tensor& value);
+  /// Returns the files written (shards, then the index when sharded).
+  std::vector<std::string> finish();
+
+  class File;  ///< one file being written (internal)
+
+ private:
+  std::string shard_name(size_t k) const;
+
+  std::string dir_, prefix_;
+  std::vector<std::vector<TensorEntry>> shards_;
+  int64_t total_bytes_ = 0;
+  size_t shard_ = 0;  ///< the next shard to open
+  std::unique_ptr<File> file_;
+  std::vector<std::string> written_;
+};
+
 /// The safetensors name of a dtype ("BF16", ...), and back (nullopt when unknown).
 std::string safetensors_dtype_name(at::ScalarType dtype);
 std::optional<at::ScalarType> safetensors_dtype(const std::string& name);

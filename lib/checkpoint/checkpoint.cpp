@@ -272,16 +272,17 @@ std::optional<std::string> latest_checkpoint(const std::string& output_dir) {
   return all.back().path;
 }
 
-CheckpointWriter::CheckpointWriter(Communicator& comm, const std::string& output_dir, int64_t step)
+CheckpointWriter::CheckpointWriter(Communicator& comm, const std::string& output_dir, int64_t step, bool replace)
     : comm_(comm),
       output_dir_(output_dir),
       tmp_(fmt::format("{}/.tmp-checkpoint-{}", output_dir, step)),
-      final_(fmt::format("{}/checkpoint-{}", output_dir, step)) {
+      final_(fmt::format("{}/checkpoint-{}", output_dir, step)),
+      replace_(replace) {
   std::string error;
   if (comm_.rank() == 0) {
     try {
       std::error_code ec;
-      if (fs::exists(final_, ec)) {
+      if (!replace_ && fs::exists(final_, ec)) {
         throw IoError(fmt::format("'{}' already exists; checkpoints are never overwritten (choose "
                                   "another output_dir or remove it)",
                                   final_));
@@ -313,6 +314,7 @@ std::string CheckpointWriter::commit(bool ok, std::optional<int64_t> total_limit
   std::string error;
   if (comm_.rank() == 0) {
     try {
+      if (replace_) fs::remove_all(final_);
       fs::rename(tmp_, final_);
       files::write_atomic(output_dir_ + "/latest", fs::path(final_).filename().string() + "\n");
       if (total_limit) {

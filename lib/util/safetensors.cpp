@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <rapidjson/document.h>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
@@ -280,8 +281,7 @@ const SafetensorsFile& SafetensorsCheckpoint::file_of(const std::string& name) c
 
 namespace {
 
-std::string header_json(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
+std::string header_json(const std::vector<TensorEntry>& entries, const std::map<std::string, std::string>& metadata) {
   rapidjson::StringBuffer buffer;
   rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
   w.StartObject();
@@ -295,23 +295,22 @@ std::string header_json(const std::vector<std::pair<std::string, at::Tensor>>& t
     w.EndObject();
   }
   int64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    w.Key(name.c_str());
+  for (const TensorEntry& e : entries) {
+    w.Key(e.name.c_str());
     w.StartObject();
     w.Key("dtype");
-    w.String(safetensors_dtype_name(t.scalar_type()).c_str());
+    w.String(safetensors_dtype_name(e.dtype).c_str());
     w.Key("shape");
     w.StartArray();
-    for (int64_t d : t.sizes()) w.Int64(d);
+    for (int64_t d : e.shape) w.Int64(d);
     w.EndArray();
-    int64_t nbytes = t.numel() * static_cast<int64_t>(t.element_size());
     w.Key("data_offsets");
     w.StartArray();
     w.Int64(offset);
-    w.Int64(offset + nbytes);
+    w.Int64(offset + e.nbytes());
     w.EndArray();
     w.EndObject();
-    offset += nbytes;
+    offset += e.nbytes();
   }
   w.EndObject();
   std::string h = buffer.GetString();
@@ -332,88 +331,176 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   }
 }
 
+std::vector<TensorEntry> entries_of(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  std::vector<TensorEntry> out;
+  for (const auto& [name, t] : tensors) out.push_back(TensorEntry{name, t.scalar_type(), t.sizes().vec()});
+  return out;
+}
+
 }  // namespace
+
+int64_t TensorEntry::nbytes() const {
+  int64_t n = static_cast<int64_t>(c10::elementSize(dtype));
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// One file being written under a temporary name: header first, then each tensor's bytes.
+class SafetensorsStreamWriter::File {
+ public:
+  File(std::string path, std::vector<TensorEntry> entries, const std::map<std::string, std::string>& metadata)
+      : path_(std::move(path)),
+        tmp_(fmt::format("{}.tmp.{}", path_, static_cast<long>(::getpid()))),
+        entries_(std::move(entries)) {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw IoError(fmt::format("cannot create '{}': {}", tmp_, std::strerror(errno)));
+    const std::string header = header_json(entries_, metadata);
+    unsigned char len[8];
+    const uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+    write_all(fd_, len, 8, tmp_);
+    write_all(fd_, header.data(), header.size(), tmp_);
+  }
+  ~File() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      ::unlink(tmp_.c_str());
+    }
+  }
+  bool full() const { return next_ == entries_.size(); }
+  const TensorEntry& next() const { return entries_[next_]; }
+  const std::string& path() const { return path_; }
+  const std::vector<TensorEntry>& entries() const { return entries_; }
+
+  void write(const at::Tensor& value) {
+    const TensorEntry& e = entries_[next_];
+    if (value.sizes().vec() != e.shape) {
+      throw InvalidArgument(fmt::format("writing '{}' into '{}': shape [{}] but [{}] was planned", e.name, path_,
+                                        fmt::join(value.sizes(), ", "), fmt::join(e.shape, ", ")));
+    }
+    at::Tensor c = value.detach().to(at::kCPU, e.dtype).contiguous();
+    write_all(fd_, c.data_ptr(), static_cast<size_t>(e.nbytes()), tmp_);
+    ++next_;
+  }
+
+  void commit() {
+    if (::fsync(fd_) != 0) throw IoError(fmt::format("cannot flush '{}': {}", tmp_, std::strerror(errno)));
+    ::close(fd_);
+    fd_ = -1;
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      const int err = errno;
+      ::unlink(tmp_.c_str());
+      throw IoError(fmt::format("cannot rename '{}' to '{}': {}", tmp_, path_, std::strerror(err)));
+    }
+  }
+
+ private:
+  std::string path_, tmp_;
+  std::vector<TensorEntry> entries_;
+  size_t next_ = 0;
+  int fd_ = -1;
+};
+
+SafetensorsStreamWriter::SafetensorsStreamWriter(const std::string& dir, std::vector<TensorEntry> plan,
+                                                 int64_t max_shard_bytes, const std::string& prefix)
+    : dir_(dir), prefix_(prefix) {
+  int64_t filled = 0;
+  for (TensorEntry& e : plan) {
+    if (shards_.empty() || (!shards_.back().empty() && filled + e.nbytes() > max_shard_bytes)) {
+      shards_.emplace_back();
+      filled = 0;
+    }
+    filled += e.nbytes();
+    total_bytes_ += e.nbytes();
+    shards_.back().push_back(std::move(e));
+  }
+  if (shards_.empty()) shards_.emplace_back();
+}
+
+SafetensorsStreamWriter::~SafetensorsStreamWriter() = default;
+
+std::string SafetensorsStreamWriter::shard_name(size_t k) const {
+  return shards_.size() == 1 ? prefix_ + ".safetensors"
+                             : fmt::format("{}-{:05d}-of-{:05d}.safetensors", prefix_, k + 1, shards_.size());
+}
+
+void SafetensorsStreamWriter::write(const std::string& name, const at::Tensor& value) {
+  while (!file_ || file_->full()) {
+    if (file_) {
+      file_->commit();
+      written_.push_back(file_->path());
+    }
+    if (shard_ == shards_.size()) {
+      throw InvalidArgument(fmt::format("writing '{}' into '{}': every planned tensor was written", name, dir_));
+    }
+    file_ = std::make_unique<File>((std::filesystem::path(dir_) / shard_name(shard_)).string(), shards_[shard_],
+                                   std::map<std::string, std::string>{{"format", "pt"}});
+    ++shard_;
+  }
+  if (file_->next().name != name) {
+    throw InvalidArgument(fmt::format("writing '{}' into '{}': '{}' comes next in the plan", name, dir_,
+                                      file_->next().name));
+  }
+  file_->write(value);
+}
+
+std::vector<std::string> SafetensorsStreamWriter::finish() {
+  // Shards with nothing left to write (an empty plan) are created here too.
+  while (shard_ < shards_.size() || file_) {
+    if (file_) {
+      if (!file_->full()) {
+        throw InvalidArgument(fmt::format("'{}': '{}' was never written", dir_, file_->next().name));
+      }
+      file_->commit();
+      written_.push_back(file_->path());
+      file_.reset();
+    }
+    if (shard_ < shards_.size()) {
+      file_ = std::make_unique<File>((std::filesystem::path(dir_) / shard_name(shard_)).string(), shards_[shard_],
+                                     std::map<std::string, std::string>{{"format", "pt"}});
+      ++shard_;
+    }
+  }
+  if (shards_.size() > 1) {
+    rapidjson::StringBuffer buffer;
+    rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
+    w.StartObject();
+    w.Key("metadata");
+    w.StartObject();
+    w.Key("total_size");
+    w.Int64(total_bytes_);
+    w.EndObject();
+    w.Key("weight_map");
+    w.StartObject();
+    for (size_t k = 0; k < shards_.size(); ++k) {
+      for (const TensorEntry& e : shards_[k]) {
+        w.Key(e.name.c_str());
+        w.String(shard_name(k).c_str());
+      }
+    }
+    w.EndObject();
+    w.EndObject();
+    const std::string index = (std::filesystem::path(dir_) / (prefix_ + ".safetensors.index.json")).string();
+    files::write_atomic(index, buffer.GetString());
+    written_.push_back(index);
+  }
+  return written_;
+}
 
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  const std::string header = header_json(tensors, metadata);
-  const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw IoError(fmt::format("cannot create '{}': {}", tmp, std::strerror(errno)));
-  try {
-    unsigned char len[8];
-    uint64_t n = header.size();
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-    write_all(fd, len, 8, tmp);
-    write_all(fd, header.data(), header.size(), tmp);
-    for (const auto& [name, t] : tensors) {
-      at::Tensor c = t.detach().to(at::kCPU).contiguous();
-      write_all(fd, c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size(), tmp);
-    }
-    if (::fsync(fd) != 0) throw IoError(fmt::format("cannot flush '{}': {}", tmp, std::strerror(errno)));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  ::close(fd);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw IoError(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(err)));
-  }
+  SafetensorsStreamWriter::File file(path, entries_of(tensors), metadata);
+  for (const auto& item : tensors) file.write(item.second);
+  file.commit();
 }
 
 std::vector<std::string> save_sharded_safetensors(
     const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
     int64_t max_shard_bytes, const std::string& prefix) {
-  namespace fs = std::filesystem;
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> shards(1);
-  int64_t filled = 0, total = 0;
-  for (const auto& item : tensors) {
-    int64_t bytes = item.second.numel() * static_cast<int64_t>(item.second.element_size());
-    if (!shards.back().empty() && filled + bytes > max_shard_bytes) {
-      shards.emplace_back();
-      filled = 0;
-    }
-    shards.back().push_back(item);
-    filled += bytes;
-    total += bytes;
-  }
-  std::vector<std::string> written;
-  if (shards.size() == 1) {
-    std::string file = (fs::path(dir) / (prefix + ".safetensors")).string();
-    save_safetensors(file, tensors);
-    written.push_back(file);
-    return written;
-  }
-  rapidjson::StringBuffer buffer;
-  rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
-  w.StartObject();
-  w.Key("metadata");
-  w.StartObject();
-  w.Key("total_size");
-  w.Int64(total);
-  w.EndObject();
-  w.Key("weight_map");
-  w.StartObject();
-  for (size_t k = 0; k < shards.size(); ++k) {
-    std::string name = fmt::format("{}-{:05d}-of-{:05d}.safetensors", prefix, k + 1, shards.size());
-    std::string file = (fs::path(dir) / name).string();
-    save_safetensors(file, shards[k]);
-    written.push_back(file);
-    for (const auto& item : shards[k]) {
-      w.Key(item.first.c_str());
-      w.String(name.c_str());
-    }
-  }
-  w.EndObject();
-  w.EndObject();
-  std::string index = (fs::path(dir) / (prefix + ".safetensors.index.json")).string();
-  files::write_atomic(index, buffer.GetString());
-  written.push_back(index);
-  return written;
+  SafetensorsStreamWriter writer(dir, entries_of(tensors), max_shard_bytes, prefix);
+  for (const auto& [name, t] : tensors) writer.write(name, t);
+  return writer.finish();
 }
 
 }  // namespace zt

@@ -640,12 +640,13 @@ EngineMemory Engine::memory() const {
   return m;
 }
 
-std::vector<std::pair<std::string, at::Tensor>> Engine::gather_full_parameters() {
+std::vector<std::pair<std::string, at::Tensor>> Engine::gather_full_parameters(bool trainable_only) {
   Impl& I = *impl_;
   const zero::Layout& L = I.layout;
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> full_of_bucket(L.buckets.size());
   for (const zero::Bucket& b : L.buckets) {
+    if (trainable_only && !b.trainable) continue;
     at::Tensor full;
     if (b.trainable) {
       at::Tensor mine = I.master.narrow(0, b.shard.offset, b.shard_numel).to(I.device, at::kFloat);
@@ -668,6 +669,7 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gather_full_parameters()
   for (size_t i = 0; i < L.params.size(); ++i) {
     const zero::ParamInfo& p = L.params[i];
     const zero::Bucket& b = L.buckets[static_cast<size_t>(I.bucket_of_param[i])];
+    if (trainable_only && !b.trainable) continue;
     const at::Tensor& full = full_of_bucket[static_cast<size_t>(b.index)];
     int64_t off = b.offsets[static_cast<size_t>(I.slot_of_param[i])];
     out.emplace_back(p.name, full.narrow(0, off, p.numel).view(p.shape).clone());

@@ -12,10 +12,10 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <ATen/Context.h>
-#include <ATen/core/Generator.h>
 
 #include <fmt/format.h>
 
+#include "util/rng.hpp"
 #include "zero/engine_impl.hpp"
 #include "zerotrain/error.hpp"
 
@@ -30,19 +30,6 @@ struct UnitCall : torch::CustomClassHolder {
   std::vector<bool> input_requires_grad;
   at::Tensor cpu_rng, device_rng;
 };
-
-// Saves / restores the random state the unit saw, so dropout masks repeat in the recompute.
-at::Tensor rng_state(const at::Device& device) {
-  at::Generator gen = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_rng_state(const at::Device& device, const at::Tensor& state) {
-  at::Generator gen = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
 
 struct DepthGuard {
   explicit DepthGuard(int& d) : depth(d) { ++depth; }
@@ -60,8 +47,8 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
     ctx->saved_data["call"] = handle;
     ctx->save_for_backward(inputs.vec());
     for (const at::Tensor& x : inputs) call->input_requires_grad.push_back(x.defined() && x.requires_grad());
-    call->cpu_rng = rng_state(at::kCPU);
-    if (I.device.is_cuda()) call->device_rng = rng_state(I.device);
+    call->cpu_rng = rng::state(at::kCPU);
+    if (I.device.is_cuda()) call->device_rng = rng::state(I.device);
     const bool sharded = I.stage == 3;
     if (sharded) I.gather(call->unit, /*forward_order=*/true);
     torch::autograd::variable_list outputs;
@@ -114,18 +101,18 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
       detached.push_back(x);
     }
     // Recompute with the random state of the forward, then put the current state back.
-    at::Tensor cpu_now = rng_state(at::kCPU);
-    at::Tensor dev_now = I.device.is_cuda() ? rng_state(I.device) : at::Tensor();
-    set_rng_state(at::kCPU, call->cpu_rng);
-    if (dev_now.defined()) set_rng_state(I.device, call->device_rng);
+    at::Tensor cpu_now = rng::state(at::kCPU);
+    at::Tensor dev_now = I.device.is_cuda() ? rng::state(I.device) : at::Tensor();
+    rng::set_state(at::kCPU, call->cpu_rng);
+    if (dev_now.defined()) rng::set_state(I.device, call->device_rng);
     torch::autograd::variable_list outputs;
     {
       at::AutoGradMode enable(true);
       DepthGuard depth(I.unit_depth);
       outputs = call->fn(detached);
     }
-    set_rng_state(at::kCPU, cpu_now);
-    if (dev_now.defined()) set_rng_state(I.device, dev_now);
+    rng::set_state(at::kCPU, cpu_now);
+    if (dev_now.defined()) rng::set_state(I.device, dev_now);
 
     torch::autograd::variable_list roots, grads;
     for (size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
