@@ -38,7 +38,7 @@ struct DatasetStats {
   int64_t lines = 0;             ///< non-blank lines
   int64_t examples = 0;          ///< examples kept
   int64_t skipped_lines = 0;     ///< malformed lines skipped (skip_bad_lines)
-  int64_t dropped_examples = 0;  ///< examples left without a trained label by truncation
+  int64_t dropped_examples = 0;  ///< examples without a trained label (after truncation)
   int64_t tokens = 0;            ///< tokens of the kept examples
 };
 
@@ -156,7 +156,10 @@ struct Batch {
   /// Packed batches only: the document each token belongs to, numbered 0, 1, ... within its row
   /// (-1 on padding). Attention must not cross documents.
   at::Tensor document_ids;
-  int64_t target_tokens = 0;  ///< labels != kIgnoreLabel
+  /// labels != kIgnoreLabel, unshifted: a causal-LM loss never uses a row's first label, so for
+  /// rows whose first label is trained (text examples: bos) it counts one token more than the
+  /// loss does. Packed rows start every document with kIgnoreLabel, so there the counts agree.
+  int64_t target_tokens = 0;
 };
 
 /// The examples `indices` of `dataset` as a batch padded with `pad_id` (which must be >= 0: pass

@@ -27,7 +27,7 @@ class Tokenizer {
 
   virtual int32_t bos_id() const = 0;  ///< -1 when the tokenizer has none
   virtual int32_t eos_id() const = 0;  ///< -1 when none
-  virtual int32_t pad_id() const = 0;  ///< -1 when none (collate then pads with eos, as HF does)
+  virtual int32_t pad_id() const = 0;  ///< -1 when none (then pad with eos, as HF does)
   /// Whether sequences start with bos (LLaMA: yes, Qwen: no).
   virtual bool add_bos() const = 0;
   /// Ids are in [0, vocab_size()).
