@@ -1,0 +1,224 @@
+// Training data: JSONL files tokenized through prompt templates with label masking, a token
+// cache, collation into padded or packed batches, and a sampler whose order does not depend on
+// the number of ranks. docs/data.md describes the formats, templates and orders exactly.
+//
+// Thread-safety: a Dataset is a value; its const methods may be called from several threads at
+// once. The free functions are pure apart from the files they name and the log sink. Nothing
+// here is collective: in a multi-rank job the caller lets one rank build the cache
+// (load_or_tokenize) and the others read it after a barrier.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zerotrain/config.hpp"
+#include "zerotrain/tokenizer.hpp"
+
+namespace zt {
+
+/// The label of a token that does not count in the loss (PyTorch's cross-entropy ignore_index).
+constexpr int32_t kIgnoreLabel = -100;
+
+struct DataOptions {
+  std::string template_name = "alpaca_zh";  ///< alpaca_zh | alpaca | chatml | plain
+  int64_t max_length = 1024;                ///< tokens per example; longer ones lose their end
+  bool train_on_prompt = false;             ///< prompt tokens are trained too
+  bool skip_bad_lines = false;              ///< skip (and count) malformed lines, do not fail
+};
+
+/// The data options among the training arguments (template, max_length, train_on_prompt,
+/// skip_bad_lines).
+DataOptions data_options_for(const TrainingArguments& args);
+
+/// What tokenization saw. Kept in the cache, so a dataset read back reports the same numbers.
+struct DatasetStats {
+  int64_t lines = 0;             ///< non-blank lines
+  int64_t examples = 0;          ///< examples kept
+  int64_t skipped_lines = 0;     ///< malformed lines skipped (skip_bad_lines)
+  int64_t dropped_examples = 0;  ///< examples without a trained label (after truncation)
+  int64_t tokens = 0;            ///< tokens of the kept examples
+};
+
+/// A read-only view of contiguous tokens (C++17 has no std::span). Valid while the Dataset it
+/// came from is alive and not modified.
+struct TokenView {
+  const int32_t* data = nullptr;
+  int64_t size = 0;
+
+  const int32_t* begin() const { return data; }
+  const int32_t* end() const { return data + size; }
+  int32_t operator[](int64_t i) const { return data[i]; }
+  std::vector<int32_t> to_vector() const { return {begin(), end()}; }
+};
+
+/// Tokenized examples stored flat: all ids, all labels, and where each example starts. A packed
+/// dataset (made by `pack`) also records where each of its documents starts.
+/// Example indices outside [0, size()) are an InvalidArgument.
+class Dataset {
+ public:
+  Dataset() = default;
+
+  /// Rebuilds a dataset from its flat storage (the accessors below), checking it: `offsets`
+  /// starts at 0, increases strictly and ends at ids.size(); labels has ids' size; ids are >= 0,
+  /// labels >= 0 or kIgnoreLabel; `document_offsets`, when not empty (a packed dataset), increases
+  /// strictly, holds every entry of `offsets` and ends with it. InvalidArgument otherwise.
+  static Dataset from_flat(std::vector<int32_t> ids, std::vector<int32_t> labels,
+                           std::vector<int64_t> offsets,
+                           std::vector<int64_t> document_offsets = {});
+
+  /// Appends one example: `ids` and `labels` of the same nonzero length (InvalidArgument
+  /// otherwise); labels are token ids or kIgnoreLabel. Not allowed on a packed dataset.
+  void add(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels);
+
+  int64_t size() const { return static_cast<int64_t>(offsets_.size()) - 1; }
+  bool empty() const { return size() == 0; }
+  int64_t length(int64_t i) const;
+  TokenView ids(int64_t i) const;
+  TokenView labels(int64_t i) const;
+  int64_t total_tokens() const { return static_cast<int64_t>(ids_.size()); }
+  /// length(i) for every example, for length grouping.
+  std::vector<int64_t> lengths() const;
+
+  /// True when made by `pack`: each example is a sequence of whole documents.
+  bool packed() const { return !doc_offsets_.empty(); }
+  /// The lengths of the documents in example i, in order (one document when not packed).
+  std::vector<int64_t> document_lengths(int64_t i) const;
+
+  /// Flat storage: every example's ids and labels back to back; example i is
+  /// [offsets()[i], offsets()[i + 1]); a packed dataset's document starts, then the end (empty
+  /// when not packed).
+  const std::vector<int32_t>& flat_ids() const { return ids_; }
+  const std::vector<int32_t>& flat_labels() const { return labels_; }
+  const std::vector<int64_t>& offsets() const { return offsets_; }
+  const std::vector<int64_t>& document_offsets() const { return doc_offsets_; }
+
+ private:
+  void check_index(int64_t i) const;
+
+  std::vector<int32_t> ids_;
+  std::vector<int32_t> labels_;
+  std::vector<int64_t> offsets_{0};
+  std::vector<int64_t> doc_offsets_;
+};
+
+// ---- JSONL ---------------------------------------------------------------------------------
+
+/// Tokenizes a JSONL file: one JSON object per line, blank lines ignored, the format detected
+/// per line (text, instruction/input/output, messages, pre-tokenized input_ids/labels; see
+/// docs/data.md). Instruction and chat data go through the template `o.template_name`; prompt
+/// labels are kIgnoreLabel unless `o.train_on_prompt`. Examples are cut to `o.max_length`
+/// tokens (the end is lost); one left without a trained label is dropped, counted and warned
+/// about.
+/// Errors: a missing or unreadable file is an IoError naming it. A malformed line is a
+/// ConfigError "<file>:<line>: <key>: <what is wrong>" — or, with `o.skip_bad_lines`, skipped
+/// and counted with a warning. A file with no usable example and an unknown template are
+/// ConfigErrors. `stats`, when given, receives the counts.
+Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const DataOptions& o,
+                       DatasetStats* stats = nullptr);
+
+// ---- cache ---------------------------------------------------------------------------------
+
+/// `<cache_dir>/<file stem>-<16 hex digits>.safetensors`, the digits a hash of everything the
+/// tokenized result depends on: the data file's absolute path, size and modification time, the
+/// tokenizer's fingerprint, every DataOptions field and the cache format version. A missing
+/// data file is an IoError.
+std::string dataset_cache_path(const std::string& cache_dir, const std::string& jsonl_path,
+                               const Tokenizer& tok, const DataOptions& o);
+
+/// Writes a dataset (and the stats of its tokenization) as safetensors, atomically.
+void save_dataset(const Dataset& dataset, const std::string& path, const DatasetStats& stats = {});
+
+/// Reads a dataset save_dataset wrote, checking it completely (tensors, dtypes, offsets, label
+/// values): a missing, truncated or inconsistent file is an IoError naming it. `stats`, when
+/// given, receives the stats saved with it.
+Dataset load_dataset(const std::string& path, DatasetStats* stats = nullptr);
+
+/// tokenize_jsonl through the cache: reuses `dataset_cache_path(...)` when it holds a valid
+/// dataset for the same key, otherwise tokenizes and writes it (creating `cache_dir`). A cache
+/// file that fails to load is replaced, with a warning. An empty `cache_dir` means no cache.
+Dataset load_or_tokenize(const std::string& jsonl_path, const Tokenizer& tok, const DataOptions& o,
+                         const std::string& cache_dir, DatasetStats* stats = nullptr);
+
+// ---- batches -------------------------------------------------------------------------------
+
+/// One micro-batch, on the CPU. All tensors are [B, T] int64 with T the longest example of the
+/// batch; rows are right-padded.
+struct Batch {
+  at::Tensor input_ids;       ///< pad_id on padding
+  at::Tensor labels;          ///< kIgnoreLabel on padding
+  at::Tensor attention_mask;  ///< 1 on real tokens, 0 on padding
+  /// Packed batches only (undefined otherwise): the position of each token in its document
+  /// (restarting at 0 per document; 0 on padding).
+  at::Tensor position_ids;
+  /// Packed batches only: the document each token belongs to, numbered 0, 1, ... within its row
+  /// (-1 on padding). Attention must not cross documents.
+  at::Tensor document_ids;
+  /// labels != kIgnoreLabel, unshifted: a causal-LM loss never uses a row's first label, so for
+  /// rows whose first label is trained (text examples: bos) it counts one token more than the
+  /// loss does. Packed rows start every document with kIgnoreLabel, so there the counts agree.
+  int64_t target_tokens = 0;
+};
+
+/// The examples `indices` of `dataset` as a batch padded with `pad_id` (which must be >= 0: pass
+/// the tokenizer's pad_id, or its eos_id when it has none). An empty `indices` gives an empty
+/// batch: every tensor [0, 0], target_tokens 0 (a rank with nothing left in the last eval batch
+/// still takes part in collective forwards).
+Batch collate(const Dataset& dataset, const std::vector<int64_t>& indices, int32_t pad_id);
+
+/// Packs whole examples of `examples`, taken in `order`, into sequences of at most `max_length`
+/// tokens: each example joins the current sequence if it fits, else starts a new one (examples
+/// are never split or reordered). The first label of every document becomes kIgnoreLabel, so no
+/// token is trained on a prediction made from another document. An example longer than
+/// `max_length`, an index out of range or a packed input is an InvalidArgument.
+Dataset pack(const Dataset& examples, int64_t max_length, const std::vector<int64_t>& order);
+
+// ---- sampling ------------------------------------------------------------------------------
+
+/// The order in which epoch `epoch` visits examples [0, n): [0, n) itself, or with `shuffle` a
+/// Fisher–Yates permutation driven by splitmix64 seeded with `seed + epoch` (the same on every
+/// platform and LibTorch version). With `lengths` (group_by_length), the order is then cut into
+/// consecutive megabatches of `megabatch` indices, each sorted by length, longest first (stable),
+/// and the first element of the first megabatch swapped with the first of the megabatch holding
+/// the longest example — HF's LengthGroupedSampler rule, so the first batch is the longest.
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle,
+                                 const std::vector<int64_t>* lengths = nullptr,
+                                 int64_t megabatch = 0);
+
+/// HF's megabatch size for length grouping with global batch size `global_batch`:
+/// min(n / (4 · global_batch), 50) · global_batch, at least global_batch.
+int64_t length_megabatch(int64_t n, int64_t global_batch);
+
+/// The samples of one optimizer step: micro_batch × accumulation × world.
+struct GlobalBatch {
+  int64_t micro_batch = 1;   ///< per rank and micro-step
+  int64_t accumulation = 1;  ///< micro-steps per optimizer step
+  int64_t world = 1;         ///< ranks
+  int64_t size() const { return micro_batch * accumulation * world; }
+};
+
+/// Optimizer steps in an epoch of n examples: n / global_batch with `drop_last` (the last,
+/// incomplete global batch dropped), else rounded up (it is completed from the start of the
+/// epoch order).
+int64_t steps_per_epoch(int64_t n, int64_t global_batch, bool drop_last);
+
+/// The examples rank `rank` uses in micro-step `micro_step` of optimizer step `step`: positions
+/// step·G + (micro_step·world + rank)·micro_batch + [0, micro_batch) of `order` (G = g.size()),
+/// wrapping around to the start of `order` past its end. The union over ranks and micro-steps is
+/// order positions [step·G, (step + 1)·G) whatever the world size. Steps run from 0 to
+/// steps_per_epoch(n, G, drop_last) - 1 (the caller stops there: with drop_last the incomplete
+/// last step is never asked for). A step with step·G >= order.size(), or a micro-step / rank out
+/// of range, is an InvalidArgument.
+std::vector<int64_t> micro_batch_indices(const std::vector<int64_t>& order, const GlobalBatch& g,
+                                         int64_t step, int64_t micro_step, int64_t rank);
+
+/// Evaluation batches of rank `rank` over examples [0, n): global batch j holds examples
+/// [j·world·batch_size, (j + 1)·world·batch_size), rank r its slice r. Every rank gets the same
+/// number of batches, ceil(n / (world·batch_size)) (forwards may be collective), some of them
+/// short or empty at the end; every example is evaluated exactly once across ranks.
+std::vector<std::vector<int64_t>> eval_batches(int64_t n, int64_t world, int64_t rank,
+                                               int64_t batch_size);
+
+}  // namespace zt

@@ -1,0 +1,54 @@
+// Tokenizers behind one interface: the built-in byte-level tokenizer now, Hugging Face
+// tokenizer.json tokenizers later (same interface, chosen by load_tokenizer).
+//
+// Thread-safety: a Tokenizer is immutable after construction; its const methods may be called
+// from several threads at once. Nothing here is collective.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zt {
+
+/// Text ↔ token ids. Implementations are immutable; share them through std::shared_ptr.
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  /// The ids of `text`, without bos/eos. Special-token strings in the text (`<|im_end|>`) are
+  /// encoded as the tokenizer's special ids where it has them (as HF tokenizers do by default).
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  /// The text of `ids`; special ids (bos/eos/pad) and ids the tokenizer does not know are skipped,
+  /// so labels with -100 can be decoded as they are.
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+
+  virtual int32_t bos_id() const = 0;  ///< -1 when the tokenizer has none
+  virtual int32_t eos_id() const = 0;  ///< -1 when none
+  virtual int32_t pad_id() const = 0;  ///< -1 when none (then pad with eos, as HF does)
+  /// Whether sequences start with bos (LLaMA: yes, Qwen: no).
+  virtual bool add_bos() const = 0;
+  /// Ids are in [0, vocab_size()).
+  virtual int64_t vocab_size() const = 0;
+  /// A string that changes whenever encode's behaviour could: part of dataset cache keys.
+  virtual std::string fingerprint() const = 0;
+};
+
+/// The built-in byte-level tokenizer: ids 0-255 are the bytes of the UTF-8 text, 256 = bos,
+/// 257 = eos, 258 = pad (vocab_size 259), add_bos true. decode returns the bytes as they are,
+/// invalid UTF-8 included. Every call returns the same shared instance.
+std::shared_ptr<Tokenizer> byte_tokenizer();
+
+/// The tokenizer of the model in `model_dir`, for a model whose embedding has
+/// `model_vocab_size` rows:
+/// - `model_dir` empty (a model given only as a config): the byte tokenizer;
+/// - a folder without tokenizer files (tokenizer.json, tokenizer.model, vocab.json,
+///   tokenizer_config.json): the byte tokenizer, with a warning naming the folder;
+/// - a folder with tokenizer files: ConfigError (HF tokenizer files are not supported yet).
+/// With the byte tokenizer, `model_vocab_size` must be at least 259 (ConfigError naming the
+/// model and the number). A `model_dir` that is not a folder is an IoError.
+std::shared_ptr<Tokenizer> load_tokenizer(const std::string& model_dir, int64_t model_vocab_size);
+
+}  // namespace zt

@@ -1,0 +1,198 @@
+// The tokenized-data cache: a safetensors file per (data file, tokenizer, options), named by a
+// hash of everything the tokens depend on, checked completely when read back.
+#include <filesystem>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "util/log.hpp"
+#include "zerotrain/data.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/safetensors.hpp"
+
+namespace zt {
+namespace {
+
+// Bump when the tokenization rules or the file layout change: old cache files then no longer
+// match any key (and are rejected by load_dataset).
+constexpr int kCacheVersion = 1;
+constexpr const char* kCacheFormat = "zerotrain-dataset";
+
+// Everything the tokens depend on, as text; stored in the file to rule out hash collisions.
+std::string cache_key(const std::string& jsonl_path, const Tokenizer& tok, const DataOptions& o) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path file = fs::canonical(jsonl_path, ec);
+  if (ec) throw IoError(fmt::format("cannot open data file '{}': {}", jsonl_path, ec.message()));
+  std::error_code size_ec, time_ec;
+  const uintmax_t size = fs::file_size(file, size_ec);
+  const auto mtime = fs::last_write_time(file, time_ec).time_since_epoch().count();
+  if (size_ec || time_ec) {
+    throw IoError(fmt::format("cannot stat data file '{}': {}", jsonl_path,
+                              (size_ec ? size_ec : time_ec).message()));
+  }
+  return fmt::format(
+      "version={}\nfile={}\nsize={}\nmtime={}\ntokenizer={}\ntemplate={}\nmax_length={}\n"
+      "train_on_prompt={}\nskip_bad_lines={}",
+      kCacheVersion, file.string(), size, static_cast<int64_t>(mtime), tok.fingerprint(),
+      o.template_name, o.max_length, o.train_on_prompt, o.skip_bad_lines);
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 14695981039346656037ULL;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+std::string cache_file(const std::string& cache_dir, const std::string& jsonl_path,
+                       const std::string& key) {
+  namespace fs = std::filesystem;
+  const std::string name =
+      fmt::format("{}-{:016x}.safetensors", fs::path(jsonl_path).stem().string(), fnv1a(key));
+  return (fs::path(cache_dir) / name).string();
+}
+
+const std::pair<const char*, int64_t DatasetStats::*> kStatFields[] = {
+    {"lines", &DatasetStats::lines},
+    {"examples", &DatasetStats::examples},
+    {"skipped_lines", &DatasetStats::skipped_lines},
+    {"dropped_examples", &DatasetStats::dropped_examples},
+    {"tokens", &DatasetStats::tokens},
+};
+
+template <typename T>
+at::Tensor view_of(const std::vector<T>& v, at::ScalarType dtype) {
+  // save_safetensors only reads the tensor, so viewing the const vector is safe.
+  return at::from_blob(const_cast<T*>(v.data()), {static_cast<int64_t>(v.size())},
+                       at::TensorOptions().dtype(dtype));
+}
+
+IoError corrupt_cache(const std::string& path, const std::string& what) {
+  return IoError(
+      fmt::format("dataset cache '{}' is corrupt: {}; delete it to tokenize again", path, what));
+}
+
+template <typename T>
+std::vector<T> read_vector(const SafetensorsFile& f, const char* name, at::ScalarType dtype) {
+  if (!f.contains(name)) {
+    throw corrupt_cache(f.path(), fmt::format("the tensor '{}' is missing", name));
+  }
+  const TensorInfo& info = f.info(name);
+  if (info.dtype != dtype || info.shape.size() != 1) {
+    throw corrupt_cache(f.path(), fmt::format("the tensor '{}' is {} of {} dimension(s), expected "
+                                              "1-D {}",
+                                              name, info.dtype_name, info.shape.size(),
+                                              safetensors_dtype_name(dtype)));
+  }
+  at::Tensor t = f.load(name);
+  const T* p = t.data_ptr<T>();
+  return std::vector<T>(p, p + t.numel());
+}
+
+void write_cache(const Dataset& d, const std::string& path, const DatasetStats& stats,
+                 const std::string& key) {
+  std::map<std::string, std::string> metadata{
+      {"format", kCacheFormat}, {"version", std::to_string(kCacheVersion)}, {"key", key}};
+  for (const auto& [name, field] : kStatFields) metadata[name] = std::to_string(stats.*field);
+  std::vector<std::pair<std::string, at::Tensor>> tensors{
+      {"input_ids", view_of(d.flat_ids(), at::kInt)},
+      {"labels", view_of(d.flat_labels(), at::kInt)},
+      {"offsets", view_of(d.offsets(), at::kLong)}};
+  if (d.packed()) {
+    tensors.emplace_back("document_offsets", view_of(d.document_offsets(), at::kLong));
+  }
+  save_safetensors(path, tensors, metadata);
+}
+
+// The dataset in a cache file and the key it was written for.
+std::pair<Dataset, std::string> read_cache(const std::string& path, DatasetStats* stats) {
+  SafetensorsFile f(path);  // IoError when missing or not safetensors
+  auto entry = [&](const char* name) {
+    auto it = f.metadata().find(name);
+    return it == f.metadata().end() ? std::string() : it->second;
+  };
+  if (entry("format") != kCacheFormat) {
+    throw corrupt_cache(path, fmt::format("metadata format is \"{}\", expected \"{}\"",
+                                          entry("format"), kCacheFormat));
+  }
+  if (entry("version") != std::to_string(kCacheVersion)) {
+    throw corrupt_cache(path, fmt::format("cache format version \"{}\", this build reads {}",
+                                          entry("version"), kCacheVersion));
+  }
+  std::vector<int64_t> doc_offsets;
+  if (f.contains("document_offsets")) {
+    doc_offsets = read_vector<int64_t>(f, "document_offsets", at::kLong);
+  }
+  Dataset d;
+  try {
+    d = Dataset::from_flat(read_vector<int32_t>(f, "input_ids", at::kInt),
+                           read_vector<int32_t>(f, "labels", at::kInt),
+                           read_vector<int64_t>(f, "offsets", at::kLong), std::move(doc_offsets));
+  } catch (const InvalidArgument& e) {
+    throw corrupt_cache(path, e.what());
+  }
+  if (stats != nullptr) {
+    for (const auto& [name, field] : kStatFields) {
+      try {
+        stats->*field = std::stoll(entry(name));
+      } catch (const std::exception&) {
+        throw corrupt_cache(
+            path, fmt::format("metadata \"{}\" is \"{}\", not a number", name, entry(name)));
+      }
+    }
+  }
+  return {std::move(d), entry("key")};
+}
+
+}  // namespace
+
+std::string dataset_cache_path(const std::string& cache_dir, const std::string& jsonl_path,
+                               const Tokenizer& tok, const DataOptions& o) {
+  return cache_file(cache_dir, jsonl_path, cache_key(jsonl_path, tok, o));
+}
+
+void save_dataset(const Dataset& dataset, const std::string& path, const DatasetStats& stats) {
+  write_cache(dataset, path, stats, "");
+}
+
+Dataset load_dataset(const std::string& path, DatasetStats* stats) {
+  return read_cache(path, stats).first;
+}
+
+Dataset load_or_tokenize(const std::string& jsonl_path, const Tokenizer& tok, const DataOptions& o,
+                         const std::string& cache_dir, DatasetStats* stats) {
+  namespace fs = std::filesystem;
+  if (cache_dir.empty()) return tokenize_jsonl(jsonl_path, tok, o, stats);
+  const std::string key = cache_key(jsonl_path, tok, o);
+  const std::string path = cache_file(cache_dir, jsonl_path, key);
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    try {
+      DatasetStats cached;
+      std::pair<Dataset, std::string> read = read_cache(path, &cached);
+      if (read.second == key) {
+        log::info("{}: {} examples, {} tokens from the cache '{}'", jsonl_path, read.first.size(),
+                  read.first.total_tokens(), path);
+        if (stats != nullptr) *stats = cached;
+        return std::move(read.first);
+      }
+      log::warn("dataset cache '{}' was written for other data or options; tokenizing again", path);
+    } catch (const IoError& e) {
+      log::warn("tokenizing again: {}", e.what());
+    }
+  }
+  DatasetStats s;
+  Dataset d = tokenize_jsonl(jsonl_path, tok, o, &s);
+  fs::create_directories(cache_dir, ec);
+  if (ec) {
+    throw IoError(fmt::format("cannot create the cache folder '{}': {}", cache_dir, ec.message()));
+  }
+  write_cache(d, path, s, key);
+  if (stats != nullptr) *stats = s;
+  return d;
+}
+
+}  // namespace zt

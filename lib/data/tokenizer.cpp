@@ -1,0 +1,82 @@
+// The byte-level tokenizer and the choice of tokenizer for a model folder.
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "util/log.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/tokenizer.hpp"
+
+namespace zt {
+namespace {
+
+// Ids 0-255 are bytes; the specials follow them.
+constexpr int32_t kByteBos = 256;
+constexpr int32_t kByteEos = 257;
+constexpr int32_t kBytePad = 258;
+constexpr int64_t kByteVocab = 259;
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view text) const override {
+    std::vector<int32_t> ids(text.size());
+    for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
+    return ids;
+  }
+
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string text;
+    text.reserve(ids.size());
+    for (int32_t id : ids) {
+      if (id >= 0 && id < 256) text.push_back(static_cast<char>(id));
+    }
+    return text;
+  }
+
+  int32_t bos_id() const override { return kByteBos; }
+  int32_t eos_id() const override { return kByteEos; }
+  int32_t pad_id() const override { return kBytePad; }
+  bool add_bos() const override { return true; }
+  int64_t vocab_size() const override { return kByteVocab; }
+  std::string fingerprint() const override { return "byte-v1:bos=256,eos=257,pad=258"; }
+};
+
+}  // namespace
+
+std::shared_ptr<Tokenizer> byte_tokenizer() {
+  static const std::shared_ptr<Tokenizer> instance = std::make_shared<ByteTokenizer>();
+  return instance;
+}
+
+std::shared_ptr<Tokenizer> load_tokenizer(const std::string& model_dir, int64_t model_vocab_size) {
+  namespace fs = std::filesystem;
+  if (!model_dir.empty()) {
+    std::error_code ec;
+    if (!fs::is_directory(model_dir, ec)) {
+      throw IoError(fmt::format("model folder '{}' does not exist or is not a folder", model_dir));
+    }
+    for (const char* name :
+         {"tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json"}) {
+      if (fs::exists(fs::path(model_dir) / name, ec)) {
+        throw ConfigError(fmt::format(
+            "model folder '{}' has {}: Hugging Face tokenizer files are not supported yet; remove "
+            "the tokenizer files to train with the byte-level tokenizer (vocab_size >= {})",
+            model_dir, name, kByteVocab));
+      }
+    }
+    log::warn(
+        "model folder '{}' has no tokenizer files (tokenizer.json, tokenizer.model, "
+        "vocab.json, tokenizer_config.json); using the byte-level tokenizer",
+        model_dir);
+  }
+  if (model_vocab_size < kByteVocab) {
+    throw ConfigError(fmt::format(
+        "model {} has vocab_size {}, but the byte-level tokenizer needs at least {} ids (256 "
+        "bytes + bos, eos, pad); give the model a vocab_size >= {}",
+        model_dir.empty() ? std::string("(inline config)") : "'" + model_dir + "'",
+        model_vocab_size, kByteVocab, kByteVocab));
+  }
+  return byte_tokenizer();
+}
+
+}  // namespace zt
