@@ -80,4 +80,29 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> checkpoint_parameters(
 /// parameters assembled from every rank's shard file (for merge and export).
 std::shared_ptr<ParameterSource> checkpoint_master_source(const std::string& dir);
 
+struct MergeOptions {
+  /// The base model folder: required for LoRA checkpoints whose adapter names none and for
+  /// Freeze checkpoints (their frozen weights are not in the checkpoint).
+  std::string base_model;
+  /// The output dtype; default: the model's own (its config.json dtype).
+  std::optional<at::ScalarType> dtype;
+  int64_t max_shard_bytes = 5000000000;
+};
+
+struct MergeReport {
+  std::vector<std::string> files;   ///< safetensors shards and index, config.json
+  int64_t tensors = 0;
+  int64_t largest_tensor_bytes = 0; ///< in the output dtype
+  int64_t peak_rss_anon_bytes = 0;  ///< growth of anonymous resident memory while merging
+};
+
+/// Consolidates a zerotrain checkpoint into an HF model folder at `out_dir` (which must not
+/// exist or be empty): the fp32 masters from every rank's shard file — LoRA folded into the base
+/// weights (W + B·A·scaling) for adapter checkpoints — written as model.safetensors or
+/// model-0000k-of-0000n.safetensors + index, with config.json and the tokenizer and generation
+/// files. It streams tensor by tensor, so memory stays near the largest tensor. Prompt adapters
+/// (P-Tuning, prefix) have no weights to fold in: a ConfigError. Not collective.
+MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir,
+                             const MergeOptions& options = {});
+
 }  // namespace zt

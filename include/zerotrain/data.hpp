@@ -119,6 +119,12 @@ class Dataset {
 Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const DataOptions& o,
                        DatasetStats* stats = nullptr);
 
+/// The prompt `template_name` makes of an instruction (and optional input), exactly as
+/// training renders it, up to where the model's answer begins — for asking a trained model.
+/// An unknown template is a ConfigError.
+std::string render_prompt(const std::string& template_name, const std::string& instruction,
+                          const std::string& input = "");
+
 // ---- cache ---------------------------------------------------------------------------------
 
 /// `<cache_dir>/<file stem>-<16 hex digits>.safetensors`, the digits a hash of everything the

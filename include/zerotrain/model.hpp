@@ -163,6 +163,12 @@ std::shared_ptr<ParameterSource> random_source(const ModelConfig& config, uint64
 /// Fills every parameter of `model` from `source` (materializing them on their device).
 void load_weights(torch::nn::Module& model, ParameterSource& source);
 
+/// Copies the files that travel with a model folder's weights — tokenizer files
+/// (tokenizer.json, tokenizer_config.json, special_tokens_map.json, tokenizer.model,
+/// vocab.json, merges.txt, chat_template.jinja) and generation_config.json — from `from` to
+/// `to`, those that exist. Returns how many were copied.
+int copy_model_companion_files(const std::string& from, const std::string& to);
+
 /// Checks that a checkpoint has every tensor the model needs with the right shape; throws
 /// IoError naming the first missing or mismatched tensor. Extra tensors are ignored.
 void check_checkpoint(const CausalLM& model, const std::string& path);

@@ -186,6 +186,17 @@ RenderedTurn render_turn(Template t, const Conversation& c, size_t k) {
   return {prompt, turn.output};
 }
 
+}  // namespace
+
+std::string render_prompt(const std::string& template_name, const std::string& instruction,
+                          const std::string& input) {
+  Conversation c;
+  c.turns.push_back(Turn{instruction, input, ""});
+  return render_turn(template_named(template_name), c, 0).prompt;
+}
+
+namespace {
+
 // ---- encoding ------------------------------------------------------------------------------
 
 struct Example {

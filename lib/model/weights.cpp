@@ -1,4 +1,5 @@
 // Where parameter values come from: checkpoints (read per slice) and seeded random init.
+#include <filesystem>
 #include <functional>
 
 #include <fmt/format.h>
@@ -105,6 +106,23 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
       throw IoError(fmt::format("checkpoint '{}': tensor '{}' has the wrong shape", path, item.key()));
     }
   }
+}
+
+int copy_model_companion_files(const std::string& from, const std::string& to) {
+  namespace fs = std::filesystem;
+  static const char* const kFiles[] = {"tokenizer.json",   "tokenizer_config.json", "special_tokens_map.json",
+                                       "tokenizer.model",  "vocab.json",            "merges.txt",
+                                       "chat_template.jinja", "generation_config.json"};
+  int copied = 0;
+  for (const char* name : kFiles) {
+    const fs::path source = fs::path(from) / name;
+    std::error_code ec;
+    if (!fs::is_regular_file(source, ec)) continue;
+    fs::copy_file(source, fs::path(to) / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) throw IoError(fmt::format("cannot copy '{}' to '{}': {}", source.string(), to, ec.message()));
+    ++copied;
+  }
+  return copied;
 }
 
 }  // namespace zt

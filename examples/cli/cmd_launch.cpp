@@ -13,16 +13,14 @@
 
 namespace zt::cli {
 
-std::string self_path() {
-  char buf[4096] = {0};
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) throw InvalidArgument("cannot resolve /proc/self/exe");
-  return std::string(buf, static_cast<size_t>(n));
-}
-
 namespace {
 
-void on_interrupt(int) {}  // a handler, not SIG_IGN: handlers do not survive exec into the ranks
+// The launcher outlives its ranks: a signal sent to it alone (kill, a scheduler's SIGTERM) is
+// passed on to the whole process group, the ranks included; one the terminal sent to the group
+// already reached them and is not repeated (a second SIGINT would end a rank at once).
+extern "C" void forward_signal(int sig, siginfo_t* info, void*) {
+  if (info != nullptr && info->si_code == SI_USER && info->si_pid != ::getpid()) ::kill(0, sig);
+}
 
 int parse_int(const std::string& flag, const std::string& value) {
   char* end = nullptr;
@@ -67,15 +65,24 @@ int cmd_launch(const Args& args) {
   Args command(args.begin() + static_cast<long>(i), args.end());
   if (command.empty()) throw ConfigError("zerotrain launch: no command to run after the options");
   if (o.nproc < 1) throw ConfigError("--nproc_per_node must be at least 1");
-  // Ctrl-C reaches the ranks through the terminal's process group; the launcher itself waits for
-  // them to exit rather than dying first.
-  std::signal(SIGINT, on_interrupt);
+  // The launcher waits for its ranks to exit rather than dying first (a handler, not SIG_IGN:
+  // handlers do not survive exec into the ranks).
+  struct sigaction action {};
+  action.sa_sigaction = forward_signal;
+  action.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
   LaunchResult r = launch_local(command, o);
-  if (!r.ok()) {
-    log_message(LogLevel::kError, "zerotrain launch: the job failed\n" + r.summary());
-    return 1;
+  if (r.ok()) return 0;
+  log_message(LogLevel::kError, "zerotrain launch: the job failed\n" + r.summary());
+  if (r.timed_out) return 124;
+  // The first failing rank's own status (2 for a configuration error, 130 when cancelled...).
+  for (const RankExit& e : r.ranks) {
+    if (e.rank != r.first_failed_rank) continue;
+    return e.exit_code > 0 ? e.exit_code : 128 + e.signal;
   }
-  return 0;
+  return 1;
 }
 
 }  // namespace zt::cli

@@ -1,0 +1,34 @@
+// Small helpers of the `zerotrain` program.
+#include <unistd.h>
+
+#include "commands.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt::cli {
+
+std::string self_path() {
+  char buf[4096] = {0};
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) throw InvalidArgument("cannot resolve /proc/self/exe");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+std::optional<std::string> take_option(Args& args, const std::string& name) {
+  const std::string flag = "--" + name;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == flag) {
+      if (i + 1 >= args.size()) throw ConfigError(flag + " needs a value");
+      std::string value = args[i + 1];
+      args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
+      return value;
+    }
+    if (args[i].rfind(flag + "=", 0) == 0) {
+      std::string value = args[i].substr(flag.size() + 1);
+      args.erase(args.begin() + static_cast<long>(i));
+      return value;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace zt::cli

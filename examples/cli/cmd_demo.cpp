@@ -1,0 +1,206 @@
+// zerotrain demo: the whole path a user takes, on a built-in tiny model and bundled data.
+//
+// It writes a synthetic instruction task whose answers can be checked (the parity and the last
+// digit of a number; held-out numbers never appear in training), a tiny LLaMA config (byte-level
+// tokenizer) and a ZeRO-2 DeepSpeed config with "auto" values into ./zerotrain-demo, measures
+// the untrained model on the held-out prompts, runs `zerotrain train` as N ranks (one per GPU,
+// else 2 CPU ranks) through the launcher, consolidates the last checkpoint with `merge`, and
+// asks the merged model the held-out questions again:
+//
+//     accuracy: before 0.0% after 98.5%
+#include <ATen/Context.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "commands.hpp"
+#include "zerotrain/checkpoint.hpp"
+#include "zerotrain/data.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/launch.hpp"
+#include "zerotrain/log.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/tokenizer.hpp"
+
+namespace zt::cli {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kMarker = ".zerotrain-demo";
+
+const char* kModelConfig = R"({
+  "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+  "vocab_size": 259, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+  "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": false,
+  "bos_token_id": 256, "eos_token_id": 257, "initializer_range": 0.02, "torch_dtype": "float32"
+})";
+
+// ZeRO-2 with "auto" values, as HF users write their configs.
+const char* kDeepSpeedConfig = R"({
+  "train_batch_size": "auto",
+  "train_micro_batch_size_per_gpu": "auto",
+  "gradient_accumulation_steps": "auto",
+  "gradient_clipping": "auto",
+  "bf16": {"enabled": "auto"},
+  "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+  "zero_optimization": {"stage": 2, "overlap_comm": true, "contiguous_gradients": true,
+                        "reduce_bucket_size": "auto", "allgather_bucket_size": 200000000}
+})";
+
+struct Question {
+  std::string instruction, answer;
+};
+
+uint64_t splitmix(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// Numbers ≡ 3 (mod 7) are held out: the model must generalize to them, not remember them.
+std::vector<Question> make_questions(uint64_t seed, int count, bool held_out) {
+  std::vector<Question> out;
+  uint64_t state = seed;
+  while (static_cast<int>(out.size()) < count) {
+    const uint64_t n = splitmix(state) % 100000;
+    if ((n % 7 == 3) != held_out) continue;
+    if (splitmix(state) % 2 == 0) {
+      out.push_back({"Is " + std::to_string(n) + " even or odd?", n % 2 == 0 ? "even" : "odd"});
+    } else {
+      out.push_back({"What is the last digit of " + std::to_string(n) + "?", std::to_string(n % 10)});
+    }
+  }
+  return out;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+void write_file(const fs::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  if (!out) throw IoError("cannot write '" + path.string() + "'");
+}
+
+void write_jsonl(const fs::path& path, const std::vector<Question>& questions) {
+  std::string text;
+  for (const Question& q : questions) {
+    text += "{\"instruction\": " + json_string(q.instruction) + ", \"input\": \"\", \"output\": " +
+            json_string(q.answer) + "}\n";
+  }
+  write_file(path, text);
+}
+
+// The share of questions the model answers exactly (greedy, up to its end token).
+double accuracy(CausalLM& model, const Tokenizer& tok, const std::vector<Question>& questions, bool show) {
+  at::NoGradGuard no_grad;
+  model.eval();
+  int right = 0, shown = 0;
+  for (const Question& q : questions) {
+    std::vector<int32_t> ids = tok.encode(render_prompt("alpaca", q.instruction));
+    if (tok.add_bos()) ids.insert(ids.begin(), tok.bos_id());
+    GenerationOptions g;
+    g.max_new_tokens = 8;
+    g.eos_token_ids = {tok.eos_id()};
+    at::Tensor input = at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong).unsqueeze(0);
+    at::Tensor out = model.generate(input, g)[0].contiguous();
+    std::string answer = tok.decode(std::vector<int32_t>(out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + out.numel()));
+    const bool ok = answer == q.answer;
+    right += ok;
+    if (show && shown < 3) {
+      std::printf("  %-40s -> %-8s (%s)\n", q.instruction.c_str(), ("\"" + answer + "\"").c_str(), ok ? "right" : "wrong");
+      ++shown;
+    }
+  }
+  return 100.0 * right / static_cast<double>(questions.size());
+}
+
+}  // namespace
+
+int cmd_demo(const Args& in) {
+  Args args = in;
+  const int gpus = static_cast<int>(at::getNumGPUs());
+  const int nproc = std::stoi(take_option(args, "nproc_per_node").value_or(std::to_string(gpus > 0 ? gpus : 2)));
+  const fs::path dir = fs::absolute(take_option(args, "output_dir").value_or("zerotrain-demo"));
+  const std::string steps = take_option(args, "max_steps").value_or("300");
+  if (!args.empty()) throw ConfigError("zerotrain demo: unexpected argument '" + args[0] + "'");
+  if (nproc < 1) throw ConfigError("--nproc_per_node must be at least 1");
+  // Start clean, but only ever remove a folder an earlier demo made.
+  if (fs::exists(dir)) {
+    if (!fs::exists(dir / kMarker)) {
+      throw ConfigError("'" + dir.string() + "' exists and was not made by the demo; pass --output_dir NEW_DIR");
+    }
+    fs::remove_all(dir);
+  }
+  fs::create_directories(dir);
+  write_file(dir / kMarker, "made by `zerotrain demo`; removed by the next one\n");
+  write_jsonl(dir / "train.jsonl", make_questions(1, 6000, false));
+  write_jsonl(dir / "eval.jsonl", make_questions(2, 200, true));
+  const std::vector<Question> held_out = make_questions(3, 200, true);
+  write_file(dir / "model_config.json", kModelConfig);
+  write_file(dir / "ds_config.json", kDeepSpeedConfig);
+
+  std::shared_ptr<Tokenizer> tok = byte_tokenizer();
+  ModelConfig config = parse_model_config(kModelConfig, "demo model");
+  const uint64_t seed = 42;
+  double before = 0.0;
+  {
+    CausalLM untrained(config, at::TensorOptions(), /*allocate=*/false);
+    load_weights(untrained, *random_source(config, seed));  // what training starts from
+    before = accuracy(untrained, *tok, held_out, false);
+  }
+  std::printf("zerotrain demo: %d %s rank(s), tiny LLaMA (2 layers, byte tokenizer), ZeRO-2, in %s\n", nproc,
+              gpus > 0 ? "GPU" : "CPU", dir.c_str());
+  std::fflush(stdout);
+
+  const fs::path run = dir / "run";
+  Args train{self_path(), "train",
+             "--model_config", (dir / "model_config.json").string(),
+             "--deepspeed", (dir / "ds_config.json").string(),
+             "--train_file", (dir / "train.jsonl").string(),
+             "--eval_file", (dir / "eval.jsonl").string(),
+             "--output_dir", run.string(),
+             "--template", "alpaca",
+             "--max_steps", steps,
+             "--per_device_train_batch_size", std::to_string(32 / std::min(nproc, 4)),
+             "--gradient_accumulation_steps", "1",
+             "--learning_rate", "3e-3",
+             "--lr_scheduler_type", "cosine",
+             "--warmup_ratio", "0.05",
+             "--weight_decay", "0.01",
+             "--logging_steps", "50",
+             "--eval_strategy", "steps",
+             "--eval_steps", "100",
+             "--save_steps", steps,
+             "--seed", std::to_string(seed)};
+  LocalLaunchOptions launch;
+  launch.nproc = nproc;
+  launch.env = {{"OMP_NUM_THREADS", "1"}};
+  LaunchResult result = launch_local(train, launch);
+  if (!result.ok()) {
+    log_message(LogLevel::kError, "demo: training failed\n" + result.summary());
+    return 1;
+  }
+
+  // The checkpoint's shards, consolidated as `zerotrain merge` does, then asked again.
+  const std::string checkpoint = (run / ("checkpoint-" + steps)).string();
+  const fs::path merged = dir / "merged";
+  merge_checkpoint(checkpoint, merged.string());
+  std::printf("merged %s into %s; held-out questions:\n", checkpoint.c_str(), merged.c_str());
+  CausalLM trained(load_model_config(merged.string()), at::TensorOptions(), /*allocate=*/false);
+  load_weights(trained, *checkpoint_source(merged.string()));
+  const double after = accuracy(trained, *tok, held_out, true);
+  std::printf("accuracy: before %.1f%% after %.1f%%\n", before, after);
+  return after > before + 50.0 ? 0 : 1;
+}
+
+}  // namespace zt::cli

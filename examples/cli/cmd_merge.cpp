@@ -1,0 +1,35 @@
+// zerotrain merge CHECKPOINT OUT [--dtype bf16|fp16|fp32] [--base_model DIR]: a checkpoint's
+// shards consolidated into an HF model folder (DeepSpeed's zero_to_fp32.py job, LoRA folded in).
+#include <cstdio>
+
+#include "commands.hpp"
+#include "zerotrain/checkpoint.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt::cli {
+
+int cmd_merge(const Args& in) {
+  Args args = in;
+  MergeOptions options;
+  if (auto base = take_option(args, "base_model")) options.base_model = *base;
+  if (auto dtype = take_option(args, "dtype")) {
+    if (*dtype == "bf16" || *dtype == "bfloat16") {
+      options.dtype = at::kBFloat16;
+    } else if (*dtype == "fp16" || *dtype == "float16") {
+      options.dtype = at::kHalf;
+    } else if (*dtype == "fp32" || *dtype == "float32") {
+      options.dtype = at::kFloat;
+    } else {
+      throw ConfigError("--dtype: expected bf16, fp16 or fp32, found \"" + *dtype + "\"");
+    }
+  }
+  if (args.size() != 2 || args[0].rfind("--", 0) == 0 || args[1].rfind("--", 0) == 0) {
+    throw ConfigError("usage: zerotrain merge CHECKPOINT OUT [--dtype bf16|fp16|fp32] [--base_model DIR]");
+  }
+  MergeReport report = merge_checkpoint(args[0], args[1], options);
+  std::printf("merged %lld tensors into %s (%zu files)\n", static_cast<long long>(report.tensors), args[1].c_str(),
+              report.files.size());
+  return 0;
+}
+
+}  // namespace zt::cli

@@ -1,0 +1,30 @@
+// The `zerotrain` program's subcommands. Each returns the process exit code; errors are thrown
+// (main maps them to exit codes and one `error: ...` line).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "zerotrain/config.hpp"
+
+namespace zt::cli {
+
+using Args = std::vector<std::string>;
+
+int cmd_train(const Args& args);   // zerotrain train [--options FILE.json] [--NAME VALUE ...]
+int cmd_merge(const Args& args);   // zerotrain merge CHECKPOINT OUT [--dtype D] [--base_model DIR]
+int cmd_verify(const Args& args);  // zerotrain verify MODEL_DIR --prompt "..." [...]
+int cmd_launch(const Args& args);  // zerotrain launch --nproc_per_node N [--] command...
+int cmd_config(const Args& args);  // zerotrain config [training flags] [--world_size N] ...
+int cmd_demo(const Args& args);    // zerotrain demo [--nproc_per_node N]
+
+/// The training arguments of a `train` command line: --options FILE.json, then the flags.
+TrainingArguments parse_training_command(const Args& args);
+
+/// Takes `--name value` (or `--name=value`) out of `args`; nullopt when absent.
+std::optional<std::string> take_option(Args& args, const std::string& name);
+
+/// argv[0] of this process, resolved (for re-launching itself).
+std::string self_path();
+
+}  // namespace zt::cli

@@ -1,0 +1,129 @@
+// `zerotrain merge`: a checkpoint's sharded fp32 masters (plus the base model where the
+// checkpoint holds only part of the weights) streamed into an HF model folder.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "util/files.hpp"
+#include "util/log.hpp"
+#include "zerotrain/checkpoint.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
+#include "zerotrain/safetensors.hpp"
+
+namespace zt {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Anonymous resident memory of this process (RssAnon: heap and anonymous maps, not the file
+// pages mmap'd safetensors occupy), in bytes; 0 where /proc is not there.
+int64_t rss_anon_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("RssAnon:", 0) == 0) return std::stoll(line.substr(8)) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir,
+                             const MergeOptions& options) {
+  std::error_code ec;
+  if (fs::exists(out_dir, ec) && !fs::is_empty(out_dir, ec)) {
+    throw ConfigError(fmt::format("merge: '{}' is not empty; choose a new folder (nothing there is overwritten)",
+                                  out_dir));
+  }
+  if (!fs::is_regular_file(checkpoint_dir + "/layout.json", ec)) {
+    throw IoError(fmt::format("merge: '{}' is not a zerotrain checkpoint (no layout.json); name a "
+                              "checkpoint-<step> folder",
+                              checkpoint_dir));
+  }
+  std::shared_ptr<ParameterSource> masters = checkpoint_master_source(checkpoint_dir);
+
+  // What the checkpoint is: a LoRA adapter over a base model, or (part of) a whole model.
+  const bool adapter = fs::is_regular_file(checkpoint_dir + "/adapter_config.json", ec);
+  PeftConfig peft;
+  std::string base_dir = options.base_model;
+  ModelConfig config;
+  if (adapter) {
+    peft = load_adapter_config(checkpoint_dir);
+    if (peft.type != FinetuningType::kLora) {
+      throw ConfigError(fmt::format("merge: '{}' holds a P-Tuning / prefix adapter, which adds virtual tokens "
+                                    "rather than changing weights; load it with PEFT (or zerotrain) instead",
+                                    checkpoint_dir));
+    }
+    if (base_dir.empty()) base_dir = peft.base_model_name_or_path;
+    if (base_dir.empty()) {
+      throw ConfigError(fmt::format("merge: the adapter in '{}' names no base model; pass --base_model DIR",
+                                    checkpoint_dir));
+    }
+    config = load_model_config(base_dir);
+  } else {
+    if (!fs::is_regular_file(checkpoint_dir + "/config.json", ec)) {
+      throw IoError(fmt::format("merge: '{}' has neither adapter_config.json nor config.json", checkpoint_dir));
+    }
+    config = load_model_config(checkpoint_dir);
+  }
+  std::unique_ptr<SafetensorsCheckpoint> base;
+  if (!base_dir.empty()) base = std::make_unique<SafetensorsCheckpoint>(base_dir);
+  const double scaling = peft.lora.use_rslora ? peft.lora.alpha / std::sqrt(static_cast<double>(peft.lora.r))
+                                              : peft.lora.alpha / static_cast<double>(peft.lora.r);
+  const at::ScalarType dtype = options.dtype.value_or(config.dtype);
+
+  // The HF tensor names and shapes, from a placeholder model of this config.
+  CausalLM shape_of(config, at::TensorOptions(), /*allocate=*/false);
+  std::vector<TensorEntry> plan;
+  for (const auto& item : shape_of.named_parameters(true)) {
+    plan.push_back(TensorEntry{item.key(), dtype, item.value().sizes().vec()});
+  }
+  fs::create_directories(out_dir);
+  const int64_t rss_start = rss_anon_bytes();
+  MergeReport report;
+  SafetensorsStreamWriter writer(out_dir, plan, options.max_shard_bytes);
+  for (const TensorEntry& e : plan) {
+    at::Tensor value = at::empty(e.shape, at::TensorOptions().dtype(at::kFloat));
+    if (masters->has(e.name)) {
+      masters->read(e.name, e.shape, 0, value);
+    } else if (base && base->contains(e.name)) {
+      base->read_range(e.name, 0, value);
+    } else {
+      throw IoError(fmt::format("merge: '{}' is neither trained in '{}' nor found in a base model{}; a Freeze "
+                                "checkpoint needs --base_model DIR",
+                                e.name, checkpoint_dir, base_dir.empty() ? "" : " ('" + base_dir + "')"));
+    }
+    const std::string module = e.name.size() > 7 && e.name.compare(e.name.size() - 7, 7, ".weight") == 0
+                                   ? e.name.substr(0, e.name.size() - 7)
+                                   : "";
+    if (adapter && !module.empty() && masters->has(module + ".lora_A.weight")) {
+      const std::string a_name = module + ".lora_A.weight", b_name = module + ".lora_B.weight";
+      at::Tensor a = at::empty({peft.lora.r, e.shape[1]}, at::kFloat), b = at::empty({e.shape[0], peft.lora.r}, at::kFloat);
+      masters->read(a_name, a.sizes().vec(), 0, a);
+      masters->read(b_name, b.sizes().vec(), 0, b);
+      value.addmm_(b, a, /*beta=*/1.0, /*alpha=*/scaling);
+    }
+    writer.write(e.name, value);
+    report.largest_tensor_bytes = std::max(report.largest_tensor_bytes, e.nbytes());
+    ++report.tensors;
+    report.peak_rss_anon_bytes = std::max(report.peak_rss_anon_bytes, rss_anon_bytes() - rss_start);
+  }
+  report.files = writer.finish();
+  ModelConfig out_config = config;
+  out_config.dtype = dtype;
+  files::write_atomic(out_dir + "/config.json", model_config_json(out_config) + "\n");
+  report.files.push_back(out_dir + "/config.json");
+  // Tokenizer and generation settings: the checkpoint's copies, else the base model's.
+  if (copy_model_companion_files(checkpoint_dir, out_dir) == 0 && !base_dir.empty()) {
+    copy_model_companion_files(base_dir, out_dir);
+  }
+  log::info("merged '{}' into '{}': {} tensors in {}, largest {:.1f} MiB", checkpoint_dir, out_dir, report.tensors,
+            c10::toString(dtype), static_cast<double>(report.largest_tensor_bytes) / (1 << 20));
+  return report;
+}
+
+}  // namespace zt

@@ -1,0 +1,47 @@
+// What a run writes about itself: trainer_state.json (HF's keys plus zerotrain's resume
+// position), trainer_log.jsonl and loss.svg.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "zerotrain/trainer.hpp"
+
+namespace zt::train {
+
+/// trainer_state.json: HF Trainer's TrainerState keys (global_step, epoch, log_history,
+/// best_metric, best_model_checkpoint, ...) and a "zerotrain" object with the data position.
+struct TrainerState {
+  int64_t global_step = 0;
+  double epoch = 0.0;
+  int64_t max_steps = 0;
+  int64_t logging_steps = 0, eval_steps = 0, save_steps = 0;
+  int64_t train_batch_size = 0;  ///< per device, as HF records it
+  double num_train_epochs = 0.0;
+  std::vector<LogRecord> log_history;
+  std::optional<double> best_metric;
+  std::optional<std::string> best_model_checkpoint;
+  // Resume position (zerotrain).
+  int world_size = 1;
+  int64_t global_batch_size = 0;
+  int64_t gradient_accumulation_steps = 1;
+  int64_t epoch_index = 0;      ///< the epoch in progress
+  int64_t steps_in_epoch = 0;   ///< optimizer steps of it already done
+  int64_t data_seed = 0;
+  int64_t tokens_seen = 0;
+  std::string finetuning_type;
+};
+
+std::string trainer_state_json(const TrainerState& state);
+/// Reads `<checkpoint>/trainer_state.json`; errors name the file and key.
+TrainerState read_trainer_state(const std::string& checkpoint_dir);
+
+/// An SVG plot of training loss (line) and evaluation loss (points) against steps.
+std::string loss_svg(const std::vector<LogRecord>& history);
+
+/// One plain log line for a record: "step 10/100 | epoch 0.50 | loss 2.3456 | ...".
+std::string describe(const LogRecord& record, int64_t total_steps);
+
+}  // namespace zt::train

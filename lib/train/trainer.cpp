@@ -1,0 +1,681 @@
+// The Trainer: set-up (arguments, output folder, model, data, method, engine, resume), the
+// training loop, evaluation, checkpoints and the final model.
+#include "zerotrain/trainer.hpp"
+
+#include <torch/cuda.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "train/reporting.hpp"
+#include "util/files.hpp"
+#include "util/log.hpp"
+#include "util/rng.hpp"
+#include "zerotrain/checkpoint.hpp"
+#include "zerotrain/data.hpp"
+#include "zerotrain/engine.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
+#include "zerotrain/safetensors.hpp"
+#include "zerotrain/tokenizer.hpp"
+
+namespace zt {
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Runs `fn` on this rank and lets every rank learn whether all succeeded: the failing ranks
+// rethrow their own error, the others throw a DistributedError naming them, so no rank is left
+// waiting in a later collective.
+template <typename Fn>
+void on_every_rank(Communicator& comm, const std::string& what, Fn&& fn) {
+  std::exception_ptr error;
+  try {
+    fn();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  at::Tensor flags = at::zeros({comm.world_size()}, at::TensorOptions().dtype(at::kFloat).device(comm.device()));
+  if (error) flags[comm.rank()] = 1.0;
+  comm.all_reduce(flags)->wait();
+  if (error) std::rethrow_exception(error);
+  at::Tensor host = flags.cpu();
+  std::vector<int> failed;
+  for (int r = 0; r < comm.world_size(); ++r) {
+    if (host[r].item<float>() != 0.0f) failed.push_back(r);
+  }
+  if (!failed.empty()) {
+    throw DistributedError(fmt::format("{} failed on rank(s) {}; see the error there", what, fmt::join(failed, ", ")));
+  }
+}
+
+bool is_true_text(const std::string& s) { return s == "True" || s == "true" || s == "1"; }
+bool is_false_text(const std::string& s) { return s.empty() || s == "False" || s == "false" || s == "0"; }
+
+}  // namespace
+
+std::shared_ptr<Communicator> join_training_job(const TrainingArguments& args) {
+  LaunchEnv env = launch_env_from_environment();
+  CommOptions options;
+  const bool cuda_present = torch::cuda::is_available();
+  if (args.device == "cuda" && !cuda_present) {
+    throw ConfigError("device cuda: no CUDA device is usable here (no GPU, or a CPU-only LibTorch); use "
+                      "--device cpu");
+  }
+  if (args.device == "cuda" || (args.device == "auto" && cuda_present)) {
+    const int64_t gpus = static_cast<int64_t>(torch::cuda::device_count());
+    if (env.local_rank >= gpus) {
+      throw ConfigError(fmt::format("local rank {} needs GPU {}, but this machine shows {} GPU(s); start at "
+                                    "most {} ranks per machine (--nproc_per_node)",
+                                    env.local_rank, env.local_rank, gpus, gpus));
+    }
+    options.device = at::Device(at::kCUDA, static_cast<at::DeviceIndex>(env.local_rank));
+  }
+  options.timeout = std::chrono::seconds(args.ddp_timeout);
+  options.rendezvous_timeout = std::chrono::seconds(args.rendezvous_timeout);
+  return std::shared_ptr<Communicator>(create_communicator(env, options));
+}
+
+struct Trainer::Impl {
+  TrainingArguments args;
+  std::shared_ptr<Communicator> comm;
+  TrainerCallbacks callbacks;
+  int rank = 0, world = 1;
+  DeepSpeedConfig ds;
+  ModelConfig model_config;
+  std::string model_dir;
+  std::shared_ptr<Tokenizer> tokenizer;
+  int32_t pad_id = 0;
+  Dataset train_data, eval_data;
+  bool has_train = false, has_eval = false;
+  std::vector<int64_t> train_targets;  ///< per training example: labels that count
+  std::vector<int64_t> train_lengths;
+  std::shared_ptr<CausalLM> model;
+  PeftConfig peft;
+  bool adapter_method = false;
+  ParameterCount parameters;
+  std::unique_ptr<Engine> engine;
+  GlobalBatch batch;
+  int64_t steps_per_epoch = 0, total_steps = 0, eval_every = 0;
+  uint64_t data_seed = 0;
+  train::TrainerState state;
+  std::optional<std::string> resume_dir;
+  std::optional<double> last_eval_loss;
+  int64_t last_eval_step = -1;
+  std::atomic<bool> cancel_requested{false};
+
+  void check_output_dir();
+  void load_data();
+  void plan_batches();
+  void build_model_and_engine();
+  void restore(const std::string& dir);
+  void announce() const;
+
+  void check_cancel();
+  LossSum forward(const Batch& b);
+  double run_evaluation();
+  void log(const LogRecord& record);
+  void save_checkpoint();
+  /// The weights a user loads directly (adapter tensors or the whole model), gathered where the
+  /// stage shards them; empty when none are written (ZeRO-3 without 16-bit gathering).
+  /// Collective.
+  std::vector<std::pair<std::string, at::Tensor>> user_weights(bool& available);
+  void write_user_files(const std::string& dir, bool available,
+                        const std::vector<std::pair<std::string, at::Tensor>>& weights);
+  void write_rng_state(const std::string& dir) const;
+  void read_rng_state(const std::string& dir) const;
+  double epoch_progress() const {
+    return static_cast<double>(state.epoch_index) +
+           static_cast<double>(state.steps_in_epoch) / static_cast<double>(std::max<int64_t>(1, steps_per_epoch));
+  }
+};
+
+void Trainer::Impl::check_output_dir() {
+  const std::string& r = args.resume_from_checkpoint;
+  if (is_true_text(r)) {
+    resume_dir = latest_checkpoint(args.output_dir);
+    if (!resume_dir) {
+      throw ConfigError(fmt::format("resume_from_checkpoint True: '{}' holds no checkpoint to resume from; "
+                                    "start without it or name a checkpoint folder",
+                                    args.output_dir));
+    }
+  } else if (!is_false_text(r)) {
+    if (!fs::is_directory(r)) {
+      throw IoError(fmt::format("resume_from_checkpoint '{}' is not a folder; name a checkpoint-<step> folder "
+                                "or pass True for the newest in output_dir",
+                                r));
+    }
+    resume_dir = r;
+  }
+  if (!resume_dir && !args.overwrite_output_dir) {
+    std::vector<CheckpointInfo> existing = list_checkpoints(args.output_dir);
+    if (!existing.empty()) {
+      throw ConfigError(fmt::format(
+          "output_dir '{}' already holds {} checkpoint(s) (newest: {}); pass --resume_from_checkpoint True to "
+          "continue that run, --overwrite_output_dir to start anew there, or choose another output_dir",
+          args.output_dir, existing.size(), fs::path(existing.back().path).filename().string()));
+    }
+  }
+  if (args.packing && (args.finetuning_type == "ptuning" || args.finetuning_type == "prefix" ||
+                       args.finetuning_type == "ptuning_v2")) {
+    throw ConfigError(fmt::format("packing cannot be combined with finetuning_type {} (virtual tokens would "
+                                  "cross documents); drop --packing",
+                                  args.finetuning_type));
+  }
+}
+
+void Trainer::Impl::load_data() {
+  const DataOptions options = data_options_for(args);
+  const std::string cache_dir = args.cache_dir.empty() ? args.output_dir + "/.cache" : args.cache_dir;
+  auto load = [&](const std::string& path, Dataset& into, const char* what) {
+    DatasetStats stats;
+    // Rank 0 tokenizes (or finds the cache); the others read what it wrote.
+    on_every_rank(*comm, fmt::format("tokenizing {} '{}'", what, path), [&] {
+      if (rank == 0) into = load_or_tokenize(path, *tokenizer, options, cache_dir, &stats);
+    });
+    on_every_rank(*comm, fmt::format("reading the tokenized {} data", what), [&] {
+      if (rank != 0) into = load_dataset(dataset_cache_path(cache_dir, path, *tokenizer, options), &stats);
+    });
+    if (rank == 0) {
+      log::info("{} data '{}': {} examples, {} tokens{}{}", what, path, stats.examples, stats.tokens,
+                stats.skipped_lines ? fmt::format(", {} bad lines skipped", stats.skipped_lines) : "",
+                stats.dropped_examples ? fmt::format(", {} examples dropped by truncation", stats.dropped_examples)
+                                       : "");
+    }
+  };
+  if (!args.train_file.empty()) {
+    load(args.train_file, train_data, "training");
+    has_train = true;
+    if (args.packing) {
+      std::vector<int64_t> order(static_cast<size_t>(train_data.size()));
+      for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+      const int64_t before = train_data.size();
+      train_data = pack(train_data, args.max_length, order);
+      if (rank == 0) log::info("packing: {} examples into {} sequences of at most {} tokens", before, train_data.size(), args.max_length);
+    }
+    train_lengths = train_data.lengths();
+    train_targets.resize(static_cast<size_t>(train_data.size()));
+    for (int64_t i = 0; i < train_data.size(); ++i) {
+      // The tokens the loss counts: labels after the causal shift (a row's first label is never
+      // predicted), as CausalLM::loss counts them.
+      TokenView labels = train_data.labels(i);
+      int64_t n = 0;
+      for (int64_t t = 1; t < labels.size; ++t) n += labels[t] != kIgnoreLabel;
+      train_targets[static_cast<size_t>(i)] = n;
+    }
+  }
+  if (!args.eval_file.empty()) {
+    load(args.eval_file, eval_data, "evaluation");
+    has_eval = true;
+  }
+}
+
+void Trainer::Impl::plan_batches() {
+  if (resume_dir) {
+    // Keep the saved global batch by changing the accumulation when it divides evenly.
+    train::TrainerState saved = train::read_trainer_state(*resume_dir);
+    const int64_t micro = ds.train_micro_batch_size_per_gpu.is_set() ? ds.train_micro_batch_size_per_gpu.value()
+                                                                     : args.per_device_train_batch_size;
+    const int64_t per_step = micro * world;
+    if (saved.world_size != world || saved.global_batch_size != per_step * args.gradient_accumulation_steps) {
+      if (saved.global_batch_size % per_step == 0) {
+        const int64_t accum = saved.global_batch_size / per_step;
+        if (rank == 0 && accum != args.gradient_accumulation_steps) {
+          log::info("resuming at {} ranks (saved at {}): gradient_accumulation_steps {} keeps the global batch of {}",
+                    world, saved.world_size, accum, saved.global_batch_size);
+        }
+        args.gradient_accumulation_steps = accum;
+        args.given.erase("gradient_accumulation_steps");
+        if (ds.gradient_accumulation_steps.is_set()) ds.gradient_accumulation_steps.set(accum);
+        if (ds.train_batch_size.is_set()) ds.train_batch_size.set(saved.global_batch_size);
+      } else if (rank == 0) {
+        log::warn("resuming at {} ranks: the saved global batch of {} is not a multiple of micro batch {} × {} "
+                  "ranks; continuing with a global batch of {}",
+                  world, saved.global_batch_size, micro, world, per_step * args.gradient_accumulation_steps);
+      }
+    }
+  }
+  resolve_config(ds, args, ResolveContext{world, model_config.hidden_size, std::nullopt});
+  batch = GlobalBatch{args.per_device_train_batch_size, args.gradient_accumulation_steps, world};
+  if (has_train) {
+    steps_per_epoch = zt::steps_per_epoch(train_data.size(), batch.size(), args.dataloader_drop_last);
+    if (steps_per_epoch == 0) {
+      throw ConfigError(fmt::format("'{}' has {} examples, fewer than one global batch of {} (micro batch {} × "
+                                    "accumulation {} × {} ranks) with dataloader_drop_last; use a smaller batch",
+                                    args.train_file, train_data.size(), batch.size(), batch.micro_batch,
+                                    batch.accumulation, world));
+    }
+    total_steps = args.max_steps > 0
+                      ? args.max_steps
+                      : static_cast<int64_t>(std::ceil(args.num_train_epochs * static_cast<double>(steps_per_epoch)));
+    if (total_steps <= 0) throw ConfigError("num_train_epochs and max_steps leave no step to train");
+  }
+  resolve_config(ds, args, ResolveContext{world, model_config.hidden_size, std::max<int64_t>(1, total_steps)});
+  check_resolved(ds);
+  eval_every = args.eval_steps.value_or(args.logging_steps);
+  data_seed = static_cast<uint64_t>(args.data_seed.value_or(args.seed));
+}
+
+void Trainer::Impl::build_model_and_engine() {
+  std::shared_ptr<ParameterSource> base;
+  on_every_rank(*comm, "building the model", [&] {
+    model = std::make_shared<CausalLM>(model_config, at::TensorOptions(), /*allocate=*/false);
+    peft = peft_config_for(args);
+    peft.base_model_name_or_path = args.model_name_or_path;
+    adapter_method = peft.type == FinetuningType::kLora || peft.type == FinetuningType::kPTuning ||
+                     peft.type == FinetuningType::kPrefix;
+    parameters = apply_peft_from_args(*model, args, static_cast<uint64_t>(args.seed));
+    if (!model_dir.empty()) {
+      check_checkpoint(*model, model_dir);
+      base = checkpoint_source(model_dir);
+    } else {
+      base = random_source(model_config, static_cast<uint64_t>(args.seed));
+    }
+  });
+  // Collective from here: every rank builds its engine (and reads its slices of the weights).
+  EngineOptions eo;
+  eo.device = comm->device();
+  eo.units = model->units();
+  eo.gate = &model->gate();
+  eo.activation_checkpointing = args.gradient_checkpointing;
+  eo.total_train_steps = std::max<int64_t>(1, total_steps);
+  eo.source = with_adapter_values(base, *model);
+  engine = std::make_unique<Engine>(model, ds, args, comm, eo);
+}
+
+void Trainer::Impl::restore(const std::string& dir) {
+  train::TrainerState saved = train::read_trainer_state(dir);
+  load_engine_state(*engine, dir);
+  read_rng_state(dir);
+  state.log_history = saved.log_history;
+  state.best_metric = saved.best_metric;
+  state.best_model_checkpoint = saved.best_model_checkpoint;
+  state.tokens_seen = saved.tokens_seen;
+  state.global_step = engine->global_step();
+  // The data position by samples consumed: the same step of the epoch when the global batch is
+  // kept, the nearest earlier one otherwise.
+  state.epoch_index = saved.epoch_index;
+  state.steps_in_epoch = saved.steps_in_epoch * saved.global_batch_size / batch.size();
+  if (state.steps_in_epoch >= steps_per_epoch) {
+    ++state.epoch_index;
+    state.steps_in_epoch = 0;
+  }
+  if (saved.data_seed != static_cast<int64_t>(data_seed) && rank == 0) {
+    log::warn("resuming with data_seed {} but the checkpoint was made with {}: the data order changes",
+              data_seed, saved.data_seed);
+  }
+  if (rank == 0) {
+    log::info("resumed from '{}' at step {} (epoch {}, step {} of it)", dir, state.global_step, state.epoch_index,
+              state.steps_in_epoch);
+  }
+}
+
+void Trainer::Impl::announce() const {
+  if (rank != 0) return;
+  const char* precision = ds.bf16.enabled.value() ? "bf16" : ds.fp16.enabled.value() ? "fp16" : "fp32";
+  log::info("***** Running training *****");
+  log::info("  world size = {} ({}), ZeRO stage {}, {}{}{}", world, comm->device().str(), ds.zero.stage,
+            precision, ds.zero.offload_optimizer.device != OffloadDevice::kNone ? ", optimizer offloaded" : "",
+            args.gradient_checkpointing ? ", gradient checkpointing" : "");
+  log::info("  num examples = {}, num epochs = {}", train_data.size(), args.num_train_epochs);
+  log::info("  batch size per device = {}, gradient accumulation steps = {}, total batch size = {}",
+            batch.micro_batch, batch.accumulation, batch.size());
+  log::info("  total optimization steps = {} ({} per epoch)", total_steps, steps_per_epoch);
+  log::info("  fine-tuning: {} — {}", args.finetuning_type, parameters.line());
+}
+
+Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm, TrainerCallbacks callbacks)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  I.args = std::move(args);
+  I.comm = std::move(comm);
+  I.callbacks = std::move(callbacks);
+  I.rank = I.comm->rank();
+  I.world = I.comm->world_size();
+  on_every_rank(*I.comm, "checking the arguments, output_dir and model", [&] {
+    I.check_output_dir();
+    I.ds = deepspeed_config_for(I.args);
+    if (!I.args.model_name_or_path.empty()) {
+      I.model_dir = I.args.model_name_or_path;
+      I.model_config = load_model_config(I.model_dir);
+    } else if (!I.args.model_config.empty()) {
+      const std::string& c = I.args.model_config;
+      I.model_config = c.front() == '{' ? parse_model_config(c, "model_config") : load_model_config(c);
+    } else {
+      throw ConfigError("no model: give --model_name_or_path DIR (an HF model folder) or --model_config "
+                        "(a config.json path or inline JSON, for random weights)");
+    }
+    I.tokenizer = load_tokenizer(I.model_dir, I.model_config.vocab_size);
+    I.pad_id = I.tokenizer->pad_id() >= 0 ? I.tokenizer->pad_id() : std::max(0, I.tokenizer->eos_id());
+  });
+  I.load_data();
+  on_every_rank(*I.comm, "planning batches and steps", [&] { I.plan_batches(); });
+  I.build_model_and_engine();
+  I.state.world_size = I.world;
+  I.state.finetuning_type = I.args.finetuning_type;
+  if (I.resume_dir) I.restore(*I.resume_dir);
+}
+
+Trainer::~Trainer() = default;
+
+const TrainingArguments& Trainer::arguments() const { return impl_->args; }
+
+void Trainer::cancel() { impl_->cancel_requested.store(true); }
+
+void Trainer::Impl::check_cancel() {
+  at::Tensor flag = at::full({1}, cancel_requested.load() ? 1.0 : 0.0, at::TensorOptions().device(comm->device()));
+  comm->all_reduce(flag, ReduceOp::kMax)->wait();
+  if (flag.item<double>() > 0) {
+    throw CancelledError(fmt::format("training cancelled at step {}; the newest checkpoint is kept",
+                                     state.global_step));
+  }
+}
+
+LossSum Trainer::Impl::forward(const Batch& b) {
+  const at::Device device = comm->device();
+  at::Tensor mask = b.attention_mask;
+  at::Tensor positions;
+  if (b.document_ids.defined()) {
+    mask = b.document_ids + 1;  // documents numbered from 1, padding 0 (CausalLM::loss)
+    positions = b.position_ids.to(device);
+  }
+  return model->loss(b.input_ids.to(device), b.labels, mask.to(device), 1024, positions);
+}
+
+void Trainer::Impl::log(const LogRecord& record) {
+  state.log_history.push_back(record);
+  if (rank != 0) return;
+  log::info("{}", train::describe(record, total_steps));
+  try {
+    fs::create_directories(args.output_dir);
+    std::ofstream out(args.output_dir + "/trainer_log.jsonl", std::ios::app);
+    out << record.json() << "\n";
+    if (!out) throw IoError(fmt::format("cannot append to '{}/trainer_log.jsonl'", args.output_dir));
+  } catch (const std::exception& e) {
+    log::warn("{}", e.what());  // a log line lost is not worth the run
+  }
+  if (callbacks.on_log) callbacks.on_log(record);
+}
+
+double Trainer::Impl::run_evaluation() {
+  if (!has_eval) throw ConfigError("evaluate: no eval_file given");
+  at::NoGradGuard no_grad;
+  model->eval();
+  std::vector<std::vector<int64_t>> batches =
+      eval_batches(eval_data.size(), world, rank, args.per_device_eval_batch_size);
+  double sum = 0.0, tokens = 0.0;
+  for (const std::vector<int64_t>& indices : batches) {
+    // A rank with nothing left still runs a forward (ZeRO-3 forwards are collective), unweighted.
+    const bool empty = indices.empty();
+    Batch b = collate(eval_data, empty ? std::vector<int64_t>{0} : indices, pad_id);
+    LossSum l = forward(b);
+    if (!empty) {
+      sum += l.sum.item<double>();
+      tokens += static_cast<double>(l.tokens);
+    }
+  }
+  model->train();
+  at::Tensor global = at::tensor({static_cast<float>(sum), static_cast<float>(tokens)}, at::kFloat).to(comm->device());
+  comm->all_reduce(global)->wait();
+  at::Tensor host = global.cpu();
+  if (host[1].item<double>() <= 0) {
+    throw ConfigError(fmt::format("'{}' has no token that counts in the loss", args.eval_file));
+  }
+  return host[0].item<double>() / host[1].item<double>();
+}
+
+double Trainer::evaluate() {
+  Impl& I = *impl_;
+  const double loss = I.run_evaluation();
+  LogRecord r;
+  r.step = I.state.global_step;
+  r.epoch = I.epoch_progress();
+  r.eval_loss = loss;
+  I.log(r);
+  I.last_eval_loss = loss;
+  I.last_eval_step = I.state.global_step;
+  return loss;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Trainer::Impl::user_weights(bool& available) {
+  available = true;
+  if (adapter_method) return engine->gather_full_parameters(/*trainable_only=*/true);
+  if (engine->stage() == 3) {
+    if (!ds.zero.stage3_gather_16bit_weights_on_model_save) {
+      available = false;
+      return {};
+    }
+    return engine->gather_full_parameters();
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  if (rank == 0) {
+    for (const auto& item : model->named_parameters(true)) out.emplace_back(item.key(), item.value().detach());
+  }
+  return out;
+}
+
+void Trainer::Impl::write_user_files(const std::string& dir, bool available,
+                                     const std::vector<std::pair<std::string, at::Tensor>>& weights) {
+  if (rank != 0) return;
+  if (adapter_method) {
+    save_adapter(*model, peft, dir, weights);
+  } else {
+    // config.json always, so `zerotrain merge` can consolidate a checkpoint without weights.
+    const at::ScalarType dtype = engine->compute_dtype();
+    ModelConfig c = model_config;
+    c.dtype = dtype;
+    files::write_atomic(dir + "/config.json", model_config_json(c) + "\n");
+    if (available) {
+      SafetensorsStreamWriter writer(dir, [&] {
+        std::vector<TensorEntry> plan;
+        for (const auto& [name, value] : weights) plan.push_back(TensorEntry{name, dtype, value.sizes().vec()});
+        return plan;
+      }());
+      for (const auto& [name, value] : weights) writer.write(name, value);
+      writer.finish();
+    }
+  }
+  if (!model_dir.empty()) copy_model_companion_files(model_dir, dir);
+}
+
+void Trainer::Impl::write_rng_state(const std::string& dir) const {
+  std::vector<std::pair<std::string, at::Tensor>> states{{"cpu", rng::state(at::kCPU)}};
+  if (comm->device().is_cuda()) states.emplace_back("device", rng::state(comm->device()));
+  fs::create_directories(dir + "/rng");
+  save_safetensors(fmt::format("{}/rng/rank-{:05d}.safetensors", dir, rank), states);
+}
+
+void Trainer::Impl::read_rng_state(const std::string& dir) const {
+  const std::string path = fmt::format("{}/rng/rank-{:05d}.safetensors", dir, rank);
+  if (!fs::exists(path)) return;  // a rank the saved run did not have keeps its fresh seed
+  SafetensorsFile f(path);
+  rng::set_state(at::kCPU, f.load("cpu"));
+  if (comm->device().is_cuda() && f.contains("device")) rng::set_state(comm->device(), f.load("device"));
+}
+
+void Trainer::Impl::save_checkpoint() {
+  const int64_t step = state.global_step;
+  const std::string final_dir = fmt::format("{}/checkpoint-{}", args.output_dir, step);
+  if (last_eval_step == step && last_eval_loss &&
+      (!state.best_metric || *last_eval_loss < *state.best_metric)) {
+    state.best_metric = last_eval_loss;
+    state.best_model_checkpoint = final_dir;
+  }
+  CheckpointWriter writer(*comm, args.output_dir, step, args.overwrite_output_dir);
+  save_engine_state(*engine, writer.dir());
+  bool available = false;
+  std::vector<std::pair<std::string, at::Tensor>> weights = user_weights(available);
+  bool ok = true;
+  try {
+    write_user_files(writer.dir(), available, weights);
+    write_rng_state(writer.dir());
+    if (rank == 0) files::write_atomic(writer.dir() + "/trainer_state.json", train::trainer_state_json(state));
+  } catch (const std::exception& e) {
+    ok = false;
+    log::error("rank {}: writing checkpoint {}: {}", rank, step, e.what());
+  }
+  writer.commit(ok, args.save_total_limit, state.best_model_checkpoint.value_or(""));
+  if (rank == 0) log::info("saved {}", final_dir);
+}
+
+TrainResult Trainer::train() {
+  Impl& I = *impl_;
+  if (!I.has_train) throw ConfigError("train: no train_file given (--train_file DATA.jsonl)");
+  I.announce();
+  I.state.max_steps = I.total_steps;
+  I.state.logging_steps = I.args.logging_steps;
+  I.state.eval_steps = I.eval_every;
+  I.state.save_steps = I.args.save_steps;
+  I.state.train_batch_size = I.batch.micro_batch;
+  I.state.num_train_epochs = I.args.num_train_epochs;
+  I.state.global_batch_size = I.batch.size();
+  I.state.gradient_accumulation_steps = I.batch.accumulation;
+  I.state.data_seed = static_cast<int64_t>(I.data_seed);
+  I.model->train();
+
+  const Clock::time_point start = Clock::now();
+  const int64_t first_step = I.state.global_step;
+  Clock::time_point window_start = start;
+  at::Tensor window_loss = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(I.comm->device()));
+  int64_t window_steps = 0, window_tokens = 0;
+  double run_loss_sum = 0.0;
+  int64_t run_loss_steps = 0;
+  double last_logged_loss = 0.0;
+  const int64_t megabatch = length_megabatch(I.train_data.size(), I.batch.size());
+
+  auto log_window = [&] {
+    if (window_steps == 0) return;
+    at::Tensor total = window_loss.clone();
+    I.comm->all_reduce(total)->wait();
+    const double loss = total.item<double>() / static_cast<double>(window_steps);
+    LogRecord r;
+    r.step = I.state.global_step;
+    r.epoch = I.epoch_progress();
+    r.loss = loss;
+    r.learning_rate = I.engine->learning_rate();
+    r.grad_norm = I.engine->last_grad_norm();
+    r.tokens_per_second = static_cast<double>(window_tokens) / std::max(1e-9, seconds_since(window_start));
+    if (I.ds.fp16.enabled.value()) r.loss_scale = I.engine->loss_scale();
+    I.log(r);
+    run_loss_sum += loss * static_cast<double>(window_steps);
+    run_loss_steps += window_steps;
+    last_logged_loss = loss;
+    window_loss.zero_();
+    window_steps = 0;
+    window_tokens = 0;
+    window_start = Clock::now();
+  };
+
+  while (I.state.global_step < I.total_steps) {
+    const int64_t epoch = I.state.epoch_index;
+    const std::vector<int64_t> order = epoch_order(I.train_data.size(), I.data_seed, epoch, /*shuffle=*/true,
+                                                   I.args.group_by_length ? &I.train_lengths : nullptr, megabatch);
+    while (I.state.steps_in_epoch < I.steps_per_epoch && I.state.global_step < I.total_steps) {
+      I.check_cancel();
+      const int64_t s = I.state.steps_in_epoch;
+      // The whole global batch's counts, the same on every rank without communication.
+      int64_t targets = 0, tokens = 0;
+      for (int64_t a = 0; a < I.batch.accumulation; ++a) {
+        for (int64_t r = 0; r < I.world; ++r) {
+          for (int64_t i : micro_batch_indices(order, I.batch, s, a, r)) {
+            targets += I.train_targets[static_cast<size_t>(i)];
+            tokens += I.train_lengths[static_cast<size_t>(i)];
+          }
+        }
+      }
+      const double divisor = static_cast<double>(std::max<int64_t>(1, targets));
+      for (int64_t a = 0; a < I.batch.accumulation; ++a) {
+        Batch b = collate(I.train_data, micro_batch_indices(order, I.batch, s, a, I.rank), I.pad_id);
+        LossSum l = I.forward(b);
+        I.engine->backward(l.sum, divisor);
+        I.engine->step();
+        window_loss += l.sum.detach() / divisor;
+      }
+      I.state.global_step = I.engine->global_step();
+      I.state.steps_in_epoch = s + 1;
+      I.state.tokens_seen += tokens;
+      window_tokens += tokens;
+      ++window_steps;
+      const int64_t step = I.state.global_step;
+      const bool last = step == I.total_steps;
+      if (step % I.args.logging_steps == 0 || (I.args.logging_first_step && step == 1) || last) log_window();
+      if (I.rank == 0 && I.callbacks.on_progress) {
+        Progress p;
+        p.step = step;
+        p.total_steps = I.total_steps;
+        p.epoch = I.epoch_progress();
+        p.loss = last_logged_loss;
+        p.learning_rate = I.engine->learning_rate();
+        const double elapsed = seconds_since(start);
+        p.tokens_per_second = static_cast<double>(I.state.tokens_seen) / std::max(1e-9, elapsed);
+        p.eta_seconds = elapsed / static_cast<double>(step - first_step) * static_cast<double>(I.total_steps - step);
+        I.callbacks.on_progress(p);
+      }
+      const bool epoch_end = I.state.steps_in_epoch == I.steps_per_epoch;
+      if (I.has_eval && ((I.args.eval_strategy == "steps" && step % I.eval_every == 0) ||
+                         (I.args.eval_strategy == "epoch" && epoch_end))) {
+        evaluate();
+      }
+      if (epoch_end) {
+        I.state.epoch_index = epoch + 1;
+        I.state.steps_in_epoch = 0;
+      }
+      if ((I.args.save_strategy == "steps" && step % I.args.save_steps == 0) ||
+          (I.args.save_strategy == "epoch" && epoch_end)) {
+        I.save_checkpoint();
+      }
+    }
+  }
+
+  TrainResult result;
+  if (I.has_eval && I.last_eval_step != I.state.global_step) evaluate();
+  result.eval_loss = I.last_eval_loss;
+  if (I.args.load_best_model_at_end && I.state.best_model_checkpoint &&
+      I.last_eval_loss != I.state.best_metric) {
+    if (I.rank == 0) log::info("loading the best checkpoint '{}' (eval_loss {:.4f})", *I.state.best_model_checkpoint, *I.state.best_metric);
+    load_engine_state(*I.engine, *I.state.best_model_checkpoint);
+  }
+  bool available = false;
+  auto weights = I.user_weights(available);
+  LogRecord summary;
+  summary.step = I.state.global_step;
+  summary.epoch = I.epoch_progress();
+  summary.train_loss = run_loss_steps > 0 ? run_loss_sum / static_cast<double>(run_loss_steps) : 0.0;
+  summary.train_runtime = seconds_since(start);
+  I.log(summary);
+  on_every_rank(*I.comm, "writing the final model", [&] {
+    if (I.rank != 0) return;
+    fs::create_directories(I.args.output_dir);
+    I.write_user_files(I.args.output_dir, available, weights);
+    if (!available) {
+      log::warn("ZeRO-3 without stage3_gather_16bit_weights_on_model_save: the final weights stay sharded; "
+                "run `zerotrain merge {}/checkpoint-{} OUT` to consolidate them",
+                I.args.output_dir, I.state.global_step);
+    }
+    files::write_atomic(I.args.output_dir + "/trainer_state.json", train::trainer_state_json(I.state));
+    files::write_atomic(I.args.output_dir + "/loss.svg", train::loss_svg(I.state.log_history));
+  });
+  if (!available && !fs::exists(fmt::format("{}/checkpoint-{}", I.args.output_dir, I.state.global_step))) {
+    I.save_checkpoint();  // the sharded state is then the final model
+  }
+  result.global_step = I.state.global_step;
+  result.train_loss = *summary.train_loss;
+  result.best_checkpoint = I.state.best_model_checkpoint;
+  result.output_dir = I.args.output_dir;
+  return result;
+}
+
+}  // namespace zt
