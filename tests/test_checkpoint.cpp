@@ -15,6 +15,7 @@
 #include "util/files.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
 #include "zerotrain/safetensors.hpp"
 
 using namespace zt;
@@ -199,4 +200,52 @@ TEST_CASE("resuming with another model or method is an error naming the differen
   auto again = make_engine(model, comm, 1);
   CHECK_THROWS_WITH(load_engine_state(*again, dir + "/checkpoint-1"), Contains("rank-00000-of-00001"));
   CHECK_THROWS_WITH(load_engine_state(*again, dir), Contains("layout.json"));
+}
+
+TEST_CASE("merge streams tensor by tensor: memory stays near the largest tensor", "[checkpoint][merge]") {
+  // A model of ~130 MB in fp32 whose largest tensor (the embedding) is 16 MB.
+  const ModelConfig c = parse_model_config(R"({"model_type": "llama", "vocab_size": 8192, "hidden_size": 512,
+      "intermediate_size": 1408, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8,
+      "max_position_embeddings": 256, "tie_word_embeddings": false, "torch_dtype": "bfloat16"})");
+  const std::string dir = test::temp_dir("merge_mem");
+  int64_t model_bytes = 0;
+  {
+    auto comm = std::shared_ptr<Communicator>(test::join());
+    auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), /*allocate=*/false);
+    for (const auto& p : model->parameters()) model_bytes += p.numel() * 4;
+    DeepSpeedConfig ds = parse_deepspeed_config(R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}})");
+    TrainingArguments args;
+    resolve_config(ds, args, ResolveContext{1, c.hidden_size, 1});
+    EngineOptions eo;
+    eo.source = random_source(c, 3);
+    eo.total_train_steps = 1;
+    Engine engine(model, ds, args, comm, eo);
+    CheckpointWriter w(*comm, dir, 1);
+    save_engine_state(engine, w.dir());
+    files::write_atomic(w.dir() + "/config.json", model_config_json(c));
+    w.commit(true);
+  }
+  MergeReport report = merge_checkpoint(dir + "/checkpoint-1", dir + "/merged");
+  const int64_t largest_fp32 = 8192 * 512 * 4;
+  INFO("peak RssAnon growth " << report.peak_rss_anon_bytes << " bytes; model " << model_bytes << " bytes");
+  CHECK(report.largest_tensor_bytes == largest_fp32 / 2);  // bf16, the model's own dtype
+  CHECK(report.peak_rss_anon_bytes < 3 * largest_fp32 + (4 << 20));
+  CHECK(3 * largest_fp32 + (4 << 20) < model_bytes / 2);
+  // The merged folder holds the masters in the model's dtype.
+  SafetensorsCheckpoint merged(dir + "/merged");
+  auto values = checkpoint_master_source(dir + "/checkpoint-1");
+  at::Tensor want = at::empty({8192, 512});
+  values->read("model.embed_tokens.weight", {8192, 512}, 0, want);
+  CHECK(merged.info("model.embed_tokens.weight").dtype == at::kBFloat16);
+  CHECK(at::equal(merged.load("model.embed_tokens.weight"), want.to(at::kBFloat16)));
+  // Sharded output, as HF writes it, with a small shard limit.
+  MergeOptions small;
+  small.max_shard_bytes = 20 << 20;
+  small.dtype = at::kFloat;
+  MergeReport sharded = merge_checkpoint(dir + "/checkpoint-1", dir + "/sharded", small);
+  CHECK(fs::exists(dir + "/sharded/model.safetensors.index.json"));
+  CHECK(fs::exists(dir + "/sharded/model-00001-of-" + fmt::format("{:05d}", sharded.files.size() - 2) + ".safetensors"));
+  CHECK(at::equal(SafetensorsCheckpoint(dir + "/sharded").load("model.embed_tokens.weight"), want));
+  // An output folder that holds something is never written into.
+  CHECK_THROWS_WITH(merge_checkpoint(dir + "/checkpoint-1", dir + "/merged"), Contains("not empty"));
 }

@@ -273,13 +273,13 @@ void Trainer::Impl::build_model_and_engine() {
   std::shared_ptr<ParameterSource> base;
   on_every_rank(*comm, "building the model", [&] {
     model = std::make_shared<CausalLM>(model_config, at::TensorOptions(), /*allocate=*/false);
+    if (!model_dir.empty()) check_checkpoint(*model, model_dir);  // before adapters join the model
     peft = peft_config_for(args);
     peft.base_model_name_or_path = args.model_name_or_path;
     adapter_method = peft.type == FinetuningType::kLora || peft.type == FinetuningType::kPTuning ||
                      peft.type == FinetuningType::kPrefix;
     parameters = apply_peft_from_args(*model, args, static_cast<uint64_t>(args.seed));
     if (!model_dir.empty()) {
-      check_checkpoint(*model, model_dir);
       base = checkpoint_source(model_dir);
     } else {
       base = random_source(model_config, static_cast<uint64_t>(args.seed));
@@ -366,6 +366,9 @@ Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm, Tra
   I.build_model_and_engine();
   I.state.world_size = I.world;
   I.state.finetuning_type = I.args.finetuning_type;
+  // HF's set_seed: the random stream dropout draws from starts at `seed` (a resumed run then
+  // continues the saved stream instead).
+  at::manual_seed(static_cast<uint64_t>(I.args.seed));
   if (I.resume_dir) I.restore(*I.resume_dir);
 }
 
