@@ -263,3 +263,17 @@ TEST_CASE("a packed sequence gives each document's own loss and gradients", "[mo
     for (const at::Tensor& p : model->parameters()) CHECK(max_abs(p.grad(), alone_grads[i++]) < 1e-5);
   }
 }
+
+TEST_CASE("the example shape configs parse and have their models' parameter counts", "[model][config]") {
+  // Published sizes: Qwen2.5-7B 7.62 B, LLaMA-2-7B 6.74 B, LLaMA-2-13B 13.02 B parameters.
+  const std::pair<const char*, double> shapes[] = {
+      {"qwen2.5-7b", 7.62e9}, {"llama-2-7b", 6.74e9}, {"llama-2-13b", 13.02e9}};
+  for (const auto& [name, published] : shapes) {
+    INFO(name);
+    ModelConfig c = load_model_config(std::string(ZT_EXAMPLES) + "/shapes/" + name + ".json");
+    CausalLM m(c, at::TensorOptions(), /*allocate=*/false);  // shapes only
+    int64_t count = 0;
+    for (const auto& p : m.parameters()) count += p.numel();
+    CHECK(static_cast<double>(count) == Approx(published).epsilon(0.005));
+  }
+}
