@@ -14,6 +14,8 @@
 #include "support/ranks.hpp"
 #include "util/files.hpp"
 #include "zerotrain/config.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/safetensors.hpp"
 
 using Catch::Contains;
 using Catch::Matches;
@@ -92,4 +94,27 @@ TEST_CASE("exit statuses and one error line", "[cli][errors]") {
     CHECK(count_lines_starting(bad.output, "error: rank 0: ") == 1);
     CHECK(count_lines_starting(bad.output, "error: rank 1: ") == 1);
   }
+}
+
+TEST_CASE("verify loads a model folder and answers a prompt in the training template", "[cli]") {
+  const std::string dir = zt::test::temp_dir("verify");
+  const zt::ModelConfig c = zt::parse_model_config(
+      R"({"model_type": "llama", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 64,
+          "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 128})");
+  zt::CausalLM m(c, at::TensorOptions(), false);
+  zt::load_weights(m, *zt::random_source(c, 1));
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value());
+  zt::save_sharded_safetensors(dir, tensors);
+  zt::files::write_atomic(dir + "/config.json", zt::model_config_json(c));
+  Ran r = cli(fmt::format("verify '{}' --prompt 'Is 7 odd?' --max_new_tokens 4", dir));
+  CHECK(r.status == 0);
+  CHECK_THAT(r.output, Contains("### 指令：Is 7 odd?\n### 回答："));
+  Ran raw = cli(fmt::format("verify '{}' --prompt 'plain text' --raw --max_new_tokens 2", dir));
+  CHECK(raw.status == 0);
+  CHECK_THAT(raw.output, Contains("plain text"));
+  CHECK_FALSE(raw.output.find("###") != std::string::npos);
+  Ran missing = cli(fmt::format("verify '{}'", dir));
+  CHECK(missing.status == 2);
+  CHECK_THAT(missing.output, Contains("--prompt"));
 }

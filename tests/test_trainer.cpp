@@ -336,3 +336,29 @@ TEST_CASE("a LoRA checkpoint merges into its base: the merged model gives the ad
   load_weights(plain, *checkpoint_source(dir + "/base"));
   CHECK((plain.logits(ids) - b).abs().max().item<double>() > 1e-3);
 }
+
+TEST_CASE("ZeRO-3 saves 16-bit weights only when asked, and its checkpoints merge", "[trainer][checkpoint]") {
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  for (bool gather : {false, true}) {
+    INFO("stage3_gather_16bit_weights_on_model_save " << gather);
+    const std::string dir = test::temp_dir("z3save");
+    write_data(dir, "train.jsonl", 16, 9);
+    TrainingArguments args;
+    apply_training_flags(args, run_flags(dir, {"--max_steps", "3", "--save_steps", "100", "--deepspeed",
+                                               fmt::format(R"({{"zero_optimization": {{"stage": 3,
+                                                 "stage3_gather_16bit_weights_on_model_save": {}}}}})",
+                                                           gather)}));
+    Trainer(args, comm).train();
+    const std::string out = dir + "/out";
+    CHECK(fs::exists(out + "/config.json"));
+    CHECK(fs::exists(out + "/model.safetensors") == gather);
+    // Without the gathered weights the sharded state is the final model: a checkpoint to merge.
+    CHECK(fs::exists(out + "/checkpoint-3") == !gather);
+    if (!gather) {
+      merge_checkpoint(out + "/checkpoint-3", dir + "/merged");
+      ModelConfig c = load_model_config(dir + "/merged");
+      CausalLM m(c, at::TensorOptions(), false);
+      load_weights(m, *checkpoint_source(dir + "/merged"));
+    }
+  }
+}
