@@ -44,6 +44,9 @@ class CheckpointWriter {
   /// Collective. An existing checkpoint-<step> is an IoError (it is never overwritten) unless
   /// `replace` (overwrite_output_dir): then the old folder is removed when the new one commits.
   CheckpointWriter(Communicator& comm, const std::string& output_dir, int64_t step, bool replace = false);
+  /// A checkpoint at a folder of the caller's choosing (written atomically the same way, but
+  /// outside a run's output_dir: no `latest`, no rotation). Collective.
+  static CheckpointWriter to_folder(Communicator& comm, const std::string& dir, bool replace = false);
   /// The temporary folder to write into.
   const std::string& dir() const { return tmp_; }
   /// Collective: `ok` is this rank's verdict on its own writes (false after a caught error).
@@ -55,9 +58,13 @@ class CheckpointWriter {
                      const std::string& keep = "");
 
  private:
+  CheckpointWriter(Communicator& comm, std::string parent, std::string tmp, std::string final_dir, bool replace,
+                   bool run_folder);
+
   Communicator& comm_;
   std::string output_dir_, tmp_, final_;
   bool replace_ = false;
+  bool run_folder_ = true;  ///< checkpoint-<step> of a run: maintain `latest` and rotation
 };
 
 /// Writes the engine's optimizer state (fp32 masters and moments of the trainable parameters)

@@ -162,8 +162,13 @@ class Engine {
 
   /// Ends a micro-step. At an accumulation boundary it runs the optimizer step (unless fp16
   /// overflowed, see last_step_skipped) and returns true; otherwise returns false. Collective.
+  /// `gradient_scale` multiplies the accumulated gradients at the boundary, before clipping,
+  /// the reported norm and the update — for callers that learn the normalizer (e.g. the global
+  /// batch's token count) only when the window is complete. Ignored between boundaries.
   /// Throws NumericError for a non-finite gradient in bf16/fp32 or a loss scale at its minimum.
-  bool step();
+  bool step(double gradient_scale = 1.0);
+  /// Whether the next step() call ends an accumulation window (backward() has run for it).
+  bool at_boundary() const;
 
   double learning_rate() const;   ///< of the last (or, before any, the first) optimizer step
   double loss_scale() const;      ///< 1 unless fp16

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 #include "zerotrain/comm.hpp"
 #include "zerotrain/config.hpp"
 
@@ -41,9 +43,22 @@ struct Progress {
   double eta_seconds = 0.0;
 };
 
+/// What one step did, the same on every rank (the C API's zt_step_stats).
+struct StepStats {
+  int64_t global_step = 0;     ///< optimizer steps completed so far
+  bool stepped = false;        ///< this call ended an accumulation window and stepped
+  bool skipped = false;        ///< that step was skipped (fp16 overflow)
+  double loss = 0.0;           ///< the micro-batch's (train_step) or the step's (train) mean token loss over all ranks
+  double grad_norm = 0.0;      ///< global norm before clipping; valid when stepped
+  double learning_rate = 0.0;  ///< of the last step
+  double loss_scale = 1.0;     ///< 1 unless fp16
+};
+
 struct TrainerCallbacks {
-  std::function<void(const LogRecord&)> on_log;        ///< every record, as it is written
-  std::function<void(const Progress&)> on_progress;    ///< after every optimizer step
+  std::function<void(const LogRecord&)> on_log;        ///< rank 0: every record, as it is written
+  std::function<void(const Progress&)> on_progress;    ///< rank 0: after every optimizer step
+  /// Every rank, after every optimizer step of train(), with the same stats everywhere.
+  std::function<void(const StepStats&)> on_step;
 };
 
 struct TrainResult {
@@ -58,6 +73,8 @@ struct TrainResult {
 /// process): `args.device` auto picks cuda:LOCAL_RANK when CUDA is available, else the CPU;
 /// the timeouts are ddp_timeout and rendezvous_timeout. Collective.
 std::shared_ptr<Communicator> join_training_job(const TrainingArguments& args);
+/// The same for a job described explicitly (hosts that do not use a launcher).
+std::shared_ptr<Communicator> join_training_job(const TrainingArguments& args, const LaunchEnv& env);
 
 class Trainer {
  public:
@@ -79,6 +96,35 @@ class Trainer {
   double evaluate();
   /// Asks the run to stop at the next optimizer step (every rank agrees on which).
   void cancel();
+
+  /// One micro-batch given by the caller, for hosts that bring their own data: `input_ids`
+  /// [batch, seq] int64 on this rank; `labels` the same shape (-100 ignored), or undefined for a
+  /// copy of the ids; the causal shift is applied inside, as HF's loss. Steps the optimizer at
+  /// the accumulation boundary. Gradients are normalized by the whole window's counted tokens
+  /// over all ranks (known only at the boundary, applied there), so equal global batches give
+  /// equal results whatever the ZeRO stage, world size or split. Ids outside the vocabulary and
+  /// malformed shapes are InvalidArgument (on the rank that gave them; the others fail in the
+  /// next collective). Collective.
+  StepStats train_step(const at::Tensor& input_ids, const at::Tensor& labels = {});
+  /// The token-weighted mean loss over batches every rank gives (the same number of batches on
+  /// every rank; an empty list on all is an InvalidArgument), without changing the model.
+  /// Collective.
+  double evaluate_batches(const std::vector<std::pair<at::Tensor, at::Tensor>>& batches);
+  /// Writes one complete checkpoint folder at `dir` (atomically; an existing folder is an
+  /// IoError), resumable by load_checkpoint or resume_from_checkpoint. Collective.
+  void save_checkpoint(const std::string& dir);
+  /// Restores a checkpoint (optimizer state, counters, random state, data position), also one
+  /// saved at another world size. Collective.
+  void load_checkpoint(const std::string& dir);
+  /// Writes the model as the end of train() does: PEFT adapter files, or an HF model folder.
+  /// Collective (ZeRO-3 gathers).
+  void export_model(const std::string& dir);
+
+  int rank() const;
+  int world_size() const;
+
+  /// Replaces the callbacks (between calls; not while train() runs).
+  void set_callbacks(TrainerCallbacks callbacks);
 
   /// The resolved arguments (batch sizes, precision... after "auto" resolution).
   const TrainingArguments& arguments() const;

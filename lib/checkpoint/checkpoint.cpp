@@ -273,21 +273,35 @@ std::optional<std::string> latest_checkpoint(const std::string& output_dir) {
 }
 
 CheckpointWriter::CheckpointWriter(Communicator& comm, const std::string& output_dir, int64_t step, bool replace)
+    : CheckpointWriter(comm, output_dir, fmt::format("{}/.tmp-checkpoint-{}", output_dir, step),
+                       fmt::format("{}/checkpoint-{}", output_dir, step), replace, /*run_folder=*/true) {}
+
+CheckpointWriter CheckpointWriter::to_folder(Communicator& comm, const std::string& dir, bool replace) {
+  fs::path path = fs::absolute(dir).lexically_normal();
+  if (path.filename().empty()) path = path.parent_path();  // "dir/"
+  const std::string parent = path.parent_path().string();
+  return CheckpointWriter(comm, parent, parent + "/.tmp-" + path.filename().string(), path.string(), replace,
+                          /*run_folder=*/false);
+}
+
+CheckpointWriter::CheckpointWriter(Communicator& comm, std::string parent, std::string tmp, std::string final_dir,
+                                   bool replace, bool run_folder)
     : comm_(comm),
-      output_dir_(output_dir),
-      tmp_(fmt::format("{}/.tmp-checkpoint-{}", output_dir, step)),
-      final_(fmt::format("{}/checkpoint-{}", output_dir, step)),
-      replace_(replace) {
+      output_dir_(std::move(parent)),
+      tmp_(std::move(tmp)),
+      final_(std::move(final_dir)),
+      replace_(replace),
+      run_folder_(run_folder) {
   std::string error;
   if (comm_.rank() == 0) {
     try {
       std::error_code ec;
       if (!replace_ && fs::exists(final_, ec)) {
         throw IoError(fmt::format("'{}' already exists; checkpoints are never overwritten (choose "
-                                  "another output_dir or remove it)",
+                                  "another folder or remove it)",
                                   final_));
       }
-      fs::remove_all(tmp_);  // our own leftover of an interrupted save of this step
+      fs::remove_all(tmp_);  // our own leftover of an interrupted save of this checkpoint
       fs::create_directories(tmp_ + "/optimizer");
     } catch (const Error& e) {
       error = e.what();
@@ -316,8 +330,8 @@ std::string CheckpointWriter::commit(bool ok, std::optional<int64_t> total_limit
     try {
       if (replace_) fs::remove_all(final_);
       fs::rename(tmp_, final_);
-      files::write_atomic(output_dir_ + "/latest", fs::path(final_).filename().string() + "\n");
-      if (total_limit) {
+      if (run_folder_) files::write_atomic(output_dir_ + "/latest", fs::path(final_).filename().string() + "\n");
+      if (run_folder_ && total_limit) {
         std::vector<CheckpointInfo> all = list_checkpoints(output_dir_);
         int64_t excess = static_cast<int64_t>(all.size()) - *total_limit;
         for (const CheckpointInfo& c : all) {

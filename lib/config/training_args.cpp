@@ -221,8 +221,9 @@ void assign(Args& args, const Option& o, const RawValue& v, const std::string& w
       std::string s;
       if (v.json && v.json->IsString()) {
         s.assign(v.json->GetString(), v.json->GetStringLength());
-      } else if (v.json && v.json->IsObject() && std::string_view(o.name) == "deepspeed") {
-        s = json::dump(*v.json);  // an inline DeepSpeed config
+      } else if (v.json && v.json->IsObject() &&
+                 (std::string_view(o.name) == "deepspeed" || std::string_view(o.name) == "model_config")) {
+        s = json::dump(*v.json);  // an inline DeepSpeed config or model config
       } else if (v.json) {
         bad_value(where, o, v, "a string");
       } else {

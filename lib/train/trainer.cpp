@@ -68,7 +68,10 @@ bool is_false_text(const std::string& s) { return s.empty() || s == "False" || s
 }  // namespace
 
 std::shared_ptr<Communicator> join_training_job(const TrainingArguments& args) {
-  LaunchEnv env = launch_env_from_environment();
+  return join_training_job(args, launch_env_from_environment());
+}
+
+std::shared_ptr<Communicator> join_training_job(const TrainingArguments& args, const LaunchEnv& env) {
   CommOptions options;
   const bool cuda_present = torch::cuda::is_available();
   if (args.device == "cuda" && !cuda_present) {
@@ -129,6 +132,12 @@ struct Trainer::Impl {
   double run_evaluation();
   void log(const LogRecord& record);
   void save_checkpoint();
+  void write_checkpoint(CheckpointWriter& writer, bool in_run);
+  LossSum forward_tokens(const at::Tensor& ids, const at::Tensor& labels) {
+    return model->loss(ids.to(comm->device()), labels, {}, 1024);
+  }
+  double step_divisor = 0.0;   ///< train_step's fixed gradient scale (its first window's size)
+  double window_tokens = 0.0;  ///< train_step: counted tokens of the open window, all ranks
   /// The weights a user loads directly (adapter tensors or the whole model), gathered where the
   /// stage shards them; empty when none are written (ZeRO-3 without 16-bit gathering).
   /// Collective.
@@ -262,8 +271,11 @@ void Trainer::Impl::plan_batches() {
                       ? args.max_steps
                       : static_cast<int64_t>(std::ceil(args.num_train_epochs * static_cast<double>(steps_per_epoch)));
     if (total_steps <= 0) throw ConfigError("num_train_epochs and max_steps leave no step to train");
+  } else if (args.max_steps > 0) {
+    total_steps = args.max_steps;  // a host that brings its own batches (train_step)
   }
-  resolve_config(ds, args, ResolveContext{world, model_config.hidden_size, std::max<int64_t>(1, total_steps)});
+  resolve_config(ds, args, ResolveContext{world, model_config.hidden_size,
+                                          total_steps > 0 ? std::optional<int64_t>(total_steps) : std::nullopt});
   check_resolved(ds);
   eval_every = args.eval_steps.value_or(args.logging_steps);
   data_seed = static_cast<uint64_t>(args.data_seed.value_or(args.seed));
@@ -291,7 +303,7 @@ void Trainer::Impl::build_model_and_engine() {
   eo.units = model->units();
   eo.gate = &model->gate();
   eo.activation_checkpointing = args.gradient_checkpointing;
-  eo.total_train_steps = std::max<int64_t>(1, total_steps);
+  eo.total_train_steps = total_steps;  // 0 when unknown: schedules that need it say so
   eo.source = with_adapter_values(base, *model);
   engine = std::make_unique<Engine>(model, ds, args, comm, eo);
 }
@@ -366,6 +378,15 @@ Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm, Tra
   I.build_model_and_engine();
   I.state.world_size = I.world;
   I.state.finetuning_type = I.args.finetuning_type;
+  I.state.max_steps = I.total_steps;
+  I.state.logging_steps = I.args.logging_steps;
+  I.state.eval_steps = I.eval_every;
+  I.state.save_steps = I.args.save_steps;
+  I.state.train_batch_size = I.batch.micro_batch;
+  I.state.num_train_epochs = I.args.num_train_epochs;
+  I.state.global_batch_size = I.batch.size();
+  I.state.gradient_accumulation_steps = I.batch.accumulation;
+  I.state.data_seed = static_cast<int64_t>(I.data_seed);
   // HF's set_seed: the random stream dropout draws from starts at `seed` (a resumed run then
   // continues the saved stream instead).
   at::manual_seed(static_cast<uint64_t>(I.args.seed));
@@ -375,6 +396,8 @@ Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm, Tra
 Trainer::~Trainer() = default;
 
 const TrainingArguments& Trainer::arguments() const { return impl_->args; }
+
+void Trainer::set_callbacks(TrainerCallbacks callbacks) { impl_->callbacks = std::move(callbacks); }
 
 void Trainer::cancel() { impl_->cancel_requested.store(true); }
 
@@ -518,6 +541,11 @@ void Trainer::Impl::save_checkpoint() {
     state.best_model_checkpoint = final_dir;
   }
   CheckpointWriter writer(*comm, args.output_dir, step, args.overwrite_output_dir);
+  write_checkpoint(writer, /*in_run=*/true);
+  if (rank == 0) log::info("saved {}", final_dir);
+}
+
+void Trainer::Impl::write_checkpoint(CheckpointWriter& writer, bool in_run) {
   save_engine_state(*engine, writer.dir());
   bool available = false;
   std::vector<std::pair<std::string, at::Tensor>> weights = user_weights(available);
@@ -528,25 +556,152 @@ void Trainer::Impl::save_checkpoint() {
     if (rank == 0) files::write_atomic(writer.dir() + "/trainer_state.json", train::trainer_state_json(state));
   } catch (const std::exception& e) {
     ok = false;
-    log::error("rank {}: writing checkpoint {}: {}", rank, step, e.what());
+    log::error("rank {}: writing a checkpoint into '{}': {}", rank, writer.dir(), e.what());
   }
-  writer.commit(ok, args.save_total_limit, state.best_model_checkpoint.value_or(""));
-  if (rank == 0) log::info("saved {}", final_dir);
+  if (in_run) {
+    writer.commit(ok, args.save_total_limit, state.best_model_checkpoint.value_or(""));
+  } else {
+    writer.commit(ok);
+  }
+}
+
+void Trainer::save_checkpoint(const std::string& dir) {
+  Impl& I = *impl_;
+  CheckpointWriter writer = CheckpointWriter::to_folder(*I.comm, dir);
+  I.write_checkpoint(writer, /*in_run=*/false);
+}
+
+void Trainer::load_checkpoint(const std::string& dir) { impl_->restore(dir); }
+
+void Trainer::export_model(const std::string& dir) {
+  Impl& I = *impl_;
+  bool available = false;
+  auto weights = I.user_weights(available);
+  if (!available) {
+    // ZeRO-3 without 16-bit gathering keeps no whole copy anywhere; exporting gathers anyway.
+    weights = I.engine->gather_full_parameters();
+    available = true;
+  }
+  on_every_rank(*I.comm, fmt::format("exporting the model to '{}'", dir), [&] {
+    if (I.rank != 0) return;
+    fs::create_directories(dir);
+    I.write_user_files(dir, available, weights);
+  });
+}
+
+int Trainer::rank() const { return impl_->rank; }
+int Trainer::world_size() const { return impl_->world; }
+
+namespace {
+
+// Token ids from a caller: [batch, seq] integers inside [0, vocab) (labels may also be -100).
+at::Tensor checked_tokens(const at::Tensor& t, const char* what, int64_t vocab, bool labels) {
+  if (!t.defined() || t.dim() != 2 || t.size(0) < 1 || t.size(1) < 1) {
+    throw InvalidArgument(fmt::format("{}: expected a [batch, seq] tensor with both sizes positive", what));
+  }
+  if (at::isFloatingType(t.scalar_type()) || t.scalar_type() == at::kBool) {
+    throw InvalidArgument(fmt::format("{}: expected integer token ids, found {}", what, c10::toString(t.scalar_type())));
+  }
+  at::Tensor ids = t.to(at::kLong).contiguous();
+  at::Tensor bad = labels ? at::logical_and(ids.ne(-100), at::logical_or(ids.lt(0), ids.ge(vocab)))
+                          : at::logical_or(ids.lt(0), ids.ge(vocab));
+  if (bad.any().item<bool>()) {
+    at::Tensor where = bad.nonzero()[0];
+    const int64_t r = where[0].item<int64_t>(), c = where[1].item<int64_t>();
+    throw InvalidArgument(fmt::format("{}: {} at [{}, {}] is outside the vocabulary [0, {}){}", what,
+                                      ids[r][c].item<int64_t>(), r, c, vocab, labels ? " (and is not -100)" : ""));
+  }
+  return ids;
+}
+
+}  // namespace
+
+StepStats Trainer::train_step(const at::Tensor& input_ids, const at::Tensor& labels) {
+  Impl& I = *impl_;
+  const int64_t vocab = I.model_config.vocab_size;
+  at::Tensor ids = checked_tokens(input_ids, "train_step input_ids", vocab, false);
+  at::Tensor y = labels.defined() ? checked_tokens(labels, "train_step labels", vocab, true) : ids;
+  if (y.sizes() != ids.sizes()) {
+    throw InvalidArgument(fmt::format("train_step: labels have shape [{}] but input_ids [{}]",
+                                      fmt::join(y.sizes(), ", "), fmt::join(ids.sizes(), ", ")));
+  }
+  // Gradients are scaled by a fixed estimate of the window's token count while they accumulate
+  // (keeping fp16 magnitudes near a mean's), and corrected to the real count at the boundary.
+  if (I.step_divisor <= 0.0) {
+    I.step_divisor = static_cast<double>(ids.numel() * I.world * I.engine->gradient_accumulation_steps());
+  }
+  I.model->train();
+  LossSum l = I.forward_tokens(ids, y);
+  I.engine->backward(l.sum, I.step_divisor);
+  at::Tensor totals = at::stack({l.sum.detach().to(at::kFloat).reshape({}),
+                                 at::scalar_tensor(static_cast<float>(l.tokens), at::TensorOptions().dtype(at::kFloat).device(l.sum.device()))})
+                          .to(I.comm->device());
+  I.comm->all_reduce(totals)->wait();
+  at::Tensor host = totals.cpu();
+  I.window_tokens += host[1].item<double>();
+  const bool boundary = I.engine->at_boundary();
+  const double scale = boundary ? I.step_divisor / std::max(1.0, I.window_tokens) : 1.0;
+  StepStats stats;
+  stats.stepped = I.engine->step(scale);
+  if (stats.stepped) {
+    I.window_tokens = 0.0;
+    stats.skipped = I.engine->last_step_skipped();
+    stats.grad_norm = I.engine->last_grad_norm();
+  }
+  I.state.global_step = stats.global_step = I.engine->global_step();
+  stats.loss = host[0].item<double>() / std::max(1.0, host[1].item<double>());
+  stats.learning_rate = I.engine->learning_rate();
+  stats.loss_scale = I.engine->loss_scale();
+  return stats;
+}
+
+double Trainer::evaluate_batches(const std::vector<std::pair<at::Tensor, at::Tensor>>& batches) {
+  Impl& I = *impl_;
+  // Every rank must run the same number of forwards (ZeRO-3 forwards are collective).
+  at::Tensor counts = at::tensor({static_cast<float>(batches.size()), -static_cast<float>(batches.size())})
+                          .to(I.comm->device());
+  I.comm->all_reduce(counts, ReduceOp::kMax)->wait();
+  at::Tensor c = counts.cpu();
+  if (c[0].item<float>() != -c[1].item<float>() || c[0].item<float>() == 0.0f) {
+    throw InvalidArgument(fmt::format("evaluate: every rank must give the same, nonzero number of batches "
+                                      "(this rank gave {}, others up to {})",
+                                      batches.size(), c[0].item<float>()));
+  }
+  at::NoGradGuard no_grad;
+  I.model->eval();
+  double sum = 0.0, tokens = 0.0;
+  std::exception_ptr error;
+  for (const auto& [input_ids, labels] : batches) {
+    at::Tensor ids, y;
+    try {
+      ids = checked_tokens(input_ids, "evaluate input_ids", I.model_config.vocab_size, false);
+      y = labels.defined() ? checked_tokens(labels, "evaluate labels", I.model_config.vocab_size, true) : ids;
+      if (y.sizes() != ids.sizes()) throw InvalidArgument("evaluate: labels and input_ids differ in shape");
+    } catch (...) {
+      if (!error) error = std::current_exception();
+      ids = y = at::zeros({1, 1}, at::kLong);  // still take part in the collective forward
+    }
+    LossSum l = I.forward_tokens(ids, y);
+    if (!error) {
+      sum += l.sum.item<double>();
+      tokens += static_cast<double>(l.tokens);
+    }
+  }
+  I.model->train();
+  at::Tensor global = at::tensor({static_cast<float>(sum), static_cast<float>(tokens), error ? 1.0f : 0.0f}, at::kFloat)
+                          .to(I.comm->device());
+  I.comm->all_reduce(global)->wait();
+  at::Tensor host = global.cpu();
+  if (error) std::rethrow_exception(error);
+  if (host[2].item<float>() > 0) throw InvalidArgument("evaluate: another rank gave an invalid batch (see its error)");
+  if (host[1].item<float>() <= 0) throw InvalidArgument("evaluate: the batches have no token that counts in the loss");
+  return host[0].item<double>() / host[1].item<double>();
 }
 
 TrainResult Trainer::train() {
   Impl& I = *impl_;
   if (!I.has_train) throw ConfigError("train: no train_file given (--train_file DATA.jsonl)");
   I.announce();
-  I.state.max_steps = I.total_steps;
-  I.state.logging_steps = I.args.logging_steps;
-  I.state.eval_steps = I.eval_every;
-  I.state.save_steps = I.args.save_steps;
-  I.state.train_batch_size = I.batch.micro_batch;
-  I.state.num_train_epochs = I.args.num_train_epochs;
-  I.state.global_batch_size = I.batch.size();
-  I.state.gradient_accumulation_steps = I.batch.accumulation;
-  I.state.data_seed = static_cast<int64_t>(I.data_seed);
   I.model->train();
 
   const Clock::time_point start = Clock::now();
@@ -600,19 +755,33 @@ TrainResult Trainer::train() {
         }
       }
       const double divisor = static_cast<double>(std::max<int64_t>(1, targets));
+      at::Tensor step_loss = at::zeros({}, window_loss.options());
       for (int64_t a = 0; a < I.batch.accumulation; ++a) {
         Batch b = collate(I.train_data, micro_batch_indices(order, I.batch, s, a, I.rank), I.pad_id);
         LossSum l = I.forward(b);
         I.engine->backward(l.sum, divisor);
         I.engine->step();
-        window_loss += l.sum.detach() / divisor;
+        step_loss += l.sum.detach() / divisor;
       }
+      window_loss += step_loss;
       I.state.global_step = I.engine->global_step();
       I.state.steps_in_epoch = s + 1;
       I.state.tokens_seen += tokens;
       window_tokens += tokens;
       ++window_steps;
       const int64_t step = I.state.global_step;
+      if (I.callbacks.on_step) {
+        I.comm->all_reduce(step_loss)->wait();  // this step's mean token loss over all ranks
+        StepStats st;
+        st.global_step = step;
+        st.stepped = true;
+        st.skipped = I.engine->last_step_skipped();
+        st.loss = step_loss.item<double>();
+        st.grad_norm = I.engine->last_grad_norm();
+        st.learning_rate = I.engine->learning_rate();
+        st.loss_scale = I.engine->loss_scale();
+        I.callbacks.on_step(st);
+      }
       const bool last = step == I.total_steps;
       if (step % I.args.logging_steps == 0 || (I.args.logging_first_step && step == 1) || last) log_window();
       if (I.rank == 0 && I.callbacks.on_progress) {

@@ -335,8 +335,13 @@ void Engine::backward(const at::Tensor& loss, double divisor) {
   I.awaiting_step = true;
 }
 
-bool Engine::step() {
+bool Engine::at_boundary() const { return impl_->awaiting_step && impl_->at_boundary(); }
+
+bool Engine::step(double gradient_scale) {
   Impl& I = *impl_;
+  if (!(gradient_scale > 0.0) || !std::isfinite(gradient_scale)) {
+    throw InvalidArgument(fmt::format("Engine::step: gradient_scale must be positive and finite, got {}", gradient_scale));
+  }
   if (!I.awaiting_step) throw InvalidArgument("Engine::step called without backward()");
   I.awaiting_step = false;
   if (!I.at_boundary()) return false;
@@ -391,9 +396,9 @@ bool Engine::step() {
 
   // Unscale and clip with one factor (DeepSpeed: 1 / (scale · max(1, (norm + 1e-6) / clip))),
   // applied inside the optimizer's pass over the gradients.
-  const double norm = scaled_norm / scale;
+  const double norm = scaled_norm * gradient_scale / scale;
   const double clip = I.ds.gradient_clipping.value();
-  double coef = 1.0 / scale;
+  double coef = gradient_scale / scale;
   if (clip > 0.0 && (norm + 1e-6) / clip > 1.0) coef /= (norm + 1e-6) / clip;
 
   UpdateHyper h;

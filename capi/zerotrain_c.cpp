@@ -1,0 +1,274 @@
+// The C API (include/zerotrain/zerotrain.h) over zt::Trainer. One boundary, `guarded`, maps the
+// library's exceptions to status codes and keeps the message for zt_last_error(); nothing
+// escapes into the host.
+#include "zerotrain/zerotrain.h"
+
+#include <c10/util/Exception.h>
+
+#include <exception>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include <fmt/format.h>
+#include <rapidjson/document.h>
+
+#include "util/json.hpp"
+#include "zerotrain/build_config.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/log.hpp"
+#include "zerotrain/trainer.hpp"
+
+struct zt_trainer {
+  std::shared_ptr<zt::Communicator> comm;
+  std::unique_ptr<zt::Trainer> trainer;
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+
+zt_status fail(zt_status status, const std::string& message) {
+  t_last_error = message;
+  return status;
+}
+
+// Runs `fn`, mapping what it throws to a status; "" in zt_last_error() after a success.
+template <typename Fn>
+zt_status guarded(Fn&& fn) {
+  try {
+    fn();
+    t_last_error.clear();
+    return ZT_OK;
+  } catch (const zt::InvalidArgument& e) {
+    return fail(ZT_ERR_INVALID_ARGUMENT, e.what());
+  } catch (const zt::ConfigError& e) {
+    return fail(ZT_ERR_CONFIG, e.what());
+  } catch (const zt::IoError& e) {
+    return fail(ZT_ERR_IO, e.what());
+  } catch (const zt::DistributedError& e) {
+    return fail(ZT_ERR_DISTRIBUTED, e.what());
+  } catch (const zt::OutOfMemoryError& e) {
+    return fail(ZT_ERR_OUT_OF_MEMORY, e.what());
+  } catch (const zt::NumericError& e) {
+    return fail(ZT_ERR_NUMERIC, e.what());
+  } catch (const zt::CancelledError& e) {
+    return fail(ZT_ERR_CANCELLED, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(ZT_ERR_OUT_OF_MEMORY, "out of host memory");
+  } catch (const c10::Error& e) {
+    // LibTorch's own errors (a CUDA out-of-memory among them) carry a backtrace: keep the gist.
+    const std::string what = e.what_without_backtrace();
+    return fail(what.find("out of memory") != std::string::npos ? ZT_ERR_OUT_OF_MEMORY : ZT_ERR_INTERNAL, what);
+  } catch (const std::exception& e) {
+    return fail(ZT_ERR_INTERNAL, e.what());
+  } catch (...) {
+    return fail(ZT_ERR_INTERNAL, "an unknown exception");
+  }
+}
+
+void require(bool ok, const char* message) {
+  if (!ok) throw zt::InvalidArgument(message);
+}
+
+// `distributed` of the options, in place of the launcher's variables.
+zt::LaunchEnv launch_env_of(const rapidjson::Value& value, zt::TrainingArguments& args) {
+  zt::json::ObjectReader r(value, "distributed", "options");
+  zt::LaunchEnv env;
+  env.origin = "options";
+  env.rank = static_cast<int>(r.integer("rank", 0).value_or(0));
+  env.world_size = static_cast<int>(r.integer("world_size", 1).value_or(1));
+  env.local_rank = static_cast<int>(r.integer("local_rank", 0).value_or(env.rank));
+  env.local_world_size = env.world_size;
+  env.master_addr = r.string("master_addr").value_or("127.0.0.1");
+  env.master_port = static_cast<int>(r.integer("master_port", 1, 65535).value_or(29500));
+  if (auto t = r.integer("rendezvous_timeout", 1)) args.rendezvous_timeout = *t;
+  if (auto t = r.integer("ddp_timeout", 1)) args.ddp_timeout = *t;
+  if (!r.unknown_paths().empty()) {
+    throw zt::ConfigError(fmt::format("options: unknown key {} (known: rank, world_size, local_rank, master_addr, "
+                                      "master_port, rendezvous_timeout, ddp_timeout)",
+                                      r.unknown_paths().front()));
+  }
+  if (env.rank >= env.world_size) {
+    throw zt::ConfigError(fmt::format("options: distributed.rank {} is not below world_size {}", env.rank, env.world_size));
+  }
+  return env;
+}
+
+// [n, rows, cols] int64 host arrays as tensors (copied, so the caller's memory is read only now).
+at::Tensor tokens_of(const int64_t* data, int64_t n, int64_t rows, int64_t cols) {
+  return at::from_blob(const_cast<int64_t*>(data), {n * rows, cols}, at::kLong).clone();
+}
+
+}  // namespace
+
+extern "C" {
+
+int zt_api_version(void) { return ZT_API_VERSION; }
+
+const char* zt_version(void) { return ZT_VERSION_STRING; }
+
+const char* zt_status_name(zt_status status) {
+  switch (status) {
+    case ZT_OK: return "ZT_OK";
+    case ZT_ERR_INVALID_ARGUMENT: return "ZT_ERR_INVALID_ARGUMENT";
+    case ZT_ERR_CONFIG: return "ZT_ERR_CONFIG";
+    case ZT_ERR_IO: return "ZT_ERR_IO";
+    case ZT_ERR_DISTRIBUTED: return "ZT_ERR_DISTRIBUTED";
+    case ZT_ERR_OUT_OF_MEMORY: return "ZT_ERR_OUT_OF_MEMORY";
+    case ZT_ERR_NUMERIC: return "ZT_ERR_NUMERIC";
+    case ZT_ERR_CANCELLED: return "ZT_ERR_CANCELLED";
+    case ZT_ERR_INTERNAL: return "ZT_ERR_INTERNAL";
+  }
+  return "ZT_UNKNOWN_STATUS";
+}
+
+const char* zt_last_error(void) { return t_last_error.c_str(); }
+
+void zt_set_log_callback(zt_log_fn fn, void* user_data) {
+  if (fn == nullptr) {
+    zt::set_log_sink(nullptr);
+    return;
+  }
+  zt::set_log_sink([fn, user_data](zt::LogLevel level, const std::string& message) {
+    fn(static_cast<int>(level), message.c_str(), user_data);
+  });
+}
+
+zt_status zt_trainer_create(const char* options_json, zt_trainer** out) {
+  if (out != nullptr) *out = nullptr;
+  return guarded([&] {
+    require(options_json != nullptr, "zt_trainer_create: options_json is NULL");
+    require(out != nullptr, "zt_trainer_create: out is NULL");
+    rapidjson::Document doc = zt::json::parse(options_json, "options");
+    if (!doc.IsObject()) {
+      throw zt::ConfigError(fmt::format("options: expected a JSON object, found {}", zt::json::type_name(doc)));
+    }
+    zt::TrainingArguments args;
+    std::optional<zt::LaunchEnv> env;
+    rapidjson::Value distributed;
+    if (doc.HasMember("distributed")) {
+      distributed.CopyFrom(doc["distributed"], doc.GetAllocator());
+      doc.RemoveMember("distributed");
+    }
+    zt::apply_training_json(args, zt::json::dump(doc), "options");
+    if (!distributed.IsNull()) env = launch_env_of(distributed, args);
+    auto handle = std::make_unique<zt_trainer>();
+    handle->comm = env ? zt::join_training_job(args, *env) : zt::join_training_job(args);
+    handle->trainer = std::make_unique<zt::Trainer>(args, handle->comm);
+    *out = handle.release();
+  });
+}
+
+int32_t zt_trainer_rank(const zt_trainer* t) {
+  if (t == nullptr) {
+    fail(ZT_ERR_INVALID_ARGUMENT, "zt_trainer_rank: trainer is NULL");
+    return -1;
+  }
+  return t->trainer->rank();
+}
+
+int32_t zt_trainer_world_size(const zt_trainer* t) {
+  if (t == nullptr) {
+    fail(ZT_ERR_INVALID_ARGUMENT, "zt_trainer_world_size: trainer is NULL");
+    return -1;
+  }
+  return t->trainer->world_size();
+}
+
+zt_status zt_trainer_train_step(zt_trainer* t, const int64_t* input_ids, const int64_t* labels, int64_t batch_size,
+                                int64_t seq_len, zt_step_stats* stats) {
+  return guarded([&] {
+    require(t != nullptr, "zt_trainer_train_step: trainer is NULL");
+    require(input_ids != nullptr, "zt_trainer_train_step: input_ids is NULL");
+    if (batch_size < 1 || seq_len < 1) {
+      throw zt::InvalidArgument(fmt::format("zt_trainer_train_step: batch_size {} and seq_len {} must be positive",
+                                            batch_size, seq_len));
+    }
+    at::Tensor ids = tokens_of(input_ids, 1, batch_size, seq_len);
+    at::Tensor y = labels != nullptr ? tokens_of(labels, 1, batch_size, seq_len) : at::Tensor();
+    zt::StepStats s = t->trainer->train_step(ids, y);
+    if (stats != nullptr) {
+      stats->global_step = s.global_step;
+      stats->stepped = s.stepped ? 1 : 0;
+      stats->skipped = s.skipped ? 1 : 0;
+      stats->loss = s.loss;
+      stats->grad_norm = s.grad_norm;
+      stats->learning_rate = s.learning_rate;
+      stats->loss_scale = s.loss_scale;
+    }
+  });
+}
+
+zt_status zt_trainer_evaluate(zt_trainer* t, const int64_t* input_ids, const int64_t* labels, int64_t num_batches,
+                              int64_t batch_size, int64_t seq_len, double* mean_loss) {
+  return guarded([&] {
+    require(t != nullptr, "zt_trainer_evaluate: trainer is NULL");
+    require(input_ids != nullptr, "zt_trainer_evaluate: input_ids is NULL");
+    require(mean_loss != nullptr, "zt_trainer_evaluate: mean_loss is NULL");
+    if (num_batches < 1 || batch_size < 1 || seq_len < 1) {
+      throw zt::InvalidArgument(fmt::format(
+          "zt_trainer_evaluate: num_batches {}, batch_size {} and seq_len {} must be positive", num_batches,
+          batch_size, seq_len));
+    }
+    at::Tensor ids = tokens_of(input_ids, num_batches, batch_size, seq_len);
+    at::Tensor y = labels != nullptr ? tokens_of(labels, num_batches, batch_size, seq_len) : at::Tensor();
+    std::vector<std::pair<at::Tensor, at::Tensor>> batches;
+    for (int64_t b = 0; b < num_batches; ++b) {
+      batches.emplace_back(ids.narrow(0, b * batch_size, batch_size),
+                           y.defined() ? y.narrow(0, b * batch_size, batch_size) : at::Tensor());
+    }
+    *mean_loss = t->trainer->evaluate_batches(batches);
+  });
+}
+
+zt_status zt_trainer_train(zt_trainer* t, zt_progress_fn progress, void* user_data) {
+  return guarded([&] {
+    require(t != nullptr, "zt_trainer_train: trainer is NULL");
+    zt::Trainer& trainer = *t->trainer;
+    zt::TrainerCallbacks callbacks;
+    if (progress != nullptr) {
+      callbacks.on_step = [&](const zt::StepStats& s) {
+        zt_step_stats c{s.global_step, s.stepped ? 1 : 0, s.skipped ? 1 : 0, s.loss,
+                        s.grad_norm,   s.learning_rate,   s.loss_scale};
+        if (progress(&c, user_data) != 0) trainer.cancel();
+      };
+    }
+    trainer.set_callbacks(std::move(callbacks));
+    trainer.train();
+  });
+}
+
+zt_status zt_trainer_save_checkpoint(zt_trainer* t, const char* dir) {
+  return guarded([&] {
+    require(t != nullptr, "zt_trainer_save_checkpoint: trainer is NULL");
+    require(dir != nullptr && *dir != '\0', "zt_trainer_save_checkpoint: dir is NULL or empty");
+    t->trainer->save_checkpoint(dir);
+  });
+}
+
+zt_status zt_trainer_load_checkpoint(zt_trainer* t, const char* dir) {
+  return guarded([&] {
+    require(t != nullptr, "zt_trainer_load_checkpoint: trainer is NULL");
+    require(dir != nullptr && *dir != '\0', "zt_trainer_load_checkpoint: dir is NULL or empty");
+    t->trainer->load_checkpoint(dir);
+  });
+}
+
+zt_status zt_trainer_export(zt_trainer* t, const char* dir) {
+  return guarded([&] {
+    require(t != nullptr, "zt_trainer_export: trainer is NULL");
+    require(dir != nullptr && *dir != '\0', "zt_trainer_export: dir is NULL or empty");
+    t->trainer->export_model(dir);
+  });
+}
+
+void zt_trainer_free(zt_trainer* t) {
+  try {
+    delete t;
+  } catch (...) {
+    // A destructor that throws has nowhere to report; the handle is gone either way.
+  }
+}
+
+}  // extern "C"

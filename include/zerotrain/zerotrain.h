@@ -1,0 +1,147 @@
+/* zerotrain.h — the stable C API of libzerotrain.
+ *
+ * Fine-tune decoder LLMs with DeepSpeed's ZeRO from any language with a C FFI: create a trainer
+ * from the same JSON options `zerotrain train` takes, then either run the configured job
+ * (zt_trainer_train) or feed it your own batches (zt_trainer_train_step), save and load
+ * checkpoints, and export the model as an HF folder or a PEFT adapter.
+ *
+ * Conventions
+ * - Every fallible call returns a zt_status; nothing else escapes (no exception, abort or exit).
+ *   On failure, zt_last_error() describes the cause on the calling thread.
+ * - Collective calls (create, train_step, train, evaluate, save_checkpoint, load_checkpoint,
+ *   export) must be made by every rank of the job in the same order; a rank that fails inside
+ *   one returns an error, and the others return ZT_ERR_DISTRIBUTED (or the same error) instead
+ *   of waiting forever.
+ * - A zt_trainer is used by one thread at a time. Different trainers are independent, but one
+ *   process normally holds one (one rank of a job).
+ * - Ranks come from torchrun's environment variables (RANK, WORLD_SIZE, LOCAL_RANK,
+ *   MASTER_ADDR, MASTER_PORT; also mpirun's and srun's), or from a "distributed" object in the
+ *   options.
+ *
+ * ABI: the library's SONAME carries ZT_API_VERSION (libzerotrain.so.1). Enumerator values never
+ * change and new ones are appended; the layout of zt_step_stats is frozen for version 1.
+ */
+#ifndef ZEROTRAIN_H
+#define ZEROTRAIN_H
+
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define ZT_EXPORT __attribute__((visibility("default")))
+#else
+#define ZT_EXPORT
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ZT_API_VERSION 1
+
+typedef enum zt_status {
+  ZT_OK = 0,
+  ZT_ERR_INVALID_ARGUMENT = 1, /* a NULL pointer, a non-positive size, an id outside the vocabulary */
+  ZT_ERR_CONFIG = 2,           /* malformed JSON, an unknown or ill-typed option, inconsistent settings */
+  ZT_ERR_IO = 3,               /* a missing, unreadable or corrupt file; a failed write */
+  ZT_ERR_DISTRIBUTED = 4,      /* rendezvous or a collective failed, timed out, or another rank failed */
+  ZT_ERR_OUT_OF_MEMORY = 5,
+  ZT_ERR_NUMERIC = 6,          /* non-finite loss or gradients; fp16 loss scale at its minimum */
+  ZT_ERR_CANCELLED = 7,        /* a progress callback asked to stop */
+  ZT_ERR_INTERNAL = 8
+} zt_status; /* values never change; new ones are appended */
+
+typedef struct zt_trainer zt_trainer; /* opaque */
+
+typedef struct zt_step_stats { /* layout frozen for ZT_API_VERSION 1 */
+  int64_t global_step;   /* optimizer steps completed so far */
+  int32_t stepped;       /* 1 if this call ended an accumulation window and stepped */
+  int32_t skipped;       /* 1 if that step was skipped (fp16 overflow) */
+  double loss;           /* this micro-batch's loss, averaged over all ranks */
+  double grad_norm;      /* global norm before clipping; valid when stepped */
+  double learning_rate;  /* learning rate of the last step */
+  double loss_scale;     /* 1.0 unless fp16 */
+} zt_step_stats;
+
+/* Called after each optimizer step of zt_trainer_train, on every rank, with the same stats.
+ * Return nonzero to stop: every rank then stops at the next step boundary with ZT_ERR_CANCELLED.
+ * `stats` is valid only during the call. */
+typedef int (*zt_progress_fn)(const zt_step_stats *stats, void *user_data);
+
+/* Receives each log message (level: 0 debug, 1 info, 2 warning, 3 error), without a trailing
+ * newline. May be called from any thread that runs zerotrain code; calls are serialized.
+ * `message` is valid only during the call. */
+typedef void (*zt_log_fn)(int level, const char *message, void *user_data);
+
+/* ZT_API_VERSION of the library loaded at run time. Never fails; does not touch the error state. */
+ZT_EXPORT int zt_api_version(void);
+/* The library version, e.g. "0.1.0". Static storage. Does not touch the error state. */
+ZT_EXPORT const char *zt_version(void);
+/* The enumerator's name ("ZT_ERR_CONFIG"), or "ZT_UNKNOWN_STATUS". Static storage. Does not
+ * touch the error state. */
+ZT_EXPORT const char *zt_status_name(zt_status status);
+/* This thread's last error message: "" (never NULL) after a success. Valid until the next
+ * fallible call on this thread. Does not touch the error state. */
+ZT_EXPORT const char *zt_last_error(void);
+/* Routes every log message to `fn` (NULL restores the default: lines on stderr). Process-wide;
+ * thread-safe. `user_data` is passed back untouched and must outlive the registration. */
+ZT_EXPORT void zt_set_log_callback(zt_log_fn fn, void *user_data);
+
+/* Creates a trainer — joins the job (rendezvous), loads the model, tokenizer and data, applies
+ * the fine-tuning method and builds the ZeRO engine. `options_json` is one JSON object with the
+ * options of `zerotrain train` (`zerotrain train --help`): training-argument names, "deepspeed"
+ * (an object or a file path), "model_name_or_path" or an inline "model_config" (HF config.json
+ * keys with "model_type") for a seeded random model, "finetuning_type" and the adapter options,
+ * "device" ("cpu" / "cuda"; default: cuda when available), and optionally "distributed":
+ * {"rank", "world_size", "local_rank", "master_addr", "master_port", "rendezvous_timeout",
+ * "ddp_timeout"} instead of the launcher's environment variables. A host that feeds its own
+ * batches needs no "train_file"; schedules that decay need "max_steps" then.
+ * On success *out owns the trainer (free it with zt_trainer_free); on failure *out is NULL.
+ * Errors: NULL arguments → ZT_ERR_INVALID_ARGUMENT; text that is not a JSON object, an unknown
+ * or ill-typed option → ZT_ERR_CONFIG; missing files → ZT_ERR_IO. Collective. */
+ZT_EXPORT zt_status zt_trainer_create(const char *options_json, zt_trainer **out);
+
+/* This process's rank and the job's world size. Never fail for a valid trainer (a NULL trainer
+ * gives -1 and sets ZT_ERR_INVALID_ARGUMENT). */
+ZT_EXPORT int32_t zt_trainer_rank(const zt_trainer *t);
+ZT_EXPORT int32_t zt_trainer_world_size(const zt_trainer *t);
+
+/* Runs one micro-batch on this rank: `input_ids` and `labels` are row-major
+ * [batch_size, seq_len]; `labels` may be NULL (a copy of input_ids); -100 labels are ignored;
+ * the loss predicts token t+1 from position t (HF's shift). Steps the optimizer at the
+ * accumulation boundary (gradient_accumulation_steps calls per step). Gradients are normalized
+ * by the whole window's counted tokens over all ranks, so the same seed and the same global
+ * batches give the same losses and gradient norms whatever the ZeRO stage or world size.
+ * The arrays are only read during the call. `stats` may be NULL. Collective. */
+ZT_EXPORT zt_status zt_trainer_train_step(zt_trainer *t, const int64_t *input_ids, const int64_t *labels,
+                                          int64_t batch_size, int64_t seq_len, zt_step_stats *stats);
+
+/* The token-weighted mean loss over `num_batches` batches of [batch_size, seq_len] laid out back
+ * to back in `input_ids` (and `labels`, which may be NULL), without changing the model. Every
+ * rank passes its own batches, the same number of them. Collective. */
+ZT_EXPORT zt_status zt_trainer_evaluate(zt_trainer *t, const int64_t *input_ids, const int64_t *labels,
+                                        int64_t num_batches, int64_t batch_size, int64_t seq_len,
+                                        double *mean_loss);
+
+/* Runs the configured job — train_file, epochs or max_steps, evaluation, checkpoints in
+ * output_dir, the final model — as `zerotrain train` does. `progress` may be NULL. Collective. */
+ZT_EXPORT zt_status zt_trainer_train(zt_trainer *t, zt_progress_fn progress, void *user_data);
+
+/* Writes one complete checkpoint folder at `dir` (atomically: a failure leaves nothing there;
+ * an existing `dir` is ZT_ERR_IO). Collective. */
+ZT_EXPORT zt_status zt_trainer_save_checkpoint(zt_trainer *t, const char *dir);
+/* Restores a checkpoint folder (optimizer state, counters, random state), also one saved with
+ * another world size or ZeRO stage. Collective. */
+ZT_EXPORT zt_status zt_trainer_load_checkpoint(zt_trainer *t, const char *dir);
+/* Writes the model at `dir`: an HF folder (config.json + safetensors) for full and Freeze
+ * fine-tuning, PEFT adapter files for LoRA / P-Tuning / prefix tuning. Collective. */
+ZT_EXPORT zt_status zt_trainer_export(zt_trainer *t, const char *dir); /* HF folder, or PEFT adapter */
+
+/* Frees the trainer and leaves the job. NULL is fine. Not collective, but every rank should
+ * free its trainer; using `t` afterwards is undefined. */
+ZT_EXPORT void zt_trainer_free(zt_trainer *t);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZEROTRAIN_H */

@@ -1,0 +1,217 @@
+/* Every function of the C API, and every error path the contract names, from plain C99.
+ * One process (world size 1); the multi-rank behaviour of the same calls is covered by the C++
+ * trainer tests and by examples/c (run at 2 ranks by ctest). */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "zerotrain/zerotrain.h"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                      \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                        \
+    }                                                                    \
+  } while (0)
+
+/* A call that must fail with `code` and a message containing `needle`. */
+#define CHECK_FAILS(call, code, needle)                                                  \
+  do {                                                                                   \
+    zt_status s_ = (call);                                                               \
+    if (s_ != (code) || strstr(zt_last_error(), (needle)) == NULL) {                     \
+      fprintf(stderr, "%s:%d: %s gave %s \"%s\", expected %s mentioning \"%s\"\n", __FILE__, \
+              __LINE__, #call, zt_status_name(s_), zt_last_error(), zt_status_name(code), (needle)); \
+      ++failures;                                                                        \
+    }                                                                                    \
+  } while (0)
+
+#define CHECK_OK(call)                                                                   \
+  do {                                                                                   \
+    zt_status s_ = (call);                                                               \
+    if (s_ != ZT_OK || zt_last_error()[0] != '\0') {                                     \
+      fprintf(stderr, "%s:%d: %s gave %s \"%s\"\n", __FILE__, __LINE__, #call, zt_status_name(s_), \
+              zt_last_error());                                                          \
+      ++failures;                                                                        \
+    }                                                                                    \
+  } while (0)
+
+static int log_calls = 0;
+static void on_log(int level, const char *message, void *user_data) {
+  (void)level;
+  (void)message;
+  ++*(int *)user_data;
+}
+
+static int stop_after = 0;
+static int progress_calls = 0;
+static int on_progress(const zt_step_stats *stats, void *user_data) {
+  (void)user_data;
+  ++progress_calls;
+  CHECK(stats->stepped == 1);
+  CHECK(isfinite(stats->loss) && stats->loss > 0.0);
+  return stats->global_step >= stop_after;
+}
+
+static int exists(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0;
+}
+
+#define MODEL                                                                                \
+  "\"model_config\": {\"model_type\": \"llama\", \"vocab_size\": 259, \"hidden_size\": 32,"  \
+  " \"intermediate_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"         \
+  " \"max_position_embeddings\": 64}"
+
+int main(void) {
+  char dir[] = "/tmp/zt-capi-XXXXXX";
+  if (mkdtemp(dir) == NULL) return 2;
+  char path[512], options[2048];
+
+  /* Version, names, the error state. */
+  CHECK(zt_api_version() == ZT_API_VERSION);
+  CHECK(strlen(zt_version()) > 0);
+  CHECK(strcmp(zt_last_error(), "") == 0);
+  CHECK(strcmp(zt_status_name(ZT_OK), "ZT_OK") == 0);
+  CHECK(strcmp(zt_status_name(ZT_ERR_INVALID_ARGUMENT), "ZT_ERR_INVALID_ARGUMENT") == 0);
+  CHECK(strcmp(zt_status_name(ZT_ERR_CONFIG), "ZT_ERR_CONFIG") == 0);
+  CHECK(strcmp(zt_status_name(ZT_ERR_IO), "ZT_ERR_IO") == 0);
+  CHECK(strcmp(zt_status_name(ZT_ERR_DISTRIBUTED), "ZT_ERR_DISTRIBUTED") == 0);
+  CHECK(strcmp(zt_status_name(ZT_ERR_OUT_OF_MEMORY), "ZT_ERR_OUT_OF_MEMORY") == 0);
+  CHECK(strcmp(zt_status_name(ZT_ERR_NUMERIC), "ZT_ERR_NUMERIC") == 0);
+  CHECK(strcmp(zt_status_name(ZT_ERR_CANCELLED), "ZT_ERR_CANCELLED") == 0);
+  CHECK(strcmp(zt_status_name(ZT_ERR_INTERNAL), "ZT_ERR_INTERNAL") == 0);
+  CHECK(strcmp(zt_status_name((zt_status)99), "ZT_UNKNOWN_STATUS") == 0);
+  zt_set_log_callback(on_log, &log_calls);
+
+  /* Creation errors. */
+  zt_trainer *t = (zt_trainer *)&failures; /* must be reset to NULL on failure */
+  CHECK_FAILS(zt_trainer_create(NULL, &t), ZT_ERR_INVALID_ARGUMENT, "options_json");
+  CHECK(t == NULL);
+  CHECK(zt_status_name(ZT_OK) && strstr(zt_last_error(), "options_json") != NULL); /* untouched */
+  CHECK_FAILS(zt_trainer_create("{}", NULL), ZT_ERR_INVALID_ARGUMENT, "out");
+  CHECK_FAILS(zt_trainer_create("{\"learning_rate\": ", &t), ZT_ERR_CONFIG, "options");
+  CHECK_FAILS(zt_trainer_create("[1, 2]", &t), ZT_ERR_CONFIG, "JSON object");
+  CHECK_FAILS(zt_trainer_create("{\"lerning_rate\": 1}", &t), ZT_ERR_CONFIG, "lerning_rate");
+  CHECK_FAILS(zt_trainer_create("{\"max_steps\": \"many\"}", &t), ZT_ERR_CONFIG, "max_steps");
+  CHECK_FAILS(zt_trainer_create("{\"device\": \"cpu\"}", &t), ZT_ERR_CONFIG, "model_name_or_path");
+  snprintf(options, sizeof options, "{\"model_name_or_path\": \"%s/nowhere\", \"device\": \"cpu\"}", dir);
+  CHECK_FAILS(zt_trainer_create(options, &t), ZT_ERR_IO, "nowhere");
+  CHECK(t == NULL);
+
+  /* A trainer for the host's own batches: 2 micro-batches per step. */
+  snprintf(options, sizeof options,
+           "{" MODEL ", \"device\": \"cpu\", \"output_dir\": \"%s/run\", \"max_steps\": 10,"
+           " \"per_device_train_batch_size\": 2, \"gradient_accumulation_steps\": 2,"
+           " \"learning_rate\": 0.01, \"deepspeed\": {\"zero_optimization\": {\"stage\": 2}},"
+           " \"distributed\": {\"rank\": 0, \"world_size\": 1}}",
+           dir);
+  log_calls = 0;
+  CHECK_OK(zt_trainer_create(options, &t));
+  CHECK(t != NULL);
+  CHECK(log_calls > 0);
+  CHECK(zt_trainer_rank(t) == 0);
+  CHECK(zt_trainer_world_size(t) == 1);
+  CHECK(zt_trainer_rank(NULL) == -1);
+  CHECK(strstr(zt_last_error(), "NULL") != NULL);
+  CHECK(zt_trainer_world_size(NULL) == -1);
+
+  int64_t ids[2 * 8], labels[2 * 8];
+  for (int i = 0; i < 16; ++i) {
+    ids[i] = (i * 37) % 250 + 3;
+    labels[i] = i % 8 < 3 ? -100 : ids[i];
+  }
+  zt_step_stats st;
+  CHECK_FAILS(zt_trainer_train_step(NULL, ids, NULL, 2, 8, &st), ZT_ERR_INVALID_ARGUMENT, "trainer");
+  CHECK_FAILS(zt_trainer_train_step(t, NULL, NULL, 2, 8, &st), ZT_ERR_INVALID_ARGUMENT, "input_ids");
+  CHECK_FAILS(zt_trainer_train_step(t, ids, NULL, 0, 8, &st), ZT_ERR_INVALID_ARGUMENT, "batch_size");
+  CHECK_FAILS(zt_trainer_train_step(t, ids, NULL, 2, -1, &st), ZT_ERR_INVALID_ARGUMENT, "seq_len");
+  ids[5] = 259;
+  CHECK_FAILS(zt_trainer_train_step(t, ids, NULL, 2, 8, &st), ZT_ERR_INVALID_ARGUMENT, "259");
+  ids[5] = 7;
+  labels[9] = 1000;
+  CHECK_FAILS(zt_trainer_train_step(t, ids, labels, 2, 8, &st), ZT_ERR_INVALID_ARGUMENT, "1000");
+  labels[9] = ids[9];
+
+  double first = 0.0, last = 0.0;
+  for (int call = 0; call < 8; ++call) {
+    CHECK_OK(zt_trainer_train_step(t, ids, call % 2 ? labels : NULL, 2, 8, &st));
+    CHECK(st.stepped == (call % 2 == 1)); /* every second call ends the window */
+    CHECK(st.global_step == (call + 1) / 2);
+    CHECK(st.skipped == 0);
+    CHECK(st.loss_scale == 1.0);
+    CHECK(isfinite(st.loss));
+    if (st.stepped) CHECK(st.grad_norm > 0.0 && st.learning_rate > 0.0);
+    if (call == 1) first = st.loss;
+    last = st.loss;
+  }
+  CHECK(last < first); /* the same batch, eight times: it is learned */
+  CHECK_OK(zt_trainer_train_step(t, ids, NULL, 2, 8, NULL)); /* stats may be NULL */
+  CHECK_OK(zt_trainer_train_step(t, ids, NULL, 2, 8, NULL));
+
+  double loss = 0.0, again = 0.0;
+  CHECK_FAILS(zt_trainer_evaluate(t, ids, NULL, 0, 2, 8, &loss), ZT_ERR_INVALID_ARGUMENT, "num_batches");
+  CHECK_FAILS(zt_trainer_evaluate(t, ids, NULL, 1, 2, 8, NULL), ZT_ERR_INVALID_ARGUMENT, "mean_loss");
+  CHECK_OK(zt_trainer_evaluate(t, ids, labels, 1, 2, 8, &loss));
+  CHECK_OK(zt_trainer_evaluate(t, ids, labels, 1, 2, 8, &again));
+  CHECK(isfinite(loss) && loss == again); /* evaluation leaves the model alone */
+  CHECK_OK(zt_trainer_evaluate(t, ids, NULL, 2, 1, 8, &again)); /* two batches of one row */
+
+  /* Checkpoints: save, refuse to overwrite, load back to the same evaluation. */
+  snprintf(path, sizeof path, "%s/ckpt", dir);
+  CHECK_FAILS(zt_trainer_save_checkpoint(t, NULL), ZT_ERR_INVALID_ARGUMENT, "dir");
+  CHECK_OK(zt_trainer_save_checkpoint(t, path));
+  CHECK_FAILS(zt_trainer_save_checkpoint(t, path), ZT_ERR_IO, "ckpt");
+  CHECK_OK(zt_trainer_train_step(t, ids, NULL, 2, 8, &st));
+  CHECK_OK(zt_trainer_train_step(t, ids, NULL, 2, 8, &st));
+  CHECK_OK(zt_trainer_evaluate(t, ids, labels, 1, 2, 8, &again));
+  CHECK(again != loss);
+  snprintf(options, sizeof options, "%s/not_a_checkpoint", dir);
+  CHECK_FAILS(zt_trainer_load_checkpoint(t, options), ZT_ERR_IO, "not_a_checkpoint");
+  CHECK_OK(zt_trainer_load_checkpoint(t, path));
+  CHECK_OK(zt_trainer_evaluate(t, ids, labels, 1, 2, 8, &again));
+  CHECK(fabs(again - loss) < 1e-6);
+
+  /* Export: an HF folder for full fine-tuning. */
+  snprintf(path, sizeof path, "%s/exported", dir);
+  CHECK_FAILS(zt_trainer_export(NULL, path), ZT_ERR_INVALID_ARGUMENT, "trainer");
+  CHECK_OK(zt_trainer_export(t, path));
+  snprintf(path, sizeof path, "%s/exported/config.json", dir);
+  CHECK(exists(path));
+  snprintf(path, sizeof path, "%s/exported/model.safetensors", dir);
+  CHECK(exists(path));
+  CHECK_FAILS(zt_trainer_train(t, NULL, NULL), ZT_ERR_CONFIG, "train_file");
+  zt_trainer_free(t);
+
+  /* The configured job with a progress callback that stops it; a LoRA adapter export. */
+  snprintf(path, sizeof path, "%s/train.jsonl", dir);
+  FILE *f = fopen(path, "w");
+  if (f == NULL) return 2;
+  for (int i = 0; i < 32; ++i) fprintf(f, "{\"instruction\": \"Is %d odd?\", \"output\": \"%s\"}\n", i, i % 2 ? "yes" : "no");
+  fclose(f);
+  snprintf(options, sizeof options,
+           "{" MODEL ", \"device\": \"cpu\", \"output_dir\": \"%s/job\", \"train_file\": \"%s\","
+           " \"max_steps\": 6, \"save_steps\": 100, \"per_device_train_batch_size\": 4,"
+           " \"finetuning_type\": \"lora\", \"template\": \"alpaca\"}",
+           dir, path);
+  CHECK_OK(zt_trainer_create(options, &t));
+  stop_after = 2;
+  CHECK_FAILS(zt_trainer_train(t, on_progress, NULL), ZT_ERR_CANCELLED, "cancelled");
+  CHECK(progress_calls == 2);
+  snprintf(path, sizeof path, "%s/adapter", dir);
+  CHECK_OK(zt_trainer_export(t, path));
+  snprintf(path, sizeof path, "%s/adapter/adapter_config.json", dir);
+  CHECK(exists(path));
+  zt_trainer_free(t);
+  zt_trainer_free(NULL);
+  zt_set_log_callback(NULL, NULL);
+
+  if (failures == 0) printf("C API: all checks passed\n");
+  return failures == 0 ? 0 : 1;
+}
