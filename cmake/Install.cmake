@@ -20,7 +20,7 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/zerotrainConfigVers
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/zerotrainConfig.cmake
   ${CMAKE_CURRENT_BINARY_DIR}/zerotrainConfigVersion.cmake DESTINATION ${ZT_CMAKE_DIR})
 
-# pkg-config: consumers also need LibTorch's flags, which have no .pc of their own.
+# pkg-config: C++ consumers also need LibTorch's flags, which have no .pc of their own.
 get_filename_component(ZT_TORCH_LIBDIR "${TORCH_LIBRARY}" DIRECTORY)
 set(ZT_PC_TORCH_CFLAGS "")
 foreach(_dir ${TORCH_INCLUDE_DIRS})
@@ -31,5 +31,8 @@ set(ZT_PC_TORCH_LIBS "-L${ZT_TORCH_LIBDIR} -Wl,-rpath,${ZT_TORCH_LIBDIR} -ltorch
 if(ZT_HAVE_TORCH_CUDA)
   string(APPEND ZT_PC_TORCH_LIBS " -ltorch_cuda -lc10_cuda")
 endif()
+# zerotrain.pc is the C API (what FFI hosts link); zerotrain-cxx.pc adds LibTorch for C++ users.
 configure_file(cmake/zerotrain.pc.in ${CMAKE_CURRENT_BINARY_DIR}/zerotrain.pc @ONLY)
-install(FILES ${CMAKE_CURRENT_BINARY_DIR}/zerotrain.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+configure_file(cmake/zerotrain-cxx.pc.in ${CMAKE_CURRENT_BINARY_DIR}/zerotrain-cxx.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/zerotrain.pc ${CMAKE_CURRENT_BINARY_DIR}/zerotrain-cxx.pc
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -13,12 +13,32 @@ cmake -S "$here" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix;${CMAK
 cmake --build "$work/cmake-build" >/dev/null
 "$work/cmake-build/consumer"
 
-echo "== pkg-config --cflags --libs zerotrain"
+echo "== pkg-config --cflags --libs zerotrain-cxx"
 export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig"
-flags=$(pkg-config --cflags --libs zerotrain)
+cxxflags=$(pkg-config --cflags --libs zerotrain-cxx)
 # shellcheck disable=SC2086
-g++ "$here/consumer.cpp" -o "$work/pc-consumer" $flags
+g++ "$here/consumer.cpp" -o "$work/pc-consumer" $cxxflags
 "$work/pc-consumer"
 
 echo "== installed program"
 "$work/prefix/bin/zerotrain" version
+
+echo "== the C API: header, SONAME, a C program through pkg-config"
+soname=$(objdump -p "$work/prefix/lib/libzerotrain.so" | awk '/SONAME/ {print $2}')
+[ "$soname" = "libzerotrain.so.1" ] || { echo "SONAME is '$soname', expected libzerotrain.so.1" >&2; exit 1; }
+cat > "$work/c-consumer.c" <<'C'
+#include <stdio.h>
+#include <zerotrain/zerotrain.h>
+int main(void) {
+  zt_trainer *t = NULL;
+  zt_status s = zt_trainer_create(NULL, &t);
+  if (zt_api_version() != ZT_API_VERSION || s != ZT_ERR_INVALID_ARGUMENT || t != NULL) return 1;
+  printf("C consumer: zerotrain %s, API %d, %s\n", zt_version(), zt_api_version(), zt_status_name(s));
+  return 0;
+}
+C
+# shellcheck disable=SC2086
+flags=$(pkg-config --cflags --libs zerotrain)
+# shellcheck disable=SC2086
+gcc -std=c99 -Wall -Wextra -Wpedantic -Werror "$work/c-consumer.c" -o "$work/c-consumer" $flags
+"$work/c-consumer"

@@ -1,0 +1,3 @@
+module zerotrain.example/zerotrain
+
+go 1.19

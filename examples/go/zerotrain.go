@@ -1,0 +1,209 @@
+// Package zerotrain wraps libzerotrain's C API (include/zerotrain/zerotrain.h): fine-tune
+// decoder LLMs with DeepSpeed-style ZeRO sharding from Go.
+//
+// Build against an installed zerotrain:
+//
+//	CGO_CFLAGS="$(pkg-config --cflags zerotrain)" CGO_LDFLAGS="$(pkg-config --libs zerotrain)" go build ./...
+//
+// Collective methods (New, TrainStep, Evaluate, Train, SaveCheckpoint, LoadCheckpoint, Export)
+// must be called by every rank of the job in the same order. A Trainer is used by one
+// goroutine at a time.
+package zerotrain
+
+/*
+#cgo LDFLAGS: -lzerotrain
+#include <stdlib.h>
+#include "zerotrain/zerotrain.h"
+
+extern int goProgress(zt_step_stats *stats, void *user_data);
+static int zt_go_progress(const zt_step_stats *stats, void *user_data) {
+  return goProgress((zt_step_stats *)stats, user_data);
+}
+static zt_status zt_go_train(zt_trainer *t, uintptr_t handle) {
+  return zt_trainer_train(t, zt_go_progress, (void *)handle);
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"runtime/cgo"
+	"unsafe"
+)
+
+// Status is a zt_status code.
+type Status int
+
+const (
+	InvalidArgument Status = 1
+	ConfigError     Status = 2
+	IOError         Status = 3
+	Distributed     Status = 4
+	OutOfMemory     Status = 5
+	Numeric         Status = 6
+	Cancelled       Status = 7
+	Internal        Status = 8
+)
+
+// String is the enumerator's name, e.g. "ZT_ERR_CONFIG".
+func (s Status) String() string { return C.GoString(C.zt_status_name(C.zt_status(s))) }
+
+// Error carries the status of a failed call and the library's message.
+type Error struct {
+	Status  Status
+	Message string
+}
+
+func (e *Error) Error() string { return e.Status.String() + ": " + e.Message }
+
+func check(status C.zt_status) error {
+	if status == C.ZT_OK {
+		return nil
+	}
+	return &Error{Status: Status(status), Message: C.GoString(C.zt_last_error())}
+}
+
+// APIVersion is the loaded library's ZT_API_VERSION.
+func APIVersion() int { return int(C.zt_api_version()) }
+
+// Version is the library's version, e.g. "0.1.0".
+func Version() string { return C.GoString(C.zt_version()) }
+
+// StepStats is what one step did (the same on every rank).
+type StepStats struct {
+	GlobalStep   int64
+	Stepped      bool
+	Skipped      bool
+	Loss         float64
+	GradNorm     float64
+	LearningRate float64
+	LossScale    float64
+}
+
+func statsOf(s *C.zt_step_stats) StepStats {
+	return StepStats{int64(s.global_step), s.stepped != 0, s.skipped != 0, float64(s.loss),
+		float64(s.grad_norm), float64(s.learning_rate), float64(s.loss_scale)}
+}
+
+// Trainer is one rank's trainer; Close frees it.
+type Trainer struct{ raw *C.zt_trainer }
+
+// New creates a trainer from the options of `zerotrain train` as one JSON object. Collective.
+// The C calls of one trainer must stay on one OS thread (the error message is thread-local),
+// so each method locks the goroutine to its thread for the call.
+func New(optionsJSON string) (*Trainer, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	opts := C.CString(optionsJSON)
+	defer C.free(unsafe.Pointer(opts))
+	var raw *C.zt_trainer
+	if err := check(C.zt_trainer_create(opts, &raw)); err != nil {
+		return nil, err
+	}
+	t := &Trainer{raw}
+	runtime.SetFinalizer(t, (*Trainer).Close)
+	return t, nil
+}
+
+// Close frees the trainer; calling it twice is fine.
+func (t *Trainer) Close() {
+	if t.raw != nil {
+		C.zt_trainer_free(t.raw)
+		t.raw = nil
+	}
+}
+
+// Rank is this process's rank; WorldSize the job's number of ranks.
+func (t *Trainer) Rank() int      { return int(C.zt_trainer_rank(t.raw)) }
+func (t *Trainer) WorldSize() int { return int(C.zt_trainer_world_size(t.raw)) }
+
+func shape(ids, labels []int64, rows int) (C.int64_t, C.int64_t, *C.int64_t, error) {
+	if rows <= 0 || len(ids) == 0 || len(ids)%rows != 0 {
+		return 0, 0, nil, &Error{InvalidArgument, fmt.Sprintf("%d token ids do not make %d rows of a positive length", len(ids), rows)}
+	}
+	var l *C.int64_t
+	if labels != nil {
+		if len(labels) != len(ids) {
+			return 0, 0, nil, &Error{InvalidArgument, fmt.Sprintf("%d labels for %d ids", len(labels), len(ids))}
+		}
+		l = (*C.int64_t)(unsafe.Pointer(&labels[0]))
+	}
+	return C.int64_t(rows), C.int64_t(len(ids) / rows), l, nil
+}
+
+// TrainStep runs one micro-batch of batchSize rows (row-major ids; labels nil means a copy of
+// the ids; -100 labels are ignored) and steps at the accumulation boundary. Collective.
+func (t *Trainer) TrainStep(ids, labels []int64, batchSize int) (StepStats, error) {
+	b, s, l, err := shape(ids, labels, batchSize)
+	if err != nil {
+		return StepStats{}, err
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var st C.zt_step_stats
+	if err := check(C.zt_trainer_train_step(t.raw, (*C.int64_t)(unsafe.Pointer(&ids[0])), l, b, s, &st)); err != nil {
+		return StepStats{}, err
+	}
+	return statsOf(&st), nil
+}
+
+// Evaluate is the token-weighted mean loss over numBatches batches of batchSize rows laid out
+// back to back. Collective.
+func (t *Trainer) Evaluate(ids, labels []int64, numBatches, batchSize int) (float64, error) {
+	rows, s, l, err := shape(ids, labels, numBatches*batchSize)
+	if err != nil {
+		return 0, err
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var loss C.double
+	err = check(C.zt_trainer_evaluate(t.raw, (*C.int64_t)(unsafe.Pointer(&ids[0])), l, C.int64_t(numBatches),
+		rows/C.int64_t(numBatches), s, &loss))
+	return float64(loss), err
+}
+
+//export goProgress
+func goProgress(stats *C.zt_step_stats, userData unsafe.Pointer) C.int {
+	progress := cgo.Handle(uintptr(userData)).Value().(func(StepStats) bool)
+	if progress(statsOf(stats)) {
+		return 0
+	}
+	return 1
+}
+
+// Train runs the configured job; progress sees every optimizer step and returns false to stop
+// (every rank then stops with a Cancelled error). Collective.
+func (t *Trainer) Train(progress func(StepStats) bool) error {
+	if progress == nil {
+		progress = func(StepStats) bool { return true }
+	}
+	h := cgo.NewHandle(progress)
+	defer h.Delete()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return check(C.zt_go_train(t.raw, C.uintptr_t(h)))
+}
+
+func (t *Trainer) withPath(dir string, call func(*C.char) C.zt_status) error {
+	p := C.CString(dir)
+	defer C.free(unsafe.Pointer(p))
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return check(call(p))
+}
+
+// SaveCheckpoint writes one complete checkpoint folder at dir. Collective.
+func (t *Trainer) SaveCheckpoint(dir string) error {
+	return t.withPath(dir, func(p *C.char) C.zt_status { return C.zt_trainer_save_checkpoint(t.raw, p) })
+}
+
+// LoadCheckpoint restores a checkpoint folder (also from another world size). Collective.
+func (t *Trainer) LoadCheckpoint(dir string) error {
+	return t.withPath(dir, func(p *C.char) C.zt_status { return C.zt_trainer_load_checkpoint(t.raw, p) })
+}
+
+// Export writes the model: an HF folder, or PEFT adapter files. Collective.
+func (t *Trainer) Export(dir string) error {
+	return t.withPath(dir, func(p *C.char) C.zt_status { return C.zt_trainer_export(t.raw, p) })
+}

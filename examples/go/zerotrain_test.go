@@ -1,0 +1,87 @@
+package zerotrain
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const tiny = `"model_config": {"model_type": "llama", "vocab_size": 259, "hidden_size": 32,
+  "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 64},
+  "device": "cpu", "distributed": {"rank": 0, "world_size": 1}`
+
+func TestVersions(t *testing.T) {
+	if APIVersion() != 1 || Version() == "" {
+		t.Fatalf("api %d version %q", APIVersion(), Version())
+	}
+	if ConfigError.String() != "ZT_ERR_CONFIG" {
+		t.Fatal(ConfigError.String())
+	}
+}
+
+func TestBadOptions(t *testing.T) {
+	_, err := New(`{"lerning_rate": 1}`)
+	var e *Error
+	if !errors.As(err, &e) || e.Status != ConfigError || !strings.Contains(e.Message, "lerning_rate") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestStepsAndCheckpoints(t *testing.T) {
+	dir := t.TempDir()
+	tr, err := New(fmt.Sprintf(`{%s, "output_dir": %q, "max_steps": 20, "learning_rate": 0.01}`, tiny, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if tr.Rank() != 0 || tr.WorldSize() != 1 {
+		t.Fatal(tr.Rank(), tr.WorldSize())
+	}
+	ids := make([]int64, 32)
+	for i := range ids {
+		ids[i] = 3 + int64(i*7)%200
+	}
+	first, err := tr.TrainStep(ids, nil, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := first
+	for i := 0; i < 10; i++ {
+		if last, err = tr.TrainStep(ids, nil, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !(last.Loss < first.Loss) || last.GlobalStep != 11 {
+		t.Fatalf("loss %v -> %v at step %d", first.Loss, last.Loss, last.GlobalStep)
+	}
+	_, err = tr.TrainStep([]int64{3, 4, 999}, nil, 1)
+	var e *Error
+	if !errors.As(err, &e) || e.Status != InvalidArgument || !strings.Contains(e.Message, "999") {
+		t.Fatalf("got %v", err)
+	}
+	before, err := tr.Evaluate(ids, nil, 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.SaveCheckpoint(filepath.Join(dir, "ckpt")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.TrainStep(ids, nil, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.LoadCheckpoint(filepath.Join(dir, "ckpt")); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := tr.Evaluate(ids, nil, 1, 2); after-before > 1e-6 || before-after > 1e-6 {
+		t.Fatalf("evaluation %v after load, %v before", after, before)
+	}
+	if err := tr.Export(filepath.Join(dir, "model")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "model", "config.json")); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,240 @@
+//! Safe Rust bindings to libzerotrain's C API: fine-tune decoder LLMs with DeepSpeed-style ZeRO
+//! sharding from Rust.
+//!
+//! ```no_run
+//! let mut t = zerotrain::Trainer::new(r#"{"model_name_or_path": "/models/Qwen2.5-7B",
+//!     "train_file": "data.jsonl", "output_dir": "out", "finetuning_type": "lora"}"#)?;
+//! t.train(|stats| { println!("step {} loss {:.4}", stats.global_step, stats.loss); true })?;
+//! # Ok::<(), zerotrain::Error>(())
+//! ```
+//!
+//! Collective calls (`Trainer::new`, `train_step`, `evaluate`, `train`, `save_checkpoint`,
+//! `load_checkpoint`, `export`) must be made by every rank of the job in the same order; ranks
+//! come from torchrun's environment variables or a `"distributed"` object in the options.
+#![allow(non_camel_case_types)]
+mod ffi;
+
+use std::ffi::{CStr, CString};
+use std::fmt;
+use std::os::raw::{c_int, c_void};
+use std::path::Path;
+use std::ptr;
+
+/// Why a call failed: the C API's status code and the message it gave.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    /// `ZT_ERR_*` as a number (1 invalid argument, 2 config, 3 I/O, 4 distributed, 5 out of
+    /// memory, 6 numeric, 7 cancelled, 8 internal).
+    pub status: i32,
+    pub message: String,
+}
+
+impl Error {
+    /// The status's name, e.g. `"ZT_ERR_CONFIG"`.
+    pub fn status_name(&self) -> String {
+        status_name(self.status)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.status_name(), self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn status_name(status: i32) -> String {
+    unsafe { CStr::from_ptr(ffi::zt_status_name(status)) }.to_string_lossy().into_owned()
+}
+
+fn check(status: c_int) -> Result<()> {
+    if status == 0 {
+        return Ok(());
+    }
+    let message = unsafe { CStr::from_ptr(ffi::zt_last_error()) }.to_string_lossy().into_owned();
+    Err(Error { status, message })
+}
+
+fn c_string(s: &str, what: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error { status: 1, message: format!("{what} contains a NUL byte") })
+}
+
+fn c_path(p: &Path) -> Result<CString> {
+    c_string(&p.to_string_lossy(), "path")
+}
+
+/// The C API version of the loaded library (1).
+pub fn api_version() -> i32 {
+    unsafe { ffi::zt_api_version() }
+}
+
+/// The library's version, e.g. "0.1.0".
+pub fn version() -> String {
+    unsafe { CStr::from_ptr(ffi::zt_version()) }.to_string_lossy().into_owned()
+}
+
+/// What one step did (the same on every rank).
+pub type StepStats = ffi::zt_step_stats;
+
+/// One rank's trainer. Owns the C handle; dropping it frees the trainer.
+pub struct Trainer {
+    raw: *mut ffi::zt_trainer,
+}
+
+impl Trainer {
+    /// Creates a trainer from the options of `zerotrain train` as one JSON object. Collective.
+    pub fn new(options_json: &str) -> Result<Trainer> {
+        let options = c_string(options_json, "options")?;
+        let mut raw = ptr::null_mut();
+        check(unsafe { ffi::zt_trainer_create(options.as_ptr(), &mut raw) })?;
+        Ok(Trainer { raw })
+    }
+
+    pub fn rank(&self) -> i32 {
+        unsafe { ffi::zt_trainer_rank(self.raw) }
+    }
+
+    pub fn world_size(&self) -> i32 {
+        unsafe { ffi::zt_trainer_world_size(self.raw) }
+    }
+
+    fn shape(ids: &[i64], labels: Option<&[i64]>, rows: usize) -> Result<(i64, i64)> {
+        if rows == 0 || ids.is_empty() || ids.len() % rows != 0 {
+            return Err(Error {
+                status: 1,
+                message: format!("{} token ids do not make {} rows of a positive length", ids.len(), rows),
+            });
+        }
+        if let Some(l) = labels {
+            if l.len() != ids.len() {
+                return Err(Error { status: 1, message: format!("{} labels for {} ids", l.len(), ids.len()) });
+            }
+        }
+        Ok((rows as i64, (ids.len() / rows) as i64))
+    }
+
+    /// One micro-batch of `batch_size` rows (row-major `ids`, and `labels` or a copy of the ids;
+    /// -100 labels are ignored); steps the optimizer at the accumulation boundary. Collective.
+    pub fn train_step(&mut self, ids: &[i64], labels: Option<&[i64]>, batch_size: usize) -> Result<StepStats> {
+        let (b, s) = Self::shape(ids, labels, batch_size)?;
+        let mut stats = StepStats::default();
+        let l = labels.map_or(ptr::null(), |l| l.as_ptr());
+        check(unsafe { ffi::zt_trainer_train_step(self.raw, ids.as_ptr(), l, b, s, &mut stats) })?;
+        Ok(stats)
+    }
+
+    /// The token-weighted mean loss over `num_batches` batches of `batch_size` rows laid out back
+    /// to back. Collective.
+    pub fn evaluate(&mut self, ids: &[i64], labels: Option<&[i64]>, num_batches: usize, batch_size: usize) -> Result<f64> {
+        let (rows, s) = Self::shape(ids, labels, num_batches * batch_size)?;
+        let mut loss = 0.0;
+        let l = labels.map_or(ptr::null(), |l| l.as_ptr());
+        check(unsafe {
+            ffi::zt_trainer_evaluate(self.raw, ids.as_ptr(), l, num_batches as i64, rows / num_batches as i64, s, &mut loss)
+        })?;
+        Ok(loss)
+    }
+
+    /// Runs the configured job; `progress` sees every optimizer step and returns false to stop
+    /// (every rank then stops with a `ZT_ERR_CANCELLED` error). Collective.
+    pub fn train<F: FnMut(&StepStats) -> bool>(&mut self, mut progress: F) -> Result<()> {
+        unsafe extern "C" fn trampoline<F: FnMut(&StepStats) -> bool>(stats: *const StepStats, data: *mut c_void) -> c_int {
+            let f = &mut *(data as *mut F);
+            // A panic must not unwind into C: treat it as a request to stop.
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&*stats))) {
+                Ok(true) => 0,
+                _ => 1,
+            }
+        }
+        let data = &mut progress as *mut F as *mut c_void;
+        check(unsafe { ffi::zt_trainer_train(self.raw, Some(trampoline::<F>), data) })
+    }
+
+    /// Writes one complete checkpoint folder at `dir`. Collective.
+    pub fn save_checkpoint(&mut self, dir: impl AsRef<Path>) -> Result<()> {
+        let d = c_path(dir.as_ref())?;
+        check(unsafe { ffi::zt_trainer_save_checkpoint(self.raw, d.as_ptr()) })
+    }
+
+    /// Restores a checkpoint folder (also one saved at another world size). Collective.
+    pub fn load_checkpoint(&mut self, dir: impl AsRef<Path>) -> Result<()> {
+        let d = c_path(dir.as_ref())?;
+        check(unsafe { ffi::zt_trainer_load_checkpoint(self.raw, d.as_ptr()) })
+    }
+
+    /// Writes the model: an HF folder, or PEFT adapter files. Collective.
+    pub fn export(&mut self, dir: impl AsRef<Path>) -> Result<()> {
+        let d = c_path(dir.as_ref())?;
+        check(unsafe { ffi::zt_trainer_export(self.raw, d.as_ptr()) })
+    }
+}
+
+impl Drop for Trainer {
+    fn drop(&mut self) {
+        unsafe { ffi::zt_trainer_free(self.raw) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TINY: &str = r#""model_config": {"model_type": "llama", "vocab_size": 259, "hidden_size": 32,
+        "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 64},
+        "device": "cpu", "distributed": {"rank": 0, "world_size": 1}"#;
+
+    fn temp_dir(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("zt-rust-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn versions_and_names() {
+        assert_eq!(api_version(), ffi::ZT_API_VERSION);
+        assert!(!version().is_empty());
+        assert_eq!(status_name(2), "ZT_ERR_CONFIG");
+    }
+
+    #[test]
+    fn bad_options_are_config_errors_naming_the_option() {
+        let e = Trainer::new(r#"{"lerning_rate": 1}"#).err().unwrap();
+        assert_eq!(e.status, 2);
+        assert!(e.message.contains("lerning_rate"), "{}", e);
+        let e = Trainer::new("not json").err().unwrap();
+        assert_eq!(e.status_name(), "ZT_ERR_CONFIG");
+    }
+
+    #[test]
+    fn steps_lower_the_loss_and_checkpoints_round_trip() {
+        let dir = temp_dir("steps");
+        let mut t = Trainer::new(&format!(
+            r#"{{{TINY}, "output_dir": "{}", "max_steps": 20, "learning_rate": 0.01}}"#,
+            dir.display()
+        ))
+        .unwrap();
+        assert_eq!((t.rank(), t.world_size()), (0, 1));
+        let ids: Vec<i64> = (0..32).map(|i| 3 + (i * 7) % 200).collect();
+        let first = t.train_step(&ids, None, 2).unwrap();
+        let mut last = first;
+        for _ in 0..10 {
+            last = t.train_step(&ids, None, 2).unwrap();
+        }
+        assert!(last.loss < first.loss);
+        assert_eq!(last.global_step, 11);
+        let err = t.train_step(&[3, 4, 999], None, 1).err().unwrap();
+        assert_eq!(err.status, 1);
+        assert!(err.message.contains("999"));
+        let before = t.evaluate(&ids, None, 1, 2).unwrap();
+        t.save_checkpoint(dir.join("ckpt")).unwrap();
+        t.train_step(&ids, None, 2).unwrap();
+        t.load_checkpoint(dir.join("ckpt")).unwrap();
+        assert!((t.evaluate(&ids, None, 1, 2).unwrap() - before).abs() < 1e-6);
+        t.export(dir.join("model")).unwrap();
+        assert!(dir.join("model/config.json").exists());
+    }
+}
