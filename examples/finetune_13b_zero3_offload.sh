@@ -25,16 +25,7 @@ else
   model=(--model_config "$here/shapes/llama-2-13b.json")
   data=${DATA:-$out.synthetic.jsonl}
   length=(--max_steps "$steps")
-  if [ ! -f "$data" ]; then
-    python3 - "$data" "$seq" <<'PY'
-import json, random, sys
-path, seq = sys.argv[1], int(sys.argv[2])
-rng = random.Random(0)
-with open(path, "w") as f:
-    for _ in range(4096):
-        f.write(json.dumps({"input_ids": [rng.randrange(3, 32000) for _ in range(seq)]}) + "\n")
-PY
-  fi
+  [ -f "$data" ] || python3 "$here/synthetic_tokens.py" "$data" "$seq"
 fi
 
 exec "$zt" launch --nproc_per_node "$ngpu" -- "$zt" train \
