@@ -1,6 +1,7 @@
 // Rendezvous through a c10d TCPStore with timeouts that name what is missing.
 #include "comm/rendezvous.hpp"
 
+#include <algorithm>
 #include <thread>
 
 #include <unistd.h>
@@ -50,20 +51,26 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env, std::chrono::mi
   const std::string prefix = key_prefix() + "arrived/";
   std::vector<std::string> keys;
   for (int r = 0; r < env.world_size; ++r) keys.push_back(prefix + std::to_string(r));
-  // Who is still missing, refreshed now and then: if rank 0 gives up first its store vanishes,
-  // and the other ranks must still be able to say whom they were waiting for.
-  std::vector<int> missing;
+  // When rank 0 gives up it posts whom it waited for under `gave_up`, and keeps its store
+  // alive until every rank that did arrive has read it (or a grace period passes), so all
+  // ranks report the same missing ranks however their clocks started.
+  const std::string gave_up = key_prefix() + "rendezvous_gave_up";
+  const std::string read_prefix = key_prefix() + "gave_up_read/";
+  std::vector<int> missing;  // refreshed now and then, in case the store vanishes
   auto refresh_missing = [&] {
-    missing.clear();
+    std::vector<int> now_missing;
     for (int r = 0; r < env.world_size; ++r) {
-      if (!store->check({keys[static_cast<size_t>(r)]})) missing.push_back(r);
+      if (!store->check({keys[static_cast<size_t>(r)]})) now_missing.push_back(r);
     }
+    missing = std::move(now_missing);
   };
   auto missing_text = [&] {
-    return missing.empty() ? std::string("none known")
-                           : fmt::format("rank(s) {} of {}", fmt::join(missing, ", "),
-                                         env.world_size);
+    return missing.empty()
+               ? std::string("none known")
+               : fmt::format("rank(s) {} of {}", fmt::join(missing, ", "), env.world_size);
   };
+  const std::string advice =
+      "check that every rank was started with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE";
   try {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
@@ -71,16 +78,35 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env, std::chrono::mi
     store->set(keys[static_cast<size_t>(env.rank)], std::vector<uint8_t>(me.begin(), me.end()));
     auto next_refresh = Clock::now();
     while (!store->check(keys)) {
+      if (!serve && store->check({gave_up})) {
+        std::vector<uint8_t> posted = store->get(gave_up);
+        store->set(read_prefix + std::to_string(env.rank), std::vector<uint8_t>{1});
+        throw DistributedError(fmt::format(
+            "rendezvous at {} failed on rank {}: rank 0 timed out after {} s waiting for {} — {}",
+            where, env.rank, timeout.count() / 1000, std::string(posted.begin(), posted.end()),
+            advice));
+      }
       if (Clock::now() >= next_refresh) {
         refresh_missing();
-        next_refresh = Clock::now() + std::chrono::milliseconds(500);
+        next_refresh = Clock::now() + std::chrono::milliseconds(200);
       }
       if (Clock::now() >= deadline) {
         refresh_missing();
-        throw DistributedError(fmt::format(
-            "rendezvous at {} timed out after {} s on rank {}: {} never arrived — check that "
-            "every rank was started with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE",
-            where, timeout.count() / 1000, env.rank, missing_text()));
+        if (serve) {
+          const std::string text = missing_text();
+          store->set(gave_up, std::vector<uint8_t>(text.begin(), text.end()));
+          const auto grace = Clock::now() + std::chrono::seconds(3);
+          for (int r = 1; r < env.world_size; ++r) {
+            if (std::find(missing.begin(), missing.end(), r) != missing.end()) continue;
+            const std::string read_key = read_prefix + std::to_string(r);
+            while (!store->check({read_key}) && Clock::now() < grace) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            }
+          }
+        }
+        throw DistributedError(
+            fmt::format("rendezvous at {} timed out after {} s on rank {}: {} never arrived — {}",
+                        where, timeout.count() / 1000, env.rank, missing_text(), advice));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -105,6 +131,8 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env, std::chrono::mi
 
 namespace zt::comm {
 
-c10::intrusive_ptr<c10d::Store> local_store() { return c10::make_intrusive<c10d::HashStore>(); }
+c10::intrusive_ptr<c10d::Store> local_store() {
+  return c10::make_intrusive<c10d::HashStore>();
+}
 
 }  // namespace zt::comm
