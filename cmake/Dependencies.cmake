@@ -1,4 +1,4 @@
-# Finds LibTorch, fmt, RapidJSON and the optional CUDA / NCCL / Gloo pieces, and decides
+# Finds LibTorch, fmt, RapidJSON, utf8proc and the optional CUDA / NCCL / Gloo pieces, and decides
 # ZT_HAVE_CUDA, ZT_HAVE_NCCL, ZT_HAVE_GLOO and ZT_HAVE_TORCH_CUDA.
 
 # LibTorch: Torch_DIR when given; else the one of the Python `torch` package (the GPU machine's
@@ -39,6 +39,18 @@ if(NOT RAPIDJSON_INCLUDE_DIR)
 endif()
 add_library(zt_rapidjson INTERFACE)
 target_include_directories(zt_rapidjson SYSTEM INTERFACE ${RAPIDJSON_INCLUDE_DIR})
+
+# utf8proc: Unicode categories and normalization for the HF tokenizers (docs/tokenizers.md). On
+# the GPU machine it is an unpacked Debian package found through CPATH / LIBRARY_PATH.
+find_path(UTF8PROC_INCLUDE_DIR utf8proc.h HINTS ENV CPATH ENV UTF8PROC_ROOT PATH_SUFFIXES include)
+find_library(UTF8PROC_LIBRARY utf8proc HINTS ENV LIBRARY_PATH ENV UTF8PROC_ROOT PATH_SUFFIXES lib)
+if(NOT UTF8PROC_INCLUDE_DIR OR NOT UTF8PROC_LIBRARY)
+  message(FATAL_ERROR "utf8proc not found: run `make deps` (Debian: libutf8proc-dev) or set "
+                      "CPATH and LIBRARY_PATH")
+endif()
+add_library(zt_utf8proc INTERFACE)
+target_include_directories(zt_utf8proc SYSTEM INTERFACE ${UTF8PROC_INCLUDE_DIR})
+target_link_libraries(zt_utf8proc INTERFACE ${UTF8PROC_LIBRARY})
 
 # CUDA runtime + NCCL: the NCCL backend compiles wherever both exist, GPU or not.
 set(ZT_HAVE_CUDA OFF)

@@ -29,6 +29,7 @@ if [ -z "${Torch_DIR:-}" ] && ! have_python_torch; then
 fi
 have_header rapidjson/document.h || missing+=(rapidjson-dev)
 have_header fmt/format.h || missing+=(libfmt-dev)
+have_header utf8proc.h || missing+=(libutf8proc-dev)
 have_header catch2/catch.hpp || missing+=(catch2)
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)

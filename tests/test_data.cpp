@@ -15,6 +15,7 @@
 #include <numeric>
 #include <set>
 
+#include "support/messages.hpp"
 #include "support/ranks.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
@@ -23,6 +24,8 @@
 
 using namespace zt;
 using Catch::Contains;
+using test::Has;
+using test::LogCapture;
 namespace fs = std::filesystem;
 
 namespace {
@@ -79,47 +82,6 @@ void check_example(const Dataset& d, int64_t i, const Expected& want) {
   CHECK(byte_tokenizer()->decode(masked) == want.prompt);
 }
 
-// Matches an exception whose message contains every one of `parts`.
-class Has : public Catch::MatcherBase<std::exception> {
- public:
-  explicit Has(std::vector<std::string> parts) : parts_(std::move(parts)) {}
-  bool match(const std::exception& e) const override {
-    const std::string message = e.what();
-    return std::all_of(parts_.begin(), parts_.end(), [&](const std::string& part) {
-      return message.find(part) != std::string::npos;
-    });
-  }
-  std::string describe() const override {
-    std::string out = "has a message containing";
-    for (const std::string& part : parts_) out += " \"" + part + "\"";
-    return out;
-  }
-
- private:
-  std::vector<std::string> parts_;
-};
-
-// Collects log messages (at info level and above) while alive.
-class LogCapture {
- public:
-  LogCapture() : level_(log_level()) {
-    set_log_level(LogLevel::kInfo);
-    set_log_sink([this](LogLevel, const std::string& m) { messages_.push_back(m); });
-  }
-  ~LogCapture() {
-    set_log_sink({});
-    set_log_level(level_);
-  }
-  bool contains(const std::string& part) const {
-    return std::any_of(messages_.begin(), messages_.end(),
-                       [&](const std::string& m) { return m.find(part) != std::string::npos; });
-  }
-
- private:
-  LogLevel level_;
-  std::vector<std::string> messages_;
-};
-
 bool same_dataset(const Dataset& a, const Dataset& b) {
   return a.flat_ids() == b.flat_ids() && a.flat_labels() == b.flat_labels() &&
          a.offsets() == b.offsets() && a.document_offsets() == b.document_offsets();
@@ -145,6 +107,7 @@ class RenamedByteTokenizer : public Tokenizer {
   int32_t eos_id() const override { return inner_->eos_id(); }
   int32_t pad_id() const override { return inner_->pad_id(); }
   bool add_bos() const override { return inner_->add_bos(); }
+  bool add_eos() const override { return inner_->add_eos(); }
   int64_t vocab_size() const override { return inner_->vocab_size(); }
   std::string fingerprint() const override { return "renamed"; }
 
@@ -176,6 +139,7 @@ TEST_CASE("the byte tokenizer round-trips UTF-8 text, Chinese and emoji included
   CHECK(tok->pad_id() == 258);
   CHECK(tok->vocab_size() == 259);
   CHECK(tok->add_bos());
+  CHECK_FALSE(tok->add_eos());
   CHECK_FALSE(tok->fingerprint().empty());
   CHECK(byte_tokenizer() == tok);
 }
@@ -195,13 +159,19 @@ TEST_CASE("load_tokenizer falls back to bytes only where that is right", "[data]
   CHECK_THROWS_MATCHES(load_tokenizer(plain, 100), ConfigError,
                        Has({plain, "vocab_size 100", "259"}));
   CHECK_THROWS_MATCHES(load_tokenizer("", 258), ConfigError, Has({"inline config", "258"}));
+  // Tokenizer files other than tokenizer.json are not read: a clear error instead of bytes.
   for (const char* name :
-       {"tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json"}) {
+       {"tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json"}) {
     const std::string dir = test::temp_dir("tok-hf");
     write_file(dir + "/" + name, "{}");
     CHECK_THROWS_MATCHES(load_tokenizer(dir, 32000), ConfigError,
-                         Has({dir, name, "not supported"}));
+                         Has({dir, name, "no tokenizer.json", "save_pretrained"}));
   }
+  // A tokenizer.json is read as one (docs/tokenizers.md; tests/test_tokenizer.cpp).
+  const std::string broken = test::temp_dir("tok-hf");
+  write_file(broken + "/tokenizer.json", "{}");
+  CHECK_THROWS_MATCHES(load_tokenizer(broken, 32000), ConfigError,
+                       Has({broken + "/tokenizer.json", "model"}));
   CHECK_THROWS_MATCHES(load_tokenizer(plain + "/missing", 512), IoError, Has({"missing"}));
 }
 

@@ -1,5 +1,5 @@
-// Tokenizers behind one interface: the built-in byte-level tokenizer now, Hugging Face
-// tokenizer.json tokenizers later (same interface, chosen by load_tokenizer).
+// Tokenizers behind one interface: the built-in byte-level tokenizer and Hugging Face
+// tokenizer.json tokenizers (docs/tokenizers.md), chosen by load_tokenizer.
 //
 // Thread-safety: a Tokenizer is immutable after construction; its const methods may be called
 // from several threads at once. Nothing here is collective.
@@ -20,9 +20,11 @@ class Tokenizer {
 
   /// The ids of `text`, without bos/eos. Special-token strings in the text (`<|im_end|>`) are
   /// encoded as the tokenizer's special ids where it has them (as HF tokenizers do by default).
+  /// HF tokenizers read ill-formed UTF-8 as U+FFFD; the byte tokenizer keeps the bytes.
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
-  /// The text of `ids`; special ids (bos/eos/pad) and ids the tokenizer does not know are skipped,
-  /// so labels with -100 can be decoded as they are.
+  /// The text of `ids`; special ids (bos/eos/pad, and the tokens an HF tokenizer.json marks
+  /// special) and ids the tokenizer does not know are skipped, so labels with -100 can be
+  /// decoded as they are.
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
 
   virtual int32_t bos_id() const = 0;  ///< -1 when the tokenizer has none
@@ -30,6 +32,10 @@ class Tokenizer {
   virtual int32_t pad_id() const = 0;  ///< -1 when none (then pad with eos, as HF does)
   /// Whether sequences start with bos (LLaMA: yes, Qwen: no).
   virtual bool add_bos() const = 0;
+  /// Whether HF's `tokenizer(text)` ends sequences with eos (tokenizer_config.json's
+  /// add_eos_token; false for the families zerotrain targets). The data pipeline does not ask:
+  /// it appends eos itself where docs/data.md says, so sequences never get two.
+  virtual bool add_eos() const = 0;
   /// Ids are in [0, vocab_size()).
   virtual int64_t vocab_size() const = 0;
   /// A string that changes whenever encode's behaviour could: part of dataset cache keys.
@@ -37,18 +43,24 @@ class Tokenizer {
 };
 
 /// The built-in byte-level tokenizer: ids 0-255 are the bytes of the UTF-8 text, 256 = bos,
-/// 257 = eos, 258 = pad (vocab_size 259), add_bos true. decode returns the bytes as they are,
-/// invalid UTF-8 included. Every call returns the same shared instance.
+/// 257 = eos, 258 = pad (vocab_size 259), add_bos true, add_eos false. decode returns the bytes
+/// as they are, invalid UTF-8 included. Every call returns the same shared instance.
 std::shared_ptr<Tokenizer> byte_tokenizer();
 
 /// The tokenizer of the model in `model_dir`, for a model whose embedding has
 /// `model_vocab_size` rows:
 /// - `model_dir` empty (a model given only as a config): the byte tokenizer;
-/// - a folder without tokenizer files (tokenizer.json, tokenizer.model, vocab.json,
-///   tokenizer_config.json): the byte tokenizer, with a warning naming the folder;
-/// - a folder with tokenizer files: ConfigError (HF tokenizer files are not supported yet).
-/// With the byte tokenizer, `model_vocab_size` must be at least 259 (ConfigError naming the
-/// model and the number). A `model_dir` that is not a folder is an IoError.
+/// - a folder with tokenizer.json: that HF tokenizer, with bos/eos/pad and add_bos/add_eos from
+///   tokenizer_config.json (or, without it, from tokenizer.json's post-processor; rules and
+///   supported features in docs/tokenizers.md). Unsupported features are ConfigErrors naming
+///   the file, the JSON key and the type;
+/// - a folder with other tokenizer files (tokenizer.model, vocab.json, merges.txt,
+///   tokenizer_config.json) but no tokenizer.json: ConfigError asking for a tokenizer.json
+///   (save the tokenizer with HF transformers' save_pretrained);
+/// - a folder without tokenizer files: the byte tokenizer, with a warning naming the folder.
+/// The tokenizer's vocab_size must not exceed `model_vocab_size` (ConfigError naming both; the
+/// byte tokenizer needs 259). A `model_dir` that is not a folder is an IoError. Loading reads
+/// and checks the whole vocabulary: call it once and share the result.
 std::shared_ptr<Tokenizer> load_tokenizer(const std::string& model_dir, int64_t model_vocab_size);
 
 }  // namespace zt

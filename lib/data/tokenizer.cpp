@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "data/hf_tokenizer.hpp"
 #include "util/log.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/tokenizer.hpp"
@@ -37,6 +38,7 @@ class ByteTokenizer final : public Tokenizer {
   int32_t eos_id() const override { return kByteEos; }
   int32_t pad_id() const override { return kBytePad; }
   bool add_bos() const override { return true; }
+  bool add_eos() const override { return false; }
   int64_t vocab_size() const override { return kByteVocab; }
   std::string fingerprint() const override { return "byte-v1:bos=256,eos=257,pad=258"; }
 };
@@ -55,18 +57,33 @@ std::shared_ptr<Tokenizer> load_tokenizer(const std::string& model_dir, int64_t 
     if (!fs::is_directory(model_dir, ec)) {
       throw IoError(fmt::format("model folder '{}' does not exist or is not a folder", model_dir));
     }
+    if (fs::exists(fs::path(model_dir) / "tokenizer.json", ec)) {
+      std::shared_ptr<HfTokenizer> tok = HfTokenizer::load(model_dir);
+      if (tok->vocab_size() > model_vocab_size) {
+        throw ConfigError(fmt::format(
+            "'{}': the tokenizer has {} ids (tokenizer.json's vocabulary and added tokens), more "
+            "than the model's vocab_size {}; use the tokenizer the model was trained with, or "
+            "resize the model's embeddings",
+            (fs::path(model_dir) / "tokenizer.json").string(), tok->vocab_size(),
+            model_vocab_size));
+      }
+      return tok;
+    }
     for (const char* name :
-         {"tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json"}) {
+         {"tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json"}) {
       if (fs::exists(fs::path(model_dir) / name, ec)) {
         throw ConfigError(fmt::format(
-            "model folder '{}' has {}: Hugging Face tokenizer files are not supported yet; remove "
-            "the tokenizer files to train with the byte-level tokenizer (vocab_size >= {})",
-            model_dir, name, kByteVocab));
+            "model folder '{}' has {} but no tokenizer.json: zerotrain reads Hugging Face "
+            "tokenizers only from tokenizer.json; convert the tokenizer with HF transformers "
+            "(AutoTokenizer.from_pretrained(folder).save_pretrained(folder) writes "
+            "tokenizer.json), or remove the tokenizer files to train with the byte-level "
+            "tokenizer",
+            model_dir, name));
       }
     }
     log::warn(
         "model folder '{}' has no tokenizer files (tokenizer.json, tokenizer.model, "
-        "vocab.json, tokenizer_config.json); using the byte-level tokenizer",
+        "vocab.json, merges.txt, tokenizer_config.json); using the byte-level tokenizer",
         model_dir);
   }
   if (model_vocab_size < kByteVocab) {

@@ -1,0 +1,461 @@
+// BPE as HF tokenizers' `models::bpe` runs it: initial symbols with byte fallback and unk
+// fusing, then merges lowest rank first (leftmost among equal ranks) from a priority queue,
+// with a sharded cache of encoded pre-tokens in front.
+#include "data/bpe_model.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "data/unicode_text.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt {
+
+// ---- hashing and tables --------------------------------------------------------------------
+
+uint64_t hash_bytes(std::string_view s) {
+  constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  const char* p = s.data();
+  size_t n = s.size();
+  uint64_t h = kMul ^ (n * 0xFF51AFD7ED558CCDull);
+  while (n >= 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    h = (h ^ v) * kMul;
+    h ^= h >> 32;
+    p += 8;
+    n -= 8;
+  }
+  uint64_t v = 0;
+  std::memcpy(&v, p, n);
+  h = (h ^ v) * kMul;
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ull;
+  return h ^ (h >> 32);
+}
+
+void StringIdMap::grow() {
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(old.empty() ? 64 : old.size() * 2, Slot{});
+  const size_t mask = slots_.size() - 1;
+  for (const Slot& s : old) {
+    if (s.id < 0) continue;
+    size_t i = s.hash & mask;
+    while (slots_[i].id >= 0) i = (i + 1) & mask;
+    slots_[i] = s;
+  }
+}
+
+void StringIdMap::insert(std::string_view key, int32_t id) {
+  if ((used_ + 1) * 2 > slots_.size()) grow();
+  const uint64_t h = hash_bytes(key);
+  const size_t mask = slots_.size() - 1;
+  size_t i = h & mask;
+  while (slots_[i].id >= 0) {
+    const Slot& s = slots_[i];
+    if (s.hash == h && std::string_view(arena_.data() + s.offset, s.length) == key) {
+      slots_[i].id = id;
+      return;
+    }
+    i = (i + 1) & mask;
+  }
+  slots_[i] = Slot{h, static_cast<uint32_t>(arena_.size()), static_cast<uint32_t>(key.size()), id};
+  arena_.append(key);
+  ++used_;
+}
+
+int32_t StringIdMap::find(std::string_view key) const {
+  if (slots_.empty()) return -1;
+  const uint64_t h = hash_bytes(key);
+  const size_t mask = slots_.size() - 1;
+  for (size_t i = h & mask;; i = (i + 1) & mask) {
+    const Slot& s = slots_[i];
+    if (s.id < 0) return -1;
+    if (s.hash == h && std::string_view(arena_.data() + s.offset, s.length) == key) return s.id;
+  }
+}
+
+namespace byte_level {
+namespace {
+
+struct Alphabet {
+  std::array<uint32_t, 256> char_of{};
+  std::array<int16_t, 324> byte_of{};
+};
+
+constexpr Alphabet make_alphabet() {
+  Alphabet a{};
+  for (auto& b : a.byte_of) b = -1;
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    a.char_of[b] = printable ? b : next++;
+    a.byte_of[a.char_of[b]] = static_cast<int16_t>(b);
+  }
+  return a;
+}
+constexpr Alphabet kAlphabet = make_alphabet();
+
+}  // namespace
+
+uint32_t char_of(uint8_t byte) {
+  return kAlphabet.char_of[byte];
+}
+int byte_of(uint32_t cp) {
+  return cp < kAlphabet.byte_of.size() ? kAlphabet.byte_of[cp] : -1;
+}
+
+}  // namespace byte_level
+
+// (left id, right id) → (rank, merged id), open addressing on the packed pair.
+class BpeModel::PairMap {
+ public:
+  explicit PairMap(size_t n) {
+    size_t capacity = 16;
+    while (capacity < 2 * n) capacity *= 2;
+    keys_.assign(capacity, kEmpty);
+    values_.resize(capacity);
+    mask_ = capacity - 1;
+  }
+
+  // Later duplicates replace earlier ones, as collecting HF's merges into a HashMap does.
+  void insert_or_assign(int32_t a, int32_t b, Merge m) {
+    const uint64_t k = key(a, b);
+    size_t i = slot(k);
+    while (keys_[i] != kEmpty && keys_[i] != k) i = (i + 1) & mask_;
+    keys_[i] = k;
+    values_[i] = m;
+  }
+
+  const Merge* find(int32_t a, int32_t b) const {
+    const uint64_t k = key(a, b);
+    for (size_t i = slot(k);; i = (i + 1) & mask_) {
+      if (keys_[i] == k) return &values_[i];
+      if (keys_[i] == kEmpty) return nullptr;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~0ull;  // ids are below 2^24, so no pair packs to this
+  static uint64_t key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
+  size_t slot(uint64_t k) const { return ((k * 0x9E3779B97F4A7C15ull) >> 32) & mask_; }
+
+  std::vector<uint64_t> keys_;
+  std::vector<Merge> values_;
+  size_t mask_ = 0;
+};
+
+// Encoded pre-tokens, as HF's BPE cache: words repeat, so most pieces are looked up instead of
+// merged. 16 shards, each behind its own mutex so that threads rarely meet; a shard that fills
+// up is emptied (HF stops inserting instead; either way the result is the same).
+class PieceCache {
+ public:
+  PieceCache() : shards_(new Shard[kShards]) {
+    for (size_t s = 0; s < kShards; ++s) shards_[s].slots.assign(kSlots, Slot{});
+  }
+
+  bool find(std::string_view key, uint64_t hash, std::vector<int32_t>& out) const {
+    Shard& shard = shards_[hash >> 60];
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    for (size_t i = hash & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
+      const Slot& s = shard.slots[i];
+      if (s.key_length == 0) return false;
+      if (s.hash == hash &&
+          std::string_view(shard.keys.data() + s.key_offset, s.key_length) == key) {
+        out.insert(out.end(), shard.ids.begin() + s.ids_offset,
+                   shard.ids.begin() + s.ids_offset + s.ids_length);
+        return true;
+      }
+    }
+  }
+
+  void insert(std::string_view key, uint64_t hash, const std::vector<int32_t>& ids) const {
+    Shard& shard = shards_[hash >> 60];
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    if (shard.used >= kMaxEntries || shard.keys.size() + key.size() > kMaxArena) {
+      std::fill(shard.slots.begin(), shard.slots.end(), Slot{});
+      shard.keys.clear();
+      shard.ids.clear();
+      shard.used = 0;
+    }
+    size_t i = hash & (kSlots - 1);
+    for (; shard.slots[i].key_length != 0; i = (i + 1) & (kSlots - 1)) {
+      const Slot& s = shard.slots[i];
+      if (s.hash == hash &&
+          std::string_view(shard.keys.data() + s.key_offset, s.key_length) == key) {
+        return;  // another thread got here first
+      }
+    }
+    shard.slots[i] =
+        Slot{hash, static_cast<uint32_t>(shard.keys.size()), static_cast<uint32_t>(key.size()),
+             static_cast<uint32_t>(shard.ids.size()), static_cast<uint32_t>(ids.size())};
+    shard.keys.append(key);
+    shard.ids.insert(shard.ids.end(), ids.begin(), ids.end());
+    ++shard.used;
+  }
+
+ private:
+  static constexpr size_t kShards = 16;   // indexed by the hash's top 4 bits
+  static constexpr size_t kSlots = 4096;  // per shard, at most half used
+  static constexpr size_t kMaxEntries = 2048;
+  static constexpr size_t kMaxArena = 256 << 10;
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t key_offset = 0;
+    uint32_t key_length = 0;  // 0: empty (pieces are never empty)
+    uint32_t ids_offset = 0;
+    uint32_t ids_length = 0;
+  };
+  struct Shard {
+    std::mutex mutex;
+    std::vector<Slot> slots;
+    std::string keys;
+    std::vector<int32_t> ids;
+    size_t used = 0;
+  };
+  std::unique_ptr<Shard[]> shards_;
+};
+
+// ---- the model -----------------------------------------------------------------------------
+
+namespace {
+
+constexpr int32_t kMaxId = 1 << 24;
+
+struct Symbol {
+  int32_t id;
+  int32_t prev;
+  int32_t next;
+  bool alive;
+};
+
+struct Candidate {
+  uint32_t rank;
+  uint32_t pos;
+  int32_t new_id;
+};
+
+// std::*_heap keep the largest on top; the queue wants the lowest rank, then the leftmost.
+bool lower_priority(const Candidate& a, const Candidate& b) {
+  return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+}
+
+// A vocabulary entry in the pieces' spelling: the raw bytes its byte-level characters stand
+// for; false when a character is outside the alphabet (such a token is never a BPE result).
+bool byte_level_bytes(std::string_view token, std::string& out) {
+  out.clear();
+  for (size_t i = 0; i < token.size();) {
+    uint32_t len;
+    const int b = byte_level::byte_of(text::decode_at(token, i, len));
+    if (b < 0) return false;
+    out.push_back(static_cast<char>(b));
+    i += len;
+  }
+  return true;
+}
+
+}  // namespace
+
+BpeModel::BpeModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
+                   const std::vector<std::pair<std::string, std::string>>& merges,
+                   BpeOptions options, const std::string& where)
+    : options_(std::move(options)),
+      merges_(std::make_unique<PairMap>(merges.size())),
+      cache_(std::make_unique<PieceCache>()) {
+  int32_t end = 0;
+  for (const auto& [token, id] : vocab) {
+    if (id < 0 || id >= kMaxId) {
+      throw ConfigError(fmt::format("{}: model.vocab: \"{}\" has id {}, outside [0, {})", where,
+                                    token, id, kMaxId));
+    }
+    end = std::max(end, id + 1);
+  }
+  tokens_.resize(static_cast<size_t>(end));
+  has_token_.assign(static_cast<size_t>(end), false);
+  std::string bytes;
+  for (const auto& [token, id] : vocab) {
+    if (!text::is_valid_utf8(token)) {
+      throw ConfigError(fmt::format("{}: model.vocab: entry {} is not valid UTF-8", where, id));
+    }
+    if (vocab_.find(token) >= 0) {
+      throw ConfigError(fmt::format("{}: model.vocab: \"{}\" appears twice", where, token));
+    }
+    if (has_token_[id]) {
+      throw ConfigError(fmt::format("{}: model.vocab: id {} is given to both \"{}\" and \"{}\"",
+                                    where, id, tokens_[id], token));
+    }
+    vocab_.insert(token, id);
+    tokens_[id] = token;
+    has_token_[id] = true;
+    if (options_.byte_level && byte_level_bytes(token, bytes)) piece_vocab_.insert(bytes, id);
+  }
+  if (options_.unk_token) {
+    unk_id_ = vocab_.find(*options_.unk_token);
+    if (unk_id_ < 0) {
+      throw ConfigError(fmt::format("{}: model.unk_token: \"{}\" is not in model.vocab", where,
+                                    *options_.unk_token));
+    }
+  }
+  for (int b = 0; b < 256; ++b) {
+    byte_token_[b] = vocab_.find(fmt::format("<0x{:02X}>", b));
+    if (options_.byte_level) {
+      std::string ch;
+      text::append_utf8(byte_level::char_of(static_cast<uint8_t>(b)), ch);
+      single_byte_id_[b] = vocab_.find(ch);
+    } else {
+      single_byte_id_[b] = b < 0x80 ? vocab_.find(std::string(1, static_cast<char>(b))) : -1;
+    }
+  }
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const auto& [left, right] = merges[rank];
+    const int32_t a = vocab_.find(left), b = vocab_.find(right);
+    const int32_t merged = vocab_.find(left + right);
+    const char* missing = a < 0 ? left.c_str() : b < 0 ? right.c_str() : nullptr;
+    if (missing != nullptr || merged < 0) {
+      throw ConfigError(fmt::format("{}: model.merges[{}]: \"{}\" is not in model.vocab", where,
+                                    rank, missing != nullptr ? missing : left + right));
+    }
+    merges_->insert_or_assign(a, b, Merge{static_cast<uint32_t>(rank), merged});
+  }
+}
+
+BpeModel::~BpeModel() = default;
+
+const std::string* BpeModel::token(int32_t id) const {
+  if (id < 0 || id >= id_end() || !has_token_[id]) return nullptr;
+  return &tokens_[id];
+}
+
+void BpeModel::initial_symbols(std::string_view piece, std::vector<int32_t>& ids) const {
+  // An unknown character becomes its <0xXX> tokens when they all exist, else unk (consecutive
+  // unks fused into one with fuse_unk), else nothing. As in HF, a pending unk is written only
+  // when a known character or the end follows, so it may come after byte-fallback tokens.
+  bool pending_unk = false;
+  auto known = [&](int32_t id) {
+    if (pending_unk) ids.push_back(unk_id_);
+    pending_unk = false;
+    ids.push_back(id);
+  };
+  auto unknown = [&](std::string_view ch) {
+    if (options_.byte_fallback) {
+      const bool all = std::all_of(ch.begin(), ch.end(), [&](char c) {
+        return byte_token_[static_cast<unsigned char>(c)] >= 0;
+      });
+      if (all) {
+        for (char c : ch) ids.push_back(byte_token_[static_cast<unsigned char>(c)]);
+        return;
+      }
+    }
+    if (unk_id_ < 0) return;
+    if (pending_unk && options_.fuse_unk) return;
+    if (pending_unk) ids.push_back(unk_id_);
+    pending_unk = true;
+  };
+  if (options_.byte_level) {
+    for (char c : piece) {
+      const auto b = static_cast<unsigned char>(c);
+      if (single_byte_id_[b] >= 0) {
+        known(single_byte_id_[b]);
+      } else {
+        std::string ch;  // the character the byte stands for, as the vocabulary spells it
+        text::append_utf8(byte_level::char_of(b), ch);
+        unknown(ch);
+      }
+    }
+  } else {
+    for (size_t i = 0; i < piece.size();) {
+      const auto b = static_cast<unsigned char>(piece[i]);
+      uint32_t len = 1;
+      if (b >= 0x80) text::decode_at(piece, i, len);
+      const std::string_view ch = piece.substr(i, len);
+      const int32_t id = b < 0x80 ? single_byte_id_[b] : vocab_.find(ch);
+      if (id >= 0) {
+        known(id);
+      } else {
+        unknown(ch);
+      }
+      i += len;
+    }
+  }
+  if (pending_unk) ids.push_back(unk_id_);
+}
+
+void BpeModel::merge(std::vector<int32_t>& ids) const {
+  const size_t n = ids.size();
+  if (n < 2) return;
+  thread_local std::vector<Symbol> symbols;
+  thread_local std::vector<Candidate> queue;
+  symbols.resize(n);
+  queue.clear();
+  for (size_t i = 0; i < n; ++i) {
+    symbols[i] = Symbol{ids[i], static_cast<int32_t>(i) - 1,
+                        i + 1 < n ? static_cast<int32_t>(i + 1) : -1, true};
+    if (i + 1 < n) {
+      if (const Merge* m = merges_->find(ids[i], ids[i + 1])) {
+        queue.push_back(Candidate{m->rank, static_cast<uint32_t>(i), m->new_id});
+      }
+    }
+  }
+  std::make_heap(queue.begin(), queue.end(), lower_priority);
+  while (!queue.empty()) {
+    std::pop_heap(queue.begin(), queue.end(), lower_priority);
+    const Candidate top = queue.back();
+    queue.pop_back();
+    Symbol& left = symbols[top.pos];
+    if (!left.alive || left.next < 0) continue;
+    const Symbol right = symbols[left.next];
+    // Skip entries made stale by an earlier merge of one of the two symbols.
+    const Merge* current = merges_->find(left.id, right.id);
+    if (current == nullptr || current->new_id != top.new_id) continue;
+    symbols[left.next].alive = false;
+    left.id = top.new_id;
+    left.next = right.next;
+    if (right.next >= 0) symbols[right.next].prev = static_cast<int32_t>(top.pos);
+    if (left.prev >= 0) {
+      if (const Merge* m = merges_->find(symbols[left.prev].id, left.id)) {
+        queue.push_back(Candidate{m->rank, static_cast<uint32_t>(left.prev), m->new_id});
+        std::push_heap(queue.begin(), queue.end(), lower_priority);
+      }
+    }
+    if (left.next >= 0) {
+      if (const Merge* m = merges_->find(left.id, symbols[left.next].id)) {
+        queue.push_back(Candidate{m->rank, top.pos, m->new_id});
+        std::push_heap(queue.begin(), queue.end(), lower_priority);
+      }
+    }
+  }
+  ids.clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (symbols[i].alive) ids.push_back(symbols[i].id);
+  }
+}
+
+void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
+  if (piece.empty()) return;
+  const StringIdMap& pieces = options_.byte_level ? piece_vocab_ : vocab_;
+  if (options_.ignore_merges) {
+    const int32_t id = pieces.find(piece);
+    if (id >= 0) {
+      out.push_back(id);
+      return;
+    }
+  }
+  // Long pieces (a run of 300 spaces) are merged each time, as HF does past 256 bytes: caching
+  // them would only evict the short, frequent ones.
+  constexpr size_t kMaxCached = 256;
+  const bool cached = piece.size() < kMaxCached;
+  const uint64_t hash = cached ? hash_bytes(piece) : 0;
+  if (cached && cache_->find(piece, hash, out)) return;
+  thread_local std::vector<int32_t> ids;
+  ids.clear();
+  initial_symbols(piece, ids);
+  merge(ids);
+  out.insert(out.end(), ids.begin(), ids.end());
+  if (cached) cache_->insert(piece, hash, ids);
+}
+
+}  // namespace zt

@@ -1,0 +1,140 @@
+// Hugging Face `tokenizer.json` tokenizers: the BPE pipelines of GPT-2, Qwen2, LLaMA-3,
+// LLaMA-2 and Mistral (normalizers, pre-tokenizers, added tokens, decoders), plus the special
+// tokens of tokenizer_config.json. What is supported and why: docs/tokenizers.md.
+//
+// Thread-safety: an HfTokenizer is immutable after loading (its BPE cache locks internally);
+// every const method may be called from several threads at once.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "data/unicode_text.hpp"
+#include "zerotrain/tokenizer.hpp"
+
+namespace zt {
+
+class BpeModel;
+class HfTokenizer;
+
+namespace hf {
+
+/// One step of the `normalizer`.
+struct NormalizerStep {
+  enum Kind { kForm, kPrepend, kReplace } kind;
+  explicit NormalizerStep(Kind k) : kind(k) {}
+  text::NormalForm form = text::NormalForm::kNFC;  // kForm
+  std::string text;                                // kPrepend: the prefix; kReplace: the pattern
+  std::string content;                             // kReplace: the replacement
+};
+
+/// One step of the `pre_tokenizer`.
+struct PreTokenizerStep {
+  enum Kind { kSplit, kMetaspace, kByteLevel } kind;
+  explicit PreTokenizerStep(Kind k) : kind(k) {}
+  text::SplitPattern pattern = text::SplitPattern::kGpt2;  // kSplit; kByteLevel with use_regex
+  bool use_regex = false;                                  // kByteLevel
+  bool add_prefix_space = false;                           // kByteLevel
+  std::string replacement;                                 // kMetaspace
+  enum class Prepend { kAlways, kFirst, kNever } prepend = Prepend::kAlways;  // kMetaspace
+  bool split = true;                                                          // kMetaspace
+};
+
+/// One step of the `decoder`.
+struct DecoderStep {
+  enum Kind { kByteLevel, kMetaspace, kReplace, kByteFallback, kFuse, kStrip } kind;
+  explicit DecoderStep(Kind k) : kind(k) {}
+  std::string text;         // kReplace: the pattern; kMetaspace: the replacement; kStrip: the char
+  std::string content;      // kReplace: the replacement
+  bool prepend = true;      // kMetaspace: prepend_scheme is not "never"
+  int start = 0, stop = 0;  // kStrip
+};
+
+struct AddedToken {
+  int32_t id = -1;
+  std::string content;
+  bool single_word = false, lstrip = false, rstrip = false, normalized = true, special = false;
+};
+
+/// The special tokens around a sequence in the post-processor's single-sequence template.
+struct Template {
+  std::vector<int32_t> before;  ///< ids before $A (a bos); at most one
+  std::vector<int32_t> after;   ///< ids after $A (an eos); at most one
+};
+
+/// Everything tokenizer.json says that encoding and decoding depend on, validated.
+struct TokenizerJson {
+  std::vector<NormalizerStep> normalizers;
+  std::vector<PreTokenizerStep> pre_tokenizers;
+  std::optional<std::vector<DecoderStep>> decoders;  // nullopt: tokens joined with spaces
+  std::vector<AddedToken> added;
+  std::optional<Template> post_template;  // nullopt: no TemplateProcessing
+  std::shared_ptr<const BpeModel> model;
+};
+
+/// Reads and validates tokenizer.json; anything unsupported is a ConfigError naming the file,
+/// the JSON key and the type or value.
+TokenizerJson read_tokenizer_json(const std::string& path);
+
+/// The special-token settings of tokenizer_config.json (and special_tokens_map.json).
+struct SpecialTokens {
+  int32_t bos_id = -1, eos_id = -1, pad_id = -1;
+  bool add_bos = false, add_eos = false;
+};
+
+/// Resolves bos/eos/pad and add_bos/add_eos for `tokenizer`, loaded from `dir` (rules in
+/// docs/tokenizers.md).
+SpecialTokens read_special_tokens(const std::string& dir, const HfTokenizer& tokenizer,
+                                  const std::optional<Template>& post_template);
+
+}  // namespace hf
+
+/// A tokenizer.json tokenizer with its special tokens resolved.
+class HfTokenizer final : public Tokenizer {
+ public:
+  /// Loads `dir`/tokenizer.json and `dir`/tokenizer_config.json (optional). Errors: IoError for
+  /// unreadable files, ConfigError for unsupported or inconsistent content.
+  static std::shared_ptr<HfTokenizer> load(const std::string& dir);
+
+  explicit HfTokenizer(hf::TokenizerJson spec);
+  ~HfTokenizer() override;
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    return decode(ids, /*skip_special_tokens=*/true);
+  }
+  /// HF's decode: tokens through the decoder chain; with `skip_special_tokens`, tokens marked
+  /// special in tokenizer.json and bos/eos/pad are left out. Unknown ids are always left out.
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
+
+  int32_t bos_id() const override { return special_.bos_id; }
+  int32_t eos_id() const override { return special_.eos_id; }
+  int32_t pad_id() const override { return special_.pad_id; }
+  bool add_bos() const override { return special_.add_bos; }
+  bool add_eos() const override { return special_.add_eos; }
+  int64_t vocab_size() const override { return id_end_; }
+  std::string fingerprint() const override { return fingerprint_; }
+
+  /// The id of a token string: added tokens first, then the model's vocabulary; -1 if neither.
+  int32_t token_id(std::string_view token) const;
+
+ private:
+  struct Impl;
+  struct Segment;
+  void find_added(std::string_view text, bool normalized_set, std::vector<Segment>& out) const;
+  void normalize(std::string_view in, std::string& out) const;
+  void encode_normalized(std::string_view text, bool at_start, std::vector<int32_t>& ids) const;
+  void pre_tokenize_and_encode(std::string_view text, bool at_start,
+                               std::vector<int32_t>& ids) const;
+
+  hf::TokenizerJson spec_;
+  std::unique_ptr<Impl> impl_;
+  hf::SpecialTokens special_;
+  int64_t id_end_ = 0;
+  std::string fingerprint_;
+};
+
+}  // namespace zt

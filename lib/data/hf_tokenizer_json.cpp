@@ -1,0 +1,542 @@
+// Reading tokenizer.json into a validated TokenizerJson, and the special tokens of
+// tokenizer_config.json / special_tokens_map.json. Whatever zerotrain does not implement is a
+// ConfigError naming the file, the key and the type, never a silently different tokenization.
+#include <filesystem>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "data/bpe_model.hpp"
+#include "data/hf_tokenizer.hpp"
+#include "util/files.hpp"
+#include "util/json.hpp"
+#include "util/log.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt::hf {
+namespace {
+
+constexpr const char* kNormalizerTypes =
+    "NFC, NFD, NFKC, NFKD, Prepend, Replace (String pattern), Sequence";
+constexpr const char* kPreTokenizerTypes =
+    "Split (the GPT-2, Qwen2 or LLaMA-3 regex), ByteLevel, Metaspace, Sequence";
+constexpr const char* kDecoderTypes =
+    "ByteLevel, Metaspace, Replace (String pattern), ByteFallback, Fuse, Strip, Sequence";
+constexpr const char* kPostProcessorTypes = "TemplateProcessing, ByteLevel, Sequence";
+
+[[noreturn]] void unsupported(const json::ObjectReader& r, std::string_view key,
+                              std::string_view value, std::string_view supported) {
+  r.fail_value(key, fmt::format("{} is not supported by zerotrain (supported: {}); see "
+                                "docs/tokenizers.md",
+                                value, supported));
+}
+
+std::string type_of(json::ObjectReader& r) {
+  std::optional<std::string> t = r.string("type");
+  if (!t) r.fail("type", "a string naming the type");
+  return *t;
+}
+
+// The members of the array `key` as objects, with their paths.
+template <typename F>
+void for_each_object(json::ObjectReader& r, const char* key, const std::string& source, F&& f) {
+  const rapidjson::Value* list = r.find(key);
+  if (list == nullptr || !list->IsArray()) r.fail(key, "an array of objects");
+  for (rapidjson::SizeType i = 0; i < list->Size(); ++i) {
+    json::ObjectReader item((*list)[i], fmt::format("{}[{}]", r.key_path(key), i), source);
+    f(item);
+  }
+}
+
+// {"String": "..."}: the only pattern form supported (regex patterns need a regex engine).
+std::string string_pattern(json::ObjectReader& r, const char* key, const std::string& source) {
+  const rapidjson::Value* v = r.find(key);
+  if (v == nullptr || !v->IsObject()) r.fail(key, "an object {\"String\": \"...\"}");
+  json::ObjectReader p(*v, r.key_path(key), source);
+  if (p.has("Regex")) unsupported(p, "Regex", "a regex pattern", "{\"String\": \"...\"}");
+  std::optional<std::string> s = p.string("String");
+  if (!s || s->empty()) p.fail("String", "a non-empty string");
+  return *s;
+}
+
+// A string of exactly one character (Metaspace's replacement, Strip's content).
+std::string one_char(json::ObjectReader& r, const char* key, const char* fallback) {
+  std::string s = r.string(key).value_or(fallback);
+  uint32_t len = 0;
+  if (s.empty() || !text::is_valid_utf8(s) || (text::decode_at(s, 0, len), len != s.size())) {
+    r.fail(key, "a string of one character");
+  }
+  return s;
+}
+
+void read_normalizer(json::ObjectReader& r, const std::string& source,
+                     std::vector<NormalizerStep>& out) {
+  const std::string type = type_of(r);
+  if (type == "Sequence") {
+    for_each_object(r, "normalizers", source,
+                    [&](json::ObjectReader& item) { read_normalizer(item, source, out); });
+  } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
+    NormalizerStep s{NormalizerStep::kForm};
+    s.form = type == "NFC"    ? text::NormalForm::kNFC
+             : type == "NFD"  ? text::NormalForm::kNFD
+             : type == "NFKC" ? text::NormalForm::kNFKC
+                              : text::NormalForm::kNFKD;
+    out.push_back(s);
+  } else if (type == "Prepend") {
+    NormalizerStep s{NormalizerStep::kPrepend};
+    std::optional<std::string> p = r.string("prepend");
+    if (!p) r.fail("prepend", "a string");
+    s.text = *p;
+    out.push_back(s);
+  } else if (type == "Replace") {
+    NormalizerStep s{NormalizerStep::kReplace};
+    s.text = string_pattern(r, "pattern", source);
+    std::optional<std::string> c = r.string("content");
+    if (!c) r.fail("content", "a string");
+    s.content = *c;
+    out.push_back(s);
+  } else {
+    unsupported(r, "type", fmt::format("normalizer \"{}\"", type), kNormalizerTypes);
+  }
+}
+
+void read_pre_tokenizer(json::ObjectReader& r, const std::string& source,
+                        std::vector<PreTokenizerStep>& out) {
+  const std::string type = type_of(r);
+  if (type == "Sequence") {
+    for_each_object(r, "pretokenizers", source,
+                    [&](json::ObjectReader& item) { read_pre_tokenizer(item, source, out); });
+    return;
+  }
+  if (!out.empty() && out.back().kind == PreTokenizerStep::kByteLevel) {
+    unsupported(r, "type", fmt::format("pre-tokenizer \"{}\" after ByteLevel", type),
+                "ByteLevel as the last pre-tokenizer");
+  }
+  if (type == "Split") {
+    PreTokenizerStep s{PreTokenizerStep::kSplit};
+    const rapidjson::Value* v = r.find("pattern");
+    if (v == nullptr || !v->IsObject()) r.fail("pattern", "an object {\"Regex\": \"...\"}");
+    json::ObjectReader p(*v, r.key_path("pattern"), source);
+    if (p.has("String")) {
+      unsupported(p, "String", "a Split on a string", "the GPT-2, Qwen2 and LLaMA-3 regexes");
+    }
+    std::optional<std::string> regex = p.string("Regex");
+    if (!regex) p.fail("Regex", "a string");
+    std::optional<text::SplitPattern> known = text::known_split_pattern(*regex);
+    if (!known) {
+      unsupported(p, "Regex", fmt::format("the pattern \"{}\"", *regex),
+                  "exactly the GPT-2, Qwen2 or LLaMA-3 regex, spelled as in their tokenizer.json");
+    }
+    s.pattern = *known;
+    std::optional<std::string> behavior = r.string("behavior");
+    if (behavior.value_or("") != "Isolated") {
+      unsupported(r, "behavior", fmt::format("\"{}\"", behavior.value_or("")), "\"Isolated\"");
+    }
+    if (r.boolean("invert").value_or(false)) unsupported(r, "invert", "true", "false");
+    out.push_back(s);
+  } else if (type == "ByteLevel") {
+    PreTokenizerStep s{PreTokenizerStep::kByteLevel};
+    s.add_prefix_space = r.boolean("add_prefix_space").value_or(true);
+    s.use_regex = r.boolean("use_regex").value_or(true);
+    s.pattern = text::SplitPattern::kGpt2;
+    r.known({"trim_offsets"});  // offsets only
+    out.push_back(s);
+  } else if (type == "Metaspace") {
+    PreTokenizerStep s{PreTokenizerStep::kMetaspace};
+    s.replacement = one_char(r, "replacement", "\xE2\x96\x81");
+    const std::string scheme =
+        r.choice("prepend_scheme", {"always", "first", "never"}).value_or("always");
+    s.prepend = scheme == "always"  ? PreTokenizerStep::Prepend::kAlways
+                : scheme == "first" ? PreTokenizerStep::Prepend::kFirst
+                                    : PreTokenizerStep::Prepend::kNever;
+    // The spelling before prepend_scheme existed: add_prefix_space false means never.
+    if (r.boolean("add_prefix_space") == std::optional<bool>(false)) {
+      if (s.prepend != PreTokenizerStep::Prepend::kNever && r.has("prepend_scheme")) {
+        r.fail_value("add_prefix_space", "false contradicts prepend_scheme");
+      }
+      s.prepend = PreTokenizerStep::Prepend::kNever;
+    }
+    s.split = r.boolean("split").value_or(true);
+    r.known({"str_rep"});
+    out.push_back(s);
+  } else {
+    unsupported(r, "type", fmt::format("pre-tokenizer \"{}\"", type), kPreTokenizerTypes);
+  }
+}
+
+void read_decoder(json::ObjectReader& r, const std::string& source, std::vector<DecoderStep>& out) {
+  const std::string type = type_of(r);
+  if (type == "Sequence") {
+    for_each_object(r, "decoders", source,
+                    [&](json::ObjectReader& item) { read_decoder(item, source, out); });
+  } else if (type == "ByteLevel") {
+    out.push_back(DecoderStep{DecoderStep::kByteLevel});
+  } else if (type == "Metaspace") {
+    DecoderStep s{DecoderStep::kMetaspace};
+    s.text = one_char(r, "replacement", "\xE2\x96\x81");
+    const std::string scheme =
+        r.choice("prepend_scheme", {"always", "first", "never"}).value_or("always");
+    s.prepend = scheme != "never" && r.boolean("add_prefix_space").value_or(true);
+    out.push_back(s);
+  } else if (type == "Replace") {
+    DecoderStep s{DecoderStep::kReplace};
+    s.text = string_pattern(r, "pattern", source);
+    std::optional<std::string> c = r.string("content");
+    if (!c) r.fail("content", "a string");
+    s.content = *c;
+    out.push_back(s);
+  } else if (type == "ByteFallback") {
+    out.push_back(DecoderStep{DecoderStep::kByteFallback});
+  } else if (type == "Fuse") {
+    out.push_back(DecoderStep{DecoderStep::kFuse});
+  } else if (type == "Strip") {
+    DecoderStep s{DecoderStep::kStrip};
+    s.text = one_char(r, "content", " ");
+    s.start = static_cast<int>(r.integer("start", 0, 1 << 20).value_or(0));
+    s.stop = static_cast<int>(r.integer("stop", 0, 1 << 20).value_or(0));
+    out.push_back(s);
+  } else {
+    unsupported(r, "type", fmt::format("decoder \"{}\"", type), kDecoderTypes);
+  }
+}
+
+// The ids a template item stands for: the special_tokens entry of a SpecialToken.
+std::vector<int32_t> template_ids(json::ObjectReader& tp, const rapidjson::Value& specials,
+                                  const std::string& name, const std::string& path,
+                                  const std::string& source) {
+  auto it = specials.IsObject() ? specials.FindMember(name.c_str()) : specials.MemberEnd();
+  if (!specials.IsObject() || it == specials.MemberEnd()) {
+    tp.fail_value("special_tokens", fmt::format("has no entry \"{}\", which {} names", name, path));
+  }
+  json::ObjectReader entry(it->value, tp.key_path("special_tokens") + "." + name, source);
+  const rapidjson::Value* ids = entry.find("ids");
+  if (ids == nullptr || !ids->IsArray()) entry.fail("ids", "an array of token ids");
+  std::vector<int32_t> out;
+  for (const rapidjson::Value& id : ids->GetArray()) {
+    std::optional<int64_t> v = id.IsNumber() ? json::as_integer(id) : std::nullopt;
+    if (!v || *v < 0 || *v >= INT32_MAX) entry.fail("ids", "an array of token ids");
+    out.push_back(static_cast<int32_t>(*v));
+  }
+  return out;
+}
+
+void read_template(json::ObjectReader& r, const std::string& source, Template& t) {
+  const rapidjson::Value* single = r.find("single");
+  if (single == nullptr || !single->IsArray()) r.fail("single", "an array of template items");
+  const rapidjson::Value* specials = r.find("special_tokens");
+  static const rapidjson::Value kNone(rapidjson::kObjectType);
+  bool seen_sequence = false;
+  for (rapidjson::SizeType i = 0; i < single->Size(); ++i) {
+    const std::string path = fmt::format("{}[{}]", r.key_path("single"), i);
+    json::ObjectReader item((*single)[i], path, source);
+    if (std::optional<json::ObjectReader> seq = item.object("Sequence")) {
+      if (seq->string("id").value_or("") != "A") seq->fail("id", "\"A\"");
+      seen_sequence = true;
+    } else if (std::optional<json::ObjectReader> sp = item.object("SpecialToken")) {
+      std::optional<std::string> name = sp->string("id");
+      if (!name) sp->fail("id", "a string");
+      std::vector<int32_t> ids =
+          template_ids(r, specials != nullptr ? *specials : kNone, *name, path, source);
+      auto& side = seen_sequence ? t.after : t.before;
+      side.insert(side.end(), ids.begin(), ids.end());
+    } else {
+      item.fail("SpecialToken", "an item {\"SpecialToken\": ...} or {\"Sequence\": ...}");
+    }
+  }
+  if (!seen_sequence) r.fail_value("single", "has no {\"Sequence\": {\"id\": \"A\"}} item");
+  if (t.before.size() > 1 || t.after.size() > 1) {
+    unsupported(r, "single",
+                fmt::format("a template with {} special ids before and {} after the text",
+                            t.before.size(), t.after.size()),
+                "at most one before (a bos) and one after (an eos)");
+  }
+}
+
+void read_post_processor(json::ObjectReader& r, const std::string& source,
+                         std::optional<Template>& out) {
+  const std::string type = type_of(r);
+  if (type == "Sequence") {
+    for_each_object(r, "processors", source,
+                    [&](json::ObjectReader& item) { read_post_processor(item, source, out); });
+  } else if (type == "ByteLevel") {
+    // Trims offsets only; ids are unchanged.
+  } else if (type == "TemplateProcessing") {
+    if (out) r.fail_value("type", "a second TemplateProcessing is not supported");
+    out.emplace();
+    read_template(r, source, *out);
+  } else {
+    unsupported(r, "type", fmt::format("post-processor \"{}\"", type), kPostProcessorTypes);
+  }
+}
+
+std::shared_ptr<const BpeModel> read_model(json::ObjectReader& m, const std::string& source,
+                                           bool byte_level) {
+  const std::string type = m.string("type").value_or("");
+  if (type != "BPE") {
+    unsupported(m, "type", fmt::format("model \"{}\"", type),
+                "BPE; WordPiece, Unigram and WordLevel models are not implemented");
+  }
+  if (std::optional<double> dropout = m.number("dropout"); dropout && *dropout != 0.0) {
+    unsupported(m, "dropout", fmt::format("{}", *dropout), "null (no BPE dropout)");
+  }
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (std::optional<std::string> s = m.string(key); s && !s->empty()) {
+      unsupported(m, key, fmt::format("\"{}\"", *s), "null");
+    }
+  }
+  BpeOptions o;
+  o.unk_token = m.string("unk_token");
+  o.fuse_unk = m.boolean("fuse_unk").value_or(false);
+  o.byte_fallback = m.boolean("byte_fallback").value_or(false);
+  o.ignore_merges = m.boolean("ignore_merges").value_or(false);
+  o.byte_level = byte_level;
+
+  const rapidjson::Value* v = m.find("vocab");
+  if (v == nullptr || !v->IsObject()) m.fail("vocab", "an object {token: id}");
+  std::vector<std::pair<std::string, int32_t>> vocab;
+  vocab.reserve(v->MemberCount());
+  for (auto it = v->MemberBegin(); it != v->MemberEnd(); ++it) {
+    const int64_t id =
+        it->value.IsNumber() ? json::as_integer(it->value).value_or(-1) : int64_t{-1};
+    std::string token(it->name.GetString(), it->name.GetStringLength());
+    if (id < 0 || id > INT32_MAX) {
+      m.fail_value("vocab", fmt::format("\"{}\" has id {}: expected an integer >= 0", token,
+                                        json::render(it->value)));
+    }
+    vocab.emplace_back(std::move(token), static_cast<int32_t>(id));
+  }
+  const rapidjson::Value* ml = m.find("merges");
+  if (ml == nullptr || !ml->IsArray()) m.fail("merges", "an array of merges");
+  std::vector<std::pair<std::string, std::string>> merges;
+  merges.reserve(ml->Size());
+  for (rapidjson::SizeType i = 0; i < ml->Size(); ++i) {
+    const rapidjson::Value& e = (*ml)[i];
+    if (e.IsString()) {  // "left right"
+      std::string_view s(e.GetString(), e.GetStringLength());
+      const size_t space = s.find(' ');
+      if (space == std::string_view::npos || s.find(' ', space + 1) != std::string_view::npos) {
+        m.fail_value("merges", fmt::format("entry {} is {}: expected \"left right\" with one space",
+                                           i, json::render(e)));
+      }
+      merges.emplace_back(std::string(s.substr(0, space)), std::string(s.substr(space + 1)));
+    } else if (e.IsArray() && e.Size() == 2 && e[0].IsString() && e[1].IsString()) {
+      merges.emplace_back(e[0].GetString(), e[1].GetString());
+    } else {
+      m.fail_value("merges", fmt::format("entry {} is {}: expected \"left right\" or [left, right]",
+                                         i, json::render(e)));
+    }
+  }
+  return std::make_shared<const BpeModel>(vocab, merges, o, source);
+}
+
+// The added tokens with the ids HF tokenizers gives them when it loads the file: an existing
+// entry's id, else the next id after the vocabulary. A file that says otherwise is rejected
+// (HF would only warn and use its own id).
+void read_added_tokens(json::ObjectReader& r, const std::string& source, const BpeModel& model,
+                       size_t model_entries, std::vector<AddedToken>& out) {
+  if (!r.has("added_tokens")) return;
+  int64_t max_added = -1;
+  for_each_object(r, "added_tokens", source, [&](json::ObjectReader& item) {
+    AddedToken t;
+    std::optional<int64_t> id = item.integer("id", 0, INT32_MAX - 1);
+    if (!id) item.fail("id", "a token id");
+    std::optional<std::string> content = item.string("content");
+    if (!content || content->empty() || !text::is_valid_utf8(*content)) {
+      item.fail("content", "a non-empty UTF-8 string");
+    }
+    t.id = static_cast<int32_t>(*id);
+    t.content = *content;
+    t.special = item.boolean("special").value_or(false);
+    t.single_word = item.boolean("single_word").value_or(false);
+    t.lstrip = item.boolean("lstrip").value_or(false);
+    t.rstrip = item.boolean("rstrip").value_or(false);
+    t.normalized = item.boolean("normalized").value_or(!t.special);
+    for (const AddedToken& earlier : out) {
+      if (earlier.content == t.content) {
+        item.fail_value("content", fmt::format("\"{}\" is added twice", t.content));
+      }
+    }
+    int64_t expected = model.token_id(t.content);
+    if (expected < 0) {
+      const auto entries = static_cast<int64_t>(model_entries);
+      expected = max_added < 0                            ? entries
+                 : (max_added >= entries || entries == 0) ? max_added + 1
+                                                          : entries;
+    }
+    if (expected != t.id) {
+      item.fail_value("id", fmt::format("\"{}\" has id {}, but HF tokenizers would give it id {} "
+                                        "(the vocabulary's id, or the next free one); fix the file",
+                                        t.content, t.id, expected));
+    }
+    max_added = std::max<int64_t>(max_added, t.id);
+    out.push_back(std::move(t));
+  });
+}
+
+}  // namespace
+
+TokenizerJson read_tokenizer_json(const std::string& path) {
+  const std::string content = files::read_text(path, "tokenizer file");
+  rapidjson::Document doc = json::parse(content, path);
+  json::ObjectReader r(doc, "", path);
+  TokenizerJson spec;
+  if (std::optional<std::string> v = r.string("version"); v && *v != "1.0") {
+    r.fail("version", "\"1.0\"");
+  }
+  r.known({"truncation", "padding"});  // per-call settings in transformers; encode never pads
+  if (std::optional<json::ObjectReader> n = r.object("normalizer")) {
+    read_normalizer(*n, path, spec.normalizers);
+  }
+  if (std::optional<json::ObjectReader> p = r.object("pre_tokenizer")) {
+    read_pre_tokenizer(*p, path, spec.pre_tokenizers);
+  }
+  if (std::optional<json::ObjectReader> p = r.object("post_processor")) {
+    read_post_processor(*p, path, spec.post_template);
+  }
+  if (std::optional<json::ObjectReader> d = r.object("decoder")) {
+    spec.decoders.emplace();
+    read_decoder(*d, path, *spec.decoders);
+  }
+  std::optional<json::ObjectReader> m = r.object("model");
+  if (!m) r.fail("model", "an object");
+  const bool byte_level = !spec.pre_tokenizers.empty() &&
+                          spec.pre_tokenizers.back().kind == PreTokenizerStep::kByteLevel;
+  spec.model = read_model(*m, path, byte_level);
+  read_added_tokens(r, path, *spec.model, spec.model->entries(), spec.added);
+  return spec;
+}
+
+// ---- tokenizer_config.json -----------------------------------------------------------------
+
+namespace {
+
+// A tokenizer_config.json or special_tokens_map.json, when the folder has it.
+struct ConfigFile {
+  std::string path;
+  rapidjson::Document doc;
+  bool present = false;
+};
+
+ConfigFile read_config(const std::string& dir, const char* name) {
+  ConfigFile f;
+  f.path = (std::filesystem::path(dir) / name).string();
+  std::error_code ec;
+  if (!std::filesystem::exists(f.path, ec)) return f;
+  f.doc = json::parse(files::read_text(f.path, "tokenizer file"), f.path);
+  json::ObjectReader check(f.doc, "", f.path);  // an object without repeated keys
+  f.present = true;
+  return f;
+}
+
+// A special token as transformers writes it: "<s>", {"content": "<s>", ...} or null.
+std::optional<std::string> token_setting(const ConfigFile& f, const char* key) {
+  if (!f.present) return std::nullopt;
+  json::ObjectReader r(f.doc, "", f.path);
+  const rapidjson::Value* v = r.find(key);
+  if (v == nullptr) return std::nullopt;
+  if (v->IsString()) return std::string(v->GetString(), v->GetStringLength());
+  if (v->IsObject()) {
+    json::ObjectReader t(*v, key, f.path);
+    if (std::optional<std::string> c = t.string("content")) return c;
+  }
+  r.fail(key, "a token string, {\"content\": ...} or null");
+}
+
+std::optional<bool> flag_setting(const ConfigFile& f, const char* key) {
+  if (!f.present) return std::nullopt;
+  json::ObjectReader r(f.doc, "", f.path);
+  return r.boolean(key);
+}
+
+}  // namespace
+
+SpecialTokens read_special_tokens(const std::string& dir, const HfTokenizer& tokenizer,
+                                  const std::optional<Template>& post_template) {
+  const ConfigFile config = read_config(dir, "tokenizer_config.json");
+  const ConfigFile map = read_config(dir, "special_tokens_map.json");
+  // transformers adds the tokens of added_tokens_decoder that tokenizer.json lacks; zerotrain
+  // would then encode differently, so they must agree.
+  if (config.present) {
+    json::ObjectReader r(config.doc, "", config.path);
+    if (std::optional<json::ObjectReader> decoder = r.object("added_tokens_decoder")) {
+      const rapidjson::Value& entries = config.doc["added_tokens_decoder"];
+      for (auto it = entries.MemberBegin(); it != entries.MemberEnd(); ++it) {
+        const std::string id(it->name.GetString(), it->name.GetStringLength());
+        json::ObjectReader entry(it->value, decoder->key_path(id), config.path);
+        const std::string content = entry.string("content").value_or("");
+        if (std::to_string(tokenizer.token_id(content)) != id) {
+          entry.fail_value("content", fmt::format("\"{}\" is not token {} of tokenizer.json; "
+                                                  "save the tokenizer again with HF so that the "
+                                                  "two files agree",
+                                                  content, id));
+        }
+      }
+    }
+  }
+  const ConfigFile& source = config.present ? config : map;
+  auto setting = [&](const char* key) -> std::pair<std::optional<std::string>, const ConfigFile*> {
+    if (std::optional<std::string> s = token_setting(config, key)) return {s, &config};
+    return {token_setting(map, key), &map};
+  };
+  auto id_of = [&](const char* key) -> int32_t {
+    auto [token, file] = setting(key);
+    if (!token) return -1;
+    const int32_t id = tokenizer.token_id(*token);
+    if (id < 0) {
+      throw ConfigError(
+          fmt::format("{}: {}: \"{}\" is not a token of tokenizer.json (transformers "
+                      "would add it as a new token); add it with HF and save the "
+                      "tokenizer again",
+                      file->path, key, *token));
+    }
+    return id;
+  };
+  const int32_t template_bos =
+      post_template && !post_template->before.empty() ? post_template->before[0] : -1;
+  const int32_t template_eos =
+      post_template && !post_template->after.empty() ? post_template->after[0] : -1;
+
+  SpecialTokens s;
+  s.bos_id = id_of("bos_token");
+  s.eos_id = id_of("eos_token");
+  s.pad_id = id_of("pad_token");
+  const std::optional<bool> add_bos = flag_setting(config, "add_bos_token");
+  const std::optional<bool> add_eos = flag_setting(config, "add_eos_token");
+  // Without add_bos_token / add_eos_token, transformers keeps tokenizer.json's post-processor:
+  // the template's tokens are what it adds.
+  s.add_bos = add_bos.value_or(template_bos >= 0);
+  s.add_eos = add_eos.value_or(template_eos >= 0);
+  for (auto [flag, template_id, id, key] :
+       {std::make_tuple(add_bos, template_bos, &s.bos_id, "bos_token"),
+        std::make_tuple(add_eos, template_eos, &s.eos_id, "eos_token")}) {
+    if (flag || template_id < 0) continue;
+    if (*id >= 0 && *id != template_id) {
+      throw ConfigError(
+          fmt::format("{}: {} is token {}, but tokenizer.json's post_processor adds token {}; set "
+                      "add_bos_token / add_eos_token in tokenizer_config.json to say which applies",
+                      source.present ? source.path : dir, key, *id, template_id));
+    }
+    *id = template_id;
+  }
+  if (!config.present && !map.present && s.eos_id < 0) {
+    // No config at all: take the usual end-of-text token of the families zerotrain knows.
+    for (const char* name : {"</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>"}) {
+      if ((s.eos_id = tokenizer.token_id(name)) >= 0) {
+        log::warn("'{}' has no tokenizer_config.json: using \"{}\" (id {}) as eos", dir, name,
+                  s.eos_id);
+        break;
+      }
+    }
+  }
+  if (s.add_bos && s.bos_id < 0) {
+    throw ConfigError(
+        fmt::format("{}: add_bos_token is true but there is no bos_token", config.path));
+  }
+  if (s.add_eos && s.eos_id < 0) {
+    throw ConfigError(
+        fmt::format("{}: add_eos_token is true but there is no eos_token", config.path));
+  }
+  return s;
+}
+
+}  // namespace zt::hf

@@ -1,0 +1,471 @@
+// HF tokenizer.json tokenizers against what HF produced (tests/fixtures/tokenizers, made by
+// tests/tools/make_fixtures.py with tokenizers 0.23.2 / transformers 5.17): every fixture text's
+// ids, ids with special tokens, decoding with and without special tokens; then the special
+// tokens of tokenizer_config.json, the fingerprint, the errors for unsupported features, and
+// properties (threads, ill-formed UTF-8, the chatml data path). Exact comparisons throughout:
+// tokenization has no tolerance.
+#include "support/catch.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <thread>
+
+#include <rapidjson/document.h>
+#include <rapidjson/pointer.h>
+#include <rapidjson/writer.h>
+
+#include "data/hf_tokenizer.hpp"
+#include "data/unicode_text.hpp"
+#include "support/messages.hpp"
+#include "support/ranks.hpp"
+#include "zerotrain/data.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/tokenizer.hpp"
+
+using namespace zt;
+using test::Has;
+using test::LogCapture;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::vector<std::string> kFixtures = {"qwen2", "llama3", "llama2", "mistral"};
+constexpr int64_t kLargeVocab = 1 << 20;
+
+std::string fixture_dir(const std::string& name) {
+  return std::string(ZT_FIXTURES) + "/tokenizers/" + name;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_file(const std::string& path, const std::string& content) {
+  std::ofstream(path, std::ios::binary) << content;
+}
+
+std::vector<int32_t> ints(const rapidjson::Value& v) {
+  std::vector<int32_t> out;
+  for (const rapidjson::Value& x : v.GetArray()) out.push_back(x.GetInt());
+  return out;
+}
+
+struct Case {
+  std::string text;
+  std::vector<int32_t> ids, ids_with_special_tokens, transformers_ids;
+  std::string decoded, decoded_skip_special;
+};
+
+std::vector<Case> read_cases(const std::string& name) {
+  const std::string content = read_file(fixture_dir(name) + "/cases.json");
+  rapidjson::Document doc;
+  doc.Parse(content.data(), content.size());
+  REQUIRE_FALSE(doc.HasParseError());
+  std::vector<Case> cases;
+  for (const rapidjson::Value& c : doc.GetArray()) {
+    cases.push_back(Case{c["text"].GetString(), ints(c["ids"]), ints(c["ids_with_special_tokens"]),
+                         ints(c["transformers_ids"]), c["decoded"].GetString(),
+                         c["decoded_skip_special"].GetString()});
+  }
+  REQUIRE(cases.size() > 20);
+  return cases;
+}
+
+std::shared_ptr<HfTokenizer> load_hf(const std::string& dir, int64_t vocab = kLargeVocab) {
+  std::shared_ptr<HfTokenizer> tok =
+      std::dynamic_pointer_cast<HfTokenizer>(load_tokenizer(dir, vocab));
+  REQUIRE(tok != nullptr);
+  return tok;
+}
+
+// A copy of a fixture folder in a fresh temp dir, for variations.
+std::string copy_fixture(const std::string& name) {
+  const std::string dir = test::temp_dir("tok-" + name);
+  for (const auto& e : fs::directory_iterator(fixture_dir(name))) {
+    fs::copy_file(e.path(), fs::path(dir) / e.path().filename());
+  }
+  return dir;
+}
+
+// Rewrites the JSON file `path`: `edit` gets the document and its allocator.
+void edit_json(
+    const std::string& path,
+    const std::function<void(rapidjson::Document&, rapidjson::Document::AllocatorType&)>& edit) {
+  rapidjson::Document doc;
+  const std::string content = read_file(path);
+  doc.Parse(content.data(), content.size());
+  REQUIRE_FALSE(doc.HasParseError());
+  edit(doc, doc.GetAllocator());
+  rapidjson::StringBuffer out;
+  rapidjson::Writer<rapidjson::StringBuffer> writer(out);
+  doc.Accept(writer);
+  write_file(path, out.GetString());
+}
+
+// Sets the value at JSON pointer `pointer` to the JSON text `value`.
+void set_json(const std::string& path, const char* pointer, const std::string& value) {
+  edit_json(path, [&](rapidjson::Document& doc, rapidjson::Document::AllocatorType& a) {
+    rapidjson::Document v;
+    v.Parse(value.data(), value.size());
+    REQUIRE_FALSE(v.HasParseError());
+    rapidjson::Value copy(v, a);
+    rapidjson::Pointer(pointer).Set(doc, copy, a);
+  });
+}
+
+void erase_json(const std::string& path, const char* pointer) {
+  edit_json(path, [&](rapidjson::Document& doc, rapidjson::Document::AllocatorType&) {
+    REQUIRE(rapidjson::Pointer(pointer).Erase(doc));
+  });
+}
+
+}  // namespace
+
+// ---- exactness against HF ------------------------------------------------------------------
+
+TEST_CASE("every fixture text encodes and decodes exactly as HF tokenizers", "[tokenizer]") {
+  for (const std::string& name : kFixtures) {
+    INFO("fixture " << name);
+    std::shared_ptr<HfTokenizer> tok = load_hf(fixture_dir(name));
+    for (const Case& c : read_cases(name)) {
+      INFO("text \"" << c.text << "\"");
+      const std::vector<int32_t> ids = tok->encode(c.text);
+      CHECK(ids == c.ids);
+      // encode(text, add_special_tokens=True): the post-processor's bos / eos around the text.
+      std::vector<int32_t> with_special = ids;
+      if (tok->add_bos()) with_special.insert(with_special.begin(), tok->bos_id());
+      if (tok->add_eos()) with_special.push_back(tok->eos_id());
+      CHECK(with_special == c.ids_with_special_tokens);
+      // Decoding HF's ids, and the round trip through our own encoding.
+      CHECK(tok->decode(c.ids, false) == c.decoded);
+      CHECK(tok->decode(c.ids) == c.decoded_skip_special);
+      CHECK(tok->decode(ids, false) == c.decoded);
+      if (c.decoded == c.text) CHECK(tok->decode(tok->encode(c.text), false) == c.text);
+    }
+  }
+}
+
+TEST_CASE("transformers differs from tokenizer.json only for LLaMA-2's legacy normalizer",
+          "[tokenizer]") {
+  // transformers 5 rebuilds LlamaTokenizerFast's pipeline as Metaspace(prepend_scheme "first")
+  // instead of tokenizer.json's Prepend + Replace normalizer; zerotrain follows tokenizer.json
+  // (docs/tokenizers.md). The mistral fixture has the same vocabulary with exactly that
+  // pipeline, so transformers' LLaMA-2 ids are the mistral tokenizer's.
+  for (const std::string& name : kFixtures) {
+    INFO("fixture " << name);
+    const std::vector<Case> cases = read_cases(name);
+    if (name != "llama2") {
+      for (const Case& c : cases) CHECK(c.transformers_ids == c.ids_with_special_tokens);
+      continue;
+    }
+    std::shared_ptr<HfTokenizer> metaspace = load_hf(fixture_dir("mistral"));
+    int differing = 0;
+    for (const Case& c : cases) {
+      INFO("text \"" << c.text << "\"");
+      std::vector<int32_t> ids = metaspace->encode(c.text);
+      ids.insert(ids.begin(), metaspace->bos_id());
+      CHECK(c.transformers_ids == ids);
+      differing += c.transformers_ids != c.ids_with_special_tokens;
+    }
+    CHECK(differing > 0);
+  }
+}
+
+TEST_CASE("special-token strings in the text become their ids", "[tokenizer]") {
+  std::shared_ptr<HfTokenizer> qwen = load_hf(fixture_dir("qwen2"));
+  const int32_t start = qwen->token_id("<|im_start|>"), end = qwen->token_id("<|im_end|>");
+  REQUIRE(start >= 0);
+  REQUIRE(end >= 0);
+  // Text between added tokens is encoded on its own, as HF splits on them first.
+  std::vector<int32_t> want = {start};
+  for (int32_t id : qwen->encode("user\nWhat is ZeRO?")) want.push_back(id);
+  want.push_back(end);
+  CHECK(qwen->encode("<|im_start|>user\nWhat is ZeRO?<|im_end|>") == want);
+  CHECK(qwen->decode(want) == "user\nWhat is ZeRO?");
+  CHECK(qwen->decode(want, false) == "<|im_start|>user\nWhat is ZeRO?<|im_end|>");
+
+  std::shared_ptr<HfTokenizer> llama = load_hf(fixture_dir("llama2"));
+  const std::vector<int32_t> ids = llama->encode("a</s><s>b");
+  REQUIRE(ids.size() >= 4);
+  CHECK(std::count(ids.begin(), ids.end(), llama->eos_id()) == 1);
+  CHECK(std::count(ids.begin(), ids.end(), llama->bos_id()) == 1);
+}
+
+TEST_CASE("chatml data keeps <|im_start|> and <|im_end|> as special ids", "[tokenizer]") {
+  std::shared_ptr<Tokenizer> tok = load_tokenizer(fixture_dir("qwen2"), kLargeVocab);
+  const std::string path = test::temp_dir("tok-chatml") + "/data.jsonl";
+  write_file(
+      path,
+      R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]})"
+      "\n");
+  DataOptions o;
+  o.template_name = "chatml";
+  Dataset d = tokenize_jsonl(path, *tok, o);
+  REQUIRE(d.size() == 1);
+  // docs/data.md: prompt and response encoded separately; no bos (Qwen), no eos with chatml.
+  std::vector<int32_t> prompt =
+      tok->encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  std::vector<int32_t> response = tok->encode("Hello!<|im_end|>\n");
+  std::vector<int32_t> want = prompt;
+  want.insert(want.end(), response.begin(), response.end());
+  const TokenView ids = d.ids(0), labels = d.labels(0);
+  CHECK(ids.to_vector() == want);
+  const int32_t im_end = std::dynamic_pointer_cast<HfTokenizer>(tok)->token_id("<|im_end|>");
+  CHECK(std::count(want.begin(), want.end(), im_end) == 2);
+  for (size_t i = 0; i < want.size(); ++i) {
+    CHECK(labels[static_cast<int64_t>(i)] == (i < prompt.size() ? kIgnoreLabel : want[i]));
+  }
+}
+
+// ---- special tokens from tokenizer_config.json -------------------------------------------------
+
+TEST_CASE("bos, eos, pad, add_bos and add_eos come from tokenizer_config.json", "[tokenizer]") {
+  // The fixtures' settings, as their tokenizer_config.json files say.
+  std::shared_ptr<HfTokenizer> qwen = load_hf(fixture_dir("qwen2"));
+  CHECK_FALSE(qwen->add_bos());
+  CHECK_FALSE(qwen->add_eos());
+  CHECK(qwen->bos_id() == -1);
+  CHECK(qwen->eos_id() == qwen->token_id("<|endoftext|>"));
+  CHECK(qwen->pad_id() == qwen->token_id("<|endoftext|>"));
+  // No add_bos_token: the post-processor's template prepends <|begin_of_text|>.
+  std::shared_ptr<HfTokenizer> llama3 = load_hf(fixture_dir("llama3"));
+  CHECK(llama3->add_bos());
+  CHECK(llama3->bos_id() == llama3->token_id("<|begin_of_text|>"));
+  CHECK(llama3->eos_id() == llama3->token_id("<|end_of_text|>"));
+  CHECK(llama3->pad_id() == -1);
+  for (const char* name : {"llama2", "mistral"}) {
+    std::shared_ptr<HfTokenizer> tok = load_hf(fixture_dir(name));
+    CHECK(tok->add_bos());
+    CHECK_FALSE(tok->add_eos());
+    CHECK(tok->bos_id() == tok->token_id("<s>"));
+    CHECK(tok->eos_id() == tok->token_id("</s>"));
+    CHECK(tok->pad_id() == -1);
+  }
+
+  SECTION("the config's flags override the template") {
+    const std::string dir = copy_fixture("llama2");
+    set_json(dir + "/tokenizer_config.json", "/add_bos_token", "false");
+    set_json(dir + "/tokenizer_config.json", "/add_eos_token", "true");
+    std::shared_ptr<HfTokenizer> tok = load_hf(dir);
+    CHECK_FALSE(tok->add_bos());
+    CHECK(tok->add_eos());
+  }
+  SECTION("tokens may be written as AddedToken objects") {
+    const std::string dir = copy_fixture("llama2");
+    set_json(dir + "/tokenizer_config.json", "/pad_token",
+             R"({"__type": "AddedToken", "content": "<unk>", "special": true})");
+    std::shared_ptr<HfTokenizer> tok = load_hf(dir);
+    CHECK(tok->pad_id() == tok->token_id("<unk>"));
+  }
+  SECTION("special_tokens_map.json fills in what tokenizer_config.json lacks") {
+    const std::string dir = copy_fixture("llama2");
+    erase_json(dir + "/tokenizer_config.json", "/eos_token");
+    write_file(dir + "/special_tokens_map.json", R"({"eos_token": "<unk>"})");
+    CHECK(load_hf(dir)->eos_id() == load_hf(dir)->token_id("<unk>"));
+  }
+  SECTION("without any config: the template's bos, and the family's end-of-text token as eos") {
+    const std::string dir = copy_fixture("llama3");
+    fs::remove(dir + "/tokenizer_config.json");
+    LogCapture log;
+    std::shared_ptr<HfTokenizer> tok = load_hf(dir);
+    CHECK(tok->add_bos());
+    CHECK(tok->bos_id() == tok->token_id("<|begin_of_text|>"));
+    CHECK(tok->eos_id() == tok->token_id("<|end_of_text|>"));
+    CHECK(log.contains("<|end_of_text|>"));
+  }
+  SECTION("inconsistent settings are errors") {
+    const std::string dir = copy_fixture("llama2");
+    const std::string config = dir + "/tokenizer_config.json";
+    set_json(config, "/pad_token", R"("<pad>")");
+    CHECK_THROWS_MATCHES(load_tokenizer(dir, kLargeVocab), ConfigError,
+                         Has({config, "pad_token", "<pad>", "not a token"}));
+    set_json(config, "/pad_token", "null");
+    set_json(config, "/bos_token", "null");
+    CHECK_THROWS_MATCHES(load_tokenizer(dir, kLargeVocab), ConfigError,
+                         Has({config, "add_bos_token", "no bos_token"}));
+    erase_json(config, "/add_bos_token");
+    set_json(config, "/bos_token", R"("</s>")");  // the template adds <s>
+    CHECK_THROWS_MATCHES(load_tokenizer(dir, kLargeVocab), ConfigError,
+                         Has({config, "bos_token", "post_processor"}));
+    set_json(config, "/bos_token", R"("<s>")");
+    set_json(config, "/added_tokens_decoder", R"({"1": {"content": "<pad>"}})");
+    CHECK_THROWS_MATCHES(load_tokenizer(dir, kLargeVocab), ConfigError,
+                         Has({config, "added_tokens_decoder.1", "<pad>"}));
+  }
+}
+
+TEST_CASE("the fingerprint follows tokenizer.json and tokenizer_config.json", "[tokenizer]") {
+  const std::string a = copy_fixture("qwen2"), b = copy_fixture("qwen2");
+  const std::string original = load_hf(a)->fingerprint();
+  CHECK(load_hf(b)->fingerprint() == original);  // the content counts, not the folder
+  CHECK(original != load_hf(fixture_dir("llama3"))->fingerprint());
+  set_json(b + "/tokenizer_config.json", "/add_bos_token", "true");
+  set_json(b + "/tokenizer_config.json", "/bos_token", R"("<|endoftext|>")");
+  const std::string config_changed = load_hf(b)->fingerprint();
+  CHECK(config_changed != original);
+  set_json(b + "/tokenizer.json", "/normalizer", "null");
+  CHECK(load_hf(b)->fingerprint() != config_changed);
+  CHECK(load_hf(a)->fingerprint() != byte_tokenizer()->fingerprint());
+}
+
+TEST_CASE("the tokenizer may not have more ids than the model's embedding", "[tokenizer]") {
+  const int64_t n = load_hf(fixture_dir("qwen2"))->vocab_size();
+  CHECK(load_hf(fixture_dir("qwen2"), n)->vocab_size() == n);
+  CHECK_THROWS_MATCHES(
+      load_tokenizer(fixture_dir("qwen2"), n - 1), ConfigError,
+      Has({"tokenizer.json", std::to_string(n), "vocab_size " + std::to_string(n - 1)}));
+  // Added tokens past the vocabulary count.
+  const std::string dir = copy_fixture("qwen2");
+  set_json(dir + "/tokenizer.json", "/added_tokens/-",
+           R"({"id": )" + std::to_string(n) +
+               R"(, "content": "<tool>", "single_word": false, "lstrip": false, "rstrip": false,
+                   "normalized": false, "special": true})");
+  CHECK(load_hf(dir)->vocab_size() == n + 1);
+  CHECK(load_hf(dir)->encode("<tool>") == std::vector<int32_t>{static_cast<int32_t>(n)});
+  CHECK_THROWS_MATCHES(load_tokenizer(dir, n), ConfigError,
+                       Has({std::to_string(n + 1), "vocab_size " + std::to_string(n)}));
+}
+
+// ---- unsupported features ------------------------------------------------------------------
+
+TEST_CASE("unsupported tokenizer.json features are errors naming file, key and type",
+          "[tokenizer]") {
+  struct Variation {
+    const char* fixture;
+    const char* pointer;
+    std::string value;
+    std::vector<std::string> message;  // besides the file's path
+  };
+  const std::vector<Variation> variations = {
+      {"qwen2", "/model/type", R"("WordPiece")", {"model.type", "WordPiece"}},
+      {"qwen2", "/model/type", R"("Unigram")", {"model.type", "Unigram"}},
+      {"qwen2", "/model/dropout", "0.1", {"model.dropout", "0.1"}},
+      {"qwen2", "/model/continuing_subword_prefix", R"("##")", {"continuing_subword_prefix", "##"}},
+      {"qwen2", "/model/end_of_word_suffix", R"("</w>")", {"end_of_word_suffix", "</w>"}},
+      {"qwen2", "/normalizer", R"({"type": "Lowercase"})", {"normalizer.type", "Lowercase"}},
+      {"qwen2",
+       "/normalizer",
+       R"({"type": "Sequence", "normalizers": [{"type": "NFC"},
+        {"type": "BertNormalizer"}]})",
+       {"normalizer.normalizers[1].type", "BertNormalizer"}},
+      {"llama2",
+       "/normalizer/normalizers/1/pattern",
+       R"({"Regex": " +"})",
+       {"normalizer.normalizers[1].pattern.Regex", "regex"}},
+      {"qwen2",
+       "/pre_tokenizer",
+       R"({"type": "Whitespace"})",
+       {"pre_tokenizer.type", "Whitespace"}},
+      {"qwen2",
+       "/pre_tokenizer/pretokenizers/0/pattern/Regex",
+       R"("\\p{L}+|\\s+")",
+       {"pre_tokenizer.pretokenizers[0].pattern.Regex", "\\p{L}+|\\s+"}},
+      {"qwen2",
+       "/pre_tokenizer/pretokenizers/0/pattern",
+       R"({"String": " "})",
+       {"pre_tokenizer.pretokenizers[0].pattern.String"}},
+      {"qwen2",
+       "/pre_tokenizer/pretokenizers/0/behavior",
+       R"("Removed")",
+       {"pre_tokenizer.pretokenizers[0].behavior", "Removed"}},
+      {"qwen2",
+       "/pre_tokenizer/pretokenizers/0/invert",
+       "true",
+       {"pre_tokenizer.pretokenizers[0].invert"}},
+      {"qwen2",
+       "/pre_tokenizer/pretokenizers/-",
+       R"({"type": "Digits", "individual_digits": true})",
+       {"pre_tokenizer.pretokenizers[2].type", "Digits", "after ByteLevel"}},
+      {"qwen2",
+       "/decoder",
+       R"({"type": "WordPiece", "prefix": "##"})",
+       {"decoder.type", "WordPiece"}},
+      {"qwen2",
+       "/post_processor",
+       R"({"type": "RobertaProcessing"})",
+       {"post_processor.type", "RobertaProcessing"}},
+      {"llama2",
+       "/post_processor/single",
+       R"([{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"SpecialToken": {"id": "<s>", "type_id": 0}},
+           {"Sequence": {"id": "A", "type_id": 0}}])",
+       {"post_processor.single", "2 special ids before"}},
+      {"llama2", "/added_tokens/2/id", "7", {"added_tokens[2].id", "</s>", "7"}},
+      {"llama2", "/model/merges/0", R"("a zz")", {"model.merges[0]", "zz"}},
+      {"llama2", "/model/unk_token", R"("<oov>")", {"model.unk_token", "<oov>"}},
+  };
+  for (const Variation& v : variations) {
+    INFO(v.fixture << " with " << v.pointer << " = " << v.value);
+    const std::string dir = copy_fixture(v.fixture);
+    const std::string path = dir + "/tokenizer.json";
+    set_json(path, v.pointer, v.value);
+    std::vector<std::string> parts = v.message;
+    parts.push_back(path);
+    CHECK_THROWS_MATCHES(load_tokenizer(dir, kLargeVocab), ConfigError, Has(parts));
+  }
+}
+
+// ---- properties ----------------------------------------------------------------------------
+
+TEST_CASE("encoding is the same from several threads and with a warm cache", "[tokenizer]") {
+  std::vector<std::string> texts;
+  for (const std::string& name : kFixtures) {
+    for (const Case& c : read_cases(name)) texts.push_back(c.text);
+  }
+  for (const std::string& name : kFixtures) {
+    INFO("fixture " << name);
+    std::shared_ptr<HfTokenizer> reference = load_hf(fixture_dir(name));
+    std::vector<std::vector<int32_t>> want;
+    for (const std::string& t : texts) want.push_back(reference->encode(t));
+    std::shared_ptr<HfTokenizer> shared = load_hf(fixture_dir(name));  // a cold cache
+    std::vector<int> mismatches(4, 0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        for (int round = 0; round < 20; ++round) {
+          for (size_t i = 0; i < texts.size(); ++i) {
+            const size_t k =
+                (i * 7 + static_cast<size_t>(t) * 13 + static_cast<size_t>(round)) % texts.size();
+            mismatches[t] += shared->encode(texts[k]) != want[k];
+          }
+        }
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    CHECK(mismatches == std::vector<int>(4, 0));
+  }
+}
+
+TEST_CASE("ill-formed UTF-8 is read as U+FFFD per maximal subpart", "[tokenizer]") {
+  // The example of the Unicode Standard, section 3.9 (U+FFFD substitution of maximal subparts).
+  const std::string bad = "\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64";
+  std::string repaired;
+  text::append_lossy_utf8(bad, repaired);
+  CHECK(repaired == "a\uFFFD\uFFFD\uFFFDb\uFFFDc\uFFFD\uFFFDd");
+  CHECK_FALSE(text::is_valid_utf8(bad));
+  CHECK(text::is_valid_utf8(repaired));
+  for (const char* surrogate_or_overlong : {"\xED\xA0\x80", "\xC0\xAF", "\xF4\x90\x80\x80"}) {
+    CHECK_FALSE(text::is_valid_utf8(surrogate_or_overlong));
+  }
+  for (const std::string& name : kFixtures) {
+    std::shared_ptr<HfTokenizer> tok = load_hf(fixture_dir(name));
+    CHECK(tok->encode(bad) == tok->encode(repaired));
+  }
+}
+
+TEST_CASE("decode leaves out unknown ids and -100 labels", "[tokenizer]") {
+  for (const std::string& name : kFixtures) {
+    std::shared_ptr<HfTokenizer> tok = load_hf(fixture_dir(name));
+    const std::vector<int32_t> ids = tok->encode("The quick brown fox");
+    std::vector<int32_t> noisy = {kIgnoreLabel};
+    noisy.insert(noisy.end(), ids.begin(), ids.end());
+    noisy.push_back(static_cast<int32_t>(tok->vocab_size()));
+    noisy.push_back(kIgnoreLabel);
+    CHECK(tok->decode(noisy) == tok->decode(ids));
+  }
+}
