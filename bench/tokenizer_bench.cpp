@@ -268,8 +268,15 @@ int main(int argc, char** argv) {
   double mb = 100;
   int threads = 1;
   std::vector<std::string> tokenizers;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (i + 1 == argc) {
+      std::fprintf(stderr,
+                   "usage: zt_bench_tokenizer [--corpus PATH] [--mb 100] [--threads N] "
+                   "[--tokenizer DIR]...\n");
+      return 2;
+    }
+    const std::string value = argv[i + 1];
     if (flag == "--corpus")
       corpus = value;
     else if (flag == "--mb")
