@@ -6,18 +6,39 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "support/catch.hpp"
 #include <fmt/format.h>
 
 namespace zt::test {
 
+namespace {
+
+// The folders this process made, removed when it exits (ZT_KEEP_TEST_DIRS=1 keeps them for a
+// post-mortem). Rank processes launched by a test get their folders from it through the
+// environment, so a folder outlives every process that uses it.
+struct TempDirs {
+  std::vector<std::filesystem::path> made;
+  ~TempDirs() {
+    const char* keep = std::getenv("ZT_KEEP_TEST_DIRS");
+    if (keep && std::string(keep) == "1") return;
+    std::error_code ec;
+    for (const auto& dir : made) std::filesystem::remove_all(dir, ec);
+  }
+};
+
+}  // namespace
+
 std::string temp_dir(const std::string& tag) {
+  static TempDirs dirs;
   static int counter = 0;
   auto dir = std::filesystem::temp_directory_path() /
              fmt::format("zt-{}-{}-{}", tag, static_cast<long>(::getpid()), ++counter);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  dirs.made.push_back(dir);
   return dir.string();
 }
 

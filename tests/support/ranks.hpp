@@ -39,7 +39,8 @@ bool skip_cpu_world(int world);
 std::unique_ptr<Communicator> join(Backend backend = Backend::kAuto,
                                    at::Device device = at::kCPU);
 
-/// A fresh empty folder under the system temp dir (not removed, for post-mortems).
+/// A fresh empty folder under the system temp dir, removed when this process exits
+/// (ZT_KEEP_TEST_DIRS=1 keeps it for a post-mortem).
 std::string temp_dir(const std::string& tag);
 
 }  // namespace zt::test

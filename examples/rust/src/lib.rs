@@ -236,5 +236,7 @@ mod tests {
         assert!((t.evaluate(&ids, None, 1, 2).unwrap() - before).abs() < 1e-6);
         t.export(dir.join("model")).unwrap();
         assert!(dir.join("model/config.json").exists());
+        drop(t);
+        let _ = std::fs::remove_dir_all(&dir); // kept when an assertion failed above
     }
 }
