@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "support/jobs.hpp"
 #include "support/ranks.hpp"
 #include "util/files.hpp"
 #include "zerotrain/checkpoint.hpp"
@@ -20,28 +21,13 @@
 #include "zerotrain/trainer.hpp"
 
 using namespace zt;
+using zt::test::kTinyModel;
+using zt::test::logged_losses;
+using zt::test::write_data;
 using Catch::Contains;
 namespace fs = std::filesystem;
 
 namespace {
-
-const char* kTinyModel =
-    R"({"model_type": "llama", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "tie_word_embeddings": false})";
-
-// A small instruction dataset: answers are a function of the question, so the loss falls.
-std::string write_data(const std::string& dir, const std::string& name, int count, int salt) {
-  std::string text;
-  for (int i = 0; i < count; ++i) {
-    const int n = (i * 7919 + salt * 104729) % 10007;
-    text += fmt::format("{{\"instruction\": \"Is {} even or odd?\", \"output\": \"{}\"}}\n", n,
-                        n % 2 ? "odd" : "even");
-  }
-  const std::string path = dir + "/" + name;
-  files::write_atomic(path, text);
-  return path;
-}
 
 // Flags of a run: the tiny model, the data in `dir`, and `extra` on top.
 std::vector<std::string> run_flags(const std::string& dir, const std::vector<std::string>& extra) {
@@ -78,20 +64,6 @@ std::vector<std::string> split_flags(const std::string& s) {
     }
   }
   return out;
-}
-
-// The training losses trainer_log.jsonl recorded, by step (the last record of a step wins).
-std::map<int64_t, double> logged_losses(const std::string& out_dir) {
-  std::map<int64_t, double> losses;
-  std::ifstream in(out_dir + "/trainer_log.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t l = line.find("\"loss\":");
-    if (l == std::string::npos) continue;
-    const int64_t step = std::stoll(line.substr(line.find("\"step\":") + 7));
-    losses[step] = std::stod(line.substr(l + 7));
-  }
-  return losses;
 }
 
 void train_ranks(int world, const std::string& dir, const std::vector<std::string>& extra, int cancel_at = 0) {

@@ -27,6 +27,9 @@ struct LogRecord {
   int64_t step = 0;
   double epoch = 0.0;
   std::optional<double> loss, learning_rate, grad_norm, tokens_per_second, loss_scale;
+  /// On CUDA: the most GPU memory LibTorch's allocator had allocated on any rank during the
+  /// logging window, in GiB (torch.cuda.max_memory_allocated, reset after each record).
+  std::optional<double> peak_memory_gib;
   std::optional<double> eval_loss;
   std::optional<double> train_loss, train_runtime;  ///< the final summary record
   /// One JSON object (a line of trainer_log.jsonl).

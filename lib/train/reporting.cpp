@@ -37,6 +37,7 @@ void write_record(Writer& w, const LogRecord& r) {
   number("grad_norm", r.grad_norm);
   number("tokens_per_second", r.tokens_per_second);
   number("loss_scale", r.loss_scale);
+  number("peak_memory_gib", r.peak_memory_gib);
   number("eval_loss", r.eval_loss);
   number("train_loss", r.train_loss);
   number("train_runtime", r.train_runtime);
@@ -143,6 +144,7 @@ TrainerState read_trainer_state(const std::string& checkpoint_dir) {
       rec.grad_norm = e.number("grad_norm");
       rec.tokens_per_second = e.number("tokens_per_second");
       rec.loss_scale = e.number("loss_scale");
+      rec.peak_memory_gib = e.number("peak_memory_gib");
       rec.eval_loss = e.number("eval_loss");
       rec.train_loss = e.number("train_loss");
       rec.train_runtime = e.number("train_runtime");
@@ -229,6 +231,7 @@ std::string describe(const LogRecord& r, int64_t total_steps) {
   if (r.grad_norm) line += fmt::format(" | grad_norm {:.3f}", *r.grad_norm);
   if (r.tokens_per_second) line += fmt::format(" | {:.0f} tokens/s", *r.tokens_per_second);
   if (r.loss_scale && *r.loss_scale != 1.0) line += fmt::format(" | loss_scale {:g}", *r.loss_scale);
+  if (r.peak_memory_gib) line += fmt::format(" | peak {:.1f} GiB", *r.peak_memory_gib);
   if (r.train_loss) line += fmt::format(" | train_loss {:.4f}", *r.train_loss);
   if (r.train_runtime) line += fmt::format(" | runtime {:.1f} s", *r.train_runtime);
   return line;

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "train/reporting.hpp"
+#include "util/device_stats.hpp"
 #include "util/files.hpp"
 #include "util/log.hpp"
 #include "util/rng.hpp"
@@ -149,6 +150,16 @@ struct Trainer::Impl {
   double epoch_progress() const {
     return static_cast<double>(state.epoch_index) +
            static_cast<double>(state.steps_in_epoch) / static_cast<double>(std::max<int64_t>(1, steps_per_epoch));
+  }
+  // Collective on CUDA: the largest peak allocation of any rank since the last call, in GiB.
+  std::optional<double> window_peak_memory_gib() {
+    const at::Device device = comm->device();
+    if (!device.is_cuda()) return std::nullopt;
+    const int index = device.has_index() ? device.index() : 0;
+    at::Tensor peak = at::full({}, device_stats::peak_allocated(index), at::TensorOptions().dtype(at::kLong).device(device));
+    comm->all_reduce(peak, ReduceOp::kMax)->wait();
+    device_stats::reset_peak(index);
+    return static_cast<double>(peak.item<int64_t>()) / (1024.0 * 1024.0 * 1024.0);
   }
 };
 
@@ -727,6 +738,7 @@ TrainResult Trainer::train() {
     r.grad_norm = I.engine->last_grad_norm();
     r.tokens_per_second = static_cast<double>(window_tokens) / std::max(1e-9, seconds_since(window_start));
     if (I.ds.fp16.enabled.value()) r.loss_scale = I.engine->loss_scale();
+    r.peak_memory_gib = I.window_peak_memory_gib();
     I.log(r);
     run_loss_sum += loss * static_cast<double>(window_steps);
     run_loss_steps += window_steps;

@@ -1,0 +1,41 @@
+#include "support/jobs.hpp"
+
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "util/files.hpp"
+
+namespace zt::test {
+
+const char* const kTinyModel =
+    R"({"model_type": "llama", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "tie_word_embeddings": false})";
+
+std::string write_data(const std::string& dir, const std::string& name, int count, int salt) {
+  std::string text;
+  for (int i = 0; i < count; ++i) {
+    const int n = (i * 7919 + salt * 104729) % 10007;
+    text += fmt::format("{{\"instruction\": \"Is {} even or odd?\", \"output\": \"{}\"}}\n", n,
+                        n % 2 ? "odd" : "even");
+  }
+  const std::string path = dir + "/" + name;
+  files::write_atomic(path, text);
+  return path;
+}
+
+std::map<int64_t, double> logged_losses(const std::string& out_dir) {
+  std::map<int64_t, double> losses;
+  std::ifstream in(out_dir + "/trainer_log.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t l = line.find("\"loss\":");
+    if (l == std::string::npos) continue;
+    const int64_t step = std::stoll(line.substr(line.find("\"step\":") + 7));
+    losses[step] = std::stod(line.substr(l + 7));
+  }
+  return losses;
+}
+
+}  // namespace zt::test

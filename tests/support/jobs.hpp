@@ -1,0 +1,22 @@
+// Small training jobs for the Trainer tests (CPU and GPU): a tiny model, a dataset whose loss
+// falls, and the losses a run logged.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace zt::test {
+
+/// An inline LLaMA config (vocab 259: the byte-level tokenizer), 2 layers, GQA.
+extern const char* const kTinyModel;
+
+/// Writes `count` alpaca-style examples ("Is N even or odd?" → "odd" / "even", N from `salt`)
+/// to dir/name and returns the path.
+std::string write_data(const std::string& dir, const std::string& name, int count, int salt);
+
+/// The training losses out_dir/trainer_log.jsonl recorded, by step (the last record of a step
+/// wins).
+std::map<int64_t, double> logged_losses(const std::string& out_dir);
+
+}  // namespace zt::test
