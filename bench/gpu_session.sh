@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# One GPU-machine session's work, in phases, each small enough for one device call (≤ 10 min):
+#
+#   bench/gpu_session.sh build            configure + build into build-gpu/ (kept while warm)
+#   bench/gpu_session.sh test             the whole ctest suite, GPU tests included
+#   bench/gpu_session.sh lora7b           examples/finetune_7b.sh MODE=lora beside the peer
+#   bench/gpu_session.sh full7b           examples/finetune_7b.sh MODE=full (optimizer offload)
+#   bench/gpu_session.sh lora13b          examples/finetune_13b_zero3_offload.sh
+#   bench/gpu_session.sh micro            AdamW, copies, engine overhead, model step vs peer
+#
+# Phases may be chained (`build test`). Needs `.gpu-deps/` (../shared/gpu/prepare-deps.sh) and,
+# for the peer runs, `.peer/hf_baseline.py` (a copy of ../shared/bench/hf_baseline.py): carry
+# both. Logs and RESULT lines go under $OUT (the device tool's result folder), training
+# outputs under /tmp so that no model weights are sent back.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source .gpu-deps/env.sh
+results=${OUT:-/tmp/zt-gpu-results}
+mkdir -p "$results"
+b=build-gpu
+zt=$PWD/$b/bin/zerotrain
+steps=${STEPS:-20}
+
+peer() {  # SHAPE MODE SEQ MBS CKPT
+  if [ -f .peer/hf_baseline.py ]; then
+    python3 .peer/hf_baseline.py "$@" 2>&1 | tee -a "$results/peer.log" | grep '^RESULT' || true
+  else
+    echo "no .peer/hf_baseline.py: peer run skipped" | tee -a "$results/peer.log"
+  fi
+}
+
+# Runs one example script; keeps its trainer_log.jsonl and prints the steady-state summary.
+example() {  # NAME SCRIPT [VAR=VALUE...]
+  local name=$1 script=$2
+  shift 2
+  local out=/tmp/zt-$name
+  rm -rf "$out" "$out.synthetic.jsonl"
+  local start=$SECONDS
+  env "$@" ZT="$zt" OUT="$out" STEPS="$steps" "$script" > "$results/$name.log" 2>&1 || {
+    echo "$name failed (status $?), last lines:"
+    tail -20 "$results/$name.log"
+    return 0
+  }
+  cp "$out/trainer_log.jsonl" "$results/$name.trainer_log.jsonl"
+  python3 - "$name" "$out/trainer_log.jsonl" $((SECONDS - start)) <<'EOF' | tee -a "$results/summary.jsonl"
+import json, sys
+name, path, wall = sys.argv[1], sys.argv[2], int(sys.argv[3])
+records = [json.loads(l) for l in open(path) if '"tokens_per_second"' in l and '"loss"' in l]
+steady = records[1:] or records  # the first window holds start-up and warm-up
+print(json.dumps({"run": name, "steps": records[-1]["step"] if records else 0, "wall_s": wall,
+                  "tokens_per_s": round(sum(r["tokens_per_second"] for r in steady) / max(1, len(steady))),
+                  "peak_gib": max((r.get("peak_memory_gib") or 0) for r in steady) if steady else None,
+                  "last_loss": records[-1]["loss"] if records else None}))
+EOF
+}
+
+for phase in "$@"; do
+  echo "== $phase ($(date -u +%H:%M:%S))"
+  case "$phase" in
+    build)
+      cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release > "$results/configure.log" 2>&1 ||
+        { tail -30 "$results/configure.log"; exit 1; }
+      cmake --build $b > "$results/build.log" 2>&1 || { grep -B2 -A12 'error' "$results/build.log" | head -80; exit 1; }
+      echo "built"
+      ;;
+    test)
+      (cd $b && ctest -j8 --timeout 600 > "$results/ctest.log" 2>&1) || true
+      tail -25 "$results/ctest.log"
+      ;;
+    lora7b)
+      example lora7b examples/finetune_7b.sh MODE=lora
+      peer qwen2.5-7b lora 1024 8 0
+      ;;
+    full7b)
+      example full7b examples/finetune_7b.sh MODE=full
+      ;;
+    lora13b)
+      example lora13b examples/finetune_13b_zero3_offload.sh
+      peer llama2-13b lora 1024 8 1
+      ;;
+    micro)
+      $b/bin/zt_bench_engine adamw 2>&1 | tee "$results/adamw.log" | grep '^RESULT' || true
+      $b/bin/zt_bench_engine copies 2>&1 | tee "$results/copies.log" | grep '^RESULT' || true
+      $b/bin/zt_bench_model qwen2.5-7b full 1024 4 1 2>&1 | tee "$results/model.log" | grep '^RESULT' || true
+      peer qwen2.5-7b full 1024 4 1
+      ;;
+    *) echo "unknown phase $phase" >&2; exit 2 ;;
+  esac
+done
