@@ -24,7 +24,7 @@ struct ParamFactory {
 };
 
 /// A projection, optionally with a LoRA adapter (PEFT's layout: submodules lora_A [r, in] and
-/// lora_B [out, r], output += lora_B(lora_A(dropout(x))) · scaling).
+/// lora_B [out, r], output += lora_B(lora_A(dropout(x))) · scaling; lora_B has no bias).
 struct Linear : torch::nn::Module {
   at::Tensor weight, bias;
   int64_t in_features, out_features;
@@ -41,7 +41,13 @@ struct Linear : torch::nn::Module {
     at::Tensor y = at::linear(x, weight, bias);
     if (lora_A && !lora_merged) {
       at::Tensor h = lora_dropout > 0 && is_training() ? at::dropout(x, lora_dropout, true) : x;
-      y = y + lora_B->forward(lora_A->forward(h)) * lora_scaling;
+      // PEFT computes lora_B(lora_A(h)) · scaling and adds it: two passes over the [tokens,
+      // out] result. Scaling the [tokens, r] activations instead and letting lora_B's GEMM
+      // accumulate into y (β = 1) is the same sum without them.
+      at::Tensor a = lora_A->forward(h);
+      if (lora_scaling != 1.0) a = a * lora_scaling;
+      y = at::addmm(y.reshape({-1, out_features}), a.reshape({-1, a.size(-1)}), lora_B->weight.t())
+              .view(y.sizes());
     }
     return y;
   }
