@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "model/layers.hpp"
 #include "support/ranks.hpp"
 #include "util/files.hpp"
 #include "zerotrain/error.hpp"
@@ -275,5 +276,39 @@ TEST_CASE("the example shape configs parse and have their models' parameter coun
     int64_t count = 0;
     for (const auto& p : m.parameters()) count += p.numel();
     CHECK(static_cast<double>(count) == Approx(published).epsilon(0.005));
+  }
+}
+
+TEST_CASE("RMSNorm's own backward gives autograd's gradients of transformers' formula", "[model]") {
+  // The formula as transformers writes it, differentiated by autograd.
+  auto reference = [](const at::Tensor& x, const at::Tensor& w, double eps) {
+    at::Tensor h = x.to(at::kFloat);
+    h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+    return w * h.to(x.scalar_type());
+  };
+  at::manual_seed(3);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (bool weight_grad : {true, false}) {
+      INFO("dtype " << c10::toString(dtype) << ", weight requires grad " << weight_grad);
+      at::Tensor x0 = (at::randn({3, 5, 64}) * 3 + 0.5).to(dtype);
+      at::Tensor w0 = (at::rand({64}) + 0.5).to(dtype);
+      at::Tensor g = at::randn({3, 5, 64}).to(dtype);
+      at::Tensor xs[2], ws[2], ys[2];
+      for (int k = 0; k < 2; ++k) {
+        xs[k] = x0.clone().requires_grad_(true);
+        ws[k] = w0.clone().requires_grad_(weight_grad);
+        ys[k] = k == 0 ? reference(xs[k], ws[k], 1e-6) : model::rms_norm(xs[k], ws[k], 1e-6);
+        ys[k].backward(g);
+      }
+      CHECK(at::equal(ys[0], ys[1]));  // the same forward operations: bit-identical
+      const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;
+      CHECK(at::allclose(xs[1].grad().to(at::kFloat), xs[0].grad().to(at::kFloat), tol, tol));
+      CHECK(xs[1].grad().scalar_type() == dtype);
+      if (weight_grad) {
+        CHECK(at::allclose(ws[1].grad().to(at::kFloat), ws[0].grad().to(at::kFloat), tol, tol));
+      } else {
+        CHECK_FALSE(ws[1].grad().defined());
+      }
+    }
   }
 }

@@ -1,4 +1,4 @@
-// Rotary embeddings, attention and the chunked linear + cross-entropy.
+// Rotary embeddings, attention, RMSNorm's backward and the chunked linear + cross-entropy.
 #include "model/layers.hpp"
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -121,6 +121,40 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, const ParamFactory& o) {
 
 namespace {
 
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& weight, double eps) {
+    at::Tensor h = x.to(at::kFloat);
+    at::Tensor r = at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+    ctx->save_for_backward({x, weight, r});
+    return weight * (h * r).to(x.scalar_type());
+  }
+
+  // y = w · n, n = (h·r).to(dtype), h = x_fp32, r = (mean(h²) + eps)^-½; with g_n = (g·w) in
+  // fp32: dL/dh = r·g_n − h·r³·Σ(g_n·h)/N (Σ and N over the last dimension), dL/dw = Σ g·n.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& r = saved[2];
+    const at::Tensor& g = grads[0];
+    at::Tensor h = x.to(at::kFloat);
+    at::Tensor grad_x, grad_weight;
+    if (ctx->needs_input_grad(1)) {
+      grad_weight = (g * (h * r).to(x.scalar_type())).sum_to_size(weight.sizes()).to(weight.scalar_type());
+    }
+    if (ctx->needs_input_grad(0)) {
+      at::Tensor gn = (g * weight).to(at::kFloat);
+      at::Tensor dot = (gn * h).sum(-1, /*keepdim=*/true);
+      const double n = static_cast<double>(x.size(-1));
+      grad_x = (gn * r - h * (r.pow(3) * dot / n)).to(x.scalar_type());
+    }
+    return {grad_x, grad_weight, at::Tensor()};
+  }
+};
+
 class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
@@ -168,6 +202,10 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
 };
 
 }  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return RmsNormFunction::apply(x, weight, eps);
+}
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                 const at::Tensor& labels, int64_t chunk) {

@@ -53,18 +53,20 @@ struct Linear : torch::nn::Module {
   }
 };
 
+/// transformers' RMSNorm, weight · (x_fp32 · rsqrt(mean(x_fp32²) + eps)).to(x.dtype), with the
+/// same forward operations (bit-identical output) but a backward of its own that keeps only x
+/// and the [.., 1] fp32 reciprocal norms — autograd of the formula keeps an fp32 copy of x and
+/// the normalized x as well, about 3× the memory per norm when activations are not recomputed.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
 struct RMSNorm : torch::nn::Module {
   at::Tensor weight;
   double eps;
   RMSNorm(int64_t dim, double eps_, const ParamFactory& o) : eps(eps_) {
     weight = register_parameter("weight", o({dim}));
   }
-  // As transformers: normalize in fp32, cast back, then scale.
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = x.to(at::kFloat);
-    h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
-    return weight * h.to(x.scalar_type());
-  }
+  /// As transformers: normalize in fp32, cast back, then scale (rms_norm below).
+  at::Tensor forward(const at::Tensor& x) { return rms_norm(x, weight, eps); }
 };
 
 struct Embedding : torch::nn::Module {
