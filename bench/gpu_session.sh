@@ -6,7 +6,8 @@
 #   bench/gpu_session.sh lora7b           examples/finetune_7b.sh MODE=lora beside the peer
 #   bench/gpu_session.sh full7b           examples/finetune_7b.sh MODE=full (optimizer offload)
 #   bench/gpu_session.sh lora13b          examples/finetune_13b_zero3_offload.sh
-#   bench/gpu_session.sh micro            AdamW, copies, engine overhead, model step vs peer
+#   bench/gpu_session.sh models           zt_bench_model lora / freeze on Qwen2.5-7B vs the peer
+#   bench/gpu_session.sh micro            AdamW, copies, the full-model step vs the peer
 #
 # Phases may be chained (`build test`). Needs `.gpu-deps/` (../shared/gpu/prepare-deps.sh) and,
 # for the peer runs, `.peer/hf_baseline.py` (a copy of ../shared/bench/hf_baseline.py): carry
@@ -77,6 +78,12 @@ for phase in "$@"; do
     lora13b)
       example lora13b examples/finetune_13b_zero3_offload.sh
       peer llama2-13b lora 1024 8 1
+      ;;
+    models)
+      for m in "lora 1024 8 0" "freeze 1024 8 0"; do
+        $b/bin/zt_bench_model qwen2.5-7b $m 2>&1 | tee -a "$results/models.log" | grep '^RESULT' || true
+        peer qwen2.5-7b $m
+      done
       ;;
     micro)
       $b/bin/zt_bench_engine adamw 2>&1 | tee "$results/adamw.log" | grep '^RESULT' || true

@@ -5,8 +5,11 @@
 //
 // MODE full: pure bf16 (DeepSpeed's bf16_master_weights_and_grads + bf16_optimizer_states,
 // i.e. bf16 weights, gradients and Adam moments, as the peer's "full" row), ZeRO-2 at one rank;
-// full_amp: bf16 compute with fp32 masters and moments. Weights are random (seeded) and never
-// built whole on the host: the engine reads them bucket by bucket from a random source.
+// full_amp: bf16 compute with fp32 masters and moments; lora: LoRA r16 / alpha 32 on all linear
+// layers (the peer's PEFT row); freeze: the last two layers train. The adapter modes keep the
+// trainable parameters' masters and moments in fp32 (mixed precision, as the peer's PEFT run).
+// Weights are random (seeded) and never built whole on the host: the engine reads them bucket
+// by bucket from a random source.
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 
@@ -22,6 +25,7 @@
 #include "zerotrain/config.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
 
 using namespace zt;
 
@@ -39,6 +43,9 @@ int main(int argc, char** argv) {
     ModelConfig c = bench::shape_config(shape);
     auto model = std::make_shared<CausalLM>(c, at::TensorOptions().dtype(at::kBFloat16).device(device),
                                             /*allocate=*/false);
+    if (mode != "full" && mode != "full_amp" && mode != "lora" && mode != "freeze") {
+      throw ConfigError("MODE must be full, full_amp, lora or freeze, not '" + mode + "'");
+    }
     const bool pure = mode == "full";
     DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
         R"({{"bf16": {{"enabled": true{}}}, "gradient_clipping": 1.0,
@@ -48,6 +55,13 @@ int main(int argc, char** argv) {
     TrainingArguments args;
     args.per_device_train_batch_size = mbs;
     args.lr_scheduler_type = "constant";
+    if (mode == "lora") {
+      apply_training_flags(args, {"--finetuning_type", "lora", "--lora_r", "16", "--lora_alpha", "32",
+                                  "--lora_target_modules", "all-linear"});
+    } else if (mode == "freeze") {
+      apply_training_flags(args, {"--finetuning_type", "freeze", "--freeze_trainable_layers", "2"});
+    }
+    const ParameterCount counts = apply_peft_from_args(*model, args, 0);
     resolve_config(ds, args, ResolveContext{1, c.hidden_size, steps + 3});
     CommOptions co;
     co.device = device;
@@ -58,7 +72,7 @@ int main(int argc, char** argv) {
     eo.gate = &model->gate();
     eo.activation_checkpointing = ckpt;
     eo.total_train_steps = steps + 3;
-    eo.source = random_source(c, 0);
+    eo.source = with_adapter_values(random_source(c, 0), *model);
     auto t_init = std::chrono::steady_clock::now();
     Engine engine(model, ds, args, comm, eo);
     const double init_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count();
@@ -82,8 +96,8 @@ int main(int argc, char** argv) {
     const double n = static_cast<double>(c.parameter_count());
     const double flops_token = 6 * n + 12.0 * c.num_hidden_layers * c.hidden_size * seq;
     std::printf("RESULT %s\n",
-                fmt::format(R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}}})J",
-                            shape, mode, seq, mbs, ckpt ? 1 : 0, c.parameter_count(), step_s,
+                fmt::format(R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}}})J",
+                            shape, mode, seq, mbs, ckpt ? 1 : 0, c.parameter_count(), counts.trainable, step_s,
                             tokens_per_s, tokens_per_s * flops_token / 1e12,
                             device_stats::peak_allocated(0) / 1073741824.0, init_s, loss_value)
                     .c_str());
