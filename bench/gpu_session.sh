@@ -8,6 +8,7 @@
 #   bench/gpu_session.sh lora13b          examples/finetune_13b_zero3_offload.sh
 #   bench/gpu_session.sh models           zt_bench_model lora / freeze on Qwen2.5-7B vs the peer
 #   bench/gpu_session.sh micro            AdamW, copies, the full-model step vs the peer
+#   bench/gpu_session.sh phases           forward / backward / optimizer times, ours and HF's
 #
 # Phases may be chained (`build test`). Needs `.gpu-deps/` (../shared/gpu/prepare-deps.sh) and,
 # for the peer runs, `.peer/hf_baseline.py` (a copy of ../shared/bench/hf_baseline.py): carry
@@ -90,6 +91,12 @@ for phase in "$@"; do
       $b/bin/zt_bench_engine copies 2>&1 | tee "$results/copies.log" | grep '^RESULT' || true
       $b/bin/zt_bench_model qwen2.5-7b full 1024 4 1 2>&1 | tee "$results/model.log" | grep '^RESULT' || true
       peer qwen2.5-7b full 1024 4 1
+      ;;
+    phases)
+      for m in "full 1024 4 1" "lora 1024 8 0"; do
+        ZT_BENCH_PHASES=1 $b/bin/zt_bench_model qwen2.5-7b $m 2>&1 | tee -a "$results/phases.log" | grep '^RESULT' || true
+        python3 bench/tools/hf_phases.py qwen2.5-7b $m 2>&1 | tee -a "$results/phases.log" | grep '^RESULT' || true
+      done
       ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac

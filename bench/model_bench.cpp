@@ -9,7 +9,9 @@
 // layers (the peer's PEFT row); freeze: the last two layers train. The adapter modes keep the
 // trainable parameters' masters and moments in fp32 (mixed precision, as the peer's PEFT run).
 // Weights are random (seeded) and never built whole on the host: the engine reads them bucket
-// by bucket from a random source.
+// by bucket from a random source. No gradient clipping, as the peer (ZT_BENCH_CLIP=1.0 clips).
+// ZT_BENCH_PHASES=1 synchronizes between forward, backward and the optimizer step and reports
+// each one's time (fwd_s, bwd_s, opt_s); the synchronization costs a little overlap.
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 
@@ -48,10 +50,11 @@ int main(int argc, char** argv) {
     }
     const bool pure = mode == "full";
     DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
-        R"({{"bf16": {{"enabled": true{}}}, "gradient_clipping": 1.0,
+        R"({{"bf16": {{"enabled": true{}}}, "gradient_clipping": {},
             "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-5}}}},
             "zero_optimization": {{"stage": 2, "reduce_bucket_size": "auto"}}}})",
-        pure ? R"(, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true)" : ""));
+        pure ? R"(, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true)" : "",
+        std::getenv("ZT_BENCH_CLIP") ? std::atof(std::getenv("ZT_BENCH_CLIP")) : 0.0));
     TrainingArguments args;
     args.per_device_train_batch_size = mbs;
     args.lr_scheduler_type = "constant";
@@ -79,16 +82,30 @@ int main(int argc, char** argv) {
 
     at::manual_seed(0);
     at::Tensor ids = at::randint(0, c.vocab_size, {mbs, seq}, at::kLong);
-    double total = 0, loss_value = 0;
+    const bool phases = std::getenv("ZT_BENCH_PHASES") && std::string(std::getenv("ZT_BENCH_PHASES")) == "1";
+    using Clock = std::chrono::steady_clock;
+    double total = 0, loss_value = 0, phase_s[3] = {0, 0, 0};
+    Clock::time_point mark;
+    auto lap = [&](int phase, bool timed) {  // with ZT_BENCH_PHASES: the time since the last mark
+      if (!phases) return;
+      if (device.is_cuda()) torch::cuda::synchronize();
+      const Clock::time_point now = Clock::now();
+      if (timed) phase_s[phase] += std::chrono::duration<double>(now - mark).count();
+      mark = now;
+    };
     for (int s = 0; s < steps + 3; ++s) {
       if (s == 3) device_stats::reset_peak(0);
       if (device.is_cuda()) torch::cuda::synchronize();
-      auto t0 = std::chrono::steady_clock::now();
+      auto t0 = Clock::now();
+      mark = t0;
       LossSum loss = model->loss(ids, ids);  // labels = inputs, as the peer does
+      lap(0, s >= 3);
       engine.backward(loss.sum, static_cast<double>(loss.tokens));
+      lap(1, s >= 3);
       engine.step();
+      lap(2, s >= 3);
       if (device.is_cuda()) torch::cuda::synchronize();
-      if (s >= 3) total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (s >= 3) total += std::chrono::duration<double>(Clock::now() - t0).count();
       loss_value = loss.sum.item<double>() / static_cast<double>(loss.tokens);
     }
     const double step_s = total / steps;
@@ -96,10 +113,13 @@ int main(int argc, char** argv) {
     const double n = static_cast<double>(c.parameter_count());
     const double flops_token = 6 * n + 12.0 * c.num_hidden_layers * c.hidden_size * seq;
     std::printf("RESULT %s\n",
-                fmt::format(R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}}})J",
+                fmt::format(R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}{}}})J",
                             shape, mode, seq, mbs, ckpt ? 1 : 0, c.parameter_count(), counts.trainable, step_s,
                             tokens_per_s, tokens_per_s * flops_token / 1e12,
-                            device_stats::peak_allocated(0) / 1073741824.0, init_s, loss_value)
+                            device_stats::peak_allocated(0) / 1073741824.0, init_s, loss_value,
+                            phases ? fmt::format(R"(, "fwd_s": {:.4f}, "bwd_s": {:.4f}, "opt_s": {:.4f})",
+                                                 phase_s[0] / steps, phase_s[1] / steps, phase_s[2] / steps)
+                                   : std::string())
                     .c_str());
     return 0;
   } catch (const std::exception& e) {
