@@ -75,7 +75,7 @@ Coeffs coefficients(const AdamArgs& a, double weight_decay) {
 }  // namespace
 
 void adam_cpu_segments(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                       const std::vector<Segment>& segments, const AdamArgs& args) {
+                       const std::vector<Segment>& segments, const AdamArgs& args, int64_t grad_offset) {
   std::vector<int64_t> starts{0};  // prefix sums: the segments laid end to end
   for (const Segment& s : segments) starts.push_back(starts.back() + s.length);
   const int64_t total = starts.back();
@@ -89,7 +89,7 @@ void adam_cpu_segments(float* param, const float* grad, float* exp_avg, float* e
       int64_t a = std::max(lo, starts[k]) - starts[k], b = std::min(hi, starts[k + 1]) - starts[k];
       if (b <= a) continue;
       int64_t o = s.offset + a;
-      adam_chunk(param + o, grad + o, exp_avg + o, exp_avg_sq + o, b - a, s.decay ? with_decay : without);
+      adam_chunk(param + o, grad + (o - grad_offset), exp_avg + o, exp_avg_sq + o, b - a, s.decay ? with_decay : without);
     }
   };
   // At least 256 Ki elements per thread: below that, thread start-up costs more than it saves.

@@ -36,29 +36,34 @@ int64_t ShardOptimizer::state_bytes(bool with_master) const {
 }
 
 void ShardOptimizer::update(const at::Tensor& grad, const UpdateHyper& hyper,
-                            const std::vector<Segment>& segments) {
-  TORCH_CHECK(grad.sizes() == master_.sizes(), "ShardOptimizer::update: gradient shape mismatch");
+                            const std::vector<Segment>& segments, int64_t grad_offset) {
+  TORCH_CHECK(grad.dim() == 1 && grad_offset >= 0 && grad_offset + grad.numel() <= master_.numel(),
+              "ShardOptimizer::update: gradient shape mismatch");
+  for (const Segment& s : segments) {
+    TORCH_CHECK(s.offset >= grad_offset && s.offset + s.length <= grad_offset + grad.numel(),
+                "ShardOptimizer::update: a segment lies outside the given gradients");
+  }
   const at::Tensor g = grad.device() == master_.device() ? grad : grad.to(master_.device());
   const bool all_fp32 = master_.scalar_type() == at::kFloat && g.scalar_type() == at::kFloat &&
                         state0_.scalar_type() == at::kFloat;
   if (type_ == OptimizerType::kSgd) {
-    step_sgd(g, hyper, segments);
+    step_sgd(g, hyper, segments, grad_offset);
   } else if (master_.is_cpu() && all_fp32) {
-    step_cpu(g.contiguous(), hyper, segments);
+    step_cpu(g.contiguous(), hyper, segments, grad_offset);
   } else {
-    step_generic(g, hyper, segments);
+    step_generic(g, hyper, segments, grad_offset);
   }
 }
 
 void ShardOptimizer::step_sgd(const at::Tensor& grad_in, const UpdateHyper& h,
-                              const std::vector<Segment>& segs) {
+                              const std::vector<Segment>& segs, int64_t grad_offset) {
   const at::Tensor grad = h.grad_scale == 1.0 ? grad_in : grad_in * h.grad_scale;
   // torch.optim.SGD without dampening or Nesterov: d = g + wd·p; buf = d on the first step,
   // else μ·buf + d; p -= lr·buf (lr·d without momentum).
   for (const Segment& s : segs) {
     const double wd = s.decay ? h.weight_decay : 0.0;
     at::Tensor p = master_.narrow(0, s.offset, s.length);
-    at::Tensor g = grad.narrow(0, s.offset, s.length);
+    at::Tensor g = grad.narrow(0, s.offset - grad_offset, s.length);
     at::Tensor d = wd != 0.0 ? g.add(p, wd) : g;
     if (h.momentum == 0.0) {
       p.add_(d, -h.lr);
@@ -75,7 +80,7 @@ void ShardOptimizer::step_sgd(const at::Tensor& grad_in, const UpdateHyper& h,
 }
 
 void ShardOptimizer::step_cpu(const at::Tensor& grad, const UpdateHyper& h,
-                              const std::vector<Segment>& segs) {
+                              const std::vector<Segment>& segs, int64_t grad_offset) {
   kernels::AdamArgs a;
   a.lr = h.lr;
   a.beta1 = h.beta1;
@@ -87,11 +92,11 @@ void ShardOptimizer::step_cpu(const at::Tensor& grad, const UpdateHyper& h,
   a.step = steps_;
   a.grad_scale = h.grad_scale;
   kernels::adam_cpu_segments(master_.data_ptr<float>(), grad.data_ptr<float>(),
-                             state0_.data_ptr<float>(), state1_.data_ptr<float>(), segs, a);
+                             state0_.data_ptr<float>(), state1_.data_ptr<float>(), segs, a, grad_offset);
 }
 
 void ShardOptimizer::step_generic(const at::Tensor& grad, const UpdateHyper& h,
-                                  const std::vector<Segment>& segs) {
+                                  const std::vector<Segment>& segs, int64_t grad_offset) {
   const bool same_dtypes = grad.scalar_type() == master_.scalar_type() &&
                            state0_.scalar_type() == master_.scalar_type();
   if (type_ == OptimizerType::kAdamW && h.bias_correction && master_.is_cuda() && same_dtypes &&
@@ -102,7 +107,7 @@ void ShardOptimizer::step_generic(const at::Tensor& grad, const UpdateHyper& h,
       for (const Segment& s : segs) {
         if (s.decay != decay) continue;
         ps.push_back(master_.narrow(0, s.offset, s.length));
-        gs.push_back(grad.narrow(0, s.offset, s.length));
+        gs.push_back(grad.narrow(0, s.offset - grad_offset, s.length));
         ms.push_back(state0_.narrow(0, s.offset, s.length));
         vs.push_back(state1_.narrow(0, s.offset, s.length));
       }
@@ -121,7 +126,7 @@ void ShardOptimizer::step_generic(const at::Tensor& grad, const UpdateHyper& h,
   for (const Segment& s : segs) {
     const double wd = s.decay ? h.weight_decay : 0.0;
     at::Tensor p = master_.narrow(0, s.offset, s.length);
-    at::Tensor g = grad.narrow(0, s.offset, s.length);
+    at::Tensor g = grad.narrow(0, s.offset - grad_offset, s.length);
     if (h.grad_scale != 1.0) g = g * h.grad_scale;
     at::Tensor m = state0_.narrow(0, s.offset, s.length);
     at::Tensor v = state1_.narrow(0, s.offset, s.length);

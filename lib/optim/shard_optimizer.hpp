@@ -48,7 +48,10 @@ class ShardOptimizer {
   /// The same update in pieces (offloaded steps pipeline their copies per bucket): count the
   /// step once, then update disjoint subsets of the segments.
   void begin_step() { ++steps_; }
-  void update(const at::Tensor& grad, const UpdateHyper& hyper, const std::vector<Segment>& segments);
+  /// `grad` holds the state elements [grad_offset, grad_offset + grad.numel()), which must cover
+  /// the segments (offloaded steps pass one bucket's gradients at a time).
+  void update(const at::Tensor& grad, const UpdateHyper& hyper, const std::vector<Segment>& segments,
+              int64_t grad_offset = 0);
   const std::vector<Segment>& segments() const { return segments_; }
 
   OptimizerType type() const { return type_; }
@@ -62,9 +65,10 @@ class ShardOptimizer {
   int64_t state_bytes(bool with_master = true) const;
 
  private:
-  void step_sgd(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs);
-  void step_cpu(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs);
-  void step_generic(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs);
+  void step_sgd(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs, int64_t grad_offset);
+  void step_cpu(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs, int64_t grad_offset);
+  void step_generic(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs,
+                    int64_t grad_offset);
 
   OptimizerType type_;
   at::Tensor master_, state0_, state1_;
@@ -80,8 +84,10 @@ struct AdamArgs {
   double grad_scale = 1.0;
 };
 /// Adam(W) over the given segments of flat arrays, on all intra-op threads; decay per segment.
+/// `grad` starts at element `grad_offset` of the arrays (it may hold only the segments' range).
 void adam_cpu_segments(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                       const std::vector<Segment>& segments, const AdamArgs& args);
+                       const std::vector<Segment>& segments, const AdamArgs& args,
+                       int64_t grad_offset = 0);
 /// The CPU Adam kernel on one contiguous array; exposed for the benchmark and tests.
 /// `decoupled`: AdamW (decay applied to the weights) else Adam (L2 added to the gradient).
 void adam_cpu(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,

@@ -207,7 +207,15 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   I.master_aliases_params = I.master_dtype == I.compute && !I.offload_optimizer &&
                             (L.replicated || I.world == 1);
   I.grads_in_acc = I.world == 1 && I.master_dtype == I.compute;
-  if (I.offload_optimizer) I.grad_host = at::empty({L.state_numel}, host);
+  if (I.offload_optimizer) {
+    int64_t longest = 0, trainable = 0;
+    for (const zero::Bucket& b : L.buckets) {
+      if (!b.trainable) continue;
+      longest = std::max(longest, b.shard_numel);
+      ++trainable;
+    }
+    for (int64_t k = 0; k < std::min<int64_t>(3, trainable); ++k) I.grad_slots.push_back(at::empty({longest}, host));
+  }
   I.buckets.resize(L.buckets.size());
   at::NoGradGuard no_grad;
   for (const zero::Bucket& b : L.buckets) {
@@ -431,10 +439,18 @@ void Engine::Impl::offloaded_step(const UpdateHyper& h) {
   // Pipelined per bucket: every bucket's gradients start down at once; as each lands, the CPU
   // updates it while later ones are still in flight, and its new masters go up while the CPU
   // moves on. At most two uploaded buckets wait to be published, bounding device scratch.
+  // Gradients come down through a few host slots: bucket i lands in slot i % slots, and the
+  // copy of bucket i + slots is queued once the CPU has read bucket i.
   zero::CopyStream copies(device);
-  std::vector<int64_t> down(layout.buckets.size(), -1);
+  std::vector<const zero::Bucket*> order;
   for (const zero::Bucket& b : layout.buckets) {
-    if (b.trainable) down[static_cast<size_t>(b.index)] = copies.copy(slice_of(b.index, grad_host), slice_of(b.index, grad_acc));
+    if (b.trainable) order.push_back(&b);
+  }
+  const size_t slots = grad_slots.size();
+  auto slot_of = [&](size_t i) { return grad_slots[i % slots].narrow(0, 0, order[i]->shard_numel); };
+  std::vector<int64_t> down(order.size(), -1);
+  for (size_t i = 0; i < std::min(slots, order.size()); ++i) {
+    down[i] = copies.copy(slot_of(i), slice_of(order[i]->index, grad_acc));
   }
   optimizer->begin_step();
   struct Upload {
@@ -449,10 +465,13 @@ void Engine::Impl::offloaded_step(const UpdateHyper& h) {
     copies.device_wait(u.ticket);
     publish(*u.bucket, u.values);
   };
-  for (const zero::Bucket& b : layout.buckets) {
-    if (!b.trainable) continue;
-    copies.host_wait(down[static_cast<size_t>(b.index)]);
-    optimizer->update(grad_host, h, bucket_segments[static_cast<size_t>(b.index)]);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const zero::Bucket& b = *order[i];
+    copies.host_wait(down[i]);
+    optimizer->update(slot_of(i), h, bucket_segments[static_cast<size_t>(b.index)], b.shard.offset);
+    if (i + slots < order.size()) {
+      down[i + slots] = copies.copy(slot_of(i + slots), slice_of(order[i + slots]->index, grad_acc));
+    }
     at::Tensor mine = slice_of(b.index, master);
     if (b.sharded_params && offload_param) {
       publish(b, mine);  // host to host

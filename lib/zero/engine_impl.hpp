@@ -62,7 +62,10 @@ struct Engine::Impl {
   // ---- optimizer state (this rank's slices of the trainable buckets) ----
   at::Tensor master;    ///< fp32, on device or (offload) host
   at::Tensor grad_acc;  ///< fp32 reduced gradients of this rank's slices, accumulated
-  at::Tensor grad_host; ///< offload: the host copy of grad_acc the CPU optimizer reads
+  /// Offload: pinned host slots the CPU optimizer reads gradients from, a few trainable
+  /// buckets' worth (each as long as the longest slice), reused round-robin during a step —
+  /// not a host copy of all of grad_acc (4 bytes per parameter fewer in host memory).
+  std::vector<at::Tensor> grad_slots;
   std::unique_ptr<ShardOptimizer> optimizer;
   std::vector<std::vector<Segment>> bucket_segments;  ///< per trainable bucket, its slice's runs
   LrSchedule schedule;
