@@ -87,8 +87,11 @@ TEST_CASE("exit statuses and one error line", "[cli][errors]") {
   }
   SECTION("launch exits with the first failing rank's status") {
     if (zt::test::skip_cpu_world(2)) return;
-    Ran r = cli("launch --nproc_per_node 2 -- sh -c 'exit $((RANK + 3))'");
+    // Rank 0 fails first (rank 1 waits), so its status is the launcher's whatever the load.
+    Ran r = cli("launch --nproc_per_node 2 -- sh -c '[ $RANK = 1 ] && sleep 2; exit $((RANK + 3))'");
     CHECK(r.status == 3);
+    Ran later = cli("launch --nproc_per_node 2 -- sh -c '[ $RANK = 0 ] && sleep 2; exit $((RANK + 3))'");
+    CHECK(later.status == 4);
     Ran bad = cli(fmt::format("launch --nproc_per_node 2 -- '{}' train --bogus 1", ZT_CLI));
     CHECK(bad.status == 2);
     CHECK(count_lines_starting(bad.output, "error: rank 0: ") == 1);
