@@ -407,6 +407,23 @@ TEST_CASE("every malformed line is an error naming file, line and key", "[data]"
   }
 }
 
+TEST_CASE("pre-tokenized ids are checked against the model's vocabulary, not the tokenizer's", "[data]") {
+  // A model with more embedding rows than its tokenizer has tokens (Qwen2.5, or an inline config
+  // with the byte tokenizer) takes any id below its vocab_size.
+  const std::string path = data_file("ids_limit", "{\"input_ids\": [1, 999, 3]}\n");
+  DataOptions o;
+  o.token_id_limit = 1000;
+  Dataset d = tokenize_jsonl(path, *byte_tokenizer(), o);
+  REQUIRE(d.size() == 1);
+  CHECK(d.ids(0).to_vector() == std::vector<int32_t>{1, 999, 3});
+  o.token_id_limit = 999;
+  CHECK_THROWS_WITH(tokenize_jsonl(path, *byte_tokenizer(), o),
+                    Contains("entry 1 is 999") && Contains("[0, 999)"));
+  // The limit is part of the cache key: a dataset checked against another limit is not reused.
+  CHECK(dataset_cache_path("c", path, *byte_tokenizer(), o) !=
+        dataset_cache_path("c", path, *byte_tokenizer(), DataOptions()));
+}
+
 TEST_CASE("missing, empty and unusable files and bad options are errors naming them", "[data]") {
   const std::string dir = test::temp_dir("files");
   CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/none.jsonl", *byte_tokenizer(), DataOptions()),

@@ -27,6 +27,9 @@ struct DataOptions {
   int64_t max_length = 1024;                ///< tokens per example; longer ones lose their end
   bool train_on_prompt = false;             ///< prompt tokens are trained too
   bool skip_bad_lines = false;              ///< skip (and count) malformed lines, do not fail
+  /// Pre-tokenized lines' ids must be below this: the model's vocab_size (its embedding rows,
+  /// often more than the tokenizer's tokens). 0: the tokenizer's vocab_size.
+  int64_t token_id_limit = 0;
 };
 
 /// The data options among the training arguments (template, max_length, train_on_prompt,

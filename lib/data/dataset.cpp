@@ -258,7 +258,7 @@ std::vector<int32_t> token_array(json::ObjectReader& r, const char* key, int64_t
     if (!ok) {
       r.fail_value(key,
                    fmt::format("entry {} is {}: expected an integer in [0, {}){} (the "
-                               "tokenizer's vocabulary)",
+                               "model's vocabulary)",
                                k, json::render(x), vocab_size, allow_ignore ? " or -100" : ""));
     }
     out.push_back(static_cast<int32_t>(*id));
@@ -266,10 +266,10 @@ std::vector<int32_t> token_array(json::ObjectReader& r, const char* key, int64_t
   return out;
 }
 
-Example parse_tokens(json::ObjectReader& r, const Tokenizer& tok) {
+Example parse_tokens(json::ObjectReader& r, int64_t id_limit) {
   Example e;
-  e.ids = token_array(r, "input_ids", tok.vocab_size(), false);
-  e.labels = r.has("labels") ? token_array(r, "labels", tok.vocab_size(), true) : e.ids;
+  e.ids = token_array(r, "input_ids", id_limit, false);
+  e.labels = r.has("labels") ? token_array(r, "labels", id_limit, true) : e.ids;
   if (e.labels.size() != e.ids.size()) {
     r.fail_value("labels", fmt::format("has {} entries but input_ids has {}; give one label per "
                                        "token (or leave labels out to train every token)",
@@ -310,7 +310,7 @@ Conversation parse_messages(json::ObjectReader& r, const std::string& where) {
 
 // The example on one line. A malformed line throws ConfigError "<file>:<line>: ...".
 Example parse_line(std::string_view line, const std::string& where, const Tokenizer& tok,
-                   Template t, bool train_on_prompt) {
+                   Template t, bool train_on_prompt, int64_t id_limit) {
   rapidjson::Document doc;
   doc.Parse(line.data(), line.size());
   if (doc.HasParseError()) {
@@ -320,7 +320,7 @@ Example parse_line(std::string_view line, const std::string& where, const Tokeni
   }
   json::ObjectReader r(doc, "", where);
   // The first of these keys decides the format (docs/data.md).
-  if (doc.HasMember("input_ids")) return parse_tokens(r, tok);
+  if (doc.HasMember("input_ids")) return parse_tokens(r, id_limit);
   if (doc.HasMember("messages")) {
     return encode_conversation(parse_messages(r, where), t, tok, train_on_prompt);
   }
@@ -375,7 +375,8 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
     ++s.lines;
     Example e;
     try {
-      e = parse_line(line, fmt::format("{}:{}", path, number), tok, t, o.train_on_prompt);
+      e = parse_line(line, fmt::format("{}:{}", path, number), tok, t, o.train_on_prompt,
+                     o.token_id_limit > 0 ? o.token_id_limit : tok.vocab_size());
     } catch (const ConfigError& error) {
       if (!o.skip_bad_lines) {
         throw ConfigError(

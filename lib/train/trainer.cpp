@@ -198,7 +198,8 @@ void Trainer::Impl::check_output_dir() {
 }
 
 void Trainer::Impl::load_data() {
-  const DataOptions options = data_options_for(args);
+  DataOptions options = data_options_for(args);
+  options.token_id_limit = model_config.vocab_size;  // pre-tokenized ids index the embedding
   const std::string cache_dir = args.cache_dir.empty() ? args.output_dir + "/.cache" : args.cache_dir;
   auto load = [&](const std::string& path, Dataset& into, const char* what) {
     DatasetStats stats;
