@@ -5,7 +5,8 @@
 #   MODEL=/models/Llama-2-13b-hf DATA=train.jsonl examples/finetune_13b_zero3_offload.sh
 #
 # Without MODEL, a model of the LLaMA-2-13B shape with random weights trains on synthetic token
-# data for STEPS steps (default 20): a throughput and memory check.
+# data for STEPS steps (default 20): a throughput and memory check; SHAPE_FILE=config.json takes
+# any other shape (the tests use a tiny one).
 # Full fine-tuning of 13B does not fit one 141 GB GPU with a 125 GiB host (fp32 master + Adam
 # moments alone are 12 bytes per parameter, about 156 GB): see docs/performance.md.
 set -euo pipefail
@@ -22,7 +23,7 @@ if [ -n "${MODEL:-}" ]; then
   data=${DATA:?set DATA to a JSONL file}
   length=(--num_train_epochs 3)
 else
-  model=(--model_config "$here/shapes/llama-2-13b.json")
+  model=(--model_config "${SHAPE_FILE:-$here/shapes/llama-2-13b.json}")
   data=${DATA:-$out.synthetic.jsonl}
   length=(--max_steps "$steps")
   [ -f "$data" ] || python3 "$here/synthetic_tokens.py" "$data" "$seq"

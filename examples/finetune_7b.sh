@@ -5,7 +5,8 @@
 #   MODEL=/models/Llama-2-7b-hf       DATA=train.jsonl MODE=full examples/finetune_7b.sh
 #
 # Without MODEL, a model of the Qwen2.5-7B shape (SHAPE=llama-2-7b for LLaMA-2) with random weights
-# trains on synthetic token data: a throughput and memory check (STEPS steps, default 20).
+# trains on synthetic token data: a throughput and memory check (STEPS steps, default 20);
+# SHAPE_FILE=config.json takes any other shape (the tests use a tiny one).
 # MODE=lora: LoRA r16 on all linear layers, bf16, ZeRO-2, sequences of 1024, micro batch 8.
 # MODE=full: every weight, bf16, ZeRO-2 with the optimizer offloaded to the CPU
 #            (fp32 master + Adam moments, 12 bytes per parameter, live in host memory).
@@ -24,7 +25,7 @@ if [ -n "${MODEL:-}" ]; then
   data=${DATA:?set DATA to a JSONL file}
   length=(--num_train_epochs 3)
 else
-  model=(--model_config "$here/shapes/${SHAPE:-qwen2.5-7b}.json")
+  model=(--model_config "${SHAPE_FILE:-$here/shapes/${SHAPE:-qwen2.5-7b}.json}")
   data=${DATA:-$out.synthetic.jsonl}
   length=(--max_steps "$steps")
   [ -f "$data" ] || python3 "$here/synthetic_tokens.py" "$data" "$seq"
