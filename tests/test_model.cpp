@@ -312,3 +312,28 @@ TEST_CASE("RMSNorm's own backward gives autograd's gradients of transformers' fo
     }
   }
 }
+
+TEST_CASE("the chunked loss gives autograd's gradients, and none for a frozen head", "[model]") {
+  at::manual_seed(4);
+  at::Tensor h0 = at::randn({10, 16}), w0 = at::randn({40, 16});
+  at::Tensor labels = at::randint(0, 40, {10}, at::kLong);
+  labels[3] = -100;
+  // The reference: full logits, summed cross-entropy over the labelled rows.
+  at::Tensor h_ref = h0.clone().requires_grad_(true), w_ref = w0.clone().requires_grad_(true);
+  at::Tensor logits = at::matmul(h_ref, w_ref.t());
+  at::Tensor ref = at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum, -100);
+  ref.backward();
+  for (bool head_trains : {true, false}) {
+    INFO("head trains " << head_trains);
+    at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(head_trains);
+    at::Tensor loss = model::linear_cross_entropy(h, w, labels, /*chunk=*/3);
+    loss.backward();
+    CHECK(loss.item<double>() == Approx(ref.item<double>()).epsilon(1e-5));
+    CHECK(at::allclose(h.grad(), h_ref.grad(), 1e-5, 1e-6));
+    if (head_trains) {
+      CHECK(at::allclose(w.grad(), w_ref.grad(), 1e-5, 1e-6));
+    } else {
+      CHECK_FALSE(w.grad().defined());
+    }
+  }
+}

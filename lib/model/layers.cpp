@@ -182,8 +182,9 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     const at::Tensor& labels = saved[2];
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const at::Tensor& g = grads[0];
-    at::Tensor grad_hidden = at::empty_like(hidden);
-    at::Tensor grad_weight = at::zeros_like(weight);
+    at::Tensor grad_hidden = at::empty(hidden.sizes(), hidden.options());  // contiguous rows
+    at::Tensor grad_weight;  // the first chunk's product, then accumulated (no zero-fill pass)
+    const bool weight_grad = ctx->needs_input_grad(1);
     const int64_t n = hidden.size(0);
     for (int64_t lo = 0; lo < n; lo += chunk) {
       const int64_t len = std::min(chunk, n - lo);
@@ -194,8 +195,14 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       p.scatter_add_(1, y.clamp_min(0).unsqueeze(1), at::full({len, 1}, -1.0, p.options()));
       p.mul_(y.ne(-100).to(at::kFloat).unsqueeze(1) * g);
       at::Tensor dl = p.to(hidden.scalar_type());
-      grad_hidden.narrow(0, lo, len).copy_(at::matmul(dl, weight));
-      grad_weight.addmm_(dl.t(), h);
+      at::Tensor rows = grad_hidden.narrow(0, lo, len);  // contiguous: written in place
+      at::mm_out(rows, dl, weight);
+      if (!weight_grad) continue;  // a frozen head (LoRA, prefix tuning): no [vocab, hidden] GEMM
+      if (grad_weight.defined()) {
+        grad_weight.addmm_(dl.t(), h);
+      } else {
+        grad_weight = at::mm(dl.t(), h);
+      }
     }
     return {grad_hidden, grad_weight, at::Tensor(), at::Tensor()};
   }
