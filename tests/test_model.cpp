@@ -337,3 +337,34 @@ TEST_CASE("the chunked loss gives autograd's gradients, and none for a frozen he
     }
   }
 }
+
+TEST_CASE("right padding needs no mask: causal attention never reaches it", "[model]") {
+  // What the trainer relies on to run unmasked (flash) attention for right-padded batches:
+  // the loss and gradients of the real tokens are the same with and without the mask. Left
+  // padding is different, so the mask is kept for it.
+  auto model = load_fixture_model("llama");
+  at::manual_seed(5);
+  const int64_t vocab = model->config().vocab_size;
+  at::Tensor ids = at::randint(3, vocab, {3, 12}, at::kLong);
+  at::Tensor labels = ids.clone(), mask = at::ones({3, 12}, at::kLong);
+  for (int64_t r : {1, 2}) {  // rows 1 and 2 end in padding
+    const int64_t real = r == 1 ? 7 : 10;
+    ids[r].narrow(0, real, 12 - real).fill_(0);
+    labels[r].narrow(0, real, 12 - real).fill_(-100);
+    mask[r].narrow(0, real, 12 - real).fill_(0);
+  }
+  auto run = [&](const at::Tensor& ids_, const at::Tensor& labels_, const at::Tensor& mask_) {
+    model->zero_grad();
+    LossSum l = model->loss(ids_, labels_, mask_);
+    l.sum.backward();
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& p : model->parameters()) grads.push_back(p.grad().clone());
+    return std::make_pair(l.sum.item<double>(), grads);
+  };
+  const auto masked = run(ids, labels, mask), unmasked = run(ids, labels, at::Tensor());
+  CHECK(unmasked.first == Approx(masked.first).epsilon(1e-6));
+  for (size_t i = 0; i < masked.second.size(); ++i) CHECK(max_abs(unmasked.second[i], masked.second[i]) < 1e-6);
+  // The same rows padded on the left: without the mask the real tokens would see the padding.
+  at::Tensor lids = ids.flip({1}), llabels = labels.flip({1}), lmask = mask.flip({1});
+  CHECK(run(lids, llabels, at::Tensor()).first != Approx(run(lids, llabels, lmask).first).epsilon(1e-4));
+}

@@ -422,15 +422,31 @@ void Trainer::Impl::check_cancel() {
   }
 }
 
+namespace {
+
+// Whether every row of a (host) attention mask is its real tokens followed by padding. Causal
+// attention never lets a real token see a later position, so such padding is unreachable
+// without a mask: the real tokens' results are the same, and on the GPU attention runs in the
+// flash kernels, which take no mask (transformers passes the mask and gets the slower kernel).
+bool padding_only_at_row_ends(const at::Tensor& mask) {
+  if (mask.size(1) < 2) return true;
+  const at::Tensor m = mask.ne(0);
+  return m.narrow(1, 1, m.size(1) - 1).le(m.narrow(1, 0, m.size(1) - 1)).all().item<bool>();
+}
+
+}  // namespace
+
 LossSum Trainer::Impl::forward(const Batch& b) {
   const at::Device device = comm->device();
-  at::Tensor mask = b.attention_mask;
+  at::Tensor mask;
   at::Tensor positions;
   if (b.document_ids.defined()) {
-    mask = b.document_ids + 1;  // documents numbered from 1, padding 0 (CausalLM::loss)
+    mask = (b.document_ids + 1).to(device);  // documents numbered from 1, padding 0 (CausalLM::loss)
     positions = b.position_ids.to(device);
+  } else if (!padding_only_at_row_ends(b.attention_mask)) {
+    mask = b.attention_mask.to(device);
   }
-  return model->loss(b.input_ids.to(device), b.labels, mask.to(device), 1024, positions);
+  return model->loss(b.input_ids.to(device), b.labels, mask, 1024, positions);
 }
 
 void Trainer::Impl::log(const LogRecord& record) {
