@@ -414,6 +414,13 @@ void Trainer::set_callbacks(TrainerCallbacks callbacks) { impl_->callbacks = std
 void Trainer::cancel() { impl_->cancel_requested.store(true); }
 
 void Trainer::Impl::check_cancel() {
+  if (world == 1) {  // nobody to agree with: no collective, no device synchronization
+    if (cancel_requested.load()) {
+      throw CancelledError(fmt::format("training cancelled at step {}; the newest checkpoint is kept",
+                                       state.global_step));
+    }
+    return;
+  }
   at::Tensor flag = at::full({1}, cancel_requested.load() ? 1.0 : 0.0, at::TensorOptions().device(comm->device()));
   comm->all_reduce(flag, ReduceOp::kMax)->wait();
   if (flag.item<double>() > 0) {
