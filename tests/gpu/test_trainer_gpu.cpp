@@ -191,8 +191,9 @@ TEST_CASE("trainer on GPU: a stopped run resumes with the uninterrupted run's lo
   for (int64_t step = 4; step <= 6; ++step) {
     INFO("step " << step);
     REQUIRE(got.count(step));
-    // Same kernels, same inputs: equal up to the GPU's run-to-run nondeterminism in bf16.
-    CHECK(got.at(step) == Approx(want.at(step)).epsilon(2e-3));
+    // Same kernels, same inputs: equal up to the GPU's run-to-run nondeterminism in bf16
+    // (attention backward accumulates with atomics). The exact check is the CPU test's.
+    CHECK(got.at(step) == Approx(want.at(step)).epsilon(5e-3));
   }
 }
 
