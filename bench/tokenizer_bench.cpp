@@ -261,6 +261,19 @@ void encode_lines(const zt::Tokenizer& tok, const std::vector<std::string>& line
   }
 }
 
+std::string json_escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<int>(c));
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -304,7 +317,14 @@ int main(int argc, char** argv) {
     }
   }
   for (const std::string& dir : tokenizers) {
-    std::shared_ptr<zt::Tokenizer> tok = zt::load_tokenizer(dir, INT32_MAX);
+    std::shared_ptr<zt::Tokenizer> tok;
+    try {
+      tok = zt::load_tokenizer(dir, INT32_MAX);
+    } catch (const std::exception& e) {
+      std::printf("RESULT %s\n", fmt::format(R"J({{"bench": "tokenizer", "tokenizer": "{}", "error": "{}"}})J",
+                                             fs::path(dir).filename().string(), json_escape(e.what())).c_str());
+      return 1;
+    }
     std::vector<Share> shares(static_cast<size_t>(threads));
     std::vector<std::thread> pool;
     const auto start = Clock::now();
