@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The benchmarks run and print their RESULT lines (on a tiny shape and small sizes), so they do
+# not rot between GPU sessions.   smoke.sh BIN_DIR
+set -euo pipefail
+bin=$1
+check() {  # NAME KEY COMMAND...: the command's last RESULT line must hold KEY
+  local name=$1 key=$2
+  shift 2
+  local out
+  out=$("$@" 2>&1) || { echo "$out"; echo "$name failed"; exit 1; }
+  echo "$out" | grep '^RESULT' | tail -1 | grep -q "\"$key\"" || { echo "$out"; echo "$name: no $key"; exit 1; }
+}
+for mode in full full_amp lora freeze; do
+  check "model $mode" tokens_per_s env ZT_BENCH_PHASES=1 "$bin/zt_bench_model" tiny $mode 16 2 1 2
+done
+check "adamw" gparams_per_s env ZT_BENCH_ADAM_MILLIONS=1 ZT_BENCH_ITERS=2 "$bin/zt_bench_engine" adamw
+check "tokenizer" mb_per_s_per_core "$bin/zt_bench_tokenizer" --mb 0.05
+echo "bench smoke: OK"
