@@ -7,8 +7,11 @@
 // gradient norms and 1e-5 absolute on gradient elements.
 #include "support/catch.hpp"
 
+#include <ATen/Parallel.h>
+
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "model/layers.hpp"
 #include "support/ranks.hpp"
@@ -367,4 +370,30 @@ TEST_CASE("right padding needs no mask: causal attention never reaches it", "[mo
   // The same rows padded on the left: without the mask the real tokens would see the padding.
   at::Tensor lids = ids.flip({1}), llabels = labels.flip({1}), lmask = mask.flip({1});
   CHECK(run(lids, llabels, at::Tensor()).first != Approx(run(lids, llabels, lmask).first).epsilon(1e-4));
+}
+
+TEST_CASE("random weights are the same whole, in slices and on any number of threads", "[model]") {
+  // Ranks read the slices they keep; the values must not depend on how the reads are cut (the
+  // weight spans three generator chunks of 4 Mi elements) or on the thread count.
+  ModelConfig c = load_model_config(fixture("models/qwen2"));
+  auto source = random_source(c, 7);
+  const std::vector<int64_t> shape{3, 3'000'001};
+  const int64_t n = 3 * 3'000'001;
+  at::Tensor whole = at::empty({n});
+  source->read("model.layers.0.mlp.up_proj.weight", shape, 0, whole);
+  CHECK(whole.std().item<double>() == Approx(c.initializer_range).epsilon(0.01));
+  at::Tensor pieces = at::empty({n});
+  const int64_t cuts[] = {0, 17, 4'194'303, 4'194'305, 8'388'700, n};
+  at::set_num_threads(2);
+  for (size_t i = 0; i + 1 < std::size(cuts); ++i) {
+    source->read("model.layers.0.mlp.up_proj.weight", shape, cuts[i], pieces.narrow(0, cuts[i], cuts[i + 1] - cuts[i]));
+  }
+  at::set_num_threads(1);
+  CHECK(at::equal(whole, pieces));
+  at::Tensor bf16 = at::empty({n}, at::kBFloat16);  // another dtype goes through fp32
+  source->read("model.layers.0.mlp.up_proj.weight", shape, 0, bf16);
+  CHECK(at::equal(bf16, whole.to(at::kBFloat16)));
+  at::Tensor other = at::empty({n});
+  source->read("model.layers.1.mlp.up_proj.weight", shape, 0, other);
+  CHECK_FALSE(at::equal(whole.narrow(0, 0, 1000), other.narrow(0, 0, 1000)));
 }

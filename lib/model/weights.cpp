@@ -1,6 +1,11 @@
 // Where parameter values come from: checkpoints (read per slice) and seeded random init.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -39,37 +44,70 @@ class CheckpointSource final : public ParameterSource {
 };
 
 // transformers' _init_weights for these models: normal(0, initializer_range) for linear and
-// embedding weights, zero biases, unit RMSNorm weights. Each parameter draws from its own
-// generator seeded by (seed, name), so any rank can produce any parameter on its own and the
-// values do not depend on the order of reads.
+// embedding weights, zero biases, unit RMSNorm weights.
+//
+// A weight's values come in chunks of kRandomChunk elements, chunk k drawn from its own
+// generator seeded by (seed, name, k) (chunk 0 by (seed, name) alone): any rank can produce any
+// slice of any parameter on its own, straight into the buffer it reads into, on all intra-op
+// threads, and the values depend neither on the thread count nor on the order of reads.
+constexpr int64_t kRandomChunk = int64_t{1} << 22;
+
+void ranged_normal(const at::Tensor& out, int64_t numel, int64_t offset, double std, uint64_t seed) {
+  const int64_t len = out.numel();
+  const int64_t first = offset / kRandomChunk, last = (offset + len - 1) / kRandomChunk;
+  auto fill = [&](int64_t k0, int64_t k1) {
+    at::Tensor scratch;  // for chunks the range covers only in part
+    for (int64_t k = k0; k < k1; ++k) {
+      at::Generator gen = at::detail::createCPUGenerator(seed ^ (static_cast<uint64_t>(k) * 0x9E3779B97F4A7C15ull));
+      const int64_t lo = k * kRandomChunk, n = std::min(kRandomChunk, numel - lo);  // the chunk
+      const int64_t a = std::max(lo, offset), e = std::min(lo + n, offset + len);   // its part wanted
+      if (a == lo && e == lo + n) {
+        out.narrow(0, lo - offset, n).normal_(0.0, std, gen);
+      } else {
+        if (!scratch.defined()) scratch = at::empty({kRandomChunk}, out.options());
+        at::Tensor whole = scratch.narrow(0, 0, n);
+        whole.normal_(0.0, std, gen);
+        out.narrow(0, a - offset, e - a).copy_(whole.narrow(0, a - lo, e - a));
+      }
+    }
+  };
+  const int64_t chunks = last - first + 1;
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), chunks));
+  const int64_t per = (chunks + threads - 1) / threads;
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) {
+    pool.emplace_back(fill, first + std::min(chunks, t * per), first + std::min(chunks, (t + 1) * per));
+  }
+  fill(first, first + std::min(chunks, per));
+  for (std::thread& th : pool) th.join();
+}
+
 class RandomSource final : public ParameterSource {
  public:
   RandomSource(double std, uint64_t seed) : std_(std), seed_(seed) {}
   void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
             const at::Tensor& out) override {
-    if (name != cached_name_) {
-      int64_t numel = 1;
-      for (int64_t d : shape) numel *= d;
-      const bool norm = name.size() > 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0;
-      const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-      if (norm) {
-        cached_ = at::ones({numel});
-      } else if (bias) {
-        cached_ = at::zeros({numel});
-      } else {
-        at::Generator gen = at::detail::createCPUGenerator(seed_ ^ std::hash<std::string>{}(name));
-        cached_ = at::empty({numel}).normal_(0.0, std_, gen);
-      }
-      cached_name_ = name;
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    const bool norm = name.size() > 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0;
+    const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    if (out.numel() == 0) return;
+    if (norm) {
+      out.fill_(1.0);
+    } else if (bias) {
+      out.zero_();
+    } else if (out.is_contiguous() && out.scalar_type() == at::kFloat) {
+      ranged_normal(out.view({-1}), numel, offset, std_, seed_ ^ std::hash<std::string>{}(name));
+    } else {
+      at::Tensor values = at::empty({out.numel()}, at::TensorOptions().dtype(at::kFloat));
+      ranged_normal(values, numel, offset, std_, seed_ ^ std::hash<std::string>{}(name));
+      out.view({-1}).copy_(values);
     }
-    out.view({-1}).copy_(cached_.narrow(0, offset, out.numel()));
   }
 
  private:
   double std_;
   uint64_t seed_;
-  std::string cached_name_;
-  at::Tensor cached_;
 };
 
 }  // namespace

@@ -218,6 +218,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   }
   I.buckets.resize(L.buckets.size());
   at::NoGradGuard no_grad;
+  at::Tensor staging;  // host fp32, reused by every bucket read from the source
   for (const zero::Bucket& b : L.buckets) {
     Impl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
     const int64_t lo = b.slice_begin(I.rank, L.replicated);
@@ -228,7 +229,16 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
       // sharded buckets only their slice, so no rank ever holds the whole model.
       const bool whole = !b.sharded_params;
       const int64_t begin = whole ? 0 : lo, len = whole ? b.numel : b.shard_numel;
-      at::Tensor host = at::zeros({len}, at::TensorOptions().dtype(at::kFloat));
+      // For a GPU, one host staging buffer serves all buckets (fresh pages for every bucket
+      // cost more in page faults than the reads on a 7B model); on the host the buffer is kept.
+      at::Tensor host;
+      if (I.device.is_cpu()) {
+        host = at::zeros({len}, at::TensorOptions().dtype(at::kFloat));
+      } else {
+        if (staging.numel() < len) staging = at::empty({len}, at::TensorOptions().dtype(at::kFloat));
+        host = staging.narrow(0, 0, len);
+        host.zero_();  // alignment padding between parameters stays zero
+      }
       for (size_t k = 0; k < b.params.size(); ++k) {
         const zero::ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];
         const int64_t a = std::max(begin, b.offsets[k]);
@@ -236,7 +246,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
         if (a >= e) continue;
         I.options.source->read(p.name, p.shape, a - b.offsets[k], host.narrow(0, a - begin, e - a));
       }
-      at::Tensor values = host.to(I.device);
+      at::Tensor values = host.to(I.device);  // a blocking copy: the staging buffer is free again
       if (whole) {
         full = values;
         slice = full.narrow(0, lo, b.shard_numel);
