@@ -4,11 +4,17 @@
 
 #include <torch/optim/adamw.h>
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "optim/schedule.hpp"
 #include "optim/shard_optimizer.hpp"
 #include "precision/loss_scaler.hpp"
+#include "util/threads.hpp"
 #include "zero/layout.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
@@ -244,4 +250,43 @@ TEST_CASE("layouts: every parameter element is owned by exactly one rank's slice
       }
     }
   }
+}
+
+TEST_CASE("host work takes the rank's share of the cores, not OMP_NUM_THREADS", "[engine][optim]") {
+  // Launchers set OMP_NUM_THREADS=1; the offloaded optimizer must still use the machine.
+  const char* saved = std::getenv("LOCAL_WORLD_SIZE");
+  const std::string keep = saved ? saved : "";
+  ::unsetenv("ZT_CPU_THREADS");
+  ::setenv("LOCAL_WORLD_SIZE", "1", 1);
+  const int all = zt::cpu_worker_threads();
+  CHECK(all >= 1);
+  CHECK(all >= at::get_num_threads());
+  ::setenv("LOCAL_WORLD_SIZE", "60000", 1);  // more ranks than cores: LibTorch's count, at least 1
+  CHECK(zt::cpu_worker_threads() == std::max(1, at::get_num_threads()));
+  ::setenv("ZT_CPU_THREADS", "5", 1);
+  CHECK(zt::cpu_worker_threads() == 5);
+  for (const char* bad : {"0", "-2", "many", ""}) {
+    ::setenv("ZT_CPU_THREADS", bad, 1);
+    CHECK(zt::cpu_worker_threads() == std::max(1, at::get_num_threads()));  // ignored
+  }
+  ::unsetenv("ZT_CPU_THREADS");
+  if (saved) {
+    ::setenv("LOCAL_WORLD_SIZE", keep.c_str(), 1);
+  } else {
+    ::unsetenv("LOCAL_WORLD_SIZE");
+  }
+  // The update is the same whatever the thread count (each element on its own).
+  at::Tensor p0 = at::randn({1 << 20}), g = at::randn({1 << 20});
+  at::Tensor p[2], m[2], v[2];
+  for (int k = 0; k < 2; ++k) {
+    ::setenv("ZT_CPU_THREADS", k == 0 ? "1" : "3", 1);
+    p[k] = p0.clone();
+    m[k] = at::zeros_like(p0);
+    v[k] = at::zeros_like(p0);
+    zt::kernels::adam_cpu(p[k].data_ptr<float>(), g.data_ptr<float>(), m[k].data_ptr<float>(), v[k].data_ptr<float>(),
+                          p0.numel(), 1e-3, 0.9, 0.999, 1e-8, 0.01, true, true, 1);
+  }
+  ::unsetenv("ZT_CPU_THREADS");
+  CHECK(at::equal(p[0], p[1]));
+  CHECK(at::equal(v[0], v[1]));
 }

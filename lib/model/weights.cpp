@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "util/log.hpp"
+#include "util/threads.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/safetensors.hpp"
@@ -72,7 +73,7 @@ void ranged_normal(const at::Tensor& out, int64_t numel, int64_t offset, double 
     }
   };
   const int64_t chunks = last - first + 1;
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), chunks));
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(cpu_worker_threads(), chunks));
   const int64_t per = (chunks + threads - 1) / threads;
   std::vector<std::thread> pool;
   for (int64_t t = 1; t < threads; ++t) {

@@ -1,6 +1,7 @@
 // The CPU Adam(W) kernel: one pass over p, g, m, v (28 bytes per parameter), auto-vectorized
 // in three clones (AVX-512F, AVX2+FMA, baseline x86-64) picked at load time by the dynamic
-// loader (GCC target_clones), and split over LibTorch's intra-op thread count.
+// loader (GCC target_clones), and split over cpu_worker_threads() (util/threads.hpp: the
+// rank's share of the machine's cores, not OMP_NUM_THREADS, which launchers set to 1).
 //
 // Threads are plain std::threads: LibTorch's at::parallel_for is an OpenMP pragma inlined into
 // the caller, so in a library not built with -fopenmp it silently runs on one thread.
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "optim/shard_optimizer.hpp"
+#include "util/threads.hpp"
 
 namespace zt::kernels {
 namespace {
@@ -94,7 +96,7 @@ void adam_cpu_segments(float* param, const float* grad, float* exp_avg, float* e
   };
   // At least 256 Ki elements per thread: below that, thread start-up costs more than it saves.
   const int64_t threads = std::max<int64_t>(
-      1, std::min<int64_t>(at::get_num_threads(), total / (int64_t{1} << 18)));
+      1, std::min<int64_t>(cpu_worker_threads(), total / (int64_t{1} << 18)));
   if (threads == 1) {
     work(0, total);
     return;
