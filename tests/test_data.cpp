@@ -15,6 +15,8 @@
 #include <numeric>
 #include <set>
 
+#include <fmt/format.h>
+
 #include "support/messages.hpp"
 #include "support/ranks.hpp"
 #include "zerotrain/data.hpp"
@@ -422,6 +424,56 @@ TEST_CASE("pre-tokenized ids are checked against the model's vocabulary, not the
   // The limit is part of the cache key: a dataset checked against another limit is not reused.
   CHECK(dataset_cache_path("c", path, *byte_tokenizer(), o) !=
         dataset_cache_path("c", path, *byte_tokenizer(), DataOptions()));
+}
+
+TEST_CASE("tokenizing on many threads gives the sequential pass's dataset, counts and errors", "[data]") {
+  // More lines than one batch (8192), in every format, with malformed lines, blank lines and
+  // an example that truncation leaves without a trained token.
+  std::string text;
+  for (int i = 0; i < 20000; ++i) {
+    switch (i % 5) {
+      case 0: text += fmt::format("{{\"text\": \"line {} ü\"}}\n", i); break;
+      case 1: text += fmt::format("{{\"instruction\": \"q{}\", \"output\": \"a{}\"}}\n", i, i); break;
+      case 2: text += fmt::format("{{\"input_ids\": [{}, 7, 9]}}\n", i % 250); break;
+      case 3: text += i % 1000 == 3 ? "{\"text\": 5}\n" : "\n"; break;
+      default: text += fmt::format("{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}, "
+                                   "{{\"role\": \"assistant\", \"content\": \"ok\"}}]}}\n", std::string(i % 40, 'x'));
+    }
+  }
+  const std::string path = data_file("threads", text);
+  DataOptions o;
+  o.skip_bad_lines = true;
+  o.max_length = 30;  // long prompts lose every trained token
+  Dataset d[2];
+  DatasetStats st[2];
+  for (int k = 0; k < 2; ++k) {
+    ::setenv("ZT_CPU_THREADS", k == 0 ? "1" : "4", 1);
+    d[k] = tokenize_jsonl(path, *byte_tokenizer(), o, &st[k]);
+  }
+  CHECK(st[0].skipped_lines == 20);
+  CHECK(st[0].dropped_examples > 0);
+  CHECK(st[1].lines == st[0].lines);
+  CHECK(st[1].skipped_lines == st[0].skipped_lines);
+  CHECK(st[1].dropped_examples == st[0].dropped_examples);
+  REQUIRE(d[1].size() == d[0].size());
+  for (int64_t i = 0; i < d[0].size(); ++i) {
+    REQUIRE(d[1].ids(i).to_vector() == d[0].ids(i).to_vector());
+    REQUIRE(d[1].labels(i).to_vector() == d[0].labels(i).to_vector());
+  }
+  // Without skip_bad_lines the first malformed line in file order is the error, both ways.
+  o.skip_bad_lines = false;
+  std::string message[2];
+  for (int k = 0; k < 2; ++k) {
+    ::setenv("ZT_CPU_THREADS", k == 0 ? "1" : "4", 1);
+    try {
+      tokenize_jsonl(path, *byte_tokenizer(), o);
+    } catch (const ConfigError& e) {
+      message[k] = e.what();
+    }
+  }
+  ::unsetenv("ZT_CPU_THREADS");
+  CHECK_THAT(message[0], Contains(path + ":4: "));
+  CHECK(message[1] == message[0]);
 }
 
 TEST_CASE("missing, empty and unusable files and bad options are errors naming them", "[data]") {

@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <rapidjson/document.h>
@@ -13,6 +17,7 @@
 
 #include "util/json.hpp"
 #include "util/log.hpp"
+#include "util/threads.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
 
@@ -368,35 +373,71 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
   Dataset dataset;
   DatasetStats s;
   std::string first_skipped;
+  const int64_t id_limit = o.token_id_limit > 0 ? o.token_id_limit : tok.vocab_size();
+  // Lines are read in batches and parsed + encoded on all worker threads (the tokenizer is
+  // thread-safe); the outcomes are then taken in file order, so errors, skips and the dataset
+  // are exactly those of a sequential pass.
+  struct Outcome {
+    Example example;
+    std::string error;         // a malformed line's message
+    std::exception_ptr fatal;  // anything else, rethrown where a sequential pass would throw it
+  };
+  constexpr size_t kBatchLines = 8192;
+  const int threads = cpu_worker_threads();
+  std::vector<std::pair<int64_t, std::string>> batch;  // (line number, text)
+  std::vector<Outcome> outcomes;
+  auto work = [&](size_t first, size_t last) {
+    for (size_t i = first; i < last; ++i) {
+      try {
+        outcomes[i].example = parse_line(batch[i].second, fmt::format("{}:{}", path, batch[i].first), tok, t,
+                                         o.train_on_prompt, id_limit);
+      } catch (const ConfigError& error) {
+        outcomes[i].error = error.what();
+      } catch (...) {
+        outcomes[i].fatal = std::current_exception();
+      }
+    }
+  };
+  auto flush = [&] {
+    outcomes.assign(batch.size(), Outcome());
+    const size_t n = std::min<size_t>(static_cast<size_t>(threads), batch.size());
+    const size_t per = n == 0 ? 0 : (batch.size() + n - 1) / n;
+    std::vector<std::thread> pool;
+    for (size_t k = 1; k < n; ++k) pool.emplace_back(work, std::min(batch.size(), k * per), std::min(batch.size(), (k + 1) * per));
+    work(0, std::min(batch.size(), per));
+    for (std::thread& th : pool) th.join();
+    for (Outcome& out : outcomes) {
+      if (out.fatal) std::rethrow_exception(out.fatal);
+      ++s.lines;
+      if (!out.error.empty()) {
+        if (!o.skip_bad_lines) {
+          throw ConfigError(fmt::format("{} (fix the line, or set skip_bad_lines to skip malformed lines)", out.error));
+        }
+        if (s.skipped_lines++ == 0) first_skipped = out.error;
+        continue;
+      }
+      Example& e = out.example;
+      if (static_cast<int64_t>(e.ids.size()) > o.max_length) {  // keep the start
+        e.ids.resize(o.max_length);
+        e.labels.resize(o.max_length);
+      }
+      if (!has_trained_label(e)) {
+        ++s.dropped_examples;
+        continue;
+      }
+      dataset.add(e.ids, e.labels);
+    }
+    batch.clear();
+  };
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
     if (number == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // UTF-8 BOM
     if (is_blank(line)) continue;
-    ++s.lines;
-    Example e;
-    try {
-      e = parse_line(line, fmt::format("{}:{}", path, number), tok, t, o.train_on_prompt,
-                     o.token_id_limit > 0 ? o.token_id_limit : tok.vocab_size());
-    } catch (const ConfigError& error) {
-      if (!o.skip_bad_lines) {
-        throw ConfigError(
-            fmt::format("{} (fix the line, or set skip_bad_lines to skip "
-                        "malformed lines)",
-                        error.what()));
-      }
-      if (s.skipped_lines++ == 0) first_skipped = error.what();
-      continue;
-    }
-    if (static_cast<int64_t>(e.ids.size()) > o.max_length) {  // keep the start
-      e.ids.resize(o.max_length);
-      e.labels.resize(o.max_length);
-    }
-    if (!has_trained_label(e)) {
-      ++s.dropped_examples;
-      continue;
-    }
-    dataset.add(e.ids, e.labels);
+    batch.emplace_back(number, std::move(line));
+    line.clear();
+    if (batch.size() == kBatchLines) flush();
   }
+  flush();
   if (in.bad()) throw IoError(fmt::format("cannot read data file '{}'", path));
 
   s.examples = dataset.size();
