@@ -446,11 +446,11 @@ bool Engine::step(double gradient_scale) {
 }
 
 void Engine::Impl::offloaded_step(const UpdateHyper& h) {
-  // Pipelined per bucket: every bucket's gradients start down at once; as each lands, the CPU
-  // updates it while later ones are still in flight, and its new masters go up while the CPU
-  // moves on. At most two uploaded buckets wait to be published, bounding device scratch.
-  // Gradients come down through a few host slots: bucket i lands in slot i % slots, and the
-  // copy of bucket i + slots is queued once the CPU has read bucket i.
+  // Pipelined per bucket: gradients come down through a few pinned host slots (bucket i into
+  // slot i % slots, the copy of bucket i + slots queued once the CPU has read bucket i); as each
+  // lands, the CPU updates it while the next ones are in flight, and its new masters go up
+  // while the CPU moves on. At most two uploaded buckets wait to be published, bounding device
+  // scratch.
   zero::CopyStream copies(device);
   std::vector<const zero::Bucket*> order;
   for (const zero::Bucket& b : layout.buckets) {
