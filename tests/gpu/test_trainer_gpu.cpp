@@ -56,9 +56,11 @@ std::vector<std::string> job_flags(const std::string& dir, const std::vector<std
   return f;
 }
 
+// fp16 starts at a loss scale of 2^8: DeepSpeed's 2^16 would skip the tiny model's first steps.
 std::string stage_json(int stage, const std::string& extra = "") {
   return fmt::format(R"({{"zero_optimization": {{"stage": {}{}}}, "bf16": {{"enabled": "auto"}},
-                         "fp16": {{"enabled": "auto"}}, "train_micro_batch_size_per_gpu": "auto",
+                         "fp16": {{"enabled": "auto", "initial_scale_power": 8}},
+                         "train_micro_batch_size_per_gpu": "auto",
                          "gradient_accumulation_steps": "auto", "train_batch_size": "auto"}})",
                      stage, extra);
 }
