@@ -7,7 +7,6 @@
 #include <fstream>
 #include <functional>
 #include <optional>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -386,8 +385,8 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
   const int threads = cpu_worker_threads();
   std::vector<std::pair<int64_t, std::string>> batch;  // (line number, text)
   std::vector<Outcome> outcomes;
-  auto work = [&](size_t first, size_t last) {
-    for (size_t i = first; i < last; ++i) {
+  auto work = [&](int64_t first, int64_t last) {
+    for (size_t i = static_cast<size_t>(first); i < static_cast<size_t>(last); ++i) {
       try {
         outcomes[i].example = parse_line(batch[i].second, fmt::format("{}:{}", path, batch[i].first), tok, t,
                                          o.train_on_prompt, id_limit);
@@ -400,12 +399,7 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
   };
   auto flush = [&] {
     outcomes.assign(batch.size(), Outcome());
-    const size_t n = std::min<size_t>(static_cast<size_t>(threads), batch.size());
-    const size_t per = n == 0 ? 0 : (batch.size() + n - 1) / n;
-    std::vector<std::thread> pool;
-    for (size_t k = 1; k < n; ++k) pool.emplace_back(work, std::min(batch.size(), k * per), std::min(batch.size(), (k + 1) * per));
-    work(0, std::min(batch.size(), per));
-    for (std::thread& th : pool) th.join();
+    parallel_ranges(static_cast<int64_t>(batch.size()), threads, work);
     for (Outcome& out : outcomes) {
       if (out.fatal) std::rethrow_exception(out.fatal);
       ++s.lines;

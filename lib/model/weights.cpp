@@ -1,10 +1,7 @@
 // Where parameter values come from: checkpoints (read per slice) and seeded random init.
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <functional>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -72,15 +69,8 @@ void ranged_normal(const at::Tensor& out, int64_t numel, int64_t offset, double 
       }
     }
   };
-  const int64_t chunks = last - first + 1;
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(cpu_worker_threads(), chunks));
-  const int64_t per = (chunks + threads - 1) / threads;
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) {
-    pool.emplace_back(fill, first + std::min(chunks, t * per), first + std::min(chunks, (t + 1) * per));
-  }
-  fill(first, first + std::min(chunks, per));
-  for (std::thread& th : pool) th.join();
+  parallel_ranges(last - first + 1, cpu_worker_threads(),
+                  [&](int64_t a, int64_t b) { fill(first + a, first + b); });
 }
 
 class RandomSource final : public ParameterSource {

@@ -1,19 +1,15 @@
 // The CPU Adam(W) kernel: one pass over p, g, m, v (28 bytes per parameter), auto-vectorized
 // in three clones (AVX-512F, AVX2+FMA, baseline x86-64) picked at load time by the dynamic
 // loader (GCC target_clones), and split over cpu_worker_threads() (util/threads.hpp: the
-// rank's share of the machine's cores, not OMP_NUM_THREADS, which launchers set to 1).
+// rank's share of the machine's cores, not OMP_NUM_THREADS, which launchers set to 1) with
+// parallel_ranges.
 //
-// Threads are plain std::threads: LibTorch's at::parallel_for is an OpenMP pragma inlined into
-// the caller, so in a library not built with -fopenmp it silently runs on one thread.
 // Operation order follows torch.optim.AdamW (decay first, then m, v, then
 // p -= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps)), with the division by sqrt(bc2) turned
 // into a multiplication, so results match it to a few ulps.
 // This file is compiled with -fno-math-errno so that sqrt vectorizes.
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cmath>
-#include <thread>
 
 #include "optim/shard_optimizer.hpp"
 #include "util/threads.hpp"
@@ -97,17 +93,7 @@ void adam_cpu_segments(float* param, const float* grad, float* exp_avg, float* e
   // At least 256 Ki elements per thread: below that, thread start-up costs more than it saves.
   const int64_t threads = std::max<int64_t>(
       1, std::min<int64_t>(cpu_worker_threads(), total / (int64_t{1} << 18)));
-  if (threads == 1) {
-    work(0, total);
-    return;
-  }
-  std::vector<std::thread> pool;
-  const int64_t per = (total + threads - 1) / threads;
-  for (int64_t t = 1; t < threads; ++t) {
-    pool.emplace_back(work, std::min(total, t * per), std::min(total, (t + 1) * per));
-  }
-  work(0, std::min(total, per));
-  for (std::thread& th : pool) th.join();
+  parallel_ranges(total, threads, work);
 }
 
 void adam_cpu(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
