@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -82,17 +81,6 @@ TrainResult run_job(const std::vector<std::string>& flags, std::vector<StepStats
   return trainer.train();
 }
 
-// The peak_memory_gib values trainer_log.jsonl recorded.
-std::vector<double> logged_peaks(const std::string& out_dir) {
-  std::vector<double> peaks;
-  std::ifstream in(out_dir + "/trainer_log.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const size_t at = line.find("\"peak_memory_gib\":");
-    if (at != std::string::npos) peaks.push_back(std::stod(line.substr(at + 18)));
-  }
-  return peaks;
-}
-
 }  // namespace
 
 TEST_CASE("trainer on GPU: every fine-tuning method trains in bf16 and writes its output",
@@ -138,9 +126,9 @@ TEST_CASE("trainer on GPU: every fine-tuning method trains in bf16 and writes it
       CHECK(fs::exists(out + "/model.safetensors"));
     }
     CHECK(list_checkpoints(out).size() == 2);
-    const std::vector<double> peaks = logged_peaks(out);
+    const auto peaks = zt::test::logged(out, "peak_memory_gib");  // by step
     REQUIRE(peaks.size() >= 6);
-    for (double p : peaks) CHECK(p > 0.0);
+    for (const auto& step_peak : peaks) CHECK(step_peak.second > 0.0);
   }
 }
 

@@ -25,17 +25,18 @@ std::string write_data(const std::string& dir, const std::string& name, int coun
   return path;
 }
 
-std::map<int64_t, double> logged_losses(const std::string& out_dir) {
-  std::map<int64_t, double> losses;
+std::map<int64_t, double> logged(const std::string& out_dir, const std::string& key) {
+  const std::string quoted = "\"" + key + "\":";
+  std::map<int64_t, double> values;
   std::ifstream in(out_dir + "/trainer_log.jsonl");
   std::string line;
   while (std::getline(in, line)) {
-    const size_t l = line.find("\"loss\":");
-    if (l == std::string::npos) continue;
+    const size_t at = line.find(quoted);
+    if (at == std::string::npos) continue;
     const int64_t step = std::stoll(line.substr(line.find("\"step\":") + 7));
-    losses[step] = std::stod(line.substr(l + 7));
+    values[step] = std::stod(line.substr(at + quoted.size()));
   }
-  return losses;
+  return values;
 }
 
 }  // namespace zt::test

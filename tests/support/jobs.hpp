@@ -15,8 +15,11 @@ extern const char* const kTinyModel;
 /// to dir/name and returns the path.
 std::string write_data(const std::string& dir, const std::string& name, int count, int salt);
 
-/// The training losses out_dir/trainer_log.jsonl recorded, by step (the last record of a step
-/// wins).
-std::map<int64_t, double> logged_losses(const std::string& out_dir);
+/// The values of `key` out_dir/trainer_log.jsonl recorded, by step (the last record of a step
+/// that has the key wins).
+std::map<int64_t, double> logged(const std::string& out_dir, const std::string& key);
+
+/// The training losses, by step.
+inline std::map<int64_t, double> logged_losses(const std::string& out_dir) { return logged(out_dir, "loss"); }
 
 }  // namespace zt::test
