@@ -261,19 +261,6 @@ void encode_lines(const zt::Tokenizer& tok, const std::vector<std::string>& line
   }
 }
 
-std::string json_escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<int>(c));
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -321,8 +308,17 @@ int main(int argc, char** argv) {
     try {
       tok = zt::load_tokenizer(dir, INT32_MAX);
     } catch (const std::exception& e) {
-      std::printf("RESULT %s\n", fmt::format(R"J({{"bench": "tokenizer", "tokenizer": "{}", "error": "{}"}})J",
-                                             fs::path(dir).filename().string(), json_escape(e.what())).c_str());
+      rapidjson::StringBuffer buffer;  // the message may hold quotes: let the writer escape it
+      rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
+      w.StartObject();
+      w.Key("bench");
+      w.String("tokenizer");
+      w.Key("tokenizer");
+      w.String(fs::path(dir).filename().string().c_str());
+      w.Key("error");
+      w.String(e.what());
+      w.EndObject();
+      std::printf("RESULT %s\n", buffer.GetString());
       return 1;
     }
     std::vector<Share> shares(static_cast<size_t>(threads));
