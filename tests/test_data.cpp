@@ -455,6 +455,15 @@ TEST_CASE("tokenizing on many threads gives the sequential pass's dataset, count
   CHECK(st[1].lines == st[0].lines);
   CHECK(st[1].skipped_lines == st[0].skipped_lines);
   CHECK(st[1].dropped_examples == st[0].dropped_examples);
+  // File order, checked against the file itself: the pre-tokenized lines [i % 250, 7, 9] come
+  // out in the order they were written.
+  std::vector<int32_t> firsts, expected;
+  for (int i = 2; i < 20000; i += 5) expected.push_back(i % 250);
+  for (int64_t i = 0; i < d[1].size(); ++i) {
+    const std::vector<int32_t> ids = d[1].ids(i).to_vector();
+    if (ids.size() == 3 && ids[1] == 7 && ids[2] == 9) firsts.push_back(ids[0]);
+  }
+  CHECK(firsts == expected);
   REQUIRE(d[1].size() == d[0].size());
   for (int64_t i = 0; i < d[0].size(); ++i) {
     REQUIRE(d[1].ids(i).to_vector() == d[0].ids(i).to_vector());
