@@ -233,19 +233,24 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
       // cost more in page faults than the reads on a 7B model); on the host the buffer is kept.
       at::Tensor host;
       if (I.device.is_cpu()) {
-        host = at::zeros({len}, at::TensorOptions().dtype(at::kFloat));
+        host = at::empty({len}, at::TensorOptions().dtype(at::kFloat));
       } else {
         if (staging.numel() < len) staging = at::empty({len}, at::TensorOptions().dtype(at::kFloat));
         host = staging.narrow(0, 0, len);
-        host.zero_();  // alignment padding between parameters stays zero
       }
+      // Parameters lie in increasing offsets; only the alignment padding between them (and
+      // after the last) is zeroed here, the rest is written by the reads.
+      int64_t filled = begin;
       for (size_t k = 0; k < b.params.size(); ++k) {
         const zero::ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];
         const int64_t a = std::max(begin, b.offsets[k]);
         const int64_t e = std::min(begin + len, b.offsets[k] + p.numel);
         if (a >= e) continue;
+        if (a > filled) host.narrow(0, filled - begin, a - filled).zero_();
         I.options.source->read(p.name, p.shape, a - b.offsets[k], host.narrow(0, a - begin, e - a));
+        filled = e;
       }
+      if (begin + len > filled) host.narrow(0, filled - begin, begin + len - filled).zero_();
       at::Tensor values = host.to(I.device);  // a blocking copy: the staging buffer is free again
       if (whole) {
         full = values;
