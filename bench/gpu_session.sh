@@ -23,7 +23,8 @@ b=build-gpu
 zt=$PWD/$b/bin/zerotrain
 steps=${STEPS:-20}
 
-peer() {  # SHAPE MODE SEQ MBS CKPT
+peer() {  # SHAPE MODE SEQ MBS CKPT  (PEER=0 skips the peer runs)
+  [ "${PEER:-1}" = 1 ] || return 0
   if [ -f .peer/hf_baseline.py ]; then
     python3 .peer/hf_baseline.py "$@" 2>&1 | tee -a "$results/peer.log" | grep '^RESULT' || true
   else

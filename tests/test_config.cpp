@@ -173,7 +173,7 @@ TEST_CASE("fp16 without scaler keys uses DeepSpeed's class defaults (2^32, hyste
   CHECK(fixed.initial_scale == 128.0);
 }
 
-TEST_CASE("DeepSpeed's Adam is AdamW unless adam_w_mode is false; SGD is accepted", "[config]") {
+TEST_CASE("DeepSpeed's Adam is AdamW unless adam_w_mode is false, and SGD is accepted", "[config]") {
   CHECK(parse_deepspeed_config(R"({"optimizer": {"type": "Adam"}})").optimizer.type ==
         OptimizerType::kAdamW);
   CHECK(parse_deepspeed_config(R"({"optimizer": {"type": "adam", "params": {"adam_w_mode": false}}})")

@@ -326,7 +326,7 @@ TEST_CASE("pre-tokenized lines are taken as they are", "[data]") {
   CHECK(d.labels(1).to_vector() == std::vector<int32_t>{258, 0});
 }
 
-TEST_CASE("truncation keeps the start; examples left untrained are dropped and counted", "[data]") {
+TEST_CASE("truncation keeps the start, and examples left untrained are dropped and counted", "[data]") {
   const std::string long_prompt = std::string(40, 'p');
   const std::string long_line =
       "{\"instruction\": \"" + long_prompt + "\", \"output\": \"answer\"}";

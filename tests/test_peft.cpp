@@ -148,7 +148,7 @@ TEST_CASE("saved adapters have PEFT's layout and load back to the same logits", 
   }
 }
 
-TEST_CASE("merged LoRA gives the adapter's outputs; export loads as a plain model", "[peft]") {
+TEST_CASE("merged LoRA gives the adapter's outputs, and its export loads as a plain model", "[peft]") {
   const std::string dir = fixture("peft/lora_rslora_all_linear");
   auto model = base_llama();
   load_adapter(*model, dir, false);

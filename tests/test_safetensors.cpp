@@ -66,7 +66,7 @@ TEST_CASE("read_range reads any slice of a flattened tensor", "[safetensors]") {
   CHECK_THROWS_WITH(f.info("nope"), Contains("nope") && Contains("model.safetensors"));
 }
 
-TEST_CASE("save and load round-trip every dtype; sharding writes an index", "[safetensors]") {
+TEST_CASE("save and load round-trip every dtype, and sharding writes an index", "[safetensors]") {
   std::string dir = test::temp_dir("st");
   std::vector<std::pair<std::string, at::Tensor>> tensors = {
       {"a.f32", at::randn({3, 5})},

@@ -15,6 +15,7 @@
 #include <fstream>
 
 #include "commands.hpp"
+#include "util/files.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
@@ -139,7 +140,7 @@ int cmd_demo(const Args& in) {
     if (!fs::exists(dir / kMarker)) {
       throw ConfigError("'" + dir.string() + "' exists and was not made by the demo; pass --output_dir NEW_DIR");
     }
-    fs::remove_all(dir);
+    files::remove_tree(dir.string());
   }
   fs::create_directories(dir);
   write_file(dir / kMarker, "made by `zerotrain demo`; removed by the next one\n");

@@ -10,6 +10,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <rapidjson/prettywriter.h>
 #include <rapidjson/stringbuffer.h>
 
@@ -301,7 +302,7 @@ CheckpointWriter::CheckpointWriter(Communicator& comm, std::string parent, std::
                                   "another folder or remove it)",
                                   final_));
       }
-      fs::remove_all(tmp_);  // our own leftover of an interrupted save of this checkpoint
+      files::remove_tree(tmp_);  // our own leftover of an interrupted save of this checkpoint
       fs::create_directories(tmp_ + "/optimizer");
     } catch (const Error& e) {
       error = e.what();
@@ -318,8 +319,11 @@ std::string CheckpointWriter::commit(bool ok, std::optional<int64_t> total_limit
   std::vector<int> failed = failed_ranks(comm_, ok);
   if (!failed.empty()) {
     if (comm_.rank() == 0) {
-      std::error_code ec;
-      fs::remove_all(tmp_, ec);
+      try {
+        files::remove_tree(tmp_);
+      } catch (const IoError& e) {
+        log::warn("{}", e.what());
+      }
     }
     throw IoError(fmt::format("saving checkpoint '{}' failed on rank(s) {}; earlier checkpoints are "
                               "intact (see those ranks' errors)",
@@ -328,7 +332,7 @@ std::string CheckpointWriter::commit(bool ok, std::optional<int64_t> total_limit
   std::string error;
   if (comm_.rank() == 0) {
     try {
-      if (replace_) fs::remove_all(final_);
+      if (replace_) files::remove_tree(final_);
       fs::rename(tmp_, final_);
       if (run_folder_) files::write_atomic(output_dir_ + "/latest", fs::path(final_).filename().string() + "\n");
       if (run_folder_ && total_limit) {
@@ -337,7 +341,7 @@ std::string CheckpointWriter::commit(bool ok, std::optional<int64_t> total_limit
         for (const CheckpointInfo& c : all) {
           if (excess <= 0) break;
           if (c.path == final_ || (!keep.empty() && fs::equivalent(c.path, keep))) continue;
-          fs::remove_all(c.path);
+          files::remove_tree(c.path);
           --excess;
         }
       }

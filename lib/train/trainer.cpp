@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "train/reporting.hpp"
 #include "util/device_stats.hpp"

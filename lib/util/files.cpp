@@ -8,6 +8,8 @@
 #include <sstream>
 
 #include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -52,6 +54,36 @@ void write_atomic(const std::string& path, const std::string& content) {
     int err = errno;
     ::unlink(tmp.c_str());
     throw IoError(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(err)));
+  }
+}
+
+namespace {
+
+thread_local std::string remove_error;  // nftw's callback cannot capture
+
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  if (::remove(path) != 0 && errno != ENOENT) {
+    remove_error = fmt::format("cannot remove '{}': {}", path, std::strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void remove_tree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    throw IoError(fmt::format("cannot remove '{}': {}", path, std::strerror(errno)));
+  }
+  remove_error.clear();
+  // Depth first, so every folder is empty when its turn comes; FTW_PHYS: links are removed,
+  // never followed.
+  if (::nftw(path.c_str(), remove_entry, 32, FTW_DEPTH | FTW_PHYS) != 0) {
+    throw IoError(remove_error.empty()
+                      ? fmt::format("cannot remove '{}': {}", path, std::strerror(errno))
+                      : remove_error);
   }
 }
 

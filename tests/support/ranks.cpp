@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -10,36 +11,42 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "util/files.hpp"
 #include <fmt/format.h>
 
 namespace zt::test {
 
 namespace {
 
-// The folders this process made, removed when it exits (ZT_KEEP_TEST_DIRS=1 keeps them for a
-// post-mortem). Rank processes launched by a test get their folders from it through the
-// environment, so a folder outlives every process that uses it.
-struct TempDirs {
-  std::vector<std::filesystem::path> made;
-  ~TempDirs() {
-    const char* keep = std::getenv("ZT_KEEP_TEST_DIRS");
-    if (keep && std::string(keep) == "1") return;
-    std::error_code ec;
-    for (const auto& dir : made) std::filesystem::remove_all(dir, ec);
-  }
-};
+// The folders this process made. Never destroyed: remove_temp_dirs() empties it.
+std::vector<std::string>& made_dirs() {
+  static auto* made = new std::vector<std::string>();
+  return *made;
+}
 
 }  // namespace
 
 std::string temp_dir(const std::string& tag) {
-  static TempDirs dirs;
   static int counter = 0;
   auto dir = std::filesystem::temp_directory_path() /
              fmt::format("zt-{}-{}-{}", tag, static_cast<long>(::getpid()), ++counter);
-  std::filesystem::remove_all(dir);
+  files::remove_tree(dir.string());
   std::filesystem::create_directories(dir);
-  dirs.made.push_back(dir);
+  made_dirs().push_back(dir.string());
   return dir.string();
+}
+
+void remove_temp_dirs() {
+  const char* keep = std::getenv("ZT_KEEP_TEST_DIRS");
+  if (keep && std::string(keep) == "1") return;
+  for (const std::string& dir : made_dirs()) {
+    try {
+      files::remove_tree(dir);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+    }
+  }
+  made_dirs().clear();
 }
 
 std::string RankRun::report() const {

@@ -39,8 +39,12 @@ bool skip_cpu_world(int world);
 std::unique_ptr<Communicator> join(Backend backend = Backend::kAuto,
                                    at::Device device = at::kCPU);
 
-/// A fresh empty folder under the system temp dir, removed when this process exits
-/// (ZT_KEEP_TEST_DIRS=1 keeps it for a post-mortem).
+/// A fresh empty folder under the system temp dir, removed by remove_temp_dirs() when the
+/// test program ends (ZT_KEEP_TEST_DIRS=1 keeps it for a post-mortem).
 std::string temp_dir(const std::string& tag);
+
+/// Removes the folders temp_dir() made in this process; the tests' main() calls it after the
+/// session.
+void remove_temp_dirs();
 
 }  // namespace zt::test
