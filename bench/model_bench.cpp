@@ -10,6 +10,8 @@
 // trainable parameters' masters and moments in fp32 (mixed precision, as the peer's PEFT run).
 // Weights are random (seeded) and never built whole on the host: the engine reads them bucket
 // by bucket from a random source. No gradient clipping, as the peer (ZT_BENCH_CLIP=1.0 clips).
+// Updates run inside backward where the engine allows it (EngineOptions::update_in_backward:
+// full mode without clipping); ZT_BENCH_IN_BACKWARD=0 keeps them in step().
 // ZT_BENCH_PHASES=1 synchronizes between forward, backward and the optimizer step and reports
 // each one's time (fwd_s, bwd_s, opt_s); the synchronization costs a little overlap.
 #include <ATen/ATen.h>
@@ -76,6 +78,7 @@ int main(int argc, char** argv) {
     eo.activation_checkpointing = ckpt;
     eo.total_train_steps = steps + 3;
     eo.source = with_adapter_values(random_source(c, 0), *model);
+    eo.update_in_backward = !(std::getenv("ZT_BENCH_IN_BACKWARD") && std::string(std::getenv("ZT_BENCH_IN_BACKWARD")) == "0");
     auto t_init = std::chrono::steady_clock::now();
     Engine engine(model, ds, args, comm, eo);
     const double init_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count();
@@ -113,10 +116,11 @@ int main(int argc, char** argv) {
     const double n = static_cast<double>(c.parameter_count());
     const double flops_token = 6 * n + 12.0 * c.num_hidden_layers * c.hidden_size * seq;
     std::printf("RESULT %s\n",
-                fmt::format(R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}{}}})J",
+                fmt::format(R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}, "in_backward": {}{}}})J",
                             shape, mode, seq, mbs, ckpt ? 1 : 0, c.parameter_count(), counts.trainable, step_s,
                             tokens_per_s, tokens_per_s * flops_token / 1e12,
                             device_stats::peak_allocated(0) / 1073741824.0, init_s, loss_value,
+                            engine.updates_in_backward() ? "true" : "false",
                             phases ? fmt::format(R"(, "fwd_s": {:.4f}, "bwd_s": {:.4f}, "opt_s": {:.4f})",
                                                  phase_s[0] / steps, phase_s[1] / steps, phase_s[2] / steps)
                                    : std::string())

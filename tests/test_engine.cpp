@@ -69,3 +69,18 @@ TEST_CASE("engine: pure bf16 (bf16 masters, gradients and moments) tracks the re
   // (Not SGD: its tiny steps vanish below bf16 resolution, which is why fp32 masters exist.)
   run_case(make_case(1, 4, 1, "bf16_pure", false, "mlp"));
 }
+
+TEST_CASE("engine: updates inside backward match the reference without clipping",
+          "[engine][equivalence]") {
+  // One rank, no accumulation or clipping: each parameter is updated by its gradient's hook.
+  auto in_backward = [](int stage, const char* dtype, const char* model, bool ckpt, const char* opt = "adamw") {
+    zt::test::Case c = make_case(stage, 1, 1, dtype, false, model, opt, ckpt);
+    c.clip = 0.0;
+    c.in_backward = true;
+    return c;
+  };
+  run_case(in_backward(0, "fp32", "transformer", false));
+  run_case(in_backward(2, "fp32", "llm", true));  // recomputed units: hooks fire in nested backward
+  run_case(in_backward(1, "fp32", "mlp", false, "sgd"));
+  run_case(in_backward(2, "bf16_pure", "transformer", false));
+}

@@ -1,6 +1,7 @@
 // Engine behaviour across real ranks (Gloo): overflow skipping, non-finite errors, overlap of
 // gradient reduction with backward, memory per rank against the ZeRO formulas, the stage-3
-// live-parameter bound, and identical initial weights whatever the stage.
+// live-parameter bound, identical initial weights whatever the stage, and updates inside
+// backward.
 #include "support/catch.hpp"
 
 #include <cstdlib>
@@ -25,16 +26,19 @@ struct Setup {
 };
 
 // An engine over `kind` with the given zero_optimization body and precision.
+// `top_extra`: more top-level DeepSpeed keys; `in_backward`: EngineOptions::update_in_backward.
 Setup make_engine(std::shared_ptr<Communicator> comm, const std::string& kind, int stage,
                   const std::string& dtype, const std::string& zero_extra = "",
-                  bool trace = false, int accum = 1) {
+                  bool trace = false, int accum = 1, const std::string& top_extra = "",
+                  bool in_backward = false, double weight_decay = 0.0) {
   Setup s;
   s.comm = std::move(comm);
   s.model = test::make_model(kind, 99);
   DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
       R"({{"zero_optimization": {{"stage": {}{}}}, "optimizer": {{"type": "AdamW",
-          "params": {{"lr": 0.01, "weight_decay": 0.0}}}}}})",
-      stage, zero_extra.empty() ? "" : ", " + zero_extra));
+          "params": {{"lr": 0.01, "weight_decay": {}}}}}{}}})",
+      stage, zero_extra.empty() ? "" : ", " + zero_extra, weight_decay,
+      top_extra.empty() ? "" : ", " + top_extra));
   TrainingArguments args;
   apply_training_json(args, fmt::format(R"({{"per_device_train_batch_size": 2,
       "gradient_accumulation_steps": {}, "lr_scheduler_type": "constant", "fp16": {},
@@ -46,6 +50,7 @@ Setup make_engine(std::shared_ptr<Communicator> comm, const std::string& kind, i
   eo.gate = &s.model->gate;
   eo.total_train_steps = 10;
   eo.trace = trace;
+  eo.update_in_backward = in_backward;
   s.engine = std::make_unique<Engine>(s.model, ds, args, s.comm, eo);
   return s;
 }
@@ -248,4 +253,64 @@ TEST_CASE("engine: initial weights are the same for every stage and world size",
   for (int world : {1, 2, 4}) {
     if (!test::skip_cpu_world(world)) test::run_ranks(world, "rank: engine initial weights");
   }
+}
+
+// ---- updates inside backward --------------------------------------------------------------------
+
+TEST_CASE("engine: updates inside backward equal updates in step(), with no gradient buffer", "[engine]") {
+  auto comm = std::shared_ptr<Communicator>(create_communicator(LaunchEnv{}, CommOptions{}));
+  const std::string no_clip = R"("gradient_clipping": 0.0)";
+  for (const std::string kind : {"transformer", "llm"}) {
+    for (int stage : {0, 2}) {
+      INFO(kind << ", stage " << stage);
+      Setup plain = make_engine(comm, kind, stage, "fp32", "", false, 1, no_clip, false, 0.1);
+      Setup fused = make_engine(comm, kind, stage, "fp32", "", false, 1, no_clip, true, 0.1);
+      CHECK_FALSE(plain.engine->updates_in_backward());
+      REQUIRE(fused.engine->updates_in_backward());
+      CHECK(plain.engine->memory().gradients > 0);
+      CHECK(fused.engine->memory().gradients == 0);
+      for (int64_t step = 0; step < 4; ++step) {
+        train_step(plain, kind, step);
+        train_step(fused, kind, step);
+        CHECK(fused.engine->global_step() == step + 1);
+        CHECK(fused.engine->learning_rate() == plain.engine->learning_rate());
+        CHECK(fused.engine->last_grad_norm() == Approx(plain.engine->last_grad_norm()).epsilon(1e-5));
+      }
+      const auto a = plain.engine->gather_full_parameters(), b = fused.engine->gather_full_parameters();
+      REQUIRE(a.size() == b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        INFO(a[i].first);
+        CHECK(at::allclose(a[i].second, b[i].second, 1e-6, 1e-7));
+        CHECK_FALSE(at::equal(a[i].second, test::make_model(kind, 99)->named_parameters()[a[i].first]));
+      }
+      // The optimizer state is the same too: a checkpoint does not know the difference.
+      const auto sa = plain.engine->state_pieces(), sb = fused.engine->state_pieces();
+      REQUIRE(sa.size() == sb.size());
+      for (size_t i = 0; i < sa.size(); ++i) {
+        for (size_t k = 0; k < sa[i].second.size(); ++k) {
+          CHECK(at::allclose(sa[i].second[k], sb[i].second[k], 1e-6, 1e-7));
+        }
+      }
+      CHECK(plain.engine->state().optimizer_steps == fused.engine->state().optimizer_steps);
+    }
+  }
+}
+
+TEST_CASE("engine: updates stay in step() where backward cannot apply them", "[engine]") {
+  auto comm = std::shared_ptr<Communicator>(create_communicator(LaunchEnv{}, CommOptions{}));
+  const std::string no_clip = R"("gradient_clipping": 0.0)";
+  // Clipping needs the global norm first; accumulation sums micro-steps; fp16 may skip.
+  CHECK_FALSE(make_engine(comm, "mlp", 2, "fp32", "", false, 1, R"("gradient_clipping": 1.0)", true)
+                  .engine->updates_in_backward());
+  CHECK_FALSE(make_engine(comm, "mlp", 2, "fp32", "", false, 2, no_clip, true).engine->updates_in_backward());
+  CHECK_FALSE(make_engine(comm, "mlp", 2, "fp16", "", false, 1, no_clip, true).engine->updates_in_backward());
+  // Tied weights under units get their gradient once per unit that uses them.
+  CHECK_FALSE(make_engine(comm, "llm_tied", 2, "fp32", "", false, 1, no_clip, true).engine->updates_in_backward());
+  CHECK_FALSE(make_engine(comm, "mlp", 3, "fp32", "", false, 1, no_clip, true).engine->updates_in_backward());
+  // An update already applied cannot be rescaled at the boundary.
+  Setup fused = make_engine(comm, "mlp", 2, "fp32", "", false, 1, no_clip, true);
+  REQUIRE(fused.engine->updates_in_backward());
+  test::Batch b = test::make_batch("mlp", 0, 0, 2);
+  fused.engine->backward(fused.model->loss_sum(b.inputs, b.labels), 10.0);
+  CHECK_THROWS_WITH(fused.engine->step(2.0), Catch::Contains("backward(loss, divisor)"));
 }

@@ -7,9 +7,12 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "optim/schedule.hpp"
 #include "optim/shard_optimizer.hpp"
@@ -289,4 +292,42 @@ TEST_CASE("host work takes the rank's share of the cores, not OMP_NUM_THREADS", 
   ::unsetenv("ZT_CPU_THREADS");
   CHECK(at::equal(p[0], p[1]));
   CHECK(at::equal(v[0], v[1]));
+}
+
+TEST_CASE("parallel ranges cover every index once, also nested and from two threads at once", "[engine]") {
+  // Each call hands out [0, n) in ranges; a slot counts how often its index was visited.
+  auto cover = [](int64_t n, int64_t threads) {
+    std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+    for (auto& s : seen) s.store(0);
+    zt::parallel_ranges(n, threads, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) seen[static_cast<size_t>(i)].fetch_add(1);
+    });
+    for (const auto& s : seen) {
+      if (s.load() != 1) return false;
+    }
+    return true;
+  };
+  for (int64_t n : {1, 2, 3, 7, 64, 1000}) {
+    for (int64_t threads : {1, 2, 3, 8, 16}) {
+      INFO("n " << n << ", threads " << threads);
+      for (int repeat = 0; repeat < 20; ++repeat) REQUIRE(cover(n, threads));
+    }
+  }
+  // A range that starts its own parallel work runs it inline, without deadlock.
+  std::atomic<int64_t> inner{0};
+  zt::parallel_ranges(4, 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      zt::parallel_ranges(10, 4, [&](int64_t a, int64_t b) { inner.fetch_add(b - a); });
+    }
+  });
+  CHECK(inner.load() == 40);
+  // Two threads submitting at once each get all their ranges.
+  std::atomic<bool> ok0{true}, ok1{true};
+  std::thread other([&] {
+    for (int r = 0; r < 200; ++r) ok1 = ok1 && cover(100, 5);
+  });
+  for (int r = 0; r < 200; ++r) ok0 = ok0 && cover(77, 3);
+  other.join();
+  CHECK(ok0.load());
+  CHECK(ok1.load());
 }

@@ -247,6 +247,9 @@ struct TrainingArguments {
   int64_t save_steps = 500;
   std::optional<int64_t> save_total_limit;
   bool gradient_checkpointing = false;
+  /// zerotrain's own: update each parameter during backward and free its gradient where that
+  /// cannot change the math (EngineOptions::update_in_backward; docs/engine.md).
+  bool update_in_backward = true;
   bool dataloader_drop_last = false;
   /// DeepSpeed config: a path to a JSON file, or inline JSON text starting with '{'.
   std::string deepspeed;

@@ -70,6 +70,7 @@ const std::vector<Option>& options() {
       {"seed", &Args::seed, {}, 0, "seed of initialization, adapters and dropout"},
       {"data_seed", &Args::data_seed, {}, 0, "seed of data shuffling (default: seed)"},
       {"gradient_checkpointing", &Args::gradient_checkpointing, {}, -1e308, "recompute activations in backward"},
+      {"update_in_backward", &Args::update_in_backward, {}, -1e308, "update each parameter as its gradient completes, where the math allows (one rank, no clipping or accumulation, not fp16)"},
       {"dataloader_drop_last", &Args::dataloader_drop_last, {}, -1e308, "drop the last incomplete batch"},
       {"deepspeed", &Args::deepspeed, {}, -1e308, "DeepSpeed config: a JSON file or inline JSON"},
       // Logging, evaluation, saving.

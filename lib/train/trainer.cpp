@@ -316,6 +316,7 @@ void Trainer::Impl::build_model_and_engine() {
   eo.units = model->units();
   eo.gate = &model->gate();
   eo.activation_checkpointing = args.gradient_checkpointing;
+  eo.update_in_backward = args.update_in_backward;
   eo.total_train_steps = total_steps;  // 0 when unknown: schedules that need it say so
   eo.source = with_adapter_values(base, *model);
   engine = std::make_unique<Engine>(model, ds, args, comm, eo);
@@ -668,7 +669,10 @@ StepStats Trainer::train_step(const at::Tensor& input_ids, const at::Tensor& lab
   }
   I.model->train();
   LossSum l = I.forward_tokens(ids, y);
-  I.engine->backward(l.sum, I.step_divisor);
+  // Updates inside backward cannot be rescaled afterwards; they run only at one rank without
+  // accumulation, where this micro-batch's token count is the window's.
+  const bool exact = I.engine->updates_in_backward();
+  I.engine->backward(l.sum, exact ? std::max<double>(1.0, static_cast<double>(l.tokens)) : I.step_divisor);
   at::Tensor totals = at::stack({l.sum.detach().to(at::kFloat).reshape({}),
                                  at::scalar_tensor(static_cast<float>(l.tokens), at::TensorOptions().dtype(at::kFloat).device(l.sum.device()))})
                           .to(I.comm->device());
@@ -676,7 +680,7 @@ StepStats Trainer::train_step(const at::Tensor& input_ids, const at::Tensor& lab
   at::Tensor host = totals.cpu();
   I.window_tokens += host[1].item<double>();
   const bool boundary = I.engine->at_boundary();
-  const double scale = boundary ? I.step_divisor / std::max(1.0, I.window_tokens) : 1.0;
+  const double scale = boundary && !exact ? I.step_divisor / std::max(1.0, I.window_tokens) : 1.0;
   StepStats stats;
   stats.stepped = I.engine->step(scale);
   if (stats.stepped) {

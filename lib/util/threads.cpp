@@ -3,7 +3,12 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include <ATen/Parallel.h>
 
@@ -18,7 +23,101 @@ int positive_env(const char* name) {
   return end != v && *end == '\0' && n > 0 && n < 1 << 16 ? static_cast<int>(n) : 0;
 }
 
+// The workers of run_ranges, one job at a time. The caller publishes the job under `m_` and
+// runs range 0; workers that wake while it is published join it (counted in `active_`) and,
+// with the caller, take the other ranges from the job's own counter. The caller then closes
+// the job to late wakers and waits until every worker that joined has left it, so no worker
+// ever touches a finished job.
+class RangePool {
+ public:
+  void run(int64_t n, int64_t parts, const std::function<void(int64_t, int64_t)>& fn) {
+    std::lock_guard<std::mutex> one_job(submit_);
+    grow(parts - 1);
+    Job job{&fn, n, parts, (n + parts - 1) / parts};
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      job_ = &job;
+      ++generation_;
+    }
+    wake_.notify_all();
+    in_job = true;
+    fn(0, std::min(n, job.per));
+    take_ranges(job);
+    in_job = false;
+    std::unique_lock<std::mutex> lock(m_);
+    job_ = nullptr;
+    done_.wait(lock, [&] { return active_ == 0; });
+  }
+
+  static thread_local bool in_job;  ///< this thread runs a range (nested calls run inline)
+
+ private:
+  struct Job {
+    const std::function<void(int64_t, int64_t)>* fn;
+    int64_t n, parts, per;
+    std::atomic<int64_t> next{1};  ///< the next range to take; range 0 is the caller's
+  };
+
+  void grow(int64_t wanted) {
+    while (static_cast<int64_t>(workers_) < wanted) {
+      std::thread([this] { work(); }).detach();  // parked between jobs; the process ends them
+      ++workers_;
+    }
+  }
+
+  static void take_ranges(Job& job) {
+    for (int64_t r = job.next.fetch_add(1); r < job.parts; r = job.next.fetch_add(1)) {
+      const int64_t lo = std::min(job.n, r * job.per), hi = std::min(job.n, (r + 1) * job.per);
+      if (lo < hi) (*job.fn)(lo, hi);
+    }
+  }
+
+  void work() {
+    in_job = true;
+    uint64_t seen = 0;
+    for (;;) {
+      Job* job = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        wake_.wait(lock, [&] { return generation_ != seen; });
+        seen = generation_;
+        if (job_ == nullptr) continue;  // woke after the job closed
+        job = job_;
+        ++active_;
+      }
+      take_ranges(*job);
+      std::lock_guard<std::mutex> lock(m_);
+      if (--active_ == 0) done_.notify_all();
+    }
+  }
+
+  std::mutex submit_, m_;
+  std::condition_variable wake_, done_;
+  size_t workers_ = 0;
+  uint64_t generation_ = 0;
+  Job* job_ = nullptr;
+  int64_t active_ = 0;
+};
+
+thread_local bool RangePool::in_job = false;
+
+RangePool& range_pool() {
+  static RangePool* pool = new RangePool();  // never destroyed: its workers never stop
+  return *pool;
+}
+
 }  // namespace
+
+void run_ranges(int64_t n, int64_t threads, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  const int64_t parts = std::max<int64_t>(1, std::min(threads, n));
+  if (parts == 1 || RangePool::in_job) {
+    const int64_t per = (n + parts - 1) / parts;
+    for (int64_t lo = 0; lo < n; lo += per) fn(lo, std::min(n, lo + per));
+    return;
+  }
+  range_pool().run(n, parts, fn);
+}
 
 int cpu_worker_threads() {
   if (int n = positive_env("ZT_CPU_THREADS")) return n;

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <thread>
-#include <vector>
+#include <functional>
+#include <utility>
 
 namespace zt {
 
@@ -17,22 +17,24 @@ namespace zt {
 /// Thread-safe; reads the environment on every call.
 int cpu_worker_threads();
 
-/// Runs fn(lo, hi) over [0, n) cut into min(threads, n) contiguous ranges, each on its own
-/// std::thread except the first, which runs on the caller; returns when all are done. (In a
-/// library built without -fopenmp, LibTorch's at::parallel_for runs on one thread.) fn must not
-/// throw: an exception leaving a std::thread ends the process.
+/// Runs fn(lo, hi) over [0, n) cut into min(threads, n) contiguous ranges and returns when all
+/// are done: the first range on the caller, the others on a process-wide pool of parked worker
+/// threads (started on first use, added to when a call wants more, never stopped), so that
+/// calls made over and over — the offloaded optimizer's per-bucket updates — pay no thread
+/// start-up and find their workers already spread over the cores. (In a library built without
+/// -fopenmp, LibTorch's at::parallel_for runs on one thread.) Calls from several threads share
+/// the pool one at a time; a call made from inside fn runs its ranges on its own thread. fn must
+/// not throw: an exception leaving a worker ends the process.
+void run_ranges(int64_t n, int64_t threads, const std::function<void(int64_t, int64_t)>& fn);
+
 template <typename Fn>
 void parallel_ranges(int64_t n, int64_t threads, Fn&& fn) {
   if (n <= 0) return;
-  const int64_t parts = std::max<int64_t>(1, std::min(threads, n));
-  const int64_t per = (n + parts - 1) / parts;
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < parts; ++t) {
-    const int64_t lo = std::min(n, t * per), hi = std::min(n, (t + 1) * per);
-    if (lo < hi) pool.emplace_back([&fn, lo, hi] { fn(lo, hi); });
+  if (threads <= 1 || n == 1) {
+    fn(int64_t{0}, n);
+    return;
   }
-  fn(int64_t{0}, std::min(n, per));
-  for (std::thread& th : pool) th.join();
+  run_ranges(n, threads, std::function<void(int64_t, int64_t)>(std::forward<Fn>(fn)));
 }
 
 }  // namespace zt

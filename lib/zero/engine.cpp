@@ -202,11 +202,18 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
       I.device.is_cuda());
   const auto dev32 = at::TensorOptions().dtype(at::kFloat).device(I.device);
   I.master = at::zeros({L.state_numel}, (I.offload_optimizer ? host : dev32).dtype(I.master_dtype));
-  I.grad_acc = at::zeros({L.state_numel}, dev32.dtype(I.master_dtype));
   // bf16 masters on a rank that keeps whole buckets are the parameters themselves.
   I.master_aliases_params = I.master_dtype == I.compute && !I.offload_optimizer &&
                             (L.replicated || I.world == 1);
   I.grads_in_acc = I.world == 1 && I.master_dtype == I.compute;
+  bool any_shared = false;
+  for (const zero::ParamInfo& p : L.params) any_shared = any_shared || (p.trainable && p.shared);
+  I.in_backward = I.options.update_in_backward && I.grads_in_acc && !I.offload_optimizer &&
+                  I.stage <= 2 && I.accumulation == 1 && !fp16 &&
+                  !(ds.gradient_clipping.value() > 0.0) && !any_shared;
+  if (I.in_backward) I.grads_in_acc = false;
+  I.grad_acc = at::zeros({I.in_backward ? 0 : L.state_numel}, dev32.dtype(I.master_dtype));
+  I.norm_sq = at::zeros({}, dev32);
   if (I.offload_optimizer) {
     int64_t longest = 0, trainable = 0;
     for (const zero::Bucket& b : L.buckets) {
@@ -279,7 +286,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
                          : full.to(I.compute);
       if (b.trainable && I.grads_in_acc) {
         s.flat_grad = I.grad_acc.narrow(0, b.shard.offset, b.numel);
-      } else if (b.trainable && I.stage <= 1) {
+      } else if (b.trainable && I.stage <= 1 && !I.in_backward) {
         s.flat_grad = at::zeros({b.numel}, s.flat_param.options());
       }
     }
@@ -303,6 +310,19 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   I.optimizer = std::make_unique<ShardOptimizer>(
       ds.optimizer.type, I.master, L.segments, ds.optimizer.momentum,
       bf16 && ds.bf16.optimizer_states ? at::kBFloat16 : at::kFloat);
+  if (I.in_backward) {
+    I.param_segments.resize(L.params.size());
+    I.param_state_offset.assign(L.params.size(), 0);
+    for (const zero::Bucket& b : L.buckets) {
+      if (!b.trainable) continue;
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        const size_t pi = static_cast<size_t>(b.params[k]);
+        const int64_t offset = b.shard.offset + b.offsets[k];  // one rank: the whole bucket
+        I.param_state_offset[pi] = offset;
+        I.param_segments[pi] = {Segment{offset, L.params[pi].numel, L.params[pi].decay}};
+      }
+    }
+  }
   I.bucket_segments.resize(L.buckets.size());
   for (const zero::Bucket& b : L.buckets) {
     if (!b.trainable) continue;
@@ -319,10 +339,11 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   if (I.options.gate != nullptr) I.options.gate->engine_ = this;
   I.last_lr = I.schedule.lr(0);
   if (I.rank == 0) {
-    log::info("engine: ZeRO stage {}, {} ranks, compute {}, {} buckets, {} state elements/rank{}{}",
+    log::info("engine: ZeRO stage {}, {} ranks, compute {}, {} buckets, {} state elements/rank{}{}{}",
               I.stage, I.world, c10::toString(I.compute), L.buckets.size(), L.state_numel,
               I.offload_optimizer ? ", optimizer offloaded" : "",
-              I.offload_param ? ", parameters offloaded" : "");
+              I.offload_param ? ", parameters offloaded" : "",
+              I.in_backward ? ", parameters updated during backward" : "");
   }
 }
 
@@ -368,8 +389,41 @@ bool Engine::step(double gradient_scale) {
   if (!I.awaiting_step) throw InvalidArgument("Engine::step called without backward()");
   I.awaiting_step = false;
   if (!I.at_boundary()) return false;
+  if (I.in_backward && gradient_scale != 1.0) {
+    throw InvalidArgument(fmt::format(
+        "Engine::step: gradient_scale {} with updates applied during backward "
+        "(EngineOptions::update_in_backward): pass the normalizer to backward(loss, divisor)",
+        gradient_scale));
+  }
   ++I.global_steps;
   at::NoGradGuard no_grad;
+  if (I.in_backward) {
+    // The update happened in backward; what is left is the norm and the finiteness check —
+    // and the parameters that got no gradient, which the flat path updates with zeros
+    // (momentum and weight decay still apply).
+    for (size_t i = 0; i < I.param_segments.size(); ++i) {
+      if (I.param_segments[i].empty() || I.fired[i]) continue;
+      const at::Tensor zeros = at::zeros({I.layout.params[i].numel}, I.master.options());
+      I.optimizer->update(zeros, I.backward_hyper, I.param_segments[i], I.param_state_offset[i]);
+    }
+    at::Tensor host = at::stack({I.norm_sq.reshape({}), I.nonfinite_losses.reshape({})}).to(at::kCPU);
+    const double norm = std::sqrt(host[0].item<double>());
+    const double bad_losses = host[1].item<double>();
+    I.nonfinite_losses.zero_();
+    if (!std::isfinite(norm) || bad_losses > 0) {
+      throw NumericError(fmt::format(
+          "non-finite {} at optimizer step {} (micro-step {}, {}; its update was already applied "
+          "during backward): training diverged or the data has a problem; lower the learning "
+          "rate or check the inputs",
+          bad_losses > 0 ? "loss" : "gradient norm", I.global_steps, I.micro_steps,
+          c10::toString(I.compute)));
+    }
+    ++I.applied_steps;
+    I.last_lr = I.backward_hyper.lr;
+    I.last_norm = norm;
+    I.last_skipped = false;
+    return true;
+  }
   // Slices that received nothing this window (a unit that did not run) hold stale values.
   for (const zero::Bucket& b : I.layout.buckets) {
     Impl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
@@ -424,15 +478,7 @@ bool Engine::step(double gradient_scale) {
   double coef = gradient_scale / scale;
   if (clip > 0.0 && (norm + 1e-6) / clip > 1.0) coef /= (norm + 1e-6) / clip;
 
-  UpdateHyper h;
-  h.lr = I.schedule.lr(I.applied_steps);
-  h.beta1 = I.ds.optimizer.betas.value()[0];
-  h.beta2 = I.ds.optimizer.betas.value()[1];
-  h.eps = I.ds.optimizer.eps.value();
-  h.weight_decay = I.ds.optimizer.weight_decay.value();
-  h.momentum = I.ds.optimizer.momentum;
-  h.bias_correction = I.ds.optimizer.bias_correction;
-  h.grad_scale = coef;
+  const UpdateHyper h = I.step_hyper(coef);
   if (I.offload_optimizer) {
     I.offloaded_step(h);
   } else {
@@ -448,6 +494,19 @@ bool Engine::step(double gradient_scale) {
   I.last_skipped = false;
   clear();
   return true;
+}
+
+UpdateHyper Engine::Impl::step_hyper(double grad_scale) const {
+  UpdateHyper h;
+  h.lr = schedule.lr(applied_steps);
+  h.beta1 = ds.optimizer.betas.value()[0];
+  h.beta2 = ds.optimizer.betas.value()[1];
+  h.eps = ds.optimizer.eps.value();
+  h.weight_decay = ds.optimizer.weight_decay.value();
+  h.momentum = ds.optimizer.momentum;
+  h.bias_correction = ds.optimizer.bias_correction;
+  h.grad_scale = grad_scale;
+  return h;
 }
 
 void Engine::Impl::offloaded_step(const UpdateHyper& h) {
@@ -538,6 +597,7 @@ int64_t Engine::micro_step() const { return impl_->micro_steps; }
 int Engine::gradient_accumulation_steps() const { return impl_->accumulation; }
 at::ScalarType Engine::compute_dtype() const { return impl_->compute; }
 int Engine::stage() const { return impl_->stage; }
+bool Engine::updates_in_backward() const { return impl_->in_backward; }
 Communicator& Engine::communicator() { return *impl_->comm; }
 torch::nn::Module& Engine::module() { return *impl_->model; }
 const std::vector<TraceEvent>& Engine::trace() const { return impl_->trace; }

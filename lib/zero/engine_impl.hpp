@@ -40,6 +40,9 @@ struct Engine::Impl {
   /// One rank and the accumulator in the compute dtype: every parameter's .grad is a view into
   /// grad_acc, so autograd accumulates there and no reduction, copy or staging is needed.
   bool grads_in_acc = false;
+  /// EngineOptions::update_in_backward in effect: each parameter is updated by its gradient's
+  /// hook and the gradient dropped; there is no gradient buffer (grad_acc is empty).
+  bool in_backward = false;
   int64_t prefetch_elements = 0, max_live_elements = 0;
   zero::Layout layout;
 
@@ -68,6 +71,11 @@ struct Engine::Impl {
   std::vector<at::Tensor> grad_slots;
   std::unique_ptr<ShardOptimizer> optimizer;
   std::vector<std::vector<Segment>> bucket_segments;  ///< per trainable bucket, its slice's runs
+  /// in_backward: per parameter, its runs of the state and the offset of its first element.
+  std::vector<std::vector<Segment>> param_segments;
+  std::vector<int64_t> param_state_offset;
+  UpdateHyper backward_hyper;  ///< in_backward: the update of the step under way
+  at::Tensor norm_sq;          ///< in_backward: Σ of squared gradient norms so far this step
   LrSchedule schedule;
   LossScaler scaler;
 
@@ -123,6 +131,8 @@ struct Engine::Impl {
   void install_hooks();
   void begin_backward();
   void on_gradient(int param_index);
+  void update_now(int param_index);  ///< in_backward: one parameter's update from its .grad
+  UpdateHyper step_hyper(double grad_scale) const;
   void try_launch();
   void launch(int bucket);
   void complete_oldest();

@@ -63,7 +63,12 @@ at::Tensor Engine::Impl::slice_of(int bucket, const at::Tensor& state) const {
 void Engine::Impl::begin_backward() {
   // Stages 0/1 reduce once per accumulation window (at its last micro-step); stages 2/3 every
   // micro-step.
-  reducing = stage >= 2 || (micro_steps + 1) % accumulation == 0;
+  reducing = !in_backward && (stage >= 2 || (micro_steps + 1) % accumulation == 0);
+  if (in_backward) {
+    backward_hyper = step_hyper(1.0);
+    optimizer->begin_step();
+    norm_sq.zero_();
+  }
   for (BucketState& s : buckets) {
     s.ready = 0;
     s.launched = false;
@@ -73,7 +78,26 @@ void Engine::Impl::begin_backward() {
   record(TraceEvent::Kind::kBackwardBegin, -1);
 }
 
+void Engine::Impl::update_now(int param_index) {
+  const zero::ParamInfo& p = layout.params[static_cast<size_t>(param_index)];
+  at::Tensor& grad = p.param.mutable_grad();
+  if (!grad.defined()) return;
+  at::NoGradGuard no_grad;
+  // Every use of the parameter has contributed (autograd sums them before its accumulator
+  // runs), so it is no longer needed by backward and may change in place.
+  const at::Tensor g = grad.reshape({-1});
+  norm_sq.add_(at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kFloat).pow(2));
+  optimizer->update(g, backward_hyper, param_segments[static_cast<size_t>(param_index)],
+                    param_state_offset[static_cast<size_t>(param_index)]);
+  grad.reset();
+}
+
 void Engine::Impl::on_gradient(int param_index) {
+  if (in_backward) {
+    update_now(param_index);
+    fired[static_cast<size_t>(param_index)] = 1;
+    return;
+  }
   const int b = bucket_of_param[static_cast<size_t>(param_index)];
   BucketState& s = buckets[static_cast<size_t>(b)];
   const zero::Bucket& bucket = layout.buckets[static_cast<size_t>(b)];

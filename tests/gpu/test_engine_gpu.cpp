@@ -29,6 +29,15 @@ TEST_CASE("engine on GPU: stages 0-3 in bf16, fp16 and fp32 match the reference"
   run_on_gpu(make_case(3, 1, 3, "bf16", false, "mlp", "sgd"));
 }
 
+TEST_CASE("engine on GPU: updates inside backward match the reference", "[gpu][engine]") {
+  for (const char* dtype : {"bf16_pure", "fp32"}) {
+    zt::test::Case c = make_case(2, 1, 1, dtype, false, "transformer");
+    c.clip = 0.0;
+    c.in_backward = true;
+    run_on_gpu(c);
+  }
+}
+
 TEST_CASE("engine on GPU: optimizer and parameter offload match the reference", "[gpu][engine]") {
   run_on_gpu(make_case(2, 1, 1, "bf16", true, "transformer"));
   run_on_gpu(make_case(3, 1, 3, "bf16", true, "transformer"));

@@ -28,29 +28,30 @@
 namespace zt::test {
 
 std::string Case::encode() const {
-  return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {}", stage, world, accum, dtype,
+  return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", stage, world, accum, dtype,
                      int(offload), model, opt, int(ckpt), int(token_norm), bucket, steps, micro,
-                     device);
+                     device, clip, int(in_backward));
 }
 
 Case Case::decode(const std::string& s) {
   Case c;
   std::istringstream in(s);
   in >> c.stage >> c.world >> c.accum >> c.dtype >> c.offload >> c.model >> c.opt >> c.ckpt >>
-      c.token_norm >> c.bucket >> c.steps >> c.micro >> c.device;
+      c.token_norm >> c.bucket >> c.steps >> c.micro >> c.device >> c.clip >> c.in_backward;
   if (!in) throw std::runtime_error("malformed ZT_CASE: " + s);
   return c;
 }
 
 std::string Case::describe() const {
-  return fmt::format("stage {} world {} accum {} {} offload {} {} {} ckpt {} {} on {}", stage,
+  return fmt::format("stage {} world {} accum {} {} offload {} {} {} ckpt {} {} on {} clip {}{}", stage,
                      world, accum, dtype, offload, model, opt, ckpt,
-                     token_norm ? "token-normalized" : "mean-normalized", device);
+                     token_norm ? "token-normalized" : "mean-normalized", device, clip,
+                     in_backward ? " updates in backward" : "");
 }
 
 namespace {
 
-constexpr double kLr = 0.01, kWd = 0.1, kClip = 1.0;
+constexpr double kLr = 0.01, kWd = 0.1;
 constexpr uint64_t kSeed = 1234;
 
 std::string ds_json(const Case& c) {
@@ -78,7 +79,7 @@ TrainingArguments args_for(const Case& c) {
       "gradient_accumulation_steps": {}, "learning_rate": {}, "weight_decay": {},
       "max_grad_norm": {}, "lr_scheduler_type": "constant", "fp16": {}, "bf16": {},
       "optim": "{}", "max_steps": {}}})",
-                                     c.micro, c.accum, kLr, kWd, kClip, c.dtype == "fp16",
+                                     c.micro, c.accum, kLr, kWd, c.clip, c.dtype == "fp16",
                                      c.dtype.rfind("bf16", 0) == 0, c.opt == "sgd" ? "sgd" : "adamw_torch",
                                      c.steps));
   return a;
@@ -131,7 +132,8 @@ Reference reference_run(const Case& c) {
       loss = loss / static_cast<double>(c.accum * c.world);
     }
     loss.backward();
-    ref.norms.push_back(torch::nn::utils::clip_grad_norm_(model->parameters(), kClip));
+    // Without clipping, a bound no norm reaches: the call only measures.
+    ref.norms.push_back(torch::nn::utils::clip_grad_norm_(model->parameters(), c.clip > 0 ? c.clip : 1e30));
     opt->step();
   }
   for (const auto& p : model->named_parameters()) ref.params.emplace_back(p.key(), p.value().detach().clone());
@@ -195,7 +197,9 @@ TEST_CASE("rank: engine equivalence", "[.rank]") {
   eo.activation_checkpointing = c.ckpt;
   eo.total_train_steps = c.steps;
   eo.device = device;
+  eo.update_in_backward = c.in_backward;
   Engine engine(model, ds, args, comm, eo);
+  REQUIRE(engine.updates_in_backward() == c.in_backward);
 
   std::vector<double> norms;
   const int64_t global = c.micro * c.accum * world;

@@ -20,6 +20,8 @@ struct Case {
   int64_t steps = 4;
   int64_t micro = 2;
   std::string device = "cpu";  ///< "cpu", or "cuda" (rank r uses cuda:LOCAL_RANK)
+  double clip = 1.0;           ///< max_grad_norm (0: none)
+  bool in_backward = false;    ///< EngineOptions::update_in_backward, required to take effect
 
   std::string encode() const;
   static Case decode(const std::string& s);
