@@ -9,6 +9,7 @@
 #   bench/gpu_session.sh models           zt_bench_model lora / freeze on Qwen2.5-7B vs the peer
 #   bench/gpu_session.sh micro            AdamW, copies, the full-model step vs the peer
 #   bench/gpu_session.sh phases           forward / backward / optimizer times, ours and HF's
+#   bench/gpu_session.sh profile          GPU time per kernel family of the full 7B step, ours vs HF's
 #
 # Phases may be chained (`build test`). Needs `.gpu-deps/` (../shared/gpu/prepare-deps.sh) and,
 # for the peer runs, `.peer/hf_baseline.py` (a copy of ../shared/bench/hf_baseline.py): carry
@@ -103,6 +104,14 @@ for phase in "$@"; do
         ZT_BENCH_PHASES=1 $b/bin/zt_bench_model qwen2.5-7b $m 2>&1 | tee -a "$results/phases.log" | grep '^RESULT' || true
         python3 bench/tools/hf_phases.py qwen2.5-7b $m 2>&1 | tee -a "$results/phases.log" | grep '^RESULT' || true
       done
+      ;;
+    profile)
+      for impl in zerotrain hf; do
+        python3 bench/tools/profile_step.py $impl qwen2.5-7b full 1024 4 1 "$results/profile_$impl.json" \
+          > "$results/profile_$impl.log" 2>&1 || tail -20 "$results/profile_$impl.log"
+        grep '^RESULT' "$results/profile_$impl.log" || true
+      done
+      python3 bench/tools/profile_step.py compare "$results/profile_zerotrain.json" "$results/profile_hf.json" || true
       ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
