@@ -30,10 +30,12 @@ struct Setup {
 Setup make_engine(std::shared_ptr<Communicator> comm, const std::string& kind, int stage,
                   const std::string& dtype, const std::string& zero_extra = "",
                   bool trace = false, int accum = 1, const std::string& top_extra = "",
-                  bool in_backward = false, double weight_decay = 0.0) {
+                  bool in_backward = false, double weight_decay = 0.0, bool unused_parameter = false) {
   Setup s;
   s.comm = std::move(comm);
   s.model = test::make_model(kind, 99);
+  // A trainable parameter the loss never uses: it gets no gradient, only weight decay.
+  if (unused_parameter) s.model->register_parameter("unused", at::ones({5}));
   DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
       R"({{"zero_optimization": {{"stage": {}{}}}, "optimizer": {{"type": "AdamW",
           "params": {{"lr": 0.01, "weight_decay": {}}}}}{}}})",
@@ -260,11 +262,12 @@ TEST_CASE("engine: initial weights are the same for every stage and world size",
 TEST_CASE("engine: updates inside backward equal updates in step(), with no gradient buffer", "[engine]") {
   auto comm = std::shared_ptr<Communicator>(create_communicator(LaunchEnv{}, CommOptions{}));
   const std::string no_clip = R"("gradient_clipping": 0.0)";
-  for (const std::string kind : {"transformer", "llm"}) {
+  for (const std::string kind : {"transformer", "llm", "mlp"}) {
     for (int stage : {0, 2}) {
       INFO(kind << ", stage " << stage);
-      Setup plain = make_engine(comm, kind, stage, "fp32", "", false, 1, no_clip, false, 0.1);
-      Setup fused = make_engine(comm, kind, stage, "fp32", "", false, 1, no_clip, true, 0.1);
+      const bool unused = kind == "mlp";
+      Setup plain = make_engine(comm, kind, stage, "fp32", "", false, 1, no_clip, false, 0.1, unused);
+      Setup fused = make_engine(comm, kind, stage, "fp32", "", false, 1, no_clip, true, 0.1, unused);
       CHECK_FALSE(plain.engine->updates_in_backward());
       REQUIRE(fused.engine->updates_in_backward());
       CHECK(plain.engine->memory().gradients > 0);
@@ -281,7 +284,9 @@ TEST_CASE("engine: updates inside backward equal updates in step(), with no grad
       for (size_t i = 0; i < a.size(); ++i) {
         INFO(a[i].first);
         CHECK(at::allclose(a[i].second, b[i].second, 1e-6, 1e-7));
-        CHECK_FALSE(at::equal(a[i].second, test::make_model(kind, 99)->named_parameters()[a[i].first]));
+        const at::Tensor initial =
+            a[i].first == "unused" ? at::ones({5}) : test::make_model(kind, 99)->named_parameters()[a[i].first];
+        CHECK_FALSE(at::equal(a[i].second, initial));
       }
       // The optimizer state is the same too: a checkpoint does not know the difference.
       const auto sa = plain.engine->state_pieces(), sb = fused.engine->state_pieces();
