@@ -1,14 +1,20 @@
 // Engine building blocks on their own: the loss scaler's rule, LR schedules against their
-// formulas, the CPU Adam kernel against torch::optim::AdamW, weight-decay naming, and layouts.
+// formulas, the CPU Adam kernel against torch::optim::AdamW, weight-decay naming, layouts, and
+// the host worker threads.
 #include "support/catch.hpp"
 
 #include <torch/optim/adamw.h>
 
 #include <ATen/Parallel.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -330,4 +336,45 @@ TEST_CASE("parallel ranges cover every index once, also nested and from two thre
   other.join();
   CHECK(ok0.load());
   CHECK(ok1.load());
+}
+
+TEST_CASE("a forked process gets its own parallel-ranges workers", "[engine]") {
+  std::atomic<int64_t> before{0};
+  zt::parallel_ranges(8, 4, [&](int64_t lo, int64_t hi) { before.fetch_add(hi - lo); });  // the pool exists
+  REQUIRE(before.load() == 8);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // fork() copied the parent's pool but none of its workers. With workers of its own the
+    // ranges meet on two threads at once; without, the caller runs them one after the other
+    // and the first waits in vain.
+    std::atomic<int64_t> n{0};
+    std::atomic<int> inside{0};
+    std::atomic<bool> waited_in_vain{false};
+    zt::parallel_ranges(2, 2, [&](int64_t lo, int64_t hi) {
+      inside.fetch_add(1);
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (inside.load() < 2) {
+        if (std::chrono::steady_clock::now() > give_up) {
+          waited_in_vain = true;
+          break;
+        }
+        std::this_thread::yield();
+      }
+      n.fetch_add(hi - lo);
+    });
+    ::_exit(n.load() == 2 && !waited_in_vain.load() ? 0 : 1);
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (::waitpid(child, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+      FAIL("the forked process hung in parallel_ranges");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }

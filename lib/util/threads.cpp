@@ -1,5 +1,6 @@
 #include "util/threads.hpp"
 
+#include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -101,9 +102,21 @@ class RangePool {
 
 thread_local bool RangePool::in_job = false;
 
+// Never destroyed: its workers never stop. A process forked from one that had a pool has
+// none of the parent's workers (fork copies only the calling thread), so its child handler
+// starts an empty pool for it; the parent's copy is left unused.
+std::atomic<RangePool*> the_pool{nullptr};
+
+void fresh_pool_after_fork() { the_pool.store(new RangePool()); }
+
 RangePool& range_pool() {
-  static RangePool* pool = new RangePool();  // never destroyed: its workers never stop
-  return *pool;
+  static const bool once = [] {
+    the_pool.store(new RangePool());
+    ::pthread_atfork(nullptr, nullptr, fresh_pool_after_fork);
+    return true;
+  }();
+  (void)once;
+  return *the_pool.load();
 }
 
 }  // namespace

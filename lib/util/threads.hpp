@@ -23,8 +23,9 @@ int cpu_worker_threads();
 /// calls made over and over — the offloaded optimizer's per-bucket updates — pay no thread
 /// start-up and find their workers already spread over the cores. (In a library built without
 /// -fopenmp, LibTorch's at::parallel_for runs on one thread.) Calls from several threads share
-/// the pool one at a time; a call made from inside fn runs its ranges on its own thread. fn must
-/// not throw: an exception leaving a worker ends the process.
+/// the pool one at a time; a call made from inside fn runs its ranges on its own thread; a
+/// process forked from one that had a pool gets a pool of its own. fn must not throw: an
+/// exception leaving a worker ends the process.
 void run_ranges(int64_t n, int64_t threads, const std::function<void(int64_t, int64_t)>& fn);
 
 template <typename Fn>
