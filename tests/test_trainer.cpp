@@ -119,6 +119,39 @@ TEST_CASE("a run stopped and resumed gives the uninterrupted run's losses", "[tr
   }
 }
 
+TEST_CASE("updates inside backward train and resume as updates in step() do", "[trainer][checkpoint]") {
+  // One rank, no clipping, no accumulation: the engine updates parameters during backward.
+  const std::string in_step = test::temp_dir("in_step"), whole = test::temp_dir("in_bwd"),
+                    parts = test::temp_dir("in_bwd_parts");
+  for (const std::string& d : {in_step, whole, parts}) write_data(d, "train.jsonl", 40, 1);
+  const std::vector<std::string> flags{"--max_grad_norm", "0", "--gradient_accumulation_steps", "1",
+                                       "--weight_decay", "0.1"};
+  std::vector<std::string> off = flags;
+  off.insert(off.end(), {"--update_in_backward", "false"});
+  train_ranks(1, in_step, off);
+  train_ranks(1, whole, flags);
+  train_ranks(1, parts, flags, /*cancel_at=*/5);
+  std::vector<std::string> resume = flags;
+  resume.insert(resume.end(), {"--resume_from_checkpoint", "True"});
+  train_ranks(1, parts, resume);
+  const auto want = logged_losses(in_step + "/out"), got = logged_losses(whole + "/out"),
+             resumed = logged_losses(parts + "/out");
+  REQUIRE(want.size() == 8);
+  REQUIRE(got.size() == want.size());
+  for (const auto& [step, loss] : want) {
+    INFO("step " << step);
+    CHECK(got.at(step) == Approx(loss).epsilon(1e-5));
+    if (step > 4) {
+      REQUIRE(resumed.count(step));
+      CHECK(resumed.at(step) == Approx(loss).epsilon(1e-5));
+    }
+  }
+  const auto norms_in_step = test::logged(in_step + "/out", "grad_norm"),
+             norms = test::logged(whole + "/out", "grad_norm");
+  REQUIRE(norms.size() == norms_in_step.size());
+  for (const auto& [step, norm] : norms_in_step) CHECK(norms.at(step) == Approx(norm).epsilon(1e-5));
+}
+
 TEST_CASE("a run saved at 2 ranks resumes at 1 and 4 with the global batch kept", "[trainer][checkpoint]") {
   if (test::skip_cpu_world(4)) return;
   const std::string whole = test::temp_dir("whole_w"), saved = test::temp_dir("saved_w");
