@@ -21,11 +21,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "optim/shard_optimizer.hpp"
+#include "util/threads.hpp"
 #include "util/torch_compat.hpp"
 #include "zerotrain/comm.hpp"
 #include "zerotrain/config.hpp"
@@ -209,17 +212,34 @@ int overhead() {
 int adamw() {
   // The step is memory-bound, so machine noise is a few percent: ours and LibTorch's run
   // interleaved, ZT_BENCH_ITERS times each (default 15) after a warm-up, and both the median
-  // and the best run are reported.
+  // and the best run are reported. Ours runs twice: on the arrays LibTorch allocated and filled
+  // (its threads touched their pages first), and on copies whose pages zerotrain's own threads
+  // touched first in the kernel's split — on a machine of several NUMA nodes, memory local to
+  // the thread that updates it.
   const int64_t n = env_int("ZT_BENCH_ADAM_MILLIONS", 268) * int64_t{1000000};
   const int iters = env_int("ZT_BENCH_ITERS", 15);
   auto o = at::TensorOptions().dtype(at::kFloat);
   at::Tensor p = at::randn({n}, o), g = at::randn({n}, o), m = at::zeros({n}, o), v = at::zeros({n}, o);
-  int64_t step = 0;
+  std::vector<at::Tensor> placed;  // p, g, m, v again, first touched by the kernel's threads
+  for (const at::Tensor& t : {p, g, m, v}) {
+    at::Tensor copy = at::empty({n}, o);
+    const float* from = t.data_ptr<float>();
+    float* to = copy.data_ptr<float>();
+    parallel_ranges(n, kernels::adam_cpu_threads(n), [&](int64_t lo, int64_t hi) {
+      std::memcpy(to + lo, from + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+    });
+    placed.push_back(copy);
+  }
+  int64_t step = 0, placed_step = 0;
   at::Tensor s = at::zeros({}, o);
   const bool with_torch = compat::has_fused_adamw(at::kCPU);
   auto ours = [&] {
     kernels::adam_cpu(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
                       v.data_ptr<float>(), n, 1e-4, 0.9, 0.999, 1e-8, 0.01, true, true, ++step);
+  };
+  auto ours_placed = [&] {
+    kernels::adam_cpu(placed[0].data_ptr<float>(), placed[1].data_ptr<float>(), placed[2].data_ptr<float>(),
+                      placed[3].data_ptr<float>(), n, 1e-4, 0.9, 0.999, 1e-8, 0.01, true, true, ++placed_step);
   };
   auto theirs = [&] {
     s.add_(1);
@@ -230,21 +250,25 @@ int adamw() {
     fn();
     return std::chrono::duration<double>(Clock::now() - t0).count();
   };
-  ours();  // warm-up: first touch of the pages
+  ours();  // warm-up
+  ours_placed();
   if (with_torch) theirs();
-  std::vector<double> t_ours, t_theirs;
+  std::vector<double> t_ours, t_placed, t_theirs;
   for (int i = 0; i < iters; ++i) {
     t_ours.push_back(seconds(ours));
+    t_placed.push_back(seconds(ours_placed));
     if (with_torch) t_theirs.push_back(seconds(theirs));
   }
-  auto report = [&](const std::string& impl, std::vector<double> t) {
+  auto report = [&](const std::string& impl, int64_t threads, std::vector<double> t) {
     std::sort(t.begin(), t.end());
     std::printf("RESULT %s\n", fmt::format(R"J({{"bench": "cpu_adamw", "impl": "{}", "threads": {}, "params": {}, "runs": {}, "gparams_per_s": {:.3f}, "best_gparams_per_s": {:.3f}}})J",
-                                           impl, at::get_num_threads(), n, t.size(), n / t[t.size() / 2] / 1e9,
+                                           impl, threads, n, t.size(), n / t[t.size() / 2] / 1e9,
                                            n / t.front() / 1e9).c_str());
   };
-  report(fmt::format("zerotrain ({})", kernels::adam_cpu_isa()), t_ours);
-  if (with_torch) report("LibTorch fused", t_theirs);
+  const int64_t threads = kernels::adam_cpu_threads(n);
+  report(fmt::format("zerotrain ({})", kernels::adam_cpu_isa()), threads, t_ours);
+  report(fmt::format("zerotrain ({}), memory placed by its threads", kernels::adam_cpu_isa()), threads, t_placed);
+  if (with_torch) report("LibTorch fused", at::get_num_threads(), t_theirs);
   return 0;
 }
 

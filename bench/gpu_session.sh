@@ -94,6 +94,8 @@ for phase in "$@"; do
       done
       ;;
     micro)
+      # The host's layout decides whether memory placement matters to the CPU optimizer.
+      lscpu | grep -E '^(Model name|CPU\(s\)|Socket|NUMA)' | tee "$results/lscpu.txt" || true
       $b/bin/zt_bench_engine adamw 2>&1 | tee "$results/adamw.log" | grep '^RESULT' || true
       $b/bin/zt_bench_engine copies 2>&1 | tee "$results/copies.log" | grep '^RESULT' || true
       $b/bin/zt_bench_model qwen2.5-7b full 1024 4 1 2>&1 | tee "$results/model.log" | grep '^RESULT' || true

@@ -90,10 +90,12 @@ void adam_cpu_segments(float* param, const float* grad, float* exp_avg, float* e
       adam_chunk(param + o, grad + (o - grad_offset), exp_avg + o, exp_avg_sq + o, b - a, s.decay ? with_decay : without);
     }
   };
-  // At least 256 Ki elements per thread: below that, thread start-up costs more than it saves.
-  const int64_t threads = std::max<int64_t>(
-      1, std::min<int64_t>(cpu_worker_threads(), total / (int64_t{1} << 18)));
-  parallel_ranges(total, threads, work);
+  parallel_ranges(total, adam_cpu_threads(total), work);
+}
+
+int64_t adam_cpu_threads(int64_t elements) {
+  // At least 256 Ki elements per thread: below that, waking a thread costs more than it saves.
+  return std::max<int64_t>(1, std::min<int64_t>(cpu_worker_threads(), elements / (int64_t{1} << 18)));
 }
 
 void adam_cpu(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,

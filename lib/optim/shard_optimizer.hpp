@@ -88,6 +88,9 @@ struct AdamArgs {
 void adam_cpu_segments(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                        const std::vector<Segment>& segments, const AdamArgs& args,
                        int64_t grad_offset = 0);
+/// How many threads adam_cpu_segments splits `elements` over (parallel_ranges' split of
+/// [0, elements) into that many ranges is the kernel's).
+int64_t adam_cpu_threads(int64_t elements);
 /// The CPU Adam kernel on one contiguous array; exposed for the benchmark and tests.
 /// `decoupled`: AdamW (decay applied to the weights) else Adam (L2 added to the gradient).
 void adam_cpu(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,

@@ -24,11 +24,12 @@ int positive_env(const char* name) {
   return end != v && *end == '\0' && n > 0 && n < 1 << 16 ? static_cast<int>(n) : 0;
 }
 
-// The workers of run_ranges, one job at a time. The caller publishes the job under `m_` and
-// runs range 0; workers that wake while it is published join it (counted in `active_`) and,
-// with the caller, take the other ranges from the job's own counter. The caller then closes
-// the job to late wakers and waits until every worker that joined has left it, so no worker
-// ever touches a finished job.
+// The workers of run_ranges, one job at a time. Ranges are dealt statically, as OpenMP's
+// static schedule does: the caller runs range 0 and worker i always runs range i + 1, so
+// memory a call's range first touched is used by the same thread in later calls over the same
+// split (on a machine of several NUMA nodes, local to it). The caller publishes the job under
+// `m_`, wakes the workers and waits until each worker with a range has run it; no worker can
+// see a finished job, because the next is published only after every assigned one is done.
 class RangePool {
  public:
   void run(int64_t n, int64_t parts, const std::function<void(int64_t, int64_t)>& fn) {
@@ -38,16 +39,16 @@ class RangePool {
     {
       std::lock_guard<std::mutex> lock(m_);
       job_ = &job;
+      unfinished_ = parts - 1;
       ++generation_;
     }
     wake_.notify_all();
     in_job = true;
     fn(0, std::min(n, job.per));
-    take_ranges(job);
     in_job = false;
     std::unique_lock<std::mutex> lock(m_);
+    done_.wait(lock, [&] { return unfinished_ == 0; });
     job_ = nullptr;
-    done_.wait(lock, [&] { return active_ == 0; });
   }
 
   static thread_local bool in_job;  ///< this thread runs a range (nested calls run inline)
@@ -56,24 +57,17 @@ class RangePool {
   struct Job {
     const std::function<void(int64_t, int64_t)>* fn;
     int64_t n, parts, per;
-    std::atomic<int64_t> next{1};  ///< the next range to take; range 0 is the caller's
   };
 
   void grow(int64_t wanted) {
     while (static_cast<int64_t>(workers_) < wanted) {
-      std::thread([this] { work(); }).detach();  // parked between jobs; the process ends them
+      const int64_t range = static_cast<int64_t>(workers_) + 1;
+      std::thread([this, range] { work(range); }).detach();  // parked between jobs
       ++workers_;
     }
   }
 
-  static void take_ranges(Job& job) {
-    for (int64_t r = job.next.fetch_add(1); r < job.parts; r = job.next.fetch_add(1)) {
-      const int64_t lo = std::min(job.n, r * job.per), hi = std::min(job.n, (r + 1) * job.per);
-      if (lo < hi) (*job.fn)(lo, hi);
-    }
-  }
-
-  void work() {
+  void work(int64_t range) {
     in_job = true;
     uint64_t seen = 0;
     for (;;) {
@@ -82,13 +76,13 @@ class RangePool {
         std::unique_lock<std::mutex> lock(m_);
         wake_.wait(lock, [&] { return generation_ != seen; });
         seen = generation_;
-        if (job_ == nullptr) continue;  // woke after the job closed
+        if (job_ == nullptr || range >= job_->parts) continue;  // no range for this worker
         job = job_;
-        ++active_;
       }
-      take_ranges(*job);
+      const int64_t lo = std::min(job->n, range * job->per), hi = std::min(job->n, (range + 1) * job->per);
+      if (lo < hi) (*job->fn)(lo, hi);
       std::lock_guard<std::mutex> lock(m_);
-      if (--active_ == 0) done_.notify_all();
+      if (--unfinished_ == 0) done_.notify_all();
     }
   }
 
@@ -97,7 +91,7 @@ class RangePool {
   size_t workers_ = 0;
   uint64_t generation_ = 0;
   Job* job_ = nullptr;
-  int64_t active_ = 0;
+  int64_t unfinished_ = 0;
 };
 
 thread_local bool RangePool::in_job = false;

@@ -18,10 +18,11 @@ namespace zt {
 int cpu_worker_threads();
 
 /// Runs fn(lo, hi) over [0, n) cut into min(threads, n) contiguous ranges and returns when all
-/// are done: the first range on the caller, the others on a process-wide pool of parked worker
-/// threads (started on first use, added to when a call wants more, never stopped), so that
-/// calls made over and over — the offloaded optimizer's per-bucket updates — pay no thread
-/// start-up and find their workers already spread over the cores. (In a library built without
+/// are done: the first range on the caller, range i + 1 always on worker i of a process-wide
+/// pool of parked threads (started on first use, added to when a call wants more, never
+/// stopped), so that calls made over and over — the offloaded optimizer's per-bucket updates —
+/// pay no thread start-up, and a range of memory is worked on by the thread that worked on it
+/// before (OpenMP's static schedule does the same). (In a library built without
 /// -fopenmp, LibTorch's at::parallel_for runs on one thread.) Calls from several threads share
 /// the pool one at a time; a call made from inside fn runs its ranges on its own thread; a
 /// process forked from one that had a pool gets a pool of its own. fn must not throw: an
