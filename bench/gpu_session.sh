@@ -10,6 +10,7 @@
 #   bench/gpu_session.sh micro            AdamW, copies, the full-model step vs the peer
 #   bench/gpu_session.sh phases           forward / backward / optimizer times, ours and HF's
 #   bench/gpu_session.sh profile          GPU time per kernel family of the full 7B step, ours vs HF's
+#   bench/gpu_session.sh profile13b       the same of the 13B ZeRO-3 offload LoRA step (ours): how long the GPU idles
 #
 # Phases may be chained (`build test`). Needs `.gpu-deps/` (../shared/gpu/prepare-deps.sh) and,
 # for the peer runs, `.peer/hf_baseline.py` (a copy of ../shared/bench/hf_baseline.py): carry
@@ -114,6 +115,12 @@ for phase in "$@"; do
         grep '^RESULT' "$results/profile_$impl.log" || true
       done
       python3 bench/tools/profile_step.py compare "$results/profile_zerotrain.json" "$results/profile_hf.json" || true
+      ;;
+    profile13b)
+      ZT_PROFILE_DEEPSPEED=$PWD/examples/deepspeed/ds_config_zero3_offload.json \
+        python3 bench/tools/profile_step.py zerotrain llama2-13b lora 1024 8 1 "$results/profile_13b.json" \
+        > "$results/profile_13b.log" 2>&1 || tail -20 "$results/profile_13b.log"
+      head -30 "$results/profile_13b.log"
       ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
