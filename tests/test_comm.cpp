@@ -2,15 +2,14 @@
 // single-rank backend, rendezvous failures (missing rank, port taken) and dead peers.
 #include "support/catch.hpp"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "support/collectives.hpp"
 #include "support/ranks.hpp"
@@ -109,21 +108,22 @@ TEST_CASE("a rank that never arrives fails the others with a clear timeout", "[c
 }
 
 TEST_CASE("rank: port taken", "[.rank]") {
-  // Another program holds the port before rank 0 starts its store. Rank 0 takes a port the
-  // kernel picks and tells rank 1 through a file, so no other test can hold it meanwhile.
+  // Another job's rendezvous store holds the port before rank 0 starts its own: rank 0 cannot
+  // bind, rank 1 reaches the other store and waits there in vain. Rank 0 opens that store on a
+  // port the kernel picks and tells rank 1 through a file, so no other test can hold it
+  // meanwhile. (A raw socket that never answers is no good holder: LibTorch 1.13's store client
+  // keeps a listener thread on it that throws from inside LibTorch — std::terminate — when the
+  // holder goes away, a crash no caller can catch and not what this test is about.)
   const std::string port_file = std::string(std::getenv("ZT_TEST_DIR")) + "/port";
-  int fd = -1;
+  const std::string done = port_file + ".rank1_done";
+  c10::intrusive_ptr<c10d::TCPStore> holder;
   if (env_int("RANK") == 0) {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = 0;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0);
-    REQUIRE(::listen(fd, 16) == 0);
-    socklen_t len = sizeof(sa);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-    std::ofstream(port_file + ".tmp") << ntohs(sa.sin_port);
+    c10d::TCPStoreOptions o;
+    o.port = 0;
+    o.isServer = true;
+    o.waitWorkers = false;
+    holder = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+    std::ofstream(port_file + ".tmp") << holder->getPort();
     std::rename((port_file + ".tmp").c_str(), port_file.c_str());
   }
   std::string port;
@@ -145,7 +145,11 @@ TEST_CASE("rank: port taken", "[.rank]") {
     if (env_int("RANK") == 0) CHECK_THAT(msg, Contains("in use"));
   }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
-  if (fd >= 0) ::close(fd);
+  // The holder stays until rank 1 has given up too.
+  if (env_int("RANK") == 1) std::ofstream(done) << 1;
+  for (int i = 0; i < 2000 && holder && !std::ifstream(done).good(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 TEST_CASE("a port already taken is reported by every rank within the timeout", "[comm][errors]") {
