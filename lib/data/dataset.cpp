@@ -243,12 +243,6 @@ Example encode_text(const std::string& text, const Tokenizer& tok) {
 
 // ---- line formats --------------------------------------------------------------------------
 
-std::string required_string(json::ObjectReader& r, const char* key) {
-  std::optional<std::string> s = r.string(key);
-  if (!s) r.fail(key, "a string");
-  return *s;
-}
-
 std::vector<int32_t> token_array(json::ObjectReader& r, const char* key, int64_t vocab_size,
                                  bool allow_ignore) {
   const rapidjson::Value* v = r.find(key);
@@ -293,7 +287,7 @@ Conversation parse_messages(json::ObjectReader& r, const std::string& where) {
     json::ObjectReader m((*v)[i], fmt::format("messages[{}]", i), where);
     std::optional<std::string> role = m.choice("role", {"system", "user", "assistant"});
     if (!role) m.fail("role", "one of \"system\", \"user\", \"assistant\"");
-    std::string content = required_string(m, "content");
+    std::string content = m.required_string("content");
     if (*role == "system") {
       if (i != 0) m.fail_value("role", "a system message must be the first message");
       c.system = std::move(content);
@@ -331,13 +325,13 @@ Example parse_line(std::string_view line, const std::string& where, const Tokeni
   if (doc.HasMember("instruction")) {
     Conversation c;
     Turn turn;
-    turn.instruction = required_string(r, "instruction");
+    turn.instruction = r.required_string("instruction");
     turn.input = r.string("input").value_or("");
-    turn.output = required_string(r, "output");
+    turn.output = r.required_string("output");
     c.turns.push_back(std::move(turn));
     return encode_conversation(c, t, tok, train_on_prompt);
   }
-  if (doc.HasMember("text")) return encode_text(required_string(r, "text"), tok);
+  if (doc.HasMember("text")) return encode_text(r.required_string("text"), tok);
   std::string keys;
   for (auto it = doc.MemberBegin(); it != doc.MemberEnd(); ++it) {
     keys += fmt::format("{}\"{}\"", keys.empty() ? "" : ", ", it->name.GetString());

@@ -31,11 +31,7 @@ constexpr const char* kPostProcessorTypes = "TemplateProcessing, ByteLevel, Sequ
                                 value, supported));
 }
 
-std::string type_of(json::ObjectReader& r) {
-  std::optional<std::string> t = r.string("type");
-  if (!t) r.fail("type", "a string naming the type");
-  return *t;
-}
+std::string type_of(json::ObjectReader& r) { return r.required_string("type", "a string naming the type"); }
 
 // The members of the array `key` as objects, with their paths.
 template <typename F>
@@ -84,16 +80,12 @@ void read_normalizer(json::ObjectReader& r, const std::string& source,
     out.push_back(s);
   } else if (type == "Prepend") {
     NormalizerStep s{NormalizerStep::kPrepend};
-    std::optional<std::string> p = r.string("prepend");
-    if (!p) r.fail("prepend", "a string");
-    s.text = *p;
+    s.text = r.required_string("prepend");
     out.push_back(s);
   } else if (type == "Replace") {
     NormalizerStep s{NormalizerStep::kReplace};
     s.text = string_pattern(r, "pattern", source);
-    std::optional<std::string> c = r.string("content");
-    if (!c) r.fail("content", "a string");
-    s.content = *c;
+    s.content = r.required_string("content");
     out.push_back(s);
   } else {
     unsupported(r, "type", fmt::format("normalizer \"{}\"", type), kNormalizerTypes);
@@ -120,11 +112,10 @@ void read_pre_tokenizer(json::ObjectReader& r, const std::string& source,
     if (p.has("String")) {
       unsupported(p, "String", "a Split on a string", "the GPT-2, Qwen2 and LLaMA-3 regexes");
     }
-    std::optional<std::string> regex = p.string("Regex");
-    if (!regex) p.fail("Regex", "a string");
-    std::optional<text::SplitPattern> known = text::known_split_pattern(*regex);
+    const std::string regex = p.required_string("Regex");
+    std::optional<text::SplitPattern> known = text::known_split_pattern(regex);
     if (!known) {
-      unsupported(p, "Regex", fmt::format("the pattern \"{}\"", *regex),
+      unsupported(p, "Regex", fmt::format("the pattern \"{}\"", regex),
                   "exactly the GPT-2, Qwen2 or LLaMA-3 regex, spelled as in their tokenizer.json");
     }
     s.pattern = *known;
@@ -181,9 +172,7 @@ void read_decoder(json::ObjectReader& r, const std::string& source, std::vector<
   } else if (type == "Replace") {
     DecoderStep s{DecoderStep::kReplace};
     s.text = string_pattern(r, "pattern", source);
-    std::optional<std::string> c = r.string("content");
-    if (!c) r.fail("content", "a string");
-    s.content = *c;
+    s.content = r.required_string("content");
     out.push_back(s);
   } else if (type == "ByteFallback") {
     out.push_back(DecoderStep{DecoderStep::kByteFallback});

@@ -96,14 +96,13 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
   ObjectReader r(doc, "", source);
   ModelConfig c;
   c.source = source;
-  std::optional<std::string> type = r.string("model_type");
-  if (!type) r.fail("model_type", "the model family (llama, qwen2 or mistral)");
-  if (*type != "llama" && *type != "qwen2" && *type != "mistral") {
+  const std::string type = r.required_string("model_type", "the model family (llama, qwen2 or mistral)");
+  if (type != "llama" && type != "qwen2" && type != "mistral") {
     r.fail_value("model_type", fmt::format("\"{}\" is not supported; supported: llama, qwen2, "
                                            "mistral",
-                                           *type));
+                                           type));
   }
-  c.model_type = *type;
+  c.model_type = type;
   auto required = [&](const char* key) {
     std::optional<int64_t> v = r.integer(key, 1);
     if (!v) r.fail(key, "a positive integer");

@@ -170,6 +170,12 @@ std::optional<std::string> ObjectReader::string(const char* key) {
   return std::string(v->GetString(), v->GetStringLength());
 }
 
+std::string ObjectReader::required_string(const char* key, std::string_view expected) {
+  std::optional<std::string> s = string(key);
+  if (!s) fail(key, expected);
+  return *s;
+}
+
 namespace {
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

@@ -44,6 +44,8 @@ class ObjectReader {
   std::optional<int64_t> integer(const char* key, int64_t min = INT64_MIN, int64_t max = INT64_MAX);
   std::optional<double> number(const char* key, double min = -1e308, double max = 1e308);
   std::optional<std::string> string(const char* key);
+  /// A string that must be there; absent, it fails saying `expected`.
+  std::string required_string(const char* key, std::string_view expected = "a string");
   /// A string that must be one of `choices` (compared case-insensitively when `fold_case`);
   /// returns the matching entry of `choices`.
   std::optional<std::string> choice(const char* key, const std::vector<std::string>& choices,
