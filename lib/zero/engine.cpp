@@ -205,13 +205,16 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   // bf16 masters on a rank that keeps whole buckets are the parameters themselves.
   I.master_aliases_params = I.master_dtype == I.compute && !I.offload_optimizer &&
                             (L.replicated || I.world == 1);
-  I.grads_in_acc = I.world == 1 && I.master_dtype == I.compute;
+  // One rank whose gradients are already in the masters' dtype needs no reduction or staging:
+  // the optimizer either runs inside backward, or reads the gradients autograd accumulates
+  // straight into grad_acc.
+  const bool plain_gradients = I.world == 1 && I.master_dtype == I.compute;
   bool any_shared = false;
   for (const zero::ParamInfo& p : L.params) any_shared = any_shared || (p.trainable && p.shared);
-  I.in_backward = I.options.update_in_backward && I.grads_in_acc && !I.offload_optimizer &&
+  I.in_backward = I.options.update_in_backward && plain_gradients && !I.offload_optimizer &&
                   I.stage <= 2 && I.accumulation == 1 && !fp16 &&
                   !(ds.gradient_clipping.value() > 0.0) && !any_shared;
-  if (I.in_backward) I.grads_in_acc = false;
+  I.grads_in_acc = plain_gradients && !I.in_backward;
   I.grad_acc = at::zeros({I.in_backward ? 0 : L.state_numel}, dev32.dtype(I.master_dtype));
   I.norm_sq = at::zeros({}, dev32);
   if (I.offload_optimizer) {
