@@ -319,3 +319,44 @@ TEST_CASE("engine: updates stay in step() where backward cannot apply them", "[e
   fused.engine->backward(fused.model->loss_sum(b.inputs, b.labels), 10.0);
   CHECK_THROWS_WITH(fused.engine->step(2.0), Catch::Contains("backward(loss, divisor)"));
 }
+
+// ---- recomputation is visible to the unit ---------------------------------------------------------
+
+TEST_CASE("engine: a unit knows when backward recomputes it, and only then", "[engine]") {
+  struct Inner : torch::nn::Module {
+    at::Tensor w;
+    Inner() { w = register_parameter("w", at::ones({4})); }
+  };
+  struct Outer : torch::nn::Module {
+    UnitGate gate;
+    std::shared_ptr<Inner> inner;
+    Outer() { inner = register_module("inner", std::make_shared<Inner>()); }
+  };
+  auto comm = std::shared_ptr<Communicator>(create_communicator(LaunchEnv{}, CommOptions{}));
+  for (int stage : {0, 3}) {
+    INFO("stage " << stage << (stage == 0 ? " with activation checkpointing" : ""));
+    auto model = std::make_shared<Outer>();
+    DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
+        R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 0}},
+            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}}})", stage));
+    TrainingArguments args;
+    args.lr_scheduler_type = "constant";
+    resolve_config(ds, args, ResolveContext{1, 4, 1});
+    EngineOptions eo;
+    eo.units = {UnitSpec{"inner", model->inner}};
+    eo.gate = &model->gate;
+    eo.activation_checkpointing = stage == 0;
+    Engine engine(model, ds, args, comm, eo);
+    std::vector<bool> seen;
+    at::Tensor y = model->gate(0, {at::ones({2, 4}).requires_grad_(true)},
+                               [&seen, inner = model->inner](const std::vector<at::Tensor>& in) {
+                                 seen.push_back(recomputing_for_backward());
+                                 return std::vector<at::Tensor>{in[0] * inner->w};
+                               })[0];
+    CHECK_FALSE(recomputing_for_backward());
+    engine.backward(y.sum(), 1.0);
+    CHECK(engine.step());
+    CHECK(seen == std::vector<bool>{false, true});
+    CHECK_FALSE(recomputing_for_backward());
+  }
+}

@@ -192,6 +192,18 @@ TEST_CASE("the CPU Adam kernel matches torch::optim::AdamW", "[optim]") {
   CHECK(std::string(kernels::adam_cpu_isa()).size() > 0);
 }
 
+TEST_CASE("the CPU Adam kernel's first touch zeroes every element, in groups and between them",
+          "[optim]") {
+  // Groups big enough for several threads each, with gaps before, between and after them.
+  const int64_t n = 3'000'000;
+  std::vector<std::vector<Segment>> groups{{Segment{100, 700'000, true}, Segment{700'200, 300'000, false}},
+                                           {Segment{1'500'000, 1'200'000, true}}};
+  std::vector<float> a(n, std::nanf("")), b(n, 5.0f);
+  kernels::adam_cpu_first_touch({a.data(), b.data()}, n, groups);
+  CHECK(std::all_of(a.begin(), a.end(), [](float x) { return x == 0.0f; }));
+  CHECK(std::all_of(b.begin(), b.end(), [](float x) { return x == 0.0f; }));
+}
+
 TEST_CASE("weight decay follows HF's name rules", "[engine]") {
   CHECK(applies_weight_decay("model.layers.0.self_attn.q_proj.weight"));
   CHECK(applies_weight_decay("lm_head.weight"));

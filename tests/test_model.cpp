@@ -326,19 +326,24 @@ TEST_CASE("the chunked loss gives autograd's gradients, and none for a frozen he
   at::Tensor logits = at::matmul(h_ref, w_ref.t());
   at::Tensor ref = at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum, -100);
   ref.backward();
+  // Backward gets 0.37 (as from a token normalization), so the incoming gradient must be applied.
   for (bool head_trains : {true, false}) {
-    INFO("head trains " << head_trains);
-    at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(head_trains);
-    at::Tensor loss = model::linear_cross_entropy(h, w, labels, /*chunk=*/3);
-    loss.backward();
-    CHECK(loss.item<double>() == Approx(ref.item<double>()).epsilon(1e-5));
-    CHECK(at::allclose(h.grad(), h_ref.grad(), 1e-5, 1e-6));
-    if (head_trains) {
-      CHECK(at::allclose(w.grad(), w_ref.grad(), 1e-5, 1e-6));
-    } else {
-      CHECK_FALSE(w.grad().defined());
+    for (bool eager : {true, false}) {
+      INFO("head trains " << head_trains << ", gradients " << (eager ? "in forward" : "in backward"));
+      at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(head_trains);
+      at::Tensor loss = model::linear_cross_entropy(h, w, labels, /*chunk=*/3, eager);
+      (loss * 0.37).backward();
+      CHECK(loss.item<double>() == Approx(ref.item<double>()).epsilon(1e-5));
+      CHECK(at::allclose(h.grad(), h_ref.grad() * 0.37, 1e-5, 1e-6));
+      if (head_trains) {
+        CHECK(at::allclose(w.grad(), w_ref.grad() * 0.37, 1e-5, 1e-6));
+      } else {
+        CHECK_FALSE(w.grad().defined());
+      }
     }
   }
+  at::NoGradGuard no_grad;  // evaluation: the same sum
+  CHECK(model::linear_cross_entropy(h0, w0, labels, 4).item<double>() == Approx(ref.item<double>()).epsilon(1e-5));
 }
 
 TEST_CASE("right padding needs no mask: causal attention never reaches it", "[model]") {

@@ -53,6 +53,13 @@ class UnitGate {
   Engine* engine_ = nullptr;
 };
 
+/// True on the calling thread while an Engine's backward recomputes a unit (ZeRO-3 or
+/// activation checkpointing). The unit's outputs then serve only as the starting points of
+/// back-propagation: their values are never read. A unit function may use this to skip work
+/// whose result nothing inside the unit needs — zerotrain's decoder layers skip the forward
+/// product of their last projection, whose backward needs only its input and weight.
+bool recomputing_for_backward();
+
 /// Supplies initial parameter values by name: elements [offset, offset + out.numel()) of the
 /// flattened parameter into `out` (any dtype; CPU). With one, the Engine places only each rank's
 /// slice (ZeRO-3 loading without materializing the whole model) and the model's parameters may
@@ -118,6 +125,11 @@ struct EngineMemory {
   int64_t optimizer_state = 0;    ///< fp32 master + moments
   int64_t gathered_peak = 0;      ///< stage 3: peak of gathered parameter elements
   int64_t gathered_now = 0;       ///< stage 3: gathered parameter elements right now
+  /// On a GPU rank, host memory the engine holds (offload: parameter shards, masters, moments,
+  /// gradient slots), page-locked or not. What crosses to the GPU every step is page-locked;
+  /// the moments, which never do, are not. Both 0 on a CPU rank.
+  int64_t host_pinned = 0;
+  int64_t host_pageable = 0;
 };
 
 /// What a checkpoint keeps of an engine besides tensors: step counters and the loss scaler.

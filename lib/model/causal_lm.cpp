@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "model/layers.hpp"
+#include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
 
@@ -160,8 +161,11 @@ LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
     x = gate_(1 + i, {x, cos, sin, p.mask, pk, pv},
               [layer = body->layers[i]](const std::vector<at::Tensor>& in) {
                 model::KvCache prefix{in[4], in[5]};
-                return std::vector<at::Tensor>{layer->forward(
-                    in[0], in[1], in[2], in[3], in[4].numel() > 0 ? &prefix : nullptr)};
+                // A unit is one layer: when the engine recomputes it, its output only roots
+                // back-propagation.
+                return std::vector<at::Tensor>{layer->forward(in[0], in[1], in[2], in[3],
+                                                              in[4].numel() > 0 ? &prefix : nullptr,
+                                                              recomputing_for_backward())};
               })[0];
   }
   auto lm_head = I.lm_head;

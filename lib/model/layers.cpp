@@ -128,11 +128,19 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     at::Tensor h = x.to(at::kFloat);
     at::Tensor r = at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
     ctx->save_for_backward({x, weight, r});
-    return weight * (h * r).to(x.scalar_type());
+    return weight * normalized(h, r, x.scalar_type());
+  }
+
+  // (h·r).to(dtype) in one pass: the product is rounded once, as a separate cast would.
+  static at::Tensor normalized(const at::Tensor& h, const at::Tensor& r, at::ScalarType dtype) {
+    at::Tensor out = at::empty(h.sizes(), h.options().dtype(dtype));
+    return at::mul_out(out, h, r);
   }
 
   // y = w · n, n = (h·r).to(dtype), h = x_fp32, r = (mean(h²) + eps)^-½; with g_n = (g·w) in
-  // fp32: dL/dh = r·g_n − h·r³·Σ(g_n·h)/N (Σ and N over the last dimension), dL/dw = Σ g·n.
+  // fp32: dL/dh = r·(g_n − h·r²·Σ(g_n·h)/N) (Σ and N over the last dimension), dL/dw = Σ g·n.
+  // Written as two passes over [tokens, hidden] after the dot product (g_n − h·c in place, then
+  // ·r into x's dtype) where the formula term by term takes four.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
@@ -143,45 +151,120 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     at::Tensor h = x.to(at::kFloat);
     at::Tensor grad_x, grad_weight;
     if (ctx->needs_input_grad(1)) {
-      grad_weight = (g * (h * r).to(x.scalar_type())).sum_to_size(weight.sizes()).to(weight.scalar_type());
+      grad_weight = (g * normalized(h, r, x.scalar_type())).sum_to_size(weight.sizes()).to(weight.scalar_type());
     }
     if (ctx->needs_input_grad(0)) {
       at::Tensor gn = (g * weight).to(at::kFloat);
       at::Tensor dot = (gn * h).sum(-1, /*keepdim=*/true);
       const double n = static_cast<double>(x.size(-1));
-      grad_x = (gn * r - h * (r.pow(3) * dot / n)).to(x.scalar_type());
+      gn.addcmul_(h, r.pow(2) * dot / n, -1.0);
+      grad_x = normalized(gn, r, x.scalar_type());
     }
     return {grad_x, grad_weight, at::Tensor()};
   }
 };
 
+class UnreadLinear : public torch::autograd::Function<UnreadLinear> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& weight, const at::Tensor& bias) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["bias"] = bias.numel() > 0;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    return at::empty(shape, x.options());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    at::Tensor g = grads[0].reshape({-1, grads[0].size(-1)});
+    at::Tensor grad_x, grad_weight, grad_bias;
+    if (ctx->needs_input_grad(0)) grad_x = at::mm(g, weight).view(x.sizes());
+    if (ctx->needs_input_grad(1)) grad_weight = at::mm(g.t(), x.reshape({-1, x.size(-1)}));
+    if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) grad_bias = g.sum(0);
+    return {grad_x, grad_weight, grad_bias};
+  }
+};
+
+// Σ of token cross-entropies over chunks of rows. Two ways to get the gradient:
+//  - eager (the gradient is wanted and the dtype is not fp16): each chunk's d loss / d logits
+//    is formed while its logits exist, and the gradients of hidden and weight for a loss
+//    gradient of 1 are computed in forward; backward only scales them by the incoming
+//    gradient — the [rows, vocab] product is computed once instead of twice.
+//  - recomputing: forward keeps only its inputs; backward recomputes each chunk's logits. For
+//    fp16, where the incoming gradient carries the loss scale that keeps small gradients from
+//    flushing to zero, it has to be applied before the products.
 class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
-                            const at::Tensor& weight, const at::Tensor& labels, int64_t chunk) {
-    ctx->save_for_backward({hidden, weight, labels});
-    ctx->saved_data["chunk"] = chunk;
+                            const at::Tensor& weight, const at::Tensor& labels, int64_t chunk,
+                            bool eager_hidden, bool eager_weight) {
+    const bool eager = eager_hidden || eager_weight;
+    if (eager) {
+      ctx->saved_data["eager"] = true;
+    } else {
+      ctx->save_for_backward({hidden, weight, labels});
+      ctx->saved_data["chunk"] = chunk;
+    }
     at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
+    at::Tensor grad_hidden, grad_weight;
+    if (eager_hidden) grad_hidden = at::empty(hidden.sizes(), hidden.options());  // contiguous rows
     const int64_t n = hidden.size(0);
     for (int64_t lo = 0; lo < n; lo += chunk) {
       const int64_t len = std::min(chunk, n - lo);
+      at::Tensor h = hidden.narrow(0, lo, len);
       at::Tensor y = labels.narrow(0, lo, len);
       at::Tensor valid = y.ne(-100);
-      at::Tensor logits = at::matmul(hidden.narrow(0, lo, len), weight.t()).to(at::kFloat);
+      at::Tensor logits = at::matmul(h, weight.t()).to(at::kFloat);
       at::Tensor target = logits.gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);
-      total = total + ((at::logsumexp(logits, 1) - target) * valid).sum();
+      at::Tensor lse = at::logsumexp(logits, 1);
+      total = total + ((lse - target) * valid).sum();
+      if (!eager) continue;
+      // d loss / d logits = softmax − onehot on valid rows, formed in the logits' memory.
+      at::Tensor& p = logits;
+      p.sub_(lse.unsqueeze(1)).exp_();
+      p.scatter_add_(1, y.clamp_min(0).unsqueeze(1), at::full({len, 1}, -1.0, p.options()));
+      p.mul_(valid.to(at::kFloat).unsqueeze(1));
+      at::Tensor dl = p.to(hidden.scalar_type());
+      if (eager_hidden) {
+        at::Tensor rows = grad_hidden.narrow(0, lo, len);
+        at::mm_out(rows, dl, weight);
+      }
+      if (!eager_weight) continue;
+      if (grad_weight.defined()) {
+        grad_weight.addmm_(dl.t(), h);  // the first chunk's product, then accumulated
+      } else {
+        grad_weight = at::mm(dl.t(), h);
+      }
+    }
+    if (eager) {
+      ctx->saved_data["grad_hidden"] = grad_hidden;
+      ctx->saved_data["grad_weight"] = grad_weight;
     }
     return total;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    const at::Tensor& g = grads[0];
+    if (ctx->saved_data.count("eager") > 0) {
+      // Scaled in place and handed over: this graph is not back-propagated twice.
+      at::Tensor grad_hidden = ctx->saved_data["grad_hidden"].toTensor();
+      at::Tensor grad_weight = ctx->saved_data["grad_weight"].toTensor();
+      ctx->saved_data.erase("grad_hidden");
+      ctx->saved_data.erase("grad_weight");
+      if (grad_hidden.defined()) grad_hidden.mul_(g);
+      if (grad_weight.defined()) grad_weight.mul_(g);
+      return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
     auto saved = ctx->get_saved_variables();
     const at::Tensor& hidden = saved[0];
     const at::Tensor& weight = saved[1];
     const at::Tensor& labels = saved[2];
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
-    const at::Tensor& g = grads[0];
     at::Tensor grad_hidden = at::empty(hidden.sizes(), hidden.options());  // contiguous rows
     at::Tensor grad_weight;  // the first chunk's product, then accumulated (no zero-fill pass)
     const bool weight_grad = ctx->needs_input_grad(1);
@@ -204,7 +287,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
         grad_weight = at::mm(dl.t(), h);
       }
     }
-    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor()};
+    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -214,9 +297,16 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return RmsNormFunction::apply(x, weight, eps);
 }
 
+at::Tensor linear_unread(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  // LibTorch 1.13's custom functions need every input defined: no bias is an empty one.
+  return UnreadLinear::apply(x, weight, bias.defined() ? bias : at::empty({0}, x.options()));
+}
+
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
-                                const at::Tensor& labels, int64_t chunk) {
-  return LinearCrossEntropy::apply(hidden, weight, labels, std::max<int64_t>(1, chunk));
+                                const at::Tensor& labels, int64_t chunk, bool eager_gradients) {
+  const bool grads = eager_gradients && at::GradMode::is_enabled() && hidden.scalar_type() != at::kHalf;
+  return LinearCrossEntropy::apply(hidden, weight, labels, std::max<int64_t>(1, chunk),
+                                   grads && hidden.requires_grad(), grads && weight.requires_grad());
 }
 
 }  // namespace zt::model

@@ -102,11 +102,22 @@ struct Attention : torch::nn::Module {
                      const at::Tensor& attention_mask, KvCache* cache = nullptr);
 };
 
+/// x · weightᵀ + bias for back-propagation only: returns an uninitialized tensor of the
+/// output's shape (no product is computed) whose backward is the projection's. For a unit
+/// recomputed in backward, whose output values are never read.
+at::Tensor linear_unread(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
 struct Mlp : torch::nn::Module {
   std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
   Mlp(const ModelConfig& c, const ParamFactory& o);
-  at::Tensor forward(const at::Tensor& x) {
-    return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  /// `output_unread`: the result's values will not be read (only back-propagated through), so
+  /// the down projection's product — a third of the MLP's forward — is skipped when it has no
+  /// active LoRA adapter.
+  at::Tensor forward(const at::Tensor& x, bool output_unread = false) {
+    at::Tensor a = at::silu(gate_proj->forward(x)) * up_proj->forward(x);
+    const Linear& down = *down_proj;
+    if (output_unread && !(down.lora_A && !down.lora_merged)) return linear_unread(a, down.weight, down.bias);
+    return down_proj->forward(a);
   }
 };
 
@@ -115,17 +126,23 @@ struct DecoderLayer : torch::nn::Module {
   std::shared_ptr<Mlp> mlp;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
   DecoderLayer(const ModelConfig& c, const ParamFactory& o);
+  /// `output_unread`: the caller only back-propagates through the result (a recomputed unit,
+  /// zt::recomputing_for_backward()); its values are then not all computed.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const at::Tensor& attention_mask, KvCache* cache = nullptr) {
+                     const at::Tensor& attention_mask, KvCache* cache = nullptr,
+                     bool output_unread = false) {
     at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, attention_mask, cache);
-    return h + mlp->forward(post_attention_layernorm->forward(h));
+    return h + mlp->forward(post_attention_layernorm->forward(h), output_unread);
   }
 };
 
 /// Σ over rows with label != -100 of cross-entropy(hidden · weightᵀ, label), computed in chunks
-/// of `chunk` rows with the logits recomputed in backward, so [rows, vocab] fp32 logits never
-/// exist at once. hidden [N, H], weight [V, H], labels [N] (int64). Returns an fp32 scalar.
+/// of `chunk` rows, so [rows, vocab] fp32 logits never exist at once. hidden [N, H], weight
+/// [V, H], labels [N] (int64). Returns an fp32 scalar. When gradients are recorded, each
+/// chunk's gradients are formed in forward while its logits exist (backward scales them), except
+/// in fp16, whose loss scale must reach the products: there backward recomputes the logits.
+/// `eager_gradients` false always recomputes (tests).
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
-                                const at::Tensor& labels, int64_t chunk);
+                                const at::Tensor& labels, int64_t chunk, bool eager_gradients = true);
 
 }  // namespace zt::model

@@ -10,6 +10,8 @@
 // This file is compiled with -fno-math-errno so that sqrt vectorizes.
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "optim/shard_optimizer.hpp"
 #include "util/threads.hpp"
@@ -70,27 +72,56 @@ Coeffs coefficients(const AdamArgs& a, double weight_decay) {
   return c;
 }
 
-}  // namespace
-
-void adam_cpu_segments(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                       const std::vector<Segment>& segments, const AdamArgs& args, int64_t grad_offset) {
+// Runs fn(offset, length, decay) over pieces of `segments` laid end to end, cut into the ranges
+// parallel_ranges deals to adam_cpu_threads(total) threads: the one split both the update and
+// the first touch of its memory use, so that each element is always worked on by one thread.
+template <typename Fn>
+void for_segment_ranges(const std::vector<Segment>& segments, Fn&& fn) {
   std::vector<int64_t> starts{0};  // prefix sums: the segments laid end to end
   for (const Segment& s : segments) starts.push_back(starts.back() + s.length);
   const int64_t total = starts.back();
-  const Coeffs with_decay = coefficients(args, args.weight_decay);
-  const Coeffs without = coefficients(args, 0.0);
-  // Work [lo, hi) of the concatenated segments.
   auto work = [&](int64_t lo, int64_t hi) {
     size_t k = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), lo) - starts.begin()) - 1;
     for (; k < segments.size() && starts[k] < hi; ++k) {
       const Segment& s = segments[k];
       int64_t a = std::max(lo, starts[k]) - starts[k], b = std::min(hi, starts[k + 1]) - starts[k];
-      if (b <= a) continue;
-      int64_t o = s.offset + a;
-      adam_chunk(param + o, grad + (o - grad_offset), exp_avg + o, exp_avg_sq + o, b - a, s.decay ? with_decay : without);
+      if (b > a) fn(s.offset + a, b - a, s.decay);
     }
   };
   parallel_ranges(total, adam_cpu_threads(total), work);
+}
+
+}  // namespace
+
+void adam_cpu_segments(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                       const std::vector<Segment>& segments, const AdamArgs& args, int64_t grad_offset) {
+  const Coeffs with_decay = coefficients(args, args.weight_decay);
+  const Coeffs without = coefficients(args, 0.0);
+  for_segment_ranges(segments, [&](int64_t o, int64_t n, bool decay) {
+    adam_chunk(param + o, grad + (o - grad_offset), exp_avg + o, exp_avg_sq + o, n, decay ? with_decay : without);
+  });
+}
+
+void adam_cpu_first_touch(const std::vector<float*>& arrays, int64_t numel,
+                          const std::vector<std::vector<Segment>>& groups) {
+  // The elements no group covers (alignment padding, frozen buckets), in order, on this thread.
+  std::vector<std::pair<int64_t, int64_t>> covered;
+  for (const auto& group : groups) {
+    for (const Segment& s : group) covered.emplace_back(s.offset, s.offset + s.length);
+  }
+  std::sort(covered.begin(), covered.end());
+  int64_t next = 0;
+  auto zero = [&](int64_t lo, int64_t hi) {
+    for (float* a : arrays) std::fill(a + lo, a + hi, 0.0f);
+  };
+  for (const auto& [lo, hi] : covered) {
+    if (lo > next) zero(next, std::min(lo, numel));
+    next = std::max(next, hi);
+  }
+  if (numel > next) zero(next, numel);
+  for (const auto& group : groups) {
+    for_segment_ranges(group, [&](int64_t o, int64_t n, bool) { zero(o, o + n); });
+  }
 }
 
 int64_t adam_cpu_threads(int64_t elements) {

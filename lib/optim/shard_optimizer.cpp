@@ -9,13 +9,21 @@
 namespace zt {
 
 ShardOptimizer::ShardOptimizer(OptimizerType type, at::Tensor master, std::vector<Segment> segments,
-                               double momentum, at::ScalarType state_dtype)
+                               double momentum, at::ScalarType state_dtype,
+                               const std::vector<std::vector<Segment>>& update_groups)
     : type_(type), master_(std::move(master)), segments_(std::move(segments)) {
   TORCH_CHECK(at::isFloatingType(master_.scalar_type()) && master_.is_contiguous() && master_.dim() == 1,
               "ShardOptimizer: the master shard must be a flat contiguous floating tensor");
   const auto options = master_.options().dtype(state_dtype);
   if (type_ == OptimizerType::kSgd) {
     if (momentum != 0.0) state0_ = at::zeros(master_.sizes(), options);  // the momentum buffer
+  } else if (master_.is_cpu() && master_.scalar_type() == at::kFloat && state_dtype == at::kFloat) {
+    // The CPU kernel's moments: zeroed by the threads that will update them.
+    state0_ = at::empty(master_.sizes(), options);
+    state1_ = at::empty(master_.sizes(), options);
+    kernels::adam_cpu_first_touch({state0_.data_ptr<float>(), state1_.data_ptr<float>()}, master_.numel(),
+                                  update_groups.empty() ? std::vector<std::vector<Segment>>{segments_}
+                                                        : update_groups);
   } else {
     state0_ = at::zeros(master_.sizes(), options);
     state1_ = at::zeros(master_.sizes(), options);
@@ -113,7 +121,12 @@ void ShardOptimizer::step_generic(const at::Tensor& grad, const UpdateHyper& h,
       }
       if (ps.empty()) continue;
       const auto f32 = at::TensorOptions().dtype(at::kFloat).device(master_.device());
-      at::Tensor step = at::full({}, static_cast<double>(steps_), f32);
+      // The kernel only reads it; updates inside backward call this once per parameter.
+      if (step_tensor_value_ != steps_) {
+        step_tensor_ = at::full({}, static_cast<double>(steps_), f32);
+        step_tensor_value_ = steps_;
+      }
+      const at::Tensor& step = step_tensor_;
       // The fused kernel divides gradients by grad_scale.
       at::Tensor divisor = h.grad_scale == 1.0 ? at::Tensor() : at::full({}, 1.0 / h.grad_scale, f32);
       compat::fused_adamw(ps, gs, ms, vs, step, h.lr, h.beta1, h.beta2,

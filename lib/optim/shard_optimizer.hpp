@@ -37,8 +37,12 @@ class ShardOptimizer {
  public:
   /// `momentum` matters for SGD only (no buffer without it). The master may be fp32 or bf16
   /// (DeepSpeed's bf16_master_weights_and_grads); the moments are kept in `state_dtype`.
+  /// `update_groups`: the sets of segments update() will be given, one call each (offloaded
+  /// steps: one bucket's); host state is first touched by the threads that update it
+  /// (kernels::adam_cpu_first_touch). Empty: the whole segment list, as step() passes it.
   ShardOptimizer(OptimizerType type, at::Tensor master, std::vector<Segment> segments,
-                 double momentum = 0.0, at::ScalarType state_dtype = at::kFloat);
+                 double momentum = 0.0, at::ScalarType state_dtype = at::kFloat,
+                 const std::vector<std::vector<Segment>>& update_groups = {});
 
   /// One update with `grad` (same shape as the master) times hyper.grad_scale.
   void step(const at::Tensor& grad, const UpdateHyper& hyper) {
@@ -74,6 +78,8 @@ class ShardOptimizer {
   at::Tensor master_, state0_, state1_;
   std::vector<Segment> segments_;
   int64_t steps_ = 0;
+  at::Tensor step_tensor_;  ///< steps_ on the master's device for the fused kernel, made once a step
+  int64_t step_tensor_value_ = -1;
 };
 
 namespace kernels {
@@ -88,6 +94,13 @@ struct AdamArgs {
 void adam_cpu_segments(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                        const std::vector<Segment>& segments, const AdamArgs& args,
                        int64_t grad_offset = 0);
+/// Zero-fills `arrays` (each `numel` floats, indexed like the optimizer state): the elements of
+/// each group of segments with the threads and ranges adam_cpu_segments uses for that group, the
+/// rest on the calling thread. Fresh memory's pages are placed where they are first written, so
+/// state first touched this way sits where the update that reads it runs (measured: +18% for
+/// the update on the GPU machine's host against memory LibTorch's fill touched).
+void adam_cpu_first_touch(const std::vector<float*>& arrays, int64_t numel,
+                          const std::vector<std::vector<Segment>>& groups);
 /// How many threads adam_cpu_segments splits `elements` over (parallel_ranges' split of
 /// [0, elements) into that many ranges is the kernel's).
 int64_t adam_cpu_threads(int64_t elements);

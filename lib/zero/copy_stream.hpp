@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <memory>
 
 namespace zt::zero {
@@ -30,5 +31,12 @@ class CopyStream {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+/// `numel` floats of host memory, owned by the returned tensor, that `touch` writes first (it
+/// must write every element: fresh pages land in the memory of the thread that first writes
+/// them), then — with `pin`, in a CUDA build — page-locked where they are (cudaHostRegister),
+/// so that GPU copies run at pinned speed without moving them. Throws OutOfMemoryError when
+/// the memory cannot be had or locked.
+at::Tensor placed_host_floats(int64_t numel, bool pin, const std::function<void(float*)>& touch);
 
 }  // namespace zt::zero

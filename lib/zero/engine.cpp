@@ -201,7 +201,28 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   const auto host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU).pinned_memory(
       I.device.is_cuda());
   const auto dev32 = at::TensorOptions().dtype(at::kFloat).device(I.device);
-  I.master = at::zeros({L.state_numel}, (I.offload_optimizer ? host : dev32).dtype(I.master_dtype));
+  I.bucket_segments.resize(L.buckets.size());
+  for (const zero::Bucket& b : L.buckets) {
+    if (!b.trainable) continue;
+    for (const Segment& seg : L.segments) {
+      if (seg.offset >= b.shard.offset && seg.offset < b.shard.offset + b.shard_numel) {
+        I.bucket_segments[static_cast<size_t>(b.index)].push_back(seg);
+      }
+    }
+  }
+  // Offloaded masters are written first by the threads of the CPU optimizer's per-bucket
+  // updates (pages stay where they were first touched), then page-locked in place.
+  std::vector<std::vector<Segment>> update_groups;
+  if (I.offload_optimizer) {
+    for (const zero::Bucket& b : L.buckets) {
+      if (b.trainable) update_groups.push_back(I.bucket_segments[static_cast<size_t>(b.index)]);
+    }
+    I.master = zero::placed_host_floats(L.state_numel, I.device.is_cuda(), [&](float* p) {
+      kernels::adam_cpu_first_touch({p}, L.state_numel, update_groups);
+    });
+  } else {
+    I.master = at::zeros({L.state_numel}, dev32.dtype(I.master_dtype));
+  }
   // bf16 masters on a rank that keeps whole buckets are the parameters themselves.
   I.master_aliases_params = I.master_dtype == I.compute && !I.offload_optimizer &&
                             (L.replicated || I.world == 1);
@@ -217,6 +238,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   I.grads_in_acc = plain_gradients && !I.in_backward;
   I.grad_acc = at::zeros({I.in_backward ? 0 : L.state_numel}, dev32.dtype(I.master_dtype));
   I.norm_sq = at::zeros({}, dev32);
+  // One norm kernel per parameter writing its own slot, summed once at step(): the hooks of
+  // updates inside backward launch no per-parameter accumulation.
+  if (I.in_backward) I.param_norms = at::zeros({static_cast<int64_t>(L.params.size())}, dev32);
   if (I.offload_optimizer) {
     int64_t longest = 0, trainable = 0;
     for (const zero::Bucket& b : L.buckets) {
@@ -279,10 +303,16 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
     }
     if (b.trainable) I.master.narrow(0, b.shard.offset, b.shard_numel).copy_(slice);
     if (b.sharded_params) {
-      s.param_shard = I.offload_param
-                          ? slice.to(at::TensorOptions().dtype(I.compute).device(at::kCPU).pinned_memory(
-                                I.device.is_cuda()))
-                          : slice.to(I.compute).clone();
+      if (I.offload_param) {
+        // Allocated pinned, then filled: Tensor::to() would drop the pinned_memory request (its
+        // copy pins only for non-blocking copies out of a GPU), and every gather would then come
+        // up from pageable memory at a fraction of the bandwidth.
+        s.param_shard = at::empty({b.shard_numel}, at::TensorOptions().dtype(I.compute).pinned_memory(
+                                                       I.device.is_cuda()));
+        s.param_shard.copy_(slice);
+      } else {
+        s.param_shard = slice.to(I.compute).clone();
+      }
     } else {
       s.flat_param = b.trainable && I.master_aliases_params
                          ? I.master.narrow(0, b.shard.offset, b.numel)
@@ -312,7 +342,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   }
   I.optimizer = std::make_unique<ShardOptimizer>(
       ds.optimizer.type, I.master, L.segments, ds.optimizer.momentum,
-      bf16 && ds.bf16.optimizer_states ? at::kBFloat16 : at::kFloat);
+      bf16 && ds.bf16.optimizer_states ? at::kBFloat16 : at::kFloat, update_groups);
   if (I.in_backward) {
     I.param_segments.resize(L.params.size());
     I.param_state_offset.assign(L.params.size(), 0);
@@ -323,15 +353,6 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
         const int64_t offset = b.shard.offset + b.offsets[k];  // one rank: the whole bucket
         I.param_state_offset[pi] = offset;
         I.param_segments[pi] = {Segment{offset, L.params[pi].numel, L.params[pi].decay}};
-      }
-    }
-  }
-  I.bucket_segments.resize(L.buckets.size());
-  for (const zero::Bucket& b : L.buckets) {
-    if (!b.trainable) continue;
-    for (const Segment& seg : L.segments) {
-      if (seg.offset >= b.shard.offset && seg.offset < b.shard.offset + b.shard_numel) {
-        I.bucket_segments[static_cast<size_t>(b.index)].push_back(seg);
       }
     }
   }
@@ -409,6 +430,7 @@ bool Engine::step(double gradient_scale) {
       const at::Tensor zeros = at::zeros({I.layout.params[i].numel}, I.master.options());
       I.optimizer->update(zeros, I.backward_hyper, I.param_segments[i], I.param_state_offset[i]);
     }
+    I.norm_sq = I.param_norms.pow(2).sum();
     at::Tensor host = at::stack({I.norm_sq.reshape({}), I.nonfinite_losses.reshape({})}).to(at::kCPU);
     const double norm = std::sqrt(host[0].item<double>());
     const double bad_losses = host[1].item<double>();
@@ -739,6 +761,15 @@ EngineMemory Engine::memory() const {
   m.optimizer_state = I.optimizer->state_bytes(/*with_master=*/!I.master_aliases_params);
   m.gathered_now = I.gathered_now;
   m.gathered_peak = I.gathered_peak;
+  auto count_host = [&](const at::Tensor& t) {
+    if (!I.device.is_cuda() || !t.defined() || !t.is_cpu()) return;
+    (t.is_pinned() ? m.host_pinned : m.host_pageable) += static_cast<int64_t>(t.nbytes());
+  };
+  for (const Impl::BucketState& s : I.buckets) count_host(s.param_shard);
+  count_host(I.master);
+  count_host(I.optimizer->state0());
+  count_host(I.optimizer->state1());
+  for (const at::Tensor& slot : I.grad_slots) count_host(slot);
   return m;
 }
 

@@ -67,7 +67,7 @@ void Engine::Impl::begin_backward() {
   if (in_backward) {
     backward_hyper = step_hyper(1.0);
     optimizer->begin_step();
-    norm_sq.zero_();
+    param_norms.zero_();
   }
   for (BucketState& s : buckets) {
     s.ready = 0;
@@ -86,7 +86,8 @@ void Engine::Impl::update_now(int param_index) {
   // Every use of the parameter has contributed (autograd sums them before its accumulator
   // runs), so it is no longer needed by backward and may change in place.
   const at::Tensor g = grad.reshape({-1});
-  norm_sq.add_(at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kFloat).pow(2));
+  at::Tensor slot = param_norms.select(0, param_index);
+  at::linalg_vector_norm_out(slot, g, 2, c10::nullopt, false, at::kFloat);
   optimizer->update(g, backward_hyper, param_segments[static_cast<size_t>(param_index)],
                     param_state_offset[static_cast<size_t>(param_index)]);
   grad.reset();

@@ -31,6 +31,14 @@ struct UnitCall : torch::CustomClassHolder {
   at::Tensor cpu_rng, device_rng;
 };
 
+thread_local bool recomputing = false;
+
+struct RecomputeGuard {
+  RecomputeGuard() : before(recomputing) { recomputing = true; }
+  ~RecomputeGuard() { recomputing = before; }
+  bool before;
+};
+
 struct DepthGuard {
   explicit DepthGuard(int& d) : depth(d) { ++depth; }
   ~DepthGuard() { --depth; }
@@ -109,6 +117,7 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
     {
       at::AutoGradMode enable(true);
       DepthGuard depth(I.unit_depth);
+      RecomputeGuard recompute;
       outputs = call->fn(detached);
     }
     rng::set_state(at::kCPU, cpu_now);
@@ -140,6 +149,8 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
 };
 
 }  // namespace
+
+bool recomputing_for_backward() { return recomputing; }
 
 std::vector<at::Tensor> Engine::Impl::run_unit(size_t unit, const std::vector<at::Tensor>& inputs,
                                                const UnitFn& fn) {

@@ -200,6 +200,13 @@ TEST_CASE("rank: engine equivalence", "[.rank]") {
   eo.update_in_backward = c.in_backward;
   Engine engine(model, ds, args, comm, eo);
   REQUIRE(engine.updates_in_backward() == c.in_backward);
+  if (device.is_cuda() && c.offload && c.opt != "sgd") {
+    // What crosses to the GPU every step (masters, parameter shards, gradient slots) is
+    // page-locked; only the Adam moments (two thirds of the optimizer state) are not.
+    EngineMemory mem = engine.memory();
+    CHECK(mem.host_pageable * 3 == mem.optimizer_state * 2);
+    CHECK(mem.host_pinned >= mem.optimizer_state / 3 + (c.stage == 3 ? mem.compute_params : 0));
+  }
 
   std::vector<double> norms;
   const int64_t global = c.micro * c.accum * world;
