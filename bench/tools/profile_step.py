@@ -14,7 +14,8 @@ PEFT) set up by bench/tools/hf_phases.py, as ../shared/bench/hf_baseline.py does
 Environment: ZT_LIB (default build-gpu/lib/libzerotrain.so); ZT_PROFILE_DEEPSPEED, a DeepSpeed
 config file for zerotrain instead of the built-in one (e.g. examples/deepspeed/ds_config_zero3_offload.json,
 to see how much of an offloaded step the GPU sits idle); run after `source .gpu-deps/env.sh`.
-Prints the kernels by GPU time per step, the wall time per step and a RESULT line; `compare`
+Prints the kernels by GPU time per step, the wall time per step, how long the GPU sat idle between
+kernels (and the longest such gaps, with the kernels around them) and a RESULT line; `compare`
 lines the two up by kernel family (matmul, attention, elementwise, ...).
 """
 import collections
@@ -68,7 +69,25 @@ def profiled(step, warmup=3, steps=4):
         kernels.append({"name": e.key, "ms_per_step": total / 1000.0 / steps,
                         "calls_per_step": e.count / steps})
     kernels.sort(key=lambda k: -k["ms_per_step"])
-    return kernels, wall_ms
+    return kernels, wall_ms, idle_gaps(prof, steps)
+
+
+def idle_gaps(prof, steps):
+    """Where the GPU sat idle: gaps between one device activity's end and the next one's start
+    (all streams merged), summed per step, and the longest ones with their neighbours."""
+    spans = []
+    for e in prof.events():
+        if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start:
+            spans.append((e.time_range.start, e.time_range.end, e.name))
+    spans.sort()
+    gaps, busy_until, before = [], None, None
+    for start, end, name in spans:
+        if busy_until is not None and start - busy_until > 20:  # µs; launch jitter below that
+            gaps.append({"us": start - busy_until, "after": before[:70], "before": name[:70]})
+        if busy_until is None or end > busy_until:
+            busy_until, before = end, name
+    gaps.sort(key=lambda g: -g["us"])
+    return {"idle_ms_per_step": sum(g["us"] for g in gaps) / 1000.0 / steps, "longest": gaps[:12]}
 
 
 def zerotrain_step(shape, mode, seq, mbs, ckpt):
@@ -142,6 +161,9 @@ def compare(ours_path, peer_path):
     print(f"{'total':24} {sum(fo.values()):9.2f} {sum(fp.values()):9.2f} {sum(fo.values()) - sum(fp.values()):+8.2f}")
     print(f"{'wall (profiled)':24} {ours['wall_ms_per_step']:9.2f} {peer['wall_ms_per_step']:9.2f} "
           f"{ours['wall_ms_per_step'] - peer['wall_ms_per_step']:+8.2f}")
+    if "idle_ms_per_step" in ours and "idle_ms_per_step" in peer:
+        print(f"{'GPU idle (gaps > 20 us)':24} {ours['idle_ms_per_step']:9.2f} {peer['idle_ms_per_step']:9.2f} "
+              f"{ours['idle_ms_per_step'] - peer['idle_ms_per_step']:+8.2f}")
 
 
 def main():
@@ -155,13 +177,19 @@ def main():
     global torch
     import torch  # here, so that `compare` runs where torch is not installed
     step = (zerotrain_step if impl == "zerotrain" else hf_step)(shape, mode, seq, mbs, ckpt)
-    kernels, wall_ms = profiled(step)
+    kernels, wall_ms, idle = profiled(step)
     total = sum(k["ms_per_step"] for k in kernels)
-    print(f"{impl} {shape} {mode}: {total:.1f} ms of kernels in {wall_ms:.1f} ms per step (profiled)")
+    print(f"{impl} {shape} {mode}: {total:.1f} ms of kernels in {wall_ms:.1f} ms per step (profiled), "
+          f"GPU idle {idle['idle_ms_per_step']:.1f} ms per step in gaps over 20 us")
     for k in kernels[:40]:
         print(f"{k['ms_per_step']:8.2f} ms {k['calls_per_step']:7.1f}x  {family(k['name']):18} {k['name'][:110]}")
+    print("longest idle gaps (us, after -> before):")
+    for g in idle["longest"]:
+        print(f"{g['us']:9.0f}  {g['after']} -> {g['before']}")
     result = {"impl": impl, "shape": shape, "mode": mode, "seq": seq, "mbs": mbs, "ckpt": int(ckpt),
-              "kernel_ms_per_step": round(total, 2), "wall_ms_per_step": round(wall_ms, 2), "families": by_family(kernels), "kernels": kernels}
+              "kernel_ms_per_step": round(total, 2), "wall_ms_per_step": round(wall_ms, 2),
+              "idle_ms_per_step": round(idle["idle_ms_per_step"], 2), "families": by_family(kernels),
+              "kernels": kernels, "idle_gaps": idle["longest"]}
     if len(sys.argv) > 7:
         with open(sys.argv[7], "w") as f:
             json.dump(result, f)
