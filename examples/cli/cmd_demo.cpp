@@ -174,7 +174,7 @@ int cmd_demo(const Args& in) {
              "--max_steps", steps,
              "--per_device_train_batch_size", std::to_string(32 / std::min(nproc, 4)),
              "--gradient_accumulation_steps", "1",
-             "--learning_rate", "3e-3",
+             "--learning_rate", "2e-3",
              "--lr_scheduler_type", "cosine",
              "--warmup_ratio", "0.05",
              "--weight_decay", "0.01",
