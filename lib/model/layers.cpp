@@ -189,6 +189,27 @@ class UnreadLinear : public torch::autograd::Function<UnreadLinear> {
   }
 };
 
+// One chunk's share of the cross-entropy gradients. `p` (fp32 [len, vocab]) holds the chunk's
+// softmax and becomes d loss / d logits = (softmax − onehot) on valid rows, times `scale` (the
+// incoming gradient; undefined: 1); then `grad_rows` (the chunk's rows of the hidden-state
+// gradient, contiguous; undefined: not wanted) = dl · weight, and, with `weight_grad`,
+// grad_weight += dlᵀ · h (the first chunk's product, so no zero-fill pass).
+void add_chunk_gradients(at::Tensor& p, const at::Tensor& y, const at::Tensor& scale, const at::Tensor& h,
+                         const at::Tensor& weight, at::Tensor grad_rows, bool weight_grad,
+                         at::Tensor& grad_weight) {
+  p.scatter_add_(1, y.clamp_min(0).unsqueeze(1), at::full({p.size(0), 1}, -1.0, p.options()));
+  at::Tensor mask = y.ne(-100).to(at::kFloat).unsqueeze(1);
+  p.mul_(scale.defined() ? mask * scale : mask);
+  at::Tensor dl = p.to(h.scalar_type());
+  if (grad_rows.defined()) at::mm_out(grad_rows, dl, weight);
+  if (!weight_grad) return;  // a frozen head (LoRA, prefix tuning): no [vocab, hidden] GEMM
+  if (grad_weight.defined()) {
+    grad_weight.addmm_(dl.t(), h);
+  } else {
+    grad_weight = at::mm(dl.t(), h);
+  }
+}
+
 // Σ of token cross-entropies over chunks of rows. Two ways to get the gradient:
 //  - eager (the gradient is wanted and the dtype is not fp16): each chunk's d loss / d logits
 //    is formed while its logits exist, and the gradients of hidden and weight for a loss
@@ -223,22 +244,9 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       at::Tensor lse = at::logsumexp(logits, 1);
       total = total + ((lse - target) * valid).sum();
       if (!eager) continue;
-      // d loss / d logits = softmax − onehot on valid rows, formed in the logits' memory.
-      at::Tensor& p = logits;
-      p.sub_(lse.unsqueeze(1)).exp_();
-      p.scatter_add_(1, y.clamp_min(0).unsqueeze(1), at::full({len, 1}, -1.0, p.options()));
-      p.mul_(valid.to(at::kFloat).unsqueeze(1));
-      at::Tensor dl = p.to(hidden.scalar_type());
-      if (eager_hidden) {
-        at::Tensor rows = grad_hidden.narrow(0, lo, len);
-        at::mm_out(rows, dl, weight);
-      }
-      if (!eager_weight) continue;
-      if (grad_weight.defined()) {
-        grad_weight.addmm_(dl.t(), h);  // the first chunk's product, then accumulated
-      } else {
-        grad_weight = at::mm(dl.t(), h);
-      }
+      logits.sub_(lse.unsqueeze(1)).exp_();  // the softmax, in the logits' memory
+      add_chunk_gradients(logits, y, at::Tensor(), h, weight,
+                          eager_hidden ? grad_hidden.narrow(0, lo, len) : at::Tensor(), eager_weight, grad_weight);
     }
     if (eager) {
       ctx->saved_data["grad_hidden"] = grad_hidden;
@@ -266,26 +274,14 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     const at::Tensor& labels = saved[2];
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     at::Tensor grad_hidden = at::empty(hidden.sizes(), hidden.options());  // contiguous rows
-    at::Tensor grad_weight;  // the first chunk's product, then accumulated (no zero-fill pass)
-    const bool weight_grad = ctx->needs_input_grad(1);
+    at::Tensor grad_weight;
     const int64_t n = hidden.size(0);
     for (int64_t lo = 0; lo < n; lo += chunk) {
       const int64_t len = std::min(chunk, n - lo);
       at::Tensor h = hidden.narrow(0, lo, len);
-      at::Tensor y = labels.narrow(0, lo, len);
-      // d loss / d logits = (softmax − onehot) on valid rows, times the incoming gradient.
       at::Tensor p = at::softmax(at::matmul(h, weight.t()).to(at::kFloat), 1);
-      p.scatter_add_(1, y.clamp_min(0).unsqueeze(1), at::full({len, 1}, -1.0, p.options()));
-      p.mul_(y.ne(-100).to(at::kFloat).unsqueeze(1) * g);
-      at::Tensor dl = p.to(hidden.scalar_type());
-      at::Tensor rows = grad_hidden.narrow(0, lo, len);  // contiguous: written in place
-      at::mm_out(rows, dl, weight);
-      if (!weight_grad) continue;  // a frozen head (LoRA, prefix tuning): no [vocab, hidden] GEMM
-      if (grad_weight.defined()) {
-        grad_weight.addmm_(dl.t(), h);
-      } else {
-        grad_weight = at::mm(dl.t(), h);
-      }
+      add_chunk_gradients(p, labels.narrow(0, lo, len), g, h, weight, grad_hidden.narrow(0, lo, len),
+                          ctx->needs_input_grad(1), grad_weight);
     }
     return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }

@@ -38,8 +38,9 @@ class ShardOptimizer {
   /// `momentum` matters for SGD only (no buffer without it). The master may be fp32 or bf16
   /// (DeepSpeed's bf16_master_weights_and_grads); the moments are kept in `state_dtype`.
   /// `update_groups`: the sets of segments update() will be given, one call each (offloaded
-  /// steps: one bucket's); host state is first touched by the threads that update it
-  /// (kernels::adam_cpu_first_touch). Empty: the whole segment list, as step() passes it.
+  /// steps: one bucket's; empty sets are ignored); host state is first touched by the threads
+  /// that update it (kernels::adam_cpu_first_touch). None: the whole segment list, as step()
+  /// passes it.
   ShardOptimizer(OptimizerType type, at::Tensor master, std::vector<Segment> segments,
                  double momentum = 0.0, at::ScalarType state_dtype = at::kFloat,
                  const std::vector<std::vector<Segment>>& update_groups = {});

@@ -15,7 +15,7 @@ void write_atomic(const std::string& path, const std::string& content);
 /// Removes `path` and everything under it without following symbolic links; a missing path is
 /// no error. A failure is an IoError naming the entry that could not be removed. Used instead of
 /// std::filesystem::remove_all, which crashed (SIGSEGV) on the GPU machine's toolchain (g++ 13
-/// headers, the system's newer libstdc++) — docs/gpu.md.
+/// headers, the system's newer libstdc++) — docs/build.md.
 void remove_tree(const std::string& path);
 
 }  // namespace zt::files

@@ -5,8 +5,9 @@
 
 #include <ATen/ATen.h>
 
-#include <functional>
+#include <cstddef>
 #include <memory>
+#include <string>
 
 namespace zt::zero {
 
@@ -32,11 +33,11 @@ class CopyStream {
   std::unique_ptr<Impl> impl_;
 };
 
-/// `numel` floats of host memory, owned by the returned tensor, that `touch` writes first (it
-/// must write every element: fresh pages land in the memory of the thread that first writes
-/// them), then — with `pin`, in a CUDA build — page-locked where they are (cudaHostRegister),
-/// so that GPU copies run at pinned speed without moving them. Throws OutOfMemoryError when
-/// the memory cannot be had or locked.
-at::Tensor placed_host_floats(int64_t numel, bool pin, const std::function<void(float*)>& touch);
+/// Page-locks host memory [p, p + bytes) where it lies (cudaHostRegister), so that GPU copies
+/// from and to it run at pinned speed without moving its pages; page_unlock undoes it before the
+/// memory is freed. Returns an error message, empty on success. Without CUDA LibTorch there is
+/// no GPU to copy to: both do nothing.
+std::string page_lock(void* p, size_t bytes);
+void page_unlock(void* p);
 
 }  // namespace zt::zero

@@ -9,14 +9,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
-#include <cstdlib>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "zero/copy_stream.hpp"
-#include "zerotrain/error.hpp"
 
 namespace zt::zero {
 
@@ -62,31 +57,13 @@ void CopyStream::device_wait(int64_t ticket) {
   t.done->block(c10::cuda::getCurrentCUDAStream(impl_->device.index()));
 }
 
-at::Tensor placed_host_floats(int64_t numel, bool pin, const std::function<void(float*)>& touch) {
-  void* p = nullptr;
-  // Whole pages, so that registering locks no page another allocation shares.
-  const size_t bytes = (static_cast<size_t>(std::max<int64_t>(numel, 1)) * sizeof(float) + 4095) / 4096 * 4096;
-  if (posix_memalign(&p, 4096, bytes) != 0) {
-    throw OutOfMemoryError(fmt::format("cannot allocate {} bytes of host memory for optimizer state", bytes));
-  }
-  touch(static_cast<float*>(p));
-  if (pin) {
-    const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
-    if (e != cudaSuccess) {
-      std::free(p);
-      (void)cudaGetLastError();
-      throw OutOfMemoryError(fmt::format("cannot page-lock {} bytes of host memory for offloaded state: {} "
-                                         "(raise the locked-memory limit, `ulimit -l`, or free host memory)",
-                                         bytes, cudaGetErrorString(e)));
-    }
-  }
-  return at::from_blob(
-      p, {numel},
-      [pin](void* q) {
-        if (pin) cudaHostUnregister(q);
-        std::free(q);
-      },
-      at::TensorOptions().dtype(at::kFloat));
+std::string page_lock(void* p, size_t bytes) {
+  const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+  if (e == cudaSuccess) return {};
+  (void)cudaGetLastError();  // clear it: the caller reports it
+  return cudaGetErrorString(e);
 }
+
+void page_unlock(void* p) { cudaHostUnregister(p); }
 
 }  // namespace zt::zero

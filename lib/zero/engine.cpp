@@ -2,7 +2,11 @@
 // gradients.cpp, sharding units in units.cpp.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -80,6 +84,35 @@ std::unordered_map<const void*, int> unit_of_parameters(const std::vector<UnitSp
     }
   }
   return unit_of;
+}
+
+// `numel` floats of host memory, owned by the returned tensor, that `touch` writes first (it must
+// write every element: fresh pages land in the memory of the thread that first writes them),
+// then, with `pin`, page-locked where they are (zero::page_lock).
+at::Tensor placed_host_floats(int64_t numel, bool pin, const std::function<void(float*)>& touch) {
+  // Whole pages, so that locking them locks no page another allocation shares.
+  const size_t bytes = (static_cast<size_t>(std::max<int64_t>(numel, 1)) * sizeof(float) + 4095) / 4096 * 4096;
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, bytes) != 0) {
+    throw OutOfMemoryError(fmt::format("cannot allocate {} bytes of host memory for optimizer state", bytes));
+  }
+  touch(static_cast<float*>(p));
+  if (pin) {
+    const std::string error = zero::page_lock(p, bytes);
+    if (!error.empty()) {
+      std::free(p);
+      throw OutOfMemoryError(fmt::format("cannot page-lock {} bytes of host memory for offloaded state: {} "
+                                         "(raise the locked-memory limit, `ulimit -l`, or free host memory)",
+                                         bytes, error));
+    }
+  }
+  return at::from_blob(
+      p, {numel},
+      [pin](void* q) {
+        if (pin) zero::page_unlock(q);
+        std::free(q);
+      },
+      at::TensorOptions().dtype(at::kFloat));
 }
 
 }  // namespace
@@ -212,12 +245,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   }
   // Offloaded masters are written first by the threads of the CPU optimizer's per-bucket
   // updates (pages stay where they were first touched), then page-locked in place.
-  std::vector<std::vector<Segment>> update_groups;
+  const std::vector<std::vector<Segment>> no_groups;
+  const std::vector<std::vector<Segment>>& update_groups = I.offload_optimizer ? I.bucket_segments : no_groups;
   if (I.offload_optimizer) {
-    for (const zero::Bucket& b : L.buckets) {
-      if (b.trainable) update_groups.push_back(I.bucket_segments[static_cast<size_t>(b.index)]);
-    }
-    I.master = zero::placed_host_floats(L.state_numel, I.device.is_cuda(), [&](float* p) {
+    I.master = placed_host_floats(L.state_numel, I.device.is_cuda(), [&](float* p) {
       kernels::adam_cpu_first_touch({p}, L.state_numel, update_groups);
     });
   } else {
@@ -237,7 +268,6 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
                   !(ds.gradient_clipping.value() > 0.0) && !any_shared;
   I.grads_in_acc = plain_gradients && !I.in_backward;
   I.grad_acc = at::zeros({I.in_backward ? 0 : L.state_numel}, dev32.dtype(I.master_dtype));
-  I.norm_sq = at::zeros({}, dev32);
   // One norm kernel per parameter writing its own slot, summed once at step(): the hooks of
   // updates inside backward launch no per-parameter accumulation.
   if (I.in_backward) I.param_norms = at::zeros({static_cast<int64_t>(L.params.size())}, dev32);
@@ -430,8 +460,7 @@ bool Engine::step(double gradient_scale) {
       const at::Tensor zeros = at::zeros({I.layout.params[i].numel}, I.master.options());
       I.optimizer->update(zeros, I.backward_hyper, I.param_segments[i], I.param_state_offset[i]);
     }
-    I.norm_sq = I.param_norms.pow(2).sum();
-    at::Tensor host = at::stack({I.norm_sq.reshape({}), I.nonfinite_losses.reshape({})}).to(at::kCPU);
+    at::Tensor host = at::stack({I.param_norms.pow(2).sum(), I.nonfinite_losses.reshape({})}).to(at::kCPU);
     const double norm = std::sqrt(host[0].item<double>());
     const double bad_losses = host[1].item<double>();
     I.nonfinite_losses.zero_();

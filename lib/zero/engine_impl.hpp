@@ -75,7 +75,6 @@ struct Engine::Impl {
   std::vector<std::vector<Segment>> param_segments;
   std::vector<int64_t> param_state_offset;
   UpdateHyper backward_hyper;  ///< in_backward: the update of the step under way
-  at::Tensor norm_sq;          ///< Σ of squared gradient norms (in_backward: at step())
   at::Tensor param_norms;      ///< in_backward: each parameter's gradient norm this step (0 if none)
   LrSchedule schedule;
   LossScaler scaler;
