@@ -11,6 +11,7 @@
 #   bench/gpu_session.sh phases           forward / backward / optimizer times, ours and HF's
 #   bench/gpu_session.sh profile          GPU time per kernel family of the full 7B step, ours vs HF's
 #   bench/gpu_session.sh profile13b       the same of the 13B ZeRO-3 offload LoRA step (ours): how long the GPU idles
+#   bench/gpu_session.sh parity           per-layer hidden states of a Qwen2.5-7B-shaped model against transformers
 #
 # Phases may be chained (`build test`). Needs `.gpu-deps/` (../shared/gpu/prepare-deps.sh) and,
 # for the peer runs, `.peer/hf_baseline.py` (a copy of ../shared/bench/hf_baseline.py): carry
@@ -121,6 +122,13 @@ for phase in "$@"; do
         python3 bench/tools/profile_step.py zerotrain llama2-13b lora 1024 8 1 "$results/profile_13b.json" \
         > "$results/profile_13b.log" 2>&1 || tail -20 "$results/profile_13b.log"
       head -30 "$results/profile_13b.log"
+      ;;
+    parity)
+      rm -rf /tmp/zt-parity
+      $b/bin/zt_model_dump qwen2.5-7b /tmp/zt-parity > "$results/parity.log" 2>&1 &&
+        python3 tests/tools/compare_hidden_states.py /tmp/zt-parity 2>&1 | tee -a "$results/parity.log" | grep '^RESULT' ||
+        tail -20 "$results/parity.log"
+      rm -rf /tmp/zt-parity
       ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "kernels/fused.hpp"
 #include "util/torch_compat.hpp"
 
 namespace zt::model {
@@ -125,6 +126,11 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& weight, double eps) {
+    if (kernels::fused_rms_norm_applies(x, weight)) {  // the same math in one pass (GPU)
+      auto [y, r] = kernels::fused_rms_norm(x, weight, eps);
+      ctx->save_for_backward({x, weight, r});
+      return y;
+    }
     at::Tensor h = x.to(at::kFloat);
     at::Tensor r = at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
     ctx->save_for_backward({x, weight, r});
@@ -148,6 +154,11 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const at::Tensor& weight = saved[1];
     const at::Tensor& r = saved[2];
     const at::Tensor& g = grads[0];
+    if (kernels::fused_rms_norm_applies(x, weight)) {
+      auto [grad_x, grad_weight] =
+          kernels::fused_rms_norm_backward(g, x, weight, r, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+      return {grad_x, grad_weight, at::Tensor()};
+    }
     at::Tensor h = x.to(at::kFloat);
     at::Tensor grad_x, grad_weight;
     if (ctx->needs_input_grad(1)) {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "kernels/fused.hpp"
 #include "util/torch_compat.hpp"
 #include "zerotrain/error.hpp"
 
@@ -44,7 +45,7 @@ int64_t ShardOptimizer::state_bytes(bool with_master) const {
 }
 
 void ShardOptimizer::update(const at::Tensor& grad, const UpdateHyper& hyper,
-                            const std::vector<Segment>& segments, int64_t grad_offset) {
+                            const std::vector<Segment>& segments, int64_t grad_offset, const at::Tensor& grad_sq) {
   TORCH_CHECK(grad.dim() == 1 && grad_offset >= 0 && grad_offset + grad.numel() <= master_.numel(),
               "ShardOptimizer::update: gradient shape mismatch");
   for (const Segment& s : segments) {
@@ -54,12 +55,20 @@ void ShardOptimizer::update(const at::Tensor& grad, const UpdateHyper& hyper,
   const at::Tensor g = grad.device() == master_.device() ? grad : grad.to(master_.device());
   const bool all_fp32 = master_.scalar_type() == at::kFloat && g.scalar_type() == at::kFloat &&
                         state0_.scalar_type() == at::kFloat;
+  bool squared = false;
   if (type_ == OptimizerType::kSgd) {
     step_sgd(g, hyper, segments, grad_offset);
   } else if (master_.is_cpu() && all_fp32) {
     step_cpu(g.contiguous(), hyper, segments, grad_offset);
   } else {
-    step_generic(g, hyper, segments, grad_offset);
+    squared = step_generic(g, hyper, segments, grad_offset, grad_sq);
+  }
+  if (grad_sq.defined() && !squared) {
+    for (const Segment& s : segments) {
+      at::Tensor norm = at::linalg_vector_norm(g.narrow(0, s.offset - grad_offset, s.length), 2, c10::nullopt,
+                                               false, at::kFloat);
+      grad_sq.add_(norm.square().to(grad_sq.device()));
+    }
   }
 }
 
@@ -103,10 +112,25 @@ void ShardOptimizer::step_cpu(const at::Tensor& grad, const UpdateHyper& h,
                              state0_.data_ptr<float>(), state1_.data_ptr<float>(), segs, a, grad_offset);
 }
 
-void ShardOptimizer::step_generic(const at::Tensor& grad, const UpdateHyper& h,
-                                  const std::vector<Segment>& segs, int64_t grad_offset) {
+bool ShardOptimizer::step_generic(const at::Tensor& grad, const UpdateHyper& h,
+                                  const std::vector<Segment>& segs, int64_t grad_offset, const at::Tensor& grad_sq) {
   const bool same_dtypes = grad.scalar_type() == master_.scalar_type() &&
                            state0_.scalar_type() == master_.scalar_type();
+  if (type_ == OptimizerType::kAdamW && h.bias_correction && kernels::fused_adamw_applies(master_, grad, state0_, state1_)) {
+    kernels::AdamwHyper k;
+    k.lr = h.lr;
+    k.beta1 = h.beta1;
+    k.beta2 = h.beta2;
+    k.eps = h.eps;
+    k.step = steps_;
+    k.grad_scale = h.grad_scale;
+    for (const Segment& s : segs) {
+      k.weight_decay = s.decay ? h.weight_decay : 0.0;
+      kernels::fused_adamw(master_.narrow(0, s.offset, s.length), grad.narrow(0, s.offset - grad_offset, s.length),
+                           state0_.narrow(0, s.offset, s.length), state1_.narrow(0, s.offset, s.length), k, grad_sq);
+    }
+    return grad_sq.defined();
+  }
   if (type_ == OptimizerType::kAdamW && h.bias_correction && master_.is_cuda() && same_dtypes &&
       compat::has_fused_adamw(master_.device())) {
     // One fused launch per weight-decay group over views of the segments.
@@ -132,7 +156,7 @@ void ShardOptimizer::step_generic(const at::Tensor& grad, const UpdateHyper& h,
       compat::fused_adamw(ps, gs, ms, vs, step, h.lr, h.beta1, h.beta2,
                           decay ? h.weight_decay : 0.0, h.eps, divisor);
     }
-    return;
+    return false;
   }
   const double bc1 = h.bias_correction ? 1.0 - std::pow(h.beta1, static_cast<double>(steps_)) : 1.0;
   const double bc2 = h.bias_correction ? 1.0 - std::pow(h.beta2, static_cast<double>(steps_)) : 1.0;
@@ -153,6 +177,7 @@ void ShardOptimizer::step_generic(const at::Tensor& grad, const UpdateHyper& h,
     at::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(h.eps);
     p.addcdiv_(m, denom, -h.lr / bc1);
   }
+  return false;
 }
 
 }  // namespace zt

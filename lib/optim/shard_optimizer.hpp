@@ -29,9 +29,9 @@ struct UpdateHyper {
 /// Owns the optimizer state of a flat master shard and updates it in place.
 ///
 /// The CPU path is a vectorized loop (GCC function multi-versioning: AVX-512 / AVX2 / baseline
-/// chosen at load time, no -march baked in) run on all intra-op threads; CUDA uses LibTorch's
-/// fused multi-tensor AdamW where it exists (2.x) and the dtypes agree, else ATen ops (also
-/// the path for bf16 masters on CPU). State tensors live on the master's device (pinned host
+/// chosen at load time, no -march baked in) run on all intra-op threads; CUDA uses zerotrain's
+/// one-pass AdamW kernel (kernels/fused.hpp) where the dtypes agree, else LibTorch's fused
+/// multi-tensor AdamW (2.x), else ATen ops (also the path for bf16 masters on CPU). State tensors live on the master's device (pinned host
 /// memory when offloaded).
 class ShardOptimizer {
  public:
@@ -54,9 +54,11 @@ class ShardOptimizer {
   /// step once, then update disjoint subsets of the segments.
   void begin_step() { ++steps_; }
   /// `grad` holds the state elements [grad_offset, grad_offset + grad.numel()), which must cover
-  /// the segments (offloaded steps pass one bucket's gradients at a time).
+  /// the segments (offloaded steps pass one bucket's gradients at a time). `grad_sq`: undefined,
+  /// or an fp32 scalar on the master's device that Σ g² over the segments (before grad_scale)
+  /// is added to — on the GPU in the update's own pass over the gradient.
   void update(const at::Tensor& grad, const UpdateHyper& hyper, const std::vector<Segment>& segments,
-              int64_t grad_offset = 0);
+              int64_t grad_offset = 0, const at::Tensor& grad_sq = {});
   const std::vector<Segment>& segments() const { return segments_; }
 
   OptimizerType type() const { return type_; }
@@ -72,8 +74,9 @@ class ShardOptimizer {
  private:
   void step_sgd(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs, int64_t grad_offset);
   void step_cpu(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs, int64_t grad_offset);
-  void step_generic(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs,
-                    int64_t grad_offset);
+  // True when it also added Σ g² to grad_sq.
+  bool step_generic(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs,
+                    int64_t grad_offset, const at::Tensor& grad_sq);
 
   OptimizerType type_;
   at::Tensor master_, state0_, state1_;

@@ -270,7 +270,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   I.grad_acc = at::zeros({I.in_backward ? 0 : L.state_numel}, dev32.dtype(I.master_dtype));
   // One norm kernel per parameter writing its own slot, summed once at step(): the hooks of
   // updates inside backward launch no per-parameter accumulation.
-  if (I.in_backward) I.param_norms = at::zeros({static_cast<int64_t>(L.params.size())}, dev32);
+  if (I.in_backward) I.param_grad_sq = at::zeros({static_cast<int64_t>(L.params.size())}, dev32);
   if (I.offload_optimizer) {
     int64_t longest = 0, trainable = 0;
     for (const zero::Bucket& b : L.buckets) {
@@ -460,7 +460,7 @@ bool Engine::step(double gradient_scale) {
       const at::Tensor zeros = at::zeros({I.layout.params[i].numel}, I.master.options());
       I.optimizer->update(zeros, I.backward_hyper, I.param_segments[i], I.param_state_offset[i]);
     }
-    at::Tensor host = at::stack({I.param_norms.pow(2).sum(), I.nonfinite_losses.reshape({})}).to(at::kCPU);
+    at::Tensor host = at::stack({I.param_grad_sq.sum(), I.nonfinite_losses.reshape({})}).to(at::kCPU);
     const double norm = std::sqrt(host[0].item<double>());
     const double bad_losses = host[1].item<double>();
     I.nonfinite_losses.zero_();

@@ -75,7 +75,7 @@ struct Engine::Impl {
   std::vector<std::vector<Segment>> param_segments;
   std::vector<int64_t> param_state_offset;
   UpdateHyper backward_hyper;  ///< in_backward: the update of the step under way
-  at::Tensor param_norms;      ///< in_backward: each parameter's gradient norm this step (0 if none)
+  at::Tensor param_grad_sq;     ///< in_backward: Σ g² of each parameter's gradient this step (0 if none)
   LrSchedule schedule;
   LossScaler scaler;
 

@@ -67,7 +67,7 @@ void Engine::Impl::begin_backward() {
   if (in_backward) {
     backward_hyper = step_hyper(1.0);
     optimizer->begin_step();
-    param_norms.zero_();
+    param_grad_sq.zero_();
   }
   for (BucketState& s : buckets) {
     s.ready = 0;
@@ -86,10 +86,9 @@ void Engine::Impl::update_now(int param_index) {
   // Every use of the parameter has contributed (autograd sums them before its accumulator
   // runs), so it is no longer needed by backward and may change in place.
   const at::Tensor g = grad.reshape({-1});
-  at::Tensor slot = param_norms.select(0, param_index);
-  at::linalg_vector_norm_out(slot, g, 2, c10::nullopt, false, at::kFloat);
+  // Σ g² into the parameter's own slot: on the GPU inside the update's pass over g.
   optimizer->update(g, backward_hyper, param_segments[static_cast<size_t>(param_index)],
-                    param_state_offset[static_cast<size_t>(param_index)]);
+                    param_state_offset[static_cast<size_t>(param_index)], param_grad_sq.select(0, param_index));
   grad.reset();
 }
 
