@@ -31,8 +31,8 @@ struct UpdateHyper {
 /// The CPU path is a vectorized loop (GCC function multi-versioning: AVX-512 / AVX2 / baseline
 /// chosen at load time, no -march baked in) run on all intra-op threads; CUDA uses zerotrain's
 /// one-pass AdamW kernel (kernels/fused.hpp) where the dtypes agree, else LibTorch's fused
-/// multi-tensor AdamW (2.x), else ATen ops (also the path for bf16 masters on CPU). State tensors live on the master's device (pinned host
-/// memory when offloaded).
+/// multi-tensor AdamW (2.x), else ATen ops (also the path for bf16 masters on CPU). State
+/// tensors live on the master's device (pinned host memory when offloaded).
 class ShardOptimizer {
  public:
   /// `momentum` matters for SGD only (no buffer without it). The master may be fp32 or bf16

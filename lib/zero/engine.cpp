@@ -268,8 +268,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
                   !(ds.gradient_clipping.value() > 0.0) && !any_shared;
   I.grads_in_acc = plain_gradients && !I.in_backward;
   I.grad_acc = at::zeros({I.in_backward ? 0 : L.state_numel}, dev32.dtype(I.master_dtype));
-  // One norm kernel per parameter writing its own slot, summed once at step(): the hooks of
-  // updates inside backward launch no per-parameter accumulation.
+  // Each parameter's Σ g² in a slot of its own (on the GPU added by the AdamW kernel's own pass
+  // over the gradient, elsewhere by a norm kernel), summed once at step().
   if (I.in_backward) I.param_grad_sq = at::zeros({static_cast<int64_t>(L.params.size())}, dev32);
   if (I.offload_optimizer) {
     int64_t longest = 0, trainable = 0;
