@@ -3,25 +3,30 @@
 // escapes into the host.
 #include "zerotrain/zerotrain.h"
 
-#include <c10/util/Exception.h>
-
+#include <algorithm>
+#include <climits>
 #include <exception>
 #include <mutex>
-#include <new>
 #include <string>
 
 #include <fmt/format.h>
 #include <rapidjson/document.h>
 
+#include "status.hpp"
 #include "util/json.hpp"
 #include "zerotrain/build_config.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/log.hpp"
+#include "zerotrain/tokenizer.hpp"
 #include "zerotrain/trainer.hpp"
 
 struct zt_trainer {
   std::shared_ptr<zt::Communicator> comm;
   std::unique_ptr<zt::Trainer> trainer;
+};
+
+struct zt_tokenizer {
+  std::shared_ptr<zt::Tokenizer> tok;
 };
 
 namespace {
@@ -33,37 +38,18 @@ zt_status fail(zt_status status, const std::string& message) {
   return status;
 }
 
-// Runs `fn`, mapping what it throws to a status; "" in zt_last_error() after a success.
+// Runs `fn`, mapping what it throws to a status (capi/status.hpp); "" in zt_last_error() after
+// a success.
 template <typename Fn>
 zt_status guarded(Fn&& fn) {
   try {
     fn();
     t_last_error.clear();
     return ZT_OK;
-  } catch (const zt::InvalidArgument& e) {
-    return fail(ZT_ERR_INVALID_ARGUMENT, e.what());
-  } catch (const zt::ConfigError& e) {
-    return fail(ZT_ERR_CONFIG, e.what());
-  } catch (const zt::IoError& e) {
-    return fail(ZT_ERR_IO, e.what());
-  } catch (const zt::DistributedError& e) {
-    return fail(ZT_ERR_DISTRIBUTED, e.what());
-  } catch (const zt::OutOfMemoryError& e) {
-    return fail(ZT_ERR_OUT_OF_MEMORY, e.what());
-  } catch (const zt::NumericError& e) {
-    return fail(ZT_ERR_NUMERIC, e.what());
-  } catch (const zt::CancelledError& e) {
-    return fail(ZT_ERR_CANCELLED, e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(ZT_ERR_OUT_OF_MEMORY, "out of host memory");
-  } catch (const c10::Error& e) {
-    // LibTorch's own errors (a CUDA out-of-memory among them) carry a backtrace: keep the gist.
-    const std::string what = e.what_without_backtrace();
-    return fail(what.find("out of memory") != std::string::npos ? ZT_ERR_OUT_OF_MEMORY : ZT_ERR_INTERNAL, what);
-  } catch (const std::exception& e) {
-    return fail(ZT_ERR_INTERNAL, e.what());
   } catch (...) {
-    return fail(ZT_ERR_INTERNAL, "an unknown exception");
+    std::string message;
+    const zt_status status = zt::capi::status_of(std::current_exception(), message);
+    return fail(status, message);
   }
 }
 
@@ -76,14 +62,15 @@ zt::LaunchEnv launch_env_of(const rapidjson::Value& value, zt::TrainingArguments
   zt::json::ObjectReader r(value, "distributed", "options");
   zt::LaunchEnv env;
   env.origin = "options";
-  env.rank = static_cast<int>(r.integer("rank", 0).value_or(0));
-  env.world_size = static_cast<int>(r.integer("world_size", 1).value_or(1));
-  env.local_rank = static_cast<int>(r.integer("local_rank", 0).value_or(env.rank));
+  // Ranks are C ints: a larger number is an error here, not a truncation later.
+  env.rank = static_cast<int>(r.integer("rank", 0, INT32_MAX).value_or(0));
+  env.world_size = static_cast<int>(r.integer("world_size", 1, INT32_MAX).value_or(1));
+  env.local_rank = static_cast<int>(r.integer("local_rank", 0, INT32_MAX).value_or(env.rank));
   env.local_world_size = env.world_size;
   env.master_addr = r.string("master_addr").value_or("127.0.0.1");
   env.master_port = static_cast<int>(r.integer("master_port", 1, 65535).value_or(29500));
-  if (auto t = r.integer("rendezvous_timeout", 1)) args.rendezvous_timeout = *t;
-  if (auto t = r.integer("ddp_timeout", 1)) args.ddp_timeout = *t;
+  if (auto t = r.integer("rendezvous_timeout", 1, INT32_MAX)) args.rendezvous_timeout = *t;
+  if (auto t = r.integer("ddp_timeout", 1, INT32_MAX)) args.ddp_timeout = *t;
   if (!r.unknown_paths().empty()) {
     throw zt::ConfigError(fmt::format("options: unknown key {} (known: rank, world_size, local_rank, master_addr, "
                                       "master_port, rendezvous_timeout, ddp_timeout)",
@@ -262,6 +249,76 @@ zt_status zt_trainer_export(zt_trainer* t, const char* dir) {
     t->trainer->export_model(dir);
   });
 }
+
+zt_status zt_tokenizer_load(const char* model_dir, zt_tokenizer** out) {
+  if (out != nullptr) *out = nullptr;
+  return guarded([&] {
+    require(out != nullptr, "zt_tokenizer_load: out is NULL");
+    auto handle = std::make_unique<zt_tokenizer>();
+    // The model's size is not known here: any HF tokenizer (its own check is against a model).
+    handle->tok = zt::load_tokenizer(model_dir == nullptr ? "" : model_dir, INT64_MAX);
+    *out = handle.release();
+  });
+}
+
+zt_status zt_tokenizer_encode(const zt_tokenizer* tok, const char* text, int64_t text_len, int32_t add_bos,
+                              int32_t* ids, int64_t capacity, int64_t* n_ids) {
+  return guarded([&] {
+    require(tok != nullptr, "zt_tokenizer_encode: tokenizer is NULL");
+    require(n_ids != nullptr, "zt_tokenizer_encode: n_ids is NULL");
+    require(text != nullptr || text_len == 0, "zt_tokenizer_encode: text is NULL");
+    require(text_len >= 0, "zt_tokenizer_encode: text_len is negative");
+    require(capacity >= 0 && (ids != nullptr || capacity == 0), "zt_tokenizer_encode: ids is NULL with capacity > 0");
+    std::vector<int32_t> out;
+    if (add_bos != 0 && tok->tok->add_bos() && tok->tok->bos_id() >= 0) out.push_back(tok->tok->bos_id());
+    const std::vector<int32_t> body = tok->tok->encode(std::string_view(text, static_cast<size_t>(text_len)));
+    out.insert(out.end(), body.begin(), body.end());
+    *n_ids = static_cast<int64_t>(out.size());
+    if (capacity == 0) return;
+    if (capacity < *n_ids) {
+      throw zt::InvalidArgument(fmt::format("zt_tokenizer_encode: capacity {} is below the {} ids; call again with "
+                                            "room for them",
+                                            capacity, *n_ids));
+    }
+    std::copy(out.begin(), out.end(), ids);
+  });
+}
+
+zt_status zt_tokenizer_decode(const zt_tokenizer* tok, const int32_t* ids, int64_t n_ids, char* text, int64_t capacity,
+                              int64_t* n_bytes) {
+  return guarded([&] {
+    require(tok != nullptr, "zt_tokenizer_decode: tokenizer is NULL");
+    require(n_bytes != nullptr, "zt_tokenizer_decode: n_bytes is NULL");
+    require(n_ids >= 0 && (ids != nullptr || n_ids == 0), "zt_tokenizer_decode: ids is NULL or n_ids negative");
+    require(capacity >= 0 && (text != nullptr || capacity == 0), "zt_tokenizer_decode: text is NULL with capacity > 0");
+    const std::string out = tok->tok->decode(std::vector<int32_t>(ids, ids + n_ids));
+    *n_bytes = static_cast<int64_t>(out.size());
+    if (capacity == 0) return;
+    if (capacity < *n_bytes + 1) {
+      throw zt::InvalidArgument(fmt::format("zt_tokenizer_decode: capacity {} is below the {} bytes (with the NUL); "
+                                            "call again with room for them",
+                                            capacity, *n_bytes + 1));
+    }
+    std::copy(out.begin(), out.end(), text);
+    text[out.size()] = '\0';
+  });
+}
+
+#define ZT_TOKENIZER_GETTER(type, name, expr)                                \
+  type zt_tokenizer_##name(const zt_tokenizer* tok) {                      \
+    if (tok == nullptr) {                                                  \
+      fail(ZT_ERR_INVALID_ARGUMENT, "zt_tokenizer_" #name ": tokenizer is NULL"); \
+      return -1;                                                           \
+    }                                                                      \
+    return tok->tok->expr;                                                 \
+  }
+ZT_TOKENIZER_GETTER(int64_t, vocab_size, vocab_size())
+ZT_TOKENIZER_GETTER(int32_t, bos_id, bos_id())
+ZT_TOKENIZER_GETTER(int32_t, eos_id, eos_id())
+ZT_TOKENIZER_GETTER(int32_t, pad_id, pad_id())
+#undef ZT_TOKENIZER_GETTER
+
+void zt_tokenizer_free(zt_tokenizer* tok) { delete tok; }
 
 void zt_trainer_free(zt_trainer* t) {
   try {

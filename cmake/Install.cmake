@@ -36,3 +36,11 @@ configure_file(cmake/zerotrain.pc.in ${CMAKE_CURRENT_BINARY_DIR}/zerotrain.pc @O
 configure_file(cmake/zerotrain-cxx.pc.in ${CMAKE_CURRENT_BINARY_DIR}/zerotrain-cxx.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/zerotrain.pc ${CMAKE_CURRENT_BINARY_DIR}/zerotrain-cxx.pc
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+# The same zerotrain.pc for this build tree (not installed): what the Go package's
+# `#cgo pkg-config: zerotrain` finds in `make test` (tests/bindings/run_go.sh).
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/pkgconfig-build/zerotrain.pc
+  "Name: zerotrain\nDescription: zerotrain's C API from the build tree ${PROJECT_BINARY_DIR}\n"
+  "Version: ${PROJECT_VERSION}\n"
+  "Cflags: -I${PROJECT_SOURCE_DIR}/include -I${PROJECT_BINARY_DIR}/include\n"
+  "Libs: -L${PROJECT_BINARY_DIR}/lib -Wl,-rpath,${PROJECT_BINARY_DIR}/lib -lzerotrain\n")

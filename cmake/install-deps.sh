@@ -31,6 +31,13 @@ have_header rapidjson/document.h || missing+=(rapidjson-dev)
 have_header fmt/format.h || missing+=(libfmt-dev)
 have_header utf8proc.h || missing+=(libutf8proc-dev)
 have_header catch2/catch.hpp || missing+=(catch2)
+# The chat-template tests render the models' templates with jinja2, as transformers does.
+have_jinja2() { for py in python3 /usr/bin/python3; do "$py" -c 'import jinja2' >/dev/null 2>&1 && return 0; done; return 1; }
+have_jinja2 || missing+=(python3-jinja2)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+# `make sanitize` (CI): clang with AddressSanitizer, UBSan and libFuzzer.
+command -v clang++ >/dev/null 2>&1 || missing+=(clang)
+ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || missing+=(libclang-rt-14-dev)
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
 command -v make >/dev/null 2>&1 || missing+=(make)

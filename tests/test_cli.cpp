@@ -3,22 +3,32 @@
 // process, and `launch` passing on the first failing rank's status.
 #include "support/catch.hpp"
 
+#include <fcntl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
 
 #include <fmt/format.h>
 
+#include "support/jobs.hpp"
 #include "support/ranks.hpp"
 #include "util/files.hpp"
+#include "zerotrain/checkpoint.hpp"
 #include "zerotrain/config.hpp"
+#include "zerotrain/data.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/safetensors.hpp"
 
 using Catch::Contains;
 using Catch::Matches;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -120,4 +130,176 @@ TEST_CASE("verify loads a model folder and answers a prompt in the training temp
   Ran missing = cli(fmt::format("verify '{}'", dir));
   CHECK(missing.status == 2);
   CHECK_THAT(missing.output, Contains("--prompt"));
+}
+
+TEST_CASE("every subcommand answers --help with its usage and exit 0", "[cli]") {
+  for (const char* command : {"train", "merge", "verify", "launch", "config", "demo"}) {
+    INFO(command);
+    Ran r = cli(std::string(command) + " --help");
+    CHECK(r.status == 0);
+    CHECK_THAT(r.output, Contains(std::string("usage: zerotrain ") + command));
+    CHECK(count_lines_starting(r.output, "error: ") == 0);
+  }
+  CHECK(cli("--help").status == 0);
+  // A --help after launch's command belongs to that command.
+  Ran inner = cli("launch --nproc_per_node 1 -- sh -c 'echo ran: $1' sh --help");
+  CHECK(inner.status == 0);
+  CHECK_THAT(inner.output, Contains("ran: --help"));
+}
+
+TEST_CASE("train without --train_file says so before anything else", "[cli][errors]") {
+  Ran r = cli("train --model_name_or_path /nonexistent/model --output_dir /nonexistent/out");
+  CHECK(r.status == 2);
+  CHECK_THAT(r.output, Contains("--train_file"));
+  CHECK(r.output.find("/nonexistent/model") == std::string::npos);
+}
+
+TEST_CASE("verify asks in the template the run recorded", "[cli]") {
+  const std::string dir = zt::test::temp_dir("verify_recorded");
+  const zt::ModelConfig c = zt::parse_model_config(
+      R"({"model_type": "llama", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 64,
+          "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 128})");
+  zt::CausalLM m(c, at::TensorOptions(), false);
+  zt::load_weights(m, *zt::random_source(c, 1));
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value());
+  zt::save_sharded_safetensors(dir, tensors);
+  zt::files::write_atomic(dir + "/config.json", zt::model_config_json(c));
+  zt::record_template(dir, "alpaca");
+  Ran r = cli(fmt::format("verify '{}' --prompt 'Is 7 odd?' --max_new_tokens 2", dir));
+  CHECK(r.status == 0);
+  CHECK_THAT(r.output, Contains("### Instruction:\nIs 7 odd?\n\n### Response:\n"));
+  Ran chosen = cli(fmt::format("verify '{}' --prompt 'Is 7 odd?' --template plain --max_new_tokens 2", dir));
+  CHECK(chosen.status == 0);
+  CHECK(chosen.output.find("###") == std::string::npos);
+}
+
+namespace {
+
+// Starts `zerotrain ARGS...` as a child process (its output to `log`) and returns its pid.
+pid_t start_cli(const std::vector<std::string>& args, const std::string& log) {
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    std::vector<char*> argv{const_cast<char*>(ZT_CLI)};
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::setenv("OMP_NUM_THREADS", "1", 1);
+    ::execv(ZT_CLI, argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int wait_status(pid_t pid) {
+  int raw = 0;
+  ::waitpid(pid, &raw, 0);
+  return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+}
+
+// Waits until `out`/trainer_log.jsonl has `lines` records (or two minutes pass).
+bool wait_for_log_lines(const std::string& out, int lines) {
+  for (int i = 0; i < 1200; ++i) {
+    std::ifstream in(out + "/trainer_log.jsonl");
+    int n = 0;
+    for (std::string l; std::getline(in, l);) ++n;
+    if (n >= lines) return true;
+    ::usleep(100000);
+  }
+  return false;
+}
+
+std::vector<std::string> long_run(const std::string& dir, const std::vector<std::string>& extra) {
+  std::vector<std::string> a{"train", "--model_config", zt::test::kTinyModel, "--train_file", dir + "/train.jsonl",
+                             "--output_dir", dir + "/out", "--template", "alpaca", "--per_device_train_batch_size",
+                             "2", "--max_steps", "100000", "--logging_steps", "1", "--disable_tqdm", "--device", "cpu"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("SIGTERM and SIGUSR1 save a checkpoint at the next step, then end with 128 + the signal", "[cli][signals]") {
+  for (int sig : {SIGTERM, SIGUSR1}) {
+    INFO("signal " << sig);
+    const std::string dir = zt::test::temp_dir("preempt");
+    zt::test::write_data(dir, "train.jsonl", 40, 31);
+    const pid_t pid = start_cli(long_run(dir, {"--save_steps", "100000"}), dir + "/log.txt");
+    REQUIRE(wait_for_log_lines(dir + "/out", 2));
+    ::kill(pid, sig);
+    CHECK(wait_status(pid) == 128 + sig);
+    const auto latest = zt::latest_checkpoint(dir + "/out");
+    REQUIRE(latest.has_value());
+    CHECK(zt::read_engine_state(*latest).global_steps >= 2);
+    CHECK_THAT(zt::files::read_text(dir + "/log.txt"), Contains("stopped by signal") && Contains("--resume_from_checkpoint True"));
+  }
+}
+
+TEST_CASE("launch passes signals to its own ranks only and ends with their status", "[cli][signals]") {
+  const std::string dir = zt::test::temp_dir("launch_signals");
+  // The caller is a shell that starts the launcher in the background and signals it: with
+  // kill(0, ...) the caller itself would die before reporting.
+  const std::string script = fmt::format(
+      "'{}' launch --nproc_per_node 2 -- sh -c 'trap \"echo term > {}/rank$RANK; exit 143\" TERM; "
+      "echo up > {}/up$RANK; sleep 60 & wait' & L=$!; "
+      "for i in $(seq 100); do [ -f {}/up0 ] && [ -f {}/up1 ] && break; sleep 0.1; done; "
+      "kill -TERM $L; wait $L; echo launcher=$?; echo caller alive",
+      ZT_CLI, dir, dir, dir, dir);
+  zt::files::write_atomic(dir + "/run.sh", script + "\n");
+  Ran r;
+  {
+    FILE* p = ::popen(("sh " + dir + "/run.sh 2>&1").c_str(), "r");
+    REQUIRE(p != nullptr);
+    std::array<char, 4096> buf;
+    size_t n = 0;
+    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+    ::pclose(p);
+  }
+  CHECK_THAT(r.output, Contains("caller alive"));
+  CHECK_THAT(r.output, Contains("launcher=143"));
+  CHECK(zt::files::read_text(dir + "/rank0") == "term\n");
+  CHECK(zt::files::read_text(dir + "/rank1") == "term\n");
+}
+
+TEST_CASE("kill -9 at any moment leaves latest naming a complete checkpoint that resumes", "[cli][checkpoint]") {
+  const std::string dir = zt::test::temp_dir("kill9");
+  zt::test::write_data(dir, "train.jsonl", 40, 32);
+  std::mt19937 rng(5);
+  for (int round = 0; round < 6; ++round) {
+    INFO("round " << round);
+    const bool resume = zt::latest_checkpoint(dir + "/out").has_value();
+    std::vector<std::string> extra{"--save_steps", "1"};
+    if (resume) extra.insert(extra.end(), {"--resume_from_checkpoint", "True"});
+    if (!resume && round > 0) extra.push_back("--overwrite_output_dir");
+    const pid_t pid = start_cli(long_run(dir, extra), dir + "/log.txt");
+    REQUIRE(wait_for_log_lines(dir + "/out", 1));
+    ::usleep(static_cast<useconds_t>(rng() % 1500000));  // somewhere in the saves that follow
+    ::kill(pid, SIGKILL);
+    wait_status(pid);
+    const auto latest = zt::latest_checkpoint(dir + "/out");
+    if (!latest) continue;
+    // Complete: its layout, every shard and every tensor (their checksums) read back.
+    const zt::EngineState s = zt::read_engine_state(*latest);
+    CHECK(s.global_steps >= 1);
+    for (const auto& e : fs::directory_iterator(*latest + "/optimizer")) {
+      zt::SafetensorsFile f(e.path().string());
+      for (const std::string& name : f.names()) CHECK(f.load(name).numel() >= 0);
+    }
+  }
+  // The window between renaming a checkpoint into place and updating `latest`: the newer folder
+  // never committed; resuming from `latest` replaces it.
+  const auto all = zt::list_checkpoints(dir + "/out");
+  REQUIRE(all.size() >= 1);
+  if (all.size() >= 2) zt::files::write_atomic(dir + "/out/latest", fs::path(all[all.size() - 2].path).filename().string() + "\n");
+  const int64_t from = zt::read_engine_state(*zt::latest_checkpoint(dir + "/out")).global_steps;
+  std::vector<std::string> finish = long_run(dir, {"--save_steps", "1", "--resume_from_checkpoint", "True"});
+  for (size_t i = 0; i < finish.size(); ++i) {
+    if (finish[i] == "--max_steps") finish[i + 1] = std::to_string(from + 3);
+  }
+  const pid_t pid = start_cli(finish, dir + "/log.txt");
+  CHECK(wait_status(pid) == 0);
+  CHECK(zt::read_engine_state(*zt::latest_checkpoint(dir + "/out")).global_steps == from + 3);
 }

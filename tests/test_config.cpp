@@ -1,12 +1,15 @@
 // DeepSpeed config parsing, training arguments and "auto" resolution (HF Trainer semantics).
 #include "support/catch.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 
 #include <fmt/format.h>
 
 #include "support/ranks.hpp"
+#include "util/json.hpp"
 #include "zerotrain/config.hpp"
 
 using namespace zt;
@@ -434,4 +437,101 @@ TEST_CASE("describe() shows the resolved settings", "[config]") {
   CHECK_THAT(text, Catch::Contains("stage=3"));
   CHECK_THAT(text, Catch::Contains("fp16, dynamic loss scale from 4096"));
   CHECK_THAT(text, Catch::Contains("WarmupDecayLR"));
+}
+
+// ---- HF TrainingArguments compatibility ---------------------------------------------------------
+
+namespace {
+
+rapidjson::Document hf_fields() {
+  const std::string path = std::string(ZT_DATA) + "/hf_training_arguments.json";
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  rapidjson::Document doc;
+  doc.Parse(text.c_str());
+  REQUIRE(doc.IsObject());
+  REQUIRE(doc.HasMember("fields"));
+  return doc;
+}
+
+}  // namespace
+
+TEST_CASE("every TrainingArguments field of transformers 4.40-5.x is accepted with its default", "[config][args][hf]") {
+  rapidjson::Document doc = hf_fields();
+  const auto& fields = doc["fields"];
+  REQUIRE(fields.Size() > 100);
+  for (const auto& f : fields.GetArray()) {
+    const std::string name = f["name"].GetString();
+    INFO(name << " = " << zt::json::dump(f["default"]));
+    if (name == "local_rank" || name == "deepspeed") continue;  // launcher-given / covered elsewhere
+    rapidjson::Document one(rapidjson::kObjectType);
+    one.AddMember(rapidjson::Value(name.c_str(), one.GetAllocator()),
+                  rapidjson::Value(f["default"], one.GetAllocator()), one.GetAllocator());
+    TrainingArguments a;
+    CHECK_NOTHROW(apply_training_json(a, zt::json::dump(one), "hf"));
+    // Either an option of zerotrain's or one it records as without effect.
+    const auto names = training_option_names();
+    const bool ours = std::find(names.begin(), names.end(), name) != names.end();
+    CHECK((ours || a.ignored.count(name) == 1));
+    if (!ours) CHECK_THAT(a.ignored[name], Catch::Contains(name + " has no effect in zerotrain"));
+  }
+}
+
+TEST_CASE("HF flags without effect warn once; values zerotrain cannot honour are errors", "[config][args][hf]") {
+  TrainingArguments a;
+  apply_training_flags(a, {"--dataloader_num_workers", "8", "--torch_compile", "--save_safetensors", "True",
+                           "--remove_unused_columns", "false", "--ddp_find_unused_parameters", "False",
+                           "--dataloader_pin_memory", "--push_to_hub", "False", "--report_to", "tensorboard",
+                           "wandb", "--label_names", "labels", "other", "--output_dir", "/tmp/o"});
+  for (const char* name : {"dataloader_num_workers", "torch_compile", "save_safetensors", "remove_unused_columns",
+                           "ddp_find_unused_parameters", "dataloader_pin_memory", "push_to_hub", "label_names"}) {
+    INFO(name);
+    REQUIRE(a.ignored.count(name) == 1);
+  }
+  CHECK(a.ignored.count("report_to wandb") == 1);
+  CHECK(a.report_to == "tensorboard");
+  CHECK(a.output_dir == "/tmp/o");  // list values stop at the next option
+  auto refused = [](std::vector<std::string> flags) {
+    TrainingArguments b;
+    apply_training_flags(b, flags);
+  };
+  using Catch::Contains;
+  CHECK_THROWS_WITH(refused({"--label_smoothing_factor", "0.1"}), Contains("label_smoothing_factor") &&
+                                                                      Contains("cannot honour"));
+  CHECK_THROWS_WITH(refused({"--fsdp", "full_shard", "auto_wrap"}), Contains("fsdp") && Contains("DeepSpeed"));
+  CHECK_THROWS_WITH(refused({"--push_to_hub"}), Contains("push_to_hub"));
+  CHECK_THROWS_WITH(refused({"--neftune_noise_alpha", "5"}), Contains("neftune_noise_alpha"));
+  CHECK_THROWS_WITH(refused({"--report_to", "tensorbored"}), Contains("tensorbored") && Contains("tensorboard"));
+  CHECK_NOTHROW(refused({"--label_smoothing_factor", "0.0", "--fsdp", "", "--neftune_noise_alpha", "None"}));
+  // JSON: the same table.
+  TrainingArguments j;
+  apply_training_json(j, R"({"dataloader_num_workers": 2, "fsdp": [], "report_to": ["tensorboard"]})");
+  CHECK(j.ignored.count("dataloader_num_workers") == 1);
+  CHECK(j.report_to == "tensorboard");
+  CHECK_THROWS_WITH(apply_training_json(j, R"({"adafactor": true})"), Contains("adafactor"));
+}
+
+TEST_CASE("HF spellings zerotrain acts on: aliases, torch_dtype, use_cpu, bad booleans", "[config][args][hf]") {
+  using Catch::Contains;
+  TrainingArguments a;
+  apply_training_flags(a, {"--model_max_length", "77", "--per_gpu_train_batch_size", "3", "--torch_dtype",
+                           "bfloat16", "--use_cpu", "--tf32", "False", "--logging_strategy", "epoch"});
+  CHECK(a.max_length == 77);
+  CHECK(a.per_device_train_batch_size == 3);
+  CHECK(a.bf16);
+  CHECK(a.device == "cpu");
+  CHECK(a.tf32 == std::optional<bool>(false));
+  CHECK(a.logging_strategy == "epoch");
+  auto fails = [](std::vector<std::string> flags) {
+    TrainingArguments b;
+    apply_training_flags(b, flags);
+  };
+  CHECK_THROWS_WITH(fails({"--torch_dtype", "float16", "--bf16", "True"}),
+                    Contains("torch_dtype float16") && Contains("bf16"));
+  CHECK_THROWS_WITH(fails({"--bf16", "Ture"}), Contains("bf16") && Contains("Ture") && Contains("True, False"));
+  CHECK_THROWS_WITH(fails({"--no_cuda", "--device", "cuda"}), Contains("use_cpu"));
+  TrainingArguments c;
+  apply_training_flags(c, {"--torch_dtype", "float16"});
+  CHECK(c.fp16);
+  CHECK_FALSE(c.bf16);
 }

@@ -158,9 +158,19 @@ TEST_CASE("load_tokenizer falls back to bytes only where that is right", "[data]
     CHECK(load_tokenizer(plain, 259) == byte_tokenizer());
     CHECK(log.contains(plain));
   }
-  CHECK_THROWS_MATCHES(load_tokenizer(plain, 100), ConfigError,
-                       Has({plain, "vocab_size 100", "259"}));
-  CHECK_THROWS_MATCHES(load_tokenizer("", 258), ConfigError, Has({"inline config", "258"}));
+  // A host that feeds ids needs no tokenizer: the byte one comes whatever the model's size,
+  // and encoding text for a model too small for it is the error.
+  CHECK(load_tokenizer(plain, 100) == byte_tokenizer());
+  CHECK(load_tokenizer("", 64) == byte_tokenizer());
+  CHECK_THROWS_MATCHES(check_tokenizer_fits(*byte_tokenizer(), 100), ConfigError,
+                       Has({"vocab_size is 100", "259", "input_ids"}));
+  CHECK_NOTHROW(check_tokenizer_fits(*byte_tokenizer(), 259));
+  DataOptions small;
+  small.token_id_limit = 100;
+  CHECK_THROWS_MATCHES(tokenize_jsonl(data_file("small", "{\"input_ids\": [5, 99]}\n{\"text\": \"a\"}\n"),
+                                      *byte_tokenizer(), small),
+                       ConfigError, Has({"vocab_size is 100", "259"}));
+  CHECK(tokenize_jsonl(data_file("small_ids", "{\"input_ids\": [5, 99]}\n"), *byte_tokenizer(), small).size() == 1);
   // Tokenizer files other than tokenizer.json are not read: a clear error instead of bytes.
   for (const char* name :
        {"tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json"}) {
@@ -299,6 +309,69 @@ TEST_CASE("messages: chatml natively, other templates turn by turn", "[data]") {
   }
 }
 
+TEST_CASE("ShareGPT conversations, OpenAI content parts and alpaca history read as the same chat", "[data]") {
+  // One conversation in each layout users have; all tokenize to the same example.
+  const std::string openai =
+      R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},)"
+      R"( {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"},)"
+      R"( {"role": "assistant", "content": "Goodbye."}]})";
+  const std::string sharegpt =
+      R"({"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"},)"
+      R"( {"from": "gpt", "value": "Hello!"}, {"from": "user", "value": "Bye"},)"
+      R"( {"from": "chatgpt", "value": "Goodbye."}]})";
+  const std::string sharegpt_system =
+      R"({"system": "Be brief.", "conversations": [{"from": "human", "value": "Hi"}, {"from": "bard", "value": "Hello!"},)"
+      R"( {"from": "human", "value": "Bye"}, {"from": "model", "value": "Goodbye."}]})";
+  const std::string parts =
+      R"({"messages": [{"role": "system", "content": [{"type": "text", "text": "Be "}, {"text": "brief."}]},)"
+      R"( {"role": "user", "content": "Hi"}, {"role": "assistant", "content": [{"type": "text", "text": "Hello!"}]},)"
+      R"( {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Goodbye."}]})";
+  const std::string alpaca =
+      R"({"system": "Be brief.", "history": [["Hi", "Hello!"]], "instruction": "Bye", "output": "Goodbye."})";
+  for (const char* t : {"chatml", "alpaca", "qwen2.5"}) {
+    INFO("template " << t);
+    Dataset d = tokenize_text(openai + "\n" + sharegpt + "\n" + sharegpt_system + "\n" + parts + "\n" + alpaca + "\n",
+                              with_template(t));
+    REQUIRE(d.size() == 5);
+    for (int64_t i = 1; i < 5; ++i) {
+      INFO("example " << i);
+      CHECK(d.ids(i).to_vector() == d.ids(0).to_vector());
+      CHECK(d.labels(i).to_vector() == d.labels(0).to_vector());
+    }
+  }
+}
+
+TEST_CASE("a file that is one JSON array reads element by element as JSONL does", "[data]") {
+  const std::string a = R"({"instruction": "Is 3 odd?", "output": "yes"})";
+  const std::string b = R"({"instruction": "Is 4 odd?", "input": "think [about] it, \"twice\"", "output": "no"})";
+  const std::string c = R"({"text": "a, b ] c }"})";
+  Dataset jsonl = tokenize_text(a + "\n" + b + "\n" + c + "\n", with_template("alpaca"));
+  for (const std::string& array : {"[" + a + ", " + b + ",\n" + c + "]", "\xEF\xBB\xBF\n  [\n" + a + ",\n" + b + ",\n" + c + "\n]\n",
+                                   "[" + a + "," + b + "," + c + ",]"}) {
+    INFO(array);
+    const std::string path = test::temp_dir("array") + "/alpaca_data.json";
+    write_file(path, array);
+    DatasetStats stats;
+    Dataset d = tokenize_jsonl(path, *byte_tokenizer(), with_template("alpaca"), &stats);
+    CHECK(same_dataset(d, jsonl));
+    CHECK(stats.lines == 3);
+  }
+  // Errors name the element and its line.
+  const std::string dir = test::temp_dir("array_bad");
+  write_file(dir + "/bad.json", "[\n" + a + ",\n{\"instruction\": 5, \"output\": \"x\"}\n]");
+  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/bad.json", *byte_tokenizer(), DataOptions()), ConfigError,
+                       Has({dir + "/bad.json: element 1 (line 3)", "instruction"}));
+  write_file(dir + "/truncated.json", "[" + a + ", {\"text\": \"cut off");
+  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/truncated.json", *byte_tokenizer(), DataOptions()), ConfigError,
+                       Has({"truncated.json", "element 1", "truncated"}));
+  write_file(dir + "/open.json", "[" + a + ", ");
+  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/open.json", *byte_tokenizer(), DataOptions()), ConfigError,
+                       Has({"open.json", "closing ']'"}));
+  write_file(dir + "/after.json", "[" + a + "] {}");
+  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/after.json", *byte_tokenizer(), DataOptions()), ConfigError,
+                       Has({"after.json", "after the JSON array"}));
+}
+
 TEST_CASE("train_on_prompt trains every token of instruction and chat data", "[data]") {
   const std::string content =
       R"({"instruction": "Translate", "input": "hello", "output": "bonjour"})"
@@ -373,8 +446,9 @@ TEST_CASE("every malformed line is an error naming file, line and key", "[data]"
       {R"({"instruction": "x"})", {"output: expected a string, found nothing"}},
       {R"({"instruction": "x", "output": ["y"]})", {"output: expected a string"}},
       {R"({"instruction": "x", "input": 3, "output": "y"})", {"input: expected a string"}},
-      {R"({"prompt": "x", "completion": "y"})", {"unknown format", "\"prompt\", \"completion\""}},
-      {R"({})", {"unknown format", "empty object"}},
+      {R"({"prompt": "x", "completion": "y"})",
+       {"unknown layout", "\"prompt\", \"completion\"", "\"conversations\" (ShareGPT", "\"messages\" (OpenAI"}},
+      {R"({})", {"unknown layout", "empty object"}},
       {R"({"input_ids": [1, 999]})", {"input_ids: entry 1 is 999", "[0, 259)"}},
       {R"({"input_ids": [1, -100]})", {"input_ids: entry 1 is -100"}},
       {R"({"input_ids": [1.5]})", {"input_ids: entry 0 is 1.5"}},
@@ -382,7 +456,10 @@ TEST_CASE("every malformed line is an error naming file, line and key", "[data]"
       {R"({"input_ids": [1, 2], "labels": [1]})", {"labels: has 1 entries but input_ids has 2"}},
       {R"({"input_ids": [1, 2], "labels": [1, -5]})", {"labels: entry 1 is -5"}},
       {R"({"messages": "hi"})", {"messages: expected a non-empty array"}},
-      {R"({"messages": [{"role": "human", "content": "x"}]})", {"messages[0].role", "one of"}},
+      {R"({"messages": [{"role": "narrator", "content": "x"}]})", {"messages[0].role", "\"narrator\" is not a role"}},
+      {R"({"conversations": [{"from": "human", "value": "x"}, {"from": "tool", "value": "y"}]})",
+       {"conversations[1].from", "\"tool\""}},
+      {R"({"instruction": "x", "output": "y", "history": [["a"]]})", {"history", "entry 0"}},
       {R"({"messages": [{"role": "user"}]})", {"messages[0].content: expected a string"}},
       {R"({"messages": [{"role": "user", "content": "x"}]})", {"must end with an assistant"}},
       {R"({"messages": [{"role": "assistant", "content": "x"}]})", {"must follow a user"}},
@@ -538,7 +615,8 @@ TEST_CASE("data_options_for copies the data options of the training arguments", 
   CHECK(o.max_length == 77);
   CHECK(o.train_on_prompt);
   CHECK(o.skip_bad_lines);
-  CHECK(data_options_for(TrainingArguments()).template_name == DataOptions().template_name);
+  // "auto" is resolved against the model folder by the trainer (resolve_template).
+  CHECK(data_options_for(TrainingArguments()).template_name == "auto");
 }
 
 // ---- cache ---------------------------------------------------------------------------------

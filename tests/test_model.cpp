@@ -16,6 +16,7 @@
 #include "model/layers.hpp"
 #include "support/ranks.hpp"
 #include "util/files.hpp"
+#include "util/json.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/safetensors.hpp"
@@ -69,6 +70,95 @@ TEST_CASE("HF config.json in the 5.x and 4.x spellings parse to the same config"
   CHECK(q.tie_word_embeddings);
   CHECK(q.rope_theta == 1000000.0);
   CHECK(load_model_config(fixture("models/llama_rope_llama3")).rope_scaling.type == "llama3");
+}
+
+namespace {
+
+// config.json text with the given keys left out: what a reader of one transformers line sees
+// of a file (4.x knows only rope_theta / rope_scaling / torch_dtype, and its ModelConfig is what
+// our parser makes of those; a 5.x-only reader is played by leaving the 4.x keys out).
+std::string without_keys(const std::string& text, std::initializer_list<const char*> keys) {
+  rapidjson::Document doc;
+  doc.Parse(text.c_str());
+  for (const char* k : keys) doc.RemoveMember(k);
+  return json::dump(doc);
+}
+
+void check_same_model(const ModelConfig& got, const ModelConfig& want) {
+  CHECK(got.model_type == want.model_type);
+  CHECK(got.rope_theta == want.rope_theta);
+  CHECK(got.rope_scaling.type == want.rope_scaling.type);
+  CHECK(got.rope_scaling.factor == want.rope_scaling.factor);
+  CHECK(got.rope_scaling.low_freq_factor == want.rope_scaling.low_freq_factor);
+  CHECK(got.rope_scaling.high_freq_factor == want.rope_scaling.high_freq_factor);
+  CHECK(got.rope_scaling.original_max_position_embeddings == want.rope_scaling.original_max_position_embeddings);
+  CHECK(got.qkv_bias == want.qkv_bias);
+  CHECK(got.tie_word_embeddings == want.tie_word_embeddings);
+  CHECK(got.head_dim == want.head_dim);
+  CHECK(got.sliding_window == want.sliding_window);
+  CHECK(got.eos_token_id == want.eos_token_id);
+  CHECK(got.parameter_count() == want.parameter_count());
+}
+
+}  // namespace
+
+TEST_CASE("a written config.json keeps the input's members and reads the same in 4.x and 5.x",
+          "[model][config]") {
+  for (const char* name : {"llama", "llama_rope_llama3", "llama_rope_linear", "qwen2", "mistral"}) {
+    for (const char* file : {"config.json", "config_v4.json"}) {
+      INFO(name << "/" << file);
+      const std::string path = fixture(std::string("models/") + name + "/" + file);
+      ModelConfig in = load_model_config(path);
+      ModelConfig changed = in;
+      changed.dtype = at::kBFloat16;  // what training changes: the weights' dtype
+      const std::string written = model_config_json(changed);
+      rapidjson::Document before, after;
+      before.Parse(files::read_text(path).c_str());
+      after.Parse(written.c_str());
+      REQUIRE(after.IsObject());
+      // Every member of the input is there as it was, but the dtype.
+      for (auto it = before.MemberBegin(); it != before.MemberEnd(); ++it) {
+        const std::string key = it->name.GetString();
+        INFO(key);
+        REQUIRE(after.HasMember(key.c_str()));
+        if (key == "torch_dtype" || key == "dtype") continue;
+        CHECK(after[key.c_str()] == it->value);
+      }
+      CHECK(std::string(after["torch_dtype"].GetString()) == "bfloat16");
+      CHECK(std::string(after["dtype"].GetString()) == "bfloat16");
+      // Each line's reader sees the same model.
+      ModelConfig v4 = parse_model_config(without_keys(written, {"rope_parameters", "dtype"}));
+      ModelConfig v5 = parse_model_config(without_keys(written, {"rope_theta", "rope_scaling", "torch_dtype"}));
+      check_same_model(v4, in);
+      check_same_model(v5, in);
+      CHECK(v4.dtype == at::kBFloat16);
+      CHECK(v5.dtype == at::kBFloat16);
+    }
+  }
+  // An inline config (zerotrain writes every member itself) in both spellings, each complete.
+  ModelConfig inline_config = parse_model_config(R"({"model_type": "qwen2", "vocab_size": 300, "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "rope_theta": 1000000.0, "eos_token_id": [5, 7]})");
+  CHECK(inline_config.source_json.empty());
+  const std::string written = model_config_json(inline_config);
+  for (const char* key : {"rope_theta", "rope_scaling", "rope_parameters", "torch_dtype", "dtype", "use_cache",
+                          "max_window_layers", "architectures"}) {
+    CHECK_THAT(written, Contains(std::string("\"") + key + "\""));
+  }
+  check_same_model(parse_model_config(without_keys(written, {"rope_parameters", "dtype"})), inline_config);
+  check_same_model(parse_model_config(without_keys(written, {"rope_theta", "rope_scaling", "torch_dtype"})),
+                   inline_config);
+  // A list of eos ids stays a list when the file had one.
+  const std::string dir = test::temp_dir("eos_list");
+  files::write_atomic(dir + "/config.json", R"({"model_type": "llama", "vocab_size": 300, "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "rope_scaling": {"type": "linear", "factor": 2.0}, "eos_token_id": [5, 7]})");
+  rapidjson::Document out;
+  out.Parse(model_config_json(load_model_config(dir)).c_str());
+  REQUIRE(out["eos_token_id"].IsArray());
+  CHECK(out["eos_token_id"].Size() == 2);
+  CHECK(std::string(out["rope_scaling"]["type"].GetString()) == "linear");  // the input's own form
+  CHECK(out["rope_parameters"]["factor"].GetDouble() == 2.0);
 }
 
 TEST_CASE("unsupported or inconsistent model configs are errors naming the key", "[model][config][errors]") {

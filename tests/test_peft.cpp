@@ -8,6 +8,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
+#include <rapidjson/document.h>
+
 #include "peft/prompt_encoders.hpp"
 #include "support/ranks.hpp"
 #include "util/files.hpp"
@@ -15,6 +18,7 @@
 #include "zerotrain/model.hpp"
 #include "zerotrain/peft.hpp"
 #include "zerotrain/safetensors.hpp"
+#include "zerotrain/trainer.hpp"
 
 using namespace zt;
 using Catch::Contains;
@@ -269,13 +273,65 @@ TEST_CASE("adapter options zerotrain lacks are errors naming them", "[peft][erro
 // writes", not a one-off.
 namespace {
 
-const char* kWrittenByZerotrain[] = {"lora", "ptuning_mlp", "prefix_projection"};
+// What each adapter is: a PEFT fixture's configuration, or zerotrain's own flags (on the tiny
+// llama, or the tiny qwen2 where biases matter).
+struct WrittenAdapter {
+  const char* name;
+  const char* peft_fixture;         // nullptr: from `flags`
+  std::vector<std::string> flags;   // training flags (finetuning_type, lora_*, ...)
+  const char* base = "llama";
+};
 
-// An adapter with an effect worth checking (LoRA's B is zero at init): the configuration of the
-// PEFT fixture of the same name, every trainable value nudged.
-void write_zerotrain_adapter(const std::string& name, const std::string& dir) {
-  PeftConfig c = load_adapter_config(fixture("peft/" + name));
-  auto model = base_llama();
+const std::vector<WrittenAdapter>& written_by_zerotrain() {
+  static const std::vector<WrittenAdapter> all = {
+      {"lora", "lora", {}},
+      {"ptuning_mlp", "ptuning_mlp", {}},
+      {"prefix_projection", "prefix_projection", {}},
+      {"lora_all_linear", nullptr, {"--finetuning_type", "lora"}},  // the defaults
+      {"lora_names", nullptr, {"--finetuning_type", "lora", "--lora_r", "4", "--lora_target_modules", "q_proj,v_proj,down_proj"}},
+      {"lora_regex", nullptr, {"--finetuning_type", "lora", "--lora_target_modules", ".*\\.(k|o)_proj"}},
+      {"rslora", nullptr, {"--finetuning_type", "lora", "--use_rslora", "--lora_r", "16", "--lora_alpha", "8"}},
+      {"lora_modules_to_save", nullptr, {"--finetuning_type", "lora", "--lora_target_modules", "q_proj", "--lora_modules_to_save", "lm_head"}},
+      {"lora_bias_all", nullptr, {"--finetuning_type", "lora", "--lora_bias", "all"}, "qwen2"},
+      {"lora_bias_lora_only", nullptr, {"--finetuning_type", "lora", "--lora_target_modules", "q_proj,o_proj", "--lora_bias", "lora_only"}, "qwen2"},
+      {"ptuning_lstm", nullptr, {"--finetuning_type", "ptuning", "--encoder_reparameterization_type", "LSTM", "--num_virtual_tokens", "4"}},
+      {"prefix", nullptr, {"--finetuning_type", "prefix", "--num_virtual_tokens", "3"}},
+  };
+  return all;
+}
+
+std::shared_ptr<CausalLM> base_model(const std::string& name) {
+  ModelConfig c = load_model_config(fixture("models/" + name));
+  auto m = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
+  load_weights(*m, *checkpoint_source(fixture("models/" + name)));
+  return m;
+}
+
+// The logits zerotrain computes with the adapter in `dir` over its base, for the PEFT check.
+void write_zerotrain_logits(const std::string& dir, const std::string& base) {
+  auto model = base_model(base);
+  load_adapter(*model, dir, /*trainable=*/false);
+  SafetensorsFile inputs(fixture("peft/lora/expected.safetensors"));
+  at::Tensor ids = inputs.load("input_ids"), mask = inputs.load("attention_mask");
+  at::NoGradGuard no_grad;
+  save_safetensors(dir + "/zerotrain_logits.safetensors",
+                   {{"input_ids", ids}, {"attention_mask", mask}, {"logits", model->logits(ids, mask)}});
+}
+
+// An adapter with an effect worth checking (LoRA's B is zero at init): every trainable value
+// nudged. Its base_model_name_or_path is the fixture's path relative to the repository root, as
+// PEFT resolves it from the current directory.
+void write_zerotrain_adapter(const WrittenAdapter& a, const std::string& dir) {
+  PeftConfig c;
+  if (a.peft_fixture != nullptr) {
+    c = load_adapter_config(fixture(std::string("peft/") + a.peft_fixture));
+  } else {
+    TrainingArguments args;
+    apply_training_flags(args, a.flags);
+    c = peft_config_for(args);
+  }
+  c.base_model_name_or_path = std::string("tests/fixtures/models/") + a.base;
+  auto model = base_model(a.base);
   apply_peft(*model, c, 5);
   {
     at::NoGradGuard no_grad;
@@ -285,11 +341,7 @@ void write_zerotrain_adapter(const std::string& name, const std::string& dir) {
     }
   }
   save_adapter(*model, c, dir);
-  SafetensorsFile inputs(fixture("peft/" + name + "/expected.safetensors"));
-  at::Tensor ids = inputs.load("input_ids"), mask = inputs.load("attention_mask");
-  at::NoGradGuard no_grad;
-  save_safetensors(dir + "/zerotrain_logits.safetensors",
-                   {{"input_ids", ids}, {"attention_mask", mask}, {"logits", model->logits(ids, mask)}});
+  write_zerotrain_logits(dir, a.base);
 }
 
 }  // namespace
@@ -297,21 +349,56 @@ void write_zerotrain_adapter(const std::string& name, const std::string& dir) {
 TEST_CASE("tool: write zerotrain adapters for the PEFT check", "[.tool]") {
   const char* out = std::getenv("ZT_OUT");
   REQUIRE(out != nullptr);
-  for (const char* name : kWrittenByZerotrain) {
-    const std::string dir = std::string(out) + "/" + name;
+  for (const WrittenAdapter& a : written_by_zerotrain()) {
+    const std::string dir = std::string(out) + "/" + a.name;
     std::filesystem::create_directories(dir);
-    write_zerotrain_adapter(name, dir);
+    write_zerotrain_adapter(a, dir);
+  }
+  // What training writes with the defaults (LoRA on all-linear), at every ZeRO stage: the
+  // final output folder and the checkpoint folder.
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string run = test::temp_dir("peft_run");
+    std::string data;
+    for (int i = 0; i < 8; ++i) data += fmt::format("{{\"input_ids\": [{}, {}, {}, {}, {}]}}\n", 3 + i, 9, 20 + i, 7, 100 - i);
+    files::write_atomic(run + "/train.jsonl", data);
+    TrainingArguments args;
+    apply_training_flags(args, {"--model_name_or_path", fixture("models/llama"), "--train_file", run + "/train.jsonl",
+                                "--output_dir", run + "/out", "--finetuning_type", "lora", "--max_steps", "2",
+                                "--save_steps", "2", "--learning_rate", "0.05", "--per_device_train_batch_size", "2",
+                                "--deepspeed",
+                                fmt::format(R"({{"zero_optimization": {{"stage": {}}}}})", stage)});
+    Trainer(args, comm).train();
+    for (const auto& [from, tag] : {std::pair{run + "/out", "output"}, std::pair{run + "/out/checkpoint-2", "checkpoint"}}) {
+      const std::string dir = fmt::format("{}/trained_zero{}_{}", out, stage, tag);
+      std::filesystem::create_directories(dir);
+      for (const char* f : {"adapter_config.json", "adapter_model.safetensors"}) {
+        std::filesystem::copy_file(from + "/" + f, dir + "/" + f);
+      }
+      // The base as PEFT would find it from the repository root.
+      std::string config = files::read_text(dir + "/adapter_config.json");
+      const std::string absolute = "\"" + fixture("models/llama") + "\"";
+      config.replace(config.find(absolute), absolute.size(), "\"tests/fixtures/models/llama\"");
+      files::write_atomic(dir + "/adapter_config.json", config);
+      write_zerotrain_logits(dir, "llama");
+    }
   }
 }
 
 TEST_CASE("adapters zerotrain saved give zerotrain's logits in HF PEFT", "[peft][parity]") {
-  for (const char* name : kWrittenByZerotrain) {
-    INFO("adapter " << name);
-    const std::string dir = fixture(std::string("peft_from_zerotrain/") + name);
+  const std::string root = fixture("peft_from_zerotrain");
+  size_t checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(root)) {
+    if (!entry.is_directory()) continue;
+    const std::string dir = entry.path().string();
+    INFO("adapter " << entry.path().filename().string());
+    ++checked;
+    const PeftConfig config = load_adapter_config(dir);
+    const std::string base = config.base_model_name_or_path.find("qwen2") != std::string::npos ? "qwen2" : "llama";
     SafetensorsFile expected(dir + "/peft_logits.safetensors");
     at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");
     at::Tensor want = expected.load("logits");
-    auto model = base_llama();
+    auto model = base_model(base);
     load_adapter(*model, dir, /*trainable=*/false);
     at::NoGradGuard no_grad;
     at::Tensor got = model->logits(ids, mask);
@@ -320,7 +407,7 @@ TEST_CASE("adapters zerotrain saved give zerotrain's logits in HF PEFT", "[peft]
 
     // Saving what was loaded writes the fixture's files again, tensor for tensor.
     std::string again = test::temp_dir("resave");
-    save_adapter(*model, load_adapter_config(dir), again);
+    save_adapter(*model, config, again);
     SafetensorsFile a(dir + "/adapter_model.safetensors"), b(again + "/adapter_model.safetensors");
     CHECK(a.names() == b.names());
     for (const std::string& key : a.names()) {
@@ -328,7 +415,72 @@ TEST_CASE("adapters zerotrain saved give zerotrain's logits in HF PEFT", "[peft]
       REQUIRE(b.contains(key));
       CHECK(at::equal(a.load(key), b.load(key)));
     }
-    CHECK(load_adapter_config(again).type == load_adapter_config(dir).type);
+    CHECK(load_adapter_config(again).type == config.type);
+    // target_modules as PEFT keeps it: a list of names (all-linear written out) or a regex.
+    rapidjson::Document doc;
+    doc.Parse(files::read_text(dir + "/adapter_config.json").c_str());
+    if (config.type == FinetuningType::kLora) {
+      const rapidjson::Value& t = doc["target_modules"];
+      CHECK((t.IsString() || t.IsArray()));
+      if (t.IsArray()) {
+        for (const auto& x : t.GetArray()) CHECK(std::string(x.GetString()) != "all-linear");
+      }
+    }
+  }
+  CHECK(checked >= 3);
+}
+
+TEST_CASE("all-linear is saved as the names of the projections it picked, as PEFT saves it", "[peft]") {
+  TrainingArguments args;
+  apply_training_flags(args, {"--finetuning_type", "lora"});
+  PeftConfig c = peft_config_for(args);
+  auto model = base_llama();
+  apply_peft(*model, c, 1);
+  const std::string dir = test::temp_dir("all_linear");
+  save_adapter(*model, c, dir);
+  rapidjson::Document doc;
+  doc.Parse(files::read_text(dir + "/adapter_config.json").c_str());
+  std::vector<std::string> names;
+  for (const auto& x : doc["target_modules"].GetArray()) names.emplace_back(x.GetString());
+  CHECK(names == std::vector<std::string>{"down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"});
+  // Read back, the names pick the same projections (and not the output layer).
+  auto again = base_llama();
+  load_adapter(*again, dir, false);
+  int64_t adapted = 0;
+  for (const auto& item : again->named_parameters()) adapted += item.key().find("lora_A") != std::string::npos;
+  CHECK(adapted == 7 * 2);  // 7 projections in each of the 2 layers
+  for (const auto& item : again->named_parameters()) CHECK(item.key().find("lm_head.lora") == std::string::npos);
+  // PEFT's own string forms read as PEFT reads them: "all-linear" and a regex.
+  const std::string saved = files::read_text(dir + "/adapter_config.json");
+  for (const char* target : {"\"all-linear\"", "\".*\\\\.(q|v)_proj\""}) {
+    INFO(target);
+    std::string config = saved;
+    const size_t at = config.find("\"target_modules\"");
+    const size_t end = config.find(']', at);
+    config.replace(at, end + 1 - at, std::string("\"target_modules\": ") + target);
+    files::write_atomic(dir + "/adapter_config.json", config);
+    PeftConfig back = load_adapter_config(dir);
+    auto m = base_llama();
+    apply_peft(*m, back, 1);
+    int64_t n = 0;
+    for (const auto& item : m->named_parameters()) n += item.key().find("lora_A") != std::string::npos;
+    CHECK(n == (std::string(target) == "\"all-linear\"" ? 14 : 4));
+  }
+}
+
+TEST_CASE("a LoRA name that matches nothing is named, with the model's projection names once", "[peft][errors]") {
+  auto m = base_llama();
+  PeftConfig c;
+  c.type = FinetuningType::kLora;
+  c.lora.target_modules = {"q_proj", "v_prj"};
+  try {
+    apply_peft(*m, c, 0);
+    FAIL("no error");
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Contains("\"v_prj\"") &&
+                         Contains("down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"));
+    CHECK(what.find("q_proj, q_proj") == std::string::npos);
   }
 }
 

@@ -1,6 +1,9 @@
 // Small helpers of the `zerotrain` program.
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
+
 #include "commands.hpp"
 #include "zerotrain/error.hpp"
 
@@ -11,6 +14,25 @@ std::string self_path() {
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   if (n <= 0) throw InvalidArgument("cannot resolve /proc/self/exe");
   return std::string(buf, static_cast<size_t>(n));
+}
+
+long parse_integer(const std::string& flag, const std::string& text, long min, long max) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE || v < min || v > max) {
+    throw ConfigError("--" + flag + ": expected an integer in [" + std::to_string(min) + ", " + std::to_string(max) +
+                      "], found \"" + text + "\"");
+  }
+  return v;
+}
+
+bool wants_help(const Args& args) {
+  for (const std::string& a : args) {
+    if (a == "--") return false;  // what follows belongs to another program (launch)
+    if (a == "--help" || a == "-h") return true;
+  }
+  return false;
 }
 
 std::optional<std::string> take_option(Args& args, const std::string& name) {

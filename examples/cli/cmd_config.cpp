@@ -1,4 +1,5 @@
 // zerotrain config: what a DeepSpeed config + training flags resolve to, without running.
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 
@@ -10,23 +11,23 @@ namespace {
 
 // Takes `--name value` out of `args` when present.
 std::optional<long> take_number(Args& args, const std::string& name) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] != "--" + name) continue;
-    if (i + 1 >= args.size()) throw ConfigError("--" + name + " needs a value");
-    char* end = nullptr;
-    long v = std::strtol(args[i + 1].c_str(), &end, 10);
-    if (*end != '\0' || v < 1) {
-      throw ConfigError("--" + name + ": expected a positive integer, found \"" + args[i + 1] + "\"");
-    }
-    args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
-    return v;
-  }
-  return std::nullopt;
+  std::optional<std::string> v = take_option(args, name);
+  if (!v) return std::nullopt;
+  return parse_integer(name, *v, 1, INT32_MAX);
 }
 
 }  // namespace
 
 int cmd_config(const Args& in) {
+  if (wants_help(in)) {
+    std::fputs(
+        "usage: zerotrain config [--world_size N] [--hidden_size H] [--total_steps S] [training flags]\n\n"
+        "Parses the DeepSpeed config (--deepspeed) and the training flags of `zerotrain train` and prints what\n"
+        "they resolve to for a job of N ranks, a model of hidden size H and S optimizer steps, as the\n"
+        "trainer would resolve \"auto\" values, with the values still \"auto\" and every warning.\n",
+        stdout);
+    return 0;
+  }
   Args args = in;
   ResolveContext ctx;
   ctx.world_size = static_cast<int>(take_number(args, "world_size").value_or(1));
@@ -46,6 +47,7 @@ int cmd_config(const Args& in) {
               targs.output_dir.c_str());
   for (const std::string& key : unresolved_keys(ds)) std::printf("still auto: %s\n", key.c_str());
   for (const std::string& w : ds.warnings) std::printf("warning: %s\n", w.c_str());
+  for (const auto& [name, line] : targs.ignored) std::printf("warning: %s\n", line.c_str());
   return 0;
 }
 

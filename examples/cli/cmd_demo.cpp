@@ -128,11 +128,23 @@ double accuracy(CausalLM& model, const Tokenizer& tok, const std::vector<Questio
 }  // namespace
 
 int cmd_demo(const Args& in) {
+  if (wants_help(in)) {
+    std::fputs(
+        "usage: zerotrain demo [--nproc_per_node N] [--output_dir DIR] [--max_steps S]\n\n"
+        "Fine-tunes a built-in tiny LLaMA on a bundled synthetic instruction task with ZeRO-2 (one rank per\n"
+        "GPU, else 2 CPU ranks), merges the last checkpoint, asks the merged model held-out questions and\n"
+        "prints `accuracy: before X% after Y%`. Everything goes into DIR [default: ./zerotrain-demo].\n",
+        stdout);
+    return 0;
+  }
   Args args = in;
   const int gpus = static_cast<int>(at::getNumGPUs());
-  const int nproc = std::stoi(take_option(args, "nproc_per_node").value_or(std::to_string(gpus > 0 ? gpus : 2)));
+  const int nproc = static_cast<int>(
+      parse_integer("nproc_per_node", take_option(args, "nproc_per_node").value_or(std::to_string(gpus > 0 ? gpus : 2)),
+                    1, 1024));
   const fs::path dir = fs::absolute(take_option(args, "output_dir").value_or("zerotrain-demo"));
   const std::string steps = take_option(args, "max_steps").value_or("300");
+  parse_integer("max_steps", steps, 1, 1L << 30);
   if (!args.empty()) throw ConfigError("zerotrain demo: unexpected argument '" + args[0] + "'");
   if (nproc < 1) throw ConfigError("--nproc_per_node must be at least 1");
   // Start clean, but only ever remove a folder an earlier demo made.

@@ -15,11 +15,14 @@ namespace zt::cli {
 
 namespace {
 
-// The launcher outlives its ranks: a signal sent to it alone (kill, a scheduler's SIGTERM) is
-// passed on to the whole process group, the ranks included; one the terminal sent to the group
-// already reached them and is not repeated (a second SIGINT would end a rank at once).
-extern "C" void forward_signal(int sig, siginfo_t* info, void*) {
-  if (info != nullptr && info->si_code == SI_USER && info->si_pid != ::getpid()) ::kill(0, sig);
+// The launcher outlives its ranks and passes on what it is sent (a scheduler's SIGTERM, the
+// terminal's SIGINT) to them alone: they run in a process group of their own, so the caller
+// and its other children are never touched. The launcher then exits with the status its ranks
+// ended with (128 + the signal for one that a signal ended).
+volatile std::sig_atomic_t g_signal = 0;
+extern "C" void forward_signal(int sig) {
+  g_signal = sig;
+  signal_ranks(sig);
 }
 
 int parse_int(const std::string& flag, const std::string& value) {
@@ -34,6 +37,23 @@ int parse_int(const std::string& flag, const std::string& value) {
 }  // namespace
 
 int cmd_launch(const Args& args) {
+  // Help only among the launcher's own options: a --help after the command is the command's.
+  bool help = false;
+  for (size_t k = 0; k < args.size() && args[k] != "--" && args[k].rfind("-", 0) == 0; ++k) {
+    help = help || args[k] == "--help" || args[k] == "-h";
+    if (args[k].find('=') == std::string::npos && args[k] != "--help" && args[k] != "-h") ++k;  // its value
+  }
+  if (help) {
+    std::fputs(
+        "usage: zerotrain launch [--nproc_per_node N] [--master_addr A] [--master_port P] [--] PROGRAM ARGS...\n\n"
+        "Starts N local ranks of PROGRAM with torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE,\n"
+        "MASTER_ADDR, MASTER_PORT), waits for them and exits with the first failing rank's status.\n"
+        "  --nproc_per_node N  ranks on this machine [default: 1]\n"
+        "  --master_addr A     the rendezvous address [default: 127.0.0.1]\n"
+        "  --master_port P     the rendezvous port [default: a free one]\n",
+        stdout);
+    return 0;
+  }
   LocalLaunchOptions o;
   size_t i = 0;
   for (; i < args.size(); ++i) {
@@ -68,13 +88,12 @@ int cmd_launch(const Args& args) {
   // The launcher waits for its ranks to exit rather than dying first (a handler, not SIG_IGN:
   // handlers do not survive exec into the ranks).
   struct sigaction action {};
-  action.sa_sigaction = forward_signal;
-  action.sa_flags = SA_SIGINFO | SA_RESTART;
+  action.sa_handler = forward_signal;
+  action.sa_flags = SA_RESTART;
   sigemptyset(&action.sa_mask);
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) sigaction(sig, &action, nullptr);
   LaunchResult r = launch_local(command, o);
-  if (r.ok()) return 0;
+  if (r.ok()) return g_signal != 0 ? 128 + g_signal : 0;
   log_message(LogLevel::kError, "zerotrain launch: the job failed\n" + r.summary());
   if (r.timed_out) return 124;
   // The first failing rank's own status (2 for a configuration error, 130 when cancelled...).

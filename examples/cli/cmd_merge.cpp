@@ -8,7 +8,23 @@
 
 namespace zt::cli {
 
+namespace {
+
+constexpr const char* kUsage =
+    "usage: zerotrain merge FOLDER OUT [--dtype bf16|fp16|fp32] [--base_model DIR]\n\n"
+    "Consolidates FOLDER into an HF model folder OUT (which must not exist or be empty). FOLDER is a\n"
+    "checkpoint-<step> folder (its sharded fp32 masters) or a run's output_dir (its adapter or model).\n"
+    "LoRA adapters are folded into their base model's weights.\n"
+    "  --dtype D          the output dtype [default: the model's own]\n"
+    "  --base_model DIR   the base model folder [default: the adapter's base_model_name_or_path]\n";
+
+}  // namespace
+
 int cmd_merge(const Args& in) {
+  if (wants_help(in)) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
   Args args = in;
   MergeOptions options;
   if (auto base = take_option(args, "base_model")) options.base_model = *base;
@@ -24,7 +40,7 @@ int cmd_merge(const Args& in) {
     }
   }
   if (args.size() != 2 || args[0].rfind("--", 0) == 0 || args[1].rfind("--", 0) == 0) {
-    throw ConfigError("usage: zerotrain merge CHECKPOINT OUT [--dtype bf16|fp16|fp32] [--base_model DIR]");
+    throw ConfigError("usage: zerotrain merge FOLDER OUT [--dtype bf16|fp16|fp32] [--base_model DIR]");
   }
   MergeReport report = merge_checkpoint(args[0], args[1], options);
   std::printf("merged %lld tensors into %s (%zu files)\n", static_cast<long long>(report.tensors), args[1].c_str(),

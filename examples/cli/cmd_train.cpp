@@ -5,9 +5,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 
 #include "commands.hpp"
 #include "zerotrain/config.hpp"
@@ -20,10 +18,17 @@ namespace {
 
 std::atomic<Trainer*> g_trainer{nullptr};
 
-// First SIGINT/SIGTERM: stop at the next optimizer step (every rank agrees); a second one
-// ends the process at once.
+// First SIGINT: stop at the next optimizer step (every rank agrees). SIGTERM / SIGUSR1 (what
+// schedulers send before preempting a job): save a checkpoint there first. A second signal ends
+// the process at once.
 extern "C" void on_signal(int sig) {
-  if (Trainer* t = g_trainer.load()) t->cancel();
+  if (Trainer* t = g_trainer.load()) {
+    if (sig == SIGINT) {
+      t->cancel();
+    } else {
+      t->preempt(sig);
+    }
+  }
   std::signal(sig, SIG_DFL);
 }
 
@@ -80,13 +85,7 @@ class ProgressLine {
   std::string line_;
 };
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError("cannot read --options file '" + path + "'");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+std::string fmt_rank(int rank) { return "rank " + std::to_string(rank) + ": "; }
 
 }  // namespace
 
@@ -105,7 +104,7 @@ TrainingArguments parse_training_command(const Args& argv) {
       flags.push_back(argv[i]);
       continue;
     }
-    apply_training_json(args, read_text_file(file), file);
+    apply_training_file(args, file);
   }
   std::vector<std::string> rest = apply_training_flags(args, flags);
   if (!rest.empty()) throw ConfigError("zerotrain train: unexpected argument '" + rest[0] + "'; options are --NAME VALUE");
@@ -113,11 +112,15 @@ TrainingArguments parse_training_command(const Args& argv) {
 }
 
 int cmd_train(const Args& argv) {
-  if (std::find(argv.begin(), argv.end(), "--help") != argv.end() || std::find(argv.begin(), argv.end(), "-h") != argv.end()) {
+  if (wants_help(argv)) {
     print_help();
     return 0;
   }
   TrainingArguments args = parse_training_command(argv);
+  if (args.train_file.empty()) {
+    throw ConfigError("no --train_file given: zerotrain train needs training data (a JSONL file or a JSON array "
+                      "file; docs/data.md lists the layouts)");
+  }
   std::shared_ptr<Communicator> comm = join_training_job(args);
   std::unique_ptr<ProgressLine> progress;
   TrainerCallbacks callbacks;
@@ -127,16 +130,22 @@ int cmd_train(const Args& argv) {
   }
   Trainer trainer(args, comm, callbacks);
   g_trainer.store(&trainer);
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) std::signal(sig, on_signal);
   struct Reset {
     ~Reset() {
       g_trainer.store(nullptr);
-      std::signal(SIGINT, SIG_DFL);
-      std::signal(SIGTERM, SIG_DFL);
+      for (int sig : {SIGINT, SIGTERM, SIGUSR1}) std::signal(sig, SIG_DFL);
     }
   } reset;
-  TrainResult result = trainer.train();
+  TrainResult result;
+  try {
+    result = trainer.train();
+  } catch (const CancelledError& e) {
+    if (trainer.preempted_by() == 0) throw;  // cancelled (SIGINT): main's status 130
+    // Saved and stopped for a signal: the status a process ended by it has (128 + signal).
+    std::fprintf(stderr, "%s%s\n", comm->world_size() > 1 ? fmt_rank(comm->rank()).c_str() : "", e.what());
+    return 128 + trainer.preempted_by();
+  }
   progress.reset();
   if (comm->rank() == 0) {
     std::printf("trained %lld steps: train_loss %.4f%s; model in %s\n", static_cast<long long>(result.global_step),

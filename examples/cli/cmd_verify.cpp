@@ -1,11 +1,15 @@
 // zerotrain verify MODEL_DIR --prompt "..." [--template T | --raw] [--max_new_tokens N]: load a
 // model folder (or a LoRA / prompt adapter folder over its base) and generate — the seed's habit
 // of checking every checkpoint by asking it something.
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
+#include <fmt/format.h>
+
 #include "commands.hpp"
+#include "zerotrain/checkpoint.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
@@ -14,11 +18,33 @@
 
 namespace zt::cli {
 
+namespace {
+
+constexpr const char* kUsage =
+    "usage: zerotrain verify MODEL_DIR --prompt \"...\" [--template NAME | --raw] [--max_new_tokens N]\n\n"
+    "Loads an HF model folder (or a PEFT adapter folder over its base model) and generates a reply.\n"
+    "  --template NAME     the prompt template (default: the one the run recorded in MODEL_DIR,\n"
+    "                      else the model's own chat format, else alpaca_zh)\n"
+    "  --raw               send the prompt as it is, without a template\n"
+    "  --max_new_tokens N  at most N new tokens [default: 64]\n";
+
+}  // namespace
+
 int cmd_verify(const Args& in) {
+  if (wants_help(in)) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
   Args args = in;
   std::optional<std::string> prompt = take_option(args, "prompt");
-  std::string template_name = take_option(args, "template").value_or("alpaca_zh");
-  const long max_new = std::strtol(take_option(args, "max_new_tokens").value_or("64").c_str(), nullptr, 10);
+  std::optional<std::string> template_name = take_option(args, "template");
+  const std::string max_text = take_option(args, "max_new_tokens").value_or("64");
+  char* end = nullptr;
+  errno = 0;
+  const long max_new = std::strtol(max_text.c_str(), &end, 10);
+  if (max_text.empty() || *end != '\0' || errno == ERANGE || max_new < 1 || max_new > (1L << 20)) {
+    throw ConfigError(fmt::format("--max_new_tokens: expected an integer in [1, {}], found \"{}\"", 1L << 20, max_text));
+  }
   bool raw = false;
   for (auto it = args.begin(); it != args.end();) {
     if (*it == "--raw") {
@@ -28,30 +54,42 @@ int cmd_verify(const Args& in) {
       ++it;
     }
   }
-  if (args.size() != 1 || !prompt || max_new < 1) {
-    throw ConfigError("usage: zerotrain verify MODEL_DIR --prompt \"...\" [--template alpaca_zh|alpaca|chatml|plain "
-                      "| --raw] [--max_new_tokens N]");
-  }
+  if (args.size() != 1 || !prompt) throw ConfigError(std::string(kUsage).substr(0, std::string(kUsage).find('\n')));
   std::string dir = args[0];
+  const ReadLock reading(dir);  // a checkpoint being read is kept by rotation
   const bool adapter = std::filesystem::exists(dir + "/adapter_config.json");
-  std::string base = dir;
-  if (adapter) {
-    base = load_adapter_config(dir).base_model_name_or_path;
-    if (base.empty()) throw ConfigError("verify: the adapter in '" + dir + "' names no base model");
-  }
+  const std::string base = adapter ? adapter_base_model(dir) : dir;
   ModelConfig config = load_model_config(base);
   CausalLM model(config, at::TensorOptions().dtype(at::kFloat), /*allocate=*/false);
   load_weights(model, *checkpoint_source(base));
   if (adapter) load_adapter(model, dir, /*trainable=*/false);
   model.eval();
   std::shared_ptr<Tokenizer> tok = load_tokenizer(adapter ? base : dir, config.vocab_size);
-  const std::string text = raw ? *prompt : render_prompt(template_name, *prompt);
-  std::vector<int32_t> ids = tok->encode(text);
-  if (tok->add_bos() && tok->bos_id() >= 0) ids.insert(ids.begin(), tok->bos_id());
+  check_tokenizer_fits(*tok, config.vocab_size);
+  std::vector<int32_t> ids;
+  std::string text = *prompt;
+  if (raw) {
+    ids = tok->encode(text);
+    if (tok->add_bos() && tok->bos_id() >= 0) ids.insert(ids.begin(), tok->bos_id());
+  } else {
+    // What the run trained with, as it recorded it; else what training would pick now.
+    std::string name = template_name ? *template_name : recorded_template(dir).value_or("auto");
+    name = resolve_template(name, adapter ? base : dir, *tok);
+    text = render_prompt(name, *prompt);
+    ids = encode_prompt(name, *tok, *prompt);
+  }
+  // The model's context bounds prompt + reply (a longer one would ask attention for memory no
+  // machine has).
+  if (static_cast<int64_t>(ids.size()) + max_new > config.max_position_embeddings) {
+    throw ConfigError(fmt::format("the prompt is {} tokens; with --max_new_tokens {} that is beyond the model's context "
+                                  "of {} tokens (max_position_embeddings); shorten the prompt",
+                                  ids.size(), max_new, config.max_position_embeddings));
+  }
   at::Tensor input = at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong).unsqueeze(0);
   GenerationOptions g;
   g.max_new_tokens = max_new;
   if (tok->eos_id() >= 0) g.eos_token_ids = {tok->eos_id()};
+  if (config.eos_token_id && *config.eos_token_id != tok->eos_id()) g.eos_token_ids.push_back(*config.eos_token_id);
   at::NoGradGuard no_grad;
   at::Tensor out = model.generate(input, g)[0].contiguous();
   std::vector<int32_t> new_ids(out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + out.numel());

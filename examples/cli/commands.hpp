@@ -24,7 +24,15 @@ TrainingArguments parse_training_command(const Args& args);
 /// Takes `--name value` (or `--name=value`) out of `args`; nullopt when absent.
 std::optional<std::string> take_option(Args& args, const std::string& name);
 
+/// The integer `text` given for `--flag`, in [min, max]; a ConfigError naming the flag and the
+/// range otherwise (no trailing text, no overflow).
+long parse_integer(const std::string& flag, const std::string& text, long min, long max);
+
 /// argv[0] of this process, resolved (for re-launching itself).
 std::string self_path();
+
+/// Whether `args` asks for help (--help or -h): the command then prints `usage` to stdout and
+/// exits 0.
+bool wants_help(const Args& args);
 
 }  // namespace zt::cli

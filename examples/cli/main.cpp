@@ -10,9 +10,12 @@
 #include <string>
 #include <vector>
 
+#include <c10/util/Exception.h>
+
 #include "commands.hpp"
 #include "zerotrain/build_config.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/log.hpp"
 
 namespace {
 
@@ -83,6 +86,13 @@ int main(int argc, char** argv) {
   } catch (const zt::CancelledError& e) {
     print_error(e.what());
     return 130;
+  } catch (const c10::Error& e) {
+    // LibTorch's message carries a backtrace and C++ context: its first line is the user's, the
+    // whole text is logged at debug level (ZT_LOG_LEVEL=debug).
+    zt::log_message(zt::LogLevel::kDebug, std::string("LibTorch error: ") + e.what());
+    const std::string what = e.what_without_backtrace();
+    print_error(what.substr(0, what.find('\n')).c_str());
+    return 1;
   } catch (const std::exception& e) {
     print_error(e.what());
     return 1;

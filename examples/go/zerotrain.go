@@ -1,9 +1,10 @@
 // Package zerotrain wraps libzerotrain's C API (include/zerotrain/zerotrain.h): fine-tune
 // decoder LLMs with DeepSpeed-style ZeRO sharding from Go.
 //
-// Build against an installed zerotrain:
+// It finds the library through pkg-config (`#cgo pkg-config: zerotrain`): with zerotrain
+// installed under PREFIX,
 //
-//	CGO_CFLAGS="$(pkg-config --cflags zerotrain)" CGO_LDFLAGS="$(pkg-config --libs zerotrain)" go build ./...
+//	PKG_CONFIG_PATH=PREFIX/lib/pkgconfig go build ./...
 //
 // Collective methods (New, TrainStep, Evaluate, Train, SaveCheckpoint, LoadCheckpoint, Export)
 // must be called by every rank of the job in the same order. A Trainer is used by one
@@ -11,7 +12,7 @@
 package zerotrain
 
 /*
-#cgo LDFLAGS: -lzerotrain
+#cgo pkg-config: zerotrain
 #include <stdlib.h>
 #include "zerotrain/zerotrain.h"
 
@@ -22,6 +23,11 @@ static int zt_go_progress(const zt_step_stats *stats, void *user_data) {
 static zt_status zt_go_train(zt_trainer *t, uintptr_t handle) {
   return zt_trainer_train(t, zt_go_progress, (void *)handle);
 }
+extern void goLog(int level, char *message, void *user_data);
+static void zt_go_log(int level, const char *message, void *user_data) {
+  goLog(level, (char *)message, user_data);
+}
+static void zt_go_set_log(uintptr_t handle) { zt_set_log_callback(zt_go_log, (void *)handle); }
 */
 import "C"
 
@@ -29,6 +35,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/cgo"
+	"sync"
 	"unsafe"
 )
 
@@ -207,3 +214,120 @@ func (t *Trainer) LoadCheckpoint(dir string) error {
 func (t *Trainer) Export(dir string) error {
 	return t.withPath(dir, func(p *C.char) C.zt_status { return C.zt_trainer_export(t.raw, p) })
 }
+
+// LogLevel is a log message's level.
+type LogLevel int
+
+const (
+	LogDebug   LogLevel = 0
+	LogInfo    LogLevel = 1
+	LogWarning LogLevel = 2
+	LogError   LogLevel = 3
+)
+
+var (
+	logMu     sync.Mutex
+	logHandle cgo.Handle
+)
+
+//export goLog
+func goLog(level C.int, message *C.char, userData unsafe.Pointer) {
+	cgo.Handle(uintptr(userData)).Value().(func(LogLevel, string))(LogLevel(level), C.GoString(message))
+}
+
+// SetLogCallback routes every log message of the library to fn (nil restores the default:
+// lines on stderr). Process-wide. fn may be called from any thread that runs zerotrain code,
+// one call at a time.
+func SetLogCallback(fn func(level LogLevel, message string)) {
+	logMu.Lock()
+	defer logMu.Unlock()
+	old := logHandle
+	if fn == nil {
+		C.zt_set_log_callback(nil, nil)
+		logHandle = 0
+	} else {
+		logHandle = cgo.NewHandle(fn)
+		C.zt_go_set_log(C.uintptr_t(logHandle))
+	}
+	if old != 0 {
+		old.Delete()
+	}
+}
+
+// Tokenizer encodes and decodes text as the trainer's data pipeline does; safe for concurrent
+// use. Close frees it.
+type Tokenizer struct{ raw *C.zt_tokenizer }
+
+// LoadTokenizer loads the tokenizer of an HF model folder ("" for the byte-level tokenizer).
+func LoadTokenizer(modelDir string) (*Tokenizer, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var dir *C.char
+	if modelDir != "" {
+		dir = C.CString(modelDir)
+		defer C.free(unsafe.Pointer(dir))
+	}
+	var raw *C.zt_tokenizer
+	if err := check(C.zt_tokenizer_load(dir, &raw)); err != nil {
+		return nil, err
+	}
+	t := &Tokenizer{raw}
+	runtime.SetFinalizer(t, (*Tokenizer).Close)
+	return t, nil
+}
+
+// Close frees the tokenizer; calling it twice is fine.
+func (t *Tokenizer) Close() {
+	if t.raw != nil {
+		C.zt_tokenizer_free(t.raw)
+		t.raw = nil
+	}
+}
+
+// Encode gives the ids of text; with addBOS, bos first where the tokenizer adds one.
+func (t *Tokenizer) Encode(text string, addBOS bool) ([]int32, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	ctext := C.CString(text)
+	defer C.free(unsafe.Pointer(ctext))
+	bos := C.int32_t(0)
+	if addBOS {
+		bos = 1
+	}
+	var n C.int64_t
+	if err := check(C.zt_tokenizer_encode(t.raw, ctext, C.int64_t(len(text)), bos, nil, 0, &n)); err != nil {
+		return nil, err
+	}
+	ids := make([]int32, int(n)+1) // +1: never a zero-length slice to take the address of
+	if err := check(C.zt_tokenizer_encode(t.raw, ctext, C.int64_t(len(text)), bos,
+		(*C.int32_t)(unsafe.Pointer(&ids[0])), C.int64_t(len(ids)), &n)); err != nil {
+		return nil, err
+	}
+	return ids[:n], nil
+}
+
+// Decode gives the text of ids (special ids and -100 skipped).
+func (t *Tokenizer) Decode(ids []int32) (string, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var p *C.int32_t
+	if len(ids) > 0 {
+		p = (*C.int32_t)(unsafe.Pointer(&ids[0]))
+	}
+	var n C.int64_t
+	if err := check(C.zt_tokenizer_decode(t.raw, p, C.int64_t(len(ids)), nil, 0, &n)); err != nil {
+		return "", err
+	}
+	buf := make([]byte, int(n)+1)
+	if err := check(C.zt_tokenizer_decode(t.raw, p, C.int64_t(len(ids)), (*C.char)(unsafe.Pointer(&buf[0])),
+		C.int64_t(len(buf)), &n)); err != nil {
+		return "", err
+	}
+	return string(buf[:n]), nil
+}
+
+// VocabSize, BOS, EOS and Pad describe the tokenizer's ids (-1: none).
+func (t *Tokenizer) VocabSize() int64 { return int64(C.zt_tokenizer_vocab_size(t.raw)) }
+func (t *Tokenizer) BOS() int32       { return int32(C.zt_tokenizer_bos_id(t.raw)) }
+func (t *Tokenizer) EOS() int32       { return int32(C.zt_tokenizer_eos_id(t.raw)) }
+func (t *Tokenizer) Pad() int32       { return int32(C.zt_tokenizer_pad_id(t.raw)) }

@@ -85,3 +85,53 @@ func TestStepsAndCheckpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestLogCallback(t *testing.T) {
+	var lines []string
+	SetLogCallback(func(level LogLevel, message string) {
+		if level == LogWarning {
+			lines = append(lines, message)
+		}
+	})
+	defer SetLogCallback(nil)
+	// An HF flag without effect in zerotrain: accepted, with one warning through the callback.
+	tr, err := New(fmt.Sprintf(`{%s, "output_dir": %q, "max_steps": 2, "dataloader_num_workers": 4}`, tiny, t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Close()
+	found := false
+	for _, l := range lines {
+		found = found || strings.Contains(l, "dataloader_num_workers has no effect")
+	}
+	if !found {
+		t.Fatalf("no warning about dataloader_num_workers among %q", lines)
+	}
+}
+
+func TestTokenizer(t *testing.T) {
+	tok, err := LoadTokenizer("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tok.Close()
+	ids, err := tok.Encode("héllo", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The byte-level tokenizer: bos 256, then the UTF-8 bytes.
+	want := []int32{256, 'h', 0xc3, 0xa9, 'l', 'l', 'o'}
+	if fmt.Sprint(ids) != fmt.Sprint(want) {
+		t.Fatalf("ids %v, want %v", ids, want)
+	}
+	text, err := tok.Decode(ids)
+	if err != nil || text != "héllo" {
+		t.Fatalf("decoded %q (%v)", text, err)
+	}
+	if tok.VocabSize() != 259 || tok.BOS() != 256 || tok.EOS() != 257 {
+		t.Fatal(tok.VocabSize(), tok.BOS(), tok.EOS())
+	}
+	if _, err := LoadTokenizer(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Fatal("a missing folder loaded")
+	}
+}

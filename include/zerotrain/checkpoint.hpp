@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,13 +28,19 @@ struct CheckpointInfo {
   int64_t step = 0;
 };
 
-/// Complete checkpoints under `output_dir` (folders named checkpoint-<digits>), oldest first.
-/// Temporary folders of an interrupted save never match.
+/// Complete checkpoints under `output_dir` (folders named checkpoint-<digits>, not links),
+/// oldest first. Temporary folders of an interrupted save never match; a step too large for
+/// int64 is warned about and skipped.
 std::vector<CheckpointInfo> list_checkpoints(const std::string& output_dir);
 
 /// The newest complete checkpoint: the one `output_dir/latest` names when that folder exists,
-/// else the highest step; none when there is no checkpoint.
+/// else the highest step; none when there is no checkpoint. Only real checkpoint-<step>
+/// folders count (`latest` naming "..", another path or a link is warned about and ignored).
 std::optional<std::string> latest_checkpoint(const std::string& output_dir);
+
+/// `output_dir`/`name` when `name` is a checkpoint-<step> folder there (a real folder, not a
+/// link); nullopt otherwise. For names read from files (latest, best_model_checkpoint).
+std::optional<std::string> checkpoint_in(const std::string& output_dir, const std::string& name);
 
 /// Writes one checkpoint atomically. The constructor prepares a temporary folder (a name that
 /// never matches checkpoint-<digits>) that every rank writes into; commit() renames it to
@@ -87,6 +94,18 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> checkpoint_parameters(
 /// parameters assembled from every rank's shard file (for merge and export).
 std::shared_ptr<ParameterSource> checkpoint_master_source(const std::string& dir);
 
+/// A shared lock on a folder being read — a checkpoint or a run's output folder — held while
+/// the object lives: checkpoint rotation skips a checkpoint so held, and a folder a running job
+/// holds (its output_dir) cannot be read as finished (IoError naming the holder). A folder this
+/// process cannot write into is read without a lock. Used by merge_checkpoint and `verify`.
+class ReadLock {
+ public:
+  explicit ReadLock(const std::string& folder);
+
+ private:
+  std::shared_ptr<void> held_;
+};
+
 struct MergeOptions {
   /// The base model folder: required for LoRA checkpoints whose adapter names none and for
   /// Freeze checkpoints (their frozen weights are not in the checkpoint).
@@ -103,12 +122,15 @@ struct MergeReport {
   int64_t peak_rss_anon_bytes = 0;  ///< growth of anonymous resident memory while merging
 };
 
-/// Consolidates a zerotrain checkpoint into an HF model folder at `out_dir` (which must not
-/// exist or be empty): the fp32 masters from every rank's shard file — LoRA folded into the base
-/// weights (W + B·A·scaling) for adapter checkpoints — written as model.safetensors or
-/// model-0000k-of-0000n.safetensors + index, with config.json and the tokenizer and generation
-/// files. It streams tensor by tensor, so memory stays near the largest tensor. Prompt adapters
-/// (P-Tuning, prefix) have no weights to fold in: a ConfigError. Not collective.
+/// Consolidates a zerotrain checkpoint — or a run's final output folder (PEFT adapter files, or
+/// an HF model folder) — into an HF model folder at `out_dir` (which must not exist or be
+/// empty): a checkpoint's fp32 masters from every rank's shard file, or the folder's own
+/// tensors — LoRA folded into the base weights (W + B·A·scaling) for adapters, whose base is
+/// `options.base_model` or the adapter's base_model_name_or_path (adapter_base_model) — written
+/// as model.safetensors or model-0000k-of-0000n.safetensors + index, with config.json and the
+/// tokenizer and generation files. It streams tensor by tensor, so memory stays near the largest
+/// tensor. Prompt adapters (P-Tuning, prefix) have no weights to fold in: a ConfigError. Not
+/// collective.
 MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir,
                              const MergeOptions& options = {});
 

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -208,19 +209,28 @@ struct TrainingArguments {
   std::string resume_from_checkpoint;  ///< a checkpoint folder, or "True": newest in output_dir
   std::string train_file;              ///< JSONL
   std::string eval_file;               ///< JSONL
-  std::string template_name = "alpaca_zh";  ///< option "template": alpaca_zh | alpaca | chatml | plain
-  int64_t max_length = 1024;
+  std::string template_name = "auto";  ///< option "template": auto, or a name (docs/data.md)
+  int64_t max_length = 1024;           ///< alias model_max_length
   bool train_on_prompt = false;
   bool skip_bad_lines = false;
   bool group_by_length = false;
   bool packing = false;
   std::string cache_dir;               ///< tokenized data; empty: output_dir/.cache
   std::string device = "auto";         ///< auto | cpu | cuda
+  bool use_cpu = false;                ///< HF's use_cpu (alias no_cuda): device cpu
+  /// HF's torch_dtype (a model argument in HF's scripts): auto | float32 | bfloat16 | float16.
+  /// bfloat16 / float16 turn on bf16 / fp16 when neither is given; contradicting them is an error.
+  std::string torch_dtype = "auto";
+  std::optional<bool> tf32;            ///< TF32 for fp32 matmuls and convolutions on GPUs
   std::string eval_strategy = "no";    ///< no | steps | epoch
   std::optional<int64_t> eval_steps;   ///< default: logging_steps
+  double eval_delay = 0.0;             ///< no evaluation before this many steps (or epochs)
+  bool eval_on_start = false;          ///< evaluate once before the first step
   std::string save_strategy = "steps"; ///< no | steps | epoch
   bool load_best_model_at_end = false;
   std::string metric_for_best_model = "eval_loss";
+  std::optional<bool> greater_is_better;  ///< default: false (the metrics are losses)
+  bool ignore_data_skip = false;          ///< resume at the start of the saved epoch
   bool do_train = true;
   bool do_eval = false;
   int64_t per_device_train_batch_size = 8;
@@ -243,7 +253,10 @@ struct TrainingArguments {
   int64_t seed = 42;
   std::optional<int64_t> data_seed;
   int64_t logging_steps = 500;
+  std::string logging_strategy = "steps";  ///< no | steps | epoch
   bool logging_first_step = false;
+  /// TensorBoard's folder (report_to tensorboard); empty: HF's default, output_dir/runs/<date>_<host>.
+  std::string logging_dir;
   int64_t save_steps = 500;
   std::optional<int64_t> save_total_limit;
   bool gradient_checkpointing = false;
@@ -255,6 +268,8 @@ struct TrainingArguments {
   std::string deepspeed;
   int64_t ddp_timeout = 1800;          ///< seconds, for collectives
   int64_t rendezvous_timeout = 300;    ///< seconds, for start-up
+  /// none | tensorboard | all (= tensorboard), comma-separated; other integrations are
+  /// accepted with a warning (metrics always go to the log and trainer_log.jsonl).
   std::string report_to = "none";
   std::string run_name;
   bool disable_tqdm = false;
@@ -282,17 +297,26 @@ struct TrainingArguments {
   /// Names of the options that were given explicitly (flag or JSON key), as opposed to defaulted.
   std::set<std::string> given;
   bool is_given(const std::string& name) const { return given.count(name) != 0; }
+  /// HF TrainingArguments fields that were given but have no effect in zerotrain, each with the
+  /// line to warn with once (the Trainer does, on rank 0).
+  std::map<std::string, std::string> ignored;
 };
 
 /// Applies `--name value` / `--name=value` flags (`--fp16` alone means true; `True`/`false`/`1`
-/// accepted). `--local_rank N` is accepted and ignored. Positional arguments are returned in
-/// order. Throws ConfigError naming an unknown flag or a bad value.
+/// accepted). `--local_rank N` is accepted and ignored; so is every other HF TrainingArguments
+/// field, recorded in `ignored` (or a ConfigError when its value would change results).
+/// Positional arguments are returned in order. Throws ConfigError naming an unknown flag or a
+/// bad value.
 std::vector<std::string> apply_training_flags(TrainingArguments& args,
                                               const std::vector<std::string>& argv);
 
 /// Applies a JSON object of the same names. `source` names it in messages.
 void apply_training_json(TrainingArguments& args, std::string_view json_object,
                          const std::string& source = "<string>");
+
+/// Applies the JSON object in the file `path` (`zerotrain train --options FILE.json`): a regular
+/// file of at most 64 MiB, else an IoError naming it.
+void apply_training_file(TrainingArguments& args, const std::string& path);
 
 /// The DeepSpeed config the arguments name: none (an empty DeepSpeedConfig: plain data
 /// parallel, stage 0), inline JSON text, or a file path.
@@ -334,5 +358,12 @@ int64_t warmup_steps_for(const TrainingArguments& args, int64_t total_train_step
 
 /// One line per setting, for logs and `zerotrain config`.
 std::string describe(const DeepSpeedConfig& ds);
+
+/// The config as DeepSpeed JSON (what a resolved config amounts to; values still "auto" are
+/// written as "auto"). `optimizer` and `scheduler` appear only when the config had them.
+std::string deepspeed_config_json(const DeepSpeedConfig& ds);
+
+/// Every training option by its name (aliases left out) with its value, as one JSON object.
+std::string training_arguments_json(const TrainingArguments& args);
 
 }  // namespace zt

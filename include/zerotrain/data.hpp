@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,7 @@ namespace zt {
 constexpr int32_t kIgnoreLabel = -100;
 
 struct DataOptions {
-  std::string template_name = "alpaca_zh";  ///< alpaca_zh | alpaca | chatml | plain
+  std::string template_name = "alpaca_zh";  ///< a template name (resolve_template resolves "auto")
   int64_t max_length = 1024;                ///< tokens per example; longer ones lose their end
   bool train_on_prompt = false;             ///< prompt tokens are trained too
   bool skip_bad_lines = false;              ///< skip (and count) malformed lines, do not fail
@@ -127,6 +128,28 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
 /// An unknown template is a ConfigError.
 std::string render_prompt(const std::string& template_name, const std::string& instruction,
                           const std::string& input = "");
+
+/// The ids of that prompt as training encodes them: bos first where the tokenizer adds one to
+/// an instruction template's text (a model's chat format writes its own).
+std::vector<int32_t> encode_prompt(const std::string& template_name, const Tokenizer& tok,
+                                   const std::string& instruction, const std::string& input = "");
+
+/// Every template name: the instruction templates (alpaca_zh, alpaca, chatml, plain), then the
+/// models' chat formats (docs/data.md).
+std::vector<std::string> template_names();
+
+/// The template a run uses for `name`: "auto" is the model folder's own chat format
+/// (recognized from its chat template), else alpaca_zh when it has none; any other name must be
+/// a template. The chosen format's special tokens must each be one token of `tok` (ConfigError
+/// naming the token otherwise). `source`, when given, receives why it was chosen.
+std::string resolve_template(const std::string& name, const std::string& model_dir, const Tokenizer& tok,
+                             std::string* source = nullptr);
+
+/// The template recorded in `dir`/zerotrain_template.json (written with every checkpoint and
+/// exported model by the trainer), if there is one. A record naming no template is a ConfigError.
+std::optional<std::string> recorded_template(const std::string& dir);
+/// Writes `dir`/zerotrain_template.json naming `name` (atomically).
+void record_template(const std::string& dir, const std::string& name);
 
 // ---- cache ---------------------------------------------------------------------------------
 

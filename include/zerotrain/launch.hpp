@@ -43,9 +43,15 @@ struct LaunchResult {
 
 /// Runs `command` (argv[0] searched in PATH) as `nproc` processes with torchrun's variables
 /// (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and waits for all
-/// of them. Ranks die with the launcher (PR_SET_PDEATHSIG). Blocking; not collective; call from
-/// one thread at a time. Throws InvalidArgument for an empty command or nproc < 1.
+/// of them. The ranks form a process group of their own (so a signal meant for them never
+/// reaches the launcher's caller or its other children: see signal_ranks) and die with the
+/// launcher (PR_SET_PDEATHSIG). Blocking; not collective; call from one thread at a time.
+/// Throws InvalidArgument for an empty command or nproc < 1.
 LaunchResult launch_local(const std::vector<std::string>& command, const LocalLaunchOptions& options);
+
+/// Sends `sig` to the process group of the ranks launch_local is running, and to nothing else;
+/// does nothing when none runs. Async-signal-safe: for the launcher's own signal handlers.
+void signal_ranks(int sig);
 
 /// A TCP port on `addr` that was free a moment ago (bound to port 0, then released).
 int pick_free_port(const std::string& addr = "127.0.0.1");

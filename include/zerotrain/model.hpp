@@ -51,6 +51,9 @@ struct ModelConfig {
   double initializer_range = 0.02;
   std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
   std::string source = "<inline>";
+  /// The config.json text this config was read from by load_model_config (empty for a config
+  /// given inline): model_config_json writes its members back as they were.
+  std::string source_json;
 
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
   /// Total parameters of the model this config builds.
@@ -62,7 +65,11 @@ struct ModelConfig {
 ModelConfig parse_model_config(std::string_view json, const std::string& source = "<inline>");
 /// Reads `<dir>/config.json` (or a file path).
 ModelConfig load_model_config(const std::string& path);
-/// config.json text for `config` in transformers' 5.x spelling (as save_pretrained writes).
+/// config.json text for `config` that transformers 4.43+ and 5.x both read as this model. A
+/// config read from a file keeps every member of that file as it was, with `dtype` changed to
+/// the config's and the other line's spelling added where it is missing (`rope_theta` /
+/// `rope_scaling` / `torch_dtype` for 4.x, `rope_parameters` / `dtype` for 5.x). An inline
+/// config is written in full, in both spellings.
 std::string model_config_json(const ModelConfig& config);
 
 /// Loss of a batch: the sum of token losses and the number of tokens it covers.
@@ -166,7 +173,11 @@ void load_weights(torch::nn::Module& model, ParameterSource& source);
 /// Copies the files that travel with a model folder's weights — tokenizer files
 /// (tokenizer.json, tokenizer_config.json, special_tokens_map.json, tokenizer.model,
 /// vocab.json, merges.txt, chat_template.jinja) and generation_config.json — from `from` to
-/// `to`, those that exist. Returns how many were copied.
+/// `to`, those that exist. Links are followed for reading (a hub cache's snapshot links into
+/// its blobs), but each must be a regular file of at most 1 GiB and the JSON ones must parse as
+/// JSON objects — one that is not what its name says is not copied (a warning names it); they
+/// are written atomically, so a link at the destination is replaced, never written through.
+/// Returns how many were copied.
 int copy_model_companion_files(const std::string& from, const std::string& to);
 
 /// Checks that a checkpoint has every tensor the model needs with the right shape; throws

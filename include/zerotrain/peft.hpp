@@ -87,6 +87,16 @@ void save_adapter(CausalLM& model, const PeftConfig& config, const std::string& 
 /// other PEFT types, ...) are ConfigErrors naming them.
 PeftConfig load_adapter_config(const std::string& dir);
 
+/// The base model folder of the adapter in `adapter_dir`: `override` when given, else its
+/// adapter_config.json's base_model_name_or_path, taken as PEFT takes it (a relative path is
+/// relative to the current directory). A base that names no folder is a ConfigError saying
+/// what to pass instead.
+std::string adapter_base_model(const std::string& adapter_dir, const std::string& override = "");
+
+/// The tensors of an adapter folder's adapter_model.safetensors by the model's parameter names
+/// (PEFT's `base_model.model.` prefix removed): LoRA A/B, trained biases, modules_to_save.
+std::shared_ptr<ParameterSource> adapter_source(const std::string& adapter_dir);
+
 /// Applies a PEFT adapter folder to `model` (built without one): LoRA weights are loaded into
 /// newly created adapters (trainable when `trainable`); P-Tuning and prefix adapters become a
 /// fixed table of prompt_embeddings, as PEFT loads them for inference. Shapes are checked.

@@ -30,7 +30,10 @@ struct TensorInfo {
 /// One .safetensors file, memory-mapped read-only. The header is validated completely on open
 /// (size bounds, JSON, known dtypes, shapes, offsets inside the file and non-overlapping,
 /// shape × dtype = byte length): a corrupt or truncated file is an IoError naming the file and,
-/// where one is at fault, the tensor.
+/// where one is at fault, the tensor. Files zerotrain wrote with save_safetensors carry a CRC-32C
+/// per 16 MiB of every tensor in __metadata__ ("crc32c:<tensor>"); load and read_range verify
+/// the chunks they touch (once each), so a damaged byte is an IoError naming the file and the
+/// tensor, never a value. Its const methods may be called from several threads at once.
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
@@ -59,9 +62,15 @@ class SafetensorsFile {
   int fd_ = -1;
   void* map_ = nullptr;
   size_t size_ = 0;
+  /// Throws IoError when a chunk of `name` overlapping bytes [begin, end) of its data fails its
+  /// recorded checksum; nothing when the file records none.
+  void verify(const std::string& name, const TensorInfo& info, int64_t begin, int64_t end) const;
+
   std::map<std::string, TensorInfo> tensors_;
   std::vector<std::string> order_;
   std::map<std::string, std::string> metadata_;
+  mutable std::mutex verified_mutex_;
+  mutable std::map<std::string, std::vector<bool>> verified_;  ///< per tensor, per chunk
 };
 
 /// A model folder's weights: model.safetensors, or shards listed by model.safetensors.index.json
@@ -89,7 +98,8 @@ class SafetensorsCheckpoint {
 };
 
 /// Writes tensors (in the given order) to one safetensors file, atomically: a temporary file in
-/// the same folder renamed over `path` only when complete. `metadata` lands in __metadata__.
+/// the same folder renamed over `path` only when complete. `metadata` lands in __metadata__,
+/// with the tensors' CRC-32C checksums (see SafetensorsFile).
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {{"format", "pt"}});

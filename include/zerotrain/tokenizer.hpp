@@ -42,6 +42,12 @@ class Tokenizer {
   virtual std::string fingerprint() const = 0;
 };
 
+/// The first `max_ids` ids of `tok.encode(text)` (all of them when there are fewer), computed
+/// from a prefix of the text a few times the size those ids need, so that truncating a huge
+/// text costs memory and time in proportion to `max_ids`, not to the text. The prefix grows
+/// until two cuts agree on those ids (a cut changes only the tokens just before it).
+std::vector<int32_t> encode_prefix(const Tokenizer& tok, std::string_view text, size_t max_ids);
+
 /// The built-in byte-level tokenizer: ids 0-255 are the bytes of the UTF-8 text, 256 = bos,
 /// 257 = eos, 258 = pad (vocab_size 259), add_bos true, add_eos false. decode returns the bytes
 /// as they are, invalid UTF-8 included. Every call returns the same shared instance.
@@ -58,9 +64,15 @@ std::shared_ptr<Tokenizer> byte_tokenizer();
 ///   tokenizer_config.json) but no tokenizer.json: ConfigError asking for a tokenizer.json
 ///   (save the tokenizer with HF transformers' save_pretrained);
 /// - a folder without tokenizer files: the byte tokenizer, with a warning naming the folder.
-/// The tokenizer's vocab_size must not exceed `model_vocab_size` (ConfigError naming both; the
-/// byte tokenizer needs 259). A `model_dir` that is not a folder is an IoError. Loading reads
-/// and checks the whole vocabulary: call it once and share the result.
+/// An HF tokenizer's vocab_size must not exceed `model_vocab_size` (ConfigError naming both).
+/// The byte tokenizer is returned whatever the model's size: a host that feeds token ids needs
+/// none, and what encodes text checks check_tokenizer_fits first. A `model_dir` that is not a
+/// folder is an IoError. Loading reads and checks the whole vocabulary: call it once and share
+/// the result.
 std::shared_ptr<Tokenizer> load_tokenizer(const std::string& model_dir, int64_t model_vocab_size);
+
+/// Throws ConfigError naming both sizes when `tok` makes ids a model with `model_vocab_size`
+/// embedding rows cannot take (the byte tokenizer needs 259).
+void check_tokenizer_fits(const Tokenizer& tok, int64_t model_vocab_size);
 
 }  // namespace zt

@@ -3,7 +3,8 @@
 // evaluation, checkpoints with exact resume (also on another world size) and the final model.
 //
 // Collective-ness: the constructor, train() and evaluate() are collectives — every rank of the
-// communicator calls them. cancel() may be called from any thread or a signal handler.
+// communicator calls them. cancel() and preempt() may be called from any thread or a signal
+// handler.
 // Callbacks run on rank 0 only, on the thread that called train().
 #pragma once
 
@@ -99,6 +100,13 @@ class Trainer {
   double evaluate();
   /// Asks the run to stop at the next optimizer step (every rank agrees on which).
   void cancel();
+  /// Asks the run to save a checkpoint at the next optimizer step boundary and then stop, as a
+  /// scheduler's SIGTERM / SIGUSR1 before preemption asks; train() then throws CancelledError
+  /// naming the checkpoint. `signal` is kept for preempted_by(). Lock-free: callable from a
+  /// signal handler or any thread.
+  void preempt(int signal);
+  /// The signal of the preempt() that stopped train() (the agreed one on every rank), else 0.
+  int preempted_by() const;
 
   /// One micro-batch given by the caller, for hosts that bring their own data: `input_ids`
   /// [batch, seq] int64 on this rank; `labels` the same shape (-100 ignored), or undefined for a

@@ -140,6 +140,44 @@ ZT_EXPORT zt_status zt_trainer_export(zt_trainer *t, const char *dir); /* HF fol
  * free its trainer; using `t` afterwards is undefined. */
 ZT_EXPORT void zt_trainer_free(zt_trainer *t);
 
+/* ---- Tokenizers (appended in 0.2) ----------------------------------------------------------
+ * A host that tokenizes its own data gets the ids the trainer's data pipeline makes. A
+ * zt_tokenizer is immutable: its functions may be called from several threads at once. */
+typedef struct zt_tokenizer zt_tokenizer; /* opaque */
+
+/* Loads the tokenizer of an HF model folder (tokenizer.json + tokenizer_config.json), as
+ * zt_trainer_create does for "model_name_or_path"; NULL or "" gives the built-in byte-level
+ * tokenizer (ids 0-255 bytes, 256 bos, 257 eos, 258 pad), as does a folder without tokenizer
+ * files. On success *out owns the tokenizer (free it with zt_tokenizer_free); on failure *out
+ * is NULL. Errors: a folder that does not exist → ZT_ERR_IO; an unsupported tokenizer.json →
+ * ZT_ERR_CONFIG. Not collective. */
+ZT_EXPORT zt_status zt_tokenizer_load(const char *model_dir, zt_tokenizer **out);
+
+/* The ids of `text_len` bytes of UTF-8 `text` (special-token strings such as "<|im_end|>" become
+ * their ids, as HF tokenizers do). With `add_bos` nonzero, bos comes first where the tokenizer
+ * adds one (LLaMA: yes, Qwen: no). *n_ids receives the number of ids; they are written to `ids`
+ * when `capacity` holds them all. `ids` may be NULL with `capacity` 0 to ask for the count;
+ * a smaller nonzero capacity is ZT_ERR_INVALID_ARGUMENT (with *n_ids set: call again). */
+ZT_EXPORT zt_status zt_tokenizer_encode(const zt_tokenizer *tok, const char *text, int64_t text_len,
+                                        int32_t add_bos, int32_t *ids, int64_t capacity, int64_t *n_ids);
+
+/* The text of `n_ids` ids (special ids and -100 skipped), NUL-terminated into `text` of
+ * `capacity` bytes; *n_bytes receives its length without the NUL. The same sizing rule as
+ * zt_tokenizer_encode (capacity 0 asks; the text needs *n_bytes + 1 bytes). */
+ZT_EXPORT zt_status zt_tokenizer_decode(const zt_tokenizer *tok, const int32_t *ids, int64_t n_ids, char *text,
+                                        int64_t capacity, int64_t *n_bytes);
+
+/* Ids are in [0, vocab size). bos / eos / pad are -1 where the tokenizer has none (pad: batches
+ * are padded with eos then, as HF does). A NULL tokenizer gives -1 and sets
+ * ZT_ERR_INVALID_ARGUMENT. */
+ZT_EXPORT int64_t zt_tokenizer_vocab_size(const zt_tokenizer *tok);
+ZT_EXPORT int32_t zt_tokenizer_bos_id(const zt_tokenizer *tok);
+ZT_EXPORT int32_t zt_tokenizer_eos_id(const zt_tokenizer *tok);
+ZT_EXPORT int32_t zt_tokenizer_pad_id(const zt_tokenizer *tok);
+
+/* Frees the tokenizer. NULL is fine. */
+ZT_EXPORT void zt_tokenizer_free(zt_tokenizer *tok);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,6 +3,7 @@
 #include "zerotrain/checkpoint.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <exception>
 #include <filesystem>
 #include <map>
@@ -26,6 +27,18 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kLayout = "layout.json";
+// The lock file readers hold (shared) inside a folder they read, and rotation tries (exclusive).
+constexpr const char* kReadLock = ".zerotrain.lock";
+// Metadata keys of the shard files' checksums (written by the safetensors writer itself).
+constexpr const char* kChecksumPrefix = "crc32c:";
+
+// A non-negative decimal count that fits int64 ("42"); nullopt for anything else.
+std::optional<int64_t> parse_count(const std::string& text) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < 0 || text.empty()) return std::nullopt;
+  return v;
+}
 constexpr const char* kFormat = "zerotrain-optimizer-state";
 constexpr int kVersion = 1;
 
@@ -80,8 +93,12 @@ Layout read_layout(const std::string& dir) {
     return out;
   };
   l.kinds = strings("kinds");
+  if (l.kinds.empty()) r.fail_value("kinds", "names no state kind (master, exp_avg, ...)");
   l.files = strings("files");
   if (static_cast<int>(l.files.size()) != l.world) r.fail_value("files", "needs one file per rank");
+  for (size_t k = 0; k < l.files.size(); ++k) {  // paths inside the checkpoint folder only
+    l.files[k] = files::descendant(dir, l.files[k], fmt::format("'{}': files[{}]", path, k));
+  }
   const rapidjson::Value* params = r.find("parameters");
   if (params == nullptr || !params->IsArray()) r.fail("parameters", "an array");
   for (const auto& p : params->GetArray()) {
@@ -173,12 +190,23 @@ class StoredState {
  public:
   explicit StoredState(const std::string& dir) : dir_(dir), layout_(read_layout(dir)) {
     for (size_t f = 0; f < layout_.files.size(); ++f) {
-      files_.push_back(std::make_unique<SafetensorsFile>(dir + "/" + layout_.files[f]));
+      files_.push_back(std::make_unique<SafetensorsFile>(layout_.files[f]));
       const SafetensorsFile& file = *files_.back();
       for (const auto& [name, begin] : file.metadata()) {
-        if (name == "format") continue;
+        if (name == "format" || name.rfind(kChecksumPrefix, 0) == 0) continue;
         const std::string key = layout_.kinds.front() + "/" + name;
-        runs_[name].push_back(Run{f, std::stoll(begin), file.info(key).numel});
+        if (!file.contains(key)) {
+          throw IoError(fmt::format("checkpoint file '{}' lists '{}' in its metadata but holds no '{}'; the file is "
+                                    "damaged",
+                                    file.path(), name, key));
+        }
+        std::optional<int64_t> first = parse_count(begin);
+        if (!first) {
+          throw IoError(fmt::format("checkpoint file '{}': the metadata of '{}' is \"{}\", not an element offset; "
+                                    "the file is damaged",
+                                    file.path(), name, begin));
+        }
+        runs_[name].push_back(Run{f, *first, file.info(key).numel});
       }
     }
   }
@@ -249,24 +277,45 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& output_dir) {
   for (const auto& entry : fs::directory_iterator(output_dir, ec)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && std::regex_match(name, m, pattern)) {
-      out.push_back(CheckpointInfo{entry.path().string(), std::stoll(m[1].str())});
+    // Real folders only: a link named checkpoint-N could lead anywhere.
+    if (!entry.is_directory(ec) || entry.is_symlink(ec) || !std::regex_match(name, m, pattern)) continue;
+    std::optional<int64_t> step = parse_count(m[1].str());
+    if (!step) {
+      log::warn("'{}': the step in '{}' does not fit a 64-bit integer; ignoring that folder", output_dir, name);
+      continue;
     }
+    out.push_back(CheckpointInfo{entry.path().string(), *step});
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
   return out;
 }
 
+std::optional<std::string> checkpoint_in(const std::string& output_dir, const std::string& name) {
+  static const std::regex pattern("checkpoint-[0-9]+");
+  std::error_code ec;
+  if (!std::regex_match(name, pattern)) return std::nullopt;
+  const fs::path dir = fs::path(output_dir) / name;
+  const fs::file_status st = fs::symlink_status(dir, ec);
+  if (ec || !fs::is_directory(st)) return std::nullopt;  // not there, or a link
+  return dir.string();
+}
+
 std::optional<std::string> latest_checkpoint(const std::string& output_dir) {
   std::error_code ec;
   const std::string pointer = output_dir + "/latest";
-  if (fs::is_regular_file(pointer, ec)) {
-    std::string name = files::read_text(pointer, "latest-checkpoint pointer");
-    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
-    if (!name.empty() && name.find('/') == std::string::npos && fs::is_directory(output_dir + "/" + name, ec)) {
-      return output_dir + "/" + name;
+  if (fs::exists(pointer, ec)) {
+    std::string name;
+    try {
+      name = files::read_text(pointer, "latest-checkpoint pointer", 4096);
+    } catch (const IoError& e) {
+      log::warn("{}; using the highest step", e.what());
     }
-    log::warn("'{}' names '{}', which is not a checkpoint folder there; using the highest step", pointer, name);
+    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
+    if (std::optional<std::string> dir = checkpoint_in(output_dir, name)) return dir;
+    if (!name.empty()) {
+      log::warn("'{}' names '{}', which is not a checkpoint-<step> folder there; using the highest step", pointer,
+                name);
+    }
   }
   std::vector<CheckpointInfo> all = list_checkpoints(output_dir);
   if (all.empty()) return std::nullopt;
@@ -340,7 +389,14 @@ std::string CheckpointWriter::commit(bool ok, std::optional<int64_t> total_limit
         int64_t excess = static_cast<int64_t>(all.size()) - *total_limit;
         for (const CheckpointInfo& c : all) {
           if (excess <= 0) break;
-          if (c.path == final_ || (!keep.empty() && fs::equivalent(c.path, keep))) continue;
+          std::error_code same_ec;
+          if (c.path == final_ || (!keep.empty() && fs::equivalent(c.path, keep, same_ec))) continue;
+          // A checkpoint being read (merge, verify: a shared lock) is kept until the next save.
+          std::optional<files::FileLock> held = files::FileLock::try_lock(c.path + "/" + kReadLock, true);
+          if (!held) {
+            log::info("rotation: keeping '{}' for now; it is being read", c.path);
+            continue;
+          }
           files::remove_tree(c.path);
           --excess;
         }
@@ -443,6 +499,24 @@ void load_engine_state(Engine& engine, const std::string& dir) {
 
 std::shared_ptr<ParameterSource> checkpoint_master_source(const std::string& dir) {
   return std::make_shared<MasterSource>(dir);
+}
+
+ReadLock::ReadLock(const std::string& folder) {
+  const std::string path = folder + "/" + kReadLock;
+  std::optional<files::FileLock> lock;
+  try {
+    lock = files::FileLock::try_lock(path, /*exclusive=*/false);
+  } catch (const IoError& e) {
+    // A folder this process may not write (a read-only copy): nothing can delete it under us.
+    log::debug("{}: read without a lock", e.what());
+    return;
+  }
+  if (!lock) {
+    const std::string holder = files::FileLock::holder_of(path);
+    throw IoError(fmt::format("'{}' is being written by a run ({}); wait for it to finish", folder,
+                              holder.empty() ? path : holder));
+  }
+  held_ = std::make_shared<files::FileLock>(std::move(*lock));
 }
 
 }  // namespace zt

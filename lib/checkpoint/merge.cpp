@@ -1,5 +1,6 @@
-// `zerotrain merge`: a checkpoint's sharded fp32 masters (plus the base model where the
-// checkpoint holds only part of the weights) streamed into an HF model folder.
+// `zerotrain merge`: a checkpoint's sharded fp32 masters, or a run's final adapter or model
+// folder (plus the base model where it holds only part of the weights), streamed into an HF
+// model folder.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -39,15 +40,21 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
     throw ConfigError(fmt::format("merge: '{}' is not empty; choose a new folder (nothing there is overwritten)",
                                   out_dir));
   }
-  if (!fs::is_regular_file(checkpoint_dir + "/layout.json", ec)) {
-    throw IoError(fmt::format("merge: '{}' is not a zerotrain checkpoint (no layout.json); name a "
-                              "checkpoint-<step> folder",
+  const ReadLock reading(checkpoint_dir);  // rotation keeps it meanwhile
+  // What the folder is: a checkpoint (fp32 masters, sharded) or a run's final output folder (an
+  // adapter folder, or an HF model folder); and what it holds: a LoRA adapter over a base
+  // model, or (part of) a whole model.
+  const bool checkpoint = fs::is_regular_file(checkpoint_dir + "/layout.json", ec);
+  const bool adapter = fs::is_regular_file(checkpoint_dir + "/adapter_config.json", ec);
+  if (!checkpoint && !adapter && !fs::is_regular_file(checkpoint_dir + "/config.json", ec)) {
+    throw IoError(fmt::format("merge: '{}' is neither a zerotrain checkpoint (layout.json), an adapter folder "
+                              "(adapter_config.json) nor a model folder (config.json); name a checkpoint-<step> "
+                              "folder or a run's output_dir",
                               checkpoint_dir));
   }
-  std::shared_ptr<ParameterSource> masters = checkpoint_master_source(checkpoint_dir);
-
-  // What the checkpoint is: a LoRA adapter over a base model, or (part of) a whole model.
-  const bool adapter = fs::is_regular_file(checkpoint_dir + "/adapter_config.json", ec);
+  std::shared_ptr<ParameterSource> masters = checkpoint ? checkpoint_master_source(checkpoint_dir)
+                                             : adapter  ? adapter_source(checkpoint_dir)
+                                                        : checkpoint_source(checkpoint_dir);
   PeftConfig peft;
   std::string base_dir = options.base_model;
   ModelConfig config;
@@ -58,11 +65,7 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
                                     "rather than changing weights; load it with PEFT (or zerotrain) instead",
                                     checkpoint_dir));
     }
-    if (base_dir.empty()) base_dir = peft.base_model_name_or_path;
-    if (base_dir.empty()) {
-      throw ConfigError(fmt::format("merge: the adapter in '{}' names no base model; pass --base_model DIR",
-                                    checkpoint_dir));
-    }
+    base_dir = adapter_base_model(checkpoint_dir, options.base_model);
     config = load_model_config(base_dir);
   } else {
     if (!fs::is_regular_file(checkpoint_dir + "/config.json", ec)) {

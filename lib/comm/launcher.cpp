@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -21,6 +22,19 @@
 extern char** environ;
 
 namespace zt {
+
+namespace {
+
+// The running launch's process group (the first rank's pid), 0 when none: read by signal_ranks
+// from signal handlers.
+std::atomic<pid_t> g_rank_group{0};
+
+}  // namespace
+
+void signal_ranks(int sig) {
+  const pid_t group = g_rank_group.load();
+  if (group > 0) ::kill(-group, sig);
+}
 
 int pick_free_port(const std::string& addr) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -103,6 +117,7 @@ LaunchResult launch_local(const std::vector<std::string>& command,
   }
 
   const pid_t parent = ::getpid();
+  pid_t group = 0;  // the ranks' own process group: the first rank's pid
   for (int r = 0; r < options.nproc; ++r) {
     int log_fd = -1;
     if (!options.output_dir.empty()) {
@@ -115,6 +130,7 @@ LaunchResult launch_local(const std::vector<std::string>& command,
     }
     pid_t pid = ::fork();
     if (pid == 0) {
+      ::setpgid(0, group);  // both sides set it, so no signal can come before it holds
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(125);
       if (log_fd >= 0) {
@@ -132,8 +148,16 @@ LaunchResult launch_local(const std::vector<std::string>& command,
       for (pid_t p : pids) if (p > 0) ::kill(p, SIGKILL);
       throw InvalidArgument(fmt::format("fork() failed: {}", std::strerror(errno)));
     }
+    ::setpgid(pid, group);
+    if (group == 0) {
+      group = pid;
+      g_rank_group.store(group);
+    }
     pids[static_cast<size_t>(r)] = pid;
   }
+  struct ClearGroup {
+    ~ClearGroup() { g_rank_group.store(0); }
+  } clear_group;
 
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();

@@ -3,11 +3,13 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <set>
 #include <type_traits>
 #include <variant>
 
 #include <fmt/format.h>
 
+#include "config/hf_compat.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "zerotrain/config.hpp"
@@ -17,7 +19,7 @@ namespace {
 
 using Args = TrainingArguments;
 using Member = std::variant<bool Args::*, int64_t Args::*, double Args::*, std::string Args::*,
-                            std::optional<int64_t> Args::*>;
+                            std::optional<int64_t> Args::*, std::optional<bool> Args::*>;
 
 struct Option {
   const char* name;
@@ -37,19 +39,26 @@ const std::vector<Option>& options() {
       {"resume_from_checkpoint", &Args::resume_from_checkpoint, {}, -1e308, "a checkpoint folder, or True for the newest in output_dir"},
       {"train_file", &Args::train_file, {}, -1e308, "JSONL training data"},
       {"eval_file", &Args::eval_file, {}, -1e308, "JSONL evaluation data"},
-      {"template", &Args::template_name, {"alpaca_zh", "alpaca", "chatml", "plain"}, -1e308, "prompt template for instruction data"},
+      {"template", &Args::template_name, {}, -1e308, "prompt / chat template: auto (the model's own chat format, else alpaca_zh) or a name from docs/data.md"},
       {"max_length", &Args::max_length, {}, 1, "tokens per example after truncation"},
+      {"model_max_length", &Args::max_length, {}, 1, "alias of max_length"},
       {"train_on_prompt", &Args::train_on_prompt, {}, -1e308, "compute the loss on prompt tokens too"},
       {"skip_bad_lines", &Args::skip_bad_lines, {}, -1e308, "skip (and count) malformed JSONL lines instead of failing"},
       {"group_by_length", &Args::group_by_length, {}, -1e308, "batch examples of similar length (HF LengthGroupedSampler)"},
       {"packing", &Args::packing, {}, -1e308, "pack examples into max_length sequences (no attention across them)"},
       {"cache_dir", &Args::cache_dir, {}, -1e308, "tokenized-data cache (default: output_dir/.cache)"},
       {"device", &Args::device, {"auto", "cpu", "cuda"}, -1e308, "auto: one GPU per rank when CUDA is present, else CPU"},
+      {"use_cpu", &Args::use_cpu, {}, -1e308, "train on the CPU (device cpu)"},
+      {"no_cuda", &Args::use_cpu, {}, -1e308, "alias of use_cpu"},
+      {"torch_dtype", &Args::torch_dtype, {"auto", "float32", "bfloat16", "float16", "None"}, -1e308, "bfloat16 / float16 turn on bf16 / fp16"},
+      {"tf32", &Args::tf32, {}, -1e308, "TF32 for fp32 matmuls on GPUs (default: LibTorch's, off)"},
       {"do_train", &Args::do_train, {}, -1e308, "accepted (training runs when train_file is given)"},
       {"do_eval", &Args::do_eval, {}, -1e308, "accepted (evaluation runs when eval_file is given)"},
       // Batches and optimization.
       {"per_device_train_batch_size", &Args::per_device_train_batch_size, {}, 1, "micro-batch per rank"},
+      {"per_gpu_train_batch_size", &Args::per_device_train_batch_size, {}, 1, "alias of per_device_train_batch_size"},
       {"per_device_eval_batch_size", &Args::per_device_eval_batch_size, {}, 1, "evaluation batch per rank"},
+      {"per_gpu_eval_batch_size", &Args::per_device_eval_batch_size, {}, 1, "alias of per_device_eval_batch_size"},
       {"gradient_accumulation_steps", &Args::gradient_accumulation_steps, {}, 1, "micro-batches per optimizer step"},
       {"learning_rate", &Args::learning_rate, {}, 0, "peak learning rate"},
       {"weight_decay", &Args::weight_decay, {}, 0, "AdamW weight decay (not on biases and norms)"},
@@ -75,18 +84,24 @@ const std::vector<Option>& options() {
       {"deepspeed", &Args::deepspeed, {}, -1e308, "DeepSpeed config: a JSON file or inline JSON"},
       // Logging, evaluation, saving.
       {"logging_steps", &Args::logging_steps, {}, 1, "log every N optimizer steps"},
+      {"logging_strategy", &Args::logging_strategy, {"no", "steps", "epoch"}, -1e308, ""},
       {"logging_first_step", &Args::logging_first_step, {}, -1e308, ""},
+      {"logging_dir", &Args::logging_dir, {}, -1e308, "TensorBoard folder (default: output_dir/runs/<date>_<host>)"},
       {"eval_strategy", &Args::eval_strategy, {"no", "steps", "epoch"}, -1e308, ""},
       {"evaluation_strategy", &Args::eval_strategy, {"no", "steps", "epoch"}, -1e308, "alias of eval_strategy"},
       {"eval_steps", &Args::eval_steps, {}, 1, "evaluate every N steps (default: logging_steps)"},
+      {"eval_delay", &Args::eval_delay, {}, 0, "no evaluation before this many steps (epochs with eval_strategy epoch)"},
+      {"eval_on_start", &Args::eval_on_start, {}, -1e308, "evaluate once before training"},
       {"save_strategy", &Args::save_strategy, {"no", "steps", "epoch"}, -1e308, ""},
       {"save_steps", &Args::save_steps, {}, 1, "checkpoint every N optimizer steps"},
       {"save_total_limit", &Args::save_total_limit, {}, 1, "keep at most N checkpoints (the best one too)"},
       {"load_best_model_at_end", &Args::load_best_model_at_end, {}, -1e308, "save the best checkpoint's weights as the final model"},
       {"metric_for_best_model", &Args::metric_for_best_model, {"eval_loss", "loss"}, -1e308, ""},
+      {"greater_is_better", &Args::greater_is_better, {}, -1e308, "default false: the metrics are losses"},
+      {"ignore_data_skip", &Args::ignore_data_skip, {}, -1e308, "on resume, start the saved epoch from its beginning"},
       {"ddp_timeout", &Args::ddp_timeout, {}, 1, "seconds every collective may take"},
       {"rendezvous_timeout", &Args::rendezvous_timeout, {}, 1, "seconds start-up may take"},
-      {"report_to", &Args::report_to, {"none"}, -1e308, "metrics go to the log and trainer_log.jsonl"},
+      {"report_to", &Args::report_to, {}, -1e308, "none, tensorboard or all (metrics always go to the log and trainer_log.jsonl)"},
       {"run_name", &Args::run_name, {}, -1e308, "accepted"},
       {"disable_tqdm", &Args::disable_tqdm, {}, -1e308, "plain log lines instead of a live progress line"},
       // Fine-tuning method.
@@ -150,6 +165,8 @@ std::string suggestion(std::string_view name) {
   return best ? fmt::format(" (did you mean '{}'?)", best->name) : "";
 }
 
+constexpr const char* kBooleanWords = "true or false (True, False, true, false, 1, 0, yes, no)";
+
 std::optional<bool> parse_bool_text(std::string_view s) {
   if (s == "true" || s == "True" || s == "TRUE" || s == "1" || s == "yes") return true;
   if (s == "false" || s == "False" || s == "FALSE" || s == "0" || s == "no") return false;
@@ -194,14 +211,22 @@ void assign(Args& args, const Option& o, const RawValue& v, const std::string& w
     const RawValue& v;
     const std::string& where;
 
-    void operator()(bool Args::*m) const {
+    void operator()(bool Args::*m) const { args.*m = boolean(); }
+    void operator()(std::optional<bool> Args::*m) const {
+      if ((v.json && v.json->IsNull()) || (!v.json && (v.text == "None" || v.text == "null"))) {
+        (args.*m).reset();
+        return;
+      }
+      args.*m = boolean();
+    }
+    bool boolean() const {
       std::optional<bool> b;
       if (v.json && v.json->IsBool()) b = v.json->GetBool();
       if (!v.json || v.json->IsString()) {
         b = parse_bool_text(v.json ? v.json->GetString() : v.text);
       }
-      if (!b) bad_value(where, o, v, "true or false");
-      args.*m = *b;
+      if (!b) bad_value(where, o, v, kBooleanWords);
+      return *b;
     }
     void operator()(int64_t Args::*m) const { args.*m = integer(); }
     void operator()(std::optional<int64_t> Args::*m) const {
@@ -225,6 +250,11 @@ void assign(Args& args, const Option& o, const RawValue& v, const std::string& w
       } else if (v.json && v.json->IsObject() &&
                  (std::string_view(o.name) == "deepspeed" || std::string_view(o.name) == "model_config")) {
         s = json::dump(*v.json);  // an inline DeepSpeed config or model config
+      } else if (v.json && v.json->IsArray() && std::string_view(o.name) == "report_to") {
+        for (const auto& item : v.json->GetArray()) {  // HF's list form
+          if (!item.IsString()) bad_value(where, o, v, "a string or a list of strings");
+          s += (s.empty() ? "" : ",") + std::string(item.GetString());
+        }
       } else if (v.json) {
         bad_value(where, o, v, "a string");
       } else {
@@ -250,6 +280,69 @@ void assign(Args& args, const Option& o, const RawValue& v, const std::string& w
   };
   std::visit(Visitor{args, o, v, where}, o.member);
   args.given.insert(o.name);
+}
+
+void validate(const Args& a, const std::string& where);
+
+// The integrations HF's report_to names besides TensorBoard: accepted with a warning.
+bool is_other_integration(const std::string& name) {
+  static const std::set<std::string> names = {"azure_ml", "clearml", "codecarbon", "comet_ml", "dagshub",
+                                              "dvclive",  "flyte",   "mlflow",     "neptune",  "swanlab",
+                                              "trackio",  "wandb",   "tensorboardx"};
+  return names.count(name) != 0;
+}
+
+// Settings derived from others (torch_dtype, use_cpu, report_to), then the checks that span
+// several options. Idempotent: the options file and the flags each end with it.
+void finalize(Args& a, const std::string& where) {
+  if (a.torch_dtype == "bfloat16" || a.torch_dtype == "float16") {
+    const bool bf = a.torch_dtype == "bfloat16";
+    bool& mine = bf ? a.bf16 : a.fp16;
+    bool& other = bf ? a.fp16 : a.bf16;
+    const char* other_name = bf ? "fp16" : "bf16";
+    if (other && a.is_given(other_name)) {
+      throw ConfigError(fmt::format("{}torch_dtype {} and {} true contradict each other ({} weights train with "
+                                    "{}); drop one of them",
+                                    where, a.torch_dtype, other_name, a.torch_dtype, bf ? "bf16" : "fp16"));
+    }
+    if (!mine && a.is_given(bf ? "bf16" : "fp16")) {
+      throw ConfigError(fmt::format("{}torch_dtype {} and {} false contradict each other; drop one of them", where,
+                                    a.torch_dtype, bf ? "bf16" : "fp16"));
+    }
+    mine = true;
+    other = false;
+  }
+  if (a.use_cpu) {
+    if (a.device == "cuda") {
+      throw ConfigError(fmt::format("{}use_cpu (no_cuda) and device cuda contradict each other; drop one of them",
+                                    where));
+    }
+    a.device = "cpu";
+  }
+  std::string reports;
+  for (size_t start = 0; start <= a.report_to.size();) {
+    const size_t comma = std::min(a.report_to.find(',', start), a.report_to.size());
+    std::string r = a.report_to.substr(start, comma - start);
+    r.erase(0, r.find_first_not_of(' '));
+    r.erase(r.find_last_not_of(' ') + 1);
+    start = comma + 1;
+    if (r.empty()) continue;
+    if (r == "None") r = "none";
+    if (r == "none" || r == "all" || r == "tensorboard") {
+      reports += (reports.empty() ? "" : ",") + r;
+    } else if (is_other_integration(r)) {
+      a.ignored["report_to " + r] = fmt::format(
+          "report_to {}: zerotrain has no {} integration; metrics go to the log and trainer_log.jsonl "
+          "(and TensorBoard with report_to tensorboard)",
+          r, r);
+    } else {
+      throw ConfigError(fmt::format("{}report_to: unknown integration \"{}\"; zerotrain writes none, "
+                                    "tensorboard or all (= tensorboard)",
+                                    where, r));
+    }
+  }
+  a.report_to = reports.empty() ? "none" : reports;
+  validate(a, where);
 }
 
 // Checks that span several options.
@@ -297,6 +390,27 @@ void validate(const Args& a, const std::string& where) {
   }
 }
 
+// An HF field zerotrain does not use: a warning to give once, or an error when the value given
+// would change results.
+void note_foreign(Args& args, const config::ForeignOption& f, const std::string& canonical,
+                  const std::string& shown, const std::string& where) {
+  if (!config::is_neutral(f, canonical)) {
+    throw ConfigError(fmt::format("{}{} {}: zerotrain cannot honour it ({}); drop it", where, f.name, shown, f.note));
+  }
+  args.ignored[f.name] = fmt::format("{} has no effect in zerotrain: {}", f.name, f.note);
+}
+
+// A JSON value's canonical text (config::canonical_value's rules).
+std::string canonical_json(const rapidjson::Value& v) {
+  if (v.IsNull()) return "none";
+  if (v.IsBool()) return v.GetBool() ? "true" : "false";
+  if (v.IsNumber()) return fmt::format("{:g}", v.GetDouble());
+  if (v.IsString()) return config::canonical_value(std::string_view(v.GetString(), v.GetStringLength()));
+  if (v.IsArray() && v.Empty()) return "[]";
+  if (v.IsObject() && v.ObjectEmpty()) return "{}";
+  return json::dump(v);
+}
+
 bool is_local_rank_flag(std::string_view name) {
   return name == "local_rank" || name == "local-rank";
 }
@@ -316,6 +430,8 @@ std::vector<OptionHelp> training_option_help() {
             h.default_value = v ? "true" : "false";
           } else if constexpr (std::is_same_v<V, std::optional<int64_t>>) {
             h.default_value = v ? std::to_string(*v) : "";
+          } else if constexpr (std::is_same_v<V, std::optional<bool>>) {
+            h.default_value = v ? (*v ? "true" : "false") : "";
           } else if constexpr (std::is_same_v<V, std::string>) {
             h.default_value = v;
           } else {
@@ -341,10 +457,11 @@ std::vector<std::string> training_option_names() {
 
 std::vector<std::string> apply_training_flags(TrainingArguments& args,
                                               const std::vector<std::string>& argv) {
+  auto is_flag = [](const std::string& t) { return t.size() >= 3 && t.compare(0, 2, "--") == 0; };
   std::vector<std::string> positional;
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& token = argv[i];
-    if (token.size() < 3 || token.compare(0, 2, "--") != 0) {
+    if (!is_flag(token)) {
       positional.push_back(token);
       continue;
     }
@@ -359,30 +476,35 @@ std::vector<std::string> apply_training_flags(TrainingArguments& args,
       continue;
     }
     std::replace(name.begin(), name.end(), '-', '_');
+    // The value: `--name=value`; for flags the next token unless it is another option (`--fp16`
+    // alone means true); for lists every token up to the next option, as HF's parser reads them.
+    auto take = [&](config::ValueKind kind) {
+      if (inline_value) return *inline_value;
+      if (kind == config::ValueKind::kFlag) return i + 1 < argv.size() && !is_flag(argv[i + 1]) ? argv[++i] : "true";
+      if (i + 1 >= argv.size() || is_flag(argv[i + 1])) throw ConfigError(fmt::format("--{} needs a value", name));
+      std::string value = argv[++i];
+      while (kind == config::ValueKind::kList && i + 1 < argv.size() && !is_flag(argv[i + 1])) value += "," + argv[++i];
+      return value;
+    };
     const Option* o = find_option(name);
     if (o == nullptr) {
+      if (const config::ForeignOption* f = config::find_foreign_option(name)) {
+        const std::string value = take(f->kind);
+        note_foreign(args, *f, config::canonical_value(value), value, "--");
+        continue;
+      }
       throw ConfigError(fmt::format("unknown option --{}{}; see 'zerotrain train --help'", name,
                                     suggestion(name)));
     }
+    const bool boolean =
+        std::holds_alternative<bool Args::*>(o->member) || std::holds_alternative<std::optional<bool> Args::*>(o->member);
     RawValue v;
-    if (inline_value) {
-      v.text = *inline_value;
-    } else if (std::holds_alternative<bool Args::*>(o->member)) {
-      // `--fp16` alone means true; `--fp16 False` is also accepted.
-      if (i + 1 < argv.size() && parse_bool_text(argv[i + 1])) {
-        v.text = argv[++i];
-      } else {
-        v.text = "true";
-      }
-    } else {
-      if (i + 1 >= argv.size()) {
-        throw ConfigError(fmt::format("--{} needs a value", name));
-      }
-      v.text = argv[++i];
-    }
+    v.text = take(boolean ? config::ValueKind::kFlag
+                  : name == "report_to" ? config::ValueKind::kList
+                                        : config::ValueKind::kValue);
     assign(args, *o, v, "--");
   }
-  validate(args, "");
+  finalize(args, "");
   return positional;
 }
 
@@ -399,13 +521,58 @@ void apply_training_json(TrainingArguments& args, std::string_view text,
     if (is_local_rank_flag(name)) continue;
     const Option* o = find_option(name);
     if (o == nullptr) {
+      if (const config::ForeignOption* f = config::find_foreign_option(name)) {
+        note_foreign(args, *f, canonical_json(it->value), json::render(it->value), where);
+        continue;
+      }
       throw ConfigError(fmt::format("{}{}: unknown option{}", where, name, suggestion(name)));
+    }
+    // null is HF's None: the option's default (optional options are reset to none).
+    if (it->value.IsNull() && !std::holds_alternative<std::optional<int64_t> Args::*>(o->member) &&
+        !std::holds_alternative<std::optional<bool> Args::*>(o->member)) {
+      continue;
     }
     RawValue v;
     v.json = &it->value;
     assign(args, *o, v, where);
   }
-  validate(args, where);
+  finalize(args, where);
+}
+
+std::string training_arguments_json(const TrainingArguments& args) {
+  rapidjson::Document doc(rapidjson::kObjectType);
+  auto& alloc = doc.GetAllocator();
+  std::vector<Member> seen;
+  for (const Option& o : options()) {
+    if (std::find(seen.begin(), seen.end(), o.member) != seen.end()) continue;  // an alias
+    seen.push_back(o.member);
+    rapidjson::Value value;
+    std::visit(
+        [&](auto m) {
+          const auto& v = args.*m;
+          using V = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<V, bool>) {
+            value.SetBool(v);
+          } else if constexpr (std::is_same_v<V, int64_t>) {
+            value.SetInt64(v);
+          } else if constexpr (std::is_same_v<V, double>) {
+            value.SetDouble(v);
+          } else if constexpr (std::is_same_v<V, std::optional<int64_t>>) {
+            if (v) value.SetInt64(*v);
+          } else if constexpr (std::is_same_v<V, std::optional<bool>>) {
+            if (v) value.SetBool(*v);
+          } else {
+            value.SetString(v.c_str(), static_cast<rapidjson::SizeType>(v.size()), alloc);
+          }
+        },
+        o.member);
+    doc.AddMember(rapidjson::Value(o.name, alloc), value, alloc);
+  }
+  return json::dump(doc);
+}
+
+void apply_training_file(TrainingArguments& args, const std::string& path) {
+  apply_training_json(args, files::read_text(path, "options file"), path);
 }
 
 int64_t warmup_steps_for(const TrainingArguments& args, int64_t total_train_steps) {

@@ -12,8 +12,9 @@
 
 #include <fmt/format.h>
 #include <rapidjson/document.h>
-#include <rapidjson/error/en.h>
 
+#include "data/chat_templates.hpp"
+#include "data/records.hpp"
 #include "util/json.hpp"
 #include "util/log.hpp"
 #include "util/threads.hpp"
@@ -126,80 +127,8 @@ std::vector<int64_t> Dataset::document_lengths(int64_t i) const {
 
 namespace {
 
-// ---- templates (docs/data.md quotes them; the strings are specification) -------------------
-
-enum class Template { kAlpacaZh, kAlpaca, kChatml, kPlain };
-
-Template template_named(const std::string& name) {
-  if (name == "alpaca_zh") return Template::kAlpacaZh;
-  if (name == "alpaca") return Template::kAlpaca;
-  if (name == "chatml") return Template::kChatml;
-  if (name == "plain") return Template::kPlain;
-  throw ConfigError(fmt::format(
-      "template: unknown template \"{}\"; choose alpaca_zh, alpaca, chatml or plain", name));
-}
-
-// One exchange: what the user asks (instruction + optional input) and the reply, which is
-// what gets trained.
-struct Turn {
-  std::string instruction;
-  std::string input;
-  std::string output;
-};
-
-struct Conversation {
-  std::optional<std::string> system;
-  std::vector<Turn> turns;
-};
-
-struct RenderedTurn {
-  std::string prompt;
-  std::string response;
-};
-
-RenderedTurn render_turn(Template t, const Conversation& c, size_t k) {
-  const Turn& turn = c.turns[k];
-  const bool first_with_system = k == 0 && c.system.has_value();
-  if (t == Template::kChatml) {
-    std::string prompt;
-    if (first_with_system) prompt = "<|im_start|>system\n" + *c.system + "<|im_end|>\n";
-    const std::string user =
-        turn.input.empty() ? turn.instruction : turn.instruction + "\n" + turn.input;
-    prompt += "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
-    return {prompt, turn.output + "<|im_end|>\n"};
-  }
-  // The other templates have no system slot: it opens the first instruction.
-  const std::string instruction =
-      first_with_system ? *c.system + "\n" + turn.instruction : turn.instruction;
-  std::string prompt;
-  switch (t) {
-    case Template::kAlpacaZh:
-      prompt = "### 指令：" + instruction + "\n" + (turn.input.empty() ? "" : turn.input + "\n") +
-               "### 回答：";
-      break;
-    case Template::kAlpaca:
-      prompt = "### Instruction:\n" + instruction + "\n\n" +
-               (turn.input.empty() ? "" : "### Input:\n" + turn.input + "\n\n") + "### Response:\n";
-      break;
-    case Template::kPlain:
-      prompt = instruction + turn.input;
-      break;
-    case Template::kChatml:
-      break;  // handled above
-  }
-  return {prompt, turn.output};
-}
-
-}  // namespace
-
-std::string render_prompt(const std::string& template_name, const std::string& instruction,
-                          const std::string& input) {
-  Conversation c;
-  c.turns.push_back(Turn{instruction, input, ""});
-  return render_turn(template_named(template_name), c, 0).prompt;
-}
-
-namespace {
+using data::Chat;
+using data::ChatTemplate;
 
 // ---- encoding ------------------------------------------------------------------------------
 
@@ -217,26 +146,56 @@ struct Example {
   }
 };
 
-// Prompt and response are encoded separately and their ids concatenated (as LLaMA-Factory
-// does), so the boundary between masked and trained tokens is exact for any tokenizer.
-Example encode_conversation(const Conversation& c, Template t, const Tokenizer& tok,
-                            bool train_on_prompt) {
+// How many leading ids two sequences share.
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+// Every encoding below stops at `limit` ids (max_length): what truncation keeps is computed
+// from as much text as it needs (encode_prefix), so a huge record costs memory in proportion to
+// max_length, and the ids are those of encoding it whole and then truncating.
+Example encode_chat(const Chat& chat, const ChatTemplate& t, const Tokenizer& tok, bool train_on_prompt,
+                    size_t limit) {
   Example e;
-  if (tok.add_bos() && tok.bos_id() >= 0) e.append({tok.bos_id()}, train_on_prompt);
-  for (size_t k = 0; k < c.turns.size(); ++k) {
-    RenderedTurn r = render_turn(t, c, k);
-    e.append(tok.encode(r.prompt), train_on_prompt);
-    e.append(tok.encode(r.response), true);
-    // ChatML's <|im_end|> already ends the turn.
-    if (t != Template::kChatml && tok.eos_id() >= 0) e.append({tok.eos_id()}, true);
+  const std::vector<data::Piece> pieces = t.render(chat);
+  if (!t.whole_text()) {
+    // Instruction templates: prompt and response encoded separately and their ids concatenated
+    // (as LLaMA-Factory does), so the mask boundary is exact for any tokenizer.
+    if (tok.add_bos() && tok.bos_id() >= 0) e.append({tok.bos_id()}, train_on_prompt);
+    for (const data::Piece& p : pieces) {
+      if (e.ids.size() >= limit) break;
+      e.append(encode_prefix(tok, p.text, limit - e.ids.size()), p.trained || train_on_prompt);
+      if (p.trained && t.appends_eos() && tok.eos_id() >= 0) e.append({tok.eos_id()}, true);
+    }
+    return e;
+  }
+  // A model's chat format: the whole text encoded at once, exactly as apply_chat_template's
+  // ids. A piece boundary is found as the ids the text up to it shares with the whole: where a
+  // token spans the boundary (" Hello" after "[/INST]"), it belongs to the piece it ends in.
+  std::string text;
+  for (const data::Piece& p : pieces) text += p.text;
+  e.ids = encode_prefix(tok, text, limit);
+  e.labels.assign(e.ids.size(), kIgnoreLabel);
+  size_t offset = 0, start = 0;
+  for (size_t k = 0; k < pieces.size() && start < e.ids.size(); ++k) {
+    offset += pieces[k].text.size();
+    const size_t end = k + 1 == pieces.size()
+                           ? e.ids.size()
+                           : common_prefix(encode_prefix(tok, std::string_view(text).substr(0, offset), limit), e.ids);
+    if (pieces[k].trained || train_on_prompt) {
+      for (size_t i = start; i < end; ++i) e.labels[i] = e.ids[i];
+    }
+    start = std::max(start, end);
   }
   return e;
 }
 
-Example encode_text(const std::string& text, const Tokenizer& tok) {
+Example encode_text(const std::string& text, const Tokenizer& tok, size_t limit) {
   Example e;
   if (tok.add_bos() && tok.bos_id() >= 0) e.append({tok.bos_id()}, true);
-  e.append(tok.encode(text), true);
+  e.append(encode_prefix(tok, text, limit - std::min(limit, e.ids.size())), true);
   if (tok.eos_id() >= 0) e.append({tok.eos_id()}, true);
   return e;
 }
@@ -276,75 +235,136 @@ Example parse_tokens(json::ObjectReader& r, int64_t id_limit) {
   return e;
 }
 
-Conversation parse_messages(json::ObjectReader& r, const std::string& where) {
-  const rapidjson::Value* v = r.find("messages");
-  if (v == nullptr || !v->IsArray() || v->Empty()) {
-    r.fail("messages", "a non-empty array of {\"role\", \"content\"} objects");
+// A chat in one of the layouts users have: OpenAI `messages` ({"role", "content"}) or ShareGPT
+// `conversations` ({"from", "value"}, with an optional top-level "system").
+struct ChatLayout {
+  const char* list;
+  const char* role;
+  const char* content;
+};
+constexpr ChatLayout kOpenAi{"messages", "role", "content"};
+constexpr ChatLayout kShareGpt{"conversations", "from", "value"};
+
+// The role a message's role text names, in the spellings the ShareGPT datasets in the wild use.
+std::optional<std::string> normalized_role(const std::string& role) {
+  if (role == "system") return std::string("system");
+  if (role == "user" || role == "human") return std::string("user");
+  if (role == "assistant" || role == "gpt" || role == "chatgpt" || role == "bard" || role == "bing" ||
+      role == "model" || role == "bot") {
+    return std::string("assistant");
   }
-  Conversation c;
+  return std::nullopt;
+}
+
+// A message's text: a string, or OpenAI's list of content parts ({"type": "text", "text"}).
+std::string message_text(json::ObjectReader& m, const char* key) {
+  const rapidjson::Value* v = m.find(key);
+  if (v != nullptr && v->IsArray()) {
+    std::string text;
+    for (rapidjson::SizeType k = 0; k < v->Size(); ++k) {
+      const rapidjson::Value& part = (*v)[k];
+      if (!part.IsObject() || !part.HasMember("text") || !part["text"].IsString() ||
+          (part.HasMember("type") && !(part["type"].IsString() && std::string(part["type"].GetString()) == "text"))) {
+        m.fail_value(key, fmt::format("part {} is not a {{\"type\": \"text\", \"text\": ...}} part (only text "
+                                      "content is supported)",
+                                      k));
+      }
+      text += part["text"].GetString();
+    }
+    return text;
+  }
+  return m.required_string(key);
+}
+
+Chat parse_chat(json::ObjectReader& r, const std::string& where, const ChatLayout& layout) {
+  const rapidjson::Value* v = r.find(layout.list);
+  if (v == nullptr || !v->IsArray() || v->Empty()) {
+    r.fail(layout.list, fmt::format("a non-empty array of {{\"{}\", \"{}\"}} objects", layout.role, layout.content));
+  }
+  Chat c;
+  if (&layout == &kShareGpt) {
+    if (auto system = r.string("system"); system && !system->empty()) c.system = *system;
+  }
   std::optional<std::string> user;  // a user message waiting for its reply
   for (rapidjson::SizeType i = 0; i < v->Size(); ++i) {
-    json::ObjectReader m((*v)[i], fmt::format("messages[{}]", i), where);
-    std::optional<std::string> role = m.choice("role", {"system", "user", "assistant"});
-    if (!role) m.fail("role", "one of \"system\", \"user\", \"assistant\"");
-    std::string content = m.required_string("content");
+    json::ObjectReader m((*v)[i], fmt::format("{}[{}]", layout.list, i), where);
+    const std::string role_text = m.required_string(layout.role);
+    std::optional<std::string> role = normalized_role(role_text);
+    if (!role) {
+      m.fail_value(layout.role, fmt::format("\"{}\" is not a role zerotrain trains: expected system, user (human) "
+                                            "or assistant (gpt)",
+                                            role_text));
+    }
+    std::string content = message_text(m, layout.content);
     if (*role == "system") {
-      if (i != 0) m.fail_value("role", "a system message must be the first message");
+      if (i != 0 || c.system) m.fail_value(layout.role, "a system message must be the first message, and only one");
       c.system = std::move(content);
     } else if (*role == "user") {
-      if (user) m.fail_value("role", "two user messages in a row; each needs an assistant reply");
+      if (user) m.fail_value(layout.role, "two user messages in a row; each needs an assistant reply");
       user = std::move(content);
     } else {
-      if (!user) m.fail_value("role", "an assistant message must follow a user message");
-      c.turns.push_back({std::move(*user), "", std::move(content)});
+      if (!user) m.fail_value(layout.role, "an assistant message must follow a user message");
+      c.messages.push_back({"user", std::move(*user), ""});
+      c.messages.push_back({"assistant", std::move(content), ""});
       user.reset();
     }
   }
-  if (user || c.turns.empty()) {
-    r.fail_value("messages", "must end with an assistant reply to a user message");
+  if (user || c.messages.empty()) {
+    r.fail_value(layout.list, "must end with an assistant reply to a user message");
   }
   return c;
 }
 
-// The example on one line. A malformed line throws ConfigError "<file>:<line>: ...".
-Example parse_line(std::string_view line, const std::string& where, const Tokenizer& tok,
-                   Template t, bool train_on_prompt, int64_t id_limit) {
-  rapidjson::Document doc;
-  doc.Parse(line.data(), line.size());
-  if (doc.HasParseError()) {
-    throw ConfigError(fmt::format("{}: invalid JSON at column {}: {}", where,
-                                  doc.GetErrorOffset() + 1,
-                                  rapidjson::GetParseError_En(doc.GetParseError())));
+// Thrown (and turned into check_tokenizer_fits' error) when a record needs text encoded with a
+// tokenizer whose ids the model cannot take: fatal, not a malformed record.
+struct TextNeedsVocabulary {};
+
+// Alpaca-style instruction data: instruction, optional input, output, and (as LLaMA-Factory's
+// alpaca layout) an optional system and earlier exchanges in history: [[instruction, output], ...].
+Chat parse_instruction(json::ObjectReader& r) {
+  Chat c;
+  if (auto system = r.string("system"); system && !system->empty()) c.system = *system;
+  if (const rapidjson::Value* h = r.find("history"); h != nullptr && !h->IsNull()) {
+    if (!h->IsArray()) r.fail("history", "a list of [instruction, output] pairs");
+    for (rapidjson::SizeType k = 0; k < h->Size(); ++k) {
+      const rapidjson::Value& pair = (*h)[k];
+      if (!pair.IsArray() || pair.Size() != 2 || !pair[0].IsString() || !pair[1].IsString()) {
+        r.fail_value("history", fmt::format("entry {} is not an [instruction, output] pair of strings", k));
+      }
+      c.messages.push_back({"user", pair[0].GetString(), ""});
+      c.messages.push_back({"assistant", pair[1].GetString(), ""});
+    }
   }
+  std::string instruction = r.required_string("instruction");
+  std::string input = r.string("input").value_or("");
+  c.messages.push_back({"user", std::move(instruction), std::move(input)});
+  c.messages.push_back({"assistant", r.required_string("output"), ""});
+  return c;
+}
+
+// The example in one record. A malformed record throws ConfigError "<where>: ...".
+Example parse_line(std::string_view line, const std::string& where, const Tokenizer& tok,
+                   const ChatTemplate& t, bool train_on_prompt, int64_t id_limit, size_t limit) {
+  rapidjson::Document doc = json::parse(line, where);
   json::ObjectReader r(doc, "", where);
   // The first of these keys decides the format (docs/data.md).
   if (doc.HasMember("input_ids")) return parse_tokens(r, id_limit);
-  if (doc.HasMember("messages")) {
-    return encode_conversation(parse_messages(r, where), t, tok, train_on_prompt);
+  if (tok.vocab_size() > id_limit) throw TextNeedsVocabulary{};  // this record has text to encode
+  if (doc.HasMember("messages")) return encode_chat(parse_chat(r, where, kOpenAi), t, tok, train_on_prompt, limit);
+  if (doc.HasMember("conversations")) {
+    return encode_chat(parse_chat(r, where, kShareGpt), t, tok, train_on_prompt, limit);
   }
-  if (doc.HasMember("instruction")) {
-    Conversation c;
-    Turn turn;
-    turn.instruction = r.required_string("instruction");
-    turn.input = r.string("input").value_or("");
-    turn.output = r.required_string("output");
-    c.turns.push_back(std::move(turn));
-    return encode_conversation(c, t, tok, train_on_prompt);
-  }
-  if (doc.HasMember("text")) return encode_text(r.required_string("text"), tok);
+  if (doc.HasMember("instruction")) return encode_chat(parse_instruction(r), t, tok, train_on_prompt, limit);
+  if (doc.HasMember("text")) return encode_text(r.required_string("text"), tok, limit);
   std::string keys;
   for (auto it = doc.MemberBegin(); it != doc.MemberEnd(); ++it) {
     keys += fmt::format("{}\"{}\"", keys.empty() ? "" : ", ", it->name.GetString());
   }
   throw ConfigError(fmt::format(
-      "{}: unknown format: expected a \"text\", \"instruction\" (with \"output\"), \"messages\" "
-      "or \"input_ids\" key, found {}",
+      "{}: unknown layout: the layouts are \"text\" (plain text), \"instruction\" + \"output\" (alpaca, "
+      "optional \"input\"), \"messages\" (OpenAI chat: role/content), \"conversations\" (ShareGPT: "
+      "from/value) and \"input_ids\" (pre-tokenized, optional \"labels\"); found {}",
       where, keys.empty() ? "an empty object" : "keys " + keys));
-}
-
-bool is_blank(const std::string& line) {
-  return std::all_of(line.begin(), line.end(),
-                     [](char ch) { return ch == ' ' || ch == '\t' || ch == '\r' || ch == '\n'; });
 }
 
 bool has_trained_label(const Example& e) {
@@ -353,16 +373,55 @@ bool has_trained_label(const Example& e) {
 
 }  // namespace
 
+std::string render_prompt(const std::string& template_name, const std::string& instruction,
+                          const std::string& input) {
+  Chat c;
+  c.messages.push_back({"user", instruction, input});
+  return data::chat_template(template_name).prompt(c);
+}
+
+std::vector<int32_t> encode_prompt(const std::string& template_name, const Tokenizer& tok,
+                                   const std::string& instruction, const std::string& input) {
+  const ChatTemplate& t = data::chat_template(template_name);
+  std::vector<int32_t> ids;
+  if (!t.whole_text() && tok.add_bos() && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
+  const std::vector<int32_t> text = tok.encode(render_prompt(template_name, instruction, input));
+  ids.insert(ids.end(), text.begin(), text.end());
+  return ids;
+}
+
+std::vector<std::string> template_names() { return data::chat_template_names(); }
+
+std::string resolve_template(const std::string& name, const std::string& model_dir, const Tokenizer& tok,
+                             std::string* source) {
+  std::string chosen = name;
+  if (name == "auto") {
+    chosen = data::detect_chat_template(model_dir, source);
+  } else if (source != nullptr) {
+    *source = "--template";
+  }
+  const ChatTemplate& t = data::chat_template(chosen);
+  for (const std::string& special : t.special_tokens()) {
+    if (tok.encode(special).size() != 1) {
+      throw ConfigError(fmt::format("template {} writes the token {}, which this tokenizer does not have as one "
+                                    "token (a tokenizer of another model family?); choose another --template",
+                                    chosen, special));
+    }
+  }
+  return chosen;
+}
+
+std::optional<std::string> recorded_template(const std::string& dir) { return data::recorded_chat_template(dir); }
+
+void record_template(const std::string& dir, const std::string& name) { data::record_chat_template(dir, name); }
+
 Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const DataOptions& o,
                        DatasetStats* stats) {
-  const Template t = template_named(o.template_name);
+  const ChatTemplate& t = data::chat_template(o.template_name);
   if (o.max_length < 1) {
     throw ConfigError(fmt::format("max_length: expected an integer >= 1, found {}", o.max_length));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw IoError(fmt::format("cannot open data file '{}': {}", path, std::strerror(errno)));
-  }
+  data::RecordReader reader(path);
   Dataset dataset;
   DatasetStats s;
   std::string first_skipped;
@@ -377,15 +436,21 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
   };
   constexpr size_t kBatchLines = 8192;
   const int threads = cpu_worker_threads();
-  std::vector<std::pair<int64_t, std::string>> batch;  // (line number, text)
+  std::vector<data::Record> batch;
   std::vector<Outcome> outcomes;
   auto work = [&](int64_t first, int64_t last) {
     for (size_t i = static_cast<size_t>(first); i < static_cast<size_t>(last); ++i) {
       try {
-        outcomes[i].example = parse_line(batch[i].second, fmt::format("{}:{}", path, batch[i].first), tok, t,
-                                         o.train_on_prompt, id_limit);
+        outcomes[i].example = parse_line(batch[i].text, reader.where(batch[i]), tok, t, o.train_on_prompt, id_limit,
+                                         static_cast<size_t>(o.max_length));
       } catch (const ConfigError& error) {
         outcomes[i].error = error.what();
+      } catch (const TextNeedsVocabulary&) {
+        try {
+          check_tokenizer_fits(tok, id_limit);
+        } catch (...) {
+          outcomes[i].fatal = std::current_exception();
+        }
       } catch (...) {
         outcomes[i].fatal = std::current_exception();
       }
@@ -399,7 +464,7 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
       ++s.lines;
       if (!out.error.empty()) {
         if (!o.skip_bad_lines) {
-          throw ConfigError(fmt::format("{} (fix the line, or set skip_bad_lines to skip malformed lines)", out.error));
+          throw ConfigError(fmt::format("{} (fix the record, or set skip_bad_lines to skip malformed ones)", out.error));
         }
         if (s.skipped_lines++ == 0) first_skipped = out.error;
         continue;
@@ -417,16 +482,11 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
     }
     batch.clear();
   };
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (number == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // UTF-8 BOM
-    if (is_blank(line)) continue;
-    batch.emplace_back(number, std::move(line));
-    line.clear();
+  for (data::Record record; reader.next(record);) {
+    batch.push_back(std::move(record));
     if (batch.size() == kBatchLines) flush();
   }
   flush();
-  if (in.bad()) throw IoError(fmt::format("cannot read data file '{}'", path));
 
   s.examples = dataset.size();
   s.tokens = dataset.total_tokens();
@@ -441,8 +501,9 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
         path, s.dropped_examples, o.max_length);
   }
   if (s.lines == 0) {
-    throw ConfigError(
-        fmt::format("data file '{}' is empty: expected one JSON object per line", path));
+    throw ConfigError(fmt::format("data file '{}' is empty: expected one JSON object per line (JSONL) or a "
+                                  "JSON array of objects",
+                                  path));
   }
   if (dataset.empty()) {
     throw ConfigError(fmt::format(

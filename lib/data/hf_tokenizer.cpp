@@ -188,6 +188,18 @@ std::shared_ptr<HfTokenizer> HfTokenizer::load(const std::string& dir) {
   namespace fs = std::filesystem;
   const std::string path = (fs::path(dir) / "tokenizer.json").string();
   auto tokenizer = std::make_shared<HfTokenizer>(hf::read_tokenizer_json(path));
+  if (const auto& t = tokenizer->spec_.post_template) {
+    // The post-processor's ids go straight into batches: each must be a token of this tokenizer.
+    for (const std::vector<int32_t>* ids : {&t->before, &t->after}) {
+      for (int32_t id : *ids) {
+        if (id < 0 || id >= tokenizer->id_end_) {
+          throw ConfigError(fmt::format("'{}': post_processor: the template's special token id {} is outside the "
+                                        "vocabulary [0, {})",
+                                        path, id, tokenizer->id_end_));
+        }
+      }
+    }
+  }
   tokenizer->special_ = hf::read_special_tokens(dir, *tokenizer, tokenizer->spec_.post_template);
   for (int32_t id :
        {tokenizer->special_.bos_id, tokenizer->special_.eos_id, tokenizer->special_.pad_id}) {
@@ -199,7 +211,7 @@ std::shared_ptr<HfTokenizer> HfTokenizer::load(const std::string& dir) {
     const fs::path file = fs::path(dir) / name;
     std::error_code ec;
     const std::string content =
-        fs::exists(file, ec) ? files::read_text(file.string(), "tokenizer file") : std::string();
+        fs::exists(file, ec) ? files::read_text(file.string(), "tokenizer file", files::kMaxTokenizerBytes) : std::string();
     key += fmt::format(":{}={}", name, hex64(hash_bytes(content)));
   }
   tokenizer->fingerprint_ = key;

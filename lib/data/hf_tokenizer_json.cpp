@@ -365,7 +365,7 @@ void read_added_tokens(json::ObjectReader& r, const std::string& source, const B
 }  // namespace
 
 TokenizerJson read_tokenizer_json(const std::string& path) {
-  const std::string content = files::read_text(path, "tokenizer file");
+  const std::string content = files::read_text(path, "tokenizer file", files::kMaxTokenizerBytes);
   rapidjson::Document doc = json::parse(content, path);
   json::ObjectReader r(doc, "", path);
   TokenizerJson spec;
@@ -411,7 +411,7 @@ ConfigFile read_config(const std::string& dir, const char* name) {
   f.path = (std::filesystem::path(dir) / name).string();
   std::error_code ec;
   if (!std::filesystem::exists(f.path, ec)) return f;
-  f.doc = json::parse(files::read_text(f.path, "tokenizer file"), f.path);
+  f.doc = json::parse(files::read_text(f.path, "tokenizer file", files::kMaxTokenizerBytes), f.path);
   json::ObjectReader check(f.doc, "", f.path);  // an object without repeated keys
   f.present = true;
   return f;

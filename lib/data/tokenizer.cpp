@@ -50,6 +50,39 @@ std::shared_ptr<Tokenizer> byte_tokenizer() {
   return instance;
 }
 
+std::vector<int32_t> encode_prefix(const Tokenizer& tok, std::string_view text, size_t max_ids) {
+  // Ids cover a few bytes each: 32 bytes an id leaves room for whole words of any script.
+  size_t length = 32 * max_ids + 4096;
+  std::vector<int32_t> previous;
+  while (length < text.size()) {
+    size_t cut = length;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+    std::vector<int32_t> ids = tok.encode(text.substr(0, cut));
+    // Enough ids, with a margin for the few tokens the cut can change, and the same as the
+    // previous (shorter) cut gave: the ids before the cut do not depend on where it is.
+    if (ids.size() >= max_ids + 64) {
+      ids.resize(max_ids);
+      if (ids == previous) return ids;
+      previous = std::move(ids);
+    }
+    length *= 2;
+  }
+  std::vector<int32_t> ids = tok.encode(text);
+  if (ids.size() > max_ids) ids.resize(max_ids);
+  return ids;
+}
+
+void check_tokenizer_fits(const Tokenizer& tok, int64_t model_vocab_size) {
+  if (tok.vocab_size() <= model_vocab_size) return;
+  throw ConfigError(fmt::format(
+      "the model's vocab_size is {}, but its tokenizer{} has {} ids; text cannot be encoded for it: give the "
+      "model a vocab_size >= {}{}, or feed token ids below {} (pre-tokenized input_ids data, or "
+      "train_step from a host)",
+      model_vocab_size, tok.vocab_size() == kByteVocab ? " (the byte-level one: 256 bytes + bos, eos, pad)" : "",
+      tok.vocab_size(), tok.vocab_size(), tok.vocab_size() == kByteVocab ? "" : " or use the model's own tokenizer",
+      model_vocab_size));
+}
+
 std::shared_ptr<Tokenizer> load_tokenizer(const std::string& model_dir, int64_t model_vocab_size) {
   namespace fs = std::filesystem;
   if (!model_dir.empty()) {
@@ -85,13 +118,6 @@ std::shared_ptr<Tokenizer> load_tokenizer(const std::string& model_dir, int64_t 
         "model folder '{}' has no tokenizer files (tokenizer.json, tokenizer.model, "
         "vocab.json, merges.txt, tokenizer_config.json); using the byte-level tokenizer",
         model_dir);
-  }
-  if (model_vocab_size < kByteVocab) {
-    throw ConfigError(fmt::format(
-        "model {} has vocab_size {}, but the byte-level tokenizer needs at least {} ids (256 "
-        "bytes + bos, eos, pad); give the model a vocab_size >= {}",
-        model_dir.empty() ? std::string("(inline config)") : "'" + model_dir + "'",
-        model_vocab_size, kByteVocab, kByteVocab));
   }
   return byte_tokenizer();
 }

@@ -1,9 +1,7 @@
-// HF config.json → ModelConfig, in transformers' 4.x and 5.x spellings.
+// HF config.json ↔ ModelConfig, in transformers' 4.x and 5.x spellings.
 #include <cmath>
 
 #include <fmt/format.h>
-#include <rapidjson/stringbuffer.h>
-#include <rapidjson/prettywriter.h>
 
 #include "util/files.hpp"
 #include "util/json.hpp"
@@ -103,18 +101,20 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
                                            type));
   }
   c.model_type = type;
-  auto required = [&](const char* key) {
-    std::optional<int64_t> v = r.integer(key, 1);
-    if (!v) r.fail(key, "a positive integer");
+  // Each size within what any real model has by a wide margin (token ids are 32-bit), so that
+  // no product below overflows and a corrupt file is refused before anything is allocated.
+  auto required = [&](const char* key, int64_t max) {
+    std::optional<int64_t> v = r.integer(key, 1, max);
+    if (!v) r.fail(key, fmt::format("a positive integer up to {}", max));
     return *v;
   };
-  c.vocab_size = required("vocab_size");
-  c.hidden_size = required("hidden_size");
-  c.intermediate_size = required("intermediate_size");
-  c.num_hidden_layers = required("num_hidden_layers");
-  c.num_attention_heads = required("num_attention_heads");
-  c.num_key_value_heads = r.integer("num_key_value_heads", 1).value_or(c.num_attention_heads);
-  if (auto v = r.integer("head_dim", 1)) {
+  c.vocab_size = required("vocab_size", int64_t{1} << 31);
+  c.hidden_size = required("hidden_size", int64_t{1} << 20);
+  c.intermediate_size = required("intermediate_size", int64_t{1} << 22);
+  c.num_hidden_layers = required("num_hidden_layers", int64_t{1} << 12);
+  c.num_attention_heads = required("num_attention_heads", int64_t{1} << 14);
+  c.num_key_value_heads = r.integer("num_key_value_heads", 1, c.num_attention_heads).value_or(c.num_attention_heads);
+  if (auto v = r.integer("head_dim", 1, int64_t{1} << 14)) {
     c.head_dim = *v;
   } else {
     if (c.hidden_size % c.num_attention_heads != 0) {
@@ -128,7 +128,7 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
                                                     "key/value heads",
                                                     c.num_attention_heads, c.num_key_value_heads));
   }
-  if (auto v = r.integer("max_position_embeddings", 1)) c.max_position_embeddings = *v;
+  if (auto v = r.integer("max_position_embeddings", 1, int64_t{1} << 30)) c.max_position_embeddings = *v;
   if (auto v = r.number("rms_norm_eps", 1e-30)) c.rms_norm_eps = *v;
   if (auto v = r.number("initializer_range", 0.0)) c.initializer_range = *v;
   read_rope(r, c);
@@ -163,6 +163,14 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
   c.bos_token_id = first_token_id(r, "bos_token_id");
   c.eos_token_id = first_token_id(r, "eos_token_id");
   c.pad_token_id = first_token_id(r, "pad_token_id");
+  // An id beyond the embedding would fail deep inside LibTorch; old configs write -1 for none.
+  for (auto [key, id] : {std::pair{"bos_token_id", &c.bos_token_id}, std::pair{"eos_token_id", &c.eos_token_id},
+                         std::pair{"pad_token_id", &c.pad_token_id}}) {
+    if (*id && **id < 0) id->reset();
+    if (*id && **id >= c.vocab_size) {
+      r.fail_value(key, fmt::format("{} is outside the vocabulary [0, {})", **id, c.vocab_size));
+    }
+  }
   if (auto tp = r.integer("pretraining_tp", 1); tp && *tp != 1) {
     r.fail_value("pretraining_tp", "tensor-parallel pretraining slices (pretraining_tp > 1) are "
                                    "not supported");
@@ -173,27 +181,75 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
 ModelConfig load_model_config(const std::string& path) {
   std::string file = path;
   if (file.size() < 5 || file.compare(file.size() - 5, 5, ".json") != 0) file += "/config.json";
-  return parse_model_config(files::read_text(file, "model config"), file);
+  std::string text = files::read_text(file, "model config");
+  ModelConfig c = parse_model_config(text, file);
+  c.source_json = std::move(text);
+  return c;
 }
 
-std::string model_config_json(const ModelConfig& c) {
-  rapidjson::StringBuffer buffer;
-  rapidjson::PrettyWriter<rapidjson::StringBuffer> w(buffer);
-  w.SetIndent(' ', 2);
+namespace {
+
+using Alloc = rapidjson::Document::AllocatorType;
+
+void set_member(rapidjson::Value& obj, const char* key, rapidjson::Value value, Alloc& alloc) {
+  if (auto it = obj.FindMember(key); it != obj.MemberEnd()) {
+    it->value = std::move(value);
+  } else {
+    obj.AddMember(rapidjson::Value(key, alloc), std::move(value), alloc);
+  }
+}
+
+rapidjson::Value string_value(const std::string& s, Alloc& alloc) {
+  return rapidjson::Value(s.c_str(), static_cast<rapidjson::SizeType>(s.size()), alloc);
+}
+
+// RoPE scaling's own members (factor and, for llama3, its frequency bounds); none for default.
+void add_scaling_members(rapidjson::Value& obj, const RopeScaling& r, Alloc& alloc) {
+  if (r.type == "default") return;
+  set_member(obj, "factor", rapidjson::Value(r.factor), alloc);
+  if (r.type == "llama3") {
+    set_member(obj, "low_freq_factor", rapidjson::Value(r.low_freq_factor), alloc);
+    set_member(obj, "high_freq_factor", rapidjson::Value(r.high_freq_factor), alloc);
+    set_member(obj, "original_max_position_embeddings",
+               rapidjson::Value(static_cast<int64_t>(r.original_max_position_embeddings)), alloc);
+  }
+}
+
+// 5.x: rope_parameters {rope_type, rope_theta, ...}.
+rapidjson::Value rope_parameters(const ModelConfig& c, Alloc& alloc) {
+  rapidjson::Value p(rapidjson::kObjectType);
+  set_member(p, "rope_type", string_value(c.rope_scaling.type, alloc), alloc);
+  set_member(p, "rope_theta", rapidjson::Value(c.rope_theta), alloc);
+  add_scaling_members(p, c.rope_scaling, alloc);
+  return p;
+}
+
+// 4.x: rope_scaling {rope_type, ...}, null for plain RoPE.
+rapidjson::Value rope_scaling(const ModelConfig& c, Alloc& alloc) {
+  if (c.rope_scaling.type == "default") return rapidjson::Value(rapidjson::kNullType);
+  rapidjson::Value p(rapidjson::kObjectType);
+  set_member(p, "rope_type", string_value(c.rope_scaling.type, alloc), alloc);
+  add_scaling_members(p, c.rope_scaling, alloc);
+  return p;
+}
+
+rapidjson::Value token_value(const std::optional<int64_t>& v) {
+  return v ? rapidjson::Value(static_cast<int64_t>(*v)) : rapidjson::Value(rapidjson::kNullType);
+}
+
+// Every member of an inline config, as transformers' save_pretrained would write them.
+void write_full_config(rapidjson::Document& doc, const ModelConfig& c) {
+  Alloc& alloc = doc.GetAllocator();
+  doc.SetObject();
   const char* arch = c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
                      : c.model_type == "mistral" ? "MistralForCausalLM"
                                                  : "LlamaForCausalLM";
-  w.StartObject();
-  w.Key("architectures");
-  w.StartArray();
-  w.String(arch);
-  w.EndArray();
-  w.Key("model_type");
-  w.String(c.model_type.c_str());
-  auto integer = [&](const char* k, int64_t v) {
-    w.Key(k);
-    w.Int64(v);
-  };
+  rapidjson::Value archs(rapidjson::kArrayType);
+  archs.PushBack(rapidjson::Value(arch, alloc), alloc);
+  auto put = [&](const char* k, rapidjson::Value v) { set_member(doc, k, std::move(v), alloc); };
+  auto integer = [&](const char* k, int64_t v) { put(k, rapidjson::Value(v)); };
+  put("architectures", std::move(archs));
+  put("model_type", string_value(c.model_type, alloc));
   integer("vocab_size", c.vocab_size);
   integer("hidden_size", c.hidden_size);
   integer("intermediate_size", c.intermediate_size);
@@ -202,65 +258,43 @@ std::string model_config_json(const ModelConfig& c) {
   integer("num_key_value_heads", c.num_key_value_heads);
   integer("head_dim", c.head_dim);
   integer("max_position_embeddings", c.max_position_embeddings);
-  w.Key("rms_norm_eps");
-  w.Double(c.rms_norm_eps);
-  w.Key("initializer_range");
-  w.Double(c.initializer_range);
-  w.Key("hidden_act");
-  w.String("silu");
-  w.Key("tie_word_embeddings");
-  w.Bool(c.tie_word_embeddings);
-  if (c.model_type != "qwen2") {
-    w.Key("attention_bias");
-    w.Bool(c.qkv_bias);
-    w.Key("mlp_bias");
-    w.Bool(c.mlp_bias);
+  put("rms_norm_eps", rapidjson::Value(c.rms_norm_eps));
+  put("initializer_range", rapidjson::Value(c.initializer_range));
+  put("hidden_act", rapidjson::Value("silu", alloc));
+  put("tie_word_embeddings", rapidjson::Value(c.tie_word_embeddings));
+  put("use_cache", rapidjson::Value(true));
+  if (c.model_type == "qwen2") {
+    put("use_sliding_window", rapidjson::Value(false));
+    put("sliding_window", rapidjson::Value(rapidjson::kNullType));
+    integer("max_window_layers", c.num_hidden_layers);
   } else {
-    w.Key("use_sliding_window");
-    w.Bool(false);
+    put("attention_bias", rapidjson::Value(c.qkv_bias));
+    put("mlp_bias", rapidjson::Value(c.mlp_bias));
   }
-  if (c.model_type == "mistral") {
-    w.Key("sliding_window");
-    if (c.sliding_window) {
-      w.Int64(*c.sliding_window);
-    } else {
-      w.Null();
-    }
+  if (c.model_type == "mistral") put("sliding_window", token_value(c.sliding_window));
+  put("bos_token_id", token_value(c.bos_token_id));
+  put("eos_token_id", token_value(c.eos_token_id));
+  put("pad_token_id", token_value(c.pad_token_id));
+}
+
+}  // namespace
+
+std::string model_config_json(const ModelConfig& c) {
+  rapidjson::Document doc;
+  if (!c.source_json.empty()) {
+    doc = json::parse(c.source_json, c.source);
+  } else {
+    write_full_config(doc, c);
   }
-  w.Key("rope_parameters");
-  w.StartObject();
-  w.Key("rope_type");
-  w.String(c.rope_scaling.type.c_str());
-  w.Key("rope_theta");
-  w.Double(c.rope_theta);
-  if (c.rope_scaling.type != "default") {
-    w.Key("factor");
-    w.Double(c.rope_scaling.factor);
-  }
-  if (c.rope_scaling.type == "llama3") {
-    w.Key("low_freq_factor");
-    w.Double(c.rope_scaling.low_freq_factor);
-    w.Key("high_freq_factor");
-    w.Double(c.rope_scaling.high_freq_factor);
-    w.Key("original_max_position_embeddings");
-    w.Int64(c.rope_scaling.original_max_position_embeddings);
-  }
-  w.EndObject();
-  w.Key("dtype");
-  w.String(dtype_name(c.dtype));
-  auto token = [&](const char* k, const std::optional<int64_t>& v) {
-    w.Key(k);
-    if (v) {
-      w.Int64(*v);
-    } else {
-      w.Null();
-    }
-  };
-  token("bos_token_id", c.bos_token_id);
-  token("eos_token_id", c.eos_token_id);
-  token("pad_token_id", c.pad_token_id);
-  w.EndObject();
-  return buffer.GetString();
+  Alloc& alloc = doc.GetAllocator();
+  // The dtype is what zerotrain changes (the weights it writes); both spellings carry it.
+  set_member(doc, "torch_dtype", rapidjson::Value(dtype_name(c.dtype), alloc), alloc);
+  set_member(doc, "dtype", rapidjson::Value(dtype_name(c.dtype), alloc), alloc);
+  // RoPE in the spelling a line reads, added where the file had only the other's.
+  if (!doc.HasMember("rope_theta")) set_member(doc, "rope_theta", rapidjson::Value(c.rope_theta), alloc);
+  if (!doc.HasMember("rope_scaling")) set_member(doc, "rope_scaling", rope_scaling(c, alloc), alloc);
+  if (!doc.HasMember("rope_parameters")) set_member(doc, "rope_parameters", rope_parameters(c, alloc), alloc);
+  return json::dump(doc, /*pretty=*/true);
 }
 
 }  // namespace zt

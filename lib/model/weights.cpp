@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "util/files.hpp"
+#include "util/json.hpp"
 #include "util/log.hpp"
 #include "util/threads.hpp"
 #include "zerotrain/error.hpp"
@@ -144,11 +146,26 @@ int copy_model_companion_files(const std::string& from, const std::string& to) {
                                        "chat_template.jinja", "generation_config.json"};
   int copied = 0;
   for (const char* name : kFiles) {
-    const fs::path source = fs::path(from) / name;
+    const std::string source = (fs::path(from) / name).string();
     std::error_code ec;
-    if (!fs::is_regular_file(source, ec)) continue;
-    fs::copy_file(source, fs::path(to) / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) throw IoError(fmt::format("cannot copy '{}' to '{}': {}", source.string(), to, ec.message()));
+    if (!fs::exists(source, ec)) continue;
+    // Read through links (a hub cache's files link into its blobs), but only a regular file of a
+    // tokenizer's size, and a JSON companion only when it is JSON; written with write_atomic, so
+    // a link already at the destination is replaced, never written through.
+    std::string content;
+    try {
+      content = files::read_text(source, "model companion file", files::kMaxTokenizerBytes);
+      const std::string n(name);
+      if (n.size() > 5 && n.compare(n.size() - 5, 5, ".json") == 0) {
+        rapidjson::Document doc = json::parse(content, source);
+        if (!doc.IsObject()) throw ConfigError(fmt::format("'{}' is not a JSON object", source));
+      }
+    } catch (const Error& e) {
+      // Not what its name says (a link to a FIFO, a device, another file): not copied anywhere.
+      log::warn("not copying '{}' into '{}': {}", source, to, e.what());
+      continue;
+    }
+    files::write_atomic((fs::path(to) / name).string(), content);
     ++copied;
   }
   return copied;

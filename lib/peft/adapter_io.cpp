@@ -1,6 +1,8 @@
 // PEFT's adapter files: adapter_config.json + adapter_model.safetensors, and merged exports.
+#include <algorithm>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -47,7 +49,21 @@ void key_list(Writer& w, const char* k, const std::vector<std::string>& v, bool 
   w.EndArray();
 }
 
-std::string adapter_config_json(const CausalLM& model, const PeftConfig& c) {
+// target_modules as PEFT saves them: the names given, with all-linear written out as the
+// names of the projections it picked (PEFT expands the shorthand before saving, and reads
+// "all-linear" only as a plain string, never inside a list).
+std::vector<std::string> saved_target_modules(CausalLM& model, const LoraOptions& o) {
+  std::set<std::string> names;
+  for (const std::string& t : o.target_modules) {
+    if (t != "all-linear") names.insert(t);
+  }
+  if (std::find(o.target_modules.begin(), o.target_modules.end(), "all-linear") != o.target_modules.end()) {
+    for (const std::string& path : peft::lora_targets(model, o)) names.insert(path.substr(path.rfind('.') + 1));
+  }
+  return {names.begin(), names.end()};
+}
+
+std::string adapter_config_json(CausalLM& model, const PeftConfig& c) {
   const ModelConfig& m = model.config();
   rapidjson::StringBuffer buffer;
   Writer w(buffer);
@@ -74,7 +90,7 @@ std::string adapter_config_json(const CausalLM& model, const PeftConfig& c) {
       w.String(c.lora.target_regex.c_str());
     } else {
       w.StartArray();
-      for (const std::string& t : c.lora.target_modules) w.String(t.c_str());
+      for (const std::string& t : saved_target_modules(model, c.lora)) w.String(t.c_str());
       w.EndArray();
     }
     w.Key("bias");
@@ -249,6 +265,53 @@ PeftConfig load_adapter_config(const std::string& dir) {
     if (auto v = r.boolean("prefix_projection")) c.prompt.prefix_projection = *v;
   }
   return c;
+}
+
+std::string adapter_base_model(const std::string& adapter_dir, const std::string& override) {
+  std::string base = override;
+  if (base.empty()) {
+    base = load_adapter_config(adapter_dir).base_model_name_or_path;
+    if (base.empty()) {
+      throw ConfigError(fmt::format("the adapter in '{}' names no base model (base_model_name_or_path); pass "
+                                    "--base_model DIR",
+                                    adapter_dir));
+    }
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_directory(base, ec)) {
+    throw ConfigError(fmt::format(
+        "the base model of the adapter in '{}' is '{}', which is not a folder{}; pass --base_model DIR",
+        adapter_dir, base,
+        override.empty() ? " (as PEFT does, a relative base_model_name_or_path is taken from the current "
+                           "directory; a hub id needs a local download)"
+                         : ""));
+  }
+  return base;
+}
+
+namespace {
+
+class AdapterSource final : public ParameterSource {
+ public:
+  explicit AdapterSource(const std::string& dir) : file_(dir + "/adapter_model.safetensors") {}
+  bool has(const std::string& name) const override { return file_.contains(kPrefix + name); }
+  void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
+            const at::Tensor& out) override {
+    const std::string key = kPrefix + name;
+    if (!file_.contains(key) || file_.info(key).shape != shape) {
+      throw IoError(fmt::format("'{}' has no tensor '{}' of shape [{}]", file_.path(), key, fmt::join(shape, ", ")));
+    }
+    file_.read_range(key, offset, out);
+  }
+
+ private:
+  SafetensorsFile file_;
+};
+
+}  // namespace
+
+std::shared_ptr<ParameterSource> adapter_source(const std::string& adapter_dir) {
+  return std::make_shared<AdapterSource>(adapter_dir);
 }
 
 ParameterCount load_adapter(CausalLM& model, const std::string& dir, bool trainable) {

@@ -6,8 +6,10 @@
 #include <cmath>
 #include <functional>
 #include <regex>
+#include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "model/layers.hpp"
 #include "peft/lora_targets.hpp"
@@ -119,12 +121,21 @@ void apply_lora(CausalLM& model, const LoraOptions& o, uint64_t seed) {
   for (auto& [path, lin] : projections(model)) {
     if (std::find(targeted.begin(), targeted.end(), path) != targeted.end()) add_lora(path, *lin, o, seed);
   }
-  if (targeted.empty()) {
-    std::string names;
-    for (auto& [path, lin] : projections(model)) names += (names.empty() ? "" : ", ") + path.substr(path.rfind('.') + 1);
-    throw ConfigError(fmt::format("lora_target_modules matches no projection of this model; its "
-                                  "projections end in: {} (or use all-linear)",
-                                  names));
+  // Every name (or the regex) must pick something: a typo would otherwise leave a module
+  // silently untrained.
+  std::set<std::string> distinct;
+  for (auto& [path, lin] : projections(model)) distinct.insert(path.substr(path.rfind('.') + 1));
+  auto unmatched = [&](const std::string& pattern) {
+    return ConfigError(fmt::format("lora_target_modules: \"{}\" matches no projection of this model; its "
+                                   "projections are named {} (or use all-linear)",
+                                   pattern, fmt::join(distinct, ", ")));
+  };
+  if (!o.target_regex.empty() && targeted.empty()) throw unmatched(o.target_regex);
+  for (const std::string& t : o.target_modules) {
+    if (t == "all-linear") continue;
+    const bool any = std::any_of(targeted.begin(), targeted.end(),
+                                 [&](const std::string& path) { return ends_with_component(path, t); });
+    if (!any) throw unmatched(t);
   }
   for (auto& item : model.named_parameters(true)) {
     const std::string& name = item.key();

@@ -56,10 +56,17 @@ std::string LogRecord::json() const {
 namespace train {
 
 std::string trainer_state_json(const TrainerState& s) {
+  // HF's TrainerState.load_from_json is `TrainerState(**json)`: every key must be one of its
+  // fields (transformers 4.40-5.x), so zerotrain's own state lives in zerotrain_state.json.
   rapidjson::StringBuffer buf;
   rapidjson::PrettyWriter<rapidjson::StringBuffer> w(buf);
   w.SetIndent(' ', 2);
+  auto optional_int = [&](const char* key, const std::optional<int64_t>& v) {
+    w.Key(key);
+    v ? w.Int64(*v) : w.Null();
+  };
   w.StartObject();
+  optional_int("best_global_step", s.best_global_step);
   w.Key("best_metric");
   s.best_metric ? w.Double(*s.best_metric) : w.Null();
   w.Key("best_model_checkpoint");
@@ -70,6 +77,8 @@ std::string trainer_state_json(const TrainerState& s) {
   w.Int64(s.eval_steps);
   w.Key("global_step");
   w.Int64(s.global_step);
+  w.Key("is_hyper_param_search");
+  w.Bool(false);
   w.Key("is_local_process_zero");
   w.Bool(true);
   w.Key("is_world_process_zero");
@@ -82,14 +91,36 @@ std::string trainer_state_json(const TrainerState& s) {
   w.Int64(s.logging_steps);
   w.Key("max_steps");
   w.Int64(s.max_steps);
+  w.Key("num_input_tokens_seen");
+  w.Int64(s.tokens_seen);
   w.Key("num_train_epochs");
-  w.Double(s.num_train_epochs);
+  w.Int64(static_cast<int64_t>(std::ceil(s.num_train_epochs)));  // HF keeps whole epochs here
   w.Key("save_steps");
   w.Int64(s.save_steps);
+  w.Key("stateful_callbacks");
+  w.StartObject();
+  w.EndObject();
+  w.Key("total_flos");
+  w.Double(s.total_flos);
   w.Key("train_batch_size");
   w.Int64(s.train_batch_size);
-  w.Key("zerotrain");
+  w.Key("trial_name");
+  w.Null();
+  w.Key("trial_params");
+  w.Null();
+  w.EndObject();
+  return std::string(buf.GetString(), buf.GetSize()) + "\n";
+}
+
+std::string zerotrain_state_json(const TrainerState& s) {
+  rapidjson::StringBuffer buf;
+  rapidjson::PrettyWriter<rapidjson::StringBuffer> w(buf);
+  w.SetIndent(' ', 2);
   w.StartObject();
+  w.Key("format");
+  w.String("zerotrain-trainer-state");
+  w.Key("version");
+  w.Int(1);
   w.Key("world_size");
   w.Int(s.world_size);
   w.Key("global_batch_size");
@@ -107,20 +138,36 @@ std::string trainer_state_json(const TrainerState& s) {
   w.Key("finetuning_type");
   w.String(s.finetuning_type.c_str());
   w.EndObject();
-  w.EndObject();
   return std::string(buf.GetString(), buf.GetSize()) + "\n";
 }
+
+namespace {
+
+int64_t need_int(json::ObjectReader& o, const char* key, int64_t min) {
+  std::optional<int64_t> v = o.integer(key, min);
+  if (!v) o.fail(key, "an integer");
+  return *v;
+}
+
+// The resume position, from zerotrain_state.json or the older "zerotrain" object.
+void read_position(json::ObjectReader& z, TrainerState& s) {
+  s.world_size = static_cast<int>(need_int(z, "world_size", 1));
+  s.global_batch_size = need_int(z, "global_batch_size", 1);
+  s.gradient_accumulation_steps = need_int(z, "gradient_accumulation_steps", 1);
+  s.epoch_index = need_int(z, "epoch_index", 0);
+  s.steps_in_epoch = need_int(z, "steps_in_epoch", 0);
+  s.data_seed = need_int(z, "data_seed", 0);
+  s.tokens_seen = need_int(z, "tokens_seen", 0);
+  s.finetuning_type = z.string("finetuning_type").value_or("full");
+}
+
+}  // namespace
 
 TrainerState read_trainer_state(const std::string& checkpoint_dir) {
   const std::string path = checkpoint_dir + "/trainer_state.json";
   rapidjson::Document doc = json::parse(files::read_text(path, "trainer state"), path);
   json::ObjectReader r(doc, "", path);
   TrainerState s;
-  auto need_int = [](json::ObjectReader& o, const char* key, int64_t min) {
-    std::optional<int64_t> v = o.integer(key, min);
-    if (!v) o.fail(key, "an integer");
-    return *v;
-  };
   s.global_step = need_int(r, "global_step", 0);
   s.epoch = r.number("epoch", 0.0).value_or(0.0);
   s.max_steps = r.integer("max_steps").value_or(0);
@@ -129,9 +176,10 @@ TrainerState read_trainer_state(const std::string& checkpoint_dir) {
   s.save_steps = r.integer("save_steps").value_or(0);
   s.train_batch_size = r.integer("train_batch_size").value_or(0);
   s.num_train_epochs = r.number("num_train_epochs").value_or(0.0);
+  s.total_flos = r.number("total_flos").value_or(0.0);
   s.best_metric = r.number("best_metric");
   s.best_model_checkpoint = r.string("best_model_checkpoint");
-  r.known({"is_local_process_zero", "is_world_process_zero"});
+  s.best_global_step = r.integer("best_global_step", 0);
   if (const rapidjson::Value* h = r.find("log_history"); h != nullptr) {
     if (!h->IsArray()) r.fail("log_history", "an array");
     for (const auto& item : h->GetArray()) {
@@ -151,16 +199,17 @@ TrainerState read_trainer_state(const std::string& checkpoint_dir) {
       s.log_history.push_back(rec);
     }
   }
-  std::optional<json::ObjectReader> z = r.object("zerotrain");
-  if (!z) r.fail("zerotrain", "zerotrain's resume position (was this checkpoint written by zerotrain?)");
-  s.world_size = static_cast<int>(need_int(*z, "world_size", 1));
-  s.global_batch_size = need_int(*z, "global_batch_size", 1);
-  s.gradient_accumulation_steps = need_int(*z, "gradient_accumulation_steps", 1);
-  s.epoch_index = need_int(*z, "epoch_index", 0);
-  s.steps_in_epoch = need_int(*z, "steps_in_epoch", 0);
-  s.data_seed = need_int(*z, "data_seed", 0);
-  s.tokens_seen = need_int(*z, "tokens_seen", 0);
-  s.finetuning_type = z->string("finetuning_type").value_or("full");
+  if (std::optional<json::ObjectReader> z = r.object("zerotrain")) {
+    read_position(*z, s);
+    return s;
+  }
+  const std::string zpath = checkpoint_dir + "/zerotrain_state.json";
+  rapidjson::Document zdoc = json::parse(files::read_text(zpath, "zerotrain trainer state"), zpath);
+  json::ObjectReader z(zdoc, "", zpath);
+  if (z.string("format").value_or("") != "zerotrain-trainer-state") {
+    z.fail("format", "\"zerotrain-trainer-state\" (was this checkpoint written by zerotrain?)");
+  }
+  read_position(z, s);
   return s;
 }
 

@@ -1,5 +1,6 @@
-// What a run writes about itself: trainer_state.json (HF's keys plus zerotrain's resume
-// position), trainer_log.jsonl and loss.svg.
+// What a run writes about itself: trainer_state.json (HF TrainerState's keys, so HF's own
+// TrainerState.load_from_json reads it), zerotrain_state.json (the resume position),
+// trainer_log.jsonl and loss.svg.
 #pragma once
 
 #include <cstdint>
@@ -11,11 +12,13 @@
 
 namespace zt::train {
 
-/// trainer_state.json: HF Trainer's TrainerState keys (global_step, epoch, log_history,
-/// best_metric, best_model_checkpoint, ...) and a "zerotrain" object with the data position.
+/// A run's state: HF Trainer's TrainerState (trainer_state.json: global_step, epoch,
+/// log_history, best_metric, best_model_checkpoint, ...) and zerotrain's resume position
+/// (zerotrain_state.json).
 struct TrainerState {
   int64_t global_step = 0;
-  double epoch = 0.0;
+  double epoch = 0.0;  ///< epochs done, with the fraction of the one in progress
+  double total_flos = 0.0;
   int64_t max_steps = 0;
   int64_t logging_steps = 0, eval_steps = 0, save_steps = 0;
   int64_t train_batch_size = 0;  ///< per device, as HF records it
@@ -23,7 +26,8 @@ struct TrainerState {
   std::vector<LogRecord> log_history;
   std::optional<double> best_metric;
   std::optional<std::string> best_model_checkpoint;
-  // Resume position (zerotrain).
+  std::optional<int64_t> best_global_step;
+  // Resume position (zerotrain_state.json).
   int world_size = 1;
   int64_t global_batch_size = 0;
   int64_t gradient_accumulation_steps = 1;
@@ -34,8 +38,13 @@ struct TrainerState {
   std::string finetuning_type;
 };
 
+/// trainer_state.json: exactly the keys of HF's TrainerState dataclass.
 std::string trainer_state_json(const TrainerState& state);
-/// Reads `<checkpoint>/trainer_state.json`; errors name the file and key.
+/// zerotrain_state.json: the resume position (world size, batch, epoch and step in it, seed).
+std::string zerotrain_state_json(const TrainerState& state);
+/// Reads `<checkpoint>/trainer_state.json` and `<checkpoint>/zerotrain_state.json` (or, in
+/// checkpoints written before that file existed, trainer_state.json's "zerotrain" object);
+/// errors name the file and key.
 TrainerState read_trainer_state(const std::string& checkpoint_dir);
 
 /// An SVG plot of training loss (line) and evaluation loss (points) against steps.

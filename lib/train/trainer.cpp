@@ -4,9 +4,15 @@
 
 #include <torch/cuda.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -15,10 +21,14 @@
 #include <fmt/ranges.h>
 
 #include "train/reporting.hpp"
+#include "train/tensorboard.hpp"
 #include "util/device_stats.hpp"
 #include "util/files.hpp"
+#include "util/json.hpp"
 #include "util/log.hpp"
 #include "util/rng.hpp"
+#include "util/torch_compat.hpp"
+#include "zerotrain/build_config.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/engine.hpp"
@@ -103,6 +113,7 @@ struct Trainer::Impl {
   ModelConfig model_config;
   std::string model_dir;
   std::shared_ptr<Tokenizer> tokenizer;
+  std::string template_source;  ///< why args.template_name (resolved from "auto") was chosen
   int32_t pad_id = 0;
   Dataset train_data, eval_data;
   bool has_train = false, has_eval = false;
@@ -112,13 +123,22 @@ struct Trainer::Impl {
   PeftConfig peft;
   bool adapter_method = false;
   ParameterCount parameters;
+  int64_t non_embedding_parameters = 0;  ///< HF's total_flos counts 6 × these per token
   std::unique_ptr<Engine> engine;
   GlobalBatch batch;
   int64_t steps_per_epoch = 0, total_steps = 0, eval_every = 0;
   uint64_t data_seed = 0;
   train::TrainerState state;
   std::optional<std::string> resume_dir;
+  std::vector<std::string> superseded;  ///< checkpoints newer than resume_dir, removed at start
+  /// Rank 0's exclusive lock on output_dir for the whole run: a second run into the same folder
+  /// is refused at once (the kernel drops the lock with the process, kill -9 included).
+  std::optional<files::FileLock> output_lock;
+  void lock_output_dir();
+  int stop_signal = 0;  ///< SIGTERM / SIGUSR1 asked to save and stop (preempt)
+  std::atomic<int> preempt_requested{0};
   std::optional<double> last_eval_loss;
+  std::unique_ptr<train::TensorBoardWriter> tensorboard;  ///< rank 0, with report_to tensorboard
   int64_t last_eval_step = -1;
   std::atomic<bool> cancel_requested{false};
 
@@ -126,6 +146,7 @@ struct Trainer::Impl {
   void load_data();
   void plan_batches();
   void build_model_and_engine();
+  void check_machine_fits() const;
   void restore(const std::string& dir);
   void announce() const;
 
@@ -133,7 +154,10 @@ struct Trainer::Impl {
   LossSum forward(const Batch& b);
   double run_evaluation();
   void log(const LogRecord& record);
+  void report_to_tensorboard(const LogRecord& record);
   void save_checkpoint();
+  /// Rank 0, before a save: an IoError when the file system clearly lacks room for it.
+  void check_disk_space(const std::string& what) const;
   void write_checkpoint(CheckpointWriter& writer, bool in_run);
   LossSum forward_tokens(const at::Tensor& ids, const at::Tensor& labels) {
     return model->loss(ids.to(comm->device()), labels, {}, 1024);
@@ -147,6 +171,14 @@ struct Trainer::Impl {
   void write_user_files(const std::string& dir, bool available,
                         const std::vector<std::pair<std::string, at::Tensor>>& weights);
   void write_rng_state(const std::string& dir) const;
+  /// training_args.json: the resolved arguments and DeepSpeed config, and zerotrain's version
+  /// (HF's training_args.bin is a pickle; this is its safe equivalent). Rank 0.
+  void write_run_settings(const std::string& dir) const {
+    const std::string text =
+        fmt::format(R"({{"zerotrain_version": "{}", "training_arguments": {}, "deepspeed_config": {}}})",
+                    ZT_VERSION_STRING, training_arguments_json(args), deepspeed_config_json(ds));
+    files::write_atomic(dir + "/training_args.json", json::dump(json::parse(text, "training_args.json"), true) + "\n");
+  }
   void read_rng_state(const std::string& dir) const;
   double epoch_progress() const {
     return static_cast<double>(state.epoch_index) +
@@ -165,8 +197,22 @@ struct Trainer::Impl {
 };
 
 void Trainer::Impl::check_output_dir() {
+  const std::string& out = args.output_dir;
+  if (out.empty()) {
+    throw ConfigError("output_dir is empty: give the folder for checkpoints, logs and the model (--output_dir DIR)");
+  }
+  std::error_code ec;
+  const fs::path where = fs::weakly_canonical(fs::absolute(out), ec);
+  if (!ec && where == where.root_path()) {
+    throw ConfigError(fmt::format("output_dir '{}' is the root of the file system; give the run a folder of its own",
+                                  out));
+  }
+  if (fs::exists(out, ec) && !fs::is_directory(out, ec)) {
+    throw ConfigError(fmt::format("output_dir '{}' exists and is not a folder; choose another output_dir", out));
+  }
   const std::string& r = args.resume_from_checkpoint;
-  if (is_true_text(r)) {
+  const bool from_latest = is_true_text(r);
+  if (from_latest) {
     resume_dir = latest_checkpoint(args.output_dir);
     if (!resume_dir) {
       throw ConfigError(fmt::format("resume_from_checkpoint True: '{}' holds no checkpoint to resume from; "
@@ -179,7 +225,37 @@ void Trainer::Impl::check_output_dir() {
                                 "or pass True for the newest in output_dir",
                                 r));
     }
-    resume_dir = r;
+    fs::path dir = fs::path(r).lexically_normal();
+    if (dir.filename().empty()) dir = dir.parent_path();  // "checkpoint-4/"
+    resume_dir = dir.string();
+  }
+  if (resume_dir) {
+    // Checkpoints after the one resumed from would be overwritten step by step (or stop the run
+    // at its first save): refuse now, or with overwrite_output_dir remove them when training
+    // starts.
+    const int64_t from = train::read_trainer_state(*resume_dir).global_step;
+    std::vector<std::string> newer;
+    for (const CheckpointInfo& c : list_checkpoints(args.output_dir)) {
+      std::error_code ec;
+      if (c.step > from && !fs::equivalent(c.path, *resume_dir, ec)) newer.push_back(c.path);
+    }
+    if (!newer.empty() && from_latest && rank == 0) {
+      // Renamed into place by a save that was killed before it could update `latest`: that save
+      // never committed, and the resumed run makes those steps again.
+      log::warn("'{}/latest' names {}; the newer {} were left by a save that did not finish and are removed when "
+                "training starts",
+                out, fs::path(*resume_dir).filename().string(), fmt::join(newer, ", "));
+    }
+    if (!newer.empty() && !from_latest && !args.overwrite_output_dir) {
+      std::vector<std::string> names;
+      for (const std::string& n : newer) names.push_back(fs::path(n).filename().string());
+      throw ConfigError(fmt::format(
+          "resume_from_checkpoint '{}' is step {}, but output_dir '{}' holds newer checkpoint(s): {}; pass "
+          "--overwrite_output_dir to remove them and continue from step {}, or resume from the newest "
+          "(--resume_from_checkpoint True)",
+          *resume_dir, from, args.output_dir, fmt::join(names, ", "), from));
+    }
+    superseded = newer;
   }
   if (!resume_dir && !args.overwrite_output_dir) {
     std::vector<CheckpointInfo> existing = list_checkpoints(args.output_dir);
@@ -195,6 +271,29 @@ void Trainer::Impl::check_output_dir() {
     throw ConfigError(fmt::format("packing cannot be combined with finetuning_type {} (virtual tokens would "
                                   "cross documents); drop --packing",
                                   args.finetuning_type));
+  }
+}
+
+void Trainer::Impl::lock_output_dir() {
+  const std::string& out = args.output_dir;
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) throw IoError(fmt::format("cannot create output_dir '{}': {}", out, ec.message()));
+  if (::access(out.c_str(), W_OK | X_OK) != 0) {
+    throw IoError(fmt::format("output_dir '{}' is not writable: {}", out, std::strerror(errno)));
+  }
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string lock_path = out + "/.zerotrain.lock";
+  output_lock = files::FileLock::try_lock(
+      lock_path, /*exclusive=*/true,
+      fmt::format("pid {} on {} since {}", ::getpid(), host, static_cast<long long>(std::time(nullptr))));
+  if (!output_lock) {
+    const std::string holder = files::FileLock::holder_of(lock_path);
+    throw ConfigError(fmt::format("output_dir '{}' is in use by another run ({}); wait for it to end or choose "
+                                  "another output_dir (--overwrite_output_dir does not take a folder from a "
+                                  "running job)",
+                                  out, holder.empty() ? "its lock file " + lock_path : holder));
   }
 }
 
@@ -294,6 +393,28 @@ void Trainer::Impl::plan_batches() {
   data_seed = static_cast<uint64_t>(args.data_seed.value_or(args.seed));
 }
 
+void Trainer::Impl::check_machine_fits() const {
+  // A lower bound: the weights each rank holds in the compute dtype (ZeRO-3 divides them).
+  // Anything above the machine's whole memory is a config's mistake (or a corrupt file), said
+  // before a byte is allocated.
+  const ModelConfig& c = model_config;
+  const double params = static_cast<double>(c.parameter_count());
+  const double element = ds.bf16.enabled.value() || ds.fp16.enabled.value() ? 2.0 : 4.0;
+  const double per_rank = params * element / (ds.zero.stage == 3 ? static_cast<double>(world) : 1.0);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  double capacity = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+  const at::Device device = comm->device();
+  if (device.is_cuda()) capacity += static_cast<double>(device_stats::total_memory(device.has_index() ? device.index() : 0));
+  if (capacity > 0 && per_rank > capacity) {
+    throw ConfigError(fmt::format(
+        "{}: a model of {:.3g} parameters (vocab_size {}, hidden_size {}, intermediate_size {}, num_hidden_layers "
+        "{}) needs {:.1f} GiB per rank for its weights alone, more than this machine's {:.1f} GiB of memory; check "
+        "the config's sizes",
+        c.source, params, c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers,
+        per_rank / (1 << 30), capacity / (1 << 30)));
+  }
+}
+
 void Trainer::Impl::build_model_and_engine() {
   std::shared_ptr<ParameterSource> base;
   on_every_rank(*comm, "building the model", [&] {
@@ -304,6 +425,7 @@ void Trainer::Impl::build_model_and_engine() {
     adapter_method = peft.type == FinetuningType::kLora || peft.type == FinetuningType::kPTuning ||
                      peft.type == FinetuningType::kPrefix;
     parameters = apply_peft_from_args(*model, args, static_cast<uint64_t>(args.seed));
+    non_embedding_parameters = parameters.all - model_config.vocab_size * model_config.hidden_size;
     if (!model_dir.empty()) {
       base = checkpoint_source(model_dir);
     } else {
@@ -329,16 +451,20 @@ void Trainer::Impl::restore(const std::string& dir) {
   state.log_history = saved.log_history;
   state.best_metric = saved.best_metric;
   state.best_model_checkpoint = saved.best_model_checkpoint;
+  state.best_global_step = saved.best_global_step;
+  state.total_flos = saved.total_flos;
   state.tokens_seen = saved.tokens_seen;
   state.global_step = engine->global_step();
   // The data position by samples consumed: the same step of the epoch when the global batch is
   // kept, the nearest earlier one otherwise.
   state.epoch_index = saved.epoch_index;
-  state.steps_in_epoch = saved.steps_in_epoch * saved.global_batch_size / batch.size();
+  state.steps_in_epoch =
+      args.ignore_data_skip ? 0 : saved.steps_in_epoch * saved.global_batch_size / batch.size();
   if (state.steps_in_epoch >= steps_per_epoch) {
     ++state.epoch_index;
     state.steps_in_epoch = 0;
   }
+  state.epoch = epoch_progress();
   if (saved.data_seed != static_cast<int64_t>(data_seed) && rank == 0) {
     log::warn("resuming with data_seed {} but the checkpoint was made with {}: the data order changes",
               data_seed, saved.data_seed);
@@ -361,6 +487,7 @@ void Trainer::Impl::announce() const {
             batch.micro_batch, batch.accumulation, batch.size());
   log::info("  total optimization steps = {} ({} per epoch)", total_steps, steps_per_epoch);
   log::info("  fine-tuning: {} — {}", args.finetuning_type, parameters.line());
+  log::info("  template: {} ({})", args.template_name, template_source);
 }
 
 Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm, TrainerCallbacks callbacks)
@@ -371,8 +498,13 @@ Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm, Tra
   I.callbacks = std::move(callbacks);
   I.rank = I.comm->rank();
   I.world = I.comm->world_size();
+  if (I.rank == 0) {
+    for (const auto& [name, line] : I.args.ignored) log::warn("{}", line);
+  }
+  if (I.args.tf32) compat::set_allow_tf32(*I.args.tf32);
   on_every_rank(*I.comm, "checking the arguments, output_dir and model", [&] {
     I.check_output_dir();
+    if (I.rank == 0) I.lock_output_dir();
     I.ds = deepspeed_config_for(I.args);
     if (!I.args.model_name_or_path.empty()) {
       I.model_dir = I.args.model_name_or_path;
@@ -385,10 +517,14 @@ Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm, Tra
                         "(a config.json path or inline JSON, for random weights)");
     }
     I.tokenizer = load_tokenizer(I.model_dir, I.model_config.vocab_size);
+    I.args.template_name = resolve_template(I.args.template_name, I.model_dir, *I.tokenizer, &I.template_source);
     I.pad_id = I.tokenizer->pad_id() >= 0 ? I.tokenizer->pad_id() : std::max(0, I.tokenizer->eos_id());
   });
   I.load_data();
-  on_every_rank(*I.comm, "planning batches and steps", [&] { I.plan_batches(); });
+  on_every_rank(*I.comm, "planning batches and steps", [&] {
+    I.plan_batches();
+    I.check_machine_fits();
+  });
   I.build_model_and_engine();
   I.state.world_size = I.world;
   I.state.finetuning_type = I.args.finetuning_type;
@@ -415,19 +551,33 @@ void Trainer::set_callbacks(TrainerCallbacks callbacks) { impl_->callbacks = std
 
 void Trainer::cancel() { impl_->cancel_requested.store(true); }
 
+void Trainer::preempt(int signal) { impl_->preempt_requested.store(signal > 0 ? signal : SIGTERM); }
+
+int Trainer::preempted_by() const { return impl_->stop_signal; }
+
 void Trainer::Impl::check_cancel() {
-  if (world == 1) {  // nobody to agree with: no collective, no device synchronization
-    if (cancel_requested.load()) {
-      throw CancelledError(fmt::format("training cancelled at step {}; the newest checkpoint is kept",
-                                       state.global_step));
-    }
-    return;
+  // [cancel, preempting signal], the largest of every rank's: one agreement per step.
+  int preempt = preempt_requested.load();
+  bool cancel = cancel_requested.load();
+  if (world > 1) {
+    at::Tensor flags = at::tensor({cancel ? 1.0f : 0.0f, static_cast<float>(preempt)}, at::kFloat).to(comm->device());
+    comm->all_reduce(flags, ReduceOp::kMax)->wait();
+    at::Tensor host = flags.cpu();
+    cancel = host[0].item<float>() > 0;
+    preempt = static_cast<int>(host[1].item<float>());
   }
-  at::Tensor flag = at::full({1}, cancel_requested.load() ? 1.0 : 0.0, at::TensorOptions().device(comm->device()));
-  comm->all_reduce(flag, ReduceOp::kMax)->wait();
-  if (flag.item<double>() > 0) {
-    throw CancelledError(fmt::format("training cancelled at step {}; the newest checkpoint is kept",
-                                     state.global_step));
+  if (preempt > 0) {
+    // A scheduler's warning before preemption: keep this step's state, then stop.
+    stop_signal = preempt;
+    if (state.global_step > 0 && !checkpoint_in(args.output_dir, fmt::format("checkpoint-{}", state.global_step))) {
+      save_checkpoint();
+    }
+    throw CancelledError(fmt::format("stopped by signal {} at step {}; the state is in checkpoint-{}: continue with "
+                                     "--resume_from_checkpoint True",
+                                     preempt, state.global_step, state.global_step));
+  }
+  if (cancel) {
+    throw CancelledError(fmt::format("training cancelled at step {}; the newest checkpoint is kept", state.global_step));
   }
 }
 
@@ -470,7 +620,38 @@ void Trainer::Impl::log(const LogRecord& record) {
   } catch (const std::exception& e) {
     log::warn("{}", e.what());  // a log line lost is not worth the run
   }
+  report_to_tensorboard(record);
   if (callbacks.on_log) callbacks.on_log(record);
+}
+
+void Trainer::Impl::report_to_tensorboard(const LogRecord& r) {
+  if (args.report_to.find("tensorboard") == std::string::npos && args.report_to.find("all") == std::string::npos) {
+    return;
+  }
+  try {
+    if (!tensorboard) {
+      const std::string dir = args.logging_dir.empty() ? train::default_logging_dir(args.output_dir) : args.logging_dir;
+      tensorboard = std::make_unique<train::TensorBoardWriter>(dir);
+      log::info("TensorBoard: {}", tensorboard->path());
+    }
+    // HF's tags: train/<key> for training records, eval/<key> for evaluation.
+    auto put = [&](const char* tag, const std::optional<double>& v) {
+      if (v) tensorboard->scalar(tag, *v, r.step);
+    };
+    put("train/loss", r.loss);
+    put("train/learning_rate", r.learning_rate);
+    put("train/grad_norm", r.grad_norm);
+    put("train/tokens_per_second", r.tokens_per_second);
+    put("train/loss_scale", r.loss_scale);
+    put("train/peak_memory_gib", r.peak_memory_gib);
+    put("train/train_loss", r.train_loss);
+    put("train/train_runtime", r.train_runtime);
+    put("eval/loss", r.eval_loss);
+    if (r.loss || r.eval_loss) tensorboard->scalar("train/epoch", r.epoch, r.step);
+  } catch (const std::exception& e) {
+    log::warn("{} (TensorBoard reporting stops)", e.what());  // the run is worth more than its plots
+    args.report_to = "none";
+  }
 }
 
 double Trainer::Impl::run_evaluation() {
@@ -552,6 +733,7 @@ void Trainer::Impl::write_user_files(const std::string& dir, bool available,
     }
   }
   if (!model_dir.empty()) copy_model_companion_files(model_dir, dir);
+  record_template(dir, args.template_name);  // what `zerotrain verify` asks with
 }
 
 void Trainer::Impl::write_rng_state(const std::string& dir) const {
@@ -569,13 +751,41 @@ void Trainer::Impl::read_rng_state(const std::string& dir) const {
   if (comm->device().is_cuda() && f.contains("device")) rng::set_state(comm->device(), f.load("device"));
 }
 
+void Trainer::Impl::check_disk_space(const std::string& what) const {
+  // What a checkpoint holds, generously: every kind of optimizer state in fp32 over all ranks,
+  // and the weights a user loads (the adapter, or the whole model in the compute dtype).
+  int64_t trainable = 0;
+  for (const auto& [name, shape] : engine->trainable_parameters()) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    trainable += n;
+  }
+  const double state_bytes = static_cast<double>(trainable) * 4.0 * static_cast<double>(engine->state_kinds().size());
+  const double weights = adapter_method ? static_cast<double>(trainable) * 4.0
+                                        : static_cast<double>(parameters.all) *
+                                              static_cast<double>(c10::elementSize(engine->compute_dtype()));
+  const double needed = 1.1 * (state_bytes + weights) + 64.0 * (1 << 20);
+  std::optional<uint64_t> free = files::free_bytes(args.output_dir);
+  if (const char* fake = std::getenv("ZT_TEST_FREE_BYTES")) free = std::strtoull(fake, nullptr, 10);  // tests
+  if (free && static_cast<double>(*free) < needed) {
+    throw IoError(fmt::format("not enough free disk for {} in '{}': about {:.2f} GiB needed, {:.2f} GiB free; make "
+                              "room or lower save_total_limit (earlier checkpoints are intact)",
+                              what, args.output_dir, needed / (1 << 30), static_cast<double>(*free) / (1 << 30)));
+  }
+}
+
 void Trainer::Impl::save_checkpoint() {
   const int64_t step = state.global_step;
+  on_every_rank(*comm, "checking free disk space", [&] {
+    if (rank == 0) check_disk_space(fmt::format("checkpoint-{}", step));
+  });
   const std::string final_dir = fmt::format("{}/checkpoint-{}", args.output_dir, step);
+  const bool greater = args.greater_is_better.value_or(false);
   if (last_eval_step == step && last_eval_loss &&
-      (!state.best_metric || *last_eval_loss < *state.best_metric)) {
+      (!state.best_metric || (greater ? *last_eval_loss > *state.best_metric : *last_eval_loss < *state.best_metric))) {
     state.best_metric = last_eval_loss;
     state.best_model_checkpoint = final_dir;
+    state.best_global_step = step;
   }
   CheckpointWriter writer(*comm, args.output_dir, step, args.overwrite_output_dir);
   write_checkpoint(writer, /*in_run=*/true);
@@ -590,7 +800,11 @@ void Trainer::Impl::write_checkpoint(CheckpointWriter& writer, bool in_run) {
   try {
     write_user_files(writer.dir(), available, weights);
     write_rng_state(writer.dir());
-    if (rank == 0) files::write_atomic(writer.dir() + "/trainer_state.json", train::trainer_state_json(state));
+    if (rank == 0) {
+      files::write_atomic(writer.dir() + "/trainer_state.json", train::trainer_state_json(state));
+      files::write_atomic(writer.dir() + "/zerotrain_state.json", train::zerotrain_state_json(state));
+      write_run_settings(writer.dir());
+    }
   } catch (const std::exception& e) {
     ok = false;
     log::error("rank {}: writing a checkpoint into '{}': {}", rank, writer.dir(), e.what());
@@ -742,6 +956,24 @@ TrainResult Trainer::train() {
   Impl& I = *impl_;
   if (!I.has_train) throw ConfigError("train: no train_file given (--train_file DATA.jsonl)");
   I.announce();
+  on_every_rank(*I.comm, fmt::format("preparing output_dir '{}'", I.args.output_dir), [&] {
+    if (I.rank != 0) return;
+    fs::create_directories(I.args.output_dir);
+    if (!I.superseded.empty()) {
+      for (const std::string& dir : I.superseded) {
+        log::warn("overwrite_output_dir: removing '{}', which is newer than the checkpoint resumed from", dir);
+        files::remove_tree(dir);
+      }
+      std::error_code ec;
+      const fs::path resumed = fs::absolute(*I.resume_dir).lexically_normal();
+      if (fs::equivalent(resumed.parent_path(), I.args.output_dir, ec)) {
+        files::write_atomic(I.args.output_dir + "/latest", resumed.filename().string() + "\n");
+      }
+    }
+    I.write_run_settings(I.args.output_dir);
+  });
+  I.superseded.clear();
+  if (I.args.eval_on_start && I.has_eval) evaluate();
   I.model->train();
 
   const Clock::time_point start = Clock::now();
@@ -780,9 +1012,12 @@ TrainResult Trainer::train() {
 
   while (I.state.global_step < I.total_steps) {
     const int64_t epoch = I.state.epoch_index;
+    // Each epoch's own order, from the seed and the epoch alone (HF's sampler with set_epoch):
+    // a resumed run rebuilds the same one.
     const std::vector<int64_t> order = epoch_order(I.train_data.size(), I.data_seed, epoch, /*shuffle=*/true,
                                                    I.args.group_by_length ? &I.train_lengths : nullptr, megabatch);
-    while (I.state.steps_in_epoch < I.steps_per_epoch && I.state.global_step < I.total_steps) {
+    bool epoch_end = false;
+    while (!epoch_end && I.state.global_step < I.total_steps) {
       I.check_cancel();
       const int64_t s = I.state.steps_in_epoch;
       // The whole global batch's counts, the same on every rank without communication.
@@ -807,7 +1042,14 @@ TrainResult Trainer::train() {
       window_loss += step_loss;
       I.state.global_step = I.engine->global_step();
       I.state.steps_in_epoch = s + 1;
+      epoch_end = I.state.steps_in_epoch == I.steps_per_epoch;
+      if (epoch_end) {  // the position a checkpoint saved now resumes from
+        I.state.epoch_index = epoch + 1;
+        I.state.steps_in_epoch = 0;
+      }
+      I.state.epoch = I.epoch_progress();
       I.state.tokens_seen += tokens;
+      I.state.total_flos += 6.0 * static_cast<double>(tokens) * static_cast<double>(I.non_embedding_parameters);
       window_tokens += tokens;
       ++window_steps;
       const int64_t step = I.state.global_step;
@@ -824,7 +1066,11 @@ TrainResult Trainer::train() {
         I.callbacks.on_step(st);
       }
       const bool last = step == I.total_steps;
-      if (step % I.args.logging_steps == 0 || (I.args.logging_first_step && step == 1) || last) log_window();
+      const std::string& logging = I.args.logging_strategy;
+      if ((logging == "steps" && (step % I.args.logging_steps == 0 || (I.args.logging_first_step && step == 1))) ||
+          (logging == "epoch" && epoch_end) || (logging != "no" && last)) {
+        log_window();
+      }
       if (I.rank == 0 && I.callbacks.on_progress) {
         Progress p;
         p.step = step;
@@ -837,14 +1083,11 @@ TrainResult Trainer::train() {
         p.eta_seconds = elapsed / static_cast<double>(step - first_step) * static_cast<double>(I.total_steps - step);
         I.callbacks.on_progress(p);
       }
-      const bool epoch_end = I.state.steps_in_epoch == I.steps_per_epoch;
-      if (I.has_eval && ((I.args.eval_strategy == "steps" && step % I.eval_every == 0) ||
-                         (I.args.eval_strategy == "epoch" && epoch_end))) {
+      const bool delayed = I.args.eval_strategy == "epoch" ? I.state.epoch < I.args.eval_delay
+                                                            : static_cast<double>(step) < I.args.eval_delay;
+      if (I.has_eval && !delayed && ((I.args.eval_strategy == "steps" && step % I.eval_every == 0) ||
+                                     (I.args.eval_strategy == "epoch" && epoch_end))) {
         evaluate();
-      }
-      if (epoch_end) {
-        I.state.epoch_index = epoch + 1;
-        I.state.steps_in_epoch = 0;
       }
       if ((I.args.save_strategy == "steps" && step % I.args.save_steps == 0) ||
           (I.args.save_strategy == "epoch" && epoch_end)) {
@@ -858,8 +1101,17 @@ TrainResult Trainer::train() {
   result.eval_loss = I.last_eval_loss;
   if (I.args.load_best_model_at_end && I.state.best_model_checkpoint &&
       I.last_eval_loss != I.state.best_metric) {
-    if (I.rank == 0) log::info("loading the best checkpoint '{}' (eval_loss {:.4f})", *I.state.best_model_checkpoint, *I.state.best_metric);
-    load_engine_state(*I.engine, *I.state.best_model_checkpoint);
+    // The best checkpoint is read only from this run's output_dir, whatever the state file says.
+    const std::optional<std::string> best =
+        checkpoint_in(I.args.output_dir, fs::path(*I.state.best_model_checkpoint).filename().string());
+    if (best) {
+      if (I.rank == 0) log::info("loading the best checkpoint '{}' (eval_loss {:.4f})", *best, *I.state.best_metric);
+      load_engine_state(*I.engine, *best);
+    } else if (I.rank == 0) {
+      log::warn("the best checkpoint '{}' is not a checkpoint folder in '{}'; the final weights stay those of the "
+                "last step",
+                *I.state.best_model_checkpoint, I.args.output_dir);
+    }
   }
   bool available = false;
   auto weights = I.user_weights(available);

@@ -10,5 +10,7 @@ int64_t peak_allocated(int device);
 /// Bytes allocated right now.
 int64_t allocated(int device);
 void reset_peak(int device);
+/// The device's whole memory in bytes (cudaMemGetInfo's total); 0 without CUDA.
+int64_t total_memory(int device);
 
 }  // namespace zt::device_stats

@@ -1,5 +1,7 @@
 // device_stats with a CUDA LibTorch: the caching allocator's own counters.
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 
 #include "util/device_stats.hpp"
 
@@ -22,6 +24,16 @@ int64_t allocated(int device) {
 
 void reset_peak(int device) {
   c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+}
+
+int64_t total_memory(int device) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear it: this is only a size estimate
+    return 0;
+  }
+  return static_cast<int64_t>(total);
 }
 
 }  // namespace zt::device_stats

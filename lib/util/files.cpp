@@ -4,13 +4,15 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include <fcntl.h>
 #include <ftw.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <fmt/format.h>
 
@@ -18,15 +20,91 @@
 
 namespace zt::files {
 
-std::string read_text(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw IoError(fmt::format("cannot open {} '{}': {}", what, path, std::strerror(errno)));
+int open_regular(const std::string& path, const char* what, uint64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer;
+  // the descriptor's own fstat then tells what it is (no race with a path swapped meanwhile).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) throw IoError(fmt::format("cannot open {} '{}': {}", what, path, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw IoError(fmt::format("cannot stat {} '{}': {}", what, path, std::strerror(err)));
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw IoError(fmt::format("cannot read {} '{}'", what, path));
-  return ss.str();
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    const char* kind = S_ISDIR(st.st_mode)    ? "a folder"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "not a regular file";
+    throw IoError(fmt::format("{} '{}' is {}, not a regular file; give the path of the file itself", what, path,
+                              kind));
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    throw IoError(fmt::format("{} '{}' has {} bytes, more than the {} a {} can have; is it the right file?", what,
+                              path, static_cast<uint64_t>(st.st_size), max_bytes, what));
+  }
+  // Reads block normally from here (on a regular file O_NONBLOCK has no effect anyway).
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+std::string read_text(const std::string& path, const char* what, uint64_t max_bytes) {
+  const int fd = open_regular(path, what, max_bytes);
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      throw IoError(fmt::format("cannot read {} '{}': {}", what, path, std::strerror(err)));
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > max_bytes) {  // grew while being read
+      ::close(fd);
+      throw IoError(fmt::format("{} '{}' is larger than the {} bytes a {} can have", what, path, max_bytes, what));
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+namespace {
+
+bool plain_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+}  // namespace
+
+std::string child(const std::string& dir, const std::string& name, const std::string& source) {
+  if (!plain_name(name)) {
+    throw IoError(fmt::format("{}: \"{}\" is not a plain file name (no '/', '..' or absolute path: what a file "
+                              "names must stay inside '{}')",
+                              source, name, dir));
+  }
+  return dir + "/" + name;
+}
+
+std::string descendant(const std::string& dir, const std::string& relative, const std::string& source) {
+  bool ok = !relative.empty() && relative.front() != '/';
+  for (size_t start = 0; ok && start <= relative.size();) {
+    const size_t slash = std::min(relative.find('/', start), relative.size());
+    ok = plain_name(relative.substr(start, slash - start));
+    start = slash + 1;
+  }
+  if (!ok) {
+    throw IoError(fmt::format("{}: \"{}\" is not a path inside '{}' (an absolute path, '..' or an empty part)",
+                              source, relative, dir));
+  }
+  return dir + "/" + relative;
 }
 
 void write_atomic(const std::string& path, const std::string& content) {
@@ -85,6 +163,53 @@ void remove_tree(const std::string& path) {
                       ? fmt::format("cannot remove '{}': {}", path, std::strerror(errno))
                       : remove_error);
   }
+}
+
+std::optional<uint64_t> free_bytes(const std::string& dir) {
+  struct statvfs st {};
+  if (::statvfs(dir.c_str(), &st) != 0) return std::nullopt;
+  return static_cast<uint64_t>(st.f_bavail) * static_cast<uint64_t>(st.f_frsize);
+}
+
+std::optional<FileLock> FileLock::try_lock(const std::string& path, bool exclusive, const std::string& holder) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) throw IoError(fmt::format("cannot open the lock file '{}': {}", path, std::strerror(errno)));
+  if (::flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) return std::nullopt;
+    throw IoError(fmt::format("cannot lock '{}': {}", path, std::strerror(err)));
+  }
+  if (exclusive && !holder.empty() && ::ftruncate(fd, 0) == 0) {
+    const ssize_t ignored = ::pwrite(fd, holder.data(), holder.size(), 0);  // for others' messages only
+    (void)ignored;
+  }
+  return FileLock(fd);
+}
+
+std::string FileLock::holder_of(const std::string& path) {
+  try {
+    std::string text = read_text(path, "lock file", 4096);
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+    return text;
+  } catch (const IoError&) {
+    return "";
+  }
+}
+
+FileLock::FileLock(FileLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+
+FileLock& FileLock::operator=(FileLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
 }
 
 }  // namespace zt::files

@@ -14,20 +14,60 @@
 
 namespace zt::json {
 
-rapidjson::Document parse(std::string_view text, const std::string& source) {
-  rapidjson::Document doc;
-  doc.Parse(text.data(), text.size());
-  if (doc.HasParseError()) {
-    size_t offset = doc.GetErrorOffset();
-    size_t line = 1, column = 1;
-    for (size_t i = 0; i < offset && i < text.size(); ++i) {
-      if (text[i] == '\n') {
-        ++line;
-        column = 1;
-      } else {
-        ++column;
-      }
+namespace {
+
+// 1-based line and column of byte `offset` in `text`.
+std::pair<size_t, size_t> line_and_column(std::string_view text, size_t offset) {
+  size_t line = 1, column = 1;
+  for (size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      ++column;
     }
+  }
+  return {line, column};
+}
+
+}  // namespace
+
+void check_depth(std::string_view text, const std::string& source) {
+  // One pass over the text, strings skipped: the reading that follows (RapidJSON's iterative
+  // parser, then readers and writers that walk values recursively) never meets deeper nesting.
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > kMaxDepth) {
+        const auto [line, column] = line_and_column(text, i);
+        throw ConfigError(fmt::format("{}: JSON nested deeper than {} levels (at line {}, column {}); no file "
+                                      "zerotrain reads needs that many — is it the right file?",
+                                      source, kMaxDepth, line, column));
+      }
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+}
+
+rapidjson::Document parse(std::string_view text, const std::string& source) {
+  check_depth(text, source);
+  rapidjson::Document doc;
+  doc.Parse<rapidjson::kParseIterativeFlag>(text.data(), text.size());
+  if (doc.HasParseError()) {
+    const auto [line, column] = line_and_column(text, doc.GetErrorOffset());
     throw ConfigError(fmt::format("{}: invalid JSON at line {}, column {}: {}", source, line,
                                   column, rapidjson::GetParseError_En(doc.GetParseError())));
   }

@@ -12,7 +12,17 @@
 
 namespace zt::json {
 
-/// Parses JSON text; malformed text is a ConfigError naming `source`, line and column.
+/// How deep any JSON zerotrain reads may nest (objects and arrays): far beyond every real
+/// config, tokenizer.json or data record, and shallow enough for the recursive walks after it.
+constexpr int kMaxDepth = 256;
+
+/// A ConfigError naming `source`, the limit and where it is passed when `text` nests deeper than
+/// kMaxDepth. One pass; strings are skipped.
+void check_depth(std::string_view text, const std::string& source);
+
+/// Parses JSON text — the one path for every JSON the library reads: the nesting is checked
+/// first (check_depth), then RapidJSON's iterative (non-recursive) parser runs. Malformed text
+/// is a ConfigError naming `source`, line and column.
 rapidjson::Document parse(std::string_view text, const std::string& source);
 
 /// "an object", "a string", ... for messages.

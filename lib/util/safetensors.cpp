@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 
@@ -17,6 +18,7 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
+#include "util/crc32c.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "zerotrain/error.hpp"
@@ -53,11 +55,48 @@ std::optional<at::ScalarType> safetensors_dtype(const std::string& name) {
   return std::nullopt;
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) {
-    throw IoError(fmt::format("cannot open safetensors file '{}': {}", path, std::strerror(errno)));
+namespace {
+
+constexpr int64_t kChecksumChunk = int64_t{16} << 20;  // bytes of a tensor's data per CRC
+
+std::string chunk_checksums(const void* data, int64_t nbytes) {
+  std::string out;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (int64_t at = 0; at < nbytes || (at == 0 && nbytes == 0); at += kChecksumChunk) {
+    const int64_t n = std::min(kChecksumChunk, nbytes - at);
+    out += fmt::format("{}{:08x}", out.empty() ? "" : ",", crc32c::of(p + at, static_cast<size_t>(n)));
+    if (nbytes == 0) break;
   }
+  return out;
+}
+
+}  // namespace
+
+namespace {
+
+// The checksums of a tensor's chunks as recorded ("hhhhhhhh,hhhhhhhh,..."), nullopt when the
+// text is not that.
+std::optional<std::vector<uint32_t>> parse_checksums(const std::string& list, int64_t chunks) {
+  if (static_cast<int64_t>(list.size()) != chunks * 9 - 1) return std::nullopt;
+  std::vector<uint32_t> out;
+  for (int64_t k = 0; k < chunks; ++k) {
+    uint32_t v = 0;
+    const char* first = list.data() + k * 9;
+    const auto [p, ec] = std::from_chars(first, first + 8, v, 16);
+    if (ec != std::errc() || p != first + 8 || (k + 1 < chunks && first[8] != ',')) return std::nullopt;
+    out.push_back(v);
+  }
+  return out;
+}
+
+int64_t checksum_chunks(const TensorInfo& info) {
+  return std::max<int64_t>(1, (info.nbytes + kChecksumChunk - 1) / kChecksumChunk);
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  fd_ = files::open_regular(path, "safetensors file");  // a FIFO or device is refused, not read
   struct stat st {};
   if (::fstat(fd_, &st) != 0) {
     ::close(fd_);
@@ -91,8 +130,12 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     const char* header = reinterpret_cast<const char*>(bytes + 8);
     if (n == 0 || header[0] != '{') throw fail("the header is not a JSON object");
     rapidjson::Document doc;
-    doc.Parse(header, static_cast<size_t>(n));
-    if (doc.HasParseError() || !doc.IsObject()) throw fail("the header is not valid JSON");
+    try {
+      doc = json::parse(std::string_view(header, static_cast<size_t>(n)), "its header");
+    } catch (const ConfigError& e) {
+      throw fail(e.what());
+    }
+    if (!doc.IsObject()) throw fail("the header is not a JSON object");
     const int64_t data_start = 8 + static_cast<int64_t>(n);
     const int64_t data_size = static_cast<int64_t>(size_) - data_start;
     std::vector<std::pair<int64_t, int64_t>> ranges;
@@ -165,6 +208,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                                range_names[idx[k]]));
       }
     }
+    // Every tensor with checksums gets its flags now: reads then allocate nothing that stays.
+    for (const auto& [key, list] : metadata_) {
+      if (key.rfind("crc32c:", 0) != 0) continue;
+      auto t = tensors_.find(key.substr(7));
+      if (t == tensors_.end()) continue;
+      if (!parse_checksums(list, checksum_chunks(t->second))) {
+        throw fail(fmt::format("the checksums of tensor '{}' are unreadable", t->first));
+      }
+      verified_[t->first].assign(static_cast<size_t>(checksum_chunks(t->second)), false);
+    }
   } catch (...) {
     if (map_ != nullptr) ::munmap(map_, size_);
     ::close(fd_);
@@ -196,8 +249,31 @@ at::Tensor SafetensorsFile::mapped(const TensorInfo& info, int64_t offset, int64
   return at::from_blob(base, {count}, at::TensorOptions().dtype(info.dtype));
 }
 
+void SafetensorsFile::verify(const std::string& name, const TensorInfo& info, int64_t begin, int64_t end) const {
+  std::lock_guard<std::mutex> lock(verified_mutex_);
+  auto done = verified_.find(name);  // made at open for every tensor with checksums
+  if (done == verified_.end()) return;
+  const int64_t chunks = checksum_chunks(info);
+  const int64_t first = begin / kChecksumChunk, last = std::max(first, (end - 1) / kChecksumChunk);
+  for (int64_t k = first; k <= last && k < chunks; ++k) {
+    if (done->second[static_cast<size_t>(k)]) continue;
+    // Parsed again per chunk: nothing a read allocates outlives it (a small allocation kept
+    // between a reader's large temporaries would pin them in the heap).
+    const std::optional<std::vector<uint32_t>> crc = parse_checksums(metadata_.at("crc32c:" + name), chunks);
+    const int64_t at = k * kChecksumChunk, n = std::max<int64_t>(0, std::min(kChecksumChunk, info.nbytes - at));
+    const auto* data = static_cast<const unsigned char*>(map_) + info.begin + at;
+    if (!crc || crc32c::of(data, static_cast<size_t>(n)) != (*crc)[static_cast<size_t>(k)]) {
+      throw IoError(fmt::format("'{}' is damaged: tensor '{}' fails its checksum in bytes [{}, {}) of its data; "
+                                "restore the file from a copy (or resume from an earlier checkpoint)",
+                                path_, name, at, at + n));
+    }
+    done->second[static_cast<size_t>(k)] = true;
+  }
+}
+
 at::Tensor SafetensorsFile::load(const std::string& name, std::optional<at::ScalarType> dtype) const {
   const TensorInfo& i = info(name);
+  verify(name, i, 0, i.nbytes);
   at::Tensor flat = mapped(i, 0, i.numel);
   at::Tensor out = dtype && *dtype != i.dtype ? flat.to(*dtype) : flat.clone();
   return out.view(i.shape);
@@ -211,6 +287,8 @@ void SafetensorsFile::read_range(const std::string& name, int64_t offset, const 
                                       "elements in '{}'",
                                       offset, offset + count, name, i.numel, path_));
   }
+  const int64_t element = static_cast<int64_t>(c10::elementSize(i.dtype));
+  verify(name, i, offset * element, (offset + count) * element);
   out.view({-1}).copy_(mapped(i, offset, count));
 }
 
@@ -238,7 +316,9 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) : path_(pa
         throw IoError(fmt::format("'{}': weight_map.{} is not a file name", index,
                                   it->name.GetString()));
       }
-      std::string file = (fs::path(path) / it->value.GetString()).string();
+      // A shard is a plain name in this folder: never a path that leaves it.
+      const std::string file = files::child(path, it->value.GetString(), fmt::format("'{}': weight_map.{}", index,
+                                                                                       it->name.GetString()));
       if (!fs::exists(file, ec)) {
         throw IoError(fmt::format("'{}' lists '{}' for tensor '{}', but that file is missing",
                                   index, it->value.GetString(), it->name.GetString()));
@@ -490,8 +570,17 @@ std::vector<std::string> SafetensorsStreamWriter::finish() {
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  SafetensorsStreamWriter::File file(path, entries_of(tensors), metadata);
-  for (const auto& item : tensors) file.write(item.second);
+  // The bytes as they will be written, checksummed first: the header (with the checksums)
+  // precedes the data.
+  std::vector<at::Tensor> bytes;
+  std::map<std::string, std::string> with_checksums = metadata;
+  for (const auto& [name, t] : tensors) {
+    bytes.push_back(t.detach().to(at::kCPU).contiguous());
+    with_checksums["crc32c:" + name] =
+        chunk_checksums(bytes.back().data_ptr(), static_cast<int64_t>(bytes.back().nbytes()));
+  }
+  SafetensorsStreamWriter::File file(path, entries_of(tensors), with_checksums);
+  for (const at::Tensor& t : bytes) file.write(t);
   file.commit();
 }
 

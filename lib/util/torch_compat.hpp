@@ -22,6 +22,12 @@ static_assert(TORCH_VERSION_MAJOR > 1 || (TORCH_VERSION_MAJOR == 1 && TORCH_VERS
 
 namespace zt::compat {
 
+/// HF's tf32 flag: TF32 tensor cores for fp32 matmuls (cuBLAS) and convolutions (cuDNN).
+inline void set_allow_tf32(bool on) {
+  at::globalContext().setAllowTF32CuBLAS(on);
+  at::globalContext().setAllowTF32CuDNN(on);
+}
+
 /// True when LibTorch has a fused multi-tensor AdamW kernel for tensors on `device`
 /// (at::_fused_adamw_: CUDA since 2.0, CPU since 2.4).
 inline bool has_fused_adamw(const at::Device& device) {

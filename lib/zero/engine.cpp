@@ -178,8 +178,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   }
   if (schedule_needs_total(ds, args) && I.options.total_train_steps <= 0) {
     throw ConfigError(fmt::format(
-        "the learning-rate schedule '{}' needs the run length: set max_steps (or "
-        "EngineOptions::total_train_steps)",
+        "the learning-rate schedule '{}' needs the run length: set max_steps (without a train_file there "
+        "are no epochs to count), or use lr_scheduler_type constant",
         ds.scheduler.present ? ds.scheduler.type_name : args.lr_scheduler_type));
   }
   I.schedule = LrSchedule::from_config(ds, args, I.options.total_train_steps);

@@ -5,7 +5,9 @@ set -euo pipefail
 build=$1 src=$2 cli=$3 ranks=$4
 # Offline and self-contained: module mode with no dependencies, caches inside the build tree.
 export GOCACHE="$build/go-cache" GOPATH="$build/go-path" GOFLAGS=-mod=mod GOPROXY=off GO111MODULE=on
-export CGO_CFLAGS="-I$src/include" CGO_LDFLAGS="-L$build/lib -Wl,-rpath,$build/lib" OMP_NUM_THREADS=1
+# The package finds the library through pkg-config (#cgo pkg-config: zerotrain): this build
+# tree's zerotrain.pc.
+export PKG_CONFIG_PATH="$build/pkgconfig-build" OMP_NUM_THREADS=1
 cd "$src/examples/go"
 go vet ./...
 go test -count=1 ./...

@@ -218,6 +218,62 @@ int main(void) {
   CHECK(exists(path));
   zt_trainer_free(t);
   zt_trainer_free(NULL);
+
+  /* A host that feeds token ids needs no tokenizer: a model with 64 ids (fewer than the
+   * byte-level tokenizer's 259) trains through train_step. */
+  snprintf(options, sizeof options,
+           "{\"model_config\": {\"model_type\": \"llama\", \"vocab_size\": 64, \"hidden_size\": 32,"
+           " \"intermediate_size\": 64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4},"
+           " \"device\": \"cpu\", \"output_dir\": \"%s/small\", \"max_steps\": 4, \"learning_rate\": 0.01,"
+           " \"distributed\": {\"rank\": 0, \"world_size\": 1}}",
+           dir);
+  CHECK_OK(zt_trainer_create(options, &t));
+  for (int i = 0; i < 16; ++i) ids[i] = (i * 5) % 64;
+  CHECK_OK(zt_trainer_train_step(t, ids, NULL, 2, 8, &st));
+  CHECK(st.stepped == 1 && st.global_step == 1 && isfinite(st.loss));
+  ids[3] = 64;
+  CHECK_FAILS(zt_trainer_train_step(t, ids, NULL, 2, 8, &st), ZT_ERR_INVALID_ARGUMENT, "64");
+  zt_trainer_free(t);
+  /* A schedule that needs the run length names the option, not a C++ type. */
+  snprintf(options, sizeof options, "{" MODEL ", \"device\": \"cpu\", \"output_dir\": \"%s/nolen\"}", dir);
+  CHECK_FAILS(zt_trainer_create(options, &t), ZT_ERR_CONFIG, "max_steps");
+  CHECK(strstr(zt_last_error(), "EngineOptions") == NULL);
+  /* Ranks are C ints: a larger one is refused, not truncated. */
+  snprintf(options, sizeof options,
+           "{" MODEL ", \"device\": \"cpu\", \"distributed\": {\"rank\": 4294967296, \"world_size\": 4294967297}}");
+  CHECK_FAILS(zt_trainer_create(options, &t), ZT_ERR_CONFIG, "rank");
+
+  /* Tokenizers: the byte-level one (no folder), the sizing rules, errors. */
+  zt_tokenizer *tok = (zt_tokenizer *)&failures;
+  snprintf(path, sizeof path, "%s/no_such_model", dir);
+  CHECK_FAILS(zt_tokenizer_load(path, &tok), ZT_ERR_IO, "no_such_model");
+  CHECK(tok == NULL);
+  CHECK_FAILS(zt_tokenizer_load(NULL, NULL), ZT_ERR_INVALID_ARGUMENT, "out");
+  CHECK_OK(zt_tokenizer_load(NULL, &tok));
+  CHECK(zt_tokenizer_vocab_size(tok) == 259);
+  CHECK(zt_tokenizer_bos_id(tok) == 256 && zt_tokenizer_eos_id(tok) == 257 && zt_tokenizer_pad_id(tok) == 258);
+  CHECK(zt_tokenizer_vocab_size(NULL) == -1);
+  int64_t n = 0;
+  CHECK_OK(zt_tokenizer_encode(tok, "Hi!", 3, 1, NULL, 0, &n));
+  CHECK(n == 4);
+  int32_t small[2], toks[8];
+  CHECK_FAILS(zt_tokenizer_encode(tok, "Hi!", 3, 1, small, 2, &n), ZT_ERR_INVALID_ARGUMENT, "capacity");
+  CHECK(n == 4);
+  CHECK_OK(zt_tokenizer_encode(tok, "Hi!", 3, 1, toks, 8, &n));
+  CHECK(n == 4 && toks[0] == 256 && toks[1] == 'H' && toks[2] == 'i' && toks[3] == '!');
+  CHECK_OK(zt_tokenizer_encode(tok, "Hi!", 3, 0, toks, 8, &n));
+  CHECK(n == 3 && toks[0] == 'H');
+  char text[8];
+  int64_t bytes = 0;
+  const int32_t with_specials[] = {256, 'o', 'k', 257};
+  CHECK_OK(zt_tokenizer_decode(tok, with_specials, 4, NULL, 0, &bytes));
+  CHECK(bytes == 2);
+  CHECK_FAILS(zt_tokenizer_decode(tok, with_specials, 4, text, 2, &bytes), ZT_ERR_INVALID_ARGUMENT, "capacity");
+  CHECK_OK(zt_tokenizer_decode(tok, with_specials, 4, text, sizeof text, &bytes));
+  CHECK(bytes == 2 && strcmp(text, "ok") == 0);
+  CHECK_FAILS(zt_tokenizer_encode(NULL, "x", 1, 0, toks, 8, &n), ZT_ERR_INVALID_ARGUMENT, "tokenizer");
+  zt_tokenizer_free(tok);
+  zt_tokenizer_free(NULL);
   zt_set_log_callback(NULL, NULL);
 
   if (failures == 0) {

@@ -42,3 +42,22 @@ flags=$(pkg-config --cflags --libs zerotrain)
 # shellcheck disable=SC2086
 gcc -std=c99 -Wall -Wextra -Wpedantic -Werror "$work/c-consumer.c" -o "$work/c-consumer" $flags
 "$work/c-consumer"
+
+echo "== find_package(zerotrain) from a C project without LibTorch's CMake files: zerotrain::c"
+mkdir -p "$work/c-project"
+cat > "$work/c-project/CMakeLists.txt" <<'CM'
+cmake_minimum_required(VERSION 3.18)
+project(zerotrain_c_consumer C)
+find_package(zerotrain 0.1 REQUIRED COMPONENTS c)
+if(TARGET zerotrain::zerotrain)
+  message(FATAL_ERROR "zerotrain::zerotrain defined although LibTorch was not to be found")
+endif()
+add_executable(c-consumer c-consumer.c)
+target_link_libraries(c-consumer PRIVATE zerotrain::c)
+CM
+cp "$work/c-consumer.c" "$work/c-project/"
+# LibTorch made unfindable (Debian's sits on CMake's default path): only the prefix is there.
+env -u Torch_DIR cmake -S "$work/c-project" -B "$work/c-build" -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCMAKE_DISABLE_FIND_PACKAGE_Torch=TRUE >/dev/null
+cmake --build "$work/c-build" >/dev/null
+"$work/c-build/c-consumer"

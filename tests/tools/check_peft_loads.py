@@ -1,35 +1,51 @@
 #!/usr/bin/env python3
 """Loads adapters zerotrain wrote into HF PEFT and records the logits PEFT gives with them.
 
-    python3 tests/tools/check_peft_loads.py ADAPTERS_DIR OUT_DIR
+    cd REPO_ROOT && python3 tests/tools/check_peft_loads.py ADAPTERS_DIR OUT_DIR
 
 ADAPTERS_DIR holds one folder per adapter, as `zt_tests "tool: write zerotrain adapters for the
 PEFT check"` writes them (adapter_config.json, adapter_model.safetensors and the logits zerotrain
-computed, zerotrain_logits.safetensors). The base model is the tiny llama fixture. For each
-adapter, OUT_DIR/<name>/ receives the adapter files plus peft_logits.safetensors (the inputs
-and PEFT's logits), and report.json lists the largest difference from zerotrain's logits on real
-tokens. Runs in fp32 on the CPU, with eager attention, like make_fixtures.py.
+computed, zerotrain_logits.safetensors). Each adapter names its base as a path relative to the
+repository root (tests/fixtures/models/...), which PEFT resolves from the current directory;
+a null base is the tiny llama fixture. For each adapter, OUT_DIR/<name>/ receives the adapter
+files plus peft_logits.safetensors (the inputs and PEFT's logits), and report.json lists the
+largest difference from zerotrain's logits on real tokens. It also saves PEFT's own adapter for
+`target_modules="all-linear"` on the tiny llama and records which names PEFT wrote, beside the
+names zerotrain wrote for the same default. Runs in fp32 on the CPU, with eager attention, like
+make_fixtures.py.
 """
 import json
 import os
 import shutil
 import sys
+import tempfile
 
 import torch
-from peft import PeftModel
+from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 SRC, OUT = sys.argv[1], sys.argv[2]
-BASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "models", "llama")
+LLAMA = "tests/fixtures/models/llama"
 torch.set_num_threads(4)
+
+
+def load_base(path):
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+
 
 report = {}
 for name in sorted(os.listdir(SRC)):
     src = os.path.join(SRC, name)
-    base = AutoModelForCausalLM.from_pretrained(BASE, dtype=torch.float32,
-                                                attn_implementation="eager")
-    model = PeftModel.from_pretrained(base, src).eval()
+    with open(os.path.join(src, "adapter_config.json")) as f:
+        config = json.load(f)
+    base = load_base(config.get("base_model_name_or_path") or LLAMA)
+    try:
+        model = PeftModel.from_pretrained(base, src).eval()
+    except Exception as e:  # noqa: BLE001 - the report says what PEFT refused
+        report[name] = {"error": f"{type(e).__name__}: {e}"}
+        print(name, report[name], flush=True)
+        continue
     ours = load_file(os.path.join(src, "zerotrain_logits.safetensors"))
     ids, mask = ours["input_ids"], ours["attention_mask"]
     with torch.no_grad():
@@ -44,8 +60,27 @@ for name in sorted(os.listdir(SRC)):
         shutil.copy(os.path.join(src, f), dst)
     save_file({"input_ids": ids, "attention_mask": mask, "logits": logits},
               os.path.join(dst, "peft_logits.safetensors"))
-    report[name] = {"max_abs_diff_vs_zerotrain": diff, "logits_shape": list(logits.shape)}
+    report[name] = {"max_abs_diff_vs_zerotrain": diff, "logits_shape": list(logits.shape),
+                    "target_modules_read": sorted(model.peft_config["default"].target_modules)
+                    if hasattr(model.peft_config["default"], "target_modules")
+                    and model.peft_config["default"].target_modules is not None
+                    and not isinstance(model.peft_config["default"].target_modules, str)
+                    else model.peft_config["default"].__dict__.get("target_modules")}
     print(name, report[name], flush=True)
+
+# What PEFT itself writes for all-linear on the same model.
+peft_model = get_peft_model(load_base(LLAMA), LoraConfig(target_modules="all-linear", task_type="CAUSAL_LM"))
+with tempfile.TemporaryDirectory() as tmp:
+    peft_model.save_pretrained(tmp)
+    with open(os.path.join(tmp, "adapter_config.json")) as f:
+        peft_written = json.load(f)["target_modules"]
+ours_path = os.path.join(SRC, "lora_all_linear", "adapter_config.json")
+ours_written = json.load(open(ours_path))["target_modules"] if os.path.exists(ours_path) else None
+report["all_linear"] = {"peft_writes": sorted(peft_written) if isinstance(peft_written, list) else peft_written,
+                        "zerotrain_writes": ours_written,
+                        "same_set": isinstance(peft_written, list) and isinstance(ours_written, list)
+                        and set(peft_written) == set(ours_written)}
+print("all_linear", report["all_linear"], flush=True)
 
 import peft
 import transformers

@@ -9,6 +9,11 @@ pub struct zt_trainer {
 }
 
 #[repr(C)]
+pub struct zt_tokenizer {
+    _private: [u8; 0],
+}
+
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct zt_step_stats {
     pub global_step: i64,
@@ -54,4 +59,27 @@ extern "C" {
     pub fn zt_trainer_load_checkpoint(t: *mut zt_trainer, dir: *const c_char) -> c_int;
     pub fn zt_trainer_export(t: *mut zt_trainer, dir: *const c_char) -> c_int;
     pub fn zt_trainer_free(t: *mut zt_trainer);
+    pub fn zt_tokenizer_load(model_dir: *const c_char, out: *mut *mut zt_tokenizer) -> c_int;
+    pub fn zt_tokenizer_encode(
+        tok: *const zt_tokenizer,
+        text: *const c_char,
+        text_len: i64,
+        add_bos: i32,
+        ids: *mut i32,
+        capacity: i64,
+        n_ids: *mut i64,
+    ) -> c_int;
+    pub fn zt_tokenizer_decode(
+        tok: *const zt_tokenizer,
+        ids: *const i32,
+        n_ids: i64,
+        text: *mut c_char,
+        capacity: i64,
+        n_bytes: *mut i64,
+    ) -> c_int;
+    pub fn zt_tokenizer_vocab_size(tok: *const zt_tokenizer) -> i64;
+    pub fn zt_tokenizer_bos_id(tok: *const zt_tokenizer) -> i32;
+    pub fn zt_tokenizer_eos_id(tok: *const zt_tokenizer) -> i32;
+    pub fn zt_tokenizer_pad_id(tok: *const zt_tokenizer) -> i32;
+    pub fn zt_tokenizer_free(tok: *mut zt_tokenizer);
 }

@@ -16,9 +16,10 @@ mod ffi;
 
 use std::ffi::{CStr, CString};
 use std::fmt;
-use std::os::raw::{c_int, c_void};
+use std::os::raw::{c_char, c_int, c_void};
 use std::path::Path;
 use std::ptr;
+use std::sync::Mutex;
 
 /// Why a call failed: the C API's status code and the message it gave.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -178,6 +179,109 @@ impl Drop for Trainer {
     }
 }
 
+/// A log message's level (0 debug, 1 info, 2 warning, 3 error).
+pub type LogLevel = i32;
+
+type LogFn = Box<dyn Fn(LogLevel, &str) + Send + Sync>;
+
+// The registered callback: boxed twice so the C side holds one thin pointer; replaced only
+// under the lock, and the old one is freed after the library stopped using it.
+static LOG_CALLBACK: Mutex<Option<Box<LogFn>>> = Mutex::new(None);
+
+unsafe extern "C" fn log_trampoline(level: c_int, message: *const c_char, data: *mut c_void) {
+    let f = &*(data as *const LogFn);
+    let text = CStr::from_ptr(message).to_string_lossy();
+    // A panic must not unwind into C.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(level, &text)));
+}
+
+/// Routes every log message of the library to `f` (`None` restores the default: lines on
+/// stderr). Process-wide; `f` may be called from any thread that runs zerotrain code, one call
+/// at a time.
+pub fn set_log_callback(f: Option<LogFn>) {
+    let mut slot = LOG_CALLBACK.lock().unwrap();
+    match f {
+        Some(f) => {
+            let boxed: Box<LogFn> = Box::new(f);
+            let data = &*boxed as *const LogFn as *mut c_void;
+            unsafe { ffi::zt_set_log_callback(Some(log_trampoline), data) };
+            *slot = Some(boxed);
+        }
+        None => {
+            unsafe { ffi::zt_set_log_callback(None, ptr::null_mut()) };
+            *slot = None;
+        }
+    }
+}
+
+/// Text ↔ token ids as the trainer's data pipeline makes them. Immutable; may be shared across
+/// threads.
+pub struct Tokenizer {
+    raw: *mut ffi::zt_tokenizer,
+}
+
+unsafe impl Send for Tokenizer {}
+unsafe impl Sync for Tokenizer {}
+
+impl Tokenizer {
+    /// The tokenizer of an HF model folder; `None` (or a folder without tokenizer files) gives
+    /// the byte-level tokenizer.
+    pub fn load(model_dir: Option<&Path>) -> Result<Tokenizer> {
+        let dir = model_dir.map(c_path).transpose()?;
+        let mut raw = ptr::null_mut();
+        check(unsafe { ffi::zt_tokenizer_load(dir.as_ref().map_or(ptr::null(), |d| d.as_ptr()), &mut raw) })?;
+        Ok(Tokenizer { raw })
+    }
+
+    /// The ids of `text`; with `add_bos`, bos first where the tokenizer adds one.
+    pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<i32>> {
+        let mut n = 0i64;
+        let p = text.as_ptr() as *const c_char;
+        let len = text.len() as i64;
+        check(unsafe { ffi::zt_tokenizer_encode(self.raw, p, len, add_bos as i32, ptr::null_mut(), 0, &mut n) })?;
+        let mut ids = vec![0i32; n as usize];
+        if n > 0 {
+            check(unsafe { ffi::zt_tokenizer_encode(self.raw, p, len, add_bos as i32, ids.as_mut_ptr(), n, &mut n) })?;
+        }
+        Ok(ids)
+    }
+
+    /// The text of `ids` (special ids and -100 skipped).
+    pub fn decode(&self, ids: &[i32]) -> Result<String> {
+        let mut n = 0i64;
+        check(unsafe {
+            ffi::zt_tokenizer_decode(self.raw, ids.as_ptr(), ids.len() as i64, ptr::null_mut(), 0, &mut n)
+        })?;
+        let mut buf = vec![0u8; n as usize + 1];
+        check(unsafe {
+            ffi::zt_tokenizer_decode(self.raw, ids.as_ptr(), ids.len() as i64, buf.as_mut_ptr() as *mut c_char,
+                                     buf.len() as i64, &mut n)
+        })?;
+        buf.truncate(n as usize);
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    pub fn vocab_size(&self) -> i64 {
+        unsafe { ffi::zt_tokenizer_vocab_size(self.raw) }
+    }
+    /// -1 when the tokenizer has none.
+    pub fn bos_id(&self) -> i32 {
+        unsafe { ffi::zt_tokenizer_bos_id(self.raw) }
+    }
+    pub fn eos_id(&self) -> i32 {
+        unsafe { ffi::zt_tokenizer_eos_id(self.raw) }
+    }
+    pub fn pad_id(&self) -> i32 {
+        unsafe { ffi::zt_tokenizer_pad_id(self.raw) }
+    }
+}
+
+impl Drop for Tokenizer {
+    fn drop(&mut self) {
+        unsafe { ffi::zt_tokenizer_free(self.raw) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,6 +311,40 @@ mod tests {
         assert!(e.message.contains("lerning_rate"), "{}", e);
         let e = Trainer::new("not json").err().unwrap();
         assert_eq!(e.status_name(), "ZT_ERR_CONFIG");
+    }
+
+    #[test]
+    fn log_callback_receives_the_warnings() {
+        use std::sync::{Arc, Mutex};
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let sink = seen.clone();
+        set_log_callback(Some(Box::new(move |level, message| {
+            if level == 2 {
+                sink.lock().unwrap().push(message.to_owned());
+            }
+        })));
+        let dir = temp_dir("log");
+        // An HF flag without effect in zerotrain: accepted, with one warning through the callback.
+        let t = Trainer::new(&format!(
+            r#"{{{TINY}, "output_dir": "{}", "max_steps": 2, "dataloader_num_workers": 4}}"#,
+            dir.display()
+        ));
+        set_log_callback(None);
+        assert!(t.is_ok(), "{:?}", t.err());
+        let lines = seen.lock().unwrap();
+        assert!(lines.iter().any(|l| l.contains("dataloader_num_workers has no effect")), "{:?}", lines);
+    }
+
+    #[test]
+    fn tokenizer_round_trips_text() {
+        let tok = Tokenizer::load(None).unwrap();
+        let ids = tok.encode("héllo", true).unwrap();
+        // The byte-level tokenizer: bos 256, then the UTF-8 bytes.
+        assert_eq!(ids, vec![256, 'h' as i32, 0xc3, 0xa9, 'l' as i32, 'l' as i32, 'o' as i32]);
+        assert_eq!(tok.decode(&ids).unwrap(), "héllo");
+        assert_eq!((tok.vocab_size(), tok.bos_id(), tok.eos_id()), (259, 256, 257));
+        let e = Tokenizer::load(Some(Path::new("/nonexistent/zerotrain-model"))).err().unwrap();
+        assert_eq!(e.status_name(), "ZT_ERR_IO");
     }
 
     #[test]

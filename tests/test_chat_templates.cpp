@@ -1,0 +1,283 @@
+// The models' chat formats against their own chat_template texts (data/chat_templates/),
+// rendered by jinja2 with transformers' settings (tests/tools/render_chat_templates.py): the
+// same text for every conversation shape, the same refusals; `--template auto` recognizes each
+// text; the trained labels are the replies and their end-of-turn markers.
+#include "support/catch.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <rapidjson/document.h>
+
+#include "data/chat_templates.hpp"
+#include "data/hf_tokenizer.hpp"
+#include "support/ranks.hpp"
+#include "util/files.hpp"
+#include "util/json.hpp"
+#include "zerotrain/data.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/tokenizer.hpp"
+
+using namespace zt;
+using Catch::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Format {
+  const char* name;
+  const char* bos;  // nullptr: the tokenizer has none (Qwen)
+  const char* eos;
+};
+
+const Format kFormats[] = {
+    {"qwen2", nullptr, "<|im_end|>"},       {"qwen2.5", nullptr, "<|im_end|>"},
+    {"qwen3", nullptr, "<|im_end|>"},       {"llama3", "<|begin_of_text|>", "<|eot_id|>"},
+    {"llama3_original", "<|begin_of_text|>", "<|end_of_text|>"},
+    {"llama3.1", "<|begin_of_text|>", "<|eot_id|>"}, {"llama3.2", "<|begin_of_text|>", "<|eot_id|>"},
+    {"llama2", "<s>", "</s>"},              {"mistral_v0.1", "<s>", "</s>"},
+    {"mistral_v0.2", "<s>", "</s>"},        {"mistral_v0.3", "<s>", "</s>"},
+};
+
+using Turns = std::vector<std::pair<std::string, std::string>>;  // (role, content), system first if any
+
+// The conversation shapes: with and without a system message, one and two exchanges, and
+// content that the templates' trim/strip and Qwen3's reasoning split act on.
+const std::vector<Turns>& conversations() {
+  static const std::vector<Turns> all = {
+      {{"system", "You are a helpful assistant."}, {"user", "Hi!"}, {"assistant", "Hello! How can I help?"},
+       {"user", "What is 2+2?"}, {"assistant", "2+2 = 4."}},
+      {{"user", "Hi"}, {"assistant", "Yo"}},
+      {{"user", "  spaced \n"}, {"assistant", "\u3000full-width space and tab\t "}, {"user", "两个问题？\n\n第二行"},
+       {"assistant", "好的。\n"}},
+      {{"system", " Be brief. "}, {"user", "x"}, {"assistant", "<think>\nstep one\n</think>\n\nThe answer"},
+       {"user", "y"}, {"assistant", "<think>\nstep two\n</think>\n\nAnother"}},
+  };
+  return all;
+}
+
+data::Chat chat_of(const Turns& turns) {
+  data::Chat c;
+  for (const auto& [role, content] : turns) {
+    if (role == "system") {
+      c.system = content;
+    } else {
+      c.messages.push_back({role, content, ""});
+    }
+  }
+  return c;
+}
+
+std::string jinja_python() {
+  static const std::string found = [] {
+    for (const char* py : {"python3", "/usr/bin/python3"}) {
+      if (std::system(fmt::format("{} -c 'import jinja2' >/dev/null 2>&1", py).c_str()) == 0) return std::string(py);
+    }
+    return std::string();
+  }();
+  return found;
+}
+
+// jinja2's renderings of `cases` (messages, add_generation_prompt) with the template file.
+std::vector<std::optional<std::string>> reference(const Format& f,
+                                                  const std::vector<std::pair<Turns, bool>>& cases) {
+  const std::string py = jinja_python();
+  if (py.empty()) FAIL("no python3 with jinja2 (make deps installs python3-jinja2)");
+  rapidjson::Document job(rapidjson::kObjectType);
+  auto& a = job.GetAllocator();
+  const std::string path = fmt::format("{}/{}.jinja", ZT_DATA "/chat_templates", f.name);
+  job.AddMember("template", rapidjson::Value(path.c_str(), a), a);
+  if (f.bos) job.AddMember("bos_token", rapidjson::Value(f.bos, a), a);
+  if (f.eos) job.AddMember("eos_token", rapidjson::Value(f.eos, a), a);
+  rapidjson::Value list(rapidjson::kArrayType);
+  for (const auto& [turns, generation] : cases) {
+    rapidjson::Value messages(rapidjson::kArrayType);
+    for (const auto& [role, content] : turns) {
+      rapidjson::Value m(rapidjson::kObjectType);
+      m.AddMember("role", rapidjson::Value(role.c_str(), a), a);
+      m.AddMember("content", rapidjson::Value(content.c_str(), a), a);
+      messages.PushBack(m, a);
+    }
+    rapidjson::Value c(rapidjson::kObjectType);
+    c.AddMember("messages", messages, a);
+    c.AddMember("add_generation_prompt", generation, a);
+    list.PushBack(c, a);
+  }
+  job.AddMember("cases", list, a);
+  const std::string dir = test::temp_dir("jinja");
+  files::write_atomic(dir + "/job.json", json::dump(job));
+  const std::string command =
+      fmt::format("{} {}/tests/tools/render_chat_templates.py {}/job.json {}/out.json", py, ZT_SOURCE_ROOT, dir, dir);
+  REQUIRE(std::system(command.c_str()) == 0);
+  rapidjson::Document out;
+  out.Parse(files::read_text(dir + "/out.json").c_str());
+  REQUIRE(out.IsArray());
+  std::vector<std::optional<std::string>> texts;
+  for (const auto& r : out.GetArray()) {
+    if (r.HasMember("text")) {
+      texts.emplace_back(std::string(r["text"].GetString(), r["text"].GetStringLength()));
+    } else {
+      texts.emplace_back(std::nullopt);
+    }
+  }
+  return texts;
+}
+
+std::string joined(const std::vector<data::Piece>& pieces) {
+  std::string s;
+  for (const data::Piece& p : pieces) s += p.text;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("each model format renders what transformers renders with the model's chat_template", "[data][templates]") {
+  for (const Format& f : kFormats) {
+    INFO("template " << f.name);
+    const data::ChatTemplate& t = data::chat_template(f.name);
+    CHECK(t.whole_text());
+    // Whole conversations, and the prompt of each one's last user message.
+    std::vector<std::pair<Turns, bool>> cases;
+    for (const Turns& c : conversations()) {
+      cases.emplace_back(c, false);
+      cases.emplace_back(Turns(c.begin(), c.end() - 1), true);
+    }
+    const auto want = reference(f, cases);
+    REQUIRE(want.size() == cases.size());
+    for (size_t k = 0; k < cases.size(); ++k) {
+      INFO("case " << k << (cases[k].second ? " (generation prompt)" : ""));
+      const data::Chat chat = chat_of(cases[k].first);
+      if (!want[k]) {  // the model's template refuses it: so does zerotrain, saying why
+        CHECK_THROWS_AS(cases[k].second ? t.prompt(chat) : joined(t.render(chat)), ConfigError);
+        continue;
+      }
+      const std::string got = cases[k].second ? t.prompt(chat) : joined(t.render(chat));
+      CHECK(got == *want[k]);
+    }
+  }
+}
+
+TEST_CASE("template auto recognizes each model's chat_template and keeps alpaca_zh without one",
+          "[data][templates]") {
+  for (const Format& f : kFormats) {
+    INFO(f.name);
+    const std::string text = files::read_text(fmt::format("{}/chat_templates/{}.jinja", ZT_DATA, f.name));
+    // In tokenizer_config.json, as most folders carry it.
+    const std::string dir = test::temp_dir("auto");
+    rapidjson::Document config(rapidjson::kObjectType);
+    config.AddMember("chat_template", rapidjson::Value(text.c_str(), config.GetAllocator()), config.GetAllocator());
+    files::write_atomic(dir + "/tokenizer_config.json", json::dump(config, true));
+    std::string source;
+    CHECK(data::detect_chat_template(dir, &source) == f.name);
+    CHECK_THAT(source, Contains("tokenizer_config.json"));
+    // As chat_template.jinja, which newer transformers write (it wins over the JSON).
+    files::write_atomic(dir + "/chat_template.jinja", text + "\n");
+    CHECK(data::detect_chat_template(dir, &source) == f.name);
+    CHECK_THAT(source, Contains("chat_template.jinja"));
+  }
+  const std::string none = test::temp_dir("auto_none");
+  files::write_atomic(none + "/tokenizer_config.json", R"({"bos_token": "<s>"})");
+  CHECK(data::detect_chat_template(none) == "alpaca_zh");
+  CHECK(data::detect_chat_template("") == "alpaca_zh");
+  const std::string other = test::temp_dir("auto_other");
+  files::write_atomic(other + "/tokenizer_config.json", R"({"chat_template": "{{ messages[0]['content'] }}"})");
+  CHECK_THROWS_WITH(data::detect_chat_template(other),
+                    Contains(other + "/tokenizer_config.json") && Contains("--template") && Contains("qwen2.5"));
+  // The list form: the "default" entry.
+  const std::string listed = test::temp_dir("auto_list");
+  rapidjson::Document config(rapidjson::kObjectType);
+  rapidjson::Value entries(rapidjson::kArrayType), entry(rapidjson::kObjectType);
+  const std::string text = files::read_text(std::string(ZT_DATA) + "/chat_templates/qwen3.jinja");
+  entry.AddMember("name", "default", config.GetAllocator());
+  entry.AddMember("template", rapidjson::Value(text.c_str(), config.GetAllocator()), config.GetAllocator());
+  entries.PushBack(entry, config.GetAllocator());
+  config.AddMember("chat_template", entries, config.GetAllocator());
+  files::write_atomic(listed + "/tokenizer_config.json", json::dump(config));
+  CHECK(data::detect_chat_template(listed) == "qwen3");
+}
+
+TEST_CASE("model formats train the replies and their end-of-turn markers, encoded as one text", "[data][templates]") {
+  // With the byte-level tokenizer every character is its own token, so the trained tokens
+  // decode to exactly the trained text (special markers included, as bytes).
+  const std::string line =
+      R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"},)"
+      R"( {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"},)"
+      R"( {"role": "assistant", "content": "Goodbye."}]})";
+  const struct {
+    const char* name;
+    const char* trained;
+  } cases[] = {
+      {"qwen2.5", "Hello!<|im_end|>Goodbye.<|im_end|>"},
+      {"llama3", "Hello!<|eot_id|>Goodbye.<|eot_id|>"},
+      {"llama2", "Hello! </s>Goodbye. </s>"},
+      {"mistral_v0.3", "Hello! </s>Goodbye. </s>"},
+  };
+  const std::string dir = test::temp_dir("labels");
+  files::write_atomic(dir + "/d.jsonl", line + "\n");
+  for (const auto& c : cases) {
+    INFO(c.name);
+    DataOptions o;
+    o.template_name = c.name;
+    Dataset d = tokenize_jsonl(dir + "/d.jsonl", *byte_tokenizer(), o);
+    REQUIRE(d.size() == 1);
+    std::vector<int32_t> trained;
+    for (int64_t i = 0; i < d.length(0); ++i) {
+      if (d.labels(0)[i] != kIgnoreLabel) trained.push_back(d.labels(0)[i]);
+    }
+    CHECK(byte_tokenizer()->decode(trained) == c.trained);
+    // The ids are the whole rendering's, and no bos is added beside the template's own.
+    data::Chat chat;
+    chat.system = "S";
+    chat.messages = {{"user", "Hi", ""}, {"assistant", "Hello!", ""}, {"user", "Bye", ""}, {"assistant", "Goodbye.", ""}};
+    CHECK(d.ids(0).to_vector() == byte_tokenizer()->encode(joined(data::chat_template(c.name).render(chat))));
+  }
+  // A format whose special tokens the tokenizer lacks is refused when the run picks it.
+  CHECK_THROWS_WITH(resolve_template("qwen3", "", *byte_tokenizer()), Contains("<|im_start|>"));
+  CHECK(resolve_template("alpaca", "", *byte_tokenizer()) == "alpaca");
+  CHECK(resolve_template("auto", "", *byte_tokenizer()) == "alpaca_zh");
+}
+
+// Run by ctest's real_tokenizer_templates with ZT_REAL_TOKENIZERS: folders of the models'
+// published tokenizer.json + tokenizer_config.json (tests/tools/fetch_real_tokenizers.sh).
+TEST_CASE("real tokenizer folders: auto picks the model's format and trains its replies", "[.real]") {
+  const char* root = std::getenv("ZT_REAL_TOKENIZERS");
+  REQUIRE(root != nullptr);
+  const struct {
+    const char* package;
+    const char* format;
+    const char* trained;  // the replies with their end-of-turn markers, as decoded with specials
+  } cases[] = {
+      {"qwen3", "qwen3", "Hello!<|im_end|>Goodbye.<|im_end|>"},
+      {"llama3", "llama3_original", "Hello!<|eot_id|>Goodbye.<|eot_id|>"},
+      {"qwen2_5", "qwen2.5", "Hello!<|im_end|>Goodbye.<|im_end|>"},
+      {"llama3_2", "llama3.2", "Hello!<|eot_id|>Goodbye.<|eot_id|>"},
+  };
+  const std::string dir = test::temp_dir("real");
+  files::write_atomic(dir + "/d.jsonl",
+                      R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},)"
+                      R"( {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Goodbye."}]})"
+                      "\n");
+  for (const auto& c : cases) {
+    INFO(c.package);
+    const std::string folder = std::string(root) + "/" + c.package;
+    REQUIRE(fs::exists(folder + "/tokenizer_config.json"));
+    auto tok = load_tokenizer(folder, 1 << 30);
+    std::string source;
+    const std::string name = resolve_template("auto", folder, *tok, &source);
+    CHECK(name == c.format);
+    CHECK_THAT(source, Contains("tokenizer_config.json"));
+    DataOptions o;
+    o.template_name = name;
+    Dataset d = tokenize_jsonl(dir + "/d.jsonl", *tok, o);
+    std::vector<int32_t> trained;
+    for (int64_t i = 0; i < d.length(0); ++i) {
+      if (d.labels(0)[i] != kIgnoreLabel) trained.push_back(d.labels(0)[i]);
+    }
+    auto* hf = dynamic_cast<const HfTokenizer*>(tok.get());
+    REQUIRE(hf != nullptr);
+    CHECK(hf->decode(trained, /*skip_special_tokens=*/false) == c.trained);
+  }
+}

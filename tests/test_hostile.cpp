@@ -1,0 +1,377 @@
+// Files and inputs other people made, read as an adversary would make them: nesting deep enough
+// to overflow a recursive reader, special files (FIFOs, devices, folders), names that leave their
+// folder, damaged checkpoints, huge numbers and huge lines — each a clear error naming the file,
+// key or entry, never a crash, a hang, a write outside the run or a silent default.
+#include "support/catch.hpp"
+
+#include <c10/util/Exception.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <fmt/format.h>
+#include <rapidjson/document.h>
+
+#include "capi/status.hpp"
+#include "data/hf_tokenizer.hpp"
+#include "support/jobs.hpp"
+#include "support/messages.hpp"
+#include "support/ranks.hpp"
+#include "util/files.hpp"
+#include "util/json.hpp"
+#include "zerotrain/checkpoint.hpp"
+#include "zerotrain/config.hpp"
+#include "zerotrain/data.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/safetensors.hpp"
+#include "zerotrain/tokenizer.hpp"
+#include "zerotrain/trainer.hpp"
+
+using namespace zt;
+using Catch::Contains;
+using test::Has;
+using test::LogCapture;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string nested(size_t depth, const std::string& inner = "1") {
+  return std::string(depth, '[') + inner + std::string(depth, ']');
+}
+
+void write_file(const std::string& path, const std::string& content) {
+  std::ofstream(path, std::ios::binary) << content;
+}
+
+std::string fixture(const std::string& rel) { return std::string(ZT_FIXTURES) + "/" + rel; }
+
+// A copy of the tiny llama fixture folder (config.json + model.safetensors) to tamper with.
+std::string model_copy(const std::string& tag) {
+  const std::string dir = test::temp_dir(tag);
+  fs::copy_file(fixture("models/llama/config.json"), dir + "/config.json");
+  fs::copy_file(fixture("models/llama/model.safetensors"), dir + "/model.safetensors");
+  return dir;
+}
+
+std::vector<std::string> run_flags(const std::string& dir, const std::vector<std::string>& extra) {
+  std::vector<std::string> f{"--model_config", test::kTinyModel, "--train_file", dir + "/train.jsonl",
+                             "--output_dir", dir + "/out", "--template", "alpaca", "--per_device_train_batch_size",
+                             "2", "--max_steps", "4", "--save_steps", "2", "--logging_steps", "1"};
+  f.insert(f.end(), extra.begin(), extra.end());
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("JSON nested beyond any real file is an error wherever JSON is read", "[hostile][json]") {
+  const std::string deep = nested(200000);
+  CHECK_THROWS_MATCHES(json::parse(deep, "x.json"), ConfigError, Has({"x.json", "nested deeper than 256", "line 1"}));
+  CHECK_NOTHROW(json::parse(nested(200), "ok.json"));
+  CHECK_NOTHROW(json::parse(R"(["[[[[[", "\"]]]]"])", "strings.json"));  // brackets in strings do not count
+  CHECK_NOTHROW(json::parse("[\"" + std::string(1000, '[') + "\"]", "strings.json"));
+  CHECK_THROWS_AS(parse_model_config(R"({"model_type": "llama", "x": )" + deep + "}"), ConfigError);
+  CHECK_THROWS_AS(parse_deepspeed_config(R"({"zero_optimization": )" + deep + "}"), ConfigError);
+  TrainingArguments a;
+  CHECK_THROWS_AS(apply_training_json(a, R"({"learning_rate": )" + deep + "}"), ConfigError);
+  // A data record: an error naming the line, or skipped with skip_bad_lines.
+  const std::string dir = test::temp_dir("deep");
+  write_file(dir + "/d.jsonl", "{\"text\": \"fine\"}\n{\"text\": " + deep + "}\n");
+  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/d.jsonl", *byte_tokenizer(), DataOptions()), ConfigError,
+                       Has({dir + "/d.jsonl:2", "nested deeper"}));
+  DataOptions skip;
+  skip.skip_bad_lines = true;
+  skip.template_name = "plain";
+  CHECK(tokenize_jsonl(dir + "/d.jsonl", *byte_tokenizer(), skip).size() == 1);
+  // A safetensors header.
+  const std::string header = R"({"a": )" + deep + "}";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  write_file(dir + "/deep.safetensors", file + header);
+  CHECK_THROWS_MATCHES(SafetensorsFile(dir + "/deep.safetensors"), IoError, Has({"deep.safetensors", "nested"}));
+  // tokenizer.json with a normalizer Sequence 10^4 deep (its reader recurses into sequences).
+  std::string seq = R"({"type": "NFC"})";
+  for (int i = 0; i < 10000; ++i) seq = R"({"type": "Sequence", "normalizers": [)" + seq + "]}";
+  write_file(dir + "/tokenizer.json", R"({"normalizer": )" + seq + R"(, "model": {"type": "BPE", "vocab": {}, "merges": []}})");
+  CHECK_THROWS_MATCHES(HfTokenizer::load(dir), ConfigError, Has({"tokenizer.json", "nested deeper"}));
+}
+
+TEST_CASE("special files are refused at once, never read or waited on", "[hostile][files]") {
+  const std::string dir = test::temp_dir("special");
+  REQUIRE(::mkfifo((dir + "/fifo").c_str(), 0600) == 0);
+  // A FIFO nobody writes: opening it for reading would wait forever.
+  CHECK_THROWS_MATCHES(files::read_text(dir + "/fifo", "model config"), IoError, Has({"fifo", "a FIFO"}));
+  CHECK_THROWS_MATCHES(SafetensorsFile(dir + "/fifo"), IoError, Has({"a FIFO"}));
+  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/fifo", *byte_tokenizer(), DataOptions()), IoError, Has({"a FIFO"}));
+  // /dev/zero behind a config.json link: a device, not an endless config.
+  const std::string model = test::temp_dir("zero_model");
+  fs::create_symlink("/dev/zero", model + "/config.json");
+  CHECK_THROWS_MATCHES(load_model_config(model), IoError, Has({"config.json", "character device"}));
+  fs::create_directories(dir + "/folder.json");
+  CHECK_THROWS_MATCHES(files::read_text(dir + "/folder.json"), IoError, Has({"a folder"}));
+  // Size limits per kind.
+  write_file(dir + "/big.json", std::string(2000, ' '));
+  CHECK_THROWS_MATCHES(files::read_text(dir + "/big.json", "model config", 1000), IoError, Has({"2000 bytes", "1000"}));
+  // A checkpoint file that is a FIFO.
+  const std::string ckpt = test::temp_dir("fifo_ckpt");
+  REQUIRE(::mkfifo((ckpt + "/latest").c_str(), 0600) == 0);
+  LogCapture log;
+  CHECK_FALSE(latest_checkpoint(ckpt).has_value());
+  CHECK(log.contains("FIFO"));
+}
+
+TEST_CASE("names read from files stay inside their folder", "[hostile][paths]") {
+  // Shard names in model.safetensors.index.json.
+  for (const char* shard : {"../model.safetensors", "/etc/passwd", "sub/model.safetensors", "..", ""}) {
+    INFO(shard);
+    const std::string dir = model_copy("index");
+    write_file(dir + "/model.safetensors.index.json",
+               fmt::format(R"({{"weight_map": {{"model.embed_tokens.weight": "{}"}}}})", shard));
+    CHECK_THROWS_MATCHES(SafetensorsCheckpoint(dir), IoError,
+                         Has({"model.safetensors.index.json", "model.embed_tokens.weight", "not a plain file name"}));
+  }
+  // `latest` naming "..", "." or a link out of output_dir is ignored (the highest step is used).
+  const std::string out = test::temp_dir("latest");
+  fs::create_directories(out + "/checkpoint-3");
+  const std::string elsewhere = test::temp_dir("elsewhere");
+  fs::create_directories(elsewhere + "/checkpoint-9");
+  fs::create_directory_symlink(elsewhere + "/checkpoint-9", out + "/checkpoint-9");
+  for (const char* name : {"..", ".", "checkpoint-9", "../elsewhere", "/tmp"}) {
+    INFO(name);
+    write_file(out + "/latest", std::string(name) + "\n");
+    LogCapture log;
+    CHECK(latest_checkpoint(out) == std::optional<std::string>(out + "/checkpoint-3"));
+  }
+  CHECK(list_checkpoints(out).size() == 1);  // the link is no checkpoint
+  CHECK_FALSE(checkpoint_in(out, "checkpoint-9").has_value());
+  CHECK(checkpoint_in(out, "checkpoint-3").has_value());
+  // A folder whose step does not fit 64 bits is skipped with a warning, not "stoll".
+  fs::create_directories(out + "/checkpoint-99999999999999999999");
+  LogCapture log;
+  CHECK(list_checkpoints(out).size() == 1);
+  CHECK(log.contains("64-bit"));
+  CHECK_THROWS_AS(files::child(out, "../x", "test"), IoError);
+  CHECK_THROWS_AS(files::descendant(out, "optimizer/../../x", "test"), IoError);
+  CHECK(files::descendant(out, "optimizer/rank-0.safetensors", "test") == out + "/optimizer/rank-0.safetensors");
+}
+
+TEST_CASE("companion files are copied only when they are what their names say, never through links",
+          "[hostile][paths]") {
+  const std::string from = test::temp_dir("companions"), to = test::temp_dir("outputs");
+  write_file(from + "/tokenizer_config.json", R"({"bos_token": "<s>"})");
+  fs::create_symlink("/etc/hostname", from + "/generation_config.json");  // not JSON
+  REQUIRE(::mkfifo((from + "/special_tokens_map.json").c_str(), 0600) == 0);
+  const std::string target = test::temp_dir("target") + "/victim";
+  write_file(target, "untouched");
+  fs::create_symlink(target, to + "/tokenizer_config.json");  // a link already in the output
+  LogCapture log;
+  CHECK(copy_model_companion_files(from, to) == 1);
+  CHECK(files::read_text(target) == "untouched");
+  CHECK(fs::is_regular_file(fs::symlink_status(to + "/tokenizer_config.json")));
+  CHECK_FALSE(fs::exists(to + "/generation_config.json"));
+  CHECK_FALSE(fs::exists(to + "/special_tokens_map.json"));
+  CHECK(log.contains("generation_config.json"));
+}
+
+TEST_CASE("a damaged checkpoint is refused at resume and merge, naming the file and tensor", "[hostile][checkpoint]") {
+  const std::string dir = test::temp_dir("damaged");
+  test::write_data(dir, "train.jsonl", 16, 21);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  {
+    TrainingArguments args;
+    apply_training_flags(args, run_flags(dir, {}));
+    Trainer(args, comm).train();
+  }
+  const std::string shard = dir + "/out/checkpoint-2/optimizer/rank-00000-of-00001.safetensors";
+  SafetensorsFile before(shard);
+  const TensorInfo& info = before.info("master/model.layers.0.mlp.down_proj.weight");
+  const int64_t at = info.begin + info.nbytes / 2;
+  {  // one flipped bit in the middle of a master tensor
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(at);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(at);
+    f.write(&c, 1);
+  }
+  CHECK_THROWS_MATCHES(merge_checkpoint(dir + "/out/checkpoint-2", dir + "/merged"), IoError,
+                       Has({"rank-00000-of-00001.safetensors", "master/model.layers.0.mlp.down_proj.weight",
+                            "fails its checksum"}));
+  TrainingArguments resume;
+  apply_training_flags(resume, run_flags(dir, {"--resume_from_checkpoint", dir + "/out/checkpoint-2",
+                                               "--overwrite_output_dir"}));
+  CHECK_THROWS_MATCHES(Trainer(resume, comm), IoError, Has({"fails its checksum"}));
+  // An empty list of state kinds in layout.json (a crash before: front() of nothing).
+  std::string layout = files::read_text(dir + "/out/checkpoint-4/layout.json");
+  const size_t k = layout.find("\"kinds\"");
+  layout.replace(k, layout.find(']', k) + 1 - k, "\"kinds\": []");
+  files::write_atomic(dir + "/out/checkpoint-4/layout.json", layout);
+  CHECK_THROWS_MATCHES(read_engine_state(dir + "/out/checkpoint-4"), ConfigError, Has({"layout.json", "kinds"}));
+  // Shard files named outside the checkpoint.
+  layout = files::read_text(dir + "/out/checkpoint-4/layout.json");
+  layout.replace(layout.find("\"kinds\": []"), 11, "\"kinds\": [\"master\"]");
+  const size_t f = layout.find("optimizer/rank-");
+  layout.replace(f, std::string("optimizer/rank-00000-of-00001.safetensors").size(), "../../../etc/passwd");
+  files::write_atomic(dir + "/out/checkpoint-4/layout.json", layout);
+  CHECK_THROWS_MATCHES(read_engine_state(dir + "/out/checkpoint-4"), IoError, Has({"layout.json", "files[0]"}));
+}
+
+TEST_CASE("output_dir is checked before any work and held by one run at a time", "[hostile][trainer]") {
+  const std::string dir = test::temp_dir("outdir");
+  test::write_data(dir, "train.jsonl", 16, 22);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  auto with = [&](std::vector<std::string> extra) {
+    TrainingArguments args;
+    apply_training_flags(args, run_flags(dir, extra));
+    return args;
+  };
+  CHECK_THROWS_MATCHES(Trainer(with({"--output_dir", ""}), comm), ConfigError, Has({"output_dir is empty"}));
+  CHECK_THROWS_MATCHES(Trainer(with({"--output_dir", "/"}), comm), ConfigError, Has({"root of the file system"}));
+  write_file(dir + "/a_file", "x");
+  CHECK_THROWS_MATCHES(Trainer(with({"--output_dir", dir + "/a_file"}), comm), ConfigError, Has({"not a folder"}));
+  // Two runs into one folder: the second is refused at once, overwrite or not.
+  Trainer first(with({}), comm);
+  CHECK_THROWS_MATCHES(Trainer(with({}), comm), ConfigError,
+                       Has({"in use by another run", fmt::format("pid {}", ::getpid())}));
+  CHECK_THROWS_MATCHES(Trainer(with({"--overwrite_output_dir"}), comm), ConfigError, Has({"in use by another run"}));
+  first.train();
+  // A holder killed with -9 frees the folder.
+  const std::string other = test::temp_dir("killed_holder");
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    auto lock = files::FileLock::try_lock(other + "/.zerotrain.lock", true, "the child");
+    ::sleep(60);
+    ::_exit(0);
+  }
+  for (int i = 0; i < 200 && files::FileLock::holder_of(other + "/.zerotrain.lock").empty(); ++i) ::usleep(10000);
+  CHECK_FALSE(files::FileLock::try_lock(other + "/.zerotrain.lock", true).has_value());
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  CHECK(files::FileLock::try_lock(other + "/.zerotrain.lock", true).has_value());
+}
+
+TEST_CASE("a checkpoint being read is kept by rotation; a save without room is refused early",
+          "[hostile][checkpoint]") {
+  const std::string dir = test::temp_dir("rotation");
+  test::write_data(dir, "train.jsonl", 16, 23);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  {
+    TrainingArguments args;
+    apply_training_flags(args, run_flags(dir, {"--max_steps", "2"}));
+    Trainer(args, comm).train();
+  }
+  {
+    const ReadLock reading(dir + "/out/checkpoint-2");  // as merge and verify hold it
+    TrainingArguments more;
+    apply_training_flags(more, run_flags(dir, {"--resume_from_checkpoint", "True", "--save_total_limit", "1",
+                                               "--max_steps", "6"}));
+    Trainer(more, comm).train();
+    CHECK(fs::exists(dir + "/out/checkpoint-2"));  // kept while read
+  }
+  // Not enough room: refused before writing, the earlier checkpoints intact.
+  const std::string full = test::temp_dir("full_disk");
+  test::write_data(full, "train.jsonl", 16, 24);
+  ::setenv("ZT_TEST_FREE_BYTES", "1000", 1);
+  TrainingArguments args;
+  apply_training_flags(args, run_flags(full, {}));
+  CHECK_THROWS_MATCHES(Trainer(args, comm).train(), IoError,
+                       Has({"not enough free disk", "checkpoint-2", "GiB needed"}));
+  ::unsetenv("ZT_TEST_FREE_BYTES");
+  CHECK(list_checkpoints(full + "/out").empty());
+  for (const auto& e : fs::directory_iterator(full + "/out")) {
+    CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);  // nothing half-written
+  }
+}
+
+TEST_CASE("numbers from files and flags are range-checked before anything is allocated", "[hostile][config]") {
+  CHECK_THROWS_MATCHES(parse_model_config(R"({"model_type": "llama", "vocab_size": 1e15, "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4})"),
+                       ConfigError, Has({"vocab_size", "2147483648"}));
+  CHECK_THROWS_MATCHES(parse_model_config(R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "eos_token_id": 100})"),
+                       ConfigError, Has({"eos_token_id", "outside the vocabulary"}));
+  // Sizes within range but beyond the machine: refused with the sizes named.
+  const std::string dir = test::temp_dir("huge");
+  test::write_data(dir, "train.jsonl", 4, 25);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  TrainingArguments args;
+  apply_training_flags(args, {"--model_config", R"({"model_type": "llama", "vocab_size": 2000000000,
+      "hidden_size": 1048576, "intermediate_size": 4194304, "num_hidden_layers": 4096, "num_attention_heads": 16384,
+      "head_dim": 64})",
+                              "--train_file", dir + "/train.jsonl", "--output_dir", dir + "/out", "--max_steps", "1"});
+  CHECK_THROWS_MATCHES(Trainer(args, comm), ConfigError, Has({"parameters", "GiB per rank", "hidden_size 1048576"}));
+}
+
+TEST_CASE("long records are truncated while tokenizing, to exactly the ids of the whole", "[hostile][data]") {
+  // encode_prefix equals encode-then-truncate for the fixture tokenizers' pipelines.
+  std::mt19937 rng(7);
+  const char* pieces[] = {"hello", " world", "\n", "  ", "数据", "ℌ𝔢𝔩𝔩𝔬", "1234567", "!?", "\t", "é", "don't"};
+  std::string text;
+  while (text.size() < 400000) text += pieces[rng() % (sizeof(pieces) / sizeof(pieces[0]))];
+  for (const char* name : {"qwen2", "llama3", "llama2", "mistral"}) {
+    INFO(name);
+    auto tok = HfTokenizer::load(fixture(std::string("tokenizers/") + name));
+    const std::vector<int32_t> whole = tok->encode(text);
+    for (size_t m : {size_t{1}, size_t{100}, size_t{1000}, size_t{5000}}) {
+      INFO("first " << m);
+      std::vector<int32_t> want(whole.begin(), whole.begin() + static_cast<int64_t>(std::min(m, whole.size())));
+      CHECK(encode_prefix(*tok, text, m) == want);
+    }
+  }
+  // A 64 MB line costs memory in proportion to max_length, not to the line.
+  const std::string path = test::temp_dir("long_line") + "/d.jsonl";
+  {
+    std::ofstream out(path);
+    out << "{\"text\": \"";
+    for (int i = 0; i < (64 << 20) / 8; ++i) out << "abc def ";
+    out << "\"}\n";
+  }
+  struct rusage before {};
+  ::getrusage(RUSAGE_SELF, &before);
+  DataOptions o;
+  o.max_length = 512;
+  Dataset d = tokenize_jsonl(path, *byte_tokenizer(), o);
+  struct rusage after {};
+  ::getrusage(RUSAGE_SELF, &after);
+  CHECK(d.length(0) == 512);
+  // The line and its parsed copy are two times 64 MB; tokenizing it whole would add GBs.
+  CHECK(after.ru_maxrss - before.ru_maxrss < 512 * 1024);  // KiB
+}
+
+TEST_CASE("the C API maps LibTorch's out-of-memory and I/O failures to their codes, LibTorch's text cut",
+          "[hostile][capi]") {
+  auto status = [](auto thrower, std::string* msg = nullptr) {
+    std::string message;
+    zt_status s = ZT_OK;
+    try {
+      thrower();
+    } catch (...) {
+      s = capi::status_of(std::current_exception(), message);
+    }
+    if (msg != nullptr) *msg = message;
+    return s;
+  };
+  std::string m;
+  CHECK(status([] { throw c10::Error({"f", "file.cpp", 1}, "CUDA out of memory. Tried to allocate 2.00 GiB\nmore"); },
+               &m) == ZT_ERR_OUT_OF_MEMORY);
+  CHECK(m == "CUDA out of memory. Tried to allocate 2.00 GiB");
+  CHECK(status([] {
+          throw c10::Error({"f", "file.cpp", 1}, "DefaultCPUAllocator: can't allocate memory: you tried to allocate 9");
+        }) == ZT_ERR_OUT_OF_MEMORY);
+  CHECK(status([] { throw c10::Error({"f", "file.cpp", 1}, "index out of range in self\nException raised from"); },
+               &m) == ZT_ERR_INTERNAL);
+  CHECK(m == "index out of range in self");
+  CHECK(status([] { throw std::bad_alloc(); }) == ZT_ERR_OUT_OF_MEMORY);
+  CHECK(status([] {
+          throw std::filesystem::filesystem_error("rename", std::make_error_code(std::errc::no_space_on_device));
+        }) == ZT_ERR_IO);
+  CHECK(status([] { throw IoError("x"); }) == ZT_ERR_IO);
+  CHECK(status([] { throw 42; }) == ZT_ERR_INTERNAL);
+}

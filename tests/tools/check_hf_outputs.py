@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Reads what zerotrain wrote with the user's own tools on the GPU machine (transformers,
+tokenizers, tensorboard) and reports what they make of it.
+
+    python3 tests/tools/check_hf_outputs.py IN_DIR REAL_TOKENIZERS_DIR OUT_DIR
+
+IN_DIR is what `zt_tests "tool: write run outputs for the transformers checks"` wrote:
+models/<name>/ (exported HF folders with zerotrain's logits), run/ (trainer_state.json,
+TensorBoard events under run/tb), chat/<package>_<template>.json (ids and labels zerotrain made
+for chat/conversations.jsonl with a real tokenizer). OUT_DIR/report.json gets, per item, the
+differences found; OUT_DIR/training_arguments.json the fields of this transformers'
+TrainingArguments and TrainerState (names, types, defaults).
+"""
+import dataclasses
+import json
+import os
+import sys
+
+import torch
+import transformers
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerState, TrainingArguments
+
+IN, REAL, OUT = sys.argv[1], sys.argv[2], sys.argv[3]
+os.makedirs(OUT, exist_ok=True)
+report = {"versions": {"transformers": transformers.__version__, "torch": torch.__version__}}
+
+# Exported models: transformers loads them, and gives zerotrain's logits.
+models = {}
+for name in sorted(os.listdir(os.path.join(IN, "models"))):
+    d = os.path.join(IN, "models", name)
+    try:
+        config = AutoConfig.from_pretrained(d)
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+        ours = load_file(os.path.join(d, "zerotrain_logits.safetensors"))
+        with torch.no_grad():
+            logits = model(input_ids=ours["input_ids"]).logits
+        models[name] = {"max_abs_diff": (logits - ours["logits"]).abs().max().item(),
+                        "rope_parameters": getattr(config, "rope_parameters", None),
+                        "dtype": str(getattr(config, "dtype", None))}
+    except Exception as e:  # noqa: BLE001 - the report says what failed
+        models[name] = {"error": f"{type(e).__name__}: {e}"}
+    print("model", name, models[name], flush=True)
+report["models"] = models
+
+# trainer_state.json through HF's own reader.
+try:
+    state = TrainerState.load_from_json(os.path.join(IN, "run", "trainer_state.json"))
+    report["trainer_state"] = {"global_step": state.global_step, "epoch": state.epoch,
+                               "log_history_entries": len(state.log_history),
+                               "best_metric": state.best_metric}
+except Exception as e:  # noqa: BLE001
+    report["trainer_state"] = {"error": f"{type(e).__name__}: {e}"}
+print("trainer_state", report["trainer_state"], flush=True)
+
+# TensorBoard reads the events.
+try:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(os.path.join(IN, "run", "tb"))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    report["tensorboard"] = {"scalars": {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in tags}}
+except Exception as e:  # noqa: BLE001
+    report["tensorboard"] = {"error": f"{type(e).__name__}: {e}"}
+print("tensorboard", report["tensorboard"], flush=True)
+
+# Chat formats: zerotrain's ids against apply_chat_template with the model's own tokenizer and
+# (for the formats checked with a tokenizer that has no template of its own) the reference text.
+conversations = [json.loads(l)["messages"] for l in open(os.path.join(IN, "chat", "conversations.jsonl"))]
+refs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data", "chat_templates")
+chat = {}
+for f in sorted(os.listdir(os.path.join(IN, "chat"))):
+    if not f.endswith(".json"):
+        continue
+    job = json.load(open(os.path.join(IN, "chat", f)))
+    tok = AutoTokenizer.from_pretrained(os.path.join(REAL, job["package"]))
+    template = None if job["asked"] == "auto" else open(os.path.join(refs, job["template"] + ".jinja")).read()
+    results = []
+    for messages, ex in zip(conversations, job["examples"]):
+        hf = tok.apply_chat_template(messages, tokenize=True, chat_template=template)
+        hf = hf["input_ids"] if isinstance(hf, dict) or hasattr(hf, "keys") else hf
+        trained = tok.decode([l for l in ex["labels"] if l != -100])
+        results.append({"same_ids": list(hf) == ex["ids"], "hf_len": len(hf), "ours_len": len(ex["ids"]),
+                        "first_difference": next((i for i, (a, b) in enumerate(zip(hf, ex["ids"])) if a != b), None),
+                        "trained_text": trained})
+    gen = tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], tokenize=True,
+                                  add_generation_prompt=True, chat_template=template)
+    gen = gen["input_ids"] if hasattr(gen, "keys") else gen
+    chat[f] = {"template": job["template"], "examples": results, "prompt_same_ids": list(gen) == job["prompt_ids"]}
+    print("chat", f, chat[f], flush=True)
+report["chat"] = chat
+
+
+def described(field):
+    default = field.default if field.default is not dataclasses.MISSING else (
+        field.default_factory() if field.default_factory is not dataclasses.MISSING else None)
+    try:
+        json.dumps(default)
+    except TypeError:
+        default = str(default)
+    return {"name": field.name, "type": str(field.type), "default": default,
+            "help": field.metadata.get("help", "") if field.metadata else ""}
+
+
+with open(os.path.join(OUT, "training_arguments.json"), "w") as f:
+    json.dump({"transformers": transformers.__version__,
+               "TrainingArguments": [described(x) for x in dataclasses.fields(TrainingArguments) if x.init],
+               "TrainerState": [x.name for x in dataclasses.fields(TrainerState)]}, f, indent=1)
+with open(os.path.join(OUT, "report.json"), "w") as f:
+    json.dump(report, f, indent=1, default=str)
