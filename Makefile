@@ -50,5 +50,9 @@ install: build
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.hpp' '*.h' '*.cu')
 
+# The tree as .clang-format writes it (CI checks this before the tests).
+format-check:
+	clang-format --dry-run -Werror $$(git ls-files '*.cpp' '*.hpp' '*.h' '*.cu')
+
 clean:
 	rm -rf $(BUILD)

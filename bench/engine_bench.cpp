@@ -67,7 +67,8 @@ struct Stack : torch::nn::Module {
   }
   std::vector<UnitSpec> units() {
     std::vector<UnitSpec> u;
-    for (size_t i = 0; i < blocks.size(); ++i) u.push_back({"layer" + std::to_string(i), blocks[i]});
+    for (size_t i = 0; i < blocks.size(); ++i)
+      u.push_back({"layer" + std::to_string(i), blocks[i]});
     return u;
   }
 };
@@ -139,7 +140,8 @@ double engine_step_seconds(int layers, int64_t h, int64_t f, const at::Tensor& i
                            EngineMemory* memory) {
   at::manual_seed(0);
   auto model = std::make_shared<Stack>(layers, h, f);
-  std::string off = offload ? R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true})" : "";
+  std::string off =
+      offload ? R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true})" : "";
   if (offload && stage == 3) off += R"(, "offload_param": {"device": "cpu", "pin_memory": true})";
   DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
       R"({{"bf16": {{"enabled": true}}, "gradient_clipping": 1.0,
@@ -180,28 +182,41 @@ int overhead() {
   const int64_t f = 4 * h;
   const int64_t tokens = env_int("ZT_BENCH_TOKENS", cuda ? 8192 : 256);
   const int steps = env_int("ZT_BENCH_STEPS", cuda ? 10 : 3);
-  at::Tensor input = at::randn({tokens, h}, at::TensorOptions().dtype(at::kBFloat16).device(device));
+  at::Tensor input =
+      at::randn({tokens, h}, at::TensorOptions().dtype(at::kBFloat16).device(device));
   CommOptions co;
   co.device = device;
   std::shared_ptr<Communicator> comm = create_communicator(LaunchEnv{}, co);
   const double params = static_cast<double>(layers) * 2.0 * static_cast<double>(h * f);
   const double unclipped = plain_step_seconds(layers, h, f, input, steps, false);
-  std::printf("RESULT %s\n", fmt::format(R"J({{"bench": "overhead", "variant": "plain LibTorch loop without clipping", "params": {}, "tokens": {}, "step_s": {:.5f}}})J",
-                                         params, tokens, unclipped).c_str());
+  std::printf(
+      "RESULT %s\n",
+      fmt::format(
+          R"J({{"bench": "overhead", "variant": "plain LibTorch loop without clipping", "params": {}, "tokens": {}, "step_s": {:.5f}}})J",
+          params, tokens, unclipped)
+          .c_str());
   const double plain = plain_step_seconds(layers, h, f, input, steps, true);
-  std::printf("RESULT %s\n", fmt::format(R"J({{"bench": "overhead", "variant": "plain LibTorch loop", "params": {}, "tokens": {}, "step_s": {:.5f}}})J",
-                                         params, tokens, plain).c_str());
-  struct Variant { int stage; bool offload; };
+  std::printf(
+      "RESULT %s\n",
+      fmt::format(
+          R"J({{"bench": "overhead", "variant": "plain LibTorch loop", "params": {}, "tokens": {}, "step_s": {:.5f}}})J",
+          params, tokens, plain)
+          .c_str());
+  struct Variant {
+    int stage;
+    bool offload;
+  };
   for (Variant v : {Variant{0, false}, Variant{1, false}, Variant{2, false}, Variant{3, false},
                     Variant{2, true}, Variant{3, true}}) {
     EngineMemory m;
     double t = engine_step_seconds(layers, h, f, input, steps, v.stage, v.offload, comm, &m);
-    std::printf("RESULT %s\n",
-                fmt::format(R"J({{"bench": "overhead", "variant": "engine stage {}{}", "params": {}, "step_s": {:.5f}, "overhead_pct": {:.2f}, "engine_bytes": {}}})J",
-                            v.stage, v.offload ? " + offload" : "", params, t,
-                            100.0 * (t - plain) / plain,
-                            m.compute_params + m.gradients + m.optimizer_state)
-                    .c_str());
+    std::printf(
+        "RESULT %s\n",
+        fmt::format(
+            R"J({{"bench": "overhead", "variant": "engine stage {}{}", "params": {}, "step_s": {:.5f}, "overhead_pct": {:.2f}, "engine_bytes": {}}})J",
+            v.stage, v.offload ? " + offload" : "", params, t, 100.0 * (t - plain) / plain,
+            m.compute_params + m.gradients + m.optimizer_state)
+            .c_str());
     std::fflush(stdout);
   }
   return 0;
@@ -217,7 +232,8 @@ int adamw() {
   const int64_t n = env_int("ZT_BENCH_ADAM_MILLIONS", 268) * int64_t{1000000};
   const int iters = env_int("ZT_BENCH_ITERS", 15);
   auto o = at::TensorOptions().dtype(at::kFloat);
-  at::Tensor p = at::randn({n}, o), g = at::randn({n}, o), m = at::zeros({n}, o), v = at::zeros({n}, o);
+  at::Tensor p = at::randn({n}, o), g = at::randn({n}, o), m = at::zeros({n}, o),
+             v = at::zeros({n}, o);
   std::vector<at::Tensor> placed;  // p, g, m, v again, first touched by the kernel's threads
   for (const at::Tensor& t : {p, g, m, v}) {
     at::Tensor copy = at::empty({n}, o);
@@ -232,8 +248,9 @@ int adamw() {
                       v.data_ptr<float>(), n, 1e-4, 0.9, 0.999, 1e-8, 0.01, true, true, ++step);
   };
   auto ours_placed = [&] {
-    kernels::adam_cpu(placed[0].data_ptr<float>(), placed[1].data_ptr<float>(), placed[2].data_ptr<float>(),
-                      placed[3].data_ptr<float>(), n, 1e-4, 0.9, 0.999, 1e-8, 0.01, true, true, ++placed_step);
+    kernels::adam_cpu(placed[0].data_ptr<float>(), placed[1].data_ptr<float>(),
+                      placed[2].data_ptr<float>(), placed[3].data_ptr<float>(), n, 1e-4, 0.9, 0.999,
+                      1e-8, 0.01, true, true, ++placed_step);
   };
   auto theirs = [&] {
     s.add_(1);
@@ -255,13 +272,18 @@ int adamw() {
   }
   auto report = [&](const std::string& impl, int64_t threads, std::vector<double> t) {
     std::sort(t.begin(), t.end());
-    std::printf("RESULT %s\n", fmt::format(R"J({{"bench": "cpu_adamw", "impl": "{}", "threads": {}, "params": {}, "runs": {}, "gparams_per_s": {:.3f}, "best_gparams_per_s": {:.3f}}})J",
-                                           impl, threads, n, t.size(), n / t[t.size() / 2] / 1e9,
-                                           n / t.front() / 1e9).c_str());
+    std::printf(
+        "RESULT %s\n",
+        fmt::format(
+            R"J({{"bench": "cpu_adamw", "impl": "{}", "threads": {}, "params": {}, "runs": {}, "gparams_per_s": {:.3f}, "best_gparams_per_s": {:.3f}}})J",
+            impl, threads, n, t.size(), n / t[t.size() / 2] / 1e9, n / t.front() / 1e9)
+            .c_str());
   };
   const int64_t threads = kernels::adam_cpu_threads(n);
   report(fmt::format("zerotrain ({})", kernels::adam_cpu_isa()), threads, t_ours);
-  report(fmt::format("zerotrain ({}), state placed as the engine places it", kernels::adam_cpu_isa()), threads, t_placed);
+  report(
+      fmt::format("zerotrain ({}), state placed as the engine places it", kernels::adam_cpu_isa()),
+      threads, t_placed);
   if (with_torch) report("LibTorch fused", at::get_num_threads(), t_theirs);
   return 0;
 }
@@ -283,9 +305,10 @@ int copies() {
     for (int i = 0; i < 5; ++i) run();
     torch::cuda::synchronize();
     double s = std::chrono::duration<double>(Clock::now() - t0).count() / 5;
-    std::printf("RESULT %s\n", fmt::format(R"J({{"bench": "copies", "direction": "{}", "gb_per_s": {:.1f}}})J",
-                                           dir == 0 ? "host_to_device" : "device_to_host",
-                                           bytes / s / 1e9).c_str());
+    std::printf("RESULT %s\n",
+                fmt::format(R"J({{"bench": "copies", "direction": "{}", "gb_per_s": {:.1f}}})J",
+                            dir == 0 ? "host_to_device" : "device_to_host", bytes / s / 1e9)
+                    .c_str());
   }
   return 0;
 }

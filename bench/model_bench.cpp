@@ -45,8 +45,9 @@ int main(int argc, char** argv) {
   const at::Device device = at::getNumGPUs() > 0 ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   try {
     ModelConfig c = bench::shape_config(shape);
-    auto model = std::make_shared<CausalLM>(c, at::TensorOptions().dtype(at::kBFloat16).device(device),
-                                            /*allocate=*/false);
+    auto model =
+        std::make_shared<CausalLM>(c, at::TensorOptions().dtype(at::kBFloat16).device(device),
+                                   /*allocate=*/false);
     if (mode != "full" && mode != "full_amp" && mode != "lora" && mode != "freeze") {
       throw ConfigError("MODE must be full, full_amp, lora or freeze, not '" + mode + "'");
     }
@@ -61,8 +62,8 @@ int main(int argc, char** argv) {
     args.per_device_train_batch_size = mbs;
     args.lr_scheduler_type = "constant";
     if (mode == "lora") {
-      apply_training_flags(args, {"--finetuning_type", "lora", "--lora_r", "16", "--lora_alpha", "32",
-                                  "--lora_target_modules", "all-linear"});
+      apply_training_flags(args, {"--finetuning_type", "lora", "--lora_r", "16", "--lora_alpha",
+                                  "32", "--lora_target_modules", "all-linear"});
     } else if (mode == "freeze") {
       apply_training_flags(args, {"--finetuning_type", "freeze", "--freeze_trainable_layers", "2"});
     }
@@ -78,14 +79,17 @@ int main(int argc, char** argv) {
     eo.activation_checkpointing = ckpt;
     eo.total_train_steps = steps + 3;
     eo.source = with_adapter_values(random_source(c, 0), *model);
-    eo.update_in_backward = !(std::getenv("ZT_BENCH_IN_BACKWARD") && std::string(std::getenv("ZT_BENCH_IN_BACKWARD")) == "0");
+    eo.update_in_backward = !(std::getenv("ZT_BENCH_IN_BACKWARD") &&
+                              std::string(std::getenv("ZT_BENCH_IN_BACKWARD")) == "0");
     auto t_init = std::chrono::steady_clock::now();
     Engine engine(model, ds, args, comm, eo);
-    const double init_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count();
+    const double init_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count();
 
     at::manual_seed(0);
     at::Tensor ids = at::randint(0, c.vocab_size, {mbs, seq}, at::kLong);
-    const bool phases = std::getenv("ZT_BENCH_PHASES") && std::string(std::getenv("ZT_BENCH_PHASES")) == "1";
+    const bool phases =
+        std::getenv("ZT_BENCH_PHASES") && std::string(std::getenv("ZT_BENCH_PHASES")) == "1";
     using Clock = std::chrono::steady_clock;
     double total = 0, loss_value = 0, phase_s[3] = {0, 0, 0};
     Clock::time_point mark;
@@ -115,20 +119,25 @@ int main(int argc, char** argv) {
     const double tokens_per_s = static_cast<double>(mbs * seq) / step_s;
     const double n = static_cast<double>(c.parameter_count());
     const double flops_token = 6 * n + 12.0 * c.num_hidden_layers * c.hidden_size * seq;
-    std::printf("RESULT %s\n",
-                fmt::format(R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}, "in_backward": {}{}}})J",
-                            shape, mode, seq, mbs, ckpt ? 1 : 0, c.parameter_count(), counts.trainable, step_s,
-                            tokens_per_s, tokens_per_s * flops_token / 1e12,
-                            device_stats::peak_allocated(0) / 1073741824.0, init_s, loss_value,
-                            engine.updates_in_backward() ? "true" : "false",
-                            phases ? fmt::format(R"(, "fwd_s": {:.4f}, "bwd_s": {:.4f}, "opt_s": {:.4f})",
-                                                 phase_s[0] / steps, phase_s[1] / steps, phase_s[2] / steps)
-                                   : std::string())
-                    .c_str());
+    std::printf(
+        "RESULT %s\n",
+        fmt::format(
+            R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}, "in_backward": {}{}}})J",
+            shape, mode, seq, mbs, ckpt ? 1 : 0, c.parameter_count(), counts.trainable, step_s,
+            tokens_per_s, tokens_per_s * flops_token / 1e12,
+            device_stats::peak_allocated(0) / 1073741824.0, init_s, loss_value,
+            engine.updates_in_backward() ? "true" : "false",
+            phases ? fmt::format(R"(, "fwd_s": {:.4f}, "bwd_s": {:.4f}, "opt_s": {:.4f})",
+                                 phase_s[0] / steps, phase_s[1] / steps, phase_s[2] / steps)
+                   : std::string())
+            .c_str());
     return 0;
   } catch (const std::exception& e) {
-    std::printf("RESULT %s\n", fmt::format(R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "error": "{}"}})J",
-                                           shape, mode, std::string(e.what()).substr(0, 300)).c_str());
+    std::printf(
+        "RESULT %s\n",
+        fmt::format(R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "error": "{}"}})J",
+                    shape, mode, std::string(e.what()).substr(0, 300))
+            .c_str());
     return 1;
   }
 }

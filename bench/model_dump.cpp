@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   for (const auto& p : model.named_parameters()) tensors.emplace_back(p.key(), p.value());
   auto t0 = std::chrono::steady_clock::now();
   save_sharded_safetensors(dir, tensors);
-  const double save_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double save_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   at::manual_seed(1);
   at::Tensor ids = at::randint(0, c.vocab_size, {2, seq}, at::kLong);
@@ -61,12 +62,15 @@ int main(int argc, char** argv) {
   if (device.is_cuda()) torch::cuda::synchronize();
   const double fb_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double grad_sq = 0;
-  for (const auto& p : model.parameters()) grad_sq += p.grad().to(at::kFloat).pow(2).sum().item<double>();
-  std::printf("RESULT %s\n",
-              fmt::format(R"J({{"tool": "zt_model_dump", "shape": "{}", "params": {}, "save_s": {:.1f}, "forward_backward_s": {:.3f}, "loss": {:.4f}, "grad_norm": {:.4f}, "peak_gib": {:.1f}}})J",
-                          shape, c.parameter_count(), save_s, fb_s,
-                          loss.sum.item<double>() / static_cast<double>(loss.tokens),
-                          std::sqrt(grad_sq), device_stats::peak_allocated(0) / 1073741824.0)
-                  .c_str());
+  for (const auto& p : model.parameters())
+    grad_sq += p.grad().to(at::kFloat).pow(2).sum().item<double>();
+  std::printf(
+      "RESULT %s\n",
+      fmt::format(
+          R"J({{"tool": "zt_model_dump", "shape": "{}", "params": {}, "save_s": {:.1f}, "forward_backward_s": {:.3f}, "loss": {:.4f}, "grad_norm": {:.4f}, "peak_gib": {:.1f}}})J",
+          shape, c.parameter_count(), save_s, fb_s,
+          loss.sum.item<double>() / static_cast<double>(loss.tokens), std::sqrt(grad_sq),
+          device_stats::peak_allocated(0) / 1073741824.0)
+          .c_str());
   return 0;
 }

@@ -72,12 +72,14 @@ zt::LaunchEnv launch_env_of(const rapidjson::Value& value, zt::TrainingArguments
   if (auto t = r.integer("rendezvous_timeout", 1, INT32_MAX)) args.rendezvous_timeout = *t;
   if (auto t = r.integer("ddp_timeout", 1, INT32_MAX)) args.ddp_timeout = *t;
   if (!r.unknown_paths().empty()) {
-    throw zt::ConfigError(fmt::format("options: unknown key {} (known: rank, world_size, local_rank, master_addr, "
-                                      "master_port, rendezvous_timeout, ddp_timeout)",
-                                      r.unknown_paths().front()));
+    throw zt::ConfigError(
+        fmt::format("options: unknown key {} (known: rank, world_size, local_rank, master_addr, "
+                    "master_port, rendezvous_timeout, ddp_timeout)",
+                    r.unknown_paths().front()));
   }
   if (env.rank >= env.world_size) {
-    throw zt::ConfigError(fmt::format("options: distributed.rank {} is not below world_size {}", env.rank, env.world_size));
+    throw zt::ConfigError(fmt::format("options: distributed.rank {} is not below world_size {}",
+                                      env.rank, env.world_size));
   }
   return env;
 }
@@ -91,26 +93,41 @@ at::Tensor tokens_of(const int64_t* data, int64_t n, int64_t rows, int64_t cols)
 
 extern "C" {
 
-int zt_api_version(void) { return ZT_API_VERSION; }
+int zt_api_version(void) {
+  return ZT_API_VERSION;
+}
 
-const char* zt_version(void) { return ZT_VERSION_STRING; }
+const char* zt_version(void) {
+  return ZT_VERSION_STRING;
+}
 
 const char* zt_status_name(zt_status status) {
   switch (status) {
-    case ZT_OK: return "ZT_OK";
-    case ZT_ERR_INVALID_ARGUMENT: return "ZT_ERR_INVALID_ARGUMENT";
-    case ZT_ERR_CONFIG: return "ZT_ERR_CONFIG";
-    case ZT_ERR_IO: return "ZT_ERR_IO";
-    case ZT_ERR_DISTRIBUTED: return "ZT_ERR_DISTRIBUTED";
-    case ZT_ERR_OUT_OF_MEMORY: return "ZT_ERR_OUT_OF_MEMORY";
-    case ZT_ERR_NUMERIC: return "ZT_ERR_NUMERIC";
-    case ZT_ERR_CANCELLED: return "ZT_ERR_CANCELLED";
-    case ZT_ERR_INTERNAL: return "ZT_ERR_INTERNAL";
+    case ZT_OK:
+      return "ZT_OK";
+    case ZT_ERR_INVALID_ARGUMENT:
+      return "ZT_ERR_INVALID_ARGUMENT";
+    case ZT_ERR_CONFIG:
+      return "ZT_ERR_CONFIG";
+    case ZT_ERR_IO:
+      return "ZT_ERR_IO";
+    case ZT_ERR_DISTRIBUTED:
+      return "ZT_ERR_DISTRIBUTED";
+    case ZT_ERR_OUT_OF_MEMORY:
+      return "ZT_ERR_OUT_OF_MEMORY";
+    case ZT_ERR_NUMERIC:
+      return "ZT_ERR_NUMERIC";
+    case ZT_ERR_CANCELLED:
+      return "ZT_ERR_CANCELLED";
+    case ZT_ERR_INTERNAL:
+      return "ZT_ERR_INTERNAL";
   }
   return "ZT_UNKNOWN_STATUS";
 }
 
-const char* zt_last_error(void) { return t_last_error.c_str(); }
+const char* zt_last_error(void) {
+  return t_last_error.c_str();
+}
 
 void zt_set_log_callback(zt_log_fn fn, void* user_data) {
   if (fn == nullptr) {
@@ -129,7 +146,8 @@ zt_status zt_trainer_create(const char* options_json, zt_trainer** out) {
     require(out != nullptr, "zt_trainer_create: out is NULL");
     rapidjson::Document doc = zt::json::parse(options_json, "options");
     if (!doc.IsObject()) {
-      throw zt::ConfigError(fmt::format("options: expected a JSON object, found {}", zt::json::type_name(doc)));
+      throw zt::ConfigError(
+          fmt::format("options: expected a JSON object, found {}", zt::json::type_name(doc)));
     }
     zt::TrainingArguments args;
     std::optional<zt::LaunchEnv> env;
@@ -163,14 +181,15 @@ int32_t zt_trainer_world_size(const zt_trainer* t) {
   return t->trainer->world_size();
 }
 
-zt_status zt_trainer_train_step(zt_trainer* t, const int64_t* input_ids, const int64_t* labels, int64_t batch_size,
-                                int64_t seq_len, zt_step_stats* stats) {
+zt_status zt_trainer_train_step(zt_trainer* t, const int64_t* input_ids, const int64_t* labels,
+                                int64_t batch_size, int64_t seq_len, zt_step_stats* stats) {
   return guarded([&] {
     require(t != nullptr, "zt_trainer_train_step: trainer is NULL");
     require(input_ids != nullptr, "zt_trainer_train_step: input_ids is NULL");
     if (batch_size < 1 || seq_len < 1) {
-      throw zt::InvalidArgument(fmt::format("zt_trainer_train_step: batch_size {} and seq_len {} must be positive",
-                                            batch_size, seq_len));
+      throw zt::InvalidArgument(
+          fmt::format("zt_trainer_train_step: batch_size {} and seq_len {} must be positive",
+                      batch_size, seq_len));
     }
     at::Tensor ids = tokens_of(input_ids, 1, batch_size, seq_len);
     at::Tensor y = labels != nullptr ? tokens_of(labels, 1, batch_size, seq_len) : at::Tensor();
@@ -187,19 +206,21 @@ zt_status zt_trainer_train_step(zt_trainer* t, const int64_t* input_ids, const i
   });
 }
 
-zt_status zt_trainer_evaluate(zt_trainer* t, const int64_t* input_ids, const int64_t* labels, int64_t num_batches,
-                              int64_t batch_size, int64_t seq_len, double* mean_loss) {
+zt_status zt_trainer_evaluate(zt_trainer* t, const int64_t* input_ids, const int64_t* labels,
+                              int64_t num_batches, int64_t batch_size, int64_t seq_len,
+                              double* mean_loss) {
   return guarded([&] {
     require(t != nullptr, "zt_trainer_evaluate: trainer is NULL");
     require(input_ids != nullptr, "zt_trainer_evaluate: input_ids is NULL");
     require(mean_loss != nullptr, "zt_trainer_evaluate: mean_loss is NULL");
     if (num_batches < 1 || batch_size < 1 || seq_len < 1) {
       throw zt::InvalidArgument(fmt::format(
-          "zt_trainer_evaluate: num_batches {}, batch_size {} and seq_len {} must be positive", num_batches,
-          batch_size, seq_len));
+          "zt_trainer_evaluate: num_batches {}, batch_size {} and seq_len {} must be positive",
+          num_batches, batch_size, seq_len));
     }
     at::Tensor ids = tokens_of(input_ids, num_batches, batch_size, seq_len);
-    at::Tensor y = labels != nullptr ? tokens_of(labels, num_batches, batch_size, seq_len) : at::Tensor();
+    at::Tensor y =
+        labels != nullptr ? tokens_of(labels, num_batches, batch_size, seq_len) : at::Tensor();
     std::vector<std::pair<at::Tensor, at::Tensor>> batches;
     for (int64_t b = 0; b < num_batches; ++b) {
       batches.emplace_back(ids.narrow(0, b * batch_size, batch_size),
@@ -261,56 +282,63 @@ zt_status zt_tokenizer_load(const char* model_dir, zt_tokenizer** out) {
   });
 }
 
-zt_status zt_tokenizer_encode(const zt_tokenizer* tok, const char* text, int64_t text_len, int32_t add_bos,
-                              int32_t* ids, int64_t capacity, int64_t* n_ids) {
+zt_status zt_tokenizer_encode(const zt_tokenizer* tok, const char* text, int64_t text_len,
+                              int32_t add_bos, int32_t* ids, int64_t capacity, int64_t* n_ids) {
   return guarded([&] {
     require(tok != nullptr, "zt_tokenizer_encode: tokenizer is NULL");
     require(n_ids != nullptr, "zt_tokenizer_encode: n_ids is NULL");
     require(text != nullptr || text_len == 0, "zt_tokenizer_encode: text is NULL");
     require(text_len >= 0, "zt_tokenizer_encode: text_len is negative");
-    require(capacity >= 0 && (ids != nullptr || capacity == 0), "zt_tokenizer_encode: ids is NULL with capacity > 0");
+    require(capacity >= 0 && (ids != nullptr || capacity == 0),
+            "zt_tokenizer_encode: ids is NULL with capacity > 0");
     std::vector<int32_t> out;
-    if (add_bos != 0 && tok->tok->add_bos() && tok->tok->bos_id() >= 0) out.push_back(tok->tok->bos_id());
-    const std::vector<int32_t> body = tok->tok->encode(std::string_view(text, static_cast<size_t>(text_len)));
+    if (add_bos != 0 && tok->tok->add_bos() && tok->tok->bos_id() >= 0)
+      out.push_back(tok->tok->bos_id());
+    const std::vector<int32_t> body =
+        tok->tok->encode(std::string_view(text, static_cast<size_t>(text_len)));
     out.insert(out.end(), body.begin(), body.end());
     *n_ids = static_cast<int64_t>(out.size());
     if (capacity == 0) return;
     if (capacity < *n_ids) {
-      throw zt::InvalidArgument(fmt::format("zt_tokenizer_encode: capacity {} is below the {} ids; call again with "
-                                            "room for them",
-                                            capacity, *n_ids));
+      throw zt::InvalidArgument(
+          fmt::format("zt_tokenizer_encode: capacity {} is below the {} ids; call again with "
+                      "room for them",
+                      capacity, *n_ids));
     }
     std::copy(out.begin(), out.end(), ids);
   });
 }
 
-zt_status zt_tokenizer_decode(const zt_tokenizer* tok, const int32_t* ids, int64_t n_ids, char* text, int64_t capacity,
-                              int64_t* n_bytes) {
+zt_status zt_tokenizer_decode(const zt_tokenizer* tok, const int32_t* ids, int64_t n_ids,
+                              char* text, int64_t capacity, int64_t* n_bytes) {
   return guarded([&] {
     require(tok != nullptr, "zt_tokenizer_decode: tokenizer is NULL");
     require(n_bytes != nullptr, "zt_tokenizer_decode: n_bytes is NULL");
-    require(n_ids >= 0 && (ids != nullptr || n_ids == 0), "zt_tokenizer_decode: ids is NULL or n_ids negative");
-    require(capacity >= 0 && (text != nullptr || capacity == 0), "zt_tokenizer_decode: text is NULL with capacity > 0");
+    require(n_ids >= 0 && (ids != nullptr || n_ids == 0),
+            "zt_tokenizer_decode: ids is NULL or n_ids negative");
+    require(capacity >= 0 && (text != nullptr || capacity == 0),
+            "zt_tokenizer_decode: text is NULL with capacity > 0");
     const std::string out = tok->tok->decode(std::vector<int32_t>(ids, ids + n_ids));
     *n_bytes = static_cast<int64_t>(out.size());
     if (capacity == 0) return;
     if (capacity < *n_bytes + 1) {
-      throw zt::InvalidArgument(fmt::format("zt_tokenizer_decode: capacity {} is below the {} bytes (with the NUL); "
-                                            "call again with room for them",
-                                            capacity, *n_bytes + 1));
+      throw zt::InvalidArgument(
+          fmt::format("zt_tokenizer_decode: capacity {} is below the {} bytes (with the NUL); "
+                      "call again with room for them",
+                      capacity, *n_bytes + 1));
     }
     std::copy(out.begin(), out.end(), text);
     text[out.size()] = '\0';
   });
 }
 
-#define ZT_TOKENIZER_GETTER(type, name, expr)                                \
-  type zt_tokenizer_##name(const zt_tokenizer* tok) {                      \
-    if (tok == nullptr) {                                                  \
+#define ZT_TOKENIZER_GETTER(type, name, expr)                                     \
+  type zt_tokenizer_##name(const zt_tokenizer* tok) {                             \
+    if (tok == nullptr) {                                                         \
       fail(ZT_ERR_INVALID_ARGUMENT, "zt_tokenizer_" #name ": tokenizer is NULL"); \
-      return -1;                                                           \
-    }                                                                      \
-    return tok->tok->expr;                                                 \
+      return -1;                                                                  \
+    }                                                                             \
+    return tok->tok->expr;                                                        \
   }
 ZT_TOKENIZER_GETTER(int64_t, vocab_size, vocab_size())
 ZT_TOKENIZER_GETTER(int32_t, bos_id, bos_id())
@@ -318,7 +346,9 @@ ZT_TOKENIZER_GETTER(int32_t, eos_id, eos_id())
 ZT_TOKENIZER_GETTER(int32_t, pad_id, pad_id())
 #undef ZT_TOKENIZER_GETTER
 
-void zt_tokenizer_free(zt_tokenizer* tok) { delete tok; }
+void zt_tokenizer_free(zt_tokenizer* tok) {
+  delete tok;
+}
 
 void zt_trainer_free(zt_trainer* t) {
   try {

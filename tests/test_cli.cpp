@@ -71,7 +71,8 @@ TEST_CASE("train --help lists every option with its default", "[cli]") {
   for (const zt::OptionHelp& o : zt::training_option_help()) {
     INFO(o.name);
     CHECK_THAT(r.output, Contains("--" + o.name));
-    if (!o.default_value.empty()) CHECK_THAT(r.output, Contains("[default: " + o.default_value + "]"));
+    if (!o.default_value.empty())
+      CHECK_THAT(r.output, Contains("[default: " + o.default_value + "]"));
   }
 }
 
@@ -80,12 +81,14 @@ TEST_CASE("exit statuses and one error line", "[cli][errors]") {
   SECTION("a configuration error exits 2") {
     Ran r = cli("train --lerning_rate 1e-4");
     CHECK(r.status == 2);
-    CHECK_THAT(r.output, Contains("error: unknown option --lerning_rate") && Contains("learning_rate"));
+    CHECK_THAT(r.output,
+               Contains("error: unknown option --lerning_rate") && Contains("learning_rate"));
     CHECK(count_lines_starting(r.output, "error: ") == 1);
   }
   SECTION("a missing file exits 1 and names it") {
-    Ran r = cli(fmt::format("train --model_name_or_path '{}/no_such_model' --train_file x.jsonl --output_dir '{}/o'",
-                            dir, dir));
+    Ran r = cli(fmt::format(
+        "train --model_name_or_path '{}/no_such_model' --train_file x.jsonl --output_dir '{}/o'",
+        dir, dir));
     CHECK(r.status != 0);
     CHECK_THAT(r.output, Contains("no_such_model"));
     CHECK(count_lines_starting(r.output, "error: ") == 1);
@@ -98,9 +101,11 @@ TEST_CASE("exit statuses and one error line", "[cli][errors]") {
   SECTION("launch exits with the first failing rank's status") {
     if (zt::test::skip_cpu_world(2)) return;
     // Rank 0 fails first (rank 1 waits), so its status is the launcher's whatever the load.
-    Ran r = cli("launch --nproc_per_node 2 -- sh -c '[ $RANK = 1 ] && sleep 2; exit $((RANK + 3))'");
+    Ran r =
+        cli("launch --nproc_per_node 2 -- sh -c '[ $RANK = 1 ] && sleep 2; exit $((RANK + 3))'");
     CHECK(r.status == 3);
-    Ran later = cli("launch --nproc_per_node 2 -- sh -c '[ $RANK = 0 ] && sleep 2; exit $((RANK + 3))'");
+    Ran later =
+        cli("launch --nproc_per_node 2 -- sh -c '[ $RANK = 0 ] && sleep 2; exit $((RANK + 3))'");
     CHECK(later.status == 4);
     Ran bad = cli(fmt::format("launch --nproc_per_node 2 -- '{}' train --bogus 1", ZT_CLI));
     CHECK(bad.status == 2);
@@ -169,7 +174,8 @@ TEST_CASE("verify asks in the template the run recorded", "[cli]") {
   Ran r = cli(fmt::format("verify '{}' --prompt 'Is 7 odd?' --max_new_tokens 2", dir));
   CHECK(r.status == 0);
   CHECK_THAT(r.output, Contains("### Instruction:\nIs 7 odd?\n\n### Response:\n"));
-  Ran chosen = cli(fmt::format("verify '{}' --prompt 'Is 7 odd?' --template plain --max_new_tokens 2", dir));
+  Ran chosen =
+      cli(fmt::format("verify '{}' --prompt 'Is 7 odd?' --template plain --max_new_tokens 2", dir));
   CHECK(chosen.status == 0);
   CHECK(chosen.output.find("###") == std::string::npos);
 }
@@ -213,16 +219,32 @@ bool wait_for_log_lines(const std::string& out, int lines) {
 }
 
 std::vector<std::string> long_run(const std::string& dir, const std::vector<std::string>& extra) {
-  std::vector<std::string> a{"train", "--model_config", zt::test::kTinyModel, "--train_file", dir + "/train.jsonl",
-                             "--output_dir", dir + "/out", "--template", "alpaca", "--per_device_train_batch_size",
-                             "2", "--max_steps", "100000", "--logging_steps", "1", "--disable_tqdm", "--device", "cpu"};
+  std::vector<std::string> a{"train",
+                             "--model_config",
+                             zt::test::kTinyModel,
+                             "--train_file",
+                             dir + "/train.jsonl",
+                             "--output_dir",
+                             dir + "/out",
+                             "--template",
+                             "alpaca",
+                             "--per_device_train_batch_size",
+                             "2",
+                             "--max_steps",
+                             "100000",
+                             "--logging_steps",
+                             "1",
+                             "--disable_tqdm",
+                             "--device",
+                             "cpu"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }
 
 }  // namespace
 
-TEST_CASE("SIGTERM and SIGUSR1 save a checkpoint at the next step, then end with 128 + the signal", "[cli][signals]") {
+TEST_CASE("SIGTERM and SIGUSR1 save a checkpoint at the next step, then end with 128 + the signal",
+          "[cli][signals]") {
   for (int sig : {SIGTERM, SIGUSR1}) {
     INFO("signal " << sig);
     const std::string dir = zt::test::temp_dir("preempt");
@@ -234,11 +256,13 @@ TEST_CASE("SIGTERM and SIGUSR1 save a checkpoint at the next step, then end with
     const auto latest = zt::latest_checkpoint(dir + "/out");
     REQUIRE(latest.has_value());
     CHECK(zt::read_engine_state(*latest).global_steps >= 2);
-    CHECK_THAT(zt::files::read_text(dir + "/log.txt"), Contains("stopped by signal") && Contains("--resume_from_checkpoint True"));
+    CHECK_THAT(zt::files::read_text(dir + "/log.txt"),
+               Contains("stopped by signal") && Contains("--resume_from_checkpoint True"));
   }
 }
 
-TEST_CASE("launch passes signals to its own ranks only and ends with their status", "[cli][signals]") {
+TEST_CASE("launch passes signals to its own ranks only and ends with their status",
+          "[cli][signals]") {
   const std::string dir = zt::test::temp_dir("launch_signals");
   // The caller is a shell that starts the launcher in the background and signals it: with
   // kill(0, ...) the caller itself would die before reporting.
@@ -264,7 +288,8 @@ TEST_CASE("launch passes signals to its own ranks only and ends with their statu
   CHECK(zt::files::read_text(dir + "/rank1") == "term\n");
 }
 
-TEST_CASE("kill -9 at any moment leaves latest naming a complete checkpoint that resumes", "[cli][checkpoint]") {
+TEST_CASE("kill -9 at any moment leaves latest naming a complete checkpoint that resumes",
+          "[cli][checkpoint]") {
   const std::string dir = zt::test::temp_dir("kill9");
   zt::test::write_data(dir, "train.jsonl", 40, 32);
   std::mt19937 rng(5);
@@ -293,9 +318,12 @@ TEST_CASE("kill -9 at any moment leaves latest naming a complete checkpoint that
   // never committed; resuming from `latest` replaces it.
   const auto all = zt::list_checkpoints(dir + "/out");
   REQUIRE(all.size() >= 1);
-  if (all.size() >= 2) zt::files::write_atomic(dir + "/out/latest", fs::path(all[all.size() - 2].path).filename().string() + "\n");
+  if (all.size() >= 2)
+    zt::files::write_atomic(dir + "/out/latest",
+                            fs::path(all[all.size() - 2].path).filename().string() + "\n");
   const int64_t from = zt::read_engine_state(*zt::latest_checkpoint(dir + "/out")).global_steps;
-  std::vector<std::string> finish = long_run(dir, {"--save_steps", "1", "--resume_from_checkpoint", "True"});
+  std::vector<std::string> finish =
+      long_run(dir, {"--save_steps", "1", "--resume_from_checkpoint", "True"});
   for (size_t i = 0; i < finish.size(); ++i) {
     if (finish[i] == "--max_steps") finish[i + 1] = std::to_string(from + 3);
   }

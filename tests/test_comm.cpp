@@ -23,7 +23,9 @@ namespace {
 
 const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kBFloat16, at::kHalf, at::kLong};
 
-int env_int(const char* name) { return std::atoi(std::getenv(name)); }
+int env_int(const char* name) {
+  return std::atoi(std::getenv(name));
+}
 
 }  // namespace
 
@@ -187,9 +189,9 @@ TEST_CASE("a rank that dies mid-run fails the others with DistributedError, no h
           "[comm][errors]") {
   if (!backend_available(Backend::kGloo)) return;
   for (int world : {2, 4}) {
-    test::RankRun run = test::launch_ranks(world, "rank: peer dies", std::chrono::seconds(90),
-                                           {{"ZT_TEST_TIMEOUT_MS", "20000"}},
-                                           std::chrono::seconds(60));
+    test::RankRun run =
+        test::launch_ranks(world, "rank: peer dies", std::chrono::seconds(90),
+                           {{"ZT_TEST_TIMEOUT_MS", "20000"}}, std::chrono::seconds(60));
     INFO(run.report());
     CHECK_FALSE(run.result.timed_out);
     for (int r = 0; r < world - 1; ++r) {

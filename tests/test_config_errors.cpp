@@ -83,8 +83,7 @@ TEST_CASE("malformed DeepSpeed configs are rejected with the path and the found 
   }
 }
 
-TEST_CASE("inconsistent configs and arguments are rejected naming both sides",
-          "[config][errors]") {
+TEST_CASE("inconsistent configs and arguments are rejected naming both sides", "[config][errors]") {
   auto resolve_err = [](const char* ds_json, std::vector<std::string> flags, int world) {
     DeepSpeedConfig ds = parse_deepspeed_config(ds_json, "ds.json");
     TrainingArguments a;
@@ -97,7 +96,8 @@ TEST_CASE("inconsistent configs and arguments are rejected naming both sides",
     return std::string("(accepted)");
   };
   CHECK_THAT(resolve_err(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4,
-                             "gradient_accumulation_steps": 2})", {}, 2),
+                             "gradient_accumulation_steps": 2})",
+                         {}, 2),
              Contains("train_batch_size 30") && Contains("world size 2") && Contains("= 16"));
   CHECK_THAT(resolve_err(R"({"train_micro_batch_size_per_gpu": 4})",
                          {"--per_device_train_batch_size", "2"}, 1),
@@ -114,16 +114,17 @@ TEST_CASE("inconsistent configs and arguments are rejected naming both sides",
              Contains("fp16 and bf16 are both enabled"));
   CHECK_THAT(resolve_err(R"({"train_batch_size": 10})", {"--per_device_train_batch_size", "4"}, 1),
              Contains("train_batch_size 10 is not divisible"));
-  CHECK_THAT(resolve_err(R"({"train_batch_size": 16})",
-                         {"--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2"},
-                         1),
-             Contains("gradient_accumulation_steps"));
+  CHECK_THAT(
+      resolve_err(R"({"train_batch_size": 16})",
+                  {"--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2"}, 1),
+      Contains("gradient_accumulation_steps"));
   CHECK_THAT(resolve_err(R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.9, 0.95]}}})",
                          {"--adam_beta2", "0.999"}, 1),
              Contains("optimizer.params.betas[1]") && Contains("adam_beta2"));
-  CHECK_THAT(resolve_err(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})",
-                         {"--warmup_steps", "20"}, 1),
-             Contains("warmup_num_steps") && Contains("warmup_steps"));
+  CHECK_THAT(
+      resolve_err(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})",
+                  {"--warmup_steps", "20"}, 1),
+      Contains("warmup_num_steps") && Contains("warmup_steps"));
 }
 
 TEST_CASE("bad flags and option keys are errors naming them", "[config][errors][args]") {

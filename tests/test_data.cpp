@@ -167,10 +167,13 @@ TEST_CASE("load_tokenizer falls back to bytes only where that is right", "[data]
   CHECK_NOTHROW(check_tokenizer_fits(*byte_tokenizer(), 259));
   DataOptions small;
   small.token_id_limit = 100;
-  CHECK_THROWS_MATCHES(tokenize_jsonl(data_file("small", "{\"input_ids\": [5, 99]}\n{\"text\": \"a\"}\n"),
-                                      *byte_tokenizer(), small),
-                       ConfigError, Has({"vocab_size is 100", "259"}));
-  CHECK(tokenize_jsonl(data_file("small_ids", "{\"input_ids\": [5, 99]}\n"), *byte_tokenizer(), small).size() == 1);
+  CHECK_THROWS_MATCHES(
+      tokenize_jsonl(data_file("small", "{\"input_ids\": [5, 99]}\n{\"text\": \"a\"}\n"),
+                     *byte_tokenizer(), small),
+      ConfigError, Has({"vocab_size is 100", "259"}));
+  CHECK(
+      tokenize_jsonl(data_file("small_ids", "{\"input_ids\": [5, 99]}\n"), *byte_tokenizer(), small)
+          .size() == 1);
   // Tokenizer files other than tokenizer.json are not read: a clear error instead of bytes.
   for (const char* name :
        {"tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json"}) {
@@ -309,7 +312,8 @@ TEST_CASE("messages: chatml natively, other templates turn by turn", "[data]") {
   }
 }
 
-TEST_CASE("ShareGPT conversations, OpenAI content parts and alpaca history read as the same chat", "[data]") {
+TEST_CASE("ShareGPT conversations, OpenAI content parts and alpaca history read as the same chat",
+          "[data]") {
   // One conversation in each layout users have; all tokenize to the same example.
   const std::string openai =
       R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},)"
@@ -330,8 +334,9 @@ TEST_CASE("ShareGPT conversations, OpenAI content parts and alpaca history read 
       R"({"system": "Be brief.", "history": [["Hi", "Hello!"]], "instruction": "Bye", "output": "Goodbye."})";
   for (const char* t : {"chatml", "alpaca", "qwen2.5"}) {
     INFO("template " << t);
-    Dataset d = tokenize_text(openai + "\n" + sharegpt + "\n" + sharegpt_system + "\n" + parts + "\n" + alpaca + "\n",
-                              with_template(t));
+    Dataset d = tokenize_text(
+        openai + "\n" + sharegpt + "\n" + sharegpt_system + "\n" + parts + "\n" + alpaca + "\n",
+        with_template(t));
     REQUIRE(d.size() == 5);
     for (int64_t i = 1; i < 5; ++i) {
       INFO("example " << i);
@@ -343,10 +348,12 @@ TEST_CASE("ShareGPT conversations, OpenAI content parts and alpaca history read 
 
 TEST_CASE("a file that is one JSON array reads element by element as JSONL does", "[data]") {
   const std::string a = R"({"instruction": "Is 3 odd?", "output": "yes"})";
-  const std::string b = R"({"instruction": "Is 4 odd?", "input": "think [about] it, \"twice\"", "output": "no"})";
+  const std::string b =
+      R"({"instruction": "Is 4 odd?", "input": "think [about] it, \"twice\"", "output": "no"})";
   const std::string c = R"({"text": "a, b ] c }"})";
   Dataset jsonl = tokenize_text(a + "\n" + b + "\n" + c + "\n", with_template("alpaca"));
-  for (const std::string& array : {"[" + a + ", " + b + ",\n" + c + "]", "\xEF\xBB\xBF\n  [\n" + a + ",\n" + b + ",\n" + c + "\n]\n",
+  for (const std::string& array : {"[" + a + ", " + b + ",\n" + c + "]",
+                                   "\xEF\xBB\xBF\n  [\n" + a + ",\n" + b + ",\n" + c + "\n]\n",
                                    "[" + a + "," + b + "," + c + ",]"}) {
     INFO(array);
     const std::string path = test::temp_dir("array") + "/alpaca_data.json";
@@ -359,17 +366,17 @@ TEST_CASE("a file that is one JSON array reads element by element as JSONL does"
   // Errors name the element and its line.
   const std::string dir = test::temp_dir("array_bad");
   write_file(dir + "/bad.json", "[\n" + a + ",\n{\"instruction\": 5, \"output\": \"x\"}\n]");
-  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/bad.json", *byte_tokenizer(), DataOptions()), ConfigError,
-                       Has({dir + "/bad.json: element 1 (line 3)", "instruction"}));
+  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/bad.json", *byte_tokenizer(), DataOptions()),
+                       ConfigError, Has({dir + "/bad.json: element 1 (line 3)", "instruction"}));
   write_file(dir + "/truncated.json", "[" + a + ", {\"text\": \"cut off");
-  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/truncated.json", *byte_tokenizer(), DataOptions()), ConfigError,
-                       Has({"truncated.json", "element 1", "truncated"}));
+  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/truncated.json", *byte_tokenizer(), DataOptions()),
+                       ConfigError, Has({"truncated.json", "element 1", "truncated"}));
   write_file(dir + "/open.json", "[" + a + ", ");
-  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/open.json", *byte_tokenizer(), DataOptions()), ConfigError,
-                       Has({"open.json", "closing ']'"}));
+  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/open.json", *byte_tokenizer(), DataOptions()),
+                       ConfigError, Has({"open.json", "closing ']'"}));
   write_file(dir + "/after.json", "[" + a + "] {}");
-  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/after.json", *byte_tokenizer(), DataOptions()), ConfigError,
-                       Has({"after.json", "after the JSON array"}));
+  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/after.json", *byte_tokenizer(), DataOptions()),
+                       ConfigError, Has({"after.json", "after the JSON array"}));
 }
 
 TEST_CASE("train_on_prompt trains every token of instruction and chat data", "[data]") {
@@ -399,7 +406,8 @@ TEST_CASE("pre-tokenized lines are taken as they are", "[data]") {
   CHECK(d.labels(1).to_vector() == std::vector<int32_t>{258, 0});
 }
 
-TEST_CASE("truncation keeps the start, and examples left untrained are dropped and counted", "[data]") {
+TEST_CASE("truncation keeps the start, and examples left untrained are dropped and counted",
+          "[data]") {
   const std::string long_prompt = std::string(40, 'p');
   const std::string long_line =
       "{\"instruction\": \"" + long_prompt + "\", \"output\": \"answer\"}";
@@ -447,7 +455,8 @@ TEST_CASE("every malformed line is an error naming file, line and key", "[data]"
       {R"({"instruction": "x", "output": ["y"]})", {"output: expected a string"}},
       {R"({"instruction": "x", "input": 3, "output": "y"})", {"input: expected a string"}},
       {R"({"prompt": "x", "completion": "y"})",
-       {"unknown layout", "\"prompt\", \"completion\"", "\"conversations\" (ShareGPT", "\"messages\" (OpenAI"}},
+       {"unknown layout", "\"prompt\", \"completion\"", "\"conversations\" (ShareGPT",
+        "\"messages\" (OpenAI"}},
       {R"({})", {"unknown layout", "empty object"}},
       {R"({"input_ids": [1, 999]})", {"input_ids: entry 1 is 999", "[0, 259)"}},
       {R"({"input_ids": [1, -100]})", {"input_ids: entry 1 is -100"}},
@@ -456,7 +465,8 @@ TEST_CASE("every malformed line is an error naming file, line and key", "[data]"
       {R"({"input_ids": [1, 2], "labels": [1]})", {"labels: has 1 entries but input_ids has 2"}},
       {R"({"input_ids": [1, 2], "labels": [1, -5]})", {"labels: entry 1 is -5"}},
       {R"({"messages": "hi"})", {"messages: expected a non-empty array"}},
-      {R"({"messages": [{"role": "narrator", "content": "x"}]})", {"messages[0].role", "\"narrator\" is not a role"}},
+      {R"({"messages": [{"role": "narrator", "content": "x"}]})",
+       {"messages[0].role", "\"narrator\" is not a role"}},
       {R"({"conversations": [{"from": "human", "value": "x"}, {"from": "tool", "value": "y"}]})",
        {"conversations[1].from", "\"tool\""}},
       {R"({"instruction": "x", "output": "y", "history": [["a"]]})", {"history", "entry 0"}},
@@ -486,7 +496,8 @@ TEST_CASE("every malformed line is an error naming file, line and key", "[data]"
   }
 }
 
-TEST_CASE("pre-tokenized ids are checked against the model's vocabulary, not the tokenizer's", "[data]") {
+TEST_CASE("pre-tokenized ids are checked against the model's vocabulary, not the tokenizer's",
+          "[data]") {
   // A model with more embedding rows than its tokenizer has tokens (Qwen2.5, or an inline config
   // with the byte tokenizer) takes any id below its vocab_size.
   const std::string path = data_file("ids_limit", "{\"input_ids\": [1, 999, 3]}\n");
@@ -503,18 +514,30 @@ TEST_CASE("pre-tokenized ids are checked against the model's vocabulary, not the
         dataset_cache_path("c", path, *byte_tokenizer(), DataOptions()));
 }
 
-TEST_CASE("tokenizing on many threads gives the sequential pass's dataset, counts and errors", "[data]") {
+TEST_CASE("tokenizing on many threads gives the sequential pass's dataset, counts and errors",
+          "[data]") {
   // More lines than one batch (8192), in every format, with malformed lines, blank lines and
   // an example that truncation leaves without a trained token.
   std::string text;
   for (int i = 0; i < 20000; ++i) {
     switch (i % 5) {
-      case 0: text += fmt::format("{{\"text\": \"line {} ü\"}}\n", i); break;
-      case 1: text += fmt::format("{{\"instruction\": \"q{}\", \"output\": \"a{}\"}}\n", i, i); break;
-      case 2: text += fmt::format("{{\"input_ids\": [{}, 7, 9]}}\n", i % 250); break;
-      case 3: text += i % 1000 == 3 ? "{\"text\": 5}\n" : "\n"; break;
-      default: text += fmt::format("{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}, "
-                                   "{{\"role\": \"assistant\", \"content\": \"ok\"}}]}}\n", std::string(i % 40, 'x'));
+      case 0:
+        text += fmt::format("{{\"text\": \"line {} ü\"}}\n", i);
+        break;
+      case 1:
+        text += fmt::format("{{\"instruction\": \"q{}\", \"output\": \"a{}\"}}\n", i, i);
+        break;
+      case 2:
+        text += fmt::format("{{\"input_ids\": [{}, 7, 9]}}\n", i % 250);
+        break;
+      case 3:
+        text += i % 1000 == 3 ? "{\"text\": 5}\n" : "\n";
+        break;
+      default:
+        text += fmt::format(
+            "{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}, "
+            "{{\"role\": \"assistant\", \"content\": \"ok\"}}]}}\n",
+            std::string(i % 40, 'x'));
     }
   }
   const std::string path = data_file("threads", text);

@@ -73,7 +73,8 @@ TEST_CASE("engine: pure bf16 (bf16 masters, gradients and moments) tracks the re
 TEST_CASE("engine: updates inside backward match the reference without clipping",
           "[engine][equivalence]") {
   // One rank, no accumulation or clipping: each parameter is updated by its gradient's hook.
-  auto in_backward = [](int stage, const char* dtype, const char* model, bool ckpt, const char* opt = "adamw") {
+  auto in_backward = [](int stage, const char* dtype, const char* model, bool ckpt,
+                        const char* opt = "adamw") {
     zt::test::Case c = make_case(stage, 1, 1, dtype, false, model, opt, ckpt);
     c.clip = 0.0;
     c.in_backward = true;

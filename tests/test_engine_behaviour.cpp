@@ -28,9 +28,9 @@ struct Setup {
 // An engine over `kind` with the given zero_optimization body and precision.
 // `top_extra`: more top-level DeepSpeed keys; `in_backward`: EngineOptions::update_in_backward.
 Setup make_engine(std::shared_ptr<Communicator> comm, const std::string& kind, int stage,
-                  const std::string& dtype, const std::string& zero_extra = "",
-                  bool trace = false, int accum = 1, const std::string& top_extra = "",
-                  bool in_backward = false, double weight_decay = 0.0, bool unused_parameter = false) {
+                  const std::string& dtype, const std::string& zero_extra = "", bool trace = false,
+                  int accum = 1, const std::string& top_extra = "", bool in_backward = false,
+                  double weight_decay = 0.0, bool unused_parameter = false) {
   Setup s;
   s.comm = std::move(comm);
   s.model = test::make_model(kind, 99);
@@ -78,7 +78,8 @@ bool same_values(const std::vector<std::pair<std::string, at::Tensor>>& a,
                  const std::vector<std::pair<std::string, at::Tensor>>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].first != b[i].first || !at::equal(a[i].second.to(at::kFloat), b[i].second.to(at::kFloat))) {
+    if (a[i].first != b[i].first ||
+        !at::equal(a[i].second.to(at::kFloat), b[i].second.to(at::kFloat))) {
       return false;
     }
   }
@@ -162,8 +163,10 @@ TEST_CASE("rank: engine overlap trace", "[.rank]") {
 TEST_CASE("engine: with overlap_comm buckets are reduced while backward runs, without it after",
           "[engine]") {
   if (test::skip_cpu_world(2)) return;
-  test::run_ranks(2, "rank: engine overlap trace", std::chrono::seconds(120), {{"ZT_OVERLAP", "1"}});
-  test::run_ranks(2, "rank: engine overlap trace", std::chrono::seconds(120), {{"ZT_OVERLAP", "0"}});
+  test::run_ranks(2, "rank: engine overlap trace", std::chrono::seconds(120),
+                  {{"ZT_OVERLAP", "1"}});
+  test::run_ranks(2, "rank: engine overlap trace", std::chrono::seconds(120),
+                  {{"ZT_OVERLAP", "0"}});
 }
 
 // ---- memory per rank follows the ZeRO formulas --------------------------------------------------
@@ -178,8 +181,9 @@ TEST_CASE("rank: engine memory", "[.rank]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
   const double n = comm->world_size();
   int64_t before = test::live_cpu_bytes();
-  Setup s = make_engine(comm, "wide", stage, "bf16",
-                        R"("stage3_param_persistence_threshold": 100, "reduce_bucket_size": 70000)");
+  Setup s =
+      make_engine(comm, "wide", stage, "bf16",
+                  R"("stage3_param_persistence_threshold": 100, "reduce_bucket_size": 70000)");
   const double psi = static_cast<double>(total_numel(s.engine->gather_full_parameters()));
   train_step(s, "wide", 0);
   // Gloo's worker threads drop their references to finished collectives' tensors a moment after
@@ -188,14 +192,15 @@ TEST_CASE("rank: engine memory", "[.rank]") {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   // The model is built after `before`; its own fp32 parameters were released by the engine.
   const double held = static_cast<double>(test::live_cpu_bytes() - before);
-  const double expected = stage == 1 ? 4 * psi + 16 * psi / n
+  const double expected = stage == 1   ? 4 * psi + 16 * psi / n
                           : stage == 2 ? 2 * psi + 16 * psi / n
                                        : 18 * psi / n;
   EngineMemory m = s.engine->memory();
-  std::printf("stage %d, world %.0f, Ψ=%.0f: allocator says %.0f bytes, formula %.0f, engine "
-              "accounts params %lld grads %lld optimizer %lld\n",
-              stage, n, psi, held, expected, static_cast<long long>(m.compute_params),
-              static_cast<long long>(m.gradients), static_cast<long long>(m.optimizer_state));
+  std::printf(
+      "stage %d, world %.0f, Ψ=%.0f: allocator says %.0f bytes, formula %.0f, engine "
+      "accounts params %lld grads %lld optimizer %lld\n",
+      stage, n, psi, held, expected, static_cast<long long>(m.compute_params),
+      static_cast<long long>(m.gradients), static_cast<long long>(m.optimizer_state));
   CHECK(held <= expected * 1.01 + 16384);
   CHECK(held >= expected * 0.99 - 16384);
   const double accounted = static_cast<double>(m.compute_params + m.gradients + m.optimizer_state);
@@ -224,9 +229,9 @@ TEST_CASE("rank: engine live bound", "[.rank]") {
   for (int64_t step = 0; step < 2; ++step) train_step(s, "wide", step);
   EngineMemory m = s.engine->memory();
   INFO("peak gathered " << m.gathered_peak << ", bound " << bound);
-  CHECK(m.gathered_peak > 65792);   // parameters really are gathered and prefetched
+  CHECK(m.gathered_peak > 65792);  // parameters really are gathered and prefetched
   CHECK(m.gathered_peak <= bound);
-  CHECK(m.gathered_now == 0);       // and released after use
+  CHECK(m.gathered_now == 0);  // and released after use
 }
 
 TEST_CASE("engine: stage 3 never holds more gathered parameters than the live bound",
@@ -259,15 +264,18 @@ TEST_CASE("engine: initial weights are the same for every stage and world size",
 
 // ---- updates inside backward --------------------------------------------------------------------
 
-TEST_CASE("engine: updates inside backward equal updates in step(), with no gradient buffer", "[engine]") {
+TEST_CASE("engine: updates inside backward equal updates in step(), with no gradient buffer",
+          "[engine]") {
   auto comm = std::shared_ptr<Communicator>(create_communicator(LaunchEnv{}, CommOptions{}));
   const std::string no_clip = R"("gradient_clipping": 0.0)";
   for (const std::string kind : {"transformer", "llm", "mlp"}) {
     for (int stage : {0, 2}) {
       INFO(kind << ", stage " << stage);
       const bool unused = kind == "mlp";
-      Setup plain = make_engine(comm, kind, stage, "fp32", "", false, 1, no_clip, false, 0.1, unused);
-      Setup fused = make_engine(comm, kind, stage, "fp32", "", false, 1, no_clip, true, 0.1, unused);
+      Setup plain =
+          make_engine(comm, kind, stage, "fp32", "", false, 1, no_clip, false, 0.1, unused);
+      Setup fused =
+          make_engine(comm, kind, stage, "fp32", "", false, 1, no_clip, true, 0.1, unused);
       CHECK_FALSE(plain.engine->updates_in_backward());
       REQUIRE(fused.engine->updates_in_backward());
       CHECK(plain.engine->memory().gradients > 0);
@@ -277,15 +285,18 @@ TEST_CASE("engine: updates inside backward equal updates in step(), with no grad
         train_step(fused, kind, step);
         CHECK(fused.engine->global_step() == step + 1);
         CHECK(fused.engine->learning_rate() == plain.engine->learning_rate());
-        CHECK(fused.engine->last_grad_norm() == Approx(plain.engine->last_grad_norm()).epsilon(1e-5));
+        CHECK(fused.engine->last_grad_norm() ==
+              Approx(plain.engine->last_grad_norm()).epsilon(1e-5));
       }
-      const auto a = plain.engine->gather_full_parameters(), b = fused.engine->gather_full_parameters();
+      const auto a = plain.engine->gather_full_parameters(),
+                 b = fused.engine->gather_full_parameters();
       REQUIRE(a.size() == b.size());
       for (size_t i = 0; i < a.size(); ++i) {
         INFO(a[i].first);
         CHECK(at::allclose(a[i].second, b[i].second, 1e-6, 1e-7));
-        const at::Tensor initial =
-            a[i].first == "unused" ? at::ones({5}) : test::make_model(kind, 99)->named_parameters()[a[i].first];
+        const at::Tensor initial = a[i].first == "unused"
+                                       ? at::ones({5})
+                                       : test::make_model(kind, 99)->named_parameters()[a[i].first];
         CHECK_FALSE(at::equal(a[i].second, initial));
       }
       // The optimizer state is the same too: a checkpoint does not know the difference.
@@ -307,11 +318,15 @@ TEST_CASE("engine: updates stay in step() where backward cannot apply them", "[e
   // Clipping needs the global norm first; accumulation sums micro-steps; fp16 may skip.
   CHECK_FALSE(make_engine(comm, "mlp", 2, "fp32", "", false, 1, R"("gradient_clipping": 1.0)", true)
                   .engine->updates_in_backward());
-  CHECK_FALSE(make_engine(comm, "mlp", 2, "fp32", "", false, 2, no_clip, true).engine->updates_in_backward());
-  CHECK_FALSE(make_engine(comm, "mlp", 2, "fp16", "", false, 1, no_clip, true).engine->updates_in_backward());
+  CHECK_FALSE(make_engine(comm, "mlp", 2, "fp32", "", false, 2, no_clip, true)
+                  .engine->updates_in_backward());
+  CHECK_FALSE(make_engine(comm, "mlp", 2, "fp16", "", false, 1, no_clip, true)
+                  .engine->updates_in_backward());
   // Tied weights under units get their gradient once per unit that uses them.
-  CHECK_FALSE(make_engine(comm, "llm_tied", 2, "fp32", "", false, 1, no_clip, true).engine->updates_in_backward());
-  CHECK_FALSE(make_engine(comm, "mlp", 3, "fp32", "", false, 1, no_clip, true).engine->updates_in_backward());
+  CHECK_FALSE(make_engine(comm, "llm_tied", 2, "fp32", "", false, 1, no_clip, true)
+                  .engine->updates_in_backward());
+  CHECK_FALSE(make_engine(comm, "mlp", 3, "fp32", "", false, 1, no_clip, true)
+                  .engine->updates_in_backward());
   // An update already applied cannot be rescaled at the boundary.
   Setup fused = make_engine(comm, "mlp", 2, "fp32", "", false, 1, no_clip, true);
   REQUIRE(fused.engine->updates_in_backward());
@@ -320,7 +335,8 @@ TEST_CASE("engine: updates stay in step() where backward cannot apply them", "[e
   CHECK_THROWS_WITH(fused.engine->step(2.0), Catch::Contains("backward(loss, divisor)"));
 }
 
-// ---- recomputation is visible to the unit ---------------------------------------------------------
+// ---- recomputation is visible to the unit
+// ---------------------------------------------------------
 
 TEST_CASE("engine: a unit knows when backward recomputes it, and only then", "[engine]") {
   struct Inner : torch::nn::Module {
@@ -338,7 +354,8 @@ TEST_CASE("engine: a unit knows when backward recomputes it, and only then", "[e
     auto model = std::make_shared<Outer>();
     DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
         R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 0}},
-            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}}})", stage));
+            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}}})",
+        stage));
     TrainingArguments args;
     args.lr_scheduler_type = "constant";
     resolve_config(ds, args, ResolveContext{1, 4, 1});

@@ -32,8 +32,8 @@ using namespace zt;
 
 namespace {
 
-LossScalerParams scaler_params(double initial, int64_t window, int64_t hysteresis,
-                               bool consecutive, double min_scale) {
+LossScalerParams scaler_params(double initial, int64_t window, int64_t hysteresis, bool consecutive,
+                               double min_scale) {
   LossScalerParams p;
   p.initial_scale = initial;
   p.scale_window = window;
@@ -172,7 +172,8 @@ TEST_CASE("the CPU Adam kernel matches torch::optim::AdamW", "[optim]") {
   const int64_t n = 100003;  // not a multiple of any vector width
   at::Tensor p0 = at::randn({n});
   at::Tensor ref = p0.clone().requires_grad_(true);
-  torch::optim::AdamW opt({ref}, torch::optim::AdamWOptions(3e-3).betas({0.8, 0.95}).eps(1e-6).weight_decay(0.1));
+  torch::optim::AdamW opt(
+      {ref}, torch::optim::AdamWOptions(3e-3).betas({0.8, 0.95}).eps(1e-6).weight_decay(0.1));
   ShardOptimizer mine(OptimizerType::kAdamW, p0.clone(), {Segment{0, n, true}});
   for (int step = 0; step < 6; ++step) {
     at::Tensor g = at::randn({n}) * (step + 1);
@@ -196,8 +197,9 @@ TEST_CASE("the CPU Adam kernel's first touch zeroes every element, in groups and
           "[optim]") {
   // Groups big enough for several threads each, with gaps before, between and after them.
   const int64_t n = 3'000'000;
-  std::vector<std::vector<Segment>> groups{{Segment{100, 700'000, true}, Segment{700'200, 300'000, false}},
-                                           {Segment{1'500'000, 1'200'000, true}}};
+  std::vector<std::vector<Segment>> groups{
+      {Segment{100, 700'000, true}, Segment{700'200, 300'000, false}},
+      {Segment{1'500'000, 1'200'000, true}}};
   std::vector<float> a(n, std::nanf("")), b(n, 5.0f);
   kernels::adam_cpu_first_touch({a.data(), b.data()}, n, groups);
   CHECK(std::all_of(a.begin(), a.end(), [](float x) { return x == 0.0f; }));
@@ -304,15 +306,17 @@ TEST_CASE("host work takes the rank's share of the cores, not OMP_NUM_THREADS", 
     p[k] = p0.clone();
     m[k] = at::zeros_like(p0);
     v[k] = at::zeros_like(p0);
-    zt::kernels::adam_cpu(p[k].data_ptr<float>(), g.data_ptr<float>(), m[k].data_ptr<float>(), v[k].data_ptr<float>(),
-                          p0.numel(), 1e-3, 0.9, 0.999, 1e-8, 0.01, true, true, 1);
+    zt::kernels::adam_cpu(p[k].data_ptr<float>(), g.data_ptr<float>(), m[k].data_ptr<float>(),
+                          v[k].data_ptr<float>(), p0.numel(), 1e-3, 0.9, 0.999, 1e-8, 0.01, true,
+                          true, 1);
   }
   ::unsetenv("ZT_CPU_THREADS");
   CHECK(at::equal(p[0], p[1]));
   CHECK(at::equal(v[0], v[1]));
 }
 
-TEST_CASE("parallel ranges cover every index once, also nested and from two threads at once", "[engine]") {
+TEST_CASE("parallel ranges cover every index once, also nested and from two threads at once",
+          "[engine]") {
   // Each call hands out [0, n) in ranges; a slot counts how often its index was visited.
   auto cover = [](int64_t n, int64_t threads) {
     std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
@@ -352,7 +356,8 @@ TEST_CASE("parallel ranges cover every index once, also nested and from two thre
 
 TEST_CASE("a forked process gets its own parallel-ranges workers", "[engine]") {
   std::atomic<int64_t> before{0};
-  zt::parallel_ranges(8, 4, [&](int64_t lo, int64_t hi) { before.fetch_add(hi - lo); });  // the pool exists
+  zt::parallel_ranges(
+      8, 4, [&](int64_t lo, int64_t hi) { before.fetch_add(hi - lo); });  // the pool exists
   REQUIRE(before.load() == 8);
   const pid_t child = ::fork();
   REQUIRE(child >= 0);

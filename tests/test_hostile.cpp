@@ -49,7 +49,9 @@ void write_file(const std::string& path, const std::string& content) {
   std::ofstream(path, std::ios::binary) << content;
 }
 
-std::string fixture(const std::string& rel) { return std::string(ZT_FIXTURES) + "/" + rel; }
+std::string fixture(const std::string& rel) {
+  return std::string(ZT_FIXTURES) + "/" + rel;
+}
 
 // A copy of the tiny llama fixture folder (config.json + model.safetensors) to tamper with.
 std::string model_copy(const std::string& tag) {
@@ -60,9 +62,22 @@ std::string model_copy(const std::string& tag) {
 }
 
 std::vector<std::string> run_flags(const std::string& dir, const std::vector<std::string>& extra) {
-  std::vector<std::string> f{"--model_config", test::kTinyModel, "--train_file", dir + "/train.jsonl",
-                             "--output_dir", dir + "/out", "--template", "alpaca", "--per_device_train_batch_size",
-                             "2", "--max_steps", "4", "--save_steps", "2", "--logging_steps", "1"};
+  std::vector<std::string> f{"--model_config",
+                             test::kTinyModel,
+                             "--train_file",
+                             dir + "/train.jsonl",
+                             "--output_dir",
+                             dir + "/out",
+                             "--template",
+                             "alpaca",
+                             "--per_device_train_batch_size",
+                             "2",
+                             "--max_steps",
+                             "4",
+                             "--save_steps",
+                             "2",
+                             "--logging_steps",
+                             "1"};
   f.insert(f.end(), extra.begin(), extra.end());
   return f;
 }
@@ -71,9 +86,11 @@ std::vector<std::string> run_flags(const std::string& dir, const std::vector<std
 
 TEST_CASE("JSON nested beyond any real file is an error wherever JSON is read", "[hostile][json]") {
   const std::string deep = nested(200000);
-  CHECK_THROWS_MATCHES(json::parse(deep, "x.json"), ConfigError, Has({"x.json", "nested deeper than 256", "line 1"}));
+  CHECK_THROWS_MATCHES(json::parse(deep, "x.json"), ConfigError,
+                       Has({"x.json", "nested deeper than 256", "line 1"}));
   CHECK_NOTHROW(json::parse(nested(200), "ok.json"));
-  CHECK_NOTHROW(json::parse(R"(["[[[[[", "\"]]]]"])", "strings.json"));  // brackets in strings do not count
+  CHECK_NOTHROW(
+      json::parse(R"(["[[[[[", "\"]]]]"])", "strings.json"));  // brackets in strings do not count
   CHECK_NOTHROW(json::parse("[\"" + std::string(1000, '[') + "\"]", "strings.json"));
   CHECK_THROWS_AS(parse_model_config(R"({"model_type": "llama", "x": )" + deep + "}"), ConfigError);
   CHECK_THROWS_AS(parse_deepspeed_config(R"({"zero_optimization": )" + deep + "}"), ConfigError);
@@ -82,8 +99,8 @@ TEST_CASE("JSON nested beyond any real file is an error wherever JSON is read", 
   // A data record: an error naming the line, or skipped with skip_bad_lines.
   const std::string dir = test::temp_dir("deep");
   write_file(dir + "/d.jsonl", "{\"text\": \"fine\"}\n{\"text\": " + deep + "}\n");
-  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/d.jsonl", *byte_tokenizer(), DataOptions()), ConfigError,
-                       Has({dir + "/d.jsonl:2", "nested deeper"}));
+  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/d.jsonl", *byte_tokenizer(), DataOptions()),
+                       ConfigError, Has({dir + "/d.jsonl:2", "nested deeper"}));
   DataOptions skip;
   skip.skip_bad_lines = true;
   skip.template_name = "plain";
@@ -93,21 +110,27 @@ TEST_CASE("JSON nested beyond any real file is an error wherever JSON is read", 
   std::string file(8, '\0');
   for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
   write_file(dir + "/deep.safetensors", file + header);
-  CHECK_THROWS_MATCHES(SafetensorsFile(dir + "/deep.safetensors"), IoError, Has({"deep.safetensors", "nested"}));
+  CHECK_THROWS_MATCHES(SafetensorsFile(dir + "/deep.safetensors"), IoError,
+                       Has({"deep.safetensors", "nested"}));
   // tokenizer.json with a normalizer Sequence 10^4 deep (its reader recurses into sequences).
   std::string seq = R"({"type": "NFC"})";
   for (int i = 0; i < 10000; ++i) seq = R"({"type": "Sequence", "normalizers": [)" + seq + "]}";
-  write_file(dir + "/tokenizer.json", R"({"normalizer": )" + seq + R"(, "model": {"type": "BPE", "vocab": {}, "merges": []}})");
-  CHECK_THROWS_MATCHES(HfTokenizer::load(dir), ConfigError, Has({"tokenizer.json", "nested deeper"}));
+  write_file(
+      dir + "/tokenizer.json",
+      R"({"normalizer": )" + seq + R"(, "model": {"type": "BPE", "vocab": {}, "merges": []}})");
+  CHECK_THROWS_MATCHES(HfTokenizer::load(dir), ConfigError,
+                       Has({"tokenizer.json", "nested deeper"}));
 }
 
 TEST_CASE("special files are refused at once, never read or waited on", "[hostile][files]") {
   const std::string dir = test::temp_dir("special");
   REQUIRE(::mkfifo((dir + "/fifo").c_str(), 0600) == 0);
   // A FIFO nobody writes: opening it for reading would wait forever.
-  CHECK_THROWS_MATCHES(files::read_text(dir + "/fifo", "model config"), IoError, Has({"fifo", "a FIFO"}));
+  CHECK_THROWS_MATCHES(files::read_text(dir + "/fifo", "model config"), IoError,
+                       Has({"fifo", "a FIFO"}));
   CHECK_THROWS_MATCHES(SafetensorsFile(dir + "/fifo"), IoError, Has({"a FIFO"}));
-  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/fifo", *byte_tokenizer(), DataOptions()), IoError, Has({"a FIFO"}));
+  CHECK_THROWS_MATCHES(tokenize_jsonl(dir + "/fifo", *byte_tokenizer(), DataOptions()), IoError,
+                       Has({"a FIFO"}));
   // /dev/zero behind a config.json link: a device, not an endless config.
   const std::string model = test::temp_dir("zero_model");
   fs::create_symlink("/dev/zero", model + "/config.json");
@@ -116,7 +139,8 @@ TEST_CASE("special files are refused at once, never read or waited on", "[hostil
   CHECK_THROWS_MATCHES(files::read_text(dir + "/folder.json"), IoError, Has({"a folder"}));
   // Size limits per kind.
   write_file(dir + "/big.json", std::string(2000, ' '));
-  CHECK_THROWS_MATCHES(files::read_text(dir + "/big.json", "model config", 1000), IoError, Has({"2000 bytes", "1000"}));
+  CHECK_THROWS_MATCHES(files::read_text(dir + "/big.json", "model config", 1000), IoError,
+                       Has({"2000 bytes", "1000"}));
   // A checkpoint file that is a FIFO.
   const std::string ckpt = test::temp_dir("fifo_ckpt");
   REQUIRE(::mkfifo((ckpt + "/latest").c_str(), 0600) == 0);
@@ -127,13 +151,15 @@ TEST_CASE("special files are refused at once, never read or waited on", "[hostil
 
 TEST_CASE("names read from files stay inside their folder", "[hostile][paths]") {
   // Shard names in model.safetensors.index.json.
-  for (const char* shard : {"../model.safetensors", "/etc/passwd", "sub/model.safetensors", "..", ""}) {
+  for (const char* shard :
+       {"../model.safetensors", "/etc/passwd", "sub/model.safetensors", "..", ""}) {
     INFO(shard);
     const std::string dir = model_copy("index");
     write_file(dir + "/model.safetensors.index.json",
                fmt::format(R"({{"weight_map": {{"model.embed_tokens.weight": "{}"}}}})", shard));
     CHECK_THROWS_MATCHES(SafetensorsCheckpoint(dir), IoError,
-                         Has({"model.safetensors.index.json", "model.embed_tokens.weight", "not a plain file name"}));
+                         Has({"model.safetensors.index.json", "model.embed_tokens.weight",
+                              "not a plain file name"}));
   }
   // `latest` naming "..", "." or a link out of output_dir is ignored (the highest step is used).
   const std::string out = test::temp_dir("latest");
@@ -157,7 +183,8 @@ TEST_CASE("names read from files stay inside their folder", "[hostile][paths]") 
   CHECK(log.contains("64-bit"));
   CHECK_THROWS_AS(files::child(out, "../x", "test"), IoError);
   CHECK_THROWS_AS(files::descendant(out, "optimizer/../../x", "test"), IoError);
-  CHECK(files::descendant(out, "optimizer/rank-0.safetensors", "test") == out + "/optimizer/rank-0.safetensors");
+  CHECK(files::descendant(out, "optimizer/rank-0.safetensors", "test") ==
+        out + "/optimizer/rank-0.safetensors");
 }
 
 TEST_CASE("companion files are copied only when they are what their names say, never through links",
@@ -178,7 +205,8 @@ TEST_CASE("companion files are copied only when they are what their names say, n
   CHECK(log.contains("generation_config.json"));
 }
 
-TEST_CASE("a damaged checkpoint is refused at resume and merge, naming the file and tensor", "[hostile][checkpoint]") {
+TEST_CASE("a damaged checkpoint is refused at resume and merge, naming the file and tensor",
+          "[hostile][checkpoint]") {
   const std::string dir = test::temp_dir("damaged");
   test::write_data(dir, "train.jsonl", 16, 21);
   auto comm = std::shared_ptr<Communicator>(test::join());
@@ -201,28 +229,33 @@ TEST_CASE("a damaged checkpoint is refused at resume and merge, naming the file 
     f.write(&c, 1);
   }
   CHECK_THROWS_MATCHES(merge_checkpoint(dir + "/out/checkpoint-2", dir + "/merged"), IoError,
-                       Has({"rank-00000-of-00001.safetensors", "master/model.layers.0.mlp.down_proj.weight",
-                            "fails its checksum"}));
+                       Has({"rank-00000-of-00001.safetensors",
+                            "master/model.layers.0.mlp.down_proj.weight", "fails its checksum"}));
   TrainingArguments resume;
-  apply_training_flags(resume, run_flags(dir, {"--resume_from_checkpoint", dir + "/out/checkpoint-2",
-                                               "--overwrite_output_dir"}));
+  apply_training_flags(resume,
+                       run_flags(dir, {"--resume_from_checkpoint", dir + "/out/checkpoint-2",
+                                       "--overwrite_output_dir"}));
   CHECK_THROWS_MATCHES(Trainer(resume, comm), IoError, Has({"fails its checksum"}));
   // An empty list of state kinds in layout.json (a crash before: front() of nothing).
   std::string layout = files::read_text(dir + "/out/checkpoint-4/layout.json");
   const size_t k = layout.find("\"kinds\"");
   layout.replace(k, layout.find(']', k) + 1 - k, "\"kinds\": []");
   files::write_atomic(dir + "/out/checkpoint-4/layout.json", layout);
-  CHECK_THROWS_MATCHES(read_engine_state(dir + "/out/checkpoint-4"), ConfigError, Has({"layout.json", "kinds"}));
+  CHECK_THROWS_MATCHES(read_engine_state(dir + "/out/checkpoint-4"), ConfigError,
+                       Has({"layout.json", "kinds"}));
   // Shard files named outside the checkpoint.
   layout = files::read_text(dir + "/out/checkpoint-4/layout.json");
   layout.replace(layout.find("\"kinds\": []"), 11, "\"kinds\": [\"master\"]");
   const size_t f = layout.find("optimizer/rank-");
-  layout.replace(f, std::string("optimizer/rank-00000-of-00001.safetensors").size(), "../../../etc/passwd");
+  layout.replace(f, std::string("optimizer/rank-00000-of-00001.safetensors").size(),
+                 "../../../etc/passwd");
   files::write_atomic(dir + "/out/checkpoint-4/layout.json", layout);
-  CHECK_THROWS_MATCHES(read_engine_state(dir + "/out/checkpoint-4"), IoError, Has({"layout.json", "files[0]"}));
+  CHECK_THROWS_MATCHES(read_engine_state(dir + "/out/checkpoint-4"), IoError,
+                       Has({"layout.json", "files[0]"}));
 }
 
-TEST_CASE("output_dir is checked before any work and held by one run at a time", "[hostile][trainer]") {
+TEST_CASE("output_dir is checked before any work and held by one run at a time",
+          "[hostile][trainer]") {
   const std::string dir = test::temp_dir("outdir");
   test::write_data(dir, "train.jsonl", 16, 22);
   auto comm = std::shared_ptr<Communicator>(test::join());
@@ -231,15 +264,19 @@ TEST_CASE("output_dir is checked before any work and held by one run at a time",
     apply_training_flags(args, run_flags(dir, extra));
     return args;
   };
-  CHECK_THROWS_MATCHES(Trainer(with({"--output_dir", ""}), comm), ConfigError, Has({"output_dir is empty"}));
-  CHECK_THROWS_MATCHES(Trainer(with({"--output_dir", "/"}), comm), ConfigError, Has({"root of the file system"}));
+  CHECK_THROWS_MATCHES(Trainer(with({"--output_dir", ""}), comm), ConfigError,
+                       Has({"output_dir is empty"}));
+  CHECK_THROWS_MATCHES(Trainer(with({"--output_dir", "/"}), comm), ConfigError,
+                       Has({"root of the file system"}));
   write_file(dir + "/a_file", "x");
-  CHECK_THROWS_MATCHES(Trainer(with({"--output_dir", dir + "/a_file"}), comm), ConfigError, Has({"not a folder"}));
+  CHECK_THROWS_MATCHES(Trainer(with({"--output_dir", dir + "/a_file"}), comm), ConfigError,
+                       Has({"not a folder"}));
   // Two runs into one folder: the second is refused at once, overwrite or not.
   Trainer first(with({}), comm);
   CHECK_THROWS_MATCHES(Trainer(with({}), comm), ConfigError,
                        Has({"in use by another run", fmt::format("pid {}", ::getpid())}));
-  CHECK_THROWS_MATCHES(Trainer(with({"--overwrite_output_dir"}), comm), ConfigError, Has({"in use by another run"}));
+  CHECK_THROWS_MATCHES(Trainer(with({"--overwrite_output_dir"}), comm), ConfigError,
+                       Has({"in use by another run"}));
   first.train();
   // A holder killed with -9 frees the folder.
   const std::string other = test::temp_dir("killed_holder");
@@ -250,7 +287,8 @@ TEST_CASE("output_dir is checked before any work and held by one run at a time",
     ::sleep(60);
     ::_exit(0);
   }
-  for (int i = 0; i < 200 && files::FileLock::holder_of(other + "/.zerotrain.lock").empty(); ++i) ::usleep(10000);
+  for (int i = 0; i < 200 && files::FileLock::holder_of(other + "/.zerotrain.lock").empty(); ++i)
+    ::usleep(10000);
   CHECK_FALSE(files::FileLock::try_lock(other + "/.zerotrain.lock", true).has_value());
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
@@ -270,8 +308,8 @@ TEST_CASE("a checkpoint being read is kept by rotation; a save without room is r
   {
     const ReadLock reading(dir + "/out/checkpoint-2");  // as merge and verify hold it
     TrainingArguments more;
-    apply_training_flags(more, run_flags(dir, {"--resume_from_checkpoint", "True", "--save_total_limit", "1",
-                                               "--max_steps", "6"}));
+    apply_training_flags(more, run_flags(dir, {"--resume_from_checkpoint", "True",
+                                               "--save_total_limit", "1", "--max_steps", "6"}));
     Trainer(more, comm).train();
     CHECK(fs::exists(dir + "/out/checkpoint-2"));  // kept while read
   }
@@ -290,13 +328,16 @@ TEST_CASE("a checkpoint being read is kept by rotation; a save without room is r
   }
 }
 
-TEST_CASE("numbers from files and flags are range-checked before anything is allocated", "[hostile][config]") {
-  CHECK_THROWS_MATCHES(parse_model_config(R"({"model_type": "llama", "vocab_size": 1e15, "hidden_size": 64,
+TEST_CASE("numbers from files and flags are range-checked before anything is allocated",
+          "[hostile][config]") {
+  CHECK_THROWS_MATCHES(
+      parse_model_config(R"({"model_type": "llama", "vocab_size": 1e15, "hidden_size": 64,
       "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4})"),
-                       ConfigError, Has({"vocab_size", "2147483648"}));
-  CHECK_THROWS_MATCHES(parse_model_config(R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
+      ConfigError, Has({"vocab_size", "2147483648"}));
+  CHECK_THROWS_MATCHES(
+      parse_model_config(R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
       "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "eos_token_id": 100})"),
-                       ConfigError, Has({"eos_token_id", "outside the vocabulary"}));
+      ConfigError, Has({"eos_token_id", "outside the vocabulary"}));
   // Sizes within range but beyond the machine: refused with the sizes named.
   const std::string dir = test::temp_dir("huge");
   test::write_data(dir, "train.jsonl", 4, 25);
@@ -305,14 +346,18 @@ TEST_CASE("numbers from files and flags are range-checked before anything is all
   apply_training_flags(args, {"--model_config", R"({"model_type": "llama", "vocab_size": 2000000000,
       "hidden_size": 1048576, "intermediate_size": 4194304, "num_hidden_layers": 4096, "num_attention_heads": 16384,
       "head_dim": 64})",
-                              "--train_file", dir + "/train.jsonl", "--output_dir", dir + "/out", "--max_steps", "1"});
-  CHECK_THROWS_MATCHES(Trainer(args, comm), ConfigError, Has({"parameters", "GiB per rank", "hidden_size 1048576"}));
+                              "--train_file", dir + "/train.jsonl", "--output_dir", dir + "/out",
+                              "--max_steps", "1"});
+  CHECK_THROWS_MATCHES(Trainer(args, comm), ConfigError,
+                       Has({"parameters", "GiB per rank", "hidden_size 1048576"}));
 }
 
-TEST_CASE("long records are truncated while tokenizing, to exactly the ids of the whole", "[hostile][data]") {
+TEST_CASE("long records are truncated while tokenizing, to exactly the ids of the whole",
+          "[hostile][data]") {
   // encode_prefix equals encode-then-truncate for the fixture tokenizers' pipelines.
   std::mt19937 rng(7);
-  const char* pieces[] = {"hello", " world", "\n", "  ", "数据", "ℌ𝔢𝔩𝔩𝔬", "1234567", "!?", "\t", "é", "don't"};
+  const char* pieces[] = {"hello",   " world", "\n", "  ", "数据", "ℌ𝔢𝔩𝔩𝔬",
+                          "1234567", "!?",     "\t", "é",  "don't"};
   std::string text;
   while (text.size() < 400000) text += pieces[rng() % (sizeof(pieces) / sizeof(pieces[0]))];
   for (const char* name : {"qwen2", "llama3", "llama2", "mistral"}) {
@@ -321,7 +366,8 @@ TEST_CASE("long records are truncated while tokenizing, to exactly the ids of th
     const std::vector<int32_t> whole = tok->encode(text);
     for (size_t m : {size_t{1}, size_t{100}, size_t{1000}, size_t{5000}}) {
       INFO("first " << m);
-      std::vector<int32_t> want(whole.begin(), whole.begin() + static_cast<int64_t>(std::min(m, whole.size())));
+      std::vector<int32_t> want(whole.begin(),
+                                whole.begin() + static_cast<int64_t>(std::min(m, whole.size())));
       CHECK(encode_prefix(*tok, text, m) == want);
     }
   }
@@ -345,8 +391,9 @@ TEST_CASE("long records are truncated while tokenizing, to exactly the ids of th
   CHECK(after.ru_maxrss - before.ru_maxrss < 512 * 1024);  // KiB
 }
 
-TEST_CASE("the C API maps LibTorch's out-of-memory and I/O failures to their codes, LibTorch's text cut",
-          "[hostile][capi]") {
+TEST_CASE(
+    "the C API maps LibTorch's out-of-memory and I/O failures to their codes, LibTorch's text cut",
+    "[hostile][capi]") {
   auto status = [](auto thrower, std::string* msg = nullptr) {
     std::string message;
     zt_status s = ZT_OK;
@@ -359,18 +406,28 @@ TEST_CASE("the C API maps LibTorch's out-of-memory and I/O failures to their cod
     return s;
   };
   std::string m;
-  CHECK(status([] { throw c10::Error({"f", "file.cpp", 1}, "CUDA out of memory. Tried to allocate 2.00 GiB\nmore"); },
-               &m) == ZT_ERR_OUT_OF_MEMORY);
+  CHECK(status(
+            [] {
+              throw c10::Error({"f", "file.cpp", 1},
+                               "CUDA out of memory. Tried to allocate 2.00 GiB\nmore");
+            },
+            &m) == ZT_ERR_OUT_OF_MEMORY);
   CHECK(m == "CUDA out of memory. Tried to allocate 2.00 GiB");
   CHECK(status([] {
-          throw c10::Error({"f", "file.cpp", 1}, "DefaultCPUAllocator: can't allocate memory: you tried to allocate 9");
+          throw c10::Error({"f", "file.cpp", 1},
+                           "DefaultCPUAllocator: can't allocate memory: you tried to allocate 9");
         }) == ZT_ERR_OUT_OF_MEMORY);
-  CHECK(status([] { throw c10::Error({"f", "file.cpp", 1}, "index out of range in self\nException raised from"); },
-               &m) == ZT_ERR_INTERNAL);
+  CHECK(status(
+            [] {
+              throw c10::Error({"f", "file.cpp", 1},
+                               "index out of range in self\nException raised from");
+            },
+            &m) == ZT_ERR_INTERNAL);
   CHECK(m == "index out of range in self");
   CHECK(status([] { throw std::bad_alloc(); }) == ZT_ERR_OUT_OF_MEMORY);
   CHECK(status([] {
-          throw std::filesystem::filesystem_error("rename", std::make_error_code(std::errc::no_space_on_device));
+          throw std::filesystem::filesystem_error(
+              "rename", std::make_error_code(std::errc::no_space_on_device));
         }) == ZT_ERR_IO);
   CHECK(status([] { throw IoError("x"); }) == ZT_ERR_IO);
   CHECK(status([] { throw 42; }) == ZT_ERR_INTERNAL);

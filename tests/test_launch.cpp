@@ -33,9 +33,13 @@ std::string slurp(const std::string& path) {
 }  // namespace
 
 TEST_CASE("torchrun variables", "[launch]") {
-  LaunchEnv e = launch_env_from_environment(env_of({{"RANK", "3"}, {"WORLD_SIZE", "8"},
-      {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"},
-      {"MASTER_PORT", "29555"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
+  LaunchEnv e = launch_env_from_environment(env_of({{"RANK", "3"},
+                                                    {"WORLD_SIZE", "8"},
+                                                    {"LOCAL_RANK", "1"},
+                                                    {"LOCAL_WORLD_SIZE", "2"},
+                                                    {"MASTER_ADDR", "10.0.0.1"},
+                                                    {"MASTER_PORT", "29555"},
+                                                    {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
   CHECK(e.origin == "torchrun");
   CHECK(e.rank == 3);
   CHECK(e.world_size == 8);
@@ -55,24 +59,29 @@ TEST_CASE("no launcher: one process", "[launch]") {
 
 TEST_CASE("Open MPI variables need MASTER_ADDR and MASTER_PORT", "[launch]") {
   LaunchEnv e = launch_env_from_environment(env_of({{"OMPI_COMM_WORLD_RANK", "2"},
-      {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
-      {"MASTER_ADDR", "h0"}, {"MASTER_PORT", "1234"}}));
+                                                    {"OMPI_COMM_WORLD_SIZE", "4"},
+                                                    {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                                                    {"MASTER_ADDR", "h0"},
+                                                    {"MASTER_PORT", "1234"}}));
   CHECK(e.origin == "openmpi");
   CHECK(e.rank == 2);
   CHECK(e.world_size == 4);
   CHECK(e.master_addr == "h0");
   CHECK(e.master_port == 1234);
-  CHECK_THROWS_WITH(launch_env_from_environment(env_of({{"OMPI_COMM_WORLD_RANK", "0"},
-                        {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h0"}})),
-                    Contains("MASTER_PORT"));
+  CHECK_THROWS_WITH(
+      launch_env_from_environment(env_of(
+          {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h0"}})),
+      Contains("MASTER_PORT"));
   CHECK_THROWS_WITH(launch_env_from_environment(
                         env_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}})),
                     Contains("MASTER_ADDR"));
 }
 
 TEST_CASE("SLURM variables: address from the node list, port 29500", "[launch]") {
-  LaunchEnv e = launch_env_from_environment(env_of({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"},
-      {"SLURM_LOCALID", "1"}, {"SLURM_JOB_NODELIST", "gpu[07-09,12],cpu1"}}));
+  LaunchEnv e = launch_env_from_environment(env_of({{"SLURM_PROCID", "5"},
+                                                    {"SLURM_NTASKS", "8"},
+                                                    {"SLURM_LOCALID", "1"},
+                                                    {"SLURM_JOB_NODELIST", "gpu[07-09,12],cpu1"}}));
   CHECK(e.origin == "slurm");
   CHECK(e.rank == 5);
   CHECK(e.world_size == 8);
@@ -88,15 +97,17 @@ TEST_CASE("SLURM variables: address from the node list, port 29500", "[launch]")
 TEST_CASE("malformed launcher variables name the variable", "[launch][errors]") {
   CHECK_THROWS_WITH(launch_env_from_environment(env_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}})),
                     Contains("RANK") && Contains("\"x\""));
-  CHECK_THROWS_WITH(launch_env_from_environment(env_of({{"RANK", "2"}, {"WORLD_SIZE", "2"},
-                        {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}})),
-                    Contains("RANK=2 is not below WORLD_SIZE=2"));
+  CHECK_THROWS_WITH(
+      launch_env_from_environment(
+          env_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}})),
+      Contains("RANK=2 is not below WORLD_SIZE=2"));
   CHECK_THROWS_WITH(launch_env_from_environment(
                         env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}})),
                     Contains("MASTER_ADDR"));
-  CHECK_THROWS_WITH(launch_env_from_environment(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"},
-                        {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})),
-                    Contains("MASTER_PORT"));
+  CHECK_THROWS_WITH(
+      launch_env_from_environment(env_of(
+          {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})),
+      Contains("MASTER_PORT"));
 }
 
 TEST_CASE("launch_local gives each rank torchrun's variables and its own log", "[launch]") {
@@ -105,7 +116,8 @@ TEST_CASE("launch_local gives each rank torchrun's variables and its own log", "
   o.output_dir = test::temp_dir("launch");
   o.env = {{"ZT_EXTRA", "x"}};
   LaunchResult r = launch_local(
-      {"/bin/sh", "-c", "echo $RANK/$WORLD_SIZE/$LOCAL_RANK/$MASTER_ADDR/$MASTER_PORT/$ZT_EXTRA"}, o);
+      {"/bin/sh", "-c", "echo $RANK/$WORLD_SIZE/$LOCAL_RANK/$MASTER_ADDR/$MASTER_PORT/$ZT_EXTRA"},
+      o);
   REQUIRE(r.ok());
   std::string port;
   for (int rank = 0; rank < 3; ++rank) {

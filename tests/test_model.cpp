@@ -26,12 +26,15 @@ using Catch::Contains;
 
 namespace {
 
-std::string fixture(const std::string& rel) { return std::string(ZT_FIXTURES) + "/" + rel; }
+std::string fixture(const std::string& rel) {
+  return std::string(ZT_FIXTURES) + "/" + rel;
+}
 
 std::shared_ptr<CausalLM> load_fixture_model(const std::string& name,
                                              const std::string& config_file = "config.json") {
   ModelConfig c = load_model_config(fixture("models/" + name + "/" + config_file));
-  auto model = std::make_shared<CausalLM>(c, at::TensorOptions().dtype(at::kFloat), /*allocate=*/false);
+  auto model =
+      std::make_shared<CausalLM>(c, at::TensorOptions().dtype(at::kFloat), /*allocate=*/false);
   load_weights(*model, *checkpoint_source(fixture("models/" + name)));
   return model;
 }
@@ -42,7 +45,8 @@ double max_abs(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("HF config.json in the 5.x and 4.x spellings parse to the same config", "[model][config]") {
+TEST_CASE("HF config.json in the 5.x and 4.x spellings parse to the same config",
+          "[model][config]") {
   for (const char* name : {"llama", "llama_rope_llama3", "llama_rope_linear", "qwen2", "mistral"}) {
     INFO(name);
     ModelConfig a = load_model_config(fixture(std::string("models/") + name));
@@ -51,7 +55,8 @@ TEST_CASE("HF config.json in the 5.x and 4.x spellings parse to the same config"
     CHECK(a.rope_theta == b.rope_theta);
     CHECK(a.rope_scaling.type == b.rope_scaling.type);
     CHECK(a.rope_scaling.factor == b.rope_scaling.factor);
-    CHECK(a.rope_scaling.original_max_position_embeddings == b.rope_scaling.original_max_position_embeddings);
+    CHECK(a.rope_scaling.original_max_position_embeddings ==
+          b.rope_scaling.original_max_position_embeddings);
     CHECK(a.dtype == b.dtype);
     CHECK(a.num_key_value_heads == 2);
     CHECK(a.head_dim == 16);
@@ -91,7 +96,8 @@ void check_same_model(const ModelConfig& got, const ModelConfig& want) {
   CHECK(got.rope_scaling.factor == want.rope_scaling.factor);
   CHECK(got.rope_scaling.low_freq_factor == want.rope_scaling.low_freq_factor);
   CHECK(got.rope_scaling.high_freq_factor == want.rope_scaling.high_freq_factor);
-  CHECK(got.rope_scaling.original_max_position_embeddings == want.rope_scaling.original_max_position_embeddings);
+  CHECK(got.rope_scaling.original_max_position_embeddings ==
+        want.rope_scaling.original_max_position_embeddings);
   CHECK(got.qkv_bias == want.qkv_bias);
   CHECK(got.tie_word_embeddings == want.tie_word_embeddings);
   CHECK(got.head_dim == want.head_dim);
@@ -128,7 +134,8 @@ TEST_CASE("a written config.json keeps the input's members and reads the same in
       CHECK(std::string(after["dtype"].GetString()) == "bfloat16");
       // Each line's reader sees the same model.
       ModelConfig v4 = parse_model_config(without_keys(written, {"rope_parameters", "dtype"}));
-      ModelConfig v5 = parse_model_config(without_keys(written, {"rope_theta", "rope_scaling", "torch_dtype"}));
+      ModelConfig v5 =
+          parse_model_config(without_keys(written, {"rope_theta", "rope_scaling", "torch_dtype"}));
       check_same_model(v4, in);
       check_same_model(v5, in);
       CHECK(v4.dtype == at::kBFloat16);
@@ -136,21 +143,25 @@ TEST_CASE("a written config.json keeps the input's members and reads the same in
     }
   }
   // An inline config (zerotrain writes every member itself) in both spellings, each complete.
-  ModelConfig inline_config = parse_model_config(R"({"model_type": "qwen2", "vocab_size": 300, "hidden_size": 64,
+  ModelConfig inline_config =
+      parse_model_config(R"({"model_type": "qwen2", "vocab_size": 300, "hidden_size": 64,
       "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
       "rope_theta": 1000000.0, "eos_token_id": [5, 7]})");
   CHECK(inline_config.source_json.empty());
   const std::string written = model_config_json(inline_config);
-  for (const char* key : {"rope_theta", "rope_scaling", "rope_parameters", "torch_dtype", "dtype", "use_cache",
-                          "max_window_layers", "architectures"}) {
+  for (const char* key : {"rope_theta", "rope_scaling", "rope_parameters", "torch_dtype", "dtype",
+                          "use_cache", "max_window_layers", "architectures"}) {
     CHECK_THAT(written, Contains(std::string("\"") + key + "\""));
   }
-  check_same_model(parse_model_config(without_keys(written, {"rope_parameters", "dtype"})), inline_config);
-  check_same_model(parse_model_config(without_keys(written, {"rope_theta", "rope_scaling", "torch_dtype"})),
+  check_same_model(parse_model_config(without_keys(written, {"rope_parameters", "dtype"})),
                    inline_config);
+  check_same_model(
+      parse_model_config(without_keys(written, {"rope_theta", "rope_scaling", "torch_dtype"})),
+      inline_config);
   // A list of eos ids stays a list when the file had one.
   const std::string dir = test::temp_dir("eos_list");
-  files::write_atomic(dir + "/config.json", R"({"model_type": "llama", "vocab_size": 300, "hidden_size": 64,
+  files::write_atomic(dir + "/config.json",
+                      R"({"model_type": "llama", "vocab_size": 300, "hidden_size": 64,
       "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
       "rope_scaling": {"type": "linear", "factor": 2.0}, "eos_token_id": [5, 7]})");
   rapidjson::Document out;
@@ -161,7 +172,8 @@ TEST_CASE("a written config.json keeps the input's members and reads the same in
   CHECK(out["rope_parameters"]["factor"].GetDouble() == 2.0);
 }
 
-TEST_CASE("unsupported or inconsistent model configs are errors naming the key", "[model][config][errors]") {
+TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
+          "[model][config][errors]") {
   auto err = [](const std::string& json) {
     try {
       parse_model_config(json, "config.json");
@@ -175,7 +187,8 @@ TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
   CHECK_THAT(err(R"({"model_type": "gpt2", )" + base + "}"),
              Contains("model_type") && Contains("gpt2") && Contains("llama, qwen2, mistral"));
   CHECK_THAT(err(R"({"model_type": "llama"})"), Contains("vocab_size"));
-  CHECK_THAT(err(R"({"model_type": "llama", "rope_scaling": {"type": "yarn", "factor": 4}, )" + base + "}"),
+  CHECK_THAT(err(R"({"model_type": "llama", "rope_scaling": {"type": "yarn", "factor": 4}, )" +
+                 base + "}"),
              Contains("yarn") && Contains("default, linear, llama3"));
   CHECK_THAT(err(R"({"model_type": "llama", "num_key_value_heads": 3, )" + base + "}"),
              Contains("num_key_value_heads"));
@@ -183,9 +196,11 @@ TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
              Contains("hidden_act") && Contains("gelu"));
   CHECK_THAT(err(R"({"model_type": "qwen2", "use_sliding_window": true, )" + base + "}"),
              Contains("use_sliding_window"));
-  CHECK_THAT(err(R"({"model_type": "llama", "torch_dtype": "int8", )" + base + "}"), Contains("torch_dtype"));
-  CHECK_THAT(err(R"({"model_type": "llama", "rope_scaling": {"rope_type": "linear"}, )" + base + "}"),
-             Contains("factor"));
+  CHECK_THAT(err(R"({"model_type": "llama", "torch_dtype": "int8", )" + base + "}"),
+             Contains("torch_dtype"));
+  CHECK_THAT(
+      err(R"({"model_type": "llama", "rope_scaling": {"rope_type": "linear"}, )" + base + "}"),
+      Contains("factor"));
   CHECK_THROWS_AS(load_model_config("/nonexistent"), IoError);
 }
 
@@ -203,7 +218,8 @@ TEST_CASE("logits, hidden states, loss and gradients match transformers", "[mode
     std::vector<at::Tensor> states = model->hidden_states(ids, mask);
     for (size_t i = 0; i + 1 < states.size(); ++i) {  // HF's last entry is after the final norm
       INFO("hidden state " << i);
-      CHECK(max_abs(states[i].index({real}), expected.load("hidden_states." + std::to_string(i)).index({real})) < 2e-5);
+      CHECK(max_abs(states[i].index({real}),
+                    expected.load("hidden_states." + std::to_string(i)).index({real})) < 2e-5);
     }
     // HF's loss is the mean over its tokens; ours is the sum and the count, here in odd chunks.
     LossSum loss = model->loss(ids, labels, mask, /*chunk_tokens=*/7);
@@ -217,7 +233,8 @@ TEST_CASE("logits, hidden states, loss and gradients match transformers", "[mode
       INFO("gradient of " << p.key());
       at::Tensor g = expected.load(key);
       CHECK(max_abs(p.value().grad(), g) < 1e-5);
-      CHECK(p.value().grad().norm().item<double>() == Approx(g.norm().item<double>()).epsilon(1e-4));
+      CHECK(p.value().grad().norm().item<double>() ==
+            Approx(g.norm().item<double>()).epsilon(1e-4));
       ++compared;
     }
     CHECK(compared >= 4);
@@ -233,7 +250,8 @@ TEST_CASE("the same model loads from a sharded folder and from the 4.x config", 
   CHECK(at::equal(a->logits(ids), b->logits(ids)));
 }
 
-TEST_CASE("a checkpoint missing a tensor or with a wrong shape names the tensor", "[model][errors]") {
+TEST_CASE("a checkpoint missing a tensor or with a wrong shape names the tensor",
+          "[model][errors]") {
   std::string dir = test::temp_dir("ckpt");
   SafetensorsFile src(fixture("models/llama/model.safetensors"));
   std::vector<std::pair<std::string, at::Tensor>> tensors;
@@ -245,10 +263,12 @@ TEST_CASE("a checkpoint missing a tensor or with a wrong shape names the tensor"
   CausalLM model(c, at::TensorOptions(), false);
   CHECK_THROWS_WITH(load_weights(model, *checkpoint_source(dir)),
                     Contains("model.layers.1.self_attn.k_proj.weight") && Contains(dir));
-  CHECK_THROWS_WITH(check_checkpoint(model, dir), Contains("model.layers.1.self_attn.k_proj.weight"));
+  CHECK_THROWS_WITH(check_checkpoint(model, dir),
+                    Contains("model.layers.1.self_attn.k_proj.weight"));
   tensors.emplace_back("model.layers.1.self_attn.k_proj.weight", at::zeros({5, 5}));
   save_safetensors(dir + "/model.safetensors", tensors);
-  CHECK_THROWS_WITH(load_weights(model, *checkpoint_source(dir)), Contains("shape") && Contains("[5, 5]"));
+  CHECK_THROWS_WITH(load_weights(model, *checkpoint_source(dir)),
+                    Contains("shape") && Contains("[5, 5]"));
 }
 
 TEST_CASE("random initialization is seeded and follows transformers' rule", "[model]") {
@@ -277,7 +297,8 @@ TEST_CASE("random initialization is seeded and follows transformers' rule", "[mo
   }());
 }
 
-TEST_CASE("greedy generation with the KV cache equals step-by-step full forwards", "[model][generate]") {
+TEST_CASE("greedy generation with the KV cache equals step-by-step full forwards",
+          "[model][generate]") {
   for (const char* name : {"llama", "qwen2", "mistral"}) {
     INFO(name);
     auto model = load_fixture_model(name);
@@ -323,7 +344,8 @@ TEST_CASE("a packed sequence gives each document's own loss and gradients", "[mo
     const int64_t lengths[] = {5, 9, 4};
     at::Tensor docs[3];
     at::manual_seed(3);
-    for (int d = 0; d < 3; ++d) docs[d] = at::randint(3, model->config().vocab_size, {1, lengths[d]}, at::kLong);
+    for (int d = 0; d < 3; ++d)
+      docs[d] = at::randint(3, model->config().vocab_size, {1, lengths[d]}, at::kLong);
     double alone_sum = 0;
     int64_t alone_tokens = 0;
     model->zero_grad();
@@ -337,8 +359,10 @@ TEST_CASE("a packed sequence gives each document's own loss and gradients", "[mo
     for (const at::Tensor& p : model->parameters()) alone_grads.push_back(p.grad().clone());
 
     const int64_t total = 5 + 9 + 4, padded = total + 3;
-    at::Tensor ids = at::zeros({1, padded}, at::kLong), labels = at::full({1, padded}, -100, at::kLong);
-    at::Tensor mask = at::zeros({1, padded}, at::kLong), positions = at::zeros({1, padded}, at::kLong);
+    at::Tensor ids = at::zeros({1, padded}, at::kLong),
+               labels = at::full({1, padded}, -100, at::kLong);
+    at::Tensor mask = at::zeros({1, padded}, at::kLong),
+               positions = at::zeros({1, padded}, at::kLong);
     int64_t at_pos = 0;
     for (int d = 0; d < 3; ++d) {
       ids.narrow(1, at_pos, lengths[d]).copy_(docs[d]);
@@ -354,11 +378,13 @@ TEST_CASE("a packed sequence gives each document's own loss and gradients", "[mo
     CHECK(packed.tokens == alone_tokens);
     CHECK(packed.sum.item<double>() == Approx(alone_sum).epsilon(1e-5));
     size_t i = 0;
-    for (const at::Tensor& p : model->parameters()) CHECK(max_abs(p.grad(), alone_grads[i++]) < 1e-5);
+    for (const at::Tensor& p : model->parameters())
+      CHECK(max_abs(p.grad(), alone_grads[i++]) < 1e-5);
   }
 }
 
-TEST_CASE("the example shape configs parse and have their models' parameter counts", "[model][config]") {
+TEST_CASE("the example shape configs parse and have their models' parameter counts",
+          "[model][config]") {
   // Published sizes: Qwen2.5-7B 7.62 B, LLaMA-2-7B 6.74 B, LLaMA-2-13B 13.02 B parameters.
   const std::pair<const char*, double> shapes[] = {
       {"qwen2.5-7b", 7.62e9}, {"llama-2-7b", 6.74e9}, {"llama-2-13b", 13.02e9}};
@@ -419,7 +445,8 @@ TEST_CASE("the chunked loss gives autograd's gradients, and none for a frozen he
   // Backward gets 0.37 (as from a token normalization), so the incoming gradient must be applied.
   for (bool head_trains : {true, false}) {
     for (bool eager : {true, false}) {
-      INFO("head trains " << head_trains << ", gradients " << (eager ? "in forward" : "in backward"));
+      INFO("head trains " << head_trains << ", gradients "
+                          << (eager ? "in forward" : "in backward"));
       at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(head_trains);
       at::Tensor loss = model::linear_cross_entropy(h, w, labels, /*chunk=*/3, eager);
       (loss * 0.37).backward();
@@ -433,7 +460,8 @@ TEST_CASE("the chunked loss gives autograd's gradients, and none for a frozen he
     }
   }
   at::NoGradGuard no_grad;  // evaluation: the same sum
-  CHECK(model::linear_cross_entropy(h0, w0, labels, 4).item<double>() == Approx(ref.item<double>()).epsilon(1e-5));
+  CHECK(model::linear_cross_entropy(h0, w0, labels, 4).item<double>() ==
+        Approx(ref.item<double>()).epsilon(1e-5));
 }
 
 TEST_CASE("right padding needs no mask: causal attention never reaches it", "[model]") {
@@ -461,10 +489,12 @@ TEST_CASE("right padding needs no mask: causal attention never reaches it", "[mo
   };
   const auto masked = run(ids, labels, mask), unmasked = run(ids, labels, at::Tensor());
   CHECK(unmasked.first == Approx(masked.first).epsilon(1e-6));
-  for (size_t i = 0; i < masked.second.size(); ++i) CHECK(max_abs(unmasked.second[i], masked.second[i]) < 1e-6);
+  for (size_t i = 0; i < masked.second.size(); ++i)
+    CHECK(max_abs(unmasked.second[i], masked.second[i]) < 1e-6);
   // The same rows padded on the left: without the mask the real tokens would see the padding.
   at::Tensor lids = ids.flip({1}), llabels = labels.flip({1}), lmask = mask.flip({1});
-  CHECK(run(lids, llabels, at::Tensor()).first != Approx(run(lids, llabels, lmask).first).epsilon(1e-4));
+  CHECK(run(lids, llabels, at::Tensor()).first !=
+        Approx(run(lids, llabels, lmask).first).epsilon(1e-4));
 }
 
 TEST_CASE("random weights are the same whole, in slices and on any number of threads", "[model]") {
@@ -481,7 +511,8 @@ TEST_CASE("random weights are the same whole, in slices and on any number of thr
   const int64_t cuts[] = {0, 17, 4'194'303, 4'194'305, 8'388'700, n};
   ::setenv("ZT_CPU_THREADS", "3", 1);  // util/threads.hpp
   for (size_t i = 0; i + 1 < std::size(cuts); ++i) {
-    source->read("model.layers.0.mlp.up_proj.weight", shape, cuts[i], pieces.narrow(0, cuts[i], cuts[i + 1] - cuts[i]));
+    source->read("model.layers.0.mlp.up_proj.weight", shape, cuts[i],
+                 pieces.narrow(0, cuts[i], cuts[i + 1] - cuts[i]));
   }
   ::unsetenv("ZT_CPU_THREADS");
   CHECK(at::equal(whole, pieces));

@@ -16,7 +16,9 @@
 using namespace zt;
 
 namespace {
-std::string fixture(const std::string& rel) { return std::string(ZT_FIXTURES) + "/" + rel; }
+std::string fixture(const std::string& rel) {
+  return std::string(ZT_FIXTURES) + "/" + rel;
+}
 }  // namespace
 
 TEST_CASE("rank: model zero3 from checkpoint", "[.rank]") {
@@ -40,7 +42,8 @@ TEST_CASE("rank: model zero3 from checkpoint", "[.rank]") {
   EngineMemory m = engine.memory();
   const double full_bytes = 4.0 * static_cast<double>(c.parameter_count());
   INFO("compute params " << m.compute_params << " of " << full_bytes);
-  CHECK(m.compute_params < full_bytes / comm->world_size() * 1.2 + (c.tie_word_embeddings ? 4.0 * c.vocab_size * c.hidden_size : 0));
+  CHECK(m.compute_params < full_bytes / comm->world_size() * 1.2 +
+                               (c.tie_word_embeddings ? 4.0 * c.vocab_size * c.hidden_size : 0));
   // The gathered values are the checkpoint's.
   SafetensorsCheckpoint ckpt(dir);
   for (const auto& [name, value] : engine.gather_full_parameters()) {
@@ -51,7 +54,8 @@ TEST_CASE("rank: model zero3 from checkpoint", "[.rank]") {
   SafetensorsFile expected(dir + "/expected.safetensors");
   LossSum loss = model->loss(expected.load("input_ids"), expected.load("labels"),
                              expected.load("attention_mask"));
-  CHECK(loss.sum.item<double>() / loss.tokens == Approx(expected.load("loss").item<double>()).epsilon(1e-5));
+  CHECK(loss.sum.item<double>() / loss.tokens ==
+        Approx(expected.load("loss").item<double>()).epsilon(1e-5));
   engine.backward(loss.sum, static_cast<double>(loss.tokens * comm->world_size()));
   CHECK(engine.step());
   CHECK(engine.last_grad_norm() > 0);
@@ -74,13 +78,16 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
   const std::string dir = fixture("models/qwen2");
   SafetensorsFile expected(dir + "/expected.safetensors");
-  at::Tensor ids = expected.load("input_ids"), labels = expected.load("labels"), mask = expected.load("attention_mask");
+  at::Tensor ids = expected.load("input_ids"), labels = expected.load("labels"),
+             mask = expected.load("attention_mask");
   const int64_t rows = ids.size(0) / comm->world_size(), first = rows * comm->rank();
   auto train = [&](int stage, bool checkpointing) {
-    auto model = std::make_shared<CausalLM>(load_model_config(dir), at::TensorOptions(), /*allocate=*/false);
+    auto model =
+        std::make_shared<CausalLM>(load_model_config(dir), at::TensorOptions(), /*allocate=*/false);
     DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
         R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 10}},
-            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}}})", stage));
+            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}}})",
+        stage));
     TrainingArguments args;
     args.lr_scheduler_type = "constant";
     resolve_config(ds, args, ResolveContext{comm->world_size(), 64, 4});
@@ -101,11 +108,13 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     return std::make_pair(norms, engine.gather_full_parameters());
   };
   auto [plain_norms, plain] = train(0, false);
-  for (auto [stage, checkpointing] : {std::pair{0, true}, std::pair{2, true}, std::pair{3, false}}) {
+  for (auto [stage, checkpointing] :
+       {std::pair{0, true}, std::pair{2, true}, std::pair{3, false}}) {
     INFO("stage " << stage << (checkpointing ? ", checkpointing" : ""));
     auto [norms, params] = train(stage, checkpointing);
     // fp32 noise: the engine equivalence tests' tolerance (stage 3 sums its norm in another order).
-    for (size_t i = 0; i < norms.size(); ++i) CHECK(norms[i] == Approx(plain_norms[i]).epsilon(2e-5));
+    for (size_t i = 0; i < norms.size(); ++i)
+      CHECK(norms[i] == Approx(plain_norms[i]).epsilon(2e-5));
     REQUIRE(params.size() == plain.size());
     for (size_t i = 0; i < params.size(); ++i) {
       INFO(params[i].first);

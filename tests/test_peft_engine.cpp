@@ -18,7 +18,9 @@ using namespace zt;
 
 namespace {
 
-std::string fixture(const std::string& rel) { return std::string(ZT_FIXTURES) + "/" + rel; }
+std::string fixture(const std::string& rel) {
+  return std::string(ZT_FIXTURES) + "/" + rel;
+}
 
 PeftConfig method_config(const std::string& method) {
   PeftConfig c;

@@ -15,7 +15,9 @@ using Catch::Contains;
 
 namespace {
 
-std::string fixture(const std::string& rel) { return std::string(ZT_FIXTURES) + "/" + rel; }
+std::string fixture(const std::string& rel) {
+  return std::string(ZT_FIXTURES) + "/" + rel;
+}
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -98,16 +100,19 @@ TEST_CASE("save and load round-trip every dtype, and sharding writes an index", 
 }
 
 TEST_CASE("missing files and folders are IoErrors naming them", "[safetensors][errors]") {
-  CHECK_THROWS_WITH(SafetensorsFile("/nonexistent/x.safetensors"), Contains("/nonexistent/x.safetensors"));
+  CHECK_THROWS_WITH(SafetensorsFile("/nonexistent/x.safetensors"),
+                    Contains("/nonexistent/x.safetensors"));
   std::string dir = test::temp_dir("st");
   CHECK_THROWS_WITH(SafetensorsCheckpoint(dir), Contains("neither model.safetensors"));
   // An index that points at a missing shard.
   spit(dir + "/model.safetensors.index.json",
        R"({"weight_map": {"w": "model-00001-of-00002.safetensors"}})");
-  CHECK_THROWS_WITH(SafetensorsCheckpoint(dir), Contains("model-00001-of-00002.safetensors") && Contains("'w'"));
+  CHECK_THROWS_WITH(SafetensorsCheckpoint(dir),
+                    Contains("model-00001-of-00002.safetensors") && Contains("'w'"));
 }
 
-TEST_CASE("truncated and mutated safetensors never crash: IoError or a valid read", "[safetensors][fuzz]") {
+TEST_CASE("truncated and mutated safetensors never crash: IoError or a valid read",
+          "[safetensors][fuzz]") {
   const std::string good = slurp(fixture("models/llama/model.safetensors"));
   std::string dir = test::temp_dir("fuzz");
   const std::string path = dir + "/f.safetensors";
@@ -126,9 +131,9 @@ TEST_CASE("truncated and mutated safetensors never crash: IoError or a valid rea
   // Truncations: inside the length field, the header, and the data.
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(good[i]);
-  for (size_t cut : {size_t{0}, size_t{3}, size_t{8}, size_t{9}, size_t{8 + header_len / 2},
-                     size_t{8 + header_len}, size_t{8 + header_len + 1}, good.size() / 2,
-                     good.size() - 1}) {
+  for (size_t cut :
+       {size_t{0}, size_t{3}, size_t{8}, size_t{9}, size_t{8 + header_len / 2},
+        size_t{8 + header_len}, size_t{8 + header_len + 1}, good.size() / 2, good.size() - 1}) {
     attempt(good.substr(0, cut));
   }
   // Random byte flips in the length field and header (seeded).
@@ -147,16 +152,20 @@ TEST_CASE("truncated and mutated safetensors never crash: IoError or a valid rea
   auto with_header = [](const std::string& json, size_t data_bytes) {
     std::string out(8, '\0');
     uint64_t n = json.size();
-    for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+    for (int i = 0; i < 8; ++i)
+      out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
     return out + json + std::string(data_bytes, '\0');
   };
   attempt(with_header(R"({"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}})", 16));
   attempt(with_header(R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-                          "u": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", 16));
+                          "u": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+                      16));
   attempt(with_header(R"({"t": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}})", 8));
   attempt(with_header(R"({"t": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 8]}})", 8));
   attempt(with_header(R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 800]}})", 8));
-  attempt(with_header(R"({"t": {"dtype": "F32", "shape": [99999999999, 99999999999], "data_offsets": [0, 8]}})", 8));
+  attempt(with_header(
+      R"({"t": {"dtype": "F32", "shape": [99999999999, 99999999999], "data_offsets": [0, 8]}})",
+      8));
   attempt(with_header(R"({"t": 5})", 8));
   attempt(with_header(R"([1, 2])", 8));
   attempt(with_header(R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},)", 8));

@@ -21,8 +21,8 @@ long parse_integer(const std::string& flag, const std::string& text, long min, l
   errno = 0;
   const long v = std::strtol(text.c_str(), &end, 10);
   if (text.empty() || *end != '\0' || errno == ERANGE || v < min || v > max) {
-    throw ConfigError("--" + flag + ": expected an integer in [" + std::to_string(min) + ", " + std::to_string(max) +
-                      "], found \"" + text + "\"");
+    throw ConfigError("--" + flag + ": expected an integer in [" + std::to_string(min) + ", " +
+                      std::to_string(max) + "], found \"" + text + "\"");
   }
   return v;
 }

@@ -71,7 +71,8 @@ std::vector<Question> make_questions(uint64_t seed, int count, bool held_out) {
     if (splitmix(state) % 2 == 0) {
       out.push_back({"Is " + std::to_string(n) + " even or odd?", n % 2 == 0 ? "even" : "odd"});
     } else {
-      out.push_back({"What is the last digit of " + std::to_string(n) + "?", std::to_string(n % 10)});
+      out.push_back(
+          {"What is the last digit of " + std::to_string(n) + "?", std::to_string(n % 10)});
     }
   }
   return out;
@@ -95,14 +96,15 @@ void write_file(const fs::path& path, const std::string& text) {
 void write_jsonl(const fs::path& path, const std::vector<Question>& questions) {
   std::string text;
   for (const Question& q : questions) {
-    text += "{\"instruction\": " + json_string(q.instruction) + ", \"input\": \"\", \"output\": " +
-            json_string(q.answer) + "}\n";
+    text += "{\"instruction\": " + json_string(q.instruction) +
+            ", \"input\": \"\", \"output\": " + json_string(q.answer) + "}\n";
   }
   write_file(path, text);
 }
 
 // The share of questions the model answers exactly (greedy, up to its end token).
-double accuracy(CausalLM& model, const Tokenizer& tok, const std::vector<Question>& questions, bool show) {
+double accuracy(CausalLM& model, const Tokenizer& tok, const std::vector<Question>& questions,
+                bool show) {
   at::NoGradGuard no_grad;
   model.eval();
   int right = 0, shown = 0;
@@ -112,13 +114,16 @@ double accuracy(CausalLM& model, const Tokenizer& tok, const std::vector<Questio
     GenerationOptions g;
     g.max_new_tokens = 8;
     g.eos_token_ids = {tok.eos_id()};
-    at::Tensor input = at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong).unsqueeze(0);
+    at::Tensor input =
+        at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong).unsqueeze(0);
     at::Tensor out = model.generate(input, g)[0].contiguous();
-    std::string answer = tok.decode(std::vector<int32_t>(out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + out.numel()));
+    std::string answer = tok.decode(
+        std::vector<int32_t>(out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + out.numel()));
     const bool ok = answer == q.answer;
     right += ok;
     if (show && shown < 3) {
-      std::printf("  %-40s -> %-8s (%s)\n", q.instruction.c_str(), ("\"" + answer + "\"").c_str(), ok ? "right" : "wrong");
+      std::printf("  %-40s -> %-8s (%s)\n", q.instruction.c_str(), ("\"" + answer + "\"").c_str(),
+                  ok ? "right" : "wrong");
       ++shown;
     }
   }
@@ -131,17 +136,20 @@ int cmd_demo(const Args& in) {
   if (wants_help(in)) {
     std::fputs(
         "usage: zerotrain demo [--nproc_per_node N] [--output_dir DIR] [--max_steps S]\n\n"
-        "Fine-tunes a built-in tiny LLaMA on a bundled synthetic instruction task with ZeRO-2 (one rank per\n"
-        "GPU, else 2 CPU ranks), merges the last checkpoint, asks the merged model held-out questions and\n"
-        "prints `accuracy: before X% after Y%`. Everything goes into DIR [default: ./zerotrain-demo].\n",
+        "Fine-tunes a built-in tiny LLaMA on a bundled synthetic instruction task with ZeRO-2 (one "
+        "rank per\n"
+        "GPU, else 2 CPU ranks), merges the last checkpoint, asks the merged model held-out "
+        "questions and\n"
+        "prints `accuracy: before X% after Y%`. Everything goes into DIR [default: "
+        "./zerotrain-demo].\n",
         stdout);
     return 0;
   }
   Args args = in;
   const int gpus = static_cast<int>(at::getNumGPUs());
-  const int nproc = static_cast<int>(
-      parse_integer("nproc_per_node", take_option(args, "nproc_per_node").value_or(std::to_string(gpus > 0 ? gpus : 2)),
-                    1, 1024));
+  const int nproc = static_cast<int>(parse_integer(
+      "nproc_per_node",
+      take_option(args, "nproc_per_node").value_or(std::to_string(gpus > 0 ? gpus : 2)), 1, 1024));
   const fs::path dir = fs::absolute(take_option(args, "output_dir").value_or("zerotrain-demo"));
   const std::string steps = take_option(args, "max_steps").value_or("300");
   parse_integer("max_steps", steps, 1, 1L << 30);
@@ -150,7 +158,8 @@ int cmd_demo(const Args& in) {
   // Start clean, but only ever remove a folder an earlier demo made.
   if (fs::exists(dir)) {
     if (!fs::exists(dir / kMarker)) {
-      throw ConfigError("'" + dir.string() + "' exists and was not made by the demo; pass --output_dir NEW_DIR");
+      throw ConfigError("'" + dir.string() +
+                        "' exists and was not made by the demo; pass --output_dir NEW_DIR");
     }
     files::remove_tree(dir.string());
   }
@@ -171,30 +180,50 @@ int cmd_demo(const Args& in) {
     load_weights(untrained, *random_source(config, seed));  // what training starts from
     before = accuracy(untrained, *tok, held_out, false);
   }
-  std::printf("zerotrain demo: %d %s rank(s), tiny LLaMA (2 layers, byte tokenizer), ZeRO-2, in %s\n", nproc,
-              gpus > 0 ? "GPU" : "CPU", dir.c_str());
+  std::printf(
+      "zerotrain demo: %d %s rank(s), tiny LLaMA (2 layers, byte tokenizer), ZeRO-2, in %s\n",
+      nproc, gpus > 0 ? "GPU" : "CPU", dir.c_str());
   std::fflush(stdout);
 
   const fs::path run = dir / "run";
-  Args train{self_path(), "train",
-             "--model_config", (dir / "model_config.json").string(),
-             "--deepspeed", (dir / "ds_config.json").string(),
-             "--train_file", (dir / "train.jsonl").string(),
-             "--eval_file", (dir / "eval.jsonl").string(),
-             "--output_dir", run.string(),
-             "--template", "alpaca",
-             "--max_steps", steps,
-             "--per_device_train_batch_size", std::to_string(32 / std::min(nproc, 4)),
-             "--gradient_accumulation_steps", "1",
-             "--learning_rate", "2e-3",
-             "--lr_scheduler_type", "cosine",
-             "--warmup_ratio", "0.05",
-             "--weight_decay", "0.01",
-             "--logging_steps", "50",
-             "--eval_strategy", "steps",
-             "--eval_steps", "100",
-             "--save_steps", steps,
-             "--seed", std::to_string(seed)};
+  Args train{self_path(),
+             "train",
+             "--model_config",
+             (dir / "model_config.json").string(),
+             "--deepspeed",
+             (dir / "ds_config.json").string(),
+             "--train_file",
+             (dir / "train.jsonl").string(),
+             "--eval_file",
+             (dir / "eval.jsonl").string(),
+             "--output_dir",
+             run.string(),
+             "--template",
+             "alpaca",
+             "--max_steps",
+             steps,
+             "--per_device_train_batch_size",
+             std::to_string(32 / std::min(nproc, 4)),
+             "--gradient_accumulation_steps",
+             "1",
+             "--learning_rate",
+             "2e-3",
+             "--lr_scheduler_type",
+             "cosine",
+             "--warmup_ratio",
+             "0.05",
+             "--weight_decay",
+             "0.01",
+             "--logging_steps",
+             "50",
+             "--eval_strategy",
+             "steps",
+             "--eval_steps",
+             "100",
+             "--save_steps",
+             steps,
+             "--seed",
+             std::to_string(seed)};
   LocalLaunchOptions launch;
   launch.nproc = nproc;
   launch.env = {{"OMP_NUM_THREADS", "1"}};

@@ -41,13 +41,16 @@ int cmd_launch(const Args& args) {
   bool help = false;
   for (size_t k = 0; k < args.size() && args[k] != "--" && args[k].rfind("-", 0) == 0; ++k) {
     help = help || args[k] == "--help" || args[k] == "-h";
-    if (args[k].find('=') == std::string::npos && args[k] != "--help" && args[k] != "-h") ++k;  // its value
+    if (args[k].find('=') == std::string::npos && args[k] != "--help" && args[k] != "-h")
+      ++k;  // its value
   }
   if (help) {
     std::fputs(
-        "usage: zerotrain launch [--nproc_per_node N] [--master_addr A] [--master_port P] [--] PROGRAM ARGS...\n\n"
+        "usage: zerotrain launch [--nproc_per_node N] [--master_addr A] [--master_port P] [--] "
+        "PROGRAM ARGS...\n\n"
         "Starts N local ranks of PROGRAM with torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE,\n"
-        "MASTER_ADDR, MASTER_PORT), waits for them and exits with the first failing rank's status.\n"
+        "MASTER_ADDR, MASTER_PORT), waits for them and exits with the first failing rank's "
+        "status.\n"
         "  --nproc_per_node N  ranks on this machine [default: 1]\n"
         "  --master_addr A     the rendezvous address [default: 127.0.0.1]\n"
         "  --master_port P     the rendezvous port [default: a free one]\n",

@@ -12,8 +12,10 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: zerotrain merge FOLDER OUT [--dtype bf16|fp16|fp32] [--base_model DIR]\n\n"
-    "Consolidates FOLDER into an HF model folder OUT (which must not exist or be empty). FOLDER is a\n"
-    "checkpoint-<step> folder (its sharded fp32 masters) or a run's output_dir (its adapter or model).\n"
+    "Consolidates FOLDER into an HF model folder OUT (which must not exist or be empty). FOLDER is "
+    "a\n"
+    "checkpoint-<step> folder (its sharded fp32 masters) or a run's output_dir (its adapter or "
+    "model).\n"
     "LoRA adapters are folded into their base model's weights.\n"
     "  --dtype D          the output dtype [default: the model's own]\n"
     "  --base_model DIR   the base model folder [default: the adapter's base_model_name_or_path]\n";
@@ -40,11 +42,12 @@ int cmd_merge(const Args& in) {
     }
   }
   if (args.size() != 2 || args[0].rfind("--", 0) == 0 || args[1].rfind("--", 0) == 0) {
-    throw ConfigError("usage: zerotrain merge FOLDER OUT [--dtype bf16|fp16|fp32] [--base_model DIR]");
+    throw ConfigError(
+        "usage: zerotrain merge FOLDER OUT [--dtype bf16|fp16|fp32] [--base_model DIR]");
   }
   MergeReport report = merge_checkpoint(args[0], args[1], options);
-  std::printf("merged %lld tensors into %s (%zu files)\n", static_cast<long long>(report.tensors), args[1].c_str(),
-              report.files.size());
+  std::printf("merged %lld tensors into %s (%zu files)\n", static_cast<long long>(report.tensors),
+              args[1].c_str(), report.files.size());
   return 0;
 }
 

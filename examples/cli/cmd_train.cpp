@@ -36,14 +36,17 @@ void print_help() {
   std::printf(
       "usage: zerotrain train [--options FILE.json] [--NAME VALUE ...]\n\n"
       "HF TrainingArguments names (the same in FILE.json, whose values the flags override), plus\n"
-      "zerotrain's data and fine-tuning options. Under torchrun / mpirun / srun each process is one\n"
-      "rank; `zerotrain launch --nproc_per_node N -- zerotrain train ...` starts N local ranks.\n\n");
+      "zerotrain's data and fine-tuning options. Under torchrun / mpirun / srun each process is "
+      "one\n"
+      "rank; `zerotrain launch --nproc_per_node N -- zerotrain train ...` starts N local "
+      "ranks.\n\n");
   std::vector<OptionHelp> options = training_option_help();
   size_t width = 0;
   for (const OptionHelp& o : options) width = std::max(width, o.name.size());
   for (const OptionHelp& o : options) {
     std::string def = o.default_value.empty() ? "" : " [default: " + o.default_value + "]";
-    std::printf("  --%-*s  %s%s\n", static_cast<int>(width), o.name.c_str(), o.help.c_str(), def.c_str());
+    std::printf("  --%-*s  %s%s\n", static_cast<int>(width), o.name.c_str(), o.help.c_str(),
+                def.c_str());
   }
 }
 
@@ -69,11 +72,14 @@ class ProgressLine {
     const int filled = static_cast<int>(width * p.step / std::max<int64_t>(1, p.total_steps));
     const long eta = static_cast<long>(p.eta_seconds);
     std::lock_guard<std::mutex> lock(mutex_);
-    line_ = "\r" + std::string(static_cast<size_t>(filled), '#') + std::string(static_cast<size_t>(width - filled), '.') +
-            " " + std::to_string(p.step) + "/" + std::to_string(p.total_steps);
+    line_ = "\r" + std::string(static_cast<size_t>(filled), '#') +
+            std::string(static_cast<size_t>(width - filled), '.') + " " + std::to_string(p.step) +
+            "/" + std::to_string(p.total_steps);
     char tail[160];
-    std::snprintf(tail, sizeof tail, " | epoch %.2f | loss %.4f | lr %.2e | %.0f tokens/s | ETA %ld:%02ld:%02ld",
-                  p.epoch, p.loss, p.learning_rate, p.tokens_per_second, eta / 3600, eta / 60 % 60, eta % 60);
+    std::snprintf(tail, sizeof tail,
+                  " | epoch %.2f | loss %.4f | lr %.2e | %.0f tokens/s | ETA %ld:%02ld:%02ld",
+                  p.epoch, p.loss, p.learning_rate, p.tokens_per_second, eta / 3600, eta / 60 % 60,
+                  eta % 60);
     line_ += tail;
     std::fputs("\r\033[K", stderr);
     std::fputs(line_.c_str(), stderr);
@@ -85,7 +91,9 @@ class ProgressLine {
   std::string line_;
 };
 
-std::string fmt_rank(int rank) { return "rank " + std::to_string(rank) + ": "; }
+std::string fmt_rank(int rank) {
+  return "rank " + std::to_string(rank) + ": ";
+}
 
 }  // namespace
 
@@ -107,7 +115,9 @@ TrainingArguments parse_training_command(const Args& argv) {
     apply_training_file(args, file);
   }
   std::vector<std::string> rest = apply_training_flags(args, flags);
-  if (!rest.empty()) throw ConfigError("zerotrain train: unexpected argument '" + rest[0] + "'; options are --NAME VALUE");
+  if (!rest.empty())
+    throw ConfigError("zerotrain train: unexpected argument '" + rest[0] +
+                      "'; options are --NAME VALUE");
   return args;
 }
 
@@ -118,8 +128,9 @@ int cmd_train(const Args& argv) {
   }
   TrainingArguments args = parse_training_command(argv);
   if (args.train_file.empty()) {
-    throw ConfigError("no --train_file given: zerotrain train needs training data (a JSONL file or a JSON array "
-                      "file; docs/data.md lists the layouts)");
+    throw ConfigError(
+        "no --train_file given: zerotrain train needs training data (a JSONL file or a JSON array "
+        "file; docs/data.md lists the layouts)");
   }
   std::shared_ptr<Communicator> comm = join_training_job(args);
   std::unique_ptr<ProgressLine> progress;
@@ -143,15 +154,17 @@ int cmd_train(const Args& argv) {
   } catch (const CancelledError& e) {
     if (trainer.preempted_by() == 0) throw;  // cancelled (SIGINT): main's status 130
     // Saved and stopped for a signal: the status a process ended by it has (128 + signal).
-    std::fprintf(stderr, "%s%s\n", comm->world_size() > 1 ? fmt_rank(comm->rank()).c_str() : "", e.what());
+    std::fprintf(stderr, "%s%s\n", comm->world_size() > 1 ? fmt_rank(comm->rank()).c_str() : "",
+                 e.what());
     return 128 + trainer.preempted_by();
   }
   progress.reset();
   if (comm->rank() == 0) {
-    std::printf("trained %lld steps: train_loss %.4f%s; model in %s\n", static_cast<long long>(result.global_step),
-                result.train_loss,
-                result.eval_loss ? (", eval_loss " + std::to_string(*result.eval_loss)).c_str() : "",
-                result.output_dir.c_str());
+    std::printf(
+        "trained %lld steps: train_loss %.4f%s; model in %s\n",
+        static_cast<long long>(result.global_step), result.train_loss,
+        result.eval_loss ? (", eval_loss " + std::to_string(*result.eval_loss)).c_str() : "",
+        result.output_dir.c_str());
   }
   return 0;
 }

@@ -21,8 +21,10 @@ namespace zt::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: zerotrain verify MODEL_DIR --prompt \"...\" [--template NAME | --raw] [--max_new_tokens N]\n\n"
-    "Loads an HF model folder (or a PEFT adapter folder over its base model) and generates a reply.\n"
+    "usage: zerotrain verify MODEL_DIR --prompt \"...\" [--template NAME | --raw] "
+    "[--max_new_tokens N]\n\n"
+    "Loads an HF model folder (or a PEFT adapter folder over its base model) and generates a "
+    "reply.\n"
     "  --template NAME     the prompt template (default: the one the run recorded in MODEL_DIR,\n"
     "                      else the model's own chat format, else alpaca_zh)\n"
     "  --raw               send the prompt as it is, without a template\n"
@@ -43,7 +45,8 @@ int cmd_verify(const Args& in) {
   errno = 0;
   const long max_new = std::strtol(max_text.c_str(), &end, 10);
   if (max_text.empty() || *end != '\0' || errno == ERANGE || max_new < 1 || max_new > (1L << 20)) {
-    throw ConfigError(fmt::format("--max_new_tokens: expected an integer in [1, {}], found \"{}\"", 1L << 20, max_text));
+    throw ConfigError(fmt::format("--max_new_tokens: expected an integer in [1, {}], found \"{}\"",
+                                  1L << 20, max_text));
   }
   bool raw = false;
   for (auto it = args.begin(); it != args.end();) {
@@ -54,7 +57,8 @@ int cmd_verify(const Args& in) {
       ++it;
     }
   }
-  if (args.size() != 1 || !prompt) throw ConfigError(std::string(kUsage).substr(0, std::string(kUsage).find('\n')));
+  if (args.size() != 1 || !prompt)
+    throw ConfigError(std::string(kUsage).substr(0, std::string(kUsage).find('\n')));
   std::string dir = args[0];
   const ReadLock reading(dir);  // a checkpoint being read is kept by rotation
   const bool adapter = std::filesystem::exists(dir + "/adapter_config.json");
@@ -81,15 +85,18 @@ int cmd_verify(const Args& in) {
   // The model's context bounds prompt + reply (a longer one would ask attention for memory no
   // machine has).
   if (static_cast<int64_t>(ids.size()) + max_new > config.max_position_embeddings) {
-    throw ConfigError(fmt::format("the prompt is {} tokens; with --max_new_tokens {} that is beyond the model's context "
-                                  "of {} tokens (max_position_embeddings); shorten the prompt",
-                                  ids.size(), max_new, config.max_position_embeddings));
+    throw ConfigError(fmt::format(
+        "the prompt is {} tokens; with --max_new_tokens {} that is beyond the model's context "
+        "of {} tokens (max_position_embeddings); shorten the prompt",
+        ids.size(), max_new, config.max_position_embeddings));
   }
-  at::Tensor input = at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong).unsqueeze(0);
+  at::Tensor input =
+      at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong).unsqueeze(0);
   GenerationOptions g;
   g.max_new_tokens = max_new;
   if (tok->eos_id() >= 0) g.eos_token_ids = {tok->eos_id()};
-  if (config.eos_token_id && *config.eos_token_id != tok->eos_id()) g.eos_token_ids.push_back(*config.eos_token_id);
+  if (config.eos_token_id && *config.eos_token_id != tok->eos_id())
+    g.eos_token_ids.push_back(*config.eos_token_id);
   at::NoGradGuard no_grad;
   at::Tensor out = model.generate(input, g)[0].contiguous();
   std::vector<int32_t> new_ids(out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + out.numel());

@@ -20,21 +20,22 @@
 namespace {
 
 void usage(std::FILE* out) {
-  std::fprintf(out,
-               "zerotrain %s — ZeRO-sharded fine-tuning of decoder LLMs\n\n"
-               "usage: zerotrain <command> [options]\n\n"
-               "commands:\n"
-               "  train    fine-tune: --model_name_or_path DIR --train_file DATA.jsonl --output_dir OUT\n"
-               "           [--deepspeed ds.json] [HF TrainingArguments flags] (see train --help)\n"
-               "  merge    consolidate a checkpoint into an HF folder:\n"
-               "           zerotrain merge CHECKPOINT OUT [--dtype bf16|fp16|fp32] [--base_model DIR]\n"
-               "  verify   load a model folder and generate: zerotrain verify MODEL_DIR --prompt \"...\"\n"
-               "  demo     fine-tune a built-in tiny model on bundled data, merge, verify and report\n"
-               "  config   parse a DeepSpeed config + training flags and print the resolved settings\n"
-               "  launch   start N local ranks of any program with torchrun's variables:\n"
-               "           zerotrain launch --nproc_per_node N [--master_port P] -- PROGRAM ARGS...\n"
-               "  version  print the version and the backends of this build\n",
-               ZT_VERSION_STRING);
+  std::fprintf(
+      out,
+      "zerotrain %s — ZeRO-sharded fine-tuning of decoder LLMs\n\n"
+      "usage: zerotrain <command> [options]\n\n"
+      "commands:\n"
+      "  train    fine-tune: --model_name_or_path DIR --train_file DATA.jsonl --output_dir OUT\n"
+      "           [--deepspeed ds.json] [HF TrainingArguments flags] (see train --help)\n"
+      "  merge    consolidate a checkpoint into an HF folder:\n"
+      "           zerotrain merge CHECKPOINT OUT [--dtype bf16|fp16|fp32] [--base_model DIR]\n"
+      "  verify   load a model folder and generate: zerotrain verify MODEL_DIR --prompt \"...\"\n"
+      "  demo     fine-tune a built-in tiny model on bundled data, merge, verify and report\n"
+      "  config   parse a DeepSpeed config + training flags and print the resolved settings\n"
+      "  launch   start N local ranks of any program with torchrun's variables:\n"
+      "           zerotrain launch --nproc_per_node N [--master_port P] -- PROGRAM ARGS...\n"
+      "  version  print the version and the backends of this build\n",
+      ZT_VERSION_STRING);
 }
 
 // One line, whatever the message holds.

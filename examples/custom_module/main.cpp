@@ -50,7 +50,8 @@ struct DeepMlp : torch::nn::Module {
 
   std::vector<zt::UnitSpec> units() {
     std::vector<zt::UnitSpec> out;
-    for (size_t i = 0; i < layers.size(); ++i) out.push_back({"layer" + std::to_string(i), layers[i]});
+    for (size_t i = 0; i < layers.size(); ++i)
+      out.push_back({"layer" + std::to_string(i), layers[i]});
     return out;
   }
 };
@@ -73,7 +74,8 @@ int main() {
       "gradient_clipping": 1.0,
       "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "weight_decay": 0.01}},
       "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100}
-    })", "example config");
+    })",
+                                                        "example config");
     zt::TrainingArguments args;
     args.lr_scheduler_type = "constant";
     zt::resolve_config(ds, args, zt::ResolveContext{comm->world_size(), 64, 60});
@@ -111,10 +113,11 @@ int main() {
     }
     zt::EngineMemory m = engine.memory();
     if (comm->rank() == 0) {
-      std::printf("loss %.5f -> %.5f; per rank: %lld bytes of parameters, %lld of optimizer state, "
-                  "peak gathered %lld elements\n",
-                  first, last, static_cast<long long>(m.compute_params),
-                  static_cast<long long>(m.optimizer_state), static_cast<long long>(m.gathered_peak));
+      std::printf(
+          "loss %.5f -> %.5f; per rank: %lld bytes of parameters, %lld of optimizer state, "
+          "peak gathered %lld elements\n",
+          first, last, static_cast<long long>(m.compute_params),
+          static_cast<long long>(m.optimizer_state), static_cast<long long>(m.gathered_peak));
     }
     if (!(last < 0.5 * first)) {
       std::fprintf(stderr, "error: the loss did not fall (%.5f -> %.5f)\n", first, last);

@@ -50,10 +50,12 @@ class CheckpointWriter {
  public:
   /// Collective. An existing checkpoint-<step> is an IoError (it is never overwritten) unless
   /// `replace` (overwrite_output_dir): then the old folder is removed when the new one commits.
-  CheckpointWriter(Communicator& comm, const std::string& output_dir, int64_t step, bool replace = false);
+  CheckpointWriter(Communicator& comm, const std::string& output_dir, int64_t step,
+                   bool replace = false);
   /// A checkpoint at a folder of the caller's choosing (written atomically the same way, but
   /// outside a run's output_dir: no `latest`, no rotation). Collective.
-  static CheckpointWriter to_folder(Communicator& comm, const std::string& dir, bool replace = false);
+  static CheckpointWriter to_folder(Communicator& comm, const std::string& dir,
+                                    bool replace = false);
   /// The temporary folder to write into.
   const std::string& dir() const { return tmp_; }
   /// Collective: `ok` is this rank's verdict on its own writes (false after a caught error).
@@ -65,8 +67,8 @@ class CheckpointWriter {
                      const std::string& keep = "");
 
  private:
-  CheckpointWriter(Communicator& comm, std::string parent, std::string tmp, std::string final_dir, bool replace,
-                   bool run_folder);
+  CheckpointWriter(Communicator& comm, std::string parent, std::string tmp, std::string final_dir,
+                   bool replace, bool run_folder);
 
   Communicator& comm_;
   std::string output_dir_, tmp_, final_;
@@ -88,7 +90,8 @@ void load_engine_state(Engine& engine, const std::string& dir);
 EngineState read_engine_state(const std::string& dir);
 
 /// The trainable parameters a checkpoint's layout.json lists, with their shapes.
-std::vector<std::pair<std::string, std::vector<int64_t>>> checkpoint_parameters(const std::string& dir);
+std::vector<std::pair<std::string, std::vector<int64_t>>> checkpoint_parameters(
+    const std::string& dir);
 
 /// A ParameterSource over a checkpoint's fp32 masters: full values of its trainable
 /// parameters assembled from every rank's shard file (for merge and export).
@@ -116,10 +119,10 @@ struct MergeOptions {
 };
 
 struct MergeReport {
-  std::vector<std::string> files;   ///< safetensors shards and index, config.json
+  std::vector<std::string> files;  ///< safetensors shards and index, config.json
   int64_t tensors = 0;
-  int64_t largest_tensor_bytes = 0; ///< in the output dtype
-  int64_t peak_rss_anon_bytes = 0;  ///< growth of anonymous resident memory while merging
+  int64_t largest_tensor_bytes = 0;  ///< in the output dtype
+  int64_t peak_rss_anon_bytes = 0;   ///< growth of anonymous resident memory while merging
 };
 
 /// Consolidates a zerotrain checkpoint — or a run's final output folder (PEFT adapter files, or

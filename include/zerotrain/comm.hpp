@@ -97,9 +97,10 @@ LaunchEnv launch_env_from_environment(
 std::string first_slurm_host(const std::string& nodelist);
 
 struct CommOptions {
-  Backend backend = Backend::kAuto;  ///< kAuto: NCCL when `device` is CUDA, else Gloo (self at 1 rank)
-  at::Device device = at::kCPU;      ///< for CUDA, the device of this rank (usually local_rank)
-  std::chrono::milliseconds timeout = std::chrono::seconds(1800);             ///< ddp_timeout
+  Backend backend =
+      Backend::kAuto;            ///< kAuto: NCCL when `device` is CUDA, else Gloo (self at 1 rank)
+  at::Device device = at::kCPU;  ///< for CUDA, the device of this rank (usually local_rank)
+  std::chrono::milliseconds timeout = std::chrono::seconds(1800);            ///< ddp_timeout
   std::chrono::milliseconds rendezvous_timeout = std::chrono::seconds(300);  ///< start-up
 };
 

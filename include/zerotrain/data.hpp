@@ -142,8 +142,8 @@ std::vector<std::string> template_names();
 /// (recognized from its chat template), else alpaca_zh when it has none; any other name must be
 /// a template. The chosen format's special tokens must each be one token of `tok` (ConfigError
 /// naming the token otherwise). `source`, when given, receives why it was chosen.
-std::string resolve_template(const std::string& name, const std::string& model_dir, const Tokenizer& tok,
-                             std::string* source = nullptr);
+std::string resolve_template(const std::string& name, const std::string& model_dir,
+                             const Tokenizer& tok, std::string* source = nullptr);
 
 /// The template recorded in `dir`/zerotrain_template.json (written with every checkpoint and
 /// exported model by the trainer), if there is one. A record naming no template is a ConfigError.

@@ -120,11 +120,11 @@ struct TraceEvent {
 
 /// Memory the engine holds on this rank, by role, in bytes (what ZeRO partitions).
 struct EngineMemory {
-  int64_t compute_params = 0;     ///< resident compute-dtype parameters (full or shards)
-  int64_t gradients = 0;          ///< gradient buffers (full flat grads, shard accumulators)
-  int64_t optimizer_state = 0;    ///< fp32 master + moments
-  int64_t gathered_peak = 0;      ///< stage 3: peak of gathered parameter elements
-  int64_t gathered_now = 0;       ///< stage 3: gathered parameter elements right now
+  int64_t compute_params = 0;   ///< resident compute-dtype parameters (full or shards)
+  int64_t gradients = 0;        ///< gradient buffers (full flat grads, shard accumulators)
+  int64_t optimizer_state = 0;  ///< fp32 master + moments
+  int64_t gathered_peak = 0;    ///< stage 3: peak of gathered parameter elements
+  int64_t gathered_now = 0;     ///< stage 3: gathered parameter elements right now
   /// On a GPU rank, host memory the engine holds (offload: parameter shards, masters, moments,
   /// gradient slots), page-locked or not. What crosses to the GPU every step is page-locked;
   /// the moments, which never do, are not. Both 0 on a CPU rank.
@@ -134,8 +134,8 @@ struct EngineMemory {
 
 /// What a checkpoint keeps of an engine besides tensors: step counters and the loss scaler.
 struct EngineState {
-  int64_t global_steps = 0;     ///< accumulation boundaries passed (skipped ones included)
-  int64_t applied_steps = 0;    ///< optimizer updates applied (what schedules count)
+  int64_t global_steps = 0;   ///< accumulation boundaries passed (skipped ones included)
+  int64_t applied_steps = 0;  ///< optimizer updates applied (what schedules count)
   int64_t micro_steps = 0;
   int64_t optimizer_steps = 0;  ///< the optimizer's own step count (Adam bias correction)
   double loss_scale = 1.0;
@@ -147,9 +147,9 @@ struct EngineState {
 /// A contiguous run of one trainable parameter's flattened elements in a rank's optimizer state
 /// — the unit in which state is saved and restored, independent of bucket layout and world size.
 struct StatePiece {
-  std::string name;             ///< the parameter's name
-  std::vector<int64_t> shape;   ///< the whole parameter's shape
-  int64_t begin = 0;            ///< first element, within the flattened parameter
+  std::string name;            ///< the parameter's name
+  std::vector<int64_t> shape;  ///< the whole parameter's shape
+  int64_t begin = 0;           ///< first element, within the flattened parameter
   int64_t length = 0;
 };
 
@@ -198,8 +198,8 @@ class Engine {
   double loss_scale() const;      ///< 1 unless fp16
   double last_grad_norm() const;  ///< global norm before clipping, of the last boundary
   bool last_step_skipped() const;
-  int64_t global_step() const;    ///< accumulation boundaries passed (skipped ones included)
-  int64_t micro_step() const;     ///< backward() calls so far
+  int64_t global_step() const;  ///< accumulation boundaries passed (skipped ones included)
+  int64_t micro_step() const;   ///< backward() calls so far
   int gradient_accumulation_steps() const;
   at::ScalarType compute_dtype() const;
   int stage() const;
@@ -212,7 +212,8 @@ class Engine {
   /// Full fp32 values of every trainable parameter by name (from the master weights), and the
   /// compute-dtype values of frozen ones (unless `trainable_only`, which spares gathering a
   /// frozen base model to save an adapter). Collective under stage ≥ 1 (all-gathers).
-  std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters(bool trainable_only = false);
+  std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters(
+      bool trainable_only = false);
 
   /// Names and shapes of the trainable parameters (the optimizer's), in module order.
   std::vector<std::pair<std::string, std::vector<int64_t>>> trainable_parameters() const;

@@ -47,7 +47,8 @@ struct LaunchResult {
 /// reaches the launcher's caller or its other children: see signal_ranks) and die with the
 /// launcher (PR_SET_PDEATHSIG). Blocking; not collective; call from one thread at a time.
 /// Throws InvalidArgument for an empty command or nproc < 1.
-LaunchResult launch_local(const std::vector<std::string>& command, const LocalLaunchOptions& options);
+LaunchResult launch_local(const std::vector<std::string>& command,
+                          const LocalLaunchOptions& options);
 
 /// Sends `sig` to the process group of the ranks launch_local is running, and to nothing else;
 /// does nothing when none runs. Async-signal-safe: for the launcher's own signal handlers.

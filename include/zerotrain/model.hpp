@@ -81,10 +81,10 @@ struct LossSum {
 /// Options for generate().
 struct GenerationOptions {
   int64_t max_new_tokens = 64;
-  bool do_sample = false;       ///< greedy when false
+  bool do_sample = false;  ///< greedy when false
   double temperature = 1.0;
-  int64_t top_k = 0;            ///< 0: off
-  double top_p = 1.0;           ///< 1: off
+  int64_t top_k = 0;   ///< 0: off
+  double top_p = 1.0;  ///< 1: off
   std::vector<int64_t> eos_token_ids;
   uint64_t seed = 0;
 };

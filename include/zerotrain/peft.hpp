@@ -31,7 +31,7 @@ struct LoraOptions {
   std::string target_regex;
   std::string bias = "none";  ///< none | all | lora_only
   std::vector<std::string> modules_to_save;
-  bool use_rslora = false;    ///< scale by alpha / sqrt(r) instead of alpha / r
+  bool use_rslora = false;  ///< scale by alpha / sqrt(r) instead of alpha / r
 };
 
 struct PromptOptions {
@@ -43,10 +43,10 @@ struct PromptOptions {
 };
 
 struct FreezeOptions {
-  int64_t trainable_layers = 2;                     ///< last N; negative: first N
+  int64_t trainable_layers = 2;  ///< last N; negative: first N
   std::vector<std::string> trainable_modules{"all"};
-  std::vector<std::string> module_names;            ///< name substrings (ChatGLM-Finetuning)
-  std::vector<std::string> extra_modules;           ///< embed_tokens, lm_head, norm, ...
+  std::vector<std::string> module_names;   ///< name substrings (ChatGLM-Finetuning)
+  std::vector<std::string> extra_modules;  ///< embed_tokens, lm_head, norm, ...
 };
 
 struct PeftConfig {

@@ -82,7 +82,8 @@ class SafetensorsCheckpoint {
   bool contains(const std::string& name) const;
   const SafetensorsFile& file_of(const std::string& name) const;
   const TensorInfo& info(const std::string& name) const { return file_of(name).info(name); }
-  at::Tensor load(const std::string& name, std::optional<at::ScalarType> dtype = std::nullopt) const {
+  at::Tensor load(const std::string& name,
+                  std::optional<at::ScalarType> dtype = std::nullopt) const {
     return file_of(name).load(name, dtype);
   }
   void read_range(const std::string& name, int64_t offset, const at::Tensor& out) const {
@@ -105,8 +106,8 @@ void save_safetensors(const std::string& path,
                       const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
 /// Writes `tensors` into `dir` as HF does: one `<prefix>.safetensors` when it fits in
-/// `max_shard_bytes`, else `<prefix>-0000k-of-0000n.safetensors` + `<prefix>.safetensors.index.json`.
-/// Returns the files written.
+/// `max_shard_bytes`, else `<prefix>-0000k-of-0000n.safetensors` +
+/// `<prefix>.safetensors.index.json`. Returns the files written.
 std::vector<std::string> save_sharded_safetensors(
     const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
     int64_t max_shard_bytes = 5000000000, const std::string& prefix = "model");
@@ -129,7 +130,8 @@ struct TensorEntry {
 class SafetensorsStreamWriter {
  public:
   SafetensorsStreamWriter(const std::string& dir, std::vector<TensorEntry> plan,
-                          int64_t max_shard_bytes = 5000000000, const std::string& prefix = "model");
+                          int64_t max_shard_bytes = 5000000000,
+                          const std::string& prefix = "model");
   ~SafetensorsStreamWriter();
   void write(const std::string& name, const at::Tensor& value);
   /// Returns the files written (shards, then the index when sharded).

@@ -41,7 +41,7 @@ struct LogRecord {
 struct Progress {
   int64_t step = 0, total_steps = 0;
   double epoch = 0.0;
-  double loss = 0.0;               ///< of the last logged window (0 before the first)
+  double loss = 0.0;  ///< of the last logged window (0 before the first)
   double learning_rate = 0.0;
   double tokens_per_second = 0.0;  ///< real (non-padding) tokens of the whole job
   double eta_seconds = 0.0;
@@ -49,18 +49,19 @@ struct Progress {
 
 /// What one step did, the same on every rank (the C API's zt_step_stats).
 struct StepStats {
-  int64_t global_step = 0;     ///< optimizer steps completed so far
-  bool stepped = false;        ///< this call ended an accumulation window and stepped
-  bool skipped = false;        ///< that step was skipped (fp16 overflow)
-  double loss = 0.0;           ///< the micro-batch's (train_step) or the step's (train) mean token loss over all ranks
+  int64_t global_step = 0;  ///< optimizer steps completed so far
+  bool stepped = false;     ///< this call ended an accumulation window and stepped
+  bool skipped = false;     ///< that step was skipped (fp16 overflow)
+  double loss =
+      0.0;  ///< the micro-batch's (train_step) or the step's (train) mean token loss over all ranks
   double grad_norm = 0.0;      ///< global norm before clipping; valid when stepped
   double learning_rate = 0.0;  ///< of the last step
   double loss_scale = 1.0;     ///< 1 unless fp16
 };
 
 struct TrainerCallbacks {
-  std::function<void(const LogRecord&)> on_log;        ///< rank 0: every record, as it is written
-  std::function<void(const Progress&)> on_progress;    ///< rank 0: after every optimizer step
+  std::function<void(const LogRecord&)> on_log;      ///< rank 0: every record, as it is written
+  std::function<void(const Progress&)> on_progress;  ///< rank 0: after every optimizer step
   /// Every rank, after every optimizer step of train(), with the same stats everywhere.
   std::function<void(const StepStats&)> on_step;
 };
@@ -78,7 +79,8 @@ struct TrainResult {
 /// the timeouts are ddp_timeout and rendezvous_timeout. Collective.
 std::shared_ptr<Communicator> join_training_job(const TrainingArguments& args);
 /// The same for a job described explicitly (hosts that do not use a launcher).
-std::shared_ptr<Communicator> join_training_job(const TrainingArguments& args, const LaunchEnv& env);
+std::shared_ptr<Communicator> join_training_job(const TrainingArguments& args,
+                                                const LaunchEnv& env);
 
 class Trainer {
  public:
@@ -87,7 +89,8 @@ class Trainer {
   /// builds the engine and, with resume_from_checkpoint, restores the checkpoint. Errors are
   /// thrown on every rank: the rank at fault throws its own, the others a DistributedError
   /// naming it. Collective.
-  Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm, TrainerCallbacks callbacks = {});
+  Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm,
+          TrainerCallbacks callbacks = {});
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

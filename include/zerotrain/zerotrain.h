@@ -40,51 +40,52 @@ extern "C" {
 
 typedef enum zt_status {
   ZT_OK = 0,
-  ZT_ERR_INVALID_ARGUMENT = 1, /* a NULL pointer, a non-positive size, an id outside the vocabulary */
-  ZT_ERR_CONFIG = 2,           /* malformed JSON, an unknown or ill-typed option, inconsistent settings */
-  ZT_ERR_IO = 3,               /* a missing, unreadable or corrupt file; a failed write */
-  ZT_ERR_DISTRIBUTED = 4,      /* rendezvous or a collective failed, timed out, or another rank failed */
+  ZT_ERR_INVALID_ARGUMENT =
+      1,             /* a NULL pointer, a non-positive size, an id outside the vocabulary */
+  ZT_ERR_CONFIG = 2, /* malformed JSON, an unknown or ill-typed option, inconsistent settings */
+  ZT_ERR_IO = 3,     /* a missing, unreadable or corrupt file; a failed write */
+  ZT_ERR_DISTRIBUTED = 4, /* rendezvous or a collective failed, timed out, or another rank failed */
   ZT_ERR_OUT_OF_MEMORY = 5,
-  ZT_ERR_NUMERIC = 6,          /* non-finite loss or gradients; fp16 loss scale at its minimum */
-  ZT_ERR_CANCELLED = 7,        /* a progress callback asked to stop */
+  ZT_ERR_NUMERIC = 6,   /* non-finite loss or gradients; fp16 loss scale at its minimum */
+  ZT_ERR_CANCELLED = 7, /* a progress callback asked to stop */
   ZT_ERR_INTERNAL = 8
 } zt_status; /* values never change; new ones are appended */
 
 typedef struct zt_trainer zt_trainer; /* opaque */
 
 typedef struct zt_step_stats { /* layout frozen for ZT_API_VERSION 1 */
-  int64_t global_step;   /* optimizer steps completed so far */
-  int32_t stepped;       /* 1 if this call ended an accumulation window and stepped */
-  int32_t skipped;       /* 1 if that step was skipped (fp16 overflow) */
-  double loss;           /* this micro-batch's loss, averaged over all ranks */
-  double grad_norm;      /* global norm before clipping; valid when stepped */
-  double learning_rate;  /* learning rate of the last step */
-  double loss_scale;     /* 1.0 unless fp16 */
+  int64_t global_step;         /* optimizer steps completed so far */
+  int32_t stepped;             /* 1 if this call ended an accumulation window and stepped */
+  int32_t skipped;             /* 1 if that step was skipped (fp16 overflow) */
+  double loss;                 /* this micro-batch's loss, averaged over all ranks */
+  double grad_norm;            /* global norm before clipping; valid when stepped */
+  double learning_rate;        /* learning rate of the last step */
+  double loss_scale;           /* 1.0 unless fp16 */
 } zt_step_stats;
 
 /* Called after each optimizer step of zt_trainer_train, on every rank, with the same stats.
  * Return nonzero to stop: every rank then stops at the next step boundary with ZT_ERR_CANCELLED.
  * `stats` is valid only during the call. */
-typedef int (*zt_progress_fn)(const zt_step_stats *stats, void *user_data);
+typedef int (*zt_progress_fn)(const zt_step_stats* stats, void* user_data);
 
 /* Receives each log message (level: 0 debug, 1 info, 2 warning, 3 error), without a trailing
  * newline. May be called from any thread that runs zerotrain code; calls are serialized.
  * `message` is valid only during the call. */
-typedef void (*zt_log_fn)(int level, const char *message, void *user_data);
+typedef void (*zt_log_fn)(int level, const char* message, void* user_data);
 
 /* ZT_API_VERSION of the library loaded at run time. Never fails; does not touch the error state. */
 ZT_EXPORT int zt_api_version(void);
 /* The library version, e.g. "0.1.0". Static storage. Does not touch the error state. */
-ZT_EXPORT const char *zt_version(void);
+ZT_EXPORT const char* zt_version(void);
 /* The enumerator's name ("ZT_ERR_CONFIG"), or "ZT_UNKNOWN_STATUS". Static storage. Does not
  * touch the error state. */
-ZT_EXPORT const char *zt_status_name(zt_status status);
+ZT_EXPORT const char* zt_status_name(zt_status status);
 /* This thread's last error message: "" (never NULL) after a success. Valid until the next
  * fallible call on this thread. Does not touch the error state. */
-ZT_EXPORT const char *zt_last_error(void);
+ZT_EXPORT const char* zt_last_error(void);
 /* Routes every log message to `fn` (NULL restores the default: lines on stderr). Process-wide;
  * thread-safe. `user_data` is passed back untouched and must outlive the registration. */
-ZT_EXPORT void zt_set_log_callback(zt_log_fn fn, void *user_data);
+ZT_EXPORT void zt_set_log_callback(zt_log_fn fn, void* user_data);
 
 /* Creates a trainer — joins the job (rendezvous), loads the model, tokenizer and data, applies
  * the fine-tuning method and builds the ZeRO engine. `options_json` is one JSON object with the
@@ -98,12 +99,12 @@ ZT_EXPORT void zt_set_log_callback(zt_log_fn fn, void *user_data);
  * On success *out owns the trainer (free it with zt_trainer_free); on failure *out is NULL.
  * Errors: NULL arguments → ZT_ERR_INVALID_ARGUMENT; text that is not a JSON object, an unknown
  * or ill-typed option → ZT_ERR_CONFIG; missing files → ZT_ERR_IO. Collective. */
-ZT_EXPORT zt_status zt_trainer_create(const char *options_json, zt_trainer **out);
+ZT_EXPORT zt_status zt_trainer_create(const char* options_json, zt_trainer** out);
 
 /* This process's rank and the job's world size. Never fail for a valid trainer (a NULL trainer
  * gives -1 and sets ZT_ERR_INVALID_ARGUMENT). */
-ZT_EXPORT int32_t zt_trainer_rank(const zt_trainer *t);
-ZT_EXPORT int32_t zt_trainer_world_size(const zt_trainer *t);
+ZT_EXPORT int32_t zt_trainer_rank(const zt_trainer* t);
+ZT_EXPORT int32_t zt_trainer_world_size(const zt_trainer* t);
 
 /* Runs one micro-batch on this rank: `input_ids` and `labels` are row-major
  * [batch_size, seq_len]; `labels` may be NULL (a copy of input_ids); -100 labels are ignored;
@@ -112,33 +113,35 @@ ZT_EXPORT int32_t zt_trainer_world_size(const zt_trainer *t);
  * by the whole window's counted tokens over all ranks, so the same seed and the same global
  * batches give the same losses and gradient norms whatever the ZeRO stage or world size.
  * The arrays are only read during the call. `stats` may be NULL. Collective. */
-ZT_EXPORT zt_status zt_trainer_train_step(zt_trainer *t, const int64_t *input_ids, const int64_t *labels,
-                                          int64_t batch_size, int64_t seq_len, zt_step_stats *stats);
+ZT_EXPORT zt_status zt_trainer_train_step(zt_trainer* t, const int64_t* input_ids,
+                                          const int64_t* labels, int64_t batch_size,
+                                          int64_t seq_len, zt_step_stats* stats);
 
 /* The token-weighted mean loss over `num_batches` batches of [batch_size, seq_len] laid out back
  * to back in `input_ids` (and `labels`, which may be NULL), without changing the model. Every
  * rank passes its own batches, the same number of them. Collective. */
-ZT_EXPORT zt_status zt_trainer_evaluate(zt_trainer *t, const int64_t *input_ids, const int64_t *labels,
-                                        int64_t num_batches, int64_t batch_size, int64_t seq_len,
-                                        double *mean_loss);
+ZT_EXPORT zt_status zt_trainer_evaluate(zt_trainer* t, const int64_t* input_ids,
+                                        const int64_t* labels, int64_t num_batches,
+                                        int64_t batch_size, int64_t seq_len, double* mean_loss);
 
 /* Runs the configured job — train_file, epochs or max_steps, evaluation, checkpoints in
  * output_dir, the final model — as `zerotrain train` does. `progress` may be NULL. Collective. */
-ZT_EXPORT zt_status zt_trainer_train(zt_trainer *t, zt_progress_fn progress, void *user_data);
+ZT_EXPORT zt_status zt_trainer_train(zt_trainer* t, zt_progress_fn progress, void* user_data);
 
 /* Writes one complete checkpoint folder at `dir` (atomically: a failure leaves nothing there;
  * an existing `dir` is ZT_ERR_IO). Collective. */
-ZT_EXPORT zt_status zt_trainer_save_checkpoint(zt_trainer *t, const char *dir);
+ZT_EXPORT zt_status zt_trainer_save_checkpoint(zt_trainer* t, const char* dir);
 /* Restores a checkpoint folder (optimizer state, counters, random state), also one saved with
  * another world size or ZeRO stage. Collective. */
-ZT_EXPORT zt_status zt_trainer_load_checkpoint(zt_trainer *t, const char *dir);
+ZT_EXPORT zt_status zt_trainer_load_checkpoint(zt_trainer* t, const char* dir);
 /* Writes the model at `dir`: an HF folder (config.json + safetensors) for full and Freeze
  * fine-tuning, PEFT adapter files for LoRA / P-Tuning / prefix tuning. Collective. */
-ZT_EXPORT zt_status zt_trainer_export(zt_trainer *t, const char *dir); /* HF folder, or PEFT adapter */
+ZT_EXPORT zt_status zt_trainer_export(zt_trainer* t,
+                                      const char* dir); /* HF folder, or PEFT adapter */
 
 /* Frees the trainer and leaves the job. NULL is fine. Not collective, but every rank should
  * free its trainer; using `t` afterwards is undefined. */
-ZT_EXPORT void zt_trainer_free(zt_trainer *t);
+ZT_EXPORT void zt_trainer_free(zt_trainer* t);
 
 /* ---- Tokenizers (appended in 0.2) ----------------------------------------------------------
  * A host that tokenizes its own data gets the ids the trainer's data pipeline makes. A
@@ -151,32 +154,33 @@ typedef struct zt_tokenizer zt_tokenizer; /* opaque */
  * files. On success *out owns the tokenizer (free it with zt_tokenizer_free); on failure *out
  * is NULL. Errors: a folder that does not exist → ZT_ERR_IO; an unsupported tokenizer.json →
  * ZT_ERR_CONFIG. Not collective. */
-ZT_EXPORT zt_status zt_tokenizer_load(const char *model_dir, zt_tokenizer **out);
+ZT_EXPORT zt_status zt_tokenizer_load(const char* model_dir, zt_tokenizer** out);
 
 /* The ids of `text_len` bytes of UTF-8 `text` (special-token strings such as "<|im_end|>" become
  * their ids, as HF tokenizers do). With `add_bos` nonzero, bos comes first where the tokenizer
  * adds one (LLaMA: yes, Qwen: no). *n_ids receives the number of ids; they are written to `ids`
  * when `capacity` holds them all. `ids` may be NULL with `capacity` 0 to ask for the count;
  * a smaller nonzero capacity is ZT_ERR_INVALID_ARGUMENT (with *n_ids set: call again). */
-ZT_EXPORT zt_status zt_tokenizer_encode(const zt_tokenizer *tok, const char *text, int64_t text_len,
-                                        int32_t add_bos, int32_t *ids, int64_t capacity, int64_t *n_ids);
+ZT_EXPORT zt_status zt_tokenizer_encode(const zt_tokenizer* tok, const char* text, int64_t text_len,
+                                        int32_t add_bos, int32_t* ids, int64_t capacity,
+                                        int64_t* n_ids);
 
 /* The text of `n_ids` ids (special ids and -100 skipped), NUL-terminated into `text` of
  * `capacity` bytes; *n_bytes receives its length without the NUL. The same sizing rule as
  * zt_tokenizer_encode (capacity 0 asks; the text needs *n_bytes + 1 bytes). */
-ZT_EXPORT zt_status zt_tokenizer_decode(const zt_tokenizer *tok, const int32_t *ids, int64_t n_ids, char *text,
-                                        int64_t capacity, int64_t *n_bytes);
+ZT_EXPORT zt_status zt_tokenizer_decode(const zt_tokenizer* tok, const int32_t* ids, int64_t n_ids,
+                                        char* text, int64_t capacity, int64_t* n_bytes);
 
 /* Ids are in [0, vocab size). bos / eos / pad are -1 where the tokenizer has none (pad: batches
  * are padded with eos then, as HF does). A NULL tokenizer gives -1 and sets
  * ZT_ERR_INVALID_ARGUMENT. */
-ZT_EXPORT int64_t zt_tokenizer_vocab_size(const zt_tokenizer *tok);
-ZT_EXPORT int32_t zt_tokenizer_bos_id(const zt_tokenizer *tok);
-ZT_EXPORT int32_t zt_tokenizer_eos_id(const zt_tokenizer *tok);
-ZT_EXPORT int32_t zt_tokenizer_pad_id(const zt_tokenizer *tok);
+ZT_EXPORT int64_t zt_tokenizer_vocab_size(const zt_tokenizer* tok);
+ZT_EXPORT int32_t zt_tokenizer_bos_id(const zt_tokenizer* tok);
+ZT_EXPORT int32_t zt_tokenizer_eos_id(const zt_tokenizer* tok);
+ZT_EXPORT int32_t zt_tokenizer_pad_id(const zt_tokenizer* tok);
 
 /* Frees the tokenizer. NULL is fine. */
-ZT_EXPORT void zt_tokenizer_free(zt_tokenizer *tok);
+ZT_EXPORT void zt_tokenizer_free(zt_tokenizer* tok);
 
 #ifdef __cplusplus
 }

@@ -36,7 +36,8 @@ constexpr const char* kChecksumPrefix = "crc32c:";
 std::optional<int64_t> parse_count(const std::string& text) {
   int64_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || v < 0 || text.empty()) return std::nullopt;
+  if (ec != std::errc() || end != text.data() + text.size() || v < 0 || text.empty())
+    return std::nullopt;
   return v;
 }
 constexpr const char* kFormat = "zerotrain-optimizer-state";
@@ -48,7 +49,8 @@ std::string rank_file(int rank, int world) {
 
 // Every rank's verdict in one all-reduce: the ranks that failed, empty when none did.
 std::vector<int> failed_ranks(Communicator& comm, bool ok) {
-  at::Tensor flags = at::zeros({comm.world_size()}, at::TensorOptions().dtype(at::kFloat).device(comm.device()));
+  at::Tensor flags =
+      at::zeros({comm.world_size()}, at::TensorOptions().dtype(at::kFloat).device(comm.device()));
   if (!ok) flags[comm.rank()] = 1.0;
   comm.all_reduce(flags)->wait();
   at::Tensor host = flags.cpu();
@@ -59,7 +61,9 @@ std::vector<int> failed_ranks(Communicator& comm, bool ok) {
   return failed;
 }
 
-std::string rank_list(const std::vector<int>& ranks) { return fmt::format("{}", fmt::join(ranks, ", ")); }
+std::string rank_list(const std::vector<int>& ranks) {
+  return fmt::format("{}", fmt::join(ranks, ", "));
+}
 
 // layout.json, parsed.
 struct Layout {
@@ -196,15 +200,17 @@ class StoredState {
         if (name == "format" || name.rfind(kChecksumPrefix, 0) == 0) continue;
         const std::string key = layout_.kinds.front() + "/" + name;
         if (!file.contains(key)) {
-          throw IoError(fmt::format("checkpoint file '{}' lists '{}' in its metadata but holds no '{}'; the file is "
-                                    "damaged",
-                                    file.path(), name, key));
+          throw IoError(fmt::format(
+              "checkpoint file '{}' lists '{}' in its metadata but holds no '{}'; the file is "
+              "damaged",
+              file.path(), name, key));
         }
         std::optional<int64_t> first = parse_count(begin);
         if (!first) {
-          throw IoError(fmt::format("checkpoint file '{}': the metadata of '{}' is \"{}\", not an element offset; "
-                                    "the file is damaged",
-                                    file.path(), name, begin));
+          throw IoError(fmt::format(
+              "checkpoint file '{}': the metadata of '{}' is \"{}\", not an element offset; "
+              "the file is damaged",
+              file.path(), name, begin));
         }
         runs_[name].push_back(Run{f, *first, file.info(key).numel});
       }
@@ -214,7 +220,8 @@ class StoredState {
   const Layout& layout() const { return layout_; }
 
   // Copies elements [begin, begin + out.numel()) of `kind` of `name` into `out`.
-  void read(const std::string& kind, const std::string& name, int64_t begin, const at::Tensor& out) const {
+  void read(const std::string& kind, const std::string& name, int64_t begin,
+            const at::Tensor& out) const {
     const int64_t end = begin + out.numel();
     int64_t covered = 0;
     auto it = runs_.find(name);
@@ -222,14 +229,16 @@ class StoredState {
       for (const Run& run : it->second) {
         const int64_t a = std::max(begin, run.begin), e = std::min(end, run.begin + run.length);
         if (a >= e) continue;
-        files_[run.file]->read_range(kind + "/" + name, a - run.begin, out.narrow(0, a - begin, e - a));
+        files_[run.file]->read_range(kind + "/" + name, a - run.begin,
+                                     out.narrow(0, a - begin, e - a));
         covered += e - a;
       }
     }
     if (covered != end - begin) {
-      throw IoError(fmt::format("checkpoint '{}' lacks elements [{}, {}) of '{}' ({}): a shard file is "
-                                "missing or from another save",
-                                dir_, begin, end, name, kind));
+      throw IoError(
+          fmt::format("checkpoint '{}' lacks elements [{}, {}) of '{}' ({}): a shard file is "
+                      "missing or from another save",
+                      dir_, begin, end, name, kind));
     }
   }
 
@@ -278,10 +287,12 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& output_dir) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
     // Real folders only: a link named checkpoint-N could lead anywhere.
-    if (!entry.is_directory(ec) || entry.is_symlink(ec) || !std::regex_match(name, m, pattern)) continue;
+    if (!entry.is_directory(ec) || entry.is_symlink(ec) || !std::regex_match(name, m, pattern))
+      continue;
     std::optional<int64_t> step = parse_count(m[1].str());
     if (!step) {
-      log::warn("'{}': the step in '{}' does not fit a 64-bit integer; ignoring that folder", output_dir, name);
+      log::warn("'{}': the step in '{}' does not fit a 64-bit integer; ignoring that folder",
+                output_dir, name);
       continue;
     }
     out.push_back(CheckpointInfo{entry.path().string(), *step});
@@ -310,11 +321,13 @@ std::optional<std::string> latest_checkpoint(const std::string& output_dir) {
     } catch (const IoError& e) {
       log::warn("{}; using the highest step", e.what());
     }
-    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
+    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
+      name.pop_back();
     if (std::optional<std::string> dir = checkpoint_in(output_dir, name)) return dir;
     if (!name.empty()) {
-      log::warn("'{}' names '{}', which is not a checkpoint-<step> folder there; using the highest step", pointer,
-                name);
+      log::warn(
+          "'{}' names '{}', which is not a checkpoint-<step> folder there; using the highest step",
+          pointer, name);
     }
   }
   std::vector<CheckpointInfo> all = list_checkpoints(output_dir);
@@ -322,20 +335,24 @@ std::optional<std::string> latest_checkpoint(const std::string& output_dir) {
   return all.back().path;
 }
 
-CheckpointWriter::CheckpointWriter(Communicator& comm, const std::string& output_dir, int64_t step, bool replace)
+CheckpointWriter::CheckpointWriter(Communicator& comm, const std::string& output_dir, int64_t step,
+                                   bool replace)
     : CheckpointWriter(comm, output_dir, fmt::format("{}/.tmp-checkpoint-{}", output_dir, step),
-                       fmt::format("{}/checkpoint-{}", output_dir, step), replace, /*run_folder=*/true) {}
+                       fmt::format("{}/checkpoint-{}", output_dir, step), replace,
+                       /*run_folder=*/true) {}
 
-CheckpointWriter CheckpointWriter::to_folder(Communicator& comm, const std::string& dir, bool replace) {
+CheckpointWriter CheckpointWriter::to_folder(Communicator& comm, const std::string& dir,
+                                             bool replace) {
   fs::path path = fs::absolute(dir).lexically_normal();
   if (path.filename().empty()) path = path.parent_path();  // "dir/"
   const std::string parent = path.parent_path().string();
-  return CheckpointWriter(comm, parent, parent + "/.tmp-" + path.filename().string(), path.string(), replace,
+  return CheckpointWriter(comm, parent, parent + "/.tmp-" + path.filename().string(), path.string(),
+                          replace,
                           /*run_folder=*/false);
 }
 
-CheckpointWriter::CheckpointWriter(Communicator& comm, std::string parent, std::string tmp, std::string final_dir,
-                                   bool replace, bool run_folder)
+CheckpointWriter::CheckpointWriter(Communicator& comm, std::string parent, std::string tmp,
+                                   std::string final_dir, bool replace, bool run_folder)
     : comm_(comm),
       output_dir_(std::move(parent)),
       tmp_(std::move(tmp)),
@@ -347,9 +364,10 @@ CheckpointWriter::CheckpointWriter(Communicator& comm, std::string parent, std::
     try {
       std::error_code ec;
       if (!replace_ && fs::exists(final_, ec)) {
-        throw IoError(fmt::format("'{}' already exists; checkpoints are never overwritten (choose "
-                                  "another folder or remove it)",
-                                  final_));
+        throw IoError(
+            fmt::format("'{}' already exists; checkpoints are never overwritten (choose "
+                        "another folder or remove it)",
+                        final_));
       }
       files::remove_tree(tmp_);  // our own leftover of an interrupted save of this checkpoint
       fs::create_directories(tmp_ + "/optimizer");
@@ -360,11 +378,14 @@ CheckpointWriter::CheckpointWriter(Communicator& comm, std::string parent, std::
     }
   }
   if (!failed_ranks(comm_, error.empty()).empty()) {
-    throw IoError(error.empty() ? fmt::format("rank 0 could not prepare checkpoint folder '{}'", tmp_) : error);
+    throw IoError(error.empty()
+                      ? fmt::format("rank 0 could not prepare checkpoint folder '{}'", tmp_)
+                      : error);
   }
 }
 
-std::string CheckpointWriter::commit(bool ok, std::optional<int64_t> total_limit, const std::string& keep) {
+std::string CheckpointWriter::commit(bool ok, std::optional<int64_t> total_limit,
+                                     const std::string& keep) {
   std::vector<int> failed = failed_ranks(comm_, ok);
   if (!failed.empty()) {
     if (comm_.rank() == 0) {
@@ -374,25 +395,29 @@ std::string CheckpointWriter::commit(bool ok, std::optional<int64_t> total_limit
         log::warn("{}", e.what());
       }
     }
-    throw IoError(fmt::format("saving checkpoint '{}' failed on rank(s) {}; earlier checkpoints are "
-                              "intact (see those ranks' errors)",
-                              final_, rank_list(failed)));
+    throw IoError(
+        fmt::format("saving checkpoint '{}' failed on rank(s) {}; earlier checkpoints are "
+                    "intact (see those ranks' errors)",
+                    final_, rank_list(failed)));
   }
   std::string error;
   if (comm_.rank() == 0) {
     try {
       if (replace_) files::remove_tree(final_);
       fs::rename(tmp_, final_);
-      if (run_folder_) files::write_atomic(output_dir_ + "/latest", fs::path(final_).filename().string() + "\n");
+      if (run_folder_)
+        files::write_atomic(output_dir_ + "/latest", fs::path(final_).filename().string() + "\n");
       if (run_folder_ && total_limit) {
         std::vector<CheckpointInfo> all = list_checkpoints(output_dir_);
         int64_t excess = static_cast<int64_t>(all.size()) - *total_limit;
         for (const CheckpointInfo& c : all) {
           if (excess <= 0) break;
           std::error_code same_ec;
-          if (c.path == final_ || (!keep.empty() && fs::equivalent(c.path, keep, same_ec))) continue;
+          if (c.path == final_ || (!keep.empty() && fs::equivalent(c.path, keep, same_ec)))
+            continue;
           // A checkpoint being read (merge, verify: a shared lock) is kept until the next save.
-          std::optional<files::FileLock> held = files::FileLock::try_lock(c.path + "/" + kReadLock, true);
+          std::optional<files::FileLock> held =
+              files::FileLock::try_lock(c.path + "/" + kReadLock, true);
           if (!held) {
             log::info("rotation: keeping '{}' for now; it is being read", c.path);
             continue;
@@ -406,7 +431,8 @@ std::string CheckpointWriter::commit(bool ok, std::optional<int64_t> total_limit
     }
   }
   if (!failed_ranks(comm_, error.empty()).empty()) {
-    throw IoError(error.empty() ? fmt::format("rank 0 could not finish checkpoint '{}'", final_) : error);
+    throw IoError(error.empty() ? fmt::format("rank 0 could not finish checkpoint '{}'", final_)
+                                : error);
   }
   return final_;
 }
@@ -421,7 +447,8 @@ void save_engine_state(Engine& engine, const std::string& dir) {
     std::map<std::string, std::string> metadata{{"format", "pt"}};
     for (auto& [piece, values] : engine.state_pieces()) {
       metadata[piece.name] = std::to_string(piece.begin);
-      for (size_t k = 0; k < kinds.size(); ++k) tensors.emplace_back(kinds[k] + "/" + piece.name, values[k]);
+      for (size_t k = 0; k < kinds.size(); ++k)
+        tensors.emplace_back(kinds[k] + "/" + piece.name, values[k]);
     }
     fs::create_directories(dir + "/optimizer");
     save_safetensors(dir + "/" + rank_file(rank, world), tensors, metadata);
@@ -432,15 +459,19 @@ void save_engine_state(Engine& engine, const std::string& dir) {
   }
   std::vector<int> failed = failed_ranks(comm, error.empty());
   if (!failed.empty()) {
-    throw IoError(error.empty() ? fmt::format("saving optimizer state into '{}' failed on rank(s) {}", dir,
-                                              rank_list(failed))
-                                : fmt::format("saving optimizer state into '{}': {}", dir, error));
+    throw IoError(error.empty()
+                      ? fmt::format("saving optimizer state into '{}' failed on rank(s) {}", dir,
+                                    rank_list(failed))
+                      : fmt::format("saving optimizer state into '{}': {}", dir, error));
   }
 }
 
-EngineState read_engine_state(const std::string& dir) { return read_layout(dir).engine; }
+EngineState read_engine_state(const std::string& dir) {
+  return read_layout(dir).engine;
+}
 
-std::vector<std::pair<std::string, std::vector<int64_t>>> checkpoint_parameters(const std::string& dir) {
+std::vector<std::pair<std::string, std::vector<int64_t>>> checkpoint_parameters(
+    const std::string& dir) {
   return read_layout(dir).parameters;
 }
 
@@ -452,23 +483,26 @@ void load_engine_state(Engine& engine, const std::string& dir) {
     stored = std::make_unique<StoredState>(dir);
     const Layout& l = stored->layout();
     if (l.kinds != engine.state_kinds()) {
-      throw ConfigError(fmt::format("checkpoint '{}' holds optimizer state [{}] but this run's optimizer "
-                                    "keeps [{}]; resume with the optimizer it was saved with",
-                                    dir, fmt::join(l.kinds, ", "), fmt::join(engine.state_kinds(), ", ")));
+      throw ConfigError(
+          fmt::format("checkpoint '{}' holds optimizer state [{}] but this run's optimizer "
+                      "keeps [{}]; resume with the optimizer it was saved with",
+                      dir, fmt::join(l.kinds, ", "), fmt::join(engine.state_kinds(), ", ")));
     }
     std::map<std::string, std::vector<int64_t>> saved(l.parameters.begin(), l.parameters.end());
     auto ours = engine.trainable_parameters();
     for (const auto& [name, shape] : ours) {
       auto it = saved.find(name);
       if (it == saved.end()) {
-        throw ConfigError(fmt::format("checkpoint '{}' has no state for trainable parameter '{}': it was "
-                                      "saved with another model or fine-tuning method",
-                                      dir, name));
+        throw ConfigError(
+            fmt::format("checkpoint '{}' has no state for trainable parameter '{}': it was "
+                        "saved with another model or fine-tuning method",
+                        dir, name));
       }
       if (it->second != shape) {
-        throw ConfigError(fmt::format("checkpoint '{}': '{}' has shape [{}] there but [{}] in this run "
-                                      "(another model or adapter configuration?)",
-                                      dir, name, fmt::join(it->second, ", "), fmt::join(shape, ", ")));
+        throw ConfigError(
+            fmt::format("checkpoint '{}': '{}' has shape [{}] there but [{}] in this run "
+                        "(another model or adapter configuration?)",
+                        dir, name, fmt::join(it->second, ", "), fmt::join(shape, ", ")));
       }
     }
     if (saved.size() != ours.size()) {
@@ -476,9 +510,10 @@ void load_engine_state(Engine& engine, const std::string& dir) {
       for (const auto& [name, shape] : ours) mine.insert(name);
       for (const auto& [name, shape] : saved) {
         if (!mine.count(name)) {
-          throw ConfigError(fmt::format("checkpoint '{}' trains '{}', which this run does not; resume with "
-                                        "the fine-tuning settings it was saved with",
-                                        dir, name));
+          throw ConfigError(
+              fmt::format("checkpoint '{}' trains '{}', which this run does not; resume with "
+                          "the fine-tuning settings it was saved with",
+                          dir, name));
         }
       }
     }
@@ -488,7 +523,8 @@ void load_engine_state(Engine& engine, const std::string& dir) {
   std::vector<int> failed = failed_ranks(comm, error == nullptr);
   if (error) std::rethrow_exception(error);
   if (!failed.empty()) {
-    throw IoError(fmt::format("reading checkpoint '{}' failed on rank(s) {}", dir, rank_list(failed)));
+    throw IoError(
+        fmt::format("reading checkpoint '{}' failed on rank(s) {}", dir, rank_list(failed)));
   }
   engine.load_state(
       [&](const std::string& kind, const StatePiece& piece, const at::Tensor& out) {

@@ -37,8 +37,8 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
                              const MergeOptions& options) {
   std::error_code ec;
   if (fs::exists(out_dir, ec) && !fs::is_empty(out_dir, ec)) {
-    throw ConfigError(fmt::format("merge: '{}' is not empty; choose a new folder (nothing there is overwritten)",
-                                  out_dir));
+    throw ConfigError(fmt::format(
+        "merge: '{}' is not empty; choose a new folder (nothing there is overwritten)", out_dir));
   }
   const ReadLock reading(checkpoint_dir);  // rotation keeps it meanwhile
   // What the folder is: a checkpoint (fp32 masters, sharded) or a run's final output folder (an
@@ -47,10 +47,11 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
   const bool checkpoint = fs::is_regular_file(checkpoint_dir + "/layout.json", ec);
   const bool adapter = fs::is_regular_file(checkpoint_dir + "/adapter_config.json", ec);
   if (!checkpoint && !adapter && !fs::is_regular_file(checkpoint_dir + "/config.json", ec)) {
-    throw IoError(fmt::format("merge: '{}' is neither a zerotrain checkpoint (layout.json), an adapter folder "
-                              "(adapter_config.json) nor a model folder (config.json); name a checkpoint-<step> "
-                              "folder or a run's output_dir",
-                              checkpoint_dir));
+    throw IoError(fmt::format(
+        "merge: '{}' is neither a zerotrain checkpoint (layout.json), an adapter folder "
+        "(adapter_config.json) nor a model folder (config.json); name a checkpoint-<step> "
+        "folder or a run's output_dir",
+        checkpoint_dir));
   }
   std::shared_ptr<ParameterSource> masters = checkpoint ? checkpoint_master_source(checkpoint_dir)
                                              : adapter  ? adapter_source(checkpoint_dir)
@@ -61,22 +62,25 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
   if (adapter) {
     peft = load_adapter_config(checkpoint_dir);
     if (peft.type != FinetuningType::kLora) {
-      throw ConfigError(fmt::format("merge: '{}' holds a P-Tuning / prefix adapter, which adds virtual tokens "
-                                    "rather than changing weights; load it with PEFT (or zerotrain) instead",
-                                    checkpoint_dir));
+      throw ConfigError(
+          fmt::format("merge: '{}' holds a P-Tuning / prefix adapter, which adds virtual tokens "
+                      "rather than changing weights; load it with PEFT (or zerotrain) instead",
+                      checkpoint_dir));
     }
     base_dir = adapter_base_model(checkpoint_dir, options.base_model);
     config = load_model_config(base_dir);
   } else {
     if (!fs::is_regular_file(checkpoint_dir + "/config.json", ec)) {
-      throw IoError(fmt::format("merge: '{}' has neither adapter_config.json nor config.json", checkpoint_dir));
+      throw IoError(fmt::format("merge: '{}' has neither adapter_config.json nor config.json",
+                                checkpoint_dir));
     }
     config = load_model_config(checkpoint_dir);
   }
   std::unique_ptr<SafetensorsCheckpoint> base;
   if (!base_dir.empty()) base = std::make_unique<SafetensorsCheckpoint>(base_dir);
-  const double scaling = peft.lora.use_rslora ? peft.lora.alpha / std::sqrt(static_cast<double>(peft.lora.r))
-                                              : peft.lora.alpha / static_cast<double>(peft.lora.r);
+  const double scaling = peft.lora.use_rslora
+                             ? peft.lora.alpha / std::sqrt(static_cast<double>(peft.lora.r))
+                             : peft.lora.alpha / static_cast<double>(peft.lora.r);
   const at::ScalarType dtype = options.dtype.value_or(config.dtype);
 
   // The HF tensor names and shapes, from a placeholder model of this config.
@@ -96,16 +100,19 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
     } else if (base && base->contains(e.name)) {
       base->read_range(e.name, 0, value);
     } else {
-      throw IoError(fmt::format("merge: '{}' is neither trained in '{}' nor found in a base model{}; a Freeze "
-                                "checkpoint needs --base_model DIR",
-                                e.name, checkpoint_dir, base_dir.empty() ? "" : " ('" + base_dir + "')"));
+      throw IoError(fmt::format(
+          "merge: '{}' is neither trained in '{}' nor found in a base model{}; a Freeze "
+          "checkpoint needs --base_model DIR",
+          e.name, checkpoint_dir, base_dir.empty() ? "" : " ('" + base_dir + "')"));
     }
-    const std::string module = e.name.size() > 7 && e.name.compare(e.name.size() - 7, 7, ".weight") == 0
-                                   ? e.name.substr(0, e.name.size() - 7)
-                                   : "";
+    const std::string module =
+        e.name.size() > 7 && e.name.compare(e.name.size() - 7, 7, ".weight") == 0
+            ? e.name.substr(0, e.name.size() - 7)
+            : "";
     if (adapter && !module.empty() && masters->has(module + ".lora_A.weight")) {
       const std::string a_name = module + ".lora_A.weight", b_name = module + ".lora_B.weight";
-      at::Tensor a = at::empty({peft.lora.r, e.shape[1]}, at::kFloat), b = at::empty({e.shape[0], peft.lora.r}, at::kFloat);
+      at::Tensor a = at::empty({peft.lora.r, e.shape[1]}, at::kFloat),
+                 b = at::empty({e.shape[0], peft.lora.r}, at::kFloat);
       masters->read(a_name, a.sizes().vec(), 0, a);
       masters->read(b_name, b.sizes().vec(), 0, b);
       value.addmm_(b, a, /*beta=*/1.0, /*alpha=*/scaling);
@@ -124,8 +131,9 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
   if (copy_model_companion_files(checkpoint_dir, out_dir) == 0 && !base_dir.empty()) {
     copy_model_companion_files(base_dir, out_dir);
   }
-  log::info("merged '{}' into '{}': {} tensors in {}, largest {:.1f} MiB", checkpoint_dir, out_dir, report.tensors,
-            c10::toString(dtype), static_cast<double>(report.largest_tensor_bytes) / (1 << 20));
+  log::info("merged '{}' into '{}': {} tensors in {}, largest {:.1f} MiB", checkpoint_dir, out_dir,
+            report.tensors, c10::toString(dtype),
+            static_cast<double>(report.largest_tensor_bytes) / (1 << 20));
   return report;
 }
 

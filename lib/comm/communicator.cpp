@@ -12,10 +12,14 @@ namespace zt {
 
 const char* backend_name(Backend backend) {
   switch (backend) {
-    case Backend::kAuto: return "auto";
-    case Backend::kNccl: return "nccl";
-    case Backend::kGloo: return "gloo";
-    case Backend::kSelf: return "self";
+    case Backend::kAuto:
+      return "auto";
+    case Backend::kNccl:
+      return "nccl";
+    case Backend::kGloo:
+      return "gloo";
+    case Backend::kSelf:
+      return "self";
   }
   return "?";
 }
@@ -33,11 +37,13 @@ void check_tensor(const at::Tensor& t, const at::Device& device, const char* op,
     case at::kFloat:
     case at::kBFloat16:
     case at::kHalf:
-    case at::kLong: return;
+    case at::kLong:
+      return;
     default:
-      throw InvalidArgument(fmt::format("{}: {} has dtype {}; supported: float32, bfloat16, "
-                                        "float16, int64",
-                                        op, what, c10::toString(t.scalar_type())));
+      throw InvalidArgument(
+          fmt::format("{}: {} has dtype {}; supported: float32, bfloat16, "
+                      "float16, int64",
+                      op, what, c10::toString(t.scalar_type())));
   }
 }
 
@@ -91,7 +97,8 @@ class SelfCommunicator final : public Communicator {
   }
   WorkHandle broadcast(const at::Tensor& t, int root) override {
     check_tensor(t, device_, "broadcast", "tensor");
-    if (root != 0) throw InvalidArgument(fmt::format("broadcast: root {} is not a rank of 1", root));
+    if (root != 0)
+      throw InvalidArgument(fmt::format("broadcast: root {} is not a rank of 1", root));
     return std::make_unique<DoneWork>();
   }
   void barrier() override {}
@@ -112,8 +119,8 @@ WorkHandle Communicator::all_gather_uneven(const at::Tensor& output, const at::T
                                            const std::vector<int64_t>& counts) {
   const int world = world_size();
   if (static_cast<int>(counts.size()) != world) {
-    throw InvalidArgument(fmt::format("all_gather_uneven: {} counts for {} ranks", counts.size(),
-                                      world));
+    throw InvalidArgument(
+        fmt::format("all_gather_uneven: {} counts for {} ranks", counts.size(), world));
   }
   int64_t total = 0, largest = 0;
   for (int64_t c : counts) {
@@ -157,14 +164,18 @@ WorkHandle Communicator::all_gather_uneven(const at::Tensor& output, const at::T
 bool backend_available(Backend backend) {
   switch (backend) {
     case Backend::kAuto:
-    case Backend::kSelf: return true;
-    case Backend::kGloo: return ZT_WITH_GLOO;
-    case Backend::kNccl: return ZT_WITH_NCCL;
+    case Backend::kSelf:
+      return true;
+    case Backend::kGloo:
+      return ZT_WITH_GLOO;
+    case Backend::kNccl:
+      return ZT_WITH_NCCL;
   }
   return false;
 }
 
-std::unique_ptr<Communicator> create_communicator(const LaunchEnv& env, const CommOptions& options) {
+std::unique_ptr<Communicator> create_communicator(const LaunchEnv& env,
+                                                  const CommOptions& options) {
   Backend backend = options.backend;
   if (backend == Backend::kAuto) {
     backend = options.device.is_cuda() ? Backend::kNccl
@@ -181,8 +192,8 @@ std::unique_ptr<Communicator> create_communicator(const LaunchEnv& env, const Co
   }
   if (backend == Backend::kSelf) {
     if (env.world_size != 1) {
-      throw ConfigError(fmt::format("the self backend runs one rank, but WORLD_SIZE is {}",
-                                    env.world_size));
+      throw ConfigError(
+          fmt::format("the self backend runs one rank, but WORLD_SIZE is {}", env.world_size));
     }
     return comm::make_self_communicator(options.device);
   }
@@ -203,8 +214,8 @@ std::unique_ptr<Communicator> create_communicator(const LaunchEnv& env, const Co
 #if ZT_WITH_GLOO
   if (backend == Backend::kGloo) c = comm::make_gloo_communicator(store, env, options);
 #endif
-  log::debug("rank {}/{}: {} communicator on {}", env.rank, env.world_size,
-             backend_name(backend), options.device.str());
+  log::debug("rank {}/{}: {} communicator on {}", env.rank, env.world_size, backend_name(backend),
+             options.device.str());
   return c;
 }
 

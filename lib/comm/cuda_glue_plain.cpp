@@ -3,8 +3,12 @@
 
 namespace zt::cuda_glue {
 
-cudaStream_t current_stream(int /*device*/) { return cudaStreamLegacy; }
+cudaStream_t current_stream(int /*device*/) {
+  return cudaStreamLegacy;
+}
 
-bool torch_has_cuda() { return false; }
+bool torch_has_cuda() {
+  return false;
+}
 
 }  // namespace zt::cuda_glue

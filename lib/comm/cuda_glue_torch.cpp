@@ -9,6 +9,8 @@ cudaStream_t current_stream(int device) {
   return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
 }
 
-bool torch_has_cuda() { return true; }
+bool torch_has_cuda() {
+  return true;
+}
 
 }  // namespace zt::cuda_glue

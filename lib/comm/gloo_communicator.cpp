@@ -38,9 +38,10 @@ class GlooWork final : public Work {
       work_->wait();
     } catch (const std::exception& e) {
       work_.reset();
-      throw DistributedError(fmt::format("{} failed: {} — a peer may have died or timed out; "
-                                         "check the other ranks' logs",
-                                         what_, e.what()));
+      throw DistributedError(
+          fmt::format("{} failed: {} — a peer may have died or timed out; "
+                      "check the other ranks' logs",
+                      what_, e.what()));
     }
     work_.reset();
   }
@@ -72,8 +73,8 @@ class GlooCommunicator final : public Communicator {
     try {
       pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank_, world_, opts);
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("rank {}: Gloo could not connect the {} ranks: {}",
-                                         rank_, world_, e.what()));
+      throw DistributedError(
+          fmt::format("rank {}: Gloo could not connect the {} ranks: {}", rank_, world_, e.what()));
     }
   }
 
@@ -129,8 +130,8 @@ class GlooCommunicator final : public Communicator {
     std::vector<at::Tensor> inputs{wire_in.view({-1})};
     auto inner = wrap(pg_->allgather(outputs, inputs), "all_gather");
     if (!widen) return inner;
-    return std::make_unique<ThenWork>(std::move(inner),
-                                      [out, wire_out]() mutable { out.view({-1}).copy_(wire_out); });
+    return std::make_unique<ThenWork>(
+        std::move(inner), [out, wire_out]() mutable { out.view({-1}).copy_(wire_out); });
   }
 
   WorkHandle broadcast(const at::Tensor& t, int root) override {

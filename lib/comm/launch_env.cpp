@@ -1,7 +1,7 @@
 // Reading rank, world size and master address from torchrun / mpirun / srun variables.
 #include <charconv>
-#include <optional>
 #include <cstdlib>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -23,8 +23,8 @@ int int_var(const Getenv& getenv, const char* name, int min, std::optional<int> 
   std::string_view s(v);
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
   if (ec != std::errc() || p != s.data() + s.size() || out < min) {
-    throw ConfigError(fmt::format("environment variable {}: expected an integer >= {}, found \"{}\"",
-                                  name, min, s));
+    throw ConfigError(fmt::format(
+        "environment variable {}: expected an integer >= {}, found \"{}\"", name, min, s));
   }
   return out;
 }
@@ -39,8 +39,8 @@ std::string string_var(const Getenv& getenv, const char* name, const std::string
 
 void check_ranks(const LaunchEnv& e, const char* rank_var, const char* size_var) {
   if (e.world_size < 1 || e.rank >= e.world_size) {
-    throw ConfigError(fmt::format("{}={} is not below {}={}", rank_var, e.rank, size_var,
-                                  e.world_size));
+    throw ConfigError(
+        fmt::format("{}={} is not below {}={}", rank_var, e.rank, size_var, e.world_size));
   }
 }
 
@@ -74,7 +74,8 @@ LaunchEnv launch_env_from_environment(const Getenv& getenv_in) {
   auto master_port = [&](std::optional<int> fallback) {
     int port = int_var(getenv, "MASTER_PORT", 1, fallback);
     if (port > 65535) {
-      throw ConfigError(fmt::format("environment variable MASTER_PORT: {} is not a TCP port", port));
+      throw ConfigError(
+          fmt::format("environment variable MASTER_PORT: {} is not a TCP port", port));
     }
     return port;
   };
@@ -91,9 +92,9 @@ LaunchEnv launch_env_from_environment(const Getenv& getenv_in) {
       e.master_port = master_port(std::nullopt);
     }
     const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
-    e.agent_store = agent != nullptr && (std::string_view(agent) == "True" ||
-                                         std::string_view(agent) == "true" ||
-                                         std::string_view(agent) == "1");
+    e.agent_store =
+        agent != nullptr && (std::string_view(agent) == "True" ||
+                             std::string_view(agent) == "true" || std::string_view(agent) == "1");
   } else if (getenv("OMPI_COMM_WORLD_RANK") != nullptr) {
     e.origin = "openmpi";
     e.rank = int_var(getenv, "OMPI_COMM_WORLD_RANK", 0, std::nullopt);
@@ -102,7 +103,9 @@ LaunchEnv launch_env_from_environment(const Getenv& getenv_in) {
     e.local_world_size = int_var(getenv, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1);
     check_ranks(e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
     if (e.world_size > 1) {
-      const char* why = "under mpirun set MASTER_ADDR and MASTER_PORT (e.g. mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500)";
+      const char* why =
+          "under mpirun set MASTER_ADDR and MASTER_PORT (e.g. mpirun -x MASTER_ADDR=host0 -x "
+          "MASTER_PORT=29500)";
       e.master_addr = string_var(getenv, "MASTER_ADDR", nullptr, why);
       if (getenv("MASTER_PORT") == nullptr) {
         throw ConfigError(fmt::format("environment variable MASTER_PORT is not set; {}", why));

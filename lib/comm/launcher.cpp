@@ -42,11 +42,13 @@ int pick_free_port(const std::string& addr) {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = 0;
-  if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1)
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
     int err = errno;
     ::close(fd);
-    throw DistributedError(fmt::format("cannot bind a free port on {}: {}", addr, std::strerror(err)));
+    throw DistributedError(
+        fmt::format("cannot bind a free port on {}: {}", addr, std::strerror(err)));
   }
   socklen_t len = sizeof(sa);
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
@@ -73,16 +75,17 @@ LaunchResult launch_local(const std::vector<std::string>& command,
                           const LocalLaunchOptions& options) {
   if (command.empty()) throw InvalidArgument("launch_local: empty command");
   if (options.nproc < 1) throw InvalidArgument("launch_local: nproc must be at least 1");
-  const int port = options.master_port > 0 ? options.master_port : pick_free_port(options.master_addr);
+  const int port =
+      options.master_port > 0 ? options.master_port : pick_free_port(options.master_addr);
 
   // Everything the child needs is built before fork(): only async-signal-safe calls after it.
   std::vector<char*> argv;
   for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
 
-  static const char* kOwned[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=",
-                                 "MASTER_ADDR=", "MASTER_PORT=", "GROUP_RANK=",
-                                 "TORCHELASTIC_USE_AGENT_STORE="};
+  static const char* kOwned[] = {
+      "RANK=",        "LOCAL_RANK=",  "WORLD_SIZE=", "LOCAL_WORLD_SIZE=",
+      "MASTER_ADDR=", "MASTER_PORT=", "GROUP_RANK=", "TORCHELASTIC_USE_AGENT_STORE="};
   std::vector<std::string> base_env;
   for (char** e = environ; *e != nullptr; ++e) {
     bool owned = false;
@@ -112,7 +115,8 @@ LaunchResult launch_local(const std::vector<std::string>& command,
     envps[static_cast<size_t>(r)].push_back(nullptr);
     RankExit x;
     x.rank = r;
-    if (!options.output_dir.empty()) x.log_path = fmt::format("{}/rank{}.log", options.output_dir, r);
+    if (!options.output_dir.empty())
+      x.log_path = fmt::format("{}/rank{}.log", options.output_dir, r);
     result.ranks.push_back(x);
   }
 
@@ -124,7 +128,8 @@ LaunchResult launch_local(const std::vector<std::string>& command,
       const std::string& path = result.ranks[static_cast<size_t>(r)].log_path;
       log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (log_fd < 0) {
-        for (pid_t p : pids) if (p > 0) ::kill(p, SIGKILL);
+        for (pid_t p : pids)
+          if (p > 0) ::kill(p, SIGKILL);
         throw InvalidArgument(fmt::format("cannot create '{}': {}", path, std::strerror(errno)));
       }
     }
@@ -145,7 +150,8 @@ LaunchResult launch_local(const std::vector<std::string>& command,
     }
     if (log_fd >= 0) ::close(log_fd);
     if (pid < 0) {
-      for (pid_t p : pids) if (p > 0) ::kill(p, SIGKILL);
+      for (pid_t p : pids)
+        if (p > 0) ::kill(p, SIGKILL);
       throw InvalidArgument(fmt::format("fork() failed: {}", std::strerror(errno)));
     }
     ::setpgid(pid, group);

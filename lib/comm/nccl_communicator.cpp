@@ -38,15 +38,15 @@ std::string nccl_version() {
 }
 
 [[noreturn]] void throw_cuda(cudaError_t e, const char* expr, const char* file, int line) {
-  std::string msg = fmt::format("CUDA error '{}' in {} ({}:{})", cudaGetErrorString(e), expr, file,
-                                line);
+  std::string msg =
+      fmt::format("CUDA error '{}' in {} ({}:{})", cudaGetErrorString(e), expr, file, line);
   if (e == cudaErrorMemoryAllocation) throw OutOfMemoryError(msg);
   throw DistributedError(msg);
 }
 
-#define ZT_CUDA_CHECK(expr)                                          \
-  do {                                                               \
-    cudaError_t zt_err_ = (expr);                                    \
+#define ZT_CUDA_CHECK(expr)                                                     \
+  do {                                                                          \
+    cudaError_t zt_err_ = (expr);                                               \
     if (zt_err_ != cudaSuccess) throw_cuda(zt_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
@@ -58,27 +58,35 @@ std::string nccl_version() {
                                      detail ? detail : "", nccl_version(), file, line));
 }
 
-#define ZT_NCCL_CHECK(expr, comm, what)                                          \
-  do {                                                                           \
-    ncclResult_t zt_res_ = (expr);                                               \
+#define ZT_NCCL_CHECK(expr, comm, what)                                              \
+  do {                                                                               \
+    ncclResult_t zt_res_ = (expr);                                                   \
     if (zt_res_ != ncclSuccess) throw_nccl(zt_res_, comm, what, __FILE__, __LINE__); \
   } while (0)
 
 ncclDataType_t nccl_type(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return ncclFloat32;
-    case at::kBFloat16: return ncclBfloat16;
-    case at::kHalf: return ncclFloat16;
-    case at::kLong: return ncclInt64;
-    default: throw InvalidArgument(fmt::format("NCCL: unsupported dtype {}", c10::toString(t)));
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kBFloat16:
+      return ncclBfloat16;
+    case at::kHalf:
+      return ncclFloat16;
+    case at::kLong:
+      return ncclInt64;
+    default:
+      throw InvalidArgument(fmt::format("NCCL: unsupported dtype {}", c10::toString(t)));
   }
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
   }
   return ncclSum;
 }
@@ -111,19 +119,22 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnv& env,
                    const CommOptions& options)
-      : rank_(env.rank), world_(env.world_size), device_(options.device),
+      : rank_(env.rank),
+        world_(env.world_size),
+        device_(options.device),
         timeout_(options.timeout) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
       cudaGetLastError();  // clear the sticky error of a machine without a driver
-      throw DistributedError(fmt::format("rank {}: the NCCL backend needs a CUDA device, but none "
-                                         "is visible (CUDA_VISIBLE_DEVICES, driver?)",
-                                         rank_));
+      throw DistributedError(
+          fmt::format("rank {}: the NCCL backend needs a CUDA device, but none "
+                      "is visible (CUDA_VISIBLE_DEVICES, driver?)",
+                      rank_));
     }
     index_ = device_.has_index() ? device_.index() : 0;
     if (index_ >= count) {
-      throw DistributedError(fmt::format("rank {}: CUDA device {} does not exist ({} visible)",
-                                         rank_, index_, count));
+      throw DistributedError(
+          fmt::format("rank {}: CUDA device {} does not exist ({} visible)", rank_, index_, count));
     }
     ZT_CUDA_CHECK(cudaSetDevice(index_));
     int low = 0, high = 0;
@@ -142,8 +153,8 @@ class NcclCommunicator final : public Communicator {
       try {
         bytes = store->get(key);
       } catch (const std::exception& e) {
-        throw DistributedError(fmt::format("rank {}: did not receive NCCL's id from rank 0: {}",
-                                           rank_, e.what()));
+        throw DistributedError(
+            fmt::format("rank {}: did not receive NCCL's id from rank 0: {}", rank_, e.what()));
       }
       if (bytes.size() != sizeof(id)) throw DistributedError("malformed NCCL id in the store");
       std::memcpy(&id, bytes.data(), sizeof(id));
@@ -302,18 +313,19 @@ class NcclCommunicator final : public Communicator {
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
       if (async != ncclSuccess && async != ncclInProgress) {
-        fail(fmt::format("rank {}: NCCL reported an asynchronous error '{}': {} — a peer may have "
-                         "died; the communicator was aborted (NCCL {})",
-                         rank_, ncclGetErrorString(async), ncclGetLastError(comm_),
-                         nccl_version()));
+        fail(
+            fmt::format("rank {}: NCCL reported an asynchronous error '{}': {} — a peer may have "
+                        "died; the communicator was aborted (NCCL {})",
+                        rank_, ncclGetErrorString(async), ncclGetLastError(comm_), nccl_version()));
         continue;
       }
       if (!pending_.empty() &&
           std::chrono::steady_clock::now() - pending_.front().started > timeout_) {
-        fail(fmt::format("{} did not finish within the {} s timeout (ddp_timeout) — a peer is "
-                         "stuck or dead; the communicator was aborted",
-                         pending_.front().what,
-                         std::chrono::duration_cast<std::chrono::seconds>(timeout_).count()));
+        fail(
+            fmt::format("{} did not finish within the {} s timeout (ddp_timeout) — a peer is "
+                        "stuck or dead; the communicator was aborted",
+                        pending_.front().what,
+                        std::chrono::duration_cast<std::chrono::seconds>(timeout_).count()));
         continue;
       }
       lock.unlock();
@@ -340,9 +352,13 @@ class NcclCommunicator final : public Communicator {
   std::thread watchdog_;
 };
 
-void NcclWork::wait() { owner_->stream_wait(done_); }
+void NcclWork::wait() {
+  owner_->stream_wait(done_);
+}
 
-void NcclWork::synchronize() { owner_->host_wait(done_); }
+void NcclWork::synchronize() {
+  owner_->host_wait(done_);
+}
 
 }  // namespace
 

@@ -24,7 +24,8 @@ inline void read_auto_int(json::ObjectReader& r, const char* key, Auto<int64_t>&
   out.set(*i);
 }
 
-inline void read_auto_number(json::ObjectReader& r, const char* key, Auto<double>& out, double min) {
+inline void read_auto_number(json::ObjectReader& r, const char* key, Auto<double>& out,
+                             double min) {
   if (take_auto(r, key)) return out.set_auto();
   const rapidjson::Value* v = r.find(key);
   if (v == nullptr) return;

@@ -27,7 +27,7 @@ OffloadConfig parse_offload(ObjectReader& r, const char* key, int64_t default_bu
   std::optional<ObjectReader> o = r.object(key);
   if (!o) return out;
   if (auto d = o->choice("device", {"none", "cpu", "nvme"}, true)) {
-    out.device = *d == "cpu" ? OffloadDevice::kCpu
+    out.device = *d == "cpu"    ? OffloadDevice::kCpu
                  : *d == "nvme" ? OffloadDevice::kNvme
                                 : OffloadDevice::kNone;
   }
@@ -58,7 +58,8 @@ ZeroConfig parse_zero(ObjectReader& top, std::vector<std::string>& warnings) {
   z.offload_param = parse_offload(*r, "offload_param", 5, warnings);
   // Deprecated spellings DeepSpeed still maps onto the offload blocks.
   if (auto v = r->boolean("cpu_offload"); v && *v) z.offload_optimizer.device = OffloadDevice::kCpu;
-  if (auto v = r->boolean("cpu_offload_param"); v && *v) z.offload_param.device = OffloadDevice::kCpu;
+  if (auto v = r->boolean("cpu_offload_param"); v && *v)
+    z.offload_param.device = OffloadDevice::kCpu;
   if (auto v = r->boolean("cpu_offload_use_pin_memory"); v && *v) {
     z.offload_optimizer.pin_memory = true;
     z.offload_param.pin_memory = true;
@@ -205,8 +206,8 @@ SchedulerConfig parse_scheduler(ObjectReader& top, std::vector<std::string>& war
   std::optional<ObjectReader> r = top.object("scheduler");
   if (!r) return s;
   s.present = true;
-  std::optional<std::string> type = r->choice(
-      "type", {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"});
+  std::optional<std::string> type =
+      r->choice("type", {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"});
   if (!type) r->fail("type", "a scheduler name (WarmupLR, WarmupDecayLR, WarmupCosineLR, ...)");
   s.type_name = *type;
   s.type = *type == "WarmupLR"         ? SchedulerType::kWarmupLR
@@ -273,9 +274,9 @@ SchedulerConfig parse_scheduler(ObjectReader& top, std::vector<std::string>& war
 
 // Blocks that switch on a DeepSpeed feature zerotrain lacks: enabled is an error.
 void reject_enabled_features(ObjectReader& top) {
-  for (const char* key : {"amp", "elasticity", "curriculum_learning", "data_efficiency",
-                          "compression_training", "torch_autocast", "nebula",
-                          "sparse_attention", "pipeline_parallelism"}) {
+  for (const char* key :
+       {"amp", "elasticity", "curriculum_learning", "data_efficiency", "compression_training",
+        "torch_autocast", "nebula", "sparse_attention", "pipeline_parallelism"}) {
     const rapidjson::Value* v = top.find(key);
     if (v == nullptr) continue;
     bool enabled = true;
@@ -284,8 +285,9 @@ void reject_enabled_features(ObjectReader& top) {
       enabled = it != v->MemberEnd() && it->value.IsBool() && it->value.GetBool();
     }
     if (enabled) {
-      top.fail_value(key, "this DeepSpeed feature is not supported by zerotrain; remove the block "
-                          "or set \"enabled\": false");
+      top.fail_value(key,
+                     "this DeepSpeed feature is not supported by zerotrain; remove the block "
+                     "or set \"enabled\": false");
     }
   }
 }
@@ -314,7 +316,8 @@ DeepSpeedConfig parse_deepspeed_config(std::string_view text, const std::string&
   DeepSpeedConfig ds;
   ds.source = source;
   config::read_auto_int(top, "train_batch_size", ds.train_batch_size, 1);
-  config::read_auto_int(top, "train_micro_batch_size_per_gpu", ds.train_micro_batch_size_per_gpu, 1);
+  config::read_auto_int(top, "train_micro_batch_size_per_gpu", ds.train_micro_batch_size_per_gpu,
+                        1);
   config::read_auto_int(top, "gradient_accumulation_steps", ds.gradient_accumulation_steps, 1);
   config::read_auto_number(top, "gradient_clipping", ds.gradient_clipping, 0.0);
   if (auto v = top.integer("steps_per_print", 1)) ds.steps_per_print = *v;
@@ -338,16 +341,16 @@ DeepSpeedConfig parse_deepspeed_config(std::string_view text, const std::string&
   for (const char* key : {"tensorboard", "wandb", "csv_monitor", "comms_logger", "flops_profiler",
                           "activation_checkpointing", "monitor_config"}) {
     if (top.find(key) != nullptr) {
-      ds.warnings.push_back(fmt::format(
-          "{}: not supported by zerotrain, ignored (activation checkpointing is the "
-          "gradient_checkpointing option; metrics go to the log)",
-          key));
+      ds.warnings.push_back(
+          fmt::format("{}: not supported by zerotrain, ignored (activation checkpointing is the "
+                      "gradient_checkpointing option; metrics go to the log)",
+                      key));
     }
   }
   if (ds.fp16.enabled.is_set() && ds.fp16.enabled.value() && ds.bf16.enabled.is_set() &&
       ds.bf16.enabled.value()) {
-    throw ConfigError(fmt::format(
-        "{}: fp16.enabled and bf16.enabled are both true; enable at most one", source));
+    throw ConfigError(
+        fmt::format("{}: fp16.enabled and bf16.enabled are both true; enable at most one", source));
   }
   collect_unknown(top, ds.warnings);
   for (const std::string& w : ds.warnings) log::warn("{}: {}", source, w);

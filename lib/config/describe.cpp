@@ -16,9 +16,12 @@ std::string show(const Auto<T>& v) {
 
 const char* offload_name(const OffloadConfig& o) {
   switch (o.device) {
-    case OffloadDevice::kNone: return "none";
-    case OffloadDevice::kCpu: return o.pin_memory ? "cpu (pinned)" : "cpu";
-    case OffloadDevice::kNvme: return "nvme";
+    case OffloadDevice::kNone:
+      return "none";
+    case OffloadDevice::kCpu:
+      return o.pin_memory ? "cpu (pinned)" : "cpu";
+    case OffloadDevice::kNvme:
+      return "nvme";
   }
   return "?";
 }
@@ -38,9 +41,8 @@ std::string optimizer(const OptimizerConfig& o) {
   const char* kind = o.type == OptimizerType::kSgd    ? "SGD"
                      : o.type == OptimizerType::kAdam ? "Adam (L2 weight decay)"
                                                       : "AdamW";
-  std::string betas = o.betas.is_auto() ? "auto"
-                                        : fmt::format("({}, {})", o.betas.value()[0],
-                                                      o.betas.value()[1]);
+  std::string betas =
+      o.betas.is_auto() ? "auto" : fmt::format("({}, {})", o.betas.value()[0], o.betas.value()[1]);
   return fmt::format("{}{} lr={} betas={} eps={} weight_decay={}", kind,
                      o.present ? "" : " (from the training arguments)", show(o.lr), betas,
                      show(o.eps), show(o.weight_decay));
@@ -52,11 +54,11 @@ std::string scheduler(const SchedulerConfig& s) {
     case SchedulerType::kWarmupLR:
     case SchedulerType::kWarmupDecayLR:
     case SchedulerType::kWarmupCosineLR:
-      return fmt::format("{} warmup_min_lr={} warmup_max_lr={} warmup_num_steps={} "
-                         "total_num_steps={} warmup_type={}",
-                         s.type_name, show(s.warmup_min_lr), show(s.warmup_max_lr),
-                         show(s.warmup_num_steps), show(s.total_num_steps),
-                         s.warmup_type == WarmupType::kLog ? "log" : "linear");
+      return fmt::format(
+          "{} warmup_min_lr={} warmup_max_lr={} warmup_num_steps={} "
+          "total_num_steps={} warmup_type={}",
+          s.type_name, show(s.warmup_min_lr), show(s.warmup_max_lr), show(s.warmup_num_steps),
+          show(s.total_num_steps), s.warmup_type == WarmupType::kLog ? "log" : "linear");
     case SchedulerType::kOneCycle:
       return fmt::format("OneCycle cycle_min_lr={} cycle_max_lr={} first_step_size={}",
                          s.cycle_min_lr, s.cycle_max_lr, s.cycle_first_step_size);
@@ -94,9 +96,9 @@ std::string describe(const DeepSpeedConfig& ds) {
   out += fmt::format("precision: {}\n", precision(ds));
   out += fmt::format("optimizer: {}\n", optimizer(ds.optimizer));
   out += fmt::format("scheduler: {}\n", scheduler(ds.scheduler));
-  out += fmt::format("gradient_clipping={} prescale_gradients={} gradient_predivide_factor={}",
-                     show(ds.gradient_clipping), ds.prescale_gradients,
-                     ds.gradient_predivide_factor);
+  out +=
+      fmt::format("gradient_clipping={} prescale_gradients={} gradient_predivide_factor={}",
+                  show(ds.gradient_clipping), ds.prescale_gradients, ds.gradient_predivide_factor);
   return out;
 }
 
@@ -119,7 +121,9 @@ void put_offload(JsonWriter& w, const char* key, const OffloadConfig& o) {
   w.Key(key);
   w.StartObject();
   w.Key("device");
-  w.String(o.device == OffloadDevice::kCpu ? "cpu" : o.device == OffloadDevice::kNvme ? "nvme" : "none");
+  w.String(o.device == OffloadDevice::kCpu    ? "cpu"
+           : o.device == OffloadDevice::kNvme ? "nvme"
+                                              : "none");
   w.Key("pin_memory");
   w.Bool(o.pin_memory);
   if (o.device == OffloadDevice::kNvme) {
@@ -133,11 +137,16 @@ void put_offload(JsonWriter& w, const char* key, const OffloadConfig& o) {
 
 const char* scheduler_name(SchedulerType t) {
   switch (t) {
-    case SchedulerType::kWarmupLR: return "WarmupLR";
-    case SchedulerType::kWarmupDecayLR: return "WarmupDecayLR";
-    case SchedulerType::kWarmupCosineLR: return "WarmupCosineLR";
-    case SchedulerType::kOneCycle: return "OneCycle";
-    case SchedulerType::kLRRangeTest: return "LRRangeTest";
+    case SchedulerType::kWarmupLR:
+      return "WarmupLR";
+    case SchedulerType::kWarmupDecayLR:
+      return "WarmupDecayLR";
+    case SchedulerType::kWarmupCosineLR:
+      return "WarmupCosineLR";
+    case SchedulerType::kOneCycle:
+      return "OneCycle";
+    case SchedulerType::kLRRangeTest:
+      return "LRRangeTest";
   }
   return "WarmupLR";
 }
@@ -267,7 +276,8 @@ std::string deepspeed_config_json(const DeepSpeedConfig& ds) {
       put_auto(w, "warmup_min_lr", c.warmup_min_lr, number);
       put_auto(w, "warmup_max_lr", c.warmup_max_lr, number);
       put_auto(w, "warmup_num_steps", c.warmup_num_steps, integer);
-      if (c.type != SchedulerType::kWarmupLR) put_auto(w, "total_num_steps", c.total_num_steps, integer);
+      if (c.type != SchedulerType::kWarmupLR)
+        put_auto(w, "total_num_steps", c.total_num_steps, integer);
       w.Key("warmup_type");
       w.String(c.warmup_type == WarmupType::kLog ? "log" : "linear");
       if (c.type == SchedulerType::kWarmupCosineLR) {

@@ -40,8 +40,8 @@ size_t leading_space(std::string_view s) {
   if ((c & 0xe0) == 0xc0) n = 2, cp = cp_at(2, 0x1f);
   if ((c & 0xf0) == 0xe0) n = 3, cp = cp_at(3, 0x0f);
   if (n == 0) return 0;
-  const bool space = cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 ||
-                     cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000;
+  const bool space = cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) ||
+                     cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000;
   return space ? n : 0;
 }
 
@@ -50,7 +50,8 @@ size_t trailing_space(std::string_view s) {
   for (size_t n = 1; n <= 3 && n <= s.size(); ++n) {
     const auto c = static_cast<unsigned char>(s[s.size() - n]);
     if (n == 1 && c < 0x80) return leading_space(s.substr(s.size() - 1));
-    if ((c & 0xc0) != 0x80) return leading_space(s.substr(s.size() - n)) == n ? n : 0;  // a lead byte
+    if ((c & 0xc0) != 0x80)
+      return leading_space(s.substr(s.size() - n)) == n ? n : 0;  // a lead byte
   }
   return 0;
 }
@@ -72,7 +73,9 @@ std::string rstrip_newlines(std::string_view s) {
   return std::string(s);
 }
 
-std::string user_text(const Message& m) { return m.input.empty() ? m.content : m.content + "\n" + m.input; }
+std::string user_text(const Message& m) {
+  return m.input.empty() ? m.content : m.content + "\n" + m.input;
+}
 
 // Pieces under construction: consecutive pieces of the same kind are merged.
 class Pieces {
@@ -128,7 +131,9 @@ class Instruction final : public Named {
     }
     return out.take();
   }
-  std::string prompt(const Chat& chat) const override { return prompt_of(chat, chat.messages.size() - 1); }
+  std::string prompt(const Chat& chat) const override {
+    return prompt_of(chat, chat.messages.size() - 1);
+  }
 
  private:
   // The prompt of the exchange whose user message is messages[k].
@@ -136,22 +141,26 @@ class Instruction final : public Named {
     const Message& m = chat.messages[k];
     const bool first_with_system = k == 0 && chat.system.has_value();
     if (kind_ == kChatml) {
-      std::string p = first_with_system ? "<|im_start|>system\n" + *chat.system + "<|im_end|>\n" : "";
+      std::string p =
+          first_with_system ? "<|im_start|>system\n" + *chat.system + "<|im_end|>\n" : "";
       return p + "<|im_start|>user\n" + user_text(m) + "<|im_end|>\n<|im_start|>assistant\n";
     }
     // The other templates have no system slot: it opens the first instruction.
     const std::string instruction = first_with_system ? *chat.system + "\n" + m.content : m.content;
     switch (kind_) {
       case kAlpacaZh:
-        return "### 指令：" + instruction + "\n" + (m.input.empty() ? "" : m.input + "\n") + "### 回答：";
+        return "### 指令：" + instruction + "\n" + (m.input.empty() ? "" : m.input + "\n") +
+               "### 回答：";
       case kAlpaca:
-        return "### Instruction:\n" + instruction + "\n\n" + (m.input.empty() ? "" : "### Input:\n" + m.input + "\n\n") +
-               "### Response:\n";
+        return "### Instruction:\n" + instruction + "\n\n" +
+               (m.input.empty() ? "" : "### Input:\n" + m.input + "\n\n") + "### Response:\n";
       default:
         return instruction + m.input;
     }
   }
-  std::string response_of(const Message& m) const { return kind_ == kChatml ? m.content + "<|im_end|>\n" : m.content; }
+  std::string response_of(const Message& m) const {
+    return kind_ == kChatml ? m.content + "<|im_end|>\n" : m.content;
+  }
 
   Kind kind_;
 };
@@ -163,7 +172,9 @@ class Qwen final : public Named {
   enum Generation { kQwen2, kQwen25, kQwen3 };
   Qwen(std::string name, Generation g) : Named(std::move(name)), g_(g) {}
   bool whole_text() const override { return true; }
-  std::vector<std::string> special_tokens() const override { return {"<|im_start|>", "<|im_end|>"}; }
+  std::vector<std::string> special_tokens() const override {
+    return {"<|im_start|>", "<|im_end|>"};
+  }
 
   std::vector<Piece> render(const Chat& chat) const override {
     Pieces out;
@@ -195,7 +206,8 @@ class Qwen final : public Named {
       }
       std::string content = m.content, reasoning;
       if (const size_t close = m.content.find("</think>"); close != std::string::npos) {
-        content = lstrip_newlines(std::string_view(m.content).substr(m.content.rfind("</think>") + 8));
+        content =
+            lstrip_newlines(std::string_view(m.content).substr(m.content.rfind("</think>") + 8));
         std::string before = rstrip_newlines(std::string_view(m.content).substr(0, close));
         const size_t open = before.rfind("<think>");
         reasoning = lstrip_newlines(open == std::string::npos ? before : before.substr(open + 7));
@@ -224,7 +236,9 @@ class Qwen final : public Named {
     } else if (g_ == kQwen2) {
       out.add("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n");
     } else if (g_ == kQwen25) {
-      out.add("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n");
+      out.add(
+          "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+          "assistant.<|im_end|>\n");
     }
   }
 
@@ -251,10 +265,13 @@ class Llama3 final : public Named {
     Pieces out;
     out.add("<|begin_of_text|>");
     if (v_ == kDated || v_ == kToday) {
-      out.add("<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: " +
-              date() + "\n\n" + (chat.system ? py_strip(*chat.system) : "") + "<|eot_id|>");
+      out.add(
+          "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December "
+          "2023\nToday Date: " +
+          date() + "\n\n" + (chat.system ? py_strip(*chat.system) : "") + "<|eot_id|>");
     } else if (chat.system) {
-      out.add("<|start_header_id|>system<|end_header_id|>\n\n" + py_strip(*chat.system) + "<|eot_id|>");
+      out.add("<|start_header_id|>system<|end_header_id|>\n\n" + py_strip(*chat.system) +
+              "<|eot_id|>");
     }
     for (const Message& m : chat.messages) {
       out.add("<|start_header_id|>" + m.role + "<|end_header_id|>\n\n");
@@ -300,7 +317,8 @@ class Inst final : public Named {
   std::vector<Piece> render(const Chat& chat) const override {
     Pieces out;
     if (chat.system && (v_ == kMistral01 || v_ == kMistral02)) {
-      refuse("the model's chat template supports only user and assistant roles, not a system message");
+      refuse(
+          "the model's chat template supports only user and assistant roles, not a system message");
     }
     // v0.3's template renders no system message at all (it drops it); so does this.
     if (v_ != kLlama2) out.add("<s>");
@@ -310,7 +328,8 @@ class Inst final : public Named {
         std::string content = user_text(m);
         switch (v_) {
           case kLlama2:
-            if (k == 0 && chat.system) content = "<<SYS>>\n" + *chat.system + "\n<</SYS>>\n\n" + content;
+            if (k == 0 && chat.system)
+              content = "<<SYS>>\n" + *chat.system + "\n<</SYS>>\n\n" + content;
             out.add("<s>[INST] " + py_strip(content) + " [/INST]");
             break;
           case kMistral03:
@@ -381,14 +400,17 @@ std::string without_whitespace(std::string_view s) {
 std::optional<std::pair<std::string, std::string>> folder_chat_template(const std::string& dir) {
   std::error_code ec;
   const std::string jinja = dir + "/chat_template.jinja";
-  if (std::filesystem::is_regular_file(jinja, ec)) return std::pair{files::read_text(jinja, "chat template"), jinja};
+  if (std::filesystem::is_regular_file(jinja, ec))
+    return std::pair{files::read_text(jinja, "chat template"), jinja};
   const std::string config = dir + "/tokenizer_config.json";
   if (!std::filesystem::is_regular_file(config, ec)) return std::nullopt;
-  rapidjson::Document doc = json::parse(files::read_text(config, "tokenizer config", files::kMaxTokenizerBytes), config);
+  rapidjson::Document doc =
+      json::parse(files::read_text(config, "tokenizer config", files::kMaxTokenizerBytes), config);
   if (!doc.IsObject()) return std::nullopt;
   auto it = doc.FindMember("chat_template");
   if (it == doc.MemberEnd() || it->value.IsNull()) return std::nullopt;
-  if (it->value.IsString()) return std::pair{std::string(it->value.GetString(), it->value.GetStringLength()), config};
+  if (it->value.IsString())
+    return std::pair{std::string(it->value.GetString(), it->value.GetStringLength()), config};
   if (it->value.IsArray()) {  // [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
     for (const auto& entry : it->value.GetArray()) {
       if (entry.IsObject() && entry.HasMember("name") && entry["name"].IsString() &&
@@ -398,9 +420,10 @@ std::optional<std::pair<std::string, std::string>> folder_chat_template(const st
       }
     }
   }
-  throw ConfigError(fmt::format("{}: chat_template: expected a template string or a list holding a \"default\" "
-                                "template",
-                                config));
+  throw ConfigError(
+      fmt::format("{}: chat_template: expected a template string or a list holding a \"default\" "
+                  "template",
+                  config));
 }
 
 }  // namespace
@@ -409,8 +432,8 @@ const ChatTemplate& chat_template(const std::string& name) {
   for (const auto& t : all()) {
     if (t->name() == name) return *t;
   }
-  throw ConfigError(fmt::format("template: unknown template \"{}\"; choose auto or one of: {}", name,
-                                fmt::join(chat_template_names(), ", ")));
+  throw ConfigError(fmt::format("template: unknown template \"{}\"; choose auto or one of: {}",
+                                name, fmt::join(chat_template_names(), ", ")));
 }
 
 std::vector<std::string> chat_template_names() {
@@ -426,7 +449,8 @@ std::string detect_chat_template(const std::string& model_dir, std::string* sour
   };
   if (model_dir.empty()) return fallback("no model folder: zerotrain's default");
   auto found = folder_chat_template(model_dir);
-  if (!found) return fallback(fmt::format("'{}' has no chat template: zerotrain's default", model_dir));
+  if (!found)
+    return fallback(fmt::format("'{}' has no chat template: zerotrain's default", model_dir));
   const std::string text = without_whitespace(found->first);
   for (const auto& [name, reference] : kReferenceChatTemplates) {
     if (without_whitespace(reference) == text) {
@@ -437,7 +461,8 @@ std::string detect_chat_template(const std::string& model_dir, std::string* sour
   std::vector<std::string> formats;
   for (const auto& [name, reference] : kReferenceChatTemplates) formats.push_back(name);
   throw ConfigError(fmt::format(
-      "{}: its chat_template is none of the chat formats zerotrain reproduces ({}); pass --template NAME with the "
+      "{}: its chat_template is none of the chat formats zerotrain reproduces ({}); pass "
+      "--template NAME with the "
       "format it follows, or an instruction template (alpaca_zh, alpaca, chatml, plain)",
       found->second, fmt::join(formats, ", ")));
 }

@@ -156,8 +156,8 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 // Every encoding below stops at `limit` ids (max_length): what truncation keeps is computed
 // from as much text as it needs (encode_prefix), so a huge record costs memory in proportion to
 // max_length, and the ids are those of encoding it whole and then truncating.
-Example encode_chat(const Chat& chat, const ChatTemplate& t, const Tokenizer& tok, bool train_on_prompt,
-                    size_t limit) {
+Example encode_chat(const Chat& chat, const ChatTemplate& t, const Tokenizer& tok,
+                    bool train_on_prompt, size_t limit) {
   Example e;
   const std::vector<data::Piece> pieces = t.render(chat);
   if (!t.whole_text()) {
@@ -181,9 +181,11 @@ Example encode_chat(const Chat& chat, const ChatTemplate& t, const Tokenizer& to
   size_t offset = 0, start = 0;
   for (size_t k = 0; k < pieces.size() && start < e.ids.size(); ++k) {
     offset += pieces[k].text.size();
-    const size_t end = k + 1 == pieces.size()
-                           ? e.ids.size()
-                           : common_prefix(encode_prefix(tok, std::string_view(text).substr(0, offset), limit), e.ids);
+    const size_t end =
+        k + 1 == pieces.size()
+            ? e.ids.size()
+            : common_prefix(encode_prefix(tok, std::string_view(text).substr(0, offset), limit),
+                            e.ids);
     if (pieces[k].trained || train_on_prompt) {
       for (size_t i = start; i < end; ++i) e.labels[i] = e.ids[i];
     }
@@ -249,8 +251,8 @@ constexpr ChatLayout kShareGpt{"conversations", "from", "value"};
 std::optional<std::string> normalized_role(const std::string& role) {
   if (role == "system") return std::string("system");
   if (role == "user" || role == "human") return std::string("user");
-  if (role == "assistant" || role == "gpt" || role == "chatgpt" || role == "bard" || role == "bing" ||
-      role == "model" || role == "bot") {
+  if (role == "assistant" || role == "gpt" || role == "chatgpt" || role == "bard" ||
+      role == "bing" || role == "model" || role == "bot") {
     return std::string("assistant");
   }
   return std::nullopt;
@@ -264,10 +266,13 @@ std::string message_text(json::ObjectReader& m, const char* key) {
     for (rapidjson::SizeType k = 0; k < v->Size(); ++k) {
       const rapidjson::Value& part = (*v)[k];
       if (!part.IsObject() || !part.HasMember("text") || !part["text"].IsString() ||
-          (part.HasMember("type") && !(part["type"].IsString() && std::string(part["type"].GetString()) == "text"))) {
-        m.fail_value(key, fmt::format("part {} is not a {{\"type\": \"text\", \"text\": ...}} part (only text "
-                                      "content is supported)",
-                                      k));
+          (part.HasMember("type") &&
+           !(part["type"].IsString() && std::string(part["type"].GetString()) == "text"))) {
+        m.fail_value(
+            key,
+            fmt::format("part {} is not a {{\"type\": \"text\", \"text\": ...}} part (only text "
+                        "content is supported)",
+                        k));
       }
       text += part["text"].GetString();
     }
@@ -279,7 +284,8 @@ std::string message_text(json::ObjectReader& m, const char* key) {
 Chat parse_chat(json::ObjectReader& r, const std::string& where, const ChatLayout& layout) {
   const rapidjson::Value* v = r.find(layout.list);
   if (v == nullptr || !v->IsArray() || v->Empty()) {
-    r.fail(layout.list, fmt::format("a non-empty array of {{\"{}\", \"{}\"}} objects", layout.role, layout.content));
+    r.fail(layout.list, fmt::format("a non-empty array of {{\"{}\", \"{}\"}} objects", layout.role,
+                                    layout.content));
   }
   Chat c;
   if (&layout == &kShareGpt) {
@@ -291,16 +297,20 @@ Chat parse_chat(json::ObjectReader& r, const std::string& where, const ChatLayou
     const std::string role_text = m.required_string(layout.role);
     std::optional<std::string> role = normalized_role(role_text);
     if (!role) {
-      m.fail_value(layout.role, fmt::format("\"{}\" is not a role zerotrain trains: expected system, user (human) "
-                                            "or assistant (gpt)",
-                                            role_text));
+      m.fail_value(
+          layout.role,
+          fmt::format("\"{}\" is not a role zerotrain trains: expected system, user (human) "
+                      "or assistant (gpt)",
+                      role_text));
     }
     std::string content = message_text(m, layout.content);
     if (*role == "system") {
-      if (i != 0 || c.system) m.fail_value(layout.role, "a system message must be the first message, and only one");
+      if (i != 0 || c.system)
+        m.fail_value(layout.role, "a system message must be the first message, and only one");
       c.system = std::move(content);
     } else if (*role == "user") {
-      if (user) m.fail_value(layout.role, "two user messages in a row; each needs an assistant reply");
+      if (user)
+        m.fail_value(layout.role, "two user messages in a row; each needs an assistant reply");
       user = std::move(content);
     } else {
       if (!user) m.fail_value(layout.role, "an assistant message must follow a user message");
@@ -329,7 +339,8 @@ Chat parse_instruction(json::ObjectReader& r) {
     for (rapidjson::SizeType k = 0; k < h->Size(); ++k) {
       const rapidjson::Value& pair = (*h)[k];
       if (!pair.IsArray() || pair.Size() != 2 || !pair[0].IsString() || !pair[1].IsString()) {
-        r.fail_value("history", fmt::format("entry {} is not an [instruction, output] pair of strings", k));
+        r.fail_value("history",
+                     fmt::format("entry {} is not an [instruction, output] pair of strings", k));
       }
       c.messages.push_back({"user", pair[0].GetString(), ""});
       c.messages.push_back({"assistant", pair[1].GetString(), ""});
@@ -350,18 +361,21 @@ Example parse_line(std::string_view line, const std::string& where, const Tokeni
   // The first of these keys decides the format (docs/data.md).
   if (doc.HasMember("input_ids")) return parse_tokens(r, id_limit);
   if (tok.vocab_size() > id_limit) throw TextNeedsVocabulary{};  // this record has text to encode
-  if (doc.HasMember("messages")) return encode_chat(parse_chat(r, where, kOpenAi), t, tok, train_on_prompt, limit);
+  if (doc.HasMember("messages"))
+    return encode_chat(parse_chat(r, where, kOpenAi), t, tok, train_on_prompt, limit);
   if (doc.HasMember("conversations")) {
     return encode_chat(parse_chat(r, where, kShareGpt), t, tok, train_on_prompt, limit);
   }
-  if (doc.HasMember("instruction")) return encode_chat(parse_instruction(r), t, tok, train_on_prompt, limit);
+  if (doc.HasMember("instruction"))
+    return encode_chat(parse_instruction(r), t, tok, train_on_prompt, limit);
   if (doc.HasMember("text")) return encode_text(r.required_string("text"), tok, limit);
   std::string keys;
   for (auto it = doc.MemberBegin(); it != doc.MemberEnd(); ++it) {
     keys += fmt::format("{}\"{}\"", keys.empty() ? "" : ", ", it->name.GetString());
   }
   throw ConfigError(fmt::format(
-      "{}: unknown layout: the layouts are \"text\" (plain text), \"instruction\" + \"output\" (alpaca, "
+      "{}: unknown layout: the layouts are \"text\" (plain text), \"instruction\" + \"output\" "
+      "(alpaca, "
       "optional \"input\"), \"messages\" (OpenAI chat: role/content), \"conversations\" (ShareGPT: "
       "from/value) and \"input_ids\" (pre-tokenized, optional \"labels\"); found {}",
       where, keys.empty() ? "an empty object" : "keys " + keys));
@@ -390,10 +404,12 @@ std::vector<int32_t> encode_prompt(const std::string& template_name, const Token
   return ids;
 }
 
-std::vector<std::string> template_names() { return data::chat_template_names(); }
+std::vector<std::string> template_names() {
+  return data::chat_template_names();
+}
 
-std::string resolve_template(const std::string& name, const std::string& model_dir, const Tokenizer& tok,
-                             std::string* source) {
+std::string resolve_template(const std::string& name, const std::string& model_dir,
+                             const Tokenizer& tok, std::string* source) {
   std::string chosen = name;
   if (name == "auto") {
     chosen = data::detect_chat_template(model_dir, source);
@@ -403,17 +419,22 @@ std::string resolve_template(const std::string& name, const std::string& model_d
   const ChatTemplate& t = data::chat_template(chosen);
   for (const std::string& special : t.special_tokens()) {
     if (tok.encode(special).size() != 1) {
-      throw ConfigError(fmt::format("template {} writes the token {}, which this tokenizer does not have as one "
-                                    "token (a tokenizer of another model family?); choose another --template",
-                                    chosen, special));
+      throw ConfigError(
+          fmt::format("template {} writes the token {}, which this tokenizer does not have as one "
+                      "token (a tokenizer of another model family?); choose another --template",
+                      chosen, special));
     }
   }
   return chosen;
 }
 
-std::optional<std::string> recorded_template(const std::string& dir) { return data::recorded_chat_template(dir); }
+std::optional<std::string> recorded_template(const std::string& dir) {
+  return data::recorded_chat_template(dir);
+}
 
-void record_template(const std::string& dir, const std::string& name) { data::record_chat_template(dir, name); }
+void record_template(const std::string& dir, const std::string& name) {
+  data::record_chat_template(dir, name);
+}
 
 Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const DataOptions& o,
                        DatasetStats* stats) {
@@ -441,8 +462,9 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
   auto work = [&](int64_t first, int64_t last) {
     for (size_t i = static_cast<size_t>(first); i < static_cast<size_t>(last); ++i) {
       try {
-        outcomes[i].example = parse_line(batch[i].text, reader.where(batch[i]), tok, t, o.train_on_prompt, id_limit,
-                                         static_cast<size_t>(o.max_length));
+        outcomes[i].example =
+            parse_line(batch[i].text, reader.where(batch[i]), tok, t, o.train_on_prompt, id_limit,
+                       static_cast<size_t>(o.max_length));
       } catch (const ConfigError& error) {
         outcomes[i].error = error.what();
       } catch (const TextNeedsVocabulary&) {
@@ -464,7 +486,8 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
       ++s.lines;
       if (!out.error.empty()) {
         if (!o.skip_bad_lines) {
-          throw ConfigError(fmt::format("{} (fix the record, or set skip_bad_lines to skip malformed ones)", out.error));
+          throw ConfigError(fmt::format(
+              "{} (fix the record, or set skip_bad_lines to skip malformed ones)", out.error));
         }
         if (s.skipped_lines++ == 0) first_skipped = out.error;
         continue;
@@ -501,9 +524,10 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
         path, s.dropped_examples, o.max_length);
   }
   if (s.lines == 0) {
-    throw ConfigError(fmt::format("data file '{}' is empty: expected one JSON object per line (JSONL) or a "
-                                  "JSON array of objects",
-                                  path));
+    throw ConfigError(
+        fmt::format("data file '{}' is empty: expected one JSON object per line (JSONL) or a "
+                    "JSON array of objects",
+                    path));
   }
   if (dataset.empty()) {
     throw ConfigError(fmt::format(

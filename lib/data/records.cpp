@@ -14,7 +14,9 @@
 namespace zt::data {
 namespace {
 
-bool is_space(int c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+bool is_space(int c) {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
 
 bool is_blank(const std::string& line) {
   for (char c : line) {
@@ -68,9 +70,13 @@ int RecordReader::get() {
   return c;
 }
 
-void RecordReader::unget(int c) { std::ungetc(c, in_); }
+void RecordReader::unget(int c) {
+  std::ungetc(c, in_);
+}
 
-bool RecordReader::next(Record& out) { return array_ ? next_element(out) : next_line(out); }
+bool RecordReader::next(Record& out) {
+  return array_ ? next_element(out) : next_line(out);
+}
 
 bool RecordReader::next_line(Record& out) {
   while (true) {
@@ -102,14 +108,15 @@ bool RecordReader::next_element(Record& out) {
     array_done_ = true;
     while ((c = get()) != EOF) {
       if (!is_space(c)) {
-        throw ConfigError(fmt::format("{}:{}: text after the JSON array's closing ']'", path_, line_));
+        throw ConfigError(
+            fmt::format("{}:{}: text after the JSON array's closing ']'", path_, line_));
       }
     }
     return false;
   }
   if (c == EOF) {
-    throw ConfigError(fmt::format("{}:{}: the JSON array ends without its closing ']' (a truncated file?)", path_,
-                                  line_));
+    throw ConfigError(fmt::format(
+        "{}:{}: the JSON array ends without its closing ']' (a truncated file?)", path_, line_));
   }
   // One element: up to the ',' or ']' at depth 0, outside strings.
   out.text.clear();
@@ -143,9 +150,10 @@ bool RecordReader::next_element(Record& out) {
     out.text.push_back(static_cast<char>(c));
   }
   if (c == EOF) {
-    throw ConfigError(fmt::format("{}: element {} (line {}): the JSON array ends inside this element (a "
-                                  "truncated file?)",
-                                  path_, out.index, out.line));
+    throw ConfigError(
+        fmt::format("{}: element {} (line {}): the JSON array ends inside this element (a "
+                    "truncated file?)",
+                    path_, out.index, out.line));
   }
   return true;
 }

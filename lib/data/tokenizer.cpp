@@ -56,7 +56,8 @@ std::vector<int32_t> encode_prefix(const Tokenizer& tok, std::string_view text, 
   std::vector<int32_t> previous;
   while (length < text.size()) {
     size_t cut = length;
-    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80)
+      --cut;  // not inside a character
     std::vector<int32_t> ids = tok.encode(text.substr(0, cut));
     // Enough ids, with a margin for the few tokens the cut can change, and the same as the
     // previous (shorter) cut gave: the ids before the cut do not depend on where it is.
@@ -75,12 +76,14 @@ std::vector<int32_t> encode_prefix(const Tokenizer& tok, std::string_view text, 
 void check_tokenizer_fits(const Tokenizer& tok, int64_t model_vocab_size) {
   if (tok.vocab_size() <= model_vocab_size) return;
   throw ConfigError(fmt::format(
-      "the model's vocab_size is {}, but its tokenizer{} has {} ids; text cannot be encoded for it: give the "
+      "the model's vocab_size is {}, but its tokenizer{} has {} ids; text cannot be encoded for "
+      "it: give the "
       "model a vocab_size >= {}{}, or feed token ids below {} (pre-tokenized input_ids data, or "
       "train_step from a host)",
-      model_vocab_size, tok.vocab_size() == kByteVocab ? " (the byte-level one: 256 bytes + bos, eos, pad)" : "",
-      tok.vocab_size(), tok.vocab_size(), tok.vocab_size() == kByteVocab ? "" : " or use the model's own tokenizer",
-      model_vocab_size));
+      model_vocab_size,
+      tok.vocab_size() == kByteVocab ? " (the byte-level one: 256 bytes + bos, eos, pad)" : "",
+      tok.vocab_size(), tok.vocab_size(),
+      tok.vocab_size() == kByteVocab ? "" : " or use the model's own tokenizer", model_vocab_size));
 }
 
 std::shared_ptr<Tokenizer> load_tokenizer(const std::string& model_dir, int64_t model_vocab_size) {

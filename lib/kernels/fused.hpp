@@ -15,13 +15,16 @@ bool fused_rms_norm_applies(const at::Tensor& x, const at::Tensor& weight);
 
 /// transformers' RMSNorm: y = weight · (x_fp32 · r).to(x.dtype), r = rsqrt(mean(x_fp32²) + eps),
 /// returned with r (fp32 [..., 1]). Only where fused_rms_norm_applies().
-std::pair<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+std::pair<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& x, const at::Tensor& weight,
+                                                 double eps);
 
 /// Gradients of fused_rms_norm from grad_y and the saved x, weight, r; each only when wanted
 /// (else undefined).
-std::pair<at::Tensor, at::Tensor> fused_rms_norm_backward(const at::Tensor& grad_y, const at::Tensor& x,
-                                                          const at::Tensor& weight, const at::Tensor& r,
-                                                          bool want_x, bool want_weight);
+std::pair<at::Tensor, at::Tensor> fused_rms_norm_backward(const at::Tensor& grad_y,
+                                                          const at::Tensor& x,
+                                                          const at::Tensor& weight,
+                                                          const at::Tensor& r, bool want_x,
+                                                          bool want_weight);
 
 /// True when fused_adamw handles these flat tensors or views of the same elements of them:
 /// CUDA, one floating dtype, contiguous, kernels not switched off.
@@ -37,6 +40,7 @@ struct AdamwHyper {
 /// One AdamW update in place (LibTorch's fused AdamW math, in one pass). `grad_sq`: undefined,
 /// or an fp32 scalar on the same device that Σ grad² (unscaled) is added to.
 void fused_adamw(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
-                 const at::Tensor& exp_avg_sq, const AdamwHyper& hyper, const at::Tensor& grad_sq = {});
+                 const at::Tensor& exp_avg_sq, const AdamwHyper& hyper,
+                 const at::Tensor& grad_sq = {});
 
 }  // namespace zt::kernels

@@ -26,14 +26,20 @@ bool switched_on() {
 
 std::optional<gpu::Scalar> scalar_of(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return gpu::Scalar::kFloat32;
-    case at::kHalf: return gpu::Scalar::kFloat16;
-    case at::kBFloat16: return gpu::Scalar::kBFloat16;
-    default: return std::nullopt;
+    case at::kFloat:
+      return gpu::Scalar::kFloat32;
+    case at::kHalf:
+      return gpu::Scalar::kFloat16;
+    case at::kBFloat16:
+      return gpu::Scalar::kBFloat16;
+    default:
+      return std::nullopt;
   }
 }
 
-bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+bool aligned16(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
 
 int sm_count(const at::Device& device) {
   return at::cuda::getDeviceProperties(device.index())->multiProcessorCount;
@@ -41,8 +47,8 @@ int sm_count(const at::Device& device) {
 
 void check_launch(cudaError_t status, const char* kernel) {
   if (status != cudaSuccess) {
-    throw Error(fmt::format("{}: the CUDA kernel failed to launch ({}: {})", kernel, cudaGetErrorName(status),
-                            cudaGetErrorString(status)));
+    throw Error(fmt::format("{}: the CUDA kernel failed to launch ({}: {})", kernel,
+                            cudaGetErrorName(status), cudaGetErrorString(status)));
   }
 }
 
@@ -52,11 +58,13 @@ bool fused_rms_norm_applies(const at::Tensor& x, const at::Tensor& weight) {
   if (!switched_on() || !x.is_cuda() || x.dim() < 1 || x.numel() == 0) return false;
   const auto scalar = scalar_of(x.scalar_type());
   return scalar && weight.device() == x.device() && weight.scalar_type() == x.scalar_type() &&
-         weight.dim() == 1 && weight.numel() == x.size(-1) && x.is_contiguous() && weight.is_contiguous() &&
-         aligned16(x) && aligned16(weight) && gpu::rms_norm_supports(*scalar, x.size(-1));
+         weight.dim() == 1 && weight.numel() == x.size(-1) && x.is_contiguous() &&
+         weight.is_contiguous() && aligned16(x) && aligned16(weight) &&
+         gpu::rms_norm_supports(*scalar, x.size(-1));
 }
 
-std::pair<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+std::pair<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& x, const at::Tensor& weight,
+                                                 double eps) {
   TORCH_CHECK(fused_rms_norm_applies(x, weight), "fused_rms_norm: tensors it does not handle");
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t hidden = x.size(-1);
@@ -65,35 +73,42 @@ std::pair<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& x, const at::
   std::vector<int64_t> r_shape = x.sizes().vec();
   r_shape.back() = 1;
   at::Tensor r = at::empty(r_shape, x.options().dtype(at::kFloat));
-  check_launch(gpu::rms_norm_forward(*scalar_of(x.scalar_type()), x.data_ptr(), weight.data_ptr(), y.data_ptr(),
-                                     r.data_ptr<float>(), rows, hidden, static_cast<float>(eps),
+  check_launch(gpu::rms_norm_forward(*scalar_of(x.scalar_type()), x.data_ptr(), weight.data_ptr(),
+                                     y.data_ptr(), r.data_ptr<float>(), rows, hidden,
+                                     static_cast<float>(eps),
                                      at::cuda::getCurrentCUDAStream(x.device().index())),
                "fused_rms_norm");
   return {y, r};
 }
 
-std::pair<at::Tensor, at::Tensor> fused_rms_norm_backward(const at::Tensor& grad_y, const at::Tensor& x,
-                                                          const at::Tensor& weight, const at::Tensor& r,
-                                                          bool want_x, bool want_weight) {
-  TORCH_CHECK(fused_rms_norm_applies(x, weight) && r.scalar_type() == at::kFloat && r.is_contiguous() &&
-                  r.numel() * x.size(-1) == x.numel() && grad_y.sizes() == x.sizes(),
+std::pair<at::Tensor, at::Tensor> fused_rms_norm_backward(const at::Tensor& grad_y,
+                                                          const at::Tensor& x,
+                                                          const at::Tensor& weight,
+                                                          const at::Tensor& r, bool want_x,
+                                                          bool want_weight) {
+  TORCH_CHECK(fused_rms_norm_applies(x, weight) && r.scalar_type() == at::kFloat &&
+                  r.is_contiguous() && r.numel() * x.size(-1) == x.numel() &&
+                  grad_y.sizes() == x.sizes(),
               "fused_rms_norm_backward: tensors it does not handle");
   if (!want_x && !want_weight) return {};
   const c10::cuda::CUDAGuard guard(x.device());
   // Autograd's incoming gradient may be a view or strided; the kernel reads whole aligned rows.
-  at::Tensor g = grad_y.scalar_type() == x.scalar_type() ? grad_y.contiguous() : grad_y.to(x.scalar_type());
+  at::Tensor g =
+      grad_y.scalar_type() == x.scalar_type() ? grad_y.contiguous() : grad_y.to(x.scalar_type());
   if (!aligned16(g)) g = g.clone();
   const gpu::Scalar scalar = *scalar_of(x.scalar_type());
   const int64_t hidden = x.size(-1);
   const int64_t rows = x.numel() / hidden;
   const int blocks = gpu::rms_norm_backward_blocks(scalar, rows, hidden, sm_count(x.device()));
   at::Tensor grad_x = want_x ? at::empty_like(x, at::MemoryFormat::Contiguous) : at::Tensor();
-  at::Tensor partial = want_weight ? at::empty({blocks, hidden}, x.options().dtype(at::kFloat)) : at::Tensor();
-  check_launch(gpu::rms_norm_backward(scalar, g.data_ptr(), x.data_ptr(), weight.data_ptr(), r.data_ptr<float>(),
-                                      want_x ? grad_x.data_ptr() : nullptr,
-                                      want_weight ? partial.data_ptr<float>() : nullptr, rows, hidden, blocks,
-                                      at::cuda::getCurrentCUDAStream(x.device().index())),
-               "fused_rms_norm_backward");
+  at::Tensor partial =
+      want_weight ? at::empty({blocks, hidden}, x.options().dtype(at::kFloat)) : at::Tensor();
+  check_launch(
+      gpu::rms_norm_backward(scalar, g.data_ptr(), x.data_ptr(), weight.data_ptr(),
+                             r.data_ptr<float>(), want_x ? grad_x.data_ptr() : nullptr,
+                             want_weight ? partial.data_ptr<float>() : nullptr, rows, hidden,
+                             blocks, at::cuda::getCurrentCUDAStream(x.device().index())),
+      "fused_rms_norm_backward");
   at::Tensor grad_weight = want_weight ? partial.sum(0).to(weight.scalar_type()) : at::Tensor();
   return {grad_x, grad_weight};
 }
@@ -102,7 +117,8 @@ bool fused_adamw_applies(const at::Tensor& param, const at::Tensor& grad, const 
                          const at::Tensor& exp_avg_sq) {
   if (!switched_on() || !param.is_cuda() || !scalar_of(param.scalar_type())) return false;
   for (const at::Tensor* t : {&grad, &exp_avg, &exp_avg_sq}) {
-    if (t->device() != param.device() || t->scalar_type() != param.scalar_type() || !t->is_contiguous()) {
+    if (t->device() != param.device() || t->scalar_type() != param.scalar_type() ||
+        !t->is_contiguous()) {
       return false;
     }
   }
@@ -111,11 +127,12 @@ bool fused_adamw_applies(const at::Tensor& param, const at::Tensor& grad, const 
 
 void fused_adamw(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                  const at::Tensor& exp_avg_sq, const AdamwHyper& h, const at::Tensor& grad_sq) {
-  TORCH_CHECK(fused_adamw_applies(param, grad, exp_avg, exp_avg_sq) && grad.numel() == param.numel() &&
-                  exp_avg.numel() == param.numel() && exp_avg_sq.numel() == param.numel(),
+  TORCH_CHECK(fused_adamw_applies(param, grad, exp_avg, exp_avg_sq) &&
+                  grad.numel() == param.numel() && exp_avg.numel() == param.numel() &&
+                  exp_avg_sq.numel() == param.numel(),
               "fused_adamw: tensors it does not handle");
-  TORCH_CHECK(!grad_sq.defined() || (grad_sq.device() == param.device() && grad_sq.scalar_type() == at::kFloat &&
-                                     grad_sq.numel() == 1),
+  TORCH_CHECK(!grad_sq.defined() || (grad_sq.device() == param.device() &&
+                                     grad_sq.scalar_type() == at::kFloat && grad_sq.numel() == 1),
               "fused_adamw: grad_sq must be one fp32 element on the parameters' device");
   const c10::cuda::CUDAGuard guard(param.device());
   const double steps = static_cast<double>(h.step);
@@ -129,12 +146,14 @@ void fused_adamw(const at::Tensor& param, const at::Tensor& grad, const at::Tens
   a.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(h.beta2, steps)));
   a.eps = static_cast<float>(h.eps);
   a.grad_scale = static_cast<float>(h.grad_scale);
-  const bool vectorized = aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq);
-  check_launch(gpu::adamw(*scalar_of(param.scalar_type()), param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(),
-                          exp_avg_sq.data_ptr(), param.numel(), a,
-                          grad_sq.defined() ? grad_sq.data_ptr<float>() : nullptr, vectorized,
-                          sm_count(param.device()), at::cuda::getCurrentCUDAStream(param.device().index())),
-               "fused_adamw");
+  const bool vectorized =
+      aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq);
+  check_launch(
+      gpu::adamw(*scalar_of(param.scalar_type()), param.data_ptr(), grad.data_ptr(),
+                 exp_avg.data_ptr(), exp_avg_sq.data_ptr(), param.numel(), a,
+                 grad_sq.defined() ? grad_sq.data_ptr<float>() : nullptr, vectorized,
+                 sm_count(param.device()), at::cuda::getCurrentCUDAStream(param.device().index())),
+      "fused_adamw");
 }
 
 }  // namespace zt::kernels

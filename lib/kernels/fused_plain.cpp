@@ -5,24 +5,30 @@
 
 namespace zt::kernels {
 
-bool fused_rms_norm_applies(const at::Tensor&, const at::Tensor&) { return false; }
-
-std::pair<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor&, const at::Tensor&, double) {
-  TORCH_CHECK(false, "fused_rms_norm: this build has no CUDA kernels (check fused_rms_norm_applies first)");
-}
-
-std::pair<at::Tensor, at::Tensor> fused_rms_norm_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                          const at::Tensor&, bool, bool) {
-  TORCH_CHECK(false, "fused_rms_norm_backward: this build has no CUDA kernels");
-}
-
-bool fused_adamw_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+bool fused_rms_norm_applies(const at::Tensor&, const at::Tensor&) {
   return false;
 }
 
-void fused_adamw(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const AdamwHyper&,
-                 const at::Tensor&) {
-  TORCH_CHECK(false, "fused_adamw: this build has no CUDA kernels (check fused_adamw_applies first)");
+std::pair<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor&, const at::Tensor&, double) {
+  TORCH_CHECK(
+      false, "fused_rms_norm: this build has no CUDA kernels (check fused_rms_norm_applies first)");
+}
+
+std::pair<at::Tensor, at::Tensor> fused_rms_norm_backward(const at::Tensor&, const at::Tensor&,
+                                                          const at::Tensor&, const at::Tensor&,
+                                                          bool, bool) {
+  TORCH_CHECK(false, "fused_rms_norm_backward: this build has no CUDA kernels");
+}
+
+bool fused_adamw_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         const at::Tensor&) {
+  return false;
+}
+
+void fused_adamw(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                 const AdamwHyper&, const at::Tensor&) {
+  TORCH_CHECK(false,
+              "fused_adamw: this build has no CUDA kernels (check fused_adamw_applies first)");
 }
 
 }  // namespace zt::kernels

@@ -15,9 +15,15 @@
 namespace zt::kernels::gpu {
 namespace {
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_float(__half v) {
+  return __half2float(v);
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 
 template <typename T>
 __device__ __forceinline__ T from_float(float v);
@@ -99,7 +105,8 @@ __global__ void __launch_bounds__(kThreads)
       const P wv = wp[i];
       P out;
 #pragma unroll
-      for (int k = 0; k < V; ++k) out.v[k] = from_float<T>(to_float(wv.v[k]) * rounded<T>(h[c][k] * rr));
+      for (int k = 0; k < V; ++k)
+        out.v[k] = from_float<T>(to_float(wv.v[k]) * rounded<T>(h[c][k] * rr));
       yr[i] = out;
     }
   }
@@ -110,9 +117,10 @@ __global__ void __launch_bounds__(kThreads)
 // and keeps its share of dL/dw in registers until the end.
 template <typename T, int kThreads>
 __global__ void __launch_bounds__(kThreads)
-    rms_norm_backward_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
-                             const float* __restrict__ r, T* __restrict__ gx, float* __restrict__ gw_partial,
-                             int64_t rows, int64_t hidden) {
+    rms_norm_backward_kernel(const T* __restrict__ g, const T* __restrict__ x,
+                             const T* __restrict__ w, const float* __restrict__ r,
+                             T* __restrict__ gx, float* __restrict__ gw_partial, int64_t rows,
+                             int64_t hidden) {
   using P = Pack<T>;
   constexpr int V = P::kN;
   __shared__ float shared[32];
@@ -179,7 +187,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-int element_size(Scalar t) { return t == Scalar::kFloat32 ? 4 : 2; }
+int element_size(Scalar t) {
+  return t == Scalar::kFloat32 ? 4 : 2;
+}
 
 // The fewest threads (a power of two, 64..1024) whose two packs each cover the row; 0: none.
 int rms_norm_threads(Scalar t, int64_t hidden) {
@@ -193,47 +203,70 @@ int rms_norm_threads(Scalar t, int64_t hidden) {
 }
 
 template <typename T, int kThreads>
-void launch_forward(const void* x, const void* w, void* y, float* r, int64_t rows, int64_t hidden, float eps,
-                    cudaStream_t stream) {
+void launch_forward(const void* x, const void* w, void* y, float* r, int64_t rows, int64_t hidden,
+                    float eps, cudaStream_t stream) {
   rms_norm_forward_kernel<T, kThreads><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
       static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), r, hidden, eps);
 }
 
 template <typename T, int kThreads>
-void launch_backward(const void* g, const void* x, const void* w, const float* r, void* gx, float* gw_partial,
-                     int64_t rows, int64_t hidden, int blocks, cudaStream_t stream) {
+void launch_backward(const void* g, const void* x, const void* w, const float* r, void* gx,
+                     float* gw_partial, int64_t rows, int64_t hidden, int blocks,
+                     cudaStream_t stream) {
   rms_norm_backward_kernel<T, kThreads><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      static_cast<const T*>(g), static_cast<const T*>(x), static_cast<const T*>(w), r, static_cast<T*>(gx),
-      gw_partial, rows, hidden);
+      static_cast<const T*>(g), static_cast<const T*>(x), static_cast<const T*>(w), r,
+      static_cast<T*>(gx), gw_partial, rows, hidden);
 }
 
 // The kernels' instantiations: by dtype, then by thread count (rms_norm_threads).
 template <typename T>
-void forward_for(int threads, const void* x, const void* w, void* y, float* r, int64_t rows, int64_t hidden,
-                 float eps, cudaStream_t stream) {
+void forward_for(int threads, const void* x, const void* w, void* y, float* r, int64_t rows,
+                 int64_t hidden, float eps, cudaStream_t stream) {
   switch (threads) {
-    case 64: launch_forward<T, 64>(x, w, y, r, rows, hidden, eps, stream); break;
-    case 128: launch_forward<T, 128>(x, w, y, r, rows, hidden, eps, stream); break;
-    case 256: launch_forward<T, 256>(x, w, y, r, rows, hidden, eps, stream); break;
-    case 512: launch_forward<T, 512>(x, w, y, r, rows, hidden, eps, stream); break;
-    default: launch_forward<T, 1024>(x, w, y, r, rows, hidden, eps, stream); break;
+    case 64:
+      launch_forward<T, 64>(x, w, y, r, rows, hidden, eps, stream);
+      break;
+    case 128:
+      launch_forward<T, 128>(x, w, y, r, rows, hidden, eps, stream);
+      break;
+    case 256:
+      launch_forward<T, 256>(x, w, y, r, rows, hidden, eps, stream);
+      break;
+    case 512:
+      launch_forward<T, 512>(x, w, y, r, rows, hidden, eps, stream);
+      break;
+    default:
+      launch_forward<T, 1024>(x, w, y, r, rows, hidden, eps, stream);
+      break;
   }
 }
 
 template <typename T>
-void backward_for(int threads, const void* g, const void* x, const void* w, const float* r, void* gx,
-                  float* gw_partial, int64_t rows, int64_t hidden, int blocks, cudaStream_t stream) {
+void backward_for(int threads, const void* g, const void* x, const void* w, const float* r,
+                  void* gx, float* gw_partial, int64_t rows, int64_t hidden, int blocks,
+                  cudaStream_t stream) {
   switch (threads) {
-    case 64: launch_backward<T, 64>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, stream); break;
-    case 128: launch_backward<T, 128>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, stream); break;
-    case 256: launch_backward<T, 256>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, stream); break;
-    case 512: launch_backward<T, 512>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, stream); break;
-    default: launch_backward<T, 1024>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, stream); break;
+    case 64:
+      launch_backward<T, 64>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, stream);
+      break;
+    case 128:
+      launch_backward<T, 128>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, stream);
+      break;
+    case 256:
+      launch_backward<T, 256>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, stream);
+      break;
+    case 512:
+      launch_backward<T, 512>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, stream);
+      break;
+    default:
+      launch_backward<T, 1024>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, stream);
+      break;
   }
 }
 
 // ---- AdamW --------------------------------------------------------------------------------
-__device__ __forceinline__ void adamw_element(float& p, float g, float& m, float& v, const AdamwArgs& a) {
+__device__ __forceinline__ void adamw_element(float& p, float g, float& m, float& v,
+                                              const AdamwArgs& a) {
   g *= a.grad_scale;
   p -= a.decay * p;
   m = a.beta1 * m + a.one_minus_beta1 * g;
@@ -244,8 +277,8 @@ __device__ __forceinline__ void adamw_element(float& p, float g, float& m, float
 
 template <typename T, bool kVector>
 __global__ void __launch_bounds__(256)
-    adamw_kernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v, int64_t n,
-                 AdamwArgs a, float* __restrict__ grad_sq) {
+    adamw_kernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v,
+                 int64_t n, AdamwArgs a, float* __restrict__ grad_sq) {
   using P = Pack<T>;
   constexpr int V = kVector ? P::kN : 1;
   __shared__ float shared[32];
@@ -291,8 +324,8 @@ __global__ void __launch_bounds__(256)
 }
 
 template <typename T>
-void launch_adamw(void* p, const void* g, void* m, void* v, int64_t n, const AdamwArgs& a, float* grad_sq,
-                  bool vectorized, int sm_count, cudaStream_t stream) {
+void launch_adamw(void* p, const void* g, void* m, void* v, int64_t n, const AdamwArgs& a,
+                  float* grad_sq, bool vectorized, int sm_count, cudaStream_t stream) {
   constexpr int kThreads = 256;
   const int64_t per_thread = vectorized ? Pack<T>::kN : 1;
   const int64_t wanted = (n / per_thread + kThreads - 1) / kThreads;
@@ -300,25 +333,35 @@ void launch_adamw(void* p, const void* g, void* m, void* v, int64_t n, const Ada
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t{sm_count} * 8));
   if (vectorized) {
     adamw_kernel<T, true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(m), static_cast<T*>(v), n, a, grad_sq);
+        static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(m), static_cast<T*>(v), n, a,
+        grad_sq);
   } else {
     adamw_kernel<T, false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(m), static_cast<T*>(v), n, a, grad_sq);
+        static_cast<T*>(p), static_cast<const T*>(g), static_cast<T*>(m), static_cast<T*>(v), n, a,
+        grad_sq);
   }
 }
 
 }  // namespace
 
-bool rms_norm_supports(Scalar t, int64_t hidden) { return rms_norm_threads(t, hidden) > 0; }
+bool rms_norm_supports(Scalar t, int64_t hidden) {
+  return rms_norm_threads(t, hidden) > 0;
+}
 
-cudaError_t rms_norm_forward(Scalar t, const void* x, const void* w, void* y, float* r, int64_t rows,
-                             int64_t hidden, float eps, cudaStream_t stream) {
+cudaError_t rms_norm_forward(Scalar t, const void* x, const void* w, void* y, float* r,
+                             int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
   if (rows > 0) {
     const int threads = rms_norm_threads(t, hidden);
     switch (t) {
-      case Scalar::kFloat32: forward_for<float>(threads, x, w, y, r, rows, hidden, eps, stream); break;
-      case Scalar::kFloat16: forward_for<__half>(threads, x, w, y, r, rows, hidden, eps, stream); break;
-      case Scalar::kBFloat16: forward_for<__nv_bfloat16>(threads, x, w, y, r, rows, hidden, eps, stream); break;
+      case Scalar::kFloat32:
+        forward_for<float>(threads, x, w, y, r, rows, hidden, eps, stream);
+        break;
+      case Scalar::kFloat16:
+        forward_for<__half>(threads, x, w, y, r, rows, hidden, eps, stream);
+        break;
+      case Scalar::kBFloat16:
+        forward_for<__nv_bfloat16>(threads, x, w, y, r, rows, hidden, eps, stream);
+        break;
     }
   }
   return cudaGetLastError();
@@ -331,33 +374,40 @@ int rms_norm_backward_blocks(Scalar t, int64_t rows, int64_t hidden, int sm_coun
   return static_cast<int>(std::max<int64_t>(1, std::min(rows, resident)));
 }
 
-cudaError_t rms_norm_backward(Scalar t, const void* grad_y, const void* x, const void* w, const float* r,
-                              void* grad_x, float* grad_w_partial, int64_t rows, int64_t hidden, int blocks,
-                              cudaStream_t stream) {
+cudaError_t rms_norm_backward(Scalar t, const void* grad_y, const void* x, const void* w,
+                              const float* r, void* grad_x, float* grad_w_partial, int64_t rows,
+                              int64_t hidden, int blocks, cudaStream_t stream) {
   if (rows > 0) {
     const int threads = rms_norm_threads(t, hidden);
     switch (t) {
       case Scalar::kFloat32:
-        backward_for<float>(threads, grad_y, x, w, r, grad_x, grad_w_partial, rows, hidden, blocks, stream);
+        backward_for<float>(threads, grad_y, x, w, r, grad_x, grad_w_partial, rows, hidden, blocks,
+                            stream);
         break;
       case Scalar::kFloat16:
-        backward_for<__half>(threads, grad_y, x, w, r, grad_x, grad_w_partial, rows, hidden, blocks, stream);
+        backward_for<__half>(threads, grad_y, x, w, r, grad_x, grad_w_partial, rows, hidden, blocks,
+                             stream);
         break;
       case Scalar::kBFloat16:
-        backward_for<__nv_bfloat16>(threads, grad_y, x, w, r, grad_x, grad_w_partial, rows, hidden, blocks,
-                                    stream);
+        backward_for<__nv_bfloat16>(threads, grad_y, x, w, r, grad_x, grad_w_partial, rows, hidden,
+                                    blocks, stream);
         break;
     }
   }
   return cudaGetLastError();
 }
 
-cudaError_t adamw(Scalar t, void* p, const void* g, void* m, void* v, int64_t n, const AdamwArgs& args,
-                  float* grad_sq, bool vectorized, int sm_count, cudaStream_t stream) {
+cudaError_t adamw(Scalar t, void* p, const void* g, void* m, void* v, int64_t n,
+                  const AdamwArgs& args, float* grad_sq, bool vectorized, int sm_count,
+                  cudaStream_t stream) {
   if (n > 0) {
     switch (t) {
-      case Scalar::kFloat32: launch_adamw<float>(p, g, m, v, n, args, grad_sq, vectorized, sm_count, stream); break;
-      case Scalar::kFloat16: launch_adamw<__half>(p, g, m, v, n, args, grad_sq, vectorized, sm_count, stream); break;
+      case Scalar::kFloat32:
+        launch_adamw<float>(p, g, m, v, n, args, grad_sq, vectorized, sm_count, stream);
+        break;
+      case Scalar::kFloat16:
+        launch_adamw<__half>(p, g, m, v, n, args, grad_sq, vectorized, sm_count, stream);
+        break;
       case Scalar::kBFloat16:
         launch_adamw<__nv_bfloat16>(p, g, m, v, n, args, grad_sq, vectorized, sm_count, stream);
         break;

@@ -17,13 +17,15 @@ struct DecoderBody : torch::nn::Module {
   std::vector<std::shared_ptr<model::DecoderLayer>> layers;
   std::shared_ptr<model::RMSNorm> norm;
   DecoderBody(const ModelConfig& c, const model::ParamFactory& o) {
-    embed_tokens = register_module("embed_tokens", std::make_shared<model::Embedding>(c.vocab_size, c.hidden_size, o));
+    embed_tokens = register_module(
+        "embed_tokens", std::make_shared<model::Embedding>(c.vocab_size, c.hidden_size, o));
     layer_list = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
       layers.push_back(std::make_shared<model::DecoderLayer>(c, o));
       layer_list->push_back(layers.back());
     }
-    norm = register_module("norm", std::make_shared<model::RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
+    norm =
+        register_module("norm", std::make_shared<model::RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
   }
 };
 
@@ -40,18 +42,20 @@ struct CausalLM::Impl {
   std::shared_ptr<model::Linear> lm_head;  // null when tied to the embeddings
   std::shared_ptr<PromptAdapter> prompt;
 
-  const at::Tensor& head_weight() const { return lm_head ? lm_head->weight : body->embed_tokens->weight; }
+  const at::Tensor& head_weight() const {
+    return lm_head ? lm_head->weight : body->embed_tokens->weight;
+  }
 };
 
 namespace {
 
 // What the layers see of a batch once a prompt adapter had its say.
 struct Prepared {
-  at::Tensor x;        // [B, T', H] embeddings (virtual tokens first with P-Tuning)
-  at::Tensor mask;     // [B, S] over all keys (prefix included), or empty
-  int64_t start = 0;   // position of the first input token (after a prefix)
+  at::Tensor x;       // [B, T', H] embeddings (virtual tokens first with P-Tuning)
+  at::Tensor mask;    // [B, S] over all keys (prefix included), or empty
+  int64_t start = 0;  // position of the first input token (after a prefix)
   std::vector<std::pair<at::Tensor, at::Tensor>> prefixes;  // per layer [B, kvH, P, D]
-  int64_t virtual_tokens = 0;  // P-Tuning tokens in front of x
+  int64_t virtual_tokens = 0;                               // P-Tuning tokens in front of x
 };
 
 at::Tensor mask_or_empty(const at::Tensor& attention_mask, const at::Tensor& like) {
@@ -74,8 +78,9 @@ Prepared apply_prompt(PromptAdapter* prompt, at::Tensor x, at::Tensor mask) {
     p.virtual_tokens = n;
   } else {
     for (auto& [k, v] : prompt->layer_prefixes()) {
-      p.prefixes.emplace_back(k.to(p.x.scalar_type()).unsqueeze(0).expand({b, k.size(0), k.size(1), k.size(2)}),
-                              v.to(p.x.scalar_type()).unsqueeze(0).expand({b, v.size(0), v.size(1), v.size(2)}));
+      p.prefixes.emplace_back(
+          k.to(p.x.scalar_type()).unsqueeze(0).expand({b, k.size(0), k.size(1), k.size(2)}),
+          v.to(p.x.scalar_type()).unsqueeze(0).expand({b, v.size(0), v.size(1), v.size(2)}));
     }
     p.start = n;
   }
@@ -92,7 +97,8 @@ CausalLM::CausalLM(const ModelConfig& config, at::TensorOptions options, bool al
   impl_->body = register_module("model", std::make_shared<DecoderBody>(config_, factory));
   if (!config_.tie_word_embeddings) {
     impl_->lm_head = register_module(
-        "lm_head", std::make_shared<model::Linear>(config_.hidden_size, config_.vocab_size, false, factory));
+        "lm_head",
+        std::make_shared<model::Linear>(config_.hidden_size, config_.vocab_size, false, factory));
   }
 }
 
@@ -111,7 +117,9 @@ std::vector<UnitSpec> CausalLM::units() {
   return u;
 }
 
-void CausalLM::initialize_random(uint64_t seed) { load_weights(*this, *random_source(config_, seed)); }
+void CausalLM::initialize_random(uint64_t seed) {
+  load_weights(*this, *random_source(config_, seed));
+}
 
 void CausalLM::set_prompt_adapter(std::shared_ptr<PromptAdapter> adapter) {
   if (impl_->prompt) unregister_module("prompt_encoder");
@@ -119,15 +127,18 @@ void CausalLM::set_prompt_adapter(std::shared_ptr<PromptAdapter> adapter) {
   if (impl_->prompt) register_module("prompt_encoder", impl_->prompt);
 }
 
-PromptAdapter* CausalLM::prompt_adapter() const { return impl_->prompt.get(); }
+PromptAdapter* CausalLM::prompt_adapter() const {
+  return impl_->prompt.get();
+}
 
 LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
                        const at::Tensor& attention_mask, int64_t chunk_tokens,
                        const at::Tensor& position_ids) {
   Impl& I = *impl_;
   if (position_ids.defined() && I.prompt) {
-    throw InvalidArgument("CausalLM::loss: packed sequences (position_ids) cannot be combined with "
-                          "P-Tuning or prefix tuning; train those methods without packing");
+    throw InvalidArgument(
+        "CausalLM::loss: packed sequences (position_ids) cannot be combined with "
+        "P-Tuning or prefix tuning; train those methods without packing");
   }
   const at::Device device = I.body->embed_tokens->weight.device();
   at::Tensor ids = input_ids.to(device);
@@ -138,10 +149,13 @@ LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
   // step needs no sync for it.
   at::Tensor y = labels;
   if (I.prompt && I.prompt->prepends_tokens()) {
-    y = at::cat({at::full({labels.size(0), I.prompt->num_virtual_tokens()}, -100, labels.options()), labels}, 1);
+    y = at::cat({at::full({labels.size(0), I.prompt->num_virtual_tokens()}, -100, labels.options()),
+                 labels},
+                1);
   }
-  at::Tensor shifted = at::cat({y.narrow(1, 1, y.size(1) - 1), at::full({y.size(0), 1}, -100, y.options())}, 1)
-                           .reshape({-1});
+  at::Tensor shifted =
+      at::cat({y.narrow(1, 1, y.size(1) - 1), at::full({y.size(0), 1}, -100, y.options())}, 1)
+          .reshape({-1});
   const int64_t tokens = shifted.ne(-100).sum().item<int64_t>();
   shifted = shifted.to(device);
 
@@ -151,9 +165,10 @@ LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
   })[0];
   Prepared p = apply_prompt(I.prompt.get(), embedded, mask);
   at::Tensor x = p.x;
-  auto [cos, sin] = position_ids.defined()
-                        ? model::rotary_tables(config_, position_ids.to(device), x.scalar_type())
-                        : model::rotary_tables(config_, p.start, x.size(1), x.scalar_type(), device);
+  auto [cos, sin] =
+      position_ids.defined()
+          ? model::rotary_tables(config_, position_ids.to(device), x.scalar_type())
+          : model::rotary_tables(config_, p.start, x.size(1), x.scalar_type(), device);
   const at::Tensor none = at::empty({0}, x.options());
   for (size_t i = 0; i < body->layers.size(); ++i) {
     const at::Tensor& pk = p.prefixes.empty() ? none : p.prefixes[i].first;
@@ -170,13 +185,14 @@ LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
   }
   auto lm_head = I.lm_head;
   const int64_t chunk = chunk_tokens;
-  at::Tensor sum = gate_(1 + body->layers.size(), {x, shifted},
-                         [body, lm_head, chunk](const std::vector<at::Tensor>& in) {
-                           at::Tensor h = body->norm->forward(in[0]);
-                           const at::Tensor& w = lm_head ? lm_head->weight : body->embed_tokens->weight;
-                           return std::vector<at::Tensor>{model::linear_cross_entropy(
-                               h.reshape({-1, h.size(-1)}), w, in[1], chunk)};
-                         })[0];
+  at::Tensor sum =
+      gate_(1 + body->layers.size(), {x, shifted},
+            [body, lm_head, chunk](const std::vector<at::Tensor>& in) {
+              at::Tensor h = body->norm->forward(in[0]);
+              const at::Tensor& w = lm_head ? lm_head->weight : body->embed_tokens->weight;
+              return std::vector<at::Tensor>{
+                  model::linear_cross_entropy(h.reshape({-1, h.size(-1)}), w, in[1], chunk)};
+            })[0];
   return {sum, tokens};
 }
 
@@ -217,7 +233,8 @@ at::Tensor CausalLM::generate(const at::Tensor& input_ids, const GenerationOptio
     Prepared p = apply_prompt(I.prompt.get(), I.body->embed_tokens->forward(ids.narrow(1, 0, 1)),
                               at::empty({0}, ids.options()));
     if (p.virtual_tokens > 0) virtual_tokens = p.x.narrow(1, 0, p.virtual_tokens);
-    for (size_t i = 0; i < p.prefixes.size(); ++i) cache[i] = {p.prefixes[i].first, p.prefixes[i].second};
+    for (size_t i = 0; i < p.prefixes.size(); ++i)
+      cache[i] = {p.prefixes[i].first, p.prefixes[i].second};
     position = p.start;
   }
   at::Generator gen = at::detail::createCPUGenerator(o.seed);
@@ -241,7 +258,8 @@ at::Tensor CausalLM::generate(const at::Tensor& input_ids, const GenerationOptio
     } else {
       logits = logits / std::max(o.temperature, 1e-6);
       if (o.top_k > 0 && o.top_k < logits.size(-1)) {
-        at::Tensor kth = std::get<0>(logits.topk(o.top_k, -1)).select(-1, o.top_k - 1).unsqueeze(-1);
+        at::Tensor kth =
+            std::get<0>(logits.topk(o.top_k, -1)).select(-1, o.top_k - 1).unsqueeze(-1);
         logits = logits.masked_fill(logits < kth, -INFINITY);
       }
       if (o.top_p < 1.0) {

@@ -22,9 +22,12 @@ at::ScalarType dtype_from_name(ObjectReader& r, const char* key, const std::stri
 
 const char* dtype_name(at::ScalarType t) {
   switch (t) {
-    case at::kBFloat16: return "bfloat16";
-    case at::kHalf: return "float16";
-    default: return "float32";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kHalf:
+      return "float16";
+    default:
+      return "float32";
   }
 }
 
@@ -94,7 +97,8 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
   ObjectReader r(doc, "", source);
   ModelConfig c;
   c.source = source;
-  const std::string type = r.required_string("model_type", "the model family (llama, qwen2 or mistral)");
+  const std::string type =
+      r.required_string("model_type", "the model family (llama, qwen2 or mistral)");
   if (type != "llama" && type != "qwen2" && type != "mistral") {
     r.fail_value("model_type", fmt::format("\"{}\" is not supported; supported: llama, qwen2, "
                                            "mistral",
@@ -113,7 +117,8 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
   c.intermediate_size = required("intermediate_size", int64_t{1} << 22);
   c.num_hidden_layers = required("num_hidden_layers", int64_t{1} << 12);
   c.num_attention_heads = required("num_attention_heads", int64_t{1} << 14);
-  c.num_key_value_heads = r.integer("num_key_value_heads", 1, c.num_attention_heads).value_or(c.num_attention_heads);
+  c.num_key_value_heads =
+      r.integer("num_key_value_heads", 1, c.num_attention_heads).value_or(c.num_attention_heads);
   if (auto v = r.integer("head_dim", 1, int64_t{1} << 14)) {
     c.head_dim = *v;
   } else {
@@ -128,7 +133,8 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
                                                     "key/value heads",
                                                     c.num_attention_heads, c.num_key_value_heads));
   }
-  if (auto v = r.integer("max_position_embeddings", 1, int64_t{1} << 30)) c.max_position_embeddings = *v;
+  if (auto v = r.integer("max_position_embeddings", 1, int64_t{1} << 30))
+    c.max_position_embeddings = *v;
   if (auto v = r.number("rms_norm_eps", 1e-30)) c.rms_norm_eps = *v;
   if (auto v = r.number("initializer_range", 0.0)) c.initializer_range = *v;
   read_rope(r, c);
@@ -139,8 +145,9 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
   if (c.model_type == "qwen2") {
     c.qkv_bias = true;  // Qwen2 always has q/k/v biases
     if (auto v = r.boolean("use_sliding_window"); v && *v) {
-      r.fail_value("use_sliding_window", "Qwen2's per-layer sliding window is not supported; set "
-                                         "it to false (Qwen2.5 releases ship it off)");
+      r.fail_value("use_sliding_window",
+                   "Qwen2's per-layer sliding window is not supported; set "
+                   "it to false (Qwen2.5 releases ship it off)");
     }
     r.known({"sliding_window", "max_window_layers", "layer_types"});
   } else {
@@ -164,16 +171,18 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
   c.eos_token_id = first_token_id(r, "eos_token_id");
   c.pad_token_id = first_token_id(r, "pad_token_id");
   // An id beyond the embedding would fail deep inside LibTorch; old configs write -1 for none.
-  for (auto [key, id] : {std::pair{"bos_token_id", &c.bos_token_id}, std::pair{"eos_token_id", &c.eos_token_id},
-                         std::pair{"pad_token_id", &c.pad_token_id}}) {
+  for (auto [key, id] :
+       {std::pair{"bos_token_id", &c.bos_token_id}, std::pair{"eos_token_id", &c.eos_token_id},
+        std::pair{"pad_token_id", &c.pad_token_id}}) {
     if (*id && **id < 0) id->reset();
     if (*id && **id >= c.vocab_size) {
       r.fail_value(key, fmt::format("{} is outside the vocabulary [0, {})", **id, c.vocab_size));
     }
   }
   if (auto tp = r.integer("pretraining_tp", 1); tp && *tp != 1) {
-    r.fail_value("pretraining_tp", "tensor-parallel pretraining slices (pretraining_tp > 1) are "
-                                   "not supported");
+    r.fail_value("pretraining_tp",
+                 "tensor-parallel pretraining slices (pretraining_tp > 1) are "
+                 "not supported");
   }
   return c;
 }
@@ -291,9 +300,12 @@ std::string model_config_json(const ModelConfig& c) {
   set_member(doc, "torch_dtype", rapidjson::Value(dtype_name(c.dtype), alloc), alloc);
   set_member(doc, "dtype", rapidjson::Value(dtype_name(c.dtype), alloc), alloc);
   // RoPE in the spelling a line reads, added where the file had only the other's.
-  if (!doc.HasMember("rope_theta")) set_member(doc, "rope_theta", rapidjson::Value(c.rope_theta), alloc);
-  if (!doc.HasMember("rope_scaling")) set_member(doc, "rope_scaling", rope_scaling(c, alloc), alloc);
-  if (!doc.HasMember("rope_parameters")) set_member(doc, "rope_parameters", rope_parameters(c, alloc), alloc);
+  if (!doc.HasMember("rope_theta"))
+    set_member(doc, "rope_theta", rapidjson::Value(c.rope_theta), alloc);
+  if (!doc.HasMember("rope_scaling"))
+    set_member(doc, "rope_scaling", rope_scaling(c, alloc), alloc);
+  if (!doc.HasMember("rope_parameters"))
+    set_member(doc, "rope_parameters", rope_parameters(c, alloc), alloc);
   return json::dump(doc, /*pretty=*/true);
 }
 

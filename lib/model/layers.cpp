@@ -26,7 +26,8 @@ at::Tensor inverse_frequencies(const ModelConfig& c) {
   const double pi = 3.14159265358979323846;
   at::Tensor wavelen = 2 * pi / inv;
   at::Tensor scaled = at::where(wavelen > low_wavelen, inv / s.factor, inv);
-  at::Tensor smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  at::Tensor smooth =
+      (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
   at::Tensor smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
   at::Tensor medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
   return at::where(medium, smoothed, scaled);
@@ -39,9 +40,8 @@ at::Tensor rotate_half(const at::Tensor& x) {
 
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, int64_t start,
-                                                int64_t length, at::ScalarType dtype,
-                                                const at::Device& device) {
+std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, int64_t start, int64_t length,
+                                                at::ScalarType dtype, const at::Device& device) {
   at::Tensor inv = inverse_frequencies(c);
   at::Tensor pos = at::arange(start, start + length, at::kLong).to(at::kFloat);
   at::Tensor freqs = at::outer(pos, inv);
@@ -92,7 +92,8 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
     at::Tensor qpos = at::arange(s - t, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
     at::Tensor kpos = at::arange(0, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
     mask = kpos.unsqueeze(0) <= qpos.unsqueeze(1);  // [t, s]
-    if (c.sliding_window) mask = mask.logical_and(kpos.unsqueeze(0) > qpos.unsqueeze(1) - *c.sliding_window);
+    if (c.sliding_window)
+      mask = mask.logical_and(kpos.unsqueeze(0) > qpos.unsqueeze(1) - *c.sliding_window);
     mask = mask.view({1, 1, t, s});
     if (padded) {
       // Real keys of the query's own document (queries are the last t of the s keys).
@@ -107,17 +108,21 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
 }
 
 Mlp::Mlp(const ModelConfig& c, const ParamFactory& o) {
-  gate_proj = register_module("gate_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
-  up_proj = register_module("up_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
-  down_proj = register_module("down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, c.mlp_bias, o));
+  gate_proj = register_module(
+      "gate_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
+  up_proj = register_module(
+      "up_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
+  down_proj = register_module(
+      "down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, c.mlp_bias, o));
 }
 
 DecoderLayer::DecoderLayer(const ModelConfig& c, const ParamFactory& o) {
   self_attn = register_module("self_attn", std::make_shared<Attention>(c, o));
   mlp = register_module("mlp", std::make_shared<Mlp>(c, o));
-  input_layernorm = register_module("input_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
-  post_attention_layernorm =
-      register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
+  input_layernorm = register_module("input_layernorm",
+                                    std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
+  post_attention_layernorm = register_module(
+      "post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
 }
 
 namespace {
@@ -155,14 +160,16 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const at::Tensor& r = saved[2];
     const at::Tensor& g = grads[0];
     if (kernels::fused_rms_norm_applies(x, weight)) {
-      auto [grad_x, grad_weight] =
-          kernels::fused_rms_norm_backward(g, x, weight, r, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+      auto [grad_x, grad_weight] = kernels::fused_rms_norm_backward(
+          g, x, weight, r, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
       return {grad_x, grad_weight, at::Tensor()};
     }
     at::Tensor h = x.to(at::kFloat);
     at::Tensor grad_x, grad_weight;
     if (ctx->needs_input_grad(1)) {
-      grad_weight = (g * normalized(h, r, x.scalar_type())).sum_to_size(weight.sizes()).to(weight.scalar_type());
+      grad_weight = (g * normalized(h, r, x.scalar_type()))
+                        .sum_to_size(weight.sizes())
+                        .to(weight.scalar_type());
     }
     if (ctx->needs_input_grad(0)) {
       at::Tensor gn = (g * weight).to(at::kFloat);
@@ -205,9 +212,9 @@ class UnreadLinear : public torch::autograd::Function<UnreadLinear> {
 // incoming gradient; undefined: 1); then `grad_rows` (the chunk's rows of the hidden-state
 // gradient, contiguous; undefined: not wanted) = dl · weight, and, with `weight_grad`,
 // grad_weight += dlᵀ · h (the first chunk's product, so no zero-fill pass).
-void add_chunk_gradients(at::Tensor& p, const at::Tensor& y, const at::Tensor& scale, const at::Tensor& h,
-                         const at::Tensor& weight, at::Tensor grad_rows, bool weight_grad,
-                         at::Tensor& grad_weight) {
+void add_chunk_gradients(at::Tensor& p, const at::Tensor& y, const at::Tensor& scale,
+                         const at::Tensor& h, const at::Tensor& weight, at::Tensor grad_rows,
+                         bool weight_grad, at::Tensor& grad_weight) {
   p.scatter_add_(1, y.clamp_min(0).unsqueeze(1), at::full({p.size(0), 1}, -1.0, p.options()));
   at::Tensor mask = y.ne(-100).to(at::kFloat).unsqueeze(1);
   p.mul_(scale.defined() ? mask * scale : mask);
@@ -257,7 +264,8 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       if (!eager) continue;
       logits.sub_(lse.unsqueeze(1)).exp_();  // the softmax, in the logits' memory
       add_chunk_gradients(logits, y, at::Tensor(), h, weight,
-                          eager_hidden ? grad_hidden.narrow(0, lo, len) : at::Tensor(), eager_weight, grad_weight);
+                          eager_hidden ? grad_hidden.narrow(0, lo, len) : at::Tensor(),
+                          eager_weight, grad_weight);
     }
     if (eager) {
       ctx->saved_data["grad_hidden"] = grad_hidden;
@@ -291,8 +299,8 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       const int64_t len = std::min(chunk, n - lo);
       at::Tensor h = hidden.narrow(0, lo, len);
       at::Tensor p = at::softmax(at::matmul(h, weight.t()).to(at::kFloat), 1);
-      add_chunk_gradients(p, labels.narrow(0, lo, len), g, h, weight, grad_hidden.narrow(0, lo, len),
-                          ctx->needs_input_grad(1), grad_weight);
+      add_chunk_gradients(p, labels.narrow(0, lo, len), g, h, weight,
+                          grad_hidden.narrow(0, lo, len), ctx->needs_input_grad(1), grad_weight);
     }
     return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -311,9 +319,11 @@ at::Tensor linear_unread(const at::Tensor& x, const at::Tensor& weight, const at
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                 const at::Tensor& labels, int64_t chunk, bool eager_gradients) {
-  const bool grads = eager_gradients && at::GradMode::is_enabled() && hidden.scalar_type() != at::kHalf;
+  const bool grads =
+      eager_gradients && at::GradMode::is_enabled() && hidden.scalar_type() != at::kHalf;
   return LinearCrossEntropy::apply(hidden, weight, labels, std::max<int64_t>(1, chunk),
-                                   grads && hidden.requires_grad(), grads && weight.requires_grad());
+                                   grads && hidden.requires_grad(),
+                                   grads && weight.requires_grad());
 }
 
 }  // namespace zt::model

@@ -116,7 +116,8 @@ struct Mlp : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, bool output_unread = false) {
     at::Tensor a = at::silu(gate_proj->forward(x)) * up_proj->forward(x);
     const Linear& down = *down_proj;
-    if (output_unread && !(down.lora_A && !down.lora_merged)) return linear_unread(a, down.weight, down.bias);
+    if (output_unread && !(down.lora_A && !down.lora_merged))
+      return linear_unread(a, down.weight, down.bias);
     return down_proj->forward(a);
   }
 };
@@ -131,7 +132,8 @@ struct DecoderLayer : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& attention_mask, KvCache* cache = nullptr,
                      bool output_unread = false) {
-    at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, attention_mask, cache);
+    at::Tensor h =
+        x + self_attn->forward(input_layernorm->forward(x), cos, sin, attention_mask, cache);
     return h + mlp->forward(post_attention_layernorm->forward(h), output_unread);
   }
 };
@@ -143,6 +145,7 @@ struct DecoderLayer : torch::nn::Module {
 /// in fp16, whose loss scale must reach the products: there backward recomputes the logits.
 /// `eager_gradients` false always recomputes (tests).
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
-                                const at::Tensor& labels, int64_t chunk, bool eager_gradients = true);
+                                const at::Tensor& labels, int64_t chunk,
+                                bool eager_gradients = true);
 
 }  // namespace zt::model

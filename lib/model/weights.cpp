@@ -25,16 +25,17 @@ class CheckpointSource final : public ParameterSource {
   void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
             const at::Tensor& out) override {
     if (!ckpt_.contains(name)) {
-      throw IoError(fmt::format("checkpoint '{}' lacks tensor '{}', which the model's config "
-                                "requires (a different model_type, size or tie_word_embeddings?)",
-                                ckpt_.path(), name));
+      throw IoError(
+          fmt::format("checkpoint '{}' lacks tensor '{}', which the model's config "
+                      "requires (a different model_type, size or tie_word_embeddings?)",
+                      ckpt_.path(), name));
     }
     const TensorInfo& info = ckpt_.info(name);
     if (info.shape != shape) {
-      throw IoError(fmt::format("checkpoint '{}': tensor '{}' has shape [{}] but the model expects "
-                                "[{}]",
-                                ckpt_.path(), name, fmt::join(info.shape, ", "),
-                                fmt::join(shape, ", ")));
+      throw IoError(
+          fmt::format("checkpoint '{}': tensor '{}' has shape [{}] but the model expects "
+                      "[{}]",
+                      ckpt_.path(), name, fmt::join(info.shape, ", "), fmt::join(shape, ", ")));
     }
     ckpt_.read_range(name, offset, out);
   }
@@ -52,15 +53,18 @@ class CheckpointSource final : public ParameterSource {
 // threads, and the values depend neither on the thread count nor on the order of reads.
 constexpr int64_t kRandomChunk = int64_t{1} << 22;
 
-void ranged_normal(const at::Tensor& out, int64_t numel, int64_t offset, double std, uint64_t seed) {
+void ranged_normal(const at::Tensor& out, int64_t numel, int64_t offset, double std,
+                   uint64_t seed) {
   const int64_t len = out.numel();
   const int64_t first = offset / kRandomChunk, last = (offset + len - 1) / kRandomChunk;
   auto fill = [&](int64_t k0, int64_t k1) {
     at::Tensor scratch;  // for chunks the range covers only in part
     for (int64_t k = k0; k < k1; ++k) {
-      at::Generator gen = at::detail::createCPUGenerator(seed ^ (static_cast<uint64_t>(k) * 0x9E3779B97F4A7C15ull));
+      at::Generator gen =
+          at::detail::createCPUGenerator(seed ^ (static_cast<uint64_t>(k) * 0x9E3779B97F4A7C15ull));
       const int64_t lo = k * kRandomChunk, n = std::min(kRandomChunk, numel - lo);  // the chunk
-      const int64_t a = std::max(lo, offset), e = std::min(lo + n, offset + len);   // its part wanted
+      const int64_t a = std::max(lo, offset),
+                    e = std::min(lo + n, offset + len);  // its part wanted
       if (a == lo && e == lo + n) {
         out.narrow(0, lo - offset, n).normal_(0.0, std, gen);
       } else {
@@ -119,7 +123,8 @@ void load_weights(torch::nn::Module& model, ParameterSource& source) {
     at::Tensor p = item.value();
     std::vector<int64_t> shape = p.sizes().vec();
     if (!p.is_contiguous()) p.set_data(at::empty(shape, p.options()));  // a placeholder
-    at::Tensor staging = p.is_cpu() && p.is_contiguous() ? p : at::empty(shape, p.options().device(at::kCPU));
+    at::Tensor staging =
+        p.is_cpu() && p.is_contiguous() ? p : at::empty(shape, p.options().device(at::kCPU));
     source.read(item.key(), shape, 0, staging);
     if (!staging.is_same(p)) p.copy_(staging);
   }
@@ -129,21 +134,28 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
   SafetensorsCheckpoint ckpt(path);
   for (const auto& item : model.named_parameters(true)) {
     if (!ckpt.contains(item.key())) {
-      throw IoError(fmt::format("checkpoint '{}' lacks tensor '{}', which the model's config "
-                                "requires",
-                                path, item.key()));
+      throw IoError(
+          fmt::format("checkpoint '{}' lacks tensor '{}', which the model's config "
+                      "requires",
+                      path, item.key()));
     }
     if (ckpt.info(item.key()).shape != item.value().sizes().vec()) {
-      throw IoError(fmt::format("checkpoint '{}': tensor '{}' has the wrong shape", path, item.key()));
+      throw IoError(
+          fmt::format("checkpoint '{}': tensor '{}' has the wrong shape", path, item.key()));
     }
   }
 }
 
 int copy_model_companion_files(const std::string& from, const std::string& to) {
   namespace fs = std::filesystem;
-  static const char* const kFiles[] = {"tokenizer.json",   "tokenizer_config.json", "special_tokens_map.json",
-                                       "tokenizer.model",  "vocab.json",            "merges.txt",
-                                       "chat_template.jinja", "generation_config.json"};
+  static const char* const kFiles[] = {"tokenizer.json",
+                                       "tokenizer_config.json",
+                                       "special_tokens_map.json",
+                                       "tokenizer.model",
+                                       "vocab.json",
+                                       "merges.txt",
+                                       "chat_template.jinja",
+                                       "generation_config.json"};
   int copied = 0;
   for (const char* name : kFiles) {
     const std::string source = (fs::path(from) / name).string();

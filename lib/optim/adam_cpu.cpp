@@ -81,7 +81,9 @@ void for_segment_ranges(const std::vector<Segment>& segments, Fn&& fn) {
   for (const Segment& s : segments) starts.push_back(starts.back() + s.length);
   const int64_t total = starts.back();
   auto work = [&](int64_t lo, int64_t hi) {
-    size_t k = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), lo) - starts.begin()) - 1;
+    size_t k =
+        static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), lo) - starts.begin()) -
+        1;
     for (; k < segments.size() && starts[k] < hi; ++k) {
       const Segment& s = segments[k];
       int64_t a = std::max(lo, starts[k]) - starts[k], b = std::min(hi, starts[k + 1]) - starts[k];
@@ -94,11 +96,13 @@ void for_segment_ranges(const std::vector<Segment>& segments, Fn&& fn) {
 }  // namespace
 
 void adam_cpu_segments(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                       const std::vector<Segment>& segments, const AdamArgs& args, int64_t grad_offset) {
+                       const std::vector<Segment>& segments, const AdamArgs& args,
+                       int64_t grad_offset) {
   const Coeffs with_decay = coefficients(args, args.weight_decay);
   const Coeffs without = coefficients(args, 0.0);
   for_segment_ranges(segments, [&](int64_t o, int64_t n, bool decay) {
-    adam_chunk(param + o, grad + (o - grad_offset), exp_avg + o, exp_avg_sq + o, n, decay ? with_decay : without);
+    adam_chunk(param + o, grad + (o - grad_offset), exp_avg + o, exp_avg_sq + o, n,
+               decay ? with_decay : without);
   });
 }
 
@@ -126,7 +130,8 @@ void adam_cpu_first_touch(const std::vector<float*>& arrays, int64_t numel,
 
 int64_t adam_cpu_threads(int64_t elements) {
   // At least 256 Ki elements per thread: below that, waking a thread costs more than it saves.
-  return std::max<int64_t>(1, std::min<int64_t>(cpu_worker_threads(), elements / (int64_t{1} << 18)));
+  return std::max<int64_t>(1,
+                           std::min<int64_t>(cpu_worker_threads(), elements / (int64_t{1} << 18)));
 }
 
 void adam_cpu(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
@@ -146,9 +151,12 @@ void adam_cpu(float* param, const float* grad, float* exp_avg, float* exp_avg_sq
 
 const char* adam_cpu_isa() {
   switch (isa_probe()) {
-    case 2: return "avx512f";
-    case 1: return "avx2";
-    default: return "baseline";
+    case 2:
+      return "avx512f";
+    case 1:
+      return "avx2";
+    default:
+      return "baseline";
   }
 }
 

@@ -19,7 +19,8 @@ constexpr double kPi = 3.14159265358979323846;
 
 // DeepSpeed's warmup fraction at iteration `it` (< warmup).
 double warmup_gamma(int64_t it, int64_t warmup, WarmupType type) {
-  if (type == WarmupType::kLog) return std::log(static_cast<double>(it + 1)) / std::log(static_cast<double>(warmup));
+  if (type == WarmupType::kLog)
+    return std::log(static_cast<double>(it + 1)) / std::log(static_cast<double>(warmup));
   return static_cast<double>(it) / static_cast<double>(warmup);
 }
 
@@ -41,9 +42,10 @@ std::function<double(int64_t)> deepspeed_schedule(const SchedulerConfig& s, doub
       return [=](int64_t applied) {
         int64_t it = applied - 1;
         if (it < 0) return min_lr;
-        double gamma = it < warmup ? warmup_gamma(it, warmup, type)
-                                   : std::max(0.0, static_cast<double>(total - it) /
-                                                       std::max(1.0, static_cast<double>(total - warmup)));
+        double gamma = it < warmup
+                           ? warmup_gamma(it, warmup, type)
+                           : std::max(0.0, static_cast<double>(total - it) /
+                                               std::max(1.0, static_cast<double>(total - warmup)));
         return min_lr + (max_lr - min_lr) * gamma;
       };
     case SchedulerType::kWarmupCosineLR: {
@@ -67,7 +69,8 @@ std::function<double(int64_t)> deepspeed_schedule(const SchedulerConfig& s, doub
     case SchedulerType::kOneCycle: {
       const double lo = s.cycle_min_lr, hi = s.cycle_max_lr;
       const double first = static_cast<double>(s.cycle_first_step_size);
-      const double second = static_cast<double>(s.cycle_second_step_size.value_or(s.cycle_first_step_size));
+      const double second =
+          static_cast<double>(s.cycle_second_step_size.value_or(s.cycle_first_step_size));
       const double total_size = first + second;
       const double step_ratio = first / total_size;
       const double decay_rate = s.decay_lr_rate;
@@ -83,7 +86,8 @@ std::function<double(int64_t)> deepspeed_schedule(const SchedulerConfig& s, doub
           return lo + (hi - lo) * scale;
         }
         if (decay_step == 0 || decay_rate == 0.0) return lo;
-        double interval = (static_cast<double>(it) - total_size + 1.0) / static_cast<double>(decay_step);
+        double interval =
+            (static_cast<double>(it) - total_size + 1.0) / static_cast<double>(decay_step);
         return lo / (1.0 + decay_rate * interval);
       };
     }
@@ -104,8 +108,8 @@ std::function<double(int64_t)> deepspeed_schedule(const SchedulerConfig& s, doub
   return [base_lr](int64_t) { return base_lr; };
 }
 
-std::function<double(int64_t)> hf_schedule(const std::string& type, double base_lr,
-                                           int64_t warmup, int64_t total) {
+std::function<double(int64_t)> hf_schedule(const std::string& type, double base_lr, int64_t warmup,
+                                           int64_t total) {
   auto warm = [warmup](int64_t k) {
     return static_cast<double>(k) / static_cast<double>(std::max<int64_t>(1, warmup));
   };

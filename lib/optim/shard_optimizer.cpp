@@ -13,8 +13,9 @@ ShardOptimizer::ShardOptimizer(OptimizerType type, at::Tensor master, std::vecto
                                double momentum, at::ScalarType state_dtype,
                                const std::vector<std::vector<Segment>>& update_groups)
     : type_(type), master_(std::move(master)), segments_(std::move(segments)) {
-  TORCH_CHECK(at::isFloatingType(master_.scalar_type()) && master_.is_contiguous() && master_.dim() == 1,
-              "ShardOptimizer: the master shard must be a flat contiguous floating tensor");
+  TORCH_CHECK(
+      at::isFloatingType(master_.scalar_type()) && master_.is_contiguous() && master_.dim() == 1,
+      "ShardOptimizer: the master shard must be a flat contiguous floating tensor");
   const auto options = master_.options().dtype(state_dtype);
   if (type_ == OptimizerType::kSgd) {
     if (momentum != 0.0) state0_ = at::zeros(master_.sizes(), options);  // the momentum buffer
@@ -22,9 +23,9 @@ ShardOptimizer::ShardOptimizer(OptimizerType type, at::Tensor master, std::vecto
     // The CPU kernel's moments: zeroed by the threads that will update them.
     state0_ = at::empty(master_.sizes(), options);
     state1_ = at::empty(master_.sizes(), options);
-    kernels::adam_cpu_first_touch({state0_.data_ptr<float>(), state1_.data_ptr<float>()}, master_.numel(),
-                                  update_groups.empty() ? std::vector<std::vector<Segment>>{segments_}
-                                                        : update_groups);
+    kernels::adam_cpu_first_touch(
+        {state0_.data_ptr<float>(), state1_.data_ptr<float>()}, master_.numel(),
+        update_groups.empty() ? std::vector<std::vector<Segment>>{segments_} : update_groups);
   } else {
     state0_ = at::zeros(master_.sizes(), options);
     state1_ = at::zeros(master_.sizes(), options);
@@ -45,7 +46,8 @@ int64_t ShardOptimizer::state_bytes(bool with_master) const {
 }
 
 void ShardOptimizer::update(const at::Tensor& grad, const UpdateHyper& hyper,
-                            const std::vector<Segment>& segments, int64_t grad_offset, const at::Tensor& grad_sq) {
+                            const std::vector<Segment>& segments, int64_t grad_offset,
+                            const at::Tensor& grad_sq) {
   TORCH_CHECK(grad.dim() == 1 && grad_offset >= 0 && grad_offset + grad.numel() <= master_.numel(),
               "ShardOptimizer::update: gradient shape mismatch");
   for (const Segment& s : segments) {
@@ -65,8 +67,8 @@ void ShardOptimizer::update(const at::Tensor& grad, const UpdateHyper& hyper,
   }
   if (grad_sq.defined() && !squared) {
     for (const Segment& s : segments) {
-      at::Tensor norm = at::linalg_vector_norm(g.narrow(0, s.offset - grad_offset, s.length), 2, c10::nullopt,
-                                               false, at::kFloat);
+      at::Tensor norm = at::linalg_vector_norm(g.narrow(0, s.offset - grad_offset, s.length), 2,
+                                               c10::nullopt, false, at::kFloat);
       grad_sq.add_(norm.square().to(grad_sq.device()));
     }
   }
@@ -109,14 +111,17 @@ void ShardOptimizer::step_cpu(const at::Tensor& grad, const UpdateHyper& h,
   a.step = steps_;
   a.grad_scale = h.grad_scale;
   kernels::adam_cpu_segments(master_.data_ptr<float>(), grad.data_ptr<float>(),
-                             state0_.data_ptr<float>(), state1_.data_ptr<float>(), segs, a, grad_offset);
+                             state0_.data_ptr<float>(), state1_.data_ptr<float>(), segs, a,
+                             grad_offset);
 }
 
 bool ShardOptimizer::step_generic(const at::Tensor& grad, const UpdateHyper& h,
-                                  const std::vector<Segment>& segs, int64_t grad_offset, const at::Tensor& grad_sq) {
-  const bool same_dtypes = grad.scalar_type() == master_.scalar_type() &&
-                           state0_.scalar_type() == master_.scalar_type();
-  if (type_ == OptimizerType::kAdamW && h.bias_correction && kernels::fused_adamw_applies(master_, grad, state0_, state1_)) {
+                                  const std::vector<Segment>& segs, int64_t grad_offset,
+                                  const at::Tensor& grad_sq) {
+  const bool same_dtypes =
+      grad.scalar_type() == master_.scalar_type() && state0_.scalar_type() == master_.scalar_type();
+  if (type_ == OptimizerType::kAdamW && h.bias_correction &&
+      kernels::fused_adamw_applies(master_, grad, state0_, state1_)) {
     kernels::AdamwHyper k;
     k.lr = h.lr;
     k.beta1 = h.beta1;
@@ -126,8 +131,9 @@ bool ShardOptimizer::step_generic(const at::Tensor& grad, const UpdateHyper& h,
     k.grad_scale = h.grad_scale;
     for (const Segment& s : segs) {
       k.weight_decay = s.decay ? h.weight_decay : 0.0;
-      kernels::fused_adamw(master_.narrow(0, s.offset, s.length), grad.narrow(0, s.offset - grad_offset, s.length),
-                           state0_.narrow(0, s.offset, s.length), state1_.narrow(0, s.offset, s.length), k, grad_sq);
+      kernels::fused_adamw(
+          master_.narrow(0, s.offset, s.length), grad.narrow(0, s.offset - grad_offset, s.length),
+          state0_.narrow(0, s.offset, s.length), state1_.narrow(0, s.offset, s.length), k, grad_sq);
     }
     return grad_sq.defined();
   }
@@ -152,7 +158,8 @@ bool ShardOptimizer::step_generic(const at::Tensor& grad, const UpdateHyper& h,
       }
       const at::Tensor& step = step_tensor_;
       // The fused kernel divides gradients by grad_scale.
-      at::Tensor divisor = h.grad_scale == 1.0 ? at::Tensor() : at::full({}, 1.0 / h.grad_scale, f32);
+      at::Tensor divisor =
+          h.grad_scale == 1.0 ? at::Tensor() : at::full({}, 1.0 / h.grad_scale, f32);
       compat::fused_adamw(ps, gs, ms, vs, step, h.lr, h.beta1, h.beta2,
                           decay ? h.weight_decay : 0.0, h.eps, divisor);
     }

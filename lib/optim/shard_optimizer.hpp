@@ -57,8 +57,9 @@ class ShardOptimizer {
   /// the segments (offloaded steps pass one bucket's gradients at a time). `grad_sq`: undefined,
   /// or an fp32 scalar on the master's device that Σ g² over the segments (before grad_scale)
   /// is added to — on the GPU in the update's own pass over the gradient.
-  void update(const at::Tensor& grad, const UpdateHyper& hyper, const std::vector<Segment>& segments,
-              int64_t grad_offset = 0, const at::Tensor& grad_sq = {});
+  void update(const at::Tensor& grad, const UpdateHyper& hyper,
+              const std::vector<Segment>& segments, int64_t grad_offset = 0,
+              const at::Tensor& grad_sq = {});
   const std::vector<Segment>& segments() const { return segments_; }
 
   OptimizerType type() const { return type_; }
@@ -72,8 +73,10 @@ class ShardOptimizer {
   int64_t state_bytes(bool with_master = true) const;
 
  private:
-  void step_sgd(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs, int64_t grad_offset);
-  void step_cpu(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs, int64_t grad_offset);
+  void step_sgd(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs,
+                int64_t grad_offset);
+  void step_cpu(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs,
+                int64_t grad_offset);
   // True when it also added Σ g² to grad_sq.
   bool step_generic(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs,
                     int64_t grad_offset, const at::Tensor& grad_sq);
@@ -82,7 +85,8 @@ class ShardOptimizer {
   at::Tensor master_, state0_, state1_;
   std::vector<Segment> segments_;
   int64_t steps_ = 0;
-  at::Tensor step_tensor_;  ///< steps_ on the master's device for the fused kernel, made once a step
+  at::Tensor
+      step_tensor_;  ///< steps_ on the master's device for the fused kernel, made once a step
   int64_t step_tensor_value_ = -1;
 };
 

@@ -12,24 +12,24 @@ PTuningEncoder::PTuningEncoder(const ModelConfig& model, const PromptOptions& o)
   const int64_t hidden = o.encoder_hidden_size > 0 ? o.encoder_hidden_size : dim;
   embedding = register_module("embedding", torch::nn::Embedding(n_, dim));
   if (lstm_) {
-    lstm_head = register_module(
-        "lstm_head", torch::nn::LSTM(torch::nn::LSTMOptions(dim, hidden)
-                                         .num_layers(o.encoder_num_layers)
-                                         .bidirectional(true)
-                                         .batch_first(true)));
-    mlp_head = register_module("mlp_head", torch::nn::Sequential(
-                                               torch::nn::Linear(2 * hidden, 2 * hidden), torch::nn::ReLU(),
-                                               torch::nn::Linear(2 * hidden, dim)));
+    lstm_head = register_module("lstm_head", torch::nn::LSTM(torch::nn::LSTMOptions(dim, hidden)
+                                                                 .num_layers(o.encoder_num_layers)
+                                                                 .bidirectional(true)
+                                                                 .batch_first(true)));
+    mlp_head = register_module(
+        "mlp_head", torch::nn::Sequential(torch::nn::Linear(2 * hidden, 2 * hidden),
+                                          torch::nn::ReLU(), torch::nn::Linear(2 * hidden, dim)));
   } else {
-    mlp_head = register_module("mlp_head", torch::nn::Sequential(
-                                               torch::nn::Linear(dim, hidden), torch::nn::ReLU(),
-                                               torch::nn::Linear(hidden, hidden), torch::nn::ReLU(),
-                                               torch::nn::Linear(hidden, dim)));
+    mlp_head = register_module(
+        "mlp_head", torch::nn::Sequential(torch::nn::Linear(dim, hidden), torch::nn::ReLU(),
+                                          torch::nn::Linear(hidden, hidden), torch::nn::ReLU(),
+                                          torch::nn::Linear(hidden, dim)));
   }
 }
 
 at::Tensor PTuningEncoder::virtual_embeddings() {
-  at::Tensor idx = at::arange(n_, at::TensorOptions().dtype(at::kLong).device(embedding->weight.device()));
+  at::Tensor idx =
+      at::arange(n_, at::TensorOptions().dtype(at::kLong).device(embedding->weight.device()));
   at::Tensor e = embedding->forward(idx).unsqueeze(0);
   if (lstm_) e = std::get<0>(lstm_head->forward(e));
   return mlp_head->forward(e).squeeze(0);
@@ -42,16 +42,17 @@ PrefixEncoder::PrefixEncoder(const ModelConfig& model, const PromptOptions& o)
   if (projection_) {
     const int64_t hidden = o.encoder_hidden_size > 0 ? o.encoder_hidden_size : model.hidden_size;
     embedding = register_module("embedding", torch::nn::Embedding(n_, kv));
-    transform = register_module("transform", torch::nn::Sequential(torch::nn::Linear(kv, hidden),
-                                                                   torch::nn::Tanh(),
-                                                                   torch::nn::Linear(hidden, out)));
+    transform = register_module(
+        "transform", torch::nn::Sequential(torch::nn::Linear(kv, hidden), torch::nn::Tanh(),
+                                           torch::nn::Linear(hidden, out)));
   } else {
     embedding = register_module("embedding", torch::nn::Embedding(n_, out));
   }
 }
 
 at::Tensor PrefixEncoder::encode() {
-  at::Tensor idx = at::arange(n_, at::TensorOptions().dtype(at::kLong).device(embedding->weight.device()));
+  at::Tensor idx =
+      at::arange(n_, at::TensorOptions().dtype(at::kLong).device(embedding->weight.device()));
   at::Tensor e = embedding->forward(idx);
   return projection_ ? transform->forward(e) : e;
 }

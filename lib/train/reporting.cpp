@@ -217,7 +217,8 @@ std::string loss_svg(const std::vector<LogRecord>& history) {
   std::vector<std::pair<double, double>> train, eval;
   for (const LogRecord& r : history) {
     if (r.loss && std::isfinite(*r.loss)) train.emplace_back(static_cast<double>(r.step), *r.loss);
-    if (r.eval_loss && std::isfinite(*r.eval_loss)) eval.emplace_back(static_cast<double>(r.step), *r.eval_loss);
+    if (r.eval_loss && std::isfinite(*r.eval_loss))
+      eval.emplace_back(static_cast<double>(r.step), *r.eval_loss);
   }
   constexpr double kW = 640, kH = 400, kLeft = 64, kRight = 16, kTop = 32, kBottom = 48;
   double x0 = 0, x1 = 1, y0 = 0, y1 = 1;
@@ -239,31 +240,37 @@ std::string loss_svg(const std::vector<LogRecord>& history) {
   auto px = [&](double x) { return kLeft + (x - x0) / (x1 - x0) * (kW - kLeft - kRight); };
   auto py = [&](double y) { return kTop + (y1 - y) / (y1 - y0) * (kH - kTop - kBottom); };
   std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
-      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} "
+      "{1}\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+      "fill=\"white\"/>\n"
       "<text x=\"{2}\" y=\"20\" font-size=\"14\">loss</text>\n",
       kW, kH, kLeft);
   // Axes with five ticks each.
-  svg += fmt::format("<path d=\"M{0} {1} V{2} H{3}\" stroke=\"black\" fill=\"none\"/>\n", kLeft, kTop,
-                     kH - kBottom, kW - kRight);
+  svg += fmt::format("<path d=\"M{0} {1} V{2} H{3}\" stroke=\"black\" fill=\"none\"/>\n", kLeft,
+                     kTop, kH - kBottom, kW - kRight);
   for (int i = 0; i <= 4; ++i) {
     const double x = x0 + (x1 - x0) * i / 4, y = y0 + (y1 - y0) * i / 4;
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{:.0f}</text>\n", px(x),
-                       kH - kBottom + 18, x);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{:.3g}</text>\n", kLeft - 6,
-                       py(y) + 4, y);
-    svg += fmt::format("<line x1=\"{0:.1f}\" x2=\"{1:.1f}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#ddd\"/>\n",
-                       kLeft, kW - kRight, py(y));
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{:.0f}</text>\n",
+                       px(x), kH - kBottom + 18, x);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{:.3g}</text>\n",
+                       kLeft - 6, py(y) + 4, y);
+    svg += fmt::format(
+        "<line x1=\"{0:.1f}\" x2=\"{1:.1f}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#ddd\"/>\n",
+        kLeft, kW - kRight, py(y));
   }
   svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">step</text>\n",
                      (kLeft + kW - kRight) / 2, kH - 8);
   if (!train.empty()) {
     std::string points;
     for (const auto& [x, y] : train) points += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
-    svg += fmt::format("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"{}\"/>\n", points);
+    svg += fmt::format(
+        "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+        points);
   }
   for (const auto& [x, y] : eval) {
-    svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"#ff7f0e\"/>\n", px(x), py(y));
+    svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"#ff7f0e\"/>\n", px(x),
+                       py(y));
   }
   svg += fmt::format(
       "<text x=\"{0}\" y=\"{1}\" fill=\"#1f77b4\">— training loss</text>\n"
@@ -279,7 +286,8 @@ std::string describe(const LogRecord& r, int64_t total_steps) {
   if (r.learning_rate) line += fmt::format(" | lr {:.3e}", *r.learning_rate);
   if (r.grad_norm) line += fmt::format(" | grad_norm {:.3f}", *r.grad_norm);
   if (r.tokens_per_second) line += fmt::format(" | {:.0f} tokens/s", *r.tokens_per_second);
-  if (r.loss_scale && *r.loss_scale != 1.0) line += fmt::format(" | loss_scale {:g}", *r.loss_scale);
+  if (r.loss_scale && *r.loss_scale != 1.0)
+    line += fmt::format(" | loss_scale {:g}", *r.loss_scale);
   if (r.peak_memory_gib) line += fmt::format(" | peak {:.1f} GiB", *r.peak_memory_gib);
   if (r.train_loss) line += fmt::format(" | train_loss {:.4f}", *r.train_loss);
   if (r.train_runtime) line += fmt::format(" | runtime {:.1f} s", *r.train_runtime);

@@ -31,8 +31,8 @@ struct TrainerState {
   int world_size = 1;
   int64_t global_batch_size = 0;
   int64_t gradient_accumulation_steps = 1;
-  int64_t epoch_index = 0;      ///< the epoch in progress
-  int64_t steps_in_epoch = 0;   ///< optimizer steps of it already done
+  int64_t epoch_index = 0;     ///< the epoch in progress
+  int64_t steps_in_epoch = 0;  ///< optimizer steps of it already done
   int64_t data_seed = 0;
   int64_t tokens_seen = 0;
   std::string finetuning_type;

@@ -64,9 +64,12 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   const double now = wall_seconds();
-  path_ = fmt::format("{}/events.out.tfevents.{}.{}.{}.0", dir, static_cast<int64_t>(now), host_name(), ::getpid());
+  path_ = fmt::format("{}/events.out.tfevents.{}.{}.{}.0", dir, static_cast<int64_t>(now),
+                      host_name(), ::getpid());
   out_.open(path_, std::ios::binary | std::ios::app);
-  if (!out_) throw IoError(fmt::format("cannot create TensorBoard event file '{}': {}", path_, std::strerror(errno)));
+  if (!out_)
+    throw IoError(
+        fmt::format("cannot create TensorBoard event file '{}': {}", path_, std::strerror(errno)));
   std::string e = event(now, 0);
   put_bytes(e, 3, "brain.Event:2");
   record(e);

@@ -9,7 +9,8 @@
 #include <nmmintrin.h>
 #endif
 
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the slicing loads assume a little-endian host");
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the slicing loads assume a little-endian host");
 
 namespace zt::crc32c {
 namespace {
@@ -36,7 +37,8 @@ const Tables& tables() {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t extend_sse42(uint32_t crc, const unsigned char* p, size_t size) {
+__attribute__((target("sse4.2"))) uint32_t extend_sse42(uint32_t crc, const unsigned char* p,
+                                                        size_t size) {
   uint64_t c = ~crc;
   while (size >= 8) {
     uint64_t word = 0;

@@ -3,9 +3,15 @@
 
 namespace zt::device_stats {
 
-int64_t peak_allocated(int) { return 0; }
-int64_t allocated(int) { return 0; }
+int64_t peak_allocated(int) {
+  return 0;
+}
+int64_t allocated(int) {
+  return 0;
+}
 void reset_peak(int) {}
-int64_t total_memory(int) { return 0; }
+int64_t total_memory(int) {
+  return 0;
+}
 
 }  // namespace zt::device_stats

@@ -24,7 +24,8 @@ int open_regular(const std::string& path, const char* what, uint64_t max_bytes) 
   // O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer;
   // the descriptor's own fstat then tells what it is (no race with a path swapped meanwhile).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) throw IoError(fmt::format("cannot open {} '{}': {}", what, path, std::strerror(errno)));
+  if (fd < 0)
+    throw IoError(fmt::format("cannot open {} '{}': {}", what, path, std::strerror(errno)));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
@@ -39,13 +40,14 @@ int open_regular(const std::string& path, const char* what, uint64_t max_bytes) 
                        : S_ISBLK(st.st_mode)  ? "a block device"
                        : S_ISSOCK(st.st_mode) ? "a socket"
                                               : "not a regular file";
-    throw IoError(fmt::format("{} '{}' is {}, not a regular file; give the path of the file itself", what, path,
-                              kind));
+    throw IoError(fmt::format("{} '{}' is {}, not a regular file; give the path of the file itself",
+                              what, path, kind));
   }
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
     ::close(fd);
-    throw IoError(fmt::format("{} '{}' has {} bytes, more than the {} a {} can have; is it the right file?", what,
-                              path, static_cast<uint64_t>(st.st_size), max_bytes, what));
+    throw IoError(
+        fmt::format("{} '{}' has {} bytes, more than the {} a {} can have; is it the right file?",
+                    what, path, static_cast<uint64_t>(st.st_size), max_bytes, what));
   }
   // Reads block normally from here (on a regular file O_NONBLOCK has no effect anyway).
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
@@ -68,7 +70,8 @@ std::string read_text(const std::string& path, const char* what, uint64_t max_by
     out.append(buf, static_cast<size_t>(n));
     if (out.size() > max_bytes) {  // grew while being read
       ::close(fd);
-      throw IoError(fmt::format("{} '{}' is larger than the {} bytes a {} can have", what, path, max_bytes, what));
+      throw IoError(fmt::format("{} '{}' is larger than the {} bytes a {} can have", what, path,
+                                max_bytes, what));
     }
   }
   ::close(fd);
@@ -86,14 +89,16 @@ bool plain_name(const std::string& name) {
 
 std::string child(const std::string& dir, const std::string& name, const std::string& source) {
   if (!plain_name(name)) {
-    throw IoError(fmt::format("{}: \"{}\" is not a plain file name (no '/', '..' or absolute path: what a file "
-                              "names must stay inside '{}')",
-                              source, name, dir));
+    throw IoError(fmt::format(
+        "{}: \"{}\" is not a plain file name (no '/', '..' or absolute path: what a file "
+        "names must stay inside '{}')",
+        source, name, dir));
   }
   return dir + "/" + name;
 }
 
-std::string descendant(const std::string& dir, const std::string& relative, const std::string& source) {
+std::string descendant(const std::string& dir, const std::string& relative,
+                       const std::string& source) {
   bool ok = !relative.empty() && relative.front() != '/';
   for (size_t start = 0; ok && start <= relative.size();) {
     const size_t slash = std::min(relative.find('/', start), relative.size());
@@ -101,8 +106,9 @@ std::string descendant(const std::string& dir, const std::string& relative, cons
     start = slash + 1;
   }
   if (!ok) {
-    throw IoError(fmt::format("{}: \"{}\" is not a path inside '{}' (an absolute path, '..' or an empty part)",
-                              source, relative, dir));
+    throw IoError(fmt::format(
+        "{}: \"{}\" is not a path inside '{}' (an absolute path, '..' or an empty part)", source,
+        relative, dir));
   }
   return dir + "/" + relative;
 }
@@ -171,9 +177,11 @@ std::optional<uint64_t> free_bytes(const std::string& dir) {
   return static_cast<uint64_t>(st.f_bavail) * static_cast<uint64_t>(st.f_frsize);
 }
 
-std::optional<FileLock> FileLock::try_lock(const std::string& path, bool exclusive, const std::string& holder) {
+std::optional<FileLock> FileLock::try_lock(const std::string& path, bool exclusive,
+                                           const std::string& holder) {
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) throw IoError(fmt::format("cannot open the lock file '{}': {}", path, std::strerror(errno)));
+  if (fd < 0)
+    throw IoError(fmt::format("cannot open the lock file '{}': {}", path, std::strerror(errno)));
   if (::flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
     const int err = errno;
     ::close(fd);
@@ -181,7 +189,8 @@ std::optional<FileLock> FileLock::try_lock(const std::string& path, bool exclusi
     throw IoError(fmt::format("cannot lock '{}': {}", path, std::strerror(err)));
   }
   if (exclusive && !holder.empty() && ::ftruncate(fd, 0) == 0) {
-    const ssize_t ignored = ::pwrite(fd, holder.data(), holder.size(), 0);  // for others' messages only
+    const ssize_t ignored =
+        ::pwrite(fd, holder.data(), holder.size(), 0);  // for others' messages only
     (void)ignored;
   }
   return FileLock(fd);
@@ -197,7 +206,9 @@ std::string FileLock::holder_of(const std::string& path) {
   }
 }
 
-FileLock::FileLock(FileLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+FileLock::FileLock(FileLock&& other) noexcept : fd_(other.fd_) {
+  other.fd_ = -1;
+}
 
 FileLock& FileLock::operator=(FileLock&& other) noexcept {
   if (this != &other) {

@@ -23,7 +23,8 @@ int open_regular(const std::string& path, const char* what, uint64_t max_bytes =
 
 /// Reads a whole regular file of at most `max_bytes` (open_regular's checks). Missing or
 /// unreadable files are an IoError naming the path.
-std::string read_text(const std::string& path, const char* what = "file", uint64_t max_bytes = kMaxConfigBytes);
+std::string read_text(const std::string& path, const char* what = "file",
+                      uint64_t max_bytes = kMaxConfigBytes);
 
 /// `dir`/`name` for a `name` read from a file (`source` names it in messages): a plain name —
 /// not empty, not "." or "..", no '/' or NUL — so that it stays inside `dir`; else an IoError
@@ -32,7 +33,8 @@ std::string child(const std::string& dir, const std::string& name, const std::st
 
 /// The same for a relative path of plain names ("optimizer/rank-00000-of-00002.safetensors"):
 /// not absolute, no empty, "." or ".." component.
-std::string descendant(const std::string& dir, const std::string& relative, const std::string& source);
+std::string descendant(const std::string& dir, const std::string& relative,
+                       const std::string& source);
 
 /// Writes `content` to `path` atomically: a temporary file in the same folder, flushed and
 /// renamed over `path` only when complete, so a crash never leaves a half-written file (and a
@@ -56,7 +58,8 @@ class FileLock {
   /// Locks `path` (created when missing) exclusively or shared without waiting; nullopt when
   /// another process holds a conflicting lock. An exclusive holder writes `holder` (pid, host,
   /// start time) into the file for others' messages. IoError when the file cannot be opened.
-  static std::optional<FileLock> try_lock(const std::string& path, bool exclusive, const std::string& holder = "");
+  static std::optional<FileLock> try_lock(const std::string& path, bool exclusive,
+                                          const std::string& holder = "");
   /// What the current exclusive holder of `path` wrote about itself ("" when unknown).
   static std::string holder_of(const std::string& path);
 

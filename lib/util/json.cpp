@@ -52,9 +52,10 @@ void check_depth(std::string_view text, const std::string& source) {
     } else if (c == '{' || c == '[') {
       if (++depth > kMaxDepth) {
         const auto [line, column] = line_and_column(text, i);
-        throw ConfigError(fmt::format("{}: JSON nested deeper than {} levels (at line {}, column {}); no file "
-                                      "zerotrain reads needs that many — is it the right file?",
-                                      source, kMaxDepth, line, column));
+        throw ConfigError(
+            fmt::format("{}: JSON nested deeper than {} levels (at line {}, column {}); no file "
+                        "zerotrain reads needs that many — is it the right file?",
+                        source, kMaxDepth, line, column));
       }
     } else if (c == '}' || c == ']') {
       --depth;
@@ -76,13 +77,19 @@ rapidjson::Document parse(std::string_view text, const std::string& source) {
 
 std::string type_name(const rapidjson::Value& v) {
   switch (v.GetType()) {
-    case rapidjson::kNullType: return "null";
+    case rapidjson::kNullType:
+      return "null";
     case rapidjson::kFalseType:
-    case rapidjson::kTrueType: return "a boolean";
-    case rapidjson::kObjectType: return "an object";
-    case rapidjson::kArrayType: return "an array";
-    case rapidjson::kStringType: return "a string";
-    case rapidjson::kNumberType: return "a number";
+    case rapidjson::kTrueType:
+      return "a boolean";
+    case rapidjson::kObjectType:
+      return "an object";
+    case rapidjson::kArrayType:
+      return "an array";
+    case rapidjson::kStringType:
+      return "a string";
+    case rapidjson::kNumberType:
+      return "a number";
   }
   return "?";
 }
@@ -129,8 +136,8 @@ ObjectReader::ObjectReader(const rapidjson::Value& value, std::string path, std:
   for (auto it = value.MemberBegin(); it != value.MemberEnd(); ++it) {
     std::string key(it->name.GetString(), it->name.GetStringLength());
     if (!seen.insert(key).second) {
-      throw ConfigError(fmt::format("{}: {}: the key appears twice; keep one", source_,
-                                    key_path(key)));
+      throw ConfigError(
+          fmt::format("{}: {}: the key appears twice; keep one", source_, key_path(key)));
     }
   }
 }
@@ -160,8 +167,8 @@ const rapidjson::Value* ObjectReader::find(const char* key) {
 void ObjectReader::fail(std::string_view key, std::string_view expected) const {
   auto it = value_->FindMember(rapidjson::StringRef(key.data(), key.size()));
   std::string found = it == value_->MemberEnd() ? "nothing" : render(it->value);
-  throw ConfigError(fmt::format("{}: {}: expected {}, found {}", source_, key_path(key), expected,
-                                found));
+  throw ConfigError(
+      fmt::format("{}: {}: expected {}, found {}", source_, key_path(key), expected, found));
 }
 
 void ObjectReader::fail_value(std::string_view key, std::string_view message) const {
@@ -232,7 +239,8 @@ std::optional<std::string> ObjectReader::choice(const char* key,
     if (fold_case ? lower(c) == lower(*s) : c == *s) return c;
   }
   std::string list;
-  for (const std::string& c : choices) list += (list.empty() ? "" : ", ") + fmt::format("\"{}\"", c);
+  for (const std::string& c : choices)
+    list += (list.empty() ? "" : ", ") + fmt::format("\"{}\"", c);
   fail(key, "one of " + list);
 }
 

@@ -34,10 +34,14 @@ SinkState& state() {
 
 const char* log_level_name(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return "debug";
-    case LogLevel::kInfo: return "info";
-    case LogLevel::kWarning: return "warning";
-    case LogLevel::kError: return "error";
+    case LogLevel::kDebug:
+      return "debug";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kWarning:
+      return "warning";
+    case LogLevel::kError:
+      return "error";
   }
   return "?";
 }
@@ -47,9 +51,13 @@ void set_log_sink(LogSink sink) {
   state().sink = std::move(sink);
 }
 
-void set_log_level(LogLevel level) { state().level.store(static_cast<int>(level)); }
+void set_log_level(LogLevel level) {
+  state().level.store(static_cast<int>(level));
+}
 
-LogLevel log_level() { return static_cast<LogLevel>(state().level.load()); }
+LogLevel log_level() {
+  return static_cast<LogLevel>(state().level.load());
+}
 
 void log_message(LogLevel level, const std::string& message) {
   if (static_cast<int>(level) < state().level.load()) return;

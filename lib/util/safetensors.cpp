@@ -45,7 +45,8 @@ std::string safetensors_dtype_name(at::ScalarType dtype) {
   for (const DtypeEntry& e : kDtypes) {
     if (e.type == dtype) return e.name;
   }
-  throw InvalidArgument(fmt::format("safetensors: dtype {} cannot be stored", c10::toString(dtype)));
+  throw InvalidArgument(
+      fmt::format("safetensors: dtype {} cannot be stored", c10::toString(dtype)));
 }
 
 std::optional<at::ScalarType> safetensors_dtype(const std::string& name) {
@@ -64,7 +65,8 @@ std::string chunk_checksums(const void* data, int64_t nbytes) {
   const auto* p = static_cast<const unsigned char*>(data);
   for (int64_t at = 0; at < nbytes || (at == 0 && nbytes == 0); at += kChecksumChunk) {
     const int64_t n = std::min(kChecksumChunk, nbytes - at);
-    out += fmt::format("{}{:08x}", out.empty() ? "" : ",", crc32c::of(p + at, static_cast<size_t>(n)));
+    out +=
+        fmt::format("{}{:08x}", out.empty() ? "" : ",", crc32c::of(p + at, static_cast<size_t>(n)));
     if (nbytes == 0) break;
   }
   return out;
@@ -83,7 +85,8 @@ std::optional<std::vector<uint32_t>> parse_checksums(const std::string& list, in
     uint32_t v = 0;
     const char* first = list.data() + k * 9;
     const auto [p, ec] = std::from_chars(first, first + 8, v, 16);
-    if (ec != std::errc() || p != first + 8 || (k + 1 < chunks && first[8] != ',')) return std::nullopt;
+    if (ec != std::errc() || p != first + 8 || (k + 1 < chunks && first[8] != ','))
+      return std::nullopt;
     out.push_back(v);
   }
   return out;
@@ -123,9 +126,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];
     if (n > kMaxHeader || n > size_ - 8) {
-      throw fail(fmt::format("header length {} does not fit in the {} bytes of the file "
-                             "(truncated download?)",
-                             n, size_));
+      throw fail(
+          fmt::format("header length {} does not fit in the {} bytes of the file "
+                      "(truncated download?)",
+                      n, size_));
     }
     const char* header = reinterpret_cast<const char*>(bytes + 8);
     if (n == 0 || header[0] != '{') throw fail("the header is not a JSON object");
@@ -151,7 +155,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
         }
         continue;
       }
-      auto bad = [&](const std::string& what) { return fail(fmt::format("tensor '{}': {}", name, what)); };
+      auto bad = [&](const std::string& what) {
+        return fail(fmt::format("tensor '{}': {}", name, what));
+      };
       if (tensors_.count(name)) throw bad("appears twice in the header");
       if (!v.IsObject()) throw bad("entry is not an object");
       auto dt = v.FindMember("dtype");
@@ -166,9 +172,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       info.dtype_name = dt->value.GetString();
       std::optional<at::ScalarType> type = safetensors_dtype(info.dtype_name);
       if (!type) {
-        throw bad(fmt::format("dtype '{}' is not supported (supported: F32, F16, BF16, F64, I64, "
-                              "I32, I16, I8, U8, BOOL)",
-                              info.dtype_name));
+        throw bad(
+            fmt::format("dtype '{}' is not supported (supported: F32, F16, BF16, F64, I64, "
+                        "I32, I16, I8, U8, BOOL)",
+                        info.dtype_name));
       }
       info.dtype = *type;
       int64_t numel = 1;
@@ -180,13 +187,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
         numel *= *dim;
       }
       info.numel = numel;
-      std::optional<int64_t> b = off->value[0].IsNumber() ? json::as_integer(off->value[0]) : std::nullopt;
-      std::optional<int64_t> e = off->value[1].IsNumber() ? json::as_integer(off->value[1]) : std::nullopt;
+      std::optional<int64_t> b =
+          off->value[0].IsNumber() ? json::as_integer(off->value[0]) : std::nullopt;
+      std::optional<int64_t> e =
+          off->value[1].IsNumber() ? json::as_integer(off->value[1]) : std::nullopt;
       if (!b || !e || *b < 0 || *e < *b) throw bad("invalid data_offsets");
       if (*e > data_size) {
-        throw bad(fmt::format("data ends at byte {} but the file holds only {} data bytes "
-                              "(truncated?)",
-                              *e, data_size));
+        throw bad(
+            fmt::format("data ends at byte {} but the file holds only {} data bytes "
+                        "(truncated?)",
+                        *e, data_size));
       }
       const int64_t expected = numel * static_cast<int64_t>(c10::elementSize(info.dtype));
       if (*e - *b != expected) {
@@ -232,7 +242,9 @@ SafetensorsFile::~SafetensorsFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::vector<std::string> SafetensorsFile::names() const { return order_; }
+std::vector<std::string> SafetensorsFile::names() const {
+  return order_;
+}
 
 const TensorInfo& SafetensorsFile::info(const std::string& name) const {
   auto it = tensors_.find(name);
@@ -249,7 +261,8 @@ at::Tensor SafetensorsFile::mapped(const TensorInfo& info, int64_t offset, int64
   return at::from_blob(base, {count}, at::TensorOptions().dtype(info.dtype));
 }
 
-void SafetensorsFile::verify(const std::string& name, const TensorInfo& info, int64_t begin, int64_t end) const {
+void SafetensorsFile::verify(const std::string& name, const TensorInfo& info, int64_t begin,
+                             int64_t end) const {
   std::lock_guard<std::mutex> lock(verified_mutex_);
   auto done = verified_.find(name);  // made at open for every tensor with checksums
   if (done == verified_.end()) return;
@@ -259,19 +272,23 @@ void SafetensorsFile::verify(const std::string& name, const TensorInfo& info, in
     if (done->second[static_cast<size_t>(k)]) continue;
     // Parsed again per chunk: nothing a read allocates outlives it (a small allocation kept
     // between a reader's large temporaries would pin them in the heap).
-    const std::optional<std::vector<uint32_t>> crc = parse_checksums(metadata_.at("crc32c:" + name), chunks);
-    const int64_t at = k * kChecksumChunk, n = std::max<int64_t>(0, std::min(kChecksumChunk, info.nbytes - at));
+    const std::optional<std::vector<uint32_t>> crc =
+        parse_checksums(metadata_.at("crc32c:" + name), chunks);
+    const int64_t at = k * kChecksumChunk,
+                  n = std::max<int64_t>(0, std::min(kChecksumChunk, info.nbytes - at));
     const auto* data = static_cast<const unsigned char*>(map_) + info.begin + at;
     if (!crc || crc32c::of(data, static_cast<size_t>(n)) != (*crc)[static_cast<size_t>(k)]) {
-      throw IoError(fmt::format("'{}' is damaged: tensor '{}' fails its checksum in bytes [{}, {}) of its data; "
-                                "restore the file from a copy (or resume from an earlier checkpoint)",
-                                path_, name, at, at + n));
+      throw IoError(fmt::format(
+          "'{}' is damaged: tensor '{}' fails its checksum in bytes [{}, {}) of its data; "
+          "restore the file from a copy (or resume from an earlier checkpoint)",
+          path_, name, at, at + n));
     }
     done->second[static_cast<size_t>(k)] = true;
   }
 }
 
-at::Tensor SafetensorsFile::load(const std::string& name, std::optional<at::ScalarType> dtype) const {
+at::Tensor SafetensorsFile::load(const std::string& name,
+                                 std::optional<at::ScalarType> dtype) const {
   const TensorInfo& i = info(name);
   verify(name, i, 0, i.nbytes);
   at::Tensor flat = mapped(i, 0, i.numel);
@@ -279,13 +296,15 @@ at::Tensor SafetensorsFile::load(const std::string& name, std::optional<at::Scal
   return out.view(i.shape);
 }
 
-void SafetensorsFile::read_range(const std::string& name, int64_t offset, const at::Tensor& out) const {
+void SafetensorsFile::read_range(const std::string& name, int64_t offset,
+                                 const at::Tensor& out) const {
   const TensorInfo& i = info(name);
   const int64_t count = out.numel();
   if (offset < 0 || offset + count > i.numel) {
-    throw InvalidArgument(fmt::format("read_range: elements [{}, {}) are outside tensor '{}' of {} "
-                                      "elements in '{}'",
-                                      offset, offset + count, name, i.numel, path_));
+    throw InvalidArgument(
+        fmt::format("read_range: elements [{}, {}) are outside tensor '{}' of {} "
+                    "elements in '{}'",
+                    offset, offset + count, name, i.numel, path_));
   }
   const int64_t element = static_cast<int64_t>(c10::elementSize(i.dtype));
   verify(name, i, offset * element, (offset + count) * element);
@@ -313,12 +332,13 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) : path_(pa
     const rapidjson::Value* wm = top.find("weight_map");
     for (auto it = wm->MemberBegin(); it != wm->MemberEnd(); ++it) {
       if (!it->value.IsString()) {
-        throw IoError(fmt::format("'{}': weight_map.{} is not a file name", index,
-                                  it->name.GetString()));
+        throw IoError(
+            fmt::format("'{}': weight_map.{} is not a file name", index, it->name.GetString()));
       }
       // A shard is a plain name in this folder: never a path that leaves it.
-      const std::string file = files::child(path, it->value.GetString(), fmt::format("'{}': weight_map.{}", index,
-                                                                                       it->name.GetString()));
+      const std::string file =
+          files::child(path, it->value.GetString(),
+                       fmt::format("'{}': weight_map.{}", index, it->name.GetString()));
       if (!fs::exists(file, ec)) {
         throw IoError(fmt::format("'{}' lists '{}' for tensor '{}', but that file is missing",
                                   index, it->value.GetString(), it->name.GetString()));
@@ -329,10 +349,11 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) : path_(pa
     open_[single] = std::make_unique<SafetensorsFile>(single);
     for (const std::string& n : open_[single]->names()) shard_of_[n] = single;
   } else {
-    throw IoError(fmt::format("'{}' holds neither model.safetensors nor "
-                              "model.safetensors.index.json (only safetensors weights are read; "
-                              "convert .bin checkpoints first)",
-                              path));
+    throw IoError(
+        fmt::format("'{}' holds neither model.safetensors nor "
+                    "model.safetensors.index.json (only safetensors weights are read; "
+                    "convert .bin checkpoints first)",
+                    path));
   }
 }
 
@@ -342,7 +363,9 @@ std::vector<std::string> SafetensorsCheckpoint::names() const {
   return out;
 }
 
-bool SafetensorsCheckpoint::contains(const std::string& name) const { return shard_of_.count(name) != 0; }
+bool SafetensorsCheckpoint::contains(const std::string& name) const {
+  return shard_of_.count(name) != 0;
+}
 
 const SafetensorsFile& SafetensorsCheckpoint::file_of(const std::string& name) const {
   auto it = shard_of_.find(name);
@@ -353,15 +376,16 @@ const SafetensorsFile& SafetensorsCheckpoint::file_of(const std::string& name) c
   auto& slot = open_[it->second];
   if (!slot) slot = std::make_unique<SafetensorsFile>(it->second);
   if (!slot->contains(name)) {
-    throw IoError(fmt::format("'{}' should hold tensor '{}' (per the index) but does not",
-                              it->second, name));
+    throw IoError(
+        fmt::format("'{}' should hold tensor '{}' (per the index) but does not", it->second, name));
   }
   return *slot;
 }
 
 namespace {
 
-std::string header_json(const std::vector<TensorEntry>& entries, const std::map<std::string, std::string>& metadata) {
+std::string header_json(const std::vector<TensorEntry>& entries,
+                        const std::map<std::string, std::string>& metadata) {
   rapidjson::StringBuffer buffer;
   rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
   w.StartObject();
@@ -411,9 +435,11 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   }
 }
 
-std::vector<TensorEntry> entries_of(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+std::vector<TensorEntry> entries_of(
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   std::vector<TensorEntry> out;
-  for (const auto& [name, t] : tensors) out.push_back(TensorEntry{name, t.scalar_type(), t.sizes().vec()});
+  for (const auto& [name, t] : tensors)
+    out.push_back(TensorEntry{name, t.scalar_type(), t.sizes().vec()});
   return out;
 }
 
@@ -428,7 +454,8 @@ int64_t TensorEntry::nbytes() const {
 // One file being written under a temporary name: header first, then each tensor's bytes.
 class SafetensorsStreamWriter::File {
  public:
-  File(std::string path, std::vector<TensorEntry> entries, const std::map<std::string, std::string>& metadata)
+  File(std::string path, std::vector<TensorEntry> entries,
+       const std::map<std::string, std::string>& metadata)
       : path_(std::move(path)),
         tmp_(fmt::format("{}.tmp.{}", path_, static_cast<long>(::getpid()))),
         entries_(std::move(entries)) {
@@ -455,8 +482,9 @@ class SafetensorsStreamWriter::File {
   void write(const at::Tensor& value) {
     const TensorEntry& e = entries_[next_];
     if (value.sizes().vec() != e.shape) {
-      throw InvalidArgument(fmt::format("writing '{}' into '{}': shape [{}] but [{}] was planned", e.name, path_,
-                                        fmt::join(value.sizes(), ", "), fmt::join(e.shape, ", ")));
+      throw InvalidArgument(fmt::format("writing '{}' into '{}': shape [{}] but [{}] was planned",
+                                        e.name, path_, fmt::join(value.sizes(), ", "),
+                                        fmt::join(e.shape, ", ")));
     }
     at::Tensor c = value.detach().to(at::kCPU, e.dtype).contiguous();
     write_all(fd_, c.data_ptr(), static_cast<size_t>(e.nbytes()), tmp_);
@@ -464,7 +492,8 @@ class SafetensorsStreamWriter::File {
   }
 
   void commit() {
-    if (::fsync(fd_) != 0) throw IoError(fmt::format("cannot flush '{}': {}", tmp_, std::strerror(errno)));
+    if (::fsync(fd_) != 0)
+      throw IoError(fmt::format("cannot flush '{}': {}", tmp_, std::strerror(errno)));
     ::close(fd_);
     fd_ = -1;
     if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
@@ -481,7 +510,8 @@ class SafetensorsStreamWriter::File {
   int fd_ = -1;
 };
 
-SafetensorsStreamWriter::SafetensorsStreamWriter(const std::string& dir, std::vector<TensorEntry> plan,
+SafetensorsStreamWriter::SafetensorsStreamWriter(const std::string& dir,
+                                                 std::vector<TensorEntry> plan,
                                                  int64_t max_shard_bytes, const std::string& prefix)
     : dir_(dir), prefix_(prefix) {
   int64_t filled = 0;
@@ -500,8 +530,9 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(const std::string& dir, std::ve
 SafetensorsStreamWriter::~SafetensorsStreamWriter() = default;
 
 std::string SafetensorsStreamWriter::shard_name(size_t k) const {
-  return shards_.size() == 1 ? prefix_ + ".safetensors"
-                             : fmt::format("{}-{:05d}-of-{:05d}.safetensors", prefix_, k + 1, shards_.size());
+  return shards_.size() == 1
+             ? prefix_ + ".safetensors"
+             : fmt::format("{}-{:05d}-of-{:05d}.safetensors", prefix_, k + 1, shards_.size());
 }
 
 void SafetensorsStreamWriter::write(const std::string& name, const at::Tensor& value) {
@@ -511,15 +542,17 @@ void SafetensorsStreamWriter::write(const std::string& name, const at::Tensor& v
       written_.push_back(file_->path());
     }
     if (shard_ == shards_.size()) {
-      throw InvalidArgument(fmt::format("writing '{}' into '{}': every planned tensor was written", name, dir_));
+      throw InvalidArgument(
+          fmt::format("writing '{}' into '{}': every planned tensor was written", name, dir_));
     }
-    file_ = std::make_unique<File>((std::filesystem::path(dir_) / shard_name(shard_)).string(), shards_[shard_],
+    file_ = std::make_unique<File>((std::filesystem::path(dir_) / shard_name(shard_)).string(),
+                                   shards_[shard_],
                                    std::map<std::string, std::string>{{"format", "pt"}});
     ++shard_;
   }
   if (file_->next().name != name) {
-    throw InvalidArgument(fmt::format("writing '{}' into '{}': '{}' comes next in the plan", name, dir_,
-                                      file_->next().name));
+    throw InvalidArgument(fmt::format("writing '{}' into '{}': '{}' comes next in the plan", name,
+                                      dir_, file_->next().name));
   }
   file_->write(value);
 }
@@ -529,14 +562,16 @@ std::vector<std::string> SafetensorsStreamWriter::finish() {
   while (shard_ < shards_.size() || file_) {
     if (file_) {
       if (!file_->full()) {
-        throw InvalidArgument(fmt::format("'{}': '{}' was never written", dir_, file_->next().name));
+        throw InvalidArgument(
+            fmt::format("'{}': '{}' was never written", dir_, file_->next().name));
       }
       file_->commit();
       written_.push_back(file_->path());
       file_.reset();
     }
     if (shard_ < shards_.size()) {
-      file_ = std::make_unique<File>((std::filesystem::path(dir_) / shard_name(shard_)).string(), shards_[shard_],
+      file_ = std::make_unique<File>((std::filesystem::path(dir_) / shard_name(shard_)).string(),
+                                     shards_[shard_],
                                      std::map<std::string, std::string>{{"format", "pt"}});
       ++shard_;
     }
@@ -560,7 +595,8 @@ std::vector<std::string> SafetensorsStreamWriter::finish() {
     }
     w.EndObject();
     w.EndObject();
-    const std::string index = (std::filesystem::path(dir_) / (prefix_ + ".safetensors.index.json")).string();
+    const std::string index =
+        (std::filesystem::path(dir_) / (prefix_ + ".safetensors.index.json")).string();
     files::write_atomic(index, buffer.GetString());
     written_.push_back(index);
   }

@@ -79,7 +79,8 @@ class RangePool {
         if (job_ == nullptr || range >= job_->parts) continue;  // no range for this worker
         job = job_;
       }
-      const int64_t lo = std::min(job->n, range * job->per), hi = std::min(job->n, (range + 1) * job->per);
+      const int64_t lo = std::min(job->n, range * job->per),
+                    hi = std::min(job->n, (range + 1) * job->per);
       if (lo < hi) (*job->fn)(lo, hi);
       std::lock_guard<std::mutex> lock(m_);
       if (--unfinished_ == 0) done_.notify_all();
@@ -101,7 +102,9 @@ thread_local bool RangePool::in_job = false;
 // starts an empty pool for it; the parent's copy is left unused.
 std::atomic<RangePool*> the_pool{nullptr};
 
-void fresh_pool_after_fork() { the_pool.store(new RangePool()); }
+void fresh_pool_after_fork() {
+  the_pool.store(new RangePool());
+}
 
 RangePool& range_pool() {
   static const bool once = [] {

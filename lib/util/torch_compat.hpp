@@ -43,16 +43,16 @@ inline bool has_fused_adamw(const at::Device& device) {
 /// correction from `step`, which counts this update; gradients divided by `grad_divisor` when
 /// it is defined). Only when has_fused_adamw().
 inline void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                        at::TensorList exp_avg_sqs, const at::Tensor& step, double lr,
-                        double beta1, double beta2, double weight_decay, double eps,
+                        at::TensorList exp_avg_sqs, const at::Tensor& step, double lr, double beta1,
+                        double beta2, double weight_decay, double eps,
                         const at::Tensor& grad_divisor = {}) {
 #if ZT_TORCH_2
   std::vector<at::Tensor> steps(params.size(), step);
   std::optional<at::Tensor> divisor;
   if (grad_divisor.defined()) divisor = grad_divisor;
-  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr,
-                    beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false,
-                    divisor, /*found_inf=*/std::nullopt);
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1,
+                    beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, divisor,
+                    /*found_inf=*/std::nullopt);
 #else
   (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)step, (void)lr;
   (void)beta1, (void)beta2, (void)weight_decay, (void)eps, (void)grad_divisor;
@@ -89,9 +89,9 @@ inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const a
                   .tril(k.size(-2) - q.size(-2));
   }
   if (allowed.defined()) {
-    double lowest = q.scalar_type() == at::kHalf ? -65504.0
+    double lowest = q.scalar_type() == at::kHalf       ? -65504.0
                     : q.scalar_type() == at::kBFloat16 ? -3.3895313892515355e38
-                                                         : -3.4028234663852886e38;
+                                                       : -3.4028234663852886e38;
     scores = scores.masked_fill(allowed.logical_not(), lowest);
   }
   at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());

@@ -64,6 +64,8 @@ std::string page_lock(void* p, size_t bytes) {
   return cudaGetErrorString(e);
 }
 
-void page_unlock(void* p) { cudaHostUnregister(p); }
+void page_unlock(void* p) {
+  cudaHostUnregister(p);
+}
 
 }  // namespace zt::zero

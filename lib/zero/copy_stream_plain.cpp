@@ -16,7 +16,9 @@ int64_t CopyStream::copy(at::Tensor dst, at::Tensor src) {
 void CopyStream::host_wait(int64_t) {}
 void CopyStream::device_wait(int64_t) {}
 
-std::string page_lock(void*, size_t) { return {}; }
+std::string page_lock(void*, size_t) {
+  return {};
+}
 void page_unlock(void*) {}
 
 }  // namespace zt::zero

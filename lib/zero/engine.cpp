@@ -19,7 +19,8 @@ namespace zt {
 
 bool applies_weight_decay(const std::string& parameter_name) {
   std::string name;
-  for (char c : parameter_name) name += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (char c : parameter_name)
+    name += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (name.find("bias") != std::string::npos || name.find("layernorm") != std::string::npos ||
       name.find("rmsnorm") != std::string::npos) {
     return false;
@@ -27,7 +28,8 @@ bool applies_weight_decay(const std::string& parameter_name) {
   size_t start = 0;
   while (start <= name.size()) {
     size_t end = name.find('.', start);
-    std::string part = name.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    std::string part =
+        name.substr(start, end == std::string::npos ? std::string::npos : end - start);
     if (part == "norm" || (part.size() > 5 && part.compare(part.size() - 5, 5, "_norm") == 0)) {
       return false;
     }
@@ -51,10 +53,14 @@ namespace {
 
 at::ScalarType wire_dtype(CommDataType c, at::ScalarType compute) {
   switch (c) {
-    case CommDataType::kFp32: return at::kFloat;
-    case CommDataType::kFp16: return at::kHalf;
-    case CommDataType::kBf16: return at::kBFloat16;
-    case CommDataType::kDefault: return compute;
+    case CommDataType::kFp32:
+      return at::kFloat;
+    case CommDataType::kFp16:
+      return at::kHalf;
+    case CommDataType::kBf16:
+      return at::kBFloat16;
+    case CommDataType::kDefault:
+      return compute;
   }
   return compute;
 }
@@ -75,8 +81,8 @@ std::unordered_map<const void*, int> unit_of_parameters(const std::vector<UnitSp
   std::unordered_map<const void*, int> unit_of;
   for (size_t u = 0; u < units.size(); ++u) {
     if (!units[u].module) {
-      throw InvalidArgument(fmt::format("EngineOptions::units[{}] ('{}') has no module", u,
-                                        units[u].name));
+      throw InvalidArgument(
+          fmt::format("EngineOptions::units[{}] ('{}') has no module", u, units[u].name));
     }
     for (const at::Tensor& p : units[u].module->parameters(true)) {
       auto [it, fresh] = unit_of.emplace(p.unsafeGetTensorImpl(), static_cast<int>(u));
@@ -91,19 +97,22 @@ std::unordered_map<const void*, int> unit_of_parameters(const std::vector<UnitSp
 // then, with `pin`, page-locked where they are (zero::page_lock).
 at::Tensor placed_host_floats(int64_t numel, bool pin, const std::function<void(float*)>& touch) {
   // Whole pages, so that locking them locks no page another allocation shares.
-  const size_t bytes = (static_cast<size_t>(std::max<int64_t>(numel, 1)) * sizeof(float) + 4095) / 4096 * 4096;
+  const size_t bytes =
+      (static_cast<size_t>(std::max<int64_t>(numel, 1)) * sizeof(float) + 4095) / 4096 * 4096;
   void* p = nullptr;
   if (posix_memalign(&p, 4096, bytes) != 0) {
-    throw OutOfMemoryError(fmt::format("cannot allocate {} bytes of host memory for optimizer state", bytes));
+    throw OutOfMemoryError(
+        fmt::format("cannot allocate {} bytes of host memory for optimizer state", bytes));
   }
   touch(static_cast<float*>(p));
   if (pin) {
     const std::string error = zero::page_lock(p, bytes);
     if (!error.empty()) {
       std::free(p);
-      throw OutOfMemoryError(fmt::format("cannot page-lock {} bytes of host memory for offloaded state: {} "
-                                         "(raise the locked-memory limit, `ulimit -l`, or free host memory)",
-                                         bytes, error));
+      throw OutOfMemoryError(
+          fmt::format("cannot page-lock {} bytes of host memory for offloaded state: {} "
+                      "(raise the locked-memory limit, `ulimit -l`, or free host memory)",
+                      bytes, error));
     }
   }
   return at::from_blob(
@@ -146,14 +155,16 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   I.compute = bf16 ? at::kBFloat16 : fp16 ? at::kHalf : at::kFloat;
   if (fp16 && I.device.is_cpu()) {
     I.compute = at::kFloat;
-    log::warn("fp16 on CPU: computing in fp32 (no CPU half matmul); the dynamic loss scaler "
-              "still runs");
+    log::warn(
+        "fp16 on CPU: computing in fp32 (no CPU half matmul); the dynamic loss scaler "
+        "still runs");
   }
   if (fp16) I.scaler = LossScaler(ds.fp16.scaler());
   if ((ds.bf16.master_weights_and_grads || ds.bf16.optimizer_states) && !bf16) {
-    throw ConfigError(fmt::format("{}: bf16.bf16_master_weights_and_grads / bf16_optimizer_states "
-                                  "need bf16.enabled",
-                                  ds.source));
+    throw ConfigError(
+        fmt::format("{}: bf16.bf16_master_weights_and_grads / bf16_optimizer_states "
+                    "need bf16.enabled",
+                    ds.source));
   }
   if (ds.bf16.master_weights_and_grads) I.master_dtype = at::kBFloat16;
   I.wire = wire_dtype(ds.communication_data_type, I.compute);
@@ -165,22 +176,25 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   I.offload_optimizer = I.stage >= 1 && ds.zero.offload_optimizer.enabled();
   I.offload_param = I.stage == 3 && ds.zero.offload_param.enabled();
   if (I.offload_optimizer && I.master_dtype != at::kFloat) {
-    throw ConfigError(fmt::format("{}: bf16_master_weights_and_grads cannot be combined with "
-                                  "offload_optimizer (the CPU optimizer keeps fp32 masters)",
-                                  ds.source));
+    throw ConfigError(
+        fmt::format("{}: bf16_master_weights_and_grads cannot be combined with "
+                    "offload_optimizer (the CPU optimizer keeps fp32 masters)",
+                    ds.source));
   }
   I.checkpointing = I.options.activation_checkpointing || I.stage == 3;
   I.prefetch_elements = ds.zero.stage3_prefetch_bucket_size.value();
   I.max_live_elements = ds.zero.stage3_max_live_parameters;
   if (I.stage == 3 && I.options.units.empty()) {
-    log::warn("ZeRO-3 without sharding units keeps every parameter whole on every rank (stage 2 "
-              "memory); declare EngineOptions::units to partition parameters");
+    log::warn(
+        "ZeRO-3 without sharding units keeps every parameter whole on every rank (stage 2 "
+        "memory); declare EngineOptions::units to partition parameters");
   }
   if (schedule_needs_total(ds, args) && I.options.total_train_steps <= 0) {
-    throw ConfigError(fmt::format(
-        "the learning-rate schedule '{}' needs the run length: set max_steps (without a train_file there "
-        "are no epochs to count), or use lr_scheduler_type constant",
-        ds.scheduler.present ? ds.scheduler.type_name : args.lr_scheduler_type));
+    throw ConfigError(
+        fmt::format("the learning-rate schedule '{}' needs the run length: set max_steps (without "
+                    "a train_file there "
+                    "are no epochs to count), or use lr_scheduler_type constant",
+                    ds.scheduler.present ? ds.scheduler.type_name : args.lr_scheduler_type));
   }
   I.schedule = LrSchedule::from_config(ds, args, I.options.total_train_steps);
 
@@ -231,8 +245,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   // Storage. Every bucket is assembled in fp32 from the module's initial values and broadcast
   // from rank 0, so all ranks start from the same weights whatever the stage and world size;
   // then each rank keeps what its stage keeps.
-  const auto host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU).pinned_memory(
-      I.device.is_cuda());
+  const auto host =
+      at::TensorOptions().dtype(at::kFloat).device(at::kCPU).pinned_memory(I.device.is_cuda());
   const auto dev32 = at::TensorOptions().dtype(at::kFloat).device(I.device);
   I.bucket_segments.resize(L.buckets.size());
   for (const zero::Bucket& b : L.buckets) {
@@ -246,7 +260,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   // Offloaded masters are written first by the threads of the CPU optimizer's per-bucket
   // updates (pages stay where they were first touched), then page-locked in place.
   const std::vector<std::vector<Segment>> no_groups;
-  const std::vector<std::vector<Segment>>& update_groups = I.offload_optimizer ? I.bucket_segments : no_groups;
+  const std::vector<std::vector<Segment>>& update_groups =
+      I.offload_optimizer ? I.bucket_segments : no_groups;
   if (I.offload_optimizer) {
     I.master = placed_host_floats(L.state_numel, I.device.is_cuda(), [&](float* p) {
       kernels::adam_cpu_first_touch({p}, L.state_numel, update_groups);
@@ -255,8 +270,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
     I.master = at::zeros({L.state_numel}, dev32.dtype(I.master_dtype));
   }
   // bf16 masters on a rank that keeps whole buckets are the parameters themselves.
-  I.master_aliases_params = I.master_dtype == I.compute && !I.offload_optimizer &&
-                            (L.replicated || I.world == 1);
+  I.master_aliases_params =
+      I.master_dtype == I.compute && !I.offload_optimizer && (L.replicated || I.world == 1);
   // One rank whose gradients are already in the masters' dtype needs no reduction or staging:
   // the optimizer either runs inside backward, or reads the gradients autograd accumulates
   // straight into grad_acc.
@@ -278,7 +293,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
       longest = std::max(longest, b.shard_numel);
       ++trainable;
     }
-    for (int64_t k = 0; k < std::min<int64_t>(3, trainable); ++k) I.grad_slots.push_back(at::empty({longest}, host));
+    for (int64_t k = 0; k < std::min<int64_t>(3, trainable); ++k)
+      I.grad_slots.push_back(at::empty({longest}, host));
   }
   I.buckets.resize(L.buckets.size());
   at::NoGradGuard no_grad;
@@ -299,7 +315,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
       if (I.device.is_cpu()) {
         host = at::empty({len}, at::TensorOptions().dtype(at::kFloat));
       } else {
-        if (staging.numel() < len) staging = at::empty({len}, at::TensorOptions().dtype(at::kFloat));
+        if (staging.numel() < len)
+          staging = at::empty({len}, at::TensorOptions().dtype(at::kFloat));
         host = staging.narrow(0, 0, len);
       }
       // Parameters lie in increasing offsets; only the alignment padding between them (and
@@ -337,8 +354,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
         // Allocated pinned, then filled: Tensor::to() would drop the pinned_memory request (its
         // copy pins only for non-blocking copies out of a GPU), and every gather would then come
         // up from pageable memory at a fraction of the bandwidth.
-        s.param_shard = at::empty({b.shard_numel}, at::TensorOptions().dtype(I.compute).pinned_memory(
-                                                       I.device.is_cuda()));
+        s.param_shard =
+            at::empty({b.shard_numel},
+                      at::TensorOptions().dtype(I.compute).pinned_memory(I.device.is_cuda()));
         s.param_shard.copy_(slice);
       } else {
         s.param_shard = slice.to(I.compute).clone();
@@ -393,11 +411,12 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   if (I.options.gate != nullptr) I.options.gate->engine_ = this;
   I.last_lr = I.schedule.lr(0);
   if (I.rank == 0) {
-    log::info("engine: ZeRO stage {}, {} ranks, compute {}, {} buckets, {} state elements/rank{}{}{}",
-              I.stage, I.world, c10::toString(I.compute), L.buckets.size(), L.state_numel,
-              I.offload_optimizer ? ", optimizer offloaded" : "",
-              I.offload_param ? ", parameters offloaded" : "",
-              I.in_backward ? ", parameters updated during backward" : "");
+    log::info(
+        "engine: ZeRO stage {}, {} ranks, compute {}, {} buckets, {} state elements/rank{}{}{}",
+        I.stage, I.world, c10::toString(I.compute), L.buckets.size(), L.state_numel,
+        I.offload_optimizer ? ", optimizer offloaded" : "",
+        I.offload_param ? ", parameters offloaded" : "",
+        I.in_backward ? ", parameters updated during backward" : "");
   }
 }
 
@@ -405,7 +424,9 @@ Engine::~Engine() {
   if (impl_ && impl_->options.gate != nullptr) impl_->options.gate->engine_ = nullptr;
 }
 
-void Engine::backward(const at::Tensor& loss) { backward(loss, 0.0); }
+void Engine::backward(const at::Tensor& loss) {
+  backward(loss, 0.0);
+}
 
 void Engine::backward(const at::Tensor& loss, double divisor) {
   Impl& I = *impl_;
@@ -433,12 +454,15 @@ void Engine::backward(const at::Tensor& loss, double divisor) {
   I.awaiting_step = true;
 }
 
-bool Engine::at_boundary() const { return impl_->awaiting_step && impl_->at_boundary(); }
+bool Engine::at_boundary() const {
+  return impl_->awaiting_step && impl_->at_boundary();
+}
 
 bool Engine::step(double gradient_scale) {
   Impl& I = *impl_;
   if (!(gradient_scale > 0.0) || !std::isfinite(gradient_scale)) {
-    throw InvalidArgument(fmt::format("Engine::step: gradient_scale must be positive and finite, got {}", gradient_scale));
+    throw InvalidArgument(fmt::format(
+        "Engine::step: gradient_scale must be positive and finite, got {}", gradient_scale));
   }
   if (!I.awaiting_step) throw InvalidArgument("Engine::step called without backward()");
   I.awaiting_step = false;
@@ -460,7 +484,8 @@ bool Engine::step(double gradient_scale) {
       const at::Tensor zeros = at::zeros({I.layout.params[i].numel}, I.master.options());
       I.optimizer->update(zeros, I.backward_hyper, I.param_segments[i], I.param_state_offset[i]);
     }
-    at::Tensor host = at::stack({I.param_grad_sq.sum(), I.nonfinite_losses.reshape({})}).to(at::kCPU);
+    at::Tensor host =
+        at::stack({I.param_grad_sq.sum(), I.nonfinite_losses.reshape({})}).to(at::kCPU);
     const double norm = std::sqrt(host[0].item<double>());
     const double bad_losses = host[1].item<double>();
     I.nonfinite_losses.zero_();
@@ -486,10 +511,11 @@ bool Engine::step(double gradient_scale) {
 
   // One all-reduce carries the squared norm of this rank's slices and the count of non-finite
   // losses. Replicated buckets (stage 0) hold the same values on every rank: rank 0 speaks.
-  at::Tensor local_sq =
-      I.grad_acc.numel() > 0
-          ? at::linalg_vector_norm(I.grad_acc, 2, c10::nullopt, false, at::kFloat).pow(2).reshape({1})
-          : at::zeros({1}, I.grad_acc.options().dtype(at::kFloat));
+  at::Tensor local_sq = I.grad_acc.numel() > 0
+                            ? at::linalg_vector_norm(I.grad_acc, 2, c10::nullopt, false, at::kFloat)
+                                  .pow(2)
+                                  .reshape({1})
+                            : at::zeros({1}, I.grad_acc.options().dtype(at::kFloat));
   if (I.layout.replicated && I.rank != 0) local_sq.zero_();
   at::Tensor stats = at::cat({local_sq, I.nonfinite_losses.reshape({1})});
   I.comm->all_reduce(stats, ReduceOp::kSum)->wait();
@@ -575,7 +601,9 @@ void Engine::Impl::offloaded_step(const UpdateHyper& h) {
     if (b.trainable) order.push_back(&b);
   }
   const size_t slots = grad_slots.size();
-  auto slot_of = [&](size_t i) { return grad_slots[i % slots].narrow(0, 0, order[i]->shard_numel); };
+  auto slot_of = [&](size_t i) {
+    return grad_slots[i % slots].narrow(0, 0, order[i]->shard_numel);
+  };
   std::vector<int64_t> down(order.size(), -1);
   for (size_t i = 0; i < std::min(slots, order.size()); ++i) {
     down[i] = copies.copy(slot_of(i), slice_of(order[i]->index, grad_acc));
@@ -598,14 +626,16 @@ void Engine::Impl::offloaded_step(const UpdateHyper& h) {
     copies.host_wait(down[i]);
     optimizer->update(slot_of(i), h, bucket_segments[static_cast<size_t>(b.index)], b.shard.offset);
     if (i + slots < order.size()) {
-      down[i + slots] = copies.copy(slot_of(i + slots), slice_of(order[i + slots]->index, grad_acc));
+      down[i + slots] =
+          copies.copy(slot_of(i + slots), slice_of(order[i + slots]->index, grad_acc));
     }
     at::Tensor mine = slice_of(b.index, master);
     if (b.sharded_params && offload_param) {
       publish(b, mine);  // host to host
       continue;
     }
-    at::Tensor up = at::empty({b.shard_numel}, at::TensorOptions().dtype(at::kFloat).device(device));
+    at::Tensor up =
+        at::empty({b.shard_numel}, at::TensorOptions().dtype(at::kFloat).device(device));
     uploads.push_back(Upload{&b, copies.copy(up, mine), up});
     if (uploads.size() > 2) publish_oldest();
   }
@@ -617,7 +647,8 @@ void Engine::Impl::publish(const zero::Bucket& b, const at::Tensor& mine) {
   if (b.sharded_params) {
     s.param_shard.copy_(mine);
   } else if (layout.replicated || world == 1) {
-    if (!s.flat_param.is_same(mine) && s.flat_param.data_ptr() != mine.data_ptr()) s.flat_param.copy_(mine);
+    if (!s.flat_param.is_same(mine) && s.flat_param.data_ptr() != mine.data_ptr())
+      s.flat_param.copy_(mine);
   } else {
     // All-gathers in flight are bounded by allgather_bucket_size elements.
     at::Tensor piece = mine.to(at::TensorOptions().dtype(compute).device(device));
@@ -642,19 +673,45 @@ std::vector<at::Tensor> Engine::run_unit(size_t unit, const std::vector<at::Tens
   return impl_->run_unit(unit, inputs, fn);
 }
 
-double Engine::learning_rate() const { return impl_->last_lr; }
-double Engine::loss_scale() const { return impl_->scaler.scale(); }
-double Engine::last_grad_norm() const { return impl_->last_norm; }
-bool Engine::last_step_skipped() const { return impl_->last_skipped; }
-int64_t Engine::global_step() const { return impl_->global_steps; }
-int64_t Engine::micro_step() const { return impl_->micro_steps; }
-int Engine::gradient_accumulation_steps() const { return impl_->accumulation; }
-at::ScalarType Engine::compute_dtype() const { return impl_->compute; }
-int Engine::stage() const { return impl_->stage; }
-bool Engine::updates_in_backward() const { return impl_->in_backward; }
-Communicator& Engine::communicator() { return *impl_->comm; }
-torch::nn::Module& Engine::module() { return *impl_->model; }
-const std::vector<TraceEvent>& Engine::trace() const { return impl_->trace; }
+double Engine::learning_rate() const {
+  return impl_->last_lr;
+}
+double Engine::loss_scale() const {
+  return impl_->scaler.scale();
+}
+double Engine::last_grad_norm() const {
+  return impl_->last_norm;
+}
+bool Engine::last_step_skipped() const {
+  return impl_->last_skipped;
+}
+int64_t Engine::global_step() const {
+  return impl_->global_steps;
+}
+int64_t Engine::micro_step() const {
+  return impl_->micro_steps;
+}
+int Engine::gradient_accumulation_steps() const {
+  return impl_->accumulation;
+}
+at::ScalarType Engine::compute_dtype() const {
+  return impl_->compute;
+}
+int Engine::stage() const {
+  return impl_->stage;
+}
+bool Engine::updates_in_backward() const {
+  return impl_->in_backward;
+}
+Communicator& Engine::communicator() {
+  return *impl_->comm;
+}
+torch::nn::Module& Engine::module() {
+  return *impl_->model;
+}
+const std::vector<TraceEvent>& Engine::trace() const {
+  return impl_->trace;
+}
 
 namespace {
 
@@ -670,7 +727,8 @@ std::vector<std::pair<StatePiece, int64_t>> held_pieces(const Engine::Impl& I) {
       const int64_t a = std::max(lo, b.offsets[k]);
       const int64_t e = std::min(lo + b.shard_numel, b.offsets[k] + p.numel);
       if (a >= e) continue;
-      out.emplace_back(StatePiece{p.name, p.shape, a - b.offsets[k], e - a}, b.shard.offset + (a - lo));
+      out.emplace_back(StatePiece{p.name, p.shape, a - b.offsets[k], e - a},
+                       b.shard.offset + (a - lo));
     }
   }
   return out;
@@ -744,7 +802,8 @@ void Engine::load_state(const StateReader& read, const EngineState& state) {
   try {
     for (const auto& [piece, offset] : held_pieces(I)) {
       for (size_t k = 0; k < kinds.size(); ++k) {
-        at::Tensor host = at::empty({piece.length}, at::TensorOptions().dtype(tensors[k].scalar_type()));
+        at::Tensor host =
+            at::empty({piece.length}, at::TensorOptions().dtype(tensors[k].scalar_type()));
         read(kinds[k], piece, host);
         tensors[k].narrow(0, offset, piece.length).copy_(host);
       }
@@ -753,7 +812,8 @@ void Engine::load_state(const StateReader& read, const EngineState& state) {
     error = e.what();
   }
   // Every rank learns whether all could read before any republishes (a collective).
-  at::Tensor failed = at::full({1}, error.empty() ? 0.0 : 1.0, at::TensorOptions().device(I.device));
+  at::Tensor failed =
+      at::full({1}, error.empty() ? 0.0 : 1.0, at::TensorOptions().device(I.device));
   I.comm->all_reduce(failed)->wait();
   if (!error.empty()) throw IoError(error);
   if (failed.item<double>() > 0) {
@@ -783,7 +843,8 @@ EngineMemory Engine::memory() const {
   EngineMemory m;
   for (const Impl::BucketState& s : I.buckets) {
     if (s.param_shard.defined()) m.compute_params += s.param_shard.nbytes();
-    if (s.flat_param.defined() && !s.param_shard.defined()) m.compute_params += s.flat_param.nbytes();
+    if (s.flat_param.defined() && !s.param_shard.defined())
+      m.compute_params += s.flat_param.nbytes();
     if (s.flat_grad.defined()) m.gradients += s.flat_grad.nbytes();
   }
   m.gradients += I.grad_acc.nbytes();
@@ -802,7 +863,8 @@ EngineMemory Engine::memory() const {
   return m;
 }
 
-std::vector<std::pair<std::string, at::Tensor>> Engine::gather_full_parameters(bool trainable_only) {
+std::vector<std::pair<std::string, at::Tensor>> Engine::gather_full_parameters(
+    bool trainable_only) {
   Impl& I = *impl_;
   const zero::Layout& L = I.layout;
   at::NoGradGuard no_grad;

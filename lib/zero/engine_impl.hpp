@@ -27,13 +27,13 @@ struct Engine::Impl {
   std::shared_ptr<Communicator> comm;
   int stage = 0, world = 1, rank = 0, accumulation = 1;
   at::Device device = at::kCPU;
-  at::ScalarType compute = at::kFloat;    ///< dtype of the module's parameters
-  at::ScalarType wire = at::kFloat;       ///< dtype of gradient reductions
-  bool overlap = false;                   ///< reduce buckets while backward runs
+  at::ScalarType compute = at::kFloat;  ///< dtype of the module's parameters
+  at::ScalarType wire = at::kFloat;     ///< dtype of gradient reductions
+  bool overlap = false;                 ///< reduce buckets while backward runs
   bool use_reduce_scatter = true;
   double pre_scale = 1.0, post_scale = 1.0;  ///< around each gradient reduction (product 1/world)
   bool offload_optimizer = false, offload_param = false;
-  bool checkpointing = false;              ///< recompute units in backward
+  bool checkpointing = false;                ///< recompute units in backward
   at::ScalarType master_dtype = at::kFloat;  ///< fp32, or bf16 with bf16_master_weights_and_grads
   /// The master slice IS the compute copy (bf16 masters where a rank keeps whole buckets).
   bool master_aliases_params = false;
@@ -48,12 +48,12 @@ struct Engine::Impl {
 
   // ---- per-bucket storage ----
   struct BucketState {
-    at::Tensor flat_param;   ///< full compute-dtype values (resident, or gathered stage-3)
-    at::Tensor flat_grad;    ///< stages 0/1: the .grad of every parameter is a view into it
-    at::Tensor param_shard;  ///< stage 3 units: this rank's compute-dtype slice (persistent)
-    at::Tensor staging;      ///< stage 2/3: gradients of this micro-step, until reduced
-    int expected = 0;        ///< parameters whose gradient readiness is awaited
-    bool slice_fresh = true; ///< grad_acc's slice holds nothing of this window yet (copy, not add)
+    at::Tensor flat_param;    ///< full compute-dtype values (resident, or gathered stage-3)
+    at::Tensor flat_grad;     ///< stages 0/1: the .grad of every parameter is a view into it
+    at::Tensor param_shard;   ///< stage 3 units: this rank's compute-dtype slice (persistent)
+    at::Tensor staging;       ///< stage 2/3: gradients of this micro-step, until reduced
+    int expected = 0;         ///< parameters whose gradient readiness is awaited
+    bool slice_fresh = true;  ///< grad_acc's slice holds nothing of this window yet (copy, not add)
     int ready = 0;
     bool launched = false;
   };
@@ -75,7 +75,8 @@ struct Engine::Impl {
   std::vector<std::vector<Segment>> param_segments;
   std::vector<int64_t> param_state_offset;
   UpdateHyper backward_hyper;  ///< in_backward: the update of the step under way
-  at::Tensor param_grad_sq;     ///< in_backward: Σ g² of each parameter's gradient this step (0 if none)
+  at::Tensor
+      param_grad_sq;  ///< in_backward: Σ g² of each parameter's gradient this step (0 if none)
   LrSchedule schedule;
   LossScaler scaler;
 
@@ -83,16 +84,16 @@ struct Engine::Impl {
   int64_t micro_steps = 0, global_steps = 0, applied_steps = 0;
   double last_norm = 0.0, last_lr = 0.0;
   bool last_skipped = false;
-  bool awaiting_step = false;      ///< backward() ran; step() must follow
-  bool reducing = false;           ///< gradients are reduced during the current backward
-  int next_launch = 0;             ///< buckets launch strictly in index order
-  at::Tensor nonfinite_losses;     ///< count of non-finite losses since the last boundary
+  bool awaiting_step = false;   ///< backward() ran; step() must follow
+  bool reducing = false;        ///< gradients are reduced during the current backward
+  int next_launch = 0;          ///< buckets launch strictly in index order
+  at::Tensor nonfinite_losses;  ///< count of non-finite losses since the last boundary
 
   struct Pending {
     WorkHandle work;
     int bucket = -1;
-    at::Tensor output;   ///< reduce-scatter output slice (wire dtype)
-    at::Tensor input;    ///< kept alive until done
+    at::Tensor output;      ///< reduce-scatter output slice (wire dtype)
+    at::Tensor input;       ///< kept alive until done
     bool in_place = false;  ///< stage 0: the all-reduce result is the flat grad itself
   };
   std::deque<Pending> pending;
@@ -106,7 +107,7 @@ struct Engine::Impl {
     UnitStatus status = UnitStatus::kReleased;
     std::vector<WorkHandle> gathers;
     std::vector<at::Tensor> sources;  ///< shard copies on the device while gathering
-    int64_t elements = 0;  ///< gathered elements when gathered
+    int64_t elements = 0;             ///< gathered elements when gathered
   };
   std::vector<UnitState> units;
   int64_t gathered_now = 0, gathered_peak = 0;

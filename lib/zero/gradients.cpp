@@ -88,7 +88,8 @@ void Engine::Impl::update_now(int param_index) {
   const at::Tensor g = grad.reshape({-1});
   // Σ g² into the parameter's own slot: on the GPU inside the update's pass over g.
   optimizer->update(g, backward_hyper, param_segments[static_cast<size_t>(param_index)],
-                    param_state_offset[static_cast<size_t>(param_index)], param_grad_sq.select(0, param_index));
+                    param_state_offset[static_cast<size_t>(param_index)],
+                    param_grad_sq.select(0, param_index));
   grad.reset();
 }
 
@@ -103,7 +104,8 @@ void Engine::Impl::on_gradient(int param_index) {
   const zero::Bucket& bucket = layout.buckets[static_cast<size_t>(b)];
   const zero::ParamInfo& p = layout.params[static_cast<size_t>(param_index)];
   const bool again = fired[static_cast<size_t>(param_index)] != 0;  // a tied weight's next share
-  const int64_t off = bucket.offsets[static_cast<size_t>(slot_of_param[static_cast<size_t>(param_index)])];
+  const int64_t off =
+      bucket.offsets[static_cast<size_t>(slot_of_param[static_cast<size_t>(param_index)])];
   if (stage >= 2 && s.launched && !grads_in_acc) {
     throw InvalidArgument(fmt::format(
         "parameter '{}' received a gradient after its bucket was reduced: it is used by two "
@@ -228,7 +230,10 @@ void Engine::Impl::complete_oldest() {
       for (size_t k = 0; k < b.params.size(); ++k) {
         const int pi = b.params[k];
         if (!fired[static_cast<size_t>(pi)]) {
-          grad_acc.narrow(0, b.shard.offset + b.offsets[k], layout.params[static_cast<size_t>(pi)].numel).zero_();
+          grad_acc
+              .narrow(0, b.shard.offset + b.offsets[k],
+                      layout.params[static_cast<size_t>(pi)].numel)
+              .zero_();
         }
       }
     }

@@ -19,7 +19,9 @@ namespace zt::zero {
 /// 32 in bf16/fp16 — whole vector lanes for the kernels and aligned NCCL chunks.
 constexpr int64_t kAlign = 16;
 
-inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+inline int64_t round_up(int64_t n, int64_t m) {
+  return (n + m - 1) / m * m;
+}
 
 struct ParamInfo {
   std::string name;
@@ -28,9 +30,9 @@ struct ParamInfo {
   int64_t numel = 0;
   bool trainable = false;
   bool decay = true;
-  int unit = -1;             ///< sharding unit, -1 when in none
-  bool persistent = false;   ///< stage 3: kept whole on every rank
-  bool shared = false;       ///< held by two units (tied weights): gradients arrive more than once
+  int unit = -1;            ///< sharding unit, -1 when in none
+  bool persistent = false;  ///< stage 3: kept whole on every rank
+  bool shared = false;      ///< held by two units (tied weights): gradients arrive more than once
 };
 
 /// One bucket's slice on this rank.
@@ -45,22 +47,24 @@ struct Bucket {
   bool trainable = false;
   bool sharded_params = false;  ///< stage 3 unit bucket: parameters exist only as shards
   int unit = -1;
-  std::vector<int> params;        ///< ParamInfo indices in layout order
-  std::vector<int64_t> offsets;   ///< per param, offset in the bucket's flat space
-  int64_t numel = 0;              ///< padded flat size
-  int64_t shard_numel = 0;        ///< numel / world (numel when replicated)
-  ShardLayout shard;              ///< this rank's slice (trainable buckets)
-  bool late = false;              ///< holds a shared parameter: reduced only after backward
+  std::vector<int> params;       ///< ParamInfo indices in layout order
+  std::vector<int64_t> offsets;  ///< per param, offset in the bucket's flat space
+  int64_t numel = 0;             ///< padded flat size
+  int64_t shard_numel = 0;       ///< numel / world (numel when replicated)
+  ShardLayout shard;             ///< this rank's slice (trainable buckets)
+  bool late = false;             ///< holds a shared parameter: reduced only after backward
   /// Start of this rank's slice in the bucket's flat space.
-  int64_t slice_begin(int rank, bool replicated) const { return replicated ? 0 : rank * shard_numel; }
+  int64_t slice_begin(int rank, bool replicated) const {
+    return replicated ? 0 : rank * shard_numel;
+  }
 };
 
 struct LayoutOptions {
   int stage = 0;
   int world = 1;
   int rank = 0;
-  int64_t bucket_size = 500000000;           ///< reduce_bucket_size (elements)
-  int64_t persistence_threshold = 100000;    ///< stage3_param_persistence_threshold
+  int64_t bucket_size = 500000000;         ///< reduce_bucket_size (elements)
+  int64_t persistence_threshold = 100000;  ///< stage3_param_persistence_threshold
   int num_units = 0;
 };
 

@@ -48,13 +48,14 @@ struct DepthGuard {
 class UnitFunction : public torch::autograd::Function<UnitFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                const at::Tensor& /*dummy*/,
-                                                at::TensorList inputs, const c10::IValue& handle) {
+                                                const at::Tensor& /*dummy*/, at::TensorList inputs,
+                                                const c10::IValue& handle) {
     auto call = c10::static_intrusive_pointer_cast<UnitCall>(handle.toCapsule());
     Engine::Impl& I = *call->impl;
     ctx->saved_data["call"] = handle;
     ctx->save_for_backward(inputs.vec());
-    for (const at::Tensor& x : inputs) call->input_requires_grad.push_back(x.defined() && x.requires_grad());
+    for (const at::Tensor& x : inputs)
+      call->input_requires_grad.push_back(x.defined() && x.requires_grad());
     call->cpu_rng = rng::state(at::kCPU);
     if (I.device.is_cuda()) call->device_rng = rng::state(I.device);
     const bool sharded = I.stage == 3;
@@ -91,8 +92,11 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
         grad_bucket = b;
         Engine::Impl::BucketState& s = I.buckets[static_cast<size_t>(b)];
         // One rank with same-dtype accumulation: straight into the accumulator.
-        at::Tensor target = I.grads_in_acc ? I.slice_of(b, I.grad_acc)
-                                           : (s.staging = at::zeros({bucket.numel}, at::TensorOptions().dtype(I.compute).device(I.device)));
+        at::Tensor target =
+            I.grads_in_acc
+                ? I.slice_of(b, I.grad_acc)
+                : (s.staging = at::zeros({bucket.numel},
+                                         at::TensorOptions().dtype(I.compute).device(I.device)));
         for (size_t k = 0; k < bucket.params.size(); ++k) {
           const zero::ParamInfo& p = I.layout.params[static_cast<size_t>(bucket.params[k])];
           p.param.mutable_grad() = target.narrow(0, bucket.offsets[k], p.numel).view(p.shape);
@@ -140,7 +144,8 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
     result.emplace_back();  // the handle
     if (grad_bucket >= 0) {
       const zero::Bucket& bucket = I.layout.buckets[static_cast<size_t>(grad_bucket)];
-      for (int p : bucket.params) I.layout.params[static_cast<size_t>(p)].param.mutable_grad().reset();
+      for (int p : bucket.params)
+        I.layout.params[static_cast<size_t>(p)].param.mutable_grad().reset();
       I.reduce_unit_gradients(grad_bucket);
     }
     if (sharded) I.release(u);
@@ -150,19 +155,23 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
 
 }  // namespace
 
-bool recomputing_for_backward() { return recomputing; }
+bool recomputing_for_backward() {
+  return recomputing;
+}
 
 std::vector<at::Tensor> Engine::Impl::run_unit(size_t unit, const std::vector<at::Tensor>& inputs,
                                                const UnitFn& fn) {
   if (unit >= options.units.size()) {
-    throw InvalidArgument(fmt::format("UnitGate: unit {} does not exist ({} declared in "
-                                      "EngineOptions::units)",
-                                      unit, options.units.size()));
+    throw InvalidArgument(
+        fmt::format("UnitGate: unit {} does not exist ({} declared in "
+                    "EngineOptions::units)",
+                    unit, options.units.size()));
   }
   if (unit_depth > 0) {
-    throw InvalidArgument(fmt::format("UnitGate: unit '{}' runs inside another unit; units cannot "
-                                      "nest",
-                                      options.units[unit].name));
+    throw InvalidArgument(
+        fmt::format("UnitGate: unit '{}' runs inside another unit; units cannot "
+                    "nest",
+                    options.units[unit].name));
   }
   const bool sharded = stage == 3;
   if (!sharded && !(checkpointing && options.units[unit].recompute)) return fn(inputs);
@@ -225,7 +234,8 @@ void Engine::Impl::gather(size_t u, bool forward_order) {
     // Make room within stage3_max_live_parameters by dropping prefetched units first.
     int64_t need = 0;
     for (int b : layout.unit_buckets[u]) need += layout.buckets[static_cast<size_t>(b)].numel;
-    for (size_t other = 0; other < units.size() && gathered_now + need > max_live_elements; ++other) {
+    for (size_t other = 0; other < units.size() && gathered_now + need > max_live_elements;
+         ++other) {
       if (other != u && units[other].status != UnitStatus::kReleased) {
         if (units[other].status == UnitStatus::kGathering) finish_gather(other);
         release(other);

@@ -11,8 +11,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   zt::fuzz::scratch();
   const std::string options(reinterpret_cast<const char*>(data), size);
-  for (const char* skip : {"model", "output_dir", "distributed", "deepspeed\"", "train_file", "eval_file",
-                           "cache_dir", "logging_dir", "resume", "adapter"}) {
+  for (const char* skip : {"model", "output_dir", "distributed", "deepspeed\"", "train_file",
+                           "eval_file", "cache_dir", "logging_dir", "resume", "adapter"}) {
     if (options.find(skip) != std::string::npos) return 0;
   }
   zt_trainer* t = nullptr;

@@ -24,8 +24,8 @@ inline const std::string& scratch() {
 
 inline std::string write_input(const std::string& name, const uint8_t* data, size_t size) {
   const std::string path = scratch() + "/" + name;
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(data),
-                                                                static_cast<std::streamsize>(size));
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   return path;
 }
 

@@ -52,7 +52,9 @@ double rel_error(const at::Tensor& a, const at::Tensor& truth) {
 }
 
 double unit_roundoff(at::ScalarType t) {
-  return t == at::kBFloat16 ? std::ldexp(1.0, -8) : t == at::kHalf ? std::ldexp(1.0, -11) : std::ldexp(1.0, -24);
+  return t == at::kBFloat16 ? std::ldexp(1.0, -8)
+         : t == at::kHalf   ? std::ldexp(1.0, -11)
+                            : std::ldexp(1.0, -24);
 }
 
 }  // namespace
@@ -66,9 +68,10 @@ TEST_CASE("fused RMSNorm gives transformers' outputs and gradients", "[gpu][kern
     bool fused;  // whether the kernel takes it (else the ATen path runs)
   };
   const std::vector<Shape> shapes = {
-      {64, at::kBFloat16, true},     {3584, at::kBFloat16, true}, {5120, at::kBFloat16, true},
-      {16384, at::kBFloat16, true},  {3584, at::kHalf, true},     {3584, at::kFloat, true},
-      {12288, at::kFloat, false},    {36, at::kBFloat16, false},  // too wide / not whole 16-byte packs
+      {64, at::kBFloat16, true},    {3584, at::kBFloat16, true}, {5120, at::kBFloat16, true},
+      {16384, at::kBFloat16, true}, {3584, at::kHalf, true},     {3584, at::kFloat, true},
+      {12288, at::kFloat, false},   {36, at::kBFloat16, false},  // too wide / not whole 16-byte
+                                                                 // packs
   };
   for (const Shape& s : shapes) {
     INFO("hidden " << s.hidden << ", " << c10::toString(s.dtype));
@@ -83,16 +86,18 @@ TEST_CASE("fused RMSNorm gives transformers' outputs and gradients", "[gpu][kern
     at::Tensor g = at::randn({3, 37, s.hidden}, opts);
     REQUIRE(zt::kernels::fused_rms_norm_applies(x, w) == s.fused);
 
-    const Result ours = run([](auto& a, auto& b) { return zt::model::rms_norm(a, b, kEps); }, x, w, g);
+    const Result ours =
+        run([](auto& a, auto& b) { return zt::model::rms_norm(a, b, kEps); }, x, w, g);
     const Result hf = run([](auto& a, auto& b) { return hf_rms_norm(a, b); }, x, w, g);
-    const Result exact = run([](auto& a, auto& b) { return exact_rms_norm(a, b); }, x.to(at::kDouble),
-                             w.to(at::kDouble), g.to(at::kDouble));
+    const Result exact = run([](auto& a, auto& b) { return exact_rms_norm(a, b); },
+                             x.to(at::kDouble), w.to(at::kDouble), g.to(at::kDouble));
 
     // Forward: the same roundings as transformers, so the same values except where fp32 sums
     // in another order move r by an ulp across a rounding boundary — then one ulp of the dtype.
     const double u = unit_roundoff(s.dtype);
     at::Tensor diff = (ours.y.to(at::kDouble) - hf.y.to(at::kDouble)).abs();
-    at::Tensor bound = hf.y.to(at::kDouble).abs() * (s.dtype == at::kFloat ? 16 * u : 4 * u) + 1e-30;
+    at::Tensor bound =
+        hf.y.to(at::kDouble).abs() * (s.dtype == at::kFloat ? 16 * u : 4 * u) + 1e-30;
     CHECK((diff <= bound).all().item<bool>());
     // In fp32 every element may carry r's last-bit difference; in 16 bits it rarely shows.
     if (s.dtype != at::kFloat) CHECK(diff.gt(0).to(at::kDouble).mean().item<double>() <= 0.01);
@@ -102,9 +107,11 @@ TEST_CASE("fused RMSNorm gives transformers' outputs and gradients", "[gpu][kern
     // where transformers' is near zero. A gradient term off by 1/√hidden (a wrong factor in
     // the backward's correction) exceeds this at every tested width.
     const double floor = u / 2;
-    std::printf("rms_norm hidden %lld %s: |gx - exact| %.3g (transformers %.3g), |gw - exact| %.3g (%.3g)\n",
-                static_cast<long long>(s.hidden), c10::toString(s.dtype), rel_error(ours.gx, exact.gx),
-                rel_error(hf.gx, exact.gx), rel_error(ours.gw, exact.gw), rel_error(hf.gw, exact.gw));
+    std::printf(
+        "rms_norm hidden %lld %s: |gx - exact| %.3g (transformers %.3g), |gw - exact| %.3g "
+        "(%.3g)\n",
+        static_cast<long long>(s.hidden), c10::toString(s.dtype), rel_error(ours.gx, exact.gx),
+        rel_error(hf.gx, exact.gx), rel_error(ours.gw, exact.gw), rel_error(hf.gw, exact.gw));
     CHECK(rel_error(ours.gx, exact.gx) <= 1.5 * rel_error(hf.gx, exact.gx) + floor);
     CHECK(rel_error(ours.gw, exact.gw) <= 1.5 * rel_error(hf.gw, exact.gw) + floor);
     CHECK(rel_error(ours.y, exact.y) <= 1.5 * rel_error(hf.y, exact.y) + floor);
@@ -122,7 +129,8 @@ TEST_CASE("fused RMSNorm: strided inputs and gradients take the right path", "[g
   REQUIRE(zt::kernels::fused_rms_norm_applies(xc, w));
   // A strided incoming gradient (a transposed view) is read as the values it denotes.
   at::Tensor g = at::randn({64, 4, 128}, opts).transpose(0, 1);
-  const Result ours = run([](auto& a, auto& b) { return zt::model::rms_norm(a, b, kEps); }, xc, w, g);
+  const Result ours =
+      run([](auto& a, auto& b) { return zt::model::rms_norm(a, b, kEps); }, xc, w, g);
   const Result hf = run([](auto& a, auto& b) { return hf_rms_norm(a, b); }, xc, w, g);
   CHECK(rel_error(ours.gx, hf.gx) < 0.02);
   CHECK(rel_error(ours.gw, hf.gw) < 0.02);
@@ -141,7 +149,9 @@ TEST_CASE("fused AdamW: each update is AdamW's to fp32 precision, and it sums th
       const int64_t n = 8 * (int64_t{1} << 17) + 5;
       const auto opts = at::TensorOptions().device(cuda).dtype(dtype);
       at::manual_seed(11);
-      auto make = [&](double scale) { return (at::randn({n + offset}, opts.dtype(at::kFloat)) * scale).to(dtype); };
+      auto make = [&](double scale) {
+        return (at::randn({n + offset}, opts.dtype(at::kFloat)) * scale).to(dtype);
+      };
       auto view = [&](const at::Tensor& t) { return t.narrow(0, offset, n); };
       at::Tensor p = make(1.0), m = at::zeros_like(p), v = at::zeros_like(p);
       at::Tensor grad_sq = at::zeros({}, opts.dtype(at::kFloat));
@@ -153,8 +163,10 @@ TEST_CASE("fused AdamW: each update is AdamW's to fp32 precision, and it sums th
         INFO("step " << step);
         h.step = step;
         // Gradients of growing scale, some exactly zero.
-        at::Tensor g = make(1e-2 * static_cast<double>(step)).masked_fill(at::rand({n + offset}, opts.dtype(at::kFloat)) < 0.01, 0);
-        const at::Tensor p0 = view(p).to(at::kDouble), m0 = view(m).to(at::kDouble), v0 = view(v).to(at::kDouble);
+        at::Tensor g = make(1e-2 * static_cast<double>(step))
+                           .masked_fill(at::rand({n + offset}, opts.dtype(at::kFloat)) < 0.01, 0);
+        const at::Tensor p0 = view(p).to(at::kDouble), m0 = view(m).to(at::kDouble),
+                         v0 = view(v).to(at::kDouble);
         const at::Tensor gd = view(g).to(at::kDouble);
         at::Tensor p_before = p.clone();
         at::Tensor p_ref = p.clone(), m_ref = m.clone(), v_ref = v.clone();
@@ -192,8 +204,8 @@ TEST_CASE("fused AdamW: each update is AdamW's to fp32 precision, and it sums th
         // a rounding of each side (its kernel differs in fp32 details: 1.f − β2, the
         // bias-correction powers).
         at::Tensor step_t = at::full({}, static_cast<double>(step), opts.dtype(at::kFloat));
-        zt::compat::fused_adamw({view(p_ref)}, {view(g)}, {view(m_ref)}, {view(v_ref)}, step_t, h.lr, h.beta1,
-                                h.beta2, h.weight_decay, h.eps);
+        zt::compat::fused_adamw({view(p_ref)}, {view(g)}, {view(m_ref)}, {view(v_ref)}, step_t,
+                                h.lr, h.beta1, h.beta2, h.weight_decay, h.eps);
         at::Tensor dp = (view(p).to(at::kDouble) - view(p_ref).to(at::kDouble)).abs();
         CHECK((dp <= 2 * u * p1.abs() + 1e-3 * lr).all().item<bool>());
       }

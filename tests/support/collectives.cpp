@@ -19,7 +19,9 @@ std::vector<double> read(const at::Tensor& t) {
 }
 
 // Rank r's i-th input value: small integers so every sum over ≤ 8 ranks is exact in bf16.
-double value(int r, int64_t i) { return static_cast<double>((r + 1) * ((i % 5) + 1) % 13); }
+double value(int r, int64_t i) {
+  return static_cast<double>((r + 1) * ((i % 5) + 1) % 13);
+}
 
 }  // namespace
 
@@ -39,7 +41,8 @@ void check_collectives(Communicator& comm, at::ScalarType dtype) {
     for (int64_t i = 0; i < n; ++i) {
       mine[i] = value(r, i);
       double acc = op == ReduceOp::kMax ? -1e300 : 0.0;
-      for (int q = 0; q < w; ++q) acc = op == ReduceOp::kMax ? std::max(acc, value(q, i)) : acc + value(q, i);
+      for (int q = 0; q < w; ++q)
+        acc = op == ReduceOp::kMax ? std::max(acc, value(q, i)) : acc + value(q, i);
       expected[i] = op == ReduceOp::kAvg ? acc / w : acc;
     }
     at::Tensor t = make(mine, dtype, dev);
@@ -133,7 +136,8 @@ void check_collectives(Communicator& comm, at::ScalarType dtype) {
     for (int k = 3; k >= 0; --k) {
       works[static_cast<size_t>(k)]->wait();
       double expected = w * k + w * (w - 1) / 2.0;
-      CHECK(read(ts[static_cast<size_t>(k)]) == std::vector<double>(static_cast<size_t>(n), expected));
+      CHECK(read(ts[static_cast<size_t>(k)]) ==
+            std::vector<double>(static_cast<size_t>(n), expected));
     }
   }
 

@@ -57,8 +57,14 @@ void install_counting_allocator() {
   c10::SetCPUAllocator(counting, /*priority=*/255);
 }
 
-int64_t live_cpu_bytes() { return g_live.load(); }
-int64_t peak_cpu_bytes() { return g_peak.load(); }
-void reset_peak_cpu_bytes() { g_peak.store(g_live.load()); }
+int64_t live_cpu_bytes() {
+  return g_live.load();
+}
+int64_t peak_cpu_bytes() {
+  return g_peak.load();
+}
+void reset_peak_cpu_bytes() {
+  g_peak.store(g_live.load());
+}
 
 }  // namespace zt::test

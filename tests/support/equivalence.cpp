@@ -9,7 +9,9 @@
 
 #include "support/catch.hpp"
 
+// First: LibTorch 1.13's clip_grad.h uses Tensor without including it.
 #include <torch/types.h>
+
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -43,8 +45,8 @@ Case Case::decode(const std::string& s) {
 }
 
 std::string Case::describe() const {
-  return fmt::format("stage {} world {} accum {} {} offload {} {} {} ckpt {} {} on {} clip {}{}", stage,
-                     world, accum, dtype, offload, model, opt, ckpt,
+  return fmt::format("stage {} world {} accum {} {} offload {} {} {} ckpt {} {} on {} clip {}{}",
+                     stage, world, accum, dtype, offload, model, opt, ckpt,
                      token_norm ? "token-normalized" : "mean-normalized", device, clip,
                      in_backward ? " updates in backward" : "");
 }
@@ -59,9 +61,10 @@ std::string ds_json(const Case& c) {
   // Real fp16 (GPU) starts from 2^8: DeepSpeed's 2^32 default would skip the first steps.
   std::string fp16 = c.device == "cuda" ? R"(, "initial_scale_power": 8)" : "";
   // "bf16_pure": DeepSpeed's bf16 master weights, gradients and optimizer states.
-  std::string bf16 = c.dtype == "bf16_pure"
-                         ? R"(, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true)"
-                         : "";
+  std::string bf16 =
+      c.dtype == "bf16_pure"
+          ? R"(, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true)"
+          : "";
   if (c.offload && c.stage == 3) offload += R"(, "offload_param": {"device": "cpu"})";
   return fmt::format(R"({{
     "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
@@ -80,8 +83,8 @@ TrainingArguments args_for(const Case& c) {
       "max_grad_norm": {}, "lr_scheduler_type": "constant", "fp16": {}, "bf16": {},
       "optim": "{}", "max_steps": {}}})",
                                      c.micro, c.accum, kLr, kWd, c.clip, c.dtype == "fp16",
-                                     c.dtype.rfind("bf16", 0) == 0, c.opt == "sgd" ? "sgd" : "adamw_torch",
-                                     c.steps));
+                                     c.dtype.rfind("bf16", 0) == 0,
+                                     c.opt == "sgd" ? "sgd" : "adamw_torch", c.steps));
   return a;
 }
 
@@ -133,10 +136,12 @@ Reference reference_run(const Case& c) {
     }
     loss.backward();
     // Without clipping, a bound no norm reaches: the call only measures.
-    ref.norms.push_back(torch::nn::utils::clip_grad_norm_(model->parameters(), c.clip > 0 ? c.clip : 1e30));
+    ref.norms.push_back(
+        torch::nn::utils::clip_grad_norm_(model->parameters(), c.clip > 0 ? c.clip : 1e30));
     opt->step();
   }
-  for (const auto& p : model->named_parameters()) ref.params.emplace_back(p.key(), p.value().detach().clone());
+  for (const auto& p : model->named_parameters())
+    ref.params.emplace_back(p.key(), p.value().detach().clone());
   return ref;
 }
 
@@ -148,14 +153,16 @@ bool compare(const Case& c, const std::vector<double>& norms,
   bool ok = true;
   for (size_t s = 0; s < norms.size(); ++s) {
     double rel = std::fabs(norms[s] - ref.norms[s]) / std::max(1e-12, ref.norms[s]);
-    std::printf("step %zu: grad norm %.9g, reference %.9g (rel %.2g)\n", s, norms[s], ref.norms[s], rel);
+    std::printf("step %zu: grad norm %.9g, reference %.9g (rel %.2g)\n", s, norms[s], ref.norms[s],
+                rel);
     if (rel > (bf16 ? 4e-2 : 2e-5)) ok = false;
   }
   double err_sum = 0, move_sum = 0;
   int64_t count = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     if (params[i].first != ref.params[i].first) {
-      std::printf("parameter order differs: %s vs %s\n", params[i].first.c_str(), ref.params[i].first.c_str());
+      std::printf("parameter order differs: %s vs %s\n", params[i].first.c_str(),
+                  ref.params[i].first.c_str());
       return false;
     }
     at::Tensor got = params[i].second.to(at::kCPU).to(at::kFloat);
@@ -176,14 +183,13 @@ bool compare(const Case& c, const std::vector<double>& norms,
 
 }  // namespace
 
-
 TEST_CASE("rank: engine equivalence", "[.rank]") {
   Case c = Case::decode(std::getenv("ZT_CASE"));
   std::printf("case: %s\n", c.describe().c_str());
   const char* local = std::getenv("LOCAL_RANK");
-  const at::Device device = c.device == "cuda"
-                                ? at::Device(at::kCUDA, static_cast<int16_t>(local ? std::atoi(local) : 0))
-                                : at::Device(at::kCPU);
+  const at::Device device =
+      c.device == "cuda" ? at::Device(at::kCUDA, static_cast<int16_t>(local ? std::atoi(local) : 0))
+                         : at::Device(at::kCPU);
   auto comm = std::shared_ptr<Communicator>(test::join(Backend::kAuto, device));
   const int rank = comm->rank(), world = comm->world_size();
   REQUIRE(world == c.world);
@@ -230,8 +236,8 @@ TEST_CASE("rank: engine equivalence", "[.rank]") {
   if (rank == 0) REQUIRE(compare(c, norms, params));
 }
 
-Case make_case(int stage, int world, int accum, const char* dtype, bool offload,
-               const char* model, const char* opt, bool ckpt) {
+Case make_case(int stage, int world, int accum, const char* dtype, bool offload, const char* model,
+               const char* opt, bool ckpt) {
   Case c;
   c.stage = stage;
   c.world = world;

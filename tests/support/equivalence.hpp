@@ -28,8 +28,8 @@ struct Case {
   std::string describe() const;
 };
 
-Case make_case(int stage, int world, int accum, const char* dtype, bool offload,
-               const char* model, const char* opt = "adamw", bool ckpt = false);
+Case make_case(int stage, int world, int accum, const char* dtype, bool offload, const char* model,
+               const char* opt = "adamw", bool ckpt = false);
 
 /// Runs `c` as c.world processes of this test binary (its hidden "rank: engine equivalence"
 /// case, which must be linked in: tests/support/equivalence.cpp defines it) and REQUIREs that

@@ -20,6 +20,8 @@ std::string write_data(const std::string& dir, const std::string& name, int coun
 std::map<int64_t, double> logged(const std::string& out_dir, const std::string& key);
 
 /// The training losses, by step.
-inline std::map<int64_t, double> logged_losses(const std::string& out_dir) { return logged(out_dir, "loss"); }
+inline std::map<int64_t, double> logged_losses(const std::string& out_dir) {
+  return logged(out_dir, "loss");
+}
 
 }  // namespace zt::test

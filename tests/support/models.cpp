@@ -30,9 +30,10 @@ struct Mlp : TestModel {
   }
   at::Tensor loss_sum(const at::Tensor& x, const at::Tensor& labels) override {
     const at::Tensor& w = l1->weight;  // empty but typed while ZeRO-3 has it released
-    at::Tensor h = gate(0, {x.to(w.device()).to(w.scalar_type())}, [l1 = l1.ptr()](const std::vector<at::Tensor>& in) {
-      return std::vector<at::Tensor>{at::tanh(l1->forward(in[0]))};
-    })[0];
+    at::Tensor h = gate(0, {x.to(w.device()).to(w.scalar_type())},
+                        [l1 = l1.ptr()](const std::vector<at::Tensor>& in) {
+                          return std::vector<at::Tensor>{at::tanh(l1->forward(in[0]))};
+                        })[0];
     h = gate(1, {h}, [l2 = l2.ptr()](const std::vector<at::Tensor>& in) {
       return std::vector<at::Tensor>{at::tanh(l2->forward(in[0]))};
     })[0];
@@ -64,22 +65,25 @@ struct Wide : TestModel {
   }
   at::Tensor loss_sum(const at::Tensor& x, const at::Tensor& labels) override {
     const at::Tensor& w = input->weight;
-    at::Tensor h = gate(0, {x.to(w.device()).to(w.scalar_type())}, [l = input.ptr()](const std::vector<at::Tensor>& in) {
-      return std::vector<at::Tensor>{at::tanh(l->forward(in[0]))};
-    })[0];
+    at::Tensor h = gate(0, {x.to(w.device()).to(w.scalar_type())},
+                        [l = input.ptr()](const std::vector<at::Tensor>& in) {
+                          return std::vector<at::Tensor>{at::tanh(l->forward(in[0]))};
+                        })[0];
     for (size_t i = 0; i < layers.size(); ++i) {
       h = gate(1 + i, {h}, [l = layers[i]](const std::vector<at::Tensor>& in) {
         return std::vector<at::Tensor>{at::tanh(l->forward(in[0]))};
       })[0];
     }
-    at::Tensor logits = gate(1 + layers.size(), {h}, [l = output.ptr()](const std::vector<at::Tensor>& in) {
-      return std::vector<at::Tensor>{l->forward(in[0])};
-    })[0];
+    at::Tensor logits =
+        gate(1 + layers.size(), {h}, [l = output.ptr()](const std::vector<at::Tensor>& in) {
+          return std::vector<at::Tensor>{l->forward(in[0])};
+        })[0];
     return ce_sum(logits, labels);
   }
   std::vector<UnitSpec> units() override {
     std::vector<UnitSpec> u{{"input", input.ptr()}};
-    for (size_t i = 0; i < layers.size(); ++i) u.push_back({"layer" + std::to_string(i), layers[i]});
+    for (size_t i = 0; i < layers.size(); ++i)
+      u.push_back({"layer" + std::to_string(i), layers[i]});
     u.push_back({"output", output.ptr()});
     return u;
   }
@@ -92,7 +96,8 @@ struct Block : torch::nn::Module {
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kModel})));
     // No qkv bias: the key bias has an exactly-zero gradient in exact arithmetic (softmax is
     // shift-invariant), and Adam would turn its rounding noise into lr-sized updates.
-    qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(kModel, 3 * kModel).bias(false)));
+    qkv = register_module(
+        "qkv", torch::nn::Linear(torch::nn::LinearOptions(kModel, 3 * kModel).bias(false)));
     out = register_module("out", torch::nn::Linear(kModel, kModel));
     ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kModel})));
     up = register_module("up", torch::nn::Linear(kModel, 4 * kModel));
@@ -105,7 +110,8 @@ struct Block : torch::nn::Module {
     auto heads = [&](const at::Tensor& y) { return y.view({b, t, kHeads, hd}).transpose(1, 2); };
     at::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
     at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    at::Tensor mask = at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
+    at::Tensor mask =
+        at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
     scores = scores.to(at::kFloat).masked_fill(mask, -1e9);  // -1e9 does not fit fp16
     at::Tensor att = at::matmul(at::softmax(scores, -1).to(x.scalar_type()), v);
     at::Tensor y = x + out->forward(att.transpose(1, 2).reshape({b, t, kModel}));
@@ -127,12 +133,14 @@ struct Transformer : TestModel {
       block_list->push_back(blocks.back());
     }
     norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kModel})));
-    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(kModel, kVocab).bias(false)));
+    head = register_module("head",
+                           torch::nn::Linear(torch::nn::LinearOptions(kModel, kVocab).bias(false)));
   }
   at::Tensor loss_sum(const at::Tensor& ids, const at::Tensor& labels) override {
-    at::Tensor x = gate(0, {ids.to(embed->weight.device())}, [embed = embed.ptr()](const std::vector<at::Tensor>& in) {
-      return std::vector<at::Tensor>{embed->forward(in[0])};
-    })[0];
+    at::Tensor x = gate(0, {ids.to(embed->weight.device())},
+                        [embed = embed.ptr()](const std::vector<at::Tensor>& in) {
+                          return std::vector<at::Tensor>{embed->forward(in[0])};
+                        })[0];
     for (size_t i = 0; i < blocks.size(); ++i) {
       x = gate(1 + i, {x}, [block = blocks[i]](const std::vector<at::Tensor>& in) {
         return std::vector<at::Tensor>{block->forward(in[0])};
@@ -140,14 +148,16 @@ struct Transformer : TestModel {
     }
     // The final norm stays outside every unit (whole on every rank under stage 3).
     at::Tensor h = norm->forward(x);
-    at::Tensor logits = gate(1 + blocks.size(), {h}, [head = head.ptr()](const std::vector<at::Tensor>& in) {
-      return std::vector<at::Tensor>{head->forward(in[0])};
-    })[0];
+    at::Tensor logits =
+        gate(1 + blocks.size(), {h}, [head = head.ptr()](const std::vector<at::Tensor>& in) {
+          return std::vector<at::Tensor>{head->forward(in[0])};
+        })[0];
     return ce_sum(logits, labels);
   }
   std::vector<UnitSpec> units() override {
     std::vector<UnitSpec> u{{"embed", embed.ptr()}};
-    for (size_t i = 0; i < blocks.size(); ++i) u.push_back({"block" + std::to_string(i), blocks[i]});
+    for (size_t i = 0; i < blocks.size(); ++i)
+      u.push_back({"block" + std::to_string(i), blocks[i]});
     u.push_back({"head", head.ptr()});
     return u;
   }
@@ -157,10 +167,11 @@ struct Transformer : TestModel {
 struct Llm : TestModel {
   std::shared_ptr<CausalLM> lm;
   static ModelConfig config(bool tied) {
-    return parse_model_config(std::string(R"({"model_type": "llama", "vocab_size": 32, "hidden_size": 32,
+    return parse_model_config(
+        std::string(R"({"model_type": "llama", "vocab_size": 32, "hidden_size": 32,
         "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "tie_word_embeddings": )") +
-                              (tied ? "true}" : "false}"));
+        (tied ? "true}" : "false}"));
   }
   Llm(uint64_t seed, bool tied) {
     lm = register_module("lm", std::make_shared<CausalLM>(config(tied), at::TensorOptions()));

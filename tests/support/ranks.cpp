@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include "support/catch.hpp"
 #include "util/files.hpp"
-#include <fmt/format.h>
 
 namespace zt::test {
 

@@ -36,8 +36,7 @@ bool skip_cpu_world(int world);
 
 /// Inside a rank: joins the job from the environment with short test timeouts (collectives
 /// 60 s, rendezvous 30 s, unless ZT_TEST_TIMEOUT_MS / ZT_TEST_RDZV_MS say otherwise).
-std::unique_ptr<Communicator> join(Backend backend = Backend::kAuto,
-                                   at::Device device = at::kCPU);
+std::unique_ptr<Communicator> join(Backend backend = Backend::kAuto, at::Device device = at::kCPU);
 
 /// A fresh empty folder under the system temp dir, removed by remove_temp_dirs() when the
 /// test program ends (ZT_KEEP_TEST_DIRS=1 keeps it for a post-mortem).
