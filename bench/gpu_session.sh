@@ -12,6 +12,8 @@
 #   bench/gpu_session.sh profile          GPU time per kernel family of the full 7B step, ours vs HF's
 #   bench/gpu_session.sh profile13b       the same of the 13B ZeRO-3 offload LoRA step (ours): how long the GPU idles
 #   bench/gpu_session.sh parity           per-layer hidden states of a Qwen2.5-7B-shaped model against transformers
+#   bench/gpu_session.sh conformance      PEFT, transformers and tensorboard read what zerotrain wrote
+#                                         (.gpu-check/: see docs/build.md), results in $OUT/conformance.tgz
 #
 # Phases may be chained (`build test`). Needs `.gpu-deps/` (../shared/gpu/prepare-deps.sh) and,
 # for the peer runs, `.peer/hf_baseline.py` (a copy of ../shared/bench/hf_baseline.py): carry
@@ -129,6 +131,18 @@ for phase in "$@"; do
         python3 tests/tools/compare_hidden_states.py /tmp/zt-parity 2>&1 | tee -a "$results/parity.log" | grep '^RESULT' ||
         tail -20 "$results/parity.log"
       rm -rf /tmp/zt-parity
+      ;;
+    conformance)
+      # .gpu-check/ (carried): adapters/ and outputs/ from the CPU build's tool tests, real.tgz
+      # the real tokenizer folders (tests/tools/fetch_real_tokenizers.sh).
+      rm -rf /tmp/zt-real /tmp/zt-conformance && mkdir -p /tmp/zt-real /tmp/zt-conformance
+      tar xzf .gpu-check/real.tgz -C /tmp/zt-real
+      python3 tests/tools/check_peft_loads.py .gpu-check/adapters /tmp/zt-conformance/peft \
+        > /tmp/zt-conformance/peft.log 2>&1 || tail -30 /tmp/zt-conformance/peft.log
+      python3 tests/tools/check_hf_outputs.py .gpu-check/outputs /tmp/zt-real /tmp/zt-conformance/hf \
+        > /tmp/zt-conformance/hf.log 2>&1 || tail -30 /tmp/zt-conformance/hf.log
+      tar czf "$results/conformance.tgz" -C /tmp/zt-conformance .
+      grep -h -E "^(all_linear|peft_made)" /tmp/zt-conformance/peft.log | cut -c1-400 || true
       ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac

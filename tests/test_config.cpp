@@ -176,15 +176,18 @@ TEST_CASE("fp16 without scaler keys uses DeepSpeed's class defaults (2^32, hyste
   CHECK(fixed.initial_scale == 128.0);
 }
 
-TEST_CASE("DeepSpeed's Adam is AdamW unless adam_w_mode is false, and SGD is accepted", "[config]") {
+TEST_CASE("DeepSpeed's Adam is AdamW unless adam_w_mode is false, and SGD is accepted",
+          "[config]") {
   CHECK(parse_deepspeed_config(R"({"optimizer": {"type": "Adam"}})").optimizer.type ==
         OptimizerType::kAdamW);
-  CHECK(parse_deepspeed_config(R"({"optimizer": {"type": "adam", "params": {"adam_w_mode": false}}})")
-            .optimizer.type == OptimizerType::kAdam);
-  CHECK(parse_deepspeed_config(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})")
+  CHECK(
+      parse_deepspeed_config(R"({"optimizer": {"type": "adam", "params": {"adam_w_mode": false}}})")
+          .optimizer.type == OptimizerType::kAdam);
+  CHECK(parse_deepspeed_config(
+            R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})")
             .optimizer.type == OptimizerType::kAdamW);
-  DeepSpeedConfig sgd =
-      parse_deepspeed_config(R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}})");
+  DeepSpeedConfig sgd = parse_deepspeed_config(
+      R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}})");
   CHECK(sgd.optimizer.type == OptimizerType::kSgd);
   CHECK(sgd.optimizer.momentum == 0.9);
 }
@@ -261,11 +264,27 @@ TEST_CASE("a DeepSpeed config file is read from disk", "[config]") {
 
 TEST_CASE("training flags: HF names, booleans, --local_rank, positional", "[config][args]") {
   TrainingArguments a;
-  std::vector<std::string> rest = apply_training_flags(
-      a, {"train", "--per_device_train_batch_size", "4", "--learning_rate=2e-5", "--bf16",
-          "--gradient_checkpointing", "True", "--fp16", "false", "--local_rank", "3",
-          "--max-steps", "100", "--save_total_limit", "2", "--lr_scheduler_type", "cosine",
-          "--local-rank=1", "--output_dir", "/tmp/x", "extra"});
+  std::vector<std::string> rest = apply_training_flags(a, {"train",
+                                                           "--per_device_train_batch_size",
+                                                           "4",
+                                                           "--learning_rate=2e-5",
+                                                           "--bf16",
+                                                           "--gradient_checkpointing",
+                                                           "True",
+                                                           "--fp16",
+                                                           "false",
+                                                           "--local_rank",
+                                                           "3",
+                                                           "--max-steps",
+                                                           "100",
+                                                           "--save_total_limit",
+                                                           "2",
+                                                           "--lr_scheduler_type",
+                                                           "cosine",
+                                                           "--local-rank=1",
+                                                           "--output_dir",
+                                                           "/tmp/x",
+                                                           "extra"});
   CHECK(rest == std::vector<std::string>({"train", "extra"}));
   CHECK(a.per_device_train_batch_size == 4);
   CHECK(a.learning_rate == 2e-5);
@@ -325,13 +344,13 @@ const char* kAllAuto = R"({
       "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto"}
 })";
 
-TEST_CASE("auto values resolve from the arguments, the world size and the model", "[config][auto]") {
+TEST_CASE("auto values resolve from the arguments, the world size and the model",
+          "[config][auto]") {
   DeepSpeedConfig ds = parse_deepspeed_config(kAllAuto, "auto.json");
   TrainingArguments a;
   apply_training_flags(a, {"--per_device_train_batch_size", "3", "--gradient_accumulation_steps",
-                           "5", "--learning_rate", "1e-4", "--adam_beta1", "0.85",
-                           "--weight_decay", "0.02", "--max_grad_norm", "0.7", "--bf16",
-                           "--warmup_ratio", "0.1"});
+                           "5", "--learning_rate", "1e-4", "--adam_beta1", "0.85", "--weight_decay",
+                           "0.02", "--max_grad_norm", "0.7", "--bf16", "--warmup_ratio", "0.1"});
   resolve_config(ds, a, ResolveContext{4, std::nullopt, std::nullopt});
   CHECK(ds.train_micro_batch_size_per_gpu.value() == 3);
   CHECK(ds.gradient_accumulation_steps.value() == 5);
@@ -405,7 +424,8 @@ TEST_CASE("missing batch sizes follow DeepSpeed's derivation from train_batch_si
   }
 }
 
-TEST_CASE("no DeepSpeed config: plain data parallel with the Trainer's defaults", "[config][auto]") {
+TEST_CASE("no DeepSpeed config: plain data parallel with the Trainer's defaults",
+          "[config][auto]") {
   DeepSpeedConfig ds;  // as deepspeed_config_for() returns without --deepspeed
   TrainingArguments a;
   resolve_config(ds, a, ResolveContext{2, 64, 100});
@@ -456,35 +476,62 @@ rapidjson::Document hf_fields() {
 
 }  // namespace
 
-TEST_CASE("every TrainingArguments field of transformers 4.40-5.x is accepted with its default", "[config][args][hf]") {
+TEST_CASE("every TrainingArguments field of transformers 4.40-5.x is accepted with its default",
+          "[config][args][hf]") {
   rapidjson::Document doc = hf_fields();
   const auto& fields = doc["fields"];
   REQUIRE(fields.Size() > 100);
+  size_t new_defaults = 0;
   for (const auto& f : fields.GetArray()) {
     const std::string name = f["name"].GetString();
-    INFO(name << " = " << zt::json::dump(f["default"]));
-    if (name == "local_rank" || name == "deepspeed") continue;  // launcher-given / covered elsewhere
-    rapidjson::Document one(rapidjson::kObjectType);
-    one.AddMember(rapidjson::Value(name.c_str(), one.GetAllocator()),
-                  rapidjson::Value(f["default"], one.GetAllocator()), one.GetAllocator());
-    TrainingArguments a;
-    CHECK_NOTHROW(apply_training_json(a, zt::json::dump(one), "hf"));
-    // Either an option of zerotrain's or one it records as without effect.
-    const auto names = training_option_names();
-    const bool ours = std::find(names.begin(), names.end(), name) != names.end();
-    CHECK((ours || a.ignored.count(name) == 1));
-    if (!ours) CHECK_THAT(a.ignored[name], Catch::Contains(name + " has no effect in zerotrain"));
+    if (name == "local_rank" || name == "deepspeed")
+      continue;  // launcher-given / covered elsewhere
+    // The 4.x default, and 5.x's where it changed (optim adamw_torch_fused, report_to "none", ...).
+    for (const char* key : {"default", "default_5x"}) {
+      if (!f.HasMember(key)) continue;
+      new_defaults += std::string(key) == "default_5x";
+      INFO(name << " = " << zt::json::dump(f[key]));
+      rapidjson::Document one(rapidjson::kObjectType);
+      one.AddMember(rapidjson::Value(name.c_str(), one.GetAllocator()),
+                    rapidjson::Value(f[key], one.GetAllocator()), one.GetAllocator());
+      TrainingArguments a;
+      CHECK_NOTHROW(apply_training_json(a, zt::json::dump(one), "hf"));
+      // Either an option of zerotrain's or one it records as without effect.
+      const auto names = training_option_names();
+      const bool ours = std::find(names.begin(), names.end(), name) != names.end();
+      CHECK((ours || a.ignored.count(name) == 1));
+      if (!ours) CHECK_THAT(a.ignored[name], Catch::Contains(name + " has no effect in zerotrain"));
+    }
   }
+  CHECK(new_defaults >= 4);
 }
 
-TEST_CASE("HF flags without effect warn once; values zerotrain cannot honour are errors", "[config][args][hf]") {
+TEST_CASE("HF flags without effect warn once; values zerotrain cannot honour are errors",
+          "[config][args][hf]") {
   TrainingArguments a;
-  apply_training_flags(a, {"--dataloader_num_workers", "8", "--torch_compile", "--save_safetensors", "True",
-                           "--remove_unused_columns", "false", "--ddp_find_unused_parameters", "False",
-                           "--dataloader_pin_memory", "--push_to_hub", "False", "--report_to", "tensorboard",
-                           "wandb", "--label_names", "labels", "other", "--output_dir", "/tmp/o"});
-  for (const char* name : {"dataloader_num_workers", "torch_compile", "save_safetensors", "remove_unused_columns",
-                           "ddp_find_unused_parameters", "dataloader_pin_memory", "push_to_hub", "label_names"}) {
+  apply_training_flags(a, {"--dataloader_num_workers",
+                           "8",
+                           "--torch_compile",
+                           "--save_safetensors",
+                           "True",
+                           "--remove_unused_columns",
+                           "false",
+                           "--ddp_find_unused_parameters",
+                           "False",
+                           "--dataloader_pin_memory",
+                           "--push_to_hub",
+                           "False",
+                           "--report_to",
+                           "tensorboard",
+                           "wandb",
+                           "--label_names",
+                           "labels",
+                           "other",
+                           "--output_dir",
+                           "/tmp/o"});
+  for (const char* name :
+       {"dataloader_num_workers", "torch_compile", "save_safetensors", "remove_unused_columns",
+        "ddp_find_unused_parameters", "dataloader_pin_memory", "push_to_hub", "label_names"}) {
     INFO(name);
     REQUIRE(a.ignored.count(name) == 1);
   }
@@ -496,26 +543,32 @@ TEST_CASE("HF flags without effect warn once; values zerotrain cannot honour are
     apply_training_flags(b, flags);
   };
   using Catch::Contains;
-  CHECK_THROWS_WITH(refused({"--label_smoothing_factor", "0.1"}), Contains("label_smoothing_factor") &&
-                                                                      Contains("cannot honour"));
-  CHECK_THROWS_WITH(refused({"--fsdp", "full_shard", "auto_wrap"}), Contains("fsdp") && Contains("DeepSpeed"));
+  CHECK_THROWS_WITH(refused({"--label_smoothing_factor", "0.1"}),
+                    Contains("label_smoothing_factor") && Contains("cannot honour"));
+  CHECK_THROWS_WITH(refused({"--fsdp", "full_shard", "auto_wrap"}),
+                    Contains("fsdp") && Contains("DeepSpeed"));
   CHECK_THROWS_WITH(refused({"--push_to_hub"}), Contains("push_to_hub"));
   CHECK_THROWS_WITH(refused({"--neftune_noise_alpha", "5"}), Contains("neftune_noise_alpha"));
-  CHECK_THROWS_WITH(refused({"--report_to", "tensorbored"}), Contains("tensorbored") && Contains("tensorboard"));
-  CHECK_NOTHROW(refused({"--label_smoothing_factor", "0.0", "--fsdp", "", "--neftune_noise_alpha", "None"}));
+  CHECK_THROWS_WITH(refused({"--report_to", "tensorbored"}),
+                    Contains("tensorbored") && Contains("tensorboard"));
+  CHECK_NOTHROW(
+      refused({"--label_smoothing_factor", "0.0", "--fsdp", "", "--neftune_noise_alpha", "None"}));
   // JSON: the same table.
   TrainingArguments j;
-  apply_training_json(j, R"({"dataloader_num_workers": 2, "fsdp": [], "report_to": ["tensorboard"]})");
+  apply_training_json(j,
+                      R"({"dataloader_num_workers": 2, "fsdp": [], "report_to": ["tensorboard"]})");
   CHECK(j.ignored.count("dataloader_num_workers") == 1);
   CHECK(j.report_to == "tensorboard");
   CHECK_THROWS_WITH(apply_training_json(j, R"({"adafactor": true})"), Contains("adafactor"));
 }
 
-TEST_CASE("HF spellings zerotrain acts on: aliases, torch_dtype, use_cpu, bad booleans", "[config][args][hf]") {
+TEST_CASE("HF spellings zerotrain acts on: aliases, torch_dtype, use_cpu, bad booleans",
+          "[config][args][hf]") {
   using Catch::Contains;
   TrainingArguments a;
-  apply_training_flags(a, {"--model_max_length", "77", "--per_gpu_train_batch_size", "3", "--torch_dtype",
-                           "bfloat16", "--use_cpu", "--tf32", "False", "--logging_strategy", "epoch"});
+  apply_training_flags(
+      a, {"--model_max_length", "77", "--per_gpu_train_batch_size", "3", "--torch_dtype",
+          "bfloat16", "--use_cpu", "--tf32", "False", "--logging_strategy", "epoch"});
   CHECK(a.max_length == 77);
   CHECK(a.per_device_train_batch_size == 3);
   CHECK(a.bf16);
@@ -528,10 +581,62 @@ TEST_CASE("HF spellings zerotrain acts on: aliases, torch_dtype, use_cpu, bad bo
   };
   CHECK_THROWS_WITH(fails({"--torch_dtype", "float16", "--bf16", "True"}),
                     Contains("torch_dtype float16") && Contains("bf16"));
-  CHECK_THROWS_WITH(fails({"--bf16", "Ture"}), Contains("bf16") && Contains("Ture") && Contains("True, False"));
+  CHECK_THROWS_WITH(fails({"--bf16", "Ture"}),
+                    Contains("bf16") && Contains("Ture") && Contains("True, False"));
   CHECK_THROWS_WITH(fails({"--no_cuda", "--device", "cuda"}), Contains("use_cpu"));
   TrainingArguments c;
   apply_training_flags(c, {"--torch_dtype", "float16"});
   CHECK(c.fp16);
   CHECK_FALSE(c.bf16);
+}
+
+TEST_CASE(
+    "step intervals: whole steps, or below 1 fractions of the run; transformers 5's sampler names",
+    "[config][args][hf]") {
+  using Catch::Contains;
+  TrainingArguments a;
+  apply_training_flags(
+      a, {"--logging_steps", "0.1", "--save_steps", "200", "--eval_steps", "0.05", "--warmup_steps",
+          "0.03", "--train_sampling_strategy", "group_by_length"});
+  CHECK(a.logging_steps == 0.1);
+  CHECK(a.eval_steps == std::optional<double>(0.05));
+  CHECK(a.group_by_length);
+  CHECK(steps_for(a.logging_steps, 95) == 10);  // ceil(9.5)
+  CHECK(steps_for(a.save_steps, 95) == 200);
+  CHECK(steps_for(0.001, 10) == 1);  // never 0
+  CHECK(warmup_steps_for(a, 100) == 3);
+  auto fails = [](std::vector<std::string> flags) {
+    TrainingArguments b;
+    apply_training_flags(b, flags);
+  };
+  CHECK_THROWS_WITH(fails({"--logging_steps", "2.5"}),
+                    Contains("logging_steps") && Contains("whole number"));
+  CHECK_THROWS_WITH(fails({"--save_steps", "0"}), Contains("save_steps") && Contains("> 0"));
+  CHECK_THROWS_WITH(fails({"--warmup_steps", "-1"}), Contains("warmup_steps"));
+  CHECK_THROWS_WITH(fails({"--train_sampling_strategy", "batch_rebalance"}),
+                    Contains("train_sampling_strategy") && Contains("sequential"));
+  CHECK_THROWS_WITH(fails({"--group_by_length", "--train_sampling_strategy", "sequential"}),
+                    Contains("group_by_length") && Contains("sequential"));
+  // load_best_model_at_end: both intervals steps or both fractions, saving a multiple of
+  // evaluating.
+  const std::vector<std::string> best{"--load_best_model_at_end", "--eval_strategy", "steps",
+                                      "--save_strategy", "steps"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), best.begin(), best.end());
+    return extra;
+  };
+  CHECK_NOTHROW(fails(with({"--eval_steps", "0.1", "--save_steps", "0.2"})));
+  CHECK_THROWS_WITH(fails(with({"--eval_steps", "0.1", "--save_steps", "200"})), Contains("both"));
+  CHECK_THROWS_WITH(fails(with({"--eval_steps", "0.2", "--save_steps", "0.3"})),
+                    Contains("multiple"));
+  // A fractional warmup meets DeepSpeed's written warmup_num_steps once the run length is known.
+  TrainingArguments w;
+  apply_training_flags(w, {"--warmup_steps", "0.1"});
+  DeepSpeedConfig ds = parse_deepspeed_config(
+      R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5, "warmup_max_lr": "auto"}}})");
+  CHECK_NOTHROW(resolve_config(ds, w, ResolveContext{1, 64, 50}));
+  DeepSpeedConfig ds2 = parse_deepspeed_config(
+      R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5, "warmup_max_lr": "auto"}}})");
+  CHECK_THROWS_WITH(resolve_config(ds2, w, ResolveContext{1, 64, 80}),
+                    Contains("warmup_num_steps is 5"));
 }

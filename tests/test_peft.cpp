@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 
 #include <fmt/format.h>
 #include <rapidjson/document.h>
@@ -25,7 +27,9 @@ using Catch::Contains;
 
 namespace {
 
-std::string fixture(const std::string& rel) { return std::string(ZT_FIXTURES) + "/" + rel; }
+std::string fixture(const std::string& rel) {
+  return std::string(ZT_FIXTURES) + "/" + rel;
+}
 
 std::shared_ptr<CausalLM> base_llama() {
   ModelConfig c = load_model_config(fixture("models/llama"));
@@ -39,14 +43,16 @@ double max_abs(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // Logits compared where the token is real; virtual tokens (prepended by P-Tuning) count as real.
-double max_abs_on_real_tokens(const at::Tensor& got, const at::Tensor& want, const at::Tensor& mask) {
+double max_abs_on_real_tokens(const at::Tensor& got, const at::Tensor& want,
+                              const at::Tensor& mask) {
   const int64_t extra = got.size(1) - mask.size(1);
-  at::Tensor real = at::cat({at::ones({mask.size(0), extra}, mask.options()), mask}, 1).to(at::kBool);
+  at::Tensor real =
+      at::cat({at::ones({mask.size(0), extra}, mask.options()), mask}, 1).to(at::kBool);
   return max_abs(got.index({real}), want.index({real}));
 }
 
-const char* kMethods[] = {"lora", "lora_rslora_all_linear", "ptuning_mlp", "ptuning_lstm", "prefix",
-                          "prefix_projection"};
+const char* kMethods[] = {"lora",   "lora_rslora_all_linear", "ptuning_mlp", "ptuning_lstm",
+                          "prefix", "prefix_projection"};
 
 }  // namespace
 
@@ -65,7 +71,8 @@ TEST_CASE("adapters PEFT created give PEFT's logits and loss in zerotrain", "[pe
     REQUIRE(got.sizes() == want.sizes());
     CHECK(max_abs_on_real_tokens(got, want, mask) < 2e-5);
     LossSum loss = model->loss(ids, labels, mask);
-    CHECK(loss.sum.item<double>() / loss.tokens == Approx(expected.load("loss").item<double>()).epsilon(1e-5));
+    CHECK(loss.sum.item<double>() / loss.tokens ==
+          Approx(expected.load("loss").item<double>()).epsilon(1e-5));
   }
 }
 
@@ -106,14 +113,17 @@ TEST_CASE("zerotrain's prompt encoders compute what PEFT's do", "[peft][parity]"
     at::NoGradGuard no_grad;
     for (auto& item : model->named_parameters()) {
       if (item.key().rfind("prompt_encoder.", 0) != 0) continue;
-      std::string key = "prompt_encoder.default." + item.key().substr(std::string("prompt_encoder.").size());
+      std::string key =
+          "prompt_encoder.default." + item.key().substr(std::string("prompt_encoder.").size());
       REQUIRE(state.contains(key));
       item.value().copy_(state.load(key));
     }
     at::Tensor table = std::string(name).rfind("prefix", 0) == 0
                            ? dynamic_cast<peft::PrefixEncoder*>(model->prompt_adapter())->encode()
                            : model->prompt_adapter()->virtual_embeddings();
-    CHECK(max_abs(table, SafetensorsFile(dir + "/adapter_model.safetensors").load("prompt_embeddings")) < 1e-5);
+    CHECK(max_abs(table,
+                  SafetensorsFile(dir + "/adapter_model.safetensors").load("prompt_embeddings")) <
+          1e-5);
   }
 }
 
@@ -152,7 +162,8 @@ TEST_CASE("saved adapters have PEFT's layout and load back to the same logits", 
   }
 }
 
-TEST_CASE("merged LoRA gives the adapter's outputs, and its export loads as a plain model", "[peft]") {
+TEST_CASE("merged LoRA gives the adapter's outputs, and its export loads as a plain model",
+          "[peft]") {
   const std::string dir = fixture("peft/lora_rslora_all_linear");
   auto model = base_llama();
   load_adapter(*model, dir, false);
@@ -162,16 +173,19 @@ TEST_CASE("merged LoRA gives the adapter's outputs, and its export loads as a pl
   at::Tensor base_q = model->named_parameters()["model.layers.0.self_attn.q_proj.weight"].clone();
   merge_lora(*model);
   CHECK(max_abs(model->logits(ids), with_adapter) < 1e-5);
-  CHECK_FALSE(at::equal(model->named_parameters()["model.layers.0.self_attn.q_proj.weight"], base_q));
+  CHECK_FALSE(
+      at::equal(model->named_parameters()["model.layers.0.self_attn.q_proj.weight"], base_q));
   unmerge_lora(*model);
-  CHECK(max_abs(model->named_parameters()["model.layers.0.self_attn.q_proj.weight"], base_q) < 1e-6);
+  CHECK(max_abs(model->named_parameters()["model.layers.0.self_attn.q_proj.weight"], base_q) <
+        1e-6);
   std::string out = test::temp_dir("merged");
   export_merged(*model, out, at::kFloat);
   ModelConfig c = load_model_config(out);
   auto plain = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
   load_weights(*plain, *checkpoint_source(out));
   CHECK(max_abs(plain->logits(ids), with_adapter) < 1e-5);
-  for (const std::string& n : SafetensorsCheckpoint(out).names()) CHECK(n.find("lora") == std::string::npos);
+  for (const std::string& n : SafetensorsCheckpoint(out).names())
+    CHECK(n.find("lora") == std::string::npos);
 }
 
 TEST_CASE("freeze trains the chosen layers and modules only", "[peft]") {
@@ -212,7 +226,8 @@ TEST_CASE("freeze trains the chosen layers and modules only", "[peft]") {
   CHECK_THROWS_AS(apply_peft(*m, c, 0), ConfigError);
   c.freeze.module_names.clear();
   c.freeze.trainable_modules = {"attention"};
-  CHECK_THROWS_WITH(apply_peft(*m, c, 0), Contains("freeze_trainable_modules") && Contains("self_attn"));
+  CHECK_THROWS_WITH(apply_peft(*m, c, 0),
+                    Contains("freeze_trainable_modules") && Contains("self_attn"));
 }
 
 TEST_CASE("flat training options select the method, and misuse is an error", "[peft][config]") {
@@ -225,22 +240,25 @@ TEST_CASE("flat training options select the method, and misuse is an error", "[p
   CHECK(c.lora.target_modules == std::vector<std::string>({"q_proj", "v_proj"}));
   CHECK(c.lora.modules_to_save == std::vector<std::string>({"lm_head"}));
   TrainingArguments r;
-  apply_training_flags(r, {"--finetuning_type", "lora", "--lora_target_modules", ".*\\.(q|v)_proj"});
+  apply_training_flags(r,
+                       {"--finetuning_type", "lora", "--lora_target_modules", ".*\\.(q|v)_proj"});
   CHECK(peft_config_for(r).lora.target_regex == ".*\\.(q|v)_proj");
   TrainingArguments v2;
   apply_training_flags(v2, {"--finetuning_type", "ptuning_v2", "--pre_seq_len", "8"});
   CHECK(peft_config_for(v2).type == FinetuningType::kPrefix);
   CHECK(peft_config_for(v2).prompt.num_virtual_tokens == 8);
   TrainingArguments bad;
-  CHECK_THROWS_WITH(apply_training_flags(bad, {"--finetuning_type", "ptuning", "--pre_seq_len", "8"}),
-                    Contains("pre_seq_len") && Contains("prefix"));
+  CHECK_THROWS_WITH(
+      apply_training_flags(bad, {"--finetuning_type", "ptuning", "--pre_seq_len", "8"}),
+      Contains("pre_seq_len") && Contains("prefix"));
   CHECK_THROWS_WITH(apply_training_flags(bad, {"--lora_bias", "some"}), Contains("lora_bias"));
   // A regex or names that match nothing.
   auto m = base_llama();
   PeftConfig none;
   none.type = FinetuningType::kLora;
   none.lora.target_modules = {"query_key_value"};
-  CHECK_THROWS_WITH(apply_peft(*m, none, 0), Contains("matches no projection") && Contains("q_proj"));
+  CHECK_THROWS_WITH(apply_peft(*m, none, 0),
+                    Contains("matches no projection") && Contains("q_proj"));
 }
 
 TEST_CASE("adapter options zerotrain lacks are errors naming them", "[peft][errors]") {
@@ -253,15 +271,17 @@ TEST_CASE("adapter options zerotrain lacks are errors naming them", "[peft][erro
                     Contains("use_dora"));
   CHECK_THROWS_WITH(load_adapter_config(write(R"({"peft_type": "IA3"})")),
                     Contains("IA3") && Contains("LORA, P_TUNING, PREFIX_TUNING"));
-  CHECK_THROWS_WITH(load_adapter_config(write(R"({"peft_type": "LORA", "layers_to_transform": [0]})")),
-                    Contains("layers_to_transform"));
+  CHECK_THROWS_WITH(
+      load_adapter_config(write(R"({"peft_type": "LORA", "layers_to_transform": [0]})")),
+      Contains("layers_to_transform"));
   CHECK_THROWS_WITH(load_adapter_config(write(R"({"peft_type": "LORA", "task_type": "SEQ_CLS"})")),
                     Contains("task_type"));
   // An adapter of another base: shapes do not fit.
   std::string dir = test::temp_dir("otherbase");
   std::filesystem::copy(fixture("peft/lora/adapter_config.json"), dir + "/adapter_config.json");
-  save_safetensors(dir + "/adapter_model.safetensors",
-                   {{"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", at::zeros({4, 99})}});
+  save_safetensors(
+      dir + "/adapter_model.safetensors",
+      {{"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", at::zeros({4, 99})}});
   auto m = base_llama();
   CHECK_THROWS_AS(load_adapter(*m, dir, false), IoError);
 }
@@ -277,8 +297,8 @@ namespace {
 // llama, or the tiny qwen2 where biases matter).
 struct WrittenAdapter {
   const char* name;
-  const char* peft_fixture;         // nullptr: from `flags`
-  std::vector<std::string> flags;   // training flags (finetuning_type, lora_*, ...)
+  const char* peft_fixture;        // nullptr: from `flags`
+  std::vector<std::string> flags;  // training flags (finetuning_type, lora_*, ...)
   const char* base = "llama";
 };
 
@@ -288,13 +308,30 @@ const std::vector<WrittenAdapter>& written_by_zerotrain() {
       {"ptuning_mlp", "ptuning_mlp", {}},
       {"prefix_projection", "prefix_projection", {}},
       {"lora_all_linear", nullptr, {"--finetuning_type", "lora"}},  // the defaults
-      {"lora_names", nullptr, {"--finetuning_type", "lora", "--lora_r", "4", "--lora_target_modules", "q_proj,v_proj,down_proj"}},
-      {"lora_regex", nullptr, {"--finetuning_type", "lora", "--lora_target_modules", ".*\\.(k|o)_proj"}},
-      {"rslora", nullptr, {"--finetuning_type", "lora", "--use_rslora", "--lora_r", "16", "--lora_alpha", "8"}},
-      {"lora_modules_to_save", nullptr, {"--finetuning_type", "lora", "--lora_target_modules", "q_proj", "--lora_modules_to_save", "lm_head"}},
+      {"lora_names",
+       nullptr,
+       {"--finetuning_type", "lora", "--lora_r", "4", "--lora_target_modules",
+        "q_proj,v_proj,down_proj"}},
+      {"lora_regex",
+       nullptr,
+       {"--finetuning_type", "lora", "--lora_target_modules", ".*\\.(k|o)_proj"}},
+      {"rslora",
+       nullptr,
+       {"--finetuning_type", "lora", "--use_rslora", "--lora_r", "16", "--lora_alpha", "8"}},
+      {"lora_modules_to_save",
+       nullptr,
+       {"--finetuning_type", "lora", "--lora_target_modules", "q_proj", "--lora_modules_to_save",
+        "lm_head"}},
       {"lora_bias_all", nullptr, {"--finetuning_type", "lora", "--lora_bias", "all"}, "qwen2"},
-      {"lora_bias_lora_only", nullptr, {"--finetuning_type", "lora", "--lora_target_modules", "q_proj,o_proj", "--lora_bias", "lora_only"}, "qwen2"},
-      {"ptuning_lstm", nullptr, {"--finetuning_type", "ptuning", "--encoder_reparameterization_type", "LSTM", "--num_virtual_tokens", "4"}},
+      {"lora_bias_lora_only",
+       nullptr,
+       {"--finetuning_type", "lora", "--lora_target_modules", "q_proj,o_proj", "--lora_bias",
+        "lora_only"},
+       "qwen2"},
+      {"ptuning_lstm",
+       nullptr,
+       {"--finetuning_type", "ptuning", "--encoder_reparameterization_type", "LSTM",
+        "--num_virtual_tokens", "4"}},
       {"prefix", nullptr, {"--finetuning_type", "prefix", "--num_virtual_tokens", "3"}},
   };
   return all;
@@ -314,8 +351,9 @@ void write_zerotrain_logits(const std::string& dir, const std::string& base) {
   SafetensorsFile inputs(fixture("peft/lora/expected.safetensors"));
   at::Tensor ids = inputs.load("input_ids"), mask = inputs.load("attention_mask");
   at::NoGradGuard no_grad;
-  save_safetensors(dir + "/zerotrain_logits.safetensors",
-                   {{"input_ids", ids}, {"attention_mask", mask}, {"logits", model->logits(ids, mask)}});
+  save_safetensors(
+      dir + "/zerotrain_logits.safetensors",
+      {{"input_ids", ids}, {"attention_mask", mask}, {"logits", model->logits(ids, mask)}});
 }
 
 // An adapter with an effect worth checking (LoRA's B is zero at init): every trainable value
@@ -360,16 +398,20 @@ TEST_CASE("tool: write zerotrain adapters for the PEFT check", "[.tool]") {
   for (int stage = 0; stage <= 3; ++stage) {
     const std::string run = test::temp_dir("peft_run");
     std::string data;
-    for (int i = 0; i < 8; ++i) data += fmt::format("{{\"input_ids\": [{}, {}, {}, {}, {}]}}\n", 3 + i, 9, 20 + i, 7, 100 - i);
+    for (int i = 0; i < 8; ++i)
+      data +=
+          fmt::format("{{\"input_ids\": [{}, {}, {}, {}, {}]}}\n", 3 + i, 9, 20 + i, 7, 100 - i);
     files::write_atomic(run + "/train.jsonl", data);
     TrainingArguments args;
-    apply_training_flags(args, {"--model_name_or_path", fixture("models/llama"), "--train_file", run + "/train.jsonl",
-                                "--output_dir", run + "/out", "--finetuning_type", "lora", "--max_steps", "2",
-                                "--save_steps", "2", "--learning_rate", "0.05", "--per_device_train_batch_size", "2",
-                                "--deepspeed",
-                                fmt::format(R"({{"zero_optimization": {{"stage": {}}}}})", stage)});
+    apply_training_flags(
+        args,
+        {"--model_name_or_path", fixture("models/llama"), "--train_file", run + "/train.jsonl",
+         "--output_dir", run + "/out", "--finetuning_type", "lora", "--max_steps", "2",
+         "--save_steps", "2", "--learning_rate", "0.05", "--per_device_train_batch_size", "2",
+         "--deepspeed", fmt::format(R"({{"zero_optimization": {{"stage": {}}}}})", stage)});
     Trainer(args, comm).train();
-    for (const auto& [from, tag] : {std::pair{run + "/out", "output"}, std::pair{run + "/out/checkpoint-2", "checkpoint"}}) {
+    for (const auto& [from, tag] :
+         {std::pair{run + "/out", "output"}, std::pair{run + "/out/checkpoint-2", "checkpoint"}}) {
       const std::string dir = fmt::format("{}/trained_zero{}_{}", out, stage, tag);
       std::filesystem::create_directories(dir);
       for (const char* f : {"adapter_config.json", "adapter_model.safetensors"}) {
@@ -385,52 +427,105 @@ TEST_CASE("tool: write zerotrain adapters for the PEFT check", "[.tool]") {
   }
 }
 
-TEST_CASE("adapters zerotrain saved give zerotrain's logits in HF PEFT", "[peft][parity]") {
-  const std::string root = fixture("peft_from_zerotrain");
-  size_t checked = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(root)) {
-    if (!entry.is_directory()) continue;
-    const std::string dir = entry.path().string();
-    INFO("adapter " << entry.path().filename().string());
-    ++checked;
-    const PeftConfig config = load_adapter_config(dir);
-    const std::string base = config.base_model_name_or_path.find("qwen2") != std::string::npos ? "qwen2" : "llama";
-    SafetensorsFile expected(dir + "/peft_logits.safetensors");
-    at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");
-    at::Tensor want = expected.load("logits");
-    auto model = base_model(base);
-    load_adapter(*model, dir, /*trainable=*/false);
-    at::NoGradGuard no_grad;
-    at::Tensor got = model->logits(ids, mask);
-    REQUIRE(got.sizes() == want.sizes());
-    CHECK(max_abs_on_real_tokens(got, want, mask) < 2e-5);
+// peft_from_zerotrain/: adapters zerotrain wrote, with the logits PEFT computed from them;
+// peft_made/: adapters PEFT itself wrote (trainable biases), with PEFT's logits. Either way,
+// zerotrain loading the files gives PEFT's logits, and saving them again writes the same tensors
+// under the same keys.
+TEST_CASE(
+    "adapters zerotrain saved give zerotrain's logits in HF PEFT, and PEFT's files load and resave",
+    "[peft][parity]") {
+  std::map<std::string, size_t> checked;
+  for (const char* root : {"peft_from_zerotrain", "peft_made"}) {
+    for (const auto& entry : std::filesystem::directory_iterator(fixture(root))) {
+      if (!entry.is_directory()) continue;
+      const std::string dir = entry.path().string();
+      INFO("adapter " << root << "/" << entry.path().filename().string());
+      ++checked[root];
+      const PeftConfig config = load_adapter_config(dir);
+      const std::string base =
+          config.base_model_name_or_path.find("qwen2") != std::string::npos ? "qwen2" : "llama";
+      SafetensorsFile expected(dir + "/peft_logits.safetensors");
+      at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");
+      at::Tensor want = expected.load("logits");
+      auto model = base_model(base);
+      load_adapter(*model, dir, /*trainable=*/false);
+      at::NoGradGuard no_grad;
+      at::Tensor got = model->logits(ids, mask);
+      REQUIRE(got.sizes() == want.sizes());
+      CHECK(max_abs_on_real_tokens(got, want, mask) < 2e-5);
 
-    // Saving what was loaded writes the fixture's files again, tensor for tensor.
-    std::string again = test::temp_dir("resave");
-    save_adapter(*model, config, again);
-    SafetensorsFile a(dir + "/adapter_model.safetensors"), b(again + "/adapter_model.safetensors");
-    CHECK(a.names() == b.names());
-    for (const std::string& key : a.names()) {
-      INFO(key);
-      REQUIRE(b.contains(key));
-      CHECK(at::equal(a.load(key), b.load(key)));
-    }
-    CHECK(load_adapter_config(again).type == config.type);
-    // target_modules as PEFT keeps it: a list of names (all-linear written out) or a regex.
-    rapidjson::Document doc;
-    doc.Parse(files::read_text(dir + "/adapter_config.json").c_str());
-    if (config.type == FinetuningType::kLora) {
-      const rapidjson::Value& t = doc["target_modules"];
-      CHECK((t.IsString() || t.IsArray()));
-      if (t.IsArray()) {
-        for (const auto& x : t.GetArray()) CHECK(std::string(x.GetString()) != "all-linear");
+      // Saving what was loaded writes the fixture's files again, tensor for tensor.
+      std::string again = test::temp_dir("resave");
+      save_adapter(*model, config, again);
+      SafetensorsFile a(dir + "/adapter_model.safetensors"),
+          b(again + "/adapter_model.safetensors");
+      // The same keys (PEFT's files list them in another order, which readers ignore).
+      const std::vector<std::string> names_a = a.names(), names_b = b.names();
+      CHECK(std::set<std::string>(names_a.begin(), names_a.end()) ==
+            std::set<std::string>(names_b.begin(), names_b.end()));
+      for (const std::string& key : a.names()) {
+        INFO(key);
+        REQUIRE(b.contains(key));
+        CHECK(at::equal(a.load(key), b.load(key)));
+      }
+      CHECK(load_adapter_config(again).type == config.type);
+      // target_modules as PEFT keeps it: a list of names (all-linear written out) or a regex.
+      rapidjson::Document doc;
+      doc.Parse(files::read_text(dir + "/adapter_config.json").c_str());
+      if (config.type == FinetuningType::kLora) {
+        const rapidjson::Value& t = doc["target_modules"];
+        CHECK((t.IsString() || t.IsArray()));
+        if (t.IsArray()) {
+          for (const auto& x : t.GetArray()) CHECK(std::string(x.GetString()) != "all-linear");
+        }
       }
     }
   }
-  CHECK(checked >= 3);
+  CHECK(checked["peft_from_zerotrain"] >= 12);
+  CHECK(checked["peft_made"] >= 2);
 }
 
-TEST_CASE("all-linear is saved as the names of the projections it picked, as PEFT saves it", "[peft]") {
+TEST_CASE(
+    "trainable biases are saved under PEFT's keys: base_layer.bias where LoRA wraps the layer",
+    "[peft]") {
+  PeftConfig c;
+  c.type = FinetuningType::kLora;
+  c.lora.target_modules = {"q_proj"};
+  c.lora.bias = "all";
+  auto model = base_model("qwen2");
+  apply_peft(*model, c, 3);
+  const std::string dir = test::temp_dir("bias_keys");
+  save_adapter(*model, c, dir);
+  SafetensorsFile st(dir + "/adapter_model.safetensors");
+  const std::string layer = "base_model.model.model.layers.0.self_attn.";
+  CHECK(st.contains(layer + "q_proj.base_layer.bias"));  // wrapped
+  CHECK_FALSE(st.contains(layer + "q_proj.bias"));
+  CHECK(st.contains(layer + "k_proj.bias"));  // not wrapped: its own name
+  // Read back through both loaders: the same biases.
+  auto again = base_model("qwen2");
+  load_adapter(*again, dir, false);
+  auto want = model->named_parameters(), got = again->named_parameters();
+  CHECK(at::equal(got["model.layers.0.self_attn.q_proj.bias"],
+                  want["model.layers.0.self_attn.q_proj.bias"]));
+  auto source = adapter_source(dir);
+  CHECK(source->has("model.layers.0.self_attn.q_proj.bias"));
+  CHECK_FALSE(source->has("model.layers.0.self_attn.q_proj.base_layer.bias"));
+}
+
+namespace {
+
+std::vector<std::string> saved_targets(const std::string& dir) {
+  rapidjson::Document doc;
+  doc.Parse(files::read_text(dir + "/adapter_config.json").c_str());
+  std::vector<std::string> names;
+  for (const auto& x : doc["target_modules"].GetArray()) names.emplace_back(x.GetString());
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("all-linear is saved as the module paths it picked, condensed from 20 as PEFT saves it",
+          "[peft]") {
   TrainingArguments args;
   apply_training_flags(args, {"--finetuning_type", "lora"});
   PeftConfig c = peft_config_for(args);
@@ -438,18 +533,34 @@ TEST_CASE("all-linear is saved as the names of the projections it picked, as PEF
   apply_peft(*model, c, 1);
   const std::string dir = test::temp_dir("all_linear");
   save_adapter(*model, c, dir);
-  rapidjson::Document doc;
-  doc.Parse(files::read_text(dir + "/adapter_config.json").c_str());
-  std::vector<std::string> names;
-  for (const auto& x : doc["target_modules"].GetArray()) names.emplace_back(x.GetString());
-  CHECK(names == std::vector<std::string>{"down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"});
+  // 14 projections (7 in each of 2 layers): fewer than PEFT's 20, so the full paths, sorted.
+  std::vector<std::string> want;
+  for (const auto& item : model->named_modules("", false)) {
+    const std::string& m = item.key();
+    if (m.find("_proj") != std::string::npos && m.find("lora") == std::string::npos)
+      want.push_back(m);
+  }
+  std::sort(want.begin(), want.end());
+  REQUIRE(want.size() == 14);
+  CHECK(saved_targets(dir) == want);
+  // 3 layers: 21 paths, which PEFT condenses to the shortest suffixes that pick only them.
+  ModelConfig deeper = model->config();
+  deeper.num_hidden_layers = 3;
+  CausalLM three(deeper, at::TensorOptions());
+  apply_peft(three, c, 1);
+  const std::string dir3 = test::temp_dir("all_linear_3");
+  save_adapter(three, c, dir3);
+  CHECK(saved_targets(dir3) == std::vector<std::string>{"down_proj", "gate_proj", "k_proj",
+                                                        "o_proj", "q_proj", "up_proj", "v_proj"});
   // Read back, the names pick the same projections (and not the output layer).
   auto again = base_llama();
   load_adapter(*again, dir, false);
   int64_t adapted = 0;
-  for (const auto& item : again->named_parameters()) adapted += item.key().find("lora_A") != std::string::npos;
+  for (const auto& item : again->named_parameters())
+    adapted += item.key().find("lora_A") != std::string::npos;
   CHECK(adapted == 7 * 2);  // 7 projections in each of the 2 layers
-  for (const auto& item : again->named_parameters()) CHECK(item.key().find("lm_head.lora") == std::string::npos);
+  for (const auto& item : again->named_parameters())
+    CHECK(item.key().find("lm_head.lora") == std::string::npos);
   // PEFT's own string forms read as PEFT reads them: "all-linear" and a regex.
   const std::string saved = files::read_text(dir + "/adapter_config.json");
   for (const char* target : {"\"all-linear\"", "\".*\\\\.(q|v)_proj\""}) {
@@ -463,12 +574,14 @@ TEST_CASE("all-linear is saved as the names of the projections it picked, as PEF
     auto m = base_llama();
     apply_peft(*m, back, 1);
     int64_t n = 0;
-    for (const auto& item : m->named_parameters()) n += item.key().find("lora_A") != std::string::npos;
+    for (const auto& item : m->named_parameters())
+      n += item.key().find("lora_A") != std::string::npos;
     CHECK(n == (std::string(target) == "\"all-linear\"" ? 14 : 4));
   }
 }
 
-TEST_CASE("a LoRA name that matches nothing is named, with the model's projection names once", "[peft][errors]") {
+TEST_CASE("a LoRA name that matches nothing is named, with the model's projection names once",
+          "[peft][errors]") {
   auto m = base_llama();
   PeftConfig c;
   c.type = FinetuningType::kLora;
@@ -478,8 +591,10 @@ TEST_CASE("a LoRA name that matches nothing is named, with the model's projectio
     FAIL("no error");
   } catch (const ConfigError& e) {
     const std::string what = e.what();
-    CHECK_THAT(what, Contains("\"v_prj\"") &&
-                         Contains("down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"));
+    CHECK_THAT(
+        what,
+        Contains("\"v_prj\"") &&
+            Contains("down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"));
     CHECK(what.find("q_proj, q_proj") == std::string::npos);
   }
 }
@@ -491,11 +606,13 @@ TEST_CASE("training continues from a LoRA adapter folder with its values", "[pef
   auto model = base_llama();
   ParameterCount count = apply_peft_from_args(*model, args, 0);
   std::string counts = files::read_text(dir + "/counts.json");
-  CHECK(count.trainable == std::stoll(counts.substr(counts.find(':', counts.find("\"trainable\"")) + 1)));
+  CHECK(count.trainable ==
+        std::stoll(counts.substr(counts.find(':', counts.find("\"trainable\"")) + 1)));
   SafetensorsFile expected(dir + "/expected.safetensors");
   at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");
   LossSum loss = model->loss(ids, expected.load("labels"), mask);
-  CHECK(loss.sum.item<double>() / loss.tokens == Approx(expected.load("loss").item<double>()).epsilon(1e-5));
+  CHECK(loss.sum.item<double>() / loss.tokens ==
+        Approx(expected.load("loss").item<double>()).epsilon(1e-5));
   loss.sum.backward();
   int64_t with_grad = 0;
   for (const auto& item : model->named_parameters()) {
@@ -508,7 +625,8 @@ TEST_CASE("training continues from a LoRA adapter folder with its values", "[pef
   CHECK(with_grad == count.trainable);
 }
 
-TEST_CASE("continuing from an adapter that does not fit the options is an error", "[peft][errors]") {
+TEST_CASE("continuing from an adapter that does not fit the options is an error",
+          "[peft][errors]") {
   const std::string lora = fixture("peft/lora_rslora_all_linear");
   auto model = base_llama();
   auto attempt = [&](std::vector<std::string> flags) {
@@ -518,12 +636,12 @@ TEST_CASE("continuing from an adapter that does not fit the options is an error"
   };
   CHECK_THROWS_WITH(attempt({"--finetuning_type", "freeze", "--adapter_name_or_path", lora}),
                     Contains("finetuning_type lora") && Contains(lora));
-  CHECK_THROWS_WITH(attempt({"--finetuning_type", "lora", "--adapter_name_or_path",
-                             fixture("peft/prefix")}),
-                    Contains("prompt adapter") && Contains("checkpoint"));
+  CHECK_THROWS_WITH(
+      attempt({"--finetuning_type", "lora", "--adapter_name_or_path", fixture("peft/prefix")}),
+      Contains("prompt adapter") && Contains("checkpoint"));
   PeftConfig saved = load_adapter_config(lora);
-  CHECK_THROWS_WITH(attempt({"--finetuning_type", "lora", "--adapter_name_or_path", lora, "--lora_r",
-                             std::to_string(saved.lora.r * 2)}),
+  CHECK_THROWS_WITH(attempt({"--finetuning_type", "lora", "--adapter_name_or_path", lora,
+                             "--lora_r", std::to_string(saved.lora.r * 2)}),
                     Contains("lora_r") && Contains(lora));
   CHECK_THROWS_WITH(attempt({"--finetuning_type", "lora", "--adapter_name_or_path", lora,
                              "--lora_target_modules", "q_proj"}),

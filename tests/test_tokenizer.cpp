@@ -132,7 +132,11 @@ void erase_json(const std::string& path, const char* pointer) {
 TEST_CASE("every fixture text encodes and decodes exactly as HF tokenizers", "[tokenizer]") {
   for (const std::string& name : kFixtures) {
     INFO("fixture " << name);
-    std::shared_ptr<HfTokenizer> tok = load_hf(fixture_dir(name));
+    // tokenizer.json as written (the `tokenizers` library's ids): a class without its own
+    // pipeline in transformers 5.
+    const std::string dir = copy_fixture(name);
+    set_json(dir + "/tokenizer_config.json", "/tokenizer_class", "\"PreTrainedTokenizerFast\"");
+    std::shared_ptr<HfTokenizer> tok = load_hf(dir);
     for (const Case& c : read_cases(name)) {
       INFO("text \"" << c.text << "\"");
       const std::vector<int32_t> ids = tok->encode(c.text);
@@ -151,29 +155,44 @@ TEST_CASE("every fixture text encodes and decodes exactly as HF tokenizers", "[t
   }
 }
 
-TEST_CASE("transformers differs from tokenizer.json only for LLaMA-2's legacy normalizer",
-          "[tokenizer]") {
-  // transformers 5 rebuilds LlamaTokenizerFast's pipeline as Metaspace(prepend_scheme "first")
-  // instead of tokenizer.json's Prepend + Replace normalizer; zerotrain follows tokenizer.json
-  // (docs/tokenizers.md). The mistral fixture has the same vocabulary with exactly that
-  // pipeline, so transformers' LLaMA-2 ids are the mistral tokenizer's.
+TEST_CASE(
+    "the tokenizer class's own pipeline gives transformers 5's ids (LlamaTokenizer, "
+    "Qwen2Tokenizer)",
+    "[tokenizer]") {
+  // transformers 5 builds LlamaTokenizer's pipeline itself (Metaspace, prepend_scheme "first"
+  // for legacy false) instead of the llama2 fixture's Prepend + Replace normalizer; zerotrain
+  // does the same (docs/tokenizers.md). Every fixture's transformers ids are zerotrain's.
   for (const std::string& name : kFixtures) {
     INFO("fixture " << name);
-    const std::vector<Case> cases = read_cases(name);
-    if (name != "llama2") {
-      for (const Case& c : cases) CHECK(c.transformers_ids == c.ids_with_special_tokens);
-      continue;
-    }
-    std::shared_ptr<HfTokenizer> metaspace = load_hf(fixture_dir("mistral"));
+    std::shared_ptr<HfTokenizer> tok = load_hf(fixture_dir(name));
     int differing = 0;
-    for (const Case& c : cases) {
+    for (const Case& c : read_cases(name)) {
       INFO("text \"" << c.text << "\"");
-      std::vector<int32_t> ids = metaspace->encode(c.text);
-      ids.insert(ids.begin(), metaspace->bos_id());
-      CHECK(c.transformers_ids == ids);
+      std::vector<int32_t> ids = tok->encode(c.text);
+      if (tok->add_bos()) ids.insert(ids.begin(), tok->bos_id());
+      if (tok->add_eos()) ids.push_back(tok->eos_id());
+      CHECK(ids == c.transformers_ids);
       differing += c.transformers_ids != c.ids_with_special_tokens;
     }
-    CHECK(differing > 0);
+    // Only the llama2 fixture's file pipeline differs from its class's.
+    CHECK((differing > 0) == (name == "llama2"));
+  }
+  // legacy true: the prefix goes before every piece of text, after a special token too
+  // (cases_legacy_true.json: transformers 5.17 on the GPU machine,
+  // tests/tools/check_hf_outputs.py).
+  const std::string legacy = copy_fixture("llama2");
+  set_json(legacy + "/tokenizer_config.json", "/legacy", "true");
+  std::shared_ptr<HfTokenizer> tok = load_hf(legacy);
+  const std::string content = read_file(fixture_dir("llama2") + "/cases_legacy_true.json");
+  rapidjson::Document doc;
+  doc.Parse(content.data(), content.size());
+  REQUIRE(doc.IsArray());
+  REQUIRE(doc.Size() > 20);
+  for (const rapidjson::Value& c : doc.GetArray()) {
+    INFO("text \"" << c["text"].GetString() << "\"");
+    std::vector<int32_t> ids = tok->encode(c["text"].GetString());
+    ids.insert(ids.begin(), tok->bos_id());
+    CHECK(ids == ints(c["transformers_ids"]));
   }
 }
 

@@ -4,12 +4,13 @@
 #include "support/catch.hpp"
 
 #include <cstdlib>
-#include <tuple>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <rapidjson/document.h>
 
@@ -30,27 +31,38 @@
 #include "zerotrain/trainer.hpp"
 
 using namespace zt;
+using Catch::Contains;
 using zt::test::kTinyModel;
 using zt::test::logged_losses;
 using zt::test::write_data;
-using Catch::Contains;
 namespace fs = std::filesystem;
 
 namespace {
 
 // Flags of a run: the tiny model, the data in `dir`, and `extra` on top.
 std::vector<std::string> run_flags(const std::string& dir, const std::vector<std::string>& extra) {
-  std::vector<std::string> f{"--model_config", kTinyModel,
-                             "--train_file", dir + "/train.jsonl",
-                             "--output_dir", dir + "/out",
-                             "--template", "alpaca",
-                             "--per_device_train_batch_size", "2",
-                             "--learning_rate", "3e-3",
-                             "--lr_scheduler_type", "linear",
-                             "--max_steps", "8",
-                             "--logging_steps", "1",
-                             "--save_steps", "4",
-                             "--seed", "5"};
+  std::vector<std::string> f{"--model_config",
+                             kTinyModel,
+                             "--train_file",
+                             dir + "/train.jsonl",
+                             "--output_dir",
+                             dir + "/out",
+                             "--template",
+                             "alpaca",
+                             "--per_device_train_batch_size",
+                             "2",
+                             "--learning_rate",
+                             "3e-3",
+                             "--lr_scheduler_type",
+                             "linear",
+                             "--max_steps",
+                             "8",
+                             "--logging_steps",
+                             "1",
+                             "--save_steps",
+                             "4",
+                             "--seed",
+                             "5"};
   f.insert(f.end(), extra.begin(), extra.end());
   return f;
 }
@@ -75,9 +87,11 @@ std::vector<std::string> split_flags(const std::string& s) {
   return out;
 }
 
-void train_ranks(int world, const std::string& dir, const std::vector<std::string>& extra, int cancel_at = 0) {
+void train_ranks(int world, const std::string& dir, const std::vector<std::string>& extra,
+                 int cancel_at = 0) {
   test::run_ranks(world, "rank: trainer run", std::chrono::seconds(240),
-                  {{"ZT_FLAGS", join_flags(run_flags(dir, extra))}, {"ZT_CANCEL_AT", std::to_string(cancel_at)}});
+                  {{"ZT_FLAGS", join_flags(run_flags(dir, extra))},
+                   {"ZT_CANCEL_AT", std::to_string(cancel_at)}});
 }
 
 }  // namespace
@@ -106,13 +120,20 @@ TEST_CASE("rank: trainer run", "[.rank]") {
   }
 }
 
-TEST_CASE("a run stopped and resumed gives the uninterrupted run's losses", "[trainer][checkpoint]") {
+TEST_CASE("a run stopped and resumed gives the uninterrupted run's losses",
+          "[trainer][checkpoint]") {
   if (test::skip_cpu_world(2)) return;
   const std::string whole = test::temp_dir("whole"), parts = test::temp_dir("parts");
   for (const std::string& d : {whole, parts}) write_data(d, "train.jsonl", 40, 1);
   // LoRA with dropout: the resumed run must also restore the random state.
-  const std::vector<std::string> lora{"--finetuning_type", "lora", "--lora_r", "4", "--lora_dropout", "0.1",
-                                      "--gradient_accumulation_steps", "2"};
+  const std::vector<std::string> lora{"--finetuning_type",
+                                      "lora",
+                                      "--lora_r",
+                                      "4",
+                                      "--lora_dropout",
+                                      "0.1",
+                                      "--gradient_accumulation_steps",
+                                      "2"};
   train_ranks(2, whole, lora);
   train_ranks(2, parts, lora, /*cancel_at=*/5);
   CHECK(list_checkpoints(parts + "/out").back().step == 4);
@@ -128,13 +149,14 @@ TEST_CASE("a run stopped and resumed gives the uninterrupted run's losses", "[tr
   }
 }
 
-TEST_CASE("updates inside backward train and resume as updates in step() do", "[trainer][checkpoint]") {
+TEST_CASE("updates inside backward train and resume as updates in step() do",
+          "[trainer][checkpoint]") {
   // One rank, no clipping, no accumulation: the engine updates parameters during backward.
   const std::string in_step = test::temp_dir("in_step"), whole = test::temp_dir("in_bwd"),
                     parts = test::temp_dir("in_bwd_parts");
   for (const std::string& d : {in_step, whole, parts}) write_data(d, "train.jsonl", 40, 1);
-  const std::vector<std::string> flags{"--max_grad_norm", "0", "--gradient_accumulation_steps", "1",
-                                       "--weight_decay", "0.1"};
+  const std::vector<std::string> flags{
+      "--max_grad_norm", "0", "--gradient_accumulation_steps", "1", "--weight_decay", "0.1"};
   std::vector<std::string> off = flags;
   off.insert(off.end(), {"--update_in_backward", "false"});
   train_ranks(1, in_step, off);
@@ -158,15 +180,18 @@ TEST_CASE("updates inside backward train and resume as updates in step() do", "[
   const auto norms_in_step = test::logged(in_step + "/out", "grad_norm"),
              norms = test::logged(whole + "/out", "grad_norm");
   REQUIRE(norms.size() == norms_in_step.size());
-  for (const auto& [step, norm] : norms_in_step) CHECK(norms.at(step) == Approx(norm).epsilon(1e-5));
+  for (const auto& [step, norm] : norms_in_step)
+    CHECK(norms.at(step) == Approx(norm).epsilon(1e-5));
 }
 
-TEST_CASE("a run saved at 2 ranks resumes at 1 and 4 with the global batch kept", "[trainer][checkpoint]") {
+TEST_CASE("a run saved at 2 ranks resumes at 1 and 4 with the global batch kept",
+          "[trainer][checkpoint]") {
   if (test::skip_cpu_world(4)) return;
   const std::string whole = test::temp_dir("whole_w"), saved = test::temp_dir("saved_w");
   for (const std::string& d : {whole, saved}) write_data(d, "train.jsonl", 40, 2);
-  const std::vector<std::string> base{"--gradient_accumulation_steps", "2", "--deepspeed",
-                                      R"({"zero_optimization": {"stage": 2}, "train_batch_size": "auto",
+  const std::vector<std::string> base{
+      "--gradient_accumulation_steps", "2", "--deepspeed",
+      R"({"zero_optimization": {"stage": 2}, "train_batch_size": "auto",
                                          "gradient_accumulation_steps": "auto",
                                          "train_micro_batch_size_per_gpu": "auto"})"};
   train_ranks(2, whole, base);
@@ -197,9 +222,10 @@ TEST_CASE("a run writes logs, checkpoints a user can load, and the final model",
   auto comm = std::shared_ptr<Communicator>(test::join());
   SECTION("LoRA: adapter files in every checkpoint and in output_dir") {
     TrainingArguments args;
-    apply_training_flags(args, run_flags(dir, {"--finetuning_type", "lora", "--eval_file", dir + "/eval.jsonl",
-                                               "--eval_strategy", "steps", "--eval_steps", "4",
-                                               "--save_total_limit", "1", "--load_best_model_at_end", "True"}));
+    apply_training_flags(
+        args, run_flags(dir, {"--finetuning_type", "lora", "--eval_file", dir + "/eval.jsonl",
+                              "--eval_strategy", "steps", "--eval_steps", "4", "--save_total_limit",
+                              "1", "--load_best_model_at_end", "True"}));
     Trainer trainer(args, comm);
     TrainResult r = trainer.train();
     const std::string out = dir + "/out";
@@ -213,12 +239,13 @@ TEST_CASE("a run writes logs, checkpoints a user can load, and the final model",
       SafetensorsFile adapter(folder + "/adapter_model.safetensors");
       CHECK_FALSE(adapter.names().empty());
     }
-    CHECK(files::read_text(out + "/latest") == fs::path(all.back().path).filename().string() + "\n");
+    CHECK(files::read_text(out + "/latest") ==
+          fs::path(all.back().path).filename().string() + "\n");
     CHECK(r.best_checkpoint.has_value());
     // Logs: HF's keys in trainer_log.jsonl and trainer_state.json, a loss plot.
     const std::string log = files::read_text(out + "/trainer_log.jsonl");
-    for (const char* key : {"\"step\"", "\"epoch\"", "\"loss\"", "\"learning_rate\"", "\"grad_norm\"",
-                            "\"tokens_per_second\"", "\"eval_loss\""}) {
+    for (const char* key : {"\"step\"", "\"epoch\"", "\"loss\"", "\"learning_rate\"",
+                            "\"grad_norm\"", "\"tokens_per_second\"", "\"eval_loss\""}) {
       CHECK_THAT(log, Contains(key));
     }
     CHECK_THAT(files::read_text(out + "/trainer_state.json"), Contains("\"log_history\""));
@@ -289,13 +316,16 @@ TEST_CASE("bad inputs to a run are errors naming the file, line or key", "[train
   CHECK_THROWS_WITH(attempt({"--train_file", dir + "/absent.jsonl"}), Contains("absent.jsonl"));
   files::write_atomic(dir + "/broken.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"no end\n");
   CHECK_THROWS_WITH(attempt({"--train_file", dir + "/broken.jsonl"}), Contains("broken.jsonl:2"));
-  CHECK_THROWS_WITH(attempt({"--deepspeed", R"({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2})"}),
-                    Contains("train_batch_size"));
-  CHECK_THROWS_WITH(attempt({"--model_config", "", "--model_name_or_path", dir + "/no_model"}), Contains("no_model"));
+  CHECK_THROWS_WITH(
+      attempt({"--deepspeed", R"({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2})"}),
+      Contains("train_batch_size"));
+  CHECK_THROWS_WITH(attempt({"--model_config", "", "--model_name_or_path", dir + "/no_model"}),
+                    Contains("no_model"));
   CHECK_THROWS_WITH(attempt({"--packing", "--finetuning_type", "prefix"}), Contains("packing"));
-  CHECK_THROWS_WITH(attempt({"--model_config", R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 32,
+  CHECK_THROWS_WITH(
+      attempt({"--model_config", R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 32,
                                "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4})"}),
-                    Contains("259"));
+      Contains("259"));
 }
 
 TEST_CASE("packed training runs and counts every example once per epoch", "[trainer][packing]") {
@@ -303,8 +333,9 @@ TEST_CASE("packed training runs and counts every example once per epoch", "[trai
   write_data(dir, "train.jsonl", 32, 7);
   auto comm = std::shared_ptr<Communicator>(test::join());
   TrainingArguments args;
-  apply_training_flags(args, run_flags(dir, {"--packing", "--max_length", "128", "--max_steps", "-1",
-                                             "--num_train_epochs", "1", "--save_steps", "1000"}));
+  apply_training_flags(args,
+                       run_flags(dir, {"--packing", "--max_length", "128", "--max_steps", "-1",
+                                       "--num_train_epochs", "1", "--save_steps", "1000"}));
   Trainer trainer(args, comm);
   TrainResult r = trainer.train();
   const auto losses = logged_losses(dir + "/out");
@@ -329,8 +360,9 @@ TEST_CASE("a LoRA checkpoint merges into its base: the merged model gives the ad
   }
   auto comm = std::shared_ptr<Communicator>(test::join());
   TrainingArguments args;
-  std::vector<std::string> flags = run_flags(dir, {"--finetuning_type", "lora", "--lora_r", "4",
-                                                   "--lora_target_modules", "q_proj,v_proj,down_proj"});
+  std::vector<std::string> flags =
+      run_flags(dir, {"--finetuning_type", "lora", "--lora_r", "4", "--lora_target_modules",
+                      "q_proj,v_proj,down_proj"});
   flags[0] = "--model_name_or_path";
   flags[1] = dir + "/base";
   apply_training_flags(args, flags);
@@ -362,17 +394,19 @@ TEST_CASE("a LoRA checkpoint merges into its base: the merged model gives the ad
   CHECK((plain.logits(ids) - b).abs().max().item<double>() > 1e-3);
 }
 
-TEST_CASE("ZeRO-3 saves 16-bit weights only when asked, and its checkpoints merge", "[trainer][checkpoint]") {
+TEST_CASE("ZeRO-3 saves 16-bit weights only when asked, and its checkpoints merge",
+          "[trainer][checkpoint]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
   for (bool gather : {false, true}) {
     INFO("stage3_gather_16bit_weights_on_model_save " << gather);
     const std::string dir = test::temp_dir("z3save");
     write_data(dir, "train.jsonl", 16, 9);
     TrainingArguments args;
-    apply_training_flags(args, run_flags(dir, {"--max_steps", "3", "--save_steps", "100", "--deepspeed",
-                                               fmt::format(R"({{"zero_optimization": {{"stage": 3,
+    apply_training_flags(args,
+                         run_flags(dir, {"--max_steps", "3", "--save_steps", "100", "--deepspeed",
+                                         fmt::format(R"({{"zero_optimization": {{"stage": 3,
                                                  "stage3_gather_16bit_weights_on_model_save": {}}}}})",
-                                                           gather)}));
+                                                     gather)}));
     Trainer(args, comm).train();
     const std::string out = dir + "/out";
     CHECK(fs::exists(out + "/config.json"));
@@ -395,21 +429,38 @@ TEST_CASE("ZeRO-3 saves 16-bit weights only when asked, and its checkpoints merg
 TEST_CASE("rank: train_step on a split global batch", "[.rank]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
   const int world = comm->world_size(), rank = comm->rank();
-  const int64_t rows = 8, micro = std::atoi(std::getenv("ZT_MICRO")), accum = rows / (micro * world);
+  const int64_t rows = 8, micro = std::atoi(std::getenv("ZT_MICRO")),
+                accum = rows / (micro * world);
   TrainingArguments args;
-  apply_training_flags(args, {"--model_config", kTinyModel, "--output_dir", std::getenv("ZT_DIR"),
-                              "--max_steps", "4", "--learning_rate", "0.01", "--adam_epsilon", "1e-4", "--seed", "3",
-                              "--per_device_train_batch_size", std::to_string(micro),
-                              "--gradient_accumulation_steps", std::to_string(accum), "--max_grad_norm", "0",
-                              "--deepspeed",
-                              fmt::format(R"({{"zero_optimization": {{"stage": {}}}}})", std::getenv("ZT_STAGE"))});
+  apply_training_flags(
+      args, {"--model_config",
+             kTinyModel,
+             "--output_dir",
+             std::getenv("ZT_DIR"),
+             "--max_steps",
+             "4",
+             "--learning_rate",
+             "0.01",
+             "--adam_epsilon",
+             "1e-4",
+             "--seed",
+             "3",
+             "--per_device_train_batch_size",
+             std::to_string(micro),
+             "--gradient_accumulation_steps",
+             std::to_string(accum),
+             "--max_grad_norm",
+             "0",
+             "--deepspeed",
+             fmt::format(R"({{"zero_optimization": {{"stage": {}}}}})", std::getenv("ZT_STAGE"))});
   Trainer trainer(args, comm);
   std::vector<double> norms;
   for (int64_t step = 0; step < 4; ++step) {
     at::manual_seed(100 + step);  // the same global batch on every rank and world size
     at::Tensor ids = at::randint(3, 250, {rows, 12}, at::kLong);
     at::Tensor labels = ids.clone();
-    for (int64_t r = 0; r < rows; ++r) labels[r].narrow(0, 0, 1 + r % 5).fill_(-100);  // uneven counts
+    for (int64_t r = 0; r < rows; ++r)
+      labels[r].narrow(0, 0, 1 + r % 5).fill_(-100);  // uneven counts
     for (int64_t a = 0; a < accum; ++a) {
       const int64_t first = (a * world + rank) * micro;
       StepStats s = trainer.train_step(ids.narrow(0, first, micro), labels.narrow(0, first, micro));
@@ -424,12 +475,15 @@ TEST_CASE("rank: train_step on a split global batch", "[.rank]") {
   }
 }
 
-TEST_CASE("train_step gives the same steps whatever the world size, split and stage", "[trainer][equivalence]") {
+TEST_CASE("train_step gives the same steps whatever the world size, split and stage",
+          "[trainer][equivalence]") {
   if (test::skip_cpu_world(4)) return;
   auto run = [](int world, int stage, int micro = 2) {
     const std::string dir = test::temp_dir("split");
     test::run_ranks(world, "rank: train_step on a split global batch", std::chrono::seconds(240),
-                    {{"ZT_DIR", dir}, {"ZT_STAGE", std::to_string(stage)}, {"ZT_MICRO", std::to_string(micro)}});
+                    {{"ZT_DIR", dir},
+                     {"ZT_STAGE", std::to_string(stage)},
+                     {"ZT_MICRO", std::to_string(micro)}});
     return dir;
   };
   auto norms_of = [](const std::string& dir) {
@@ -444,7 +498,8 @@ TEST_CASE("train_step gives the same steps whatever the world size, split and st
   SafetensorsCheckpoint want_model(reference + "/model");
   // The last run: the whole batch in one micro-step at one rank, where the engine updates
   // inside backward and train_step passes the exact token count instead of correcting later.
-  for (auto [world, stage, micro] : {std::tuple{2, 3, 2}, std::tuple{4, 1, 2}, std::tuple{2, 2, 2}, std::tuple{1, 2, 8}}) {
+  for (auto [world, stage, micro] :
+       {std::tuple{2, 3, 2}, std::tuple{4, 1, 2}, std::tuple{2, 2, 2}, std::tuple{1, 2, 8}}) {
     INFO("world " << world << " stage " << stage << " micro-batch " << micro);
     const std::string dir = run(world, stage, micro);
     const std::vector<double> got = norms_of(dir);
@@ -467,9 +522,42 @@ std::vector<std::string> epoch_flags(const std::vector<std::string>& extra) {
   return f;
 }
 
+// Each example's (loss sum, target tokens) under the run's initial weights (the tiny model,
+// seed 5), for runs at learning rate 0, whose step losses then tell which examples they used.
+std::vector<std::pair<double, double>> initial_example_losses(const std::string& train_file) {
+  DataOptions options;
+  options.template_name = "alpaca";
+  const Dataset data = tokenize_jsonl(train_file, *byte_tokenizer(), options);
+  const ModelConfig c = parse_model_config(kTinyModel);
+  CausalLM model(c, at::TensorOptions(), false);
+  load_weights(model, *random_source(c, 5));
+  at::NoGradGuard no_grad;
+  std::vector<std::pair<double, double>> example;
+  for (int64_t i = 0; i < data.size(); ++i) {
+    auto as_tensor = [](TokenView v) {
+      return at::tensor(std::vector<int64_t>(v.begin(), v.end()), at::kLong).unsqueeze(0);
+    };
+    LossSum l = model.loss(as_tensor(data.ids(i)), as_tensor(data.labels(i)));
+    example.emplace_back(l.sum.item<double>(), static_cast<double>(l.tokens));
+  }
+  return example;
+}
+
+// The loss of step `s` of an epoch visiting examples in `order` at micro-batch 2, one rank.
+double step_loss(const std::vector<std::pair<double, double>>& example,
+                 const std::vector<int64_t>& order, int64_t s) {
+  double sum = 0, tokens = 0;
+  for (int64_t i : micro_batch_indices(order, GlobalBatch{2, 1, 1}, s, 0, 0)) {
+    sum += example[static_cast<size_t>(i)].first;
+    tokens += example[static_cast<size_t>(i)].second;
+  }
+  return sum / tokens;
+}
+
 }  // namespace
 
-TEST_CASE("every epoch visits the data in its own order, from the seed and the epoch", "[trainer][epochs]") {
+TEST_CASE("every epoch visits the data in its own order, from the seed and the epoch",
+          "[trainer][epochs]") {
   // With learning rate 0 the model never changes, so each step's loss is the token-weighted
   // mean of its examples' losses under the initial weights: the losses tell which examples each
   // step used.
@@ -477,7 +565,8 @@ TEST_CASE("every epoch visits the data in its own order, from the seed and the e
   write_data(dir, "train.jsonl", 12, 11);
   auto comm = std::shared_ptr<Communicator>(test::join());
   TrainingArguments args;
-  apply_training_flags(args, run_flags(dir, epoch_flags({"--learning_rate", "0", "--save_steps", "100"})));
+  apply_training_flags(
+      args, run_flags(dir, epoch_flags({"--learning_rate", "0", "--save_steps", "100"})));
   std::vector<double> step_losses;
   TrainerCallbacks callbacks;
   callbacks.on_step = [&](const StepStats& s) { step_losses.push_back(s.loss); };
@@ -486,33 +575,14 @@ TEST_CASE("every epoch visits the data in its own order, from the seed and the e
   REQUIRE(r.global_step == 18);
   REQUIRE(step_losses.size() == 18);
 
-  DataOptions options;
-  options.template_name = "alpaca";
-  const Dataset data = tokenize_jsonl(dir + "/train.jsonl", *byte_tokenizer(), options);
-  const ModelConfig c = parse_model_config(kTinyModel);
-  CausalLM model(c, at::TensorOptions(), false);
-  load_weights(model, *random_source(c, 5));
-  at::NoGradGuard no_grad;
-  std::vector<std::pair<double, double>> example;  // (loss sum, tokens)
-  for (int64_t i = 0; i < data.size(); ++i) {
-    auto as_tensor = [](TokenView v) {
-      return at::tensor(std::vector<int64_t>(v.begin(), v.end()), at::kLong).unsqueeze(0);
-    };
-    LossSum l = model.loss(as_tensor(data.ids(i)), as_tensor(data.labels(i)));
-    example.emplace_back(l.sum.item<double>(), static_cast<double>(l.tokens));
-  }
-  const GlobalBatch g{2, 1, 1};
+  const auto example = initial_example_losses(dir + "/train.jsonl");
   std::vector<std::vector<int64_t>> orders;
   for (int64_t epoch = 0; epoch < 3; ++epoch) {
     orders.push_back(epoch_order(12, 5, epoch, true));
     for (int64_t s = 0; s < 6; ++s) {
-      double sum = 0, tokens = 0;
-      for (int64_t i : micro_batch_indices(orders.back(), g, s, 0, 0)) {
-        sum += example[static_cast<size_t>(i)].first;
-        tokens += example[static_cast<size_t>(i)].second;
-      }
       INFO("epoch " << epoch << " step " << s);
-      CHECK(step_losses[static_cast<size_t>(epoch * 6 + s)] == Approx(sum / tokens).epsilon(1e-5));
+      CHECK(step_losses[static_cast<size_t>(epoch * 6 + s)] ==
+            Approx(step_loss(example, orders.back(), s)).epsilon(1e-5));
     }
   }
   CHECK(orders[0] != orders[1]);
@@ -531,7 +601,8 @@ TEST_CASE("every epoch visits the data in its own order, from the seed and the e
   CHECK_THAT(state, Contains("\"epoch\": 3.0") && Contains("\"global_step\": 18"));
 }
 
-TEST_CASE("a run stopped in its second epoch resumes to the uninterrupted run's losses", "[trainer][epochs][checkpoint]") {
+TEST_CASE("a run stopped in its second epoch resumes to the uninterrupted run's losses",
+          "[trainer][epochs][checkpoint]") {
   if (test::skip_cpu_world(2)) return;
   for (int world : {1, 2}) {
     // Checkpoint 8 at one rank is step 2 of epoch 2 (6 steps an epoch); at two, the second
@@ -559,8 +630,8 @@ TEST_CASE("a run stopped in its second epoch resumes to the uninterrupted run's 
       const std::string one = test::temp_dir("ep_one");
       write_data(one, "train.jsonl", 12, 12);
       fs::create_directories(one + "/out");
-      fs::copy(parts + "/out/checkpoint-" + std::to_string(save), one + "/out/checkpoint-" + std::to_string(save),
-               fs::copy_options::recursive);
+      fs::copy(parts + "/out/checkpoint-" + std::to_string(save),
+               one + "/out/checkpoint-" + std::to_string(save), fs::copy_options::recursive);
       train_ranks(1, one, resume);
       const auto at_one = logged_losses(one + "/out");
       for (int64_t step = save + 1; step <= steps; ++step) {
@@ -572,6 +643,70 @@ TEST_CASE("a run stopped in its second epoch resumes to the uninterrupted run's 
       }
     }
   }
+}
+
+TEST_CASE("train_sampling_strategy sequential visits the file's order in every epoch",
+          "[trainer][epochs]") {
+  const std::string dir = test::temp_dir("sequential");
+  write_data(dir, "train.jsonl", 12, 11);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  TrainingArguments args;
+  apply_training_flags(
+      args, run_flags(dir, epoch_flags({"--learning_rate", "0", "--save_steps", "100",
+                                        "--num_train_epochs", "2", "--train_sampling_strategy",
+                                        "sequential"})));
+  std::vector<double> step_losses;
+  TrainerCallbacks callbacks;
+  callbacks.on_step = [&](const StepStats& s) { step_losses.push_back(s.loss); };
+  Trainer(args, comm, callbacks).train();
+  REQUIRE(step_losses.size() == 12);
+  const auto example = initial_example_losses(dir + "/train.jsonl");
+  std::vector<int64_t> file_order(12);
+  for (int64_t i = 0; i < 12; ++i) file_order[static_cast<size_t>(i)] = i;
+  for (int64_t step = 0; step < 12; ++step) {
+    INFO("step " << step);
+    CHECK(step_losses[static_cast<size_t>(step)] ==
+          Approx(step_loss(example, file_order, step % 6)).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("logging, saving and warmup intervals below 1 are fractions of the run, as in HF",
+          "[trainer]") {
+  const std::string dir = test::temp_dir("fractions");
+  write_data(dir, "train.jsonl", 12, 13);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  auto run = [&](const std::string& out, const std::vector<std::string>& extra) {
+    std::vector<std::string> flags = run_flags(dir, extra);
+    flags.insert(flags.end(), {"--output_dir", dir + "/" + out});
+    TrainingArguments args;
+    apply_training_flags(args, flags);
+    Trainer(args, comm).train();
+    return dir + "/" + out;
+  };
+  // 8 steps: logging 0.25 → every ceil(2) steps, saving 0.5 → every 4, warmup 0.25 → 2 steps.
+  const std::string fractions = run(
+      "fractions", {"--logging_steps", "0.25", "--save_steps", "0.5", "--warmup_steps", "0.25"});
+  const std::string steps =
+      run("steps", {"--logging_steps", "2", "--save_steps", "4", "--warmup_steps", "2"});
+  const auto lr = test::logged(fractions, "learning_rate");
+  std::vector<int64_t> logged_steps;
+  for (const auto& [step, value] : lr) logged_steps.push_back(step);
+  CHECK(logged_steps == std::vector<int64_t>{2, 4, 6, 8});
+  CHECK(lr == test::logged(steps, "learning_rate"));  // the same warmup
+  CHECK(test::logged_losses(fractions) == test::logged_losses(steps));
+  for (const char* c : {"checkpoint-4", "checkpoint-8"})
+    CHECK(fs::is_directory(fractions + "/" + c));
+  CHECK_FALSE(fs::exists(fractions + "/checkpoint-2"));
+  rapidjson::Document state;
+  state.Parse(files::read_text(fractions + "/trainer_state.json").c_str());
+  CHECK(state["logging_steps"].GetInt64() == 2);  // HF's state holds the resolved intervals
+  CHECK(state["save_steps"].GetInt64() == 4);
+  rapidjson::Document settings;
+  settings.Parse(files::read_text(fractions + "/training_args.json").c_str());
+  CHECK(settings["training_arguments"]["logging_steps"].GetDouble() == 0.25);
+  settings.Parse(files::read_text(steps + "/training_args.json").c_str());
+  CHECK(settings["training_arguments"]["logging_steps"]
+            .IsInt64());  // whole steps written as integers
 }
 
 TEST_CASE("a run writes HF's trainer_state.json and its resolved settings as JSON", "[trainer]") {
@@ -591,13 +726,28 @@ TEST_CASE("a run writes HF's trainer_state.json and its resolved settings as JSO
     state.Parse(files::read_text(folder + "/trainer_state.json").c_str());
     REQUIRE(state.IsObject());
     std::set<std::string> keys;
-    for (auto it = state.MemberBegin(); it != state.MemberEnd(); ++it) keys.insert(it->name.GetString());
-    CHECK(keys == std::set<std::string>{"best_global_step", "best_metric", "best_model_checkpoint", "epoch",
-                                        "eval_steps", "global_step", "is_hyper_param_search",
-                                        "is_local_process_zero", "is_world_process_zero", "log_history",
-                                        "logging_steps", "max_steps", "num_input_tokens_seen", "num_train_epochs",
-                                        "save_steps", "stateful_callbacks", "total_flos", "train_batch_size",
-                                        "trial_name", "trial_params"});
+    for (auto it = state.MemberBegin(); it != state.MemberEnd(); ++it)
+      keys.insert(it->name.GetString());
+    CHECK(keys == std::set<std::string>{"best_global_step",
+                                        "best_metric",
+                                        "best_model_checkpoint",
+                                        "epoch",
+                                        "eval_steps",
+                                        "global_step",
+                                        "is_hyper_param_search",
+                                        "is_local_process_zero",
+                                        "is_world_process_zero",
+                                        "log_history",
+                                        "logging_steps",
+                                        "max_steps",
+                                        "num_input_tokens_seen",
+                                        "num_train_epochs",
+                                        "save_steps",
+                                        "stateful_callbacks",
+                                        "total_flos",
+                                        "train_batch_size",
+                                        "trial_name",
+                                        "trial_params"});
     CHECK(state["total_flos"].GetDouble() > 0);
     CHECK(state["num_input_tokens_seen"].GetInt64() > 0);
     // training_args.json: the version, every option and the DeepSpeed config as it ran — which
@@ -608,7 +758,8 @@ TEST_CASE("a run writes HF's trainer_state.json and its resolved settings as JSO
     CHECK(std::string(settings["zerotrain_version"].GetString()) == ZT_VERSION_STRING);
     CHECK(settings["training_arguments"]["learning_rate"].GetDouble() == 3e-3);
     CHECK(std::string(settings["training_arguments"]["template"].GetString()) == "alpaca");
-    CHECK_FALSE(settings["training_arguments"].HasMember("evaluation_strategy"));  // aliases left out
+    CHECK_FALSE(
+        settings["training_arguments"].HasMember("evaluation_strategy"));  // aliases left out
     const std::string ds_text = json::dump(settings["deepspeed_config"]);
     DeepSpeedConfig ds = parse_deepspeed_config(ds_text);
     CHECK(unresolved_keys(ds).empty());
@@ -619,8 +770,9 @@ TEST_CASE("a run writes HF's trainer_state.json and its resolved settings as JSO
   }
 }
 
-TEST_CASE("resuming from an older checkpoint is refused before any step, or replaces the newer ones",
-          "[trainer][checkpoint][errors]") {
+TEST_CASE(
+    "resuming from an older checkpoint is refused before any step, or replaces the newer ones",
+    "[trainer][checkpoint][errors]") {
   const std::string dir = test::temp_dir("older");
   write_data(dir, "train.jsonl", 16, 14);
   auto comm = std::shared_ptr<Communicator>(test::join());
@@ -632,14 +784,17 @@ TEST_CASE("resuming from an older checkpoint is refused before any step, or repl
   REQUIRE(list_checkpoints(dir + "/out").size() == 2);
   const std::string log_before = files::read_text(dir + "/out/trainer_log.jsonl");
   TrainingArguments older;
-  apply_training_flags(older, run_flags(dir, {"--resume_from_checkpoint", dir + "/out/checkpoint-4"}));
-  CHECK_THROWS_WITH(Trainer(older, comm), Contains("checkpoint-8") && Contains("--overwrite_output_dir") &&
+  apply_training_flags(older,
+                       run_flags(dir, {"--resume_from_checkpoint", dir + "/out/checkpoint-4"}));
+  CHECK_THROWS_WITH(Trainer(older, comm), Contains("checkpoint-8") &&
+                                              Contains("--overwrite_output_dir") &&
                                               Contains("step 4"));
   CHECK(files::read_text(dir + "/out/trainer_log.jsonl") == log_before);  // nothing ran
   CHECK(list_checkpoints(dir + "/out").size() == 2);
   TrainingArguments replace;
-  apply_training_flags(replace, run_flags(dir, {"--resume_from_checkpoint", dir + "/out/checkpoint-4/",
-                                                "--overwrite_output_dir"}));
+  apply_training_flags(replace,
+                       run_flags(dir, {"--resume_from_checkpoint", dir + "/out/checkpoint-4/",
+                                       "--overwrite_output_dir"}));
   std::string latest_at_step5;
   bool newer_gone = false;
   TrainerCallbacks callbacks;
@@ -668,31 +823,34 @@ TEST_CASE("report_to tensorboard writes event files under logging_dir", "[traine
     std::vector<std::string> found;
     if (!fs::exists(root)) return found;
     for (const auto& e : fs::recursive_directory_iterator(root)) {
-      if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) found.push_back(e.path().string());
+      if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+        found.push_back(e.path().string());
     }
     return found;
   };
   {
     TrainingArguments args;
-    apply_training_flags(args, run_flags(dir, {"--report_to", "tensorboard", "--max_steps", "4", "--eval_file",
-                                               dir + "/eval.jsonl", "--eval_strategy", "steps", "--eval_steps", "2"}));
+    apply_training_flags(args, run_flags(dir, {"--report_to", "tensorboard", "--max_steps", "4",
+                                               "--eval_file", dir + "/eval.jsonl",
+                                               "--eval_strategy", "steps", "--eval_steps", "2"}));
     Trainer(args, comm).train();
-    const auto found = event_files(dir + "/out/runs");  // HF's default: output_dir/runs/<date>_<host>
+    const auto found =
+        event_files(dir + "/out/runs");  // HF's default: output_dir/runs/<date>_<host>
     REQUIRE(found.size() == 1);
     const std::string bytes = files::read_text(found[0]);
-    for (const char* tag : {"train/loss", "train/learning_rate", "train/grad_norm", "train/tokens_per_second",
-                            "eval/loss"}) {
+    for (const char* tag : {"train/loss", "train/learning_rate", "train/grad_norm",
+                            "train/tokens_per_second", "eval/loss"}) {
       CHECK(bytes.find(tag) != std::string::npos);
     }
   }
   TrainingArguments none;
-  apply_training_flags(none, run_flags(dir, {"--max_steps", "2", "--output_dir", dir + "/plain", "--logging_dir",
-                                             dir + "/tb"}));
+  apply_training_flags(none, run_flags(dir, {"--max_steps", "2", "--output_dir", dir + "/plain",
+                                             "--logging_dir", dir + "/tb"}));
   Trainer(none, comm).train();
   CHECK(event_files(dir + "/tb").empty());  // report_to none: nothing
   TrainingArguments all;
-  apply_training_flags(all, run_flags(dir, {"--max_steps", "2", "--output_dir", dir + "/all", "--report_to", "all",
-                                            "--logging_dir", dir + "/tb"}));
+  apply_training_flags(all, run_flags(dir, {"--max_steps", "2", "--output_dir", dir + "/all",
+                                            "--report_to", "all", "--logging_dir", dir + "/tb"}));
   Trainer(all, comm).train();
   CHECK(event_files(dir + "/tb").size() == 1);
 }
@@ -709,12 +867,22 @@ TEST_CASE("tool: write run outputs for the transformers checks", "[.tool]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
   const std::string work = test::temp_dir("hf_outputs");
   std::string ids_data;
-  for (int i = 0; i < 8; ++i) ids_data += fmt::format("{{\"input_ids\": [{}, 9, {}, 7, {}, 3]}}\n", 3 + i, 20 + i, 100 - i);
+  for (int i = 0; i < 8; ++i)
+    ids_data += fmt::format("{{\"input_ids\": [{}, 9, {}, 7, {}, 3]}}\n", 3 + i, 20 + i, 100 - i);
   files::write_atomic(work + "/ids.jsonl", ids_data);
   auto export_run = [&](const std::string& name, std::vector<std::string> model_flags) {
-    std::vector<std::string> flags{"--train_file", work + "/ids.jsonl", "--output_dir", work + "/" + name,
-                                   "--max_steps", "2", "--learning_rate", "0.01", "--per_device_train_batch_size", "2",
-                                   "--bf16", "false"};
+    std::vector<std::string> flags{"--train_file",
+                                   work + "/ids.jsonl",
+                                   "--output_dir",
+                                   work + "/" + name,
+                                   "--max_steps",
+                                   "2",
+                                   "--learning_rate",
+                                   "0.01",
+                                   "--per_device_train_batch_size",
+                                   "2",
+                                   "--bf16",
+                                   "false"};
     flags.insert(flags.end(), model_flags.begin(), model_flags.end());
     TrainingArguments args;
     apply_training_flags(args, flags);
@@ -723,7 +891,8 @@ TEST_CASE("tool: write run outputs for the transformers checks", "[.tool]") {
     fs::create_directories(dst);
     for (const auto& e : fs::directory_iterator(work + "/" + name)) {
       const std::string f = e.path().filename().string();
-      if (f == "config.json" || f.rfind("model", 0) == 0 || f == "generation_config.json") fs::copy_file(e.path(), dst + "/" + f);
+      if (f == "config.json" || f.rfind("model", 0) == 0 || f == "generation_config.json")
+        fs::copy_file(e.path(), dst + "/" + f);
     }
     ModelConfig c = load_model_config(dst);
     CausalLM m(c, at::TensorOptions(), false);
@@ -731,19 +900,24 @@ TEST_CASE("tool: write run outputs for the transformers checks", "[.tool]") {
     at::manual_seed(3);
     at::Tensor ids = at::randint(3, c.vocab_size, {2, 12}, at::kLong);
     at::NoGradGuard no_grad;
-    save_safetensors(dst + "/zerotrain_logits.safetensors", {{"input_ids", ids}, {"logits", m.logits(ids)}});
+    save_safetensors(dst + "/zerotrain_logits.safetensors",
+                     {{"input_ids", ids}, {"logits", m.logits(ids)}});
   };
-  for (const char* family : {"llama", "llama_rope_llama3", "llama_rope_linear", "qwen2", "mistral"}) {
+  for (const char* family :
+       {"llama", "llama_rope_llama3", "llama_rope_linear", "qwen2", "mistral"}) {
     for (const char* config : {"config.json", "config_v4.json"}) {
-      const std::string model = work + "/in_" + family + "_" + config;
+      const std::string spelling = config == std::string("config.json") ? "v5" : "v4";
+      const std::string model = work + "/in_" + family + "_" + spelling;
       fs::create_directories(model);
-      fs::copy_file(std::string(ZT_FIXTURES) + "/models/" + family + "/model.safetensors", model + "/model.safetensors");
-      fs::copy_file(std::string(ZT_FIXTURES) + "/models/" + family + "/" + config, model + "/config.json");
-      export_run(fmt::format("{}_{}", family, config == std::string("config.json") ? "v5" : "v4"),
-                 {"--model_name_or_path", model});
+      fs::copy_file(std::string(ZT_FIXTURES) + "/models/" + family + "/model.safetensors",
+                    model + "/model.safetensors");
+      fs::copy_file(std::string(ZT_FIXTURES) + "/models/" + family + "/" + config,
+                    model + "/config.json");
+      export_run(fmt::format("{}_{}", family, spelling), {"--model_name_or_path", model});
     }
   }
-  export_run("inline_qwen2", {"--model_config", R"({"model_type": "qwen2", "vocab_size": 128, "hidden_size": 64,
+  export_run("inline_qwen2",
+             {"--model_config", R"({"model_type": "qwen2", "vocab_size": 128, "hidden_size": 64,
       "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
       "rope_theta": 1000000.0, "tie_word_embeddings": true})"});
   export_run("inline_llama3_rope", {"--model_config", R"({"model_type": "llama", "vocab_size": 128,
@@ -755,9 +929,10 @@ TEST_CASE("tool: write run outputs for the transformers checks", "[.tool]") {
     write_data(work, "train.jsonl", 16, 17);
     write_data(work, "eval.jsonl", 4, 18);
     TrainingArguments args;
-    apply_training_flags(args, run_flags(work, {"--output_dir", out + "/run", "--report_to", "tensorboard",
-                                                "--eval_file", work + "/eval.jsonl", "--eval_strategy", "steps",
-                                                "--eval_steps", "4", "--logging_dir", out + "/run/tb"}));
+    apply_training_flags(
+        args, run_flags(work, {"--output_dir", out + "/run", "--report_to", "tensorboard",
+                               "--eval_file", work + "/eval.jsonl", "--eval_strategy", "steps",
+                               "--eval_steps", "4", "--logging_dir", out + "/run/tb"}));
     Trainer(args, comm).train();
   }
   // Chat formats with real tokenizers: ids and labels for the conversations of the template tests.
@@ -766,8 +941,9 @@ TEST_CASE("tool: write run outputs for the transformers checks", "[.tool]") {
   const struct {
     const char* package;
     const char* templates;  // "auto", or the formats to check with this tokenizer
-  } sets[] = {{"qwen3", "auto"},     {"qwen2_5", "auto qwen2"}, {"llama3", "auto"},
-              {"llama3_1", "auto"},  {"llama3_2", "auto"},      {"llama2", "llama2 mistral_v0.1 mistral_v0.2 mistral_v0.3"}};
+  } sets[] = {{"qwen3", "auto"},    {"qwen2_5", "auto qwen2"},
+              {"llama3", "auto"},   {"llama3_1", "auto"},
+              {"llama3_2", "auto"}, {"llama2", "llama2 mistral_v0.1 mistral_v0.2 mistral_v0.3"}};
   const std::string conversations =
       R"({"messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hi!"},)"
       R"( {"role": "assistant", "content": "Hello! How can I help?"}, {"role": "user", "content": "What is 2+2?"},)"
@@ -794,18 +970,23 @@ TEST_CASE("tool: write run outputs for the transformers checks", "[.tool]") {
       try {
         d = tokenize_jsonl(work + "/chat.jsonl", *tok, o);
       } catch (const ConfigError&) {
-        continue;  // a format that refuses these conversations (Mistral v0.1/v0.2 and system messages)
+        continue;  // a format that refuses these conversations (Mistral v0.1/v0.2 and system
+                   // messages)
       }
-      std::string json = fmt::format(R"({{"package": "{}", "template": "{}", "asked": "{}", "examples": [)",
-                                     set.package, resolved, name);
+      std::string json =
+          fmt::format(R"({{"package": "{}", "template": "{}", "asked": "{}", "examples": [)",
+                      set.package, resolved, name);
       for (int64_t i = 0; i < d.size(); ++i) {
         json += fmt::format("{}{{\"ids\": [{}], \"labels\": [{}]}}", i ? ", " : "",
-                            fmt::join(d.ids(i).to_vector(), ", "), fmt::join(d.labels(i).to_vector(), ", "));
+                            fmt::join(d.ids(i).to_vector(), ", "),
+                            fmt::join(d.labels(i).to_vector(), ", "));
       }
-      json += fmt::format(R"(], "prompt_ids": [{}]}})", fmt::join(encode_prompt(resolved, *tok, "What is 2+2?"), ", "));
+      json += fmt::format(R"(], "prompt_ids": [{}]}})",
+                          fmt::join(encode_prompt(resolved, *tok, "What is 2+2?"), ", "));
       fs::create_directories(out + "/chat");
       files::write_atomic(fmt::format("{}/chat/{}_{}.json", out, set.package, resolved), json);
     }
   }
-  fs::copy_file(work + "/chat.jsonl", out + "/chat/conversations.jsonl", fs::copy_options::overwrite_existing);
+  fs::copy_file(work + "/chat.jsonl", out + "/chat/conversations.jsonl",
+                fs::copy_options::overwrite_existing);
 }

@@ -30,17 +30,21 @@ class Auto {
 
   State state() const { return state_; }
   bool is_auto() const { return state_ == State::kAuto; }
-  bool is_set() const { return state_ == State::kSet; }    ///< a concrete value was written
+  bool is_set() const { return state_ == State::kSet; }  ///< a concrete value was written
   bool is_unset() const { return state_ == State::kUnset; }
 
   /// The value (the default when unset). Throws ConfigError when still "auto": the engine calls
   /// `check_resolved` first, so reaching this is a bug in the caller.
   const T& value() const {
-    if (state_ == State::kAuto) throw ConfigError("internal: an \"auto\" value was read before resolution");
+    if (state_ == State::kAuto)
+      throw ConfigError("internal: an \"auto\" value was read before resolution");
     return value_;
   }
 
-  void set(T v) { value_ = std::move(v); state_ = State::kSet; }
+  void set(T v) {
+    value_ = std::move(v);
+    state_ = State::kSet;
+  }
   void set_auto() { state_ = State::kAuto; }
   /// Fills an "auto" (or unset) value; keeps it distinguishable from a written one.
   void resolve(T v) {
@@ -195,7 +199,8 @@ struct DeepSpeedConfig {
 /// Parses DeepSpeed JSON text. `source` names it in messages (a path, or "<string>").
 /// Throws ConfigError with the JSON path for malformed JSON, wrong types, out-of-range or
 /// unsupported values. Unknown keys become warnings.
-DeepSpeedConfig parse_deepspeed_config(std::string_view json, const std::string& source = "<string>");
+DeepSpeedConfig parse_deepspeed_config(std::string_view json,
+                                       const std::string& source = "<string>");
 
 /// Reads and parses a DeepSpeed config file. A missing/unreadable file is an IoError.
 DeepSpeedConfig load_deepspeed_config(const std::string& path);
@@ -214,19 +219,22 @@ struct TrainingArguments {
   bool train_on_prompt = false;
   bool skip_bad_lines = false;
   bool group_by_length = false;
+  /// transformers 5's sampler choice: random | sequential (no shuffling) | group_by_length.
+  std::string train_sampling_strategy = "random";
   bool packing = false;
-  std::string cache_dir;               ///< tokenized data; empty: output_dir/.cache
-  std::string device = "auto";         ///< auto | cpu | cuda
-  bool use_cpu = false;                ///< HF's use_cpu (alias no_cuda): device cpu
+  std::string cache_dir;        ///< tokenized data; empty: output_dir/.cache
+  std::string device = "auto";  ///< auto | cpu | cuda
+  bool use_cpu = false;         ///< HF's use_cpu (alias no_cuda): device cpu
   /// HF's torch_dtype (a model argument in HF's scripts): auto | float32 | bfloat16 | float16.
   /// bfloat16 / float16 turn on bf16 / fp16 when neither is given; contradicting them is an error.
   std::string torch_dtype = "auto";
-  std::optional<bool> tf32;            ///< TF32 for fp32 matmuls and convolutions on GPUs
-  std::string eval_strategy = "no";    ///< no | steps | epoch
-  std::optional<int64_t> eval_steps;   ///< default: logging_steps
-  double eval_delay = 0.0;             ///< no evaluation before this many steps (or epochs)
-  bool eval_on_start = false;          ///< evaluate once before the first step
-  std::string save_strategy = "steps"; ///< no | steps | epoch
+  std::optional<bool> tf32;          ///< TF32 for fp32 matmuls and convolutions on GPUs
+  std::string eval_strategy = "no";  ///< no | steps | epoch
+  /// Steps between evaluations, or below 1 a fraction of all steps; default: logging_steps.
+  std::optional<double> eval_steps;
+  double eval_delay = 0.0;              ///< no evaluation before this many steps (or epochs)
+  bool eval_on_start = false;           ///< evaluate once before the first step
+  std::string save_strategy = "steps";  ///< no | steps | epoch
   bool load_best_model_at_end = false;
   std::string metric_for_best_model = "eval_loss";
   std::optional<bool> greater_is_better;  ///< default: false (the metrics are losses)
@@ -244,7 +252,8 @@ struct TrainingArguments {
   double max_grad_norm = 1.0;
   double num_train_epochs = 3.0;
   int64_t max_steps = -1;
-  int64_t warmup_steps = 0;
+  /// Warmup steps, or below 1 a fraction of all steps (transformers 5's form); over warmup_ratio.
+  double warmup_steps = 0;
   double warmup_ratio = 0.0;
   std::string lr_scheduler_type = "linear";
   std::string optim = "adamw_torch";
@@ -252,12 +261,13 @@ struct TrainingArguments {
   bool bf16 = false;
   int64_t seed = 42;
   std::optional<int64_t> data_seed;
-  int64_t logging_steps = 500;
+  double logging_steps = 500;  ///< steps, or below 1 a fraction of all steps (as HF reads it)
   std::string logging_strategy = "steps";  ///< no | steps | epoch
   bool logging_first_step = false;
-  /// TensorBoard's folder (report_to tensorboard); empty: HF's default, output_dir/runs/<date>_<host>.
+  /// TensorBoard's folder (report_to tensorboard); empty: HF's default,
+  /// output_dir/runs/<date>_<host>.
   std::string logging_dir;
-  int64_t save_steps = 500;
+  double save_steps = 500;  ///< steps, or below 1 a fraction of all steps (as HF reads it)
   std::optional<int64_t> save_total_limit;
   bool gradient_checkpointing = false;
   /// zerotrain's own: update each parameter during backward and free its gradient where that
@@ -266,8 +276,8 @@ struct TrainingArguments {
   bool dataloader_drop_last = false;
   /// DeepSpeed config: a path to a JSON file, or inline JSON text starting with '{'.
   std::string deepspeed;
-  int64_t ddp_timeout = 1800;          ///< seconds, for collectives
-  int64_t rendezvous_timeout = 300;    ///< seconds, for start-up
+  int64_t ddp_timeout = 1800;        ///< seconds, for collectives
+  int64_t rendezvous_timeout = 300;  ///< seconds, for start-up
   /// none | tensorboard | all (= tensorboard), comma-separated; other integrations are
   /// accepted with a warning (metrics always go to the log and trainer_log.jsonl).
   std::string report_to = "none";
@@ -275,7 +285,8 @@ struct TrainingArguments {
   bool disable_tqdm = false;
 
   // Fine-tuning method (flat names, as LLaMA-Factory / ChatGLM-Finetuning users write them).
-  std::string finetuning_type = "full";  ///< full | lora | ptuning | prefix (alias ptuning_v2) | freeze
+  std::string finetuning_type =
+      "full";  ///< full | lora | ptuning | prefix (alias ptuning_v2) | freeze
   int64_t lora_r = 8;
   double lora_alpha = 16.0;
   double lora_dropout = 0.0;
@@ -289,10 +300,11 @@ struct TrainingArguments {
   int64_t encoder_hidden_size = 0;                      ///< 0: the model's hidden size
   std::optional<int64_t> pre_seq_len;                   ///< alias of num_virtual_tokens (prefix)
   bool prefix_projection = false;
-  int64_t freeze_trainable_layers = 2;       ///< last N layers; negative: first N
+  int64_t freeze_trainable_layers = 2;           ///< last N layers; negative: first N
   std::string freeze_trainable_modules = "all";  ///< all, or a comma list (mlp, self_attn, ...)
-  std::string freeze_module_name;            ///< comma list of name substrings (overrides layers)
-  std::string freeze_extra_modules;          ///< comma list of modules also trained (embed_tokens, lm_head, norm)
+  std::string freeze_module_name;  ///< comma list of name substrings (overrides layers)
+  std::string
+      freeze_extra_modules;  ///< comma list of modules also trained (embed_tokens, lm_head, norm)
 
   /// Names of the options that were given explicitly (flag or JSON key), as opposed to defaulted.
   std::set<std::string> given;
@@ -353,8 +365,13 @@ std::vector<std::string> unresolved_keys(const DeepSpeedConfig& ds);
 /// Throws ConfigError listing every value still "auto" and what would resolve it.
 void check_resolved(const DeepSpeedConfig& ds);
 
-/// The effective warmup step count: warmup_steps if > 0, else ceil(warmup_ratio * total).
+/// The effective warmup step count: warmup_steps if > 0 (steps_for's rule), else
+/// ceil(warmup_ratio * total).
 int64_t warmup_steps_for(const TrainingArguments& args, int64_t total_train_steps);
+
+/// A step interval as HF reads logging_steps, save_steps and eval_steps: `every` itself from 1
+/// up, below 1 a fraction of the run, ceil(every * total), at least 1.
+int64_t steps_for(double every, int64_t total_train_steps);
 
 /// One line per setting, for logs and `zerotrain config`.
 std::string describe(const DeepSpeedConfig& ds);

@@ -11,13 +11,25 @@
 namespace zt {
 namespace {
 
-bool same(double a, double b) { return a == b || std::fabs(a - b) <= 1e-12 * std::fabs(b); }
-bool same(int64_t a, int64_t b) { return a == b; }
-bool same(bool a, bool b) { return a == b; }
+bool same(double a, double b) {
+  return a == b || std::fabs(a - b) <= 1e-12 * std::fabs(b);
+}
+bool same(int64_t a, int64_t b) {
+  return a == b;
+}
+bool same(bool a, bool b) {
+  return a == b;
+}
 
-std::string shown(double v) { return fmt::format("{}", v); }
-std::string shown(int64_t v) { return fmt::format("{}", v); }
-std::string shown(bool v) { return v ? "true" : "false"; }
+std::string shown(double v) {
+  return fmt::format("{}", v);
+}
+std::string shown(int64_t v) {
+  return fmt::format("{}", v);
+}
+std::string shown(bool v) {
+  return v ? "true" : "false";
+}
 
 // Reconciles one DeepSpeed value with one training argument:
 //   "auto"            → takes the argument's value;
@@ -71,9 +83,9 @@ void resolve_batch(DeepSpeedConfig& ds, TrainingArguments& args, int world) {
           fmt::format("gradient_accumulation_steps {} × world size {}", accum.value(), world)));
     };
     auto accum_from_micro = [&] {
-      accum.resolve(exact_quotient(
-          ds, t, micro.value() * world,
-          fmt::format("micro batch {} × world size {}", micro.value(), world)));
+      accum.resolve(
+          exact_quotient(ds, t, micro.value() * world,
+                         fmt::format("micro batch {} × world size {}", micro.value(), world)));
     };
     if (micro.is_unset() && accum.is_unset()) {
       // An explicit micro batch fixes the accumulation; otherwise the accumulation (default 1,
@@ -99,14 +111,15 @@ void resolve_batch(DeepSpeedConfig& ds, TrainingArguments& args, int world) {
   // Derived values must not contradict explicitly given arguments either.
   for (auto [value, arg_name, arg] :
        {std::tuple{micro.value(), "per_device_train_batch_size", &args.per_device_train_batch_size},
-        std::tuple{accum.value(), "gradient_accumulation_steps", &args.gradient_accumulation_steps}}) {
+        std::tuple{accum.value(), "gradient_accumulation_steps",
+                   &args.gradient_accumulation_steps}}) {
     if (value != *arg && args.is_given(arg_name)) {
       throw ConfigError(fmt::format(
           "{}: train_batch_size {} = micro batch × gradient_accumulation_steps × world size {} "
           "implies {} = {}, but it was given as {} (per_device_train_batch_size {}, "
           "gradient_accumulation_steps {}); make them agree or write \"auto\"",
-          ds.source, train.value(), world, arg_name, value, *arg,
-          args.per_device_train_batch_size, args.gradient_accumulation_steps));
+          ds.source, train.value(), world, arg_name, value, *arg, args.per_device_train_batch_size,
+          args.gradient_accumulation_steps));
     }
     *arg = value;
   }
@@ -167,11 +180,18 @@ void resolve_scheduler(DeepSpeedConfig& ds, TrainingArguments& args, const Resol
     int64_t warmup = warmup_steps_for(args, *ctx.total_train_steps);
     if (s.warmup_num_steps.is_auto()) s.warmup_num_steps.resolve(warmup);
     if (s.total_num_steps.is_auto()) s.total_num_steps.resolve(*ctx.total_train_steps);
-  } else if (s.warmup_num_steps.is_auto() && args.warmup_ratio == 0.0) {
-    s.warmup_num_steps.resolve(args.warmup_steps);  // needs no run length
+  } else if (s.warmup_num_steps.is_auto() && args.warmup_ratio == 0.0 &&
+             (args.warmup_steps == 0 || args.warmup_steps >= 1)) {
+    s.warmup_num_steps.resolve(static_cast<int64_t>(args.warmup_steps));  // needs no run length
   }
-  if (s.warmup_num_steps.is_set() && args.is_given("warmup_steps") &&
-      s.warmup_num_steps.value() != args.warmup_steps) {
+  // warmup_steps as a fraction (transformers 5) is compared once the run length is known.
+  std::optional<int64_t> asked;
+  if (args.warmup_steps >= 1) asked = static_cast<int64_t>(args.warmup_steps);
+  if (args.warmup_steps > 0 && args.warmup_steps < 1 && ctx.total_train_steps) {
+    asked = warmup_steps_for(args, *ctx.total_train_steps);
+  }
+  if (s.warmup_num_steps.is_set() && args.is_given("warmup_steps") && asked &&
+      s.warmup_num_steps.value() != *asked) {
     throw ConfigError(fmt::format(
         "{}: scheduler.params.warmup_num_steps is {} but the training argument warmup_steps is "
         "{}; make them agree or write \"auto\"",
@@ -199,7 +219,8 @@ void resolve_config(DeepSpeedConfig& ds, TrainingArguments& args, const ResolveC
     throw ConfigError(fmt::format("world size must be at least 1, found {}", ctx.world_size));
   }
   resolve_batch(ds, args, ctx.world_size);
-  if (ds.gradient_clipping.is_unset() && (ds.source == "<default>" || args.is_given("max_grad_norm"))) {
+  if (ds.gradient_clipping.is_unset() &&
+      (ds.source == "<default>" || args.is_given("max_grad_norm"))) {
     // No DeepSpeed config (plain Trainer), or an explicit --max_grad_norm: the argument applies.
     // A DeepSpeed config that omits gradient_clipping otherwise means DeepSpeed's 0 (off).
     ds.gradient_clipping.resolve(args.max_grad_norm);
@@ -248,9 +269,10 @@ std::vector<std::string> unresolved_keys(const DeepSpeedConfig& ds) {
 void check_resolved(const DeepSpeedConfig& ds) {
   std::vector<std::string> keys = unresolved_keys(ds);
   if (keys.empty()) return;
-  throw ConfigError(fmt::format("{}: values still \"auto\": {}; give the context they need or "
-                                "write concrete values",
-                                ds.source, fmt::join(keys, "; ")));
+  throw ConfigError(
+      fmt::format("{}: values still \"auto\": {}; give the context they need or "
+                  "write concrete values",
+                  ds.source, fmt::join(keys, "; ")));
 }
 
 DeepSpeedConfig deepspeed_config_for(const TrainingArguments& args) {

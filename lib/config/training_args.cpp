@@ -19,7 +19,8 @@ namespace {
 
 using Args = TrainingArguments;
 using Member = std::variant<bool Args::*, int64_t Args::*, double Args::*, std::string Args::*,
-                            std::optional<int64_t> Args::*, std::optional<bool> Args::*>;
+                            std::optional<int64_t> Args::*, std::optional<bool> Args::*,
+                            std::optional<double> Args::*>;
 
 struct Option {
   const char* name;
@@ -32,34 +33,116 @@ struct Option {
 const std::vector<Option>& options() {
   static const std::vector<Option> table = {
       // Run and data.
-      {"model_name_or_path", &Args::model_name_or_path, {}, -1e308, "HF model folder (config.json + safetensors)"},
-      {"model_config", &Args::model_config, {}, -1e308, "a model without weights: config.json path or inline JSON (random init)"},
-      {"output_dir", &Args::output_dir, {}, -1e308, "where checkpoints, logs and the final model go"},
-      {"overwrite_output_dir", &Args::overwrite_output_dir, {}, -1e308, "allow a new run into an output_dir holding checkpoints"},
-      {"resume_from_checkpoint", &Args::resume_from_checkpoint, {}, -1e308, "a checkpoint folder, or True for the newest in output_dir"},
+      {"model_name_or_path",
+       &Args::model_name_or_path,
+       {},
+       -1e308,
+       "HF model folder (config.json + safetensors)"},
+      {"model_config",
+       &Args::model_config,
+       {},
+       -1e308,
+       "a model without weights: config.json path or inline JSON (random init)"},
+      {"output_dir",
+       &Args::output_dir,
+       {},
+       -1e308,
+       "where checkpoints, logs and the final model go"},
+      {"overwrite_output_dir",
+       &Args::overwrite_output_dir,
+       {},
+       -1e308,
+       "allow a new run into an output_dir holding checkpoints"},
+      {"resume_from_checkpoint",
+       &Args::resume_from_checkpoint,
+       {},
+       -1e308,
+       "a checkpoint folder, or True for the newest in output_dir"},
       {"train_file", &Args::train_file, {}, -1e308, "JSONL training data"},
       {"eval_file", &Args::eval_file, {}, -1e308, "JSONL evaluation data"},
-      {"template", &Args::template_name, {}, -1e308, "prompt / chat template: auto (the model's own chat format, else alpaca_zh) or a name from docs/data.md"},
+      {"template",
+       &Args::template_name,
+       {},
+       -1e308,
+       "prompt / chat template: auto (the model's own chat format, else alpaca_zh) or a name from "
+       "docs/data.md"},
       {"max_length", &Args::max_length, {}, 1, "tokens per example after truncation"},
       {"model_max_length", &Args::max_length, {}, 1, "alias of max_length"},
-      {"train_on_prompt", &Args::train_on_prompt, {}, -1e308, "compute the loss on prompt tokens too"},
-      {"skip_bad_lines", &Args::skip_bad_lines, {}, -1e308, "skip (and count) malformed JSONL lines instead of failing"},
-      {"group_by_length", &Args::group_by_length, {}, -1e308, "batch examples of similar length (HF LengthGroupedSampler)"},
-      {"packing", &Args::packing, {}, -1e308, "pack examples into max_length sequences (no attention across them)"},
-      {"cache_dir", &Args::cache_dir, {}, -1e308, "tokenized-data cache (default: output_dir/.cache)"},
-      {"device", &Args::device, {"auto", "cpu", "cuda"}, -1e308, "auto: one GPU per rank when CUDA is present, else CPU"},
+      {"train_on_prompt",
+       &Args::train_on_prompt,
+       {},
+       -1e308,
+       "compute the loss on prompt tokens too"},
+      {"skip_bad_lines",
+       &Args::skip_bad_lines,
+       {},
+       -1e308,
+       "skip (and count) malformed JSONL lines instead of failing"},
+      {"group_by_length",
+       &Args::group_by_length,
+       {},
+       -1e308,
+       "batch examples of similar length (HF LengthGroupedSampler)"},
+      {"train_sampling_strategy",
+       &Args::train_sampling_strategy,
+       {"random", "sequential", "group_by_length"},
+       -1e308,
+       "transformers 5's sampler: random order, the file's order, or grouped by length"},
+      {"packing",
+       &Args::packing,
+       {},
+       -1e308,
+       "pack examples into max_length sequences (no attention across them)"},
+      {"cache_dir",
+       &Args::cache_dir,
+       {},
+       -1e308,
+       "tokenized-data cache (default: output_dir/.cache)"},
+      {"device",
+       &Args::device,
+       {"auto", "cpu", "cuda"},
+       -1e308,
+       "auto: one GPU per rank when CUDA is present, else CPU"},
       {"use_cpu", &Args::use_cpu, {}, -1e308, "train on the CPU (device cpu)"},
       {"no_cuda", &Args::use_cpu, {}, -1e308, "alias of use_cpu"},
-      {"torch_dtype", &Args::torch_dtype, {"auto", "float32", "bfloat16", "float16", "None"}, -1e308, "bfloat16 / float16 turn on bf16 / fp16"},
+      {"torch_dtype",
+       &Args::torch_dtype,
+       {"auto", "float32", "bfloat16", "float16", "None"},
+       -1e308,
+       "bfloat16 / float16 turn on bf16 / fp16"},
       {"tf32", &Args::tf32, {}, -1e308, "TF32 for fp32 matmuls on GPUs (default: LibTorch's, off)"},
-      {"do_train", &Args::do_train, {}, -1e308, "accepted (training runs when train_file is given)"},
+      {"do_train",
+       &Args::do_train,
+       {},
+       -1e308,
+       "accepted (training runs when train_file is given)"},
       {"do_eval", &Args::do_eval, {}, -1e308, "accepted (evaluation runs when eval_file is given)"},
       // Batches and optimization.
-      {"per_device_train_batch_size", &Args::per_device_train_batch_size, {}, 1, "micro-batch per rank"},
-      {"per_gpu_train_batch_size", &Args::per_device_train_batch_size, {}, 1, "alias of per_device_train_batch_size"},
-      {"per_device_eval_batch_size", &Args::per_device_eval_batch_size, {}, 1, "evaluation batch per rank"},
-      {"per_gpu_eval_batch_size", &Args::per_device_eval_batch_size, {}, 1, "alias of per_device_eval_batch_size"},
-      {"gradient_accumulation_steps", &Args::gradient_accumulation_steps, {}, 1, "micro-batches per optimizer step"},
+      {"per_device_train_batch_size",
+       &Args::per_device_train_batch_size,
+       {},
+       1,
+       "micro-batch per rank"},
+      {"per_gpu_train_batch_size",
+       &Args::per_device_train_batch_size,
+       {},
+       1,
+       "alias of per_device_train_batch_size"},
+      {"per_device_eval_batch_size",
+       &Args::per_device_eval_batch_size,
+       {},
+       1,
+       "evaluation batch per rank"},
+      {"per_gpu_eval_batch_size",
+       &Args::per_device_eval_batch_size,
+       {},
+       1,
+       "alias of per_device_eval_batch_size"},
+      {"gradient_accumulation_steps",
+       &Args::gradient_accumulation_steps,
+       {},
+       1,
+       "micro-batches per optimizer step"},
       {"learning_rate", &Args::learning_rate, {}, 0, "peak learning rate"},
       {"weight_decay", &Args::weight_decay, {}, 0, "AdamW weight decay (not on biases and norms)"},
       {"adam_beta1", &Args::adam_beta1, {}, 0, ""},
@@ -67,64 +150,175 @@ const std::vector<Option>& options() {
       {"adam_epsilon", &Args::adam_epsilon, {}, 0, ""},
       {"max_grad_norm", &Args::max_grad_norm, {}, 0, "gradient clipping (0: none)"},
       {"num_train_epochs", &Args::num_train_epochs, {}, 0, "epochs (fractions allowed)"},
-      {"max_steps", &Args::max_steps, {}, -1, "optimizer steps; overrides num_train_epochs when > 0"},
-      {"warmup_steps", &Args::warmup_steps, {}, 0, ""},
-      {"warmup_ratio", &Args::warmup_ratio, {}, 0, "warmup as a fraction of all steps (when warmup_steps is 0)"},
+      {"max_steps",
+       &Args::max_steps,
+       {},
+       -1,
+       "optimizer steps; overrides num_train_epochs when > 0"},
+      {"warmup_steps",
+       &Args::warmup_steps,
+       {},
+       0,
+       "steps, or below 1 a fraction of all steps (transformers 5)"},
+      {"warmup_ratio",
+       &Args::warmup_ratio,
+       {},
+       0,
+       "warmup as a fraction of all steps (when warmup_steps is 0)"},
       {"lr_scheduler_type",
        &Args::lr_scheduler_type,
-       {"linear", "cosine", "constant", "constant_with_warmup", "polynomial", "inverse_sqrt"}, -1e308, ""},
+       {"linear", "cosine", "constant", "constant_with_warmup", "polynomial", "inverse_sqrt"},
+       -1e308,
+       ""},
       {"optim", &Args::optim, {"adamw_torch", "adamw_torch_fused", "adamw_hf", "sgd"}, -1e308, ""},
       {"fp16", &Args::fp16, {}, -1e308, "fp16 mixed precision with dynamic loss scaling"},
       {"bf16", &Args::bf16, {}, -1e308, "bf16 mixed precision"},
       {"seed", &Args::seed, {}, 0, "seed of initialization, adapters and dropout"},
       {"data_seed", &Args::data_seed, {}, 0, "seed of data shuffling (default: seed)"},
-      {"gradient_checkpointing", &Args::gradient_checkpointing, {}, -1e308, "recompute activations in backward"},
-      {"update_in_backward", &Args::update_in_backward, {}, -1e308, "update each parameter as its gradient completes, where the math allows (one rank, no clipping or accumulation, not fp16)"},
-      {"dataloader_drop_last", &Args::dataloader_drop_last, {}, -1e308, "drop the last incomplete batch"},
+      {"gradient_checkpointing",
+       &Args::gradient_checkpointing,
+       {},
+       -1e308,
+       "recompute activations in backward"},
+      {"update_in_backward",
+       &Args::update_in_backward,
+       {},
+       -1e308,
+       "update each parameter as its gradient completes, where the math allows (one rank, no "
+       "clipping or accumulation, not fp16)"},
+      {"dataloader_drop_last",
+       &Args::dataloader_drop_last,
+       {},
+       -1e308,
+       "drop the last incomplete batch"},
       {"deepspeed", &Args::deepspeed, {}, -1e308, "DeepSpeed config: a JSON file or inline JSON"},
       // Logging, evaluation, saving.
-      {"logging_steps", &Args::logging_steps, {}, 1, "log every N optimizer steps"},
+      {"logging_steps",
+       &Args::logging_steps,
+       {},
+       0,
+       "log every N optimizer steps (below 1: a fraction of all steps)"},
       {"logging_strategy", &Args::logging_strategy, {"no", "steps", "epoch"}, -1e308, ""},
       {"logging_first_step", &Args::logging_first_step, {}, -1e308, ""},
-      {"logging_dir", &Args::logging_dir, {}, -1e308, "TensorBoard folder (default: output_dir/runs/<date>_<host>)"},
+      {"logging_dir",
+       &Args::logging_dir,
+       {},
+       -1e308,
+       "TensorBoard folder (default: output_dir/runs/<date>_<host>)"},
       {"eval_strategy", &Args::eval_strategy, {"no", "steps", "epoch"}, -1e308, ""},
-      {"evaluation_strategy", &Args::eval_strategy, {"no", "steps", "epoch"}, -1e308, "alias of eval_strategy"},
-      {"eval_steps", &Args::eval_steps, {}, 1, "evaluate every N steps (default: logging_steps)"},
-      {"eval_delay", &Args::eval_delay, {}, 0, "no evaluation before this many steps (epochs with eval_strategy epoch)"},
+      {"evaluation_strategy",
+       &Args::eval_strategy,
+       {"no", "steps", "epoch"},
+       -1e308,
+       "alias of eval_strategy"},
+      {"eval_steps",
+       &Args::eval_steps,
+       {},
+       0,
+       "evaluate every N steps (below 1: a fraction; default: logging_steps)"},
+      {"eval_delay",
+       &Args::eval_delay,
+       {},
+       0,
+       "no evaluation before this many steps (epochs with eval_strategy epoch)"},
       {"eval_on_start", &Args::eval_on_start, {}, -1e308, "evaluate once before training"},
       {"save_strategy", &Args::save_strategy, {"no", "steps", "epoch"}, -1e308, ""},
-      {"save_steps", &Args::save_steps, {}, 1, "checkpoint every N optimizer steps"},
-      {"save_total_limit", &Args::save_total_limit, {}, 1, "keep at most N checkpoints (the best one too)"},
-      {"load_best_model_at_end", &Args::load_best_model_at_end, {}, -1e308, "save the best checkpoint's weights as the final model"},
+      {"save_steps",
+       &Args::save_steps,
+       {},
+       0,
+       "checkpoint every N optimizer steps (below 1: a fraction of all steps)"},
+      {"save_total_limit",
+       &Args::save_total_limit,
+       {},
+       1,
+       "keep at most N checkpoints (the best one too)"},
+      {"load_best_model_at_end",
+       &Args::load_best_model_at_end,
+       {},
+       -1e308,
+       "save the best checkpoint's weights as the final model"},
       {"metric_for_best_model", &Args::metric_for_best_model, {"eval_loss", "loss"}, -1e308, ""},
-      {"greater_is_better", &Args::greater_is_better, {}, -1e308, "default false: the metrics are losses"},
-      {"ignore_data_skip", &Args::ignore_data_skip, {}, -1e308, "on resume, start the saved epoch from its beginning"},
+      {"greater_is_better",
+       &Args::greater_is_better,
+       {},
+       -1e308,
+       "default false: the metrics are losses"},
+      {"ignore_data_skip",
+       &Args::ignore_data_skip,
+       {},
+       -1e308,
+       "on resume, start the saved epoch from its beginning"},
       {"ddp_timeout", &Args::ddp_timeout, {}, 1, "seconds every collective may take"},
       {"rendezvous_timeout", &Args::rendezvous_timeout, {}, 1, "seconds start-up may take"},
-      {"report_to", &Args::report_to, {}, -1e308, "none, tensorboard or all (metrics always go to the log and trainer_log.jsonl)"},
+      {"report_to",
+       &Args::report_to,
+       {},
+       -1e308,
+       "none, tensorboard or all (metrics always go to the log and trainer_log.jsonl)"},
       {"run_name", &Args::run_name, {}, -1e308, "accepted"},
-      {"disable_tqdm", &Args::disable_tqdm, {}, -1e308, "plain log lines instead of a live progress line"},
+      {"disable_tqdm",
+       &Args::disable_tqdm,
+       {},
+       -1e308,
+       "plain log lines instead of a live progress line"},
       // Fine-tuning method.
-      {"finetuning_type", &Args::finetuning_type, {"full", "lora", "ptuning", "prefix", "ptuning_v2", "freeze"}, -1e308, ""},
+      {"finetuning_type",
+       &Args::finetuning_type,
+       {"full", "lora", "ptuning", "prefix", "ptuning_v2", "freeze"},
+       -1e308,
+       ""},
       {"lora_r", &Args::lora_r, {}, 1, "LoRA rank"},
       {"lora_rank", &Args::lora_r, {}, 1, "alias of lora_r"},
       {"lora_alpha", &Args::lora_alpha, {}, 0, ""},
       {"lora_dropout", &Args::lora_dropout, {}, 0, ""},
-      {"lora_target_modules", &Args::lora_target_modules, {}, -1e308, "comma list, a regex, or all-linear"},
+      {"lora_target_modules",
+       &Args::lora_target_modules,
+       {},
+       -1e308,
+       "comma list, a regex, or all-linear"},
       {"lora_target", &Args::lora_target_modules, {}, -1e308, "alias of lora_target_modules"},
       {"lora_bias", &Args::lora_bias, {"none", "all", "lora_only"}, -1e308, ""},
-      {"lora_modules_to_save", &Args::lora_modules_to_save, {}, -1e308, "comma list of modules trained in full"},
+      {"lora_modules_to_save",
+       &Args::lora_modules_to_save,
+       {},
+       -1e308,
+       "comma list of modules trained in full"},
       {"use_rslora", &Args::use_rslora, {}, -1e308, "scale by alpha/sqrt(r)"},
-      {"adapter_name_or_path", &Args::adapter_name_or_path, {}, -1e308, "continue from a PEFT LoRA adapter folder"},
+      {"adapter_name_or_path",
+       &Args::adapter_name_or_path,
+       {},
+       -1e308,
+       "continue from a PEFT LoRA adapter folder"},
       {"num_virtual_tokens", &Args::num_virtual_tokens, {}, 1, "P-Tuning / prefix length"},
-      {"encoder_reparameterization_type", &Args::encoder_reparameterization_type, {"MLP", "LSTM"}, -1e308, ""},
+      {"encoder_reparameterization_type",
+       &Args::encoder_reparameterization_type,
+       {"MLP", "LSTM"},
+       -1e308,
+       ""},
       {"encoder_hidden_size", &Args::encoder_hidden_size, {}, 0, "0: the model's hidden size"},
       {"pre_seq_len", &Args::pre_seq_len, {}, 1, "prefix length (prefix / ptuning_v2 only)"},
       {"prefix_projection", &Args::prefix_projection, {}, -1e308, ""},
-      {"freeze_trainable_layers", &Args::freeze_trainable_layers, {}, -1e308, "last N layers train; negative: first N"},
-      {"freeze_trainable_modules", &Args::freeze_trainable_modules, {}, -1e308, "all, or layer modules (mlp, self_attn, ...)"},
-      {"freeze_module_name", &Args::freeze_module_name, {}, -1e308, "comma list of name substrings that train"},
-      {"freeze_extra_modules", &Args::freeze_extra_modules, {}, -1e308, "also train these (embed_tokens, lm_head, norm)"},
+      {"freeze_trainable_layers",
+       &Args::freeze_trainable_layers,
+       {},
+       -1e308,
+       "last N layers train; negative: first N"},
+      {"freeze_trainable_modules",
+       &Args::freeze_trainable_modules,
+       {},
+       -1e308,
+       "all, or layer modules (mlp, self_attn, ...)"},
+      {"freeze_module_name",
+       &Args::freeze_module_name,
+       {},
+       -1e308,
+       "comma list of name substrings that train"},
+      {"freeze_extra_modules",
+       &Args::freeze_extra_modules,
+       {},
+       -1e308,
+       "also train these (embed_tokens, lm_head, norm)"},
   };
   return table;
 }
@@ -191,6 +385,21 @@ std::optional<int64_t> parse_int_text(const std::string& s) {
   return std::nullopt;
 }
 
+// The options HF reads as a step count or, below 1, a fraction of the run.
+bool is_step_interval(std::string_view name) {
+  return name == "logging_steps" || name == "save_steps" || name == "eval_steps" ||
+         name == "warmup_steps";
+}
+
+// A number as HF's training_args.json shows it: step counts as integers.
+void set_number(rapidjson::Value& value, std::string_view name, double v) {
+  if (is_step_interval(name) && v >= 1 && std::floor(v) == v && v < 9e15) {
+    value.SetInt64(static_cast<int64_t>(v));
+  } else {
+    value.SetDouble(v);
+  }
+}
+
 // A value as it arrived: command-line text, or a JSON value.
 struct RawValue {
   std::string text;
@@ -200,8 +409,7 @@ struct RawValue {
 
 [[noreturn]] void bad_value(const std::string& where, const Option& o, const RawValue& v,
                             const std::string& expected) {
-  throw ConfigError(
-      fmt::format("{}{}: expected {}, found {}", where, o.name, expected, v.shown()));
+  throw ConfigError(fmt::format("{}{}: expected {}, found {}", where, o.name, expected, v.shown()));
 }
 
 void assign(Args& args, const Option& o, const RawValue& v, const std::string& where) {
@@ -236,19 +444,35 @@ void assign(Args& args, const Option& o, const RawValue& v, const std::string& w
       }
       args.*m = integer();
     }
-    void operator()(double Args::*m) const {
+    void operator()(double Args::*m) const { args.*m = number(); }
+    void operator()(std::optional<double> Args::*m) const {
+      if ((v.json && v.json->IsNull()) || (!v.json && (v.text == "None" || v.text == "null"))) {
+        (args.*m).reset();
+        return;
+      }
+      args.*m = number();
+    }
+    double number() const {
       std::optional<double> d;
       if (v.json && v.json->IsNumber()) d = v.json->GetDouble();
       if (!v.json) d = parse_double_text(v.text);
       if (!d || *d < o.min) bad_value(where, o, v, fmt::format("a number >= {}", o.min));
-      args.*m = *d;
+      if (is_step_interval(o.name) && *d >= 1 && std::floor(*d) != *d) {
+        bad_value(where, o, v,
+                  "a whole number of steps from 1 up, or a fraction of all steps below 1");
+      }
+      if (is_step_interval(o.name) && *d == 0 && std::string_view(o.name) != "warmup_steps") {
+        bad_value(where, o, v, "a number of steps > 0 (or a fraction of all steps below 1)");
+      }
+      return *d;
     }
     void operator()(std::string Args::*m) const {
       std::string s;
       if (v.json && v.json->IsString()) {
         s.assign(v.json->GetString(), v.json->GetStringLength());
       } else if (v.json && v.json->IsObject() &&
-                 (std::string_view(o.name) == "deepspeed" || std::string_view(o.name) == "model_config")) {
+                 (std::string_view(o.name) == "deepspeed" ||
+                  std::string_view(o.name) == "model_config")) {
         s = json::dump(*v.json);  // an inline DeepSpeed config or model config
       } else if (v.json && v.json->IsArray() && std::string_view(o.name) == "report_to") {
         for (const auto& item : v.json->GetArray()) {  // HF's list form
@@ -286,9 +510,9 @@ void validate(const Args& a, const std::string& where);
 
 // The integrations HF's report_to names besides TensorBoard: accepted with a warning.
 bool is_other_integration(const std::string& name) {
-  static const std::set<std::string> names = {"azure_ml", "clearml", "codecarbon", "comet_ml", "dagshub",
-                                              "dvclive",  "flyte",   "mlflow",     "neptune",  "swanlab",
-                                              "trackio",  "wandb",   "tensorboardx"};
+  static const std::set<std::string> names = {
+      "azure_ml", "clearml", "codecarbon", "comet_ml", "dagshub", "dvclive",     "flyte",
+      "mlflow",   "neptune", "swanlab",    "trackio",  "wandb",   "tensorboardx"};
   return names.count(name) != 0;
 }
 
@@ -301,21 +525,23 @@ void finalize(Args& a, const std::string& where) {
     bool& other = bf ? a.fp16 : a.bf16;
     const char* other_name = bf ? "fp16" : "bf16";
     if (other && a.is_given(other_name)) {
-      throw ConfigError(fmt::format("{}torch_dtype {} and {} true contradict each other ({} weights train with "
-                                    "{}); drop one of them",
-                                    where, a.torch_dtype, other_name, a.torch_dtype, bf ? "bf16" : "fp16"));
+      throw ConfigError(
+          fmt::format("{}torch_dtype {} and {} true contradict each other ({} weights train with "
+                      "{}); drop one of them",
+                      where, a.torch_dtype, other_name, a.torch_dtype, bf ? "bf16" : "fp16"));
     }
     if (!mine && a.is_given(bf ? "bf16" : "fp16")) {
-      throw ConfigError(fmt::format("{}torch_dtype {} and {} false contradict each other; drop one of them", where,
-                                    a.torch_dtype, bf ? "bf16" : "fp16"));
+      throw ConfigError(
+          fmt::format("{}torch_dtype {} and {} false contradict each other; drop one of them",
+                      where, a.torch_dtype, bf ? "bf16" : "fp16"));
     }
     mine = true;
     other = false;
   }
   if (a.use_cpu) {
     if (a.device == "cuda") {
-      throw ConfigError(fmt::format("{}use_cpu (no_cuda) and device cuda contradict each other; drop one of them",
-                                    where));
+      throw ConfigError(fmt::format(
+          "{}use_cpu (no_cuda) and device cuda contradict each other; drop one of them", where));
     }
     a.device = "cpu";
   }
@@ -332,38 +558,58 @@ void finalize(Args& a, const std::string& where) {
       reports += (reports.empty() ? "" : ",") + r;
     } else if (is_other_integration(r)) {
       a.ignored["report_to " + r] = fmt::format(
-          "report_to {}: zerotrain has no {} integration; metrics go to the log and trainer_log.jsonl "
+          "report_to {}: zerotrain has no {} integration; metrics go to the log and "
+          "trainer_log.jsonl "
           "(and TensorBoard with report_to tensorboard)",
           r, r);
     } else {
-      throw ConfigError(fmt::format("{}report_to: unknown integration \"{}\"; zerotrain writes none, "
-                                    "tensorboard or all (= tensorboard)",
-                                    where, r));
+      throw ConfigError(
+          fmt::format("{}report_to: unknown integration \"{}\"; zerotrain writes none, "
+                      "tensorboard or all (= tensorboard)",
+                      where, r));
     }
   }
   a.report_to = reports.empty() ? "none" : reports;
+  if (a.train_sampling_strategy == "group_by_length") a.group_by_length = true;
+  if (a.group_by_length && a.train_sampling_strategy == "sequential") {
+    throw ConfigError(fmt::format(
+        "{}group_by_length and train_sampling_strategy sequential contradict each other "
+        "(grouping reorders the examples); drop one of them",
+        where));
+  }
   validate(a, where);
 }
 
 // Checks that span several options.
 void validate(const Args& a, const std::string& where) {
   if (!a.model_name_or_path.empty() && !a.model_config.empty()) {
-    throw ConfigError(fmt::format("{}model_name_or_path and model_config are both given; give one "
-                                  "(model_config builds a model with random weights)",
-                                  where));
+    throw ConfigError(
+        fmt::format("{}model_name_or_path and model_config are both given; give one "
+                    "(model_config builds a model with random weights)",
+                    where));
   }
   if (a.load_best_model_at_end) {
     // HF TrainingArguments' rule: the best model is chosen among saved checkpoints.
     if (a.eval_strategy == "no" || a.eval_strategy != a.save_strategy) {
-      throw ConfigError(fmt::format("{}load_best_model_at_end needs eval_strategy and save_strategy "
-                                    "to be the same and not \"no\" (found {} and {})",
-                                    where, a.eval_strategy, a.save_strategy));
+      throw ConfigError(
+          fmt::format("{}load_best_model_at_end needs eval_strategy and save_strategy "
+                      "to be the same and not \"no\" (found {} and {})",
+                      where, a.eval_strategy, a.save_strategy));
     }
-    const int64_t every = a.eval_steps.value_or(a.logging_steps);
-    if (a.eval_strategy == "steps" && a.save_steps % every != 0) {
-      throw ConfigError(fmt::format("{}load_best_model_at_end needs save_steps ({}) to be a multiple "
-                                    "of eval_steps ({})",
-                                    where, a.save_steps, every));
+    // With ratios the rule holds for the ratios (HF compares them, both or neither a ratio).
+    const double every = a.eval_steps.value_or(a.logging_steps);
+    if (a.eval_strategy == "steps" && (every < 1) != (a.save_steps < 1)) {
+      throw ConfigError(
+          fmt::format("{}load_best_model_at_end needs save_steps ({}) and eval_steps ({}) both "
+                      "as steps or both as fractions of the run",
+                      where, a.save_steps, every));
+    }
+    const double ratio = a.save_steps / every;
+    if (a.eval_strategy == "steps" && std::fabs(ratio - std::round(ratio)) > 1e-9 * ratio) {
+      throw ConfigError(
+          fmt::format("{}load_best_model_at_end needs save_steps ({}) to be a multiple "
+                      "of eval_steps ({})",
+                      where, a.save_steps, every));
     }
   }
   if (a.fp16 && a.bf16) {
@@ -379,10 +625,12 @@ void validate(const Args& a, const std::string& where) {
         "v1); use --finetuning_type prefix (alias ptuning_v2), or num_virtual_tokens for ptuning",
         where));
   }
-  if (a.freeze_trainable_layers == 0 && a.finetuning_type == "freeze" && a.freeze_module_name.empty()) {
-    throw ConfigError(fmt::format("{}freeze_trainable_layers: 0 trains nothing; give N > 0 (last N "
-                                  "layers) or N < 0 (first N)",
-                                  where));
+  if (a.freeze_trainable_layers == 0 && a.finetuning_type == "freeze" &&
+      a.freeze_module_name.empty()) {
+    throw ConfigError(
+        fmt::format("{}freeze_trainable_layers: 0 trains nothing; give N > 0 (last N "
+                    "layers) or N < 0 (first N)",
+                    where));
   }
   if (a.warmup_ratio > 1.0) {
     throw ConfigError(fmt::format("{}warmup_ratio: expected a number in [0, 1], found {}", where,
@@ -395,7 +643,8 @@ void validate(const Args& a, const std::string& where) {
 void note_foreign(Args& args, const config::ForeignOption& f, const std::string& canonical,
                   const std::string& shown, const std::string& where) {
   if (!config::is_neutral(f, canonical)) {
-    throw ConfigError(fmt::format("{}{} {}: zerotrain cannot honour it ({}); drop it", where, f.name, shown, f.note));
+    throw ConfigError(fmt::format("{}{} {}: zerotrain cannot honour it ({}); drop it", where,
+                                  f.name, shown, f.note));
   }
   args.ignored[f.name] = fmt::format("{} has no effect in zerotrain: {}", f.name, f.note);
 }
@@ -405,7 +654,8 @@ std::string canonical_json(const rapidjson::Value& v) {
   if (v.IsNull()) return "none";
   if (v.IsBool()) return v.GetBool() ? "true" : "false";
   if (v.IsNumber()) return fmt::format("{:g}", v.GetDouble());
-  if (v.IsString()) return config::canonical_value(std::string_view(v.GetString(), v.GetStringLength()));
+  if (v.IsString())
+    return config::canonical_value(std::string_view(v.GetString(), v.GetStringLength()));
   if (v.IsArray() && v.Empty()) return "[]";
   if (v.IsObject() && v.ObjectEmpty()) return "{}";
   return json::dump(v);
@@ -428,8 +678,9 @@ std::vector<OptionHelp> training_option_help() {
           using V = std::decay_t<decltype(v)>;
           if constexpr (std::is_same_v<V, bool>) {
             h.default_value = v ? "true" : "false";
-          } else if constexpr (std::is_same_v<V, std::optional<int64_t>>) {
-            h.default_value = v ? std::to_string(*v) : "";
+          } else if constexpr (std::is_same_v<V, std::optional<int64_t>> ||
+                               std::is_same_v<V, std::optional<double>>) {
+            h.default_value = v ? fmt::format("{}", *v) : "";
           } else if constexpr (std::is_same_v<V, std::optional<bool>>) {
             h.default_value = v ? (*v ? "true" : "false") : "";
           } else if constexpr (std::is_same_v<V, std::string>) {
@@ -480,10 +731,13 @@ std::vector<std::string> apply_training_flags(TrainingArguments& args,
     // alone means true); for lists every token up to the next option, as HF's parser reads them.
     auto take = [&](config::ValueKind kind) {
       if (inline_value) return *inline_value;
-      if (kind == config::ValueKind::kFlag) return i + 1 < argv.size() && !is_flag(argv[i + 1]) ? argv[++i] : "true";
-      if (i + 1 >= argv.size() || is_flag(argv[i + 1])) throw ConfigError(fmt::format("--{} needs a value", name));
+      if (kind == config::ValueKind::kFlag)
+        return i + 1 < argv.size() && !is_flag(argv[i + 1]) ? argv[++i] : "true";
+      if (i + 1 >= argv.size() || is_flag(argv[i + 1]))
+        throw ConfigError(fmt::format("--{} needs a value", name));
       std::string value = argv[++i];
-      while (kind == config::ValueKind::kList && i + 1 < argv.size() && !is_flag(argv[i + 1])) value += "," + argv[++i];
+      while (kind == config::ValueKind::kList && i + 1 < argv.size() && !is_flag(argv[i + 1]))
+        value += "," + argv[++i];
       return value;
     };
     const Option* o = find_option(name);
@@ -496,10 +750,10 @@ std::vector<std::string> apply_training_flags(TrainingArguments& args,
       throw ConfigError(fmt::format("unknown option --{}{}; see 'zerotrain train --help'", name,
                                     suggestion(name)));
     }
-    const bool boolean =
-        std::holds_alternative<bool Args::*>(o->member) || std::holds_alternative<std::optional<bool> Args::*>(o->member);
+    const bool boolean = std::holds_alternative<bool Args::*>(o->member) ||
+                         std::holds_alternative<std::optional<bool> Args::*>(o->member);
     RawValue v;
-    v.text = take(boolean ? config::ValueKind::kFlag
+    v.text = take(boolean               ? config::ValueKind::kFlag
                   : name == "report_to" ? config::ValueKind::kList
                                         : config::ValueKind::kValue);
     assign(args, *o, v, "--");
@@ -529,7 +783,8 @@ void apply_training_json(TrainingArguments& args, std::string_view text,
     }
     // null is HF's None: the option's default (optional options are reset to none).
     if (it->value.IsNull() && !std::holds_alternative<std::optional<int64_t> Args::*>(o->member) &&
-        !std::holds_alternative<std::optional<bool> Args::*>(o->member)) {
+        !std::holds_alternative<std::optional<bool> Args::*>(o->member) &&
+        !std::holds_alternative<std::optional<double> Args::*>(o->member)) {
       continue;
     }
     RawValue v;
@@ -556,7 +811,9 @@ std::string training_arguments_json(const TrainingArguments& args) {
           } else if constexpr (std::is_same_v<V, int64_t>) {
             value.SetInt64(v);
           } else if constexpr (std::is_same_v<V, double>) {
-            value.SetDouble(v);
+            set_number(value, o.name, v);
+          } else if constexpr (std::is_same_v<V, std::optional<double>>) {
+            if (v) set_number(value, o.name, *v);
           } else if constexpr (std::is_same_v<V, std::optional<int64_t>>) {
             if (v) value.SetInt64(*v);
           } else if constexpr (std::is_same_v<V, std::optional<bool>>) {
@@ -575,9 +832,16 @@ void apply_training_file(TrainingArguments& args, const std::string& path) {
   apply_training_json(args, files::read_text(path, "options file"), path);
 }
 
+int64_t steps_for(double every, int64_t total_train_steps) {
+  if (every >= 1) return static_cast<int64_t>(every);
+  return std::max<int64_t>(
+      1, static_cast<int64_t>(std::ceil(every * static_cast<double>(total_train_steps))));
+}
+
 int64_t warmup_steps_for(const TrainingArguments& args, int64_t total_train_steps) {
-  if (args.warmup_steps > 0) return args.warmup_steps;
-  return static_cast<int64_t>(std::ceil(args.warmup_ratio * static_cast<double>(total_train_steps)));
+  if (args.warmup_steps > 0) return steps_for(args.warmup_steps, total_train_steps);
+  return static_cast<int64_t>(
+      std::ceil(args.warmup_ratio * static_cast<double>(total_train_steps)));
 }
 
 }  // namespace zt

@@ -12,6 +12,7 @@
 
 #include "data/bpe_model.hpp"
 #include "util/files.hpp"
+#include "util/log.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt {
@@ -187,15 +188,24 @@ HfTokenizer::~HfTokenizer() = default;
 std::shared_ptr<HfTokenizer> HfTokenizer::load(const std::string& dir) {
   namespace fs = std::filesystem;
   const std::string path = (fs::path(dir) / "tokenizer.json").string();
-  auto tokenizer = std::make_shared<HfTokenizer>(hf::read_tokenizer_json(path));
+  std::optional<hf::ClassPipeline> pipeline = hf::class_pipeline(dir);
+  if (pipeline) {
+    log::debug(
+        "'{}': transformers 5 builds {}'s normalizer, pre-tokenizer and decoder itself; zerotrain "
+        "does "
+        "the same (docs/tokenizers.md)",
+        dir, pipeline->name);
+  }
+  auto tokenizer = std::make_shared<HfTokenizer>(hf::read_tokenizer_json(path, pipeline));
   if (const auto& t = tokenizer->spec_.post_template) {
     // The post-processor's ids go straight into batches: each must be a token of this tokenizer.
     for (const std::vector<int32_t>* ids : {&t->before, &t->after}) {
       for (int32_t id : *ids) {
         if (id < 0 || id >= tokenizer->id_end_) {
-          throw ConfigError(fmt::format("'{}': post_processor: the template's special token id {} is outside the "
-                                        "vocabulary [0, {})",
-                                        path, id, tokenizer->id_end_));
+          throw ConfigError(
+              fmt::format("'{}': post_processor: the template's special token id {} is outside the "
+                          "vocabulary [0, {})",
+                          path, id, tokenizer->id_end_));
         }
       }
     }
@@ -206,12 +216,14 @@ std::shared_ptr<HfTokenizer> HfTokenizer::load(const std::string& dir) {
     if (id >= 0 && id < tokenizer->id_end_) tokenizer->impl_->skip[id] = 1;
   }
   // Everything encode and the special tokens depend on is in these files.
-  std::string key = "hf-tokenizer-v1";
+  std::string key = "hf-tokenizer-v2";  // v2: transformers 5's class pipelines
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
     const fs::path file = fs::path(dir) / name;
     std::error_code ec;
     const std::string content =
-        fs::exists(file, ec) ? files::read_text(file.string(), "tokenizer file", files::kMaxTokenizerBytes) : std::string();
+        fs::exists(file, ec)
+            ? files::read_text(file.string(), "tokenizer file", files::kMaxTokenizerBytes)
+            : std::string();
     key += fmt::format(":{}={}", name, hex64(hash_bytes(content)));
   }
   tokenizer->fingerprint_ = key;

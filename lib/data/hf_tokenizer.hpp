@@ -75,9 +75,29 @@ struct TokenizerJson {
   std::shared_ptr<const BpeModel> model;
 };
 
+/// The pipeline transformers 5 builds itself for the tokenizer class tokenizer_config.json
+/// names: its classes with their own constructor (LlamaTokenizer, Qwen2Tokenizer) take only the
+/// vocabulary, merges, added tokens and post-processor from tokenizer.json and set the
+/// normalizer, pre-tokenizer, decoder and BPE flags themselves (transformers 4.x, and classes
+/// without a constructor such as PreTrainedTokenizerFast, use tokenizer.json as written).
+struct ClassPipeline {
+  std::string name;  ///< the tokenizer_class, for messages
+  std::vector<NormalizerStep> normalizers;
+  std::vector<PreTokenizerStep> pre_tokenizers;
+  std::vector<DecoderStep> decoders;
+  bool fuse_unk = false, byte_fallback = false;
+};
+
+/// The class pipeline for the tokenizer in `dir`, or nullopt when tokenizer.json applies as
+/// written (no tokenizer_config.json, or a class without its own pipeline). Rules and the
+/// transformers 4.x difference: docs/tokenizers.md.
+std::optional<ClassPipeline> class_pipeline(const std::string& dir);
+
 /// Reads and validates tokenizer.json; anything unsupported is a ConfigError naming the file,
-/// the JSON key and the type or value.
-TokenizerJson read_tokenizer_json(const std::string& path);
+/// the JSON key and the type or value. With `pipeline`, its steps and BPE flags replace the
+/// file's (which are still validated).
+TokenizerJson read_tokenizer_json(const std::string& path,
+                                  const std::optional<ClassPipeline>& pipeline = std::nullopt);
 
 /// The special-token settings of tokenizer_config.json (and special_tokens_map.json).
 struct SpecialTokens {

@@ -31,7 +31,9 @@ constexpr const char* kPostProcessorTypes = "TemplateProcessing, ByteLevel, Sequ
                                 value, supported));
 }
 
-std::string type_of(json::ObjectReader& r) { return r.required_string("type", "a string naming the type"); }
+std::string type_of(json::ObjectReader& r) {
+  return r.required_string("type", "a string naming the type");
+}
 
 // The members of the array `key` as objects, with their paths.
 template <typename F>
@@ -259,7 +261,8 @@ void read_post_processor(json::ObjectReader& r, const std::string& source,
 }
 
 std::shared_ptr<const BpeModel> read_model(json::ObjectReader& m, const std::string& source,
-                                           bool byte_level) {
+                                           bool byte_level,
+                                           const std::optional<ClassPipeline>& pipeline) {
   const std::string type = m.string("type").value_or("");
   if (type != "BPE") {
     unsupported(m, "type", fmt::format("model \"{}\"", type),
@@ -279,6 +282,11 @@ std::shared_ptr<const BpeModel> read_model(json::ObjectReader& m, const std::str
   o.byte_fallback = m.boolean("byte_fallback").value_or(false);
   o.ignore_merges = m.boolean("ignore_merges").value_or(false);
   o.byte_level = byte_level;
+  if (pipeline) {  // the class's own BPE(vocab, merges, ...): its flags, merges always applied
+    o.fuse_unk = pipeline->fuse_unk;
+    o.byte_fallback = pipeline->byte_fallback;
+    o.ignore_merges = false;
+  }
 
   const rapidjson::Value* v = m.find("vocab");
   if (v == nullptr || !v->IsObject()) m.fail("vocab", "an object {token: id}");
@@ -364,7 +372,8 @@ void read_added_tokens(json::ObjectReader& r, const std::string& source, const B
 
 }  // namespace
 
-TokenizerJson read_tokenizer_json(const std::string& path) {
+TokenizerJson read_tokenizer_json(const std::string& path,
+                                  const std::optional<ClassPipeline>& pipeline) {
   const std::string content = files::read_text(path, "tokenizer file", files::kMaxTokenizerBytes);
   rapidjson::Document doc = json::parse(content, path);
   json::ObjectReader r(doc, "", path);
@@ -388,9 +397,14 @@ TokenizerJson read_tokenizer_json(const std::string& path) {
   }
   std::optional<json::ObjectReader> m = r.object("model");
   if (!m) r.fail("model", "an object");
+  if (pipeline) {
+    spec.normalizers = pipeline->normalizers;
+    spec.pre_tokenizers = pipeline->pre_tokenizers;
+    spec.decoders = pipeline->decoders;
+  }
   const bool byte_level = !spec.pre_tokenizers.empty() &&
                           spec.pre_tokenizers.back().kind == PreTokenizerStep::kByteLevel;
-  spec.model = read_model(*m, path, byte_level);
+  spec.model = read_model(*m, path, byte_level, pipeline);
   read_added_tokens(r, path, *spec.model, spec.model->entries(), spec.added);
   return spec;
 }
@@ -411,7 +425,8 @@ ConfigFile read_config(const std::string& dir, const char* name) {
   f.path = (std::filesystem::path(dir) / name).string();
   std::error_code ec;
   if (!std::filesystem::exists(f.path, ec)) return f;
-  f.doc = json::parse(files::read_text(f.path, "tokenizer file", files::kMaxTokenizerBytes), f.path);
+  f.doc =
+      json::parse(files::read_text(f.path, "tokenizer file", files::kMaxTokenizerBytes), f.path);
   json::ObjectReader check(f.doc, "", f.path);  // an object without repeated keys
   f.present = true;
   return f;
@@ -438,6 +453,60 @@ std::optional<bool> flag_setting(const ConfigFile& f, const char* key) {
 }
 
 }  // namespace
+
+std::optional<ClassPipeline> class_pipeline(const std::string& dir) {
+  const ConfigFile config = read_config(dir, "tokenizer_config.json");
+  if (!config.present) return std::nullopt;
+  json::ObjectReader r(config.doc, "", config.path);
+  const std::string name = r.string("tokenizer_class").value_or("");
+  // add_prefix_space null means the class's default (true for LLaMA, false for Qwen2).
+  const rapidjson::Value* aps = r.find("add_prefix_space");
+  const bool aps_given = aps != nullptr && !aps->IsNull();
+  const bool aps_value = aps_given && r.boolean("add_prefix_space").value_or(false);
+  ClassPipeline p;
+  p.name = name;
+  if (name == "LlamaTokenizer" || name == "LlamaTokenizerFast") {
+    // BPE(fuse_unk, byte_fallback), no normalizer, Metaspace without splitting: prepended
+    // "always" (legacy true), at the input's start only ("first", legacy false, the class's
+    // default) or never (add_prefix_space false).
+    const bool prefix = aps_given ? aps_value : true;
+    const bool legacy = r.boolean("legacy").value_or(false);
+    PreTokenizerStep meta{PreTokenizerStep::kMetaspace};
+    meta.replacement = "\xE2\x96\x81";
+    meta.split = false;
+    meta.prepend = !prefix  ? PreTokenizerStep::Prepend::kNever
+                   : legacy ? PreTokenizerStep::Prepend::kAlways
+                            : PreTokenizerStep::Prepend::kFirst;
+    p.pre_tokenizers = {meta};
+    DecoderStep replace{DecoderStep::kReplace};
+    replace.text = "\xE2\x96\x81";
+    replace.content = " ";
+    p.decoders = {replace, DecoderStep{DecoderStep::kByteFallback},
+                  DecoderStep{DecoderStep::kFuse}};
+    if (prefix) {
+      DecoderStep strip{DecoderStep::kStrip};
+      strip.text = " ";
+      strip.start = 1;
+      p.decoders.push_back(strip);
+    }
+    p.fuse_unk = p.byte_fallback = true;
+    return p;
+  }
+  if (name == "Qwen2Tokenizer" || name == "Qwen2TokenizerFast") {
+    // NFC, the Qwen2 regex split, ByteLevel without its own regex; plain BPE.
+    p.normalizers = {NormalizerStep{NormalizerStep::kForm}};
+    p.normalizers[0].form = text::NormalForm::kNFC;
+    PreTokenizerStep split{PreTokenizerStep::kSplit};
+    split.pattern = text::SplitPattern::kQwen2;
+    PreTokenizerStep bytes{PreTokenizerStep::kByteLevel};
+    bytes.add_prefix_space = aps_given && aps_value;
+    bytes.use_regex = false;
+    p.pre_tokenizers = {split, bytes};
+    p.decoders = {DecoderStep{DecoderStep::kByteLevel}};
+    return p;
+  }
+  return std::nullopt;
+}
 
 SpecialTokens read_special_tokens(const std::string& dir, const HfTokenizer& tokenizer,
                                   const std::optional<Template>& post_template) {

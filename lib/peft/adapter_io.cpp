@@ -49,16 +49,91 @@ void key_list(Writer& w, const char* k, const std::vector<std::string>& v, bool 
   w.EndArray();
 }
 
-// target_modules as PEFT saves them: the names given, with all-linear written out as the
-// names of the projections it picked (PEFT expands the shorthand before saving, and reads
-// "all-linear" only as a plain string, never inside a list).
+// PEFT's names for a module's own parameters once LoRA wraps it: "X.bias" becomes
+// "X.base_layer.bias" (the wrapped layer), which is the key PEFT saves and loads.
+std::string peft_key(const std::string& name, const std::set<std::string>& wrapped) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos || is_lora_name(name) || !wrapped.count(name.substr(0, dot)))
+    return kPrefix + name;
+  return kPrefix + name.substr(0, dot) + ".base_layer" + name.substr(dot);
+}
+
+// The model's name for a stored key: the prefix dropped, and "X.base_layer.bias" read as "X.bias".
+std::string model_name(const std::string& key) {
+  std::string name = key.substr(std::string(kPrefix).size());
+  const size_t at = name.rfind(".base_layer.");
+  if (at != std::string::npos && name.find('.', at + 12) == std::string::npos) name.erase(at, 11);
+  return name;
+}
+
+// PEFT's condensing of a long target list (at 20 names or more): the shortest dotted suffix of
+// each target that ends no other module's name, so the list still picks exactly these modules.
+constexpr size_t kCondenseFrom = 20;
+
+std::vector<std::string> suffixes_of(
+    const std::string& path) {  // shortest first, as PEFT orders them
+  std::vector<std::string> out{path.substr(path.rfind('.') + 1)};
+  for (size_t dot = path.rfind('.'); dot != std::string::npos && dot > 0;) {
+    const size_t prev = path.rfind('.', dot - 1);
+    out.push_back(path.substr(prev + 1));
+    dot = prev;
+  }
+  return out;
+}
+
+std::set<std::string> condensed(const std::set<std::string>& targets,
+                                const std::vector<std::string>& others) {
+  std::set<std::string> taken;  // suffixes some other module's name ends with
+  for (const std::string& o : others) {
+    for (std::string& s : suffixes_of(o)) taken.insert(std::move(s));
+  }
+  std::vector<std::pair<std::vector<std::string>, std::string>> order;
+  for (const std::string& t : targets) order.emplace_back(suffixes_of(t), t);
+  std::sort(order.begin(), order.end());
+  std::set<std::string> out;
+  for (const auto& [suffixes, target] : order) {
+    for (const std::string& s : suffixes) {
+      if (out.count(s) || taken.count(s)) continue;
+      const bool covered = std::any_of(out.begin(), out.end(), [&t = target](const std::string& r) {
+        return t != r && peft::ends_with_component(t, r);
+      });
+      if (!covered) {
+        out.insert(s);
+        break;
+      }
+    }
+  }
+  return out.empty() ? targets : out;
+}
+
+// target_modules as PEFT saves them: all-linear written out as the module paths it picked (PEFT
+// expands the shorthand before saving, and reads "all-linear" only as a plain string, never
+// inside a list), and a list of 20 or more condensed to suffixes as PEFT condenses it.
 std::vector<std::string> saved_target_modules(CausalLM& model, const LoraOptions& o) {
   std::set<std::string> names;
   for (const std::string& t : o.target_modules) {
     if (t != "all-linear") names.insert(t);
   }
-  if (std::find(o.target_modules.begin(), o.target_modules.end(), "all-linear") != o.target_modules.end()) {
-    for (const std::string& path : peft::lora_targets(model, o)) names.insert(path.substr(path.rfind('.') + 1));
+  if (std::find(o.target_modules.begin(), o.target_modules.end(), "all-linear") !=
+      o.target_modules.end()) {
+    for (const std::string& path : peft::lora_targets(model, o)) names.insert(path);
+  }
+  if (names.size() >= kCondenseFrom) {
+    auto targeted = [&](const std::string& m) {
+      return std::any_of(names.begin(), names.end(),
+                         [&](const std::string& t) { return peft::ends_with_component(m, t); });
+    };
+    std::vector<std::string> others{
+        ""};  // the base model's other modules (LoRA's own A/B left out)
+    for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+      const std::string& m = item.key();
+      if (m.find(".lora_A") == std::string::npos && m.find(".lora_B") == std::string::npos &&
+          !targeted(m)) {
+        others.push_back(m);
+      }
+    }
+    std::set<std::string> shorter = condensed(names, others);
+    if (shorter.size() < names.size()) names = std::move(shorter);
   }
   return {names.begin(), names.end()};
 }
@@ -151,8 +226,9 @@ std::string adapter_config_json(CausalLM& model, const PeftConfig& c) {
 void save_adapter(CausalLM& model, const PeftConfig& c, const std::string& dir,
                   const std::vector<std::pair<std::string, at::Tensor>>& values) {
   if (c.type == FinetuningType::kFull || c.type == FinetuningType::kFreeze) {
-    throw InvalidArgument("save_adapter: full and freeze fine-tuning have no adapter; export the "
-                          "model instead");
+    throw InvalidArgument(
+        "save_adapter: full and freeze fine-tuning have no adapter; export the "
+        "model instead");
   }
   std::map<std::string, at::Tensor> given(values.begin(), values.end());
   auto value_of = [&](const std::string& name, const at::Tensor& own) {
@@ -167,10 +243,17 @@ void save_adapter(CausalLM& model, const PeftConfig& c, const std::string& dir,
   };
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   if (c.type == FinetuningType::kLora) {
+    std::set<std::string> wrapped;  // the modules LoRA adapts
+    for (const auto& item : model.named_parameters(true)) {
+      const size_t at = item.key().find(".lora_A.");
+      if (at != std::string::npos) wrapped.insert(item.key().substr(0, at));
+    }
+    const std::vector<std::string> wrapped_list(wrapped.begin(), wrapped.end());
     for (const auto& item : model.named_parameters(true)) {
       const std::string& name = item.key();
-      if (!is_lora_name(name) && !item.value().requires_grad()) continue;
-      tensors.emplace_back(kPrefix + name, value_of(name, item.value()));
+      // By the config, not requires_grad: an adapter loaded for inference saves the same files.
+      if (!peft::in_adapter(name, c.lora, wrapped_list)) continue;
+      tensors.emplace_back(peft_key(name, wrapped), value_of(name, item.value()));
     }
   } else {
     PromptAdapter* prompt = model.prompt_adapter();
@@ -272,40 +355,62 @@ std::string adapter_base_model(const std::string& adapter_dir, const std::string
   if (base.empty()) {
     base = load_adapter_config(adapter_dir).base_model_name_or_path;
     if (base.empty()) {
-      throw ConfigError(fmt::format("the adapter in '{}' names no base model (base_model_name_or_path); pass "
-                                    "--base_model DIR",
-                                    adapter_dir));
+      throw ConfigError(
+          fmt::format("the adapter in '{}' names no base model (base_model_name_or_path); pass "
+                      "--base_model DIR",
+                      adapter_dir));
     }
   }
   std::error_code ec;
   if (!std::filesystem::is_directory(base, ec)) {
     throw ConfigError(fmt::format(
-        "the base model of the adapter in '{}' is '{}', which is not a folder{}; pass --base_model DIR",
+        "the base model of the adapter in '{}' is '{}', which is not a folder{}; pass --base_model "
+        "DIR",
         adapter_dir, base,
-        override.empty() ? " (as PEFT does, a relative base_model_name_or_path is taken from the current "
-                           "directory; a hub id needs a local download)"
-                         : ""));
+        override.empty()
+            ? " (as PEFT does, a relative base_model_name_or_path is taken from the current "
+              "directory; a hub id needs a local download)"
+            : ""));
   }
   return base;
 }
 
 namespace {
 
+// The stored keys of an adapter file by the model's parameter names (both of PEFT's spellings
+// of a wrapped layer's bias read).
+std::map<std::string, std::string> keys_by_name(const SafetensorsFile& file) {
+  std::map<std::string, std::string> out;
+  for (const std::string& key : file.names()) {
+    if (key.rfind(kPrefix, 0) != 0 || !out.emplace(model_name(key), key).second) {
+      throw IoError(fmt::format(
+          "'{}' holds tensor '{}', which has no place in this model{}", file.path(), key,
+          key.rfind(kPrefix, 0) != 0 ? " (PEFT's keys start with base_model.model.)"
+                                     : " (its parameter is stored twice)"));
+    }
+  }
+  return out;
+}
+
 class AdapterSource final : public ParameterSource {
  public:
-  explicit AdapterSource(const std::string& dir) : file_(dir + "/adapter_model.safetensors") {}
-  bool has(const std::string& name) const override { return file_.contains(kPrefix + name); }
+  explicit AdapterSource(const std::string& dir)
+      : file_(dir + "/adapter_model.safetensors"), keys_(keys_by_name(file_)) {}
+  bool has(const std::string& name) const override { return keys_.count(name) != 0; }
   void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
             const at::Tensor& out) override {
-    const std::string key = kPrefix + name;
-    if (!file_.contains(key) || file_.info(key).shape != shape) {
-      throw IoError(fmt::format("'{}' has no tensor '{}' of shape [{}]", file_.path(), key, fmt::join(shape, ", ")));
+    auto it = keys_.find(name);
+    if (it == keys_.end() || file_.info(it->second).shape != shape) {
+      throw IoError(fmt::format("'{}' has no tensor '{}' of shape [{}]", file_.path(),
+                                it == keys_.end() ? kPrefix + name : it->second,
+                                fmt::join(shape, ", ")));
     }
-    file_.read_range(key, offset, out);
+    file_.read_range(it->second, offset, out);
   }
 
  private:
   SafetensorsFile file_;
+  std::map<std::string, std::string> keys_;
 };
 
 }  // namespace
@@ -324,11 +429,13 @@ ParameterCount load_adapter(CausalLM& model, const std::string& dir, bool traina
     at::NoGradGuard no_grad;
     std::map<std::string, at::Tensor> params;
     for (const auto& item : model.named_parameters(true)) params[item.key()] = item.value();
-    for (const std::string& key : st.names()) {
-      if (key.rfind(kPrefix, 0) != 0 || !params.count(key.substr(std::string(kPrefix).size()))) {
-        throw IoError(fmt::format("'{}' holds tensor '{}', which has no place in this model "
-                                  "(a different base model?)",
-                                  file, key));
+    const std::map<std::string, std::string> keys = keys_by_name(st);
+    for (const auto& [name, key] : keys) {
+      if (!params.count(name)) {
+        throw IoError(
+            fmt::format("'{}' holds tensor '{}', which has no place in this model "
+                        "(a different base model?)",
+                        file, key));
       }
     }
     for (auto& [name, p] : params) {
@@ -336,16 +443,18 @@ ParameterCount load_adapter(CausalLM& model, const std::string& dir, bool traina
       if (!lora && !p.requires_grad()) continue;  // a frozen base weight
       // LoRA weights, and the biases and modules_to_save the config makes trainable.
       p.set_requires_grad(trainable);
-      const std::string key = kPrefix + name;
-      if (!st.contains(key)) {
+      auto found = keys.find(name);
+      if (found == keys.end()) {
         if (!lora) continue;  // a trainable bias or saved module the adapter did not store
-        throw IoError(fmt::format("'{}' lacks '{}', which its adapter_config.json implies", file, key));
+        throw IoError(fmt::format("'{}' lacks '{}', which its adapter_config.json implies", file,
+                                  kPrefix + name));
       }
+      const std::string& key = found->second;
       if (st.info(key).shape != p.sizes().vec()) {
-        throw IoError(fmt::format("'{}': '{}' has shape [{}] but this model needs [{}] (a different "
-                                  "base model or rank?)",
-                                  file, key, fmt::join(st.info(key).shape, ", "),
-                                  fmt::join(p.sizes(), ", ")));
+        throw IoError(fmt::format(
+            "'{}': '{}' has shape [{}] but this model needs [{}] (a different "
+            "base model or rank?)",
+            file, key, fmt::join(st.info(key).shape, ", "), fmt::join(p.sizes(), ", ")));
       }
       if (!p.is_contiguous()) p.set_data(at::empty(p.sizes(), p.options()));
       p.copy_(st.load(key));
@@ -354,13 +463,16 @@ ParameterCount load_adapter(CausalLM& model, const std::string& dir, bool traina
     const bool prefix = c.type == FinetuningType::kPrefix;
     at::Tensor table = st.load("prompt_embeddings");
     const int64_t width = prefix ? m.num_hidden_layers * 2 * m.kv_dim() : m.hidden_size;
-    if (table.dim() != 2 || table.size(0) != c.prompt.num_virtual_tokens || table.size(1) != width) {
-      throw IoError(fmt::format("'{}': prompt_embeddings has shape [{}] but this model needs [{}, {}]",
-                                file, fmt::join(table.sizes(), ", "), c.prompt.num_virtual_tokens, width));
+    if (table.dim() != 2 || table.size(0) != c.prompt.num_virtual_tokens ||
+        table.size(1) != width) {
+      throw IoError(
+          fmt::format("'{}': prompt_embeddings has shape [{}] but this model needs [{}, {}]", file,
+                      fmt::join(table.sizes(), ", "), c.prompt.num_virtual_tokens, width));
     }
     for (auto& p : model.parameters(true)) p.set_requires_grad(false);
     const at::Tensor& w = model.named_parameters(true).begin()->value();
-    auto adapter = std::make_shared<peft::FixedPrompt>(m, table.to(w.device(), w.scalar_type()), prefix);
+    auto adapter =
+        std::make_shared<peft::FixedPrompt>(m, table.to(w.device(), w.scalar_type()), prefix);
     for (auto& p : adapter->parameters()) p.set_requires_grad(trainable);
     model.set_prompt_adapter(adapter);
   }
@@ -379,15 +491,18 @@ ParameterCount apply_peft_from_args(CausalLM& model, const TrainingArguments& ar
   }
   PeftConfig saved = load_adapter_config(dir);
   if (saved.type != FinetuningType::kLora) {
-    throw ConfigError(fmt::format("adapter_name_or_path '{}' holds a prompt adapter, not LoRA; "
-                                  "resume P-Tuning / prefix tuning from a zerotrain checkpoint",
-                                  dir));
+    throw ConfigError(
+        fmt::format("adapter_name_or_path '{}' holds a prompt adapter, not LoRA; "
+                    "resume P-Tuning / prefix tuning from a zerotrain checkpoint",
+                    dir));
   }
-  auto agree = [&](const char* option, bool same, const std::string& ours, const std::string& theirs) {
+  auto agree = [&](const char* option, bool same, const std::string& ours,
+                   const std::string& theirs) {
     if (args.is_given(option) && !same) {
-      throw ConfigError(fmt::format("{} {} contradicts the adapter in '{}' ({}); drop the option "
-                                    "or start a new adapter",
-                                    option, ours, dir, theirs));
+      throw ConfigError(
+          fmt::format("{} {} contradicts the adapter in '{}' ({}); drop the option "
+                      "or start a new adapter",
+                      option, ours, dir, theirs));
     }
   };
   agree("lora_r", args.lora_r == saved.lora.r, std::to_string(args.lora_r),
@@ -396,8 +511,8 @@ ParameterCount apply_peft_from_args(CausalLM& model, const TrainingArguments& ar
         fmt::format("lora_alpha {}", saved.lora.alpha));
   agree("use_rslora", args.use_rslora == saved.lora.use_rslora, args.use_rslora ? "true" : "false",
         fmt::format("use_rslora {}", saved.lora.use_rslora));
-  agree("lora_dropout", args.lora_dropout == saved.lora.dropout, fmt::format("{}", args.lora_dropout),
-        fmt::format("lora_dropout {}", saved.lora.dropout));
+  agree("lora_dropout", args.lora_dropout == saved.lora.dropout,
+        fmt::format("{}", args.lora_dropout), fmt::format("lora_dropout {}", saved.lora.dropout));
   if (args.is_given("lora_target_modules")) {
     // Compared by the projections they pick: PEFT writes all-linear out as module paths.
     const std::vector<std::string> asked = peft::lora_targets(model, peft_config_for(args).lora);
@@ -416,7 +531,8 @@ void export_merged(CausalLM& model, const std::string& dir, at::ScalarType dtype
       const std::string& name = item.key();
       if (is_lora_name(name) || name.rfind("prompt_encoder.", 0) == 0) continue;
       // A copy: unmerging below changes the parameters in place.
-      tensors.emplace_back(name, item.value().detach().to(at::kCPU, dtype, false, /*copy=*/true).contiguous());
+      tensors.emplace_back(
+          name, item.value().detach().to(at::kCPU, dtype, false, /*copy=*/true).contiguous());
     }
   } catch (...) {
     unmerge_lora(model);

@@ -11,6 +11,15 @@
 
 namespace zt::peft {
 
+/// Whether dotted `path` is `name` or ends with "." + `name` (how PEFT matches target names).
+bool ends_with_component(const std::string& path, const std::string& name);
+
+/// Whether parameter `name` is part of a LoRA adapter (trained, and saved in its files): LoRA's
+/// A and B, biases as `options.bias` says (lora_only: those of the `wrapped` modules), and the
+/// parameters of `options.modules_to_save`.
+bool in_adapter(const std::string& name, const LoraOptions& options,
+                const std::vector<std::string>& wrapped);
+
 /// Module paths of the projections `options` targets in `model`, in module order (LoRA's own
 /// A/B excluded). Throws ConfigError for an invalid regex.
 std::vector<std::string> lora_targets(torch::nn::Module& model, const LoraOptions& options);

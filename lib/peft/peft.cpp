@@ -17,7 +17,31 @@
 #include "zerotrain/error.hpp"
 
 namespace zt {
+
+bool peft::ends_with_component(const std::string& path, const std::string& name) {
+  return path == name || (path.size() > name.size() &&
+                          path.compare(path.size() - name.size(), name.size(), name) == 0 &&
+                          path[path.size() - name.size() - 1] == '.');
+}
+
+bool peft::in_adapter(const std::string& name, const LoraOptions& o,
+                      const std::vector<std::string>& wrapped) {
+  if (name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos)
+    return true;
+  const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+  const std::string module = name.substr(0, name.rfind('.'));
+  if (bias && o.bias == "all") return true;
+  if (bias && o.bias == "lora_only" &&
+      std::find(wrapped.begin(), wrapped.end(), module) != wrapped.end()) {
+    return true;
+  }
+  return std::any_of(o.modules_to_save.begin(), o.modules_to_save.end(),
+                     [&](const std::string& m) { return ends_with_component(module, m); });
+}
+
 namespace {
+
+using peft::ends_with_component;
 
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
@@ -33,17 +57,12 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-bool ends_with_component(const std::string& path, const std::string& name) {
-  return path == name ||
-         (path.size() > name.size() && path.compare(path.size() - name.size(), name.size(), name) == 0 &&
-          path[path.size() - name.size() - 1] == '.');
-}
-
 bool has_component(const std::string& path, const std::string& name) {
   size_t start = 0;
   while (start <= path.size()) {
     size_t end = path.find('.', start);
-    if (path.compare(start, end == std::string::npos ? std::string::npos : end - start, name) == 0 &&
+    if (path.compare(start, end == std::string::npos ? std::string::npos : end - start, name) ==
+            0 &&
         (end == std::string::npos ? path.size() - start : end - start) == name.size()) {
       return true;
     }
@@ -63,12 +82,14 @@ std::string with_commas(int64_t v) {
 }
 
 // The projections of the model by module path (LoRA's own A/B excluded).
-std::vector<std::pair<std::string, std::shared_ptr<model::Linear>>> projections(torch::nn::Module& m) {
+std::vector<std::pair<std::string, std::shared_ptr<model::Linear>>> projections(
+    torch::nn::Module& m) {
   std::vector<std::pair<std::string, std::shared_ptr<model::Linear>>> out;
   for (const auto& item : m.named_modules("", /*include_self=*/false)) {
     auto lin = std::dynamic_pointer_cast<model::Linear>(item.value());
     if (!lin) continue;
-    if (ends_with_component(item.key(), "lora_A") || ends_with_component(item.key(), "lora_B")) continue;
+    if (ends_with_component(item.key(), "lora_A") || ends_with_component(item.key(), "lora_B"))
+      continue;
     out.emplace_back(item.key(), lin);
   }
   return out;
@@ -92,65 +113,62 @@ void freeze_all(torch::nn::Module& m) {
 
 // A generator per name, so values do not depend on creation order and agree on every rank.
 at::Generator generator_for(uint64_t seed, const std::string& name) {
-  return at::detail::createCPUGenerator(seed ^ (std::hash<std::string>{}(name) * 0x9E3779B97F4A7C15ULL));
+  return at::detail::createCPUGenerator(seed ^
+                                        (std::hash<std::string>{}(name)*0x9E3779B97F4A7C15ULL));
 }
 
 void add_lora(const std::string& path, model::Linear& lin, const LoraOptions& o, uint64_t seed) {
   if (lin.lora_A) throw InvalidArgument(fmt::format("'{}' already has a LoRA adapter", path));
   const auto options = lin.weight.options();
   model::ParamFactory factory{options, true};
-  lin.lora_A = lin.register_module("lora_A", std::make_shared<model::Linear>(lin.in_features, o.r, false, factory));
-  lin.lora_B = lin.register_module("lora_B", std::make_shared<model::Linear>(o.r, lin.out_features, false, factory));
+  lin.lora_A = lin.register_module(
+      "lora_A", std::make_shared<model::Linear>(lin.in_features, o.r, false, factory));
+  lin.lora_B = lin.register_module(
+      "lora_B", std::make_shared<model::Linear>(o.r, lin.out_features, false, factory));
   at::NoGradGuard no_grad;
   // PEFT: A ~ kaiming_uniform(a=√5) = U(±1/√in), B = 0, so the adapter starts as a no-op.
   const double bound = 1.0 / std::sqrt(static_cast<double>(lin.in_features));
-  at::Tensor a = at::empty({o.r, lin.in_features}).uniform_(-bound, bound, generator_for(seed, path));
+  at::Tensor a =
+      at::empty({o.r, lin.in_features}).uniform_(-bound, bound, generator_for(seed, path));
   lin.lora_A->weight.copy_(a);
   lin.lora_B->weight.zero_();
-  lin.lora_scaling = o.use_rslora ? o.alpha / std::sqrt(static_cast<double>(o.r)) : o.alpha / static_cast<double>(o.r);
+  lin.lora_scaling = o.use_rslora ? o.alpha / std::sqrt(static_cast<double>(o.r))
+                                  : o.alpha / static_cast<double>(o.r);
   lin.lora_dropout = o.dropout;
 }
 
 void apply_lora(CausalLM& model, const LoraOptions& o, uint64_t seed) {
   if (o.r < 1) throw ConfigError(fmt::format("lora_r: expected an integer >= 1, found {}", o.r));
   if (o.bias != "none" && o.bias != "all" && o.bias != "lora_only") {
-    throw ConfigError(fmt::format("lora_bias: expected none, all or lora_only, found \"{}\"", o.bias));
+    throw ConfigError(
+        fmt::format("lora_bias: expected none, all or lora_only, found \"{}\"", o.bias));
   }
   const std::vector<std::string> targeted = peft::lora_targets(model, o);
   freeze_all(model);
   for (auto& [path, lin] : projections(model)) {
-    if (std::find(targeted.begin(), targeted.end(), path) != targeted.end()) add_lora(path, *lin, o, seed);
+    if (std::find(targeted.begin(), targeted.end(), path) != targeted.end())
+      add_lora(path, *lin, o, seed);
   }
   // Every name (or the regex) must pick something: a typo would otherwise leave a module
   // silently untrained.
   std::set<std::string> distinct;
   for (auto& [path, lin] : projections(model)) distinct.insert(path.substr(path.rfind('.') + 1));
   auto unmatched = [&](const std::string& pattern) {
-    return ConfigError(fmt::format("lora_target_modules: \"{}\" matches no projection of this model; its "
-                                   "projections are named {} (or use all-linear)",
-                                   pattern, fmt::join(distinct, ", ")));
+    return ConfigError(
+        fmt::format("lora_target_modules: \"{}\" matches no projection of this model; its "
+                    "projections are named {} (or use all-linear)",
+                    pattern, fmt::join(distinct, ", ")));
   };
   if (!o.target_regex.empty() && targeted.empty()) throw unmatched(o.target_regex);
   for (const std::string& t : o.target_modules) {
     if (t == "all-linear") continue;
-    const bool any = std::any_of(targeted.begin(), targeted.end(),
-                                 [&](const std::string& path) { return ends_with_component(path, t); });
+    const bool any = std::any_of(targeted.begin(), targeted.end(), [&](const std::string& path) {
+      return ends_with_component(path, t);
+    });
     if (!any) throw unmatched(t);
   }
   for (auto& item : model.named_parameters(true)) {
-    const std::string& name = item.key();
-    bool train = name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
-    const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    if (bias && o.bias == "all") train = true;
-    if (bias && o.bias == "lora_only") {
-      std::string module = name.substr(0, name.size() - 5);
-      for (const std::string& t : targeted) train = train || module == t;
-    }
-    for (const std::string& m : o.modules_to_save) {
-      std::string module = name.substr(0, name.rfind('.'));
-      train = train || ends_with_component(module, m);
-    }
-    item.value().set_requires_grad(train);
+    item.value().set_requires_grad(peft::in_adapter(item.key(), o, targeted));
   }
 }
 
@@ -165,9 +183,9 @@ void apply_freeze(CausalLM& model, const FreezeOptions& o) {
                            (o.trainable_modules.size() == 1 && o.trainable_modules[0] == "all");
   if (!all_modules) {
     for (const std::string& m : o.trainable_modules) {
-      if (m != "self_attn" && m != "mlp" && m != "input_layernorm" && m != "post_attention_layernorm" &&
-          m != "q_proj" && m != "k_proj" && m != "v_proj" && m != "o_proj" && m != "gate_proj" &&
-          m != "up_proj" && m != "down_proj") {
+      if (m != "self_attn" && m != "mlp" && m != "input_layernorm" &&
+          m != "post_attention_layernorm" && m != "q_proj" && m != "k_proj" && m != "v_proj" &&
+          m != "o_proj" && m != "gate_proj" && m != "up_proj" && m != "down_proj") {
         throw ConfigError(fmt::format(
             "freeze_trainable_modules: \"{}\" is not a module of a decoder layer; use all, or "
             "self_attn, mlp, input_layernorm, post_attention_layernorm, q_proj, k_proj, v_proj, "
@@ -194,8 +212,9 @@ void apply_freeze(CausalLM& model, const FreezeOptions& o) {
     if (train) trainable += item.value().numel();
   }
   if (trainable == 0) {
-    throw ConfigError("freeze: no parameter is left trainable (check freeze_trainable_layers, "
-                      "freeze_module_name and freeze_extra_modules against the model's names)");
+    throw ConfigError(
+        "freeze: no parameter is left trainable (check freeze_trainable_layers, "
+        "freeze_module_name and freeze_extra_modules against the model's names)");
   }
 }
 
@@ -220,11 +239,11 @@ std::vector<std::string> peft::lora_targets(torch::nn::Module& model, const Lora
 PeftConfig peft_config_for(const TrainingArguments& a) {
   PeftConfig c;
   const std::string& t = a.finetuning_type;
-  c.type = t == "lora"                             ? FinetuningType::kLora
-           : t == "ptuning"                        ? FinetuningType::kPTuning
-           : t == "prefix" || t == "ptuning_v2"    ? FinetuningType::kPrefix
-           : t == "freeze"                         ? FinetuningType::kFreeze
-                                                   : FinetuningType::kFull;
+  c.type = t == "lora"                          ? FinetuningType::kLora
+           : t == "ptuning"                     ? FinetuningType::kPTuning
+           : t == "prefix" || t == "ptuning_v2" ? FinetuningType::kPrefix
+           : t == "freeze"                      ? FinetuningType::kFreeze
+                                                : FinetuningType::kFull;
   c.lora.r = a.lora_r;
   c.lora.alpha = a.lora_alpha;
   c.lora.dropout = a.lora_dropout;
@@ -252,9 +271,10 @@ PeftConfig peft_config_for(const TrainingArguments& a) {
 }
 
 std::string ParameterCount::line() const {
-  return fmt::format("trainable params: {} || all params: {} || trainable%: {:.4f}",
-                     with_commas(trainable), with_commas(all),
-                     all > 0 ? 100.0 * static_cast<double>(trainable) / static_cast<double>(all) : 0.0);
+  return fmt::format(
+      "trainable params: {} || all params: {} || trainable%: {:.4f}", with_commas(trainable),
+      with_commas(all),
+      all > 0 ? 100.0 * static_cast<double>(trainable) / static_cast<double>(all) : 0.0);
 }
 
 ParameterCount count_parameters(const torch::nn::Module& model) {
@@ -282,8 +302,9 @@ ParameterCount apply_peft(CausalLM& model, const PeftConfig& c, uint64_t seed) {
       if (c.prompt.num_virtual_tokens < 1) throw ConfigError("num_virtual_tokens: expected >= 1");
       if (c.type == FinetuningType::kPTuning && c.prompt.reparameterization != "MLP" &&
           c.prompt.reparameterization != "LSTM") {
-        throw ConfigError(fmt::format("encoder_reparameterization_type: expected MLP or LSTM, found \"{}\"",
-                                      c.prompt.reparameterization));
+        throw ConfigError(
+            fmt::format("encoder_reparameterization_type: expected MLP or LSTM, found \"{}\"",
+                        c.prompt.reparameterization));
       }
       freeze_all(model);
       at::manual_seed(seed);  // PyTorch's default inits draw from the global generator
@@ -306,8 +327,9 @@ void merge_lora(CausalLM& model) {
   at::NoGradGuard no_grad;
   for (auto& [path, lin] : projections(model)) {
     if (!lin->lora_A || lin->lora_merged) continue;
-    at::Tensor delta = at::matmul(lin->lora_B->weight.to(at::kFloat), lin->lora_A->weight.to(at::kFloat)) *
-                       lin->lora_scaling;
+    at::Tensor delta =
+        at::matmul(lin->lora_B->weight.to(at::kFloat), lin->lora_A->weight.to(at::kFloat)) *
+        lin->lora_scaling;
     lin->weight.copy_(lin->weight.to(at::kFloat) + delta);
     lin->lora_merged = true;
   }
@@ -317,8 +339,9 @@ void unmerge_lora(CausalLM& model) {
   at::NoGradGuard no_grad;
   for (auto& [path, lin] : projections(model)) {
     if (!lin->lora_A || !lin->lora_merged) continue;
-    at::Tensor delta = at::matmul(lin->lora_B->weight.to(at::kFloat), lin->lora_A->weight.to(at::kFloat)) *
-                       lin->lora_scaling;
+    at::Tensor delta =
+        at::matmul(lin->lora_B->weight.to(at::kFloat), lin->lora_A->weight.to(at::kFloat)) *
+        lin->lora_scaling;
     lin->weight.copy_(lin->weight.to(at::kFloat) - delta);
     lin->lora_merged = false;
   }
@@ -328,18 +351,22 @@ namespace {
 
 class AdapterOverlay final : public ParameterSource {
  public:
-  AdapterOverlay(std::shared_ptr<ParameterSource> base, torch::nn::Module& model) : base_(std::move(base)) {
+  AdapterOverlay(std::shared_ptr<ParameterSource> base, torch::nn::Module& model)
+      : base_(std::move(base)) {
     for (const auto& item : model.named_parameters(true)) own_[item.key()] = item.value();
   }
-  bool has(const std::string& name) const override { return base_->has(name) || own_.count(name) != 0; }
+  bool has(const std::string& name) const override {
+    return base_->has(name) || own_.count(name) != 0;
+  }
   void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
             const at::Tensor& out) override {
     if (base_->has(name)) return base_->read(name, shape, offset, out);
     auto it = own_.find(name);
     if (it == own_.end() || !it->second.is_contiguous()) {
-      throw IoError(fmt::format("no values for parameter '{}': neither the checkpoint nor the "
-                                "model holds it",
-                                name));
+      throw IoError(
+          fmt::format("no values for parameter '{}': neither the checkpoint nor the "
+                      "model holds it",
+                      name));
     }
     out.view({-1}).copy_(it->second.detach().reshape({-1}).narrow(0, offset, out.numel()));
   }

@@ -60,7 +60,8 @@ void on_every_rank(Communicator& comm, const std::string& what, Fn&& fn) {
   } catch (...) {
     error = std::current_exception();
   }
-  at::Tensor flags = at::zeros({comm.world_size()}, at::TensorOptions().dtype(at::kFloat).device(comm.device()));
+  at::Tensor flags =
+      at::zeros({comm.world_size()}, at::TensorOptions().dtype(at::kFloat).device(comm.device()));
   if (error) flags[comm.rank()] = 1.0;
   comm.all_reduce(flags)->wait();
   if (error) std::rethrow_exception(error);
@@ -70,12 +71,17 @@ void on_every_rank(Communicator& comm, const std::string& what, Fn&& fn) {
     if (host[r].item<float>() != 0.0f) failed.push_back(r);
   }
   if (!failed.empty()) {
-    throw DistributedError(fmt::format("{} failed on rank(s) {}; see the error there", what, fmt::join(failed, ", ")));
+    throw DistributedError(
+        fmt::format("{} failed on rank(s) {}; see the error there", what, fmt::join(failed, ", ")));
   }
 }
 
-bool is_true_text(const std::string& s) { return s == "True" || s == "true" || s == "1"; }
-bool is_false_text(const std::string& s) { return s.empty() || s == "False" || s == "false" || s == "0"; }
+bool is_true_text(const std::string& s) {
+  return s == "True" || s == "true" || s == "1";
+}
+bool is_false_text(const std::string& s) {
+  return s.empty() || s == "False" || s == "false" || s == "0";
+}
 
 }  // namespace
 
@@ -83,19 +89,22 @@ std::shared_ptr<Communicator> join_training_job(const TrainingArguments& args) {
   return join_training_job(args, launch_env_from_environment());
 }
 
-std::shared_ptr<Communicator> join_training_job(const TrainingArguments& args, const LaunchEnv& env) {
+std::shared_ptr<Communicator> join_training_job(const TrainingArguments& args,
+                                                const LaunchEnv& env) {
   CommOptions options;
   const bool cuda_present = torch::cuda::is_available();
   if (args.device == "cuda" && !cuda_present) {
-    throw ConfigError("device cuda: no CUDA device is usable here (no GPU, or a CPU-only LibTorch); use "
-                      "--device cpu");
+    throw ConfigError(
+        "device cuda: no CUDA device is usable here (no GPU, or a CPU-only LibTorch); use "
+        "--device cpu");
   }
   if (args.device == "cuda" || (args.device == "auto" && cuda_present)) {
     const int64_t gpus = static_cast<int64_t>(torch::cuda::device_count());
     if (env.local_rank >= gpus) {
-      throw ConfigError(fmt::format("local rank {} needs GPU {}, but this machine shows {} GPU(s); start at "
-                                    "most {} ranks per machine (--nproc_per_node)",
-                                    env.local_rank, env.local_rank, gpus, gpus));
+      throw ConfigError(
+          fmt::format("local rank {} needs GPU {}, but this machine shows {} GPU(s); start at "
+                      "most {} ranks per machine (--nproc_per_node)",
+                      env.local_rank, env.local_rank, gpus, gpus));
     }
     options.device = at::Device(at::kCUDA, static_cast<at::DeviceIndex>(env.local_rank));
   }
@@ -126,7 +135,9 @@ struct Trainer::Impl {
   int64_t non_embedding_parameters = 0;  ///< HF's total_flos counts 6 × these per token
   std::unique_ptr<Engine> engine;
   GlobalBatch batch;
-  int64_t steps_per_epoch = 0, total_steps = 0, eval_every = 0;
+  int64_t steps_per_epoch = 0, total_steps = 0;
+  int64_t log_every = 0, eval_every = 0,
+          save_every = 0;  ///< logging/eval/save_steps, ratios resolved
   uint64_t data_seed = 0;
   train::TrainerState state;
   std::optional<std::string> resume_dir;
@@ -174,22 +185,25 @@ struct Trainer::Impl {
   /// training_args.json: the resolved arguments and DeepSpeed config, and zerotrain's version
   /// (HF's training_args.bin is a pickle; this is its safe equivalent). Rank 0.
   void write_run_settings(const std::string& dir) const {
-    const std::string text =
-        fmt::format(R"({{"zerotrain_version": "{}", "training_arguments": {}, "deepspeed_config": {}}})",
-                    ZT_VERSION_STRING, training_arguments_json(args), deepspeed_config_json(ds));
-    files::write_atomic(dir + "/training_args.json", json::dump(json::parse(text, "training_args.json"), true) + "\n");
+    const std::string text = fmt::format(
+        R"({{"zerotrain_version": "{}", "training_arguments": {}, "deepspeed_config": {}}})",
+        ZT_VERSION_STRING, training_arguments_json(args), deepspeed_config_json(ds));
+    files::write_atomic(dir + "/training_args.json",
+                        json::dump(json::parse(text, "training_args.json"), true) + "\n");
   }
   void read_rng_state(const std::string& dir) const;
   double epoch_progress() const {
     return static_cast<double>(state.epoch_index) +
-           static_cast<double>(state.steps_in_epoch) / static_cast<double>(std::max<int64_t>(1, steps_per_epoch));
+           static_cast<double>(state.steps_in_epoch) /
+               static_cast<double>(std::max<int64_t>(1, steps_per_epoch));
   }
   // Collective on CUDA: the largest peak allocation of any rank since the last call, in GiB.
   std::optional<double> window_peak_memory_gib() {
     const at::Device device = comm->device();
     if (!device.is_cuda()) return std::nullopt;
     const int index = device.has_index() ? device.index() : 0;
-    at::Tensor peak = at::full({}, device_stats::peak_allocated(index), at::TensorOptions().dtype(at::kLong).device(device));
+    at::Tensor peak = at::full({}, device_stats::peak_allocated(index),
+                               at::TensorOptions().dtype(at::kLong).device(device));
     comm->all_reduce(peak, ReduceOp::kMax)->wait();
     device_stats::reset_peak(index);
     return static_cast<double>(peak.item<int64_t>()) / (1024.0 * 1024.0 * 1024.0);
@@ -199,31 +213,36 @@ struct Trainer::Impl {
 void Trainer::Impl::check_output_dir() {
   const std::string& out = args.output_dir;
   if (out.empty()) {
-    throw ConfigError("output_dir is empty: give the folder for checkpoints, logs and the model (--output_dir DIR)");
+    throw ConfigError(
+        "output_dir is empty: give the folder for checkpoints, logs and the model (--output_dir "
+        "DIR)");
   }
   std::error_code ec;
   const fs::path where = fs::weakly_canonical(fs::absolute(out), ec);
   if (!ec && where == where.root_path()) {
-    throw ConfigError(fmt::format("output_dir '{}' is the root of the file system; give the run a folder of its own",
-                                  out));
+    throw ConfigError(fmt::format(
+        "output_dir '{}' is the root of the file system; give the run a folder of its own", out));
   }
   if (fs::exists(out, ec) && !fs::is_directory(out, ec)) {
-    throw ConfigError(fmt::format("output_dir '{}' exists and is not a folder; choose another output_dir", out));
+    throw ConfigError(
+        fmt::format("output_dir '{}' exists and is not a folder; choose another output_dir", out));
   }
   const std::string& r = args.resume_from_checkpoint;
   const bool from_latest = is_true_text(r);
   if (from_latest) {
     resume_dir = latest_checkpoint(args.output_dir);
     if (!resume_dir) {
-      throw ConfigError(fmt::format("resume_from_checkpoint True: '{}' holds no checkpoint to resume from; "
-                                    "start without it or name a checkpoint folder",
-                                    args.output_dir));
+      throw ConfigError(
+          fmt::format("resume_from_checkpoint True: '{}' holds no checkpoint to resume from; "
+                      "start without it or name a checkpoint folder",
+                      args.output_dir));
     }
   } else if (!is_false_text(r)) {
     if (!fs::is_directory(r)) {
-      throw IoError(fmt::format("resume_from_checkpoint '{}' is not a folder; name a checkpoint-<step> folder "
-                                "or pass True for the newest in output_dir",
-                                r));
+      throw IoError(fmt::format(
+          "resume_from_checkpoint '{}' is not a folder; name a checkpoint-<step> folder "
+          "or pass True for the newest in output_dir",
+          r));
     }
     fs::path dir = fs::path(r).lexically_normal();
     if (dir.filename().empty()) dir = dir.parent_path();  // "checkpoint-4/"
@@ -242,18 +261,22 @@ void Trainer::Impl::check_output_dir() {
     if (!newer.empty() && from_latest && rank == 0) {
       // Renamed into place by a save that was killed before it could update `latest`: that save
       // never committed, and the resumed run makes those steps again.
-      log::warn("'{}/latest' names {}; the newer {} were left by a save that did not finish and are removed when "
-                "training starts",
-                out, fs::path(*resume_dir).filename().string(), fmt::join(newer, ", "));
+      log::warn(
+          "'{}/latest' names {}; the newer {} were left by a save that did not finish and are "
+          "removed when "
+          "training starts",
+          out, fs::path(*resume_dir).filename().string(), fmt::join(newer, ", "));
     }
     if (!newer.empty() && !from_latest && !args.overwrite_output_dir) {
       std::vector<std::string> names;
       for (const std::string& n : newer) names.push_back(fs::path(n).filename().string());
-      throw ConfigError(fmt::format(
-          "resume_from_checkpoint '{}' is step {}, but output_dir '{}' holds newer checkpoint(s): {}; pass "
-          "--overwrite_output_dir to remove them and continue from step {}, or resume from the newest "
-          "(--resume_from_checkpoint True)",
-          *resume_dir, from, args.output_dir, fmt::join(names, ", "), from));
+      throw ConfigError(
+          fmt::format("resume_from_checkpoint '{}' is step {}, but output_dir '{}' holds newer "
+                      "checkpoint(s): {}; pass "
+                      "--overwrite_output_dir to remove them and continue from step {}, or resume "
+                      "from the newest "
+                      "(--resume_from_checkpoint True)",
+                      *resume_dir, from, args.output_dir, fmt::join(names, ", "), from));
     }
     superseded = newer;
   }
@@ -261,16 +284,19 @@ void Trainer::Impl::check_output_dir() {
     std::vector<CheckpointInfo> existing = list_checkpoints(args.output_dir);
     if (!existing.empty()) {
       throw ConfigError(fmt::format(
-          "output_dir '{}' already holds {} checkpoint(s) (newest: {}); pass --resume_from_checkpoint True to "
-          "continue that run, --overwrite_output_dir to start anew there, or choose another output_dir",
+          "output_dir '{}' already holds {} checkpoint(s) (newest: {}); pass "
+          "--resume_from_checkpoint True to "
+          "continue that run, --overwrite_output_dir to start anew there, or choose another "
+          "output_dir",
           args.output_dir, existing.size(), fs::path(existing.back().path).filename().string()));
     }
   }
   if (args.packing && (args.finetuning_type == "ptuning" || args.finetuning_type == "prefix" ||
                        args.finetuning_type == "ptuning_v2")) {
-    throw ConfigError(fmt::format("packing cannot be combined with finetuning_type {} (virtual tokens would "
-                                  "cross documents); drop --packing",
-                                  args.finetuning_type));
+    throw ConfigError(
+        fmt::format("packing cannot be combined with finetuning_type {} (virtual tokens would "
+                    "cross documents); drop --packing",
+                    args.finetuning_type));
   }
 }
 
@@ -285,22 +311,24 @@ void Trainer::Impl::lock_output_dir() {
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
   const std::string lock_path = out + "/.zerotrain.lock";
-  output_lock = files::FileLock::try_lock(
-      lock_path, /*exclusive=*/true,
-      fmt::format("pid {} on {} since {}", ::getpid(), host, static_cast<long long>(std::time(nullptr))));
+  output_lock = files::FileLock::try_lock(lock_path, /*exclusive=*/true,
+                                          fmt::format("pid {} on {} since {}", ::getpid(), host,
+                                                      static_cast<long long>(std::time(nullptr))));
   if (!output_lock) {
     const std::string holder = files::FileLock::holder_of(lock_path);
-    throw ConfigError(fmt::format("output_dir '{}' is in use by another run ({}); wait for it to end or choose "
-                                  "another output_dir (--overwrite_output_dir does not take a folder from a "
-                                  "running job)",
-                                  out, holder.empty() ? "its lock file " + lock_path : holder));
+    throw ConfigError(
+        fmt::format("output_dir '{}' is in use by another run ({}); wait for it to end or choose "
+                    "another output_dir (--overwrite_output_dir does not take a folder from a "
+                    "running job)",
+                    out, holder.empty() ? "its lock file " + lock_path : holder));
   }
 }
 
 void Trainer::Impl::load_data() {
   DataOptions options = data_options_for(args);
   options.token_id_limit = model_config.vocab_size;  // pre-tokenized ids index the embedding
-  const std::string cache_dir = args.cache_dir.empty() ? args.output_dir + "/.cache" : args.cache_dir;
+  const std::string cache_dir =
+      args.cache_dir.empty() ? args.output_dir + "/.cache" : args.cache_dir;
   auto load = [&](const std::string& path, Dataset& into, const char* what) {
     DatasetStats stats;
     // Rank 0 tokenizes (or finds the cache); the others read what it wrote.
@@ -308,13 +336,16 @@ void Trainer::Impl::load_data() {
       if (rank == 0) into = load_or_tokenize(path, *tokenizer, options, cache_dir, &stats);
     });
     on_every_rank(*comm, fmt::format("reading the tokenized {} data", what), [&] {
-      if (rank != 0) into = load_dataset(dataset_cache_path(cache_dir, path, *tokenizer, options), &stats);
+      if (rank != 0)
+        into = load_dataset(dataset_cache_path(cache_dir, path, *tokenizer, options), &stats);
     });
     if (rank == 0) {
-      log::info("{} data '{}': {} examples, {} tokens{}{}", what, path, stats.examples, stats.tokens,
-                stats.skipped_lines ? fmt::format(", {} bad lines skipped", stats.skipped_lines) : "",
-                stats.dropped_examples ? fmt::format(", {} examples dropped by truncation", stats.dropped_examples)
-                                       : "");
+      log::info(
+          "{} data '{}': {} examples, {} tokens{}{}", what, path, stats.examples, stats.tokens,
+          stats.skipped_lines ? fmt::format(", {} bad lines skipped", stats.skipped_lines) : "",
+          stats.dropped_examples
+              ? fmt::format(", {} examples dropped by truncation", stats.dropped_examples)
+              : "");
     }
   };
   if (!args.train_file.empty()) {
@@ -325,7 +356,9 @@ void Trainer::Impl::load_data() {
       for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
       const int64_t before = train_data.size();
       train_data = pack(train_data, args.max_length, order);
-      if (rank == 0) log::info("packing: {} examples into {} sequences of at most {} tokens", before, train_data.size(), args.max_length);
+      if (rank == 0)
+        log::info("packing: {} examples into {} sequences of at most {} tokens", before,
+                  train_data.size(), args.max_length);
     }
     train_lengths = train_data.lengths();
     train_targets.resize(static_cast<size_t>(train_data.size()));
@@ -348,48 +381,74 @@ void Trainer::Impl::plan_batches() {
   if (resume_dir) {
     // Keep the saved global batch by changing the accumulation when it divides evenly.
     train::TrainerState saved = train::read_trainer_state(*resume_dir);
-    const int64_t micro = ds.train_micro_batch_size_per_gpu.is_set() ? ds.train_micro_batch_size_per_gpu.value()
-                                                                     : args.per_device_train_batch_size;
+    const int64_t micro = ds.train_micro_batch_size_per_gpu.is_set()
+                              ? ds.train_micro_batch_size_per_gpu.value()
+                              : args.per_device_train_batch_size;
     const int64_t per_step = micro * world;
-    if (saved.world_size != world || saved.global_batch_size != per_step * args.gradient_accumulation_steps) {
+    if (saved.world_size != world ||
+        saved.global_batch_size != per_step * args.gradient_accumulation_steps) {
       if (saved.global_batch_size % per_step == 0) {
         const int64_t accum = saved.global_batch_size / per_step;
         if (rank == 0 && accum != args.gradient_accumulation_steps) {
-          log::info("resuming at {} ranks (saved at {}): gradient_accumulation_steps {} keeps the global batch of {}",
-                    world, saved.world_size, accum, saved.global_batch_size);
+          log::info(
+              "resuming at {} ranks (saved at {}): gradient_accumulation_steps {} keeps the global "
+              "batch of {}",
+              world, saved.world_size, accum, saved.global_batch_size);
         }
         args.gradient_accumulation_steps = accum;
         args.given.erase("gradient_accumulation_steps");
         if (ds.gradient_accumulation_steps.is_set()) ds.gradient_accumulation_steps.set(accum);
         if (ds.train_batch_size.is_set()) ds.train_batch_size.set(saved.global_batch_size);
       } else if (rank == 0) {
-        log::warn("resuming at {} ranks: the saved global batch of {} is not a multiple of micro batch {} × {} "
-                  "ranks; continuing with a global batch of {}",
-                  world, saved.global_batch_size, micro, world, per_step * args.gradient_accumulation_steps);
+        log::warn(
+            "resuming at {} ranks: the saved global batch of {} is not a multiple of micro batch "
+            "{} × {} "
+            "ranks; continuing with a global batch of {}",
+            world, saved.global_batch_size, micro, world,
+            per_step * args.gradient_accumulation_steps);
       }
     }
   }
   resolve_config(ds, args, ResolveContext{world, model_config.hidden_size, std::nullopt});
   batch = GlobalBatch{args.per_device_train_batch_size, args.gradient_accumulation_steps, world};
   if (has_train) {
-    steps_per_epoch = zt::steps_per_epoch(train_data.size(), batch.size(), args.dataloader_drop_last);
+    steps_per_epoch =
+        zt::steps_per_epoch(train_data.size(), batch.size(), args.dataloader_drop_last);
     if (steps_per_epoch == 0) {
-      throw ConfigError(fmt::format("'{}' has {} examples, fewer than one global batch of {} (micro batch {} × "
-                                    "accumulation {} × {} ranks) with dataloader_drop_last; use a smaller batch",
-                                    args.train_file, train_data.size(), batch.size(), batch.micro_batch,
-                                    batch.accumulation, world));
+      throw ConfigError(
+          fmt::format("'{}' has {} examples, fewer than one global batch of {} (micro batch {} × "
+                      "accumulation {} × {} ranks) with dataloader_drop_last; use a smaller batch",
+                      args.train_file, train_data.size(), batch.size(), batch.micro_batch,
+                      batch.accumulation, world));
     }
     total_steps = args.max_steps > 0
                       ? args.max_steps
-                      : static_cast<int64_t>(std::ceil(args.num_train_epochs * static_cast<double>(steps_per_epoch)));
-    if (total_steps <= 0) throw ConfigError("num_train_epochs and max_steps leave no step to train");
+                      : static_cast<int64_t>(std::ceil(args.num_train_epochs *
+                                                       static_cast<double>(steps_per_epoch)));
+    if (total_steps <= 0)
+      throw ConfigError("num_train_epochs and max_steps leave no step to train");
   } else if (args.max_steps > 0) {
     total_steps = args.max_steps;  // a host that brings its own batches (train_step)
   }
-  resolve_config(ds, args, ResolveContext{world, model_config.hidden_size,
-                                          total_steps > 0 ? std::optional<int64_t>(total_steps) : std::nullopt});
+  resolve_config(
+      ds, args,
+      ResolveContext{world, model_config.hidden_size,
+                     total_steps > 0 ? std::optional<int64_t>(total_steps) : std::nullopt});
   check_resolved(ds);
-  eval_every = args.eval_steps.value_or(args.logging_steps);
+  // HF's Trainer: a step interval below 1 is a fraction of the run, ceil(max_steps · ratio).
+  const double log_given = args.logging_steps,
+               eval_given = args.eval_steps.value_or(args.logging_steps);
+  const bool fraction = log_given < 1 || eval_given < 1 || args.save_steps < 1 ||
+                        (args.warmup_steps > 0 && args.warmup_steps < 1);
+  if (total_steps == 0 && fraction) {
+    throw ConfigError(
+        "a step interval below 1 (a fraction of the run in logging_steps, eval_steps, save_steps "
+        "or "
+        "warmup_steps) needs the run's length: give train_file or max_steps");
+  }
+  log_every = steps_for(log_given, total_steps);
+  eval_every = steps_for(eval_given, total_steps);
+  save_every = steps_for(args.save_steps, total_steps);
   data_seed = static_cast<uint64_t>(args.data_seed.value_or(args.seed));
 }
 
@@ -400,18 +459,24 @@ void Trainer::Impl::check_machine_fits() const {
   const ModelConfig& c = model_config;
   const double params = static_cast<double>(c.parameter_count());
   const double element = ds.bf16.enabled.value() || ds.fp16.enabled.value() ? 2.0 : 4.0;
-  const double per_rank = params * element / (ds.zero.stage == 3 ? static_cast<double>(world) : 1.0);
+  const double per_rank =
+      params * element / (ds.zero.stage == 3 ? static_cast<double>(world) : 1.0);
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  double capacity = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+  double capacity =
+      pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
   const at::Device device = comm->device();
-  if (device.is_cuda()) capacity += static_cast<double>(device_stats::total_memory(device.has_index() ? device.index() : 0));
+  if (device.is_cuda())
+    capacity +=
+        static_cast<double>(device_stats::total_memory(device.has_index() ? device.index() : 0));
   if (capacity > 0 && per_rank > capacity) {
-    throw ConfigError(fmt::format(
-        "{}: a model of {:.3g} parameters (vocab_size {}, hidden_size {}, intermediate_size {}, num_hidden_layers "
-        "{}) needs {:.1f} GiB per rank for its weights alone, more than this machine's {:.1f} GiB of memory; check "
-        "the config's sizes",
-        c.source, params, c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers,
-        per_rank / (1 << 30), capacity / (1 << 30)));
+    throw ConfigError(
+        fmt::format("{}: a model of {:.3g} parameters (vocab_size {}, hidden_size {}, "
+                    "intermediate_size {}, num_hidden_layers "
+                    "{}) needs {:.1f} GiB per rank for its weights alone, more than this machine's "
+                    "{:.1f} GiB of memory; check "
+                    "the config's sizes",
+                    c.source, params, c.vocab_size, c.hidden_size, c.intermediate_size,
+                    c.num_hidden_layers, per_rank / (1 << 30), capacity / (1 << 30)));
   }
 }
 
@@ -466,21 +531,25 @@ void Trainer::Impl::restore(const std::string& dir) {
   }
   state.epoch = epoch_progress();
   if (saved.data_seed != static_cast<int64_t>(data_seed) && rank == 0) {
-    log::warn("resuming with data_seed {} but the checkpoint was made with {}: the data order changes",
-              data_seed, saved.data_seed);
+    log::warn(
+        "resuming with data_seed {} but the checkpoint was made with {}: the data order changes",
+        data_seed, saved.data_seed);
   }
   if (rank == 0) {
-    log::info("resumed from '{}' at step {} (epoch {}, step {} of it)", dir, state.global_step, state.epoch_index,
-              state.steps_in_epoch);
+    log::info("resumed from '{}' at step {} (epoch {}, step {} of it)", dir, state.global_step,
+              state.epoch_index, state.steps_in_epoch);
   }
 }
 
 void Trainer::Impl::announce() const {
   if (rank != 0) return;
-  const char* precision = ds.bf16.enabled.value() ? "bf16" : ds.fp16.enabled.value() ? "fp16" : "fp32";
+  const char* precision = ds.bf16.enabled.value()   ? "bf16"
+                          : ds.fp16.enabled.value() ? "fp16"
+                                                    : "fp32";
   log::info("***** Running training *****");
-  log::info("  world size = {} ({}), ZeRO stage {}, {}{}{}", world, comm->device().str(), ds.zero.stage,
-            precision, ds.zero.offload_optimizer.device != OffloadDevice::kNone ? ", optimizer offloaded" : "",
+  log::info("  world size = {} ({}), ZeRO stage {}, {}{}{}", world, comm->device().str(),
+            ds.zero.stage, precision,
+            ds.zero.offload_optimizer.device != OffloadDevice::kNone ? ", optimizer offloaded" : "",
             args.gradient_checkpointing ? ", gradient checkpointing" : "");
   log::info("  num examples = {}, num epochs = {}", train_data.size(), args.num_train_epochs);
   log::info("  batch size per device = {}, gradient accumulation steps = {}, total batch size = {}",
@@ -490,7 +559,8 @@ void Trainer::Impl::announce() const {
   log::info("  template: {} ({})", args.template_name, template_source);
 }
 
-Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm, TrainerCallbacks callbacks)
+Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm,
+                 TrainerCallbacks callbacks)
     : impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
   I.args = std::move(args);
@@ -511,14 +581,18 @@ Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm, Tra
       I.model_config = load_model_config(I.model_dir);
     } else if (!I.args.model_config.empty()) {
       const std::string& c = I.args.model_config;
-      I.model_config = c.front() == '{' ? parse_model_config(c, "model_config") : load_model_config(c);
+      I.model_config =
+          c.front() == '{' ? parse_model_config(c, "model_config") : load_model_config(c);
     } else {
-      throw ConfigError("no model: give --model_name_or_path DIR (an HF model folder) or --model_config "
-                        "(a config.json path or inline JSON, for random weights)");
+      throw ConfigError(
+          "no model: give --model_name_or_path DIR (an HF model folder) or --model_config "
+          "(a config.json path or inline JSON, for random weights)");
     }
     I.tokenizer = load_tokenizer(I.model_dir, I.model_config.vocab_size);
-    I.args.template_name = resolve_template(I.args.template_name, I.model_dir, *I.tokenizer, &I.template_source);
-    I.pad_id = I.tokenizer->pad_id() >= 0 ? I.tokenizer->pad_id() : std::max(0, I.tokenizer->eos_id());
+    I.args.template_name =
+        resolve_template(I.args.template_name, I.model_dir, *I.tokenizer, &I.template_source);
+    I.pad_id =
+        I.tokenizer->pad_id() >= 0 ? I.tokenizer->pad_id() : std::max(0, I.tokenizer->eos_id());
   });
   I.load_data();
   on_every_rank(*I.comm, "planning batches and steps", [&] {
@@ -529,9 +603,9 @@ Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm, Tra
   I.state.world_size = I.world;
   I.state.finetuning_type = I.args.finetuning_type;
   I.state.max_steps = I.total_steps;
-  I.state.logging_steps = I.args.logging_steps;
+  I.state.logging_steps = I.log_every;
   I.state.eval_steps = I.eval_every;
-  I.state.save_steps = I.args.save_steps;
+  I.state.save_steps = I.save_every;
   I.state.train_batch_size = I.batch.micro_batch;
   I.state.num_train_epochs = I.args.num_train_epochs;
   I.state.global_batch_size = I.batch.size();
@@ -545,22 +619,33 @@ Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm, Tra
 
 Trainer::~Trainer() = default;
 
-const TrainingArguments& Trainer::arguments() const { return impl_->args; }
+const TrainingArguments& Trainer::arguments() const {
+  return impl_->args;
+}
 
-void Trainer::set_callbacks(TrainerCallbacks callbacks) { impl_->callbacks = std::move(callbacks); }
+void Trainer::set_callbacks(TrainerCallbacks callbacks) {
+  impl_->callbacks = std::move(callbacks);
+}
 
-void Trainer::cancel() { impl_->cancel_requested.store(true); }
+void Trainer::cancel() {
+  impl_->cancel_requested.store(true);
+}
 
-void Trainer::preempt(int signal) { impl_->preempt_requested.store(signal > 0 ? signal : SIGTERM); }
+void Trainer::preempt(int signal) {
+  impl_->preempt_requested.store(signal > 0 ? signal : SIGTERM);
+}
 
-int Trainer::preempted_by() const { return impl_->stop_signal; }
+int Trainer::preempted_by() const {
+  return impl_->stop_signal;
+}
 
 void Trainer::Impl::check_cancel() {
   // [cancel, preempting signal], the largest of every rank's: one agreement per step.
   int preempt = preempt_requested.load();
   bool cancel = cancel_requested.load();
   if (world > 1) {
-    at::Tensor flags = at::tensor({cancel ? 1.0f : 0.0f, static_cast<float>(preempt)}, at::kFloat).to(comm->device());
+    at::Tensor flags = at::tensor({cancel ? 1.0f : 0.0f, static_cast<float>(preempt)}, at::kFloat)
+                           .to(comm->device());
     comm->all_reduce(flags, ReduceOp::kMax)->wait();
     at::Tensor host = flags.cpu();
     cancel = host[0].item<float>() > 0;
@@ -569,15 +654,18 @@ void Trainer::Impl::check_cancel() {
   if (preempt > 0) {
     // A scheduler's warning before preemption: keep this step's state, then stop.
     stop_signal = preempt;
-    if (state.global_step > 0 && !checkpoint_in(args.output_dir, fmt::format("checkpoint-{}", state.global_step))) {
+    if (state.global_step > 0 &&
+        !checkpoint_in(args.output_dir, fmt::format("checkpoint-{}", state.global_step))) {
       save_checkpoint();
     }
-    throw CancelledError(fmt::format("stopped by signal {} at step {}; the state is in checkpoint-{}: continue with "
-                                     "--resume_from_checkpoint True",
-                                     preempt, state.global_step, state.global_step));
+    throw CancelledError(
+        fmt::format("stopped by signal {} at step {}; the state is in checkpoint-{}: continue with "
+                    "--resume_from_checkpoint True",
+                    preempt, state.global_step, state.global_step));
   }
   if (cancel) {
-    throw CancelledError(fmt::format("training cancelled at step {}; the newest checkpoint is kept", state.global_step));
+    throw CancelledError(fmt::format("training cancelled at step {}; the newest checkpoint is kept",
+                                     state.global_step));
   }
 }
 
@@ -600,7 +688,8 @@ LossSum Trainer::Impl::forward(const Batch& b) {
   at::Tensor mask;
   at::Tensor positions;
   if (b.document_ids.defined()) {
-    mask = (b.document_ids + 1).to(device);  // documents numbered from 1, padding 0 (CausalLM::loss)
+    mask =
+        (b.document_ids + 1).to(device);  // documents numbered from 1, padding 0 (CausalLM::loss)
     positions = b.position_ids.to(device);
   } else if (!padding_only_at_row_ends(b.attention_mask)) {
     mask = b.attention_mask.to(device);
@@ -616,7 +705,8 @@ void Trainer::Impl::log(const LogRecord& record) {
     fs::create_directories(args.output_dir);
     std::ofstream out(args.output_dir + "/trainer_log.jsonl", std::ios::app);
     out << record.json() << "\n";
-    if (!out) throw IoError(fmt::format("cannot append to '{}/trainer_log.jsonl'", args.output_dir));
+    if (!out)
+      throw IoError(fmt::format("cannot append to '{}/trainer_log.jsonl'", args.output_dir));
   } catch (const std::exception& e) {
     log::warn("{}", e.what());  // a log line lost is not worth the run
   }
@@ -625,12 +715,14 @@ void Trainer::Impl::log(const LogRecord& record) {
 }
 
 void Trainer::Impl::report_to_tensorboard(const LogRecord& r) {
-  if (args.report_to.find("tensorboard") == std::string::npos && args.report_to.find("all") == std::string::npos) {
+  if (args.report_to.find("tensorboard") == std::string::npos &&
+      args.report_to.find("all") == std::string::npos) {
     return;
   }
   try {
     if (!tensorboard) {
-      const std::string dir = args.logging_dir.empty() ? train::default_logging_dir(args.output_dir) : args.logging_dir;
+      const std::string dir =
+          args.logging_dir.empty() ? train::default_logging_dir(args.output_dir) : args.logging_dir;
       tensorboard = std::make_unique<train::TensorBoardWriter>(dir);
       log::info("TensorBoard: {}", tensorboard->path());
     }
@@ -649,7 +741,8 @@ void Trainer::Impl::report_to_tensorboard(const LogRecord& r) {
     put("eval/loss", r.eval_loss);
     if (r.loss || r.eval_loss) tensorboard->scalar("train/epoch", r.epoch, r.step);
   } catch (const std::exception& e) {
-    log::warn("{} (TensorBoard reporting stops)", e.what());  // the run is worth more than its plots
+    log::warn("{} (TensorBoard reporting stops)",
+              e.what());  // the run is worth more than its plots
     args.report_to = "none";
   }
 }
@@ -672,7 +765,8 @@ double Trainer::Impl::run_evaluation() {
     }
   }
   model->train();
-  at::Tensor global = at::tensor({static_cast<float>(sum), static_cast<float>(tokens)}, at::kFloat).to(comm->device());
+  at::Tensor global = at::tensor({static_cast<float>(sum), static_cast<float>(tokens)}, at::kFloat)
+                          .to(comm->device());
   comm->all_reduce(global)->wait();
   at::Tensor host = global.cpu();
   if (host[1].item<double>() <= 0) {
@@ -706,13 +800,15 @@ std::vector<std::pair<std::string, at::Tensor>> Trainer::Impl::user_weights(bool
   }
   std::vector<std::pair<std::string, at::Tensor>> out;
   if (rank == 0) {
-    for (const auto& item : model->named_parameters(true)) out.emplace_back(item.key(), item.value().detach());
+    for (const auto& item : model->named_parameters(true))
+      out.emplace_back(item.key(), item.value().detach());
   }
   return out;
 }
 
-void Trainer::Impl::write_user_files(const std::string& dir, bool available,
-                                     const std::vector<std::pair<std::string, at::Tensor>>& weights) {
+void Trainer::Impl::write_user_files(
+    const std::string& dir, bool available,
+    const std::vector<std::pair<std::string, at::Tensor>>& weights) {
   if (rank != 0) return;
   if (adapter_method) {
     save_adapter(*model, peft, dir, weights);
@@ -725,7 +821,8 @@ void Trainer::Impl::write_user_files(const std::string& dir, bool available,
     if (available) {
       SafetensorsStreamWriter writer(dir, [&] {
         std::vector<TensorEntry> plan;
-        for (const auto& [name, value] : weights) plan.push_back(TensorEntry{name, dtype, value.sizes().vec()});
+        for (const auto& [name, value] : weights)
+          plan.push_back(TensorEntry{name, dtype, value.sizes().vec()});
         return plan;
       }());
       for (const auto& [name, value] : weights) writer.write(name, value);
@@ -748,7 +845,8 @@ void Trainer::Impl::read_rng_state(const std::string& dir) const {
   if (!fs::exists(path)) return;  // a rank the saved run did not have keeps its fresh seed
   SafetensorsFile f(path);
   rng::set_state(at::kCPU, f.load("cpu"));
-  if (comm->device().is_cuda() && f.contains("device")) rng::set_state(comm->device(), f.load("device"));
+  if (comm->device().is_cuda() && f.contains("device"))
+    rng::set_state(comm->device(), f.load("device"));
 }
 
 void Trainer::Impl::check_disk_space(const std::string& what) const {
@@ -760,17 +858,21 @@ void Trainer::Impl::check_disk_space(const std::string& what) const {
     for (int64_t d : shape) n *= d;
     trainable += n;
   }
-  const double state_bytes = static_cast<double>(trainable) * 4.0 * static_cast<double>(engine->state_kinds().size());
-  const double weights = adapter_method ? static_cast<double>(trainable) * 4.0
-                                        : static_cast<double>(parameters.all) *
-                                              static_cast<double>(c10::elementSize(engine->compute_dtype()));
+  const double state_bytes =
+      static_cast<double>(trainable) * 4.0 * static_cast<double>(engine->state_kinds().size());
+  const double weights = adapter_method
+                             ? static_cast<double>(trainable) * 4.0
+                             : static_cast<double>(parameters.all) *
+                                   static_cast<double>(c10::elementSize(engine->compute_dtype()));
   const double needed = 1.1 * (state_bytes + weights) + 64.0 * (1 << 20);
   std::optional<uint64_t> free = files::free_bytes(args.output_dir);
-  if (const char* fake = std::getenv("ZT_TEST_FREE_BYTES")) free = std::strtoull(fake, nullptr, 10);  // tests
+  if (const char* fake = std::getenv("ZT_TEST_FREE_BYTES"))
+    free = std::strtoull(fake, nullptr, 10);  // tests
   if (free && static_cast<double>(*free) < needed) {
-    throw IoError(fmt::format("not enough free disk for {} in '{}': about {:.2f} GiB needed, {:.2f} GiB free; make "
-                              "room or lower save_total_limit (earlier checkpoints are intact)",
-                              what, args.output_dir, needed / (1 << 30), static_cast<double>(*free) / (1 << 30)));
+    throw IoError(fmt::format(
+        "not enough free disk for {} in '{}': about {:.2f} GiB needed, {:.2f} GiB free; make "
+        "room or lower save_total_limit (earlier checkpoints are intact)",
+        what, args.output_dir, needed / (1 << 30), static_cast<double>(*free) / (1 << 30)));
   }
 }
 
@@ -782,7 +884,8 @@ void Trainer::Impl::save_checkpoint() {
   const std::string final_dir = fmt::format("{}/checkpoint-{}", args.output_dir, step);
   const bool greater = args.greater_is_better.value_or(false);
   if (last_eval_step == step && last_eval_loss &&
-      (!state.best_metric || (greater ? *last_eval_loss > *state.best_metric : *last_eval_loss < *state.best_metric))) {
+      (!state.best_metric ||
+       (greater ? *last_eval_loss > *state.best_metric : *last_eval_loss < *state.best_metric))) {
     state.best_metric = last_eval_loss;
     state.best_model_checkpoint = final_dir;
     state.best_global_step = step;
@@ -802,7 +905,8 @@ void Trainer::Impl::write_checkpoint(CheckpointWriter& writer, bool in_run) {
     write_rng_state(writer.dir());
     if (rank == 0) {
       files::write_atomic(writer.dir() + "/trainer_state.json", train::trainer_state_json(state));
-      files::write_atomic(writer.dir() + "/zerotrain_state.json", train::zerotrain_state_json(state));
+      files::write_atomic(writer.dir() + "/zerotrain_state.json",
+                          train::zerotrain_state_json(state));
       write_run_settings(writer.dir());
     }
   } catch (const std::exception& e) {
@@ -822,7 +926,9 @@ void Trainer::save_checkpoint(const std::string& dir) {
   I.write_checkpoint(writer, /*in_run=*/false);
 }
 
-void Trainer::load_checkpoint(const std::string& dir) { impl_->restore(dir); }
+void Trainer::load_checkpoint(const std::string& dir) {
+  impl_->restore(dir);
+}
 
 void Trainer::export_model(const std::string& dir) {
   Impl& I = *impl_;
@@ -840,18 +946,24 @@ void Trainer::export_model(const std::string& dir) {
   });
 }
 
-int Trainer::rank() const { return impl_->rank; }
-int Trainer::world_size() const { return impl_->world; }
+int Trainer::rank() const {
+  return impl_->rank;
+}
+int Trainer::world_size() const {
+  return impl_->world;
+}
 
 namespace {
 
 // Token ids from a caller: [batch, seq] integers inside [0, vocab) (labels may also be -100).
 at::Tensor checked_tokens(const at::Tensor& t, const char* what, int64_t vocab, bool labels) {
   if (!t.defined() || t.dim() != 2 || t.size(0) < 1 || t.size(1) < 1) {
-    throw InvalidArgument(fmt::format("{}: expected a [batch, seq] tensor with both sizes positive", what));
+    throw InvalidArgument(
+        fmt::format("{}: expected a [batch, seq] tensor with both sizes positive", what));
   }
   if (at::isFloatingType(t.scalar_type()) || t.scalar_type() == at::kBool) {
-    throw InvalidArgument(fmt::format("{}: expected integer token ids, found {}", what, c10::toString(t.scalar_type())));
+    throw InvalidArgument(fmt::format("{}: expected integer token ids, found {}", what,
+                                      c10::toString(t.scalar_type())));
   }
   at::Tensor ids = t.to(at::kLong).contiguous();
   at::Tensor bad = labels ? at::logical_and(ids.ne(-100), at::logical_or(ids.lt(0), ids.ge(vocab)))
@@ -859,8 +971,9 @@ at::Tensor checked_tokens(const at::Tensor& t, const char* what, int64_t vocab, 
   if (bad.any().item<bool>()) {
     at::Tensor where = bad.nonzero()[0];
     const int64_t r = where[0].item<int64_t>(), c = where[1].item<int64_t>();
-    throw InvalidArgument(fmt::format("{}: {} at [{}, {}] is outside the vocabulary [0, {}){}", what,
-                                      ids[r][c].item<int64_t>(), r, c, vocab, labels ? " (and is not -100)" : ""));
+    throw InvalidArgument(fmt::format("{}: {} at [{}, {}] is outside the vocabulary [0, {}){}",
+                                      what, ids[r][c].item<int64_t>(), r, c, vocab,
+                                      labels ? " (and is not -100)" : ""));
   }
   return ids;
 }
@@ -879,17 +992,21 @@ StepStats Trainer::train_step(const at::Tensor& input_ids, const at::Tensor& lab
   // Gradients are scaled by a fixed estimate of the window's token count while they accumulate
   // (keeping fp16 magnitudes near a mean's), and corrected to the real count at the boundary.
   if (I.step_divisor <= 0.0) {
-    I.step_divisor = static_cast<double>(ids.numel() * I.world * I.engine->gradient_accumulation_steps());
+    I.step_divisor =
+        static_cast<double>(ids.numel() * I.world * I.engine->gradient_accumulation_steps());
   }
   I.model->train();
   LossSum l = I.forward_tokens(ids, y);
   // Updates inside backward cannot be rescaled afterwards; they run only at one rank without
   // accumulation, where this micro-batch's token count is the window's.
   const bool exact = I.engine->updates_in_backward();
-  I.engine->backward(l.sum, exact ? std::max<double>(1.0, static_cast<double>(l.tokens)) : I.step_divisor);
-  at::Tensor totals = at::stack({l.sum.detach().to(at::kFloat).reshape({}),
-                                 at::scalar_tensor(static_cast<float>(l.tokens), at::TensorOptions().dtype(at::kFloat).device(l.sum.device()))})
-                          .to(I.comm->device());
+  I.engine->backward(l.sum,
+                     exact ? std::max<double>(1.0, static_cast<double>(l.tokens)) : I.step_divisor);
+  at::Tensor totals =
+      at::stack({l.sum.detach().to(at::kFloat).reshape({}),
+                 at::scalar_tensor(static_cast<float>(l.tokens),
+                                   at::TensorOptions().dtype(at::kFloat).device(l.sum.device()))})
+          .to(I.comm->device());
   I.comm->all_reduce(totals)->wait();
   at::Tensor host = totals.cpu();
   I.window_tokens += host[1].item<double>();
@@ -912,14 +1029,16 @@ StepStats Trainer::train_step(const at::Tensor& input_ids, const at::Tensor& lab
 double Trainer::evaluate_batches(const std::vector<std::pair<at::Tensor, at::Tensor>>& batches) {
   Impl& I = *impl_;
   // Every rank must run the same number of forwards (ZeRO-3 forwards are collective).
-  at::Tensor counts = at::tensor({static_cast<float>(batches.size()), -static_cast<float>(batches.size())})
-                          .to(I.comm->device());
+  at::Tensor counts =
+      at::tensor({static_cast<float>(batches.size()), -static_cast<float>(batches.size())})
+          .to(I.comm->device());
   I.comm->all_reduce(counts, ReduceOp::kMax)->wait();
   at::Tensor c = counts.cpu();
   if (c[0].item<float>() != -c[1].item<float>() || c[0].item<float>() == 0.0f) {
-    throw InvalidArgument(fmt::format("evaluate: every rank must give the same, nonzero number of batches "
-                                      "(this rank gave {}, others up to {})",
-                                      batches.size(), c[0].item<float>()));
+    throw InvalidArgument(
+        fmt::format("evaluate: every rank must give the same, nonzero number of batches "
+                    "(this rank gave {}, others up to {})",
+                    batches.size(), c[0].item<float>()));
   }
   at::NoGradGuard no_grad;
   I.model->eval();
@@ -929,8 +1048,11 @@ double Trainer::evaluate_batches(const std::vector<std::pair<at::Tensor, at::Ten
     at::Tensor ids, y;
     try {
       ids = checked_tokens(input_ids, "evaluate input_ids", I.model_config.vocab_size, false);
-      y = labels.defined() ? checked_tokens(labels, "evaluate labels", I.model_config.vocab_size, true) : ids;
-      if (y.sizes() != ids.sizes()) throw InvalidArgument("evaluate: labels and input_ids differ in shape");
+      y = labels.defined()
+              ? checked_tokens(labels, "evaluate labels", I.model_config.vocab_size, true)
+              : ids;
+      if (y.sizes() != ids.sizes())
+        throw InvalidArgument("evaluate: labels and input_ids differ in shape");
     } catch (...) {
       if (!error) error = std::current_exception();
       ids = y = at::zeros({1, 1}, at::kLong);  // still take part in the collective forward
@@ -942,13 +1064,17 @@ double Trainer::evaluate_batches(const std::vector<std::pair<at::Tensor, at::Ten
     }
   }
   I.model->train();
-  at::Tensor global = at::tensor({static_cast<float>(sum), static_cast<float>(tokens), error ? 1.0f : 0.0f}, at::kFloat)
-                          .to(I.comm->device());
+  at::Tensor global =
+      at::tensor({static_cast<float>(sum), static_cast<float>(tokens), error ? 1.0f : 0.0f},
+                 at::kFloat)
+          .to(I.comm->device());
   I.comm->all_reduce(global)->wait();
   at::Tensor host = global.cpu();
   if (error) std::rethrow_exception(error);
-  if (host[2].item<float>() > 0) throw InvalidArgument("evaluate: another rank gave an invalid batch (see its error)");
-  if (host[1].item<float>() <= 0) throw InvalidArgument("evaluate: the batches have no token that counts in the loss");
+  if (host[2].item<float>() > 0)
+    throw InvalidArgument("evaluate: another rank gave an invalid batch (see its error)");
+  if (host[1].item<float>() <= 0)
+    throw InvalidArgument("evaluate: the batches have no token that counts in the loss");
   return host[0].item<double>() / host[1].item<double>();
 }
 
@@ -961,7 +1087,9 @@ TrainResult Trainer::train() {
     fs::create_directories(I.args.output_dir);
     if (!I.superseded.empty()) {
       for (const std::string& dir : I.superseded) {
-        log::warn("overwrite_output_dir: removing '{}', which is newer than the checkpoint resumed from", dir);
+        log::warn(
+            "overwrite_output_dir: removing '{}', which is newer than the checkpoint resumed from",
+            dir);
         files::remove_tree(dir);
       }
       std::error_code ec;
@@ -979,7 +1107,8 @@ TrainResult Trainer::train() {
   const Clock::time_point start = Clock::now();
   const int64_t first_step = I.state.global_step;
   Clock::time_point window_start = start;
-  at::Tensor window_loss = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(I.comm->device()));
+  at::Tensor window_loss =
+      at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(I.comm->device()));
   int64_t window_steps = 0, window_tokens = 0;
   double run_loss_sum = 0.0;
   int64_t run_loss_steps = 0;
@@ -997,7 +1126,8 @@ TrainResult Trainer::train() {
     r.loss = loss;
     r.learning_rate = I.engine->learning_rate();
     r.grad_norm = I.engine->last_grad_norm();
-    r.tokens_per_second = static_cast<double>(window_tokens) / std::max(1e-9, seconds_since(window_start));
+    r.tokens_per_second =
+        static_cast<double>(window_tokens) / std::max(1e-9, seconds_since(window_start));
     if (I.ds.fp16.enabled.value()) r.loss_scale = I.engine->loss_scale();
     r.peak_memory_gib = I.window_peak_memory_gib();
     I.log(r);
@@ -1014,8 +1144,10 @@ TrainResult Trainer::train() {
     const int64_t epoch = I.state.epoch_index;
     // Each epoch's own order, from the seed and the epoch alone (HF's sampler with set_epoch):
     // a resumed run rebuilds the same one.
-    const std::vector<int64_t> order = epoch_order(I.train_data.size(), I.data_seed, epoch, /*shuffle=*/true,
-                                                   I.args.group_by_length ? &I.train_lengths : nullptr, megabatch);
+    const bool shuffle = I.args.train_sampling_strategy != "sequential";
+    const std::vector<int64_t> order =
+        epoch_order(I.train_data.size(), I.data_seed, epoch, shuffle,
+                    I.args.group_by_length ? &I.train_lengths : nullptr, megabatch);
     bool epoch_end = false;
     while (!epoch_end && I.state.global_step < I.total_steps) {
       I.check_cancel();
@@ -1033,7 +1165,8 @@ TrainResult Trainer::train() {
       const double divisor = static_cast<double>(std::max<int64_t>(1, targets));
       at::Tensor step_loss = at::zeros({}, window_loss.options());
       for (int64_t a = 0; a < I.batch.accumulation; ++a) {
-        Batch b = collate(I.train_data, micro_batch_indices(order, I.batch, s, a, I.rank), I.pad_id);
+        Batch b =
+            collate(I.train_data, micro_batch_indices(order, I.batch, s, a, I.rank), I.pad_id);
         LossSum l = I.forward(b);
         I.engine->backward(l.sum, divisor);
         I.engine->step();
@@ -1049,7 +1182,8 @@ TrainResult Trainer::train() {
       }
       I.state.epoch = I.epoch_progress();
       I.state.tokens_seen += tokens;
-      I.state.total_flos += 6.0 * static_cast<double>(tokens) * static_cast<double>(I.non_embedding_parameters);
+      I.state.total_flos +=
+          6.0 * static_cast<double>(tokens) * static_cast<double>(I.non_embedding_parameters);
       window_tokens += tokens;
       ++window_steps;
       const int64_t step = I.state.global_step;
@@ -1067,7 +1201,8 @@ TrainResult Trainer::train() {
       }
       const bool last = step == I.total_steps;
       const std::string& logging = I.args.logging_strategy;
-      if ((logging == "steps" && (step % I.args.logging_steps == 0 || (I.args.logging_first_step && step == 1))) ||
+      if ((logging == "steps" &&
+           (step % I.log_every == 0 || (I.args.logging_first_step && step == 1))) ||
           (logging == "epoch" && epoch_end) || (logging != "no" && last)) {
         log_window();
       }
@@ -1080,16 +1215,19 @@ TrainResult Trainer::train() {
         p.learning_rate = I.engine->learning_rate();
         const double elapsed = seconds_since(start);
         p.tokens_per_second = static_cast<double>(I.state.tokens_seen) / std::max(1e-9, elapsed);
-        p.eta_seconds = elapsed / static_cast<double>(step - first_step) * static_cast<double>(I.total_steps - step);
+        p.eta_seconds = elapsed / static_cast<double>(step - first_step) *
+                        static_cast<double>(I.total_steps - step);
         I.callbacks.on_progress(p);
       }
-      const bool delayed = I.args.eval_strategy == "epoch" ? I.state.epoch < I.args.eval_delay
-                                                            : static_cast<double>(step) < I.args.eval_delay;
-      if (I.has_eval && !delayed && ((I.args.eval_strategy == "steps" && step % I.eval_every == 0) ||
-                                     (I.args.eval_strategy == "epoch" && epoch_end))) {
+      const bool delayed = I.args.eval_strategy == "epoch"
+                               ? I.state.epoch < I.args.eval_delay
+                               : static_cast<double>(step) < I.args.eval_delay;
+      if (I.has_eval && !delayed &&
+          ((I.args.eval_strategy == "steps" && step % I.eval_every == 0) ||
+           (I.args.eval_strategy == "epoch" && epoch_end))) {
         evaluate();
       }
-      if ((I.args.save_strategy == "steps" && step % I.args.save_steps == 0) ||
+      if ((I.args.save_strategy == "steps" && step % I.save_every == 0) ||
           (I.args.save_strategy == "epoch" && epoch_end)) {
         I.save_checkpoint();
       }
@@ -1102,15 +1240,19 @@ TrainResult Trainer::train() {
   if (I.args.load_best_model_at_end && I.state.best_model_checkpoint &&
       I.last_eval_loss != I.state.best_metric) {
     // The best checkpoint is read only from this run's output_dir, whatever the state file says.
-    const std::optional<std::string> best =
-        checkpoint_in(I.args.output_dir, fs::path(*I.state.best_model_checkpoint).filename().string());
+    const std::optional<std::string> best = checkpoint_in(
+        I.args.output_dir, fs::path(*I.state.best_model_checkpoint).filename().string());
     if (best) {
-      if (I.rank == 0) log::info("loading the best checkpoint '{}' (eval_loss {:.4f})", *best, *I.state.best_metric);
+      if (I.rank == 0)
+        log::info("loading the best checkpoint '{}' (eval_loss {:.4f})", *best,
+                  *I.state.best_metric);
       load_engine_state(*I.engine, *best);
     } else if (I.rank == 0) {
-      log::warn("the best checkpoint '{}' is not a checkpoint folder in '{}'; the final weights stay those of the "
-                "last step",
-                *I.state.best_model_checkpoint, I.args.output_dir);
+      log::warn(
+          "the best checkpoint '{}' is not a checkpoint folder in '{}'; the final weights stay "
+          "those of the "
+          "last step",
+          *I.state.best_model_checkpoint, I.args.output_dir);
     }
   }
   bool available = false;
@@ -1118,7 +1260,8 @@ TrainResult Trainer::train() {
   LogRecord summary;
   summary.step = I.state.global_step;
   summary.epoch = I.epoch_progress();
-  summary.train_loss = run_loss_steps > 0 ? run_loss_sum / static_cast<double>(run_loss_steps) : 0.0;
+  summary.train_loss =
+      run_loss_steps > 0 ? run_loss_sum / static_cast<double>(run_loss_steps) : 0.0;
   summary.train_runtime = seconds_since(start);
   I.log(summary);
   on_every_rank(*I.comm, "writing the final model", [&] {
@@ -1126,14 +1269,18 @@ TrainResult Trainer::train() {
     fs::create_directories(I.args.output_dir);
     I.write_user_files(I.args.output_dir, available, weights);
     if (!available) {
-      log::warn("ZeRO-3 without stage3_gather_16bit_weights_on_model_save: the final weights stay sharded; "
-                "run `zerotrain merge {}/checkpoint-{} OUT` to consolidate them",
-                I.args.output_dir, I.state.global_step);
+      log::warn(
+          "ZeRO-3 without stage3_gather_16bit_weights_on_model_save: the final weights stay "
+          "sharded; "
+          "run `zerotrain merge {}/checkpoint-{} OUT` to consolidate them",
+          I.args.output_dir, I.state.global_step);
     }
-    files::write_atomic(I.args.output_dir + "/trainer_state.json", train::trainer_state_json(I.state));
+    files::write_atomic(I.args.output_dir + "/trainer_state.json",
+                        train::trainer_state_json(I.state));
     files::write_atomic(I.args.output_dir + "/loss.svg", train::loss_svg(I.state.log_history));
   });
-  if (!available && !fs::exists(fmt::format("{}/checkpoint-{}", I.args.output_dir, I.state.global_step))) {
+  if (!available &&
+      !fs::exists(fmt::format("{}/checkpoint-{}", I.args.output_dir, I.state.global_step))) {
     I.save_checkpoint();  // the sharded state is then the final model
   }
   result.global_step = I.state.global_step;

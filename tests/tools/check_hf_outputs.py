@@ -80,15 +80,54 @@ for f in sorted(os.listdir(os.path.join(IN, "chat"))):
         hf = tok.apply_chat_template(messages, tokenize=True, chat_template=template)
         hf = hf["input_ids"] if isinstance(hf, dict) or hasattr(hf, "keys") else hf
         trained = tok.decode([l for l in ex["labels"] if l != -100])
-        results.append({"same_ids": list(hf) == ex["ids"], "hf_len": len(hf), "ours_len": len(ex["ids"]),
-                        "first_difference": next((i for i, (a, b) in enumerate(zip(hf, ex["ids"])) if a != b), None),
-                        "trained_text": trained})
+        first = next((i for i, (a, b) in enumerate(zip(hf, ex["ids"])) if a != b), None)
+        result = {"same_ids": list(hf) == ex["ids"], "hf_len": len(hf), "ours_len": len(ex["ids"]),
+                  "first_difference": first, "trained_text": trained}
+        if list(hf) != ex["ids"]:
+            # Where they part: the tokens on both sides, the text, and what the tokenizer.json
+            # pipeline alone (tokenizers, without transformers' own handling) makes of it.
+            at = first if first is not None else min(len(hf), len(ex["ids"]))
+            text = tok.apply_chat_template(messages, tokenize=False, chat_template=template)
+            raw = tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+            result.update({"hf_tokens": tok.convert_ids_to_tokens(list(hf)[max(0, at - 3):at + 6]),
+                           "ours_tokens": tok.convert_ids_to_tokens(ex["ids"][max(0, at - 3):at + 6]),
+                           "text_start": text[:120], "tokenizers_alone_same_as_hf": raw == list(hf),
+                           "tokenizers_alone_same_as_ours": raw == ex["ids"]})
+        results.append(result)
     gen = tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], tokenize=True,
                                   add_generation_prompt=True, chat_template=template)
     gen = gen["input_ids"] if hasattr(gen, "keys") else gen
     chat[f] = {"template": job["template"], "examples": results, "prompt_same_ids": list(gen) == job["prompt_ids"]}
+    if not all(r["same_ids"] for r in results):
+        backend = json.loads(tok.backend_tokenizer.to_str())
+        chat[f]["tokenizer"] = {"class": type(tok).__name__, "normalizer": backend.get("normalizer"),
+                                "pre_tokenizer": backend.get("pre_tokenizer"),
+                                "legacy": getattr(tok, "legacy", None),
+                                "add_prefix_space": getattr(tok, "add_prefix_space", None)}
     print("chat", f, chat[f], flush=True)
 report["chat"] = chat
+
+# The llama2 fixture tokenizer with legacy true (tokenizer_config.json): transformers 5's ids for
+# the fixture texts, for tests/test_tokenizer.cpp (tests/fixtures/tokenizers/llama2/cases_legacy_true.json).
+import shutil
+import tempfile
+fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "tokenizers", "llama2")
+with tempfile.TemporaryDirectory() as tmp:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(fixture, name), tmp)
+    config = json.load(open(os.path.join(tmp, "tokenizer_config.json")))
+    config["legacy"] = True
+    json.dump(config, open(os.path.join(tmp, "tokenizer_config.json"), "w"))
+    legacy = AutoTokenizer.from_pretrained(tmp)
+    cases = [{"text": c["text"], "transformers_ids": legacy(c["text"])["input_ids"]}
+             for c in json.load(open(os.path.join(fixture, "cases.json")))]
+with open(os.path.join(OUT, "cases_legacy_true.json"), "w") as f:
+    json.dump(cases, f, indent=1, ensure_ascii=False)
+    f.write("\n")
+report["llama2_legacy_true"] = {"class": type(legacy).__name__,
+                                "pre_tokenizer": json.loads(legacy.backend_tokenizer.to_str()).get("pre_tokenizer"),
+                                "cases": len(cases)}
+print("llama2_legacy_true", report["llama2_legacy_true"], flush=True)
 
 
 def described(field):

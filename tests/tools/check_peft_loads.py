@@ -9,9 +9,12 @@ computed, zerotrain_logits.safetensors). Each adapter names its base as a path r
 repository root (tests/fixtures/models/...), which PEFT resolves from the current directory;
 a null base is the tiny llama fixture. For each adapter, OUT_DIR/<name>/ receives the adapter
 files plus peft_logits.safetensors (the inputs and PEFT's logits), and report.json lists the
-largest difference from zerotrain's logits on real tokens. It also saves PEFT's own adapter for
-`target_modules="all-linear"` on the tiny llama and records which names PEFT wrote, beside the
-names zerotrain wrote for the same default. Runs in fp32 on the CPU, with eager attention, like
+largest difference from zerotrain's logits on real tokens and whether PEFT, saving what it
+loaded, writes the same tensors under the same keys. It also saves PEFT's own adapter for
+`target_modules="all-linear"` on the tiny llama (2 and 3 layers) and records which names PEFT
+wrote, beside the names zerotrain wrote for the same default, and writes OUT_DIR/peft_made/: LoRA
+adapters PEFT makes with trainable biases (bias "all" and "lora_only") on the qwen2 fixture, with
+PEFT's logits, for zerotrain's tests. Runs in fp32 on the CPU, with eager attention, like
 make_fixtures.py.
 """
 import json
@@ -60,7 +63,16 @@ for name in sorted(os.listdir(SRC)):
         shutil.copy(os.path.join(src, f), dst)
     save_file({"input_ids": ids, "attention_mask": mask, "logits": logits},
               os.path.join(dst, "peft_logits.safetensors"))
+    # PEFT saving what it loaded must write zerotrain's file again: the same keys and values.
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        theirs = load_file(os.path.join(tmp, "adapter_model.safetensors"))
+    written = load_file(os.path.join(src, "adapter_model.safetensors"))
+    resaved_same = sorted(theirs) == sorted(written) and all(torch.equal(theirs[k], written[k]) for k in theirs)
     report[name] = {"max_abs_diff_vs_zerotrain": diff, "logits_shape": list(logits.shape),
+                    "peft_resaves_same_tensors": resaved_same,
+                    "keys_only_peft_writes": sorted(set(theirs) - set(written)),
+                    "keys_only_zerotrain_writes": sorted(set(written) - set(theirs)),
                     "target_modules_read": sorted(model.peft_config["default"].target_modules)
                     if hasattr(model.peft_config["default"], "target_modules")
                     and model.peft_config["default"].target_modules is not None
@@ -68,19 +80,56 @@ for name in sorted(os.listdir(SRC)):
                     else model.peft_config["default"].__dict__.get("target_modules")}
     print(name, report[name], flush=True)
 
-# What PEFT itself writes for all-linear on the same model.
-peft_model = get_peft_model(load_base(LLAMA), LoraConfig(target_modules="all-linear", task_type="CAUSAL_LM"))
-with tempfile.TemporaryDirectory() as tmp:
-    peft_model.save_pretrained(tmp)
-    with open(os.path.join(tmp, "adapter_config.json")) as f:
-        peft_written = json.load(f)["target_modules"]
+# What PEFT itself writes for all-linear: on the tiny llama (14 projections, under PEFT's 20)
+# and on the same model with 3 layers (21, which PEFT condenses to suffixes).
+def peft_all_linear(layers):
+    base = load_base(LLAMA)
+    if layers != base.config.num_hidden_layers:
+        config = base.config
+        config.num_hidden_layers = layers
+        base = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    peft_model = get_peft_model(base, LoraConfig(target_modules="all-linear", task_type="CAUSAL_LM"))
+    with tempfile.TemporaryDirectory() as tmp:
+        peft_model.save_pretrained(tmp)
+        with open(os.path.join(tmp, "adapter_config.json")) as f:
+            written = json.load(f)["target_modules"]
+    return sorted(written) if isinstance(written, list) else written
+
+
 ours_path = os.path.join(SRC, "lora_all_linear", "adapter_config.json")
 ours_written = json.load(open(ours_path))["target_modules"] if os.path.exists(ours_path) else None
-report["all_linear"] = {"peft_writes": sorted(peft_written) if isinstance(peft_written, list) else peft_written,
-                        "zerotrain_writes": ours_written,
+peft_written = peft_all_linear(2)
+report["all_linear"] = {"peft_writes": peft_written, "zerotrain_writes": ours_written,
                         "same_set": isinstance(peft_written, list) and isinstance(ours_written, list)
-                        and set(peft_written) == set(ours_written)}
+                        and set(peft_written) == set(ours_written),
+                        "peft_writes_for_3_layers": peft_all_linear(3)}
 print("all_linear", report["all_linear"], flush=True)
+
+# Adapters PEFT itself makes with trainable biases on the qwen2 fixture (q/k/v biases):
+# q_proj and v_proj wrapped (PEFT keys their bias base_layer.bias), k_proj not (its plain .bias,
+# with bias "all"). Values nudged so each one matters; OUT_DIR/peft_made/<name> gets the adapter
+# and the logits PEFT computes with it, for zerotrain's tests to load.
+QWEN2 = "tests/fixtures/models/qwen2"
+for made, bias in (("lora_bias_all", "all"), ("lora_bias_lora_only", "lora_only")):
+    torch.manual_seed(7)
+    peft_model = get_peft_model(load_base(QWEN2), LoraConfig(target_modules=["q_proj", "v_proj"], bias=bias,
+                                                             r=4, lora_alpha=8, task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p), alpha=0.05)
+    peft_model.eval()
+    dst = os.path.join(OUT, "peft_made", made)
+    os.makedirs(dst, exist_ok=True)
+    peft_model.save_pretrained(dst)
+    ids = torch.tensor([[1, 5, 9, 33, 70, 2, 0, 0], [4, 8, 15, 16, 23, 42, 99, 3]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        logits = peft_model(input_ids=ids, attention_mask=mask).logits.contiguous()
+    save_file({"input_ids": ids, "attention_mask": mask, "logits": logits},
+              os.path.join(dst, "peft_logits.safetensors"))
+    report["peft_made_" + made] = {"keys": sorted(load_file(os.path.join(dst, "adapter_model.safetensors")))}
+    print("peft_made", made, report["peft_made_" + made], flush=True)
 
 import peft
 import transformers
