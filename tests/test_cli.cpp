@@ -114,8 +114,10 @@ TEST_CASE("exit statuses and one error line", "[cli][errors]") {
   }
 }
 
-TEST_CASE("verify loads a model folder and answers a prompt in the training template", "[cli]") {
-  const std::string dir = zt::test::temp_dir("verify");
+namespace {
+
+// A one-layer random model folder (config.json + safetensors) for verify.
+void write_random_model(const std::string& dir) {
   const zt::ModelConfig c = zt::parse_model_config(
       R"({"model_type": "llama", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 64,
           "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 128})");
@@ -125,6 +127,13 @@ TEST_CASE("verify loads a model folder and answers a prompt in the training temp
   for (const auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value());
   zt::save_sharded_safetensors(dir, tensors);
   zt::files::write_atomic(dir + "/config.json", zt::model_config_json(c));
+}
+
+}  // namespace
+
+TEST_CASE("verify loads a model folder and answers a prompt in the training template", "[cli]") {
+  const std::string dir = zt::test::temp_dir("verify");
+  write_random_model(dir);
   Ran r = cli(fmt::format("verify '{}' --prompt 'Is 7 odd?' --max_new_tokens 4", dir));
   CHECK(r.status == 0);
   CHECK_THAT(r.output, Contains("### 指令：Is 7 odd?\n### 回答："));
@@ -161,15 +170,7 @@ TEST_CASE("train without --train_file says so before anything else", "[cli][erro
 
 TEST_CASE("verify asks in the template the run recorded", "[cli]") {
   const std::string dir = zt::test::temp_dir("verify_recorded");
-  const zt::ModelConfig c = zt::parse_model_config(
-      R"({"model_type": "llama", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 64,
-          "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 128})");
-  zt::CausalLM m(c, at::TensorOptions(), false);
-  zt::load_weights(m, *zt::random_source(c, 1));
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value());
-  zt::save_sharded_safetensors(dir, tensors);
-  zt::files::write_atomic(dir + "/config.json", zt::model_config_json(c));
+  write_random_model(dir);
   zt::record_template(dir, "alpaca");
   Ran r = cli(fmt::format("verify '{}' --prompt 'Is 7 odd?' --max_new_tokens 2", dir));
   CHECK(r.status == 0);
@@ -219,25 +220,12 @@ bool wait_for_log_lines(const std::string& out, int lines) {
 }
 
 std::vector<std::string> long_run(const std::string& dir, const std::vector<std::string>& extra) {
-  std::vector<std::string> a{"train",
-                             "--model_config",
-                             zt::test::kTinyModel,
-                             "--train_file",
-                             dir + "/train.jsonl",
-                             "--output_dir",
-                             dir + "/out",
-                             "--template",
-                             "alpaca",
-                             "--per_device_train_batch_size",
-                             "2",
-                             "--max_steps",
-                             "100000",
-                             "--logging_steps",
-                             "1",
-                             "--disable_tqdm",
-                             "--device",
-                             "cpu"};
-  a.insert(a.end(), extra.begin(), extra.end());
+  std::vector<std::string> a =
+      zt::test::tiny_run_flags(dir,
+                               {"--per_device_train_batch_size", "2", "--max_steps", "100000",
+                                "--logging_steps", "1", "--disable_tqdm", "--device", "cpu"},
+                               extra);
+  a.insert(a.begin(), "train");
   return a;
 }
 

@@ -62,24 +62,10 @@ std::string model_copy(const std::string& tag) {
 }
 
 std::vector<std::string> run_flags(const std::string& dir, const std::vector<std::string>& extra) {
-  std::vector<std::string> f{"--model_config",
-                             test::kTinyModel,
-                             "--train_file",
-                             dir + "/train.jsonl",
-                             "--output_dir",
-                             dir + "/out",
-                             "--template",
-                             "alpaca",
-                             "--per_device_train_batch_size",
-                             "2",
-                             "--max_steps",
-                             "4",
-                             "--save_steps",
-                             "2",
-                             "--logging_steps",
-                             "1"};
-  f.insert(f.end(), extra.begin(), extra.end());
-  return f;
+  return test::tiny_run_flags(dir,
+                              {"--per_device_train_batch_size", "2", "--max_steps", "4",
+                               "--save_steps", "2", "--logging_steps", "1"},
+                              extra);
 }
 
 }  // namespace

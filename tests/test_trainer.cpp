@@ -41,30 +41,11 @@ namespace {
 
 // Flags of a run: the tiny model, the data in `dir`, and `extra` on top.
 std::vector<std::string> run_flags(const std::string& dir, const std::vector<std::string>& extra) {
-  std::vector<std::string> f{"--model_config",
-                             kTinyModel,
-                             "--train_file",
-                             dir + "/train.jsonl",
-                             "--output_dir",
-                             dir + "/out",
-                             "--template",
-                             "alpaca",
-                             "--per_device_train_batch_size",
-                             "2",
-                             "--learning_rate",
-                             "3e-3",
-                             "--lr_scheduler_type",
-                             "linear",
-                             "--max_steps",
-                             "8",
-                             "--logging_steps",
-                             "1",
-                             "--save_steps",
-                             "4",
-                             "--seed",
-                             "5"};
-  f.insert(f.end(), extra.begin(), extra.end());
-  return f;
+  return test::tiny_run_flags(
+      dir,
+      {"--per_device_train_batch_size", "2", "--learning_rate", "3e-3", "--lr_scheduler_type",
+       "linear", "--max_steps", "8", "--logging_steps", "1", "--save_steps", "4", "--seed", "5"},
+      extra);
 }
 
 std::string join_flags(const std::vector<std::string>& flags) {
@@ -543,6 +524,23 @@ std::vector<std::pair<double, double>> initial_example_losses(const std::string&
   return example;
 }
 
+// The loss of every step of a run at learning rate 0 on 12 examples written into `dir`
+// (epoch_flags), with `extra` on top.
+std::vector<double> frozen_step_losses(const std::string& dir,
+                                       const std::vector<std::string>& extra) {
+  write_data(dir, "train.jsonl", 12, 11);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  std::vector<std::string> flags{"--learning_rate", "0", "--save_steps", "100"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  TrainingArguments args;
+  apply_training_flags(args, run_flags(dir, epoch_flags(flags)));
+  std::vector<double> step_losses;
+  TrainerCallbacks callbacks;
+  callbacks.on_step = [&](const StepStats& s) { step_losses.push_back(s.loss); };
+  Trainer(args, comm, callbacks).train();
+  return step_losses;
+}
+
 // The loss of step `s` of an epoch visiting examples in `order` at micro-batch 2, one rank.
 double step_loss(const std::vector<std::pair<double, double>>& example,
                  const std::vector<int64_t>& order, int64_t s) {
@@ -562,17 +560,7 @@ TEST_CASE("every epoch visits the data in its own order, from the seed and the e
   // mean of its examples' losses under the initial weights: the losses tell which examples each
   // step used.
   const std::string dir = test::temp_dir("epochs");
-  write_data(dir, "train.jsonl", 12, 11);
-  auto comm = std::shared_ptr<Communicator>(test::join());
-  TrainingArguments args;
-  apply_training_flags(
-      args, run_flags(dir, epoch_flags({"--learning_rate", "0", "--save_steps", "100"})));
-  std::vector<double> step_losses;
-  TrainerCallbacks callbacks;
-  callbacks.on_step = [&](const StepStats& s) { step_losses.push_back(s.loss); };
-  Trainer trainer(args, comm, callbacks);
-  TrainResult r = trainer.train();
-  REQUIRE(r.global_step == 18);
+  const std::vector<double> step_losses = frozen_step_losses(dir, {});
   REQUIRE(step_losses.size() == 18);
 
   const auto example = initial_example_losses(dir + "/train.jsonl");
@@ -648,17 +636,8 @@ TEST_CASE("a run stopped in its second epoch resumes to the uninterrupted run's 
 TEST_CASE("train_sampling_strategy sequential visits the file's order in every epoch",
           "[trainer][epochs]") {
   const std::string dir = test::temp_dir("sequential");
-  write_data(dir, "train.jsonl", 12, 11);
-  auto comm = std::shared_ptr<Communicator>(test::join());
-  TrainingArguments args;
-  apply_training_flags(
-      args, run_flags(dir, epoch_flags({"--learning_rate", "0", "--save_steps", "100",
-                                        "--num_train_epochs", "2", "--train_sampling_strategy",
-                                        "sequential"})));
-  std::vector<double> step_losses;
-  TrainerCallbacks callbacks;
-  callbacks.on_step = [&](const StepStats& s) { step_losses.push_back(s.loss); };
-  Trainer(args, comm, callbacks).train();
+  const std::vector<double> step_losses = frozen_step_losses(
+      dir, {"--num_train_epochs", "2", "--train_sampling_strategy", "sequential"});
   REQUIRE(step_losses.size() == 12);
   const auto example = initial_example_losses(dir + "/train.jsonl");
   std::vector<int64_t> file_order(12);

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "util/files.hpp"
+#include "util/json_nesting.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::data {
@@ -123,30 +124,14 @@ bool RecordReader::next_element(Record& out) {
   out.line = line_;
   out.index = count_++;
   int depth = 0;
-  bool in_string = false, escaped = false;
+  json::NestingScanner scan;
   for (; c != EOF; c = get()) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      if (depth == 0) {  // the array's own ']': give it back for the next call
-        unget(c);
-        break;
-      }
-      --depth;
-    } else if (c == ',' && depth == 0) {
-      unget(c);
+    const int step = scan.feed(c);
+    if ((step < 0 && depth == 0) || (c == ',' && depth == 0 && !scan.in_string())) {
+      unget(c);  // the array's own ']' or the separator: given back for the next call
       break;
     }
+    depth += step;
     out.text.push_back(static_cast<char>(c));
   }
   if (c == EOF) {

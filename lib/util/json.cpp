@@ -10,6 +10,7 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
+#include "util/json_nesting.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::json {
@@ -36,29 +37,15 @@ void check_depth(std::string_view text, const std::string& source) {
   // One pass over the text, strings skipped: the reading that follows (RapidJSON's iterative
   // parser, then readers and writers that walk values recursively) never meets deeper nesting.
   int depth = 0;
-  bool in_string = false, escaped = false;
+  NestingScanner scan;
   for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > kMaxDepth) {
-        const auto [line, column] = line_and_column(text, i);
-        throw ConfigError(
-            fmt::format("{}: JSON nested deeper than {} levels (at line {}, column {}); no file "
-                        "zerotrain reads needs that many — is it the right file?",
-                        source, kMaxDepth, line, column));
-      }
-    } else if (c == '}' || c == ']') {
-      --depth;
+    depth += scan.feed(text[i]);
+    if (depth > kMaxDepth) {
+      const auto [line, column] = line_and_column(text, i);
+      throw ConfigError(
+          fmt::format("{}: JSON nested deeper than {} levels (at line {}, column {}); no file "
+                      "zerotrain reads needs that many — is it the right file?",
+                      source, kMaxDepth, line, column));
     }
   }
 }

@@ -31,28 +31,11 @@ namespace fs = std::filesystem;
 namespace {
 
 std::vector<std::string> job_flags(const std::string& dir, const std::vector<std::string>& extra) {
-  std::vector<std::string> f{"--model_config",
-                             kTinyModel,
-                             "--train_file",
-                             dir + "/train.jsonl",
-                             "--output_dir",
-                             dir + "/out",
-                             "--template",
-                             "alpaca",
-                             "--per_device_train_batch_size",
-                             "4",
-                             "--learning_rate",
-                             "3e-3",
-                             "--max_steps",
-                             "6",
-                             "--logging_steps",
-                             "1",
-                             "--save_steps",
-                             "3",
-                             "--seed",
-                             "5"};
-  f.insert(f.end(), extra.begin(), extra.end());
-  return f;
+  return test::tiny_run_flags(
+      dir,
+      {"--per_device_train_batch_size", "4", "--learning_rate", "3e-3", "--max_steps", "6",
+       "--logging_steps", "1", "--save_steps", "3", "--seed", "5"},
+      extra);
 }
 
 // fp16 starts at a loss scale of 2^8: DeepSpeed's 2^16 would skip the tiny model's first steps.

@@ -13,6 +13,16 @@ const char* const kTinyModel =
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "tie_word_embeddings": false})";
 
+std::vector<std::string> tiny_run_flags(const std::string& dir,
+                                        const std::vector<std::string>& settings,
+                                        const std::vector<std::string>& extra) {
+  std::vector<std::string> f{"--model_config", kTinyModel,   "--train_file", dir + "/train.jsonl",
+                             "--output_dir",   dir + "/out", "--template",   "alpaca"};
+  f.insert(f.end(), settings.begin(), settings.end());
+  f.insert(f.end(), extra.begin(), extra.end());
+  return f;
+}
+
 std::string write_data(const std::string& dir, const std::string& name, int count, int salt) {
   std::string text;
   for (int i = 0; i < count; ++i) {

@@ -5,11 +5,18 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace zt::test {
 
 /// An inline LLaMA config (vocab 259: the byte-level tokenizer), 2 layers, GQA.
 extern const char* const kTinyModel;
+
+/// Training flags of a run of kTinyModel on dir/train.jsonl into dir/out with the alpaca
+/// template, then `settings`, then `extra` (a later flag wins).
+std::vector<std::string> tiny_run_flags(const std::string& dir,
+                                        const std::vector<std::string>& settings,
+                                        const std::vector<std::string>& extra = {});
 
 /// Writes `count` alpaca-style examples ("Is N even or odd?" → "odd" / "even", N from `salt`)
 /// to dir/name and returns the path.
