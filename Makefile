@@ -32,12 +32,12 @@ demo: build
 SANITIZE_BUILD ?= build-sanitize
 FUZZ_SECONDS ?= 60
 SANITIZE_TESTS ?= [hostile],[json],[data],[config],[tokenizer],[safetensors],[checkpoint],[templates],[tensorboard],[peft],[cli]
-SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 OMP_NUM_THREADS=1 ZT_LOG_LEVEL=warning
+SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 OMP_NUM_THREADS=1
 sanitize: deps
 	cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
 	  -DZT_SANITIZE=address,undefined -DZT_FUZZ=ON -DZT_WITH_CUDA=OFF -DZT_WITH_NCCL=OFF -DZT_BUILD_BENCH=OFF
 	cmake --build $(SANITIZE_BUILD) -j $(JOBS)
-	$(SANITIZE_ENV) $(SANITIZE_BUILD)/bin/zt_tests "$(SANITIZE_TESTS)"
+	$(SANITIZE_ENV) ZT_LOG_LEVEL=warning $(SANITIZE_BUILD)/bin/zt_tests "$(SANITIZE_TESTS)"
 	$(SANITIZE_ENV) $(SANITIZE_BUILD)/bin/zt_capi_test
 	tests/fuzz/run.sh $(SANITIZE_BUILD) $(FUZZ_SECONDS)
 

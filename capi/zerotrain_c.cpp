@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -102,7 +103,12 @@ const char* zt_version(void) {
 }
 
 const char* zt_status_name(zt_status status) {
-  switch (status) {
+  // A C caller may pass any int here (a C enum is an int); reading a value outside the
+  // enumerators as the C++ enum is undefined, so the switch reads the argument's bytes.
+  int code = 0;
+  static_assert(sizeof(status) == sizeof(code), "zt_status is an int-sized C enum");
+  std::memcpy(&code, &status, sizeof code);
+  switch (code) {
     case ZT_OK:
       return "ZT_OK";
     case ZT_ERR_INVALID_ARGUMENT:

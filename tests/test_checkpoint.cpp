@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "support/build.hpp"
 #include "support/models.hpp"
 #include "support/ranks.hpp"
 #include "util/files.hpp"
@@ -241,7 +242,11 @@ TEST_CASE("merge streams tensor by tensor: memory stays near the largest tensor"
   INFO("peak RssAnon growth " << report.peak_rss_anon_bytes << " bytes; model " << model_bytes
                               << " bytes");
   CHECK(report.largest_tensor_bytes == largest_fp32 / 2);  // bf16, the model's own dtype
-  CHECK(report.peak_rss_anon_bytes < 3 * largest_fp32 + (4 << 20));
+  if (test::kAddressSanitizer) {
+    WARN("resident-memory bound not checked: AddressSanitizer's quarantine keeps freed memory");
+  } else {
+    CHECK(report.peak_rss_anon_bytes < 3 * largest_fp32 + (4 << 20));
+  }
   CHECK(3 * largest_fp32 + (4 << 20) < model_bytes / 2);
   // The merged folder holds the masters in the model's dtype.
   SafetensorsCheckpoint merged(dir + "/merged");

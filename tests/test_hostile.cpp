@@ -377,6 +377,43 @@ TEST_CASE("long records are truncated while tokenizing, to exactly the ids of th
   CHECK(after.ru_maxrss - before.ru_maxrss < 512 * 1024);  // KiB
 }
 
+TEST_CASE("a JSON array broken by a '}' that closes nothing is an error, never an endless skip",
+          "[hostile][data]") {
+  // Found by fuzz_jsonl: with skip_bad_lines the reader gave back the stray '}' as an empty
+  // element, skipped it and found the same '}' again, forever. The reading runs in a child
+  // with an alarm so that a regression fails here instead of hanging the suite.
+  const std::string dir = test::temp_dir("array_stray");
+  const std::vector<std::string> files = {
+      R"([{"text": "a"}}, {"text": "b"}])",
+      R"([{"instruction": "a", "output": "b: "b"}, {"text": "c, ] }"}"}, {"text": "c"}])"};
+  for (size_t i = 0; i < files.size(); ++i) {
+    INFO(files[i]);
+    const std::string path = fmt::format("{}/data{}.json", dir, i);
+    write_file(path, files[i]);
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      ::alarm(30);
+      DataOptions o;
+      o.skip_bad_lines = true;
+      try {
+        tokenize_jsonl(path, *byte_tokenizer(), o);
+      } catch (const ConfigError& e) {
+        const std::string m = e.what();
+        ::_exit(m.find(path) != std::string::npos && m.find("closes nothing") != std::string::npos
+                    ? 0
+                    : 2);
+      }
+      ::_exit(3);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK_FALSE((WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM));  // hung
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);  // 2: another message; 3: no error at all
+  }
+}
+
 TEST_CASE(
     "the C API maps LibTorch's out-of-memory and I/O failures to their codes, LibTorch's text cut",
     "[hostile][capi]") {

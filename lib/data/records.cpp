@@ -127,6 +127,13 @@ bool RecordReader::next_element(Record& out) {
   json::NestingScanner scan;
   for (; c != EOF; c = get()) {
     const int step = scan.feed(c);
+    if (step < 0 && depth == 0 && c != ']') {
+      // A '}' that closes nothing: the array's structure is broken here, so no later element
+      // can be found reliably (and skipping it would find the same '}' again).
+      throw ConfigError(fmt::format(
+          "{}:{}: element {}: a '{}' that closes nothing; the JSON array is malformed here", path_,
+          line_, out.index, static_cast<char>(c)));
+    }
     if ((step < 0 && depth == 0) || (c == ',' && depth == 0 && !scan.in_string())) {
       unget(c);  // the array's own ']' or the separator: given back for the next call
       break;

@@ -470,7 +470,7 @@ ParameterCount load_adapter(CausalLM& model, const std::string& dir, bool traina
                       fmt::join(table.sizes(), ", "), c.prompt.num_virtual_tokens, width));
     }
     for (auto& p : model.parameters(true)) p.set_requires_grad(false);
-    const at::Tensor& w = model.named_parameters(true).begin()->value();
+    const at::Tensor w = model.named_parameters(true).begin()->value();
     auto adapter =
         std::make_shared<peft::FixedPrompt>(m, table.to(w.device(), w.scalar_type()), prefix);
     for (auto& p : adapter->parameters()) p.set_requires_grad(trainable);

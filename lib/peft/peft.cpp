@@ -314,7 +314,7 @@ ParameterCount apply_peft(CausalLM& model, const PeftConfig& c, uint64_t seed) {
       } else {
         adapter = std::make_shared<peft::PrefixEncoder>(model.config(), c.prompt);
       }
-      const at::Tensor& w = model.named_parameters(true).begin()->value();
+      const at::Tensor w = model.named_parameters(true).begin()->value();
       adapter->to(w.device(), w.scalar_type());
       model.set_prompt_adapter(adapter);
       break;

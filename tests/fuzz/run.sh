@@ -5,7 +5,7 @@
 # A crash, leak of a sanitizer report or timeout fails the run; the input is kept in
 # BUILD/fuzz-artifacts/ (turn it into a regression test in tests/test_hostile.cpp).
 set -euo pipefail
-build=$1 seconds=$2
+build=$(cd "$1" && pwd) seconds=$2
 shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 targets=${*:-fuzz_safetensors fuzz_json_config fuzz_tokenizer fuzz_jsonl fuzz_checkpoint fuzz_capi_options}
