@@ -26,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/adam_cpu.hpp"
 #include "optim/shard_optimizer.hpp"
 #include "util/torch_compat.hpp"
 #include "zerotrain/comm.hpp"
@@ -241,16 +242,20 @@ int adamw() {
     placed.push_back(copy.copy_(t));
   }
   int64_t step = 0, placed_step = 0;
+  UpdateHyper hyper;
+  hyper.lr = 1e-4;
+  hyper.weight_decay = 0.01;
   at::Tensor s = at::zeros({}, o);
   const bool with_torch = compat::has_fused_adamw(at::kCPU);
   auto ours = [&] {
+    hyper.step = ++step;
     kernels::adam_cpu(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
-                      v.data_ptr<float>(), n, 1e-4, 0.9, 0.999, 1e-8, 0.01, true, true, ++step);
+                      v.data_ptr<float>(), n, hyper);
   };
   auto ours_placed = [&] {
+    hyper.step = ++placed_step;
     kernels::adam_cpu(placed[0].data_ptr<float>(), placed[1].data_ptr<float>(),
-                      placed[2].data_ptr<float>(), placed[3].data_ptr<float>(), n, 1e-4, 0.9, 0.999,
-                      1e-8, 0.01, true, true, ++placed_step);
+                      placed[2].data_ptr<float>(), placed[3].data_ptr<float>(), n, hyper);
   };
   auto theirs = [&] {
     s.add_(1);

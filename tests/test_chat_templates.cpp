@@ -13,8 +13,8 @@
 #include <rapidjson/document.h>
 
 #include "data/chat_templates.hpp"
-#include "data/hf_tokenizer.hpp"
 #include "support/ranks.hpp"
+#include "tokenizer/hf_tokenizer.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "zerotrain/data.hpp"

@@ -21,7 +21,8 @@ using Catch::Contains;
 
 namespace {
 
-const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kBFloat16, at::kHalf, at::kLong};
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf,
+                                             at::kLong};
 
 int env_int(const char* name) {
   return std::atoi(std::getenv(name));

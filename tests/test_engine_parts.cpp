@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/adam_cpu.hpp"
 #include "optim/schedule.hpp"
 #include "optim/shard_optimizer.hpp"
 #include "precision/loss_scaler.hpp"
@@ -306,9 +307,11 @@ TEST_CASE("host work takes the rank's share of the cores, not OMP_NUM_THREADS", 
     p[k] = p0.clone();
     m[k] = at::zeros_like(p0);
     v[k] = at::zeros_like(p0);
+    UpdateHyper h;
+    h.lr = 1e-3;
+    h.weight_decay = 0.01;
     zt::kernels::adam_cpu(p[k].data_ptr<float>(), g.data_ptr<float>(), m[k].data_ptr<float>(),
-                          v[k].data_ptr<float>(), p0.numel(), 1e-3, 0.9, 0.999, 1e-8, 0.01, true,
-                          true, 1);
+                          v[k].data_ptr<float>(), p0.numel(), h);
   }
   ::unsetenv("ZT_CPU_THREADS");
   CHECK(at::equal(p[0], p[1]));

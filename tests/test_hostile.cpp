@@ -18,10 +18,10 @@
 #include <rapidjson/document.h>
 
 #include "capi/status.hpp"
-#include "data/hf_tokenizer.hpp"
 #include "support/jobs.hpp"
 #include "support/messages.hpp"
 #include "support/ranks.hpp"
+#include "tokenizer/hf_tokenizer.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "zerotrain/checkpoint.hpp"

@@ -17,10 +17,10 @@
 #include <rapidjson/pointer.h>
 #include <rapidjson/writer.h>
 
-#include "data/hf_tokenizer.hpp"
-#include "data/unicode_text.hpp"
 #include "support/messages.hpp"
 #include "support/ranks.hpp"
+#include "tokenizer/hf_tokenizer.hpp"
+#include "tokenizer/unicode_text.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/tokenizer.hpp"

@@ -9,13 +9,13 @@
 //
 //     accuracy: before 0.0% after 98.5%
 #include <ATen/Context.h>
+#include <ftw.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "commands.hpp"
-#include "util/files.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
@@ -29,6 +29,19 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kMarker = ".zerotrain-demo";
+
+// Removes an earlier demo's folder, depth first, removing links rather than following them
+// (std::filesystem::remove_all is avoided: it crashed on the GPU machine's toolchain,
+// docs/build.md).
+void remove_demo_folder(const fs::path& dir) {
+  auto remove_one = [](const char* path, const struct stat*, int, struct FTW*) {
+    return std::remove(path) == 0 ? 0 : -1;
+  };
+  if (::nftw(dir.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+    throw IoError("cannot remove the earlier demo folder '" + dir.string() +
+                  "'; remove it yourself or pass --output_dir NEW_DIR");
+  }
+}
 
 const char* kModelConfig = R"({
   "model_type": "llama", "architectures": ["LlamaForCausalLM"],
@@ -161,7 +174,7 @@ int cmd_demo(const Args& in) {
       throw ConfigError("'" + dir.string() +
                         "' exists and was not made by the demo; pass --output_dir NEW_DIR");
     }
-    files::remove_tree(dir.string());
+    remove_demo_folder(dir);
   }
   fs::create_directories(dir);
   write_file(dir / kMarker, "made by `zerotrain demo`; removed by the next one\n");

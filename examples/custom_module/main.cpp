@@ -19,6 +19,7 @@
 #include "zerotrain/config.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/units.hpp"
 
 namespace {
 

@@ -40,7 +40,8 @@ const char* backend_name(Backend backend);
 /// collective: all ranks must issue the same calls in the same order with the same sizes and
 /// dtypes (inputs may differ in content). A call implicitly synchronizes with the other ranks.
 /// Threading: not thread-safe; issue all calls from one thread. Tensors must be contiguous and
-/// live on `device()`; fp32, bf16, fp16 and int64 are supported (kAvg is not defined for int64).
+/// live on `device()`; fp32, fp64, bf16, fp16 and int64 are supported (kAvg is not defined for
+/// int64).
 /// Ops return at once; the result is valid after `Work::wait()`. Tensors passed in must not be
 /// modified until then.
 class Communicator {

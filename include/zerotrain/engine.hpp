@@ -18,69 +18,13 @@
 
 #include "zerotrain/comm.hpp"
 #include "zerotrain/config.hpp"
+#include "zerotrain/units.hpp"
 
 namespace zt {
 
-class Engine;
-
-/// The function of one sharding unit: tensors in, tensors out. It may use only its inputs and
-/// long-lived state (module pointers, captured *by value*), because with ZeRO-3 or activation
-/// checkpointing it runs again during backward, after the caller's stack frame is gone.
-using UnitFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
-
-/// The sharding-unit mechanism. A module that wants ZeRO-3 (or activation checkpointing) holds a
-/// UnitGate and routes each unit's computation through it:
-///
-///     x = gate(2, {x, mask}, [layer = layers[2]](const auto& in) {
-///       return std::vector<at::Tensor>{layer->forward(in[0], in[1])};
-///     })[0];
-///
-/// and lists the units' submodules in EngineOptions::units, in the order the forward runs them
-/// (unit i of the gate is EngineOptions::units[i]). Outside an Engine, or when neither ZeRO-3
-/// nor checkpointing is on, the gate simply calls the function. Under an Engine each call
-/// becomes an autograd function whose forward gathers the unit's parameters (stage 3), runs
-/// without saving activations and releases them; its backward re-gathers, recomputes with
-/// gradients, reduce-scatters the unit's gradients straight into this rank's shard, and releases
-/// again. Inputs that require grad get their gradients back; integer outputs are not
-/// differentiable.
-class UnitGate {
- public:
-  std::vector<at::Tensor> operator()(size_t unit, const std::vector<at::Tensor>& inputs,
-                                     const UnitFn& fn) const;
-
- private:
-  friend class Engine;
-  Engine* engine_ = nullptr;
-};
-
-/// True on the calling thread while an Engine's backward recomputes a unit (ZeRO-3 or
-/// activation checkpointing). The unit's outputs then serve only as the starting points of
-/// back-propagation: their values are never read. A unit function may use this to skip work
-/// whose result nothing inside the unit needs — zerotrain's decoder layers skip the forward
-/// product of their last projection, whose backward needs only its input and weight.
-bool recomputing_for_backward();
-
-/// Supplies initial parameter values by name: elements [offset, offset + out.numel()) of the
-/// flattened parameter into `out` (any dtype; CPU). With one, the Engine places only each rank's
-/// slice (ZeRO-3 loading without materializing the whole model) and the model's parameters may
-/// live on the meta device. Implementations: zt::checkpoint_source, zt::random_source.
-class ParameterSource {
- public:
-  virtual ~ParameterSource() = default;
-  /// Whether this source holds `name` (sources that hold everything answer true).
-  virtual bool has(const std::string& /*name*/) const { return true; }
-  virtual void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
-                    const at::Tensor& out) = 0;
-};
-
-/// One sharding unit: a name for messages and the submodule whose parameters form it.
-struct UnitSpec {
-  std::string name;
-  std::shared_ptr<torch::nn::Module> module;
-  /// Whether activation checkpointing recomputes this unit in stages 0–2 (ZeRO-3 always
-  /// recomputes to re-gather). Off for cheap units whose activations are small anyway.
-  bool recompute = true;
-};
+namespace zero {
+struct EngineImpl;
+}  // namespace zero
 
 struct EngineOptions {
   /// Where the compute copy of the parameters lives (one GPU per rank, or CPU).
@@ -88,7 +32,8 @@ struct EngineOptions {
   /// Sharding units in forward order (see UnitGate). Required for ZeRO-3 unless the whole
   /// model is one unit; also the activation-checkpointing boundaries.
   std::vector<UnitSpec> units;
-  /// The gate the model routes units through; the engine attaches itself to it.
+  /// The gate the model routes units through; the engine attaches itself to it for its
+  /// lifetime (the gate must outlive the engine).
   UnitGate* gate = nullptr;
   /// Recompute units in backward (HF's gradient_checkpointing); implied by stage 3.
   bool activation_checkpointing = false;
@@ -233,14 +178,8 @@ class Engine {
   EngineMemory memory() const;
   const std::vector<TraceEvent>& trace() const;
 
-  /// Internal: the UnitGate entry point.
-  std::vector<at::Tensor> run_unit(size_t unit, const std::vector<at::Tensor>& inputs,
-                                   const UnitFn& fn);
-
-  struct Impl;
-
  private:
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<zero::EngineImpl> impl_;
 };
 
 /// HF's weight-decay rule, by parameter name: biases and normalization weights are excluded

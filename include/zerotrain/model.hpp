@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "zerotrain/engine.hpp"
+#include "zerotrain/units.hpp"
 
 namespace zt {
 

@@ -15,6 +15,7 @@
 #include <rapidjson/prettywriter.h>
 #include <rapidjson/stringbuffer.h>
 
+#include "comm/agreement.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "util/log.hpp"
@@ -22,6 +23,9 @@
 #include "zerotrain/safetensors.hpp"
 
 namespace zt {
+
+using comm::failed_ranks;
+using comm::rank_list;
 namespace fs = std::filesystem;
 
 namespace {
@@ -45,24 +49,6 @@ constexpr int kVersion = 1;
 
 std::string rank_file(int rank, int world) {
   return fmt::format("optimizer/rank-{:05d}-of-{:05d}.safetensors", rank, world);
-}
-
-// Every rank's verdict in one all-reduce: the ranks that failed, empty when none did.
-std::vector<int> failed_ranks(Communicator& comm, bool ok) {
-  at::Tensor flags =
-      at::zeros({comm.world_size()}, at::TensorOptions().dtype(at::kFloat).device(comm.device()));
-  if (!ok) flags[comm.rank()] = 1.0;
-  comm.all_reduce(flags)->wait();
-  at::Tensor host = flags.cpu();
-  std::vector<int> failed;
-  for (int r = 0; r < comm.world_size(); ++r) {
-    if (host[r].item<float>() != 0.0f) failed.push_back(r);
-  }
-  return failed;
-}
-
-std::string rank_list(const std::vector<int>& ranks) {
-  return fmt::format("{}", fmt::join(ranks, ", "));
 }
 
 // layout.json, parsed.

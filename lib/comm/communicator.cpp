@@ -35,13 +35,14 @@ void check_tensor(const at::Tensor& t, const at::Device& device, const char* op,
   }
   switch (t.scalar_type()) {
     case at::kFloat:
+    case at::kDouble:
     case at::kBFloat16:
     case at::kHalf:
     case at::kLong:
       return;
     default:
       throw InvalidArgument(
-          fmt::format("{}: {} has dtype {}; supported: float32, bfloat16, "
+          fmt::format("{}: {} has dtype {}; supported: float32, float64, bfloat16, "
                       "float16, int64",
                       op, what, c10::toString(t.scalar_type())));
   }

@@ -23,6 +23,7 @@
 #include "comm/cuda_glue.hpp"
 #include "comm/rendezvous.hpp"
 #include "comm/work.hpp"
+#include "util/cuda_check.hpp"
 #include "util/log.hpp"
 #include "zerotrain/error.hpp"
 
@@ -36,19 +37,6 @@ std::string nccl_version() {
   ncclGetVersion(&v);
   return fmt::format("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100);
 }
-
-[[noreturn]] void throw_cuda(cudaError_t e, const char* expr, const char* file, int line) {
-  std::string msg =
-      fmt::format("CUDA error '{}' in {} ({}:{})", cudaGetErrorString(e), expr, file, line);
-  if (e == cudaErrorMemoryAllocation) throw OutOfMemoryError(msg);
-  throw DistributedError(msg);
-}
-
-#define ZT_CUDA_CHECK(expr)                                                     \
-  do {                                                                          \
-    cudaError_t zt_err_ = (expr);                                               \
-    if (zt_err_ != cudaSuccess) throw_cuda(zt_err_, #expr, __FILE__, __LINE__); \
-  } while (0)
 
 [[noreturn]] void throw_nccl(ncclResult_t r, ncclComm_t comm, const std::string& what,
                              const char* file, int line) {
@@ -68,6 +56,8 @@ ncclDataType_t nccl_type(at::ScalarType t) {
   switch (t) {
     case at::kFloat:
       return ncclFloat32;
+    case at::kDouble:
+      return ncclFloat64;
     case at::kBFloat16:
       return ncclBfloat16;
     case at::kHalf:
@@ -247,7 +237,7 @@ class NcclCommunicator final : public Communicator {
     for (;;) {
       cudaError_t e = cudaEventQuery(done->handle);
       if (e == cudaSuccess) return;
-      if (e != cudaErrorNotReady) throw_cuda(e, "cudaEventQuery", __FILE__, __LINE__);
+      if (e != cudaErrorNotReady) cuda::throw_error(e, "cudaEventQuery", __FILE__, __LINE__);
       check_healthy();  // the watchdog turns timeouts and dead peers into an error
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }

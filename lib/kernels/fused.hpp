@@ -6,6 +6,8 @@
 
 #include <ATen/ATen.h>
 
+#include "kernels/update.hpp"
+
 namespace zt::kernels {
 
 /// True when the fused RMSNorm handles x [..., hidden] with weight [hidden]: CUDA tensors of
@@ -31,16 +33,11 @@ std::pair<at::Tensor, at::Tensor> fused_rms_norm_backward(const at::Tensor& grad
 bool fused_adamw_applies(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                          const at::Tensor& exp_avg_sq);
 
-struct AdamwHyper {
-  double lr = 0.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
-  int64_t step = 1;         ///< counts this update (bias correction)
-  double grad_scale = 1.0;  ///< multiplies the gradient first
-};
-
-/// One AdamW update in place (LibTorch's fused AdamW math, in one pass). `grad_sq`: undefined,
+/// One AdamW update in place (LibTorch's fused AdamW math, in one pass; decoupled decay of
+/// hyper.weight_decay on every element, bias-corrected at hyper.step). `grad_sq`: undefined,
 /// or an fp32 scalar on the same device that Σ grad² (unscaled) is added to.
 void fused_adamw(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
-                 const at::Tensor& exp_avg_sq, const AdamwHyper& hyper,
+                 const at::Tensor& exp_avg_sq, const UpdateHyper& hyper,
                  const at::Tensor& grad_sq = {});
 
 }  // namespace zt::kernels

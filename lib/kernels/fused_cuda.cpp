@@ -7,11 +7,9 @@
 #include <cstring>
 #include <optional>
 
-#include <fmt/format.h>
-
 #include "kernels/fused.hpp"
 #include "kernels/gpu_kernels.hpp"
-#include "zerotrain/error.hpp"
+#include "util/cuda_check.hpp"
 
 namespace zt::kernels {
 namespace {
@@ -45,13 +43,6 @@ int sm_count(const at::Device& device) {
   return at::cuda::getDeviceProperties(device.index())->multiProcessorCount;
 }
 
-void check_launch(cudaError_t status, const char* kernel) {
-  if (status != cudaSuccess) {
-    throw Error(fmt::format("{}: the CUDA kernel failed to launch ({}: {})", kernel,
-                            cudaGetErrorName(status), cudaGetErrorString(status)));
-  }
-}
-
 }  // namespace
 
 bool fused_rms_norm_applies(const at::Tensor& x, const at::Tensor& weight) {
@@ -73,11 +64,11 @@ std::pair<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& x, const at::
   std::vector<int64_t> r_shape = x.sizes().vec();
   r_shape.back() = 1;
   at::Tensor r = at::empty(r_shape, x.options().dtype(at::kFloat));
-  check_launch(gpu::rms_norm_forward(*scalar_of(x.scalar_type()), x.data_ptr(), weight.data_ptr(),
-                                     y.data_ptr(), r.data_ptr<float>(), rows, hidden,
-                                     static_cast<float>(eps),
-                                     at::cuda::getCurrentCUDAStream(x.device().index())),
-               "fused_rms_norm");
+  cuda::check(gpu::rms_norm_forward(*scalar_of(x.scalar_type()), x.data_ptr(), weight.data_ptr(),
+                                    y.data_ptr(), r.data_ptr<float>(), rows, hidden,
+                                    static_cast<float>(eps),
+                                    at::cuda::getCurrentCUDAStream(x.device().index())),
+              "the fused RMSNorm forward kernel");
   return {y, r};
 }
 
@@ -103,12 +94,12 @@ std::pair<at::Tensor, at::Tensor> fused_rms_norm_backward(const at::Tensor& grad
   at::Tensor grad_x = want_x ? at::empty_like(x, at::MemoryFormat::Contiguous) : at::Tensor();
   at::Tensor partial =
       want_weight ? at::empty({blocks, hidden}, x.options().dtype(at::kFloat)) : at::Tensor();
-  check_launch(
+  cuda::check(
       gpu::rms_norm_backward(scalar, g.data_ptr(), x.data_ptr(), weight.data_ptr(),
                              r.data_ptr<float>(), want_x ? grad_x.data_ptr() : nullptr,
                              want_weight ? partial.data_ptr<float>() : nullptr, rows, hidden,
                              blocks, at::cuda::getCurrentCUDAStream(x.device().index())),
-      "fused_rms_norm_backward");
+      "the fused RMSNorm backward kernel");
   at::Tensor grad_weight = want_weight ? partial.sum(0).to(weight.scalar_type()) : at::Tensor();
   return {grad_x, grad_weight};
 }
@@ -126,7 +117,7 @@ bool fused_adamw_applies(const at::Tensor& param, const at::Tensor& grad, const 
 }
 
 void fused_adamw(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
-                 const at::Tensor& exp_avg_sq, const AdamwHyper& h, const at::Tensor& grad_sq) {
+                 const at::Tensor& exp_avg_sq, const UpdateHyper& h, const at::Tensor& grad_sq) {
   TORCH_CHECK(fused_adamw_applies(param, grad, exp_avg, exp_avg_sq) &&
                   grad.numel() == param.numel() && exp_avg.numel() == param.numel() &&
                   exp_avg_sq.numel() == param.numel(),
@@ -148,12 +139,12 @@ void fused_adamw(const at::Tensor& param, const at::Tensor& grad, const at::Tens
   a.grad_scale = static_cast<float>(h.grad_scale);
   const bool vectorized =
       aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq);
-  check_launch(
+  cuda::check(
       gpu::adamw(*scalar_of(param.scalar_type()), param.data_ptr(), grad.data_ptr(),
                  exp_avg.data_ptr(), exp_avg_sq.data_ptr(), param.numel(), a,
                  grad_sq.defined() ? grad_sq.data_ptr<float>() : nullptr, vectorized,
                  sm_count(param.device()), at::cuda::getCurrentCUDAStream(param.device().index())),
-      "fused_adamw");
+      "the fused AdamW kernel");
 }
 
 }  // namespace zt::kernels

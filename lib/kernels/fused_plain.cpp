@@ -26,7 +26,7 @@ bool fused_adamw_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&
 }
 
 void fused_adamw(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                 const AdamwHyper&, const at::Tensor&) {
+                 const UpdateHyper&, const at::Tensor&) {
   TORCH_CHECK(false,
               "fused_adamw: this build has no CUDA kernels (check fused_adamw_applies first)");
 }

@@ -4,9 +4,9 @@
 #include <fmt/format.h>
 
 #include "model/layers.hpp"
-#include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
+#include "zerotrain/units.hpp"
 
 namespace zt {
 

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "kernels/adam_cpu.hpp"
 #include "kernels/fused.hpp"
 #include "util/torch_compat.hpp"
 #include "zerotrain/error.hpp"
@@ -100,16 +101,9 @@ void ShardOptimizer::step_sgd(const at::Tensor& grad_in, const UpdateHyper& h,
 
 void ShardOptimizer::step_cpu(const at::Tensor& grad, const UpdateHyper& h,
                               const std::vector<Segment>& segs, int64_t grad_offset) {
-  kernels::AdamArgs a;
-  a.lr = h.lr;
-  a.beta1 = h.beta1;
-  a.beta2 = h.beta2;
-  a.eps = h.eps;
-  a.weight_decay = h.weight_decay;
+  UpdateHyper a = h;
   a.decoupled = type_ == OptimizerType::kAdamW;
-  a.bias_correction = h.bias_correction;
   a.step = steps_;
-  a.grad_scale = h.grad_scale;
   kernels::adam_cpu_segments(master_.data_ptr<float>(), grad.data_ptr<float>(),
                              state0_.data_ptr<float>(), state1_.data_ptr<float>(), segs, a,
                              grad_offset);
@@ -122,13 +116,8 @@ bool ShardOptimizer::step_generic(const at::Tensor& grad, const UpdateHyper& h,
       grad.scalar_type() == master_.scalar_type() && state0_.scalar_type() == master_.scalar_type();
   if (type_ == OptimizerType::kAdamW && h.bias_correction &&
       kernels::fused_adamw_applies(master_, grad, state0_, state1_)) {
-    kernels::AdamwHyper k;
-    k.lr = h.lr;
-    k.beta1 = h.beta1;
-    k.beta2 = h.beta2;
-    k.eps = h.eps;
+    UpdateHyper k = h;
     k.step = steps_;
-    k.grad_scale = h.grad_scale;
     for (const Segment& s : segs) {
       k.weight_decay = s.decay ? h.weight_decay : 0.0;
       kernels::fused_adamw(

@@ -5,26 +5,10 @@
 
 #include <vector>
 
+#include "kernels/update.hpp"
 #include "zerotrain/config.hpp"
 
 namespace zt {
-
-/// A run of real (non-padding) elements of the shard with one weight-decay setting.
-struct Segment {
-  int64_t offset = 0;
-  int64_t length = 0;
-  bool decay = true;
-};
-
-/// Hyper-parameters of one update (lr comes from the schedule each step).
-struct UpdateHyper {
-  double lr = 0.0;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0, momentum = 0.0;
-  bool bias_correction = true;
-  /// Multiplies the gradient inside the update (loss-scale removal and clipping), sparing a
-  /// separate pass over it.
-  double grad_scale = 1.0;
-};
 
 /// Owns the optimizer state of a flat master shard and updates it in place.
 ///
@@ -89,36 +73,5 @@ class ShardOptimizer {
       step_tensor_;  ///< steps_ on the master's device for the fused kernel, made once a step
   int64_t step_tensor_value_ = -1;
 };
-
-namespace kernels {
-struct AdamArgs {
-  double lr = 0.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
-  bool decoupled = true, bias_correction = true;
-  int64_t step = 1;
-  double grad_scale = 1.0;
-};
-/// Adam(W) over the given segments of flat arrays, on all intra-op threads; decay per segment.
-/// `grad` starts at element `grad_offset` of the arrays (it may hold only the segments' range).
-void adam_cpu_segments(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                       const std::vector<Segment>& segments, const AdamArgs& args,
-                       int64_t grad_offset = 0);
-/// Zero-fills `arrays` (each `numel` floats, indexed like the optimizer state): the elements of
-/// each group of segments with the threads and ranges adam_cpu_segments uses for that group, the
-/// rest on the calling thread. Fresh memory's pages are placed where they are first written, so
-/// state first touched this way sits where the update that reads it runs (measured: +18% for
-/// the update on the GPU machine's host against memory LibTorch's fill touched).
-void adam_cpu_first_touch(const std::vector<float*>& arrays, int64_t numel,
-                          const std::vector<std::vector<Segment>>& groups);
-/// How many threads adam_cpu_segments splits `elements` over (parallel_ranges' split of
-/// [0, elements) into that many ranges is the kernel's).
-int64_t adam_cpu_threads(int64_t elements);
-/// The CPU Adam kernel on one contiguous array; exposed for the benchmark and tests.
-/// `decoupled`: AdamW (decay applied to the weights) else Adam (L2 added to the gradient).
-void adam_cpu(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-              double lr, double beta1, double beta2, double eps, double weight_decay,
-              bool decoupled, bool bias_correction, int64_t step);
-/// The instruction set the CPU kernel dispatched to on this machine ("avx512f", "avx2", ...).
-const char* adam_cpu_isa();
-}  // namespace kernels
 
 }  // namespace zt

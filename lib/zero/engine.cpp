@@ -10,12 +10,16 @@
 
 #include <fmt/format.h>
 
+#include "comm/agreement.hpp"
+#include "kernels/adam_cpu.hpp"
 #include "util/log.hpp"
 #include "zero/copy_stream.hpp"
 #include "zero/engine_impl.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt {
+
+using zero::EngineImpl;
 
 bool applies_weight_decay(const std::string& parameter_name) {
   std::string name;
@@ -39,13 +43,7 @@ bool applies_weight_decay(const std::string& parameter_name) {
   return true;
 }
 
-std::vector<at::Tensor> UnitGate::operator()(size_t unit, const std::vector<at::Tensor>& inputs,
-                                             const UnitFn& fn) const {
-  if (engine_ == nullptr) return fn(inputs);
-  return engine_->run_unit(unit, inputs, fn);
-}
-
-void Engine::Impl::record(TraceEvent::Kind kind, int index) {
+void zero::EngineImpl::record(TraceEvent::Kind kind, int index) {
   if (options.trace) trace.push_back(TraceEvent{kind, micro_steps, index});
 }
 
@@ -129,8 +127,8 @@ at::Tensor placed_host_floats(int64_t numel, bool pin, const std::function<void(
 Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& ds,
                const TrainingArguments& args, std::shared_ptr<Communicator> comm,
                EngineOptions options)
-    : impl_(std::make_unique<Impl>()) {
-  Impl& I = *impl_;
+    : impl_(std::make_unique<EngineImpl>()) {
+  EngineImpl& I = *impl_;
   if (!model) throw InvalidArgument("Engine: model is null");
   if (!comm) throw InvalidArgument("Engine: communicator is null");
   check_resolved(ds);
@@ -300,7 +298,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   at::NoGradGuard no_grad;
   at::Tensor staging;  // host fp32, reused by every bucket read from the source
   for (const zero::Bucket& b : L.buckets) {
-    Impl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
+    EngineImpl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
     const int64_t lo = b.slice_begin(I.rank, L.replicated);
     at::Tensor slice;  // this rank's slice of the bucket, fp32, on the device
     at::Tensor full;   // the whole bucket when this rank keeps it whole
@@ -374,7 +372,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   }
   // Point the module's parameters (and, for stages 0/1, their gradients) into the buckets.
   for (const zero::Bucket& b : L.buckets) {
-    Impl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
+    EngineImpl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
     for (size_t k = 0; k < b.params.size(); ++k) {
       const zero::ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];
       at::Tensor param = p.param;
@@ -408,7 +406,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   I.dummy = at::zeros({}, dev32).requires_grad_(true);
   I.nonfinite_losses = at::zeros({}, dev32);
   I.install_hooks();
-  if (I.options.gate != nullptr) I.options.gate->engine_ = this;
+  if (I.options.gate != nullptr) I.options.gate->attach(&I);
   I.last_lr = I.schedule.lr(0);
   if (I.rank == 0) {
     log::info(
@@ -421,7 +419,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
 }
 
 Engine::~Engine() {
-  if (impl_ && impl_->options.gate != nullptr) impl_->options.gate->engine_ = nullptr;
+  if (impl_ && impl_->options.gate != nullptr) impl_->options.gate->attach(nullptr);
 }
 
 void Engine::backward(const at::Tensor& loss) {
@@ -429,7 +427,7 @@ void Engine::backward(const at::Tensor& loss) {
 }
 
 void Engine::backward(const at::Tensor& loss, double divisor) {
-  Impl& I = *impl_;
+  EngineImpl& I = *impl_;
   if (I.awaiting_step) {
     throw InvalidArgument("Engine::backward called twice without step() in between");
   }
@@ -459,7 +457,7 @@ bool Engine::at_boundary() const {
 }
 
 bool Engine::step(double gradient_scale) {
-  Impl& I = *impl_;
+  EngineImpl& I = *impl_;
   if (!(gradient_scale > 0.0) || !std::isfinite(gradient_scale)) {
     throw InvalidArgument(fmt::format(
         "Engine::step: gradient_scale must be positive and finite, got {}", gradient_scale));
@@ -505,7 +503,7 @@ bool Engine::step(double gradient_scale) {
   }
   // Slices that received nothing this window (a unit that did not run) hold stale values.
   for (const zero::Bucket& b : I.layout.buckets) {
-    Impl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
+    EngineImpl::BucketState& s = I.buckets[static_cast<size_t>(b.index)];
     if (b.trainable && s.slice_fresh && !I.grads_in_acc) I.slice_of(b.index, I.grad_acc).zero_();
   }
 
@@ -537,7 +535,7 @@ bool Engine::step(double gradient_scale) {
   if (fp16) I.scaler.update(overflow);  // throws at the minimum scale
   auto clear = [&] {
     if (I.grads_in_acc) I.grad_acc.zero_();  // autograd accumulates into it in place
-    for (Impl::BucketState& s : I.buckets) {
+    for (EngineImpl::BucketState& s : I.buckets) {
       s.slice_fresh = true;
       if (s.flat_grad.defined() && !I.grads_in_acc) s.flat_grad.zero_();
     }
@@ -576,7 +574,7 @@ bool Engine::step(double gradient_scale) {
   return true;
 }
 
-UpdateHyper Engine::Impl::step_hyper(double grad_scale) const {
+UpdateHyper zero::EngineImpl::step_hyper(double grad_scale) const {
   UpdateHyper h;
   h.lr = schedule.lr(applied_steps);
   h.beta1 = ds.optimizer.betas.value()[0];
@@ -589,7 +587,7 @@ UpdateHyper Engine::Impl::step_hyper(double grad_scale) const {
   return h;
 }
 
-void Engine::Impl::offloaded_step(const UpdateHyper& h) {
+void zero::EngineImpl::offloaded_step(const UpdateHyper& h) {
   // Pipelined per bucket: gradients come down through a few pinned host slots (bucket i into
   // slot i % slots, the copy of bucket i + slots queued once the CPU has read bucket i); as each
   // lands, the CPU updates it while the next ones are in flight, and its new masters go up
@@ -642,7 +640,7 @@ void Engine::Impl::offloaded_step(const UpdateHyper& h) {
   while (!uploads.empty()) publish_oldest();
 }
 
-void Engine::Impl::publish(const zero::Bucket& b, const at::Tensor& mine) {
+void zero::EngineImpl::publish(const zero::Bucket& b, const at::Tensor& mine) {
   BucketState& s = buckets[static_cast<size_t>(b.index)];
   if (b.sharded_params) {
     s.param_shard.copy_(mine);
@@ -661,16 +659,11 @@ void Engine::Impl::publish(const zero::Bucket& b, const at::Tensor& mine) {
   }
 }
 
-void Engine::Impl::finish_publishing() {
+void zero::EngineImpl::finish_publishing() {
   for (WorkHandle& g : param_gathers) g->wait();
   param_gathers.clear();
   param_gather_inputs.clear();
   gathering_elements = 0;
-}
-
-std::vector<at::Tensor> Engine::run_unit(size_t unit, const std::vector<at::Tensor>& inputs,
-                                         const UnitFn& fn) {
-  return impl_->run_unit(unit, inputs, fn);
 }
 
 double Engine::learning_rate() const {
@@ -716,7 +709,7 @@ const std::vector<TraceEvent>& Engine::trace() const {
 namespace {
 
 // This rank's pieces of the trainable parameters, each with its offset in the flat state.
-std::vector<std::pair<StatePiece, int64_t>> held_pieces(const Engine::Impl& I) {
+std::vector<std::pair<StatePiece, int64_t>> held_pieces(const zero::EngineImpl& I) {
   const zero::Layout& L = I.layout;
   std::vector<std::pair<StatePiece, int64_t>> out;
   for (const zero::Bucket& b : L.buckets) {
@@ -735,7 +728,7 @@ std::vector<std::pair<StatePiece, int64_t>> held_pieces(const Engine::Impl& I) {
 }
 
 // The state tensors in state_kinds() order.
-std::vector<at::Tensor> state_tensors(const Engine::Impl& I) {
+std::vector<at::Tensor> state_tensors(const zero::EngineImpl& I) {
   std::vector<at::Tensor> out{I.master};
   if (I.optimizer->state0().defined()) out.push_back(I.optimizer->state0());
   if (I.optimizer->state1().defined()) out.push_back(I.optimizer->state1());
@@ -753,7 +746,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> Engine::trainable_para
 }
 
 std::vector<std::string> Engine::state_kinds() const {
-  const Impl& I = *impl_;
+  const EngineImpl& I = *impl_;
   if (I.optimizer->type() == OptimizerType::kSgd) {
     return I.optimizer->state0().defined() ? std::vector<std::string>{"master", "momentum_buffer"}
                                            : std::vector<std::string>{"master"};
@@ -762,7 +755,7 @@ std::vector<std::string> Engine::state_kinds() const {
 }
 
 std::vector<std::pair<StatePiece, std::vector<at::Tensor>>> Engine::state_pieces() const {
-  const Impl& I = *impl_;
+  const EngineImpl& I = *impl_;
   std::vector<std::pair<StatePiece, std::vector<at::Tensor>>> out;
   if (I.layout.replicated && I.rank != 0) return out;
   const std::vector<at::Tensor> tensors = state_tensors(I);
@@ -778,7 +771,7 @@ std::vector<std::pair<StatePiece, std::vector<at::Tensor>>> Engine::state_pieces
 }
 
 EngineState Engine::state() const {
-  const Impl& I = *impl_;
+  const EngineImpl& I = *impl_;
   EngineState s;
   s.global_steps = I.global_steps;
   s.applied_steps = I.applied_steps;
@@ -793,7 +786,7 @@ EngineState Engine::state() const {
 }
 
 void Engine::load_state(const StateReader& read, const EngineState& state) {
-  Impl& I = *impl_;
+  EngineImpl& I = *impl_;
   if (I.awaiting_step) throw InvalidArgument("Engine::load_state between backward() and step()");
   at::NoGradGuard no_grad;
   const std::vector<std::string> kinds = state_kinds();
@@ -812,11 +805,9 @@ void Engine::load_state(const StateReader& read, const EngineState& state) {
     error = e.what();
   }
   // Every rank learns whether all could read before any republishes (a collective).
-  at::Tensor failed =
-      at::full({1}, error.empty() ? 0.0 : 1.0, at::TensorOptions().device(I.device));
-  I.comm->all_reduce(failed)->wait();
+  const bool others_failed = !comm::failed_ranks(*I.comm, error.empty()).empty();
   if (!error.empty()) throw IoError(error);
-  if (failed.item<double>() > 0) {
+  if (others_failed) {
     throw IoError("restoring the optimizer state failed on another rank (see its error)");
   }
   I.optimizer->set_state(state.optimizer_steps, at::Tensor(), at::Tensor());
@@ -839,9 +830,9 @@ void Engine::load_state(const StateReader& read, const EngineState& state) {
 }
 
 EngineMemory Engine::memory() const {
-  const Impl& I = *impl_;
+  const EngineImpl& I = *impl_;
   EngineMemory m;
-  for (const Impl::BucketState& s : I.buckets) {
+  for (const EngineImpl::BucketState& s : I.buckets) {
     if (s.param_shard.defined()) m.compute_params += s.param_shard.nbytes();
     if (s.flat_param.defined() && !s.param_shard.defined())
       m.compute_params += s.flat_param.nbytes();
@@ -855,7 +846,7 @@ EngineMemory Engine::memory() const {
     if (!I.device.is_cuda() || !t.defined() || !t.is_cpu()) return;
     (t.is_pinned() ? m.host_pinned : m.host_pageable) += static_cast<int64_t>(t.nbytes());
   };
-  for (const Impl::BucketState& s : I.buckets) count_host(s.param_shard);
+  for (const EngineImpl::BucketState& s : I.buckets) count_host(s.param_shard);
   count_host(I.master);
   count_host(I.optimizer->state0());
   count_host(I.optimizer->state1());
@@ -865,7 +856,7 @@ EngineMemory Engine::memory() const {
 
 std::vector<std::pair<std::string, at::Tensor>> Engine::gather_full_parameters(
     bool trainable_only) {
-  Impl& I = *impl_;
+  EngineImpl& I = *impl_;
   const zero::Layout& L = I.layout;
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> full_of_bucket(L.buckets.size());

@@ -18,7 +18,10 @@
 
 namespace zt {
 
-struct Engine::Impl {
+namespace zero {
+
+/// Engine's state and internals (the engine's UnitRunner: units.cpp runs the gate's units).
+struct EngineImpl final : UnitRunner {
   // ---- configuration (fixed after construction) ----
   DeepSpeedConfig ds;
   TrainingArguments args;
@@ -143,7 +146,7 @@ struct Engine::Impl {
 
   // units.cpp
   std::vector<at::Tensor> run_unit(size_t unit, const std::vector<at::Tensor>& inputs,
-                                   const UnitFn& fn);
+                                   const UnitFn& fn) override;
   void gather(size_t unit, bool forward_order);
   void start_gather(size_t unit);
   void finish_gather(size_t unit);
@@ -152,4 +155,5 @@ struct Engine::Impl {
   void bind_unit_params(size_t unit, bool gathered);
 };
 
+}  // namespace zero
 }  // namespace zt

@@ -23,7 +23,7 @@ namespace {
 
 class ReadyHook final : public torch::autograd::FunctionPostHook {
  public:
-  ReadyHook(Engine::Impl* impl, int param) : impl_(impl), param_(param) {}
+  ReadyHook(zero::EngineImpl* impl, int param) : impl_(impl), param_(param) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
     impl_->on_gradient(param_);
@@ -31,7 +31,7 @@ class ReadyHook final : public torch::autograd::FunctionPostHook {
   }
 
  private:
-  Engine::Impl* impl_;
+  zero::EngineImpl* impl_;
   int param_;
 };
 
@@ -41,7 +41,7 @@ constexpr size_t kMaxInFlight = 2;
 
 }  // namespace
 
-void Engine::Impl::install_hooks() {
+void zero::EngineImpl::install_hooks() {
   for (const zero::Bucket& b : layout.buckets) {
     if (!b.trainable || b.sharded_params) continue;
     for (int p : b.params) {
@@ -55,12 +55,12 @@ void Engine::Impl::install_hooks() {
   }
 }
 
-at::Tensor Engine::Impl::slice_of(int bucket, const at::Tensor& state) const {
+at::Tensor zero::EngineImpl::slice_of(int bucket, const at::Tensor& state) const {
   const zero::Bucket& b = layout.buckets[static_cast<size_t>(bucket)];
   return state.narrow(0, b.shard.offset, b.shard_numel);
 }
 
-void Engine::Impl::begin_backward() {
+void zero::EngineImpl::begin_backward() {
   // Stages 0/1 reduce once per accumulation window (at its last micro-step); stages 2/3 every
   // micro-step.
   reducing = !in_backward && (stage >= 2 || (micro_steps + 1) % accumulation == 0);
@@ -78,7 +78,7 @@ void Engine::Impl::begin_backward() {
   record(TraceEvent::Kind::kBackwardBegin, -1);
 }
 
-void Engine::Impl::update_now(int param_index) {
+void zero::EngineImpl::update_now(int param_index) {
   const zero::ParamInfo& p = layout.params[static_cast<size_t>(param_index)];
   at::Tensor& grad = p.param.mutable_grad();
   if (!grad.defined()) return;
@@ -93,7 +93,7 @@ void Engine::Impl::update_now(int param_index) {
   grad.reset();
 }
 
-void Engine::Impl::on_gradient(int param_index) {
+void zero::EngineImpl::on_gradient(int param_index) {
   if (in_backward) {
     update_now(param_index);
     fired[static_cast<size_t>(param_index)] = 1;
@@ -146,7 +146,7 @@ void Engine::Impl::on_gradient(int param_index) {
   if (overlap) try_launch();
 }
 
-void Engine::Impl::try_launch() {
+void zero::EngineImpl::try_launch() {
   while (next_launch < static_cast<int>(buckets.size())) {
     const zero::Bucket& b = layout.buckets[static_cast<size_t>(next_launch)];
     if (!b.trainable || b.sharded_params) {  // resident trainable buckets come first
@@ -159,7 +159,7 @@ void Engine::Impl::try_launch() {
   }
 }
 
-void Engine::Impl::launch(int bucket) {
+void zero::EngineImpl::launch(int bucket) {
   const zero::Bucket& b = layout.buckets[static_cast<size_t>(bucket)];
   BucketState& s = buckets[static_cast<size_t>(bucket)];
   s.launched = true;
@@ -212,7 +212,7 @@ void Engine::Impl::launch(int bucket) {
   if (stage >= 1 && pending.size() > kMaxInFlight) complete_oldest();
 }
 
-void Engine::Impl::complete_oldest() {
+void zero::EngineImpl::complete_oldest() {
   Pending p = std::move(pending.front());
   pending.pop_front();
   p.work->wait();
@@ -256,13 +256,13 @@ void Engine::Impl::complete_oldest() {
   }
 }
 
-void Engine::Impl::reduce_unit_gradients(int bucket) {
+void zero::EngineImpl::reduce_unit_gradients(int bucket) {
   BucketState& s = buckets[static_cast<size_t>(bucket)];
   s.launched = false;
   launch(bucket);
 }
 
-void Engine::Impl::finish_backward() {
+void zero::EngineImpl::finish_backward() {
   record(TraceEvent::Kind::kBackwardEnd, -1);
   if (reducing) {
     // Buckets not launched yet (no overlap, or parameters that got no gradient) go now, in

@@ -24,7 +24,7 @@ namespace {
 
 // What one unit call needs again in backward; lives in the autograd context.
 struct UnitCall : torch::CustomClassHolder {
-  Engine::Impl* impl = nullptr;
+  zero::EngineImpl* impl = nullptr;
   size_t unit = 0;
   UnitFn fn;
   std::vector<bool> input_requires_grad;
@@ -51,7 +51,7 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
                                                 const at::Tensor& /*dummy*/, at::TensorList inputs,
                                                 const c10::IValue& handle) {
     auto call = c10::static_intrusive_pointer_cast<UnitCall>(handle.toCapsule());
-    Engine::Impl& I = *call->impl;
+    zero::EngineImpl& I = *call->impl;
     ctx->saved_data["call"] = handle;
     ctx->save_for_backward(inputs.vec());
     for (const at::Tensor& x : inputs)
@@ -77,7 +77,7 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     auto call = c10::static_intrusive_pointer_cast<UnitCall>(ctx->saved_data["call"].toCapsule());
-    Engine::Impl& I = *call->impl;
+    zero::EngineImpl& I = *call->impl;
     const size_t u = call->unit;
     const bool sharded = I.stage == 3;
     torch::autograd::variable_list saved = ctx->get_saved_variables();
@@ -90,7 +90,7 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
         const zero::Bucket& bucket = I.layout.buckets[static_cast<size_t>(b)];
         if (!bucket.trainable) continue;
         grad_bucket = b;
-        Engine::Impl::BucketState& s = I.buckets[static_cast<size_t>(b)];
+        zero::EngineImpl::BucketState& s = I.buckets[static_cast<size_t>(b)];
         // One rank with same-dtype accumulation: straight into the accumulator.
         at::Tensor target =
             I.grads_in_acc
@@ -159,8 +159,9 @@ bool recomputing_for_backward() {
   return recomputing;
 }
 
-std::vector<at::Tensor> Engine::Impl::run_unit(size_t unit, const std::vector<at::Tensor>& inputs,
-                                               const UnitFn& fn) {
+std::vector<at::Tensor> zero::EngineImpl::run_unit(size_t unit,
+                                                   const std::vector<at::Tensor>& inputs,
+                                                   const UnitFn& fn) {
   if (unit >= options.units.size()) {
     throw InvalidArgument(
         fmt::format("UnitGate: unit {} does not exist ({} declared in "
@@ -196,7 +197,7 @@ std::vector<at::Tensor> Engine::Impl::run_unit(size_t unit, const std::vector<at
 
 // ---- gathering --------------------------------------------------------------------------------
 
-void Engine::Impl::start_gather(size_t u) {
+void zero::EngineImpl::start_gather(size_t u) {
   UnitState& st = units[u];
   for (int b : layout.unit_buckets[u]) {
     const zero::Bucket& bucket = layout.buckets[static_cast<size_t>(b)];
@@ -219,7 +220,7 @@ void Engine::Impl::start_gather(size_t u) {
   st.status = UnitStatus::kGathering;
 }
 
-void Engine::Impl::finish_gather(size_t u) {
+void zero::EngineImpl::finish_gather(size_t u) {
   UnitState& st = units[u];
   for (WorkHandle& w : st.gathers) w->wait();
   st.gathers.clear();
@@ -228,7 +229,7 @@ void Engine::Impl::finish_gather(size_t u) {
   st.status = UnitStatus::kGathered;
 }
 
-void Engine::Impl::gather(size_t u, bool forward_order) {
+void zero::EngineImpl::gather(size_t u, bool forward_order) {
   UnitState& st = units[u];
   if (st.status == UnitStatus::kReleased) {
     // Make room within stage3_max_live_parameters by dropping prefetched units first.
@@ -248,7 +249,7 @@ void Engine::Impl::gather(size_t u, bool forward_order) {
   prefetch_after(u, forward_order);
 }
 
-void Engine::Impl::prefetch_after(size_t u, bool forward_order) {
+void zero::EngineImpl::prefetch_after(size_t u, bool forward_order) {
   // The next unit in execution order is always prefetched when it fits under the live bound;
   // more follow while the prefetched elements stay within stage3_prefetch_bucket_size.
   int64_t ahead = 0;
@@ -267,7 +268,7 @@ void Engine::Impl::prefetch_after(size_t u, bool forward_order) {
   }
 }
 
-void Engine::Impl::release(size_t u) {
+void zero::EngineImpl::release(size_t u) {
   UnitState& st = units[u];
   if (st.status == UnitStatus::kReleased) return;
   if (st.status == UnitStatus::kGathering) finish_gather(u);
@@ -279,7 +280,7 @@ void Engine::Impl::release(size_t u) {
   record(TraceEvent::Kind::kUnitRelease, static_cast<int>(u));
 }
 
-void Engine::Impl::bind_unit_params(size_t u, bool gathered) {
+void zero::EngineImpl::bind_unit_params(size_t u, bool gathered) {
   const auto empty_options = at::TensorOptions().dtype(compute).device(device);
   for (int b : layout.unit_buckets[u]) {
     const zero::Bucket& bucket = layout.buckets[static_cast<size_t>(b)];

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <string>
 
-#include "data/hf_tokenizer.hpp"
 #include "fuzz_support.hpp"
+#include "tokenizer/hf_tokenizer.hpp"
 #include "zerotrain/error.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

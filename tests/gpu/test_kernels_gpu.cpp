@@ -156,7 +156,7 @@ TEST_CASE("fused AdamW: each update is AdamW's to fp32 precision, and it sums th
       at::Tensor p = make(1.0), m = at::zeros_like(p), v = at::zeros_like(p);
       at::Tensor grad_sq = at::zeros({}, opts.dtype(at::kFloat));
       double want_sq = 0;
-      zt::kernels::AdamwHyper h;
+      zt::UpdateHyper h;
       h.lr = 1e-3;
       h.weight_decay = 0.1;
       for (int64_t step = 1; step <= 3; ++step) {

@@ -14,7 +14,8 @@ using namespace zt;
 
 namespace {
 
-const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kBFloat16, at::kHalf, at::kLong};
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf,
+                                             at::kLong};
 
 std::unique_ptr<Communicator> nccl_single() {
   CommOptions o;

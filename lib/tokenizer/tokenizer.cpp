@@ -3,7 +3,7 @@
 
 #include <fmt/format.h>
 
-#include "data/hf_tokenizer.hpp"
+#include "tokenizer/hf_tokenizer.hpp"
 #include "util/log.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/tokenizer.hpp"

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "optim/shard_optimizer.hpp"
+#include "kernels/adam_cpu.hpp"
 #include "util/threads.hpp"
 
 namespace zt::kernels {
@@ -55,7 +55,7 @@ int isa_probe() {
   return 0;
 }
 
-Coeffs coefficients(const AdamArgs& a, double weight_decay) {
+Coeffs coefficients(const UpdateHyper& a, double weight_decay) {
   const double bc1 = a.bias_correction ? 1.0 - std::pow(a.beta1, static_cast<double>(a.step)) : 1.0;
   const double bc2 = a.bias_correction ? 1.0 - std::pow(a.beta2, static_cast<double>(a.step)) : 1.0;
   Coeffs c;
@@ -96,7 +96,7 @@ void for_segment_ranges(const std::vector<Segment>& segments, Fn&& fn) {
 }  // namespace
 
 void adam_cpu_segments(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                       const std::vector<Segment>& segments, const AdamArgs& args,
+                       const std::vector<Segment>& segments, const UpdateHyper& args,
                        int64_t grad_offset) {
   const Coeffs with_decay = coefficients(args, args.weight_decay);
   const Coeffs without = coefficients(args, 0.0);
@@ -135,18 +135,8 @@ int64_t adam_cpu_threads(int64_t elements) {
 }
 
 void adam_cpu(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-              double lr, double beta1, double beta2, double eps, double weight_decay,
-              bool decoupled, bool bias_correction, int64_t step) {
-  AdamArgs a;
-  a.lr = lr;
-  a.beta1 = beta1;
-  a.beta2 = beta2;
-  a.eps = eps;
-  a.weight_decay = weight_decay;
-  a.decoupled = decoupled;
-  a.bias_correction = bias_correction;
-  a.step = step;
-  adam_cpu_segments(param, grad, exp_avg, exp_avg_sq, {Segment{0, n, true}}, a);
+              const UpdateHyper& hyper) {
+  adam_cpu_segments(param, grad, exp_avg, exp_avg_sq, {Segment{0, n, true}}, hyper);
 }
 
 const char* adam_cpu_isa() {

@@ -1,7 +1,7 @@
 // BPE as HF tokenizers' `models::bpe` runs it: initial symbols with byte fallback and unk
 // fusing, then merges lowest rank first (leftmost among equal ranks) from a priority queue,
 // with a sharded cache of encoded pre-tokens in front.
-#include "data/bpe_model.hpp"
+#include "tokenizer/bpe_model.hpp"
 
 #include <algorithm>
 #include <array>
@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "data/unicode_text.hpp"
+#include "tokenizer/unicode_text.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt {

@@ -1,7 +1,7 @@
 // The tokenizer.json pipeline: added tokens → normalizer → added tokens matched after
 // normalization → pre-tokenizer → BPE, and ids → tokens → decoder chain → text; as HF
 // tokenizers' `TokenizerImpl::encode` / `decode` do it, with the same per-segment rules.
-#include "data/hf_tokenizer.hpp"
+#include "tokenizer/hf_tokenizer.hpp"
 
 #include <algorithm>
 #include <array>
@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "data/bpe_model.hpp"
+#include "tokenizer/bpe_model.hpp"
 #include "util/files.hpp"
 #include "util/log.hpp"
 #include "zerotrain/error.hpp"

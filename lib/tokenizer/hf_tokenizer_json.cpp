@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "data/bpe_model.hpp"
-#include "data/hf_tokenizer.hpp"
+#include "tokenizer/bpe_model.hpp"
+#include "tokenizer/hf_tokenizer.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "util/log.hpp"

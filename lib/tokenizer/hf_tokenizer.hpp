@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "data/unicode_text.hpp"
+#include "tokenizer/unicode_text.hpp"
 #include "zerotrain/tokenizer.hpp"
 
 namespace zt {

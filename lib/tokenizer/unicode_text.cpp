@@ -1,6 +1,6 @@
 // UTF-8 repair, normalization through utf8proc, character classes, and the known split patterns
 // matched by hand (see unicode_text.hpp).
-#include "data/unicode_text.hpp"
+#include "tokenizer/unicode_text.hpp"
 
 #include <array>
 #include <cctype>

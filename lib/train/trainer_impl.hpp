@@ -1,0 +1,129 @@
+// The Trainer's state, shared by its parts: set-up (trainer.cpp), checkpoints and the final
+// model (checkpointing.cpp), the host's own batches (host_batches.cpp) and the training loop
+// with evaluation and logging (loop.cpp).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "comm/agreement.hpp"
+#include "train/reporting.hpp"
+#include "train/tensorboard.hpp"
+#include "util/device_stats.hpp"
+#include "util/files.hpp"
+#include "util/json.hpp"
+#include "zerotrain/build_config.hpp"
+#include "zerotrain/checkpoint.hpp"
+#include "zerotrain/data.hpp"
+#include "zerotrain/engine.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
+#include "zerotrain/tokenizer.hpp"
+#include "zerotrain/trainer.hpp"
+
+namespace zt {
+
+struct Trainer::Impl {
+  TrainingArguments args;
+  std::shared_ptr<Communicator> comm;
+  TrainerCallbacks callbacks;
+  int rank = 0, world = 1;
+  DeepSpeedConfig ds;
+  ModelConfig model_config;
+  std::string model_dir;
+  std::shared_ptr<Tokenizer> tokenizer;
+  std::string template_source;  ///< why args.template_name (resolved from "auto") was chosen
+  int32_t pad_id = 0;
+  Dataset train_data, eval_data;
+  bool has_train = false, has_eval = false;
+  std::vector<int64_t> train_targets;  ///< per training example: labels that count
+  std::vector<int64_t> train_lengths;
+  std::shared_ptr<CausalLM> model;
+  PeftConfig peft;
+  bool adapter_method = false;
+  ParameterCount parameters;
+  int64_t non_embedding_parameters = 0;  ///< HF's total_flos counts 6 × these per token
+  std::unique_ptr<Engine> engine;
+  GlobalBatch batch;
+  int64_t steps_per_epoch = 0, total_steps = 0;
+  int64_t log_every = 0, eval_every = 0,
+          save_every = 0;  ///< logging/eval/save_steps, ratios resolved
+  uint64_t data_seed = 0;
+  train::TrainerState state;
+  std::optional<std::string> resume_dir;
+  std::vector<std::string> superseded;  ///< checkpoints newer than resume_dir, removed at start
+  /// Rank 0's exclusive lock on output_dir for the whole run: a second run into the same folder
+  /// is refused at once (the kernel drops the lock with the process, kill -9 included).
+  std::optional<files::FileLock> output_lock;
+  void lock_output_dir();
+  int stop_signal = 0;  ///< SIGTERM / SIGUSR1 asked to save and stop (preempt)
+  std::atomic<int> preempt_requested{0};
+  std::optional<double> last_eval_loss;
+  std::unique_ptr<train::TensorBoardWriter> tensorboard;  ///< rank 0, with report_to tensorboard
+  int64_t last_eval_step = -1;
+  std::atomic<bool> cancel_requested{false};
+
+  void check_output_dir();
+  void load_data();
+  void plan_batches();
+  void build_model_and_engine();
+  void check_machine_fits() const;
+  void restore(const std::string& dir);
+  void announce() const;
+
+  void check_cancel();
+  LossSum forward(const Batch& b);
+  double run_evaluation();
+  void log(const LogRecord& record);
+  void report_to_tensorboard(const LogRecord& record);
+  void save_checkpoint();
+  /// Rank 0, before a save: an IoError when the file system clearly lacks room for it.
+  void check_disk_space(const std::string& what) const;
+  void write_checkpoint(CheckpointWriter& writer, bool in_run);
+  LossSum forward_tokens(const at::Tensor& ids, const at::Tensor& labels) {
+    return model->loss(ids.to(comm->device()), labels, {}, 1024);
+  }
+  double step_divisor = 0.0;   ///< train_step's fixed gradient scale (its first window's size)
+  double window_tokens = 0.0;  ///< train_step: counted tokens of the open window, all ranks
+  /// The weights a user loads directly (adapter tensors or the whole model), gathered where the
+  /// stage shards them; empty when none are written (ZeRO-3 without 16-bit gathering).
+  /// Collective.
+  std::vector<std::pair<std::string, at::Tensor>> user_weights(bool& available);
+  void write_user_files(const std::string& dir, bool available,
+                        const std::vector<std::pair<std::string, at::Tensor>>& weights);
+  void write_rng_state(const std::string& dir) const;
+  /// training_args.json: the resolved arguments and DeepSpeed config, and zerotrain's version
+  /// (HF's training_args.bin is a pickle; this is its safe equivalent). Rank 0.
+  void write_run_settings(const std::string& dir) const {
+    const std::string text = fmt::format(
+        R"({{"zerotrain_version": "{}", "training_arguments": {}, "deepspeed_config": {}}})",
+        ZT_VERSION_STRING, training_arguments_json(args), deepspeed_config_json(ds));
+    files::write_atomic(dir + "/training_args.json",
+                        json::dump(json::parse(text, "training_args.json"), true) + "\n");
+  }
+  void read_rng_state(const std::string& dir) const;
+  double epoch_progress() const {
+    return static_cast<double>(state.epoch_index) +
+           static_cast<double>(state.steps_in_epoch) /
+               static_cast<double>(std::max<int64_t>(1, steps_per_epoch));
+  }
+  // Collective on CUDA: the largest peak allocation of any rank since the last call, in GiB.
+  std::optional<double> window_peak_memory_gib() {
+    const at::Device device = comm->device();
+    if (!device.is_cuda()) return std::nullopt;
+    const int index = device.has_index() ? device.index() : 0;
+    const double peak = comm::reduce_scalars(
+        *comm, {static_cast<double>(device_stats::peak_allocated(index))}, ReduceOp::kMax)[0];
+    device_stats::reset_peak(index);
+    return peak / (1024.0 * 1024.0 * 1024.0);
+  }
+};
+
+}  // namespace zt
