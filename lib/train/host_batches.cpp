@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "train/trainer_impl.hpp"
 #include "zerotrain/error.hpp"
