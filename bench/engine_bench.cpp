@@ -160,7 +160,7 @@ double engine_step_seconds(int layers, int64_t h, int64_t f, const at::Tensor& i
   eo.units = model->units();
   eo.gate = &model->gate;
   eo.total_train_steps = steps + 2;
-  Engine engine(model, ds, args, comm, eo);
+  Engine engine(model, ds, comm, eo);
   double total = 0;
   for (int s = 0; s < steps + 2; ++s) {
     sync(input.device());

@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
     eo.update_in_backward = !(std::getenv("ZT_BENCH_IN_BACKWARD") &&
                               std::string(std::getenv("ZT_BENCH_IN_BACKWARD")) == "0");
     auto t_init = std::chrono::steady_clock::now();
-    Engine engine(model, ds, args, comm, eo);
+    Engine engine(model, ds, comm, eo);
     const double init_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count();
 

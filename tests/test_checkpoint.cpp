@@ -47,7 +47,8 @@ std::unique_ptr<Engine> make_engine(const std::shared_ptr<test::TestModel>& mode
   eo.units = model->units();
   eo.gate = &model->unit_gate();
   eo.total_train_steps = kTotal;
-  return std::make_unique<Engine>(model, ds, args, comm, eo);
+  eo.learning_rate = learning_rate_schedule(ds, args, kTotal);
+  return std::make_unique<Engine>(model, ds, comm, eo);
 }
 
 // Optimizer steps [from, to) on the world-independent global batches.
@@ -231,7 +232,7 @@ TEST_CASE("merge streams tensor by tensor: memory stays near the largest tensor"
     EngineOptions eo;
     eo.source = random_source(c, 3);
     eo.total_train_steps = 1;
-    Engine engine(model, ds, args, comm, eo);
+    Engine engine(model, ds, comm, eo);
     CheckpointWriter w(*comm, dir, 1);
     save_engine_state(engine, w.dir());
     files::write_atomic(w.dir() + "/config.json", model_config_json(c));

@@ -53,7 +53,7 @@ Setup make_engine(std::shared_ptr<Communicator> comm, const std::string& kind, i
   eo.total_train_steps = 10;
   eo.trace = trace;
   eo.update_in_backward = in_backward;
-  s.engine = std::make_unique<Engine>(s.model, ds, args, s.comm, eo);
+  s.engine = std::make_unique<Engine>(s.model, ds, s.comm, eo);
   return s;
 }
 
@@ -363,7 +363,7 @@ TEST_CASE("engine: a unit knows when backward recomputes it, and only then", "[e
     eo.units = {UnitSpec{"inner", model->inner}};
     eo.gate = &model->gate;
     eo.activation_checkpointing = stage == 0;
-    Engine engine(model, ds, args, comm, eo);
+    Engine engine(model, ds, comm, eo);
     std::vector<bool> seen;
     at::Tensor y = model->gate(0, {at::ones({2, 4}).requires_grad_(true)},
                                [&seen, inner = model->inner](const std::vector<at::Tensor>& in) {

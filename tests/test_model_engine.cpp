@@ -36,7 +36,7 @@ TEST_CASE("rank: model zero3 from checkpoint", "[.rank]") {
   eo.units = model->units();
   eo.gate = &model->gate();
   eo.source = checkpoint_source(dir);
-  Engine engine(model, ds, args, comm, eo);
+  Engine engine(model, ds, comm, eo);
 
   // Each rank holds about 1/world of the weights (persistent norms and tied weights aside).
   EngineMemory m = engine.memory();
@@ -96,7 +96,7 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     eo.gate = &model->gate();
     eo.source = checkpoint_source(dir);
     eo.activation_checkpointing = checkpointing;
-    Engine engine(model, ds, args, comm, eo);
+    Engine engine(model, ds, comm, eo);
     std::vector<double> norms;
     for (int step = 0; step < 2; ++step) {
       LossSum loss = model->loss(ids.narrow(0, first, rows), labels.narrow(0, first, rows),

@@ -80,7 +80,7 @@ TEST_CASE("rank: peft trains under every stage", "[.rank]") {
     eo.units = model->units();
     eo.gate = &model->gate();
     eo.source = with_adapter_values(checkpoint_source(fixture("models/llama")), *model);
-    Engine engine(model, ds, args, comm, eo);
+    Engine engine(model, ds, comm, eo);
     // Frozen weights have no optimizer state: at most 12 bytes (fp32 master, m, v) per trainable
     // parameter, split across ranks from stage 1, plus bucket padding.
     const int64_t holders = stage == 0 ? 1 : comm->world_size();

@@ -88,7 +88,7 @@ int main() {
     options.gate = &model->gate;
     options.total_train_steps = 60;
     options.device = device;
-    zt::Engine engine(model, ds, args, comm, options);
+    zt::Engine engine(model, ds, comm, options);
 
     // A fixed random target function; each rank draws its own micro-batches.
     at::manual_seed(7);

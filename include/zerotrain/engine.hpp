@@ -37,8 +37,12 @@ struct EngineOptions {
   UnitGate* gate = nullptr;
   /// Recompute units in backward (HF's gradient_checkpointing); implied by stage 3.
   bool activation_checkpointing = false;
-  /// Optimizer steps of the whole run, for schedules ("auto" total_num_steps, HF schedules).
+  /// Optimizer steps of the whole run, for schedules that count towards its end.
   int64_t total_train_steps = 0;
+  /// The learning rate of the optimizer step that follows `applied` applied steps (skipped fp16
+  /// steps do not count). Empty: the DeepSpeed config's `scheduler` block, else the
+  /// optimizer's constant `lr`. learning_rate_schedule() builds HF Trainer's schedules.
+  std::function<double(int64_t applied)> learning_rate;
   /// Record a trace of bucket launches and backward boundaries (tests, debugging).
   bool trace = false;
   /// Where initial values come from; empty: the module's own values, broadcast from rank 0.
@@ -108,11 +112,11 @@ class Engine {
   /// Takes over `model`'s trainable parameters (requires_grad) and, under ZeRO-3, all of its
   /// parameters: moves them to `options.device` in the compute dtype (bf16/fp16 per config),
   /// broadcasts rank 0's initial values, and builds the sharded fp32 master and optimizer
-  /// state. `ds` and `args` must be resolved (check_resolved passes). Collective.
+  /// state. `ds` must be resolved (check_resolved passes); the learning rate comes from
+  /// `options.learning_rate`. Collective.
   /// Throws ConfigError for unusable settings (e.g. no trainable parameters).
   Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& ds,
-         const TrainingArguments& args, std::shared_ptr<Communicator> comm,
-         EngineOptions options = {});
+         std::shared_ptr<Communicator> comm, EngineOptions options = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -126,6 +130,14 @@ class Engine {
   /// gradient is ∂(Σ over ranks and accumulation steps of loss)/∂θ ÷ `divisor` (e.g. the number
   /// of non-ignored tokens in the global batch). Collective.
   void backward(const at::Tensor& loss, double divisor);
+  /// Back-propagates a sum whose normalizer is learned only when the window ends (HF's token
+  /// normalization for batches fed one at a time): `loss` is the sum of `count` per-token
+  /// losses on this rank's micro-batch, and the applied gradient is ∂(Σ over ranks and the
+  /// window's micro-steps of loss)/∂θ ÷ (Σ of their counts). While the window accumulates the
+  /// gradients are divided by a fixed estimate (agreed once across ranks), and step() corrects
+  /// them to the real count — its all-reduce carries the counts. Do not mix with the other
+  /// backward() forms inside one window. Collective.
+  void backward_tokens(const at::Tensor& loss, int64_t count);
 
   /// Ends a micro-step. At an accumulation boundary it runs the optimizer step (unless fp16
   /// overflowed, see last_step_skipped) and returns true; otherwise returns false. Collective.
@@ -181,6 +193,14 @@ class Engine {
  private:
   std::unique_ptr<zero::EngineImpl> impl_;
 };
+
+/// The schedule HF Trainer runs with a DeepSpeed config: the config's `scheduler` block when
+/// present, else `args.lr_scheduler_type` with its warmup (warmup_steps / warmup_ratio) over
+/// `total_steps` optimizer steps; the base rate is the optimizer's `lr`. Throws ConfigError when
+/// the schedule needs the run's length and `total_steps` ≤ 0. Both must be resolved.
+std::function<double(int64_t applied)> learning_rate_schedule(const DeepSpeedConfig& ds,
+                                                              const TrainingArguments& args,
+                                                              int64_t total_steps);
 
 /// HF's weight-decay rule, by parameter name: biases and normalization weights are excluded
 /// (names containing "bias", "layernorm", "rmsnorm", or a path component "norm"/ending "_norm").

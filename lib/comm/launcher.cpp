@@ -71,18 +71,11 @@ std::string LaunchResult::summary() const {
   return out;
 }
 
-LaunchResult launch_local(const std::vector<std::string>& command,
-                          const LocalLaunchOptions& options) {
-  if (command.empty()) throw InvalidArgument("launch_local: empty command");
-  if (options.nproc < 1) throw InvalidArgument("launch_local: nproc must be at least 1");
-  const int port =
-      options.master_port > 0 ? options.master_port : pick_free_port(options.master_addr);
+namespace {
 
-  // Everything the child needs is built before fork(): only async-signal-safe calls after it.
-  std::vector<char*> argv;
-  for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-
+// The environment every rank inherits: this process's, without the launcher's own variables
+// (and those `options.env` sets), plus `options.env`.
+std::vector<std::string> inherited_environment(const LocalLaunchOptions& options) {
   static const char* kOwned[] = {
       "RANK=",        "LOCAL_RANK=",  "WORLD_SIZE=", "LOCAL_WORLD_SIZE=",
       "MASTER_ADDR=", "MASTER_PORT=", "GROUP_RANK=", "TORCHELASTIC_USE_AGENT_STORE="};
@@ -96,9 +89,24 @@ LaunchResult launch_local(const std::vector<std::string>& command,
     if (!owned) base_env.emplace_back(*e);
   }
   for (const auto& kv : options.env) base_env.push_back(kv.first + "=" + kv.second);
+  return base_env;
+}
 
-  LaunchResult result;
-  std::vector<pid_t> pids(static_cast<size_t>(options.nproc), -1);
+void kill_started(const std::vector<pid_t>& pids) {
+  for (pid_t p : pids) {
+    if (p > 0) ::kill(p, SIGKILL);
+  }
+}
+
+// Forks and executes every rank into one process group (the first rank's pid). Everything a
+// child needs is built before fork(): only async-signal-safe calls after it.
+std::vector<pid_t> start_ranks(const std::vector<std::string>& command,
+                               const LocalLaunchOptions& options, int port,
+                               const LaunchResult& result) {
+  std::vector<char*> argv;
+  for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const std::vector<std::string> base_env = inherited_environment(options);
   std::vector<std::vector<std::string>> env_strings(static_cast<size_t>(options.nproc));
   std::vector<std::vector<char*>> envps(static_cast<size_t>(options.nproc));
   for (int r = 0; r < options.nproc; ++r) {
@@ -113,23 +121,18 @@ LaunchResult launch_local(const std::vector<std::string>& command,
     es.push_back(fmt::format("MASTER_PORT={}", port));
     for (std::string& s : es) envps[static_cast<size_t>(r)].push_back(s.data());
     envps[static_cast<size_t>(r)].push_back(nullptr);
-    RankExit x;
-    x.rank = r;
-    if (!options.output_dir.empty())
-      x.log_path = fmt::format("{}/rank{}.log", options.output_dir, r);
-    result.ranks.push_back(x);
   }
 
+  std::vector<pid_t> pids(static_cast<size_t>(options.nproc), -1);
   const pid_t parent = ::getpid();
-  pid_t group = 0;  // the ranks' own process group: the first rank's pid
+  pid_t group = 0;
   for (int r = 0; r < options.nproc; ++r) {
     int log_fd = -1;
     if (!options.output_dir.empty()) {
       const std::string& path = result.ranks[static_cast<size_t>(r)].log_path;
       log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (log_fd < 0) {
-        for (pid_t p : pids)
-          if (p > 0) ::kill(p, SIGKILL);
+        kill_started(pids);
         throw InvalidArgument(fmt::format("cannot create '{}': {}", path, std::strerror(errno)));
       }
     }
@@ -150,8 +153,7 @@ LaunchResult launch_local(const std::vector<std::string>& command,
     }
     if (log_fd >= 0) ::close(log_fd);
     if (pid < 0) {
-      for (pid_t p : pids)
-        if (p > 0) ::kill(p, SIGKILL);
+      kill_started(pids);
       throw InvalidArgument(fmt::format("fork() failed: {}", std::strerror(errno)));
     }
     ::setpgid(pid, group);
@@ -161,10 +163,12 @@ LaunchResult launch_local(const std::vector<std::string>& command,
     }
     pids[static_cast<size_t>(r)] = pid;
   }
-  struct ClearGroup {
-    ~ClearGroup() { g_rank_group.store(0); }
-  } clear_group;
+  return pids;
+}
 
+// Waits for every rank; after the first failure the others get `options.grace`, then SIGKILL
+// (as on timeout).
+void supervise(std::vector<pid_t>& pids, const LocalLaunchOptions& options, LaunchResult& result) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   Clock::time_point kill_at = Clock::time_point::max();  // after the first failure + grace
@@ -206,6 +210,30 @@ LaunchResult launch_local(const std::vector<std::string>& command,
     }
     if (running > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+}
+
+}  // namespace
+
+LaunchResult launch_local(const std::vector<std::string>& command,
+                          const LocalLaunchOptions& options) {
+  if (command.empty()) throw InvalidArgument("launch_local: empty command");
+  if (options.nproc < 1) throw InvalidArgument("launch_local: nproc must be at least 1");
+  const int port =
+      options.master_port > 0 ? options.master_port : pick_free_port(options.master_addr);
+  LaunchResult result;
+  for (int r = 0; r < options.nproc; ++r) {
+    RankExit x;
+    x.rank = r;
+    if (!options.output_dir.empty()) {
+      x.log_path = fmt::format("{}/rank{}.log", options.output_dir, r);
+    }
+    result.ranks.push_back(x);
+  }
+  std::vector<pid_t> pids = start_ranks(command, options, port, result);
+  struct ClearGroup {
+    ~ClearGroup() { g_rank_group.store(0); }
+  } clear_group;
+  supervise(pids, options, result);
   return result;
 }
 

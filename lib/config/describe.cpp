@@ -153,32 +153,11 @@ const char* scheduler_name(SchedulerType t) {
 
 }  // namespace
 
-std::string deepspeed_config_json(const DeepSpeedConfig& ds) {
-  rapidjson::StringBuffer buf;
-  JsonWriter w(buf);
-  w.SetIndent(' ', 2);
-  auto integer = [&](int64_t v) { w.Int64(v); };
-  auto number = [&](double v) { w.Double(v); };
+namespace {
+
+// The fp16 and bf16 blocks.
+void put_precision(JsonWriter& w, const DeepSpeedConfig& ds) {
   auto boolean = [&](bool v) { w.Bool(v); };
-  w.StartObject();
-  put_auto(w, "train_batch_size", ds.train_batch_size, integer);
-  put_auto(w, "train_micro_batch_size_per_gpu", ds.train_micro_batch_size_per_gpu, integer);
-  put_auto(w, "gradient_accumulation_steps", ds.gradient_accumulation_steps, integer);
-  put_auto(w, "gradient_clipping", ds.gradient_clipping, number);
-  w.Key("steps_per_print");
-  w.Int64(ds.steps_per_print);
-  w.Key("wall_clock_breakdown");
-  w.Bool(ds.wall_clock_breakdown);
-  w.Key("prescale_gradients");
-  w.Bool(ds.prescale_gradients);
-  w.Key("gradient_predivide_factor");
-  w.Double(ds.gradient_predivide_factor);
-  if (ds.communication_data_type != CommDataType::kDefault) {
-    w.Key("communication_data_type");
-    w.String(ds.communication_data_type == CommDataType::kFp32   ? "fp32"
-             : ds.communication_data_type == CommDataType::kFp16 ? "fp16"
-                                                                 : "bf16");
-  }
   w.Key("fp16");
   w.StartObject();
   put_auto(w, "enabled", ds.fp16.enabled, boolean);
@@ -211,6 +190,10 @@ std::string deepspeed_config_json(const DeepSpeedConfig& ds) {
     w.Bool(true);
   }
   w.EndObject();
+}
+
+void put_optimizer(JsonWriter& w, const DeepSpeedConfig& ds) {
+  auto number = [&](double v) { w.Double(v); };
   if (ds.optimizer.present) {
     const OptimizerConfig& o = ds.optimizer;
     w.Key("optimizer");
@@ -238,6 +221,11 @@ std::string deepspeed_config_json(const DeepSpeedConfig& ds) {
     w.EndObject();
     w.EndObject();
   }
+}
+
+void put_scheduler(JsonWriter& w, const DeepSpeedConfig& ds) {
+  auto integer = [&](int64_t v) { w.Int64(v); };
+  auto number = [&](double v) { w.Double(v); };
   if (ds.scheduler.present) {
     const SchedulerConfig& c = ds.scheduler;
     w.Key("scheduler");
@@ -290,6 +278,10 @@ std::string deepspeed_config_json(const DeepSpeedConfig& ds) {
     w.EndObject();
     w.EndObject();
   }
+}
+
+void put_zero(JsonWriter& w, const DeepSpeedConfig& ds) {
+  auto integer = [&](int64_t v) { w.Int64(v); };
   const ZeroConfig& z = ds.zero;
   w.Key("zero_optimization");
   w.StartObject();
@@ -321,6 +313,39 @@ std::string deepspeed_config_json(const DeepSpeedConfig& ds) {
   w.Key("ignore_unused_parameters");
   w.Bool(z.ignore_unused_parameters);
   w.EndObject();
+}
+
+}  // namespace
+
+std::string deepspeed_config_json(const DeepSpeedConfig& ds) {
+  rapidjson::StringBuffer buf;
+  JsonWriter w(buf);
+  w.SetIndent(' ', 2);
+  auto integer = [&](int64_t v) { w.Int64(v); };
+  auto number = [&](double v) { w.Double(v); };
+  w.StartObject();
+  put_auto(w, "train_batch_size", ds.train_batch_size, integer);
+  put_auto(w, "train_micro_batch_size_per_gpu", ds.train_micro_batch_size_per_gpu, integer);
+  put_auto(w, "gradient_accumulation_steps", ds.gradient_accumulation_steps, integer);
+  put_auto(w, "gradient_clipping", ds.gradient_clipping, number);
+  w.Key("steps_per_print");
+  w.Int64(ds.steps_per_print);
+  w.Key("wall_clock_breakdown");
+  w.Bool(ds.wall_clock_breakdown);
+  w.Key("prescale_gradients");
+  w.Bool(ds.prescale_gradients);
+  w.Key("gradient_predivide_factor");
+  w.Double(ds.gradient_predivide_factor);
+  if (ds.communication_data_type != CommDataType::kDefault) {
+    w.Key("communication_data_type");
+    w.String(ds.communication_data_type == CommDataType::kFp32   ? "fp32"
+             : ds.communication_data_type == CommDataType::kFp16 ? "fp16"
+                                                                 : "bf16");
+  }
+  put_precision(w, ds);
+  put_optimizer(w, ds);
+  put_scheduler(w, ds);
+  put_zero(w, ds);
   w.EndObject();
   return std::string(buf.GetString(), buf.GetSize());
 }

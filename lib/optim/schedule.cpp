@@ -12,6 +12,9 @@
 
 #include <fmt/format.h>
 
+#include "zerotrain/engine.hpp"
+#include "zerotrain/error.hpp"
+
 namespace zt {
 namespace {
 
@@ -151,21 +154,58 @@ std::function<double(int64_t)> hf_schedule(const std::string& type, double base_
   };
 }
 
+// Whether the schedule counts towards the run's end, which must then be known.
+void check_length_known(const std::string& name, bool needs_total, int64_t total_steps) {
+  if (needs_total && total_steps <= 0) {
+    throw ConfigError(
+        fmt::format("the learning-rate schedule '{}' needs the run length: set max_steps "
+                    "(without a train_file there are no epochs to count), or use "
+                    "lr_scheduler_type constant",
+                    name));
+  }
+}
+
 }  // namespace
+
+LrSchedule LrSchedule::from_deepspeed(const DeepSpeedConfig& ds, int64_t total_steps) {
+  LrSchedule s;
+  const double base_lr = ds.optimizer.lr.value();
+  if (ds.scheduler.present) {
+    check_length_known(ds.scheduler.type_name,
+                       ds.scheduler.type == SchedulerType::kWarmupDecayLR ||
+                           ds.scheduler.type == SchedulerType::kWarmupCosineLR,
+                       total_steps);
+    s.fn_ = deepspeed_schedule(ds.scheduler, base_lr);
+    s.name_ = ds.scheduler.type_name;
+  } else {
+    s.fn_ = [base_lr](int64_t) { return base_lr; };
+    s.name_ = "constant";
+  }
+  return s;
+}
 
 LrSchedule LrSchedule::from_config(const DeepSpeedConfig& ds, const TrainingArguments& args,
                                    int64_t total_steps) {
   LrSchedule s;
   const double base_lr = ds.optimizer.lr.value();
   if (ds.scheduler.present) {
-    s.fn_ = deepspeed_schedule(ds.scheduler, base_lr);
-    s.name_ = ds.scheduler.type_name;
+    s = from_deepspeed(ds, total_steps);
   } else {
+    const std::string& type = args.lr_scheduler_type;
+    check_length_known(
+        type, type != "constant" && type != "constant_with_warmup" && type != "inverse_sqrt",
+        total_steps);
     s.fn_ = hf_schedule(args.lr_scheduler_type, base_lr, warmup_steps_for(args, total_steps),
                         total_steps);
     s.name_ = args.lr_scheduler_type;
   }
   return s;
+}
+
+std::function<double(int64_t)> learning_rate_schedule(const DeepSpeedConfig& ds,
+                                                      const TrainingArguments& args,
+                                                      int64_t total_steps) {
+  return LrSchedule::from_config(ds, args, total_steps).function();
 }
 
 }  // namespace zt

@@ -50,28 +50,15 @@ StepStats Trainer::train_step(const at::Tensor& input_ids, const at::Tensor& lab
     throw InvalidArgument(fmt::format("train_step: labels have shape [{}] but input_ids [{}]",
                                       fmt::join(y.sizes(), ", "), fmt::join(ids.sizes(), ", ")));
   }
-  // Gradients are scaled by a fixed estimate of the window's token count while they accumulate
-  // (keeping fp16 magnitudes near a mean's), and corrected to the real count at the boundary.
-  if (I.step_divisor <= 0.0) {
-    I.step_divisor =
-        static_cast<double>(ids.numel() * I.world * I.engine->gradient_accumulation_steps());
-  }
   I.model->train();
   LossSum l = I.forward_tokens(ids, y);
-  // Updates inside backward cannot be rescaled afterwards; they run only at one rank without
-  // accumulation, where this micro-batch's token count is the window's.
-  const bool exact = I.engine->updates_in_backward();
-  I.engine->backward(l.sum,
-                     exact ? std::max<double>(1.0, static_cast<double>(l.tokens)) : I.step_divisor);
+  // The window's token count is learned at its end: the engine normalizes by it.
+  I.engine->backward_tokens(l.sum, l.tokens);
   const std::vector<double> totals =
       comm::reduce_scalars(*I.comm, {l.sum.detach().item<double>(), static_cast<double>(l.tokens)});
-  I.window_tokens += totals[1];
-  const bool boundary = I.engine->at_boundary();
-  const double scale = boundary && !exact ? I.step_divisor / std::max(1.0, I.window_tokens) : 1.0;
   StepStats stats;
-  stats.stepped = I.engine->step(scale);
+  stats.stepped = I.engine->step();
   if (stats.stepped) {
-    I.window_tokens = 0.0;
     stats.skipped = I.engine->last_step_skipped();
     stats.grad_norm = I.engine->last_grad_norm();
   }

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "train/log_window.hpp"
 #include "train/trainer_impl.hpp"
 #include "util/log.hpp"
 #include "zerotrain/error.hpp"
@@ -161,228 +162,226 @@ double Trainer::Impl::run_evaluation() {
   return global[0] / global[1];
 }
 
-double Trainer::evaluate() {
-  Impl& I = *impl_;
-  const double loss = I.run_evaluation();
+double Trainer::Impl::evaluate() {
+  const double loss = run_evaluation();
   LogRecord r;
-  r.step = I.state.global_step;
-  r.epoch = I.epoch_progress();
+  r.step = state.global_step;
+  r.epoch = epoch_progress();
   r.eval_loss = loss;
-  I.log(r);
-  I.last_eval_loss = loss;
-  I.last_eval_step = I.state.global_step;
+  log(r);
+  last_eval_loss = loss;
+  last_eval_step = state.global_step;
   return loss;
 }
 
-TrainResult Trainer::train() {
-  Impl& I = *impl_;
-  if (!I.has_train) throw ConfigError("train: no train_file given (--train_file DATA.jsonl)");
-  I.announce();
-  on_every_rank(*I.comm, fmt::format("preparing output_dir '{}'", I.args.output_dir), [&] {
-    if (I.rank != 0) return;
-    fs::create_directories(I.args.output_dir);
-    if (!I.superseded.empty()) {
-      for (const std::string& dir : I.superseded) {
+double Trainer::evaluate() {
+  return impl_->evaluate();
+}
+
+void Trainer::Impl::prepare_output_dir() {
+  on_every_rank(*comm, fmt::format("preparing output_dir '{}'", args.output_dir), [&] {
+    if (rank != 0) return;
+    fs::create_directories(args.output_dir);
+    if (!superseded.empty()) {
+      for (const std::string& dir : superseded) {
         log::warn(
             "overwrite_output_dir: removing '{}', which is newer than the checkpoint resumed from",
             dir);
         files::remove_tree(dir);
       }
       std::error_code ec;
-      const fs::path resumed = fs::absolute(*I.resume_dir).lexically_normal();
-      if (fs::equivalent(resumed.parent_path(), I.args.output_dir, ec)) {
-        files::write_atomic(I.args.output_dir + "/latest", resumed.filename().string() + "\n");
+      const fs::path resumed = fs::absolute(*resume_dir).lexically_normal();
+      if (fs::equivalent(resumed.parent_path(), args.output_dir, ec)) {
+        files::write_atomic(args.output_dir + "/latest", resumed.filename().string() + "\n");
       }
     }
-    I.write_run_settings(I.args.output_dir);
+    write_run_settings(args.output_dir);
   });
-  I.superseded.clear();
-  if (I.args.eval_on_start && I.has_eval) evaluate();
+  superseded.clear();
+}
+
+Trainer::Impl::StepResult Trainer::Impl::run_step(const std::vector<int64_t>& order) {
+  const int64_t s = state.steps_in_epoch;
+  // The whole global batch's counts, the same on every rank without communication: the
+  // targets normalize the summed token losses (HF's num_items_in_batch).
+  int64_t targets = 0, tokens = 0;
+  for (int64_t a = 0; a < batch.accumulation; ++a) {
+    for (int64_t r = 0; r < world; ++r) {
+      for (int64_t i : micro_batch_indices(order, batch, s, a, r)) {
+        targets += train_targets[static_cast<size_t>(i)];
+        tokens += train_lengths[static_cast<size_t>(i)];
+      }
+    }
+  }
+  const double divisor = static_cast<double>(std::max<int64_t>(1, targets));
+  StepResult out;
+  out.loss = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(comm->device()));
+  out.tokens = tokens;
+  for (int64_t a = 0; a < batch.accumulation; ++a) {
+    Batch b = collate(train_data, micro_batch_indices(order, batch, s, a, rank), pad_id);
+    LossSum l = forward(b);
+    engine->backward(l.sum, divisor);
+    engine->step();
+    out.loss += l.sum.detach() / divisor;
+  }
+  state.global_step = engine->global_step();
+  state.steps_in_epoch = s + 1;
+  out.epoch_end = state.steps_in_epoch == steps_per_epoch;
+  if (out.epoch_end) {  // the position a checkpoint saved now resumes from
+    state.epoch_index += 1;
+    state.steps_in_epoch = 0;
+  }
+  state.epoch = epoch_progress();
+  state.tokens_seen += tokens;
+  state.total_flos +=
+      6.0 * static_cast<double>(tokens) * static_cast<double>(non_embedding_parameters);
+  return out;
+}
+
+void Trainer::Impl::log_window(train::LogWindow& window) {
+  if (window.empty()) return;
+  LogRecord r = window.close(comm::reduce_scalars(*comm, {window.local_loss_sum()})[0]);
+  r.step = state.global_step;
+  r.epoch = epoch_progress();
+  r.learning_rate = engine->learning_rate();
+  r.grad_norm = engine->last_grad_norm();
+  if (ds.fp16.enabled.value()) r.loss_scale = engine->loss_scale();
+  r.peak_memory_gib = window_peak_memory_gib();
+  log(r);
+}
+
+void Trainer::Impl::after_step(const StepResult& done, train::LogWindow& window,
+                               const RunClock& clock) {
+  const int64_t step = state.global_step;
+  if (callbacks.on_step) {
+    StepStats st;
+    st.global_step = step;
+    st.stepped = true;
+    st.skipped = engine->last_step_skipped();
+    st.loss = comm::reduce_scalars(*comm, {done.loss.item<double>()})[0];  // all ranks' mean
+    st.grad_norm = engine->last_grad_norm();
+    st.learning_rate = engine->learning_rate();
+    st.loss_scale = engine->loss_scale();
+    callbacks.on_step(st);
+  }
+  const bool last = step == total_steps;
+  const std::string& logging = args.logging_strategy;
+  if ((logging == "steps" && (step % log_every == 0 || (args.logging_first_step && step == 1))) ||
+      (logging == "epoch" && done.epoch_end) || (logging != "no" && last)) {
+    log_window(window);
+  }
+  if (rank == 0 && callbacks.on_progress) {
+    Progress p;
+    p.step = step;
+    p.total_steps = total_steps;
+    p.epoch = epoch_progress();
+    p.loss = window.last_logged_loss();
+    p.learning_rate = engine->learning_rate();
+    const double elapsed = seconds_since(clock.start);
+    p.tokens_per_second = static_cast<double>(state.tokens_seen) / std::max(1e-9, elapsed);
+    p.eta_seconds = elapsed / static_cast<double>(step - clock.first_step) *
+                    static_cast<double>(total_steps - step);
+    callbacks.on_progress(p);
+  }
+  const bool delayed = args.eval_strategy == "epoch" ? state.epoch < args.eval_delay
+                                                     : static_cast<double>(step) < args.eval_delay;
+  if (has_eval && !delayed &&
+      ((args.eval_strategy == "steps" && step % eval_every == 0) ||
+       (args.eval_strategy == "epoch" && done.epoch_end))) {
+    evaluate();
+  }
+  if ((args.save_strategy == "steps" && step % save_every == 0) ||
+      (args.save_strategy == "epoch" && done.epoch_end)) {
+    save_checkpoint();
+  }
+}
+
+void Trainer::Impl::load_best_at_end() {
+  if (!args.load_best_model_at_end || !state.best_model_checkpoint ||
+      last_eval_loss == state.best_metric) {
+    return;
+  }
+  // The best checkpoint is read only from this run's output_dir, whatever the state file says.
+  const std::optional<std::string> best =
+      checkpoint_in(args.output_dir, fs::path(*state.best_model_checkpoint).filename().string());
+  if (best) {
+    if (rank == 0) {
+      log::info("loading the best checkpoint '{}' (eval_loss {:.4f})", *best, *state.best_metric);
+    }
+    load_engine_state(*engine, *best);
+  } else if (rank == 0) {
+    log::warn(
+        "the best checkpoint '{}' is not a checkpoint folder in '{}'; the final weights stay "
+        "those of the last step",
+        *state.best_model_checkpoint, args.output_dir);
+  }
+}
+
+TrainResult Trainer::Impl::finish_training(const train::LogWindow& window, const RunClock& clock) {
+  TrainResult result;
+  if (has_eval && last_eval_step != state.global_step) evaluate();
+  result.eval_loss = last_eval_loss;
+  load_best_at_end();
+  bool available = false;
+  auto weights = user_weights(available);
+  LogRecord summary;
+  summary.step = state.global_step;
+  summary.epoch = epoch_progress();
+  summary.train_loss = window.run_mean_loss();
+  summary.train_runtime = seconds_since(clock.start);
+  log(summary);
+  on_every_rank(*comm, "writing the final model", [&] {
+    if (rank != 0) return;
+    fs::create_directories(args.output_dir);
+    write_user_files(args.output_dir, available, weights);
+    if (!available) {
+      log::warn(
+          "ZeRO-3 without stage3_gather_16bit_weights_on_model_save: the final weights stay "
+          "sharded; run `zerotrain merge {}/checkpoint-{} OUT` to consolidate them",
+          args.output_dir, state.global_step);
+    }
+    files::write_atomic(args.output_dir + "/trainer_state.json", train::trainer_state_json(state));
+    files::write_atomic(args.output_dir + "/loss.svg", train::loss_svg(state.log_history));
+  });
+  if (!available &&
+      !fs::exists(fmt::format("{}/checkpoint-{}", args.output_dir, state.global_step))) {
+    save_checkpoint();  // the sharded state is then the final model
+  }
+  result.global_step = state.global_step;
+  result.train_loss = *summary.train_loss;
+  result.best_checkpoint = state.best_model_checkpoint;
+  result.output_dir = args.output_dir;
+  return result;
+}
+
+TrainResult Trainer::train() {
+  Impl& I = *impl_;
+  if (!I.has_train) throw ConfigError("train: no train_file given (--train_file DATA.jsonl)");
+  I.announce();
+  I.prepare_output_dir();
+  if (I.args.eval_on_start && I.has_eval) I.evaluate();
   I.model->train();
 
-  const Clock::time_point start = Clock::now();
-  const int64_t first_step = I.state.global_step;
-  Clock::time_point window_start = start;
-  at::Tensor window_loss =
-      at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(I.comm->device()));
-  int64_t window_steps = 0, window_tokens = 0;
-  double run_loss_sum = 0.0;
-  int64_t run_loss_steps = 0;
-  double last_logged_loss = 0.0;
+  const Impl::RunClock clock{Clock::now(), I.state.global_step};
+  train::LogWindow window(I.comm->device());
   const int64_t megabatch = length_megabatch(I.train_data.size(), I.batch.size());
-
-  auto log_window = [&] {
-    if (window_steps == 0) return;
-    const double loss = comm::reduce_scalars(*I.comm, {window_loss.item<double>()})[0] /
-                        static_cast<double>(window_steps);
-    LogRecord r;
-    r.step = I.state.global_step;
-    r.epoch = I.epoch_progress();
-    r.loss = loss;
-    r.learning_rate = I.engine->learning_rate();
-    r.grad_norm = I.engine->last_grad_norm();
-    r.tokens_per_second =
-        static_cast<double>(window_tokens) / std::max(1e-9, seconds_since(window_start));
-    if (I.ds.fp16.enabled.value()) r.loss_scale = I.engine->loss_scale();
-    r.peak_memory_gib = I.window_peak_memory_gib();
-    I.log(r);
-    run_loss_sum += loss * static_cast<double>(window_steps);
-    run_loss_steps += window_steps;
-    last_logged_loss = loss;
-    window_loss.zero_();
-    window_steps = 0;
-    window_tokens = 0;
-    window_start = Clock::now();
-  };
-
   while (I.state.global_step < I.total_steps) {
-    const int64_t epoch = I.state.epoch_index;
     // Each epoch's own order, from the seed and the epoch alone (HF's sampler with set_epoch):
     // a resumed run rebuilds the same one.
     const bool shuffle = I.args.train_sampling_strategy != "sequential";
     const std::vector<int64_t> order =
-        epoch_order(I.train_data.size(), I.data_seed, epoch, shuffle,
+        epoch_order(I.train_data.size(), I.data_seed, I.state.epoch_index, shuffle,
                     I.args.group_by_length ? &I.train_lengths : nullptr, megabatch);
     bool epoch_end = false;
     while (!epoch_end && I.state.global_step < I.total_steps) {
       I.check_cancel();
-      const int64_t s = I.state.steps_in_epoch;
-      // The whole global batch's counts, the same on every rank without communication.
-      int64_t targets = 0, tokens = 0;
-      for (int64_t a = 0; a < I.batch.accumulation; ++a) {
-        for (int64_t r = 0; r < I.world; ++r) {
-          for (int64_t i : micro_batch_indices(order, I.batch, s, a, r)) {
-            targets += I.train_targets[static_cast<size_t>(i)];
-            tokens += I.train_lengths[static_cast<size_t>(i)];
-          }
-        }
-      }
-      const double divisor = static_cast<double>(std::max<int64_t>(1, targets));
-      at::Tensor step_loss = at::zeros({}, window_loss.options());
-      for (int64_t a = 0; a < I.batch.accumulation; ++a) {
-        Batch b =
-            collate(I.train_data, micro_batch_indices(order, I.batch, s, a, I.rank), I.pad_id);
-        LossSum l = I.forward(b);
-        I.engine->backward(l.sum, divisor);
-        I.engine->step();
-        step_loss += l.sum.detach() / divisor;
-      }
-      window_loss += step_loss;
-      I.state.global_step = I.engine->global_step();
-      I.state.steps_in_epoch = s + 1;
-      epoch_end = I.state.steps_in_epoch == I.steps_per_epoch;
-      if (epoch_end) {  // the position a checkpoint saved now resumes from
-        I.state.epoch_index = epoch + 1;
-        I.state.steps_in_epoch = 0;
-      }
-      I.state.epoch = I.epoch_progress();
-      I.state.tokens_seen += tokens;
-      I.state.total_flos +=
-          6.0 * static_cast<double>(tokens) * static_cast<double>(I.non_embedding_parameters);
-      window_tokens += tokens;
-      ++window_steps;
-      const int64_t step = I.state.global_step;
-      if (I.callbacks.on_step) {
-        StepStats st;
-        st.global_step = step;
-        st.stepped = true;
-        st.skipped = I.engine->last_step_skipped();
-        // This step's mean token loss over all ranks.
-        st.loss = comm::reduce_scalars(*I.comm, {step_loss.item<double>()})[0];
-        st.grad_norm = I.engine->last_grad_norm();
-        st.learning_rate = I.engine->learning_rate();
-        st.loss_scale = I.engine->loss_scale();
-        I.callbacks.on_step(st);
-      }
-      const bool last = step == I.total_steps;
-      const std::string& logging = I.args.logging_strategy;
-      if ((logging == "steps" &&
-           (step % I.log_every == 0 || (I.args.logging_first_step && step == 1))) ||
-          (logging == "epoch" && epoch_end) || (logging != "no" && last)) {
-        log_window();
-      }
-      if (I.rank == 0 && I.callbacks.on_progress) {
-        Progress p;
-        p.step = step;
-        p.total_steps = I.total_steps;
-        p.epoch = I.epoch_progress();
-        p.loss = last_logged_loss;
-        p.learning_rate = I.engine->learning_rate();
-        const double elapsed = seconds_since(start);
-        p.tokens_per_second = static_cast<double>(I.state.tokens_seen) / std::max(1e-9, elapsed);
-        p.eta_seconds = elapsed / static_cast<double>(step - first_step) *
-                        static_cast<double>(I.total_steps - step);
-        I.callbacks.on_progress(p);
-      }
-      const bool delayed = I.args.eval_strategy == "epoch"
-                               ? I.state.epoch < I.args.eval_delay
-                               : static_cast<double>(step) < I.args.eval_delay;
-      if (I.has_eval && !delayed &&
-          ((I.args.eval_strategy == "steps" && step % I.eval_every == 0) ||
-           (I.args.eval_strategy == "epoch" && epoch_end))) {
-        evaluate();
-      }
-      if ((I.args.save_strategy == "steps" && step % I.save_every == 0) ||
-          (I.args.save_strategy == "epoch" && epoch_end)) {
-        I.save_checkpoint();
-      }
+      const Impl::StepResult done = I.run_step(order);
+      window.add_step(done.loss, done.tokens);
+      I.after_step(done, window, clock);
+      epoch_end = done.epoch_end;
     }
   }
-
-  TrainResult result;
-  if (I.has_eval && I.last_eval_step != I.state.global_step) evaluate();
-  result.eval_loss = I.last_eval_loss;
-  if (I.args.load_best_model_at_end && I.state.best_model_checkpoint &&
-      I.last_eval_loss != I.state.best_metric) {
-    // The best checkpoint is read only from this run's output_dir, whatever the state file says.
-    const std::optional<std::string> best = checkpoint_in(
-        I.args.output_dir, fs::path(*I.state.best_model_checkpoint).filename().string());
-    if (best) {
-      if (I.rank == 0)
-        log::info("loading the best checkpoint '{}' (eval_loss {:.4f})", *best,
-                  *I.state.best_metric);
-      load_engine_state(*I.engine, *best);
-    } else if (I.rank == 0) {
-      log::warn(
-          "the best checkpoint '{}' is not a checkpoint folder in '{}'; the final weights stay "
-          "those of the "
-          "last step",
-          *I.state.best_model_checkpoint, I.args.output_dir);
-    }
-  }
-  bool available = false;
-  auto weights = I.user_weights(available);
-  LogRecord summary;
-  summary.step = I.state.global_step;
-  summary.epoch = I.epoch_progress();
-  summary.train_loss =
-      run_loss_steps > 0 ? run_loss_sum / static_cast<double>(run_loss_steps) : 0.0;
-  summary.train_runtime = seconds_since(start);
-  I.log(summary);
-  on_every_rank(*I.comm, "writing the final model", [&] {
-    if (I.rank != 0) return;
-    fs::create_directories(I.args.output_dir);
-    I.write_user_files(I.args.output_dir, available, weights);
-    if (!available) {
-      log::warn(
-          "ZeRO-3 without stage3_gather_16bit_weights_on_model_save: the final weights stay "
-          "sharded; "
-          "run `zerotrain merge {}/checkpoint-{} OUT` to consolidate them",
-          I.args.output_dir, I.state.global_step);
-    }
-    files::write_atomic(I.args.output_dir + "/trainer_state.json",
-                        train::trainer_state_json(I.state));
-    files::write_atomic(I.args.output_dir + "/loss.svg", train::loss_svg(I.state.log_history));
-  });
-  if (!available &&
-      !fs::exists(fmt::format("{}/checkpoint-{}", I.args.output_dir, I.state.global_step))) {
-    I.save_checkpoint();  // the sharded state is then the final model
-  }
-  result.global_step = I.state.global_step;
-  result.train_loss = *summary.train_loss;
-  result.best_checkpoint = I.state.best_model_checkpoint;
-  result.output_dir = I.args.output_dir;
-  return result;
+  return I.finish_training(window, clock);
 }
 
 }  // namespace zt

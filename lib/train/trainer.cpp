@@ -379,8 +379,9 @@ void Trainer::Impl::build_model_and_engine() {
   eo.activation_checkpointing = args.gradient_checkpointing;
   eo.update_in_backward = args.update_in_backward;
   eo.total_train_steps = total_steps;  // 0 when unknown: schedules that need it say so
+  eo.learning_rate = learning_rate_schedule(ds, args, total_steps);
   eo.source = with_adapter_values(base, *model);
-  engine = std::make_unique<Engine>(model, ds, args, comm, eo);
+  engine = std::make_unique<Engine>(model, ds, comm, eo);
 }
 
 void Trainer::Impl::restore(const std::string& dir) {

@@ -1,10 +1,11 @@
 // The Trainer's state, shared by its parts: set-up (trainer.cpp), checkpoints and the final
 // model (checkpointing.cpp), the host's own batches (host_batches.cpp) and the training loop
-// with evaluation and logging (loop.cpp).
+// with evaluation (loop.cpp) and its log window (log_window.cpp).
 #pragma once
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -14,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "comm/agreement.hpp"
+#include "train/log_window.hpp"
 #include "train/reporting.hpp"
 #include "train/tensorboard.hpp"
 #include "util/device_stats.hpp"
@@ -78,9 +80,28 @@ struct Trainer::Impl {
   void restore(const std::string& dir);
   void announce() const;
 
+  // loop.cpp: train()'s phases
+  struct StepResult {
+    at::Tensor loss;     ///< the step's mean token loss on this rank (a device scalar)
+    int64_t tokens = 0;  ///< the global batch's tokens
+    bool epoch_end = false;
+  };
+  struct RunClock {
+    std::chrono::steady_clock::time_point start;
+    int64_t first_step = 0;  ///< the step train() started from (resumed runs: not 0)
+  };
+  void prepare_output_dir();
+  /// One optimizer step over the global batch at the epoch's position in `order`.
+  StepResult run_step(const std::vector<int64_t>& order);
+  /// What follows a step: callbacks, logging, progress, evaluation, checkpoints.
+  void after_step(const StepResult& done, train::LogWindow& window, const RunClock& clock);
+  void log_window(train::LogWindow& window);  ///< collective
+  void load_best_at_end();
+  TrainResult finish_training(const train::LogWindow& window, const RunClock& clock);
   void check_cancel();
   LossSum forward(const Batch& b);
   double run_evaluation();
+  double evaluate();  ///< run_evaluation, logged (Trainer::evaluate)
   void log(const LogRecord& record);
   void report_to_tensorboard(const LogRecord& record);
   void save_checkpoint();
@@ -90,8 +111,6 @@ struct Trainer::Impl {
   LossSum forward_tokens(const at::Tensor& ids, const at::Tensor& labels) {
     return model->loss(ids.to(comm->device()), labels, {}, 1024);
   }
-  double step_divisor = 0.0;   ///< train_step's fixed gradient scale (its first window's size)
-  double window_tokens = 0.0;  ///< train_step: counted tokens of the open window, all ranks
   /// The weights a user loads directly (adapter tensors or the whole model), gathered where the
   /// stage shards them; empty when none are written (ZeRO-3 without 16-bit gathering).
   /// Collective.

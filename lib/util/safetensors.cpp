@@ -96,6 +96,58 @@ int64_t checksum_chunks(const TensorInfo& info) {
   return std::max<int64_t>(1, (info.nbytes + kChecksumChunk - 1) / kChecksumChunk);
 }
 
+// One tensor's header entry, checked against the file's `data_size` bytes of data (which start
+// at byte `data_start`). `bad` makes the error that names the tensor.
+template <typename Bad>
+TensorInfo parse_tensor_entry(const rapidjson::Value& v, int64_t data_start, int64_t data_size,
+                              const Bad& bad) {
+  if (!v.IsObject()) throw bad("entry is not an object");
+  auto dt = v.FindMember("dtype");
+  auto sh = v.FindMember("shape");
+  auto off = v.FindMember("data_offsets");
+  if (dt == v.MemberEnd() || !dt->value.IsString()) throw bad("missing dtype");
+  if (sh == v.MemberEnd() || !sh->value.IsArray()) throw bad("missing shape");
+  if (off == v.MemberEnd() || !off->value.IsArray() || off->value.Size() != 2) {
+    throw bad("missing data_offsets");
+  }
+  TensorInfo info;
+  info.dtype_name = dt->value.GetString();
+  std::optional<at::ScalarType> type = safetensors_dtype(info.dtype_name);
+  if (!type) {
+    throw bad(
+        fmt::format("dtype '{}' is not supported (supported: F32, F16, BF16, F64, I64, "
+                    "I32, I16, I8, U8, BOOL)",
+                    info.dtype_name));
+  }
+  info.dtype = *type;
+  int64_t numel = 1;
+  for (const rapidjson::Value& d : sh->value.GetArray()) {
+    std::optional<int64_t> dim = d.IsNumber() ? json::as_integer(d) : std::nullopt;
+    if (!dim || *dim < 0 || *dim > (int64_t{1} << 40)) throw bad("invalid shape");
+    info.shape.push_back(*dim);
+    if (*dim != 0 && numel > (int64_t{1} << 50) / *dim) throw bad("shape is too large");
+    numel *= *dim;
+  }
+  info.numel = numel;
+  auto offset = [](const rapidjson::Value& x) -> int64_t {  // -1 when not a count
+    const std::optional<int64_t> n = x.IsNumber() ? json::as_integer(x) : std::nullopt;
+    return n && *n >= 0 ? *n : -1;
+  };
+  const int64_t b = offset(off->value[0]), e = offset(off->value[1]);
+  if (b < 0 || e < b) throw bad("invalid data_offsets");
+  if (e > data_size) {
+    throw bad(fmt::format("data ends at byte {} but the file holds only {} data bytes (truncated?)",
+                          e, data_size));
+  }
+  const int64_t expected = numel * static_cast<int64_t>(c10::elementSize(info.dtype));
+  if (e - b != expected) {
+    throw bad(fmt::format("{} bytes of data for shape × dtype = {} bytes", e - b, expected));
+  }
+  info.begin = data_start + b;
+  info.nbytes = expected;
+  return info;
+}
+
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
@@ -159,52 +211,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
         return fail(fmt::format("tensor '{}': {}", name, what));
       };
       if (tensors_.count(name)) throw bad("appears twice in the header");
-      if (!v.IsObject()) throw bad("entry is not an object");
-      auto dt = v.FindMember("dtype");
-      auto sh = v.FindMember("shape");
-      auto off = v.FindMember("data_offsets");
-      if (dt == v.MemberEnd() || !dt->value.IsString()) throw bad("missing dtype");
-      if (sh == v.MemberEnd() || !sh->value.IsArray()) throw bad("missing shape");
-      if (off == v.MemberEnd() || !off->value.IsArray() || off->value.Size() != 2) {
-        throw bad("missing data_offsets");
-      }
-      TensorInfo info;
-      info.dtype_name = dt->value.GetString();
-      std::optional<at::ScalarType> type = safetensors_dtype(info.dtype_name);
-      if (!type) {
-        throw bad(
-            fmt::format("dtype '{}' is not supported (supported: F32, F16, BF16, F64, I64, "
-                        "I32, I16, I8, U8, BOOL)",
-                        info.dtype_name));
-      }
-      info.dtype = *type;
-      int64_t numel = 1;
-      for (const rapidjson::Value& d : sh->value.GetArray()) {
-        std::optional<int64_t> dim = d.IsNumber() ? json::as_integer(d) : std::nullopt;
-        if (!dim || *dim < 0 || *dim > (int64_t{1} << 40)) throw bad("invalid shape");
-        info.shape.push_back(*dim);
-        if (*dim != 0 && numel > (int64_t{1} << 50) / *dim) throw bad("shape is too large");
-        numel *= *dim;
-      }
-      info.numel = numel;
-      std::optional<int64_t> b =
-          off->value[0].IsNumber() ? json::as_integer(off->value[0]) : std::nullopt;
-      std::optional<int64_t> e =
-          off->value[1].IsNumber() ? json::as_integer(off->value[1]) : std::nullopt;
-      if (!b || !e || *b < 0 || *e < *b) throw bad("invalid data_offsets");
-      if (*e > data_size) {
-        throw bad(
-            fmt::format("data ends at byte {} but the file holds only {} data bytes "
-                        "(truncated?)",
-                        *e, data_size));
-      }
-      const int64_t expected = numel * static_cast<int64_t>(c10::elementSize(info.dtype));
-      if (*e - *b != expected) {
-        throw bad(fmt::format("{} bytes of data for shape × dtype = {} bytes", *e - *b, expected));
-      }
-      info.begin = data_start + *b;
-      info.nbytes = expected;
-      ranges.emplace_back(*b, *e);
+      TensorInfo info = parse_tensor_entry(v, data_start, data_size, bad);
+      const int64_t begin = info.begin - data_start;
+      ranges.emplace_back(begin, begin + info.nbytes);
       range_names.push_back(name);
       tensors_.emplace(name, std::move(info));
       order_.push_back(name);

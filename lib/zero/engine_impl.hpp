@@ -1,87 +1,151 @@
-// The engine's state, shared by its three parts: engine.cpp (set-up, step, public API),
-// gradients.cpp (hooks, buckets, reductions) and units.cpp (sharding units: gather, release,
-// recompute).
+// The engine's state, shared by its parts. Each part is a file that reads alone:
+//
+//   settings.cpp          what the engine does (a pure function of config, options and world)
+//   setup.cpp             the constructor's phases: parameters, layout, state, buckets, parts
+//   engine.cpp            backward(), step() and the public API
+//   gradients.cpp         the bucket scheduler every gradient path shares: hooks, in-order
+//                         launches, the in-flight bound
+//   gradients_stage0.cpp  stage 0: all-reduce;  gradients_stage1.cpp  stage 1: flat
+//                         reduce-scatter;  gradients_stage2.cpp  stages 2/3: staged
+//                         reduce-scatter;  gradients_one_rank.cpp  one rank: no collective
+//   update_in_backward.cpp  the optimizer inside backward (one rank, no accumulator)
+//   offload.cpp           the optimizer on the CPU, pipelined per bucket
+//   units.cpp             sharding units: ZeRO-3 gathers, releases, recomputation
 #pragma once
 
 #include <deque>
+#include <limits>
 #include <memory>
 #include <unordered_map>
 #include <vector>
 
 #include <torch/csrc/autograd/function.h>
 
-#include "optim/schedule.hpp"
 #include "optim/shard_optimizer.hpp"
 #include "precision/loss_scaler.hpp"
 #include "zero/layout.hpp"
+#include "zero/settings.hpp"
 #include "zerotrain/engine.hpp"
 
-namespace zt {
+namespace zt::zero {
 
-namespace zero {
+struct EngineImpl;
+
+/// A bucket reduction in flight.
+struct Pending {
+  WorkHandle work;
+  int bucket = -1;
+  at::Tensor output;      ///< the reduced values of this rank's slice (wire dtype), if any
+  at::Tensor input;       ///< kept alive until done
+  bool in_place = false;  ///< stage 0: the all-reduce result is the flat gradient itself
+};
+
+/// How gradients get from autograd into this rank's accumulator slices: one implementation
+/// per GradientPath (make_gradient_strategy). The shared scheduler in gradients.cpp decides
+/// *when* (hooks, in-order launches); a strategy decides *where* gradients go and *how* a
+/// bucket is reduced.
+class GradientStrategy {
+ public:
+  explicit GradientStrategy(EngineImpl& engine) : e_(engine) {}
+  virtual ~GradientStrategy() = default;
+
+  /// Whether the backward of micro-step `micro` (0-based) reduces buckets.
+  virtual bool reduces(int64_t micro) const;
+  virtual void begin_backward() {}
+  /// A resident trainable parameter's gradient is complete (`again`: a tied weight's next
+  /// share in the same backward).
+  virtual void take(int param, bool again) = 0;
+  /// Where a stage-3 unit bucket's gradients accumulate during its unit's backward.
+  virtual at::Tensor unit_gradients(int bucket);
+  /// Starts the reduction of a bucket.
+  virtual Pending launch(int bucket) = 0;
+  /// Folds a finished reduction into this rank's slice of the accumulator.
+  virtual void complete(Pending& done) = 0;
+  /// Reductions allowed in flight before the oldest is completed (bounds staging memory).
+  virtual size_t max_in_flight() const { return 2; }
+  /// At a boundary, before the step reads the accumulator: zero the slices this window never
+  /// wrote (a unit that did not run), which still hold the last window's values.
+  virtual void before_step();
+  /// After a step, applied or skipped: ready the buffers for the next window.
+  virtual void clear();
+
+ protected:
+  /// Accumulates `result` × `post` into the bucket's slice (copies at a window's first).
+  void fold_into_slice(int bucket, const at::Tensor& result, double post);
+  /// Stages 0/1: autograd accumulated into the bucket's flat-gradient view in place; if it
+  /// replaced the .grad (it does when the old one is shared elsewhere), fold it back.
+  void keep_in_flat_gradient(int param);
+
+  EngineImpl& e_;
+};
+
+/// The strategy of engine.S.gradients (gradients.cpp), and the parts it picks from.
+std::unique_ptr<GradientStrategy> make_gradient_strategy(EngineImpl& engine);
+std::unique_ptr<GradientStrategy> make_stage0_gradients(EngineImpl& engine);
+std::unique_ptr<GradientStrategy> make_stage1_gradients(EngineImpl& engine);
+std::unique_ptr<GradientStrategy> make_stage2_gradients(EngineImpl& engine);
+std::unique_ptr<GradientStrategy> make_one_rank_gradients(EngineImpl& engine);
+std::unique_ptr<GradientStrategy> make_in_accumulator_gradients(EngineImpl& engine);
+std::unique_ptr<GradientStrategy> make_in_backward_update(
+    EngineImpl& engine);  ///< sets in_backward
+
+/// Reduce-scatters `input` (a whole bucket in the wire dtype, scaled in place by pre_scale)
+/// into this rank's slice, or all-reduces it where zero_optimization.reduce_scatter is off
+/// (gradients_stage1.cpp; stages 1–3 share it).
+Pending scatter_bucket(EngineImpl& engine, int bucket, at::Tensor input);
+/// A gradient for a bucket already reduced this micro-step: a parameter used by two units
+/// that are not both registered for it (InvalidArgument, naming it).
+[[noreturn]] void throw_late_gradient(const ParamInfo& p);
+
+/// Where one parameter lives (one record per layout parameter, by its index).
+struct ParamSlot {
+  int bucket = -1;
+  int64_t offset = 0;              ///< in its bucket's flat space
+  bool fired = false;              ///< its gradient arrived in the current backward
+  std::vector<Segment> state_run;  ///< update_in_backward: its elements in the flat state
+};
+
+struct BucketState {
+  at::Tensor flat_param;    ///< full compute-dtype values (resident, or gathered stage-3)
+  at::Tensor flat_grad;     ///< stages 0/1: the .grad of every parameter is a view into it
+  at::Tensor param_shard;   ///< stage 3 units: this rank's compute-dtype slice (persistent)
+  at::Tensor staging;       ///< stage 2/3: gradients of this micro-step, until reduced
+  int expected = 0;         ///< parameters whose gradient readiness is awaited
+  bool slice_fresh = true;  ///< grad_acc's slice holds nothing of this window yet (copy, not add)
+  int ready = 0;
+  bool launched = false;
+};
+
+class InBackwardUpdate;
+class OffloadedOptimizer;
 
 /// Engine's state and internals (the engine's UnitRunner: units.cpp runs the gate's units).
 struct EngineImpl final : UnitRunner {
-  // ---- configuration (fixed after construction) ----
-  DeepSpeedConfig ds;
-  TrainingArguments args;
+  EngineImpl();
+  ~EngineImpl();
+
+  // ---- what was decided (fixed after construction) ----
+  EngineSettings S;
   EngineOptions options;
+  std::string config_source;  ///< the DeepSpeed config's file, for messages
   std::shared_ptr<torch::nn::Module> model;
   std::shared_ptr<Communicator> comm;
-  int stage = 0, world = 1, rank = 0, accumulation = 1;
-  at::Device device = at::kCPU;
-  at::ScalarType compute = at::kFloat;  ///< dtype of the module's parameters
-  at::ScalarType wire = at::kFloat;     ///< dtype of gradient reductions
-  bool overlap = false;                 ///< reduce buckets while backward runs
-  bool use_reduce_scatter = true;
-  double pre_scale = 1.0, post_scale = 1.0;  ///< around each gradient reduction (product 1/world)
-  bool offload_optimizer = false, offload_param = false;
-  bool checkpointing = false;                ///< recompute units in backward
-  at::ScalarType master_dtype = at::kFloat;  ///< fp32, or bf16 with bf16_master_weights_and_grads
-  /// The master slice IS the compute copy (bf16 masters where a rank keeps whole buckets).
-  bool master_aliases_params = false;
-  /// One rank and the accumulator in the compute dtype: every parameter's .grad is a view into
-  /// grad_acc, so autograd accumulates there and no reduction, copy or staging is needed.
-  bool grads_in_acc = false;
-  /// EngineOptions::update_in_backward in effect: each parameter is updated by its gradient's
-  /// hook and the gradient dropped; there is no gradient buffer (grad_acc is empty).
-  bool in_backward = false;
-  int64_t prefetch_elements = 0, max_live_elements = 0;
-  zero::Layout layout;
+  Layout layout;
 
-  // ---- per-bucket storage ----
-  struct BucketState {
-    at::Tensor flat_param;    ///< full compute-dtype values (resident, or gathered stage-3)
-    at::Tensor flat_grad;     ///< stages 0/1: the .grad of every parameter is a view into it
-    at::Tensor param_shard;   ///< stage 3 units: this rank's compute-dtype slice (persistent)
-    at::Tensor staging;       ///< stage 2/3: gradients of this micro-step, until reduced
-    int expected = 0;         ///< parameters whose gradient readiness is awaited
-    bool slice_fresh = true;  ///< grad_acc's slice holds nothing of this window yet (copy, not add)
-    int ready = 0;
-    bool launched = false;
-  };
+  // ---- storage ----
   std::vector<BucketState> buckets;
-  std::unordered_map<const void*, int> param_of_impl;  ///< TensorImpl* → ParamInfo index
-  std::vector<int> bucket_of_param, slot_of_param;     ///< ParamInfo index → bucket, position
-  std::vector<char> fired;  ///< per parameter: its gradient arrived in the current backward
-
-  // ---- optimizer state (this rank's slices of the trainable buckets) ----
-  at::Tensor master;    ///< fp32, on device or (offload) host
-  at::Tensor grad_acc;  ///< fp32 reduced gradients of this rank's slices, accumulated
-  /// Offload: pinned host slots the CPU optimizer reads gradients from, a few trainable
-  /// buckets' worth (each as long as the longest slice), reused round-robin during a step —
-  /// not a host copy of all of grad_acc (4 bytes per parameter fewer in host memory).
-  std::vector<at::Tensor> grad_slots;
+  std::vector<ParamSlot> slots;  ///< by layout parameter index
+  at::Tensor master;    ///< this rank's slices of the trainable buckets: fp32 (or bf16) masters
+  at::Tensor grad_acc;  ///< the reduced gradients of those slices, accumulated over a window
   std::unique_ptr<ShardOptimizer> optimizer;
   std::vector<std::vector<Segment>> bucket_segments;  ///< per trainable bucket, its slice's runs
-  /// in_backward: per parameter, its runs of the state and the offset of its first element.
-  std::vector<std::vector<Segment>> param_segments;
-  std::vector<int64_t> param_state_offset;
-  UpdateHyper backward_hyper;  ///< in_backward: the update of the step under way
-  at::Tensor
-      param_grad_sq;  ///< in_backward: Σ g² of each parameter's gradient this step (0 if none)
-  LrSchedule schedule;
+  std::function<double(int64_t)> learning_rate;       ///< of the step after n applied steps
   LossScaler scaler;
+
+  // ---- parts ----
+  std::unique_ptr<GradientStrategy> gradients;
+  InBackwardUpdate* in_backward = nullptr;  ///< `gradients`, when it updates inside backward
+  std::unique_ptr<OffloadedOptimizer> offload;
 
   // ---- step bookkeeping ----
   int64_t micro_steps = 0, global_steps = 0, applied_steps = 0;
@@ -91,16 +155,10 @@ struct EngineImpl final : UnitRunner {
   bool reducing = false;        ///< gradients are reduced during the current backward
   int next_launch = 0;          ///< buckets launch strictly in index order
   at::Tensor nonfinite_losses;  ///< count of non-finite losses since the last boundary
-
-  struct Pending {
-    WorkHandle work;
-    int bucket = -1;
-    at::Tensor output;      ///< reduce-scatter output slice (wire dtype)
-    at::Tensor input;       ///< kept alive until done
-    bool in_place = false;  ///< stage 0: the all-reduce result is the flat grad itself
-  };
+  /// backward_tokens: the fixed divisor of the window's losses, and the window's counts so far.
+  double token_estimate = 0.0, window_tokens = 0.0;
+  bool token_window = false;  ///< the open window was fed through backward_tokens
   std::deque<Pending> pending;
-
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  ///< hooks live with them
   std::vector<TraceEvent> trace;
 
@@ -117,31 +175,36 @@ struct EngineImpl final : UnitRunner {
   at::Tensor dummy;  ///< requires grad, so every unit call has a backward
   int unit_depth = 0;
 
-  // parameter all-gathers after a step
+  // ---- parameter all-gathers after a step ----
   std::vector<WorkHandle> param_gathers;
   std::vector<at::Tensor> param_gather_inputs;
   int64_t gathering_elements = 0;
 
+  // setup.cpp: the constructor's phases, in order
+  void collect_parameters(const DeepSpeedConfig& ds);
+  void allocate_state();
+  void place_buckets();
+  void bind_parameters();
+  void create_parts();
+
   // engine.cpp
   void record(TraceEvent::Kind kind, int index);
-  void offloaded_step(const UpdateHyper& h);
-  /// Writes a trainable bucket's updated fp32 slice `mine` into its compute copy (all-gathers
+  UpdateHyper step_hyper(double grad_scale) const;
+  /// Writes a trainable bucket's updated slice `mine` into its compute copy (all-gathers
   /// when others hold the rest).
-  void publish(const zero::Bucket& b, const at::Tensor& mine);
+  void publish(const Bucket& b, const at::Tensor& mine);
   void finish_publishing();
-  bool at_boundary() const { return micro_steps % accumulation == 0; }
+  bool at_boundary() const { return micro_steps % S.accumulation == 0; }
+  at::Tensor slice_of(int bucket, const at::Tensor& state) const;
 
-  // gradients.cpp
+  // gradients.cpp: the bucket scheduler
   void install_hooks();
   void begin_backward();
   void on_gradient(int param_index);
-  void update_now(int param_index);  ///< in_backward: one parameter's update from its .grad
-  UpdateHyper step_hyper(double grad_scale) const;
   void try_launch();
   void launch(int bucket);
   void complete_oldest();
   void finish_backward();
-  at::Tensor slice_of(int bucket, const at::Tensor& state) const;
   void reduce_unit_gradients(int bucket);
 
   // units.cpp
@@ -155,5 +218,4 @@ struct EngineImpl final : UnitRunner {
   void bind_unit_params(size_t unit, bool gathered);
 };
 
-}  // namespace zero
-}  // namespace zt
+}  // namespace zt::zero

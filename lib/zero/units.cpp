@@ -57,8 +57,8 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
     for (const at::Tensor& x : inputs)
       call->input_requires_grad.push_back(x.defined() && x.requires_grad());
     call->cpu_rng = rng::state(at::kCPU);
-    if (I.device.is_cuda()) call->device_rng = rng::state(I.device);
-    const bool sharded = I.stage == 3;
+    if (I.S.device.is_cuda()) call->device_rng = rng::state(I.S.device);
+    const bool sharded = I.S.stage == 3;
     if (sharded) I.gather(call->unit, /*forward_order=*/true);
     torch::autograd::variable_list outputs;
     {
@@ -79,7 +79,7 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
     auto call = c10::static_intrusive_pointer_cast<UnitCall>(ctx->saved_data["call"].toCapsule());
     zero::EngineImpl& I = *call->impl;
     const size_t u = call->unit;
-    const bool sharded = I.stage == 3;
+    const bool sharded = I.S.stage == 3;
     torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (sharded) I.gather(u, /*forward_order=*/false);
 
@@ -90,13 +90,7 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
         const zero::Bucket& bucket = I.layout.buckets[static_cast<size_t>(b)];
         if (!bucket.trainable) continue;
         grad_bucket = b;
-        zero::EngineImpl::BucketState& s = I.buckets[static_cast<size_t>(b)];
-        // One rank with same-dtype accumulation: straight into the accumulator.
-        at::Tensor target =
-            I.grads_in_acc
-                ? I.slice_of(b, I.grad_acc)
-                : (s.staging = at::zeros({bucket.numel},
-                                         at::TensorOptions().dtype(I.compute).device(I.device)));
+        const at::Tensor target = I.gradients->unit_gradients(b);
         for (size_t k = 0; k < bucket.params.size(); ++k) {
           const zero::ParamInfo& p = I.layout.params[static_cast<size_t>(bucket.params[k])];
           p.param.mutable_grad() = target.narrow(0, bucket.offsets[k], p.numel).view(p.shape);
@@ -114,9 +108,9 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
     }
     // Recompute with the random state of the forward, then put the current state back.
     at::Tensor cpu_now = rng::state(at::kCPU);
-    at::Tensor dev_now = I.device.is_cuda() ? rng::state(I.device) : at::Tensor();
+    at::Tensor dev_now = I.S.device.is_cuda() ? rng::state(I.S.device) : at::Tensor();
     rng::set_state(at::kCPU, call->cpu_rng);
-    if (dev_now.defined()) rng::set_state(I.device, call->device_rng);
+    if (dev_now.defined()) rng::set_state(I.S.device, call->device_rng);
     torch::autograd::variable_list outputs;
     {
       at::AutoGradMode enable(true);
@@ -125,7 +119,7 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
       outputs = call->fn(detached);
     }
     rng::set_state(at::kCPU, cpu_now);
-    if (dev_now.defined()) rng::set_state(I.device, dev_now);
+    if (dev_now.defined()) rng::set_state(I.S.device, dev_now);
 
     torch::autograd::variable_list roots, grads;
     for (size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
@@ -174,8 +168,8 @@ std::vector<at::Tensor> zero::EngineImpl::run_unit(size_t unit,
                     "nest",
                     options.units[unit].name));
   }
-  const bool sharded = stage == 3;
-  if (!sharded && !(checkpointing && options.units[unit].recompute)) return fn(inputs);
+  const bool sharded = S.stage == 3;
+  if (!sharded && !(S.checkpointing && options.units[unit].recompute)) return fn(inputs);
   if (!at::GradMode::is_enabled()) {
     // Evaluation: nothing to recompute later, only parameters to gather.
     if (sharded) gather(unit, true);
@@ -203,13 +197,14 @@ void zero::EngineImpl::start_gather(size_t u) {
     const zero::Bucket& bucket = layout.buckets[static_cast<size_t>(b)];
     BucketState& s = buckets[static_cast<size_t>(b)];
     // Offloaded shards come up from pinned memory asynchronously, ordered before the gather.
-    at::Tensor source = s.param_shard.device() == device
+    at::Tensor source = s.param_shard.device() == S.device
                             ? s.param_shard
-                            : s.param_shard.to(device, /*non_blocking=*/true);
-    if (world == 1) {
+                            : s.param_shard.to(S.device, /*non_blocking=*/true);
+    if (S.world == 1) {
       s.flat_param = source;  // the whole bucket already; nothing to gather
     } else {
-      s.flat_param = at::empty({bucket.numel}, at::TensorOptions().dtype(compute).device(device));
+      s.flat_param =
+          at::empty({bucket.numel}, at::TensorOptions().dtype(S.compute).device(S.device));
       st.gathers.push_back(comm->all_gather(s.flat_param, source));
       st.sources.push_back(source);
     }
@@ -235,7 +230,7 @@ void zero::EngineImpl::gather(size_t u, bool forward_order) {
     // Make room within stage3_max_live_parameters by dropping prefetched units first.
     int64_t need = 0;
     for (int b : layout.unit_buckets[u]) need += layout.buckets[static_cast<size_t>(b)].numel;
-    for (size_t other = 0; other < units.size() && gathered_now + need > max_live_elements;
+    for (size_t other = 0; other < units.size() && gathered_now + need > S.max_live_elements;
          ++other) {
       if (other != u && units[other].status != UnitStatus::kReleased) {
         if (units[other].status == UnitStatus::kGathering) finish_gather(other);
@@ -261,8 +256,9 @@ void zero::EngineImpl::prefetch_after(size_t u, bool forward_order) {
     for (int b : layout.unit_buckets[static_cast<size_t>(next)]) {
       size += layout.buckets[static_cast<size_t>(b)].numel;
     }
-    if (gathered_now + (st.status == UnitStatus::kReleased ? size : 0) > max_live_elements) return;
-    if (step > 1 && ahead + size > prefetch_elements) return;
+    if (gathered_now + (st.status == UnitStatus::kReleased ? size : 0) > S.max_live_elements)
+      return;
+    if (step > 1 && ahead + size > S.prefetch_elements) return;
     if (st.status == UnitStatus::kReleased && size > 0) start_gather(static_cast<size_t>(next));
     ahead += size;
   }
@@ -281,7 +277,7 @@ void zero::EngineImpl::release(size_t u) {
 }
 
 void zero::EngineImpl::bind_unit_params(size_t u, bool gathered) {
-  const auto empty_options = at::TensorOptions().dtype(compute).device(device);
+  const auto empty_options = at::TensorOptions().dtype(S.compute).device(S.device);
   for (int b : layout.unit_buckets[u]) {
     const zero::Bucket& bucket = layout.buckets[static_cast<size_t>(b)];
     BucketState& s = buckets[static_cast<size_t>(b)];

@@ -204,7 +204,7 @@ TEST_CASE("rank: engine equivalence", "[.rank]") {
   eo.total_train_steps = c.steps;
   eo.device = device;
   eo.update_in_backward = c.in_backward;
-  Engine engine(model, ds, args, comm, eo);
+  Engine engine(model, ds, comm, eo);
   REQUIRE(engine.updates_in_backward() == c.in_backward);
   if (device.is_cuda() && c.offload && c.opt != "sgd") {
     // What crosses to the GPU every step (masters, parameter shards, gradient slots) is

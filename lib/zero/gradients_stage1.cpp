@@ -1,0 +1,49 @@
+// ZeRO stage 1, more than one rank: gradients accumulate over the window in whole flat buckets
+// exactly as on stage 0, but at the window's last micro-step each bucket is reduce-scattered,
+// so a rank receives (and keeps optimizer state for) only its own slice.
+#include "zero/engine_impl.hpp"
+
+namespace zt::zero {
+
+Pending scatter_bucket(EngineImpl& e, int bucket, at::Tensor input) {
+  const Bucket& b = e.layout.buckets[static_cast<size_t>(bucket)];
+  Pending p;
+  p.bucket = bucket;
+  if (e.S.pre_scale != 1.0) input.mul_(e.S.pre_scale);
+  if (e.S.use_reduce_scatter) {
+    p.output = at::empty({b.shard_numel}, input.options());
+    p.work = e.comm->reduce_scatter(p.output, input, ReduceOp::kSum);
+  } else {
+    p.work = e.comm->all_reduce(input, ReduceOp::kSum);
+    p.output = input.narrow(0, e.S.rank * b.shard_numel, b.shard_numel);
+  }
+  p.input = input;
+  return p;
+}
+
+namespace {
+
+class FlatScatterGradients final : public GradientStrategy {
+ public:
+  using GradientStrategy::GradientStrategy;
+
+  void take(int param, bool /*again*/) override { keep_in_flat_gradient(param); }
+
+  Pending launch(int bucket) override {
+    // The flat gradient is cleared after the step, so it may be scaled and sent in place.
+    const at::Tensor& g = e_.buckets[static_cast<size_t>(bucket)].flat_grad;
+    return scatter_bucket(e_, bucket, g.scalar_type() == e_.S.wire ? g : g.to(e_.S.wire));
+  }
+
+  void complete(Pending& done) override {
+    fold_into_slice(done.bucket, done.output, e_.S.post_scale);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<GradientStrategy> make_stage1_gradients(EngineImpl& e) {
+  return std::make_unique<FlatScatterGradients>(e);
+}
+
+}  // namespace zt::zero

@@ -1,0 +1,135 @@
+// resolve_settings: every decision the engine's parts branch on, from config, options and world.
+#include "zero/settings.hpp"
+
+#include <fmt/format.h>
+
+#include "zerotrain/error.hpp"
+
+namespace zt::zero {
+namespace {
+
+at::ScalarType wire_dtype(CommDataType c, at::ScalarType compute) {
+  switch (c) {
+    case CommDataType::kFp32:
+      return at::kFloat;
+    case CommDataType::kFp16:
+      return at::kHalf;
+    case CommDataType::kBf16:
+      return at::kBFloat16;
+    case CommDataType::kDefault:
+      return compute;
+  }
+  return compute;
+}
+
+void resolve_precision(const DeepSpeedConfig& ds, EngineSettings& s) {
+  s.fp16 = ds.fp16.enabled.value();
+  s.bf16 = ds.bf16.enabled.value();
+  // fp16 on CPU computes in fp32 (LibTorch 1.13 has no CPU half matmul) while the loss scaler
+  // still runs, so the fp16 code path stays exercised.
+  s.compute = s.bf16 ? at::kBFloat16 : s.fp16 ? at::kHalf : at::kFloat;
+  if (s.fp16 && s.device.is_cpu()) {
+    s.compute = at::kFloat;
+    s.warnings.emplace_back(
+        "fp16 on CPU: computing in fp32 (no CPU half matmul); the dynamic loss scaler still runs");
+  }
+  if (s.fp16) s.scaler = ds.fp16.scaler();
+  if ((ds.bf16.master_weights_and_grads || ds.bf16.optimizer_states) && !s.bf16) {
+    throw ConfigError(fmt::format(
+        "{}: bf16.bf16_master_weights_and_grads / bf16_optimizer_states need bf16.enabled",
+        ds.source));
+  }
+  if (ds.bf16.master_weights_and_grads) s.master_dtype = at::kBFloat16;
+  s.state_dtype = s.bf16 && ds.bf16.optimizer_states ? at::kBFloat16 : at::kFloat;
+  s.wire = wire_dtype(ds.communication_data_type, s.compute);
+}
+
+void resolve_optimizer(const DeepSpeedConfig& ds, EngineSettings& s) {
+  s.optimizer = ds.optimizer.type;
+  s.hyper.beta1 = ds.optimizer.betas.value()[0];
+  s.hyper.beta2 = ds.optimizer.betas.value()[1];
+  s.hyper.eps = ds.optimizer.eps.value();
+  s.hyper.weight_decay = ds.optimizer.weight_decay.value();
+  s.hyper.momentum = ds.optimizer.momentum;
+  s.hyper.bias_correction = ds.optimizer.bias_correction;
+  s.clip = ds.gradient_clipping.value();
+}
+
+// One rank whose gradients are already in the masters' dtype needs no reduction or staging:
+// the optimizer either runs inside backward, or reads the gradients autograd accumulates
+// straight into the accumulator.
+GradientPath gradient_path(const EngineSettings& s, bool want_in_backward, bool shared) {
+  if (s.world == 1) {
+    if (s.master_dtype != s.compute) return GradientPath::kOneRank;
+    if (want_in_backward && update_in_backward_blocker(s, shared).empty()) {
+      return GradientPath::kInBackward;
+    }
+    return GradientPath::kInAccumulator;
+  }
+  if (s.stage == 0) return GradientPath::kAllReduce;
+  if (s.stage == 1) return GradientPath::kFlatScatter;
+  return GradientPath::kStaged;
+}
+
+}  // namespace
+
+std::string update_in_backward_blocker(const EngineSettings& s, bool shared_trainable) {
+  if (s.world != 1) return "more than one rank (gradients must be reduced first)";
+  if (s.master_dtype != s.compute) return "masters in another dtype than the compute copy";
+  if (s.offload_optimizer) return "optimizer offload";
+  if (s.stage > 2) return "ZeRO stage 3";
+  if (s.accumulation != 1) return "gradient accumulation";
+  if (s.fp16) return "fp16 (an overflow skips the whole step)";
+  if (s.clip > 0.0) return "gradient clipping (needs the global norm first)";
+  if (shared_trainable) return "a trainable parameter shared by two units";
+  return "";
+}
+
+EngineSettings resolve_settings(const DeepSpeedConfig& ds, const EngineOptions& options,
+                                const EngineFacts& facts) {
+  EngineSettings s;
+  s.stage = ds.zero.stage;
+  s.world = facts.world;
+  s.rank = facts.rank;
+  s.device = options.device;
+  if (facts.device.type() != s.device.type()) {
+    throw ConfigError(fmt::format("Engine: the communicator runs on {} but the model on {}",
+                                  facts.device.str(), s.device.str()));
+  }
+  s.accumulation = static_cast<int>(ds.gradient_accumulation_steps.value());
+  resolve_precision(ds, s);
+  resolve_optimizer(ds, s);
+
+  s.overlap = s.stage == 0 || ds.zero.overlap();
+  s.use_reduce_scatter = ds.zero.reduce_scatter;
+  const double w = static_cast<double>(s.world), f = ds.gradient_predivide_factor;
+  s.pre_scale = ds.prescale_gradients ? 1.0 / w : 1.0 / f;
+  s.post_scale = ds.prescale_gradients ? 1.0 : f / w;
+  s.bucket_size = std::max<int64_t>(1, ds.zero.reduce_bucket_size.value());
+  s.allgather_bucket_size = ds.zero.allgather_bucket_size;
+
+  s.offload_optimizer = s.stage >= 1 && ds.zero.offload_optimizer.enabled();
+  s.offload_param = s.stage == 3 && ds.zero.offload_param.enabled();
+  if (s.offload_optimizer && s.master_dtype != at::kFloat) {
+    throw ConfigError(
+        fmt::format("{}: bf16_master_weights_and_grads cannot be combined with "
+                    "offload_optimizer (the CPU optimizer keeps fp32 masters)",
+                    ds.source));
+  }
+  s.checkpointing = options.activation_checkpointing || s.stage == 3;
+  s.persistence_threshold = ds.zero.stage3_param_persistence_threshold.value();
+  s.prefetch_elements = ds.zero.stage3_prefetch_bucket_size.value();
+  s.max_live_elements = ds.zero.stage3_max_live_parameters;
+  if (s.stage == 3 && options.units.empty()) {
+    s.warnings.emplace_back(
+        "ZeRO-3 without sharding units keeps every parameter whole on every rank (stage 2 "
+        "memory); declare EngineOptions::units to partition parameters");
+  }
+  // bf16 masters on a rank that keeps whole buckets are the parameters themselves.
+  s.master_aliases_params =
+      s.master_dtype == s.compute && !s.offload_optimizer && (s.replicated() || s.world == 1);
+  s.gradients = gradient_path(s, options.update_in_backward, facts.shared_trainable);
+  return s;
+}
+
+}  // namespace zt::zero

@@ -1,0 +1,308 @@
+// The engine's constructor, phase by phase: settings → parameters and layout → optimizer
+// state → bucket values → the module's parameters bound into the buckets → the parts (the
+// optimizer, the gradient strategy, offload, hooks, the unit gate).
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "optim/schedule.hpp"
+#include "util/log.hpp"
+#include "zero/engine_impl.hpp"
+#include "zero/offload.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt {
+
+using zero::EngineImpl;
+
+namespace {
+
+// Each parameter's unit: the first unit whose module holds it; one held by two units (tied
+// weights) gets -2: it belongs to none (so it stays whole under stage 3) and its gradient
+// arrives once per unit that uses it.
+std::unordered_map<const void*, int> unit_of_parameters(const std::vector<UnitSpec>& units) {
+  std::unordered_map<const void*, int> unit_of;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!units[u].module) {
+      throw InvalidArgument(
+          fmt::format("EngineOptions::units[{}] ('{}') has no module", u, units[u].name));
+    }
+    for (const at::Tensor& p : units[u].module->parameters(true)) {
+      auto [it, fresh] = unit_of.emplace(p.unsafeGetTensorImpl(), static_cast<int>(u));
+      if (!fresh && it->second != static_cast<int>(u)) it->second = -2;
+    }
+  }
+  return unit_of;
+}
+
+// The module's parameters in registration order, with what the layout needs of each.
+std::vector<zero::ParamInfo> describe_parameters(torch::nn::Module& model,
+                                                 const std::vector<UnitSpec>& units) {
+  const std::unordered_map<const void*, int> unit_of = unit_of_parameters(units);
+  std::vector<zero::ParamInfo> params;
+  bool any_trainable = false;
+  for (const auto& item : model.named_parameters(true)) {
+    zero::ParamInfo p;
+    p.name = item.key();
+    p.param = item.value();
+    p.shape = p.param.sizes().vec();
+    p.numel = p.param.numel();
+    p.trainable = p.param.requires_grad();
+    p.decay = applies_weight_decay(p.name);
+    auto it = unit_of.find(p.param.unsafeGetTensorImpl());
+    p.unit = it == unit_of.end() ? -1 : std::max(-1, it->second);
+    p.shared = it != unit_of.end() && it->second == -2;
+    any_trainable = any_trainable || p.trainable;
+    params.push_back(std::move(p));
+  }
+  if (!any_trainable) throw ConfigError("Engine: the model has no trainable parameters");
+  return params;
+}
+
+}  // namespace
+
+bool applies_weight_decay(const std::string& parameter_name) {
+  std::string name;
+  for (char c : parameter_name)
+    name += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (name.find("bias") != std::string::npos || name.find("layernorm") != std::string::npos ||
+      name.find("rmsnorm") != std::string::npos) {
+    return false;
+  }
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t end = name.find('.', start);
+    std::string part =
+        name.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (part == "norm" || (part.size() > 5 && part.compare(part.size() - 5, 5, "_norm") == 0)) {
+      return false;
+    }
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return true;
+}
+
+Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& ds,
+               std::shared_ptr<Communicator> comm, EngineOptions options)
+    : impl_(std::make_unique<EngineImpl>()) {
+  EngineImpl& I = *impl_;
+  if (!model) throw InvalidArgument("Engine: model is null");
+  if (!comm) throw InvalidArgument("Engine: communicator is null");
+  check_resolved(ds);
+  I.options = std::move(options);
+  I.config_source = ds.source;
+  I.model = std::move(model);
+  I.comm = std::move(comm);
+  I.learning_rate = I.options.learning_rate
+                        ? I.options.learning_rate
+                        : LrSchedule::from_deepspeed(ds, I.options.total_train_steps).function();
+  I.collect_parameters(ds);
+  I.allocate_state();
+  I.place_buckets();
+  I.bind_parameters();
+  I.create_parts();
+  if (I.S.rank == 0) {
+    for (const std::string& w : I.S.warnings) log::warn("{}", w);
+    log::info(
+        "engine: ZeRO stage {}, {} ranks, compute {}, {} buckets, {} state elements/rank{}{}{}",
+        I.S.stage, I.S.world, c10::toString(I.S.compute), I.layout.buckets.size(),
+        I.layout.state_numel, I.S.offload_optimizer ? ", optimizer offloaded" : "",
+        I.S.offload_param ? ", parameters offloaded" : "",
+        I.S.in_backward() ? ", parameters updated during backward" : "");
+  }
+}
+
+Engine::~Engine() {
+  if (impl_ && impl_->options.gate != nullptr) impl_->options.gate->attach(nullptr);
+}
+
+namespace zero {
+
+EngineImpl::EngineImpl() = default;
+EngineImpl::~EngineImpl() = default;
+
+// Settings and layout. With a ParameterSource the module's own values are placeholders and
+// are never moved.
+void EngineImpl::collect_parameters(const DeepSpeedConfig& ds) {
+  std::vector<ParamInfo> params = describe_parameters(*model, options.units);
+  EngineFacts facts;
+  facts.world = comm->world_size();
+  facts.rank = comm->rank();
+  facts.device = comm->device();
+  for (const ParamInfo& p : params) facts.shared_trainable |= p.trainable && p.shared;
+  S = resolve_settings(ds, options, facts);
+  // Module::to replaces each parameter's data in place: `params` still holds the same objects.
+  if (!options.source) model->to(S.device);
+  if (S.fp16) scaler = LossScaler(S.scaler);
+
+  LayoutOptions lo;
+  lo.stage = S.stage;
+  lo.world = S.world;
+  lo.rank = S.rank;
+  lo.bucket_size = S.bucket_size;
+  lo.persistence_threshold = S.persistence_threshold;
+  lo.num_units = static_cast<int>(options.units.size());
+  layout = build_layout(std::move(params), lo);
+  slots.assign(layout.params.size(), ParamSlot{});
+  for (const Bucket& b : layout.buckets) {
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      ParamSlot& slot = slots[static_cast<size_t>(b.params[k])];
+      slot.bucket = b.index;
+      slot.offset = b.offsets[k];
+    }
+  }
+}
+
+// The masters and the gradient accumulator: this rank's slices of the trainable buckets.
+void EngineImpl::allocate_state() {
+  const Layout& L = layout;
+  bucket_segments.resize(L.buckets.size());
+  for (const Bucket& b : L.buckets) {
+    if (!b.trainable) continue;
+    for (const Segment& seg : L.segments) {
+      if (seg.offset >= b.shard.offset && seg.offset < b.shard.offset + b.shard_numel) {
+        bucket_segments[static_cast<size_t>(b.index)].push_back(seg);
+      }
+    }
+  }
+  const auto dev = at::TensorOptions().device(S.device);
+  if (S.offload_optimizer) {
+    master =
+        OffloadedOptimizer::allocate_master(L.state_numel, S.device.is_cuda(), bucket_segments);
+  } else {
+    master = at::zeros({L.state_numel}, dev.dtype(S.master_dtype));
+  }
+  grad_acc = at::zeros({S.in_backward() ? 0 : L.state_numel}, dev.dtype(S.master_dtype));
+}
+
+namespace {
+
+// Reads the part of bucket `b` that this rank keeps straight from the source — sharded buckets
+// only their slice, so no rank ever holds the whole model — as fp32 on `device`. `staging`:
+// for a GPU one host buffer serves all buckets (fresh pages for every bucket cost more in page
+// faults than the reads on a 7B model).
+at::Tensor read_bucket(ParameterSource& source, const Layout& L, const Bucket& b, int64_t begin,
+                       int64_t len, const at::Device& device, at::Tensor& staging) {
+  at::Tensor host;
+  if (device.is_cpu()) {
+    host = at::empty({len}, at::TensorOptions().dtype(at::kFloat));
+  } else {
+    if (staging.numel() < len) staging = at::empty({len}, at::TensorOptions().dtype(at::kFloat));
+    host = staging.narrow(0, 0, len);
+  }
+  // Parameters lie in increasing offsets; only the alignment padding between them (and after
+  // the last) is zeroed here, the rest is written by the reads.
+  int64_t filled = begin;
+  for (size_t k = 0; k < b.params.size(); ++k) {
+    const ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];
+    const int64_t a = std::max(begin, b.offsets[k]);
+    const int64_t e = std::min(begin + len, b.offsets[k] + p.numel);
+    if (a >= e) continue;
+    if (a > filled) host.narrow(0, filled - begin, a - filled).zero_();
+    source.read(p.name, p.shape, a - b.offsets[k], host.narrow(0, a - begin, e - a));
+    filled = e;
+  }
+  if (begin + len > filled) host.narrow(0, filled - begin, begin + len - filled).zero_();
+  return host.to(device);  // a blocking copy: the staging buffer is free again
+}
+
+}  // namespace
+
+// Every bucket's initial values, in fp32: from the source, or assembled from the module and
+// broadcast from rank 0, so all ranks start from the same weights whatever the stage and world
+// size; then each rank keeps what its stage keeps.
+void EngineImpl::place_buckets() {
+  const Layout& L = layout;
+  const auto dev32 = at::TensorOptions().dtype(at::kFloat).device(S.device);
+  buckets.resize(L.buckets.size());
+  at::NoGradGuard no_grad;
+  at::Tensor staging;
+  for (const Bucket& b : L.buckets) {
+    BucketState& s = buckets[static_cast<size_t>(b.index)];
+    const int64_t lo = b.slice_begin(S.rank, L.replicated);
+    at::Tensor slice;  // this rank's slice of the bucket, fp32, on the device
+    at::Tensor full;   // the whole bucket when this rank keeps it whole
+    if (options.source) {
+      const bool whole = !b.sharded_params;
+      at::Tensor values = read_bucket(*options.source, L, b, whole ? 0 : lo,
+                                      whole ? b.numel : b.shard_numel, S.device, staging);
+      full = whole ? values : at::Tensor();
+      slice = whole ? full.narrow(0, lo, b.shard_numel) : values;
+    } else {
+      full = at::zeros({b.numel}, dev32);
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        const ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];
+        full.narrow(0, b.offsets[k], p.numel).copy_(p.param.reshape({-1}));
+      }
+      comm->broadcast(full, 0)->wait();
+      slice = full.narrow(0, lo, b.shard_numel);
+    }
+    if (b.trainable) master.narrow(0, b.shard.offset, b.shard_numel).copy_(slice);
+    if (b.sharded_params) {
+      if (S.offload_param) {
+        // Allocated pinned, then filled: Tensor::to() would drop the pinned_memory request (its
+        // copy pins only for non-blocking copies out of a GPU), and every gather would then
+        // come up from pageable memory at a fraction of the bandwidth.
+        s.param_shard =
+            at::empty({b.shard_numel},
+                      at::TensorOptions().dtype(S.compute).pinned_memory(S.device.is_cuda()));
+        s.param_shard.copy_(slice);
+      } else {
+        s.param_shard = slice.to(S.compute).clone();
+      }
+      continue;
+    }
+    s.flat_param = b.trainable && S.master_aliases_params
+                       ? master.narrow(0, b.shard.offset, b.numel)
+                       : full.to(S.compute);
+    if (b.trainable && S.grads_in_acc()) {
+      s.flat_grad = grad_acc.narrow(0, b.shard.offset, b.numel);
+    } else if (b.trainable && S.stage <= 1 && !S.in_backward()) {
+      s.flat_grad = at::zeros({b.numel}, s.flat_param.options());
+    }
+  }
+}
+
+// Points the module's parameters (and, where gradients live in flat buckets, their .grad)
+// into the buckets; stage-3 unit parameters stay empty until their unit gathers them.
+void EngineImpl::bind_parameters() {
+  at::NoGradGuard no_grad;
+  for (const Bucket& b : layout.buckets) {
+    BucketState& s = buckets[static_cast<size_t>(b.index)];
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const ParamInfo& p = layout.params[static_cast<size_t>(b.params[k])];
+      at::Tensor param = p.param;
+      if (b.sharded_params) {
+        param.set_data(at::empty({0}, at::TensorOptions().dtype(S.compute).device(S.device)));
+      } else {
+        param.set_data(s.flat_param.narrow(0, b.offsets[k], p.numel).view(p.shape));
+      }
+      if (s.flat_grad.defined()) {
+        param.mutable_grad() = s.flat_grad.narrow(0, b.offsets[k], p.numel).view(p.shape);
+      }
+    }
+  }
+}
+
+void EngineImpl::create_parts() {
+  const std::vector<std::vector<Segment>> none;
+  optimizer =
+      std::make_unique<ShardOptimizer>(S.optimizer, master, layout.segments, S.hyper.momentum,
+                                       S.state_dtype, S.offload_optimizer ? bucket_segments : none);
+  gradients = make_gradient_strategy(*this);
+  if (S.offload_optimizer) offload = std::make_unique<OffloadedOptimizer>(*this);
+  const auto dev32 = at::TensorOptions().dtype(at::kFloat).device(S.device);
+  units.resize(options.units.size());
+  dummy = at::zeros({}, dev32).requires_grad_(true);
+  nonfinite_losses = at::zeros({}, dev32);
+  install_hooks();
+  if (options.gate != nullptr) options.gate->attach(this);
+  last_lr = learning_rate(0);
+}
+
+}  // namespace zero
+}  // namespace zt

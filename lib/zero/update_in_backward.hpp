@@ -1,0 +1,31 @@
+// EngineOptions::update_in_backward: the optimizer runs on each parameter as soon as its
+// gradient is complete, inside backward, and the gradient is freed at once, so no full set of
+// gradients ever exists. Only where that cannot change the math (settings.cpp decides): one
+// rank, no accumulation, no clipping, no fp16, masters in the compute dtype.
+#pragma once
+
+#include "zero/engine_impl.hpp"
+
+namespace zt::zero {
+
+class InBackwardUpdate final : public GradientStrategy {
+ public:
+  explicit InBackwardUpdate(EngineImpl& engine);
+
+  bool reduces(int64_t /*micro*/) const override { return false; }
+  void begin_backward() override;
+  void take(int param, bool again) override;
+  Pending launch(int bucket) override;  ///< never needed: nothing is reduced
+  void complete(Pending& /*done*/) override {}
+
+  /// The step after a backward: the parameters that got no gradient are updated with zeros
+  /// (momentum and weight decay still apply, as on the flat path), then the global norm and the
+  /// finiteness of the losses are checked. Throws NumericError (the update is already applied).
+  void finish_step();
+
+ private:
+  UpdateHyper hyper_;   ///< the update of the step under way
+  at::Tensor grad_sq_;  ///< Σ g² of each parameter's gradient this step (0 if none)
+};
+
+}  // namespace zt::zero

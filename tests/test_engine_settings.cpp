@@ -1,0 +1,207 @@
+// The engine's settings on their own: resolve_settings is a pure function of the DeepSpeed
+// config, the EngineOptions and the world, so every decision the engine's parts branch on is
+// checked here without building an engine.
+#include "support/catch.hpp"
+
+#include <string>
+
+#include <fmt/format.h>
+
+#include "zero/settings.hpp"
+#include "zerotrain/config.hpp"
+#include "zerotrain/error.hpp"
+
+using namespace zt;
+using Catch::Matchers::Contains;
+using zero::GradientPath;
+
+namespace {
+
+struct World {
+  int size = 1;
+  bool shared = false;
+};
+
+// A resolved config from `zero` (the zero_optimization body), `top` (more top-level keys) and
+// the precision: fp32, fp16, bf16 (fp32 masters, DeepSpeed's default) or bf16m (bf16 masters
+// and gradients, bf16_master_weights_and_grads).
+DeepSpeedConfig config(int stage, const std::string& precision, const std::string& zero = "",
+                       const std::string& top = "", int world = 1) {
+  const std::string prec =
+      precision == "fp16"   ? R"(, "fp16": {"enabled": true})"
+      : precision == "bf16" ? R"(, "bf16": {"enabled": true})"
+      : precision == "bf16m"
+          ? R"(, "bf16": {"enabled": true, "bf16_master_weights_and_grads": true})"
+          : "";
+  DeepSpeedConfig ds = parse_deepspeed_config(
+      fmt::format(R"({{"zero_optimization": {{"stage": {}{}{}}},
+                      "optimizer": {{"type": "AdamW", "params": {{"lr": 0.001}}}}{}{}}})",
+                  stage, zero.empty() ? "" : ", ", zero, prec, top.empty() ? "" : ", " + top),
+      "settings.json");
+  TrainingArguments args;
+  resolve_config(ds, args, ResolveContext{world, 16, 10});
+  return ds;
+}
+
+zero::EngineSettings settings(const DeepSpeedConfig& ds, World w, bool in_backward = false,
+                              bool units = false) {
+  EngineOptions o;
+  o.update_in_backward = in_backward;
+  if (units) o.units.push_back(UnitSpec{});
+  zero::EngineFacts f;
+  f.world = w.size;
+  f.rank = 0;
+  f.shared_trainable = w.shared;
+  return zero::resolve_settings(ds, o, f);
+}
+
+}  // namespace
+
+TEST_CASE("settings: the update-inside-backward eligibility table", "[engine][settings]") {
+  // Each row is one reason the update cannot move into backward without changing the math;
+  // the first row has none.
+  struct Row {
+    const char* what;
+    int stage;
+    const char* precision;
+    const char* zero;
+    const char* top;
+    World world;
+    bool eligible;
+    const char* reason;  ///< a word of update_in_backward_blocker's reason
+  };
+  const Row rows[] = {
+      {"bf16 masters, stage 2, one rank", 2, "bf16m", "", "", {1, false}, true, ""},
+      {"fp32, stage 0, one rank", 0, "fp32", "", "", {1, false}, true, ""},
+      {"two ranks", 2, "bf16m", "", "", {2, false}, false, "rank"},
+      {"fp32 masters under bf16", 2, "bf16", "", "", {1, false}, false, "dtype"},
+      {"offload",
+       2,
+       "fp32",
+       R"("offload_optimizer": {"device": "cpu"})",
+       "",
+       {1, false},
+       false,
+       "offload"},
+      {"stage 3", 3, "bf16m", "", "", {1, false}, false, "stage 3"},
+      {"accumulation",
+       2,
+       "bf16m",
+       "",
+       R"("gradient_accumulation_steps": 2, "train_micro_batch_size_per_gpu": 1)",
+       {1, false},
+       false,
+       "accumulation"},
+      {"fp16", 2, "fp16", "", "", {1, false}, false, "fp16"},
+      {"clipping", 2, "bf16m", "", R"("gradient_clipping": 1.0)", {1, false}, false, "clipping"},
+      {"tied weights across units", 2, "bf16m", "", "", {1, true}, false, "shared"},
+  };
+  for (const Row& r : rows) {
+    INFO(r.what);
+    const DeepSpeedConfig ds = config(r.stage, r.precision, r.zero, r.top, r.world.size);
+    const zero::EngineSettings s = settings(ds, r.world, /*in_backward=*/true);
+    CHECK(s.in_backward() == r.eligible);
+    const std::string reason = zero::update_in_backward_blocker(s, r.world.shared);
+    CHECK(reason.empty() == r.eligible);
+    if (!r.eligible) CHECK(reason.find(r.reason) != std::string::npos);
+    // Not asked for: never.
+    CHECK_FALSE(settings(ds, r.world, false).in_backward());
+  }
+}
+
+TEST_CASE("settings: one gradient path per stage, the one-rank shortcut below them",
+          "[engine][settings]") {
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    // Several ranks: the stage decides (stage 3 reduces like stage 2).
+    const GradientPath many = settings(config(stage, "bf16", "", "", 2), {2}).gradients;
+    CHECK(many == (stage == 0   ? GradientPath::kAllReduce
+                   : stage == 1 ? GradientPath::kFlatScatter
+                                : GradientPath::kStaged));
+    // One rank: no collective; fp32 everywhere lets autograd accumulate into the masters'
+    // accumulator itself, bf16 with fp32 masters copies up.
+    CHECK(settings(config(stage, "fp32"), {1}).gradients == GradientPath::kInAccumulator);
+    CHECK(settings(config(stage, "bf16"), {1}).gradients == GradientPath::kOneRank);
+  }
+}
+
+TEST_CASE("settings: gradient scaling around reductions multiplies to 1 / world",
+          "[engine][settings]") {
+  for (int world : {1, 2, 4}) {
+    for (const char* top :
+         {"", R"("prescale_gradients": true)", R"("gradient_predivide_factor": 8.0)"}) {
+      INFO(world << " ranks, " << top);
+      const zero::EngineSettings s = settings(config(2, "fp32", "", top, world), {world});
+      CHECK(s.pre_scale * s.post_scale == Approx(1.0 / world));
+    }
+  }
+  const zero::EngineSettings pre =
+      settings(config(2, "fp32", "", R"("prescale_gradients": true)", 4), {4});
+  CHECK(pre.pre_scale == Approx(0.25));  // DeepSpeed divides before the reduction
+  const zero::EngineSettings factor =
+      settings(config(2, "fp32", "", R"("gradient_predivide_factor": 8.0)", 4), {4});
+  CHECK(factor.pre_scale == Approx(1.0 / 8.0));
+  CHECK(factor.post_scale == Approx(8.0 / 4.0));
+}
+
+TEST_CASE("settings: precision, offload and overlap follow DeepSpeed", "[engine][settings]") {
+  // fp16 on a CPU computes in fp32 and says so; the loss scaler still runs.
+  const zero::EngineSettings fp16 = settings(config(1, "fp16"), {1});
+  CHECK(fp16.fp16);
+  CHECK(fp16.compute == at::kFloat);
+  CHECK(fp16.scaler.dynamic);
+  REQUIRE(fp16.warnings.size() == 1);
+  CHECK(fp16.warnings[0].find("fp16 on CPU") != std::string::npos);
+  const zero::EngineSettings bf16 = settings(config(1, "bf16"), {1});
+  CHECK(bf16.compute == at::kBFloat16);
+  CHECK(bf16.master_dtype == at::kFloat);
+  CHECK(bf16.warnings.empty());
+
+  // Offload: the optimizer from stage 1, parameters at stage 3 (the config refuses them
+  // elsewhere).
+  const std::string opt = R"("offload_optimizer": {"device": "cpu"})";
+  const std::string both = opt + R"(, "offload_param": {"device": "cpu"})";
+  CHECK(settings(config(1, "fp32", opt), {1}).offload_optimizer);
+  CHECK(settings(config(2, "fp32", opt), {1}).offload_optimizer);
+  CHECK_FALSE(settings(config(2, "fp32", opt), {1}).offload_param);
+  CHECK(settings(config(3, "fp32", both), {1}).offload_param);
+  CHECK_FALSE(settings(config(2, "fp32"), {1}).offload_optimizer);
+
+  // overlap_comm: always on stage 0 (buckets reduce during backward), DeepSpeed's default
+  // elsewhere (on for stage 3 only), and as written when written.
+  CHECK(settings(config(0, "fp32"), {1}).overlap);
+  CHECK_FALSE(settings(config(2, "fp32"), {1}).overlap);
+  CHECK(settings(config(3, "fp32"), {1}).overlap);
+  CHECK(settings(config(2, "fp32", R"("overlap_comm": true)"), {1}).overlap);
+
+  // Stage 3 recomputes units; without units it warns that nothing is partitioned.
+  CHECK(settings(config(3, "fp32"), {1}, false, true).checkpointing);
+  CHECK(settings(config(3, "fp32"), {1}, false, true).warnings.empty());
+  CHECK(settings(config(3, "fp32"), {1}).warnings.size() == 1);
+  CHECK_FALSE(settings(config(2, "fp32"), {1}).checkpointing);
+
+  // bf16 masters alias the compute copy only where a rank keeps whole buckets.
+  CHECK(settings(config(0, "bf16m", "", "", 2), {2}).master_aliases_params);
+  CHECK(settings(config(2, "bf16m"), {1}).master_aliases_params);
+  CHECK_FALSE(settings(config(2, "bf16m", "", "", 2), {2}).master_aliases_params);
+  CHECK_FALSE(settings(config(0, "bf16", "", "", 2), {2}).master_aliases_params);
+}
+
+TEST_CASE("settings: impossible combinations are refused naming the file", "[engine][settings]") {
+  const DeepSpeedConfig offload_bf16 =
+      config(2, "bf16m", R"("offload_optimizer": {"device": "cpu"})");
+  CHECK_THROWS_AS(settings(offload_bf16, {1}), ConfigError);
+  CHECK_THROWS_WITH(settings(offload_bf16, {1}),
+                    Contains("settings.json") && Contains("offload_optimizer"));
+  DeepSpeedConfig no_bf16 = config(2, "fp32");
+  no_bf16.bf16.optimizer_states = true;
+  CHECK_THROWS_AS(settings(no_bf16, {1}), ConfigError);
+  CHECK_THROWS_WITH(settings(no_bf16, {1}), Contains("bf16.enabled"));
+  // The model and the communicator on different kinds of device.
+  EngineOptions o;
+  o.device = at::Device(at::kCUDA, 0);
+  zero::EngineFacts f;
+  CHECK_THROWS_AS(zero::resolve_settings(config(2, "fp32"), o, f), ConfigError);
+  CHECK_THROWS_WITH(zero::resolve_settings(config(2, "fp32"), o, f),
+                    Contains("communicator runs on cpu"));
+}
