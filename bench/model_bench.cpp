@@ -10,6 +10,7 @@
 // trainable parameters' masters and moments in fp32 (mixed precision, as the peer's PEFT run).
 // Weights are random (seeded) and never built whole on the host: the engine reads them bucket
 // by bucket from a random source. No gradient clipping, as the peer (ZT_BENCH_CLIP=1.0 clips).
+// ZeRO stage 2 unless ZT_BENCH_STAGE says otherwise.
 // Updates run inside backward where the engine allows it (EngineOptions::update_in_backward:
 // full mode without clipping); ZT_BENCH_IN_BACKWARD=0 keeps them in step().
 // ZT_BENCH_PHASES=1 synchronizes between forward, backward and the optimizer step and reports
@@ -55,9 +56,10 @@ int main(int argc, char** argv) {
     DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
         R"({{"bf16": {{"enabled": true{}}}, "gradient_clipping": {},
             "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-5}}}},
-            "zero_optimization": {{"stage": 2, "reduce_bucket_size": "auto"}}}})",
+            "zero_optimization": {{"stage": {}, "reduce_bucket_size": "auto"}}}})",
         pure ? R"(, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true)" : "",
-        std::getenv("ZT_BENCH_CLIP") ? std::atof(std::getenv("ZT_BENCH_CLIP")) : 0.0));
+        std::getenv("ZT_BENCH_CLIP") ? std::atof(std::getenv("ZT_BENCH_CLIP")) : 0.0,
+        std::getenv("ZT_BENCH_STAGE") ? std::atoi(std::getenv("ZT_BENCH_STAGE")) : 2));
     TrainingArguments args;
     args.per_device_train_batch_size = mbs;
     args.lr_scheduler_type = "constant";
@@ -122,9 +124,9 @@ int main(int argc, char** argv) {
     std::printf(
         "RESULT %s\n",
         fmt::format(
-            R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}, "in_backward": {}{}}})J",
-            shape, mode, seq, mbs, ckpt ? 1 : 0, c.parameter_count(), counts.trainable, step_s,
-            tokens_per_s, tokens_per_s * flops_token / 1e12,
+            R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "stage": {}, "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}, "in_backward": {}{}}})J",
+            shape, mode, engine.stage(), seq, mbs, ckpt ? 1 : 0, c.parameter_count(),
+            counts.trainable, step_s, tokens_per_s, tokens_per_s * flops_token / 1e12,
             device_stats::peak_allocated(0) / 1073741824.0, init_s, loss_value,
             engine.updates_in_backward() ? "true" : "false",
             phases ? fmt::format(R"(, "fwd_s": {:.4f}, "bwd_s": {:.4f}, "opt_s": {:.4f})",

@@ -325,8 +325,13 @@ TEST_CASE("engine: updates stay in step() where backward cannot apply them", "[e
   // Tied weights under units get their gradient once per unit that uses them.
   CHECK_FALSE(make_engine(comm, "llm_tied", 2, "fp32", "", false, 1, no_clip, true)
                   .engine->updates_in_backward());
-  CHECK_FALSE(make_engine(comm, "mlp", 3, "fp32", "", false, 1, no_clip, true)
+  // Stage 3 with partitioned units (here: parameters offloaded) gathers per unit call; at one
+  // rank without offload it runs as stage 2 and may update inside backward.
+  CHECK_FALSE(make_engine(comm, "mlp", 3, "fp32", R"("offload_param": {"device": "cpu"})", false, 1,
+                          no_clip, true)
                   .engine->updates_in_backward());
+  CHECK(make_engine(comm, "mlp", 3, "fp32", "", false, 1, no_clip, true)
+            .engine->updates_in_backward());
   // An update already applied cannot be rescaled at the boundary.
   Setup fused = make_engine(comm, "mlp", 2, "fp32", "", false, 1, no_clip, true);
   REQUIRE(fused.engine->updates_in_backward());
@@ -349,13 +354,16 @@ TEST_CASE("engine: a unit knows when backward recomputes it, and only then", "[e
     Outer() { inner = register_module("inner", std::make_shared<Inner>()); }
   };
   auto comm = std::shared_ptr<Communicator>(create_communicator(LaunchEnv{}, CommOptions{}));
-  for (int stage : {0, 3}) {
-    INFO("stage " << stage << (stage == 0 ? " with activation checkpointing" : ""));
+  // Stage 3 partitions (and so recomputes) at one rank only with its parameters offloaded;
+  // without, it runs as stage 2 and recomputes nothing.
+  for (const auto& [stage, offload] : {std::pair{0, false}, {3, true}, {3, false}}) {
+    INFO("stage " << stage << (stage == 0 ? " with activation checkpointing" : "")
+                  << (offload ? ", parameters offloaded" : ""));
     auto model = std::make_shared<Outer>();
     DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
-        R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 0}},
+        R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 0{}}},
             "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}}})",
-        stage));
+        stage, offload ? R"(, "offload_param": {"device": "cpu"})" : ""));
     TrainingArguments args;
     args.lr_scheduler_type = "constant";
     resolve_config(ds, args, ResolveContext{1, 4, 1});
@@ -373,7 +381,8 @@ TEST_CASE("engine: a unit knows when backward recomputes it, and only then", "[e
     CHECK_FALSE(recomputing_for_backward());
     engine.backward(y.sum(), 1.0);
     CHECK(engine.step());
-    CHECK(seen == std::vector<bool>{false, true});
+    const bool recomputes = stage == 0 || offload;
+    CHECK(seen == (recomputes ? std::vector<bool>{false, true} : std::vector<bool>{false}));
     CHECK_FALSE(recomputing_for_backward());
   }
 }

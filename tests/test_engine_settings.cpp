@@ -4,6 +4,7 @@
 #include "support/catch.hpp"
 
 #include <string>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -83,7 +84,15 @@ TEST_CASE("settings: the update-inside-backward eligibility table", "[engine][se
        {1, false},
        false,
        "offload"},
-      {"stage 3", 3, "bf16m", "", "", {1, false}, false, "stage 3"},
+      {"stage 3 at one rank (nothing partitioned)", 3, "bf16m", "", "", {1, false}, true, ""},
+      {"stage 3 with parameters offloaded",
+       3,
+       "bf16m",
+       R"("offload_param": {"device": "cpu"})",
+       "",
+       {1, false},
+       false,
+       "partitioned units"},
       {"accumulation",
        2,
        "bf16m",
@@ -174,10 +183,24 @@ TEST_CASE("settings: precision, offload and overlap follow DeepSpeed", "[engine]
   CHECK(settings(config(3, "fp32"), {1}).overlap);
   CHECK(settings(config(2, "fp32", R"("overlap_comm": true)"), {1}).overlap);
 
-  // Stage 3 recomputes units; without units it warns that nothing is partitioned.
-  CHECK(settings(config(3, "fp32"), {1}, false, true).checkpointing);
-  CHECK(settings(config(3, "fp32"), {1}, false, true).warnings.empty());
-  CHECK(settings(config(3, "fp32"), {1}).warnings.size() == 1);
+  // Stage 3 partitions units (gathered per call, recomputed in backward) wherever a shard is
+  // less than the whole: several ranks, or parameters offloaded; without units it warns that
+  // nothing is partitioned. At one rank it runs as stage 2.
+  const std::string param = R"("offload_param": {"device": "cpu"})";
+  for (const auto& [world, zero, shards] :
+       {std::tuple{2, std::string(), true}, {1, param, true}, {1, std::string(), false}}) {
+    INFO(world << " ranks, " << zero);
+    const zero::EngineSettings s =
+        settings(config(3, "fp32", zero, "", world), {world}, false, true);
+    CHECK(s.shard_units == shards);
+    CHECK(s.checkpointing == shards);
+    CHECK(s.layout_stage == (shards ? 3 : 2));
+    CHECK(s.stage == 3);
+    CHECK(s.warnings.empty());
+    CHECK(settings(config(3, "fp32", zero, "", world), {world}).warnings.size() ==
+          (shards ? 1 : 0));
+  }
+  CHECK(settings(config(3, "fp32"), {1}, false, true).gradients == GradientPath::kInAccumulator);
   CHECK_FALSE(settings(config(2, "fp32"), {1}).checkpointing);
 
   // bf16 masters alias the compute copy only where a rank keeps whole buckets.

@@ -35,7 +35,9 @@ struct EngineOptions {
   /// The gate the model routes units through; the engine attaches itself to it for its
   /// lifetime (the gate must outlive the engine).
   UnitGate* gate = nullptr;
-  /// Recompute units in backward (HF's gradient_checkpointing); implied by stage 3.
+  /// Recompute units in backward (HF's gradient_checkpointing); implied by stage 3 wherever it
+  /// partitions units (several ranks, or parameters offloaded — at one rank without offload
+  /// stage 3 has nothing to partition and runs as stage 2).
   bool activation_checkpointing = false;
   /// Optimizer steps of the whole run, for schedules that count towards its end.
   int64_t total_train_steps = 0;
@@ -51,11 +53,11 @@ struct EngineOptions {
   /// backward, then free that gradient, instead of keeping every gradient for step(): the
   /// update is the same, but no full set of gradients ever exists (for pure bf16 on 7B, 15 GB
   /// less at the peak) and no gradient buffer is zeroed or accumulated into. Used only where
-  /// that cannot change the math — one rank, ZeRO stage 0–2, no gradient accumulation, no
-  /// gradient clipping, bf16 or fp32 (not fp16: overflow skips a step), masters in the compute
-  /// dtype, no optimizer offload, no parameter shared by two units — and silently not used
-  /// elsewhere (updates_in_backward() tells). The caller then passes the normalizer to
-  /// backward(loss, divisor); step() with a gradient_scale other than 1 is an error.
+  /// that cannot change the math — one rank, ZeRO stage 0–2 (or 3 with nothing partitioned), no
+  /// gradient accumulation, no gradient clipping, bf16 or fp32 (not fp16: overflow skips a step),
+  /// masters in the compute dtype, no optimizer offload, no parameter shared by two units — and
+  /// silently not used elsewhere (updates_in_backward() tells). The caller then passes the
+  /// normalizer to backward(loss, divisor); step() with a gradient_scale other than 1 is an error.
   bool update_in_backward = false;
 };
 

@@ -77,7 +77,7 @@ std::string update_in_backward_blocker(const EngineSettings& s, bool shared_trai
   if (s.world != 1) return "more than one rank (gradients must be reduced first)";
   if (s.master_dtype != s.compute) return "masters in another dtype than the compute copy";
   if (s.offload_optimizer) return "optimizer offload";
-  if (s.stage > 2) return "ZeRO stage 3";
+  if (s.shard_units) return "ZeRO stage 3 with partitioned units";
   if (s.accumulation != 1) return "gradient accumulation";
   if (s.fp16) return "fp16 (an overflow skips the whole step)";
   if (s.clip > 0.0) return "gradient clipping (needs the global norm first)";
@@ -116,11 +116,13 @@ EngineSettings resolve_settings(const DeepSpeedConfig& ds, const EngineOptions& 
                     "offload_optimizer (the CPU optimizer keeps fp32 masters)",
                     ds.source));
   }
-  s.checkpointing = options.activation_checkpointing || s.stage == 3;
+  s.shard_units = s.stage == 3 && (s.world > 1 || s.offload_param);
+  s.layout_stage = s.stage == 3 && !s.shard_units ? 2 : s.stage;
+  s.checkpointing = options.activation_checkpointing || s.shard_units;
   s.persistence_threshold = ds.zero.stage3_param_persistence_threshold.value();
   s.prefetch_elements = ds.zero.stage3_prefetch_bucket_size.value();
   s.max_live_elements = ds.zero.stage3_max_live_parameters;
-  if (s.stage == 3 && options.units.empty()) {
+  if (s.shard_units && options.units.empty()) {
     s.warnings.emplace_back(
         "ZeRO-3 without sharding units keeps every parameter whole on every rank (stage 2 "
         "memory); declare EngineOptions::units to partition parameters");

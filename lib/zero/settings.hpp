@@ -48,6 +48,12 @@ struct EngineSettings {
   double pre_scale = 1.0, post_scale = 1.0;  ///< around each gradient reduction (product 1/world)
   bool offload_optimizer = false, offload_param = false;
   bool checkpointing = false;  ///< recompute units in backward
+  /// Stage 3 keeps unit parameters as shards, gathered per unit call. Not at one rank without
+  /// parameter offload: the shard would be the whole parameter, so there is nothing to gather or
+  /// release, and stage 3 runs as stage 2 (the same math; recomputation only if asked for).
+  bool shard_units = false;
+  int layout_stage =
+      0;  ///< the stage the bucket layout is built for (2 where stage 3 shards nothing)
   /// The master slice IS the compute copy (bf16 masters where a rank keeps whole buckets).
   bool master_aliases_params = false;
   double clip = 0.0;        ///< gradient_clipping (0: none)

@@ -108,11 +108,14 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   if (I.S.rank == 0) {
     for (const std::string& w : I.S.warnings) log::warn("{}", w);
     log::info(
-        "engine: ZeRO stage {}, {} ranks, compute {}, {} buckets, {} state elements/rank{}{}{}",
+        "engine: ZeRO stage {}, {} ranks, compute {}, {} buckets, {} state elements/rank{}{}{}{}",
         I.S.stage, I.S.world, c10::toString(I.S.compute), I.layout.buckets.size(),
         I.layout.state_numel, I.S.offload_optimizer ? ", optimizer offloaded" : "",
         I.S.offload_param ? ", parameters offloaded" : "",
-        I.S.in_backward() ? ", parameters updated during backward" : "");
+        I.S.in_backward() ? ", parameters updated during backward" : "",
+        I.S.stage == 3 && !I.S.shard_units
+            ? " (one rank: nothing to partition, units stay resident as in stage 2)"
+            : "");
   }
 }
 
@@ -140,7 +143,7 @@ void EngineImpl::collect_parameters(const DeepSpeedConfig& ds) {
   if (S.fp16) scaler = LossScaler(S.scaler);
 
   LayoutOptions lo;
-  lo.stage = S.stage;
+  lo.stage = S.layout_stage;
   lo.world = S.world;
   lo.rank = S.rank;
   lo.bucket_size = S.bucket_size;

@@ -58,7 +58,7 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
       call->input_requires_grad.push_back(x.defined() && x.requires_grad());
     call->cpu_rng = rng::state(at::kCPU);
     if (I.S.device.is_cuda()) call->device_rng = rng::state(I.S.device);
-    const bool sharded = I.S.stage == 3;
+    const bool sharded = I.S.shard_units;
     if (sharded) I.gather(call->unit, /*forward_order=*/true);
     torch::autograd::variable_list outputs;
     {
@@ -79,7 +79,7 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
     auto call = c10::static_intrusive_pointer_cast<UnitCall>(ctx->saved_data["call"].toCapsule());
     zero::EngineImpl& I = *call->impl;
     const size_t u = call->unit;
-    const bool sharded = I.S.stage == 3;
+    const bool sharded = I.S.shard_units;
     torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (sharded) I.gather(u, /*forward_order=*/false);
 
@@ -168,7 +168,7 @@ std::vector<at::Tensor> zero::EngineImpl::run_unit(size_t unit,
                     "nest",
                     options.units[unit].name));
   }
-  const bool sharded = S.stage == 3;
+  const bool sharded = S.shard_units;
   if (!sharded && !(S.checkpointing && options.units[unit].recompute)) return fn(inputs);
   if (!at::GradMode::is_enabled()) {
     // Evaluation: nothing to recompute later, only parameters to gather.
