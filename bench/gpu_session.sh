@@ -12,6 +12,8 @@
 #   bench/gpu_session.sh profile          GPU time per kernel family of the full 7B step, ours vs HF's
 #   bench/gpu_session.sh profile13b       the same of the 13B ZeRO-3 offload LoRA step (ours): how long the GPU idles
 #   bench/gpu_session.sh parity           per-layer hidden states of a Qwen2.5-7B-shaped model against transformers
+#                                         (SHAPE=glm-4-9b: a GLM-4-9B-shaped one)
+#   bench/gpu_session.sh glm              the GLM-4-9B-shaped LoRA step beside the peer (extended with that shape)
 #   bench/gpu_session.sh conformance      PEFT, transformers and tensorboard read what zerotrain wrote
 #                                         (.gpu-check/: see docs/build.md), results in $OUT/conformance.tgz
 #
@@ -125,9 +127,17 @@ for phase in "$@"; do
         > "$results/profile_13b.log" 2>&1 || tail -20 "$results/profile_13b.log"
       head -30 "$results/profile_13b.log"
       ;;
-    parity)
+    glm)
+      # GLM-4-9B-shaped LoRA step beside the peer extended with that shape (bench/tools/hf_baseline_glm.py).
+      $b/bin/zt_bench_model glm-4-9b lora 1024 8 0 2>&1 | tee -a "$results/glm.log" | grep '^RESULT' || true
+      if [ "${PEER:-1}" = 1 ] && [ -f .peer/hf_baseline.py ]; then
+        python3 bench/tools/hf_baseline_glm.py .peer/hf_baseline.py glm-4-9b lora 1024 8 0 2>&1 |
+          tee -a "$results/peer.log" | grep '^RESULT' || true
+      fi
+      ;;
+    parity)  # SHAPE=glm-4-9b for GLM
       rm -rf /tmp/zt-parity
-      $b/bin/zt_model_dump qwen2.5-7b /tmp/zt-parity > "$results/parity.log" 2>&1 &&
+      $b/bin/zt_model_dump "${SHAPE:-qwen2.5-7b}" /tmp/zt-parity > "$results/parity.log" 2>&1 &&
         python3 tests/tools/compare_hidden_states.py /tmp/zt-parity 2>&1 | tee -a "$results/parity.log" | grep '^RESULT' ||
         tail -20 "$results/parity.log"
       rm -rf /tmp/zt-parity

@@ -30,13 +30,20 @@ inline ModelConfig shape_config(const std::string& shape) {
       "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40,
       "vocab_size": 32000, "tie_word_embeddings": false, "rope_theta": 10000.0,
       "max_position_embeddings": 4096, "rms_norm_eps": 1e-5})";
-  } else if (shape == "tiny") {  // for smoke tests of the tools
+  } else if (shape == "glm-4-9b") {  // THUDM/glm-4-9b-chat-hf
+    json = R"({"model_type": "glm", "hidden_size": 4096, "intermediate_size": 13696,
+      "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2,
+      "head_dim": 128, "partial_rotary_factor": 0.5, "attention_bias": true,
+      "vocab_size": 151552, "tie_word_embeddings": false, "rope_theta": 10000.0,
+      "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07, "pad_token_id": 151329,
+      "eos_token_id": [151329, 151336, 151338]})";
+  } else if (shape == "tiny") {  // for smoke tests of the tools  // for smoke tests of the tools
     json = R"({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
       "vocab_size": 256, "tie_word_embeddings": false, "rms_norm_eps": 1e-6})";
   } else {
     throw std::invalid_argument("unknown shape '" + shape +
-                                "' (qwen2.5-7b, qwen2.5-1.5b, llama2-7b, llama2-13b)");
+                                "' (qwen2.5-7b, qwen2.5-1.5b, llama2-7b, llama2-13b, glm-4-9b)");
   }
   return parse_model_config(json, shape);
 }

@@ -45,6 +45,7 @@ const Format kFormats[] = {
     {"mistral_v0.1", "<s>", "</s>"},
     {"mistral_v0.2", "<s>", "</s>"},
     {"mistral_v0.3", "<s>", "</s>"},
+    {"glm4", nullptr, "<|endoftext|>"},
 };
 
 using Turns =
@@ -260,6 +261,32 @@ TEST_CASE("model formats train the replies and their end-of-turn markers, encode
                      {"assistant", "Goodbye.", ""}};
     CHECK(d.ids(0).to_vector() ==
           byte_tokenizer()->encode(joined(data::chat_template(c.name).render(chat))));
+  }
+  // GLM-4's template writes no end of turn: each reply's "\n" + content trains, then one eos
+  // after the conversation (as GLM-4's own fine-tuning script does).
+  {
+    DataOptions o;
+    o.template_name = "glm4";
+    Dataset d = tokenize_jsonl(dir + "/d.jsonl", *byte_tokenizer(), o);
+    REQUIRE(d.size() == 1);
+    std::vector<int32_t> trained;
+    for (int64_t i = 0; i < d.length(0); ++i) {
+      if (d.labels(0)[i] != kIgnoreLabel) trained.push_back(d.labels(0)[i]);
+    }
+    REQUIRE_FALSE(trained.empty());
+    CHECK(trained.back() == byte_tokenizer()->eos_id());
+    trained.pop_back();
+    CHECK(byte_tokenizer()->decode(trained) == "\nHello!\nGoodbye.");
+    data::Chat chat;
+    chat.system = "S";
+    chat.messages = {{"user", "Hi", ""},
+                     {"assistant", "Hello!", ""},
+                     {"user", "Bye", ""},
+                     {"assistant", "Goodbye.", ""}};
+    std::vector<int32_t> want =
+        byte_tokenizer()->encode(joined(data::chat_template("glm4").render(chat)));
+    want.push_back(byte_tokenizer()->eos_id());
+    CHECK(d.ids(0).to_vector() == want);
   }
   // A format whose special tokens the tokenizer lacks is refused when the run picks it.
   CHECK_THROWS_WITH(resolve_template("qwen3", "", *byte_tokenizer()), Contains("<|im_start|>"));

@@ -182,6 +182,16 @@ TEST_CASE("load_tokenizer falls back to bytes only where that is right", "[data]
     CHECK_THROWS_MATCHES(load_tokenizer(dir, 32000), ConfigError,
                          Has({dir, name, "no tokenizer.json", "save_pretrained"}));
   }
+  // glm-4-9b-chat's remote-code folder calls its tiktoken rank file tokenizer.model: named as
+  // such, with the -hf folder to use instead.
+  const std::string tiktoken = test::temp_dir("tok-tiktoken");
+  write_file(tiktoken + "/tokenizer.model", "IQ== 0\nIg== 1\nIw== 2\n");
+  CHECK_THROWS_MATCHES(load_tokenizer(tiktoken, 32000), ConfigError,
+                       Has({tiktoken + "/tokenizer.model", "tiktoken", "glm-4-9b-chat-hf"}));
+  // A SentencePiece model (a protobuf) is not mistaken for one.
+  const std::string spm = test::temp_dir("tok-spm");
+  write_file(spm + "/tokenizer.model", std::string("\x0a\x0b\x0a\x05<unk>\x15\x00\x00", 12));
+  CHECK_THROWS_MATCHES(load_tokenizer(spm, 32000), ConfigError, Has({"no tokenizer.json"}));
   // A tokenizer.json is read as one (docs/tokenizers.md; tests/test_tokenizer.cpp).
   const std::string broken = test::temp_dir("tok-hf");
   write_file(broken + "/tokenizer.json", "{}");

@@ -47,7 +47,8 @@ double max_abs(const at::Tensor& a, const at::Tensor& b) {
 
 TEST_CASE("HF config.json in the 5.x and 4.x spellings parse to the same config",
           "[model][config]") {
-  for (const char* name : {"llama", "llama_rope_llama3", "llama_rope_linear", "qwen2", "mistral"}) {
+  for (const char* name :
+       {"llama", "llama_rope_llama3", "llama_rope_linear", "qwen2", "mistral", "glm", "glm4"}) {
     INFO(name);
     ModelConfig a = load_model_config(fixture(std::string("models/") + name));
     ModelConfig b = load_model_config(fixture(std::string("models/") + name + "/config_v4.json"));
@@ -68,6 +69,20 @@ TEST_CASE("HF config.json in the 5.x and 4.x spellings parse to the same config"
     CHECK(c.rope_scaling.low_freq_factor == a.rope_scaling.low_freq_factor);
     CHECK(c.qkv_bias == a.qkv_bias);
     CHECK(c.parameter_count() == a.parameter_count());
+    CHECK(a.partial_rotary_factor == b.partial_rotary_factor);
+    CHECK(c.partial_rotary_factor == a.partial_rotary_factor);
+    CHECK(c.post_sublayer_norms == a.post_sublayer_norms);
+    CHECK(c.fused_gate_up == a.fused_gate_up);
+  }
+  for (const char* name : {"glm", "glm4"}) {
+    INFO(name);
+    ModelConfig g = load_model_config(fixture(std::string("models/") + name));
+    CHECK(g.rotary_dim() == 8);  // half of head_dim 16
+    CHECK(g.rope_interleaved);
+    CHECK(g.fused_gate_up);
+    CHECK(g.qkv_bias);
+    CHECK_FALSE(g.o_proj_bias);
+    CHECK(g.post_sublayer_norms == (std::string(name) == "glm4"));
   }
   ModelConfig q = load_model_config(fixture("models/qwen2"));
   CHECK(q.qkv_bias);
@@ -184,8 +199,9 @@ TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
   };
   const std::string base = R"("vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
       "num_hidden_layers": 1, "num_attention_heads": 2)";
-  CHECK_THAT(err(R"({"model_type": "gpt2", )" + base + "}"),
-             Contains("model_type") && Contains("gpt2") && Contains("llama, qwen2, mistral"));
+  CHECK_THAT(
+      err(R"({"model_type": "gpt2", )" + base + "}"),
+      Contains("model_type") && Contains("gpt2") && Contains("llama, qwen2, mistral, glm, glm4"));
   CHECK_THAT(err(R"({"model_type": "llama"})"), Contains("vocab_size"));
   CHECK_THAT(err(R"({"model_type": "llama", "rope_scaling": {"type": "yarn", "factor": 4}, )" +
                  base + "}"),
@@ -201,11 +217,18 @@ TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
   CHECK_THAT(
       err(R"({"model_type": "llama", "rope_scaling": {"rope_type": "linear"}, )" + base + "}"),
       Contains("factor"));
+  // GLM: RoPE needs an even number of rotated dimensions; ChatGLM's own layout is named.
+  CHECK_THAT(err(R"({"model_type": "glm", "partial_rotary_factor": 0.3, )" + base + "}"),
+             Contains("partial_rotary_factor") && Contains("even"));
+  CHECK_THAT(err(R"({"model_type": "glm", "mlp_bias": true, )" + base + "}"), Contains("mlp_bias"));
+  CHECK_THAT(err(R"({"model_type": "chatglm", )" + base + "}"),
+             Contains("chatglm") && Contains("convert_glm_weights_to_hf"));
   CHECK_THROWS_AS(load_model_config("/nonexistent"), IoError);
 }
 
 TEST_CASE("logits, hidden states, loss and gradients match transformers", "[model][parity]") {
-  for (const char* name : {"llama", "llama_rope_llama3", "llama_rope_linear", "qwen2", "mistral"}) {
+  for (const char* name :
+       {"llama", "llama_rope_llama3", "llama_rope_linear", "qwen2", "mistral", "glm", "glm4"}) {
     INFO("model " << name);
     auto model = load_fixture_model(name);
     SafetensorsFile expected(fixture(std::string("models/") + name + "/expected.safetensors"));
@@ -299,7 +322,7 @@ TEST_CASE("random initialization is seeded and follows transformers' rule", "[mo
 
 TEST_CASE("greedy generation with the KV cache equals step-by-step full forwards",
           "[model][generate]") {
-  for (const char* name : {"llama", "qwen2", "mistral"}) {
+  for (const char* name : {"llama", "qwen2", "mistral", "glm", "glm4"}) {
     INFO(name);
     auto model = load_fixture_model(name);
     at::NoGradGuard no_grad;
@@ -385,9 +408,12 @@ TEST_CASE("a packed sequence gives each document's own loss and gradients", "[mo
 
 TEST_CASE("the example shape configs parse and have their models' parameter counts",
           "[model][config]") {
-  // Published sizes: Qwen2.5-7B 7.62 B, LLaMA-2-7B 6.74 B, LLaMA-2-13B 13.02 B parameters.
-  const std::pair<const char*, double> shapes[] = {
-      {"qwen2.5-7b", 7.62e9}, {"llama-2-7b", 6.74e9}, {"llama-2-13b", 13.02e9}};
+  // Published sizes: Qwen2.5-7B 7.62 B, LLaMA-2-7B 6.74 B, LLaMA-2-13B 13.02 B, GLM-4-9B 9.40 B
+  // parameters.
+  const std::pair<const char*, double> shapes[] = {{"qwen2.5-7b", 7.62e9},
+                                                   {"llama-2-7b", 6.74e9},
+                                                   {"llama-2-13b", 13.02e9},
+                                                   {"glm-4-9b", 9.40e9}};
   for (const auto& [name, published] : shapes) {
     INFO(name);
     ModelConfig c = load_model_config(std::string(ZT_EXAMPLES) + "/shapes/" + name + ".json");

@@ -1,6 +1,6 @@
-// Decoder-only LLMs as transformers builds them (LLaMA, Qwen2, Mistral): the configuration from
-// an HF config.json, the model in LibTorch with HF's parameter names, weight loading and saving,
-// and generation.
+// Decoder-only LLMs as transformers builds them (LLaMA, Qwen2, Mistral, GLM, GLM-4): the
+// configuration from an HF config.json, the model in LibTorch with HF's parameter names, weight
+// loading and saving, and generation.
 //
 // Thread-safety: a CausalLM is used by one thread at a time (as any torch::nn::Module).
 #pragma once
@@ -30,7 +30,7 @@ struct RopeScaling {
 /// What an HF config.json says about a decoder, in either spelling: transformers 4.x
 /// (`torch_dtype`, `rope_theta`, `rope_scaling`) or 5.x (`dtype`, `rope_parameters`).
 struct ModelConfig {
-  std::string model_type;  ///< llama | qwen2 | mistral
+  std::string model_type;  ///< llama | qwen2 | mistral | glm | glm4
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -46,6 +46,18 @@ struct ModelConfig {
   bool qkv_bias = false;     ///< Qwen2, or LLaMA's attention_bias
   bool o_proj_bias = false;  ///< LLaMA's attention_bias
   bool mlp_bias = false;
+  /// RoPE rotates the first head_dim × partial_rotary_factor dimensions of each head (GLM: 0.5)
+  /// and passes the rest through.
+  double partial_rotary_factor = 1.0;
+  /// GLM's RoPE: dimensions rotate in adjacent pairs (0, 1), (2, 3), ... instead of LLaMA's
+  /// halves (i, i + rotary_dim / 2).
+  bool rope_interleaved = false;
+  /// GLM's MLP: one `gate_up_proj` [2 × intermediate, hidden] (gate rows first) instead of
+  /// `gate_proj` and `up_proj`.
+  bool fused_gate_up = false;
+  /// GLM-4-0414 (`glm4`): each sublayer's output is normed before its residual add
+  /// (`post_self_attn_layernorm`, `post_mlp_layernorm`).
+  bool post_sublayer_norms = false;
   std::optional<int64_t> sliding_window;  ///< Mistral / Qwen2 with use_sliding_window
   at::ScalarType dtype = at::kFloat;      ///< the checkpoint's dtype (torch_dtype / dtype)
   double initializer_range = 0.02;
@@ -56,6 +68,11 @@ struct ModelConfig {
   std::string source_json;
 
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
+  /// Dimensions of each head that RoPE rotates (transformers' int(head_dim × factor); the
+  /// parser refuses an odd count).
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
+  }
   /// Total parameters of the model this config builds.
   int64_t parameter_count() const;
 };

@@ -2,10 +2,11 @@
 #include "config/training_options.hpp"
 
 namespace zt::config {
+namespace {
 
-const std::vector<Option>& options() {
-  static const std::vector<Option> table = {
-      // Run and data.
+// Run and data.
+std::vector<Option> run_and_data() {
+  return {
       {"model_name_or_path",
        &Args::model_name_or_path,
        {},
@@ -90,7 +91,12 @@ const std::vector<Option>& options() {
        -1e308,
        "accepted (training runs when train_file is given)"},
       {"do_eval", &Args::do_eval, {}, -1e308, "accepted (evaluation runs when eval_file is given)"},
-      // Batches and optimization.
+  };
+}
+
+// Batches and optimization.
+std::vector<Option> batches_and_optimization() {
+  return {
       {"per_device_train_batch_size",
        &Args::per_device_train_batch_size,
        {},
@@ -165,7 +171,12 @@ const std::vector<Option>& options() {
        -1e308,
        "drop the last incomplete batch"},
       {"deepspeed", &Args::deepspeed, {}, -1e308, "DeepSpeed config: a JSON file or inline JSON"},
-      // Logging, evaluation, saving.
+  };
+}
+
+// Logging, evaluation, saving.
+std::vector<Option> logging_evaluation_saving() {
+  return {
       {"logging_steps",
        &Args::logging_steps,
        {},
@@ -235,7 +246,12 @@ const std::vector<Option>& options() {
        {},
        -1e308,
        "plain log lines instead of a live progress line"},
-      // Fine-tuning method.
+  };
+}
+
+// Fine-tuning method.
+std::vector<Option> fine_tuning_method() {
+  return {
       {"finetuning_type",
        &Args::finetuning_type,
        {"full", "lora", "ptuning", "prefix", "ptuning_v2", "freeze"},
@@ -293,6 +309,20 @@ const std::vector<Option>& options() {
        -1e308,
        "also train these (embed_tokens, lm_head, norm)"},
   };
+}
+
+}  // namespace
+
+const std::vector<Option>& options() {
+  static const std::vector<Option> table = [] {
+    std::vector<Option> all;
+    for (auto group :
+         {run_and_data, batches_and_optimization, logging_evaluation_saving, fine_tuning_method}) {
+      std::vector<Option> part = group();
+      all.insert(all.end(), part.begin(), part.end());
+    }
+    return all;
+  }();
   return table;
 }
 

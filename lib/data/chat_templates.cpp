@@ -365,6 +365,42 @@ class Inst final : public Named {
   Variant v_;
 };
 
+// ---- GLM-4 (glm-4-9b-chat) ---------------------------------------------------------------------
+
+// "[gMASK]<sop>", then "<|role|>\n" + content for every message with content (the template's
+// tool descriptions come only with `tools`, which conversations here never carry), and
+// "<|assistant|>" as the generation prompt. The template writes no end of turn (the model stops
+// on <|user|> or eos); GLM-4's own fine-tuning script trains each reply's "\n" + content and
+// one eos after the conversation, as this format does (appends_eos).
+class Glm4 final : public Named {
+ public:
+  Glm4() : Named("glm4") {}
+  bool whole_text() const override { return true; }
+  bool appends_eos() const override { return true; }
+  std::vector<std::string> special_tokens() const override {
+    return {"[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>"};
+  }
+
+  std::vector<Piece> render(const Chat& chat) const override {
+    Pieces out;
+    out.add("[gMASK]<sop>");
+    if (chat.system && !chat.system->empty()) out.add("<|system|>\n" + *chat.system);
+    for (const Message& m : chat.messages) {
+      if (m.role == "user") {
+        const std::string text = user_text(m);
+        if (!text.empty()) out.add("<|user|>\n" + text);
+      } else if (!m.content.empty()) {
+        out.add("<|assistant|>").add("\n" + m.content, true);
+      }
+    }
+    return out.take();
+  }
+
+  std::string prompt(const Chat& chat) const override {
+    return joined(render(chat)) + "<|assistant|>";
+  }
+};
+
 const std::vector<std::unique_ptr<ChatTemplate>>& all() {
   static const std::vector<std::unique_ptr<ChatTemplate>> t = [] {
     std::vector<std::unique_ptr<ChatTemplate>> v;
@@ -383,6 +419,7 @@ const std::vector<std::unique_ptr<ChatTemplate>>& all() {
     v.push_back(std::make_unique<Inst>("mistral_v0.1", Inst::kMistral01));
     v.push_back(std::make_unique<Inst>("mistral_v0.2", Inst::kMistral02));
     v.push_back(std::make_unique<Inst>("mistral_v0.3", Inst::kMistral03));
+    v.push_back(std::make_unique<Glm4>());
     return v;
   }();
   return t;

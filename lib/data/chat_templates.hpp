@@ -49,7 +49,8 @@ class ChatTemplate {
   /// The special-token strings the format writes (must each be one token of the vocabulary).
   virtual std::vector<std::string> special_tokens() const { return {}; }
   /// Instruction templates: whether the pipeline appends eos after each reply (all but chatml,
-  /// whose <|im_end|> ends the reply).
+  /// whose <|im_end|> ends the reply). Model formats: whether it appends one trained eos after
+  /// the conversation (GLM-4, whose template has no end of turn).
   virtual bool appends_eos() const { return false; }
 };
 

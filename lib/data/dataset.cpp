@@ -191,6 +191,11 @@ Example encode_chat(const Chat& chat, const ChatTemplate& t, const Tokenizer& to
     }
     start = std::max(start, end);
   }
+  // A format without an end of turn (GLM-4) ends a trained conversation with eos, trained.
+  if (t.appends_eos() && tok.eos_id() >= 0 && e.ids.size() < limit && !pieces.empty() &&
+      pieces.back().trained) {
+    e.append({tok.eos_id()}, true);
+  }
   return e;
 }
 

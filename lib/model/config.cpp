@@ -67,6 +67,33 @@ void read_rope(ObjectReader& top, ModelConfig& c) {
   }
 }
 
+// GLM (glm-4-9b-chat-hf) and GLM-4-0414 (glm4): q/k/v biases without an o_proj bias
+// (attention_bias, default true), a fused gate_up_proj, interleaved RoPE on part of each head
+// (partial_rotary_factor, default 0.5, top-level or in 5.x's rope_parameters); glm4 norms each
+// sublayer's output too.
+void read_glm(ObjectReader& r, ModelConfig& c) {
+  c.qkv_bias = r.boolean("attention_bias").value_or(true);
+  c.fused_gate_up = true;
+  c.rope_interleaved = true;
+  c.post_sublayer_norms = c.model_type == "glm4";
+  c.partial_rotary_factor = 0.5;
+  if (auto v = r.number("partial_rotary_factor", 1e-6)) c.partial_rotary_factor = *v;
+  if (std::optional<ObjectReader> p = r.object("rope_parameters")) {
+    if (auto v = p->number("partial_rotary_factor", 1e-6)) c.partial_rotary_factor = *v;
+  }
+  const int64_t dim = c.rotary_dim();
+  if (c.partial_rotary_factor > 1.0 || dim < 2 || dim % 2 != 0) {
+    r.fail_value("partial_rotary_factor",
+                 fmt::format("{} of head_dim {} gives {} rotary dimensions; RoPE needs an even "
+                             "number between 2 and head_dim",
+                             c.partial_rotary_factor, c.head_dim, dim));
+  }
+  if (auto v = r.boolean("mlp_bias"); v && *v) {
+    r.fail_value("mlp_bias", "GLM's MLP has no biases");
+  }
+  r.known({"attention_dropout", "pad_token_id"});
+}
+
 std::optional<int64_t> first_token_id(ObjectReader& r, const char* key) {
   const rapidjson::Value* v = r.find(key);
   if (v == nullptr) return std::nullopt;
@@ -84,6 +111,7 @@ std::optional<int64_t> first_token_id(ObjectReader& r, const char* key) {
 int64_t ModelConfig::parameter_count() const {
   const int64_t h = hidden_size, q = num_attention_heads * head_dim, kv = kv_dim();
   int64_t layer = h * q + 2 * h * kv + q * h + 3 * h * intermediate_size + 2 * h;
+  if (post_sublayer_norms) layer += 2 * h;
   if (qkv_bias) layer += q + 2 * kv;
   if (o_proj_bias) layer += h;
   if (mlp_bias) layer += 2 * intermediate_size + h;
@@ -98,10 +126,16 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
   ModelConfig c;
   c.source = source;
   const std::string type =
-      r.required_string("model_type", "the model family (llama, qwen2 or mistral)");
-  if (type != "llama" && type != "qwen2" && type != "mistral") {
+      r.required_string("model_type", "the model family (llama, qwen2, mistral, glm or glm4)");
+  if (type == "chatglm") {
+    r.fail_value("model_type",
+                 "ChatGLM2/3's remote-code layout (\"chatglm\") is not supported yet; convert the "
+                 "folder to transformers' glm layout (transformers' "
+                 "models/glm/convert_glm_weights_to_hf.py) or use a GLM-4 -hf folder");
+  }
+  if (type != "llama" && type != "qwen2" && type != "mistral" && type != "glm" && type != "glm4") {
     r.fail_value("model_type", fmt::format("\"{}\" is not supported; supported: llama, qwen2, "
-                                           "mistral",
+                                           "mistral, glm, glm4",
                                            type));
   }
   c.model_type = type;
@@ -150,6 +184,8 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
                    "it to false (Qwen2.5 releases ship it off)");
     }
     r.known({"sliding_window", "max_window_layers", "layer_types"});
+  } else if (c.model_type == "glm" || c.model_type == "glm4") {
+    read_glm(r, c);
   } else {
     if (auto v = r.boolean("attention_bias")) c.qkv_bias = c.o_proj_bias = *v;
     if (auto v = r.boolean("mlp_bias")) c.mlp_bias = *v;
@@ -229,6 +265,9 @@ rapidjson::Value rope_parameters(const ModelConfig& c, Alloc& alloc) {
   rapidjson::Value p(rapidjson::kObjectType);
   set_member(p, "rope_type", string_value(c.rope_scaling.type, alloc), alloc);
   set_member(p, "rope_theta", rapidjson::Value(c.rope_theta), alloc);
+  if (c.partial_rotary_factor != 1.0) {
+    set_member(p, "partial_rotary_factor", rapidjson::Value(c.partial_rotary_factor), alloc);
+  }
   add_scaling_members(p, c.rope_scaling, alloc);
   return p;
 }
@@ -252,6 +291,8 @@ void write_full_config(rapidjson::Document& doc, const ModelConfig& c) {
   doc.SetObject();
   const char* arch = c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
                      : c.model_type == "mistral" ? "MistralForCausalLM"
+                     : c.model_type == "glm"     ? "GlmForCausalLM"
+                     : c.model_type == "glm4"    ? "Glm4ForCausalLM"
                                                  : "LlamaForCausalLM";
   rapidjson::Value archs(rapidjson::kArrayType);
   archs.PushBack(rapidjson::Value(arch, alloc), alloc);
@@ -276,6 +317,9 @@ void write_full_config(rapidjson::Document& doc, const ModelConfig& c) {
     put("use_sliding_window", rapidjson::Value(false));
     put("sliding_window", rapidjson::Value(rapidjson::kNullType));
     integer("max_window_layers", c.num_hidden_layers);
+  } else if (c.fused_gate_up) {  // glm, glm4
+    put("attention_bias", rapidjson::Value(c.qkv_bias));
+    put("partial_rotary_factor", rapidjson::Value(c.partial_rotary_factor));
   } else {
     put("attention_bias", rapidjson::Value(c.qkv_bias));
     put("mlp_bias", rapidjson::Value(c.mlp_bias));

@@ -12,9 +12,10 @@ namespace zt::model {
 
 namespace {
 
-// Inverse frequencies with transformers' scaling rules (default, linear, llama3).
+// Inverse frequencies with transformers' scaling rules (default, linear, llama3), over the
+// rotated dimensions.
 at::Tensor inverse_frequencies(const ModelConfig& c) {
-  const int64_t dim = c.head_dim;
+  const int64_t dim = c.rotary_dim();
   at::Tensor inv = 1.0 / at::pow(c.rope_theta, at::arange(0, dim, 2, at::kLong).to(at::kFloat) /
                                                    static_cast<double>(dim));
   const RopeScaling& s = c.rope_scaling;
@@ -38,14 +39,35 @@ at::Tensor rotate_half(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
+// GLM's pairs: (x0, x1, x2, x3, ...) → (-x1, x0, -x3, x2, ...).
+at::Tensor rotate_pairs(const at::Tensor& x) {
+  const at::Tensor even = x.slice(-1, 0, c10::nullopt, 2), odd = x.slice(-1, 1, c10::nullopt, 2);
+  return at::stack({-odd, even}, -1).flatten(-2);
+}
+
+// Per frequency, the angles of the dimensions it rotates: halves (LLaMA) or adjacent pairs (GLM).
+at::Tensor angles(const ModelConfig& c, const at::Tensor& freqs) {
+  return c.rope_interleaved ? freqs.repeat_interleave(2, -1) : at::cat({freqs, freqs}, -1);
+}
+
+// RoPE on the first rotary_dim dimensions of x [.., head_dim]; the rest pass through.
+at::Tensor rotate(const ModelConfig& c, const at::Tensor& x, const at::Tensor& cos,
+                  const at::Tensor& sin) {
+  const int64_t rd = c.rotary_dim();
+  if (rd == x.size(-1) && !c.rope_interleaved) return x * cos + rotate_half(x) * sin;
+  const at::Tensor r = x.narrow(-1, 0, rd);
+  at::Tensor y = r * cos + (c.rope_interleaved ? rotate_pairs(r) : rotate_half(r)) * sin;
+  if (rd == x.size(-1)) return y;
+  return at::cat({y, x.narrow(-1, rd, x.size(-1) - rd)}, -1);
+}
+
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, int64_t start, int64_t length,
                                                 at::ScalarType dtype, const at::Device& device) {
   at::Tensor inv = inverse_frequencies(c);
   at::Tensor pos = at::arange(start, start + length, at::kLong).to(at::kFloat);
-  at::Tensor freqs = at::outer(pos, inv);
-  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  at::Tensor emb = angles(c, at::outer(pos, inv));
   return {emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)};
 }
 
@@ -53,7 +75,7 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, const at::
                                                 at::ScalarType dtype) {
   at::Tensor inv = inverse_frequencies(c).to(positions.device());
   at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv;  // [B, T, D/2]
-  at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);        // [B, 1, T, D]
+  at::Tensor emb = angles(c, freqs).unsqueeze(1);                   // [B, 1, T, D]
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 
@@ -73,8 +95,8 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   at::Tensor q = q_proj->forward(x).view({b, t, heads, d}).transpose(1, 2);
   at::Tensor k = k_proj->forward(x).view({b, t, kv_heads, d}).transpose(1, 2);
   at::Tensor v = v_proj->forward(x).view({b, t, kv_heads, d}).transpose(1, 2);
-  q = q * cos + rotate_half(q) * sin;
-  k = k * cos + rotate_half(k) * sin;
+  q = rotate(c, q, cos, sin);
+  k = rotate(c, k, cos, sin);
   if (cache != nullptr) {
     if (cache->k.defined()) {
       k = at::cat({cache->k, k}, 2);
@@ -107,7 +129,14 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   return o_proj->forward(out.transpose(1, 2).reshape({b, t, heads * d}));
 }
 
-Mlp::Mlp(const ModelConfig& c, const ParamFactory& o) {
+Mlp::Mlp(const ModelConfig& c, const ParamFactory& o) : intermediate(c.intermediate_size) {
+  if (c.fused_gate_up) {
+    gate_up_proj = register_module(
+        "gate_up_proj", std::make_shared<Linear>(c.hidden_size, 2 * c.intermediate_size, false, o));
+    down_proj = register_module(
+        "down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, false, o));
+    return;
+  }
   gate_proj = register_module(
       "gate_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
   up_proj = register_module(
@@ -123,6 +152,12 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, const ParamFactory& o) {
                                     std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
   post_attention_layernorm = register_module(
       "post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
+  if (c.post_sublayer_norms) {
+    post_self_attn_layernorm = register_module(
+        "post_self_attn_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
+    post_mlp_layernorm = register_module(
+        "post_mlp_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
+  }
 }
 
 namespace {

@@ -77,7 +77,8 @@ struct Embedding : torch::nn::Module {
   at::Tensor forward(const at::Tensor& ids) { return at::embedding(weight, ids); }
 };
 
-/// cos / sin tables [T, head_dim] for positions [0, T) (fp32 math, cast to `dtype`).
+/// cos / sin tables [T, rotary_dim] for positions [0, T) (fp32 math, cast to `dtype`), laid
+/// out for the model's rotation (halves, or GLM's adjacent pairs).
 std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, int64_t start, int64_t length,
                                                 at::ScalarType dtype, const at::Device& device);
 /// Rotary tables for explicit positions [B, T] (packed sequences restart per document):
@@ -107,14 +108,23 @@ struct Attention : torch::nn::Module {
 /// recomputed in backward, whose output values are never read.
 at::Tensor linear_unread(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
+/// SwiGLU: down(silu(gate(x)) · up(x)), with gate and up as two projections (LLaMA) or as the
+/// two halves of one `gate_up_proj` (GLM, gate first).
 struct Mlp : torch::nn::Module {
-  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+  std::shared_ptr<Linear> gate_proj, up_proj, gate_up_proj, down_proj;
+  int64_t intermediate;
   Mlp(const ModelConfig& c, const ParamFactory& o);
   /// `output_unread`: the result's values will not be read (only back-propagated through), so
   /// the down projection's product — a third of the MLP's forward — is skipped when it has no
   /// active LoRA adapter.
   at::Tensor forward(const at::Tensor& x, bool output_unread = false) {
-    at::Tensor a = at::silu(gate_proj->forward(x)) * up_proj->forward(x);
+    at::Tensor a;
+    if (gate_up_proj) {
+      const at::Tensor gu = gate_up_proj->forward(x);
+      a = gu.narrow(-1, intermediate, intermediate) * at::silu(gu.narrow(-1, 0, intermediate));
+    } else {
+      a = at::silu(gate_proj->forward(x)) * up_proj->forward(x);
+    }
     const Linear& down = *down_proj;
     if (output_unread && !(down.lora_A && !down.lora_merged))
       return linear_unread(a, down.weight, down.bias);
@@ -126,15 +136,21 @@ struct DecoderLayer : torch::nn::Module {
   std::shared_ptr<Attention> self_attn;
   std::shared_ptr<Mlp> mlp;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<RMSNorm> post_self_attn_layernorm, post_mlp_layernorm;  ///< glm4 only
   DecoderLayer(const ModelConfig& c, const ParamFactory& o);
   /// `output_unread`: the caller only back-propagates through the result (a recomputed unit,
   /// zt::recomputing_for_backward()); its values are then not all computed.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& attention_mask, KvCache* cache = nullptr,
                      bool output_unread = false) {
-    at::Tensor h =
-        x + self_attn->forward(input_layernorm->forward(x), cos, sin, attention_mask, cache);
-    return h + mlp->forward(post_attention_layernorm->forward(h), output_unread);
+    at::Tensor a = self_attn->forward(input_layernorm->forward(x), cos, sin, attention_mask, cache);
+    if (post_self_attn_layernorm) a = post_self_attn_layernorm->forward(a);
+    const at::Tensor h = x + a;
+    // glm4 norms the MLP's output, so its values are read even in a recomputed unit.
+    at::Tensor m =
+        mlp->forward(post_attention_layernorm->forward(h), output_unread && !post_mlp_layernorm);
+    if (post_mlp_layernorm) m = post_mlp_layernorm->forward(m);
+    return h + m;
   }
 };
 

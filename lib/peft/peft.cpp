@@ -183,13 +183,26 @@ void apply_freeze(CausalLM& model, const FreezeOptions& o) {
                            (o.trainable_modules.size() == 1 && o.trainable_modules[0] == "all");
   if (!all_modules) {
     for (const std::string& m : o.trainable_modules) {
-      if (m != "self_attn" && m != "mlp" && m != "input_layernorm" &&
-          m != "post_attention_layernorm" && m != "q_proj" && m != "k_proj" && m != "v_proj" &&
-          m != "o_proj" && m != "gate_proj" && m != "up_proj" && m != "down_proj") {
+      static const std::set<std::string> kModules = {"self_attn",
+                                                     "mlp",
+                                                     "input_layernorm",
+                                                     "post_attention_layernorm",
+                                                     "q_proj",
+                                                     "k_proj",
+                                                     "v_proj",
+                                                     "o_proj",
+                                                     "gate_proj",
+                                                     "up_proj",
+                                                     "down_proj",
+                                                     "gate_up_proj",
+                                                     "post_self_attn_layernorm",
+                                                     "post_mlp_layernorm"};
+      if (kModules.count(m) == 0) {
         throw ConfigError(fmt::format(
             "freeze_trainable_modules: \"{}\" is not a module of a decoder layer; use all, or "
             "self_attn, mlp, input_layernorm, post_attention_layernorm, q_proj, k_proj, v_proj, "
-            "o_proj, gate_proj, up_proj, down_proj",
+            "o_proj, gate_proj, up_proj, down_proj (GLM: gate_up_proj; GLM-4: "
+            "post_self_attn_layernorm, post_mlp_layernorm)",
             m));
       }
     }

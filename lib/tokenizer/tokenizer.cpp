@@ -1,9 +1,14 @@
 // The byte-level tokenizer and the choice of tokenizer for a model folder.
+#include <unistd.h>
+
+#include <cctype>
 #include <filesystem>
+#include <string_view>
 
 #include <fmt/format.h>
 
 #include "tokenizer/hf_tokenizer.hpp"
+#include "util/files.hpp"
 #include "util/log.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/tokenizer.hpp"
@@ -86,6 +91,37 @@ void check_tokenizer_fits(const Tokenizer& tok, int64_t model_vocab_size) {
       tok.vocab_size() == kByteVocab ? "" : " or use the model's own tokenizer", model_vocab_size));
 }
 
+namespace {
+
+// Whether `path` starts like a tiktoken rank file ("<base64 token> <rank>" lines) — what the
+// remote-code glm-4-9b-chat folder names tokenizer.model — rather than a SentencePiece model (a
+// protobuf). Reads only the first line.
+bool is_tiktoken_ranks(const std::string& path) {
+  const int fd = files::open_regular(path, "tokenizer model");
+  char head[512];
+  const ssize_t n = ::read(fd, head, sizeof head);
+  ::close(fd);
+  if (n <= 0) return false;
+  const std::string_view text(head, static_cast<size_t>(n));
+  const size_t end = text.find('\n');
+  if (end == std::string_view::npos) return false;
+  const std::string_view line = text.substr(0, end);
+  const size_t space = line.find(' ');
+  if (space == 0 || space == std::string_view::npos || space + 1 == line.size()) return false;
+  for (size_t i = 0; i < space; ++i) {
+    const char c = line[i];
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '/' && c != '=') {
+      return false;
+    }
+  }
+  for (size_t i = space + 1; i < line.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(line[i]))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::shared_ptr<Tokenizer> load_tokenizer(const std::string& model_dir, int64_t model_vocab_size) {
   namespace fs = std::filesystem;
   if (!model_dir.empty()) {
@@ -104,6 +140,14 @@ std::shared_ptr<Tokenizer> load_tokenizer(const std::string& model_dir, int64_t 
             model_vocab_size));
       }
       return tok;
+    }
+    const fs::path model_file = fs::path(model_dir) / "tokenizer.model";
+    if (fs::is_regular_file(model_file, ec) && is_tiktoken_ranks(model_file.string())) {
+      throw ConfigError(fmt::format(
+          "'{}' is a tiktoken rank file (the remote-code glm-4-9b-chat tokenizer), not a "
+          "SentencePiece model: use the transformers folder of the same model, "
+          "THUDM/glm-4-9b-chat-hf, whose tokenizer.json zerotrain reads",
+          model_file.string()));
     }
     for (const char* name :
          {"tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json"}) {

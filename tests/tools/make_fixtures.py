@@ -5,7 +5,8 @@ PEFT, tokenizers, safetensors), committed under tests/fixtures/ and checked by C
     python3 tests/tools/make_fixtures.py OUT_DIR [models] [peft] [tokenizers]
 
 models/     tiny random llama (plain, llama3 and linear RoPE scaling), qwen2 (q/k/v bias, tied
-            embeddings, also saved sharded) and mistral checkpoints as save_pretrained writes
+            embeddings, also saved sharded), mistral, glm and glm4 (partial interleaved RoPE,
+            fused gate_up_proj; glm4's post-sublayer norms) checkpoints as save_pretrained writes
             them, plus config_v4.json in the older key spelling, and expected.safetensors:
             logits, per-layer hidden states, the loss and a few gradients for fixed inputs.
 peft/       adapters PEFT creates on the tiny llama (LoRA, rsLoRA on all linear layers,
@@ -64,6 +65,14 @@ MODELS = {
                             use_sliding_window=False)),
     "mistral": ("mistral", dict(TINY, rope_theta=10000.0, tie_word_embeddings=False,
                                 sliding_window=None)),
+    # GLM: head_dim given (GlmConfig's default is 128), RoPE on half of it, interleaved; token
+    # ids inside the tiny vocabulary.
+    "glm": ("glm", dict(TINY, head_dim=16, rope_theta=10000.0, partial_rotary_factor=0.5,
+                        attention_bias=True, tie_word_embeddings=False, pad_token_id=0,
+                        eos_token_id=[1, 2], bos_token_id=None)),
+    "glm4": ("glm4", dict(TINY, head_dim=16, rope_theta=10000.0, partial_rotary_factor=0.5,
+                          attention_bias=True, tie_word_embeddings=False, pad_token_id=0,
+                          eos_token_id=[1, 2], bos_token_id=None)),
 }
 
 
@@ -104,6 +113,8 @@ def old_spelling(config):
     if rp is not None:
         rp = dict(rp)
         c["rope_theta"] = rp.pop("rope_theta")
+        if "partial_rotary_factor" in rp:  # 4.x keeps it at the top (GLM)
+            c["partial_rotary_factor"] = rp.pop("partial_rotary_factor")
         if rp.get("rope_type", "default") != "default":
             rp["type"] = rp["rope_type"]
             c["rope_scaling"] = rp
@@ -133,7 +144,10 @@ def make_models():
         for pname, p in model.named_parameters():
             if any(k in pname for k in ("embed_tokens", "layers.0.self_attn.q_proj",
                                          "layers.1.mlp.down_proj", "model.norm", "lm_head",
-                                         "layers.0.self_attn.k_proj.bias")):
+                                         "layers.0.self_attn.k_proj.bias",
+                                         "layers.0.mlp.gate_up_proj",
+                                         "layers.1.post_self_attn_layernorm",
+                                         "layers.1.post_mlp_layernorm")):
                 expected["grad." + pname] = p.grad.detach().clone()
         save_file({k: v.contiguous() for k, v in expected.items()}, os.path.join(d, "expected.safetensors"))
         if name == "llama":
