@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 7B / 13B example scripts run end to end on a tiny model of the same kind (2 steps at RANKS
+# The 7B / 13B / GLM-4-9B example scripts run end to end on a tiny model of the same kind (2 steps at RANKS
 # ranks, synthetic token data), so they cannot rot between GPU sessions.
 #   run_scripts.sh ZEROTRAIN RANKS
 set -euo pipefail
@@ -12,10 +12,16 @@ cat > "$work/tiny.json" <<'JSON'
  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
  "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": false}
 JSON
+cat > "$work/tiny_glm.json" <<'JSON'
+{"model_type": "glm", "vocab_size": 32000, "hidden_size": 64, "intermediate_size": 128,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+ "partial_rotary_factor": 0.5, "attention_bias": true, "max_position_embeddings": 256,
+ "rms_norm_eps": 1e-5, "tie_word_embeddings": false}
+JSON
 run() {  # NAME SCRIPT [VAR=VALUE...]: runs it and checks the final model's files
   local name=$1 script=$2
   shift 2
-  env "$@" ZT="$zt" NGPU="$ranks" SHAPE_FILE="$work/tiny.json" STEPS=2 SEQ=32 OUT="$work/$name" \
+  env SHAPE_FILE="$work/tiny.json" "$@" ZT="$zt" NGPU="$ranks" STEPS=2 SEQ=32 OUT="$work/$name" \
     OMP_NUM_THREADS=1 "$here/examples/$script" > "$work/$name.log" 2>&1 || {
     cat "$work/$name.log"
     echo "$name: $script failed"
@@ -29,4 +35,8 @@ run full7b finetune_7b.sh MODE=full
 [ -f "$work/full7b/model.safetensors" ] || { echo "full7b: no model"; exit 1; }
 run lora13b finetune_13b_zero3_offload.sh
 [ -f "$work/lora13b/adapter_model.safetensors" ] || { echo "lora13b: no adapter"; exit 1; }
+run loraglm finetune_glm4_9b.sh SHAPE_FILE="$work/tiny_glm.json"
+[ -f "$work/loraglm/adapter_model.safetensors" ] || { echo "loraglm: no adapter"; exit 1; }
+grep -q gate_up_proj "$work/loraglm/adapter_config.json" ||
+  { echo "loraglm: the adapter does not target gate_up_proj"; exit 1; }
 echo "example scripts: OK"
