@@ -230,14 +230,18 @@ TEST_CASE("model formats train the replies and their end-of-turn markers, encode
       R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"},)"
       R"( {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"},)"
       R"( {"role": "assistant", "content": "Goodbye."}]})";
+  // GLM-4's template writes no end of turn: each reply's "\n" + content trains, then one eos
+  // after the conversation (as GLM-4's own fine-tuning script does).
   const struct {
     const char* name;
     const char* trained;
+    bool final_eos;  ///< one trained eos after the rendered conversation
   } cases[] = {
-      {"qwen2.5", "Hello!<|im_end|>Goodbye.<|im_end|>"},
-      {"llama3", "Hello!<|eot_id|>Goodbye.<|eot_id|>"},
-      {"llama2", "Hello! </s>Goodbye. </s>"},
-      {"mistral_v0.3", "Hello! </s>Goodbye. </s>"},
+      {"qwen2.5", "Hello!<|im_end|>Goodbye.<|im_end|>", false},
+      {"llama3", "Hello!<|eot_id|>Goodbye.<|eot_id|>", false},
+      {"llama2", "Hello! </s>Goodbye. </s>", false},
+      {"mistral_v0.3", "Hello! </s>Goodbye. </s>", false},
+      {"glm4", "\nHello!\nGoodbye.", true},
   };
   const std::string dir = test::temp_dir("labels");
   files::write_atomic(dir + "/d.jsonl", line + "\n");
@@ -251,6 +255,11 @@ TEST_CASE("model formats train the replies and their end-of-turn markers, encode
     for (int64_t i = 0; i < d.length(0); ++i) {
       if (d.labels(0)[i] != kIgnoreLabel) trained.push_back(d.labels(0)[i]);
     }
+    if (c.final_eos) {
+      REQUIRE_FALSE(trained.empty());
+      CHECK(trained.back() == byte_tokenizer()->eos_id());
+      trained.pop_back();
+    }
     CHECK(byte_tokenizer()->decode(trained) == c.trained);
     // The ids are the whole rendering's, and no bos is added beside the template's own.
     data::Chat chat;
@@ -259,33 +268,9 @@ TEST_CASE("model formats train the replies and their end-of-turn markers, encode
                      {"assistant", "Hello!", ""},
                      {"user", "Bye", ""},
                      {"assistant", "Goodbye.", ""}};
-    CHECK(d.ids(0).to_vector() ==
-          byte_tokenizer()->encode(joined(data::chat_template(c.name).render(chat))));
-  }
-  // GLM-4's template writes no end of turn: each reply's "\n" + content trains, then one eos
-  // after the conversation (as GLM-4's own fine-tuning script does).
-  {
-    DataOptions o;
-    o.template_name = "glm4";
-    Dataset d = tokenize_jsonl(dir + "/d.jsonl", *byte_tokenizer(), o);
-    REQUIRE(d.size() == 1);
-    std::vector<int32_t> trained;
-    for (int64_t i = 0; i < d.length(0); ++i) {
-      if (d.labels(0)[i] != kIgnoreLabel) trained.push_back(d.labels(0)[i]);
-    }
-    REQUIRE_FALSE(trained.empty());
-    CHECK(trained.back() == byte_tokenizer()->eos_id());
-    trained.pop_back();
-    CHECK(byte_tokenizer()->decode(trained) == "\nHello!\nGoodbye.");
-    data::Chat chat;
-    chat.system = "S";
-    chat.messages = {{"user", "Hi", ""},
-                     {"assistant", "Hello!", ""},
-                     {"user", "Bye", ""},
-                     {"assistant", "Goodbye.", ""}};
     std::vector<int32_t> want =
-        byte_tokenizer()->encode(joined(data::chat_template("glm4").render(chat)));
-    want.push_back(byte_tokenizer()->eos_id());
+        byte_tokenizer()->encode(joined(data::chat_template(c.name).render(chat)));
+    if (c.final_eos) want.push_back(byte_tokenizer()->eos_id());
     CHECK(d.ids(0).to_vector() == want);
   }
   // A format whose special tokens the tokenizer lacks is refused when the run picks it.
