@@ -107,6 +107,22 @@ TEST_CASE("exit statuses and one error line", "[cli][errors]") {
     Ran later =
         cli("launch --nproc_per_node 2 -- sh -c '[ $RANK = 0 ] && sleep 2; exit $((RANK + 3))'");
     CHECK(later.status == 4);
+    // deepspeed's launcher flags: --num_gpus, --include (CUDA_VISIBLE_DEVICES set to its GPUs,
+    // one rank each), --master_port; refused where they cannot mean what deepspeed does.
+    Ran ds =
+        cli("launch --master_port 29611 --include localhost:1,3 sh -c 'echo rank=$LOCAL_RANK "
+            "of=$WORLD_SIZE dev=$CUDA_VISIBLE_DEVICES port=$MASTER_PORT'");
+    CHECK(ds.status == 0);
+    CHECK_THAT(ds.output, Contains("rank=0 of=2 dev=1,3 port=29611") &&
+                              Contains("rank=1 of=2 dev=1,3 port=29611"));
+    Ran gpus = cli("launch --num_gpus 2 -- sh -c 'echo world=$WORLD_SIZE'");
+    CHECK(count_lines_starting(gpus.output, "world=2") == 2);
+    CHECK_THAT(cli("launch --include other-host:0 -- true").output, Contains("not this machine"));
+    CHECK_THAT(cli("launch --include localhost:0@b:1 -- true").output, Contains("one machine"));
+    CHECK_THAT(cli("launch --include localhost:0 --num_gpus 2 -- true").output,
+               Contains("--include already says"));
+    CHECK_THAT(cli("launch --num_nodes 2 -- true").output, Contains("one machine"));
+    CHECK(cli("launch --include localhost:0,0 -- true").status == 2);
     Ran bad = cli(fmt::format("launch --nproc_per_node 2 -- '{}' train --bogus 1", ZT_CLI));
     CHECK(bad.status == 2);
     CHECK(count_lines_starting(bad.output, "error: rank 0: ") == 1);

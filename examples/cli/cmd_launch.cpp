@@ -1,8 +1,11 @@
-// zerotrain launch: N local ranks, as `torchrun --standalone --nproc_per_node N` would start.
+// zerotrain launch: N local ranks, as `torchrun --standalone --nproc_per_node N` would start
+// (or `deepspeed --num_gpus N` / `--include localhost:...` on one machine).
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -34,6 +37,40 @@ int parse_int(const std::string& flag, const std::string& value) {
   return static_cast<int>(v);
 }
 
+// DeepSpeed's --include for this machine: "localhost:0,2" (or this host's name) → the GPU ids.
+// Several hosts ("a:0@b:1") are refused: zerotrain launch starts the ranks of one machine.
+std::vector<int> included_devices(const std::string& value) {
+  if (value.find('@') != std::string::npos) {
+    throw ConfigError("--include " + value +
+                      ": zerotrain launch starts the ranks of one machine; for several nodes "
+                      "start one launcher per node (torchrun, srun and mpirun variables are read)");
+  }
+  const size_t colon = value.find(':');
+  const std::string host = value.substr(0, colon);
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  if (host != "localhost" && host != "127.0.0.1" && host != name) {
+    throw ConfigError("--include " + value + ": '" + host + "' is not this machine (" + name +
+                      "); zerotrain launch starts local ranks only");
+  }
+  if (colon == std::string::npos || colon + 1 == value.size()) {
+    throw ConfigError("--include " + value +
+                      ": name the GPUs, as in localhost:0,1 (or use --num_gpus N)");
+  }
+  std::vector<int> ids;
+  size_t at = colon + 1;
+  while (at <= value.size()) {
+    const size_t comma = std::min(value.find(',', at), value.size());
+    const int id = parse_int("include", value.substr(at, comma - at));
+    if (std::find(ids.begin(), ids.end(), id) != ids.end()) {
+      throw ConfigError("--include " + value + ": GPU " + std::to_string(id) + " twice");
+    }
+    ids.push_back(id);
+    at = comma + 1;
+  }
+  return ids;
+}
+
 }  // namespace
 
 int cmd_launch(const Args& args) {
@@ -53,11 +90,17 @@ int cmd_launch(const Args& args) {
         "status.\n"
         "  --nproc_per_node N  ranks on this machine [default: 1]\n"
         "  --master_addr A     the rendezvous address [default: 127.0.0.1]\n"
-        "  --master_port P     the rendezvous port [default: a free one]\n",
+        "  --master_port P     the rendezvous port [default: a free one]\n"
+        "The deepspeed launcher's spelling is accepted too:\n"
+        "  --num_gpus N        as --nproc_per_node\n"
+        "  --include localhost:0,2   one rank per listed GPU (CUDA_VISIBLE_DEVICES is set to "
+        "them)\n"
+        "  --num_nodes 1       (one machine only)\n",
         stdout);
     return 0;
   }
   LocalLaunchOptions o;
+  bool counted = false, included = false;  // --nproc_per_node / --num_gpus, --include
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -74,16 +117,38 @@ int cmd_launch(const Args& args) {
       if (i + 1 >= args.size()) throw ConfigError("--" + name + " needs a value");
       value = args[++i];
     }
-    if (name == "nproc_per_node" || name == "nproc-per-node") {
+    if (name == "nproc_per_node" || name == "nproc-per-node" || name == "num_gpus" ||
+        name == "num-gpus") {
       o.nproc = parse_int(name, value);
+      counted = true;
+    } else if (name == "include") {
+      const std::vector<int> ids = included_devices(value);
+      std::string list;
+      for (int id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
+      o.nproc = static_cast<int>(ids.size());
+      o.env.emplace_back("CUDA_VISIBLE_DEVICES", list);
+      included = true;
+    } else if (name == "num_nodes" || name == "num-nodes") {
+      if (parse_int(name, value) != 1) {
+        throw ConfigError("--num_nodes " + value +
+                          ": zerotrain launch starts the ranks of one machine; for several "
+                          "nodes start one launcher per node (torchrun, srun and mpirun "
+                          "variables are read)");
+      }
     } else if (name == "master_port" || name == "master-port") {
       o.master_port = parse_int(name, value);
     } else if (name == "master_addr" || name == "master-addr") {
       o.master_addr = value;
     } else {
       throw ConfigError("zerotrain launch: unknown option --" + name +
-                        " (known: --nproc_per_node, --master_addr, --master_port)");
+                        " (known: --nproc_per_node, --master_addr, --master_port; deepspeed's "
+                        "--num_gpus, --include, --num_nodes)");
     }
+  }
+  if (counted && included) {
+    throw ConfigError(
+        "zerotrain launch: --include already says how many ranks; drop "
+        "--num_gpus / --nproc_per_node (deepspeed refuses the two together too)");
   }
   Args command(args.begin() + static_cast<long>(i), args.end());
   if (command.empty()) throw ConfigError("zerotrain launch: no command to run after the options");
