@@ -45,6 +45,7 @@ const Format kFormats[] = {
     {"mistral_v0.1", "<s>", "</s>"},
     {"mistral_v0.2", "<s>", "</s>"},
     {"mistral_v0.3", "<s>", "</s>"},
+    {"chatglm3", nullptr, "</s>"},
     {"glm4", nullptr, "<|endoftext|>"},
 };
 
@@ -230,8 +231,8 @@ TEST_CASE("model formats train the replies and their end-of-turn markers, encode
       R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"},)"
       R"( {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"},)"
       R"( {"role": "assistant", "content": "Goodbye."}]})";
-  // GLM-4's template writes no end of turn: each reply's "\n" + content trains, then one eos
-  // after the conversation (as GLM-4's own fine-tuning script does).
+  // GLM-4's and ChatGLM3's templates write no end of turn: each reply's "\n" (ChatGLM3: "\n ")
+  // + content trains, then one eos after the conversation (as their own fine-tuning scripts do).
   const struct {
     const char* name;
     const char* trained;
@@ -241,6 +242,7 @@ TEST_CASE("model formats train the replies and their end-of-turn markers, encode
       {"llama3", "Hello!<|eot_id|>Goodbye.<|eot_id|>", false},
       {"llama2", "Hello! </s>Goodbye. </s>", false},
       {"mistral_v0.3", "Hello! </s>Goodbye. </s>", false},
+      {"chatglm3", "\n Hello!\n Goodbye.", true},
       {"glm4", "\nHello!\nGoodbye.", true},
   };
   const std::string dir = test::temp_dir("labels");

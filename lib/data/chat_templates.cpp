@@ -401,6 +401,40 @@ class Glm4 final : public Named {
   }
 };
 
+// ---- ChatGLM3-6B -----------------------------------------------------------------------------
+
+// Every message as "<|role|>\n " + content (the system message first when there is one), the
+// first preceded by "[gMASK]sop"; "<|assistant|>" as the generation prompt. Like GLM-4's, the
+// template has no end of turn: each reply's "\n " + content trains, then one eos (ChatGLM3's
+// own fine-tuning script appends it).
+class Chatglm3 final : public Named {
+ public:
+  Chatglm3() : Named("chatglm3") {}
+  bool whole_text() const override { return true; }
+  bool appends_eos() const override { return true; }
+  std::vector<std::string> special_tokens() const override {
+    return {"[gMASK]", "sop", "<|system|>", "<|user|>", "<|assistant|>"};
+  }
+
+  std::vector<Piece> render(const Chat& chat) const override {
+    Pieces out;
+    out.add("[gMASK]sop");
+    if (chat.system) out.add("<|system|>\n " + *chat.system);
+    for (const Message& m : chat.messages) {
+      if (m.role == "user") {
+        out.add("<|user|>\n " + user_text(m));
+      } else {
+        out.add("<|assistant|>").add("\n " + m.content, true);
+      }
+    }
+    return out.take();
+  }
+
+  std::string prompt(const Chat& chat) const override {
+    return joined(render(chat)) + "<|assistant|>";
+  }
+};
+
 const std::vector<std::unique_ptr<ChatTemplate>>& all() {
   static const std::vector<std::unique_ptr<ChatTemplate>> t = [] {
     std::vector<std::unique_ptr<ChatTemplate>> v;
@@ -419,6 +453,7 @@ const std::vector<std::unique_ptr<ChatTemplate>>& all() {
     v.push_back(std::make_unique<Inst>("mistral_v0.1", Inst::kMistral01));
     v.push_back(std::make_unique<Inst>("mistral_v0.2", Inst::kMistral02));
     v.push_back(std::make_unique<Inst>("mistral_v0.3", Inst::kMistral03));
+    v.push_back(std::make_unique<Chatglm3>());
     v.push_back(std::make_unique<Glm4>());
     return v;
   }();
