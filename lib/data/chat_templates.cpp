@@ -365,66 +365,39 @@ class Inst final : public Named {
   Variant v_;
 };
 
-// ---- GLM-4 (glm-4-9b-chat) ---------------------------------------------------------------------
+// ---- ChatGLM3-6B and GLM-4 (glm-4-9b-chat) ---------------------------------------------------
 
-// "[gMASK]<sop>", then "<|role|>\n" + content for every message with content (the template's
-// tool descriptions come only with `tools`, which conversations here never carry), and
-// "<|assistant|>" as the generation prompt. The template writes no end of turn (the model stops
-// on <|user|> or eos); GLM-4's own fine-tuning script trains each reply's "\n" + content and
-// one eos after the conversation, as this format does (appends_eos).
-class Glm4 final : public Named {
+// "[gMASK]sop" (ChatGLM3) or "[gMASK]<sop>" (GLM-4), then "<|role|>\n" + content per message —
+// ChatGLM3's template writes "\n " (with a space) and every message, GLM-4's only messages with
+// content (its tool descriptions come only with `tools`, which conversations here never carry) —
+// and "<|assistant|>" as the generation prompt. Neither template writes an end of turn (the
+// model stops on <|user|> or eos); both models' own fine-tuning scripts train each reply's
+// "\n" + content and one eos after the conversation, as this format does (appends_eos).
+class Glm final : public Named {
  public:
-  Glm4() : Named("glm4") {}
+  enum Generation { kChatGlm3, kGlm4 };
+  Glm(std::string name, Generation g) : Named(std::move(name)), g_(g) {}
   bool whole_text() const override { return true; }
   bool appends_eos() const override { return true; }
   std::vector<std::string> special_tokens() const override {
-    return {"[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>"};
+    return {"[gMASK]", g_ == kGlm4 ? "<sop>" : "sop", "<|system|>", "<|user|>", "<|assistant|>"};
   }
 
   std::vector<Piece> render(const Chat& chat) const override {
+    const bool glm4 = g_ == kGlm4;
+    const std::string newline = glm4 ? "\n" : "\n ";
+    // GLM-4's `{% if item['content'] %}`: an empty message writes nothing.
+    auto shown = [&](const std::string& text) { return !glm4 || !text.empty(); };
     Pieces out;
-    out.add("[gMASK]<sop>");
-    if (chat.system && !chat.system->empty()) out.add("<|system|>\n" + *chat.system);
+    out.add(glm4 ? "[gMASK]<sop>" : "[gMASK]sop");
+    if (chat.system && shown(*chat.system)) out.add("<|system|>" + newline + *chat.system);
     for (const Message& m : chat.messages) {
+      const std::string text = m.role == "user" ? user_text(m) : m.content;
+      if (!shown(text)) continue;
       if (m.role == "user") {
-        const std::string text = user_text(m);
-        if (!text.empty()) out.add("<|user|>\n" + text);
-      } else if (!m.content.empty()) {
-        out.add("<|assistant|>").add("\n" + m.content, true);
-      }
-    }
-    return out.take();
-  }
-
-  std::string prompt(const Chat& chat) const override {
-    return joined(render(chat)) + "<|assistant|>";
-  }
-};
-
-// ---- ChatGLM3-6B -----------------------------------------------------------------------------
-
-// Every message as "<|role|>\n " + content (the system message first when there is one), the
-// first preceded by "[gMASK]sop"; "<|assistant|>" as the generation prompt. Like GLM-4's, the
-// template has no end of turn: each reply's "\n " + content trains, then one eos (ChatGLM3's
-// own fine-tuning script appends it).
-class Chatglm3 final : public Named {
- public:
-  Chatglm3() : Named("chatglm3") {}
-  bool whole_text() const override { return true; }
-  bool appends_eos() const override { return true; }
-  std::vector<std::string> special_tokens() const override {
-    return {"[gMASK]", "sop", "<|system|>", "<|user|>", "<|assistant|>"};
-  }
-
-  std::vector<Piece> render(const Chat& chat) const override {
-    Pieces out;
-    out.add("[gMASK]sop");
-    if (chat.system) out.add("<|system|>\n " + *chat.system);
-    for (const Message& m : chat.messages) {
-      if (m.role == "user") {
-        out.add("<|user|>\n " + user_text(m));
+        out.add("<|user|>" + newline + text);
       } else {
-        out.add("<|assistant|>").add("\n " + m.content, true);
+        out.add("<|assistant|>").add(newline + text, true);
       }
     }
     return out.take();
@@ -433,6 +406,9 @@ class Chatglm3 final : public Named {
   std::string prompt(const Chat& chat) const override {
     return joined(render(chat)) + "<|assistant|>";
   }
+
+ private:
+  Generation g_;
 };
 
 const std::vector<std::unique_ptr<ChatTemplate>>& all() {
@@ -453,8 +429,8 @@ const std::vector<std::unique_ptr<ChatTemplate>>& all() {
     v.push_back(std::make_unique<Inst>("mistral_v0.1", Inst::kMistral01));
     v.push_back(std::make_unique<Inst>("mistral_v0.2", Inst::kMistral02));
     v.push_back(std::make_unique<Inst>("mistral_v0.3", Inst::kMistral03));
-    v.push_back(std::make_unique<Chatglm3>());
-    v.push_back(std::make_unique<Glm4>());
+    v.push_back(std::make_unique<Glm>("chatglm3", Glm::kChatGlm3));
+    v.push_back(std::make_unique<Glm>("glm4", Glm::kGlm4));
     return v;
   }();
   return t;
