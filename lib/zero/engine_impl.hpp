@@ -127,7 +127,6 @@ struct EngineImpl final : UnitRunner {
   // ---- what was decided (fixed after construction) ----
   EngineSettings S;
   EngineOptions options;
-  std::string config_source;  ///< the DeepSpeed config's file, for messages
   std::shared_ptr<torch::nn::Module> model;
   std::shared_ptr<Communicator> comm;
   Layout layout;

@@ -94,7 +94,6 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
   if (!comm) throw InvalidArgument("Engine: communicator is null");
   check_resolved(ds);
   I.options = std::move(options);
-  I.config_source = ds.source;
   I.model = std::move(model);
   I.comm = std::move(comm);
   I.learning_rate = I.options.learning_rate
