@@ -30,6 +30,11 @@ fi
 have_header rapidjson/document.h || missing+=(rapidjson-dev)
 have_header fmt/format.h || missing+=(libfmt-dev)
 have_header utf8proc.h || missing+=(libutf8proc-dev)
+# SentencePiece (Python, with Debian's libsentencepiece): the reference the ChatGLM tokenizer
+# tests compare zerotrain's own SentencePiece reader with (docs/tokenizers.md says why the C++
+# library is not linked).
+have_spm() { for py in python3 /usr/bin/python3; do "$py" -c 'import sentencepiece' >/dev/null 2>&1 && return 0; done; return 1; }
+have_spm || missing+=(python3-sentencepiece)
 have_header catch2/catch.hpp || missing+=(catch2)
 # The chat-template tests render the models' templates with jinja2, as transformers does.
 have_jinja2() { for py in python3 /usr/bin/python3; do "$py" -c 'import jinja2' >/dev/null 2>&1 && return 0; done; return 1; }

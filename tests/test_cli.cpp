@@ -24,6 +24,7 @@
 #include "zerotrain/config.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
 #include "zerotrain/safetensors.hpp"
 
 using Catch::Contains;
@@ -334,4 +335,101 @@ TEST_CASE("kill -9 at any moment leaves latest naming a complete checkpoint that
   const pid_t pid = start_cli(finish, dir + "/log.txt");
   CHECK(wait_status(pid) == 0);
   CHECK(zt::read_engine_state(*zt::latest_checkpoint(dir + "/out")).global_steps == from + 3);
+}
+
+namespace {
+
+// A ChatGLM3-6B-shaped folder small enough for the CPU: 28 layers as the real model (the
+// README's freeze line names layers 24-27), tiny widths, random weights, the fixture's
+// SentencePiece tokenizer.
+std::string write_chatglm_folder(const std::string& dir) {
+  zt::ModelConfig c = zt::parse_model_config(R"({"model_type": "chatglm",
+      "padded_vocab_size": 416, "hidden_size": 32, "ffn_hidden_size": 48, "num_layers": 28,
+      "num_attention_heads": 2, "kv_channels": 16, "multi_query_attention": true,
+      "multi_query_group_num": 1, "add_qkv_bias": true, "seq_length": 2048,
+      "eos_token_id": 2, "pad_token_id": 0})");
+  zt::CausalLM model(c, at::TensorOptions().dtype(at::kFloat));
+  model.initialize_random(1);
+  zt::export_merged(model, dir, at::kHalf);
+  for (const char* f : {"tokenizer.model", "tokenizer_config.json"}) {
+    fs::copy_file(std::string(ZT_FIXTURES) + "/models/chatglm/" + f, dir + "/" + f);
+  }
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("ChatGLM-Finetuning's README command lines run as they are", "[cli][chatglm]") {
+  // Its commands with `deepspeed ... train.py` as `zerotrain launch ... train`; paths are the
+  // README's, relative to a folder holding the model, its data and its DeepSpeed config.
+  const std::string work = zt::test::temp_dir("chatglm_finetuning");
+  write_chatglm_folder(work + "/ChatGLM3-6B");
+  fs::create_directories(work + "/data");
+  fs::copy_file(std::string(ZT_FIXTURES) + "/chatglm/seed_records.jsonl",
+                work + "/data/spo_0.json");
+  fs::copy_file(std::string(ZT_FIXTURES) + "/chatglm/ds_zero2_no_offload.json",
+                work + "/ds_zero2_no_offload.json");
+  // Port 520 as in the README where this process may bind it (root), else a free one.
+  const std::string port = ::geteuid() == 0 ? "520" : "0";
+  const std::string launch = fmt::format(
+      "cd '{}' && CUDA_VISIBLE_DEVICES=0 '{}' launch --master_port {} train", work, ZT_CLI, port);
+  auto run = [&](const std::string& flags) {
+    Ran r;
+    FILE* pipe = ::popen((launch + " " + flags + " 2>&1").c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    std::array<char, 4096> buf;
+    size_t n = 0;
+    while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
+    const int raw = ::pclose(pipe);
+    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+    return r;
+  };
+  const std::string common =
+      "--train_path data/spo_0.json --model_name_or_path ChatGLM3-6B/ "
+      "--per_device_train_batch_size 1 --max_len 1560 --max_src_len 1024 --learning_rate 1e-4 "
+      "--weight_decay 0.1 --num_train_epochs 2 --gradient_accumulation_steps 4 "
+      "--warmup_ratio 0.1 --mode glm3 ";
+  SECTION("Freeze") {
+    Ran r = run(common +
+                "--train_type freeze --freeze_module_name \"layers.27.,layers.26.,layers.25.,"
+                "layers.24.\" --seed 1234 --ds_file ds_zero2_no_offload.json "
+                "--gradient_checkpointing --show_loss_step 10 --output_dir ./output-glm3");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    zt::SafetensorsCheckpoint out(work + "/output-glm3");
+    CHECK(out.contains("transformer.encoder.layers.27.mlp.dense_h_to_4h.weight"));
+    // Only layers 24-27 trained: layer 0 is the base model's, bit for bit.
+    zt::SafetensorsCheckpoint base(work + "/ChatGLM3-6B");
+    const std::string frozen = "transformer.encoder.layers.0.mlp.dense_h_to_4h.weight",
+                      trained = "transformer.encoder.layers.27.mlp.dense_h_to_4h.weight";
+    auto load = [](zt::SafetensorsCheckpoint& c, const std::string& name) {
+      at::Tensor t = at::empty(c.info(name).shape, at::kFloat);
+      c.read_range(name, 0, t);
+      return t;
+    };
+    CHECK(at::equal(load(out, frozen), load(base, frozen)));
+    CHECK_FALSE(at::equal(load(out, trained), load(base, trained)));
+  }
+  SECTION("P-Tuning v2") {
+    Ran r = run(common +
+                "--train_type ptuning --seed 1234 --ds_file ds_zero2_no_offload.json "
+                "--gradient_checkpointing --show_loss_step 10 --pre_seq_len 16 "
+                "--prefix_projection True --output_dir ./output-glm3");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    zt::SafetensorsFile prefix(work + "/output-glm3/prefix_encoder.safetensors");
+    CHECK(prefix.load("transformer.prefix_encoder.embedding.weight").size(0) == 16);
+    CHECK(fs::exists(work + "/output-glm3/adapter_config.json"));
+  }
+  SECTION("LoRA, train.py's defaults") {
+    Ran r =
+        run("--train_path data/spo_0.json --model_name_or_path ChatGLM3-6B/ "
+            "--per_device_train_batch_size 1 --mode glm3 --ds_file ds_zero2_no_offload.json "
+            "--output_dir ./output-lora");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    const std::string config = zt::files::read_text(work + "/output-lora/adapter_config.json");
+    CHECK_THAT(config, Contains("\"query_key_value\""));
+    CHECK_THAT(config, Contains("\"lora_alpha\": 30"));
+  }
 }

@@ -333,6 +333,18 @@ const std::vector<WrittenAdapter>& written_by_zerotrain() {
        {"--finetuning_type", "ptuning", "--encoder_reparameterization_type", "LSTM",
         "--num_virtual_tokens", "4"}},
       {"prefix", nullptr, {"--finetuning_type", "prefix", "--num_virtual_tokens", "3"}},
+      // The GLM family under PEFT's names for it: transformers' glm / glm4, and ChatGLM's own
+      // remote-code modules (loaded in PEFT over THUDM's modeling_chatglm.py).
+      {"glm4_lora_all_linear", nullptr, {"--finetuning_type", "lora"}, "glm4"},
+      {"glm_lora_names",
+       nullptr,
+       {"--finetuning_type", "lora", "--lora_target_modules", "q_proj,gate_up_proj"},
+       "glm"},
+      {"chatglm_lora",
+       nullptr,
+       {"--finetuning_type", "lora", "--lora_target_modules",
+        "query_key_value,dense,dense_h_to_4h,dense_4h_to_h"},
+       "chatglm"},
   };
   return all;
 }
@@ -442,8 +454,10 @@ TEST_CASE(
       INFO("adapter " << root << "/" << entry.path().filename().string());
       ++checked[root];
       const PeftConfig config = load_adapter_config(dir);
+      // The fixture the adapter names (tests/fixtures/models/<base>; none: the tiny llama).
+      const std::string& named = config.base_model_name_or_path;
       const std::string base =
-          config.base_model_name_or_path.find("qwen2") != std::string::npos ? "qwen2" : "llama";
+          named.empty() ? "llama" : std::filesystem::path(named).filename().string();
       SafetensorsFile expected(dir + "/peft_logits.safetensors");
       at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");
       at::Tensor want = expected.load("logits");

@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,14 @@ volatile std::sig_atomic_t g_signal = 0;
 extern "C" void forward_signal(int sig) {
   g_signal = sig;
   signal_ranks(sig);
+}
+
+// This executable, for running its own commands as ranks.
+std::string self_executable() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) throw IoError("zerotrain launch: cannot find this program (/proc/self/exe)");
+  return std::string(buf, static_cast<size_t>(n));
 }
 
 int parse_int(const std::string& flag, const std::string& value) {
@@ -95,7 +104,11 @@ int cmd_launch(const Args& args) {
         "  --num_gpus N        as --nproc_per_node\n"
         "  --include localhost:0,2   one rank per listed GPU (CUDA_VISIBLE_DEVICES is set to "
         "them)\n"
-        "  --num_nodes 1       (one machine only)\n",
+        "  --num_nodes 1       (one machine only)\n"
+        "Without a count, one rank per GPU CUDA_VISIBLE_DEVICES lists (deepspeed's default), else "
+        "1.\n"
+        "PROGRAM `train` is this program's own train command (`deepspeed train.py ARGS` becomes\n"
+        "`zerotrain launch train ARGS`).\n",
         stdout);
     return 0;
   }
@@ -152,6 +165,15 @@ int cmd_launch(const Args& args) {
   }
   Args command(args.begin() + static_cast<long>(i), args.end());
   if (command.empty()) throw ConfigError("zerotrain launch: no command to run after the options");
+  // `zerotrain launch ... train ARGS` runs this program's own train command, as `deepspeed ...
+  // train.py ARGS` runs the script.
+  if (command[0] == "train") command.insert(command.begin(), self_executable());
+  // deepspeed's default: one rank per visible GPU, as CUDA_VISIBLE_DEVICES lists them.
+  if (!counted && !included) {
+    if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"); visible && *visible) {
+      o.nproc = static_cast<int>(std::count(visible, visible + std::strlen(visible), ',')) + 1;
+    }
+  }
   if (o.nproc < 1) throw ConfigError("--nproc_per_node must be at least 1");
   // The launcher waits for its ranks to exit rather than dying first (a handler, not SIG_IGN:
   // handlers do not survive exec into the ranks).

@@ -1,4 +1,4 @@
-// zerotrain merge CHECKPOINT OUT [--dtype bf16|fp16|fp32] [--base_model DIR]: a checkpoint's
+// zerotrain merge CHECKPOINT OUT [--dtype ..] [--base_model DIR] [--as glm]: a checkpoint's
 // shards consolidated into an HF model folder (DeepSpeed's zero_to_fp32.py job, LoRA folded in).
 #include <cstdio>
 
@@ -11,14 +11,16 @@ namespace zt::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: zerotrain merge FOLDER OUT [--dtype bf16|fp16|fp32] [--base_model DIR]\n\n"
+    "usage: zerotrain merge FOLDER OUT [--dtype bf16|fp16|fp32] [--base_model DIR] [--as glm]\n\n"
     "Consolidates FOLDER into an HF model folder OUT (which must not exist or be empty). FOLDER is "
     "a\n"
     "checkpoint-<step> folder (its sharded fp32 masters) or a run's output_dir (its adapter or "
     "model).\n"
     "LoRA adapters are folded into their base model's weights.\n"
     "  --dtype D          the output dtype [default: the model's own]\n"
-    "  --base_model DIR   the base model folder [default: the adapter's base_model_name_or_path]\n";
+    "  --base_model DIR   the base model folder [default: the adapter's base_model_name_or_path]\n"
+    "  --as LAYOUT        chatglm models only: glm writes transformers' glm layout\n"
+    "                     (GlmForCausalLM) [default: the model's own layout]\n";
 
 }  // namespace
 
@@ -41,9 +43,17 @@ int cmd_merge(const Args& in) {
       throw ConfigError("--dtype: expected bf16, fp16 or fp32, found \"" + *dtype + "\"");
     }
   }
+  if (auto layout = take_option(args, "as")) {
+    if (*layout != "glm" && *layout != "own") {
+      throw ConfigError("--as: expected glm (or own, the model's layout), found \"" + *layout +
+                        "\"");
+    }
+    options.as_glm = *layout == "glm";
+  }
   if (args.size() != 2 || args[0].rfind("--", 0) == 0 || args[1].rfind("--", 0) == 0) {
     throw ConfigError(
-        "usage: zerotrain merge FOLDER OUT [--dtype bf16|fp16|fp32] [--base_model DIR]");
+        "usage: zerotrain merge FOLDER OUT [--dtype bf16|fp16|fp32] [--base_model DIR] [--as "
+        "glm]");
   }
   MergeReport report = merge_checkpoint(args[0], args[1], options);
   std::printf("merged %lld tensors into %s (%zu files)\n", static_cast<long long>(report.tensors),

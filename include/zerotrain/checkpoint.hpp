@@ -116,6 +116,10 @@ struct MergeOptions {
   /// The output dtype; default: the model's own (its config.json dtype).
   std::optional<at::ScalarType> dtype;
   int64_t max_shard_bytes = 5000000000;
+  /// A ChatGLM2/3 model written as transformers' `glm` (GlmForCausalLM: q/k/v split out of
+  /// query_key_value, HF names, a glm config.json) instead of in ChatGLM's own layout. Any
+  /// other model type is a ConfigError.
+  bool as_glm = false;
 };
 
 struct MergeReport {

@@ -306,6 +306,14 @@ struct TrainingArguments {
   std::string
       freeze_extra_modules;  ///< comma list of modules also trained (embed_tokens, lm_head, norm)
 
+  // ChatGLM-Finetuning's train.py flags (docs/chatglm.md). Any of them given puts its defaults
+  // in place of HF's for what is not given (finalize_chatglm_finetuning in training_args.cpp).
+  std::string glm_prompt_layout;     ///< option "mode": glm2 | glm3 (data_set.py's layout)
+  int64_t max_source_length = 256;   ///< option "max_src_len"
+  bool skip_truncated = false;       ///< option "is_skip"
+  std::string train_type;            ///< lora | freeze | ptuning (prefix) | all (full)
+  double warmup_min_lr_ratio = 0.0;  ///< DeepSpeed schedulers' auto warmup_min_lr ÷ learning_rate
+
   /// Names of the options that were given explicitly (flag or JSON key), as opposed to defaulted.
   std::set<std::string> given;
   bool is_given(const std::string& name) const { return given.count(name) != 0; }

@@ -31,10 +31,17 @@ struct DataOptions {
   /// Pre-tokenized lines' ids must be below this: the model's vocab_size (its embedding rows,
   /// often more than the tokenizer's tokens). 0: the tokenizer's vocab_size.
   int64_t token_id_limit = 0;
+  /// ChatGLM-Finetuning's data_set.py layout for instruction records (its --mode): "" (off),
+  /// "glm2" (GLM2PromptDataSet) or "glm3" (GLM3PromptDataSet) — its prompt, its token-level
+  /// truncation to max_source_length and max_length, [gMASK] sop first and eos last, labels
+  /// -100 on the source. Needs ChatGLM's tokenizer; docs/data.md gives the layouts.
+  std::string glm_prompt_layout;
+  int64_t max_source_length = 256;  ///< data_set.py's max_src_len
+  bool skip_truncated = false;      ///< data_set.py's is_skip: drop examples truncation cut
 };
 
 /// The data options among the training arguments (template, max_length, train_on_prompt,
-/// skip_bad_lines).
+/// skip_bad_lines, glm_prompt_layout, max_source_length, skip_truncated).
 DataOptions data_options_for(const TrainingArguments& args);
 
 /// What tokenization saw. Kept in the cache, so a dataset read back reports the same numbers.

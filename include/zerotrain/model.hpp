@@ -30,7 +30,7 @@ struct RopeScaling {
 /// What an HF config.json says about a decoder, in either spelling: transformers 4.x
 /// (`torch_dtype`, `rope_theta`, `rope_scaling`) or 5.x (`dtype`, `rope_parameters`).
 struct ModelConfig {
-  std::string model_type;  ///< llama | qwen2 | mistral | glm | glm4
+  std::string model_type;  ///< llama | qwen2 | mistral | glm | glm4 | chatglm
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -58,6 +58,9 @@ struct ModelConfig {
   /// GLM-4-0414 (`glm4`): each sublayer's output is normed before its residual add
   /// (`post_self_attn_layernorm`, `post_mlp_layernorm`).
   bool post_sublayer_norms = false;
+  /// ChatGLM2/3's own module tree (`chatglm`, THUDM's remote code): glm's arithmetic with q, k
+  /// and v as one `query_key_value` and ChatGLM's names (see CausalLM).
+  bool chatglm_layout = false;
   std::optional<int64_t> sliding_window;  ///< Mistral / Qwen2 with use_sliding_window
   at::ScalarType dtype = at::kFloat;      ///< the checkpoint's dtype (torch_dtype / dtype)
   double initializer_range = 0.02;
@@ -75,6 +78,9 @@ struct ModelConfig {
   }
   /// Total parameters of the model this config builds.
   int64_t parameter_count() const;
+  /// The dotted prefix of decoder layer `i`'s parameter names ("model.layers.3.", ChatGLM's
+  /// "transformer.encoder.layers.3.").
+  std::string layer_prefix(int64_t i) const;
 };
 
 /// Parses config.json text. Unsupported model types, rope types or inconsistent sizes are a
@@ -88,6 +94,20 @@ ModelConfig load_model_config(const std::string& path);
 /// `rope_scaling` / `torch_dtype` for 4.x, `rope_parameters` / `dtype` for 5.x). An inline
 /// config is written in full, in both spellings.
 std::string model_config_json(const ModelConfig& config);
+/// A ChatGLM2/3 config as transformers' `glm` (GlmForCausalLM) states the same model — the
+/// mapping of transformers' convert_glm_weights_to_hf.py: padded_vocab_size → vocab_size,
+/// ffn_hidden_size → intermediate_size, kv_channels → head_dim, multi_query_group_num →
+/// num_key_value_heads, add_qkv_bias → attention_bias, 10000 × rope_ratio → rope_theta,
+/// partial_rotary_factor 0.5. Written in full by model_config_json (not from the source file).
+ModelConfig chatglm_as_glm(const ModelConfig& chatglm);
+/// The `glm` name of a ChatGLM parameter and, for `query_key_value`, the rows [first, first +
+/// count) of it that the glm tensor takes: one entry per glm tensor (q, k and v for the fused
+/// projection; one for every other name). `name` must be a ChatGLM parameter name of `config`.
+struct GlmTensorFrom {
+  std::string glm_name;
+  int64_t first_row = 0, rows = -1;  ///< rows -1: the whole tensor
+};
+std::vector<GlmTensorFrom> glm_names_of_chatglm(const ModelConfig& config, const std::string& name);
 
 /// Loss of a batch: the sum of token losses and the number of tokens it covers.
 struct LossSum {

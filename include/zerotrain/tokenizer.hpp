@@ -1,5 +1,6 @@
-// Tokenizers behind one interface: the built-in byte-level tokenizer and Hugging Face
-// tokenizer.json tokenizers (docs/tokenizers.md), chosen by load_tokenizer.
+// Tokenizers behind one interface: the built-in byte-level tokenizer, Hugging Face
+// tokenizer.json tokenizers and ChatGLM2/3's SentencePiece tokenizer (docs/tokenizers.md),
+// chosen by load_tokenizer.
 //
 // Thread-safety: a Tokenizer is immutable after construction; its const methods may be called
 // from several threads at once. Nothing here is collective.
@@ -60,6 +61,9 @@ std::shared_ptr<Tokenizer> byte_tokenizer();
 ///   tokenizer_config.json (or, without it, from tokenizer.json's post-processor; rules and
 ///   supported features in docs/tokenizers.md). Unsupported features are ConfigErrors naming
 ///   the file, the JSON key and the type;
+/// - a ChatGLM2/3 folder without tokenizer.json (tokenizer.model, with tokenizer_config.json's
+///   tokenizer_class ChatGLMTokenizer or config.json's model_type chatglm): ChatGLM's
+///   SentencePiece tokenizer with its special tokens (docs/tokenizers.md);
 /// - a folder with other tokenizer files (tokenizer.model, vocab.json, merges.txt,
 ///   tokenizer_config.json) but no tokenizer.json: ConfigError asking for a tokenizer.json
 ///   (save the tokenizer with HF transformers' save_pretrained);

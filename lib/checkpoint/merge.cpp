@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -83,47 +84,76 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
                              : peft.lora.alpha / static_cast<double>(peft.lora.r);
   const at::ScalarType dtype = options.dtype.value_or(config.dtype);
 
-  // The HF tensor names and shapes, from a placeholder model of this config.
+  // The HF tensor names and shapes, from a placeholder model of this config; each output tensor
+  // from rows of one model tensor (a ChatGLM folder written as glm splits query_key_value).
+  if (options.as_glm && !config.chatglm_layout) {
+    throw ConfigError(fmt::format("merge: --as glm converts ChatGLM2/3 folders, but '{}' is {}",
+                                  base_dir.empty() ? checkpoint_dir : base_dir, config.model_type));
+  }
+  const bool to_glm = options.as_glm;
   CausalLM shape_of(config, at::TensorOptions(), /*allocate=*/false);
   std::vector<TensorEntry> plan;
+  struct Rows {
+    std::string name;  // the model's tensor
+    int64_t first = 0, count = -1;
+  };
+  std::vector<Rows> source_of;
   for (const auto& item : shape_of.named_parameters(true)) {
-    plan.push_back(TensorEntry{item.key(), dtype, item.value().sizes().vec()});
+    const std::vector<int64_t> shape = item.value().sizes().vec();
+    if (!to_glm) {
+      plan.push_back(TensorEntry{item.key(), dtype, shape});
+      source_of.push_back({item.key()});
+      continue;
+    }
+    for (const GlmTensorFrom& g : glm_names_of_chatglm(config, item.key())) {
+      std::vector<int64_t> rows = shape;
+      if (g.rows >= 0) rows[0] = g.rows;
+      plan.push_back(TensorEntry{g.glm_name, dtype, rows});
+      source_of.push_back({item.key(), g.first_row, g.rows});
+    }
   }
+  std::map<std::string, std::vector<int64_t>> model_shape;
+  for (const auto& item : shape_of.named_parameters(true))
+    model_shape[item.key()] = item.value().sizes().vec();
   fs::create_directories(out_dir);
   const int64_t rss_start = rss_anon_bytes();
   MergeReport report;
   SafetensorsStreamWriter writer(out_dir, plan, options.max_shard_bytes);
-  for (const TensorEntry& e : plan) {
-    at::Tensor value = at::empty(e.shape, at::TensorOptions().dtype(at::kFloat));
-    if (masters->has(e.name)) {
-      masters->read(e.name, e.shape, 0, value);
-    } else if (base && base->contains(e.name)) {
-      base->read_range(e.name, 0, value);
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const TensorEntry& e = plan[i];
+    const Rows& from = source_of[i];
+    const std::vector<int64_t>& shape = model_shape.at(from.name);
+    at::Tensor value = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+    if (masters->has(from.name)) {
+      masters->read(from.name, shape, 0, value);
+    } else if (base && base->contains(from.name)) {
+      base->read_range(from.name, 0, value);
     } else {
       throw IoError(fmt::format(
           "merge: '{}' is neither trained in '{}' nor found in a base model{}; a Freeze "
           "checkpoint needs --base_model DIR",
-          e.name, checkpoint_dir, base_dir.empty() ? "" : " ('" + base_dir + "')"));
+          from.name, checkpoint_dir, base_dir.empty() ? "" : " ('" + base_dir + "')"));
     }
     const std::string module =
-        e.name.size() > 7 && e.name.compare(e.name.size() - 7, 7, ".weight") == 0
-            ? e.name.substr(0, e.name.size() - 7)
+        from.name.size() > 7 && from.name.compare(from.name.size() - 7, 7, ".weight") == 0
+            ? from.name.substr(0, from.name.size() - 7)
             : "";
     if (adapter && !module.empty() && masters->has(module + ".lora_A.weight")) {
       const std::string a_name = module + ".lora_A.weight", b_name = module + ".lora_B.weight";
-      at::Tensor a = at::empty({peft.lora.r, e.shape[1]}, at::kFloat),
-                 b = at::empty({e.shape[0], peft.lora.r}, at::kFloat);
+      at::Tensor a = at::empty({peft.lora.r, shape[1]}, at::kFloat),
+                 b = at::empty({shape[0], peft.lora.r}, at::kFloat);
       masters->read(a_name, a.sizes().vec(), 0, a);
       masters->read(b_name, b.sizes().vec(), 0, b);
       value.addmm_(b, a, /*beta=*/1.0, /*alpha=*/scaling);
     }
+    if (from.count >= 0) value = value.narrow(0, from.first, from.count).contiguous();
     writer.write(e.name, value);
     report.largest_tensor_bytes = std::max(report.largest_tensor_bytes, e.nbytes());
     ++report.tensors;
     report.peak_rss_anon_bytes = std::max(report.peak_rss_anon_bytes, rss_anon_bytes() - rss_start);
   }
   report.files = writer.finish();
-  ModelConfig out_config = config;
+  ModelConfig out_config = to_glm ? chatglm_as_glm(config) : config;
   out_config.dtype = dtype;
   files::write_atomic(out_dir + "/config.json", model_config_json(out_config) + "\n");
   report.files.push_back(out_dir + "/config.json");

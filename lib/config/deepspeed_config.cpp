@@ -26,10 +26,16 @@ OffloadConfig parse_offload(ObjectReader& r, const char* key, int64_t default_bu
   out.buffer_count = default_buffers;
   std::optional<ObjectReader> o = r.object(key);
   if (!o) return out;
-  if (auto d = o->choice("device", {"none", "cpu", "nvme"}, true)) {
+  if (auto d = o->choice("device", {"none", "cpu", "nvme", "auto"}, true)) {
     out.device = *d == "cpu"    ? OffloadDevice::kCpu
                  : *d == "nvme" ? OffloadDevice::kNvme
                                 : OffloadDevice::kNone;
+    if (*d == "auto") {  // ChatGLM-Finetuning's ds_zero2_no_offload.json writes it
+      warnings.push_back(
+          fmt::format("zero_optimization.{}.device: \"auto\" is read as \"none\" "
+                      "(no offload); write \"cpu\" to offload",
+                      key));
+    }
   }
   if (auto v = o->boolean("pin_memory")) out.pin_memory = *v;
   if (auto v = o->string("nvme_path")) out.nvme_path = *v;
@@ -227,8 +233,16 @@ SchedulerConfig parse_scheduler(ObjectReader& top, std::vector<std::string>& war
         if (s.type != SchedulerType::kWarmupLR) {
           config::read_auto_int(*p, "total_num_steps", s.total_num_steps, 1);
         }
-        if (auto v = p->choice("warmup_type", {"log", "linear"})) {
-          s.warmup_type = *v == "log" ? WarmupType::kLog : WarmupType::kLinear;
+        // DeepSpeed's WarmupLR takes any other name (ChatGLM-Finetuning's configs write
+        // "cosine") as log, with a warning; so does zerotrain.
+        if (auto v = p->string("warmup_type")) {
+          s.warmup_type = *v == "linear" ? WarmupType::kLinear : WarmupType::kLog;
+          if (*v != "log" && *v != "linear") {
+            warnings.push_back(fmt::format(
+                "scheduler.params.warmup_type: \"{}\" is not a warmup DeepSpeed knows (log, "
+                "linear); like DeepSpeed, zerotrain warms up with log",
+                *v));
+          }
         }
         if (s.type == SchedulerType::kWarmupCosineLR) {
           if (auto v = p->number("warmup_min_ratio", 0.0, 1.0)) s.warmup_min_ratio = *v;

@@ -173,7 +173,8 @@ void resolve_precision(DeepSpeedConfig& ds, TrainingArguments& args) {
 void resolve_scheduler(DeepSpeedConfig& ds, TrainingArguments& args, const ResolveContext& ctx) {
   SchedulerConfig& s = ds.scheduler;
   if (!s.present) return;
-  if (s.warmup_min_lr.is_auto()) s.warmup_min_lr.resolve(0.0);
+  if (s.warmup_min_lr.is_auto())
+    s.warmup_min_lr.resolve(args.warmup_min_lr_ratio * args.learning_rate);
   reconcile(ds, s.warmup_max_lr, "scheduler.params.warmup_max_lr", args.learning_rate, args,
             "learning_rate", false);
   if (ctx.total_train_steps) {
@@ -214,7 +215,28 @@ void resolve_buckets(DeepSpeedConfig& ds, const ResolveContext& ctx) {
 
 }  // namespace
 
+// ChatGLM-Finetuning's train.py writes these into the DeepSpeed config from its arguments,
+// whatever the file says: as "auto" they are filled from the arguments here too.
+void override_like_chatglm_finetuning(DeepSpeedConfig& ds) {
+  ds.train_batch_size.set_auto();
+  ds.train_micro_batch_size_per_gpu.set_auto();
+  ds.gradient_accumulation_steps.set_auto();
+  if (ds.optimizer.present) {
+    ds.optimizer.lr.set_auto();
+    ds.optimizer.betas.set_auto();
+    ds.optimizer.eps.set_auto();
+    ds.optimizer.weight_decay.set_auto();
+  }
+  if (ds.scheduler.present) {
+    ds.scheduler.warmup_min_lr.set_auto();
+    ds.scheduler.warmup_max_lr.set_auto();
+    ds.scheduler.warmup_num_steps.set_auto();
+    ds.scheduler.total_num_steps.set_auto();
+  }
+}
+
 void resolve_config(DeepSpeedConfig& ds, TrainingArguments& args, const ResolveContext& ctx) {
+  if (!args.train_type.empty()) override_like_chatglm_finetuning(ds);
   if (ctx.world_size < 1) {
     throw ConfigError(fmt::format("world size must be at least 1, found {}", ctx.world_size));
   }

@@ -82,7 +82,7 @@ std::optional<int64_t> parse_int_text(const std::string& s) {
 // The options HF reads as a step count or, below 1, a fraction of the run.
 bool is_step_interval(std::string_view name) {
   return name == "logging_steps" || name == "save_steps" || name == "eval_steps" ||
-         name == "warmup_steps";
+         name == "warmup_steps" || name == "show_loss_step" || name == "save_model_step";
 }
 
 // A number as HF's training_args.json shows it: step counts as integers.
@@ -210,9 +210,72 @@ bool is_other_integration(const std::string& name) {
   return names.count(name) != 0;
 }
 
+// Whether any name of the option `member` was given.
+bool member_given(const Args& a, const config::Member& member) {
+  for (const Option& o : options()) {
+    if (o.member == member && a.is_given(o.name)) return true;
+  }
+  return false;
+}
+
+// ChatGLM-Finetuning's train.py: when any flag only it has is given, what is not given takes
+// its defaults and the values it writes into the DeepSpeed config (betas 0.9/0.95, eps 1e-8,
+// warmup_min_lr 0.1 × lr), and train_type picks the method. Idempotent.
+void finalize_chatglm_finetuning(Args& a, const std::string& where) {
+  static const char* const kOwnFlags[] = {"train_path",       "max_len",        "max_src_len",
+                                          "is_skip",          "mode",           "train_type",
+                                          "ds_file",          "show_loss_step", "lora_dim",
+                                          "lora_module_name", "save_model_step"};
+  const bool seed = std::any_of(std::begin(kOwnFlags), std::end(kOwnFlags),
+                                [&](const char* f) { return a.is_given(f); });
+  if (!seed) return;
+  auto by_default = [&](auto member, auto value) {
+    if (!member_given(a, member)) a.*member = value;
+  };
+  by_default(&Args::glm_prompt_layout, std::string("glm2"));
+  by_default(&Args::train_type, std::string("lora"));
+  by_default(&Args::per_device_train_batch_size, int64_t{16});
+  by_default(&Args::learning_rate, 1e-3);
+  by_default(&Args::weight_decay, 0.1);
+  by_default(&Args::adam_beta1, 0.9);
+  by_default(&Args::adam_beta2, 0.95);
+  by_default(&Args::adam_epsilon, 1e-8);
+  by_default(&Args::num_train_epochs, 1.0);
+  by_default(&Args::warmup_ratio, 0.1);
+  by_default(&Args::warmup_min_lr_ratio, 0.1);
+  by_default(&Args::seed, int64_t{1234});
+  by_default(&Args::logging_steps, 10.0);
+  by_default(&Args::lora_alpha, 30.0);
+  by_default(&Args::lora_dropout, 0.1);
+  by_default(&Args::lora_target_modules, std::string("query_key_value"));
+  by_default(&Args::freeze_module_name, std::string("layers.27."));
+  by_default(&Args::pre_seq_len, std::optional<int64_t>(16));
+  by_default(&Args::prefix_projection, true);
+  // train.py saves the model only at save_model_step and at the end of each epoch.
+  if (!member_given(a, &Args::save_steps)) by_default(&Args::save_strategy, std::string("no"));
+  if (a.glm_prompt_layout == "glm") {
+    throw ConfigError(fmt::format(
+        "{}mode glm: ChatGLM-6B (the first generation) is not supported; zerotrain trains "
+        "ChatGLM2/3-6B (--mode glm2, glm3) and GLM-4 (model_type glm, glm4)",
+        where));
+  }
+  const std::string method = a.train_type == "ptuning" ? "prefix"
+                             : a.train_type == "all"   ? "full"
+                                                       : a.train_type;
+  if (a.is_given("finetuning_type") && a.finetuning_type != method &&
+      !(method == "prefix" && a.finetuning_type == "ptuning_v2")) {
+    throw ConfigError(
+        fmt::format("{}train_type {} and finetuning_type {} contradict each other; "
+                    "give one of them",
+                    where, a.train_type, a.finetuning_type));
+  }
+  a.finetuning_type = method;
+}
+
 // Settings derived from others (torch_dtype, use_cpu, report_to), then the checks that span
 // several options. Idempotent: the options file and the flags each end with it.
 void finalize(Args& a, const std::string& where) {
+  finalize_chatglm_finetuning(a, where);
   if (a.torch_dtype == "bfloat16" || a.torch_dtype == "float16") {
     const bool bf = a.torch_dtype == "bfloat16";
     bool& mine = bf ? a.bf16 : a.fp16;

@@ -311,13 +311,55 @@ std::vector<Option> fine_tuning_method() {
   };
 }
 
+// ChatGLM-Finetuning's train.py flags: aliases with its meanings (docs/chatglm.md).
+std::vector<Option> chatglm_finetuning() {
+  return {
+      {"train_path", &Args::train_file, {}, -1e308, "ChatGLM-Finetuning: alias of train_file"},
+      {"max_len", &Args::max_length, {}, 1, "ChatGLM-Finetuning: alias of max_length"},
+      {"max_src_len",
+       &Args::max_source_length,
+       {},
+       1,
+       "ChatGLM-Finetuning: source tokens kept (--mode layouts)"},
+      {"is_skip",
+       &Args::skip_truncated,
+       {},
+       -1e308,
+       "ChatGLM-Finetuning: drop examples truncation cut"},
+      {"mode",
+       &Args::glm_prompt_layout,
+       {"glm", "glm2", "glm3"},
+       -1e308,
+       "ChatGLM-Finetuning: data_set.py's layout of instruction records"},
+      {"train_type",
+       &Args::train_type,
+       {"lora", "freeze", "ptuning", "all"},
+       -1e308,
+       "ChatGLM-Finetuning: the method (ptuning = P-Tuning v2 = prefix, all = full)"},
+      {"ds_file", &Args::deepspeed, {}, -1e308, "ChatGLM-Finetuning: alias of deepspeed"},
+      {"show_loss_step", &Args::logging_steps, {}, 0, "ChatGLM-Finetuning: alias of logging_steps"},
+      {"lora_dim", &Args::lora_r, {}, 1, "ChatGLM-Finetuning: alias of lora_r"},
+      {"lora_module_name",
+       &Args::lora_target_modules,
+       {},
+       -1e308,
+       "ChatGLM-Finetuning: alias of lora_target_modules"},
+      {"save_model_step", &Args::save_steps, {}, 0, "ChatGLM-Finetuning: alias of save_steps"},
+      {"warmup_min_lr_ratio",
+       &Args::warmup_min_lr_ratio,
+       {},
+       0,
+       "a DeepSpeed scheduler's auto warmup_min_lr as a fraction of learning_rate"},
+  };
+}
+
 }  // namespace
 
 const std::vector<Option>& options() {
   static const std::vector<Option> table = [] {
     std::vector<Option> all;
-    for (auto group :
-         {run_and_data, batches_and_optimization, logging_evaluation_saving, fine_tuning_method}) {
+    for (auto group : {run_and_data, batches_and_optimization, logging_evaluation_saving,
+                       fine_tuning_method, chatglm_finetuning}) {
       std::vector<Option> part = group();
       all.insert(all.end(), part.begin(), part.end());
     }

@@ -33,9 +33,11 @@ std::string cache_key(const std::string& jsonl_path, const Tokenizer& tok, const
   }
   return fmt::format(
       "version={}\nfile={}\nsize={}\nmtime={}\ntokenizer={}\ntemplate={}\nmax_length={}\n"
-      "train_on_prompt={}\nskip_bad_lines={}\ntoken_id_limit={}",
+      "train_on_prompt={}\nskip_bad_lines={}\ntoken_id_limit={}\nglm_prompt_layout={}\n"
+      "max_source_length={}\nskip_truncated={}",
       kCacheVersion, file.string(), size, static_cast<int64_t>(mtime), tok.fingerprint(),
-      o.template_name, o.max_length, o.train_on_prompt, o.skip_bad_lines, o.token_id_limit);
+      o.template_name, o.max_length, o.train_on_prompt, o.skip_bad_lines, o.token_id_limit,
+      o.glm_prompt_layout, o.max_source_length, o.skip_truncated);
 }
 
 uint64_t fnv1a(const std::string& s) {

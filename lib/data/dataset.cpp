@@ -2,6 +2,7 @@
 // and the flat Dataset they fill.
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <fstream>
@@ -15,6 +16,7 @@
 
 #include "data/chat_templates.hpp"
 #include "data/records.hpp"
+#include "tokenizer/chatglm_tokenizer.hpp"
 #include "util/json.hpp"
 #include "util/log.hpp"
 #include "util/threads.hpp"
@@ -29,6 +31,9 @@ DataOptions data_options_for(const TrainingArguments& args) {
   o.max_length = args.max_length;
   o.train_on_prompt = args.train_on_prompt;
   o.skip_bad_lines = args.skip_bad_lines;
+  o.glm_prompt_layout = args.glm_prompt_layout;
+  o.max_source_length = args.max_source_length;
+  o.skip_truncated = args.skip_truncated;
   return o;
 }
 
@@ -207,6 +212,60 @@ Example encode_text(const std::string& text, const Tokenizer& tok, size_t limit)
   return e;
 }
 
+// v[start:stop] as Python slices it (negative bounds count from the end, clamped).
+std::vector<int32_t> py_slice(const std::vector<int32_t>& v, int64_t start, int64_t stop) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  auto clamp = [n](int64_t i) { return std::clamp(i < 0 ? i + n : i, int64_t{0}, n); };
+  const int64_t a = clamp(start), b = clamp(stop);
+  if (a >= b) return {};
+  return {v.begin() + a, v.begin() + b};
+}
+
+std::vector<int32_t> joined(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// ChatGLM-Finetuning's GLM2PromptDataSet / GLM3PromptDataSet for one record, token for token
+// (utils.py): `truncated` says whether a cut was made (is_skip drops those).
+Example encode_glm_finetuning(const std::string& instruction, const std::string& output,
+                              const ChatGlmTokenizer& tok, const DataOptions& o, bool* truncated) {
+  const int64_t max_len = o.max_length, max_src = o.max_source_length;
+  const auto command = [&](const char* name) { return *tok.command(name); };
+  std::vector<int32_t> src, tgt;
+  int64_t max_tgt = 0;
+  *truncated = false;
+  if (o.glm_prompt_layout == "glm2") {
+    src = tok.encode_plain("[Round 1]\n\n问：" + instruction + "\n\n答：");
+    if (static_cast<int64_t>(src.size()) > max_src) {  // keeps "\n\n答：", its last 4 tokens
+      src = joined(py_slice(src, 0, max_src - 4), py_slice(src, -4, INT64_MAX));
+      *truncated = true;
+    }
+    max_tgt = max_len - 3 - static_cast<int64_t>(src.size());
+    tgt = tok.encode_plain(output);
+  } else {
+    src = joined(joined({command("<|user|>")}, tok.encode_plain("\n")),
+                 tok.encode_plain(instruction));
+    if (static_cast<int64_t>(src.size()) > max_src) {
+      src = py_slice(src, 0, max_src);
+      *truncated = true;
+    }
+    max_tgt = max_len - 6 - static_cast<int64_t>(src.size());
+    tgt = joined(joined({command("<|assistant|>")}, tok.encode_plain("\n")),
+                 tok.encode_plain(output));
+  }
+  if (static_cast<int64_t>(tgt.size()) > max_tgt) {
+    tgt = py_slice(tgt, 0, max_tgt);
+    *truncated = true;
+  }
+  Example e;
+  e.append({command("[gMASK]"), command("sop")}, false);
+  e.append(src, false);
+  e.append(tgt, true);
+  e.append({tok.eos_id()}, true);
+  return e;
+}
+
 // ---- line formats --------------------------------------------------------------------------
 
 std::vector<int32_t> token_array(json::ObjectReader& r, const char* key, int64_t vocab_size,
@@ -359,13 +418,22 @@ Chat parse_instruction(json::ObjectReader& r) {
 }
 
 // The example in one record. A malformed record throws ConfigError "<where>: ...".
+// `truncated` is set when ChatGLM-Finetuning's layout cut the record.
 Example parse_line(std::string_view line, const std::string& where, const Tokenizer& tok,
-                   const ChatTemplate& t, bool train_on_prompt, int64_t id_limit, size_t limit) {
+                   const ChatTemplate& t, const DataOptions& o, int64_t id_limit, size_t limit,
+                   bool* truncated) {
   rapidjson::Document doc = json::parse(line, where);
   json::ObjectReader r(doc, "", where);
+  const bool train_on_prompt = o.train_on_prompt;
   // The first of these keys decides the format (docs/data.md).
   if (doc.HasMember("input_ids")) return parse_tokens(r, id_limit);
   if (tok.vocab_size() > id_limit) throw TextNeedsVocabulary{};  // this record has text to encode
+  if (!o.glm_prompt_layout.empty() && doc.HasMember("instruction")) {
+    // data_set.py reads exactly these three keys, instruction + input concatenated.
+    const std::string instruction = r.required_string("instruction") + r.required_string("input");
+    return encode_glm_finetuning(instruction, r.required_string("output"),
+                                 static_cast<const ChatGlmTokenizer&>(tok), o, truncated);
+  }
   if (doc.HasMember("messages"))
     return encode_chat(parse_chat(r, where, kOpenAi), t, tok, train_on_prompt, limit);
   if (doc.HasMember("conversations")) {
@@ -441,12 +509,49 @@ void record_template(const std::string& dir, const std::string& name) {
   data::record_chat_template(dir, name);
 }
 
+namespace {
+
+// ChatGLM-Finetuning's layout needs ChatGLM's tokenizer (its special tokens) and room for the
+// target under max_length once the source has max_source_length tokens (data_set.py asserts it).
+void check_glm_prompt_layout(const DataOptions& o, const Tokenizer& tok) {
+  if (o.glm_prompt_layout.empty()) return;
+  if (o.glm_prompt_layout != "glm2" && o.glm_prompt_layout != "glm3") {
+    throw ConfigError(
+        fmt::format("mode: expected glm2 or glm3 (ChatGLM-Finetuning's data layouts "
+                    "for ChatGLM2/3-6B), found \"{}\"",
+                    o.glm_prompt_layout));
+  }
+  const auto* glm = dynamic_cast<const ChatGlmTokenizer*>(&tok);
+  if (glm == nullptr) {
+    throw ConfigError(fmt::format(
+        "mode {}: ChatGLM-Finetuning's data layout needs ChatGLM2/3's tokenizer (a model folder "
+        "with its tokenizer.model); this model's tokenizer is another",
+        o.glm_prompt_layout));
+  }
+  if (o.glm_prompt_layout == "glm3" && glm->generation() != ChatGlmTokenizer::kChatGlm3) {
+    throw ConfigError(
+        "mode glm3: the folder's tokenizer is ChatGLM2's (its tokenization_chatglm.py has no "
+        "role tokens); use --mode glm2 or a ChatGLM3 folder");
+  }
+  const int64_t reserved = o.glm_prompt_layout == "glm2" ? 3 : 6;
+  const int64_t min_src = o.glm_prompt_layout == "glm2" ? 4 : 1;
+  if (o.max_source_length < min_src || o.max_source_length + reserved > o.max_length) {
+    throw ConfigError(fmt::format(
+        "max_src_len {} with max_len {}: mode {} needs max_src_len >= {} and max_len >= "
+        "max_src_len + {} (data_set.py's room for the target and its special tokens)",
+        o.max_source_length, o.max_length, o.glm_prompt_layout, min_src, reserved));
+  }
+}
+
+}  // namespace
+
 Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const DataOptions& o,
                        DatasetStats* stats) {
   const ChatTemplate& t = data::chat_template(o.template_name);
   if (o.max_length < 1) {
     throw ConfigError(fmt::format("max_length: expected an integer >= 1, found {}", o.max_length));
   }
+  check_glm_prompt_layout(o, tok);
   data::RecordReader reader(path);
   Dataset dataset;
   DatasetStats s;
@@ -459,6 +564,7 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
     Example example;
     std::string error;         // a malformed line's message
     std::exception_ptr fatal;  // anything else, rethrown where a sequential pass would throw it
+    bool truncated = false;    // cut by ChatGLM-Finetuning's layout
   };
   constexpr size_t kBatchLines = 8192;
   const int threads = cpu_worker_threads();
@@ -467,9 +573,8 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
   auto work = [&](int64_t first, int64_t last) {
     for (size_t i = static_cast<size_t>(first); i < static_cast<size_t>(last); ++i) {
       try {
-        outcomes[i].example =
-            parse_line(batch[i].text, reader.where(batch[i]), tok, t, o.train_on_prompt, id_limit,
-                       static_cast<size_t>(o.max_length));
+        outcomes[i].example = parse_line(batch[i].text, reader.where(batch[i]), tok, t, o, id_limit,
+                                         static_cast<size_t>(o.max_length), &outcomes[i].truncated);
       } catch (const ConfigError& error) {
         outcomes[i].error = error.what();
       } catch (const TextNeedsVocabulary&) {
@@ -502,7 +607,7 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
         e.ids.resize(o.max_length);
         e.labels.resize(o.max_length);
       }
-      if (!has_trained_label(e)) {
+      if (!has_trained_label(e) || (out.truncated && o.skip_truncated)) {
         ++s.dropped_examples;
         continue;
       }

@@ -10,22 +10,36 @@
 
 namespace zt {
 
-// The `model` submodule of HF's *ForCausalLM (embed_tokens, layers, norm).
+// A module that only holds others under a name (ChatGLM's `embedding` and `encoder`).
+struct Holder : torch::nn::Module {};
+
+// The decoder without its LM head: HF's `model` submodule of *ForCausalLM (embed_tokens, layers,
+// norm), or ChatGLM's `transformer` (embedding.word_embeddings, encoder.layers,
+// encoder.final_layernorm, and output_layer — the head, which HF keeps outside as lm_head).
 struct DecoderBody : torch::nn::Module {
   std::shared_ptr<model::Embedding> embed_tokens;
   torch::nn::ModuleList layer_list{nullptr};
   std::vector<std::shared_ptr<model::DecoderLayer>> layers;
   std::shared_ptr<model::RMSNorm> norm;
   DecoderBody(const ModelConfig& c, const model::ParamFactory& o) {
-    embed_tokens = register_module(
-        "embed_tokens", std::make_shared<model::Embedding>(c.vocab_size, c.hidden_size, o));
-    layer_list = register_module("layers", torch::nn::ModuleList());
+    auto embeddings = std::make_shared<model::Embedding>(c.vocab_size, c.hidden_size, o);
+    auto list = torch::nn::ModuleList();
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
       layers.push_back(std::make_shared<model::DecoderLayer>(c, o));
-      layer_list->push_back(layers.back());
+      list->push_back(layers.back());
     }
-    norm =
-        register_module("norm", std::make_shared<model::RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
+    auto final_norm = std::make_shared<model::RMSNorm>(c.hidden_size, c.rms_norm_eps, o);
+    if (c.chatglm_layout) {
+      auto embedding = register_module("embedding", std::make_shared<Holder>());
+      embed_tokens = embedding->register_module("word_embeddings", embeddings);
+      auto encoder = register_module("encoder", std::make_shared<Holder>());
+      layer_list = encoder->register_module("layers", list);
+      norm = encoder->register_module("final_layernorm", final_norm);
+      return;
+    }
+    embed_tokens = register_module("embed_tokens", embeddings);
+    layer_list = register_module("layers", list);
+    norm = register_module("norm", final_norm);
   }
 };
 
@@ -63,8 +77,10 @@ at::Tensor mask_or_empty(const at::Tensor& attention_mask, const at::Tensor& lik
   return attention_mask.to(like.device());
 }
 
-// Adds the adapter's virtual tokens or prefixes to embedded inputs `x` [B, T, H].
-Prepared apply_prompt(PromptAdapter* prompt, at::Tensor x, at::Tensor mask) {
+// Adds the adapter's virtual tokens or prefixes to embedded inputs `x` [B, T, H]. After a prefix,
+// the inputs' positions start at its length (transformers' models count cached keys), except
+// in ChatGLM's layout, whose positions always start at 0.
+Prepared apply_prompt(const ModelConfig& c, PromptAdapter* prompt, at::Tensor x, at::Tensor mask) {
   Prepared p;
   p.x = std::move(x);
   p.mask = std::move(mask);
@@ -82,7 +98,7 @@ Prepared apply_prompt(PromptAdapter* prompt, at::Tensor x, at::Tensor mask) {
           k.to(p.x.scalar_type()).unsqueeze(0).expand({b, k.size(0), k.size(1), k.size(2)}),
           v.to(p.x.scalar_type()).unsqueeze(0).expand({b, v.size(0), v.size(1), v.size(2)}));
     }
-    p.start = n;
+    p.start = c.chatglm_layout ? 0 : n;
   }
   if (padded) p.mask = at::cat({ones.to(p.mask.device()), p.mask}, 1);
   return p;
@@ -94,11 +110,13 @@ CausalLM::CausalLM(const ModelConfig& config, at::TensorOptions options, bool al
     : config_(config), impl_(std::make_unique<Impl>()) {
   at::NoGradGuard no_grad;
   model::ParamFactory factory{options, allocate};
-  impl_->body = register_module("model", std::make_shared<DecoderBody>(config_, factory));
+  impl_->body = register_module(config_.chatglm_layout ? "transformer" : "model",
+                                std::make_shared<DecoderBody>(config_, factory));
   if (!config_.tie_word_embeddings) {
-    impl_->lm_head = register_module(
-        "lm_head",
-        std::make_shared<model::Linear>(config_.hidden_size, config_.vocab_size, false, factory));
+    auto head =
+        std::make_shared<model::Linear>(config_.hidden_size, config_.vocab_size, false, factory);
+    impl_->lm_head = config_.chatglm_layout ? impl_->body->register_module("output_layer", head)
+                                            : register_module("lm_head", head);
   }
 }
 
@@ -163,7 +181,7 @@ LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
   at::Tensor embedded = gate_(0, {ids}, [body](const std::vector<at::Tensor>& in) {
     return std::vector<at::Tensor>{body->embed_tokens->forward(in[0])};
   })[0];
-  Prepared p = apply_prompt(I.prompt.get(), embedded, mask);
+  Prepared p = apply_prompt(config_, I.prompt.get(), embedded, mask);
   at::Tensor x = p.x;
   auto [cos, sin] =
       position_ids.defined()
@@ -201,7 +219,7 @@ std::vector<at::Tensor> CausalLM::hidden_states(const at::Tensor& input_ids,
   Impl& I = *impl_;
   const at::Device device = I.body->embed_tokens->weight.device();
   at::Tensor ids = input_ids.to(device);
-  Prepared p = apply_prompt(I.prompt.get(), I.body->embed_tokens->forward(ids),
+  Prepared p = apply_prompt(config_, I.prompt.get(), I.body->embed_tokens->forward(ids),
                             mask_or_empty(attention_mask, ids));
   std::vector<at::Tensor> out{p.x};
   auto [cos, sin] = model::rotary_tables(config_, p.start, p.x.size(1), p.x.scalar_type(), device);
@@ -230,8 +248,9 @@ at::Tensor CausalLM::generate(const at::Tensor& input_ids, const GenerationOptio
   int64_t position = 0;
   at::Tensor virtual_tokens;
   if (I.prompt) {
-    Prepared p = apply_prompt(I.prompt.get(), I.body->embed_tokens->forward(ids.narrow(1, 0, 1)),
-                              at::empty({0}, ids.options()));
+    Prepared p =
+        apply_prompt(config_, I.prompt.get(), I.body->embed_tokens->forward(ids.narrow(1, 0, 1)),
+                     at::empty({0}, ids.options()));
     if (p.virtual_tokens > 0) virtual_tokens = p.x.narrow(1, 0, p.virtual_tokens);
     for (size_t i = 0; i < p.prefixes.size(); ++i)
       cache[i] = {p.prefixes[i].first, p.prefixes[i].second};

@@ -94,58 +94,18 @@ void read_glm(ObjectReader& r, ModelConfig& c) {
   r.known({"attention_dropout", "pad_token_id"});
 }
 
-std::optional<int64_t> first_token_id(ObjectReader& r, const char* key) {
-  const rapidjson::Value* v = r.find(key);
-  if (v == nullptr) return std::nullopt;
-  if (v->IsArray()) {
-    if (v->Size() == 0) return std::nullopt;
-    v = &(*v)[0];
-  }
-  std::optional<int64_t> id = v->IsNumber() ? json::as_integer(*v) : std::nullopt;
-  if (!id) r.fail(key, "a token id or a list of token ids");
-  return id;
+// Each size within what any real model has by a wide margin (token ids are 32-bit), so that no
+// product overflows and a corrupt file is refused before anything is allocated.
+int64_t required_size(ObjectReader& r, const char* key, int64_t max) {
+  std::optional<int64_t> v = r.integer(key, 1, max);
+  if (!v) r.fail(key, fmt::format("a positive integer up to {}", max));
+  return *v;
 }
 
-}  // namespace
-
-int64_t ModelConfig::parameter_count() const {
-  const int64_t h = hidden_size, q = num_attention_heads * head_dim, kv = kv_dim();
-  int64_t layer = h * q + 2 * h * kv + q * h + 3 * h * intermediate_size + 2 * h;
-  if (post_sublayer_norms) layer += 2 * h;
-  if (qkv_bias) layer += q + 2 * kv;
-  if (o_proj_bias) layer += h;
-  if (mlp_bias) layer += 2 * intermediate_size + h;
-  int64_t total = vocab_size * h + num_hidden_layers * layer + h;
-  if (!tie_word_embeddings) total += vocab_size * h;
-  return total;
-}
-
-ModelConfig parse_model_config(std::string_view text, const std::string& source) {
-  rapidjson::Document doc = json::parse(text, source);
-  ObjectReader r(doc, "", source);
-  ModelConfig c;
-  c.source = source;
-  const std::string type =
-      r.required_string("model_type", "the model family (llama, qwen2, mistral, glm or glm4)");
-  if (type == "chatglm") {
-    r.fail_value("model_type",
-                 "ChatGLM2/3's remote-code layout (\"chatglm\") is not supported yet; convert the "
-                 "folder to transformers' glm layout (transformers' "
-                 "models/glm/convert_glm_weights_to_hf.py) or use a GLM-4 -hf folder");
-  }
-  if (type != "llama" && type != "qwen2" && type != "mistral" && type != "glm" && type != "glm4") {
-    r.fail_value("model_type", fmt::format("\"{}\" is not supported; supported: llama, qwen2, "
-                                           "mistral, glm, glm4",
-                                           type));
-  }
-  c.model_type = type;
-  // Each size within what any real model has by a wide margin (token ids are 32-bit), so that
-  // no product below overflows and a corrupt file is refused before anything is allocated.
-  auto required = [&](const char* key, int64_t max) {
-    std::optional<int64_t> v = r.integer(key, 1, max);
-    if (!v) r.fail(key, fmt::format("a positive integer up to {}", max));
-    return *v;
-  };
+// The sizes and family switches of transformers' own decoders (llama, qwen2, mistral, glm,
+// glm4).
+void read_hf_decoder(ObjectReader& r, ModelConfig& c) {
+  auto required = [&](const char* key, int64_t max) { return required_size(r, key, max); };
   c.vocab_size = required("vocab_size", int64_t{1} << 31);
   c.hidden_size = required("hidden_size", int64_t{1} << 20);
   c.intermediate_size = required("intermediate_size", int64_t{1} << 22);
@@ -197,6 +157,167 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
         c.sliding_window = *window;
       }
     }
+  }
+}
+
+// ChatGLM2/3-6B's remote-code config (THUDM's configuration_chatglm.py): glm's arithmetic in
+// Megatron's names — padded_vocab_size, num_layers, ffn_hidden_size, kv_channels (head size),
+// multi_query_group_num (key/value heads when multi_query_attention), layernorm_epsilon,
+// seq_length, add_qkv_bias, rope_ratio (RoPE base 10000 × rope_ratio) — with RoPE on the first
+// half of each head in adjacent pairs. The switches its code offers but these models never set
+// are refused rather than computed differently.
+void read_chatglm(ObjectReader& r, ModelConfig& c) {
+  c.chatglm_layout = true;
+  c.fused_gate_up = true;
+  c.rope_interleaved = true;
+  c.partial_rotary_factor = 0.5;
+  c.tie_word_embeddings = false;  // output_layer is its own matrix whatever the flag says
+  c.rms_norm_eps = 1e-5;
+  std::optional<int64_t> padded = r.integer("padded_vocab_size", 1, int64_t{1} << 31);
+  c.vocab_size = padded ? *padded : required_size(r, "vocab_size", int64_t{1} << 31);
+  c.hidden_size = required_size(r, "hidden_size", int64_t{1} << 20);
+  c.intermediate_size = required_size(r, "ffn_hidden_size", int64_t{1} << 22);
+  c.num_hidden_layers = required_size(r, "num_layers", int64_t{1} << 12);
+  c.num_attention_heads = required_size(r, "num_attention_heads", int64_t{1} << 14);
+  if (auto v = r.integer("kv_channels", 1, int64_t{1} << 14)) {
+    c.head_dim = *v;
+  } else if (c.hidden_size % c.num_attention_heads == 0) {
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  } else {
+    r.fail_value("num_attention_heads", fmt::format("hidden_size {} is not divisible by {} heads",
+                                                    c.hidden_size, c.num_attention_heads));
+  }
+  c.num_key_value_heads = c.num_attention_heads;
+  if (r.boolean("multi_query_attention").value_or(false)) {
+    c.num_key_value_heads =
+        r.integer("multi_query_group_num", 1, c.num_attention_heads).value_or(1);
+    if (c.num_attention_heads % c.num_key_value_heads != 0) {
+      r.fail_value("multi_query_group_num",
+                   fmt::format("{} attention heads are not a multiple of {} groups",
+                               c.num_attention_heads, c.num_key_value_heads));
+    }
+  }
+  r.known({"multi_query_group_num"});
+  if (c.head_dim % 4 != 0) {
+    r.fail_value("kv_channels", fmt::format("{} is not a multiple of 4; ChatGLM rotates half of "
+                                            "each head in pairs",
+                                            c.head_dim));
+  }
+  if (auto v = r.integer("seq_length", 1, int64_t{1} << 30)) c.max_position_embeddings = *v;
+  if (auto v = r.number("layernorm_epsilon", 1e-30)) c.rms_norm_eps = *v;
+  if (auto v = r.number("initializer_range", 0.0)) c.initializer_range = *v;
+  c.qkv_bias = r.boolean("add_qkv_bias").value_or(false);
+  c.rope_theta = 10000.0 * r.number("rope_ratio", 1e-12).value_or(1.0);
+  // Switches of the remote code that change the arithmetic: only the values ChatGLM2/3 use.
+  auto require = [&](const char* key, bool wanted, bool fallback, const char* why) {
+    if (r.boolean(key).value_or(fallback) != wanted) r.fail_value(key, why);
+  };
+  require("rmsnorm", true, true, "only RMSNorm (true) is supported, as ChatGLM2/3 use");
+  require("apply_residual_connection_post_layernorm", false, false,
+          "residuals from the normed input are not supported (ChatGLM2/3 use false)");
+  require("post_layer_norm", true, true,
+          "a model without the final layer norm is not supported (ChatGLM2/3 use true)");
+  require("add_bias_linear", false, false,
+          "biases on every projection are not supported (ChatGLM2/3 use false; add_qkv_bias "
+          "gives q/k/v theirs)");
+  require("original_rope", true, true, "only ChatGLM's original RoPE (true) is supported");
+  require("fp32_residual_connection", false, false,
+          "fp32 residuals are not supported (ChatGLM2/3 use false)");
+  if (auto q = r.integer("quantization_bit", 0); q && *q != 0) {
+    r.fail_value("quantization_bit",
+                 "quantized weights are not supported; use the folder's unquantized release");
+  }
+  // A P-Tuning v2 model saved whole records its prefix settings; the prefix encoder itself is
+  // trained (or loaded) by finetuning_type prefix, not built from the base model's config.
+  r.known({"pre_seq_len", "prefix_projection", "hidden_dropout", "attention_dropout",
+           "apply_query_key_layer_scaling", "attention_softmax_in_fp32", "bias_dropout_fusion",
+           "auto_map", "use_cache", "interleaved_qkv", "classifier_dropout"});
+}
+
+std::optional<int64_t> first_token_id(ObjectReader& r, const char* key) {
+  const rapidjson::Value* v = r.find(key);
+  if (v == nullptr) return std::nullopt;
+  if (v->IsArray()) {
+    if (v->Size() == 0) return std::nullopt;
+    v = &(*v)[0];
+  }
+  std::optional<int64_t> id = v->IsNumber() ? json::as_integer(*v) : std::nullopt;
+  if (!id) r.fail(key, "a token id or a list of token ids");
+  return id;
+}
+
+}  // namespace
+
+int64_t ModelConfig::parameter_count() const {
+  const int64_t h = hidden_size, q = num_attention_heads * head_dim, kv = kv_dim();
+  int64_t layer = h * q + 2 * h * kv + q * h + 3 * h * intermediate_size + 2 * h;
+  if (post_sublayer_norms) layer += 2 * h;
+  if (qkv_bias) layer += q + 2 * kv;
+  if (o_proj_bias) layer += h;
+  if (mlp_bias) layer += 2 * intermediate_size + h;
+  int64_t total = vocab_size * h + num_hidden_layers * layer + h;
+  if (!tie_word_embeddings) total += vocab_size * h;
+  return total;
+}
+
+std::string ModelConfig::layer_prefix(int64_t i) const {
+  return fmt::format(chatglm_layout ? "transformer.encoder.layers.{}." : "model.layers.{}.", i);
+}
+
+ModelConfig chatglm_as_glm(const ModelConfig& chatglm) {
+  ModelConfig g = chatglm;
+  g.model_type = "glm";
+  g.chatglm_layout = false;
+  g.source_json.clear();
+  return g;
+}
+
+std::vector<GlmTensorFrom> glm_names_of_chatglm(const ModelConfig& c, const std::string& name) {
+  // transformers' convert_glm_weights_to_hf.py renames by these substrings, in this order.
+  static const std::pair<const char*, const char*> kRenames[] = {
+      {"transformer.output_layer.", "lm_head."},
+      {"transformer.", "model."},
+      {".embedding.word_embeddings.", ".embed_tokens."},
+      {".encoder.layers.", ".layers."},
+      {".encoder.final_layernorm.", ".norm."},
+      {"mlp.dense_h_to_4h.", "mlp.gate_up_proj."},
+      {"mlp.dense_4h_to_h.", "mlp.down_proj."},
+      {".self_attention.", ".self_attn."},
+      {"self_attn.dense.", "self_attn.o_proj."},
+  };
+  std::string out = name;
+  for (const auto& [from, to] : kRenames) {
+    const size_t at = out.find(from);
+    if (at != std::string::npos) out.replace(at, std::string_view(from).size(), to);
+  }
+  const std::string fused = "self_attn.query_key_value.";
+  const size_t at = out.find(fused);
+  if (at == std::string::npos) return {{out, 0, -1}};
+  const std::string head = out.substr(0, at) + "self_attn.", tail = out.substr(at + fused.size());
+  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.kv_dim();
+  return {{head + "q_proj." + tail, 0, q},
+          {head + "k_proj." + tail, q, kv},
+          {head + "v_proj." + tail, q + kv, kv}};
+}
+
+ModelConfig parse_model_config(std::string_view text, const std::string& source) {
+  rapidjson::Document doc = json::parse(text, source);
+  ObjectReader r(doc, "", source);
+  ModelConfig c;
+  c.source = source;
+  const std::string type =
+      r.required_string("model_type", "the model family (llama, qwen2, mistral, glm or glm4)");
+  if (type != "llama" && type != "qwen2" && type != "mistral" && type != "glm" && type != "glm4" &&
+      type != "chatglm") {
+    r.fail_value("model_type", fmt::format("\"{}\" is not supported; supported: llama, qwen2, "
+                                           "mistral, glm, glm4, chatglm",
+                                           type));
+  }
+  c.model_type = type;
+  if (type == "chatglm") {
+    read_chatglm(r, c);
+  } else {
+    read_hf_decoder(r, c);
   }
   if (auto d = r.string("dtype")) {
     c.dtype = dtype_from_name(r, "dtype", *d);
@@ -330,16 +451,55 @@ void write_full_config(rapidjson::Document& doc, const ModelConfig& c) {
   put("pad_token_id", token_value(c.pad_token_id));
 }
 
+// An inline ChatGLM config in configuration_chatglm.py's names (THUDM's remote code reads it
+// through auto_map; the folder must carry that code to be loaded by transformers).
+void write_chatglm_config(rapidjson::Document& doc, const ModelConfig& c) {
+  Alloc& alloc = doc.GetAllocator();
+  doc.SetObject();
+  rapidjson::Value archs(rapidjson::kArrayType);
+  archs.PushBack(rapidjson::Value("ChatGLMModel", alloc), alloc);
+  auto put = [&](const char* k, rapidjson::Value v) { set_member(doc, k, std::move(v), alloc); };
+  auto integer = [&](const char* k, int64_t v) { put(k, rapidjson::Value(v)); };
+  put("architectures", std::move(archs));
+  put("model_type", rapidjson::Value("chatglm", alloc));
+  integer("padded_vocab_size", c.vocab_size);
+  integer("hidden_size", c.hidden_size);
+  integer("ffn_hidden_size", c.intermediate_size);
+  integer("num_layers", c.num_hidden_layers);
+  integer("num_attention_heads", c.num_attention_heads);
+  integer("kv_channels", c.head_dim);
+  put("multi_query_attention", rapidjson::Value(c.num_key_value_heads != c.num_attention_heads));
+  integer("multi_query_group_num", c.num_key_value_heads);
+  integer("seq_length", c.max_position_embeddings);
+  put("layernorm_epsilon", rapidjson::Value(c.rms_norm_eps));
+  put("rmsnorm", rapidjson::Value(true));
+  put("apply_residual_connection_post_layernorm", rapidjson::Value(false));
+  put("post_layer_norm", rapidjson::Value(true));
+  put("add_bias_linear", rapidjson::Value(false));
+  put("add_qkv_bias", rapidjson::Value(c.qkv_bias));
+  put("original_rope", rapidjson::Value(true));
+  put("rope_ratio", rapidjson::Value(c.rope_theta / 10000.0));
+  put("tie_word_embeddings", rapidjson::Value(false));
+  put("eos_token_id", token_value(c.eos_token_id));
+  put("pad_token_id", token_value(c.pad_token_id));
+}
+
 }  // namespace
 
 std::string model_config_json(const ModelConfig& c) {
   rapidjson::Document doc;
   if (!c.source_json.empty()) {
     doc = json::parse(c.source_json, c.source);
+  } else if (c.chatglm_layout) {
+    write_chatglm_config(doc, c);
   } else {
     write_full_config(doc, c);
   }
   Alloc& alloc = doc.GetAllocator();
+  if (c.chatglm_layout) {  // remote code reads torch_dtype and nothing of RoPE's HF spellings
+    set_member(doc, "torch_dtype", rapidjson::Value(dtype_name(c.dtype), alloc), alloc);
+    return json::dump(doc, /*pretty=*/true);
+  }
   // The dtype is what zerotrain changes (the weights it writes); both spellings carry it.
   set_member(doc, "torch_dtype", rapidjson::Value(dtype_name(c.dtype), alloc), alloc);
   set_member(doc, "dtype", rapidjson::Value(dtype_name(c.dtype), alloc), alloc);

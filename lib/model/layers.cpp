@@ -81,6 +81,12 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, const at::
 
 Attention::Attention(const ModelConfig& c, const ParamFactory& o) : config(&c) {
   const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.kv_dim();
+  if (c.chatglm_layout) {
+    query_key_value =
+        register_module("query_key_value", std::make_shared<Linear>(h, q + 2 * kv, c.qkv_bias, o));
+    o_proj = register_module("dense", std::make_shared<Linear>(q, h, c.o_proj_bias, o));
+    return;
+  }
   q_proj = register_module("q_proj", std::make_shared<Linear>(h, q, c.qkv_bias, o));
   k_proj = register_module("k_proj", std::make_shared<Linear>(h, kv, c.qkv_bias, o));
   v_proj = register_module("v_proj", std::make_shared<Linear>(h, kv, c.qkv_bias, o));
@@ -92,9 +98,20 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   const ModelConfig& c = *config;
   const int64_t b = x.size(0), t = x.size(1), d = c.head_dim;
   const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
-  at::Tensor q = q_proj->forward(x).view({b, t, heads, d}).transpose(1, 2);
-  at::Tensor k = k_proj->forward(x).view({b, t, kv_heads, d}).transpose(1, 2);
-  at::Tensor v = v_proj->forward(x).view({b, t, kv_heads, d}).transpose(1, 2);
+  at::Tensor q, k, v;
+  if (query_key_value) {
+    const at::Tensor qkv = query_key_value->forward(x);
+    q = qkv.narrow(-1, 0, heads * d);
+    k = qkv.narrow(-1, heads * d, kv_heads * d);
+    v = qkv.narrow(-1, (heads + kv_heads) * d, kv_heads * d);
+  } else {
+    q = q_proj->forward(x);
+    k = k_proj->forward(x);
+    v = v_proj->forward(x);
+  }
+  q = q.view({b, t, heads, d}).transpose(1, 2);
+  k = k.view({b, t, kv_heads, d}).transpose(1, 2);
+  v = v.view({b, t, kv_heads, d}).transpose(1, 2);
   q = rotate(c, q, cos, sin);
   k = rotate(c, k, cos, sin);
   if (cache != nullptr) {
@@ -131,10 +148,12 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
 
 Mlp::Mlp(const ModelConfig& c, const ParamFactory& o) : intermediate(c.intermediate_size) {
   if (c.fused_gate_up) {
-    gate_up_proj = register_module(
-        "gate_up_proj", std::make_shared<Linear>(c.hidden_size, 2 * c.intermediate_size, false, o));
-    down_proj = register_module(
-        "down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, false, o));
+    gate_up_proj =
+        register_module(c.chatglm_layout ? "dense_h_to_4h" : "gate_up_proj",
+                        std::make_shared<Linear>(c.hidden_size, 2 * c.intermediate_size, false, o));
+    down_proj =
+        register_module(c.chatglm_layout ? "dense_4h_to_h" : "down_proj",
+                        std::make_shared<Linear>(c.intermediate_size, c.hidden_size, false, o));
     return;
   }
   gate_proj = register_module(
@@ -146,7 +165,8 @@ Mlp::Mlp(const ModelConfig& c, const ParamFactory& o) : intermediate(c.intermedi
 }
 
 DecoderLayer::DecoderLayer(const ModelConfig& c, const ParamFactory& o) {
-  self_attn = register_module("self_attn", std::make_shared<Attention>(c, o));
+  self_attn = register_module(c.chatglm_layout ? "self_attention" : "self_attn",
+                              std::make_shared<Attention>(c, o));
   mlp = register_module("mlp", std::make_shared<Mlp>(c, o));
   input_layernorm = register_module("input_layernorm",
                                     std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));

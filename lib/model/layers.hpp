@@ -91,8 +91,12 @@ struct KvCache {
   at::Tensor k, v;  ///< [B, kv_heads, S, head_dim]
 };
 
+/// Self-attention with q_proj, k_proj, v_proj and o_proj, or (ChatGLM's layout) one
+/// `query_key_value` [q + 2 kv, hidden] (all query heads, then the key, then the value groups)
+/// and `dense`, in o_proj's place.
 struct Attention : torch::nn::Module {
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+  std::shared_ptr<Linear> query_key_value;  ///< ChatGLM only (then q/k/v_proj are null)
   const ModelConfig* config;
   Attention(const ModelConfig& c, const ParamFactory& o);
   /// x [B, T, H]; cos/sin [T, D] or [B, 1, T, D]; attention_mask [B, S] or an empty tensor:
@@ -109,7 +113,8 @@ struct Attention : torch::nn::Module {
 at::Tensor linear_unread(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 /// SwiGLU: down(silu(gate(x)) · up(x)), with gate and up as two projections (LLaMA) or as the
-/// two halves of one `gate_up_proj` (GLM, gate first).
+/// two halves of one `gate_up_proj` (GLM, gate first; ChatGLM names it `dense_h_to_4h` and the
+/// down projection `dense_4h_to_h`).
 struct Mlp : torch::nn::Module {
   std::shared_ptr<Linear> gate_proj, up_proj, gate_up_proj, down_proj;
   int64_t intermediate;
@@ -137,6 +142,7 @@ struct DecoderLayer : torch::nn::Module {
   std::shared_ptr<Mlp> mlp;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<RMSNorm> post_self_attn_layernorm, post_mlp_layernorm;  ///< glm4 only
+  /// The attention is registered as `self_attn`, in ChatGLM's layout as `self_attention`.
   DecoderLayer(const ModelConfig& c, const ParamFactory& o);
   /// `output_unread`: the caller only back-propagates through the result (a recomputed unit,
   /// zt::recomputing_for_backward()); its values are then not all computed.

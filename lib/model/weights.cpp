@@ -148,14 +148,13 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
 
 int copy_model_companion_files(const std::string& from, const std::string& to) {
   namespace fs = std::filesystem;
-  static const char* const kFiles[] = {"tokenizer.json",
-                                       "tokenizer_config.json",
-                                       "special_tokens_map.json",
-                                       "tokenizer.model",
-                                       "vocab.json",
-                                       "merges.txt",
-                                       "chat_template.jinja",
-                                       "generation_config.json"};
+  static const char* const kFiles[] = {
+      "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+      "vocab.json", "merges.txt", "chat_template.jinja", "generation_config.json",
+      // ChatGLM2/3's remote code, which its config's auto_map
+      // names (trust_remote_code loads the folder with it)
+      "configuration_chatglm.py", "modeling_chatglm.py", "tokenization_chatglm.py",
+      "quantization.py"};
   int copied = 0;
   for (const char* name : kFiles) {
     const std::string source = (fs::path(from) / name).string();

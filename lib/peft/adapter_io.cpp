@@ -22,6 +22,8 @@ namespace zt {
 namespace {
 
 constexpr const char* kPrefix = "base_model.model.";
+/// ChatGLM's P-Tuning v2 prefix encoder, beside PEFT's files (docs/peft.md).
+constexpr const char* kChatGlmPrefixFile = "prefix_encoder.safetensors";
 
 bool is_lora_name(const std::string& n) {
   return n.find(".lora_A.") != std::string::npos || n.find(".lora_B.") != std::string::npos;
@@ -221,6 +223,17 @@ std::string adapter_config_json(CausalLM& model, const PeftConfig& c) {
   return buffer.GetString();
 }
 
+// ChatGLM's own P-Tuning v2 files: the prefix encoder's parameters under the names its
+// modeling code gives them, which ChatGLM's scripts load into model.transformer.prefix_encoder.
+std::vector<std::pair<std::string, at::Tensor>> chatglm_prefix_tensors(peft::PrefixEncoder& p) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : p.named_parameters(true)) {
+    out.emplace_back("transformer.prefix_encoder." + item.key(),
+                     item.value().detach().to(at::kCPU, at::kFloat).contiguous());
+  }
+  return out;
+}
+
 }  // namespace
 
 void save_adapter(CausalLM& model, const PeftConfig& c, const std::string& dir,
@@ -241,7 +254,7 @@ void save_adapter(CausalLM& model, const PeftConfig& c, const std::string& dir,
     }
     return v.detach().to(at::kCPU).contiguous();
   };
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  std::vector<std::pair<std::string, at::Tensor>> tensors, chatglm_prefix;
   if (c.type == FinetuningType::kLora) {
     std::set<std::string> wrapped;  // the modules LoRA adapts
     for (const auto& item : model.named_parameters(true)) {
@@ -268,8 +281,12 @@ void save_adapter(CausalLM& model, const PeftConfig& c, const std::string& dir,
       table = prompt->virtual_embeddings();
     }
     tensors.emplace_back("prompt_embeddings", table.to(at::kCPU, at::kFloat).contiguous());
+    if (auto* p = dynamic_cast<peft::PrefixEncoder*>(prompt); p && p->chatglm()) {
+      chatglm_prefix = chatglm_prefix_tensors(*p);
+    }
   }
   std::filesystem::create_directories(dir);
+  if (!chatglm_prefix.empty()) save_safetensors(dir + "/" + kChatGlmPrefixFile, chatglm_prefix);
   save_safetensors(dir + "/adapter_model.safetensors", tensors);
   files::write_atomic(dir + "/adapter_config.json", adapter_config_json(model, c) + "\n");
 }

@@ -98,8 +98,9 @@ std::vector<std::pair<std::string, std::shared_ptr<model::Linear>>> projections(
 bool is_lora_target(const std::string& path, const LoraOptions& o) {
   if (!o.target_regex.empty()) return std::regex_match(path, std::regex(o.target_regex));
   for (const std::string& t : o.target_modules) {
-    if (t == "all-linear") {
-      if (!ends_with_component(path, "lm_head")) return true;
+    if (t == "all-linear") {  // PEFT's: every projection but the output layer
+      if (!ends_with_component(path, "lm_head") && !ends_with_component(path, "output_layer"))
+        return true;
     } else if (ends_with_component(path, t)) {
       return true;
     }
@@ -196,13 +197,19 @@ void apply_freeze(CausalLM& model, const FreezeOptions& o) {
                                                      "down_proj",
                                                      "gate_up_proj",
                                                      "post_self_attn_layernorm",
-                                                     "post_mlp_layernorm"};
+                                                     "post_mlp_layernorm",
+                                                     "self_attention",
+                                                     "query_key_value",
+                                                     "dense",
+                                                     "dense_h_to_4h",
+                                                     "dense_4h_to_h"};
       if (kModules.count(m) == 0) {
         throw ConfigError(fmt::format(
             "freeze_trainable_modules: \"{}\" is not a module of a decoder layer; use all, or "
             "self_attn, mlp, input_layernorm, post_attention_layernorm, q_proj, k_proj, v_proj, "
             "o_proj, gate_proj, up_proj, down_proj (GLM: gate_up_proj; GLM-4: "
-            "post_self_attn_layernorm, post_mlp_layernorm)",
+            "post_self_attn_layernorm, post_mlp_layernorm; ChatGLM: self_attention, "
+            "query_key_value, dense, dense_h_to_4h, dense_4h_to_h)",
             m));
       }
     }
@@ -213,7 +220,7 @@ void apply_freeze(CausalLM& model, const FreezeOptions& o) {
     bool train = false;
     for (const std::string& s : o.module_names) train = train || name.find(s) != std::string::npos;
     for (int64_t i : chosen) {
-      if (name.rfind(fmt::format("model.layers.{}.", i), 0) != 0) continue;
+      if (name.rfind(model.config().layer_prefix(i), 0) != 0) continue;
       if (all_modules) {
         train = true;
       } else {

@@ -6,6 +6,10 @@
 
 namespace zt::peft {
 
+namespace {
+constexpr double kChatGlmPrefixDropout = 0.1;  // modeling_chatglm.py's ChatGLMModel.dropout
+}  // namespace
+
 PTuningEncoder::PTuningEncoder(const ModelConfig& model, const PromptOptions& o)
     : n_(o.num_virtual_tokens), lstm_(o.reparameterization == "LSTM") {
   const int64_t dim = model.hidden_size;
@@ -36,15 +40,20 @@ at::Tensor PTuningEncoder::virtual_embeddings() {
 }
 
 PrefixEncoder::PrefixEncoder(const ModelConfig& model, const PromptOptions& o)
-    : model_(model), n_(o.num_virtual_tokens), projection_(o.prefix_projection) {
+    : model_(model),
+      n_(o.num_virtual_tokens),
+      projection_(o.prefix_projection),
+      chatglm_(model.chatglm_layout) {
   const int64_t kv = model.kv_dim();
   const int64_t out = model.num_hidden_layers * 2 * kv;
   if (projection_) {
     const int64_t hidden = o.encoder_hidden_size > 0 ? o.encoder_hidden_size : model.hidden_size;
-    embedding = register_module("embedding", torch::nn::Embedding(n_, kv));
-    transform = register_module(
-        "transform", torch::nn::Sequential(torch::nn::Linear(kv, hidden), torch::nn::Tanh(),
-                                           torch::nn::Linear(hidden, out)));
+    const int64_t in = chatglm_ ? out : kv;  // ChatGLM embeds each prefix at the output's width
+    embedding = register_module("embedding", torch::nn::Embedding(n_, in));
+    transform =
+        register_module(chatglm_ ? "trans" : "transform",
+                        torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::Tanh(),
+                                              torch::nn::Linear(hidden, out)));
   } else {
     embedding = register_module("embedding", torch::nn::Embedding(n_, out));
   }
@@ -58,7 +67,9 @@ at::Tensor PrefixEncoder::encode() {
 }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> PrefixEncoder::layer_prefixes() {
-  return split_prefixes(model_, encode());
+  at::Tensor table = encode();
+  if (chatglm_ && is_training()) table = at::dropout(table, kChatGlmPrefixDropout, true);
+  return split_prefixes(model_, table);
 }
 
 FixedPrompt::FixedPrompt(const ModelConfig& model, at::Tensor table, bool prefix)

@@ -31,10 +31,16 @@ class PTuningEncoder final : public PromptAdapter {
 };
 
 /// Prefix tuning: per-layer key/value prefixes from embedding [n, layers·2·kv_dim], or from a
-/// projection transform(embedding [n, kv_dim]).
+/// projection transform(embedding [n, kv_dim]) — PEFT's PrefixEncoder. In ChatGLM's layout it is
+/// ChatGLM2/3's own PrefixEncoder instead (`prefix_projection` there): the projection is
+/// trans(embedding [n, layers·2·kv_dim]) through hidden_size, and in training the prefixes pass
+/// through dropout 0.1, as modeling_chatglm.py's get_prompt does.
 class PrefixEncoder final : public PromptAdapter {
  public:
   PrefixEncoder(const ModelConfig& model, const PromptOptions& options);
+  /// Whether this is ChatGLM's encoder, whose parameters save_adapter also writes under
+  /// ChatGLM's names (transformer.prefix_encoder.*).
+  bool chatglm() const { return chatglm_; }
   int64_t num_virtual_tokens() const override { return n_; }
   bool prepends_tokens() const override { return false; }
   at::Tensor virtual_embeddings() override { return {}; }
@@ -45,7 +51,7 @@ class PrefixEncoder final : public PromptAdapter {
  private:
   ModelConfig model_;
   int64_t n_;
-  bool projection_;
+  bool projection_, chatglm_;
   torch::nn::Embedding embedding{nullptr};
   torch::nn::Sequential transform{nullptr};
 };

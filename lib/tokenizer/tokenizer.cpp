@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "tokenizer/chatglm_tokenizer.hpp"
 #include "tokenizer/hf_tokenizer.hpp"
 #include "util/files.hpp"
 #include "util/log.hpp"
@@ -148,6 +149,17 @@ std::shared_ptr<Tokenizer> load_tokenizer(const std::string& model_dir, int64_t 
           "SentencePiece model: use the transformers folder of the same model, "
           "THUDM/glm-4-9b-chat-hf, whose tokenizer.json zerotrain reads",
           model_file.string()));
+    }
+    if (is_chatglm_tokenizer_folder(model_dir)) {
+      std::shared_ptr<ChatGlmTokenizer> tok =
+          ChatGlmTokenizer::load(model_dir, chatglm_generation(model_dir));
+      if (tok->vocab_size() > model_vocab_size) {
+        throw ConfigError(fmt::format(
+            "'{}': the tokenizer has {} ids (its pieces and ChatGLM's special tokens), more than "
+            "the model's vocab_size {}; use the tokenizer the model was trained with",
+            model_file.string(), tok->vocab_size(), model_vocab_size));
+      }
+      return tok;
     }
     for (const char* name :
          {"tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json"}) {

@@ -341,6 +341,18 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) : path_(pa
   } else if (fs::exists(single, ec)) {
     open_[single] = std::make_unique<SafetensorsFile>(single);
     for (const std::string& n : open_[single]->names()) shard_of_[n] = single;
+  } else if (fs::exists(fs::path(path) / "pytorch_model.bin", ec) ||
+             fs::exists(fs::path(path) / "pytorch_model.bin.index.json", ec)) {
+    // Pickle files can run code when loaded: zerotrain never unpickles them.
+    throw IoError(fmt::format(
+        "'{}' holds pytorch_model*.bin weights (Python pickle), which zerotrain does not load; "
+        "convert them once to safetensors, e.g. python3 -c \"import glob, torch, "
+        "safetensors.torch as st; [st.save_file({{k: v.contiguous() for k, v in torch.load(f, "
+        "map_location='cpu', weights_only=True).items()}}, f.replace('pytorch_model', "
+        "'model').replace('.bin', '.safetensors')) for f in glob.glob('{}/pytorch_model*.bin')]\" "
+        "(a sharded folder also needs its index renamed to model.safetensors.index.json with "
+        "the same file renames)",
+        path, path));
   } else {
     throw IoError(
         fmt::format("'{}' holds neither model.safetensors nor "

@@ -39,4 +39,10 @@ run loraglm finetune_glm4_9b.sh SHAPE_FILE="$work/tiny_glm.json"
 [ -f "$work/loraglm/adapter_model.safetensors" ] || { echo "loraglm: no adapter"; exit 1; }
 grep -q gate_up_proj "$work/loraglm/adapter_config.json" ||
   { echo "loraglm: the adapter does not target gate_up_proj"; exit 1; }
+# ChatGLM3 P-Tuning v2 on the tiny ChatGLM fixture, with the seed layout's records.
+env ZT="$zt" NGPU="$ranks" STEPS=2 SEQ=64 SRC=16 DTYPE=bf16 OMP_NUM_THREADS=1 OUT="$work/ptglm" \
+  MODEL="$here/tests/fixtures/models/chatglm" DATA="$here/tests/fixtures/chatglm/seed_records.jsonl" \
+  "$here/examples/finetune_chatglm3_ptuning.sh" > "$work/ptglm.log" 2>&1 ||
+  { cat "$work/ptglm.log"; echo "ptglm: finetune_chatglm3_ptuning.sh failed"; exit 1; }
+[ -f "$work/ptglm/prefix_encoder.safetensors" ] || { echo "ptglm: no ChatGLM prefix encoder"; exit 1; }
 echo "example scripts: OK"

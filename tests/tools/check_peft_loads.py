@@ -34,7 +34,25 @@ torch.set_num_threads(4)
 
 
 def load_base(path):
+    with open(os.path.join(path, "config.json")) as f:
+        if json.load(f).get("model_type") == "chatglm":
+            return load_chatglm(path)
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+
+
+def load_chatglm(path):
+    """A ChatGLM fixture in THUDM's remote code (ZT_CHATGLM_REMOTE: a folder with its
+    configuration_chatglm.py and modeling_chatglm.py, as make_chatglm_fixture.py uses)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__))))
+    import make_chatglm_fixture as fixture  # noqa: E402 - its loader and transformers-5 shims
+    fixture.REMOTE = os.environ["ZT_CHATGLM_REMOTE"]
+    cfg_mod, model_mod = fixture.load_remote()
+    with open(os.path.join(path, "config.json")) as f:
+        conf = {k: v for k, v in json.load(f).items() if k in fixture.CONFIG}
+    _, model = fixture.build(cfg_mod, model_mod, conf)
+    model.load_state_dict(load_file(os.path.join(path, "model.safetensors")))
+    model.forward_kwargs = {"use_cache": False, "return_dict": True}
+    return model.eval()
 
 
 report = {}
@@ -52,7 +70,10 @@ for name in sorted(os.listdir(SRC)):
     ours = load_file(os.path.join(src, "zerotrain_logits.safetensors"))
     ids, mask = ours["input_ids"], ours["attention_mask"]
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask).logits.contiguous()
+        kwargs = getattr(base, "forward_kwargs", None)
+        # ChatGLM's code reads a padding mask its own way (left padding): its rows are all real.
+        logits = (model(input_ids=ids, **kwargs) if kwargs else
+                  model(input_ids=ids, attention_mask=mask)).logits.contiguous()
     extra = logits.shape[1] - ids.shape[1]
     real = torch.cat([torch.ones(ids.shape[0], extra, dtype=mask.dtype), mask], 1).bool()
     diff = (logits[real] - ours["logits"][real]).abs().max().item() \
