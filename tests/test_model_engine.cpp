@@ -62,7 +62,8 @@ TEST_CASE("rank: model zero3 from checkpoint", "[.rank]") {
 }
 
 TEST_CASE("model: ZeRO-3 loads each rank's slice straight from the checkpoint", "[model][engine]") {
-  for (const char* model : {"llama", "qwen2"}) {
+  // chatglm: ChatGLM's own module tree (query_key_value, dense_h_to_4h, output_layer).
+  for (const char* model : {"llama", "qwen2", "chatglm"}) {
     for (int world : {1, 2}) {
       if (test::skip_cpu_world(world)) continue;
       test::run_ranks(world, "rank: model zero3 from checkpoint", std::chrono::seconds(120),
