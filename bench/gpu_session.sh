@@ -14,6 +14,8 @@
 #   bench/gpu_session.sh parity           per-layer hidden states of a Qwen2.5-7B-shaped model against transformers
 #                                         (SHAPE=glm-4-9b: a GLM-4-9B-shaped one)
 #   bench/gpu_session.sh glm              the GLM-4-9B-shaped LoRA step beside the peer (extended with that shape)
+#   bench/gpu_session.sh ladder           long context: one LoRA 7B step at micro-batch 1 with checkpointing
+#                                         at 16k, 32k, ... 256k tokens until the first failure, ours then the peer's
 #   bench/gpu_session.sh conformance      PEFT, transformers and tensorboard read what zerotrain wrote
 #                                         (.gpu-check/: see docs/build.md), results in $OUT/conformance.tgz
 #
@@ -132,6 +134,20 @@ for phase in "$@"; do
       $b/bin/zt_bench_model glm-4-9b lora 1024 8 0 2>&1 | tee -a "$results/glm.log" | grep '^RESULT' || true
       if [ "${PEER:-1}" = 1 ] && [ -f .peer/hf_baseline.py ]; then
         python3 bench/tools/hf_baseline_glm.py .peer/hf_baseline.py glm-4-9b lora 1024 8 0 2>&1 |
+          tee -a "$results/peer.log" | grep '^RESULT' || true
+      fi
+      ;;
+    ladder)  # LADDER="16384 32768 ..." overrides the lengths
+      lengths=${LADDER:-16384 32768 65536 131072 262144}
+      for seq in $lengths; do
+        line=$(ZT_BENCH_WARMUP=0 $b/bin/zt_bench_model qwen2.5-7b lora "$seq" 1 1 1 2>&1 | tee -a "$results/ladder.log" |
+          grep '^RESULT' || echo "RESULT {\"impl\": \"zerotrain\", \"seq\": $seq, \"error\": \"no result\"}")
+        echo "$line"
+        case $line in *'"error"'*) break ;; esac
+      done
+      if [ "${PEER:-1}" = 1 ] && [ -f .peer/hf_baseline.py ]; then
+        # shellcheck disable=SC2086
+        python3 bench/tools/peer_ladder.py .peer/hf_baseline.py qwen2.5-7b $lengths 2>&1 |
           tee -a "$results/peer.log" | grep '^RESULT' || true
       fi
       ;;

@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
   const int64_t seq = std::atol(argv[3]), mbs = std::atol(argv[4]);
   const bool ckpt = std::atoi(argv[5]) != 0;
   const int steps = argc > 6 ? std::atoi(argv[6]) : 8;
+  // Untimed steps first (3; ZT_BENCH_WARMUP=0 for the long-context ladder's single steps).
+  const int warm = std::getenv("ZT_BENCH_WARMUP") ? std::atoi(std::getenv("ZT_BENCH_WARMUP")) : 3;
   const at::Device device = at::getNumGPUs() > 0 ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   try {
     ModelConfig c = bench::shape_config(shape);
@@ -70,7 +72,7 @@ int main(int argc, char** argv) {
       apply_training_flags(args, {"--finetuning_type", "freeze", "--freeze_trainable_layers", "2"});
     }
     const ParameterCount counts = apply_peft_from_args(*model, args, 0);
-    resolve_config(ds, args, ResolveContext{1, c.hidden_size, steps + 3});
+    resolve_config(ds, args, ResolveContext{1, c.hidden_size, steps + warm});
     CommOptions co;
     co.device = device;
     std::shared_ptr<Communicator> comm = create_communicator(LaunchEnv{}, co);
@@ -79,7 +81,7 @@ int main(int argc, char** argv) {
     eo.units = model->units();
     eo.gate = &model->gate();
     eo.activation_checkpointing = ckpt;
-    eo.total_train_steps = steps + 3;
+    eo.total_train_steps = steps + warm;
     eo.source = with_adapter_values(random_source(c, 0), *model);
     eo.update_in_backward = !(std::getenv("ZT_BENCH_IN_BACKWARD") &&
                               std::string(std::getenv("ZT_BENCH_IN_BACKWARD")) == "0");
@@ -102,19 +104,19 @@ int main(int argc, char** argv) {
       if (timed) phase_s[phase] += std::chrono::duration<double>(now - mark).count();
       mark = now;
     };
-    for (int s = 0; s < steps + 3; ++s) {
-      if (s == 3) device_stats::reset_peak(0);
+    for (int s = 0; s < steps + warm; ++s) {
+      if (s == warm && warm > 0) device_stats::reset_peak(0);
       if (device.is_cuda()) torch::cuda::synchronize();
       auto t0 = Clock::now();
       mark = t0;
       LossSum loss = model->loss(ids, ids);  // labels = inputs, as the peer does
-      lap(0, s >= 3);
+      lap(0, s >= warm);
       engine.backward(loss.sum, static_cast<double>(loss.tokens));
-      lap(1, s >= 3);
+      lap(1, s >= warm);
       engine.step();
-      lap(2, s >= 3);
+      lap(2, s >= warm);
       if (device.is_cuda()) torch::cuda::synchronize();
-      if (s >= 3) total += std::chrono::duration<double>(Clock::now() - t0).count();
+      if (s >= warm) total += std::chrono::duration<double>(Clock::now() - t0).count();
       loss_value = loss.sum.item<double>() / static_cast<double>(loss.tokens);
     }
     const double step_s = total / steps;
