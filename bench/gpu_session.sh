@@ -140,8 +140,9 @@ for phase in "$@"; do
     ladder)  # LADDER="16384 32768 ..." overrides the lengths
       lengths=${LADDER:-16384 32768 65536 131072 262144}
       for seq in $lengths; do
-        line=$(ZT_BENCH_WARMUP=0 $b/bin/zt_bench_model qwen2.5-7b lora "$seq" 1 1 1 2>&1 | tee -a "$results/ladder.log" |
-          grep '^RESULT' || echo "RESULT {\"impl\": \"zerotrain\", \"seq\": $seq, \"error\": \"no result\"}")
+        line=$( (ZT_BENCH_WARMUP=0 $b/bin/zt_bench_model qwen2.5-7b lora "$seq" 1 1 1 2>&1 || true) |
+          tee -a "$results/ladder.log" | grep '^RESULT' || true)
+        [ -n "$line" ] || line="RESULT {\"impl\": \"zerotrain\", \"seq\": $seq, \"error\": \"no result\"}"
         echo "$line"
         case $line in *'"error"'*) break ;; esac
       done

@@ -139,8 +139,9 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::printf(
         "RESULT %s\n",
-        fmt::format(R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "error": "{}"}})J",
-                    shape, mode, std::string(e.what()).substr(0, 300))
+        fmt::format(
+            R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "seq": {}, "mbs": {}, "error": "{}"}})J",
+            shape, mode, seq, mbs, std::string(e.what()).substr(0, 300))
             .c_str());
     return 1;
   }
