@@ -298,8 +298,7 @@ zt_status zt_tokenizer_encode(const zt_tokenizer* tok, const char* text, int64_t
     require(capacity >= 0 && (ids != nullptr || capacity == 0),
             "zt_tokenizer_encode: ids is NULL with capacity > 0");
     std::vector<int32_t> out;
-    if (add_bos != 0 && tok->tok->add_bos() && tok->tok->bos_id() >= 0)
-      out.push_back(tok->tok->bos_id());
+    if (add_bos != 0) out = tok->tok->prefix_ids();
     const std::vector<int32_t> body =
         tok->tok->encode(std::string_view(text, static_cast<size_t>(text_len)));
     out.insert(out.end(), body.begin(), body.end());

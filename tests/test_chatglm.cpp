@@ -554,3 +554,36 @@ TEST_CASE("zerotrain's SentencePiece reader encodes and decodes as SentencePiece
   }
   CHECK(mismatched == 0);
 }
+
+TEST_CASE("ChatGLM sequences start with [gMASK] sop as its tokenizer(text) writes them",
+          "[chatglm][data]") {
+  auto tok = fixture_tokenizer();
+  CHECK(tok->prefix_ids() == std::vector<int32_t>{*tok->command("[gMASK]"), *tok->command("sop")});
+  const std::string dir = test::temp_dir("chatglm_prefix_data");
+  files::write_atomic(dir + "/d.jsonl", R"({"instruction": "你好", "output": "hi"}
+{"text": "plain text"}
+)");
+  DataOptions o;
+  o.template_name = "alpaca_zh";
+  Dataset d = tokenize_jsonl(dir + "/d.jsonl", *tok, o);
+  REQUIRE(d.size() == 2);
+  for (int64_t i = 0; i < 2; ++i) {
+    const std::vector<int32_t> ids = d.ids(i).to_vector();
+    CHECK(std::vector<int32_t>(ids.begin(), ids.begin() + 2) == tok->prefix_ids());
+    CHECK(ids.back() == tok->eos_id());
+  }
+  CHECK(d.labels(0)[0] == kIgnoreLabel);  // the prefix is prompt
+  CHECK(encode_prompt("alpaca_zh", *tok, "你好")[0] == *tok->command("[gMASK]"));
+}
+
+TEST_CASE("a pytorch_model.bin-only ChatGLM folder is refused with the conversion to safetensors",
+          "[chatglm][hostile]") {
+  const std::string dir = test::temp_dir("chatglm_bin");
+  std::filesystem::copy_file(fixture("models/chatglm/config.json"), dir + "/config.json");
+  files::write_atomic(dir + "/pytorch_model.bin", "not unpickled");
+  ModelConfig c = load_model_config(dir);
+  CausalLM model(c, at::TensorOptions(), false);
+  CHECK_THROWS_AS(load_weights(model, *checkpoint_source(dir)), IoError);
+  CHECK_THROWS_WITH(checkpoint_source(dir), Contains("pytorch_model") && Contains("pickle") &&
+                                                Contains("safetensors") && Contains(dir));
+}

@@ -38,9 +38,8 @@ struct Ran {
   std::string output;  ///< stdout and stderr together
 };
 
-// Runs the CLI through the shell with `args` (already quoted) and collects what it printed.
-Ran cli(const std::string& args) {
-  const std::string command = fmt::format("'{}' {} 2>&1", ZT_CLI, args);
+// Runs a shell command line and collects what it printed.
+Ran shell(const std::string& command) {
   Ran r;
   FILE* pipe = ::popen(command.c_str(), "r");
   REQUIRE(pipe != nullptr);
@@ -50,6 +49,11 @@ Ran cli(const std::string& args) {
   const int raw = ::pclose(pipe);
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
   return r;
+}
+
+// Runs the CLI through the shell with `args` (already quoted).
+Ran cli(const std::string& args) {
+  return shell(fmt::format("'{}' {} 2>&1", ZT_CLI, args));
 }
 
 int count_lines_starting(const std::string& text, const std::string& prefix) {
@@ -367,23 +371,14 @@ TEST_CASE("ChatGLM-Finetuning's README command lines run as they are", "[cli][ch
   fs::create_directories(work + "/data");
   fs::copy_file(std::string(ZT_FIXTURES) + "/chatglm/seed_records.jsonl",
                 work + "/data/spo_0.json");
-  fs::copy_file(std::string(ZT_FIXTURES) + "/chatglm/ds_zero2_no_offload.json",
-                work + "/ds_zero2_no_offload.json");
+  for (const char* ds : {"ds_zero2_no_offload.json", "ds_zero3_offload.json"}) {
+    fs::copy_file(std::string(ZT_FIXTURES) + "/chatglm/" + ds, work + "/" + ds);
+  }
   // Port 520 as in the README where this process may bind it (root), else a free one.
   const std::string port = ::geteuid() == 0 ? "520" : "0";
   const std::string launch = fmt::format(
       "cd '{}' && CUDA_VISIBLE_DEVICES=0 '{}' launch --master_port {} train", work, ZT_CLI, port);
-  auto run = [&](const std::string& flags) {
-    Ran r;
-    FILE* pipe = ::popen((launch + " " + flags + " 2>&1").c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    std::array<char, 4096> buf;
-    size_t n = 0;
-    while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
-    const int raw = ::pclose(pipe);
-    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-    return r;
-  };
+  auto run = [&](const std::string& flags) { return shell(launch + " " + flags + " 2>&1"); };
   const std::string common =
       "--train_path data/spo_0.json --model_name_or_path ChatGLM3-6B/ "
       "--per_device_train_batch_size 1 --max_len 1560 --max_src_len 1024 --learning_rate 1e-4 "
@@ -420,6 +415,16 @@ TEST_CASE("ChatGLM-Finetuning's README command lines run as they are", "[cli][ch
     zt::SafetensorsFile prefix(work + "/output-glm3/prefix_encoder.safetensors");
     CHECK(prefix.load("transformer.prefix_encoder.embedding.weight").size(0) == 16);
     CHECK(fs::exists(work + "/output-glm3/adapter_config.json"));
+  }
+  SECTION("full fine-tuning, ZeRO-3 with parameters and optimizer offloaded") {
+    Ran r = run(common +
+                "--train_type all --seed 1234 --ds_file ds_zero3_offload.json "
+                "--gradient_checkpointing --show_loss_step 10 --output_dir ./output-all");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    zt::SafetensorsCheckpoint out(work + "/output-all");
+    CHECK(out.contains("transformer.encoder.layers.0.self_attention.query_key_value.weight"));
+    CHECK(out.contains("transformer.output_layer.weight"));
   }
   SECTION("LoRA, train.py's defaults") {
     Ran r =

@@ -123,7 +123,8 @@ double accuracy(CausalLM& model, const Tokenizer& tok, const std::vector<Questio
   int right = 0, shown = 0;
   for (const Question& q : questions) {
     std::vector<int32_t> ids = tok.encode(render_prompt("alpaca", q.instruction));
-    if (tok.add_bos()) ids.insert(ids.begin(), tok.bos_id());
+    const std::vector<int32_t> prefix = tok.prefix_ids();
+    ids.insert(ids.begin(), prefix.begin(), prefix.end());
     GenerationOptions g;
     g.max_new_tokens = 8;
     g.eos_token_ids = {tok.eos_id()};

@@ -74,7 +74,8 @@ int cmd_verify(const Args& in) {
   std::string text = *prompt;
   if (raw) {
     ids = tok->encode(text);
-    if (tok->add_bos() && tok->bos_id() >= 0) ids.insert(ids.begin(), tok->bos_id());
+    const std::vector<int32_t> prefix = tok->prefix_ids();
+    ids.insert(ids.begin(), prefix.begin(), prefix.end());
   } else {
     // What the run trained with, as it recorded it; else what training would pick now.
     std::string name = template_name ? *template_name : recorded_template(dir).value_or("auto");

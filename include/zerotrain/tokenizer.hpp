@@ -33,6 +33,13 @@ class Tokenizer {
   virtual int32_t pad_id() const = 0;  ///< -1 when none (then pad with eos, as HF does)
   /// Whether sequences start with bos (LLaMA: yes, Qwen: no).
   virtual bool add_bos() const = 0;
+  /// The ids HF's `tokenizer(text)` puts in front of a sequence: bos where add_bos() (LLaMA),
+  /// none (Qwen), ChatGLM's `[gMASK] sop`. The data pipeline starts text and instruction
+  /// examples with them.
+  virtual std::vector<int32_t> prefix_ids() const {
+    if (add_bos() && bos_id() >= 0) return {bos_id()};
+    return {};
+  }
   /// Whether HF's `tokenizer(text)` ends sequences with eos (tokenizer_config.json's
   /// add_eos_token; false for the families zerotrain targets). The data pipeline does not ask:
   /// it appends eos itself where docs/data.md says, so sequences never get two.

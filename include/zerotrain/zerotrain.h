@@ -157,8 +157,9 @@ typedef struct zt_tokenizer zt_tokenizer; /* opaque */
 ZT_EXPORT zt_status zt_tokenizer_load(const char* model_dir, zt_tokenizer** out);
 
 /* The ids of `text_len` bytes of UTF-8 `text` (special-token strings such as "<|im_end|>" become
- * their ids, as HF tokenizers do). With `add_bos` nonzero, bos comes first where the tokenizer
- * adds one (LLaMA: yes, Qwen: no). *n_ids receives the number of ids; they are written to `ids`
+ * their ids, as HF tokenizers do). With `add_bos` nonzero, the ids HF's tokenizer(text) puts in
+ * front come first: bos where the tokenizer adds one (LLaMA: yes, Qwen: no), ChatGLM's
+ * [gMASK] sop. *n_ids receives the number of ids; they are written to `ids`
  * when `capacity` holds them all. `ids` may be NULL with `capacity` 0 to ask for the count;
  * a smaller nonzero capacity is ZT_ERR_INVALID_ARGUMENT (with *n_ids set: call again). */
 ZT_EXPORT zt_status zt_tokenizer_encode(const zt_tokenizer* tok, const char* text, int64_t text_len,

@@ -168,7 +168,7 @@ Example encode_chat(const Chat& chat, const ChatTemplate& t, const Tokenizer& to
   if (!t.whole_text()) {
     // Instruction templates: prompt and response encoded separately and their ids concatenated
     // (as LLaMA-Factory does), so the mask boundary is exact for any tokenizer.
-    if (tok.add_bos() && tok.bos_id() >= 0) e.append({tok.bos_id()}, train_on_prompt);
+    e.append(tok.prefix_ids(), train_on_prompt);
     for (const data::Piece& p : pieces) {
       if (e.ids.size() >= limit) break;
       e.append(encode_prefix(tok, p.text, limit - e.ids.size()), p.trained || train_on_prompt);
@@ -206,7 +206,7 @@ Example encode_chat(const Chat& chat, const ChatTemplate& t, const Tokenizer& to
 
 Example encode_text(const std::string& text, const Tokenizer& tok, size_t limit) {
   Example e;
-  if (tok.add_bos() && tok.bos_id() >= 0) e.append({tok.bos_id()}, true);
+  e.append(tok.prefix_ids(), true);
   e.append(encode_prefix(tok, text, limit - std::min(limit, e.ids.size())), true);
   if (tok.eos_id() >= 0) e.append({tok.eos_id()}, true);
   return e;
@@ -471,7 +471,7 @@ std::vector<int32_t> encode_prompt(const std::string& template_name, const Token
                                    const std::string& instruction, const std::string& input) {
   const ChatTemplate& t = data::chat_template(template_name);
   std::vector<int32_t> ids;
-  if (!t.whole_text() && tok.add_bos() && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
+  if (!t.whole_text()) ids = tok.prefix_ids();
   const std::vector<int32_t> text = tok.encode(render_prompt(template_name, instruction, input));
   ids.insert(ids.end(), text.begin(), text.end());
   return ids;
