@@ -587,3 +587,25 @@ TEST_CASE("a pytorch_model.bin-only ChatGLM folder is refused with the conversio
   CHECK_THROWS_WITH(checkpoint_source(dir), Contains("pytorch_model") && Contains("pickle") &&
                                                 Contains("safetensors") && Contains(dir));
 }
+
+TEST_CASE("ChatGLM3's chat format trains with ChatGLM's own tokenizer", "[chatglm][data]") {
+  auto tok = fixture_tokenizer();
+  CHECK(resolve_template("chatglm3", "", *tok) == "chatglm3");
+  // Another family's format is refused naming its token.
+  CHECK_THROWS_WITH(resolve_template("qwen2.5", "", *tok), Contains("<|im_start|>"));
+  const std::string dir = test::temp_dir("chatglm3_chat");
+  files::write_atomic(dir + "/c.jsonl", R"({"messages": [{"role": "user", "content": "你好"}, )"
+                                        R"({"role": "assistant", "content": "hi"}]})"
+                                        "\n");
+  DataOptions o;
+  o.template_name = "chatglm3";
+  Dataset d = tokenize_jsonl(dir + "/c.jsonl", *tok, o);
+  const std::vector<int32_t> ids = d.ids(0).to_vector();
+  REQUIRE(ids.size() > 4);
+  CHECK(std::vector<int32_t>(ids.begin(), ids.begin() + 3) ==
+        std::vector<int32_t>{*tok->command("[gMASK]"), *tok->command("sop"),
+                             *tok->command("<|user|>")});
+  CHECK(std::count(ids.begin(), ids.end(), *tok->command("<|assistant|>")) == 1);
+  CHECK(ids.back() == tok->eos_id());
+  CHECK(d.labels(0).to_vector().back() == tok->eos_id());  // the reply and eos train
+}

@@ -46,7 +46,8 @@ class ChatTemplate {
   /// The text up to where the model's reply begins (add_generation_prompt), for asking a
   /// model; `chat` ends with a user message.
   virtual std::string prompt(const Chat& chat) const = 0;
-  /// The special-token strings the format writes (must each be one token of the vocabulary).
+  /// The special-token strings the format writes, in the order it writes them: together they
+  /// must encode to one token each.
   virtual std::vector<std::string> special_tokens() const { return {}; }
   /// Instruction templates: whether the pipeline appends eos after each reply (all but chatml,
   /// whose <|im_end|> ends the reply). Model formats: whether it appends one trained eos after

@@ -490,13 +490,23 @@ std::string resolve_template(const std::string& name, const std::string& model_d
     *source = "--template";
   }
   const ChatTemplate& t = data::chat_template(chosen);
-  for (const std::string& special : t.special_tokens()) {
-    if (tok.encode(special).size() != 1) {
-      throw ConfigError(
-          fmt::format("template {} writes the token {}, which this tokenizer does not have as one "
-                      "token (a tokenizer of another model family?); choose another --template",
-                      chosen, special));
+  // Checked in the order the format writes them, together: ChatGLM's tokenizer reads "sop" as
+  // its token only right after [gMASK], as the format writes it.
+  const std::vector<std::string> specials = t.special_tokens();
+  std::string joined;
+  for (const std::string& special : specials) joined += special;
+  if (!specials.empty() && tok.encode(joined).size() != specials.size()) {
+    std::string missing = specials.front();
+    for (const std::string& special : specials) {
+      if (tok.encode(special).size() != 1) {
+        missing = special;
+        break;
+      }
     }
+    throw ConfigError(
+        fmt::format("template {} writes the token {}, which this tokenizer does not have as one "
+                    "token (a tokenizer of another model family?); choose another --template",
+                    chosen, missing));
   }
   return chosen;
 }
