@@ -609,3 +609,22 @@ TEST_CASE("ChatGLM3's chat format trains with ChatGLM's own tokenizer", "[chatgl
   CHECK(ids.back() == tok->eos_id());
   CHECK(d.labels(0).to_vector().back() == tok->eos_id());  // the reply and eos train
 }
+
+TEST_CASE("the chatglm2 template asks as data_set.py's GLM2 layout trains", "[chatglm][data]") {
+  CHECK(render_prompt("chatglm2", "你好", "呀") == "[Round 1]\n\n问：你好呀\n\n答：");
+  // The prompt ids equal the untruncated examples' masked part ([gMASK] sop + source).
+  auto tok = fixture_tokenizer();
+  std::vector<rapidjson::Document> records = read_jsonl(fixture("chatglm/seed_records.jsonl"));
+  std::vector<rapidjson::Document> want = read_jsonl(fixture("chatglm/seed_glm2_1024_256.jsonl"));
+  REQUIRE(records.size() == want.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    const std::vector<int32_t> ids = ints(want[i]["input_ids"]), labels = ints(want[i]["labels"]);
+    const size_t masked = static_cast<size_t>(
+        std::find_if(labels.begin(), labels.end(), [](int32_t l) { return l != kIgnoreLabel; }) -
+        labels.begin());
+    INFO(records[i]["instruction"].GetString());
+    CHECK(encode_prompt("chatglm2", *tok, records[i]["instruction"].GetString(),
+                        records[i]["input"].GetString()) ==
+          std::vector<int32_t>(ids.begin(), ids.begin() + static_cast<int64_t>(masked)));
+  }
+}

@@ -404,6 +404,8 @@ TEST_CASE("ChatGLM-Finetuning's README command lines run as they are", "[cli][ch
     };
     CHECK(at::equal(load(out, frozen), load(base, frozen)));
     CHECK_FALSE(at::equal(load(out, trained), load(base, trained)));
+    // verify asks in the layout's own prompt.
+    CHECK(zt::recorded_template(work + "/output-glm3") == std::optional<std::string>("chatglm3"));
   }
   SECTION("P-Tuning v2") {
     Ran r = run(common +

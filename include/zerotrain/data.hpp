@@ -141,8 +141,8 @@ std::string render_prompt(const std::string& template_name, const std::string& i
 std::vector<int32_t> encode_prompt(const std::string& template_name, const Tokenizer& tok,
                                    const std::string& instruction, const std::string& input = "");
 
-/// Every template name: the instruction templates (alpaca_zh, alpaca, chatml, plain), then the
-/// models' chat formats (docs/data.md).
+/// Every template name: the instruction templates (alpaca_zh, alpaca, chatml, plain, chatglm2),
+/// then the models' chat formats (docs/data.md).
 std::vector<std::string> template_names();
 
 /// The template a run uses for `name`: "auto" is the model folder's own chat format

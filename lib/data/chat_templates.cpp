@@ -119,7 +119,7 @@ class Named : public ChatTemplate {
 
 class Instruction final : public Named {
  public:
-  enum Kind { kAlpacaZh, kAlpaca, kChatml, kPlain };
+  enum Kind { kAlpacaZh, kAlpaca, kChatml, kPlain, kChatGlm2 };
   Instruction(std::string name, Kind kind) : Named(std::move(name)), kind_(kind) {}
   bool whole_text() const override { return false; }
   bool appends_eos() const override { return kind_ != kChatml; }
@@ -154,6 +154,9 @@ class Instruction final : public Named {
       case kAlpaca:
         return "### Instruction:\n" + instruction + "\n\n" +
                (m.input.empty() ? "" : "### Input:\n" + m.input + "\n\n") + "### Response:\n";
+      case kChatGlm2:  // ChatGLM2's build_prompt, as ChatGLM-Finetuning's data_set.py writes it
+        return "[Round " + std::to_string(k / 2 + 1) + "]\n\n问：" + instruction + m.input +
+               "\n\n答：";
       default:
         return instruction + m.input;
     }
@@ -418,6 +421,7 @@ const std::vector<std::unique_ptr<ChatTemplate>>& all() {
     v.push_back(std::make_unique<Instruction>("alpaca", Instruction::kAlpaca));
     v.push_back(std::make_unique<Instruction>("chatml", Instruction::kChatml));
     v.push_back(std::make_unique<Instruction>("plain", Instruction::kPlain));
+    v.push_back(std::make_unique<Instruction>("chatglm2", Instruction::kChatGlm2));
     v.push_back(std::make_unique<Qwen>("qwen2", Qwen::kQwen2));
     v.push_back(std::make_unique<Qwen>("qwen2.5", Qwen::kQwen25));
     v.push_back(std::make_unique<Qwen>("qwen3", Qwen::kQwen3));

@@ -1,7 +1,7 @@
 // Prompt and chat templates: zerotrain's instruction templates (alpaca_zh, alpaca, chatml,
-// plain) and the chat formats of the supported model families, each rendering a conversation
-// exactly as transformers' apply_chat_template renders that model's own chat_template, cut
-// into pieces that are trained (assistant replies and their end-of-turn marker) or not.
+// plain, chatglm2) and the chat formats of the supported model families, each rendering a
+// conversation exactly as transformers' apply_chat_template renders that model's own chat_template,
+// cut into pieces that are trained (assistant replies and their end-of-turn marker) or not.
 // docs/data.md lists them; data/chat_templates/ holds the models' template texts they match.
 #pragma once
 

@@ -464,6 +464,11 @@ Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm,
           "(a config.json path or inline JSON, for random weights)");
     }
     I.tokenizer = load_tokenizer(I.model_dir, I.model_config.vocab_size);
+    // ChatGLM-Finetuning's layouts lay out instruction records themselves; the template is
+    // then that layout's prompt (what `zerotrain verify` asks with, and chat records' format).
+    if (!I.args.glm_prompt_layout.empty() && !I.args.is_given("template")) {
+      I.args.template_name = I.args.glm_prompt_layout == "glm2" ? "chatglm2" : "chatglm3";
+    }
     I.args.template_name =
         resolve_template(I.args.template_name, I.model_dir, *I.tokenizer, &I.template_source);
     I.pad_id =
