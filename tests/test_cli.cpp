@@ -428,6 +428,24 @@ TEST_CASE("ChatGLM-Finetuning's README command lines run as they are", "[cli][ch
     CHECK(out.contains("transformer.encoder.layers.0.self_attention.query_key_value.weight"));
     CHECK(out.contains("transformer.output_layer.weight"));
   }
+  SECTION("run.sh: ChatGLM2 P-Tuning v2, micro-batch 8, 10 epochs") {
+    // run.sh as the seed's history has it (its model path aside), on a ChatGLM2 folder: one
+    // whose tokenization_chatglm.py has no role tokens.
+    write_chatglm_folder(work + "/chatglm2-6b");
+    zt::files::write_atomic(work + "/chatglm2-6b/tokenization_chatglm.py",
+                            "# ChatGLM2's tokenizer: [MASK] [gMASK] [sMASK] sop eop\n");
+    Ran r = run(
+        "--train_path data/spo_0.json --model_name_or_path chatglm2-6b "
+        "--per_device_train_batch_size 8 --max_len 1560 --max_src_len 1024 --learning_rate 1e-4 "
+        "--weight_decay 0.1 --num_train_epochs 10 --gradient_accumulation_steps 4 "
+        "--warmup_ratio 0.1 --mode glm2 --train_type ptuning --seed 1234 "
+        "--ds_file ds_zero2_no_offload.json --show_loss_step 10 --pre_seq_len 16 "
+        "--prefix_projection True --output_dir ./output-glm2");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    CHECK(fs::exists(work + "/output-glm2/prefix_encoder.safetensors"));
+    CHECK(zt::recorded_template(work + "/output-glm2") == std::optional<std::string>("chatglm2"));
+  }
   SECTION("LoRA, train.py's defaults") {
     Ran r =
         run("--train_path data/spo_0.json --model_name_or_path ChatGLM3-6B/ "
