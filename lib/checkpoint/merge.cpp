@@ -119,25 +119,28 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
   const int64_t rss_start = rss_anon_bytes();
   MergeReport report;
   SafetensorsStreamWriter writer(out_dir, plan, options.max_shard_bytes);
-  for (size_t i = 0; i < plan.size(); ++i) {
-    const TensorEntry& e = plan[i];
-    const Rows& from = source_of[i];
-    const std::vector<int64_t>& shape = model_shape.at(from.name);
+  // The model's tensor, LoRA folded in. A tensor split into several outputs (ChatGLM's
+  // query_key_value as q, k, v) is read and folded once for all of them.
+  std::string held_name;
+  at::Tensor held;
+  auto model_tensor = [&](const std::string& name) {
+    if (name == held_name) return held;
+    held = at::Tensor();  // memory stays near one tensor
+    const std::vector<int64_t>& shape = model_shape.at(name);
     at::Tensor value = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
-    if (masters->has(from.name)) {
-      masters->read(from.name, shape, 0, value);
-    } else if (base && base->contains(from.name)) {
-      base->read_range(from.name, 0, value);
+    if (masters->has(name)) {
+      masters->read(name, shape, 0, value);
+    } else if (base && base->contains(name)) {
+      base->read_range(name, 0, value);
     } else {
       throw IoError(fmt::format(
           "merge: '{}' is neither trained in '{}' nor found in a base model{}; a Freeze "
           "checkpoint needs --base_model DIR",
-          from.name, checkpoint_dir, base_dir.empty() ? "" : " ('" + base_dir + "')"));
+          name, checkpoint_dir, base_dir.empty() ? "" : " ('" + base_dir + "')"));
     }
-    const std::string module =
-        from.name.size() > 7 && from.name.compare(from.name.size() - 7, 7, ".weight") == 0
-            ? from.name.substr(0, from.name.size() - 7)
-            : "";
+    const std::string module = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0
+                                   ? name.substr(0, name.size() - 7)
+                                   : "";
     if (adapter && !module.empty() && masters->has(module + ".lora_A.weight")) {
       const std::string a_name = module + ".lora_A.weight", b_name = module + ".lora_B.weight";
       at::Tensor a = at::empty({peft.lora.r, shape[1]}, at::kFloat),
@@ -146,6 +149,14 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
       masters->read(b_name, b.sizes().vec(), 0, b);
       value.addmm_(b, a, /*beta=*/1.0, /*alpha=*/scaling);
     }
+    held_name = name;
+    held = value;
+    return value;
+  };
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const TensorEntry& e = plan[i];
+    const Rows& from = source_of[i];
+    at::Tensor value = model_tensor(from.name);
     if (from.count >= 0) value = value.narrow(0, from.first, from.count).contiguous();
     writer.write(e.name, value);
     report.largest_tensor_bytes = std::max(report.largest_tensor_bytes, e.nbytes());

@@ -236,6 +236,7 @@ void override_like_chatglm_finetuning(DeepSpeedConfig& ds) {
 }
 
 void resolve_config(DeepSpeedConfig& ds, TrainingArguments& args, const ResolveContext& ctx) {
+  // train_type is set exactly when ChatGLM-Finetuning's flags are in use (training_args.cpp).
   if (!args.train_type.empty()) override_like_chatglm_finetuning(ds);
   if (ctx.world_size < 1) {
     throw ConfigError(fmt::format("world size must be at least 1, found {}", ctx.world_size));

@@ -259,7 +259,7 @@ Example encode_glm_finetuning(const std::string& instruction, const std::string&
     *truncated = true;
   }
   Example e;
-  e.append({command("[gMASK]"), command("sop")}, false);
+  e.append(tok.prefix_ids(), false);
   e.append(src, false);
   e.append(tgt, true);
   e.append({tok.eos_id()}, true);

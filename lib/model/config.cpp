@@ -305,8 +305,8 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
   ObjectReader r(doc, "", source);
   ModelConfig c;
   c.source = source;
-  const std::string type =
-      r.required_string("model_type", "the model family (llama, qwen2, mistral, glm or glm4)");
+  const std::string type = r.required_string(
+      "model_type", "the model family (llama, qwen2, mistral, glm, glm4 or chatglm)");
   if (type != "llama" && type != "qwen2" && type != "mistral" && type != "glm" && type != "glm4" &&
       type != "chatglm") {
     r.fail_value("model_type", fmt::format("\"{}\" is not supported; supported: llama, qwen2, "

@@ -46,7 +46,7 @@ class ChatGlmTokenizer final : public Tokenizer {
   bool add_bos() const override { return false; }
   /// `[gMASK] sop`, as the remote tokenizer's build_inputs_with_special_tokens writes them.
   std::vector<int32_t> prefix_ids() const override {
-    return {pieces_ + 1, pieces_ + 3};  // [gMASK], sop: after [MASK]; after [sMASK]
+    return {*command("[gMASK]"), *command("sop")};
   }
   bool add_eos() const override { return false; }
   int64_t vocab_size() const override { return static_cast<int64_t>(pieces_) + specials_.size(); }

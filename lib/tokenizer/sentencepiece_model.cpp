@@ -174,12 +174,13 @@ SentencePieceModel::SentencePieceModel(const std::string& bytes, const std::stri
     refuse(fmt::format("the \"{}\" normalizer (a character map) is not supported", normalizer));
   if (whitespace_suffix) refuse("treat_whitespace_as_suffix is not supported");
   const auto n = static_cast<int32_t>(pieces_.size());
+  byte_value_.assign(pieces_.size(), -1);
   for (int32_t id = 0; id < n; ++id) {
     const Piece& p = pieces_[id];
     if (p.text.empty()) refuse(fmt::format("piece {} is empty", id));
     if (p.type == kUnused) refuse(fmt::format("piece {} is UNUSED, which is not supported", id));
     auto& table = p.type == kNormal || p.type == kUserDefined ? mergeable_ : reserved_;
-    if (!table.emplace(p.text, id).second) {
+    if (!table.emplace(std::string_view(p.text), id).second) {
       refuse(fmt::format("piece \"{}\" appears twice", p.text));
     }
     if (p.type == kUserDefined) user_defined_.push_back(p.text);
@@ -189,6 +190,7 @@ SentencePieceModel::SentencePieceModel(const std::string& bytes, const std::stri
         refuse(fmt::format("byte piece \"{}\" is not <0xXX>", p.text));
       }
       byte_ids_[value] = id;
+      byte_value_[id] = static_cast<int16_t>(value);
     }
   }
   if (unk_id_ < 0 || unk_id_ >= n || pieces_[unk_id_].type != kUnknown) {
@@ -205,9 +207,8 @@ SentencePieceModel::SentencePieceModel(const std::string& bytes, const std::stri
 }
 
 int32_t SentencePieceModel::piece_to_id(std::string_view piece) const {
-  const std::string key(piece);
-  if (auto it = reserved_.find(key); it != reserved_.end()) return it->second;
-  if (auto it = mergeable_.find(key); it != mergeable_.end()) return it->second;
+  if (auto it = reserved_.find(piece); it != reserved_.end()) return it->second;
+  if (auto it = mergeable_.find(piece); it != mergeable_.end()) return it->second;
   return unk_id_;
 }
 
@@ -272,7 +273,7 @@ std::vector<int32_t> SentencePieceModel::encode(std::string_view text) const {
   auto consider = [&](int left, int right) {
     if (left < 0 || right < 0 || sym[left].frozen || sym[right].frozen) return;
     const size_t size = sym[left].len + sym[right].len;
-    auto it = mergeable_.find(s.substr(sym[left].start, size));
+    auto it = mergeable_.find(std::string_view(s).substr(sym[left].start, size));
     if (it == mergeable_.end()) return;
     agenda.push({left, right, pieces_[it->second].score, size});
   };
@@ -319,7 +320,7 @@ std::string SentencePieceModel::decode(const std::vector<int32_t>& ids) const {
     if (id < 0 || id >= size()) continue;
     const Piece& p = pieces_[id];
     if (p.type == kByte) {
-      bytes.push_back(static_cast<char>(std::stoi(p.text.substr(3, 2), nullptr, 16)));
+      bytes.push_back(static_cast<char>(byte_value_[id]));
       first = false;
       continue;
     }

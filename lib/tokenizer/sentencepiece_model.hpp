@@ -29,6 +29,9 @@ class SentencePieceModel {
   /// Parses `bytes` (tokenizer.model's content). Anything but a well-formed BPE model with the
   /// identity normalizer is a ConfigError naming `source` and what is unsupported.
   SentencePieceModel(const std::string& bytes, const std::string& source);
+  // The lookup tables view the pieces' own strings: not copyable.
+  SentencePieceModel(const SentencePieceModel&) = delete;
+  SentencePieceModel& operator=(const SentencePieceModel&) = delete;
 
   /// SentencePiece's ids of `text` (normalized, BPE-merged by piece score, unknown characters
   /// as byte pieces when byte_fallback is on, else unk).
@@ -53,8 +56,10 @@ class SentencePieceModel {
     PieceType type = kNormal;
   };
   std::vector<Piece> pieces_;
-  std::unordered_map<std::string, int32_t> mergeable_;  // NORMAL and USER_DEFINED pieces
-  std::unordered_map<std::string, int32_t> reserved_;   // CONTROL, UNKNOWN, BYTE
+  // Keys view pieces_' strings (so encoding looks pieces up without allocating).
+  std::unordered_map<std::string_view, int32_t> mergeable_;  // NORMAL and USER_DEFINED pieces
+  std::unordered_map<std::string_view, int32_t> reserved_;   // CONTROL, UNKNOWN, BYTE
+  std::vector<int16_t> byte_value_;                          // per id: a BYTE piece's byte, or -1
   std::vector<std::string> user_defined_;
   int32_t byte_ids_[256];
   int32_t unk_id_ = 0, bos_id_ = 1, eos_id_ = 2;
