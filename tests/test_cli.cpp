@@ -434,6 +434,12 @@ TEST_CASE("ChatGLM-Finetuning's README command lines run as they are", "[cli][ch
     write_chatglm_folder(work + "/chatglm2-6b");
     zt::files::write_atomic(work + "/chatglm2-6b/tokenization_chatglm.py",
                             "# ChatGLM2's tokenizer: [MASK] [gMASK] [sMASK] sop eop\n");
+    // Short records: micro-batch 8 for 10 epochs on Debian's reference BLAS is otherwise minutes.
+    zt::files::write_atomic(work + "/data/spo_0.json",
+                            R"({"instruction": "你好", "input": "", "output": "你好，我是模型。"})"
+                            "\n"
+                            R"({"instruction": "Translate: ", "input": "fox", "output": "狐狸"})"
+                            "\n");
     Ran r = run(
         "--train_path data/spo_0.json --model_name_or_path chatglm2-6b "
         "--per_device_train_batch_size 8 --max_len 1560 --max_src_len 1024 --learning_rate 1e-4 "
