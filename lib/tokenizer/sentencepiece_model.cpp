@@ -185,10 +185,15 @@ SentencePieceModel::SentencePieceModel(const std::string& bytes, const std::stri
     }
     if (p.type == kUserDefined) user_defined_.push_back(p.text);
     if (p.type == kByte) {
-      unsigned value = 0;
-      if (p.text.size() != 6 || std::sscanf(p.text.c_str(), "<0x%2X>", &value) != 1) {
+      // Exactly "<0x" two hex digits ">" (sscanf's %X would take a sign or a space).
+      auto hex = [](char c) {
+        return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      };
+      const int hi = p.text.size() == 6 ? hex(p.text[3]) : -1, lo = hi >= 0 ? hex(p.text[4]) : -1;
+      if (lo < 0 || p.text.compare(0, 3, "<0x") != 0 || p.text[5] != '>') {
         refuse(fmt::format("byte piece \"{}\" is not <0xXX>", p.text));
       }
+      const auto value = static_cast<unsigned>(hi * 16 + lo);
       byte_ids_[value] = id;
       byte_value_[id] = static_cast<int16_t>(value);
     }
