@@ -7,9 +7,14 @@
 #   bench/gpu_session.sh full7b           examples/finetune_7b.sh MODE=full (optimizer offload)
 #   bench/gpu_session.sh lora13b          examples/finetune_13b_zero3_offload.sh
 #   bench/gpu_session.sh models           zt_bench_model lora / freeze on Qwen2.5-7B vs the peer
+#   bench/gpu_session.sh fullamp          full fine-tune with fp32 masters: Qwen2.5-1.5B vs the peer, 7B
+#   bench/gpu_session.sh lora             LoRA 7B 1024 × 8 and 2048 × 4 (checkpointing) vs the peer
+#   bench/gpu_session.sh full             pure bf16 full fine-tune 7B 1024 × 4 (checkpointing) vs the peer
+#                                         (COMPILED=1: each peer run also with HF_COMPILE=1)
 #   bench/gpu_session.sh micro            AdamW, copies, the full-model step vs the peer
 #   bench/gpu_session.sh phases           forward / backward / optimizer times, ours and HF's
-#   bench/gpu_session.sh profile          GPU time per kernel family of the full 7B step, ours vs HF's
+#   bench/gpu_session.sh profile          GPU time per kernel family of one step, ours vs HF's
+#                                         (PROFILE="SHAPE MODE SEQ MBS CKPT", default the pure-bf16 7B step)
 #   bench/gpu_session.sh profile13b       the same of the 13B ZeRO-3 offload LoRA step (ours): how long the GPU idles
 #   bench/gpu_session.sh parity           per-layer hidden states of a Qwen2.5-7B-shaped model against transformers
 #                                         (SHAPE=glm-4-9b: a GLM-4-9B-shaped one)
@@ -32,13 +37,21 @@ b=build-gpu
 zt=$PWD/$b/bin/zerotrain
 steps=${STEPS:-20}
 
-peer() {  # SHAPE MODE SEQ MBS CKPT  (PEER=0 skips the peer runs)
+peer() {  # SHAPE MODE SEQ MBS CKPT  (PEER=0 skips the peer runs; COMPILED=1 adds HF_COMPILE=1)
   [ "${PEER:-1}" = 1 ] || return 0
   if [ -f .peer/hf_baseline.py ]; then
     python3 .peer/hf_baseline.py "$@" 2>&1 | tee -a "$results/peer.log" | grep '^RESULT' || true
+    if [ "${COMPILED:-0}" = 1 ]; then
+      HF_COMPILE=1 python3 .peer/hf_baseline.py "$@" 2>&1 | tee -a "$results/peer.log" |
+        grep '^RESULT' || true
+    fi
   else
     echo "no .peer/hf_baseline.py: peer run skipped" | tee -a "$results/peer.log"
   fi
+}
+
+ours() {  # SHAPE MODE SEQ MBS CKPT: zt_bench_model's RESULT line
+  $b/bin/zt_bench_model "$@" 2>&1 | tee -a "$results/ours.log" | grep '^RESULT' || true
 }
 
 # Runs one example script; keeps its trainer_log.jsonl and prints the steady-state summary.
@@ -101,6 +114,21 @@ for phase in "$@"; do
         peer qwen2.5-7b $m
       done
       ;;
+    fullamp)  # the default full fine-tune (bf16 compute, fp32 masters): 1.5B beside the peer, 7B
+      ours qwen2.5-1.5b full_amp 1024 8 0
+      peer qwen2.5-1.5b full_amp 1024 8 0
+      ours qwen2.5-7b full_amp 1024 4 1  # the peer's fp32 weights + AMP do not fit at 7B
+      ;;
+    lora)  # LoRA r16 all-linear, Qwen2.5-7B: 1024 × 8 and 2048 × 4 with checkpointing
+      ours qwen2.5-7b lora 1024 8 0
+      peer qwen2.5-7b lora 1024 8 0
+      ours qwen2.5-7b lora 2048 4 1
+      peer qwen2.5-7b lora 2048 4 1
+      ;;
+    full)  # pure bf16 full fine-tune, Qwen2.5-7B 1024 × 4, checkpointing
+      ours qwen2.5-7b full 1024 4 1
+      peer qwen2.5-7b full 1024 4 1
+      ;;
     micro)
       # The host's layout decides whether memory placement matters to the CPU optimizer.
       lscpu | grep -E '^(Model name|CPU\(s\)|Socket|NUMA)' | tee "$results/lscpu.txt" || true
@@ -115,13 +143,18 @@ for phase in "$@"; do
         python3 bench/tools/hf_phases.py qwen2.5-7b $m 2>&1 | tee -a "$results/phases.log" | grep '^RESULT' || true
       done
       ;;
-    profile)
-      for impl in zerotrain hf; do
-        python3 bench/tools/profile_step.py $impl qwen2.5-7b full 1024 4 1 "$results/profile_$impl.json" \
-          > "$results/profile_$impl.log" 2>&1 || tail -20 "$results/profile_$impl.log"
-        grep '^RESULT' "$results/profile_$impl.log" || true
+    profile)  # PROFILE="SHAPE MODE SEQ MBS CKPT" (default the pure-bf16 7B step); PEER=0: ours only
+      read -r -a case_ <<< "${PROFILE:-qwen2.5-7b full 1024 4 1}"
+      tag=$(IFS=_; echo "${case_[*]}")
+      impls=zerotrain
+      [ "${PEER:-1}" = 1 ] && impls="zerotrain hf"
+      for impl in $impls; do
+        python3 bench/tools/profile_step.py $impl "${case_[@]}" "$results/profile_${tag}_$impl.json" \
+          > "$results/profile_${tag}_$impl.log" 2>&1 || tail -20 "$results/profile_${tag}_$impl.log"
+        head -45 "$results/profile_${tag}_$impl.log" | cut -c1-150
       done
-      python3 bench/tools/profile_step.py compare "$results/profile_zerotrain.json" "$results/profile_hf.json" || true
+      [ "${PEER:-1}" = 1 ] && python3 bench/tools/profile_step.py compare \
+        "$results/profile_${tag}_zerotrain.json" "$results/profile_${tag}_hf.json" || true
       ;;
     profile13b)
       ZT_PROFILE_DEEPSPEED=$PWD/examples/deepspeed/ds_config_zero3_offload.json \

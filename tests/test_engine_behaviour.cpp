@@ -30,7 +30,8 @@ struct Setup {
 Setup make_engine(std::shared_ptr<Communicator> comm, const std::string& kind, int stage,
                   const std::string& dtype, const std::string& zero_extra = "", bool trace = false,
                   int accum = 1, const std::string& top_extra = "", bool in_backward = false,
-                  double weight_decay = 0.0, bool unused_parameter = false) {
+                  double weight_decay = 0.0, bool unused_parameter = false,
+                  bool checkpointing = false) {
   Setup s;
   s.comm = std::move(comm);
   s.model = test::make_model(kind, 99);
@@ -49,10 +50,16 @@ Setup make_engine(std::shared_ptr<Communicator> comm, const std::string& kind, i
   resolve_config(ds, args, ResolveContext{s.comm->world_size(), 16, 10});
   EngineOptions eo;
   eo.units = s.model->units();
-  eo.gate = &s.model->gate;
+  eo.gate = &s.model->unit_gate();  // the CausalLM-based kinds have their own
   eo.total_train_steps = 10;
   eo.trace = trace;
   eo.update_in_backward = in_backward;
+  eo.activation_checkpointing = checkpointing;
+  // Checkpointing recomputes every unit here, the embedding and the head too: each unit's
+  // backward is then a node of its own, and a weight they share gets a gradient from each.
+  if (checkpointing) {
+    for (UnitSpec& u : eo.units) u.recompute = true;
+  }
   s.engine = std::make_unique<Engine>(s.model, ds, s.comm, eo);
   return s;
 }
@@ -268,46 +275,59 @@ TEST_CASE("engine: updates inside backward equal updates in step(), with no grad
           "[engine]") {
   auto comm = std::shared_ptr<Communicator>(create_communicator(LaunchEnv{}, CommOptions{}));
   const std::string no_clip = R"("gradient_clipping": 0.0)";
-  for (const std::string kind : {"transformer", "llm", "mlp"}) {
-    for (int stage : {0, 2}) {
-      INFO(kind << ", stage " << stage);
-      const bool unused = kind == "mlp";
-      Setup plain =
-          make_engine(comm, kind, stage, "fp32", "", false, 1, no_clip, false, 0.1, unused);
-      Setup fused =
-          make_engine(comm, kind, stage, "fp32", "", false, 1, no_clip, true, 0.1, unused);
-      CHECK_FALSE(plain.engine->updates_in_backward());
-      REQUIRE(fused.engine->updates_in_backward());
-      CHECK(plain.engine->memory().gradients > 0);
-      CHECK(fused.engine->memory().gradients == 0);
-      for (int64_t step = 0; step < 4; ++step) {
-        train_step(plain, kind, step);
-        train_step(fused, kind, step);
-        CHECK(fused.engine->global_step() == step + 1);
-        CHECK(fused.engine->learning_rate() == plain.engine->learning_rate());
-        CHECK(fused.engine->last_grad_norm() ==
-              Approx(plain.engine->last_grad_norm()).epsilon(1e-5));
-      }
-      const auto a = plain.engine->gather_full_parameters(),
-                 b = fused.engine->gather_full_parameters();
-      REQUIRE(a.size() == b.size());
-      for (size_t i = 0; i < a.size(); ++i) {
-        INFO(a[i].first);
-        CHECK(at::allclose(a[i].second, b[i].second, 1e-6, 1e-7));
-        const at::Tensor initial = a[i].first == "unused"
-                                       ? at::ones({5})
-                                       : test::make_model(kind, 99)->named_parameters()[a[i].first];
-        CHECK_FALSE(at::equal(a[i].second, initial));
-      }
-      // The optimizer state is the same too: a checkpoint does not know the difference.
-      const auto sa = plain.engine->state_pieces(), sb = fused.engine->state_pieces();
-      REQUIRE(sa.size() == sb.size());
-      for (size_t i = 0; i < sa.size(); ++i) {
-        for (size_t k = 0; k < sa[i].second.size(); ++k) {
-          CHECK(at::allclose(sa[i].second[k], sb[i].second[k], 1e-6, 1e-7));
+  // fp32: the masters are the parameters; bf16: fp32 masters updated from bf16 gradients and
+  // written back into the bf16 parameters by the same update.
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    // llm_tied: the embedding and the head share a weight; with checkpointing each unit runs
+    // as a node of its own, so the shared weight's gradient comes in one share per unit.
+    for (const std::string kind : {"transformer", "llm", "llm_tied", "mlp"}) {
+      for (const auto& [stage, ckpt] : {std::pair{0, false}, {2, false}, {2, true}}) {
+        if (ckpt && kind.rfind("llm", 0) != 0) continue;
+        INFO(dtype << ", " << kind << ", stage " << stage << (ckpt ? ", checkpointing" : ""));
+        const bool unused = kind == "mlp";
+        Setup plain =
+            make_engine(comm, kind, stage, dtype, "", false, 1, no_clip, false, 0.1, unused, ckpt);
+        Setup fused =
+            make_engine(comm, kind, stage, dtype, "", false, 1, no_clip, true, 0.1, unused, ckpt);
+        CHECK_FALSE(plain.engine->updates_in_backward());
+        REQUIRE(fused.engine->updates_in_backward());
+        CHECK(plain.engine->memory().gradients > 0);
+        CHECK(fused.engine->memory().gradients == 0);
+        for (int64_t step = 0; step < 4; ++step) {
+          train_step(plain, kind, step);
+          train_step(fused, kind, step);
+          CHECK(fused.engine->global_step() == step + 1);
+          CHECK(fused.engine->learning_rate() == plain.engine->learning_rate());
+          CHECK(fused.engine->last_grad_norm() ==
+                Approx(plain.engine->last_grad_norm()).epsilon(1e-5));
+        }
+        const auto a = plain.engine->gather_full_parameters(),
+                   b = fused.engine->gather_full_parameters();
+        REQUIRE(a.size() == b.size());
+        for (size_t i = 0; i < a.size(); ++i) {
+          INFO(a[i].first);
+          CHECK(at::allclose(a[i].second, b[i].second, 1e-6, 1e-7));
+          const at::Tensor initial =
+              a[i].first == "unused" ? at::ones({5})
+                                     : test::make_model(kind, 99)->named_parameters()[a[i].first];
+          CHECK_FALSE(at::equal(a[i].second, initial));
+        }
+        // The optimizer state is the same too: a checkpoint does not know the difference.
+        const auto sa = plain.engine->state_pieces(), sb = fused.engine->state_pieces();
+        REQUIRE(sa.size() == sb.size());
+        for (size_t i = 0; i < sa.size(); ++i) {
+          for (size_t k = 0; k < sa[i].second.size(); ++k) {
+            CHECK(at::allclose(sa[i].second[k], sb[i].second[k], 1e-6, 1e-7));
+          }
+        }
+        CHECK(plain.engine->state().optimizer_steps == fused.engine->state().optimizer_steps);
+        // The parameters the model computes with: the updated masters, rounded.
+        const auto pa = plain.model->named_parameters(), pb = fused.model->named_parameters();
+        for (const auto& item : pa) {
+          INFO("compute copy " << item.key());
+          CHECK(at::equal(item.value(), pb[item.key()]));
         }
       }
-      CHECK(plain.engine->state().optimizer_steps == fused.engine->state().optimizer_steps);
     }
   }
 }
@@ -321,9 +341,6 @@ TEST_CASE("engine: updates stay in step() where backward cannot apply them", "[e
   CHECK_FALSE(make_engine(comm, "mlp", 2, "fp32", "", false, 2, no_clip, true)
                   .engine->updates_in_backward());
   CHECK_FALSE(make_engine(comm, "mlp", 2, "fp16", "", false, 1, no_clip, true)
-                  .engine->updates_in_backward());
-  // Tied weights under units get their gradient once per unit that uses them.
-  CHECK_FALSE(make_engine(comm, "llm_tied", 2, "fp32", "", false, 1, no_clip, true)
                   .engine->updates_in_backward());
   // Stage 3 with partitioned units (here: parameters offloaded) gathers per unit call; at one
   // rank without offload it runs as stage 2 and may update inside backward.

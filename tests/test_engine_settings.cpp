@@ -52,7 +52,6 @@ zero::EngineSettings settings(const DeepSpeedConfig& ds, World w, bool in_backwa
   zero::EngineFacts f;
   f.world = w.size;
   f.rank = 0;
-  f.shared_trainable = w.shared;
   return zero::resolve_settings(ds, o, f);
 }
 
@@ -75,7 +74,14 @@ TEST_CASE("settings: the update-inside-backward eligibility table", "[engine][se
       {"bf16 masters, stage 2, one rank", 2, "bf16m", "", "", {1, false}, true, ""},
       {"fp32, stage 0, one rank", 0, "fp32", "", "", {1, false}, true, ""},
       {"two ranks", 2, "bf16m", "", "", {2, false}, false, "rank"},
-      {"fp32 masters under bf16", 2, "bf16", "", "", {1, false}, false, "dtype"},
+      {"fp32 masters under bf16 (the parameters are written from them)",
+       2,
+       "bf16",
+       "",
+       "",
+       {1, false},
+       true,
+       ""},
       {"offload",
        2,
        "fp32",
@@ -103,14 +109,15 @@ TEST_CASE("settings: the update-inside-backward eligibility table", "[engine][se
        "accumulation"},
       {"fp16", 2, "fp16", "", "", {1, false}, false, "fp16"},
       {"clipping", 2, "bf16m", "", R"("gradient_clipping": 1.0)", {1, false}, false, "clipping"},
-      {"tied weights across units", 2, "bf16m", "", "", {1, true}, false, "shared"},
+      // Tied weights across units: their shares are summed before the update.
+      {"tied weights across units", 2, "bf16m", "", "", {1, true}, true, ""},
   };
   for (const Row& r : rows) {
     INFO(r.what);
     const DeepSpeedConfig ds = config(r.stage, r.precision, r.zero, r.top, r.world.size);
     const zero::EngineSettings s = settings(ds, r.world, /*in_backward=*/true);
     CHECK(s.in_backward() == r.eligible);
-    const std::string reason = zero::update_in_backward_blocker(s, r.world.shared);
+    const std::string reason = zero::update_in_backward_blocker(s);
     CHECK(reason.empty() == r.eligible);
     if (!r.eligible) CHECK(reason.find(r.reason) != std::string::npos);
     // Not asked for: never.
@@ -131,6 +138,9 @@ TEST_CASE("settings: one gradient path per stage, the one-rank shortcut below th
     // accumulator itself, bf16 with fp32 masters copies up.
     CHECK(settings(config(stage, "fp32"), {1}).gradients == GradientPath::kInAccumulator);
     CHECK(settings(config(stage, "bf16"), {1}).gradients == GradientPath::kOneRank);
+    // Updates inside backward take autograd's gradient in any masters' dtype.
+    CHECK(settings(config(stage, "bf16"), {1}, true).gradients == GradientPath::kInBackward);
+    CHECK(settings(config(stage, "fp32"), {1}, true).gradients == GradientPath::kInBackward);
   }
 }
 

@@ -7,8 +7,8 @@ synchronization between phases. Prints one RESULT line, to set beside
 
   python3 bench/tools/hf_phases.py SHAPE MODE SEQ MICRO_BATCH CKPT [STEPS]
 
-SHAPE: qwen2.5-7b, qwen2.5-1.5b, llama2-13b; MODE: full (pure bf16), lora (r16 all linear),
-freeze (last two layers).
+SHAPE: qwen2.5-7b, qwen2.5-1.5b, llama2-13b; MODE: full (pure bf16), full_amp (fp32 weights,
+bf16 autocast: the peer's mixed-precision row), lora (r16 all linear), freeze (last two layers).
 """
 import json
 import sys
@@ -39,7 +39,8 @@ def build(shape, mode, ckpt):
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(
+            cfg, torch_dtype=torch.float32 if mode == "full_amp" else torch.bfloat16)
     if ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -53,8 +54,8 @@ def build(shape, mode, ckpt):
         last = {f"layers.{i}." for i in (cfg.num_hidden_layers - 2, cfg.num_hidden_layers - 1)}
         for name, p in model.named_parameters():
             p.requires_grad = any(t in name for t in last)
-    elif mode != "full":
-        raise ValueError(f"MODE must be full, lora or freeze, not {mode!r}")
+    elif mode not in ("full", "full_amp"):
+        raise ValueError(f"MODE must be full, full_amp, lora or freeze, not {mode!r}")
     return cfg, model
 
 
@@ -69,7 +70,8 @@ def main():
     for s in range(steps + 3):
         torch.cuda.synchronize()
         marks = [time.perf_counter()]
-        loss = model(input_ids=ids, labels=ids).loss
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "full_amp"):
+            loss = model(input_ids=ids, labels=ids).loss
         torch.cuda.synchronize()
         marks.append(time.perf_counter())
         loss.backward()

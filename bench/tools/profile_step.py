@@ -9,8 +9,9 @@ differ. Each side runs in its own process under torch.profiler (CUDA activity on
 zerotrain runs through its C API (libzerotrain.so, loaded into this Python process with ctypes:
 the library links the same LibTorch as the torch module here, so the profiler sees its kernels),
 set up as `zt_bench_model` is: random weights of the shape (examples/shapes/), bf16 — pure bf16
-for MODE full —, ZeRO-2 at one rank, no clipping, labels = inputs. The peer is transformers (+
-PEFT) set up by bench/tools/hf_phases.py, as ../shared/bench/hf_baseline.py does.
+for MODE full, fp32 masters for full_amp —, ZeRO-2 at one rank, no clipping, labels = inputs. The peer is transformers (+
+PEFT) set up by bench/tools/hf_phases.py, as ../shared/bench/hf_baseline.py does (full_amp: fp32
+weights under bf16 autocast; HF_COMPILE=1: torch.compile, compiled during the warm-up).
 Environment: ZT_LIB (default build-gpu/lib/libzerotrain.so); ZT_PROFILE_DEEPSPEED, a DeepSpeed
 config file for zerotrain instead of the built-in one (e.g. examples/deepspeed/ds_config_zero3_offload.json,
 to see how much of an offloaded step the GPU sits idle); run after `source .gpu-deps/env.sh`.
@@ -27,7 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-SHAPE_FILES = {"qwen2.5-7b": "qwen2.5-7b.json", "llama2-7b": "llama-2-7b.json", "llama2-13b": "llama-2-13b.json"}
+SHAPE_FILES = {"qwen2.5-7b": "qwen2.5-7b.json", "qwen2.5-1.5b": "qwen2.5-1.5b.json", "llama2-7b": "llama-2-7b.json", "llama2-13b": "llama-2-13b.json"}
 FAMILIES = [  # first match wins; kernel names are lower-cased
     ("attention", ("flash", "fmha", "attention", "sdpa")),
     ("matmul", ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas", "matmul")),
@@ -137,8 +138,13 @@ def hf_step(shape, mode, seq, mbs, ckpt):
     ids = torch.randint(0, cfg.vocab_size, (mbs, seq), device="cuda")
     model.train()
 
+    if os.environ.get("HF_COMPILE") == "1":  # as hf_baseline.py: compiled in the warm-up steps
+        model = torch.compile(model)
+
     def step():
-        model(input_ids=ids, labels=ids).loss.backward()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "full_amp"):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 

@@ -1,7 +1,8 @@
-// Tensor-level entry points to zerotrain's CUDA kernels (gpu_kernels.hpp): RMSNorm and AdamW
-// in one pass each. Built from fused_cuda.cpp with CUDA LibTorch, else fused_plain.cpp, where
-// nothing applies and callers keep their ATen path. Calls run on the current CUDA stream of
-// the tensors' device; like ATen ops they may be called from any thread.
+// Tensor-level entry points to zerotrain's CUDA kernels (gpu_kernels.hpp): RMSNorm, AdamW,
+// rotary embedding, SwiGLU and the cross-entropy of a chunk of logits, in one pass each. Built from
+// fused_cuda.cpp with CUDA LibTorch, else fused_plain.cpp, where nothing applies and callers keep
+// their ATen path. Calls run on the current CUDA stream of the tensors' device; like ATen ops they
+// may be called from any thread.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -39,5 +40,51 @@ bool fused_adamw_applies(const at::Tensor& param, const at::Tensor& grad, const 
 void fused_adamw(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                  const at::Tensor& exp_avg_sq, const UpdateHyper& hyper,
                  const at::Tensor& grad_sq = {});
+
+/// True when fused_adamw_mixed handles fp32 master / exp_avg / exp_avg_sq with a `grad` in bf16
+/// or fp16 and `compute_copy` (undefined, or grad's dtype): CUDA, contiguous, one device.
+bool fused_adamw_mixed_applies(const at::Tensor& master, const at::Tensor& grad,
+                               const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                               const at::Tensor& compute_copy);
+
+/// fused_adamw's update of fp32 masters from a compute-dtype gradient (no fp32 copy of it),
+/// writing the updated masters rounded into `compute_copy` (if defined) in the same pass.
+void fused_adamw_mixed(const at::Tensor& master, const at::Tensor& grad, const at::Tensor& exp_avg,
+                       const at::Tensor& exp_avg_sq, const UpdateHyper& hyper,
+                       const at::Tensor& grad_sq, const at::Tensor& compute_copy);
+
+/// True when fused_rotary handles x [B, H, T, D] (last dimension contiguous) with cos / sin
+/// [T, R] or [B, 1, T, R] of x's dtype (R = rotary_dim, even, ≤ D).
+bool fused_rotary_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                          int64_t rotary_dim);
+
+/// transformers' rotary embedding on x's first rotary_dim dimensions (halves, or adjacent pairs
+/// when `interleaved`), the rest passed through, with its roundings; `backward`: the gradient
+/// of that for an incoming gradient x. Returns [B, H, T, D] laid out as [B, T, H, D].
+at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        int64_t rotary_dim, bool interleaved, bool backward);
+
+/// True when fused_swiglu handles gate and up [..., I] (one dtype, last dimension contiguous,
+/// rows at one stride each: a projection's output or a half of a fused one).
+bool fused_swiglu_applies(const at::Tensor& gate, const at::Tensor& up);
+
+/// silu(gate) · up as transformers rounds it; contiguous.
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+/// The gradients of fused_swiglu for `grad`. `halves`: gate and up are the two halves of one
+/// [..., 2I] tensor (gate first) and the result is its gradient, in `.first`; otherwise the
+/// gradients of gate and up.
+std::pair<at::Tensor, at::Tensor> fused_swiglu_backward(const at::Tensor& grad,
+                                                        const at::Tensor& gate,
+                                                        const at::Tensor& up, bool halves);
+
+/// True when fused_cross_entropy handles logits [rows, vocab] (CUDA, contiguous, a floating
+/// dtype) and labels [rows] (int64 on the same device).
+bool fused_cross_entropy_applies(const at::Tensor& logits, const at::Tensor& labels);
+
+/// Per-row cross-entropy (fp32 [rows]; 0 where the label is -100, NaN for a label outside the
+/// vocabulary). `write_grad`: the logits become d loss / d logits (softmax − onehot, 0 on
+/// ignored rows) in place, rounded to their dtype.
+at::Tensor fused_cross_entropy(const at::Tensor& logits, const at::Tensor& labels, bool write_grad);
 
 }  // namespace zt::kernels

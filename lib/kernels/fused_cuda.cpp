@@ -43,6 +43,45 @@ int sm_count(const at::Device& device) {
   return at::cuda::getDeviceProperties(device.index())->multiProcessorCount;
 }
 
+cudaStream_t stream_of(const at::Tensor& t) {
+  return at::cuda::getCurrentCUDAStream(t.device().index());
+}
+
+// The kernels' constants from the update's hyper-parameters, formed in fp64.
+gpu::AdamwArgs adamw_args(const UpdateHyper& h) {
+  const double steps = static_cast<double>(h.step);
+  gpu::AdamwArgs a;
+  a.decay = static_cast<float>(h.lr * h.weight_decay);
+  a.beta1 = static_cast<float>(h.beta1);
+  a.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+  a.beta2 = static_cast<float>(h.beta2);
+  a.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  a.step_size = static_cast<float>(h.lr / (1.0 - std::pow(h.beta1, steps)));
+  a.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(h.beta2, steps)));
+  a.eps = static_cast<float>(h.eps);
+  a.grad_scale = static_cast<float>(h.grad_scale);
+  return a;
+}
+
+bool aligned(const at::Tensor& t, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % bytes == 0;
+}
+
+// The stride between rows of t seen as [rows, t.size(-1)] (last dimension contiguous), if its
+// leading dimensions collapse into one.
+std::optional<int64_t> row_stride(const at::Tensor& t) {
+  if (t.dim() < 1 || (t.size(-1) > 1 && t.stride(-1) != 1)) return std::nullopt;
+  if (t.dim() == 1) return t.size(-1);
+  for (int64_t k = 0; k + 2 < t.dim(); ++k) {
+    if (t.size(k) > 1 && t.stride(k) != t.stride(k + 1) * t.size(k + 1)) return std::nullopt;
+  }
+  return t.stride(-2);
+}
+
+bool float_kind(const at::Tensor& t) {
+  return scalar_of(t.scalar_type()).has_value();
+}
+
 }  // namespace
 
 bool fused_rms_norm_applies(const at::Tensor& x, const at::Tensor& weight) {
@@ -126,17 +165,7 @@ void fused_adamw(const at::Tensor& param, const at::Tensor& grad, const at::Tens
                                      grad_sq.scalar_type() == at::kFloat && grad_sq.numel() == 1),
               "fused_adamw: grad_sq must be one fp32 element on the parameters' device");
   const c10::cuda::CUDAGuard guard(param.device());
-  const double steps = static_cast<double>(h.step);
-  gpu::AdamwArgs a;
-  a.decay = static_cast<float>(h.lr * h.weight_decay);
-  a.beta1 = static_cast<float>(h.beta1);
-  a.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
-  a.beta2 = static_cast<float>(h.beta2);
-  a.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
-  a.step_size = static_cast<float>(h.lr / (1.0 - std::pow(h.beta1, steps)));
-  a.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(h.beta2, steps)));
-  a.eps = static_cast<float>(h.eps);
-  a.grad_scale = static_cast<float>(h.grad_scale);
+  const gpu::AdamwArgs a = adamw_args(h);
   const bool vectorized =
       aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq);
   cuda::check(
@@ -145,6 +174,171 @@ void fused_adamw(const at::Tensor& param, const at::Tensor& grad, const at::Tens
                  grad_sq.defined() ? grad_sq.data_ptr<float>() : nullptr, vectorized,
                  sm_count(param.device()), at::cuda::getCurrentCUDAStream(param.device().index())),
       "the fused AdamW kernel");
+}
+
+bool fused_adamw_mixed_applies(const at::Tensor& master, const at::Tensor& grad,
+                               const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                               const at::Tensor& compute_copy) {
+  if (!switched_on() || !master.is_cuda() || master.scalar_type() != at::kFloat) return false;
+  if (grad.scalar_type() != at::kBFloat16 && grad.scalar_type() != at::kHalf) return false;
+  for (const at::Tensor* t : {&grad, &exp_avg, &exp_avg_sq}) {
+    if (t->device() != master.device() || !t->is_contiguous()) return false;
+  }
+  if (exp_avg.scalar_type() != at::kFloat || exp_avg_sq.scalar_type() != at::kFloat) return false;
+  if (compute_copy.defined() &&
+      (compute_copy.device() != master.device() || !compute_copy.is_contiguous() ||
+       compute_copy.scalar_type() != grad.scalar_type())) {
+    return false;
+  }
+  return master.is_contiguous();
+}
+
+void fused_adamw_mixed(const at::Tensor& master, const at::Tensor& grad, const at::Tensor& exp_avg,
+                       const at::Tensor& exp_avg_sq, const UpdateHyper& h,
+                       const at::Tensor& grad_sq, const at::Tensor& compute_copy) {
+  const int64_t n = master.numel();
+  TORCH_CHECK(fused_adamw_mixed_applies(master, grad, exp_avg, exp_avg_sq, compute_copy) &&
+                  grad.numel() == n && exp_avg.numel() == n && exp_avg_sq.numel() == n &&
+                  (!compute_copy.defined() || compute_copy.numel() == n),
+              "fused_adamw_mixed: tensors it does not handle");
+  TORCH_CHECK(!grad_sq.defined() || (grad_sq.device() == master.device() &&
+                                     grad_sq.scalar_type() == at::kFloat && grad_sq.numel() == 1),
+              "fused_adamw_mixed: grad_sq must be one fp32 element on the masters' device");
+  const c10::cuda::CUDAGuard guard(master.device());
+  const bool vectorized = aligned(master, 16) && aligned(exp_avg, 16) && aligned(exp_avg_sq, 16) &&
+                          aligned(grad, 8) && (!compute_copy.defined() || aligned(compute_copy, 8));
+  cuda::check(
+      gpu::adamw_mixed(*scalar_of(grad.scalar_type()), master.data_ptr<float>(), grad.data_ptr(),
+                       exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(),
+                       compute_copy.defined() ? compute_copy.data_ptr() : nullptr, n, adamw_args(h),
+                       grad_sq.defined() ? grad_sq.data_ptr<float>() : nullptr, vectorized,
+                       sm_count(master.device()), stream_of(master)),
+      "the fused AdamW kernel (fp32 masters)");
+}
+
+bool fused_rotary_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                          int64_t rotary_dim) {
+  if (!switched_on() || !x.is_cuda() || !float_kind(x) || x.dim() != 4) return false;
+  const int64_t d = x.size(3);
+  if (d % 2 != 0 || rotary_dim % 2 != 0 || rotary_dim <= 0 || rotary_dim > d) return false;
+  if (x.stride(3) != 1 && d > 1) return false;
+  for (const at::Tensor* t : {&cos, &sin}) {
+    if (t->device() != x.device() || t->scalar_type() != x.scalar_type()) return false;
+    if (t->size(-1) != rotary_dim || t->stride(-1) != 1) return false;
+    if (t->dim() == 2) {
+      if (t->size(0) != x.size(2)) return false;
+    } else if (t->dim() == 4) {
+      if ((t->size(0) != x.size(0) && t->size(0) != 1) || t->size(1) != 1 ||
+          t->size(2) != x.size(2)) {
+        return false;
+      }
+    } else {
+      return false;
+    }
+  }
+  return cos.strides() == sin.strides();
+}
+
+at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        int64_t rotary_dim, bool interleaved, bool backward) {
+  TORCH_CHECK(fused_rotary_applies(x, cos, sin, rotary_dim),
+              "fused_rotary: tensors it does not handle");
+  const c10::cuda::CUDAGuard guard(x.device());
+  gpu::RotaryArgs a;
+  a.batch = x.size(0);
+  a.heads = x.size(1);
+  a.tokens = x.size(2);
+  a.head_dim = x.size(3);
+  a.rotary_dim = rotary_dim;
+  a.x_stride[0] = x.stride(0);
+  a.x_stride[1] = x.stride(1);
+  a.x_stride[2] = x.stride(2);
+  if (cos.dim() == 2) {
+    a.cs_stride[0] = 0;
+    a.cs_stride[1] = cos.stride(0);
+  } else {
+    a.cs_stride[0] = cos.size(0) == 1 ? 0 : cos.stride(0);
+    a.cs_stride[1] = cos.stride(2);
+  }
+  a.interleaved = interleaved;
+  a.backward = backward;
+  at::Tensor out = at::empty({a.batch, a.tokens, a.heads, a.head_dim}, x.options());
+  cuda::check(gpu::rotary(*scalar_of(x.scalar_type()), x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                          out.data_ptr(), a, stream_of(x)),
+              "the fused rotary embedding kernel");
+  return out.transpose(1, 2);
+}
+
+bool fused_swiglu_applies(const at::Tensor& gate, const at::Tensor& up) {
+  if (!switched_on() || !gate.is_cuda() || !float_kind(gate)) return false;
+  if (up.device() != gate.device() || up.scalar_type() != gate.scalar_type() ||
+      up.sizes() != gate.sizes()) {
+    return false;
+  }
+  return row_stride(gate).has_value() && row_stride(up).has_value();
+}
+
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(fused_swiglu_applies(gate, up), "fused_swiglu: tensors it does not handle");
+  const c10::cuda::CUDAGuard guard(gate.device());
+  const int64_t cols = gate.size(-1), rows = cols == 0 ? 0 : gate.numel() / cols;
+  at::Tensor out = at::empty(gate.sizes(), gate.options());
+  cuda::check(gpu::swiglu_forward(*scalar_of(gate.scalar_type()), gate.data_ptr(), up.data_ptr(),
+                                  out.data_ptr(), rows, cols, *row_stride(gate), *row_stride(up),
+                                  stream_of(gate)),
+              "the fused SwiGLU kernel");
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> fused_swiglu_backward(const at::Tensor& grad,
+                                                        const at::Tensor& gate,
+                                                        const at::Tensor& up, bool halves) {
+  TORCH_CHECK(fused_swiglu_applies(gate, up) && grad.sizes() == gate.sizes(),
+              "fused_swiglu_backward: tensors it does not handle");
+  const c10::cuda::CUDAGuard guard(gate.device());
+  const at::Tensor g =
+      grad.scalar_type() == gate.scalar_type() ? grad.contiguous() : grad.to(gate.scalar_type());
+  const int64_t cols = gate.size(-1), rows = cols == 0 ? 0 : gate.numel() / cols;
+  at::Tensor grad_gate, grad_up, both;
+  int64_t gate_stride = cols, up_stride = cols;
+  if (halves) {
+    std::vector<int64_t> shape = gate.sizes().vec();
+    shape.back() = 2 * cols;
+    both = at::empty(shape, gate.options());
+    grad_gate = both.narrow(-1, 0, cols);
+    grad_up = both.narrow(-1, cols, cols);
+    gate_stride = up_stride = 2 * cols;
+  } else {
+    grad_gate = at::empty(gate.sizes(), gate.options());
+    grad_up = at::empty(gate.sizes(), gate.options());
+  }
+  cuda::check(gpu::swiglu_backward(*scalar_of(gate.scalar_type()), g.data_ptr(), gate.data_ptr(),
+                                   up.data_ptr(), grad_gate.data_ptr(), grad_up.data_ptr(), rows,
+                                   cols, *row_stride(gate), *row_stride(up), gate_stride, up_stride,
+                                   stream_of(gate)),
+              "the fused SwiGLU backward kernel");
+  if (halves) return {both, at::Tensor()};
+  return {grad_gate, grad_up};
+}
+
+bool fused_cross_entropy_applies(const at::Tensor& logits, const at::Tensor& labels) {
+  return switched_on() && logits.is_cuda() && float_kind(logits) && logits.dim() == 2 &&
+         logits.is_contiguous() && labels.device() == logits.device() &&
+         labels.scalar_type() == at::kLong && labels.dim() == 1 &&
+         labels.size(0) == logits.size(0) && labels.is_contiguous();
+}
+
+at::Tensor fused_cross_entropy(const at::Tensor& logits, const at::Tensor& labels,
+                               bool write_grad) {
+  TORCH_CHECK(fused_cross_entropy_applies(logits, labels),
+              "fused_cross_entropy: tensors it does not handle");
+  const c10::cuda::CUDAGuard guard(logits.device());
+  at::Tensor loss = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
+  cuda::check(gpu::cross_entropy(*scalar_of(logits.scalar_type()), logits.data_ptr(),
+                                 labels.data_ptr<int64_t>(), loss.data_ptr<float>(), logits.size(0),
+                                 logits.size(1), write_grad, stream_of(logits)),
+              "the fused cross-entropy kernel");
+  return loss;
 }
 
 }  // namespace zt::kernels

@@ -5,65 +5,13 @@
 // non-vectorized casting loop; the whole norm of a 7B step cost ~35 ms of GPU time that one
 // pass over the activations does in a few. AdamW: LibTorch's multi-tensor kernel reaches about
 // half the memory bandwidth on bf16 state, and the gradient norm would be another pass.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
 
+#include "kernels/gpu_common.cuh"
 #include "kernels/gpu_kernels.hpp"
 
 namespace zt::kernels::gpu {
 namespace {
-
-__device__ __forceinline__ float to_float(float v) {
-  return v;
-}
-__device__ __forceinline__ float to_float(__half v) {
-  return __half2float(v);
-}
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-// The value a tensor of dtype T holds after storing v: where transformers' graph rounds.
-template <typename T>
-__device__ __forceinline__ float rounded(float v) {
-  return to_float(from_float<T>(v));
-}
-
-// 16 bytes of T: one vector load or store.
-template <typename T>
-struct alignas(16) Pack {
-  static constexpr int kN = 16 / sizeof(T);
-  T v[kN];
-};
-
-// The block's sum, in every thread. `shared` holds 32 floats; safe to call repeatedly.
-__device__ float block_sum(float v, float* shared) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // the previous call's readers are done with `shared`
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x / 32) ? shared[lane] : 0.f;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // ---- RMSNorm ------------------------------------------------------------------------------
 // One row per block pass; thread t holds packs t and t + kThreads of the row in registers.
@@ -342,6 +290,77 @@ void launch_adamw(void* p, const void* g, void* m, void* v, int64_t n, const Ada
   }
 }
 
+// fp32 masters with a gradient in the compute dtype C, writing the compute copy as it goes:
+// four elements per thread (16 bytes of each fp32 array, 8 of each C array).
+template <typename C>
+struct alignas(8) Quad {
+  C v[4];
+};
+
+template <typename C, bool kVector>
+__global__ void __launch_bounds__(256)
+    adamw_mixed_kernel(float* __restrict__ p, const C* __restrict__ g, float* __restrict__ m,
+                       float* __restrict__ v, C* __restrict__ out, int64_t n, AdamwArgs a,
+                       float* __restrict__ grad_sq) {
+  __shared__ float shared[32];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  float sq = 0.f;
+  int64_t done = 0;
+  if constexpr (kVector) {
+    const int64_t quads = n / 4;
+    for (int64_t i = first; i < quads; i += stride) {
+      float4 pp = reinterpret_cast<const float4*>(p)[i], mp = reinterpret_cast<const float4*>(m)[i];
+      float4 vp = reinterpret_cast<const float4*>(v)[i];
+      const Quad<C> gq = reinterpret_cast<const Quad<C>*>(g)[i];
+      float* pf = &pp.x;
+      float* mf = &mp.x;
+      float* vf = &vp.x;
+      Quad<C> oq;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float gf = to_float(gq.v[k]);
+        sq += gf * gf;
+        adamw_element(pf[k], gf, mf[k], vf[k], a);
+        oq.v[k] = from_float<C>(pf[k]);
+      }
+      reinterpret_cast<float4*>(p)[i] = pp;
+      reinterpret_cast<float4*>(m)[i] = mp;
+      reinterpret_cast<float4*>(v)[i] = vp;
+      if (out) reinterpret_cast<Quad<C>*>(out)[i] = oq;
+    }
+    done = quads * 4;
+  }
+  for (int64_t i = done + first; i < n; i += stride) {
+    const float gf = to_float(g[i]);
+    sq += gf * gf;
+    adamw_element(p[i], gf, m[i], v[i], a);
+    if (out) out[i] = from_float<C>(p[i]);
+  }
+  if (grad_sq) {
+    sq = block_sum(sq, shared);
+    if (threadIdx.x == 0) atomicAdd(grad_sq, sq);
+  }
+}
+
+template <typename C>
+void launch_adamw_mixed(float* p, const void* g, float* m, float* v, void* out, int64_t n,
+                        const AdamwArgs& a, float* grad_sq, bool vectorized, int sm_count,
+                        cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  const int64_t wanted = (n / (vectorized ? 4 : 1) + kThreads - 1) / kThreads;
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t{sm_count} * 8));
+  const C* gc = static_cast<const C*>(g);
+  C* oc = static_cast<C*>(out);
+  if (vectorized) {
+    adamw_mixed_kernel<C, true>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, gc, m, v, oc, n, a, grad_sq);
+  } else {
+    adamw_mixed_kernel<C, false>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, gc, m, v, oc, n, a, grad_sq);
+  }
+}
+
 }  // namespace
 
 bool rms_norm_supports(Scalar t, int64_t hidden) {
@@ -411,6 +430,25 @@ cudaError_t adamw(Scalar t, void* p, const void* g, void* m, void* v, int64_t n,
       case Scalar::kBFloat16:
         launch_adamw<__nv_bfloat16>(p, g, m, v, n, args, grad_sq, vectorized, sm_count, stream);
         break;
+    }
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t adamw_mixed(Scalar t, float* p, const void* g, float* m, float* v, void* out, int64_t n,
+                        const AdamwArgs& args, float* grad_sq, bool vectorized, int sm_count,
+                        cudaStream_t stream) {
+  if (n > 0) {
+    switch (t) {
+      case Scalar::kFloat16:
+        launch_adamw_mixed<__half>(p, g, m, v, out, n, args, grad_sq, vectorized, sm_count, stream);
+        break;
+      case Scalar::kBFloat16:
+        launch_adamw_mixed<__nv_bfloat16>(p, g, m, v, out, n, args, grad_sq, vectorized, sm_count,
+                                          stream);
+        break;
+      case Scalar::kFloat32:
+        return cudaErrorInvalidValue;  // all-fp32 updates take adamw()
     }
   }
   return cudaGetLastError();

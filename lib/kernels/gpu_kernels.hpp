@@ -51,4 +51,46 @@ cudaError_t adamw(Scalar t, void* p, const void* g, void* m, void* v, int64_t n,
                   const AdamwArgs& args, float* grad_sq, bool vectorized, int sm_count,
                   cudaStream_t stream);
 
+/// The same update on fp32 masters p, m, v with a gradient g in the compute dtype `t` (bf16 or
+/// fp16); `out` (nullable, dtype `t`) gets the updated masters rounded, in the same pass — the
+/// compute copy. `vectorized` needs p, m, v 16-byte and g, out 8-byte aligned.
+cudaError_t adamw_mixed(Scalar t, float* p, const void* g, float* m, float* v, void* out, int64_t n,
+                        const AdamwArgs& args, float* grad_sq, bool vectorized, int sm_count,
+                        cudaStream_t stream);
+
+/// Rotary position embedding of x [B, H, T, D] (strides x_stride for B, H, T; the last
+/// dimension contiguous) on its first `rotary_dim` dimensions — halves (LLaMA) or adjacent
+/// pairs (`interleaved`, GLM) — the rest copied; out is [B, T, H, D] contiguous. cos / sin
+/// [B or 1, T, rotary_dim] (strides cs_stride for B — 0 broadcasts — and T; last contiguous).
+/// With the roundings of transformers' `x * cos + rotate_half(x) * sin` in dtype t; `backward`:
+/// those of that expression's autograd (the rotation by −θ).
+struct RotaryArgs {
+  int64_t batch = 0, heads = 0, tokens = 0, head_dim = 0, rotary_dim = 0;
+  int64_t x_stride[3] = {0, 0, 0};  ///< B, H, T
+  int64_t cs_stride[2] = {0, 0};    ///< B, T
+  bool interleaved = false, backward = false;
+};
+cudaError_t rotary(Scalar t, const void* x, const void* cos, const void* sin, void* out,
+                   const RotaryArgs& args, cudaStream_t stream);
+
+/// SwiGLU a = silu(gate) · up over rows × cols, gate and up rows `gate_stride` / `up_stride`
+/// apart, out contiguous; transformers' roundings (silu rounded to t, then the product).
+cudaError_t swiglu_forward(Scalar t, const void* gate, const void* up, void* out, int64_t rows,
+                           int64_t cols, int64_t gate_stride, int64_t up_stride,
+                           cudaStream_t stream);
+/// Its autograd: from grad (contiguous rows × cols) and the saved gate / up, d_gate and d_up
+/// (rows `grad_gate_stride` / `grad_up_stride` apart; the halves of one buffer for a fused
+/// gate_up projection).
+cudaError_t swiglu_backward(Scalar t, const void* grad, const void* gate, const void* up,
+                            void* grad_gate, void* grad_up, int64_t rows, int64_t cols,
+                            int64_t gate_stride, int64_t up_stride, int64_t grad_gate_stride,
+                            int64_t grad_up_stride, cudaStream_t stream);
+
+/// Cross-entropy of logits [rows, vocab] (contiguous, dtype t) against labels (int64, −100
+/// ignored): loss[row] (fp32) = logsumexp(row) − row[label], 0 for an ignored row, NaN for a
+/// label outside [0, vocab). With `write_grad` the row becomes d loss / d logits = softmax −
+/// onehot (0 on ignored rows), rounded to t, in place.
+cudaError_t cross_entropy(Scalar t, void* logits, const int64_t* labels, float* loss, int64_t rows,
+                          int64_t vocab, bool write_grad, cudaStream_t stream);
+
 }  // namespace zt::kernels::gpu

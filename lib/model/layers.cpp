@@ -50,10 +50,37 @@ at::Tensor angles(const ModelConfig& c, const at::Tensor& freqs) {
   return c.rope_interleaved ? freqs.repeat_interleave(2, -1) : at::cat({freqs, freqs}, -1);
 }
 
+// The rotation as one kernel each way (CUDA): the same values as the expression below.
+class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim,
+                            bool interleaved) {
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["rotary_dim"] = rotary_dim;
+    ctx->saved_data["interleaved"] = interleaved;
+    return kernels::fused_rotary(x, cos, sin, rotary_dim, interleaved, /*backward=*/false);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    at::Tensor g = grads[0];
+    if (g.stride(-1) != 1) g = g.contiguous();
+    const at::Tensor dx =
+        kernels::fused_rotary(g, saved[0], saved[1], ctx->saved_data["rotary_dim"].toInt(),
+                              ctx->saved_data["interleaved"].toBool(), /*backward=*/true);
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 // RoPE on the first rotary_dim dimensions of x [.., head_dim]; the rest pass through.
 at::Tensor rotate(const ModelConfig& c, const at::Tensor& x, const at::Tensor& cos,
                   const at::Tensor& sin) {
   const int64_t rd = c.rotary_dim();
+  if (kernels::fused_rotary_applies(x, cos, sin, rd)) {
+    return RotaryFunction::apply(x, cos, sin, rd, c.rope_interleaved);
+  }
   if (rd == x.size(-1) && !c.rope_interleaved) return x * cos + rotate_half(x) * sin;
   const at::Tensor r = x.narrow(-1, 0, rd);
   at::Tensor y = r * cos + (c.rope_interleaved ? rotate_pairs(r) : rotate_half(r)) * sin;
@@ -237,6 +264,40 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
+// silu(gate) · up in one kernel each way (CUDA), keeping only gate and up for backward (the
+// formula's autograd also keeps silu's output). `halves`: gate and up are the halves of one
+// fused projection's output `both`, whose gradient is then returned as one tensor.
+class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate,
+                            const at::Tensor& up, const at::Tensor& both, int64_t cols) {
+    const bool halves = both.numel() > 0;
+    ctx->saved_data["halves"] = halves;
+    if (halves) {
+      ctx->save_for_backward({both});
+      ctx->saved_data["cols"] = cols;
+    } else {
+      ctx->save_for_backward({gate, up});
+    }
+    return kernels::fused_swiglu(gate, up);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    if (ctx->saved_data["halves"].toBool()) {
+      const int64_t cols = ctx->saved_data["cols"].toInt();
+      const at::Tensor& both = saved[0];
+      auto [grad_both, unused] = kernels::fused_swiglu_backward(
+          grads[0], both.narrow(-1, 0, cols), both.narrow(-1, cols, cols), /*halves=*/true);
+      return {at::Tensor(), at::Tensor(), grad_both, at::Tensor()};
+    }
+    auto [grad_gate, grad_up] =
+        kernels::fused_swiglu_backward(grads[0], saved[0], saved[1], /*halves=*/false);
+    return {grad_gate, grad_up, at::Tensor(), at::Tensor()};
+  }
+};
+
 class UnreadLinear : public torch::autograd::Function<UnreadLinear> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
@@ -262,18 +323,10 @@ class UnreadLinear : public torch::autograd::Function<UnreadLinear> {
   }
 };
 
-// One chunk's share of the cross-entropy gradients. `p` (fp32 [len, vocab]) holds the chunk's
-// softmax and becomes d loss / d logits = (softmax − onehot) on valid rows, times `scale` (the
-// incoming gradient; undefined: 1); then `grad_rows` (the chunk's rows of the hidden-state
-// gradient, contiguous; undefined: not wanted) = dl · weight, and, with `weight_grad`,
-// grad_weight += dlᵀ · h (the first chunk's product, so no zero-fill pass).
-void add_chunk_gradients(at::Tensor& p, const at::Tensor& y, const at::Tensor& scale,
-                         const at::Tensor& h, const at::Tensor& weight, at::Tensor grad_rows,
-                         bool weight_grad, at::Tensor& grad_weight) {
-  p.scatter_add_(1, y.clamp_min(0).unsqueeze(1), at::full({p.size(0), 1}, -1.0, p.options()));
-  at::Tensor mask = y.ne(-100).to(at::kFloat).unsqueeze(1);
-  p.mul_(scale.defined() ? mask * scale : mask);
-  at::Tensor dl = p.to(h.scalar_type());
+// From a chunk's d loss / d logits `dl` (h's dtype): grad_rows = dl · weight (if defined) and,
+// with `weight_grad`, grad_weight += dlᵀ · h (the first chunk's product, so no zero-fill pass).
+void chunk_products(const at::Tensor& dl, const at::Tensor& h, const at::Tensor& weight,
+                    at::Tensor grad_rows, bool weight_grad, at::Tensor& grad_weight) {
   if (grad_rows.defined()) at::mm_out(grad_rows, dl, weight);
   if (!weight_grad) return;  // a frozen head (LoRA, prefix tuning): no [vocab, hidden] GEMM
   if (grad_weight.defined()) {
@@ -281,6 +334,19 @@ void add_chunk_gradients(at::Tensor& p, const at::Tensor& y, const at::Tensor& s
   } else {
     grad_weight = at::mm(dl.t(), h);
   }
+}
+
+// One chunk's share of the cross-entropy gradients. `p` (fp32 [len, vocab]) holds the chunk's
+// softmax and becomes d loss / d logits = (softmax − onehot) on valid rows, times `scale` (the
+// incoming gradient; undefined: 1), then chunk_products (`grad_rows`: the chunk's rows of the
+// hidden-state gradient, contiguous; undefined: not wanted).
+void add_chunk_gradients(at::Tensor& p, const at::Tensor& y, const at::Tensor& scale,
+                         const at::Tensor& h, const at::Tensor& weight, at::Tensor grad_rows,
+                         bool weight_grad, at::Tensor& grad_weight) {
+  p.scatter_add_(1, y.clamp_min(0).unsqueeze(1), at::full({p.size(0), 1}, -1.0, p.options()));
+  at::Tensor mask = y.ne(-100).to(at::kFloat).unsqueeze(1);
+  p.mul_(scale.defined() ? mask * scale : mask);
+  chunk_products(p.to(h.scalar_type()), h, weight, std::move(grad_rows), weight_grad, grad_weight);
 }
 
 // Σ of token cross-entropies over chunks of rows. Two ways to get the gradient:
@@ -303,7 +369,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       ctx->save_for_backward({hidden, weight, labels});
       ctx->saved_data["chunk"] = chunk;
     }
-    at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
+    at::Tensor losses = at::empty({hidden.size(0)}, hidden.options().dtype(at::kFloat));
     at::Tensor grad_hidden, grad_weight;
     if (eager_hidden) grad_hidden = at::empty(hidden.sizes(), hidden.options());  // contiguous rows
     const int64_t n = hidden.size(0);
@@ -311,17 +377,29 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       const int64_t len = std::min(chunk, n - lo);
       at::Tensor h = hidden.narrow(0, lo, len);
       at::Tensor y = labels.narrow(0, lo, len);
+      at::Tensor logits = at::matmul(h, weight.t());
+      if (kernels::fused_cross_entropy_applies(logits, y)) {
+        // One kernel: the rows' losses, and with `eager` d loss / d logits over the logits.
+        losses.narrow(0, lo, len).copy_(kernels::fused_cross_entropy(logits, y, eager));
+        if (eager) {
+          chunk_products(logits, h, weight,
+                         eager_hidden ? grad_hidden.narrow(0, lo, len) : at::Tensor(), eager_weight,
+                         grad_weight);
+        }
+        continue;
+      }
       at::Tensor valid = y.ne(-100);
-      at::Tensor logits = at::matmul(h, weight.t()).to(at::kFloat);
+      logits = logits.to(at::kFloat);
       at::Tensor target = logits.gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);
       at::Tensor lse = at::logsumexp(logits, 1);
-      total = total + ((lse - target) * valid).sum();
+      losses.narrow(0, lo, len).copy_((lse - target) * valid);
       if (!eager) continue;
       logits.sub_(lse.unsqueeze(1)).exp_();  // the softmax, in the logits' memory
       add_chunk_gradients(logits, y, at::Tensor(), h, weight,
                           eager_hidden ? grad_hidden.narrow(0, lo, len) : at::Tensor(),
                           eager_weight, grad_weight);
     }
+    const at::Tensor total = losses.sum();
     if (eager) {
       ctx->saved_data["grad_hidden"] = grad_hidden;
       ctx->saved_data["grad_weight"] = grad_weight;
@@ -365,6 +443,23 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return RmsNormFunction::apply(x, weight, eps);
+}
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  if (kernels::fused_swiglu_applies(gate, up)) {
+    return SwigluFunction::apply(gate, up, at::empty({0}, gate.options()), gate.size(-1));
+  }
+  return at::silu(gate) * up;
+}
+
+at::Tensor swiglu_halves(const at::Tensor& gate_up) {
+  const int64_t cols = gate_up.size(-1) / 2;
+  const at::Tensor gate = gate_up.narrow(-1, 0, cols), up = gate_up.narrow(-1, cols, cols);
+  if (kernels::fused_swiglu_applies(gate, up)) {
+    // gate and up enter as non-differentiable views: the gradient goes to gate_up whole.
+    return SwigluFunction::apply(gate.detach(), up.detach(), gate_up, cols);
+  }
+  return up * at::silu(gate);
 }
 
 at::Tensor linear_unread(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {

@@ -112,6 +112,12 @@ struct Attention : torch::nn::Module {
 /// recomputed in backward, whose output values are never read.
 at::Tensor linear_unread(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
+/// silu(gate) · up, rounded as transformers' `act_fn(gate) * up` (one kernel each way on CUDA,
+/// saving only gate and up for backward).
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+/// The same of the two halves of one fused projection's output [..., 2I] (gate first).
+at::Tensor swiglu_halves(const at::Tensor& gate_up);
+
 /// SwiGLU: down(silu(gate(x)) · up(x)), with gate and up as two projections (LLaMA) or as the
 /// two halves of one `gate_up_proj` (GLM, gate first; ChatGLM names it `dense_h_to_4h` and the
 /// down projection `dense_4h_to_h`).
@@ -123,13 +129,8 @@ struct Mlp : torch::nn::Module {
   /// the down projection's product — a third of the MLP's forward — is skipped when it has no
   /// active LoRA adapter.
   at::Tensor forward(const at::Tensor& x, bool output_unread = false) {
-    at::Tensor a;
-    if (gate_up_proj) {
-      const at::Tensor gu = gate_up_proj->forward(x);
-      a = gu.narrow(-1, intermediate, intermediate) * at::silu(gu.narrow(-1, 0, intermediate));
-    } else {
-      a = at::silu(gate_proj->forward(x)) * up_proj->forward(x);
-    }
+    const at::Tensor a = gate_up_proj ? swiglu_halves(gate_up_proj->forward(x))
+                                      : swiglu(gate_proj->forward(x), up_proj->forward(x));
     const Linear& down = *down_proj;
     if (output_unread && !(down.lora_A && !down.lora_merged))
       return linear_unread(a, down.weight, down.bias);

@@ -48,16 +48,23 @@ int64_t ShardOptimizer::state_bytes(bool with_master) const {
 
 void ShardOptimizer::update(const at::Tensor& grad, const UpdateHyper& hyper,
                             const std::vector<Segment>& segments, int64_t grad_offset,
-                            const at::Tensor& grad_sq) {
+                            const at::Tensor& grad_sq, const at::Tensor& compute_copy) {
   TORCH_CHECK(grad.dim() == 1 && grad_offset >= 0 && grad_offset + grad.numel() <= master_.numel(),
               "ShardOptimizer::update: gradient shape mismatch");
+  TORCH_CHECK(!compute_copy.defined() || compute_copy.sizes() == grad.sizes(),
+              "ShardOptimizer::update: the compute copy must have the gradient's shape");
   for (const Segment& s : segments) {
     TORCH_CHECK(s.offset >= grad_offset && s.offset + s.length <= grad_offset + grad.numel(),
                 "ShardOptimizer::update: a segment lies outside the given gradients");
   }
-  const at::Tensor g = grad.device() == master_.device() ? grad : grad.to(master_.device());
-  const bool all_fp32 = master_.scalar_type() == at::kFloat && g.scalar_type() == at::kFloat &&
-                        state0_.scalar_type() == at::kFloat;
+  if (step_mixed(grad, hyper, segments, grad_offset, grad_sq, compute_copy)) return;
+  at::Tensor g = grad.device() == master_.device() ? grad : grad.to(master_.device());
+  const bool fp32_state = master_.scalar_type() == at::kFloat && state0_.defined() &&
+                          state0_.scalar_type() == at::kFloat;
+  // A lower-precision gradient for fp32 masters is widened first (exactly), so every path
+  // computes what it computes on an fp32 gradient.
+  if (fp32_state && g.scalar_type() != at::kFloat) g = g.to(at::kFloat);
+  const bool all_fp32 = fp32_state && g.scalar_type() == at::kFloat;
   bool squared = false;
   if (type_ == OptimizerType::kSgd) {
     step_sgd(g, hyper, segments, grad_offset);
@@ -73,6 +80,32 @@ void ShardOptimizer::update(const at::Tensor& grad, const UpdateHyper& hyper,
       grad_sq.add_(norm.square().to(grad_sq.device()));
     }
   }
+  if (compute_copy.defined()) {
+    for (const Segment& s : segments) {
+      compute_copy.narrow(0, s.offset - grad_offset, s.length)
+          .copy_(master_.narrow(0, s.offset, s.length));
+    }
+  }
+}
+
+bool ShardOptimizer::step_mixed(const at::Tensor& grad, const UpdateHyper& h,
+                                const std::vector<Segment>& segs, int64_t grad_offset,
+                                const at::Tensor& grad_sq, const at::Tensor& compute_copy) {
+  if (type_ != OptimizerType::kAdamW || !h.bias_correction ||
+      !kernels::fused_adamw_mixed_applies(master_, grad, state0_, state1_, compute_copy)) {
+    return false;
+  }
+  UpdateHyper k = h;
+  k.step = steps_;
+  for (const Segment& s : segs) {
+    k.weight_decay = s.decay ? h.weight_decay : 0.0;
+    const int64_t at = s.offset - grad_offset;
+    kernels::fused_adamw_mixed(
+        master_.narrow(0, s.offset, s.length), grad.narrow(0, at, s.length),
+        state0_.narrow(0, s.offset, s.length), state1_.narrow(0, s.offset, s.length), k, grad_sq,
+        compute_copy.defined() ? compute_copy.narrow(0, at, s.length) : at::Tensor());
+  }
+  return true;
 }
 
 void ShardOptimizer::step_sgd(const at::Tensor& grad_in, const UpdateHyper& h,

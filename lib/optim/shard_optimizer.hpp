@@ -40,10 +40,14 @@ class ShardOptimizer {
   /// `grad` holds the state elements [grad_offset, grad_offset + grad.numel()), which must cover
   /// the segments (offloaded steps pass one bucket's gradients at a time). `grad_sq`: undefined,
   /// or an fp32 scalar on the master's device that Σ g² over the segments (before grad_scale)
-  /// is added to — on the GPU in the update's own pass over the gradient.
+  /// is added to — on the GPU in the update's own pass over the gradient. `grad` may be in a
+  /// lower precision than fp32 masters (updates inside backward hand autograd's gradient over
+  /// as it is). `compute_copy`: undefined, or a tensor of grad's shape that receives the
+  /// updated masters of the segments rounded to its dtype (the parameters the model computes
+  /// with) — on the GPU in the same pass.
   void update(const at::Tensor& grad, const UpdateHyper& hyper,
               const std::vector<Segment>& segments, int64_t grad_offset = 0,
-              const at::Tensor& grad_sq = {});
+              const at::Tensor& grad_sq = {}, const at::Tensor& compute_copy = {});
   const std::vector<Segment>& segments() const { return segments_; }
 
   OptimizerType type() const { return type_; }
@@ -64,6 +68,10 @@ class ShardOptimizer {
   // True when it also added Σ g² to grad_sq.
   bool step_generic(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs,
                     int64_t grad_offset, const at::Tensor& grad_sq);
+  // The fused kernel on fp32 masters and a compute-dtype gradient, compute copy included;
+  // false (nothing done) where it does not apply.
+  bool step_mixed(const at::Tensor& grad, const UpdateHyper& h, const std::vector<Segment>& segs,
+                  int64_t grad_offset, const at::Tensor& grad_sq, const at::Tensor& compute_copy);
 
   OptimizerType type_;
   at::Tensor master_, state0_, state1_;

@@ -55,15 +55,16 @@ void resolve_optimizer(const DeepSpeedConfig& ds, EngineSettings& s) {
   s.clip = ds.gradient_clipping.value();
 }
 
-// One rank whose gradients are already in the masters' dtype needs no reduction or staging:
-// the optimizer either runs inside backward, or reads the gradients autograd accumulates
-// straight into the accumulator.
-GradientPath gradient_path(const EngineSettings& s, bool want_in_backward, bool shared) {
+// One rank needs no reduction or staging: the optimizer runs inside backward where that cannot
+// change the math (masters in any dtype: the update reads autograd's gradient as it is), else
+// it reads the gradients autograd accumulates straight into the accumulator (masters in the
+// compute dtype) or copied up into it (fp32 masters).
+GradientPath gradient_path(const EngineSettings& s, bool want_in_backward) {
   if (s.world == 1) {
-    if (s.master_dtype != s.compute) return GradientPath::kOneRank;
-    if (want_in_backward && update_in_backward_blocker(s, shared).empty()) {
+    if (want_in_backward && update_in_backward_blocker(s).empty()) {
       return GradientPath::kInBackward;
     }
+    if (s.master_dtype != s.compute) return GradientPath::kOneRank;
     return GradientPath::kInAccumulator;
   }
   if (s.stage == 0) return GradientPath::kAllReduce;
@@ -73,15 +74,13 @@ GradientPath gradient_path(const EngineSettings& s, bool want_in_backward, bool 
 
 }  // namespace
 
-std::string update_in_backward_blocker(const EngineSettings& s, bool shared_trainable) {
+std::string update_in_backward_blocker(const EngineSettings& s) {
   if (s.world != 1) return "more than one rank (gradients must be reduced first)";
-  if (s.master_dtype != s.compute) return "masters in another dtype than the compute copy";
   if (s.offload_optimizer) return "optimizer offload";
   if (s.shard_units) return "ZeRO stage 3 with partitioned units";
   if (s.accumulation != 1) return "gradient accumulation";
   if (s.fp16) return "fp16 (an overflow skips the whole step)";
   if (s.clip > 0.0) return "gradient clipping (needs the global norm first)";
-  if (shared_trainable) return "a trainable parameter shared by two units";
   return "";
 }
 
@@ -130,7 +129,7 @@ EngineSettings resolve_settings(const DeepSpeedConfig& ds, const EngineOptions& 
   // bf16 masters on a rank that keeps whole buckets are the parameters themselves.
   s.master_aliases_params =
       s.master_dtype == s.compute && !s.offload_optimizer && (s.replicated() || s.world == 1);
-  s.gradients = gradient_path(s, options.update_in_backward, facts.shared_trainable);
+  s.gradients = gradient_path(s, options.update_in_backward);
   return s;
 }
 

@@ -31,7 +31,6 @@ struct EngineFacts {
   int world = 1;
   int rank = 0;
   at::Device device = at::kCPU;
-  bool shared_trainable = false;  ///< a trainable parameter is held by two units (tied weights)
 };
 
 struct EngineSettings {
@@ -79,6 +78,6 @@ EngineSettings resolve_settings(const DeepSpeedConfig& ds, const EngineOptions& 
 
 /// Whether EngineOptions::update_in_backward can be honoured without changing the math, and if
 /// not, the first reason why not ("" when it can). Exposed for the eligibility table's tests.
-std::string update_in_backward_blocker(const EngineSettings& s, bool shared_trainable);
+std::string update_in_backward_blocker(const EngineSettings& s);
 
 }  // namespace zt::zero

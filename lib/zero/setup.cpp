@@ -135,7 +135,6 @@ void EngineImpl::collect_parameters(const DeepSpeedConfig& ds) {
   facts.world = comm->world_size();
   facts.rank = comm->rank();
   facts.device = comm->device();
-  for (const ParamInfo& p : params) facts.shared_trainable |= p.trainable && p.shared;
   S = resolve_settings(ds, options, facts);
   // Module::to replaces each parameter's data in place: `params` still holds the same objects.
   if (!options.source) model->to(S.device);

@@ -213,3 +213,230 @@ TEST_CASE("fused AdamW: each update is AdamW's to fp32 precision, and it sums th
     }
   }
 }
+
+// ---- the decoder's kernels against the ATen expressions they replace ------------------------
+
+namespace {
+
+// transformers' rotate_half / GLM's pairs and `x * cos + rotate(x) * sin` on the first
+// rotary_dim dimensions, op by op in x's dtype.
+at::Tensor hf_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rd,
+                     bool interleaved) {
+  const at::Tensor r = x.narrow(-1, 0, rd);
+  at::Tensor rotated;
+  if (interleaved) {
+    const at::Tensor even = r.slice(-1, 0, c10::nullopt, 2), odd = r.slice(-1, 1, c10::nullopt, 2);
+    rotated = at::stack({-odd, even}, -1).flatten(-2);
+  } else {
+    rotated = at::cat({-r.narrow(-1, rd / 2, rd / 2), r.narrow(-1, 0, rd / 2)}, -1);
+  }
+  at::Tensor y = r * cos + rotated * sin;
+  if (rd == x.size(-1)) return y;
+  return at::cat({y, x.narrow(-1, rd, x.size(-1) - rd)}, -1);
+}
+
+}  // namespace
+
+TEST_CASE("fused rotary embedding equals transformers' expression, forward and backward",
+          "[gpu][kernels]") {
+  const at::Device cuda(at::kCUDA, 0);
+  struct Case {
+    const char* what;
+    int64_t head_dim, rotary_dim;
+    bool interleaved, positions;
+  };
+  const Case cases[] = {
+      {"LLaMA / Qwen halves", 128, 128, false, false},
+      {"halves, packed positions", 64, 64, false, true},
+      {"GLM: pairs on half of each head", 128, 64, true, false},
+      {"GLM pairs, packed positions", 128, 64, true, true},
+  };
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (const Case& c : cases) {
+      INFO(c.what << ", " << c10::toString(dtype));
+      const int64_t b = 2, t = 37, heads = 3;
+      zt::ModelConfig mc;
+      mc.head_dim = c.head_dim;
+      mc.partial_rotary_factor = static_cast<double>(c.rotary_dim) / c.head_dim;
+      mc.rope_interleaved = c.interleaved;
+      mc.rope_theta = 10000.0;
+      REQUIRE(mc.rotary_dim() == c.rotary_dim);
+      const auto opts = at::TensorOptions().device(cuda).dtype(dtype);
+      at::manual_seed(3);
+      at::Tensor cos, sin;
+      if (c.positions) {
+        const at::Tensor pos = at::randint(0, 4000, {b, t}, opts.dtype(at::kLong));
+        std::tie(cos, sin) = zt::model::rotary_tables(mc, pos, dtype);
+      } else {
+        std::tie(cos, sin) = zt::model::rotary_tables(mc, 5, t, dtype, cuda);
+      }
+      // As the attention sees it: a projection's output [B, T, H·D] as [B, H, T, D].
+      const at::Tensor x = (at::randn({b, t, heads * c.head_dim}, opts.dtype(at::kFloat)) * 3)
+                               .to(dtype)
+                               .view({b, t, heads, c.head_dim})
+                               .transpose(1, 2);
+      REQUIRE(zt::kernels::fused_rotary_applies(x, cos, sin, c.rotary_dim));
+      const at::Tensor ours =
+          zt::kernels::fused_rotary(x, cos, sin, c.rotary_dim, c.interleaved, false);
+      at::Tensor xr = x.detach().clone().requires_grad_(true);
+      const at::Tensor want = hf_rotary(xr, cos, sin, c.rotary_dim, c.interleaved);
+      CHECK(ours.sizes() == want.sizes());
+      CHECK(at::equal(ours, want.detach()));
+      const at::Tensor g = at::randn(want.sizes(), opts.dtype(at::kFloat)).to(dtype);
+      const at::Tensor want_dx = torch::autograd::grad({want}, {xr}, {g})[0];
+      CHECK(at::equal(zt::kernels::fused_rotary(g, cos, sin, c.rotary_dim, c.interleaved, true),
+                      want_dx));
+    }
+  }
+  // What it does not take: an odd rotary width, tables of another dtype.
+  const auto bf = at::TensorOptions().device(cuda).dtype(at::kBFloat16);
+  const at::Tensor x = at::zeros({1, 2, 4, 8}, bf);
+  CHECK_FALSE(
+      zt::kernels::fused_rotary_applies(x, at::zeros({4, 7}, bf), at::zeros({4, 7}, bf), 7));
+  CHECK_FALSE(zt::kernels::fused_rotary_applies(x, at::zeros({4, 8}, bf.dtype(at::kFloat)),
+                                                at::zeros({4, 8}, bf.dtype(at::kFloat)), 8));
+}
+
+TEST_CASE("fused SwiGLU equals silu(gate) * up, forward and backward", "[gpu][kernels]") {
+  const at::Device cuda(at::kCUDA, 0);
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    // 1024 columns: 16-byte packs; 1000 + 3: the scalar path.
+    for (int64_t cols : {1024, 1003}) {
+      INFO(c10::toString(dtype) << ", " << cols << " columns");
+      const auto opts = at::TensorOptions().device(cuda).dtype(dtype);
+      at::manual_seed(5);
+      const at::Tensor gu = (at::randn({2, 19, 2 * cols}, opts.dtype(at::kFloat)) * 4).to(dtype);
+      const at::Tensor g = at::randn({2, 19, cols}, opts.dtype(at::kFloat)).to(dtype);
+      // Two projections.
+      {
+        at::Tensor gate = gu.narrow(-1, 0, cols).contiguous().requires_grad_(true);
+        at::Tensor up = gu.narrow(-1, cols, cols).contiguous().requires_grad_(true);
+        const at::Tensor want = at::silu(gate) * up;
+        REQUIRE(zt::kernels::fused_swiglu_applies(gate, up));
+        CHECK(at::equal(zt::kernels::fused_swiglu(gate.detach(), up.detach()), want.detach()));
+        const auto wg = torch::autograd::grad({want}, {gate, up}, {g});
+        const auto [dg, du] =
+            zt::kernels::fused_swiglu_backward(g, gate.detach(), up.detach(), false);
+        CHECK(at::equal(dg, wg[0]));
+        CHECK(at::equal(du, wg[1]));
+        // Through the model's entry point, with autograd.
+        at::Tensor gate2 = gate.detach().clone().requires_grad_(true);
+        at::Tensor up2 = up.detach().clone().requires_grad_(true);
+        const at::Tensor a = zt::model::swiglu(gate2, up2);
+        CHECK(at::equal(a.detach(), want.detach()));
+        const auto ag = torch::autograd::grad({a}, {gate2, up2}, {g});
+        CHECK(at::equal(ag[0], wg[0]));
+        CHECK(at::equal(ag[1], wg[1]));
+      }
+      // One fused gate_up projection (gate first): one gradient for the whole output.
+      {
+        at::Tensor both = gu.clone().requires_grad_(true);
+        const at::Tensor want = both.narrow(-1, cols, cols) * at::silu(both.narrow(-1, 0, cols));
+        const at::Tensor want_grad = torch::autograd::grad({want}, {both}, {g})[0];
+        at::Tensor both2 = gu.clone().requires_grad_(true);
+        const at::Tensor a = zt::model::swiglu_halves(both2);
+        CHECK(at::equal(a.detach(), want.detach()));
+        CHECK(at::equal(torch::autograd::grad({a}, {both2}, {g})[0], want_grad));
+      }
+    }
+  }
+}
+
+TEST_CASE("fused cross-entropy: per-row losses and d loss / d logits of the fp32 formula",
+          "[gpu][kernels]") {
+  const at::Device cuda(at::kCUDA, 0);
+  for (at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    for (int64_t vocab : {152064, 1001}) {
+      INFO(c10::toString(dtype) << ", vocabulary " << vocab);
+      const auto opts = at::TensorOptions().device(cuda).dtype(dtype);
+      at::manual_seed(9);
+      const int64_t rows = 67;
+      const at::Tensor logits = (at::randn({rows, vocab}, opts.dtype(at::kFloat)) * 3).to(dtype);
+      at::Tensor labels = at::randint(0, vocab, {rows}, opts.dtype(at::kLong));
+      labels.narrow(0, 5, 7).fill_(-100);
+      // The formula it replaces (zt::model's ATen path).
+      const at::Tensor l32 = logits.to(at::kFloat);
+      const at::Tensor valid = labels.ne(-100);
+      const at::Tensor lse = at::logsumexp(l32, 1);
+      const at::Tensor target = l32.gather(1, labels.clamp_min(0).unsqueeze(1)).squeeze(1);
+      const at::Tensor want_loss = (lse - target) * valid;
+      at::Tensor p = (l32 - lse.unsqueeze(1)).exp();
+      p.scatter_add_(1, labels.clamp_min(0).unsqueeze(1), at::full({rows, 1}, -1.0, p.options()));
+      const at::Tensor want_grad = (p * valid.to(at::kFloat).unsqueeze(1)).to(dtype);
+
+      REQUIRE(zt::kernels::fused_cross_entropy_applies(logits, labels));
+      at::Tensor work = logits.clone();
+      const at::Tensor loss_only = zt::kernels::fused_cross_entropy(work, labels, false);
+      CHECK(at::equal(work, logits));  // without write_grad the logits stay
+      const at::Tensor loss = zt::kernels::fused_cross_entropy(work, labels, true);
+      CHECK(at::equal(loss, loss_only));
+      INFO("worst loss error " << (loss - want_loss).abs().max().item<double>());
+      CHECK((loss - want_loss).abs().max().item<double>() <=
+            1e-5 * want_loss.abs().max().item<double>());
+      CHECK((loss.narrow(0, 5, 7) == 0).all().item<bool>());
+      // The gradient: the formula's value up to the softmax's relative error from logsumexp
+      // summed in another order (a few fp32 ulps of a value near 12: 1e-6 of p), plus one
+      // rounding of the dtype.
+      const at::Tensor diff = (work.to(at::kDouble) - want_grad.to(at::kDouble)).abs();
+      const at::Tensor bound = 2 * unit_roundoff(dtype) * want_grad.to(at::kDouble).abs() +
+                               4e-6 * p.abs().to(at::kDouble) + 1e-12;
+      INFO("worst gradient error / bound " << (diff / bound).max().item<double>());
+      CHECK((diff <= bound).all().item<bool>());
+      CHECK((work.narrow(0, 5, 7) == 0).all().item<bool>());
+      // Each valid row's gradient sums to ~0 (softmax − onehot).
+      CHECK(work.to(at::kDouble).sum(1).abs().max().item<double>() < 2e-2);
+    }
+  }
+  // A label outside the vocabulary: NaN (a non-finite loss the engine reports), no bad read.
+  const auto bf = at::TensorOptions().device(cuda).dtype(at::kBFloat16);
+  at::Tensor logits = at::zeros({2, 64}, bf);
+  const at::Tensor labels = at::tensor(std::vector<int64_t>{3, 64}, bf.dtype(at::kLong));
+  const at::Tensor loss = zt::kernels::fused_cross_entropy(logits, labels, true);
+  CHECK(std::isfinite(loss[0].item<double>()));
+  CHECK(std::isnan(loss[1].item<double>()));
+}
+
+TEST_CASE("fused AdamW on fp32 masters from a bf16 gradient equals it on the widened gradient",
+          "[gpu][kernels]") {
+  const at::Device cuda(at::kCUDA, 0);
+  const auto f32 = at::TensorOptions().device(cuda).dtype(at::kFloat);
+  for (at::ScalarType compute : {at::kBFloat16, at::kHalf}) {
+    for (int64_t offset : {0, 3}) {  // 3: views that are not aligned take the scalar loop
+      INFO(c10::toString(compute) << ", offset " << offset);
+      const int64_t n = 4 * (int64_t{1} << 16) + 3;
+      at::manual_seed(13);
+      at::Tensor p = at::randn({n + offset}, f32), m = at::zeros_like(p), v = at::zeros_like(p);
+      at::Tensor p_ref = p.clone(), m_ref = m.clone(), v_ref = v.clone();
+      at::Tensor copy = at::zeros({n + offset}, f32.dtype(compute));
+      at::Tensor sq = at::zeros({}, f32), sq_ref = at::zeros({}, f32);
+      auto view = [&](const at::Tensor& t) { return t.narrow(0, offset, n); };
+      zt::UpdateHyper h;
+      h.lr = 1e-3;
+      h.weight_decay = 0.1;
+      for (int64_t step = 1; step <= 3; ++step) {
+        h.step = step;
+        const at::Tensor g = (at::randn({n + offset}, f32) * 1e-2).to(compute);
+        REQUIRE(
+            zt::kernels::fused_adamw_mixed_applies(view(p), view(g), view(m), view(v), view(copy)));
+        zt::kernels::fused_adamw_mixed(view(p), view(g), view(m), view(v), h, sq, view(copy));
+        const at::Tensor g32 = view(g).to(at::kFloat);
+        zt::kernels::fused_adamw(view(p_ref), g32, view(m_ref), view(v_ref), h, sq_ref);
+        // The same arithmetic (within a few ulps where nvcc contracts the kernels differently).
+        auto ulps = [](const at::Tensor& a, const at::Tensor& b) {
+          return ((a.to(at::kDouble) - b.to(at::kDouble)).abs() /
+                  (b.to(at::kDouble).abs() * std::ldexp(1.0, -23) + 1e-38))
+              .max()
+              .item<double>();
+        };
+        INFO("step " << step << ": ulps p " << ulps(p, p_ref) << ", m " << ulps(m, m_ref) << ", v "
+                     << ulps(v, v_ref));
+        CHECK(ulps(p, p_ref) <= 4);
+        CHECK(ulps(m, m_ref) <= 4);
+        CHECK(ulps(v, v_ref) <= 4);
+        CHECK(at::equal(view(copy), view(p).to(compute)));
+        if (offset > 0) CHECK((copy.narrow(0, 0, offset) == 0).all().item<bool>());
+      }
+      CHECK(sq.item<double>() == Approx(sq_ref.item<double>()).epsilon(1e-5));
+    }
+  }
+}

@@ -1,0 +1,392 @@
+// The decoder's memory-bound steps as single passes (see gpu_kernels.hpp): rotary embedding,
+// SwiGLU and the cross-entropy of one chunk of logits.
+//
+// Why not ATen ops: transformers' rotary embedding is eight kernels per tensor (two products,
+// a negation, a concatenation, a sum — on a transposed view, so in ATen's non-vectorized loop),
+// SwiGLU three with a saved activation more than its backward needs, and the loss turns bf16
+// logits into fp32 and walks them five times. Each kernel keeps the roundings of the ATen
+// expression it replaces, so results match transformers' to the bit where the arithmetic
+// order is the same (the loss's logsumexp sums in another order: a few ulps).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+
+#include "kernels/gpu_common.cuh"
+#include "kernels/gpu_kernels.hpp"
+
+namespace zt::kernels::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t work, int per_thread = 1) {
+  const int64_t threads = (work + per_thread - 1) / per_thread;
+  return static_cast<unsigned>(std::max<int64_t>(1, (threads + kThreads - 1) / kThreads));
+}
+
+// ---- rotary embedding ---------------------------------------------------------------------
+// One thread per pair of rotated dimensions (i, j) — or per two passed-through ones — of one
+// (batch, head, token) row. Forward, as `x * cos + rotate(x) * sin` rounds:
+//   y_i = r(r(x_i c_i) − r(x_j s_i)),  y_j = r(r(x_j c_j) + r(x_i s_j));
+// backward, as autograd of it rounds (rotate's transpose moves the sin products):
+//   dx_i = r(r(g_i c_i) + r(g_j s_j)), dx_j = r(r(g_j c_j) − r(g_i s_i)).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    rotary_kernel(const T* __restrict__ x, const T* __restrict__ cos_t, const T* __restrict__ sin_t,
+                  T* __restrict__ out, RotaryArgs a) {
+  const int64_t half_dim = a.head_dim / 2, pairs = a.rotary_dim / 2;
+  const int64_t total = a.batch * a.tokens * a.heads * half_dim;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t slot = idx % half_dim;
+    int64_t row = idx / half_dim;  // (b, t, h), h fastest: out's row order
+    const int64_t h = row % a.heads;
+    row /= a.heads;
+    const int64_t t = row % a.tokens, b = row / a.tokens;
+    const T* xr = x + b * a.x_stride[0] + h * a.x_stride[1] + t * a.x_stride[2];
+    T* o = out + ((b * a.tokens + t) * a.heads + h) * a.head_dim;
+    if (slot >= pairs) {  // past the rotary dimensions: copied
+      const int64_t d = a.rotary_dim + 2 * (slot - pairs);
+      o[d] = xr[d];
+      o[d + 1] = xr[d + 1];
+      continue;
+    }
+    const int64_t i = a.interleaved ? 2 * slot : slot;
+    const int64_t j = a.interleaved ? 2 * slot + 1 : slot + pairs;
+    const int64_t cs = b * a.cs_stride[0] + t * a.cs_stride[1];
+    const float ci = to_float(cos_t[cs + i]), cj = to_float(cos_t[cs + j]);
+    const float si = to_float(sin_t[cs + i]), sj = to_float(sin_t[cs + j]);
+    const float xi = to_float(xr[i]), xj = to_float(xr[j]);
+    // __fmul_rn: products rounded on their own, never contracted into an FMA with the sum
+    // (for fp32, where `rounded` is the identity, ATen's separate kernels round each).
+    if (!a.backward) {
+      o[i] = from_float<T>(rounded<T>(__fmul_rn(xi, ci)) - rounded<T>(__fmul_rn(xj, si)));
+      o[j] = from_float<T>(rounded<T>(__fmul_rn(xj, cj)) + rounded<T>(__fmul_rn(xi, sj)));
+    } else {
+      o[i] = from_float<T>(rounded<T>(__fmul_rn(xi, ci)) + rounded<T>(__fmul_rn(xj, sj)));
+      o[j] = from_float<T>(rounded<T>(__fmul_rn(xj, cj)) - rounded<T>(__fmul_rn(xi, si)));
+    }
+  }
+}
+
+template <typename T>
+void launch_rotary(const void* x, const void* c, const void* s, void* out, const RotaryArgs& a,
+                   cudaStream_t stream) {
+  const int64_t total = a.batch * a.tokens * a.heads * (a.head_dim / 2);
+  const unsigned blocks = std::min<unsigned>(blocks_for(total), 65535u * 16u);
+  rotary_kernel<T>
+      <<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(c),
+                                        static_cast<const T*>(s), static_cast<T*>(out), a);
+}
+
+// ---- SwiGLU -------------------------------------------------------------------------------
+// ATen's silu and its backward, in fp32 from values of dtype T (the same expressions as
+// ATen's kernels, so nvcc contracts them alike).
+__device__ __forceinline__ float silu(float g) {
+  return g / (1.f + expf(-g));
+}
+__device__ __forceinline__ float silu_grad(float d, float g) {
+  const float s = 1.f / (1.f + expf(-g));
+  return d * s * (1.f + g * (1.f - s));
+}
+
+// V elements per thread (a 16-byte pack where rows allow it, else one).
+template <typename T, int V>
+struct Vec {
+  T v[V];
+};
+
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> load(const T* p) {
+  if constexpr (V == 1) {
+    return Vec<T, V>{{*p}};
+  } else {
+    static_assert(sizeof(Vec<T, V>) == 16, "a vector is one 16-byte pack");
+    const Pack<T> pk = *reinterpret_cast<const Pack<T>*>(p);
+    Vec<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = pk.v[k];
+    return out;
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store(T* p, const Vec<T, V>& x) {
+  if constexpr (V == 1) {
+    *p = x.v[0];
+  } else {
+    Pack<T> pk;
+#pragma unroll
+    for (int k = 0; k < V; ++k) pk.v[k] = x.v[k];
+    *reinterpret_cast<Pack<T>*>(p) = pk;
+  }
+}
+
+// a = r(r(silu(g)) · u)
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_forward_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
+                          int64_t rows, int64_t cols, int64_t gate_stride, int64_t up_stride) {
+  const int64_t per_row = cols / V, total = rows * per_row;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = idx / per_row, col = (idx % per_row) * V;
+    const Vec<T, V> g = load<T, V>(gate + row * gate_stride + col);
+    const Vec<T, V> u = load<T, V>(up + row * up_stride + col);
+    Vec<T, V> a;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      a.v[k] = from_float<T>(rounded<T>(silu(to_float(g.v[k]))) * to_float(u.v[k]));
+    }
+    store<T, V>(out + row * cols + col, a);
+  }
+}
+
+// With s = r(silu(g)): d_u = r(d · s); d_g = r(silu'(r(d · u), g)) — mul's backward, then silu's.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_backward_kernel(const T* __restrict__ grad, const T* __restrict__ gate,
+                           const T* __restrict__ up, T* __restrict__ grad_gate,
+                           T* __restrict__ grad_up, int64_t rows, int64_t cols, int64_t gate_stride,
+                           int64_t up_stride, int64_t grad_gate_stride, int64_t grad_up_stride) {
+  const int64_t per_row = cols / V, total = rows * per_row;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = idx / per_row, col = (idx % per_row) * V;
+    const Vec<T, V> d = load<T, V>(grad + row * cols + col);
+    const Vec<T, V> g = load<T, V>(gate + row * gate_stride + col);
+    const Vec<T, V> u = load<T, V>(up + row * up_stride + col);
+    Vec<T, V> dg, du;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float df = to_float(d.v[k]), gf = to_float(g.v[k]);
+      du.v[k] = from_float<T>(df * rounded<T>(silu(gf)));
+      dg.v[k] = from_float<T>(silu_grad(rounded<T>(df * to_float(u.v[k])), gf));
+    }
+    store<T, V>(grad_gate + row * grad_gate_stride + col, dg);
+    store<T, V>(grad_up + row * grad_up_stride + col, du);
+  }
+}
+
+template <typename T>
+bool packs_fit(int64_t cols, std::initializer_list<int64_t> strides,
+               std::initializer_list<const void*> pointers) {
+  constexpr int V = Pack<T>::kN;
+  if (cols % V != 0) return false;
+  for (int64_t s : strides) {
+    if (s % V != 0) return false;
+  }
+  for (const void* p : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
+template <typename T>
+void launch_swiglu_forward(const void* gate, const void* up, void* out, int64_t rows, int64_t cols,
+                           int64_t gs, int64_t us, cudaStream_t stream) {
+  constexpr int V = Pack<T>::kN;
+  const auto* g = static_cast<const T*>(gate);
+  const auto* u = static_cast<const T*>(up);
+  auto* o = static_cast<T*>(out);
+  const unsigned blocks = std::min<unsigned>(blocks_for(rows * cols, V), 65535u * 16u);
+  if (packs_fit<T>(cols, {gs, us}, {gate, up, out})) {
+    swiglu_forward_kernel<T, V><<<blocks, kThreads, 0, stream>>>(g, u, o, rows, cols, gs, us);
+  } else {
+    swiglu_forward_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(g, u, o, rows, cols, gs, us);
+  }
+}
+
+template <typename T>
+void launch_swiglu_backward(const void* grad, const void* gate, const void* up, void* grad_gate,
+                            void* grad_up, int64_t rows, int64_t cols, int64_t gs, int64_t us,
+                            int64_t ggs, int64_t gus, cudaStream_t stream) {
+  constexpr int V = Pack<T>::kN;
+  const auto* d = static_cast<const T*>(grad);
+  const auto* g = static_cast<const T*>(gate);
+  const auto* u = static_cast<const T*>(up);
+  auto* dg = static_cast<T*>(grad_gate);
+  auto* du = static_cast<T*>(grad_up);
+  const unsigned blocks = std::min<unsigned>(blocks_for(rows * cols, V), 65535u * 16u);
+  if (packs_fit<T>(cols, {gs, us, ggs, gus}, {grad, gate, up, grad_gate, grad_up})) {
+    swiglu_backward_kernel<T, V>
+        <<<blocks, kThreads, 0, stream>>>(d, g, u, dg, du, rows, cols, gs, us, ggs, gus);
+  } else {
+    swiglu_backward_kernel<T, 1>
+        <<<blocks, kThreads, 0, stream>>>(d, g, u, dg, du, rows, cols, gs, us, ggs, gus);
+  }
+}
+
+// ---- cross-entropy ------------------------------------------------------------------------
+// One block per row: pass 1 keeps a running (max, Σ exp(x − max)) per thread and merges them;
+// pass 2 writes the gradient over the row it read.
+constexpr int kLossThreads = 1024;
+
+struct MaxSum {
+  float m, s;
+};
+
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.f};
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kLossThreads)
+    cross_entropy_kernel(T* __restrict__ logits, const int64_t* __restrict__ labels,
+                         float* __restrict__ loss, int64_t vocab, bool write_grad) {
+  __shared__ MaxSum shared[32];
+  __shared__ float lse_shared;
+  const int64_t row = blockIdx.x;
+  T* x = logits + row * vocab;
+  const int64_t label = labels[row];
+  const bool valid = label != -100;
+  MaxSum acc{-INFINITY, 0.f};
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < vocab;
+       c += static_cast<int64_t>(blockDim.x) * V) {
+    const Vec<T, V> p = load<T, V>(x + c);
+    float local = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < V; ++k) local = fmaxf(local, to_float(p.v[k]));
+    MaxSum here{local, 0.f};
+#pragma unroll
+    for (int k = 0; k < V; ++k) here.s += expf(to_float(p.v[k]) - local);
+    acc = merge(acc, here);
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    acc = merge(acc, MaxSum{__shfl_xor_sync(0xffffffffu, acc.m, o),
+                            __shfl_xor_sync(0xffffffffu, acc.s, o)});
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) shared[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    acc = lane < static_cast<int>(blockDim.x / 32) ? shared[lane] : MaxSum{-INFINITY, 0.f};
+    for (int o = 16; o > 0; o >>= 1) {
+      acc = merge(acc, MaxSum{__shfl_xor_sync(0xffffffffu, acc.m, o),
+                              __shfl_xor_sync(0xffffffffu, acc.s, o)});
+    }
+    if (lane == 0) {
+      const float lse = acc.m + logf(acc.s);
+      lse_shared = lse;
+      if (!valid) {
+        loss[row] = 0.f;
+      } else if (label < 0 || label >= vocab) {
+        loss[row] = NAN;  // surfaces as a non-finite loss, never as an out-of-bounds read
+      } else {
+        loss[row] = lse - to_float(x[label]);
+      }
+    }
+  }
+  __syncthreads();  // the target was read before any thread overwrites the row
+  if (!write_grad) return;
+  const float lse = lse_shared;
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < vocab;
+       c += static_cast<int64_t>(blockDim.x) * V) {
+    Vec<T, V> p = load<T, V>(x + c);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      float d = expf(to_float(p.v[k]) - lse);
+      if (c + k == label) d -= 1.f;
+      p.v[k] = from_float<T>(valid ? d : 0.f);
+    }
+    store<T, V>(x + c, p);
+  }
+}
+
+template <typename T>
+void launch_cross_entropy(void* logits, const int64_t* labels, float* loss, int64_t rows,
+                          int64_t vocab, bool write_grad, cudaStream_t stream) {
+  constexpr int V = Pack<T>::kN;
+  T* x = static_cast<T*>(logits);
+  const unsigned blocks = static_cast<unsigned>(rows);
+  if (packs_fit<T>(vocab, {}, {logits})) {
+    cross_entropy_kernel<T, V>
+        <<<blocks, kLossThreads, 0, stream>>>(x, labels, loss, vocab, write_grad);
+  } else {
+    cross_entropy_kernel<T, 1>
+        <<<blocks, kLossThreads, 0, stream>>>(x, labels, loss, vocab, write_grad);
+  }
+}
+
+}  // namespace
+
+cudaError_t rotary(Scalar t, const void* x, const void* cos, const void* sin, void* out,
+                   const RotaryArgs& args, cudaStream_t stream) {
+  if (args.batch * args.heads * args.tokens == 0) return cudaSuccess;
+  switch (t) {
+    case Scalar::kFloat32:
+      launch_rotary<float>(x, cos, sin, out, args, stream);
+      break;
+    case Scalar::kFloat16:
+      launch_rotary<__half>(x, cos, sin, out, args, stream);
+      break;
+    case Scalar::kBFloat16:
+      launch_rotary<__nv_bfloat16>(x, cos, sin, out, args, stream);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t swiglu_forward(Scalar t, const void* gate, const void* up, void* out, int64_t rows,
+                           int64_t cols, int64_t gate_stride, int64_t up_stride,
+                           cudaStream_t stream) {
+  if (rows * cols == 0) return cudaSuccess;
+  switch (t) {
+    case Scalar::kFloat32:
+      launch_swiglu_forward<float>(gate, up, out, rows, cols, gate_stride, up_stride, stream);
+      break;
+    case Scalar::kFloat16:
+      launch_swiglu_forward<__half>(gate, up, out, rows, cols, gate_stride, up_stride, stream);
+      break;
+    case Scalar::kBFloat16:
+      launch_swiglu_forward<__nv_bfloat16>(gate, up, out, rows, cols, gate_stride, up_stride,
+                                           stream);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t swiglu_backward(Scalar t, const void* grad, const void* gate, const void* up,
+                            void* grad_gate, void* grad_up, int64_t rows, int64_t cols,
+                            int64_t gate_stride, int64_t up_stride, int64_t grad_gate_stride,
+                            int64_t grad_up_stride, cudaStream_t stream) {
+  if (rows * cols == 0) return cudaSuccess;
+  switch (t) {
+    case Scalar::kFloat32:
+      launch_swiglu_backward<float>(grad, gate, up, grad_gate, grad_up, rows, cols, gate_stride,
+                                    up_stride, grad_gate_stride, grad_up_stride, stream);
+      break;
+    case Scalar::kFloat16:
+      launch_swiglu_backward<__half>(grad, gate, up, grad_gate, grad_up, rows, cols, gate_stride,
+                                     up_stride, grad_gate_stride, grad_up_stride, stream);
+      break;
+    case Scalar::kBFloat16:
+      launch_swiglu_backward<__nv_bfloat16>(grad, gate, up, grad_gate, grad_up, rows, cols,
+                                            gate_stride, up_stride, grad_gate_stride,
+                                            grad_up_stride, stream);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t cross_entropy(Scalar t, void* logits, const int64_t* labels, float* loss, int64_t rows,
+                          int64_t vocab, bool write_grad, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  switch (t) {
+    case Scalar::kFloat32:
+      launch_cross_entropy<float>(logits, labels, loss, rows, vocab, write_grad, stream);
+      break;
+    case Scalar::kFloat16:
+      launch_cross_entropy<__half>(logits, labels, loss, rows, vocab, write_grad, stream);
+      break;
+    case Scalar::kBFloat16:
+      launch_cross_entropy<__nv_bfloat16>(logits, labels, loss, rows, vocab, write_grad, stream);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace zt::kernels::gpu
