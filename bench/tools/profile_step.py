@@ -37,7 +37,7 @@ FAMILIES = [  # first match wins; kernel names are lower-cased
     ("reduction / norm", ("reduce", "norm", "sum_kernel")),
     ("embedding", ("embedding", "index", "scatter", "gather", "sort", "radix")),
     ("copy / cast / fill", ("memcpy", "memset", "copy", "fill", "cast", "cat", "direct_copy")),
-    ("elementwise", ("elementwise", "vectorized", "unrolled", "silu", "mul", "add")),
+    ("elementwise", ("elementwise", "vectorized", "unrolled", "silu", "swiglu", "rotary", "mul", "add")),
 ]
 
 
