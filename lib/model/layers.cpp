@@ -173,7 +173,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   return o_proj->forward(out.transpose(1, 2).reshape({b, t, heads * d}));
 }
 
-Mlp::Mlp(const ModelConfig& c, const ParamFactory& o) : intermediate(c.intermediate_size) {
+Mlp::Mlp(const ModelConfig& c, const ParamFactory& o) {
   if (c.fused_gate_up) {
     gate_up_proj =
         register_module(c.chatglm_layout ? "dense_h_to_4h" : "gate_up_proj",

@@ -123,7 +123,6 @@ at::Tensor swiglu_halves(const at::Tensor& gate_up);
 /// down projection `dense_4h_to_h`).
 struct Mlp : torch::nn::Module {
   std::shared_ptr<Linear> gate_proj, up_proj, gate_up_proj, down_proj;
-  int64_t intermediate;
   Mlp(const ModelConfig& c, const ParamFactory& o);
   /// `output_unread`: the result's values will not be read (only back-propagated through), so
   /// the down projection's product — a third of the MLP's forward — is skipped when it has no

@@ -32,6 +32,7 @@ struct ParamInfo {
   bool decay = true;
   int unit = -1;            ///< sharding unit, -1 when in none
   bool persistent = false;  ///< stage 3: kept whole on every rank
+  int holders = 0;          ///< how many units' modules hold it
   bool shared = false;      ///< held by two units (tied weights): gradients arrive more than once
 };
 

@@ -20,19 +20,25 @@ using zero::EngineImpl;
 
 namespace {
 
-// Each parameter's unit: the first unit whose module holds it; one held by two units (tied
-// weights) gets -2: it belongs to none (so it stays whole under stage 3) and its gradient
-// arrives once per unit that uses it.
-std::unordered_map<const void*, int> unit_of_parameters(const std::vector<UnitSpec>& units) {
-  std::unordered_map<const void*, int> unit_of;
+// Each parameter's unit: the first unit whose module holds it, and how many units hold it. One
+// held by two units (tied weights) belongs to none (so it stays whole under stage 3) and its
+// gradient may arrive once per unit that uses it.
+struct UnitOf {
+  int unit = -1;
+  int holders = 0;
+};
+
+std::unordered_map<const void*, UnitOf> unit_of_parameters(const std::vector<UnitSpec>& units) {
+  std::unordered_map<const void*, UnitOf> unit_of;
   for (size_t u = 0; u < units.size(); ++u) {
     if (!units[u].module) {
       throw InvalidArgument(
           fmt::format("EngineOptions::units[{}] ('{}') has no module", u, units[u].name));
     }
     for (const at::Tensor& p : units[u].module->parameters(true)) {
-      auto [it, fresh] = unit_of.emplace(p.unsafeGetTensorImpl(), static_cast<int>(u));
-      if (!fresh && it->second != static_cast<int>(u)) it->second = -2;
+      auto [it, fresh] = unit_of.emplace(p.unsafeGetTensorImpl(), UnitOf{static_cast<int>(u), 0});
+      it->second.holders += 1;
+      if (!fresh) it->second.unit = -2;
     }
   }
   return unit_of;
@@ -41,7 +47,7 @@ std::unordered_map<const void*, int> unit_of_parameters(const std::vector<UnitSp
 // The module's parameters in registration order, with what the layout needs of each.
 std::vector<zero::ParamInfo> describe_parameters(torch::nn::Module& model,
                                                  const std::vector<UnitSpec>& units) {
-  const std::unordered_map<const void*, int> unit_of = unit_of_parameters(units);
+  const std::unordered_map<const void*, UnitOf> unit_of = unit_of_parameters(units);
   std::vector<zero::ParamInfo> params;
   bool any_trainable = false;
   for (const auto& item : model.named_parameters(true)) {
@@ -53,8 +59,9 @@ std::vector<zero::ParamInfo> describe_parameters(torch::nn::Module& model,
     p.trainable = p.param.requires_grad();
     p.decay = applies_weight_decay(p.name);
     auto it = unit_of.find(p.param.unsafeGetTensorImpl());
-    p.unit = it == unit_of.end() ? -1 : std::max(-1, it->second);
-    p.shared = it != unit_of.end() && it->second == -2;
+    p.unit = it == unit_of.end() ? -1 : std::max(-1, it->second.unit);
+    p.holders = it == unit_of.end() ? 0 : it->second.holders;
+    p.shared = p.holders > 1;
     any_trainable = any_trainable || p.trainable;
     params.push_back(std::move(p));
   }

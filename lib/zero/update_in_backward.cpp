@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -17,14 +16,7 @@ InBackwardUpdate::InBackwardUpdate(EngineImpl& e) : GradientStrategy(e) {
   holders_.assign(n, 1);
   shares_.assign(n, 0);
   partial_.resize(n);
-  std::unordered_map<const void*, int> holders;
-  for (const UnitSpec& u : e.options.units) {
-    for (const at::Tensor& p : u.module->parameters(true)) ++holders[p.unsafeGetTensorImpl()];
-  }
-  for (size_t i = 0; i < n; ++i) {
-    auto it = holders.find(e.layout.params[i].param.unsafeGetTensorImpl());
-    if (it != holders.end()) holders_[i] = std::max(1, it->second);
-  }
+  for (size_t i = 0; i < n; ++i) holders_[i] = std::max(1, e.layout.params[i].holders);
   // Each parameter's Σ g² in a slot of its own (on the GPU added by the AdamW kernel's own pass
   // over the gradient, elsewhere by a norm kernel), summed once at the step.
   grad_sq_ = at::zeros({static_cast<int64_t>(e.layout.params.size())},
