@@ -15,12 +15,21 @@
 // full mode without clipping); ZT_BENCH_IN_BACKWARD=0 keeps them in step().
 // ZT_BENCH_PHASES=1 synchronizes between forward, backward and the optimizer step and reports
 // each one's time (fwd_s, bwd_s, opt_s); the synchronization costs a little overlap.
+// Real lengths (LoRA as above, examples from ZT_BENCH_LENGTHS: a file of lengths, one per line —
+// the peer's varlen_lengths(), so both sides see the same ones), batched as the trainer does:
+// lora_varlen pads each micro-batch of MICRO_BATCH examples to its longest (the peer's
+// lora_varlen; padding at row ends needs no mask); lora_packed packs them in order into rows of
+// SEQ tokens (zt::pack), MICRO_BATCH rows a step, documents kept apart by variable-length
+// attention on the GPU. tokens_per_s counts real tokens; padding is the fraction of the batch's
+// positions that are padding.
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -28,11 +37,47 @@
 #include "util/device_stats.hpp"
 #include "zerotrain/comm.hpp"
 #include "zerotrain/config.hpp"
+#include "zerotrain/data.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/peft.hpp"
 
 using namespace zt;
+
+namespace {
+
+// The micro-batches of a real-length mode: `count` batches from the lengths in `path`, random
+// token ids (labels = ids, as the peer), padded per batch or packed into rows of `seq`.
+std::vector<Batch> real_length_batches(const std::string& path, bool packed, int64_t seq,
+                                       int64_t mbs, int64_t count, int64_t vocab) {
+  std::ifstream in(path);
+  if (!in) throw IoError("ZT_BENCH_LENGTHS: cannot read '" + path + "'");
+  Dataset examples;
+  at::manual_seed(0);
+  for (int64_t n; in >> n;) {
+    if (n < 1 || n > seq)
+      throw ConfigError(fmt::format("ZT_BENCH_LENGTHS: length {} not in [1, SEQ]", n));
+    at::Tensor ids = at::randint(0, vocab, {n}, at::kInt).contiguous();
+    std::vector<int32_t> v(ids.data_ptr<int32_t>(), ids.data_ptr<int32_t>() + n);
+    examples.add(v, v);
+  }
+  std::vector<int64_t> order(static_cast<size_t>(examples.size()));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  const Dataset rows = packed ? pack(examples, seq, order) : examples;
+  if (rows.size() < mbs * count) {
+    throw ConfigError(fmt::format("ZT_BENCH_LENGTHS: {} {} for {} batches of {}; give more lengths",
+                                  rows.size(), packed ? "packed rows" : "examples", count, mbs));
+  }
+  std::vector<Batch> batches;
+  for (int64_t b = 0; b < count; ++b) {
+    std::vector<int64_t> indices;
+    for (int64_t i = 0; i < mbs; ++i) indices.push_back(b * mbs + i);
+    batches.push_back(collate(rows, indices, 0));
+  }
+  return batches;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 6) {
@@ -51,8 +96,19 @@ int main(int argc, char** argv) {
     auto model =
         std::make_shared<CausalLM>(c, at::TensorOptions().dtype(at::kBFloat16).device(device),
                                    /*allocate=*/false);
-    if (mode != "full" && mode != "full_amp" && mode != "lora" && mode != "freeze") {
-      throw ConfigError("MODE must be full, full_amp, lora or freeze, not '" + mode + "'");
+    const bool real_lengths = mode == "lora_varlen" || mode == "lora_packed";
+    if (mode != "full" && mode != "full_amp" && mode != "lora" && mode != "freeze" &&
+        !real_lengths) {
+      throw ConfigError(
+          "MODE must be full, full_amp, lora, freeze, lora_varlen or lora_packed, not '" + mode +
+          "'");
+    }
+    std::vector<Batch> batches;
+    if (real_lengths) {
+      const char* lengths = std::getenv("ZT_BENCH_LENGTHS");
+      if (lengths == nullptr) throw ConfigError(mode + " needs ZT_BENCH_LENGTHS");
+      batches =
+          real_length_batches(lengths, mode == "lora_packed", seq, mbs, steps + warm, c.vocab_size);
     }
     const bool pure = mode == "full";
     DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
@@ -65,7 +121,7 @@ int main(int argc, char** argv) {
     TrainingArguments args;
     args.per_device_train_batch_size = mbs;
     args.lr_scheduler_type = "constant";
-    if (mode == "lora") {
+    if (mode == "lora" || real_lengths) {
       apply_training_flags(args, {"--finetuning_type", "lora", "--lora_r", "16", "--lora_alpha",
                                   "32", "--lora_target_modules", "all-linear"});
     } else if (mode == "freeze") {
@@ -96,6 +152,7 @@ int main(int argc, char** argv) {
         std::getenv("ZT_BENCH_PHASES") && std::string(std::getenv("ZT_BENCH_PHASES")) == "1";
     using Clock = std::chrono::steady_clock;
     double total = 0, loss_value = 0, phase_s[3] = {0, 0, 0};
+    int64_t real_tokens = 0, positions = 0;  // of the timed steps
     Clock::time_point mark;
     auto lap = [&](int phase, bool timed) {  // with ZT_BENCH_PHASES: the time since the last mark
       if (!phases) return;
@@ -109,7 +166,20 @@ int main(int argc, char** argv) {
       if (device.is_cuda()) torch::cuda::synchronize();
       auto t0 = Clock::now();
       mark = t0;
-      LossSum loss = model->loss(ids, ids);  // labels = inputs, as the peer does
+      LossSum loss;
+      if (real_lengths) {  // as the trainer's forward: a mask only for packed rows
+        const Batch& b = batches[static_cast<size_t>(s)];
+        const bool packed_rows = b.document_ids.defined();
+        loss = model->loss(b.input_ids.to(device), b.labels,
+                           packed_rows ? b.document_ids + 1 : at::Tensor(), 1024,
+                           packed_rows ? b.position_ids.to(device) : at::Tensor());
+        if (s >= warm) {
+          real_tokens += b.attention_mask.sum().item<int64_t>();
+          positions += b.attention_mask.numel();
+        }
+      } else {
+        loss = model->loss(ids, ids);  // labels = inputs, as the peer does
+      }
       lap(0, s >= warm);
       engine.backward(loss.sum, static_cast<double>(loss.tokens));
       lap(1, s >= warm);
@@ -120,17 +190,23 @@ int main(int argc, char** argv) {
       loss_value = loss.sum.item<double>() / static_cast<double>(loss.tokens);
     }
     const double step_s = total / steps;
-    const double tokens_per_s = static_cast<double>(mbs * seq) / step_s;
+    const double tokens_per_s = real_lengths ? static_cast<double>(real_tokens) / total
+                                             : static_cast<double>(mbs * seq) / step_s;
+    const std::string padding =
+        real_lengths
+            ? fmt::format(R"(, "padding": {:.3f})",
+                          1.0 - static_cast<double>(real_tokens) / static_cast<double>(positions))
+            : std::string();
     const double n = static_cast<double>(c.parameter_count());
     const double flops_token = 6 * n + 12.0 * c.num_hidden_layers * c.hidden_size * seq;
     std::printf(
         "RESULT %s\n",
         fmt::format(
-            R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "stage": {}, "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}, "in_backward": {}{}}})J",
+            R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "stage": {}, "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}, "in_backward": {}{}{}}})J",
             shape, mode, engine.stage(), seq, mbs, ckpt ? 1 : 0, c.parameter_count(),
             counts.trainable, step_s, tokens_per_s, tokens_per_s * flops_token / 1e12,
             device_stats::peak_allocated(0) / 1073741824.0, init_s, loss_value,
-            engine.updates_in_backward() ? "true" : "false",
+            engine.updates_in_backward() ? "true" : "false", padding,
             phases ? fmt::format(R"(, "fwd_s": {:.4f}, "bwd_s": {:.4f}, "opt_s": {:.4f})",
                                  phase_s[0] / steps, phase_s[1] / steps, phase_s[2] / steps)
                    : std::string())

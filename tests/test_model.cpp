@@ -407,6 +407,55 @@ TEST_CASE("a packed sequence gives each document's own loss and gradients", "[mo
   }
 }
 
+TEST_CASE("document spans: each row's runs laid end to end, or none where a document comes back",
+          "[model][packing]") {
+  // Rows described as runs (document number, length); the mask writes them out and the spans
+  // must be the runs' lengths, cumulated over the rows in order.
+  using Runs = std::vector<std::pair<int64_t, int64_t>>;
+  auto mask_of = [](const std::vector<Runs>& rows) {
+    int64_t width = 0;
+    for (const auto& [doc, n] : rows[0]) width += n;
+    at::Tensor m = at::empty({static_cast<int64_t>(rows.size()), width}, at::kLong);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      int64_t t = 0;
+      for (const auto& [doc, n] : rows[r]) m[r].narrow(0, t, n).fill_(doc), t += n;
+      REQUIRE(t == width);
+    }
+    return m;
+  };
+  const std::vector<std::vector<Runs>> cases = {
+      {{{1, 5}, {2, 9}, {3, 4}, {0, 3}}, {{1, 21}}, {{1, 7}, {2, 7}, {0, 7}}},  // packed
+      {{{1, 6}, {0, 2}}, {{1, 8}}},                                             // plain, padded
+      {{{0, 3}, {1, 5}}, {{1, 8}}},        // left padding; a row boundary inside doc 1
+      {{{0, 2}, {1, 3}, {0, 2}, {2, 1}}},  // padding twice in a row
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    INFO("case " << i);
+    std::optional<model::DocumentSpans> spans =
+        model::document_spans(mask_of(cases[i]), at::Device(at::kCPU));
+    REQUIRE(spans.has_value());
+    std::vector<int32_t> want{0};
+    int64_t longest = 0;
+    for (const Runs& row : cases[i]) {
+      for (const auto& [doc, n] : row) {
+        want.push_back(want.back() + static_cast<int32_t>(n));
+        longest = std::max(longest, n);
+      }
+    }
+    const at::Tensor got = spans->cu_seqlens;
+    CHECK(got.scalar_type() == at::kInt);
+    CHECK(std::vector<int32_t>(got.data_ptr<int32_t>(), got.data_ptr<int32_t>() + got.numel()) ==
+          want);
+    CHECK(spans->max_length == longest);
+  }
+  // Document 1 again after document 2 in one row: the two runs attend to each other under the
+  // mask, which spans cannot say.
+  CHECK_FALSE(model::document_spans(mask_of({{{1, 2}, {2, 2}, {1, 2}}}), at::Device(at::kCPU)));
+  // Variable-length attention is a GPU path: never on the CPU, whatever the dtype.
+  ModelConfig c = load_model_config(fixture("models/llama/config.json"));
+  CHECK_FALSE(model::varlen_attention_applies(c, at::kBFloat16, at::Device(at::kCPU)));
+}
+
 TEST_CASE("the example shape configs parse and have their models' parameter counts",
           "[model][config]") {
   // Published sizes: Qwen2.5-7B 7.62 B, LLaMA-2-7B 6.74 B, LLaMA-2-13B 13.02 B, GLM-4-9B 9.40 B

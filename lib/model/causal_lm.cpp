@@ -187,18 +187,27 @@ LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
       position_ids.defined()
           ? model::rotary_tables(config_, position_ids.to(device), x.scalar_type())
           : model::rotary_tables(config_, p.start, x.size(1), x.scalar_type(), device);
+  // Documents and padding as spans for variable-length attention where it runs (GPU), read
+  // from the mask before it went to the device; the layers then get no mask.
+  std::shared_ptr<const model::DocumentSpans> spans;
+  if (p.mask.numel() > 0 && !I.prompt &&
+      model::varlen_attention_applies(config_, x.scalar_type(), device)) {
+    if (auto s = model::document_spans(attention_mask, device))
+      spans = std::make_shared<const model::DocumentSpans>(std::move(*s));
+  }
   const at::Tensor none = at::empty({0}, x.options());
+  const at::Tensor& layer_mask = spans ? none : p.mask;
   for (size_t i = 0; i < body->layers.size(); ++i) {
     const at::Tensor& pk = p.prefixes.empty() ? none : p.prefixes[i].first;
     const at::Tensor& pv = p.prefixes.empty() ? none : p.prefixes[i].second;
-    x = gate_(1 + i, {x, cos, sin, p.mask, pk, pv},
-              [layer = body->layers[i]](const std::vector<at::Tensor>& in) {
+    x = gate_(1 + i, {x, cos, sin, layer_mask, pk, pv},
+              [layer = body->layers[i], spans](const std::vector<at::Tensor>& in) {
                 model::KvCache prefix{in[4], in[5]};
                 // A unit is one layer: when the engine recomputes it, its output only roots
                 // back-propagation.
-                return std::vector<at::Tensor>{layer->forward(in[0], in[1], in[2], in[3],
-                                                              in[4].numel() > 0 ? &prefix : nullptr,
-                                                              recomputing_for_backward())};
+                return std::vector<at::Tensor>{layer->forward(
+                    in[0], in[1], in[2], in[3], in[4].numel() > 0 ? &prefix : nullptr,
+                    recomputing_for_backward(), spans.get())};
               })[0];
   }
   auto lm_head = I.lm_head;

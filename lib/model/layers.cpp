@@ -3,7 +3,11 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "kernels/fused.hpp"
 #include "util/torch_compat.hpp"
@@ -88,6 +92,38 @@ at::Tensor rotate(const ModelConfig& c, const at::Tensor& x, const at::Tensor& c
   return at::cat({y, x.narrow(-1, rd, x.size(-1) - rd)}, -1);
 }
 
+// Causal FlashAttention within each span of q [N, H, D], k and v [N, Hkv, D], the rows laid
+// end to end (compat::varlen_attention_forward), with its backward.
+class VarlenAttentionFunction : public torch::autograd::Function<VarlenAttentionFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                            const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
+                            int64_t max_length, double scale) {
+    compat::VarlenAttention r =
+        compat::varlen_attention_forward(q, k, v, cu_seqlens, max_length, scale);
+    ctx->save_for_backward({q, k, v, r.out, r.logsumexp, r.rng_state, r.unused, cu_seqlens});
+    ctx->saved_data["max_length"] = max_length;
+    ctx->saved_data["scale"] = scale;
+    return r.out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const compat::VarlenAttention fwd{s[3], s[4], s[5], s[6]};
+    auto [dq, dk, dv] = compat::varlen_attention_backward(
+        grads[0].contiguous(), s[0], s[1], s[2], fwd, s[7], ctx->saved_data["max_length"].toInt(),
+        ctx->saved_data["scale"].toDouble());
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const DocumentSpans& spans, double scale) {
+  return VarlenAttentionFunction::apply(q.contiguous(), k.contiguous(), v.contiguous(),
+                                        spans.cu_seqlens, spans.max_length, scale);
+}
+
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, int64_t start, int64_t length,
@@ -120,8 +156,46 @@ Attention::Attention(const ModelConfig& c, const ParamFactory& o) : config(&c) {
   o_proj = register_module("o_proj", std::make_shared<Linear>(q, h, c.o_proj_bias, o));
 }
 
+std::optional<DocumentSpans> document_spans(const at::Tensor& mask, const at::Device& device) {
+  const at::Tensor m = mask.to(at::kCPU, at::kLong).contiguous();
+  const int64_t rows = m.size(0), width = m.size(1);
+  const int64_t* v = m.data_ptr<int64_t>();
+  std::vector<int32_t> ends{0};
+  int64_t longest = 0;
+  std::vector<int64_t> seen;  // the row's document numbers so far
+  for (int64_t r = 0; r < rows; ++r) {
+    seen.clear();
+    for (int64_t t = 0; t < width; ++t) {
+      const int64_t doc = v[r * width + t];
+      if (t > 0 && doc == v[r * width + t - 1]) continue;
+      if (doc != 0 && std::find(seen.begin(), seen.end(), doc) != seen.end()) return std::nullopt;
+      seen.push_back(doc);
+      if (r > 0 || t > 0) ends.push_back(static_cast<int32_t>(r * width + t));
+    }
+  }
+  ends.push_back(static_cast<int32_t>(rows * width));
+  for (size_t i = 1; i < ends.size(); ++i)
+    longest = std::max<int64_t>(longest, ends[i] - ends[i - 1]);
+  DocumentSpans spans;
+  spans.cu_seqlens = at::tensor(ends, at::kInt).to(device);
+  spans.max_length = longest;
+  return spans;
+}
+
+bool varlen_attention_applies(const ModelConfig& c, at::ScalarType dtype,
+                              const at::Device& device) {
+  static const bool off = [] {
+    const char* e = std::getenv("ZT_VARLEN_ATTENTION");
+    return e != nullptr && std::string(e) == "0";
+  }();
+  return compat::has_varlen_attention() && !off && device.is_cuda() &&
+         (dtype == at::kBFloat16 || dtype == at::kHalf) && c.head_dim % 8 == 0 &&
+         c.head_dim <= 256 && !c.sliding_window;
+}
+
 at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                              const at::Tensor& attention_mask, KvCache* cache) {
+                              const at::Tensor& attention_mask, KvCache* cache,
+                              const DocumentSpans* spans) {
   const ModelConfig& c = *config;
   const int64_t b = x.size(0), t = x.size(1), d = c.head_dim;
   const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
@@ -149,6 +223,15 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
     cache->k = k;
     cache->v = v;
   }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  if (spans != nullptr && cache == nullptr) {
+    // [B, H, T, D] views of [B, T, H, D] (the rotation writes that layout): rows end to end.
+    const at::Tensor out =
+        varlen_attention(q.transpose(1, 2).reshape({b * t, heads, d}),
+                         k.transpose(1, 2).reshape({b * t, kv_heads, d}),
+                         v.transpose(1, 2).reshape({b * t, kv_heads, d}), *spans, scale);
+    return o_proj->forward(out.view({b, t, heads * d}));
+  }
   const int64_t s = k.size(2);  // keys: cached + new (attention handles the head groups)
   // Query i (absolute position s - t + i) sees keys j <= its position, within the sliding
   // window if any, and only real tokens.
@@ -168,8 +251,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
       mask = mask.logical_and(kdoc.ne(0)).logical_and(kdoc.eq(qdoc).logical_or(qdoc.eq(0)));
     }
   }
-  at::Tensor out = compat::attention(q, k, v, mask, /*causal=*/!mask.defined(),
-                                     1.0 / std::sqrt(static_cast<double>(d)));
+  at::Tensor out = compat::attention(q, k, v, mask, /*causal=*/!mask.defined(), scale);
   return o_proj->forward(out.transpose(1, 2).reshape({b, t, heads * d}));
 }
 

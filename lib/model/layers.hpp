@@ -8,6 +8,7 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <optional>
 
 #include "zerotrain/model.hpp"
 
@@ -91,6 +92,27 @@ struct KvCache {
   at::Tensor k, v;  ///< [B, kv_heads, S, head_dim]
 };
 
+/// Where the documents of a [B, T] batch lie once its rows are laid end to end: what
+/// variable-length attention takes instead of a mask (no [T, T] mask, no attention across
+/// documents, no work on the masked-out half).
+struct DocumentSpans {
+  at::Tensor cu_seqlens;   ///< int32 [n + 1] on the model's device: 0, then each span's end
+  int64_t max_length = 0;  ///< the longest span
+};
+
+/// The spans of an attention mask [B, T] (0 = padding, otherwise a document number, as
+/// Attention::forward reads it): each row's runs of one value, padding runs as spans of their
+/// own (their queries see only padding; no real query sees them, as with the mask). nullopt when
+/// a document number comes back in a row after another value — only a mask says that. Reads the
+/// mask on the host (a device mask is copied there first).
+std::optional<DocumentSpans> document_spans(const at::Tensor& mask, const at::Device& device);
+
+/// True when attention of model `c` runs over DocumentSpans for activations of `dtype` on
+/// `device`: CUDA, fp16 or bf16, a head size FlashAttention takes, no sliding window, LibTorch
+/// with the variable-length kernels (compat::has_varlen_attention), and not switched off by
+/// the environment (ZT_VARLEN_ATTENTION=0, for comparisons).
+bool varlen_attention_applies(const ModelConfig& c, at::ScalarType dtype, const at::Device& device);
+
 /// Self-attention with q_proj, k_proj, v_proj and o_proj, or (ChatGLM's layout) one
 /// `query_key_value` [q + 2 kv, hidden] (all query heads, then the key, then the value groups)
 /// and `dense`, in o_proj's place.
@@ -102,9 +124,11 @@ struct Attention : torch::nn::Module {
   /// x [B, T, H]; cos/sin [T, D] or [B, 1, T, D]; attention_mask [B, S] or an empty tensor:
   /// 0 = padding, otherwise a document number — a query sees only keys of its own document
   /// (plain batches have one document, 1; packed ones number theirs 1, 2, ...). With `cache`,
-  /// the new keys/values are appended and attention covers the cached ones.
+  /// the new keys/values are appended and attention covers the cached ones. With `spans` (the
+  /// same mask's document_spans, no cache) attention runs over them instead of the mask.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const at::Tensor& attention_mask, KvCache* cache = nullptr);
+                     const at::Tensor& attention_mask, KvCache* cache = nullptr,
+                     const DocumentSpans* spans = nullptr);
 };
 
 /// x · weightᵀ + bias for back-propagation only: returns an uninitialized tensor of the
@@ -148,8 +172,9 @@ struct DecoderLayer : torch::nn::Module {
   /// zt::recomputing_for_backward()); its values are then not all computed.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& attention_mask, KvCache* cache = nullptr,
-                     bool output_unread = false) {
-    at::Tensor a = self_attn->forward(input_layernorm->forward(x), cos, sin, attention_mask, cache);
+                     bool output_unread = false, const DocumentSpans* spans = nullptr) {
+    at::Tensor a =
+        self_attn->forward(input_layernorm->forward(x), cos, sin, attention_mask, cache, spans);
     if (post_self_attn_layernorm) a = post_self_attn_layernorm->forward(a);
     const at::Tensor h = x + a;
     // glm4 norms the MLP's output, so its values are read even in a recomputed unit.

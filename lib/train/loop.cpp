@@ -77,12 +77,13 @@ LossSum Trainer::Impl::forward(const Batch& b) {
   const at::Device device = comm->device();
   at::Tensor mask;
   at::Tensor positions;
+  // The mask stays on the host: CausalLM::loss reads its document spans there (no device sync)
+  // and moves it itself.
   if (b.document_ids.defined()) {
-    mask =
-        (b.document_ids + 1).to(device);  // documents numbered from 1, padding 0 (CausalLM::loss)
+    mask = b.document_ids + 1;  // documents numbered from 1, padding 0 (CausalLM::loss)
     positions = b.position_ids.to(device);
   } else if (!padding_only_at_row_ends(b.attention_mask)) {
-    mask = b.attention_mask.to(device);
+    mask = b.attention_mask;
   }
   return model->loss(b.input_ids.to(device), b.labels, mask, 1024, positions);
 }

@@ -100,4 +100,54 @@ inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const a
 #endif
 }
 
+/// True when LibTorch has FlashAttention's variable-length entry points
+/// (at::_flash_attention_forward / _backward taking cumulative sequence lengths, as in 2.5 and
+/// newer). They run on CUDA only, for fp16 / bf16.
+constexpr bool has_varlen_attention() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  return true;
+#else
+  return false;
+#endif
+}
+
+/// What varlen_attention_forward returns and its backward needs again.
+struct VarlenAttention {
+  at::Tensor out;        ///< [N, H, D]
+  at::Tensor logsumexp;  ///< per query and head, fp32
+  at::Tensor rng_state, unused;
+};
+
+/// Causal FlashAttention within each of n sequences laid end to end: q [N, H, D], k and v
+/// [N, Hkv, D] (Hkv divides H), `cu_seqlens` int32 [n + 1] on the device (0, then where each
+/// sequence ends), `max_len` at least the longest. Only when has_varlen_attention().
+inline VarlenAttention varlen_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v, const at::Tensor& cu_seqlens,
+                                                int64_t max_len, double scale) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  auto r = at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len,
+                                        /*dropout_p=*/0.0, /*is_causal=*/true,
+                                        /*return_debug_mask=*/false, scale);
+  return {std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r)};
+#else
+  (void)q, (void)k, (void)v, (void)cu_seqlens, (void)max_len, (void)scale;
+  TORCH_CHECK(false, "variable-length attention needs LibTorch 2.5 or newer");
+#endif
+}
+
+/// The gradients of q, k and v for `grad_out` [N, H, D] of varlen_attention_forward.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const VarlenAttention& fwd, const at::Tensor& cu_seqlens, int64_t max_len, double scale) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  return at::_flash_attention_backward(grad_out, q, k, v, fwd.out, fwd.logsumexp, cu_seqlens,
+                                       cu_seqlens, max_len, max_len, /*dropout_p=*/0.0,
+                                       /*is_causal=*/true, fwd.rng_state, fwd.unused, scale);
+#else
+  (void)grad_out, (void)q, (void)k, (void)v, (void)fwd, (void)cu_seqlens, (void)max_len;
+  (void)scale;
+  TORCH_CHECK(false, "variable-length attention needs LibTorch 2.5 or newer");
+#endif
+}
+
 }  // namespace zt::compat

@@ -421,10 +421,13 @@ TEST_CASE("fused AdamW on fp32 masters from a bf16 gradient equals it on the wid
         zt::kernels::fused_adamw_mixed(view(p), view(g), view(m), view(v), h, sq, view(copy));
         const at::Tensor g32 = view(g).to(at::kFloat);
         zt::kernels::fused_adamw(view(p_ref), g32, view(m_ref), view(v_ref), h, sq_ref);
-        // The same arithmetic (within a few ulps where nvcc contracts the kernels differently).
+        // The same arithmetic, within a few ulps where nvcc contracts the kernels differently.
+        // An ulp of the tensor's scale, not of each element: m = β1·m + (1 − β1)·g cancels to
+        // near zero in places, where a rounding of its terms is many ulps of the result.
         auto ulps = [](const at::Tensor& a, const at::Tensor& b) {
-          return ((a.to(at::kDouble) - b.to(at::kDouble)).abs() /
-                  (b.to(at::kDouble).abs() * std::ldexp(1.0, -23) + 1e-38))
+          const at::Tensor b64 = b.to(at::kDouble);
+          return ((a.to(at::kDouble) - b64).abs() /
+                  ((b64.abs() + b64.abs().mean()) * std::ldexp(1.0, -23) + 1e-38))
               .max()
               .item<double>();
         };
