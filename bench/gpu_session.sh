@@ -19,6 +19,8 @@
 #   bench/gpu_session.sh parity           per-layer hidden states of a Qwen2.5-7B-shaped model against transformers
 #                                         (SHAPE=glm-4-9b: a GLM-4-9B-shaped one)
 #   bench/gpu_session.sh glm              the GLM-4-9B-shaped LoRA step beside the peer (extended with that shape)
+#   bench/gpu_session.sh varlen           LoRA 7B on real lengths (the peer's varlen_lengths): padded, and packed
+#                                         rows with variable-length attention, beside the peer's lora_varlen
 #   bench/gpu_session.sh ladder           long context: one LoRA 7B step at micro-batch 1 with checkpointing
 #                                         at 16k, 32k, ... 256k tokens until the first failure, ours then the peer's
 #   bench/gpu_session.sh conformance      PEFT, transformers and tensorboard read what zerotrain wrote
@@ -67,16 +69,8 @@ example() {  # NAME SCRIPT [VAR=VALUE...]
     return 0
   }
   cp "$out/trainer_log.jsonl" "$results/$name.trainer_log.jsonl"
-  python3 - "$name" "$out/trainer_log.jsonl" $((SECONDS - start)) <<'EOF' | tee -a "$results/summary.jsonl"
-import json, sys
-name, path, wall = sys.argv[1], sys.argv[2], int(sys.argv[3])
-records = [json.loads(l) for l in open(path) if '"tokens_per_second"' in l and '"loss"' in l]
-steady = records[1:] or records  # the first window holds start-up and warm-up
-print(json.dumps({"run": name, "steps": records[-1]["step"] if records else 0, "wall_s": wall,
-                  "tokens_per_s": round(sum(r["tokens_per_second"] for r in steady) / max(1, len(steady))),
-                  "peak_gib": max((r.get("peak_memory_gib") or 0) for r in steady) if steady else None,
-                  "last_loss": records[-1]["loss"] if records else None}))
-EOF
+  python3 bench/tools/summarize_log.py "$name" "$out/trainer_log.jsonl" $((SECONDS - start)) |
+    tee -a "$results/summary.jsonl"
 }
 
 for phase in "$@"; do
@@ -169,6 +163,39 @@ for phase in "$@"; do
         python3 bench/tools/hf_baseline_glm.py .peer/hf_baseline.py glm-4-9b lora 1024 8 0 2>&1 |
           tee -a "$results/peer.log" | grep '^RESULT' || true
       fi
+      ;;
+    seed7b)  # the seed's command (README "Using it" with the seed's --fp16: full fine-tune,
+      # ds_config_zero2_offload.json, 1024 × 4 × accumulation 4) on the Qwen2.5-7B shape, as it
+      # is and with offload_optimizer.ratio 0.5 (RATIOS="1 0.5 ..." overrides)
+      data=/tmp/zt-seed.synthetic.jsonl
+      [ -f $data ] || python3 examples/synthetic_tokens.py $data 1024 32000 400
+      for ratio in ${RATIOS:-1 0.5}; do
+        python3 -c "import json, sys; c = json.load(open('examples/deepspeed/ds_config_zero2_offload.json'))
+c['zero_optimization']['offload_optimizer']['ratio'] = float(sys.argv[1]); print(json.dumps(c))" \
+          "$ratio" > /tmp/zt-seed-ds.json
+        rm -rf /tmp/zt-seed7b
+        start=$SECONDS
+        $zt train --model_config examples/shapes/qwen2.5-7b.json --train_file $data \
+          --output_dir /tmp/zt-seed7b --deepspeed /tmp/zt-seed-ds.json --finetuning_type full \
+          --per_device_train_batch_size 4 --gradient_accumulation_steps 4 --learning_rate 2e-5 \
+          --fp16 True --max_length 1024 --max_steps "${SEED_STEPS:-12}" --logging_steps 3 \
+          --save_strategy no > "$results/seed7b_$ratio.log" 2>&1 ||
+          { tail -20 "$results/seed7b_$ratio.log"; continue; }
+        cp /tmp/zt-seed7b/trainer_log.jsonl "$results/seed7b_$ratio.trainer_log.jsonl"
+        python3 bench/tools/summarize_log.py seed7b_ratio_$ratio /tmp/zt-seed7b/trainer_log.jsonl \
+          $((SECONDS - start)) | tee -a "$results/summary.jsonl"
+      done
+      ;;
+    varlen)  # LoRA 7B on the peer's varlen_lengths(): padded per micro-batch, and packed rows
+      # of 2048 × 4 with variable-length attention (then with the dense document mask it
+      # replaced, ZT_VARLEN_ATTENTION=0), beside the peer's lora_varlen 2048 4 0
+      python3 -c "import sys; sys.path.insert(0, '.peer'); from hf_baseline import varlen_lengths
+print('\n'.join(map(str, varlen_lengths(4000, 2048))))" > /tmp/zt-lengths.txt
+      export ZT_BENCH_LENGTHS=/tmp/zt-lengths.txt
+      ours qwen2.5-7b lora_varlen 2048 8 0
+      ours qwen2.5-7b lora_packed 2048 4 0
+      ZT_VARLEN_ATTENTION=0 ours qwen2.5-7b lora_packed 2048 4 0
+      peer qwen2.5-7b lora_varlen 2048 4 0
       ;;
     ladder)  # LADDER="16384 32768 ..." overrides the lengths
       lengths=${LADDER:-16384 32768 65536 131072 262144}

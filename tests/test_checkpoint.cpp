@@ -29,15 +29,21 @@ constexpr int64_t kMicro = 2, kGlobal = 8;  // the global batch every world size
 constexpr int64_t kSaveAt = 3, kTotal = 6;
 
 // An engine over the tiny LLaMA at `stage`, accumulation chosen to keep kGlobal samples per step.
+// `offload_ratio`: offload_optimizer.ratio, or negative for no optimizer offload.
 std::unique_ptr<Engine> make_engine(const std::shared_ptr<test::TestModel>& model,
-                                    const std::shared_ptr<Communicator>& comm, int stage) {
+                                    const std::shared_ptr<Communicator>& comm, int stage,
+                                    double offload_ratio = -1.0) {
   const int64_t accum = kGlobal / (kMicro * comm->world_size());
+  const std::string offload =
+      offload_ratio < 0 ? ""
+                        : fmt::format(R"(, "offload_optimizer": {{"device": "cpu", "ratio": {}}})",
+                                      offload_ratio);
   DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
       R"({{"zero_optimization": {{"stage": {}, "reduce_bucket_size": 300,
-           "stage3_param_persistence_threshold": 20}},
+           "stage3_param_persistence_threshold": 20{}}},
           "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01, "weight_decay": 0.1}}}},
           "gradient_clipping": 1.0}})",
-      stage));
+      stage, offload));
   TrainingArguments args;
   args.per_device_train_batch_size = kMicro;
   args.gradient_accumulation_steps = accum;
@@ -79,8 +85,9 @@ TEST_CASE("rank: engine state resumes across world sizes", "[.rank]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
   const std::string dir = env("ZT_DIR"), phase = env("ZT_PHASE");
   const int stage = std::stoi(env("ZT_STAGE"));
+  const char* ratio = std::getenv("ZT_OFFLOAD_RATIO");             // partial offload's runs only
   auto model = test::make_model("llm", phase == "save" ? 7 : 99);  // resume starts elsewhere
-  auto engine = make_engine(model, comm, stage);
+  auto engine = make_engine(model, comm, stage, ratio ? std::stod(ratio) : -1.0);
   if (phase == "save") {
     train(*engine, *model, 0, kSaveAt);
     CheckpointWriter writer(*comm, dir, kSaveAt);
@@ -125,6 +132,27 @@ TEST_CASE("optimizer state saved at 2 ranks resumes at 1, 2 and 4 ranks and othe
           r.world, "rank: engine state resumes across world sizes", std::chrono::seconds(240),
           {{"ZT_DIR", dir}, {"ZT_PHASE", "resume"}, {"ZT_STAGE", std::to_string(r.stage)}});
     }
+  }
+}
+
+TEST_CASE("partially offloaded optimizer state resumes with another share offloaded, or none",
+          "[checkpoint][engine][offload]") {
+  if (test::skip_cpu_world(4)) return;
+  // Saved with half the state on the device side (offload_optimizer.ratio 0.5): the checkpoint
+  // must hold the device share's latest values, and a resume must put them back there.
+  const std::string dir = test::temp_dir("resume-partial");
+  auto run = [&](int world, int stage, const std::string& phase, const char* ratio) {
+    std::vector<std::pair<std::string, std::string>> env{
+        {"ZT_DIR", dir}, {"ZT_PHASE", phase}, {"ZT_STAGE", std::to_string(stage)}};
+    if (ratio != nullptr) env.emplace_back("ZT_OFFLOAD_RATIO", ratio);
+    test::run_ranks(world, "rank: engine state resumes across world sizes",
+                    std::chrono::seconds(240), env);
+  };
+  run(2, 2, "save", "0.5");
+  for (auto [world, ratio] :
+       {std::pair<int, const char*>{1, "1"}, {2, nullptr}, {4, "0.3"}, {2, "0.5"}}) {
+    INFO("resumed at world " << world << ", ratio " << (ratio ? ratio : "none"));
+    run(world, 2, "resume", ratio);
   }
 }
 

@@ -40,7 +40,7 @@ const char* kFull = R"({
     "reduce_bucket_size": 2e8,
     "allgather_bucket_size": 3e8,
     "overlap_comm": false,
-    "offload_optimizer": {"device": "cpu", "pin_memory": true, "buffer_count": 6},
+    "offload_optimizer": {"device": "cpu", "pin_memory": true, "buffer_count": 6, "ratio": 0.4},
     "offload_param": {"device": "cpu", "pin_memory": false},
     "sub_group_size": 1e8,
     "stage3_prefetch_bucket_size": 1e7,
@@ -101,6 +101,8 @@ TEST_CASE("every DeepSpeed key of REFERENCE §1 is parsed", "[config]") {
   CHECK(z.offload_optimizer.device == OffloadDevice::kCpu);
   CHECK(z.offload_optimizer.pin_memory);
   CHECK(z.offload_optimizer.buffer_count == 6);
+  CHECK(z.offload_optimizer.ratio == 0.4);
+  CHECK(z.offload_param.ratio == 1.0);  // DeepSpeed's default: all of it offloaded
   CHECK(z.offload_param.device == OffloadDevice::kCpu);
   CHECK_FALSE(z.offload_param.pin_memory);
   CHECK(z.sub_group_size == 100000000);

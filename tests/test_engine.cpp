@@ -70,6 +70,23 @@ TEST_CASE("engine: pure bf16 (bf16 masters, gradients and moments) tracks the re
   run_case(make_case(1, 4, 1, "bf16_pure", false, "mlp"));
 }
 
+TEST_CASE("engine: partial offload (offload_optimizer.ratio) matches the reference",
+          "[engine][equivalence][offload]") {
+  // DeepSpeed's Twin-Flow: the leading `ratio` of the state on the CPU, the rest updated where
+  // the model is; stage 2 as well as DeepSpeed's stage 3, SGD too, and 0 (nothing on the CPU).
+  auto partial = [](int stage, int world, int accum, const char* dtype, const char* model,
+                    double ratio, const char* opt = "adamw") {
+    zt::test::Case c = make_case(stage, world, accum, dtype, true, model, opt);
+    c.offload_ratio = ratio;
+    return c;
+  };
+  run_case(partial(2, 1, 3, "fp32", "transformer", 0.5));
+  run_case(partial(1, 2, 1, "fp16", "mlp", 0.3, "sgd"));
+  run_case(partial(2, 4, 3, "bf16", "llm", 0.5));
+  run_case(partial(3, 2, 1, "fp32", "transformer", 0.6));
+  run_case(partial(2, 2, 1, "fp32", "mlp", 0.0));
+}
+
 TEST_CASE("engine: updates inside backward match the reference without clipping",
           "[engine][equivalence]") {
   // One rank, no accumulation or clipping: each parameter is updated by its gradient's hook.

@@ -64,6 +64,10 @@ struct OffloadConfig {
   bool pin_memory = false;
   std::string nvme_path;
   int64_t buffer_count = 4;
+  /// offload_optimizer only: the share of the optimizer state (masters and moments) the CPU
+  /// holds and updates — DeepSpeed's ZeRO-Offload++ "Twin-Flow" `ratio`, in [0, 1], default 1;
+  /// the rest stays on the GPU and is updated there (docs/engine.md, "Partial offload").
+  double ratio = 1.0;
   bool enabled() const { return device != OffloadDevice::kNone; }
 };
 

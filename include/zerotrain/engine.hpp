@@ -74,8 +74,11 @@ struct EngineMemory {
   int64_t compute_params = 0;   ///< resident compute-dtype parameters (full or shards)
   int64_t gradients = 0;        ///< gradient buffers (full flat grads, shard accumulators)
   int64_t optimizer_state = 0;  ///< fp32 master + moments
-  int64_t gathered_peak = 0;    ///< stage 3: peak of gathered parameter elements
-  int64_t gathered_now = 0;     ///< stage 3: gathered parameter elements right now
+  /// Of optimizer_state, with offload_optimizer.ratio < 1: the share kept and updated on the
+  /// device (counted on top of the whole host copy, which checkpoints read).
+  int64_t device_optimizer_state = 0;
+  int64_t gathered_peak = 0;  ///< stage 3: peak of gathered parameter elements
+  int64_t gathered_now = 0;   ///< stage 3: gathered parameter elements right now
   /// On a GPU rank, host memory the engine holds (offload: parameter shards, masters, moments,
   /// gradient slots), page-locked or not. What crosses to the GPU every step is page-locked;
   /// the moments, which never do, are not. Both 0 on a CPU rank.

@@ -40,8 +40,11 @@ OffloadConfig parse_offload(ObjectReader& r, const char* key, int64_t default_bu
   if (auto v = o->boolean("pin_memory")) out.pin_memory = *v;
   if (auto v = o->string("nvme_path")) out.nvme_path = *v;
   if (auto v = o->integer("buffer_count", 1)) out.buffer_count = *v;
-  o->known({"buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write", "fast_init", "ratio",
-            "pipeline"});
+  if (std::string(key) == "offload_optimizer") {
+    if (auto v = o->number("ratio", 0.0, 1.0)) out.ratio = *v;
+  }
+  o->known(
+      {"buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write", "fast_init", "pipeline"});
   if (out.device == OffloadDevice::kNvme) {
     o->fail_value("device",
                   "NVMe offload is not built into zerotrain; use \"cpu\" (pinned host memory)");

@@ -91,7 +91,10 @@ std::string describe(const DeepSpeedConfig& ds) {
         z.stage3_max_live_parameters, z.stage3_max_reuse_distance,
         z.stage3_gather_16bit_weights_on_model_save);
   }
-  out += fmt::format("offload: optimizer={} param={}\n", offload_name(z.offload_optimizer),
+  out += fmt::format("offload: optimizer={}{} param={}\n", offload_name(z.offload_optimizer),
+                     z.offload_optimizer.enabled() && z.offload_optimizer.ratio != 1.0
+                         ? fmt::format(" ratio={}", z.offload_optimizer.ratio)
+                         : std::string(),
                      offload_name(z.offload_param));
   out += fmt::format("precision: {}\n", precision(ds));
   out += fmt::format("optimizer: {}\n", optimizer(ds.optimizer));
@@ -126,6 +129,10 @@ void put_offload(JsonWriter& w, const char* key, const OffloadConfig& o) {
                                               : "none");
   w.Key("pin_memory");
   w.Bool(o.pin_memory);
+  if (o.ratio != 1.0) {
+    w.Key("ratio");
+    w.Double(o.ratio);
+  }
   if (o.device == OffloadDevice::kNvme) {
     w.Key("nvme_path");
     w.String(o.nvme_path.c_str());

@@ -297,8 +297,9 @@ std::vector<std::pair<StatePiece, int64_t>> held_pieces(const zero::EngineImpl& 
   return out;
 }
 
-// The state tensors in state_kinds() order.
+// The state tensors in state_kinds() order (host copies made current).
 std::vector<at::Tensor> state_tensors(const zero::EngineImpl& I) {
+  if (I.offload) I.offload->sync_host();
   std::vector<at::Tensor> out{I.master};
   if (I.optimizer->state0().defined()) out.push_back(I.optimizer->state0());
   if (I.optimizer->state1().defined()) out.push_back(I.optimizer->state1());
@@ -381,6 +382,7 @@ void Engine::load_state(const StateReader& read, const EngineState& state) {
     throw IoError("restoring the optimizer state failed on another rank (see its error)");
   }
   I.optimizer->set_state(state.optimizer_steps, at::Tensor(), at::Tensor());
+  if (I.offload) I.offload->load_from_host();
   LossScaler::State ls;
   ls.cur_scale = state.loss_scale;
   ls.cur_iter = state.scaler_iter;
@@ -410,6 +412,8 @@ EngineMemory Engine::memory() const {
   }
   m.gradients += I.grad_acc.nbytes();
   m.optimizer_state = I.optimizer->state_bytes(/*with_master=*/!I.S.master_aliases_params);
+  if (I.offload) m.device_optimizer_state = I.offload->device_state_bytes();
+  m.optimizer_state += m.device_optimizer_state;
   m.gathered_now = I.gathered_now;
   m.gathered_peak = I.gathered_peak;
   auto count_host = [&](const at::Tensor& t) {
@@ -431,6 +435,7 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gather_full_parameters(
   EngineImpl& I = *impl_;
   const zero::Layout& L = I.layout;
   at::NoGradGuard no_grad;
+  if (I.offload) I.offload->sync_host();
   std::vector<at::Tensor> full_of_bucket(L.buckets.size());
   for (const zero::Bucket& b : L.buckets) {
     if (trainable_only && !b.trainable) continue;

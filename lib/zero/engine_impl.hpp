@@ -9,7 +9,8 @@
 //                         reduce-scatter;  gradients_stage2.cpp  stages 2/3: staged
 //                         reduce-scatter;  gradients_one_rank.cpp  one rank: no collective
 //   update_in_backward.cpp  the optimizer inside backward (one rank, no accumulator)
-//   offload.cpp           the optimizer on the CPU, pipelined per bucket
+//   offload.cpp           the optimizer on the CPU, pipelined per bucket (with a share on
+//                         the device under offload_optimizer.ratio)
 //   units.cpp             sharding units: ZeRO-3 gathers, releases, recomputation
 #pragma once
 

@@ -1,6 +1,7 @@
 // The optimizer on the CPU (see offload.hpp).
 #include "zero/offload.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <deque>
 #include <string>
@@ -25,6 +26,51 @@ OffloadedOptimizer::OffloadedOptimizer(EngineImpl& e) : e_(e) {
   for (int64_t k = 0; k < std::min<int64_t>(3, trainable); ++k) {
     slots_.push_back(at::empty({longest}, host));
   }
+  // The leading buckets up to `ratio` of the state stay on the CPU (a bucket that straddles the
+  // mark too); the rest move to the device with their masters and zero moments.
+  const int64_t total = e.layout.state_numel;
+  const double mark = e.S.offload_ratio * static_cast<double>(total);
+  split_ = total;
+  for (const Bucket& b : e.layout.buckets) {
+    if (b.trainable && b.shard_numel > 0 && static_cast<double>(b.shard.offset) >= mark) {
+      split_ = std::min(split_, b.shard.offset);
+    }
+  }
+  if (split_ == total) return;
+  std::vector<Segment> segments;
+  for (const Segment& g : e.layout.segments) {
+    if (g.offset >= split_) segments.push_back(Segment{g.offset - split_, g.length, g.decay});
+  }
+  device_ = std::make_unique<ShardOptimizer>(
+      e.S.optimizer,
+      e.master.narrow(0, split_, total - split_).to(e.S.device, at::kFloat, false, true),
+      std::move(segments), e.S.hyper.momentum, e.S.state_dtype);
+}
+
+void OffloadedOptimizer::sync_host() const {
+  if (!host_stale_) return;
+  const int64_t n = e_.layout.state_numel - split_;
+  e_.master.narrow(0, split_, n).copy_(device_->master());
+  if (device_->state0().defined())
+    e_.optimizer->state0().narrow(0, split_, n).copy_(device_->state0());
+  if (device_->state1().defined())
+    e_.optimizer->state1().narrow(0, split_, n).copy_(device_->state1());
+  host_stale_ = false;
+}
+
+void OffloadedOptimizer::load_from_host() {
+  if (!device_) return;
+  const int64_t n = e_.layout.state_numel - split_;
+  const at::Tensor& s0 = e_.optimizer->state0();
+  const at::Tensor& s1 = e_.optimizer->state1();
+  device_->master().copy_(e_.master.narrow(0, split_, n));
+  device_->set_state(e_.optimizer->steps(), s0.defined() ? s0.narrow(0, split_, n) : at::Tensor(),
+                     s1.defined() ? s1.narrow(0, split_, n) : at::Tensor());
+  host_stale_ = false;
+}
+
+int64_t OffloadedOptimizer::device_state_bytes() const {
+  return device_ ? device_->state_bytes() : 0;
 }
 
 at::Tensor OffloadedOptimizer::allocate_master(int64_t numel, bool pin,
@@ -63,9 +109,9 @@ void OffloadedOptimizer::step(const UpdateHyper& h) {
   // while the next ones are in flight, and its new masters go up while the CPU moves on. At
   // most two uploaded buckets wait to be published, bounding device scratch.
   CopyStream copies(e_.S.device);
-  std::vector<const Bucket*> order;
+  std::vector<const Bucket*> order, on_device;
   for (const Bucket& b : e_.layout.buckets) {
-    if (b.trainable) order.push_back(&b);
+    if (b.trainable) (device_ && b.shard.offset >= split_ ? on_device : order).push_back(&b);
   }
   const size_t n = slots_.size();
   auto slot_of = [&](size_t i) { return slots_[i % n].narrow(0, 0, order[i]->shard_numel); };
@@ -74,6 +120,19 @@ void OffloadedOptimizer::step(const UpdateHyper& h) {
     down[i] = copies.copy(slot_of(i), e_.slice_of(order[i]->index, e_.grad_acc));
   }
   e_.optimizer->begin_step();
+  // The device share: queued behind the first downloads, run while the CPU updates its own.
+  if (device_) {
+    device_->set_state(e_.optimizer->steps(), at::Tensor(), at::Tensor());
+    for (const Bucket* b : on_device) {
+      std::vector<Segment> segments;
+      for (const Segment& g : e_.bucket_segments[static_cast<size_t>(b->index)])
+        segments.push_back(Segment{g.offset - split_, g.length, g.decay});
+      const int64_t at = b->shard.offset - split_;
+      device_->update(e_.slice_of(b->index, e_.grad_acc), h, segments, at);
+      e_.publish(*b, device_->master().narrow(0, at, b->shard_numel));
+    }
+    host_stale_ = true;
+  }
   struct Upload {
     const Bucket* bucket;
     int64_t ticket;

@@ -109,6 +109,7 @@ EngineSettings resolve_settings(const DeepSpeedConfig& ds, const EngineOptions& 
 
   s.offload_optimizer = s.stage >= 1 && ds.zero.offload_optimizer.enabled();
   s.offload_param = s.stage == 3 && ds.zero.offload_param.enabled();
+  if (s.offload_optimizer) s.offload_ratio = ds.zero.offload_optimizer.ratio;
   if (s.offload_optimizer && s.master_dtype != at::kFloat) {
     throw ConfigError(
         fmt::format("{}: bf16_master_weights_and_grads cannot be combined with "

@@ -46,6 +46,8 @@ struct EngineSettings {
   bool use_reduce_scatter = true;
   double pre_scale = 1.0, post_scale = 1.0;  ///< around each gradient reduction (product 1/world)
   bool offload_optimizer = false, offload_param = false;
+  /// With offload_optimizer: the share of the state the CPU holds (offload_optimizer.ratio).
+  double offload_ratio = 1.0;
   bool checkpointing = false;  ///< recompute units in backward
   /// Stage 3 keeps unit parameters as shards, gathered per unit call. Not at one rank without
   /// parameter offload: the shard would be the whole parameter, so there is nothing to gather or

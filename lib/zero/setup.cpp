@@ -116,7 +116,12 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
     log::info(
         "engine: ZeRO stage {}, {} ranks, compute {}, {} buckets, {} state elements/rank{}{}{}{}",
         I.S.stage, I.S.world, c10::toString(I.S.compute), I.layout.buckets.size(),
-        I.layout.state_numel, I.S.offload_optimizer ? ", optimizer offloaded" : "",
+        I.layout.state_numel,
+        !I.S.offload_optimizer     ? std::string()
+        : I.S.offload_ratio == 1.0 ? std::string(", optimizer offloaded")
+                                   : fmt::format(", optimizer offloaded (ratio {}: state from "
+                                                 "element {} updated on the device)",
+                                                 I.S.offload_ratio, I.offload->device_from()),
         I.S.offload_param ? ", parameters offloaded" : "",
         I.S.in_backward() ? ", parameters updated during backward" : "",
         I.S.stage == 3 && !I.S.shard_units

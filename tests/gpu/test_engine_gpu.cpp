@@ -42,6 +42,11 @@ TEST_CASE("engine on GPU: optimizer and parameter offload match the reference", 
   run_on_gpu(make_case(2, 1, 1, "bf16", true, "transformer"));
   run_on_gpu(make_case(3, 1, 3, "bf16", true, "transformer"));
   run_on_gpu(make_case(1, 1, 1, "fp32", true, "mlp"));
+  for (double ratio : {0.5, 0.0}) {  // partial offload: the rest on the GPU
+    zt::test::Case c = make_case(2, 1, 3, "fp16", true, "transformer");
+    c.offload_ratio = ratio;
+    run_on_gpu(c);
+  }
 }
 
 TEST_CASE("engine on GPU: all visible GPUs as ranks", "[gpu][engine][multi]") {

@@ -30,25 +30,28 @@
 namespace zt::test {
 
 std::string Case::encode() const {
-  return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", stage, world, accum, dtype,
+  return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", stage, world, accum, dtype,
                      int(offload), model, opt, int(ckpt), int(token_norm), bucket, steps, micro,
-                     device, clip, int(in_backward));
+                     device, clip, int(in_backward), offload_ratio);
 }
 
 Case Case::decode(const std::string& s) {
   Case c;
   std::istringstream in(s);
   in >> c.stage >> c.world >> c.accum >> c.dtype >> c.offload >> c.model >> c.opt >> c.ckpt >>
-      c.token_norm >> c.bucket >> c.steps >> c.micro >> c.device >> c.clip >> c.in_backward;
+      c.token_norm >> c.bucket >> c.steps >> c.micro >> c.device >> c.clip >> c.in_backward >>
+      c.offload_ratio;
   if (!in) throw std::runtime_error("malformed ZT_CASE: " + s);
   return c;
 }
 
 std::string Case::describe() const {
-  return fmt::format("stage {} world {} accum {} {} offload {} {} {} ckpt {} {} on {} clip {}{}",
-                     stage, world, accum, dtype, offload, model, opt, ckpt,
-                     token_norm ? "token-normalized" : "mean-normalized", device, clip,
-                     in_backward ? " updates in backward" : "");
+  return fmt::format(
+      "stage {} world {} accum {} {} offload {}{} {} {} ckpt {} {} on {} clip {}{}", stage, world,
+      accum, dtype, offload,
+      offload && offload_ratio != 1.0 ? fmt::format(" (ratio {})", offload_ratio) : std::string(),
+      model, opt, ckpt, token_norm ? "token-normalized" : "mean-normalized", device, clip,
+      in_backward ? " updates in backward" : "");
 }
 
 namespace {
@@ -57,7 +60,12 @@ constexpr double kLr = 0.01, kWd = 0.1;
 constexpr uint64_t kSeed = 1234;
 
 std::string ds_json(const Case& c) {
-  std::string offload = c.offload ? R"(, "offload_optimizer": {"device": "cpu"})" : "";
+  std::string offload =
+      !c.offload ? ""
+      : c.offload_ratio == 1.0
+          ? R"(, "offload_optimizer": {"device": "cpu"})"
+          : fmt::format(R"(, "offload_optimizer": {{"device": "cpu", "ratio": {}}})",
+                        c.offload_ratio);
   // Real fp16 (GPU) starts from 2^8: DeepSpeed's 2^32 default would skip the first steps.
   std::string fp16 = c.device == "cuda" ? R"(, "initial_scale_power": 8)" : "";
   // "bf16_pure": DeepSpeed's bf16 master weights, gradients and optimizer states.
@@ -206,7 +214,15 @@ TEST_CASE("rank: engine equivalence", "[.rank]") {
   eo.update_in_backward = c.in_backward;
   Engine engine(model, ds, comm, eo);
   REQUIRE(engine.updates_in_backward() == c.in_backward);
-  if (device.is_cuda() && c.offload && c.opt != "sgd") {
+  if (c.offload) {
+    // Partial offload keeps the share past `ratio` (whole buckets) on the device as well.
+    EngineMemory mem = engine.memory();
+    const int64_t host_state = mem.optimizer_state - mem.device_optimizer_state;
+    CHECK((mem.device_optimizer_state > 0) == (c.offload_ratio < 1.0));
+    CHECK(static_cast<double>(mem.device_optimizer_state) <=
+          (1.0 - c.offload_ratio) * static_cast<double>(host_state));
+  }
+  if (device.is_cuda() && c.offload && c.offload_ratio == 1.0 && c.opt != "sgd") {
     // What crosses to the GPU every step (masters, parameter shards, gradient slots) is
     // page-locked; only the Adam moments (two thirds of the optimizer state) are not.
     EngineMemory mem = engine.memory();

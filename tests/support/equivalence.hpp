@@ -22,6 +22,7 @@ struct Case {
   std::string device = "cpu";  ///< "cpu", or "cuda" (rank r uses cuda:LOCAL_RANK)
   double clip = 1.0;           ///< max_grad_norm (0: none)
   bool in_backward = false;    ///< EngineOptions::update_in_backward, required to take effect
+  double offload_ratio = 1.0;  ///< offload_optimizer.ratio (with `offload`)
 
   std::string encode() const;
   static Case decode(const std::string& s);
