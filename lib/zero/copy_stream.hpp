@@ -1,6 +1,7 @@
 // Host<->device copies on a side stream, so offloaded optimizer steps overlap their transfers
-// with host work. With a CUDA LibTorch (copy_stream_cuda.cpp) copies run on a pool stream and
-// are tracked by events; elsewhere (copy_stream_plain.cpp) they are plain synchronous copies.
+// with host work and offloaded parameters come up while the GPU computes. With a CUDA LibTorch
+// (copy_stream_cuda.cpp) copies run on a pool stream and are tracked by events; elsewhere
+// (copy_stream_plain.cpp) they are plain synchronous copies.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -24,7 +25,9 @@ class CopyStream {
   int64_t copy(at::Tensor dst, at::Tensor src);
   /// Blocks the host until the ticket's copy finished.
   void host_wait(int64_t ticket);
-  /// Makes the compute stream wait for the ticket's copy (no host sync).
+  /// Makes the compute stream wait for the ticket's copy (no host sync). The copy's tensors are
+  /// then no longer held (later compute-stream work is ordered after it), and tickets waited for
+  /// in the order they were made are forgotten, so a long-lived CopyStream stays small.
   void device_wait(int64_t ticket);
 
   struct Impl;

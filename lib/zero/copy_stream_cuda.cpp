@@ -9,7 +9,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include <vector>
+#include <deque>
+#include <memory>
 
 #include "zero/copy_stream.hpp"
 
@@ -21,10 +22,13 @@ struct CopyStream::Impl {
   struct Ticket {
     std::shared_ptr<at::cuda::CUDAEvent> done;
     at::Tensor dst, src;
+    bool waited_on_device = false;
   };
-  std::vector<Ticket> tickets;
+  std::deque<Ticket> tickets;  ///< ticket ids first, first + 1, ...
+  int64_t first = 0;
   explicit Impl(at::Device d)
       : device(d), stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())) {}
+  Ticket& ticket(int64_t id) { return tickets[static_cast<size_t>(id - first)]; }
 };
 
 CopyStream::CopyStream(at::Device device) : impl_(std::make_unique<Impl>(device)) {}
@@ -44,17 +48,24 @@ int64_t CopyStream::copy(at::Tensor dst, at::Tensor src) {
     done->record(I.stream);
   }
   I.tickets.push_back(Impl::Ticket{done, dst, src});
-  return static_cast<int64_t>(I.tickets.size()) - 1;
+  return I.first + static_cast<int64_t>(I.tickets.size()) - 1;
 }
 
 void CopyStream::host_wait(int64_t ticket) {
-  Impl::Ticket& t = impl_->tickets[static_cast<size_t>(ticket)];
-  t.done->synchronize();
+  impl_->ticket(ticket).done->synchronize();
 }
 
 void CopyStream::device_wait(int64_t ticket) {
-  Impl::Ticket& t = impl_->tickets[static_cast<size_t>(ticket)];
-  t.done->block(c10::cuda::getCurrentCUDAStream(impl_->device.index()));
+  Impl& I = *impl_;
+  Impl::Ticket& t = I.ticket(ticket);
+  t.done->block(c10::cuda::getCurrentCUDAStream(I.device.index()));
+  t.dst.reset();
+  t.src.reset();
+  t.waited_on_device = true;
+  while (!I.tickets.empty() && I.tickets.front().waited_on_device) {
+    I.tickets.pop_front();
+    ++I.first;
+  }
 }
 
 std::string page_lock(void* p, size_t bytes) {

@@ -119,6 +119,7 @@ struct BucketState {
 
 class InBackwardUpdate;
 class OffloadedOptimizer;
+class CopyStream;
 
 /// Engine's state and internals (the engine's UnitRunner: units.cpp runs the gate's units).
 struct EngineImpl final : UnitRunner {
@@ -168,9 +169,13 @@ struct EngineImpl final : UnitRunner {
     UnitStatus status = UnitStatus::kReleased;
     std::vector<WorkHandle> gathers;
     std::vector<at::Tensor> sources;  ///< shard copies on the device while gathering
+    std::vector<int64_t> uploads;     ///< one rank: offloaded shards coming up (param_uploads)
     int64_t elements = 0;             ///< gathered elements when gathered
   };
   std::vector<UnitState> units;
+  /// One rank with offloaded parameters: shards come up on this side stream while the GPU
+  /// computes (the next unit's during this one's); null elsewhere.
+  std::unique_ptr<CopyStream> param_uploads;
   int64_t gathered_now = 0, gathered_peak = 0;
   at::Tensor dummy;  ///< requires grad, so every unit call has a backward
   int unit_depth = 0;

@@ -10,6 +10,7 @@
 
 #include "optim/schedule.hpp"
 #include "util/log.hpp"
+#include "zero/copy_stream.hpp"
 #include "zero/engine_impl.hpp"
 #include "zero/offload.hpp"
 #include "zerotrain/error.hpp"
@@ -310,6 +311,8 @@ void EngineImpl::create_parts() {
   if (S.offload_optimizer) offload = std::make_unique<OffloadedOptimizer>(*this);
   const auto dev32 = at::TensorOptions().dtype(at::kFloat).device(S.device);
   units.resize(options.units.size());
+  if (S.shard_units && S.offload_param && S.world == 1 && S.device.is_cuda())
+    param_uploads = std::make_unique<CopyStream>(S.device);
   dummy = at::zeros({}, dev32).requires_grad_(true);
   nonfinite_losses = at::zeros({}, dev32);
   install_hooks();

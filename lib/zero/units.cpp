@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "util/rng.hpp"
+#include "zero/copy_stream.hpp"
 #include "zero/engine_impl.hpp"
 #include "zerotrain/error.hpp"
 
@@ -196,10 +197,16 @@ void zero::EngineImpl::start_gather(size_t u) {
   for (int b : layout.unit_buckets[u]) {
     const zero::Bucket& bucket = layout.buckets[static_cast<size_t>(b)];
     BucketState& s = buckets[static_cast<size_t>(b)];
-    // Offloaded shards come up from pinned memory asynchronously, ordered before the gather.
-    at::Tensor source = s.param_shard.device() == S.device
-                            ? s.param_shard
-                            : s.param_shard.to(S.device, /*non_blocking=*/true);
+    // Offloaded shards come up from pinned memory asynchronously: at one rank on the side
+    // stream, overlapping the compute already queued (finish_gather orders the compute stream
+    // after it); with ranks on the compute stream, ordered before the gather.
+    at::Tensor source = s.param_shard;
+    if (param_uploads && source.device() != S.device) {
+      source = at::empty(s.param_shard.sizes(), s.param_shard.options().device(S.device));
+      st.uploads.push_back(param_uploads->copy(source, s.param_shard));
+    } else if (source.device() != S.device) {
+      source = s.param_shard.to(S.device, /*non_blocking=*/true);
+    }
     if (S.world == 1) {
       s.flat_param = source;  // the whole bucket already; nothing to gather
     } else {
@@ -217,6 +224,8 @@ void zero::EngineImpl::start_gather(size_t u) {
 
 void zero::EngineImpl::finish_gather(size_t u) {
   UnitState& st = units[u];
+  for (int64_t ticket : st.uploads) param_uploads->device_wait(ticket);
+  st.uploads.clear();
   for (WorkHandle& w : st.gathers) w->wait();
   st.gathers.clear();
   st.sources.clear();
