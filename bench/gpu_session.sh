@@ -8,7 +8,7 @@
 #   bench/gpu_session.sh lora13b          examples/finetune_13b_zero3_offload.sh
 #   bench/gpu_session.sh models           zt_bench_model lora / freeze on Qwen2.5-7B vs the peer
 #   bench/gpu_session.sh fullamp          full fine-tune with fp32 masters: Qwen2.5-1.5B vs the peer, 7B
-#   bench/gpu_session.sh lora             LoRA 7B 1024 × 8 and 2048 × 4 (checkpointing) vs the peer
+#   bench/gpu_session.sh lora             LoRA 7B 1024 × 8 and 2048 × 4 (checkpointing), 13B 1024 × 8 (checkpointing) vs the peer
 #   bench/gpu_session.sh full             pure bf16 full fine-tune 7B 1024 × 4 (checkpointing) vs the peer
 #                                         (COMPILED=1: each peer run also with HF_COMPILE=1)
 #   bench/gpu_session.sh micro            AdamW, copies, the full-model step vs the peer
@@ -113,11 +113,16 @@ for phase in "$@"; do
       peer qwen2.5-1.5b full_amp 1024 8 0
       ours qwen2.5-7b full_amp 1024 4 1  # the peer's fp32 weights + AMP do not fit at 7B
       ;;
-    lora)  # LoRA r16 all-linear, Qwen2.5-7B: 1024 × 8 and 2048 × 4 with checkpointing
+    lora)  # LoRA r16 all-linear: Qwen2.5-7B 1024 × 8 and 2048 × 4 with checkpointing,
+      # LLaMA-2-13B 1024 × 8 with checkpointing (LORA13B=0 leaves it out)
       ours qwen2.5-7b lora 1024 8 0
       peer qwen2.5-7b lora 1024 8 0
       ours qwen2.5-7b lora 2048 4 1
       peer qwen2.5-7b lora 2048 4 1
+      if [ "${LORA13B:-1}" = 1 ]; then
+        ours llama2-13b lora 1024 8 1
+        peer llama2-13b lora 1024 8 1
+      fi
       ;;
     full)  # pure bf16 full fine-tune, Qwen2.5-7B 1024 × 4, checkpointing
       ours qwen2.5-7b full 1024 4 1

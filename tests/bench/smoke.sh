@@ -13,6 +13,13 @@ check() {  # NAME KEY COMMAND...: the command's last RESULT line must hold KEY
 for mode in full full_amp lora freeze; do
   check "model $mode" tokens_per_s env ZT_BENCH_PHASES=1 "$bin/zt_bench_model" tiny $mode 16 2 1 2
 done
+# Real lengths (padded, and packed into rows of 16): lengths 3..9 in a file, as the peer's.
+lengths=$(mktemp)
+trap 'rm -f "$lengths"' EXIT
+for i in $(seq 0 59); do echo $((3 + i % 7)); done > "$lengths"
+for mode in lora_varlen lora_packed; do
+  check "model $mode" padding env ZT_BENCH_LENGTHS="$lengths" "$bin/zt_bench_model" tiny $mode 16 2 1 2
+done
 check "adamw" gparams_per_s env ZT_BENCH_ADAM_MILLIONS=1 ZT_BENCH_ITERS=2 "$bin/zt_bench_engine" adamw
 check "tokenizer" mb_per_s_per_core "$bin/zt_bench_tokenizer" --mb 0.05
 echo "bench smoke: OK"
