@@ -37,9 +37,16 @@ OffloadedOptimizer::OffloadedOptimizer(EngineImpl& e) : e_(e) {
     }
   }
   if (split_ == total) return;
+  // The device share's runs, per bucket, in its own offsets (made once: every step uses them).
+  device_segments_.resize(e.bucket_segments.size());
   std::vector<Segment> segments;
-  for (const Segment& g : e.layout.segments) {
-    if (g.offset >= split_) segments.push_back(Segment{g.offset - split_, g.length, g.decay});
+  for (const Bucket& b : e.layout.buckets) {
+    if (!b.trainable || b.shard.offset < split_) continue;
+    for (const Segment& g : e.bucket_segments[static_cast<size_t>(b.index)]) {
+      device_segments_[static_cast<size_t>(b.index)].push_back(
+          Segment{g.offset - split_, g.length, g.decay});
+      segments.push_back(device_segments_[static_cast<size_t>(b.index)].back());
+    }
   }
   device_ = std::make_unique<ShardOptimizer>(
       e.S.optimizer,
@@ -124,11 +131,9 @@ void OffloadedOptimizer::step(const UpdateHyper& h) {
   if (device_) {
     device_->set_state(e_.optimizer->steps(), at::Tensor(), at::Tensor());
     for (const Bucket* b : on_device) {
-      std::vector<Segment> segments;
-      for (const Segment& g : e_.bucket_segments[static_cast<size_t>(b->index)])
-        segments.push_back(Segment{g.offset - split_, g.length, g.decay});
       const int64_t at = b->shard.offset - split_;
-      device_->update(e_.slice_of(b->index, e_.grad_acc), h, segments, at);
+      device_->update(e_.slice_of(b->index, e_.grad_acc), h,
+                      device_segments_[static_cast<size_t>(b->index)], at);
       e_.publish(*b, device_->master().narrow(0, at, b->shard_numel));
     }
     host_stale_ = true;

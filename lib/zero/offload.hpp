@@ -49,7 +49,8 @@ class OffloadedOptimizer {
   std::vector<at::Tensor> slots_;  ///< pinned host gradients, reused round-robin
   int64_t split_ = 0;              ///< state offset of the first bucket updated on the device
   std::unique_ptr<ShardOptimizer> device_;  ///< the device share's state, offsets from split_
-  mutable bool host_stale_ = false;         ///< device_ changed since the host copy was made
+  std::vector<std::vector<Segment>> device_segments_;  ///< by bucket: its runs in device_
+  mutable bool host_stale_ = false;  ///< device_ changed since the host copy was made
 };
 
 }  // namespace zt::zero
