@@ -508,6 +508,53 @@ TEST_CASE("RMSNorm's own backward gives autograd's gradients of transformers' fo
   }
 }
 
+TEST_CASE("a LoRA projection gives PEFT's output and gradients, also when its output is unread",
+          "[model][peft]") {
+  at::manual_seed(6);
+  for (bool with_bias : {false, true}) {
+    for (double scaling : {2.0, 1.0}) {
+      for (bool frozen : {true, false}) {
+        INFO("bias " << with_bias << ", scaling " << scaling << ", base frozen " << frozen);
+        const at::Tensor x0 = at::randn({2, 3, 12}), w0 = at::randn({10, 12}), b0 = at::randn({10}),
+                         a0 = at::randn({4, 12}), bb0 = at::randn({10, 4});
+        const at::Tensor g = at::randn({2, 3, 10});
+        // PEFT's LoRA layer: base(x) + lora_B(lora_A(dropout(x))) * scaling, dropout off.
+        auto peft = [&](const std::vector<at::Tensor>& v) {
+          return at::linear(v[0], v[1], with_bias ? v[2] : at::Tensor()) +
+                 at::linear(at::linear(v[0], v[3]), v[4]) * scaling;
+        };
+        auto leaves = [&] {
+          std::vector<at::Tensor> v{x0.clone(), w0.clone(), b0.clone(), a0.clone(), bb0.clone()};
+          for (size_t i = 0; i < v.size(); ++i)
+            v[i].requires_grad_(!(frozen && (i == 1 || i == 2)));
+          return v;
+        };
+        std::vector<at::Tensor> want_in = leaves();
+        const at::Tensor want = peft(want_in);
+        want.backward(g);
+        for (bool unread : {false, true}) {
+          INFO("output unread " << unread);
+          std::vector<at::Tensor> in = leaves();
+          const at::Tensor got = model::lora_linear(in[0], in[1], with_bias ? in[2] : at::Tensor(),
+                                                    in[3], in[4], scaling, unread);
+          REQUIRE(got.sizes() == want.sizes());
+          if (!unread) CHECK(at::allclose(got, want, 1e-5, 1e-5));
+          got.backward(g);
+          for (size_t i = 0; i < in.size(); ++i) {
+            INFO("input " << i << " (x, weight, bias, lora_A, lora_B)");
+            if (!in[i].requires_grad() || (i == 2 && !with_bias)) {
+              CHECK_FALSE(in[i].grad().defined());
+              continue;
+            }
+            REQUIRE(in[i].grad().defined());
+            CHECK(at::allclose(in[i].grad(), want_in[i].grad(), 1e-5, 1e-5));
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("the chunked loss gives autograd's gradients, and none for a frozen head", "[model]") {
   at::manual_seed(4);
   at::Tensor h0 = at::randn({10, 16}), w0 = at::randn({40, 16});

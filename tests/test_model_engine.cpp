@@ -11,6 +11,7 @@
 #include "support/ranks.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
 #include "zerotrain/safetensors.hpp"
 
 using namespace zt;
@@ -72,12 +73,16 @@ TEST_CASE("model: ZeRO-3 loads each rank's slice straight from the checkpoint", 
   }
 }
 
-// Two steps of the fixture model, on this rank's half of the fixture batch: the grad norms and
+// Steps of the fixture model, on this rank's half of the fixture batch: the grad norms and
 // the weights after them. Recomputation in backward (checkpointing, stage 3) skips the layers'
-// last projections and must not change either.
+// output projections (a layer keeps its sum after attention for it, zt::keep_for_recompute) and
+// must not change either. ZT_LORA=1: with LoRA on every projection (the adapters' own
+// functions, whose recomputation computes only the [tokens, r] activations), three steps, as
+// lora_B starts at zero.
 TEST_CASE("rank: model recomputation", "[.rank]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
   const std::string dir = fixture("models/qwen2");
+  const bool lora = std::getenv("ZT_LORA") != nullptr && std::string(std::getenv("ZT_LORA")) == "1";
   SafetensorsFile expected(dir + "/expected.safetensors");
   at::Tensor ids = expected.load("input_ids"), labels = expected.load("labels"),
              mask = expected.load("attention_mask");
@@ -85,6 +90,16 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
   auto train = [&](int stage, bool checkpointing) {
     auto model =
         std::make_shared<CausalLM>(load_model_config(dir), at::TensorOptions(), /*allocate=*/false);
+    EngineOptions eo;
+    eo.source = checkpoint_source(dir);
+    if (lora) {
+      PeftConfig pc;
+      pc.type = FinetuningType::kLora;
+      pc.lora.r = 4;
+      pc.lora.alpha = 8;
+      apply_peft(*model, pc, 3);
+      eo.source = with_adapter_values(eo.source, *model);
+    }
     DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
         R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 10}},
             "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}}})",
@@ -92,14 +107,12 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     TrainingArguments args;
     args.lr_scheduler_type = "constant";
     resolve_config(ds, args, ResolveContext{comm->world_size(), 64, 4});
-    EngineOptions eo;
     eo.units = model->units();
     eo.gate = &model->gate();
-    eo.source = checkpoint_source(dir);
     eo.activation_checkpointing = checkpointing;
     Engine engine(model, ds, comm, eo);
     std::vector<double> norms;
-    for (int step = 0; step < 2; ++step) {
+    for (int step = 0; step < (lora ? 3 : 2); ++step) {
       LossSum loss = model->loss(ids.narrow(0, first, rows), labels.narrow(0, first, rows),
                                  mask.narrow(0, first, rows));
       engine.backward(loss.sum, 1.0);
@@ -111,7 +124,7 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
   auto [plain_norms, plain] = train(0, false);
   for (auto [stage, checkpointing] :
        {std::pair{0, true}, std::pair{2, true}, std::pair{3, false}}) {
-    INFO("stage " << stage << (checkpointing ? ", checkpointing" : ""));
+    INFO("stage " << stage << (checkpointing ? ", checkpointing" : "") << (lora ? ", LoRA" : ""));
     auto [norms, params] = train(stage, checkpointing);
     // fp32 noise: the engine equivalence tests' tolerance (stage 3 sums its norm in another order).
     for (size_t i = 0; i < norms.size(); ++i)
@@ -127,6 +140,9 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
 TEST_CASE("model: layers recomputed in backward train as the plain model does", "[model][engine]") {
   for (int world : {1, 2}) {
     if (test::skip_cpu_world(world)) continue;
-    test::run_ranks(world, "rank: model recomputation", std::chrono::seconds(180));
+    for (const char* lora : {"0", "1"}) {
+      test::run_ranks(world, "rank: model recomputation", std::chrono::seconds(180),
+                      {{"ZT_LORA", lora}});
+    }
   }
 }

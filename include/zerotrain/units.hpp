@@ -70,6 +70,15 @@ class UnitGate {
 /// product of their last projection, whose backward needs only its input and weight.
 bool recomputing_for_backward();
 
+/// Activations a unit keeps for its recomputation (selective checkpointing). In the first pass
+/// of a unit that the runner will recompute, keep_for_recompute(t) holds t with the call until
+/// the call's backward and returns true; anywhere else it keeps nothing and returns false.
+/// During the recomputation, kept_for_recompute() returns what the first pass kept, one tensor
+/// per call in the order kept (undefined once none is left). A unit that keeps must take the
+/// same decisions in both passes. Calling thread only, like recomputing_for_backward().
+bool keep_for_recompute(const at::Tensor& t);
+at::Tensor kept_for_recompute();
+
 /// One sharding unit: a name for messages and the submodule whose parameters form it.
 struct UnitSpec {
   std::string name;

@@ -221,6 +221,8 @@ bool fused_rotary_applies(const at::Tensor& x, const at::Tensor& cos, const at::
   if (!switched_on() || !x.is_cuda() || !float_kind(x) || x.dim() != 4) return false;
   const int64_t d = x.size(3);
   if (d % 2 != 0 || rotary_dim % 2 != 0 || rotary_dim <= 0 || rotary_dim > d) return false;
+  // The kernel keeps a row's table in shared memory and indexes a row's heads in 32 bits.
+  if (rotary_dim > 4096 || x.size(1) * d > (int64_t{1} << 30)) return false;
   if (x.stride(3) != 1 && d > 1) return false;
   for (const at::Tensor* t : {&cos, &sin}) {
     if (t->device() != x.device() || t->scalar_type() != x.scalar_type()) return false;

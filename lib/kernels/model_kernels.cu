@@ -26,8 +26,11 @@ unsigned blocks_for(int64_t work, int per_thread = 1) {
 }
 
 // ---- rotary embedding ---------------------------------------------------------------------
-// One thread per pair of rotated dimensions (i, j) — or per two passed-through ones — of one
-// (batch, head, token) row. Forward, as `x * cos + rotate(x) * sin` rounds:
+// One block per (batch, token) row: its cos / sin entries go to shared memory once, then the
+// block's threads walk the row's heads × pairs of rotated dimensions (or two passed-through
+// ones) with 32-bit index arithmetic — per-element 64-bit divisions made the first version of
+// this kernel five times slower than the memory traffic. Forward, as `x * cos + rotate(x) * sin`
+// rounds:
 //   y_i = r(r(x_i c_i) − r(x_j s_i)),  y_j = r(r(x_j c_j) + r(x_i s_j));
 // backward, as autograd of it rounds (rotate's transpose moves the sin products):
 //   dx_i = r(r(g_i c_i) + r(g_j s_j)), dx_j = r(r(g_j c_j) − r(g_i s_i)).
@@ -35,37 +38,46 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     rotary_kernel(const T* __restrict__ x, const T* __restrict__ cos_t, const T* __restrict__ sin_t,
                   T* __restrict__ out, RotaryArgs a) {
-  const int64_t half_dim = a.head_dim / 2, pairs = a.rotary_dim / 2;
-  const int64_t total = a.batch * a.tokens * a.heads * half_dim;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t slot = idx % half_dim;
-    int64_t row = idx / half_dim;  // (b, t, h), h fastest: out's row order
-    const int64_t h = row % a.heads;
-    row /= a.heads;
+  extern __shared__ float table[];  // [rotary_dim] cos, then [rotary_dim] sin
+  const int half_dim = static_cast<int>(a.head_dim / 2), pairs = static_cast<int>(a.rotary_dim / 2);
+  const int rotary_dim = static_cast<int>(a.rotary_dim), heads = static_cast<int>(a.heads);
+  const int work = heads * half_dim;
+  const int64_t rows = a.batch * a.tokens;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t t = row % a.tokens, b = row / a.tokens;
-    const T* xr = x + b * a.x_stride[0] + h * a.x_stride[1] + t * a.x_stride[2];
-    T* o = out + ((b * a.tokens + t) * a.heads + h) * a.head_dim;
-    if (slot >= pairs) {  // past the rotary dimensions: copied
-      const int64_t d = a.rotary_dim + 2 * (slot - pairs);
-      o[d] = xr[d];
-      o[d + 1] = xr[d + 1];
-      continue;
-    }
-    const int64_t i = a.interleaved ? 2 * slot : slot;
-    const int64_t j = a.interleaved ? 2 * slot + 1 : slot + pairs;
     const int64_t cs = b * a.cs_stride[0] + t * a.cs_stride[1];
-    const float ci = to_float(cos_t[cs + i]), cj = to_float(cos_t[cs + j]);
-    const float si = to_float(sin_t[cs + i]), sj = to_float(sin_t[cs + j]);
-    const float xi = to_float(xr[i]), xj = to_float(xr[j]);
-    // __fmul_rn: products rounded on their own, never contracted into an FMA with the sum
-    // (for fp32, where `rounded` is the identity, ATen's separate kernels round each).
-    if (!a.backward) {
-      o[i] = from_float<T>(rounded<T>(__fmul_rn(xi, ci)) - rounded<T>(__fmul_rn(xj, si)));
-      o[j] = from_float<T>(rounded<T>(__fmul_rn(xj, cj)) + rounded<T>(__fmul_rn(xi, sj)));
-    } else {
-      o[i] = from_float<T>(rounded<T>(__fmul_rn(xi, ci)) + rounded<T>(__fmul_rn(xj, sj)));
-      o[j] = from_float<T>(rounded<T>(__fmul_rn(xj, cj)) - rounded<T>(__fmul_rn(xi, si)));
+    __syncthreads();  // the previous row's readers are done with the table
+    for (int k = threadIdx.x; k < rotary_dim; k += blockDim.x) {
+      table[k] = to_float(cos_t[cs + k]);
+      table[rotary_dim + k] = to_float(sin_t[cs + k]);
+    }
+    __syncthreads();
+    const T* x_row = x + b * a.x_stride[0] + t * a.x_stride[2];
+    T* out_row = out + row * a.heads * a.head_dim;  // out is [B, T, H, D]
+    for (int w = threadIdx.x; w < work; w += blockDim.x) {
+      const int h = w / half_dim, slot = w - h * half_dim;
+      const T* xr = x_row + h * a.x_stride[1];
+      T* o = out_row + h * static_cast<int>(a.head_dim);
+      if (slot >= pairs) {  // past the rotary dimensions: copied
+        const int d = rotary_dim + 2 * (slot - pairs);
+        o[d] = xr[d];
+        o[d + 1] = xr[d + 1];
+        continue;
+      }
+      const int i = a.interleaved ? 2 * slot : slot;
+      const int j = a.interleaved ? 2 * slot + 1 : slot + pairs;
+      const float ci = table[i], cj = table[j];
+      const float si = table[rotary_dim + i], sj = table[rotary_dim + j];
+      const float xi = to_float(xr[i]), xj = to_float(xr[j]);
+      // __fmul_rn: products rounded on their own, never contracted into an FMA with the sum
+      // (for fp32, where `rounded` is the identity, ATen's separate kernels round each).
+      if (!a.backward) {
+        o[i] = from_float<T>(rounded<T>(__fmul_rn(xi, ci)) - rounded<T>(__fmul_rn(xj, si)));
+        o[j] = from_float<T>(rounded<T>(__fmul_rn(xj, cj)) + rounded<T>(__fmul_rn(xi, sj)));
+      } else {
+        o[i] = from_float<T>(rounded<T>(__fmul_rn(xi, ci)) + rounded<T>(__fmul_rn(xj, sj)));
+        o[j] = from_float<T>(rounded<T>(__fmul_rn(xj, cj)) - rounded<T>(__fmul_rn(xi, si)));
+      }
     }
   }
 }
@@ -73,11 +85,13 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 void launch_rotary(const void* x, const void* c, const void* s, void* out, const RotaryArgs& a,
                    cudaStream_t stream) {
-  const int64_t total = a.batch * a.tokens * a.heads * (a.head_dim / 2);
-  const unsigned blocks = std::min<unsigned>(blocks_for(total), 65535u * 16u);
-  rotary_kernel<T>
-      <<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(c),
-                                        static_cast<const T*>(s), static_cast<T*>(out), a);
+  const int64_t rows = a.batch * a.tokens;
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(rows, 1), 1 << 20));
+  const size_t table_bytes = 2 * static_cast<size_t>(a.rotary_dim) * sizeof(float);
+  rotary_kernel<T><<<blocks, kThreads, table_bytes, stream>>>(
+      static_cast<const T*>(x), static_cast<const T*>(c), static_cast<const T*>(s),
+      static_cast<T*>(out), a);
 }
 
 // ---- SwiGLU -------------------------------------------------------------------------------

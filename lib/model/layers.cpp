@@ -195,7 +195,7 @@ bool varlen_attention_applies(const ModelConfig& c, at::ScalarType dtype,
 
 at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               const at::Tensor& attention_mask, KvCache* cache,
-                              const DocumentSpans* spans) {
+                              const DocumentSpans* spans, bool output_unread) {
   const ModelConfig& c = *config;
   const int64_t b = x.size(0), t = x.size(1), d = c.head_dim;
   const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
@@ -230,7 +230,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
         varlen_attention(q.transpose(1, 2).reshape({b * t, heads, d}),
                          k.transpose(1, 2).reshape({b * t, kv_heads, d}),
                          v.transpose(1, 2).reshape({b * t, kv_heads, d}), *spans, scale);
-    return o_proj->forward(out.view({b, t, heads * d}));
+    return o_proj->forward(out.view({b, t, heads * d}), output_unread);
   }
   const int64_t s = k.size(2);  // keys: cached + new (attention handles the head groups)
   // Query i (absolute position s - t + i) sees keys j <= its position, within the sliding
@@ -252,7 +252,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
     }
   }
   at::Tensor out = compat::attention(q, k, v, mask, /*causal=*/!mask.defined(), scale);
-  return o_proj->forward(out.transpose(1, 2).reshape({b, t, heads * d}));
+  return o_proj->forward(out.transpose(1, 2).reshape({b, t, heads * d}), output_unread);
 }
 
 Mlp::Mlp(const ModelConfig& c, const ParamFactory& o) {
@@ -405,6 +405,75 @@ class UnreadLinear : public torch::autograd::Function<UnreadLinear> {
   }
 };
 
+// Sums whose values a recomputed unit does not read: the kept values from the first pass, or
+// none at all; the sum's backward either way.
+class SumForBackward : public torch::autograd::Function<SumForBackward> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* /*ctx*/, const at::Tensor& x,
+                            const at::Tensor& /*y*/, const at::Tensor& kept) {
+    // A new handle on the kept storage (an input returned as is would alias it for autograd).
+    return kept.numel() > 0 ? kept.detach() : at::empty(x.sizes(), x.options());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0], grads[0], at::Tensor()};
+  }
+};
+
+// lora_linear's autograd: saves x (as rows), the weights and the [tokens, r] activations
+// a = (x · Aᵀ) · scaling, rounded as PEFT's `lora_A(x) * scaling`; the adapter's gradients as
+// autograd of PEFT's expression forms them (dB = gᵀ·a, da = (g·B) · scaling, dA = daᵀ·x).
+class LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& weight, const at::Tensor& bias,
+                            const at::Tensor& lora_a, const at::Tensor& lora_b, double scaling,
+                            bool output_unread) {
+    const at::Tensor rows = x.reshape({-1, x.size(-1)});
+    at::Tensor a = at::mm(rows, lora_a.t());
+    if (scaling != 1.0) a = a * scaling;
+    ctx->save_for_backward({rows, weight, lora_a, lora_b, a});
+    ctx->saved_data["scaling"] = scaling;
+    ctx->saved_data["bias"] = bias.numel() > 0;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    if (output_unread) return at::empty(shape, x.options());
+    at::Tensor y = bias.numel() > 0 ? at::addmm(bias, rows, weight.t()) : at::mm(rows, weight.t());
+    y.addmm_(a, lora_b.t());
+    return y.view(shape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& rows = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& lora_a = saved[2];
+    const at::Tensor& lora_b = saved[3];
+    const at::Tensor& a = saved[4];
+    const double scaling = ctx->saved_data["scaling"].toDouble();
+    const at::Tensor g = grads[0].reshape({-1, grads[0].size(-1)});
+    at::Tensor grad_x, grad_weight, grad_bias, grad_a, grad_b;
+    if (ctx->needs_input_grad(0) || ctx->needs_input_grad(3)) {
+      at::Tensor da = at::mm(g, lora_b);
+      if (scaling != 1.0) da = da * scaling;
+      if (ctx->needs_input_grad(3)) grad_a = at::mm(da.t(), rows);
+      if (ctx->needs_input_grad(0)) {
+        grad_x = at::mm(g, weight);
+        grad_x.addmm_(da, lora_a);
+        std::vector<int64_t> shape = grads[0].sizes().vec();
+        shape.back() = rows.size(1);
+        grad_x = grad_x.view(shape);
+      }
+    }
+    if (ctx->needs_input_grad(4)) grad_b = at::mm(g.t(), a);
+    if (ctx->needs_input_grad(1)) grad_weight = at::mm(g.t(), rows);
+    if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) grad_bias = g.sum(0);
+    return {grad_x, grad_weight, grad_bias, grad_a, grad_b, at::Tensor(), at::Tensor()};
+  }
+};
+
 // From a chunk's d loss / d logits `dl` (h's dtype): grad_rows = dl · weight (if defined) and,
 // with `weight_grad`, grad_weight += dlᵀ · h (the first chunk's product, so no zero-fill pass).
 void chunk_products(const at::Tensor& dl, const at::Tensor& h, const at::Tensor& weight,
@@ -547,6 +616,21 @@ at::Tensor swiglu_halves(const at::Tensor& gate_up) {
 at::Tensor linear_unread(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   // LibTorch 1.13's custom functions need every input defined: no bias is an empty one.
   return UnreadLinear::apply(x, weight, bias.defined() ? bias : at::empty({0}, x.options()));
+}
+
+at::Tensor sum_kept(const at::Tensor& x, const at::Tensor& y, const at::Tensor& kept) {
+  return SumForBackward::apply(x, y, kept);
+}
+
+at::Tensor sum_unread(const at::Tensor& x, const at::Tensor& y) {
+  return SumForBackward::apply(x, y, at::empty({0}, x.options()));
+}
+
+at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                       const at::Tensor& lora_A, const at::Tensor& lora_B, double scaling,
+                       bool output_unread) {
+  return LoraLinearFunction::apply(x, weight, bias.defined() ? bias : at::empty({0}, x.options()),
+                                   lora_A, lora_B, scaling, output_unread);
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,

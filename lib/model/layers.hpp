@@ -24,6 +24,22 @@ struct ParamFactory {
   }
 };
 
+/// x · weightᵀ + bias for back-propagation only: returns an uninitialized tensor of the
+/// output's shape (no product is computed) whose backward is the projection's. For a unit
+/// recomputed in backward, whose output values are never read.
+at::Tensor linear_unread(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+/// x · weightᵀ + bias + ((x · lora_Aᵀ) · scaling) · lora_Bᵀ — a projection with an active LoRA
+/// adapter and no dropout — as one autograd function. lora_B's GEMM accumulates into the base
+/// product in place, and backward accumulates the adapter's share of the input gradient into
+/// the base's the same way (β = 1): no [tokens, out] copy, no [tokens, in] sum. PEFT computes
+/// lora_B(lora_A(x)) · scaling and adds it; scaling the [tokens, r] activations instead is the
+/// same sum. `output_unread` (a recomputed unit, as linear_unread): the output's values are not
+/// computed, only the [tokens, r] activations that the adapter's weight gradients need.
+at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                       const at::Tensor& lora_A, const at::Tensor& lora_B, double scaling,
+                       bool output_unread);
+
 /// A projection, optionally with a LoRA adapter (PEFT's layout: submodules lora_A [r, in] and
 /// lora_B [out, r], output += lora_B(lora_A(dropout(x))) · scaling; lora_B has no bias).
 struct Linear : torch::nn::Module {
@@ -38,19 +54,20 @@ struct Linear : torch::nn::Module {
     weight = register_parameter("weight", o({out, in}));
     if (with_bias) bias = register_parameter("bias", o({out}));
   }
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor y = at::linear(x, weight, bias);
-    if (lora_A && !lora_merged) {
-      at::Tensor h = lora_dropout > 0 && is_training() ? at::dropout(x, lora_dropout, true) : x;
-      // PEFT computes lora_B(lora_A(h)) · scaling and adds it: two passes over the [tokens,
-      // out] result. Scaling the [tokens, r] activations instead and letting lora_B's GEMM
-      // accumulate into y (β = 1) is the same sum without them.
-      at::Tensor a = lora_A->forward(h);
-      if (lora_scaling != 1.0) a = a * lora_scaling;
-      y = at::addmm(y.reshape({-1, out_features}), a.reshape({-1, a.size(-1)}), lora_B->weight.t())
-              .view(y.sizes());
+  /// `output_unread`: only back-propagated through (see linear_unread); the product is then
+  /// skipped where nothing else needs it (LoRA dropout draws its mask from the values' pass).
+  at::Tensor forward(const at::Tensor& x, bool output_unread = false) {
+    if (!lora_A || lora_merged)
+      return output_unread ? linear_unread(x, weight, bias) : at::linear(x, weight, bias);
+    if (lora_dropout <= 0 || !is_training()) {
+      return lora_linear(x, weight, bias, lora_A->weight, lora_B->weight, lora_scaling,
+                         output_unread);
     }
-    return y;
+    at::Tensor y = at::linear(x, weight, bias);
+    at::Tensor a = lora_A->forward(at::dropout(x, lora_dropout, true));
+    if (lora_scaling != 1.0) a = a * lora_scaling;
+    return at::addmm(y.reshape({-1, out_features}), a.reshape({-1, a.size(-1)}), lora_B->weight.t())
+        .view(y.sizes());
   }
 };
 
@@ -126,15 +143,18 @@ struct Attention : torch::nn::Module {
   /// (plain batches have one document, 1; packed ones number theirs 1, 2, ...). With `cache`,
   /// the new keys/values are appended and attention covers the cached ones. With `spans` (the
   /// same mask's document_spans, no cache) attention runs over them instead of the mask.
+  /// `output_unread`: only back-propagated through (a recomputed unit): o_proj's product is
+  /// skipped.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& attention_mask, KvCache* cache = nullptr,
-                     const DocumentSpans* spans = nullptr);
+                     const DocumentSpans* spans = nullptr, bool output_unread = false);
 };
 
-/// x · weightᵀ + bias for back-propagation only: returns an uninitialized tensor of the
-/// output's shape (no product is computed) whose backward is the projection's. For a unit
-/// recomputed in backward, whose output values are never read.
-at::Tensor linear_unread(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+/// x + y for back-propagation only: returns `kept` (the sum's values from an earlier pass) with
+/// the sum's backward.
+at::Tensor sum_kept(const at::Tensor& x, const at::Tensor& y, const at::Tensor& kept);
+/// x + y for back-propagation only: an uninitialized tensor with the sum's backward.
+at::Tensor sum_unread(const at::Tensor& x, const at::Tensor& y);
 
 /// silu(gate) · up, rounded as transformers' `act_fn(gate) * up` (one kernel each way on CUDA,
 /// saving only gate and up for backward).
@@ -149,15 +169,11 @@ struct Mlp : torch::nn::Module {
   std::shared_ptr<Linear> gate_proj, up_proj, gate_up_proj, down_proj;
   Mlp(const ModelConfig& c, const ParamFactory& o);
   /// `output_unread`: the result's values will not be read (only back-propagated through), so
-  /// the down projection's product — a third of the MLP's forward — is skipped when it has no
-  /// active LoRA adapter.
+  /// the down projection's product — a third of the MLP's forward — is skipped.
   at::Tensor forward(const at::Tensor& x, bool output_unread = false) {
     const at::Tensor a = gate_up_proj ? swiglu_halves(gate_up_proj->forward(x))
                                       : swiglu(gate_proj->forward(x), up_proj->forward(x));
-    const Linear& down = *down_proj;
-    if (output_unread && !(down.lora_A && !down.lora_merged))
-      return linear_unread(a, down.weight, down.bias);
-    return down_proj->forward(a);
+    return down_proj->forward(a, output_unread);
   }
 };
 
@@ -169,19 +185,26 @@ struct DecoderLayer : torch::nn::Module {
   /// The attention is registered as `self_attn`, in ChatGLM's layout as `self_attention`.
   DecoderLayer(const ModelConfig& c, const ParamFactory& o);
   /// `output_unread`: the caller only back-propagates through the result (a recomputed unit,
-  /// zt::recomputing_for_backward()); its values are then not all computed.
+  /// zt::recomputing_for_backward()); its values are then not all computed. Under activation
+  /// checkpointing the first pass keeps h = x + attention (zt::keep_for_recompute: one more
+  /// [tokens, hidden] per layer), so the recomputation skips the attention's output projection
+  /// as well as the MLP's down projection — what transformers' checkpointing recomputes less
+  /// the two products whose outputs only feed sums.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& attention_mask, KvCache* cache = nullptr,
                      bool output_unread = false, const DocumentSpans* spans = nullptr) {
-    at::Tensor a =
-        self_attn->forward(input_layernorm->forward(x), cos, sin, attention_mask, cache, spans);
+    // glm4 norms the attention's and the MLP's outputs, so their values are read.
+    const at::Tensor kept =
+        output_unread && !post_self_attn_layernorm ? kept_for_recompute() : at::Tensor();
+    at::Tensor a = self_attn->forward(input_layernorm->forward(x), cos, sin, attention_mask, cache,
+                                      spans, /*output_unread=*/kept.defined());
     if (post_self_attn_layernorm) a = post_self_attn_layernorm->forward(a);
-    const at::Tensor h = x + a;
-    // glm4 norms the MLP's output, so its values are read even in a recomputed unit.
+    const at::Tensor h = kept.defined() ? sum_kept(x, a, kept) : x + a;
+    if (!output_unread && !post_self_attn_layernorm) keep_for_recompute(h);
     at::Tensor m =
         mlp->forward(post_attention_layernorm->forward(h), output_unread && !post_mlp_layernorm);
     if (post_mlp_layernorm) m = post_mlp_layernorm->forward(m);
-    return h + m;
+    return output_unread ? sum_unread(h, m) : h + m;
   }
 };
 

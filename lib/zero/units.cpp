@@ -30,9 +30,18 @@ struct UnitCall : torch::CustomClassHolder {
   UnitFn fn;
   std::vector<bool> input_requires_grad;
   at::Tensor cpu_rng, device_rng;
+  std::vector<at::Tensor> kept;  ///< keep_for_recompute's tensors, until backward
+  size_t next_kept = 0;
 };
 
 thread_local bool recomputing = false;
+thread_local UnitCall* keeping_call = nullptr;  // the call whose pass keeps or reads `kept`
+
+struct KeepingGuard {
+  explicit KeepingGuard(UnitCall* call) : before(keeping_call) { keeping_call = call; }
+  ~KeepingGuard() { keeping_call = before; }
+  UnitCall* before;
+};
 
 struct RecomputeGuard {
   RecomputeGuard() : before(recomputing) { recomputing = true; }
@@ -64,6 +73,7 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
     torch::autograd::variable_list outputs;
     {
       DepthGuard depth(I.unit_depth);
+      KeepingGuard keeping(call.get());
       outputs = call->fn(inputs.vec());
     }
     if (sharded) I.release(call->unit);
@@ -117,8 +127,11 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
       at::AutoGradMode enable(true);
       DepthGuard depth(I.unit_depth);
       RecomputeGuard recompute;
+      KeepingGuard keeping(call.get());
+      call->next_kept = 0;
       outputs = call->fn(detached);
     }
+    call->kept.clear();  // the recomputation holds what it still needs
     rng::set_state(at::kCPU, cpu_now);
     if (dev_now.defined()) rng::set_state(I.S.device, dev_now);
 
@@ -152,6 +165,18 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
 
 bool recomputing_for_backward() {
   return recomputing;
+}
+
+bool keep_for_recompute(const at::Tensor& t) {
+  if (keeping_call == nullptr || recomputing) return false;
+  keeping_call->kept.push_back(t);
+  return true;
+}
+
+at::Tensor kept_for_recompute() {
+  if (keeping_call == nullptr || !recomputing) return {};
+  UnitCall& call = *keeping_call;
+  return call.next_kept < call.kept.size() ? call.kept[call.next_kept++] : at::Tensor();
 }
 
 std::vector<at::Tensor> zero::EngineImpl::run_unit(size_t unit,

@@ -244,17 +244,21 @@ TEST_CASE("fused rotary embedding equals transformers' expression, forward and b
     const char* what;
     int64_t head_dim, rotary_dim;
     bool interleaved, positions;
+    int64_t heads;
   };
+  // 40 heads of 128: a row's work is more than one pass of the kernel's block.
   const Case cases[] = {
-      {"LLaMA / Qwen halves", 128, 128, false, false},
-      {"halves, packed positions", 64, 64, false, true},
-      {"GLM: pairs on half of each head", 128, 64, true, false},
-      {"GLM pairs, packed positions", 128, 64, true, true},
+      {"LLaMA / Qwen halves", 128, 128, false, false, 3},
+      {"halves, packed positions", 64, 64, false, true, 3},
+      {"GLM: pairs on half of each head", 128, 64, true, false, 3},
+      {"GLM pairs, packed positions", 128, 64, true, true, 3},
+      {"LLaMA-2-13B's 40 heads", 128, 128, false, false, 40},
+      {"GLM pairs, 40 heads, packed positions", 128, 64, true, true, 40},
   };
   for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
     for (const Case& c : cases) {
       INFO(c.what << ", " << c10::toString(dtype));
-      const int64_t b = 2, t = 37, heads = 3;
+      const int64_t b = 2, t = 37, heads = c.heads;
       zt::ModelConfig mc;
       mc.head_dim = c.head_dim;
       mc.partial_rotary_factor = static_cast<double>(c.rotary_dim) / c.head_dim;
