@@ -55,7 +55,8 @@ struct Linear : torch::nn::Module {
     if (with_bias) bias = register_parameter("bias", o({out}));
   }
   /// `output_unread`: only back-propagated through (see linear_unread); the product is then
-  /// skipped where nothing else needs it (LoRA dropout draws its mask from the values' pass).
+  /// skipped — except with LoRA dropout in training, which takes autograd of PEFT's expression
+  /// and computes the output.
   at::Tensor forward(const at::Tensor& x, bool output_unread = false) {
     if (!lora_A || lora_merged)
       return output_unread ? linear_unread(x, weight, bias) : at::linear(x, weight, bias);
