@@ -10,6 +10,8 @@
 #   bench/gpu_session.sh fullamp          full fine-tune with fp32 masters: Qwen2.5-1.5B vs the peer, 7B
 #   bench/gpu_session.sh lora             LoRA 7B 1024 × 8 and 2048 × 4 (checkpointing), 13B 1024 × 8 (checkpointing) vs the peer
 #   bench/gpu_session.sh full             pure bf16 full fine-tune 7B 1024 × 4 (checkpointing) vs the peer
+#   bench/gpu_session.sh stages           LoRA 7B 1024 × 8 under ZeRO-3 and ZeRO-2 at one rank (their ratio)
+#                                         beside the peer (which has no ZeRO)
 #                                         (COMPILED=1: each peer run also with HF_COMPILE=1)
 #   bench/gpu_session.sh micro            AdamW, copies, the full-model step vs the peer
 #   bench/gpu_session.sh phases           forward / backward / optimizer times, ours and HF's
@@ -127,6 +129,10 @@ for phase in "$@"; do
     full)  # pure bf16 full fine-tune, Qwen2.5-7B 1024 × 4, checkpointing
       ours qwen2.5-7b full 1024 4 1
       peer qwen2.5-7b full 1024 4 1
+      ;;
+    stages)  # the ZeRO-3 / ZeRO-2 row: the same LoRA step under each stage, one rank
+      for stage in 3 2; do ZT_BENCH_STAGE=$stage ours qwen2.5-7b lora 1024 8 0; done
+      peer qwen2.5-7b lora 1024 8 0
       ;;
     micro)
       # The host's layout decides whether memory placement matters to the CPU optimizer.
