@@ -3,7 +3,11 @@
 // recomputed layers (activation checkpointing, ZeRO-3) train as the plain model does.
 #include "support/catch.hpp"
 
+#include <ATen/record_function.h>
+
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include <fmt/format.h>
@@ -20,6 +24,28 @@ namespace {
 std::string fixture(const std::string& rel) {
   return std::string(ZT_FIXTURES) + "/" + rel;
 }
+
+// Matrix products run while a CountProducts lives (aten::mm, aten::addmm, aten::addmm_; any
+// thread): how much a recomputation recomputes.
+std::atomic<int64_t> products{0};
+
+struct CountProducts {
+  CountProducts() {
+    products = 0;
+    handle = at::addGlobalCallback(
+        at::RecordFunctionCallback([](const at::RecordFunction& fn)
+                                       -> std::unique_ptr<at::ObserverContext> {
+          const char* name = fn.name();
+          if (std::strcmp(name, "aten::mm") == 0 || std::strcmp(name, "aten::addmm") == 0 ||
+              std::strcmp(name, "aten::addmm_") == 0) {
+            ++products;
+          }
+          return nullptr;
+        }).scopes({at::RecordScope::FUNCTION}));
+  }
+  ~CountProducts() { at::removeCallback(handle); }
+  at::CallbackHandle handle;
+};
 }  // namespace
 
 TEST_CASE("rank: model zero3 from checkpoint", "[.rank]") {
@@ -78,7 +104,9 @@ TEST_CASE("model: ZeRO-3 loads each rank's slice straight from the checkpoint", 
 // output projections (a layer keeps its sum after attention for it, zt::keep_for_recompute) and
 // must not change either. ZT_LORA=1: with LoRA on every projection (the adapters' own
 // functions, whose recomputation computes only the [tokens, r] activations), three steps, as
-// lora_B starts at zero.
+// lora_B starts at zero. What a checkpointed layer recomputes is counted in matrix products:
+// q, k, v, gate and up (5), and with LoRA also every adapter's A product (7) and the B
+// products accumulating into the five computed outputs (5) — not o_proj or down_proj.
 TEST_CASE("rank: model recomputation", "[.rank]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
   const std::string dir = fixture("models/qwen2");
@@ -87,6 +115,7 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
   at::Tensor ids = expected.load("input_ids"), labels = expected.load("labels"),
              mask = expected.load("attention_mask");
   const int64_t rows = ids.size(0) / comm->world_size(), first = rows * comm->rank();
+  const int steps = lora ? 3 : 2;
   auto train = [&](int stage, bool checkpointing) {
     auto model =
         std::make_shared<CausalLM>(load_model_config(dir), at::TensorOptions(), /*allocate=*/false);
@@ -112,20 +141,30 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     eo.activation_checkpointing = checkpointing;
     Engine engine(model, ds, comm, eo);
     std::vector<double> norms;
-    for (int step = 0; step < (lora ? 3 : 2); ++step) {
+    CountProducts count;
+    for (int step = 0; step < steps; ++step) {
       LossSum loss = model->loss(ids.narrow(0, first, rows), labels.narrow(0, first, rows),
                                  mask.narrow(0, first, rows));
       engine.backward(loss.sum, 1.0);
       REQUIRE(engine.step());
       norms.push_back(engine.last_grad_norm());
     }
+    norms.push_back(static_cast<double>(products.load()));  // last: the products counted
     return std::make_pair(norms, engine.gather_full_parameters());
   };
   auto [plain_norms, plain] = train(0, false);
+  const double plain_products = plain_norms.back();
+  plain_norms.pop_back();
+  const int64_t layers = load_model_config(dir).num_hidden_layers;
   for (auto [stage, checkpointing] :
        {std::pair{0, true}, std::pair{2, true}, std::pair{3, false}}) {
     INFO("stage " << stage << (checkpointing ? ", checkpointing" : "") << (lora ? ", LoRA" : ""));
     auto [norms, params] = train(stage, checkpointing);
+    const double products_run = norms.back();
+    norms.pop_back();
+    if (checkpointing) {
+      CHECK(products_run - plain_products == static_cast<double>(steps * layers * (lora ? 17 : 5)));
+    }
     // fp32 noise: the engine equivalence tests' tolerance (stage 3 sums its norm in another order).
     for (size_t i = 0; i < norms.size(); ++i)
       CHECK(norms[i] == Approx(plain_norms[i]).epsilon(2e-5));
