@@ -403,3 +403,69 @@ TEST_CASE("engine: a unit knows when backward recomputes it, and only then", "[e
     CHECK_FALSE(recomputing_for_backward());
   }
 }
+
+TEST_CASE("engine: what a unit keeps in its first pass comes back, in order, to its recomputation",
+          "[engine]") {
+  struct Inner : torch::nn::Module {
+    at::Tensor w;
+    Inner() { w = register_parameter("w", at::ones({4})); }
+  };
+  struct Outer : torch::nn::Module {
+    UnitGate gate;
+    std::shared_ptr<Inner> inner;
+    Outer() { inner = register_module("inner", std::make_shared<Inner>()); }
+  };
+  // Outside a recomputed unit nothing is kept.
+  CHECK_FALSE(keep_for_recompute(at::ones({2})));
+  CHECK_FALSE(kept_for_recompute().defined());
+  auto comm = std::shared_ptr<Communicator>(create_communicator(LaunchEnv{}, CommOptions{}));
+  for (const auto& [stage, offload] : {std::pair{0, false}, {3, true}, {3, false}}) {
+    INFO("stage " << stage << (stage == 0 ? " with activation checkpointing" : "")
+                  << (offload ? ", parameters offloaded" : ""));
+    auto model = std::make_shared<Outer>();
+    DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
+        R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 0{}}},
+            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}}})",
+        stage, offload ? R"(, "offload_param": {"device": "cpu"})" : ""));
+    TrainingArguments args;
+    args.lr_scheduler_type = "constant";
+    resolve_config(ds, args, ResolveContext{1, 4, 1});
+    EngineOptions eo;
+    eo.units = {UnitSpec{"inner", model->inner}};
+    eo.gate = &model->gate;
+    eo.activation_checkpointing = stage == 0;
+    Engine engine(model, ds, comm, eo);
+    std::vector<bool> kept;         // first pass: what keep_for_recompute answered
+    std::vector<at::Tensor> first;  // first pass: the values kept
+    std::vector<at::Tensor>
+        returned;  // recomputation: what came back, one call per tensor kept + 1
+    const at::Tensor x = at::arange(8, at::kFloat).view({2, 4}).requires_grad_(true);
+    at::Tensor y =
+        model->gate(0, {x}, [&, inner = model->inner](const std::vector<at::Tensor>& in) {
+          if (!recomputing_for_backward()) {
+            for (double f : {2.0, 3.0}) {
+              first.push_back(in[0].detach() * f);
+              kept.push_back(keep_for_recompute(first.back()));
+            }
+          } else {
+            for (int i = 0; i < 3; ++i) returned.push_back(kept_for_recompute());
+          }
+          return std::vector<at::Tensor>{in[0] * inner->w};
+        })[0];
+    engine.backward(y.sum(), 1.0);
+    CHECK(engine.step());
+    const bool recomputes = stage == 0 || offload;
+    CHECK(kept == std::vector<bool>{recomputes, recomputes});
+    if (!recomputes) {
+      CHECK(returned.empty());
+      continue;
+    }
+    REQUIRE(returned.size() == 3);
+    REQUIRE(returned[0].defined());
+    REQUIRE(returned[1].defined());
+    CHECK(at::equal(returned[0], first[0]));
+    CHECK(at::equal(returned[1], first[1]));
+    CHECK_FALSE(returned[2].defined());  // nothing more was kept
+    CHECK(at::allclose(x.grad(), at::ones({2, 4})));
+  }
+}
