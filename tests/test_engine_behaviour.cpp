@@ -357,10 +357,12 @@ TEST_CASE("engine: updates stay in step() where backward cannot apply them", "[e
   CHECK_THROWS_WITH(fused.engine->step(2.0), Catch::Contains("backward(loss, divisor)"));
 }
 
-// ---- recomputation is visible to the unit
-// ---------------------------------------------------------
+namespace {
 
-TEST_CASE("engine: a unit knows when backward recomputes it, and only then", "[engine]") {
+// One unit (a weight of four ones) behind a gate, under `stage` at one rank: stage 0 with
+// activation checkpointing, or stage 3 — which partitions, and so recomputes, at one rank only
+// with its parameters offloaded; without, it runs as stage 2 and recomputes nothing.
+struct OneUnit {
   struct Inner : torch::nn::Module {
     at::Tensor w;
     Inner() { w = register_parameter("w", at::ones({4})); }
@@ -370,13 +372,12 @@ TEST_CASE("engine: a unit knows when backward recomputes it, and only then", "[e
     std::shared_ptr<Inner> inner;
     Outer() { inner = register_module("inner", std::make_shared<Inner>()); }
   };
-  auto comm = std::shared_ptr<Communicator>(create_communicator(LaunchEnv{}, CommOptions{}));
-  // Stage 3 partitions (and so recomputes) at one rank only with its parameters offloaded;
-  // without, it runs as stage 2 and recomputes nothing.
-  for (const auto& [stage, offload] : {std::pair{0, false}, {3, true}, {3, false}}) {
-    INFO("stage " << stage << (stage == 0 ? " with activation checkpointing" : "")
-                  << (offload ? ", parameters offloaded" : ""));
-    auto model = std::make_shared<Outer>();
+  std::shared_ptr<Outer> model = std::make_shared<Outer>();
+  std::unique_ptr<Engine> engine;
+  bool recomputes;
+
+  OneUnit(const std::shared_ptr<Communicator>& comm, int stage, bool offload)
+      : recomputes(stage == 0 || offload) {
     DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
         R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 0{}}},
             "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}}})",
@@ -388,7 +389,25 @@ TEST_CASE("engine: a unit knows when backward recomputes it, and only then", "[e
     eo.units = {UnitSpec{"inner", model->inner}};
     eo.gate = &model->gate;
     eo.activation_checkpointing = stage == 0;
-    Engine engine(model, ds, comm, eo);
+    engine = std::make_unique<Engine>(model, ds, comm, eo);
+  }
+};
+
+const std::pair<int, bool> kOneUnitCases[] = {{0, false}, {3, true}, {3, false}};
+
+}  // namespace
+
+// ---- recomputation is visible to the unit
+// ---------------------------------------------------------
+
+TEST_CASE("engine: a unit knows when backward recomputes it, and only then", "[engine]") {
+  auto comm = std::shared_ptr<Communicator>(create_communicator(LaunchEnv{}, CommOptions{}));
+  for (const auto& [stage, offload] : kOneUnitCases) {
+    INFO("stage " << stage << (stage == 0 ? " with activation checkpointing" : "")
+                  << (offload ? ", parameters offloaded" : ""));
+    OneUnit u(comm, stage, offload);
+    auto& model = u.model;
+    Engine& engine = *u.engine;
     std::vector<bool> seen;
     at::Tensor y = model->gate(0, {at::ones({2, 4}).requires_grad_(true)},
                                [&seen, inner = model->inner](const std::vector<at::Tensor>& in) {
@@ -398,7 +417,7 @@ TEST_CASE("engine: a unit knows when backward recomputes it, and only then", "[e
     CHECK_FALSE(recomputing_for_backward());
     engine.backward(y.sum(), 1.0);
     CHECK(engine.step());
-    const bool recomputes = stage == 0 || offload;
+    const bool recomputes = u.recomputes;
     CHECK(seen == (recomputes ? std::vector<bool>{false, true} : std::vector<bool>{false}));
     CHECK_FALSE(recomputing_for_backward());
   }
@@ -406,39 +425,20 @@ TEST_CASE("engine: a unit knows when backward recomputes it, and only then", "[e
 
 TEST_CASE("engine: what a unit keeps in its first pass comes back, in order, to its recomputation",
           "[engine]") {
-  struct Inner : torch::nn::Module {
-    at::Tensor w;
-    Inner() { w = register_parameter("w", at::ones({4})); }
-  };
-  struct Outer : torch::nn::Module {
-    UnitGate gate;
-    std::shared_ptr<Inner> inner;
-    Outer() { inner = register_module("inner", std::make_shared<Inner>()); }
-  };
   // Outside a recomputed unit nothing is kept.
   CHECK_FALSE(keep_for_recompute(at::ones({2})));
   CHECK_FALSE(kept_for_recompute().defined());
   auto comm = std::shared_ptr<Communicator>(create_communicator(LaunchEnv{}, CommOptions{}));
-  for (const auto& [stage, offload] : {std::pair{0, false}, {3, true}, {3, false}}) {
+  for (const auto& [stage, offload] : kOneUnitCases) {
     INFO("stage " << stage << (stage == 0 ? " with activation checkpointing" : "")
                   << (offload ? ", parameters offloaded" : ""));
-    auto model = std::make_shared<Outer>();
-    DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
-        R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 0{}}},
-            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}}})",
-        stage, offload ? R"(, "offload_param": {"device": "cpu"})" : ""));
-    TrainingArguments args;
-    args.lr_scheduler_type = "constant";
-    resolve_config(ds, args, ResolveContext{1, 4, 1});
-    EngineOptions eo;
-    eo.units = {UnitSpec{"inner", model->inner}};
-    eo.gate = &model->gate;
-    eo.activation_checkpointing = stage == 0;
-    Engine engine(model, ds, comm, eo);
+    OneUnit u(comm, stage, offload);
+    auto& model = u.model;
+    Engine& engine = *u.engine;
     std::vector<bool> kept;         // first pass: what keep_for_recompute answered
     std::vector<at::Tensor> first;  // first pass: the values kept
-    std::vector<at::Tensor>
-        returned;  // recomputation: what came back, one call per tensor kept + 1
+    // Recomputation: what came back, one call per tensor kept and one more.
+    std::vector<at::Tensor> returned;
     const at::Tensor x = at::arange(8, at::kFloat).view({2, 4}).requires_grad_(true);
     at::Tensor y =
         model->gate(0, {x}, [&, inner = model->inner](const std::vector<at::Tensor>& in) {
@@ -454,7 +454,7 @@ TEST_CASE("engine: what a unit keeps in its first pass comes back, in order, to 
         })[0];
     engine.backward(y.sum(), 1.0);
     CHECK(engine.step());
-    const bool recomputes = stage == 0 || offload;
+    const bool recomputes = u.recomputes;
     CHECK(kept == std::vector<bool>{recomputes, recomputes});
     if (!recomputes) {
       CHECK(returned.empty());

@@ -116,6 +116,11 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
              mask = expected.load("attention_mask");
   const int64_t rows = ids.size(0) / comm->world_size(), first = rows * comm->rank();
   const int steps = lora ? 3 : 2;
+  struct Run {
+    std::vector<double> norms;  ///< per step
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    double products = 0;  ///< matrix products over all steps
+  };
   auto train = [&](int stage, bool checkpointing) {
     auto model =
         std::make_shared<CausalLM>(load_model_config(dir), at::TensorOptions(), /*allocate=*/false);
@@ -140,28 +145,31 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     eo.gate = &model->gate();
     eo.activation_checkpointing = checkpointing;
     Engine engine(model, ds, comm, eo);
-    std::vector<double> norms;
+    Run run;
     CountProducts count;
     for (int step = 0; step < steps; ++step) {
       LossSum loss = model->loss(ids.narrow(0, first, rows), labels.narrow(0, first, rows),
                                  mask.narrow(0, first, rows));
       engine.backward(loss.sum, 1.0);
       REQUIRE(engine.step());
-      norms.push_back(engine.last_grad_norm());
+      run.norms.push_back(engine.last_grad_norm());
     }
-    norms.push_back(static_cast<double>(products.load()));  // last: the products counted
-    return std::make_pair(norms, engine.gather_full_parameters());
+    run.products = static_cast<double>(products.load());
+    run.params = engine.gather_full_parameters();
+    return run;
   };
-  auto [plain_norms, plain] = train(0, false);
-  const double plain_products = plain_norms.back();
-  plain_norms.pop_back();
+  const Run plain_run = train(0, false);
+  const auto& plain_norms = plain_run.norms;
+  const auto& plain = plain_run.params;
+  const double plain_products = plain_run.products;
   const int64_t layers = load_model_config(dir).num_hidden_layers;
   for (auto [stage, checkpointing] :
        {std::pair{0, true}, std::pair{2, true}, std::pair{3, false}}) {
     INFO("stage " << stage << (checkpointing ? ", checkpointing" : "") << (lora ? ", LoRA" : ""));
-    auto [norms, params] = train(stage, checkpointing);
-    const double products_run = norms.back();
-    norms.pop_back();
+    const Run run = train(stage, checkpointing);
+    const auto& norms = run.norms;
+    const auto& params = run.params;
+    const double products_run = run.products;
     if (checkpointing) {
       CHECK(products_run - plain_products == static_cast<double>(steps * layers * (lora ? 17 : 5)));
     }
