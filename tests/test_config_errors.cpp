@@ -4,6 +4,7 @@
 
 #include "support/ranks.hpp"
 #include "zerotrain/config.hpp"
+#include "zerotrain/engine.hpp"
 
 using namespace zt;
 using Catch::Contains;
@@ -152,6 +153,11 @@ TEST_CASE("bad flags and option keys are errors naming them", "[config][errors][
              Contains("lr_scheduler_type") && Contains("linear"));
   CHECK_THAT(flag_err({"--fp16=maybe"}), Contains("fp16") && Contains("maybe"));
   CHECK_THAT(flag_err({"--adam_beta1", "1.5"}), Contains("adam_beta1"));
+  for (const char* keep : {"lots", "-1", "nan", "4GiB", ""}) {
+    INFO(keep);
+    CHECK_THAT(flag_err({"--gradient_checkpointing_keep", keep}),
+               Contains("gradient_checkpointing_keep") && Contains("GiB"));
+  }
 
   TrainingArguments a;
   CHECK_THROWS_WITH(apply_training_json(a, R"({"learning_rat": 1})", "run.json"),
@@ -159,6 +165,17 @@ TEST_CASE("bad flags and option keys are errors naming them", "[config][errors][
   CHECK_THROWS_WITH(apply_training_json(a, R"({"seed": "x"})", "run.json"),
                     Contains("run.json: seed"));
   CHECK_THROWS_WITH(apply_training_json(a, R"([1])", "run.json"), Contains("JSON object"));
+}
+
+TEST_CASE("gradient_checkpointing_keep reads as the engine's keep budget", "[config][args]") {
+  TrainingArguments a;
+  CHECK(recompute_keep_bytes_for(a) == EngineOptions::kAutoKeep);
+  apply_training_flags(a, {"--gradient_checkpointing_keep", "none"});
+  CHECK(recompute_keep_bytes_for(a) == 0);
+  apply_training_flags(a, {"--gradient_checkpointing_keep", "1.5"});
+  CHECK(recompute_keep_bytes_for(a) == int64_t{3} << 29);
+  apply_training_json(a, R"({"gradient_checkpointing_keep": "auto"})", "run.json");
+  CHECK(recompute_keep_bytes_for(a) == EngineOptions::kAutoKeep);
 }
 
 TEST_CASE("a missing DeepSpeed config file is an IoError naming it", "[config][errors]") {

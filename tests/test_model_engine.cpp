@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include <fmt/format.h>
@@ -106,11 +107,19 @@ TEST_CASE("model: ZeRO-3 loads each rank's slice straight from the checkpoint", 
 // functions, whose recomputation computes only the [tokens, r] activations), three steps, as
 // lora_B starts at zero. What a checkpointed layer recomputes is counted in matrix products:
 // q, k, v, gate and up (5), and with LoRA also every adapter's A product (7) and the B
-// products accumulating into the five computed outputs (5) — not o_proj or down_proj.
+// products accumulating into the five computed outputs (5) — not o_proj or down_proj. Where
+// the engine has room for them (EngineOptions::recompute_keep_bytes), a layer also keeps its
+// MLP's gate and up outputs, and its recomputation skips their products (2, with LoRA 4): every
+// layer with room for all, one layer a step with room for one. ZT_MODEL=chatglm: ChatGLM's
+// layout, one product for q/k/v and one for gate and up (dense_h_to_4h), so a layer recomputes
+// 2 products, 1 while it keeps.
 TEST_CASE("rank: model recomputation", "[.rank]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
-  const std::string dir = fixture("models/qwen2");
+  const bool glm =
+      std::getenv("ZT_MODEL") != nullptr && std::string(std::getenv("ZT_MODEL")) == "chatglm";
+  const std::string dir = fixture(glm ? "models/chatglm" : "models/qwen2");
   const bool lora = std::getenv("ZT_LORA") != nullptr && std::string(std::getenv("ZT_LORA")) == "1";
+  REQUIRE(!(glm && lora));  // the product counts below are for ChatGLM without adapters
   SafetensorsFile expected(dir + "/expected.safetensors");
   at::Tensor ids = expected.load("input_ids"), labels = expected.load("labels"),
              mask = expected.load("attention_mask");
@@ -121,7 +130,7 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     std::vector<std::pair<std::string, at::Tensor>> params;
     double products = 0;  ///< matrix products over all steps
   };
-  auto train = [&](int stage, bool checkpointing) {
+  auto train = [&](int stage, bool checkpointing, int64_t keep_bytes) {
     auto model =
         std::make_shared<CausalLM>(load_model_config(dir), at::TensorOptions(), /*allocate=*/false);
     EngineOptions eo;
@@ -144,6 +153,7 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     eo.units = model->units();
     eo.gate = &model->gate();
     eo.activation_checkpointing = checkpointing;
+    eo.recompute_keep_bytes = keep_bytes;
     Engine engine(model, ds, comm, eo);
     Run run;
     CountProducts count;
@@ -158,20 +168,35 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     run.params = engine.gather_full_parameters();
     return run;
   };
-  const Run plain_run = train(0, false);
+  // The default (EngineOptions::kAutoKeep) keeps nothing beyond need on the CPU.
+  const Run plain_run = train(0, false, EngineOptions::kAutoKeep);
   const auto& plain_norms = plain_run.norms;
   const auto& plain = plain_run.params;
   const double plain_products = plain_run.products;
-  const int64_t layers = load_model_config(dir).num_hidden_layers;
-  for (auto [stage, checkpointing] :
-       {std::pair{0, true}, std::pair{2, true}, std::pair{3, false}}) {
-    INFO("stage " << stage << (checkpointing ? ", checkpointing" : "") << (lora ? ", LoRA" : ""));
-    const Run run = train(stage, checkpointing);
+  const ModelConfig config = load_model_config(dir);
+  const int64_t layers = config.num_hidden_layers;
+  // One layer's gate and up outputs (fp32), and a budget with room for one but not two.
+  const int64_t layer_bytes = 2 * rows * ids.size(1) * config.intermediate_size * 4;
+  const int64_t all = std::numeric_limits<int64_t>::max() / 2, one = layer_bytes * 3 / 2;
+  struct Case {
+    int stage;
+    bool checkpointing;
+    int64_t keep;
+    int64_t kept_layers;  ///< per step, when checkpointing
+  };
+  for (const Case& c : {Case{0, true, EngineOptions::kAutoKeep, 0}, Case{2, true, 0, 0},
+                        Case{3, false, EngineOptions::kAutoKeep, 0}, Case{0, true, all, layers},
+                        Case{2, true, one, 1}, Case{3, false, all, 0}}) {
+    INFO("stage " << c.stage << (c.checkpointing ? ", checkpointing" : "") << (lora ? ", LoRA" : "")
+                  << ", keep budget " << c.keep);
+    const Run run = train(c.stage, c.checkpointing, c.keep);
     const auto& norms = run.norms;
     const auto& params = run.params;
     const double products_run = run.products;
-    if (checkpointing) {
-      CHECK(products_run - plain_products == static_cast<double>(steps * layers * (lora ? 17 : 5)));
+    if (c.checkpointing) {
+      const int64_t per_layer = glm ? 2 : lora ? 17 : 5, kept_products = glm ? 1 : lora ? 4 : 2;
+      const int64_t recomputed = layers * per_layer - c.kept_layers * kept_products;
+      CHECK(products_run - plain_products == static_cast<double>(steps * recomputed));
     }
     // fp32 noise: the engine equivalence tests' tolerance (stage 3 sums its norm in another order).
     for (size_t i = 0; i < norms.size(); ++i)
@@ -191,5 +216,7 @@ TEST_CASE("model: layers recomputed in backward train as the plain model does", 
       test::run_ranks(world, "rank: model recomputation", std::chrono::seconds(180),
                       {{"ZT_LORA", lora}});
     }
+    test::run_ranks(world, "rank: model recomputation", std::chrono::seconds(180),
+                    {{"ZT_MODEL", "chatglm"}});
   }
 }

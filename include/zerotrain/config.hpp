@@ -274,6 +274,10 @@ struct TrainingArguments {
   double save_steps = 500;  ///< steps, or below 1 a fraction of all steps (as HF reads it)
   std::optional<int64_t> save_total_limit;
   bool gradient_checkpointing = false;
+  /// zerotrain's own: what a checkpointed layer keeps from its first pass so that its
+  /// recomputation skips products (EngineOptions::recompute_keep_bytes): "auto" (what the GPU
+  /// has left after the first step), "none", or a budget in GiB (a number ≥ 0).
+  std::string gradient_checkpointing_keep = "auto";
   /// zerotrain's own: update each parameter during backward and free its gradient where that
   /// cannot change the math (EngineOptions::update_in_backward; docs/engine.md).
   bool update_in_backward = true;
@@ -380,6 +384,10 @@ void check_resolved(const DeepSpeedConfig& ds);
 /// The effective warmup step count: warmup_steps if > 0 (steps_for's rule), else
 /// ceil(warmup_ratio * total).
 int64_t warmup_steps_for(const TrainingArguments& args, int64_t total_train_steps);
+
+/// gradient_checkpointing_keep as EngineOptions::recompute_keep_bytes (kAutoKeep for "auto").
+/// Throws ConfigError naming the option for anything but auto, none or a number ≥ 0.
+int64_t recompute_keep_bytes_for(const TrainingArguments& args);
 
 /// A step interval as HF reads logging_steps, save_steps and eval_steps: `every` itself from 1
 /// up, below 1 a fraction of the run, ceil(every * total), at least 1.

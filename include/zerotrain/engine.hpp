@@ -39,6 +39,15 @@ struct EngineOptions {
   /// partitions units (several ranks, or parameters offloaded — at one rank without offload
   /// stage 3 has nothing to partition and runs as stage 2).
   bool activation_checkpointing = false;
+  /// What recomputed units may keep from their first pass beyond what they must, to skip
+  /// products in the recomputation (zt::keep_for_recompute_if_room; the decoder keeps its MLP's
+  /// gate and up outputs): a budget in bytes for all unit calls alive at once. 0: nothing;
+  /// kAutoKeep: on CUDA, what the device has left — after the first optimizer step, 90% of the
+  /// memory this process could use (free + its own reserved) less the step's peak reserved,
+  /// the activations' share scaled up for larger batches —, nothing before that, on the CPU, or
+  /// with parameters offloaded (a footprint the user asked to keep small).
+  static constexpr int64_t kAutoKeep = -1;
+  int64_t recompute_keep_bytes = kAutoKeep;
   /// Optimizer steps of the whole run, for schedules that count towards its end.
   int64_t total_train_steps = 0;
   /// The learning rate of the optimizer step that follows `applied` applied steps (skipped fp16

@@ -79,6 +79,14 @@ bool recomputing_for_backward();
 bool keep_for_recompute(const at::Tensor& t);
 at::Tensor kept_for_recompute();
 
+/// As keep_for_recompute, for activations whose keeping only saves recomputation time (the
+/// recomputation could form them again): keeps all of `ts` or none, and only while the bytes so
+/// kept by every live unit call of the engine stay within its budget for them
+/// (EngineOptions::recompute_keep_bytes). Returns whether it kept them; the recomputation
+/// reads them back with kept_for_recompute(), in order, after what keep_for_recompute kept
+/// before them. Calling thread only; the budget is shared with backward's threads.
+bool keep_for_recompute_if_room(at::TensorList ts);
+
 /// One sharding unit: a name for messages and the submodule whose parameters form it.
 struct UnitSpec {
   std::string name;

@@ -334,6 +334,11 @@ void finalize(Args& a, const std::string& where) {
         "(grouping reorders the examples); drop one of them",
         where));
   }
+  try {
+    recompute_keep_bytes_for(a);
+  } catch (const ConfigError& e) {
+    throw ConfigError(where + e.what());
+  }
   validate(a, where);
 }
 
@@ -593,6 +598,20 @@ int64_t steps_for(double every, int64_t total_train_steps) {
   if (every >= 1) return static_cast<int64_t>(every);
   return std::max<int64_t>(
       1, static_cast<int64_t>(std::ceil(every * static_cast<double>(total_train_steps))));
+}
+
+int64_t recompute_keep_bytes_for(const TrainingArguments& args) {
+  const std::string& v = args.gradient_checkpointing_keep;
+  if (v == "auto") return -1;  // EngineOptions::kAutoKeep
+  if (v == "none") return 0;
+  double gib = -1;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), gib);
+  if (ec != std::errc() || end != v.data() + v.size() || !(gib >= 0) || gib > 1e9) {
+    throw ConfigError(fmt::format(
+        "gradient_checkpointing_keep: \"{}\" is not auto, none or a size in GiB (a number ≥ 0)",
+        v));
+  }
+  return static_cast<int64_t>(gib * 1073741824.0);
 }
 
 int64_t warmup_steps_for(const TrainingArguments& args, int64_t total_train_steps) {

@@ -159,6 +159,12 @@ std::vector<Option> batches_and_optimization() {
        {},
        -1e308,
        "recompute activations in backward"},
+      {"gradient_checkpointing_keep",
+       &Args::gradient_checkpointing_keep,
+       {},
+       -1e308,
+       "what a recomputed layer keeps from its first pass to skip products: auto (what the GPU "
+       "has left after the first step), none, or a budget in GiB"},
       {"update_in_backward",
        &Args::update_in_backward,
        {},

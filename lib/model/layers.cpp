@@ -380,12 +380,16 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
   }
 };
 
-class UnreadLinear : public torch::autograd::Function<UnreadLinear> {
+// A projection's backward without its forward product: the output is the kept values (a new
+// handle on them, as SumForBackward) or uninitialized.
+class LinearForBackward : public torch::autograd::Function<LinearForBackward> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            const at::Tensor& weight, const at::Tensor& bias) {
+                            const at::Tensor& weight, const at::Tensor& bias,
+                            const at::Tensor& kept) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["bias"] = bias.numel() > 0;
+    if (kept.numel() > 0) return kept.detach();
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = weight.size(0);
     return at::empty(shape, x.options());
@@ -401,7 +405,7 @@ class UnreadLinear : public torch::autograd::Function<UnreadLinear> {
     if (ctx->needs_input_grad(0)) grad_x = at::mm(g, weight).view(x.sizes());
     if (ctx->needs_input_grad(1)) grad_weight = at::mm(g.t(), x.reshape({-1, x.size(-1)}));
     if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) grad_bias = g.sum(0);
-    return {grad_x, grad_weight, grad_bias};
+    return {grad_x, grad_weight, grad_bias, at::Tensor()};
   }
 };
 
@@ -429,7 +433,7 @@ class LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> 
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& weight, const at::Tensor& bias,
                             const at::Tensor& lora_a, const at::Tensor& lora_b, double scaling,
-                            bool output_unread) {
+                            bool output_unread, const at::Tensor& kept) {
     const at::Tensor rows = x.reshape({-1, x.size(-1)});
     at::Tensor a = at::mm(rows, lora_a.t());
     if (scaling != 1.0) a = a * scaling;
@@ -438,6 +442,7 @@ class LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> 
     ctx->saved_data["bias"] = bias.numel() > 0;
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = weight.size(0);
+    if (kept.numel() > 0) return kept.detach();
     if (output_unread) return at::empty(shape, x.options());
     at::Tensor y = bias.numel() > 0 ? at::addmm(bias, rows, weight.t()) : at::mm(rows, weight.t());
     y.addmm_(a, lora_b.t());
@@ -470,7 +475,8 @@ class LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> 
     if (ctx->needs_input_grad(4)) grad_b = at::mm(g.t(), a);
     if (ctx->needs_input_grad(1)) grad_weight = at::mm(g.t(), rows);
     if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) grad_bias = g.sum(0);
-    return {grad_x, grad_weight, grad_bias, grad_a, grad_b, at::Tensor(), at::Tensor()};
+    return {grad_x, grad_weight,  grad_bias,    grad_a,
+            grad_b, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -613,9 +619,30 @@ at::Tensor swiglu_halves(const at::Tensor& gate_up) {
   return up * at::silu(gate);
 }
 
-at::Tensor linear_unread(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  // LibTorch 1.13's custom functions need every input defined: no bias is an empty one.
-  return UnreadLinear::apply(x, weight, bias.defined() ? bias : at::empty({0}, x.options()));
+at::Tensor linear_for_backward(const at::Tensor& x, const at::Tensor& weight,
+                               const at::Tensor& bias, const at::Tensor& kept) {
+  // LibTorch 1.13's custom functions need every input defined: none is an empty one.
+  const at::Tensor none = at::empty({0}, x.options());
+  return LinearForBackward::apply(x, weight, bias.defined() ? bias : none,
+                                  kept.defined() ? kept : none);
+}
+
+at::Tensor Mlp::forward(const at::Tensor& x, bool output_unread) {
+  // The recomputation reads back what the first pass kept, if it kept (nothing is left then).
+  at::Tensor a;
+  if (gate_up_proj) {
+    const at::Tensor both = gate_up_proj->forward(x, false, kept_for_recompute());
+    if (gate_up_proj->reuses_kept()) keep_for_recompute_if_room({both});
+    a = swiglu_halves(both);
+  } else {
+    const at::Tensor kept_gate = kept_for_recompute();
+    const at::Tensor kept_up = kept_gate.defined() ? kept_for_recompute() : at::Tensor();
+    const at::Tensor gate = gate_proj->forward(x, false, kept_gate);
+    const at::Tensor up = up_proj->forward(x, false, kept_up);
+    if (gate_proj->reuses_kept() && up_proj->reuses_kept()) keep_for_recompute_if_room({gate, up});
+    a = swiglu(gate, up);
+  }
+  return down_proj->forward(a, output_unread);
 }
 
 at::Tensor sum_kept(const at::Tensor& x, const at::Tensor& y, const at::Tensor& kept) {
@@ -628,9 +655,10 @@ at::Tensor sum_unread(const at::Tensor& x, const at::Tensor& y) {
 
 at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                        const at::Tensor& lora_A, const at::Tensor& lora_B, double scaling,
-                       bool output_unread) {
-  return LoraLinearFunction::apply(x, weight, bias.defined() ? bias : at::empty({0}, x.options()),
-                                   lora_A, lora_B, scaling, output_unread);
+                       bool output_unread, const at::Tensor& kept) {
+  const at::Tensor none = at::empty({0}, x.options());
+  return LoraLinearFunction::apply(x, weight, bias.defined() ? bias : none, lora_A, lora_B, scaling,
+                                   output_unread, kept.defined() ? kept : none);
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,

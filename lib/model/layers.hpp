@@ -24,21 +24,24 @@ struct ParamFactory {
   }
 };
 
-/// x · weightᵀ + bias for back-propagation only: returns an uninitialized tensor of the
-/// output's shape (no product is computed) whose backward is the projection's. For a unit
-/// recomputed in backward, whose output values are never read.
-at::Tensor linear_unread(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+/// x · weightᵀ + bias for back-propagation only: no product is computed; returns `kept` (the
+/// output's values from the unit's first pass, zt::keep_for_recompute_if_room) or, undefined,
+/// an uninitialized tensor of the output's shape, with the projection's backward. For a unit
+/// recomputed in backward.
+at::Tensor linear_for_backward(const at::Tensor& x, const at::Tensor& weight,
+                               const at::Tensor& bias, const at::Tensor& kept = {});
 
 /// x · weightᵀ + bias + ((x · lora_Aᵀ) · scaling) · lora_Bᵀ — a projection with an active LoRA
 /// adapter and no dropout — as one autograd function. lora_B's GEMM accumulates into the base
 /// product in place, and backward accumulates the adapter's share of the input gradient into
 /// the base's the same way (β = 1): no [tokens, out] copy, no [tokens, in] sum. PEFT computes
 /// lora_B(lora_A(x)) · scaling and adds it; scaling the [tokens, r] activations instead is the
-/// same sum. `output_unread` (a recomputed unit, as linear_unread): the output's values are not
-/// computed, only the [tokens, r] activations that the adapter's weight gradients need.
+/// same sum. `output_unread` or a defined `kept` (a recomputed unit, as linear_for_backward):
+/// the output is not computed — it is `kept`, or uninitialized —, only the [tokens, r]
+/// activations that the adapter's weight gradients need.
 at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                        const at::Tensor& lora_A, const at::Tensor& lora_B, double scaling,
-                       bool output_unread);
+                       bool output_unread, const at::Tensor& kept = {});
 
 /// A projection, optionally with a LoRA adapter (PEFT's layout: submodules lora_A [r, in] and
 /// lora_B [out, r], output += lora_B(lora_A(dropout(x))) · scaling; lora_B has no bias).
@@ -54,15 +57,18 @@ struct Linear : torch::nn::Module {
     weight = register_parameter("weight", o({out, in}));
     if (with_bias) bias = register_parameter("bias", o({out}));
   }
-  /// `output_unread`: only back-propagated through (see linear_unread); the product is then
-  /// skipped — except with LoRA dropout in training, which takes autograd of PEFT's expression
-  /// and computes the output.
-  at::Tensor forward(const at::Tensor& x, bool output_unread = false) {
-    if (!lora_A || lora_merged)
-      return output_unread ? linear_unread(x, weight, bias) : at::linear(x, weight, bias);
+  /// `output_unread`: only back-propagated through (see linear_for_backward); the product is
+  /// then skipped — except with LoRA dropout in training, which takes autograd of PEFT's
+  /// expression and computes the output. `kept`: the output's values from the unit's first pass
+  /// (only where reuses_kept()), returned instead of the product, with its backward.
+  at::Tensor forward(const at::Tensor& x, bool output_unread = false, const at::Tensor& kept = {}) {
+    if (!lora_A || lora_merged) {
+      return output_unread || kept.defined() ? linear_for_backward(x, weight, bias, kept)
+                                             : at::linear(x, weight, bias);
+    }
     if (lora_dropout <= 0 || !is_training()) {
       return lora_linear(x, weight, bias, lora_A->weight, lora_B->weight, lora_scaling,
-                         output_unread);
+                         output_unread, kept);
     }
     at::Tensor y = at::linear(x, weight, bias);
     at::Tensor a = lora_A->forward(at::dropout(x, lora_dropout, true));
@@ -70,6 +76,9 @@ struct Linear : torch::nn::Module {
     return at::addmm(y.reshape({-1, out_features}), a.reshape({-1, a.size(-1)}), lora_B->weight.t())
         .view(y.sizes());
   }
+  /// Whether forward can take its output from an earlier pass (not with LoRA dropout in
+  /// training, whose random mask the recomputation draws again).
+  bool reuses_kept() const { return !lora_A || lora_merged || lora_dropout <= 0 || !is_training(); }
 };
 
 /// transformers' RMSNorm, weight · (x_fp32 · rsqrt(mean(x_fp32²) + eps)).to(x.dtype), with the
@@ -170,12 +179,11 @@ struct Mlp : torch::nn::Module {
   std::shared_ptr<Linear> gate_proj, up_proj, gate_up_proj, down_proj;
   Mlp(const ModelConfig& c, const ParamFactory& o);
   /// `output_unread`: the result's values will not be read (only back-propagated through), so
-  /// the down projection's product — a third of the MLP's forward — is skipped.
-  at::Tensor forward(const at::Tensor& x, bool output_unread = false) {
-    const at::Tensor a = gate_up_proj ? swiglu_halves(gate_up_proj->forward(x))
-                                      : swiglu(gate_proj->forward(x), up_proj->forward(x));
-    return down_proj->forward(a, output_unread);
-  }
+  /// the down projection's product — a third of the MLP's forward — is skipped. In the first
+  /// pass of a recomputed unit, the gate and up outputs are kept while the engine has room
+  /// (zt::keep_for_recompute_if_room), and the recomputation takes them instead of forming them
+  /// again: two of the MLP's three products.
+  at::Tensor forward(const at::Tensor& x, bool output_unread = false);
 };
 
 struct DecoderLayer : torch::nn::Module {

@@ -22,6 +22,25 @@ int64_t allocated(int device) {
       .current;
 }
 
+int64_t peak_reserved(int device) {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device))
+      .reserved_bytes[kAggregate]
+      .peak;
+}
+
+int64_t usable_memory(int device) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return static_cast<int64_t>(free) +
+         c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device))
+             .reserved_bytes[kAggregate]
+             .current;
+}
+
 void reset_peak(int device) {
   c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
 }

@@ -9,6 +9,12 @@ int64_t peak_allocated(int) {
 int64_t allocated(int) {
   return 0;
 }
+int64_t peak_reserved(int) {
+  return 0;
+}
+int64_t usable_memory(int) {
+  return 0;
+}
 void reset_peak(int) {}
 int64_t total_memory(int) {
   return 0;

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "util/device_stats.hpp"
 #include "util/rng.hpp"
 #include "zero/copy_stream.hpp"
 #include "zero/engine_impl.hpp"
@@ -32,6 +33,18 @@ struct UnitCall : torch::CustomClassHolder {
   at::Tensor cpu_rng, device_rng;
   std::vector<at::Tensor> kept;  ///< keep_for_recompute's tensors, until backward
   size_t next_kept = 0;
+  std::shared_ptr<zero::KeepBudget> budget;
+  int64_t kept_in_budget = 0;  ///< bytes of `kept` counted against `budget`
+
+  /// Drops what was kept (the recomputation holds what it still needs) and gives the budget back.
+  void drop_kept() {
+    kept.clear();
+    if (kept_in_budget > 0) budget->used -= kept_in_budget;
+    kept_in_budget = 0;
+  }
+  ~UnitCall() override {
+    if (kept_in_budget > 0) budget->used -= kept_in_budget;
+  }
 };
 
 thread_local bool recomputing = false;
@@ -131,7 +144,7 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
       call->next_kept = 0;
       outputs = call->fn(detached);
     }
-    call->kept.clear();  // the recomputation holds what it still needs
+    call->drop_kept();
     rng::set_state(at::kCPU, cpu_now);
     if (dev_now.defined()) rng::set_state(I.S.device, dev_now);
 
@@ -173,6 +186,43 @@ bool keep_for_recompute(const at::Tensor& t) {
   return true;
 }
 
+bool keep_for_recompute_if_room(at::TensorList ts) {
+  if (keeping_call == nullptr || recomputing || ts.empty()) return false;
+  UnitCall& call = *keeping_call;
+  int64_t bytes = 0;
+  for (const at::Tensor& t : ts) bytes += static_cast<int64_t>(t.nbytes());
+  const int64_t rows = ts[0].dim() > 0 && ts[0].size(-1) > 0 ? ts[0].numel() / ts[0].size(-1) : 1;
+  zero::KeepBudget& budget = *call.budget;
+  if (budget.used.load() + bytes > budget.limit(rows, call.impl->global_steps)) return false;
+  budget.used += bytes;
+  call.kept_in_budget += bytes;
+  for (const at::Tensor& t : ts) call.kept.push_back(t);
+  return true;
+}
+
+int64_t zero::KeepBudget::limit(int64_t rows, int64_t steps) {
+  if (!automatic) return fixed;
+  if (steps == 0) {  // the first step keeps nothing beyond need: it is the measure
+    if (resident < 0) resident = device_stats::allocated(device);
+    first_rows = std::max(first_rows, rows);
+    return 0;
+  }
+  if (!measured) {
+    measured = true;
+    usable = device_stats::usable_memory(device);
+    first_peak = device_stats::peak_reserved(device);
+  }
+  if (first_rows <= 0 || resident < 0) return 0;
+  // The first step's activations, scaled up when this batch has more rows than any of its.
+  const double activations = static_cast<double>(std::max<int64_t>(0, first_peak - resident));
+  const double growth =
+      rows > first_rows ? static_cast<double>(rows - first_rows) / static_cast<double>(first_rows)
+                        : 0.0;
+  const double room =
+      0.9 * static_cast<double>(usable) - static_cast<double>(first_peak) - activations * growth;
+  return room > 0 ? static_cast<int64_t>(room) : 0;
+}
+
 at::Tensor kept_for_recompute() {
   if (keeping_call == nullptr || !recomputing) return {};
   UnitCall& call = *keeping_call;
@@ -209,6 +259,7 @@ std::vector<at::Tensor> zero::EngineImpl::run_unit(size_t unit,
   }
   auto call = c10::make_intrusive<UnitCall>();
   call->impl = this;
+  call->budget = keep_budget;
   call->unit = unit;
   call->fn = fn;
   c10::IValue handle = c10::IValue::make_capsule(call);
