@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "zero/keep_budget.hpp"
 #include "zero/settings.hpp"
 #include "zerotrain/config.hpp"
 #include "zerotrain/error.hpp"
@@ -237,4 +238,36 @@ TEST_CASE("settings: impossible combinations are refused naming the file", "[eng
   CHECK_THROWS_AS(zero::resolve_settings(config(2, "fp32"), o, f), ConfigError);
   CHECK_THROWS_WITH(zero::resolve_settings(config(2, "fp32"), o, f),
                     Contains("communicator runs on cpu"));
+}
+
+// EngineOptions::kAutoKeep's budget (zero::KeepBudget), from what a device would report: the
+// first step the budget sees keeps nothing and is the measure; from the next one on, 90% of
+// the usable memory less the peak reserved, less the first step's activations scaled for calls
+// with more rows. A resumed run (its first step numbered above 0) measures the same way.
+TEST_CASE("the automatic keep budget is measured on the first step it sees", "[engine][settings]") {
+  const int64_t GiB = int64_t{1} << 30;
+  for (int64_t first : {0, 7}) {
+    INFO("first step " << first);
+    zero::KeepBudget budget;
+    int reads = 0;
+    zero::DeviceMemory now{10 * GiB, 0, 0};  // at the first ask: 10 GiB resident
+    budget.memory = [&] {
+      ++reads;
+      return now;
+    };
+    CHECK(budget.limit(4096, first) == 0);
+    now = {11 * GiB, 30 * GiB, 100 * GiB};  // the first step's peak: 20 GiB of activations
+    CHECK(budget.limit(8192, first) == 0);  // still the first step: its largest call has 8192
+    CHECK(budget.limit(8192, first + 1) == 60 * GiB);  // 90 − 30
+    now = {0, 0, 0};                                   // read once after the first step, not again
+    CHECK(budget.limit(8192, first + 2) == 60 * GiB);
+    CHECK(budget.limit(4096, first + 2) == 60 * GiB);   // fewer rows: no credit
+    CHECK(budget.limit(12288, first + 2) == 50 * GiB);  // 1.5× the rows: half of 20 GiB more
+    CHECK(budget.limit(8192 * 5, first + 2) == 0);      // 5×: 80 GiB more, no room
+    CHECK(reads == 2);
+  }
+  zero::KeepBudget fixed;
+  fixed.fixed = 123;
+  CHECK(fixed.limit(1, 0) == 123);
+  CHECK(fixed.limit(1 << 20, 5) == 123);
 }

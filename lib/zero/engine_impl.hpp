@@ -12,9 +12,9 @@
 //   offload.cpp           the optimizer on the CPU, pipelined per bucket (with a share on
 //                         the device under offload_optimizer.ratio)
 //   units.cpp             sharding units: ZeRO-3 gathers, releases, recomputation
+//   keep_budget.cpp       how much recomputed units may keep beyond need
 #pragma once
 
-#include <atomic>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -25,6 +25,7 @@
 
 #include "optim/shard_optimizer.hpp"
 #include "precision/loss_scaler.hpp"
+#include "zero/keep_budget.hpp"
 #include "zero/layout.hpp"
 #include "zero/settings.hpp"
 #include "zerotrain/engine.hpp"
@@ -123,26 +124,6 @@ class OffloadedOptimizer;
 class CopyStream;
 
 /// Engine's state and internals (the engine's UnitRunner: units.cpp runs the gate's units).
-/// EngineOptions::recompute_keep_bytes at work: the bytes that live unit calls keep beyond need
-/// (keep_for_recompute_if_room). Shared with the calls, which give theirs back on backward's
-/// threads; the rest is read and written on the forward thread only.
-struct KeepBudget {
-  std::atomic<int64_t> used{0};
-  int64_t fixed = 0;       ///< the budget, unless automatic
-  bool automatic = false;  ///< kAutoKeep on CUDA without offloaded parameters
-  int device = 0;
-  // automatic: measured around the first optimizer step, which keeps nothing beyond need
-  int64_t resident = -1;   ///< allocated at the first step's first keep (weights, state)
-  int64_t first_rows = 0;  ///< the most rows a keep was asked for in the first step
-  int64_t usable = 0;      ///< after the first step: the device memory this process could use
-  int64_t first_peak = 0;  ///< after the first step: the peak reserved so far
-  bool measured = false;
-
-  /// The most bytes all calls may keep beyond need when a call asks for activations of `rows`
-  /// rows, `steps` optimizer steps into the run.
-  int64_t limit(int64_t rows, int64_t steps);
-};
-
 struct EngineImpl final : UnitRunner {
   EngineImpl();
   ~EngineImpl();

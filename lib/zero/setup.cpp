@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "optim/schedule.hpp"
+#include "util/device_stats.hpp"
 #include "util/log.hpp"
 #include "zero/copy_stream.hpp"
 #include "zero/engine_impl.hpp"
@@ -314,12 +315,14 @@ void EngineImpl::create_parts() {
   if (S.shard_units && S.offload_param && S.world == 1 && S.device.is_cuda())
     param_uploads = std::make_unique<CopyStream>(S.device);
   dummy = at::zeros({}, dev32).requires_grad_(true);
-  if (options.recompute_keep_bytes == EngineOptions::kAutoKeep) {
-    keep_budget->automatic = S.device.is_cuda() && !S.offload_param;
-  } else {
+  if (options.recompute_keep_bytes != EngineOptions::kAutoKeep) {
     keep_budget->fixed = std::max<int64_t>(0, options.recompute_keep_bytes);
+  } else if (S.device.is_cuda() && !S.offload_param) {
+    keep_budget->memory = [device = S.device.has_index() ? S.device.index() : 0] {
+      return DeviceMemory{device_stats::allocated(device), device_stats::peak_reserved(device),
+                          device_stats::usable_memory(device)};
+    };
   }
-  keep_budget->device = S.device.has_index() ? S.device.index() : 0;
   nonfinite_losses = at::zeros({}, dev32);
   install_hooks();
   if (options.gate != nullptr) options.gate->attach(this);

@@ -15,7 +15,6 @@
 
 #include <fmt/format.h>
 
-#include "util/device_stats.hpp"
 #include "util/rng.hpp"
 #include "zero/copy_stream.hpp"
 #include "zero/engine_impl.hpp"
@@ -198,29 +197,6 @@ bool keep_for_recompute_if_room(at::TensorList ts) {
   call.kept_in_budget += bytes;
   for (const at::Tensor& t : ts) call.kept.push_back(t);
   return true;
-}
-
-int64_t zero::KeepBudget::limit(int64_t rows, int64_t steps) {
-  if (!automatic) return fixed;
-  if (steps == 0) {  // the first step keeps nothing beyond need: it is the measure
-    if (resident < 0) resident = device_stats::allocated(device);
-    first_rows = std::max(first_rows, rows);
-    return 0;
-  }
-  if (!measured) {
-    measured = true;
-    usable = device_stats::usable_memory(device);
-    first_peak = device_stats::peak_reserved(device);
-  }
-  if (first_rows <= 0 || resident < 0) return 0;
-  // The first step's activations, scaled up when this batch has more rows than any of its.
-  const double activations = static_cast<double>(std::max<int64_t>(0, first_peak - resident));
-  const double growth =
-      rows > first_rows ? static_cast<double>(rows - first_rows) / static_cast<double>(first_rows)
-                        : 0.0;
-  const double room =
-      0.9 * static_cast<double>(usable) - static_cast<double>(first_peak) - activations * growth;
-  return room > 0 ? static_cast<int64_t>(room) : 0;
 }
 
 at::Tensor kept_for_recompute() {
