@@ -174,8 +174,12 @@ TEST_CASE("gradient_checkpointing_keep reads as the engine's keep budget", "[con
   CHECK(recompute_keep_bytes_for(a) == 0);
   apply_training_flags(a, {"--gradient_checkpointing_keep", "1.5"});
   CHECK(recompute_keep_bytes_for(a) == int64_t{3} << 29);
+  apply_training_json(a, R"({"gradient_checkpointing_keep": 2})", "run.json");  // GiB
+  CHECK(recompute_keep_bytes_for(a) == int64_t{2} << 30);
   apply_training_json(a, R"({"gradient_checkpointing_keep": "auto"})", "run.json");
   CHECK(recompute_keep_bytes_for(a) == EngineOptions::kAutoKeep);
+  CHECK_THROWS_WITH(apply_training_json(a, R"({"gradient_checkpointing_keep": -2})", "run.json"),
+                    Contains("run.json") && Contains("gradient_checkpointing_keep"));
 }
 
 TEST_CASE("a missing DeepSpeed config file is an IoError naming it", "[config][errors]") {

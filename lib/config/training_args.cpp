@@ -168,6 +168,9 @@ void assign(Args& args, const Option& o, const RawValue& v, const std::string& w
                  (std::string_view(o.name) == "deepspeed" ||
                   std::string_view(o.name) == "model_config")) {
         s = json::dump(*v.json);  // an inline DeepSpeed config or model config
+      } else if (v.json && v.json->IsNumber() &&
+                 std::string_view(o.name) == "gradient_checkpointing_keep") {
+        s = json::dump(*v.json);  // GiB, as on the command line
       } else if (v.json && v.json->IsArray() && std::string_view(o.name) == "report_to") {
         for (const auto& item : v.json->GetArray()) {  // HF's list form
           if (!item.IsString()) bad_value(where, o, v, "a string or a list of strings");
