@@ -375,9 +375,12 @@ struct OneUnit {
   std::shared_ptr<Outer> model = std::make_shared<Outer>();
   std::unique_ptr<Engine> engine;
   bool recomputes;
+  std::string name;  ///< the case, for INFO
 
   OneUnit(const std::shared_ptr<Communicator>& comm, int stage, bool offload)
-      : recomputes(stage == 0 || offload) {
+      : recomputes(stage == 0 || offload),
+        name(fmt::format("stage {}{}{}", stage, stage == 0 ? " with activation checkpointing" : "",
+                         offload ? ", parameters offloaded" : "")) {
     DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
         R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 0{}}},
             "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}}})",
@@ -403,9 +406,8 @@ const std::pair<int, bool> kOneUnitCases[] = {{0, false}, {3, true}, {3, false}}
 TEST_CASE("engine: a unit knows when backward recomputes it, and only then", "[engine]") {
   auto comm = std::shared_ptr<Communicator>(create_communicator(LaunchEnv{}, CommOptions{}));
   for (const auto& [stage, offload] : kOneUnitCases) {
-    INFO("stage " << stage << (stage == 0 ? " with activation checkpointing" : "")
-                  << (offload ? ", parameters offloaded" : ""));
     OneUnit u(comm, stage, offload);
+    INFO(u.name);
     auto& model = u.model;
     Engine& engine = *u.engine;
     std::vector<bool> seen;
@@ -430,9 +432,8 @@ TEST_CASE("engine: what a unit keeps in its first pass comes back, in order, to 
   CHECK_FALSE(kept_for_recompute().defined());
   auto comm = std::shared_ptr<Communicator>(create_communicator(LaunchEnv{}, CommOptions{}));
   for (const auto& [stage, offload] : kOneUnitCases) {
-    INFO("stage " << stage << (stage == 0 ? " with activation checkpointing" : "")
-                  << (offload ? ", parameters offloaded" : ""));
     OneUnit u(comm, stage, offload);
+    INFO(u.name);
     auto& model = u.model;
     Engine& engine = *u.engine;
     std::vector<bool> kept;         // first pass: what keep_for_recompute answered

@@ -41,9 +41,7 @@ struct UnitCall : torch::CustomClassHolder {
     if (kept_in_budget > 0) budget->used -= kept_in_budget;
     kept_in_budget = 0;
   }
-  ~UnitCall() override {
-    if (kept_in_budget > 0) budget->used -= kept_in_budget;
-  }
+  ~UnitCall() override { drop_kept(); }  // a graph freed before its backward
 };
 
 thread_local bool recomputing = false;
