@@ -17,10 +17,12 @@
 
 #include <fmt/format.h>
 
+#include "support/faults.hpp"
 #include "support/jobs.hpp"
 #include "support/ranks.hpp"
 #include "util/files.hpp"
 #include "zerotrain/checkpoint.hpp"
+#include "zerotrain/comm.hpp"
 #include "zerotrain/config.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/model.hpp"
@@ -462,5 +464,17 @@ TEST_CASE("ChatGLM-Finetuning's README command lines run as they are", "[cli][ch
     const std::string config = zt::files::read_text(work + "/output-lora/adapter_config.json");
     CHECK_THAT(config, Contains("\"query_key_value\""));
     CHECK_THAT(config, Contains("\"lora_alpha\": 30"));
+  }
+}
+
+TEST_CASE(
+    "a hung rank under the trainer is named by the others' last error line, and the run "
+    "resumes",
+    "[cli][faults]") {
+  if (!zt::backend_available(zt::Backend::kGloo)) return;
+  for (int world : {2, 4}) {
+    const std::string dir = zt::test::temp_dir("cli_hung");
+    zt::test::write_data(dir, "train.jsonl", 64, 3);
+    zt::test::check_stopped_trainer(ZT_CLI, dir, world, world == 2 ? 1 : 2, "cpu", 5);
   }
 }

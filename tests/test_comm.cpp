@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "support/collectives.hpp"
+#include "support/faults.hpp"
 #include "support/ranks.hpp"
 #include "zerotrain/build_config.hpp"
 #include "zerotrain/error.hpp"
@@ -205,4 +206,34 @@ TEST_CASE("a rank that dies mid-run fails the others with DistributedError, no h
     }
     CHECK(run.result.ranks[static_cast<size_t>(world - 1)].exit_code == 17);
   }
+}
+
+// ---- which rank failed --------------------------------------------------------------------------
+
+// Every survivor's error names the rank that was killed, stopped (hung) or failed with an error
+// of its own, within the collective timeout + 15 s (tests/support/faults.cpp).
+TEST_CASE("a killed rank is named by every other rank", "[comm][errors][faults]") {
+  if (!backend_available(Backend::kGloo)) return;
+  test::check_peer_fault(2, "kill", 1, "cpu", 5);
+  test::check_peer_fault(4, "kill", 2, "cpu", 5);
+}
+
+TEST_CASE("a killed rank 0, which serves the store, is named by every other rank",
+          "[comm][errors][faults]") {
+  if (!backend_available(Backend::kGloo)) return;
+  test::check_peer_fault(2, "kill", 0, "cpu", 5);
+}
+
+TEST_CASE("a stopped (hung) rank is named by every other rank after the timeout",
+          "[comm][errors][faults]") {
+  if (!backend_available(Backend::kGloo)) return;
+  test::check_peer_fault(2, "stop", 1, "cpu", 5);
+  test::check_peer_fault(4, "stop", 3, "cpu", 5);
+}
+
+TEST_CASE("a rank that fails with its own error is named, with the error, by every other rank",
+          "[comm][errors][faults]") {
+  if (!backend_available(Backend::kGloo)) return;
+  test::check_peer_fault(2, "throw", 1, "cpu", 5);
+  test::check_peer_fault(4, "throw", 2, "cpu", 5);
 }

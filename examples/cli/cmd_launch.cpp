@@ -46,6 +46,12 @@ int parse_int(const std::string& flag, const std::string& value) {
   return static_cast<int>(v);
 }
 
+bool parse_bool(const std::string& flag, const std::string& value) {
+  if (value == "true" || value == "True" || value == "1") return true;
+  if (value == "false" || value == "False" || value == "0") return false;
+  throw ConfigError("--" + flag + ": expected true or false, found \"" + value + "\"");
+}
+
 // DeepSpeed's --include for this machine: "localhost:0,2" (or this host's name) → the GPU ids.
 // Several hosts ("a:0@b:1") are refused: zerotrain launch starts the ranks of one machine.
 std::vector<int> included_devices(const std::string& value) {
@@ -100,6 +106,8 @@ int cmd_launch(const Args& args) {
         "  --nproc_per_node N  ranks on this machine [default: 1]\n"
         "  --master_addr A     the rendezvous address [default: 127.0.0.1]\n"
         "  --master_port P     the rendezvous port [default: a free one]\n"
+        "  --one_node_per_rank true   each rank plays a node of its own (several ranks on one\n"
+        "                      GPU over real NCCL, through sockets on loopback; for tests)\n"
         "The deepspeed launcher's spelling is accepted too:\n"
         "  --num_gpus N        as --nproc_per_node\n"
         "  --include localhost:0,2   one rank per listed GPU (CUDA_VISIBLE_DEVICES is set to "
@@ -152,10 +160,14 @@ int cmd_launch(const Args& args) {
       o.master_port = parse_int(name, value);
     } else if (name == "master_addr" || name == "master-addr") {
       o.master_addr = value;
+    } else if (name == "one_node_per_rank" || name == "one-node-per-rank") {
+      o.one_node_per_rank = parse_bool(name, value);
     } else {
-      throw ConfigError("zerotrain launch: unknown option --" + name +
-                        " (known: --nproc_per_node, --master_addr, --master_port; deepspeed's "
-                        "--num_gpus, --include, --num_nodes)");
+      throw ConfigError(
+          "zerotrain launch: unknown option --" + name +
+          " (known: --nproc_per_node, --master_addr, --master_port, --one_node_per_rank; "
+          "deepspeed's "
+          "--num_gpus, --include, --num_nodes)");
     }
   }
   if (counted && included) {

@@ -43,10 +43,21 @@ const char* backend_name(Backend backend);
 /// live on `device()`; fp32, fp64, bf16, fp16 and int64 are supported (kAvg is not defined for
 /// int64).
 /// Ops return at once; the result is valid after `Work::wait()`. Tensors passed in must not be
-/// modified until then.
+/// modified until then. On CUDA they belong to the stream that is current at wait() (where they
+/// were allocated): once wait() returned the backend lets go of them, and their memory may serve
+/// later work on that stream.
+///
+/// Faults: a collective that fails, times out (`CommOptions::timeout`) or loses a peer throws
+/// DistributedError from wait() or a later call. Its message names the rank(s) that failed first
+/// (their own error, posted with post_failure) or stopped answering (no heartbeat through the
+/// job's store), or says that the store itself (rank 0) is gone.
+namespace comm {
+class PeerWatch;
+}
+
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  virtual ~Communicator();
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
@@ -71,6 +82,26 @@ class Communicator {
   /// largest count, so it costs world_size × max(counts) elements of traffic.
   WorkHandle all_gather_uneven(const at::Tensor& output, const at::Tensor& input,
                                const std::vector<int64_t>& counts);
+
+  /// Throws the DistributedError of a collective that failed on this communicator, if one did.
+  /// On NCCL a failed collective is aborted, and the results of collectives in flight then are
+  /// undefined: a caller that reads a result through a host copy of its own (not
+  /// Work::synchronize()) calls this before trusting the values. Not a collective; cheap.
+  virtual void raise_if_failed() {}
+
+  /// Tells the other ranks, through the job's store, that this rank is failing with `message`
+  /// (its first line), so that the error a collective then raises on them names this rank and
+  /// why. For errors of this rank's own (a bad batch, out of memory), not for DistributedError.
+  /// Not a collective; never throws; does nothing at world size 1.
+  void post_failure(const std::string& message) noexcept;
+
+ protected:
+  /// The job's signs of life (null at world size 1), handed to the backend by
+  /// create_communicator.
+  std::shared_ptr<comm::PeerWatch> peers_;
+  /// `error`, then what the store says of the other ranks, as one line (blocks a few heartbeat
+  /// intervals while it watches them). Never throws.
+  std::string with_diagnosis(const std::string& error) noexcept;
 };
 
 /// Where this process sits in the job, as the launcher described it.

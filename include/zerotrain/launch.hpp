@@ -22,7 +22,18 @@ struct LocalLaunchOptions {
   std::string output_dir;
   /// Extra environment variables for every rank (added to the launcher's own).
   std::vector<std::pair<std::string, std::string>> env;
+  /// Each rank plays a node of its own (emulated_node_env): several ranks on one GPU over real
+  /// NCCL, connected by sockets on loopback as the ranks of a multi-node Ethernet job are. For
+  /// tests of the multi-rank GPU path on a one-GPU machine; never a speed figure.
+  bool one_node_per_rank = false;
 };
+
+/// The variables that make rank `rank` of a job look like the only rank of a node of its own:
+/// LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, GROUP_RANK=rank, and for NCCL a host id of its own
+/// (NCCL_HOSTID; NCCL refuses two ranks on one GPU of one host), no peer-to-peer or shared
+/// memory transport, sockets on the loopback interface. The one place these live: the
+/// launcher's one_node_per_rank, `zerotrain launch --one_node_per_rank` and the GPU tests use it.
+std::vector<std::pair<std::string, std::string>> emulated_node_env(int rank);
 
 struct RankExit {
   int rank = 0;

@@ -16,6 +16,7 @@ std::vector<double> reduce_scalars(Communicator& comm, const std::vector<double>
   at::Tensor t = at::tensor(values, at::kDouble).to(comm.device());
   comm.all_reduce(t, op)->wait();
   const at::Tensor host = t.cpu();
+  comm.raise_if_failed();  // an aborted collective's values are garbage
   const double* p = host.data_ptr<double>();
   return std::vector<double>(p, p + host.numel());
 }

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "comm/backends.hpp"
+#include "comm/peer_watch.hpp"
 #include "comm/rendezvous.hpp"
 #include "comm/work.hpp"
 #include "util/log.hpp"
@@ -162,6 +163,21 @@ WorkHandle Communicator::all_gather_uneven(const at::Tensor& output, const at::T
   return std::make_unique<comm::ThenWork>(std::move(inner), std::move(compact));
 }
 
+Communicator::~Communicator() = default;
+
+void Communicator::post_failure(const std::string& message) noexcept {
+  if (peers_) peers_->post_failure(message);
+}
+
+std::string Communicator::with_diagnosis(const std::string& error) noexcept {
+  try {
+    const std::string said = peers_ ? peers_->diagnose() : std::string();
+    return said.empty() ? error : fmt::format("{} — {}", error, said);
+  } catch (...) {
+    return error;
+  }
+}
+
 bool backend_available(Backend backend) {
   switch (backend) {
     case Backend::kAuto:
@@ -208,12 +224,17 @@ std::unique_ptr<Communicator> create_communicator(const LaunchEnv& env,
   c10::intrusive_ptr<c10d::Store> store =
       env.world_size == 1 ? comm::local_store()
                           : comm::rendezvous(env, options.rendezvous_timeout, options.timeout);
+  // Signs of life from here on, so that a failure while the backend connects names its rank.
+  std::shared_ptr<comm::PeerWatch> peers;
+  if (env.world_size > 1) {
+    peers = std::make_shared<comm::PeerWatch>(env, comm::heartbeat_interval());
+  }
   std::unique_ptr<Communicator> c;
 #if ZT_WITH_NCCL
-  if (backend == Backend::kNccl) c = comm::make_nccl_communicator(store, env, options);
+  if (backend == Backend::kNccl) c = comm::make_nccl_communicator(store, env, options, peers);
 #endif
 #if ZT_WITH_GLOO
-  if (backend == Backend::kGloo) c = comm::make_gloo_communicator(store, env, options);
+  if (backend == Backend::kGloo) c = comm::make_gloo_communicator(store, env, options, peers);
 #endif
   log::debug("rank {}/{}: {} communicator on {}", env.rank, env.world_size, backend_name(backend),
              options.device.str());

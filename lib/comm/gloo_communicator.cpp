@@ -7,7 +7,10 @@
 //   and small CPU runs), and all_gather uses the list form with views into the flat output.
 // - bf16 and fp16 travel as fp32 (converted on the way in and out), which also keeps sums of
 //   many ranks exact to fp32 before the final rounding.
-// Errors from Gloo (a closed connection from a dead peer, a timeout) become DistributedError.
+// Errors from Gloo (a closed connection from a dead peer, a timeout) become DistributedError,
+// with what the job's store says of the other ranks (PeerWatch).
+#include <functional>
+
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
@@ -28,35 +31,40 @@ bool needs_widening(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
 }
 
+// What a failed Gloo collective says, then what the store says of the other ranks.
+using Diagnose = std::function<std::string(const std::string&)>;
+
 class GlooWork final : public Work {
  public:
-  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what)
-      : work_(std::move(work)), what_(std::move(what)) {}
+  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, Diagnose diagnose)
+      : work_(std::move(work)), what_(std::move(what)), diagnose_(std::move(diagnose)) {}
   void wait() override {
     if (!work_) return;
     try {
       work_->wait();
     } catch (const std::exception& e) {
       work_.reset();
-      throw DistributedError(
-          fmt::format("{} failed: {} — a peer may have died or timed out; "
-                      "check the other ranks' logs",
-                      what_, e.what()));
+      throw DistributedError(diagnose_(fmt::format("{} failed: {}", what_, first_line(e.what()))));
     }
     work_.reset();
   }
   void synchronize() override { wait(); }
 
  private:
+  // c10d's messages carry a C++ stack after their first line.
+  static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
   c10::intrusive_ptr<c10d::Work> work_;
   std::string what_;
+  Diagnose diagnose_;
 };
 
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnv& env,
-                   const CommOptions& options)
+                   const CommOptions& options, std::shared_ptr<PeerWatch> peers)
       : rank_(env.rank), world_(env.world_size) {
+    peers_ = std::move(peers);
     auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
     // Loopback for one host; otherwise the interface that resolves the master's route.
     std::string iface_host = env.master_addr == "127.0.0.1" || env.master_addr == "localhost"
@@ -73,8 +81,8 @@ class GlooCommunicator final : public Communicator {
     try {
       pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank_, world_, opts);
     } catch (const std::exception& e) {
-      throw DistributedError(
-          fmt::format("rank {}: Gloo could not connect the {} ranks: {}", rank_, world_, e.what()));
+      throw DistributedError(with_diagnosis(fmt::format(
+          "rank {}: Gloo could not connect the {} ranks: {}", rank_, world_, e.what())));
     }
   }
 
@@ -153,7 +161,8 @@ class GlooCommunicator final : public Communicator {
     try {
       w = wrap(pg_->barrier(), "barrier");
     } catch (const std::exception& e) {
-      throw DistributedError(fmt::format("barrier failed on rank {}: {}", rank_, e.what()));
+      throw DistributedError(
+          with_diagnosis(fmt::format("barrier failed on rank {}: {}", rank_, e.what())));
     }
     w->wait();
   }
@@ -161,7 +170,8 @@ class GlooCommunicator final : public Communicator {
  private:
   WorkHandle wrap(c10::intrusive_ptr<c10d::Work> w, const char* op) {
     return std::make_unique<GlooWork>(
-        std::move(w), fmt::format("gloo {} #{} on rank {} of {}", op, ++sequence_, rank_, world_));
+        std::move(w), fmt::format("gloo {} #{} on rank {} of {}", op, ++sequence_, rank_, world_),
+        [this](const std::string& error) { return with_diagnosis(error); });
   }
 
   int rank_;
@@ -174,8 +184,9 @@ class GlooCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_gloo_communicator(const c10::intrusive_ptr<c10d::Store>& store,
                                                      const LaunchEnv& env,
-                                                     const CommOptions& options) {
-  return std::make_unique<GlooCommunicator>(store, env, options);
+                                                     const CommOptions& options,
+                                                     std::shared_ptr<PeerWatch> peers) {
+  return std::make_unique<GlooCommunicator>(store, env, options, std::move(peers));
 }
 
 }  // namespace zt::comm

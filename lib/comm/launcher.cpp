@@ -56,6 +56,16 @@ int pick_free_port(const std::string& addr) {
   return ntohs(sa.sin_port);
 }
 
+std::vector<std::pair<std::string, std::string>> emulated_node_env(int rank) {
+  return {{"LOCAL_RANK", "0"},
+          {"LOCAL_WORLD_SIZE", "1"},
+          {"GROUP_RANK", std::to_string(rank)},
+          {"NCCL_HOSTID", fmt::format("zt-node-{}", rank)},
+          {"NCCL_P2P_DISABLE", "1"},
+          {"NCCL_SHM_DISABLE", "1"},
+          {"NCCL_SOCKET_IFNAME", "lo"}};
+}
+
 std::string LaunchResult::summary() const {
   std::string out;
   for (const RankExit& r : ranks) {
@@ -86,6 +96,11 @@ std::vector<std::string> inherited_environment(const LocalLaunchOptions& options
     for (const auto& kv : options.env) {
       owned = owned || std::strncmp(*e, (kv.first + "=").c_str(), kv.first.size() + 1) == 0;
     }
+    if (options.one_node_per_rank) {
+      for (const auto& kv : emulated_node_env(0)) {
+        owned = owned || std::strncmp(*e, (kv.first + "=").c_str(), kv.first.size() + 1) == 0;
+      }
+    }
     if (!owned) base_env.emplace_back(*e);
   }
   for (const auto& kv : options.env) base_env.push_back(kv.first + "=" + kv.second);
@@ -113,12 +128,18 @@ std::vector<pid_t> start_ranks(const std::vector<std::string>& command,
     auto& es = env_strings[static_cast<size_t>(r)];
     es = base_env;
     es.push_back(fmt::format("RANK={}", r));
-    es.push_back(fmt::format("LOCAL_RANK={}", r));
-    es.push_back(fmt::format("GROUP_RANK=0"));
     es.push_back(fmt::format("WORLD_SIZE={}", options.nproc));
-    es.push_back(fmt::format("LOCAL_WORLD_SIZE={}", options.nproc));
     es.push_back(fmt::format("MASTER_ADDR={}", options.master_addr));
     es.push_back(fmt::format("MASTER_PORT={}", port));
+    if (options.one_node_per_rank) {
+      // The launcher's own values of these names were dropped by inherited_environment; one
+      // that options.env sets comes first and wins (getenv takes the first).
+      for (const auto& [k, v] : emulated_node_env(r)) es.push_back(k + "=" + v);
+    } else {
+      es.push_back(fmt::format("LOCAL_RANK={}", r));
+      es.push_back(fmt::format("GROUP_RANK=0"));
+      es.push_back(fmt::format("LOCAL_WORLD_SIZE={}", options.nproc));
+    }
     for (std::string& s : es) envps[static_cast<size_t>(r)].push_back(s.data());
     envps[static_cast<size_t>(r)].push_back(nullptr);
   }

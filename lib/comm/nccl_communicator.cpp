@@ -7,8 +7,11 @@
 // the host. A watchdog thread polls completion events and ncclCommGetAsyncError: an op that
 // outlives the timeout, or an asynchronous NCCL error (a dead peer), aborts the communicator so
 // that kernels stuck waiting for a peer exit, and every later call throws DistributedError
-// instead of hanging. Tensors stay referenced until their op completed, so the caching allocator
-// never hands their memory to the compute stream while NCCL still uses it.
+// instead of hanging; its message says which rank failed or stopped answering (PeerWatch).
+// Tensors stay referenced until Work::wait() made the caller's stream wait for the op (or, for
+// an op never waited on, until it completed), so the caching allocator never hands their memory
+// to that stream while NCCL still uses it — and a host running ahead of the GPU does not keep
+// every buffer it already let go of (ZeRO-3's gathered units) allocated.
 #include <nccl.h>
 
 #include <atomic>
@@ -92,27 +95,34 @@ struct Event {
 
 class NcclCommunicator;
 
+// The tensors of a collective in flight. Shared by its Work and the watchdog's pending list:
+// wait() lets go of them (every later use or reuse of their memory on the caller's stream is
+// ordered after the collective from then on), the watchdog when the collective completed.
+using Held = std::shared_ptr<std::vector<at::Tensor>>;
+
 class NcclWork final : public Work {
  public:
-  NcclWork(NcclCommunicator* owner, std::shared_ptr<Event> done, std::string what)
-      : owner_(owner), done_(std::move(done)), what_(std::move(what)) {}
+  NcclWork(NcclCommunicator* owner, std::shared_ptr<Event> done, Held held, std::string what)
+      : owner_(owner), done_(std::move(done)), held_(std::move(held)), what_(std::move(what)) {}
   void wait() override;
   void synchronize() override;
 
  private:
   NcclCommunicator* owner_;
   std::shared_ptr<Event> done_;
+  Held held_;
   std::string what_;
 };
 
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnv& env,
-                   const CommOptions& options)
+                   const CommOptions& options, std::shared_ptr<PeerWatch> peers)
       : rank_(env.rank),
         world_(env.world_size),
         device_(options.device),
         timeout_(options.timeout) {
+    peers_ = std::move(peers);
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
       cudaGetLastError();  // clear the sticky error of a machine without a driver
@@ -143,16 +153,24 @@ class NcclCommunicator final : public Communicator {
       try {
         bytes = store->get(key);
       } catch (const std::exception& e) {
-        throw DistributedError(
-            fmt::format("rank {}: did not receive NCCL's id from rank 0: {}", rank_, e.what()));
+        throw DistributedError(with_diagnosis(
+            fmt::format("rank {}: did not receive NCCL's id from rank 0: {}", rank_, e.what())));
       }
       if (bytes.size() != sizeof(id)) throw DistributedError("malformed NCCL id in the store");
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 1;
-    ZT_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world_, id, rank_, &config), nullptr,
-                  fmt::format("rank {}: ncclCommInitRank ({} ranks)", rank_, world_));
+    const ncclResult_t init = ncclCommInitRankConfig(&comm_, world_, id, rank_, &config);
+    if (init != ncclSuccess) {
+      try {
+        throw_nccl(init, nullptr,
+                   fmt::format("rank {}: ncclCommInitRank ({} ranks)", rank_, world_), __FILE__,
+                   __LINE__);
+      } catch (const DistributedError& e) {
+        throw DistributedError(with_diagnosis(e.what()));
+      }
+    }
     watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -228,6 +246,8 @@ class NcclCommunicator final : public Communicator {
     if (!error_.empty()) throw DistributedError(error_);
   }
 
+  void raise_if_failed() override { check_healthy(); }
+
   void stream_wait(const std::shared_ptr<Event>& done) {
     check_healthy();
     ZT_CUDA_CHECK(cudaStreamWaitEvent(cuda_glue::current_stream(index_), done->handle, 0));
@@ -236,7 +256,8 @@ class NcclCommunicator final : public Communicator {
   void host_wait(const std::shared_ptr<Event>& done) {
     for (;;) {
       cudaError_t e = cudaEventQuery(done->handle);
-      if (e == cudaSuccess) return;
+      // An aborted collective completes too, with undefined results: say why instead.
+      if (e == cudaSuccess) return check_healthy();
       if (e != cudaErrorNotReady) cuda::throw_error(e, "cudaEventQuery", __FILE__, __LINE__);
       check_healthy();  // the watchdog turns timeouts and dead peers into an error
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -246,7 +267,7 @@ class NcclCommunicator final : public Communicator {
  private:
   struct Pending {
     std::shared_ptr<Event> done;
-    std::vector<at::Tensor> keep_alive;
+    Held keep_alive;
     std::chrono::steady_clock::time_point started;
     std::string what;
   };
@@ -263,19 +284,25 @@ class NcclCommunicator final : public Communicator {
     ZT_NCCL_CHECK(nccl_call(), comm_, what);
     auto done = std::make_shared<Event>();
     ZT_CUDA_CHECK(cudaEventRecord(done->handle, stream_));
+    auto held = std::make_shared<std::vector<at::Tensor>>(std::move(tensors));
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      pending_.push_back(Pending{done, std::move(tensors), std::chrono::steady_clock::now(), what});
+      pending_.push_back(Pending{done, held, std::chrono::steady_clock::now(), what});
     }
     wake_.notify_all();
-    return std::make_unique<NcclWork>(this, done, what);
+    return std::make_unique<NcclWork>(this, done, std::move(held), what);
   }
 
-  void fail(const std::string& message) {
-    // Called by the watchdog with mutex_ held.
-    error_ = message;
-    log::error("{}", message);
-    ncclCommAbort(comm_);  // unblocks kernels waiting for a dead peer
+  // Called by the watchdog with `lock` (on mutex_) held: asks the store which rank failed or
+  // stopped answering (a few heartbeats, without the lock), then aborts, so that kernels
+  // waiting for a dead peer exit and every later call throws the error.
+  void fail(std::unique_lock<std::mutex>& lock, const std::string& message) {
+    lock.unlock();
+    const std::string said = with_diagnosis(message);
+    lock.lock();
+    error_ = said;
+    log::error("{}", said);
+    ncclCommAbort(comm_);
     aborted_ = true;
     pending_.clear();
   }
@@ -296,26 +323,26 @@ class NcclCommunicator final : public Communicator {
         pending_.pop_front();
       }
       if (query != cudaSuccess && query != cudaErrorNotReady) {
-        fail(fmt::format("{}: CUDA error '{}' while waiting for it", pending_.front().what,
-                         cudaGetErrorString(query)));
+        fail(lock, fmt::format("{}: CUDA error '{}' while waiting for it", pending_.front().what,
+                               cudaGetErrorString(query)));
         continue;
       }
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
       if (async != ncclSuccess && async != ncclInProgress) {
-        fail(
-            fmt::format("rank {}: NCCL reported an asynchronous error '{}': {} — a peer may have "
-                        "died; the communicator was aborted (NCCL {})",
-                        rank_, ncclGetErrorString(async), ncclGetLastError(comm_), nccl_version()));
+        fail(lock, fmt::format(
+                       "rank {}: NCCL reported an asynchronous error '{}': {} — a peer may have "
+                       "died; the communicator was aborted (NCCL {})",
+                       rank_, ncclGetErrorString(async), ncclGetLastError(comm_), nccl_version()));
         continue;
       }
       if (!pending_.empty() &&
           std::chrono::steady_clock::now() - pending_.front().started > timeout_) {
-        fail(
-            fmt::format("{} did not finish within the {} s timeout (ddp_timeout) — a peer is "
-                        "stuck or dead; the communicator was aborted",
-                        pending_.front().what,
-                        std::chrono::duration_cast<std::chrono::seconds>(timeout_).count()));
+        fail(lock,
+             fmt::format("{} did not finish within the {} s timeout (ddp_timeout) — a peer is "
+                         "stuck or dead; the communicator was aborted",
+                         pending_.front().what,
+                         std::chrono::duration_cast<std::chrono::seconds>(timeout_).count()));
         continue;
       }
       lock.unlock();
@@ -344,18 +371,24 @@ class NcclCommunicator final : public Communicator {
 
 void NcclWork::wait() {
   owner_->stream_wait(done_);
+  // The caller's stream now waits for the collective: its tensors may go back to the caching
+  // allocator (as c10d's TORCH_NCCL_AVOID_RECORD_STREAMS does). Held until completion instead,
+  // every unit a host running ahead of the GPU gathered would stay allocated.
+  if (held_) held_->clear();
 }
 
 void NcclWork::synchronize() {
   owner_->host_wait(done_);
+  if (held_) held_->clear();
 }
 
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(const c10::intrusive_ptr<c10d::Store>& store,
                                                      const LaunchEnv& env,
-                                                     const CommOptions& options) {
-  return std::make_unique<NcclCommunicator>(store, env, options);
+                                                     const CommOptions& options,
+                                                     std::shared_ptr<PeerWatch> peers) {
+  return std::make_unique<NcclCommunicator>(store, env, options, std::move(peers));
 }
 
 }  // namespace zt::comm

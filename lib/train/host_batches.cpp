@@ -42,7 +42,11 @@ at::Tensor checked_tokens(const at::Tensor& t, const char* what, int64_t vocab, 
 }  // namespace
 
 StepStats Trainer::train_step(const at::Tensor& input_ids, const at::Tensor& labels) {
-  Impl& I = *impl_;
+  return impl_->posting_failures([&] { return impl_->train_step(input_ids, labels); });
+}
+
+StepStats Trainer::Impl::train_step(const at::Tensor& input_ids, const at::Tensor& labels) {
+  Impl& I = *this;
   const int64_t vocab = I.model_config.vocab_size;
   at::Tensor ids = checked_tokens(input_ids, "train_step input_ids", vocab, false);
   at::Tensor y = labels.defined() ? checked_tokens(labels, "train_step labels", vocab, true) : ids;

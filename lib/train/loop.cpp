@@ -358,6 +358,11 @@ TrainResult Trainer::Impl::finish_training(const train::LogWindow& window, const
 TrainResult Trainer::train() {
   Impl& I = *impl_;
   if (!I.has_train) throw ConfigError("train: no train_file given (--train_file DATA.jsonl)");
+  return I.posting_failures([&] { return I.train(); });
+}
+
+TrainResult Trainer::Impl::train() {
+  Impl& I = *this;
   I.announce();
   I.prepare_output_dir();
   if (I.args.eval_on_start && I.has_eval) I.evaluate();

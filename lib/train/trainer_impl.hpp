@@ -25,6 +25,7 @@
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/engine.hpp"
+#include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/peft.hpp"
 #include "zerotrain/tokenizer.hpp"
@@ -98,6 +99,26 @@ struct Trainer::Impl {
   void log_window(train::LogWindow& window);  ///< collective
   void load_best_at_end();
   TrainResult finish_training(const train::LogWindow& window, const RunClock& clock);
+  /// Trainer::train() past its argument check: the epochs, then finish_training.
+  TrainResult train();
+  /// Trainer::train_step's work.
+  StepStats train_step(const at::Tensor& input_ids, const at::Tensor& labels);
+  /// Runs `fn`; an error of this rank's own (not a DistributedError, which another rank's
+  /// failure caused, nor an agreed cancel) is posted for the other ranks before it propagates,
+  /// so that their errors name this rank (Communicator::post_failure).
+  template <typename Fn>
+  auto posting_failures(Fn&& fn) -> decltype(fn()) {
+    try {
+      return fn();
+    } catch (const DistributedError&) {
+      throw;
+    } catch (const CancelledError&) {
+      throw;
+    } catch (const std::exception& e) {
+      comm->post_failure(e.what());
+      throw;
+    }
+  }
   void check_cancel();
   LossSum forward(const Batch& b);
   double run_evaluation();

@@ -118,6 +118,7 @@ BoundaryStats boundary_stats(EngineImpl& I) {
   at::Tensor stats = at::cat(parts);
   I.comm->all_reduce(stats, ReduceOp::kSum)->wait();
   at::Tensor host = stats.to(at::kCPU).to(at::kDouble);
+  I.comm->raise_if_failed();  // after an abort these values (and the gradients) are garbage
   BoundaryStats s;
   s.scaled_norm = std::sqrt(host[0].item<double>());
   s.bad_losses = host[1].item<double>();

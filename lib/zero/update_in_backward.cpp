@@ -98,6 +98,7 @@ void InBackwardUpdate::finish_step() {
                          compute_copy(static_cast<int>(i)));
   }
   at::Tensor host = at::stack({grad_sq_.sum(), e_.nonfinite_losses.reshape({})}).to(at::kCPU);
+  e_.comm->raise_if_failed();  // after an abort these values are garbage: say why instead
   const double norm = std::sqrt(host[0].item<double>());
   const double bad_losses = host[1].item<double>();
   e_.nonfinite_losses.zero_();

@@ -270,7 +270,8 @@ void run_case(const Case& c) {
   if (c.device == "cpu" && skip_cpu_world(c.world)) return;
   INFO(c.describe());
   test::run_ranks(c.world, "rank: engine equivalence", std::chrono::seconds(240),
-                  {{"ZT_CASE", c.encode()}});
+                  {{"ZT_CASE", c.encode()}},
+                  c.device == "cuda" && test::gpu_ranks_share_a_gpu(c.world));
 }
 
 }  // namespace zt::test

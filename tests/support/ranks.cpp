@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/Context.h>
 #include <fmt/format.h>
 #include "support/catch.hpp"
 #include "util/files.hpp"
@@ -58,7 +59,7 @@ std::string RankRun::report() const {
 }
 
 RankRun launch_ranks(int world, const std::string& name, std::chrono::seconds timeout, Env env,
-                     std::chrono::seconds grace) {
+                     std::chrono::seconds grace, bool one_node_per_rank) {
   char exe[4096] = {0};
   ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   REQUIRE(n > 0);
@@ -66,6 +67,7 @@ RankRun launch_ranks(int world, const std::string& name, std::chrono::seconds ti
   o.nproc = world;
   o.timeout = timeout;
   o.grace = grace;
+  o.one_node_per_rank = one_node_per_rank;
   o.output_dir = temp_dir("ranks");
   o.env = std::move(env);
   o.env.emplace_back("OMP_NUM_THREADS", "1");
@@ -80,11 +82,18 @@ RankRun launch_ranks(int world, const std::string& name, std::chrono::seconds ti
   return run;
 }
 
-void run_ranks(int world, const std::string& name, std::chrono::seconds timeout, Env env) {
-  INFO("world size " << world << ", test '" << name << "'");
-  RankRun run = launch_ranks(world, name, timeout, std::move(env));
+void run_ranks(int world, const std::string& name, std::chrono::seconds timeout, Env env,
+               bool one_node_per_rank) {
+  INFO("world size " << world << ", test '" << name << "'"
+                     << (one_node_per_rank ? ", one node per rank" : ""));
+  RankRun run = launch_ranks(world, name, timeout, std::move(env), std::chrono::seconds(30),
+                             one_node_per_rank);
   INFO(run.report());
   REQUIRE(run.result.ok());
+}
+
+bool gpu_ranks_share_a_gpu(int world) {
+  return static_cast<int>(at::getNumGPUs()) < world;
 }
 
 bool skip_cpu_world(int world) {

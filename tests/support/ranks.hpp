@@ -21,13 +21,21 @@ struct RankRun {
   std::vector<std::string> logs;  ///< per rank
   std::string report() const;     ///< summary + every rank's log
 };
+/// With `one_node_per_rank`, each rank plays a node of its own (zt::emulated_node_env): several
+/// ranks on one GPU over real NCCL.
 RankRun launch_ranks(int world, const std::string& name,
                      std::chrono::seconds timeout = std::chrono::seconds(180), Env env = {},
-                     std::chrono::seconds grace = std::chrono::seconds(30));
+                     std::chrono::seconds grace = std::chrono::seconds(30),
+                     bool one_node_per_rank = false);
 
 /// launch_ranks + REQUIRE that every rank passed (the report is the failure message).
 void run_ranks(int world, const std::string& name,
-               std::chrono::seconds timeout = std::chrono::seconds(180), Env env = {});
+               std::chrono::seconds timeout = std::chrono::seconds(180), Env env = {},
+               bool one_node_per_rank = false);
+
+/// Whether `world` GPU ranks must play nodes of their own: fewer GPUs are visible than ranks
+/// (then they all share GPU 0, as LOCAL_RANK 0 of their emulated nodes).
+bool gpu_ranks_share_a_gpu(int world);
 
 /// True (with a Catch warning) when `world` CPU ranks cannot run in this build: more than one
 /// rank needs the Gloo backend, which LibTorch builds without Gloo headers (the GPU machine's
