@@ -2,7 +2,12 @@
 # One GPU-machine session's work, in phases, each small enough for one device call (≤ 10 min):
 #
 #   bench/gpu_session.sh build            configure + build into build-gpu/ (kept while warm)
-#   bench/gpu_session.sh test             the whole ctest suite, GPU tests included
+#   bench/gpu_session.sh test             the whole ctest suite, GPU tests included (but the tier below)
+#   bench/gpu_session.sh ranks            the multi-rank tier: NCCL at world 2 and 4 on emulated nodes
+#   bench/gpu_session.sh zero3mem         LLaMA-2-13B LoRA ZeRO-3 at 2 ranks: peak memory per rank
+#   bench/gpu_session.sh overlap          exposed communication per step at 2 emulated nodes, by stage
+#   bench/gpu_session.sh scaling          the scaling rows at 1, 2, 4, 8 GPUs beside FSDP2 (EMULATE=1:
+#                                         the GPUs missing played as nodes on GPU 0, a dry run)
 #   bench/gpu_session.sh lora7b           examples/finetune_7b.sh MODE=lora beside the peer
 #   bench/gpu_session.sh full7b           examples/finetune_7b.sh MODE=full (optimizer offload)
 #   bench/gpu_session.sh lora13b          examples/finetune_13b_zero3_offload.sh
@@ -90,8 +95,97 @@ for phase in "$@"; do
       fi
       ;;
     test)
-      (cd $b && ctest -j8 --timeout 600 > "$results/ctest.log" 2>&1) || true
+      (cd $b && ctest -j8 --timeout 600 -E 'nccl ranks' > "$results/ctest.log" 2>&1) || true
       tail -25 "$results/ctest.log"
+      ;;
+    ranks)  # the multi-rank GPU tier: NCCL at world 2 and 4, each rank a node of its own when the
+      # GPUs are fewer (tests/gpu/test_nccl_ranks.cpp; RANKS=REGEX picks some of its cases)
+      (cd $b && ctest -j${RANKS_JOBS:-6} --timeout 900 -R "nccl ranks${RANKS:+.*$RANKS}" \
+        > "$results/ranks.log" 2>&1) || true
+      grep -E '(Passed|Failed|Not Run|Timeout|tests passed|ZeRO-3 memory)' "$results/ranks.log" | tail -40
+      ;;
+    overlap)  # exposed communication per step at 2 ranks on emulated nodes (slow socket links
+      # make hidden and exposed communication easy to tell apart): LoRA 7B at stages 2, 3 and
+      # 3 + offload, full fine-tuning of the 1.5B shape at stages 1, 2, 3 (OVERLAP="..." rows)
+      python3 examples/synthetic_tokens.py /tmp/zt-ov.jsonl 1024
+      rows=${OVERLAP:-"lora:qwen2.5-7b:2 lora:qwen2.5-7b:3 lora:qwen2.5-7b:3off full:qwen2.5-1.5b:1 full:qwen2.5-1.5b:2 full:qwen2.5-1.5b:3"}
+      for row in $rows; do
+        IFS=: read -r mode shape stage <<< "$row"
+        name=$mode-$shape-z$stage
+        offload=""
+        [ "$stage" = 3off ] && offload=', "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}'
+        ds="{\"zero_optimization\": {\"stage\": ${stage%off}$offload}, \"bf16\": {\"enabled\": \"auto\"},
+            \"train_micro_batch_size_per_gpu\": \"auto\", \"gradient_accumulation_steps\": \"auto\",
+            \"train_batch_size\": \"auto\"}"
+        extra=()
+        [ "$mode" = lora ] && extra=(--lora_r 16 --lora_alpha 32 --lora_target_modules all-linear)
+        rm -rf "/tmp/zt-ov-$name" && mkdir -p "/tmp/zt-ov-$name"
+        ZT_COMM_TIMELINE="/tmp/zt-ov-$name/tl" "$zt" launch --nproc_per_node 2 --one_node_per_rank true \
+          -- "$zt" train --model_config "examples/shapes/$shape.json" --train_file /tmp/zt-ov.jsonl \
+          --output_dir "/tmp/zt-ov-$name/out" --deepspeed "$ds" --bf16 true --max_length 1024 \
+          --max_steps "${OVSTEPS:-5}" --finetuning_type "$mode" "${extra[@]}" \
+          --per_device_train_batch_size 4 --gradient_checkpointing true --logging_steps 1 \
+          --save_steps 1000 > "$results/overlap-$name.log" 2>&1 ||
+          { echo "$name failed"; tail -5 "$results/overlap-$name.log"; continue; }
+        python3 bench/tools/summarize_timeline.py "$name" "/tmp/zt-ov-$name/tl" \
+          "/tmp/zt-ov-$name/out/trainer_log.jsonl" 2 "$stage" | tee -a "$results/overlap.jsonl"
+      done
+      ;;
+    scaling)  # the scaling rows at WORLDS ranks (default 1 2 4 8, those the machine has GPUs
+      # for; EMULATE=1 plays the missing ones as nodes of their own on GPU 0 — a dry run, no
+      # figure), each beside PyTorch FSDP2 (bench/fsdp2_baseline.py) on the same shape and batch
+      gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+      python3 examples/synthetic_tokens.py /tmp/zt-sc.jsonl 1024
+      rows=${SCALING:-"lora:qwen2.5-7b:2:8 full:qwen2.5-7b:2:2 full:qwen2.5-7b:3:2 full:llama-2-13b:3:1"}
+      for n in ${WORLDS:-1 2 4 8}; do
+        nodes=false
+        if [ "$n" -gt "$gpus" ]; then
+          [ "${EMULATE:-0}" = 1 ] || { echo "world $n: $gpus GPU(s) here, not run"; continue; }
+          nodes=true
+        fi
+        for row in $rows; do
+          IFS=: read -r mode shape stage mbs <<< "$row"
+          name=$mode-$shape-z$stage-w$n
+          ds="{\"zero_optimization\": {\"stage\": $stage}, \"bf16\": {\"enabled\": \"auto\"},
+              \"train_micro_batch_size_per_gpu\": \"auto\", \"gradient_accumulation_steps\": \"auto\",
+              \"train_batch_size\": \"auto\"}"
+          extra=()
+          [ "$mode" = lora ] && extra=(--lora_r 16 --lora_alpha 32 --lora_target_modules all-linear)
+          rm -rf "/tmp/zt-sc-$name"
+          start=$SECONDS
+          "$zt" launch --nproc_per_node "$n" --one_node_per_rank "$nodes" -- "$zt" train \
+            --model_config "examples/shapes/$shape.json" --train_file /tmp/zt-sc.jsonl \
+            --output_dir "/tmp/zt-sc-$name" --deepspeed "$ds" --bf16 true --max_length 1024 \
+            --max_steps "${SCSTEPS:-6}" --finetuning_type "$mode" "${extra[@]}" \
+            --per_device_train_batch_size "$mbs" --gradient_checkpointing true --logging_steps 1 \
+            --save_steps 1000 > "$results/scaling-$name.log" 2>&1 &&
+            python3 bench/tools/summarize_log.py "$name" "/tmp/zt-sc-$name/trainer_log.jsonl" \
+              $((SECONDS - start)) | tee -a "$results/scaling.jsonl" ||
+            { echo "$name: not run to the end"; tail -3 "$results/scaling-$name.log"; }
+          # The same launcher (and, on emulated nodes, the same NCCL variables) for the peer.
+          "$zt" launch --nproc_per_node "$n" --one_node_per_rank "$nodes" -- python3 \
+            bench/fsdp2_baseline.py "examples/shapes/$shape.json" "$mode" 1024 "$mbs" \
+            "${SCSTEPS:-6}" > "$results/fsdp2-$name.log" 2>&1
+          grep -h '^RESULT' "$results/fsdp2-$name.log" | tee -a "$results/scaling.jsonl" ||
+            { echo "fsdp2 $name: not run to the end"; tail -3 "$results/fsdp2-$name.log"; }
+        done
+      done
+      ;;
+    zero3mem)  # the issue's row: LLaMA-2-13B LoRA, ZeRO-3 bf16 without offload, 512 x 1 per rank,
+      # keep none, at WORLD (2) ranks; peak memory per rank (allocated, from process start)
+      python3 examples/synthetic_tokens.py /tmp/zt-z3mem.jsonl 512
+      rm -rf /tmp/zt-z3mem
+      "$zt" launch --nproc_per_node "${WORLD:-2}" --one_node_per_rank true -- "$zt" train \
+        --model_config examples/shapes/llama-2-13b.json --train_file /tmp/zt-z3mem.jsonl \
+        --output_dir /tmp/zt-z3mem --deepspeed '{"zero_optimization": {"stage": 3},
+          "bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto",
+          "gradient_accumulation_steps": "auto", "train_batch_size": "auto"}' \
+        --bf16 true --max_length 512 --max_steps "${Z3STEPS:-4}" --finetuning_type lora \
+        --lora_r 16 --lora_alpha 32 --lora_target_modules all-linear \
+        --per_device_train_batch_size 1 --gradient_checkpointing true \
+        --gradient_checkpointing_keep none --logging_steps 1 --save_steps 1000 \
+        > "$results/zero3mem.log" 2>&1 || { echo "zero3mem failed"; tail -20 "$results/zero3mem.log"; }
+      grep -o '"peak_memory_gib": *[0-9.]*' /tmp/zt-z3mem/trainer_log.jsonl | tee "$results/zero3mem.peaks" || true
       ;;
     lora7b)
       example lora7b examples/finetune_7b.sh MODE=lora

@@ -55,6 +55,17 @@ namespace comm {
 class PeerWatch;
 }
 
+/// One collective as the GPU timed it (CommOptions::timeline; NCCL).
+struct CollectiveTime {
+  std::string op;           ///< "all_reduce", "reduce_scatter", "all_gather", "broadcast"
+  int64_t bytes = 0;        ///< of its larger buffer (the whole, not the shard)
+  double in_flight_ms = 0;  ///< on the communication stream, from its start to its end
+  /// How long the stream that waited for it (Work::wait) stood still at the wait, or how long
+  /// the host blocked (Work::synchronize); 0 when it was done before it was needed, and when
+  /// it was never waited on.
+  double exposed_ms = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator();
@@ -88,6 +99,10 @@ class Communicator {
   /// undefined: a caller that reads a result through a host copy of its own (not
   /// Work::synchronize()) calls this before trusting the values. Not a collective; cheap.
   virtual void raise_if_failed() {}
+
+  /// The collectives issued since the last call, in issue order, when CommOptions::timeline is
+  /// on (NCCL; empty otherwise). Blocks until they finished. Not a collective.
+  virtual std::vector<CollectiveTime> take_timeline() { return {}; }
 
   /// Tells the other ranks, through the job's store, that this rank is failing with `message`
   /// (its first line), so that the error a collective then raises on them names this rank and
@@ -134,6 +149,9 @@ struct CommOptions {
   at::Device device = at::kCPU;  ///< for CUDA, the device of this rank (usually local_rank)
   std::chrono::milliseconds timeout = std::chrono::seconds(1800);            ///< ddp_timeout
   std::chrono::milliseconds rendezvous_timeout = std::chrono::seconds(300);  ///< start-up
+  /// Time every collective (Communicator::take_timeline). Costs two events per collective.
+  /// create_communicator turns it on when ZT_COMM_TIMELINE is set.
+  bool timeline = false;
 };
 
 /// Joins the job described by `env`: rendezvous through a c10d TCPStore on master_addr:

@@ -1,4 +1,6 @@
 // Backend-independent parts of Communicator, the single-rank backend, and the factory.
+#include <cstdlib>
+
 #include <fmt/format.h>
 
 #include "comm/backends.hpp"
@@ -229,12 +231,14 @@ std::unique_ptr<Communicator> create_communicator(const LaunchEnv& env,
   if (env.world_size > 1) {
     peers = std::make_shared<comm::PeerWatch>(env, comm::heartbeat_interval());
   }
+  CommOptions o = options;
+  if (const char* t = std::getenv("ZT_COMM_TIMELINE"); t && *t) o.timeline = true;
   std::unique_ptr<Communicator> c;
 #if ZT_WITH_NCCL
-  if (backend == Backend::kNccl) c = comm::make_nccl_communicator(store, env, options, peers);
+  if (backend == Backend::kNccl) c = comm::make_nccl_communicator(store, env, o, peers);
 #endif
 #if ZT_WITH_GLOO
-  if (backend == Backend::kGloo) c = comm::make_gloo_communicator(store, env, options, peers);
+  if (backend == Backend::kGloo) c = comm::make_gloo_communicator(store, env, o, peers);
 #endif
   log::debug("rank {}/{}: {} communicator on {}", env.rank, env.world_size, backend_name(backend),
              options.device.str());

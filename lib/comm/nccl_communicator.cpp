@@ -14,6 +14,7 @@
 // every buffer it already let go of (ZeRO-3's gathered units) allocated.
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -87,7 +88,9 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 // An event destroyed when the last holder lets go (CUDA defers the release until it completed).
 struct Event {
   cudaEvent_t handle = nullptr;
-  Event() { ZT_CUDA_CHECK(cudaEventCreateWithFlags(&handle, cudaEventDisableTiming)); }
+  explicit Event(bool timing = false) {
+    ZT_CUDA_CHECK(cudaEventCreateWithFlags(&handle, timing ? 0 : cudaEventDisableTiming));
+  }
   ~Event() { cudaEventDestroy(handle); }
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
@@ -100,10 +103,21 @@ class NcclCommunicator;
 // ordered after the collective from then on), the watchdog when the collective completed.
 using Held = std::shared_ptr<std::vector<at::Tensor>>;
 
+// A timed collective (CommOptions::timeline): its start and end on the communication stream,
+// and where the waiting stream arrived at its wait (or how long the host blocked).
+struct Timed {
+  std::string op;
+  int64_t bytes = 0;
+  std::shared_ptr<Event> start, done, arrival;
+  double host_wait_ms = 0;
+  bool waited = false;
+};
+
 class NcclWork final : public Work {
  public:
-  NcclWork(NcclCommunicator* owner, std::shared_ptr<Event> done, Held held, std::string what)
-      : owner_(owner), done_(std::move(done)), held_(std::move(held)), what_(std::move(what)) {}
+  NcclWork(NcclCommunicator* owner, std::shared_ptr<Event> done, Held held,
+           std::shared_ptr<Timed> timed)
+      : owner_(owner), done_(std::move(done)), held_(std::move(held)), timed_(std::move(timed)) {}
   void wait() override;
   void synchronize() override;
 
@@ -111,7 +125,7 @@ class NcclWork final : public Work {
   NcclCommunicator* owner_;
   std::shared_ptr<Event> done_;
   Held held_;
-  std::string what_;
+  std::shared_ptr<Timed> timed_;  // null unless the communicator times collectives
 };
 
 class NcclCommunicator final : public Communicator {
@@ -121,7 +135,8 @@ class NcclCommunicator final : public Communicator {
       : rank_(env.rank),
         world_(env.world_size),
         device_(options.device),
-        timeout_(options.timeout) {
+        timeout_(options.timeout),
+        timeline_on_(options.timeline) {
     peers_ = std::move(peers);
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -248,9 +263,38 @@ class NcclCommunicator final : public Communicator {
 
   void raise_if_failed() override { check_healthy(); }
 
-  void stream_wait(const std::shared_ptr<Event>& done) {
+  std::vector<CollectiveTime> take_timeline() override {
+    std::vector<CollectiveTime> out;
+    for (const std::shared_ptr<Timed>& t : timeline_) {
+      ZT_CUDA_CHECK(cudaEventSynchronize(t->done->handle));
+      CollectiveTime c;
+      c.op = t->op;
+      c.bytes = t->bytes;
+      float ms = 0;
+      ZT_CUDA_CHECK(cudaEventElapsedTime(&ms, t->start->handle, t->done->handle));
+      c.in_flight_ms = ms;
+      if (t->arrival) {
+        ZT_CUDA_CHECK(cudaEventSynchronize(t->arrival->handle));
+        ZT_CUDA_CHECK(cudaEventElapsedTime(&ms, t->arrival->handle, t->done->handle));
+        c.exposed_ms = std::max(0.0f, ms);
+      } else {
+        c.exposed_ms = t->host_wait_ms;
+      }
+      out.push_back(std::move(c));
+    }
+    timeline_.clear();
+    return out;
+  }
+
+  void stream_wait(const std::shared_ptr<Event>& done, Timed* timed) {
     check_healthy();
-    ZT_CUDA_CHECK(cudaStreamWaitEvent(cuda_glue::current_stream(index_), done->handle, 0));
+    const cudaStream_t waiting = cuda_glue::current_stream(index_);
+    if (timed != nullptr && !timed->waited) {
+      timed->waited = true;
+      timed->arrival = std::make_shared<Event>(true);
+      ZT_CUDA_CHECK(cudaEventRecord(timed->arrival->handle, waiting));
+    }
+    ZT_CUDA_CHECK(cudaStreamWaitEvent(waiting, done->handle, 0));
   }
 
   void host_wait(const std::shared_ptr<Event>& done) {
@@ -281,16 +325,27 @@ class NcclCommunicator final : public Communicator {
     auto ready = std::make_shared<Event>();
     ZT_CUDA_CHECK(cudaEventRecord(ready->handle, cuda_glue::current_stream(index_)));
     ZT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready->handle, 0));
+    std::shared_ptr<Timed> timed;
+    if (timeline_on_) {
+      timed = std::make_shared<Timed>();
+      timed->op = op;
+      for (const at::Tensor& t : tensors)
+        timed->bytes = std::max(timed->bytes, static_cast<int64_t>(t.nbytes()));
+      timed->start = std::make_shared<Event>(true);
+      ZT_CUDA_CHECK(cudaEventRecord(timed->start->handle, stream_));
+      timeline_.push_back(timed);
+    }
     ZT_NCCL_CHECK(nccl_call(), comm_, what);
-    auto done = std::make_shared<Event>();
+    auto done = std::make_shared<Event>(timeline_on_);
     ZT_CUDA_CHECK(cudaEventRecord(done->handle, stream_));
+    if (timed) timed->done = done;
     auto held = std::make_shared<std::vector<at::Tensor>>(std::move(tensors));
     {
       std::lock_guard<std::mutex> lock(mutex_);
       pending_.push_back(Pending{done, held, std::chrono::steady_clock::now(), what});
     }
     wake_.notify_all();
-    return std::make_unique<NcclWork>(this, done, std::move(held), what);
+    return std::make_unique<NcclWork>(this, done, std::move(held), std::move(timed));
   }
 
   // Called by the watchdog with `lock` (on mutex_) held: asks the store which rank failed or
@@ -359,6 +414,8 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
   int64_t sequence_ = 0;
+  bool timeline_on_ = false;
+  std::vector<std::shared_ptr<Timed>> timeline_;  // since the last take_timeline()
 
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -370,7 +427,7 @@ class NcclCommunicator final : public Communicator {
 };
 
 void NcclWork::wait() {
-  owner_->stream_wait(done_);
+  owner_->stream_wait(done_, timed_.get());
   // The caller's stream now waits for the collective: its tensors may go back to the caching
   // allocator (as c10d's TORCH_NCCL_AVOID_RECORD_STREAMS does). Held until completion instead,
   // every unit a host running ahead of the GPU gathered would stay allocated.
@@ -378,7 +435,13 @@ void NcclWork::wait() {
 }
 
 void NcclWork::synchronize() {
+  const auto start = std::chrono::steady_clock::now();
   owner_->host_wait(done_);
+  if (timed_ && !timed_->waited) {
+    timed_->waited = true;
+    timed_->host_wait_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  }
   if (held_) held_->clear();
 }
 

@@ -6,8 +6,10 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 
 #include <fmt/format.h>
 
@@ -251,9 +253,28 @@ void Trainer::Impl::log_window(train::LogWindow& window) {
   log(r);
 }
 
+void Trainer::Impl::write_comm_timeline(int64_t step) {
+  const char* prefix = std::getenv("ZT_COMM_TIMELINE");
+  if (prefix == nullptr || *prefix == '\0') return;
+  const std::vector<CollectiveTime> times = comm->take_timeline();
+  if (times.empty()) return;
+  std::string lines;
+  for (const CollectiveTime& t : times) {
+    lines += fmt::format(
+        "{{\"step\": {}, \"op\": \"{}\", \"bytes\": {}, \"in_flight_ms\": {:.4f}, "
+        "\"exposed_ms\": {:.4f}}}\n",
+        step, t.op, t.bytes, t.in_flight_ms, t.exposed_ms);
+  }
+  const std::string path = fmt::format("{}.rank{}.jsonl", prefix, rank);
+  std::ofstream out(path, std::ios::app);
+  out << lines;
+  if (!out) log::warn("ZT_COMM_TIMELINE: cannot append to '{}'", path);
+}
+
 void Trainer::Impl::after_step(const StepResult& done, train::LogWindow& window,
                                const RunClock& clock) {
   const int64_t step = state.global_step;
+  write_comm_timeline(step);
   if (callbacks.on_step) {
     StepStats st;
     st.global_step = step;

@@ -96,6 +96,9 @@ struct Trainer::Impl {
   StepResult run_step(const std::vector<int64_t>& order);
   /// What follows a step: callbacks, logging, progress, evaluation, checkpoints.
   void after_step(const StepResult& done, train::LogWindow& window, const RunClock& clock);
+  /// With ZT_COMM_TIMELINE=PREFIX: appends the step's collectives as this rank's GPU timed them
+  /// (Communicator::take_timeline) to PREFIX.rank<R>.jsonl. Not a collective.
+  void write_comm_timeline(int64_t step);
   void log_window(train::LogWindow& window);  ///< collective
   void load_best_at_end();
   TrainResult finish_training(const train::LogWindow& window, const RunClock& clock);

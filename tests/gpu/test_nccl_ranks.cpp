@@ -383,3 +383,76 @@ TEST_CASE("nccl ranks: a rank that fails with its own error is named with it",
   test::check_peer_fault(2, "throw", 1, "cuda");
   test::check_peer_fault(4, "throw", 2, "cuda");
 }
+
+// ---- ZeRO-3 memory per rank --------------------------------------------------------------------
+
+TEST_CASE("nccl ranks: ZeRO-3 holds a shard and a few units per rank, never the whole model",
+          "[gpu][nccl][ranks][memory]") {
+  // Eight layers of 51.4M parameters (103 MB in bf16 each), a small vocabulary and batch, so
+  // that the parameters decide the peak. Per rank (docs/engine.md): the bf16 shard 2Ψ/N, the
+  // persistent tensors (embeddings, head, norms) whole, at most three gathered units (the one
+  // computing, the prefetched next, the one recomputed in backward), the adapters' state, and
+  // the caching allocator's rounding — 10% on top. The whole model would be 2Ψ = 822 MB more.
+  const int64_t h = 2048, inter = 5632, layers = 8, vocab = 2048, r = 8;
+  const int64_t per_layer = 4 * h * h + 3 * h * inter + 2 * h;
+  const int64_t persistent = 2 * vocab * h + h;
+  const int64_t lora = layers * r * (4 * 2 * h + 2 * (h + inter) + (inter + h));
+  const std::string config = fmt::format(
+      R"({{"model_type": "llama", "hidden_size": {}, "intermediate_size": {},
+          "num_hidden_layers": {}, "num_attention_heads": 16, "num_key_value_heads": 16,
+          "vocab_size": {}, "max_position_embeddings": 1024, "rms_norm_eps": 1e-5,
+          "tie_word_embeddings": false}})",
+      h, inter, layers, vocab);
+  for (int world : {2, 4}) {
+    const std::string dir = test::temp_dir("nccl_z3_memory");
+    write_data(dir, "train.jsonl", 64, 3);
+    std::vector<std::string> flags{"--model_config",
+                                   config,
+                                   "--train_file",
+                                   dir + "/train.jsonl",
+                                   "--output_dir",
+                                   dir + "/out",
+                                   "--template",
+                                   "alpaca",
+                                   "--per_device_train_batch_size",
+                                   "1",
+                                   "--max_steps",
+                                   "3",
+                                   "--logging_steps",
+                                   "1",
+                                   "--save_steps",
+                                   "1000",
+                                   "--bf16",
+                                   "true",
+                                   "--finetuning_type",
+                                   "lora",
+                                   "--lora_r",
+                                   std::to_string(r),
+                                   "--lora_target_modules",
+                                   "all-linear",
+                                   "--gradient_checkpointing",
+                                   "true",
+                                   "--gradient_checkpointing_keep",
+                                   "none",
+                                   "--device",
+                                   "cuda",
+                                   "--deepspeed",
+                                   stage_json(3)};
+    test::run_ranks(world, "rank: gpu trainer job", std::chrono::seconds(240),
+                    {{"ZT_FLAGS", join_flags(flags)}}, test::gpu_ranks_share_a_gpu(world));
+    const auto peaks = test::logged(dir + "/out", "peak_memory_gib");
+    REQUIRE_FALSE(peaks.empty());
+    double peak = 0;
+    for (const auto& [step, gib] : peaks) peak = std::max(peak, gib * (1 << 30));
+    const double formula = 2.0 * static_cast<double>(layers * per_layer) / world +
+                           2.0 * static_cast<double>(persistent) +
+                           3.0 * 2.0 * static_cast<double>(per_layer) +
+                           16.0 * static_cast<double>(lora);
+    const double whole = 2.0 * static_cast<double>(layers * per_layer + persistent);
+    INFO("world " << world << ": peak " << peak / 1e6 << " MB, formula " << formula / 1e6
+                  << " MB, the whole model " << whole / 1e6 << " MB");
+    WARN("ZeRO-3 memory at world " << world << ": peak " << peak / 1e6 << " MB per rank, formula "
+                                   << formula / 1e6 << " MB");
+    CHECK(peak <= 1.10 * formula);
+  }
+}
