@@ -11,8 +11,10 @@
 #include "support/ranks.hpp"
 #include "util/json.hpp"
 #include "zerotrain/config.hpp"
+#include "zerotrain/error.hpp"
 
 using namespace zt;
+using Catch::Contains;
 
 namespace {
 
@@ -231,19 +233,73 @@ TEST_CASE("older spellings: bfloat16 block, cpu_offload, gather_fp16", "[config]
   CHECK(ds.zero.stage3_gather_16bit_weights_on_model_save);
 }
 
-TEST_CASE("unknown DeepSpeed keys are warnings with their path", "[config]") {
-  DeepSpeedConfig ds = parse_deepspeed_config(R"({"zero_optimization": {"stage": 1, "stagee": 2},
-      "fp16": {"enabled": false, "loss_scael": 1}, "my_extra": 1, "tensorboard": {"enabled": true}})");
+TEST_CASE("an unknown key inside a DeepSpeed section is an error naming it and the nearest key",
+          "[config][errors]") {
+  // DeepSpeed's sections forbid extra keys; every section zerotrain reads does too.
+  struct Row {
+    const char* json;
+    const char* path;
+    const char* nearest;  // "" when nothing is near
+  };
+  const std::vector<Row> rows{
+      {R"({"zero_optimization": {"stage": 1, "stagee": 2}})", "zero_optimization.stagee", "stage"},
+      {R"({"zero_optimization": {"stage": 2, "offload_optimzer": {"device": "cpu"}}})",
+       "zero_optimization.offload_optimzer", "offload_optimizer"},
+      {R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pinmemory": true}}})",
+       "zero_optimization.offload_optimizer.pinmemory", "pin_memory"},
+      {R"({"zero_optimization": {"stage": 3, "offload_param": {"devise": "cpu"}}})",
+       "zero_optimization.offload_param.devise", "device"},
+      {R"({"fp16": {"enabled": false, "loss_scael": 1}})", "fp16.loss_scael", "loss_scale"},
+      {R"({"bf16": {"enabeld": true}})", "bf16.enabeld", "enabled"},
+      {R"({"optimizer": {"type": "AdamW", "parms": {"lr": 1e-4}}})", "optimizer.parms", "params"},
+      {R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decy": 0.1}}})",
+       "optimizer.params.weight_decy", "weight_decay"},
+      {R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": 10}}})",
+       "scheduler.params.warmup_num_step", "warmup_num_steps"},
+      {R"({"zero_optimization": {"stage": 1, "something_else_entirely": 2}})",
+       "zero_optimization.something_else_entirely", ""},
+  };
+  for (const Row& row : rows) {
+    INFO(row.json);
+    try {
+      parse_deepspeed_config(row.json, "ds.json");
+      FAIL("accepted");
+    } catch (const ConfigError& e) {
+      const std::string msg = e.what();
+      INFO(msg);
+      CHECK_THAT(msg, Contains(std::string("ds.json: ") + row.path + ": unknown key"));
+      if (*row.nearest) {
+        CHECK_THAT(msg, Contains(std::string("did you mean '") + row.nearest + "'"));
+      } else {
+        CHECK_THAT(msg, !Contains("did you mean"));
+      }
+    }
+  }
+}
+
+TEST_CASE("an unknown top-level DeepSpeed key near a known one is an error, others are warnings",
+          "[config][errors]") {
+  for (const char* misspelled :
+       {"zero_optimisation", "gradient_clipings", "train_batch_sizee", "bf17", "optimiser"}) {
+    INFO(misspelled);
+    try {
+      parse_deepspeed_config(fmt::format(R"({{"{}": {{}}}})", misspelled), "ds.json");
+      FAIL("accepted");
+    } catch (const ConfigError& e) {
+      CHECK_THAT(e.what(),
+                 Contains(fmt::format("ds.json: {}: unknown key (did you mean", misspelled)));
+    }
+  }
+  DeepSpeedConfig ds = parse_deepspeed_config(
+      R"({"zero_optimization": {"stage": 1}, "my_extra": 1, "tensorboard": {"enabled": true}})");
   auto has = [&](const std::string& s) {
     for (const std::string& w : ds.warnings) {
       if (w.find(s) != std::string::npos) return true;
     }
     return false;
   };
-  CHECK(ds.warnings.size() == 4);
-  CHECK(has("zero_optimization.stagee"));
-  CHECK(has("fp16.loss_scael"));
-  CHECK(has("my_extra"));
+  CHECK(ds.warnings.size() == 2);
+  CHECK(has("my_extra: unknown key, ignored"));
   CHECK(has("tensorboard"));
 }
 
@@ -544,7 +600,7 @@ TEST_CASE("HF flags without effect warn once; values zerotrain cannot honour are
     TrainingArguments b;
     apply_training_flags(b, flags);
   };
-  using Catch::Contains;
+
   CHECK_THROWS_WITH(refused({"--label_smoothing_factor", "0.1"}),
                     Contains("label_smoothing_factor") && Contains("cannot honour"));
   CHECK_THROWS_WITH(refused({"--fsdp", "full_shard", "auto_wrap"}),
@@ -566,7 +622,6 @@ TEST_CASE("HF flags without effect warn once; values zerotrain cannot honour are
 
 TEST_CASE("HF spellings zerotrain acts on: aliases, torch_dtype, use_cpu, bad booleans",
           "[config][args][hf]") {
-  using Catch::Contains;
   TrainingArguments a;
   apply_training_flags(
       a, {"--model_max_length", "77", "--per_gpu_train_batch_size", "3", "--torch_dtype",
@@ -595,7 +650,6 @@ TEST_CASE("HF spellings zerotrain acts on: aliases, torch_dtype, use_cpu, bad bo
 TEST_CASE(
     "step intervals: whole steps, or below 1 fractions of the run; transformers 5's sampler names",
     "[config][args][hf]") {
-  using Catch::Contains;
   TrainingArguments a;
   apply_training_flags(
       a, {"--logging_steps", "0.1", "--save_steps", "200", "--eval_steps", "0.05", "--warmup_steps",

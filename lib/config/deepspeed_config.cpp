@@ -14,9 +14,27 @@ namespace {
 
 using json::ObjectReader;
 
-void collect_unknown(const ObjectReader& r, std::vector<std::string>& warnings) {
-  for (const std::string& p : r.unknown_paths()) {
-    warnings.push_back(fmt::format("{}: unknown key, ignored", p));
+// DeepSpeed's config sections are pydantic models that forbid extra keys: a misspelled key
+// there is an error, not a warning followed by a run without the feature.
+constexpr std::string_view kForbidden =
+    "DeepSpeed refuses unknown keys in this section too: fix the spelling or remove it";
+
+void reject_unknown(const ObjectReader& r) {
+  r.reject_unknown(kForbidden);
+}
+
+// Top level: a key within two edits of a known one is a misspelling and an error; any other
+// unknown key is someone else's (a launcher's, a comment) and only warned about.
+void check_top_level(const ObjectReader& top, std::vector<std::string>& warnings) {
+  for (const std::string& path : top.unknown_paths()) {
+    const std::string near = top.nearest_known(path);
+    if (!near.empty()) {
+      throw ConfigError(fmt::format(
+          "{}: {}: unknown key (did you mean '{}'?); as written it would be ignored and the "
+          "run would go on without it: fix the spelling or remove it",
+          top.source(), path, near));
+    }
+    warnings.push_back(fmt::format("{}: unknown key, ignored", path));
   }
 }
 
@@ -49,7 +67,7 @@ OffloadConfig parse_offload(ObjectReader& r, const char* key, int64_t default_bu
     o->fail_value("device",
                   "NVMe offload is not built into zerotrain; use \"cpu\" (pinned host memory)");
   }
-  collect_unknown(*o, warnings);
+  reject_unknown(*o);
   return out;
 }
 
@@ -118,11 +136,11 @@ ZeroConfig parse_zero(ObjectReader& top, std::vector<std::string>& warnings) {
     r->fail_value("offload_param.device",
                   fmt::format("parameter offload needs ZeRO stage 3 (stage is {})", z.stage));
   }
-  collect_unknown(*r, warnings);
+  reject_unknown(*r);
   return z;
 }
 
-Fp16Config parse_fp16(ObjectReader& top, std::vector<std::string>& warnings) {
+Fp16Config parse_fp16(ObjectReader& top) {
   Fp16Config f;
   std::optional<ObjectReader> r = top.object("fp16");
   if (!r) return f;
@@ -143,11 +161,11 @@ Fp16Config parse_fp16(ObjectReader& top, std::vector<std::string>& warnings) {
                   "fp16 master weights are not supported; zerotrain keeps fp32 masters");
   }
   r->known({"type"});
-  collect_unknown(*r, warnings);
+  reject_unknown(*r);
   return f;
 }
 
-Bf16Config parse_bf16(ObjectReader& top, std::vector<std::string>& warnings) {
+Bf16Config parse_bf16(ObjectReader& top) {
   Bf16Config b;
   // "bfloat16" is DeepSpeed's older spelling of the same block.
   const char* key = top.has("bf16") ? "bf16" : "bfloat16";
@@ -158,11 +176,11 @@ Bf16Config parse_bf16(ObjectReader& top, std::vector<std::string>& warnings) {
   if (auto v = r->boolean("bf16_master_weights_and_grads")) b.master_weights_and_grads = *v;
   if (auto v = r->boolean("bf16_optimizer_states")) b.optimizer_states = *v;
   r->known({"immediate_grad_update", "check_grad_overflow"});
-  collect_unknown(*r, warnings);
+  reject_unknown(*r);
   return b;
 }
 
-OptimizerConfig parse_optimizer(ObjectReader& top, std::vector<std::string>& warnings) {
+OptimizerConfig parse_optimizer(ObjectReader& top) {
   OptimizerConfig o;
   std::optional<ObjectReader> r = top.object("optimizer");
   if (!r) return o;
@@ -204,9 +222,9 @@ OptimizerConfig parse_optimizer(ObjectReader& top, std::vector<std::string>& war
       p->fail_value("dampening", "SGD dampening is not supported; remove it or set 0");
     }
     p->known({"torch_adam", "fused", "foreach", "capturable", "maximize"});
-    collect_unknown(*p, warnings);
+    reject_unknown(*p);
   }
-  collect_unknown(*r, warnings);
+  reject_unknown(*r);
   return o;
 }
 
@@ -281,11 +299,11 @@ SchedulerConfig parse_scheduler(ObjectReader& top, std::vector<std::string>& war
         p->known({"last_batch_iteration"});
         break;
     }
-    collect_unknown(*p, warnings);
+    reject_unknown(*p);
   } else if (s.type == SchedulerType::kOneCycle) {
     r->fail_value("params", "OneCycle needs params with at least \"cycle_momentum\": false");
   }
-  collect_unknown(*r, warnings);
+  reject_unknown(*r);
   return s;
 }
 
@@ -346,11 +364,11 @@ DeepSpeedConfig parse_deepspeed_config(std::string_view text, const std::string&
                                  : *v == "fp16" ? CommDataType::kFp16
                                                 : CommDataType::kBf16;
   }
-  ds.optimizer = parse_optimizer(top, ds.warnings);
+  ds.optimizer = parse_optimizer(top);
   ds.scheduler = parse_scheduler(top, ds.warnings);
   ds.zero = parse_zero(top, ds.warnings);
-  ds.fp16 = parse_fp16(top, ds.warnings);
-  ds.bf16 = parse_bf16(top, ds.warnings);
+  ds.fp16 = parse_fp16(top);
+  ds.bf16 = parse_bf16(top);
   reject_enabled_features(top);
   // Accepted without effect: zerotrain's optimizer is always its own sharded implementation.
   top.known({"zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "memory_breakdown",
@@ -369,7 +387,7 @@ DeepSpeedConfig parse_deepspeed_config(std::string_view text, const std::string&
     throw ConfigError(
         fmt::format("{}: fp16.enabled and bf16.enabled are both true; enable at most one", source));
   }
-  collect_unknown(top, ds.warnings);
+  check_top_level(top, ds.warnings);
   for (const std::string& w : ds.warnings) log::warn("{}: {}", source, w);
   return ds;
 }

@@ -1,6 +1,8 @@
 // RapidJSON helpers with path-carrying errors.
 #include "util/json.hpp"
 
+#include "util/spelling.hpp"
+
 #include <cctype>
 #include <cmath>
 
@@ -249,6 +251,21 @@ std::vector<std::string> ObjectReader::unknown_paths() const {
     if (known_.count(key) == 0) out.push_back(key_path(key));
   }
   return out;
+}
+
+std::string ObjectReader::nearest_known(std::string_view key) const {
+  return nearest_name(key, std::vector<std::string>(known_.begin(), known_.end()), 2);
+}
+
+void ObjectReader::reject_unknown(std::string_view why) const {
+  for (auto it = value_->MemberBegin(); it != value_->MemberEnd(); ++it) {
+    const std::string key(it->name.GetString(), it->name.GetStringLength());
+    if (known_.count(key) != 0) continue;
+    const std::string near = nearest_known(key);
+    throw ConfigError(fmt::format("{}: {}: unknown key{}; {}", source_, key_path(key),
+                                  near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near),
+                                  why));
+  }
 }
 
 }  // namespace zt::json

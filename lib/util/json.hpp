@@ -43,6 +43,7 @@ class ObjectReader {
   ObjectReader(const rapidjson::Value& value, std::string path, std::string source);
 
   const std::string& path() const { return path_; }
+  const std::string& source() const { return source_; }
   std::string key_path(std::string_view key) const;
   bool has(const char* key) const;
   /// True when the member exists and is the string "auto".
@@ -66,6 +67,12 @@ class ObjectReader {
   /// Declares keys that are accepted without being read.
   void known(std::initializer_list<const char*> keys);
   std::vector<std::string> unknown_paths() const;
+  /// The key read or declared known so far that is nearest to `key`, within two edits; "".
+  std::string nearest_known(std::string_view key) const;
+  /// Throws ConfigError for the first member that was neither read nor declared known, naming
+  /// the nearest known key ("did you mean ...?") and `why` (for objects that, like DeepSpeed's
+  /// config sections, forbid extra keys). Call after every key was read.
+  void reject_unknown(std::string_view why) const;
 
   [[noreturn]] void fail(std::string_view key, std::string_view expected) const;
   [[noreturn]] void fail_value(std::string_view key, std::string_view message) const;
