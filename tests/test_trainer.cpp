@@ -3,6 +3,8 @@
 // model), the output-folder rules, and errors for bad inputs.
 #include "support/catch.hpp"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +68,14 @@ std::vector<std::string> split_flags(const std::string& s) {
     }
   }
   return out;
+}
+
+// The run id a checkpoint's zerotrain_state.json records.
+std::string train_step_run_id(const std::string& checkpoint) {
+  const std::string text = files::read_text(checkpoint + "/zerotrain_state.json");
+  const size_t at = text.find("\"run_id\"");
+  REQUIRE(at != std::string::npos);
+  return text.substr(at, 40);
 }
 
 void train_ranks(int world, const std::string& dir, const std::vector<std::string>& extra,
@@ -283,6 +293,111 @@ TEST_CASE("an output_dir with checkpoints needs resume or overwrite", "[trainer]
   TrainingArguments missing;
   apply_training_flags(missing, run_flags(dir, {"--resume_from_checkpoint", dir + "/nowhere"}));
   CHECK_THROWS_WITH(Trainer(missing, comm), Contains("nowhere"));
+}
+
+TEST_CASE("a resumed run never removes another run's complete checkpoints without the flag",
+          "[trainer][errors][checkpoint]") {
+  const std::string dir = test::temp_dir("others");
+  write_data(dir, "train.jsonl", 32, 5);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  auto run = [&](std::vector<std::string> extra) {
+    TrainingArguments args;
+    apply_training_flags(args, run_flags(dir, extra));
+    Trainer(args, comm).train();
+  };
+  run({});  // run A: checkpoint-4, checkpoint-8
+  // Run B starts anew in the same folder and stops at step 2: `latest` names its checkpoint-2.
+  run({"--overwrite_output_dir", "--max_steps", "2", "--save_steps", "2"});
+  const std::string a8 = files::read_text(dir + "/out/checkpoint-8/trainer_state.json");
+  // A plain resume: A's checkpoints are newer than B's latest and complete — refused, kept.
+  CHECK_THROWS_WITH(run({"--resume_from_checkpoint", "True"}),
+                    Contains("checkpoint-4, checkpoint-8") && Contains("another run") &&
+                        Contains("--overwrite_output_dir"));
+  CHECK(files::read_text(dir + "/out/checkpoint-8/trainer_state.json") == a8);
+  CHECK(fs::exists(dir + "/out/checkpoint-4/optimizer"));
+  // With the flag on this command they are removed, and the run continues B's.
+  run({"--resume_from_checkpoint", "True", "--overwrite_output_dir"});
+  CHECK(list_checkpoints(dir + "/out").back().step == 8);
+  CHECK(train_step_run_id(dir + "/out/checkpoint-8") ==
+        train_step_run_id(dir + "/out/checkpoint-2"));
+}
+
+TEST_CASE("a save stopped before it updated latest is complete: the resumed run continues from it",
+          "[trainer][checkpoint]") {
+  const std::string dir = test::temp_dir("behind");
+  write_data(dir, "train.jsonl", 32, 5);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  {
+    TrainingArguments args;
+    apply_training_flags(args, run_flags(dir, {"--max_steps", "6", "--save_steps", "2"}));
+    Trainer(args, comm).train();
+  }
+  files::write_atomic(dir + "/out/latest", "checkpoint-4\n");  // as a save killed after rename
+  const std::string six = files::read_text(dir + "/out/checkpoint-6/trainer_state.json");
+  TrainingArguments resume;
+  apply_training_flags(resume, run_flags(dir, {"--max_steps", "8", "--save_steps", "2",
+                                               "--resume_from_checkpoint", "True"}));
+  Trainer t(resume, comm);
+  CHECK(t.train().global_step == 8);
+  CHECK(files::read_text(dir + "/out/checkpoint-6/trainer_state.json") == six);  // kept, resumed
+  // Steps 5 and 6 were logged once, by the first run: the resumed one began at step 7.
+  const std::string log = files::read_text(dir + "/out/trainer_log.jsonl");
+  auto records_of = [&](int step) {
+    const std::string key = fmt::format("{{\"step\":{},", step);
+    int n = 0;
+    for (size_t at = log.find(key); at != std::string::npos; at = log.find(key, at + 1)) ++n;
+    return n;
+  };
+  CHECK(records_of(5) == 1);
+  CHECK(records_of(7) == 1);
+}
+
+TEST_CASE("output_dir may not be the model folder, hold another run's model, or links and FIFOs",
+          "[trainer][errors]") {
+  const std::string dir = test::temp_dir("outdir");
+  write_data(dir, "train.jsonl", 16, 5);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  auto attempt = [&](std::vector<std::string> extra) {
+    TrainingArguments args;
+    apply_training_flags(args, run_flags(dir, extra));
+    Trainer(args, comm).train();
+  };
+  // A model folder (the tiny model exported), then output_dir = it, and a folder inside it.
+  attempt({"--max_steps", "2", "--save_steps", "100"});
+  const std::string model = dir + "/model";
+  fs::rename(dir + "/out", model);
+  const std::string weights = files::read_text(model + "/model.safetensors", "model", UINT64_MAX);
+  for (const std::string& out : std::vector<std::string>{model, model + "/", model + "/sub"}) {
+    INFO(out);
+    CHECK_THROWS_WITH(
+        attempt({"--model_config", "", "--model_name_or_path", model, "--output_dir", out}),
+        Contains("model_name_or_path folder") && Contains("choose another output_dir"));
+  }
+  CHECK(files::read_text(model + "/model.safetensors", "model", UINT64_MAX) == weights);
+  // A folder with a previous run's final model and no checkpoint: refused without the flag.
+  CHECK_THROWS_WITH(attempt({"--output_dir", model}),
+                    Contains("previous run's outputs") && Contains("--overwrite_output_dir"));
+  // With it, the log starts afresh: only the new run's records.
+  attempt(
+      {"--output_dir", model, "--overwrite_output_dir", "--max_steps", "3", "--save_steps", "100"});
+  const auto losses = logged_losses(model);
+  CHECK(losses.size() == 3);
+  // Links and FIFOs where the run writes: refused at once, never written through or waited on.
+  const std::string outside = dir + "/outside.txt";
+  files::write_atomic(outside, "keep\n");
+  for (const std::string kind : {"link", "fifo"}) {
+    INFO(kind);
+    const std::string out = dir + "/out_" + kind;
+    fs::create_directories(out);
+    if (kind == "link") {
+      fs::create_symlink(outside, out + "/trainer_log.jsonl");
+    } else {
+      REQUIRE(::mkfifo((out + "/trainer_log.jsonl").c_str(), 0644) == 0);
+    }
+    CHECK_THROWS_WITH(attempt({"--output_dir", out}),
+                      Contains("trainer_log.jsonl") && Contains("remove or rename it"));
+  }
+  CHECK(files::read_text(outside) == "keep\n");
 }
 
 TEST_CASE("bad inputs to a run are errors naming the file, line or key", "[trainer][errors]") {

@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 
 #include <fmt/format.h>
 
@@ -96,10 +95,7 @@ void Trainer::Impl::log(const LogRecord& record) {
   log::info("{}", train::describe(record, total_steps));
   try {
     fs::create_directories(args.output_dir);
-    std::ofstream out(args.output_dir + "/trainer_log.jsonl", std::ios::app);
-    out << record.json() << "\n";
-    if (!out)
-      throw IoError(fmt::format("cannot append to '{}/trainer_log.jsonl'", args.output_dir));
+    files::append_text(args.output_dir + "/trainer_log.jsonl", record.json() + "\n");
   } catch (const std::exception& e) {
     log::warn("{}", e.what());  // a log line lost is not worth the run
   }
@@ -185,6 +181,12 @@ void Trainer::Impl::prepare_output_dir() {
   on_every_rank(*comm, fmt::format("preparing output_dir '{}'", args.output_dir), [&] {
     if (rank != 0) return;
     fs::create_directories(args.output_dir);
+    // A run that starts afresh starts its log afresh (a previous run's outputs are only here
+    // with --overwrite_output_dir); a resumed run continues its own.
+    if (!resume_dir) {
+      std::error_code ec;
+      fs::remove(args.output_dir + "/trainer_log.jsonl", ec);
+    }
     if (!superseded.empty()) {
       for (const std::string& dir : superseded) {
         log::warn(
@@ -265,10 +267,11 @@ void Trainer::Impl::write_comm_timeline(int64_t step) {
         "\"exposed_ms\": {:.4f}}}\n",
         step, t.op, t.bytes, t.in_flight_ms, t.exposed_ms);
   }
-  const std::string path = fmt::format("{}.rank{}.jsonl", prefix, rank);
-  std::ofstream out(path, std::ios::app);
-  out << lines;
-  if (!out) log::warn("ZT_COMM_TIMELINE: cannot append to '{}'", path);
+  try {
+    files::append_text(fmt::format("{}.rank{}.jsonl", prefix, rank), lines);
+  } catch (const std::exception& e) {
+    log::warn("ZT_COMM_TIMELINE: {}", e.what());
+  }
 }
 
 void Trainer::Impl::after_step(const StepResult& done, train::LogWindow& window,

@@ -137,6 +137,10 @@ std::string zerotrain_state_json(const TrainerState& s) {
   w.Int64(s.tokens_seen);
   w.Key("finetuning_type");
   w.String(s.finetuning_type.c_str());
+  if (!s.run_id.empty()) {
+    w.Key("run_id");
+    w.String(s.run_id.c_str());
+  }
   w.EndObject();
   return std::string(buf.GetString(), buf.GetSize()) + "\n";
 }
@@ -159,6 +163,7 @@ void read_position(json::ObjectReader& z, TrainerState& s) {
   s.data_seed = need_int(z, "data_seed", 0);
   s.tokens_seen = need_int(z, "tokens_seen", 0);
   s.finetuning_type = z.string("finetuning_type").value_or("full");
+  s.run_id = z.string("run_id").value_or("");
 }
 
 }  // namespace

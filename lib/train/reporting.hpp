@@ -36,6 +36,9 @@ struct TrainerState {
   int64_t data_seed = 0;
   int64_t tokens_seen = 0;
   std::string finetuning_type;
+  /// Which run wrote a checkpoint: made when a run starts afresh, kept when it resumes, so a
+  /// resumed run tells its own checkpoints from another run's in the same folder.
+  std::string run_id;
 };
 
 /// trainer_state.json: exactly the keys of HF's TrainerState dataclass.

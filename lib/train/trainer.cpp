@@ -18,6 +18,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <random>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -84,6 +86,17 @@ std::shared_ptr<Communicator> join_training_job(const TrainingArguments& args,
   return std::shared_ptr<Communicator>(create_communicator(env, options));
 }
 
+namespace {
+
+// 64 random bits as hex: which run wrote a checkpoint (TrainerState::run_id).
+std::string new_run_id() {
+  std::random_device device;
+  const uint64_t high = device(), low = device();
+  return fmt::format("{:016x}", (high << 32) ^ low ^ static_cast<uint64_t>(::getpid()));
+}
+
+}  // namespace
+
 void Trainer::Impl::check_output_dir() {
   const std::string& out = args.output_dir;
   if (out.empty()) {
@@ -100,6 +113,36 @@ void Trainer::Impl::check_output_dir() {
   if (fs::exists(out, ec) && !fs::is_directory(out, ec)) {
     throw ConfigError(
         fmt::format("output_dir '{}' exists and is not a folder; choose another output_dir", out));
+  }
+  // The run writes its final model into output_dir: never into (or inside) the folder it reads
+  // the model or adapter from.
+  for (const auto& [what, source] :
+       {std::pair<const char*, const std::string*>{"model_name_or_path", &args.model_name_or_path},
+        {"adapter_name_or_path", &args.adapter_name_or_path}}) {
+    if (source->empty() || !fs::is_directory(*source, ec)) continue;
+    const fs::path from = fs::weakly_canonical(fs::absolute(*source), ec);
+    const fs::path rel = where.lexically_relative(from);
+    if (!rel.empty() && *rel.begin() != "..") {
+      throw ConfigError(fmt::format(
+          "output_dir '{}' is {} the {} folder '{}': the run would write its model over what it "
+          "reads; choose another output_dir",
+          out, rel == "." ? "" : "inside", what, *source));
+    }
+  }
+  // Names the run writes: none may be a link, FIFO or device placed there (a write would leave
+  // the folder or wait forever).
+  for (const char* name :
+       {"trainer_log.jsonl", "trainer_state.json", "latest", "loss.svg", "training_args.json",
+        "config.json", "model.safetensors", "model.safetensors.index.json",
+        "adapter_model.safetensors", "adapter_config.json", "zerotrain_template.json"}) {
+    const fs::path p = fs::path(out) / name;
+    const fs::file_status st = fs::symlink_status(p, ec);
+    if (ec || !fs::exists(st) || fs::is_regular_file(st)) continue;
+    throw ConfigError(fmt::format(
+        "output_dir '{}': '{}' is {}, not a file the run made; remove or rename it", out, name,
+        fs::is_symlink(st)     ? "a symbolic link"
+        : fs::is_directory(st) ? "a folder"
+                               : "a special file"));
   }
   const std::string& r = args.resume_from_checkpoint;
   const bool from_latest = is_true_text(r);
@@ -123,36 +166,50 @@ void Trainer::Impl::check_output_dir() {
     resume_dir = dir.string();
   }
   if (resume_dir) {
-    // Checkpoints after the one resumed from would be overwritten step by step (or stop the run
-    // at its first save): refuse now, or with overwrite_output_dir remove them when training
-    // starts.
-    const int64_t from = train::read_trainer_state(*resume_dir).global_step;
-    std::vector<std::string> newer;
+    // Checkpoints after the one resumed from would be overwritten step by step. Those of the
+    // same run (a save killed after its folder was renamed into place, complete, but before it
+    // updated `latest`) are resumed from; another run's are never removed without
+    // --overwrite_output_dir on this command.
+    const train::TrainerState at = train::read_trainer_state(*resume_dir);
+    int64_t from = at.global_step;
+    std::vector<CheckpointInfo> same, other;
     for (const CheckpointInfo& c : list_checkpoints(args.output_dir)) {
       std::error_code ec;
-      if (c.step > from && !fs::equivalent(c.path, *resume_dir, ec)) newer.push_back(c.path);
+      if (c.step <= from || fs::equivalent(c.path, *resume_dir, ec)) continue;
+      std::string id;
+      try {
+        id = train::read_trainer_state(c.path).run_id;
+      } catch (const std::exception&) {  // not readable as a checkpoint of a run: not ours
+      }
+      (from_latest && !at.run_id.empty() && id == at.run_id ? same : other).push_back(c);
     }
-    if (!newer.empty() && from_latest && rank == 0) {
-      // Renamed into place by a save that was killed before it could update `latest`: that save
-      // never committed, and the resumed run makes those steps again.
-      log::warn(
-          "'{}/latest' names {}; the newer {} were left by a save that did not finish and are "
-          "removed when "
-          "training starts",
-          out, fs::path(*resume_dir).filename().string(), fmt::join(newer, ", "));
+    if (!same.empty()) {
+      if (rank == 0) {
+        log::info(
+            "'{}/latest' names {}, but {} of the same run is complete and newer (its save "
+            "was stopped before it updated latest): resuming from it",
+            out, fs::path(*resume_dir).filename().string(),
+            fs::path(same.back().path).filename().string());
+      }
+      resume_dir = same.back().path;
+      from = train::read_trainer_state(*resume_dir).global_step;
+      other.erase(std::remove_if(other.begin(), other.end(),
+                                 [&](const CheckpointInfo& c) { return c.step <= from; }),
+                  other.end());
     }
-    if (!newer.empty() && !from_latest && !args.overwrite_output_dir) {
+    if (!other.empty() && !args.overwrite_output_dir) {
       std::vector<std::string> names;
-      for (const std::string& n : newer) names.push_back(fs::path(n).filename().string());
-      throw ConfigError(
-          fmt::format("resume_from_checkpoint '{}' is step {}, but output_dir '{}' holds newer "
-                      "checkpoint(s): {}; pass "
-                      "--overwrite_output_dir to remove them and continue from step {}, or resume "
-                      "from the newest "
-                      "(--resume_from_checkpoint True)",
-                      *resume_dir, from, args.output_dir, fmt::join(names, ", "), from));
+      for (const CheckpointInfo& c : other) names.push_back(fs::path(c.path).filename().string());
+      throw ConfigError(fmt::format(
+          "resume_from_checkpoint {}: '{}' is step {}, but output_dir '{}' holds newer "
+          "checkpoint(s) {}{} that this run would overwrite; move them away, pass "
+          "--overwrite_output_dir to remove them and continue from step {}{}",
+          from_latest ? "True" : "'" + r + "'", *resume_dir, from, args.output_dir,
+          fmt::join(names, ", "), from_latest ? " written by another run" : "", from,
+          from_latest ? "" : ", or resume from the newest (--resume_from_checkpoint True)"));
     }
-    superseded = newer;
+    superseded.clear();
+    for (const CheckpointInfo& c : other) superseded.push_back(c.path);
   }
   if (!resume_dir && !args.overwrite_output_dir) {
     std::vector<CheckpointInfo> existing = list_checkpoints(args.output_dir);
@@ -163,6 +220,16 @@ void Trainer::Impl::check_output_dir() {
           "continue that run, --overwrite_output_dir to start anew there, or choose another "
           "output_dir",
           args.output_dir, existing.size(), fs::path(existing.back().path).filename().string()));
+    }
+    // HF Trainer's rule: a folder holding a previous run's outputs is not taken over silently.
+    for (const char* name : {"trainer_state.json", "trainer_log.jsonl", "model.safetensors",
+                             "model.safetensors.index.json", "adapter_model.safetensors"}) {
+      if (fs::exists(fs::path(out) / name, ec)) {
+        throw ConfigError(
+            fmt::format("output_dir '{}' holds a previous run's outputs ({}); pass "
+                        "--overwrite_output_dir to replace them, or choose another output_dir",
+                        out, name));
+      }
     }
   }
   if (args.packing && (args.finetuning_type == "ptuning" || args.finetuning_type == "prefix" ||
@@ -396,6 +463,7 @@ void Trainer::Impl::restore(const std::string& dir) {
   state.best_global_step = saved.best_global_step;
   state.total_flos = saved.total_flos;
   state.tokens_seen = saved.tokens_seen;
+  if (!saved.run_id.empty()) state.run_id = saved.run_id;
   state.global_step = engine->global_step();
   // The data position by samples consumed: the same step of the epoch when the global batch is
   // kept, the nearest earlier one otherwise.
@@ -493,6 +561,7 @@ Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm,
   I.state.global_batch_size = I.batch.size();
   I.state.gradient_accumulation_steps = I.batch.accumulation;
   I.state.data_seed = static_cast<int64_t>(I.data_seed);
+  I.state.run_id = new_run_id();  // a resumed run takes its checkpoint's (restore)
   // HF's set_seed: the random stream dropout draws from starts at `seed` (a resumed run then
   // continues the saved stream instead).
   at::manual_seed(static_cast<uint64_t>(I.args.seed));

@@ -115,7 +115,10 @@ std::string descendant(const std::string& dir, const std::string& relative,
 
 void write_atomic(const std::string& path, const std::string& content) {
   std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  // A fresh file of its own: whatever sits at the temporary name (a stale file, a link placed
+  // there) is removed, never written through.
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) throw IoError(fmt::format("cannot create '{}': {}", tmp, std::strerror(errno)));
   size_t done = 0;
   while (done < content.size()) {
@@ -139,6 +142,41 @@ void write_atomic(const std::string& path, const std::string& content) {
     ::unlink(tmp.c_str());
     throw IoError(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(err)));
   }
+}
+
+void append_text(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(),
+                        O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    const char* why = err == ELOOP   ? "it is a symbolic link"
+                      : err == ENXIO ? "it is a FIFO"
+                                     : std::strerror(err);
+    throw IoError(
+        fmt::format("cannot append to '{}': {}; a run writes only regular files of its "
+                    "own folder: remove or rename it",
+                    path, why));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw IoError(
+        fmt::format("cannot append to '{}': it is not a regular file (a FIFO, device "
+                    "or folder); remove or rename it",
+                    path));
+  }
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      throw IoError(fmt::format("cannot append to '{}': {}", path, std::strerror(err)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
 }
 
 namespace {

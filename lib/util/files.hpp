@@ -41,6 +41,11 @@ std::string descendant(const std::string& dir, const std::string& relative,
 /// link at `path` is replaced, never written through).
 void write_atomic(const std::string& path, const std::string& content);
 
+/// Appends `text` to the regular file `path` (created when missing) in one write. A symbolic
+/// link, FIFO, device or folder at `path` is an IoError naming it: the write never goes through
+/// a link out of the run's folder and never waits for a FIFO's reader.
+void append_text(const std::string& path, const std::string& text);
+
 /// Removes `path` and everything under it without following symbolic links; a missing path is
 /// no error. A failure is an IoError naming the entry that could not be removed. Used instead of
 /// std::filesystem::remove_all, which crashed (SIGSEGV) on the GPU machine's toolchain (g++ 13
