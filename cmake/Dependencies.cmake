@@ -52,6 +52,18 @@ add_library(zt_utf8proc INTERFACE)
 target_include_directories(zt_utf8proc SYSTEM INTERFACE ${UTF8PROC_INCLUDE_DIR})
 target_link_libraries(zt_utf8proc INTERFACE ${UTF8PROC_LIBRARY})
 
+# RE2: user-given regular expressions (LoRA targets, adapter configs) are matched in linear time
+# (docs/peft.md). On the GPU machine an unpacked Debian package (cmake/gpu-deps-extra.sh).
+find_path(RE2_INCLUDE_DIR re2/re2.h HINTS ENV CPATH ENV RE2_ROOT PATH_SUFFIXES include)
+find_library(RE2_LIBRARY re2 HINTS ENV LIBRARY_PATH ENV RE2_ROOT PATH_SUFFIXES lib)
+if(NOT RE2_INCLUDE_DIR OR NOT RE2_LIBRARY)
+  message(FATAL_ERROR "RE2 not found: run `make deps` (Debian: libre2-dev), or on the GPU "
+                      "machine carry .gpu-deps after cmake/gpu-deps-extra.sh")
+endif()
+add_library(zt_re2 INTERFACE)
+target_include_directories(zt_re2 SYSTEM INTERFACE ${RE2_INCLUDE_DIR})
+target_link_libraries(zt_re2 INTERFACE ${RE2_LIBRARY})
+
 # CUDA runtime + NCCL: the NCCL backend compiles wherever both exist, GPU or not.
 set(ZT_HAVE_CUDA OFF)
 set(ZT_HAVE_NCCL OFF)

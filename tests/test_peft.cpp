@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <rapidjson/document.h>
 
+#include "peft/lora_targets.hpp"
 #include "peft/prompt_encoders.hpp"
 #include "support/ranks.hpp"
 #include "util/files.hpp"
@@ -259,6 +260,45 @@ TEST_CASE("flat training options select the method, and misuse is an error", "[p
   none.lora.target_modules = {"query_key_value"};
   CHECK_THROWS_WITH(apply_peft(*m, none, 0),
                     Contains("matches no projection") && Contains("q_proj"));
+}
+
+TEST_CASE("LoRA target patterns are matched in linear time: PEFT's forms work, others are refused",
+          "[peft][errors][hostile]") {
+  auto targets = [](const std::string& pattern) {
+    auto m = base_llama();
+    LoraOptions o;
+    o.target_regex = pattern;
+    return peft::lora_targets(*m, o);
+  };
+  // What PEFT users write (re.fullmatch against the module path).
+  for (const char* pattern :
+       {".*\\.(q|v)_proj", R"(model\.layers\.\d+\.self_attn\.(q|k|v)_proj)",
+        ".*(?:gate|up|down)_proj", "^.*\\.o_proj$", R"(.*layers\.[01]\..*proj)"}) {
+    INFO(pattern);
+    CHECK_FALSE(targets(pattern).empty());
+  }
+  CHECK(targets(".*\\.q_proj").size() * 2 == targets(".*\\.(q|v)_proj").size());
+  // Backtracking bombs finish at once (std::regex ran past 120 s) and match what they say.
+  const std::string bomb = "(.*.*)*x_proj";
+  CHECK(targets(bomb).empty());
+  CHECK(targets("(.*.*)*q_proj").size() == targets(".*q_proj").size());
+  // 30,000 nested groups (std::regex's recursion overflowed the stack): compiled and matched.
+  const std::string nested = std::string(30000, '(') + ".*q_proj" + std::string(30000, ')');
+  CHECK(targets(nested).size() == targets(".*q_proj").size());
+  // Refused, naming the option and the pattern, never a crash: constructs RE2 lacks, programs
+  // over the memory bound, syntax errors.
+  struct Bad {
+    std::string pattern;
+    const char* says;
+  };
+  const std::vector<Bad> bad{{".*(?<!lm_)head", "lookaround"},
+                             {R"((q)_proj\1)", "backreferences"},
+                             {"((((a{100}){100}){100}){100})", "lora_target_modules"},
+                             {"(unclosed", "missing )"}};
+  for (const Bad& b : bad) {
+    INFO(b.pattern.substr(0, 60));
+    CHECK_THROWS_WITH(targets(b.pattern), Contains("lora_target_modules") && Contains(b.says));
+  }
 }
 
 TEST_CASE("adapter options zerotrain lacks are errors naming them", "[peft][errors]") {

@@ -7,8 +7,8 @@
 #include <exception>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -46,6 +46,17 @@ std::optional<int64_t> parse_count(const std::string& text) {
 }
 constexpr const char* kFormat = "zerotrain-optimizer-state";
 constexpr int kVersion = 1;
+
+// The digits of a "checkpoint-<digits>" name; "" for any other name.
+std::string checkpoint_digits(const std::string& name) {
+  constexpr std::string_view kPrefix = "checkpoint-";
+  if (name.size() <= kPrefix.size() || name.compare(0, kPrefix.size(), kPrefix) != 0) return {};
+  const std::string digits = name.substr(kPrefix.size());
+  for (char c : digits) {
+    if (c < '0' || c > '9') return {};
+  }
+  return digits;
+}
 
 std::string rank_file(int rank, int world) {
   return fmt::format("optimizer/rank-{:05d}-of-{:05d}.safetensors", rank, world);
@@ -268,14 +279,12 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& output_dir) {
   std::vector<CheckpointInfo> out;
   std::error_code ec;
   if (!fs::is_directory(output_dir, ec)) return out;
-  static const std::regex pattern("checkpoint-([0-9]+)");
   for (const auto& entry : fs::directory_iterator(output_dir, ec)) {
-    std::smatch m;
     const std::string name = entry.path().filename().string();
+    const std::string digits = checkpoint_digits(name);
     // Real folders only: a link named checkpoint-N could lead anywhere.
-    if (!entry.is_directory(ec) || entry.is_symlink(ec) || !std::regex_match(name, m, pattern))
-      continue;
-    std::optional<int64_t> step = parse_count(m[1].str());
+    if (!entry.is_directory(ec) || entry.is_symlink(ec) || digits.empty()) continue;
+    std::optional<int64_t> step = parse_count(digits);
     if (!step) {
       log::warn("'{}': the step in '{}' does not fit a 64-bit integer; ignoring that folder",
                 output_dir, name);
@@ -288,9 +297,8 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& output_dir) {
 }
 
 std::optional<std::string> checkpoint_in(const std::string& output_dir, const std::string& name) {
-  static const std::regex pattern("checkpoint-[0-9]+");
   std::error_code ec;
-  if (!std::regex_match(name, pattern)) return std::nullopt;
+  if (checkpoint_digits(name).empty()) return std::nullopt;
   const fs::path dir = fs::path(output_dir) / name;
   const fs::file_status st = fs::symlink_status(dir, ec);
   if (ec || !fs::is_directory(st)) return std::nullopt;  // not there, or a link

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <regex>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -14,6 +14,7 @@
 #include "model/layers.hpp"
 #include "peft/lora_targets.hpp"
 #include "peft/prompt_encoders.hpp"
+#include "util/pattern.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt {
@@ -95,8 +96,9 @@ std::vector<std::pair<std::string, std::shared_ptr<model::Linear>>> projections(
   return out;
 }
 
-bool is_lora_target(const std::string& path, const LoraOptions& o) {
-  if (!o.target_regex.empty()) return std::regex_match(path, std::regex(o.target_regex));
+// `pattern` is o.target_regex compiled (when there is one).
+bool is_lora_target(const std::string& path, const LoraOptions& o, const Pattern* pattern) {
+  if (pattern != nullptr) return pattern->full_match(path);
   for (const std::string& t : o.target_modules) {
     if (t == "all-linear") {  // PEFT's: every projection but the output layer
       if (!ends_with_component(path, "lm_head") && !ends_with_component(path, "output_layer"))
@@ -241,17 +243,11 @@ void apply_freeze(CausalLM& model, const FreezeOptions& o) {
 }  // namespace
 
 std::vector<std::string> peft::lora_targets(torch::nn::Module& model, const LoraOptions& o) {
-  if (!o.target_regex.empty()) {
-    try {
-      std::regex check(o.target_regex);
-    } catch (const std::regex_error& e) {
-      throw ConfigError(fmt::format("lora_target_modules: \"{}\" is not a valid regex: {}",
-                                    o.target_regex, e.what()));
-    }
-  }
+  std::optional<Pattern> pattern;
+  if (!o.target_regex.empty()) pattern.emplace(o.target_regex, "lora_target_modules");
   std::vector<std::string> out;
   for (auto& [path, lin] : projections(model)) {
-    if (is_lora_target(path, o)) out.push_back(path);
+    if (is_lora_target(path, o, pattern ? &*pattern : nullptr)) out.push_back(path);
   }
   return out;
 }
