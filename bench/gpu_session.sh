@@ -33,7 +33,8 @@
 #   bench/gpu_session.sh conformance      PEFT, transformers and tensorboard read what zerotrain wrote
 #                                         (.gpu-check/: see docs/build.md), results in $OUT/conformance.tgz
 #
-# Phases may be chained (`build test`). Needs `.gpu-deps/` (../shared/gpu/prepare-deps.sh) and,
+# Phases may be chained (`build test`). Needs `.gpu-deps/` (../shared/gpu/prepare-deps.sh, then
+# cmake/gpu-deps-extra.sh) and,
 # for the peer runs, `.peer/hf_baseline.py` (a copy of ../shared/bench/hf_baseline.py): carry
 # both. Logs and RESULT lines go under $OUT (the device tool's result folder), training
 # outputs under /tmp so that no model weights are sent back.
