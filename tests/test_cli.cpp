@@ -92,6 +92,30 @@ TEST_CASE("exit statuses and one error line", "[cli][errors]") {
                Contains("error: unknown option --lerning_rate") && Contains("learning_rate"));
     CHECK(count_lines_starting(r.output, "error: ") == 1);
   }
+  SECTION("the peers' spellings get the option to use instead") {
+    for (const auto& [peer, ours] : {std::pair<const char*, const char*>{"data_path", "train_file"},
+                                     {"model_path", "model_name_or_path"},
+                                     {"epochs", "num_train_epochs"}}) {
+      Ran r = cli(fmt::format("train --{} x", peer));
+      CHECK(r.status == 2);
+      CHECK_THAT(r.output, Contains(fmt::format("unknown option --{}", peer)) &&
+                               Contains(fmt::format("did you mean '{}'", ours)));
+    }
+  }
+  SECTION("a hub id is not a folder: download it first") {
+    Ran r =
+        cli(fmt::format("train --model_name_or_path Qwen/Qwen2.5-7B --train_file x.jsonl "
+                        "--output_dir '{}/o'",
+                        dir));
+    CHECK(r.status != 0);
+    CHECK_THAT(r.output, Contains("'Qwen/Qwen2.5-7B'") && Contains("hub id") &&
+                             Contains("huggingface-cli download Qwen/Qwen2.5-7B"));
+  }
+  SECTION("launch names a program it cannot start") {
+    Ran r = cli("launch --nproc_per_node 1 -- zerotrian train");
+    CHECK(r.status != 0);
+    CHECK_THAT(r.output, Contains("cannot execute 'zerotrian'"));
+  }
   SECTION("a missing file exits 1 and names it") {
     Ran r = cli(fmt::format(
         "train --model_name_or_path '{}/no_such_model' --train_file x.jsonl --output_dir '{}/o'",

@@ -144,6 +144,11 @@ std::vector<pid_t> start_ranks(const std::vector<std::string>& command,
     envps[static_cast<size_t>(r)].push_back(nullptr);
   }
 
+  // Made before fork(): only async-signal-safe calls in the child.
+  const std::string cannot_exec = fmt::format(
+      "zerotrain launch: cannot execute '{}': not found on PATH or not executable; check the "
+      "program's name after --\n",
+      command[0]);
   std::vector<pid_t> pids(static_cast<size_t>(options.nproc), -1);
   const pid_t parent = ::getpid();
   pid_t group = 0;
@@ -167,8 +172,7 @@ std::vector<pid_t> start_ranks(const std::vector<std::string>& command,
         ::dup2(log_fd, 2);
       }
       ::execvpe(argv[0], argv.data(), envps[static_cast<size_t>(r)].data());
-      const char msg[] = "zerotrain launch: cannot execute the command\n";
-      ssize_t ignored = ::write(2, msg, sizeof(msg) - 1);
+      ssize_t ignored = ::write(2, cannot_exec.data(), cannot_exec.size());
       (void)ignored;
       ::_exit(127);
     }

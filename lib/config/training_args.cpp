@@ -26,6 +26,22 @@ using config::find_option;
 using config::options;
 
 std::string suggestion(std::string_view name) {
+  // The peers' spellings of options zerotrain names otherwise (LLaMA-Factory, FastChat-style
+  // scripts, Alpaca's train.py).
+  static const std::pair<const char*, const char*> kPeers[] = {
+      {"data_path", "train_file"},
+      {"dataset", "train_file"},
+      {"train_data", "train_file"},
+      {"eval_data_path", "eval_file"},
+      {"model_path", "model_name_or_path"},
+      {"model", "model_name_or_path"},
+      {"output_path", "output_dir"},
+      {"epochs", "num_train_epochs"},
+      {"lr", "learning_rate"},
+      {"batch_size", "per_device_train_batch_size"}};
+  for (const auto& [peer, ours] : kPeers) {
+    if (name == peer) return fmt::format(" (did you mean '{}'?)", ours);
+  }
   const Option* best = nullptr;
   size_t best_d = 4;
   for (const Option& o : options()) {

@@ -1,6 +1,8 @@
 // HF config.json ↔ ModelConfig, in transformers' 4.x and 5.x spellings.
 #include <cmath>
 
+#include <filesystem>
+
 #include <fmt/format.h>
 
 #include "util/files.hpp"
@@ -347,6 +349,17 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
 ModelConfig load_model_config(const std::string& path) {
   std::string file = path;
   if (file.size() < 5 || file.compare(file.size() - 5, 5, ".json") != 0) file += "/config.json";
+  std::error_code ec;
+  const size_t slash = path.find('/');
+  if (!std::filesystem::exists(path, ec) && slash != std::string::npos && slash > 0 &&
+      path.find('/', slash + 1) == std::string::npos && path[0] != '.' && slash + 1 < path.size()) {
+    // "Qwen/Qwen2.5-7B": a hub id, where zerotrain reads local folders only.
+    throw IoError(fmt::format(
+        "'{}' is not a folder here; it looks like a Hugging Face hub id, and zerotrain reads local "
+        "model folders only: download it first (huggingface-cli download {} --local-dir DIR, or "
+        "git clone https://huggingface.co/{}) and pass DIR",
+        path, path, path));
+  }
   std::string text = files::read_text(file, "model config");
   ModelConfig c = parse_model_config(text, file);
   c.source_json = std::move(text);

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -142,9 +143,24 @@ namespace {
 
 // Starts `argv` with this process's environment plus `env`, its output into `log`.
 pid_t spawn(const std::vector<std::string>& argv, const Env& env, const std::string& log) {
+  // This process's environment less the names `env` sets (getenv takes the first entry), then
+  // `env` itself, where a later entry of a name replaces an earlier one.
   std::vector<std::string> strings;
-  for (char** e = environ; *e != nullptr; ++e) strings.emplace_back(*e);
-  for (const auto& [k, v] : env) strings.push_back(k + "=" + v);
+  auto named = [](const std::string& entry, const std::string& name) {
+    return entry.size() > name.size() && entry.compare(0, name.size(), name) == 0 &&
+           entry[name.size()] == '=';
+  };
+  for (char** e = environ; *e != nullptr; ++e) {
+    bool set_here = false;
+    for (const auto& kv : env) set_here = set_here || named(*e, kv.first);
+    if (!set_here) strings.emplace_back(*e);
+  }
+  for (const auto& [k, v] : env) {
+    strings.erase(std::remove_if(strings.begin(), strings.end(),
+                                 [&](const std::string& entry) { return named(entry, k); }),
+                  strings.end());
+    strings.push_back(k + "=" + v);
+  }
   std::vector<char*> envp, args;
   for (std::string& s : strings) envp.push_back(s.data());
   envp.push_back(nullptr);
