@@ -7,8 +7,11 @@
 #include <climits>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <mutex>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include <fmt/format.h>
 #include <rapidjson/document.h>
@@ -58,6 +61,10 @@ void require(bool ok, const char* message) {
   if (!ok) throw zt::InvalidArgument(message);
 }
 
+void require(bool ok, const std::string& message) {
+  if (!ok) throw zt::InvalidArgument(message);
+}
+
 // `distributed` of the options, in place of the launcher's variables.
 zt::LaunchEnv launch_env_of(const rapidjson::Value& value, zt::TrainingArguments& args) {
   zt::json::ObjectReader r(value, "distributed", "options");
@@ -86,8 +93,56 @@ zt::LaunchEnv launch_env_of(const rapidjson::Value& value, zt::TrainingArguments
 }
 
 // [n, rows, cols] int64 host arrays as tensors (copied, so the caller's memory is read only now).
-at::Tensor tokens_of(const int64_t* data, int64_t n, int64_t rows, int64_t cols) {
-  return at::from_blob(const_cast<int64_t*>(data), {n * rows, cols}, at::kLong).clone();
+// n × rows × cols tokens, checked before anything is allocated: each positive, and the product
+// no more than 2^40 (an overflow, or more tokens than any host array holds, is a caller's size
+// mistake). `fn` and the names say which argument in the message.
+void check_token_count(const char* fn,
+                       std::initializer_list<std::pair<const char*, int64_t>> sizes) {
+  constexpr int64_t kMaxTokens = int64_t{1} << 40;
+  std::string product;
+  for (const auto& [name, v] : sizes) {
+    product += fmt::format("{}{} {}", product.empty() ? "" : " × ", name, v);
+  }
+  int64_t total = 1;
+  for (const auto& [name, v] : sizes) {
+    if (v < 1)
+      throw zt::InvalidArgument(fmt::format("{}: {} must be positive ({})", fn, name, product));
+    if (total > kMaxTokens / v) {
+      throw zt::InvalidArgument(
+          fmt::format("{}: {} is more than 2^40 tokens (or overflows); pass the sizes of the "
+                      "arrays you hold",
+                      fn, product));
+    }
+    total *= v;
+  }
+}
+
+template <typename T>
+at::Tensor tokens_of(const T* data, int64_t n, int64_t rows, int64_t cols) {
+  const at::ScalarType type = std::is_same<T, int32_t>::value ? at::kInt : at::kLong;
+  return at::from_blob(const_cast<T*>(data), {n * rows, cols}, type).to(at::kLong);
+}
+
+template <typename T>
+zt_status train_step_of(const char* fn, zt_trainer* t, const T* input_ids, const T* labels,
+                        int64_t batch_size, int64_t seq_len, zt_step_stats* stats) {
+  return guarded([&] {
+    require(t != nullptr, fmt::format("{}: trainer is NULL", fn));
+    require(input_ids != nullptr, fmt::format("{}: input_ids is NULL", fn));
+    check_token_count(fn, {{"batch_size", batch_size}, {"seq_len", seq_len}});
+    at::Tensor ids = tokens_of(input_ids, 1, batch_size, seq_len);
+    at::Tensor y = labels != nullptr ? tokens_of(labels, 1, batch_size, seq_len) : at::Tensor();
+    zt::StepStats s = t->trainer->train_step(ids, y);
+    if (stats != nullptr) {
+      stats->global_step = s.global_step;
+      stats->stepped = s.stepped ? 1 : 0;
+      stats->skipped = s.skipped ? 1 : 0;
+      stats->loss = s.loss;
+      stats->grad_norm = s.grad_norm;
+      stats->learning_rate = s.learning_rate;
+      stats->loss_scale = s.loss_scale;
+    }
+  });
 }
 
 }  // namespace
@@ -189,27 +244,13 @@ int32_t zt_trainer_world_size(const zt_trainer* t) {
 
 zt_status zt_trainer_train_step(zt_trainer* t, const int64_t* input_ids, const int64_t* labels,
                                 int64_t batch_size, int64_t seq_len, zt_step_stats* stats) {
-  return guarded([&] {
-    require(t != nullptr, "zt_trainer_train_step: trainer is NULL");
-    require(input_ids != nullptr, "zt_trainer_train_step: input_ids is NULL");
-    if (batch_size < 1 || seq_len < 1) {
-      throw zt::InvalidArgument(
-          fmt::format("zt_trainer_train_step: batch_size {} and seq_len {} must be positive",
-                      batch_size, seq_len));
-    }
-    at::Tensor ids = tokens_of(input_ids, 1, batch_size, seq_len);
-    at::Tensor y = labels != nullptr ? tokens_of(labels, 1, batch_size, seq_len) : at::Tensor();
-    zt::StepStats s = t->trainer->train_step(ids, y);
-    if (stats != nullptr) {
-      stats->global_step = s.global_step;
-      stats->stepped = s.stepped ? 1 : 0;
-      stats->skipped = s.skipped ? 1 : 0;
-      stats->loss = s.loss;
-      stats->grad_norm = s.grad_norm;
-      stats->learning_rate = s.learning_rate;
-      stats->loss_scale = s.loss_scale;
-    }
-  });
+  return train_step_of("zt_trainer_train_step", t, input_ids, labels, batch_size, seq_len, stats);
+}
+
+zt_status zt_trainer_train_step_i32(zt_trainer* t, const int32_t* input_ids, const int32_t* labels,
+                                    int64_t batch_size, int64_t seq_len, zt_step_stats* stats) {
+  return train_step_of("zt_trainer_train_step_i32", t, input_ids, labels, batch_size, seq_len,
+                       stats);
 }
 
 zt_status zt_trainer_evaluate(zt_trainer* t, const int64_t* input_ids, const int64_t* labels,
@@ -219,11 +260,9 @@ zt_status zt_trainer_evaluate(zt_trainer* t, const int64_t* input_ids, const int
     require(t != nullptr, "zt_trainer_evaluate: trainer is NULL");
     require(input_ids != nullptr, "zt_trainer_evaluate: input_ids is NULL");
     require(mean_loss != nullptr, "zt_trainer_evaluate: mean_loss is NULL");
-    if (num_batches < 1 || batch_size < 1 || seq_len < 1) {
-      throw zt::InvalidArgument(fmt::format(
-          "zt_trainer_evaluate: num_batches {}, batch_size {} and seq_len {} must be positive",
-          num_batches, batch_size, seq_len));
-    }
+    check_token_count(
+        "zt_trainer_evaluate",
+        {{"num_batches", num_batches}, {"batch_size", batch_size}, {"seq_len", seq_len}});
     at::Tensor ids = tokens_of(input_ids, num_batches, batch_size, seq_len);
     at::Tensor y =
         labels != nullptr ? tokens_of(labels, num_batches, batch_size, seq_len) : at::Tensor();

@@ -117,6 +117,13 @@ ZT_EXPORT zt_status zt_trainer_train_step(zt_trainer* t, const int64_t* input_id
                                           const int64_t* labels, int64_t batch_size,
                                           int64_t seq_len, zt_step_stats* stats);
 
+/* zt_trainer_train_step with int32 token ids — what zt_tokenizer_encode writes — so a host
+ * passes the encoder's output as it is. Sizes whose product overflows (or exceeds what the
+ * arrays can hold: 2^40 tokens) are ZT_ERR_INVALID_ARGUMENT naming them. Collective. */
+ZT_EXPORT zt_status zt_trainer_train_step_i32(zt_trainer* t, const int32_t* input_ids,
+                                              const int32_t* labels, int64_t batch_size,
+                                              int64_t seq_len, zt_step_stats* stats);
+
 /* The token-weighted mean loss over `num_batches` batches of [batch_size, seq_len] laid out back
  * to back in `input_ids` (and `labels`, which may be NULL), without changing the model. Every
  * rank passes its own batches, the same number of them. Collective. */

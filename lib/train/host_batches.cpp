@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "train/trainer_impl.hpp"
+#include "util/log.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt {
@@ -67,6 +68,15 @@ StepStats Trainer::Impl::train_step(const at::Tensor& input_ids, const at::Tenso
     stats.grad_norm = I.engine->last_grad_norm();
   }
   I.state.global_step = stats.global_step = I.engine->global_step();
+  if (stats.stepped && I.state.global_step > I.total_steps && !I.warned_past_max_steps) {
+    I.warned_past_max_steps = true;
+    if (I.rank == 0) {
+      log::warn(
+          "train_step: optimizer step {} is past max_steps {}: the learning-rate schedule has "
+          "run out (the rate is now {:g}); raise max_steps in the options to keep training",
+          I.state.global_step, I.total_steps, I.engine->learning_rate());
+    }
+  }
   stats.loss = totals[0] / std::max(1.0, totals[1]);
   stats.learning_rate = I.engine->learning_rate();
   stats.loss_scale = I.engine->loss_scale();

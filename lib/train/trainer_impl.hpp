@@ -104,6 +104,7 @@ struct Trainer::Impl {
   TrainResult finish_training(const train::LogWindow& window, const RunClock& clock);
   /// Trainer::train() past its argument check: the epochs, then finish_training.
   TrainResult train();
+  bool warned_past_max_steps = false;  ///< train_step past max_steps says so once
   /// Trainer::train_step's work.
   StepStats train_step(const at::Tensor& input_ids, const at::Tensor& labels);
   /// Runs `fn`; an error of this rank's own (not a DistributedError, which another rank's

@@ -50,6 +50,11 @@ static void on_log(int level, const char *message, void *user_data) {
   ++*(int *)user_data;
 }
 
+static void count_past_max(int level, const char *message, void *user_data) {
+  (void)level;
+  if (strstr(message, "past max_steps") != NULL) ++*(int *)user_data;
+}
+
 static int stop_after = 0;
 static int progress_calls = 0;
 static int on_progress(const zt_step_stats *stats, void *user_data) {
@@ -162,6 +167,30 @@ int main(void) {
   CHECK(last < first); /* the same batch, eight times: it is learned */
   CHECK_OK(zt_trainer_train_step(t, ids, NULL, 2, 8, NULL)); /* stats may be NULL */
   CHECK_OK(zt_trainer_train_step(t, ids, NULL, 2, 8, NULL));
+  double loss0 = 0.0;
+  /* Sizes whose product overflows, or exceeds any array a host holds: an argument error naming
+   * them, before anything is allocated. */
+  CHECK_FAILS(zt_trainer_train_step(t, ids, NULL, INT64_C(1) << 62, 8, &st),
+              ZT_ERR_INVALID_ARGUMENT, "batch_size 4611686018427387904 × seq_len 8");
+  CHECK_FAILS(zt_trainer_evaluate(t, ids, NULL, INT64_C(1) << 30, INT64_C(1) << 30, 8, &loss0),
+              ZT_ERR_INVALID_ARGUMENT, "num_batches");
+  /* int32 ids, as zt_tokenizer_encode writes them: the same window as the int64 call. */
+  {
+    int32_t ids32[2 * 8], labels32[2 * 8];
+    for (int i = 0; i < 16; ++i) {
+      ids32[i] = (int32_t)ids[i];
+      labels32[i] = (int32_t)labels[i];
+    }
+    double l64 = 0.0, l32 = 0.0;
+    CHECK_OK(zt_trainer_evaluate(t, ids, labels, 1, 2, 8, &l64));
+    CHECK_OK(zt_trainer_train_step_i32(t, ids32, labels32, 2, 8, &st));
+    CHECK(st.stepped == 0 && isfinite(st.loss) && fabs(st.loss - l64) < 1e-5);
+    CHECK_OK(zt_trainer_train_step_i32(t, ids32, NULL, 2, 8, &st));
+    CHECK(st.stepped == 1);
+    CHECK_FAILS(zt_trainer_train_step_i32(t, NULL, NULL, 2, 8, &st), ZT_ERR_INVALID_ARGUMENT,
+                "zt_trainer_train_step_i32: input_ids");
+    (void)l32;
+  }
 
   double loss = 0.0, again = 0.0;
   CHECK_FAILS(zt_trainer_evaluate(t, ids, NULL, 0, 2, 8, &loss), ZT_ERR_INVALID_ARGUMENT, "num_batches");
@@ -185,6 +214,15 @@ int main(void) {
   CHECK_OK(zt_trainer_load_checkpoint(t, path));
   CHECK_OK(zt_trainer_evaluate(t, ids, labels, 1, 2, 8, &again));
   CHECK(fabs(again - loss) < 1e-6);
+  /* Past max_steps (10): training goes on at the schedule's end, and says so once. */
+  {
+    int past = 0;
+    zt_set_log_callback(count_past_max, &past);
+    for (int call = 0; call < 12; ++call) CHECK_OK(zt_trainer_train_step(t, ids, NULL, 2, 8, &st));
+    CHECK(st.global_step > 10);
+    CHECK(past == 1);
+    zt_set_log_callback(on_log, &log_calls);
+  }
 
   /* Export: an HF folder for full fine-tuning. */
   snprintf(path, sizeof path, "%s/exported", dir);
