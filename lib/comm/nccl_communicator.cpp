@@ -335,7 +335,18 @@ class NcclCommunicator final : public Communicator {
       ZT_CUDA_CHECK(cudaEventRecord(timed->start->handle, stream_));
       timeline_.push_back(timed);
     }
-    ZT_NCCL_CHECK(nccl_call(), comm_, what);
+    if (const ncclResult_t r = nccl_call(); r != ncclSuccess && r != ncclInProgress) {
+      // A peer's failure can surface here, at the next enqueue, before the watchdog saw it:
+      // the same diagnosis and abort as the watchdog's.
+      const char* detail = ncclGetLastError(comm_);
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (error_.empty()) {
+        fail(lock,
+             fmt::format("{}: NCCL error '{}'{}{} (NCCL {})", what, ncclGetErrorString(r),
+                         detail && *detail ? ": " : "", detail ? detail : "", nccl_version()));
+      }
+      throw DistributedError(error_);
+    }
     auto done = std::make_shared<Event>(timeline_on_);
     ZT_CUDA_CHECK(cudaEventRecord(done->handle, stream_));
     if (timed) timed->done = done;
@@ -351,7 +362,14 @@ class NcclCommunicator final : public Communicator {
   // Called by the watchdog with `lock` (on mutex_) held: asks the store which rank failed or
   // stopped answering (a few heartbeats, without the lock), then aborts, so that kernels
   // waiting for a dead peer exit and every later call throws the error.
+  // The first caller (the watchdog, or launch() when NCCL refuses an enqueue) diagnoses and
+  // aborts; a second one waits for its error.
   void fail(std::unique_lock<std::mutex>& lock, const std::string& message) {
+    if (failing_) {
+      wake_.wait(lock, [&] { return !error_.empty(); });
+      return;
+    }
+    failing_ = true;
     lock.unlock();
     const std::string said = with_diagnosis(message);
     lock.lock();
@@ -360,13 +378,14 @@ class NcclCommunicator final : public Communicator {
     ncclCommAbort(comm_);
     aborted_ = true;
     pending_.clear();
+    wake_.notify_all();
   }
 
   void watch() {
     cudaSetDevice(index_);
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stopping_) {
-      if (pending_.empty() || aborted_) {
+      if (pending_.empty() || aborted_ || failing_) {
         wake_.wait_for(lock, std::chrono::milliseconds(100));
         continue;
       }
@@ -422,6 +441,7 @@ class NcclCommunicator final : public Communicator {
   std::deque<Pending> pending_;
   std::string error_;
   bool aborted_ = false;
+  bool failing_ = false;  // fail() is under way
   bool stopping_ = false;
   std::thread watchdog_;
 };
