@@ -229,7 +229,9 @@ std::unique_ptr<Communicator> create_communicator(const LaunchEnv& env,
   // Signs of life from here on, so that a failure while the backend connects names its rank.
   std::shared_ptr<comm::PeerWatch> peers;
   if (env.world_size > 1) {
-    peers = std::make_shared<comm::PeerWatch>(env, comm::heartbeat_interval());
+    // It also keeps the store: rank 0 serves it, and NCCL (unlike Gloo) holds no reference,
+    // so it would close right after start-up and leave nothing to ask.
+    peers = std::make_shared<comm::PeerWatch>(env, comm::heartbeat_interval(), store);
   }
   CommOptions o = options;
   if (const char* t = std::getenv("ZT_COMM_TIMELINE"); t && *t) o.timeline = true;

@@ -25,6 +25,8 @@ struct PeerWatch::State {
   std::chrono::milliseconds interval{1000};
   std::string prefix;
   c10::intrusive_ptr<c10d::Store> store;  // the thread's alone
+  // The rendezvous store, kept alive: on rank 0 it is the server every rank's client talks to.
+  c10::intrusive_ptr<c10d::Store> rendezvous;
 
   std::mutex mutex;
   std::condition_variable wake;
@@ -119,9 +121,11 @@ std::chrono::milliseconds heartbeat_interval() {
   return std::chrono::milliseconds(v > 0 ? v : 1000);
 }
 
-PeerWatch::PeerWatch(const LaunchEnv& env, std::chrono::milliseconds interval)
+PeerWatch::PeerWatch(const LaunchEnv& env, std::chrono::milliseconds interval,
+                     c10::intrusive_ptr<c10d::Store> store)
     : state_(std::make_shared<State>()) {
   State& s = *state_;
+  s.rendezvous = std::move(store);
   s.env = env;
   s.interval = interval;
   s.prefix = key_prefix() + "peers/";

@@ -12,15 +12,21 @@
 #include <memory>
 #include <string>
 
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
 #include "zerotrain/comm.hpp"
 
 namespace zt::comm {
 
 class PeerWatch {
  public:
-  /// Connects its own client to the job's store and starts beating every `interval`. Throws
+  /// Connects its own client to the job's store and starts beating every `interval`. Holds
+  /// `store` — the rendezvous store; on rank 0 the server itself — for as long as it lives, so
+  /// the store outlives start-up whatever the backend keeps (NCCL keeps none). Throws
   /// DistributedError when the store cannot be reached.
-  PeerWatch(const LaunchEnv& env, std::chrono::milliseconds interval);
+  PeerWatch(const LaunchEnv& env, std::chrono::milliseconds interval,
+            c10::intrusive_ptr<c10d::Store> store);
   /// Stops the beating thread. Never blocks longer than a few intervals: a thread stuck in a
   /// store that does not answer is left to end with the process.
   ~PeerWatch();
