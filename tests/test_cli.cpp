@@ -228,6 +228,25 @@ TEST_CASE("verify asks in the template the run recorded", "[cli]") {
   CHECK(chosen.output.find("###") == std::string::npos);
 }
 
+TEST_CASE("merge keeps the chat format the run trained with, so verify asks in it", "[cli]") {
+  const std::string dir = zt::test::temp_dir("merge_template");
+  zt::test::write_data(dir, "train.jsonl", 16, 3);
+  std::string flags;
+  for (const std::string& f :
+       zt::test::tiny_run_flags(dir, {"--max_steps", "2", "--save_steps", "2",
+                                      "--per_device_train_batch_size", "2", "--device", "cpu"})) {
+    flags += " '" + f + "'";
+  }
+  REQUIRE(cli("train" + flags).status == 0);
+  Ran merged = cli(fmt::format("merge '{}/out/checkpoint-2' '{}/merged'", dir, dir));
+  INFO(merged.output);
+  REQUIRE(merged.status == 0);
+  CHECK(zt::recorded_template(dir + "/merged") == std::optional<std::string>("alpaca"));
+  Ran r = cli(fmt::format("verify '{}/merged' --prompt 'Is 7 odd?' --max_new_tokens 2", dir));
+  CHECK(r.status == 0);
+  CHECK_THAT(r.output, Contains("### Instruction:\nIs 7 odd?\n\n### Response:\n"));
+}
+
 namespace {
 
 // Starts `zerotrain ARGS...` as a child process (its output to `log`) and returns its pid.

@@ -34,8 +34,10 @@
 
 using namespace zt;
 using Catch::Contains;
+using zt::test::join_flags;
 using zt::test::kTinyModel;
 using zt::test::logged_losses;
+using zt::test::split_flags;
 using zt::test::write_data;
 namespace fs = std::filesystem;
 
@@ -48,26 +50,6 @@ std::vector<std::string> run_flags(const std::string& dir, const std::vector<std
       {"--per_device_train_batch_size", "2", "--learning_rate", "3e-3", "--lr_scheduler_type",
        "linear", "--max_steps", "8", "--logging_steps", "1", "--save_steps", "4", "--seed", "5"},
       extra);
-}
-
-std::string join_flags(const std::vector<std::string>& flags) {
-  std::string s;
-  for (const std::string& f : flags) s += f + '\x1f';
-  return s;
-}
-
-std::vector<std::string> split_flags(const std::string& s) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : s) {
-    if (c == '\x1f') {
-      out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  return out;
 }
 
 // The run id a checkpoint's zerotrain_state.json records.

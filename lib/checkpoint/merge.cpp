@@ -11,6 +11,7 @@
 #include "util/files.hpp"
 #include "util/log.hpp"
 #include "zerotrain/checkpoint.hpp"
+#include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/peft.hpp"
@@ -171,6 +172,11 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
   // Tokenizer and generation settings: the checkpoint's copies, else the base model's.
   if (copy_model_companion_files(checkpoint_dir, out_dir) == 0 && !base_dir.empty()) {
     copy_model_companion_files(base_dir, out_dir);
+  }
+  // The chat format the run trained with, so that `verify` on the merged model asks in it.
+  if (const std::optional<std::string> trained = recorded_template(checkpoint_dir)) {
+    record_template(out_dir, *trained);
+    report.files.push_back(out_dir + "/zerotrain_template.json");
   }
   log::info("merged '{}' into '{}': {} tensors in {}, largest {:.1f} MiB", checkpoint_dir, out_dir,
             report.tensors, c10::toString(dtype),

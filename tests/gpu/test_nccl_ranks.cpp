@@ -37,8 +37,11 @@
 #include "zerotrain/trainer.hpp"
 
 using namespace zt;
+using zt::test::join_flags;
 using zt::test::logged_losses;
 using zt::test::make_case;
+using zt::test::split_flags;
+using zt::test::stage_json;
 using zt::test::write_data;
 namespace fs = std::filesystem;
 
@@ -47,36 +50,6 @@ namespace {
 void run_on_gpu(test::Case c) {
   c.device = "cuda";
   test::run_case(c);
-}
-
-std::string join_flags(const std::vector<std::string>& flags) {
-  std::string s;
-  for (const std::string& f : flags) s += f + '\x1f';
-  return s;
-}
-
-std::vector<std::string> split_flags(const std::string& s) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : s) {
-    if (c == '\x1f') {
-      out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  return out;
-}
-
-// DeepSpeed's JSON for a stage, with "auto" batch sizes (fp16 starts at 2^8: the tiny model's
-// first steps would overflow DeepSpeed's 2^16).
-std::string stage_json(int stage, const std::string& extra = "") {
-  return fmt::format(R"({{"zero_optimization": {{"stage": {}{}}}, "bf16": {{"enabled": "auto"}},
-                         "fp16": {{"enabled": "auto", "initial_scale_power": 8}},
-                         "train_micro_batch_size_per_gpu": "auto",
-                         "gradient_accumulation_steps": "auto", "train_batch_size": "auto"}})",
-                     stage, extra);
 }
 
 // One job of the tiny model at `world` ranks with a global batch of 8 (micro-batch 8 / world,

@@ -25,6 +25,7 @@ using namespace zt;
 using Catch::Contains;
 using zt::test::kTinyModel;
 using zt::test::logged_losses;
+using zt::test::stage_json;
 using zt::test::write_data;
 namespace fs = std::filesystem;
 
@@ -36,15 +37,6 @@ std::vector<std::string> job_flags(const std::string& dir, const std::vector<std
       {"--per_device_train_batch_size", "4", "--learning_rate", "3e-3", "--max_steps", "6",
        "--logging_steps", "1", "--save_steps", "3", "--seed", "5"},
       extra);
-}
-
-// fp16 starts at a loss scale of 2^8: DeepSpeed's 2^16 would skip the tiny model's first steps.
-std::string stage_json(int stage, const std::string& extra = "") {
-  return fmt::format(R"({{"zero_optimization": {{"stage": {}{}}}, "bf16": {{"enabled": "auto"}},
-                         "fp16": {{"enabled": "auto", "initial_scale_power": 8}},
-                         "train_micro_batch_size_per_gpu": "auto",
-                         "gradient_accumulation_steps": "auto", "train_batch_size": "auto"}})",
-                     stage, extra);
 }
 
 // Runs a whole job in this process; `steps` collects what every optimizer step did.

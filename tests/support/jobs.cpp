@@ -35,6 +35,34 @@ std::string write_data(const std::string& dir, const std::string& name, int coun
   return path;
 }
 
+std::string join_flags(const std::vector<std::string>& flags) {
+  std::string s;
+  for (const std::string& f : flags) s += f + '\x1f';
+  return s;
+}
+
+std::vector<std::string> split_flags(const std::string& joined) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : joined) {
+    if (c == '\x1f') {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  return out;
+}
+
+std::string stage_json(int stage, const std::string& extra) {
+  return fmt::format(R"({{"zero_optimization": {{"stage": {}{}}}, "bf16": {{"enabled": "auto"}},
+                         "fp16": {{"enabled": "auto", "initial_scale_power": 8}},
+                         "train_micro_batch_size_per_gpu": "auto",
+                         "gradient_accumulation_steps": "auto", "train_batch_size": "auto"}})",
+                     stage, extra);
+}
+
 std::map<int64_t, double> logged(const std::string& out_dir, const std::string& key) {
   const std::string quoted = "\"" + key + "\":";
   std::map<int64_t, double> values;

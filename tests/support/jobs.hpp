@@ -26,6 +26,15 @@ std::string write_data(const std::string& dir, const std::string& name, int coun
 /// that has the key wins).
 std::map<int64_t, double> logged(const std::string& out_dir, const std::string& key);
 
+/// Training flags through one environment variable (a rank's ZT_FLAGS): joined with '\x1f'.
+std::string join_flags(const std::vector<std::string>& flags);
+std::vector<std::string> split_flags(const std::string& joined);
+
+/// DeepSpeed JSON of a ZeRO stage with "auto" batch sizes and precision, `extra` appended inside
+/// zero_optimization; fp16 starts at a loss scale of 2^8 (DeepSpeed's 2^16 would skip the tiny
+/// model's first steps).
+std::string stage_json(int stage, const std::string& extra = "");
+
 /// The training losses, by step.
 inline std::map<int64_t, double> logged_losses(const std::string& out_dir) {
   return logged(out_dir, "loss");
