@@ -228,6 +228,13 @@ TEST_CASE("verify asks in the template the run recorded", "[cli]") {
   CHECK(chosen.output.find("###") == std::string::npos);
 }
 
+TEST_CASE("a demo that does not learn says why it exits non-zero", "[cli][errors]") {
+  const std::string dir = zt::test::temp_dir("demo_short");
+  Ran r = cli(fmt::format("demo --nproc_per_node 1 --max_steps 1 --output_dir '{}/d'", dir));
+  CHECK(r.status == 1);
+  CHECK_THAT(r.output, Contains("did not teach the task") && Contains("--max_steps (now 1)"));
+}
+
 TEST_CASE("merge keeps the chat format the run trained with, so verify asks in it", "[cli]") {
   const std::string dir = zt::test::temp_dir("merge_template");
   zt::test::write_data(dir, "train.jsonl", 16, 3);

@@ -496,6 +496,12 @@ TEST_CASE("ZeRO-3 saves 16-bit weights only when asked, and its checkpoints merg
       ModelConfig c = load_model_config(dir + "/merged");
       CausalLM m(c, at::TensorOptions(), false);
       load_weights(m, *checkpoint_source(dir + "/merged"));
+      // The run's output folder merges too: from its newest checkpoint, the same tensors.
+      merge_checkpoint(out, dir + "/merged_out");
+      SafetensorsFile a(dir + "/merged/model.safetensors"),
+          b(dir + "/merged_out/model.safetensors");
+      REQUIRE(a.names() == b.names());
+      for (const std::string& name : a.names()) CHECK(at::equal(a.load(name), b.load(name)));
     }
   }
 }

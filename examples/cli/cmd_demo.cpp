@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
+
 #include "commands.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/data.hpp"
@@ -256,7 +258,13 @@ int cmd_demo(const Args& in) {
   load_weights(trained, *checkpoint_source(merged.string()));
   const double after = accuracy(trained, *tok, held_out, true);
   std::printf("accuracy: before %.1f%% after %.1f%%\n", before, after);
-  return after > before + 50.0 ? 0 : 1;
+  if (after > before + 50.0) return 0;
+  log_message(LogLevel::kError,
+              fmt::format("demo: training did not teach the task (accuracy {:.1f}% after, {:.1f}% "
+                          "before; the demo expects a gain above 50 points). Train longer with "
+                          "--max_steps (now {}), or look at the loss in '{}/trainer_log.jsonl'",
+                          after, before, steps, run.string()));
+  return 1;
 }
 
 }  // namespace zt::cli

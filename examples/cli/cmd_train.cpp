@@ -5,6 +5,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <mutex>
 
 #include "commands.hpp"
@@ -75,11 +76,13 @@ class ProgressLine {
     line_ = "\r" + std::string(static_cast<size_t>(filled), '#') +
             std::string(static_cast<size_t>(width - filled), '.') + " " + std::to_string(p.step) +
             "/" + std::to_string(p.total_steps);
+    // No loss is shown before the first logged window (0.0000 would read as a perfect fit).
+    char loss[32] = " | loss -";
+    if (p.loss != 0.0) std::snprintf(loss, sizeof loss, " | loss %.4f", p.loss);
     char tail[160];
     std::snprintf(tail, sizeof tail,
-                  " | epoch %.2f | loss %.4f | lr %.2e | %.0f tokens/s | ETA %ld:%02ld:%02ld",
-                  p.epoch, p.loss, p.learning_rate, p.tokens_per_second, eta / 3600, eta / 60 % 60,
-                  eta % 60);
+                  " | epoch %.2f%s | lr %.2e | %.0f tokens/s | ETA %ld:%02ld:%02ld", p.epoch, loss,
+                  p.learning_rate, p.tokens_per_second, eta / 3600, eta / 60 % 60, eta % 60);
     line_ += tail;
     std::fputs("\r\033[K", stderr);
     std::fputs(line_.c_str(), stderr);
@@ -160,11 +163,24 @@ int cmd_train(const Args& argv) {
   }
   progress.reset();
   if (comm->rank() == 0) {
+    // Where the weights are: the output folder, or (ZeRO-3 without 16-bit gathering) only the
+    // sharded checkpoint, which `zerotrain merge` consolidates.
+    std::error_code ec;
+    const bool whole =
+        std::filesystem::exists(result.output_dir + "/model.safetensors", ec) ||
+        std::filesystem::exists(result.output_dir + "/model.safetensors.index.json", ec) ||
+        std::filesystem::exists(result.output_dir + "/adapter_model.safetensors", ec);
+    const std::string where =
+        whole ? "model in " + result.output_dir
+              : fmt::format(
+                    "the weights stay sharded in {}/checkpoint-{}: run `zerotrain merge {} "
+                    "OUT` for a model folder",
+                    result.output_dir, result.global_step, result.output_dir);
     std::printf(
-        "trained %lld steps: train_loss %.4f%s; model in %s\n",
-        static_cast<long long>(result.global_step), result.train_loss,
+        "trained %lld steps: train_loss %.4f%s; %s\n", static_cast<long long>(result.global_step),
+        result.train_loss,
         result.eval_loss ? (", eval_loss " + std::to_string(*result.eval_loss)).c_str() : "",
-        result.output_dir.c_str());
+        where.c_str());
   }
   return 0;
 }

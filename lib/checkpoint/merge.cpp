@@ -42,6 +42,21 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
     throw ConfigError(fmt::format(
         "merge: '{}' is not empty; choose a new folder (nothing there is overwritten)", out_dir));
   }
+  // A run's output folder after ZeRO-3 without 16-bit gathering holds no weights of its own:
+  // they are in its newest checkpoint, which is merged instead (saying so).
+  const bool has_weights = fs::exists(checkpoint_dir + "/model.safetensors", ec) ||
+                           fs::exists(checkpoint_dir + "/model.safetensors.index.json", ec) ||
+                           fs::exists(checkpoint_dir + "/adapter_config.json", ec) ||
+                           fs::exists(checkpoint_dir + "/layout.json", ec);
+  if (!has_weights) {
+    if (const std::optional<std::string> newest = latest_checkpoint(checkpoint_dir)) {
+      log::info(
+          "merge: '{}' holds no weights of its own (ZeRO-3 kept them sharded): merging its "
+          "newest checkpoint '{}'",
+          checkpoint_dir, *newest);
+      return merge_checkpoint(*newest, out_dir, options);
+    }
+  }
   const ReadLock reading(checkpoint_dir);  // rotation keeps it meanwhile
   // What the folder is: a checkpoint (fp32 masters, sharded) or a run's final output folder (an
   // adapter folder, or an HF model folder); and what it holds: a LoRA adapter over a base

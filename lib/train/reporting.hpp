@@ -41,6 +41,9 @@ struct TrainerState {
   std::string run_id;
 };
 
+/// A fresh TrainerState::run_id: 64 random bits as hex.
+std::string new_run_id();
+
 /// trainer_state.json: exactly the keys of HF's TrainerState dataclass.
 std::string trainer_state_json(const TrainerState& state);
 /// zerotrain_state.json: the resume position (world size, batch, epoch and step in it, seed).
