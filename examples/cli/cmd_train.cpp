@@ -6,6 +6,8 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+
+#include <fmt/format.h>
 #include <mutex>
 
 #include "commands.hpp"
