@@ -18,7 +18,6 @@
 #include <filesystem>
 #include <fstream>
 
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
