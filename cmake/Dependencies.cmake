@@ -40,29 +40,27 @@ endif()
 add_library(zt_rapidjson INTERFACE)
 target_include_directories(zt_rapidjson SYSTEM INTERFACE ${RAPIDJSON_INCLUDE_DIR})
 
-# utf8proc: Unicode categories and normalization for the HF tokenizers (docs/tokenizers.md). On
-# the GPU machine it is an unpacked Debian package found through CPATH / LIBRARY_PATH.
-find_path(UTF8PROC_INCLUDE_DIR utf8proc.h HINTS ENV CPATH ENV UTF8PROC_ROOT PATH_SUFFIXES include)
-find_library(UTF8PROC_LIBRARY utf8proc HINTS ENV LIBRARY_PATH ENV UTF8PROC_ROOT PATH_SUFFIXES lib)
-if(NOT UTF8PROC_INCLUDE_DIR OR NOT UTF8PROC_LIBRARY)
-  message(FATAL_ERROR "utf8proc not found: run `make deps` (Debian: libutf8proc-dev) or set "
-                      "CPATH and LIBRARY_PATH")
-endif()
-add_library(zt_utf8proc INTERFACE)
-target_include_directories(zt_utf8proc SYSTEM INTERFACE ${UTF8PROC_INCLUDE_DIR})
-target_link_libraries(zt_utf8proc INTERFACE ${UTF8PROC_LIBRARY})
+# A library found by its header and its file, in the usual places and through CPATH /
+# LIBRARY_PATH (how the GPU machine's unpacked Debian packages are found), as the INTERFACE
+# target `target`; `advice` says what to do when it is missing.
+function(zt_find_plain_library target prefix header library advice)
+  find_path(${prefix}_INCLUDE_DIR ${header} HINTS ENV CPATH ENV ${prefix}_ROOT PATH_SUFFIXES include)
+  find_library(${prefix}_LIBRARY ${library} HINTS ENV LIBRARY_PATH ENV ${prefix}_ROOT PATH_SUFFIXES lib)
+  if(NOT ${prefix}_INCLUDE_DIR OR NOT ${prefix}_LIBRARY)
+    message(FATAL_ERROR "${library} not found: ${advice}")
+  endif()
+  add_library(${target} INTERFACE)
+  target_include_directories(${target} SYSTEM INTERFACE ${${prefix}_INCLUDE_DIR})
+  target_link_libraries(${target} INTERFACE ${${prefix}_LIBRARY})
+endfunction()
 
+# utf8proc: Unicode categories and normalization for the HF tokenizers (docs/tokenizers.md).
+zt_find_plain_library(zt_utf8proc UTF8PROC utf8proc.h utf8proc
+  "run `make deps` (Debian: libutf8proc-dev) or set CPATH and LIBRARY_PATH")
 # RE2: user-given regular expressions (LoRA targets, adapter configs) are matched in linear time
 # (docs/peft.md). On the GPU machine an unpacked Debian package (cmake/gpu-deps-extra.sh).
-find_path(RE2_INCLUDE_DIR re2/re2.h HINTS ENV CPATH ENV RE2_ROOT PATH_SUFFIXES include)
-find_library(RE2_LIBRARY re2 HINTS ENV LIBRARY_PATH ENV RE2_ROOT PATH_SUFFIXES lib)
-if(NOT RE2_INCLUDE_DIR OR NOT RE2_LIBRARY)
-  message(FATAL_ERROR "RE2 not found: run `make deps` (Debian: libre2-dev), or on the GPU "
-                      "machine carry .gpu-deps after cmake/gpu-deps-extra.sh")
-endif()
-add_library(zt_re2 INTERFACE)
-target_include_directories(zt_re2 SYSTEM INTERFACE ${RE2_INCLUDE_DIR})
-target_link_libraries(zt_re2 INTERFACE ${RE2_LIBRARY})
+zt_find_plain_library(zt_re2 RE2 re2/re2.h re2
+  "run `make deps` (Debian: libre2-dev), or on the GPU machine carry .gpu-deps after cmake/gpu-deps-extra.sh")
 
 # CUDA runtime + NCCL: the NCCL backend compiles wherever both exist, GPU or not.
 set(ZT_HAVE_CUDA OFF)
