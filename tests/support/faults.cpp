@@ -155,11 +155,11 @@ pid_t spawn(const std::vector<std::string>& argv, const Env& env, const std::str
     for (const auto& kv : env) set_here = set_here || named(*e, kv.first);
     if (!set_here) strings.emplace_back(*e);
   }
-  for (const auto& [k, v] : env) {
+  for (const auto& kv : env) {
     strings.erase(std::remove_if(strings.begin(), strings.end(),
-                                 [&](const std::string& entry) { return named(entry, k); }),
+                                 [&](const std::string& entry) { return named(entry, kv.first); }),
                   strings.end());
-    strings.push_back(k + "=" + v);
+    strings.push_back(kv.first + "=" + kv.second);
   }
   std::vector<char*> envp, args;
   for (std::string& s : strings) envp.push_back(s.data());
