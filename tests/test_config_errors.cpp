@@ -2,6 +2,12 @@
 // name) in the message, never a crash or a silent default.
 #include "support/catch.hpp"
 
+#include <cmath>
+#include <variant>
+
+#include <fmt/format.h>
+
+#include "config/training_options.hpp"
 #include "support/ranks.hpp"
 #include "zerotrain/config.hpp"
 #include "zerotrain/engine.hpp"
@@ -146,7 +152,7 @@ TEST_CASE("bad flags and option keys are errors naming them", "[config][errors][
              Contains("--lerning_rate") && Contains("did you mean 'learning_rate'"));
   CHECK_THAT(flag_err({"--learning_rate", "fast"}), Contains("learning_rate") && Contains("fast"));
   CHECK_THAT(flag_err({"--per_device_train_batch_size", "0"}),
-             Contains("per_device_train_batch_size") && Contains(">= 1"));
+             Contains("per_device_train_batch_size") && Contains("from 1 to"));
   CHECK_THAT(flag_err({"--per_device_train_batch_size"}), Contains("needs a value"));
   CHECK_THAT(flag_err({"--fp16", "--bf16"}), Contains("fp16 and bf16"));
   CHECK_THAT(flag_err({"--lr_scheduler_type", "cosine_warm"}),
@@ -165,6 +171,73 @@ TEST_CASE("bad flags and option keys are errors naming them", "[config][errors][
   CHECK_THROWS_WITH(apply_training_json(a, R"({"seed": "x"})", "run.json"),
                     Contains("run.json: seed"));
   CHECK_THROWS_WITH(apply_training_json(a, R"([1])", "run.json"), Contains("JSON object"));
+}
+
+TEST_CASE("every numeric option holds to its range, as a flag, as JSON and set in code",
+          "[config][errors][args]") {
+  // The table itself is the test's input: each numeric option is tried at its ends, past them
+  // and in spellings Python's float() would not read as a decimal number.
+  auto flag_error = [](const std::string& name, const std::string& text) -> std::string {
+    TrainingArguments a;
+    try {
+      apply_training_flags(a, {"--" + name, text});
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  auto json_error = [](const std::string& name, const std::string& number) -> std::string {
+    TrainingArguments a;
+    try {
+      apply_training_json(a, fmt::format(R"({{"{}": {}}})", name, number), "run.json");
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  auto text = [](double v) { return fmt::format("{}", v); };
+  int numeric = 0;
+  for (const config::Option& o : config::options()) {
+    const bool integer =
+        std::holds_alternative<int64_t TrainingArguments::*>(o.member) ||
+        std::holds_alternative<std::optional<int64_t> TrainingArguments::*>(o.member);
+    const bool real = std::holds_alternative<double TrainingArguments::*>(o.member) ||
+                      std::holds_alternative<std::optional<double> TrainingArguments::*>(o.member);
+    if (!integer && !real) continue;
+    ++numeric;
+    INFO(o.name);
+    const config::Range& r = o.range;
+    REQUIRE(r.min > -1e300);  // every number has both ends
+    REQUIRE(r.max < 1e300);
+    if (r.ends != config::Range::kOpenBelow) CHECK(flag_error(o.name, text(r.min)).empty());
+    if (r.ends != config::Range::kOpenAbove) CHECK(flag_error(o.name, text(r.max)).empty());
+    const double below = r.ends == config::Range::kOpenBelow ? r.min : r.min - 1;
+    const double above = r.ends == config::Range::kOpenAbove ? r.max : r.max * 2 + 1;
+    for (double outside : {below, above}) {
+      CHECK_THAT(flag_error(o.name, text(outside)),
+                 Contains("--" + std::string(o.name)) && Contains(r.describe(integer)));
+      CHECK_THAT(json_error(o.name, text(outside)), Contains(fmt::format("run.json: {}", o.name)));
+    }
+    for (const char* spelling : {"0x10", "inf", "-inf", "nan", "1e400", "1_0", "", "1.5.2"}) {
+      INFO(spelling);
+      CHECK_THAT(flag_error(o.name, spelling), Contains("--" + std::string(o.name)));
+    }
+    // Leading zeros are decimal, as in Python: "010" is ten wherever ten is in range.
+    if (r.contains(10)) CHECK(flag_error(o.name, "010").empty());
+  }
+  CHECK(numeric > 30);
+
+  // Set in code, past the parser: the Trainer's check names the option just the same.
+  TrainingArguments a;
+  a.lora_dropout = 1.0;
+  CHECK_THROWS_WITH(check_training_arguments(a), Contains("lora_dropout") && Contains("< 1"));
+  a = TrainingArguments();
+  a.per_device_train_batch_size = int64_t{1} << 40;
+  CHECK_THROWS_WITH(check_training_arguments(a), Contains("per_device_train_batch_size"));
+  a = TrainingArguments();
+  a.learning_rate = std::nan("");
+  CHECK_THROWS_WITH(check_training_arguments(a), Contains("learning_rate"));
+  CHECK_NOTHROW(check_training_arguments(TrainingArguments()));
 }
 
 TEST_CASE("gradient_checkpointing_keep reads as the engine's keep budget", "[config][args]") {

@@ -240,6 +240,83 @@ TEST_CASE("a damaged checkpoint is refused at resume and merge, naming the file 
                        Has({"layout.json", "files[0]"}));
 }
 
+TEST_CASE("a checkpoint mixing pieces of different saves is refused, naming them",
+          "[hostile][checkpoint]") {
+  const std::string dir = test::temp_dir("mixed");
+  test::write_data(dir, "train.jsonl", 16, 21);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  {
+    TrainingArguments args;
+    apply_training_flags(args, run_flags(dir, {}));
+    Trainer(args, comm).train();
+  }
+  const std::string two = dir + "/out/checkpoint-2", four = dir + "/out/checkpoint-4";
+  const std::string shard = "/optimizer/rank-00000-of-00001.safetensors";
+  auto resume_error = [&](const std::string& checkpoint) -> std::string {
+    TrainingArguments resume;
+    apply_training_flags(resume,
+                         run_flags(dir, {"--resume_from_checkpoint", checkpoint, "--output_dir",
+                                         test::temp_dir("mixed_resume"), "--max_steps", "5"}));
+    try {
+      Trainer(resume, comm).train();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(resumed)";
+  };
+  auto merge_error = [&](const std::string& checkpoint) -> std::string {
+    try {
+      merge_checkpoint(checkpoint, test::temp_dir("mixed_merge") + "/m");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(merged)";
+  };
+  // Each copy of checkpoint-4 gets one piece of checkpoint-2.
+  auto mixed = [&](const std::string& name, const std::string& piece) {
+    const std::string copy = dir + "/out/" + name;
+    fs::copy(four, copy, fs::copy_options::recursive);
+    fs::copy_file(two + piece, copy + piece, fs::copy_options::overwrite_existing);
+    return copy;
+  };
+  // Step-2 masters and moments under step-4 counters.
+  const std::string shards = mixed("checkpoint-40", shard);
+  CHECK_THAT(resume_error(shards), Contains(shards + shard) && Contains("different saves"));
+  CHECK_THAT(merge_error(shards), Contains(shards + shard) && Contains("different saves"));
+  // Step-2 position beside step-4 optimizer state.
+  const std::string position = mixed("checkpoint-41", "/zerotrain_state.json");
+  CHECK_THAT(resume_error(position),
+             Contains("zerotrain_state.json") && Contains("different saves"));
+  // Two files claiming the same elements (one save's shard under two rank names).
+  const std::string twice = dir + "/out/checkpoint-42";
+  fs::copy(four, twice, fs::copy_options::recursive);
+  std::string layout = files::read_text(twice + "/layout.json");
+  const size_t w = layout.find("\"world_size\": 1");
+  REQUIRE(w != std::string::npos);
+  layout.replace(w, std::string("\"world_size\": 1").size(), "\"world_size\": 2");
+  const std::string one_file = "\"optimizer/rank-00000-of-00001.safetensors\"";
+  layout.replace(layout.find(one_file), one_file.size(),
+                 "\"optimizer/rank-00000-of-00002.safetensors\", "
+                 "\"optimizer/rank-00001-of-00002.safetensors\"");
+  files::write_atomic(twice + "/layout.json", layout);
+  for (const char* name : {"rank-00000-of-00002", "rank-00001-of-00002"})
+    fs::copy_file(four + shard, twice + "/optimizer/" + name + ".safetensors");
+  CHECK_THAT(merge_error(twice), Contains("rank-00000-of-00002") &&
+                                     Contains("rank-00001-of-00002") && Contains("overlap"));
+  // Counters beyond any run (2^60 steps) are refused, never wrapped into a negative step.
+  const std::string far = dir + "/out/checkpoint-43";
+  fs::copy(four, far, fs::copy_options::recursive);
+  layout = files::read_text(far + "/layout.json");
+  const size_t g = layout.find("\"global_steps\": 4");
+  REQUIRE(g != std::string::npos);
+  layout.replace(g, std::string("\"global_steps\": 4").size(),
+                 "\"global_steps\": 1152921504606846976");
+  files::write_atomic(far + "/layout.json", layout);
+  CHECK_THAT(resume_error(far), Contains("layout.json") && Contains("global_steps"));
+  // The intact checkpoint still resumes.
+  CHECK(resume_error(four) == "(resumed)");
+}
+
 TEST_CASE("output_dir is checked before any work and held by one run at a time",
           "[hostile][trainer]") {
   const std::string dir = test::temp_dir("outdir");
@@ -335,7 +412,16 @@ TEST_CASE("numbers from files and flags are range-checked before anything is all
                               "--train_file", dir + "/train.jsonl", "--output_dir", dir + "/out",
                               "--max_steps", "1"});
   CHECK_THROWS_MATCHES(Trainer(args, comm), ConfigError,
-                       Has({"parameters", "GiB per rank", "hidden_size 1048576"}));
+                       Has({"parameters", "per rank", "GiB", "hidden_size 1048576"}));
+  // A micro-batch whose hidden states alone are beyond the machine, on a tiny model.
+  TrainingArguments wide;
+  apply_training_flags(
+      wide, test::tiny_run_flags(
+                dir, {"--per_device_train_batch_size", "65536", "--max_length", "1048576"},
+                {"--max_steps", "1"}));
+  CHECK_THROWS_MATCHES(Trainer(wide, comm), ConfigError,
+                       Has({"per_device_train_batch_size 65536", "max_length 1048576", "GiB",
+                            "more than this machine"}));
 }
 
 TEST_CASE("long records are truncated while tokenizing, to exactly the ids of the whole",

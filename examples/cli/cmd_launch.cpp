@@ -38,12 +38,7 @@ std::string self_executable() {
 }
 
 int parse_int(const std::string& flag, const std::string& value) {
-  char* end = nullptr;
-  long v = std::strtol(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0' || v < 0 || v > 65535) {
-    throw ConfigError("--" + flag + ": expected a non-negative integer, found \"" + value + "\"");
-  }
-  return static_cast<int>(v);
+  return static_cast<int>(parse_integer(flag, value, 0, 65535));
 }
 
 bool parse_bool(const std::string& flag, const std::string& value) {

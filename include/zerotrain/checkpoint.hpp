@@ -77,9 +77,14 @@ class CheckpointWriter {
 };
 
 /// Writes the engine's optimizer state (fp32 masters and moments of the trainable parameters)
-/// and its counters into `dir`: every rank its own shard file, rank 0 layout.json. Collective;
-/// throws on every rank when any rank failed (naming it).
-void save_engine_state(Engine& engine, const std::string& dir);
+/// and its counters into `dir`: every rank its own shard file, rank 0 layout.json. Returns the
+/// save's id, which layout.json and every shard file carry (readers refuse a checkpoint whose
+/// pieces carry different ids, or whose pieces overlap). Collective; throws on every rank when
+/// any rank failed (naming it).
+std::string save_engine_state(Engine& engine, const std::string& dir);
+
+/// The save id layout.json in `dir` carries ("" for checkpoints written before save ids).
+std::string checkpoint_save_id(const std::string& dir);
 
 /// Reads state written by save_engine_state — at any world size and ZeRO stage — into the
 /// engine, with its counters. The checkpoint must hold exactly the engine's trainable

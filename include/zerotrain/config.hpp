@@ -346,6 +346,11 @@ void apply_training_json(TrainingArguments& args, std::string_view json_object,
 /// file of at most 64 MiB, else an IoError naming it.
 void apply_training_file(TrainingArguments& args, const std::string& path);
 
+/// Throws ConfigError naming the first number outside its option's range (the table in
+/// docs/config.md) or the first pair of settings that contradict each other. The parsers above
+/// end with it; the Trainer runs it again for arguments set in code.
+void check_training_arguments(const TrainingArguments& args);
+
 /// The DeepSpeed config the arguments name: none (an empty DeepSpeedConfig: plain data
 /// parallel, stage 0), inline JSON text, or a file path.
 DeepSpeedConfig deepspeed_config_for(const TrainingArguments& args);

@@ -7,6 +7,7 @@
 #include <exception>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <set>
 #include <string_view>
 
@@ -18,6 +19,7 @@
 #include "comm/agreement.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
+#include "util/limits.hpp"
 #include "util/log.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/safetensors.hpp"
@@ -35,6 +37,8 @@ constexpr const char* kLayout = "layout.json";
 constexpr const char* kReadLock = ".zerotrain.lock";
 // Metadata keys of the shard files' checksums (written by the safetensors writer itself).
 constexpr const char* kChecksumPrefix = "crc32c:";
+// The metadata key (and layout.json key) of the save a shard file belongs to.
+constexpr const char* kSaveIdKey = "zerotrain_save_id";
 
 // A non-negative decimal count that fits int64 ("42"); nullopt for anything else.
 std::optional<int64_t> parse_count(const std::string& text) {
@@ -70,6 +74,7 @@ struct Layout {
   std::vector<std::pair<std::string, std::vector<int64_t>>> parameters;
   std::vector<std::string> files;
   EngineState engine;
+  std::string save_id;  ///< "" in checkpoints written before save ids
 };
 
 Layout read_layout(const std::string& dir) {
@@ -81,7 +86,8 @@ Layout read_layout(const std::string& dir) {
   if (r.integer("version").value_or(0) != kVersion) {
     r.fail_value("version", fmt::format("this zerotrain reads version {}", kVersion));
   }
-  l.world = static_cast<int>(r.integer("world_size", 1).value_or(0));
+  l.world = static_cast<int>(r.integer("world_size", 1, 1 << 20).value_or(0));
+  l.save_id = r.string("save_id").value_or("");
   l.stage = static_cast<int>(r.integer("stage", 0, 3).value_or(0));
   auto strings = [&](const char* key) {
     std::vector<std::string> out;
@@ -117,18 +123,19 @@ Layout read_layout(const std::string& dir) {
   }
   std::optional<json::ObjectReader> e = r.object("engine");
   if (!e) r.fail("engine", "an object of counters");
-  l.engine.global_steps = e->integer("global_steps", 0).value_or(0);
-  l.engine.applied_steps = e->integer("applied_steps", 0).value_or(0);
-  l.engine.micro_steps = e->integer("micro_steps", 0).value_or(0);
-  l.engine.optimizer_steps = e->integer("optimizer_steps", 0).value_or(0);
+  l.engine.global_steps = e->integer("global_steps", 0, limits::kMaxSteps).value_or(0);
+  l.engine.applied_steps = e->integer("applied_steps", 0, limits::kMaxSteps).value_or(0);
+  l.engine.micro_steps = e->integer("micro_steps", 0, limits::kMaxSteps).value_or(0);
+  l.engine.optimizer_steps = e->integer("optimizer_steps", 0, limits::kMaxSteps).value_or(0);
   l.engine.loss_scale = e->number("loss_scale", 0.0).value_or(1.0);
-  l.engine.scaler_iter = e->integer("scaler_iter").value_or(0);
-  l.engine.scaler_last_overflow_iter = e->integer("scaler_last_overflow_iter").value_or(-1);
-  l.engine.scaler_hysteresis = e->integer("scaler_hysteresis").value_or(1);
+  l.engine.scaler_iter = e->integer("scaler_iter", 0, limits::kMaxSteps).value_or(0);
+  l.engine.scaler_last_overflow_iter =
+      e->integer("scaler_last_overflow_iter", -1, limits::kMaxSteps).value_or(-1);
+  l.engine.scaler_hysteresis = e->integer("scaler_hysteresis", 0, limits::kMaxSteps).value_or(1);
   return l;
 }
 
-std::string layout_json(const Engine& engine, int world) {
+std::string layout_json(const Engine& engine, int world, const std::string& save_id) {
   rapidjson::StringBuffer buf;
   rapidjson::PrettyWriter<rapidjson::StringBuffer> w(buf);
   w.SetIndent(' ', 1);
@@ -139,6 +146,8 @@ std::string layout_json(const Engine& engine, int world) {
   w.Int(kVersion);
   w.Key("world_size");
   w.Int(world);
+  w.Key("save_id");
+  w.String(save_id.c_str());
   w.Key("stage");
   w.Int(engine.stage());
   w.Key("kinds");
@@ -193,8 +202,9 @@ class StoredState {
     for (size_t f = 0; f < layout_.files.size(); ++f) {
       files_.push_back(std::make_unique<SafetensorsFile>(layout_.files[f]));
       const SafetensorsFile& file = *files_.back();
+      check_save_id(file);
       for (const auto& [name, begin] : file.metadata()) {
-        if (name == "format" || name.rfind(kChecksumPrefix, 0) == 0) continue;
+        if (name == "format" || name == kSaveIdKey || name.rfind(kChecksumPrefix, 0) == 0) continue;
         const std::string key = layout_.kinds.front() + "/" + name;
         if (!file.contains(key)) {
           throw IoError(fmt::format(
@@ -212,6 +222,7 @@ class StoredState {
         runs_[name].push_back(Run{f, *first, file.info(key).numel});
       }
     }
+    check_pieces();
   }
 
   const Layout& layout() const { return layout_; }
@@ -245,6 +256,54 @@ class StoredState {
     int64_t begin;
     int64_t length;
   };
+
+  // Every shard file carries the id of the save that wrote layout.json: a file copied in from
+  // another save (another step, another run) is refused, naming it.
+  void check_save_id(const SafetensorsFile& file) const {
+    if (layout_.save_id.empty()) return;  // written before save ids
+    const auto& meta = file.metadata();
+    auto it = meta.find(kSaveIdKey);
+    const std::string found = it == meta.end() ? std::string("none") : it->second;
+    if (found != layout_.save_id) {
+      throw IoError(fmt::format(
+          "checkpoint file '{}' belongs to save {}, but '{}/{}' to save {}: the checkpoint mixes "
+          "pieces of different saves; resume from (or merge) an intact checkpoint",
+          file.path(), found, dir_, kLayout, layout_.save_id));
+    }
+  }
+
+  // The pieces of each parameter lie inside it and do not overlap: two files claiming the
+  // same elements come from different saves (or a tampered one).
+  void check_pieces() {
+    std::map<std::string, int64_t> numel;
+    for (const auto& [name, shape] : layout_.parameters) {
+      int64_t n = 1;
+      for (int64_t d : shape) n = d != 0 && n > INT64_MAX / d ? INT64_MAX : n * d;
+      numel[name] = n;
+    }
+    for (auto& [name, runs] : runs_) {
+      std::sort(runs.begin(), runs.end(),
+                [](const Run& a, const Run& b) { return a.begin < b.begin; });
+      auto size = numel.find(name);
+      for (size_t i = 0; i < runs.size(); ++i) {
+        const Run& run = runs[i];
+        if (size != numel.end() && run.length > size->second - run.begin) {
+          throw IoError(fmt::format(
+              "checkpoint file '{}': its piece of '{}' (elements [{}, {})) lies outside the {} "
+              "elements layout.json gives it; the checkpoint is damaged",
+              files_[run.file]->path(), name, run.begin, run.begin + run.length, size->second));
+        }
+        if (i > 0 && runs[i - 1].begin + runs[i - 1].length > run.begin) {
+          throw IoError(fmt::format(
+              "checkpoint '{}': '{}' and '{}' both hold elements from {} of '{}'; pieces of one "
+              "save never overlap, so these come from different saves; resume from (or merge) an "
+              "intact checkpoint",
+              dir_, files_[runs[i - 1].file]->path(), files_[run.file]->path(), run.begin, name));
+        }
+      }
+    }
+  }
+
   std::string dir_;
   Layout layout_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
@@ -431,14 +490,23 @@ std::string CheckpointWriter::commit(bool ok, std::optional<int64_t> total_limit
   return final_;
 }
 
-void save_engine_state(Engine& engine, const std::string& dir) {
+std::string save_engine_state(Engine& engine, const std::string& dir) {
   Communicator& comm = engine.communicator();
   const int world = comm.world_size(), rank = comm.rank();
+  // One id for this save on every rank: rank 0 draws 52 random bits (exact in the fp64 sum).
+  double drawn = 0;
+  if (rank == 0) {
+    std::random_device device;
+    drawn =
+        static_cast<double>(((uint64_t{device()} << 32) ^ device()) & ((uint64_t{1} << 52) - 1));
+  }
+  const std::string save_id =
+      fmt::format("{:013x}", static_cast<uint64_t>(comm::reduce_scalars(comm, {drawn})[0]));
   std::string error;
   try {
     const std::vector<std::string> kinds = engine.state_kinds();
     std::vector<std::pair<std::string, at::Tensor>> tensors;
-    std::map<std::string, std::string> metadata{{"format", "pt"}};
+    std::map<std::string, std::string> metadata{{"format", "pt"}, {kSaveIdKey, save_id}};
     for (auto& [piece, values] : engine.state_pieces()) {
       metadata[piece.name] = std::to_string(piece.begin);
       for (size_t k = 0; k < kinds.size(); ++k)
@@ -446,7 +514,7 @@ void save_engine_state(Engine& engine, const std::string& dir) {
     }
     fs::create_directories(dir + "/optimizer");
     save_safetensors(dir + "/" + rank_file(rank, world), tensors, metadata);
-    if (rank == 0) files::write_atomic(dir + "/" + kLayout, layout_json(engine, world));
+    if (rank == 0) files::write_atomic(dir + "/" + kLayout, layout_json(engine, world, save_id));
   } catch (const std::exception& e) {
     error = e.what();
     log::error("rank {}: saving optimizer state into '{}': {}", rank, dir, error);
@@ -458,6 +526,11 @@ void save_engine_state(Engine& engine, const std::string& dir) {
                                     rank_list(failed))
                       : fmt::format("saving optimizer state into '{}': {}", dir, error));
   }
+  return save_id;
+}
+
+std::string checkpoint_save_id(const std::string& dir) {
+  return read_layout(dir).save_id;
 }
 
 EngineState read_engine_state(const std::string& dir) {

@@ -62,8 +62,33 @@ std::optional<bool> parse_bool_text(std::string_view s) {
   return std::nullopt;
 }
 
+// Decimal text only, as Python's float() and int() read flags: digits with an optional sign,
+// point and exponent. Hexadecimal (0x10), inf, nan and digit separators are refused; leading
+// zeros are decimal (010 is ten), as in Python.
+bool is_decimal_text(std::string_view s) {
+  size_t i = 0;
+  auto digits = [&] {
+    const size_t from = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    return i - from;
+  };
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+  size_t mantissa = digits();
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    mantissa += digits();
+  }
+  if (mantissa == 0) return false;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    if (digits() == 0) return false;
+  }
+  return i == s.size();
+}
+
 std::optional<double> parse_double_text(const std::string& s) {
-  if (s.empty()) return std::nullopt;
+  if (!is_decimal_text(s)) return std::nullopt;
   char* end = nullptr;
   double d = std::strtod(s.c_str(), &end);
   if (end != s.c_str() + s.size() || !std::isfinite(d)) return std::nullopt;
@@ -151,13 +176,10 @@ void assign(Args& args, const Option& o, const RawValue& v, const std::string& w
       std::optional<double> d;
       if (v.json && v.json->IsNumber()) d = v.json->GetDouble();
       if (!v.json) d = parse_double_text(v.text);
-      if (!d || *d < o.min) bad_value(where, o, v, fmt::format("a number >= {}", o.min));
+      if (!d || !o.range.contains(*d)) bad_value(where, o, v, o.range.describe(false));
       if (is_step_interval(o.name) && *d >= 1 && std::floor(*d) != *d) {
         bad_value(where, o, v,
                   "a whole number of steps from 1 up, or a fraction of all steps below 1");
-      }
-      if (is_step_interval(o.name) && *d == 0 && std::string_view(o.name) != "warmup_steps") {
-        bad_value(where, o, v, "a number of steps > 0 (or a fraction of all steps below 1)");
       }
       return *d;
     }
@@ -194,8 +216,8 @@ void assign(Args& args, const Option& o, const RawValue& v, const std::string& w
       std::optional<int64_t> i;
       if (v.json && v.json->IsNumber()) i = json::as_integer(*v.json);
       if (!v.json) i = parse_int_text(v.text);
-      if (!i || static_cast<double>(*i) < o.min) {
-        bad_value(where, o, v, fmt::format("an integer >= {}", o.min));
+      if (!i || !o.range.contains(static_cast<double>(*i))) {
+        bad_value(where, o, v, o.range.describe(true));
       }
       return *i;
     }
@@ -346,8 +368,33 @@ void finalize(Args& a, const std::string& where) {
   validate(a, where);
 }
 
-// Checks that span several options.
+// Every number inside its option's range (for arguments set in code, which the parser did not
+// see), then the checks that span several options.
 void validate(const Args& a, const std::string& where) {
+  std::vector<Member> seen;
+  for (const Option& o : options()) {
+    if (std::find(seen.begin(), seen.end(), o.member) != seen.end()) continue;  // an alias
+    seen.push_back(o.member);
+    std::visit(
+        [&](auto m) {
+          using V = std::decay_t<decltype(a.*m)>;
+          std::optional<double> value;
+          if constexpr (std::is_same_v<V, int64_t> || std::is_same_v<V, double>) {
+            value = static_cast<double>(a.*m);
+          } else if constexpr (std::is_same_v<V, std::optional<int64_t>> ||
+                               std::is_same_v<V, std::optional<double>>) {
+            if (a.*m) value = static_cast<double>(*(a.*m));
+          }
+          if (value && (!std::isfinite(*value) || !o.range.contains(*value))) {
+            throw ConfigError(
+                fmt::format("{}{}: expected {}, found {}", where, o.name,
+                            o.range.describe(std::is_integral_v<V> ||
+                                             std::is_same_v<V, std::optional<int64_t>>),
+                            *value));
+          }
+        },
+        o.member);
+  }
   if (!a.model_name_or_path.empty() && !a.model_config.empty()) {
     throw ConfigError(
         fmt::format("{}model_name_or_path and model_config are both given; give one "
@@ -381,10 +428,6 @@ void validate(const Args& a, const std::string& where) {
   if (a.fp16 && a.bf16) {
     throw ConfigError(fmt::format("{}fp16 and bf16 are both true; choose one", where));
   }
-  if (a.adam_beta1 >= 1.0 || a.adam_beta2 >= 1.0) {
-    throw ConfigError(fmt::format("{}adam_beta1 and adam_beta2 must be below 1 (found {}, {})",
-                                  where, a.adam_beta1, a.adam_beta2));
-  }
   if (a.pre_seq_len && a.finetuning_type == "ptuning") {
     throw ConfigError(fmt::format(
         "{}pre_seq_len is P-Tuning v2's prefix length, but finetuning_type is ptuning (P-Tuning "
@@ -397,10 +440,6 @@ void validate(const Args& a, const std::string& where) {
         fmt::format("{}freeze_trainable_layers: 0 trains nothing; give N > 0 (last N "
                     "layers) or N < 0 (first N)",
                     where));
-  }
-  if (a.warmup_ratio > 1.0) {
-    throw ConfigError(fmt::format("{}warmup_ratio: expected a number in [0, 1], found {}", where,
-                                  a.warmup_ratio));
   }
 }
 
@@ -558,6 +597,10 @@ void apply_training_json(TrainingArguments& args, std::string_view text,
     assign(args, *o, v, where);
   }
   finalize(args, where);
+}
+
+void check_training_arguments(const TrainingArguments& args) {
+  validate(args, "");
 }
 
 std::string training_arguments_json(const TrainingArguments& args) {

@@ -17,12 +17,27 @@ using Member = std::variant<bool Args::*, int64_t Args::*, double Args::*, std::
                             std::optional<int64_t> Args::*, std::optional<bool> Args::*,
                             std::optional<double> Args::*>;
 
+/// The values a numeric option takes: from `min` to `max`, each end included unless marked
+/// open. A bare number in the table is a lower bound (`min`) with no upper one.
+struct Range {
+  enum Ends { kClosed, kOpenAbove, kOpenBelow };
+  double min = -1e308;
+  double max = 1e308;
+  Ends ends = kClosed;
+  Range() = default;
+  Range(double lo) : min(lo) {}  // NOLINT(google-explicit-constructor): the table's shorthand
+  Range(double lo, double hi, Ends e = kClosed) : min(lo), max(hi), ends(e) {}
+  bool contains(double v) const;
+  /// "an integer from 1 to 65536", "a number > 0 and <= 1", ... for messages and help.
+  std::string describe(bool integer) const;
+};
+
 /// One option: `name` sets `member`.
 struct Option {
   const char* name;
   Member member;
   std::vector<std::string> choices = {};  // for strings; empty = free text
-  double min = -1e308;                    // for numbers
+  Range range = {};                       // for numbers
   const char* help = "";
 };
 

@@ -14,6 +14,7 @@
 #include "model/layers.hpp"
 #include "peft/lora_targets.hpp"
 #include "peft/prompt_encoders.hpp"
+#include "util/capacity.hpp"
 #include "util/pattern.hpp"
 #include "zerotrain/error.hpp"
 
@@ -140,6 +141,28 @@ void add_lora(const std::string& path, model::Linear& lin, const LoraOptions& o,
   lin.lora_dropout = o.dropout;
 }
 
+// The prompt encoder's fp32 parameters, counted before they are allocated (its embedding and
+// linear layers; the LSTM's are left out, so this is a lower bound).
+void check_prompt_fits(const ModelConfig& m, const PromptOptions& o, bool prefix) {
+  const double n = static_cast<double>(o.num_virtual_tokens);
+  const double hidden =
+      static_cast<double>(o.encoder_hidden_size > 0 ? o.encoder_hidden_size : m.hidden_size);
+  double elements = 0;
+  if (prefix) {
+    const double out =
+        static_cast<double>(m.num_hidden_layers) * 2.0 * static_cast<double>(m.kv_dim());
+    const double in = m.chatglm_layout ? out : static_cast<double>(m.kv_dim());
+    elements = o.prefix_projection ? n * in + in * hidden + hidden * out : n * out;
+  } else {
+    const double dim = static_cast<double>(m.hidden_size);
+    elements = n * dim + 2 * dim * hidden + hidden * hidden;
+  }
+  capacity::check_fits(elements * 4, -1,
+                       fmt::format("a prompt encoder of {} virtual tokens (encoder_hidden_size {})",
+                                   o.num_virtual_tokens, static_cast<int64_t>(hidden)),
+                       "lower num_virtual_tokens or encoder_hidden_size");
+}
+
 void apply_lora(CausalLM& model, const LoraOptions& o, uint64_t seed) {
   if (o.r < 1) throw ConfigError(fmt::format("lora_r: expected an integer >= 1, found {}", o.r));
   if (o.bias != "none" && o.bias != "all" && o.bias != "lora_only") {
@@ -147,6 +170,15 @@ void apply_lora(CausalLM& model, const LoraOptions& o, uint64_t seed) {
         fmt::format("lora_bias: expected none, all or lora_only, found \"{}\"", o.bias));
   }
   const std::vector<std::string> targeted = peft::lora_targets(model, o);
+  double adapter_elements = 0;
+  for (auto& [path, lin] : projections(model)) {
+    if (std::find(targeted.begin(), targeted.end(), path) != targeted.end())
+      adapter_elements +=
+          static_cast<double>(o.r) * static_cast<double>(lin->in_features + lin->out_features);
+  }
+  capacity::check_fits(adapter_elements * 4, -1,
+                       fmt::format("LoRA rank {} on {} projections", o.r, targeted.size()),
+                       "lower lora_r or target fewer modules");
   freeze_all(model);
   for (auto& [path, lin] : projections(model)) {
     if (std::find(targeted.begin(), targeted.end(), path) != targeted.end())
@@ -322,6 +354,7 @@ ParameterCount apply_peft(CausalLM& model, const PeftConfig& c, uint64_t seed) {
             fmt::format("encoder_reparameterization_type: expected MLP or LSTM, found \"{}\"",
                         c.prompt.reparameterization));
       }
+      check_prompt_fits(model.config(), c.prompt, c.type == FinetuningType::kPrefix);
       freeze_all(model);
       at::manual_seed(seed);  // PyTorch's default inits draw from the global generator
       std::shared_ptr<PromptAdapter> adapter;

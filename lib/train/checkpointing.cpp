@@ -127,7 +127,7 @@ void Trainer::Impl::save_checkpoint() {
 }
 
 void Trainer::Impl::write_checkpoint(CheckpointWriter& writer, bool in_run) {
-  save_engine_state(*engine, writer.dir());
+  state.save_id = save_engine_state(*engine, writer.dir());
   bool available = false;
   std::vector<std::pair<std::string, at::Tensor>> weights = user_weights(available);
   bool ok = true;

@@ -11,6 +11,7 @@
 
 #include "util/files.hpp"
 #include "util/json.hpp"
+#include "util/limits.hpp"
 
 namespace zt {
 
@@ -141,29 +142,35 @@ std::string zerotrain_state_json(const TrainerState& s) {
     w.Key("run_id");
     w.String(s.run_id.c_str());
   }
+  if (!s.save_id.empty()) {
+    w.Key("save_id");
+    w.String(s.save_id.c_str());
+  }
   w.EndObject();
   return std::string(buf.GetString(), buf.GetSize()) + "\n";
 }
 
 namespace {
 
-int64_t need_int(json::ObjectReader& o, const char* key, int64_t min) {
-  std::optional<int64_t> v = o.integer(key, min);
+int64_t need_int(json::ObjectReader& o, const char* key, int64_t min,
+                 int64_t max = limits::kMaxSteps) {
+  std::optional<int64_t> v = o.integer(key, min, max);
   if (!v) o.fail(key, "an integer");
   return *v;
 }
 
 // The resume position, from zerotrain_state.json or the older "zerotrain" object.
 void read_position(json::ObjectReader& z, TrainerState& s) {
-  s.world_size = static_cast<int>(need_int(z, "world_size", 1));
+  s.world_size = static_cast<int>(need_int(z, "world_size", 1, 1 << 20));
   s.global_batch_size = need_int(z, "global_batch_size", 1);
   s.gradient_accumulation_steps = need_int(z, "gradient_accumulation_steps", 1);
   s.epoch_index = need_int(z, "epoch_index", 0);
   s.steps_in_epoch = need_int(z, "steps_in_epoch", 0);
   s.data_seed = need_int(z, "data_seed", 0);
-  s.tokens_seen = need_int(z, "tokens_seen", 0);
+  s.tokens_seen = need_int(z, "tokens_seen", 0, int64_t{1} << 62);
   s.finetuning_type = z.string("finetuning_type").value_or("full");
   s.run_id = z.string("run_id").value_or("");
+  s.save_id = z.string("save_id").value_or("");
 }
 
 }  // namespace
@@ -173,24 +180,24 @@ TrainerState read_trainer_state(const std::string& checkpoint_dir) {
   rapidjson::Document doc = json::parse(files::read_text(path, "trainer state"), path);
   json::ObjectReader r(doc, "", path);
   TrainerState s;
-  s.global_step = need_int(r, "global_step", 0);
+  s.global_step = need_int(r, "global_step", 0, limits::kMaxSteps);
   s.epoch = r.number("epoch", 0.0).value_or(0.0);
-  s.max_steps = r.integer("max_steps").value_or(0);
-  s.logging_steps = r.integer("logging_steps").value_or(0);
-  s.eval_steps = r.integer("eval_steps").value_or(0);
-  s.save_steps = r.integer("save_steps").value_or(0);
-  s.train_batch_size = r.integer("train_batch_size").value_or(0);
+  s.max_steps = r.integer("max_steps", -1, limits::kMaxSteps).value_or(0);
+  s.logging_steps = r.integer("logging_steps", -1, limits::kMaxSteps).value_or(0);
+  s.eval_steps = r.integer("eval_steps", -1, limits::kMaxSteps).value_or(0);
+  s.save_steps = r.integer("save_steps", -1, limits::kMaxSteps).value_or(0);
+  s.train_batch_size = r.integer("train_batch_size", -1, limits::kMaxSteps).value_or(0);
   s.num_train_epochs = r.number("num_train_epochs").value_or(0.0);
   s.total_flos = r.number("total_flos").value_or(0.0);
   s.best_metric = r.number("best_metric");
   s.best_model_checkpoint = r.string("best_model_checkpoint");
-  s.best_global_step = r.integer("best_global_step", 0);
+  s.best_global_step = r.integer("best_global_step", 0, limits::kMaxSteps);
   if (const rapidjson::Value* h = r.find("log_history"); h != nullptr) {
     if (!h->IsArray()) r.fail("log_history", "an array");
     for (const auto& item : h->GetArray()) {
       json::ObjectReader e(item, "log_history[]", path);
       LogRecord rec;
-      rec.step = e.integer("step", 0).value_or(0);
+      rec.step = e.integer("step", 0, limits::kMaxSteps).value_or(0);
       rec.epoch = e.number("epoch").value_or(0.0);
       rec.loss = e.number("loss");
       rec.learning_rate = e.number("learning_rate");

@@ -39,6 +39,9 @@ struct TrainerState {
   /// Which run wrote a checkpoint: made when a run starts afresh, kept when it resumes, so a
   /// resumed run tells its own checkpoints from another run's in the same folder.
   std::string run_id;
+  /// The engine save this state belongs to (checkpoint_save_id of the same folder): a resume
+  /// refuses a trainer state beside another save's optimizer state.
+  std::string save_id;
 };
 
 /// A fresh TrainerState::run_id: 64 random bits as hex.

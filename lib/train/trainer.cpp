@@ -24,6 +24,7 @@
 #include "train/reporting.hpp"
 #include "train/tensorboard.hpp"
 #include "train/trainer_impl.hpp"
+#include "util/capacity.hpp"
 #include "util/device_stats.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
@@ -170,6 +171,15 @@ void Trainer::Impl::plan_batches() {
                       args.train_file, train_data.size(), batch.size(), batch.micro_batch,
                       batch.accumulation, world));
     }
+    if (rank == 0 && !train_data.empty() &&
+        batch.size() > static_cast<int64_t>(2 * train_data.size())) {
+      log::warn(
+          "one optimizer step takes {} examples (micro batch {} × accumulation {} × {} ranks), "
+          "more than twice the {} of '{}': each step repeats them about {} times; lower "
+          "gradient_accumulation_steps or per_device_train_batch_size",
+          batch.size(), batch.micro_batch, batch.accumulation, world, train_data.size(),
+          args.train_file, batch.size() / static_cast<int64_t>(train_data.size()));
+    }
     total_steps = args.max_steps > 0
                       ? args.max_steps
                       : static_cast<int64_t>(std::ceil(args.num_train_epochs *
@@ -202,31 +212,33 @@ void Trainer::Impl::plan_batches() {
 }
 
 void Trainer::Impl::check_machine_fits() const {
-  // A lower bound: the weights each rank holds in the compute dtype (ZeRO-3 divides them).
-  // Anything above the machine's whole memory is a config's mistake (or a corrupt file), said
-  // before a byte is allocated.
+  // Lower bounds, said before a byte is allocated: anything above the machine's whole memory is
+  // a config's mistake (or a corrupt file). The weights each rank holds in the compute dtype
+  // (ZeRO-3 divides them), then one micro-batch's hidden states at each layer's boundary.
   const ModelConfig& c = model_config;
   const double params = static_cast<double>(c.parameter_count());
   const double element = ds.bf16.enabled.value() || ds.fp16.enabled.value() ? 2.0 : 4.0;
   const double per_rank =
       params * element / (ds.zero.stage == 3 ? static_cast<double>(world) : 1.0);
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  double capacity =
-      pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
   const at::Device device = comm->device();
-  if (device.is_cuda())
-    capacity +=
-        static_cast<double>(device_stats::total_memory(device.has_index() ? device.index() : 0));
-  if (capacity > 0 && per_rank > capacity) {
-    throw ConfigError(
-        fmt::format("{}: a model of {:.3g} parameters (vocab_size {}, hidden_size {}, "
-                    "intermediate_size {}, num_hidden_layers "
-                    "{}) needs {:.1f} GiB per rank for its weights alone, more than this machine's "
-                    "{:.1f} GiB of memory; check "
-                    "the config's sizes",
-                    c.source, params, c.vocab_size, c.hidden_size, c.intermediate_size,
-                    c.num_hidden_layers, per_rank / (1 << 30), capacity / (1 << 30)));
-  }
+  const int cuda = device.is_cuda() ? (device.has_index() ? device.index() : 0) : -1;
+  capacity::check_fits(
+      per_rank, cuda,
+      fmt::format("{}: a model of {:.3g} parameters (vocab_size {}, hidden_size {}, "
+                  "intermediate_size {}, num_hidden_layers {}) per rank for its weights alone",
+                  c.source, params, c.vocab_size, c.hidden_size, c.intermediate_size,
+                  c.num_hidden_layers),
+      "check the config's sizes");
+  const double tokens =
+      static_cast<double>(args.per_device_train_batch_size) * static_cast<double>(args.max_length);
+  capacity::check_fits(
+      tokens * static_cast<double>(c.hidden_size) * element *
+          static_cast<double>(c.num_hidden_layers),
+      cuda,
+      fmt::format("a micro-batch of per_device_train_batch_size {} × max_length {} tokens",
+                  args.per_device_train_batch_size, args.max_length),
+      "lower per_device_train_batch_size (raise gradient_accumulation_steps to keep the batch) "
+      "or max_length");
 }
 
 void Trainer::Impl::build_model_and_engine() {
@@ -263,6 +275,13 @@ void Trainer::Impl::build_model_and_engine() {
 
 void Trainer::Impl::restore(const std::string& dir) {
   train::TrainerState saved = train::read_trainer_state(dir);
+  if (const std::string engine_save = checkpoint_save_id(dir);
+      !saved.save_id.empty() && saved.save_id != engine_save) {
+    throw IoError(fmt::format(
+        "checkpoint '{}': zerotrain_state.json belongs to save {} but layout.json to save {}: "
+        "the checkpoint mixes pieces of different saves; resume from an intact checkpoint",
+        dir, saved.save_id, engine_save.empty() ? "none" : engine_save));
+  }
   load_engine_state(*engine, dir);
   read_rng_state(dir);
   state.log_history = saved.log_history;
@@ -326,6 +345,7 @@ Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm,
   I.args = std::move(args);
   I.comm = std::move(comm);
   I.callbacks = std::move(callbacks);
+  check_training_arguments(I.args);
   I.rank = I.comm->rank();
   I.world = I.comm->world_size();
   if (I.rank == 0) {

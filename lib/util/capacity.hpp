@@ -1,0 +1,19 @@
+// Whether a request for memory can fit this machine at all, asked before anything is allocated:
+// a size read from a config, a flag or a file that is beyond the machine's whole memory is a
+// mistake (or a hostile file), said in GiB instead of an allocator's raw text.
+#pragma once
+
+#include <string>
+
+namespace zt::capacity {
+
+/// This machine's host memory plus, when `cuda_device` >= 0, that GPU's whole memory, in bytes
+/// (0 when unknown).
+double machine_bytes(int cuda_device);
+
+/// Throws ConfigError "<what> needs X GiB, more than this machine's Y GiB of memory (host and
+/// GPU together); <fix>" when `bytes` exceed machine_bytes(cuda_device). A lower bound of what
+/// the request needs is enough: the check only catches what can never fit.
+void check_fits(double bytes, int cuda_device, const std::string& what, const std::string& fix);
+
+}  // namespace zt::capacity
