@@ -254,6 +254,24 @@ TEST_CASE("merge keeps the chat format the run trained with, so verify asks in i
   CHECK_THAT(r.output, Contains("### Instruction:\nIs 7 odd?\n\n### Response:\n"));
 }
 
+TEST_CASE("merge of a P-Tuning run says to load it with PEFT, from its folder or a checkpoint",
+          "[cli][errors]") {
+  const std::string dir = zt::test::temp_dir("merge_ptuning");
+  zt::test::write_data(dir, "train.jsonl", 8, 5);
+  std::string flags;
+  for (const std::string& f : zt::test::tiny_run_flags(
+           dir, {"--max_steps", "2", "--save_steps", "2", "--per_device_train_batch_size", "2",
+                 "--device", "cpu", "--finetuning_type", "ptuning", "--num_virtual_tokens", "4"}))
+    flags += " '" + f + "'";
+  REQUIRE(cli("train" + flags).status == 0);
+  for (const std::string& from : {dir + "/out", dir + "/out/checkpoint-2"}) {
+    INFO(from);
+    Ran merged = cli(fmt::format("merge '{}' '{}/merged'", from, dir));
+    CHECK(merged.status != 0);
+    CHECK_THAT(merged.output, Contains("P-Tuning / prefix adapter") && Contains("PEFT"));
+  }
+}
+
 namespace {
 
 // Starts `zerotrain ARGS...` as a child process (its output to `log`) and returns its pid.
@@ -345,6 +363,9 @@ TEST_CASE("launch passes signals to its own ranks only and ends with their statu
   }
   CHECK_THAT(r.output, Contains("caller alive"));
   CHECK_THAT(r.output, Contains("launcher=143"));
+  // The user's signal is reported as such, never as a failed job.
+  CHECK_THAT(r.output, Contains("stopped by signal 15"));
+  CHECK_THAT(r.output, !Contains("the job failed"));
   CHECK(zt::files::read_text(dir + "/rank0") == "term\n");
   CHECK(zt::files::read_text(dir + "/rank1") == "term\n");
 }

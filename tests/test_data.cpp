@@ -356,6 +356,38 @@ TEST_CASE("ShareGPT conversations, OpenAI content parts and alpaca history read 
   }
 }
 
+TEST_CASE("\\u0000 is a character like any other in every layout; surrogate pairs read as one",
+          "[data]") {
+  // The same chat in each layout, its user turn holding `turn`: every layout must give the
+  // example the others give (a NUL cut short in one field would not).
+  auto layouts = [](const std::string& turn) {
+    return R"({"messages": [{"role": "user", "content": ")" + turn +
+           R"("}, {"role": "assistant", "content": "ok"}]})" + "\n" +
+           R"({"conversations": [{"from": "human", "value": ")" + turn +
+           R"("}, {"from": "gpt", "value": "ok"}]})" + "\n" +
+           R"({"messages": [{"role": "user", "content": [{"type": "text", "text": ")" + turn +
+           R"("}]}, {"role": "assistant", "content": "ok"}]})" + "\n" + R"({"history": [[")" +
+           turn + R"(", "ok"]], "instruction": "next", "output": "ok"})" + "\n" +
+           R"({"instruction": ")" + turn + R"(", "output": "ok"})" + "\n";
+  };
+  Dataset nul = tokenize_text(layouts("a\\u0000b"), with_template("chatml"));
+  Dataset one = tokenize_text(layouts("a\\u0001b"), with_template("chatml"));
+  REQUIRE(nul.size() == 5);
+  for (int64_t i = 0; i < 5; ++i) {
+    INFO("layout " << i);
+    CHECK(nul.ids(i).size == one.ids(i).size);  // nothing cut at the NUL
+    CHECK(nul.ids(i).to_vector() != one.ids(i).to_vector());
+  }
+  CHECK(nul.ids(0).to_vector() == nul.ids(1).to_vector());
+  CHECK(nul.ids(0).to_vector() == nul.ids(2).to_vector());
+  // A pair of escapes is one character, the same as its UTF-8 bytes.
+  Dataset pair = tokenize_text("{\"text\": \"\\uD83D\\uDE00\"}\n", DataOptions());
+  Dataset raw = tokenize_text("{\"text\": \"\xF0\x9F\x98\x80\"}\n", DataOptions());
+  CHECK(pair.ids(0).to_vector() == raw.ids(0).to_vector());
+  // An escaped backslash before "uDC00" is a backslash, not an escape.
+  CHECK(tokenize_text("{\"text\": \"\\\\uDC00\"}\n", DataOptions()).size() == 1);
+}
+
 TEST_CASE("a file that is one JSON array reads element by element as JSONL does", "[data]") {
   const std::string a = R"({"instruction": "Is 3 odd?", "output": "yes"})";
   const std::string b =
@@ -488,6 +520,13 @@ TEST_CASE("every malformed line is an error naming file, line and key", "[data]"
       {R"({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]})",
        {"messages[1].role", "two user messages"}},
       {R"({"text": "a", "text": "b"})", {"text: the key appears twice"}},
+      // Surrogates are not characters: refused in every field, escaped or as raw bytes.
+      {R"({"text": "a\uDC00b"})", {"lone low surrogate", "column 12"}},
+      {R"({"instruction": "x", "output": "\uD800"})", {"lone high surrogate"}},
+      {R"({"messages": [{"role": "user", "content": "\uDBFFz"}]})", {"lone high surrogate"}},
+      {"{\"text\": \"a\xED\xB0\x80"
+       "b\"}",
+       {"bytes of a UTF-16 surrogate"}},
   };
   for (const Case& c : cases) {
     INFO(c.line);
@@ -723,13 +762,14 @@ TEST_CASE("the token cache round-trips and is reused only for the same inputs", 
     other.skip_bad_lines = false;
     keys.insert(dataset_cache_path(cache_dir, path, tok, other));
     keys.insert(dataset_cache_path(cache_dir, path, RenamedByteTokenizer(), o));
+    CHECK(keys.size() == 6);
+    // The key is the content's: a copy elsewhere (same name) reuses the tokens.
     const std::string copy = dir + "/copy/train.jsonl";
     fs::create_directories(dir + "/copy");
     fs::copy_file(path, copy);
-    keys.insert(dataset_cache_path(cache_dir, copy, tok, o));
-    CHECK(keys.size() == 7);
+    CHECK(dataset_cache_path(cache_dir, copy, tok, o) == base);
 
-    // New content of another size, then of the same size with a new modification time.
+    // New content of another size, then of the same size with the same modification time.
     std::ofstream(path, std::ios::app) << "{\"text\": \"b\"}\n";
     const std::string grown = dataset_cache_path(cache_dir, path, tok, o);
     CHECK(keys.count(grown) == 0);
@@ -739,7 +779,8 @@ TEST_CASE("the token cache round-trips and is reused only for the same inputs", 
     in.close();
     text[text.find("\"b\"") + 1] = 'c';
     write_file(path, text);
-    fs::last_write_time(path, before + std::chrono::seconds(5));
+    fs::last_write_time(path, before);
+    CHECK(fs::file_size(path) == text.size());
     CHECK(dataset_cache_path(cache_dir, path, tok, o) != grown);
 
     CHECK_THROWS_MATCHES(dataset_cache_path(cache_dir, dir + "/none.jsonl", tok, o), IoError,
@@ -784,6 +825,28 @@ TEST_CASE("the token cache round-trips and is reused only for the same inputs", 
     CHECK_THROWS_MATCHES(load_dataset(bad), IoError, Has({bad, "labels"}));
     CHECK_THROWS_MATCHES(load_dataset(dir + "/none.safetensors"), IoError,
                          Has({dir + "/none.safetensors"}));
+
+    // Ids the model's embedding has no row for: refused with the limit, and a cache file holding
+    // them under the right key is replaced, never trained on.
+    const at::Tensor far = at::tensor({5, 900, 7, 8}, at::kInt);
+    save_safetensors(bad, {{"input_ids", far}, {"labels", ids}, {"offsets", at::tensor({0L, 4L})}},
+                     meta);
+    CHECK_NOTHROW(load_dataset(bad));
+    CHECK_THROWS_MATCHES(load_dataset(bad, nullptr, tok.vocab_size()), IoError,
+                         Has({bad, "input id 900 at position 1", "vocabulary"}));
+    save_safetensors(bad, {{"input_ids", ids}, {"labels", far}, {"offsets", at::tensor({0L, 4L})}},
+                     meta);
+    CHECK_THROWS_MATCHES(load_dataset(bad, nullptr, tok.vocab_size()), IoError,
+                         Has({bad, "label 900"}));
+    std::map<std::string, std::string> forged = meta;
+    forged["key"] = SafetensorsFile(file).metadata().at("key");
+    for (const char* stat : {"lines", "examples", "skipped_lines", "dropped_examples", "tokens"})
+      forged[stat] = "0";
+    save_safetensors(file, {{"input_ids", far}, {"labels", ids}, {"offsets", at::tensor({0L, 4L})}},
+                     forged);
+    LogCapture log;
+    CHECK(same_dataset(load_or_tokenize(path, tok, o, cache_dir), fresh));
+    CHECK(log.contains("outside the vocabulary"));
   }
 }
 

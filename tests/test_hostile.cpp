@@ -135,6 +135,106 @@ TEST_CASE("special files are refused at once, never read or waited on", "[hostil
   CHECK(log.contains("FIFO"));
 }
 
+namespace {
+
+// Every tensor of a model folder's model.safetensors, as fp32 (names in file order).
+std::vector<std::pair<std::string, at::Tensor>> weights_of(const std::string& dir) {
+  SafetensorsFile f(dir + "/model.safetensors");
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const std::string& name : f.names()) {
+    at::Tensor t = at::empty(f.info(name).shape, at::TensorOptions().dtype(at::kFloat));
+    f.read_range(name, 0, t.view({-1}));
+    out.emplace_back(name, t);
+  }
+  return out;
+}
+
+std::string check_error(const std::string& dir) {
+  CausalLM model(load_model_config(dir), at::TensorOptions(), /*allocate=*/false);
+  try {
+    check_checkpoint(model, dir);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("what a weights file claims is checked against the model's config", "[hostile][model]") {
+  // Integers or booleans where a weight belongs: refused on every path that reads weights.
+  for (at::ScalarType bad : {at::kInt, at::kBool}) {
+    const std::string dir = model_copy("int_weights");
+    auto tensors = weights_of(dir);
+    for (auto& [name, t] : tensors) {
+      if (name == "model.layers.0.mlp.up_proj.weight") t = t.gt(0).to(bad);
+    }
+    save_safetensors(dir + "/model.safetensors", tensors);
+    CHECK_THAT(check_error(dir), Contains("model.layers.0.mlp.up_proj.weight") &&
+                                     Contains(bad == at::kInt ? "I32" : "BOOL") &&
+                                     Contains("floating point"));
+    CausalLM model(load_model_config(dir), at::TensorOptions(), /*allocate=*/false);
+    CHECK_THROWS_MATCHES(load_weights(model, *checkpoint_source(dir)), IoError,
+                         Has({"up_proj", "floating point"}));
+  }
+  // More layers in the file than num_hidden_layers: the config does not describe the file.
+  {
+    const std::string dir = model_copy("layers");
+    std::string config = files::read_text(dir + "/config.json");
+    config.replace(config.find("\"num_hidden_layers\": 2"), 22, "\"num_hidden_layers\": 1");
+    files::write_atomic(dir + "/config.json", config);
+    CHECK_THAT(check_error(dir), Contains("holds layers 0 to 1") &&
+                                     Contains("num_hidden_layers 1") &&
+                                     Contains("set num_hidden_layers 2"));
+  }
+  // Tensors with no place in the model: listed once, by name, and the run goes on.
+  {
+    const std::string dir = model_copy("extra");
+    auto tensors = weights_of(dir);
+    tensors.emplace_back("vision_tower.proj.weight", at::ones({4, 4}));
+    tensors.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq", at::ones({8}));
+    save_safetensors(dir + "/model.safetensors", tensors);
+    LogCapture log;
+    CHECK(check_error(dir).empty());
+    CHECK(
+        log.contains("1 tensor(s) have no place in this model and are not used: "
+                     "vision_tower.proj.weight"));
+  }
+  // tie_word_embeddings with a head of its own in the file: said, with which one is used.
+  {
+    const std::string dir = model_copy("tied");
+    std::string config = files::read_text(dir + "/config.json");
+    config.replace(config.find("\"tie_word_embeddings\": false"), 28,
+                   "\"tie_word_embeddings\": true");
+    files::write_atomic(dir + "/config.json", config);
+    LogCapture log;
+    CHECK(check_error(dir).empty());
+    CHECK(
+        log.contains("has its own 'lm_head.weight', but config.json says tie_word_embeddings "
+                     "true: the output layer is 'model.embed_tokens.weight'"));
+    // An exact copy of the embedding as the head changes nothing and is not reported.
+    auto tensors = weights_of(dir);
+    at::Tensor embedding;
+    for (auto& [name, t] : tensors)
+      if (name == "model.embed_tokens.weight") embedding = t;
+    for (auto& [name, t] : tensors)
+      if (name == "lm_head.weight") t = embedding.clone();
+    save_safetensors(dir + "/model.safetensors", tensors);
+    LogCapture quiet;
+    CHECK(check_error(dir).empty());
+    CHECK_FALSE(quiet.contains("lm_head.weight"));
+  }
+  // Shapes are exact wherever a model folder is read, merge's base included: an embedding of
+  // fewer (or more) rows is never read in part.
+  {
+    const std::string dir = model_copy("rows");
+    auto source = checkpoint_source(dir);
+    at::Tensor out = at::empty({100, 64});
+    CHECK_THROWS_MATCHES(source->read("model.embed_tokens.weight", {100, 64}, 0, out), IoError,
+                         Has({"model.embed_tokens.weight", "[128, 64]", "[100, 64]"}));
+  }
+}
+
 TEST_CASE("names read from files stay inside their folder", "[hostile][paths]") {
   // Shard names in model.safetensors.index.json.
   for (const char* shard :
@@ -315,6 +415,46 @@ TEST_CASE("a checkpoint mixing pieces of different saves is refused, naming them
   CHECK_THAT(resume_error(far), Contains("layout.json") && Contains("global_steps"));
   // The intact checkpoint still resumes.
   CHECK(resume_error(four) == "(resumed)");
+}
+
+TEST_CASE("a run that fails before it starts leaves nothing; a cancelled one says how to go on",
+          "[hostile][output]") {
+  const std::string dir = test::temp_dir("failed_start");
+  test::write_data(dir, "train.jsonl", 16, 7);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  // A configuration error found after output_dir was made and locked: the folder goes again.
+  TrainingArguments bad;
+  apply_training_flags(bad, run_flags(dir, {"--output_dir", dir + "/fresh", "--lora_target_modules",
+                                            "no_such_proj", "--finetuning_type", "lora"}));
+  CHECK_THROWS_AS(Trainer(bad, comm), ConfigError);
+  CHECK_FALSE(fs::exists(dir + "/fresh"));
+  // In a folder that was there before, only the lock file goes; what was there stays.
+  fs::create_directories(dir + "/kept");
+  write_file(dir + "/kept/notes.txt", "mine");
+  apply_training_flags(bad, {"--output_dir", dir + "/kept"});
+  CHECK_THROWS_AS(Trainer(bad, comm), ConfigError);
+  CHECK(fs::exists(dir + "/kept/notes.txt"));
+  CHECK_FALSE(fs::exists(dir + "/kept/.zerotrain.lock"));
+
+  // Cancelled before any save: nothing to resume, and it says so.
+  TrainingArguments args;
+  apply_training_flags(args, run_flags(dir, {"--output_dir", dir + "/cancel"}));
+  {
+    Trainer early(args, comm);
+    early.cancel();
+    CHECK_THROWS_MATCHES(early.train(), CancelledError, Has({"before any checkpoint"}));
+  }
+  // Cancelled after checkpoint-2: named, with the flag that continues from it.
+  TrainerCallbacks cb;
+  Trainer* running = nullptr;
+  cb.on_step = [&](const StepStats& s) {
+    if (s.global_step == 3) running->cancel();
+  };
+  apply_training_flags(args, {"--overwrite_output_dir"});
+  Trainer later(args, comm, cb);
+  running = &later;
+  CHECK_THROWS_MATCHES(later.train(), CancelledError,
+                       Has({"checkpoint-2", "--resume_from_checkpoint True"}));
 }
 
 TEST_CASE("output_dir is checked before any work and held by one run at a time",

@@ -84,6 +84,16 @@ std::shared_ptr<HfTokenizer> load_hf(const std::string& dir, int64_t vocab = kLa
   return tok;
 }
 
+// A Sequence of `n` normalizers that each double every "a".
+std::string doubling_replaces(int n) {
+  std::string steps;
+  for (int i = 0; i < n; ++i) {
+    steps += std::string(i ? ", " : "") +
+             R"({"type": "Replace", "pattern": {"String": "a"}, "content": "aa"})";
+  }
+  return R"({"type": "Sequence", "normalizers": [)" + steps + "]}";
+}
+
 // A copy of a fixture folder in a fresh temp dir, for variations.
 std::string copy_fixture(const std::string& name) {
   const std::string dir = test::temp_dir("tok-" + name);
@@ -417,6 +427,15 @@ TEST_CASE("unsupported tokenizer.json features are errors naming file, key and t
       {"llama2", "/added_tokens/2/id", "7", {"added_tokens[2].id", "</s>", "7"}},
       {"llama2", "/model/merges/0", R"("a zz")", {"model.merges[0]", "zz"}},
       {"llama2", "/model/unk_token", R"("<oov>")", {"model.unk_token", "<oov>"}},
+      // Resource bombs: a normalizer that grows text without bound, a vocabulary whose ids
+      // would need a table of millions of empty entries.
+      {"qwen2", "/normalizer", doubling_replaces(13), {"normalizer", "4096-fold"}},
+      {"qwen2",
+       "/normalizer",
+       R"({"type": "Replace", "pattern": {"String": "a"}, "content": ")" + std::string(5000, 'b') +
+           R"("})",
+       {"normalizer", "4096-fold"}},
+      {"qwen2", "/model/vocab/!", "16000000", {"model.vocab", "ids up to 16000000", "damaged"}},
   };
   for (const Variation& v : variations) {
     INFO(v.fixture << " with " << v.pointer << " = " << v.value);

@@ -10,6 +10,8 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include "commands.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/launch.hpp"
@@ -191,6 +193,13 @@ int cmd_launch(const Args& args) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) sigaction(sig, &action, nullptr);
   LaunchResult r = launch_local(command, o);
   if (r.ok()) return g_signal != 0 ? 128 + g_signal : 0;
+  if (g_signal != 0) {  // the user's (or scheduler's) signal, passed on: no failure of the job
+    log_message(LogLevel::kWarning,
+                fmt::format("zerotrain launch: stopped by signal {} ({}), passed on to the ranks\n",
+                            static_cast<int>(g_signal), strsignal(g_signal)) +
+                    r.summary());
+    return 128 + g_signal;
+  }
   log_message(LogLevel::kError, "zerotrain launch: the job failed\n" + r.summary());
   if (r.timed_out) return 124;
   // The first failing rank's own status (2 for a configuration error, 130 when cancelled...).

@@ -83,6 +83,11 @@ int cmd_verify(const Args& in) {
     text = render_prompt(name, *prompt);
     ids = encode_prompt(name, *tok, *prompt);
   }
+  if (ids.empty()) {
+    throw ConfigError(
+        "the prompt gives no tokens (an empty prompt, and the tokenizer adds no BOS token): "
+        "generation needs at least one; give a non-empty --prompt");
+  }
   // The model's context bounds prompt + reply (a longer one would ask attention for memory no
   // machine has).
   if (static_cast<int64_t>(ids.size()) + max_new > config.max_position_embeddings) {

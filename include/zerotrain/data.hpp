@@ -161,9 +161,9 @@ void record_template(const std::string& dir, const std::string& name);
 // ---- cache ---------------------------------------------------------------------------------
 
 /// `<cache_dir>/<file stem>-<16 hex digits>.safetensors`, the digits a hash of everything the
-/// tokenized result depends on: the data file's absolute path, size and modification time, the
-/// tokenizer's fingerprint, every DataOptions field and the cache format version. A missing
-/// data file is an IoError.
+/// tokenized result depends on: the data file's content (hashed in full, with its size), the
+/// tokenizer's fingerprint, every DataOptions field and the cache format version. A missing or
+/// special (FIFO, device) data file is an IoError.
 std::string dataset_cache_path(const std::string& cache_dir, const std::string& jsonl_path,
                                const Tokenizer& tok, const DataOptions& o);
 
@@ -171,9 +171,10 @@ std::string dataset_cache_path(const std::string& cache_dir, const std::string& 
 void save_dataset(const Dataset& dataset, const std::string& path, const DatasetStats& stats = {});
 
 /// Reads a dataset save_dataset wrote, checking it completely (tensors, dtypes, offsets, label
-/// values): a missing, truncated or inconsistent file is an IoError naming it. `stats`, when
-/// given, receives the stats saved with it.
-Dataset load_dataset(const std::string& path, DatasetStats* stats = nullptr);
+/// values; with `id_limit` > 0 every input id and label in [0, id_limit), labels also -100):
+/// a missing, truncated or inconsistent file is an IoError naming it. `stats`, when given,
+/// receives the stats saved with it.
+Dataset load_dataset(const std::string& path, DatasetStats* stats = nullptr, int64_t id_limit = 0);
 
 /// tokenize_jsonl through the cache: reuses `dataset_cache_path(...)` when it holds a valid
 /// dataset for the same key, otherwise tokenizes and writes it (creating `cache_dir`). A cache

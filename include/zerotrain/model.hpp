@@ -217,8 +217,11 @@ void load_weights(torch::nn::Module& model, ParameterSource& source);
 /// Returns how many were copied.
 int copy_model_companion_files(const std::string& from, const std::string& to);
 
-/// Checks that a checkpoint has every tensor the model needs with the right shape; throws
-/// IoError naming the first missing or mismatched tensor. Extra tensors are ignored.
+/// Checks that a checkpoint has every tensor the model needs, floating point and of the right
+/// shape; throws IoError naming the first missing or mismatched tensor, or the layers beyond
+/// the config's num_hidden_layers. Other extra tensors are listed in one warning (a head beside
+/// tied embeddings gets its own: the tied embedding wins). Reading a tensor through
+/// checkpoint_source checks its dtype and shape the same way.
 void check_checkpoint(const CausalLM& model, const std::string& path);
 
 }  // namespace zt

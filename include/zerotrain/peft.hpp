@@ -32,6 +32,10 @@ struct LoraOptions {
   std::string bias = "none";  ///< none | all | lora_only
   std::vector<std::string> modules_to_save;
   bool use_rslora = false;  ///< scale by alpha / sqrt(r) instead of alpha / r
+
+  /// The factor the adapter's product B·A is scaled by (PEFT's LoraLayer.scaling): alpha / r,
+  /// or alpha / sqrt(r) with rsLoRA. The one definition training and merge use.
+  double scaling() const;
 };
 
 struct PromptOptions {

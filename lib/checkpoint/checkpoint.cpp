@@ -95,7 +95,7 @@ Layout read_layout(const std::string& dir) {
     if (v == nullptr || !v->IsArray()) r.fail(key, "an array of strings");
     for (const auto& x : v->GetArray()) {
       if (!x.IsString()) r.fail(key, "an array of strings");
-      out.emplace_back(x.GetString());
+      out.emplace_back(json::text(x));
     }
     return out;
   };

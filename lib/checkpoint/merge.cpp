@@ -38,6 +38,12 @@ int64_t rss_anon_bytes() {
 MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir,
                              const MergeOptions& options) {
   std::error_code ec;
+  if (!fs::is_directory(checkpoint_dir, ec)) {
+    throw IoError(fmt::format(
+        "merge: '{}' {}; name a checkpoint-<step> folder or a run's "
+        "output_dir",
+        checkpoint_dir, fs::exists(checkpoint_dir, ec) ? "is not a folder" : "does not exist"));
+  }
   if (fs::exists(out_dir, ec) && !fs::is_empty(out_dir, ec)) {
     throw ConfigError(fmt::format(
         "merge: '{}' is not empty; choose a new folder (nothing there is overwritten)", out_dir));
@@ -70,13 +76,9 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
         "folder or a run's output_dir",
         checkpoint_dir));
   }
-  std::shared_ptr<ParameterSource> masters = checkpoint ? checkpoint_master_source(checkpoint_dir)
-                                             : adapter  ? adapter_source(checkpoint_dir)
-                                                        : checkpoint_source(checkpoint_dir);
   PeftConfig peft;
-  std::string base_dir = options.base_model;
-  ModelConfig config;
   if (adapter) {
+    // The adapter's kind first: a prompt adapter's tensors have no place in the model.
     peft = load_adapter_config(checkpoint_dir);
     if (peft.type != FinetuningType::kLora) {
       throw ConfigError(
@@ -84,6 +86,13 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
                       "rather than changing weights; load it with PEFT (or zerotrain) instead",
                       checkpoint_dir));
     }
+  }
+  std::shared_ptr<ParameterSource> masters = checkpoint ? checkpoint_master_source(checkpoint_dir)
+                                             : adapter  ? adapter_source(checkpoint_dir)
+                                                        : checkpoint_source(checkpoint_dir);
+  std::string base_dir = options.base_model;
+  ModelConfig config;
+  if (adapter) {
     base_dir = adapter_base_model(checkpoint_dir, options.base_model);
     config = load_model_config(base_dir);
   } else {
@@ -93,11 +102,10 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
     }
     config = load_model_config(checkpoint_dir);
   }
-  std::unique_ptr<SafetensorsCheckpoint> base;
-  if (!base_dir.empty()) base = std::make_unique<SafetensorsCheckpoint>(base_dir);
-  const double scaling = peft.lora.use_rslora
-                             ? peft.lora.alpha / std::sqrt(static_cast<double>(peft.lora.r))
-                             : peft.lora.alpha / static_cast<double>(peft.lora.r);
+  // The base's tensors through checkpoint_source: floating point and exactly the model's shapes.
+  std::shared_ptr<ParameterSource> base;
+  if (!base_dir.empty()) base = checkpoint_source(base_dir);
+  const double scaling = peft.lora.scaling();
   const at::ScalarType dtype = options.dtype.value_or(config.dtype);
 
   // The HF tensor names and shapes, from a placeholder model of this config; each output tensor
@@ -146,8 +154,8 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
     at::Tensor value = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
     if (masters->has(name)) {
       masters->read(name, shape, 0, value);
-    } else if (base && base->contains(name)) {
-      base->read_range(name, 0, value);
+    } else if (base && base->has(name)) {
+      base->read(name, shape, 0, value);
     } else {
       throw IoError(fmt::format(
           "merge: '{}' is neither trained in '{}' nor found in a base model{}; a Freeze "

@@ -151,7 +151,7 @@ void assign(Args& args, const Option& o, const RawValue& v, const std::string& w
       std::optional<bool> b;
       if (v.json && v.json->IsBool()) b = v.json->GetBool();
       if (!v.json || v.json->IsString()) {
-        b = parse_bool_text(v.json ? v.json->GetString() : v.text);
+        b = parse_bool_text(v.json ? json::text(*v.json) : v.text);
       }
       if (!b) bad_value(where, o, v, kBooleanWords);
       return *b;
@@ -197,7 +197,7 @@ void assign(Args& args, const Option& o, const RawValue& v, const std::string& w
       } else if (v.json && v.json->IsArray() && std::string_view(o.name) == "report_to") {
         for (const auto& item : v.json->GetArray()) {  // HF's list form
           if (!item.IsString()) bad_value(where, o, v, "a string or a list of strings");
-          s += (s.empty() ? "" : ",") + std::string(item.GetString());
+          s += (s.empty() ? "" : ",") + json::text(item);
         }
       } else if (v.json) {
         bad_value(where, o, v, "a string");

@@ -1,10 +1,17 @@
 // The tokenized-data cache: a safetensors file per (data file, tokenizer, options), named by a
 // hash of everything the tokens depend on, checked completely when read back.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "util/crc32c.hpp"
+#include "util/files.hpp"
 #include "util/log.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
@@ -18,26 +25,52 @@ namespace {
 constexpr int kCacheVersion = 1;
 constexpr const char* kCacheFormat = "zerotrain-dataset";
 
+// The data file's content as 96 bits (CRC-32C and a 64-bit multiply-rotate hash of every byte)
+// plus its size: an edit of any size at any time gives another key. Not a cryptographic hash:
+// it tells a user's edits apart, not an adversary's collisions. The file is read in 1 MiB
+// pieces (hashing runs at several GB/s, far faster than tokenizing).
+std::string content_hash(const std::string& jsonl_path, uint64_t* size) {
+  const int fd = files::open_regular(jsonl_path, "data file");
+  std::vector<unsigned char> buf(1 << 20);
+  uint32_t crc = 0;
+  uint64_t h = 0x9E3779B97F4A7C15ULL;
+  *size = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw IoError(fmt::format("cannot read data file '{}': {}", jsonl_path, std::strerror(err)));
+    }
+    if (n == 0) break;
+    const size_t len = static_cast<size_t>(n);
+    crc = crc32c::extend(crc, buf.data(), len);
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+      uint64_t w = 0;
+      std::memcpy(&w, buf.data() + i, 8);
+      h ^= w * 0x87C37B91114253D5ULL;
+      h = ((h << 31) | (h >> 33)) * 0x4CF5AD432745937FULL;
+    }
+    for (; i < len; ++i) h = (h ^ buf[i]) * 0x100000001B3ULL;
+    *size += len;
+  }
+  ::close(fd);
+  return fmt::format("{:016x}{:08x}", h, crc);
+}
+
 // Everything the tokens depend on, as text; stored in the file to rule out hash collisions.
 std::string cache_key(const std::string& jsonl_path, const Tokenizer& tok, const DataOptions& o) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path file = fs::canonical(jsonl_path, ec);
-  if (ec) throw IoError(fmt::format("cannot open data file '{}': {}", jsonl_path, ec.message()));
-  std::error_code size_ec, time_ec;
-  const uintmax_t size = fs::file_size(file, size_ec);
-  const auto mtime = fs::last_write_time(file, time_ec).time_since_epoch().count();
-  if (size_ec || time_ec) {
-    throw IoError(fmt::format("cannot stat data file '{}': {}", jsonl_path,
-                              (size_ec ? size_ec : time_ec).message()));
-  }
+  uint64_t size = 0;
+  const std::string content = content_hash(jsonl_path, &size);
   return fmt::format(
-      "version={}\nfile={}\nsize={}\nmtime={}\ntokenizer={}\ntemplate={}\nmax_length={}\n"
+      "version={}\ncontent={}\nsize={}\ntokenizer={}\ntemplate={}\nmax_length={}\n"
       "train_on_prompt={}\nskip_bad_lines={}\ntoken_id_limit={}\nglm_prompt_layout={}\n"
       "max_source_length={}\nskip_truncated={}",
-      kCacheVersion, file.string(), size, static_cast<int64_t>(mtime), tok.fingerprint(),
-      o.template_name, o.max_length, o.train_on_prompt, o.skip_bad_lines, o.token_id_limit,
-      o.glm_prompt_layout, o.max_source_length, o.skip_truncated);
+      kCacheVersion, content, size, tok.fingerprint(), o.template_name, o.max_length,
+      o.train_on_prompt, o.skip_bad_lines, o.token_id_limit, o.glm_prompt_layout,
+      o.max_source_length, o.skip_truncated);
 }
 
 uint64_t fnv1a(const std::string& s) {
@@ -109,8 +142,29 @@ void write_cache(const Dataset& d, const std::string& path, const DatasetStats& 
   save_safetensors(path, tensors, metadata);
 }
 
+// Every id indexes the embedding: inputs in [0, limit), labels too or -100 (ignored).
+void check_ids(const std::string& path, const std::vector<int32_t>& ids,
+               const std::vector<int32_t>& labels, int64_t limit) {
+  if (limit <= 0) return;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= limit) {
+      throw corrupt_cache(path, fmt::format("input id {} at position {} is outside the "
+                                            "vocabulary [0, {})",
+                                            ids[i], i, limit));
+    }
+  }
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] != -100 && (labels[i] < 0 || labels[i] >= limit)) {
+      throw corrupt_cache(path, fmt::format("label {} at position {} is neither -100 nor in the "
+                                            "vocabulary [0, {})",
+                                            labels[i], i, limit));
+    }
+  }
+}
+
 // The dataset in a cache file and the key it was written for.
-std::pair<Dataset, std::string> read_cache(const std::string& path, DatasetStats* stats) {
+std::pair<Dataset, std::string> read_cache(const std::string& path, DatasetStats* stats,
+                                           int64_t id_limit) {
   SafetensorsFile f(path);  // IoError when missing or not safetensors
   auto entry = [&](const char* name) {
     auto it = f.metadata().find(name);
@@ -130,8 +184,10 @@ std::pair<Dataset, std::string> read_cache(const std::string& path, DatasetStats
   }
   Dataset d;
   try {
-    d = Dataset::from_flat(read_vector<int32_t>(f, "input_ids", at::kInt),
-                           read_vector<int32_t>(f, "labels", at::kInt),
+    std::vector<int32_t> ids = read_vector<int32_t>(f, "input_ids", at::kInt);
+    std::vector<int32_t> labels = read_vector<int32_t>(f, "labels", at::kInt);
+    check_ids(path, ids, labels, id_limit);
+    d = Dataset::from_flat(std::move(ids), std::move(labels),
                            read_vector<int64_t>(f, "offsets", at::kLong), std::move(doc_offsets));
   } catch (const InvalidArgument& e) {
     throw corrupt_cache(path, e.what());
@@ -160,8 +216,8 @@ void save_dataset(const Dataset& dataset, const std::string& path, const Dataset
   write_cache(dataset, path, stats, "");
 }
 
-Dataset load_dataset(const std::string& path, DatasetStats* stats) {
-  return read_cache(path, stats).first;
+Dataset load_dataset(const std::string& path, DatasetStats* stats, int64_t id_limit) {
+  return read_cache(path, stats, id_limit).first;
 }
 
 Dataset load_or_tokenize(const std::string& jsonl_path, const Tokenizer& tok, const DataOptions& o,
@@ -174,7 +230,8 @@ Dataset load_or_tokenize(const std::string& jsonl_path, const Tokenizer& tok, co
   if (fs::exists(path, ec)) {
     try {
       DatasetStats cached;
-      std::pair<Dataset, std::string> read = read_cache(path, &cached);
+      std::pair<Dataset, std::string> read =
+          read_cache(path, &cached, o.token_id_limit > 0 ? o.token_id_limit : tok.vocab_size());
       if (read.second == key) {
         log::info("{}: {} examples, {} tokens from the cache '{}'", jsonl_path, read.first.size(),
                   read.first.total_tokens(), path);

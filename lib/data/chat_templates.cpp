@@ -466,9 +466,9 @@ std::optional<std::pair<std::string, std::string>> folder_chat_template(const st
   if (it->value.IsArray()) {  // [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
     for (const auto& entry : it->value.GetArray()) {
       if (entry.IsObject() && entry.HasMember("name") && entry["name"].IsString() &&
-          std::string(entry["name"].GetString()) == "default" && entry.HasMember("template") &&
+          json::text(entry["name"]) == "default" && entry.HasMember("template") &&
           entry["template"].IsString()) {
-        return std::pair{std::string(entry["template"].GetString()), config};
+        return std::pair{json::text(entry["template"]), config};
       }
     }
   }

@@ -331,14 +331,14 @@ std::string message_text(json::ObjectReader& m, const char* key) {
       const rapidjson::Value& part = (*v)[k];
       if (!part.IsObject() || !part.HasMember("text") || !part["text"].IsString() ||
           (part.HasMember("type") &&
-           !(part["type"].IsString() && std::string(part["type"].GetString()) == "text"))) {
+           !(part["type"].IsString() && json::text(part["type"]) == "text"))) {
         m.fail_value(
             key,
             fmt::format("part {} is not a {{\"type\": \"text\", \"text\": ...}} part (only text "
                         "content is supported)",
                         k));
       }
-      text += part["text"].GetString();
+      text += json::text(part["text"]);
     }
     return text;
   }
@@ -406,8 +406,8 @@ Chat parse_instruction(json::ObjectReader& r) {
         r.fail_value("history",
                      fmt::format("entry {} is not an [instruction, output] pair of strings", k));
       }
-      c.messages.push_back({"user", pair[0].GetString(), ""});
-      c.messages.push_back({"assistant", pair[1].GetString(), ""});
+      c.messages.push_back({"user", json::text(pair[0]), ""});
+      c.messages.push_back({"assistant", json::text(pair[1]), ""});
     }
   }
   std::string instruction = r.required_string("instruction");
@@ -444,7 +444,7 @@ Example parse_line(std::string_view line, const std::string& where, const Tokeni
   if (doc.HasMember("text")) return encode_text(r.required_string("text"), tok, limit);
   std::string keys;
   for (auto it = doc.MemberBegin(); it != doc.MemberEnd(); ++it) {
-    keys += fmt::format("{}\"{}\"", keys.empty() ? "" : ", ", it->name.GetString());
+    keys += fmt::format("{}\"{}\"", keys.empty() ? "" : ", ", json::text(it->name));
   }
   throw ConfigError(fmt::format(
       "{}: unknown layout: the layouts are \"text\" (plain text), \"instruction\" + \"output\" "

@@ -2,6 +2,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <optional>
+#include <set>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -18,6 +21,42 @@
 namespace zt {
 namespace {
 
+// Weights are floating point: a tensor of integers or booleans where the model needs a weight
+// is another kind of file (token ids, masks, a quantized checkpoint's packed values).
+void check_weight_dtype(const std::string& path, const std::string& name, const TensorInfo& info) {
+  if (!at::isFloatingType(info.dtype)) {
+    throw IoError(fmt::format(
+        "checkpoint '{}': tensor '{}' is {}, but the model's weights are floating point (F32, "
+        "F16 or BF16); this file is not the model's weights (a quantized checkpoint must be "
+        "dequantized first)",
+        path, name, info.dtype_name));
+  }
+}
+
+// Its layer index when `name` lies in a numbered layer ("model.layers.7.mlp..." -> 7).
+std::optional<int64_t> layer_of(const std::string& name) {
+  const size_t at = name.find(".layers.");
+  if (at == std::string::npos) return std::nullopt;
+  const size_t first = at + 8, end = name.find('.', first);
+  if (end == std::string::npos || end == first || end - first > 9) return std::nullopt;
+  int64_t n = 0;
+  for (size_t i = first; i < end; ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    n = n * 10 + (name[i] - '0');
+  }
+  return n;
+}
+
+// Buffers transformers recomputes and never loads (older LLaMA and ChatGLM files carry them).
+bool is_recomputed_buffer(const std::string& name) {
+  auto ends_with = [&](std::string_view tail) {
+    return name.size() >= tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return ends_with("rotary_emb.inv_freq") || ends_with("rotary_pos_emb.inv_freq") ||
+         ends_with(".attn.bias") || ends_with(".attn.masked_bias");
+}
+
 class CheckpointSource final : public ParameterSource {
  public:
   explicit CheckpointSource(const std::string& path) : ckpt_(path) {}
@@ -31,6 +70,7 @@ class CheckpointSource final : public ParameterSource {
                       ckpt_.path(), name));
     }
     const TensorInfo& info = ckpt_.info(name);
+    check_weight_dtype(ckpt_.path(), name, info);
     if (info.shape != shape) {
       throw IoError(
           fmt::format("checkpoint '{}': tensor '{}' has shape [{}] but the model expects "
@@ -132,17 +172,82 @@ void load_weights(torch::nn::Module& model, ParameterSource& source) {
 
 void check_checkpoint(const CausalLM& model, const std::string& path) {
   SafetensorsCheckpoint ckpt(path);
+  const ModelConfig& config = model.config();
+  std::set<std::string> needed;
+  std::string embedding;
   for (const auto& item : model.named_parameters(true)) {
-    if (!ckpt.contains(item.key())) {
+    const std::string& name = item.key();
+    needed.insert(name);
+    if (embedding.empty() && name.find("embed") != std::string::npos) embedding = name;
+    if (!ckpt.contains(name)) {
       throw IoError(
           fmt::format("checkpoint '{}' lacks tensor '{}', which the model's config "
                       "requires",
-                      path, item.key()));
+                      path, name));
     }
-    if (ckpt.info(item.key()).shape != item.value().sizes().vec()) {
-      throw IoError(
-          fmt::format("checkpoint '{}': tensor '{}' has the wrong shape", path, item.key()));
+    const TensorInfo& info = ckpt.info(name);
+    check_weight_dtype(path, name, info);
+    if (info.shape != item.value().sizes().vec()) {
+      throw IoError(fmt::format(
+          "checkpoint '{}': tensor '{}' has shape [{}] but the model's config gives [{}]", path,
+          name, fmt::join(info.shape, ", "), fmt::join(item.value().sizes().vec(), ", ")));
     }
+  }
+  // What the file holds beyond the model: layers past num_hidden_layers are an error (the
+  // config would silently drop them); a head beside tied embeddings is a warning (the tied
+  // embedding wins, as transformers ties them); anything else is listed once, as transformers
+  // lists unexpected keys.
+  std::vector<std::string> unused;
+  int64_t highest_layer = -1;
+  for (const std::string& name : ckpt.names()) {
+    if (needed.count(name) != 0 || is_recomputed_buffer(name)) continue;
+    if (std::optional<int64_t> layer = layer_of(name);
+        layer && *layer >= config.num_hidden_layers) {
+      highest_layer = std::max(highest_layer, *layer);
+      continue;
+    }
+    unused.push_back(name);
+  }
+  if (highest_layer >= 0) {
+    throw IoError(fmt::format(
+        "checkpoint '{}' holds layers 0 to {} but its config gives num_hidden_layers {}: the "
+        "config does not describe these weights; set num_hidden_layers {} (or give the folder "
+        "whose config matches)",
+        path, highest_layer, config.num_hidden_layers, highest_layer + 1));
+  }
+  std::vector<std::string> listed;
+  for (const std::string& name : unused) {
+    const bool head = name == "lm_head.weight" || name == "transformer.output_layer.weight";
+    if (head && config.tie_word_embeddings && !embedding.empty()) {
+      // A copy of the embedding (some exports write both) changes nothing; say so otherwise.
+      const TensorInfo& h = ckpt.info(name);
+      const TensorInfo& e = ckpt.info(embedding);
+      bool same = h.shape == e.shape && h.dtype == e.dtype;
+      if (same && !h.shape.empty()) {
+        const int64_t row = h.numel / std::max<int64_t>(1, h.shape[0]);
+        at::Tensor a = at::empty({row}, at::TensorOptions().dtype(at::kFloat));
+        at::Tensor b = at::empty({row}, at::TensorOptions().dtype(at::kFloat));
+        ckpt.read_range(name, 0, a);
+        ckpt.read_range(embedding, 0, b);
+        same = a.equal(b);
+      }
+      if (!same) {
+        log::warn(
+            "checkpoint '{}' has its own '{}', but config.json says tie_word_embeddings true: "
+            "the output layer is '{}' (tied, as transformers loads it) and the file's head is "
+            "not used; set tie_word_embeddings false to train with the file's head",
+            path, name, embedding);
+      }
+      continue;
+    }
+    listed.push_back(name);
+  }
+  if (!listed.empty()) {
+    const size_t shown = std::min<size_t>(listed.size(), 8);
+    log::warn("checkpoint '{}': {} tensor(s) have no place in this model and are not used: {}{}",
+              path, listed.size(),
+              fmt::join(listed.begin(), listed.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+              listed.size() > shown ? fmt::format(" and {} more", listed.size() - shown) : "");
   }
 }
 

@@ -319,7 +319,7 @@ PeftConfig load_adapter_config(const std::string& dir) {
     if (auto v = r.number("lora_dropout", 0.0, 1.0)) c.lora.dropout = *v;
     const rapidjson::Value* t = r.find("target_modules");
     if (t != nullptr && t->IsString()) {
-      c.lora.target_regex = t->GetString();
+      c.lora.target_regex = json::text(*t);
       c.lora.target_modules.clear();
       if (c.lora.target_regex == "all-linear") {
         c.lora.target_regex.clear();
@@ -329,13 +329,17 @@ PeftConfig load_adapter_config(const std::string& dir) {
       c.lora.target_modules.clear();
       for (const auto& x : t->GetArray()) {
         if (!x.IsString()) r.fail("target_modules", "a list of module names or a regex");
-        c.lora.target_modules.emplace_back(x.GetString());
+        c.lora.target_modules.emplace_back(json::text(x));
       }
     }
     if (auto v = r.choice("bias", {"none", "all", "lora_only"})) c.lora.bias = *v;
-    if (const rapidjson::Value* m = r.find("modules_to_save"); m != nullptr) {
+    if (const rapidjson::Value* m = r.find("modules_to_save"); m != nullptr && !m->IsNull()) {
       if (!m->IsArray()) r.fail("modules_to_save", "a list of module names or null");
-      for (const auto& x : m->GetArray()) c.lora.modules_to_save.emplace_back(x.GetString());
+      for (const auto& x : m->GetArray()) {
+        if (!x.IsString() || x.GetStringLength() == 0)
+          r.fail("modules_to_save", "a list of module names (non-empty strings) or null");
+        c.lora.modules_to_save.emplace_back(json::text(x));
+      }
     }
     if (auto v = r.boolean("use_rslora")) c.lora.use_rslora = *v;
     // PEFT options that would change what the adapter computes and that zerotrain lacks.
@@ -409,6 +413,14 @@ std::map<std::string, std::string> keys_by_name(const SafetensorsFile& file) {
   return out;
 }
 
+// Adapter weights are floating point; integers or booleans mean another kind of file.
+void check_floating(const SafetensorsFile& file, const std::string& key) {
+  if (!at::isFloatingType(file.info(key).dtype)) {
+    throw IoError(fmt::format("'{}': tensor '{}' is {}, but adapter weights are floating point",
+                              file.path(), key, file.info(key).dtype_name));
+  }
+}
+
 class AdapterSource final : public ParameterSource {
  public:
   explicit AdapterSource(const std::string& dir)
@@ -422,6 +434,7 @@ class AdapterSource final : public ParameterSource {
                                 it == keys_.end() ? kPrefix + name : it->second,
                                 fmt::join(shape, ", ")));
     }
+    check_floating(file_, it->second);
     file_.read_range(it->second, offset, out);
   }
 
@@ -473,6 +486,7 @@ ParameterCount load_adapter(CausalLM& model, const std::string& dir, bool traina
             "base model or rank?)",
             file, key, fmt::join(st.info(key).shape, ", "), fmt::join(p.sizes(), ", ")));
       }
+      check_floating(st, key);
       if (!p.is_contiguous()) p.set_data(at::empty(p.sizes(), p.options()));
       p.copy_(st.load(key));
     }

@@ -121,6 +121,14 @@ at::Generator generator_for(uint64_t seed, const std::string& name) {
                                         (std::hash<std::string>{}(name)*0x9E3779B97F4A7C15ULL));
 }
 
+}  // namespace
+
+double LoraOptions::scaling() const {
+  return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
+}
+
+namespace {
+
 void add_lora(const std::string& path, model::Linear& lin, const LoraOptions& o, uint64_t seed) {
   if (lin.lora_A) throw InvalidArgument(fmt::format("'{}' already has a LoRA adapter", path));
   const auto options = lin.weight.options();
@@ -136,8 +144,7 @@ void add_lora(const std::string& path, model::Linear& lin, const LoraOptions& o,
       at::empty({o.r, lin.in_features}).uniform_(-bound, bound, generator_for(seed, path));
   lin.lora_A->weight.copy_(a);
   lin.lora_B->weight.zero_();
-  lin.lora_scaling = o.use_rslora ? o.alpha / std::sqrt(static_cast<double>(o.r))
-                                  : o.alpha / static_cast<double>(o.r);
+  lin.lora_scaling = o.scaling();
   lin.lora_dropout = o.dropout;
 }
 

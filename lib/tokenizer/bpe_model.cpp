@@ -274,6 +274,14 @@ BpeModel::BpeModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
     }
     end = std::max(end, id + 1);
   }
+  // Ids leave few holes in real vocabularies; a table mostly empty is a damaged (or hostile)
+  // file, refused before the table is allocated.
+  if (static_cast<size_t>(end) > 2 * vocab.size() + 1024) {
+    throw ConfigError(
+        fmt::format("{}: model.vocab: {} entries with ids up to {}: most ids name "
+                    "no token; the file is damaged",
+                    where, vocab.size(), end - 1));
+  }
   tokens_.resize(static_cast<size_t>(end));
   has_token_.assign(static_cast<size_t>(end), false);
   std::string bytes;

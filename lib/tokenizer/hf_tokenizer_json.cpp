@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <tuple>
 
+#include <set>
+
 #include <fmt/format.h>
 
 #include "tokenizer/bpe_model.hpp"
@@ -91,6 +93,32 @@ void read_normalizer(json::ObjectReader& r, const std::string& source,
     out.push_back(s);
   } else {
     unsupported(r, "type", fmt::format("normalizer \"{}\"", type), kNormalizerTypes);
+  }
+}
+
+// How much the normalizer can grow a text, bounded before any text meets it: the product of
+// each step's worst factor (a Replace's content over its pattern, a Unicode form's longest
+// decomposition). Real tokenizers stay far below the limit (LLaMA-2's Prepend + Replace of
+// " " by "▁": 3×); a chain of Replaces that doubles text each time would need gigabytes.
+void check_normalizer_growth(const std::vector<NormalizerStep>& steps, const std::string& source) {
+  constexpr double kMaxGrowth = 4096;
+  double growth = 1;
+  for (const NormalizerStep& step : steps) {
+    double factor = 1;
+    if (step.kind == NormalizerStep::kForm) {
+      factor = step.form == text::NormalForm::kNFC ? 3 : 18;  // U+FDFA decomposes into 18
+    } else if (step.kind == NormalizerStep::kReplace && !step.text.empty()) {
+      factor = std::max(
+          1.0, static_cast<double>(step.content.size()) / static_cast<double>(step.text.size()));
+    }
+    growth *= factor;
+    if (growth > kMaxGrowth) {
+      throw ConfigError(fmt::format(
+          "{}: normalizer: its steps can grow a text more than {}-fold (a Replace's content much "
+          "longer than its pattern, or such steps in a row); no real tokenizer does this — is "
+          "it the right file?",
+          source, kMaxGrowth));
+    }
   }
 }
 
@@ -317,7 +345,7 @@ std::shared_ptr<const BpeModel> read_model(json::ObjectReader& m, const std::str
       }
       merges.emplace_back(std::string(s.substr(0, space)), std::string(s.substr(space + 1)));
     } else if (e.IsArray() && e.Size() == 2 && e[0].IsString() && e[1].IsString()) {
-      merges.emplace_back(e[0].GetString(), e[1].GetString());
+      merges.emplace_back(json::text(e[0]), json::text(e[1]));
     } else {
       m.fail_value("merges", fmt::format("entry {} is {}: expected \"left right\" or [left, right]",
                                          i, json::render(e)));
@@ -333,6 +361,7 @@ void read_added_tokens(json::ObjectReader& r, const std::string& source, const B
                        size_t model_entries, std::vector<AddedToken>& out) {
   if (!r.has("added_tokens")) return;
   int64_t max_added = -1;
+  std::set<std::string> contents;
   for_each_object(r, "added_tokens", source, [&](json::ObjectReader& item) {
     AddedToken t;
     std::optional<int64_t> id = item.integer("id", 0, INT32_MAX - 1);
@@ -348,10 +377,8 @@ void read_added_tokens(json::ObjectReader& r, const std::string& source, const B
     t.lstrip = item.boolean("lstrip").value_or(false);
     t.rstrip = item.boolean("rstrip").value_or(false);
     t.normalized = item.boolean("normalized").value_or(!t.special);
-    for (const AddedToken& earlier : out) {
-      if (earlier.content == t.content) {
-        item.fail_value("content", fmt::format("\"{}\" is added twice", t.content));
-      }
+    if (!contents.insert(t.content).second) {
+      item.fail_value("content", fmt::format("\"{}\" is added twice", t.content));
     }
     int64_t expected = model.token_id(t.content);
     if (expected < 0) {
@@ -384,6 +411,7 @@ TokenizerJson read_tokenizer_json(const std::string& path,
   r.known({"truncation", "padding"});  // per-call settings in transformers; encode never pads
   if (std::optional<json::ObjectReader> n = r.object("normalizer")) {
     read_normalizer(*n, path, spec.normalizers);
+    check_normalizer_growth(spec.normalizers, path);
   }
   if (std::optional<json::ObjectReader> p = r.object("pre_tokenizer")) {
     read_pre_tokenizer(*p, path, spec.pre_tokenizers);

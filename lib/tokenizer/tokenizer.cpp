@@ -3,6 +3,8 @@
 
 #include <cctype>
 #include <filesystem>
+#include <mutex>
+#include <set>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -173,10 +175,16 @@ std::shared_ptr<Tokenizer> load_tokenizer(const std::string& model_dir, int64_t 
             model_dir, name));
       }
     }
-    log::warn(
-        "model folder '{}' has no tokenizer files (tokenizer.json, tokenizer.model, "
-        "vocab.json, merges.txt, tokenizer_config.json); using the byte-level tokenizer",
-        model_dir);
+    // Once per folder and process (merge, verify and every rank load it more than once).
+    static std::mutex mutex;
+    static std::set<std::string> warned;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (warned.insert(fs::absolute(model_dir).lexically_normal().string()).second) {
+      log::warn(
+          "model folder '{}' has no tokenizer files (tokenizer.json, tokenizer.model, "
+          "vocab.json, merges.txt, tokenizer_config.json); using the byte-level tokenizer",
+          model_dir);
+    }
   }
   return byte_tokenizer();
 }

@@ -75,9 +75,27 @@ void Trainer::Impl::read_rng_state(const std::string& dir) const {
   const std::string path = fmt::format("{}/rng/rank-{:05d}.safetensors", dir, rank);
   if (!fs::exists(path)) return;  // a rank the saved run did not have keeps its fresh seed
   SafetensorsFile f(path);
-  rng::set_state(at::kCPU, f.load("cpu"));
-  if (comm->device().is_cuda() && f.contains("device"))
-    rng::set_state(comm->device(), f.load("device"));
+  // A state of another size or dtype than the generator's own is another build's or a damaged
+  // file: said with the file and the sizes, never LibTorch's text.
+  auto restore = [&](const char* name, const at::Device& device) {
+    if (!f.contains(name)) {
+      throw IoError(
+          fmt::format("'{}' lacks the '{}' random state; the checkpoint is damaged", path, name));
+    }
+    const at::Tensor saved = f.load(name);
+    const at::Tensor own = rng::state(device);
+    if (saved.scalar_type() != own.scalar_type() || saved.sizes() != own.sizes()) {
+      throw IoError(fmt::format(
+          "'{}': the '{}' random state has {} elements of {}, but this build's generator keeps "
+          "{} of {}; the checkpoint is damaged or from another LibTorch: remove its rng folder to "
+          "resume with a fresh random stream",
+          path, name, saved.numel(), c10::toString(saved.scalar_type()), own.numel(),
+          c10::toString(own.scalar_type())));
+    }
+    rng::set_state(device, saved);
+  };
+  restore("cpu", at::kCPU);
+  if (comm->device().is_cuda() && f.contains("device")) restore("device", comm->device());
 }
 
 void Trainer::Impl::check_disk_space(const std::string& what) const {

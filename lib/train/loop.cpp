@@ -55,8 +55,14 @@ void Trainer::Impl::check_cancel() {
                     preempt, state.global_step, state.global_step));
   }
   if (cancel) {
-    throw CancelledError(fmt::format("training cancelled at step {}; the newest checkpoint is kept",
-                                     state.global_step));
+    const std::optional<std::string> newest = latest_checkpoint(args.output_dir);
+    throw CancelledError(
+        newest ? fmt::format("training cancelled at step {}; the newest checkpoint, '{}', is kept: "
+                             "continue from it with --resume_from_checkpoint True",
+                             state.global_step, *newest)
+               : fmt::format("training cancelled at step {}, before any checkpoint was saved: "
+                             "a new run starts from the beginning",
+                             state.global_step));
   }
 }
 

@@ -190,6 +190,7 @@ void Trainer::Impl::check_output_dir() {
 void Trainer::Impl::lock_output_dir() {
   const std::string& out = args.output_dir;
   std::error_code ec;
+  created_output_dir = !fs::exists(out, ec);
   fs::create_directories(out, ec);
   if (ec) throw IoError(fmt::format("cannot create output_dir '{}': {}", out, ec.message()));
   if (::access(out.c_str(), W_OK | X_OK) != 0) {
@@ -208,6 +209,17 @@ void Trainer::Impl::lock_output_dir() {
                     "another output_dir (--overwrite_output_dir does not take a folder from a "
                     "running job)",
                     out, holder.empty() ? "its lock file " + lock_path : holder));
+  }
+}
+
+void Trainer::Impl::abandon_output_dir() noexcept {
+  if (!output_lock) return;
+  try {
+    output_lock->unlink_and_release(args.output_dir + "/.zerotrain.lock");
+    output_lock.reset();
+    if (created_output_dir) files::remove_tree(args.output_dir);
+  } catch (const std::exception& e) {
+    log::warn("cleaning up output_dir '{}' after the failed start: {}", args.output_dir, e.what());
   }
 }
 

@@ -87,7 +87,8 @@ void Trainer::Impl::load_data() {
     });
     on_every_rank(*comm, fmt::format("reading the tokenized {} data", what), [&] {
       if (rank != 0)
-        into = load_dataset(dataset_cache_path(cache_dir, path, *tokenizer, options), &stats);
+        into = load_dataset(dataset_cache_path(cache_dir, path, *tokenizer, options), &stats,
+                            options.token_id_limit);
     });
     if (rank == 0) {
       log::info(
@@ -229,16 +230,19 @@ void Trainer::Impl::check_machine_fits() const {
                   c.source, params, c.vocab_size, c.hidden_size, c.intermediate_size,
                   c.num_hidden_layers),
       "check the config's sizes");
-  const double tokens =
-      static_cast<double>(args.per_device_train_batch_size) * static_cast<double>(args.max_length);
+  const bool eval_wider =
+      args.per_device_eval_batch_size > args.per_device_train_batch_size && !args.eval_file.empty();
+  const int64_t rows =
+      eval_wider ? args.per_device_eval_batch_size : args.per_device_train_batch_size;
+  const double tokens = static_cast<double>(rows) * static_cast<double>(args.max_length);
   capacity::check_fits(
       tokens * static_cast<double>(c.hidden_size) * element *
           static_cast<double>(c.num_hidden_layers),
       cuda,
-      fmt::format("a micro-batch of per_device_train_batch_size {} × max_length {} tokens",
-                  args.per_device_train_batch_size, args.max_length),
-      "lower per_device_train_batch_size (raise gradient_accumulation_steps to keep the batch) "
-      "or max_length");
+      fmt::format("a micro-batch of per_device_{}_batch_size {} × max_length {} tokens",
+                  eval_wider ? "eval" : "train", rows, args.max_length),
+      "lower the batch size (raise gradient_accumulation_steps to keep the global batch) or "
+      "max_length");
 }
 
 void Trainer::Impl::build_model_and_engine() {
@@ -352,6 +356,17 @@ Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm,
     for (const auto& [name, line] : I.args.ignored) log::warn("{}", line);
   }
   if (I.args.tf32) compat::set_allow_tf32(*I.args.tf32);
+  try {
+    I.start();
+  } catch (...) {
+    // A run that never started leaves nothing behind: no lock file, no folder it created.
+    I.abandon_output_dir();
+    throw;
+  }
+}
+
+void Trainer::Impl::start() {
+  Impl& I = *this;
   on_every_rank(*I.comm, "checking the arguments, output_dir and model", [&] {
     I.check_output_dir();
     if (I.rank == 0) I.lock_output_dir();

@@ -65,7 +65,13 @@ struct Trainer::Impl {
   /// Rank 0's exclusive lock on output_dir for the whole run: a second run into the same folder
   /// is refused at once (the kernel drops the lock with the process, kill -9 included).
   std::optional<files::FileLock> output_lock;
+  bool created_output_dir = false;  ///< by lock_output_dir, for abandon_output_dir
   void lock_output_dir();
+  /// After a failure before training starts: removes the lock file, and output_dir itself when
+  /// this run created it (everything in it is then this run's). Never throws.
+  void abandon_output_dir() noexcept;
+  /// The constructor's work after the argument check: output_dir, model, data, engine, resume.
+  void start();
   int stop_signal = 0;  ///< SIGTERM / SIGUSR1 asked to save and stop (preempt)
   std::atomic<int> preempt_requested{0};
   std::optional<double> last_eval_loss;

@@ -217,21 +217,42 @@ std::optional<uint64_t> free_bytes(const std::string& dir) {
 
 std::optional<FileLock> FileLock::try_lock(const std::string& path, bool exclusive,
                                            const std::string& holder) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0)
-    throw IoError(fmt::format("cannot open the lock file '{}': {}", path, std::strerror(errno)));
-  if (::flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
-    const int err = errno;
+  // A holder may unlink the file while it holds the lock (unlink_and_release): a lock taken on
+  // the unlinked file is no lock, so it is taken again on whatever the path names now.
+  for (int attempt = 0;; ++attempt) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0)
+      throw IoError(fmt::format("cannot open the lock file '{}': {}", path, std::strerror(errno)));
+    if (::flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd);
+      if (err == EWOULDBLOCK) return std::nullopt;
+      throw IoError(fmt::format("cannot lock '{}': {}", path, std::strerror(err)));
+    }
+    struct stat held {
+    }, named{};
+    if (::fstat(fd, &held) == 0 && ::lstat(path.c_str(), &named) == 0 &&
+        held.st_ino == named.st_ino && held.st_dev == named.st_dev) {
+      if (exclusive && !holder.empty() && ::ftruncate(fd, 0) == 0) {
+        const ssize_t ignored =
+            ::pwrite(fd, holder.data(), holder.size(), 0);  // for others' messages only
+        (void)ignored;
+      }
+      return FileLock(fd);
+    }
     ::close(fd);
-    if (err == EWOULDBLOCK) return std::nullopt;
-    throw IoError(fmt::format("cannot lock '{}': {}", path, std::strerror(err)));
+    if (attempt == 8) {
+      throw IoError(
+          fmt::format("cannot lock '{}': it is replaced faster than it can be locked", path));
+    }
   }
-  if (exclusive && !holder.empty() && ::ftruncate(fd, 0) == 0) {
-    const ssize_t ignored =
-        ::pwrite(fd, holder.data(), holder.size(), 0);  // for others' messages only
-    (void)ignored;
-  }
-  return FileLock(fd);
+}
+
+void FileLock::unlink_and_release(const std::string& path) {
+  if (fd_ < 0) return;
+  ::unlink(path.c_str());  // while held: no one else can hold the file being removed
+  ::close(fd_);
+  fd_ = -1;
 }
 
 std::string FileLock::holder_of(const std::string& path) {

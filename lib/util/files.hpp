@@ -67,6 +67,9 @@ class FileLock {
                                           const std::string& holder = "");
   /// What the current exclusive holder of `path` wrote about itself ("" when unknown).
   static std::string holder_of(const std::string& path);
+  /// Removes the lock file `path` (this lock's) while still holding it, then releases it:
+  /// try_lock never counts a lock taken on a file unlinked meanwhile.
+  void unlink_and_release(const std::string& path);
 
   FileLock(FileLock&& other) noexcept;
   FileLock& operator=(FileLock&& other) noexcept;

@@ -52,8 +52,63 @@ void check_depth(std::string_view text, const std::string& source) {
   }
 }
 
+namespace {
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// The \uXXXX escape at text[i] (text[i] == '\\', text[i + 1] == 'u'), or -1.
+int escaped_unit(std::string_view text, size_t i) {
+  if (i + 6 > text.size() || text[i + 1] != 'u') return -1;
+  int v = 0;
+  for (size_t k = i + 2; k < i + 6; ++k) {
+    const int d = hex_digit(text[k]);
+    if (d < 0) return -1;
+    v = v * 16 + d;
+  }
+  return v;
+}
+
+// Surrogate code points, escaped without their pair or as raw bytes (ED A0-BF ..): refused
+// with the line and column, before RapidJSON would turn a lone low one into invalid UTF-8.
+void check_surrogates(std::string_view text, const std::string& source) {
+  auto refuse = [&](size_t at, const char* what) {
+    const auto [line, column] = line_and_column(text, at);
+    throw ConfigError(fmt::format(
+        "{}: {} at line {}, column {}: a surrogate code point is not a character (JSON text "
+        "must be valid Unicode); fix the text that wrote it",
+        source, what, line, column));
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c == 0xED && i + 1 < text.size() &&
+        (static_cast<unsigned char>(text[i + 1]) & 0xE0) == 0xA0)
+      refuse(i, "the bytes of a UTF-16 surrogate");
+    if (c != '\\') continue;
+    const int unit = escaped_unit(text, i);
+    if (unit < 0) {
+      ++i;  // an escaped character: skip it (it may be a backslash)
+      continue;
+    }
+    if (unit >= 0xDC00 && unit <= 0xDFFF) refuse(i, "a lone low surrogate escape");
+    if (unit >= 0xD800 && unit <= 0xDBFF) {
+      const int low = i + 6 < text.size() && text[i + 6] == '\\' ? escaped_unit(text, i + 6) : -1;
+      if (low < 0xDC00 || low > 0xDFFF) refuse(i, "a lone high surrogate escape");
+      i += 6;  // the pair's low half
+    }
+    i += 5;
+  }
+}
+
+}  // namespace
+
 rapidjson::Document parse(std::string_view text, const std::string& source) {
   check_depth(text, source);
+  check_surrogates(text, source);
   rapidjson::Document doc;
   doc.Parse<rapidjson::kParseIterativeFlag>(text.data(), text.size());
   if (doc.HasParseError()) {

@@ -22,8 +22,16 @@ void check_depth(std::string_view text, const std::string& source);
 
 /// Parses JSON text — the one path for every JSON the library reads: the nesting is checked
 /// first (check_depth), then RapidJSON's iterative (non-recursive) parser runs. Malformed text
-/// is a ConfigError naming `source`, line and column.
+/// is a ConfigError naming `source`, line and column. Strings are Unicode text: a surrogate
+/// code point (an unpaired \uD800-\uDFFF escape, or its raw bytes) is refused the same way, as
+/// serde_json and Python's UTF-8 encoder refuse it; \u0000 is a character like any other and
+/// is kept (read strings with `text()`, never as C strings).
 rapidjson::Document parse(std::string_view text, const std::string& source);
+
+/// A string value's whole text, NUL characters included.
+inline std::string text(const rapidjson::Value& v) {
+  return std::string(v.GetString(), v.GetStringLength());
+}
 
 /// "an object", "a string", ... for messages.
 std::string type_name(const rapidjson::Value& v);

@@ -95,7 +95,7 @@ TensorInfo parse_tensor_entry(const rapidjson::Value& v, int64_t data_start, int
     throw bad("missing data_offsets");
   }
   TensorInfo info;
-  info.dtype_name = dt->value.GetString();
+  info.dtype_name = json::text(dt->value);
   std::optional<at::ScalarType> type = safetensors_dtype(info.dtype_name);
   if (!type) {
     throw bad(
@@ -187,7 +187,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
         if (!v.IsObject()) throw fail("__metadata__ is not an object");
         for (auto m = v.MemberBegin(); m != v.MemberEnd(); ++m) {
           if (!m->value.IsString()) throw fail("__metadata__ values must be strings");
-          metadata_[m->name.GetString()] = m->value.GetString();
+          metadata_[json::text(m->name)] = json::text(m->value);
         }
         continue;
       }
@@ -326,17 +326,17 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) : path_(pa
     for (auto it = wm->MemberBegin(); it != wm->MemberEnd(); ++it) {
       if (!it->value.IsString()) {
         throw IoError(
-            fmt::format("'{}': weight_map.{} is not a file name", index, it->name.GetString()));
+            fmt::format("'{}': weight_map.{} is not a file name", index, json::text(it->name)));
       }
       // A shard is a plain name in this folder: never a path that leaves it.
       const std::string file =
-          files::child(path, it->value.GetString(),
-                       fmt::format("'{}': weight_map.{}", index, it->name.GetString()));
+          files::child(path, json::text(it->value),
+                       fmt::format("'{}': weight_map.{}", index, json::text(it->name)));
       if (!fs::exists(file, ec)) {
         throw IoError(fmt::format("'{}' lists '{}' for tensor '{}', but that file is missing",
-                                  index, it->value.GetString(), it->name.GetString()));
+                                  index, json::text(it->value), json::text(it->name)));
       }
-      shard_of_[it->name.GetString()] = file;
+      shard_of_[json::text(it->name)] = file;
     }
   } else if (fs::exists(single, ec)) {
     open_[single] = std::make_unique<SafetensorsFile>(single);
