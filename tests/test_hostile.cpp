@@ -29,6 +29,7 @@
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
 #include "zerotrain/safetensors.hpp"
 #include "zerotrain/tokenizer.hpp"
 #include "zerotrain/trainer.hpp"
@@ -413,6 +414,12 @@ TEST_CASE("a checkpoint mixing pieces of different saves is refused, naming them
                  "\"global_steps\": 1152921504606846976");
   files::write_atomic(far + "/layout.json", layout);
   CHECK_THAT(resume_error(far), Contains("layout.json") && Contains("global_steps"));
+  // A random state of another size than the generator's (3 bytes): named, never LibTorch's text.
+  const std::string rng = dir + "/out/checkpoint-44";
+  fs::copy(four, rng, fs::copy_options::recursive);
+  save_safetensors(rng + "/rng/rank-00000.safetensors",
+                   {{"cpu", at::tensor({1, 2, 3}, at::kByte)}});
+  CHECK_THAT(resume_error(rng), Contains("random state") && Contains("rng folder"));
   // The intact checkpoint still resumes.
   CHECK(resume_error(four) == "(resumed)");
 }
@@ -541,6 +548,23 @@ TEST_CASE("numbers from files and flags are range-checked before anything is all
       parse_model_config(R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
       "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "eos_token_id": 100})"),
       ConfigError, Has({"eos_token_id", "outside the vocabulary"}));
+  // RoPE rotates pairs: an odd head_dim (given, or hidden_size / heads) is named.
+  for (const char* heads :
+       {R"("num_attention_heads": 4, "head_dim": 7)", R"("num_attention_heads": 4)"}) {
+    const std::string hidden =
+        std::string(heads).find("head_dim") != std::string::npos ? "64" : "28";
+    CHECK_THROWS_MATCHES(
+        parse_model_config(R"({"model_type": "llama", "vocab_size": 100, "hidden_size": )" +
+                           hidden + R"(, "intermediate_size": 128, "num_hidden_layers": 2, )" +
+                           heads + "}"),
+        ConfigError, Has({"rotary dimensions", "even"}));
+  }
+  // An adapter config's lists hold names: [null] is an error naming the key.
+  const std::string adapter = test::temp_dir("adapter_null");
+  write_file(adapter + "/adapter_config.json",
+             R"({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 8, "lora_alpha": 16,
+                 "target_modules": ["q_proj"], "modules_to_save": [null]})");
+  CHECK_THROWS_MATCHES(load_adapter_config(adapter), ConfigError, Has({"modules_to_save"}));
   // Sizes within range but beyond the machine: refused with the sizes named.
   const std::string dir = test::temp_dir("huge");
   test::write_data(dir, "train.jsonl", 4, 25);

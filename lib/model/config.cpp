@@ -321,6 +321,14 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
   } else {
     read_hf_decoder(r, c);
   }
+  // RoPE rotates pairs of dimensions: every family needs an even rotary width.
+  if (const int64_t dim = c.rotary_dim(); dim < 2 || dim % 2 != 0) {
+    r.fail_value(r.has("head_dim") ? "head_dim" : "num_attention_heads",
+                 fmt::format("head_dim {} gives {} rotary dimensions; RoPE rotates pairs, so it "
+                             "needs an even number of at least 2 (check hidden_size / "
+                             "num_attention_heads or head_dim)",
+                             c.head_dim, dim));
+  }
   if (auto d = r.string("dtype")) {
     c.dtype = dtype_from_name(r, "dtype", *d);
   } else if (auto td = r.string("torch_dtype")) {
