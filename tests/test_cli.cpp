@@ -346,7 +346,8 @@ TEST_CASE("launch passes signals to its own ranks only and ends with their statu
   // The caller is a shell that starts the launcher in the background and signals it: with
   // kill(0, ...) the caller itself would die before reporting.
   const std::string script = fmt::format(
-      "ZT_LOG_LEVEL=warning '{}' launch --nproc_per_node 2 -- sh -c 'trap \"echo term > {}/rank$RANK; exit 143\" TERM; "
+      "ZT_LOG_LEVEL=warning '{}' launch --nproc_per_node 2 -- sh -c 'trap \"echo term > "
+      "{}/rank$RANK; exit 143\" TERM; "
       "echo up > {}/up$RANK; sleep 60 & wait' & L=$!; "
       "for i in $(seq 100); do [ -f {}/up0 ] && [ -f {}/up1 ] && break; sleep 0.1; done; "
       "kill -TERM $L; wait $L; echo launcher=$?; echo caller alive",
