@@ -1,0 +1,141 @@
+// The output layer and cross-entropy in chunks of rows, never holding [tokens, vocab] logits
+// whole (model::linear_cross_entropy).
+#include "model/layers.hpp"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+
+#include "kernels/fused.hpp"
+
+namespace zt::model {
+namespace {
+
+// From a chunk's d loss / d logits `dl` (h's dtype): grad_rows = dl · weight (if defined) and,
+// with `weight_grad`, grad_weight += dlᵀ · h (the first chunk's product, so no zero-fill pass).
+void chunk_products(const at::Tensor& dl, const at::Tensor& h, const at::Tensor& weight,
+                    at::Tensor grad_rows, bool weight_grad, at::Tensor& grad_weight) {
+  if (grad_rows.defined()) at::mm_out(grad_rows, dl, weight);
+  if (!weight_grad) return;  // a frozen head (LoRA, prefix tuning): no [vocab, hidden] GEMM
+  if (grad_weight.defined()) {
+    grad_weight.addmm_(dl.t(), h);
+  } else {
+    grad_weight = at::mm(dl.t(), h);
+  }
+}
+
+// One chunk's share of the cross-entropy gradients. `p` (fp32 [len, vocab]) holds the chunk's
+// softmax and becomes d loss / d logits = (softmax − onehot) on valid rows, times `scale` (the
+// incoming gradient; undefined: 1), then chunk_products (`grad_rows`: the chunk's rows of the
+// hidden-state gradient, contiguous; undefined: not wanted).
+void add_chunk_gradients(at::Tensor& p, const at::Tensor& y, const at::Tensor& scale,
+                         const at::Tensor& h, const at::Tensor& weight, at::Tensor grad_rows,
+                         bool weight_grad, at::Tensor& grad_weight) {
+  p.scatter_add_(1, y.clamp_min(0).unsqueeze(1), at::full({p.size(0), 1}, -1.0, p.options()));
+  at::Tensor mask = y.ne(-100).to(at::kFloat).unsqueeze(1);
+  p.mul_(scale.defined() ? mask * scale : mask);
+  chunk_products(p.to(h.scalar_type()), h, weight, std::move(grad_rows), weight_grad, grad_weight);
+}
+
+// Σ of token cross-entropies over chunks of rows. Two ways to get the gradient:
+//  - eager (the gradient is wanted and the dtype is not fp16): each chunk's d loss / d logits
+//    is formed while its logits exist, and the gradients of hidden and weight for a loss
+//    gradient of 1 are computed in forward; backward only scales them by the incoming
+//    gradient — the [rows, vocab] product is computed once instead of twice.
+//  - recomputing: forward keeps only its inputs; backward recomputes each chunk's logits. For
+//    fp16, where the incoming gradient carries the loss scale that keeps small gradients from
+//    flushing to zero, it has to be applied before the products.
+class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
+                            const at::Tensor& weight, const at::Tensor& labels, int64_t chunk,
+                            bool eager_hidden, bool eager_weight) {
+    const bool eager = eager_hidden || eager_weight;
+    if (eager) {
+      ctx->saved_data["eager"] = true;
+    } else {
+      ctx->save_for_backward({hidden, weight, labels});
+      ctx->saved_data["chunk"] = chunk;
+    }
+    at::Tensor losses = at::empty({hidden.size(0)}, hidden.options().dtype(at::kFloat));
+    at::Tensor grad_hidden, grad_weight;
+    if (eager_hidden) grad_hidden = at::empty(hidden.sizes(), hidden.options());  // contiguous rows
+    const int64_t n = hidden.size(0);
+    for (int64_t lo = 0; lo < n; lo += chunk) {
+      const int64_t len = std::min(chunk, n - lo);
+      at::Tensor h = hidden.narrow(0, lo, len);
+      at::Tensor y = labels.narrow(0, lo, len);
+      at::Tensor logits = at::matmul(h, weight.t());
+      if (kernels::fused_cross_entropy_applies(logits, y)) {
+        // One kernel: the rows' losses, and with `eager` d loss / d logits over the logits.
+        losses.narrow(0, lo, len).copy_(kernels::fused_cross_entropy(logits, y, eager));
+        if (eager) {
+          chunk_products(logits, h, weight,
+                         eager_hidden ? grad_hidden.narrow(0, lo, len) : at::Tensor(), eager_weight,
+                         grad_weight);
+        }
+        continue;
+      }
+      at::Tensor valid = y.ne(-100);
+      logits = logits.to(at::kFloat);
+      at::Tensor target = logits.gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);
+      at::Tensor lse = at::logsumexp(logits, 1);
+      losses.narrow(0, lo, len).copy_((lse - target) * valid);
+      if (!eager) continue;
+      logits.sub_(lse.unsqueeze(1)).exp_();  // the softmax, in the logits' memory
+      add_chunk_gradients(logits, y, at::Tensor(), h, weight,
+                          eager_hidden ? grad_hidden.narrow(0, lo, len) : at::Tensor(),
+                          eager_weight, grad_weight);
+    }
+    const at::Tensor total = losses.sum();
+    if (eager) {
+      ctx->saved_data["grad_hidden"] = grad_hidden;
+      ctx->saved_data["grad_weight"] = grad_weight;
+    }
+    return total;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor& g = grads[0];
+    if (ctx->saved_data.count("eager") > 0) {
+      // Scaled in place and handed over: this graph is not back-propagated twice.
+      at::Tensor grad_hidden = ctx->saved_data["grad_hidden"].toTensor();
+      at::Tensor grad_weight = ctx->saved_data["grad_weight"].toTensor();
+      ctx->saved_data.erase("grad_hidden");
+      ctx->saved_data.erase("grad_weight");
+      if (grad_hidden.defined()) grad_hidden.mul_(g);
+      if (grad_weight.defined()) grad_weight.mul_(g);
+      return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& hidden = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& labels = saved[2];
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    at::Tensor grad_hidden = at::empty(hidden.sizes(), hidden.options());  // contiguous rows
+    at::Tensor grad_weight;
+    const int64_t n = hidden.size(0);
+    for (int64_t lo = 0; lo < n; lo += chunk) {
+      const int64_t len = std::min(chunk, n - lo);
+      at::Tensor h = hidden.narrow(0, lo, len);
+      at::Tensor p = at::softmax(at::matmul(h, weight.t()).to(at::kFloat), 1);
+      add_chunk_gradients(p, labels.narrow(0, lo, len), g, h, weight,
+                          grad_hidden.narrow(0, lo, len), ctx->needs_input_grad(1), grad_weight);
+    }
+    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
+                                const at::Tensor& labels, int64_t chunk, bool eager_gradients) {
+  const bool grads =
+      eager_gradients && at::GradMode::is_enabled() && hidden.scalar_type() != at::kHalf;
+  return LinearCrossEntropy::apply(hidden, weight, labels, std::max<int64_t>(1, chunk),
+                                   grads && hidden.requires_grad(),
+                                   grads && weight.requires_grad());
+}
+
+}  // namespace zt::model

@@ -1,0 +1,76 @@
+// A projection with a LoRA adapter as one autograd function (model::lora_linear).
+#include "model/layers.hpp"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <vector>
+
+namespace zt::model {
+namespace {
+
+// lora_linear's autograd: saves x (as rows), the weights and the [tokens, r] activations
+// a = (x · Aᵀ) · scaling, rounded as PEFT's `lora_A(x) * scaling`; the adapter's gradients as
+// autograd of PEFT's expression forms them (dB = gᵀ·a, da = (g·B) · scaling, dA = daᵀ·x).
+class LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& weight, const at::Tensor& bias,
+                            const at::Tensor& lora_a, const at::Tensor& lora_b, double scaling,
+                            bool output_unread, const at::Tensor& kept) {
+    const at::Tensor rows = x.reshape({-1, x.size(-1)});
+    at::Tensor a = at::mm(rows, lora_a.t());
+    if (scaling != 1.0) a = a * scaling;
+    ctx->save_for_backward({rows, weight, lora_a, lora_b, a});
+    ctx->saved_data["scaling"] = scaling;
+    ctx->saved_data["bias"] = bias.numel() > 0;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    if (kept.numel() > 0) return kept.detach();
+    if (output_unread) return at::empty(shape, x.options());
+    at::Tensor y = bias.numel() > 0 ? at::addmm(bias, rows, weight.t()) : at::mm(rows, weight.t());
+    y.addmm_(a, lora_b.t());
+    return y.view(shape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& rows = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& lora_a = saved[2];
+    const at::Tensor& lora_b = saved[3];
+    const at::Tensor& a = saved[4];
+    const double scaling = ctx->saved_data["scaling"].toDouble();
+    const at::Tensor g = grads[0].reshape({-1, grads[0].size(-1)});
+    at::Tensor grad_x, grad_weight, grad_bias, grad_a, grad_b;
+    if (ctx->needs_input_grad(0) || ctx->needs_input_grad(3)) {
+      at::Tensor da = at::mm(g, lora_b);
+      if (scaling != 1.0) da = da * scaling;
+      if (ctx->needs_input_grad(3)) grad_a = at::mm(da.t(), rows);
+      if (ctx->needs_input_grad(0)) {
+        grad_x = at::mm(g, weight);
+        grad_x.addmm_(da, lora_a);
+        std::vector<int64_t> shape = grads[0].sizes().vec();
+        shape.back() = rows.size(1);
+        grad_x = grad_x.view(shape);
+      }
+    }
+    if (ctx->needs_input_grad(4)) grad_b = at::mm(g.t(), a);
+    if (ctx->needs_input_grad(1)) grad_weight = at::mm(g.t(), rows);
+    if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) grad_bias = g.sum(0);
+    return {grad_x, grad_weight,  grad_bias,    grad_a,
+            grad_b, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                       const at::Tensor& lora_A, const at::Tensor& lora_B, double scaling,
+                       bool output_unread, const at::Tensor& kept) {
+  const at::Tensor none = at::empty({0}, x.options());
+  return LoraLinearFunction::apply(x, weight, bias.defined() ? bias : none, lora_A, lora_B, scaling,
+                                   output_unread, kept.defined() ? kept : none);
+}
+
+}  // namespace zt::model
