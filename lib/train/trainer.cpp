@@ -383,7 +383,19 @@ void Trainer::Impl::start() {
           "no model: give --model_name_or_path DIR (an HF model folder) or --model_config "
           "(a config.json path or inline JSON, for random weights)");
     }
-    I.tokenizer = load_tokenizer(I.model_dir, I.model_config.vocab_size);
+    {
+      // Every rank reads the same tokenizer files: what loading them warns about is said once,
+      // by rank 0 (errors still come from every rank).
+      const LogLevel level = log_level();
+      if (I.rank != 0 && level < LogLevel::kError) set_log_level(LogLevel::kError);
+      try {
+        I.tokenizer = load_tokenizer(I.model_dir, I.model_config.vocab_size);
+      } catch (...) {
+        set_log_level(level);
+        throw;
+      }
+      set_log_level(level);
+    }
     // ChatGLM-Finetuning's layouts lay out instruction records themselves; the template is
     // then that layout's prompt (what `zerotrain verify` asks with, and chat records' format).
     if (!I.args.glm_prompt_layout.empty() && !I.args.is_given("template")) {
