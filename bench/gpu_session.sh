@@ -107,29 +107,38 @@ for phase in "$@"; do
       ;;
     overlap)  # exposed communication per step at 2 ranks on emulated nodes (slow socket links
       # make hidden and exposed communication easy to tell apart): LoRA 7B at stages 2, 3 and
-      # 3 + offload, full fine-tuning of the 1.5B shape at stages 1, 2, 3 (OVERLAP="..." rows)
+      # 3 + offload, full fine-tuning of the 1.5B shape at stages 1, 2, 3 (OVERLAP="..." rows).
+      # A stage suffixed "oc" adds "overlap_comm": true and 2e8-element buckets (HF's ZeRO-2
+      # example config; DeepSpeed's default keeps stages 1 and 2 unoverlapped). OVWORLD=1 runs
+      # the same rows as one plain rank (no timeline): the compute the model is checked from.
       python3 examples/synthetic_tokens.py /tmp/zt-ov.jsonl 1024
-      rows=${OVERLAP:-"lora:qwen2.5-7b:2 lora:qwen2.5-7b:3 lora:qwen2.5-7b:3off full:qwen2.5-1.5b:1 full:qwen2.5-1.5b:2 full:qwen2.5-1.5b:3"}
+      rows=${OVERLAP:-"lora:qwen2.5-7b:2oc lora:qwen2.5-7b:3 lora:qwen2.5-7b:3off full:qwen2.5-1.5b:1oc full:qwen2.5-1.5b:2oc full:qwen2.5-1.5b:3"}
+      world=${OVWORLD:-2}
       for row in $rows; do
         IFS=: read -r mode shape stage <<< "$row"
-        name=$mode-$shape-z$stage
-        offload=""
-        [ "$stage" = 3off ] && offload=', "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}'
-        ds="{\"zero_optimization\": {\"stage\": ${stage%off}$offload}, \"bf16\": {\"enabled\": \"auto\"},
+        name=$mode-$shape-z$stage-w$world
+        zero="\"stage\": ${stage//[a-z]/}"
+        case "$stage" in
+          *off) zero+=', "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}' ;;
+          *oc) zero+=', "overlap_comm": true, "reduce_bucket_size": 2e8, "allgather_bucket_size": 2e8' ;;
+        esac
+        ds="{\"zero_optimization\": {$zero}, \"bf16\": {\"enabled\": \"auto\"},
             \"train_micro_batch_size_per_gpu\": \"auto\", \"gradient_accumulation_steps\": \"auto\",
             \"train_batch_size\": \"auto\"}"
         extra=()
         [ "$mode" = lora ] && extra=(--lora_r 16 --lora_alpha 32 --lora_target_modules all-linear)
+        launcher=("$zt" launch --nproc_per_node "$world" --one_node_per_rank true --)
+        [ "$world" = 1 ] && launcher=()
         rm -rf "/tmp/zt-ov-$name" && mkdir -p "/tmp/zt-ov-$name"
-        ZT_COMM_TIMELINE="/tmp/zt-ov-$name/tl" "$zt" launch --nproc_per_node 2 --one_node_per_rank true \
-          -- "$zt" train --model_config "examples/shapes/$shape.json" --train_file /tmp/zt-ov.jsonl \
+        ZT_COMM_TIMELINE="/tmp/zt-ov-$name/tl" "${launcher[@]}" "$zt" train \
+          --model_config "examples/shapes/$shape.json" --train_file /tmp/zt-ov.jsonl \
           --output_dir "/tmp/zt-ov-$name/out" --deepspeed "$ds" --bf16 true --max_length 1024 \
           --max_steps "${OVSTEPS:-5}" --finetuning_type "$mode" "${extra[@]}" \
           --per_device_train_batch_size 4 --gradient_checkpointing true --logging_steps 1 \
-          --save_steps 1000 > "$results/overlap-$name.log" 2>&1 ||
+          --save_strategy no > "$results/overlap-$name.log" 2>&1 ||
           { echo "$name failed"; tail -5 "$results/overlap-$name.log"; continue; }
         python3 bench/tools/summarize_timeline.py "$name" "/tmp/zt-ov-$name/tl" \
-          "/tmp/zt-ov-$name/out/trainer_log.jsonl" 2 "$stage" | tee -a "$results/overlap.jsonl"
+          "/tmp/zt-ov-$name/out/trainer_log.jsonl" "$world" "$stage" | tee -a "$results/overlap.jsonl"
       done
       ;;
     scaling)  # the scaling rows at WORLDS ranks (default 1 2 4 8, those the machine has GPUs
@@ -159,7 +168,7 @@ for phase in "$@"; do
             --output_dir "/tmp/zt-sc-$name" --deepspeed "$ds" --bf16 true --max_length 1024 \
             --max_steps "${SCSTEPS:-6}" --finetuning_type "$mode" "${extra[@]}" \
             --per_device_train_batch_size "$mbs" --gradient_checkpointing true --logging_steps 1 \
-            --save_steps 1000 > "$results/scaling-$name.log" 2>&1 &&
+            --save_strategy no > "$results/scaling-$name.log" 2>&1 &&
             python3 bench/tools/summarize_log.py "$name" "/tmp/zt-sc-$name/trainer_log.jsonl" \
               $((SECONDS - start)) | tee -a "$results/scaling.jsonl" ||
             { echo "$name: not run to the end"; tail -3 "$results/scaling-$name.log"; }

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "support/messages.hpp"
+#include "util/capacity.hpp"
 #include "zero/keep_budget.hpp"
 #include "zero/settings.hpp"
 #include "zerotrain/config.hpp"
@@ -219,6 +221,42 @@ TEST_CASE("settings: precision, offload and overlap follow DeepSpeed", "[engine]
   CHECK(settings(config(2, "bf16m"), {1}).master_aliases_params);
   CHECK_FALSE(settings(config(2, "bf16m", "", "", 2), {2}).master_aliases_params);
   CHECK_FALSE(settings(config(0, "bf16", "", "", 2), {2}).master_aliases_params);
+}
+
+TEST_CASE(
+    "settings: the optimizer state a rank keeps on its device, refused in GiB where it "
+    "cannot fit",
+    "[engine][settings]") {
+  // DeepSpeed's mixed-precision Adam (the ZeRO paper's K = 12): fp32 masters and two fp32
+  // moments per element, beside the fp32 gradient accumulator.
+  const int64_t n = 1000;
+  const double f32 = 4.0, b16 = 2.0;
+  CHECK(zero::device_state_bytes(settings(config(3, "bf16"), {1}), n) == n * (f32 + f32 + 2 * f32));
+  CHECK(zero::device_state_bytes(settings(config(1, "fp32", "", "", 2), {2}), n) ==
+        n * (f32 + f32 + 2 * f32));
+  // Offloaded, the host keeps masters and moments (all, or its ratio's share); the accumulator
+  // stays on the device.
+  CHECK(zero::device_state_bytes(
+            settings(config(2, "bf16", R"("offload_optimizer": {"device": "cpu"})"), {1}), n) ==
+        n * f32);
+  CHECK(zero::device_state_bytes(
+            settings(config(2, "bf16", R"("offload_optimizer": {"device": "cpu", "ratio": 0.25})"),
+                     {1}),
+            n) == n * f32 + 0.75 * n * (f32 + 2 * f32));
+  // bf16 masters that are the parameters themselves add nothing; the accumulator is bf16.
+  CHECK(zero::device_state_bytes(settings(config(2, "bf16m"), {1}), n) == n * (b16 + 2 * f32));
+  // Updates inside backward keep no accumulator.
+  CHECK(zero::device_state_bytes(settings(config(2, "bf16m"), {1}, true), n) == n * 2 * f32);
+
+  // The refusal: 13B fully fine-tuned at one rank asks 16 bytes a parameter of a 141 GB GPU.
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const double need = zero::device_state_bytes(settings(config(3, "bf16"), {1}), 13'000'000'000);
+  CHECK_THROWS_MATCHES(
+      capacity::check_free(need, 139.8 * gib, "cuda:0", "the state", "offload it"),
+      OutOfMemoryError,
+      test::Has({"the state needs 193.7 GiB on cuda:0", "which has 139.8 GiB free; offload it"}));
+  CHECK_NOTHROW(capacity::check_free(need / 2, 139.8 * gib, "cuda:0", "the state", "offload it"));
+  CHECK_NOTHROW(capacity::check_free(need, 0.0, "cuda:0", "the state", "unknown: not checked"));
 }
 
 TEST_CASE("settings: impossible combinations are refused naming the file", "[engine][settings]") {

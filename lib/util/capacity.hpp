@@ -16,4 +16,11 @@ double machine_bytes(int cuda_device);
 /// the request needs is enough: the check only catches what can never fit.
 void check_fits(double bytes, int cuda_device, const std::string& what, const std::string& fix);
 
+/// Throws OutOfMemoryError "<what> needs X GiB on <device>, which has Y GiB free; <fix>" when
+/// `bytes` exceed `free_bytes` (> 0; the caller measures it: the device's free memory plus what
+/// the caching allocator holds unused). `bytes` should be a lower bound of what will be asked
+/// for, so that only a request that cannot fit is refused.
+void check_free(double bytes, double free_bytes, const std::string& device, const std::string& what,
+                const std::string& fix);
+
 }  // namespace zt::capacity

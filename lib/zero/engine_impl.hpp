@@ -190,6 +190,7 @@ struct EngineImpl final : UnitRunner {
 
   // setup.cpp: the constructor's phases, in order
   void collect_parameters(const DeepSpeedConfig& ds);
+  void check_state_fits() const;
   void allocate_state();
   void place_buckets();
   void bind_parameters();

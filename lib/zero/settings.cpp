@@ -134,4 +134,17 @@ EngineSettings resolve_settings(const DeepSpeedConfig& ds, const EngineOptions& 
   return s;
 }
 
+double device_state_bytes(const EngineSettings& s, int64_t state_numel) {
+  const double n = static_cast<double>(state_numel);
+  const double moments =
+      s.optimizer == OptimizerType::kSgd ? (s.hyper.momentum != 0.0 ? 1.0 : 0.0) : 2.0;
+  // The device's share of masters and moments; offloaded masters are fp32 (resolve_settings).
+  const double on_device = s.offload_optimizer ? 1.0 - s.offload_ratio : 1.0;
+  const double master = s.offload_optimizer ? 4.0 : c10::elementSize(s.master_dtype);
+  double bytes = s.in_backward() ? 0.0 : n * c10::elementSize(s.master_dtype);  // accumulator
+  if (!s.master_aliases_params) bytes += on_device * n * master;
+  bytes += on_device * n * moments * c10::elementSize(s.state_dtype);
+  return bytes;
+}
+
 }  // namespace zt::zero

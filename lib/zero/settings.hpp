@@ -78,6 +78,12 @@ struct EngineSettings {
 EngineSettings resolve_settings(const DeepSpeedConfig& ds, const EngineOptions& options,
                                 const EngineFacts& facts);
 
+/// Bytes of optimizer state this rank keeps on its device for `state_numel` elements of its
+/// trainable slices: the gradient accumulator, the masters and the optimizer's moments, less
+/// the share offload_optimizer keeps on the host. A lower bound of what the engine allocates
+/// there (the compute copy of the parameters and the buckets in flight come on top).
+double device_state_bytes(const EngineSettings& s, int64_t state_numel);
+
 /// Whether EngineOptions::update_in_backward can be honoured without changing the math, and if
 /// not, the first reason why not ("" when it can). Exposed for the eligibility table's tests.
 std::string update_in_backward_blocker(const EngineSettings& s);

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "optim/schedule.hpp"
+#include "util/capacity.hpp"
 #include "util/device_stats.hpp"
 #include "util/log.hpp"
 #include "zero/copy_stream.hpp"
@@ -109,6 +110,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
                         ? I.options.learning_rate
                         : LrSchedule::from_deepspeed(ds, I.options.total_train_steps).function();
   I.collect_parameters(ds);
+  I.check_state_fits();
   I.allocate_state();
   I.place_buckets();
   I.bind_parameters();
@@ -170,6 +172,33 @@ void EngineImpl::collect_parameters(const DeepSpeedConfig& ds) {
       slot.offset = b.offsets[k];
     }
   }
+}
+
+// Refuses, before any of it is allocated, optimizer state that cannot fit the GPU: said in GiB
+// with what to change, instead of the allocator's text halfway through set-up.
+void EngineImpl::check_state_fits() const {
+  if (!S.device.is_cuda()) return;
+  const int device = S.device.has_index() ? S.device.index() : 0;
+  const double need = device_state_bytes(S, layout.state_numel);
+  const double free = static_cast<double>(device_stats::usable_memory(device)) -
+                      static_cast<double>(device_stats::allocated(device));
+  const std::string fix =
+      S.offload_optimizer
+          ? "raise zero_optimization.offload_optimizer.ratio toward 1 (the host's share), use "
+            "more ranks, or train an adapter (--finetuning_type lora)"
+          : fmt::format(
+                "offload it to the host (\"offload_optimizer\": {{\"device\": \"cpu\"}} "
+                "in zero_optimization), {}, or train an adapter (--finetuning_type lora)",
+                S.stage == 0 ? "use ZeRO stage 1 or higher over more ranks (each then "
+                               "keeps 1/N of it)"
+                             : "use more ranks (each keeps 1/N of it)");
+  capacity::check_free(
+      need, free, S.device.str(),
+      fmt::format("ZeRO stage {} over {} rank{}: the optimizer state of this rank's {:.2f}B "
+                  "trainable elements (gradients, {} masters, the optimizer's moments)",
+                  S.stage, S.world, S.world == 1 ? "" : "s",
+                  static_cast<double>(layout.state_numel) / 1e9, c10::toString(S.master_dtype)),
+      fix);
 }
 
 // The masters and the gradient accumulator: this rank's slices of the trainable buckets.

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "support/jobs.hpp"
+#include "support/messages.hpp"
 #include "support/ranks.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/config.hpp"
@@ -182,6 +183,19 @@ TEST_CASE("trainer on GPU: fp16 with ZeRO-3 and CPU offload trains and exports a
   }
   CHECK(applied >= 3);  // the scaler may skip the first steps while it finds its scale
   CHECK(fs::exists(dir + "/out/model.safetensors"));
+}
+
+TEST_CASE("trainer on GPU: optimizer state the GPU cannot hold is refused in GiB before it is made",
+          "[gpu][trainer]") {
+  // LLaMA-2-13B fully fine-tuned at one rank without offload: 26 GB of bf16 weights fit the
+  // GPU, the 16 bytes per parameter of gradients, fp32 masters and Adam's moments do not.
+  const std::string dir = test::temp_dir("gpu_state_fits");
+  write_data(dir, "train.jsonl", 8, 4);
+  std::vector<std::string> flags = job_flags(dir, {"--bf16", "true", "--deepspeed", stage_json(3)});
+  flags[1] = std::string(ZT_EXAMPLES) + "/shapes/llama-2-13b.json";  // the --model_config value
+  REQUIRE(flags[0] == "--model_config");
+  CHECK_THROWS_MATCHES(run_job(flags), OutOfMemoryError,
+                       test::Has({"ZeRO stage 3 over 1 rank", "GiB on cuda", "offload_optimizer"}));
 }
 
 TEST_CASE("C API on GPU: create, train_step, evaluate, save, load and export on cuda",
