@@ -109,7 +109,8 @@ for phase in "$@"; do
       # make hidden and exposed communication easy to tell apart): LoRA 7B at stages 2, 3 and
       # 3 + offload, full fine-tuning of the 1.5B shape at stages 1, 2, 3 (OVERLAP="..." rows).
       # A stage suffixed "oc" adds "overlap_comm": true and 2e8-element buckets (HF's ZeRO-2
-      # example config; DeepSpeed's default keeps stages 1 and 2 unoverlapped). OVWORLD=1 runs
+      # example config), "no" "overlap_comm": false (DeepSpeed's default below stage 3; zerotrain's
+      # is on). OVWORLD=1 runs
       # the same rows as one plain rank (no timeline): the compute the model is checked from.
       python3 examples/synthetic_tokens.py /tmp/zt-ov.jsonl 1024
       rows=${OVERLAP:-"lora:qwen2.5-7b:2oc lora:qwen2.5-7b:3 lora:qwen2.5-7b:3off full:qwen2.5-1.5b:1oc full:qwen2.5-1.5b:2oc full:qwen2.5-1.5b:3"}
@@ -121,6 +122,7 @@ for phase in "$@"; do
         case "$stage" in
           *off) zero+=', "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}' ;;
           *oc) zero+=', "overlap_comm": true, "reduce_bucket_size": 2e8, "allgather_bucket_size": 2e8' ;;
+          *no) zero+=', "overlap_comm": false' ;;
         esac
         ds="{\"zero_optimization\": {$zero}, \"bf16\": {\"enabled\": \"auto\"},
             \"train_micro_batch_size_per_gpu\": \"auto\", \"gradient_accumulation_steps\": \"auto\",

@@ -145,11 +145,15 @@ TEST_CASE("DeepSpeed defaults apply to keys left out", "[config]") {
   CHECK_FALSE(ds.scheduler.present);
 }
 
-TEST_CASE("overlap_comm defaults to true for stage 3 only", "[config]") {
+TEST_CASE("overlap_comm defaults to true at every stage; written false turns it off", "[config]") {
   for (int stage : {0, 1, 2, 3}) {
-    DeepSpeedConfig ds =
-        parse_deepspeed_config(fmt::format(R"({{"zero_optimization": {{"stage": {}}}}})", stage));
-    CHECK(ds.zero.overlap() == (stage == 3));
+    INFO("stage " << stage);
+    const std::string zero = fmt::format(R"("stage": {})", stage);
+    CHECK(parse_deepspeed_config(fmt::format(R"({{"zero_optimization": {{{}}}}})", zero))
+              .zero.overlap());
+    CHECK_FALSE(parse_deepspeed_config(
+                    fmt::format(R"({{"zero_optimization": {{{}, "overlap_comm": false}}}})", zero))
+                    .zero.overlap());
   }
 }
 

@@ -189,12 +189,14 @@ TEST_CASE("settings: precision, offload and overlap follow DeepSpeed", "[engine]
   CHECK(settings(config(3, "fp32", both), {1}).offload_param);
   CHECK_FALSE(settings(config(2, "fp32"), {1}).offload_optimizer);
 
-  // overlap_comm: always on stage 0 (buckets reduce during backward), DeepSpeed's default
-  // elsewhere (on for stage 3 only), and as written when written.
+  // overlap_comm: always on stage 0 (buckets reduce during backward), on by default elsewhere
+  // (docs/config.md: unlike DeepSpeed's default for stages 1 and 2), and as written when written.
   CHECK(settings(config(0, "fp32"), {1}).overlap);
-  CHECK_FALSE(settings(config(2, "fp32"), {1}).overlap);
+  CHECK(settings(config(0, "fp32", R"("overlap_comm": false)"), {1}).overlap);
+  CHECK(settings(config(2, "fp32"), {1}).overlap);
   CHECK(settings(config(3, "fp32"), {1}).overlap);
-  CHECK(settings(config(2, "fp32", R"("overlap_comm": true)"), {1}).overlap);
+  CHECK_FALSE(settings(config(1, "fp32", R"("overlap_comm": false)"), {1}).overlap);
+  CHECK_FALSE(settings(config(2, "fp32", R"("overlap_comm": false)"), {1}).overlap);
 
   // Stage 3 partitions units (gathered per call, recomputed in backward) wherever a shard is
   // less than the whole: several ranks, or parameters offloaded; without units it warns that

@@ -78,7 +78,8 @@ struct ZeroConfig {
   bool reduce_scatter = true;
   Auto<int64_t> reduce_bucket_size{500000000};
   int64_t allgather_bucket_size = 500000000;
-  /// Unset means DeepSpeed's default: on for stage 3, off otherwise (see `overlap()`).
+  /// Unset means on at every stage (see `overlap()`; DeepSpeed's own default is off below
+  /// stage 3, docs/config.md says why zerotrain differs).
   std::optional<bool> overlap_comm;
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param;
@@ -91,7 +92,8 @@ struct ZeroConfig {
   bool round_robin_gradients = false;
   bool ignore_unused_parameters = true;
 
-  bool overlap() const { return overlap_comm.value_or(stage == 3); }
+  /// Reduce gradient buckets while backward runs. Off only where written false.
+  bool overlap() const { return overlap_comm.value_or(true); }
 };
 
 /// The parameters of DeepSpeed's DynamicLossScaler, after the "no scaler keys" quirk.
