@@ -1,0 +1,143 @@
+// See decoder.hpp.
+#include "model/families/decoder.hpp"
+
+#include <fmt/format.h>
+
+#include "zerotrain/error.hpp"
+
+namespace zt::model::decoder {
+namespace {
+
+using json::ObjectReader;
+
+// The RoPE block: 4.x rope_theta + rope_scaling, or 5.x rope_parameters.
+void read_rope(ObjectReader& top, ModelConfig& c) {
+  std::optional<ObjectReader> params = top.object("rope_parameters");
+  std::optional<ObjectReader> scaling = top.object("rope_scaling");
+  if (auto v = top.number("rope_theta", 1e-12)) c.rope_theta = *v;
+  std::optional<ObjectReader>& r = params ? params : scaling;
+  if (!r) return;
+  if (params) {
+    if (auto v = params->number("rope_theta", 1e-12)) c.rope_theta = *v;
+  }
+  std::optional<std::string> type = r->string("rope_type");
+  if (!type) type = r->string("type");
+  if (!type) type = std::string("default");
+  r->known({"type", "rope_type"});
+  if (*type != "default" && *type != "linear" && *type != "llama3") {
+    r->fail_value("rope_type", fmt::format("RoPE type \"{}\" is not supported; supported: "
+                                           "default, linear, llama3",
+                                           *type));
+  }
+  c.rope_scaling.type = *type;
+  if (*type == "default") return;
+  std::optional<double> factor = r->number("factor", 1e-12);
+  if (!factor) r->fail("factor", fmt::format("a scaling factor for RoPE type \"{}\"", *type));
+  c.rope_scaling.factor = *factor;
+  if (*type == "llama3") {
+    if (auto v = r->number("low_freq_factor", 1e-12)) c.rope_scaling.low_freq_factor = *v;
+    if (auto v = r->number("high_freq_factor", 1e-12)) c.rope_scaling.high_freq_factor = *v;
+    std::optional<int64_t> orig = r->integer("original_max_position_embeddings", 1);
+    if (!orig) r->fail("original_max_position_embeddings", "an integer for llama3 RoPE scaling");
+    c.rope_scaling.original_max_position_embeddings = *orig;
+    if (c.rope_scaling.high_freq_factor <= c.rope_scaling.low_freq_factor) {
+      r->fail_value("high_freq_factor", "must exceed low_freq_factor");
+    }
+  }
+}
+
+}  // namespace
+
+int64_t required_size(ObjectReader& r, const char* key, int64_t max) {
+  std::optional<int64_t> v = r.integer(key, 1, max);
+  if (!v) r.fail(key, fmt::format("a positive integer up to {}", max));
+  return *v;
+}
+
+void read_common(ObjectReader& r, ModelConfig& c) {
+  auto required = [&](const char* key, int64_t max) { return required_size(r, key, max); };
+  c.vocab_size = required("vocab_size", int64_t{1} << 31);
+  c.hidden_size = required("hidden_size", int64_t{1} << 20);
+  c.intermediate_size = required("intermediate_size", int64_t{1} << 22);
+  c.num_hidden_layers = required("num_hidden_layers", int64_t{1} << 12);
+  c.num_attention_heads = required("num_attention_heads", int64_t{1} << 14);
+  c.num_key_value_heads =
+      r.integer("num_key_value_heads", 1, c.num_attention_heads).value_or(c.num_attention_heads);
+  if (auto v = r.integer("head_dim", 1, int64_t{1} << 14)) {
+    c.head_dim = *v;
+  } else {
+    if (c.hidden_size % c.num_attention_heads != 0) {
+      r.fail_value("num_attention_heads", fmt::format("hidden_size {} is not divisible by {} heads",
+                                                      c.hidden_size, c.num_attention_heads));
+    }
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    r.fail_value("num_key_value_heads", fmt::format("{} attention heads are not a multiple of {} "
+                                                    "key/value heads",
+                                                    c.num_attention_heads, c.num_key_value_heads));
+  }
+  if (auto v = r.integer("max_position_embeddings", 1, int64_t{1} << 30))
+    c.max_position_embeddings = *v;
+  if (auto v = r.number("rms_norm_eps", 1e-30)) c.rms_norm_eps = *v;
+  if (auto v = r.number("initializer_range", 0.0)) c.initializer_range = *v;
+  read_rope(r, c);
+  if (auto v = r.boolean("tie_word_embeddings")) c.tie_word_embeddings = *v;
+  if (auto act = r.string("hidden_act"); act && *act != "silu") {
+    r.fail_value("hidden_act", fmt::format("\"{}\" is not supported; the decoder uses silu", *act));
+  }
+}
+
+void read_projection_biases(ObjectReader& r, ModelConfig& c) {
+  if (auto v = r.boolean("attention_bias")) c.qkv_bias = c.o_proj_bias = *v;
+  if (auto v = r.boolean("mlp_bias")) c.mlp_bias = *v;
+}
+
+void set_member(rapidjson::Value& obj, const char* key, rapidjson::Value value, Alloc& alloc) {
+  if (auto it = obj.FindMember(key); it != obj.MemberEnd()) {
+    it->value = std::move(value);
+  } else {
+    obj.AddMember(rapidjson::Value(key, alloc), std::move(value), alloc);
+  }
+}
+
+rapidjson::Value string_value(const std::string& s, Alloc& alloc) {
+  return rapidjson::Value(s.c_str(), static_cast<rapidjson::SizeType>(s.size()), alloc);
+}
+
+rapidjson::Value token_value(const std::optional<int64_t>& v) {
+  return v ? rapidjson::Value(static_cast<int64_t>(*v)) : rapidjson::Value(rapidjson::kNullType);
+}
+
+void write_common(rapidjson::Document& doc, const ModelConfig& c, const char* architecture) {
+  Alloc& alloc = doc.GetAllocator();
+  doc.SetObject();
+  rapidjson::Value archs(rapidjson::kArrayType);
+  archs.PushBack(rapidjson::Value(architecture, alloc), alloc);
+  auto put = [&](const char* k, rapidjson::Value v) { set_member(doc, k, std::move(v), alloc); };
+  auto integer = [&](const char* k, int64_t v) { put(k, rapidjson::Value(v)); };
+  put("architectures", std::move(archs));
+  put("model_type", string_value(c.model_type, alloc));
+  integer("vocab_size", c.vocab_size);
+  integer("hidden_size", c.hidden_size);
+  integer("intermediate_size", c.intermediate_size);
+  integer("num_hidden_layers", c.num_hidden_layers);
+  integer("num_attention_heads", c.num_attention_heads);
+  integer("num_key_value_heads", c.num_key_value_heads);
+  integer("head_dim", c.head_dim);
+  integer("max_position_embeddings", c.max_position_embeddings);
+  put("rms_norm_eps", rapidjson::Value(c.rms_norm_eps));
+  put("initializer_range", rapidjson::Value(c.initializer_range));
+  put("hidden_act", rapidjson::Value("silu", alloc));
+  put("tie_word_embeddings", rapidjson::Value(c.tie_word_embeddings));
+  put("use_cache", rapidjson::Value(true));
+}
+
+void write_token_ids(rapidjson::Document& doc, const ModelConfig& c) {
+  Alloc& alloc = doc.GetAllocator();
+  set_member(doc, "bos_token_id", token_value(c.bos_token_id), alloc);
+  set_member(doc, "eos_token_id", token_value(c.eos_token_id), alloc);
+  set_member(doc, "pad_token_id", token_value(c.pad_token_id), alloc);
+}
+
+}  // namespace zt::model::decoder

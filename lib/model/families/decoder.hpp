@@ -1,0 +1,37 @@
+// What transformers' decoder families (llama, qwen2, mistral, glm, glm4) read and write the
+// same way: the sizes, RoPE in the 4.x and 5.x spellings, the activation, tied embeddings and
+// the special token ids. Each family's file adds its own switches around these.
+#pragma once
+
+#include <optional>
+
+#include <rapidjson/document.h>
+
+#include "util/json.hpp"
+#include "zerotrain/model.hpp"
+
+namespace zt::model::decoder {
+
+using Alloc = rapidjson::Document::AllocatorType;
+
+/// A size that must be there: a positive integer up to `max`, so that no product overflows and
+/// a corrupt file is refused before anything is allocated.
+int64_t required_size(json::ObjectReader& r, const char* key, int64_t max);
+/// The shared members of a transformers decoder's config.json.
+void read_common(json::ObjectReader& r, ModelConfig& c);
+/// attention_bias (q/k/v and o_proj) and mlp_bias, as llama and mistral read them.
+void read_projection_biases(json::ObjectReader& r, ModelConfig& c);
+
+/// Sets or replaces `obj[key]`.
+void set_member(rapidjson::Value& obj, const char* key, rapidjson::Value value, Alloc& alloc);
+rapidjson::Value string_value(const std::string& s, Alloc& alloc);
+/// A token id, or null.
+rapidjson::Value token_value(const std::optional<int64_t>& v);
+
+/// Starts `doc` as transformers' save_pretrained would: architectures ([architecture]),
+/// model_type and the shared members up to use_cache.
+void write_common(rapidjson::Document& doc, const ModelConfig& c, const char* architecture);
+/// The special token ids that end every decoder's config.json.
+void write_token_ids(rapidjson::Document& doc, const ModelConfig& c);
+
+}  // namespace zt::model::decoder

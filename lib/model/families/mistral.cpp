@@ -1,0 +1,35 @@
+// Mistral (MistralForCausalLM): LLaMA's arithmetic with an optional sliding attention window
+// (sliding_window: a positive integer, or null for full attention).
+#include <fmt/format.h>
+
+#include "model/families/decoder.hpp"
+#include "model/family.hpp"
+
+namespace zt::model {
+namespace {
+
+void read(json::ObjectReader& r, ModelConfig& c) {
+  decoder::read_common(r, c);
+  decoder::read_projection_biases(r, c);
+  const rapidjson::Value* w = r.find("sliding_window");
+  if (w != nullptr) {
+    std::optional<int64_t> window = w->IsNumber() ? json::as_integer(*w) : std::nullopt;
+    if (!window || *window < 1) r.fail("sliding_window", "a positive integer or null");
+    c.sliding_window = *window;
+  }
+}
+
+void write(rapidjson::Document& doc, const ModelConfig& c) {
+  decoder::write_common(doc, c, "MistralForCausalLM");
+  decoder::Alloc& alloc = doc.GetAllocator();
+  decoder::set_member(doc, "attention_bias", rapidjson::Value(c.qkv_bias), alloc);
+  decoder::set_member(doc, "mlp_bias", rapidjson::Value(c.mlp_bias), alloc);
+  decoder::set_member(doc, "sliding_window", decoder::token_value(c.sliding_window), alloc);
+  decoder::write_token_ids(doc, c);
+}
+
+}  // namespace
+
+extern const Family kMistral{"mistral", read, write};
+
+}  // namespace zt::model

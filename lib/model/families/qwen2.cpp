@@ -1,0 +1,33 @@
+// Qwen2 / Qwen2.5 (Qwen2ForCausalLM): the shared decoder with q/k/v biases always on. Its
+// per-layer sliding window is refused; the released models ship it off.
+#include "model/families/decoder.hpp"
+#include "model/family.hpp"
+
+namespace zt::model {
+namespace {
+
+void read(json::ObjectReader& r, ModelConfig& c) {
+  decoder::read_common(r, c);
+  c.qkv_bias = true;
+  if (auto v = r.boolean("use_sliding_window"); v && *v) {
+    r.fail_value("use_sliding_window",
+                 "Qwen2's per-layer sliding window is not supported; set "
+                 "it to false (Qwen2.5 releases ship it off)");
+  }
+  r.known({"sliding_window", "max_window_layers", "layer_types"});
+}
+
+void write(rapidjson::Document& doc, const ModelConfig& c) {
+  decoder::write_common(doc, c, "Qwen2ForCausalLM");
+  decoder::Alloc& alloc = doc.GetAllocator();
+  decoder::set_member(doc, "use_sliding_window", rapidjson::Value(false), alloc);
+  decoder::set_member(doc, "sliding_window", rapidjson::Value(rapidjson::kNullType), alloc);
+  decoder::set_member(doc, "max_window_layers", rapidjson::Value(c.num_hidden_layers), alloc);
+  decoder::write_token_ids(doc, c);
+}
+
+}  // namespace
+
+extern const Family kQwen2{"qwen2", read, write};
+
+}  // namespace zt::model

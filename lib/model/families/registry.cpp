@@ -1,0 +1,53 @@
+// Every model family zerotrain builds, one row each: a family is its file in this folder and
+// its row here (docs/model.md, "Adding a family").
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "model/family.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt::model {
+
+extern const Family kLlama, kQwen2, kMistral, kGlm, kGlm4, kChatGlm;
+
+namespace {
+
+// The library's families first, then those registered by the program.
+std::vector<const Family*>& table() {
+  static std::vector<const Family*> families{&kLlama, &kQwen2, &kMistral, &kGlm, &kGlm4, &kChatGlm};
+  return families;
+}
+
+}  // namespace
+
+const Family* find_family(std::string_view model_type) {
+  for (const Family* f : table()) {
+    if (f->model_type == model_type) return f;
+  }
+  return nullptr;
+}
+
+std::vector<const Family*> families() {
+  return table();
+}
+
+std::string family_names() {
+  std::vector<std::string_view> names;
+  for (const Family* f : table()) names.push_back(f->model_type);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+void register_family(const Family& family) {
+  if (family.model_type.empty() || family.read_config == nullptr ||
+      family.write_config == nullptr) {
+    throw InvalidArgument("register_family: a family needs a model_type, read_config and "
+                          "write_config");
+  }
+  if (find_family(family.model_type) != nullptr) {
+    throw InvalidArgument(fmt::format("register_family: model_type \"{}\" is registered already",
+                                      family.model_type));
+  }
+  table().push_back(&family);
+}
+
+}  // namespace zt::model

@@ -1,0 +1,130 @@
+// Model families (lib/model/family.hpp): each registered family reads back the config.json it
+// writes, and a family defined outside the library is one definition and one registration.
+#include "support/catch.hpp"
+
+#include <filesystem>
+#include <string>
+
+#include "model/families/decoder.hpp"
+#include "model/family.hpp"
+#include "support/messages.hpp"
+#include "util/files.hpp"
+#include "util/json.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
+
+using namespace zt;
+
+namespace {
+
+std::string fixture_config(const std::string& name) {
+  return std::string(ZT_FIXTURES) + "/models/" + name + "/config.json";
+}
+
+// Everything a family decides, side by side.
+void check_same_model(const ModelConfig& a, const ModelConfig& b) {
+  CHECK(a.model_type == b.model_type);
+  CHECK(a.vocab_size == b.vocab_size);
+  CHECK(a.hidden_size == b.hidden_size);
+  CHECK(a.intermediate_size == b.intermediate_size);
+  CHECK(a.num_hidden_layers == b.num_hidden_layers);
+  CHECK(a.num_attention_heads == b.num_attention_heads);
+  CHECK(a.num_key_value_heads == b.num_key_value_heads);
+  CHECK(a.head_dim == b.head_dim);
+  CHECK(a.max_position_embeddings == b.max_position_embeddings);
+  CHECK(a.rms_norm_eps == b.rms_norm_eps);
+  CHECK(a.rope_theta == b.rope_theta);
+  CHECK(a.rope_scaling.type == b.rope_scaling.type);
+  CHECK(a.rope_scaling.factor == b.rope_scaling.factor);
+  CHECK(a.partial_rotary_factor == b.partial_rotary_factor);
+  CHECK(a.tie_word_embeddings == b.tie_word_embeddings);
+  CHECK(a.qkv_bias == b.qkv_bias);
+  CHECK(a.o_proj_bias == b.o_proj_bias);
+  CHECK(a.mlp_bias == b.mlp_bias);
+  CHECK(a.fused_gate_up == b.fused_gate_up);
+  CHECK(a.rope_interleaved == b.rope_interleaved);
+  CHECK(a.post_sublayer_norms == b.post_sublayer_norms);
+  CHECK(a.chatglm_layout == b.chatglm_layout);
+  CHECK(a.sliding_window == b.sliding_window);
+  CHECK(a.eos_token_id == b.eos_token_id);
+  CHECK(a.pad_token_id == b.pad_token_id);
+  CHECK(a.dtype == b.dtype);
+  CHECK(a.parameter_count() == b.parameter_count());
+}
+
+// A test's own family: llama's keys under another model_type, written under another
+// architecture name. One definition, one registration.
+void read_twin(json::ObjectReader& r, ModelConfig& c) {
+  model::decoder::read_common(r, c);
+  model::decoder::read_projection_biases(r, c);
+}
+
+void write_twin(rapidjson::Document& doc, const ModelConfig& c) {
+  model::decoder::write_common(doc, c, "LlamaTwinForCausalLM");
+  model::decoder::write_token_ids(doc, c);
+}
+
+const model::Family kTwin{"llama_twin", read_twin, write_twin};
+
+}  // namespace
+
+TEST_CASE("every family reads back the config.json it writes as the same model",
+          "[model][families]") {
+  // One fixture folder per family (tests/fixtures/models/<model_type>): a family without one
+  // fails here, so none goes untested.
+  for (const model::Family* family : model::families()) {
+    if (family == &kTwin) continue;  // the next test's, when it ran first
+    const std::string name(family->model_type);
+    INFO("family " << name);
+    REQUIRE(std::filesystem::exists(fixture_config(name)));
+    ModelConfig from_file = load_model_config(fixture_config(name));
+    REQUIRE(from_file.model_type == name);
+    ModelConfig inline_config = from_file;
+    inline_config.source_json.clear();  // written in full by the family, not copied
+    const std::string text = model_config_json(inline_config);
+    check_same_model(parse_model_config(text, name + " (written)"), from_file);
+    // As read from its own file, the written text keeps the file's members.
+    check_same_model(parse_model_config(model_config_json(from_file), name + " (kept)"),
+                     from_file);
+  }
+}
+
+TEST_CASE("a family defined outside the library is one definition and one registration",
+          "[model][families]") {
+  rapidjson::Document doc =
+      json::parse(files::read_text(fixture_config("llama"), "config"), "llama config");
+  model::decoder::set_member(doc, "model_type", rapidjson::Value("llama_twin"),
+                             doc.GetAllocator());
+  const std::string twin_text = json::dump(doc);
+  if (model::find_family("llama_twin") == nullptr) {
+    CHECK_THROWS_MATCHES(parse_model_config(twin_text, "twin.json"), ConfigError,
+                         test::Has({"twin.json", "model_type", "\"llama_twin\" is not supported",
+                                    "supported: llama, qwen2, mistral, glm, glm4, chatglm"}));
+    model::register_family(kTwin);
+  }
+  CHECK_THROWS_AS(model::register_family(kTwin), InvalidArgument);
+  CHECK_THAT(model::family_names(), Catch::EndsWith(", llama_twin"));
+
+  const ModelConfig twin = parse_model_config(twin_text, "twin.json");
+  const ModelConfig llama = load_model_config(fixture_config("llama"));
+  CHECK(twin.model_type == "llama_twin");
+  CHECK(model_config_json(twin).find("\"llama_twin\"") != std::string::npos);
+  ModelConfig twin_inline = twin;
+  twin_inline.source_json.clear();
+  CHECK(model_config_json(twin_inline).find("LlamaTwinForCausalLM") != std::string::npos);
+
+  // The same blocks: same parameters, same logits from the same seed.
+  CausalLM a(twin, at::TensorOptions()), b(llama, at::TensorOptions());
+  a.initialize_random(7);
+  b.initialize_random(7);
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  REQUIRE(pa.size() == pb.size());
+  for (const auto& p : pa) {
+    INFO(p.key());
+    REQUIRE(pb.contains(p.key()));
+    CHECK(at::equal(p.value(), pb[p.key()]));
+  }
+  const at::Tensor ids = at::arange(12, at::kLong).remainder(llama.vocab_size).reshape({2, 6});
+  const at::Tensor mask = at::ones_like(ids);
+  CHECK(at::equal(a.logits(ids, mask), b.logits(ids, mask)));
+}
