@@ -84,8 +84,7 @@ TEST_CASE("every family reads back the config.json it writes as the same model",
     const std::string text = model_config_json(inline_config);
     check_same_model(parse_model_config(text, name + " (written)"), from_file);
     // As read from its own file, the written text keeps the file's members.
-    check_same_model(parse_model_config(model_config_json(from_file), name + " (kept)"),
-                     from_file);
+    check_same_model(parse_model_config(model_config_json(from_file), name + " (kept)"), from_file);
   }
 }
 
@@ -93,8 +92,7 @@ TEST_CASE("a family defined outside the library is one definition and one regist
           "[model][families]") {
   rapidjson::Document doc =
       json::parse(files::read_text(fixture_config("llama"), "config"), "llama config");
-  model::decoder::set_member(doc, "model_type", rapidjson::Value("llama_twin"),
-                             doc.GetAllocator());
+  model::decoder::set_member(doc, "model_type", rapidjson::Value("llama_twin"), doc.GetAllocator());
   const std::string twin_text = json::dump(doc);
   if (model::find_family("llama_twin") == nullptr) {
     CHECK_THROWS_MATCHES(parse_model_config(twin_text, "twin.json"), ConfigError,

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "model/family.hpp"
 #include "model/layers.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
@@ -13,15 +14,37 @@ namespace zt {
 // A module that only holds others under a name (ChatGLM's `embedding` and `encoder`).
 struct Holder : torch::nn::Module {};
 
-// The decoder without its LM head: HF's `model` submodule of *ForCausalLM (embed_tokens, layers,
-// norm), or ChatGLM's `transformer` (embedding.word_embeddings, encoder.layers,
-// encoder.final_layernorm, and output_layer — the head, which HF keeps outside as lm_head).
+// Registers `child` at a dotted `path` under `parent` (a family's ModuleNames), each part
+// before the last a holder, made on first use.
+template <typename M>
+std::shared_ptr<M> register_path(torch::nn::Module& parent, std::string_view path,
+                                 std::shared_ptr<M> child) {
+  torch::nn::Module* at = &parent;
+  size_t start = 0;
+  for (size_t dot = path.find('.'); dot != std::string_view::npos;
+       start = dot + 1, dot = path.find('.', start)) {
+    const std::string part(path.substr(start, dot - start));
+    auto children = at->named_children();  // a copy: find's pointer lives as long as it does
+    if (std::shared_ptr<torch::nn::Module>* held = children.find(part)) {
+      at = held->get();
+    } else {
+      at = at->register_module(part, std::make_shared<Holder>()).get();
+    }
+  }
+  return at->register_module(std::string(path.substr(start)), std::move(child));
+}
+
+// The decoder without its LM head, in its family's module tree (ModuleNames): HF's `model`
+// submodule of *ForCausalLM (embed_tokens, layers, norm), or ChatGLM's `transformer`
+// (embedding.word_embeddings, encoder.layers, encoder.final_layernorm, and output_layer — the
+// head, which HF keeps outside as lm_head).
 struct DecoderBody : torch::nn::Module {
   std::shared_ptr<model::Embedding> embed_tokens;
   torch::nn::ModuleList layer_list{nullptr};
   std::vector<std::shared_ptr<model::DecoderLayer>> layers;
   std::shared_ptr<model::RMSNorm> norm;
   DecoderBody(const ModelConfig& c, const model::ParamFactory& o) {
+    const model::ModuleNames& names = model::family_of(c).names;
     auto embeddings = std::make_shared<model::Embedding>(c.vocab_size, c.hidden_size, o);
     auto list = torch::nn::ModuleList();
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
@@ -29,17 +52,9 @@ struct DecoderBody : torch::nn::Module {
       list->push_back(layers.back());
     }
     auto final_norm = std::make_shared<model::RMSNorm>(c.hidden_size, c.rms_norm_eps, o);
-    if (c.chatglm_layout) {
-      auto embedding = register_module("embedding", std::make_shared<Holder>());
-      embed_tokens = embedding->register_module("word_embeddings", embeddings);
-      auto encoder = register_module("encoder", std::make_shared<Holder>());
-      layer_list = encoder->register_module("layers", list);
-      norm = encoder->register_module("final_layernorm", final_norm);
-      return;
-    }
-    embed_tokens = register_module("embed_tokens", embeddings);
-    layer_list = register_module("layers", list);
-    norm = register_module("norm", final_norm);
+    embed_tokens = register_path(*this, names.embedding, embeddings);
+    layer_list = torch::nn::ModuleList(register_path(*this, names.layers, list.ptr()));
+    norm = register_path(*this, names.final_norm, final_norm);
   }
 };
 
@@ -110,13 +125,15 @@ CausalLM::CausalLM(const ModelConfig& config, at::TensorOptions options, bool al
     : config_(config), impl_(std::make_unique<Impl>()) {
   at::NoGradGuard no_grad;
   model::ParamFactory factory{options, allocate};
-  impl_->body = register_module(config_.chatglm_layout ? "transformer" : "model",
-                                std::make_shared<DecoderBody>(config_, factory));
+  const model::ModuleNames& names = model::family_of(config_).names;
+  impl_->body =
+      register_module(std::string(names.body), std::make_shared<DecoderBody>(config_, factory));
   if (!config_.tie_word_embeddings) {
     auto head =
         std::make_shared<model::Linear>(config_.hidden_size, config_.vocab_size, false, factory);
-    impl_->lm_head = config_.chatglm_layout ? impl_->body->register_module("output_layer", head)
-                                            : register_module("lm_head", head);
+    torch::nn::Module& owner =
+        names.head_in_body ? static_cast<torch::nn::Module&>(*impl_->body) : *this;
+    impl_->lm_head = register_path(owner, names.lm_head, head);
   }
 }
 

@@ -62,7 +62,8 @@ int64_t ModelConfig::parameter_count() const {
 }
 
 std::string ModelConfig::layer_prefix(int64_t i) const {
-  return fmt::format(chatglm_layout ? "transformer.encoder.layers.{}." : "model.layers.{}.", i);
+  const model::ModuleNames& names = model::family_of(*this).names;
+  return fmt::format("{}.{}.{}.", names.body, names.layers, i);
 }
 
 ModelConfig parse_model_config(std::string_view text, const std::string& source) {
@@ -174,12 +175,7 @@ rapidjson::Value rope_scaling(const ModelConfig& c, Alloc& alloc) {
 }  // namespace
 
 std::string model_config_json(const ModelConfig& c) {
-  // A config built in code without a model_type has the shared blocks alone: llama's.
-  const model::Family* family = model::find_family(c.model_type.empty() ? "llama" : c.model_type);
-  if (family == nullptr) {
-    throw InvalidArgument(fmt::format("model_config_json: model_type \"{}\" is not one of {}",
-                                      c.model_type, model::family_names()));
-  }
+  const model::Family* family = &model::family_of(c);
   rapidjson::Document doc;
   if (!c.source_json.empty()) {
     doc = json::parse(c.source_json, c.source);

@@ -15,22 +15,55 @@
 
 namespace zt::model {
 
+/// The names a family's checkpoints give the shared blocks: its module tree, so that parameter
+/// names are the family's own (transformers' for HF families). Dotted paths nest holders.
+struct ModuleNames {
+  std::string_view body = "model";              ///< the decoder under the causal LM
+  std::string_view embedding = "embed_tokens";  ///< under the body
+  std::string_view layers = "layers";           ///< under the body
+  std::string_view final_norm = "norm";         ///< under the body
+  std::string_view lm_head = "lm_head";         ///< under the causal LM, or the body (below)
+  bool head_in_body = false;
+  std::string_view self_attn = "self_attn";  ///< in each layer
+  /// Non-empty: q, k and v are one projection of this name (in rows q, k, v), not three.
+  std::string_view fused_qkv;
+  std::string_view o_proj = "o_proj";
+  std::string_view gate_up_proj = "gate_up_proj";  ///< fused_gate_up models
+  std::string_view down_proj = "down_proj";
+};
+
 struct Family {
+  using ReadConfig = void (*)(json::ObjectReader& r, ModelConfig& c);
+  using WriteConfig = void (*)(rapidjson::Document& doc, const ModelConfig& c);
+
+  constexpr Family(std::string_view model_type, ReadConfig read_config, WriteConfig write_config,
+                   bool remote_code = false, ModuleNames names = {})
+      : model_type(model_type),
+        read_config(read_config),
+        write_config(write_config),
+        remote_code(remote_code),
+        names(names) {}
+
   /// config.json's model_type.
   std::string_view model_type;
   /// Reads the family's config.json members into `c`, whose model_type is set: the sizes and
   /// every switch of the family, refusing (through `r`) what the blocks cannot compute.
-  void (*read_config)(json::ObjectReader& r, ModelConfig& c);
+  ReadConfig read_config;
   /// Writes a whole config.json for `c` as the family's own code would save it (a model built
   /// from an inline config has no file to copy). The caller adds dtype and RoPE spellings.
-  void (*write_config)(rapidjson::Document& doc, const ModelConfig& c);
+  WriteConfig write_config;
   /// Read by remote code (trust_remote_code): its config.json carries torch_dtype only, none of
   /// transformers' RoPE spellings.
-  bool remote_code = false;
+  bool remote_code;
+  /// Its module tree's names (transformers' unless it says otherwise).
+  ModuleNames names;
 };
 
 /// The family of `model_type`, or null.
 const Family* find_family(std::string_view model_type);
+/// The family of `c` (llama for a config built in code without a model_type). Throws
+/// InvalidArgument for a model_type no family has.
+const Family& family_of(const ModelConfig& c);
 /// Every family: the library's (families/registry.cpp), then those registered.
 std::vector<const Family*> families();
 /// "llama, qwen2, ...": every model_type, in that order.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/fused.hpp"
+#include "model/family.hpp"
 #include "util/torch_compat.hpp"
 
 namespace zt::model {
@@ -145,16 +146,19 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, const at::
 
 Attention::Attention(const ModelConfig& c, const ParamFactory& o) : config(&c) {
   const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.kv_dim();
-  if (c.chatglm_layout) {
-    query_key_value =
-        register_module("query_key_value", std::make_shared<Linear>(h, q + 2 * kv, c.qkv_bias, o));
-    o_proj = register_module("dense", std::make_shared<Linear>(q, h, c.o_proj_bias, o));
+  const ModuleNames& names = family_of(c).names;
+  if (!names.fused_qkv.empty()) {
+    query_key_value = register_module(std::string(names.fused_qkv),
+                                      std::make_shared<Linear>(h, q + 2 * kv, c.qkv_bias, o));
+    o_proj = register_module(std::string(names.o_proj),
+                             std::make_shared<Linear>(q, h, c.o_proj_bias, o));
     return;
   }
   q_proj = register_module("q_proj", std::make_shared<Linear>(h, q, c.qkv_bias, o));
   k_proj = register_module("k_proj", std::make_shared<Linear>(h, kv, c.qkv_bias, o));
   v_proj = register_module("v_proj", std::make_shared<Linear>(h, kv, c.qkv_bias, o));
-  o_proj = register_module("o_proj", std::make_shared<Linear>(q, h, c.o_proj_bias, o));
+  o_proj =
+      register_module(std::string(names.o_proj), std::make_shared<Linear>(q, h, c.o_proj_bias, o));
 }
 
 std::optional<DocumentSpans> document_spans(const at::Tensor& mask, const at::Device& device) {
@@ -258,11 +262,12 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
 
 Mlp::Mlp(const ModelConfig& c, const ParamFactory& o) {
   if (c.fused_gate_up) {
+    const ModuleNames& names = family_of(c).names;
     gate_up_proj =
-        register_module(c.chatglm_layout ? "dense_h_to_4h" : "gate_up_proj",
+        register_module(std::string(names.gate_up_proj),
                         std::make_shared<Linear>(c.hidden_size, 2 * c.intermediate_size, false, o));
     down_proj =
-        register_module(c.chatglm_layout ? "dense_4h_to_h" : "down_proj",
+        register_module(std::string(names.down_proj),
                         std::make_shared<Linear>(c.intermediate_size, c.hidden_size, false, o));
     return;
   }
@@ -275,8 +280,8 @@ Mlp::Mlp(const ModelConfig& c, const ParamFactory& o) {
 }
 
 DecoderLayer::DecoderLayer(const ModelConfig& c, const ParamFactory& o) {
-  self_attn = register_module(c.chatglm_layout ? "self_attention" : "self_attn",
-                              std::make_shared<Attention>(c, o));
+  self_attn =
+      register_module(std::string(family_of(c).names.self_attn), std::make_shared<Attention>(c, o));
   mlp = register_module("mlp", std::make_shared<Mlp>(c, o));
   input_layernorm = register_module("input_layernorm",
                                     std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));

@@ -92,7 +92,9 @@ void write(rapidjson::Document& doc, const ModelConfig& c) {
   doc.SetObject();
   rapidjson::Value archs(rapidjson::kArrayType);
   archs.PushBack(rapidjson::Value("ChatGLMModel", alloc), alloc);
-  auto put = [&](const char* k, rapidjson::Value v) { decoder::set_member(doc, k, std::move(v), alloc); };
+  auto put = [&](const char* k, rapidjson::Value v) {
+    decoder::set_member(doc, k, std::move(v), alloc);
+  };
   auto integer = [&](const char* k, int64_t v) { put(k, rapidjson::Value(v)); };
   put("architectures", std::move(archs));
   put("model_type", rapidjson::Value("chatglm", alloc));
@@ -118,9 +120,19 @@ void write(rapidjson::Document& doc, const ModelConfig& c) {
   put("pad_token_id", decoder::token_value(c.pad_token_id));
 }
 
+// Megatron's names: transformer.{embedding.word_embeddings, encoder.layers.N.{self_attention.
+// {query_key_value, dense}, mlp.{dense_h_to_4h, dense_4h_to_h}}, encoder.final_layernorm,
+// output_layer}.
+constexpr ModuleNames kNames{"transformer",    "embedding.word_embeddings",
+                             "encoder.layers", "encoder.final_layernorm",
+                             "output_layer",   /*head_in_body=*/true,
+                             "self_attention", "query_key_value",
+                             "dense",          "dense_h_to_4h",
+                             "dense_4h_to_h"};
+
 }  // namespace
 
-extern const Family kChatGlm{"chatglm", read, write, /*remote_code=*/true};
+extern const Family kChatGlm{"chatglm", read, write, /*remote_code=*/true, kNames};
 
 }  // namespace model
 

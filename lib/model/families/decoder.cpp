@@ -133,6 +133,11 @@ void write_common(rapidjson::Document& doc, const ModelConfig& c, const char* ar
   put("use_cache", rapidjson::Value(true));
 }
 
+void write_projection_biases(rapidjson::Document& doc, const ModelConfig& c) {
+  set_member(doc, "attention_bias", rapidjson::Value(c.qkv_bias), doc.GetAllocator());
+  set_member(doc, "mlp_bias", rapidjson::Value(c.mlp_bias), doc.GetAllocator());
+}
+
 void write_token_ids(rapidjson::Document& doc, const ModelConfig& c) {
   Alloc& alloc = doc.GetAllocator();
   set_member(doc, "bos_token_id", token_value(c.bos_token_id), alloc);

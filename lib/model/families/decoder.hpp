@@ -31,6 +31,8 @@ rapidjson::Value token_value(const std::optional<int64_t>& v);
 /// Starts `doc` as transformers' save_pretrained would: architectures ([architecture]),
 /// model_type and the shared members up to use_cache.
 void write_common(rapidjson::Document& doc, const ModelConfig& c, const char* architecture);
+/// attention_bias and mlp_bias, as llama and mistral write them.
+void write_projection_biases(rapidjson::Document& doc, const ModelConfig& c);
 /// The special token ids that end every decoder's config.json.
 void write_token_ids(rapidjson::Document& doc, const ModelConfig& c);
 

@@ -13,9 +13,7 @@ void read(json::ObjectReader& r, ModelConfig& c) {
 
 void write(rapidjson::Document& doc, const ModelConfig& c) {
   decoder::write_common(doc, c, "LlamaForCausalLM");
-  decoder::Alloc& alloc = doc.GetAllocator();
-  decoder::set_member(doc, "attention_bias", rapidjson::Value(c.qkv_bias), alloc);
-  decoder::set_member(doc, "mlp_bias", rapidjson::Value(c.mlp_bias), alloc);
+  decoder::write_projection_biases(doc, c);
   decoder::write_token_ids(doc, c);
 }
 

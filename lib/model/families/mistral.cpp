@@ -21,10 +21,9 @@ void read(json::ObjectReader& r, ModelConfig& c) {
 
 void write(rapidjson::Document& doc, const ModelConfig& c) {
   decoder::write_common(doc, c, "MistralForCausalLM");
-  decoder::Alloc& alloc = doc.GetAllocator();
-  decoder::set_member(doc, "attention_bias", rapidjson::Value(c.qkv_bias), alloc);
-  decoder::set_member(doc, "mlp_bias", rapidjson::Value(c.mlp_bias), alloc);
-  decoder::set_member(doc, "sliding_window", decoder::token_value(c.sliding_window), alloc);
+  decoder::write_projection_biases(doc, c);
+  decoder::set_member(doc, "sliding_window", decoder::token_value(c.sliding_window),
+                      doc.GetAllocator());
   decoder::write_token_ids(doc, c);
 }
 

@@ -27,6 +27,15 @@ const Family* find_family(std::string_view model_type) {
   return nullptr;
 }
 
+const Family& family_of(const ModelConfig& c) {
+  const Family* f = find_family(c.model_type.empty() ? "llama" : c.model_type);
+  if (f == nullptr) {
+    throw InvalidArgument(fmt::format("model_type \"{}\" is not one of the model families ({})",
+                                      c.model_type, family_names()));
+  }
+  return *f;
+}
+
 std::vector<const Family*> families() {
   return table();
 }
@@ -40,12 +49,13 @@ std::string family_names() {
 void register_family(const Family& family) {
   if (family.model_type.empty() || family.read_config == nullptr ||
       family.write_config == nullptr) {
-    throw InvalidArgument("register_family: a family needs a model_type, read_config and "
-                          "write_config");
+    throw InvalidArgument(
+        "register_family: a family needs a model_type, read_config and "
+        "write_config");
   }
   if (find_family(family.model_type) != nullptr) {
-    throw InvalidArgument(fmt::format("register_family: model_type \"{}\" is registered already",
-                                      family.model_type));
+    throw InvalidArgument(
+        fmt::format("register_family: model_type \"{}\" is registered already", family.model_type));
   }
   table().push_back(&family);
 }
