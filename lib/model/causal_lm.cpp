@@ -113,7 +113,7 @@ Prepared apply_prompt(const ModelConfig& c, PromptAdapter* prompt, at::Tensor x,
           k.to(p.x.scalar_type()).unsqueeze(0).expand({b, k.size(0), k.size(1), k.size(2)}),
           v.to(p.x.scalar_type()).unsqueeze(0).expand({b, v.size(0), v.size(1), v.size(2)}));
     }
-    p.start = c.chatglm_layout ? 0 : n;
+    p.start = model::family_of(c).prefix.positions_from_zero ? 0 : n;
   }
   if (padded) p.mask = at::cat({ones.to(p.mask.device()), p.mask}, 1);
   return p;

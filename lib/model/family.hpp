@@ -32,17 +32,34 @@ struct ModuleNames {
   std::string_view down_proj = "down_proj";
 };
 
+/// Prefix tuning (P-Tuning v2) as the family's own code does it. The default is PEFT's
+/// PrefixEncoder. ChatGLM2/3 bring their own: each prefix is embedded at the output's width, the
+/// projection is named `trans`, the prefixes pass through dropout in training, and the input's
+/// positions start at 0 after them. ChatGLM's encoder is saved in its own format as well
+/// (peft/adapter_io.cpp).
+struct PrefixTuning {
+  /// The model's own encoder, saved in its own format beside PEFT's.
+  bool model_own = false;
+  /// The embedding is [n, layers·2·kv_dim] (the output's width), not [n, kv_dim].
+  bool embed_at_output_width = false;
+  std::string_view transform = "transform";  ///< the projection's module name
+  double train_dropout = 0.0;                ///< on the prefixes, in training
+  /// The input's positions start at 0, not after the virtual tokens.
+  bool positions_from_zero = false;
+};
+
 struct Family {
   using ReadConfig = void (*)(json::ObjectReader& r, ModelConfig& c);
   using WriteConfig = void (*)(rapidjson::Document& doc, const ModelConfig& c);
 
   constexpr Family(std::string_view model_type, ReadConfig read_config, WriteConfig write_config,
-                   bool remote_code = false, ModuleNames names = {})
+                   bool remote_code = false, ModuleNames names = {}, PrefixTuning prefix = {})
       : model_type(model_type),
         read_config(read_config),
         write_config(write_config),
         remote_code(remote_code),
-        names(names) {}
+        names(names),
+        prefix(prefix) {}
 
   /// config.json's model_type.
   std::string_view model_type;
@@ -57,6 +74,8 @@ struct Family {
   bool remote_code;
   /// Its module tree's names (transformers' unless it says otherwise).
   ModuleNames names;
+  /// How prefix tuning works for it (PEFT's unless it says otherwise).
+  PrefixTuning prefix;
 };
 
 /// The family of `model_type`, or null.

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "model/family.hpp"
 #include "model/layers.hpp"
 #include "peft/lora_targets.hpp"
 #include "peft/prompt_encoders.hpp"
@@ -158,7 +159,8 @@ void check_prompt_fits(const ModelConfig& m, const PromptOptions& o, bool prefix
   if (prefix) {
     const double out =
         static_cast<double>(m.num_hidden_layers) * 2.0 * static_cast<double>(m.kv_dim());
-    const double in = m.chatglm_layout ? out : static_cast<double>(m.kv_dim());
+    const double in =
+        model::family_of(m).prefix.embed_at_output_width ? out : static_cast<double>(m.kv_dim());
     elements = o.prefix_projection ? n * in + in * hidden + hidden * out : n * out;
   } else {
     const double dim = static_cast<double>(m.hidden_size);

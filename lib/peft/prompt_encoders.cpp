@@ -6,10 +6,6 @@
 
 namespace zt::peft {
 
-namespace {
-constexpr double kChatGlmPrefixDropout = 0.1;  // modeling_chatglm.py's ChatGLMModel.dropout
-}  // namespace
-
 PTuningEncoder::PTuningEncoder(const ModelConfig& model, const PromptOptions& o)
     : n_(o.num_virtual_tokens), lstm_(o.reparameterization == "LSTM") {
   const int64_t dim = model.hidden_size;
@@ -43,15 +39,15 @@ PrefixEncoder::PrefixEncoder(const ModelConfig& model, const PromptOptions& o)
     : model_(model),
       n_(o.num_virtual_tokens),
       projection_(o.prefix_projection),
-      chatglm_(model.chatglm_layout) {
+      style_(model::family_of(model).prefix) {
   const int64_t kv = model.kv_dim();
   const int64_t out = model.num_hidden_layers * 2 * kv;
   if (projection_) {
     const int64_t hidden = o.encoder_hidden_size > 0 ? o.encoder_hidden_size : model.hidden_size;
-    const int64_t in = chatglm_ ? out : kv;  // ChatGLM embeds each prefix at the output's width
+    const int64_t in = style_.embed_at_output_width ? out : kv;
     embedding = register_module("embedding", torch::nn::Embedding(n_, in));
     transform =
-        register_module(chatglm_ ? "trans" : "transform",
+        register_module(std::string(style_.transform),
                         torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::Tanh(),
                                               torch::nn::Linear(hidden, out)));
   } else {
@@ -68,7 +64,9 @@ at::Tensor PrefixEncoder::encode() {
 
 std::vector<std::pair<at::Tensor, at::Tensor>> PrefixEncoder::layer_prefixes() {
   at::Tensor table = encode();
-  if (chatglm_ && is_training()) table = at::dropout(table, kChatGlmPrefixDropout, true);
+  if (style_.train_dropout > 0.0 && is_training()) {
+    table = at::dropout(table, style_.train_dropout, true);
+  }
   return split_prefixes(model_, table);
 }
 

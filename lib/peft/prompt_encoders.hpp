@@ -7,6 +7,7 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/rnn.h>
 
+#include "model/family.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/peft.hpp"
 
@@ -31,16 +32,15 @@ class PTuningEncoder final : public PromptAdapter {
 };
 
 /// Prefix tuning: per-layer key/value prefixes from embedding [n, layers·2·kv_dim], or from a
-/// projection transform(embedding [n, kv_dim]) — PEFT's PrefixEncoder. In ChatGLM's layout it is
-/// ChatGLM2/3's own PrefixEncoder instead (`prefix_projection` there): the projection is
-/// trans(embedding [n, layers·2·kv_dim]) through hidden_size, and in training the prefixes pass
-/// through dropout 0.1, as modeling_chatglm.py's get_prompt does.
+/// projection transform(embedding [n, kv_dim]) — PEFT's PrefixEncoder. A family with its own
+/// (model::PrefixTuning: ChatGLM2/3's PrefixEncoder) changes the embedding's width, the
+/// projection's name and the dropout in training, as its code does.
 class PrefixEncoder final : public PromptAdapter {
  public:
   PrefixEncoder(const ModelConfig& model, const PromptOptions& options);
-  /// Whether this is ChatGLM's encoder, whose parameters save_adapter also writes under
-  /// ChatGLM's names (transformer.prefix_encoder.*).
-  bool chatglm() const { return chatglm_; }
+  /// Whether this is the model's own encoder (ChatGLM's), whose parameters save_adapter also
+  /// writes under the model's names (transformer.prefix_encoder.*).
+  bool chatglm() const { return style_.model_own; }
   int64_t num_virtual_tokens() const override { return n_; }
   bool prepends_tokens() const override { return false; }
   at::Tensor virtual_embeddings() override { return {}; }
@@ -51,7 +51,8 @@ class PrefixEncoder final : public PromptAdapter {
  private:
   ModelConfig model_;
   int64_t n_;
-  bool projection_, chatglm_;
+  bool projection_;
+  model::PrefixTuning style_;
   torch::nn::Embedding embedding{nullptr};
   torch::nn::Sequential transform{nullptr};
 };

@@ -130,9 +130,14 @@ constexpr ModuleNames kNames{"transformer",    "embedding.word_embeddings",
                              "dense",          "dense_h_to_4h",
                              "dense_4h_to_h"};
 
+// THUDM's PrefixEncoder (modeling_chatglm.py), with ChatGLMModel.dropout 0.1 on its output in
+// training (get_prompt).
+constexpr PrefixTuning kPrefix{/*model_own=*/true, /*embed_at_output_width=*/true, "trans",
+                               /*train_dropout=*/0.1, /*positions_from_zero=*/true};
+
 }  // namespace
 
-extern const Family kChatGlm{"chatglm", read, write, /*remote_code=*/true, kNames};
+extern const Family kChatGlm{"chatglm", read, write, /*remote_code=*/true, kNames, kPrefix};
 
 }  // namespace model
 
