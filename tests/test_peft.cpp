@@ -3,6 +3,7 @@
 // PEFT's layout and round-trip; merging; Freeze; and errors. Tolerances as in test_model.cpp
 // (fp32: 2e-5 absolute on logits, 1e-5 relative on the loss).
 #include "support/catch.hpp"
+#include "support/messages.hpp"
 
 #include <cstdlib>
 #include <filesystem>
@@ -708,4 +709,49 @@ TEST_CASE("continuing from an adapter that does not fit the options is an error"
   apply_training_flags(same, {"--finetuning_type", "lora", "--adapter_name_or_path", lora,
                               "--lora_target_modules", "all-linear"});
   CHECK_NOTHROW(apply_peft_from_args(*model, same, 0));
+}
+
+TEST_CASE("Freeze's trainable_modules are the names the family gives a decoder layer",
+          "[peft][families]") {
+  struct Case {
+    const char* family;
+    std::vector<std::string> has, lacks;
+  };
+  for (const Case& k : {Case{"llama",
+                             {"self_attn", "q_proj", "gate_proj", "mlp", "input_layernorm"},
+                             {"gate_up_proj", "self_attention", "post_mlp_layernorm"}},
+                        Case{"glm4",
+                             {"gate_up_proj", "post_self_attn_layernorm", "post_mlp_layernorm"},
+                             {"gate_proj", "query_key_value"}},
+                        Case{"chatglm",
+                             {"self_attention", "query_key_value", "dense", "dense_h_to_4h"},
+                             {"self_attn", "q_proj", "gate_up_proj"}}}) {
+    INFO("family " << k.family);
+    auto m = base_model(k.family);
+    PeftConfig c;
+    c.type = FinetuningType::kFreeze;
+    c.freeze.trainable_layers = 1;
+    for (const std::string& name : k.has) {
+      INFO("module " << name);
+      c.freeze.trainable_modules = {name};
+      REQUIRE_NOTHROW(apply_peft(*m, c, 0));
+      // Only the last layer's parameters under that name train, and some do.
+      int64_t trained = 0;
+      const std::string last = m->config().layer_prefix(m->config().num_hidden_layers - 1);
+      for (const auto& p : m->named_parameters(true)) {
+        if (!p.value().requires_grad()) continue;
+        ++trained;
+        CHECK(p.key().rfind(last, 0) == 0);
+        CHECK(("." + p.key() + ".").find("." + name + ".") != std::string::npos);
+      }
+      CHECK(trained > 0);
+    }
+    for (const std::string& name : k.lacks) {
+      INFO("module " << name);
+      c.freeze.trainable_modules = {name};
+      CHECK_THROWS_MATCHES(apply_peft(*m, c, 0), ConfigError,
+                           test::Has({"freeze_trainable_modules", "\"" + name + "\"",
+                                      std::string("(") + k.family + ")", k.has.front()}));
+    }
+  }
 }

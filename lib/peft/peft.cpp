@@ -216,6 +216,24 @@ void apply_lora(CausalLM& model, const LoraOptions& o, uint64_t seed) {
   }
 }
 
+// Every dotted component of the modules under the first decoder layer: the names Freeze's
+// trainable_modules can pick (self_attn, q_proj, mlp, input_layernorm, ... in the family's
+// spelling).
+std::set<std::string> layer_components(CausalLM& model) {
+  const std::string prefix = model.config().layer_prefix(0);
+  std::set<std::string> out;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const std::string& name = item.key();
+    if (name.rfind(prefix, 0) != 0) continue;
+    for (size_t start = prefix.size(); start < name.size();) {
+      const size_t dot = std::min(name.find('.', start), name.size());
+      out.insert(name.substr(start, dot - start));
+      start = dot + 1;
+    }
+  }
+  return out;
+}
+
 void apply_freeze(CausalLM& model, const FreezeOptions& o) {
   const int64_t layers = model.config().num_hidden_layers;
   std::vector<int64_t> chosen;
@@ -226,34 +244,15 @@ void apply_freeze(CausalLM& model, const FreezeOptions& o) {
   const bool all_modules = o.trainable_modules.empty() ||
                            (o.trainable_modules.size() == 1 && o.trainable_modules[0] == "all");
   if (!all_modules) {
+    // The names a decoder layer of this model has (its family's): a name it lacks would
+    // otherwise leave nothing trained without a word.
+    const std::set<std::string> known = layer_components(model);
     for (const std::string& m : o.trainable_modules) {
-      static const std::set<std::string> kModules = {"self_attn",
-                                                     "mlp",
-                                                     "input_layernorm",
-                                                     "post_attention_layernorm",
-                                                     "q_proj",
-                                                     "k_proj",
-                                                     "v_proj",
-                                                     "o_proj",
-                                                     "gate_proj",
-                                                     "up_proj",
-                                                     "down_proj",
-                                                     "gate_up_proj",
-                                                     "post_self_attn_layernorm",
-                                                     "post_mlp_layernorm",
-                                                     "self_attention",
-                                                     "query_key_value",
-                                                     "dense",
-                                                     "dense_h_to_4h",
-                                                     "dense_4h_to_h"};
-      if (kModules.count(m) == 0) {
+      if (known.count(m) == 0) {
         throw ConfigError(fmt::format(
-            "freeze_trainable_modules: \"{}\" is not a module of a decoder layer; use all, or "
-            "self_attn, mlp, input_layernorm, post_attention_layernorm, q_proj, k_proj, v_proj, "
-            "o_proj, gate_proj, up_proj, down_proj (GLM: gate_up_proj; GLM-4: "
-            "post_self_attn_layernorm, post_mlp_layernorm; ChatGLM: self_attention, "
-            "query_key_value, dense, dense_h_to_4h, dense_4h_to_h)",
-            m));
+            "freeze_trainable_modules: \"{}\" is not a module of this model's decoder layers "
+            "({}); use all, or some of: {}",
+            m, model.config().model_type, fmt::join(known, ", ")));
       }
     }
   }
