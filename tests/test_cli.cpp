@@ -550,3 +550,25 @@ TEST_CASE(
     zt::test::check_stopped_trainer(ZT_CLI, dir, world, world == 2 ? 1 : 2, "cpu", 5);
   }
 }
+
+TEST_CASE("what loading the tokenizer warns about is said once per job, not once per rank",
+          "[cli][launch]") {
+  // A model folder without tokenizer files: every rank loads it and falls back to bytes.
+  const std::string dir = zt::test::temp_dir("tokenizer_warn_once");
+  std::filesystem::create_directories(dir + "/model");
+  write_random_model(dir + "/model");
+  zt::test::write_data(dir, "train.jsonl", 16, 5);
+  Ran r = shell(fmt::format(
+      "ZT_LOG_LEVEL=info '{0}' launch --nproc_per_node 2 -- '{0}' train --model_name_or_path "
+      "'{1}/model' --train_file '{1}/train.jsonl' --output_dir '{1}/out' --template alpaca "
+      "--max_steps 1 --per_device_train_batch_size 2 --save_strategy no --device cpu 2>&1",
+      ZT_CLI, dir));
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  int warned = 0;
+  for (size_t at = r.output.find("has no tokenizer files"); at != std::string::npos;
+       at = r.output.find("has no tokenizer files", at + 1)) {
+    ++warned;
+  }
+  CHECK(warned == 1);
+}

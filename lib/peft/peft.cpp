@@ -256,13 +256,15 @@ void apply_freeze(CausalLM& model, const FreezeOptions& o) {
       }
     }
   }
+  std::vector<std::string> chosen_prefixes;  // made once, not per parameter
+  for (int64_t i : chosen) chosen_prefixes.push_back(model.config().layer_prefix(i));
   int64_t trainable = 0;
   for (auto& item : model.named_parameters(true)) {
     const std::string& name = item.key();
     bool train = false;
     for (const std::string& s : o.module_names) train = train || name.find(s) != std::string::npos;
-    for (int64_t i : chosen) {
-      if (name.rfind(model.config().layer_prefix(i), 0) != 0) continue;
+    for (const std::string& prefix : chosen_prefixes) {
+      if (name.rfind(prefix, 0) != 0) continue;
       if (all_modules) {
         train = true;
       } else {

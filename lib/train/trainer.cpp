@@ -29,6 +29,7 @@
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "util/log.hpp"
+#include "util/log_scope.hpp"
 #include "util/rng.hpp"
 #include "util/torch_compat.hpp"
 #include "zerotrain/build_config.hpp"
@@ -385,16 +386,10 @@ void Trainer::Impl::start() {
     }
     {
       // Every rank reads the same tokenizer files: what loading them warns about is said once,
-      // by rank 0 (errors still come from every rank).
-      const LogLevel level = log_level();
-      if (I.rank != 0 && level < LogLevel::kError) set_log_level(LogLevel::kError);
-      try {
-        I.tokenizer = load_tokenizer(I.model_dir, I.model_config.vocab_size);
-      } catch (...) {
-        set_log_level(level);
-        throw;
-      }
-      set_log_level(level);
+      // by rank 0 (errors still come from every rank; other threads are not quieted).
+      std::optional<log::ThreadLogFloor> quiet;
+      if (I.rank != 0) quiet.emplace(LogLevel::kError);
+      I.tokenizer = load_tokenizer(I.model_dir, I.model_config.vocab_size);
     }
     // ChatGLM-Finetuning's layouts lay out instruction records themselves; the template is
     // then that layout's prompt (what `zerotrain verify` asks with, and chat records' format).

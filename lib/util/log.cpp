@@ -1,6 +1,8 @@
 // The process-wide log sink and level.
 #include "zerotrain/log.hpp"
 
+#include "util/log_scope.hpp"
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +26,8 @@ struct SinkState {
   LogSink sink;
   std::atomic<int> level{static_cast<int>(level_from_env())};
 };
+
+thread_local int t_floor = static_cast<int>(LogLevel::kDebug);  // see log_scope.hpp
 
 SinkState& state() {
   static SinkState s;  // never destroyed before last use: function-local static
@@ -60,7 +64,7 @@ LogLevel log_level() {
 }
 
 void log_message(LogLevel level, const std::string& message) {
-  if (static_cast<int>(level) < state().level.load()) return;
+  if (static_cast<int>(level) < state().level.load() || static_cast<int>(level) < t_floor) return;
   std::lock_guard<std::mutex> lock(state().mutex);
   if (state().sink) {
     state().sink(level, message);
@@ -68,6 +72,12 @@ void log_message(LogLevel level, const std::string& message) {
     std::fprintf(stderr, "[zerotrain %s] %s\n", log_level_name(level), message.c_str());
     std::fflush(stderr);
   }
+}
+
+LogLevel log::set_thread_floor(LogLevel floor) {
+  const int previous = t_floor;
+  t_floor = static_cast<int>(floor);
+  return static_cast<LogLevel>(previous);
 }
 
 }  // namespace zt
