@@ -110,8 +110,9 @@ for phase in "$@"; do
       # 3 + offload, full fine-tuning of the 1.5B shape at stages 1, 2, 3 (OVERLAP="..." rows).
       # A stage suffixed "oc" adds "overlap_comm": true and 2e8-element buckets (HF's ZeRO-2
       # example config), "no" "overlap_comm": false (DeepSpeed's default below stage 3; zerotrain's
-      # is on). OVWORLD=1 runs
-      # the same rows as one plain rank (no timeline): the compute the model is checked from.
+      # is on). OVWORLD=1 runs the same rows as one plain rank (no timeline): the compute the
+      # model is checked from; OVWORLD=4 at four ranks. Then: scaling_model.py check FILE
+      # --link measured --kappa 1.25 (docs/scaling.md).
       python3 examples/synthetic_tokens.py /tmp/zt-ov.jsonl 1024
       rows=${OVERLAP:-"lora:qwen2.5-7b:2oc lora:qwen2.5-7b:3 lora:qwen2.5-7b:3off full:qwen2.5-1.5b:1oc full:qwen2.5-1.5b:2oc full:qwen2.5-1.5b:3"}
       world=${OVWORLD:-2}

@@ -5,7 +5,7 @@ step and a link model (docs/scaling.md says what it assumes and how it was check
     scaling_model.py predict PROFILE.json [--link NAME|--bw GBPS --latency US] [--ranks 2,4,8]
                              [--emulated] [--stage S] [--offload]
     scaling_model.py table PROFILE.json...       the docs' table: NVLink 2/4/8, IB 2-16 nodes
-    scaling_model.py check PROFILE.json OVERLAP.jsonl --bw GBPS [--latency US]
+    scaling_model.py check OVERLAP.jsonl --link measured | --bw GBPS [--latency US]
                                                  predicted vs measured emulated runs
 
 A PROFILE is one model and batch at one rank (bench/gpu_session.sh scaling writes them):
@@ -192,13 +192,39 @@ def link_from(args):
     return LINKS[args.link]
 
 
+def measured_links(rows):
+    """The emulated link at each world size, read off the same file's timelines (rank 0): the bus
+    bandwidth of stage 1/2's post-step all-gather of at least 0.5 GB (it runs alone, after the
+    step: its time in flight is its transfer time), bytes (n-1)/n over time as nccl-tests counts
+    it, the median over those rows; the latency, the median time of one scalar all-reduce (the
+    trainer's agreements). The ranks share one host's loopback and its copying, so the link is
+    slower the more ranks there are: it is measured per world, not assumed."""
+    bws, lats = {}, {}
+    for r in rows:
+        n = r.get("world", 1)
+        ops = r.get("ranks", {}).get("0", {}).get("by_op", {})
+        if n < 2 or not ops:
+            continue
+        ag, ar = ops.get("all_gather"), ops.get("all_reduce")
+        if parse_stage(r["stage"])[0] in (1, 2) and ag and ag["gb"] >= 0.5:
+            bws.setdefault(n, []).append(ag["gb"] * (n - 1) / n / (ag["in_flight_ms"] / 1e3))
+        if ar and ar["gb"] == 0 and ar["per_step"]:
+            lats.setdefault(n, []).append(ar["in_flight_ms"] / ar["per_step"] * 1e3)
+    median = lambda xs: sorted(xs)[len(xs) // 2]
+    return {n: {"bw": round(median(bws[n]), 3), "latency_us": round(median(lats[n]))}
+            for n in bws if n in lats}
+
+
 def check(args):
     """Predicts each emulated multi-rank row of an overlap file (summarize_timeline.py lines) from
-    the same file's one-rank row of that mode and shape (with offload: the offloaded one)."""
+    the same file's one-rank row of that mode and shape (with offload: the offloaded one). With
+    --link measured, the link at each world size is the one measured_links reads off the file."""
     rows = [json.loads(line) for line in open(args.files[0]) if line.strip()]
     one = {r["run"].rsplit("-z", 1)[0] + ("off" if "off" in str(r["stage"]) else ""): r
            for r in rows if r.get("world") == 1}
-    link = link_from(args)
+    links = measured_links(rows) if args.link == "measured" else {}
+    for n, link in sorted(links.items()):
+        print(json.dumps({"world": n, "measured_link": link}))
     worst = 0.0
     for m in rows:
         n = m.get("world", 2)
@@ -211,6 +237,7 @@ def check(args):
             continue
         mode, shape = base.split("-", 1)
         prof = profile_from_run(mode, shape, one[key]["tokens_per_s"], args.tokens_per_rank)
+        link = links[n] if args.link == "measured" else link_from(args)
         t, parts = step_ms(prof, n, link, m["stage"], emulated=True, kappa=args.kappa)
         predicted = prof["tokens_per_rank"] * n / t * 1e3  # the whole job's, as the trainer logs
         err = predicted / m["tokens_per_s"] - 1
@@ -228,7 +255,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("verb", choices=["predict", "table", "check"])
     ap.add_argument("files", nargs="+")
-    ap.add_argument("--link", default="nvlink-h200", choices=sorted(LINKS))
+    ap.add_argument("--link", default="nvlink-h200", choices=sorted(LINKS) + ["measured"],
+                    help="measured (check only): each world's emulated link from the file itself")
     ap.add_argument("--bw", type=float, default=0.0, help="bus bandwidth GB/s")
     ap.add_argument("--latency", type=float, default=50.0, help="µs per collective")
     ap.add_argument("--ranks", default="2,4,8")
