@@ -17,6 +17,7 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
+#include "model/family.hpp"
 #include "peft/prompt_encoders.hpp"
 #include "support/ranks.hpp"
 #include "tokenizer/chatglm_tokenizer.hpp"
@@ -125,7 +126,7 @@ TEST_CASE("ChatGLM2/3 configs state glm's arithmetic in Megatron's names", "[cha
       R"(, "add_bias_linear": false, "rmsnorm": true, "post_layer_norm": true,
          "apply_residual_connection_post_layernorm": false, "original_rope": true,
          "quantization_bit": 0, "fp32_residual_connection": false)"));
-  CHECK(c.chatglm_layout);
+  CHECK(model::family_of(c).names.fused_qkv == "query_key_value");  // Megatron's module tree
   CHECK(c.vocab_size == 65024);
   CHECK(c.num_hidden_layers == 28);
   CHECK(c.intermediate_size == 13696);
@@ -213,7 +214,7 @@ TEST_CASE("merge --as glm writes a ChatGLM folder in transformers' glm layout",
   merge_checkpoint(dir, out, o);
   ModelConfig g = load_model_config(out);
   CHECK(g.model_type == "glm");
-  CHECK_FALSE(g.chatglm_layout);
+  CHECK(model::family_of(g).names.fused_qkv.empty());
   CHECK(g.num_key_value_heads == 2);
   CHECK(g.partial_rotary_factor == 0.5);
   CHECK(g.rope_theta == 20000.0);
@@ -224,7 +225,7 @@ TEST_CASE("merge --as glm writes a ChatGLM folder in transformers' glm layout",
   // Its own layout keeps ChatGLM's names and the remote code.
   const std::string own = test::temp_dir("own") + "/o";
   merge_checkpoint(dir, own);
-  CHECK(load_model_config(own).chatglm_layout);
+  CHECK(load_model_config(own).model_type == "chatglm");
   CHECK(std::filesystem::exists(own + "/modeling_chatglm.py"));
   SafetensorsCheckpoint ckpt(own);
   CHECK(ckpt.contains("transformer.encoder.layers.0.self_attention.query_key_value.weight"));

@@ -18,6 +18,7 @@
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/safetensors.hpp"
+#include "zerotrain/schedule.hpp"
 
 using namespace zt;
 using Catch::Contains;

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "support/messages.hpp"
 #include "support/ranks.hpp"
 #include "util/json.hpp"
 #include "zerotrain/config.hpp"
@@ -405,6 +406,52 @@ const char* kAllAuto = R"({
   "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
       "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto"}
 })";
+
+namespace {
+
+// Resolves micro batch `micro` × accumulation 4 at `world` ranks for a run resumed from one saved
+// with a global batch of 16 at 2 ranks.
+std::pair<DeepSpeedConfig, TrainingArguments> resume_saved_16_at(int64_t micro, int world) {
+  std::pair<DeepSpeedConfig, TrainingArguments> r{parse_deepspeed_config(kAllAuto, "auto.json"),
+                                                  TrainingArguments{}};
+  apply_training_flags(r.second, {"--per_device_train_batch_size", std::to_string(micro),
+                                  "--gradient_accumulation_steps", "4"});
+  resolve_config(r.first, r.second,
+                 ResolveContext{world, std::nullopt, std::nullopt, SavedBatch{16, 2}});
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("a resumed run keeps its saved global batch through the accumulation, decided in resolve",
+          "[config][auto]") {
+  for (const std::pair<int, int>& c : {std::pair{1, 8}, std::pair{4, 2}, std::pair{8, 1}}) {
+    const int world = c.first, want = c.second;
+    INFO("world " << world);
+    test::LogCapture log;
+    const auto [ds, a] = resume_saved_16_at(2, world);
+    CHECK(a.gradient_accumulation_steps == want);
+    CHECK(ds.gradient_accumulation_steps.value() == want);
+    CHECK(ds.train_batch_size.value() == 16);
+    CHECK(log.contains(
+        fmt::format("gradient_accumulation_steps {} keeps the global batch of 16", want)));
+  }
+  {
+    // The same world and batch: nothing to change, nothing said.
+    test::LogCapture log;
+    const auto [ds, a] = resume_saved_16_at(2, 2);
+    CHECK(a.gradient_accumulation_steps == 4);
+    CHECK_FALSE(log.contains("resuming"));
+  }
+  {
+    // Not a multiple of micro × world: the run goes on with its own global batch, and says so.
+    test::LogCapture log;
+    const auto [ds, a] = resume_saved_16_at(3, 2);
+    CHECK(a.gradient_accumulation_steps == 4);
+    CHECK(ds.train_batch_size.value() == 24);
+    CHECK(log.contains("the saved global batch of 16 is not a multiple of micro batch 3"));
+  }
+}
 
 TEST_CASE("auto values resolve from the arguments, the world size and the model",
           "[config][auto]") {

@@ -14,6 +14,7 @@
 #include <iterator>
 
 #include "model/layers.hpp"
+#include "peft/lora.hpp"
 #include "support/ranks.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
@@ -535,8 +536,8 @@ TEST_CASE("a LoRA projection gives PEFT's output and gradients, also when its ou
         for (bool unread : {false, true}) {
           INFO("output unread " << unread);
           std::vector<at::Tensor> in = leaves();
-          const at::Tensor got = model::lora_linear(in[0], in[1], with_bias ? in[2] : at::Tensor(),
-                                                    in[3], in[4], scaling, unread);
+          const at::Tensor got = peft::lora_linear(in[0], in[1], with_bias ? in[2] : at::Tensor(),
+                                                   in[3], in[4], scaling, unread);
           REQUIRE(got.sizes() == want.sizes());
           if (!unread) CHECK(at::allclose(got, want, 1e-5, 1e-5));
           got.backward(g);

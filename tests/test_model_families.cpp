@@ -12,6 +12,7 @@
 #include "util/json.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
 
 using namespace zt;
 
@@ -44,7 +45,6 @@ void check_same_model(const ModelConfig& a, const ModelConfig& b) {
   CHECK(a.fused_gate_up == b.fused_gate_up);
   CHECK(a.rope_interleaved == b.rope_interleaved);
   CHECK(a.post_sublayer_norms == b.post_sublayer_norms);
-  CHECK(a.chatglm_layout == b.chatglm_layout);
   CHECK(a.sliding_window == b.sliding_window);
   CHECK(a.eos_token_id == b.eos_token_id);
   CHECK(a.pad_token_id == b.pad_token_id);
@@ -125,4 +125,43 @@ TEST_CASE("a family defined outside the library is one definition and one regist
   const at::Tensor ids = at::arange(12, at::kLong).remainder(llama.vocab_size).reshape({2, 6});
   const at::Tensor mask = at::ones_like(ids);
   CHECK(at::equal(a.logits(ids, mask), b.logits(ids, mask)));
+}
+
+namespace {
+
+// A family whose output layer is not called lm_head: llama's blocks under Megatron-like names of
+// its own choosing (what a new family's file would declare).
+void write_renamed(rapidjson::Document& doc, const ModelConfig& c) {
+  model::decoder::write_common(doc, c, "RenamedForCausalLM");
+}
+constexpr model::ModuleNames kRenamedNames{
+    "decoder",   "tok_embed",      "blocks", "final_norm",   "to_vocab", /*head_in_body=*/false,
+    "self_attn", /*fused_qkv=*/"", "o_proj", "gate_up_proj", "down_proj"};
+const model::Family kRenamed{"llama_renamed", read_twin, write_renamed, false, kRenamedNames};
+
+}  // namespace
+
+TEST_CASE("LoRA's all-linear leaves out the output layer that the model's family names",
+          "[model][peft]") {
+  if (model::find_family("llama_renamed") == nullptr) model::register_family(kRenamed);
+  rapidjson::Document doc =
+      json::parse(files::read_text(fixture_config("llama"), "config"), "llama config");
+  model::decoder::set_member(doc, "model_type", rapidjson::Value("llama_renamed"),
+                             doc.GetAllocator());
+  const ModelConfig config = parse_model_config(json::dump(doc), "renamed.json");
+  REQUIRE_FALSE(config.tie_word_embeddings);  // an output layer of its own, to leave out
+  CausalLM model(config, at::TensorOptions());
+  REQUIRE(model.named_parameters().contains("to_vocab.weight"));
+  PeftConfig peft;
+  peft.type = FinetuningType::kLora;
+  peft.lora.target_modules = {"all-linear"};
+  apply_peft(model, peft, 1);
+  int64_t adapted = 0;
+  for (const auto& p : model.named_parameters()) {
+    INFO(p.key());
+    CHECK(p.key().rfind("to_vocab.lora_", 0) != 0);
+    adapted += p.key().find(".lora_A.") != std::string::npos;
+  }
+  // Every projection of every decoder layer, and nothing else.
+  CHECK(adapted == 7 * config.num_hidden_layers);
 }

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <rapidjson/document.h>
 
+#include "model/layers.hpp"
 #include "peft/lora_targets.hpp"
 #include "peft/prompt_encoders.hpp"
 #include "support/ranks.hpp"
@@ -162,6 +163,64 @@ TEST_CASE("saved adapters have PEFT's layout and load back to the same logits", 
     at::NoGradGuard no_grad;
     CHECK(max_abs(model->logits(ids), loaded->logits(ids)) < 1e-5);
   }
+}
+
+namespace {
+
+// A test's own adapter method: output += x · Dᵀ with a trained D [out, in] registered on the
+// projection as "<module>.delta.weight". What a new method (DoRA) is: one LinearAdapter.
+class DeltaAdapter final : public model::LinearAdapter {
+ public:
+  explicit DeltaAdapter(model::Linear& host) {
+    d_ = host.register_module(
+        "delta", std::make_shared<model::Linear>(host.in_features, host.out_features, false,
+                                                 model::ParamFactory{host.weight.options(), true}));
+    at::NoGradGuard no_grad;
+    d_->weight.normal_(0.0, 0.1);
+  }
+  at::Tensor forward(const model::Linear& base, const at::Tensor& x, bool output_unread,
+                     const at::Tensor& kept) const override {
+    if (output_unread || kept.defined()) return base.base_forward(x, output_unread, kept);
+    return base.base_forward(x) + at::linear(x, d_->weight);
+  }
+  bool reuses_kept(bool) const override { return false; }
+  at::Tensor delta_weight() const override { return d_->weight.to(at::kFloat); }
+  at::Tensor d() const { return d_->weight; }
+
+ private:
+  std::shared_ptr<model::Linear> d_;
+};
+
+}  // namespace
+
+TEST_CASE("an adapter method is a plug-in of Linear: forward, merge and unmerge go through it",
+          "[peft]") {
+  auto model = base_llama();
+  auto plain = base_llama();  // the same base values
+  const std::string q = "model.layers.0.self_attn.q_proj";
+  std::shared_ptr<model::Linear> lin;
+  for (const auto& m : model->named_modules()) {
+    if (m.key() == q) lin = std::dynamic_pointer_cast<model::Linear>(m.value());
+  }
+  REQUIRE(lin);
+  auto adapter = std::make_shared<DeltaAdapter>(*lin);
+  lin->adapter = adapter;
+  REQUIRE(model->named_parameters().contains(q + ".delta.weight"));
+  const at::Tensor ids = at::randint(3, 128, {2, 9}, at::kLong);
+  at::NoGradGuard no_grad;
+  const at::Tensor with_adapter = model->logits(ids);
+  CHECK(max_abs(with_adapter, plain->logits(ids)) > 1e-3);  // the adapter takes part
+  // The same model with D folded into the base by hand.
+  plain->named_parameters()[q + ".weight"].add_(adapter->d());
+  CHECK(max_abs(with_adapter, plain->logits(ids)) < 1e-5);
+  const at::Tensor base_q = lin->weight.clone();
+  merge_lora(*model);
+  CHECK(lin->adapter_merged);
+  CHECK(max_abs(lin->weight, base_q + adapter->d()) < 1e-6);
+  CHECK(max_abs(model->logits(ids), with_adapter) < 1e-5);
+  unmerge_lora(*model);
+  CHECK_FALSE(lin->adapter_merged);
+  CHECK(max_abs(lin->weight, base_q) < 1e-6);
 }
 
 TEST_CASE("merged LoRA gives the adapter's outputs, and its export loads as a plain model",

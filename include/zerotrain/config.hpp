@@ -368,18 +368,29 @@ struct OptionHelp {
 };
 std::vector<OptionHelp> training_option_help();
 
+/// The batch a checkpoint was saved with (trainer_state.json), for a run resuming from it.
+struct SavedBatch {
+  int64_t global_batch_size = 0;
+  int world_size = 1;
+};
+
 /// What resolution may know beyond the configs themselves.
 struct ResolveContext {
   int world_size = 1;
   std::optional<int64_t> hidden_size;        ///< once the model is known
   std::optional<int64_t> total_train_steps;  ///< once the data size is known
+  /// Resuming: the saved global batch is kept by changing gradient_accumulation_steps (even
+  /// when given) where it divides evenly at this world size; else a warning names the global
+  /// batch the run continues with.
+  std::optional<SavedBatch> resumed = std::nullopt;
 };
 
 /// Resolves "auto" values with HF Trainer's semantics and reconciles both configs, in place:
 /// afterwards `args` and `ds` agree on batch sizes, optimizer hyper-parameters, clipping and
-/// precision. A written DeepSpeed value overrides a defaulted argument; one that contradicts an
-/// explicitly given argument is a ConfigError naming both. May be called again with more
-/// context (model, run length) to resolve what remained "auto".
+/// precision. The one place the micro batch and the accumulation are decided. A written DeepSpeed
+/// value overrides a defaulted argument; one that contradicts an explicitly given argument is a
+/// ConfigError naming both. May be called again with more context (model, run length) to resolve
+/// what remained "auto".
 void resolve_config(DeepSpeedConfig& ds, TrainingArguments& args, const ResolveContext& context);
 
 /// The JSON paths that are still "auto" (empty when everything is resolved).

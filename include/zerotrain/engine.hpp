@@ -52,7 +52,8 @@ struct EngineOptions {
   int64_t total_train_steps = 0;
   /// The learning rate of the optimizer step that follows `applied` applied steps (skipped fp16
   /// steps do not count). Empty: the DeepSpeed config's `scheduler` block, else the
-  /// optimizer's constant `lr`. learning_rate_schedule() builds HF Trainer's schedules.
+  /// optimizer's constant `lr`. learning_rate_schedule() (zerotrain/schedule.hpp) builds HF
+  /// Trainer's.
   std::function<double(int64_t applied)> learning_rate;
   /// Record a trace of bucket launches and backward boundaries (tests, debugging).
   bool trace = false;
@@ -207,14 +208,6 @@ class Engine {
  private:
   std::unique_ptr<zero::EngineImpl> impl_;
 };
-
-/// The schedule HF Trainer runs with a DeepSpeed config: the config's `scheduler` block when
-/// present, else `args.lr_scheduler_type` with its warmup (warmup_steps / warmup_ratio) over
-/// `total_steps` optimizer steps; the base rate is the optimizer's `lr`. Throws ConfigError when
-/// the schedule needs the run's length and `total_steps` ≤ 0. Both must be resolved.
-std::function<double(int64_t applied)> learning_rate_schedule(const DeepSpeedConfig& ds,
-                                                              const TrainingArguments& args,
-                                                              int64_t total_steps);
 
 /// HF's weight-decay rule, by parameter name: biases and normalization weights are excluded
 /// (names containing "bias", "layernorm", "rmsnorm", or a path component "norm"/ending "_norm").

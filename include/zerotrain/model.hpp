@@ -58,9 +58,6 @@ struct ModelConfig {
   /// GLM-4-0414 (`glm4`): each sublayer's output is normed before its residual add
   /// (`post_self_attn_layernorm`, `post_mlp_layernorm`).
   bool post_sublayer_norms = false;
-  /// ChatGLM2/3's own module tree (`chatglm`, THUDM's remote code): glm's arithmetic with q, k
-  /// and v as one `query_key_value` and ChatGLM's names (see CausalLM).
-  bool chatglm_layout = false;
   std::optional<int64_t> sliding_window;  ///< Mistral / Qwen2 with use_sliding_window
   at::ScalarType dtype = at::kFloat;      ///< the checkpoint's dtype (torch_dtype / dtype)
   double initializer_range = 0.02;

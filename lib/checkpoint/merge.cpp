@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "model/family.hpp"
+#include "peft/linear_adapters.hpp"
 #include "util/files.hpp"
 #include "util/log.hpp"
 #include "zerotrain/checkpoint.hpp"
@@ -105,12 +107,12 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
   // The base's tensors through checkpoint_source: floating point and exactly the model's shapes.
   std::shared_ptr<ParameterSource> base;
   if (!base_dir.empty()) base = checkpoint_source(base_dir);
-  const double scaling = peft.lora.scaling();
   const at::ScalarType dtype = options.dtype.value_or(config.dtype);
 
   // The HF tensor names and shapes, from a placeholder model of this config; each output tensor
   // from rows of one model tensor (a ChatGLM folder written as glm splits query_key_value).
-  if (options.as_glm && !config.chatglm_layout) {
+  const model::Conversion* conversion = model::family_of(config).conversion;
+  if (options.as_glm && (conversion == nullptr || conversion->to != "glm")) {
     throw ConfigError(fmt::format("merge: --as glm converts ChatGLM2/3 folders, but '{}' is {}",
                                   base_dir.empty() ? checkpoint_dir : base_dir, config.model_type));
   }
@@ -129,7 +131,7 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
       source_of.push_back({item.key()});
       continue;
     }
-    for (const GlmTensorFrom& g : glm_names_of_chatglm(config, item.key())) {
+    for (const GlmTensorFrom& g : conversion->tensors(config, item.key())) {
       std::vector<int64_t> rows = shape;
       if (g.rows >= 0) rows[0] = g.rows;
       plan.push_back(TensorEntry{g.glm_name, dtype, rows});
@@ -165,13 +167,12 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
     const std::string module = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0
                                    ? name.substr(0, name.size() - 7)
                                    : "";
-    if (adapter && !module.empty() && masters->has(module + ".lora_A.weight")) {
-      const std::string a_name = module + ".lora_A.weight", b_name = module + ".lora_B.weight";
-      at::Tensor a = at::empty({peft.lora.r, shape[1]}, at::kFloat),
-                 b = at::empty({shape[0], peft.lora.r}, at::kFloat);
-      masters->read(a_name, a.sizes().vec(), 0, a);
-      masters->read(b_name, b.sizes().vec(), 0, b);
-      value.addmm_(b, a, /*beta=*/1.0, /*alpha=*/scaling);
+    if (adapter && !module.empty()) {
+      peft::fold_trained_adapter(
+          peft.lora, module, value, [&](const std::string& n) { return masters->has(n); },
+          [&](const std::string& n, at::Tensor& out) {
+            masters->read(n, out.sizes().vec(), 0, out);
+          });
     }
     held_name = name;
     held = value;
@@ -188,7 +189,7 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
     report.peak_rss_anon_bytes = std::max(report.peak_rss_anon_bytes, rss_anon_bytes() - rss_start);
   }
   report.files = writer.finish();
-  ModelConfig out_config = to_glm ? chatglm_as_glm(config) : config;
+  ModelConfig out_config = to_glm ? conversion->config(config) : config;
   out_config.dtype = dtype;
   files::write_atomic(out_dir + "/config.json", model_config_json(out_config) + "\n");
   report.files.push_back(out_dir + "/config.json");

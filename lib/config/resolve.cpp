@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "util/files.hpp"
+#include "util/log.hpp"
 #include "zerotrain/config.hpp"
 
 namespace zt {
@@ -62,6 +63,39 @@ int64_t exact_quotient(const DeepSpeedConfig& ds, int64_t total, int64_t divisor
                                   total, what, divisor));
   }
   return total / divisor;
+}
+
+// A resumed run keeps the global batch it was saved with: at another world size the
+// accumulation changes so that micro batch × accumulation × world stays the same, when it divides
+// evenly (the given value yields: it was chosen for the saved world size).
+void keep_saved_global_batch(DeepSpeedConfig& ds, TrainingArguments& args, int world,
+                             const SavedBatch& saved) {
+  const int64_t micro = ds.train_micro_batch_size_per_gpu.is_set()
+                            ? ds.train_micro_batch_size_per_gpu.value()
+                            : args.per_device_train_batch_size;
+  const int64_t per_step = micro * world;
+  if (saved.world_size == world &&
+      saved.global_batch_size == per_step * args.gradient_accumulation_steps) {
+    return;
+  }
+  if (saved.global_batch_size % per_step != 0) {
+    log::warn(
+        "resuming at {} ranks: the saved global batch of {} is not a multiple of micro batch {} "
+        "× {} ranks; continuing with a global batch of {}",
+        world, saved.global_batch_size, micro, world, per_step * args.gradient_accumulation_steps);
+    return;
+  }
+  const int64_t accum = saved.global_batch_size / per_step;
+  if (accum != args.gradient_accumulation_steps) {
+    log::info(
+        "resuming at {} ranks (saved at {}): gradient_accumulation_steps {} keeps the global "
+        "batch of {}",
+        world, saved.world_size, accum, saved.global_batch_size);
+  }
+  args.gradient_accumulation_steps = accum;
+  args.given.erase("gradient_accumulation_steps");
+  if (ds.gradient_accumulation_steps.is_set()) ds.gradient_accumulation_steps.set(accum);
+  if (ds.train_batch_size.is_set()) ds.train_batch_size.set(saved.global_batch_size);
 }
 
 void resolve_batch(DeepSpeedConfig& ds, TrainingArguments& args, int world) {
@@ -241,6 +275,7 @@ void resolve_config(DeepSpeedConfig& ds, TrainingArguments& args, const ResolveC
   if (ctx.world_size < 1) {
     throw ConfigError(fmt::format("world size must be at least 1, found {}", ctx.world_size));
   }
+  if (ctx.resumed) keep_saved_global_batch(ds, args, ctx.world_size, *ctx.resumed);
   resolve_batch(ds, args, ctx.world_size);
   if (ds.gradient_clipping.is_unset() &&
       (ds.source == "<default>" || args.is_given("max_grad_norm"))) {

@@ -48,18 +48,29 @@ struct PrefixTuning {
   bool positions_from_zero = false;
 };
 
+/// Writing a family's folder as another family states the same model (zerotrain merge --as):
+/// the other family's config, and for each of this family's parameters the other's tensors
+/// taken from its rows.
+struct Conversion {
+  std::string_view to;  ///< the other family's model_type
+  ModelConfig (*config)(const ModelConfig& c);
+  std::vector<GlmTensorFrom> (*tensors)(const ModelConfig& c, const std::string& name);
+};
+
 struct Family {
   using ReadConfig = void (*)(json::ObjectReader& r, ModelConfig& c);
   using WriteConfig = void (*)(rapidjson::Document& doc, const ModelConfig& c);
 
   constexpr Family(std::string_view model_type, ReadConfig read_config, WriteConfig write_config,
-                   bool remote_code = false, ModuleNames names = {}, PrefixTuning prefix = {})
+                   bool remote_code = false, ModuleNames names = {}, PrefixTuning prefix = {},
+                   const Conversion* conversion = nullptr)
       : model_type(model_type),
         read_config(read_config),
         write_config(write_config),
         remote_code(remote_code),
         names(names),
-        prefix(prefix) {}
+        prefix(prefix),
+        conversion(conversion) {}
 
   /// config.json's model_type.
   std::string_view model_type;
@@ -76,6 +87,8 @@ struct Family {
   ModuleNames names;
   /// How prefix tuning works for it (PEFT's unless it says otherwise).
   PrefixTuning prefix;
+  /// Its folders written as another family's, or null (ChatGLM's as transformers' glm).
+  const Conversion* conversion;
 };
 
 /// The family of `model_type`, or null.

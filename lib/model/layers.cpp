@@ -1,5 +1,5 @@
 // Rotary embeddings, attention, the MLP and the autograd functions of RMSNorm, SwiGLU and
-// recomputation (LoRA's projection: lora_linear.cpp; the chunked loss: linear_cross_entropy.cpp).
+// recomputation (the chunked loss: linear_cross_entropy.cpp; adapters of a Linear: lib/peft/).
 #include "model/layers.hpp"
 
 #include <torch/csrc/autograd/custom_function.h>

@@ -31,54 +31,60 @@ struct ParamFactory {
 at::Tensor linear_for_backward(const at::Tensor& x, const at::Tensor& weight,
                                const at::Tensor& bias, const at::Tensor& kept = {});
 
-/// x · weightᵀ + bias + ((x · lora_Aᵀ) · scaling) · lora_Bᵀ — a projection with an active LoRA
-/// adapter and no dropout — as one autograd function. lora_B's GEMM accumulates into the base
-/// product in place, and backward accumulates the adapter's share of the input gradient into
-/// the base's the same way (β = 1): no [tokens, out] copy, no [tokens, in] sum. PEFT computes
-/// lora_B(lora_A(x)) · scaling and adds it; scaling the [tokens, r] activations instead is the
-/// same sum. `output_unread` or a defined `kept` (a recomputed unit, as linear_for_backward):
-/// the output is not computed — it is `kept`, or uninitialized —, only the [tokens, r]
-/// activations that the adapter's weight gradients need.
-at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                       const at::Tensor& lora_A, const at::Tensor& lora_B, double scaling,
-                       bool output_unread, const at::Tensor& kept = {});
+struct Linear;
 
-/// A projection, optionally with a LoRA adapter (PEFT's layout: submodules lora_A [r, in] and
-/// lora_B [out, r], output += lora_B(lora_A(dropout(x))) · scaling; lora_B has no bias).
+/// What an adapter method adds to one Linear. lib/peft/ implements the methods (LoRA and rsLoRA:
+/// peft/lora.cpp) and attaches them (peft/linear_adapters.hpp); the model only calls them. An
+/// adapter registers its parameters on the Linear it is attached to, under PEFT's names
+/// ("q_proj.lora_A.weight"), so it is not a module itself. Not thread-safe beyond what its
+/// Linear is: it is called from the thread running the model.
+class LinearAdapter {
+ public:
+  virtual ~LinearAdapter() = default;
+  /// The projection's output with the adapter (the base's product and the adapter's);
+  /// `output_unread` and `kept` as Linear::forward.
+  virtual at::Tensor forward(const Linear& base, const at::Tensor& x, bool output_unread,
+                             const at::Tensor& kept) const = 0;
+  /// Whether forward may return an output kept from an earlier pass (false where it draws
+  /// random numbers in training, which a recomputation draws again).
+  virtual bool reuses_kept(bool training) const = 0;
+  /// What the adapter adds to the base weight, fp32 [out, in] (merge_lora folds it in).
+  virtual at::Tensor delta_weight() const = 0;
+};
+
+/// A projection: a base (today a dense weight and optional bias; a quantized base replaces
+/// base_forward and the weight it reads) plus, optionally, one adapter.
 struct Linear : torch::nn::Module {
   at::Tensor weight, bias;
   int64_t in_features, out_features;
-  std::shared_ptr<Linear> lora_A, lora_B;
-  double lora_scaling = 0.0, lora_dropout = 0.0;
-  bool lora_merged = false;
+  /// The attached adapter (peft::attach_adapter), if any; `adapter_merged`: folded into
+  /// `weight` (peft's merge_lora), so forward leaves it out.
+  std::shared_ptr<const LinearAdapter> adapter;
+  bool adapter_merged = false;
 
   Linear(int64_t in, int64_t out, bool with_bias, const ParamFactory& o)
       : in_features(in), out_features(out) {
     weight = register_parameter("weight", o({out, in}));
     if (with_bias) bias = register_parameter("bias", o({out}));
   }
-  /// `output_unread`: only back-propagated through (see linear_for_backward); the product is
-  /// then skipped — except with LoRA dropout in training, which takes autograd of PEFT's
-  /// expression and computes the output. `kept`: the output's values from the unit's first pass
-  /// (only where reuses_kept()), returned instead of the product, with its backward.
-  at::Tensor forward(const at::Tensor& x, bool output_unread = false, const at::Tensor& kept = {}) {
-    if (!lora_A || lora_merged) {
-      return output_unread || kept.defined() ? linear_for_backward(x, weight, bias, kept)
-                                             : at::linear(x, weight, bias);
-    }
-    if (lora_dropout <= 0 || !is_training()) {
-      return lora_linear(x, weight, bias, lora_A->weight, lora_B->weight, lora_scaling,
-                         output_unread, kept);
-    }
-    at::Tensor y = at::linear(x, weight, bias);
-    at::Tensor a = lora_A->forward(at::dropout(x, lora_dropout, true));
-    if (lora_scaling != 1.0) a = a * lora_scaling;
-    return at::addmm(y.reshape({-1, out_features}), a.reshape({-1, a.size(-1)}), lora_B->weight.t())
-        .view(y.sizes());
+  /// The base's x · weightᵀ + bias. `output_unread` or a defined `kept`: see forward.
+  at::Tensor base_forward(const at::Tensor& x, bool output_unread = false,
+                          const at::Tensor& kept = {}) const {
+    return output_unread || kept.defined() ? linear_for_backward(x, weight, bias, kept)
+                                           : at::linear(x, weight, bias);
   }
-  /// Whether forward can take its output from an earlier pass (not with LoRA dropout in
-  /// training, whose random mask the recomputation draws again).
-  bool reuses_kept() const { return !lora_A || lora_merged || lora_dropout <= 0 || !is_training(); }
+  /// `output_unread`: only back-propagated through (see linear_for_backward); the product is
+  /// then skipped where the adapter allows (LoRA with dropout in training computes it).
+  /// `kept`: the output's values from the unit's first pass (only where reuses_kept()),
+  /// returned instead of the product, with its backward.
+  at::Tensor forward(const at::Tensor& x, bool output_unread = false, const at::Tensor& kept = {}) {
+    if (!adapter || adapter_merged) return base_forward(x, output_unread, kept);
+    return adapter->forward(*this, x, output_unread, kept);
+  }
+  /// Whether forward can take its output from an earlier pass.
+  bool reuses_kept() const {
+    return !adapter || adapter_merged || adapter->reuses_kept(is_training());
+  }
 };
 
 /// transformers' RMSNorm, weight · (x_fp32 · rsqrt(mean(x_fp32²) + eps)).to(x.dtype), with the

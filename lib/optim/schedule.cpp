@@ -6,13 +6,13 @@
 // value "before it has started" is min_lr (WarmupLR, WarmupDecayLR, OneCycle, LRRangeTest) or 0
 // (WarmupCosineLR). HF's LambdaLR uses lambda(k) for the k-th step.
 #include "optim/schedule.hpp"
+#include "zerotrain/schedule.hpp"
 
 #include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
 
-#include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt {

@@ -10,6 +10,7 @@
 #include <rapidjson/stringbuffer.h>
 
 #include "model/layers.hpp"
+#include "peft/linear_adapters.hpp"
 #include "peft/lora_targets.hpp"
 #include "peft/prompt_encoders.hpp"
 #include "util/files.hpp"
@@ -24,10 +25,6 @@ namespace {
 constexpr const char* kPrefix = "base_model.model.";
 /// ChatGLM's P-Tuning v2 prefix encoder, beside PEFT's files (docs/peft.md).
 constexpr const char* kChatGlmPrefixFile = "prefix_encoder.safetensors";
-
-bool is_lora_name(const std::string& n) {
-  return n.find(".lora_A.") != std::string::npos || n.find(".lora_B.") != std::string::npos;
-}
 
 using Writer = rapidjson::PrettyWriter<rapidjson::StringBuffer>;
 
@@ -55,7 +52,8 @@ void key_list(Writer& w, const char* k, const std::vector<std::string>& v, bool 
 // "X.base_layer.bias" (the wrapped layer), which is the key PEFT saves and loads.
 std::string peft_key(const std::string& name, const std::set<std::string>& wrapped) {
   const size_t dot = name.rfind('.');
-  if (dot == std::string::npos || is_lora_name(name) || !wrapped.count(name.substr(0, dot)))
+  if (dot == std::string::npos || peft::is_adapter_parameter(name) ||
+      !wrapped.count(name.substr(0, dot)))
     return kPrefix + name;
   return kPrefix + name.substr(0, dot) + ".base_layer" + name.substr(dot);
 }
@@ -469,7 +467,7 @@ ParameterCount load_adapter(CausalLM& model, const std::string& dir, bool traina
       }
     }
     for (auto& [name, p] : params) {
-      const bool lora = is_lora_name(name);
+      const bool lora = peft::is_adapter_parameter(name);
       if (!lora && !p.requires_grad()) continue;  // a frozen base weight
       // LoRA weights, and the biases and modules_to_save the config makes trainable.
       p.set_requires_grad(trainable);
@@ -536,17 +534,19 @@ ParameterCount apply_peft_from_args(CausalLM& model, const TrainingArguments& ar
                       option, ours, dir, theirs));
     }
   };
-  agree("lora_r", args.lora_r == saved.lora.r, std::to_string(args.lora_r),
+  // What the arguments ask for, through the one conversion of the flat options.
+  const LoraOptions ours = peft_config_for(args).lora;
+  agree("lora_r", ours.r == saved.lora.r, std::to_string(ours.r),
         fmt::format("r {}", saved.lora.r));
-  agree("lora_alpha", args.lora_alpha == saved.lora.alpha, fmt::format("{}", args.lora_alpha),
+  agree("lora_alpha", ours.alpha == saved.lora.alpha, fmt::format("{}", ours.alpha),
         fmt::format("lora_alpha {}", saved.lora.alpha));
-  agree("use_rslora", args.use_rslora == saved.lora.use_rslora, args.use_rslora ? "true" : "false",
+  agree("use_rslora", ours.use_rslora == saved.lora.use_rslora, ours.use_rslora ? "true" : "false",
         fmt::format("use_rslora {}", saved.lora.use_rslora));
-  agree("lora_dropout", args.lora_dropout == saved.lora.dropout,
-        fmt::format("{}", args.lora_dropout), fmt::format("lora_dropout {}", saved.lora.dropout));
+  agree("lora_dropout", ours.dropout == saved.lora.dropout, fmt::format("{}", ours.dropout),
+        fmt::format("lora_dropout {}", saved.lora.dropout));
   if (args.is_given("lora_target_modules")) {
     // Compared by the projections they pick: PEFT writes all-linear out as module paths.
-    const std::vector<std::string> asked = peft::lora_targets(model, peft_config_for(args).lora);
+    const std::vector<std::string> asked = peft::lora_targets(model, ours);
     const std::vector<std::string> theirs = peft::lora_targets(model, saved.lora);
     agree("lora_target_modules", asked == theirs, args.lora_target_modules,
           fmt::format("it adapts {} projections: {}", theirs.size(), fmt::join(theirs, ", ")));
@@ -560,7 +560,7 @@ void export_merged(CausalLM& model, const std::string& dir, at::ScalarType dtype
   try {
     for (const auto& item : model.named_parameters(true)) {
       const std::string& name = item.key();
-      if (is_lora_name(name) || name.rfind("prompt_encoder.", 0) == 0) continue;
+      if (peft::is_adapter_parameter(name) || name.rfind("prompt_encoder.", 0) == 0) continue;
       // A copy: unmerging below changes the parameters in place.
       tensors.emplace_back(
           name, item.value().detach().to(at::kCPU, dtype, false, /*copy=*/true).contiguous());

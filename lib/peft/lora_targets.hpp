@@ -5,8 +5,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/nn/module.h>
-
+#include "zerotrain/model.hpp"
 #include "zerotrain/peft.hpp"
 
 namespace zt::peft {
@@ -20,8 +19,10 @@ bool ends_with_component(const std::string& path, const std::string& name);
 bool in_adapter(const std::string& name, const LoraOptions& options,
                 const std::vector<std::string>& wrapped);
 
-/// Module paths of the projections `options` targets in `model`, in module order (LoRA's own
-/// A/B excluded). Throws ConfigError for an invalid regex.
-std::vector<std::string> lora_targets(torch::nn::Module& model, const LoraOptions& options);
+/// Module paths of the projections `options` targets in `model`, in module order (an adapter's
+/// own modules excluded). all-linear is every projection but the output layer, whose path the
+/// model's family names (lm_head; ChatGLM's transformer.output_layer). Throws ConfigError for an
+/// invalid regex.
+std::vector<std::string> lora_targets(CausalLM& model, const LoraOptions& options);
 
 }  // namespace zt::peft

@@ -13,6 +13,7 @@
 
 #include "model/family.hpp"
 #include "model/layers.hpp"
+#include "peft/linear_adapters.hpp"
 #include "peft/lora_targets.hpp"
 #include "peft/prompt_encoders.hpp"
 #include "util/capacity.hpp"
@@ -29,8 +30,7 @@ bool peft::ends_with_component(const std::string& path, const std::string& name)
 
 bool peft::in_adapter(const std::string& name, const LoraOptions& o,
                       const std::vector<std::string>& wrapped) {
-  if (name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos)
-    return true;
+  if (is_adapter_parameter(name)) return true;
   const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
   const std::string module = name.substr(0, name.rfind('.'));
   if (bias && o.bias == "all") return true;
@@ -84,27 +84,36 @@ std::string with_commas(int64_t v) {
   return out;
 }
 
-// The projections of the model by module path (LoRA's own A/B excluded).
+// The projections of the model by module path: its Linears, not those an adapter registers on
+// a projection (LoRA's lora_A / lora_B).
 std::vector<std::pair<std::string, std::shared_ptr<model::Linear>>> projections(
     torch::nn::Module& m) {
   std::vector<std::pair<std::string, std::shared_ptr<model::Linear>>> out;
+  std::set<std::string> linear_paths;
   for (const auto& item : m.named_modules("", /*include_self=*/false)) {
     auto lin = std::dynamic_pointer_cast<model::Linear>(item.value());
     if (!lin) continue;
-    if (ends_with_component(item.key(), "lora_A") || ends_with_component(item.key(), "lora_B"))
-      continue;
+    linear_paths.insert(item.key());
+    const size_t dot = item.key().rfind('.');
+    if (dot != std::string::npos && linear_paths.count(item.key().substr(0, dot))) continue;
     out.emplace_back(item.key(), lin);
   }
   return out;
 }
 
-// `pattern` is o.target_regex compiled (when there is one).
-bool is_lora_target(const std::string& path, const LoraOptions& o, const Pattern* pattern) {
+// The output layer's module path, by the model's family (lm_head, transformer.output_layer).
+std::string output_layer_path(const ModelConfig& c) {
+  const model::ModuleNames& n = model::family_of(c).names;
+  return n.head_in_body ? fmt::format("{}.{}", n.body, n.lm_head) : std::string(n.lm_head);
+}
+
+// `pattern` is o.target_regex compiled (when there is one); `head` the output layer's path.
+bool is_lora_target(const std::string& path, const LoraOptions& o, const Pattern* pattern,
+                    const std::string& head) {
   if (pattern != nullptr) return pattern->full_match(path);
   for (const std::string& t : o.target_modules) {
     if (t == "all-linear") {  // PEFT's: every projection but the output layer
-      if (!ends_with_component(path, "lm_head") && !ends_with_component(path, "output_layer"))
-        return true;
+      if (path != head) return true;
     } else if (ends_with_component(path, t)) {
       return true;
     }
@@ -116,12 +125,6 @@ void freeze_all(torch::nn::Module& m) {
   for (auto& p : m.parameters(true)) p.set_requires_grad(false);
 }
 
-// A generator per name, so values do not depend on creation order and agree on every rank.
-at::Generator generator_for(uint64_t seed, const std::string& name) {
-  return at::detail::createCPUGenerator(seed ^
-                                        (std::hash<std::string>{}(name)*0x9E3779B97F4A7C15ULL));
-}
-
 }  // namespace
 
 double LoraOptions::scaling() const {
@@ -129,25 +132,6 @@ double LoraOptions::scaling() const {
 }
 
 namespace {
-
-void add_lora(const std::string& path, model::Linear& lin, const LoraOptions& o, uint64_t seed) {
-  if (lin.lora_A) throw InvalidArgument(fmt::format("'{}' already has a LoRA adapter", path));
-  const auto options = lin.weight.options();
-  model::ParamFactory factory{options, true};
-  lin.lora_A = lin.register_module(
-      "lora_A", std::make_shared<model::Linear>(lin.in_features, o.r, false, factory));
-  lin.lora_B = lin.register_module(
-      "lora_B", std::make_shared<model::Linear>(o.r, lin.out_features, false, factory));
-  at::NoGradGuard no_grad;
-  // PEFT: A ~ kaiming_uniform(a=√5) = U(±1/√in), B = 0, so the adapter starts as a no-op.
-  const double bound = 1.0 / std::sqrt(static_cast<double>(lin.in_features));
-  at::Tensor a =
-      at::empty({o.r, lin.in_features}).uniform_(-bound, bound, generator_for(seed, path));
-  lin.lora_A->weight.copy_(a);
-  lin.lora_B->weight.zero_();
-  lin.lora_scaling = o.scaling();
-  lin.lora_dropout = o.dropout;
-}
 
 // The prompt encoder's fp32 parameters, counted before they are allocated (its embedding and
 // linear layers; the LSTM's are left out, so this is a lower bound).
@@ -191,7 +175,7 @@ void apply_lora(CausalLM& model, const LoraOptions& o, uint64_t seed) {
   freeze_all(model);
   for (auto& [path, lin] : projections(model)) {
     if (std::find(targeted.begin(), targeted.end(), path) != targeted.end())
-      add_lora(path, *lin, o, seed);
+      peft::attach_adapter(path, *lin, o, seed);
   }
   // Every name (or the regex) must pick something: a typo would otherwise leave a module
   // silently untrained.
@@ -284,12 +268,13 @@ void apply_freeze(CausalLM& model, const FreezeOptions& o) {
 
 }  // namespace
 
-std::vector<std::string> peft::lora_targets(torch::nn::Module& model, const LoraOptions& o) {
+std::vector<std::string> peft::lora_targets(CausalLM& model, const LoraOptions& o) {
   std::optional<Pattern> pattern;
   if (!o.target_regex.empty()) pattern.emplace(o.target_regex, "lora_target_modules");
+  const std::string head = output_layer_path(model.config());
   std::vector<std::string> out;
   for (auto& [path, lin] : projections(model)) {
-    if (is_lora_target(path, o, pattern ? &*pattern : nullptr)) out.push_back(path);
+    if (is_lora_target(path, o, pattern ? &*pattern : nullptr, head)) out.push_back(path);
   }
   return out;
 }
@@ -385,24 +370,18 @@ ParameterCount apply_peft(CausalLM& model, const PeftConfig& c, uint64_t seed) {
 void merge_lora(CausalLM& model) {
   at::NoGradGuard no_grad;
   for (auto& [path, lin] : projections(model)) {
-    if (!lin->lora_A || lin->lora_merged) continue;
-    at::Tensor delta =
-        at::matmul(lin->lora_B->weight.to(at::kFloat), lin->lora_A->weight.to(at::kFloat)) *
-        lin->lora_scaling;
-    lin->weight.copy_(lin->weight.to(at::kFloat) + delta);
-    lin->lora_merged = true;
+    if (!lin->adapter || lin->adapter_merged) continue;
+    lin->weight.copy_(lin->weight.to(at::kFloat) + lin->adapter->delta_weight());
+    lin->adapter_merged = true;
   }
 }
 
 void unmerge_lora(CausalLM& model) {
   at::NoGradGuard no_grad;
   for (auto& [path, lin] : projections(model)) {
-    if (!lin->lora_A || !lin->lora_merged) continue;
-    at::Tensor delta =
-        at::matmul(lin->lora_B->weight.to(at::kFloat), lin->lora_A->weight.to(at::kFloat)) *
-        lin->lora_scaling;
-    lin->weight.copy_(lin->weight.to(at::kFloat) - delta);
-    lin->lora_merged = false;
+    if (!lin->adapter || !lin->adapter_merged) continue;
+    lin->weight.copy_(lin->weight.to(at::kFloat) - lin->adapter->delta_weight());
+    lin->adapter_merged = false;
   }
 }
 

@@ -132,10 +132,10 @@ void Trainer::Impl::save_checkpoint() {
   });
   const std::string final_dir = fmt::format("{}/checkpoint-{}", args.output_dir, step);
   const bool greater = args.greater_is_better.value_or(false);
-  if (last_eval_step == step && last_eval_loss &&
+  if (last_eval.step == step && last_eval.loss &&
       (!state.best_metric ||
-       (greater ? *last_eval_loss > *state.best_metric : *last_eval_loss < *state.best_metric))) {
-    state.best_metric = last_eval_loss;
+       (greater ? *last_eval.loss > *state.best_metric : *last_eval.loss < *state.best_metric))) {
+    state.best_metric = last_eval.loss;
     state.best_model_checkpoint = final_dir;
     state.best_global_step = step;
   }
@@ -193,6 +193,14 @@ void Trainer::export_model(const std::string& dir) {
     fs::create_directories(dir);
     I.write_user_files(dir, available, weights);
   });
+}
+
+void Trainer::Impl::write_run_settings(const std::string& dir) const {
+  const std::string text = fmt::format(
+      R"({{"zerotrain_version": "{}", "training_arguments": {}, "deepspeed_config": {}}})",
+      ZT_VERSION_STRING, training_arguments_json(args), deepspeed_config_json(ds));
+  files::write_atomic(dir + "/training_args.json",
+                      json::dump(json::parse(text, "training_args.json"), true) + "\n");
 }
 
 }  // namespace zt

@@ -128,4 +128,8 @@ double Trainer::evaluate_batches(const std::vector<std::pair<at::Tensor, at::Ten
   return global[0] / global[1];
 }
 
+LossSum Trainer::Impl::forward_tokens(const at::Tensor& ids, const at::Tensor& labels) {
+  return model->loss(ids.to(comm->device()), labels, {}, 1024);
+}
+
 }  // namespace zt

@@ -34,8 +34,8 @@ double seconds_since(Clock::time_point t) {
 
 void Trainer::Impl::check_cancel() {
   // [cancel, preempting signal], the largest of every rank's: one agreement per step.
-  int preempt = preempt_requested.load();
-  bool cancel = cancel_requested.load();
+  int preempt = requests.preempt.load();
+  bool cancel = requests.cancel.load();
   if (world > 1) {
     const std::vector<double> flags = comm::reduce_scalars(
         *comm, {cancel ? 1.0 : 0.0, static_cast<double>(preempt)}, ReduceOp::kMax);
@@ -44,7 +44,7 @@ void Trainer::Impl::check_cancel() {
   }
   if (preempt > 0) {
     // A scheduler's warning before preemption: keep this step's state, then stop.
-    stop_signal = preempt;
+    requests.stop_signal = preempt;
     if (state.global_step > 0 &&
         !checkpoint_in(args.output_dir, fmt::format("checkpoint-{}", state.global_step))) {
       save_checkpoint();
@@ -174,8 +174,8 @@ double Trainer::Impl::evaluate() {
   r.epoch = epoch_progress();
   r.eval_loss = loss;
   log(r);
-  last_eval_loss = loss;
-  last_eval_step = state.global_step;
+  last_eval.loss = loss;
+  last_eval.step = state.global_step;
   return loss;
 }
 
@@ -189,26 +189,26 @@ void Trainer::Impl::prepare_output_dir() {
     fs::create_directories(args.output_dir);
     // A run that starts afresh starts its log afresh (a previous run's outputs are only here
     // with --overwrite_output_dir); a resumed run continues its own.
-    if (!resume_dir) {
+    if (!run_dir.resume) {
       std::error_code ec;
       fs::remove(args.output_dir + "/trainer_log.jsonl", ec);
     }
-    if (!superseded.empty()) {
-      for (const std::string& dir : superseded) {
+    if (!run_dir.superseded.empty()) {
+      for (const std::string& dir : run_dir.superseded) {
         log::warn(
             "overwrite_output_dir: removing '{}', which is newer than the checkpoint resumed from",
             dir);
         files::remove_tree(dir);
       }
       std::error_code ec;
-      const fs::path resumed = fs::absolute(*resume_dir).lexically_normal();
+      const fs::path resumed = fs::absolute(*run_dir.resume).lexically_normal();
       if (fs::equivalent(resumed.parent_path(), args.output_dir, ec)) {
         files::write_atomic(args.output_dir + "/latest", resumed.filename().string() + "\n");
       }
     }
     write_run_settings(args.output_dir);
   });
-  superseded.clear();
+  run_dir.superseded.clear();
 }
 
 Trainer::Impl::StepResult Trainer::Impl::run_step(const std::vector<int64_t>& order) {
@@ -329,7 +329,7 @@ void Trainer::Impl::after_step(const StepResult& done, train::LogWindow& window,
 
 void Trainer::Impl::load_best_at_end() {
   if (!args.load_best_model_at_end || !state.best_model_checkpoint ||
-      last_eval_loss == state.best_metric) {
+      last_eval.loss == state.best_metric) {
     return;
   }
   // The best checkpoint is read only from this run's output_dir, whatever the state file says.
@@ -350,8 +350,8 @@ void Trainer::Impl::load_best_at_end() {
 
 TrainResult Trainer::Impl::finish_training(const train::LogWindow& window, const RunClock& clock) {
   TrainResult result;
-  if (has_eval && last_eval_step != state.global_step) evaluate();
-  result.eval_loss = last_eval_loss;
+  if (has_eval && last_eval.step != state.global_step) evaluate();
+  result.eval_loss = last_eval.loss;
   load_best_at_end();
   bool available = false;
   auto weights = user_weights(available);
@@ -418,6 +418,22 @@ TrainResult Trainer::Impl::train() {
     }
   }
   return I.finish_training(window, clock);
+}
+
+double Trainer::Impl::epoch_progress() const {
+  return static_cast<double>(state.epoch_index) +
+         static_cast<double>(state.steps_in_epoch) /
+             static_cast<double>(std::max<int64_t>(1, steps_per_epoch));
+}
+
+std::optional<double> Trainer::Impl::window_peak_memory_gib() {
+  const at::Device device = comm->device();
+  if (!device.is_cuda()) return std::nullopt;
+  const int index = device.has_index() ? device.index() : 0;
+  const double peak = comm::reduce_scalars(
+      *comm, {static_cast<double>(device_stats::peak_allocated(index))}, ReduceOp::kMax)[0];
+  device_stats::reset_peak(index);
+  return peak / (1024.0 * 1024.0 * 1024.0);
 }
 
 }  // namespace zt

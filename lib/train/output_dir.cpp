@@ -93,8 +93,8 @@ void Trainer::Impl::check_output_dir() {
   const std::string& r = args.resume_from_checkpoint;
   const bool from_latest = is_true_text(r);
   if (from_latest) {
-    resume_dir = latest_checkpoint(args.output_dir);
-    if (!resume_dir) {
+    run_dir.resume = latest_checkpoint(args.output_dir);
+    if (!run_dir.resume) {
       throw ConfigError(
           fmt::format("resume_from_checkpoint True: '{}' holds no checkpoint to resume from; "
                       "start without it or name a checkpoint folder",
@@ -109,19 +109,19 @@ void Trainer::Impl::check_output_dir() {
     }
     fs::path dir = fs::path(r).lexically_normal();
     if (dir.filename().empty()) dir = dir.parent_path();  // "checkpoint-4/"
-    resume_dir = dir.string();
+    run_dir.resume = dir.string();
   }
-  if (resume_dir) {
+  if (run_dir.resume) {
     // Checkpoints after the one resumed from would be overwritten step by step. Those of the
     // same run (a save killed after its folder was renamed into place, complete, but before it
     // updated `latest`) are resumed from; another run's are never removed without
     // --overwrite_output_dir on this command.
-    const train::TrainerState at = train::read_trainer_state(*resume_dir);
+    const train::TrainerState at = train::read_trainer_state(*run_dir.resume);
     int64_t from = at.global_step;
     std::vector<CheckpointInfo> same, other;
     for (const CheckpointInfo& c : list_checkpoints(args.output_dir)) {
       std::error_code ec;
-      if (c.step <= from || fs::equivalent(c.path, *resume_dir, ec)) continue;
+      if (c.step <= from || fs::equivalent(c.path, *run_dir.resume, ec)) continue;
       std::string id;
       try {
         id = train::read_trainer_state(c.path).run_id;
@@ -134,11 +134,11 @@ void Trainer::Impl::check_output_dir() {
         log::info(
             "'{}/latest' names {}, but {} of the same run is complete and newer (its save "
             "was stopped before it updated latest): resuming from it",
-            out, fs::path(*resume_dir).filename().string(),
+            out, fs::path(*run_dir.resume).filename().string(),
             fs::path(same.back().path).filename().string());
       }
-      resume_dir = same.back().path;
-      from = train::read_trainer_state(*resume_dir).global_step;
+      run_dir.resume = same.back().path;
+      from = train::read_trainer_state(*run_dir.resume).global_step;
       other.erase(std::remove_if(other.begin(), other.end(),
                                  [&](const CheckpointInfo& c) { return c.step <= from; }),
                   other.end());
@@ -150,14 +150,14 @@ void Trainer::Impl::check_output_dir() {
           "resume_from_checkpoint {}: '{}' is step {}, but output_dir '{}' holds newer "
           "checkpoint(s) {}{} that this run would overwrite; move them away, pass "
           "--overwrite_output_dir to remove them and continue from step {}{}",
-          from_latest ? "True" : "'" + r + "'", *resume_dir, from, args.output_dir,
+          from_latest ? "True" : "'" + r + "'", *run_dir.resume, from, args.output_dir,
           fmt::join(names, ", "), from_latest ? " written by another run" : "", from,
           from_latest ? "" : ", or resume from the newest (--resume_from_checkpoint True)"));
     }
-    superseded.clear();
-    for (const CheckpointInfo& c : other) superseded.push_back(c.path);
+    run_dir.superseded.clear();
+    for (const CheckpointInfo& c : other) run_dir.superseded.push_back(c.path);
   }
-  if (!resume_dir && !args.overwrite_output_dir) {
+  if (!run_dir.resume && !args.overwrite_output_dir) {
     std::vector<CheckpointInfo> existing = list_checkpoints(args.output_dir);
     if (!existing.empty()) {
       throw ConfigError(fmt::format(
@@ -190,7 +190,7 @@ void Trainer::Impl::check_output_dir() {
 void Trainer::Impl::lock_output_dir() {
   const std::string& out = args.output_dir;
   std::error_code ec;
-  created_output_dir = !fs::exists(out, ec);
+  run_dir.created = !fs::exists(out, ec);
   fs::create_directories(out, ec);
   if (ec) throw IoError(fmt::format("cannot create output_dir '{}': {}", out, ec.message()));
   if (::access(out.c_str(), W_OK | X_OK) != 0) {
@@ -199,10 +199,10 @@ void Trainer::Impl::lock_output_dir() {
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
   const std::string lock_path = out + "/.zerotrain.lock";
-  output_lock = files::FileLock::try_lock(lock_path, /*exclusive=*/true,
-                                          fmt::format("pid {} on {} since {}", ::getpid(), host,
-                                                      static_cast<long long>(std::time(nullptr))));
-  if (!output_lock) {
+  run_dir.lock = files::FileLock::try_lock(lock_path, /*exclusive=*/true,
+                                           fmt::format("pid {} on {} since {}", ::getpid(), host,
+                                                       static_cast<long long>(std::time(nullptr))));
+  if (!run_dir.lock) {
     const std::string holder = files::FileLock::holder_of(lock_path);
     throw ConfigError(
         fmt::format("output_dir '{}' is in use by another run ({}); wait for it to end or choose "
@@ -213,11 +213,11 @@ void Trainer::Impl::lock_output_dir() {
 }
 
 void Trainer::Impl::abandon_output_dir() noexcept {
-  if (!output_lock) return;
+  if (!run_dir.lock) return;
   try {
-    output_lock->unlink_and_release(args.output_dir + "/.zerotrain.lock");
-    output_lock.reset();
-    if (created_output_dir) files::remove_tree(args.output_dir);
+    run_dir.lock->unlink_and_release(args.output_dir + "/.zerotrain.lock");
+    run_dir.lock.reset();
+    if (run_dir.created) files::remove_tree(args.output_dir);
   } catch (const std::exception& e) {
     log::warn("cleaning up output_dir '{}' after the failed start: {}", args.output_dir, e.what());
   }

@@ -40,6 +40,7 @@
 #include "zerotrain/model.hpp"
 #include "zerotrain/peft.hpp"
 #include "zerotrain/safetensors.hpp"
+#include "zerotrain/schedule.hpp"
 #include "zerotrain/tokenizer.hpp"
 
 namespace zt {
@@ -130,38 +131,17 @@ void Trainer::Impl::load_data() {
 }
 
 void Trainer::Impl::plan_batches() {
-  if (resume_dir) {
-    // Keep the saved global batch by changing the accumulation when it divides evenly.
-    train::TrainerState saved = train::read_trainer_state(*resume_dir);
-    const int64_t micro = ds.train_micro_batch_size_per_gpu.is_set()
-                              ? ds.train_micro_batch_size_per_gpu.value()
-                              : args.per_device_train_batch_size;
-    const int64_t per_step = micro * world;
-    if (saved.world_size != world ||
-        saved.global_batch_size != per_step * args.gradient_accumulation_steps) {
-      if (saved.global_batch_size % per_step == 0) {
-        const int64_t accum = saved.global_batch_size / per_step;
-        if (rank == 0 && accum != args.gradient_accumulation_steps) {
-          log::info(
-              "resuming at {} ranks (saved at {}): gradient_accumulation_steps {} keeps the global "
-              "batch of {}",
-              world, saved.world_size, accum, saved.global_batch_size);
-        }
-        args.gradient_accumulation_steps = accum;
-        args.given.erase("gradient_accumulation_steps");
-        if (ds.gradient_accumulation_steps.is_set()) ds.gradient_accumulation_steps.set(accum);
-        if (ds.train_batch_size.is_set()) ds.train_batch_size.set(saved.global_batch_size);
-      } else if (rank == 0) {
-        log::warn(
-            "resuming at {} ranks: the saved global batch of {} is not a multiple of micro batch "
-            "{} × {} "
-            "ranks; continuing with a global batch of {}",
-            world, saved.global_batch_size, micro, world,
-            per_step * args.gradient_accumulation_steps);
-      }
-    }
+  ResolveContext context{world, model_config.hidden_size, std::nullopt};
+  if (run_dir.resume) {
+    const train::TrainerState saved = train::read_trainer_state(*run_dir.resume);
+    context.resumed = SavedBatch{saved.global_batch_size, saved.world_size};
   }
-  resolve_config(ds, args, ResolveContext{world, model_config.hidden_size, std::nullopt});
+  {
+    // Every rank resolves the same configs; rank 0 says what it decided.
+    std::optional<log::ThreadLogFloor> quiet;
+    if (rank != 0) quiet.emplace(LogLevel::kError);
+    resolve_config(ds, args, context);
+  }
   batch = GlobalBatch{args.per_device_train_batch_size, args.gradient_accumulation_steps, world};
   if (has_train) {
     steps_per_epoch =
@@ -422,7 +402,7 @@ void Trainer::Impl::start() {
   // HF's set_seed: the random stream dropout draws from starts at `seed` (a resumed run then
   // continues the saved stream instead).
   at::manual_seed(static_cast<uint64_t>(I.args.seed));
-  if (I.resume_dir) I.restore(*I.resume_dir);
+  if (I.run_dir.resume) I.restore(*I.run_dir.resume);
 }
 
 Trainer::~Trainer() = default;
@@ -436,15 +416,15 @@ void Trainer::set_callbacks(TrainerCallbacks callbacks) {
 }
 
 void Trainer::cancel() {
-  impl_->cancel_requested.store(true);
+  impl_->requests.cancel.store(true);
 }
 
 void Trainer::preempt(int signal) {
-  impl_->preempt_requested.store(signal > 0 ? signal : SIGTERM);
+  impl_->requests.preempt.store(signal > 0 ? signal : SIGTERM);
 }
 
 int Trainer::preempted_by() const {
-  return impl_->stop_signal;
+  return impl_->requests.stop_signal;
 }
 
 int Trainer::rank() const {

@@ -33,7 +33,11 @@
 
 namespace zt {
 
+// The state is grouped by who writes it. What set-up decides (trainer.cpp's start and the
+// argument check before it) is fixed afterwards: the other parts read it. The groups below
+// the set-up part each name their writer.
 struct Trainer::Impl {
+  // ---- decided at set-up, read-only afterwards ----
   TrainingArguments args;
   std::shared_ptr<Communicator> comm;
   TrainerCallbacks callbacks;
@@ -59,25 +63,48 @@ struct Trainer::Impl {
   int64_t log_every = 0, eval_every = 0,
           save_every = 0;  ///< logging/eval/save_steps, ratios resolved
   uint64_t data_seed = 0;
+
+  /// The run's progress (trainer_state.json): loop.cpp and host_batches.cpp advance it step by
+  /// step, checkpointing.cpp restores it on resume and records the best checkpoint.
   train::TrainerState state;
-  std::optional<std::string> resume_dir;
-  std::vector<std::string> superseded;  ///< checkpoints newer than resume_dir, removed at start
-  /// Rank 0's exclusive lock on output_dir for the whole run: a second run into the same folder
-  /// is refused at once (the kernel drops the lock with the process, kill -9 included).
-  std::optional<files::FileLock> output_lock;
-  bool created_output_dir = false;  ///< by lock_output_dir, for abandon_output_dir
+
+  /// The output folder as this run found and holds it (output_dir.cpp, at set-up; loop.cpp
+  /// removes `superseded` once training starts). `resume`: the checkpoint resumed from;
+  /// `superseded`: checkpoints newer than it, removed when the first step starts; `lock`: rank
+  /// 0's exclusive lock on output_dir for the whole run, so a second run into the same folder is
+  /// refused at once (the kernel drops it with the process, kill -9 included); `created`: this
+  /// run made output_dir (abandon_output_dir may then remove it).
+  struct RunDir {
+    std::optional<std::string> resume;
+    std::vector<std::string> superseded;
+    std::optional<files::FileLock> lock;
+    bool created = false;
+  } run_dir;
+
+  /// Requests from outside the loop: Trainer::cancel and Trainer::preempt (any thread, a
+  /// signal handler's thread included) set `cancel` / `preempt`; loop.cpp reads them between
+  /// steps (check_cancel), agrees on them across ranks and records the agreed signal in
+  /// `stop_signal` (Trainer::preempted_by).
+  struct Requests {
+    std::atomic<int> preempt{0};
+    std::atomic<bool> cancel{false};
+    int stop_signal = 0;  ///< SIGTERM / SIGUSR1 asked to save and stop (preempt)
+  } requests;
+
+  /// The last evaluation (loop.cpp writes; checkpointing.cpp compares it with the best metric
+  /// when it saves at that step).
+  struct LastEval {
+    std::optional<double> loss;
+    int64_t step = -1;
+  } last_eval;
+
   void lock_output_dir();
   /// After a failure before training starts: removes the lock file, and output_dir itself when
   /// this run created it (everything in it is then this run's). Never throws.
   void abandon_output_dir() noexcept;
   /// The constructor's work after the argument check: output_dir, model, data, engine, resume.
   void start();
-  int stop_signal = 0;  ///< SIGTERM / SIGUSR1 asked to save and stop (preempt)
-  std::atomic<int> preempt_requested{0};
-  std::optional<double> last_eval_loss;
   std::unique_ptr<train::TensorBoardWriter> tensorboard;  ///< rank 0, with report_to tensorboard
-  int64_t last_eval_step = -1;
-  std::atomic<bool> cancel_requested{false};
 
   void check_output_dir();
   void load_data();
@@ -139,9 +166,7 @@ struct Trainer::Impl {
   /// Rank 0, before a save: an IoError when the file system clearly lacks room for it.
   void check_disk_space(const std::string& what) const;
   void write_checkpoint(CheckpointWriter& writer, bool in_run);
-  LossSum forward_tokens(const at::Tensor& ids, const at::Tensor& labels) {
-    return model->loss(ids.to(comm->device()), labels, {}, 1024);
-  }
+  LossSum forward_tokens(const at::Tensor& ids, const at::Tensor& labels);
   /// The weights a user loads directly (adapter tensors or the whole model), gathered where the
   /// stage shards them; empty when none are written (ZeRO-3 without 16-bit gathering).
   /// Collective.
@@ -151,29 +176,13 @@ struct Trainer::Impl {
   void write_rng_state(const std::string& dir) const;
   /// training_args.json: the resolved arguments and DeepSpeed config, and zerotrain's version
   /// (HF's training_args.bin is a pickle; this is its safe equivalent). Rank 0.
-  void write_run_settings(const std::string& dir) const {
-    const std::string text = fmt::format(
-        R"({{"zerotrain_version": "{}", "training_arguments": {}, "deepspeed_config": {}}})",
-        ZT_VERSION_STRING, training_arguments_json(args), deepspeed_config_json(ds));
-    files::write_atomic(dir + "/training_args.json",
-                        json::dump(json::parse(text, "training_args.json"), true) + "\n");
-  }
+  void write_run_settings(const std::string& dir) const;
   void read_rng_state(const std::string& dir) const;
-  double epoch_progress() const {
-    return static_cast<double>(state.epoch_index) +
-           static_cast<double>(state.steps_in_epoch) /
-               static_cast<double>(std::max<int64_t>(1, steps_per_epoch));
-  }
-  // Collective on CUDA: the largest peak allocation of any rank since the last call, in GiB.
-  std::optional<double> window_peak_memory_gib() {
-    const at::Device device = comm->device();
-    if (!device.is_cuda()) return std::nullopt;
-    const int index = device.has_index() ? device.index() : 0;
-    const double peak = comm::reduce_scalars(
-        *comm, {static_cast<double>(device_stats::peak_allocated(index))}, ReduceOp::kMax)[0];
-    device_stats::reset_peak(index);
-    return peak / (1024.0 * 1024.0 * 1024.0);
-  }
+  /// Epochs done, fractional: the epoch index plus the steps taken in the current one.
+  double epoch_progress() const;
+  /// The largest peak allocation of any rank since the last call, in GiB (none off CUDA).
+  /// Collective on CUDA.
+  std::optional<double> window_peak_memory_gib();
 };
 
 }  // namespace zt

@@ -21,7 +21,7 @@ namespace zt {
 using zero::EngineImpl;
 
 void zero::EngineImpl::record(TraceEvent::Kind kind, int index) {
-  if (options.trace) trace.push_back(TraceEvent{kind, micro_steps, index});
+  if (options.trace) trace.push_back(TraceEvent{kind, steps.micro, index});
 }
 
 at::Tensor zero::EngineImpl::slice_of(int bucket, const at::Tensor& state) const {
@@ -33,7 +33,7 @@ namespace {
 
 // Back-propagates `loss` × `factor` (in fp32) through the gradient strategy.
 void run_backward(EngineImpl& I, const at::Tensor& loss, double factor) {
-  if (I.awaiting_step) {
+  if (I.steps.awaiting_step) {
     throw InvalidArgument("Engine::backward called twice without step() in between");
   }
   if (!loss.defined() || loss.numel() != 1 || !loss.requires_grad()) {
@@ -41,14 +41,15 @@ void run_backward(EngineImpl& I, const at::Tensor& loss, double factor) {
   }
   {
     at::NoGradGuard no_grad;
-    I.nonfinite_losses.add_(at::isfinite(loss.detach()).logical_not().to(at::kFloat).reshape({}));
+    I.steps.nonfinite_losses.add_(
+        at::isfinite(loss.detach()).logical_not().to(at::kFloat).reshape({}));
   }
   I.begin_backward();
   at::Tensor scaled = loss.to(at::kFloat).reshape({}) * factor;
   scaled.backward();
   I.finish_backward();
-  ++I.micro_steps;
-  I.awaiting_step = true;
+  ++I.steps.micro;
+  I.steps.awaiting_step = true;
 }
 
 }  // namespace
@@ -82,17 +83,17 @@ void Engine::backward_tokens(const at::Tensor& loss, int64_t count) {
   // A fixed estimate of the window's count keeps the accumulating gradients near a mean's
   // magnitude (what fp16 needs); step() rescales them to the real count. Every rank must scale
   // alike: the estimate is agreed once, from the largest first count.
-  if (I.token_estimate <= 0.0) {
+  if (I.tokens.estimate <= 0.0) {
     const double first = comm::reduce_scalars(*I.comm, {n}, ReduceOp::kMax)[0];
-    I.token_estimate = std::max(1.0, first) * I.S.world * I.S.accumulation;
+    I.tokens.estimate = std::max(1.0, first) * I.S.world * I.S.accumulation;
   }
-  run_backward(I, loss, I.scaler.scale() * static_cast<double>(I.S.world) / I.token_estimate);
-  I.window_tokens += n;
-  I.token_window = true;
+  run_backward(I, loss, I.scaler.scale() * static_cast<double>(I.S.world) / I.tokens.estimate);
+  I.tokens.count += n;
+  I.tokens.open = true;
 }
 
 bool Engine::at_boundary() const {
-  return impl_->awaiting_step && impl_->at_boundary();
+  return impl_->steps.awaiting_step && impl_->at_boundary();
 }
 
 namespace {
@@ -113,8 +114,8 @@ BoundaryStats boundary_stats(EngineImpl& I) {
           ? at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kFloat).pow(2).reshape({1})
           : at::zeros({1}, g.options().dtype(at::kFloat));
   if (I.layout.replicated && I.S.rank != 0) local_sq.zero_();
-  std::vector<at::Tensor> parts{local_sq, I.nonfinite_losses.reshape({1})};
-  if (I.token_window) parts.push_back(at::full({1}, I.window_tokens, local_sq.options()));
+  std::vector<at::Tensor> parts{local_sq, I.steps.nonfinite_losses.reshape({1})};
+  if (I.tokens.open) parts.push_back(at::full({1}, I.tokens.count, local_sq.options()));
   at::Tensor stats = at::cat(parts);
   I.comm->all_reduce(stats, ReduceOp::kSum)->wait();
   at::Tensor host = stats.to(at::kCPU).to(at::kDouble);
@@ -122,7 +123,7 @@ BoundaryStats boundary_stats(EngineImpl& I) {
   BoundaryStats s;
   s.scaled_norm = std::sqrt(host[0].item<double>());
   s.bad_losses = host[1].item<double>();
-  if (I.token_window) s.tokens = host[2].item<double>();
+  if (I.tokens.open) s.tokens = host[2].item<double>();
   return s;
 }
 
@@ -130,7 +131,7 @@ void throw_nonfinite(const EngineImpl& I, bool loss) {
   throw NumericError(fmt::format(
       "non-finite {} at optimizer step {} (micro-step {}, {}): training diverged or the data "
       "has a problem; lower the learning rate or check the inputs",
-      loss ? "loss" : "gradient norm", I.global_steps, I.micro_steps, c10::toString(I.S.compute)));
+      loss ? "loss" : "gradient norm", I.steps.global, I.steps.micro, c10::toString(I.S.compute)));
 }
 
 // The optimizer over every trainable bucket, then the compute copies refreshed.
@@ -154,8 +155,8 @@ bool Engine::step(double gradient_scale) {
     throw InvalidArgument(fmt::format(
         "Engine::step: gradient_scale must be positive and finite, got {}", gradient_scale));
   }
-  if (!I.awaiting_step) throw InvalidArgument("Engine::step called without backward()");
-  I.awaiting_step = false;
+  if (!I.steps.awaiting_step) throw InvalidArgument("Engine::step called without backward()");
+  I.steps.awaiting_step = false;
   if (!I.at_boundary()) return false;
   if (I.in_backward && gradient_scale != 1.0) {
     throw InvalidArgument(fmt::format(
@@ -163,7 +164,7 @@ bool Engine::step(double gradient_scale) {
         "(EngineOptions::update_in_backward): pass the normalizer to backward(loss, divisor)",
         gradient_scale));
   }
-  ++I.global_steps;
+  ++I.steps.global;
   at::NoGradGuard no_grad;
   if (I.in_backward) {
     I.in_backward->finish_step();
@@ -171,21 +172,21 @@ bool Engine::step(double gradient_scale) {
   }
   I.gradients->before_step();
   const BoundaryStats st = boundary_stats(I);
-  if (I.token_window) {
-    gradient_scale *= I.token_estimate / std::max(1.0, st.tokens);
-    I.window_tokens = 0.0;
-    I.token_window = false;
+  if (I.tokens.open) {
+    gradient_scale *= I.tokens.estimate / std::max(1.0, st.tokens);
+    I.tokens.count = 0.0;
+    I.tokens.open = false;
   }
   const double scale = I.scaler.scale();
   const bool overflow = !std::isfinite(st.scaled_norm);
-  I.nonfinite_losses.zero_();
+  I.steps.nonfinite_losses.zero_();
   if (!I.S.fp16 && (overflow || st.bad_losses > 0)) throw_nonfinite(I, st.bad_losses > 0);
   if (I.S.fp16) I.scaler.update(overflow);  // throws at the minimum scale
   if (overflow) {
-    I.last_skipped = true;
-    I.last_norm = std::numeric_limits<double>::infinity();
+    I.steps.last_skipped = true;
+    I.steps.last_norm = std::numeric_limits<double>::infinity();
     I.gradients->clear();
-    log::info("fp16 overflow at step {}: skipped, loss scale now {}", I.global_steps,
+    log::info("fp16 overflow at step {}: skipped, loss scale now {}", I.steps.global,
               I.scaler.scale());
     return true;
   }
@@ -196,17 +197,17 @@ bool Engine::step(double gradient_scale) {
   if (I.S.clip > 0.0 && (norm + 1e-6) / I.S.clip > 1.0) coef /= (norm + 1e-6) / I.S.clip;
   const UpdateHyper h = I.step_hyper(coef);
   apply_update(I, h);
-  ++I.applied_steps;
-  I.last_lr = h.lr;
-  I.last_norm = norm;
-  I.last_skipped = false;
+  ++I.steps.applied;
+  I.steps.last_lr = h.lr;
+  I.steps.last_norm = norm;
+  I.steps.last_skipped = false;
   I.gradients->clear();
   return true;
 }
 
 UpdateHyper zero::EngineImpl::step_hyper(double grad_scale) const {
   UpdateHyper h = S.hyper;
-  h.lr = learning_rate(applied_steps);
+  h.lr = learning_rate(steps.applied);
   h.grad_scale = grad_scale;
   return h;
 }
@@ -221,39 +222,39 @@ void zero::EngineImpl::publish(const zero::Bucket& b, const at::Tensor& mine) {
   } else {
     // All-gathers in flight are bounded by allgather_bucket_size elements.
     at::Tensor piece = mine.to(at::TensorOptions().dtype(S.compute).device(S.device));
-    if (gathering_elements > 0 && gathering_elements + b.numel > S.allgather_bucket_size) {
+    if (publishing.elements > 0 && publishing.elements + b.numel > S.allgather_bucket_size) {
       finish_publishing();
     }
-    param_gathers.push_back(comm->all_gather(s.flat_param, piece));
-    param_gather_inputs.push_back(piece);
-    gathering_elements += b.numel;
+    publishing.gathers.push_back(comm->all_gather(s.flat_param, piece));
+    publishing.inputs.push_back(piece);
+    publishing.elements += b.numel;
   }
 }
 
 void zero::EngineImpl::finish_publishing() {
-  for (WorkHandle& g : param_gathers) g->wait();
-  param_gathers.clear();
-  param_gather_inputs.clear();
-  gathering_elements = 0;
+  for (WorkHandle& g : publishing.gathers) g->wait();
+  publishing.gathers.clear();
+  publishing.inputs.clear();
+  publishing.elements = 0;
 }
 
 double Engine::learning_rate() const {
-  return impl_->last_lr;
+  return impl_->steps.last_lr;
 }
 double Engine::loss_scale() const {
   return impl_->scaler.scale();
 }
 double Engine::last_grad_norm() const {
-  return impl_->last_norm;
+  return impl_->steps.last_norm;
 }
 bool Engine::last_step_skipped() const {
-  return impl_->last_skipped;
+  return impl_->steps.last_skipped;
 }
 int64_t Engine::global_step() const {
-  return impl_->global_steps;
+  return impl_->steps.global;
 }
 int64_t Engine::micro_step() const {
-  return impl_->micro_steps;
+  return impl_->steps.micro;
 }
 int Engine::gradient_accumulation_steps() const {
   return impl_->S.accumulation;
@@ -345,9 +346,9 @@ std::vector<std::pair<StatePiece, std::vector<at::Tensor>>> Engine::state_pieces
 EngineState Engine::state() const {
   const EngineImpl& I = *impl_;
   EngineState s;
-  s.global_steps = I.global_steps;
-  s.applied_steps = I.applied_steps;
-  s.micro_steps = I.micro_steps;
+  s.global_steps = I.steps.global;
+  s.applied_steps = I.steps.applied;
+  s.micro_steps = I.steps.micro;
   s.optimizer_steps = I.optimizer->steps();
   const LossScaler::State& ls = I.scaler.state();
   s.loss_scale = ls.cur_scale;
@@ -359,7 +360,8 @@ EngineState Engine::state() const {
 
 void Engine::load_state(const StateReader& read, const EngineState& state) {
   EngineImpl& I = *impl_;
-  if (I.awaiting_step) throw InvalidArgument("Engine::load_state between backward() and step()");
+  if (I.steps.awaiting_step)
+    throw InvalidArgument("Engine::load_state between backward() and step()");
   at::NoGradGuard no_grad;
   const std::vector<std::string> kinds = state_kinds();
   const std::vector<at::Tensor> tensors = state_tensors(I);
@@ -392,10 +394,10 @@ void Engine::load_state(const StateReader& read, const EngineState& state) {
   I.scaler.set_state(ls);
   // Saved at a boundary; with another accumulation count (another world size, same global
   // batch) the micro-step count restarts from the boundary in this run's terms.
-  I.global_steps = state.global_steps;
-  I.applied_steps = state.applied_steps;
-  I.micro_steps = state.global_steps * I.S.accumulation;
-  I.last_lr = I.learning_rate(I.applied_steps);
+  I.steps.global = state.global_steps;
+  I.steps.applied = state.applied_steps;
+  I.steps.micro = state.global_steps * I.S.accumulation;
+  I.steps.last_lr = I.learning_rate(I.steps.applied);
   for (const zero::Bucket& b : I.layout.buckets) {
     if (b.trainable) I.publish(b, I.slice_of(b.index, I.master));
   }
@@ -415,8 +417,8 @@ EngineMemory Engine::memory() const {
   m.optimizer_state = I.optimizer->state_bytes(/*with_master=*/!I.S.master_aliases_params);
   if (I.offload) m.device_optimizer_state = I.offload->device_state_bytes();
   m.optimizer_state += m.device_optimizer_state;
-  m.gathered_now = I.gathered_now;
-  m.gathered_peak = I.gathered_peak;
+  m.gathered_now = I.residency.gathered_now;
+  m.gathered_peak = I.residency.gathered_peak;
   auto count_host = [&](const at::Tensor& t) {
     if (!I.S.device.is_cuda() || !t.defined() || !t.is_cpu()) return;
     (t.is_pinned() ? m.host_pinned : m.host_pageable) += static_cast<int64_t>(t.nbytes());

@@ -123,6 +123,61 @@ class InBackwardUpdate;
 class OffloadedOptimizer;
 class CopyStream;
 
+// The engine's changing state, in groups, each written by one part (named with it) and read by
+// the others. A reader that changed one would break the writer's invariants stated here.
+
+/// Step counters and what the last step did. Written by engine.cpp (backward, step) and by
+/// update_in_backward.cpp (the step it takes inside backward). Invariants: applied ≤ global;
+/// `global` counts boundaries passed, so micro == global × accumulation at a boundary and
+/// between boundaries global == micro / accumulation rounded down; awaiting_step holds from
+/// a backward() until the step() that must follow it.
+struct StepCounters {
+  int64_t micro = 0, global = 0, applied = 0;
+  double last_norm = 0.0, last_lr = 0.0;
+  bool last_skipped = false;
+  bool awaiting_step = false;
+  at::Tensor nonfinite_losses;  ///< count of non-finite losses since the last boundary (device)
+};
+
+/// backward_tokens' window (engine.cpp alone): the window's fixed divisor, set by its first
+/// call and kept for the run, and the counts fed so far. `open`: the window now accumulating
+/// was fed through backward_tokens; step() corrects the gradients by estimate / counted tokens
+/// and closes it.
+struct TokenWindow {
+  double estimate = 0.0, count = 0.0;
+  bool open = false;
+};
+
+/// The bucket scheduler (gradients.cpp alone). Buckets launch strictly in index order:
+/// next_launch is the first bucket not launched in this backward; `pending` holds the launched,
+/// not yet completed reductions in launch order, never more than the strategy's
+/// max_in_flight(); both are empty/at the end after finish_backward. `reducing`: this backward
+/// reduces (GradientStrategy::reduces of its micro-step).
+struct LaunchQueue {
+  bool reducing = false;
+  int next_launch = 0;
+  std::deque<Pending> pending;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  ///< hooks live with them
+};
+
+/// Stage 3's gathered parameters (units.cpp alone; memory() reads it). gathered_now is the sum
+/// of the elements of the units gathered or gathering; before a unit gathers, prefetched units
+/// are released until it fits S.max_live_elements (or none is left to release). depth is 1
+/// while a unit's function runs: units cannot nest.
+struct UnitResidency {
+  int64_t gathered_now = 0, gathered_peak = 0;
+  int depth = 0;
+};
+
+/// The all-gathers of updated parameters after a step (engine.cpp's publish and
+/// finish_publishing): grouped up to S.allgather_bucket_size elements; `inputs` kept alive until
+/// they are waited on, which happens before the next forward reads the parameters.
+struct Publishing {
+  std::vector<WorkHandle> gathers;
+  std::vector<at::Tensor> inputs;
+  int64_t elements = 0;
+};
+
 /// Engine's state and internals (the engine's UnitRunner: units.cpp runs the gate's units).
 struct EngineImpl final : UnitRunner {
   EngineImpl();
@@ -150,20 +205,11 @@ struct EngineImpl final : UnitRunner {
   InBackwardUpdate* in_backward = nullptr;  ///< `gradients`, when it updates inside backward
   std::unique_ptr<OffloadedOptimizer> offload;
 
-  // ---- step bookkeeping ----
-  int64_t micro_steps = 0, global_steps = 0, applied_steps = 0;
-  double last_norm = 0.0, last_lr = 0.0;
-  bool last_skipped = false;
-  bool awaiting_step = false;   ///< backward() ran; step() must follow
-  bool reducing = false;        ///< gradients are reduced during the current backward
-  int next_launch = 0;          ///< buckets launch strictly in index order
-  at::Tensor nonfinite_losses;  ///< count of non-finite losses since the last boundary
-  /// backward_tokens: the fixed divisor of the window's losses, and the window's counts so far.
-  double token_estimate = 0.0, window_tokens = 0.0;
-  bool token_window = false;  ///< the open window was fed through backward_tokens
-  std::deque<Pending> pending;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  ///< hooks live with them
-  std::vector<TraceEvent> trace;
+  // ---- step bookkeeping (the groups above say who writes them) ----
+  StepCounters steps;
+  TokenWindow tokens;
+  LaunchQueue queue;
+  std::vector<TraceEvent> trace;  ///< engine.cpp's record(), when options.trace
 
   // ---- sharding units ----
   enum class UnitStatus { kReleased, kGathering, kGathered };
@@ -178,15 +224,12 @@ struct EngineImpl final : UnitRunner {
   /// One rank with offloaded parameters: shards come up on this side stream while the GPU
   /// computes (the next unit's during this one's); null elsewhere.
   std::unique_ptr<CopyStream> param_uploads;
-  int64_t gathered_now = 0, gathered_peak = 0;
+  UnitResidency residency;
   at::Tensor dummy;  ///< requires grad, so every unit call has a backward
   std::shared_ptr<KeepBudget> keep_budget = std::make_shared<KeepBudget>();
-  int unit_depth = 0;
 
   // ---- parameter all-gathers after a step ----
-  std::vector<WorkHandle> param_gathers;
-  std::vector<at::Tensor> param_gather_inputs;
-  int64_t gathering_elements = 0;
+  Publishing publishing;
 
   // setup.cpp: the constructor's phases, in order
   void collect_parameters(const DeepSpeedConfig& ds);
@@ -203,7 +246,7 @@ struct EngineImpl final : UnitRunner {
   /// when others hold the rest).
   void publish(const Bucket& b, const at::Tensor& mine);
   void finish_publishing();
-  bool at_boundary() const { return micro_steps % S.accumulation == 0; }
+  bool at_boundary() const { return steps.micro % S.accumulation == 0; }
   at::Tensor slice_of(int bucket, const at::Tensor& state) const;
 
   // gradients.cpp: the bucket scheduler

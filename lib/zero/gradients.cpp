@@ -111,21 +111,21 @@ void EngineImpl::install_hooks() {
       // The accumulator must be kept alive, or it is recreated and the hook is lost.
       std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(param);
       acc->add_post_hook(std::make_unique<ReadyHook>(this, p));
-      accumulators.push_back(std::move(acc));
+      queue.accumulators.push_back(std::move(acc));
       buckets[static_cast<size_t>(b.index)].expected += 1;
     }
   }
 }
 
 void EngineImpl::begin_backward() {
-  reducing = gradients->reduces(micro_steps);
+  queue.reducing = gradients->reduces(steps.micro);
   gradients->begin_backward();
   for (BucketState& s : buckets) {
     s.ready = 0;
     s.launched = false;
   }
   for (ParamSlot& slot : slots) slot.fired = false;
-  next_launch = 0;
+  queue.next_launch = 0;
   record(TraceEvent::Kind::kBackwardBegin, -1);
 }
 
@@ -134,34 +134,34 @@ void EngineImpl::on_gradient(int param_index) {
   const bool again = slot.fired;  // a tied weight's next share
   gradients->take(param_index, again);
   slot.fired = true;
-  if (!reducing || again) return;
+  if (!queue.reducing || again) return;
   buckets[static_cast<size_t>(slot.bucket)].ready += 1;
   if (S.overlap) try_launch();
 }
 
 void EngineImpl::try_launch() {
-  while (next_launch < static_cast<int>(buckets.size())) {
-    const Bucket& b = layout.buckets[static_cast<size_t>(next_launch)];
+  while (queue.next_launch < static_cast<int>(buckets.size())) {
+    const Bucket& b = layout.buckets[static_cast<size_t>(queue.next_launch)];
     if (!b.trainable || b.sharded_params) {  // resident trainable buckets come first
-      next_launch = static_cast<int>(buckets.size());
+      queue.next_launch = static_cast<int>(buckets.size());
       return;
     }
-    const BucketState& s = buckets[static_cast<size_t>(next_launch)];
+    const BucketState& s = buckets[static_cast<size_t>(queue.next_launch)];
     if (s.ready < s.expected || b.late) return;  // late: more shares may still come
-    launch(next_launch++);
+    launch(queue.next_launch++);
   }
 }
 
 void EngineImpl::launch(int bucket) {
   buckets[static_cast<size_t>(bucket)].launched = true;
   record(TraceEvent::Kind::kBucketLaunch, bucket);
-  pending.push_back(gradients->launch(bucket));
-  if (pending.size() > gradients->max_in_flight()) complete_oldest();
+  queue.pending.push_back(gradients->launch(bucket));
+  if (queue.pending.size() > gradients->max_in_flight()) complete_oldest();
 }
 
 void EngineImpl::complete_oldest() {
-  Pending p = std::move(pending.front());
-  pending.pop_front();
+  Pending p = std::move(queue.pending.front());
+  queue.pending.pop_front();
   p.work->wait();
   gradients->complete(p);
 }
@@ -173,17 +173,17 @@ void EngineImpl::reduce_unit_gradients(int bucket) {
 
 void EngineImpl::finish_backward() {
   record(TraceEvent::Kind::kBackwardEnd, -1);
-  if (reducing) {
+  if (queue.reducing) {
     // Buckets not launched yet (no overlap, or parameters that got no gradient) go now, in
     // order, so every rank issues the same collectives.
-    for (size_t i = static_cast<size_t>(next_launch); i < buckets.size(); ++i) {
+    for (size_t i = static_cast<size_t>(queue.next_launch); i < buckets.size(); ++i) {
       const Bucket& b = layout.buckets[i];
       if (!b.trainable || b.sharded_params) break;
       launch(static_cast<int>(i));
     }
-    next_launch = static_cast<int>(buckets.size());
+    queue.next_launch = static_cast<int>(buckets.size());
   }
-  while (!pending.empty()) complete_oldest();
+  while (!queue.pending.empty()) complete_oldest();
 }
 
 }  // namespace zt::zero

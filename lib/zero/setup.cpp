@@ -352,10 +352,10 @@ void EngineImpl::create_parts() {
                           device_stats::usable_memory(device)};
     };
   }
-  nonfinite_losses = at::zeros({}, dev32);
+  steps.nonfinite_losses = at::zeros({}, dev32);
   install_hooks();
   if (options.gate != nullptr) options.gate->attach(this);
-  last_lr = learning_rate(0);
+  steps.last_lr = learning_rate(0);
 }
 
 }  // namespace zero

@@ -82,7 +82,7 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
     if (sharded) I.gather(call->unit, /*forward_order=*/true);
     torch::autograd::variable_list outputs;
     {
-      DepthGuard depth(I.unit_depth);
+      DepthGuard depth(I.residency.depth);
       KeepingGuard keeping(call.get());
       outputs = call->fn(inputs.vec());
     }
@@ -135,7 +135,7 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
     torch::autograd::variable_list outputs;
     {
       at::AutoGradMode enable(true);
-      DepthGuard depth(I.unit_depth);
+      DepthGuard depth(I.residency.depth);
       RecomputeGuard recompute;
       KeepingGuard keeping(call.get());
       call->next_kept = 0;
@@ -190,7 +190,7 @@ bool keep_for_recompute_if_room(at::TensorList ts) {
   for (const at::Tensor& t : ts) bytes += static_cast<int64_t>(t.nbytes());
   const int64_t rows = ts[0].dim() > 0 && ts[0].size(-1) > 0 ? ts[0].numel() / ts[0].size(-1) : 1;
   zero::KeepBudget& budget = *call.budget;
-  if (budget.used.load() + bytes > budget.limit(rows, call.impl->global_steps)) return false;
+  if (budget.used.load() + bytes > budget.limit(rows, call.impl->steps.global)) return false;
   budget.used += bytes;
   call.kept_in_budget += bytes;
   for (const at::Tensor& t : ts) call.kept.push_back(t);
@@ -212,7 +212,7 @@ std::vector<at::Tensor> zero::EngineImpl::run_unit(size_t unit,
                     "EngineOptions::units)",
                     unit, options.units.size()));
   }
-  if (unit_depth > 0) {
+  if (residency.depth > 0) {
     throw InvalidArgument(
         fmt::format("UnitGate: unit '{}' runs inside another unit; units cannot "
                     "nest",
@@ -225,7 +225,7 @@ std::vector<at::Tensor> zero::EngineImpl::run_unit(size_t unit,
     if (sharded) gather(unit, true);
     std::vector<at::Tensor> out;
     {
-      DepthGuard depth(unit_depth);
+      DepthGuard depth(residency.depth);
       out = fn(inputs);
     }
     if (sharded) release(unit);
@@ -267,8 +267,8 @@ void zero::EngineImpl::start_gather(size_t u) {
     }
     st.elements += bucket.numel;
   }
-  gathered_now += st.elements;
-  gathered_peak = std::max(gathered_peak, gathered_now);
+  residency.gathered_now += st.elements;
+  residency.gathered_peak = std::max(residency.gathered_peak, residency.gathered_now);
   st.status = UnitStatus::kGathering;
 }
 
@@ -289,8 +289,8 @@ void zero::EngineImpl::gather(size_t u, bool forward_order) {
     // Make room within stage3_max_live_parameters by dropping prefetched units first.
     int64_t need = 0;
     for (int b : layout.unit_buckets[u]) need += layout.buckets[static_cast<size_t>(b)].numel;
-    for (size_t other = 0; other < units.size() && gathered_now + need > S.max_live_elements;
-         ++other) {
+    for (size_t other = 0;
+         other < units.size() && residency.gathered_now + need > S.max_live_elements; ++other) {
       if (other != u && units[other].status != UnitStatus::kReleased) {
         if (units[other].status == UnitStatus::kGathering) finish_gather(other);
         release(other);
@@ -315,7 +315,8 @@ void zero::EngineImpl::prefetch_after(size_t u, bool forward_order) {
     for (int b : layout.unit_buckets[static_cast<size_t>(next)]) {
       size += layout.buckets[static_cast<size_t>(b)].numel;
     }
-    if (gathered_now + (st.status == UnitStatus::kReleased ? size : 0) > S.max_live_elements)
+    if (residency.gathered_now + (st.status == UnitStatus::kReleased ? size : 0) >
+        S.max_live_elements)
       return;
     if (step > 1 && ahead + size > S.prefetch_elements) return;
     if (st.status == UnitStatus::kReleased && size > 0) start_gather(static_cast<size_t>(next));
@@ -329,7 +330,7 @@ void zero::EngineImpl::release(size_t u) {
   if (st.status == UnitStatus::kGathering) finish_gather(u);
   bind_unit_params(u, false);
   for (int b : layout.unit_buckets[u]) buckets[static_cast<size_t>(b)].flat_param = at::Tensor();
-  gathered_now -= st.elements;
+  residency.gathered_now -= st.elements;
   st.elements = 0;
   st.status = UnitStatus::kReleased;
   record(TraceEvent::Kind::kUnitRelease, static_cast<int>(u));

@@ -97,23 +97,23 @@ void InBackwardUpdate::finish_step() {
     e_.optimizer->update(zeros, hyper_, slot.state_run, slot.state_run.front().offset, {},
                          compute_copy(static_cast<int>(i)));
   }
-  at::Tensor host = at::stack({grad_sq_.sum(), e_.nonfinite_losses.reshape({})}).to(at::kCPU);
+  at::Tensor host = at::stack({grad_sq_.sum(), e_.steps.nonfinite_losses.reshape({})}).to(at::kCPU);
   e_.comm->raise_if_failed();  // after an abort these values are garbage: say why instead
   const double norm = std::sqrt(host[0].item<double>());
   const double bad_losses = host[1].item<double>();
-  e_.nonfinite_losses.zero_();
+  e_.steps.nonfinite_losses.zero_();
   if (!std::isfinite(norm) || bad_losses > 0) {
     throw NumericError(fmt::format(
         "non-finite {} at optimizer step {} (micro-step {}, {}; its update was already applied "
         "during backward): training diverged or the data has a problem; lower the learning "
         "rate or check the inputs",
-        bad_losses > 0 ? "loss" : "gradient norm", e_.global_steps, e_.micro_steps,
+        bad_losses > 0 ? "loss" : "gradient norm", e_.steps.global, e_.steps.micro,
         c10::toString(e_.S.compute)));
   }
-  ++e_.applied_steps;
-  e_.last_lr = hyper_.lr;
-  e_.last_norm = norm;
-  e_.last_skipped = false;
+  ++e_.steps.applied;
+  e_.steps.last_lr = hyper_.lr;
+  e_.steps.last_norm = norm;
+  e_.steps.last_skipped = false;
 }
 
 std::unique_ptr<GradientStrategy> make_in_backward_update(EngineImpl& e) {

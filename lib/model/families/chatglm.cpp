@@ -18,7 +18,6 @@ namespace {
 // half of each head in adjacent pairs. The switches its code offers but these models never set
 // are refused rather than computed differently.
 void read(json::ObjectReader& r, ModelConfig& c) {
-  c.chatglm_layout = true;
   c.fused_gate_up = true;
   c.rope_interleaved = true;
   c.partial_rotary_factor = 0.5;
@@ -137,14 +136,17 @@ constexpr PrefixTuning kPrefix{/*model_own=*/true, /*embed_at_output_width=*/tru
 
 }  // namespace
 
-extern const Family kChatGlm{"chatglm", read, write, /*remote_code=*/true, kNames, kPrefix};
+// zerotrain merge --as glm: transformers' own statement of the same model.
+constexpr Conversion kToGlm{"glm", chatglm_as_glm, glm_names_of_chatglm};
+
+extern const Family kChatGlm{"chatglm", read,    write,  /*remote_code=*/true,
+                             kNames,    kPrefix, &kToGlm};
 
 }  // namespace model
 
 ModelConfig chatglm_as_glm(const ModelConfig& chatglm) {
   ModelConfig g = chatglm;
   g.model_type = "glm";
-  g.chatglm_layout = false;
   g.source_json.clear();
   return g;
 }

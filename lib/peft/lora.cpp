@@ -1,11 +1,18 @@
-// A projection with a LoRA adapter as one autograd function (model::lora_linear).
-#include "model/layers.hpp"
+// LoRA on one Linear: the adapter, its initialization, its merge, and the projection with the
+// adapter as one autograd function (peft::lora_linear).
+#include "peft/lora.hpp"
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cmath>
+#include <functional>
 #include <vector>
 
-namespace zt::model {
+#include <fmt/format.h>
+
+#include "zerotrain/error.hpp"
+
+namespace zt::peft {
 namespace {
 
 // lora_linear's autograd: saves x (as rows), the weights and the [tokens, r] activations
@@ -73,4 +80,52 @@ at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& weight, const at::
                                    output_unread, kept.defined() ? kept : none);
 }
 
-}  // namespace zt::model
+at::Tensor lora_delta(const at::Tensor& lora_A, const at::Tensor& lora_B, double scaling) {
+  return at::matmul(lora_B.to(at::kFloat), lora_A.to(at::kFloat)) * scaling;
+}
+
+namespace {
+
+// A generator per name, so values do not depend on creation order and agree on every rank.
+at::Generator generator_for(uint64_t seed, const std::string& name) {
+  return at::detail::createCPUGenerator(seed ^
+                                        (std::hash<std::string>{}(name)*0x9E3779B97F4A7C15ULL));
+}
+
+}  // namespace
+
+LoraAdapter::LoraAdapter(const std::string& path, model::Linear& host, const LoraOptions& o,
+                         uint64_t seed)
+    : scaling_(o.scaling()), dropout_(o.dropout) {
+  const model::ParamFactory factory{host.weight.options(), true};
+  a_ = host.register_module("lora_A",
+                            std::make_shared<model::Linear>(host.in_features, o.r, false, factory));
+  b_ = host.register_module(
+      "lora_B", std::make_shared<model::Linear>(o.r, host.out_features, false, factory));
+  at::NoGradGuard no_grad;
+  const double bound = 1.0 / std::sqrt(static_cast<double>(host.in_features));
+  a_->weight.copy_(
+      at::empty({o.r, host.in_features}).uniform_(-bound, bound, generator_for(seed, path)));
+  b_->weight.zero_();
+}
+
+at::Tensor LoraAdapter::forward(const model::Linear& base, const at::Tensor& x, bool output_unread,
+                                const at::Tensor& kept) const {
+  if (!reuses_kept(base.is_training())) {
+    // Dropout in training: autograd of PEFT's expression; the output is computed.
+    at::Tensor y = at::linear(x, base.weight, base.bias);
+    at::Tensor a = at::linear(at::dropout(x, dropout_, true), a_->weight);
+    if (scaling_ != 1.0) a = a * scaling_;
+    return at::addmm(y.reshape({-1, base.out_features}), a.reshape({-1, a.size(-1)}),
+                     b_->weight.t())
+        .view(y.sizes());
+  }
+  return lora_linear(x, base.weight, base.bias, a_->weight, b_->weight, scaling_, output_unread,
+                     kept);
+}
+
+at::Tensor LoraAdapter::delta_weight() const {
+  return lora_delta(a_->weight, b_->weight, scaling_);
+}
+
+}  // namespace zt::peft
