@@ -11,6 +11,7 @@
 
 #include "model/layers.hpp"
 #include "peft/linear_adapters.hpp"
+#include "peft/lora_config.hpp"
 #include "peft/lora_targets.hpp"
 #include "peft/prompt_encoders.hpp"
 #include "util/files.hpp"
@@ -26,7 +27,7 @@ constexpr const char* kPrefix = "base_model.model.";
 /// ChatGLM's P-Tuning v2 prefix encoder, beside PEFT's files (docs/peft.md).
 constexpr const char* kChatGlmPrefixFile = "prefix_encoder.safetensors";
 
-using Writer = rapidjson::PrettyWriter<rapidjson::StringBuffer>;
+using Writer = peft::JsonWriter;
 
 void key_string(Writer& w, const char* k, const std::string& v) {
   w.Key(k);
@@ -35,17 +36,6 @@ void key_string(Writer& w, const char* k, const std::string& v) {
   } else {
     w.String(v.c_str());
   }
-}
-
-void key_list(Writer& w, const char* k, const std::vector<std::string>& v, bool null_when_empty) {
-  w.Key(k);
-  if (v.empty() && null_when_empty) {
-    w.Null();
-    return;
-  }
-  w.StartArray();
-  for (const std::string& s : v) w.String(s.c_str());
-  w.EndArray();
 }
 
 // PEFT's names for a module's own parameters once LoRA wraps it: "X.bias" becomes
@@ -66,78 +56,6 @@ std::string model_name(const std::string& key) {
   return name;
 }
 
-// PEFT's condensing of a long target list (at 20 names or more): the shortest dotted suffix of
-// each target that ends no other module's name, so the list still picks exactly these modules.
-constexpr size_t kCondenseFrom = 20;
-
-std::vector<std::string> suffixes_of(
-    const std::string& path) {  // shortest first, as PEFT orders them
-  std::vector<std::string> out{path.substr(path.rfind('.') + 1)};
-  for (size_t dot = path.rfind('.'); dot != std::string::npos && dot > 0;) {
-    const size_t prev = path.rfind('.', dot - 1);
-    out.push_back(path.substr(prev + 1));
-    dot = prev;
-  }
-  return out;
-}
-
-std::set<std::string> condensed(const std::set<std::string>& targets,
-                                const std::vector<std::string>& others) {
-  std::set<std::string> taken;  // suffixes some other module's name ends with
-  for (const std::string& o : others) {
-    for (std::string& s : suffixes_of(o)) taken.insert(std::move(s));
-  }
-  std::vector<std::pair<std::vector<std::string>, std::string>> order;
-  for (const std::string& t : targets) order.emplace_back(suffixes_of(t), t);
-  std::sort(order.begin(), order.end());
-  std::set<std::string> out;
-  for (const auto& [suffixes, target] : order) {
-    for (const std::string& s : suffixes) {
-      if (out.count(s) || taken.count(s)) continue;
-      const bool covered = std::any_of(out.begin(), out.end(), [&t = target](const std::string& r) {
-        return t != r && peft::ends_with_component(t, r);
-      });
-      if (!covered) {
-        out.insert(s);
-        break;
-      }
-    }
-  }
-  return out.empty() ? targets : out;
-}
-
-// target_modules as PEFT saves them: all-linear written out as the module paths it picked (PEFT
-// expands the shorthand before saving, and reads "all-linear" only as a plain string, never
-// inside a list), and a list of 20 or more condensed to suffixes as PEFT condenses it.
-std::vector<std::string> saved_target_modules(CausalLM& model, const LoraOptions& o) {
-  std::set<std::string> names;
-  for (const std::string& t : o.target_modules) {
-    if (t != "all-linear") names.insert(t);
-  }
-  if (std::find(o.target_modules.begin(), o.target_modules.end(), "all-linear") !=
-      o.target_modules.end()) {
-    for (const std::string& path : peft::lora_targets(model, o)) names.insert(path);
-  }
-  if (names.size() >= kCondenseFrom) {
-    auto targeted = [&](const std::string& m) {
-      return std::any_of(names.begin(), names.end(),
-                         [&](const std::string& t) { return peft::ends_with_component(m, t); });
-    };
-    std::vector<std::string> others{
-        ""};  // the base model's other modules (LoRA's own A/B left out)
-    for (const auto& item : model.named_modules("", /*include_self=*/false)) {
-      const std::string& m = item.key();
-      if (m.find(".lora_A") == std::string::npos && m.find(".lora_B") == std::string::npos &&
-          !targeted(m)) {
-        others.push_back(m);
-      }
-    }
-    std::set<std::string> shorter = condensed(names, others);
-    if (shorter.size() < names.size()) names = std::move(shorter);
-  }
-  return {names.begin(), names.end()};
-}
-
 std::string adapter_config_json(CausalLM& model, const PeftConfig& c) {
   const ModelConfig& m = model.config();
   rapidjson::StringBuffer buffer;
@@ -152,43 +70,7 @@ std::string adapter_config_json(CausalLM& model, const PeftConfig& c) {
   w.Key("revision");
   w.Null();
   if (c.type == FinetuningType::kLora) {
-    w.Key("peft_type");
-    w.String("LORA");
-    w.Key("r");
-    w.Int64(c.lora.r);
-    w.Key("lora_alpha");
-    w.Double(c.lora.alpha);
-    w.Key("lora_dropout");
-    w.Double(c.lora.dropout);
-    w.Key("target_modules");
-    if (!c.lora.target_regex.empty()) {
-      w.String(c.lora.target_regex.c_str());
-    } else {
-      w.StartArray();
-      for (const std::string& t : saved_target_modules(model, c.lora)) w.String(t.c_str());
-      w.EndArray();
-    }
-    w.Key("bias");
-    w.String(c.lora.bias.c_str());
-    key_list(w, "modules_to_save", c.lora.modules_to_save, true);
-    w.Key("use_rslora");
-    w.Bool(c.lora.use_rslora);
-    w.Key("use_dora");
-    w.Bool(false);
-    w.Key("fan_in_fan_out");
-    w.Bool(false);
-    w.Key("init_lora_weights");
-    w.Bool(true);
-    w.Key("layers_to_transform");
-    w.Null();
-    w.Key("layers_pattern");
-    w.Null();
-    w.Key("rank_pattern");
-    w.StartObject();
-    w.EndObject();
-    w.Key("alpha_pattern");
-    w.StartObject();
-    w.EndObject();
+    peft::write_lora_config(w, model, c.lora);
   } else {
     const bool prefix = c.type == FinetuningType::kPrefix;
     w.Key("peft_type");
@@ -312,53 +194,7 @@ PeftConfig load_adapter_config(const std::string& dir) {
   }
   if (auto b = r.string("base_model_name_or_path")) c.base_model_name_or_path = *b;
   if (c.type == FinetuningType::kLora) {
-    if (auto v = r.integer("r", 1)) c.lora.r = *v;
-    if (auto v = r.number("lora_alpha", 0.0)) c.lora.alpha = *v;
-    if (auto v = r.number("lora_dropout", 0.0, 1.0)) c.lora.dropout = *v;
-    const rapidjson::Value* t = r.find("target_modules");
-    if (t != nullptr && t->IsString()) {
-      c.lora.target_regex = json::text(*t);
-      c.lora.target_modules.clear();
-      if (c.lora.target_regex == "all-linear") {
-        c.lora.target_regex.clear();
-        c.lora.target_modules = {"all-linear"};
-      }
-    } else if (t != nullptr && t->IsArray()) {
-      c.lora.target_modules.clear();
-      for (const auto& x : t->GetArray()) {
-        if (!x.IsString()) r.fail("target_modules", "a list of module names or a regex");
-        c.lora.target_modules.emplace_back(json::text(x));
-      }
-    }
-    if (auto v = r.choice("bias", {"none", "all", "lora_only"})) c.lora.bias = *v;
-    if (const rapidjson::Value* m = r.find("modules_to_save"); m != nullptr && !m->IsNull()) {
-      if (!m->IsArray()) r.fail("modules_to_save", "a list of module names or null");
-      for (const auto& x : m->GetArray()) {
-        if (!x.IsString() || x.GetStringLength() == 0)
-          r.fail("modules_to_save", "a list of module names (non-empty strings) or null");
-        c.lora.modules_to_save.emplace_back(json::text(x));
-      }
-    }
-    if (auto v = r.boolean("use_rslora")) c.lora.use_rslora = *v;
-    // PEFT options that would change what the adapter computes and that zerotrain lacks.
-    for (const char* k : {"use_dora", "fan_in_fan_out", "use_qalora"}) {
-      if (auto v = r.boolean(k); v && *v) {
-        r.fail_value(k, "is not supported by zerotrain (plain LoRA only); remove it or set false");
-      }
-    }
-    for (const char* k : {"layers_to_transform", "layer_replication", "target_parameters",
-                          "exclude_modules", "trainable_token_indices"}) {
-      const rapidjson::Value* v = r.find(k);
-      if (v != nullptr && !(v->IsArray() && v->Empty())) {
-        r.fail_value(k, "is not supported by zerotrain; remove it");
-      }
-    }
-    for (const char* k : {"rank_pattern", "alpha_pattern"}) {
-      const rapidjson::Value* v = r.find(k);
-      if (v != nullptr && v->IsObject() && v->MemberCount() > 0) {
-        r.fail_value(k, "per-module ranks are not supported by zerotrain; remove it");
-      }
-    }
+    peft::read_lora_config(r, c.lora);
   } else {
     if (auto v = r.integer("num_virtual_tokens", 1)) c.prompt.num_virtual_tokens = *v;
     if (auto v = r.integer("encoder_hidden_size", 0)) c.prompt.encoder_hidden_size = *v;

@@ -1,0 +1,186 @@
+// LoRA's adapter_config.json (lora_config.hpp): the members PEFT 0.21 writes for a LoRA adapter
+// and reads back, and target_modules in the form PEFT saves.
+#include "peft/lora_config.hpp"
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "peft/lora_targets.hpp"
+
+namespace zt::peft {
+namespace {
+
+// PEFT's condensing of a long target list (at 20 names or more): the shortest dotted suffix of
+// each target that ends no other module's name, so the list still picks exactly these modules.
+constexpr size_t kCondenseFrom = 20;
+
+std::vector<std::string> suffixes_of(
+    const std::string& path) {  // shortest first, as PEFT orders them
+  std::vector<std::string> out{path.substr(path.rfind('.') + 1)};
+  for (size_t dot = path.rfind('.'); dot != std::string::npos && dot > 0;) {
+    const size_t prev = path.rfind('.', dot - 1);
+    out.push_back(path.substr(prev + 1));
+    dot = prev;
+  }
+  return out;
+}
+
+std::set<std::string> condensed(const std::set<std::string>& targets,
+                                const std::vector<std::string>& others) {
+  std::set<std::string> taken;  // suffixes some other module's name ends with
+  for (const std::string& o : others) {
+    for (std::string& s : suffixes_of(o)) taken.insert(std::move(s));
+  }
+  std::vector<std::pair<std::vector<std::string>, std::string>> order;
+  for (const std::string& t : targets) order.emplace_back(suffixes_of(t), t);
+  std::sort(order.begin(), order.end());
+  std::set<std::string> out;
+  for (const auto& [suffixes, target] : order) {
+    for (const std::string& s : suffixes) {
+      if (out.count(s) || taken.count(s)) continue;
+      const bool covered = std::any_of(out.begin(), out.end(), [&t = target](const std::string& r) {
+        return t != r && ends_with_component(t, r);
+      });
+      if (!covered) {
+        out.insert(s);
+        break;
+      }
+    }
+  }
+  return out.empty() ? targets : out;
+}
+
+// target_modules as PEFT saves them: all-linear written out as the module paths it picked (PEFT
+// expands the shorthand before saving, and reads "all-linear" only as a plain string, never
+// inside a list), and a list of 20 or more condensed to suffixes as PEFT condenses it.
+std::vector<std::string> saved_target_modules(CausalLM& model, const LoraOptions& o) {
+  std::set<std::string> names;
+  for (const std::string& t : o.target_modules) {
+    if (t != "all-linear") names.insert(t);
+  }
+  if (std::find(o.target_modules.begin(), o.target_modules.end(), "all-linear") !=
+      o.target_modules.end()) {
+    for (const std::string& path : peft::lora_targets(model, o)) names.insert(path);
+  }
+  if (names.size() >= kCondenseFrom) {
+    auto targeted = [&](const std::string& m) {
+      return std::any_of(names.begin(), names.end(),
+                         [&](const std::string& t) { return ends_with_component(m, t); });
+    };
+    std::vector<std::string> others{
+        ""};  // the base model's other modules (LoRA's own A/B left out)
+    for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+      const std::string& m = item.key();
+      if (m.find(".lora_A") == std::string::npos && m.find(".lora_B") == std::string::npos &&
+          !targeted(m)) {
+        others.push_back(m);
+      }
+    }
+    std::set<std::string> shorter = condensed(names, others);
+    if (shorter.size() < names.size()) names = std::move(shorter);
+  }
+  return {names.begin(), names.end()};
+}
+
+}  // namespace
+
+void write_lora_config(JsonWriter& w, CausalLM& model, const LoraOptions& o) {
+  w.Key("peft_type");
+  w.String("LORA");
+  w.Key("r");
+  w.Int64(o.r);
+  w.Key("lora_alpha");
+  w.Double(o.alpha);
+  w.Key("lora_dropout");
+  w.Double(o.dropout);
+  w.Key("target_modules");
+  if (!o.target_regex.empty()) {
+    w.String(o.target_regex.c_str());
+  } else {
+    w.StartArray();
+    for (const std::string& t : saved_target_modules(model, o)) w.String(t.c_str());
+    w.EndArray();
+  }
+  w.Key("bias");
+  w.String(o.bias.c_str());
+  w.Key("modules_to_save");
+  if (o.modules_to_save.empty()) {
+    w.Null();
+  } else {
+    w.StartArray();
+    for (const std::string& m : o.modules_to_save) w.String(m.c_str());
+    w.EndArray();
+  }
+  w.Key("use_rslora");
+  w.Bool(o.use_rslora);
+  w.Key("use_dora");
+  w.Bool(false);
+  w.Key("fan_in_fan_out");
+  w.Bool(false);
+  w.Key("init_lora_weights");
+  w.Bool(true);
+  w.Key("layers_to_transform");
+  w.Null();
+  w.Key("layers_pattern");
+  w.Null();
+  w.Key("rank_pattern");
+  w.StartObject();
+  w.EndObject();
+  w.Key("alpha_pattern");
+  w.StartObject();
+  w.EndObject();
+}
+
+void read_lora_config(json::ObjectReader& r, LoraOptions& o) {
+  if (auto v = r.integer("r", 1)) o.r = *v;
+  if (auto v = r.number("lora_alpha", 0.0)) o.alpha = *v;
+  if (auto v = r.number("lora_dropout", 0.0, 1.0)) o.dropout = *v;
+  const rapidjson::Value* t = r.find("target_modules");
+  if (t != nullptr && t->IsString()) {
+    o.target_regex = json::text(*t);
+    o.target_modules.clear();
+    if (o.target_regex == "all-linear") {
+      o.target_regex.clear();
+      o.target_modules = {"all-linear"};
+    }
+  } else if (t != nullptr && t->IsArray()) {
+    o.target_modules.clear();
+    for (const auto& x : t->GetArray()) {
+      if (!x.IsString()) r.fail("target_modules", "a list of module names or a regex");
+      o.target_modules.emplace_back(json::text(x));
+    }
+  }
+  if (auto v = r.choice("bias", {"none", "all", "lora_only"})) o.bias = *v;
+  if (const rapidjson::Value* m = r.find("modules_to_save"); m != nullptr && !m->IsNull()) {
+    if (!m->IsArray()) r.fail("modules_to_save", "a list of module names or null");
+    for (const auto& x : m->GetArray()) {
+      if (!x.IsString() || x.GetStringLength() == 0)
+        r.fail("modules_to_save", "a list of module names (non-empty strings) or null");
+      o.modules_to_save.emplace_back(json::text(x));
+    }
+  }
+  if (auto v = r.boolean("use_rslora")) o.use_rslora = *v;
+  // PEFT options that would change what the adapter computes and that zerotrain lacks.
+  for (const char* k : {"use_dora", "fan_in_fan_out", "use_qalora"}) {
+    if (auto v = r.boolean(k); v && *v) {
+      r.fail_value(k, "is not supported by zerotrain (plain LoRA only); remove it or set false");
+    }
+  }
+  for (const char* k : {"layers_to_transform", "layer_replication", "target_parameters",
+                        "exclude_modules", "trainable_token_indices"}) {
+    const rapidjson::Value* v = r.find(k);
+    if (v != nullptr && !(v->IsArray() && v->Empty())) {
+      r.fail_value(k, "is not supported by zerotrain; remove it");
+    }
+  }
+  for (const char* k : {"rank_pattern", "alpha_pattern"}) {
+    const rapidjson::Value* v = r.find(k);
+    if (v != nullptr && v->IsObject() && v->MemberCount() > 0) {
+      r.fail_value(k, "per-module ranks are not supported by zerotrain; remove it");
+    }
+  }
+}
+
+}  // namespace zt::peft
