@@ -451,6 +451,12 @@ TEST_CASE("a resumed run keeps its saved global batch through the accumulation, 
     CHECK(ds.train_batch_size.value() == 24);
     CHECK(log.contains("the saved global batch of 16 is not a multiple of micro batch 3"));
   }
+  // A saved batch no run writes (a host's own value) is refused, not divided by.
+  DeepSpeedConfig ds = parse_deepspeed_config(kAllAuto, "auto.json");
+  TrainingArguments a;
+  CHECK_THROWS_AS(
+      resolve_config(ds, a, ResolveContext{2, std::nullopt, std::nullopt, SavedBatch{0, 2}}),
+      InvalidArgument);
 }
 
 TEST_CASE("auto values resolve from the arguments, the world size and the model",

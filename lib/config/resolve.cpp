@@ -70,6 +70,11 @@ int64_t exact_quotient(const DeepSpeedConfig& ds, int64_t total, int64_t divisor
 // evenly (the given value yields: it was chosen for the saved world size).
 void keep_saved_global_batch(DeepSpeedConfig& ds, TrainingArguments& args, int world,
                              const SavedBatch& saved) {
+  if (saved.global_batch_size < 1 || saved.world_size < 1) {
+    throw InvalidArgument(fmt::format(
+        "ResolveContext::resumed: a saved global batch of {} at {} ranks; both must be at least 1",
+        saved.global_batch_size, saved.world_size));
+  }
   const int64_t micro = ds.train_micro_batch_size_per_gpu.is_set()
                             ? ds.train_micro_batch_size_per_gpu.value()
                             : args.per_device_train_batch_size;
