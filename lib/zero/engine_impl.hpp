@@ -150,9 +150,10 @@ struct TokenWindow {
 
 /// The bucket scheduler (gradients.cpp alone). Buckets launch strictly in index order:
 /// next_launch is the first bucket not launched in this backward; `pending` holds the launched,
-/// not yet completed reductions in launch order, never more than the strategy's
-/// max_in_flight(); both are empty/at the end after finish_backward. `reducing`: this backward
-/// reduces (GradientStrategy::reduces of its micro-step).
+/// not yet completed reductions in launch order, at most the strategy's
+/// max_in_flight() once a launch returns, and none after finish_backward (which launches what a
+/// reducing backward left).
+/// `reducing`: this backward reduces (GradientStrategy::reduces of its micro-step).
 struct LaunchQueue {
   bool reducing = false;
   int next_launch = 0;
