@@ -26,6 +26,8 @@
 #   bench/gpu_session.sh parity           per-layer hidden states of a Qwen2.5-7B-shaped model against transformers
 #                                         (SHAPE=glm-4-9b: a GLM-4-9B-shaped one)
 #   bench/gpu_session.sh glm              the GLM-4-9B-shaped LoRA step beside the peer (extended with that shape)
+#   bench/gpu_session.sh compare          before/after: the models, micro and glm rows of this tree and of
+#                                         zt-before/ (git archive REV | tar -x -C zt-before), alternately
 #   bench/gpu_session.sh varlen           LoRA 7B on real lengths (the peer's varlen_lengths): padded, and packed
 #                                         rows with variable-length attention, beside the peer's lora_varlen
 #   bench/gpu_session.sh ladder           long context: one LoRA 7B step at micro-batch 1 with checkpointing
@@ -273,6 +275,35 @@ for phase in "$@"; do
         python3 bench/tools/profile_step.py zerotrain llama2-13b lora 1024 8 1 "$results/profile_13b.json" \
         > "$results/profile_13b.log" 2>&1 || tail -20 "$results/profile_13b.log"
       head -30 "$results/profile_13b.log"
+      ;;
+    compare)  # before/after on one machine: the zt_bench rows of COMPARE ("models micro glm"
+      # by default) from this tree and from zt-before/ (an earlier commit's sources, made here with
+      # `git archive REV | tar -x -C zt-before`, which travels untracked), built into /tmp/zt-before
+      # and run alternately, after then before, so that drift hits both alike. No peer runs.
+      [ -d zt-before ] || { echo "compare: no zt-before/ (git archive REV | tar -x -C zt-before)"; exit 1; }
+      ln -sfn ../.gpu-deps zt-before/.gpu-deps
+      cmake -S zt-before -B /tmp/zt-before -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        > "$results/compare-configure.log" 2>&1 || { tail -20 "$results/compare-configure.log"; exit 1; }
+      cmake --build /tmp/zt-before --target zt_bench_model zt_bench_engine \
+        > "$results/compare-build.log" 2>&1 || { tail -20 "$results/compare-build.log"; exit 1; }
+      rows=()
+      for set in ${COMPARE:-models micro glm}; do
+        case "$set" in
+          models) rows+=("model qwen2.5-7b lora 1024 8 0" "model qwen2.5-7b freeze 1024 8 0") ;;
+          micro) rows+=("engine adamw" "engine copies" "model qwen2.5-7b full 1024 4 1") ;;
+          glm) rows+=("model glm-4-9b lora 1024 8 0") ;;
+        esac
+      done
+      for row in "${rows[@]}"; do
+        read -r tool args <<< "$row"
+        for side in after before; do
+          dir=$b/bin
+          [ "$side" = before ] && dir=/tmp/zt-before/bin
+          # shellcheck disable=SC2086
+          $dir/zt_bench_$tool $args 2>&1 | tee -a "$results/compare-$side.log" | grep '^RESULT' |
+            sed "s/^RESULT /RESULT $side /" | tee -a "$results/compare.jsonl" || true
+        done
+      done
       ;;
     glm)
       # GLM-4-9B-shaped LoRA step beside the peer extended with that shape (bench/tools/hf_baseline_glm.py).
