@@ -27,7 +27,7 @@ bool fold_trained_adapter(const LoraOptions& options, const std::string& module,
   at::Tensor b = at::empty({weight.size(0), options.r}, at::kFloat);
   read(a_name, a);
   read(b_name, b);
-  weight.add_(lora_delta(a, b, options.scaling()));
+  add_lora_delta(weight, a, b, options.scaling());  // in place: merge holds one tensor at a time
   return true;
 }
 

@@ -80,8 +80,16 @@ at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& weight, const at::
                                    output_unread, kept.defined() ? kept : none);
 }
 
+void add_lora_delta(at::Tensor& weight, const at::Tensor& lora_A, const at::Tensor& lora_B,
+                    double scaling) {
+  weight.addmm_(lora_B.to(at::kFloat), lora_A.to(at::kFloat), /*beta=*/1.0, /*alpha=*/scaling);
+}
+
 at::Tensor lora_delta(const at::Tensor& lora_A, const at::Tensor& lora_B, double scaling) {
-  return at::matmul(lora_B.to(at::kFloat), lora_A.to(at::kFloat)) * scaling;
+  at::Tensor delta =
+      at::zeros({lora_B.size(0), lora_A.size(1)}, lora_A.options().dtype(at::kFloat));
+  add_lora_delta(delta, lora_A, lora_B, scaling);
+  return delta;
 }
 
 namespace {
@@ -113,7 +121,7 @@ at::Tensor LoraAdapter::forward(const model::Linear& base, const at::Tensor& x, 
                                 const at::Tensor& kept) const {
   if (!reuses_kept(base.is_training())) {
     // Dropout in training: autograd of PEFT's expression; the output is computed.
-    at::Tensor y = at::linear(x, base.weight, base.bias);
+    at::Tensor y = base.base_forward(x);
     at::Tensor a = at::linear(at::dropout(x, dropout_, true), a_->weight);
     if (scaling_ != 1.0) a = a * scaling_;
     return at::addmm(y.reshape({-1, base.out_features}), a.reshape({-1, a.size(-1)}),

@@ -26,7 +26,11 @@ at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& weight, const at::
                        const at::Tensor& lora_A, const at::Tensor& lora_B, double scaling,
                        bool output_unread, const at::Tensor& kept = {});
 
-/// ΔW = lora_B · lora_A · scaling in fp32 [out, in]: what merging adds to the base weight.
+/// weight += lora_B · lora_A · scaling, in place on an fp32 [out, in] `weight` (one GEMM, no
+/// [out, in] temporary): the one statement of LoRA's merge.
+void add_lora_delta(at::Tensor& weight, const at::Tensor& lora_A, const at::Tensor& lora_B,
+                    double scaling);
+/// ΔW = lora_B · lora_A · scaling in fp32 [out, in] (add_lora_delta into zeros).
 at::Tensor lora_delta(const at::Tensor& lora_A, const at::Tensor& lora_B, double scaling);
 
 /// LoRA on one Linear (PEFT's layout: submodules lora_A [r, in] and lora_B [out, r] of the
