@@ -8,6 +8,7 @@
 #include "model/families/decoder.hpp"
 #include "model/family.hpp"
 #include "support/messages.hpp"
+#include "support/models.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "zerotrain/error.hpp"
@@ -20,36 +21,6 @@ namespace {
 
 std::string fixture_config(const std::string& name) {
   return std::string(ZT_FIXTURES) + "/models/" + name + "/config.json";
-}
-
-// Everything a family decides, side by side.
-void check_same_model(const ModelConfig& a, const ModelConfig& b) {
-  CHECK(a.model_type == b.model_type);
-  CHECK(a.vocab_size == b.vocab_size);
-  CHECK(a.hidden_size == b.hidden_size);
-  CHECK(a.intermediate_size == b.intermediate_size);
-  CHECK(a.num_hidden_layers == b.num_hidden_layers);
-  CHECK(a.num_attention_heads == b.num_attention_heads);
-  CHECK(a.num_key_value_heads == b.num_key_value_heads);
-  CHECK(a.head_dim == b.head_dim);
-  CHECK(a.max_position_embeddings == b.max_position_embeddings);
-  CHECK(a.rms_norm_eps == b.rms_norm_eps);
-  CHECK(a.rope_theta == b.rope_theta);
-  CHECK(a.rope_scaling.type == b.rope_scaling.type);
-  CHECK(a.rope_scaling.factor == b.rope_scaling.factor);
-  CHECK(a.partial_rotary_factor == b.partial_rotary_factor);
-  CHECK(a.tie_word_embeddings == b.tie_word_embeddings);
-  CHECK(a.qkv_bias == b.qkv_bias);
-  CHECK(a.o_proj_bias == b.o_proj_bias);
-  CHECK(a.mlp_bias == b.mlp_bias);
-  CHECK(a.fused_gate_up == b.fused_gate_up);
-  CHECK(a.rope_interleaved == b.rope_interleaved);
-  CHECK(a.post_sublayer_norms == b.post_sublayer_norms);
-  CHECK(a.sliding_window == b.sliding_window);
-  CHECK(a.eos_token_id == b.eos_token_id);
-  CHECK(a.pad_token_id == b.pad_token_id);
-  CHECK(a.dtype == b.dtype);
-  CHECK(a.parameter_count() == b.parameter_count());
 }
 
 // A test's own family: llama's keys under another model_type, written under another
@@ -82,9 +53,10 @@ TEST_CASE("every family reads back the config.json it writes as the same model",
     ModelConfig inline_config = from_file;
     inline_config.source_json.clear();  // written in full by the family, not copied
     const std::string text = model_config_json(inline_config);
-    check_same_model(parse_model_config(text, name + " (written)"), from_file);
+    test::check_same_model(parse_model_config(text, name + " (written)"), from_file);
     // As read from its own file, the written text keeps the file's members.
-    check_same_model(parse_model_config(model_config_json(from_file), name + " (kept)"), from_file);
+    test::check_same_model(parse_model_config(model_config_json(from_file), name + " (kept)"),
+                           from_file);
   }
 }
 

@@ -7,9 +7,43 @@
 
 #include <cmath>
 
+#include "support/catch.hpp"
 #include "zerotrain/model.hpp"
 
 namespace zt::test {
+
+void check_same_model(const ModelConfig& got, const ModelConfig& want, bool same_dtype) {
+  CHECK(got.model_type == want.model_type);
+  CHECK(got.vocab_size == want.vocab_size);
+  CHECK(got.hidden_size == want.hidden_size);
+  CHECK(got.intermediate_size == want.intermediate_size);
+  CHECK(got.num_hidden_layers == want.num_hidden_layers);
+  CHECK(got.num_attention_heads == want.num_attention_heads);
+  CHECK(got.num_key_value_heads == want.num_key_value_heads);
+  CHECK(got.head_dim == want.head_dim);
+  CHECK(got.max_position_embeddings == want.max_position_embeddings);
+  CHECK(got.rms_norm_eps == want.rms_norm_eps);
+  CHECK(got.rope_theta == want.rope_theta);
+  CHECK(got.rope_scaling.type == want.rope_scaling.type);
+  CHECK(got.rope_scaling.factor == want.rope_scaling.factor);
+  CHECK(got.rope_scaling.low_freq_factor == want.rope_scaling.low_freq_factor);
+  CHECK(got.rope_scaling.high_freq_factor == want.rope_scaling.high_freq_factor);
+  CHECK(got.rope_scaling.original_max_position_embeddings ==
+        want.rope_scaling.original_max_position_embeddings);
+  CHECK(got.partial_rotary_factor == want.partial_rotary_factor);
+  CHECK(got.tie_word_embeddings == want.tie_word_embeddings);
+  CHECK(got.qkv_bias == want.qkv_bias);
+  CHECK(got.o_proj_bias == want.o_proj_bias);
+  CHECK(got.mlp_bias == want.mlp_bias);
+  CHECK(got.fused_gate_up == want.fused_gate_up);
+  CHECK(got.rope_interleaved == want.rope_interleaved);
+  CHECK(got.post_sublayer_norms == want.post_sublayer_norms);
+  CHECK(got.sliding_window == want.sliding_window);
+  CHECK(got.eos_token_id == want.eos_token_id);
+  CHECK(got.pad_token_id == want.pad_token_id);
+  if (same_dtype) CHECK(got.dtype == want.dtype);
+  CHECK(got.parameter_count() == want.parameter_count());
+}
 namespace {
 
 constexpr int64_t kFeatures = 8, kHidden = 32, kClasses = 5;

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "zerotrain/engine.hpp"
+#include "zerotrain/model.hpp"
 
 namespace zt::test {
 
@@ -32,5 +33,10 @@ struct Batch {
   int64_t tokens() const;     ///< the labels the loss counts
 };
 Batch make_batch(const std::string& kind, int64_t step, int64_t first, int64_t count);
+
+/// Checks (Catch CHECKs) that two configs state the same model: every member a family decides,
+/// RoPE scaling included, and the parameter count; the dtype too unless `same_dtype` is false
+/// (a config written in another dtype).
+void check_same_model(const ModelConfig& got, const ModelConfig& want, bool same_dtype = true);
 
 }  // namespace zt::test
