@@ -1,0 +1,250 @@
+// The model's autograd functions: RoPE's and varlen attention's kernels, RMSNorm, SwiGLU and the
+// recomputation's stand-ins (LinearForBackward, SumForBackward). The blocks that call them:
+// layers.cpp; the chunked loss: linear_cross_entropy.cpp; LoRA's: lib/peft/lora.cpp.
+#include "model/functions.hpp"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <vector>
+
+#include "kernels/fused.hpp"
+#include "model/layers.hpp"
+#include "util/torch_compat.hpp"
+
+namespace zt::model {
+
+namespace {
+
+// The rotation as one kernel each way (CUDA): the same values as layers.cpp's expression.
+class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim,
+                            bool interleaved) {
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["rotary_dim"] = rotary_dim;
+    ctx->saved_data["interleaved"] = interleaved;
+    return kernels::fused_rotary(x, cos, sin, rotary_dim, interleaved, /*backward=*/false);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    at::Tensor g = grads[0];
+    if (g.stride(-1) != 1) g = g.contiguous();
+    const at::Tensor dx =
+        kernels::fused_rotary(g, saved[0], saved[1], ctx->saved_data["rotary_dim"].toInt(),
+                              ctx->saved_data["interleaved"].toBool(), /*backward=*/true);
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+class VarlenAttentionFunction : public torch::autograd::Function<VarlenAttentionFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                            const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
+                            int64_t max_length, double scale) {
+    compat::VarlenAttention r =
+        compat::varlen_attention_forward(q, k, v, cu_seqlens, max_length, scale);
+    ctx->save_for_backward({q, k, v, r.out, r.logsumexp, r.rng_state, r.unused, cu_seqlens});
+    ctx->saved_data["max_length"] = max_length;
+    ctx->saved_data["scale"] = scale;
+    return r.out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const compat::VarlenAttention fwd{s[3], s[4], s[5], s[6]};
+    auto [dq, dk, dv] = compat::varlen_attention_backward(
+        grads[0].contiguous(), s[0], s[1], s[2], fwd, s[7], ctx->saved_data["max_length"].toInt(),
+        ctx->saved_data["scale"].toDouble());
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& weight, double eps) {
+    if (kernels::fused_rms_norm_applies(x, weight)) {  // the same math in one pass (GPU)
+      auto [y, r] = kernels::fused_rms_norm(x, weight, eps);
+      ctx->save_for_backward({x, weight, r});
+      return y;
+    }
+    at::Tensor h = x.to(at::kFloat);
+    at::Tensor r = at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+    ctx->save_for_backward({x, weight, r});
+    return weight * normalized(h, r, x.scalar_type());
+  }
+
+  // (h·r).to(dtype) in one pass: the product is rounded once, as a separate cast would.
+  static at::Tensor normalized(const at::Tensor& h, const at::Tensor& r, at::ScalarType dtype) {
+    at::Tensor out = at::empty(h.sizes(), h.options().dtype(dtype));
+    return at::mul_out(out, h, r);
+  }
+
+  // y = w · n, n = (h·r).to(dtype), h = x_fp32, r = (mean(h²) + eps)^-½; with g_n = (g·w) in
+  // fp32: dL/dh = r·(g_n − h·r²·Σ(g_n·h)/N) (Σ and N over the last dimension), dL/dw = Σ g·n.
+  // Written as two passes over [tokens, hidden] after the dot product (g_n − h·c in place, then
+  // ·r into x's dtype) where the formula term by term takes four.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& r = saved[2];
+    const at::Tensor& g = grads[0];
+    if (kernels::fused_rms_norm_applies(x, weight)) {
+      auto [grad_x, grad_weight] = kernels::fused_rms_norm_backward(
+          g, x, weight, r, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+      return {grad_x, grad_weight, at::Tensor()};
+    }
+    at::Tensor h = x.to(at::kFloat);
+    at::Tensor grad_x, grad_weight;
+    if (ctx->needs_input_grad(1)) {
+      grad_weight = (g * normalized(h, r, x.scalar_type()))
+                        .sum_to_size(weight.sizes())
+                        .to(weight.scalar_type());
+    }
+    if (ctx->needs_input_grad(0)) {
+      at::Tensor gn = (g * weight).to(at::kFloat);
+      at::Tensor dot = (gn * h).sum(-1, /*keepdim=*/true);
+      const double n = static_cast<double>(x.size(-1));
+      gn.addcmul_(h, r.pow(2) * dot / n, -1.0);
+      grad_x = normalized(gn, r, x.scalar_type());
+    }
+    return {grad_x, grad_weight, at::Tensor()};
+  }
+};
+
+// silu(gate) · up in one kernel each way (CUDA), keeping only gate and up for backward (the
+// formula's autograd also keeps silu's output). `halves`: gate and up are the halves of one
+// fused projection's output `both`, whose gradient is then returned as one tensor.
+class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate,
+                            const at::Tensor& up, const at::Tensor& both, int64_t cols) {
+    const bool halves = both.numel() > 0;
+    ctx->saved_data["halves"] = halves;
+    if (halves) {
+      ctx->save_for_backward({both});
+      ctx->saved_data["cols"] = cols;
+    } else {
+      ctx->save_for_backward({gate, up});
+    }
+    return kernels::fused_swiglu(gate, up);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    if (ctx->saved_data["halves"].toBool()) {
+      const int64_t cols = ctx->saved_data["cols"].toInt();
+      const at::Tensor& both = saved[0];
+      auto [grad_both, unused] = kernels::fused_swiglu_backward(
+          grads[0], both.narrow(-1, 0, cols), both.narrow(-1, cols, cols), /*halves=*/true);
+      return {at::Tensor(), at::Tensor(), grad_both, at::Tensor()};
+    }
+    auto [grad_gate, grad_up] =
+        kernels::fused_swiglu_backward(grads[0], saved[0], saved[1], /*halves=*/false);
+    return {grad_gate, grad_up, at::Tensor(), at::Tensor()};
+  }
+};
+
+// A projection's backward without its forward product: the output is the kept values (a new
+// handle on them, as SumForBackward) or uninitialized.
+class LinearForBackward : public torch::autograd::Function<LinearForBackward> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& weight, const at::Tensor& bias,
+                            const at::Tensor& kept) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["bias"] = bias.numel() > 0;
+    if (kept.numel() > 0) return kept.detach();
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    return at::empty(shape, x.options());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    at::Tensor g = grads[0].reshape({-1, grads[0].size(-1)});
+    at::Tensor grad_x, grad_weight, grad_bias;
+    if (ctx->needs_input_grad(0)) grad_x = at::mm(g, weight).view(x.sizes());
+    if (ctx->needs_input_grad(1)) grad_weight = at::mm(g.t(), x.reshape({-1, x.size(-1)}));
+    if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) grad_bias = g.sum(0);
+    return {grad_x, grad_weight, grad_bias, at::Tensor()};
+  }
+};
+
+// Sums whose values a recomputed unit does not read: the kept values from the first pass, or
+// none at all; the sum's backward either way.
+class SumForBackward : public torch::autograd::Function<SumForBackward> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* /*ctx*/, const at::Tensor& x,
+                            const at::Tensor& /*y*/, const at::Tensor& kept) {
+    // A new handle on the kept storage (an input returned as is would alias it for autograd).
+    return kept.numel() > 0 ? kept.detach() : at::empty(x.sizes(), x.options());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0], grads[0], at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor fused_rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        int64_t rotary_dim, bool interleaved) {
+  return RotaryFunction::apply(x, cos, sin, rotary_dim, interleaved);
+}
+
+at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const DocumentSpans& spans, double scale) {
+  return VarlenAttentionFunction::apply(q.contiguous(), k.contiguous(), v.contiguous(),
+                                        spans.cu_seqlens, spans.max_length, scale);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return RmsNormFunction::apply(x, weight, eps);
+}
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  if (kernels::fused_swiglu_applies(gate, up)) {
+    return SwigluFunction::apply(gate, up, at::empty({0}, gate.options()), gate.size(-1));
+  }
+  return at::silu(gate) * up;
+}
+
+at::Tensor swiglu_halves(const at::Tensor& gate_up) {
+  const int64_t cols = gate_up.size(-1) / 2;
+  const at::Tensor gate = gate_up.narrow(-1, 0, cols), up = gate_up.narrow(-1, cols, cols);
+  if (kernels::fused_swiglu_applies(gate, up)) {
+    // gate and up enter as non-differentiable views: the gradient goes to gate_up whole.
+    return SwigluFunction::apply(gate.detach(), up.detach(), gate_up, cols);
+  }
+  return up * at::silu(gate);
+}
+
+at::Tensor linear_for_backward(const at::Tensor& x, const at::Tensor& weight,
+                               const at::Tensor& bias, const at::Tensor& kept) {
+  // LibTorch 1.13's custom functions need every input defined: none is an empty one.
+  const at::Tensor none = at::empty({0}, x.options());
+  return LinearForBackward::apply(x, weight, bias.defined() ? bias : none,
+                                  kept.defined() ? kept : none);
+}
+
+at::Tensor sum_kept(const at::Tensor& x, const at::Tensor& y, const at::Tensor& kept) {
+  return SumForBackward::apply(x, y, kept);
+}
+
+at::Tensor sum_unread(const at::Tensor& x, const at::Tensor& y) {
+  return SumForBackward::apply(x, y, at::empty({0}, x.options()));
+}
+
+}  // namespace zt::model
