@@ -6,7 +6,8 @@
 // MODE full: pure bf16 (DeepSpeed's bf16_master_weights_and_grads + bf16_optimizer_states,
 // i.e. bf16 weights, gradients and Adam moments, as the peer's "full" row), ZeRO-2 at one rank;
 // full_amp: bf16 compute with fp32 masters and moments; lora: LoRA r16 / alpha 32 on all linear
-// layers (the peer's PEFT row); freeze: the last two layers train. The adapter modes keep the
+// layers (the peer's PEFT row); qlora: the same over a 4-bit NF4 base with double
+// quantization (QLoRA); freeze: the last two layers train. The adapter modes keep the
 // trainable parameters' masters and moments in fp32 (mixed precision, as the peer's PEFT run).
 // Weights are random (seeded) and never built whole on the host: the engine reads them bucket
 // by bucket from a random source. No gradient clipping, as the peer (ZT_BENCH_CLIP=1.0 clips).
@@ -35,6 +36,7 @@
 
 #include <fmt/format.h>
 
+#include "model/quantized_weights.hpp"
 #include "shapes.hpp"
 #include "util/device_stats.hpp"
 #include "zerotrain/comm.hpp"
@@ -95,15 +97,17 @@ int main(int argc, char** argv) {
   const at::Device device = at::getNumGPUs() > 0 ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   try {
     ModelConfig c = bench::shape_config(shape);
+    // qlora: LoRA over a 4-bit base, NF4 with double quantization (QLoRA's recipe).
+    if (mode == "qlora") c.quantization = QuantizationConfig{};
     auto model =
         std::make_shared<CausalLM>(c, at::TensorOptions().dtype(at::kBFloat16).device(device),
                                    /*allocate=*/false);
     const bool real_lengths = mode == "lora_varlen" || mode == "lora_packed";
-    if (mode != "full" && mode != "full_amp" && mode != "lora" && mode != "freeze" &&
-        !real_lengths) {
+    if (mode != "full" && mode != "full_amp" && mode != "lora" && mode != "qlora" &&
+        mode != "freeze" && !real_lengths) {
       throw ConfigError(
-          "MODE must be full, full_amp, lora, freeze, lora_varlen or lora_packed, not '" + mode +
-          "'");
+          "MODE must be full, full_amp, lora, qlora, freeze, lora_varlen or lora_packed, not '" +
+          mode + "'");
     }
     std::vector<Batch> batches;
     if (real_lengths) {
@@ -123,7 +127,7 @@ int main(int argc, char** argv) {
     TrainingArguments args;
     args.per_device_train_batch_size = mbs;
     args.lr_scheduler_type = "constant";
-    if (mode == "lora" || real_lengths) {
+    if (mode == "lora" || mode == "qlora" || real_lengths) {
       apply_training_flags(args, {"--finetuning_type", "lora", "--lora_r", "16", "--lora_alpha",
                                   "32", "--lora_target_modules", "all-linear"});
     } else if (mode == "freeze") {
@@ -144,7 +148,11 @@ int main(int argc, char** argv) {
       eo.recompute_keep_bytes = recompute_keep_bytes_for(args);
     }
     eo.total_train_steps = steps + warm;
-    eo.source = with_adapter_values(random_source(c, 0), *model);
+    std::shared_ptr<ParameterSource> base = random_source(c, 0);
+    if (auto quantized = model::quantized_weights(*model); !quantized.empty()) {
+      base = model::quantizing_source(*base, std::move(quantized), base);
+    }
+    eo.source = with_adapter_values(base, *model);
     eo.update_in_backward = !(std::getenv("ZT_BENCH_IN_BACKWARD") &&
                               std::string(std::getenv("ZT_BENCH_IN_BACKWARD")) == "0");
     auto t_init = std::chrono::steady_clock::now();

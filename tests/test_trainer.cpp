@@ -472,6 +472,73 @@ TEST_CASE("a LoRA checkpoint merges into its base: the merged model gives the ad
   CHECK((plain.logits(ids) - b).abs().max().item<double>() > 1e-3);
 }
 
+TEST_CASE(
+    "a QLoRA run (quantization_bit 4) trains and saves a LoRA adapter; 4-bit options "
+    "where they cannot apply are errors naming them",
+    "[trainer][quant]") {
+  const std::string dir = test::temp_dir("qlora_run");
+  write_data(dir, "train.jsonl", 24, 8);
+  const ModelConfig c = parse_model_config(kTinyModel);
+  {
+    CausalLM m(c, at::TensorOptions(), false);
+    load_weights(m, *random_source(c, 11));
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value());
+    fs::create_directories(dir + "/base");
+    save_sharded_safetensors(dir + "/base", tensors);
+    files::write_atomic(dir + "/base/config.json", model_config_json(c));
+  }
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  auto flags_with = [&](const std::string& out, std::vector<std::string> extra) {
+    std::vector<std::string> flags = run_flags(dir, extra);
+    flags[0] = "--model_name_or_path";
+    flags[1] = dir + "/base";
+    for (size_t i = 0; i + 1 < flags.size(); ++i) {
+      if (flags[i] == "--output_dir") flags[i + 1] = dir + "/" + out;
+    }
+    TrainingArguments args;
+    apply_training_flags(args, flags);
+    return args;
+  };
+  Trainer(flags_with("out", {"--finetuning_type", "lora", "--lora_r", "4", "--quantization_bit",
+                             "4", "--learning_rate", "1e-2"}),
+          comm)
+      .train();
+  const std::map<int64_t, double> losses = logged_losses(dir + "/out");
+  REQUIRE(losses.size() >= 4);
+  CHECK(losses.rbegin()->second < losses.begin()->second);
+  // The adapter is an ordinary LoRA adapter: only lora_A / lora_B tensors, full shapes.
+  SafetensorsFile saved(dir + "/out/adapter_model.safetensors");
+  REQUIRE_FALSE(saved.names().empty());
+  for (const std::string& key : saved.names()) {
+    INFO(key);
+    CHECK((key.find("lora_A") != std::string::npos || key.find("lora_B") != std::string::npos));
+    CHECK(saved.info(key).dtype != at::kByte);
+  }
+  // Refused, each naming the option.
+  struct Bad {
+    std::vector<std::string> flags;
+    const char* says;
+  };
+  const Bad bad[] = {
+      {{"--quantization_bit", "4"}, "finetuning_type lora"},
+      {{"--quantization_bit", "8", "--finetuning_type", "lora"}, "8-bit"},
+      {{"--finetuning_type", "lora", "--bnb_4bit_quant_type", "nf4"}, "bnb_4bit_quant_type"},
+      {{"--finetuning_type", "lora", "--load_in_4bit", "true", "--quantization_type", "fp4",
+        "--bnb_4bit_quant_type", "nf4"},
+       "disagree"},
+      {{"--finetuning_type", "lora", "--load_in_4bit", "true", "--bnb_4bit_compute_dtype",
+        "bfloat16"},
+       "bnb_4bit_compute_dtype"},
+  };
+  int k = 0;
+  for (const Bad& b : bad) {
+    INFO(join_flags(b.flags));
+    CHECK_THROWS_WITH(Trainer(flags_with("bad" + std::to_string(k++), b.flags), comm).train(),
+                      Contains(b.says));
+  }
+}
+
 TEST_CASE("ZeRO-3 saves 16-bit weights only when asked, and its checkpoints merge",
           "[trainer][checkpoint]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
@@ -759,7 +826,9 @@ TEST_CASE("logging, saving and warmup intervals below 1 are fractions of the run
   auto comm = std::shared_ptr<Communicator>(test::join());
   auto run = [&](const std::string& out, const std::vector<std::string>& extra) {
     std::vector<std::string> flags = run_flags(dir, extra);
-    flags.insert(flags.end(), {"--output_dir", dir + "/" + out});
+    for (size_t i = 0; i + 1 < flags.size(); ++i) {
+      if (flags[i] == "--output_dir") flags[i + 1] = dir + "/" + out;
+    }
     TrainingArguments args;
     apply_training_flags(args, flags);
     Trainer(args, comm).train();

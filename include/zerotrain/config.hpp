@@ -316,6 +316,19 @@ struct TrainingArguments {
   std::string
       freeze_extra_modules;  ///< comma list of modules also trained (embed_tokens, lm_head, norm)
 
+  // A 4-bit base (QLoRA; docs/quantization.md), in LLaMA-Factory's and transformers'
+  // BitsAndBytesConfig names; each spelling keeps its own defaults (quantization_of).
+  int64_t quantization_bit = 0;                   ///< LLaMA-Factory: 4 (0: none; 8 is refused)
+  std::string quantization_type;                  ///< LLaMA-Factory: nf4 | fp4 (default nf4)
+  std::optional<bool> double_quantization;        ///< LLaMA-Factory (default true)
+  bool load_in_4bit = false;                      ///< transformers
+  bool load_in_8bit = false;                      ///< transformers: refused (no 8-bit base)
+  std::string bnb_4bit_quant_type;                ///< transformers: nf4 | fp4 (default fp4)
+  std::optional<bool> bnb_4bit_use_double_quant;  ///< transformers (default false)
+  /// transformers: accepted when it names the run's dtype (zerotrain computes in that)
+  std::string bnb_4bit_compute_dtype;
+  std::string bnb_4bit_quant_storage;  ///< transformers: accepted; the codes are kept as bytes
+
   // ChatGLM-Finetuning's train.py flags (docs/chatglm.md). Any of them given puts its defaults
   // in place of HF's for what is not given (finalize_chatglm_finetuning in training_args.cpp).
   std::string glm_prompt_layout;     ///< option "mode": glm2 | glm3 (data_set.py's layout)

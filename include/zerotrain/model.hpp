@@ -27,6 +27,16 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 0;
 };
 
+/// A 4-bit base for the decoder's projections (QLoRA), in bitsandbytes' blockwise format
+/// (docs/quantization.md): what transformers' BitsAndBytesConfig(load_in_4bit) and
+/// LLaMA-Factory's quantization_bit 4 ask for. The embeddings, the norms and the output layer
+/// stay in the model's dtype, as in PEFT's QLoRA recipe.
+struct QuantizationConfig {
+  std::string quant_type = "nf4";  ///< nf4 | fp4
+  bool double_quant = true;        ///< the absmax again in 8-bit codes, blocks of 256
+  int64_t blocksize = 64;          ///< elements per absmax: 32, 64, …, 4096
+};
+
 /// What an HF config.json says about a decoder, in either spelling: transformers 4.x
 /// (`torch_dtype`, `rope_theta`, `rope_scaling`) or 5.x (`dtype`, `rope_parameters`).
 struct ModelConfig {
@@ -63,6 +73,9 @@ struct ModelConfig {
   double initializer_range = 0.02;
   std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
   std::string source = "<inline>";
+  /// Set: the decoder's projections keep 4-bit weights, quantized from the checkpoint's while
+  /// it loads (the run's choice, not config.json's; model_config_json leaves it out).
+  std::optional<QuantizationConfig> quantization = std::nullopt;
   /// The config.json text this config was read from by load_model_config (empty for a config
   /// given inline): model_config_json writes its members back as they were.
   std::string source_json;

@@ -42,11 +42,12 @@ void check_tensor(const at::Tensor& t, const at::Device& device, const char* op,
     case at::kBFloat16:
     case at::kHalf:
     case at::kLong:
+    case at::kByte:  // the bytes of a quantized base, gathered and broadcast as they are
       return;
     default:
       throw InvalidArgument(
           fmt::format("{}: {} has dtype {}; supported: float32, float64, bfloat16, "
-                      "float16, int64",
+                      "float16, int64, uint8",
                       op, what, c10::toString(t.scalar_type())));
   }
 }

@@ -68,6 +68,8 @@ ncclDataType_t nccl_type(at::ScalarType t) {
       return ncclFloat16;
     case at::kLong:
       return ncclInt64;
+    case at::kByte:
+      return ncclUint8;
     default:
       throw InvalidArgument(fmt::format("NCCL: unsupported dtype {}", c10::toString(t)));
   }

@@ -370,6 +370,33 @@ std::vector<Option> fine_tuning_method() {
   };
 }
 
+// A 4-bit base (QLoRA): LLaMA-Factory's names, then transformers' BitsAndBytesConfig's.
+std::vector<Option> quantization() {
+  return {
+      {"quantization_bit", &Args::quantization_bit, {}, {0, 8}, "4: a 4-bit base (QLoRA)"},
+      {"quantization_type", &Args::quantization_type, {"nf4", "fp4"}, -1e308, "default nf4"},
+      {"double_quantization",
+       &Args::double_quantization,
+       {},
+       -1e308,
+       "the absmax in 8-bit codes (default true)"},
+      {"load_in_4bit", &Args::load_in_4bit, {}, -1e308, "transformers' name for a 4-bit base"},
+      {"load_in_8bit", &Args::load_in_8bit, {}, -1e308, "refused: no 8-bit base"},
+      {"bnb_4bit_quant_type", &Args::bnb_4bit_quant_type, {"nf4", "fp4"}, -1e308, "default fp4"},
+      {"bnb_4bit_use_double_quant", &Args::bnb_4bit_use_double_quant, {}, -1e308, "default false"},
+      {"bnb_4bit_compute_dtype",
+       &Args::bnb_4bit_compute_dtype,
+       {},
+       -1e308,
+       "accepted when it is the run's dtype"},
+      {"bnb_4bit_quant_storage",
+       &Args::bnb_4bit_quant_storage,
+       {},
+       -1e308,
+       "accepted; the codes are kept as bytes"},
+  };
+}
+
 // ChatGLM-Finetuning's train.py flags: aliases with its meanings (docs/chatglm.md).
 std::vector<Option> chatglm_finetuning() {
   return {
@@ -430,7 +457,7 @@ const std::vector<Option>& options() {
   static const std::vector<Option> table = [] {
     std::vector<Option> all;
     for (auto group : {run_and_data, batches_and_optimization, logging_evaluation_saving,
-                       fine_tuning_method, chatglm_finetuning}) {
+                       fine_tuning_method, quantization, chatglm_finetuning}) {
       std::vector<Option> part = group();
       all.insert(all.end(), part.begin(), part.end());
     }

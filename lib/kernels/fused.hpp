@@ -7,6 +7,8 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
+
 #include "kernels/update.hpp"
 
 namespace zt::kernels {
@@ -86,5 +88,21 @@ bool fused_cross_entropy_applies(const at::Tensor& logits, const at::Tensor& lab
 /// vocabulary). `write_grad`: the logits become d loss / d logits (softmax − onehot, 0 on
 /// ignored rows) in place, rounded to their dtype.
 at::Tensor fused_cross_entropy(const at::Tensor& logits, const at::Tensor& labels, bool write_grad);
+
+/// True when fused_dequantize_4bit handles 4-bit `codes` (contiguous uint8 on a CUDA device)
+/// in blocks of `blocksize` (a power of two), the kernels not switched off.
+bool fused_dequantize_applies(const at::Tensor& codes, int64_t blocksize);
+
+/// The `numel` values of 4-bit codes, flat in `dtype`: table[code] × absmax (fp32 [blocks], the
+/// codes' device) in fp32, then rounded — quant::dequantize_weight's values, bit for bit. Only
+/// where fused_dequantize_applies.
+at::Tensor fused_dequantize_4bit(const at::Tensor& codes, const at::Tensor& absmax,
+                                 const std::array<float, 16>& table, int64_t blocksize,
+                                 int64_t numel, at::ScalarType dtype);
+
+/// Double quantization's fp32 absmax from its uint8 codes `q`: code[q] × nested[i / 256] +
+/// offset (fp32 [1]), each rounded. On q's device; only where fused_dequantize_applies(q, 256).
+at::Tensor fused_dequantize_absmax(const at::Tensor& q, const at::Tensor& nested,
+                                   const at::Tensor& code, const at::Tensor& offset);
 
 }  // namespace zt::kernels

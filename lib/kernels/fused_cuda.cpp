@@ -343,4 +343,48 @@ at::Tensor fused_cross_entropy(const at::Tensor& logits, const at::Tensor& label
   return loss;
 }
 
+bool fused_dequantize_applies(const at::Tensor& codes, int64_t blocksize) {
+  return switched_on() && codes.is_cuda() && codes.scalar_type() == at::kByte &&
+         codes.is_contiguous() && blocksize > 0 && (blocksize & (blocksize - 1)) == 0;
+}
+
+at::Tensor fused_dequantize_4bit(const at::Tensor& codes, const at::Tensor& absmax,
+                                 const std::array<float, 16>& table, int64_t blocksize,
+                                 int64_t numel, at::ScalarType dtype) {
+  TORCH_CHECK(fused_dequantize_applies(codes, blocksize) && scalar_of(dtype) &&
+                  codes.numel() == (numel + 1) / 2 && absmax.scalar_type() == at::kFloat &&
+                  absmax.is_contiguous() && absmax.device() == codes.device() &&
+                  absmax.numel() == (numel + blocksize - 1) / blocksize,
+              "fused_dequantize_4bit: tensors it does not handle");
+  const c10::cuda::CUDAGuard guard(codes.device());
+  at::Tensor out = at::empty({numel}, codes.options().dtype(dtype));
+  gpu::FourBitTable t{};
+  std::memcpy(t.v, table.data(), sizeof(t.v));
+  int log2_block = 0;
+  while ((int64_t{1} << log2_block) < blocksize) ++log2_block;
+  cuda::check(
+      gpu::dequantize_4bit(*scalar_of(dtype), codes.data_ptr<uint8_t>(), absmax.data_ptr<float>(),
+                           t, out.data_ptr(), numel, log2_block, stream_of(codes)),
+      "the 4-bit dequantization kernel");
+  return out;
+}
+
+at::Tensor fused_dequantize_absmax(const at::Tensor& q, const at::Tensor& nested,
+                                   const at::Tensor& code, const at::Tensor& offset) {
+  TORCH_CHECK(fused_dequantize_applies(q, 256) && nested.scalar_type() == at::kFloat &&
+                  code.scalar_type() == at::kFloat && offset.scalar_type() == at::kFloat &&
+                  code.numel() == 256 && offset.numel() == 1 &&
+                  nested.numel() == (q.numel() + 255) / 256 && nested.is_contiguous() &&
+                  code.is_contiguous() && nested.device() == q.device() &&
+                  code.device() == q.device() && offset.device() == q.device(),
+              "fused_dequantize_absmax: tensors it does not handle");
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty({q.numel()}, q.options().dtype(at::kFloat));
+  cuda::check(gpu::dequantize_absmax(q.data_ptr<uint8_t>(), nested.data_ptr<float>(),
+                                     code.data_ptr<float>(), offset.data_ptr<float>(),
+                                     out.data_ptr<float>(), q.numel(), stream_of(q)),
+              "the absmax dequantization kernel");
+  return out;
+}
+
 }  // namespace zt::kernels

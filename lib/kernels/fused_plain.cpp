@@ -71,4 +71,18 @@ at::Tensor fused_cross_entropy(const at::Tensor&, const at::Tensor&, bool) {
   TORCH_CHECK(false, "fused_cross_entropy: this build has no CUDA kernels");
 }
 
+bool fused_dequantize_applies(const at::Tensor&, int64_t) {
+  return false;
+}
+
+at::Tensor fused_dequantize_4bit(const at::Tensor&, const at::Tensor&, const std::array<float, 16>&,
+                                 int64_t, int64_t, at::ScalarType) {
+  TORCH_CHECK(false, "fused_dequantize_4bit: this build has no CUDA kernels");
+}
+
+at::Tensor fused_dequantize_absmax(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&) {
+  TORCH_CHECK(false, "fused_dequantize_absmax: this build has no CUDA kernels");
+}
+
 }  // namespace zt::kernels

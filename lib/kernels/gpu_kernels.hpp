@@ -93,4 +93,19 @@ cudaError_t swiglu_backward(Scalar t, const void* grad, const void* gate, const 
 cudaError_t cross_entropy(Scalar t, void* logits, const int64_t* labels, float* loss, int64_t rows,
                           int64_t vocab, bool write_grad, cudaStream_t stream);
 
+/// The 16 values of a 4-bit code (NF4's or FP4's), passed by value to the kernel.
+struct FourBitTable {
+  float v[16];
+};
+
+/// `n` values of 4-bit codes (two per byte, element 2j in byte j's high nibble): table[code] ×
+/// absmax[e >> log2_block] in fp32, stored as T (round to nearest even).
+cudaError_t dequantize_4bit(Scalar t, const uint8_t* codes, const float* absmax,
+                            const FourBitTable& table, void* out, int64_t n, int log2_block,
+                            cudaStream_t stream);
+
+/// Double quantization's absmax: code[q[i]] × nested[i / 256] + *offset, each rounded (no FMA).
+cudaError_t dequantize_absmax(const uint8_t* q, const float* nested, const float* code,
+                              const float* offset, float* out, int64_t blocks, cudaStream_t stream);
+
 }  // namespace zt::kernels::gpu

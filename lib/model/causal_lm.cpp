@@ -125,9 +125,12 @@ CausalLM::CausalLM(const ModelConfig& config, at::TensorOptions options, bool al
     : config_(config), impl_(std::make_unique<Impl>()) {
   at::NoGradGuard no_grad;
   model::ParamFactory factory{options, allocate};
+  // A 4-bit model quantizes the decoder's projections; the output layer keeps its dtype.
+  model::ParamFactory body_factory = factory;
+  if (config_.quantization) body_factory.quantization = &*config_.quantization;
   const model::ModuleNames& names = model::family_of(config_).names;
-  impl_->body =
-      register_module(std::string(names.body), std::make_shared<DecoderBody>(config_, factory));
+  impl_->body = register_module(std::string(names.body),
+                                std::make_shared<DecoderBody>(config_, body_factory));
   if (!config_.tie_word_embeddings) {
     auto head =
         std::make_shared<model::Linear>(config_.hidden_size, config_.vocab_size, false, factory);

@@ -197,7 +197,58 @@ class SumForBackward : public torch::autograd::Function<SumForBackward> {
   }
 };
 
+// x · Wᵀ + b over a 4-bit W: dequantized in forward and again in backward, so that nothing of W
+// but its storage is kept; the storage is frozen (no gradient).
+class QuantizedLinearFunction : public torch::autograd::Function<QuantizedLinearFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& storage, const at::Tensor& bias,
+                            const quant::FourBitLayout& layout, bool output_unread) {
+    ctx->save_for_backward({storage});
+    ctx->saved_data["type"] = static_cast<int64_t>(layout.type);
+    ctx->saved_data["blocksize"] = layout.blocksize;
+    ctx->saved_data["double_quant"] = layout.double_quant;
+    ctx->saved_data["rows"] = layout.rows;
+    ctx->saved_data["cols"] = layout.cols;
+    ctx->saved_data["bias"] = bias.numel() > 0;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = layout.rows;
+    if (output_unread) return at::empty(shape, x.options());
+    const at::Tensor w = quant::dequantize_weight(layout, storage, x.scalar_type());
+    return bias.numel() > 0 ? at::linear(x, w, bias) : at::linear(x, w);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    quant::FourBitLayout layout;
+    layout.type = static_cast<quant::FourBit>(ctx->saved_data["type"].toInt());
+    layout.blocksize = ctx->saved_data["blocksize"].toInt();
+    layout.double_quant = ctx->saved_data["double_quant"].toBool();
+    layout.rows = ctx->saved_data["rows"].toInt();
+    layout.cols = ctx->saved_data["cols"].toInt();
+    const at::Tensor& g = grads[0];
+    at::Tensor grad_x, grad_bias;
+    if (ctx->needs_input_grad(0)) {
+      grad_x = at::matmul(g, quant::dequantize_weight(layout, saved[0], g.scalar_type()));
+    }
+    if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) {
+      grad_bias = g.reshape({-1, layout.rows}).sum(0);
+    }
+    return {grad_x, at::Tensor(), grad_bias, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& storage,
+                            const quant::FourBitLayout& layout, const at::Tensor& bias,
+                            bool output_unread) {
+  // LibTorch 1.13's custom functions need every input defined: no bias is an empty one.
+  const at::Tensor none = at::empty({0}, x.options());
+  return QuantizedLinearFunction::apply(x, storage, bias.defined() ? bias : none, layout,
+                                        output_unread);
+}
 
 at::Tensor fused_rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                         int64_t rotary_dim, bool interleaved) {

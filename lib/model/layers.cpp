@@ -2,6 +2,8 @@
 // functions.cpp; the chunked loss: linear_cross_entropy.cpp; adapters of a Linear: lib/peft/).
 #include "model/layers.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -12,6 +14,7 @@
 #include "model/family.hpp"
 #include "model/functions.hpp"
 #include "util/torch_compat.hpp"
+#include "zerotrain/error.hpp"
 
 namespace zt::model {
 
@@ -85,6 +88,32 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, const at::
   at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv;  // [B, T, D/2]
   at::Tensor emb = angles(c, freqs).unsqueeze(1);                   // [B, 1, T, D]
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias, const ParamFactory& o)
+    : in_features(in), out_features(out) {
+  if (o.quantization != nullptr) {
+    const QuantizationConfig& q = *o.quantization;
+    const std::optional<quant::FourBit> type = quant::parse_four_bit(q.quant_type);
+    if (!type || !quant::valid_blocksize(q.blocksize)) {
+      throw ConfigError(fmt::format(
+          "4-bit base: quant_type '{}' with blocksize {}: give nf4 or fp4, and a block of 32, "
+          "64, …, 4096 elements",
+          q.quant_type, q.blocksize));
+    }
+    auto layout = std::make_shared<quant::FourBitLayout>();
+    layout->type = *type;
+    layout->blocksize = q.blocksize;
+    layout->double_quant = q.double_quant;
+    layout->rows = out;
+    layout->cols = in;
+    layout->dtype = c10::typeMetaToScalarType(o.options.dtype());
+    quantized = layout;
+    weight = register_parameter("weight", o.bytes(layout->bytes()), /*requires_grad=*/false);
+  } else {
+    weight = register_parameter("weight", o({out, in}));
+  }
+  if (with_bias) bias = register_parameter("bias", o({out}));
 }
 
 Attention::Attention(const ModelConfig& c, const ParamFactory& o) : config(&c) {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 
+#include "quant/four_bit_weight.hpp"
 #include "zerotrain/model.hpp"
 
 namespace zt::model {
@@ -18,11 +19,26 @@ namespace zt::model {
 struct ParamFactory {
   at::TensorOptions options;
   bool allocate = true;
-  at::Tensor operator()(at::IntArrayRef shape) const {
-    if (allocate) return at::empty(shape, options);
-    return at::zeros({1}, options).expand(shape).detach();
+  /// Set for the decoder's projections of a 4-bit model: a Linear made with it keeps its weight
+  /// as quant::FourBitLayout storage (the model's quantization; not the output layer's).
+  const QuantizationConfig* quantization = nullptr;
+  at::Tensor operator()(at::IntArrayRef shape) const { return make(shape, options); }
+  /// `n` bytes (a quantized weight's storage).
+  at::Tensor bytes(int64_t n) const { return make({n}, options.dtype(at::kByte)); }
+
+ private:
+  at::Tensor make(at::IntArrayRef shape, const at::TensorOptions& o) const {
+    if (allocate) return at::empty(shape, o);
+    return at::zeros({1}, o).expand(shape).detach();
   }
 };
+
+/// x · Wᵀ + bias for a 4-bit W held as `storage` (quant::FourBitLayout): W is dequantized for
+/// the product and again in backward, which returns only the input's (and bias's) gradient —
+/// the base is frozen. `output_unread`: as linear_for_backward, no product is computed.
+at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& storage,
+                            const quant::FourBitLayout& layout, const at::Tensor& bias,
+                            bool output_unread = false);
 
 /// x · weightᵀ + bias for back-propagation only: no product is computed; returns `kept` (the
 /// output's values from the unit's first pass, zt::keep_for_recompute_if_room) or, undefined,
@@ -52,24 +68,29 @@ class LinearAdapter {
   virtual at::Tensor delta_weight() const = 0;
 };
 
-/// A projection: a base (today a dense weight and optional bias; a quantized base replaces
-/// base_forward and the weight it reads) plus, optionally, one adapter.
+/// A projection: a base (a dense weight, or a 4-bit one, and an optional bias) plus, optionally,
+/// one adapter.
 struct Linear : torch::nn::Module {
   at::Tensor weight, bias;
   int64_t in_features, out_features;
+  /// Set when the base is 4-bit: `weight` is then its frozen uint8 storage in this layout.
+  std::shared_ptr<const quant::FourBitLayout> quantized;
   /// The attached adapter (peft::attach_adapter), if any; `adapter_merged`: folded into
   /// `weight` (peft's merge_lora), so forward leaves it out.
   std::shared_ptr<const LinearAdapter> adapter;
   bool adapter_merged = false;
 
-  Linear(int64_t in, int64_t out, bool with_bias, const ParamFactory& o)
-      : in_features(in), out_features(out) {
-    weight = register_parameter("weight", o({out, in}));
-    if (with_bias) bias = register_parameter("bias", o({out}));
+  Linear(int64_t in, int64_t out, bool with_bias, const ParamFactory& o);
+  /// The options of the projection's values (its dtype, not the 4-bit storage's): what an
+  /// adapter's parameters are made with.
+  at::TensorOptions value_options() const {
+    return quantized ? weight.options().dtype(quantized->dtype) : weight.options();
   }
-  /// The base's x · weightᵀ + bias. `output_unread` or a defined `kept`: see forward.
+  /// The base's x · weightᵀ + bias. `output_unread` or a defined `kept`: see forward (a 4-bit
+  /// base never gets `kept`: reuses_kept is false).
   at::Tensor base_forward(const at::Tensor& x, bool output_unread = false,
                           const at::Tensor& kept = {}) const {
+    if (quantized) return quantized_linear(x, weight, *quantized, bias, output_unread);
     return output_unread || kept.defined() ? linear_for_backward(x, weight, bias, kept)
                                            : at::linear(x, weight, bias);
   }
@@ -81,8 +102,10 @@ struct Linear : torch::nn::Module {
     if (!adapter || adapter_merged) return base_forward(x, output_unread, kept);
     return adapter->forward(*this, x, output_unread, kept);
   }
-  /// Whether forward can take its output from an earlier pass.
+  /// Whether forward can take its output from an earlier pass (not over a 4-bit base, whose
+  /// recomputation dequantizes anyway).
   bool reuses_kept() const {
+    if (quantized) return false;
     return !adapter || adapter_merged || adapter->reuses_kept(is_training());
   }
 };

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "model/quantized_weights.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "util/log.hpp"
@@ -157,8 +158,13 @@ std::shared_ptr<ParameterSource> random_source(const ModelConfig& config, uint64
   return std::make_shared<RandomSource>(config.initializer_range, seed);
 }
 
-void load_weights(torch::nn::Module& model, ParameterSource& source) {
+void load_weights(torch::nn::Module& model, ParameterSource& given) {
   at::NoGradGuard no_grad;
+  // A 4-bit model's projections take their storage from the source's full-precision values.
+  auto quantized = model::quantized_weights(model);
+  std::shared_ptr<ParameterSource> quantizing;
+  if (!quantized.empty()) quantizing = model::quantizing_source(given, std::move(quantized));
+  ParameterSource& source = quantizing ? *quantizing : given;
   for (auto& item : model.named_parameters(true)) {
     at::Tensor p = item.value();
     std::vector<int64_t> shape = p.sizes().vec();
@@ -173,10 +179,16 @@ void load_weights(torch::nn::Module& model, ParameterSource& source) {
 void check_checkpoint(const CausalLM& model, const std::string& path) {
   SafetensorsCheckpoint ckpt(path);
   const ModelConfig& config = model.config();
+  const auto quantized = model::quantized_weights(model);
   std::set<std::string> needed;
   std::string embedding;
   for (const auto& item : model.named_parameters(true)) {
     const std::string& name = item.key();
+    // A 4-bit projection is read from the file's [rows, cols] values.
+    const auto q = quantized.find(name);
+    const std::vector<int64_t> expected =
+        q == quantized.end() ? item.value().sizes().vec()
+                             : std::vector<int64_t>{q->second->rows, q->second->cols};
     needed.insert(name);
     if (embedding.empty() && name.find("embed") != std::string::npos) embedding = name;
     if (!ckpt.contains(name)) {
@@ -187,10 +199,10 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
     }
     const TensorInfo& info = ckpt.info(name);
     check_weight_dtype(path, name, info);
-    if (info.shape != item.value().sizes().vec()) {
+    if (info.shape != expected) {
       throw IoError(fmt::format(
           "checkpoint '{}': tensor '{}' has shape [{}] but the model's config gives [{}]", path,
-          name, fmt::join(info.shape, ", "), fmt::join(item.value().sizes().vec(), ", ")));
+          name, fmt::join(info.shape, ", "), fmt::join(expected, ", ")));
     }
   }
   // What the file holds beyond the model: layers past num_hidden_layers are an error (the

@@ -105,7 +105,7 @@ at::Generator generator_for(uint64_t seed, const std::string& name) {
 LoraAdapter::LoraAdapter(const std::string& path, model::Linear& host, const LoraOptions& o,
                          uint64_t seed)
     : scaling_(o.scaling()), dropout_(o.dropout) {
-  const model::ParamFactory factory{host.weight.options(), true};
+  const model::ParamFactory factory{host.value_options(), true};
   a_ = host.register_module("lora_A",
                             std::make_shared<model::Linear>(host.in_features, o.r, false, factory));
   b_ = host.register_module(
@@ -119,10 +119,12 @@ LoraAdapter::LoraAdapter(const std::string& path, model::Linear& host, const Lor
 
 at::Tensor LoraAdapter::forward(const model::Linear& base, const at::Tensor& x, bool output_unread,
                                 const at::Tensor& kept) const {
-  if (!reuses_kept(base.is_training())) {
-    // Dropout in training: autograd of PEFT's expression; the output is computed.
+  if (!reuses_kept(base.is_training()) || base.quantized) {
+    // Dropout in training, or a 4-bit base: autograd of PEFT's expression around the base's
+    // product (its own function); the output is computed.
     at::Tensor y = base.base_forward(x);
-    at::Tensor a = at::linear(at::dropout(x, dropout_, true), a_->weight);
+    const bool drop = !reuses_kept(base.is_training());
+    at::Tensor a = at::linear(drop ? at::dropout(x, dropout_, true) : x, a_->weight);
     if (scaling_ != 1.0) a = a * scaling_;
     return at::addmm(y.reshape({-1, base.out_features}), a.reshape({-1, a.size(-1)}),
                      b_->weight.t())

@@ -326,6 +326,13 @@ ParameterCount count_parameters(const torch::nn::Module& model) {
     c.all += p.numel();
     if (p.requires_grad()) c.trainable += p.numel();
   }
+  // A 4-bit weight counts its values, not its storage bytes (as PEFT counts a 4-bit model's).
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    const auto* linear = dynamic_cast<const model::Linear*>(item.value().get());
+    if (linear != nullptr && linear->quantized) {
+      c.all += linear->quantized->numel() - linear->weight.numel();
+    }
+  }
   return c;
 }
 
@@ -371,6 +378,12 @@ void merge_lora(CausalLM& model) {
   at::NoGradGuard no_grad;
   for (auto& [path, lin] : projections(model)) {
     if (!lin->adapter || lin->adapter_merged) continue;
+    if (lin->quantized) {
+      throw InvalidArgument(fmt::format(
+          "merge_lora: '{}' has a 4-bit base, which an adapter cannot be folded into in place; "
+          "`zerotrain merge` folds it into the full-precision base instead",
+          path));
+    }
     lin->weight.copy_(lin->weight.to(at::kFloat) + lin->adapter->delta_weight());
     lin->adapter_merged = true;
   }

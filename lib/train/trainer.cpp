@@ -21,6 +21,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "config/quantization.hpp"
+#include "model/quantized_weights.hpp"
 #include "train/reporting.hpp"
 #include "train/tensorboard.hpp"
 #include "train/trainer_impl.hpp"
@@ -229,6 +231,12 @@ void Trainer::Impl::check_machine_fits() const {
 void Trainer::Impl::build_model_and_engine() {
   std::shared_ptr<ParameterSource> base;
   on_every_rank(*comm, "building the model", [&] {
+    // The dtype the engine computes in (fp16 on a CPU computes in fp32).
+    const bool fp16 = ds.fp16.enabled.value() && comm->device().is_cuda();
+    const at::ScalarType compute = ds.bf16.enabled.value() ? at::kBFloat16
+                                   : fp16                  ? at::kHalf
+                                                           : at::kFloat;
+    model_config.quantization = config::quantization_of(args, compute);
     model = std::make_shared<CausalLM>(model_config, at::TensorOptions(), /*allocate=*/false);
     if (!model_dir.empty()) check_checkpoint(*model, model_dir);  // before adapters join the model
     peft = peft_config_for(args);
@@ -254,6 +262,9 @@ void Trainer::Impl::build_model_and_engine() {
   eo.update_in_backward = args.update_in_backward;
   eo.total_train_steps = total_steps;  // 0 when unknown: schedules that need it say so
   eo.learning_rate = learning_rate_schedule(ds, args, total_steps);
+  if (auto quantized = model::quantized_weights(*model); !quantized.empty()) {
+    base = model::quantizing_source(*base, std::move(quantized), base);
+  }
   eo.source = with_adapter_values(base, *model);
   engine = std::make_unique<Engine>(model, ds, comm, eo);
 }

@@ -190,6 +190,8 @@ struct EngineImpl final : UnitRunner {
   std::shared_ptr<torch::nn::Module> model;
   std::shared_ptr<Communicator> comm;
   Layout layout;
+  /// The dtype a bucket's parameters are kept in: the compute dtype, or uint8 for raw bytes.
+  at::ScalarType stored_dtype(const Bucket& b) const { return b.raw ? at::kByte : S.compute; }
 
   // ---- storage ----
   std::vector<BucketState> buckets;

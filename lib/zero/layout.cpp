@@ -37,11 +37,13 @@ Layout build_layout(std::vector<ParamInfo> params, const LayoutOptions& o) {
     }
   }
 
-  auto add_bucket = [&](std::vector<int> members, bool trainable, bool sharded, int unit) {
+  auto add_bucket = [&](std::vector<int> members, bool trainable, bool raw, bool sharded,
+                        int unit) {
     if (members.empty()) return;
     Bucket b;
     b.index = static_cast<int>(L.buckets.size());
     b.trainable = trainable;
+    b.raw = raw;
     b.sharded_params = sharded;
     b.unit = unit;
     b.params = std::move(members);
@@ -49,38 +51,46 @@ Layout build_layout(std::vector<ParamInfo> params, const LayoutOptions& o) {
     finish_bucket(b, L.params, o, L.replicated);
     L.buckets.push_back(std::move(b));
   };
+  // The kinds of bucket: trainable values, frozen values, frozen bytes (raw parameters).
+  struct Kind {
+    bool trainable, raw;
+  };
+  const Kind kinds[] = {{true, false}, {false, false}, {false, true}};
+  auto of_kind = [](const ParamInfo& p, const Kind& k) {
+    return p.trainable == k.trainable && p.raw == k.raw;
+  };
 
   // Resident buckets by size, in reverse registration order.
-  for (bool trainable : {true, false}) {
+  for (const Kind& kind : kinds) {
     std::vector<int> current;
     int64_t filled = 0;
     for (int i = static_cast<int>(L.params.size()) - 1; i >= 0; --i) {
       const ParamInfo& p = L.params[static_cast<size_t>(i)];
-      if (p.trainable != trainable || (stage3 && !p.persistent)) continue;
+      if (!of_kind(p, kind) || (stage3 && !p.persistent)) continue;
       if (!current.empty() && filled + p.numel > o.bucket_size) {
-        add_bucket(std::move(current), trainable, false, -1);
+        add_bucket(std::move(current), kind.trainable, kind.raw, false, -1);
         current.clear();
         filled = 0;
       }
       current.push_back(i);
       filled += p.numel;
     }
-    add_bucket(std::move(current), trainable, false, -1);
+    add_bucket(std::move(current), kind.trainable, kind.raw, false, -1);
   }
 
   // Stage 3: the sharded buckets of each unit.
   if (stage3) {
     L.unit_buckets.assign(static_cast<size_t>(o.num_units), {});
     for (int u = 0; u < o.num_units; ++u) {
-      for (bool trainable : {true, false}) {
+      for (const Kind& kind : kinds) {
         std::vector<int> members;
         for (int i = 0; i < static_cast<int>(L.params.size()); ++i) {
           const ParamInfo& p = L.params[static_cast<size_t>(i)];
-          if (p.unit == u && !p.persistent && p.trainable == trainable) members.push_back(i);
+          if (p.unit == u && !p.persistent && of_kind(p, kind)) members.push_back(i);
         }
         if (members.empty()) continue;
         L.unit_buckets[static_cast<size_t>(u)].push_back(static_cast<int>(L.buckets.size()));
-        add_bucket(std::move(members), trainable, true, u);
+        add_bucket(std::move(members), kind.trainable, kind.raw, true, u);
       }
     }
   }

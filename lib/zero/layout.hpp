@@ -34,6 +34,9 @@ struct ParamInfo {
   bool persistent = false;  ///< stage 3: kept whole on every rank
   int holders = 0;          ///< how many units' modules hold it
   bool shared = false;      ///< held by two units (tied weights): gradients arrive more than once
+  /// Bytes, not values (a quantized base, uint8): frozen, in buckets of their own that are
+  /// never converted to another dtype, only copied, gathered and broadcast.
+  bool raw = false;
 };
 
 /// One bucket's slice on this rank.
@@ -54,6 +57,7 @@ struct Bucket {
   int64_t shard_numel = 0;       ///< numel / world (numel when replicated)
   ShardLayout shard;             ///< this rank's slice (trainable buckets)
   bool late = false;             ///< holds a shared parameter: reduced only after backward
+  bool raw = false;              ///< holds raw parameters (ParamInfo::raw) only, as uint8
   /// Start of this rank's slice in the bucket's flat space.
   int64_t slice_begin(int rank, bool replicated) const {
     return replicated ? 0 : rank * shard_numel;

@@ -60,6 +60,7 @@ std::vector<zero::ParamInfo> describe_parameters(torch::nn::Module& model,
     p.shape = p.param.sizes().vec();
     p.numel = p.param.numel();
     p.trainable = p.param.requires_grad();
+    p.raw = !at::isFloatingType(p.param.scalar_type());  // a quantized base's bytes
     p.decay = applies_weight_decay(p.name);
     auto it = unit_of.find(p.param.unsafeGetTensorImpl());
     p.unit = it == unit_of.end() ? -1 : std::max(-1, it->second.unit);
@@ -226,13 +227,15 @@ void EngineImpl::allocate_state() {
 namespace {
 
 // Reads the part of bucket `b` that this rank keeps straight from the source — sharded buckets
-// only their slice, so no rank ever holds the whole model — as fp32 on `device`. `staging`:
-// for a GPU one host buffer serves all buckets (fresh pages for every bucket cost more in page
-// faults than the reads on a 7B model).
+// only their slice, so no rank ever holds the whole model — as fp32 on `device` (a raw bucket:
+// its bytes). `staging`: for a GPU one host buffer serves all buckets (fresh pages for every
+// bucket cost more in page faults than the reads on a 7B model).
 at::Tensor read_bucket(ParameterSource& source, const Layout& L, const Bucket& b, int64_t begin,
                        int64_t len, const at::Device& device, at::Tensor& staging) {
   at::Tensor host;
-  if (device.is_cpu()) {
+  if (b.raw) {
+    host = at::empty({len}, at::TensorOptions().dtype(at::kByte));
+  } else if (device.is_cpu()) {
     host = at::empty({len}, at::TensorOptions().dtype(at::kFloat));
   } else {
     if (staging.numel() < len) staging = at::empty({len}, at::TensorOptions().dtype(at::kFloat));
@@ -256,9 +259,9 @@ at::Tensor read_bucket(ParameterSource& source, const Layout& L, const Bucket& b
 
 }  // namespace
 
-// Every bucket's initial values, in fp32: from the source, or assembled from the module and
-// broadcast from rank 0, so all ranks start from the same weights whatever the stage and world
-// size; then each rank keeps what its stage keeps.
+// Every bucket's initial values, in fp32 (raw buckets: bytes): from the source, or assembled from
+// the module and broadcast from rank 0, so all ranks start from the same weights whatever the stage
+// and world size; then each rank keeps what its stage keeps.
 void EngineImpl::place_buckets() {
   const Layout& L = layout;
   const auto dev32 = at::TensorOptions().dtype(at::kFloat).device(S.device);
@@ -277,7 +280,7 @@ void EngineImpl::place_buckets() {
       full = whole ? values : at::Tensor();
       slice = whole ? full.narrow(0, lo, b.shard_numel) : values;
     } else {
-      full = at::zeros({b.numel}, dev32);
+      full = at::zeros({b.numel}, dev32.dtype(b.raw ? at::kByte : at::kFloat));
       for (size_t k = 0; k < b.params.size(); ++k) {
         const ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];
         full.narrow(0, b.offsets[k], p.numel).copy_(p.param.reshape({-1}));
@@ -293,16 +296,16 @@ void EngineImpl::place_buckets() {
         // come up from pageable memory at a fraction of the bandwidth.
         s.param_shard =
             at::empty({b.shard_numel},
-                      at::TensorOptions().dtype(S.compute).pinned_memory(S.device.is_cuda()));
+                      at::TensorOptions().dtype(stored_dtype(b)).pinned_memory(S.device.is_cuda()));
         s.param_shard.copy_(slice);
       } else {
-        s.param_shard = slice.to(S.compute).clone();
+        s.param_shard = slice.to(stored_dtype(b)).clone();
       }
       continue;
     }
     s.flat_param = b.trainable && S.master_aliases_params
                        ? master.narrow(0, b.shard.offset, b.numel)
-                       : full.to(S.compute);
+                       : full.to(stored_dtype(b));
     if (b.trainable && S.grads_in_acc()) {
       s.flat_grad = grad_acc.narrow(0, b.shard.offset, b.numel);
     } else if (b.trainable && S.stage <= 1 && !S.in_backward()) {
@@ -321,7 +324,7 @@ void EngineImpl::bind_parameters() {
       const ParamInfo& p = layout.params[static_cast<size_t>(b.params[k])];
       at::Tensor param = p.param;
       if (b.sharded_params) {
-        param.set_data(at::empty({0}, at::TensorOptions().dtype(S.compute).device(S.device)));
+        param.set_data(at::empty({0}, at::TensorOptions().dtype(stored_dtype(b)).device(S.device)));
       } else {
         param.set_data(s.flat_param.narrow(0, b.offsets[k], p.numel).view(p.shape));
       }

@@ -260,8 +260,8 @@ void zero::EngineImpl::start_gather(size_t u) {
     if (S.world == 1) {
       s.flat_param = source;  // the whole bucket already; nothing to gather
     } else {
-      s.flat_param =
-          at::empty({bucket.numel}, at::TensorOptions().dtype(S.compute).device(S.device));
+      s.flat_param = at::empty({bucket.numel},
+                               at::TensorOptions().dtype(stored_dtype(bucket)).device(S.device));
       st.gathers.push_back(comm->all_gather(s.flat_param, source));
       st.sources.push_back(source);
     }
@@ -337,10 +337,10 @@ void zero::EngineImpl::release(size_t u) {
 }
 
 void zero::EngineImpl::bind_unit_params(size_t u, bool gathered) {
-  const auto empty_options = at::TensorOptions().dtype(S.compute).device(S.device);
   for (int b : layout.unit_buckets[u]) {
     const zero::Bucket& bucket = layout.buckets[static_cast<size_t>(b)];
     BucketState& s = buckets[static_cast<size_t>(b)];
+    const auto empty_options = at::TensorOptions().dtype(stored_dtype(bucket)).device(S.device);
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const zero::ParamInfo& p = layout.params[static_cast<size_t>(bucket.params[k])];
       at::Tensor param = p.param;

@@ -1,0 +1,100 @@
+// quantization_of: LLaMA-Factory's and transformers' spellings of a 4-bit base, with each one's
+// defaults (LLaMA-Factory's model_args; transformers' BitsAndBytesConfig).
+#include "config/quantization.hpp"
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "zerotrain/error.hpp"
+
+namespace zt::config {
+namespace {
+
+// transformers' and torch's names of a dtype, as bnb_4bit_compute_dtype takes them.
+std::optional<at::ScalarType> dtype_named(std::string name) {
+  if (name.rfind("torch.", 0) == 0) name = name.substr(6);
+  if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
+  if (name == "float16" || name == "fp16" || name == "half") return at::kHalf;
+  if (name == "float32" || name == "fp32" || name == "float") return at::kFloat;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<QuantizationConfig> quantization_of(const TrainingArguments& args,
+                                                  at::ScalarType compute) {
+  if (args.load_in_8bit || args.quantization_bit == 8) {
+    throw ConfigError(fmt::format("{}: zerotrain has no 8-bit base; use a 4-bit one ({}) with LoRA",
+                                  args.load_in_8bit ? "load_in_8bit" : "quantization_bit 8",
+                                  args.load_in_8bit ? "load_in_4bit" : "quantization_bit 4"));
+  }
+  if (args.quantization_bit != 0 && args.quantization_bit != 4) {
+    throw ConfigError(
+        fmt::format("quantization_bit {}: only 4 is supported (bitsandbytes' NF4 / FP4 base)",
+                    args.quantization_bit));
+  }
+  const bool factory = args.quantization_bit == 4, hf = args.load_in_4bit;
+  if (!factory && !hf) {
+    for (const char* name :
+         {"quantization_type", "double_quantization", "bnb_4bit_quant_type",
+          "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"}) {
+      if (args.is_given(name)) {
+        throw ConfigError(
+            fmt::format("{} is given but no 4-bit base is asked for: add quantization_bit 4 (or "
+                        "load_in_4bit), or leave {} out",
+                        name, name));
+      }
+    }
+    return std::nullopt;
+  }
+  QuantizationConfig q;
+  // Each spelling's defaults, then what was given in either.
+  q.quant_type = factory ? "nf4" : "fp4";
+  q.double_quant = factory;
+  if (!args.quantization_type.empty() && !args.bnb_4bit_quant_type.empty() &&
+      args.quantization_type != args.bnb_4bit_quant_type) {
+    throw ConfigError(
+        fmt::format("quantization_type {} and bnb_4bit_quant_type {} disagree: give one of them",
+                    args.quantization_type, args.bnb_4bit_quant_type));
+  }
+  if (!args.quantization_type.empty()) q.quant_type = args.quantization_type;
+  if (!args.bnb_4bit_quant_type.empty()) q.quant_type = args.bnb_4bit_quant_type;
+  if (args.double_quantization && args.bnb_4bit_use_double_quant &&
+      *args.double_quantization != *args.bnb_4bit_use_double_quant) {
+    throw ConfigError(
+        "double_quantization and bnb_4bit_use_double_quant disagree: give one of them");
+  }
+  if (args.double_quantization) q.double_quant = *args.double_quantization;
+  if (args.bnb_4bit_use_double_quant) q.double_quant = *args.bnb_4bit_use_double_quant;
+  if (!args.bnb_4bit_compute_dtype.empty()) {
+    const std::optional<at::ScalarType> d = dtype_named(args.bnb_4bit_compute_dtype);
+    if (!d) {
+      throw ConfigError(
+          fmt::format("bnb_4bit_compute_dtype '{}': give bfloat16, float16 or float32",
+                      args.bnb_4bit_compute_dtype));
+    }
+    if (*d != compute) {
+      throw ConfigError(fmt::format(
+          "bnb_4bit_compute_dtype {} but the run computes in {}: zerotrain dequantizes to the "
+          "run's dtype; set bf16 / fp16 to match, or leave bnb_4bit_compute_dtype out",
+          args.bnb_4bit_compute_dtype, c10::toString(compute)));
+    }
+  }
+  if (!args.bnb_4bit_quant_storage.empty() && !dtype_named(args.bnb_4bit_quant_storage) &&
+      args.bnb_4bit_quant_storage != "uint8" && args.bnb_4bit_quant_storage != "torch.uint8") {
+    throw ConfigError(
+        fmt::format("bnb_4bit_quant_storage '{}': give uint8, bfloat16, float16 or float32",
+                    args.bnb_4bit_quant_storage));
+  }
+  std::string method = args.finetuning_type;
+  if (method != "lora") {
+    throw ConfigError(fmt::format(
+        "{}: a 4-bit base is frozen, so it trains only with finetuning_type lora (QLoRA), not "
+        "{}",
+        factory ? "quantization_bit 4" : "load_in_4bit", method));
+  }
+  return q;
+}
+
+}  // namespace zt::config

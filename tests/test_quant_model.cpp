@@ -1,0 +1,261 @@
+// A model with a 4-bit base (QLoRA): its projections hold the checkpoint's weights in
+// bitsandbytes' blocks, LoRA over it computes what LoRA over the dequantized weights computes,
+// and ZeRO stages 0-3 (and parameter offload) at world 1, 2 and 4 train it as one process does.
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/layers.hpp"
+#include "model/quantized_weights.hpp"
+#include "quant/four_bit_weight.hpp"
+#include "support/catch.hpp"
+#include "support/ranks.hpp"
+#include "zerotrain/engine.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
+#include "zerotrain/safetensors.hpp"
+
+using namespace zt;
+
+namespace {
+
+std::string fixture(const std::string& rel) { return std::string(ZT_FIXTURES) + "/" + rel; }
+
+ModelConfig four_bit_config(const std::string& family, const std::string& type, bool double_quant) {
+  ModelConfig mc = load_model_config(fixture("models/" + family));
+  QuantizationConfig q;
+  q.quant_type = type;
+  q.double_quant = double_quant;
+  mc.quantization = q;
+  return mc;
+}
+
+PeftConfig lora_config() {
+  PeftConfig c;
+  c.type = FinetuningType::kLora;
+  c.lora.r = 4;
+  c.lora.alpha = 8;
+  return c;
+}
+
+// The loaded tensor `name` of the family's checkpoint.
+at::Tensor checkpoint_tensor(const std::string& family, const std::string& name) {
+  SafetensorsCheckpoint ckpt(fixture("models/" + family));
+  at::Tensor out = at::empty(ckpt.info(name).shape, at::kFloat);
+  ckpt.read_range(name, 0, out.view({-1}));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a 4-bit model's projections hold bitsandbytes' blocks of the checkpoint's weights",
+          "[quant]") {
+  for (const char* type : {"nf4", "fp4"}) {
+    for (bool dq : {false, true}) {
+      INFO(type << (dq ? " with" : " without") << " double quantization");
+      const ModelConfig mc = four_bit_config("llama", type, dq);
+      CausalLM model(mc, at::TensorOptions(), /*allocate=*/true);
+      load_weights(model, *checkpoint_source(fixture("models/llama")));
+      const auto quantized = model::quantized_weights(model);
+      // Every decoder projection, and neither the embeddings nor the output layer.
+      CHECK(quantized.size() == static_cast<size_t>(7 * mc.num_hidden_layers));
+      CHECK(quantized.count("lm_head.weight") == 0);
+      CHECK(quantized.count("model.embed_tokens.weight") == 0);
+      for (const auto& item : model.named_parameters(true)) {
+        if (quantized.count(item.key()) == 0) {
+          CHECK(item.value().scalar_type() == at::kFloat);
+          CHECK(at::equal(item.value(), checkpoint_tensor("llama", item.key())));
+          continue;
+        }
+        INFO(item.key());
+        const quant::FourBitLayout& layout = *quantized.at(item.key());
+        const at::Tensor dense = checkpoint_tensor("llama", item.key());
+        CHECK(item.value().scalar_type() == at::kByte);
+        CHECK_FALSE(item.value().requires_grad());
+        // The storage is the blockwise quantizer's output for the file's values …
+        const quant::FourBitBlocks blocks = quant::quantize_4bit(dense, layout.type, 64);
+        const quant::FourBitParts parts = quant::parts_of(layout, item.value());
+        CHECK(at::equal(parts.codes, blocks.packed));
+        at::Tensor absmax = parts.absmax;
+        if (dq) {
+          const quant::DoubleQuantized nested = quant::double_quantize(blocks.absmax);
+          CHECK(at::equal(parts.absmax, nested.codes));
+          CHECK(at::equal(parts.nested_absmax, nested.nested_absmax));
+          CHECK(parts.offset.item<float>() == nested.offset);
+          absmax = quant::double_dequantize(nested);
+        } else {
+          CHECK(at::equal(absmax, blocks.absmax));
+        }
+        // … and the model's (ATen) dequantization equals the quantizer's own, bit for bit.
+        const at::Tensor want = quant::dequantize_4bit(blocks.packed, absmax, layout.type, 64,
+                                                       dense.numel(), at::kFloat);
+        CHECK(at::equal(quant::dequantize_weight(layout, item.value(), at::kFloat),
+                        want.view(dense.sizes())));
+        // Within the 4-bit code's resolution of the full-precision weight.
+        CHECK((want.view(dense.sizes()) - dense).abs().max().item<float>() <=
+              0.6f * dense.abs().max().item<float>());
+      }
+      // Counted by their values, as PEFT counts a 4-bit model.
+      CausalLM dense_model(load_model_config(fixture("models/llama")), at::TensorOptions(), true);
+      CHECK(count_parameters(model).all == count_parameters(dense_model).all);
+    }
+  }
+}
+
+TEST_CASE("QLoRA computes LoRA over the dequantized base: the loss and the adapter's gradients",
+          "[quant][peft]") {
+  for (const char* family : {"llama", "qwen2"}) {
+    INFO(family);
+    const ModelConfig mc = four_bit_config(family, "nf4", true);
+    auto q = std::make_shared<CausalLM>(mc, at::TensorOptions(), true);
+    load_weights(*q, *checkpoint_source(fixture(std::string("models/") + family)));
+    apply_peft(*q, lora_config(), 3);
+    // The same model dense, its projections the 4-bit ones' dequantized values.
+    auto d = std::make_shared<CausalLM>(load_model_config(fixture(std::string("models/") + family)),
+                                        at::TensorOptions(), true);
+    load_weights(*d, *checkpoint_source(fixture(std::string("models/") + family)));
+    {
+      at::NoGradGuard no_grad;
+      for (const auto& [name, layout] : model::quantized_weights(*q)) {
+        d->named_parameters(true)[name].copy_(
+            quant::dequantize_weight(*layout, q->named_parameters(true)[name], at::kFloat));
+      }
+    }
+    apply_peft(*d, lora_config(), 3);
+    // lora_B starts at zero: give both the same nonzero values, so the adapter matters.
+    {
+      at::NoGradGuard no_grad;
+      at::manual_seed(5);
+      for (auto& item : q->named_parameters(true)) {
+        if (item.key().find("lora_B") == std::string::npos) continue;
+        item.value().normal_(0, 0.05);
+        d->named_parameters(true)[item.key()].copy_(item.value());
+      }
+    }
+    SafetensorsFile data(fixture(std::string("models/") + family + "/expected.safetensors"));
+    const at::Tensor ids = data.load("input_ids"), labels = data.load("labels");
+    const at::Tensor mask = data.load("attention_mask");
+    LossSum lq = q->loss(ids, labels, mask), ld = d->loss(ids, labels, mask);
+    CHECK(lq.tokens == ld.tokens);
+    CHECK(lq.sum.item<double>() == Approx(ld.sum.item<double>()).epsilon(1e-5));
+    lq.sum.backward();
+    ld.sum.backward();
+    int adapters = 0;
+    for (const auto& item : q->named_parameters(true)) {
+      if (!item.value().requires_grad()) continue;
+      INFO(item.key());
+      const at::Tensor gd = d->named_parameters(true)[item.key()].grad();
+      REQUIRE(item.value().grad().defined());
+      CHECK(at::allclose(item.value().grad(), gd, 1e-4, 1e-6));
+      ++adapters;
+    }
+    CHECK(adapters == 2 * 7 * mc.num_hidden_layers);
+  }
+}
+
+TEST_CASE("4-bit options: refused where they cannot apply, with the option named", "[quant]") {
+  ModelConfig mc = four_bit_config("llama", "nf4", true);
+  mc.quantization->quant_type = "int4";
+  CHECK_THROWS_AS(std::make_shared<CausalLM>(mc, at::TensorOptions(), true), ConfigError);
+  mc.quantization->quant_type = "nf4";
+  mc.quantization->blocksize = 48;
+  CHECK_THROWS_AS(std::make_shared<CausalLM>(mc, at::TensorOptions(), true), ConfigError);
+  // A 4-bit base is frozen: training it in full is refused by the engine's parameters
+  // (uint8 cannot require gradients), and merging an adapter into it in place too.
+  mc.quantization->blocksize = 64;
+  CausalLM q(mc, at::TensorOptions(), true);
+  load_weights(q, *checkpoint_source(fixture("models/llama")));
+  apply_peft(q, lora_config(), 3);
+  CHECK_THROWS_AS(merge_lora(q), InvalidArgument);
+}
+
+TEST_CASE("rank: qlora trains under every stage", "[.rank]") {
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  const int rank = comm->rank(), world = comm->world_size();
+  SafetensorsFile data(fixture("models/llama/expected.safetensors"));
+  // A global batch of 4 rows (the fixture's 2 and the same rolled by 5), split by rank.
+  auto four = [](const at::Tensor& t) { return at::cat({t, t.roll(5, 1)}); };
+  const int64_t rows = 4 / world;
+  const at::Tensor ids = four(data.load("input_ids")).narrow(0, rank * rows, rows);
+  const at::Tensor labels = four(data.load("labels")).narrow(0, rank * rows, rows);
+  const at::Tensor mask = four(data.load("attention_mask")).narrow(0, rank * rows, rows);
+  std::vector<std::vector<double>> curves;
+  for (const char* setting : {"0", "1", "2", "3", "3 offload"}) {
+    INFO("stage " << setting);
+    const ModelConfig mc = four_bit_config("llama", "nf4", true);
+    auto model = std::make_shared<CausalLM>(mc, at::TensorOptions(), /*allocate=*/false);
+    apply_peft(*model, lora_config(), 3);
+    const std::string offload = std::string(setting) == "3 offload"
+                                    ? R"(, "offload_param": {"device": "cpu"})"
+                                    : "";
+    DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
+        R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 10{}}},
+            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}, "gradient_clipping": 1.0}})",
+        setting[0], offload));
+    TrainingArguments args;
+    args.lr_scheduler_type = "constant";
+    resolve_config(ds, args, ResolveContext{world, mc.hidden_size, 6});
+    EngineOptions eo;
+    eo.units = model->units();
+    eo.gate = &model->gate();
+    std::shared_ptr<ParameterSource> base = checkpoint_source(fixture("models/llama"));
+    base = model::quantizing_source(*base, model::quantized_weights(*model), base);
+    eo.source = with_adapter_values(base, *model);
+    Engine engine(model, ds, comm, eo);
+    std::vector<double> losses;
+    for (int step = 0; step < 6; ++step) {
+      LossSum loss = model->loss(ids, labels, mask);
+      at::Tensor global = at::tensor({loss.sum.item<float>(), static_cast<float>(loss.tokens)});
+      comm->all_reduce(global)->wait();
+      engine.backward(loss.sum, global[1].item<double>());
+      engine.step();
+      losses.push_back(global[0].item<double>() / global[1].item<double>());
+    }
+    CHECK(losses.back() < 0.95 * losses.front());
+    curves.push_back(losses);
+  }
+  if (rank == 0) {
+    std::ofstream out(std::getenv("ZT_CURVES"));
+    for (const auto& c : curves) {
+      for (double v : c) out << fmt::format("{:.17g} ", v);
+      out << "\n";
+    }
+  }
+  comm->barrier();
+}
+
+TEST_CASE("QLoRA trains the same at world 1, 2 and 4 under ZeRO stages 0-3 and offload",
+          "[quant][engine]") {
+  std::vector<std::vector<std::vector<double>>> by_world;
+  for (int world : {1, 2, 4}) {
+    if (test::skip_cpu_world(world)) return;
+    const std::string path = test::temp_dir("qlora") + "/curves.txt";
+    test::run_ranks(world, "rank: qlora trains under every stage", std::chrono::seconds(300),
+                    {{"ZT_CURVES", path}});
+    std::ifstream in(path);
+    std::vector<std::vector<double>> curves;
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream words(line);
+      curves.emplace_back();
+      for (double v; words >> v;) curves.back().push_back(v);
+    }
+    REQUIRE(curves.size() == 5);
+    by_world.push_back(curves);
+  }
+  // Every stage and world follows world 1's stage-0 run, to fp32 reduction-order noise.
+  const std::vector<double>& reference = by_world[0][0];
+  for (size_t w = 0; w < by_world.size(); ++w) {
+    for (size_t s = 0; s < by_world[w].size(); ++s) {
+      INFO("world index " << w << ", setting " << s);
+      REQUIRE(by_world[w][s].size() == reference.size());
+      for (size_t k = 0; k < reference.size(); ++k) {
+        CHECK(by_world[w][s][k] == Approx(reference[k]).epsilon(2e-4));
+      }
+    }
+  }
+}
