@@ -128,6 +128,14 @@ TEST_CASE("8-bit dynamic map and codes equal bitsandbytes' create_dynamic_map an
   const rapidjson::Document& d = vectors();
   const at::Tensor map = zt::quant::dynamic_map();
   REQUIRE(same_bits(map, from_bits(d["dynamic_map_bits"], at::kFloat)));
+  // And what torch itself computed on the GPU machine (bitsandbytes builds the map with torch).
+  std::ifstream in(std::string(ZT_FIXTURES) + "/quant/torch_dynamic_map.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  rapidjson::Document torch_map;
+  torch_map.Parse(text.str().c_str());
+  REQUIRE(!torch_map.HasParseError());
+  CHECK(same_bits(map, from_bits(torch_map["dynamic_map_bits"], at::kFloat)));
 
   const auto& e = d["eight_bit"];
   const at::Tensor x = from_bits(e["input_bits"], at::kFloat);

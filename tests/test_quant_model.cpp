@@ -24,7 +24,9 @@ using namespace zt;
 
 namespace {
 
-std::string fixture(const std::string& rel) { return std::string(ZT_FIXTURES) + "/" + rel; }
+std::string fixture(const std::string& rel) {
+  return std::string(ZT_FIXTURES) + "/" + rel;
+}
 
 ModelConfig four_bit_config(const std::string& family, const std::string& type, bool double_quant) {
   ModelConfig mc = load_model_config(fixture("models/" + family));
@@ -190,9 +192,8 @@ TEST_CASE("rank: qlora trains under every stage", "[.rank]") {
     const ModelConfig mc = four_bit_config("llama", "nf4", true);
     auto model = std::make_shared<CausalLM>(mc, at::TensorOptions(), /*allocate=*/false);
     apply_peft(*model, lora_config(), 3);
-    const std::string offload = std::string(setting) == "3 offload"
-                                    ? R"(, "offload_param": {"device": "cpu"})"
-                                    : "";
+    const std::string offload =
+        std::string(setting) == "3 offload" ? R"(, "offload_param": {"device": "cpu"})" : "";
     DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
         R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 10{}}},
             "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}, "gradient_clipping": 1.0}})",

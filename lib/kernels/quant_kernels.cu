@@ -29,7 +29,8 @@ __global__ void __launch_bounds__(kQuantThreads)
     const int64_t e = 2 * j;
     // __fmul_rn: the IEEE product, never contracted with anything around it.
     out[e] = from_float<T>(__fmul_rn(table.v[b >> 4], absmax[e >> log2_block]));
-    if (e + 1 < n) out[e + 1] = from_float<T>(__fmul_rn(table.v[b & 0x0F], absmax[(e + 1) >> log2_block]));
+    if (e + 1 < n)
+      out[e + 1] = from_float<T>(__fmul_rn(table.v[b & 0x0F], absmax[(e + 1) >> log2_block]));
   }
 }
 

@@ -236,7 +236,9 @@ at::Tensor dynamic_map() {
   // create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8): for i in 0..6, the
   // midpoints of torch.linspace(0.1, 1, 2^i + 1) (fp32) times ±10^(i − 6); then 0 and 1; sorted.
   // linspace's values as its CPU kernel computes them one by one: start + step·k below the
-  // halfway point, end − step·(steps − 1 − k) from it, step = (end − start) / (steps − 1), fp32.
+  // halfway point, end − step·(steps − 1 − k) from it, step = (end − start) / (steps − 1), fp32,
+  // each a fused multiply-add (torch's CPU kernels are built with FMA contraction: one rounding;
+  // tests/fixtures/quant/torch_dynamic_map.json holds what torch 2.11 computed).
   std::vector<float> data;
   for (int i = 0; i < 7; ++i) {
     const int64_t steps = (int64_t{1} << i) + 1, halfway = steps / 2;
@@ -244,8 +246,9 @@ at::Tensor dynamic_map() {
     const float step = (end - start) / static_cast<float>(steps - 1);
     std::vector<float> bounds(static_cast<size_t>(steps));
     for (int64_t k = 0; k < steps; ++k) {
-      const float span = step * static_cast<float>(k < halfway ? k : steps - 1 - k);
-      bounds[static_cast<size_t>(k)] = k < halfway ? start + span : end - span;
+      bounds[static_cast<size_t>(k)] =
+          k < halfway ? std::fma(step, static_cast<float>(k), start)
+                      : std::fma(-step, static_cast<float>(steps - 1 - k), end);
     }
     // (b[:-1] + b[1:]) / 2.0, then a Python float times the fp32 tensor: the scalar is made
     // fp32 first (ATen's wrapped number), so the product is one fp32 rounding.

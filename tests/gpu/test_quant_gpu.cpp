@@ -18,7 +18,9 @@ namespace {
 
 const at::Device kGpu(at::kCUDA, 0);
 
-std::string fixture(const std::string& rel) { return std::string(ZT_FIXTURES) + "/" + rel; }
+std::string fixture(const std::string& rel) {
+  return std::string(ZT_FIXTURES) + "/" + rel;
+}
 
 }  // namespace
 

@@ -11,12 +11,14 @@ the correctly rounded fp32 one (53 ≥ 2·24 + 2 bits), so the arithmetic is IEE
 reciprocal of a block's absmax is therefore IEEE's, where bitsandbytes' CUDA build takes an
 approximate one: the vectors put a power of two in every block whose codes are to agree with
 the GPU too, where both are exact. No numpy or torch is needed; with torch installed (the GPU
-machine), the 8-bit dynamic map is also computed with torch's own linspace, as bitsandbytes does,
-and the run fails if it differs from the plain one.
+machine), the 8-bit dynamic map is also computed with torch's own linspace, as bitsandbytes does;
+without it, with the map torch 2.11 computed there (tests/fixtures/quant/torch_dynamic_map.json).
+The run fails if either differs from the plain one.
 """
 import fractions
 import json
 import math
+import os
 import random
 import struct
 import sys
@@ -169,14 +171,29 @@ def dequantize4(kind, packed, absmax, blocksize, n):
     return out
 
 
+def f32_exact(q):
+    """The fp32 value nearest the rational q (ties to even): one rounding, as a fused
+    multiply-add gives."""
+    guess = f32(float(q))
+    best = None
+    for cand in (guess, next_up(guess), next_down(guess)):
+        d = abs(fractions.Fraction(cand) - q)
+        if best is None or d < best[0] or (d == best[0] and bits32(cand) % 2 == 0):
+            best = (d, cand)
+    return best[1]
+
+
 def linspace32(start, end, steps):
     """torch.linspace(start, end, steps, dtype=float32) as its CPU kernel computes one value:
-    start + step·k below the halfway point, end − step·(steps − 1 − k) from it."""
+    start + step·k below the halfway point, end − step·(steps − 1 − k) from it, each a fused
+    multiply-add (one rounding: torch's CPU kernels are built with FMA contraction; checked
+    against torch 2.11 on an AVX-512 host), step = (end − start) / (steps − 1) in fp32."""
     start, end = f32(start), f32(end)
     step = f32(f32(end - start) / f32(steps - 1))
     half = steps // 2
-    return [f32(start + f32(step * k)) if k < half else f32(end - f32(step * (steps - 1 - k)))
-            for k in range(steps)]
+    F = fractions.Fraction
+    return [f32_exact(F(start) + F(step) * k) if k < half
+            else f32_exact(F(end) - F(step) * (steps - 1 - k)) for k in range(steps)]
 
 
 def dynamic_map_plain():
@@ -291,14 +308,18 @@ def main():
     out_path = sys.argv[1]
     rng = random.Random(1234)
     table = dynamic_map_plain()
-    map_source = "plain"
     try:
-        torch_table = dynamic_map_torch()
-        if [bits32(v) for v in torch_table] != [bits32(v) for v in table]:
-            sys.exit("the plain dynamic map differs from torch's: fix linspace32")
-        map_source = "plain, equal to torch's"
+        torch_bits = [bits32(v) for v in dynamic_map_torch()]
+        map_source = "plain, equal to this machine's torch"
     except ImportError:
-        pass
+        # Without torch: the map torch 2.11 computed on the GPU machine, kept as a fixture.
+        here = os.path.dirname(os.path.abspath(__file__))
+        with open(os.path.join(here, "../fixtures/quant/torch_dynamic_map.json")) as f:
+            saved = json.load(f)
+        torch_bits = saved["dynamic_map_bits"]
+        map_source = "plain, equal to " + saved["origin"].split(":")[0]
+    if torch_bits != [bits32(v) for v in table]:
+        sys.exit("the plain dynamic map differs from torch's: fix linspace32")
 
     cases = []
     for kind in ("nf4", "fp4"):
