@@ -2,7 +2,6 @@
 // at 95f9af3; docs/quantization.md). The code trees and tables are its fp32 literals.
 #include "quant/blockwise.hpp"
 
-#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "util/threads.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::quant {
@@ -177,7 +177,7 @@ FourBitBlocks quantize_4bit(const at::Tensor& x, FourBit type, int64_t blocksize
   const float* src = v.data_ptr<float>();
   uint8_t* packed = out.packed.data_ptr<uint8_t>();
   float* absmax = out.absmax.data_ptr<float>();
-  at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
+  parallel_ranges(blocks, cpu_worker_threads(), [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t first = b * blocksize, count = std::min(blocksize, n - first);
       // A partial block's missing values load as 0, which can only matter when all are < 0.
@@ -222,7 +222,7 @@ at::Tensor dequantize_4bit(const at::Tensor& packed, const at::Tensor& absmax, F
   const float* scale = a.data_ptr<float>();
   float* dst = out.data_ptr<float>();
   const std::array<float, 16>& values = code_values(type);
-  at::parallel_for(0, numel, 1 << 14, [&](int64_t begin, int64_t end) {
+  parallel_ranges(numel, cpu_worker_threads(), [&](int64_t begin, int64_t end) {
     for (int64_t e = begin; e < end; ++e) {
       const uint8_t byte = codes[e / 2];
       const uint8_t c = (e % 2 == 0) ? byte >> 4 : byte & 0x0F;
@@ -280,7 +280,7 @@ EightBitBlocks quantize_8bit(const at::Tensor& x, const at::Tensor& code, int64_
   const float* table = c.data_ptr<float>();
   uint8_t* codes = out.codes.data_ptr<uint8_t>();
   float* absmax = out.absmax.data_ptr<float>();
-  at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
+  parallel_ranges(blocks, cpu_worker_threads(), [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t first = b * blocksize, count = std::min(blocksize, n - first);
       float m = block_absmax(src + first, count);
