@@ -4,7 +4,10 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -174,6 +177,122 @@ TEST_CASE("4-bit options: refused where they cannot apply, with the option named
   load_weights(q, *checkpoint_source(fixture("models/llama")));
   apply_peft(q, lora_config(), 3);
   CHECK_THROWS_AS(merge_lora(q), InvalidArgument);
+}
+
+namespace {
+
+// A model for a bitsandbytes folder, its 4-bit weights read from the folder's parts.
+std::shared_ptr<CausalLM> load_prequantized(const std::string& folder) {
+  ModelConfig mc = load_model_config(folder);
+  mc.quantization = model::saved_quantization(mc);
+  REQUIRE(mc.quantization);
+  auto model = std::make_shared<CausalLM>(mc, at::TensorOptions(), true);
+  check_checkpoint(*model, folder);
+  load_weights(*model, *model::prequantized_source(folder, model::quantized_weights(*model)));
+  return model;
+}
+
+// A copy of `folder` with `change` applied to its tensors.
+std::string changed_copy(const std::string& folder,
+                         const std::function<void(std::map<std::string, at::Tensor>&)>& change) {
+  const std::string dir = test::temp_dir("bnb_bad");
+  std::map<std::string, at::Tensor> tensors;
+  SafetensorsFile file(folder + "/model.safetensors");
+  for (const std::string& name : file.names()) tensors[name] = file.load(name);
+  change(tensors);
+  std::vector<std::pair<std::string, at::Tensor>> list(tensors.begin(), tensors.end());
+  save_safetensors(dir + "/model.safetensors", list);
+  std::filesystem::copy_file(folder + "/config.json", dir + "/config.json");
+  return dir;
+}
+
+at::Tensor json_bytes(const std::string& text) {
+  return at::from_blob(const_cast<char*>(text.data()), {static_cast<int64_t>(text.size())},
+                       at::kByte)
+      .clone();
+}
+
+}  // namespace
+
+TEST_CASE("a folder transformers saved with bitsandbytes 4-bit weights loads to its values",
+          "[quant]") {
+  for (const char* kind : {"nf4", "fp4"}) {
+    INFO(kind);
+    const std::string folder = fixture(std::string("quant/llama_bnb_") + kind);
+    auto model = load_prequantized(folder);
+    const auto quantized = model::quantized_weights(*model);
+    CHECK(quantized.size() == 14);
+    CHECK(quantized.begin()->second->double_quant == (std::string(kind) == "nf4"));
+    // Each projection dequantizes to what the reference computed from the same parts …
+    SafetensorsFile expected(folder + "/expected.safetensors");
+    const auto params = model->named_parameters(true);
+    for (const auto& [name, layout] : quantized) {
+      INFO(name);
+      CHECK(at::equal(quant::dequantize_weight(*layout, params[name], at::kFloat),
+                      expected.load(name)));
+    }
+    // … and everything else is the file's.
+    SafetensorsFile file(folder + "/model.safetensors");
+    CHECK(at::equal(params["model.embed_tokens.weight"], file.load("model.embed_tokens.weight")));
+    CHECK(at::equal(params["lm_head.weight"], file.load("lm_head.weight")));
+  }
+}
+
+TEST_CASE("a bitsandbytes folder that lies about a weight is refused, naming the tensor",
+          "[quant][errors]") {
+  const std::string folder = fixture("quant/llama_bnb_nf4");
+  const std::string w = "model.layers.1.mlp.down_proj.weight";
+  const std::string state = w + ".quant_state.bitsandbytes__nf4";
+  struct Lie {
+    const char* what;
+    std::function<void(std::map<std::string, at::Tensor>&)> change;
+    std::string names;
+  };
+  const std::vector<Lie> lies = {
+      {"a shape that is not the weight's",
+       [&](auto& t) {
+         t[state] = json_bytes(R"({"quant_type": "nf4", "blocksize": 64, "dtype": "float32", )"
+                               R"("shape": [64, 161], "nested_blocksize": 256, )"
+                               R"("nested_dtype": "float32", "nested_offset": 0.01})");
+       },
+       state},
+      {"another block size",
+       [&](auto& t) {
+         t[state] = json_bytes(R"({"quant_type": "nf4", "blocksize": 128, "dtype": "float32", )"
+                               R"("shape": [64, 160], "nested_blocksize": 256, )"
+                               R"("nested_dtype": "float32", "nested_offset": 0.01})");
+       },
+       state},
+      {"a quant_state that is not JSON", [&](auto& t) { t[state] = json_bytes("{\"quant_"); },
+       state},
+      {"fp4 where the config says nf4",
+       [&](auto& t) {
+         t[w + ".quant_state.bitsandbytes__fp4"] = t[state];
+         t.erase(state);
+       },
+       w + ".quant_state.bitsandbytes__fp4"},
+      {"a non-finite nested absmax", [&](auto& t) { t[w + ".nested_absmax"][0] = NAN; },
+       w + ".nested_absmax"},
+      {"a negative nested absmax", [&](auto& t) { t[w + ".nested_absmax"][0] = -1.0f; },
+       w + ".nested_absmax"},
+      {"absmax codes cut short",
+       [&](auto& t) { t[w + ".absmax"] = t[w + ".absmax"].narrow(0, 0, 10).clone(); },
+       w + ".absmax"},
+      {"packed codes cut short", [&](auto& t) { t[w] = t[w].narrow(0, 0, 100).clone(); }, w},
+      {"another code table",
+       [&](auto& t) { t[w + ".quant_map"] = t[w + ".quant_map"].flip(0).clone(); },
+       w + ".quant_map"},
+      {"the quant_state missing", [&](auto& t) { t.erase(state); }, state},
+  };
+  for (const Lie& lie : lies) {
+    INFO(lie.what);
+    const std::string dir = changed_copy(folder, lie.change);
+    CHECK_THROWS_WITH(load_prequantized(dir), Catch::Contains(lie.names));
+  }
+  // The run's options against the folder: a type the folder does not hold is refused by the
+  // Trainer (test_trainer.cpp); a model built without quantization refuses the packed weights.
+  CausalLM dense(load_model_config(folder), at::TensorOptions(), true);
+  CHECK_THROWS_WITH(check_checkpoint(dense, folder), Catch::Contains("quantized checkpoint"));
 }
 
 TEST_CASE("rank: qlora trains under every stage", "[.rank]") {

@@ -537,6 +537,33 @@ TEST_CASE(
     CHECK_THROWS_WITH(Trainer(flags_with("bad" + std::to_string(k++), b.flags), comm).train(),
                       Contains(b.says));
   }
+  // A folder transformers saved with bitsandbytes' 4-bit weights trains LoRA over them as they
+  // are; options that contradict it, or another method, are refused naming them.
+  fs::copy(std::string(ZT_FIXTURES) + "/quant/llama_bnb_nf4", dir + "/bnb");
+  {
+    // Its vocabulary is 128 ids, fewer than the byte-level tokenizer's: token ids as data.
+    std::ofstream ids(dir + "/ids.jsonl");
+    for (int r = 0; r < 24; ++r) {
+      ids << "{\"input_ids\": [";
+      for (int t = 0; t < 12; ++t) ids << (t ? ", " : "") << (r * 7 + t * 5) % 120 + 3;
+      ids << "]}\n";
+    }
+  }
+  auto on_bnb = [&](const std::string& out, std::vector<std::string> extra) {
+    TrainingArguments args = flags_with(out, std::move(extra));
+    args.model_name_or_path = dir + "/bnb";
+    args.train_file = dir + "/ids.jsonl";
+    return args;
+  };
+  Trainer(on_bnb("out_bnb", {"--finetuning_type", "lora", "--lora_r", "4"}), comm).train();
+  CHECK(fs::exists(dir + "/out_bnb/adapter_model.safetensors"));
+  CHECK_THROWS_WITH(Trainer(on_bnb("bad_bnb1", {"--finetuning_type", "lora", "--quantization_bit",
+                                                "4", "--quantization_type", "fp4"}),
+                            comm)
+                        .train(),
+                    Contains("quantization_type fp4"));
+  CHECK_THROWS_WITH(Trainer(on_bnb("bad_bnb2", {"--finetuning_type", "full"}), comm).train(),
+                    Contains("finetuning_type lora"));
 }
 
 TEST_CASE("ZeRO-3 saves 16-bit weights only when asked, and its checkpoints merge",

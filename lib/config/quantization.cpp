@@ -97,4 +97,36 @@ std::optional<QuantizationConfig> quantization_of(const TrainingArguments& args,
   return q;
 }
 
+QuantizationConfig saved_quantization_for(const TrainingArguments& args,
+                                          const QuantizationConfig& saved,
+                                          const std::string& folder) {
+  if (args.finetuning_type != "lora") {
+    throw ConfigError(fmt::format(
+        "'{}' holds a bitsandbytes 4-bit model, which is frozen: it trains only with "
+        "finetuning_type lora (QLoRA), not {}; give the full-precision model to train otherwise",
+        folder, args.finetuning_type));
+  }
+  for (const char* name : {"quantization_type", "bnb_4bit_quant_type"}) {
+    const std::string& given = std::string(name) == "quantization_type" ? args.quantization_type
+                                                                        : args.bnb_4bit_quant_type;
+    if (args.is_given(name) && given != saved.quant_type) {
+      throw ConfigError(fmt::format(
+          "{} {} but '{}' holds {} weights (its config.json's quantization_config): leave {} out "
+          "or give {}",
+          name, given, folder, saved.quant_type, name, saved.quant_type));
+    }
+  }
+  for (const auto& [name, given] :
+       {std::pair<const char*, std::optional<bool>>{"double_quantization",
+                                                    args.double_quantization},
+        {"bnb_4bit_use_double_quant", args.bnb_4bit_use_double_quant}}) {
+    if (given && *given != saved.double_quant) {
+      throw ConfigError(fmt::format("{} {} but '{}' is saved {} double quantization: leave {} out",
+                                    name, *given, folder, saved.double_quant ? "with" : "without",
+                                    name));
+    }
+  }
+  return saved;
+}
+
 }  // namespace zt::config

@@ -19,4 +19,13 @@ namespace zt::config {
 std::optional<QuantizationConfig> quantization_of(const TrainingArguments& args,
                                                   at::ScalarType compute);
 
+/// The 4-bit base of a run on a folder whose config.json declares one (`saved`, bitsandbytes'
+/// 4-bit model): the folder's, as transformers loads it. `folder` names it in messages. Throws a
+/// ConfigError when a method other than LoRA is asked, or when an option given explicitly
+/// (quantization_type / bnb_4bit_quant_type, double_quantization / bnb_4bit_use_double_quant)
+/// disagrees with the folder.
+QuantizationConfig saved_quantization_for(const TrainingArguments& args,
+                                          const QuantizationConfig& saved,
+                                          const std::string& folder);
+
 }  // namespace zt::config

@@ -3,11 +3,14 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <utility>
 #include <vector>
 
 #include "model/layers.hpp"
+#include "util/json.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/safetensors.hpp"
 
 namespace zt::model {
 namespace {
@@ -52,7 +55,201 @@ class QuantizingSource final : public ParameterSource {
   at::Tensor cached_;
 };
 
+// The suffixes of the tensors bitsandbytes saves beside a 4-bit weight.
+constexpr const char* kParts[] = {".absmax",
+                                  ".quant_map",
+                                  ".nested_absmax",
+                                  ".nested_quant_map",
+                                  ".quant_state.bitsandbytes__nf4",
+                                  ".quant_state.bitsandbytes__fp4"};
+
+class PrequantizedSource final : public ParameterSource {
+ public:
+  PrequantizedSource(const std::string& path,
+                     std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized)
+      : ckpt_(path), dense_(checkpoint_source(path)), quantized_(std::move(quantized)) {}
+
+  bool has(const std::string& name) const override { return ckpt_.contains(name); }
+
+  void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
+            const at::Tensor& out) override {
+    auto it = quantized_.find(name);
+    if (it == quantized_.end()) {
+      dense_->read(name, shape, offset, out);
+      return;
+    }
+    const quant::FourBitLayout& layout = *it->second;
+    if (out.scalar_type() != at::kByte || offset < 0 || offset + out.numel() > layout.bytes()) {
+      throw InvalidArgument(fmt::format("4-bit weight '{}': bytes [{}, {}) asked of {} uint8", name,
+                                        offset, offset + out.numel(), layout.bytes()));
+    }
+    if (name != cached_name_) {
+      cached_name_.clear();
+      cached_ = storage_of(name, layout);
+      cached_name_ = name;
+    }
+    out.view({-1}).copy_(cached_.narrow(0, offset, out.numel()));
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& tensor, const std::string& what) const {
+    throw IoError(fmt::format(
+        "checkpoint '{}': tensor '{}' {}; the folder is not a bitsandbytes 4-bit model of this "
+        "config (re-save it with transformers, or give the full-precision model)",
+        ckpt_.path(), tensor, what));
+  }
+
+  // The tensor `name` of the file, checked to be `dtype` with `numel` elements.
+  at::Tensor part(const std::string& name, at::ScalarType dtype, int64_t numel) const {
+    if (!ckpt_.contains(name)) fail(name, "is missing");
+    const TensorInfo& info = ckpt_.info(name);
+    if (info.dtype != dtype || info.numel != numel) {
+      fail(name, fmt::format("is {} with {} elements where {} with {} are needed", info.dtype_name,
+                             info.numel, c10::toString(dtype), numel));
+    }
+    return ckpt_.load(name, dtype).reshape({-1});
+  }
+
+  // Scales: finite and not negative (a corrupt file's NaN or −1 would dequantize silently).
+  void check_scales(const std::string& name, const at::Tensor& t) const {
+    if (t.numel() > 0 && (!at::isfinite(t).all().item<bool>() || t.lt(0).any().item<bool>())) {
+      fail(name, "holds a negative or non-finite scale");
+    }
+  }
+
+  at::Tensor storage_of(const std::string& name, const quant::FourBitLayout& layout) const {
+    const std::string type(quant::to_string(layout.type));
+    const std::string other = layout.type == quant::FourBit::nf4 ? "fp4" : "nf4";
+    if (ckpt_.contains(name + ".quant_state.bitsandbytes__" + other)) {
+      fail(name + ".quant_state.bitsandbytes__" + other,
+           fmt::format("says the weight is {}, but the model is {} (config.json's "
+                       "quantization_config or the run's options)",
+                       other, type));
+    }
+    const std::string state_name = name + ".quant_state.bitsandbytes__" + type;
+    if (!ckpt_.contains(state_name)) fail(state_name, "is missing");
+    const TensorInfo& state_info = ckpt_.info(state_name);
+    if (state_info.dtype != at::kByte || state_info.numel > 4096) {
+      fail(state_name, "is not the JSON bytes of a quant_state");
+    }
+    const at::Tensor bytes = ckpt_.load(state_name, at::kByte).reshape({-1}).contiguous();
+    const std::string text(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()),
+                           static_cast<size_t>(bytes.numel()));
+    const std::string source =
+        fmt::format("checkpoint '{}': tensor '{}'", ckpt_.path(), state_name);
+    rapidjson::Document doc = json::parse(text, source);
+    json::ObjectReader state(doc, "quant_state", source);
+    if (state.required_string("quant_type") != type) fail(state_name, "names another quant_type");
+    if (state.integer("blocksize", 1, 1 << 20).value_or(-1) != layout.blocksize) {
+      fail(state_name, fmt::format("does not give blocksize {}", layout.blocksize));
+    }
+    const std::string dtype = state.required_string("dtype");
+    if (dtype != "float32" && dtype != "float16" && dtype != "bfloat16") {
+      fail(state_name, fmt::format("gives dtype '{}'", dtype));
+    }
+    const rapidjson::Value* shape = state.find("shape");
+    if (shape == nullptr || !shape->IsArray() || shape->Size() != 2 ||
+        json::as_integer((*shape)[0]).value_or(-1) != layout.rows ||
+        json::as_integer((*shape)[1]).value_or(-1) != layout.cols) {
+      fail(state_name,
+           fmt::format("does not give the weight's shape [{}, {}]", layout.rows, layout.cols));
+    }
+    const bool nested = state.has("nested_offset");
+    if (nested != layout.double_quant) {
+      fail(state_name, fmt::format("says double quantization is {}, config.json {}",
+                                   nested ? "on" : "off", layout.double_quant ? "on" : "off"));
+    }
+    state.known({"nested_blocksize", "nested_dtype", "nested_offset"});
+
+    quant::FourBitBlocks blocks;
+    blocks.packed = part(name, at::kByte, layout.codes_bytes());
+    if (!at::equal(part(name + ".quant_map", at::kFloat, 16), quant::quant_map(layout.type))) {
+      fail(name + ".quant_map", fmt::format("is not {}'s code table", type));
+    }
+    if (!nested) {
+      blocks.absmax = part(name + ".absmax", at::kFloat, layout.blocks());
+      check_scales(name + ".absmax", blocks.absmax);
+      return quant::pack_weight(layout, blocks, nullptr);
+    }
+    if (state.integer("nested_blocksize", 1, 1 << 20).value_or(-1) != quant::kNestedBlocksize) {
+      fail(state_name, "does not give nested_blocksize 256");
+    }
+    const double offset = state.number("nested_offset").value_or(NAN);
+    if (!std::isfinite(offset)) fail(state_name, "gives no finite nested_offset");
+    quant::DoubleQuantized dq;
+    dq.codes = part(name + ".absmax", at::kByte, layout.blocks());
+    dq.nested_absmax = part(name + ".nested_absmax", at::kFloat, layout.nested_blocks());
+    check_scales(name + ".nested_absmax", dq.nested_absmax);
+    dq.nested_code = part(name + ".nested_quant_map", at::kFloat, 256);
+    if (!at::isfinite(dq.nested_code).all().item<bool>()) {
+      fail(name + ".nested_quant_map", "holds a non-finite value");
+    }
+    dq.offset = static_cast<float>(offset);
+    blocks.absmax = at::Tensor();
+    return quant::pack_weight(layout, blocks, &dq);
+  }
+
+  SafetensorsCheckpoint ckpt_;
+  std::shared_ptr<ParameterSource> dense_;
+  std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized_;
+  std::string cached_name_;
+  at::Tensor cached_;
+};
+
 }  // namespace
+
+std::optional<QuantizationConfig> saved_quantization(const ModelConfig& config) {
+  if (config.source_json.empty()) return std::nullopt;
+  const std::string source = config.source;
+  rapidjson::Document doc = json::parse(config.source_json, source);
+  if (!doc.IsObject() || !doc.HasMember("quantization_config") ||
+      doc["quantization_config"].IsNull()) {
+    return std::nullopt;
+  }
+  json::ObjectReader q(doc["quantization_config"], "quantization_config", source);
+  const std::string method = q.string("quant_method").value_or("bitsandbytes");
+  if (method != "bitsandbytes" || !q.boolean("load_in_4bit").value_or(false)) {
+    throw ConfigError(fmt::format(
+        "{}: quantization_config is {}{}; zerotrain reads bitsandbytes' 4-bit models only — give "
+        "the full-precision model (with quantization_bit 4 to train QLoRA on it)",
+        source, method, method == "bitsandbytes" ? " without load_in_4bit" : ""));
+  }
+  QuantizationConfig out;
+  out.quant_type = q.choice("bnb_4bit_quant_type", {"nf4", "fp4"}).value_or("fp4");
+  out.double_quant = q.boolean("bnb_4bit_use_double_quant").value_or(false);
+  const std::string storage = q.string("bnb_4bit_quant_storage").value_or("uint8");
+  if (storage != "uint8") {
+    throw ConfigError(fmt::format(
+        "{}: quantization_config.bnb_4bit_quant_storage is {}; zerotrain reads 4-bit weights "
+        "packed as uint8 only",
+        source, storage));
+  }
+  return out;
+}
+
+bool gives_quantized_storage(const ParameterSource& source) {
+  return dynamic_cast<const QuantizingSource*>(&source) != nullptr ||
+         dynamic_cast<const PrequantizedSource*>(&source) != nullptr;
+}
+
+bool is_quantization_part(
+    const std::string& name,
+    const std::map<std::string, std::shared_ptr<const quant::FourBitLayout>>& quantized) {
+  for (const char* suffix : kParts) {
+    const size_t n = std::char_traits<char>::length(suffix);
+    if (name.size() > n && name.compare(name.size() - n, n, suffix) == 0 &&
+        quantized.count(name.substr(0, name.size() - n)) != 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::shared_ptr<ParameterSource> prequantized_source(
+    const std::string& path,
+    std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized) {
+  return std::make_shared<PrequantizedSource>(path, std::move(quantized));
+}
 
 std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized_weights(
     const torch::nn::Module& model) {

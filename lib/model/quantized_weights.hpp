@@ -6,9 +6,11 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "quant/four_bit_weight.hpp"
+#include "zerotrain/model.hpp"
 #include "zerotrain/units.hpp"
 
 namespace zt::model {
@@ -28,5 +30,31 @@ std::shared_ptr<ParameterSource> quantizing_source(
     ParameterSource& dense,
     std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized,
     std::shared_ptr<ParameterSource> owner = nullptr);
+
+/// Whether `source` already gives a 4-bit model's storage (quantizing_source, prequantized_source):
+/// load_weights reads such a source as it is.
+bool gives_quantized_storage(const ParameterSource& source);
+
+/// The 4-bit base a model folder's config.json declares (`quantization_config` with
+/// `quant_method` bitsandbytes and `load_in_4bit`, as transformers saves a bnb-4bit model), or
+/// nullopt when it declares none. Reads `config.source_json`; a quantization_config that is not
+/// a 4-bit bitsandbytes one (8-bit, GPTQ, AWQ, ...) is a ConfigError naming config.json.
+std::optional<QuantizationConfig> saved_quantization(const ModelConfig& config);
+
+/// Whether `name` is one of the tensors bitsandbytes saves beside a 4-bit weight ("….weight.
+/// absmax", "….weight.quant_state.bitsandbytes__nf4", …) of a weight in `quantized`.
+bool is_quantization_part(
+    const std::string& name,
+    const std::map<std::string, std::shared_ptr<const quant::FourBitLayout>>& quantized);
+
+/// A source for the 4-bit weights of a folder saved by transformers with bitsandbytes (`path`:
+/// the folder or a safetensors file): each weight in `quantized` is packed from the file's
+/// parts after checking every one of them against its layout — the packed codes' size, the
+/// quant_state JSON (type, block size, shape, dtype, double quantization), the quant_map, and
+/// finite, non-negative scales — so a folder that lies is an IoError naming the tensor and
+/// never a wrong weight. Every other name is read as checkpoint_source reads it.
+std::shared_ptr<ParameterSource> prequantized_source(
+    const std::string& path,
+    std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized);
 
 }  // namespace zt::model

@@ -163,7 +163,9 @@ void load_weights(torch::nn::Module& model, ParameterSource& given) {
   // A 4-bit model's projections take their storage from the source's full-precision values.
   auto quantized = model::quantized_weights(model);
   std::shared_ptr<ParameterSource> quantizing;
-  if (!quantized.empty()) quantizing = model::quantizing_source(given, std::move(quantized));
+  if (!quantized.empty() && !model::gives_quantized_storage(given)) {
+    quantizing = model::quantizing_source(given, std::move(quantized));
+  }
   ParameterSource& source = quantizing ? *quantizing : given;
   for (auto& item : model.named_parameters(true)) {
     at::Tensor p = item.value();
@@ -198,6 +200,8 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
                       path, name));
     }
     const TensorInfo& info = ckpt.info(name);
+    // bitsandbytes' packed 4-bit weight: prequantized_source checks it with its parts.
+    if (q != quantized.end() && info.dtype == at::kByte) continue;
     check_weight_dtype(path, name, info);
     if (info.shape != expected) {
       throw IoError(fmt::format(
@@ -212,7 +216,10 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
   std::vector<std::string> unused;
   int64_t highest_layer = -1;
   for (const std::string& name : ckpt.names()) {
-    if (needed.count(name) != 0 || is_recomputed_buffer(name)) continue;
+    if (needed.count(name) != 0 || is_recomputed_buffer(name) ||
+        model::is_quantization_part(name, quantized)) {
+      continue;
+    }
     if (std::optional<int64_t> layer = layer_of(name);
         layer && *layer >= config.num_hidden_layers) {
       highest_layer = std::max(highest_layer, *layer);

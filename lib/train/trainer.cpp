@@ -230,6 +230,7 @@ void Trainer::Impl::check_machine_fits() const {
 
 void Trainer::Impl::build_model_and_engine() {
   std::shared_ptr<ParameterSource> base;
+  bool prequantized = false;  // the folder holds bitsandbytes' 4-bit weights
   on_every_rank(*comm, "building the model", [&] {
     // The dtype the engine computes in (fp16 on a CPU computes in fp32).
     const bool fp16 = ds.fp16.enabled.value() && comm->device().is_cuda();
@@ -237,6 +238,10 @@ void Trainer::Impl::build_model_and_engine() {
                                    : fp16                  ? at::kHalf
                                                            : at::kFloat;
     model_config.quantization = config::quantization_of(args, compute);
+    if (const std::optional<QuantizationConfig> saved = model::saved_quantization(model_config)) {
+      model_config.quantization = config::saved_quantization_for(args, *saved, model_dir);
+      prequantized = true;
+    }
     model = std::make_shared<CausalLM>(model_config, at::TensorOptions(), /*allocate=*/false);
     if (!model_dir.empty()) check_checkpoint(*model, model_dir);  // before adapters join the model
     peft = peft_config_for(args);
@@ -245,7 +250,9 @@ void Trainer::Impl::build_model_and_engine() {
                      peft.type == FinetuningType::kPrefix;
     parameters = apply_peft_from_args(*model, args, static_cast<uint64_t>(args.seed));
     non_embedding_parameters = parameters.all - model_config.vocab_size * model_config.hidden_size;
-    if (!model_dir.empty()) {
+    if (prequantized) {
+      base = model::prequantized_source(model_dir, model::quantized_weights(*model));
+    } else if (!model_dir.empty()) {
       base = checkpoint_source(model_dir);
     } else {
       base = random_source(model_config, static_cast<uint64_t>(args.seed));
@@ -262,7 +269,7 @@ void Trainer::Impl::build_model_and_engine() {
   eo.update_in_backward = args.update_in_backward;
   eo.total_train_steps = total_steps;  // 0 when unknown: schedules that need it say so
   eo.learning_rate = learning_rate_schedule(ds, args, total_steps);
-  if (auto quantized = model::quantized_weights(*model); !quantized.empty()) {
+  if (auto quantized = model::quantized_weights(*model); !quantized.empty() && !prequantized) {
     base = model::quantizing_source(*base, std::move(quantized), base);
   }
   eo.source = with_adapter_values(base, *model);

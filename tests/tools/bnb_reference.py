@@ -4,6 +4,7 @@ bitsandbytes/functional.py at 95f9af3; docs/quantization.md) in plain Python, an
 that check zerotrain's quantizer against it.
 
     python3 tests/tools/bnb_reference.py OUT.json
+    python3 tests/tools/bnb_reference.py folder SRC_MODEL_DIR OUT_DIR nf4|fp4 double|single
 
 Every fp32 operation is done in Python's double and rounded to fp32 with struct: a product of
 two fp32 values is exact in double, and for +, − and ÷ rounding the double result again gives
@@ -304,7 +305,93 @@ def case4(name, kind, blocksize, dtype, vals_bits, exact):
     }
 
 
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = info["data_offsets"]
+        out[name] = (info["dtype"], info["shape"], data[a:b])
+    return out
+
+
+def write_safetensors(path, tensors):
+    """tensors: name -> (dtype, shape, bytes), written in name order."""
+    header, blobs, at = {"__metadata__": {"format": "pt"}}, [], 0
+    for name in sorted(tensors):
+        dtype, shape, raw = tensors[name]
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + len(raw)]}
+        blobs.append(raw)
+        at += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def f32_bytes(values):
+    return struct.pack("<%df" % len(values), *values)
+
+
+def write_bnb_folder(src, out, kind, double):
+    """A model folder as transformers saves a bnb-4bit model (QuantState.as_dict(packed=True)):
+    every decoder projection's weight quantized with blocks of 64, the rest as in `src`, and
+    expected.safetensors with each projection's dequantized fp32 values."""
+    os.makedirs(out, exist_ok=True)
+    tensors, expected = {}, {}
+    table = dynamic_map_plain()
+    for name, (dtype, shape, raw) in read_safetensors(os.path.join(src, "model.safetensors")).items():
+        if not (".layers." in name and name.endswith("_proj.weight")):
+            tensors[name] = (dtype, shape, raw)
+            continue
+        assert dtype == "F32"
+        vals = list(struct.unpack("<%df" % (len(raw) // 4), raw))
+        packed, absmax = quantize4(kind, vals, 64)
+        tensors[name] = ("U8", [len(packed), 1], packed)
+        tensors[name + ".quant_map"] = ("F32", [16], f32_bytes(NF4 if kind == "nf4" else
+                                                              [f32(v / 12.0) for v in (0, 0.0625, 8, 12, 4, 6, 2, 3, 0, -0.0625, -8, -12, -4, -6, -2, -3)]))
+        state = {"quant_type": kind, "blocksize": 64, "dtype": "float32", "shape": shape}
+        scales = absmax
+        if double:
+            offset = f32(math.fsum(absmax) / len(absmax))
+            codes, nested = quantize8(table, [f32(a - offset) for a in absmax], 256)
+            tensors[name + ".absmax"] = ("U8", [len(codes)], bytes(codes))
+            tensors[name + ".nested_absmax"] = ("F32", [len(nested)], f32_bytes(nested))
+            tensors[name + ".nested_quant_map"] = ("F32", [256], f32_bytes(table))
+            state.update({"nested_blocksize": 256, "nested_dtype": "float32",
+                          "nested_offset": offset})
+            scales = [f32(v + offset) for v in dequantize8(table, codes, nested, 256)]
+        else:
+            tensors[name + ".absmax"] = ("F32", [len(absmax)], f32_bytes(absmax))
+        packed_state = json.dumps(state).encode()
+        tensors[name + ".quant_state.bitsandbytes__" + kind] = ("U8", [len(packed_state)],
+                                                               packed_state)
+        deq = dequantize4(kind, packed, scales, 64, len(vals))
+        expected[name] = ("F32", shape, f32_bytes(deq))
+    write_safetensors(os.path.join(out, "model.safetensors"), tensors)
+    write_safetensors(os.path.join(out, "expected.safetensors"), expected)
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {
+        "quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": False,
+        "bnb_4bit_quant_type": kind, "bnb_4bit_use_double_quant": double,
+        "bnb_4bit_compute_dtype": "float32", "bnb_4bit_quant_storage": "uint8",
+        "llm_int8_threshold": 6.0, "llm_int8_skip_modules": None,
+        "llm_int8_has_fp16_weight": False, "llm_int8_enable_fp32_cpu_offload": False,
+        "_load_in_4bit": True, "_load_in_8bit": False}
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+
+
 def main():
+    if sys.argv[1] == "folder":  # folder SRC OUT nf4|fp4 double|single
+        write_bnb_folder(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "double")
+        return
     out_path = sys.argv[1]
     rng = random.Random(1234)
     table = dynamic_map_plain()
