@@ -18,16 +18,18 @@ namespace {
 
 using zt::quant::FourBit;
 
+rapidjson::Document read_fixture(const std::string& rel) {
+  std::ifstream in(std::string(ZT_FIXTURES) + "/" + rel);
+  std::stringstream text;
+  text << in.rdbuf();
+  rapidjson::Document d;
+  d.Parse(text.str().c_str());
+  REQUIRE(!d.HasParseError());
+  return d;
+}
+
 const rapidjson::Document& vectors() {
-  static const rapidjson::Document doc = [] {
-    std::ifstream in(std::string(ZT_FIXTURES) + "/quant/bnb_vectors.json");
-    std::stringstream text;
-    text << in.rdbuf();
-    rapidjson::Document d;
-    d.Parse(text.str().c_str());
-    REQUIRE(!d.HasParseError());
-    return d;
-  }();
+  static const rapidjson::Document doc = read_fixture("quant/bnb_vectors.json");
   return doc;
 }
 
@@ -129,12 +131,7 @@ TEST_CASE("8-bit dynamic map and codes equal bitsandbytes' create_dynamic_map an
   const at::Tensor map = zt::quant::dynamic_map();
   REQUIRE(same_bits(map, from_bits(d["dynamic_map_bits"], at::kFloat)));
   // And what torch itself computed on the GPU machine (bitsandbytes builds the map with torch).
-  std::ifstream in(std::string(ZT_FIXTURES) + "/quant/torch_dynamic_map.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  rapidjson::Document torch_map;
-  torch_map.Parse(text.str().c_str());
-  REQUIRE(!torch_map.HasParseError());
+  const rapidjson::Document torch_map = read_fixture("quant/torch_dynamic_map.json");
   CHECK(same_bits(map, from_bits(torch_map["dynamic_map_bits"], at::kFloat)));
 
   const auto& e = d["eight_bit"];

@@ -67,6 +67,19 @@ void train_ranks(int world, const std::string& dir, const std::vector<std::strin
                    {"ZT_CANCEL_AT", std::to_string(cancel_at)}});
 }
 
+// A folder of kTinyModel with seeded random weights, as from_pretrained would read it.
+ModelConfig write_base_model(const std::string& folder) {
+  const ModelConfig c = parse_model_config(kTinyModel);
+  CausalLM m(c, at::TensorOptions(), false);
+  load_weights(m, *random_source(c, 11));
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value());
+  fs::create_directories(folder);
+  save_sharded_safetensors(folder, tensors);
+  files::write_atomic(folder + "/config.json", model_config_json(c));
+  return c;
+}
+
 }  // namespace
 
 // One rank of a training run; with ZT_CANCEL_AT=N the run is cancelled after step N (every
@@ -426,16 +439,7 @@ TEST_CASE("a LoRA checkpoint merges into its base: the merged model gives the ad
   const std::string dir = test::temp_dir("lora_merge");
   write_data(dir, "train.jsonl", 24, 8);
   // A base model folder, as from_pretrained would read it.
-  const ModelConfig c = parse_model_config(kTinyModel);
-  {
-    CausalLM m(c, at::TensorOptions(), false);
-    load_weights(m, *random_source(c, 11));
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
-    for (const auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value());
-    fs::create_directories(dir + "/base");
-    save_sharded_safetensors(dir + "/base", tensors);
-    files::write_atomic(dir + "/base/config.json", model_config_json(c));
-  }
+  const ModelConfig c = write_base_model(dir + "/base");
   auto comm = std::shared_ptr<Communicator>(test::join());
   TrainingArguments args;
   std::vector<std::string> flags =
@@ -478,16 +482,7 @@ TEST_CASE(
     "[trainer][quant]") {
   const std::string dir = test::temp_dir("qlora_run");
   write_data(dir, "train.jsonl", 24, 8);
-  const ModelConfig c = parse_model_config(kTinyModel);
-  {
-    CausalLM m(c, at::TensorOptions(), false);
-    load_weights(m, *random_source(c, 11));
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
-    for (const auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value());
-    fs::create_directories(dir + "/base");
-    save_sharded_safetensors(dir + "/base", tensors);
-    files::write_atomic(dir + "/base/config.json", model_config_json(c));
-  }
+  write_base_model(dir + "/base");
   auto comm = std::shared_ptr<Communicator>(test::join());
   auto flags_with = [&](const std::string& out, std::vector<std::string> extra) {
     std::vector<std::string> flags = run_flags(dir, extra);

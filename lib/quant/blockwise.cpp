@@ -121,6 +121,23 @@ float block_absmax(const float* v, int64_t n) {
   return n > 0 ? m : 0.0f;
 }
 
+// kQuantizeBlockwise's loop, for either code: each block's absmax (a partial block's missing
+// values load as 0, which can only matter when every value is NaN), then code(e, x·(1/absmax))
+// for each element e of it — 1/0 = +inf, and 0 · inf = NaN takes the code of NaN.
+template <typename Code>
+void quantize_blocks(const float* src, int64_t n, int64_t blocksize, float* absmax, Code code) {
+  parallel_ranges(blocks_of(n, blocksize), cpu_worker_threads(), [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t first = b * blocksize, count = std::min(blocksize, n - first);
+      float m = block_absmax(src + first, count);
+      if (count < blocksize) m = std::fmax(m, 0.0f);
+      absmax[b] = m;
+      const float reciprocal = 1.0f / m;
+      for (int64_t e = first; e < first + count; ++e) code(e, src[e] * reciprocal);
+    }
+  });
+}
+
 }  // namespace
 
 std::string_view to_string(FourBit type) {
@@ -177,21 +194,10 @@ FourBitBlocks quantize_4bit(const at::Tensor& x, FourBit type, int64_t blocksize
   const float* src = v.data_ptr<float>();
   uint8_t* packed = out.packed.data_ptr<uint8_t>();
   float* absmax = out.absmax.data_ptr<float>();
-  parallel_ranges(blocks, cpu_worker_threads(), [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t first = b * blocksize, count = std::min(blocksize, n - first);
-      // A partial block's missing values load as 0, which can only matter when all are < 0.
-      float m = block_absmax(src + first, count);
-      if (count < blocksize) m = std::fmax(m, 0.0f);
-      absmax[b] = m;
-      const float reciprocal = 1.0f / m;  // 0 → +inf, and 0 · inf = NaN → code of NaN
-      // Blocks are even-sized, so a block's elements fill whole bytes (the last may be half).
-      for (int64_t i = 0; i < count; ++i) {
-        const uint8_t c = quantize_scaled(type, src[first + i] * reciprocal);
-        const int64_t e = first + i;
-        packed[e / 2] |= static_cast<uint8_t>((e % 2 == 0) ? c << 4 : c);
-      }
-    }
+  // Blocks are even-sized, so a block's elements fill whole bytes (the last may be half).
+  quantize_blocks(src, n, blocksize, absmax, [&](int64_t e, float scaled) {
+    const uint8_t c = quantize_scaled(type, scaled);
+    packed[e / 2] |= static_cast<uint8_t>((e % 2 == 0) ? c << 4 : c);
   });
   return out;
 }
@@ -280,18 +286,8 @@ EightBitBlocks quantize_8bit(const at::Tensor& x, const at::Tensor& code, int64_
   const float* table = c.data_ptr<float>();
   uint8_t* codes = out.codes.data_ptr<uint8_t>();
   float* absmax = out.absmax.data_ptr<float>();
-  parallel_ranges(blocks, cpu_worker_threads(), [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t first = b * blocksize, count = std::min(blocksize, n - first);
-      float m = block_absmax(src + first, count);
-      if (count < blocksize) m = std::fmax(m, 0.0f);
-      absmax[b] = m;
-      const float reciprocal = 1.0f / m;
-      for (int64_t i = 0; i < count; ++i) {
-        codes[first + i] = quantize_dynamic(table, src[first + i] * reciprocal);
-      }
-    }
-  });
+  quantize_blocks(src, n, blocksize, absmax,
+                  [&](int64_t e, float scaled) { codes[e] = quantize_dynamic(table, scaled); });
   return out;
 }
 

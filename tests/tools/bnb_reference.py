@@ -37,16 +37,21 @@ def from_bits32(b):
     return struct.unpack("<f", struct.pack("<I", b))[0]
 
 
-def literal32(text):
-    """The fp32 value a C compiler gives the literal `text`f (decimal → fp32, nearest-even)."""
-    exact = fractions.Fraction(text)
-    guess = f32(float(text))
+def f32_exact(q):
+    """The fp32 value nearest the rational q (ties to even): one rounding, as a fused
+    multiply-add gives."""
+    guess = f32(float(q))
     best = None
     for cand in (guess, next_up(guess), next_down(guess)):
-        d = abs(fractions.Fraction(cand) - exact)
+        d = abs(fractions.Fraction(cand) - q)
         if best is None or d < best[0] or (d == best[0] and bits32(cand) % 2 == 0):
             best = (d, cand)
     return best[1]
+
+
+def literal32(text):
+    """The fp32 value a C compiler gives the literal `text`f (decimal → fp32, nearest-even)."""
+    return f32_exact(fractions.Fraction(text))
 
 
 def next_up(x):
@@ -170,18 +175,6 @@ def dequantize4(kind, packed, absmax, blocksize, n):
         c = byte >> 4 if e % 2 == 0 else byte & 15
         out.append(f32(table[c] * absmax[e // blocksize]))
     return out
-
-
-def f32_exact(q):
-    """The fp32 value nearest the rational q (ties to even): one rounding, as a fused
-    multiply-add gives."""
-    guess = f32(float(q))
-    best = None
-    for cand in (guess, next_up(guess), next_down(guess)):
-        d = abs(fractions.Fraction(cand) - q)
-        if best is None or d < best[0] or (d == best[0] and bits32(cand) % 2 == 0):
-            best = (d, cand)
-    return best[1]
 
 
 def linspace32(start, end, steps):
