@@ -482,7 +482,7 @@ TEST_CASE(
     "[trainer][quant]") {
   const std::string dir = test::temp_dir("qlora_run");
   write_data(dir, "train.jsonl", 24, 8);
-  write_base_model(dir + "/base");
+  const ModelConfig c = write_base_model(dir + "/base");
   auto comm = std::shared_ptr<Communicator>(test::join());
   auto flags_with = [&](const std::string& out, std::vector<std::string> extra) {
     std::vector<std::string> flags = run_flags(dir, extra);
@@ -531,6 +531,31 @@ TEST_CASE(
     INFO(join_flags(b.flags));
     CHECK_THROWS_WITH(Trainer(flags_with("bad" + std::to_string(k++), b.flags), comm).train(),
                       Contains(b.says));
+  }
+  // Merged, the adapter goes onto the base it was trained over — the dequantized 4-bit one, as
+  // PEFT's merge_and_unload on a dequantized base: the merged model gives the QLoRA model's
+  // outputs, which the full-precision base with the adapter does not.
+  {
+    MergeOptions options;
+    options.dtype = at::kFloat;
+    merge_checkpoint(dir + "/out", dir + "/merged", options);
+    merge_checkpoint(dir + "/out/checkpoint-8", dir + "/merged8", options);
+    ModelConfig four_bit = parse_model_config(kTinyModel);
+    four_bit.quantization = QuantizationConfig{};
+    CausalLM qlora(four_bit, at::TensorOptions(), true), merged(c, at::TensorOptions(), true),
+        merged8(c, at::TensorOptions(), true), over_full(c, at::TensorOptions(), true);
+    load_weights(qlora, *checkpoint_source(dir + "/base"));
+    load_adapter(qlora, dir + "/out", false);
+    load_weights(merged, *checkpoint_source(dir + "/merged"));
+    load_weights(merged8, *checkpoint_source(dir + "/merged8"));
+    load_weights(over_full, *checkpoint_source(dir + "/base"));
+    load_adapter(over_full, dir + "/out", false);
+    at::NoGradGuard no_grad;
+    const at::Tensor ids = at::randint(3, 250, {2, 12}, at::kLong);
+    const at::Tensor want = qlora.logits(ids);
+    CHECK((merged.logits(ids) - want).abs().max().item<double>() < 1e-4);
+    CHECK((merged8.logits(ids) - want).abs().max().item<double>() < 1e-4);
+    CHECK((over_full.logits(ids) - want).abs().max().item<double>() > 1e-3);
   }
   // A folder transformers saved with bitsandbytes' 4-bit weights trains LoRA over them as they
   // are; options that contradict it, or another method, are refused naming them.

@@ -8,9 +8,12 @@
 
 #include <fmt/format.h>
 
+#include "config/quantization.hpp"
 #include "model/family.hpp"
+#include "model/quantized_weights.hpp"
 #include "peft/linear_adapters.hpp"
 #include "util/files.hpp"
+#include "util/json.hpp"
 #include "util/log.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/data.hpp"
@@ -23,6 +26,35 @@ namespace zt {
 namespace fs = std::filesystem;
 
 namespace {
+
+// The 4-bit base the run that wrote `dir` trained over, from its training_args.json (in `dir`,
+// or in the run's output_dir above a checkpoint-<step> folder); nullopt when it had none.
+std::optional<QuantizationConfig> run_quantization(const std::string& dir) {
+  const fs::path folder(dir);
+  const bool step = folder.filename().string().rfind("checkpoint-", 0) == 0;
+  for (const fs::path& path :
+       {folder / "training_args.json", folder.parent_path() / "training_args.json"}) {
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) {
+      if (!step) break;  // only a checkpoint-<step> folder looks in the run's folder above it
+      continue;
+    }
+    const std::string source = path.string();
+    rapidjson::Document doc = json::parse(files::read_text(source, "run settings"), source);
+    if (!doc.IsObject() || !doc.HasMember("training_arguments")) return std::nullopt;
+    json::ObjectReader r(doc["training_arguments"], "training_arguments", source);
+    TrainingArguments args;
+    args.finetuning_type = "lora";  // the adapter is a LoRA one: merge checked that
+    args.quantization_bit = r.integer("quantization_bit", 0, 64).value_or(0);
+    args.load_in_4bit = r.boolean("load_in_4bit").value_or(false);
+    args.quantization_type = r.string("quantization_type").value_or("");
+    args.bnb_4bit_quant_type = r.string("bnb_4bit_quant_type").value_or("");
+    args.double_quantization = r.boolean("double_quantization");
+    args.bnb_4bit_use_double_quant = r.boolean("bnb_4bit_use_double_quant");
+    return config::quantization_of(args, at::kFloat);
+  }
+  return std::nullopt;
+}
 
 // Anonymous resident memory of this process (RssAnon: heap and anonymous maps, not the file
 // pages mmap'd safetensors occupy), in bytes; 0 where /proc is not there.
@@ -104,9 +136,13 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
     }
     config = load_model_config(checkpoint_dir);
   }
-  // The base's tensors through checkpoint_source: floating point and exactly the model's shapes.
+  // The base's tensors through checkpoint_source: floating point and exactly the model's shapes —
+  // for an adapter trained over a 4-bit base, the values it was trained over (dequantized).
   std::shared_ptr<ParameterSource> base;
-  if (!base_dir.empty()) base = checkpoint_source(base_dir);
+  if (!base_dir.empty()) {
+    base = adapter ? model::merge_base_source(base_dir, config, run_quantization(checkpoint_dir))
+                   : checkpoint_source(base_dir);
+  }
   const at::ScalarType dtype = options.dtype.value_or(config.dtype);
 
   // The HF tensor names and shapes, from a placeholder model of this config; each output tensor

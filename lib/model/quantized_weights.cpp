@@ -196,7 +196,65 @@ class PrequantizedSource final : public ParameterSource {
   at::Tensor cached_;
 };
 
+// The 4-bit weights of `storage` as fp32 values (any dtype out); every other name as it is.
+class DequantizingSource final : public ParameterSource {
+ public:
+  DequantizingSource(std::shared_ptr<ParameterSource> storage,
+                     std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized)
+      : storage_(std::move(storage)), quantized_(std::move(quantized)) {}
+
+  bool has(const std::string& name) const override { return storage_->has(name); }
+
+  void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
+            const at::Tensor& out) override {
+    auto it = quantized_.find(name);
+    if (it == quantized_.end()) {
+      storage_->read(name, shape, offset, out);
+      return;
+    }
+    const quant::FourBitLayout& layout = *it->second;
+    if (offset < 0 || offset + out.numel() > layout.numel()) {
+      throw InvalidArgument(fmt::format("4-bit weight '{}': values [{}, {}) asked of {}", name,
+                                        offset, offset + out.numel(), layout.numel()));
+    }
+    if (name != cached_name_) {
+      cached_name_.clear();
+      at::Tensor bytes = at::empty({layout.bytes()}, at::kByte);
+      storage_->read(name, {layout.bytes()}, 0, bytes);
+      cached_ = quant::dequantize_weight(layout, bytes, at::kFloat).reshape({-1});
+      cached_name_ = name;
+    }
+    out.view({-1}).copy_(cached_.narrow(0, offset, out.numel()));
+  }
+
+ private:
+  std::shared_ptr<ParameterSource> storage_;
+  std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized_;
+  std::string cached_name_;
+  at::Tensor cached_;
+};
+
 }  // namespace
+
+std::shared_ptr<ParameterSource> merge_base_source(
+    const std::string& base_dir, const ModelConfig& config,
+    const std::optional<QuantizationConfig>& run_quantization) {
+  const std::optional<QuantizationConfig> saved = saved_quantization(config);
+  const std::optional<QuantizationConfig> q = saved ? saved : run_quantization;
+  if (!q) return checkpoint_source(base_dir);
+  ModelConfig four_bit = config;
+  four_bit.quantization = q;
+  const CausalLM placeholder(four_bit, at::TensorOptions(), /*allocate=*/false);
+  auto layouts = quantized_weights(placeholder);
+  std::shared_ptr<ParameterSource> storage;
+  if (saved) {
+    storage = prequantized_source(base_dir, layouts);
+  } else {
+    std::shared_ptr<ParameterSource> dense = checkpoint_source(base_dir);
+    storage = quantizing_source(*dense, layouts, dense);
+  }
+  return std::make_shared<DequantizingSource>(std::move(storage), std::move(layouts));
+}
 
 std::optional<QuantizationConfig> saved_quantization(const ModelConfig& config) {
   if (config.source_json.empty()) return std::nullopt;

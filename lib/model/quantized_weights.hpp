@@ -57,4 +57,13 @@ std::shared_ptr<ParameterSource> prequantized_source(
     const std::string& path,
     std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized);
 
+/// The full-precision values a LoRA adapter over a 4-bit base was trained with, for merging it:
+/// `base_dir`'s bitsandbytes 4-bit weights dequantized; or, when the run quantized a
+/// full-precision folder (`run_quantization`), its projections quantized and dequantized again
+/// (PEFT's merge_and_unload onto the dequantized base); otherwise checkpoint_source(base_dir).
+/// `config` is base_dir's.
+std::shared_ptr<ParameterSource> merge_base_source(
+    const std::string& base_dir, const ModelConfig& config,
+    const std::optional<QuantizationConfig>& run_quantization);
+
 }  // namespace zt::model
