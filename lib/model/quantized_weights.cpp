@@ -15,44 +15,70 @@
 namespace zt::model {
 namespace {
 
-class QuantizingSource final : public ParameterSource {
+// What the sources below share: a name in `quantized` reads from whole(), one weight at a time —
+// made when its first range is read and kept for the rest (the engine reads a weight's ranges
+// in order) — as storage bytes (uint8) or as fp32 values; every other name from other().
+class OneWeightAtATime : public ParameterSource {
  public:
-  QuantizingSource(ParameterSource& dense,
-                   std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized,
-                   std::shared_ptr<ParameterSource> owner)
-      : dense_(dense), quantized_(std::move(quantized)), owner_(std::move(owner)) {}
-
-  bool has(const std::string& name) const override { return dense_.has(name); }
-
   void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
-            const at::Tensor& out) override {
+            const at::Tensor& out) final {
     auto it = quantized_.find(name);
     if (it == quantized_.end()) {
-      dense_.read(name, shape, offset, out);
+      other().read(name, shape, offset, out);
       return;
     }
     const quant::FourBitLayout& layout = *it->second;
-    if (out.scalar_type() != at::kByte || offset < 0 || offset + out.numel() > layout.bytes()) {
-      throw InvalidArgument(
-          fmt::format("4-bit weight '{}': bytes [{}, {}) asked of {} uint8, into {}", name, offset,
-                      offset + out.numel(), layout.bytes(), c10::toString(out.scalar_type())));
+    const int64_t size = bytes_ ? layout.bytes() : layout.numel();
+    if ((bytes_ && out.scalar_type() != at::kByte) || offset < 0 || offset + out.numel() > size) {
+      throw InvalidArgument(fmt::format("4-bit weight '{}': {} [{}, {}) asked of {}, into {}", name,
+                                        bytes_ ? "storage bytes" : "values", offset,
+                                        offset + out.numel(), size,
+                                        c10::toString(out.scalar_type())));
     }
     if (name != cached_name_) {
       cached_name_.clear();
-      at::Tensor values = at::empty({layout.rows, layout.cols}, at::kFloat);
-      dense_.read(name, {layout.rows, layout.cols}, 0, values);
-      cached_ = quant::quantize_weight(layout, values);
+      cached_ = whole(name, layout);
       cached_name_ = name;
     }
     out.view({-1}).copy_(cached_.narrow(0, offset, out.numel()));
   }
 
+ protected:
+  OneWeightAtATime(std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized,
+                   bool bytes)
+      : quantized_(std::move(quantized)), bytes_(bytes) {}
+  /// Weight `name` whole and flat: its storage (uint8) or its values (fp32).
+  virtual at::Tensor whole(const std::string& name, const quant::FourBitLayout& layout) = 0;
+  virtual ParameterSource& other() = 0;
+
  private:
-  ParameterSource& dense_;
   std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized_;
-  std::shared_ptr<ParameterSource> owner_;
+  bool bytes_;
   std::string cached_name_;
   at::Tensor cached_;
+};
+
+class QuantizingSource final : public OneWeightAtATime {
+ public:
+  QuantizingSource(ParameterSource& dense,
+                   std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized,
+                   std::shared_ptr<ParameterSource> owner)
+      : OneWeightAtATime(std::move(quantized), /*bytes=*/true),
+        dense_(dense),
+        owner_(std::move(owner)) {}
+
+  bool has(const std::string& name) const override { return dense_.has(name); }
+
+ private:
+  at::Tensor whole(const std::string& name, const quant::FourBitLayout& layout) override {
+    at::Tensor values = at::empty({layout.rows, layout.cols}, at::kFloat);
+    dense_.read(name, {layout.rows, layout.cols}, 0, values);
+    return quant::quantize_weight(layout, values);
+  }
+  ParameterSource& other() override { return dense_; }
+
+  ParameterSource& dense_;
+  std::shared_ptr<ParameterSource> owner_;
 };
 
 // The suffixes of the tensors bitsandbytes saves beside a 4-bit weight.
@@ -63,33 +89,15 @@ constexpr const char* kParts[] = {".absmax",
                                   ".quant_state.bitsandbytes__nf4",
                                   ".quant_state.bitsandbytes__fp4"};
 
-class PrequantizedSource final : public ParameterSource {
+class PrequantizedSource final : public OneWeightAtATime {
  public:
   PrequantizedSource(const std::string& path,
                      std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized)
-      : ckpt_(path), dense_(checkpoint_source(path)), quantized_(std::move(quantized)) {}
+      : OneWeightAtATime(std::move(quantized), /*bytes=*/true),
+        ckpt_(path),
+        dense_(checkpoint_source(path)) {}
 
   bool has(const std::string& name) const override { return ckpt_.contains(name); }
-
-  void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
-            const at::Tensor& out) override {
-    auto it = quantized_.find(name);
-    if (it == quantized_.end()) {
-      dense_->read(name, shape, offset, out);
-      return;
-    }
-    const quant::FourBitLayout& layout = *it->second;
-    if (out.scalar_type() != at::kByte || offset < 0 || offset + out.numel() > layout.bytes()) {
-      throw InvalidArgument(fmt::format("4-bit weight '{}': bytes [{}, {}) asked of {} uint8", name,
-                                        offset, offset + out.numel(), layout.bytes()));
-    }
-    if (name != cached_name_) {
-      cached_name_.clear();
-      cached_ = storage_of(name, layout);
-      cached_name_ = name;
-    }
-    out.view({-1}).copy_(cached_.narrow(0, offset, out.numel()));
-  }
 
  private:
   [[noreturn]] void fail(const std::string& tensor, const std::string& what) const {
@@ -117,7 +125,10 @@ class PrequantizedSource final : public ParameterSource {
     }
   }
 
-  at::Tensor storage_of(const std::string& name, const quant::FourBitLayout& layout) const {
+  ParameterSource& other() override { return *dense_; }
+
+  // The storage of weight `name` from the file's parts, each checked.
+  at::Tensor whole(const std::string& name, const quant::FourBitLayout& layout) override {
     const std::string type(quant::to_string(layout.type));
     const std::string other = layout.type == quant::FourBit::nf4 ? "fp4" : "nf4";
     if (ckpt_.contains(name + ".quant_state.bitsandbytes__" + other)) {
@@ -191,47 +202,26 @@ class PrequantizedSource final : public ParameterSource {
 
   SafetensorsCheckpoint ckpt_;
   std::shared_ptr<ParameterSource> dense_;
-  std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized_;
-  std::string cached_name_;
-  at::Tensor cached_;
 };
 
 // The 4-bit weights of `storage` as fp32 values (any dtype out); every other name as it is.
-class DequantizingSource final : public ParameterSource {
+class DequantizingSource final : public OneWeightAtATime {
  public:
   DequantizingSource(std::shared_ptr<ParameterSource> storage,
                      std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized)
-      : storage_(std::move(storage)), quantized_(std::move(quantized)) {}
+      : OneWeightAtATime(std::move(quantized), /*bytes=*/false), storage_(std::move(storage)) {}
 
   bool has(const std::string& name) const override { return storage_->has(name); }
 
-  void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
-            const at::Tensor& out) override {
-    auto it = quantized_.find(name);
-    if (it == quantized_.end()) {
-      storage_->read(name, shape, offset, out);
-      return;
-    }
-    const quant::FourBitLayout& layout = *it->second;
-    if (offset < 0 || offset + out.numel() > layout.numel()) {
-      throw InvalidArgument(fmt::format("4-bit weight '{}': values [{}, {}) asked of {}", name,
-                                        offset, offset + out.numel(), layout.numel()));
-    }
-    if (name != cached_name_) {
-      cached_name_.clear();
-      at::Tensor bytes = at::empty({layout.bytes()}, at::kByte);
-      storage_->read(name, {layout.bytes()}, 0, bytes);
-      cached_ = quant::dequantize_weight(layout, bytes, at::kFloat).reshape({-1});
-      cached_name_ = name;
-    }
-    out.view({-1}).copy_(cached_.narrow(0, offset, out.numel()));
-  }
-
  private:
+  at::Tensor whole(const std::string& name, const quant::FourBitLayout& layout) override {
+    at::Tensor bytes = at::empty({layout.bytes()}, at::kByte);
+    storage_->read(name, {layout.bytes()}, 0, bytes);
+    return quant::dequantize_weight(layout, bytes, at::kFloat).reshape({-1});
+  }
+  ParameterSource& other() override { return *storage_; }
+
   std::shared_ptr<ParameterSource> storage_;
-  std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized_;
-  std::string cached_name_;
-  at::Tensor cached_;
 };
 
 }  // namespace
