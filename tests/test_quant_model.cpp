@@ -263,6 +263,13 @@ TEST_CASE("a bitsandbytes folder that lies about a weight is refused, naming the
                                R"("nested_dtype": "float32", "nested_offset": 0.01})");
        },
        state},
+      {"an offset beyond fp32",
+       [&](auto& t) {
+         t[state] = json_bytes(R"({"quant_type": "nf4", "blocksize": 64, "dtype": "float32", )"
+                               R"("shape": [64, 160], "nested_blocksize": 256, )"
+                               R"("nested_dtype": "float32", "nested_offset": 1e300})");
+       },
+       state},
       {"a quant_state that is not JSON", [&](auto& t) { t[state] = json_bytes("{\"quant_"); },
        state},
       {"fp4 where the config says nf4",

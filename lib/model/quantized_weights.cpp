@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/layers.hpp"
+#include "util/dtype_names.hpp"
 #include "util/json.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/safetensors.hpp"
@@ -155,7 +156,7 @@ class PrequantizedSource final : public OneWeightAtATime {
       fail(state_name, fmt::format("does not give blocksize {}", layout.blocksize));
     }
     const std::string dtype = state.required_string("dtype");
-    if (dtype != "float32" && dtype != "float16" && dtype != "bfloat16") {
+    if (!torch_float_dtype(dtype)) {
       fail(state_name, fmt::format("gives dtype '{}'", dtype));
     }
     const rapidjson::Value* shape = state.find("shape");
@@ -185,7 +186,9 @@ class PrequantizedSource final : public OneWeightAtATime {
     if (state.integer("nested_blocksize", 1, 1 << 20).value_or(-1) != quant::kNestedBlocksize) {
       fail(state_name, "does not give nested_blocksize 256");
     }
-    const double offset = state.number("nested_offset").value_or(NAN);
+    // Finite as the fp32 it becomes: 1e300 is a finite double but an infinite offset.
+    const float offset =
+        static_cast<float>(state.number("nested_offset", -3e38, 3e38).value_or(NAN));
     if (!std::isfinite(offset)) fail(state_name, "gives no finite nested_offset");
     quant::DoubleQuantized dq;
     dq.codes = part(name + ".absmax", at::kByte, layout.blocks());
@@ -195,7 +198,7 @@ class PrequantizedSource final : public OneWeightAtATime {
     if (!at::isfinite(dq.nested_code).all().item<bool>()) {
       fail(name + ".nested_quant_map", "holds a non-finite value");
     }
-    dq.offset = static_cast<float>(offset);
+    dq.offset = offset;
     blocks.absmax = at::Tensor();
     return quant::pack_weight(layout, blocks, &dq);
   }
