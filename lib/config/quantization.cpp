@@ -6,18 +6,16 @@
 
 #include <string>
 
+#include "util/dtype_names.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::config {
 namespace {
 
-// transformers' and torch's names of a dtype, as bnb_4bit_compute_dtype takes them.
-std::optional<at::ScalarType> dtype_named(std::string name) {
-  if (name.rfind("torch.", 0) == 0) name = name.substr(6);
-  if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
-  if (name == "float16" || name == "fp16" || name == "half") return at::kHalf;
-  if (name == "float32" || name == "fp32" || name == "float") return at::kFloat;
-  return std::nullopt;
+// A dtype as BitsAndBytesConfig takes it: torch's attribute name, with or without "torch.".
+std::optional<at::ScalarType> dtype_named(std::string_view name) {
+  if (name.rfind("torch.", 0) == 0) name.remove_prefix(6);
+  return torch_float_dtype(name);
 }
 
 }  // namespace
@@ -87,12 +85,11 @@ std::optional<QuantizationConfig> quantization_of(const TrainingArguments& args,
         fmt::format("bnb_4bit_quant_storage '{}': give uint8, bfloat16, float16 or float32",
                     args.bnb_4bit_quant_storage));
   }
-  std::string method = args.finetuning_type;
-  if (method != "lora") {
+  if (args.finetuning_type != "lora") {
     throw ConfigError(fmt::format(
         "{}: a 4-bit base is frozen, so it trains only with finetuning_type lora (QLoRA), not "
         "{}",
-        factory ? "quantization_bit 4" : "load_in_4bit", method));
+        factory ? "quantization_bit 4" : "load_in_4bit", args.finetuning_type));
   }
   return q;
 }
@@ -106,9 +103,9 @@ QuantizationConfig saved_quantization_for(const TrainingArguments& args,
         "finetuning_type lora (QLoRA), not {}; give the full-precision model to train otherwise",
         folder, args.finetuning_type));
   }
-  for (const char* name : {"quantization_type", "bnb_4bit_quant_type"}) {
-    const std::string& given = std::string(name) == "quantization_type" ? args.quantization_type
-                                                                        : args.bnb_4bit_quant_type;
+  for (const auto& [name, given] :
+       {std::pair<const char*, const std::string&>{"quantization_type", args.quantization_type},
+        {"bnb_4bit_quant_type", args.bnb_4bit_quant_type}}) {
     if (args.is_given(name) && given != saved.quant_type) {
       throw ConfigError(fmt::format(
           "{} {} but '{}' holds {} weights (its config.json's quantization_config): leave {} out "

@@ -7,6 +7,7 @@
 
 #include "model/families/decoder.hpp"
 #include "model/family.hpp"
+#include "util/dtype_names.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "zerotrain/error.hpp"
@@ -18,9 +19,7 @@ namespace {
 using json::ObjectReader;
 
 at::ScalarType dtype_from_name(ObjectReader& r, const char* key, const std::string& name) {
-  if (name == "float32" || name == "float") return at::kFloat;
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16" || name == "half") return at::kHalf;
+  if (const std::optional<at::ScalarType> t = torch_float_dtype(name)) return *t;
   r.fail(key, "\"float32\", \"bfloat16\" or \"float16\"");
 }
 
