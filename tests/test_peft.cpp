@@ -184,7 +184,8 @@ class DeltaAdapter final : public model::LinearAdapter {
     return base.base_forward(x) + at::linear(x, d_->weight);
   }
   bool reuses_kept(bool) const override { return false; }
-  at::Tensor delta_weight() const override { return d_->weight.to(at::kFloat); }
+  void merge_into(at::Tensor& weight) const override { weight.add_(d_->weight.to(at::kFloat)); }
+  void unmerge_from(at::Tensor& weight) const override { weight.sub_(d_->weight.to(at::kFloat)); }
   at::Tensor d() const { return d_->weight; }
 
  private:
@@ -367,8 +368,17 @@ TEST_CASE("adapter options zerotrain lacks are errors naming them", "[peft][erro
     std::ofstream(dir + "/adapter_config.json") << json;
     return dir;
   };
-  CHECK_THROWS_WITH(load_adapter_config(write(R"({"peft_type": "LORA", "use_dora": true})")),
-                    Contains("use_dora"));
+  CHECK_THROWS_WITH(load_adapter_config(write(R"({"peft_type": "LORA", "fan_in_fan_out": true})")),
+                    Contains("fan_in_fan_out"));
+  // Starts that change the base as well (OLoRA, LoftQ, CorDA): the adapter means nothing without.
+  for (const char* init : {"olora", "loftq", "corda", "pissa_niter_x", "pissa_niter_"}) {
+    INFO(init);
+    CHECK_THROWS_WITH(load_adapter_config(write(fmt::format(
+                          R"({{"peft_type": "LORA", "init_lora_weights": "{}"}})", init))),
+                      Contains("init_lora_weights") && Contains(init));
+  }
+  CHECK_THROWS_WITH(load_adapter_config(write(R"({"peft_type": "LORA", "init_lora_weights": 3})")),
+                    Contains("init_lora_weights"));
   CHECK_THROWS_WITH(load_adapter_config(write(R"({"peft_type": "IA3"})")),
                     Contains("IA3") && Contains("LORA, P_TUNING, PREFIX_TUNING"));
   CHECK_THROWS_WITH(

@@ -304,6 +304,11 @@ struct TrainingArguments {
   std::string lora_bias = "none";                  ///< none | all | lora_only
   std::string lora_modules_to_save;                ///< comma list
   bool use_rslora = false;
+  bool use_dora = false;             ///< DoRA (LLaMA-Factory / PEFT)
+  bool pissa_init = false;           ///< LLaMA-Factory: PiSSA initialization
+  int64_t pissa_iter = 16;           ///< LLaMA-Factory: randomized-SVD iterations (-1: full SVD)
+  bool pissa_convert = false;        ///< LLaMA-Factory: also write the adapter as plain LoRA
+  std::string init_lora_weights;     ///< PEFT's spelling: true | pissa | pissa_niter_<n>
   std::string adapter_name_or_path;  ///< continue from a PEFT LoRA adapter folder
   int64_t num_virtual_tokens = 16;
   std::string encoder_reparameterization_type = "MLP";  ///< MLP | LSTM (ptuning)

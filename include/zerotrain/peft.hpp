@@ -32,6 +32,13 @@ struct LoraOptions {
   std::string bias = "none";  ///< none | all | lora_only
   std::vector<std::string> modules_to_save;
   bool use_rslora = false;  ///< scale by alpha / sqrt(r) instead of alpha / r
+  /// DoRA (PEFT's use_dora): the adapted weight's rows rescaled to a trained magnitude vector
+  /// (docs/peft.md).
+  bool use_dora = false;
+  /// How A and B start (PEFT's init_lora_weights): "true" (A kaiming-uniform, B zero),
+  /// "pissa" (the weight's top-r singular triplets; the base keeps the residual), or
+  /// "pissa_niter_<n>" (the same from a randomized SVD with n subspace iterations).
+  std::string init_lora_weights = "true";
 
   /// The factor the adapter's product B·A is scaled by (PEFT's LoraLayer.scaling): alpha / r,
   /// or alpha / sqrt(r) with rsLoRA. The one definition training and merge use.

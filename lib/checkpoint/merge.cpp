@@ -11,7 +11,9 @@
 #include "config/quantization.hpp"
 #include "model/family.hpp"
 #include "model/quantized_weights.hpp"
+#include "peft/init_sources.hpp"
 #include "peft/linear_adapters.hpp"
+#include "peft/pissa.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "util/log.hpp"
@@ -27,11 +29,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The 4-bit base the run that wrote `dir` trained over, from its training_args.json (in `dir`,
-// or in the run's output_dir above a checkpoint-<step> folder); nullopt when it had none.
-std::optional<QuantizationConfig> run_quantization(const std::string& dir) {
+// What `zerotrain merge` needs of the run that wrote `dir`, from its training_args.json (in
+// `dir`, or in the run's output_dir above a checkpoint-<step> folder): the 4-bit base it trained
+// over, if any, and its seed (PiSSA's random start). Defaults when there is no such file.
+struct RunSettings {
+  std::optional<QuantizationConfig> quantization;
+  int64_t seed = 42;
+};
+
+RunSettings run_settings(const std::string& dir) {
   const fs::path folder(dir);
   const bool step = folder.filename().string().rfind("checkpoint-", 0) == 0;
+  RunSettings out;
   for (const fs::path& path :
        {folder / "training_args.json", folder.parent_path() / "training_args.json"}) {
     std::error_code ec;
@@ -41,7 +50,7 @@ std::optional<QuantizationConfig> run_quantization(const std::string& dir) {
     }
     const std::string source = path.string();
     rapidjson::Document doc = json::parse(files::read_text(source, "run settings"), source);
-    if (!doc.IsObject() || !doc.HasMember("training_arguments")) return std::nullopt;
+    if (!doc.IsObject() || !doc.HasMember("training_arguments")) return out;
     json::ObjectReader r(doc["training_arguments"], "training_arguments", source);
     TrainingArguments args;
     args.finetuning_type = "lora";  // the adapter is a LoRA one: merge checked that
@@ -51,9 +60,11 @@ std::optional<QuantizationConfig> run_quantization(const std::string& dir) {
     args.bnb_4bit_quant_type = r.string("bnb_4bit_quant_type").value_or("");
     args.double_quantization = r.boolean("double_quantization");
     args.bnb_4bit_use_double_quant = r.boolean("bnb_4bit_use_double_quant");
-    return config::quantization_of(args, at::kFloat);
+    out.quantization = config::quantization_of(args, at::kFloat);
+    out.seed = r.integer("seed", 0).value_or(out.seed);
+    return out;
   }
-  return std::nullopt;
+  return out;
 }
 
 // Anonymous resident memory of this process (RssAnon: heap and anonymous maps, not the file
@@ -138,10 +149,25 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
   }
   // The base's tensors through checkpoint_source: floating point and exactly the model's shapes —
   // for an adapter trained over a 4-bit base, the values it was trained over (dequantized).
+  // A PiSSA adapter was trained over the residual base: the base's targets less their starting
+  // factors, decomposed again as the run did (the residual quantized when the run's base was).
   std::shared_ptr<ParameterSource> base;
   if (!base_dir.empty()) {
-    base = adapter ? model::merge_base_source(base_dir, config, run_quantization(checkpoint_dir))
-                   : checkpoint_source(base_dir);
+    if (adapter) {
+      const RunSettings run = run_settings(checkpoint_dir);
+      model::SourceWrap residual;
+      if (peft::pissa_iterations(peft.lora.init_lora_weights)) {
+        residual = [&](std::shared_ptr<ParameterSource> dense) {
+          CausalLM targets(config, at::TensorOptions(), /*allocate=*/false);
+          return peft::pissa_source(std::move(dense), targets, peft.lora,
+                                    static_cast<uint64_t>(run.seed), at::kCPU,
+                                    /*factors=*/false);
+        };
+      }
+      base = model::merge_base_source(base_dir, config, run.quantization, residual);
+    } else {
+      base = checkpoint_source(base_dir);
+    }
   }
   const at::ScalarType dtype = options.dtype.value_or(config.dtype);
 

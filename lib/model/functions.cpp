@@ -205,11 +205,7 @@ class QuantizedLinearFunction : public torch::autograd::Function<QuantizedLinear
                             const at::Tensor& storage, const at::Tensor& bias,
                             const quant::FourBitLayout& layout, bool output_unread) {
     ctx->save_for_backward({storage});
-    ctx->saved_data["type"] = static_cast<int64_t>(layout.type);
-    ctx->saved_data["blocksize"] = layout.blocksize;
-    ctx->saved_data["double_quant"] = layout.double_quant;
-    ctx->saved_data["rows"] = layout.rows;
-    ctx->saved_data["cols"] = layout.cols;
+    ctx->saved_data["layout"] = quant::layout_numbers(layout);
     ctx->saved_data["bias"] = bias.numel() > 0;
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = layout.rows;
@@ -221,12 +217,8 @@ class QuantizedLinearFunction : public torch::autograd::Function<QuantizedLinear
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    quant::FourBitLayout layout;
-    layout.type = static_cast<quant::FourBit>(ctx->saved_data["type"].toInt());
-    layout.blocksize = ctx->saved_data["blocksize"].toInt();
-    layout.double_quant = ctx->saved_data["double_quant"].toBool();
-    layout.rows = ctx->saved_data["rows"].toInt();
-    layout.cols = ctx->saved_data["cols"].toInt();
+    const quant::FourBitLayout layout =
+        quant::layout_from_numbers(ctx->saved_data["layout"].toIntVector());
     const at::Tensor& g = grads[0];
     at::Tensor grad_x, grad_bias;
     if (ctx->needs_input_grad(0)) {

@@ -116,6 +116,19 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, const ParamFactory& o)
   if (with_bias) bias = register_parameter("bias", o({out}));
 }
 
+at::Tensor Linear::dense_weight(at::ScalarType dtype) const {
+  if (quantized) return quant::dequantize_weight(*quantized, weight, dtype);
+  return weight.to(dtype);
+}
+
+bool Linear::holds_values() const {
+  // ParamFactory's placeholders are one element broadcast: stride 0 along a longer dimension.
+  for (int64_t d = 0; d < weight.dim(); ++d) {
+    if (weight.size(d) > 1 && weight.stride(d) == 0) return false;
+  }
+  return true;
+}
+
 Attention::Attention(const ModelConfig& c, const ParamFactory& o) : config(&c) {
   const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.kv_dim();
   const ModuleNames& names = family_of(c).names;

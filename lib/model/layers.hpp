@@ -64,8 +64,10 @@ class LinearAdapter {
   /// Whether forward may return an output kept from an earlier pass (false where it draws
   /// random numbers in training, which a recomputation draws again).
   virtual bool reuses_kept(bool training) const = 0;
-  /// What the adapter adds to the base weight, fp32 [out, in] (merge_lora folds it in).
-  virtual at::Tensor delta_weight() const = 0;
+  /// Folds the adapter into `weight`, the base's values as fp32 [out, in], in place
+  /// (merge_lora), and takes it out again (unmerge_lora: after merge_into of the same weight).
+  virtual void merge_into(at::Tensor& weight) const = 0;
+  virtual void unmerge_from(at::Tensor& weight) const = 0;
 };
 
 /// A projection: a base (a dense weight, or a 4-bit one, and an optional bias) plus, optionally,
@@ -86,6 +88,11 @@ struct Linear : torch::nn::Module {
   at::TensorOptions value_options() const {
     return quantized ? weight.options().dtype(quantized->dtype) : weight.options();
   }
+  /// The base weight's values [out, in] in `dtype`: `weight` cast, or a 4-bit base dequantized.
+  at::Tensor dense_weight(at::ScalarType dtype) const;
+  /// Whether the parameters hold values (a model made without allocating holds placeholders
+  /// until the engine loads its own copies).
+  bool holds_values() const;
   /// The base's x · weightᵀ + bias. `output_unread` or a defined `kept`: see forward (a 4-bit
   /// base never gets `kept`: reuses_kept is false).
   at::Tensor base_forward(const at::Tensor& x, bool output_unread = false,

@@ -231,19 +231,29 @@ class DequantizingSource final : public OneWeightAtATime {
 
 std::shared_ptr<ParameterSource> merge_base_source(
     const std::string& base_dir, const ModelConfig& config,
-    const std::optional<QuantizationConfig>& run_quantization) {
+    const std::optional<QuantizationConfig>& run_quantization, const SourceWrap& dense_wrap) {
   const std::optional<QuantizationConfig> saved = saved_quantization(config);
   const std::optional<QuantizationConfig> q = saved ? saved : run_quantization;
-  if (!q) return checkpoint_source(base_dir);
+  auto full_precision = [&] {
+    std::shared_ptr<ParameterSource> dense = checkpoint_source(base_dir);
+    return dense_wrap ? dense_wrap(std::move(dense)) : dense;
+  };
+  if (!q) return full_precision();
   ModelConfig four_bit = config;
   four_bit.quantization = q;
   const CausalLM placeholder(four_bit, at::TensorOptions(), /*allocate=*/false);
   auto layouts = quantized_weights(placeholder);
   std::shared_ptr<ParameterSource> storage;
   if (saved) {
+    if (dense_wrap) {
+      throw ConfigError(fmt::format(
+          "'{}' holds 4-bit weights, but the adapter's base is computed from full-precision "
+          "ones (PiSSA's residual); give the full-precision model as --base_model",
+          base_dir));
+    }
     storage = prequantized_source(base_dir, layouts);
   } else {
-    std::shared_ptr<ParameterSource> dense = checkpoint_source(base_dir);
+    std::shared_ptr<ParameterSource> dense = full_precision();
     storage = quantizing_source(*dense, layouts, dense);
   }
   return std::make_shared<DequantizingSource>(std::move(storage), std::move(layouts));

@@ -4,6 +4,7 @@
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -61,9 +62,13 @@ std::shared_ptr<ParameterSource> prequantized_source(
 /// `base_dir`'s bitsandbytes 4-bit weights dequantized; or, when the run quantized a
 /// full-precision folder (`run_quantization`), its projections quantized and dequantized again
 /// (PEFT's merge_and_unload onto the dequantized base); otherwise checkpoint_source(base_dir).
-/// `config` is base_dir's.
+/// `config` is base_dir's. `dense`, when given, wraps the full-precision folder's source before
+/// any quantization (the adapter's own view of its base: PiSSA's residual); a folder of 4-bit
+/// weights is then a ConfigError, having no full-precision values to wrap.
+using SourceWrap =
+    std::function<std::shared_ptr<ParameterSource>(std::shared_ptr<ParameterSource>)>;
 std::shared_ptr<ParameterSource> merge_base_source(
     const std::string& base_dir, const ModelConfig& config,
-    const std::optional<QuantizationConfig>& run_quantization);
+    const std::optional<QuantizationConfig>& run_quantization, const SourceWrap& dense = nullptr);
 
 }  // namespace zt::model

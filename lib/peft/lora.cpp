@@ -92,29 +92,33 @@ at::Tensor lora_delta(const at::Tensor& lora_A, const at::Tensor& lora_B, double
   return delta;
 }
 
-namespace {
-
-// A generator per name, so values do not depend on creation order and agree on every rank.
 at::Generator generator_for(uint64_t seed, const std::string& name) {
   return at::detail::createCPUGenerator(seed ^
                                         (std::hash<std::string>{}(name)*0x9E3779B97F4A7C15ULL));
 }
 
-}  // namespace
+LoraFactors register_lora_factors(const std::string& path, model::Linear& host,
+                                  const LoraOptions& o, uint64_t seed) {
+  const model::ParamFactory factory{host.value_options(), true};
+  LoraFactors f;
+  f.a = host.register_module(
+      "lora_A", std::make_shared<model::Linear>(host.in_features, o.r, false, factory));
+  f.b = host.register_module(
+      "lora_B", std::make_shared<model::Linear>(o.r, host.out_features, false, factory));
+  at::NoGradGuard no_grad;
+  const double bound = 1.0 / std::sqrt(static_cast<double>(host.in_features));
+  f.a->weight.copy_(
+      at::empty({o.r, host.in_features}).uniform_(-bound, bound, generator_for(seed, path)));
+  f.b->weight.zero_();
+  return f;
+}
 
 LoraAdapter::LoraAdapter(const std::string& path, model::Linear& host, const LoraOptions& o,
                          uint64_t seed)
     : scaling_(o.scaling()), dropout_(o.dropout) {
-  const model::ParamFactory factory{host.value_options(), true};
-  a_ = host.register_module("lora_A",
-                            std::make_shared<model::Linear>(host.in_features, o.r, false, factory));
-  b_ = host.register_module(
-      "lora_B", std::make_shared<model::Linear>(o.r, host.out_features, false, factory));
-  at::NoGradGuard no_grad;
-  const double bound = 1.0 / std::sqrt(static_cast<double>(host.in_features));
-  a_->weight.copy_(
-      at::empty({o.r, host.in_features}).uniform_(-bound, bound, generator_for(seed, path)));
-  b_->weight.zero_();
+  LoraFactors f = register_lora_factors(path, host, o, seed);
+  a_ = std::move(f.a);
+  b_ = std::move(f.b);
 }
 
 at::Tensor LoraAdapter::forward(const model::Linear& base, const at::Tensor& x, bool output_unread,
@@ -134,8 +138,12 @@ at::Tensor LoraAdapter::forward(const model::Linear& base, const at::Tensor& x, 
                      kept);
 }
 
-at::Tensor LoraAdapter::delta_weight() const {
-  return lora_delta(a_->weight, b_->weight, scaling_);
+void LoraAdapter::merge_into(at::Tensor& weight) const {
+  add_lora_delta(weight, a_->weight, b_->weight, scaling_);
+}
+
+void LoraAdapter::unmerge_from(at::Tensor& weight) const {
+  add_lora_delta(weight, a_->weight, b_->weight, -scaling_);
 }
 
 }  // namespace zt::peft

@@ -33,19 +33,32 @@ void add_lora_delta(at::Tensor& weight, const at::Tensor& lora_A, const at::Tens
 /// ΔW = lora_B · lora_A · scaling in fp32 [out, in] (add_lora_delta into zeros).
 at::Tensor lora_delta(const at::Tensor& lora_A, const at::Tensor& lora_B, double scaling);
 
+/// A CPU generator for the adapter values of module `name`, so that they do not depend on the
+/// order modules are made in and agree on every rank.
+at::Generator generator_for(uint64_t seed, const std::string& name);
+
+/// LoRA's A [r, in] and B [out, r], registered on `host` as its submodules "lora_A" and "lora_B"
+/// in its value dtype and device: A ~ kaiming_uniform(a=√5) = U(±1/√in) from `seed` and the
+/// module's `path` (the same values on every rank), B = 0, so the adapter starts as a no-op
+/// (PEFT's init). LoRA's and DoRA's adapters hold them.
+struct LoraFactors {
+  std::shared_ptr<model::Linear> a, b;
+};
+LoraFactors register_lora_factors(const std::string& path, model::Linear& host,
+                                  const LoraOptions& options, uint64_t seed);
+
 /// LoRA on one Linear (PEFT's layout: submodules lora_A [r, in] and lora_B [out, r] of the
 /// projection, output += lora_B(lora_A(dropout(x))) · scaling; lora_B has no bias).
 class LoraAdapter final : public model::LinearAdapter {
  public:
-  /// Registers lora_A and lora_B on `host` in its dtype and device, A ~ kaiming_uniform(a=√5)
-  /// = U(±1/√in) from `seed` and the module's `path` (the same values on every rank), B = 0, so
-  /// the adapter starts as a no-op (PEFT's init).
+  /// Registers lora_A and lora_B on `host` (register_lora_factors).
   LoraAdapter(const std::string& path, model::Linear& host, const LoraOptions& options,
               uint64_t seed);
   at::Tensor forward(const model::Linear& base, const at::Tensor& x, bool output_unread,
                      const at::Tensor& kept) const override;
   bool reuses_kept(bool training) const override { return dropout_ <= 0 || !training; }
-  at::Tensor delta_weight() const override;
+  void merge_into(at::Tensor& weight) const override;
+  void unmerge_from(at::Tensor& weight) const override;
 
  private:
   std::shared_ptr<model::Linear> a_, b_;

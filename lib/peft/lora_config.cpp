@@ -7,7 +7,10 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "peft/lora_targets.hpp"
+#include "peft/pissa.hpp"
 
 namespace zt::peft {
 namespace {
@@ -116,11 +119,15 @@ void write_lora_config(JsonWriter& w, CausalLM& model, const LoraOptions& o) {
   w.Key("use_rslora");
   w.Bool(o.use_rslora);
   w.Key("use_dora");
-  w.Bool(false);
+  w.Bool(o.use_dora);
   w.Key("fan_in_fan_out");
   w.Bool(false);
   w.Key("init_lora_weights");
-  w.Bool(true);
+  if (o.init_lora_weights == "true") {
+    w.Bool(true);
+  } else {
+    w.String(o.init_lora_weights.c_str());
+  }
   w.Key("layers_to_transform");
   w.Null();
   w.Key("layers_pattern");
@@ -162,8 +169,23 @@ void read_lora_config(json::ObjectReader& r, LoraOptions& o) {
     }
   }
   if (auto v = r.boolean("use_rslora")) o.use_rslora = *v;
+  if (auto v = r.boolean("use_dora")) o.use_dora = *v;
+  if (const rapidjson::Value* v = r.find("init_lora_weights"); v != nullptr && !v->IsNull()) {
+    if (v->IsBool()) {
+      o.init_lora_weights = "true";  // True / False: where A and B start, which the file replaces
+    } else if (v->IsString()) {
+      const std::optional<std::string> init = canonical_init(json::text(*v));
+      if (!init) {
+        r.fail_value("init_lora_weights", fmt::format("\"{}\" is not supported by zerotrain; {}",
+                                                      json::text(*v), kInitChoices));
+      }
+      o.init_lora_weights = *init;
+    } else {
+      r.fail("init_lora_weights", "true, false, \"pissa\" or \"pissa_niter_<n>\"");
+    }
+  }
   // PEFT options that would change what the adapter computes and that zerotrain lacks.
-  for (const char* k : {"use_dora", "fan_in_fan_out", "use_qalora"}) {
+  for (const char* k : {"fan_in_fan_out", "use_qalora"}) {
     if (auto v = r.boolean(k); v && *v) {
       r.fail_value(k, "is not supported by zerotrain (plain LoRA only); remove it or set false");
     }

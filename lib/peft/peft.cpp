@@ -15,6 +15,7 @@
 #include "model/layers.hpp"
 #include "peft/linear_adapters.hpp"
 #include "peft/lora_targets.hpp"
+#include "peft/pissa.hpp"
 #include "peft/prompt_encoders.hpp"
 #include "util/capacity.hpp"
 #include "util/pattern.hpp"
@@ -302,6 +303,36 @@ PeftConfig peft_config_for(const TrainingArguments& a) {
   c.lora.bias = a.lora_bias;
   c.lora.modules_to_save = split_list(a.lora_modules_to_save);
   c.lora.use_rslora = a.use_rslora;
+  c.lora.use_dora = a.use_dora;
+  // LLaMA-Factory's pissa_init / pissa_iter as PEFT's init_lora_weights, which may be given
+  // itself (the two must then agree).
+  const std::string factory = !a.pissa_init        ? "true"
+                              : a.pissa_iter == -1 ? "pissa"
+                                                   : fmt::format("pissa_niter_{}", a.pissa_iter);
+  c.lora.init_lora_weights = factory;
+  if (!a.init_lora_weights.empty()) {
+    const std::optional<std::string> init = peft::canonical_init(a.init_lora_weights);
+    if (!init) {
+      throw ConfigError(fmt::format("init_lora_weights: \"{}\" is not supported by zerotrain; {}",
+                                    a.init_lora_weights, peft::kInitChoices));
+    }
+    c.lora.init_lora_weights = *init;
+    if (a.pissa_init && c.lora.init_lora_weights != factory) {
+      throw ConfigError(fmt::format(
+          "init_lora_weights {} contradicts pissa_init with pissa_iter {} ({}); give one of them",
+          a.init_lora_weights, a.pissa_iter, factory));
+    }
+  }
+  if (a.pissa_convert && !peft::pissa_iterations(c.lora.init_lora_weights)) {
+    throw ConfigError(
+        "pissa_convert: converts a PiSSA adapter, but PiSSA is off; add --pissa_init true or "
+        "drop pissa_convert");
+  }
+  if (a.pissa_convert && a.use_dora) {
+    throw ConfigError(
+        "pissa_convert with use_dora: a DoRA adapter's rescaling does not subtract as PiSSA's "
+        "conversion needs (PEFT's conversion is for plain LoRA); drop one of them");
+  }
   c.prompt.num_virtual_tokens = a.pre_seq_len.value_or(a.num_virtual_tokens);
   c.prompt.reparameterization = a.encoder_reparameterization_type;
   c.prompt.encoder_hidden_size = a.encoder_hidden_size;
@@ -384,7 +415,9 @@ void merge_lora(CausalLM& model) {
           "`zerotrain merge` folds it into the full-precision base instead",
           path));
     }
-    lin->weight.copy_(lin->weight.to(at::kFloat) + lin->adapter->delta_weight());
+    at::Tensor merged = lin->weight.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    lin->adapter->merge_into(merged);
+    lin->weight.copy_(merged);
     lin->adapter_merged = true;
   }
 }
@@ -393,7 +426,9 @@ void unmerge_lora(CausalLM& model) {
   at::NoGradGuard no_grad;
   for (auto& [path, lin] : projections(model)) {
     if (!lin->adapter || !lin->adapter_merged) continue;
-    lin->weight.copy_(lin->weight.to(at::kFloat) - lin->adapter->delta_weight());
+    at::Tensor weight = lin->weight.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    lin->adapter->unmerge_from(weight);
+    lin->weight.copy_(weight);
     lin->adapter_merged = false;
   }
 }

@@ -79,6 +79,26 @@ FourBitParts parts_of(const FourBitLayout& layout, const at::Tensor& storage) {
   return p;
 }
 
+std::vector<int64_t> layout_numbers(const FourBitLayout& layout) {
+  return {static_cast<int64_t>(layout.type),
+          layout.blocksize,
+          layout.double_quant ? 1 : 0,
+          layout.rows,
+          layout.cols,
+          static_cast<int64_t>(layout.dtype)};
+}
+
+FourBitLayout layout_from_numbers(const std::vector<int64_t>& n) {
+  FourBitLayout layout;
+  layout.type = static_cast<FourBit>(n.at(0));
+  layout.blocksize = n.at(1);
+  layout.double_quant = n.at(2) != 0;
+  layout.rows = n.at(3);
+  layout.cols = n.at(4);
+  layout.dtype = static_cast<at::ScalarType>(n.at(5));
+  return layout;
+}
+
 at::Tensor dequantize_weight(const FourBitLayout& layout, const at::Tensor& storage,
                              at::ScalarType dtype) {
   const FourBitParts p = parts_of(layout, storage);

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "quant/blockwise.hpp"
 
@@ -38,6 +39,11 @@ struct FourBitLayout {
  private:
   static int64_t align4(int64_t n) { return (n + 3) / 4 * 4; }
 };
+
+/// The layout as integers and back (an autograd context keeps it so: its saved_data holds
+/// IValues): type, blocksize, double_quant, rows, cols, dtype.
+std::vector<int64_t> layout_numbers(const FourBitLayout& layout);
+FourBitLayout layout_from_numbers(const std::vector<int64_t>& numbers);
 
 /// The storage of `weight` ([rows, cols], any float dtype, CPU): quantize_4bit, and
 /// double_quantize of its absmax when the layout says so. uint8 [layout.bytes()], CPU.

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "peft/pissa.hpp"
 #include "train/log_window.hpp"
 #include "train/trainer_impl.hpp"
 #include "util/log.hpp"
@@ -371,6 +372,10 @@ TrainResult Trainer::Impl::finish_training(const train::LogWindow& window, const
           "sharded; run `zerotrain merge {}/checkpoint-{} OUT` to consolidate them",
           args.output_dir, state.global_step);
     }
+    if (args.pissa_convert) {
+      peft::save_pissa_converted(*model, peft, args.output_dir + "/" + peft::kPissaInitDir,
+                                 args.output_dir + "/" + peft::kPissaConvertedDir, weights);
+    }
     files::write_atomic(args.output_dir + "/trainer_state.json", train::trainer_state_json(state));
     files::write_atomic(args.output_dir + "/loss.svg", train::loss_svg(state.log_history));
   });
@@ -395,6 +400,7 @@ TrainResult Trainer::Impl::train() {
   Impl& I = *this;
   I.announce();
   I.prepare_output_dir();
+  if (I.state.global_step == 0) I.write_pissa_start();
   if (I.args.eval_on_start && I.has_eval) I.evaluate();
   I.model->train();
 
@@ -418,6 +424,21 @@ TrainResult Trainer::Impl::train() {
     }
   }
   return I.finish_training(window, clock);
+}
+
+void Trainer::Impl::write_pissa_start() {
+  if (peft.type != FinetuningType::kLora || !peft::pissa_iterations(peft.lora.init_lora_weights))
+    return;
+  bool available = false;
+  const auto weights = user_weights(available);  // collective: the factors as they start
+  on_every_rank(*comm, "writing the starting PiSSA adapter", [&] {
+    if (rank != 0) return;
+    // With init_lora_weights true, as LLaMA-Factory and PEFT's example write it: what the
+    // conversion subtracts, and an adapter over the residual base.
+    PeftConfig start = peft;
+    start.lora.init_lora_weights = "true";
+    save_adapter(*model, start, args.output_dir + "/" + peft::kPissaInitDir, weights);
+  });
 }
 
 double Trainer::Impl::epoch_progress() const {

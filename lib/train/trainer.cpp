@@ -23,6 +23,8 @@
 
 #include "config/quantization.hpp"
 #include "model/quantized_weights.hpp"
+#include "peft/init_sources.hpp"
+#include "peft/pissa.hpp"
 #include "train/reporting.hpp"
 #include "train/tensorboard.hpp"
 #include "train/trainer_impl.hpp"
@@ -250,6 +252,21 @@ void Trainer::Impl::build_model_and_engine() {
                      peft.type == FinetuningType::kPrefix;
     parameters = apply_peft_from_args(*model, args, static_cast<uint64_t>(args.seed));
     non_embedding_parameters = parameters.all - model_config.vocab_size * model_config.hidden_size;
+    if (peft::pissa_iterations(peft.lora.init_lora_weights) && peft.type == FinetuningType::kLora) {
+      if (!args.adapter_name_or_path.empty()) {
+        throw ConfigError(fmt::format(
+            "pissa_init: decomposes the base for a new adapter, but adapter_name_or_path '{}' "
+            "continues one; drop pissa_init to continue it",
+            args.adapter_name_or_path));
+      }
+      if (prequantized) {
+        throw ConfigError(fmt::format(
+            "pissa_init: '{}' holds 4-bit weights, and PiSSA decomposes full-precision ones; "
+            "start from the full-precision model (zerotrain quantizes the residual itself with "
+            "--quantization_bit 4)",
+            model_dir));
+      }
+    }
     if (prequantized) {
       base = model::prequantized_source(model_dir, model::quantized_weights(*model));
     } else if (!model_dir.empty()) {
@@ -269,9 +286,17 @@ void Trainer::Impl::build_model_and_engine() {
   eo.update_in_backward = args.update_in_backward;
   eo.total_train_steps = total_steps;  // 0 when unknown: schedules that need it say so
   eo.learning_rate = learning_rate_schedule(ds, args, total_steps);
+  // A new adapter's starts that depend on the base: PiSSA's under the quantization (the residual
+  // is what gets quantized), DoRA's magnitudes over it (the norms of the weights trained over).
+  const bool new_adapter = peft.type == FinetuningType::kLora && args.adapter_name_or_path.empty();
+  if (new_adapter) {
+    base = peft::pissa_source(base, *model, peft.lora, static_cast<uint64_t>(args.seed),
+                              comm->device(), /*factors=*/true);
+  }
   if (auto quantized = model::quantized_weights(*model); !quantized.empty() && !prequantized) {
     base = model::quantizing_source(*base, std::move(quantized), base);
   }
+  if (new_adapter) base = peft::dora_source(base, *model, peft.lora);
   eo.source = with_adapter_values(base, *model);
   engine = std::make_unique<Engine>(model, ds, comm, eo);
 }

@@ -134,6 +134,8 @@ struct Trainer::Impl {
   void write_comm_timeline(int64_t step);
   void log_window(train::LogWindow& window);  ///< collective
   void load_best_at_end();
+  /// A PiSSA run's starting adapter into output_dir/pissa_init (collective; at step 0 only).
+  void write_pissa_start();
   TrainResult finish_training(const train::LogWindow& window, const RunClock& clock);
   /// Trainer::train() past its argument check: the epochs, then finish_training.
   TrainResult train();

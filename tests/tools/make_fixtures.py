@@ -2,7 +2,7 @@
 """Reference fixtures from the Hugging Face stack, made on the GPU machine (transformers 5.x,
 PEFT, tokenizers, safetensors), committed under tests/fixtures/ and checked by CI without them.
 
-    python3 tests/tools/make_fixtures.py OUT_DIR [models] [peft] [tokenizers]
+    python3 tests/tools/make_fixtures.py OUT_DIR [models] [peft] [variants] [tokenizers]
 
 models/     tiny random llama (plain, llama3 and linear RoPE scaling), qwen2 (q/k/v bias, tied
             embeddings, also saved sharded), mistral, glm and glm4 (partial interleaved RoPE,
@@ -12,6 +12,9 @@ models/     tiny random llama (plain, llama3 and linear RoPE scaling), qwen2 (q/
 peft/       adapters PEFT creates on the tiny llama (LoRA, rsLoRA on all linear layers,
             P-Tuning with MLP and LSTM encoders, prefix tuning with and without projection),
             with the logits and loss they give and PEFT's trainable-parameter counts.
+variants:   DoRA (llama; qwen2 all-linear with rsLoRA) and PiSSA (llama, with its pissa_init and
+            pissa_converted folders) adapters PEFT made, with where they started, their logits,
+            loss and one backward's gradients (peft/dora_*, peft/pissa_*).
 tokenizers/ small BPE tokenizers trained with the pipelines of Qwen2 (byte-level, digits one
             by one), LLaMA-3 (digits in threes), LLaMA-2 (normalizer ▁ + byte fallback) and
             Mistral (Metaspace pre-tokenizer), with the ids HF produces for a varied text set.
@@ -25,7 +28,7 @@ import traceback
 import torch
 
 OUT = sys.argv[1]
-WHAT = set(sys.argv[2:]) or {"models", "peft", "tokenizers"}
+WHAT = set(sys.argv[2:]) or {"models", "peft", "variants", "tokenizers"}
 torch.manual_seed(0)
 torch.use_deterministic_algorithms(True)
 torch.set_num_threads(4)
@@ -215,6 +218,83 @@ def make_peft():
         print("peft", name, "trainable", trainable, "all", total, "loss", float(out.loss))
 
 
+# DoRA and PiSSA adapters PEFT makes (peft/dora_*, peft/pissa_*): start.safetensors holds what
+# PEFT started them at (DoRA's magnitudes; PiSSA's factors and residual weights), under
+# zerotrain's parameter names; then B (and DoRA's magnitude) are moved off their start so the
+# adapter does something, and expected.safetensors holds the eval logits and loss and, in train
+# mode, every trainable parameter's gradient ("grad.<name>").
+VARIANT_CASES = {
+    "dora_llama": ("llama", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                 use_dora=True)),
+    "dora_qwen2_all_linear": ("qwen2", dict(r=4, lora_alpha=8, target_modules="all-linear",
+                                            use_dora=True, use_rslora=True)),
+    "pissa_llama": ("llama", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                  init_lora_weights="pissa")),
+}
+
+
+def our_name(peft_name):
+    """base_model.model.X.lora_A.default.weight -> X.lora_A.weight (zerotrain's names)."""
+    n = peft_name.replace("base_model.model.", "", 1).replace(".default", "")
+    n = n.replace(".base_layer.", ".")
+    if n.endswith(".lora_magnitude_vector.weight"):  # PEFT's DoraLinearLayer.weight
+        n = n[:-len(".weight")]
+    return n
+
+
+def make_variants():
+    from peft import LoraConfig, TaskType, get_peft_model
+    from safetensors.torch import save_file
+    root = os.path.join(OUT, "peft")
+    for name, (family, spec) in VARIANT_CASES.items():
+        d = os.path.join(root, name)
+        os.makedirs(d, exist_ok=True)
+        kind, kwargs = MODELS[family]
+        base = build(kind, kwargs, seed=sum(map(ord, family)))
+        cfg = LoraConfig(task_type=TaskType.CAUSAL_LM, lora_dropout=0.0, bias="none", **spec)
+        torch.manual_seed(77)
+        model = get_peft_model(base, cfg)
+        start = {}
+        for pname, p in model.named_parameters():
+            if "lora_magnitude_vector" in pname or (spec.get("init_lora_weights") == "pissa" and (
+                    "lora_A" in pname or "lora_B" in pname or
+                    (pname.endswith("base_layer.weight")))):
+                start[our_name(pname)] = p.detach().clone().contiguous()
+        save_file(start, os.path.join(d, "start.safetensors"))
+        if spec.get("init_lora_weights") == "pissa":
+            # PEFT's conversion needs the adapter as it started, saved with init_lora_weights True.
+            model.peft_config["default"].init_lora_weights = True
+            model.save_pretrained(os.path.join(d, "pissa_init"))
+            model.peft_config["default"].init_lora_weights = "pissa"
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if "lora_B" in pname:
+                    p.add_(0.05 * torch.randn_like(p))
+                elif "lora_magnitude_vector" in pname:
+                    p.mul_(1.0 + 0.1 * torch.randn_like(p))
+        model.save_pretrained(d)
+        if spec.get("init_lora_weights") == "pissa":
+            model.save_pretrained(os.path.join(d, "pissa_converted"),
+                                  path_initial_model_for_weight_conversion=os.path.join(d, "pissa_init"))
+        ids, mask, labels = inputs(kwargs["vocab_size"])
+        model.eval()
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        expected = {"input_ids": ids, "attention_mask": mask, "labels": labels,
+                    "logits": out.logits.contiguous(), "loss": out.loss.reshape(1)}
+        model.train()
+        model.zero_grad()
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        for pname, p in model.named_parameters():
+            if p.requires_grad:
+                expected["grad." + our_name(pname)] = p.grad.detach().contiguous()
+        save_file(expected, os.path.join(d, "expected.safetensors"))
+        trainable, total = model.get_nb_trainable_parameters()
+        write_json(os.path.join(d, "counts.json"), {"trainable": trainable, "all": total,
+                                                     "base_model": "models/" + family})
+        print("variant", name, "trainable", trainable, "all", total, "loss", float(out.loss))
+
+
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 LLAMA3_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -383,7 +463,8 @@ def versions():
 
 
 versions()
-for section, fn in (("models", make_models), ("peft", make_peft), ("tokenizers", make_tokenizers)):
+for section, fn in (("models", make_models), ("peft", make_peft), ("variants", make_variants),
+                    ("tokenizers", make_tokenizers)):
     if section not in WHAT:
         continue
     try:
