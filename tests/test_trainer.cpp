@@ -18,6 +18,9 @@
 
 #include <set>
 
+#include "model/quantized_weights.hpp"
+#include "peft/init_sources.hpp"
+#include "peft/linear_adapters.hpp"
 #include "support/jobs.hpp"
 #include "support/ranks.hpp"
 #include "util/files.hpp"
@@ -584,6 +587,134 @@ TEST_CASE(
                     Contains("quantization_type fp4"));
   CHECK_THROWS_WITH(Trainer(on_bnb("bad_bnb2", {"--finetuning_type", "full"}), comm).train(),
                     Contains("finetuning_type lora"));
+}
+
+TEST_CASE(
+    "DoRA and PiSSA runs (LLaMA-Factory's flags) train, write PEFT's files, convert and merge to "
+    "the model they trained; contradictions are errors naming the option",
+    "[trainer][dora][pissa]") {
+  const std::string dir = test::temp_dir("dora_pissa_run");
+  write_data(dir, "train.jsonl", 24, 8);
+  const ModelConfig c = write_base_model(dir + "/base");
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  auto flags_with = [&](const std::string& out, std::vector<std::string> extra) {
+    std::vector<std::string> flags = run_flags(dir, extra);
+    flags[0] = "--model_name_or_path";
+    flags[1] = dir + "/base";
+    for (size_t i = 0; i + 1 < flags.size(); ++i) {
+      if (flags[i] == "--output_dir") flags[i + 1] = dir + "/" + out;
+    }
+    TrainingArguments args;
+    apply_training_flags(args, flags);
+    return args;
+  };
+  const std::vector<std::string> lora{
+      "--finetuning_type", "lora",
+      "--lora_r",          "4",
+      "--learning_rate",   "1e-2",
+      "--max_steps",       "6",
+      "--deepspeed",       R"({"zero_optimization": {"stage": 3}})"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = lora;
+    all.insert(all.end(), extra.begin(), extra.end());
+    return all;
+  };
+  struct Run {
+    const char* out;
+    std::vector<std::string> flags;
+    bool four_bit;
+  };
+  const Run runs[] = {
+      {"dora", with({"--use_dora", "true"}), false},
+      {"pissa", with({"--pissa_init", "true", "--pissa_iter", "2", "--pissa_convert", "true"}),
+       false},
+      {"qpissa_dora",
+       with({"--pissa_init", "true", "--use_dora", "true", "--quantization_bit", "4"}), true},
+  };
+  const at::Tensor ids = at::randint(3, 250, {2, 12}, at::kLong);
+  for (const Run& run : runs) {
+    INFO(run.out);
+    Trainer(flags_with(run.out, run.flags), comm).train();
+    const std::string out = dir + "/" + run.out;
+    const std::map<int64_t, double> losses = logged_losses(out);
+    REQUIRE(losses.size() >= 3);
+    CHECK(losses.rbegin()->second < losses.begin()->second);
+    const PeftConfig saved = load_adapter_config(out);
+    const bool pissa = std::string(run.out).find("pissa") != std::string::npos;
+    CHECK(saved.lora.use_dora == (std::string(run.out).find("dora") != std::string::npos));
+    const PeftConfig asked = peft_config_for(flags_with(run.out, run.flags));
+    CHECK(saved.lora.init_lora_weights == asked.lora.init_lora_weights);
+    CHECK((saved.lora.init_lora_weights != "true") == pissa);
+    CHECK(fs::exists(out + "/pissa_init/adapter_model.safetensors") == pissa);
+    // The model the run trained: its base (4-bit when it was), the adapter's start as the run
+    // made it, then the trained values from the files.
+    ModelConfig trained_config = c;
+    if (run.four_bit) trained_config.quantization = QuantizationConfig{};
+    CausalLM trained(trained_config, at::TensorOptions(), /*allocate=*/false);
+    const int64_t seed = flags_with(run.out, run.flags).seed;
+    apply_peft(trained, asked, static_cast<uint64_t>(seed));
+    std::shared_ptr<ParameterSource> source = checkpoint_source(dir + "/base");
+    source = peft::pissa_source(source, trained, asked.lora, static_cast<uint64_t>(seed), at::kCPU,
+                                true);
+    if (run.four_bit) {
+      source = model::quantizing_source(*source, model::quantized_weights(trained), source);
+    }
+    source = peft::dora_source(source, trained, asked.lora);
+    {
+      at::NoGradGuard no_grad;
+      for (auto& item : trained.named_parameters(true)) {
+        at::Tensor p = item.value();
+        if (!p.is_contiguous()) p.set_data(at::empty(p.sizes(), p.options()));
+        if (peft::is_adapter_parameter(item.key())) {
+          SafetensorsFile st(out + "/adapter_model.safetensors");
+          p.copy_(st.load("base_model.model." + item.key()));
+        } else {
+          source->read(item.key(), p.sizes().vec(), 0, p);
+        }
+      }
+    }
+    at::NoGradGuard no_grad;
+    const at::Tensor want = trained.logits(ids);
+    // Merged: the base the adapter was trained over (PiSSA's residual, quantized when 4-bit).
+    MergeOptions options;
+    options.dtype = at::kFloat;
+    merge_checkpoint(out, out + "_merged", options);
+    CausalLM merged(c, at::TensorOptions(), true);
+    load_weights(merged, *checkpoint_source(out + "_merged"));
+    CHECK((merged.logits(ids) - want).abs().max().item<double>() < 1e-4);
+    if (std::string(run.out) == "pissa") {
+      // pissa_converted/ is plain LoRA of rank 2r over the original base, the same model.
+      const PeftConfig plain = load_adapter_config(out + "/pissa_converted");
+      CHECK(plain.lora.r == 8);
+      CHECK(plain.lora.init_lora_weights == "true");
+      CausalLM converted(c, at::TensorOptions(), true);
+      load_weights(converted, *checkpoint_source(dir + "/base"));
+      load_adapter(converted, out + "/pissa_converted", false);
+      CHECK((converted.logits(ids) - want).abs().max().item<double>() < 1e-4);
+    }
+  }
+  // Refused, each naming the option.
+  struct Bad {
+    std::vector<std::string> flags;
+    const char* says;
+  };
+  const Bad bad[] = {
+      {with({"--pissa_convert", "true"}), "pissa_convert"},
+      {with({"--pissa_init", "true", "--pissa_convert", "true", "--use_dora", "true"}),
+       "pissa_convert with use_dora"},
+      {with({"--init_lora_weights", "olora"}), "init_lora_weights"},
+      {with({"--init_lora_weights", "pissa", "--pissa_init", "true"}), "contradicts pissa_init"},
+      {with({"--pissa_init", "true", "--adapter_name_or_path", dir + "/dora"}),
+       "adapter_name_or_path"},
+      {with({"--pissa_iter", "-2"}), "pissa_iter"},
+  };
+  int k = 0;
+  for (const Bad& b : bad) {
+    INFO(join_flags(b.flags));
+    CHECK_THROWS_WITH(
+        [&] { Trainer(flags_with("bad" + std::to_string(k++), b.flags), comm).train(); }(),
+        Contains(b.says));
+  }
 }
 
 TEST_CASE("ZeRO-3 saves 16-bit weights only when asked, and its checkpoints merge",
