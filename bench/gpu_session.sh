@@ -3,6 +3,8 @@
 #
 #   bench/gpu_session.sh build            configure + build into build-gpu/ (kept while warm)
 #   bench/gpu_session.sh test             the whole ctest suite, GPU tests included (but the tier below)
+#   bench/gpu_session.sh qlora            QLoRA / DoRA 7B rows beside the bf16 LoRA row
+#   bench/gpu_session.sh qlora_big        QLoRA 13B, an 8B on a 24 GiB-capped allocator, a 70B step
 #   bench/gpu_session.sh ranks            the multi-rank tier: NCCL at world 2 and 4 on emulated nodes
 #   bench/gpu_session.sh zero3mem         LLaMA-2-13B LoRA ZeRO-3 at 2 ranks: peak memory per rank
 #   bench/gpu_session.sh overlap          exposed communication per step at 2 emulated nodes, by stage
@@ -100,6 +102,18 @@ for phase in "$@"; do
     test)
       (cd $b && ctest -j8 --timeout 600 -E 'nccl ranks' > "$results/ctest.log" 2>&1) || true
       tail -25 "$results/ctest.log"
+      ;;
+    qlora)  # QLoRA / DoRA beside zerotrain's bf16 LoRA row, Qwen2.5-7B shape, r16 all-linear:
+      # 1024 × 8, 1024 × 4 with checkpointing, DoRA's and 4-bit DoRA's cost (docs/performance.md)
+      for row in "lora 1024 8 0" "qlora 1024 8 0" "qlora 1024 4 1" "dora 1024 8 0" "qdora 1024 4 1"; do
+        ours qwen2.5-7b $row 8
+      done
+      ;;
+    qlora_big)  # LLaMA-2-13B QLoRA 1024 × 4 (checkpointing); an 8B QLoRA at 8192 × 1 on a "24 GB
+      # card" (the allocator capped at 24 GiB); one LLaMA-2-70B-shaped QLoRA step
+      ours llama2-13b qlora 1024 4 1 6
+      ZT_BENCH_CAP_GIB=24 ours llama3-8b qlora 8192 1 1 4
+      ZT_BENCH_WARMUP=1 ours llama2-70b qlora ${SEQ70:-1024} 1 1 2
       ;;
     ranks)  # the multi-rank GPU tier: NCCL at world 2 and 4, each rank a node of its own when the
       # GPUs are fewer (tests/gpu/test_nccl_ranks.cpp; RANKS=REGEX picks some of its cases)

@@ -7,15 +7,14 @@
 // i.e. bf16 weights, gradients and Adam moments, as the peer's "full" row), ZeRO-2 at one rank;
 // full_amp: bf16 compute with fp32 masters and moments; lora: LoRA r16 / alpha 32 on all linear
 // layers (the peer's PEFT row); qlora: the same over a 4-bit NF4 base with double
-// quantization (QLoRA); freeze: the last two layers train. The adapter modes keep the
-// trainable parameters' masters and moments in fp32 (mixed precision, as the peer's PEFT run).
-// Weights are random (seeded) and never built whole on the host: the engine reads them bucket
-// by bucket from a random source. No gradient clipping, as the peer (ZT_BENCH_CLIP=1.0 clips).
-// ZeRO stage 2 unless ZT_BENCH_STAGE says otherwise.
-// Updates run inside backward where the engine allows it (EngineOptions::update_in_backward:
-// full mode without clipping); ZT_BENCH_IN_BACKWARD=0 keeps them in step().
-// ZT_BENCH_KEEP=none|auto|GiB: what checkpointed layers keep to skip products
-// (gradient_checkpointing_keep; default auto).
+// quantization (QLoRA); dora / qdora: DoRA instead of LoRA, over the bf16 / 4-bit base; freeze: the
+// last two layers train. The adapter modes keep the trainable parameters' masters and moments in
+// fp32 (mixed precision, as the peer's PEFT run). Weights are random (seeded) and never built whole
+// on the host: the engine reads them bucket by bucket from a random source. No gradient clipping,
+// as the peer (ZT_BENCH_CLIP=1.0 clips). ZeRO stage 2 unless ZT_BENCH_STAGE says otherwise. Updates
+// run inside backward where the engine allows it (EngineOptions::update_in_backward: full mode
+// without clipping); ZT_BENCH_IN_BACKWARD=0 keeps them in step(). ZT_BENCH_KEEP=none|auto|GiB: what
+// checkpointed layers keep to skip products (gradient_checkpointing_keep; default auto).
 // ZT_BENCH_PHASES=1 synchronizes between forward, backward and the optimizer step and reports
 // each one's time (fwd_s, bwd_s, opt_s); the synchronization costs a little overlap.
 // Real lengths (LoRA as above, examples from ZT_BENCH_LENGTHS: a file of lengths, one per line —
@@ -37,6 +36,7 @@
 #include <fmt/format.h>
 
 #include "model/quantized_weights.hpp"
+#include "peft/init_sources.hpp"
 #include "shapes.hpp"
 #include "util/device_stats.hpp"
 #include "zerotrain/comm.hpp"
@@ -98,16 +98,21 @@ int main(int argc, char** argv) {
   try {
     ModelConfig c = bench::shape_config(shape);
     // qlora: LoRA over a 4-bit base, NF4 with double quantization (QLoRA's recipe).
-    if (mode == "qlora") c.quantization = QuantizationConfig{};
+    if (mode == "qlora" || mode == "qdora") c.quantization = QuantizationConfig{};
     auto model =
         std::make_shared<CausalLM>(c, at::TensorOptions().dtype(at::kBFloat16).device(device),
                                    /*allocate=*/false);
     const bool real_lengths = mode == "lora_varlen" || mode == "lora_packed";
-    if (mode != "full" && mode != "full_amp" && mode != "lora" && mode != "qlora" &&
-        mode != "freeze" && !real_lengths) {
+    const bool adapter = mode == "lora" || mode == "qlora" || mode == "dora" || mode == "qdora";
+    if (mode != "full" && mode != "full_amp" && mode != "freeze" && !adapter && !real_lengths) {
       throw ConfigError(
-          "MODE must be full, full_amp, lora, qlora, freeze, lora_varlen or lora_packed, not '" +
+          "MODE must be full, full_amp, lora, qlora, dora, qdora, freeze, lora_varlen or "
+          "lora_packed, not '" +
           mode + "'");
+    }
+    if (const char* cap = std::getenv("ZT_BENCH_CAP_GIB"); cap != nullptr && device.is_cuda()) {
+      // A smaller card: the allocator may hold no more than this (the 24 GB card row).
+      device_stats::cap_memory(0, static_cast<int64_t>(std::atof(cap) * (1LL << 30)));
     }
     std::vector<Batch> batches;
     if (real_lengths) {
@@ -127,9 +132,10 @@ int main(int argc, char** argv) {
     TrainingArguments args;
     args.per_device_train_batch_size = mbs;
     args.lr_scheduler_type = "constant";
-    if (mode == "lora" || mode == "qlora" || real_lengths) {
+    if (adapter || real_lengths) {
       apply_training_flags(args, {"--finetuning_type", "lora", "--lora_r", "16", "--lora_alpha",
-                                  "32", "--lora_target_modules", "all-linear"});
+                                  "32", "--lora_target_modules", "all-linear", "--use_dora",
+                                  mode == "dora" || mode == "qdora" ? "true" : "false"});
     } else if (mode == "freeze") {
       apply_training_flags(args, {"--finetuning_type", "freeze", "--freeze_trainable_layers", "2"});
     }
@@ -152,6 +158,7 @@ int main(int argc, char** argv) {
     if (auto quantized = model::quantized_weights(*model); !quantized.empty()) {
       base = model::quantizing_source(*base, std::move(quantized), base);
     }
+    base = peft::dora_source(base, *model, peft_config_for(args).lora);
     eo.source = with_adapter_values(base, *model);
     eo.update_in_backward = !(std::getenv("ZT_BENCH_IN_BACKWARD") &&
                               std::string(std::getenv("ZT_BENCH_IN_BACKWARD")) == "0");

@@ -30,6 +30,16 @@ inline ModelConfig shape_config(const std::string& shape) {
       "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40,
       "vocab_size": 32000, "tie_word_embeddings": false, "rope_theta": 10000.0,
       "max_position_embeddings": 4096, "rms_norm_eps": 1e-5})";
+  } else if (shape == "llama2-70b") {
+    json = R"({"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+      "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+      "vocab_size": 32000, "tie_word_embeddings": false, "rope_theta": 10000.0,
+      "max_position_embeddings": 4096, "rms_norm_eps": 1e-5})";
+  } else if (shape == "llama3-8b") {
+    json = R"({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+      "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "vocab_size": 128256, "tie_word_embeddings": false, "rope_theta": 500000.0,
+      "max_position_embeddings": 8192, "rms_norm_eps": 1e-5})";
   } else if (shape == "glm-4-9b") {  // THUDM/glm-4-9b-chat-hf
     json = R"({"model_type": "glm", "hidden_size": 4096, "intermediate_size": 13696,
       "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2,

@@ -443,6 +443,18 @@ const std::vector<WrittenAdapter>& written_by_zerotrain() {
        {"--finetuning_type", "ptuning", "--encoder_reparameterization_type", "LSTM",
         "--num_virtual_tokens", "4"}},
       {"prefix", nullptr, {"--finetuning_type", "prefix", "--num_virtual_tokens", "3"}},
+      // DoRA (its magnitude under PEFT's key) and PiSSA (PEFT decomposes the base again when it
+      // loads an adapter saved with init_lora_weights "pissa").
+      {"dora", nullptr, {"--finetuning_type", "lora", "--lora_r", "4", "--use_dora", "true"}},
+      {"dora_rslora_bias",
+       nullptr,
+       {"--finetuning_type", "lora", "--use_dora", "true", "--use_rslora", "true", "--lora_bias",
+        "all"},
+       "qwen2"},
+      {"pissa",
+       nullptr,
+       {"--finetuning_type", "lora", "--lora_r", "4", "--lora_target_modules",
+        "q_proj,v_proj,up_proj", "--pissa_init", "true", "--pissa_iter", "-1"}},
       // The GLM family under PEFT's names for it: transformers' glm / glm4, and ChatGLM's own
       // remote-code modules (loaded in PEFT over THUDM's modeling_chatglm.py).
       {"glm4_lora_all_linear", nullptr, {"--finetuning_type", "lora"}, "glm4"},

@@ -432,3 +432,30 @@ TEST_CASE("DoRA and PiSSA train the same at world 1, 2 and 4 under ZeRO stages 0
     }
   }
 }
+
+TEST_CASE("a new LoRA adapter over a randomly initialized model starts as PEFT starts it",
+          "[peft][engine]") {
+  // The random source gives the model's own parameters only: B stays zero (the adapter a no-op)
+  // and A keeps its kaiming start, instead of both drawn like weights.
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  const ModelConfig mc = load_model_config(fixture("models/llama"));
+  auto model = std::make_shared<CausalLM>(mc, at::TensorOptions(), /*allocate=*/false);
+  PeftConfig c;
+  c.type = FinetuningType::kLora;
+  c.lora.r = 4;
+  c.lora.alpha = 8;
+  apply_peft(*model, c, 3);
+  const std::string q = "model.layers.0.self_attn.q_proj";
+  const at::Tensor a = model->named_parameters()[q + ".lora_A.weight"].detach().clone();
+  DeepSpeedConfig ds = parse_deepspeed_config(R"({"zero_optimization": {"stage": 0}})");
+  TrainingArguments args;
+  resolve_config(ds, args, ResolveContext{1, mc.hidden_size, 6});
+  EngineOptions eo;
+  eo.units = model->units();
+  eo.gate = &model->gate();
+  eo.source = with_adapter_values(random_source(mc, 1), *model);
+  Engine engine(model, ds, comm, eo);
+  CHECK(model->named_parameters()[q + ".lora_B.weight"].abs().max().item<double>() == 0.0);
+  CHECK(at::equal(model->named_parameters()[q + ".lora_A.weight"].detach().cpu(), a));
+  CHECK(model->named_parameters()[q + ".weight"].abs().max().item<double>() > 0.0);
+}

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -24,6 +25,7 @@
 #include "zerotrain/launch.hpp"
 #include "zerotrain/log.hpp"
 #include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
 #include "zerotrain/tokenizer.hpp"
 
 namespace zt::cli {
@@ -151,13 +153,20 @@ double accuracy(CausalLM& model, const Tokenizer& tok, const std::vector<Questio
 int cmd_demo(const Args& in) {
   if (wants_help(in)) {
     std::fputs(
-        "usage: zerotrain demo [--nproc_per_node N] [--output_dir DIR] [--max_steps S]\n\n"
+        "usage: zerotrain demo [--nproc_per_node N] [--output_dir DIR] [--max_steps S]\n"
+        "                      [--finetuning_type full|lora] [--quantization_bit 4] [--use_dora "
+        "true]\n\n"
         "Fine-tunes a built-in tiny LLaMA on a bundled synthetic instruction task with ZeRO-2 (one "
         "rank per\n"
         "GPU, else 2 CPU ranks), merges the last checkpoint, asks the merged model held-out "
         "questions and\n"
         "prints `accuracy: before X% after Y%`. Everything goes into DIR [default: "
-        "./zerotrain-demo].\n",
+        "./zerotrain-demo].\n"
+        "With lora (or --quantization_bit 4: QLoRA over the base quantized to NF4; --use_dora: "
+        "DoRA) the\n"
+        "random base is written to DIR/base and LoRA r 32 on every projection trains, with the "
+        "embeddings and\n"
+        "the output layer (lora_modules_to_save).\n",
         stdout);
     return 0;
   }
@@ -169,6 +178,19 @@ int cmd_demo(const Args& in) {
   const fs::path dir = fs::absolute(take_option(args, "output_dir").value_or("zerotrain-demo"));
   const std::string steps = take_option(args, "max_steps").value_or("300");
   parse_integer("max_steps", steps, 1, 1L << 30);
+  // The adapter variants: LoRA, QLoRA (4-bit base), DoRA — over a random base written to a folder
+  // (an adapter needs a base model folder to merge into).
+  const std::string method = take_option(args, "finetuning_type").value_or("full");
+  const std::optional<std::string> bits = take_option(args, "quantization_bit");
+  const std::optional<std::string> dora = take_option(args, "use_dora");
+  if (method != "full" && method != "lora") {
+    throw ConfigError("zerotrain demo: --finetuning_type is full or lora, not '" + method + "'");
+  }
+  if (bits && *bits != "4") throw ConfigError("zerotrain demo: --quantization_bit takes 4");
+  if (dora && *dora != "true" && *dora != "false") {
+    throw ConfigError("zerotrain demo: --use_dora takes true or false");
+  }
+  const bool adapter = method == "lora" || bits || (dora && *dora == "true");
   if (!args.empty()) throw ConfigError("zerotrain demo: unexpected argument '" + args[0] + "'");
   if (nproc < 1) throw ConfigError("--nproc_per_node must be at least 1");
   // Start clean, but only ever remove a folder an earlier demo made.
@@ -195,17 +217,23 @@ int cmd_demo(const Args& in) {
     CausalLM untrained(config, at::TensorOptions(), /*allocate=*/false);
     load_weights(untrained, *random_source(config, seed));  // what training starts from
     before = accuracy(untrained, *tok, held_out, false);
+    if (adapter) export_merged(untrained, (dir / "base").string(), at::kFloat);
   }
   std::printf(
-      "zerotrain demo: %d %s rank(s), tiny LLaMA (2 layers, byte tokenizer), ZeRO-2, in %s\n",
-      nproc, gpus > 0 ? "GPU" : "CPU", dir.c_str());
+      "zerotrain demo: %d %s rank(s), tiny LLaMA (2 layers, byte tokenizer), ZeRO-2, %s, in %s\n",
+      nproc, gpus > 0 ? "GPU" : "CPU",
+      !adapter ? "full fine-tuning"
+      : bits   ? (dora && *dora == "true" ? "DoRA over a 4-bit base" : "QLoRA (4-bit base)")
+      : dora && *dora == "true" ? "DoRA"
+                                : "LoRA",
+      dir.c_str());
   std::fflush(stdout);
 
   const fs::path run = dir / "run";
   Args train{self_path(),
              "train",
-             "--model_config",
-             (dir / "model_config.json").string(),
+             adapter ? "--model_name_or_path" : "--model_config",
+             adapter ? (dir / "base").string() : (dir / "model_config.json").string(),
              "--deepspeed",
              (dir / "ds_config.json").string(),
              "--train_file",
@@ -240,6 +268,13 @@ int cmd_demo(const Args& in) {
              steps,
              "--seed",
              std::to_string(seed)};
+  if (adapter) {
+    train.insert(train.end(), {"--finetuning_type", "lora", "--lora_r", "32", "--lora_alpha", "64",
+                               "--lora_target_modules", "all-linear", "--lora_modules_to_save",
+                               "embed_tokens,lm_head"});
+    if (bits) train.insert(train.end(), {"--quantization_bit", *bits});
+    if (dora) train.insert(train.end(), {"--use_dora", *dora});
+  }
   LocalLaunchOptions launch;
   launch.nproc = nproc;
   launch.env = {{"OMP_NUM_THREADS", "1"}};
@@ -252,7 +287,9 @@ int cmd_demo(const Args& in) {
   // The checkpoint's shards, consolidated as `zerotrain merge` does, then asked again.
   const std::string checkpoint = (run / ("checkpoint-" + steps)).string();
   const fs::path merged = dir / "merged";
-  merge_checkpoint(checkpoint, merged.string());
+  MergeOptions merging;
+  if (adapter) merging.base_model = (dir / "base").string();  // the adapter folds into it
+  merge_checkpoint(checkpoint, merged.string(), merging);
   std::printf("merged %s into %s; held-out questions:\n", checkpoint.c_str(), merged.c_str());
   CausalLM trained(load_model_config(merged.string()), at::TensorOptions(), /*allocate=*/false);
   load_weights(trained, *checkpoint_source(merged.string()));

@@ -122,7 +122,11 @@ void ranged_normal(const at::Tensor& out, int64_t numel, int64_t offset, double 
 
 class RandomSource final : public ParameterSource {
  public:
-  RandomSource(double std, uint64_t seed) : std_(std), seed_(seed) {}
+  RandomSource(double std, uint64_t seed, std::set<std::string> names)
+      : std_(std), seed_(seed), names_(std::move(names)) {}
+  /// The model's own parameters only: an adapter's (LoRA's B = 0, a prompt encoder's) keep the
+  /// starts their method gives them (with_adapter_values reads them from the model).
+  bool has(const std::string& name) const override { return names_.count(name) != 0; }
   void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
             const at::Tensor& out) override {
     int64_t numel = 1;
@@ -146,6 +150,7 @@ class RandomSource final : public ParameterSource {
  private:
   double std_;
   uint64_t seed_;
+  std::set<std::string> names_;
 };
 
 }  // namespace
@@ -155,7 +160,10 @@ std::shared_ptr<ParameterSource> checkpoint_source(const std::string& path) {
 }
 
 std::shared_ptr<ParameterSource> random_source(const ModelConfig& config, uint64_t seed) {
-  return std::make_shared<RandomSource>(config.initializer_range, seed);
+  std::set<std::string> names;
+  const CausalLM shape(config, at::TensorOptions(), /*allocate=*/false);
+  for (const auto& item : shape.named_parameters(true)) names.insert(item.key());
+  return std::make_shared<RandomSource>(config.initializer_range, seed, std::move(names));
 }
 
 void load_weights(torch::nn::Module& model, ParameterSource& given) {

@@ -17,5 +17,8 @@ int64_t usable_memory(int device);
 void reset_peak(int device);
 /// The device's whole memory in bytes (cudaMemGetInfo's total); 0 without CUDA.
 int64_t total_memory(int device);
+/// Caps what LibTorch's caching allocator may hold on `device` at `bytes` (a smaller card played
+/// on a larger one: allocations past it fail as out of memory); nothing without CUDA.
+void cap_memory(int device, int64_t bytes);
 
 }  // namespace zt::device_stats

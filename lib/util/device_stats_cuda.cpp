@@ -2,6 +2,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
+#include <algorithm>
 
 #include "util/device_stats.hpp"
 
@@ -53,6 +54,13 @@ int64_t total_memory(int device) {
     return 0;
   }
   return static_cast<int64_t>(total);
+}
+
+void cap_memory(int device, int64_t bytes) {
+  const int64_t total = total_memory(device);
+  if (total <= 0) return;
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(
+      std::min(1.0, static_cast<double>(bytes) / static_cast<double>(total)), device);
 }
 
 }  // namespace zt::device_stats

@@ -201,12 +201,12 @@ TEST_CASE("nccl ranks: bf16 and fp16 with the loss scaler give world 1's losses"
                     true);
 }
 
-TEST_CASE("nccl ranks: a checkpoint saved at world 2 resumes at 1 and 4 with the losses kept",
-          "[gpu][nccl][ranks][trainer][checkpoint]") {
-  // A constant rate: the saved run stops at step 3 of what the whole run does in 6.
-  const std::vector<std::string> method{
-      "--finetuning_type",   "lora",     "--lora_r",    "8",
-      "--lr_scheduler_type", "constant", "--deepspeed", stage_json(3)};
+namespace {
+
+// A run of `method` saved at step 3 of 6 at world 2 resumes at worlds 1 and 4 with the losses the
+// whole run at world 2 has (a constant rate: the saved run stops where the whole one passes).
+void check_resume_across_worlds(std::vector<std::string> method) {
+  method.insert(method.end(), {"--lr_scheduler_type", "constant"});
   const std::string saved = test::temp_dir("nccl_saved");
   write_data(saved, "train.jsonl", 64, 3);
   const auto whole = trainer_losses(2, method, false);
@@ -237,6 +237,42 @@ TEST_CASE("nccl ranks: a checkpoint saved at world 2 resumes at 1 and 4 with the
       CHECK(got.at(step) == Approx(whole.at(step)).epsilon(1e-5));
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("nccl ranks: a checkpoint saved at world 2 resumes at 1 and 4 with the losses kept",
+          "[gpu][nccl][ranks][trainer][checkpoint]") {
+  check_resume_across_worlds(
+      {"--finetuning_type", "lora", "--lora_r", "8", "--deepspeed", stage_json(3)});
+}
+
+// ---- 4-bit bases and the adapter variants
+// ---------------------------------------------------------
+
+TEST_CASE("nccl ranks: QLoRA, DoRA and PiSSA at stages 0-3 and offload give world 1's losses",
+          "[gpu][nccl][ranks][trainer][quant]") {
+  const std::vector<std::string> qlora{"--finetuning_type",  "lora", "--lora_r", "8",
+                                       "--quantization_bit", "4"};
+  for (int stage : {0, 3}) {
+    std::vector<std::string> m = qlora;
+    m.insert(m.end(), {"--deepspeed", stage_json(stage)});
+    check_world_sizes(m, false);
+  }
+  std::vector<std::string> offload = qlora;
+  offload.insert(offload.end(), {"--use_dora", "true", "--deepspeed",
+                                 stage_json(3, R"(, "offload_param": {"device": "cpu"})")});
+  check_world_sizes(offload, false);
+  check_world_sizes({"--finetuning_type", "lora", "--lora_r", "8", "--pissa_init", "true",
+                     "--pissa_iter", "2", "--deepspeed", stage_json(2)},
+                    false);
+}
+
+TEST_CASE("nccl ranks: a 4-bit PiSSA + DoRA checkpoint saved at world 2 resumes at 1 and 4",
+          "[gpu][nccl][ranks][trainer][checkpoint][quant]") {
+  check_resume_across_worlds({"--finetuning_type", "lora", "--lora_r", "8", "--quantization_bit",
+                              "4", "--use_dora", "true", "--pissa_init", "true", "--pissa_iter",
+                              "2", "--deepspeed", stage_json(3)});
 }
 
 // ---- the CLI -----------------------------------------------------------------------------------

@@ -46,45 +46,52 @@ TEST_CASE("4-bit dequantization on the GPU gives the CPU's values bit for bit", 
   }
 }
 
-TEST_CASE("a QLoRA model on the GPU computes the CPU's loss and adapter gradients",
-          "[gpu][quant]") {
-  ModelConfig mc = load_model_config(fixture("models/llama"));
-  mc.quantization = QuantizationConfig{};
-  PeftConfig pc;
-  pc.type = FinetuningType::kLora;
-  pc.lora.r = 4;
-  pc.lora.alpha = 8;
+TEST_CASE("QLoRA, DoRA and PiSSA models on the GPU compute the CPU's loss and adapter gradients",
+          "[gpu][quant][dora][pissa]") {
   SafetensorsFile data(fixture("models/llama/expected.safetensors"));
   const at::Tensor ids = data.load("input_ids"), labels = data.load("labels");
   const at::Tensor mask = data.load("attention_mask");
-  double losses[2];
-  std::vector<at::Tensor> grads[2];
-  for (int g = 0; g < 2; ++g) {
-    const at::Device device = g == 0 ? at::Device(at::kCPU) : kGpu;
-    auto model =
-        std::make_shared<CausalLM>(mc, at::TensorOptions().device(at::kCPU), /*allocate=*/true);
-    load_weights(*model, *checkpoint_source(fixture("models/llama")));
-    apply_peft(*model, pc, 3);
-    {
-      at::NoGradGuard no_grad;
-      at::manual_seed(5);
-      for (auto& item : model->named_parameters(true)) {
-        if (item.key().find("lora_B") != std::string::npos) item.value().normal_(0, 0.05);
+  for (const char* variant : {"qlora", "qdora", "pissa+dora"}) {
+    INFO(variant);
+    const std::string v = variant;
+    ModelConfig mc = load_model_config(fixture("models/llama"));
+    if (v != "pissa+dora") mc.quantization = QuantizationConfig{};
+    PeftConfig pc;
+    pc.type = FinetuningType::kLora;
+    pc.lora.r = 4;
+    pc.lora.alpha = 8;
+    pc.lora.use_dora = v != "qlora";
+    if (v == "pissa+dora") pc.lora.init_lora_weights = "pissa";
+    double losses[2];
+    std::vector<at::Tensor> grads[2];
+    for (int g = 0; g < 2; ++g) {
+      const at::Device device = g == 0 ? at::Device(at::kCPU) : kGpu;
+      auto model =
+          std::make_shared<CausalLM>(mc, at::TensorOptions().device(at::kCPU), /*allocate=*/true);
+      load_weights(*model, *checkpoint_source(fixture("models/llama")));
+      apply_peft(*model, pc, 3);
+      {
+        at::NoGradGuard no_grad;
+        at::manual_seed(5);
+        for (auto& item : model->named_parameters(true)) {
+          if (item.key().find("lora_B") != std::string::npos)
+            item.value().add_(at::randn_like(item.value()) * 0.05);
+        }
+      }
+      model->to(device);
+      LossSum loss = model->loss(ids.to(device), labels.to(device), mask.to(device));
+      loss.sum.backward();
+      losses[g] = loss.sum.item<double>();
+      for (const auto& item : model->named_parameters(true)) {
+        if (item.value().requires_grad()) grads[g].push_back(item.value().grad().cpu());
       }
     }
-    model->to(device);
-    LossSum loss = model->loss(ids.to(device), labels.to(device), mask.to(device));
-    loss.sum.backward();
-    losses[g] = loss.sum.item<double>();
-    for (const auto& item : model->named_parameters(true)) {
-      if (item.value().requires_grad()) grads[g].push_back(item.value().grad().cpu());
+    // fp32 on both; the GPU's GEMMs sum in another order (TF32 stays off by default).
+    CHECK(losses[1] == Approx(losses[0]).epsilon(1e-5));
+    REQUIRE(grads[0].size() == grads[1].size());
+    REQUIRE(!grads[0].empty());
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      CHECK(at::allclose(grads[1][i], grads[0][i], 1e-3, 1e-5));
     }
-  }
-  // fp32 on both; the GPU's GEMMs sum in another order (TF32 stays off by default).
-  CHECK(losses[1] == Approx(losses[0]).epsilon(1e-5));
-  REQUIRE(grads[0].size() == grads[1].size());
-  REQUIRE(!grads[0].empty());
-  for (size_t i = 0; i < grads[0].size(); ++i) {
-    CHECK(at::allclose(grads[1][i], grads[0][i], 1e-3, 1e-5));
   }
 }
