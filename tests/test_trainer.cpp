@@ -580,6 +580,15 @@ TEST_CASE(
   };
   Trainer(on_bnb("out_bnb", {"--finetuning_type", "lora", "--lora_r", "4"}), comm).train();
   CHECK(fs::exists(dir + "/out_bnb/adapter_model.safetensors"));
+  {
+    // Merged, it is a floating-point model: no quantization_config for transformers to obey.
+    MergeOptions options;
+    options.dtype = at::kFloat;
+    merge_checkpoint(dir + "/out_bnb", dir + "/merged_bnb", options);
+    CHECK(files::read_text(dir + "/merged_bnb/config.json").find("quantization_config") ==
+          std::string::npos);
+    CHECK_FALSE(model::saved_quantization(load_model_config(dir + "/merged_bnb")));
+  }
   CHECK_THROWS_WITH(Trainer(on_bnb("bad_bnb1", {"--finetuning_type", "lora", "--quantization_bit",
                                                 "4", "--quantization_type", "fp4"}),
                             comm)

@@ -182,6 +182,9 @@ std::string model_config_json(const ModelConfig& c) {
     family->write_config(doc, c);
   }
   Alloc& alloc = doc.GetAllocator();
+  // zerotrain writes floating-point weights only: a 4-bit base's quantization_config would make
+  // transformers read them as bitsandbytes' (a merged QLoRA model is dequantized).
+  if (doc.IsObject()) doc.RemoveMember("quantization_config");
   if (family->remote_code) {  // remote code reads torch_dtype and nothing of RoPE's HF spellings
     set_member(doc, "torch_dtype", rapidjson::Value(dtype_name(c.dtype), alloc), alloc);
     return json::dump(doc, /*pretty=*/true);
