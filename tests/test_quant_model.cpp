@@ -346,13 +346,7 @@ TEST_CASE("rank: qlora trains under every stage", "[.rank]") {
     CHECK(losses.back() < 0.95 * losses.front());
     curves.push_back(losses);
   }
-  if (rank == 0) {
-    std::ofstream out(std::getenv("ZT_CURVES"));
-    for (const auto& c : curves) {
-      for (double v : c) out << fmt::format("{:.17g} ", v);
-      out << "\n";
-    }
-  }
+  test::write_curves(rank, curves);
   comm->barrier();
 }
 
@@ -361,16 +355,8 @@ TEST_CASE("QLoRA trains the same at world 1, 2 and 4 under ZeRO stages 0-3 and o
   std::vector<std::vector<std::vector<double>>> by_world;
   for (int world : {1, 2, 4}) {
     if (test::skip_cpu_world(world)) return;
-    const std::string path = test::temp_dir("qlora") + "/curves.txt";
-    test::run_ranks(world, "rank: qlora trains under every stage", std::chrono::seconds(300),
-                    {{"ZT_CURVES", path}});
-    std::ifstream in(path);
-    std::vector<std::vector<double>> curves;
-    for (std::string line; std::getline(in, line);) {
-      std::istringstream words(line);
-      curves.emplace_back();
-      for (double v; words >> v;) curves.back().push_back(v);
-    }
+    const std::vector<std::vector<double>> curves = test::curves_at_world(
+        world, "rank: qlora trains under every stage", std::chrono::seconds(300));
     REQUIRE(curves.size() == 5);
     by_world.push_back(curves);
   }

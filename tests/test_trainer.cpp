@@ -83,6 +83,21 @@ ModelConfig write_base_model(const std::string& folder) {
   return c;
 }
 
+// The arguments of run_flags over the model folder `dir`/base (write_base_model), writing into
+// `dir`/`out`.
+TrainingArguments on_base_model(const std::string& dir, const std::string& out,
+                                const std::vector<std::string>& extra) {
+  std::vector<std::string> flags = run_flags(dir, extra);
+  flags[0] = "--model_name_or_path";
+  flags[1] = dir + "/base";
+  for (size_t i = 0; i + 1 < flags.size(); ++i) {
+    if (flags[i] == "--output_dir") flags[i + 1] = dir + "/" + out;
+  }
+  TrainingArguments args;
+  apply_training_flags(args, flags);
+  return args;
+}
+
 }  // namespace
 
 // One rank of a training run; with ZT_CANCEL_AT=N the run is cancelled after step N (every
@@ -487,16 +502,8 @@ TEST_CASE(
   write_data(dir, "train.jsonl", 24, 8);
   const ModelConfig c = write_base_model(dir + "/base");
   auto comm = std::shared_ptr<Communicator>(test::join());
-  auto flags_with = [&](const std::string& out, std::vector<std::string> extra) {
-    std::vector<std::string> flags = run_flags(dir, extra);
-    flags[0] = "--model_name_or_path";
-    flags[1] = dir + "/base";
-    for (size_t i = 0; i + 1 < flags.size(); ++i) {
-      if (flags[i] == "--output_dir") flags[i + 1] = dir + "/" + out;
-    }
-    TrainingArguments args;
-    apply_training_flags(args, flags);
-    return args;
+  auto flags_with = [&](const std::string& out, const std::vector<std::string>& extra) {
+    return on_base_model(dir, out, extra);
   };
   Trainer(flags_with("out", {"--finetuning_type", "lora", "--lora_r", "4", "--quantization_bit",
                              "4", "--learning_rate", "1e-2"}),
@@ -606,16 +613,8 @@ TEST_CASE(
   write_data(dir, "train.jsonl", 24, 8);
   const ModelConfig c = write_base_model(dir + "/base");
   auto comm = std::shared_ptr<Communicator>(test::join());
-  auto flags_with = [&](const std::string& out, std::vector<std::string> extra) {
-    std::vector<std::string> flags = run_flags(dir, extra);
-    flags[0] = "--model_name_or_path";
-    flags[1] = dir + "/base";
-    for (size_t i = 0; i + 1 < flags.size(); ++i) {
-      if (flags[i] == "--output_dir") flags[i + 1] = dir + "/" + out;
-    }
-    TrainingArguments args;
-    apply_training_flags(args, flags);
-    return args;
+  auto flags_with = [&](const std::string& out, const std::vector<std::string>& extra) {
+    return on_base_model(dir, out, extra);
   };
   const std::vector<std::string> lora{
       "--finetuning_type", "lora",

@@ -113,4 +113,27 @@ std::unique_ptr<Communicator> join(Backend backend, at::Device device) {
   return create_communicator(launch_env_from_environment(), o);
 }
 
+void write_curves(int rank, const std::vector<std::vector<double>>& curves) {
+  if (rank != 0) return;
+  std::ofstream out(std::getenv("ZT_CURVES"));
+  for (const auto& c : curves) {
+    for (double v : c) out << fmt::format("{:.17g} ", v);
+    out << "\n";
+  }
+}
+
+std::vector<std::vector<double>> curves_at_world(int world, const std::string& name,
+                                                 std::chrono::seconds timeout) {
+  const std::string path = temp_dir("curves") + "/curves.txt";
+  run_ranks(world, name, timeout, {{"ZT_CURVES", path}});
+  std::ifstream in(path);
+  std::vector<std::vector<double>> curves;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    curves.emplace_back();
+    for (double v; words >> v;) curves.back().push_back(v);
+  }
+  return curves;
+}
+
 }  // namespace zt::test

@@ -33,6 +33,13 @@ void run_ranks(int world, const std::string& name,
                std::chrono::seconds timeout = std::chrono::seconds(180), Env env = {},
                bool one_node_per_rank = false);
 
+/// Loss curves of a rank test, one per setting it runs: rank 0 writes them with write_curves to
+/// the file ZT_CURVES names, and curves_at_world runs the test at `world` ranks (run_ranks) and
+/// reads them back.
+void write_curves(int rank, const std::vector<std::vector<double>>& curves);
+std::vector<std::vector<double>> curves_at_world(int world, const std::string& name,
+                                                 std::chrono::seconds timeout);
+
 /// Whether `world` GPU ranks must play nodes of their own: fewer GPUs are visible than ranks
 /// (then they all share GPU 0, as LOCAL_RANK 0 of their emulated nodes).
 bool gpu_ranks_share_a_gpu(int world);
