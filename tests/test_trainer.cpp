@@ -715,6 +715,8 @@ TEST_CASE(
       {with({"--pissa_init", "true", "--adapter_name_or_path", dir + "/dora"}),
        "adapter_name_or_path"},
       {with({"--pissa_iter", "-2"}), "pissa_iter"},
+      {with({"--finetuning_type", "full", "--use_dora", "true"}), "use_dora"},
+      {with({"--finetuning_type", "freeze", "--pissa_init", "true"}), "pissa_init"},
   };
   int k = 0;
   for (const Bad& b : bad) {

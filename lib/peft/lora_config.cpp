@@ -187,7 +187,7 @@ void read_lora_config(json::ObjectReader& r, LoraOptions& o) {
   // PEFT options that would change what the adapter computes and that zerotrain lacks.
   for (const char* k : {"fan_in_fan_out", "use_qalora"}) {
     if (auto v = r.boolean(k); v && *v) {
-      r.fail_value(k, "is not supported by zerotrain (plain LoRA only); remove it or set false");
+      r.fail_value(k, "is not supported by zerotrain; remove it or set false");
     }
   }
   for (const char* k : {"layers_to_transform", "layer_replication", "target_parameters",

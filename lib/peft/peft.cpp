@@ -323,6 +323,20 @@ PeftConfig peft_config_for(const TrainingArguments& a) {
           a.init_lora_weights, a.pissa_iter, factory));
     }
   }
+  if (c.type != FinetuningType::kLora) {
+    // LoRA's variants: on another method they would be ignored (LLaMA-Factory refuses them too).
+    for (const auto& [given, name] :
+         {std::pair{a.use_dora, "use_dora"}, std::pair{a.pissa_init, "pissa_init"},
+          std::pair{a.pissa_convert, "pissa_convert"},
+          std::pair{c.lora.init_lora_weights != "true", "init_lora_weights"}}) {
+      if (given) {
+        throw ConfigError(
+            fmt::format("{}: a LoRA variant, but finetuning_type is {}; use "
+                        "--finetuning_type lora or drop {}",
+                        name, t, name));
+      }
+    }
+  }
   if (a.pissa_convert && !peft::pissa_iterations(c.lora.init_lora_weights)) {
     throw ConfigError(
         "pissa_convert: converts a PiSSA adapter, but PiSSA is off; add --pissa_init true or "
