@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -17,6 +18,7 @@
 #include "quant/four_bit_weight.hpp"
 #include "support/catch.hpp"
 #include "support/ranks.hpp"
+#include "util/files.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
@@ -236,6 +238,48 @@ TEST_CASE("a folder transformers saved with bitsandbytes 4-bit weights loads to 
     CHECK(at::equal(params["model.embed_tokens.weight"], file.load("model.embed_tokens.weight")));
     CHECK(at::equal(params["lm_head.weight"], file.load("lm_head.weight")));
   }
+}
+
+TEST_CASE("bitsandbytes' packed codes stored as bfloat16, float16 or float32 load as uint8 ones",
+          "[quant]") {
+  // bnb_4bit_quant_storage (FSDP's QLoRA recipe stores bfloat16): bitsandbytes writes the same
+  // packed bytes into ((n + 1) / (2 × itemsize), 1) elements of that dtype, and config.json says
+  // which.
+  const std::string folder = fixture("quant/llama_bnb_nf4");
+  auto reference = load_prequantized(folder);
+  for (const auto& [dtype, spelled] :
+       {std::pair{at::kBFloat16, "bfloat16"}, {at::kHalf, "float16"}, {at::kFloat, "float32"}}) {
+    INFO(spelled);
+    const std::string dir = changed_copy(folder, [dtype = dtype](auto& t) {
+      for (auto& [name, value] : t) {
+        if (name.size() < 12 || name.compare(name.size() - 12, 12, "_proj.weight") != 0) continue;
+        const int64_t itemsize = static_cast<int64_t>(c10::elementSize(dtype));
+        at::Tensor stored = at::empty({value.numel() / itemsize, 1}, dtype);
+        std::memcpy(stored.data_ptr(), value.contiguous().data_ptr(),
+                    static_cast<size_t>(value.numel()));
+        value = stored;
+      }
+    });
+    std::string config = files::read_text(dir + "/config.json");
+    const std::string uint8 = R"("bnb_4bit_quant_storage": "uint8")";
+    REQUIRE(config.find(uint8) != std::string::npos);
+    config.replace(config.find(uint8), uint8.size(),
+                   fmt::format(R"("bnb_4bit_quant_storage": "{}")", spelled));
+    files::write_atomic(dir + "/config.json", config);
+    auto model = load_prequantized(dir);
+    for (const auto& [name, layout] : model::quantized_weights(*model)) {
+      INFO(name);
+      CHECK(
+          at::equal(model->named_parameters(true)[name], reference->named_parameters(true)[name]));
+    }
+  }
+  // A storage bitsandbytes does not have is refused, naming config.json's key.
+  const std::string dir = changed_copy(folder, [](auto&) {});
+  std::string config = files::read_text(dir + "/config.json");
+  const std::string uint8 = R"("bnb_4bit_quant_storage": "uint8")";
+  config.replace(config.find(uint8), uint8.size(), R"("bnb_4bit_quant_storage": "int4")");
+  files::write_atomic(dir + "/config.json", config);
+  CHECK_THROWS_WITH(load_prequantized(dir), Catch::Contains("bnb_4bit_quant_storage"));
 }
 
 TEST_CASE("a bitsandbytes folder that lies about a weight is refused, naming the tensor",

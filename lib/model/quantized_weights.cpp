@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -119,6 +120,28 @@ class PrequantizedSource final : public OneWeightAtATime {
     return ckpt_.load(name, dtype).reshape({-1});
   }
 
+  // The packed codes of weight `name`: uint8, or the same bytes in another dtype when the model
+  // was quantized with bnb_4bit_quant_storage bfloat16 / float16 / float32 (bitsandbytes
+  // allocates ((n + 1) / (2 × itemsize), 1) elements of it and writes the uint8 packing into
+  // them), read back as their bytes.
+  at::Tensor packed_codes(const std::string& name, const quant::FourBitLayout& layout) const {
+    if (!ckpt_.contains(name)) fail(name, "is missing");
+    const TensorInfo& info = ckpt_.info(name);
+    const at::ScalarType dtype = info.dtype;
+    const int64_t itemsize = static_cast<int64_t>(c10::elementSize(dtype));
+    const bool storage =
+        dtype == at::kByte || dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat;
+    if (!storage || info.numel * itemsize != layout.codes_bytes()) {
+      fail(name, fmt::format("is {} with {} elements where {} bytes of packed codes (uint8, or "
+                             "bfloat16 / float16 / float32 storage) are needed",
+                             info.dtype_name, info.numel, layout.codes_bytes()));
+    }
+    const at::Tensor stored = ckpt_.load(name, dtype).reshape({-1}).contiguous();
+    at::Tensor bytes = at::empty({layout.codes_bytes()}, at::kByte);
+    std::memcpy(bytes.data_ptr(), stored.data_ptr(), static_cast<size_t>(layout.codes_bytes()));
+    return bytes;
+  }
+
   // Scales: finite and not negative (a corrupt file's NaN or −1 would dequantize silently).
   void check_scales(const std::string& name, const at::Tensor& t) const {
     if (t.numel() > 0 && (!at::isfinite(t).all().item<bool>() || t.lt(0).any().item<bool>())) {
@@ -174,7 +197,7 @@ class PrequantizedSource final : public OneWeightAtATime {
     state.known({"nested_blocksize", "nested_dtype", "nested_offset"});
 
     quant::FourBitBlocks blocks;
-    blocks.packed = part(name, at::kByte, layout.codes_bytes());
+    blocks.packed = packed_codes(name, layout);
     if (!at::equal(part(name + ".quant_map", at::kFloat, 16), quant::quant_map(layout.type))) {
       fail(name + ".quant_map", fmt::format("is not {}'s code table", type));
     }
@@ -278,13 +301,9 @@ std::optional<QuantizationConfig> saved_quantization(const ModelConfig& config) 
   QuantizationConfig out;
   out.quant_type = q.choice("bnb_4bit_quant_type", {"nf4", "fp4"}).value_or("fp4");
   out.double_quant = q.boolean("bnb_4bit_use_double_quant").value_or(false);
-  const std::string storage = q.string("bnb_4bit_quant_storage").value_or("uint8");
-  if (storage != "uint8") {
-    throw ConfigError(fmt::format(
-        "{}: quantization_config.bnb_4bit_quant_storage is {}; zerotrain reads 4-bit weights "
-        "packed as uint8 only",
-        source, storage));
-  }
+  // The dtype the packed codes are stored in (FSDP's QLoRA recipe stores them as bfloat16): the
+  // same bytes whichever it is (PrequantizedSource::packed_codes).
+  q.choice("bnb_4bit_quant_storage", {"uint8", "bfloat16", "float16", "float32"});
   return out;
 }
 
