@@ -727,6 +727,45 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "over a 4-bit base, QLoRA and DoRA train the same with packing and variable-length attention "
+    "whether activations are recomputed or kept",
+    "[trainer][quant][dora]") {
+  // Checkpointing (with and without a keep budget) recomputes the 4-bit projections, which
+  // dequantize again: the losses are those of the run that keeps every activation.
+  const std::string dir = test::temp_dir("qlora_packed");
+  write_data(dir, "train.jsonl", 32, 4);
+  write_base_model(dir + "/base");
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  for (const char* dora : {"false", "true"}) {
+    INFO("use_dora " << dora);
+    std::vector<std::map<int64_t, double>> runs;
+    int k = 0;
+    for (const std::vector<std::string>& memory :
+         {std::vector<std::string>{"--gradient_checkpointing", "false"},
+          std::vector<std::string>{"--gradient_checkpointing", "true",
+                                   "--gradient_checkpointing_keep", "none"},
+          std::vector<std::string>{"--gradient_checkpointing", "true",
+                                   "--gradient_checkpointing_keep", "1"}}) {
+      std::vector<std::string> flags{"--finetuning_type",  "lora", "--lora_r",        "4",
+                                     "--quantization_bit", "4",    "--use_dora",      dora,
+                                     "--packing",          "true", "--max_length",    "256",
+                                     "--max_steps",        "4",    "--learning_rate", "1e-2"};
+      flags.insert(flags.end(), memory.begin(), memory.end());
+      const std::string out = fmt::format("out_{}_{}", dora, k++);
+      Trainer(on_base_model(dir, out, flags), comm).train();
+      runs.push_back(logged_losses(dir + "/" + out));
+    }
+    REQUIRE(runs[0].size() == 4);
+    for (size_t r = 1; r < runs.size(); ++r) {
+      INFO("run " << r);
+      REQUIRE(runs[r].size() == runs[0].size());
+      for (const auto& [step, loss] : runs[0])
+        CHECK(runs[r].at(step) == Approx(loss).epsilon(1e-6));
+    }
+  }
+}
+
 TEST_CASE("ZeRO-3 saves 16-bit weights only when asked, and its checkpoints merge",
           "[trainer][checkpoint]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
