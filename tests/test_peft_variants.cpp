@@ -18,6 +18,7 @@
 #include "peft/pissa.hpp"
 #include "quant/four_bit_weight.hpp"
 #include "support/catch.hpp"
+#include "support/models.hpp"
 #include "support/ranks.hpp"
 #include "util/files.hpp"
 #include "zerotrain/engine.hpp"
@@ -323,15 +324,8 @@ TEST_CASE("DoRA and PiSSA over a 4-bit base compute what they do over its dequan
 
 TEST_CASE("rank: dora and pissa train under stages 0 and 3", "[.rank]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
-  const int rank = comm->rank(), world = comm->world_size();
   SafetensorsFile data(fixture("models/llama/expected.safetensors"));
   auto four = [](const at::Tensor& t) { return at::cat({t, t.roll(5, 1)}); };
-  const int64_t rows = 4 / world;
-  const at::Tensor all_ids = four(data.load("input_ids")), all_labels = four(data.load("labels"));
-  const at::Tensor all_mask = four(data.load("attention_mask"));
-  const at::Tensor ids = all_ids.narrow(0, rank * rows, rows);
-  const at::Tensor labels = all_labels.narrow(0, rank * rows, rows);
-  const at::Tensor mask = all_mask.narrow(0, rank * rows, rows);
   std::vector<std::vector<double>> curves;
   for (const char* method : {"dora 4-bit", "pissa+dora"}) {
     const bool four_bit = std::string(method) == "dora 4-bit";
@@ -343,52 +337,33 @@ TEST_CASE("rank: dora and pissa train under stages 0 and 3", "[.rank]") {
     config.lora.init_lora_weights = four_bit ? "true" : "pissa_niter_2";
     ModelConfig mc = load_model_config(fixture("models/llama"));
     if (four_bit) mc.quantization = QuantizationConfig{};
-    // The plain single-process reference of the first loss: adapters started on a loaded model.
+    // The plain single-process reference of the first loss: adapters started on a loaded model,
+    // over the whole batch of 4 rows.
     double attached = 0;
     {
       CausalLM loaded(mc, at::TensorOptions(), true);
       load_weights(loaded, *checkpoint_source(fixture("models/llama")));
       apply_peft(loaded, config, 3);
       at::NoGradGuard no_grad;
-      LossSum l = loaded.loss(all_ids, all_labels, all_mask);
+      LossSum l = loaded.loss(four(data.load("input_ids")), four(data.load("labels")),
+                              four(data.load("attention_mask")));
       attached = l.sum.item<double>() / static_cast<double>(l.tokens);
     }
     for (const char* setting : {"0", "3", "3 offload"}) {
       INFO(method << ", stage " << setting);
       auto model = std::make_shared<CausalLM>(mc, at::TensorOptions(), /*allocate=*/false);
       apply_peft(*model, config, 3);
-      const std::string offload =
-          std::string(setting) == "3 offload" ? R"(, "offload_param": {"device": "cpu"})" : "";
-      DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
-          R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 10{}}},
-              "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}, "gradient_clipping": 1.0}})",
-          setting[0], offload));
-      TrainingArguments args;
-      args.lr_scheduler_type = "constant";
-      resolve_config(ds, args, ResolveContext{world, mc.hidden_size, 6});
-      EngineOptions eo;
-      eo.units = model->units();
-      eo.gate = &model->gate();
       std::shared_ptr<ParameterSource> base = checkpoint_source(fixture("models/llama"));
       base = peft::pissa_source(base, *model, config.lora, 3, at::kCPU, true);
       if (four_bit) base = model::quantizing_source(*base, model::quantized_weights(*model), base);
       base = peft::dora_source(base, *model, config.lora);
-      eo.source = with_adapter_values(base, *model);
-      Engine engine(model, ds, comm, eo);
-      std::vector<double> losses;
-      for (int step = 0; step < 5; ++step) {
-        LossSum loss = model->loss(ids, labels, mask);
-        at::Tensor global = at::tensor({loss.sum.item<float>(), static_cast<float>(loss.tokens)});
-        comm->all_reduce(global)->wait();
-        engine.backward(loss.sum, global[1].item<double>());
-        engine.step();
-        losses.push_back(global[0].item<double>() / global[1].item<double>());
-      }
+      const std::vector<double> losses = test::fixture_batch_losses(comm, model, base, setting, 5);
       CHECK(losses.front() == Approx(attached).epsilon(1e-5));
       CHECK(losses.back() < 0.95 * losses.front());
       curves.push_back(losses);
     }
   }
+  const int rank = comm->rank();
   test::write_curves(rank, curves);
   comm->barrier();
 }

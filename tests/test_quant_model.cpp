@@ -17,6 +17,7 @@
 #include "model/quantized_weights.hpp"
 #include "quant/four_bit_weight.hpp"
 #include "support/catch.hpp"
+#include "support/models.hpp"
 #include "support/ranks.hpp"
 #include "util/files.hpp"
 #include "zerotrain/engine.hpp"
@@ -348,48 +349,19 @@ TEST_CASE("a bitsandbytes folder that lies about a weight is refused, naming the
 
 TEST_CASE("rank: qlora trains under every stage", "[.rank]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
-  const int rank = comm->rank(), world = comm->world_size();
-  SafetensorsFile data(fixture("models/llama/expected.safetensors"));
-  // A global batch of 4 rows (the fixture's 2 and the same rolled by 5), split by rank.
-  auto four = [](const at::Tensor& t) { return at::cat({t, t.roll(5, 1)}); };
-  const int64_t rows = 4 / world;
-  const at::Tensor ids = four(data.load("input_ids")).narrow(0, rank * rows, rows);
-  const at::Tensor labels = four(data.load("labels")).narrow(0, rank * rows, rows);
-  const at::Tensor mask = four(data.load("attention_mask")).narrow(0, rank * rows, rows);
   std::vector<std::vector<double>> curves;
   for (const char* setting : {"0", "1", "2", "3", "3 offload"}) {
     INFO("stage " << setting);
     const ModelConfig mc = four_bit_config("llama", "nf4", true);
     auto model = std::make_shared<CausalLM>(mc, at::TensorOptions(), /*allocate=*/false);
     apply_peft(*model, lora_config(), 3);
-    const std::string offload =
-        std::string(setting) == "3 offload" ? R"(, "offload_param": {"device": "cpu"})" : "";
-    DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
-        R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 10{}}},
-            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}, "gradient_clipping": 1.0}})",
-        setting[0], offload));
-    TrainingArguments args;
-    args.lr_scheduler_type = "constant";
-    resolve_config(ds, args, ResolveContext{world, mc.hidden_size, 6});
-    EngineOptions eo;
-    eo.units = model->units();
-    eo.gate = &model->gate();
     std::shared_ptr<ParameterSource> base = checkpoint_source(fixture("models/llama"));
     base = model::quantizing_source(*base, model::quantized_weights(*model), base);
-    eo.source = with_adapter_values(base, *model);
-    Engine engine(model, ds, comm, eo);
-    std::vector<double> losses;
-    for (int step = 0; step < 6; ++step) {
-      LossSum loss = model->loss(ids, labels, mask);
-      at::Tensor global = at::tensor({loss.sum.item<float>(), static_cast<float>(loss.tokens)});
-      comm->all_reduce(global)->wait();
-      engine.backward(loss.sum, global[1].item<double>());
-      engine.step();
-      losses.push_back(global[0].item<double>() / global[1].item<double>());
-    }
+    const std::vector<double> losses = test::fixture_batch_losses(comm, model, base, setting, 6);
     CHECK(losses.back() < 0.95 * losses.front());
     curves.push_back(losses);
   }
+  const int rank = comm->rank();
   test::write_curves(rank, curves);
   comm->barrier();
 }

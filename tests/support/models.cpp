@@ -7,8 +7,14 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "support/catch.hpp"
+#include "zerotrain/comm.hpp"
+#include "zerotrain/config.hpp"
 #include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
+#include "zerotrain/safetensors.hpp"
 
 namespace zt::test {
 
@@ -267,6 +273,44 @@ Batch make_batch(const std::string& kind, int64_t step, int64_t first, int64_t c
   Batch b{at::cat(xs), at::cat(ys)};
   b.causal_shift = kind == "llm" || kind == "llm_tied";
   return b;
+}
+
+std::vector<double> fixture_batch_losses(const std::shared_ptr<Communicator>& comm,
+                                         const std::shared_ptr<CausalLM>& model,
+                                         std::shared_ptr<ParameterSource> source,
+                                         const std::string& setting, int steps) {
+  const int rank = comm->rank(), world = comm->world_size();
+  SafetensorsFile data(std::string(ZT_FIXTURES) + "/models/llama/expected.safetensors");
+  auto ours = [&](const char* name) {
+    const at::Tensor t = data.load(name);
+    const int64_t rows = 4 / world;
+    return at::cat({t, t.roll(5, 1)}).narrow(0, rank * rows, rows);
+  };
+  const at::Tensor ids = ours("input_ids"), labels = ours("labels"), mask = ours("attention_mask");
+  const std::string offload =
+      setting == "3 offload" ? R"(, "offload_param": {"device": "cpu"})" : "";
+  DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
+      R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 10{}}},
+          "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}, "gradient_clipping": 1.0}})",
+      setting.substr(0, 1), offload));
+  TrainingArguments args;
+  args.lr_scheduler_type = "constant";
+  resolve_config(ds, args, ResolveContext{world, model->config().hidden_size, steps});
+  EngineOptions eo;
+  eo.units = model->units();
+  eo.gate = &model->gate();
+  eo.source = with_adapter_values(std::move(source), *model);
+  Engine engine(model, ds, comm, eo);
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    LossSum loss = model->loss(ids, labels, mask);
+    at::Tensor global = at::tensor({loss.sum.item<float>(), static_cast<float>(loss.tokens)});
+    comm->all_reduce(global)->wait();
+    engine.backward(loss.sum, global[1].item<double>());
+    engine.step();
+    losses.push_back(global[0].item<double>() / global[1].item<double>());
+  }
+  return losses;
 }
 
 }  // namespace zt::test

@@ -39,4 +39,14 @@ Batch make_batch(const std::string& kind, int64_t step, int64_t first, int64_t c
 /// (a config written in another dtype).
 void check_same_model(const ModelConfig& got, const ModelConfig& want, bool same_dtype = true);
 
+/// The losses of `steps` steps of `model`, an adapter over a base the engine reads from
+/// `source`, at this rank of `comm`: ZeRO `setting` "0" … "3" or "3 offload" (offload_param),
+/// AdamW at a constant 0.01, clipping 1.0; each the global mean over a batch of 4 rows — the
+/// tiny llama fixture's 2 and the same rolled by 5 — split by rank. The adapters' tests at
+/// world 1, 2 and 4 compare these.
+std::vector<double> fixture_batch_losses(const std::shared_ptr<Communicator>& comm,
+                                         const std::shared_ptr<CausalLM>& model,
+                                         std::shared_ptr<ParameterSource> source,
+                                         const std::string& setting, int steps);
+
 }  // namespace zt::test
