@@ -85,13 +85,6 @@ void add_lora_delta(at::Tensor& weight, const at::Tensor& lora_A, const at::Tens
   weight.addmm_(lora_B.to(at::kFloat), lora_A.to(at::kFloat), /*beta=*/1.0, /*alpha=*/scaling);
 }
 
-at::Tensor lora_delta(const at::Tensor& lora_A, const at::Tensor& lora_B, double scaling) {
-  at::Tensor delta =
-      at::zeros({lora_B.size(0), lora_A.size(1)}, lora_A.options().dtype(at::kFloat));
-  add_lora_delta(delta, lora_A, lora_B, scaling);
-  return delta;
-}
-
 at::Generator generator_for(uint64_t seed, const std::string& name) {
   return at::detail::createCPUGenerator(seed ^
                                         (std::hash<std::string>{}(name)*0x9E3779B97F4A7C15ULL));

@@ -30,8 +30,6 @@ at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& weight, const at::
 /// [out, in] temporary): the one statement of LoRA's merge.
 void add_lora_delta(at::Tensor& weight, const at::Tensor& lora_A, const at::Tensor& lora_B,
                     double scaling);
-/// ΔW = lora_B · lora_A · scaling in fp32 [out, in] (add_lora_delta into zeros).
-at::Tensor lora_delta(const at::Tensor& lora_A, const at::Tensor& lora_B, double scaling);
 
 /// A CPU generator for the adapter values of module `name`, so that they do not depend on the
 /// order modules are made in and agree on every rank.
