@@ -120,26 +120,20 @@ class PrequantizedSource final : public OneWeightAtATime {
     return ckpt_.load(name, dtype).reshape({-1});
   }
 
-  // The packed codes of weight `name`: uint8, or the same bytes in another dtype when the model
-  // was quantized with bnb_4bit_quant_storage bfloat16 / float16 / float32 (bitsandbytes
-  // allocates ((n + 1) / (2 × itemsize), 1) elements of it and writes the uint8 packing into
-  // them), read back as their bytes.
+  // The packed codes of weight `name` (holds_packed_codes), as uint8 bytes.
   at::Tensor packed_codes(const std::string& name, const quant::FourBitLayout& layout) const {
     if (!ckpt_.contains(name)) fail(name, "is missing");
     const TensorInfo& info = ckpt_.info(name);
-    const at::ScalarType dtype = info.dtype;
-    const int64_t itemsize = static_cast<int64_t>(c10::elementSize(dtype));
-    const bool storage =
-        dtype == at::kByte || dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat;
-    if (!storage || info.numel * itemsize != layout.codes_bytes()) {
+    const int64_t bytes = info.numel * static_cast<int64_t>(c10::elementSize(info.dtype));
+    if (!holds_packed_codes(info, layout) || bytes != layout.codes_bytes()) {
       fail(name, fmt::format("is {} with {} elements where {} bytes of packed codes (uint8, or "
                              "bfloat16 / float16 / float32 storage) are needed",
                              info.dtype_name, info.numel, layout.codes_bytes()));
     }
-    const at::Tensor stored = ckpt_.load(name, dtype).reshape({-1}).contiguous();
-    at::Tensor bytes = at::empty({layout.codes_bytes()}, at::kByte);
-    std::memcpy(bytes.data_ptr(), stored.data_ptr(), static_cast<size_t>(layout.codes_bytes()));
-    return bytes;
+    const at::Tensor stored = ckpt_.load(name, info.dtype).reshape({-1}).contiguous();
+    at::Tensor out = at::empty({bytes}, at::kByte);
+    std::memcpy(out.data_ptr(), stored.data_ptr(), static_cast<size_t>(bytes));
+    return out;
   }
 
   // Scales: finite and not negative (a corrupt file's NaN or −1 would dequantize silently).
@@ -305,6 +299,14 @@ std::optional<QuantizationConfig> saved_quantization(const ModelConfig& config) 
   // same bytes whichever it is (PrequantizedSource::packed_codes).
   q.choice("bnb_4bit_quant_storage", {"uint8", "bfloat16", "float16", "float32"});
   return out;
+}
+
+bool holds_packed_codes(const TensorInfo& info, const quant::FourBitLayout& layout) {
+  if (info.dtype == at::kByte) return true;
+  const bool storage =
+      info.dtype == at::kBFloat16 || info.dtype == at::kHalf || info.dtype == at::kFloat;
+  return storage && info.shape.size() == 2 && info.shape[1] == 1 && layout.cols != 1 &&
+         info.numel * static_cast<int64_t>(c10::elementSize(info.dtype)) == layout.codes_bytes();
 }
 
 bool gives_quantized_storage(const ParameterSource& source) {

@@ -12,6 +12,7 @@
 
 #include "quant/four_bit_weight.hpp"
 #include "zerotrain/model.hpp"
+#include "zerotrain/safetensors.hpp"
 #include "zerotrain/units.hpp"
 
 namespace zt::model {
@@ -41,6 +42,12 @@ bool gives_quantized_storage(const ParameterSource& source);
 /// nullopt when it declares none. Reads `config.source_json`; a quantization_config that is not
 /// a 4-bit bitsandbytes one (8-bit, GPTQ, AWQ, ...) is a ConfigError naming config.json.
 std::optional<QuantizationConfig> saved_quantization(const ModelConfig& config);
+
+/// Whether checkpoint tensor `info` holds a 4-bit weight's packed codes as bitsandbytes saves
+/// them: uint8 (its size checked with the other parts, prequantized_source), or the same bytes
+/// in a bnb_4bit_quant_storage dtype — bfloat16, float16, float32 — as ((n + 1) / (2 ×
+/// itemsize), 1) elements, bitsandbytes' quantize_4bit allocation.
+bool holds_packed_codes(const TensorInfo& info, const quant::FourBitLayout& layout);
 
 /// Whether `name` is one of the tensors bitsandbytes saves beside a 4-bit weight ("….weight.
 /// absmax", "….weight.quant_state.bitsandbytes__nf4", …) of a weight in `quantized`.

@@ -208,15 +208,8 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
                       path, name));
     }
     const TensorInfo& info = ckpt.info(name);
-    // bitsandbytes' packed 4-bit weight — uint8, or its bytes in the dtype of
-    // bnb_4bit_quant_storage, [n, 1]: prequantized_source checks it with its parts.
-    if (q != quantized.end() &&
-        (info.dtype == at::kByte ||
-         (info.shape.size() == 2 && info.shape[1] == 1 && info.shape != expected &&
-          info.numel * static_cast<int64_t>(c10::elementSize(info.dtype)) ==
-              q->second->codes_bytes()))) {
-      continue;
-    }
+    // bitsandbytes' packed 4-bit weight: prequantized_source checks it with its parts.
+    if (q != quantized.end() && model::holds_packed_codes(info, *q->second)) continue;
     check_weight_dtype(path, name, info);
     if (info.shape != expected) {
       throw IoError(fmt::format(

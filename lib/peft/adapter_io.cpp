@@ -23,7 +23,7 @@
 namespace zt {
 namespace {
 
-constexpr const char* kPrefix = "base_model.model.";
+constexpr const char* kPrefix = peft::kAdapterKeyPrefix;
 /// ChatGLM's P-Tuning v2 prefix encoder, beside PEFT's files (docs/peft.md).
 constexpr const char* kChatGlmPrefixFile = "prefix_encoder.safetensors";
 

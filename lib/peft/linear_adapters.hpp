@@ -15,6 +15,10 @@
 
 namespace zt::peft {
 
+/// What PEFT's adapter files put before a parameter's name in the model
+/// ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight").
+constexpr const char* kAdapterKeyPrefix = "base_model.model.";
+
 /// Attaches the adapter `options` asks for to the projection at `path` (its parameters
 /// registered on `lin`, trainable). Throws InvalidArgument when `lin` already has one.
 void attach_adapter(const std::string& path, model::Linear& lin, const LoraOptions& options,

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "peft/linear_adapters.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/safetensors.hpp"
 
@@ -90,7 +91,7 @@ void save_pissa_converted(CausalLM& model, const PeftConfig& config, const std::
   const std::string file = init_dir + "/adapter_model.safetensors";
   SafetensorsFile start(file);
   auto started = [&](const std::string& name, const at::Tensor& trained) {
-    const std::string key = "base_model.model." + name;
+    const std::string key = kAdapterKeyPrefix + name;
     if (!start.contains(key) || start.info(key).shape != trained.sizes().vec()) {
       throw IoError(fmt::format(
           "'{}' {} '{}' as this run trains it ([{}]); it is not this run's starting adapter — "
