@@ -322,6 +322,55 @@ TEST_CASE("DoRA and PiSSA over a 4-bit base compute what they do over its dequan
   }
 }
 
+TEST_CASE("DoRA with dropout computes what its one-function path computes, dense and 4-bit",
+          "[peft][dora][quant]") {
+  // A dropout that drops nothing (p = 1e-12) takes the path of dropout in training — autograd of
+  // PEFT's expression, the base's products through base_forward — where p = 0 takes
+  // DoraLinearFunction: the same loss and gradients, over qwen2 (biases) dense and 4-bit.
+  SafetensorsFile data(fixture("models/qwen2/expected.safetensors"));
+  const at::Tensor ids = data.load("input_ids"), labels = data.load("labels");
+  const at::Tensor mask = data.load("attention_mask");
+  for (bool four_bit : {false, true}) {
+    INFO((four_bit ? "4-bit" : "dense"));
+    std::vector<double> losses;
+    std::vector<std::vector<at::Tensor>> grads;
+    for (double dropout : {0.0, 1e-12}) {
+      PeftConfig config;
+      config.type = FinetuningType::kLora;
+      config.lora.r = 4;
+      config.lora.alpha = 8;
+      config.lora.use_dora = true;
+      config.lora.dropout = dropout;
+      auto model =
+          base_model("qwen2", four_bit ? std::optional<QuantizationConfig>(QuantizationConfig{})
+                                       : std::nullopt);
+      apply_peft(*model, config, 3);
+      {
+        at::NoGradGuard no_grad;
+        at::manual_seed(5);
+        for (auto& item : model->named_parameters(true)) {
+          if (item.key().find("lora_B") != std::string::npos) {
+            item.value().add_(at::randn_like(item.value()) * 0.05);
+          }
+        }
+      }
+      model->train();
+      LossSum loss = model->loss(ids, labels, mask);
+      loss.sum.backward();
+      losses.push_back(loss.sum.item<double>());
+      grads.emplace_back();
+      for (const auto& item : model->named_parameters(true)) {
+        if (item.value().requires_grad()) grads.back().push_back(item.value().grad().clone());
+      }
+    }
+    CHECK(losses[1] == Approx(losses[0]).epsilon(1e-6));
+    REQUIRE(grads[0].size() == grads[1].size());
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      CHECK(at::allclose(grads[1][i], grads[0][i], 1e-4, 1e-6));
+    }
+  }
+}
+
 TEST_CASE("rank: dora and pissa train under stages 0 and 3", "[.rank]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
   SafetensorsFile data(fixture("models/llama/expected.safetensors"));

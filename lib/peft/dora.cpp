@@ -123,13 +123,17 @@ at::Tensor DoraAdapter::forward(const model::Linear& base, const at::Tensor& x,
                                      a_->weight, b_->weight, magnitude_, scaling_, layout);
   }
   // Dropout in training: autograd of PEFT's expression — the base's output on x, DoRA's
-  // correction on dropout(x).
-  const at::Tensor w = base.dense_weight(x.scalar_type());
-  const at::Tensor factor =
-      magnitude_ / dora_weight_norm(w, a_->weight, b_->weight, scaling_).unsqueeze(0);
+  // correction on dropout(x). The base's products go through base_forward, so that autograd
+  // keeps no dense copy of a 4-bit weight (which would cost the memory QLoRA saves); W's values
+  // serve the norm only, outside autograd.
+  const at::Tensor norm =
+      dora_weight_norm(base.dense_weight(x.scalar_type()), a_->weight, b_->weight, scaling_);
+  const at::Tensor factor = magnitude_ / norm.unsqueeze(0);
   const at::Tensor dropped = at::dropout(x, dropout_, true);
   const at::Tensor lora = at::linear(at::linear(dropped, a_->weight), b_->weight);
-  return base.base_forward(x) + (factor - 1) * at::linear(dropped, w) + factor * lora * scaling_;
+  at::Tensor base_dropped = base.base_forward(dropped);
+  if (base.bias.defined()) base_dropped = base_dropped - base.bias;
+  return base.base_forward(x) + (factor - 1) * base_dropped + factor * lora * scaling_;
 }
 
 void DoraAdapter::merge_into(at::Tensor& weight) const {
