@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "model/quantized_weights.hpp"
 #include "support/ranks.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/model.hpp"
@@ -112,13 +113,18 @@ TEST_CASE("model: ZeRO-3 loads each rank's slice straight from the checkpoint", 
 // MLP's gate and up outputs, and its recomputation skips their products (2, with LoRA 4): every
 // layer with room for all, one layer a step with room for one. ZT_MODEL=chatglm: ChatGLM's
 // layout, one product for q/k/v and one for gate and up (dense_h_to_4h), so a layer recomputes
-// 2 products, 1 while it keeps.
+// 2 products, 1 while it keeps. ZT_QLORA=1: LoRA over a 4-bit base (NF4, double quantization),
+// whose recomputation counts the same products and skips the same ones when it keeps (the
+// dequantizations are no products).
 TEST_CASE("rank: model recomputation", "[.rank]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
   const bool glm =
       std::getenv("ZT_MODEL") != nullptr && std::string(std::getenv("ZT_MODEL")) == "chatglm";
   const std::string dir = fixture(glm ? "models/chatglm" : "models/qwen2");
-  const bool lora = std::getenv("ZT_LORA") != nullptr && std::string(std::getenv("ZT_LORA")) == "1";
+  const bool qlora =
+      std::getenv("ZT_QLORA") != nullptr && std::string(std::getenv("ZT_QLORA")) == "1";
+  const bool lora =
+      qlora || (std::getenv("ZT_LORA") != nullptr && std::string(std::getenv("ZT_LORA")) == "1");
   REQUIRE(!(glm && lora));  // the product counts below are for ChatGLM without adapters
   SafetensorsFile expected(dir + "/expected.safetensors");
   at::Tensor ids = expected.load("input_ids"), labels = expected.load("labels"),
@@ -131,10 +137,14 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     double products = 0;  ///< matrix products over all steps
   };
   auto train = [&](int stage, bool checkpointing, int64_t keep_bytes) {
-    auto model =
-        std::make_shared<CausalLM>(load_model_config(dir), at::TensorOptions(), /*allocate=*/false);
+    ModelConfig mc = load_model_config(dir);
+    if (qlora) mc.quantization = QuantizationConfig{};  // NF4 with double quantization
+    auto model = std::make_shared<CausalLM>(mc, at::TensorOptions(), /*allocate=*/false);
     EngineOptions eo;
     eo.source = checkpoint_source(dir);
+    if (qlora) {
+      eo.source = model::quantizing_source(*eo.source, model::quantized_weights(*model), eo.source);
+    }
     if (lora) {
       PeftConfig pc;
       pc.type = FinetuningType::kLora;
@@ -187,7 +197,10 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
   for (const Case& c : {Case{0, true, EngineOptions::kAutoKeep, 0}, Case{2, true, 0, 0},
                         Case{3, false, EngineOptions::kAutoKeep, 0}, Case{0, true, all, layers},
                         Case{2, true, one, 1}, Case{3, false, all, 0}}) {
-    INFO("stage " << c.stage << (c.checkpointing ? ", checkpointing" : "") << (lora ? ", LoRA" : "")
+    INFO("stage " << c.stage << (c.checkpointing ? ", checkpointing" : "")
+                  << (qlora  ? ", QLoRA"
+                      : lora ? ", LoRA"
+                             : "")
                   << ", keep budget " << c.keep);
     const Run run = train(c.stage, c.checkpointing, c.keep);
     const auto& norms = run.norms;
@@ -216,6 +229,8 @@ TEST_CASE("model: layers recomputed in backward train as the plain model does", 
       test::run_ranks(world, "rank: model recomputation", std::chrono::seconds(180),
                       {{"ZT_LORA", lora}});
     }
+    test::run_ranks(world, "rank: model recomputation", std::chrono::seconds(180),
+                    {{"ZT_QLORA", "1"}});
     test::run_ranks(world, "rank: model recomputation", std::chrono::seconds(180),
                     {{"ZT_MODEL", "chatglm"}});
   }

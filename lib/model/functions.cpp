@@ -198,17 +198,20 @@ class SumForBackward : public torch::autograd::Function<SumForBackward> {
 };
 
 // x · Wᵀ + b over a 4-bit W: dequantized in forward and again in backward, so that nothing of W
-// but its storage is kept; the storage is frozen (no gradient).
+// but its storage is kept; the storage is frozen (no gradient). `kept` or `output_unread`: as
+// LinearForBackward, no product.
 class QuantizedLinearFunction : public torch::autograd::Function<QuantizedLinearFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& storage, const at::Tensor& bias,
-                            const quant::FourBitLayout& layout, bool output_unread) {
+                            const at::Tensor& kept, const quant::FourBitLayout& layout,
+                            bool output_unread) {
     ctx->save_for_backward({storage});
     ctx->saved_data["layout"] = quant::layout_numbers(layout);
     ctx->saved_data["bias"] = bias.numel() > 0;
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = layout.rows;
+    if (kept.numel() > 0) return kept.detach();
     if (output_unread) return at::empty(shape, x.options());
     const at::Tensor w = quant::dequantize_weight(layout, storage, x.scalar_type());
     return bias.numel() > 0 ? at::linear(x, w, bias) : at::linear(x, w);
@@ -227,7 +230,7 @@ class QuantizedLinearFunction : public torch::autograd::Function<QuantizedLinear
     if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) {
       grad_bias = g.reshape({-1, layout.rows}).sum(0);
     }
-    return {grad_x, at::Tensor(), grad_bias, at::Tensor(), at::Tensor()};
+    return {grad_x, at::Tensor(), grad_bias, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -235,11 +238,11 @@ class QuantizedLinearFunction : public torch::autograd::Function<QuantizedLinear
 
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& storage,
                             const quant::FourBitLayout& layout, const at::Tensor& bias,
-                            bool output_unread) {
-  // LibTorch 1.13's custom functions need every input defined: no bias is an empty one.
+                            bool output_unread, const at::Tensor& kept) {
+  // LibTorch 1.13's custom functions need every input defined: none is an empty one.
   const at::Tensor none = at::empty({0}, x.options());
-  return QuantizedLinearFunction::apply(x, storage, bias.defined() ? bias : none, layout,
-                                        output_unread);
+  return QuantizedLinearFunction::apply(x, storage, bias.defined() ? bias : none,
+                                        kept.defined() ? kept : none, layout, output_unread);
 }
 
 at::Tensor fused_rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,

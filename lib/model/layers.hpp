@@ -35,10 +35,11 @@ struct ParamFactory {
 
 /// x · Wᵀ + bias for a 4-bit W held as `storage` (quant::FourBitLayout): W is dequantized for
 /// the product and again in backward, which returns only the input's (and bias's) gradient —
-/// the base is frozen. `output_unread`: as linear_for_backward, no product is computed.
+/// the base is frozen. `output_unread` or a defined `kept`: as linear_for_backward, no product
+/// is computed (nor W dequantized) in forward.
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& storage,
                             const quant::FourBitLayout& layout, const at::Tensor& bias,
-                            bool output_unread = false);
+                            bool output_unread = false, const at::Tensor& kept = {});
 
 /// x · weightᵀ + bias for back-propagation only: no product is computed; returns `kept` (the
 /// output's values from the unit's first pass, zt::keep_for_recompute_if_room) or, undefined,
@@ -93,11 +94,10 @@ struct Linear : torch::nn::Module {
   /// Whether the parameters hold values (a model made without allocating holds placeholders
   /// until the engine loads its own copies).
   bool holds_values() const;
-  /// The base's x · weightᵀ + bias. `output_unread` or a defined `kept`: see forward (a 4-bit
-  /// base never gets `kept`: reuses_kept is false).
+  /// The base's x · weightᵀ + bias. `output_unread` or a defined `kept`: see forward.
   at::Tensor base_forward(const at::Tensor& x, bool output_unread = false,
                           const at::Tensor& kept = {}) const {
-    if (quantized) return quantized_linear(x, weight, *quantized, bias, output_unread);
+    if (quantized) return quantized_linear(x, weight, *quantized, bias, output_unread, kept);
     return output_unread || kept.defined() ? linear_for_backward(x, weight, bias, kept)
                                            : at::linear(x, weight, bias);
   }
@@ -109,10 +109,9 @@ struct Linear : torch::nn::Module {
     if (!adapter || adapter_merged) return base_forward(x, output_unread, kept);
     return adapter->forward(*this, x, output_unread, kept);
   }
-  /// Whether forward can take its output from an earlier pass (not over a 4-bit base, whose
-  /// recomputation dequantizes anyway).
+  /// Whether forward can take its output from an earlier pass (then it skips the product, and a
+  /// 4-bit base's dequantization, which its backward does anyway).
   bool reuses_kept() const {
-    if (quantized) return false;
     return !adapter || adapter_merged || adapter->reuses_kept(is_training());
   }
 };

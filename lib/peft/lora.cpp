@@ -17,24 +17,30 @@ namespace {
 
 // lora_linear's autograd: saves x (as rows), the weights and the [tokens, r] activations
 // a = (x · Aᵀ) · scaling, rounded as PEFT's `lora_A(x) * scaling`; the adapter's gradients as
-// autograd of PEFT's expression forms them (dB = gᵀ·a, da = (g·B) · scaling, dA = daᵀ·x).
+// autograd of PEFT's expression forms them (dB = gᵀ·a, da = (g·B) · scaling, dA = daᵀ·x). A
+// 4-bit base (a non-empty "layout") is dequantized where its values are read.
 class LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& weight, const at::Tensor& bias,
                             const at::Tensor& lora_a, const at::Tensor& lora_b, double scaling,
-                            bool output_unread, const at::Tensor& kept) {
+                            bool output_unread, const at::Tensor& kept,
+                            const quant::FourBitLayout* quantized) {
     const at::Tensor rows = x.reshape({-1, x.size(-1)});
     at::Tensor a = at::mm(rows, lora_a.t());
     if (scaling != 1.0) a = a * scaling;
     ctx->save_for_backward({rows, weight, lora_a, lora_b, a});
     ctx->saved_data["scaling"] = scaling;
     ctx->saved_data["bias"] = bias.numel() > 0;
+    ctx->saved_data["layout"] =
+        quantized ? quant::layout_numbers(*quantized) : std::vector<int64_t>{};
     std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = weight.size(0);
+    shape.back() = lora_b.size(0);
     if (kept.numel() > 0) return kept.detach();
     if (output_unread) return at::empty(shape, x.options());
-    at::Tensor y = bias.numel() > 0 ? at::addmm(bias, rows, weight.t()) : at::mm(rows, weight.t());
+    const at::Tensor w =
+        quantized ? quant::dequantize_weight(*quantized, weight, x.scalar_type()) : weight;
+    at::Tensor y = bias.numel() > 0 ? at::addmm(bias, rows, w.t()) : at::mm(rows, w.t());
     y.addmm_(a, lora_b.t());
     return y.view(shape);
   }
@@ -48,6 +54,7 @@ class LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> 
     const at::Tensor& lora_b = saved[3];
     const at::Tensor& a = saved[4];
     const double scaling = ctx->saved_data["scaling"].toDouble();
+    const std::vector<int64_t> layout = ctx->saved_data["layout"].toIntVector();
     const at::Tensor g = grads[0].reshape({-1, grads[0].size(-1)});
     at::Tensor grad_x, grad_weight, grad_bias, grad_a, grad_b;
     if (ctx->needs_input_grad(0) || ctx->needs_input_grad(3)) {
@@ -55,7 +62,10 @@ class LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> 
       if (scaling != 1.0) da = da * scaling;
       if (ctx->needs_input_grad(3)) grad_a = at::mm(da.t(), rows);
       if (ctx->needs_input_grad(0)) {
-        grad_x = at::mm(g, weight);
+        grad_x = layout.empty()
+                     ? at::mm(g, weight)
+                     : at::mm(g, quant::dequantize_weight(quant::layout_from_numbers(layout),
+                                                          weight, g.scalar_type()));
         grad_x.addmm_(da, lora_a);
         std::vector<int64_t> shape = grads[0].sizes().vec();
         shape.back() = rows.size(1);
@@ -63,10 +73,10 @@ class LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> 
       }
     }
     if (ctx->needs_input_grad(4)) grad_b = at::mm(g.t(), a);
-    if (ctx->needs_input_grad(1)) grad_weight = at::mm(g.t(), rows);
+    if (ctx->needs_input_grad(1) && layout.empty()) grad_weight = at::mm(g.t(), rows);
     if (ctx->needs_input_grad(2) && ctx->saved_data["bias"].toBool()) grad_bias = g.sum(0);
-    return {grad_x, grad_weight,  grad_bias,    grad_a,
-            grad_b, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x,       grad_weight,  grad_bias,    grad_a,      grad_b,
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -74,10 +84,11 @@ class LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> 
 
 at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                        const at::Tensor& lora_A, const at::Tensor& lora_B, double scaling,
-                       bool output_unread, const at::Tensor& kept) {
+                       bool output_unread, const at::Tensor& kept,
+                       const quant::FourBitLayout* quantized) {
   const at::Tensor none = at::empty({0}, x.options());
   return LoraLinearFunction::apply(x, weight, bias.defined() ? bias : none, lora_A, lora_B, scaling,
-                                   output_unread, kept.defined() ? kept : none);
+                                   output_unread, kept.defined() ? kept : none, quantized);
 }
 
 void add_lora_delta(at::Tensor& weight, const at::Tensor& lora_A, const at::Tensor& lora_B,
@@ -116,19 +127,18 @@ LoraAdapter::LoraAdapter(const std::string& path, model::Linear& host, const Lor
 
 at::Tensor LoraAdapter::forward(const model::Linear& base, const at::Tensor& x, bool output_unread,
                                 const at::Tensor& kept) const {
-  if (!reuses_kept(base.is_training()) || base.quantized) {
-    // Dropout in training, or a 4-bit base: autograd of PEFT's expression around the base's
-    // product (its own function); the output is computed.
+  if (!reuses_kept(base.is_training())) {
+    // Dropout in training: autograd of PEFT's expression around the base's product (its own
+    // function); the output is computed.
     at::Tensor y = base.base_forward(x);
-    const bool drop = !reuses_kept(base.is_training());
-    at::Tensor a = at::linear(drop ? at::dropout(x, dropout_, true) : x, a_->weight);
+    at::Tensor a = at::linear(at::dropout(x, dropout_, true), a_->weight);
     if (scaling_ != 1.0) a = a * scaling_;
     return at::addmm(y.reshape({-1, base.out_features}), a.reshape({-1, a.size(-1)}),
                      b_->weight.t())
         .view(y.sizes());
   }
   return lora_linear(x, base.weight, base.bias, a_->weight, b_->weight, scaling_, output_unread,
-                     kept);
+                     kept, base.quantized.get());
 }
 
 void LoraAdapter::merge_into(at::Tensor& weight) const {

@@ -21,10 +21,13 @@ namespace zt::peft {
 /// lora_B(lora_A(x)) · scaling and adds it; scaling the [tokens, r] activations instead is the
 /// same sum. `output_unread` or a defined `kept` (a recomputed unit, as
 /// model::linear_for_backward): the output is not computed — it is `kept`, or uninitialized —,
-/// only the [tokens, r] activations that the adapter's weight gradients need.
+/// only the [tokens, r] activations that the adapter's weight gradients need. `quantized`: the
+/// base is 4-bit, `weight` its storage (model::Linear::quantized), dequantized for the product
+/// and again in backward, as model::quantized_linear, and never given a gradient.
 at::Tensor lora_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                        const at::Tensor& lora_A, const at::Tensor& lora_B, double scaling,
-                       bool output_unread, const at::Tensor& kept = {});
+                       bool output_unread, const at::Tensor& kept = {},
+                       const quant::FourBitLayout* quantized = nullptr);
 
 /// weight += lora_B · lora_A · scaling, in place on an fp32 [out, in] `weight` (one GEMM, no
 /// [out, in] temporary): the one statement of LoRA's merge.

@@ -26,21 +26,30 @@ std::string fixture(const std::string& rel) {
 
 TEST_CASE("4-bit dequantization on the GPU gives the CPU's values bit for bit", "[gpu][quant]") {
   at::manual_seed(11);
-  for (const char* type : {"nf4", "fp4"}) {
-    for (bool dq : {false, true}) {
-      for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
-        INFO(type << " double " << dq << " " << c10::toString(dtype));
-        quant::FourBitLayout layout;
-        layout.type = *quant::parse_four_bit(type);
-        layout.double_quant = dq;
-        layout.rows = 300;  // 300 × 77 = 23100: a partial last block and an odd count of bytes'
-        layout.cols = 77;   // halves; 361 blocks: two nested blocks, the second partial
-        const at::Tensor w = at::randn({layout.rows, layout.cols}) * 0.02;
-        const at::Tensor storage = quant::quantize_weight(layout, w);
-        const at::Tensor cpu = quant::dequantize_weight(layout, storage, dtype);
-        const at::Tensor gpu = quant::dequantize_weight(layout, storage.to(kGpu), dtype);
-        CHECK(gpu.is_cuda());
-        CHECK(at::equal(cpu.view(at::kByte), gpu.cpu().contiguous().view(at::kByte)));
+  // 300 × 77 = 23100: a partial last block and an odd count of bytes' halves; 361 blocks: two
+  // nested blocks, the second partial (the kernel a value at a time). 256 × 96: whole groups of
+  // eight (the kernel eight at a time).
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (const Shape& shape : {Shape{300, 77}, Shape{256, 96}}) {
+    for (const char* type : {"nf4", "fp4"}) {
+      for (bool dq : {false, true}) {
+        for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+          INFO(shape.rows << "x" << shape.cols << " " << type << " double " << dq << " "
+                          << c10::toString(dtype));
+          quant::FourBitLayout layout;
+          layout.type = *quant::parse_four_bit(type);
+          layout.double_quant = dq;
+          layout.rows = shape.rows;
+          layout.cols = shape.cols;
+          const at::Tensor w = at::randn({layout.rows, layout.cols}) * 0.02;
+          const at::Tensor storage = quant::quantize_weight(layout, w);
+          const at::Tensor cpu = quant::dequantize_weight(layout, storage, dtype);
+          const at::Tensor gpu = quant::dequantize_weight(layout, storage.to(kGpu), dtype);
+          CHECK(gpu.is_cuda());
+          CHECK(at::equal(cpu.view(at::kByte), gpu.cpu().contiguous().view(at::kByte)));
+        }
       }
     }
   }
