@@ -15,6 +15,7 @@
 // run inside backward where the engine allows it (EngineOptions::update_in_backward: full mode
 // without clipping); ZT_BENCH_IN_BACKWARD=0 keeps them in step(). ZT_BENCH_KEEP=none|auto|GiB: what
 // checkpointed layers keep to skip products (gradient_checkpointing_keep; default auto).
+// ZT_BENCH_OFFLOAD=1: recomputed layers hold their saved inputs in host memory (use_unsloth_gc).
 // ZT_BENCH_PHASES=1 synchronizes between forward, backward and the optimizer step and reports
 // each one's time (fwd_s, bwd_s, opt_s); the synchronization costs a little overlap.
 // Real lengths (LoRA as above, examples from ZT_BENCH_LENGTHS: a file of lengths, one per line —
@@ -153,6 +154,9 @@ int main(int argc, char** argv) {
       args.gradient_checkpointing_keep = keep;
       eo.recompute_keep_bytes = recompute_keep_bytes_for(args);
     }
+    args.use_unsloth_gc =
+        std::getenv("ZT_BENCH_OFFLOAD") && std::string(std::getenv("ZT_BENCH_OFFLOAD")) == "1";
+    eo.offload_activations = args.use_unsloth_gc;
     eo.total_train_steps = steps + warm;
     std::shared_ptr<ParameterSource> base = random_source(c, 0);
     if (auto quantized = model::quantized_weights(*model); !quantized.empty()) {
@@ -223,12 +227,12 @@ int main(int argc, char** argv) {
     std::printf(
         "RESULT %s\n",
         fmt::format(
-            R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "stage": {}, "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}, "in_backward": {}, "keep": "{}"{}{}}})J",
+            R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "stage": {}, "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}, "in_backward": {}, "keep": "{}", "offload": {}{}{}}})J",
             shape, mode, engine.stage(), seq, mbs, ckpt ? 1 : 0, c.parameter_count(),
             counts.trainable, step_s, tokens_per_s, tokens_per_s * flops_token / 1e12,
             device_stats::peak_allocated(0) / 1073741824.0, init_s, loss_value,
             engine.updates_in_backward() ? "true" : "false", args.gradient_checkpointing_keep,
-            padding,
+            args.use_unsloth_gc ? "true" : "false", padding,
             phases ? fmt::format(R"(, "fwd_s": {:.4f}, "bwd_s": {:.4f}, "opt_s": {:.4f})",
                                  phase_s[0] / steps, phase_s[1] / steps, phase_s[2] / steps)
                    : std::string())

@@ -115,7 +115,9 @@ TEST_CASE("model: ZeRO-3 loads each rank's slice straight from the checkpoint", 
 // layout, one product for q/k/v and one for gate and up (dense_h_to_4h), so a layer recomputes
 // 2 products, 1 while it keeps. ZT_QLORA=1: LoRA over a 4-bit base (NF4, double quantization),
 // whose recomputation counts the same products and skips the same ones when it keeps (the
-// dequantizations are no products).
+// dequantizations are no products). With EngineOptions::offload_activations the layers' inputs
+// and kept sums wait in host memory (as much as all layers' at once, on the CPU too) and nothing
+// else changes.
 TEST_CASE("rank: model recomputation", "[.rank]") {
   auto comm = std::shared_ptr<Communicator>(test::join());
   const bool glm =
@@ -135,8 +137,9 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     std::vector<double> norms;  ///< per step
     std::vector<std::pair<std::string, at::Tensor>> params;
     double products = 0;  ///< matrix products over all steps
+    int64_t host_activations_peak = 0;
   };
-  auto train = [&](int stage, bool checkpointing, int64_t keep_bytes) {
+  auto train = [&](int stage, bool checkpointing, int64_t keep_bytes, bool offload) {
     ModelConfig mc = load_model_config(dir);
     if (qlora) mc.quantization = QuantizationConfig{};  // NF4 with double quantization
     auto model = std::make_shared<CausalLM>(mc, at::TensorOptions(), /*allocate=*/false);
@@ -164,6 +167,7 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     eo.gate = &model->gate();
     eo.activation_checkpointing = checkpointing;
     eo.recompute_keep_bytes = keep_bytes;
+    eo.offload_activations = offload;
     Engine engine(model, ds, comm, eo);
     Run run;
     CountProducts count;
@@ -176,10 +180,11 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     }
     run.products = static_cast<double>(products.load());
     run.params = engine.gather_full_parameters();
+    run.host_activations_peak = engine.memory().host_activations_peak;
     return run;
   };
   // The default (EngineOptions::kAutoKeep) keeps nothing beyond need on the CPU.
-  const Run plain_run = train(0, false, EngineOptions::kAutoKeep);
+  const Run plain_run = train(0, false, EngineOptions::kAutoKeep, false);
   const auto& plain_norms = plain_run.norms;
   const auto& plain = plain_run.params;
   const double plain_products = plain_run.products;
@@ -193,16 +198,28 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     bool checkpointing;
     int64_t keep;
     int64_t kept_layers;  ///< per step, when checkpointing
+    bool offload = false;
   };
-  for (const Case& c : {Case{0, true, EngineOptions::kAutoKeep, 0}, Case{2, true, 0, 0},
-                        Case{3, false, EngineOptions::kAutoKeep, 0}, Case{0, true, all, layers},
-                        Case{2, true, one, 1}, Case{3, false, all, 0}}) {
+  for (const Case& c :
+       {Case{0, true, EngineOptions::kAutoKeep, 0}, Case{2, true, 0, 0},
+        Case{3, false, EngineOptions::kAutoKeep, 0}, Case{0, true, all, layers},
+        Case{2, true, one, 1}, Case{3, false, all, 0}, Case{0, true, all, layers, true},
+        Case{2, true, one, 1, true}, Case{3, false, EngineOptions::kAutoKeep, 0, true}}) {
     INFO("stage " << c.stage << (c.checkpointing ? ", checkpointing" : "")
+                  << (c.offload ? ", offloaded" : "")
                   << (qlora  ? ", QLoRA"
                       : lora ? ", LoRA"
                              : "")
                   << ", keep budget " << c.keep);
-    const Run run = train(c.stage, c.checkpointing, c.keep);
+    const Run run = train(c.stage, c.checkpointing, c.keep, c.offload);
+    // Each layer's input and its sum after attention, [rows, seq, hidden] fp32, all at once —
+    // but the first layer's input with adapters: the frozen embeddings' output needs no gradient.
+    const int64_t layer_input = rows * ids.size(1) * config.hidden_size * 4;
+    if (c.offload && (c.checkpointing || comm->world_size() > 1)) {
+      CHECK(run.host_activations_peak >= (layers * 2 - (lora ? 1 : 0)) * layer_input);
+    } else {
+      CHECK(run.host_activations_peak == 0);
+    }
     const auto& norms = run.norms;
     const auto& params = run.params;
     const double products_run = run.products;

@@ -12,7 +12,8 @@ set up as `zt_bench_model` is: random weights of the shape (examples/shapes/), b
 for MODE full, fp32 masters for full_amp —, ZeRO-2 at one rank, no clipping, labels = inputs. The peer is transformers (+
 PEFT) set up by bench/tools/hf_phases.py, as ../shared/bench/hf_baseline.py does (full_amp: fp32
 weights under bf16 autocast; HF_COMPILE=1: torch.compile, compiled during the warm-up).
-Environment: ZT_LIB (default build-gpu/lib/libzerotrain.so); ZT_PROFILE_DEEPSPEED, a DeepSpeed
+Environment: ZT_LIB (default build-gpu/lib/libzerotrain.so); ZT_BENCH_KEEP and ZT_BENCH_OFFLOAD, as zt_bench_model's;
+ZT_PROFILE_DEEPSPEED, a DeepSpeed
 config file for zerotrain instead of the built-in one (e.g. examples/deepspeed/ds_config_zero3_offload.json,
 to see how much of an offloaded step the GPU sits idle); run after `source .gpu-deps/env.sh`.
 Prints the kernels by GPU time per step, the wall time per step, how long the GPU sat idle between
@@ -112,8 +113,14 @@ def zerotrain_step(shape, mode, seq, mbs, ckpt):
     }
     if os.environ.get("ZT_PROFILE_DEEPSPEED"):
         options["deepspeed"] = os.environ["ZT_PROFILE_DEEPSPEED"]
-    if mode == "lora":
+    if os.environ.get("ZT_BENCH_KEEP"):  # as zt_bench_model: gradient_checkpointing_keep
+        options["gradient_checkpointing_keep"] = os.environ["ZT_BENCH_KEEP"]
+    if os.environ.get("ZT_BENCH_OFFLOAD") == "1":
+        options["use_unsloth_gc"] = True
+    if mode in ("lora", "qlora"):
         options.update(finetuning_type="lora", lora_r=16, lora_alpha=32, lora_target_modules="all-linear")
+        if mode == "qlora":
+            options.update(quantization_bit=4)
     elif mode == "freeze":
         options.update(finetuning_type="freeze", freeze_trainable_layers=2)
     trainer = ctypes.c_void_p()

@@ -280,6 +280,9 @@ struct TrainingArguments {
   /// recomputation skips products (EngineOptions::recompute_keep_bytes): "auto" (what the GPU
   /// has left after the first step), "none", or a budget in GiB (a number ≥ 0).
   std::string gradient_checkpointing_keep = "auto";
+  /// LLaMA-Factory's: recomputed layers hold their saved inputs in host memory between forward
+  /// and backward (EngineOptions::offload_activations).
+  bool use_unsloth_gc = false;
   /// zerotrain's own: update each parameter during backward and free its gradient where that
   /// cannot change the math (EngineOptions::update_in_backward; docs/engine.md).
   bool update_in_backward = true;

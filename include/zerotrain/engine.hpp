@@ -48,6 +48,12 @@ struct EngineOptions {
   /// with parameters offloaded (a footprint the user asked to keep small).
   static constexpr int64_t kAutoKeep = -1;
   int64_t recompute_keep_bytes = kAutoKeep;
+  /// Hold what a recomputed unit saves for its recomputation — its inputs that need a gradient
+  /// and what it must keep (zt::keep_for_recompute) — in host memory between its forward and
+  /// its backward (page-locked, copied on a side stream; each unit's come back while the unit
+  /// after it runs its backward). LLaMA-Factory's use_unsloth_gc. What units keep only to skip
+  /// products (recompute_keep_bytes) stays on the device. No effect where no unit is recomputed.
+  bool offload_activations = false;
   /// Optimizer steps of the whole run, for schedules that count towards its end.
   int64_t total_train_steps = 0;
   /// The learning rate of the optimizer step that follows `applied` applied steps (skipped fp16
@@ -94,6 +100,9 @@ struct EngineMemory {
   /// the moments, which never do, are not. Both 0 on a CPU rank.
   int64_t host_pinned = 0;
   int64_t host_pageable = 0;
+  /// EngineOptions::offload_activations: the most bytes of activations held in host memory at
+  /// once so far (on a CPU rank too, where the "host" copies are plain ones).
+  int64_t host_activations_peak = 0;
 };
 
 /// What a checkpoint keeps of an engine besides tensors: step counters and the loss scaler.

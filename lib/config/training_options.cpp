@@ -198,6 +198,12 @@ std::vector<Option> batches_and_optimization() {
        -1e308,
        "what a recomputed layer keeps from its first pass to skip products: auto (what the GPU "
        "has left after the first step), none, or a budget in GiB"},
+      {"use_unsloth_gc",
+       &Args::use_unsloth_gc,
+       {},
+       -1e308,
+       "recomputed layers hold their saved inputs in host memory between forward and backward "
+       "(with gradient_checkpointing or ZeRO-3)"},
       {"update_in_backward",
        &Args::update_in_backward,
        {},

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -29,11 +30,24 @@ class CopyStream {
   /// then no longer held (later compute-stream work is ordered after it), and tickets waited for
   /// in the order they were made are forgotten, so a long-lived CopyStream stays small.
   void device_wait(int64_t ticket);
+  /// Enqueues dst.copy_(src) as copy() does, holding neither: the device memory of `src` is
+  /// marked in use by this stream, so the caching allocator reuses it only once the copy ran,
+  /// and `dst` (page-locked host memory from the caching host allocator) is tracked the same
+  /// way. For activations sent to the host, whose device copy is dropped at once.
+  void copy_detached(at::Tensor dst, const at::Tensor& src);
 
   struct Impl;
 
  private:
   std::unique_ptr<Impl> impl_;
+};
+
+/// EngineOptions::offload_activations' copies and the bytes of activations on the host now and
+/// at most; shared by the engine and the unit calls, which may outlive it.
+struct ActivationHost {
+  explicit ActivationHost(at::Device device) : copies(device) {}
+  CopyStream copies;
+  std::atomic<int64_t> bytes{0}, peak{0};
 };
 
 /// Page-locks host memory [p, p + bytes) where it lies (cudaHostRegister), so that GPU copies

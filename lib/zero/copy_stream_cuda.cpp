@@ -4,6 +4,7 @@
 // every kernel that produced its source; its own completion event lets the host or the compute
 // stream wait for exactly that copy.
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -49,6 +50,17 @@ int64_t CopyStream::copy(at::Tensor dst, at::Tensor src) {
   }
   I.tickets.push_back(Impl::Ticket{done, dst, src});
   return I.first + static_cast<int64_t>(I.tickets.size()) - 1;
+}
+
+void CopyStream::copy_detached(at::Tensor dst, const at::Tensor& src) {
+  Impl& I = *impl_;
+  at::cuda::CUDAEvent ready;
+  ready.record(c10::cuda::getCurrentCUDAStream(I.device.index()));
+  c10::cuda::CUDAStreamGuard guard(I.stream);
+  ready.block(I.stream);
+  dst.copy_(src, /*non_blocking=*/true);  // records the pinned block's use on I.stream
+  if (src.is_cuda())
+    c10::cuda::CUDACachingAllocator::recordStream(src.storage().data_ptr(), I.stream);
 }
 
 void CopyStream::host_wait(int64_t ticket) {

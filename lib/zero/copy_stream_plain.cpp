@@ -13,6 +13,10 @@ int64_t CopyStream::copy(at::Tensor dst, at::Tensor src) {
   return 0;
 }
 
+void CopyStream::copy_detached(at::Tensor dst, const at::Tensor& src) {
+  dst.copy_(src);
+}
+
 void CopyStream::host_wait(int64_t) {}
 void CopyStream::device_wait(int64_t) {}
 

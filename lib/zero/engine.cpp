@@ -11,6 +11,7 @@
 
 #include "comm/agreement.hpp"
 #include "util/log.hpp"
+#include "zero/copy_stream.hpp"
 #include "zero/engine_impl.hpp"
 #include "zero/offload.hpp"
 #include "zero/update_in_backward.hpp"
@@ -419,6 +420,7 @@ EngineMemory Engine::memory() const {
   m.optimizer_state += m.device_optimizer_state;
   m.gathered_now = I.residency.gathered_now;
   m.gathered_peak = I.residency.gathered_peak;
+  if (I.activation_host) m.host_activations_peak = I.activation_host->peak.load();
   auto count_host = [&](const at::Tensor& t) {
     if (!I.S.device.is_cuda() || !t.defined() || !t.is_cpu()) return;
     (t.is_pinned() ? m.host_pinned : m.host_pageable) += static_cast<int64_t>(t.nbytes());

@@ -15,6 +15,7 @@
 //   keep_budget.cpp       how much recomputed units may keep beyond need
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -122,6 +123,7 @@ struct BucketState {
 class InBackwardUpdate;
 class OffloadedOptimizer;
 class CopyStream;
+struct ActivationHost;
 
 // The engine's changing state, in groups, each written by one part (named with it) and read by
 // the others. A reader that changed one would break the writer's invariants stated here.
@@ -227,6 +229,9 @@ struct EngineImpl final : UnitRunner {
   /// One rank with offloaded parameters: shards come up on this side stream while the GPU
   /// computes (the next unit's during this one's); null elsewhere.
   std::unique_ptr<CopyStream> param_uploads;
+  /// EngineOptions::offload_activations: the copies of recomputed units' saved activations to
+  /// the host and back (units.cpp); null without it.
+  std::shared_ptr<ActivationHost> activation_host;
   UnitResidency residency;
   at::Tensor dummy;  ///< requires grad, so every unit call has a backward
   std::shared_ptr<KeepBudget> keep_budget = std::make_shared<KeepBudget>();

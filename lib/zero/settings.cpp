@@ -122,6 +122,11 @@ EngineSettings resolve_settings(const DeepSpeedConfig& ds, const EngineOptions& 
   s.persistence_threshold = ds.zero.stage3_param_persistence_threshold.value();
   s.prefetch_elements = ds.zero.stage3_prefetch_bucket_size.value();
   s.max_live_elements = ds.zero.stage3_max_live_parameters;
+  if (options.offload_activations && !s.checkpointing) {
+    s.warnings.emplace_back(
+        "use_unsloth_gc (offload_activations) has no effect: no layer is recomputed; turn on "
+        "gradient_checkpointing");
+  }
   if (s.shard_units && options.units.empty()) {
     s.warnings.emplace_back(
         "ZeRO-3 without sharding units keeps every parameter whole on every rank (stage 2 "

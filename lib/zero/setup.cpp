@@ -346,6 +346,7 @@ void EngineImpl::create_parts() {
   units.resize(options.units.size());
   if (S.shard_units && S.offload_param && S.world == 1 && S.device.is_cuda())
     param_uploads = std::make_unique<CopyStream>(S.device);
+  if (options.offload_activations) activation_host = std::make_shared<ActivationHost>(S.device);
   dummy = at::zeros({}, dev32).requires_grad_(true);
   if (options.recompute_keep_bytes != EngineOptions::kAutoKeep) {
     keep_budget->fixed = std::max<int64_t>(0, options.recompute_keep_bytes);

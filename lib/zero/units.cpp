@@ -7,7 +7,10 @@
 // random state, back-propagates into the inputs and parameters, reduce-scatters the unit's
 // gradients straight into this rank's slice, and releases again. Correct by construction and
 // memory-tight; the price is one recomputation, which ZeRO-3 users usually pay for activation
-// checkpointing anyway.
+// checkpointing anyway. With EngineOptions::offload_activations what the recomputation needs
+// waits in host memory: sent on a side stream as the unit runs, brought back for its backward,
+// and the previous unit's fetched while this one's backward runs (one ahead, as stage 3's
+// prefetch).
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -30,19 +33,95 @@ struct UnitCall : torch::CustomClassHolder {
   UnitFn fn;
   std::vector<bool> input_requires_grad;
   at::Tensor cpu_rng, device_rng;
-  std::vector<at::Tensor> kept;  ///< keep_for_recompute's tensors, until backward
+  std::vector<at::Tensor> kept;     ///< keep_for_recompute's tensors, until backward
+  std::vector<bool> kept_optional;  ///< per `kept`: kept only to skip products (in the budget)
   size_t next_kept = 0;
   std::shared_ptr<zero::KeepBudget> budget;
   int64_t kept_in_budget = 0;  ///< bytes of `kept` counted against `budget`
 
+  // offload_activations: the saved inputs and the required `kept` tensors, as host copies
+  // between forward and fetch(), then as device tensors whose copies `fetches` are waited for.
+  std::vector<at::Tensor> inputs;              ///< by input position; undefined: saved by autograd
+  std::shared_ptr<zero::ActivationHost> host;  ///< null without offload_activations
+  std::vector<int64_t> fetches;
+  int64_t host_bytes = 0;
+  bool fetched = false;
+  bool inputs_dropped = false;  ///< after the recomputation: a second backward cannot run
+  /// The unit call before this one in forward (a UnitCall: a weak pointer to the class being
+  /// defined does not compile).
+  c10::weak_intrusive_ptr<torch::CustomClassHolder> previous{
+      c10::intrusive_ptr<torch::CustomClassHolder>()};
+
   /// Drops what was kept (the recomputation holds what it still needs) and gives the budget back.
   void drop_kept() {
     kept.clear();
+    kept_optional.clear();
+    for (const at::Tensor& x : inputs) inputs_dropped = inputs_dropped || x.defined();
+    inputs.clear();
+    // Copies fetched for a backward that never ran: the stream forgets them once waited for.
+    for (int64_t ticket : fetches) host->copies.device_wait(ticket);
+    fetches.clear();
     if (kept_in_budget > 0) budget->used -= kept_in_budget;
     kept_in_budget = 0;
+    if (!fetched && host_bytes > 0) host->bytes -= host_bytes;
+    host_bytes = 0;
   }
   ~UnitCall() override { drop_kept(); }  // a graph freed before its backward
 };
+
+// The last unit call of the forward pass on this thread, for its successor's `previous`.
+thread_local c10::weak_intrusive_ptr<torch::CustomClassHolder> last_call{
+    c10::intrusive_ptr<torch::CustomClassHolder>()};
+
+// A host copy of `t`, sent on the activation stream (page-locked when `t` is on a GPU).
+at::Tensor to_host(zero::ActivationHost& host, const at::Tensor& t) {
+  at::Tensor copy = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(t.is_cuda()));
+  host.copies.copy_detached(copy, t);
+  return copy;
+}
+
+// Sends the call's saved inputs (those needing a gradient: the activations, not the masks) and
+// its required kept tensors to the host; the inputs' slots in `saved` are emptied.
+void offload_inputs(UnitCall& call, std::vector<at::Tensor>& saved) {
+  call.inputs.assign(saved.size(), at::Tensor());
+  for (size_t i = 0; i < saved.size(); ++i) {
+    const at::Tensor& x = saved[i];
+    if (!x.defined() || !x.requires_grad() || !at::isFloatingType(x.scalar_type())) continue;
+    call.inputs[i] = to_host(*call.host, x.detach());
+    call.host_bytes += static_cast<int64_t>(x.nbytes());
+    saved[i] = at::Tensor();
+  }
+}
+
+void offload_kept(UnitCall& call) {
+  for (size_t k = 0; k < call.kept.size(); ++k) {
+    if (call.kept_optional[k] || !call.kept[k].defined()) continue;
+    call.host_bytes += static_cast<int64_t>(call.kept[k].nbytes());
+    call.kept[k] = to_host(*call.host, call.kept[k]);
+  }
+  const int64_t now = call.host->bytes += call.host_bytes;
+  int64_t peak = call.host->peak.load();
+  while (now > peak && !call.host->peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+// Starts bringing the call's host copies back to the device (once).
+void fetch(UnitCall& call) {
+  if (call.fetched || call.host_bytes == 0) return;
+  zero::EngineImpl& I = *call.impl;
+  auto up = [&](at::Tensor& t) {
+    if (!t.defined() || !t.is_cpu() || I.S.device.is_cpu()) return;  // a CPU rank: usable
+    at::Tensor device = at::empty(t.sizes(), t.options().device(I.S.device));
+    call.fetches.push_back(call.host->copies.copy(device, t));
+    t = device;
+  };
+  for (at::Tensor& x : call.inputs) up(x);
+  for (size_t k = 0; k < call.kept.size(); ++k) {
+    if (!call.kept_optional[k]) up(call.kept[k]);
+  }
+  call.host->bytes -= call.host_bytes;
+  call.fetched = true;
+}
 
 thread_local bool recomputing = false;
 thread_local UnitCall* keeping_call = nullptr;  // the call whose pass keeps or reads `kept`
@@ -73,9 +152,17 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
     auto call = c10::static_intrusive_pointer_cast<UnitCall>(handle.toCapsule());
     zero::EngineImpl& I = *call->impl;
     ctx->saved_data["call"] = handle;
-    ctx->save_for_backward(inputs.vec());
     for (const at::Tensor& x : inputs)
       call->input_requires_grad.push_back(x.defined() && x.requires_grad());
+    std::vector<at::Tensor> saved = inputs.vec();
+    if (call->host) {
+      offload_inputs(*call, saved);
+      auto last = c10::static_intrusive_pointer_cast<UnitCall>(last_call.lock());
+      if (last && last->impl == &I) call->previous = last_call;
+      last_call = c10::weak_intrusive_ptr<torch::CustomClassHolder>(
+          c10::intrusive_ptr<torch::CustomClassHolder>(call));
+    }
+    ctx->save_for_backward(saved);
     call->cpu_rng = rng::state(at::kCPU);
     if (I.S.device.is_cuda()) call->device_rng = rng::state(I.S.device);
     const bool sharded = I.S.shard_units;
@@ -86,6 +173,7 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
       KeepingGuard keeping(call.get());
       outputs = call->fn(inputs.vec());
     }
+    if (call->host) offload_kept(*call);
     if (sharded) I.release(call->unit);
     torch::autograd::variable_list non_differentiable;
     for (const at::Tensor& y : outputs) {
@@ -102,6 +190,25 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
     const size_t u = call->unit;
     const bool sharded = I.S.shard_units;
     torch::autograd::variable_list saved = ctx->get_saved_variables();
+    if (call->inputs_dropped) {
+      throw InvalidArgument(
+          "use_unsloth_gc (offload_activations): a recomputed unit's backward ran a second time, "
+          "but its saved inputs were dropped after the first; back-propagate once per forward "
+          "pass or turn the option off");
+    }
+    if (call->host) {
+      // This call's copies (unless its successor's backward fetched them), then the previous
+      // call's, which come up while this backward runs.
+      fetch(*call);
+      if (auto previous = c10::static_intrusive_pointer_cast<UnitCall>(call->previous.lock())) {
+        fetch(*previous);
+      }
+      for (int64_t ticket : call->fetches) call->host->copies.device_wait(ticket);
+      call->fetches.clear();
+      for (size_t i = 0; i < call->inputs.size(); ++i) {
+        if (call->inputs[i].defined()) saved[i] = call->inputs[i];
+      }
+    }
     if (sharded) I.gather(u, /*forward_order=*/false);
 
     // Stage 3: the unit's trainable gradients accumulate straight into one flat buffer.
@@ -180,6 +287,7 @@ bool recomputing_for_backward() {
 bool keep_for_recompute(const at::Tensor& t) {
   if (keeping_call == nullptr || recomputing) return false;
   keeping_call->kept.push_back(t);
+  keeping_call->kept_optional.push_back(false);
   return true;
 }
 
@@ -193,7 +301,10 @@ bool keep_for_recompute_if_room(at::TensorList ts) {
   if (budget.used.load() + bytes > budget.limit(rows, call.impl->steps.global)) return false;
   budget.used += bytes;
   call.kept_in_budget += bytes;
-  for (const at::Tensor& t : ts) call.kept.push_back(t);
+  for (const at::Tensor& t : ts) {
+    call.kept.push_back(t);
+    call.kept_optional.push_back(true);
+  }
   return true;
 }
 
@@ -234,6 +345,7 @@ std::vector<at::Tensor> zero::EngineImpl::run_unit(size_t unit,
   auto call = c10::make_intrusive<UnitCall>();
   call->impl = this;
   call->budget = keep_budget;
+  call->host = activation_host;
   call->unit = unit;
   call->fn = fn;
   c10::IValue handle = c10::IValue::make_capsule(call);

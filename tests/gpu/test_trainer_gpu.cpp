@@ -129,6 +129,42 @@ TEST_CASE("trainer on GPU: fp32 on CUDA follows the CPU run step by step", "[gpu
   }
 }
 
+TEST_CASE("trainer on GPU: layers' saved inputs in host memory (use_unsloth_gc) change no step",
+          "[gpu][trainer]") {
+  // Checkpointed LoRA and QLoRA runs on CUDA, with the layers' inputs and sums sent to page-locked
+  // host memory and fetched back one layer ahead, against the same runs keeping them on the GPU.
+  for (const char* quantization : {"0", "4"}) {
+    INFO("quantization_bit " << quantization);
+    std::vector<std::vector<StepStats>> runs;
+    for (const char* offload : {"false", "true"}) {
+      const std::string dir = test::temp_dir("gpu_unsloth_gc");
+      write_data(dir, "train.jsonl", 48, 2);
+      runs.emplace_back();
+      std::vector<std::string> extra{"--device",
+                                     "cuda",
+                                     "--deepspeed",
+                                     stage_json(2),
+                                     "--finetuning_type",
+                                     "lora",
+                                     "--lora_r",
+                                     "8",
+                                     "--gradient_checkpointing",
+                                     "true",
+                                     "--use_unsloth_gc",
+                                     offload};
+      if (std::string(quantization) == "4") extra.insert(extra.end(), {"--quantization_bit", "4"});
+      run_job(job_flags(dir, extra), &runs.back());
+    }
+    REQUIRE(runs[0].size() == 6);
+    REQUIRE(runs[1].size() == 6);
+    for (size_t i = 0; i < 6; ++i) {
+      INFO("step " << i + 1);
+      CHECK(runs[1][i].loss == Approx(runs[0][i].loss).epsilon(1e-5));
+      CHECK(runs[1][i].grad_norm == Approx(runs[0][i].grad_norm).epsilon(1e-4));
+    }
+  }
+}
+
 TEST_CASE("trainer on GPU: a stopped run resumes with the uninterrupted run's losses",
           "[gpu][trainer]") {
   // LoRA with dropout in bf16 at ZeRO-2: the resumed run must restore the CUDA random state.
