@@ -95,6 +95,16 @@ void check_gradients(CausalLM& model, SafetensorsFile& expected, double toleranc
   model.eval();
 }
 
+// The DoRA adapter these tests train: r 4, alpha 8, every projection.
+PeftConfig dora_config() {
+  PeftConfig config;
+  config.type = FinetuningType::kLora;
+  config.lora.r = 4;
+  config.lora.alpha = 8;
+  config.lora.use_dora = true;
+  return config;
+}
+
 }  // namespace
 
 TEST_CASE("DoRA adapters PEFT made give PEFT's start, logits, loss and gradients",
@@ -248,11 +258,7 @@ TEST_CASE("DoRA and PiSSA over a 4-bit base compute what they do over its dequan
   QuantizationConfig q;  // nf4, double quantization
   for (const char* init : {"true", "pissa_niter_2"}) {
     INFO(init);
-    PeftConfig config;
-    config.type = FinetuningType::kLora;
-    config.lora.r = 4;
-    config.lora.alpha = 8;
-    config.lora.use_dora = true;
+    PeftConfig config = dora_config();
     config.lora.init_lora_weights = init;
     // The 4-bit model built as the trainer builds it: sources start the adapters (PiSSA's
     // residual quantized), then the dense model holding exactly those dequantized values.
@@ -335,11 +341,7 @@ TEST_CASE("DoRA with dropout computes what its one-function path computes, dense
     std::vector<double> losses;
     std::vector<std::vector<at::Tensor>> grads;
     for (double dropout : {0.0, 1e-12}) {
-      PeftConfig config;
-      config.type = FinetuningType::kLora;
-      config.lora.r = 4;
-      config.lora.alpha = 8;
-      config.lora.use_dora = true;
+      PeftConfig config = dora_config();
       config.lora.dropout = dropout;
       auto model =
           base_model("qwen2", four_bit ? std::optional<QuantizationConfig>(QuantizationConfig{})
@@ -378,11 +380,7 @@ TEST_CASE("rank: dora and pissa train under stages 0 and 3", "[.rank]") {
   std::vector<std::vector<double>> curves;
   for (const char* method : {"dora 4-bit", "pissa+dora"}) {
     const bool four_bit = std::string(method) == "dora 4-bit";
-    PeftConfig config;
-    config.type = FinetuningType::kLora;
-    config.lora.r = 4;
-    config.lora.alpha = 8;
-    config.lora.use_dora = true;
+    PeftConfig config = dora_config();
     config.lora.init_lora_weights = four_bit ? "true" : "pissa_niter_2";
     ModelConfig mc = load_model_config(fixture("models/llama"));
     if (four_bit) mc.quantization = QuantizationConfig{};
