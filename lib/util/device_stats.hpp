@@ -12,7 +12,8 @@ int64_t allocated(int device);
 /// Peak bytes the caching allocator reserved from the device since the last reset.
 int64_t peak_reserved(int device);
 /// Bytes this process could hold on `device`: what the device has free plus what the caching
-/// allocator holds right now (cudaMemGetInfo + the allocator's reserved bytes); 0 without CUDA.
+/// allocator holds right now (cudaMemGetInfo + the allocator's reserved bytes), no more than a
+/// cap_memory cap; 0 without CUDA.
 int64_t usable_memory(int device);
 void reset_peak(int device);
 /// The device's whole memory in bytes (cudaMemGetInfo's total); 0 without CUDA.
