@@ -337,6 +337,21 @@ struct TrainingArguments {
   std::string bnb_4bit_compute_dtype;
   std::string bnb_4bit_quant_storage;  ///< transformers: accepted; the codes are kept as bytes
 
+  // Preference training (docs/preference.md): LLaMA-Factory's names; TRL's are aliases.
+  std::string stage = "sft";  ///< LLaMA-Factory: sft | dpo
+  std::string pref_loss =
+      "sigmoid";           ///< alias loss_type: sigmoid | hinge | ipo | robust | orpo | simpo
+  double pref_beta = 0.1;  ///< alias beta
+  double pref_ftx = 0.0;   ///< LLaMA-Factory: + pref_ftx · the chosen answer's mean NLL, per pair
+  double rpo_alpha = 0.0;  ///< TRL ≤0.28: + rpo_alpha · the chosen answers' token-mean NLL
+  double dpo_label_smoothing = 0.0;  ///< alias label_smoothing: cDPO's and robust's ε
+  double simpo_gamma = 0.5;
+  int64_t max_prompt_length = 0;  ///< TRL ≤0.28: a prompt keeps its last this many tokens (0: all)
+  std::string truncation_mode = "keep_start";  ///< TRL: keep_start | keep_end (of each sequence)
+  /// TRL: the reference's log-probs computed once before training and kept with the run
+  /// (default: on for full fine-tuning, which has no adapters to switch off).
+  std::optional<bool> precompute_ref_log_probs;
+
   // ChatGLM-Finetuning's train.py flags (docs/chatglm.md). Any of them given puts its defaults
   // in place of HF's for what is not given (finalize_chatglm_finetuning in training_args.cpp).
   std::string glm_prompt_layout;     ///< option "mode": glm2 | glm3 (data_set.py's layout)

@@ -38,6 +38,12 @@ struct DataOptions {
   std::string glm_prompt_layout;
   int64_t max_source_length = 256;  ///< data_set.py's max_src_len
   bool skip_truncated = false;      ///< data_set.py's is_skip: drop examples truncation cut
+  /// Preference pairs (tokenize_preference_jsonl) instead of examples; with TRL's truncation of
+  /// each sequence (`truncation_mode` keep_start | keep_end) and of prompts to their last
+  /// `max_prompt_length` tokens (0: no limit).
+  bool preference = false;
+  std::string truncation_mode = "keep_start";
+  int64_t max_prompt_length = 0;
 };
 
 /// The data options among the training arguments (template, max_length, train_on_prompt,
@@ -51,6 +57,10 @@ struct DatasetStats {
   int64_t skipped_lines = 0;     ///< malformed lines skipped (skip_bad_lines)
   int64_t dropped_examples = 0;  ///< examples without a trained label (after truncation)
   int64_t tokens = 0;            ///< tokens of the kept examples
+  // Preference data: pairs dropped, by cause (each counted and warned about, never trained on).
+  int64_t identical_pairs = 0;  ///< chosen and rejected the same
+  int64_t empty_answers = 0;    ///< chosen or rejected empty
+  int64_t long_prompts = 0;     ///< the prompt alone fills max_length (keep_start)
 };
 
 /// A read-only view of contiguous tokens (C++17 has no std::span). Valid while the Dataset it
@@ -130,6 +140,18 @@ class Dataset {
 Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const DataOptions& o,
                        DatasetStats* stats = nullptr);
 
+/// Tokenizes a file of preference pairs (docs/preference.md): TRL's {"prompt", "chosen",
+/// "rejected"} (text, or lists of messages through the template), its implicit-prompt form (only
+/// "chosen" and "rejected", the prompt their common start), LLaMA-Factory's alpaca
+/// (instruction / input / chosen / rejected) and sharegpt (conversations + chosen / rejected
+/// messages) layouts. Pair i is examples 2i (prompt + chosen) and 2i + 1 (prompt + rejected),
+/// labels kIgnoreLabel on the prompt (and on earlier turns). Each sequence is cut to
+/// `o.max_length` as `o.truncation_mode` says; a pair whose answers are identical, one of whose
+/// answers is empty, or whose prompt alone fills max_length is dropped, counted in `stats` and
+/// warned about. Errors as tokenize_jsonl.
+Dataset tokenize_preference_jsonl(const std::string& path, const Tokenizer& tok,
+                                  const DataOptions& o, DatasetStats* stats = nullptr);
+
 /// The prompt `template_name` makes of an instruction (and optional input), exactly as
 /// training renders it, up to where the model's answer begins — for asking a trained model.
 /// An unknown template is a ConfigError.
@@ -176,9 +198,10 @@ void save_dataset(const Dataset& dataset, const std::string& path, const Dataset
 /// receives the stats saved with it.
 Dataset load_dataset(const std::string& path, DatasetStats* stats = nullptr, int64_t id_limit = 0);
 
-/// tokenize_jsonl through the cache: reuses `dataset_cache_path(...)` when it holds a valid
-/// dataset for the same key, otherwise tokenizes and writes it (creating `cache_dir`). A cache
-/// file that fails to load is replaced, with a warning. An empty `cache_dir` means no cache.
+/// tokenize_jsonl (tokenize_preference_jsonl with `o.preference`) through the cache: reuses
+/// `dataset_cache_path(...)` when it holds a valid dataset for the same key, otherwise tokenizes
+/// and writes it (creating `cache_dir`). A cache file that fails to load is replaced, with a
+/// warning. An empty `cache_dir` means no cache.
 Dataset load_or_tokenize(const std::string& jsonl_path, const Tokenizer& tok, const DataOptions& o,
                          const std::string& cache_dir, DatasetStats* stats = nullptr);
 

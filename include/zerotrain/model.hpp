@@ -184,6 +184,20 @@ class CausalLM : public torch::nn::Module {
                const at::Tensor& attention_mask = {}, int64_t chunk_tokens = 1024,
                const at::Tensor& position_ids = {});
 
+  /// Per-token log-probabilities of the labels, [batch, seq] fp32: entry t is
+  /// log p(labels[t] | input_ids[..t-1]), 0 at t = 0 and where labels is -100 — a sequence's
+  /// log-probability is its row's sum. Computed as loss() computes (chunks of `chunk_tokens`
+  /// positions, the same masks and packing); backward takes a gradient per entry.
+  at::Tensor label_log_probs(const at::Tensor& input_ids, const at::Tensor& labels,
+                             const at::Tensor& attention_mask = {}, int64_t chunk_tokens = 1024,
+                             const at::Tensor& position_ids = {});
+
+  /// Turns the fine-tuning method's adapters (LoRA layers, a prompt adapter) off or back on:
+  /// off, the model computes its base model, as PEFT's disable_adapter() (the reference model
+  /// of preference training). A backward must not be pending across a switch.
+  void set_adapters_enabled(bool enabled);
+  bool adapters_enabled() const;
+
   /// Full fp32 logits [batch, seq, vocab] (for tests and short inputs).
   at::Tensor logits(const at::Tensor& input_ids, const at::Tensor& attention_mask = {});
   /// Hidden states after the embeddings and after every layer (the last one before the final
@@ -203,6 +217,10 @@ class CausalLM : public torch::nn::Module {
   struct Impl;
 
  private:
+  std::pair<at::Tensor, int64_t> head_losses(const at::Tensor& input_ids, const at::Tensor& labels,
+                                             const at::Tensor& attention_mask, int64_t chunk_tokens,
+                                             const at::Tensor& position_ids, bool per_position);
+
   ModelConfig config_;
   UnitGate gate_;
   std::unique_ptr<Impl> impl_;

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,6 +34,10 @@ struct LogRecord {
   std::optional<double> peak_memory_gib;
   std::optional<double> eval_loss;
   std::optional<double> train_loss, train_runtime;  ///< the final summary record
+  /// Further named metrics, as TRL logs them (preference training: "rewards/chosen",
+  /// "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+  /// "logps/rejected"; evaluation records prefix them with "eval_").
+  std::map<std::string, double> metrics;
   /// One JSON object (a line of trainer_log.jsonl).
   std::string json() const;
 };

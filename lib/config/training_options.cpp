@@ -397,6 +397,61 @@ std::vector<Option> fine_tuning_method() {
   };
 }
 
+// Preference training (docs/preference.md): LLaMA-Factory's names, then TRL's aliases.
+std::vector<Option> preference() {
+  return {
+      {"stage", &Args::stage, {"sft", "dpo"}, -1e308, "LLaMA-Factory: sft, or dpo for pairs"},
+      {"pref_loss",
+       &Args::pref_loss,
+       {"sigmoid", "hinge", "ipo", "robust", "orpo", "simpo"},
+       -1e308,
+       "the preference loss"},
+      {"loss_type",
+       &Args::pref_loss,
+       {"sigmoid", "hinge", "ipo", "robust", "orpo", "simpo"},
+       -1e308,
+       "TRL: alias of pref_loss"},
+      {"pref_beta", &Args::pref_beta, {}, {0, 1e6, Range::kOpenBelow}, "the losses' beta"},
+      {"beta", &Args::pref_beta, {}, {0, 1e6, Range::kOpenBelow}, "TRL: alias of pref_beta"},
+      {"pref_ftx",
+       &Args::pref_ftx,
+       {},
+       {0, 1e6},
+       "+ pref_ftx x the chosen answer's mean NLL, per pair"},
+      {"rpo_alpha",
+       &Args::rpo_alpha,
+       {},
+       {0, 1e6},
+       "TRL: + rpo_alpha x the chosen answers' token-mean NLL"},
+      {"dpo_label_smoothing",
+       &Args::dpo_label_smoothing,
+       {},
+       {0, 0.5, Range::kOpenAbove},
+       "cDPO's / robust's epsilon"},
+      {"label_smoothing",
+       &Args::dpo_label_smoothing,
+       {},
+       {0, 0.5, Range::kOpenAbove},
+       "TRL: alias of dpo_label_smoothing"},
+      {"simpo_gamma", &Args::simpo_gamma, {}, {0, 1e6}, "SimPO's target margin"},
+      {"max_prompt_length",
+       &Args::max_prompt_length,
+       {},
+       {0, kLengthMax},
+       "TRL: a prompt keeps its last this many tokens (0: all)"},
+      {"truncation_mode",
+       &Args::truncation_mode,
+       {"keep_start", "keep_end"},
+       -1e308,
+       "TRL: which end of a long sequence is kept"},
+      {"precompute_ref_log_probs",
+       &Args::precompute_ref_log_probs,
+       {},
+       -1e308,
+       "TRL: the reference's log-probs computed once before training"},
+  };
+}
+
 // A 4-bit base (QLoRA): LLaMA-Factory's names, then transformers' BitsAndBytesConfig's.
 std::vector<Option> quantization() {
   return {
@@ -484,7 +539,7 @@ const std::vector<Option>& options() {
   static const std::vector<Option> table = [] {
     std::vector<Option> all;
     for (auto group : {run_and_data, batches_and_optimization, logging_evaluation_saving,
-                       fine_tuning_method, quantization, chatglm_finetuning}) {
+                       fine_tuning_method, preference, quantization, chatglm_finetuning}) {
       std::vector<Option> part = group();
       all.insert(all.end(), part.begin(), part.end());
     }

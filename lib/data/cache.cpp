@@ -65,12 +65,15 @@ std::string cache_key(const std::string& jsonl_path, const Tokenizer& tok, const
   uint64_t size = 0;
   const std::string content = content_hash(jsonl_path, &size);
   return fmt::format(
-      "version={}\ncontent={}\nsize={}\ntokenizer={}\ntemplate={}\nmax_length={}\n"
-      "train_on_prompt={}\nskip_bad_lines={}\ntoken_id_limit={}\nglm_prompt_layout={}\n"
-      "max_source_length={}\nskip_truncated={}",
-      kCacheVersion, content, size, tok.fingerprint(), o.template_name, o.max_length,
-      o.train_on_prompt, o.skip_bad_lines, o.token_id_limit, o.glm_prompt_layout,
-      o.max_source_length, o.skip_truncated);
+             "version={}\ncontent={}\nsize={}\ntokenizer={}\ntemplate={}\nmax_length={}\n"
+             "train_on_prompt={}\nskip_bad_lines={}\ntoken_id_limit={}\nglm_prompt_layout={}\n"
+             "max_source_length={}\nskip_truncated={}",
+             kCacheVersion, content, size, tok.fingerprint(), o.template_name, o.max_length,
+             o.train_on_prompt, o.skip_bad_lines, o.token_id_limit, o.glm_prompt_layout,
+             o.max_source_length, o.skip_truncated) +
+         (o.preference ? fmt::format("\npreference=1\ntruncation_mode={}\nmax_prompt_length={}",
+                                     o.truncation_mode, o.max_prompt_length)
+                       : std::string());
 }
 
 uint64_t fnv1a(const std::string& s) {
@@ -96,6 +99,9 @@ const std::pair<const char*, int64_t DatasetStats::*> kStatFields[] = {
     {"skipped_lines", &DatasetStats::skipped_lines},
     {"dropped_examples", &DatasetStats::dropped_examples},
     {"tokens", &DatasetStats::tokens},
+    {"identical_pairs", &DatasetStats::identical_pairs},
+    {"empty_answers", &DatasetStats::empty_answers},
+    {"long_prompts", &DatasetStats::long_prompts},
 };
 
 template <typename T>
@@ -194,6 +200,10 @@ std::pair<Dataset, std::string> read_cache(const std::string& path, DatasetStats
   }
   if (stats != nullptr) {
     for (const auto& [name, field] : kStatFields) {
+      if (field == &DatasetStats::identical_pairs || field == &DatasetStats::empty_answers ||
+          field == &DatasetStats::long_prompts) {
+        if (entry(name).empty()) continue;  // written before preference data: none dropped
+      }
       try {
         stats->*field = std::stoll(entry(name));
       } catch (const std::exception&) {

@@ -14,6 +14,7 @@
 #include <rapidjson/document.h>
 
 #include "data/chat_templates.hpp"
+#include "data/encoding.hpp"
 #include "data/records.hpp"
 #include "tokenizer/chatglm_tokenizer.hpp"
 #include "util/json.hpp"
@@ -33,29 +34,17 @@ DataOptions data_options_for(const TrainingArguments& args) {
   o.glm_prompt_layout = args.glm_prompt_layout;
   o.max_source_length = args.max_source_length;
   o.skip_truncated = args.skip_truncated;
+  o.preference = args.stage == "dpo";
+  o.truncation_mode = args.truncation_mode;
+  o.max_prompt_length = args.max_prompt_length;
   return o;
 }
 
-namespace {
-
-using data::Chat;
-using data::ChatTemplate;
+namespace data {
 
 // ---- encoding ------------------------------------------------------------------------------
 
-struct Example {
-  std::vector<int32_t> ids;
-  std::vector<int32_t> labels;
-
-  void append(const std::vector<int32_t>& piece, bool trained) {
-    ids.insert(ids.end(), piece.begin(), piece.end());
-    if (trained) {
-      labels.insert(labels.end(), piece.begin(), piece.end());
-    } else {
-      labels.insert(labels.end(), piece.size(), kIgnoreLabel);
-    }
-  }
-};
+namespace {
 
 // How many leading ids two sequences share.
 size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
@@ -63,6 +52,8 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
   while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
   return n;
 }
+
+}  // namespace
 
 // Every encoding below stops at `limit` ids (max_length): what truncation keeps is computed
 // from as much text as it needs (encode_prefix), so a huge record costs memory in proportion to
@@ -117,6 +108,8 @@ Example encode_text(const std::string& text, const Tokenizer& tok, size_t limit)
   if (tok.eos_id() >= 0) e.append({tok.eos_id()}, true);
   return e;
 }
+
+namespace {
 
 // v[start:stop] as Python slices it (negative bounds count from the end, clamped).
 std::vector<int32_t> py_slice(const std::vector<int32_t>& v, int64_t start, int64_t stop) {
@@ -207,15 +200,7 @@ Example parse_tokens(json::ObjectReader& r, int64_t id_limit) {
   return e;
 }
 
-// A chat in one of the layouts users have: OpenAI `messages` ({"role", "content"}) or ShareGPT
-// `conversations` ({"from", "value"}, with an optional top-level "system").
-struct ChatLayout {
-  const char* list;
-  const char* role;
-  const char* content;
-};
-constexpr ChatLayout kOpenAi{"messages", "role", "content"};
-constexpr ChatLayout kShareGpt{"conversations", "from", "value"};
+}  // namespace
 
 // The role a message's role text names, in the spellings the ShareGPT datasets in the wild use.
 std::optional<std::string> normalized_role(const std::string& role) {
@@ -295,13 +280,7 @@ Chat parse_chat(json::ObjectReader& r, const std::string& where, const ChatLayou
   return c;
 }
 
-// Thrown (and turned into check_tokenizer_fits' error) when a record needs text encoded with a
-// tokenizer whose ids the model cannot take: fatal, not a malformed record.
-struct TextNeedsVocabulary {};
-
-// Alpaca-style instruction data: instruction, optional input, output, and (as LLaMA-Factory's
-// alpaca layout) an optional system and earlier exchanges in history: [[instruction, output], ...].
-Chat parse_instruction(json::ObjectReader& r) {
+Chat parse_instruction_prompt(json::ObjectReader& r) {
   Chat c;
   if (auto system = r.string("system"); system && !system->empty()) c.system = *system;
   if (const rapidjson::Value* h = r.find("history"); h != nullptr && !h->IsNull()) {
@@ -319,6 +298,15 @@ Chat parse_instruction(json::ObjectReader& r) {
   std::string instruction = r.required_string("instruction");
   std::string input = r.string("input").value_or("");
   c.messages.push_back({"user", std::move(instruction), std::move(input)});
+  return c;
+}
+
+namespace {
+
+// Alpaca-style instruction data: instruction, optional input, output, and (as LLaMA-Factory's
+// alpaca layout) an optional system and earlier exchanges in history: [[instruction, output], ...].
+Chat parse_instruction(json::ObjectReader& r) {
+  Chat c = parse_instruction_prompt(r);
   c.messages.push_back({"assistant", r.required_string("output"), ""});
   return c;
 }
@@ -360,11 +348,17 @@ Example parse_line(std::string_view line, const std::string& where, const Tokeni
       where, keys.empty() ? "an empty object" : "keys " + keys));
 }
 
+}  // namespace
+
 bool has_trained_label(const Example& e) {
   return std::any_of(e.labels.begin(), e.labels.end(), [](int32_t l) { return l != kIgnoreLabel; });
 }
 
-}  // namespace
+}  // namespace data
+
+using data::Chat;
+using data::ChatTemplate;
+using data::Example;
 
 std::string render_prompt(const std::string& template_name, const std::string& instruction,
                           const std::string& input) {
@@ -461,36 +455,26 @@ void check_glm_prompt_layout(const DataOptions& o, const Tokenizer& tok) {
 
 }  // namespace
 
-Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const DataOptions& o,
-                       DatasetStats* stats) {
-  const ChatTemplate& t = data::chat_template(o.template_name);
-  if (o.max_length < 1) {
-    throw ConfigError(fmt::format("max_length: expected an integer >= 1, found {}", o.max_length));
-  }
-  check_glm_prompt_layout(o, tok);
-  data::RecordReader reader(path);
-  Dataset dataset;
-  DatasetStats s;
+void data::read_records(const std::string& path, const Tokenizer& tok, const DataOptions& o,
+                        int64_t id_limit, const RecordParser& parse,
+                        const std::function<void(Parsed&)>& take, DatasetStats& s) {
+  RecordReader reader(path);
   std::string first_skipped;
-  const int64_t id_limit = o.token_id_limit > 0 ? o.token_id_limit : tok.vocab_size();
-  // Lines are read in batches and parsed + encoded on all worker threads (the tokenizer is
-  // thread-safe); the outcomes are then taken in file order, so errors, skips and the dataset
-  // are exactly those of a sequential pass.
+  // Records are read in batches and parsed + encoded on all worker threads (the tokenizer is
+  // thread-safe); the outcomes are then taken in file order.
   struct Outcome {
-    Example example;
-    std::string error;         // a malformed line's message
+    Parsed parsed;
+    std::string error;         // a malformed record's message
     std::exception_ptr fatal;  // anything else, rethrown where a sequential pass would throw it
-    bool truncated = false;    // cut by ChatGLM-Finetuning's layout
   };
   constexpr size_t kBatchLines = 8192;
   const int threads = cpu_worker_threads();
-  std::vector<data::Record> batch;
+  std::vector<Record> batch;
   std::vector<Outcome> outcomes;
   auto work = [&](int64_t first, int64_t last) {
     for (size_t i = static_cast<size_t>(first); i < static_cast<size_t>(last); ++i) {
       try {
-        outcomes[i].example = parse_line(batch[i].text, reader.where(batch[i]), tok, t, o, id_limit,
-                                         static_cast<size_t>(o.max_length), &outcomes[i].truncated);
+        outcomes[i].parsed = parse(batch[i].text, reader.where(batch[i]));
       } catch (const ConfigError& error) {
         outcomes[i].error = error.what();
       } catch (const TextNeedsVocabulary&) {
@@ -518,42 +502,65 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
         if (s.skipped_lines++ == 0) first_skipped = out.error;
         continue;
       }
-      Example& e = out.example;
-      if (static_cast<int64_t>(e.ids.size()) > o.max_length) {  // keep the start
-        e.ids.resize(o.max_length);
-        e.labels.resize(o.max_length);
-      }
-      if (!has_trained_label(e) || (out.truncated && o.skip_truncated)) {
-        ++s.dropped_examples;
-        continue;
-      }
-      dataset.add(e.ids, e.labels);
+      take(out.parsed);
     }
     batch.clear();
   };
-  for (data::Record record; reader.next(record);) {
+  for (Record record; reader.next(record);) {
     batch.push_back(std::move(record));
     if (batch.size() == kBatchLines) flush();
   }
   flush();
-
-  s.examples = dataset.size();
-  s.tokens = dataset.total_tokens();
   if (s.skipped_lines > 0) {
     log::warn("{}: skipped {} malformed line(s) (skip_bad_lines); the first: {}", path,
               s.skipped_lines, first_skipped);
-  }
-  if (s.dropped_examples > 0) {
-    log::warn(
-        "{}: dropped {} example(s) left without a trained token by truncation to "
-        "max_length {} (raise max_length, or set train_on_prompt)",
-        path, s.dropped_examples, o.max_length);
   }
   if (s.lines == 0) {
     throw ConfigError(
         fmt::format("data file '{}' is empty: expected one JSON object per line (JSONL) or a "
                     "JSON array of objects",
                     path));
+  }
+}
+
+Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const DataOptions& o,
+                       DatasetStats* stats) {
+  if (o.preference) return tokenize_preference_jsonl(path, tok, o, stats);
+  const ChatTemplate& t = data::chat_template(o.template_name);
+  if (o.max_length < 1) {
+    throw ConfigError(fmt::format("max_length: expected an integer >= 1, found {}", o.max_length));
+  }
+  check_glm_prompt_layout(o, tok);
+  Dataset dataset;
+  DatasetStats s;
+  const int64_t id_limit = o.token_id_limit > 0 ? o.token_id_limit : tok.vocab_size();
+  const auto parse = [&](std::string_view text, const std::string& where) {
+    data::Parsed p;
+    p.examples.push_back(data::parse_line(text, where, tok, t, o, id_limit,
+                                          static_cast<size_t>(o.max_length), &p.truncated));
+    return p;
+  };
+  const auto take = [&](data::Parsed& p) {
+    Example& e = p.examples.front();
+    if (static_cast<int64_t>(e.ids.size()) > o.max_length) {  // keep the start
+      e.ids.resize(o.max_length);
+      e.labels.resize(o.max_length);
+    }
+    if (!data::has_trained_label(e) || (p.truncated && o.skip_truncated)) {
+      ++s.dropped_examples;
+      return;
+    }
+    dataset.add(e.ids, e.labels);
+  };
+  data::read_records(path, tok, o, id_limit, parse, take, s);
+
+  s.examples = dataset.size();
+  s.tokens = dataset.total_tokens();
+  if (s.dropped_examples > 0) {
+    log::warn(
+        "{}: dropped {} example(s) left without a trained token by truncation to "
+        "max_length {} (raise max_length, or set train_on_prompt)",
+        path, s.dropped_examples, o.max_length);
   }
   if (dataset.empty()) {
     throw ConfigError(fmt::format(

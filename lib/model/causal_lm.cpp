@@ -69,7 +69,9 @@ struct HeadUnit : torch::nn::Module {
 struct CausalLM::Impl {
   std::shared_ptr<DecoderBody> body;
   std::shared_ptr<model::Linear> lm_head;  // null when tied to the embeddings
-  std::shared_ptr<PromptAdapter> prompt;
+  std::shared_ptr<PromptAdapter> installed_prompt;
+  PromptAdapter* prompt = nullptr;  // installed_prompt while the adapters are on, else null
+  bool adapters_enabled = true;
 
   const at::Tensor& head_weight() const {
     return lm_head ? lm_head->weight : body->embed_tokens->weight;
@@ -160,18 +162,44 @@ void CausalLM::initialize_random(uint64_t seed) {
 }
 
 void CausalLM::set_prompt_adapter(std::shared_ptr<PromptAdapter> adapter) {
-  if (impl_->prompt) unregister_module("prompt_encoder");
-  impl_->prompt = std::move(adapter);
-  if (impl_->prompt) register_module("prompt_encoder", impl_->prompt);
+  Impl& I = *impl_;
+  if (I.installed_prompt) unregister_module("prompt_encoder");
+  I.installed_prompt = std::move(adapter);
+  if (I.installed_prompt) register_module("prompt_encoder", I.installed_prompt);
+  I.prompt = I.adapters_enabled ? I.installed_prompt.get() : nullptr;
 }
 
 PromptAdapter* CausalLM::prompt_adapter() const {
-  return impl_->prompt.get();
+  return impl_->installed_prompt.get();
 }
 
-LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
-                       const at::Tensor& attention_mask, int64_t chunk_tokens,
-                       const at::Tensor& position_ids) {
+void CausalLM::set_adapters_enabled(bool enabled) {
+  Impl& I = *impl_;
+  std::vector<std::shared_ptr<model::Linear>> linears;
+  for (const auto& item : named_modules("", /*include_self=*/false)) {
+    auto lin = std::dynamic_pointer_cast<model::Linear>(item.value());
+    if (!lin || !lin->adapter) continue;
+    if (lin->adapter_merged) {
+      throw InvalidArgument(fmt::format(
+          "set_adapters_enabled: the adapter of '{}' is merged into its weight; unmerge it first",
+          item.key()));
+    }
+    linears.push_back(std::move(lin));
+  }
+  for (auto& lin : linears) lin->adapter_disabled = !enabled;
+  I.adapters_enabled = enabled;
+  I.prompt = enabled ? I.installed_prompt.get() : nullptr;
+}
+
+bool CausalLM::adapters_enabled() const {
+  return impl_->adapters_enabled;
+}
+
+// The forward both losses share: the embeddings, the layers and, in the head's unit, the
+// cross-entropy of every position — summed (loss) or per position (label_log_probs).
+std::pair<at::Tensor, int64_t> CausalLM::head_losses(
+    const at::Tensor& input_ids, const at::Tensor& labels, const at::Tensor& attention_mask,
+    int64_t chunk_tokens, const at::Tensor& position_ids, bool per_position) {
   Impl& I = *impl_;
   if (position_ids.defined() && I.prompt) {
     throw InvalidArgument(
@@ -201,7 +229,7 @@ LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
   at::Tensor embedded = gate_(0, {ids}, [body](const std::vector<at::Tensor>& in) {
     return std::vector<at::Tensor>{body->embed_tokens->forward(in[0])};
   })[0];
-  Prepared p = apply_prompt(config_, I.prompt.get(), embedded, mask);
+  Prepared p = apply_prompt(config_, I.prompt, embedded, mask);
   at::Tensor x = p.x;
   auto [cos, sin] =
       position_ids.defined()
@@ -232,15 +260,41 @@ LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
   }
   auto lm_head = I.lm_head;
   const int64_t chunk = chunk_tokens;
-  at::Tensor sum =
-      gate_(1 + body->layers.size(), {x, shifted},
-            [body, lm_head, chunk](const std::vector<at::Tensor>& in) {
-              at::Tensor h = body->norm->forward(in[0]);
-              const at::Tensor& w = lm_head ? lm_head->weight : body->embed_tokens->weight;
-              return std::vector<at::Tensor>{
-                  model::linear_cross_entropy(h.reshape({-1, h.size(-1)}), w, in[1], chunk)};
-            })[0];
+  at::Tensor out = gate_(
+      1 + body->layers.size(), {x, shifted},
+      [body, lm_head, chunk, per_position](const std::vector<at::Tensor>& in) {
+        at::Tensor h = body->norm->forward(in[0]);
+        const at::Tensor& w = lm_head ? lm_head->weight : body->embed_tokens->weight;
+        h = h.reshape({-1, h.size(-1)});
+        return std::vector<at::Tensor>{per_position
+                                           ? model::linear_token_cross_entropy(h, w, in[1], chunk)
+                                           : model::linear_cross_entropy(h, w, in[1], chunk)};
+      })[0];
+  return {out, tokens};
+}
+
+LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
+                       const at::Tensor& attention_mask, int64_t chunk_tokens,
+                       const at::Tensor& position_ids) {
+  auto [sum, tokens] =
+      head_losses(input_ids, labels, attention_mask, chunk_tokens, position_ids, false);
   return {sum, tokens};
+}
+
+at::Tensor CausalLM::label_log_probs(const at::Tensor& input_ids, const at::Tensor& labels,
+                                     const at::Tensor& attention_mask, int64_t chunk_tokens,
+                                     const at::Tensor& position_ids) {
+  const int64_t virtual_tokens =
+      impl_->prompt && impl_->prompt->prepends_tokens() ? impl_->prompt->num_virtual_tokens() : 0;
+  at::Tensor per_position =
+      head_losses(input_ids, labels, attention_mask, chunk_tokens, position_ids, true).first;
+  // Position t scores label t + 1: entry t of the result is position t - 1's, negated; the
+  // virtual tokens' columns (P-Tuning) are dropped.
+  const int64_t b = input_ids.size(0), t = input_ids.size(1) + virtual_tokens;
+  at::Tensor scores = per_position.view({b, t}).neg();
+  at::Tensor aligned =
+      at::cat({at::zeros({b, 1}, scores.options()), scores.narrow(1, 0, t - 1)}, 1);
+  return aligned.narrow(1, virtual_tokens, input_ids.size(1));
 }
 
 std::vector<at::Tensor> CausalLM::hidden_states(const at::Tensor& input_ids,
@@ -248,7 +302,7 @@ std::vector<at::Tensor> CausalLM::hidden_states(const at::Tensor& input_ids,
   Impl& I = *impl_;
   const at::Device device = I.body->embed_tokens->weight.device();
   at::Tensor ids = input_ids.to(device);
-  Prepared p = apply_prompt(config_, I.prompt.get(), I.body->embed_tokens->forward(ids),
+  Prepared p = apply_prompt(config_, I.prompt, I.body->embed_tokens->forward(ids),
                             mask_or_empty(attention_mask, ids));
   std::vector<at::Tensor> out{p.x};
   auto [cos, sin] = model::rotary_tables(config_, p.start, p.x.size(1), p.x.scalar_type(), device);
@@ -277,9 +331,8 @@ at::Tensor CausalLM::generate(const at::Tensor& input_ids, const GenerationOptio
   int64_t position = 0;
   at::Tensor virtual_tokens;
   if (I.prompt) {
-    Prepared p =
-        apply_prompt(config_, I.prompt.get(), I.body->embed_tokens->forward(ids.narrow(1, 0, 1)),
-                     at::empty({0}, ids.options()));
+    Prepared p = apply_prompt(config_, I.prompt, I.body->embed_tokens->forward(ids.narrow(1, 0, 1)),
+                              at::empty({0}, ids.options()));
     if (p.virtual_tokens > 0) virtual_tokens = p.x.narrow(1, 0, p.virtual_tokens);
     for (size_t i = 0; i < p.prefixes.size(); ++i)
       cache[i] = {p.prefixes[i].first, p.prefixes[i].second};

@@ -82,6 +82,9 @@ struct Linear : torch::nn::Module {
   /// `weight` (peft's merge_lora), so forward leaves it out.
   std::shared_ptr<const LinearAdapter> adapter;
   bool adapter_merged = false;
+  /// Set while the model's adapters are off (CausalLM::set_adapters_enabled): forward is the
+  /// base's.
+  bool adapter_disabled = false;
 
   Linear(int64_t in, int64_t out, bool with_bias, const ParamFactory& o);
   /// The options of the projection's values (its dtype, not the 4-bit storage's): what an
@@ -106,13 +109,13 @@ struct Linear : torch::nn::Module {
   /// `kept`: the output's values from the unit's first pass (only where reuses_kept()),
   /// returned instead of the product, with its backward.
   at::Tensor forward(const at::Tensor& x, bool output_unread = false, const at::Tensor& kept = {}) {
-    if (!adapter || adapter_merged) return base_forward(x, output_unread, kept);
+    if (!adapter || adapter_merged || adapter_disabled) return base_forward(x, output_unread, kept);
     return adapter->forward(*this, x, output_unread, kept);
   }
   /// Whether forward can take its output from an earlier pass (then it skips the product, and a
   /// 4-bit base's dequantization, which its backward does anyway).
   bool reuses_kept() const {
-    return !adapter || adapter_merged || adapter->reuses_kept(is_training());
+    return !adapter || adapter_merged || adapter_disabled || adapter->reuses_kept(is_training());
   }
 };
 
@@ -261,5 +264,11 @@ struct DecoderLayer : torch::nn::Module {
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                 const at::Tensor& labels, int64_t chunk,
                                 bool eager_gradients = true);
+
+/// The same cross-entropies per row, [N] fp32 (0 where label is -100), for losses that weigh
+/// rows differently (preference training): backward takes each row's own gradient and
+/// recomputes the chunks' logits.
+at::Tensor linear_token_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
+                                      const at::Tensor& labels, int64_t chunk);
 
 }  // namespace zt::model

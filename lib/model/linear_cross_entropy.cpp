@@ -127,7 +127,60 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
   }
 };
 
+// Per-row cross-entropies: forward keeps its inputs, backward recomputes each chunk's softmax
+// and scales its rows by their own incoming gradients.
+class LinearTokenCrossEntropy : public torch::autograd::Function<LinearTokenCrossEntropy> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
+                            const at::Tensor& weight, const at::Tensor& labels, int64_t chunk) {
+    ctx->save_for_backward({hidden, weight, labels});
+    ctx->saved_data["chunk"] = chunk;
+    at::Tensor losses = at::empty({hidden.size(0)}, hidden.options().dtype(at::kFloat));
+    const int64_t n = hidden.size(0);
+    for (int64_t lo = 0; lo < n; lo += chunk) {
+      const int64_t len = std::min(chunk, n - lo);
+      at::Tensor y = labels.narrow(0, lo, len);
+      at::Tensor logits = at::matmul(hidden.narrow(0, lo, len), weight.t());
+      if (kernels::fused_cross_entropy_applies(logits, y)) {
+        losses.narrow(0, lo, len).copy_(kernels::fused_cross_entropy(logits, y, false));
+        continue;
+      }
+      logits = logits.to(at::kFloat);
+      at::Tensor target = logits.gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);
+      losses.narrow(0, lo, len).copy_((at::logsumexp(logits, 1) - target) * y.ne(-100));
+    }
+    return losses;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor g = grads[0].to(at::kFloat);
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& hidden = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& labels = saved[2];
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    at::Tensor grad_hidden = at::empty(hidden.sizes(), hidden.options());
+    at::Tensor grad_weight;
+    const int64_t n = hidden.size(0);
+    for (int64_t lo = 0; lo < n; lo += chunk) {
+      const int64_t len = std::min(chunk, n - lo);
+      at::Tensor h = hidden.narrow(0, lo, len);
+      at::Tensor p = at::softmax(at::matmul(h, weight.t()).to(at::kFloat), 1);
+      add_chunk_gradients(p, labels.narrow(0, lo, len), g.narrow(0, lo, len).unsqueeze(1), h,
+                          weight, grad_hidden.narrow(0, lo, len), ctx->needs_input_grad(1),
+                          grad_weight);
+    }
+    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor linear_token_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
+                                      const at::Tensor& labels, int64_t chunk) {
+  return LinearTokenCrossEntropy::apply(hidden, weight, labels, std::max<int64_t>(1, chunk));
+}
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                 const at::Tensor& labels, int64_t chunk, bool eager_gradients) {

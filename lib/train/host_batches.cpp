@@ -48,6 +48,11 @@ StepStats Trainer::train_step(const at::Tensor& input_ids, const at::Tensor& lab
 
 StepStats Trainer::Impl::train_step(const at::Tensor& input_ids, const at::Tensor& labels) {
   Impl& I = *this;
+  if (I.preference) {
+    throw InvalidArgument(
+        "train_step: a run with stage dpo trains on the pairs of train_file (train()); host "
+        "batches of preference pairs are not supported yet");
+  }
   const int64_t vocab = I.model_config.vocab_size;
   at::Tensor ids = checked_tokens(input_ids, "train_step input_ids", vocab, false);
   at::Tensor y = labels.defined() ? checked_tokens(labels, "train_step labels", vocab, true) : ids;

@@ -135,6 +135,10 @@ void Trainer::Impl::report_to_tensorboard(const LogRecord& r) {
     put("train/train_loss", r.train_loss);
     put("train/train_runtime", r.train_runtime);
     put("eval/loss", r.eval_loss);
+    for (const auto& [key, value] : r.metrics) {  // HF's tags: eval_x as eval/x
+      const bool eval = key.rfind("eval_", 0) == 0;
+      tensorboard->scalar(eval ? "eval/" + key.substr(5) : "train/" + key, value, r.step);
+    }
     if (r.loss || r.eval_loss) tensorboard->scalar("train/epoch", r.epoch, r.step);
   } catch (const std::exception& e) {
     log::warn("{} (TensorBoard reporting stops)",
@@ -148,19 +152,26 @@ double Trainer::Impl::run_evaluation() {
   at::NoGradGuard no_grad;
   model->eval();
   std::vector<std::vector<int64_t>> batches =
-      eval_batches(eval_data.size(), world, rank, args.per_device_eval_batch_size);
+      eval_batches(eval_samples, world, rank, args.per_device_eval_batch_size);
   double sum = 0.0, tokens = 0.0;
+  at::Tensor metric_sums;
   for (const std::vector<int64_t>& indices : batches) {
     // A rank with nothing left still runs a forward (ZeRO-3 forwards are collective), unweighted.
     const bool empty = indices.empty();
-    Batch b = collate(eval_data, empty ? std::vector<int64_t>{0} : indices, pad_id);
-    LossSum l = forward(b);
+    const std::vector<int64_t> taken = empty ? std::vector<int64_t>{0} : indices;
+    at::Tensor batch_metrics;
+    LossSum l = preference ? preference_forward(eval_data, taken, 0.0, batch_metrics)
+                           : forward(collate(eval_data, taken, pad_id));
     if (!empty) {
       sum += l.sum.item<double>();
       tokens += static_cast<double>(l.tokens);
+      if (batch_metrics.defined()) {
+        metric_sums = metric_sums.defined() ? metric_sums + batch_metrics : batch_metrics;
+      }
     }
   }
   model->train();
+  if (preference) eval_metrics = preference_metrics(metric_sums, "eval_");
   const std::vector<double> global = comm::reduce_scalars(*comm, {sum, tokens});
   if (global[1] <= 0) {
     throw ConfigError(fmt::format("'{}' has no token that counts in the loss", args.eval_file));
@@ -174,6 +185,7 @@ double Trainer::Impl::evaluate() {
   r.step = state.global_step;
   r.epoch = epoch_progress();
   r.eval_loss = loss;
+  if (preference) r.metrics = eval_metrics;
   log(r);
   last_eval.loss = loss;
   last_eval.step = state.global_step;
@@ -216,22 +228,27 @@ Trainer::Impl::StepResult Trainer::Impl::run_step(const std::vector<int64_t>& or
   const int64_t s = state.steps_in_epoch;
   // The whole global batch's counts, the same on every rank without communication: the
   // targets normalize the summed token losses (HF's num_items_in_batch).
-  int64_t targets = 0, tokens = 0;
+  // Preference pairs: the targets are the pairs (the loss is a mean over them); rpo_alpha's
+  // token mean over the chosen answers is scaled to that divisor.
+  int64_t targets = 0, tokens = 0, chosen_tokens = 0;
   for (int64_t a = 0; a < batch.accumulation; ++a) {
     for (int64_t r = 0; r < world; ++r) {
       for (int64_t i : micro_batch_indices(order, batch, s, a, r)) {
         targets += train_targets[static_cast<size_t>(i)];
         tokens += train_lengths[static_cast<size_t>(i)];
+        if (preference) chosen_tokens += train_chosen_tokens[static_cast<size_t>(i)];
       }
     }
   }
   const double divisor = static_cast<double>(std::max<int64_t>(1, targets));
+  const double rpo_scale = divisor / static_cast<double>(std::max<int64_t>(1, chosen_tokens));
   StepResult out;
   out.loss = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(comm->device()));
   out.tokens = tokens;
   for (int64_t a = 0; a < batch.accumulation; ++a) {
-    Batch b = collate(train_data, micro_batch_indices(order, batch, s, a, rank), pad_id);
-    LossSum l = forward(b);
+    const std::vector<int64_t> indices = micro_batch_indices(order, batch, s, a, rank);
+    LossSum l = preference ? preference_forward(train_data, indices, rpo_scale, window_metric_sums)
+                           : forward(collate(train_data, indices, pad_id));
     engine->backward(l.sum, divisor);
     engine->step();
     out.loss += l.sum.detach() / divisor;
@@ -259,6 +276,10 @@ void Trainer::Impl::log_window(train::LogWindow& window) {
   r.grad_norm = engine->last_grad_norm();
   if (ds.fp16.enabled.value()) r.loss_scale = engine->loss_scale();
   r.peak_memory_gib = window_peak_memory_gib();
+  if (preference) {
+    r.metrics = preference_metrics(window_metric_sums, "");
+    window_metric_sums = at::Tensor();
+  }
   log(r);
 }
 
@@ -406,13 +427,13 @@ TrainResult Trainer::Impl::train() {
 
   const Impl::RunClock clock{Clock::now(), I.state.global_step};
   train::LogWindow window(I.comm->device());
-  const int64_t megabatch = length_megabatch(I.train_data.size(), I.batch.size());
+  const int64_t megabatch = length_megabatch(I.train_samples, I.batch.size());
   while (I.state.global_step < I.total_steps) {
     // Each epoch's own order, from the seed and the epoch alone (HF's sampler with set_epoch):
     // a resumed run rebuilds the same one.
     const bool shuffle = I.args.train_sampling_strategy != "sequential";
     const std::vector<int64_t> order =
-        epoch_order(I.train_data.size(), I.data_seed, I.state.epoch_index, shuffle,
+        epoch_order(I.train_samples, I.data_seed, I.state.epoch_index, shuffle,
                     I.args.group_by_length ? &I.train_lengths : nullptr, megabatch);
     bool epoch_end = false;
     while (!epoch_end && I.state.global_step < I.total_steps) {

@@ -42,6 +42,7 @@ void write_record(Writer& w, const LogRecord& r) {
   number("eval_loss", r.eval_loss);
   number("train_loss", r.train_loss);
   number("train_runtime", r.train_runtime);
+  for (const auto& [key, value] : r.metrics) number(key.c_str(), value);
   w.EndObject();
 }
 
@@ -208,6 +209,12 @@ TrainerState read_trainer_state(const std::string& checkpoint_dir) {
       rec.eval_loss = e.number("eval_loss");
       rec.train_loss = e.number("train_loss");
       rec.train_runtime = e.number("train_runtime");
+      // Named metrics (TRL's rewards/..., logps/...; eval_ ones in evaluation records).
+      for (auto it = item.MemberBegin(); it != item.MemberEnd(); ++it) {
+        const std::string key = json::text(it->name);
+        if (key.find('/') == std::string::npos || !it->value.IsNumber()) continue;
+        rec.metrics[key] = it->value.GetDouble();
+      }
       s.log_history.push_back(rec);
     }
   }
@@ -303,6 +310,7 @@ std::string describe(const LogRecord& r, int64_t total_steps) {
   if (r.peak_memory_gib) line += fmt::format(" | peak {:.1f} GiB", *r.peak_memory_gib);
   if (r.train_loss) line += fmt::format(" | train_loss {:.4f}", *r.train_loss);
   if (r.train_runtime) line += fmt::format(" | runtime {:.1f} s", *r.train_runtime);
+  for (const auto& [key, value] : r.metrics) line += fmt::format(" | {} {:.4f}", key, value);
   return line;
 }
 

@@ -105,9 +105,44 @@ void Trainer::Impl::load_data() {
               : "");
     }
   };
+  preference = args.stage == "dpo";
+  if (preference) {
+    pref = train::preference_options(args);
+    if (args.packing) {
+      throw ConfigError(
+          "packing: preference pairs are scored per sequence; train stage dpo without packing");
+    }
+  }
+  // A preference dataset is its pairs' two sequences side by side (examples 2i, 2i + 1).
+  const auto samples = [&](const Dataset& d, const std::string& path) {
+    if (!preference) return d.size();
+    if (d.size() % 2 != 0) {
+      throw IoError(
+          fmt::format("the tokenized preference data of '{}' has an odd number of "
+                      "sequences; remove its cache and tokenize again",
+                      path));
+    }
+    return d.size() / 2;
+  };
   if (!args.train_file.empty()) {
     load(args.train_file, train_data, "training");
     has_train = true;
+    train_samples = samples(train_data, args.train_file);
+    if (preference) {
+      train_lengths.resize(static_cast<size_t>(train_samples));
+      train_targets.assign(static_cast<size_t>(train_samples), 1);
+      train_chosen_tokens.resize(static_cast<size_t>(train_samples));
+      for (int64_t i = 0; i < train_samples; ++i) {
+        train_lengths[static_cast<size_t>(i)] =
+            train_data.length(2 * i) + train_data.length(2 * i + 1);
+        TokenView labels = train_data.labels(2 * i);
+        int64_t n = 0;
+        for (int64_t t = 1; t < labels.size; ++t) n += labels[t] != kIgnoreLabel;
+        train_chosen_tokens[static_cast<size_t>(i)] = n;
+      }
+    }
+  }
+  if (!args.train_file.empty() && !preference) {
     if (args.packing) {
       std::vector<int64_t> order(static_cast<size_t>(train_data.size()));
       for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
@@ -127,10 +162,12 @@ void Trainer::Impl::load_data() {
       for (int64_t t = 1; t < labels.size; ++t) n += labels[t] != kIgnoreLabel;
       train_targets[static_cast<size_t>(i)] = n;
     }
+    train_samples = train_data.size();
   }
   if (!args.eval_file.empty()) {
     load(args.eval_file, eval_data, "evaluation");
     has_eval = true;
+    eval_samples = samples(eval_data, args.eval_file);
   }
 }
 
@@ -148,23 +185,21 @@ void Trainer::Impl::plan_batches() {
   }
   batch = GlobalBatch{args.per_device_train_batch_size, args.gradient_accumulation_steps, world};
   if (has_train) {
-    steps_per_epoch =
-        zt::steps_per_epoch(train_data.size(), batch.size(), args.dataloader_drop_last);
+    steps_per_epoch = zt::steps_per_epoch(train_samples, batch.size(), args.dataloader_drop_last);
     if (steps_per_epoch == 0) {
       throw ConfigError(
-          fmt::format("'{}' has {} examples, fewer than one global batch of {} (micro batch {} × "
+          fmt::format("'{}' has {} {}, fewer than one global batch of {} (micro batch {} × "
                       "accumulation {} × {} ranks) with dataloader_drop_last; use a smaller batch",
-                      args.train_file, train_data.size(), batch.size(), batch.micro_batch,
-                      batch.accumulation, world));
+                      args.train_file, train_samples, preference ? "pairs" : "examples",
+                      batch.size(), batch.micro_batch, batch.accumulation, world));
     }
-    if (rank == 0 && !train_data.empty() &&
-        batch.size() > static_cast<int64_t>(2 * train_data.size())) {
+    if (rank == 0 && train_samples > 0 && batch.size() > static_cast<int64_t>(2 * train_samples)) {
       log::warn(
           "one optimizer step takes {} examples (micro batch {} × accumulation {} × {} ranks), "
           "more than twice the {} of '{}': each step repeats them about {} times; lower "
           "gradient_accumulation_steps or per_device_train_batch_size",
-          batch.size(), batch.micro_batch, batch.accumulation, world, train_data.size(),
-          args.train_file, batch.size() / static_cast<int64_t>(train_data.size()));
+          batch.size(), batch.micro_batch, batch.accumulation, world, train_samples,
+          args.train_file, batch.size() / static_cast<int64_t>(train_samples));
     }
     total_steps = args.max_steps > 0
                       ? args.max_steps
@@ -250,6 +285,15 @@ void Trainer::Impl::build_model_and_engine() {
     peft.base_model_name_or_path = args.model_name_or_path;
     adapter_method = peft.type == FinetuningType::kLora || peft.type == FinetuningType::kPTuning ||
                      peft.type == FinetuningType::kPrefix;
+    if (preference && pref.uses_reference() &&
+        (!adapter_method || args.precompute_ref_log_probs.value_or(false))) {
+      throw ConfigError(fmt::format(
+          "stage dpo with pref_loss {}: the reference model is the same model with its adapters "
+          "off, so it needs finetuning_type lora, ptuning or prefix{}; reference log-probs "
+          "computed before training (precompute_ref_log_probs, for full and freeze fine-tuning) "
+          "are not supported yet — or use a reference-free loss (pref_loss orpo or simpo)",
+          pref.loss, adapter_method ? "" : fmt::format(" (not {})", args.finetuning_type)));
+    }
     parameters = apply_peft_from_args(*model, args, static_cast<uint64_t>(args.seed));
     non_embedding_parameters = parameters.all - model_config.vocab_size * model_config.hidden_size;
     if (peft::pissa_iterations(peft.lora.init_lora_weights) && peft.type == FinetuningType::kLora) {
@@ -353,7 +397,7 @@ void Trainer::Impl::announce() const {
             ds.zero.offload_optimizer.device != OffloadDevice::kNone ? ", optimizer offloaded" : "",
             args.gradient_checkpointing ? ", gradient checkpointing" : "");
   // HF's header: with max_steps the epochs follow from the steps.
-  log::info("  num examples = {}, num epochs = {}", train_data.size(),
+  log::info("  num {} = {}, num epochs = {}", preference ? "pairs" : "examples", train_samples,
             args.max_steps > 0
                 ? fmt::format("{:.2f} (from max_steps {})",
                               static_cast<double>(total_steps) /

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include "comm/agreement.hpp"
 #include "train/log_window.hpp"
+#include "train/preference.hpp"
 #include "train/reporting.hpp"
 #include "train/tensorboard.hpp"
 #include "util/device_stats.hpp"
@@ -50,8 +52,15 @@ struct Trainer::Impl {
   int32_t pad_id = 0;
   Dataset train_data, eval_data;
   bool has_train = false, has_eval = false;
-  std::vector<int64_t> train_targets;  ///< per training example: labels that count
-  std::vector<int64_t> train_lengths;
+  std::vector<int64_t> train_targets;  ///< per training sample: labels that count (pairs: 1)
+  std::vector<int64_t> train_lengths;  ///< per training sample: tokens (pairs: both sequences')
+  /// Examples, or with preference data pairs (examples 2i and 2i + 1): what batches count.
+  int64_t train_samples = 0, eval_samples = 0;
+  /// Preference training (stage dpo; preference_loop.cpp): the loss, and per training pair the
+  /// chosen answer's scored tokens (rpo_alpha's token mean).
+  bool preference = false;
+  train::PreferenceOptions pref;
+  std::vector<int64_t> train_chosen_tokens;
   std::shared_ptr<CausalLM> model;
   PeftConfig peft;
   bool adapter_method = false;
@@ -160,6 +169,18 @@ struct Trainer::Impl {
   }
   void check_cancel();
   LossSum forward(const Batch& b);
+  /// Preference pairs `pairs` of `data`: LossSum{Σ of the pairs' losses (+ rpo_alpha's term
+  /// times `rpo_scale`), pairs}; this rank's metric sums added to `metric_sums` ([7]: the
+  /// metrics summed over pairs, then the pairs).
+  LossSum preference_forward(const Dataset& data, const std::vector<int64_t>& pairs,
+                             double rpo_scale, at::Tensor& metric_sums);
+  /// The metric sums over ranks as a record's named metrics (`prefix` "" or "eval_").
+  /// Collective.
+  std::map<std::string, double> preference_metrics(const at::Tensor& metric_sums,
+                                                   const std::string& prefix);
+  /// This rank's preference metric sums since the last log (loop.cpp adds, log_window takes).
+  at::Tensor window_metric_sums;
+  std::map<std::string, double> eval_metrics;  ///< the last evaluation's (preference training)
   double run_evaluation();
   double evaluate();  ///< run_evaluation, logged (Trainer::evaluate)
   void log(const LogRecord& record);

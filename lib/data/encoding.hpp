@@ -1,0 +1,86 @@
+// The pieces of tokenization that the example formats (dataset.cpp) and the preference formats
+// (preference.cpp) share: an example being built, chats through templates, and the parallel
+// pass over a file's records.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "data/chat_templates.hpp"
+#include "util/json.hpp"
+#include "zerotrain/data.hpp"
+#include "zerotrain/tokenizer.hpp"
+
+namespace zt::data {
+
+/// One tokenized sequence and its labels (kIgnoreLabel where it is not trained).
+struct Example {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> labels;
+
+  void append(const std::vector<int32_t>& piece, bool trained) {
+    ids.insert(ids.end(), piece.begin(), piece.end());
+    if (trained) {
+      labels.insert(labels.end(), piece.begin(), piece.end());
+    } else {
+      labels.insert(labels.end(), piece.size(), kIgnoreLabel);
+    }
+  }
+};
+
+bool has_trained_label(const Example& e);
+
+/// A chat through template `t`, at most `limit` ids: replies trained (and, with
+/// `train_on_prompt`, everything).
+Example encode_chat(const Chat& chat, const ChatTemplate& t, const Tokenizer& tok,
+                    bool train_on_prompt, size_t limit);
+/// Plain text, every token trained: the tokenizer's prefix (bos), the text, eos.
+Example encode_text(const std::string& text, const Tokenizer& tok, size_t limit);
+
+/// A chat in one of the layouts users have: OpenAI `messages` ({"role", "content"}) or ShareGPT
+/// `conversations` ({"from", "value"}, with an optional top-level "system").
+struct ChatLayout {
+  const char* list;
+  const char* role;
+  const char* content;
+};
+constexpr ChatLayout kOpenAi{"messages", "role", "content"};
+constexpr ChatLayout kShareGpt{"conversations", "from", "value"};
+
+/// The role a message's role text names (user, assistant, system), in the spellings the
+/// ShareGPT datasets in the wild use; nullopt for any other.
+std::optional<std::string> normalized_role(const std::string& role);
+/// A message's text: a string, or OpenAI's list of text parts. ConfigError naming `key`.
+std::string message_text(json::ObjectReader& m, const char* key);
+/// The chat of record `r` in `layout` (user / assistant turns, ending with an assistant reply).
+Chat parse_chat(json::ObjectReader& r, const std::string& where, const ChatLayout& layout);
+/// An alpaca record's prompt: system, history and the last user turn (instruction + input).
+Chat parse_instruction_prompt(json::ObjectReader& r);
+
+/// Thrown (and turned into check_tokenizer_fits' error) when a record needs text encoded with a
+/// tokenizer whose ids the model cannot take: fatal, not a malformed record.
+struct TextNeedsVocabulary {};
+
+/// What a format made of one record: its sequences (none when the record is dropped, with a
+/// cause of the format's own numbering) and whether a format cut it.
+struct Parsed {
+  std::vector<Example> examples;
+  int dropped = 0;
+  bool truncated = false;
+};
+
+/// Parses one record's text; throws ConfigError "<where>: ..." for a malformed one.
+using RecordParser = std::function<Parsed(std::string_view text, const std::string& where)>;
+
+/// Reads the records of `path` in batches, parsed on all worker threads, and hands each record's
+/// Parsed to `take` in file order (so errors, skips and results are those of a sequential pass).
+/// A malformed record is a ConfigError — or, with `o.skip_bad_lines`, skipped, counted and warned
+/// about. Fills `stats.lines` and `stats.skipped_lines`; an empty file is a ConfigError.
+void read_records(const std::string& path, const Tokenizer& tok, const DataOptions& o,
+                  int64_t id_limit, const RecordParser& parse,
+                  const std::function<void(Parsed&)>& take, DatasetStats& stats);
+
+}  // namespace zt::data

@@ -1,0 +1,338 @@
+// Preference pairs: the record layouts of TRL and LLaMA-Factory, each pair's two sequences
+// with the prompt masked, TRL's truncation, and the pairs no loss can learn from dropped and
+// counted (docs/preference.md).
+#include <fmt/format.h>
+#include <rapidjson/document.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/encoding.hpp"
+#include "util/log.hpp"
+#include "zerotrain/data.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt {
+namespace {
+
+using data::Chat;
+using data::ChatTemplate;
+using data::Example;
+
+// Why a pair is dropped (Parsed::dropped).
+enum Drop { kKept = 0, kIdentical, kEmpty, kLongPrompt };
+
+// A pair before encoding: the prompt as text (TRL's standard form) or as a chat, and the two
+// answers.
+struct Pair {
+  std::optional<std::string> text_prompt;
+  Chat chat;
+  std::string chosen, rejected;
+};
+
+// A list of messages ({"role", "content"} or ShareGPT's {"from", "value"}) at `key`: the system
+// message first if any, then user and assistant turns; `last` says which role must end it.
+Chat parse_messages(json::ObjectReader& r, const char* key, const std::string& where,
+                    const char* last) {
+  const rapidjson::Value* v = r.find(key);
+  if (v == nullptr || !v->IsArray() || v->Empty()) {
+    r.fail(key, "a non-empty array of messages");
+  }
+  Chat c;
+  std::optional<std::string> user;
+  for (rapidjson::SizeType i = 0; i < v->Size(); ++i) {
+    json::ObjectReader m((*v)[i], fmt::format("{}[{}]", key, i), where);
+    const bool sharegpt = m.has("from");
+    const char* role_key = sharegpt ? "from" : "role";
+    const std::string role_text = m.required_string(role_key);
+    const std::optional<std::string> role = data::normalized_role(role_text);
+    if (!role) {
+      m.fail_value(role_key, fmt::format("\"{}\" is not a role: expected system, user (human) or "
+                                         "assistant (gpt)",
+                                         role_text));
+    }
+    std::string content = data::message_text(m, sharegpt ? "value" : "content");
+    if (*role == "system") {
+      if (i != 0) m.fail_value(role_key, "a system message must be the first message");
+      c.system = std::move(content);
+    } else if (*role == "user") {
+      if (user) m.fail_value(role_key, "two user messages in a row");
+      user = std::move(content);
+    } else {
+      if (!user) m.fail_value(role_key, "an assistant message must follow a user message");
+      c.messages.push_back({"user", std::move(*user), ""});
+      c.messages.push_back({"assistant", std::move(content), ""});
+      user.reset();
+    }
+  }
+  if (std::string(last) == "user") {
+    if (!user) r.fail_value(key, "must end with a user message (the prompt the answers reply to)");
+    c.messages.push_back({"user", std::move(*user), ""});
+  } else if (user) {
+    r.fail_value(key, "must end with an assistant message");
+  }
+  return c;
+}
+
+// The one answer at `key`: a string, a message object, or a list holding one assistant message.
+std::string parse_answer(json::ObjectReader& r, const char* key, const std::string& where) {
+  const rapidjson::Value* v = r.find(key);
+  if (v == nullptr) r.fail(key, "the answer: a string or an assistant message");
+  if (v->IsString()) return json::text(*v);
+  const rapidjson::Value* message = v;
+  if (v->IsArray()) {
+    if (v->Size() != 1) {
+      r.fail_value(key, fmt::format("has {} messages: a preference answer is one assistant "
+                                    "message",
+                                    v->Size()));
+    }
+    message = &(*v)[0];
+  }
+  json::ObjectReader m(*message, key, where);
+  const bool sharegpt = m.has("from");
+  const char* role_key = sharegpt ? "from" : "role";
+  const std::string role_text = m.required_string(role_key);
+  if (data::normalized_role(role_text) != std::optional<std::string>("assistant")) {
+    m.fail_value(role_key, fmt::format("\"{}\": an answer is an assistant message", role_text));
+  }
+  return data::message_text(m, sharegpt ? "value" : "content");
+}
+
+// TRL's extract_prompt for answers that hold their prompt: the longest common start; for text,
+// a space before the split stays with the answers.
+void extract_prompt(json::ObjectReader& r, const std::string& where, Pair& p) {
+  const rapidjson::Value* c = r.find("chosen");
+  const rapidjson::Value* j = r.find("rejected");
+  if (c->IsString() && j != nullptr && j->IsString()) {
+    const std::string a = json::text(*c), b = json::text(*j);
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+    if (n > 0 && a[n - 1] == ' ') --n;
+    p.text_prompt = a.substr(0, n);
+    p.chosen = a.substr(n);
+    p.rejected = b.substr(n);
+    return;
+  }
+  Chat ca = parse_messages(r, "chosen", where, "assistant");
+  Chat cb = parse_messages(r, "rejected", where, "assistant");
+  if (ca.system != cb.system || ca.messages.size() != cb.messages.size()) {
+    r.fail_value("rejected", "holds another conversation than chosen: with no \"prompt\", both "
+                             "must be the same conversation up to their last assistant message");
+  }
+  for (size_t k = 0; k + 1 < ca.messages.size(); ++k) {
+    if (ca.messages[k].content != cb.messages[k].content) {
+      r.fail_value("rejected",
+                   fmt::format("message {} differs from chosen's: with no \"prompt\", only the "
+                               "last assistant message may differ",
+                               k));
+    }
+  }
+  p.chosen = ca.messages.back().content;
+  p.rejected = cb.messages.back().content;
+  ca.messages.pop_back();
+  p.chat = std::move(ca);
+}
+
+Pair parse_pair(std::string_view line, const std::string& where) {
+  rapidjson::Document doc = json::parse(line, where);
+  json::ObjectReader r(doc, "", where);
+  Pair p;
+  if (!doc.HasMember("chosen") || !doc.HasMember("rejected")) {
+    throw ConfigError(fmt::format(
+        "{}: a preference record needs \"chosen\" and \"rejected\": the layouts are TRL's "
+        "{{\"prompt\", \"chosen\", \"rejected\"}} (text or messages, \"prompt\" optional), "
+        "LLaMA-Factory's alpaca (\"instruction\", \"input\", \"chosen\", \"rejected\") and "
+        "sharegpt (\"conversations\", \"chosen\", \"rejected\")",
+        where));
+  }
+  if (doc.HasMember("conversations")) {  // LLaMA-Factory's sharegpt
+    p.chat = parse_messages(r, "conversations", where, "user");
+    if (auto system = r.string("system"); system && !system->empty()) p.chat.system = *system;
+  } else if (doc.HasMember("instruction")) {  // LLaMA-Factory's alpaca
+    p.chat = data::parse_instruction_prompt(r);
+  } else if (doc.HasMember("prompt")) {  // TRL's
+    const rapidjson::Value& prompt = doc["prompt"];
+    if (prompt.IsString()) {
+      p.text_prompt = json::text(prompt);
+      if (!doc["chosen"].IsString() || !doc["rejected"].IsString()) {
+        r.fail_value(doc["chosen"].IsString() ? "rejected" : "chosen",
+                     "must be text when the prompt is text (TRL's standard form)");
+      }
+    } else {
+      p.chat = parse_messages(r, "prompt", where, "user");
+    }
+  } else {
+    extract_prompt(r, where, p);
+    return p;
+  }
+  p.chosen = parse_answer(r, "chosen", where);
+  p.rejected = parse_answer(r, "rejected", where);
+  return p;
+}
+
+// One sequence: the prompt, then the answer, labelled on the answer only.
+Example encode_sequence(const Pair& p, const std::string& answer, const ChatTemplate& t,
+                        const Tokenizer& tok, size_t limit) {
+  Example e;
+  if (p.text_prompt) {
+    // TRL's standard form: the tokenizer's own start (bos), the prompt and the answer encoded
+    // as one text, eos after; the answer is what follows the prompt's own ids.
+    std::vector<int32_t> prompt = tok.prefix_ids();
+    const std::vector<int32_t> prompt_text = tok.encode(*p.text_prompt);
+    prompt.insert(prompt.end(), prompt_text.begin(), prompt_text.end());
+    e.append(tok.prefix_ids(), false);
+    e.append(encode_prefix(tok, *p.text_prompt + answer, limit), false);
+    if (tok.eos_id() >= 0 && (e.ids.empty() || e.ids.back() != tok.eos_id())) {
+      e.append({tok.eos_id()}, false);
+    }
+    for (size_t i = std::min(prompt.size(), e.ids.size()); i < e.ids.size(); ++i) {
+      e.labels[i] = e.ids[i];
+    }
+    return e;
+  }
+  Chat chat = p.chat;
+  chat.messages.push_back({"assistant", answer, ""});
+  e = data::encode_chat(chat, t, tok, /*train_on_prompt=*/false, limit);
+  // Earlier replies are part of the prompt: only the last trained run (the answer, with its
+  // end of turn) keeps its labels.
+  size_t start = e.labels.size();
+  while (start > 0 && e.labels[start - 1] == kIgnoreLabel) --start;
+  while (start > 0 && e.labels[start - 1] != kIgnoreLabel) --start;
+  std::fill(e.labels.begin(), e.labels.begin() + static_cast<std::ptrdiff_t>(start), kIgnoreLabel);
+  return e;
+}
+
+size_t prompt_tokens(const Example& e) {
+  size_t n = 0;
+  while (n < e.labels.size() && e.labels[n] == kIgnoreLabel) ++n;
+  return n;
+}
+
+// TRL's truncation of one sequence: the prompt to its last `max_prompt_length` tokens, then
+// the first (keep_start) or last (keep_end) max_length tokens.
+void truncate(Example& e, const DataOptions& o) {
+  const size_t max_length = static_cast<size_t>(o.max_length);
+  if (o.max_prompt_length > 0) {
+    const size_t prompt = prompt_tokens(e), keep = static_cast<size_t>(o.max_prompt_length);
+    if (prompt > keep) {
+      e.ids.erase(e.ids.begin(), e.ids.begin() + static_cast<std::ptrdiff_t>(prompt - keep));
+      e.labels.erase(e.labels.begin(),
+                     e.labels.begin() + static_cast<std::ptrdiff_t>(prompt - keep));
+    }
+  }
+  if (e.ids.size() <= max_length) return;
+  if (o.truncation_mode == "keep_end") {
+    const auto cut = static_cast<std::ptrdiff_t>(e.ids.size() - max_length);
+    e.ids.erase(e.ids.begin(), e.ids.begin() + cut);
+    e.labels.erase(e.labels.begin(), e.labels.begin() + cut);
+  } else {
+    e.ids.resize(max_length);
+    e.labels.resize(max_length);
+  }
+}
+
+data::Parsed encode_pair(std::string_view line, const std::string& where, const Tokenizer& tok,
+                         const ChatTemplate& t, const DataOptions& o, int64_t id_limit) {
+  const Pair p = parse_pair(line, where);
+  data::Parsed out;
+  if (p.chosen.empty() || p.rejected.empty()) {
+    out.dropped = kEmpty;
+    return out;
+  }
+  if (p.chosen == p.rejected) {
+    out.dropped = kIdentical;
+    return out;
+  }
+  if (tok.vocab_size() > id_limit) throw data::TextNeedsVocabulary{};
+  // keep_end needs each sequence whole; keep_start only what it keeps, plus the prompt's cut.
+  const size_t limit = o.truncation_mode == "keep_end"
+                           ? SIZE_MAX
+                           : static_cast<size_t>(o.max_length + o.max_prompt_length + 1);
+  for (const std::string* answer : {&p.chosen, &p.rejected}) {
+    Example e = encode_sequence(p, *answer, t, tok, limit);
+    if (o.truncation_mode != "keep_end") {
+      const size_t prompt = prompt_tokens(e);
+      const size_t kept_prompt =
+          o.max_prompt_length > 0 ? std::min(prompt, static_cast<size_t>(o.max_prompt_length))
+                                  : prompt;
+      if (kept_prompt >= static_cast<size_t>(o.max_length)) {
+        out.examples.clear();
+        out.dropped = kLongPrompt;
+        return out;
+      }
+    }
+    truncate(e, o);
+    out.examples.push_back(std::move(e));
+  }
+  if (out.examples[0].ids == out.examples[1].ids) {  // the same once truncated
+    out.examples.clear();
+    out.dropped = kIdentical;
+  }
+  return out;
+}
+
+}  // namespace
+
+Dataset tokenize_preference_jsonl(const std::string& path, const Tokenizer& tok,
+                                  const DataOptions& o, DatasetStats* stats) {
+  const ChatTemplate& t = data::chat_template(o.template_name);
+  if (o.max_length < 2) {
+    throw ConfigError(fmt::format("max_length: preference data needs at least 2 tokens (a prompt "
+                                  "token and an answer token), found {}",
+                                  o.max_length));
+  }
+  if (o.truncation_mode != "keep_start" && o.truncation_mode != "keep_end") {
+    throw ConfigError(fmt::format("truncation_mode: expected keep_start or keep_end, found \"{}\"",
+                                  o.truncation_mode));
+  }
+  if (o.max_prompt_length < 0) {
+    throw ConfigError(fmt::format("max_prompt_length: expected an integer >= 0, found {}",
+                                  o.max_prompt_length));
+  }
+  if (!o.glm_prompt_layout.empty()) {
+    throw ConfigError("mode (ChatGLM-Finetuning's data layout) does not apply to preference data");
+  }
+  if (o.train_on_prompt) {
+    throw ConfigError(
+        "train_on_prompt: preference losses compare the answers; the prompt is never scored");
+  }
+  Dataset dataset;
+  DatasetStats s;
+  const int64_t id_limit = o.token_id_limit > 0 ? o.token_id_limit : tok.vocab_size();
+  const auto parse = [&](std::string_view text, const std::string& where) {
+    return encode_pair(text, where, tok, t, o, id_limit);
+  };
+  const auto take = [&](data::Parsed& p) {
+    switch (p.dropped) {
+      case kIdentical: ++s.identical_pairs; return;
+      case kEmpty: ++s.empty_answers; return;
+      case kLongPrompt: ++s.long_prompts; return;
+      default: break;
+    }
+    for (const Example& e : p.examples) dataset.add(e.ids, e.labels);
+  };
+  data::read_records(path, tok, o, id_limit, parse, take, s);
+  s.examples = dataset.size();
+  s.tokens = dataset.total_tokens();
+  s.dropped_examples = 2 * (s.identical_pairs + s.empty_answers + s.long_prompts);
+  const int64_t dropped = s.identical_pairs + s.empty_answers + s.long_prompts;
+  const std::string counts = fmt::format(
+      "{} with identical chosen and rejected answers, {} with an empty answer, {} whose prompt "
+      "alone fills max_length {}",
+      s.identical_pairs, s.empty_answers, s.long_prompts, o.max_length);
+  if (dropped > 0) {
+    log::warn("{}: dropped {} of {} preference pair(s), which no loss can learn from: {}", path,
+              dropped, dropped + dataset.size() / 2, counts);
+  }
+  if (dataset.empty()) {
+    throw ConfigError(fmt::format("data file '{}' has no usable preference pair: {} record(s), {} "
+                                  "skipped as malformed; dropped: {}",
+                                  path, s.lines, s.skipped_lines, counts));
+  }
+  if (stats != nullptr) *stats = s;
+  return dataset;
+}
+
+}  // namespace zt

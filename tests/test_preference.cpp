@@ -1,0 +1,502 @@
+// Preference training: pairs tokenized from TRL's and LLaMA-Factory's layouts with the prompt
+// masked and bad pairs counted; per-token log-probabilities with per-token gradients; the
+// reference as the model with its adapters off; the losses, metrics and gradients of the
+// Python reference (tests/tools/make_preference_fixtures.py: TRL's and LLaMA-Factory's formulas
+// over transformers + PEFT); and DPO runs that train the same at world 1, 2 and 4.
+#include <fmt/format.h>
+#include <rapidjson/document.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/jobs.hpp"
+#include "support/messages.hpp"
+#include "support/ranks.hpp"
+#include "train/preference.hpp"
+#include "util/files.hpp"
+#include "zerotrain/data.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
+#include "zerotrain/safetensors.hpp"
+#include "zerotrain/tokenizer.hpp"
+#include "zerotrain/trainer.hpp"
+
+using namespace zt;
+using Catch::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fixture(const std::string& rel) {
+  return std::string(ZT_FIXTURES) + "/" + rel;
+}
+
+std::shared_ptr<CausalLM> fixture_model(const std::string& family) {
+  auto m = std::make_shared<CausalLM>(load_model_config(fixture("models/" + family)),
+                                      at::TensorOptions(), true);
+  load_weights(*m, *checkpoint_source(fixture("models/" + family)));
+  return m;
+}
+
+std::vector<int32_t> ids_of(const Dataset& d, int64_t i) {
+  return d.ids(i).to_vector();
+}
+
+// The answer part of example i: the ids whose labels count.
+std::vector<int32_t> scored(const Dataset& d, int64_t i) {
+  std::vector<int32_t> out;
+  for (int64_t t = 0; t < d.length(i); ++t) {
+    if (d.labels(i)[t] != kIgnoreLabel) out.push_back(d.labels(i)[t]);
+  }
+  return out;
+}
+
+int64_t prompt_length(const Dataset& d, int64_t i) {
+  int64_t n = 0;
+  while (n < d.length(i) && d.labels(i)[n] == kIgnoreLabel) ++n;
+  return n;
+}
+
+std::vector<int32_t> cat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("preference pairs from TRL's and LLaMA-Factory's layouts: prompt masked, answers scored",
+          "[preference][data]") {
+  auto tok = load_tokenizer(fixture("tokenizers/qwen2"), 1 << 30);
+  const std::string dir = test::temp_dir("pref-data");
+  DataOptions o;
+  o.preference = true;
+  o.template_name = "chatml";
+  o.max_length = 512;
+  const int32_t eos = tok->eos_id();
+
+  SECTION("TRL's standard form: prompt + answer encoded as one text, eos after") {
+    files::write_atomic(dir + "/std.jsonl",
+                        R"({"prompt": "The sky is", "chosen": " blue.", "rejected": " green."})"
+                        "\n");
+    Dataset d = tokenize_preference_jsonl(dir + "/std.jsonl", *tok, o);
+    REQUIRE(d.size() == 2);
+    std::vector<int32_t> prompt = cat(tok->prefix_ids(), tok->encode("The sky is"));
+    std::vector<int32_t> chosen = cat(cat(tok->prefix_ids(), tok->encode("The sky is blue.")), {eos});
+    std::vector<int32_t> rejected =
+        cat(cat(tok->prefix_ids(), tok->encode("The sky is green.")), {eos});
+    CHECK(ids_of(d, 0) == chosen);
+    CHECK(ids_of(d, 1) == rejected);
+    CHECK(prompt_length(d, 0) == static_cast<int64_t>(prompt.size()));
+    CHECK(scored(d, 0) == std::vector<int32_t>(chosen.begin() + static_cast<long>(prompt.size()),
+                                               chosen.end()));
+    // The implicit-prompt form (only chosen and rejected) splits at their common start, the
+    // space staying with the answers: the same pair.
+    files::write_atomic(dir + "/implicit.jsonl",
+                        R"({"chosen": "The sky is blue.", "rejected": "The sky is green."})"
+                        "\n");
+    Dataset implicit = tokenize_preference_jsonl(dir + "/implicit.jsonl", *tok, o);
+    CHECK(implicit.flat_ids() == d.flat_ids());
+    CHECK(implicit.flat_labels() == d.flat_labels());
+  }
+
+  SECTION("chat layouts: each sequence is the SFT conversation with only its last answer scored") {
+    // The same conversation as SFT data tokenizes it, through the template.
+    files::write_atomic(
+        dir + "/sft.jsonl",
+        R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, )"
+        R"({"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Sky colour?"}, )"
+        R"({"role": "assistant", "content": "Blue."}]})"
+        "\n"
+        R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, )"
+        R"({"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Sky colour?"}, )"
+        R"({"role": "assistant", "content": "Green."}]})"
+        "\n");
+    DataOptions sft = o;
+    sft.preference = false;
+    const Dataset want = tokenize_jsonl(dir + "/sft.jsonl", *tok, sft);
+    const std::vector<std::string> layouts = {
+        // TRL's conversational form
+        R"({"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, )"
+        R"({"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Sky colour?"}], )"
+        R"("chosen": [{"role": "assistant", "content": "Blue."}], "rejected": [{"role": "assistant", "content": "Green."}]})",
+        // TRL's implicit prompt in messages
+        R"({"chosen": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, )"
+        R"({"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Sky colour?"}, )"
+        R"({"role": "assistant", "content": "Blue."}], "rejected": [{"role": "system", "content": "Be brief."}, )"
+        R"({"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}, )"
+        R"({"role": "user", "content": "Sky colour?"}, {"role": "assistant", "content": "Green."}]})",
+        // LLaMA-Factory's sharegpt
+        R"({"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}, )"
+        R"({"from": "human", "value": "Sky colour?"}], "system": "Be brief.", )"
+        R"("chosen": {"from": "gpt", "value": "Blue."}, "rejected": {"from": "gpt", "value": "Green."}})",
+        // LLaMA-Factory's alpaca
+        R"({"system": "Be brief.", "history": [["Hi", "Hello."]], "instruction": "Sky colour?", )"
+        R"("input": "", "chosen": "Blue.", "rejected": "Green."})"};
+    for (const std::string& line : layouts) {
+      INFO(line);
+      files::write_atomic(dir + "/chat.jsonl", line + "\n");
+      Dataset d = tokenize_preference_jsonl(dir + "/chat.jsonl", *tok, o);
+      REQUIRE(d.size() == 2);
+      for (int64_t k = 0; k < 2; ++k) {
+        CHECK(ids_of(d, k) == ids_of(want, k));
+        // The last reply (and its end of turn) is scored, the earlier one is prompt.
+        const std::vector<int32_t> all = scored(want, k), answer = scored(d, k);
+        REQUIRE(!answer.empty());
+        CHECK(answer.size() < all.size());
+        CHECK(std::equal(answer.rbegin(), answer.rend(), all.rbegin()));
+        CHECK(answer.front() == tok->encode(k == 0 ? "Blue." : "Green.").front());
+      }
+    }
+  }
+
+  SECTION("pairs no loss learns from are dropped and counted, with one warning") {
+    files::write_atomic(
+        dir + "/bad.jsonl",
+        R"({"prompt": "Q", "chosen": " same", "rejected": " same"})"
+        "\n"
+        R"({"prompt": "Q", "chosen": "", "rejected": " no"})"
+        "\n"
+        R"({"prompt": "Q", "chosen": " yes", "rejected": ""})"
+        "\n" +
+            fmt::format(R"({{"prompt": "{}", "chosen": " a", "rejected": " b"}})", std::string(600, 'x')) +
+            "\n"
+            R"({"prompt": "Q", "chosen": " yes", "rejected": " no"})"
+            "\n");
+    test::LogCapture log;
+    DatasetStats stats;
+    Dataset d = tokenize_preference_jsonl(dir + "/bad.jsonl", *tok, o, &stats);
+    CHECK(d.size() == 2);
+    CHECK(stats.identical_pairs == 1);
+    CHECK(stats.empty_answers == 2);
+    CHECK(stats.long_prompts == 1);
+    CHECK(log.contains("dropped 4 of 5 preference pair(s)"));
+    // Answers that only differ past what truncation keeps are the same pair once cut.
+    DataOptions short_o = o;
+    short_o.max_length = static_cast<int64_t>(tok->prefix_ids().size() + tok->encode("Q").size()) + 1;
+    files::write_atomic(dir + "/cut.jsonl",
+                        R"({"prompt": "Q", "chosen": " yes indeed", "rejected": " yes no"})"
+                        "\n"
+                        R"({"prompt": "Q", "chosen": " yes", "rejected": " no"})"
+                        "\n");
+    DatasetStats cut_stats;
+    Dataset cut = tokenize_preference_jsonl(dir + "/cut.jsonl", *tok, short_o, &cut_stats);
+    CHECK(cut_stats.identical_pairs == 1);
+    CHECK(cut.size() == 2);
+    // Nothing usable: an error that says why.
+    files::write_atomic(dir + "/none.jsonl",
+                        R"({"prompt": "Q", "chosen": " same", "rejected": " same"})"
+                        "\n");
+    CHECK_THROWS_WITH(tokenize_preference_jsonl(dir + "/none.jsonl", *tok, o),
+                      Contains("none.jsonl") && Contains("1 with identical"));
+  }
+
+  SECTION("TRL's truncation: keep_start, keep_end and max_prompt_length") {
+    files::write_atomic(dir + "/long.jsonl",
+                        R"({"prompt": "one two three four five six", "chosen": " seven eight nine ten", )"
+                        R"("rejected": " eleven twelve"})"
+                        "\n");
+    DataOptions whole = o;
+    const Dataset full = tokenize_preference_jsonl(dir + "/long.jsonl", *tok, whole);
+    const std::vector<int32_t> chosen = ids_of(full, 0);
+    const int64_t prompt = prompt_length(full, 0);
+    REQUIRE(prompt > 3);
+    DataOptions start = o;
+    start.max_length = prompt + 2;
+    Dataset s = tokenize_preference_jsonl(dir + "/long.jsonl", *tok, start);
+    CHECK(ids_of(s, 0) == std::vector<int32_t>(chosen.begin(), chosen.begin() + prompt + 2));
+    DataOptions end = o;
+    end.truncation_mode = "keep_end";
+    end.max_length = 4;
+    Dataset e = tokenize_preference_jsonl(dir + "/long.jsonl", *tok, end);
+    CHECK(ids_of(e, 0) == std::vector<int32_t>(chosen.end() - 4, chosen.end()));
+    DataOptions kept_prompt = o;
+    kept_prompt.max_prompt_length = 2;
+    Dataset p = tokenize_preference_jsonl(dir + "/long.jsonl", *tok, kept_prompt);
+    CHECK(prompt_length(p, 0) == 2);
+    CHECK(ids_of(p, 0) == std::vector<int32_t>(chosen.begin() + prompt - 2, chosen.end()));
+  }
+
+  SECTION("malformed records name the file, line and key") {
+    const std::vector<std::pair<std::string, std::string>> bad = {
+        {R"({"prompt": "Q", "chosen": " a"})", "rejected"},
+        {R"({"prompt": "Q", "chosen": 3, "rejected": " b"})", "chosen"},
+        {R"({"prompt": [{"role": "user", "content": "Q"}], "chosen": [{"role": "user", "content": "a"}], "rejected": " b"})",
+         "role"},
+        {R"({"prompt": [{"role": "user", "content": "Q"}], "chosen": [], "rejected": " b"})",
+         "chosen"},
+        {R"({"conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}], "chosen": {"from": "gpt", "value": "a"}, "rejected": {"from": "gpt", "value": "b"}})",
+         "conversations"},
+        {R"({"instruction": 5, "chosen": "a", "rejected": "b"})", "instruction"},
+        {R"([1, 2])", "object"},
+    };
+    for (const auto& [line, key] : bad) {
+      INFO(line);
+      files::write_atomic(dir + "/bad.jsonl", R"({"prompt": "Q", "chosen": " y", "rejected": " n"})"
+                                              "\n" +
+                                                  line + "\n");
+      CHECK_THROWS_WITH(tokenize_preference_jsonl(dir + "/bad.jsonl", *tok, o),
+                        Contains("bad.jsonl:2") && Contains(key));
+    }
+  }
+}
+
+TEST_CASE("label_log_probs: the rows' log-probabilities of full logits, with each entry's gradient",
+          "[preference][model]") {
+  for (const char* family : {"llama", "qwen2"}) {
+    INFO(family);
+    auto model = fixture_model(family);
+    SafetensorsFile data(fixture(std::string("models/") + family + "/expected.safetensors"));
+    const at::Tensor ids = data.load("input_ids"), labels = data.load("labels");
+    const at::Tensor mask = data.load("attention_mask");
+    // Chunks smaller than a row, so chunk boundaries fall inside rows.
+    at::Tensor got = model->label_log_probs(ids, labels, mask, 5);
+    const at::Tensor logits = model->logits(ids, mask);
+    const int64_t t = ids.size(1);
+    const at::Tensor y = labels.narrow(1, 1, t - 1);
+    const at::Tensor want_tail =
+        at::log_softmax(logits.narrow(1, 0, t - 1), -1).gather(2, y.clamp_min(0).unsqueeze(2)).squeeze(2) *
+        y.ne(-100);
+    const at::Tensor want = at::cat({at::zeros({ids.size(0), 1}), want_tail}, 1);
+    CHECK(at::allclose(got, want, 1e-5, 1e-5));
+    // The rows' sums are the loss's, negated.
+    CHECK(got.sum().item<double>() ==
+          Approx(-model->loss(ids, labels, mask).sum.item<double>()).epsilon(1e-5));
+    // Each entry's own weight reaches the parameters (a preference loss weighs rows apart).
+    const at::Tensor w = at::randn(got.sizes());
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    (got * w).sum().backward();
+    std::map<std::string, at::Tensor> chunked;
+    for (const auto& p : model->named_parameters()) chunked[p.key()] = p.value().grad().clone();
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    const at::Tensor full = model->logits(ids, mask);
+    const at::Tensor lp = at::log_softmax(full.narrow(1, 0, t - 1), -1)
+                              .gather(2, y.clamp_min(0).unsqueeze(2))
+                              .squeeze(2) *
+                          y.ne(-100);
+    (lp * w.narrow(1, 1, t - 1)).sum().backward();
+    for (const auto& p : model->named_parameters()) {
+      INFO(p.key());
+      const at::Tensor g = p.value().grad();
+      CHECK(at::allclose(chunked[p.key()], g, 1e-4, 1e-6 * (1 + g.abs().max().item<double>())));
+    }
+  }
+}
+
+TEST_CASE("adapters switched off give the base model, and back on the adapted one",
+          "[preference][peft]") {
+  auto base = fixture_model("llama");
+  auto model = fixture_model("llama");
+  SafetensorsFile data(fixture("models/llama/expected.safetensors"));
+  const at::Tensor ids = data.load("input_ids"), mask = data.load("attention_mask");
+  const at::Tensor base_logits = base->logits(ids, mask);
+  for (const char* method : {"lora", "ptuning", "prefix"}) {
+    INFO(method);
+    auto m = fixture_model("llama");
+    PeftConfig c;
+    if (std::string(method) == "lora") {
+      c.type = FinetuningType::kLora;
+      c.lora.r = 4;
+      c.lora.alpha = 8;
+    } else {
+      c.type = std::string(method) == "ptuning" ? FinetuningType::kPTuning : FinetuningType::kPrefix;
+      c.prompt.num_virtual_tokens = 3;
+    }
+    apply_peft(*m, c, 7);
+    {
+      at::NoGradGuard no_grad;
+      for (auto& p : m->named_parameters()) {
+        if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.05);
+      }
+    }
+    m->eval();
+    const at::Tensor adapted = m->label_log_probs(ids, data.load("labels"), mask);
+    m->set_adapters_enabled(false);
+    CHECK_FALSE(m->adapters_enabled());
+    CHECK(at::allclose(m->logits(ids, mask), base_logits, 1e-5, 1e-5));
+    const at::Tensor off = m->label_log_probs(ids, data.load("labels"), mask);
+    CHECK(at::allclose(off, base->label_log_probs(ids, data.load("labels"), mask), 1e-5, 1e-5));
+    m->set_adapters_enabled(true);
+    CHECK(at::allclose(m->label_log_probs(ids, data.load("labels"), mask), adapted));
+    CHECK((adapted - off).abs().max().item<double>() > 1e-4);  // the adapter mattered
+  }
+}
+
+TEST_CASE("preference losses, metrics and gradients are TRL's and LLaMA-Factory's (PEFT fixture)",
+          "[preference][peft]") {
+  for (const char* family : {"llama", "qwen2", "glm"}) {
+    INFO(family);
+    const std::string dir = fixture(std::string("preference/") + family);
+    REQUIRE(fs::exists(dir + "/expected.safetensors"));
+    SafetensorsFile expected(dir + "/expected.safetensors");
+    auto model = fixture_model(family);
+    load_adapter(*model, dir + "/adapter", /*trainable=*/true);
+    model->eval();
+    const at::Tensor ids = expected.load("input_ids"), labels = expected.load("labels");
+    const at::Tensor mask = expected.load("attention_mask");
+    const int64_t pairs = ids.size(0) / 2;
+    at::Tensor ref;
+    {
+      at::NoGradGuard no_grad;
+      model->set_adapters_enabled(false);
+      ref = model->label_log_probs(ids, labels, mask).sum(1);
+      model->set_adapters_enabled(true);
+    }
+    CHECK(at::allclose(ref, expected.load("ref_logps"), 1e-5, 1e-4));
+    const at::Tensor counts = expected.load("completion_tokens").to(at::kFloat);
+    CHECK(at::equal(labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum(1).to(at::kFloat), counts));
+    rapidjson::Document cases;
+    cases.Parse(files::read_text(dir + "/cases.json").c_str());
+    REQUIRE(cases.IsObject());
+    int checked = 0;
+    for (const auto& c : cases["cases"].GetArray()) {
+      const std::string name = c["name"].GetString();
+      INFO(name);
+      train::PreferenceOptions o;
+      o.loss = c["pref_loss"].GetString();
+      o.beta = c["beta"].GetDouble();
+      o.label_smoothing = c["label_smoothing"].GetDouble();
+      o.simpo_gamma = c["simpo_gamma"].GetDouble();
+      o.ftx = c["pref_ftx"].GetDouble();
+      for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+      const at::Tensor logps = model->label_log_probs(ids, labels, mask).sum(1);
+      CHECK(at::allclose(logps.detach(), expected.load("policy_logps"), 1e-5, 1e-4));
+      train::PairLogProbs lp;
+      lp.chosen = logps.narrow(0, 0, pairs);
+      lp.rejected = logps.narrow(0, pairs, pairs);
+      lp.ref_chosen = ref.narrow(0, 0, pairs);
+      lp.ref_rejected = ref.narrow(0, pairs, pairs);
+      lp.chosen_tokens = counts.narrow(0, 0, pairs);
+      lp.rejected_tokens = counts.narrow(0, pairs, pairs);
+      const train::PairLosses out = train::preference_losses(o, lp);
+      const at::Tensor loss = out.loss.mean();
+      CHECK(loss.item<double>() ==
+            Approx(expected.load("loss." + name).item<double>()).epsilon(1e-5).margin(1e-7));
+      const at::Tensor metrics = out.metrics.mean(0).to(at::kFloat);
+      CHECK(at::allclose(metrics, expected.load("metrics." + name), 1e-5, 1e-5));
+      loss.backward();
+      int grads = 0;
+      for (const auto& p : model->named_parameters()) {
+        if (!p.value().requires_grad()) continue;
+        INFO(p.key());
+        const at::Tensor want = expected.load("grad." + name + "." + p.key());
+        REQUIRE(p.value().grad().defined());
+        const double scale = std::max(want.abs().max().item<double>(), 1e-8);
+        CHECK((p.value().grad() - want).abs().max().item<double>() / scale < 1e-4);
+        ++grads;
+      }
+      CHECK(grads > 0);
+      ++checked;
+    }
+    CHECK(checked >= 8);
+  }
+}
+
+// ---- runs ------------------------------------------------------------------------------------
+
+namespace {
+
+// `count` pairs of the even/odd task: the right answer chosen, the wrong one rejected.
+std::string write_pairs(const std::string& dir, const std::string& name, int count, int salt) {
+  std::string text;
+  for (int i = 0; i < count; ++i) {
+    const int n = (i * 7919 + salt * 104729) % 10007;
+    text += fmt::format(
+        R"({{"instruction": "Is {} even or odd?", "chosen": "{}", "rejected": "{}"}})"
+        "\n",
+        n, n % 2 ? "odd" : "even", n % 2 ? "even" : "odd");
+  }
+  files::write_atomic(dir + "/" + name, text);
+  return dir + "/" + name;
+}
+
+std::vector<std::string> dpo_flags(const std::string& dir, const std::vector<std::string>& extra) {
+  return test::tiny_run_flags(dir,
+                              {"--stage", "dpo", "--finetuning_type", "lora", "--lora_r", "4",
+                               "--per_device_train_batch_size", "2", "--learning_rate", "2e-2",
+                               "--max_steps", "6", "--logging_steps", "1", "--save_steps", "100",
+                               "--seed", "5", "--pref_beta", "0.5"},
+                              extra);
+}
+
+}  // namespace
+
+TEST_CASE("rank: dpo run", "[.rank]") {
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  TrainingArguments args;
+  apply_training_flags(args, test::split_flags(std::getenv("ZT_FLAGS")));
+  Trainer trainer(args, comm);
+  const TrainResult r = trainer.train();
+  CHECK(r.global_step == args.max_steps);
+}
+
+TEST_CASE("DPO trains the same at world 1, 2 and 4 under ZeRO stages 0 and 3, and learns",
+          "[preference][trainer]") {
+  const std::string dir = test::temp_dir("dpo-runs");
+  write_pairs(dir, "train.jsonl", 24, 1);
+  write_pairs(dir, "eval.jsonl", 8, 2);
+  for (const char* loss : {"sigmoid", "simpo"}) {
+    INFO(loss);
+    std::map<std::string, std::map<int64_t, double>> reference;
+    for (int stage : {0, 3}) {
+      for (int world : {1, 2, 4}) {
+        INFO("stage " << stage << ", world " << world);
+        const std::string out = fmt::format("{}/out-{}-{}-{}", dir, loss, stage, world);
+        const int micro = 4 / world;
+        std::vector<std::string> flags =
+            dpo_flags(dir, {"--output_dir", out, "--pref_loss", loss, "--eval_file",
+                            dir + "/eval.jsonl", "--eval_strategy", "steps", "--eval_steps", "3",
+                            "--eval_on_start", "true",
+                            "--per_device_train_batch_size", std::to_string(micro),
+                            "--deepspeed", test::stage_json(stage)});
+        test::run_ranks(world, "rank: dpo run", std::chrono::seconds(240),
+                        {{"ZT_FLAGS", test::join_flags(flags)}});
+        for (const char* key : {"loss", "rewards/margins", "rewards/accuracies", "logps/chosen",
+                                "eval_loss", "eval_rewards/margins"}) {
+          const std::map<int64_t, double> got = test::logged(out, key);
+          REQUIRE(got.size() >= 2);
+          if (reference.count(key) == 0) {
+            reference[key] = got;
+            continue;
+          }
+          for (const auto& [step, value] : reference[key]) {
+            INFO(key << " at step " << step);
+            CHECK(got.at(step) == Approx(value).epsilon(2e-4).margin(1e-5));
+          }
+        }
+      }
+    }
+    // Learning: the policy prefers the chosen answers more than at the start (where, for DPO,
+    // the policy is the reference: margin 0).
+    const auto margins = reference["eval_rewards/margins"];
+    CHECK(margins.rbegin()->second > margins.begin()->second + 0.05);
+  }
+}
+
+TEST_CASE("stage dpo: settings it cannot honour are refused, naming the option",
+          "[preference][errors]") {
+  const std::string dir = test::temp_dir("dpo-errors");
+  write_pairs(dir, "train.jsonl", 8, 1);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  auto attempt = [&](const std::vector<std::string>& extra) {
+    TrainingArguments args;
+    apply_training_flags(args, dpo_flags(dir, extra));
+    Trainer trainer(args, comm);
+  };
+  CHECK_THROWS_WITH(attempt({"--finetuning_type", "full"}),
+                    Contains("precompute_ref_log_probs") && Contains("not full"));
+  CHECK_THROWS_WITH(attempt({"--packing", "true"}), Contains("packing"));
+  CHECK_THROWS_WITH(attempt({"--pref_loss", "hinge", "--dpo_label_smoothing", "0.1"}),
+                    Contains("dpo_label_smoothing"));
+  TrainingArguments args;
+  CHECK_THROWS_WITH(apply_training_flags(args, {"--pref_loss", "kto_pair"}), Contains("pref_loss"));
+  CHECK_THROWS_WITH(apply_training_flags(args, {"--stage", "rm"}), Contains("stage"));
+  CHECK_THROWS_WITH(apply_training_flags(args, {"--label_smoothing", "0.5"}),
+                    Contains("label_smoothing"));
+  // A reference-free loss trains full fine-tuning.
+  CHECK_NOTHROW(attempt({"--finetuning_type", "full", "--pref_loss", "orpo", "--output_dir",
+                         dir + "/full-orpo"}));
+}
