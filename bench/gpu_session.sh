@@ -4,6 +4,7 @@
 #   bench/gpu_session.sh build            configure + build into build-gpu/ (kept while warm)
 #   bench/gpu_session.sh test             the whole ctest suite, GPU tests included (but the tier below)
 #   bench/gpu_session.sh qlora            QLoRA / DoRA 7B rows beside the bf16 LoRA row
+#   bench/gpu_session.sh dpo              DPO (reference online, and given) beside the SFT LoRA row
 #   bench/gpu_session.sh qlora_big        QLoRA 13B, an 8B on a 24 GiB-capped allocator, a 70B step
 #   bench/gpu_session.sh ranks            the multi-rank tier: NCCL at world 2 and 4 on emulated nodes
 #   bench/gpu_session.sh zero3mem         LLaMA-2-13B LoRA ZeRO-3 at 2 ranks: peak memory per rank
@@ -106,6 +107,12 @@ for phase in "$@"; do
     qlora)  # QLoRA / DoRA beside zerotrain's bf16 LoRA row, Qwen2.5-7B shape, r16 all-linear:
       # 1024 × 8, 1024 × 4 with checkpointing, DoRA's and 4-bit DoRA's cost (docs/performance.md)
       for row in "lora 1024 8 0" "qlora 1024 8 0" "qlora 1024 4 1" "dora 1024 8 0" "qdora 1024 4 1"; do
+        ours qwen2.5-7b $row 8
+      done
+      ;;
+    dpo)  # [5/5]: DPO beside zerotrain's SFT LoRA row at the same rows (Qwen2.5-7B shape, r16
+      # all-linear; MICRO_BATCH rows = MICRO_BATCH / 2 pairs): the reference online and given
+      for row in "lora 1024 8 0" "dpo 1024 8 0" "dpo_pre 1024 8 0" "lora 1024 8 1" "dpo 1024 8 1"; do
         ours qwen2.5-7b $row 8
       done
       ;;

@@ -25,6 +25,12 @@
 // SEQ tokens (zt::pack), MICRO_BATCH rows a step, documents kept apart by variable-length
 // attention on the GPU. tokens_per_s counts real tokens; padding is the fraction of the batch's
 // positions that are padding.
+// Preference training (docs/preference.md), LoRA as above: dpo is a DPO step (sigmoid) over
+// MICRO_BATCH / 2 pairs — MICRO_BATCH rows of SEQ tokens, the chosen then the rejected ones, the
+// first quarter of each row prompt — with the reference pass online (the same forward with the
+// adapters off, without gradients); dpo_pre the same with the reference's log-probs given (as
+// precompute_ref_log_probs). tokens_per_s counts every row's tokens, so it sits beside lora at
+// the same SEQ and MICRO_BATCH.
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 
@@ -39,6 +45,7 @@
 #include "model/quantized_weights.hpp"
 #include "peft/init_sources.hpp"
 #include "shapes.hpp"
+#include "train/preference.hpp"
 #include "util/device_stats.hpp"
 #include "zerotrain/comm.hpp"
 #include "zerotrain/config.hpp"
@@ -104,11 +111,13 @@ int main(int argc, char** argv) {
         std::make_shared<CausalLM>(c, at::TensorOptions().dtype(at::kBFloat16).device(device),
                                    /*allocate=*/false);
     const bool real_lengths = mode == "lora_varlen" || mode == "lora_packed";
-    const bool adapter = mode == "lora" || mode == "qlora" || mode == "dora" || mode == "qdora";
+    const bool preference = mode == "dpo" || mode == "dpo_pre";
+    const bool adapter =
+        mode == "lora" || mode == "qlora" || mode == "dora" || mode == "qdora" || preference;
     if (mode != "full" && mode != "full_amp" && mode != "freeze" && !adapter && !real_lengths) {
       throw ConfigError(
-          "MODE must be full, full_amp, lora, qlora, dora, qdora, freeze, lora_varlen or "
-          "lora_packed, not '" +
+          "MODE must be full, full_amp, lora, qlora, dora, qdora, freeze, lora_varlen, "
+          "lora_packed, dpo or dpo_pre, not '" +
           mode + "'");
     }
     if (const char* cap = std::getenv("ZT_BENCH_CAP_GIB"); cap != nullptr && device.is_cuda()) {
@@ -173,6 +182,13 @@ int main(int argc, char** argv) {
 
     at::manual_seed(0);
     at::Tensor ids = at::randint(0, c.vocab_size, {mbs, seq}, at::kLong);
+    if (preference && mbs % 2 != 0) throw ConfigError("dpo needs an even MICRO_BATCH (pairs)");
+    at::Tensor pref_labels = ids.clone();
+    pref_labels.narrow(1, 0, seq / 4).fill_(kIgnoreLabel);
+    const int64_t pairs = mbs / 2;
+    const at::Tensor given_reference =
+        at::full({mbs}, -1.0 * seq, at::TensorOptions().device(device));
+    train::PreferenceOptions dpo;
     const bool phases =
         std::getenv("ZT_BENCH_PHASES") && std::string(std::getenv("ZT_BENCH_PHASES")) == "1";
     using Clock = std::chrono::steady_clock;
@@ -202,6 +218,24 @@ int main(int argc, char** argv) {
           real_tokens += b.attention_mask.sum().item<int64_t>();
           positions += b.attention_mask.numel();
         }
+      } else if (preference) {
+        const at::Tensor on_device = ids.to(device);
+        at::Tensor reference = given_reference;
+        if (mode == "dpo") {
+          at::NoGradGuard no_grad;
+          model->eval();
+          model->set_adapters_enabled(false);
+          reference = model->label_log_probs(on_device, pref_labels).sum(1);
+          model->set_adapters_enabled(true);
+          model->train();
+        }
+        const at::Tensor logps = model->label_log_probs(on_device, pref_labels).sum(1);
+        const at::Tensor tokens = at::full({pairs}, 0.75 * seq, logps.options());
+        const train::PairLosses out =
+            train::preference_losses(dpo, {logps.narrow(0, 0, pairs), logps.narrow(0, pairs, pairs),
+                                           reference.narrow(0, 0, pairs),
+                                           reference.narrow(0, pairs, pairs), tokens, tokens});
+        loss = {out.loss.sum(), pairs};
       } else {
         loss = model->loss(ids, ids);  // labels = inputs, as the peer does
       }

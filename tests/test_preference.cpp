@@ -85,14 +85,15 @@ TEST_CASE("preference pairs from TRL's and LLaMA-Factory's layouts: prompt maske
     Dataset d = tokenize_preference_jsonl(dir + "/std.jsonl", *tok, o);
     REQUIRE(d.size() == 2);
     std::vector<int32_t> prompt = cat(tok->prefix_ids(), tok->encode("The sky is"));
-    std::vector<int32_t> chosen = cat(cat(tok->prefix_ids(), tok->encode("The sky is blue.")), {eos});
+    std::vector<int32_t> chosen =
+        cat(cat(tok->prefix_ids(), tok->encode("The sky is blue.")), {eos});
     std::vector<int32_t> rejected =
         cat(cat(tok->prefix_ids(), tok->encode("The sky is green.")), {eos});
     CHECK(ids_of(d, 0) == chosen);
     CHECK(ids_of(d, 1) == rejected);
     CHECK(prompt_length(d, 0) == static_cast<int64_t>(prompt.size()));
-    CHECK(scored(d, 0) == std::vector<int32_t>(chosen.begin() + static_cast<long>(prompt.size()),
-                                               chosen.end()));
+    CHECK(scored(d, 0) ==
+          std::vector<int32_t>(chosen.begin() + static_cast<long>(prompt.size()), chosen.end()));
     // The implicit-prompt form (only chosen and rejected) splits at their common start, the
     // space staying with the answers: the same pair.
     files::write_atomic(dir + "/implicit.jsonl",
@@ -154,18 +155,18 @@ TEST_CASE("preference pairs from TRL's and LLaMA-Factory's layouts: prompt maske
   }
 
   SECTION("pairs no loss learns from are dropped and counted, with one warning") {
-    files::write_atomic(
-        dir + "/bad.jsonl",
-        R"({"prompt": "Q", "chosen": " same", "rejected": " same"})"
-        "\n"
-        R"({"prompt": "Q", "chosen": "", "rejected": " no"})"
-        "\n"
-        R"({"prompt": "Q", "chosen": " yes", "rejected": ""})"
-        "\n" +
-            fmt::format(R"({{"prompt": "{}", "chosen": " a", "rejected": " b"}})", std::string(600, 'x')) +
-            "\n"
-            R"({"prompt": "Q", "chosen": " yes", "rejected": " no"})"
-            "\n");
+    files::write_atomic(dir + "/bad.jsonl",
+                        R"({"prompt": "Q", "chosen": " same", "rejected": " same"})"
+                        "\n"
+                        R"({"prompt": "Q", "chosen": "", "rejected": " no"})"
+                        "\n"
+                        R"({"prompt": "Q", "chosen": " yes", "rejected": ""})"
+                        "\n" +
+                            fmt::format(R"({{"prompt": "{}", "chosen": " a", "rejected": " b"}})",
+                                        std::string(600, 'x')) +
+                            "\n"
+                            R"({"prompt": "Q", "chosen": " yes", "rejected": " no"})"
+                            "\n");
     test::LogCapture log;
     DatasetStats stats;
     Dataset d = tokenize_preference_jsonl(dir + "/bad.jsonl", *tok, o, &stats);
@@ -176,7 +177,8 @@ TEST_CASE("preference pairs from TRL's and LLaMA-Factory's layouts: prompt maske
     CHECK(log.contains("dropped 4 of 5 preference pair(s)"));
     // Answers that only differ past what truncation keeps are the same pair once cut.
     DataOptions short_o = o;
-    short_o.max_length = static_cast<int64_t>(tok->prefix_ids().size() + tok->encode("Q").size()) + 1;
+    short_o.max_length =
+        static_cast<int64_t>(tok->prefix_ids().size() + tok->encode("Q").size()) + 1;
     files::write_atomic(dir + "/cut.jsonl",
                         R"({"prompt": "Q", "chosen": " yes indeed", "rejected": " yes no"})"
                         "\n"
@@ -195,10 +197,11 @@ TEST_CASE("preference pairs from TRL's and LLaMA-Factory's layouts: prompt maske
   }
 
   SECTION("TRL's truncation: keep_start, keep_end and max_prompt_length") {
-    files::write_atomic(dir + "/long.jsonl",
-                        R"({"prompt": "one two three four five six", "chosen": " seven eight nine ten", )"
-                        R"("rejected": " eleven twelve"})"
-                        "\n");
+    files::write_atomic(
+        dir + "/long.jsonl",
+        R"({"prompt": "one two three four five six", "chosen": " seven eight nine ten", )"
+        R"("rejected": " eleven twelve"})"
+        "\n");
     DataOptions whole = o;
     const Dataset full = tokenize_preference_jsonl(dir + "/long.jsonl", *tok, whole);
     const std::vector<int32_t> chosen = ids_of(full, 0);
@@ -246,10 +249,20 @@ TEST_CASE("preference pairs from TRL's and LLaMA-Factory's layouts: prompt maske
 
 TEST_CASE("label_log_probs: the rows' log-probabilities of full logits, with each entry's gradient",
           "[preference][model]") {
-  for (const char* family : {"llama", "qwen2"}) {
-    INFO(family);
+  // A trained output layer (its gradients recomputed in backward) and a frozen one (the hidden
+  // states' gradients formed in forward, scaled row by row in backward).
+  for (const auto& [family, frozen_head] : std::vector<std::pair<std::string, bool>>{
+           {"llama", false}, {"qwen2", false}, {"llama", true}, {"qwen2", true}}) {
+    INFO(family << (frozen_head ? ", frozen output layer" : ""));
     auto model = fixture_model(family);
-    SafetensorsFile data(fixture(std::string("models/") + family + "/expected.safetensors"));
+    if (frozen_head) {
+      for (auto& p : model->named_parameters()) {
+        if (p.key() == "lm_head.weight" ||
+            (family == "qwen2" && p.key() == "model.embed_tokens.weight"))
+          p.value().set_requires_grad(false);
+      }
+    }
+    SafetensorsFile data(fixture("models/" + family + "/expected.safetensors"));
     const at::Tensor ids = data.load("input_ids"), labels = data.load("labels");
     const at::Tensor mask = data.load("attention_mask");
     // Chunks smaller than a row, so chunk boundaries fall inside rows.
@@ -257,9 +270,10 @@ TEST_CASE("label_log_probs: the rows' log-probabilities of full logits, with eac
     const at::Tensor logits = model->logits(ids, mask);
     const int64_t t = ids.size(1);
     const at::Tensor y = labels.narrow(1, 1, t - 1);
-    const at::Tensor want_tail =
-        at::log_softmax(logits.narrow(1, 0, t - 1), -1).gather(2, y.clamp_min(0).unsqueeze(2)).squeeze(2) *
-        y.ne(-100);
+    const at::Tensor want_tail = at::log_softmax(logits.narrow(1, 0, t - 1), -1)
+                                     .gather(2, y.clamp_min(0).unsqueeze(2))
+                                     .squeeze(2) *
+                                 y.ne(-100);
     const at::Tensor want = at::cat({at::zeros({ids.size(0), 1}), want_tail}, 1);
     CHECK(at::allclose(got, want, 1e-5, 1e-5));
     // The rows' sums are the loss's, negated.
@@ -270,7 +284,9 @@ TEST_CASE("label_log_probs: the rows' log-probabilities of full logits, with eac
     for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
     (got * w).sum().backward();
     std::map<std::string, at::Tensor> chunked;
-    for (const auto& p : model->named_parameters()) chunked[p.key()] = p.value().grad().clone();
+    for (const auto& p : model->named_parameters()) {
+      if (p.value().requires_grad()) chunked[p.key()] = p.value().grad().clone();
+    }
     for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
     const at::Tensor full = model->logits(ids, mask);
     const at::Tensor lp = at::log_softmax(full.narrow(1, 0, t - 1), -1)
@@ -279,6 +295,7 @@ TEST_CASE("label_log_probs: the rows' log-probabilities of full logits, with eac
                           y.ne(-100);
     (lp * w.narrow(1, 1, t - 1)).sum().backward();
     for (const auto& p : model->named_parameters()) {
+      if (!p.value().requires_grad()) continue;
       INFO(p.key());
       const at::Tensor g = p.value().grad();
       CHECK(at::allclose(chunked[p.key()], g, 1e-4, 1e-6 * (1 + g.abs().max().item<double>())));
@@ -302,7 +319,8 @@ TEST_CASE("adapters switched off give the base model, and back on the adapted on
       c.lora.r = 4;
       c.lora.alpha = 8;
     } else {
-      c.type = std::string(method) == "ptuning" ? FinetuningType::kPTuning : FinetuningType::kPrefix;
+      c.type =
+          std::string(method) == "ptuning" ? FinetuningType::kPTuning : FinetuningType::kPrefix;
       c.prompt.num_virtual_tokens = 3;
     }
     apply_peft(*m, c, 7);
@@ -347,7 +365,8 @@ TEST_CASE("preference losses, metrics and gradients are TRL's and LLaMA-Factory'
     }
     CHECK(at::allclose(ref, expected.load("ref_logps"), 1e-5, 1e-4));
     const at::Tensor counts = expected.load("completion_tokens").to(at::kFloat);
-    CHECK(at::equal(labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum(1).to(at::kFloat), counts));
+    CHECK(
+        at::equal(labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum(1).to(at::kFloat), counts));
     rapidjson::Document cases;
     cases.Parse(files::read_text(dir + "/cases.json").c_str());
     REQUIRE(cases.IsObject());
@@ -404,10 +423,10 @@ std::string write_pairs(const std::string& dir, const std::string& name, int cou
   std::string text;
   for (int i = 0; i < count; ++i) {
     const int n = (i * 7919 + salt * 104729) % 10007;
-    text += fmt::format(
-        R"({{"instruction": "Is {} even or odd?", "chosen": "{}", "rejected": "{}"}})"
-        "\n",
-        n, n % 2 ? "odd" : "even", n % 2 ? "even" : "odd");
+    text +=
+        fmt::format(R"({{"instruction": "Is {} even or odd?", "chosen": "{}", "rejected": "{}"}})"
+                    "\n",
+                    n, n % 2 ? "odd" : "even", n % 2 ? "even" : "odd");
   }
   files::write_atomic(dir + "/" + name, text);
   return dir + "/" + name;
@@ -415,10 +434,26 @@ std::string write_pairs(const std::string& dir, const std::string& name, int cou
 
 std::vector<std::string> dpo_flags(const std::string& dir, const std::vector<std::string>& extra) {
   return test::tiny_run_flags(dir,
-                              {"--stage", "dpo", "--finetuning_type", "lora", "--lora_r", "4",
-                               "--per_device_train_batch_size", "2", "--learning_rate", "2e-2",
-                               "--max_steps", "6", "--logging_steps", "1", "--save_steps", "100",
-                               "--seed", "5", "--pref_beta", "0.5"},
+                              {"--stage",
+                               "dpo",
+                               "--finetuning_type",
+                               "lora",
+                               "--lora_r",
+                               "4",
+                               "--per_device_train_batch_size",
+                               "2",
+                               "--learning_rate",
+                               "2e-2",
+                               "--max_steps",
+                               "6",
+                               "--logging_steps",
+                               "1",
+                               "--save_steps",
+                               "100",
+                               "--seed",
+                               "5",
+                               "--pref_beta",
+                               "0.5"},
                               extra);
 }
 
@@ -449,9 +484,8 @@ TEST_CASE("DPO trains the same at world 1, 2 and 4 under ZeRO stages 0 and 3, an
         std::vector<std::string> flags =
             dpo_flags(dir, {"--output_dir", out, "--pref_loss", loss, "--eval_file",
                             dir + "/eval.jsonl", "--eval_strategy", "steps", "--eval_steps", "3",
-                            "--eval_on_start", "true",
-                            "--per_device_train_batch_size", std::to_string(micro),
-                            "--deepspeed", test::stage_json(stage)});
+                            "--eval_on_start", "true", "--per_device_train_batch_size",
+                            std::to_string(micro), "--deepspeed", test::stage_json(stage)});
         test::run_ranks(world, "rank: dpo run", std::chrono::seconds(240),
                         {{"ZT_FLAGS", test::join_flags(flags)}});
         for (const char* key : {"loss", "rewards/margins", "rewards/accuracies", "logps/chosen",
@@ -476,6 +510,71 @@ TEST_CASE("DPO trains the same at world 1, 2 and 4 under ZeRO stages 0 and 3, an
   }
 }
 
+TEST_CASE(
+    "the reference log-probs precomputed before training: the online reference's, kept for "
+    "resume",
+    "[preference][trainer]") {
+  const std::string dir = test::temp_dir("dpo-precompute");
+  write_pairs(dir, "train.jsonl", 24, 3);
+  write_pairs(dir, "eval.jsonl", 6, 4);
+  const std::vector<std::string> common{"--eval_file",     dir + "/eval.jsonl",
+                                        "--eval_strategy", "steps",
+                                        "--eval_steps",    "3",
+                                        "--save_steps",    "3"};
+  auto run = [&](int world, const std::string& out, std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    extra.insert(extra.end(), {"--output_dir", dir + "/" + out});
+    test::run_ranks(world, "rank: dpo run", std::chrono::seconds(240),
+                    {{"ZT_FLAGS", test::join_flags(dpo_flags(dir, extra))}});
+    return dir + "/" + out;
+  };
+  // LoRA: the reference computed once equals the adapters-off forward of every step.
+  const std::string online = run(1, "lora-online", {});
+  const std::string stored =
+      run(2, "lora-precomputed",
+          {"--precompute_ref_log_probs", "true", "--per_device_train_batch_size", "1"});
+  CHECK(fs::exists(stored + "/checkpoint-3/ref_log_probs.safetensors"));
+  CHECK_FALSE(fs::exists(online + "/checkpoint-3/ref_log_probs.safetensors"));
+  for (const char* key : {"loss", "rewards/chosen", "eval_rewards/margins"}) {
+    const auto want = test::logged(online, key), got = test::logged(stored, key);
+    REQUIRE(want.size() >= 2);
+    for (const auto& [step, value] : want) {
+      INFO(key << " at step " << step);
+      CHECK(got.at(step) == Approx(value).epsilon(2e-4).margin(1e-6));
+    }
+  }
+  // Full fine-tuning (the default: precomputed) under ZeRO-3 at 2 ranks: the first step scores
+  // the model that is the reference (rewards 0), and a run resumed mid-way continues exactly.
+  const std::vector<std::string> full{
+      "--finetuning_type", "full", "--learning_rate", "1e-3", "--deepspeed", test::stage_json(3)};
+  const std::string whole = run(2, "full", full);
+  CHECK(test::logged(whole, "rewards/chosen").at(1) == Approx(0.0).margin(1e-9));
+  CHECK(test::logged(whole, "rewards/margins").at(6) != Approx(0.0).margin(1e-6));
+  fs::create_directories(dir + "/full-resumed");
+  fs::copy(whole + "/checkpoint-3", dir + "/full-resumed/checkpoint-3",
+           fs::copy_options::recursive);
+  std::vector<std::string> resume = full;
+  resume.insert(resume.end(), {"--resume_from_checkpoint", dir + "/full-resumed/checkpoint-3"});
+  const std::string resumed = run(1, "full-resumed", resume);
+  for (const char* key : {"loss", "rewards/margins"}) {
+    for (int64_t step = 4; step <= 6; ++step) {
+      INFO(key << " at step " << step);
+      CHECK(test::logged(resumed, key).at(step) ==
+            Approx(test::logged(whole, key).at(step)).epsilon(2e-4).margin(1e-6));
+    }
+  }
+  // Without the stored log-probs the resumed run cannot know its reference: an error naming
+  // the file, never log-probs of the trained model.
+  fs::remove(dir + "/full-resumed/checkpoint-3/ref_log_probs.safetensors");
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  TrainingArguments args;
+  std::vector<std::string> flags = dpo_flags(dir, resume);
+  flags.insert(flags.end(),
+               {"--output_dir", dir + "/full-resumed", "--overwrite_output_dir", "true"});
+  apply_training_flags(args, flags);
+  CHECK_THROWS_WITH(Trainer(args, comm), Contains("ref_log_probs.safetensors"));
+}
+
 TEST_CASE("stage dpo: settings it cannot honour are refused, naming the option",
           "[preference][errors]") {
   const std::string dir = test::temp_dir("dpo-errors");
@@ -486,8 +585,8 @@ TEST_CASE("stage dpo: settings it cannot honour are refused, naming the option",
     apply_training_flags(args, dpo_flags(dir, extra));
     Trainer trainer(args, comm);
   };
-  CHECK_THROWS_WITH(attempt({"--finetuning_type", "full"}),
-                    Contains("precompute_ref_log_probs") && Contains("not full"));
+  CHECK_THROWS_WITH(attempt({"--finetuning_type", "full", "--precompute_ref_log_probs", "false"}),
+                    Contains("precompute_ref_log_probs") && Contains("finetuning_type full"));
   CHECK_THROWS_WITH(attempt({"--packing", "true"}), Contains("packing"));
   CHECK_THROWS_WITH(attempt({"--pref_loss", "hinge", "--dpo_label_smoothing", "0.1"}),
                     Contains("dpo_label_smoothing"));
@@ -497,6 +596,6 @@ TEST_CASE("stage dpo: settings it cannot honour are refused, naming the option",
   CHECK_THROWS_WITH(apply_training_flags(args, {"--label_smoothing", "0.5"}),
                     Contains("label_smoothing"));
   // A reference-free loss trains full fine-tuning.
-  CHECK_NOTHROW(attempt({"--finetuning_type", "full", "--pref_loss", "orpo", "--output_dir",
-                         dir + "/full-orpo"}));
+  CHECK_NOTHROW(attempt(
+      {"--finetuning_type", "full", "--pref_loss", "orpo", "--output_dir", dir + "/full-orpo"}));
 }

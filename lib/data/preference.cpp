@@ -118,8 +118,9 @@ void extract_prompt(json::ObjectReader& r, const std::string& where, Pair& p) {
   Chat ca = parse_messages(r, "chosen", where, "assistant");
   Chat cb = parse_messages(r, "rejected", where, "assistant");
   if (ca.system != cb.system || ca.messages.size() != cb.messages.size()) {
-    r.fail_value("rejected", "holds another conversation than chosen: with no \"prompt\", both "
-                             "must be the same conversation up to their last assistant message");
+    r.fail_value("rejected",
+                 "holds another conversation than chosen: with no \"prompt\", both "
+                 "must be the same conversation up to their last assistant message");
   }
   for (size_t k = 0; k + 1 < ca.messages.size(); ++k) {
     if (ca.messages[k].content != cb.messages[k].content) {
@@ -254,9 +255,9 @@ data::Parsed encode_pair(std::string_view line, const std::string& where, const 
     Example e = encode_sequence(p, *answer, t, tok, limit);
     if (o.truncation_mode != "keep_end") {
       const size_t prompt = prompt_tokens(e);
-      const size_t kept_prompt =
-          o.max_prompt_length > 0 ? std::min(prompt, static_cast<size_t>(o.max_prompt_length))
-                                  : prompt;
+      const size_t kept_prompt = o.max_prompt_length > 0
+                                     ? std::min(prompt, static_cast<size_t>(o.max_prompt_length))
+                                     : prompt;
       if (kept_prompt >= static_cast<size_t>(o.max_length)) {
         out.examples.clear();
         out.dropped = kLongPrompt;
@@ -279,17 +280,18 @@ Dataset tokenize_preference_jsonl(const std::string& path, const Tokenizer& tok,
                                   const DataOptions& o, DatasetStats* stats) {
   const ChatTemplate& t = data::chat_template(o.template_name);
   if (o.max_length < 2) {
-    throw ConfigError(fmt::format("max_length: preference data needs at least 2 tokens (a prompt "
-                                  "token and an answer token), found {}",
-                                  o.max_length));
+    throw ConfigError(
+        fmt::format("max_length: preference data needs at least 2 tokens (a prompt "
+                    "token and an answer token), found {}",
+                    o.max_length));
   }
   if (o.truncation_mode != "keep_start" && o.truncation_mode != "keep_end") {
     throw ConfigError(fmt::format("truncation_mode: expected keep_start or keep_end, found \"{}\"",
                                   o.truncation_mode));
   }
   if (o.max_prompt_length < 0) {
-    throw ConfigError(fmt::format("max_prompt_length: expected an integer >= 0, found {}",
-                                  o.max_prompt_length));
+    throw ConfigError(
+        fmt::format("max_prompt_length: expected an integer >= 0, found {}", o.max_prompt_length));
   }
   if (!o.glm_prompt_layout.empty()) {
     throw ConfigError("mode (ChatGLM-Finetuning's data layout) does not apply to preference data");
@@ -306,10 +308,17 @@ Dataset tokenize_preference_jsonl(const std::string& path, const Tokenizer& tok,
   };
   const auto take = [&](data::Parsed& p) {
     switch (p.dropped) {
-      case kIdentical: ++s.identical_pairs; return;
-      case kEmpty: ++s.empty_answers; return;
-      case kLongPrompt: ++s.long_prompts; return;
-      default: break;
+      case kIdentical:
+        ++s.identical_pairs;
+        return;
+      case kEmpty:
+        ++s.empty_answers;
+        return;
+      case kLongPrompt:
+        ++s.long_prompts;
+        return;
+      default:
+        break;
     }
     for (const Example& e : p.examples) dataset.add(e.ids, e.labels);
   };
@@ -327,9 +336,10 @@ Dataset tokenize_preference_jsonl(const std::string& path, const Tokenizer& tok,
               dropped, dropped + dataset.size() / 2, counts);
   }
   if (dataset.empty()) {
-    throw ConfigError(fmt::format("data file '{}' has no usable preference pair: {} record(s), {} "
-                                  "skipped as malformed; dropped: {}",
-                                  path, s.lines, s.skipped_lines, counts));
+    throw ConfigError(
+        fmt::format("data file '{}' has no usable preference pair: {} record(s), {} "
+                    "skipped as malformed; dropped: {}",
+                    path, s.lines, s.skipped_lines, counts));
   }
   if (stats != nullptr) *stats = s;
   return dataset;

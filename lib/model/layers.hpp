@@ -266,9 +266,12 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
                                 bool eager_gradients = true);
 
 /// The same cross-entropies per row, [N] fp32 (0 where label is -100), for losses that weigh
-/// rows differently (preference training): backward takes each row's own gradient and
-/// recomputes the chunks' logits.
+/// rows differently (preference training): backward takes each row's own gradient. With a
+/// frozen weight (not fp16) the hidden-state gradient of a unit gradient is formed in forward
+/// and backward scales its rows; otherwise backward recomputes the chunks' logits
+/// (`eager_gradients` false always recomputes: tests).
 at::Tensor linear_token_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
-                                      const at::Tensor& labels, int64_t chunk);
+                                      const at::Tensor& labels, int64_t chunk,
+                                      bool eager_gradients = true);
 
 }  // namespace zt::model

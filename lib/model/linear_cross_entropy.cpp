@@ -37,6 +37,32 @@ void add_chunk_gradients(at::Tensor& p, const at::Tensor& y, const at::Tensor& s
   chunk_products(p.to(h.scalar_type()), h, weight, std::move(grad_rows), weight_grad, grad_weight);
 }
 
+// Backward by recomputation, from the inputs forward saved (hidden, weight, labels) and the
+// chunk size: each chunk's softmax again, its d loss / d logits scaled by the incoming gradient
+// `g` (a scalar, or [rows]: one per row), then the chunk's products. Returns the gradients of
+// hidden and (when wanted) weight.
+std::pair<at::Tensor, at::Tensor> recomputed_gradients(torch::autograd::AutogradContext* ctx,
+                                                       const at::Tensor& g) {
+  auto saved = ctx->get_saved_variables();
+  const at::Tensor& hidden = saved[0];
+  const at::Tensor& weight = saved[1];
+  const at::Tensor& labels = saved[2];
+  const int64_t chunk = ctx->saved_data["chunk"].toInt();
+  at::Tensor grad_hidden = at::empty(hidden.sizes(), hidden.options());  // contiguous rows
+  at::Tensor grad_weight;
+  const bool per_row = g.dim() == 1;
+  const int64_t n = hidden.size(0);
+  for (int64_t lo = 0; lo < n; lo += chunk) {
+    const int64_t len = std::min(chunk, n - lo);
+    at::Tensor h = hidden.narrow(0, lo, len);
+    at::Tensor p = at::softmax(at::matmul(h, weight.t()).to(at::kFloat), 1);
+    add_chunk_gradients(p, labels.narrow(0, lo, len),
+                        per_row ? g.narrow(0, lo, len).unsqueeze(1) : g, h, weight,
+                        grad_hidden.narrow(0, lo, len), ctx->needs_input_grad(1), grad_weight);
+  }
+  return {grad_hidden, grad_weight};
+}
+
 // Σ of token cross-entropies over chunks of rows. Two ways to get the gradient:
 //  - eager (the gradient is wanted and the dtype is not fp16): each chunk's d loss / d logits
 //    is formed while its logits exist, and the gradients of hidden and weight for a loss
@@ -108,78 +134,76 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       if (grad_weight.defined()) grad_weight.mul_(g);
       return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
-    auto saved = ctx->get_saved_variables();
-    const at::Tensor& hidden = saved[0];
-    const at::Tensor& weight = saved[1];
-    const at::Tensor& labels = saved[2];
-    const int64_t chunk = ctx->saved_data["chunk"].toInt();
-    at::Tensor grad_hidden = at::empty(hidden.sizes(), hidden.options());  // contiguous rows
-    at::Tensor grad_weight;
-    const int64_t n = hidden.size(0);
-    for (int64_t lo = 0; lo < n; lo += chunk) {
-      const int64_t len = std::min(chunk, n - lo);
-      at::Tensor h = hidden.narrow(0, lo, len);
-      at::Tensor p = at::softmax(at::matmul(h, weight.t()).to(at::kFloat), 1);
-      add_chunk_gradients(p, labels.narrow(0, lo, len), g, h, weight,
-                          grad_hidden.narrow(0, lo, len), ctx->needs_input_grad(1), grad_weight);
-    }
+    auto [grad_hidden, grad_weight] = recomputed_gradients(ctx, g);
     return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
-// Per-row cross-entropies: forward keeps its inputs, backward recomputes each chunk's softmax
-// and scales its rows by their own incoming gradients.
+// Per-row cross-entropies. A row's gradient is its incoming gradient times that of a unit
+// gradient, so where the weight is frozen (LoRA, prefix tuning) and the dtype is not fp16,
+// forward forms each chunk's hidden-state gradient for a unit gradient while its logits exist
+// and backward scales its rows (eager, as linear_cross_entropy). Otherwise forward keeps its
+// inputs and backward recomputes each chunk's softmax, scaled row by row.
 class LinearTokenCrossEntropy : public torch::autograd::Function<LinearTokenCrossEntropy> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
-                            const at::Tensor& weight, const at::Tensor& labels, int64_t chunk) {
-    ctx->save_for_backward({hidden, weight, labels});
-    ctx->saved_data["chunk"] = chunk;
+                            const at::Tensor& weight, const at::Tensor& labels, int64_t chunk,
+                            bool eager) {
+    at::Tensor grad_hidden, unused;
+    if (eager) {
+      grad_hidden = at::empty(hidden.sizes(), hidden.options());  // contiguous rows
+    } else {
+      ctx->save_for_backward({hidden, weight, labels});
+      ctx->saved_data["chunk"] = chunk;
+    }
     at::Tensor losses = at::empty({hidden.size(0)}, hidden.options().dtype(at::kFloat));
     const int64_t n = hidden.size(0);
     for (int64_t lo = 0; lo < n; lo += chunk) {
       const int64_t len = std::min(chunk, n - lo);
+      at::Tensor h = hidden.narrow(0, lo, len);
       at::Tensor y = labels.narrow(0, lo, len);
-      at::Tensor logits = at::matmul(hidden.narrow(0, lo, len), weight.t());
+      at::Tensor logits = at::matmul(h, weight.t());
       if (kernels::fused_cross_entropy_applies(logits, y)) {
-        losses.narrow(0, lo, len).copy_(kernels::fused_cross_entropy(logits, y, false));
+        losses.narrow(0, lo, len).copy_(kernels::fused_cross_entropy(logits, y, eager));
+        if (eager) chunk_products(logits, h, weight, grad_hidden.narrow(0, lo, len), false, unused);
         continue;
       }
       logits = logits.to(at::kFloat);
       at::Tensor target = logits.gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);
-      losses.narrow(0, lo, len).copy_((at::logsumexp(logits, 1) - target) * y.ne(-100));
+      at::Tensor lse = at::logsumexp(logits, 1);
+      losses.narrow(0, lo, len).copy_((lse - target) * y.ne(-100));
+      if (!eager) continue;
+      logits.sub_(lse.unsqueeze(1)).exp_();  // the softmax, in the logits' memory
+      add_chunk_gradients(logits, y, at::Tensor(), h, weight, grad_hidden.narrow(0, lo, len), false,
+                          unused);
     }
+    if (eager) ctx->saved_data["grad_hidden"] = grad_hidden;
     return losses;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const at::Tensor g = grads[0].to(at::kFloat);
-    auto saved = ctx->get_saved_variables();
-    const at::Tensor& hidden = saved[0];
-    const at::Tensor& weight = saved[1];
-    const at::Tensor& labels = saved[2];
-    const int64_t chunk = ctx->saved_data["chunk"].toInt();
-    at::Tensor grad_hidden = at::empty(hidden.sizes(), hidden.options());
-    at::Tensor grad_weight;
-    const int64_t n = hidden.size(0);
-    for (int64_t lo = 0; lo < n; lo += chunk) {
-      const int64_t len = std::min(chunk, n - lo);
-      at::Tensor h = hidden.narrow(0, lo, len);
-      at::Tensor p = at::softmax(at::matmul(h, weight.t()).to(at::kFloat), 1);
-      add_chunk_gradients(p, labels.narrow(0, lo, len), g.narrow(0, lo, len).unsqueeze(1), h,
-                          weight, grad_hidden.narrow(0, lo, len), ctx->needs_input_grad(1),
-                          grad_weight);
+    if (ctx->saved_data.count("grad_hidden") > 0) {
+      // Scaled in place and handed over: this graph is not back-propagated twice.
+      at::Tensor grad_hidden = ctx->saved_data["grad_hidden"].toTensor();
+      ctx->saved_data.erase("grad_hidden");
+      grad_hidden.mul_(g.unsqueeze(1));
+      return {grad_hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
-    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor()};
+    auto [grad_hidden, grad_weight] = recomputed_gradients(ctx, g);
+    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor linear_token_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
-                                      const at::Tensor& labels, int64_t chunk) {
-  return LinearTokenCrossEntropy::apply(hidden, weight, labels, std::max<int64_t>(1, chunk));
+                                      const at::Tensor& labels, int64_t chunk,
+                                      bool eager_gradients) {
+  const bool eager = eager_gradients && at::GradMode::is_enabled() && hidden.requires_grad() &&
+                     !weight.requires_grad() && hidden.scalar_type() != at::kHalf;
+  return LinearTokenCrossEntropy::apply(hidden, weight, labels, std::max<int64_t>(1, chunk), eager);
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,

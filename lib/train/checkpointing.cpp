@@ -152,6 +152,7 @@ void Trainer::Impl::write_checkpoint(CheckpointWriter& writer, bool in_run) {
   try {
     write_user_files(writer.dir(), available, weights);
     write_rng_state(writer.dir());
+    write_reference(writer.dir());
     if (rank == 0) {
       files::write_atomic(writer.dir() + "/trainer_state.json", train::trainer_state_json(state));
       files::write_atomic(writer.dir() + "/zerotrain_state.json",

@@ -149,6 +149,7 @@ void Trainer::Impl::report_to_tensorboard(const LogRecord& r) {
 
 double Trainer::Impl::run_evaluation() {
   if (!has_eval) throw ConfigError("evaluate: no eval_file given");
+  ensure_reference();
   at::NoGradGuard no_grad;
   model->eval();
   std::vector<std::vector<int64_t>> batches =
@@ -160,8 +161,9 @@ double Trainer::Impl::run_evaluation() {
     const bool empty = indices.empty();
     const std::vector<int64_t> taken = empty ? std::vector<int64_t>{0} : indices;
     at::Tensor batch_metrics;
-    LossSum l = preference ? preference_forward(eval_data, taken, 0.0, batch_metrics)
-                           : forward(collate(eval_data, taken, pad_id));
+    LossSum l = preference
+                    ? preference_forward(eval_data, taken, 0.0, batch_metrics, eval_reference)
+                    : forward(collate(eval_data, taken, pad_id));
     if (!empty) {
       sum += l.sum.item<double>();
       tokens += static_cast<double>(l.tokens);
@@ -247,7 +249,8 @@ Trainer::Impl::StepResult Trainer::Impl::run_step(const std::vector<int64_t>& or
   out.tokens = tokens;
   for (int64_t a = 0; a < batch.accumulation; ++a) {
     const std::vector<int64_t> indices = micro_batch_indices(order, batch, s, a, rank);
-    LossSum l = preference ? preference_forward(train_data, indices, rpo_scale, window_metric_sums)
+    LossSum l = preference ? preference_forward(train_data, indices, rpo_scale, window_metric_sums,
+                                                train_reference)
                            : forward(collate(train_data, indices, pad_id));
     engine->backward(l.sum, divisor);
     engine->step();
@@ -422,6 +425,7 @@ TrainResult Trainer::Impl::train() {
   I.announce();
   I.prepare_output_dir();
   if (I.state.global_step == 0) I.write_pissa_start();
+  I.ensure_reference();
   if (I.args.eval_on_start && I.has_eval) I.evaluate();
   I.model->train();
 

@@ -24,9 +24,9 @@ PreferenceOptions preference_options(const TrainingArguments& args) {
         o.label_smoothing, o.loss));
   }
   if (o.loss == "robust" && o.label_smoothing >= 0.5) {
-    throw ConfigError(fmt::format(
-        "dpo_label_smoothing {}: the robust loss divides by 1 − 2ε and needs ε < 0.5",
-        o.label_smoothing));
+    throw ConfigError(
+        fmt::format("dpo_label_smoothing {}: the robust loss divides by 1 − 2ε and needs ε < 0.5",
+                    o.label_smoothing));
   }
   return o;
 }

@@ -39,9 +39,9 @@ struct PairLogProbs {
 };
 
 /// The metrics TRL logs, in this order; each a mean over pairs.
-constexpr std::array<const char*, 6> kPreferenceMetrics = {
-    "rewards/chosen", "rewards/rejected", "rewards/accuracies",
-    "rewards/margins", "logps/chosen",    "logps/rejected"};
+constexpr std::array<const char*, 6> kPreferenceMetrics = {"rewards/chosen",     "rewards/rejected",
+                                                           "rewards/accuracies", "rewards/margins",
+                                                           "logps/chosen",       "logps/rejected"};
 
 struct PairLosses {
   at::Tensor loss;  ///< [P]: each pair's loss (the batch loss is their mean)

@@ -3,14 +3,20 @@
 // logs.
 #include <ATen/ATen.h>
 
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "train/preference.hpp"
 #include "train/trainer_impl.hpp"
+#include "util/log.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/safetensors.hpp"
 
 namespace zt {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -37,7 +43,8 @@ class ReferenceMode {
 }  // namespace
 
 LossSum Trainer::Impl::preference_forward(const Dataset& data, const std::vector<int64_t>& pairs,
-                                          double rpo_scale, at::Tensor& metric_sums) {
+                                          double rpo_scale, at::Tensor& metric_sums,
+                                          const at::Tensor& reference) {
   const int64_t n = static_cast<int64_t>(pairs.size());
   std::vector<int64_t> rows;
   rows.reserve(2 * pairs.size());
@@ -50,7 +57,12 @@ LossSum Trainer::Impl::preference_forward(const Dataset& data, const std::vector
   const at::Tensor counts =
       b.labels.narrow(1, 1, b.labels.size(1) - 1).ne(kIgnoreLabel).sum(1).to(at::kFloat).to(device);
   train::PairLogProbs lp;
-  if (pref.uses_reference()) {
+  if (pref.uses_reference() && reference.defined()) {
+    const at::Tensor ref =
+        reference.index_select(0, at::tensor(rows, at::kLong)).to(at::kFloat).to(device);
+    lp.ref_chosen = ref.narrow(0, 0, n);
+    lp.ref_rejected = ref.narrow(0, n, n);
+  } else if (pref.uses_reference()) {
     at::NoGradGuard no_grad;
     ReferenceMode reference(*model);
     const at::Tensor ref = model->label_log_probs(ids, b.labels).sum(1);
@@ -75,12 +87,117 @@ LossSum Trainer::Impl::preference_forward(const Dataset& data, const std::vector
   return {sum, n};
 }
 
+void Trainer::Impl::ensure_reference() {
+  if (!precomputed_reference || train_reference.defined() || eval_reference.defined()) return;
+  if (state.global_step > 0) {
+    throw InvalidArgument(fmt::format(
+        "the precomputed reference log-probs are missing at step {}: they are computed before the "
+        "first step or read from the checkpoint resumed from",
+        state.global_step));
+  }
+  precompute_reference();
+}
+
+void Trainer::Impl::precompute_reference() {
+  // The sequences of pairs `indices`, scored by the reference: the model as it starts, with its
+  // adapters off. A rank with no pair left still runs a forward (ZeRO-3 forwards are
+  // collective), its result discarded.
+  const auto score = [&](const Dataset& data, int64_t samples) {
+    std::vector<double> local(static_cast<size_t>(2 * samples), 0.0);
+    at::NoGradGuard no_grad;
+    ReferenceMode reference(*model);
+    for (const std::vector<int64_t>& indices :
+         eval_batches(samples, world, rank, args.per_device_eval_batch_size)) {
+      const std::vector<int64_t> pairs = indices.empty() ? std::vector<int64_t>{0} : indices;
+      std::vector<int64_t> rows;
+      for (int64_t p : pairs) rows.push_back(2 * p);
+      for (int64_t p : pairs) rows.push_back(2 * p + 1);
+      const Batch b = collate(data, rows, pad_id);
+      const at::Tensor logps = model->label_log_probs(b.input_ids.to(comm->device()), b.labels)
+                                   .sum(1)
+                                   .to(at::kDouble)
+                                   .cpu();
+      if (indices.empty()) continue;
+      for (size_t k = 0; k < rows.size(); ++k) {
+        local[static_cast<size_t>(rows[k])] = logps[static_cast<int64_t>(k)].item<double>();
+      }
+    }
+    return at::tensor(comm::reduce_scalars(*comm, local), at::kDouble);
+  };
+  if (has_train) train_reference = score(train_data, train_samples);
+  if (has_eval) eval_reference = score(eval_data, eval_samples);
+  if (rank == 0) {
+    log::info("reference log-probs precomputed for {} training and {} evaluation pairs",
+              train_samples, has_eval ? eval_samples : 0);
+  }
+}
+
+namespace {
+
+constexpr const char* kReferenceFile = "ref_log_probs.safetensors";
+
+// What the precomputed reference belongs to: the sequences' ids, as a 64-bit FNV-1a hash.
+std::string data_fingerprint(const Dataset& d) {
+  uint64_t h = 14695981039346656037ULL;
+  for (int32_t id : d.flat_ids()) {
+    h ^= static_cast<uint32_t>(id);
+    h *= 1099511628211ULL;
+  }
+  return fmt::format("{:016x}-{}", h, d.size());
+}
+
+}  // namespace
+
+void Trainer::Impl::write_reference(const std::string& dir) const {
+  if (!precomputed_reference || rank != 0) return;
+  std::vector<std::pair<std::string, at::Tensor>> tensors{{"train", train_reference}};
+  if (eval_reference.defined()) tensors.emplace_back("eval", eval_reference);
+  save_safetensors(dir + "/" + kReferenceFile, tensors,
+                   {{"format", "pt"},
+                    {"train_data", data_fingerprint(train_data)},
+                    {"eval_data", has_eval ? data_fingerprint(eval_data) : ""}});
+}
+
+void Trainer::Impl::read_reference(const std::string& dir) {
+  if (!precomputed_reference) return;
+  const std::string path = dir + "/" + kReferenceFile;
+  if (!fs::exists(path)) {
+    throw IoError(fmt::format(
+        "checkpoint '{}' has no {}: this run scores against the reference log-probs computed "
+        "before its first step, and the model has trained since, so they cannot be computed "
+        "again; resume from a checkpoint of this run",
+        dir, kReferenceFile));
+  }
+  SafetensorsFile f(path);
+  const auto check = [&](const char* name, const Dataset& data, int64_t samples) {
+    const auto it = f.metadata().find(std::string(name) + "_data");
+    if (!f.contains(name) || it == f.metadata().end() || it->second != data_fingerprint(data)) {
+      throw IoError(fmt::format(
+          "'{}' holds the reference log-probs of other {} data than this run's; resume with the "
+          "data the run started with",
+          path, name));
+    }
+    const at::Tensor t = f.load(name);
+    if (t.scalar_type() != at::kDouble || t.dim() != 1 || t.size(0) != 2 * samples ||
+        !at::isfinite(t).all().item<bool>()) {
+      throw IoError(
+          fmt::format("'{}': tensor '{}' is not {} finite fp64 log-probs; the checkpoint "
+                      "is damaged",
+                      path, name, 2 * samples));
+    }
+    return t;
+  };
+  if (has_train) train_reference = check("train", train_data, train_samples);
+  if (has_eval) eval_reference = check("eval", eval_data, eval_samples);
+}
+
 std::map<std::string, double> Trainer::Impl::preference_metrics(const at::Tensor& metric_sums,
                                                                 const std::string& prefix) {
   const size_t count = train::kPreferenceMetrics.size();
   std::vector<double> local(count + 1, 0.0);
   if (metric_sums.defined()) {
-    for (size_t k = 0; k <= count; ++k) local[k] = metric_sums[static_cast<int64_t>(k)].item<double>();
+    for (size_t k = 0; k <= count; ++k)
+      local[k] = metric_sums[static_cast<int64_t>(k)].item<double>();
   }
   const std::vector<double> global = comm::reduce_scalars(*comm, local);
   std::map<std::string, double> out;

@@ -285,14 +285,17 @@ void Trainer::Impl::build_model_and_engine() {
     peft.base_model_name_or_path = args.model_name_or_path;
     adapter_method = peft.type == FinetuningType::kLora || peft.type == FinetuningType::kPTuning ||
                      peft.type == FinetuningType::kPrefix;
-    if (preference && pref.uses_reference() &&
-        (!adapter_method || args.precompute_ref_log_probs.value_or(false))) {
-      throw ConfigError(fmt::format(
-          "stage dpo with pref_loss {}: the reference model is the same model with its adapters "
-          "off, so it needs finetuning_type lora, ptuning or prefix{}; reference log-probs "
-          "computed before training (precompute_ref_log_probs, for full and freeze fine-tuning) "
-          "are not supported yet — or use a reference-free loss (pref_loss orpo or simpo)",
-          pref.loss, adapter_method ? "" : fmt::format(" (not {})", args.finetuning_type)));
+    if (preference && pref.uses_reference()) {
+      // The reference: the model as it starts. With adapters it is the model with them off, at
+      // any step; without, only the log-probs computed before the first step can be it.
+      precomputed_reference = args.precompute_ref_log_probs.value_or(!adapter_method);
+      if (!precomputed_reference && !adapter_method) {
+        throw ConfigError(fmt::format(
+            "stage dpo with pref_loss {} and finetuning_type {}: precompute_ref_log_probs false "
+            "leaves no reference (a second, frozen copy of the model is not supported); leave it "
+            "on, train an adapter (lora, ptuning, prefix), or use pref_loss orpo or simpo",
+            pref.loss, args.finetuning_type));
+      }
     }
     parameters = apply_peft_from_args(*model, args, static_cast<uint64_t>(args.seed));
     non_embedding_parameters = parameters.all - model_config.vocab_size * model_config.hidden_size;
@@ -357,6 +360,7 @@ void Trainer::Impl::restore(const std::string& dir) {
   }
   load_engine_state(*engine, dir);
   read_rng_state(dir);
+  read_reference(dir);
   state.log_history = saved.log_history;
   state.best_metric = saved.best_metric;
   state.best_model_checkpoint = saved.best_model_checkpoint;

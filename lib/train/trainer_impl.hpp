@@ -173,7 +173,20 @@ struct Trainer::Impl {
   /// times `rpo_scale`), pairs}; this rank's metric sums added to `metric_sums` ([7]: the
   /// metrics summed over pairs, then the pairs).
   LossSum preference_forward(const Dataset& data, const std::vector<int64_t>& pairs,
-                             double rpo_scale, at::Tensor& metric_sums);
+                             double rpo_scale, at::Tensor& metric_sums,
+                             const at::Tensor& reference = {});
+  /// With precompute_ref_log_probs: the reference's summed answer log-probs of every sequence
+  /// of the training and evaluation pairs ([2 × pairs] fp64 on the host, in the datasets'
+  /// order), computed once before the first step and kept in every checkpoint
+  /// (ref_log_probs.safetensors). Undefined otherwise (the reference runs with each batch).
+  bool precomputed_reference = false;
+  at::Tensor train_reference, eval_reference;
+  /// Computes them (collective), or on resume reads them from checkpoint `dir`.
+  void precompute_reference();
+  /// precompute_reference at step 0 when they are not there yet (collective).
+  void ensure_reference();
+  void read_reference(const std::string& dir);
+  void write_reference(const std::string& dir) const;
   /// The metric sums over ranks as a record's named metrics (`prefix` "" or "eval_").
   /// Collective.
   std::map<std::string, double> preference_metrics(const at::Tensor& metric_sums,

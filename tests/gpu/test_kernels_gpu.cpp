@@ -400,6 +400,50 @@ TEST_CASE("fused cross-entropy: per-row losses and d loss / d logits of the fp32
   CHECK(std::isnan(loss[1].item<double>()));
 }
 
+TEST_CASE("per-token cross-entropy of the output layer: each row's loss and its own gradient",
+          "[gpu][kernels]") {
+  // The preference losses' path (model::linear_token_cross_entropy): the fused kernel's
+  // per-row losses in forward, a recomputed backward scaled row by row; against the formula
+  // over the whole logits.
+  const at::Device cuda(at::kCUDA, 0);
+  for (const auto& [dtype, frozen] :
+       std::vector<std::pair<at::ScalarType, bool>>{{at::kBFloat16, false},
+                                                    {at::kFloat, false},
+                                                    {at::kBFloat16, true},
+                                                    {at::kFloat, true}}) {
+    INFO(c10::toString(dtype) << (frozen ? ", frozen weight (eager)" : ""));
+    const auto opts = at::TensorOptions().device(cuda).dtype(dtype);
+    at::manual_seed(21);
+    const int64_t rows = 300, hidden = 96, vocab = 5003;
+    const at::Tensor h0 = at::randn({rows, hidden}, opts),
+                     w0 = at::randn({vocab, hidden}, opts) * 0.1;
+    at::Tensor labels = at::randint(0, vocab, {rows}, opts.dtype(at::kLong));
+    labels.narrow(0, 40, 9).fill_(-100);
+    const at::Tensor weights = at::randn({rows}, opts.dtype(at::kFloat));
+    at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(!frozen);
+    const at::Tensor got = zt::model::linear_token_cross_entropy(h, w, labels, 64);
+    (got * weights).sum().backward();
+    at::Tensor hr = h0.to(at::kFloat).requires_grad_(true),
+               wr = w0.to(at::kFloat).requires_grad_(true);
+    const at::Tensor logits = at::matmul(hr, wr.t());
+    const at::Tensor want =
+        (at::logsumexp(logits, 1) - logits.gather(1, labels.clamp_min(0).unsqueeze(1)).squeeze(1)) *
+        labels.ne(-100);
+    (want * weights).sum().backward();
+    const double tol = dtype == at::kFloat ? 1e-4 : 3e-2;
+    CHECK(at::allclose(got, want, tol, tol));
+    CHECK((got.narrow(0, 40, 9) == 0).all().item<bool>());
+    std::vector<std::pair<at::Tensor, at::Tensor>> grads;
+    grads.emplace_back(h.grad(), hr.grad());
+    if (!frozen) grads.emplace_back(w.grad(), wr.grad());
+    for (const auto& [g, r] : grads) {
+      const double scale = r.abs().max().item<double>();
+      INFO("worst gradient error " << (g.to(at::kFloat) - r).abs().max().item<double>() / scale);
+      CHECK((g.to(at::kFloat) - r).abs().max().item<double>() <= tol * scale);
+    }
+  }
+}
+
 TEST_CASE("fused AdamW on fp32 masters from a bf16 gradient equals it on the widened gradient",
           "[gpu][kernels]") {
   const at::Device cuda(at::kCUDA, 0);
