@@ -235,6 +235,43 @@ TEST_CASE("a demo that does not learn says why it exits non-zero", "[cli][errors
   CHECK_THAT(r.output, Contains("did not teach the task") && Contains("--max_steps (now 1)"));
 }
 
+TEST_CASE("a DPO run's adapter: verify --compare scores pairs, and against the base", "[cli]") {
+  const std::string dir = zt::test::temp_dir("verify_compare");
+  std::filesystem::create_directories(dir + "/base");
+  write_random_model(dir + "/base");
+  std::string pairs;
+  for (int i = 0; i < 16; ++i) {  // a preference any model can learn: " good" over " bad"
+    pairs += fmt::format(R"({{"prompt": "Rate answer {}:", "chosen": " good", "rejected": " bad"}})"
+                         "\n",
+                         i);
+  }
+  zt::files::write_atomic(dir + "/pairs.jsonl", pairs);
+  Ran train = cli(fmt::format(
+      "train --model_name_or_path '{0}/base' --train_file '{0}/pairs.jsonl' --output_dir '{0}/out' "
+      "--stage dpo --finetuning_type lora --pref_beta 0.5 --learning_rate 1e-2 --max_steps 12 "
+      "--per_device_train_batch_size 4 --save_steps 100 --template alpaca",
+      dir));
+  REQUIRE(train.status == 0);
+  Ran r = cli(fmt::format("verify '{0}/out' --compare '{0}/pairs.jsonl'", dir));
+  CHECK(r.status == 0);
+  CHECK_THAT(r.output, Contains("16 pairs of") && Contains("prefers the chosen answer in"));
+  // Trained on these pairs: the adapter's reward ranks most of them right.
+  const size_t at = r.output.find("rewards/accuracies ");
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stod(r.output.substr(at + 19)) >= 75.0);
+  // A model folder (no adapter): the model's own preference, no base to compare with.
+  Ran base = cli(fmt::format("verify '{0}/base' --compare '{0}/pairs.jsonl'", dir));
+  CHECK(base.status == 0);
+  CHECK(base.output.find("rewards/accuracies") == std::string::npos);
+  Ran both = cli(fmt::format("verify '{0}/base' --compare '{0}/pairs.jsonl' --prompt hi", dir));
+  CHECK(both.status == 2);
+  Ran dpo_demo = cli(
+      fmt::format("demo --stage dpo --nproc_per_node 1 --max_steps 1 --output_dir '{}/d'", dir));
+  CHECK(dpo_demo.status == 1);
+  CHECK_THAT(dpo_demo.output,
+             Contains("prefers the right answer: before") && Contains("did not teach the task"));
+}
+
 TEST_CASE("merge keeps the chat format the run trained with, so verify asks in it", "[cli]") {
   const std::string dir = zt::test::temp_dir("merge_template");
   zt::test::write_data(dir, "train.jsonl", 16, 3);

@@ -1,6 +1,7 @@
 // Small helpers of the `zerotrain` program.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 
@@ -51,6 +52,25 @@ std::optional<std::string> take_option(Args& args, const std::string& name) {
     }
   }
   return std::nullopt;
+}
+
+std::vector<std::pair<double, double>> pair_log_probs(CausalLM& model, const Dataset& pairs,
+                                                      int32_t pad_id, int64_t batch) {
+  at::NoGradGuard no_grad;
+  model.eval();
+  std::vector<std::pair<double, double>> out;
+  const int64_t n = pairs.size() / 2;
+  for (int64_t lo = 0; lo < n; lo += batch) {
+    std::vector<int64_t> rows;
+    for (int64_t p = lo; p < std::min(n, lo + batch); ++p) rows.push_back(2 * p);
+    for (int64_t p = lo; p < std::min(n, lo + batch); ++p) rows.push_back(2 * p + 1);
+    const Batch b = collate(pairs, rows, pad_id);
+    const at::Tensor lp = model.label_log_probs(b.input_ids, b.labels).sum(1).to(at::kDouble);
+    const int64_t k = static_cast<int64_t>(rows.size()) / 2;
+    for (int64_t i = 0; i < k; ++i)
+      out.emplace_back(lp[i].item<double>(), lp[k + i].item<double>());
+  }
+  return out;
 }
 
 }  // namespace zt::cli

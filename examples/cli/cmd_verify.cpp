@@ -1,10 +1,12 @@
 // zerotrain verify MODEL_DIR --prompt "..." [--template T | --raw] [--max_new_tokens N]: load a
 // model folder (or a LoRA / prompt adapter folder over its base) and generate — the seed's habit
 // of checking every checkpoint by asking it something.
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -21,14 +23,61 @@ namespace zt::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: zerotrain verify MODEL_DIR --prompt \"...\" [--template NAME | --raw] "
-    "[--max_new_tokens N]\n\n"
+    "usage: zerotrain verify MODEL_DIR (--prompt \"...\" | --compare PAIRS.jsonl) "
+    "[--template NAME | --raw] [--max_new_tokens N]\n\n"
     "Loads an HF model folder (or a PEFT adapter folder over its base model) and generates a "
     "reply.\n"
     "  --template NAME     the prompt template (default: the one the run recorded in MODEL_DIR,\n"
     "                      else the model's own chat format, else alpaca_zh)\n"
     "  --raw               send the prompt as it is, without a template\n"
-    "  --max_new_tokens N  at most N new tokens [default: 64]\n";
+    "  --max_new_tokens N  at most N new tokens [default: 64]\n"
+    "  --compare PAIRS     instead of generating, score preference pairs (docs/preference.md):\n"
+    "                      how often the model finds the chosen answer more likely than the\n"
+    "                      rejected one, and for an adapter how often its reward (log-prob\n"
+    "                      gain over the base) is larger\n";
+
+// --compare: the pairs of `path` tokenized as training tokenizes them (the template the run
+// recorded, else the model's own), scored by the model and, with adapters, by its base.
+int compare_pairs(CausalLM& model, const Tokenizer& tok, const std::string& path,
+                  const std::optional<std::string>& template_name, const std::string& dir,
+                  const std::string& model_dir) {
+  DataOptions o;
+  o.preference = true;
+  o.max_length = model.config().max_position_embeddings;
+  o.template_name = resolve_template(
+      template_name ? *template_name : recorded_template(dir).value_or("auto"), model_dir, tok);
+  const Dataset pairs = tokenize_preference_jsonl(path, tok, o);
+  const int32_t pad = tok.pad_id() >= 0 ? tok.pad_id() : std::max(0, tok.eos_id());
+  const std::vector<std::pair<double, double>> policy = pair_log_probs(model, pairs, pad);
+  const double n = static_cast<double>(policy.size());
+  int prefers = 0;
+  double margin = 0;
+  for (const auto& [c, r] : policy) {
+    prefers += c > r;
+    margin += c - r;
+  }
+  std::printf(
+      "%zu pairs of %s (template %s): the model prefers the chosen answer in %.1f%% "
+      "(mean log-prob margin %.3f)\n",
+      policy.size(), path.c_str(), o.template_name.c_str(), 100.0 * prefers / n, margin / n);
+  if (model.prompt_adapter() != nullptr || dir != model_dir) {
+    model.set_adapters_enabled(false);
+    const std::vector<std::pair<double, double>> base = pair_log_probs(model, pairs, pad);
+    model.set_adapters_enabled(true);
+    int accurate = 0;
+    double reward_margin = 0;
+    for (size_t i = 0; i < policy.size(); ++i) {
+      const double m = (policy[i].first - base[i].first) - (policy[i].second - base[i].second);
+      accurate += m > 0;
+      reward_margin += m;
+    }
+    std::printf(
+        "against its base (adapters off): rewards/accuracies %.1f%%, mean reward margin %.3f "
+        "(beta 1)\n",
+        100.0 * accurate / n, reward_margin / n);
+  }
+  return 0;
+}
 
 }  // namespace
 
@@ -40,6 +89,7 @@ int cmd_verify(const Args& in) {
   Args args = in;
   std::optional<std::string> prompt = take_option(args, "prompt");
   std::optional<std::string> template_name = take_option(args, "template");
+  const std::optional<std::string> compare = take_option(args, "compare");
   const std::string max_text = take_option(args, "max_new_tokens").value_or("64");
   char* end = nullptr;
   errno = 0;
@@ -57,7 +107,7 @@ int cmd_verify(const Args& in) {
       ++it;
     }
   }
-  if (args.size() != 1 || !prompt)
+  if (args.size() != 1 || !prompt == !compare)
     throw ConfigError(std::string(kUsage).substr(0, std::string(kUsage).find('\n')));
   std::string dir = args[0];
   const ReadLock reading(dir);  // a checkpoint being read is kept by rotation
@@ -70,6 +120,8 @@ int cmd_verify(const Args& in) {
   model.eval();
   std::shared_ptr<Tokenizer> tok = load_tokenizer(adapter ? base : dir, config.vocab_size);
   check_tokenizer_fits(*tok, config.vocab_size);
+  if (compare)
+    return compare_pairs(model, *tok, *compare, template_name, dir, adapter ? base : dir);
   std::vector<int32_t> ids;
   std::string text = *prompt;
   if (raw) {

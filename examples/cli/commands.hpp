@@ -3,9 +3,12 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zerotrain/config.hpp"
+#include "zerotrain/data.hpp"
+#include "zerotrain/model.hpp"
 
 namespace zt::cli {
 
@@ -34,5 +37,10 @@ std::string self_path();
 /// Whether `args` asks for help (--help or -h): the command then prints `usage` to stdout and
 /// exits 0.
 bool wants_help(const Args& args);
+
+/// The summed answer log-probabilities (chosen, rejected) of every pair of a preference dataset
+/// (tokenize_preference_jsonl), in eval mode without gradients, `batch` pairs at a time.
+std::vector<std::pair<double, double>> pair_log_probs(CausalLM& model, const Dataset& pairs,
+                                                      int32_t pad_id, int64_t batch = 16);
 
 }  // namespace zt::cli

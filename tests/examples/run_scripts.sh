@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 7B / 13B / GLM-4-9B example scripts run end to end on a tiny model of the same kind (2 steps at RANKS
+# The 7B / 13B / GLM-4-9B / DPO example scripts run end to end on a tiny model of the same kind (2 steps at RANKS
 # ranks, synthetic token data), so they cannot rot between GPU sessions.
 #   run_scripts.sh ZEROTRAIN RANKS
 set -euo pipefail
@@ -33,6 +33,11 @@ run lora7b finetune_7b.sh MODE=lora
 [ -f "$work/lora7b/adapter_model.safetensors" ] || { echo "lora7b: no adapter"; exit 1; }
 run full7b finetune_7b.sh MODE=full
 [ -f "$work/full7b/model.safetensors" ] || { echo "full7b: no model"; exit 1; }
+run dpo7b dpo_7b.sh MODE=lora
+[ -f "$work/dpo7b/adapter_model.safetensors" ] || { echo "dpo7b: no adapter"; exit 1; }
+grep -q '"rewards/margins"' "$work/dpo7b/trainer_log.jsonl" || { echo "dpo7b: no DPO metrics"; exit 1; }
+run dpofull7b dpo_7b.sh MODE=full LOSS=sigmoid
+[ -f "$work/dpofull7b/model.safetensors" ] || { echo "dpofull7b: no model"; exit 1; }
 run lora13b finetune_13b_zero3_offload.sh
 [ -f "$work/lora13b/adapter_model.safetensors" ] || { echo "lora13b: no adapter"; exit 1; }
 run loraglm finetune_glm4_9b.sh SHAPE_FILE="$work/tiny_glm.json"
