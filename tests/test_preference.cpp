@@ -175,6 +175,22 @@ TEST_CASE("preference pairs from TRL's and LLaMA-Factory's layouts: prompt maske
     CHECK(stats.empty_answers == 2);
     CHECK(stats.long_prompts == 1);
     CHECK(log.contains("dropped 4 of 5 preference pair(s)"));
+    // A conversation whose last prompt alone fills max_length is dropped too — never trained on
+    // an earlier reply in place of the answer cut away.
+    files::write_atomic(
+        dir + "/turns.jsonl",
+        fmt::format(
+            R"({{"conversations": [{{"from": "human", "value": "Hi"}}, {{"from": "gpt", )"
+            R"("value": "Hello."}}, {{"from": "human", "value": "{}"}}], "chosen": )"
+            R"({{"from": "gpt", "value": "a"}}, "rejected": {{"from": "gpt", "value": "b"}}}})"
+            "\n"
+            R"({{"prompt": "Q", "chosen": " yes", "rejected": " no"}})"
+            "\n",
+            std::string(600, 'x')));
+    DatasetStats turn_stats;
+    Dataset turns = tokenize_preference_jsonl(dir + "/turns.jsonl", *tok, o, &turn_stats);
+    CHECK(turn_stats.long_prompts == 1);
+    CHECK(turns.size() == 2);
     // Answers that only differ past what truncation keeps are the same pair once cut.
     DataOptions short_o = o;
     short_o.max_length =
@@ -418,19 +434,7 @@ TEST_CASE("preference losses, metrics and gradients are TRL's and LLaMA-Factory'
 
 namespace {
 
-// `count` pairs of the even/odd task: the right answer chosen, the wrong one rejected.
-std::string write_pairs(const std::string& dir, const std::string& name, int count, int salt) {
-  std::string text;
-  for (int i = 0; i < count; ++i) {
-    const int n = (i * 7919 + salt * 104729) % 10007;
-    text +=
-        fmt::format(R"({{"instruction": "Is {} even or odd?", "chosen": "{}", "rejected": "{}"}})"
-                    "\n",
-                    n, n % 2 ? "odd" : "even", n % 2 ? "even" : "odd");
-  }
-  files::write_atomic(dir + "/" + name, text);
-  return dir + "/" + name;
-}
+using test::write_pairs;
 
 std::vector<std::string> dpo_flags(const std::string& dir, const std::vector<std::string>& extra) {
   return test::tiny_run_flags(dir,
@@ -468,7 +472,7 @@ TEST_CASE("rank: dpo run", "[.rank]") {
   CHECK(r.global_step == args.max_steps);
 }
 
-TEST_CASE("DPO trains the same at world 1, 2 and 4 under ZeRO stages 0 and 3, and learns",
+TEST_CASE("DPO trains the same at world 1, 2 and 4 under every ZeRO stage, and learns",
           "[preference][trainer]") {
   const std::string dir = test::temp_dir("dpo-runs");
   write_pairs(dir, "train.jsonl", 24, 1);
@@ -476,8 +480,11 @@ TEST_CASE("DPO trains the same at world 1, 2 and 4 under ZeRO stages 0 and 3, an
   for (const char* loss : {"sigmoid", "simpo"}) {
     INFO(loss);
     std::map<std::string, std::map<int64_t, double>> reference;
-    for (int stage : {0, 3}) {
+    for (int stage : {0, 3, 1, 2}) {
       for (int world : {1, 2, 4}) {
+        if (stage == 1 || stage == 2) {  // stages 1 and 2: at 2 ranks, against the rest
+          if (world != 2 || std::string(loss) != "sigmoid") continue;
+        }
         INFO("stage " << stage << ", world " << world);
         const std::string out = fmt::format("{}/out-{}-{}-{}", dir, loss, stage, world);
         const int micro = 4 / world;

@@ -247,10 +247,9 @@ data::Parsed encode_pair(std::string_view line, const std::string& where, const 
     return out;
   }
   if (tok.vocab_size() > id_limit) throw data::TextNeedsVocabulary{};
-  // keep_end needs each sequence whole; keep_start only what it keeps, plus the prompt's cut.
-  const size_t limit = o.truncation_mode == "keep_end"
-                           ? SIZE_MAX
-                           : static_cast<size_t>(o.max_length + o.max_prompt_length + 1);
+  // Each sequence is encoded whole: where its answer starts is only known then (an answer cut
+  // away would leave an earlier reply looking like the last one).
+  const size_t limit = SIZE_MAX;
   for (const std::string* answer : {&p.chosen, &p.rejected}) {
     Example e = encode_sequence(p, *answer, t, tok, limit);
     if (o.truncation_mode != "keep_end") {
@@ -265,6 +264,11 @@ data::Parsed encode_pair(std::string_view line, const std::string& where, const 
       }
     }
     truncate(e, o);
+    if (!data::has_trained_label(e)) {  // nothing of the answer left (keep_end keeps its end)
+      out.examples.clear();
+      out.dropped = kLongPrompt;
+      return out;
+    }
     out.examples.push_back(std::move(e));
   }
   if (out.examples[0].ids == out.examples[1].ids) {  // the same once truncated

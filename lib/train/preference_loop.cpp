@@ -64,7 +64,7 @@ LossSum Trainer::Impl::preference_forward(const Dataset& data, const std::vector
     lp.ref_rejected = ref.narrow(0, n, n);
   } else if (pref.uses_reference()) {
     at::NoGradGuard no_grad;
-    ReferenceMode reference(*model);
+    ReferenceMode reference_mode(*model);
     const at::Tensor ref = model->label_log_probs(ids, b.labels).sum(1);
     lp.ref_chosen = ref.narrow(0, 0, n);
     lp.ref_rejected = ref.narrow(0, n, n);
@@ -78,10 +78,12 @@ LossSum Trainer::Impl::preference_forward(const Dataset& data, const std::vector
   at::Tensor sum = losses.loss.sum();
   if (pref.rpo_alpha > 0) sum = sum - (pref.rpo_alpha * rpo_scale) * lp.chosen.sum();
   {
+    // Summed where they were computed: the host reads them at logging time only (no sync per
+    // micro-batch).
     at::NoGradGuard no_grad;
-    const at::Tensor local =
-        at::cat({losses.metrics.sum(0).cpu(), at::full({1}, static_cast<double>(n), at::kDouble)});
-    if (!metric_sums.defined()) metric_sums = at::zeros({local.numel()}, at::kDouble);
+    const at::Tensor local = at::cat(
+        {losses.metrics.sum(0), at::full({1}, static_cast<double>(n), losses.metrics.options())});
+    if (!metric_sums.defined()) metric_sums = at::zeros_like(local);
     metric_sums.add_(local);
   }
   return {sum, n};
@@ -196,8 +198,8 @@ std::map<std::string, double> Trainer::Impl::preference_metrics(const at::Tensor
   const size_t count = train::kPreferenceMetrics.size();
   std::vector<double> local(count + 1, 0.0);
   if (metric_sums.defined()) {
-    for (size_t k = 0; k <= count; ++k)
-      local[k] = metric_sums[static_cast<int64_t>(k)].item<double>();
+    const at::Tensor host = metric_sums.to(at::kDouble).cpu();
+    for (size_t k = 0; k <= count; ++k) local[k] = host[static_cast<int64_t>(k)].item<double>();
   }
   const std::vector<double> global = comm::reduce_scalars(*comm, local);
   std::map<std::string, double> out;

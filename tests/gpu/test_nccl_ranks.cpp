@@ -57,7 +57,12 @@ void run_on_gpu(test::Case c) {
 std::map<int64_t, double> trainer_losses(int world, const std::vector<std::string>& method,
                                          bool accumulate = true) {
   const std::string dir = test::temp_dir("nccl_job");
-  write_data(dir, "train.jsonl", 64, 3);
+  const bool pairs = std::find(method.begin(), method.end(), "--stage") != method.end();
+  if (pairs) {
+    test::write_pairs(dir, "train.jsonl", 64, 3);
+  } else {
+    write_data(dir, "train.jsonl", 64, 3);
+  }
   const int accum = accumulate ? 2 : 1;
   std::vector<std::string> flags =
       test::tiny_run_flags(dir,
@@ -265,6 +270,26 @@ TEST_CASE("nccl ranks: QLoRA, DoRA and PiSSA at stages 0-3 and offload give worl
   check_world_sizes(offload, false);
   check_world_sizes({"--finetuning_type", "lora", "--lora_r", "8", "--pissa_init", "true",
                      "--pissa_iter", "2", "--deepspeed", stage_json(2)},
+                    false);
+}
+
+TEST_CASE("nccl ranks: DPO (reference online and precomputed) and SimPO give world 1's losses",
+          "[gpu][nccl][ranks][trainer][preference]") {
+  check_world_sizes({"--stage", "dpo", "--finetuning_type", "lora", "--lora_r", "8", "--deepspeed",
+                     stage_json(3)},
+                    false);
+  check_world_sizes({"--stage", "dpo", "--finetuning_type", "full", "--deepspeed", stage_json(3)},
+                    false);
+  check_world_sizes({"--stage", "dpo", "--pref_loss", "simpo", "--finetuning_type", "lora",
+                     "--deepspeed", stage_json(2)},
+                    false);
+}
+
+TEST_CASE("nccl ranks: QLoRA with its layers' inputs in host memory gives world 1's losses",
+          "[gpu][nccl][ranks][trainer][quant]") {
+  check_world_sizes({"--finetuning_type", "lora", "--lora_r", "8", "--quantization_bit", "4",
+                     "--gradient_checkpointing", "true", "--use_unsloth_gc", "true", "--deepspeed",
+                     stage_json(3)},
                     false);
 }
 

@@ -35,6 +35,19 @@ std::string write_data(const std::string& dir, const std::string& name, int coun
   return path;
 }
 
+std::string write_pairs(const std::string& dir, const std::string& name, int count, int salt) {
+  std::string text;
+  for (int i = 0; i < count; ++i) {
+    const int n = (i * 7919 + salt * 104729) % 10007;
+    text += fmt::format(
+        "{{\"instruction\": \"Is {} even or odd?\", \"chosen\": \"{}\", \"rejected\": \"{}\"}}\n",
+        n, n % 2 ? "odd" : "even", n % 2 ? "even" : "odd");
+  }
+  const std::string path = dir + "/" + name;
+  files::write_atomic(path, text);
+  return path;
+}
+
 std::string join_flags(const std::vector<std::string>& flags) {
   std::string s;
   for (const std::string& f : flags) s += f + '\x1f';

@@ -22,6 +22,10 @@ std::vector<std::string> tiny_run_flags(const std::string& dir,
 /// to dir/name and returns the path.
 std::string write_data(const std::string& dir, const std::string& name, int count, int salt);
 
+/// The same task as preference pairs in LLaMA-Factory's alpaca layout: the right answer chosen,
+/// the wrong one rejected. Returns the path.
+std::string write_pairs(const std::string& dir, const std::string& name, int count, int salt);
+
 /// The values of `key` out_dir/trainer_log.jsonl recorded, by step (the last record of a step
 /// that has the key wins).
 std::map<int64_t, double> logged(const std::string& out_dir, const std::string& key);
