@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <rapidjson/document.h>
 
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -436,6 +437,15 @@ namespace {
 
 using test::write_pairs;
 
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t end; (end = text.find('\n', start)) != std::string::npos; start = end + 1) {
+    out.push_back(text.substr(start, end - start));
+  }
+  return out;
+}
+
 std::vector<std::string> dpo_flags(const std::string& dir, const std::vector<std::string>& extra) {
   return test::tiny_run_flags(dir,
                               {"--stage",
@@ -580,6 +590,36 @@ TEST_CASE(
                {"--output_dir", dir + "/full-resumed", "--overwrite_output_dir", "true"});
   apply_training_flags(args, flags);
   CHECK_THROWS_WITH(Trainer(args, comm), Contains("ref_log_probs.safetensors"));
+}
+
+TEST_CASE("rpo_alpha adds the chosen answers' token-mean NLL over the global batch",
+          "[preference][trainer]") {
+  // At the first step the policy is the reference: DPO's loss is log 2 exactly, and with
+  // rpo_alpha α the step's loss is log 2 + α · the chosen answers' NLL averaged over all their
+  // tokens — what an SFT run on the chosen answers logs at its first step (same model, same
+  // order, the same sequences).
+  const std::string dir = test::temp_dir("dpo-rpo");
+  write_pairs(dir, "train.jsonl", 24, 5);
+  std::string sft;
+  for (const std::string& line : split_lines(files::read_text(dir + "/train.jsonl"))) {
+    const size_t chosen = line.find("\"chosen\"");
+    const size_t rejected = line.find(", \"rejected\"");
+    sft += line.substr(0, chosen) + "\"output\"" + line.substr(chosen + 8, rejected - chosen - 8) +
+           "}\n";
+  }
+  files::write_atomic(dir + "/sft.jsonl", sft);
+  auto first_loss = [&](const std::vector<std::string>& extra, const std::string& out) {
+    std::vector<std::string> flags = dpo_flags(dir, extra);
+    flags.insert(flags.end(), {"--output_dir", dir + "/" + out, "--max_steps", "1",
+                               "--per_device_train_batch_size", "8"});
+    test::run_ranks(2, "rank: dpo run", std::chrono::seconds(240),
+                    {{"ZT_FLAGS", test::join_flags(flags)}});
+    return test::logged(dir + "/" + out, "loss").at(1);
+  };
+  const double nll = first_loss({"--stage", "sft", "--train_file", dir + "/sft.jsonl"}, "sft");
+  CHECK(first_loss({}, "dpo") == Approx(std::log(2.0)).epsilon(1e-6));
+  CHECK(first_loss({"--rpo_alpha", "0.7"}, "rpo") ==
+        Approx(std::log(2.0) + 0.7 * nll).epsilon(1e-5));
 }
 
 TEST_CASE("stage dpo: settings it cannot honour are refused, naming the option",
