@@ -590,6 +590,22 @@ TEST_CASE(
                {"--output_dir", dir + "/full-resumed", "--overwrite_output_dir", "true"});
   apply_training_flags(args, flags);
   CHECK_THROWS_WITH(Trainer(args, comm), Contains("ref_log_probs.safetensors"));
+  // A table that is not this run's, or is damaged: refused naming the file, never scored with.
+  const std::string table = dir + "/full-resumed/checkpoint-3/ref_log_probs.safetensors";
+  const SafetensorsFile good(whole + "/checkpoint-3/ref_log_probs.safetensors");
+  const at::Tensor train_table = good.load("train");
+  const std::map<std::string, std::string> meta{{"format", "pt"},
+                                                {"train_data", good.metadata().at("train_data")},
+                                                {"eval_data", good.metadata().at("eval_data")}};
+  save_safetensors(
+      table, {{"train", train_table}, {"eval", good.load("eval")}},
+      {{"format", "pt"}, {"train_data", "0000-24"}, {"eval_data", meta.at("eval_data")}});
+  CHECK_THROWS_WITH(Trainer(args, comm), Contains(table) && Contains("other train data"));
+  for (const at::Tensor& bad : {train_table.narrow(0, 0, 10), train_table.to(at::kFloat),
+                                train_table.clone().fill_(std::nan(""))}) {
+    save_safetensors(table, {{"train", bad}, {"eval", good.load("eval")}}, meta);
+    CHECK_THROWS_WITH(Trainer(args, comm), Contains(table) && Contains("damaged"));
+  }
 }
 
 TEST_CASE("rpo_alpha adds the chosen answers' token-mean NLL over the global batch",
