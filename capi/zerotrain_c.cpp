@@ -123,6 +123,17 @@ at::Tensor tokens_of(const T* data, int64_t n, int64_t rows, int64_t cols) {
   return at::from_blob(const_cast<T*>(data), {n * rows, cols}, type).to(at::kLong);
 }
 
+void copy_stats(const zt::StepStats& s, zt_step_stats* stats) {
+  if (stats == nullptr) return;
+  stats->global_step = s.global_step;
+  stats->stepped = s.stepped ? 1 : 0;
+  stats->skipped = s.skipped ? 1 : 0;
+  stats->loss = s.loss;
+  stats->grad_norm = s.grad_norm;
+  stats->learning_rate = s.learning_rate;
+  stats->loss_scale = s.loss_scale;
+}
+
 template <typename T>
 zt_status train_step_of(const char* fn, zt_trainer* t, const T* input_ids, const T* labels,
                         int64_t batch_size, int64_t seq_len, zt_step_stats* stats) {
@@ -132,16 +143,7 @@ zt_status train_step_of(const char* fn, zt_trainer* t, const T* input_ids, const
     check_token_count(fn, {{"batch_size", batch_size}, {"seq_len", seq_len}});
     at::Tensor ids = tokens_of(input_ids, 1, batch_size, seq_len);
     at::Tensor y = labels != nullptr ? tokens_of(labels, 1, batch_size, seq_len) : at::Tensor();
-    zt::StepStats s = t->trainer->train_step(ids, y);
-    if (stats != nullptr) {
-      stats->global_step = s.global_step;
-      stats->stepped = s.stepped ? 1 : 0;
-      stats->skipped = s.skipped ? 1 : 0;
-      stats->loss = s.loss;
-      stats->grad_norm = s.grad_norm;
-      stats->learning_rate = s.learning_rate;
-      stats->loss_scale = s.loss_scale;
-    }
+    copy_stats(t->trainer->train_step(ids, y), stats);
   });
 }
 
@@ -245,6 +247,27 @@ int32_t zt_trainer_world_size(const zt_trainer* t) {
 zt_status zt_trainer_train_step(zt_trainer* t, const int64_t* input_ids, const int64_t* labels,
                                 int64_t batch_size, int64_t seq_len, zt_step_stats* stats) {
   return train_step_of("zt_trainer_train_step", t, input_ids, labels, batch_size, seq_len, stats);
+}
+
+zt_status zt_trainer_train_pairs_step(zt_trainer* t, const int64_t* chosen_ids,
+                                      const int64_t* chosen_labels, const int64_t* rejected_ids,
+                                      const int64_t* rejected_labels, int64_t pairs,
+                                      int64_t seq_len, zt_step_stats* stats) {
+  const char* fn = "zt_trainer_train_pairs_step";
+  return guarded([&] {
+    require(t != nullptr, fmt::format("{}: trainer is NULL", fn));
+    require(chosen_ids != nullptr && chosen_labels != nullptr && rejected_ids != nullptr &&
+                rejected_labels != nullptr,
+            fmt::format("{}: chosen_ids, chosen_labels, rejected_ids and rejected_labels must all "
+                        "be given",
+                        fn));
+    check_token_count(fn, {{"pairs", pairs}, {"seq_len", seq_len}});
+    copy_stats(t->trainer->train_preference_step(tokens_of(chosen_ids, 1, pairs, seq_len),
+                                                 tokens_of(chosen_labels, 1, pairs, seq_len),
+                                                 tokens_of(rejected_ids, 1, pairs, seq_len),
+                                                 tokens_of(rejected_labels, 1, pairs, seq_len)),
+               stats);
+  });
 }
 
 zt_status zt_trainer_train_step_i32(zt_trainer* t, const int32_t* input_ids, const int32_t* labels,

@@ -638,6 +638,51 @@ TEST_CASE("rpo_alpha adds the chosen answers' token-mean NLL over the global bat
         Approx(std::log(2.0) + 0.7 * nll).epsilon(1e-5));
 }
 
+TEST_CASE("train_preference_step: the host's pairs give the steps train() gives",
+          "[preference][trainer]") {
+  // The same pairs, in the file's order (sequential sampling), four a step: through train() from
+  // train_file, and handed over batch by batch from the host.
+  const std::string dir = test::temp_dir("dpo-host");
+  write_pairs(dir, "train.jsonl", 16, 7);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  auto args_for = [&](const std::string& out) {
+    TrainingArguments args;
+    std::vector<std::string> flags =
+        dpo_flags(dir, {"--output_dir", dir + "/" + out, "--train_sampling_strategy", "sequential",
+                        "--per_device_train_batch_size", "4", "--max_steps", "4"});
+    apply_training_flags(args, flags);
+    return args;
+  };
+  Trainer(args_for("file"), comm).train();
+  const std::map<int64_t, double> want = test::logged(dir + "/file", "loss");
+  REQUIRE(want.size() == 4);
+  Trainer host(args_for("host"), comm);
+  DataOptions o = data_options_for(host.arguments());
+  const Dataset pairs =
+      tokenize_preference_jsonl(dir + "/train.jsonl", *load_tokenizer("", 259), o);
+  for (int64_t step = 0; step < 4; ++step) {
+    std::vector<int64_t> rows;
+    for (int64_t p = 4 * step; p < 4 * step + 4; ++p) rows.push_back(2 * p);
+    for (int64_t p = 4 * step; p < 4 * step + 4; ++p) rows.push_back(2 * p + 1);
+    const Batch b = collate(pairs, rows, 0);
+    const StepStats st =
+        host.train_preference_step(b.input_ids.narrow(0, 0, 4), b.labels.narrow(0, 0, 4),
+                                   b.input_ids.narrow(0, 4, 4), b.labels.narrow(0, 4, 4));
+    INFO("step " << step + 1);
+    CHECK(st.stepped);
+    CHECK(st.loss == Approx(want.at(step + 1)).epsilon(1e-5));
+  }
+  // Hostile shapes and rows: errors naming what is wrong.
+  const at::Tensor ids = at::full({2, 6}, 5, at::kLong);
+  at::Tensor labels = ids.clone();
+  CHECK_THROWS_WITH(host.train_preference_step(ids, labels, ids.narrow(1, 0, 5), labels),
+                    Contains("one shape"));
+  CHECK_THROWS_WITH(host.train_preference_step(ids, at::full({2, 6}, -100, at::kLong), ids, labels),
+                    Contains("no scored answer token"));
+  CHECK_THROWS_WITH(host.train_preference_step(ids + 1000, labels, ids, labels),
+                    Contains("chosen_ids") && Contains("outside the vocabulary"));
+}
+
 TEST_CASE("stage dpo: settings it cannot honour are refused, naming the option",
           "[preference][errors]") {
   const std::string dir = test::temp_dir("dpo-errors");

@@ -155,6 +155,31 @@ func (t *Trainer) TrainStep(ids, labels []int64, batchSize int) (StepStats, erro
 	return statsOf(&st), nil
 }
 
+// TrainPairsStep runs one micro-batch of `pairs` preference pairs in a run with stage dpo:
+// row-major chosen and rejected sequences of one length, each with its labels (-100 on the
+// prompt and padding); it steps at the accumulation boundary. Collective.
+func (t *Trainer) TrainPairsStep(chosen, chosenLabels, rejected, rejectedLabels []int64, pairs int) (StepStats, error) {
+	p, s, cl, err := shape(chosen, chosenLabels, pairs)
+	if err != nil {
+		return StepStats{}, err
+	}
+	if chosenLabels == nil || rejectedLabels == nil || len(rejected) != len(chosen) {
+		return StepStats{}, &Error{InvalidArgument, fmt.Sprintf("pairs need labels for both sides and as many rejected ids (%d) as chosen ones (%d)", len(rejected), len(chosen))}
+	}
+	_, _, rl, err := shape(rejected, rejectedLabels, pairs)
+	if err != nil {
+		return StepStats{}, err
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var st C.zt_step_stats
+	if err := check(C.zt_trainer_train_pairs_step(t.raw, (*C.int64_t)(unsafe.Pointer(&chosen[0])), cl,
+		(*C.int64_t)(unsafe.Pointer(&rejected[0])), rl, p, s, &st)); err != nil {
+		return StepStats{}, err
+	}
+	return statsOf(&st), nil
+}
+
 // Evaluate is the token-weighted mean loss over numBatches batches of batchSize rows laid out
 // back to back. Collective.
 func (t *Trainer) Evaluate(ids, labels []int64, numBatches, batchSize int) (float64, error) {

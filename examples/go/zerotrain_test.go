@@ -86,6 +86,46 @@ func TestStepsAndCheckpoints(t *testing.T) {
 	}
 }
 
+func TestPreferencePairs(t *testing.T) {
+	tr, err := New(fmt.Sprintf(`{%s, "output_dir": %q, "max_steps": 6, "learning_rate": 0.01,
+		"stage": "dpo", "finetuning_type": "lora", "beta": 0.5}`, tiny, t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	chosen, rejected := make([]int64, 16), make([]int64, 16)
+	cl, rl := make([]int64, 16), make([]int64, 16)
+	for i := range chosen {
+		chosen[i] = 3 + int64(i*7)%200
+		rejected[i] = chosen[i]
+		if i%8 >= 3 {
+			rejected[i] = 5 + int64(i*11)%200
+		}
+		cl[i], rl[i] = chosen[i], rejected[i]
+		if i%8 < 3 {
+			cl[i], rl[i] = -100, -100
+		}
+	}
+	// At the start the policy is the reference (LoRA's B is zero): each pair's loss is log 2.
+	first, err := tr.TrainPairsStep(chosen, cl, rejected, rl, 2)
+	if err != nil || first.Loss < 0.693147 || first.Loss > 0.693148 {
+		t.Fatalf("first pairs step: %v %v", first.Loss, err)
+	}
+	last := first
+	for i := 0; i < 5; i++ {
+		if last, err = tr.TrainPairsStep(chosen, cl, rejected, rl, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !(last.Loss < first.Loss) {
+		t.Fatalf("loss %v -> %v", first.Loss, last.Loss)
+	}
+	var e *Error
+	if _, err = tr.TrainPairsStep(chosen, cl, rejected[:8], rl[:8], 2); !errors.As(err, &e) || e.Status != InvalidArgument {
+		t.Fatalf("got %v", err)
+	}
+}
+
 func TestLogCallback(t *testing.T) {
 	var lines []string
 	SetLogCallback(func(level LogLevel, message string) {

@@ -125,6 +125,18 @@ class Trainer {
   /// malformed shapes are InvalidArgument (on the rank that gave them; the others fail in the
   /// next collective). Collective.
   StepStats train_step(const at::Tensor& input_ids, const at::Tensor& labels = {});
+  /// One micro-batch of preference pairs given by the caller, in a run with stage dpo:
+  /// `chosen_ids` / `rejected_ids` [pairs, seq] int64, each row the prompt and an answer,
+  /// right-padded; `chosen_labels` / `rejected_labels` the same shapes with -100 on the prompt
+  /// and the padding (the answer's tokens are scored; the shift is applied inside). The loss is
+  /// the run's pref_loss against the reference (the model with its adapters off; a run whose
+  /// reference is precomputed, and rpo_alpha, take train_file's pairs only: InvalidArgument).
+  /// Steps at the accumulation boundary; normalized by the window's pairs over all ranks, so
+  /// equal global batches give equal steps. StepStats::loss is the micro-batch's mean pair loss
+  /// over all ranks. Collective.
+  StepStats train_preference_step(const at::Tensor& chosen_ids, const at::Tensor& chosen_labels,
+                                  const at::Tensor& rejected_ids,
+                                  const at::Tensor& rejected_labels);
   /// The token-weighted mean loss over batches every rank gives (the same number of batches on
   /// every rank; an empty list on all is an InvalidArgument), without changing the model.
   /// Collective.

@@ -124,6 +124,20 @@ ZT_EXPORT zt_status zt_trainer_train_step_i32(zt_trainer* t, const int32_t* inpu
                                               const int32_t* labels, int64_t batch_size,
                                               int64_t seq_len, zt_step_stats* stats);
 
+/* One micro-batch of preference pairs on this rank, for a run with "stage": "dpo" (see
+ * docs/preference.md): `chosen_ids` / `rejected_ids` are row-major [pairs, seq_len], each row a
+ * prompt and an answer, right-padded; `chosen_labels` / `rejected_labels` the same with -100 on
+ * the prompt and the padding. The loss is the run's pref_loss against the model with its adapters
+ * off (a run with a precomputed reference or rpo_alpha: ZT_ERR_INVALID_ARGUMENT). Steps at the
+ * accumulation boundary; normalized by the window's pairs over all ranks. `stats->loss` is the
+ * micro-batch's mean pair loss over all ranks. The arrays are only read during the call;
+ * `stats` may be NULL. Collective. */
+ZT_EXPORT zt_status zt_trainer_train_pairs_step(zt_trainer* t, const int64_t* chosen_ids,
+                                                const int64_t* chosen_labels,
+                                                const int64_t* rejected_ids,
+                                                const int64_t* rejected_labels, int64_t pairs,
+                                                int64_t seq_len, zt_step_stats* stats);
+
 /* The token-weighted mean loss over `num_batches` batches of [batch_size, seq_len] laid out back
  * to back in `input_ids` (and `labels`, which may be NULL), without changing the model. Every
  * rank passes its own batches, the same number of them. Collective. */

@@ -50,8 +50,8 @@ StepStats Trainer::Impl::train_step(const at::Tensor& input_ids, const at::Tenso
   Impl& I = *this;
   if (I.preference) {
     throw InvalidArgument(
-        "train_step: a run with stage dpo trains on the pairs of train_file (train()); host "
-        "batches of preference pairs are not supported yet");
+        "train_step: a run with stage dpo trains on preference pairs: give them to "
+        "train_preference_step (zt_trainer_train_pairs_step)");
   }
   const int64_t vocab = I.model_config.vocab_size;
   at::Tensor ids = checked_tokens(input_ids, "train_step input_ids", vocab, false);
@@ -61,8 +61,63 @@ StepStats Trainer::Impl::train_step(const at::Tensor& input_ids, const at::Tenso
                                       fmt::join(y.sizes(), ", "), fmt::join(ids.sizes(), ", ")));
   }
   I.model->train();
-  LossSum l = I.forward_tokens(ids, y);
-  // The window's token count is learned at its end: the engine normalizes by it.
+  return I.host_step(I.forward_tokens(ids, y));
+}
+
+StepStats Trainer::train_preference_step(const at::Tensor& chosen_ids,
+                                         const at::Tensor& chosen_labels,
+                                         const at::Tensor& rejected_ids,
+                                         const at::Tensor& rejected_labels) {
+  return impl_->posting_failures([&] {
+    return impl_->train_preference_step(chosen_ids, chosen_labels, rejected_ids, rejected_labels);
+  });
+}
+
+StepStats Trainer::Impl::train_preference_step(const at::Tensor& chosen_ids,
+                                               const at::Tensor& chosen_labels,
+                                               const at::Tensor& rejected_ids,
+                                               const at::Tensor& rejected_labels) {
+  Impl& I = *this;
+  if (!I.preference) {
+    throw InvalidArgument(
+        "train_preference_step: the run trains next-token losses; set stage dpo in its options "
+        "for preference pairs");
+  }
+  if (I.precomputed_reference || I.pref.rpo_alpha > 0) {
+    throw InvalidArgument(fmt::format(
+        "train_preference_step: {} needs the pairs of train_file (train()); host pairs train with "
+        "an adapter method's online reference or a reference-free loss, without rpo_alpha",
+        I.precomputed_reference ? "the precomputed reference" : "rpo_alpha"));
+  }
+  const int64_t vocab = I.model_config.vocab_size;
+  const char* fn = "train_preference_step";
+  const at::Tensor c = checked_tokens(chosen_ids, "train_preference_step chosen_ids", vocab, false);
+  const at::Tensor r =
+      checked_tokens(rejected_ids, "train_preference_step rejected_ids", vocab, false);
+  const at::Tensor cy =
+      checked_tokens(chosen_labels, "train_preference_step chosen_labels", vocab, true);
+  const at::Tensor ry =
+      checked_tokens(rejected_labels, "train_preference_step rejected_labels", vocab, true);
+  if (c.sizes() != r.sizes() || cy.sizes() != c.sizes() || ry.sizes() != c.sizes()) {
+    throw InvalidArgument(fmt::format(
+        "{}: chosen_ids [{}], chosen_labels [{}], rejected_ids [{}] and rejected_labels [{}] must "
+        "have one shape [pairs, seq] (pad the shorter rows, labels -100 there)",
+        fn, fmt::join(c.sizes(), ", "), fmt::join(cy.sizes(), ", "), fmt::join(r.sizes(), ", "),
+        fmt::join(ry.sizes(), ", ")));
+  }
+  const at::Tensor scored = at::cat({cy, ry}).narrow(1, 1, c.size(1) - 1).ne(kIgnoreLabel).sum(1);
+  if ((scored == 0).any().item<bool>()) {
+    throw InvalidArgument(fmt::format(
+        "{}: a row has no scored answer token (every label past the first is -100)", fn));
+  }
+  I.model->train();
+  at::Tensor metrics;
+  return I.host_step(I.preference_rows(at::cat({c, r}), at::cat({cy, ry}), 0.0, metrics, {}));
+}
+
+StepStats Trainer::Impl::host_step(const LossSum& l) {
+  Impl& I = *this;
+  // The window's count (tokens, or pairs) is learned at its end: the engine normalizes by it.
   I.engine->backward_tokens(l.sum, l.tokens);
   const std::vector<double> totals =
       comm::reduce_scalars(*I.comm, {l.sum.detach().item<double>(), static_cast<double>(l.tokens)});

@@ -45,31 +45,38 @@ class ReferenceMode {
 LossSum Trainer::Impl::preference_forward(const Dataset& data, const std::vector<int64_t>& pairs,
                                           double rpo_scale, at::Tensor& metric_sums,
                                           const at::Tensor& reference) {
-  const int64_t n = static_cast<int64_t>(pairs.size());
   std::vector<int64_t> rows;
   rows.reserve(2 * pairs.size());
   for (int64_t p : pairs) rows.push_back(2 * p);
   for (int64_t p : pairs) rows.push_back(2 * p + 1);
   const Batch b = collate(data, rows, pad_id);
+  at::Tensor rows_reference;
+  if (reference.defined()) rows_reference = reference.index_select(0, at::tensor(rows, at::kLong));
+  return preference_rows(b.input_ids, b.labels, rpo_scale, metric_sums, rows_reference);
+}
+
+LossSum Trainer::Impl::preference_rows(const at::Tensor& input_ids, const at::Tensor& labels,
+                                       double rpo_scale, at::Tensor& metric_sums,
+                                       const at::Tensor& reference) {
+  const int64_t n = input_ids.size(0) / 2;
   const at::Device device = comm->device();
-  const at::Tensor ids = b.input_ids.to(device);
+  const at::Tensor ids = input_ids.to(device);
   // Rows are right-padded: causal attention never reaches the padding, so no mask is needed.
   const at::Tensor counts =
-      b.labels.narrow(1, 1, b.labels.size(1) - 1).ne(kIgnoreLabel).sum(1).to(at::kFloat).to(device);
+      labels.narrow(1, 1, labels.size(1) - 1).ne(kIgnoreLabel).sum(1).to(at::kFloat).to(device);
   train::PairLogProbs lp;
   if (pref.uses_reference() && reference.defined()) {
-    const at::Tensor ref =
-        reference.index_select(0, at::tensor(rows, at::kLong)).to(at::kFloat).to(device);
+    const at::Tensor ref = reference.to(at::kFloat).to(device);
     lp.ref_chosen = ref.narrow(0, 0, n);
     lp.ref_rejected = ref.narrow(0, n, n);
   } else if (pref.uses_reference()) {
     at::NoGradGuard no_grad;
     ReferenceMode reference_mode(*model);
-    const at::Tensor ref = model->label_log_probs(ids, b.labels).sum(1);
+    const at::Tensor ref = model->label_log_probs(ids, labels).sum(1);
     lp.ref_chosen = ref.narrow(0, 0, n);
     lp.ref_rejected = ref.narrow(0, n, n);
   }
-  const at::Tensor logps = model->label_log_probs(ids, b.labels).sum(1);
+  const at::Tensor logps = model->label_log_probs(ids, labels).sum(1);
   lp.chosen = logps.narrow(0, 0, n);
   lp.rejected = logps.narrow(0, n, n);
   lp.chosen_tokens = counts.narrow(0, 0, n);

@@ -151,6 +151,14 @@ struct Trainer::Impl {
   bool warned_past_max_steps = false;  ///< train_step past max_steps says so once
   /// Trainer::train_step's work.
   StepStats train_step(const at::Tensor& input_ids, const at::Tensor& labels);
+  /// Trainer::train_preference_step's work.
+  StepStats train_preference_step(const at::Tensor& chosen_ids, const at::Tensor& chosen_labels,
+                                  const at::Tensor& rejected_ids,
+                                  const at::Tensor& rejected_labels);
+  /// The backward (normalized at the window's end by its count over all ranks), the optimizer
+  /// step at the boundary and the step's stats, for a host micro-batch of `count` items
+  /// (tokens or pairs) whose summed loss is `loss`.
+  StepStats host_step(const LossSum& loss);
   /// Runs `fn`; an error of this rank's own (not a DistributedError, which another rank's
   /// failure caused, nor an agreed cancel) is posted for the other ranks before it propagates,
   /// so that their errors name this rank (Communicator::post_failure).
@@ -175,6 +183,10 @@ struct Trainer::Impl {
   LossSum preference_forward(const Dataset& data, const std::vector<int64_t>& pairs,
                              double rpo_scale, at::Tensor& metric_sums,
                              const at::Tensor& reference = {});
+  /// The same for a batch already made: `ids` / `labels` [2 × pairs, seq], the chosen rows then
+  /// the rejected ones; `reference` the precomputed log-probs of those rows (or undefined).
+  LossSum preference_rows(const at::Tensor& ids, const at::Tensor& labels, double rpo_scale,
+                          at::Tensor& metric_sums, const at::Tensor& reference);
   /// With precompute_ref_log_probs: the reference's summed answer log-probs of every sequence
   /// of the training and evaluation pairs ([2 × pairs] fp64 on the host, in the datasets'
   /// order), computed once before the first step and kept in every checkpoint

@@ -191,6 +191,40 @@ int main(void) {
                 "zt_trainer_train_step_i32: input_ids");
     (void)l32;
   }
+  /* Preference pairs: refused by a next-token run, trained by a stage dpo one. */
+  CHECK_FAILS(zt_trainer_train_pairs_step(t, ids, labels, ids, labels, 2, 8, &st),
+              ZT_ERR_INVALID_ARGUMENT, "stage dpo");
+  {
+    zt_trainer *dpo = NULL;
+    char dpo_options[1024];
+    snprintf(dpo_options, sizeof dpo_options,
+             "{" MODEL ", \"device\": \"cpu\", \"output_dir\": \"%s/run-dpo\", \"max_steps\": 4,"
+             " \"stage\": \"dpo\", \"finetuning_type\": \"lora\", \"beta\": 0.5,"
+             " \"per_device_train_batch_size\": 2, \"gradient_accumulation_steps\": 2,"
+             " \"learning_rate\": 0.01, \"distributed\": {\"rank\": 0, \"world_size\": 1}}",
+             dir);
+    CHECK_OK(zt_trainer_create(dpo_options, &dpo));
+    int64_t rejected[2 * 8], rejected_labels[2 * 8];
+    for (int i = 0; i < 16; ++i) {
+      rejected[i] = i % 8 < 3 ? ids[i] : (ids[i] + 11) % 250 + 3; /* the same prompt */
+      rejected_labels[i] = i % 8 < 3 ? -100 : rejected[i];
+    }
+    CHECK_FAILS(zt_trainer_train_pairs_step(dpo, ids, NULL, rejected, rejected_labels, 2, 8, &st),
+                ZT_ERR_INVALID_ARGUMENT, "chosen_labels");
+    CHECK_FAILS(zt_trainer_train_step(dpo, ids, labels, 2, 8, &st), ZT_ERR_INVALID_ARGUMENT,
+                "train_preference_step");
+    /* The first window: the policy is the reference (LoRA's B starts at zero), so each pair's
+     * DPO loss is log 2 exactly. */
+    CHECK_OK(zt_trainer_train_pairs_step(dpo, ids, labels, rejected, rejected_labels, 2, 8, &st));
+    CHECK(st.stepped == 0 && fabs(st.loss - log(2.0)) < 1e-6);
+    CHECK_OK(zt_trainer_train_pairs_step(dpo, ids, labels, rejected, rejected_labels, 2, 8, &st));
+    CHECK(st.stepped == 1 && st.global_step == 1 && st.grad_norm > 0.0);
+    for (int call = 0; call < 6; ++call) {
+      CHECK_OK(zt_trainer_train_pairs_step(dpo, ids, labels, rejected, rejected_labels, 2, 8, &st));
+    }
+    CHECK(st.loss < log(2.0)); /* the chosen answers are preferred now */
+    zt_trainer_free(dpo);
+  }
 
   double loss = 0.0, again = 0.0;
   CHECK_FAILS(zt_trainer_evaluate(t, ids, NULL, 0, 2, 8, &loss), ZT_ERR_INVALID_ARGUMENT, "num_batches");

@@ -45,6 +45,16 @@ extern "C" {
         seq_len: i64,
         stats: *mut zt_step_stats,
     ) -> c_int;
+    pub fn zt_trainer_train_pairs_step(
+        t: *mut zt_trainer,
+        chosen_ids: *const i64,
+        chosen_labels: *const i64,
+        rejected_ids: *const i64,
+        rejected_labels: *const i64,
+        pairs: i64,
+        seq_len: i64,
+        stats: *mut zt_step_stats,
+    ) -> c_int;
     pub fn zt_trainer_evaluate(
         t: *mut zt_trainer,
         input_ids: *const i64,
