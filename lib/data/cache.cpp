@@ -93,15 +93,22 @@ std::string cache_file(const std::string& cache_dir, const std::string& jsonl_pa
   return (fs::path(cache_dir) / name).string();
 }
 
-const std::pair<const char*, int64_t DatasetStats::*> kStatFields[] = {
+// The stats a cache file keeps in its metadata. `since_preference`: absent from files written
+// before preference data existed, read as 0 there.
+struct StatField {
+  const char* name;
+  int64_t DatasetStats::*field;
+  bool since_preference = false;
+};
+const StatField kStatFields[] = {
     {"lines", &DatasetStats::lines},
     {"examples", &DatasetStats::examples},
     {"skipped_lines", &DatasetStats::skipped_lines},
     {"dropped_examples", &DatasetStats::dropped_examples},
     {"tokens", &DatasetStats::tokens},
-    {"identical_pairs", &DatasetStats::identical_pairs},
-    {"empty_answers", &DatasetStats::empty_answers},
-    {"long_prompts", &DatasetStats::long_prompts},
+    {"identical_pairs", &DatasetStats::identical_pairs, true},
+    {"empty_answers", &DatasetStats::empty_answers, true},
+    {"long_prompts", &DatasetStats::long_prompts, true},
 };
 
 template <typename T>
@@ -137,7 +144,7 @@ void write_cache(const Dataset& d, const std::string& path, const DatasetStats& 
                  const std::string& key) {
   std::map<std::string, std::string> metadata{
       {"format", kCacheFormat}, {"version", std::to_string(kCacheVersion)}, {"key", key}};
-  for (const auto& [name, field] : kStatFields) metadata[name] = std::to_string(stats.*field);
+  for (const StatField& f : kStatFields) metadata[f.name] = std::to_string(stats.*f.field);
   std::vector<std::pair<std::string, at::Tensor>> tensors{
       {"input_ids", view_of(d.flat_ids(), at::kInt)},
       {"labels", view_of(d.flat_labels(), at::kInt)},
@@ -199,16 +206,13 @@ std::pair<Dataset, std::string> read_cache(const std::string& path, DatasetStats
     throw corrupt_cache(path, e.what());
   }
   if (stats != nullptr) {
-    for (const auto& [name, field] : kStatFields) {
-      if (field == &DatasetStats::identical_pairs || field == &DatasetStats::empty_answers ||
-          field == &DatasetStats::long_prompts) {
-        if (entry(name).empty()) continue;  // written before preference data: none dropped
-      }
+    for (const StatField& f : kStatFields) {
+      if (f.since_preference && entry(f.name).empty()) continue;
       try {
-        stats->*field = std::stoll(entry(name));
+        stats->*f.field = std::stoll(entry(f.name));
       } catch (const std::exception&) {
         throw corrupt_cache(
-            path, fmt::format("metadata \"{}\" is \"{}\", not a number", name, entry(name)));
+            path, fmt::format("metadata \"{}\" is \"{}\", not a number", f.name, entry(f.name)));
       }
     }
   }

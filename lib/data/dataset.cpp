@@ -236,14 +236,15 @@ std::string message_text(json::ObjectReader& m, const char* key) {
   return m.required_string(key);
 }
 
-Chat parse_chat(json::ObjectReader& r, const std::string& where, const ChatLayout& layout) {
+Chat parse_chat(json::ObjectReader& r, const std::string& where, const ChatLayout& layout,
+                bool ends_with_user) {
   const rapidjson::Value* v = r.find(layout.list);
   if (v == nullptr || !v->IsArray() || v->Empty()) {
     r.fail(layout.list, fmt::format("a non-empty array of {{\"{}\", \"{}\"}} objects", layout.role,
                                     layout.content));
   }
   Chat c;
-  if (&layout == &kShareGpt) {
+  if (layout.system_at_top) {
     if (auto system = r.string("system"); system && !system->empty()) c.system = *system;
   }
   std::optional<std::string> user;  // a user message waiting for its reply
@@ -274,7 +275,12 @@ Chat parse_chat(json::ObjectReader& r, const std::string& where, const ChatLayou
       user.reset();
     }
   }
-  if (user || c.messages.empty()) {
+  if (ends_with_user) {
+    if (!user) {
+      r.fail_value(layout.list, "must end with a user message (the prompt the answers reply to)");
+    }
+    c.messages.push_back({"user", std::move(*user), ""});
+  } else if (user || c.messages.empty()) {
     r.fail_value(layout.list, "must end with an assistant reply to a user message");
   }
   return c;

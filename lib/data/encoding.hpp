@@ -41,22 +41,27 @@ Example encode_chat(const Chat& chat, const ChatTemplate& t, const Tokenizer& to
 Example encode_text(const std::string& text, const Tokenizer& tok, size_t limit);
 
 /// A chat in one of the layouts users have: OpenAI `messages` ({"role", "content"}) or ShareGPT
-/// `conversations` ({"from", "value"}, with an optional top-level "system").
+/// `conversations` ({"from", "value"}, with an optional top-level "system"). Preference records
+/// hold OpenAI-style lists under other keys ("prompt", "chosen", "rejected").
 struct ChatLayout {
   const char* list;
   const char* role;
   const char* content;
+  bool system_at_top = false;  ///< the record's "system" string is the system message
 };
 constexpr ChatLayout kOpenAi{"messages", "role", "content"};
-constexpr ChatLayout kShareGpt{"conversations", "from", "value"};
+constexpr ChatLayout kShareGpt{"conversations", "from", "value", true};
 
 /// The role a message's role text names (user, assistant, system), in the spellings the
 /// ShareGPT datasets in the wild use; nullopt for any other.
 std::optional<std::string> normalized_role(const std::string& role);
 /// A message's text: a string, or OpenAI's list of text parts. ConfigError naming `key`.
 std::string message_text(json::ObjectReader& m, const char* key);
-/// The chat of record `r` in `layout` (user / assistant turns, ending with an assistant reply).
-Chat parse_chat(json::ObjectReader& r, const std::string& where, const ChatLayout& layout);
+/// The chat of record `r` in `layout`: a system message first if any, then user / assistant
+/// turns ending with an assistant reply — or, with `ends_with_user`, with a user message (a
+/// preference prompt, which the answers reply to).
+Chat parse_chat(json::ObjectReader& r, const std::string& where, const ChatLayout& layout,
+                bool ends_with_user = false);
 /// An alpaca record's prompt: system, history and the last user turn (instruction + input).
 Chat parse_instruction_prompt(json::ObjectReader& r);
 

@@ -32,49 +32,10 @@ struct Pair {
   std::string chosen, rejected;
 };
 
-// A list of messages ({"role", "content"} or ShareGPT's {"from", "value"}) at `key`: the system
-// message first if any, then user and assistant turns; `last` says which role must end it.
-Chat parse_messages(json::ObjectReader& r, const char* key, const std::string& where,
-                    const char* last) {
-  const rapidjson::Value* v = r.find(key);
-  if (v == nullptr || !v->IsArray() || v->Empty()) {
-    r.fail(key, "a non-empty array of messages");
-  }
-  Chat c;
-  std::optional<std::string> user;
-  for (rapidjson::SizeType i = 0; i < v->Size(); ++i) {
-    json::ObjectReader m((*v)[i], fmt::format("{}[{}]", key, i), where);
-    const bool sharegpt = m.has("from");
-    const char* role_key = sharegpt ? "from" : "role";
-    const std::string role_text = m.required_string(role_key);
-    const std::optional<std::string> role = data::normalized_role(role_text);
-    if (!role) {
-      m.fail_value(role_key, fmt::format("\"{}\" is not a role: expected system, user (human) or "
-                                         "assistant (gpt)",
-                                         role_text));
-    }
-    std::string content = data::message_text(m, sharegpt ? "value" : "content");
-    if (*role == "system") {
-      if (i != 0) m.fail_value(role_key, "a system message must be the first message");
-      c.system = std::move(content);
-    } else if (*role == "user") {
-      if (user) m.fail_value(role_key, "two user messages in a row");
-      user = std::move(content);
-    } else {
-      if (!user) m.fail_value(role_key, "an assistant message must follow a user message");
-      c.messages.push_back({"user", std::move(*user), ""});
-      c.messages.push_back({"assistant", std::move(content), ""});
-      user.reset();
-    }
-  }
-  if (std::string(last) == "user") {
-    if (!user) r.fail_value(key, "must end with a user message (the prompt the answers reply to)");
-    c.messages.push_back({"user", std::move(*user), ""});
-  } else if (user) {
-    r.fail_value(key, "must end with an assistant message");
-  }
-  return c;
-}
+// TRL's conversational lists: OpenAI-style messages under the record's own keys.
+constexpr data::ChatLayout kPromptList{"prompt", "role", "content"};
+constexpr data::ChatLayout kChosenList{"chosen", "role", "content"};
+constexpr data::ChatLayout kRejectedList{"rejected", "role", "content"};
 
 // The one answer at `key`: a string, a message object, or a list holding one assistant message.
 std::string parse_answer(json::ObjectReader& r, const char* key, const std::string& where) {
@@ -115,8 +76,8 @@ void extract_prompt(json::ObjectReader& r, const std::string& where, Pair& p) {
     p.rejected = b.substr(n);
     return;
   }
-  Chat ca = parse_messages(r, "chosen", where, "assistant");
-  Chat cb = parse_messages(r, "rejected", where, "assistant");
+  Chat ca = data::parse_chat(r, where, kChosenList);
+  Chat cb = data::parse_chat(r, where, kRejectedList);
   if (ca.system != cb.system || ca.messages.size() != cb.messages.size()) {
     r.fail_value("rejected",
                  "holds another conversation than chosen: with no \"prompt\", both "
@@ -149,8 +110,7 @@ Pair parse_pair(std::string_view line, const std::string& where) {
         where));
   }
   if (doc.HasMember("conversations")) {  // LLaMA-Factory's sharegpt
-    p.chat = parse_messages(r, "conversations", where, "user");
-    if (auto system = r.string("system"); system && !system->empty()) p.chat.system = *system;
+    p.chat = data::parse_chat(r, where, data::kShareGpt, /*ends_with_user=*/true);
   } else if (doc.HasMember("instruction")) {  // LLaMA-Factory's alpaca
     p.chat = data::parse_instruction_prompt(r);
   } else if (doc.HasMember("prompt")) {  // TRL's
@@ -162,7 +122,7 @@ Pair parse_pair(std::string_view line, const std::string& where) {
                      "must be text when the prompt is text (TRL's standard form)");
       }
     } else {
-      p.chat = parse_messages(r, "prompt", where, "user");
+      p.chat = data::parse_chat(r, where, kPromptList, /*ends_with_user=*/true);
     }
   } else {
     extract_prompt(r, where, p);

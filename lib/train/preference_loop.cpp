@@ -40,15 +40,22 @@ class ReferenceMode {
   bool training_;
 };
 
+// The dataset rows of `pairs` as one forward takes them: the chosen sequences (example 2p),
+// then the rejected ones (2p + 1).
+std::vector<int64_t> pair_rows(const std::vector<int64_t>& pairs) {
+  std::vector<int64_t> rows;
+  rows.reserve(2 * pairs.size());
+  for (int64_t p : pairs) rows.push_back(2 * p);
+  for (int64_t p : pairs) rows.push_back(2 * p + 1);
+  return rows;
+}
+
 }  // namespace
 
 LossSum Trainer::Impl::preference_forward(const Dataset& data, const std::vector<int64_t>& pairs,
                                           double rpo_scale, at::Tensor& metric_sums,
                                           const at::Tensor& reference) {
-  std::vector<int64_t> rows;
-  rows.reserve(2 * pairs.size());
-  for (int64_t p : pairs) rows.push_back(2 * p);
-  for (int64_t p : pairs) rows.push_back(2 * p + 1);
+  const std::vector<int64_t> rows = pair_rows(pairs);
   const Batch b = collate(data, rows, pad_id);
   at::Tensor rows_reference;
   if (reference.defined()) rows_reference = reference.index_select(0, at::tensor(rows, at::kLong));
@@ -118,9 +125,7 @@ void Trainer::Impl::precompute_reference() {
     for (const std::vector<int64_t>& indices :
          eval_batches(samples, world, rank, args.per_device_eval_batch_size)) {
       const std::vector<int64_t> pairs = indices.empty() ? std::vector<int64_t>{0} : indices;
-      std::vector<int64_t> rows;
-      for (int64_t p : pairs) rows.push_back(2 * p);
-      for (int64_t p : pairs) rows.push_back(2 * p + 1);
+      const std::vector<int64_t> rows = pair_rows(pairs);
       const Batch b = collate(data, rows, pad_id);
       const at::Tensor logps = model->label_log_probs(b.input_ids.to(comm->device()), b.labels)
                                    .sum(1)
