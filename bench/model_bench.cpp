@@ -231,7 +231,7 @@ int main(int argc, char** argv) {
         }
         const at::Tensor logps = model->label_log_probs(on_device, pref_labels).sum(1);
         const at::Tensor tokens = at::full({pairs}, 0.75 * seq, logps.options());
-        const train::PairLosses out =
+        const train::PreferenceLosses out =
             train::preference_losses(dpo, {logps.narrow(0, 0, pairs), logps.narrow(0, pairs, pairs),
                                            reference.narrow(0, 0, pairs),
                                            reference.narrow(0, pairs, pairs), tokens, tokens});

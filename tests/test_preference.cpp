@@ -67,6 +67,11 @@ std::vector<int32_t> cat(std::vector<int32_t> a, const std::vector<int32_t>& b) 
   return a;
 }
 
+std::vector<double> sums_of(const train::PreferenceLosses& out) {
+  const at::Tensor s = out.sums.to(at::kDouble).contiguous();
+  return std::vector<double>(s.data_ptr<double>(), s.data_ptr<double>() + s.numel());
+}
+
 }  // namespace
 
 TEST_CASE("preference pairs from TRL's and LLaMA-Factory's layouts: prompt masked, answers scored",
@@ -264,6 +269,170 @@ TEST_CASE("preference pairs from TRL's and LLaMA-Factory's layouts: prompt maske
   }
 }
 
+TEST_CASE(
+    "KTO's unpaired examples from TRL's and LLaMA-Factory's layouts, each with its KL sequence",
+    "[preference][data]") {
+  auto tok = load_tokenizer(fixture("tokenizers/qwen2"), 1 << 30);
+  const std::string dir = test::temp_dir("kto-data");
+  DataOptions o;
+  o.preference = true;
+  o.kto = true;
+  o.template_name = "chatml";
+  o.max_length = 512;
+  DataOptions pairs = o;
+  pairs.kto = false;
+
+  SECTION("each layout gives the sequence a pair's answer gives, with its label") {
+    // The same conversation in every layout; a pair of it tokenizes the two answers (the pair
+    // layouts are checked against SFT tokenization above).
+    files::write_atomic(
+        dir + "/pair.jsonl",
+        R"({"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sky colour?"}], )"
+        R"("chosen": [{"role": "assistant", "content": "Blue."}], "rejected": [{"role": "assistant", "content": "Green."}]})"
+        "\n");
+    const Dataset want = tokenize_preference_jsonl(dir + "/pair.jsonl", *tok, pairs);
+    REQUIRE(want.size() == 2);
+    CHECK(want.desirable().empty());
+    const std::string records =
+        // TRL's conversational unpaired record
+        R"({"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sky colour?"}], )"
+        R"("completion": [{"role": "assistant", "content": "Blue."}], "label": true})"
+        "\n"
+        // LLaMA-Factory's messages with a label
+        R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sky colour?"}, )"
+        R"({"role": "assistant", "content": "Green."}], "label": false})"
+        "\n"
+        // LLaMA-Factory's sharegpt with kto_tag
+        R"({"conversations": [{"from": "human", "value": "Sky colour?"}, {"from": "gpt", "value": "Blue."}], )"
+        R"("system": "Be brief.", "kto_tag": true})"
+        "\n"
+        // alpaca with its output
+        R"({"system": "Be brief.", "instruction": "Sky colour?", "input": "", "output": "Green.", "label": false})"
+        "\n"
+        // a pair: two examples, chosen desirable (TRL's unpair_preference_dataset)
+        + files::read_text(dir + "/pair.jsonl");
+    files::write_atomic(dir + "/kto.jsonl", records);
+    const Dataset d = tokenize_preference_jsonl(dir + "/kto.jsonl", *tok, o);
+    REQUIRE(d.size() == 12);                             // 6 examples, each with its KL sequence
+    const std::vector<int> answer = {0, 1, 0, 1, 0, 1};  // want's row: chosen 0, rejected 1
+    std::vector<uint8_t> labels;
+    for (size_t i = 0; i < answer.size(); ++i) {
+      INFO("example " << i);
+      CHECK(ids_of(d, 2 * static_cast<int64_t>(i)) == ids_of(want, answer[i]));
+      CHECK(d.labels(2 * static_cast<int64_t>(i)).to_vector() ==
+            want.labels(answer[i]).to_vector());
+      labels.insert(labels.end(), 2, answer[i] == 0 ? 1 : 0);
+    }
+    CHECK(d.desirable() == labels);
+  }
+
+  SECTION(
+      "the KL sequence: the prompt with the completion of the example before, cut as the "
+      "sequences are") {
+    files::write_atomic(
+        dir + "/text.jsonl",
+        R"({"prompt": "The sky is", "completion": " blue.", "label": true})"
+        "\n"
+        R"({"prompt": "Fresh grass in spring is", "completion": " green.", "label": false})"
+        "\n"
+        R"({"prompt": "Snow is", "completion": " white and cold.", "label": true})"
+        "\n");
+    // Whole, then cut to 2 tokens past the longest prompt (every example keeps an answer token,
+    // the longer sequences lose their ends).
+    const Dataset whole = tokenize_preference_jsonl(dir + "/text.jsonl", *tok, o);
+    int64_t longest_prompt = 0, longest = 0;
+    for (int64_t i = 0; i < whole.size(); ++i) {
+      longest_prompt = std::max(longest_prompt, prompt_length(whole, i));
+      longest = std::max(longest, whole.length(i));
+    }
+    REQUIRE(longest > longest_prompt + 2);
+    for (int64_t max_length : {o.max_length, longest_prompt + 2}) {
+      INFO("max_length " << max_length);
+      DataOptions cut = o;
+      cut.max_length = max_length;
+      const Dataset d = tokenize_preference_jsonl(dir + "/text.jsonl", *tok, cut);
+      REQUIRE(d.size() == 6);
+      CHECK(d.desirable() == std::vector<uint8_t>{1, 1, 0, 0, 1, 1});
+      for (int64_t i = 0; i < 3; ++i) {
+        INFO("example " << i);
+        const int64_t own = 2 * i, other = 2 * ((i + 2) % 3);  // the one before; 0 takes 2
+        const int64_t p = prompt_length(d, own), q = prompt_length(d, other);
+        std::vector<int32_t> ids(d.ids(own).begin(), d.ids(own).begin() + p);
+        std::vector<int32_t> labels(static_cast<size_t>(p), kIgnoreLabel);
+        ids.insert(ids.end(), d.ids(other).begin() + q, d.ids(other).end());
+        labels.insert(labels.end(), d.labels(other).begin() + q, d.labels(other).end());
+        ids.resize(std::min<size_t>(ids.size(), static_cast<size_t>(max_length)));
+        labels.resize(ids.size());
+        CHECK(ids_of(d, own + 1) == ids);
+        CHECK(d.labels(own + 1).to_vector() == labels);
+        CHECK(d.length(own) <= max_length);
+      }
+      if (max_length == o.max_length) {  // whole: each sequence is TRL's standard form
+        CHECK(ids_of(d, 0) ==
+              cat(cat(tok->prefix_ids(), tok->encode("The sky is blue.")), {tok->eos_id()}));
+      }
+    }
+  }
+
+  SECTION("malformed records name the file, line and key; unusable ones are dropped and counted") {
+    const std::string good = R"({"prompt": "Hi", "completion": " there", "label": true})";
+    const std::vector<std::pair<std::string, std::string>> bad = {
+        {R"({"prompt": "Hi", "completion": " there"})", "label"},
+        {R"({"prompt": "Hi", "completion": " there", "label": "yes"})", "label"},
+        {R"({"prompt": "Hi", "label": true})", "completion"},
+        {R"({"completion": " there", "label": true})", "prompt"},
+        {R"({"prompt": "Hi", "completion": [{"role": "user", "content": "x"}], "label": true})",
+         "completion"},
+        {R"([1, 2])", "kto.jsonl:2"},
+    };
+    for (const auto& [line, key] : bad) {
+      INFO(line);
+      files::write_atomic(dir + "/kto.jsonl", good + "\n" + line + "\n");
+      CHECK_THROWS_WITH(tokenize_preference_jsonl(dir + "/kto.jsonl", *tok, o),
+                        Contains("kto.jsonl:2") && Contains(key));
+    }
+    files::write_atomic(dir + "/kto.jsonl",
+                        good + "\n" + R"({"prompt": "Hi", "completion": "", "label": false})" +
+                            "\n" + R"({"prompt": "Hi", "chosen": " same", "rejected": " same"})" +
+                            "\n" + good + "\n");
+    DatasetStats stats;
+    test::LogCapture log;
+    const Dataset d = tokenize_preference_jsonl(dir + "/kto.jsonl", *tok, o, &stats);
+    CHECK(d.size() == 4);
+    CHECK(stats.empty_answers == 1);
+    CHECK(stats.identical_pairs == 1);
+    CHECK(log.contains("dropped 2 of 4 KTO record(s)"));
+  }
+
+  SECTION("the labels survive the cache, and a cache with broken ones is refused") {
+    files::write_atomic(dir + "/kto.jsonl",
+                        R"({"prompt": "Hi", "completion": " there", "label": false})"
+                        "\n"
+                        R"({"prompt": "Yo", "completion": " here", "label": true})"
+                        "\n");
+    const std::string cache = dir + "/cache";
+    const Dataset first = load_or_tokenize(dir + "/kto.jsonl", *tok, o, cache);
+    const Dataset again = load_or_tokenize(dir + "/kto.jsonl", *tok, o, cache);
+    CHECK(first.desirable() == std::vector<uint8_t>{0, 0, 1, 1});
+    CHECK(again.desirable() == first.desirable());
+    // Pairs of the same file are another cache entry (no labels).
+    const std::string path = dataset_cache_path(cache, dir + "/kto.jsonl", *tok, o);
+    CHECK(path != dataset_cache_path(cache, dir + "/kto.jsonl", *tok, pairs));
+    const SafetensorsFile f(path);
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const char* name : {"input_ids", "labels", "offsets"})
+      tensors.emplace_back(name, f.load(name));
+    for (const at::Tensor& flags :
+         {at::tensor({0, 0, 2, 1}, at::kByte), at::tensor({0, 1}, at::kByte)}) {
+      std::vector<std::pair<std::string, at::Tensor>> broken = tensors;
+      broken.emplace_back("desirable", flags);
+      save_safetensors(dir + "/broken.safetensors", broken, f.metadata());
+      CHECK_THROWS_WITH(load_dataset(dir + "/broken.safetensors"),
+                        Contains("broken.safetensors") && Contains("corrupt"));
+    }
+  }
+}
+
 TEST_CASE("label_log_probs: the rows' log-probabilities of full logits, with each entry's gradient",
           "[preference][model]") {
   // A trained output layer (its gradients recomputed in backward) and a frozen one (the hidden
@@ -407,12 +576,19 @@ TEST_CASE("preference losses, metrics and gradients are TRL's and LLaMA-Factory'
       lp.ref_rejected = ref.narrow(0, pairs, pairs);
       lp.chosen_tokens = counts.narrow(0, 0, pairs);
       lp.rejected_tokens = counts.narrow(0, pairs, pairs);
-      const train::PairLosses out = train::preference_losses(o, lp);
+      const train::PreferenceLosses out = train::preference_losses(o, lp);
       const at::Tensor loss = out.loss.mean();
       CHECK(loss.item<double>() ==
             Approx(expected.load("loss." + name).item<double>()).epsilon(1e-5).margin(1e-7));
-      const at::Tensor metrics = out.metrics.mean(0).to(at::kFloat);
-      CHECK(at::allclose(metrics, expected.load("metrics." + name), 1e-5, 1e-5));
+      const std::map<std::string, double> metrics = train::preference_metrics(o, sums_of(out), "");
+      const at::Tensor want_metrics = expected.load("metrics." + name);
+      const char* names[] = {"rewards/chosen",  "rewards/rejected", "rewards/accuracies",
+                             "rewards/margins", "logps/chosen",     "logps/rejected"};
+      for (int64_t k = 0; k < 6; ++k) {
+        INFO(names[k]);
+        CHECK(metrics.at(names[k]) ==
+              Approx(want_metrics[k].item<double>()).epsilon(1e-5).margin(1e-5));
+      }
       loss.backward();
       int grads = 0;
       for (const auto& p : model->named_parameters()) {
@@ -428,6 +604,98 @@ TEST_CASE("preference losses, metrics and gradients are TRL's and LLaMA-Factory'
       ++checked;
     }
     CHECK(checked >= 8);
+  }
+}
+
+TEST_CASE(
+    "KTO's losses, KL estimate, metrics and gradients are TRL's and LLaMA-Factory's "
+    "(PEFT fixture)",
+    "[preference][peft]") {
+  for (const char* family : {"llama", "qwen2", "glm"}) {
+    INFO(family);
+    const std::string dir = fixture(std::string("preference/") + family);
+    REQUIRE(fs::exists(dir + "/kto.safetensors"));
+    SafetensorsFile expected(dir + "/kto.safetensors");
+    auto model = fixture_model(family);
+    load_adapter(*model, dir + "/adapter", /*trainable=*/true);
+    model->eval();
+    const at::Tensor ids = expected.load("input_ids"), labels = expected.load("labels");
+    const at::Tensor mask = expected.load("attention_mask");
+    at::Tensor ref, kl_ref, kl_policy;
+    {
+      at::NoGradGuard no_grad;
+      kl_policy = model
+                      ->label_log_probs(expected.load("kl_input_ids"), expected.load("kl_labels"),
+                                        expected.load("kl_attention_mask"))
+                      .sum(1);
+      model->set_adapters_enabled(false);
+      ref = model->label_log_probs(ids, labels, mask).sum(1);
+      kl_ref = model
+                   ->label_log_probs(expected.load("kl_input_ids"), expected.load("kl_labels"),
+                                     expected.load("kl_attention_mask"))
+                   .sum(1);
+      model->set_adapters_enabled(true);
+    }
+    CHECK(at::allclose(ref, expected.load("ref_logps"), 1e-5, 1e-4));
+    CHECK(at::allclose(kl_ref, expected.load("kl_ref_logps"), 1e-5, 1e-4));
+    CHECK(at::allclose(kl_policy, expected.load("kl_policy_logps"), 1e-5, 1e-4));
+    // TRL's z0: the batch's mean KL-row log-ratio, at least 0 (positive in this batch).
+    const double kl = std::max(0.0, (kl_policy - kl_ref).mean().item<double>());
+    CHECK(kl == Approx(expected.load("kl").item<double>()).epsilon(1e-4).margin(1e-6));
+    REQUIRE(kl > 1e-3);
+    const at::Tensor desirable = expected.load("desirable").to(at::kBool);
+    const int64_t n = ids.size(0), n_desirable = desirable.sum().item<int64_t>();
+    const at::Tensor tokens =
+        labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum(1).to(at::kFloat);
+    rapidjson::Document cases;
+    cases.Parse(files::read_text(dir + "/cases.json").c_str());
+    REQUIRE(cases.IsObject());
+    int checked = 0;
+    for (const auto& c : cases["kto_cases"].GetArray()) {
+      const std::string name = c["name"].GetString();
+      INFO(name);
+      train::PreferenceOptions o;
+      o.loss = c["pref_loss"].GetString();
+      o.beta = c["beta"].GetDouble();
+      o.desirable_weight = c["desirable_weight"].GetDouble();
+      o.undesirable_weight = c["undesirable_weight"].GetDouble();
+      o.ftx = c["pref_ftx"].GetDouble();
+      for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+      train::UnpairedLogProbs lp;
+      lp.policy = model->label_log_probs(ids, labels, mask).sum(1);
+      CHECK(at::allclose(lp.policy.detach(), expected.load("policy_logps"), 1e-5, 1e-4));
+      lp.reference = ref;
+      lp.desirable = desirable;
+      lp.tokens = tokens;
+      lp.kl = kl;
+      lp.nll_scale = train::unpaired_nll_scale(n, n_desirable);
+      const train::PreferenceLosses out = train::unpaired_losses(o, lp);
+      const at::Tensor loss = out.loss.mean();
+      CHECK(loss.item<double>() ==
+            Approx(expected.load("loss." + name).item<double>()).epsilon(1e-5).margin(1e-7));
+      const std::map<std::string, double> metrics = train::preference_metrics(o, sums_of(out), "");
+      const at::Tensor want = expected.load("metrics." + name);
+      const char* names[] = {"rewards/chosen", "logps/chosen", "rewards/rejected", "logps/rejected",
+                             "rewards/margins"};
+      for (int64_t k = 0; k < 5; ++k) {
+        INFO(names[k]);
+        CHECK(metrics.at(names[k]) == Approx(want[k].item<double>()).epsilon(1e-5).margin(1e-5));
+      }
+      loss.backward();
+      int grads = 0;
+      for (const auto& p : model->named_parameters()) {
+        if (!p.value().requires_grad()) continue;
+        INFO(p.key());
+        const at::Tensor g = expected.load("grad." + name + "." + p.key());
+        REQUIRE(p.value().grad().defined());
+        const double scale = std::max(g.abs().max().item<double>(), 1e-8);
+        CHECK((p.value().grad() - g).abs().max().item<double>() / scale < 1e-4);
+        ++grads;
+      }
+      CHECK(grads > 0);
+      ++checked;
+    }
+    CHECK(checked == 3);
   }
 }
 
@@ -525,6 +793,101 @@ TEST_CASE("DPO trains the same at world 1, 2 and 4 under every ZeRO stage, and l
     const auto margins = reference["eval_rewards/margins"];
     CHECK(margins.rbegin()->second > margins.begin()->second + 0.05);
   }
+}
+
+namespace {
+
+// KTO's examples as LLaMA-Factory's alpaca layout with a label: the right answer desirable, an
+// evasive one not (half each).
+std::string write_feedback(const std::string& dir, const std::string& name, int count, int salt) {
+  std::string text;
+  for (int i = 0; i < count; ++i) {
+    const int n = (i * 7919 + salt * 104729) % 10007;
+    const bool right = (i + salt) % 2 == 0;
+    text += fmt::format(
+        "{{\"instruction\": \"Is {} even or odd?\", \"output\": \"{}\", \"label\": {}}}\n", n,
+        right ? (n % 2 ? "odd" : "even") : "no idea", right ? "true" : "false");
+  }
+  files::write_atomic(dir + "/" + name, text);
+  return dir + "/" + name;
+}
+
+}  // namespace
+
+TEST_CASE("KTO trains the same at world 1, 2 and 4 under ZeRO 0 and 3, and learns",
+          "[preference][trainer]") {
+  const std::string dir = test::temp_dir("kto-runs");
+  write_feedback(dir, "train.jsonl", 24, 1);
+  write_feedback(dir, "eval.jsonl", 8, 2);
+  const std::vector<std::string> common{
+      "--stage",         "kto",   "--eval_file",         dir + "/eval.jsonl",
+      "--eval_strategy", "steps", "--eval_steps",        "3",
+      "--eval_on_start", "true",  "--kto_chosen_weight", "1.2",
+      "--pref_ftx",      "0.1",   "--learning_rate",     "1e-2"};
+  auto run = [&](int world, const std::string& name, std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    extra.insert(extra.end(), {"--output_dir", dir + "/" + name});
+    test::run_ranks(world, "rank: dpo run", std::chrono::seconds(240),
+                    {{"ZT_FLAGS", test::join_flags(dpo_flags(dir, extra))}});
+    return dir + "/" + name;
+  };
+  const std::vector<const char*> keys = {
+      "loss",      "kl",      "rewards/chosen",      "rewards/margins",
+      "eval_loss", "eval_kl", "eval_rewards/margins"};
+  std::map<std::string, std::map<int64_t, double>> reference;
+  const auto compare = [&](const std::string& out) {
+    for (const char* key : keys) {
+      const std::map<int64_t, double> got = test::logged(out, key);
+      REQUIRE(got.size() >= 2);
+      if (reference.count(key) == 0) {
+        reference[key] = got;
+        continue;
+      }
+      for (const auto& [step, value] : reference[key]) {
+        INFO(key << " at step " << step);
+        CHECK(got.at(step) == Approx(value).epsilon(2e-4).margin(1e-5));
+      }
+    }
+  };
+  for (int stage : {0, 3}) {
+    for (int world : {1, 2, 4}) {
+      INFO("stage " << stage << ", world " << world);
+      compare(run(world, fmt::format("out-{}-{}", stage, world),
+                  {"--per_device_train_batch_size", std::to_string(4 / world), "--deepspeed",
+                   test::stage_json(stage)}));
+    }
+  }
+  // The reference computed once equals the adapters-off forward of every step.
+  {
+    INFO("precomputed reference");
+    compare(run(2, "precomputed",
+                {"--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "2",
+                 "--precompute_ref_log_probs", "true", "--deepspeed", test::stage_json(0)}));
+  }
+  // KL estimates that matter (z0 > 0), and learning: the desirable answers' reward rises above
+  // the undesirable ones' (at the start the policy is the reference: margin 0).
+  const auto kl = reference["kl"];
+  CHECK(std::any_of(kl.begin(), kl.end(), [](const auto& e) { return e.second > 1e-4; }));
+  const auto margins = reference["eval_rewards/margins"];
+  CHECK(margins.begin()->second == Approx(0.0).margin(1e-9));
+  CHECK(margins.rbegin()->second > 0.5);
+  // Full fine-tuning: the reference precomputed by default, its first step at rewards 0.
+  const std::string full = run(
+      2, "full",
+      {"--finetuning_type", "full", "--learning_rate", "1e-3", "--deepspeed", test::stage_json(3)});
+  CHECK(fs::exists(full + "/checkpoint-6/ref_log_probs.safetensors") ==
+        fs::exists(full + "/checkpoint-6"));
+  int first_step_rewards = 0;
+  for (const char* key : {"rewards/chosen", "rewards/rejected"}) {
+    const std::map<int64_t, double> rewards = test::logged(full, key);
+    if (rewards.count(1)) {  // a step's examples may all be of one kind
+      CHECK(rewards.at(1) == Approx(0.0).margin(1e-9));
+      ++first_step_rewards;
+    }
+    CHECK(std::any_of(rewards.begin(), rewards.end(),
+                      [](const auto& e) { return std::abs(e.second) > 1e-4; }));
+  }
+  CHECK(first_step_rewards > 0);
 }
 
 TEST_CASE(
@@ -703,6 +1066,21 @@ TEST_CASE("stage dpo: settings it cannot honour are refused, naming the option",
   CHECK_THROWS_WITH(apply_training_flags(args, {"--stage", "rm"}), Contains("stage"));
   CHECK_THROWS_WITH(apply_training_flags(args, {"--label_smoothing", "0.5"}),
                     Contains("label_smoothing"));
+  // KTO: only its losses, no rpo_alpha, and no host pairs.
+  CHECK_THROWS_WITH(attempt({"--stage", "kto", "--pref_loss", "hinge"}),
+                    Contains("pref_loss hinge") && Contains("stage dpo"));
+  CHECK_THROWS_WITH(attempt({"--pref_loss", "kto"}), Contains("stage kto"));
+  CHECK_THROWS_WITH(attempt({"--stage", "kto", "--rpo_alpha", "0.5"}), Contains("rpo_alpha"));
+  CHECK_THROWS_WITH(attempt({"--stage", "kto", "--dpo_label_smoothing", "0.1"}),
+                    Contains("dpo_label_smoothing"));
+  {
+    TrainingArguments kto;
+    apply_training_flags(kto, dpo_flags(dir, {"--stage", "kto", "--output_dir", dir + "/kto"}));
+    Trainer trainer(kto, comm);
+    const at::Tensor ids = at::randint(3, 100, {2, 6}, at::kLong);
+    CHECK_THROWS_WITH(trainer.train_preference_step(ids, ids, ids, ids), Contains("stage kto"));
+    CHECK_THROWS_WITH(trainer.train_step(ids, ids), Contains("stage kto"));
+  }
   // A reference-free loss trains full fine-tuning.
   CHECK_NOTHROW(attempt(
       {"--finetuning_type", "full", "--pref_loss", "orpo", "--output_dir", dir + "/full-orpo"}));

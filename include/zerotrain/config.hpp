@@ -338,14 +338,17 @@ struct TrainingArguments {
   std::string bnb_4bit_quant_storage;  ///< transformers: accepted; the codes are kept as bytes
 
   // Preference training (docs/preference.md): LLaMA-Factory's names; TRL's are aliases.
-  std::string stage = "sft";  ///< LLaMA-Factory: sft | dpo
-  std::string pref_loss =
-      "sigmoid";           ///< alias loss_type: sigmoid | hinge | ipo | robust | orpo | simpo
+  std::string stage = "sft";  ///< LLaMA-Factory: sft | dpo | kto
+  /// alias loss_type: sigmoid | hinge | ipo | robust | orpo | simpo (stage dpo); kto |
+  /// apo_zero_unpaired (stage kto, where the default sigmoid means kto)
+  std::string pref_loss = "sigmoid";
   double pref_beta = 0.1;  ///< alias beta
   double pref_ftx = 0.0;   ///< LLaMA-Factory: + pref_ftx · the chosen answer's mean NLL, per pair
   double rpo_alpha = 0.0;  ///< TRL ≤0.28: + rpo_alpha · the chosen answers' token-mean NLL
   double dpo_label_smoothing = 0.0;  ///< alias label_smoothing: cDPO's and robust's ε
   double simpo_gamma = 0.5;
+  double kto_chosen_weight = 1.0;    ///< alias desirable_weight: KTO's weight of desirable examples
+  double kto_rejected_weight = 1.0;  ///< alias undesirable_weight
   int64_t max_prompt_length = 0;  ///< TRL ≤0.28: a prompt keeps its last this many tokens (0: all)
   std::string truncation_mode = "keep_start";  ///< TRL: keep_start | keep_end (of each sequence)
   /// TRL: the reference's log-probs computed once before training and kept with the run

@@ -42,6 +42,9 @@ struct DataOptions {
   /// each sequence (`truncation_mode` keep_start | keep_end) and of prompts to their last
   /// `max_prompt_length` tokens (0: no limit).
   bool preference = false;
+  /// With `preference`: KTO's unpaired examples (a prompt, one completion, desirable or not)
+  /// instead of pairs; each example is stored with its KL sequence (docs/preference.md).
+  bool kto = false;
   std::string truncation_mode = "keep_start";
   int64_t max_prompt_length = 0;
 };
@@ -103,6 +106,13 @@ class Dataset {
   /// length(i) for every example, for length grouping.
   std::vector<int64_t> lengths() const;
 
+  /// KTO's labels (tokenize_preference_jsonl with DataOptions::kto): per example, 1 where its
+  /// completion is desirable, 0 where it is not; empty for other data.
+  const std::vector<uint8_t>& desirable() const { return desirable_; }
+  /// Sets them: one 0 or 1 per example, or none (InvalidArgument otherwise). Examples are not
+  /// added after.
+  void set_desirable(std::vector<uint8_t> flags);
+
   /// True when made by `pack`: each example is a sequence of whole documents.
   bool packed() const { return !doc_offsets_.empty(); }
   /// The lengths of the documents in example i, in order (one document when not packed).
@@ -123,6 +133,7 @@ class Dataset {
   std::vector<int32_t> labels_;
   std::vector<int64_t> offsets_{0};
   std::vector<int64_t> doc_offsets_;
+  std::vector<uint8_t> desirable_;
 };
 
 // ---- JSONL ---------------------------------------------------------------------------------

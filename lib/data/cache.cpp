@@ -73,7 +73,8 @@ std::string cache_key(const std::string& jsonl_path, const Tokenizer& tok, const
              o.max_source_length, o.skip_truncated) +
          (o.preference ? fmt::format("\npreference=1\ntruncation_mode={}\nmax_prompt_length={}",
                                      o.truncation_mode, o.max_prompt_length)
-                       : std::string());
+                       : std::string()) +
+         (o.kto ? "\nkto=1" : "");
 }
 
 uint64_t fnv1a(const std::string& s) {
@@ -152,6 +153,7 @@ void write_cache(const Dataset& d, const std::string& path, const DatasetStats& 
   if (d.packed()) {
     tensors.emplace_back("document_offsets", view_of(d.document_offsets(), at::kLong));
   }
+  if (!d.desirable().empty()) tensors.emplace_back("desirable", view_of(d.desirable(), at::kByte));
   save_safetensors(path, tensors, metadata);
 }
 
@@ -202,6 +204,7 @@ std::pair<Dataset, std::string> read_cache(const std::string& path, DatasetStats
     check_ids(path, ids, labels, id_limit);
     d = Dataset::from_flat(std::move(ids), std::move(labels),
                            read_vector<int64_t>(f, "offsets", at::kLong), std::move(doc_offsets));
+    if (f.contains("desirable")) d.set_desirable(read_vector<uint8_t>(f, "desirable", at::kByte));
   } catch (const InvalidArgument& e) {
     throw corrupt_cache(path, e.what());
   }

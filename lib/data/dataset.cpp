@@ -34,7 +34,8 @@ DataOptions data_options_for(const TrainingArguments& args) {
   o.glm_prompt_layout = args.glm_prompt_layout;
   o.max_source_length = args.max_source_length;
   o.skip_truncated = args.skip_truncated;
-  o.preference = args.stage == "dpo";
+  o.preference = args.stage == "dpo" || args.stage == "kto";
+  o.kto = args.stage == "kto";
   o.truncation_mode = args.truncation_mode;
   o.max_prompt_length = args.max_prompt_length;
   return o;

@@ -73,6 +73,7 @@ struct TextNeedsVocabulary {};
 /// cause of the format's own numbering) and whether a format cut it.
 struct Parsed {
   std::vector<Example> examples;
+  std::vector<uint8_t> desirable;  ///< KTO data: per example, 1 where its completion is desirable
   int dropped = 0;
   bool truncated = false;
 };

@@ -64,6 +64,10 @@ Dataset Dataset::from_flat(std::vector<int32_t> ids, std::vector<int32_t> labels
 
 void Dataset::add(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels) {
   if (packed()) throw InvalidArgument("Dataset::add: the dataset is packed; add before packing");
+  if (!desirable_.empty()) {
+    throw InvalidArgument(
+        "Dataset::add: the dataset's KTO labels are set; add before setting them");
+  }
   if (ids.empty() || ids.size() != labels.size()) {
     throw InvalidArgument(fmt::format(
         "Dataset::add: ids ({} tokens) and labels ({}) must have the same nonzero length",
@@ -72,6 +76,17 @@ void Dataset::add(const std::vector<int32_t>& ids, const std::vector<int32_t>& l
   ids_.insert(ids_.end(), ids.begin(), ids.end());
   labels_.insert(labels_.end(), labels.begin(), labels.end());
   offsets_.push_back(static_cast<int64_t>(ids_.size()));
+}
+
+void Dataset::set_desirable(std::vector<uint8_t> flags) {
+  if (!flags.empty() && static_cast<int64_t>(flags.size()) != size()) {
+    throw InvalidArgument(
+        fmt::format("{} KTO labels for {} examples: one per example", flags.size(), size()));
+  }
+  if (std::any_of(flags.begin(), flags.end(), [](uint8_t f) { return f > 1; })) {
+    throw InvalidArgument("KTO labels other than 0 (undesirable) and 1 (desirable)");
+  }
+  desirable_ = std::move(flags);
 }
 
 int64_t Dataset::length(int64_t i) const {

@@ -1,6 +1,6 @@
-// Preference pairs: the record layouts of TRL and LLaMA-Factory, each pair's two sequences
-// with the prompt masked, TRL's truncation, and the pairs no loss can learn from dropped and
-// counted (docs/preference.md).
+// Preference data: the record layouts of TRL and LLaMA-Factory for pairs and for KTO's unpaired
+// examples, each sequence with the prompt masked, TRL's truncation, KTO's KL sequences, and the
+// records no loss can learn from dropped and counted (docs/preference.md).
 #include <fmt/format.h>
 #include <rapidjson/document.h>
 
@@ -194,48 +194,129 @@ void truncate(Example& e, const DataOptions& o) {
   }
 }
 
-data::Parsed encode_pair(std::string_view line, const std::string& where, const Tokenizer& tok,
-                         const ChatTemplate& t, const DataOptions& o, int64_t id_limit) {
-  const Pair p = parse_pair(line, where);
-  data::Parsed out;
-  if (p.chosen.empty() || p.rejected.empty()) {
-    out.dropped = kEmpty;
-    return out;
+// One answer's sequence, encoded whole (where the answer starts is only known then: an answer
+// cut away would leave an earlier reply looking like the last one), then truncated as TRL does;
+// kKept, or why the record is dropped.
+Drop encode_answer(const Pair& p, const std::string& answer, const ChatTemplate& t,
+                   const Tokenizer& tok, const DataOptions& o, Example& e) {
+  e = encode_sequence(p, answer, t, tok, SIZE_MAX);
+  if (o.truncation_mode != "keep_end") {
+    const size_t prompt = prompt_tokens(e);
+    const size_t kept_prompt = o.max_prompt_length > 0
+                                   ? std::min(prompt, static_cast<size_t>(o.max_prompt_length))
+                                   : prompt;
+    if (kept_prompt >= static_cast<size_t>(o.max_length)) return kLongPrompt;
   }
-  if (p.chosen == p.rejected) {
+  truncate(e, o);
+  // Nothing of the answer left (keep_end keeps its end).
+  return data::has_trained_label(e) ? kKept : kLongPrompt;
+}
+
+// A record's answers, each with its KTO label (pairs: chosen 1, rejected 0), as sequences; the
+// whole record dropped with the first cause found.
+data::Parsed encode_answers(const Pair& p, const std::vector<std::pair<std::string, bool>>& answers,
+                            const Tokenizer& tok, const ChatTemplate& t, const DataOptions& o,
+                            int64_t id_limit) {
+  data::Parsed out;
+  for (const auto& answer : answers) {
+    if (answer.first.empty()) {
+      out.dropped = kEmpty;
+      return out;
+    }
+  }
+  if (answers.size() == 2 && answers[0].first == answers[1].first) {
     out.dropped = kIdentical;
     return out;
   }
   if (tok.vocab_size() > id_limit) throw data::TextNeedsVocabulary{};
-  // Each sequence is encoded whole: where its answer starts is only known then (an answer cut
-  // away would leave an earlier reply looking like the last one).
-  const size_t limit = SIZE_MAX;
-  for (const std::string* answer : {&p.chosen, &p.rejected}) {
-    Example e = encode_sequence(p, *answer, t, tok, limit);
-    if (o.truncation_mode != "keep_end") {
-      const size_t prompt = prompt_tokens(e);
-      const size_t kept_prompt = o.max_prompt_length > 0
-                                     ? std::min(prompt, static_cast<size_t>(o.max_prompt_length))
-                                     : prompt;
-      if (kept_prompt >= static_cast<size_t>(o.max_length)) {
-        out.examples.clear();
-        out.dropped = kLongPrompt;
-        return out;
-      }
-    }
-    truncate(e, o);
-    if (!data::has_trained_label(e)) {  // nothing of the answer left (keep_end keeps its end)
+  for (const auto& answer : answers) {
+    Example e;
+    if (const Drop why = encode_answer(p, answer.first, t, tok, o, e); why != kKept) {
       out.examples.clear();
-      out.dropped = kLongPrompt;
+      out.desirable.clear();
+      out.dropped = why;
       return out;
     }
     out.examples.push_back(std::move(e));
+    out.desirable.push_back(answer.second ? 1 : 0);
   }
-  if (out.examples[0].ids == out.examples[1].ids) {  // the same once truncated
+  if (answers.size() == 2 && out.examples[0].ids == out.examples[1].ids) {  // same once cut
     out.examples.clear();
+    out.desirable.clear();
     out.dropped = kIdentical;
   }
   return out;
+}
+
+data::Parsed encode_pair(std::string_view line, const std::string& where, const Tokenizer& tok,
+                         const ChatTemplate& t, const DataOptions& o, int64_t id_limit) {
+  const Pair p = parse_pair(line, where);
+  return encode_answers(p, {{p.chosen, true}, {p.rejected, false}}, tok, t, o, id_limit);
+}
+
+// A KTO record: TRL's unpaired {"prompt", "completion", "label"}; a chat ending with the
+// completion (OpenAI "messages" or ShareGPT "conversations", LLaMA-Factory's KTO layouts) or an
+// alpaca record with its "output", each with a boolean "label" (or "kto_tag"); or a pair record,
+// which is two examples as TRL's unpair_preference_dataset makes them: chosen desirable,
+// rejected not.
+data::Parsed encode_unpaired(std::string_view line, const std::string& where, const Tokenizer& tok,
+                             const ChatTemplate& t, const DataOptions& o, int64_t id_limit) {
+  rapidjson::Document doc = json::parse(line, where);
+  json::ObjectReader r(doc, "", where);
+  if (r.has("chosen") && r.has("rejected")) return encode_pair(line, where, tok, t, o, id_limit);
+  const char* tag = !r.has("label") && r.has("kto_tag") ? "kto_tag" : "label";
+  const std::optional<bool> desirable = r.boolean(tag);
+  if (!desirable) {
+    r.fail(tag,
+           "true or false: whether the completion is desirable (KTO's records are TRL's "
+           "{\"prompt\", \"completion\", \"label\"}, LLaMA-Factory's \"messages\" or "
+           "\"conversations\" with \"label\" / \"kto_tag\", an alpaca record with \"output\" "
+           "and \"label\", or a preference pair)");
+  }
+  Pair p;
+  std::string completion;
+  if (r.has("completion")) {  // TRL's
+    const rapidjson::Value* prompt = r.find("prompt");
+    if (prompt == nullptr) r.fail("prompt", "the prompt the completion answers");
+    if (prompt->IsString()) {
+      p.text_prompt = json::text(*prompt);
+      if (!doc["completion"].IsString()) {
+        r.fail_value("completion", "must be text when the prompt is text (TRL's standard form)");
+      }
+    } else {
+      p.chat = data::parse_chat(r, where, kPromptList, /*ends_with_user=*/true);
+    }
+    completion = parse_answer(r, "completion", where);
+  } else if (r.has("messages") || r.has("conversations")) {  // the last reply is the completion
+    p.chat = data::parse_chat(r, where, r.has("messages") ? data::kOpenAi : data::kShareGpt);
+    completion = p.chat.messages.back().content;
+    p.chat.messages.pop_back();
+  } else if (r.has("instruction")) {  // alpaca
+    p.chat = data::parse_instruction_prompt(r);
+    completion = r.required_string("output");
+  } else {
+    throw ConfigError(fmt::format(
+        "{}: a KTO record needs a completion: TRL's {{\"prompt\", \"completion\", \"label\"}}, "
+        "\"messages\" / \"conversations\" ending with the reply, an alpaca record with "
+        "\"output\", or a preference pair (\"chosen\", \"rejected\")",
+        where));
+  }
+  return encode_answers(p, {{completion, *desirable}}, tok, t, o, id_limit);
+}
+
+// KTO's KL sequence of example i: its prompt with the completion of the example before it (the
+// first takes the last's), cut as the sequences are.
+Example kl_sequence(const Example& own, const Example& other, const DataOptions& o) {
+  const size_t prompt = prompt_tokens(own), start = prompt_tokens(other);
+  Example e;
+  e.ids.assign(own.ids.begin(), own.ids.begin() + static_cast<std::ptrdiff_t>(prompt));
+  e.labels.assign(prompt, kIgnoreLabel);
+  e.ids.insert(e.ids.end(), other.ids.begin() + static_cast<std::ptrdiff_t>(start),
+               other.ids.end());
+  e.labels.insert(e.labels.end(), other.labels.begin() + static_cast<std::ptrdiff_t>(start),
+                  other.labels.end());
+  truncate(e, o);
+  return e;
 }
 
 }  // namespace
@@ -264,46 +345,64 @@ Dataset tokenize_preference_jsonl(const std::string& path, const Tokenizer& tok,
     throw ConfigError(
         "train_on_prompt: preference losses compare the answers; the prompt is never scored");
   }
-  Dataset dataset;
   DatasetStats s;
   const int64_t id_limit = o.token_id_limit > 0 ? o.token_id_limit : tok.vocab_size();
   const auto parse = [&](std::string_view text, const std::string& where) {
-    return encode_pair(text, where, tok, t, o, id_limit);
+    return o.kto ? encode_unpaired(text, where, tok, t, o, id_limit)
+                 : encode_pair(text, where, tok, t, o, id_limit);
   };
+  std::vector<Example> sequences;
+  std::vector<uint8_t> desirable;
+  int64_t dropped = 0;
   const auto take = [&](data::Parsed& p) {
     switch (p.dropped) {
       case kIdentical:
         ++s.identical_pairs;
-        return;
+        break;
       case kEmpty:
         ++s.empty_answers;
-        return;
+        break;
       case kLongPrompt:
         ++s.long_prompts;
-        return;
-      default:
         break;
+      default:
+        for (Example& e : p.examples) sequences.push_back(std::move(e));
+        desirable.insert(desirable.end(), p.desirable.begin(), p.desirable.end());
+        return;
     }
-    for (const Example& e : p.examples) dataset.add(e.ids, e.labels);
+    ++dropped;
   };
   data::read_records(path, tok, o, id_limit, parse, take, s);
+  // Pairs are examples 2i (chosen) and 2i + 1 (rejected), as read; a KTO example i is example
+  // 2i and its KL sequence 2i + 1, both with its label.
+  Dataset dataset;
+  std::vector<uint8_t> labels;
+  const size_t n = sequences.size();
+  for (size_t i = 0; i < n; ++i) {
+    dataset.add(sequences[i].ids, sequences[i].labels);
+    if (!o.kto) continue;
+    const Example kl = kl_sequence(sequences[i], sequences[(i + n - 1) % n], o);
+    dataset.add(kl.ids, kl.labels);
+    labels.insert(labels.end(), 2, desirable[i]);
+  }
+  dataset.set_desirable(std::move(labels));
+  const char* what = o.kto ? "KTO record(s)" : "preference pair(s)";
   s.examples = dataset.size();
   s.tokens = dataset.total_tokens();
-  s.dropped_examples = 2 * (s.identical_pairs + s.empty_answers + s.long_prompts);
-  const int64_t dropped = s.identical_pairs + s.empty_answers + s.long_prompts;
+  s.dropped_examples = o.kto ? dropped : 2 * dropped;
   const std::string counts = fmt::format(
       "{} with identical chosen and rejected answers, {} with an empty answer, {} whose prompt "
       "alone fills max_length {}",
       s.identical_pairs, s.empty_answers, s.long_prompts, o.max_length);
   if (dropped > 0) {
-    log::warn("{}: dropped {} of {} preference pair(s), which no loss can learn from: {}", path,
-              dropped, dropped + dataset.size() / 2, counts);
+    log::warn("{}: dropped {} of {} {}, which no loss can learn from: {}", path, dropped,
+              s.lines - s.skipped_lines, what, counts);
   }
   if (dataset.empty()) {
-    throw ConfigError(
-        fmt::format("data file '{}' has no usable preference pair: {} record(s), {} "
-                    "skipped as malformed; dropped: {}",
-                    path, s.lines, s.skipped_lines, counts));
+    throw ConfigError(fmt::format(
+        "data file '{}' has no usable {}: {} record(s), {} "
+        "skipped as malformed; dropped: {}",
+        path, o.kto ? "KTO example" : "preference pair", s.lines, s.skipped_lines, counts));
   }
   if (stats != nullptr) *stats = s;
   return dataset;

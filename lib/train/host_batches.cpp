@@ -49,9 +49,12 @@ StepStats Trainer::train_step(const at::Tensor& input_ids, const at::Tensor& lab
 StepStats Trainer::Impl::train_step(const at::Tensor& input_ids, const at::Tensor& labels) {
   Impl& I = *this;
   if (I.preference) {
-    throw InvalidArgument(
-        "train_step: a run with stage dpo trains on preference pairs: give them to "
-        "train_preference_step (zt_trainer_train_pairs_step)");
+    throw InvalidArgument(fmt::format(
+        "train_step: a run with stage {} trains a preference loss, not next-token losses{}",
+        I.args.stage,
+        I.pref.unpaired()
+            ? ""
+            : ": give its pairs to train_preference_step (zt_trainer_train_pairs_step)"));
   }
   const int64_t vocab = I.model_config.vocab_size;
   at::Tensor ids = checked_tokens(input_ids, "train_step input_ids", vocab, false);
@@ -83,6 +86,12 @@ StepStats Trainer::Impl::train_preference_step(const at::Tensor& chosen_ids,
         "train_preference_step: the run trains next-token losses; set stage dpo in its options "
         "for preference pairs");
   }
+  if (I.pref.unpaired()) {
+    throw InvalidArgument(
+        "train_preference_step: the run has stage kto, whose examples are unpaired and whose KL "
+        "estimate spans the global batch; KTO trains from train_file (train()), host pairs with "
+        "stage dpo");
+  }
   if (I.precomputed_reference || I.pref.rpo_alpha > 0) {
     throw InvalidArgument(fmt::format(
         "train_preference_step: {} needs the pairs of train_file (train()); host pairs train with "
@@ -112,7 +121,7 @@ StepStats Trainer::Impl::train_preference_step(const at::Tensor& chosen_ids,
   }
   I.model->train();
   at::Tensor metrics;
-  return I.host_step(I.preference_rows(at::cat({c, r}), at::cat({cy, ry}), 0.0, metrics, {}));
+  return I.host_step(I.preference_rows(at::cat({c, r}), at::cat({cy, ry}), {}, metrics, {}));
 }
 
 StepStats Trainer::Impl::host_step(const LossSum& l) {

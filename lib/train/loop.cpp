@@ -156,13 +156,21 @@ double Trainer::Impl::run_evaluation() {
       eval_batches(eval_samples, world, rank, args.per_device_eval_batch_size);
   double sum = 0.0, tokens = 0.0;
   at::Tensor metric_sums;
+  BatchTerms terms;
+  if (preference && pref.unpaired()) {
+    // KTO: the KL estimate and pref_ftx's rescaling over the whole evaluation set.
+    terms.kl = unpaired_kl(eval_data, batches, eval_reference);
+    std::vector<int64_t> all(static_cast<size_t>(eval_samples));
+    for (int64_t i = 0; i < eval_samples; ++i) all[static_cast<size_t>(i)] = i;
+    terms.nll_scale = unpaired_nll_scale(eval_data, all);
+  }
   for (const std::vector<int64_t>& indices : batches) {
     // A rank with nothing left still runs a forward (ZeRO-3 forwards are collective), unweighted.
     const bool empty = indices.empty();
     const std::vector<int64_t> taken = empty ? std::vector<int64_t>{0} : indices;
     at::Tensor batch_metrics;
     LossSum l = preference
-                    ? preference_forward(eval_data, taken, 0.0, batch_metrics, eval_reference)
+                    ? preference_forward(eval_data, taken, terms, batch_metrics, eval_reference)
                     : forward(collate(eval_data, taken, pad_id));
     if (!empty) {
       sum += l.sum.item<double>();
@@ -173,7 +181,10 @@ double Trainer::Impl::run_evaluation() {
     }
   }
   model->train();
-  if (preference) eval_metrics = preference_metrics(metric_sums, "eval_");
+  if (preference) {
+    eval_metrics = preference_metrics(metric_sums, "eval_");
+    if (pref.uses_kl()) eval_metrics["eval_kl"] = terms.kl;
+  }
   const std::vector<double> global = comm::reduce_scalars(*comm, {sum, tokens});
   if (global[1] <= 0) {
     throw ConfigError(fmt::format("'{}' has no token that counts in the loss", args.eval_file));
@@ -230,12 +241,14 @@ Trainer::Impl::StepResult Trainer::Impl::run_step(const std::vector<int64_t>& or
   const int64_t s = state.steps_in_epoch;
   // The whole global batch's counts, the same on every rank without communication: the
   // targets normalize the summed token losses (HF's num_items_in_batch).
-  // Preference pairs: the targets are the pairs (the loss is a mean over them); rpo_alpha's
-  // token mean over the chosen answers is scaled to that divisor.
+  // Preference data: the targets are the pairs or KTO's examples (the loss is a mean over
+  // them); rpo_alpha's token mean over the chosen answers is scaled to that divisor.
   int64_t targets = 0, tokens = 0, chosen_tokens = 0;
+  std::vector<int64_t> samples;  // the global batch's
   for (int64_t a = 0; a < batch.accumulation; ++a) {
     for (int64_t r = 0; r < world; ++r) {
       for (int64_t i : micro_batch_indices(order, batch, s, a, r)) {
+        samples.push_back(i);
         targets += train_targets[static_cast<size_t>(i)];
         tokens += train_lengths[static_cast<size_t>(i)];
         if (preference) chosen_tokens += train_chosen_tokens[static_cast<size_t>(i)];
@@ -243,13 +256,26 @@ Trainer::Impl::StepResult Trainer::Impl::run_step(const std::vector<int64_t>& or
     }
   }
   const double divisor = static_cast<double>(std::max<int64_t>(1, targets));
-  const double rpo_scale = divisor / static_cast<double>(std::max<int64_t>(1, chosen_tokens));
+  BatchTerms terms;
+  if (preference && pref.unpaired()) {
+    // KTO: the KL estimate of the whole global batch, before any of its losses.
+    std::vector<std::vector<int64_t>> mine;
+    for (int64_t a = 0; a < batch.accumulation; ++a) {
+      mine.push_back(micro_batch_indices(order, batch, s, a, rank));
+    }
+    terms.kl = unpaired_kl(train_data, mine, train_reference);
+    terms.nll_scale = unpaired_nll_scale(train_data, samples);
+    window_kl_sum += terms.kl;
+    window_kl_steps += 1;
+  } else if (preference) {
+    terms.nll_scale = divisor / static_cast<double>(std::max<int64_t>(1, chosen_tokens));
+  }
   StepResult out;
   out.loss = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(comm->device()));
   out.tokens = tokens;
   for (int64_t a = 0; a < batch.accumulation; ++a) {
     const std::vector<int64_t> indices = micro_batch_indices(order, batch, s, a, rank);
-    LossSum l = preference ? preference_forward(train_data, indices, rpo_scale, window_metric_sums,
+    LossSum l = preference ? preference_forward(train_data, indices, terms, window_metric_sums,
                                                 train_reference)
                            : forward(collate(train_data, indices, pad_id));
     engine->backward(l.sum, divisor);
@@ -282,6 +308,9 @@ void Trainer::Impl::log_window(train::LogWindow& window) {
   if (preference) {
     r.metrics = preference_metrics(window_metric_sums, "");
     window_metric_sums = at::Tensor();
+    if (window_kl_steps > 0) r.metrics["kl"] = window_kl_sum / static_cast<double>(window_kl_steps);
+    window_kl_sum = 0.0;
+    window_kl_steps = 0;
   }
   log(r);
 }

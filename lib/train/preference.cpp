@@ -1,5 +1,6 @@
 // Preference losses (see preference.hpp). β is `beta`, ε `label_smoothing`, ρ the policy's
-// log-probability minus the reference's, Δ = ρ_chosen − ρ_rejected, a a length average.
+// log-probability minus the reference's, Δ = ρ_chosen − ρ_rejected, a a length average, z0
+// KTO's KL estimate.
 #include "train/preference.hpp"
 
 #include <ATen/ATen.h>
@@ -12,6 +13,19 @@ namespace zt::train {
 PreferenceOptions preference_options(const TrainingArguments& args) {
   PreferenceOptions o;
   o.loss = args.pref_loss;
+  const bool kto = args.stage == "kto";
+  if (kto && (o.loss == "sigmoid" || o.loss == "kto")) {
+    o.loss = "kto";  // LLaMA-Factory's stage kto ignores pref_loss, whose default is sigmoid
+  } else if (kto != o.unpaired()) {
+    throw ConfigError(
+        kto ? fmt::format("pref_loss {}: stage kto trains unpaired examples with the kto loss (or "
+                          "TRL's apo_zero_unpaired); {} compares pairs: use stage dpo",
+                          o.loss, o.loss)
+            : fmt::format("pref_loss {}: a loss of unpaired examples; train it with stage kto",
+                          o.loss));
+  }
+  o.desirable_weight = args.kto_chosen_weight;
+  o.undesirable_weight = args.kto_rejected_weight;
   o.beta = args.pref_beta;
   o.label_smoothing = args.dpo_label_smoothing;
   o.simpo_gamma = args.simpo_gamma;
@@ -23,6 +37,12 @@ PreferenceOptions preference_options(const TrainingArguments& args) {
         "not {}",
         o.label_smoothing, o.loss));
   }
+  if (o.unpaired() && o.rpo_alpha > 0) {
+    throw ConfigError(
+        fmt::format("rpo_alpha {}: adds the chosen answers' NLL to a pair loss; stage kto has no "
+                    "pairs (LLaMA-Factory's pref_ftx adds the desirable completions' NLL)",
+                    o.rpo_alpha));
+  }
   if (o.loss == "robust" && o.label_smoothing >= 0.5) {
     throw ConfigError(
         fmt::format("dpo_label_smoothing {}: the robust loss divides by 1 − 2ε and needs ε < 0.5",
@@ -31,7 +51,7 @@ PreferenceOptions preference_options(const TrainingArguments& args) {
   return o;
 }
 
-PairLosses preference_losses(const PreferenceOptions& o, const PairLogProbs& lp) {
+PreferenceLosses preference_losses(const PreferenceOptions& o, const PairLogProbs& lp) {
   const double beta = o.beta, eps = o.label_smoothing;
   const at::Tensor avg_c = lp.chosen / lp.chosen_tokens.clamp_min(1);
   const at::Tensor avg_r = lp.rejected / lp.rejected_tokens.clamp_min(1);
@@ -52,7 +72,7 @@ PairLosses preference_losses(const PreferenceOptions& o, const PairLogProbs& lp)
                            rho_r / lp.rejected_tokens.clamp_min(1) - 1 / (2 * beta);
       loss = d * d;
     } else {
-      throw ConfigError(fmt::format("pref_loss: unknown loss \"{}\"", o.loss));
+      throw ConfigError(fmt::format("pref_loss: \"{}\" is not a loss of pairs", o.loss));
     }
     if (o.averages()) {
       reward_c = beta * (rho_c / lp.chosen_tokens.clamp_min(1));
@@ -74,16 +94,88 @@ PairLosses preference_losses(const PreferenceOptions& o, const PairLogProbs& lp)
     reward_r = beta * avg_r;
   }
   if (o.ftx > 0) loss = loss + o.ftx * -avg_c;
-  PairLosses out;
+  PreferenceLosses out;
   out.loss = loss;
   reward_c = reward_c.detach();
   reward_r = reward_r.detach();
   const at::Tensor logps_c = (o.averages() ? avg_c : lp.chosen).detach();
   const at::Tensor logps_r = (o.averages() ? avg_r : lp.rejected).detach();
-  out.metrics = at::stack({reward_c, reward_r, reward_c.gt(reward_r).to(reward_c.scalar_type()),
-                           reward_c - reward_r, logps_c, logps_r},
-                          1)
-                    .to(at::kDouble);
+  const at::Tensor per_pair =
+      at::stack({reward_c, reward_r, reward_c.gt(reward_r).to(reward_c.scalar_type()),
+                 reward_c - reward_r, logps_c, logps_r},
+                1)
+          .to(at::kDouble);
+  out.sums = at::cat(
+      {per_pair.sum(0), at::full({1}, static_cast<double>(lp.chosen.size(0)), per_pair.options())});
+  return out;
+}
+
+PreferenceLosses unpaired_losses(const PreferenceOptions& o, const UnpairedLogProbs& lp) {
+  const double beta = o.beta, z0 = o.uses_kl() ? lp.kl : 0.0;
+  const at::Tensor rho = lp.policy - lp.reference;
+  const at::Tensor d = lp.desirable.to(rho.device());
+  at::Tensor desirable_loss, undesirable_loss;
+  if (o.loss == "kto") {
+    desirable_loss = 1 - at::sigmoid(beta * (rho - z0));
+    undesirable_loss = 1 - at::sigmoid(beta * (z0 - rho));
+  } else if (o.loss == "apo_zero_unpaired") {
+    desirable_loss = 1 - at::sigmoid(beta * rho);
+    undesirable_loss = at::sigmoid(beta * rho);
+  } else {
+    throw ConfigError(fmt::format("pref_loss: \"{}\" is not a loss of unpaired examples", o.loss));
+  }
+  PreferenceLosses out;
+  out.loss =
+      at::where(d, o.desirable_weight * desirable_loss, o.undesirable_weight * undesirable_loss);
+  if (o.ftx > 0) {
+    // LLaMA-Factory: + pref_ftx × the desirable completions' mean per-token NLL, × examples /
+    // desirable examples; per example, the mean becomes a sum (the batch loss is a mean).
+    const at::Tensor nll = -(lp.policy / lp.tokens.clamp_min(1));
+    out.loss = out.loss + at::where(d, (o.ftx * lp.nll_scale) * nll, at::zeros_like(nll));
+  }
+  const at::Tensor reward = (beta * rho).detach().to(at::kDouble);
+  const at::Tensor logps = lp.policy.detach().to(at::kDouble);
+  const at::Tensor df = d.to(at::kDouble), uf = 1 - df;
+  out.sums = at::stack({(reward * df).sum(), (logps * df).sum(), (reward * uf).sum(),
+                        (logps * uf).sum(), df.sum(), uf.sum()});
+  return out;
+}
+
+double unpaired_nll_scale(int64_t examples, int64_t desirable) {
+  if (desirable <= 0) return 0.0;
+  const double ratio = static_cast<double>(examples) / static_cast<double>(desirable);
+  return ratio * ratio;
+}
+
+int64_t metric_sums_size(const PreferenceOptions& o) {
+  return o.unpaired() ? 6 : 7;
+}
+
+std::map<std::string, double> preference_metrics(const PreferenceOptions& o,
+                                                 const std::vector<double>& sums,
+                                                 const std::string& prefix) {
+  std::map<std::string, double> out;
+  if (static_cast<int64_t>(sums.size()) != metric_sums_size(o)) return out;
+  if (o.unpaired()) {
+    const double desirable = sums[4], undesirable = sums[5];
+    if (desirable > 0) {
+      out[prefix + "rewards/chosen"] = sums[0] / desirable;
+      out[prefix + "logps/chosen"] = sums[1] / desirable;
+    }
+    if (undesirable > 0) {
+      out[prefix + "rewards/rejected"] = sums[2] / undesirable;
+      out[prefix + "logps/rejected"] = sums[3] / undesirable;
+    }
+    if (desirable > 0 && undesirable > 0) {
+      out[prefix + "rewards/margins"] = sums[0] / desirable - sums[2] / undesirable;
+    }
+    return out;
+  }
+  const double pairs = sums[6];
+  if (pairs <= 0) return out;
+  const char* names[] = {"rewards/chosen",  "rewards/rejected", "rewards/accuracies",
+                         "rewards/margins", "logps/chosen",     "logps/rejected"};
+  for (size_t k = 0; k < 6; ++k) out[prefix + names[k]] = sums[k] / pairs;
   return out;
 }
 

@@ -1,8 +1,9 @@
 // Preference training's part of the loop: one forward of a batch of pairs (chosen rows, then
-// rejected rows), the reference as the same model with its adapters off, and the metrics TRL
-// logs.
+// rejected rows) or of KTO's unpaired examples with the KL estimate of their global batch, the
+// reference as the same model with its adapters off, and the metrics TRL logs.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -20,25 +21,43 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The reference pass's state: adapters off and dropout off (TRL's disable_dropout), whatever
-// happens, restored after.
-class ReferenceMode {
+// A scoring pass's state: dropout off (TRL's disable_dropout) and, for the reference, the
+// adapters off; whatever happens, restored after.
+class ScoringMode {
  public:
-  explicit ReferenceMode(CausalLM& model) : model_(model), training_(model.is_training()) {
+  ScoringMode(CausalLM& model, bool reference) : model_(model), training_(model.is_training()) {
     model_.eval();
-    model_.set_adapters_enabled(false);
+    if (reference) model_.set_adapters_enabled(false);
   }
-  ~ReferenceMode() {
+  ~ScoringMode() {
     model_.set_adapters_enabled(true);
     if (training_) model_.train();
   }
-  ReferenceMode(const ReferenceMode&) = delete;
-  ReferenceMode& operator=(const ReferenceMode&) = delete;
+  ScoringMode(const ScoringMode&) = delete;
+  ScoringMode& operator=(const ScoringMode&) = delete;
 
  private:
   CausalLM& model_;
   bool training_;
 };
+
+// The reference pass's state: dropout and adapters off.
+class ReferenceMode : public ScoringMode {
+ public:
+  explicit ReferenceMode(CausalLM& model) : ScoringMode(model, true) {}
+};
+
+// Where each row's answer counts: its labels after the causal shift, per row ([rows] float).
+at::Tensor answer_tokens(const at::Tensor& labels, const at::Device& device) {
+  return labels.narrow(1, 1, labels.size(1) - 1).ne(kIgnoreLabel).sum(1).to(at::kFloat).to(device);
+}
+
+// Adds a batch's metric sums to a running total kept where they were computed: the host reads
+// them at logging time only (no sync per micro-batch).
+void add_sums(at::Tensor& total, const at::Tensor& sums) {
+  if (!total.defined()) total = at::zeros_like(sums);
+  total.add_(sums);
+}
 
 // The dataset rows of `pairs` as one forward takes them: the chosen sequences (example 2p),
 // then the rejected ones (2p + 1).
@@ -52,25 +71,25 @@ std::vector<int64_t> pair_rows(const std::vector<int64_t>& pairs) {
 
 }  // namespace
 
-LossSum Trainer::Impl::preference_forward(const Dataset& data, const std::vector<int64_t>& pairs,
-                                          double rpo_scale, at::Tensor& metric_sums,
+LossSum Trainer::Impl::preference_forward(const Dataset& data, const std::vector<int64_t>& samples,
+                                          const BatchTerms& terms, at::Tensor& metric_sums,
                                           const at::Tensor& reference) {
-  const std::vector<int64_t> rows = pair_rows(pairs);
+  if (pref.unpaired()) return unpaired_forward(data, samples, terms, metric_sums, reference);
+  const std::vector<int64_t> rows = pair_rows(samples);
   const Batch b = collate(data, rows, pad_id);
   at::Tensor rows_reference;
   if (reference.defined()) rows_reference = reference.index_select(0, at::tensor(rows, at::kLong));
-  return preference_rows(b.input_ids, b.labels, rpo_scale, metric_sums, rows_reference);
+  return preference_rows(b.input_ids, b.labels, terms, metric_sums, rows_reference);
 }
 
 LossSum Trainer::Impl::preference_rows(const at::Tensor& input_ids, const at::Tensor& labels,
-                                       double rpo_scale, at::Tensor& metric_sums,
+                                       const BatchTerms& terms, at::Tensor& metric_sums,
                                        const at::Tensor& reference) {
   const int64_t n = input_ids.size(0) / 2;
   const at::Device device = comm->device();
   const at::Tensor ids = input_ids.to(device);
   // Rows are right-padded: causal attention never reaches the padding, so no mask is needed.
-  const at::Tensor counts =
-      labels.narrow(1, 1, labels.size(1) - 1).ne(kIgnoreLabel).sum(1).to(at::kFloat).to(device);
+  const at::Tensor counts = answer_tokens(labels, device);
   train::PairLogProbs lp;
   if (pref.uses_reference() && reference.defined()) {
     const at::Tensor ref = reference.to(at::kFloat).to(device);
@@ -88,19 +107,94 @@ LossSum Trainer::Impl::preference_rows(const at::Tensor& input_ids, const at::Te
   lp.rejected = logps.narrow(0, n, n);
   lp.chosen_tokens = counts.narrow(0, 0, n);
   lp.rejected_tokens = counts.narrow(0, n, n);
-  const train::PairLosses losses = train::preference_losses(pref, lp);
+  const train::PreferenceLosses losses = train::preference_losses(pref, lp);
   at::Tensor sum = losses.loss.sum();
-  if (pref.rpo_alpha > 0) sum = sum - (pref.rpo_alpha * rpo_scale) * lp.chosen.sum();
-  {
-    // Summed where they were computed: the host reads them at logging time only (no sync per
-    // micro-batch).
-    at::NoGradGuard no_grad;
-    const at::Tensor local = at::cat(
-        {losses.metrics.sum(0), at::full({1}, static_cast<double>(n), losses.metrics.options())});
-    if (!metric_sums.defined()) metric_sums = at::zeros_like(local);
-    metric_sums.add_(local);
-  }
+  if (pref.rpo_alpha > 0) sum = sum - (pref.rpo_alpha * terms.nll_scale) * lp.chosen.sum();
+  add_sums(metric_sums, losses.sums);
   return {sum, n};
+}
+
+namespace {
+
+// The rows of unpaired examples `samples`: their sequences (2i), or their KL sequences.
+std::vector<int64_t> unpaired_rows(const std::vector<int64_t>& samples, bool kl) {
+  std::vector<int64_t> rows;
+  rows.reserve(samples.size());
+  for (int64_t i : samples) rows.push_back(2 * i + (kl ? 1 : 0));
+  return rows;
+}
+
+}  // namespace
+
+LossSum Trainer::Impl::unpaired_forward(const Dataset& data, const std::vector<int64_t>& samples,
+                                        const BatchTerms& terms, at::Tensor& metric_sums,
+                                        const at::Tensor& reference) {
+  const std::vector<int64_t> rows = unpaired_rows(samples, false);
+  const Batch b = collate(data, rows, pad_id);
+  const at::Device device = comm->device();
+  const at::Tensor ids = b.input_ids.to(device);
+  train::UnpairedLogProbs lp;
+  if (reference.defined()) {
+    lp.reference = reference.index_select(0, at::tensor(rows, at::kLong)).to(at::kFloat).to(device);
+  } else {
+    at::NoGradGuard no_grad;
+    ReferenceMode reference_mode(*model);
+    lp.reference = model->label_log_probs(ids, b.labels).sum(1);
+  }
+  lp.policy = model->label_log_probs(ids, b.labels).sum(1);
+  std::vector<uint8_t> flags;
+  for (int64_t r : rows) flags.push_back(data.desirable().at(static_cast<size_t>(r)));
+  lp.desirable = at::tensor(std::vector<int64_t>(flags.begin(), flags.end()), at::kLong)
+                     .to(at::kBool)
+                     .to(device);
+  lp.tokens = answer_tokens(b.labels, device);
+  lp.kl = terms.kl;
+  lp.nll_scale = terms.nll_scale;
+  const train::PreferenceLosses losses = train::unpaired_losses(pref, lp);
+  add_sums(metric_sums, losses.sums);
+  return {losses.loss.sum(), static_cast<int64_t>(samples.size())};
+}
+
+double Trainer::Impl::unpaired_kl(const Dataset& data,
+                                  const std::vector<std::vector<int64_t>>& batches,
+                                  const at::Tensor& reference) {
+  if (!pref.uses_kl()) return 0.0;
+  at::NoGradGuard no_grad;
+  const at::Device device = comm->device();
+  at::Tensor local = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+  int64_t count = 0;
+  for (const std::vector<int64_t>& batch : batches) {
+    // A rank with nothing left still runs its forwards (ZeRO-3 forwards are collective).
+    const std::vector<int64_t> rows =
+        unpaired_rows(batch.empty() ? std::vector<int64_t>{0} : batch, true);
+    const Batch b = collate(data, rows, pad_id);
+    const at::Tensor ids = b.input_ids.to(device);
+    at::Tensor ref;
+    if (reference.defined()) {
+      ref = reference.index_select(0, at::tensor(rows, at::kLong)).to(device);
+    } else {
+      ReferenceMode reference_mode(*model);
+      ref = model->label_log_probs(ids, b.labels).sum(1);
+    }
+    at::Tensor policy;
+    {
+      ScoringMode scoring(*model, /*reference=*/false);
+      policy = model->label_log_probs(ids, b.labels).sum(1);
+    }
+    if (batch.empty()) continue;
+    local += (policy.to(at::kDouble) - ref.to(at::kDouble)).sum();
+    count += static_cast<int64_t>(batch.size());
+  }
+  const std::vector<double> global =
+      comm::reduce_scalars(*comm, {local.item<double>(), static_cast<double>(count)});
+  return global[1] > 0 ? std::max(0.0, global[0] / global[1]) : 0.0;
+}
+
+double Trainer::Impl::unpaired_nll_scale(const Dataset& data,
+                                         const std::vector<int64_t>& samples) const {
+  int64_t desirable = 0;
+  for (int64_t i : samples) desirable += data.desirable().at(static_cast<size_t>(2 * i));
+  return train::unpaired_nll_scale(static_cast<int64_t>(samples.size()), desirable);
 }
 
 void Trainer::Impl::ensure_reference() {
@@ -207,19 +301,13 @@ void Trainer::Impl::read_reference(const std::string& dir) {
 
 std::map<std::string, double> Trainer::Impl::preference_metrics(const at::Tensor& metric_sums,
                                                                 const std::string& prefix) {
-  const size_t count = train::kPreferenceMetrics.size();
-  std::vector<double> local(count + 1, 0.0);
+  std::vector<double> local(static_cast<size_t>(train::metric_sums_size(pref)), 0.0);
   if (metric_sums.defined()) {
     const at::Tensor host = metric_sums.to(at::kDouble).cpu();
-    for (size_t k = 0; k <= count; ++k) local[k] = host[static_cast<int64_t>(k)].item<double>();
+    for (size_t k = 0; k < local.size(); ++k)
+      local[k] = host[static_cast<int64_t>(k)].item<double>();
   }
-  const std::vector<double> global = comm::reduce_scalars(*comm, local);
-  std::map<std::string, double> out;
-  if (global[count] <= 0) return out;
-  for (size_t k = 0; k < count; ++k) {
-    out[prefix + train::kPreferenceMetrics[k]] = global[k] / global[count];
-  }
-  return out;
+  return train::preference_metrics(pref, comm::reduce_scalars(*comm, local), prefix);
 }
 
 }  // namespace zt

@@ -80,6 +80,33 @@ std::shared_ptr<Communicator> join_training_job(const TrainingArguments& args,
   return std::shared_ptr<Communicator>(create_communicator(env, options));
 }
 
+namespace {
+
+// TRL's advice for KTO (the paper's Eq. 8): desirable_weight × desirable examples over
+// undesirable_weight × undesirable ones should lie in [1, 4/3]. Said, not enforced.
+void warn_unbalanced(const Dataset& d, const TrainingArguments& args) {
+  int64_t desirable = 0;
+  for (size_t i = 0; i < d.desirable().size(); i += 2) desirable += d.desirable()[i];
+  const int64_t undesirable = d.size() / 2 - desirable;
+  if (desirable == 0 || undesirable == 0) {
+    log::warn("'{}' has {} desirable and {} undesirable KTO examples: the loss only pushes one way",
+              args.train_file, desirable, undesirable);
+    return;
+  }
+  const double ratio = args.kto_chosen_weight * static_cast<double>(desirable) /
+                       (args.kto_rejected_weight * static_cast<double>(undesirable));
+  if (ratio < 1.0 || ratio > 4.0 / 3.0) {
+    log::warn(
+        "'{}': {} desirable and {} undesirable KTO examples; kto_chosen_weight × desirable / "
+        "(kto_rejected_weight × undesirable) is {:.3g}, outside [1, 4/3], the range the KTO "
+        "paper (Eq. 8) and TRL advise; set kto_chosen_weight / kto_rejected_weight to bring it "
+        "there",
+        args.train_file, desirable, undesirable, ratio);
+  }
+}
+
+}  // namespace
+
 void Trainer::Impl::load_data() {
   DataOptions options = data_options_for(args);
   options.token_id_limit = model_config.vocab_size;  // pre-tokenized ids index the embedding
@@ -105,22 +132,26 @@ void Trainer::Impl::load_data() {
               : "");
     }
   };
-  preference = args.stage == "dpo";
+  preference = args.stage == "dpo" || args.stage == "kto";
   if (preference) {
     pref = train::preference_options(args);
     if (args.packing) {
-      throw ConfigError(
-          "packing: preference pairs are scored per sequence; train stage dpo without packing");
+      throw ConfigError(fmt::format(
+          "packing: preference data are scored per sequence; train stage {} without packing",
+          args.stage));
     }
   }
-  // A preference dataset is its pairs' two sequences side by side (examples 2i, 2i + 1).
+  // A preference dataset is its pairs' two sequences side by side (examples 2i, 2i + 1), or
+  // KTO's examples each with its KL sequence, labelled.
   const auto samples = [&](const Dataset& d, const std::string& path) {
     if (!preference) return d.size();
-    if (d.size() % 2 != 0) {
-      throw IoError(
-          fmt::format("the tokenized preference data of '{}' has an odd number of "
-                      "sequences; remove its cache and tokenize again",
-                      path));
+    if (d.size() % 2 != 0 ||
+        (pref.unpaired() && d.desirable().size() != static_cast<size_t>(d.size()))) {
+      throw IoError(fmt::format(
+          "the tokenized preference data of '{}' {}; remove its cache and tokenize "
+          "again",
+          path,
+          d.size() % 2 != 0 ? "has an odd number of sequences" : "lack KTO's desirable labels"));
     }
     return d.size() / 2;
   };
@@ -140,6 +171,7 @@ void Trainer::Impl::load_data() {
         for (int64_t t = 1; t < labels.size; ++t) n += labels[t] != kIgnoreLabel;
         train_chosen_tokens[static_cast<size_t>(i)] = n;
       }
+      if (pref.unpaired() && rank == 0) warn_unbalanced(train_data, args);
     }
   }
   if (!args.train_file.empty() && !preference) {
@@ -291,10 +323,11 @@ void Trainer::Impl::build_model_and_engine() {
       precomputed_reference = args.precompute_ref_log_probs.value_or(!adapter_method);
       if (!precomputed_reference && !adapter_method) {
         throw ConfigError(fmt::format(
-            "stage dpo with pref_loss {} and finetuning_type {}: precompute_ref_log_probs false "
+            "stage {} with pref_loss {} and finetuning_type {}: precompute_ref_log_probs false "
             "leaves no reference (a second, frozen copy of the model is not supported); leave it "
-            "on, train an adapter (lora, ptuning, prefix), or use pref_loss orpo or simpo",
-            pref.loss, args.finetuning_type));
+            "on, train an adapter (lora, ptuning, prefix){}",
+            args.stage, pref.loss, args.finetuning_type,
+            pref.unpaired() ? "" : ", or use pref_loss orpo or simpo"));
       }
     }
     parameters = apply_peft_from_args(*model, args, static_cast<uint64_t>(args.seed));

@@ -54,10 +54,11 @@ struct Trainer::Impl {
   bool has_train = false, has_eval = false;
   std::vector<int64_t> train_targets;  ///< per training sample: labels that count (pairs: 1)
   std::vector<int64_t> train_lengths;  ///< per training sample: tokens (pairs: both sequences')
-  /// Examples, or with preference data pairs (examples 2i and 2i + 1): what batches count.
+  /// Examples, or with preference data pairs (examples 2i and 2i + 1) or KTO's examples (2i,
+  /// with its KL sequence 2i + 1): what batches count.
   int64_t train_samples = 0, eval_samples = 0;
-  /// Preference training (stage dpo; preference_loop.cpp): the loss, and per training pair the
-  /// chosen answer's scored tokens (rpo_alpha's token mean).
+  /// Preference training (stage dpo or kto; preference_loop.cpp): the loss, and per training
+  /// pair the chosen answer's scored tokens (rpo_alpha's token mean).
   bool preference = false;
   train::PreferenceOptions pref;
   std::vector<int64_t> train_chosen_tokens;
@@ -177,16 +178,36 @@ struct Trainer::Impl {
   }
   void check_cancel();
   LossSum forward(const Batch& b);
-  /// Preference pairs `pairs` of `data`: LossSum{Σ of the pairs' losses (+ rpo_alpha's term
-  /// times `rpo_scale`), pairs}; this rank's metric sums added to `metric_sums` ([7]: the
-  /// metrics summed over pairs, then the pairs).
-  LossSum preference_forward(const Dataset& data, const std::vector<int64_t>& pairs,
-                             double rpo_scale, at::Tensor& metric_sums,
+  /// What a preference micro-batch's loss takes from its whole global batch (the same numbers
+  /// on every rank, so that any split gives the same step).
+  struct BatchTerms {
+    /// Pairs: rpo_alpha's factor, pairs / chosen answer tokens. Unpaired: pref_ftx's,
+    /// (examples / desirable examples)² (LLaMA-Factory's rescaling, over the global batch).
+    double nll_scale = 0.0;
+    double kl = 0.0;  ///< unpaired: KTO's KL estimate z0 (unpaired_kl)
+  };
+  /// Preference samples `samples` of `data` (pairs, or with stage kto unpaired examples):
+  /// LossSum{Σ of their losses (+ the NLL term scaled by `terms`), samples}; this rank's metric
+  /// sums added to `metric_sums` (train::PreferenceLosses::sums).
+  LossSum preference_forward(const Dataset& data, const std::vector<int64_t>& samples,
+                             const BatchTerms& terms, at::Tensor& metric_sums,
                              const at::Tensor& reference = {});
-  /// The same for a batch already made: `ids` / `labels` [2 × pairs, seq], the chosen rows then
+  /// The same for pairs already made: `ids` / `labels` [2 × pairs, seq], the chosen rows then
   /// the rejected ones; `reference` the precomputed log-probs of those rows (or undefined).
-  LossSum preference_rows(const at::Tensor& ids, const at::Tensor& labels, double rpo_scale,
+  LossSum preference_rows(const at::Tensor& ids, const at::Tensor& labels, const BatchTerms& terms,
                           at::Tensor& metric_sums, const at::Tensor& reference);
+  /// Unpaired examples `samples` of `data` (their sequences, rows 2i), as preference_forward.
+  LossSum unpaired_forward(const Dataset& data, const std::vector<int64_t>& samples,
+                           const BatchTerms& terms, at::Tensor& metric_sums,
+                           const at::Tensor& reference);
+  /// KTO's KL estimate z0 of a global batch: the mean, over all ranks' examples of `batches`
+  /// (this rank's micro-batches; every rank passes as many), of the policy's log-probability
+  /// of the example's KL sequence (row 2i + 1) minus the reference's, at least 0; without
+  /// dropout and without gradients. Collective.
+  double unpaired_kl(const Dataset& data, const std::vector<std::vector<int64_t>>& batches,
+                     const at::Tensor& reference);
+  /// pref_ftx's BatchTerms::nll_scale for unpaired examples `samples` of `data` (all ranks').
+  double unpaired_nll_scale(const Dataset& data, const std::vector<int64_t>& samples) const;
   /// With precompute_ref_log_probs: the reference's summed answer log-probs of every sequence
   /// of the training and evaluation pairs ([2 × pairs] fp64 on the host, in the datasets'
   /// order), computed once before the first step and kept in every checkpoint
@@ -203,8 +224,11 @@ struct Trainer::Impl {
   /// Collective.
   std::map<std::string, double> preference_metrics(const at::Tensor& metric_sums,
                                                    const std::string& prefix);
-  /// This rank's preference metric sums since the last log (loop.cpp adds, log_window takes).
+  /// This rank's preference metric sums since the last log (loop.cpp adds, log_window takes),
+  /// and KTO's z0 summed over the window's steps.
   at::Tensor window_metric_sums;
+  double window_kl_sum = 0.0;
+  int64_t window_kl_steps = 0;
   std::map<std::string, double> eval_metrics;  ///< the last evaluation's (preference training)
   double run_evaluation();
   double evaluate();  ///< run_evaluation, logged (Trainer::evaluate)

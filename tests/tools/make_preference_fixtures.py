@@ -17,7 +17,15 @@ labels -100 on prompt and padding), writes OUT_DIR/preference/<family>/:
                          accuracy, margin, logps chosen, logps rejected, means over the pairs)
                          and grad.<k>.<parameter> for every trainable LoRA parameter
   cases.json             each case's options (pref_loss, beta, label_smoothing, simpo_gamma,
-                         pref_ftx, reference)
+                         pref_ftx, reference), and under "kto_cases" the KTO cases' (pref_loss,
+                         beta, desirable_weight, undesirable_weight, pref_ftx)
+  kto.safetensors        KTO (unpaired examples): input_ids, labels of 4 sequences (prompt +
+                         completion) and of their KL sequences (prompt i + completion i - 1, the
+                         first taking the last's), desirable [4]; policy_logps, ref_logps,
+                         kl_policy_logps, kl_ref_logps [4]; kl (z0); and per KTO case k: loss.<k>,
+                         metrics.<k> [5] (rewards chosen, logps chosen, rewards rejected, logps
+                         rejected, margin) and grad.<k>.<parameter>. The batch is drawn until its
+                         KL estimate is positive, so that z0 matters.
 and OUT_DIR/preference/VERSIONS.json. The loss and metric formulas are those that
 docs/preference_reference.md restates from TRL and LLaMA-Factory; they are written here from
 those formulas, not copied from either project's code. Everything is fp32 on the CPU, with
@@ -49,6 +57,13 @@ CASES = [dict(name=n, pref_loss=l, beta=b, label_smoothing=e, simpo_gamma=g, pre
                                   ("robust", "robust", 0.1, 0.1, 0.5, 0.0),
                                   ("orpo", "orpo", 0.1, 0.0, 0.5, 0.0),
                                   ("simpo", "simpo", 2.0, 0.0, 0.5, 0.0)]]
+# KTO: name, pref_loss, beta, desirable_weight, undesirable_weight, pref_ftx
+KTO_CASES = [dict(name=n, pref_loss=l, beta=b, desirable_weight=wd, undesirable_weight=wu,
+                  pref_ftx=f)
+             for n, l, b, wd, wu, f in [("kto", "kto", 0.1, 1.0, 1.0, 0.0),
+                                        ("kto_weighted", "kto", 0.5, 1.33, 0.7, 0.2),
+                                        ("apo_zero", "apo_zero_unpaired", 0.1, 1.0, 1.0, 0.0)]]
+KTO_DESIRABLE = [True, False, True, True]
 
 
 def write_json(path, obj):
@@ -143,6 +158,93 @@ def pair_losses(case, pol, ref, counts):
     return loss, metrics.to(torch.float32)
 
 
+def make_kto_batch(seed):
+    """4 sequences (prompt + completion) and their KL sequences (prompt i + completion i - 1)."""
+    g = torch.Generator().manual_seed(seed)
+    draw = lambda n: torch.randint(3, 128, (n,), generator=g, dtype=torch.int64)  # noqa: E731
+    prompts = [draw(n) for n in (4, 6, 3, 5)]
+    completions = [draw(n) for n in (5, 3, 7, 4)]
+    own = list(zip(prompts, completions))
+    kl = [(prompts[i], completions[i - 1]) for i in range(4)]  # i - 1 = -1: the last
+
+    def pad(rows):
+        width = max(len(p) + len(a) for p, a in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.int64)
+        mask = torch.zeros(len(rows), width, dtype=torch.int64)
+        labels = torch.full((len(rows), width), -100, dtype=torch.int64)
+        for i, (p, a) in enumerate(rows):
+            n = len(p) + len(a)
+            ids[i, :n] = torch.cat([p, a])
+            mask[i, :n] = 1
+            labels[i, len(p):n] = a
+        return ids, mask, labels
+    return pad(own), pad(kl)
+
+
+def kto_losses(case, pol, ref, kl, desirable, counts):
+    """TRL's kto_loss (and apo_zero_unpaired) per example, weighted; LLaMA-Factory's pref_ftx
+    term; the metrics [5] (TRL: means over the desirable / undesirable examples)."""
+    beta = case["beta"]
+    rho = pol - ref
+    z0 = kl if case["pref_loss"] == "kto" else 0.0
+    if case["pref_loss"] == "kto":
+        d_loss, u_loss = 1 - torch.sigmoid(beta * (rho - z0)), 1 - torch.sigmoid(beta * (z0 - rho))
+    else:
+        d_loss, u_loss = 1 - torch.sigmoid(beta * rho), torch.sigmoid(beta * rho)
+    losses = torch.cat([case["desirable_weight"] * d_loss[desirable],
+                        case["undesirable_weight"] * u_loss[~desirable]])
+    loss = losses.nanmean()
+    n_d = int(desirable.sum())
+    if case["pref_ftx"] > 0 and n_d > 0:  # LLaMA-Factory: rescaled by batch / desirable count
+        sft = -(pol / counts.to(torch.float32))[desirable]
+        loss = loss + case["pref_ftx"] * sft.nanmean() / n_d * len(pol)
+    reward = (beta * rho).detach()
+    rc, rr = reward[desirable].mean(), reward[~desirable].mean()
+    metrics = torch.stack([rc, pol.detach()[desirable].mean(), rr,
+                           pol.detach()[~desirable].mean(), rc - rr])
+    return loss, metrics.to(torch.float32)
+
+
+def make_kto(family, model, trainable, d):
+    from safetensors.torch import save_file
+    desirable = torch.tensor(KTO_DESIRABLE)
+    for seed in range(1000, 1100):
+        (ids, mask, labels), (kl_ids, kl_mask, kl_labels) = make_kto_batch(seed)
+        with torch.no_grad():
+            with model.disable_adapter():
+                ref, counts = row_logps(model, ids, mask, labels)
+                kl_ref, _ = row_logps(model, kl_ids, kl_mask, kl_labels)
+            policy, _ = row_logps(model, ids, mask, labels)
+            kl_policy, _ = row_logps(model, kl_ids, kl_mask, kl_labels)
+        z0 = float((kl_policy - kl_ref).mean().clamp_min(0))
+        if z0 > 1e-3:
+            break
+    assert z0 > 1e-3, (family, "no batch with a positive KL estimate")
+    out = {"input_ids": ids, "attention_mask": mask, "labels": labels, "kl_input_ids": kl_ids,
+           "kl_attention_mask": kl_mask, "kl_labels": kl_labels,
+           "desirable": desirable.to(torch.int64),
+           "policy_logps": policy.to(torch.float32), "ref_logps": ref.to(torch.float32),
+           "kl_policy_logps": kl_policy.to(torch.float32), "kl_ref_logps": kl_ref.to(torch.float32),
+           "kl": torch.tensor([z0], dtype=torch.float32)}
+    losses = []
+    for case in KTO_CASES:
+        k = case["name"]
+        model.zero_grad(set_to_none=True)
+        pol, _ = row_logps(model, ids, mask, labels)
+        loss, metrics = kto_losses(case, pol, ref, z0, desirable, counts)
+        assert torch.isfinite(loss) and torch.isfinite(metrics).all(), (family, k)
+        loss.backward()
+        out["loss." + k] = loss.detach().reshape(1)
+        out["metrics." + k] = metrics
+        for name, p in trainable:
+            assert p.grad is not None and torch.isfinite(p.grad).all(), (family, k, name)
+            out["grad." + k + "." + our_name(name)] = p.grad.detach().clone()
+        losses.append(f"{k} {loss.item():.6f}")
+    model.zero_grad(set_to_none=True)
+    save_file({key: v.contiguous() for key, v in out.items()}, os.path.join(d, "kto.safetensors"))
+    print(family, "kto (z0 %.5f):" % z0, ", ".join(losses), flush=True)
+
+
 def make(family):
     from peft import LoraConfig, TaskType, get_peft_model
     from safetensors.torch import save_file
@@ -210,8 +312,9 @@ def make(family):
     model.zero_grad(set_to_none=True)
     save_file({key: v.contiguous() for key, v in out.items()},
               os.path.join(d, "expected.safetensors"))
-    write_json(os.path.join(d, "cases.json"), {"cases": CASES})
+    write_json(os.path.join(d, "cases.json"), {"cases": CASES, "kto_cases": KTO_CASES})
     print(family, "loss:", ", ".join(losses), flush=True)
+    make_kto(family, model, trainable, d)
 
 
 def main():
