@@ -38,6 +38,8 @@ run dpo7b dpo_7b.sh MODE=lora
 grep -q '"rewards/margins"' "$work/dpo7b/trainer_log.jsonl" || { echo "dpo7b: no DPO metrics"; exit 1; }
 run dpofull7b dpo_7b.sh MODE=full LOSS=sigmoid
 [ -f "$work/dpofull7b/model.safetensors" ] || { echo "dpofull7b: no model"; exit 1; }
+run kto7b dpo_7b.sh MODE=lora STAGE=kto
+grep -q '"kl"' "$work/kto7b/trainer_log.jsonl" || { echo "kto7b: no KTO metrics"; exit 1; }
 run lora13b finetune_13b_zero3_offload.sh
 [ -f "$work/lora13b/adapter_model.safetensors" ] || { echo "lora13b: no adapter"; exit 1; }
 run loraglm finetune_glm4_9b.sh SHAPE_FILE="$work/tiny_glm.json"

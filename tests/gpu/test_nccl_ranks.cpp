@@ -273,7 +273,7 @@ TEST_CASE("nccl ranks: QLoRA, DoRA and PiSSA at stages 0-3 and offload give worl
                     false);
 }
 
-TEST_CASE("nccl ranks: DPO (reference online and precomputed) and SimPO give world 1's losses",
+TEST_CASE("nccl ranks: DPO (reference online and precomputed), SimPO and KTO give world 1's losses",
           "[gpu][nccl][ranks][trainer][preference]") {
   check_world_sizes({"--stage", "dpo", "--finetuning_type", "lora", "--lora_r", "8", "--deepspeed",
                      stage_json(3)},
@@ -282,6 +282,10 @@ TEST_CASE("nccl ranks: DPO (reference online and precomputed) and SimPO give wor
                     false);
   check_world_sizes({"--stage", "dpo", "--pref_loss", "simpo", "--finetuning_type", "lora",
                      "--deepspeed", stage_json(2)},
+                    false);
+  // KTO (the pairs unpaired): the KL estimate is reduced over the ranks of each step.
+  check_world_sizes({"--stage", "kto", "--finetuning_type", "lora", "--lora_r", "8", "--pref_ftx",
+                     "0.1", "--deepspeed", stage_json(3)},
                     false);
 }
 
