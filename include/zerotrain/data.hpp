@@ -159,7 +159,12 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
 /// labels kIgnoreLabel on the prompt (and on earlier turns). Each sequence is cut to
 /// `o.max_length` as `o.truncation_mode` says; a pair whose answers are identical, one of whose
 /// answers is empty, or whose prompt alone fills max_length is dropped, counted in `stats` and
-/// warned about. Errors as tokenize_jsonl.
+/// warned about. With `o.kto`, KTO's unpaired examples instead: TRL's {"prompt", "completion",
+/// "label"}, LLaMA-Factory's messages / conversations (the last reply the completion) and alpaca
+/// (its output) records with a boolean "label" or "kto_tag", and pair records as two examples
+/// (chosen desirable); example i is rows 2i (prompt + completion) and 2i + 1 (its KL sequence:
+/// the prompt with the completion of the example before it, the first taking the last's), both
+/// with its label in Dataset::desirable(). Errors as tokenize_jsonl.
 Dataset tokenize_preference_jsonl(const std::string& path, const Tokenizer& tok,
                                   const DataOptions& o, DatasetStats* stats = nullptr);
 

@@ -130,7 +130,8 @@ class Trainer {
   /// right-padded; `chosen_labels` / `rejected_labels` the same shapes with -100 on the prompt
   /// and the padding (the answer's tokens are scored; the shift is applied inside). The loss is
   /// the run's pref_loss against the reference (the model with its adapters off; a run whose
-  /// reference is precomputed, and rpo_alpha, take train_file's pairs only: InvalidArgument).
+  /// reference is precomputed, rpo_alpha, and stage kto take train_file's data only:
+  /// InvalidArgument).
   /// Steps at the accumulation boundary; normalized by the window's pairs over all ranks, so
   /// equal global batches give equal steps. StepStats::loss is the micro-batch's mean pair loss
   /// over all ranks. Collective.

@@ -128,7 +128,8 @@ ZT_EXPORT zt_status zt_trainer_train_step_i32(zt_trainer* t, const int32_t* inpu
  * docs/preference.md): `chosen_ids` / `rejected_ids` are row-major [pairs, seq_len], each row a
  * prompt and an answer, right-padded; `chosen_labels` / `rejected_labels` the same with -100 on
  * the prompt and the padding. The loss is the run's pref_loss against the model with its adapters
- * off (a run with a precomputed reference or rpo_alpha: ZT_ERR_INVALID_ARGUMENT). Steps at the
+ * off (a run with a precomputed reference, rpo_alpha or "stage": "kto", whose examples come from
+ * train_file: ZT_ERR_INVALID_ARGUMENT). Steps at the
  * accumulation boundary; normalized by the window's pairs over all ranks. `stats->loss` is the
  * micro-batch's mean pair loss over all ranks. The arrays are only read during the call;
  * `stats` may be NULL. Collective. */

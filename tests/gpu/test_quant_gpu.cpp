@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "model/quantized_weights.hpp"
-#include "util/device_stats.hpp"
 #include "quant/four_bit_weight.hpp"
+#include "util/device_stats.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/peft.hpp"
 #include "zerotrain/safetensors.hpp"
@@ -108,9 +108,10 @@ TEST_CASE("QLoRA, DoRA and PiSSA models on the GPU compute the CPU's loss and ad
   }
 }
 
-TEST_CASE("DoRA with dropout on the GPU: the one-function path's loss and gradients, no dense "
-          "weight kept for backward",
-          "[gpu][quant][dora]") {
+TEST_CASE(
+    "DoRA with dropout on the GPU: the one-function path's loss and gradients, no dense "
+    "weight kept for backward",
+    "[gpu][quant][dora]") {
   // A dropout that drops nothing (p = 1e-12) takes the path of dropout in training (autograd of
   // PEFT's expression, the base's products through base_forward), p = 0 DoraLinearFunction:
   // the same loss and gradients over qwen2 (biases), dense and 4-bit, on the GPU. Over the 4-bit
@@ -121,11 +122,10 @@ TEST_CASE("DoRA with dropout on the GPU: the one-function path's loss and gradie
   const at::Tensor mask = data.load("attention_mask").to(kGpu);
   const ModelConfig base = load_model_config(fixture("models/qwen2"));
   const int64_t head_dim = base.hidden_size / base.num_attention_heads;
-  const int64_t dense_bytes =
-      4 * base.num_hidden_layers *
-      (2 * base.hidden_size * base.num_attention_heads * head_dim +
-       2 * base.hidden_size * base.num_key_value_heads * head_dim +
-       3 * base.hidden_size * base.intermediate_size);
+  const int64_t dense_bytes = 4 * base.num_hidden_layers *
+                              (2 * base.hidden_size * base.num_attention_heads * head_dim +
+                               2 * base.hidden_size * base.num_key_value_heads * head_dim +
+                               3 * base.hidden_size * base.intermediate_size);
   for (bool four_bit : {false, true}) {
     INFO((four_bit ? "4-bit" : "dense"));
     double losses[3];
@@ -157,9 +157,9 @@ TEST_CASE("DoRA with dropout on the GPU: the one-function path's loss and gradie
       model->train();
       if (k < 2) {  // what a 4-token forward's graph holds
         const int64_t before = device_stats::allocated(0);
-        LossSum small = model->loss(ids.narrow(0, 0, 1).narrow(1, 0, 4),
-                                    labels.narrow(0, 0, 1).narrow(1, 0, 4),
-                                    mask.narrow(0, 0, 1).narrow(1, 0, 4));
+        LossSum small =
+            model->loss(ids.narrow(0, 0, 1).narrow(1, 0, 4), labels.narrow(0, 0, 1).narrow(1, 0, 4),
+                        mask.narrow(0, 0, 1).narrow(1, 0, 4));
         kept[k] = device_stats::allocated(0) - before;
       }
       at::manual_seed(11);
