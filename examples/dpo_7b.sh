@@ -15,8 +15,9 @@
 # MODE=lora: LoRA r16 on all linear layers, bf16, ZeRO-2, micro batch 4 pairs (8 sequences of
 #            SEQ tokens); the reference is the model with its adapters off, no second model.
 # MODE=full: every weight, bf16, ZeRO-3, the reference's log-probs computed once before the
-#            first step (precompute_ref_log_probs) and kept in every checkpoint; on one or two
-#            GPUs the optimizer state in host memory (OFFLOAD=0 keeps it on the GPUs).
+#            first step (precompute_ref_log_probs) and kept in every checkpoint — or with
+#            REFERENCE=model a frozen copy of the starting weights, sharded as the policy is; on
+#            one or two GPUs the optimizer state in host memory (OFFLOAD=0 keeps it on the GPUs).
 # STAGE: dpo (the default) or kto. LOSS: sigmoid (DPO, the default; with STAGE=kto the kto
 # loss), ipo, hinge, robust, orpo, simpo, apo_zero_unpaired (kto); BETA: pref_beta (0.1).
 set -euo pipefail
@@ -74,7 +75,8 @@ case "$mode" in
       offload=', "offload_optimizer": {"device": "cpu", "pin_memory": true}'
     fi
     method=(--finetuning_type full --per_device_train_batch_size 2 --gradient_checkpointing
-            --learning_rate 5e-7 --precompute_ref_log_probs true
+            --learning_rate 5e-7
+            --precompute_ref_log_probs "$([ "${REFERENCE:-table}" = model ] && echo false || echo true)"
             --deepspeed '{"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
                           "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
                           "bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 3, "overlap_comm": true,

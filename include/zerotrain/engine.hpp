@@ -77,6 +77,15 @@ struct EngineOptions {
   bool update_in_backward = false;
 };
 
+/// Values of an Engine's trainable parameters laid out as one rank keeps its compute copy:
+/// under ZeRO-3 its shards, below stage 3 the whole of each bucket (Engine::parameter_snapshot).
+/// Holds them in the compute dtype, where the compute copy lives (device, or pinned host memory
+/// with offload_param). Owned by the caller; only the Engine that made it reads it.
+struct ParameterSnapshot {
+  std::vector<at::Tensor> buckets;  ///< by bucket; undefined for frozen buckets
+  int64_t bytes() const;
+};
+
 /// One recorded engine event (EngineOptions::trace).
 struct TraceEvent {
   enum class Kind { kBackwardBegin, kBucketLaunch, kBackwardEnd, kUnitGather, kUnitRelease };
@@ -210,6 +219,19 @@ class Engine {
   /// counters, then refreshes the parameters' compute copies from the restored masters. Works
   /// for any world size and stage the state was saved with. Collective.
   void load_state(const StateReader& read, const EngineState& state);
+
+  /// The trainable parameters as `source` holds them (e.g. the model as it started: a frozen
+  /// reference model for preference training), laid out as this rank keeps its compute copy —
+  /// so ZeRO-3 shards it as it shards the policy. Reads only this rank's part of `source`. Not
+  /// collective.
+  ParameterSnapshot parameter_snapshot(ParameterSource& source) const;
+  /// Exchanges the trainable parameters' compute values with `snapshot`'s: after one call the
+  /// module computes with the snapshot's values (the engine's own are in `snapshot`), after a
+  /// second it is as before, bit for bit. For forwards without gradients in between (nothing
+  /// may train the swapped-in values); not between backward() and step() (InvalidArgument).
+  /// Gathered ZeRO-3 units are released first. Not collective, but every rank swaps before the
+  /// same forwards.
+  void swap_parameters(ParameterSnapshot& snapshot);
 
   EngineMemory memory() const;
   const std::vector<TraceEvent>& trace() const;

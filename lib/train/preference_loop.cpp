@@ -41,12 +41,6 @@ class ScoringMode {
   bool training_;
 };
 
-// The reference pass's state: dropout and adapters off.
-class ReferenceMode : public ScoringMode {
- public:
-  explicit ReferenceMode(CausalLM& model) : ScoringMode(model, true) {}
-};
-
 // Where each row's answer counts: its labels after the causal shift, per row ([rows] float).
 at::Tensor answer_tokens(const at::Tensor& labels, const at::Device& device) {
   return labels.narrow(1, 1, labels.size(1) - 1).ne(kIgnoreLabel).sum(1).to(at::kFloat).to(device);
@@ -70,6 +64,24 @@ std::vector<int64_t> pair_rows(const std::vector<int64_t>& pairs) {
 }
 
 }  // namespace
+
+at::Tensor Trainer::Impl::reference_log_probs(const at::Tensor& ids, const at::Tensor& labels) {
+  at::NoGradGuard no_grad;
+  ScoringMode scoring(*model, /*reference=*/true);
+  if (!reference_weights) return model->label_log_probs(ids, labels).sum(1);
+  // The frozen reference: the starting weights swapped in for this forward, and out again
+  // whatever happens.
+  engine->swap_parameters(*reference_weights);
+  at::Tensor out;
+  try {
+    out = model->label_log_probs(ids, labels).sum(1);
+  } catch (...) {
+    engine->swap_parameters(*reference_weights);
+    throw;
+  }
+  engine->swap_parameters(*reference_weights);
+  return out;
+}
 
 LossSum Trainer::Impl::preference_forward(const Dataset& data, const std::vector<int64_t>& samples,
                                           const BatchTerms& terms, at::Tensor& metric_sums,
@@ -96,9 +108,7 @@ LossSum Trainer::Impl::preference_rows(const at::Tensor& input_ids, const at::Te
     lp.ref_chosen = ref.narrow(0, 0, n);
     lp.ref_rejected = ref.narrow(0, n, n);
   } else if (pref.uses_reference()) {
-    at::NoGradGuard no_grad;
-    ReferenceMode reference_mode(*model);
-    const at::Tensor ref = model->label_log_probs(ids, labels).sum(1);
+    const at::Tensor ref = reference_log_probs(ids, labels);
     lp.ref_chosen = ref.narrow(0, 0, n);
     lp.ref_rejected = ref.narrow(0, n, n);
   }
@@ -137,9 +147,7 @@ LossSum Trainer::Impl::unpaired_forward(const Dataset& data, const std::vector<i
   if (reference.defined()) {
     lp.reference = reference.index_select(0, at::tensor(rows, at::kLong)).to(at::kFloat).to(device);
   } else {
-    at::NoGradGuard no_grad;
-    ReferenceMode reference_mode(*model);
-    lp.reference = model->label_log_probs(ids, b.labels).sum(1);
+    lp.reference = reference_log_probs(ids, b.labels);
   }
   lp.policy = model->label_log_probs(ids, b.labels).sum(1);
   std::vector<uint8_t> flags;
@@ -173,8 +181,7 @@ double Trainer::Impl::unpaired_kl(const Dataset& data,
     if (reference.defined()) {
       ref = reference.index_select(0, at::tensor(rows, at::kLong)).to(device);
     } else {
-      ReferenceMode reference_mode(*model);
-      ref = model->label_log_probs(ids, b.labels).sum(1);
+      ref = reference_log_probs(ids, b.labels);
     }
     at::Tensor policy;
     {
@@ -215,7 +222,7 @@ void Trainer::Impl::precompute_reference() {
   const auto score = [&](const Dataset& data, int64_t samples) {
     std::vector<double> local(static_cast<size_t>(2 * samples), 0.0);
     at::NoGradGuard no_grad;
-    ReferenceMode reference(*model);
+    ScoringMode reference(*model, /*reference=*/true);
     for (const std::vector<int64_t>& indices :
          eval_batches(samples, world, rank, args.per_device_eval_batch_size)) {
       const std::vector<int64_t> pairs = indices.empty() ? std::vector<int64_t>{0} : indices;

@@ -320,15 +320,9 @@ void Trainer::Impl::build_model_and_engine() {
     if (preference && pref.uses_reference()) {
       // The reference: the model as it starts. With adapters it is the model with them off, at
       // any step; without, only the log-probs computed before the first step can be it.
+      // Without the precomputed table and without adapters, a frozen copy of the starting
+      // weights, sharded as the policy is (below, after the engine).
       precomputed_reference = args.precompute_ref_log_probs.value_or(!adapter_method);
-      if (!precomputed_reference && !adapter_method) {
-        throw ConfigError(fmt::format(
-            "stage {} with pref_loss {} and finetuning_type {}: precompute_ref_log_probs false "
-            "leaves no reference (a second, frozen copy of the model is not supported); leave it "
-            "on, train an adapter (lora, ptuning, prefix){}",
-            args.stage, pref.loss, args.finetuning_type,
-            pref.unpaired() ? "" : ", or use pref_loss orpo or simpo"));
-      }
     }
     parameters = apply_peft_from_args(*model, args, static_cast<uint64_t>(args.seed));
     non_embedding_parameters = parameters.all - model_config.vocab_size * model_config.hidden_size;
@@ -380,6 +374,15 @@ void Trainer::Impl::build_model_and_engine() {
   if (new_adapter) base = peft::dora_source(base, *model, peft.lora);
   eo.source = with_adapter_values(base, *model);
   engine = std::make_unique<Engine>(model, ds, comm, eo);
+  if (preference && pref.uses_reference() && !precomputed_reference && !adapter_method) {
+    reference_weights = std::make_unique<ParameterSnapshot>(engine->parameter_snapshot(*eo.source));
+    if (rank == 0) {
+      log::info(
+          "reference: a frozen copy of the trainable weights as they start, {:.2f} GiB on rank 0 "
+          "(ZeRO stage {}), swapped in for each reference forward",
+          static_cast<double>(reference_weights->bytes()) / (1 << 30), engine->stage());
+    }
+  }
 }
 
 void Trainer::Impl::restore(const std::string& dir) {

@@ -214,6 +214,15 @@ struct Trainer::Impl {
   /// (ref_log_probs.safetensors). Undefined otherwise (the reference runs with each batch).
   bool precomputed_reference = false;
   at::Tensor train_reference, eval_reference;
+  /// Without precompute_ref_log_probs and without adapters (full, freeze): the frozen reference
+  /// model, the trainable parameters as they started (read from the engine's source, at start
+  /// and on resume), kept as this rank keeps its compute copy — ZeRO-3 shards it as it shards
+  /// the policy — and swapped in for each reference forward. Null otherwise.
+  std::unique_ptr<ParameterSnapshot> reference_weights;
+  /// The reference's summed answer log-probs of rows `ids` / `labels`: the model with its
+  /// adapters off, or with reference_weights swapped in; without dropout or gradients.
+  /// Collective under ZeRO-3 (its forward).
+  at::Tensor reference_log_probs(const at::Tensor& ids, const at::Tensor& labels);
   /// Computes them (collective), or on resume reads them from checkpoint `dir`.
   void precompute_reference();
   /// precompute_reference at step 0 when they are not there yet (collective).

@@ -181,6 +181,12 @@ struct Publishing {
   int64_t elements = 0;
 };
 
+/// Reads the part of bucket `b` that a rank keeps, elements [begin, begin + len) of its flat
+/// space, straight from `source`, as fp32 on `device` (a raw bucket: its bytes); `staging` a
+/// host buffer reused across calls for a GPU (setup.cpp).
+at::Tensor read_bucket(ParameterSource& source, const Layout& L, const Bucket& b, int64_t begin,
+                       int64_t len, const at::Device& device, at::Tensor& staging);
+
 /// Engine's state and internals (the engine's UnitRunner: units.cpp runs the gate's units).
 struct EngineImpl final : UnitRunner {
   EngineImpl();

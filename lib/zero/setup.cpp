@@ -224,12 +224,9 @@ void EngineImpl::allocate_state() {
   grad_acc = at::zeros({S.in_backward() ? 0 : L.state_numel}, dev.dtype(S.master_dtype));
 }
 
-namespace {
-
-// Reads the part of bucket `b` that this rank keeps straight from the source — sharded buckets
-// only their slice, so no rank ever holds the whole model — as fp32 on `device` (a raw bucket:
-// its bytes). `staging`: for a GPU one host buffer serves all buckets (fresh pages for every
-// bucket cost more in page faults than the reads on a 7B model).
+// Sharded buckets are read only in their slice, so no rank ever holds the whole model. For a
+// GPU one staging buffer serves all buckets (fresh pages for every bucket cost more in page
+// faults than the reads on a 7B model).
 at::Tensor read_bucket(ParameterSource& source, const Layout& L, const Bucket& b, int64_t begin,
                        int64_t len, const at::Device& device, at::Tensor& staging) {
   at::Tensor host;
@@ -256,8 +253,6 @@ at::Tensor read_bucket(ParameterSource& source, const Layout& L, const Bucket& b
   if (begin + len > filled) host.narrow(0, filled - begin, begin + len - filled).zero_();
   return host.to(device);  // a blocking copy: the staging buffer is free again
 }
-
-}  // namespace
 
 // Every bucket's initial values, in fp32 (raw buckets: bytes): from the source, or assembled from
 // the module and broadcast from rank 0, so all ranks start from the same weights whatever the stage

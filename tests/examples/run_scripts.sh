@@ -38,6 +38,9 @@ run dpo7b dpo_7b.sh MODE=lora
 grep -q '"rewards/margins"' "$work/dpo7b/trainer_log.jsonl" || { echo "dpo7b: no DPO metrics"; exit 1; }
 run dpofull7b dpo_7b.sh MODE=full LOSS=sigmoid
 [ -f "$work/dpofull7b/model.safetensors" ] || { echo "dpofull7b: no model"; exit 1; }
+run dpofrozen7b dpo_7b.sh MODE=full REFERENCE=model
+grep -q 'a frozen copy of the trainable weights' "$work/dpofrozen7b.log" ||
+  { echo "dpofrozen7b: no frozen reference"; exit 1; }
 run kto7b dpo_7b.sh MODE=lora STAGE=kto
 grep -q '"kl"' "$work/kto7b/trainer_log.jsonl" || { echo "kto7b: no KTO metrics"; exit 1; }
 run lora13b finetune_13b_zero3_offload.sh

@@ -273,12 +273,19 @@ TEST_CASE("nccl ranks: QLoRA, DoRA and PiSSA at stages 0-3 and offload give worl
                     false);
 }
 
-TEST_CASE("nccl ranks: DPO (reference online and precomputed), SimPO and KTO give world 1's losses",
-          "[gpu][nccl][ranks][trainer][preference]") {
+TEST_CASE(
+    "nccl ranks: DPO (reference online, precomputed, frozen model), SimPO and KTO give world 1's "
+    "losses",
+    "[gpu][nccl][ranks][trainer][preference]") {
   check_world_sizes({"--stage", "dpo", "--finetuning_type", "lora", "--lora_r", "8", "--deepspeed",
                      stage_json(3)},
                     false);
   check_world_sizes({"--stage", "dpo", "--finetuning_type", "full", "--deepspeed", stage_json(3)},
+                    false);
+  // Full fine-tuning against the frozen reference model, its starting weights sharded as the
+  // policy's are and swapped in for each reference forward.
+  check_world_sizes({"--stage", "dpo", "--finetuning_type", "full", "--precompute_ref_log_probs",
+                     "false", "--deepspeed", stage_json(3)},
                     false);
   check_world_sizes({"--stage", "dpo", "--pref_loss", "simpo", "--finetuning_type", "lora",
                      "--deepspeed", stage_json(2)},
