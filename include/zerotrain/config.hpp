@@ -352,7 +352,8 @@ struct TrainingArguments {
   int64_t max_prompt_length = 0;  ///< TRL ≤0.28: a prompt keeps its last this many tokens (0: all)
   std::string truncation_mode = "keep_start";  ///< TRL: keep_start | keep_end (of each sequence)
   /// TRL: the reference's log-probs computed once before training and kept with the run
-  /// (default: on for full fine-tuning, which has no adapters to switch off).
+  /// (default: on for full fine-tuning, which has no adapters to switch off; off there, a
+  /// frozen copy of the starting weights is the reference).
   std::optional<bool> precompute_ref_log_probs;
 
   // ChatGLM-Finetuning's train.py flags (docs/chatglm.md). Any of them given puts its defaults

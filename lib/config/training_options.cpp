@@ -472,7 +472,8 @@ std::vector<Option> preference() {
        &Args::precompute_ref_log_probs,
        {},
        -1e308,
-       "TRL: the reference's log-probs computed once before training"},
+       "TRL: the reference's log-probs computed once before training (false without adapters: "
+       "a frozen copy of the starting weights)"},
   };
 }
 
