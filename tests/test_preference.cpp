@@ -15,6 +15,7 @@
 #include "support/catch.hpp"
 #include "support/jobs.hpp"
 #include "support/messages.hpp"
+#include "support/preference_fixtures.hpp"
 #include "support/ranks.hpp"
 #include "train/preference.hpp"
 #include "util/files.hpp"
@@ -65,11 +66,6 @@ int64_t prompt_length(const Dataset& d, int64_t i) {
 std::vector<int32_t> cat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
-}
-
-std::vector<double> sums_of(const train::PreferenceLosses& out) {
-  const at::Tensor s = out.sums.to(at::kDouble).contiguous();
-  return std::vector<double>(s.data_ptr<double>(), s.data_ptr<double>() + s.numel());
 }
 
 }  // namespace
@@ -533,77 +529,7 @@ TEST_CASE("preference losses, metrics and gradients are TRL's and LLaMA-Factory'
           "[preference][peft]") {
   for (const char* family : {"llama", "qwen2", "glm"}) {
     INFO(family);
-    const std::string dir = fixture(std::string("preference/") + family);
-    REQUIRE(fs::exists(dir + "/expected.safetensors"));
-    SafetensorsFile expected(dir + "/expected.safetensors");
-    auto model = fixture_model(family);
-    load_adapter(*model, dir + "/adapter", /*trainable=*/true);
-    model->eval();
-    const at::Tensor ids = expected.load("input_ids"), labels = expected.load("labels");
-    const at::Tensor mask = expected.load("attention_mask");
-    const int64_t pairs = ids.size(0) / 2;
-    at::Tensor ref;
-    {
-      at::NoGradGuard no_grad;
-      model->set_adapters_enabled(false);
-      ref = model->label_log_probs(ids, labels, mask).sum(1);
-      model->set_adapters_enabled(true);
-    }
-    CHECK(at::allclose(ref, expected.load("ref_logps"), 1e-5, 1e-4));
-    const at::Tensor counts = expected.load("completion_tokens").to(at::kFloat);
-    CHECK(
-        at::equal(labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum(1).to(at::kFloat), counts));
-    rapidjson::Document cases;
-    cases.Parse(files::read_text(dir + "/cases.json").c_str());
-    REQUIRE(cases.IsObject());
-    int checked = 0;
-    for (const auto& c : cases["cases"].GetArray()) {
-      const std::string name = c["name"].GetString();
-      INFO(name);
-      train::PreferenceOptions o;
-      o.loss = c["pref_loss"].GetString();
-      o.beta = c["beta"].GetDouble();
-      o.label_smoothing = c["label_smoothing"].GetDouble();
-      o.simpo_gamma = c["simpo_gamma"].GetDouble();
-      o.ftx = c["pref_ftx"].GetDouble();
-      for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
-      const at::Tensor logps = model->label_log_probs(ids, labels, mask).sum(1);
-      CHECK(at::allclose(logps.detach(), expected.load("policy_logps"), 1e-5, 1e-4));
-      train::PairLogProbs lp;
-      lp.chosen = logps.narrow(0, 0, pairs);
-      lp.rejected = logps.narrow(0, pairs, pairs);
-      lp.ref_chosen = ref.narrow(0, 0, pairs);
-      lp.ref_rejected = ref.narrow(0, pairs, pairs);
-      lp.chosen_tokens = counts.narrow(0, 0, pairs);
-      lp.rejected_tokens = counts.narrow(0, pairs, pairs);
-      const train::PreferenceLosses out = train::preference_losses(o, lp);
-      const at::Tensor loss = out.loss.mean();
-      CHECK(loss.item<double>() ==
-            Approx(expected.load("loss." + name).item<double>()).epsilon(1e-5).margin(1e-7));
-      const std::map<std::string, double> metrics = train::preference_metrics(o, sums_of(out), "");
-      const at::Tensor want_metrics = expected.load("metrics." + name);
-      const char* names[] = {"rewards/chosen",  "rewards/rejected", "rewards/accuracies",
-                             "rewards/margins", "logps/chosen",     "logps/rejected"};
-      for (int64_t k = 0; k < 6; ++k) {
-        INFO(names[k]);
-        CHECK(metrics.at(names[k]) ==
-              Approx(want_metrics[k].item<double>()).epsilon(1e-5).margin(1e-5));
-      }
-      loss.backward();
-      int grads = 0;
-      for (const auto& p : model->named_parameters()) {
-        if (!p.value().requires_grad()) continue;
-        INFO(p.key());
-        const at::Tensor want = expected.load("grad." + name + "." + p.key());
-        REQUIRE(p.value().grad().defined());
-        const double scale = std::max(want.abs().max().item<double>(), 1e-8);
-        CHECK((p.value().grad() - want).abs().max().item<double>() / scale < 1e-4);
-        ++grads;
-      }
-      CHECK(grads > 0);
-      ++checked;
-    }
-    CHECK(checked >= 8);
+    CHECK(test::check_pair_fixture(family, at::kCPU) >= 8);
   }
 }
 
@@ -613,89 +539,7 @@ TEST_CASE(
     "[preference][peft]") {
   for (const char* family : {"llama", "qwen2", "glm"}) {
     INFO(family);
-    const std::string dir = fixture(std::string("preference/") + family);
-    REQUIRE(fs::exists(dir + "/kto.safetensors"));
-    SafetensorsFile expected(dir + "/kto.safetensors");
-    auto model = fixture_model(family);
-    load_adapter(*model, dir + "/adapter", /*trainable=*/true);
-    model->eval();
-    const at::Tensor ids = expected.load("input_ids"), labels = expected.load("labels");
-    const at::Tensor mask = expected.load("attention_mask");
-    at::Tensor ref, kl_ref, kl_policy;
-    {
-      at::NoGradGuard no_grad;
-      kl_policy = model
-                      ->label_log_probs(expected.load("kl_input_ids"), expected.load("kl_labels"),
-                                        expected.load("kl_attention_mask"))
-                      .sum(1);
-      model->set_adapters_enabled(false);
-      ref = model->label_log_probs(ids, labels, mask).sum(1);
-      kl_ref = model
-                   ->label_log_probs(expected.load("kl_input_ids"), expected.load("kl_labels"),
-                                     expected.load("kl_attention_mask"))
-                   .sum(1);
-      model->set_adapters_enabled(true);
-    }
-    CHECK(at::allclose(ref, expected.load("ref_logps"), 1e-5, 1e-4));
-    CHECK(at::allclose(kl_ref, expected.load("kl_ref_logps"), 1e-5, 1e-4));
-    CHECK(at::allclose(kl_policy, expected.load("kl_policy_logps"), 1e-5, 1e-4));
-    // TRL's z0: the batch's mean KL-row log-ratio, at least 0 (positive in this batch).
-    const double kl = std::max(0.0, (kl_policy - kl_ref).mean().item<double>());
-    CHECK(kl == Approx(expected.load("kl").item<double>()).epsilon(1e-4).margin(1e-6));
-    REQUIRE(kl > 1e-3);
-    const at::Tensor desirable = expected.load("desirable").to(at::kBool);
-    const int64_t n = ids.size(0), n_desirable = desirable.sum().item<int64_t>();
-    const at::Tensor tokens =
-        labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum(1).to(at::kFloat);
-    rapidjson::Document cases;
-    cases.Parse(files::read_text(dir + "/cases.json").c_str());
-    REQUIRE(cases.IsObject());
-    int checked = 0;
-    for (const auto& c : cases["kto_cases"].GetArray()) {
-      const std::string name = c["name"].GetString();
-      INFO(name);
-      train::PreferenceOptions o;
-      o.loss = c["pref_loss"].GetString();
-      o.beta = c["beta"].GetDouble();
-      o.desirable_weight = c["desirable_weight"].GetDouble();
-      o.undesirable_weight = c["undesirable_weight"].GetDouble();
-      o.ftx = c["pref_ftx"].GetDouble();
-      for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
-      train::UnpairedLogProbs lp;
-      lp.policy = model->label_log_probs(ids, labels, mask).sum(1);
-      CHECK(at::allclose(lp.policy.detach(), expected.load("policy_logps"), 1e-5, 1e-4));
-      lp.reference = ref;
-      lp.desirable = desirable;
-      lp.tokens = tokens;
-      lp.kl = kl;
-      lp.nll_scale = train::unpaired_nll_scale(n, n_desirable);
-      const train::PreferenceLosses out = train::unpaired_losses(o, lp);
-      const at::Tensor loss = out.loss.mean();
-      CHECK(loss.item<double>() ==
-            Approx(expected.load("loss." + name).item<double>()).epsilon(1e-5).margin(1e-7));
-      const std::map<std::string, double> metrics = train::preference_metrics(o, sums_of(out), "");
-      const at::Tensor want = expected.load("metrics." + name);
-      const char* names[] = {"rewards/chosen", "logps/chosen", "rewards/rejected", "logps/rejected",
-                             "rewards/margins"};
-      for (int64_t k = 0; k < 5; ++k) {
-        INFO(names[k]);
-        CHECK(metrics.at(names[k]) == Approx(want[k].item<double>()).epsilon(1e-5).margin(1e-5));
-      }
-      loss.backward();
-      int grads = 0;
-      for (const auto& p : model->named_parameters()) {
-        if (!p.value().requires_grad()) continue;
-        INFO(p.key());
-        const at::Tensor g = expected.load("grad." + name + "." + p.key());
-        REQUIRE(p.value().grad().defined());
-        const double scale = std::max(g.abs().max().item<double>(), 1e-8);
-        CHECK((p.value().grad() - g).abs().max().item<double>() / scale < 1e-4);
-        ++grads;
-      }
-      CHECK(grads > 0);
-      ++checked;
-    }
-    CHECK(checked == 3);
+    CHECK(test::check_kto_fixture(family, at::kCPU) == 3);
   }
 }
 
@@ -814,7 +658,7 @@ std::string write_feedback(const std::string& dir, const std::string& name, int 
 
 }  // namespace
 
-TEST_CASE("KTO trains the same at world 1, 2 and 4 under ZeRO 0 and 3, and learns",
+TEST_CASE("KTO trains the same at world 1, 2 and 4 under every ZeRO stage, and learns",
           "[preference][trainer]") {
   const std::string dir = test::temp_dir("kto-runs");
   write_feedback(dir, "train.jsonl", 24, 1);
@@ -858,6 +702,11 @@ TEST_CASE("KTO trains the same at world 1, 2 and 4 under ZeRO 0 and 3, and learn
                    "--gradient_accumulation_steps", world == 1 ? "2" : "1", "--deepspeed",
                    test::stage_json(stage)}));
     }
+  }
+  for (int stage : {1, 2}) {  // stages 1 and 2 at 2 ranks, against the rest
+    INFO("stage " << stage << ", world 2");
+    compare(run(2, fmt::format("out-{}-2", stage),
+                {"--per_device_train_batch_size", "2", "--deepspeed", test::stage_json(stage)}));
   }
   // The reference computed once equals the adapters-off forward of every step.
   {

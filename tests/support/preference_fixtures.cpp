@@ -1,0 +1,213 @@
+// See preference_fixtures.hpp.
+#include "support/preference_fixtures.hpp"
+
+#include <ATen/ATen.h>
+#include <rapidjson/document.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "train/preference.hpp"
+#include "util/files.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
+#include "zerotrain/safetensors.hpp"
+
+namespace zt::test {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fixture(const std::string& rel) {
+  return std::string(ZT_FIXTURES) + "/" + rel;
+}
+
+std::shared_ptr<CausalLM> fixture_model(const std::string& family) {
+  auto m = std::make_shared<CausalLM>(load_model_config(fixture("models/" + family)),
+                                      at::TensorOptions(), true);
+  load_weights(*m, *checkpoint_source(fixture("models/" + family)));
+  return m;
+}
+
+std::vector<double> sums_of(const train::PreferenceLosses& out) {
+  const at::Tensor s = out.sums.to(at::kDouble).cpu().contiguous();
+  return std::vector<double>(s.data_ptr<double>(), s.data_ptr<double>() + s.numel());
+}
+
+}  // namespace
+
+int check_pair_fixture(const std::string& family, const at::Device& device, double slack) {
+  const std::string dir = fixture(std::string("preference/") + family);
+  REQUIRE(fs::exists(dir + "/expected.safetensors"));
+  SafetensorsFile expected(dir + "/expected.safetensors");
+  auto model = fixture_model(family);
+  load_adapter(*model, dir + "/adapter", /*trainable=*/true);
+  model->eval();
+  model->to(device);
+  const at::Tensor ids = expected.load("input_ids").to(device);
+  const at::Tensor labels = expected.load("labels").to(device);
+  const at::Tensor mask = expected.load("attention_mask").to(device);
+  const int64_t pairs = ids.size(0) / 2;
+  at::Tensor ref;
+  {
+    at::NoGradGuard no_grad;
+    model->set_adapters_enabled(false);
+    ref = model->label_log_probs(ids, labels, mask).sum(1);
+    model->set_adapters_enabled(true);
+  }
+  CHECK(at::allclose(ref.cpu(), expected.load("ref_logps"), 1e-5 * slack, 1e-4 * slack));
+  const at::Tensor counts = expected.load("completion_tokens").to(at::kFloat).to(device);
+  CHECK(
+      at::equal(labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum(1).to(at::kFloat).cpu(),
+                 counts.cpu()));
+  rapidjson::Document cases;
+  cases.Parse(files::read_text(dir + "/cases.json").c_str());
+  REQUIRE(cases.IsObject());
+  int checked = 0;
+  for (const auto& c : cases["cases"].GetArray()) {
+    const std::string name = c["name"].GetString();
+    INFO(name);
+    train::PreferenceOptions o;
+    o.loss = c["pref_loss"].GetString();
+    o.beta = c["beta"].GetDouble();
+    o.label_smoothing = c["label_smoothing"].GetDouble();
+    o.simpo_gamma = c["simpo_gamma"].GetDouble();
+    o.ftx = c["pref_ftx"].GetDouble();
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    const at::Tensor logps = model->label_log_probs(ids, labels, mask).sum(1);
+    CHECK(at::allclose(logps.detach().cpu(), expected.load("policy_logps"), 1e-5 * slack,
+                       1e-4 * slack));
+    train::PairLogProbs lp;
+    lp.chosen = logps.narrow(0, 0, pairs);
+    lp.rejected = logps.narrow(0, pairs, pairs);
+    lp.ref_chosen = ref.narrow(0, 0, pairs);
+    lp.ref_rejected = ref.narrow(0, pairs, pairs);
+    lp.chosen_tokens = counts.narrow(0, 0, pairs);
+    lp.rejected_tokens = counts.narrow(0, pairs, pairs);
+    const train::PreferenceLosses out = train::preference_losses(o, lp);
+    const at::Tensor loss = out.loss.mean();
+    CHECK(loss.item<double>() ==
+          Approx(expected.load("loss." + name).item<double>()).epsilon(1e-5 * slack).margin(1e-7));
+    const std::map<std::string, double> metrics = train::preference_metrics(o, sums_of(out), "");
+    const at::Tensor want_metrics = expected.load("metrics." + name);
+    const char* names[] = {"rewards/chosen",  "rewards/rejected", "rewards/accuracies",
+                           "rewards/margins", "logps/chosen",     "logps/rejected"};
+    for (int64_t k = 0; k < 6; ++k) {
+      INFO(names[k]);
+      CHECK(metrics.at(names[k]) ==
+            Approx(want_metrics[k].item<double>()).epsilon(1e-5 * slack).margin(1e-5 * slack));
+    }
+    loss.backward();
+    int grads = 0;
+    for (const auto& p : model->named_parameters()) {
+      if (!p.value().requires_grad()) continue;
+      INFO(p.key());
+      const at::Tensor want = expected.load("grad." + name + "." + p.key());
+      REQUIRE(p.value().grad().defined());
+      const double scale = std::max(want.abs().max().item<double>(), 1e-8);
+      CHECK((p.value().grad().cpu() - want).abs().max().item<double>() / scale < 1e-4 * slack);
+      ++grads;
+    }
+    CHECK(grads > 0);
+    ++checked;
+  }
+  return checked;
+}
+
+int check_kto_fixture(const std::string& family, const at::Device& device, double slack) {
+  const std::string dir = fixture(std::string("preference/") + family);
+  REQUIRE(fs::exists(dir + "/kto.safetensors"));
+  SafetensorsFile expected(dir + "/kto.safetensors");
+  auto model = fixture_model(family);
+  load_adapter(*model, dir + "/adapter", /*trainable=*/true);
+  model->eval();
+  model->to(device);
+  const at::Tensor ids = expected.load("input_ids").to(device);
+  const at::Tensor labels = expected.load("labels").to(device);
+  const at::Tensor mask = expected.load("attention_mask").to(device);
+  at::Tensor ref, kl_ref, kl_policy;
+  {
+    at::NoGradGuard no_grad;
+    kl_policy = model
+                    ->label_log_probs(expected.load("kl_input_ids").to(device), expected.load("kl_labels").to(device),
+                                      expected.load("kl_attention_mask").to(device))
+                    .sum(1);
+    model->set_adapters_enabled(false);
+    ref = model->label_log_probs(ids, labels, mask).sum(1);
+    kl_ref = model
+                 ->label_log_probs(expected.load("kl_input_ids").to(device), expected.load("kl_labels").to(device),
+                                   expected.load("kl_attention_mask").to(device))
+                 .sum(1);
+    model->set_adapters_enabled(true);
+  }
+  CHECK(at::allclose(ref.cpu(), expected.load("ref_logps"), 1e-5 * slack, 1e-4 * slack));
+  CHECK(at::allclose(kl_ref.cpu(), expected.load("kl_ref_logps"), 1e-5 * slack, 1e-4 * slack));
+  CHECK(at::allclose(kl_policy.cpu(), expected.load("kl_policy_logps"), 1e-5 * slack,
+                     1e-4 * slack));
+  // TRL's z0: the batch's mean KL-row log-ratio, at least 0 (positive in this batch).
+  const double kl = std::max(0.0, (kl_policy - kl_ref).mean().item<double>());
+  CHECK(kl == Approx(expected.load("kl").item<double>()).epsilon(1e-4 * slack).margin(1e-6));
+  REQUIRE(kl > 1e-3);
+  const at::Tensor desirable = expected.load("desirable").to(at::kBool).to(device);
+  const int64_t n = ids.size(0), n_desirable = desirable.sum().item<int64_t>();
+  const at::Tensor tokens =
+      labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum(1).to(at::kFloat);
+  rapidjson::Document cases;
+  cases.Parse(files::read_text(dir + "/cases.json").c_str());
+  REQUIRE(cases.IsObject());
+  int checked = 0;
+  for (const auto& c : cases["kto_cases"].GetArray()) {
+    const std::string name = c["name"].GetString();
+    INFO(name);
+    train::PreferenceOptions o;
+    o.loss = c["pref_loss"].GetString();
+    o.beta = c["beta"].GetDouble();
+    o.desirable_weight = c["desirable_weight"].GetDouble();
+    o.undesirable_weight = c["undesirable_weight"].GetDouble();
+    o.ftx = c["pref_ftx"].GetDouble();
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    train::UnpairedLogProbs lp;
+    lp.policy = model->label_log_probs(ids, labels, mask).sum(1);
+    CHECK(at::allclose(lp.policy.detach().cpu(), expected.load("policy_logps"), 1e-5 * slack,
+                         1e-4 * slack));
+    lp.reference = ref;
+    lp.desirable = desirable;
+    lp.tokens = tokens;
+    lp.kl = kl;
+    lp.nll_scale = train::unpaired_nll_scale(n, n_desirable);
+    const train::PreferenceLosses out = train::unpaired_losses(o, lp);
+    const at::Tensor loss = out.loss.mean();
+    CHECK(loss.item<double>() ==
+          Approx(expected.load("loss." + name).item<double>()).epsilon(1e-5 * slack).margin(1e-7));
+    const std::map<std::string, double> metrics = train::preference_metrics(o, sums_of(out), "");
+    const at::Tensor want = expected.load("metrics." + name);
+    const char* names[] = {"rewards/chosen", "logps/chosen", "rewards/rejected", "logps/rejected",
+                           "rewards/margins"};
+    for (int64_t k = 0; k < 5; ++k) {
+      INFO(names[k]);
+      CHECK(metrics.at(names[k]) ==
+            Approx(want[k].item<double>()).epsilon(1e-5 * slack).margin(1e-5 * slack));
+    }
+    loss.backward();
+    int grads = 0;
+    for (const auto& p : model->named_parameters()) {
+      if (!p.value().requires_grad()) continue;
+      INFO(p.key());
+      const at::Tensor g = expected.load("grad." + name + "." + p.key());
+      REQUIRE(p.value().grad().defined());
+      const double scale = std::max(g.abs().max().item<double>(), 1e-8);
+      CHECK((p.value().grad().cpu() - g).abs().max().item<double>() / scale < 1e-4 * slack);
+      ++grads;
+    }
+    CHECK(grads > 0);
+    ++checked;
+  }
+  return checked;
+}
+
+}  // namespace zt::test
