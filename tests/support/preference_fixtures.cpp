@@ -62,9 +62,8 @@ int check_pair_fixture(const std::string& family, const at::Device& device, doub
   }
   CHECK(at::allclose(ref.cpu(), expected.load("ref_logps"), 1e-5 * slack, 1e-4 * slack));
   const at::Tensor counts = expected.load("completion_tokens").to(at::kFloat).to(device);
-  CHECK(
-      at::equal(labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum(1).to(at::kFloat).cpu(),
-                 counts.cpu()));
+  CHECK(at::equal(labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum(1).to(at::kFloat).cpu(),
+                  counts.cpu()));
   rapidjson::Document cases;
   cases.Parse(files::read_text(dir + "/cases.json").c_str());
   REQUIRE(cases.IsObject());
@@ -134,29 +133,30 @@ int check_kto_fixture(const std::string& family, const at::Device& device, doubl
   {
     at::NoGradGuard no_grad;
     kl_policy = model
-                    ->label_log_probs(expected.load("kl_input_ids").to(device), expected.load("kl_labels").to(device),
+                    ->label_log_probs(expected.load("kl_input_ids").to(device),
+                                      expected.load("kl_labels").to(device),
                                       expected.load("kl_attention_mask").to(device))
                     .sum(1);
     model->set_adapters_enabled(false);
     ref = model->label_log_probs(ids, labels, mask).sum(1);
     kl_ref = model
-                 ->label_log_probs(expected.load("kl_input_ids").to(device), expected.load("kl_labels").to(device),
+                 ->label_log_probs(expected.load("kl_input_ids").to(device),
+                                   expected.load("kl_labels").to(device),
                                    expected.load("kl_attention_mask").to(device))
                  .sum(1);
     model->set_adapters_enabled(true);
   }
   CHECK(at::allclose(ref.cpu(), expected.load("ref_logps"), 1e-5 * slack, 1e-4 * slack));
   CHECK(at::allclose(kl_ref.cpu(), expected.load("kl_ref_logps"), 1e-5 * slack, 1e-4 * slack));
-  CHECK(at::allclose(kl_policy.cpu(), expected.load("kl_policy_logps"), 1e-5 * slack,
-                     1e-4 * slack));
+  CHECK(
+      at::allclose(kl_policy.cpu(), expected.load("kl_policy_logps"), 1e-5 * slack, 1e-4 * slack));
   // TRL's z0: the batch's mean KL-row log-ratio, at least 0 (positive in this batch).
   const double kl = std::max(0.0, (kl_policy - kl_ref).mean().item<double>());
   CHECK(kl == Approx(expected.load("kl").item<double>()).epsilon(1e-4 * slack).margin(1e-6));
   REQUIRE(kl > 1e-3);
   const at::Tensor desirable = expected.load("desirable").to(at::kBool).to(device);
   const int64_t n = ids.size(0), n_desirable = desirable.sum().item<int64_t>();
-  const at::Tensor tokens =
-      labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum(1).to(at::kFloat);
+  const at::Tensor tokens = labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum(1).to(at::kFloat);
   rapidjson::Document cases;
   cases.Parse(files::read_text(dir + "/cases.json").c_str());
   REQUIRE(cases.IsObject());
@@ -174,7 +174,7 @@ int check_kto_fixture(const std::string& family, const at::Device& device, doubl
     train::UnpairedLogProbs lp;
     lp.policy = model->label_log_probs(ids, labels, mask).sum(1);
     CHECK(at::allclose(lp.policy.detach().cpu(), expected.load("policy_logps"), 1e-5 * slack,
-                         1e-4 * slack));
+                       1e-4 * slack));
     lp.reference = ref;
     lp.desirable = desirable;
     lp.tokens = tokens;
