@@ -29,19 +29,13 @@
 
 using namespace zt;
 using Catch::Contains;
+using test::fixture_model;
 namespace fs = std::filesystem;
 
 namespace {
 
 std::string fixture(const std::string& rel) {
   return std::string(ZT_FIXTURES) + "/" + rel;
-}
-
-std::shared_ptr<CausalLM> fixture_model(const std::string& family) {
-  auto m = std::make_shared<CausalLM>(load_model_config(fixture("models/" + family)),
-                                      at::TensorOptions(), true);
-  load_weights(*m, *checkpoint_source(fixture("models/" + family)));
-  return m;
 }
 
 std::vector<int32_t> ids_of(const Dataset& d, int64_t i) {
@@ -558,6 +552,25 @@ std::vector<std::string> split_lines(const std::string& text) {
   return out;
 }
 
+// Run `out`'s logged values of `keys` against `reference`'s, step by step (2e-4 relative, then
+// `margin`); a key not in `reference` yet is taken from this run.
+void compare_logged(std::map<std::string, std::map<int64_t, double>>& reference,
+                    const std::string& out, const std::vector<const char*>& keys,
+                    double margin = 1e-5) {
+  for (const char* key : keys) {
+    const std::map<int64_t, double> got = test::logged(out, key);
+    REQUIRE(got.size() >= 2);
+    if (reference.count(key) == 0) {
+      reference[key] = got;
+      continue;
+    }
+    for (const auto& [step, value] : reference[key]) {
+      INFO(key << " at step " << step);
+      CHECK(got.at(step) == Approx(value).epsilon(2e-4).margin(margin));
+    }
+  }
+}
+
 std::vector<std::string> dpo_flags(const std::string& dir, const std::vector<std::string>& extra) {
   return test::tiny_run_flags(dir,
                               {"--stage",
@@ -617,19 +630,9 @@ TEST_CASE("DPO trains the same at world 1, 2 and 4 under every ZeRO stage, and l
                             std::to_string(micro), "--deepspeed", test::stage_json(stage)});
         test::run_ranks(world, "rank: dpo run", std::chrono::seconds(240),
                         {{"ZT_FLAGS", test::join_flags(flags)}});
-        for (const char* key : {"loss", "rewards/margins", "rewards/accuracies", "logps/chosen",
-                                "eval_loss", "eval_rewards/margins"}) {
-          const std::map<int64_t, double> got = test::logged(out, key);
-          REQUIRE(got.size() >= 2);
-          if (reference.count(key) == 0) {
-            reference[key] = got;
-            continue;
-          }
-          for (const auto& [step, value] : reference[key]) {
-            INFO(key << " at step " << step);
-            CHECK(got.at(step) == Approx(value).epsilon(2e-4).margin(1e-5));
-          }
-        }
+        compare_logged(reference, out,
+                       {"loss", "rewards/margins", "rewards/accuracies", "logps/chosen",
+                        "eval_loss", "eval_rewards/margins"});
       }
     }
     // Learning: the policy prefers the chosen answers more than at the start (where, for DPO,
@@ -679,20 +682,7 @@ TEST_CASE("KTO trains the same at world 1, 2 and 4 under every ZeRO stage, and l
       "loss",      "kl",      "rewards/chosen",      "rewards/margins",
       "eval_loss", "eval_kl", "eval_rewards/margins"};
   std::map<std::string, std::map<int64_t, double>> reference;
-  const auto compare = [&](const std::string& out) {
-    for (const char* key : keys) {
-      const std::map<int64_t, double> got = test::logged(out, key);
-      REQUIRE(got.size() >= 2);
-      if (reference.count(key) == 0) {
-        reference[key] = got;
-        continue;
-      }
-      for (const auto& [step, value] : reference[key]) {
-        INFO(key << " at step " << step);
-        CHECK(got.at(step) == Approx(value).epsilon(2e-4).margin(1e-5));
-      }
-    }
-  };
+  const auto compare = [&](const std::string& out) { compare_logged(reference, out, keys); };
   for (int stage : {0, 3}) {
     for (int world : {1, 2, 4}) {
       INFO("stage " << stage << ", world " << world);
@@ -843,14 +833,9 @@ TEST_CASE("a frozen reference model, sharded as the policy, scores as the precom
   };
   const auto same = [](const std::string& want, const std::string& got,
                        const std::vector<const char*>& keys) {
-    for (const char* key : keys) {
-      const std::map<int64_t, double> w = test::logged(want, key), g = test::logged(got, key);
-      REQUIRE(w.size() >= 2);
-      for (const auto& [step, value] : w) {
-        INFO(key << " at step " << step);
-        CHECK(g.at(step) == Approx(value).epsilon(2e-4).margin(1e-6));
-      }
-    }
+    std::map<std::string, std::map<int64_t, double>> reference;
+    compare_logged(reference, want, keys, 1e-6);
+    compare_logged(reference, got, keys, 1e-6);
   };
   for (const char* stage : {"dpo", "kto"}) {
     INFO(stage);

@@ -351,6 +351,9 @@ Dataset tokenize_preference_jsonl(const std::string& path, const Tokenizer& tok,
     return o.kto ? encode_unpaired(text, where, tok, t, o, id_limit)
                  : encode_pair(text, where, tok, t, o, id_limit);
   };
+  // Pairs are examples 2i (chosen) and 2i + 1 (rejected), as read. A KTO example i is example
+  // 2i and its KL sequence 2i + 1, both with its label: its sequences wait for the rotation.
+  Dataset dataset;
   std::vector<Example> sequences;
   std::vector<uint8_t> desirable;
   int64_t dropped = 0;
@@ -366,6 +369,10 @@ Dataset tokenize_preference_jsonl(const std::string& path, const Tokenizer& tok,
         ++s.long_prompts;
         break;
       default:
+        if (!o.kto) {
+          for (const Example& e : p.examples) dataset.add(e.ids, e.labels);
+          return;
+        }
         for (Example& e : p.examples) sequences.push_back(std::move(e));
         desirable.insert(desirable.end(), p.desirable.begin(), p.desirable.end());
         return;
@@ -373,19 +380,17 @@ Dataset tokenize_preference_jsonl(const std::string& path, const Tokenizer& tok,
     ++dropped;
   };
   data::read_records(path, tok, o, id_limit, parse, take, s);
-  // Pairs are examples 2i (chosen) and 2i + 1 (rejected), as read; a KTO example i is example
-  // 2i and its KL sequence 2i + 1, both with its label.
-  Dataset dataset;
-  std::vector<uint8_t> labels;
-  const size_t n = sequences.size();
-  for (size_t i = 0; i < n; ++i) {
-    dataset.add(sequences[i].ids, sequences[i].labels);
-    if (!o.kto) continue;
-    const Example kl = kl_sequence(sequences[i], sequences[(i + n - 1) % n], o);
-    dataset.add(kl.ids, kl.labels);
-    labels.insert(labels.end(), 2, desirable[i]);
+  if (o.kto) {
+    std::vector<uint8_t> labels;
+    const size_t n = sequences.size();
+    for (size_t i = 0; i < n; ++i) {
+      dataset.add(sequences[i].ids, sequences[i].labels);
+      const Example kl = kl_sequence(sequences[i], sequences[(i + n - 1) % n], o);
+      dataset.add(kl.ids, kl.labels);
+      labels.insert(labels.end(), 2, desirable[i]);
+    }
+    dataset.set_desirable(std::move(labels));
   }
-  dataset.set_desirable(std::move(labels));
   const char* what = o.kto ? "KTO record(s)" : "preference pair(s)";
   s.examples = dataset.size();
   s.tokens = dataset.total_tokens();

@@ -2,6 +2,7 @@
 // compute copy, swapped in and out around forwards without gradients (a frozen reference model
 // that ZeRO shards as it shards the policy).
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 
 #include "zero/engine_impl.hpp"
 #include "zerotrain/engine.hpp"
@@ -62,6 +63,8 @@ void Engine::swap_parameters(ParameterSnapshot& snapshot) {
   // Gathered stage-3 units hold copies of the shards: drop them, the next forward gathers the
   // values swapped in.
   for (size_t u = 0; u < I.units.size(); ++u) I.release(u);
+  // Offloaded shards are written on the host below: no upload from them may still be reading.
+  if (I.S.offload_param && I.S.device.is_cuda()) torch::cuda::synchronize();
   for (const zero::Bucket& b : I.layout.buckets) {
     if (!b.trainable) continue;
     const at::Tensor& live = compute_copy(I, b);

@@ -25,6 +25,23 @@ std::string fixture(const std::string& rel) {
   return std::string(ZT_FIXTURES) + "/" + rel;
 }
 
+// Model `family` with its fixture weights (quantized at load when `mc` says so) and the
+// adapters of `pc`, lora_B moved off zero so that they matter; on the CPU.
+std::shared_ptr<CausalLM> adapted_model(const std::string& family, const ModelConfig& mc,
+                                        const PeftConfig& pc) {
+  auto model =
+      std::make_shared<CausalLM>(mc, at::TensorOptions().device(at::kCPU), /*allocate=*/true);
+  load_weights(*model, *checkpoint_source(fixture("models/" + family)));
+  apply_peft(*model, pc, 3);
+  at::NoGradGuard no_grad;
+  at::manual_seed(5);
+  for (auto& item : model->named_parameters(true)) {
+    if (item.key().find("lora_B") != std::string::npos)
+      item.value().add_(at::randn_like(item.value()) * 0.05);
+  }
+  return model;
+}
+
 }  // namespace
 
 TEST_CASE("4-bit dequantization on the GPU gives the CPU's values bit for bit", "[gpu][quant]") {
@@ -78,18 +95,7 @@ TEST_CASE("QLoRA, DoRA and PiSSA models on the GPU compute the CPU's loss and ad
     std::vector<at::Tensor> grads[2];
     for (int g = 0; g < 2; ++g) {
       const at::Device device = g == 0 ? at::Device(at::kCPU) : kGpu;
-      auto model =
-          std::make_shared<CausalLM>(mc, at::TensorOptions().device(at::kCPU), /*allocate=*/true);
-      load_weights(*model, *checkpoint_source(fixture("models/llama")));
-      apply_peft(*model, pc, 3);
-      {
-        at::NoGradGuard no_grad;
-        at::manual_seed(5);
-        for (auto& item : model->named_parameters(true)) {
-          if (item.key().find("lora_B") != std::string::npos)
-            item.value().add_(at::randn_like(item.value()) * 0.05);
-        }
-      }
+      auto model = adapted_model("llama", mc, pc);
       model->to(device);
       LossSum loss = model->loss(ids.to(device), labels.to(device), mask.to(device));
       loss.sum.backward();
@@ -135,24 +141,13 @@ TEST_CASE(
     for (int k = 0; k < 3; ++k) {
       ModelConfig mc = base;
       if (four_bit) mc.quantization = QuantizationConfig{};
-      auto model =
-          std::make_shared<CausalLM>(mc, at::TensorOptions().device(at::kCPU), /*allocate=*/true);
-      load_weights(*model, *checkpoint_source(fixture("models/qwen2")));
       PeftConfig pc;
       pc.type = FinetuningType::kLora;
       pc.lora.r = 4;
       pc.lora.alpha = 8;
       pc.lora.use_dora = true;
       pc.lora.dropout = dropouts[k];
-      apply_peft(*model, pc, 3);
-      {
-        at::NoGradGuard no_grad;
-        at::manual_seed(5);
-        for (auto& item : model->named_parameters(true)) {
-          if (item.key().find("lora_B") != std::string::npos)
-            item.value().add_(at::randn_like(item.value()) * 0.05);
-        }
-      }
+      auto model = adapted_model("qwen2", mc, pc);
       model->to(kGpu);
       model->train();
       if (k < 2) {  // what a 4-token forward's graph holds

@@ -27,6 +27,52 @@ std::string fixture(const std::string& rel) {
   return std::string(ZT_FIXTURES) + "/" + rel;
 }
 
+// The family's model with the fixture's adapter, in eval mode on `device`.
+std::shared_ptr<CausalLM> adapted_model(const std::string& family, const std::string& dir,
+                                        const at::Device& device) {
+  auto model = fixture_model(family);
+  load_adapter(*model, dir + "/adapter", /*trainable=*/true);
+  model->eval();
+  model->to(device);
+  return model;
+}
+
+// A case's loss, metrics (named `names`, in the fixture's order) and the gradients of the loss.
+void check_case(CausalLM& model, const SafetensorsFile& expected, const std::string& name,
+                const train::PreferenceOptions& o, const train::PreferenceLosses& out,
+                const std::vector<const char*>& names, double slack) {
+  const at::Tensor loss = out.loss.mean();
+  CHECK(loss.item<double>() ==
+        Approx(expected.load("loss." + name).item<double>()).epsilon(1e-5 * slack).margin(1e-7));
+  const at::Tensor host_sums = out.sums.to(at::kDouble).cpu().contiguous();
+  const std::map<std::string, double> metrics = train::preference_metrics(
+      o,
+      std::vector<double>(host_sums.data_ptr<double>(),
+                          host_sums.data_ptr<double>() + host_sums.numel()),
+      "");
+  const at::Tensor want = expected.load("metrics." + name);
+  for (size_t k = 0; k < names.size(); ++k) {
+    INFO(names[k]);
+    CHECK(metrics.at(names[k]) == Approx(want[static_cast<int64_t>(k)].item<double>())
+                                      .epsilon(1e-5 * slack)
+                                      .margin(1e-5 * slack));
+  }
+  loss.backward();
+  int grads = 0;
+  for (const auto& p : model.named_parameters()) {
+    if (!p.value().requires_grad()) continue;
+    INFO(p.key());
+    const at::Tensor g = expected.load("grad." + name + "." + p.key());
+    REQUIRE(p.value().grad().defined());
+    const double scale = std::max(g.abs().max().item<double>(), 1e-8);
+    CHECK((p.value().grad().cpu() - g).abs().max().item<double>() / scale < 1e-4 * slack);
+    ++grads;
+  }
+  CHECK(grads > 0);
+}
+
+}  // namespace
+
 std::shared_ptr<CausalLM> fixture_model(const std::string& family) {
   auto m = std::make_shared<CausalLM>(load_model_config(fixture("models/" + family)),
                                       at::TensorOptions(), true);
@@ -34,21 +80,11 @@ std::shared_ptr<CausalLM> fixture_model(const std::string& family) {
   return m;
 }
 
-std::vector<double> sums_of(const train::PreferenceLosses& out) {
-  const at::Tensor s = out.sums.to(at::kDouble).cpu().contiguous();
-  return std::vector<double>(s.data_ptr<double>(), s.data_ptr<double>() + s.numel());
-}
-
-}  // namespace
-
 int check_pair_fixture(const std::string& family, const at::Device& device, double slack) {
   const std::string dir = fixture(std::string("preference/") + family);
   REQUIRE(fs::exists(dir + "/expected.safetensors"));
   SafetensorsFile expected(dir + "/expected.safetensors");
-  auto model = fixture_model(family);
-  load_adapter(*model, dir + "/adapter", /*trainable=*/true);
-  model->eval();
-  model->to(device);
+  auto model = adapted_model(family, dir, device);
   const at::Tensor ids = expected.load("input_ids").to(device);
   const at::Tensor labels = expected.load("labels").to(device);
   const at::Tensor mask = expected.load("attention_mask").to(device);
@@ -89,30 +125,10 @@ int check_pair_fixture(const std::string& family, const at::Device& device, doub
     lp.chosen_tokens = counts.narrow(0, 0, pairs);
     lp.rejected_tokens = counts.narrow(0, pairs, pairs);
     const train::PreferenceLosses out = train::preference_losses(o, lp);
-    const at::Tensor loss = out.loss.mean();
-    CHECK(loss.item<double>() ==
-          Approx(expected.load("loss." + name).item<double>()).epsilon(1e-5 * slack).margin(1e-7));
-    const std::map<std::string, double> metrics = train::preference_metrics(o, sums_of(out), "");
-    const at::Tensor want_metrics = expected.load("metrics." + name);
-    const char* names[] = {"rewards/chosen",  "rewards/rejected", "rewards/accuracies",
-                           "rewards/margins", "logps/chosen",     "logps/rejected"};
-    for (int64_t k = 0; k < 6; ++k) {
-      INFO(names[k]);
-      CHECK(metrics.at(names[k]) ==
-            Approx(want_metrics[k].item<double>()).epsilon(1e-5 * slack).margin(1e-5 * slack));
-    }
-    loss.backward();
-    int grads = 0;
-    for (const auto& p : model->named_parameters()) {
-      if (!p.value().requires_grad()) continue;
-      INFO(p.key());
-      const at::Tensor want = expected.load("grad." + name + "." + p.key());
-      REQUIRE(p.value().grad().defined());
-      const double scale = std::max(want.abs().max().item<double>(), 1e-8);
-      CHECK((p.value().grad().cpu() - want).abs().max().item<double>() / scale < 1e-4 * slack);
-      ++grads;
-    }
-    CHECK(grads > 0);
+    check_case(*model, expected, name, o, out,
+               {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+                "logps/chosen", "logps/rejected"},
+               slack);
     ++checked;
   }
   return checked;
@@ -122,10 +138,7 @@ int check_kto_fixture(const std::string& family, const at::Device& device, doubl
   const std::string dir = fixture(std::string("preference/") + family);
   REQUIRE(fs::exists(dir + "/kto.safetensors"));
   SafetensorsFile expected(dir + "/kto.safetensors");
-  auto model = fixture_model(family);
-  load_adapter(*model, dir + "/adapter", /*trainable=*/true);
-  model->eval();
-  model->to(device);
+  auto model = adapted_model(family, dir, device);
   const at::Tensor ids = expected.load("input_ids").to(device);
   const at::Tensor labels = expected.load("labels").to(device);
   const at::Tensor mask = expected.load("attention_mask").to(device);
@@ -181,30 +194,10 @@ int check_kto_fixture(const std::string& family, const at::Device& device, doubl
     lp.kl = kl;
     lp.nll_scale = train::unpaired_nll_scale(n, n_desirable);
     const train::PreferenceLosses out = train::unpaired_losses(o, lp);
-    const at::Tensor loss = out.loss.mean();
-    CHECK(loss.item<double>() ==
-          Approx(expected.load("loss." + name).item<double>()).epsilon(1e-5 * slack).margin(1e-7));
-    const std::map<std::string, double> metrics = train::preference_metrics(o, sums_of(out), "");
-    const at::Tensor want = expected.load("metrics." + name);
-    const char* names[] = {"rewards/chosen", "logps/chosen", "rewards/rejected", "logps/rejected",
-                           "rewards/margins"};
-    for (int64_t k = 0; k < 5; ++k) {
-      INFO(names[k]);
-      CHECK(metrics.at(names[k]) ==
-            Approx(want[k].item<double>()).epsilon(1e-5 * slack).margin(1e-5 * slack));
-    }
-    loss.backward();
-    int grads = 0;
-    for (const auto& p : model->named_parameters()) {
-      if (!p.value().requires_grad()) continue;
-      INFO(p.key());
-      const at::Tensor g = expected.load("grad." + name + "." + p.key());
-      REQUIRE(p.value().grad().defined());
-      const double scale = std::max(g.abs().max().item<double>(), 1e-8);
-      CHECK((p.value().grad().cpu() - g).abs().max().item<double>() / scale < 1e-4 * slack);
-      ++grads;
-    }
-    CHECK(grads > 0);
+    check_case(
+        *model, expected, name, o, out,
+        {"rewards/chosen", "logps/chosen", "rewards/rejected", "logps/rejected", "rewards/margins"},
+        slack);
     ++checked;
   }
   return checked;

@@ -5,9 +5,16 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <string>
 
+#include "zerotrain/model.hpp"
+
 namespace zt::test {
+
+/// The committed tiny model tests/fixtures/models/<family> (llama, qwen2, glm) with its weights,
+/// fp32 on the CPU.
+std::shared_ptr<CausalLM> fixture_model(const std::string& family);
 
 /// Checks the DPO-family cases of `family`'s fixture (tests/fixtures/preference/<family>:
 /// expected.safetensors, cases.json) on `device`: the reference's and the policy's sequence

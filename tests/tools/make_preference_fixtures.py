@@ -81,14 +81,9 @@ def our_name(peft_name):
     return n
 
 
-def make_batch():
-    """Rows [chosen_0, chosen_1, chosen_2, rejected_0, rejected_1, rejected_2], right-padded."""
-    g = torch.Generator().manual_seed(4321)
-    draw = lambda n: torch.randint(3, 128, (n,), generator=g, dtype=torch.int64)  # noqa: E731
-    prompts = [draw(n) for n in (4, 6, 3)]
-    chosen = [draw(n) for n in (5, 3, 7)]
-    rejected = [draw(n) for n in (6, 4, 2)]
-    rows = list(zip(prompts, chosen)) + list(zip(prompts, rejected))
+def pad_rows(rows):
+    """(prompt, answer) rows right-padded with id 0: ids, attention mask, labels (-100 on the
+    prompt and the padding)."""
     width = max(len(p) + len(a) for p, a in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.int64)  # pad id 0
     mask = torch.zeros(len(rows), width, dtype=torch.int64)
@@ -99,6 +94,16 @@ def make_batch():
         mask[i, :n] = 1
         labels[i, len(p):n] = a
     return ids, mask, labels
+
+
+def make_batch():
+    """Rows [chosen_0, chosen_1, chosen_2, rejected_0, rejected_1, rejected_2], right-padded."""
+    g = torch.Generator().manual_seed(4321)
+    draw = lambda n: torch.randint(3, 128, (n,), generator=g, dtype=torch.int64)  # noqa: E731
+    prompts = [draw(n) for n in (4, 6, 3)]
+    chosen = [draw(n) for n in (5, 3, 7)]
+    rejected = [draw(n) for n in (6, 4, 2)]
+    return pad_rows(list(zip(prompts, chosen)) + list(zip(prompts, rejected)))
 
 
 def row_logps(model, ids, mask, labels):
@@ -166,19 +171,7 @@ def make_kto_batch(seed):
     completions = [draw(n) for n in (5, 3, 7, 4)]
     own = list(zip(prompts, completions))
     kl = [(prompts[i], completions[i - 1]) for i in range(4)]  # i - 1 = -1: the last
-
-    def pad(rows):
-        width = max(len(p) + len(a) for p, a in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.int64)
-        mask = torch.zeros(len(rows), width, dtype=torch.int64)
-        labels = torch.full((len(rows), width), -100, dtype=torch.int64)
-        for i, (p, a) in enumerate(rows):
-            n = len(p) + len(a)
-            ids[i, :n] = torch.cat([p, a])
-            mask[i, :n] = 1
-            labels[i, len(p):n] = a
-        return ids, mask, labels
-    return pad(own), pad(kl)
+    return pad_rows(own), pad_rows(kl)
 
 
 def kto_losses(case, pol, ref, kl, desirable, counts):
