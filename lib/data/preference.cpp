@@ -97,9 +97,8 @@ void extract_prompt(json::ObjectReader& r, const std::string& where, Pair& p) {
   p.chat = std::move(ca);
 }
 
-Pair parse_pair(std::string_view line, const std::string& where) {
-  rapidjson::Document doc = json::parse(line, where);
-  json::ObjectReader r(doc, "", where);
+// Pair record `doc`, read through `r`.
+Pair parse_pair(const rapidjson::Document& doc, json::ObjectReader& r, const std::string& where) {
   Pair p;
   if (!doc.HasMember("chosen") || !doc.HasMember("rejected")) {
     throw ConfigError(fmt::format(
@@ -248,10 +247,16 @@ data::Parsed encode_answers(const Pair& p, const std::vector<std::pair<std::stri
   return out;
 }
 
+data::Parsed encode_pair(const Pair& p, const Tokenizer& tok, const ChatTemplate& t,
+                         const DataOptions& o, int64_t id_limit) {
+  return encode_answers(p, {{p.chosen, true}, {p.rejected, false}}, tok, t, o, id_limit);
+}
+
 data::Parsed encode_pair(std::string_view line, const std::string& where, const Tokenizer& tok,
                          const ChatTemplate& t, const DataOptions& o, int64_t id_limit) {
-  const Pair p = parse_pair(line, where);
-  return encode_answers(p, {{p.chosen, true}, {p.rejected, false}}, tok, t, o, id_limit);
+  const rapidjson::Document doc = json::parse(line, where);
+  json::ObjectReader r(doc, "", where);
+  return encode_pair(parse_pair(doc, r, where), tok, t, o, id_limit);
 }
 
 // A KTO record: TRL's unpaired {"prompt", "completion", "label"}; a chat ending with the
@@ -263,7 +268,9 @@ data::Parsed encode_unpaired(std::string_view line, const std::string& where, co
                              const ChatTemplate& t, const DataOptions& o, int64_t id_limit) {
   rapidjson::Document doc = json::parse(line, where);
   json::ObjectReader r(doc, "", where);
-  if (r.has("chosen") && r.has("rejected")) return encode_pair(line, where, tok, t, o, id_limit);
+  if (r.has("chosen") && r.has("rejected")) {
+    return encode_pair(parse_pair(doc, r, where), tok, t, o, id_limit);
+  }
   const char* tag = !r.has("label") && r.has("kto_tag") ? "kto_tag" : "label";
   const std::optional<bool> desirable = r.boolean(tag);
   if (!desirable) {
