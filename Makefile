@@ -23,7 +23,9 @@ build: configure
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 1200
 
-demo: build
+# The demo needs the library and the program only: the tests are built by `make test`.
+demo: configure
+	cmake --build $(BUILD) -j $(JOBS) --target zerotrain_cli
 	$(BUILD)/bin/zerotrain demo
 
 # The sanitizer build (clang, AddressSanitizer + UBSan, libFuzzer targets) in $(SANITIZE_BUILD):

@@ -315,6 +315,16 @@ zt_status zt_trainer_train(zt_trainer* t, zt_progress_fn progress, void* user_da
   });
 }
 
+void zt_trainer_request_stop(zt_trainer* t, int32_t signal) {
+  // Lock-free atomics only (StopRequest): safe in a signal handler.
+  if (t == nullptr) return;
+  if (signal > 0) {
+    t->trainer->preempt(signal);
+  } else {
+    t->trainer->cancel();
+  }
+}
+
 zt_status zt_trainer_save_checkpoint(zt_trainer* t, const char* dir) {
   return guarded([&] {
     require(t != nullptr, "zt_trainer_save_checkpoint: trainer is NULL");

@@ -334,6 +334,24 @@ TEST_CASE("ChatGLM-Finetuning's data layouts are data_set.py's, token for token"
                     Contains("ChatGLM2/3's tokenizer"));
 }
 
+TEST_CASE("the records is_skip drops are counted as skipped, not as left untrained by truncation",
+          "[chatglm][data][counts]") {
+  auto tok = fixture_tokenizer();
+  DataOptions o;
+  o.glm_prompt_layout = "glm2";
+  o.max_length = 40;
+  o.max_source_length = 24;
+  o.skip_truncated = true;
+  // data_set.py's is_skip keeps 1 of the 4 records here (seed_glm2_40_24_skip.jsonl).
+  DatasetStats stats;
+  const Dataset d = tokenize_jsonl(fixture("chatglm") + "/seed_records.jsonl", *tok, o, &stats);
+  REQUIRE(d.size() == 1);
+  CHECK(stats.skipped_truncated == 3);
+  CHECK(stats.dropped_examples == 3);
+  CHECK(stats.truncated_examples == 0);
+  CHECK(stats.untrained_examples == 0);
+}
+
 TEST_CASE("P-Tuning v2 on ChatGLM trains ChatGLM's prefix encoder and saves it both ways",
           "[chatglm][peft]") {
   auto model = random_model(tiny_config(), 9);

@@ -8,12 +8,16 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
+#include <sstream>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -176,6 +180,17 @@ void write_random_model(const std::string& dir) {
   zt::files::write_atomic(dir + "/config.json", zt::model_config_json(c));
 }
 
+// `count` preference pairs any model can learn (" good" over " bad") in dir/pairs.jsonl.
+void write_rating_pairs(const std::string& dir, int count) {
+  std::string pairs;
+  for (int i = 0; i < count; ++i) {
+    pairs += fmt::format(R"({{"prompt": "Rate answer {}:", "chosen": " good", "rejected": " bad"}})"
+                         "\n",
+                         i);
+  }
+  zt::files::write_atomic(dir + "/pairs.jsonl", pairs);
+}
+
 }  // namespace
 
 TEST_CASE("verify loads a model folder and answers a prompt in the training template", "[cli]") {
@@ -239,13 +254,7 @@ TEST_CASE("a DPO run's adapter: verify --compare scores pairs, and against the b
   const std::string dir = zt::test::temp_dir("verify_compare");
   std::filesystem::create_directories(dir + "/base");
   write_random_model(dir + "/base");
-  std::string pairs;
-  for (int i = 0; i < 16; ++i) {  // a preference any model can learn: " good" over " bad"
-    pairs += fmt::format(R"({{"prompt": "Rate answer {}:", "chosen": " good", "rejected": " bad"}})"
-                         "\n",
-                         i);
-  }
-  zt::files::write_atomic(dir + "/pairs.jsonl", pairs);
+  write_rating_pairs(dir, 16);
   Ran train = cli(fmt::format(
       "train --model_name_or_path '{0}/base' --train_file '{0}/pairs.jsonl' --output_dir '{0}/out' "
       "--stage dpo --finetuning_type lora --pref_beta 0.5 --learning_rate 1e-2 --max_steps 12 "
@@ -270,6 +279,148 @@ TEST_CASE("a DPO run's adapter: verify --compare scores pairs, and against the b
   CHECK(dpo_demo.status == 1);
   CHECK_THAT(dpo_demo.output,
              Contains("prefers the right answer: before") && Contains("did not teach the task"));
+}
+
+TEST_CASE("verify --compare scores the model the run trained, against the model it started from",
+          "[cli][verify]") {
+  // verify rebuilds the trained model from what the run recorded — its 4-bit base, PiSSA's
+  // saved start (a randomized decomposition from seed 7, so seed 0 would give another) — and
+  // scores against the model the run started from (for PiSSA, its factors over the residual;
+  // for a module to save, the base's). What it prints equals the run's own last evaluation of
+  // the same pairs: the log-prob margin is eval_logps/chosen − eval_logps/rejected and the
+  // reward margin at beta 1 is eval_rewards/margins / beta. Tolerance: verify prints 3 decimals.
+  const std::string dir = zt::test::temp_dir("verify_trained");
+  std::filesystem::create_directories(dir + "/base");
+  write_random_model(dir + "/base");
+  write_rating_pairs(dir, 8);
+  struct Case {
+    const char* name;
+    const char* flags;
+  };
+  const Case cases[] = {
+      {"qlora", "--quantization_bit 4"},
+      {"pissa", "--pissa_init true --pissa_iter 2"},
+      {"qpissa", "--pissa_init true --pissa_iter 2 --quantization_bit 4"},
+      {"saved", "--lora_modules_to_save lm_head"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    const std::string out = fmt::format("{}/{}", dir, c.name);
+    Ran train = cli(fmt::format(
+        "train --model_name_or_path '{0}/base' --train_file '{0}/pairs.jsonl' --eval_file "
+        "'{0}/pairs.jsonl' --eval_strategy steps --eval_steps 6 --output_dir '{1}' --stage dpo "
+        "--finetuning_type lora --pref_beta 0.5 --learning_rate 1e-2 --max_steps 6 --seed 7 "
+        "--per_device_train_batch_size 4 --save_steps 100 --template alpaca {2}",
+        dir, out, c.flags));
+    REQUIRE(train.status == 0);
+    Ran r = cli(fmt::format("verify '{}' --compare '{}/pairs.jsonl'", out, dir));
+    REQUIRE(r.status == 0);
+    auto number_after = [&](const std::string& text) {
+      const size_t at = r.output.find(text);
+      REQUIRE(at != std::string::npos);
+      return std::stod(r.output.substr(at + text.size()));
+    };
+    const double margin = number_after("mean log-prob margin ");
+    const double reward = number_after("mean reward margin ");
+    const double chosen = zt::test::logged(out, "eval_logps/chosen").at(6);
+    const double rejected = zt::test::logged(out, "eval_logps/rejected").at(6);
+    const double trained_reward = zt::test::logged(out, "eval_rewards/margins").at(6) / 0.5;
+    CHECK(margin == Approx(chosen - rejected).margin(1.5e-3));
+    CHECK(reward == Approx(trained_reward).margin(1.5e-3));
+    CHECK(std::abs(trained_reward) > 0.01);  // the run learnt something to compare
+  }
+  CHECK_THAT(cli(fmt::format("verify '{0}/pissa' --compare '{0}/pairs.jsonl'", dir)).output,
+             Contains("PiSSA's starting factors, as the run saved them"));
+}
+
+TEST_CASE("the first hour's messages: the method, the next command, options before data",
+          "[cli][messages]") {
+  const std::string dir = zt::test::temp_dir("first_hour");
+  std::filesystem::create_directories(dir + "/base");
+  write_random_model(dir + "/base");
+  zt::test::write_data(dir, "train.jsonl", 8, 1);
+  // At the info level (the tests' default is warning), as a user sees it.
+  auto cli = [](const std::string& args) {
+    return shell(fmt::format("ZT_LOG_LEVEL=info '{}' {} 2>&1", ZT_CLI, args));
+  };
+  const std::string common = fmt::format(
+      "train --model_name_or_path '{0}/base' --train_file '{0}/train.jsonl' --max_steps 2 "
+      "--per_device_train_batch_size 4 --save_steps 100 --template alpaca --logging_steps 1",
+      dir);
+  // The start-up line names the method and its base; the last line where the output is and
+  // what to run next.
+  Ran q =
+      cli(fmt::format("{} --output_dir '{}/q' --finetuning_type lora --lora_r 4 "
+                      "--quantization_bit 4",
+                      common, dir));
+  REQUIRE(q.status == 0);
+  CHECK_THAT(q.output, Contains("LoRA r4 (alpha 16) over a 4-bit NF4 base (double quantization)"));
+  const std::string last = q.output.substr(q.output.rfind('\n', q.output.size() - 2) + 1);
+  CHECK_THAT(last, Contains("next: zerotrain verify '" + dir + "/q'") && Contains("merge"));
+  Ran d =
+      cli(fmt::format("{} --output_dir '{}/d' --finetuning_type lora --use_dora true "
+                      "--pissa_init true",
+                      common, dir));
+  REQUIRE(d.status == 0);
+  CHECK_THAT(d.output, Contains("DoRA r8 (alpha 16), started by PiSSA"));
+  // verify takes the option its own messages name.
+  Ran v = cli(
+      fmt::format("verify '{0}/q' --base_model '{0}/base' --prompt hi --max_new_tokens 1", dir));
+  CHECK(v.status == 0);
+  // Options are checked before the data is read: a bad combination is said even when the
+  // data file does not exist.
+  Ran early = cli(fmt::format(
+      "train --model_name_or_path '{0}/base' --train_file '{0}/missing.jsonl' --output_dir "
+      "'{0}/e' --finetuning_type lora --pissa_init true --adapter_name_or_path '{0}/q'",
+      dir));
+  CHECK(early.status != 0);
+  CHECK_THAT(early.output, Contains("pissa_init") && !Contains("missing.jsonl"));
+  Ran packing = cli(fmt::format(
+      "train --model_name_or_path '{0}/base' --train_file '{0}/missing.jsonl' --output_dir "
+      "'{0}/p' --stage dpo --packing true",
+      dir));
+  CHECK_THAT(packing.output, Contains("packing") && !Contains("missing.jsonl"));
+  // Data of another stage says which stage trains it.
+  zt::files::write_atomic(dir + "/kto.jsonl",
+                          R"({"prompt": "Q", "completion": " a", "label": true})"
+                          "\n");
+  zt::files::write_atomic(dir + "/pair.jsonl",
+                          R"({"prompt": "Q", "chosen": " a", "rejected": " b"})"
+                          "\n");
+  Ran pair_as_sft =
+      cli(fmt::format("{} --output_dir '{}/x1' --train_file '{}/pair.jsonl'", common, dir, dir));
+  CHECK(pair_as_sft.status != 0);
+  CHECK_THAT(pair_as_sft.output, Contains("pair.jsonl:1") && Contains("--stage dpo"));
+  Ran kto_as_dpo = cli(fmt::format(
+      "{} --output_dir '{}/x2' --train_file '{}/kto.jsonl' --stage dpo", common, dir, dir));
+  CHECK(kto_as_dpo.status != 0);
+  CHECK_THAT(kto_as_dpo.output, Contains("kto.jsonl:1") && Contains("--stage kto"));
+  // A reference-free loss says that precomputing its reference does nothing.
+  write_rating_pairs(dir, 8);
+  Ran simpo = cli(fmt::format(
+      "train --model_name_or_path '{0}/base' --train_file '{0}/pairs.jsonl' --output_dir "
+      "'{0}/s' --stage dpo --pref_loss simpo --precompute_ref_log_probs true --max_steps 1 "
+      "--finetuning_type lora",
+      dir));
+  CHECK(simpo.status == 0);
+  CHECK_THAT(simpo.output, Contains("nothing to precompute"));
+}
+
+TEST_CASE("make demo builds the library and the program only, not the tests", "[cli][demo]") {
+  // The README's first command shows learning minutes after a clone on 2 cores: it must not
+  // build the test suite first (make -n prints what it would run, running nothing).
+  const std::string build = zt::test::temp_dir("demo_build");
+  Ran plan = shell(fmt::format("make -n -C '{}' demo BUILD='{}' 2>&1", ZT_SOURCE_ROOT, build));
+  REQUIRE(plan.status == 0);
+  CHECK_THAT(plan.output, Contains("--target zerotrain_cli"));
+  std::istringstream lines(plan.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("cmake --build") != std::string::npos) {
+      INFO(line);
+      CHECK_THAT(line, Contains("--target zerotrain_cli"));
+    }
+  }
+  CHECK_THAT(plan.output, Contains(build + "/bin/zerotrain demo"));
 }
 
 TEST_CASE("merge keeps the chat format the run trained with, so verify asks in it", "[cli]") {
@@ -374,6 +525,57 @@ TEST_CASE("SIGTERM and SIGUSR1 save a checkpoint at the next step, then end with
     CHECK(zt::read_engine_state(*latest).global_steps >= 2);
     CHECK_THAT(zt::files::read_text(dir + "/log.txt"),
                Contains("stopped by signal") && Contains("--resume_from_checkpoint True"));
+  }
+}
+
+TEST_CASE("SIGTERM before the first step ends the phase running within seconds, saying so",
+          "[cli][signals][stop]") {
+  // The phase is under way once its mark is there: the output folder's lock (taken before the
+  // data is tokenized), or training_args.json (written when train() starts, just before the
+  // reference is precomputed). The data makes each phase last well past the signal.
+  struct Case {
+    const char* mark;
+    const char* says;
+    std::vector<std::string> extra;
+  };
+  const std::vector<Case> cases{
+      {".zerotrain.lock", "stopped by signal 15 while tokenizing training data '", {}},
+      {"training_args.json",
+       "stopped by signal 15 while precomputing the reference (",
+       {"--stage", "dpo", "--finetuning_type", "full", "--per_device_eval_batch_size", "1"}}};
+  for (const Case& c : cases) {
+    INFO(c.says);
+    const std::string dir = zt::test::temp_dir("stop_early");
+    if (c.extra.empty()) {
+      zt::test::write_data(dir, "train.jsonl", 600000, 33);
+    } else {
+      zt::test::write_pairs(dir, "train.jsonl", 20000, 34);
+    }
+    const pid_t pid = start_cli(long_run(dir, c.extra), dir + "/log.txt");
+    bool started = false, ended = false;
+    for (int i = 0; i < 1200 && !started && !ended; ++i) {
+      started = fs::exists(dir + "/out/" + c.mark);
+      ended = !started && ::waitpid(pid, nullptr, WNOHANG) == pid;
+      if (!started) ::usleep(50000);
+    }
+    INFO(zt::files::read_text(dir + "/log.txt"));
+    REQUIRE(started);
+    const auto signalled = std::chrono::steady_clock::now();
+    ::kill(pid, SIGTERM);
+    CHECK(wait_status(pid) == 128 + SIGTERM);
+    CHECK(std::chrono::steady_clock::now() - signalled < std::chrono::seconds(10));
+    const std::string log = zt::files::read_text(dir + "/log.txt");
+    CHECK_THAT(log, Contains(c.says) &&
+                        Contains("before the first step: no checkpoint was saved") &&
+                        !Contains("checkpoint-0"));
+    CHECK_FALSE(fs::exists(dir + "/out/checkpoint-0"));
+    // Stopped within the phase ("(12.5 of 38.0 MiB done)", "(4412 of 20000 batches done)"),
+    // not at its end.
+    const size_t at = log.find(" done), before the first step");
+    REQUIRE(at != std::string::npos);
+    double done = 0, total = 0;
+    REQUIRE(std::sscanf(log.c_str() + log.rfind(" (", at), " (%lf of %lf", &done, &total) == 2);
+    CHECK(done < total);
   }
 }
 
@@ -609,4 +811,136 @@ TEST_CASE("what loading the tokenizer warns about is said once per job, not once
     ++warned;
   }
   CHECK(warned == 1);
+}
+
+namespace {
+
+// LLaMA-Factory's working folder as its examples expect it: the configs (the keys of its
+// example YAML files), data/ with dataset_info.json and the data files, examples/deepspeed/,
+// and a tiny local model in `model/` for the hub model the configs name: one layer, with the
+// fixtures' small LLaMA-3-pipeline tokenizer (900 ids; <|im_start|> and <|im_end|> are among
+// its special tokens, so ChatML — qwen3_nothink — encodes).
+std::string llamafactory_folder(const std::string& tag) {
+  const std::string dir = zt::test::temp_dir(tag);
+  fs::copy(std::string(ZT_FIXTURES) + "/llamafactory", dir, fs::copy_options::recursive);
+  const std::string model = dir + "/model";
+  fs::create_directories(model);
+  const zt::ModelConfig c = zt::parse_model_config(
+      R"({"model_type": "llama", "vocab_size": 904, "hidden_size": 32, "intermediate_size": 64,
+          "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 4096})");
+  zt::CausalLM m(c, at::TensorOptions(), false);
+  zt::load_weights(m, *zt::random_source(c, 1));
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value());
+  zt::save_sharded_safetensors(model, tensors);
+  zt::files::write_atomic(model + "/config.json", zt::model_config_json(c));
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(std::string(ZT_FIXTURES) + "/tokenizers/llama3/" + f, model + "/" + f);
+  }
+  return dir;
+}
+
+// `zerotrain ARGS` run in `dir`, as LLaMA-Factory's commands run in its repository.
+Ran cli_in(const std::string& dir, const std::string& args) {
+  return shell(fmt::format("cd '{}' && ZT_LOG_LEVEL=info '{}' {} 2>&1", dir, ZT_CLI, args));
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("LLaMA-Factory's example configs run as they are, the model a local folder",
+          "[cli][llamafactory]") {
+  // Each config names a hub model; the line replaces it with the local one, the way
+  // LLaMA-Factory's own overrides are written (NAME=VALUE) — nothing else is changed.
+  const std::string dir = llamafactory_folder("llamafactory_configs");
+  SECTION("LoRA SFT over two datasets of dataset_info.json") {
+    Ran r = cli_in(dir, "train qwen3_lora_sft.yaml model_name_or_path=model");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    // 8 records (identity and alpaca_en_demo, 4 each), a global batch of 1 × 8: one step per
+    // epoch, three epochs.
+    CHECK_THAT(r.output, Contains("trained 3 steps"));
+    CHECK_THAT(r.output, Contains("dataset 'identity' (data/identity.json, alpaca): 4 records"));
+    for (const char* ignored : {"trust_remote_code", "preprocessing_num_workers", "plot_loss",
+                                "dataloader_num_workers"}) {
+      CHECK_THAT(r.output, Contains(std::string(ignored) + " has no effect in zerotrain"));
+    }
+    const std::string out = dir + "/saves/qwen3-4b/lora/sft";
+    CHECK(fs::exists(out + "/adapter_model.safetensors"));
+    CHECK(fs::exists(out + "/loss.svg"));
+    const std::string args = read_file(out + "/training_args.json");
+    CHECK_THAT(args, Contains(R"("max_length": 2048)") && Contains(R"("template": "chatml")") &&
+                         Contains(R"("lora_target_modules": "all-linear")") &&
+                         Contains(R"("dataset": "identity,alpaca_en_demo")") &&
+                         Contains("/.cache/datasets/identity+alpaca_en_demo.train-"));
+  }
+  SECTION("the line overrides the file, in either spelling; val_size holds records out") {
+    Ran r = cli_in(dir,
+                   "train llama3_lora_sft.yaml model_name_or_path=model template=chatml "
+                   "--learning_rate 2e-4 val_size=0.25 gradient_accumulation_steps=2 "
+                   "eval_strategy=steps eval_steps=1 num_train_epochs=1");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.output, Contains("overwrite_cache has no effect in zerotrain"));
+    CHECK_THAT(r.output, Contains("val_size 0.25: 2 records held out for evaluation"));
+    CHECK_THAT(r.output, Contains("trained 3 steps") && Contains("eval_loss"));
+    const std::string args = read_file(dir + "/saves/llama3-8b/lora/sft/training_args.json");
+    CHECK_THAT(args, Contains(R"("learning_rate": 0.0002)") && Contains(R"("template": "chatml")"));
+  }
+  SECTION("QLoRA over a 4-bit base, full fine-tuning with their ZeRO-3 config, DPO, KTO") {
+    for (const auto& [config, out, file] :
+         {std::tuple<const char*, const char*, const char*>{"qwen3_lora_sft_otfq.yaml", "lora/sft",
+                                                            "adapter_model.safetensors"},
+          {"qwen3_full_sft.yaml", "full/sft", "model.safetensors"},
+          {"qwen3_lora_dpo.yaml", "lora/dpo", "adapter_model.safetensors"},
+          {"qwen3_lora_kto.yaml", "lora/kto", "adapter_model.safetensors"}}) {
+      Ran r = cli_in(dir, fmt::format("train {} model_name_or_path=model", config));
+      INFO(config << "\n" << r.output);
+      CHECK(r.status == 0);
+      CHECK(fs::exists(fmt::format("{}/saves/qwen3-4b/{}/{}", dir, out, file)));
+    }
+  }
+  SECTION("a run resumes: the same datasets are the same data file, whatever dataset_dir's path") {
+    Ran first =
+        cli_in(dir, "train qwen3_lora_sft.yaml model_name_or_path=model save_steps=1 max_steps=2");
+    INFO(first.output);
+    REQUIRE(first.status == 0);
+    Ran resumed =
+        cli_in(dir, fmt::format("train qwen3_lora_sft.yaml model_name_or_path=model "
+                                "resume_from_checkpoint=True max_steps=3 dataset_dir={}/data",
+                                dir));
+    INFO(resumed.output);
+    CHECK(resumed.status == 0);
+    CHECK_THAT(resumed.output, Contains("trained 3 steps"));
+    Ran other = cli_in(dir,
+                       "train qwen3_lora_sft.yaml model_name_or_path=model "
+                       "resume_from_checkpoint=True max_steps=4 dataset=identity");
+    CHECK(other.status == 2);
+    CHECK_THAT(other.output, Contains("dataset"));
+  }
+  SECTION("on two ranks: rank 0 writes the converted data, both read it") {
+    if (!zt::backend_available(zt::Backend::kGloo)) return;
+    Ran r = cli_in(dir, fmt::format("launch --nproc_per_node 2 -- '{}' train qwen3_lora_sft.yaml "
+                                    "model_name_or_path=model gradient_accumulation_steps=4",
+                                    ZT_CLI));
+    INFO(r.output);
+    CHECK(r.status == 0);
+    CHECK_THAT(r.output, Contains("trained 3 steps"));
+  }
+  SECTION("hub models and hub datasets say to download them") {
+    Ran model = cli_in(dir, "train qwen3_lora_sft.yaml");
+    CHECK(model.status != 0);
+    CHECK_THAT(model.output, Contains("huggingface-cli download Qwen/Qwen3-4B-Instruct-2507"));
+    Ran data = cli_in(dir, "train qwen3_lora_sft.yaml model_name_or_path=model dataset=alpaca_en");
+    CHECK(data.status == 2);
+    CHECK_THAT(data.output,
+               Contains("huggingface-cli download --repo-type dataset llamafactory/alpaca_en"));
+    Ran bad = cli_in(dir, "train qwen3_lora_sft.yaml model_name_or_path=model lora_rank=x");
+    CHECK(bad.status == 2);
+    CHECK_THAT(bad.output, Contains("--lora_rank: expected an integer"));
+  }
 }

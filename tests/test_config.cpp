@@ -3,15 +3,21 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
+#include <variant>
 
 #include <fmt/format.h>
 
+#include "config/training_options.hpp"
 #include "support/messages.hpp"
 #include "support/ranks.hpp"
+#include "util/files.hpp"
 #include "util/json.hpp"
 #include "zerotrain/config.hpp"
+#include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
 
 using namespace zt;
@@ -752,4 +758,428 @@ TEST_CASE(
       R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5, "warmup_max_lr": "auto"}}})");
   CHECK_THROWS_WITH(resolve_config(ds2, w, ResolveContext{1, 64, 80}),
                     Contains("warmup_num_steps is 5"));
+}
+
+namespace {
+
+// Two different values option `o` takes, as command-line text ({} when none can be made).
+std::vector<std::string> two_values(const config::Option& o) {
+  return std::visit(
+      [&](auto m) -> std::vector<std::string> {
+        using V = std::decay_t<decltype(TrainingArguments().*m)>;
+        if constexpr (std::is_same_v<V, bool> || std::is_same_v<V, std::optional<bool>>) {
+          return {"true", "false"};
+        } else if constexpr (std::is_same_v<V, std::string>) {
+          if (o.choices.size() >= 2) return {o.choices[0], o.choices[1]};
+          if (!o.choices.empty()) return {};
+          return {"x1", "x2"};
+        } else {
+          std::vector<std::string> out;
+          for (double v : {o.range.min + 1, o.range.min + 2, 1.0, 2.0, 0.25, 0.5}) {
+            const std::string text = fmt::format("{}", v);
+            if (o.range.contains(v) && std::find(out.begin(), out.end(), text) == out.end())
+              out.push_back(text);
+            if (out.size() == 2) break;
+          }
+          return out.size() == 2 ? out : std::vector<std::string>{};
+        }
+      },
+      o.member);
+}
+
+}  // namespace
+
+TEST_CASE("two names of one option given different values are refused, naming both",
+          "[config][aliases]") {
+  // Every alias pair of the option table (--beta and --pref_beta, --lora_rank and --lora_r,
+  // ChatGLM-Finetuning's --lora_dim, ...): given the same value they agree; different values
+  // are a ConfigError naming both, on the command line and in one options file. A later
+  // source (flags after a file) still overrides, and one name given twice keeps the last.
+  int pairs = 0;
+  for (const config::Option& a : config::options()) {
+    for (const config::Option& b : config::options()) {
+      if (&a == &b || !(a.member == b.member) || std::string(a.name) > std::string(b.name))
+        continue;
+      const std::vector<std::string> va = two_values(a), vb = two_values(b);
+      if (va.empty() || vb.empty() || va != vb) continue;
+      INFO("--" << a.name << " / --" << b.name);
+      TrainingArguments one, other;
+      try {
+        apply_training_flags(one, {std::string("--") + a.name, va[0]});
+        apply_training_flags(other, {std::string("--") + b.name, va[1]});
+      } catch (const ConfigError&) {
+        continue;  // a value the rest of the arguments refuse alone
+      }
+      TrainingArguments same;
+      CHECK_NOTHROW(apply_training_flags(
+          same, {std::string("--") + a.name, va[0], std::string("--") + b.name, va[0]}));
+      TrainingArguments both;
+      CHECK_THROWS_WITH(apply_training_flags(both, {std::string("--") + a.name, va[0],
+                                                    std::string("--") + b.name, va[1]}),
+                        Contains(std::string("--") + a.name) &&
+                            Contains(std::string("--") + b.name) && Contains("give one of them"));
+      ++pairs;
+    }
+  }
+  CHECK(pairs >= 10);
+  TrainingArguments file;
+  CHECK_THROWS_WITH(apply_training_json(file, R"({"beta": 0.2, "pref_beta": 0.3})", "opts.json"),
+                    Contains("opts.json") && Contains("beta 0.2") && Contains("pref_beta 0.3"));
+  TrainingArguments layered;
+  apply_training_json(layered, R"({"pref_beta": 0.3})", "opts.json");
+  apply_training_flags(layered, {"--beta", "0.2", "--beta", "0.25"});
+  CHECK(layered.pref_beta == 0.25);
+}
+
+// ---- LLaMA-Factory's configs and datasets ------------------------------------------------------
+
+namespace {
+
+std::string llamafactory_fixture(const std::string& name) {
+  return std::string(ZT_FIXTURES) + "/llamafactory/" + name;
+}
+
+// The message of the ConfigError that applying `yaml` throws ("" when it applies).
+std::string yaml_error(const std::string& yaml) {
+  TrainingArguments a;
+  try {
+    apply_training_yaml(a, yaml, "cfg.yaml");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A copy of the fixtures' data folder, and arguments that read it into `dir`/out.
+TrainingArguments dataset_args(const std::string& dir, const std::string& stage,
+                               const std::string& dataset) {
+  std::filesystem::copy(
+      llamafactory_fixture("data"), dir + "/data",
+      std::filesystem::copy_options::recursive | std::filesystem::copy_options::skip_existing);
+  TrainingArguments a;
+  a.dataset_dir = dir + "/data";
+  a.output_dir = dir + "/out";
+  a.stage = stage;
+  a.dataset = dataset;
+  return a;
+}
+
+std::vector<std::string> jsonl_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// The message of the error prepare_datasets throws for `a` ("" when it succeeds).
+std::string prepare_error(TrainingArguments a) {
+  try {
+    prepare_datasets(a);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("LLaMA-Factory's YAML configs read into the options, overridden by the line",
+          "[config][args][llamafactory]") {
+  TrainingArguments a;
+  apply_training_file(a, llamafactory_fixture("qwen3_lora_sft.yaml"));
+  CHECK(a.model_name_or_path == "Qwen/Qwen3-4B-Instruct-2507");
+  CHECK(a.stage == "sft");
+  CHECK(a.finetuning_type == "lora");
+  CHECK(a.lora_r == 8);
+  CHECK(a.lora_target_modules == "all-linear");  // LLaMA-Factory's "all"
+  CHECK(a.dataset == "identity,alpaca_en_demo");
+  CHECK(a.dataset_dir == "data");
+  CHECK(a.template_name == "chatml");  // qwen3_nothink: ChatML without a default system
+  CHECK(a.max_length == 2048);         // cutoff_len
+  CHECK(a.max_samples == 1000);
+  CHECK(a.output_dir == "saves/qwen3-4b/lora/sft");
+  CHECK(a.logging_steps == 10);
+  CHECK(a.overwrite_output_dir);
+  CHECK(a.report_to == "none");
+  CHECK(a.per_device_train_batch_size == 1);
+  CHECK(a.gradient_accumulation_steps == 8);
+  CHECK(a.learning_rate == 1e-4);
+  CHECK(a.num_train_epochs == 3.0);
+  CHECK(a.lr_scheduler_type == "cosine");
+  CHECK(a.warmup_ratio == 0.1);
+  CHECK(a.bf16);
+  CHECK(a.ddp_timeout == 180000000);
+  CHECK(a.resume_from_checkpoint.empty());  // null: the default
+  // What zerotrain has no use for is said once each, never silently dropped.
+  for (const char* name : {"trust_remote_code", "preprocessing_num_workers", "plot_loss",
+                           "dataloader_num_workers", "save_only_model"}) {
+    INFO(name);
+    CHECK(a.ignored.count(name) == 1);
+  }
+  CHECK_THAT(a.ignored["plot_loss"], Contains("loss.svg"));
+  // The line overrides the file: --NAME VALUE (and the CLI's NAME=VALUE, as --NAME=VALUE).
+  apply_training_flags(a, {"--learning_rate", "2e-4", "--template=alpaca", "--cutoff_len", "512"});
+  CHECK(a.learning_rate == 2e-4);
+  CHECK(a.template_name == "alpaca");
+  CHECK(a.max_length == 512);
+
+  TrainingArguments older;
+  apply_training_file(older, llamafactory_fixture("llama3_lora_sft.yaml"));
+  CHECK(older.template_name == "llama3");
+  CHECK(older.ignored.count("overwrite_cache") == 1);
+  TrainingArguments qlora;
+  apply_training_file(qlora, llamafactory_fixture("qwen3_lora_sft_otfq.yaml"));
+  CHECK(qlora.quantization_bit == 4);
+  CHECK(qlora.ignored.count("quantization_method") == 1);
+  TrainingArguments full;
+  apply_training_file(full, llamafactory_fixture("qwen3_full_sft.yaml"));
+  CHECK(full.finetuning_type == "full");
+  CHECK(full.deepspeed == "examples/deepspeed/ds_z3_config.json");
+  TrainingArguments dpo, kto;
+  apply_training_file(dpo, llamafactory_fixture("qwen3_lora_dpo.yaml"));
+  apply_training_file(kto, llamafactory_fixture("qwen3_lora_kto.yaml"));
+  CHECK((dpo.stage == "dpo" && dpo.pref_beta == 0.1 && dpo.pref_loss == "sigmoid"));
+  CHECK((kto.stage == "kto" && kto.dataset == "kto_en_demo"));
+
+  // YAML's scalars as LLaMA-Factory (PyYAML + OmegaConf) reads them; lists and mappings as JSON.
+  TrainingArguments s;
+  apply_training_yaml(s,
+                      "learning_rate: 1e-4   # OmegaConf: a float without a point\n"
+                      "seed: 7\nbf16: True\nfp16: no\nrun_name: '10'\n"
+                      "report_to: [tensorboard]\n"
+                      "deepspeed: {zero_optimization: {stage: 2}}\n"
+                      "eval_steps: .5\n",
+                      "s.yaml");
+  CHECK(s.learning_rate == 1e-4);
+  CHECK(s.seed == 7);
+  CHECK((s.bf16 && !s.fp16));
+  CHECK(s.run_name == "10");
+  CHECK(s.report_to == "tensorboard");
+  CHECK(s.deepspeed == R"({"zero_optimization":{"stage":2}})");
+  CHECK(s.eval_steps == 0.5);
+  TrainingArguments empty;
+  CHECK_NOTHROW(apply_training_yaml(empty, "# nothing but a comment\n", "e.yaml"));
+}
+
+TEST_CASE("hostile or malformed YAML options are ConfigErrors naming the file and where",
+          "[config][args][llamafactory][errors]") {
+  // Nesting: past zerotrain's JSON limit, and past yaml-cpp's own parser limit.
+  CHECK_THAT(yaml_error("a: " + std::string(300, '[') + std::string(300, ']')),
+             Contains("cfg.yaml:1:") && Contains("deeper than 256"));
+  CHECK_THAT(yaml_error("a: " + std::string(20000, '[') + std::string(20000, ']')),
+             Contains("cfg.yaml:1:") && Contains("nested deeper"));
+  std::string indented;
+  for (int i = 0; i < 3000; ++i) indented += std::string(static_cast<size_t>(i), ' ') + "k:\n";
+  CHECK_THAT(yaml_error(indented), Contains("cfg.yaml:") && Contains("nested deeper"));
+  // An alias bomb: nine levels of nine aliases, 9^9 values once expanded.
+  std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n";
+  for (char c = 'b'; c <= 'i'; ++c) {
+    bomb += fmt::format("{0}: &{0} [*{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}, *{1}]\n", c,
+                        static_cast<char>(c - 1));
+  }
+  CHECK_THAT(yaml_error(bomb), Contains("cfg.yaml:") && Contains("alias bomb"));
+  // The top level is a mapping of options.
+  CHECK_THAT(yaml_error("- learning_rate\n- 1e-4\n"),
+             Contains("cfg.yaml: expected a YAML mapping of options") && Contains("an array"));
+  CHECK_THAT(yaml_error("just text\n"), Contains("expected a YAML mapping of options"));
+  // Malformed YAML, two documents, a key twice, a tag beyond the core schema, a complex key.
+  CHECK_THAT(yaml_error("learning_rate: [1e-4,\n"),
+             Contains("cfg.yaml:2:") && Contains("malformed"));
+  CHECK_THAT(yaml_error("seed: 1\n---\nseed: 2\n"), Contains("cfg.yaml:2: a second YAML document"));
+  CHECK_THAT(yaml_error("learning_rate: 1e-4\nseed: 1\nlearning_rate: 2e-4\n"),
+             Contains("cfg.yaml:3:1: 'learning_rate' is given twice (first at line 1)"));
+  CHECK_THAT(yaml_error("run_name: !!python/object/apply:os.system [ls]\n"),
+             Contains("cfg.yaml:1:") && Contains("!!python/object/apply:os.system") &&
+                 Contains("not supported"));
+  CHECK_THAT(yaml_error("? [a, b]\n: 1\n"), Contains("cfg.yaml:1:") && Contains("option names"));
+  // Found by fuzzing: yaml-cpp's LoadAll never returns on this; zerotrain reads one document.
+  CHECK_THAT(yaml_error("&e$,"), Contains("cfg.yaml:"));
+  // Wrong types and values: the file and the key.
+  CHECK_THAT(yaml_error("learning_rate: [1]\n"),
+             Contains("cfg.yaml: learning_rate: expected a number"));
+  CHECK_THAT(yaml_error("num_train_epochs: three\n"),
+             Contains("cfg.yaml: num_train_epochs") && Contains("\"three\""));
+  CHECK_THAT(yaml_error("bf16: maybe\n"), Contains("cfg.yaml: bf16: expected true or false"));
+  CHECK_THAT(yaml_error("lora_rank: 010\n"), Contains("cfg.yaml: lora_rank"));  // not octal 8
+  CHECK_THAT(yaml_error("max_samples: 0\n"), Contains("cfg.yaml: max_samples"));
+  CHECK_THAT(yaml_error("val_size: -0.1\n"), Contains("cfg.yaml: val_size"));
+  CHECK_THAT(yaml_error("stage: pt\n"), Contains("cfg.yaml: stage") && Contains("sft, dpo, kto"));
+  CHECK_THAT(yaml_error("lerning_rate: 1e-4\n"),
+             Contains("cfg.yaml: lerning_rate: unknown option") && Contains("learning_rate"));
+  CHECK_THAT(yaml_error("quantization_method: hqq\n"),
+             Contains("cfg.yaml: quantization_method") && Contains("cannot honour"));
+  CHECK_THAT(yaml_error("mix_strategy: interleave_under\n"), Contains("mix_strategy"));
+  CHECK_THAT(yaml_error("cutoff_len: 512\nmax_length: 1024\n"), Contains("give one of them"));
+}
+
+TEST_CASE("dataset_info.json's formats, columns and tags become zerotrain's layouts",
+          "[data][llamafactory]") {
+  const std::string dir = zt::test::temp_dir("dataset_info");
+  SECTION("alpaca with its own column names, ShareGPT and OpenAI tags, a folder") {
+    TrainingArguments a = dataset_args(dir, "sft", "alpaca_renamed");
+    prepare_datasets(a);
+    CHECK(a.is_given("train_file"));
+    CHECK(a.eval_file.empty());
+    CHECK(
+        jsonl_lines(a.train_file) ==
+        std::vector<std::string>{
+            R"({"instruction":"Translate to French.","input":"cat","system":"You translate words.","history":[["Translate to French.\ndog","chien"]],"output":"chat"})",
+            R"({"instruction":"What is 2 + 2?","input":"","output":"4"})",
+            R"({"instruction":"Spell it backwards.","input":"","output":"olleh"})"});
+    TrainingArguments s = dataset_args(dir, "sft", "sharegpt_demo, openai_demo");
+    prepare_datasets(s);
+    CHECK(
+        jsonl_lines(s.train_file) ==
+        std::vector<std::string>{
+            R"({"conversations":[{"from":"human","value":"Capital of France?"},{"from":"gpt","value":"Paris."}],"system":"Answer in one word."})",
+            R"({"conversations":[{"from":"human","value":"Say hi."},{"from":"gpt","value":"Hi!"},{"from":"human","value":"Again."},{"from":"gpt","value":"Hi again!"}],"system":"Be friendly."})",
+            R"({"conversations":[{"from":"human","value":"2 + 3?"},{"from":"gpt","value":"5"}],"system":"Be brief."})",
+            R"({"conversations":[{"from":"human","value":"Opposite of up?"},{"from":"gpt","value":"Down."}]})"});
+    CHECK_THAT(s.train_file,
+               Contains(dir + "/out/.cache/datasets/sharegpt_demo+openai_demo.train-"));
+    TrainingArguments f = dataset_args(dir, "sft", "folder_demo");
+    prepare_datasets(f);
+    CHECK(jsonl_lines(f.train_file) ==
+          std::vector<std::string>{R"({"instruction":"First part.","input":"","output":"one"})",
+                                   R"({"instruction":"Second part.","input":"","output":"two"})",
+                                   R"({"instruction":"Third.","input":"","output":"three"})"});
+    // A data file named directly is read as it is (zerotrain's layouts).
+    TrainingArguments direct = dataset_args(dir, "sft", "identity.json");
+    prepare_datasets(direct);
+    CHECK(jsonl_lines(direct.train_file).size() == 4);
+    CHECK(jsonl_lines(direct.train_file)[2] ==
+          R"({"instruction":"What is your name?","input":"","output":"My name is Zed."})");
+  }
+  SECTION("pairs and KTO examples, each for its stage only") {
+    TrainingArguments p = dataset_args(dir, "dpo", "dpo_en_demo,dpo_alpaca_demo");
+    prepare_datasets(p);
+    const std::vector<std::string> pairs = jsonl_lines(p.train_file);
+    REQUIRE(pairs.size() == 11);
+    CHECK(
+        pairs[0] ==
+        R"({"conversations":[{"from":"human","value":"Is 7 odd?"}],"chosen":{"from":"gpt","value":"Yes, 7 is odd."},"rejected":{"from":"gpt","value":"No, 7 is even."}})");
+    CHECK(
+        pairs[8] ==
+        R"({"instruction":"Is 7 odd?","input":"","chosen":"Yes, 7 is odd.","rejected":"No, 7 is even."})");
+    TrainingArguments k = dataset_args(dir, "kto", "kto_en_demo");
+    prepare_datasets(k);
+    const std::vector<std::string> kto = jsonl_lines(k.train_file);
+    REQUIRE(kto.size() == 8);
+    CHECK(
+        kto[2] ==
+        R"({"conversations":[{"from":"human","value":"2 + 2?"},{"from":"gpt","value":"5"}],"label":false})");
+    CHECK_THAT(prepare_error(dataset_args(dir, "sft", "dpo_en_demo")),
+               Contains("'dpo_en_demo' is a preference dataset"));
+    CHECK_THAT(prepare_error(dataset_args(dir, "dpo", "identity")),
+               Contains("'identity' is not a preference dataset"));
+    CHECK_THAT(prepare_error(dataset_args(dir, "kto", "identity")), Contains("kto_tag"));
+  }
+  SECTION("concatenated in order, max_samples of each, val_size held out with the seed") {
+    TrainingArguments all = dataset_args(dir, "sft", "identity,alpaca_en_demo");
+    prepare_datasets(all);
+    const std::vector<std::string> records = jsonl_lines(all.train_file);
+    REQUIRE(records.size() == 8);
+    CHECK_THAT(records[0], Contains("\"hi\""));
+    CHECK_THAT(records[4], Contains("Add the two numbers."));
+    TrainingArguments few = dataset_args(dir, "sft", "identity,alpaca_en_demo");
+    few.max_samples = 2;
+    prepare_datasets(few);
+    CHECK(jsonl_lines(few.train_file) ==
+          std::vector<std::string>{records[0], records[1], records[4], records[5]});
+    auto split = [&](double val_size, int64_t seed) {
+      TrainingArguments v = dataset_args(dir, "sft", "identity,alpaca_en_demo");
+      v.val_size = val_size;
+      v.seed = seed;
+      prepare_datasets(v);
+      return std::make_pair(jsonl_lines(v.train_file), jsonl_lines(v.eval_file));
+    };
+    const auto [train, eval] = split(0.25, 42);  // HF's rule: ceil(0.25 × 8) = 2 held out
+    CHECK(train.size() == 6);
+    CHECK(eval.size() == 2);
+    std::vector<std::string> both = train;
+    both.insert(both.end(), eval.begin(), eval.end());
+    std::sort(both.begin(), both.end());
+    std::vector<std::string> sorted = records;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(both == sorted);                  // every record in one part
+    CHECK(split(0.25, 42).second == eval);  // the same seed, the same split
+    CHECK((split(0.25, 7).second != eval || split(0.25, 8).second != eval));
+    CHECK(split(0.1, 42).second.size() == 1);  // ceil(0.8)
+    CHECK(split(3, 42).second.size() == 3);    // from 1 up: a count
+    TrainingArguments bad = dataset_args(dir, "sft", "identity");
+    bad.val_size = 4;
+    CHECK_THAT(prepare_error(bad), Contains("val_size 4 of 4") && Contains("at least one"));
+    bad.val_size = 1.5;
+    CHECK_THAT(prepare_error(bad), Contains("val_size 1.5"));
+    // val_size over a train_file too.
+    TrainingArguments file;
+    file.output_dir = dir + "/out";
+    file.train_file = dir + "/data/alpaca_en_demo.json";
+    file.val_size = 0.5;
+    prepare_datasets(file);
+    CHECK(jsonl_lines(file.train_file).size() == 2);
+    CHECK(jsonl_lines(file.eval_file).size() == 2);
+    // What cannot be both.
+    TrainingArguments twice = dataset_args(dir, "sft", "identity");
+    twice.train_file = "x.jsonl";
+    CHECK_THAT(prepare_error(twice), Contains("dataset (identity) and train_file (x.jsonl)"));
+    TrainingArguments eval_too = dataset_args(dir, "sft", "identity");
+    eval_too.val_size = 0.5;
+    eval_too.eval_dataset = "alpaca_en_demo";
+    CHECK_THAT(prepare_error(eval_too), Contains("val_size") && Contains("eval_dataset"));
+    // eval_dataset: its own file; without `write`, the same paths and nothing written.
+    TrainingArguments e = dataset_args(dir, "sft", "identity");
+    e.eval_dataset = "alpaca_en_demo";
+    e.output_dir = dir + "/dry";
+    prepare_datasets(e, /*write=*/false);
+    CHECK(!e.eval_file.empty());
+    CHECK(!std::filesystem::exists(e.train_file));
+    CHECK(!std::filesystem::exists(dir + "/dry"));
+  }
+  SECTION("hub datasets say how to download them; bad entries and records name their place") {
+    CHECK_THAT(
+        prepare_error(dataset_args(dir, "sft", "identity,alpaca_en")),
+        Contains("dataset 'alpaca_en'") &&
+            Contains("huggingface-cli download --repo-type dataset llamafactory/alpaca_en") &&
+            Contains("file_name"));
+    CHECK_THAT(prepare_error(dataset_args(dir, "sft", "belle_demo")),
+               Contains("modelscope download --dataset AI-ModelScope/train_0.5M_CN"));
+    CHECK_THAT(prepare_error(dataset_args(dir, "sft", "tatsu-lab/alpaca")),
+               Contains("dataset 'tatsu-lab/alpaca': not an entry of") &&
+                   Contains("huggingface-cli download --repo-type dataset tatsu-lab/alpaca"));
+    // A record zerotrain cannot train: the file, the element and the key; skip_bad_lines skips.
+    CHECK_THAT(
+        prepare_error(dataset_args(dir, "sft", "toolcall_demo")),
+        Contains("toolcall_demo.json: element 0 (line 2): tools") && Contains("skip_bad_lines"));
+    TrainingArguments skip = dataset_args(dir, "sft", "toolcall_demo,identity");
+    skip.skip_bad_lines = true;
+    prepare_datasets(skip);
+    CHECK(jsonl_lines(skip.train_file).size() == 4);
+    // A downloaded file of a type zerotrain does not read.
+    zt::files::write_atomic(dir + "/data/rows.parquet", "PAR1");
+    CHECK_THAT(prepare_error(dataset_args(dir, "sft", "rows.parquet")),
+               Contains("rows.parquet") && Contains("JSON and JSONL") && Contains("parquet"));
+    // An entry with a misspelt key, a missing file, multimodal columns.
+    std::filesystem::create_directories(dir + "/info");
+    zt::files::write_atomic(dir + "/info/dataset_info.json", R"({
+      "typo": {"file_name": "d.json", "colums": {"prompt": "q"}},
+      "gone": {"file_name": "missing.json"},
+      "pictures": {"file_name": "d.json", "formatting": "sharegpt",
+                   "columns": {"messages": "messages", "images": "images"}},
+      "partial": {"file_name": "d.json", "columns": {"prompt": "instruction", "response": "output"}}})");
+    zt::files::write_atomic(dir + "/info/d.json",
+                            R"([{"instruction": "a", "input": "x", "output": "b"}])");
+    TrainingArguments typo = dataset_args(dir, "sft", "typo");
+    typo.dataset_dir = dir + "/info";
+    CHECK_THAT(prepare_error(typo), Contains("typo.colums") && Contains("did you mean 'columns'"));
+    typo.dataset = "gone";
+    CHECK_THAT(prepare_error(typo), Contains("missing.json") && Contains("not found"));
+    typo.dataset = "pictures";
+    CHECK_THAT(prepare_error(typo), Contains("images") && Contains("multimodal"));
+    // Columns given replace the defaults: "query" left out is none, so "input" is not read.
+    typo.dataset = "partial";
+    prepare_datasets(typo);
+    CHECK(jsonl_lines(typo.train_file) ==
+          std::vector<std::string>{R"({"instruction":"a","input":"","output":"b"})"});
+  }
 }

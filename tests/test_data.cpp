@@ -438,6 +438,278 @@ TEST_CASE("train_on_prompt trains every token of instruction and chat data", "[d
   }
 }
 
+// ---- TRL's SFT layouts and options (docs/data.md) --------------------------------------------
+
+namespace {
+
+std::shared_ptr<Tokenizer> fixture_tokenizer(const std::string& name) {
+  return load_tokenizer(std::string(ZT_FIXTURES) + "/tokenizers/" + name, 1 << 30);
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Labels that train ids [from, to) and nothing else.
+std::vector<int32_t> trained_span(const std::vector<int32_t>& ids, size_t from, size_t to) {
+  std::vector<int32_t> labels(ids.size(), kIgnoreLabel);
+  for (size_t i = from; i < to && i < ids.size(); ++i) labels[i] = ids[i];
+  return labels;
+}
+
+TrainingArguments sft_flags(const std::vector<std::string>& flags) {
+  TrainingArguments args;
+  apply_training_flags(args, flags);
+  return args;
+}
+
+}  // namespace
+
+TEST_CASE("TRL prompt-completion text: prompt ids then completion ids, trained on the completion",
+          "[data][sft]") {
+  SECTION("byte tokenizer: bos and prompt masked, completion and eos trained") {
+    const std::string content = R"({"prompt": "2+2=", "completion": "4"})"
+                                "\n"
+                                R"({"prompt": "", "completion": "ok", "id": 7})"
+                                "\n";
+    Dataset d = tokenize_text(content);
+    REQUIRE(d.size() == 2);
+    check_example(d, 0, Expected().bos(false).text("2+2=", false).text("4", true).eos());
+    check_example(d, 1, Expected().bos(false).text("ok", true).eos());
+
+    // completion_only_loss false (TRL's), or train_on_prompt: every token trains.
+    DataOptions no_completion_only, on_prompt;
+    no_completion_only.completion_only_loss = false;
+    on_prompt.train_on_prompt = true;
+    for (const DataOptions& o : {no_completion_only, on_prompt}) {
+      Dataset all = tokenize_text(content, o);
+      CHECK(all.flat_ids() == d.flat_ids());
+      CHECK(all.flat_labels() == all.flat_ids());
+    }
+  }
+  SECTION("Qwen2's tokenizer: the ids of the prompt, then of the completion, then eos") {
+    auto tok = fixture_tokenizer("qwen2");
+    const std::string prompt = "Question: what is the capital of France?\n";
+    const std::string completion = "The capital is Paris.";
+    const std::string path = data_file(
+        "pc-qwen", fmt::format(R"({{"prompt": "{}", "completion": "{}"}})"
+                               "\n"
+                               R"({{"prompt": "{}", "completion": "{}<|endoftext|>"}})"
+                               "\n",
+                               "Question: what is the capital of France?\\n", completion,
+                               "Question: what is the capital of France?\\n", completion));
+    Dataset d = tokenize_jsonl(path, *tok, DataOptions());
+    REQUIRE(d.size() == 2);
+    const std::vector<int32_t> p = tok->encode(prompt);  // Qwen adds no bos
+    const std::vector<int32_t> want = concat(concat(p, tok->encode(completion)), {tok->eos_id()});
+    for (int64_t i = 0; i < 2; ++i) {  // a completion ending in eos gets no second one
+      CHECK(d.ids(i).to_vector() == want);
+      CHECK(d.labels(i).to_vector() == trained_span(want, p.size(), want.size()));
+    }
+  }
+  SECTION("LLaMA-2's tokenizer: bos, then prompt + completion encoded as one text (TRL)") {
+    // A prompt that ends inside a word: encoded apart, the two texts give other ids than
+    // encoded together, and the example is what TRL makes, tokenizer(prompt + completion)
+    // with the first len(tokenizer(prompt)) ids masked.
+    auto tok = fixture_tokenizer("llama2");
+    REQUIRE(tok->add_bos());
+    const std::string prompt = "Hello wor", completion = "ld, again";
+    REQUIRE(concat(tok->encode(prompt), tok->encode(completion)) !=
+            tok->encode(prompt + completion));
+    Dataset d =
+        tokenize_jsonl(data_file("pc-llama", fmt::format(R"({{"prompt": "{}", "completion": "{}"}})"
+                                                         "\n",
+                                                         prompt, completion)),
+                       *tok, DataOptions());
+    const std::vector<int32_t> prompt_ids = concat(tok->prefix_ids(), tok->encode(prompt));
+    const std::vector<int32_t> want =
+        concat(concat(tok->prefix_ids(), tok->encode(prompt + completion)), {tok->eos_id()});
+    CHECK(d.ids(0).to_vector() == want);
+    CHECK(d.labels(0).to_vector() == trained_span(want, prompt_ids.size(), want.size()));
+    CHECK(d.labels(0)[0] == kIgnoreLabel);
+  }
+}
+
+TEST_CASE("TRL prompt-completion messages: the messages record's tokens, the completion trained",
+          "[data][sft]") {
+  const std::string messages =
+      R"({"messages": [{"role": "system", "content": "Be brief."},)"
+      R"( {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},)"
+      R"( {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Goodbye."}]})";
+  const std::string prompt_completion =
+      R"({"prompt": [{"role": "system", "content": "Be brief."},)"
+      R"( {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},)"
+      R"( {"role": "user", "content": "Bye"}],)"
+      R"( "completion": [{"role": "assistant", "content": "Goodbye."}]})";
+
+  SECTION("Qwen2.5's format with Qwen2's tokenizer") {
+    auto tok = fixture_tokenizer("qwen2");
+    DataOptions o = with_template("qwen2.5");
+    const std::string path = data_file("pc-chat", messages + "\n" + prompt_completion + "\n");
+    Dataset d = tokenize_jsonl(path, *tok, o);
+    REQUIRE(d.size() == 2);
+    // The text apply_chat_template writes, by hand: the prompt with its generation prompt,
+    // then the reply and its end of turn (trained), then the newline after it (not trained).
+    const std::string prompt =
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+        "<|im_start|>assistant\n";
+    const std::vector<int32_t> ids = tok->encode(prompt + "Goodbye.<|im_end|>\n");
+    const size_t reply_start = tok->encode(prompt).size();
+    const size_t reply_end = tok->encode(prompt + "Goodbye.<|im_end|>").size();
+    CHECK(d.ids(0).to_vector() == ids);
+    CHECK(d.ids(1).to_vector() == ids);
+    CHECK(d.labels(1).to_vector() == trained_span(ids, reply_start, reply_end));
+    // The messages record trains the first reply too; everything else is the same.
+    std::vector<int32_t> first_reply_masked = d.labels(0).to_vector();
+    const size_t first = tok->encode(prompt.substr(0, prompt.find("Hello!"))).size();
+    CHECK(first_reply_masked[first] == ids[first]);
+    std::fill(first_reply_masked.begin(), first_reply_masked.begin() + reply_start, kIgnoreLabel);
+    CHECK(first_reply_masked == d.labels(1).to_vector());
+
+    // completion_only_loss false: every reply trains, as in the messages record (TRL's
+    // assistant masks); with assistant_only_loss false too, every token.
+    o.completion_only_loss = false;
+    Dataset replies = tokenize_jsonl(path, *tok, o);
+    CHECK(replies.labels(1).to_vector() == d.labels(0).to_vector());
+    o.assistant_only_loss = false;
+    Dataset all = tokenize_jsonl(path, *tok, o);
+    CHECK(all.labels(1).to_vector() == ids);
+    CHECK(all.labels(0).to_vector() == ids);
+  }
+  SECTION("an instruction template: the prompt's reply and its eos masked") {
+    Dataset d = tokenize_text(prompt_completion + "\n", with_template("alpaca_zh"));
+    REQUIRE(d.size() == 1);
+    check_example(d, 0,
+                  Expected()
+                      .bos(false)
+                      .text("### 指令：Be brief.\nHi\n### 回答：", false)
+                      .text("Hello!", false)
+                      .token(byte_tokenizer()->eos_id(), false)
+                      .text("### 指令：Bye\n### 回答：", false)
+                      .text("Goodbye.", true)
+                      .eos());
+    // The same tokens as the messages record.
+    CHECK(d.flat_ids() == tokenize_text(messages + "\n", with_template("alpaca_zh")).flat_ids());
+  }
+  SECTION("a prompt that is one user message, through chatml") {
+    Dataset d = tokenize_text(
+        R"({"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"role": "assistant", "content": "Yo"}]})"
+        "\n",
+        with_template("chatml"));
+    check_example(d, 0,
+                  Expected()
+                      .bos(false)
+                      .text("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", false)
+                      .text("Yo<|im_end|>\n", true));
+  }
+}
+
+TEST_CASE("assistant_only_loss: a messages record trains its replies, or every token when false",
+          "[data][sft]") {
+  auto tok = fixture_tokenizer("qwen2");
+  const std::string path = data_file(
+      "aol",
+      R"({"messages": [{"role": "system", "content": "Be brief."},)"
+      R"( {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},)"
+      R"( {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Goodbye."}]})"
+      "\n"
+      R"({"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]})"
+      "\n");
+  const std::string system = "<|im_start|>system\nBe brief.<|im_end|>\n";
+  const std::string turn1 = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+  const std::string turn2 =
+      "Hello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+      "<|im_start|>assistant\n";
+  const std::vector<int32_t> ids = tok->encode(system + turn1 + turn2 + "Goodbye.<|im_end|>\n");
+  // The assistant's tokens: each reply through its <|im_end|>.
+  std::vector<int32_t> replies(ids.size(), kIgnoreLabel);
+  for (const auto& [before, reply] :
+       {std::pair{system + turn1, std::string("Hello!<|im_end|>")},
+        std::pair{system + turn1 + turn2, std::string("Goodbye.<|im_end|>")}}) {
+    const size_t from = tok->encode(before).size(), to = tok->encode(before + reply).size();
+    for (size_t i = from; i < to; ++i) replies[i] = ids[i];
+  }
+
+  TrainingArguments args =
+      sft_flags({"--assistant_only_loss", "true", "--template", "qwen2.5", "--max_length", "512"});
+  Dataset d = tokenize_jsonl(path, *tok, data_options_for(args));
+  REQUIRE(d.size() == 2);
+  CHECK(d.ids(0).to_vector() == ids);
+  CHECK(d.labels(0).to_vector() == replies);  // system and user turns masked
+
+  // TRL's default, false: every token of the conversation trains, system and users included.
+  Dataset all = tokenize_jsonl(
+      path, *tok,
+      data_options_for(sft_flags({"--assistant_only_loss", "false", "--template", "qwen2.5"})));
+  CHECK(all.flat_ids() == d.flat_ids());
+  CHECK(all.flat_labels() == all.flat_ids());
+  // Unset, zerotrain's default: the replies.
+  CHECK(same_dataset(
+      tokenize_jsonl(path, *tok, data_options_for(sft_flags({"--template", "qwen2.5"}))), d));
+}
+
+TEST_CASE("dataset_text_field names the key of plain-text records", "[data][sft]") {
+  DataOptions o =
+      data_options_for(sft_flags({"--dataset_text_field", "content", "--template", "alpaca"}));
+  CHECK(o.text_field == "content");
+  Dataset d = tokenize_text("{\"content\": \"abc\", \"id\": 3}\n", o);
+  check_example(d, 0, Expected().bos(true).text("abc", true).eos());
+  // "text" is then another key, and an unknown layout names the field.
+  const std::string path = data_file("field", "{\"text\": \"abc\"}\n");
+  CHECK_THROWS_MATCHES(tokenize_jsonl(path, *byte_tokenizer(), o), ConfigError,
+                       Has({"unknown layout", "\"content\" (plain text, dataset_text_field)"}));
+  for (const char* taken : {"messages", "prompt", ""}) {
+    o.text_field = taken;
+    CHECK_THROWS_MATCHES(tokenize_jsonl(path, *byte_tokenizer(), o), ConfigError,
+                         Has({"dataset_text_field"}));
+  }
+}
+
+TEST_CASE("TRL's SFT options are accepted by name, or refused saying why", "[data][sft]") {
+  TrainingArguments a = sft_flags({"--max_length", "64", "--completion_only_loss", "false",
+                                   "--assistant_only_loss", "None", "--packing", "true"});
+  CHECK(a.max_length == 64);
+  CHECK(a.packing);
+  DataOptions o = data_options_for(a);
+  CHECK_FALSE(o.completion_only_loss);
+  CHECK(o.assistant_only_loss);  // None: zerotrain's default
+  CHECK(data_options_for(sft_flags({"--completion_only_loss", "None"})).completion_only_loss);
+
+  // Without effect on results: accepted, each with its warning.
+  TrainingArguments f =
+      sft_flags({"--padding_free", "true", "--pad_token", "<|endoftext|>", "--eos_token", "None"});
+  for (const char* name : {"padding_free", "pad_token", "eos_token"}) {
+    INFO(name);
+    REQUIRE(f.ignored.count(name) == 1);
+    CHECK_THAT(f.ignored[name], Contains("TRL's " + std::string(name)));
+  }
+  // Another eos than the tokenizer's: refused.
+  CHECK_THROWS_MATCHES(sft_flags({"--eos_token", "<|im_end|>"}), ConfigError,
+                       Has({"eos_token", "tokenizer_config.json"}));
+  // Contradictions, and SFT options on preference stages.
+  CHECK_THROWS_MATCHES(sft_flags({"--train_on_prompt", "true", "--completion_only_loss", "true"}),
+                       ConfigError, Has({"train_on_prompt", "completion_only_loss"}));
+  CHECK_THROWS_MATCHES(sft_flags({"--train_on_prompt", "true", "--assistant_only_loss", "true"}),
+                       ConfigError, Has({"train_on_prompt", "assistant_only_loss"}));
+  CHECK_NOTHROW(sft_flags({"--train_on_prompt", "true", "--assistant_only_loss", "false"}));
+  CHECK_THROWS_MATCHES(sft_flags({"--stage", "dpo", "--completion_only_loss", "false"}),
+                       ConfigError, Has({"completion_only_loss", "SFT option", "stage dpo"}));
+  // TRL's truncation_mode keep_end is not what SFT data does: refused, also where a cache of
+  // the same data kept its start.
+  const std::string dir = test::temp_dir("keep-end");
+  const std::string path = data_file("keep-end", "{\"text\": \"abc\"}\n");
+  DataOptions start = with_template("alpaca");
+  load_or_tokenize(path, *byte_tokenizer(), start, dir);
+  DataOptions end = start;
+  end.truncation_mode = "keep_end";
+  CHECK_THROWS_MATCHES(load_or_tokenize(path, *byte_tokenizer(), end, dir), ConfigError,
+                       Has({"truncation_mode keep_end", "keep_start"}));
+  CHECK_THROWS_MATCHES(sft_flags({"--stage", "kto", "--dataset_text_field", "content"}),
+                       ConfigError, Has({"dataset_text_field", "stage kto"}));
+}
+
 TEST_CASE("pre-tokenized lines are taken as they are", "[data]") {
   Dataset d = tokenize_text(
       "{\"input_ids\": [1, 2, 3], \"labels\": [-100, 2, 3]}\n{\"input_ids\": [258, 0]}\n");
@@ -483,6 +755,76 @@ TEST_CASE("truncation keeps the start, and examples left untrained are dropped a
                        Has({path, "no usable example", "1 dropped"}));
 }
 
+TEST_CASE("each dropped example is counted under its cause, also through the cache",
+          "[data][counts]") {
+  DataOptions o = with_template("plain");
+  o.max_length = 12;
+  std::string long_ids, long_labels;
+  for (int i = 0; i < 20; ++i) {
+    long_ids += fmt::format("{}{}", i ? ", " : "", 65 + i);
+    long_labels += fmt::format("{}-100", i ? ", " : "");
+  }
+  const std::string path =
+      data_file("counts",
+                // no trained token, within max_length and past it: not truncation's doing
+                "{\"input_ids\": [1, 2, 3], \"labels\": [-100, -100, -100]}\n"
+                "{\"input_ids\": [" +
+                    long_ids + "], \"labels\": [" + long_labels + "]}\n" +
+                    // a prompt that fills max_length: truncation's
+                    "{\"instruction\": \"" + std::string(40, 'p') +
+                    "\", \"output\": \"answer\"}\n" + "{\"text\": \"kept\"}\n");
+  DatasetStats stats;
+  {
+    LogCapture log;
+    const Dataset d = tokenize_jsonl(path, *byte_tokenizer(), o, &stats);
+    CHECK(d.size() == 1);
+    CHECK(
+        log.contains("dropped 3 example(s): 2 without a trained token, 1 left without a "
+                     "trained token by truncation to max_length 12"));
+  }
+  CHECK(stats.examples == 1);
+  CHECK(stats.dropped_examples == 3);
+  CHECK(stats.untrained_examples == 2);
+  CHECK(stats.truncated_examples == 1);
+  CHECK(stats.skipped_truncated == 0);
+
+  // The causes survive the cache.
+  const std::string cache_dir = test::temp_dir("counts-cache");
+  load_or_tokenize(path, *byte_tokenizer(), o, cache_dir);
+  DatasetStats cached;
+  {
+    LogCapture log;
+    load_or_tokenize(path, *byte_tokenizer(), o, cache_dir, &cached);
+    CHECK(log.contains("from the cache"));
+  }
+  CHECK(cached.untrained_examples == 2);
+  CHECK(cached.truncated_examples == 1);
+  // A cache written before the causes were counted drops records without saying why: it is
+  // tokenized again, not read with every cause 0.
+  const std::string file = dataset_cache_path(cache_dir, path, *byte_tokenizer(), o);
+  std::map<std::string, std::string> old;
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  {
+    const SafetensorsFile f(file);
+    old = f.metadata();
+    for (const char* name : {"input_ids", "labels", "offsets"})
+      tensors.emplace_back(name, f.load(name));
+  }
+  for (const char* cause : {"untrained_examples", "truncated_examples", "skipped_truncated",
+                            "cut_answers", "cut_identical_pairs"}) {
+    old.erase(cause);
+  }
+  save_safetensors(file, tensors, old);
+  DatasetStats again;
+  {
+    LogCapture log;
+    load_or_tokenize(path, *byte_tokenizer(), o, cache_dir, &again);
+    CHECK(log.contains("before dropped records were counted by cause; tokenizing again"));
+  }
+  CHECK(again.untrained_examples == 2);
+  CHECK(again.truncated_examples == 1);
+}
+
 TEST_CASE("every malformed line is an error naming file, line and key", "[data]") {
   struct Case {
     std::string line;
@@ -496,9 +838,22 @@ TEST_CASE("every malformed line is an error naming file, line and key", "[data]"
       {R"({"instruction": "x"})", {"output: expected a string, found nothing"}},
       {R"({"instruction": "x", "output": ["y"]})", {"output: expected a string"}},
       {R"({"instruction": "x", "input": 3, "output": "y"})", {"input: expected a string"}},
-      {R"({"prompt": "x", "completion": "y"})",
-       {"unknown layout", "\"prompt\", \"completion\"", "\"conversations\" (ShareGPT",
+      {R"({"completion": "y"})",
+       {"unknown layout", "\"prompt\" + \"completion\" (TRL's", "\"conversations\" (ShareGPT",
         "\"messages\" (OpenAI"}},
+      {R"({"prompt": "x"})", {"\"prompt\" record needs a \"completion\""}},
+      {R"({"prompt": "x", "chosen": "a"})", {"needs a \"completion\"", "--stage dpo"}},
+      {R"({"prompt": "x", "completion": [{"role": "assistant", "content": "y"}]})",
+       {"completion: expected a string, as the prompt is"}},
+      {R"({"prompt": 5, "completion": "y"})", {"prompt: expected a string (text) or a list"}},
+      {R"({"prompt": [{"role": "user", "content": "x"}], "completion": "y"})",
+       {"completion: expected a list of one assistant message"}},
+      {R"({"prompt": [{"role": "user", "content": "x"}], "completion": [{"role": "user", "content": "y"}]})",
+       {"completion[0].role", "the assistant's reply"}},
+      {R"({"prompt": [{"role": "user", "content": "x"}], "completion": [{"role": "assistant", "content": "y"}, {"role": "user", "content": "z"}]})",
+       {"completion: has 2 messages"}},
+      {R"({"prompt": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "completion": [{"role": "assistant", "content": "z"}]})",
+       {"prompt", "must end with a user message"}},
       {R"({})", {"unknown layout", "empty object"}},
       {R"({"input_ids": [1, 999]})", {"input_ids: entry 1 is 999", "[0, 259)"}},
       {R"({"input_ids": [1, -100]})", {"input_ids: entry 1 is -100"}},
@@ -762,7 +1117,16 @@ TEST_CASE("the token cache round-trips and is reused only for the same inputs", 
     other.skip_bad_lines = false;
     keys.insert(dataset_cache_path(cache_dir, path, tok, other));
     keys.insert(dataset_cache_path(cache_dir, path, RenamedByteTokenizer(), o));
-    CHECK(keys.size() == 6);
+    other = o;
+    other.completion_only_loss = false;
+    keys.insert(dataset_cache_path(cache_dir, path, tok, other));
+    other = o;
+    other.assistant_only_loss = false;
+    keys.insert(dataset_cache_path(cache_dir, path, tok, other));
+    other = o;
+    other.text_field = "content";
+    keys.insert(dataset_cache_path(cache_dir, path, tok, other));
+    CHECK(keys.size() == 9);
     // The key is the content's: a copy elsewhere (same name) reuses the tokens.
     const std::string copy = dir + "/copy/train.jsonl";
     fs::create_directories(dir + "/copy");

@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 
 #include <fmt/format.h>
@@ -61,6 +62,52 @@ std::string model_copy(const std::string& tag) {
   fs::copy_file(fixture("models/llama/model.safetensors"), dir + "/model.safetensors");
   return dir;
 }
+
+// An environment variable set for a scope (the variable unset after).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+// This process's address space capped at what it maps now plus `headroom` for a scope: an
+// allocation beyond fails at once in the allocator (as on a host without that much memory)
+// instead of being granted and touched, which would push a CI machine into swap or the OOM
+// killer when a refusal regresses.
+class AddressSpaceCap {
+ public:
+  explicit AddressSpaceCap(double headroom) {
+    std::ifstream status("/proc/self/status");
+    std::string key;
+    double vm_kib = 0;
+    while (status >> key) {
+      if (key == "VmSize:") {
+        status >> vm_kib;
+        break;
+      }
+      status.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+    }
+    REQUIRE(vm_kib > 0);
+    REQUIRE(::getrlimit(RLIMIT_AS, &saved_) == 0);
+    rlimit cap = saved_;
+    cap.rlim_cur = static_cast<rlim_t>(vm_kib * 1024 + headroom);
+    if (saved_.rlim_max != RLIM_INFINITY) cap.rlim_cur = std::min(cap.rlim_cur, saved_.rlim_max);
+    REQUIRE(::setrlimit(RLIMIT_AS, &cap) == 0);
+  }
+  ~AddressSpaceCap() { ::setrlimit(RLIMIT_AS, &saved_); }
+  AddressSpaceCap(const AddressSpaceCap&) = delete;
+  AddressSpaceCap& operator=(const AddressSpaceCap&) = delete;
+
+ private:
+  rlimit saved_{};
+};
 
 std::vector<std::string> run_flags(const std::string& dir, const std::vector<std::string>& extra) {
   return test::tiny_run_flags(dir,
@@ -402,8 +449,12 @@ TEST_CASE("a checkpoint mixing pieces of different saves is refused, naming them
   files::write_atomic(twice + "/layout.json", layout);
   for (const char* name : {"rank-00000-of-00002", "rank-00001-of-00002"})
     fs::copy_file(four + shard, twice + "/optimizer/" + name + ".safetensors");
-  CHECK_THAT(merge_error(twice), Contains("rank-00000-of-00002") &&
-                                     Contains("rank-00001-of-00002") && Contains("overlap"));
+  // Both files carry this save's id: the pieces are said to overlap, not to be another save's.
+  const std::string overlapping = merge_error(twice);
+  CHECK_THAT(overlapping, Contains("rank-00000-of-00002") && Contains("rank-00001-of-00002") &&
+                              Contains("overlapping pieces of 'lm_head.weight'"));
+  CHECK_THAT(overlapping, !Contains("different saves"));
+  CHECK_THAT(resume_error(twice), Contains("overlapping") && !Contains("different saves"));
   // Counters beyond any run (2^60 steps) are refused, never wrapped into a negative step.
   const std::string far = dir + "/out/checkpoint-43";
   fs::copy(four, far, fs::copy_options::recursive);
@@ -449,7 +500,8 @@ TEST_CASE("a run that fails before it starts leaves nothing; a cancelled one say
   {
     Trainer early(args, comm);
     early.cancel();
-    CHECK_THROWS_MATCHES(early.train(), CancelledError, Has({"before any checkpoint"}));
+    CHECK_THROWS_MATCHES(early.train(), CancelledError,
+                         Has({"before the first step: no checkpoint was saved"}));
   }
   // Cancelled after checkpoint-2: named, with the flag that continues from it.
   TrainerCallbacks cb;
@@ -704,4 +756,75 @@ TEST_CASE(
         }) == ZT_ERR_IO);
   CHECK(status([] { throw IoError("x"); }) == ZT_ERR_IO);
   CHECK(status([] { throw 42; }) == ZT_ERR_INTERNAL);
+}
+
+TEST_CASE("merge refuses an adapter tensor with no place in the model, as loading it does",
+          "[hostile][merge]") {
+  // The fixture's LoRA adapter (r 4 on q_proj, v_proj, down_proj of the tiny llama) plus one
+  // tensor more: of a layer the model does not have, or of a projection it does not target.
+  // Merge reads by the model's names: before, the first was dropped without a word and the
+  // second folded in although train refuses the file.
+  MergeOptions options;
+  options.base_model = fixture("models/llama");
+  for (const char* stray : {"base_model.model.model.layers.9.self_attn.q_proj.lora_A.weight",
+                            "base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight"}) {
+    INFO(stray);
+    const std::string dir = test::temp_dir("stray_adapter");
+    fs::copy_file(fixture("peft/lora/adapter_config.json"), dir + "/adapter_config.json");
+    SafetensorsFile original(fixture("peft/lora/adapter_model.safetensors"));
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const std::string& name : original.names())
+      tensors.emplace_back(name, original.load(name));
+    const at::Tensor like =
+        original.load("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+    tensors.emplace_back(stray, at::zeros_like(like));
+    save_safetensors(dir + "/adapter_model.safetensors", tensors);
+    const std::vector<std::string> says = {dir + "/adapter_model.safetensors", stray,
+                                           "has no place in this model"};
+    CHECK_THROWS_MATCHES(merge_checkpoint(dir, dir + "_merged", options), IoError, Has(says));
+    CHECK_FALSE(fs::exists(dir + "_merged"));  // refused before anything is written
+    auto model = std::make_shared<CausalLM>(load_model_config(fixture("models/llama")),
+                                            at::TensorOptions(), /*allocate=*/false);
+    CHECK_THROWS_MATCHES(load_adapter(*model, dir, /*trainable=*/true), IoError, Has(says));
+  }
+}
+
+TEST_CASE("a model beyond the host's available memory is refused before anything is allocated",
+          "[hostile][memory]") {
+  // About 1.09B parameters: 4.1 GiB of fp32 weights, within any test machine's whole memory (the
+  // trainer's first check passes), but full fine-tuning on the CPU also keeps their gradients and
+  // Adam's two moments: about 16 GiB in all. Before, the engine began allocating it and ended
+  // in the allocator's "enforce fail at alloc_cpu.cpp" (or the OOM killer).
+  const std::string dir = test::temp_dir("host_memory");
+  test::write_data(dir, "train.jsonl", 4, 25);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  TrainingArguments args;
+  apply_training_flags(args, {"--model_config", R"({"model_type": "llama", "vocab_size": 32000,
+      "hidden_size": 2048, "intermediate_size": 5504, "num_hidden_layers": 19,
+      "num_attention_heads": 16})",
+                              "--train_file", dir + "/train.jsonl", "--output_dir", dir + "/out",
+                              "--max_steps", "1"});
+  // Whatever happens, nothing here may take more than 2 GiB: a regression fails in the allocator.
+  const AddressSpaceCap cap(2.0 * (1 << 30));
+  {
+    // The host's available memory stood in for (8 GiB), so that the refusal is the same on
+    // every machine.
+    const ScopedEnv available("ZT_TEST_HOST_AVAILABLE_BYTES", "8589934592");
+    CHECK_THROWS_MATCHES(
+        Trainer(args, comm), OutOfMemoryError,
+        Has({"ZeRO stage 0 over 1 rank", "1.09B trainable elements", "optimizer state",
+             "GiB of weights in Float", "on the host", "8.0 GiB free", "--finetuning_type lora"}));
+  }
+  // What the check cannot foresee (here: the host claimed to have room, the cap says otherwise)
+  // still ends as OutOfMemoryError naming what was allocated, never LibTorch's enforce text.
+  const ScopedEnv roomy("ZT_TEST_HOST_AVAILABLE_BYTES", "1e15");
+  try {
+    Trainer trainer(args, comm);
+    FAIL("16 GiB were allocated under a 2 GiB cap");
+  } catch (const OutOfMemoryError& e) {
+    const std::string m = e.what();
+    CHECK_THAT(m, Contains("allocating this rank's optimizer state and weights") &&
+                      Contains("could not allocate") && Contains("--finetuning_type lora"));
+    CHECK_THAT(m, !Contains("enforce fail") && !Contains("DefaultCPUAllocator"));
+  }
 }

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -198,7 +199,8 @@ TEST_CASE("preference pairs from TRL's and LLaMA-Factory's layouts: prompt maske
                         "\n");
     DatasetStats cut_stats;
     Dataset cut = tokenize_preference_jsonl(dir + "/cut.jsonl", *tok, short_o, &cut_stats);
-    CHECK(cut_stats.identical_pairs == 1);
+    CHECK(cut_stats.cut_identical_pairs == 1);
+    CHECK(cut_stats.identical_pairs == 0);
     CHECK(cut.size() == 2);
     // Nothing usable: an error that says why.
     files::write_atomic(dir + "/none.jsonl",
@@ -256,6 +258,101 @@ TEST_CASE("preference pairs from TRL's and LLaMA-Factory's layouts: prompt maske
       CHECK_THROWS_WITH(tokenize_preference_jsonl(dir + "/bad.jsonl", *tok, o),
                         Contains("bad.jsonl:2") && Contains(key));
     }
+  }
+}
+
+TEST_CASE("each dropped pair or KTO record is counted under what dropped it, in its own units",
+          "[preference][data][counts]") {
+  auto tok = load_tokenizer(fixture("tokenizers/qwen2"), 1 << 30);
+  const std::string dir = test::temp_dir("pref-counts");
+  DataOptions o;
+  o.preference = true;
+  o.template_name = "chatml";
+  o.max_length = 512;
+  const std::string kept = R"({"prompt": "Q", "chosen": " yes", "rejected": " no"})";
+
+  SECTION("before the cut: identical or empty answers; after it: what max_length did") {
+    files::write_atomic(dir + "/pairs.jsonl",
+                        kept + "\n" +
+                            R"({"prompt": "Q", "chosen": " same", "rejected": " same"})"
+                            "\n"
+                            R"({"prompt": "Q", "chosen": " yes indeed", "rejected": " yes no"})"
+                            "\n"
+                            R"({"prompt": "Q", "chosen": "", "rejected": " no"})"
+                            "\n");
+    // 1 token past the prompt: " yes indeed" and " yes no" both keep " yes".
+    DataOptions cut = o;
+    cut.max_length = static_cast<int64_t>(tok->encode("Q").size()) + 1;
+    DatasetStats stats;
+    test::LogCapture log;
+    const Dataset d = tokenize_preference_jsonl(dir + "/pairs.jsonl", *tok, cut, &stats);
+    CHECK(d.size() == 2);
+    CHECK(stats.examples == 2);  // sequences: 1 pair
+    CHECK(stats.dropped_examples == 6);
+    CHECK(stats.identical_pairs == 1);
+    CHECK(stats.cut_identical_pairs == 1);
+    CHECK(stats.empty_answers == 1);
+    CHECK(stats.long_prompts == 0);
+    CHECK(log.contains(fmt::format(
+        "dropped 3 of 4 preference pair(s), which no loss can learn from: 1 with identical "
+        "chosen and rejected answers, 1 with an empty answer, 1 whose answers max_length {} cuts "
+        "to the same sequence",
+        cut.max_length)));
+
+    // keep_end: answers that differ only in what the cut takes from their start.
+    files::write_atomic(dir + "/ends.jsonl",
+                        kept + "\n" +
+                            R"({"prompt": "Q", "chosen": " yes indeed", "rejected": " no indeed"})"
+                            "\n");
+    DataOptions end = o;
+    end.truncation_mode = "keep_end";
+    end.max_length = static_cast<int64_t>(tok->encode(" indeed").size()) + 1;  // and eos
+    DatasetStats end_stats;
+    tokenize_preference_jsonl(dir + "/ends.jsonl", *tok, end, &end_stats);
+    CHECK(end_stats.cut_identical_pairs == 1);
+    CHECK(end_stats.identical_pairs == 0);
+  }
+
+  SECTION("keep_end leaving no answer token is counted apart from a prompt filling max_length") {
+    // llama3_original writes the next assistant header after the answer: its last tokens.
+    auto llama = load_tokenizer(fixture("tokenizers/llama3"), 1 << 30);
+    files::write_atomic(
+        dir + "/chat.jsonl",
+        R"({"prompt": [{"role": "user", "content": "Q"}], "chosen": [{"role": "assistant", "content": "yes"}], )"
+        R"("rejected": [{"role": "assistant", "content": "no"}]})"
+        "\n");
+    DataOptions end = o;
+    end.template_name = "llama3_original";
+    end.truncation_mode = "keep_end";
+    end.max_length = 2;
+    DatasetStats stats;
+    CHECK_THROWS_WITH(tokenize_preference_jsonl(dir + "/chat.jsonl", *llama, end, &stats),
+                      Contains("1 whose last 2 tokens (keep_end) hold no answer token"));
+    DataOptions start = end;
+    start.truncation_mode = "keep_start";
+    CHECK_THROWS_WITH(tokenize_preference_jsonl(dir + "/chat.jsonl", *llama, start),
+                      Contains("1 whose prompt alone fills max_length 2"));
+  }
+
+  SECTION("KTO: records dropped, with the examples they held") {
+    o.kto = true;
+    files::write_atomic(dir + "/kto.jsonl",
+                        R"({"prompt": "Hi", "completion": " there", "label": true})"
+                        "\n"
+                        R"({"prompt": "Q", "chosen": " same", "rejected": " same"})"
+                        "\n"
+                        R"({"prompt": "Hi", "completion": "", "label": false})"
+                        "\n");
+    DatasetStats stats;
+    test::LogCapture log;
+    const Dataset d = tokenize_preference_jsonl(dir + "/kto.jsonl", *tok, o, &stats);
+    CHECK(d.size() == 2);  // 1 example and its KL sequence
+    CHECK(stats.examples == 2);
+    CHECK(stats.dropped_examples == 6);  // 3 examples, each with its KL sequence
+    CHECK(
+        log.contains("dropped 2 of 3 KTO record(s) (3 KTO examples), which no loss can learn "
+                     "from: 1 with identical chosen and rejected answers, 1 with an empty "
+                     "answer"));
   }
 }
 
@@ -893,6 +990,66 @@ TEST_CASE("a frozen reference model, sharded as the policy, scores as the precom
   CHECK(st.loss == Approx(std::log(2.0)).epsilon(1e-6));
 }
 
+TEST_CASE("the reference of every adapter method is the model the run starts from",
+          "[preference][trainer][reference]") {
+  // DPO's and KTO's reference is the model as the run starts. At the first step the policy is
+  // that model, so every reward is 0 (DPO's loss log 2, KTO's kl 0) whatever the method: PiSSA
+  // (its base holds the residual: adapters off is not the start), over a 4-bit base too, an
+  // adapter continued from a folder, P-Tuning's and prefix tuning's first virtual tokens, and
+  // plain LoRA and DoRA. Online and precomputed alike; and the online reference equals the
+  // precomputed table at every later step, where adapters off would keep a trained module of
+  // modules_to_save as trained. One rank, in process; tolerance: fp32 sums of a tiny model.
+  const std::string dir = test::temp_dir("reference-starts");
+  write_pairs(dir, "train.jsonl", 16, 7);
+  const std::string feedback = write_feedback(dir, "feedback.jsonl", 16, 7);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  auto flags = [&](const std::string& out, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--output_dir", dir + "/" + out, "--max_steps", "3",
+                               "--per_device_train_batch_size", "4"});
+    TrainingArguments args;
+    apply_training_flags(args, dpo_flags(dir, extra));
+    return args;
+  };
+  // The adapter to continue: a short LoRA run's (an SFT-then-DPO user's habit).
+  const std::string sft = test::write_data(dir, "sft.jsonl", 16, 7);
+  Trainer(flags("to-continue", {"--stage", "sft", "--train_file", sft}), comm).train();
+  struct Method {
+    const char* name;
+    std::vector<std::string> flags;
+  };
+  const Method methods[] = {
+      {"lora", {}},
+      {"dora", {"--use_dora", "true"}},
+      {"pissa", {"--pissa_init", "true", "--pissa_iter", "-1"}},
+      {"pissa-4bit", {"--pissa_init", "true", "--pissa_iter", "2", "--quantization_bit", "4"}},
+      {"saved-module", {"--lora_modules_to_save", "lm_head"}},
+      {"continued", {"--adapter_name_or_path", dir + "/to-continue"}},
+      {"ptuning", {"--finetuning_type", "ptuning", "--num_virtual_tokens", "4"}},
+      {"prefix", {"--finetuning_type", "prefix", "--num_virtual_tokens", "4"}},
+  };
+  for (const Method& m : methods) {
+    for (const char* stage : {"dpo", "kto"}) {
+      std::map<std::string, std::map<int64_t, double>> online;
+      for (const char* precompute : {"false", "true"}) {
+        INFO(m.name << ", " << stage << ", precompute_ref_log_probs " << precompute);
+        const std::string out = fmt::format("{}-{}-{}", m.name, stage, precompute);
+        std::vector<std::string> extra = m.flags;
+        extra.insert(extra.end(), {"--stage", stage, "--precompute_ref_log_probs", precompute});
+        if (std::string(stage) == "kto") extra.insert(extra.end(), {"--train_file", feedback});
+        Trainer(flags(out, extra), comm).train();
+        const std::string path = dir + "/" + out;
+        CHECK(test::logged(path, "rewards/chosen").at(1) == Approx(0.0).margin(1e-6));
+        if (std::string(stage) == "dpo") {
+          CHECK(test::logged(path, "loss").at(1) == Approx(std::log(2.0)).epsilon(1e-6));
+        } else {
+          CHECK(test::logged(path, "kl").at(1) == Approx(0.0).margin(1e-6));
+        }
+        compare_logged(online, path, {"loss", "rewards/chosen", "rewards/rejected"}, 1e-6);
+      }
+    }
+  }
+}
+
 TEST_CASE("rpo_alpha adds the chosen answers' token-mean NLL over the global batch",
           "[preference][trainer]") {
   // At the first step the policy is the reference: DPO's loss is log 2 exactly, and with
@@ -966,6 +1123,38 @@ TEST_CASE("train_preference_step: the host's pairs give the steps train() gives"
                     Contains("no scored answer token"));
   CHECK_THROWS_WITH(host.train_preference_step(ids + 1000, labels, ids, labels),
                     Contains("chosen_ids") && Contains("outside the vocabulary"));
+}
+
+TEST_CASE("a preference run counts its data in pairs or KTO examples, each drop by its cause",
+          "[preference][trainer][counts]") {
+  const std::string dir = test::temp_dir("pref-run-counts");
+  const std::string path = write_pairs(dir, "train.jsonl", 8, 1);
+  std::ofstream(path, std::ios::app)
+      << R"({"instruction": "Same?", "chosen": "yes", "rejected": "yes"})"
+         "\n"
+         R"({"instruction": "Empty?", "chosen": "", "rejected": "no"})"
+         "\n";
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  for (const char* stage : {"dpo", "kto"}) {
+    INFO(stage);
+    const bool kto = std::string(stage) == "kto";
+    TrainingArguments args;
+    apply_training_flags(args, dpo_flags(dir, {"--stage", stage, "--max_steps", "1", "--output_dir",
+                                               dir + "/" + stage}));
+    test::LogCapture log;
+    Trainer(args, comm).train();
+    // 8 pairs kept (16 sequences); read as KTO data the 10 pair records are 20 examples, of
+    // which 16 are kept, each with its KL sequence.
+    CHECK(log.contains(fmt::format("training data '{}': {}", path,
+                                   kto ? "16 KTO examples, each with its KL sequence (32 sequences)"
+                                       : "8 pairs (16 sequences)")));
+    CHECK(log.contains(kto ? "; 2 KTO records (4 KTO examples) dropped: 1 with identical chosen "
+                             "and rejected answers, 1 with an empty answer"
+                           : "; 2 pairs dropped: 1 with identical chosen and rejected answers, 1 "
+                             "with an empty answer"));
+    CHECK_FALSE(log.contains("dropped by truncation"));
+    CHECK(log.contains(kto ? "num KTO examples = 16" : "num pairs = 8"));
+  }
 }
 
 TEST_CASE("stage dpo: settings it cannot honour are refused, naming the option",

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <tuple>
+#include <variant>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -18,11 +19,15 @@
 
 #include <set>
 
+#include "config/training_options.hpp"
 #include "model/quantized_weights.hpp"
 #include "peft/init_sources.hpp"
 #include "peft/linear_adapters.hpp"
 #include "support/jobs.hpp"
+#include "support/messages.hpp"
 #include "support/ranks.hpp"
+#include "train/reporting.hpp"
+#include "train/resume_check.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "zerotrain/build_config.hpp"
@@ -151,6 +156,182 @@ TEST_CASE("a run stopped and resumed gives the uninterrupted run's losses",
     REQUIRE(got.count(step));
     CHECK(got.at(step) == Approx(want.at(step)).epsilon(1e-6));
   }
+}
+
+namespace {
+
+// A value of option `o` other than `now` (its JSON rendering in training_args.json), valid for
+// the option's type, choices and range; "" when the option has no other value.
+std::string other_value(const config::Option& o, const rapidjson::Value& now) {
+  return std::visit(
+      [&](auto m) -> std::string {
+        using V = std::decay_t<decltype(TrainingArguments().*m)>;
+        if constexpr (std::is_same_v<V, bool> || std::is_same_v<V, std::optional<bool>>) {
+          return now.IsBool() && now.GetBool() ? "false" : "true";
+        } else if constexpr (std::is_same_v<V, std::string>) {
+          const std::string current = now.IsString() ? now.GetString() : "";
+          for (const std::string& c : o.choices) {
+            if (c != current) return c;
+          }
+          return current + "x";
+        } else {
+          const double v = now.IsNumber() ? now.GetDouble() : o.range.min;
+          for (double candidate : {v + 1, v / 2, v * 2, o.range.min, o.range.max}) {
+            if (candidate != v && o.range.contains(candidate)) return fmt::format("{}", candidate);
+          }
+          return "";
+        }
+      },
+      o.member);
+}
+
+}  // namespace
+
+TEST_CASE("resume compares every recorded option that says what the model or data is",
+          "[trainer][checkpoint][resume]") {
+  // Over the whole option table: the run that wrote a checkpoint recorded its arguments. For
+  // each option, a resumed run that gives another value is refused naming the option and both
+  // values, unless the option is on the declared list of those that may change; one that does
+  // not give it takes the recorded value, with a line saying so. Spellings of one setting are
+  // compared by meaning: load_in_4bit with bnb_4bit_quant_type nf4 and double quant is
+  // quantization_bit 4's base.
+  const std::string dir = test::temp_dir("resume-options");
+  const std::vector<std::string> run = {
+      "--model_config",     kTinyModel,   "--train_file",      dir + "/train.jsonl",
+      "--output_dir",       dir + "/out", "--finetuning_type", "lora",
+      "--quantization_bit", "4",          "--stage",           "dpo",
+      "--template",         "alpaca"};
+  TrainingArguments recorded;
+  apply_training_flags(recorded, run);
+  const std::string checkpoint = dir + "/out/checkpoint-4";
+  fs::create_directories(checkpoint);
+  files::write_atomic(
+      checkpoint + "/training_args.json",
+      fmt::format(R"({{"training_arguments": {}}})", training_arguments_json(recorded)));
+  rapidjson::Document doc;
+  doc.Parse(training_arguments_json(recorded).c_str());
+  const std::vector<std::string>& may_change = train::options_resume_may_change();
+  std::set<const void*> seen;
+  int refused = 0, allowed = 0;
+  for (const config::Option& o : config::options()) {
+    const std::string name = o.name;
+    if (!doc.HasMember(o.name)) continue;  // an alias: its member is recorded under another name
+    const std::string alt = other_value(o, doc[o.name]);
+    if (alt.empty()) continue;
+    INFO("--" << name << " " << alt);
+    TrainingArguments resumed;
+    std::vector<std::string> flags = run;
+    flags.insert(flags.end(), {"--" + name, alt});
+    try {
+      apply_training_flags(resumed, flags);
+    } catch (const ConfigError&) {
+      continue;  // the value contradicts another option: a run could not have been given it
+    }
+    const bool may = std::find(may_change.begin(), may_change.end(), name) != may_change.end();
+    if (name.find("quant") != std::string::npos || name.find("4bit") != std::string::npos ||
+        name.find("8bit") != std::string::npos || name.find("pissa") != std::string::npos ||
+        name == "init_lora_weights") {
+      continue;  // spellings of the base and of the adapter's start: compared by meaning, below
+    }
+    if (may) {
+      CHECK_NOTHROW(train::reconcile_resumed_arguments(resumed, checkpoint,
+                                                       train::ResumeDifferences::kTakeRecorded));
+      ++allowed;
+    } else {
+      CHECK_THROWS_AS(train::reconcile_resumed_arguments(resumed, checkpoint,
+                                                         train::ResumeDifferences::kTakeRecorded),
+                      ConfigError);
+      try {
+        train::reconcile_resumed_arguments(resumed, checkpoint,
+                                           train::ResumeDifferences::kTakeRecorded);
+      } catch (const ConfigError& e) {
+        CHECK_THAT(e.what(), Contains("training_args.json") && Contains(" is "));
+      }
+      ++refused;
+    }
+  }
+  CHECK(refused >= 30);  // the table's model and data options, each tried
+  CHECK(allowed >= 40);
+  // Not given: the recorded value is taken and said — the QLoRA base, the stage, the template.
+  TrainingArguments bare;
+  apply_training_flags(bare, {"--model_config", kTinyModel, "--train_file", dir + "/train.jsonl",
+                              "--output_dir", dir + "/out", "--finetuning_type", "lora"});
+  const std::vector<std::string> said =
+      train::reconcile_resumed_arguments(bare, checkpoint, train::ResumeDifferences::kTakeRecorded);
+  CHECK(bare.quantization_bit == 4);
+  CHECK(bare.stage == "dpo");
+  CHECK(bare.template_name == "alpaca");
+  CHECK(said.size() >= 3);
+  // Another spelling of the same 4-bit base is the same; another base type is not.
+  TrainingArguments spelled;
+  apply_training_flags(
+      spelled, {"--model_config", kTinyModel, "--train_file", dir + "/train.jsonl", "--output_dir",
+                dir + "/out", "--finetuning_type", "lora", "--stage", "dpo", "--template", "alpaca",
+                "--load_in_4bit", "true", "--bnb_4bit_quant_type", "nf4",
+                "--bnb_4bit_use_double_quant", "true"});
+  CHECK_NOTHROW(train::reconcile_resumed_arguments(spelled, checkpoint,
+                                                   train::ResumeDifferences::kTakeRecorded));
+  TrainingArguments fp4 = spelled;
+  apply_training_flags(fp4, {"--bnb_4bit_quant_type", "fp4"});
+  CHECK_THROWS_WITH(
+      train::reconcile_resumed_arguments(fp4, checkpoint, train::ResumeDifferences::kTakeRecorded),
+      Contains("quantization") && Contains("fp4") && Contains("nf4"));
+  TrainingArguments pissa = spelled;
+  apply_training_flags(pissa, {"--pissa_init", "true"});
+  CHECK_THROWS_WITH(train::reconcile_resumed_arguments(pissa, checkpoint,
+                                                       train::ResumeDifferences::kTakeRecorded),
+                    Contains("init_lora_weights") && Contains("pissa"));
+  // Trainer::load_checkpoint cannot take a value (the model is built): it refuses.
+  TrainingArguments later = bare;
+  later.quantization_bit = 0;
+  CHECK_THROWS_WITH(
+      train::reconcile_resumed_arguments(later, checkpoint, train::ResumeDifferences::kRefuse),
+      Contains("quantization"));
+}
+
+TEST_CASE("a QLoRA run resumed without --quantization_bit trains on over its 4-bit base",
+          "[trainer][checkpoint][resume]") {
+  // The reported fault: the resumed run trained the full-precision base without a word. Now
+  // it takes the recorded base (and says so), records it, and continues the uninterrupted run.
+  const std::string whole = test::temp_dir("qlora-whole"), parts = test::temp_dir("qlora-parts");
+  for (const std::string& d : {whole, parts}) write_data(d, "train.jsonl", 40, 1);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  const std::vector<std::string> qlora{
+      "--finetuning_type",   "lora",    "--lora_r", "4", "--quantization_bit", "4",
+      "--lr_scheduler_type", "constant"};
+  auto flags = [&](const std::string& d, std::vector<std::string> extra) {
+    TrainingArguments a;
+    apply_training_flags(a, run_flags(d, extra));
+    return a;
+  };
+  Trainer(flags(whole, qlora), comm).train();
+  {
+    std::vector<std::string> first = qlora;
+    first.insert(first.end(), {"--max_steps", "4"});
+    Trainer(flags(parts, first), comm).train();
+  }
+  {
+    test::LogCapture log;
+    Trainer(flags(parts, {"--finetuning_type", "lora", "--lora_r", "4", "--lr_scheduler_type",
+                          "constant", "--resume_from_checkpoint", "True"}),
+            comm)
+        .train();
+    CHECK(log.contains("resume: quantization 4-bit nf4"));
+  }
+  const std::string recorded = files::read_text(parts + "/out/training_args.json");
+  CHECK_THAT(recorded, Contains("\"quantization_bit\": 4"));
+  const auto want = logged_losses(whole + "/out"), got = logged_losses(parts + "/out");
+  for (int64_t step = 5; step <= 8; ++step) {
+    INFO("step " << step);
+    REQUIRE(got.count(step));
+    CHECK(got.at(step) == Approx(want.at(step)).epsilon(1e-6));
+  }
+  // Given explicitly, another base is refused, naming both.
+  CHECK_THROWS_WITH(
+      Trainer(flags(parts, {"--finetuning_type", "lora", "--lora_r", "4",
+                            "--resume_from_checkpoint", "True", "--quantization_bit", "0"}),
+              comm),
+      Contains("quantization") && Contains("none") && Contains("nf4"));
 }
 
 TEST_CASE("updates inside backward train and resume as updates in step() do",
@@ -1028,6 +1209,129 @@ TEST_CASE("a run stopped in its second epoch resumes to the uninterrupted run's 
       }
     }
   }
+}
+
+namespace {
+
+// Every record of out_dir/trainer_log.jsonl as [step, kind] ("loss", "eval_loss" or
+// "train_loss": a training, evaluation or summary record), in file order.
+std::vector<std::pair<int64_t, std::string>> log_records(const std::string& out_dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::istringstream lines(files::read_text(out_dir + "/trainer_log.jsonl"));
+  for (std::string line; std::getline(lines, line);) {
+    rapidjson::Document r;
+    r.Parse(line.c_str());
+    REQUIRE(r.IsObject());
+    const char* kind = r.HasMember("loss")        ? "loss"
+                       : r.HasMember("eval_loss") ? "eval_loss"
+                                                  : "train_loss";
+    out.emplace_back(r["step"].GetInt64(), kind);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a resumed run's train_loss covers the whole run, and its log holds each record once",
+          "[trainer][checkpoint][counts]") {
+  // Logged every 2 steps, saved every 3, stopped after step 5: checkpoint-3 holds step 3 in an
+  // open window, and the stopped run had logged step 4 past it.
+  const std::string whole = test::temp_dir("loss_whole"), parts = test::temp_dir("loss_parts");
+  for (const std::string& d : {whole, parts}) {
+    write_data(d, "train.jsonl", 24, 7);
+    write_data(d, "eval.jsonl", 6, 8);
+  }
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  auto args_for = [&](const std::string& dir, std::vector<std::string> extra) {
+    extra.insert(extra.end(),
+                 {"--logging_steps", "2", "--save_steps", "3", "--eval_file", dir + "/eval.jsonl",
+                  "--eval_strategy", "steps", "--eval_steps", "3", "--eval_on_start", "true"});
+    TrainingArguments args;
+    apply_training_flags(args, run_flags(dir, extra));
+    return args;
+  };
+  const TrainResult want = Trainer(args_for(whole, {}), comm).train();
+  {
+    TrainerCallbacks callbacks;
+    Trainer* self = nullptr;
+    callbacks.on_progress = [&](const Progress& p) {
+      if (p.step == 5) self->cancel();
+    };
+    Trainer stopped(args_for(parts, {}), comm, callbacks);
+    self = &stopped;
+    CHECK_THROWS_AS(stopped.train(), CancelledError);
+  }
+  REQUIRE(list_checkpoints(parts + "/out").back().step == 3);
+  const TrainResult got =
+      Trainer(args_for(parts, {"--resume_from_checkpoint", "True"}), comm).train();
+  REQUIRE(got.global_step == 8);
+  // The resumed run's steps are the uninterrupted run's (windows 5-6 and 7-8 log the same).
+  const auto whole_losses = test::logged_losses(whole + "/out");
+  const auto part_losses = test::logged_losses(parts + "/out");
+  for (int64_t step : {6, 8}) CHECK(part_losses.at(step) == whole_losses.at(step));
+  // train_loss: the mean step loss of all 8 steps, in the result and the summary record. A
+  // window sums its steps in fp32 on the device, and the windows group the steps differently:
+  // up to 8 roundings of 2^-24 apart.
+  CHECK(got.train_loss == Approx(want.train_loss).epsilon(1e-6));
+  CHECK(test::logged(parts + "/out", "train_loss").at(8) == Approx(want.train_loss).epsilon(1e-6));
+  // Each record once, in step order: the stopped run's records past step 3 are gone, the
+  // evaluation at step 3 (in the checkpoint) is not repeated by eval_on_start, and the
+  // summary is written once.
+  const std::vector<std::pair<int64_t, std::string>> records = log_records(parts + "/out");
+  CHECK(records == log_records(whole + "/out"));
+  CHECK(records == std::vector<std::pair<int64_t, std::string>>{{0, "eval_loss"},
+                                                                {2, "loss"},
+                                                                {3, "eval_loss"},
+                                                                {4, "loss"},
+                                                                {6, "loss"},
+                                                                {6, "eval_loss"},
+                                                                {8, "loss"},
+                                                                {8, "eval_loss"},
+                                                                {8, "train_loss"}});
+  // trainer_state.json's history is the same records.
+  rapidjson::Document state;
+  state.Parse(files::read_text(parts + "/out/trainer_state.json").c_str());
+  CHECK(state["log_history"].Size() == records.size());
+}
+
+TEST_CASE("a checkpoint without the saved run loss resumes with the loss of its log history",
+          "[trainer][checkpoint][counts]") {
+  const std::string dir = test::temp_dir("loss_legacy");
+  write_data(dir, "train.jsonl", 24, 7);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  TrainingArguments args;
+  apply_training_flags(args, run_flags(dir, {"--logging_steps", "3", "--save_steps", "4"}));
+  Trainer(args, comm).train();
+  const std::string checkpoint = dir + "/out/checkpoint-4";
+  const train::TrainerState saved = train::read_trainer_state(checkpoint);
+  CHECK(saved.train_loss_steps == 4);  // the steps of the window open at step 4 included
+  // As a checkpoint written before the sum was saved: from the records, the window of steps
+  // 1-3 (its loss is their mean).
+  std::string text = files::read_text(checkpoint + "/zerotrain_state.json");
+  for (const char* key : {"\"train_loss_sum\"", "\"train_loss_steps\""}) {
+    const size_t at = text.find(key);
+    REQUIRE(at != std::string::npos);
+    text.erase(at, text.find('\n', at) + 1 - at);
+  }
+  files::write_atomic(checkpoint + "/zerotrain_state.json", text);
+  const train::TrainerState legacy = train::read_trainer_state(checkpoint);
+  CHECK(legacy.train_loss_steps == 3);
+  CHECK(legacy.train_loss_sum == Approx(3 * test::logged_losses(dir + "/out").at(3)));
+}
+
+TEST_CASE("a run's data summary counts each dropped example under its cause", "[trainer][counts]") {
+  const std::string dir = test::temp_dir("sft-counts");
+  const std::string path = write_data(dir, "train.jsonl", 8, 3);
+  std::ofstream(path, std::ios::app) << R"({"input_ids": [5, 6, 7], "labels": [-100, -100, -100]})"
+                                        "\n";
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  TrainingArguments args;
+  apply_training_flags(args, run_flags(dir, {}));
+  test::LogCapture log;
+  Trainer trainer(args, comm);
+  CHECK(log.contains(fmt::format("training data '{}': 8 examples, ", path)));
+  CHECK(log.contains("; 1 example dropped: 1 without a trained token"));
+  CHECK_FALSE(log.contains("dropped by truncation"));
 }
 
 TEST_CASE("train_sampling_strategy sequential visits the file's order in every epoch",

@@ -24,23 +24,30 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: zerotrain verify MODEL_DIR (--prompt \"...\" | --compare PAIRS.jsonl) "
-    "[--template NAME | --raw] [--max_new_tokens N]\n\n"
+    "[--template NAME | --raw] [--max_new_tokens N] [--base_model DIR]\n\n"
     "Loads an HF model folder (or a PEFT adapter folder over its base model) and generates a "
     "reply.\n"
     "  --template NAME     the prompt template (default: the one the run recorded in MODEL_DIR,\n"
     "                      else the model's own chat format, else alpaca_zh)\n"
     "  --raw               send the prompt as it is, without a template\n"
     "  --max_new_tokens N  at most N new tokens [default: 64]\n"
+    "  --base_model DIR    an adapter's base model folder, in place of the one its\n"
+    "                      adapter_config.json names\n"
     "  --compare PAIRS     instead of generating, score preference pairs (docs/preference.md):\n"
     "                      how often the model finds the chosen answer more likely than the\n"
     "                      rejected one, and for an adapter how often its reward (log-prob\n"
-    "                      gain over the base) is larger\n";
+    "                      gain over the model the run started from, its DPO reference) is\n"
+    "                      larger\n"
+    "An adapter folder is scored as the run trained it: over its 4-bit base when it had one,\n"
+    "PiSSA over the residual its saved start (pissa_init/) leaves.\n";
 
 // --compare: the pairs of `path` tokenized as training tokenizes them (the template the run
-// recorded, else the model's own), scored by the model and, with adapters, by its base.
-int compare_pairs(CausalLM& model, const Tokenizer& tok, const std::string& path,
-                  const std::optional<std::string>& template_name, const std::string& dir,
-                  const std::string& model_dir) {
+// recorded, else the model's own), scored by the model and, for an adapter, by the model the
+// run started from (its reference in preference training).
+int compare_pairs(TrainedModel& trained, const Tokenizer& tok, const std::string& path,
+                  const std::optional<std::string>& template_name, const std::string& dir) {
+  CausalLM& model = *trained.model;
+  const std::string& model_dir = trained.base_dir;
   DataOptions o;
   o.preference = true;
   o.max_length = model.config().max_position_embeddings;
@@ -60,10 +67,20 @@ int compare_pairs(CausalLM& model, const Tokenizer& tok, const std::string& path
       "%zu pairs of %s (template %s): the model prefers the chosen answer in %.1f%% "
       "(mean log-prob margin %.3f)\n",
       policy.size(), path.c_str(), o.template_name.c_str(), 100.0 * prefers / n, margin / n);
-  if (model.prompt_adapter() != nullptr || dir != model_dir) {
-    model.set_adapters_enabled(false);
-    const std::vector<std::pair<double, double>> base = pair_log_probs(model, pairs, pad);
+  if (trained.adapter) {
+    // The start: its values swapped in (and back), the adapters off where it is the base.
+    swap_parameter_values(model, trained.start);
+    model.set_adapters_enabled(!trained.start_adapters_off);
+    std::vector<std::pair<double, double>> base;
+    try {
+      base = pair_log_probs(model, pairs, pad);
+    } catch (...) {
+      model.set_adapters_enabled(true);
+      swap_parameter_values(model, trained.start);
+      throw;
+    }
     model.set_adapters_enabled(true);
+    swap_parameter_values(model, trained.start);
     int accurate = 0;
     double reward_margin = 0;
     for (size_t i = 0; i < policy.size(); ++i) {
@@ -72,9 +89,8 @@ int compare_pairs(CausalLM& model, const Tokenizer& tok, const std::string& path
       reward_margin += m;
     }
     std::printf(
-        "against its base (adapters off): rewards/accuracies %.1f%%, mean reward margin %.3f "
-        "(beta 1)\n",
-        100.0 * accurate / n, reward_margin / n);
+        "against its start (%s): rewards/accuracies %.1f%%, mean reward margin %.3f (beta 1)\n",
+        trained.start_description.c_str(), 100.0 * accurate / n, reward_margin / n);
   }
   return 0;
 }
@@ -90,6 +106,7 @@ int cmd_verify(const Args& in) {
   std::optional<std::string> prompt = take_option(args, "prompt");
   std::optional<std::string> template_name = take_option(args, "template");
   const std::optional<std::string> compare = take_option(args, "compare");
+  const std::string base_model = take_option(args, "base_model").value_or("");
   const std::string max_text = take_option(args, "max_new_tokens").value_or("64");
   char* end = nullptr;
   errno = 0;
@@ -111,17 +128,15 @@ int cmd_verify(const Args& in) {
     throw ConfigError(std::string(kUsage).substr(0, std::string(kUsage).find('\n')));
   std::string dir = args[0];
   const ReadLock reading(dir);  // a checkpoint being read is kept by rotation
-  const bool adapter = std::filesystem::exists(dir + "/adapter_config.json");
-  const std::string base = adapter ? adapter_base_model(dir) : dir;
-  ModelConfig config = load_model_config(base);
-  CausalLM model(config, at::TensorOptions().dtype(at::kFloat), /*allocate=*/false);
-  load_weights(model, *checkpoint_source(base));
-  if (adapter) load_adapter(model, dir, /*trainable=*/false);
-  model.eval();
-  std::shared_ptr<Tokenizer> tok = load_tokenizer(adapter ? base : dir, config.vocab_size);
+  // The model the run trained, as it trained it: its 4-bit base, PiSSA's saved start, ...
+  TrainedModel trained = load_trained_model(dir, base_model);
+  CausalLM& model = *trained.model;
+  const ModelConfig& config = model.config();
+  const bool adapter = trained.adapter;
+  const std::string& base = trained.base_dir;
+  std::shared_ptr<Tokenizer> tok = load_tokenizer(base, config.vocab_size);
   check_tokenizer_fits(*tok, config.vocab_size);
-  if (compare)
-    return compare_pairs(model, *tok, *compare, template_name, dir, adapter ? base : dir);
+  if (compare) return compare_pairs(trained, *tok, *compare, template_name, dir);
   std::vector<int32_t> ids;
   std::string text = *prompt;
   if (raw) {

@@ -15,10 +15,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zerotrain/comm.hpp"
 #include "zerotrain/engine.hpp"
+#include "zerotrain/model.hpp"
 
 namespace zt {
 
@@ -145,5 +147,36 @@ struct MergeReport {
 /// collective.
 MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir,
                              const MergeOptions& options = {});
+
+/// The model a run trained, rebuilt from a folder it wrote (its output_dir, a checkpoint-<step>
+/// folder with adapter files, or an HF model folder) as the run trained it: for an adapter, its
+/// base as the run recorded it in training_args.json — a 4-bit base dequantized to the values
+/// the adapter was trained over, PiSSA's residual from the starting factors the run saved
+/// (pissa_init/) — with the adapter's trained values. fp32 on the CPU, in eval mode.
+struct TrainedModel {
+  std::shared_ptr<CausalLM> model;
+  std::string base_dir;  ///< the base model's folder (the folder itself for a whole model)
+  bool adapter = false;  ///< an adapter folder (LoRA, P-Tuning, prefix) over base_dir
+  std::optional<QuantizationConfig> quantization;  ///< the 4-bit base it trained over, if any
+  /// The model the run started from: `start_adapters_off` (the adapters switched off) with the
+  /// trainable values `start` swapped in (swap_parameter_values) — a new LoRA / DoRA adapter is
+  /// the base with its adapters off; PiSSA's start is its saved factors over the residual, a
+  /// continued adapter's the adapter it continued, a prompt adapter's its first virtual tokens
+  /// (from the recorded seed); a trained bias or module to save starts as the base has it.
+  bool start_adapters_off = false;
+  std::vector<std::pair<std::string, at::Tensor>> start;
+  std::string start_description;  ///< what the start is, for messages
+};
+
+/// load_trained_model's answer for `dir`; `base_model`, when given, replaces the adapter's
+/// base_model_name_or_path. IoError / ConfigError naming the file for a folder that is none of
+/// these or whose files disagree with the base. Not collective; the caller owns the model.
+TrainedModel load_trained_model(const std::string& dir, const std::string& base_model = "");
+
+/// Exchanges the values of `model`'s parameters named in `values` with those tensors (same
+/// shapes): called twice, everything is as it was. InvalidArgument naming a parameter the model
+/// lacks or one of another shape.
+void swap_parameter_values(torch::nn::Module& model,
+                           std::vector<std::pair<std::string, at::Tensor>>& values);
 
 }  // namespace zt

@@ -220,9 +220,23 @@ struct TrainingArguments {
   std::string resume_from_checkpoint;  ///< a checkpoint folder, or "True": newest in output_dir
   std::string train_file;              ///< JSONL
   std::string eval_file;               ///< JSONL
+  // LLaMA-Factory's data options (docs/data.md, "LLaMA-Factory's datasets"): names of
+  // dataset_dir/dataset_info.json, converted into the files train_file / eval_file name.
+  std::string dataset;               ///< comma list of dataset_info.json names (or data files)
+  std::string eval_dataset;          ///< the same, for evaluation
+  std::string dataset_dir = "data";  ///< the folder of dataset_info.json and the data files
+  /// Training records held out for evaluation: a share below 1, else a count.
+  double val_size = 0.0;
+  std::optional<int64_t> max_samples;  ///< the first N records of each dataset only
   std::string template_name = "auto";  ///< option "template": auto, or a name (docs/data.md)
   int64_t max_length = 1024;           ///< alias model_max_length
   bool train_on_prompt = false;
+  /// TRL's SFT options (docs/data.md): prompt-completion records train the completion only
+  /// (unset: true, TRL's None); messages records train the assistant replies only (unset:
+  /// true, zerotrain's default — TRL's is false); false trains every token of them.
+  std::optional<bool> completion_only_loss;
+  std::optional<bool> assistant_only_loss;
+  std::string dataset_text_field = "text";  ///< TRL: the key of plain-text records
   bool skip_bad_lines = false;
   bool group_by_length = false;
   /// transformers 5's sampler choice: random | sequential (no shuffling) | group_by_length.
@@ -384,8 +398,18 @@ std::vector<std::string> apply_training_flags(TrainingArguments& args,
 void apply_training_json(TrainingArguments& args, std::string_view json_object,
                          const std::string& source = "<string>");
 
-/// Applies the JSON object in the file `path` (`zerotrain train --options FILE.json`): a regular
-/// file of at most 64 MiB, else an IoError naming it.
+/// Applies a YAML mapping of the same names (LLaMA-Factory's config files), read through
+/// yaml-cpp into the values a JSON object would hold (docs/config.md gives the rules). Malformed,
+/// too deep or too large YAML is a ConfigError naming `source`, line and column.
+void apply_training_yaml(TrainingArguments& args, std::string_view yaml,
+                         const std::string& source = "<string>");
+
+/// Whether `path` ends in .yaml or .yml (an options file apply_training_file reads as YAML).
+bool is_yaml_path(const std::string& path);
+
+/// Applies the options in the file `path` (`zerotrain train CONFIG.yaml`, `--options
+/// FILE.json`): YAML for .yaml / .yml, else a JSON object; a regular file of at most 64 MiB,
+/// else an IoError naming it.
 void apply_training_file(TrainingArguments& args, const std::string& path);
 
 /// Throws ConfigError naming the first number outside its option's range (the table in

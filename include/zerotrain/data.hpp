@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,11 +24,26 @@ namespace zt {
 /// The label of a token that does not count in the loss (PyTorch's cross-entropy ignore_index).
 constexpr int32_t kIgnoreLabel = -100;
 
+/// Where a tokenization stands (DataOptions::on_progress): records taken so far and the bytes
+/// of the data file read for them, of `total_bytes`.
+struct TokenizeProgress {
+  int64_t records = 0;
+  int64_t bytes = 0, total_bytes = 0;
+};
+
 struct DataOptions {
   std::string template_name = "alpaca_zh";  ///< a template name (resolve_template resolves "auto")
   int64_t max_length = 1024;                ///< tokens per example; longer ones lose their end
   bool train_on_prompt = false;             ///< prompt tokens are trained too
   bool skip_bad_lines = false;              ///< skip (and count) malformed lines, do not fail
+  /// TRL's SFT options (docs/data.md). `completion_only_loss`: prompt-completion records train
+  /// the completion only (false: every token). `assistant_only_loss`: messages and
+  /// conversations records train the assistant replies only (false: every token). With
+  /// `train_on_prompt` every token trains whatever these say.
+  bool completion_only_loss = true;
+  bool assistant_only_loss = true;
+  /// TRL's dataset_text_field: the key of plain-text records (trained on every token).
+  std::string text_field = "text";
   /// Pre-tokenized lines' ids must be below this: the model's vocab_size (its embedding rows,
   /// often more than the tokenizer's tokens). 0: the tokenizer's vocab_size.
   int64_t token_id_limit = 0;
@@ -47,23 +63,41 @@ struct DataOptions {
   bool kto = false;
   std::string truncation_mode = "keep_start";
   int64_t max_prompt_length = 0;
+  /// Called by tokenize_jsonl / tokenize_preference_jsonl (and load_or_tokenize when it
+  /// tokenizes) on the calling thread after each batch of records — a few thousand, or a few
+  /// MiB of text, whichever comes first — with where the file stands. It may throw (the
+  /// Trainer throws CancelledError when a stop is asked): tokenizing stops there, that error
+  /// propagates and nothing is cached. May be empty. Not part of the cache key (it does not
+  /// change the tokens).
+  std::function<void(const TokenizeProgress&)> on_progress;
 };
 
 /// The data options among the training arguments (template, max_length, train_on_prompt,
-/// skip_bad_lines, glm_prompt_layout, max_source_length, skip_truncated).
+/// skip_bad_lines, TRL's completion_only_loss, assistant_only_loss and dataset_text_field,
+/// glm_prompt_layout, max_source_length, skip_truncated).
 DataOptions data_options_for(const TrainingArguments& args);
 
 /// What tokenization saw. Kept in the cache, so a dataset read back reports the same numbers.
+/// What tokenizing a file kept and dropped. `examples` and `dropped_examples` count Dataset
+/// rows: examples, or with preference data sequences (a pair's two; a KTO example's own and its
+/// KL sequence), so pairs and KTO examples are half of them. The causes count records (lines),
+/// each dropped record under the first cause found (docs/data.md, docs/preference.md).
 struct DatasetStats {
   int64_t lines = 0;             ///< non-blank lines
-  int64_t examples = 0;          ///< examples kept
+  int64_t examples = 0;          ///< rows kept
   int64_t skipped_lines = 0;     ///< malformed lines skipped (skip_bad_lines)
-  int64_t dropped_examples = 0;  ///< examples without a trained label (after truncation)
-  int64_t tokens = 0;            ///< tokens of the kept examples
-  // Preference data: pairs dropped, by cause (each counted and warned about, never trained on).
-  int64_t identical_pairs = 0;  ///< chosen and rejected the same
-  int64_t empty_answers = 0;    ///< chosen or rejected empty
-  int64_t long_prompts = 0;     ///< the prompt alone fills max_length (keep_start)
+  int64_t dropped_examples = 0;  ///< rows the dropped records would have made
+  int64_t tokens = 0;            ///< tokens of the kept rows
+  // Examples dropped, by cause.
+  int64_t untrained_examples = 0;  ///< no trained label at all (e.g. pre-tokenized labels all -100)
+  int64_t truncated_examples = 0;  ///< cut to max_length, no trained label left (prompt fills it)
+  int64_t skipped_truncated = 0;   ///< cut by ChatGLM-Finetuning's layout, with skip_truncated
+  // Preference records dropped, by cause (each warned about, never trained on).
+  int64_t identical_pairs = 0;      ///< chosen and rejected the same, as text or as tokens
+  int64_t empty_answers = 0;        ///< an answer (a completion) empty, or encoded to no token
+  int64_t long_prompts = 0;         ///< the prompt alone fills max_length (keep_start)
+  int64_t cut_answers = 0;          ///< keep_end: no answer token in the last max_length
+  int64_t cut_identical_pairs = 0;  ///< answers that differ, the same once cut to max_length
 };
 
 /// A read-only view of contiguous tokens (C++17 has no std::span). Valid while the Dataset it
@@ -139,9 +173,10 @@ class Dataset {
 // ---- JSONL ---------------------------------------------------------------------------------
 
 /// Tokenizes a JSONL file: one JSON object per line, blank lines ignored, the format detected
-/// per line (text, instruction/input/output, messages, pre-tokenized input_ids/labels; see
-/// docs/data.md). Instruction and chat data go through the template `o.template_name`; prompt
-/// labels are kIgnoreLabel unless `o.train_on_prompt`. Examples are cut to `o.max_length`
+/// per line (text, instruction/input/output, messages, TRL's prompt/completion, pre-tokenized
+/// input_ids/labels; see docs/data.md). Instruction and chat data go through the template
+/// `o.template_name`; prompt labels are kIgnoreLabel unless `o.train_on_prompt` (or TRL's
+/// completion_only_loss / assistant_only_loss false). Examples are cut to `o.max_length`
 /// tokens (the end is lost); one left without a trained label is dropped, counted and warned
 /// about.
 /// Errors: a missing or unreadable file is an IoError naming it. A malformed line is a
@@ -158,7 +193,8 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
 /// messages) layouts. Pair i is examples 2i (prompt + chosen) and 2i + 1 (prompt + rejected),
 /// labels kIgnoreLabel on the prompt (and on earlier turns). Each sequence is cut to
 /// `o.max_length` as `o.truncation_mode` says; a pair whose answers are identical, one of whose
-/// answers is empty, or whose prompt alone fills max_length is dropped, counted in `stats` and
+/// answers is empty, whose prompt alone fills max_length, or that the cut leaves without an
+/// answer token or with identical answers is dropped, counted under that cause in `stats` and
 /// warned about. With `o.kto`, KTO's unpaired examples instead: TRL's {"prompt", "completion",
 /// "label"}, LLaMA-Factory's messages / conversations (the last reply the completion) and alpaca
 /// (its output) records with a boolean "label" or "kto_tag", and pair records as two examples
@@ -196,11 +232,27 @@ std::optional<std::string> recorded_template(const std::string& dir);
 /// Writes `dir`/zerotrain_template.json naming `name` (atomically).
 void record_template(const std::string& dir, const std::string& name);
 
+// ---- LLaMA-Factory's datasets --------------------------------------------------------------
+
+/// LLaMA-Factory's data options (docs/data.md, "LLaMA-Factory's datasets"): `dataset` and
+/// `eval_dataset` (comma lists of `dataset_dir`/dataset_info.json entries, or of data files),
+/// `max_samples` (the first N records of each) and `val_size` (training records held out for
+/// evaluation, chosen with `seed`; also over a train_file). The records are read through each
+/// entry's formatting (alpaca, sharegpt, openai), columns and tags into zerotrain's layouts,
+/// concatenated in order, written — when `write` — as JSONL files named by their content under
+/// the cache folder (cache_dir, else output_dir/.cache), and train_file / eval_file point at
+/// them. Does nothing when none of those options is given; returns a line per step for the log.
+/// Errors: ConfigError for a dataset on a hub (saying how to download it), an entry or record
+/// that does not fit the run's stage or its columns (naming the file and record; skipped and
+/// counted with skip_bad_lines), conflicting options; IoError for a missing file.
+std::vector<std::string> prepare_datasets(TrainingArguments& args, bool write = true);
+
 // ---- cache ---------------------------------------------------------------------------------
 
 /// `<cache_dir>/<file stem>-<16 hex digits>.safetensors`, the digits a hash of everything the
 /// tokenized result depends on: the data file's content (hashed in full, with its size), the
-/// tokenizer's fingerprint, every DataOptions field and the cache format version. A missing or
+/// tokenizer's fingerprint, every DataOptions field but on_progress and the cache format
+/// version. A missing or
 /// special (FIFO, device) data file is an IoError.
 std::string dataset_cache_path(const std::string& cache_dir, const std::string& jsonl_path,
                                const Tokenizer& tok, const DataOptions& o);

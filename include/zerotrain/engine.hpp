@@ -65,6 +65,13 @@ struct EngineOptions {
   bool trace = false;
   /// Where initial values come from; empty: the module's own values, broadcast from rank 0.
   std::shared_ptr<ParameterSource> source;
+  /// With a `source`: called on the constructing thread after each parameter's values are read
+  /// from it (reading may quantize or decompose them), with the values this rank has read so
+  /// far and will read in all. It may throw (the Trainer throws CancelledError when a stop is
+  /// asked): the constructor then stops there and throws it. Reading makes no collective, so
+  /// one rank stopping leaves no other waiting inside the constructor. Not kept past the
+  /// constructor. May be empty.
+  std::function<void(int64_t done, int64_t total)> on_load_progress;
   /// Apply the optimizer to each parameter as soon as its gradient is complete during
   /// backward, then free that gradient, instead of keeping every gradient for step(): the
   /// update is the same, but no full set of gradients ever exists (for pure bf16 on 7B, 15 GB

@@ -52,7 +52,8 @@ class NumericError : public Error {
   using Error::Error;
 };
 
-/// The host asked to stop (a progress callback returned nonzero).
+/// The host asked to stop (StopRequest, Trainer::cancel / preempt, a progress callback that
+/// returned nonzero); the message says where the run stopped and what was saved.
 class CancelledError : public Error {
  public:
   using Error::Error;

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,6 +86,25 @@ ParameterCount count_parameters(const torch::nn::Module& model);
 /// requires_grad so that only what the method trains is trainable. Seeded: every rank gets the
 /// same values. Unsupported combinations are ConfigErrors.
 ParameterCount apply_peft(CausalLM& model, const PeftConfig& config, uint64_t seed);
+
+/// The method in words, for a run's start-up line: "LoRA r16 (alpha 32) over a 4-bit NF4 base
+/// (double quantization)", "DoRA r8 (alpha 16), started by PiSSA (a full SVD) over a
+/// full-precision base", "P-Tuning: 16 virtual tokens through an MLP encoder", ... `base` is
+/// the run's 4-bit base (ModelConfig::quantization), `continued` an adapter_name_or_path run.
+std::string describe_method(const PeftConfig& config, const std::optional<QuantizationConfig>& base,
+                            bool continued);
+/// Whether a run's adapter starts as the base computes, so that the model with its adapters off
+/// (CausalLM::set_adapters_enabled) is the model the run started from, at any step: a new LoRA
+/// or DoRA adapter (B starts at zero) that trains nothing beside its own factors. Not PiSSA (the
+/// base holds the residual), not an adapter continued from a folder (`continued`), not one with
+/// trained biases or modules_to_save (adapters off leave them as trained), not P-Tuning or
+/// prefix tuning (the starting virtual tokens already change the model). Preference training's
+/// reference is the model as it starts: the starting trainable values swapped in where this is
+/// false (docs/preference.md).
+bool adapter_starts_as_base(const PeftConfig& config, bool continued);
+/// What the trainable values of such a start are, for a log line ("PiSSA's starting factors
+/// over the residual", "the adapter it continues", ...).
+std::string adapter_start_description(const PeftConfig& config, bool continued);
 
 /// Writes the adapter in PEFT's format: adapter_config.json and adapter_model.safetensors
 /// (LoRA: base_model.model.<module>.lora_A.weight / lora_B.weight, trainable biases and

@@ -3,9 +3,10 @@
 // evaluation, checkpoints with exact resume (also on another world size) and the final model.
 //
 // Collective-ness: the constructor, train() and evaluate() are collectives — every rank of the
-// communicator calls them. cancel() and preempt() may be called from any thread or a signal
-// handler.
-// Callbacks run on rank 0 only, on the thread that called train().
+// communicator calls them. cancel(), preempt() and StopRequest's methods may be called from any
+// thread or a signal handler.
+// Callbacks run on rank 0 only (on_step: every rank), on the thread that called the constructor
+// or train().
 #pragma once
 
 #include <atomic>
@@ -50,6 +51,14 @@ struct Progress {
   double learning_rate = 0.0;
   double tokens_per_second = 0.0;  ///< real (non-padding) tokens of the whole job
   double eta_seconds = 0.0;
+  /// Before the first step (the constructor, and train() until its first step), a long phase as
+  /// it goes: `phase` names it ("tokenizing training data 'train.jsonl'", "loading the weights",
+  /// "loading and quantizing the weights", "precomputing the reference"), `phase_done` of
+  /// `phase_total` `phase_unit`s ("MiB", "M values", "batches") are done, at `phase_rate` of
+  /// them per second; eta_seconds is the phase's time left, the other fields above are 0.
+  /// `phase` is empty after every optimizer step.
+  std::string phase, phase_unit;
+  double phase_done = 0.0, phase_total = 0.0, phase_rate = 0.0;
 };
 
 /// What one step did, the same on every rank (the C API's zt_step_stats).
@@ -64,11 +73,44 @@ struct StepStats {
   double loss_scale = 1.0;     ///< 1 unless fp16
 };
 
+/// A request to stop a run, shared by the host and its Trainer (TrainerCallbacks::stop). The
+/// run polls it between optimizer steps and, in the phases before the first step (tokenizing
+/// the data, loading and quantizing the weights, precomputing the reference), after every batch
+/// of records, weight read or scored batch, so a stop asked there takes effect within seconds
+/// (docs/trainer.md, "Stopping"). A host that makes one before constructing the Trainer — and
+/// installs its signal handlers then — can stop the constructor too; Trainer::cancel and
+/// Trainer::preempt ask through the same object.
+/// Thread-safety: lock-free atomics; every method may be called from any thread or a signal
+/// handler. Each rank has its own: the ranks agree on a stop asked on any of them.
+class StopRequest {
+ public:
+  /// Stop without saving (SIGINT): at the next optimizer step boundary; before the first
+  /// step, within the phase running.
+  void cancel() noexcept { cancel_.store(true); }
+  /// Save a checkpoint at the next optimizer step boundary, then stop (a scheduler's SIGTERM /
+  /// SIGUSR1 before preemption). Before the first step there is nothing to save: the phase
+  /// running stops. `signal` is reported by Trainer::preempted_by(); <= 0 counts as SIGTERM.
+  void preempt(int signal) noexcept;
+  bool cancelled() const noexcept { return cancel_.load(); }
+  /// The signal of the last preempt(), else 0.
+  int preempt_signal() const noexcept { return preempt_.load(); }
+
+ private:
+  std::atomic<bool> cancel_{false};
+  std::atomic<int> preempt_{0};
+};
+
 struct TrainerCallbacks {
-  std::function<void(const LogRecord&)> on_log;      ///< rank 0: every record, as it is written
-  std::function<void(const Progress&)> on_progress;  ///< rank 0: after every optimizer step
+  std::function<void(const LogRecord&)> on_log;  ///< rank 0: every record, as it is written
+  /// Rank 0: after every optimizer step, and during each long phase before the first step
+  /// (Progress::phase) at every batch of records, weight read or scored batch.
+  std::function<void(const Progress&)> on_progress;
   /// Every rank, after every optimizer step of train(), with the same stats everywhere.
   std::function<void(const StepStats&)> on_step;
+  /// The stop request this rank's run polls (every rank). Null: the Trainer makes its own.
+  /// Shared: the host keeps its pointer to ask for a stop from a signal handler or another
+  /// thread, also before the constructor returns.
+  std::shared_ptr<StopRequest> stop;
 };
 
 struct TrainResult {
@@ -93,7 +135,8 @@ class Trainer {
   /// (rank 0 tokenizes into the cache, the others read it), applies the fine-tuning method,
   /// builds the engine and, with resume_from_checkpoint, restores the checkpoint. Errors are
   /// thrown on every rank: the rank at fault throws its own, the others a DistributedError
-  /// naming it. Collective.
+  /// naming it. A stop asked through `callbacks.stop` while it runs is a CancelledError on
+  /// every rank, saying which phase it stopped and that nothing was saved. Collective.
   Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm,
           TrainerCallbacks callbacks = {});
   ~Trainer();
@@ -101,17 +144,20 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   /// Trains to max_steps / num_train_epochs, logging, evaluating and saving as configured,
-  /// then writes the final model into output_dir. Throws CancelledError after cancel().
-  /// Collective.
+  /// then writes the final model into output_dir. Throws CancelledError after a stop (cancel(),
+  /// preempt(), TrainerCallbacks::stop), also one asked while the reference is precomputed
+  /// before the first step. The final record's train_runtime counts from the constructor, its
+  /// phases included. Collective.
   TrainResult train();
   /// The token-weighted mean loss over eval_file. Collective.
   double evaluate();
-  /// Asks the run to stop at the next optimizer step (every rank agrees on which).
+  /// Asks the run to stop at the next optimizer step (every rank agrees on which), or before
+  /// the first step within the phase running (StopRequest::cancel on the run's request).
   void cancel();
   /// Asks the run to save a checkpoint at the next optimizer step boundary and then stop, as a
   /// scheduler's SIGTERM / SIGUSR1 before preemption asks; train() then throws CancelledError
-  /// naming the checkpoint. `signal` is kept for preempted_by(). Lock-free: callable from a
-  /// signal handler or any thread.
+  /// naming the checkpoint — before the first step, saying that nothing was saved. `signal` is
+  /// kept for preempted_by(). Lock-free: callable from a signal handler or any thread.
   void preempt(int signal);
   /// The signal of the preempt() that stopped train() (the agreed one on every rank), else 0.
   int preempted_by() const;
@@ -155,7 +201,8 @@ class Trainer {
   int rank() const;
   int world_size() const;
 
-  /// Replaces the callbacks (between calls; not while train() runs).
+  /// Replaces the callbacks (between calls; not while train() runs). A null `stop` keeps the
+  /// run's stop request (what cancel() and preempt() asked stays asked).
   void set_callbacks(TrainerCallbacks callbacks);
 
   /// The resolved arguments (batch sizes, precision... after "auto" resolution).

@@ -150,6 +150,18 @@ ZT_EXPORT zt_status zt_trainer_evaluate(zt_trainer* t, const int64_t* input_ids,
  * output_dir, the final model — as `zerotrain train` does. `progress` may be NULL. Collective. */
 ZT_EXPORT zt_status zt_trainer_train(zt_trainer* t, zt_progress_fn progress, void* user_data);
 
+/* Asks this rank's zt_trainer_train to stop (appended in 0.2: the ABI of version 1 is kept).
+ * `signal` 0 stops at the next optimizer step boundary without saving, as a nonzero return of
+ * the progress callback does; a signal number (SIGTERM, SIGUSR1: a scheduler's warning before
+ * preemption) saves a checkpoint there first. Before the first step — while the reference
+ * log-probs are precomputed — either stops within one batch. zt_trainer_train then returns
+ * ZT_ERR_CANCELLED on every rank (the ranks agree on a stop asked on any of them), its message
+ * naming the checkpoint, or saying that none was saved. The request stays: a later
+ * zt_trainer_train stops at once. Async-signal-safe, and callable from any thread while another
+ * is inside zt_trainer_train (the one exception to "one thread at a time"). NULL is ignored.
+ * Not collective; does not touch the error state. */
+ZT_EXPORT void zt_trainer_request_stop(zt_trainer* t, int32_t signal);
+
 /* Writes one complete checkpoint folder at `dir` (atomically: a failure leaves nothing there;
  * an existing `dir` is ZT_ERR_IO). Collective. */
 ZT_EXPORT zt_status zt_trainer_save_checkpoint(zt_trainer* t, const char* dir);

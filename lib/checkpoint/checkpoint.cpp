@@ -265,8 +265,9 @@ class StoredState {
     }
   }
 
-  // The pieces of each parameter lie inside it and do not overlap: two files claiming the
-  // same elements come from different saves (or a tampered one).
+  // The pieces of each parameter lie inside it and do not overlap. Every file already carries
+  // layout.json's save id (check_save_id), so two files claiming the same elements are one
+  // save's pieces tampered with (a shard copied under another rank's name), not another save's.
   void check_pieces() {
     std::map<std::string, int64_t> numel;
     for (const auto& [name, shape] : layout_.parameters) {
@@ -287,11 +288,13 @@ class StoredState {
               files_[run.file]->path(), name, run.begin, run.begin + run.length, size->second));
         }
         if (i > 0 && runs[i - 1].begin + runs[i - 1].length > run.begin) {
+          const Run& prev = runs[i - 1];
           throw IoError(fmt::format(
-              "checkpoint '{}': '{}' and '{}' both hold elements from {} of '{}'; pieces of one "
-              "save never overlap, so these come from different saves; resume from (or merge) an "
-              "intact checkpoint",
-              dir_, files_[runs[i - 1].file]->path(), files_[run.file]->path(), run.begin, name));
+              "checkpoint '{}': '{}' and '{}' hold overlapping pieces of '{}' (elements [{}, {}) "
+              "and [{}, {})); a save writes each element once, so the checkpoint is damaged or "
+              "its files were copied or renamed; resume from (or merge) an intact checkpoint",
+              dir_, files_[prev.file]->path(), files_[run.file]->path(), name, prev.begin,
+              prev.begin + prev.length, run.begin, run.begin + run.length));
         }
       }
     }

@@ -8,9 +8,11 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/run_settings.hpp"
 #include "config/quantization.hpp"
 #include "model/family.hpp"
 #include "model/quantized_weights.hpp"
+#include "peft/adapter_io.hpp"
 #include "peft/init_sources.hpp"
 #include "peft/linear_adapters.hpp"
 #include "peft/pissa.hpp"
@@ -28,44 +30,6 @@ namespace zt {
 namespace fs = std::filesystem;
 
 namespace {
-
-// What `zerotrain merge` needs of the run that wrote `dir`, from its training_args.json (in
-// `dir`, or in the run's output_dir above a checkpoint-<step> folder): the 4-bit base it trained
-// over, if any, and its seed (PiSSA's random start). Defaults when there is no such file.
-struct RunSettings {
-  std::optional<QuantizationConfig> quantization;
-  int64_t seed = 42;
-};
-
-RunSettings run_settings(const std::string& dir) {
-  const fs::path folder(dir);
-  const bool step = folder.filename().string().rfind("checkpoint-", 0) == 0;
-  RunSettings out;
-  for (const fs::path& path :
-       {folder / "training_args.json", folder.parent_path() / "training_args.json"}) {
-    std::error_code ec;
-    if (!fs::is_regular_file(path, ec)) {
-      if (!step) break;  // only a checkpoint-<step> folder looks in the run's folder above it
-      continue;
-    }
-    const std::string source = path.string();
-    rapidjson::Document doc = json::parse(files::read_text(source, "run settings"), source);
-    if (!doc.IsObject() || !doc.HasMember("training_arguments")) return out;
-    json::ObjectReader r(doc["training_arguments"], "training_arguments", source);
-    TrainingArguments args;
-    args.finetuning_type = "lora";  // the adapter is a LoRA one: merge checked that
-    args.quantization_bit = r.integer("quantization_bit", 0, 64).value_or(0);
-    args.load_in_4bit = r.boolean("load_in_4bit").value_or(false);
-    args.quantization_type = r.string("quantization_type").value_or("");
-    args.bnb_4bit_quant_type = r.string("bnb_4bit_quant_type").value_or("");
-    args.double_quantization = r.boolean("double_quantization");
-    args.bnb_4bit_use_double_quant = r.boolean("bnb_4bit_use_double_quant");
-    out.quantization = config::quantization_of(args, at::kFloat);
-    out.seed = r.integer("seed", 0).value_or(out.seed);
-    return out;
-  }
-  return out;
-}
 
 // Anonymous resident memory of this process (RssAnon: heap and anonymous maps, not the file
 // pages mmap'd safetensors occupy), in bytes; 0 where /proc is not there.
@@ -140,6 +104,10 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
   if (adapter) {
     base_dir = adapter_base_model(checkpoint_dir, options.base_model);
     config = load_model_config(base_dir);
+    // Tensors are read by the model's names below: one with no place in the model (another
+    // base's, a misspelt key) would be dropped from the merge without a word, so it is refused
+    // as train refuses it.
+    peft::check_adapter_places(config, checkpoint_dir, peft);
   } else {
     if (!fs::is_regular_file(checkpoint_dir + "/config.json", ec)) {
       throw IoError(fmt::format("merge: '{}' has neither adapter_config.json nor config.json",
@@ -154,14 +122,21 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
   std::shared_ptr<ParameterSource> base;
   if (!base_dir.empty()) {
     if (adapter) {
-      const RunSettings run = run_settings(checkpoint_dir);
+      const checkpoint::RunSettings run = checkpoint::run_settings(checkpoint_dir);
       model::SourceWrap residual;
       if (peft::pissa_iterations(peft.lora.init_lora_weights)) {
-        residual = [&](std::shared_ptr<ParameterSource> dense) {
-          CausalLM targets(config, at::TensorOptions(), /*allocate=*/false);
-          return peft::pissa_source(std::move(dense), targets, peft.lora,
-                                    static_cast<uint64_t>(run.seed), at::kCPU,
-                                    /*factors=*/false);
+        // The residual the run trained over: its weight less the starting factors it saved
+        // (pissa_init/), else decomposed again as the run did (its seed, on the CPU).
+        const std::string start = checkpoint::pissa_start_dir(checkpoint_dir);
+        residual = [&, start](std::shared_ptr<ParameterSource> dense) {
+          auto targets = std::make_shared<CausalLM>(config, at::TensorOptions(), false);
+          std::shared_ptr<ParameterSource> out =
+              start.empty()
+                  ? peft::pissa_source(std::move(dense), *targets, peft.lora,
+                                       static_cast<uint64_t>(run.seed), at::kCPU,
+                                       /*factors=*/false)
+                  : peft::pissa_start_source(std::move(dense), *targets, peft.lora, start);
+          return out;
         };
       }
       base = model::merge_base_source(base_dir, config, run.quantization, residual);

@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -148,6 +149,11 @@ void finalize(Args& a, const std::string& where) {
     }
   }
   a.report_to = reports.empty() ? "none" : reports;
+  // LLaMA-Factory's spellings of zerotrain values: lora_target all (every linear layer but the
+  // output layer, PEFT's all-linear) and the template qwen3_nothink (ChatML without a default
+  // system message: zerotrain's chatml, string for string).
+  if (a.lora_target_modules == "all") a.lora_target_modules = "all-linear";
+  if (a.template_name == "qwen3_nothink") a.template_name = "chatml";
   if (a.train_sampling_strategy == "group_by_length") a.group_by_length = true;
   if (a.group_by_length && a.train_sampling_strategy == "sequential") {
     throw ConfigError(fmt::format(
@@ -222,6 +228,28 @@ void validate(const Args& a, const std::string& where) {
   }
   if (a.fp16 && a.bf16) {
     throw ConfigError(fmt::format("{}fp16 and bf16 are both true; choose one", where));
+  }
+  // TRL's SFT options: what the loss covers in SFT records (docs/data.md).
+  for (const auto& [name, value] : {std::pair{"completion_only_loss", a.completion_only_loss},
+                                    std::pair{"assistant_only_loss", a.assistant_only_loss}}) {
+    if (a.train_on_prompt && value.value_or(false)) {
+      throw ConfigError(
+          fmt::format("{}train_on_prompt true and {} true contradict each other (train_on_prompt "
+                      "trains the prompt tokens too); drop one of them",
+                      where, name));
+    }
+    if (value && a.stage != "sft") {
+      throw ConfigError(
+          fmt::format("{}{} is an SFT option (TRL's SFTConfig); stage {} trains the answers of "
+                      "preference records only: drop it",
+                      where, name, a.stage));
+    }
+  }
+  if (a.dataset_text_field != "text" && a.stage != "sft") {
+    throw ConfigError(
+        fmt::format("{}dataset_text_field is an SFT option (TRL's SFTConfig); stage {} reads "
+                    "preference records: drop it",
+                    where, a.stage));
   }
   if (a.pre_seq_len && a.finetuning_type == "ptuning") {
     throw ConfigError(fmt::format(

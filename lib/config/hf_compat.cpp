@@ -1,4 +1,5 @@
-// The TrainingArguments fields of transformers 4.40–5.x that are not zerotrain options.
+// The TrainingArguments fields of transformers 4.40–5.x (and TRL SFTConfig's pad_token,
+// padding_free, eos_token) that are not zerotrain options.
 #include "config/hf_compat.hpp"
 
 #include <cmath>
@@ -50,6 +51,9 @@ const std::vector<ForeignOption>& table() {
       {"enable_jit_checkpoint", K::kFlag, nullptr,
        "zerotrain train saves a checkpoint on SIGTERM and SIGUSR1 before it stops (hosts call "
        "Trainer::preempt)"},
+      {"eos_token", K::kValue, "none|",
+       "TRL's eos_token: zerotrain ends text records and text completions with the tokenizer's "
+       "own eos (tokenizer_config.json's eos_token); change it there"},
       {"eval_accumulation_steps", K::kValue, nullptr,
        "evaluation keeps only loss sums, never logits"},
       {"eval_do_concat_batches", K::kFlag, nullptr, "evaluation keeps only loss sums"},
@@ -100,6 +104,13 @@ const std::vector<ForeignOption>& table() {
        "optimizer settings come from adam_* / weight_decay or the DeepSpeed config"},
       {"optim_target_modules", K::kList, "none|[]|",
        "the optimizer updates every trainable parameter"},
+      {"pad_token", K::kValue, nullptr,
+       "TRL's pad_token: padding is never trained nor attended to, so its id changes nothing; "
+       "zerotrain pads with the tokenizer's pad token, else its eos"},
+      {"padding_free", K::kFlag, nullptr,
+       "TRL's padding_free: padding changes no loss (it is never trained nor attended to); "
+       "packing (zerotrain's packing option) lays examples end to end, and on the GPU attention "
+       "then runs over each document without padding"},
       {"parallelism_config", K::kValue, "none|{}|", "zerotrain parallelizes data with ZeRO only"},
       {"past_index", K::kValue, nullptr, "the decoders keep no past state in training"},
       {"prediction_loss_only", K::kFlag, nullptr, "evaluation reports eval_loss only"},
@@ -154,11 +165,47 @@ const std::vector<ForeignOption>& table() {
   return t;
 }
 
+// LLaMA-Factory's own arguments (its hparams: data, model and fine-tuning arguments) that its
+// example configs carry and zerotrain has no use for. Sorted by name; notes as above.
+const std::vector<ForeignOption>& llamafactory_table() {
+  static const std::vector<ForeignOption> t = {
+      {"buffer_size", K::kValue, nullptr, "datasets are read whole, never streamed"},
+      {"eval_on_each_dataset", K::kFlag, "false",
+       "the datasets of eval_dataset are evaluated together as one set"},
+      {"ignore_pad_token_for_loss", K::kFlag, "true", "padding never counts in the loss"},
+      {"interleave_probs", K::kValue, "none|",
+       "datasets are concatenated in the order given (mix_strategy concat)"},
+      {"mask_history", K::kFlag, "false", "every assistant reply of a conversation trains"},
+      {"mix_strategy", K::kValue, "concat",
+       "datasets are concatenated in the order given; interleaving is not implemented"},
+      {"overwrite_cache", K::kFlag, nullptr,
+       "the tokenized-data cache is keyed by the data's content, the tokenizer and the options, "
+       "so it is never stale"},
+      {"plot_loss", K::kFlag, nullptr, "output_dir/loss.svg is written at the end of every run"},
+      {"preprocessing_batch_size", K::kValue, nullptr,
+       "records are tokenized in batches of 8,192 on the host's worker threads"},
+      {"preprocessing_num_workers", K::kValue, nullptr,
+       "records are tokenized on the host's worker threads (ZT_CPU_THREADS)"},
+      {"quantization_method", K::kValue, "bnb|bitsandbytes|none",
+       "4-bit bases are bitsandbytes' NF4 / FP4 (quantization_bit 4); HQQ and EETQ are not "
+       "implemented"},
+      {"streaming", K::kFlag, "false", "datasets are read whole and tokenized into a cache"},
+      {"tokenized_path", K::kValue, "none|",
+       "tokenized data is cached under cache_dir, keyed by content; there is no separate "
+       "preprocessing run"},
+      {"trust_remote_code", K::kFlag, nullptr,
+       "zerotrain runs no code from a model folder: its decoders are its own"},
+  };
+  return t;
+}
+
 }  // namespace
 
 const ForeignOption* find_foreign_option(std::string_view name) {
-  for (const ForeignOption& o : table()) {
-    if (name == o.name) return &o;
+  for (const auto* t : {&table(), &llamafactory_table()}) {
+    for (const ForeignOption& o : *t) {
+      if (name == o.name) return &o;
+    }
   }
   return nullptr;
 }

@@ -1,6 +1,7 @@
-// HF TrainingArguments fields that zerotrain has no use for: accepted so that an HF command
-// line runs unchanged, with one warning each (saying what zerotrain does instead), or refused
-// when the value given would change results in a way zerotrain cannot honour.
+// HF TrainingArguments fields (and LLaMA-Factory arguments) that zerotrain has no use for:
+// accepted so that an HF command line or a LLaMA-Factory config runs unchanged, with one
+// warning each (saying what zerotrain does instead), or refused when the value given would
+// change results in a way zerotrain cannot honour.
 // data/hf_training_arguments.json lists every field of transformers 4.40–5.x; the tests check
 // that each is either a zerotrain option or an entry here.
 #pragma once

@@ -1,4 +1,4 @@
-// TrainingArguments from `--name value` flags or a JSON object, through one option table.
+// TrainingArguments from `--name value` flags or a JSON or YAML object, through one option table.
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -14,6 +14,7 @@
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "util/spelling.hpp"
+#include "util/yaml.hpp"
 #include "zerotrain/config.hpp"
 
 namespace zt {
@@ -32,7 +33,6 @@ std::string suggestion(std::string_view name) {
   // scripts, Alpaca's train.py).
   static const std::pair<const char*, const char*> kPeers[] = {
       {"data_path", "train_file"},
-      {"dataset", "train_file"},
       {"train_data", "train_file"},
       {"eval_data_path", "eval_file"},
       {"model_path", "model_name_or_path"},
@@ -134,7 +134,7 @@ struct RawValue {
   throw ConfigError(fmt::format("{}{}: expected {}, found {}", where, o.name, expected, v.shown()));
 }
 
-void assign(Args& args, const Option& o, const RawValue& v, const std::string& where) {
+void assign_value(Args& args, const Option& o, const RawValue& v, const std::string& where) {
   struct Visitor {
     Args& args;
     const Option& o;
@@ -228,6 +228,57 @@ void assign(Args& args, const Option& o, const RawValue& v, const std::string& w
   args.given.insert(o.name);
 }
 
+// The options one source (the command line, or one options file) gave, by member: two names
+// of one option (an alias and its option: --beta and --pref_beta) given different values in
+// the same source contradict each other. A later source overrides an earlier one, and the same
+// name given twice keeps the last value, as HF's parser does.
+class AliasCheck {
+ public:
+  explicit AliasCheck(std::string where) : where_(std::move(where)) {}
+  void assign(Args& args, const Option& o, const RawValue& v) {
+    for (const auto& [name, value] : seen_) {
+      const Option* other = find_option(name);
+      if (name == o.name || other == nullptr || !(other->member == o.member)) continue;
+      const std::string before = value_of(args, o.member);
+      assign_value(args, o, v, where_);
+      const std::string after = value_of(args, o.member);
+      if (before != after) {
+        const bool flags = where_ == "--";
+        throw ConfigError(fmt::format(
+            "{}{}{} {} and {}{} {} name the same option with different values; give one of them",
+            flags ? "" : where_, flags ? "--" : "", name, value, flags ? "--" : "", o.name,
+            shown(v)));
+      }
+      seen_.emplace_back(o.name, shown(v));
+      return;
+    }
+    assign_value(args, o, v, where_);
+    seen_.emplace_back(o.name, shown(v));
+  }
+
+ private:
+  // A value as the user wrote it: the flag's text, or the JSON value.
+  static std::string shown(const RawValue& v) { return v.json ? json::render(*v.json) : v.text; }
+  static std::string value_of(const Args& a, const Member& member) {
+    return std::visit(
+        [&](auto m) -> std::string {
+          const auto& x = a.*m;
+          using V = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<V, std::string>) {
+            return x;
+          } else if constexpr (std::is_same_v<V, bool> || std::is_same_v<V, int64_t> ||
+                               std::is_same_v<V, double>) {
+            return fmt::format("{}", x);
+          } else {
+            return x ? fmt::format("{}", *x) : "none";
+          }
+        },
+        member);
+  }
+  std::string where_;
+  std::vector<std::pair<std::string, std::string>> seen_;
+};
+
 // An HF field zerotrain does not use: a warning to give once, or an error when the value given
 // would change results.
 void note_foreign(Args& args, const config::ForeignOption& f, const std::string& canonical,
@@ -300,6 +351,7 @@ std::vector<std::string> apply_training_flags(TrainingArguments& args,
                                               const std::vector<std::string>& argv) {
   auto is_flag = [](const std::string& t) { return t.size() >= 3 && t.compare(0, 2, "--") == 0; };
   std::vector<std::string> positional;
+  AliasCheck aliases("--");
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& token = argv[i];
     if (!is_flag(token)) {
@@ -346,20 +398,19 @@ std::vector<std::string> apply_training_flags(TrainingArguments& args,
     v.text = take(boolean               ? config::ValueKind::kFlag
                   : name == "report_to" ? config::ValueKind::kList
                                         : config::ValueKind::kValue);
-    assign(args, *o, v, "--");
+    aliases.assign(args, *o, v);
   }
   finalize(args, "");
   return positional;
 }
 
-void apply_training_json(TrainingArguments& args, std::string_view text,
-                         const std::string& source) {
-  rapidjson::Document doc = json::parse(text, source);
-  if (!doc.IsObject()) {
-    throw ConfigError(fmt::format("{}: expected a JSON object of options, found {}", source,
-                                  json::type_name(doc)));
-  }
+namespace {
+
+// The options of one object (an options file, JSON or YAML), `source` naming it.
+void apply_training_object(TrainingArguments& args, const rapidjson::Value& doc,
+                           const std::string& source) {
   std::string where = source + ": ";
+  AliasCheck aliases(where);
   for (auto it = doc.MemberBegin(); it != doc.MemberEnd(); ++it) {
     std::string name(it->name.GetString(), it->name.GetStringLength());
     if (is_local_rank_flag(name)) continue;
@@ -379,9 +430,33 @@ void apply_training_json(TrainingArguments& args, std::string_view text,
     }
     RawValue v;
     v.json = &it->value;
-    assign(args, *o, v, where);
+    aliases.assign(args, *o, v);
   }
   finalize(args, where);
+}
+
+}  // namespace
+
+void apply_training_json(TrainingArguments& args, std::string_view text,
+                         const std::string& source) {
+  rapidjson::Document doc = json::parse(text, source);
+  if (!doc.IsObject()) {
+    throw ConfigError(fmt::format("{}: expected a JSON object of options, found {}", source,
+                                  json::type_name(doc)));
+  }
+  apply_training_object(args, doc, source);
+}
+
+void apply_training_yaml(TrainingArguments& args, std::string_view text,
+                         const std::string& source) {
+  rapidjson::Document doc = yaml::parse(text, source);
+  if (doc.IsNull()) doc.SetObject();  // an empty file: no options
+  if (!doc.IsObject()) {
+    throw ConfigError(fmt::format(
+        "{}: expected a YAML mapping of options (name: value) at the top level, found {}", source,
+        json::type_name(doc)));
+  }
+  apply_training_object(args, doc, source);
 }
 
 void check_training_arguments(const TrainingArguments& args) {
@@ -422,8 +497,19 @@ std::string training_arguments_json(const TrainingArguments& args) {
   return json::dump(doc);
 }
 
+bool is_yaml_path(const std::string& path) {
+  const size_t dot = path.rfind('.');
+  const std::string ext = dot == std::string::npos ? "" : path.substr(dot);
+  return ext == ".yaml" || ext == ".yml";
+}
+
 void apply_training_file(TrainingArguments& args, const std::string& path) {
-  apply_training_json(args, files::read_text(path, "options file"), path);
+  const std::string text = files::read_text(path, "options file");
+  if (is_yaml_path(path)) {
+    apply_training_yaml(args, text, path);
+  } else {
+    apply_training_json(args, text, path);
+  }
 }
 
 int64_t steps_for(double every, int64_t total_train_steps) {

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "data/stats.hpp"
 #include "util/crc32c.hpp"
 #include "util/files.hpp"
 #include "util/log.hpp"
@@ -74,7 +75,18 @@ std::string cache_key(const std::string& jsonl_path, const Tokenizer& tok, const
          (o.preference ? fmt::format("\npreference=1\ntruncation_mode={}\nmax_prompt_length={}",
                                      o.truncation_mode, o.max_prompt_length)
                        : std::string()) +
-         (o.kto ? "\nkto=1" : "");
+         (o.kto ? "\nkto=1" : "") +
+         // TRL's prompt-completion records were malformed lines before (skipped with
+         // skip_bad_lines): a file tokenized then gets a new key. TRL's SFT options are written
+         // only when not their defaults.
+         (o.preference ? "" : "\nlayouts=prompt_completion") +
+         // tokenize_jsonl refuses keep_end: no cache file may answer for it.
+         (o.preference || o.truncation_mode == "keep_start"
+              ? std::string()
+              : "\ntruncation_mode=" + o.truncation_mode) +
+         (o.completion_only_loss ? "" : "\ncompletion_only_loss=0") +
+         (o.assistant_only_loss ? "" : "\nassistant_only_loss=0") +
+         (o.text_field == "text" ? std::string() : "\ntext_field=" + o.text_field);
 }
 
 uint64_t fnv1a(const std::string& s) {
@@ -94,12 +106,12 @@ std::string cache_file(const std::string& cache_dir, const std::string& jsonl_pa
   return (fs::path(cache_dir) / name).string();
 }
 
-// The stats a cache file keeps in its metadata. `since_preference`: absent from files written
-// before preference data existed, read as 0 there.
+// The stats a cache file keeps in its metadata. A drop cause is absent from files written
+// before it was counted: read as 0 there (read_cache says whether any was missing).
 struct StatField {
   const char* name;
   int64_t DatasetStats::*field;
-  bool since_preference = false;
+  bool cause = false;
 };
 const StatField kStatFields[] = {
     {"lines", &DatasetStats::lines},
@@ -107,9 +119,14 @@ const StatField kStatFields[] = {
     {"skipped_lines", &DatasetStats::skipped_lines},
     {"dropped_examples", &DatasetStats::dropped_examples},
     {"tokens", &DatasetStats::tokens},
+    {"untrained_examples", &DatasetStats::untrained_examples, true},
+    {"truncated_examples", &DatasetStats::truncated_examples, true},
+    {"skipped_truncated", &DatasetStats::skipped_truncated, true},
     {"identical_pairs", &DatasetStats::identical_pairs, true},
     {"empty_answers", &DatasetStats::empty_answers, true},
     {"long_prompts", &DatasetStats::long_prompts, true},
+    {"cut_answers", &DatasetStats::cut_answers, true},
+    {"cut_identical_pairs", &DatasetStats::cut_identical_pairs, true},
 };
 
 template <typename T>
@@ -177,9 +194,11 @@ void check_ids(const std::string& path, const std::vector<int32_t>& ids,
   }
 }
 
-// The dataset in a cache file and the key it was written for.
+// The dataset in a cache file and the key it was written for. `causes_missing`, when given,
+// is set when the file drops records without saying why (written before their causes were
+// counted).
 std::pair<Dataset, std::string> read_cache(const std::string& path, DatasetStats* stats,
-                                           int64_t id_limit) {
+                                           int64_t id_limit, bool* causes_missing = nullptr) {
   SafetensorsFile f(path);  // IoError when missing or not safetensors
   auto entry = [&](const char* name) {
     auto it = f.metadata().find(name);
@@ -208,17 +227,23 @@ std::pair<Dataset, std::string> read_cache(const std::string& path, DatasetStats
   } catch (const InvalidArgument& e) {
     throw corrupt_cache(path, e.what());
   }
-  if (stats != nullptr) {
-    for (const StatField& f : kStatFields) {
-      if (f.since_preference && entry(f.name).empty()) continue;
-      try {
-        stats->*f.field = std::stoll(entry(f.name));
-      } catch (const std::exception&) {
-        throw corrupt_cache(
-            path, fmt::format("metadata \"{}\" is \"{}\", not a number", f.name, entry(f.name)));
-      }
+  if (stats == nullptr && causes_missing == nullptr) return {std::move(d), entry("key")};
+  DatasetStats read;
+  bool missing = false;
+  for (const StatField& f : kStatFields) {
+    if (f.cause && entry(f.name).empty()) {
+      missing = true;
+      continue;
+    }
+    try {
+      read.*f.field = std::stoll(entry(f.name));
+    } catch (const std::exception&) {
+      throw corrupt_cache(
+          path, fmt::format("metadata \"{}\" is \"{}\", not a number", f.name, entry(f.name)));
     }
   }
+  if (causes_missing != nullptr) *causes_missing = missing && read.dropped_examples > 0;
+  if (stats != nullptr) *stats = read;
   return {std::move(d), entry("key")};
 }
 
@@ -247,15 +272,24 @@ Dataset load_or_tokenize(const std::string& jsonl_path, const Tokenizer& tok, co
   if (fs::exists(path, ec)) {
     try {
       DatasetStats cached;
+      bool causes_missing = false;
       std::pair<Dataset, std::string> read =
-          read_cache(path, &cached, o.token_id_limit > 0 ? o.token_id_limit : tok.vocab_size());
-      if (read.second == key) {
-        log::info("{}: {} examples, {} tokens from the cache '{}'", jsonl_path, read.first.size(),
-                  read.first.total_tokens(), path);
+          read_cache(path, &cached, o.token_id_limit > 0 ? o.token_id_limit : tok.vocab_size(),
+                     &causes_missing);
+      if (read.second == key && !causes_missing) {
+        log::info("{}: {} from the cache '{}'", jsonl_path, data::kept_summary(cached, o), path);
         if (stats != nullptr) *stats = cached;
         return std::move(read.first);
       }
-      log::warn("dataset cache '{}' was written for other data or options; tokenizing again", path);
+      if (read.second != key) {
+        log::warn("dataset cache '{}' was written for other data or options; tokenizing again",
+                  path);
+      } else {
+        log::warn(
+            "dataset cache '{}' was written before dropped records were counted by cause; "
+            "tokenizing again",
+            path);
+      }
     } catch (const IoError& e) {
       log::warn("tokenizing again: {}", e.what());
     }

@@ -16,6 +16,7 @@
 #include "data/chat_templates.hpp"
 #include "data/encoding.hpp"
 #include "data/records.hpp"
+#include "data/stats.hpp"
 #include "tokenizer/chatglm_tokenizer.hpp"
 #include "util/json.hpp"
 #include "util/log.hpp"
@@ -30,6 +31,9 @@ DataOptions data_options_for(const TrainingArguments& args) {
   o.template_name = args.template_name;
   o.max_length = args.max_length;
   o.train_on_prompt = args.train_on_prompt;
+  o.completion_only_loss = args.completion_only_loss.value_or(true);
+  o.assistant_only_loss = args.assistant_only_loss.value_or(true);
+  o.text_field = args.dataset_text_field;
   o.skip_bad_lines = args.skip_bad_lines;
   o.glm_prompt_layout = args.glm_prompt_layout;
   o.max_source_length = args.max_source_length;
@@ -60,17 +64,25 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 // from as much text as it needs (encode_prefix), so a huge record costs memory in proportion to
 // max_length, and the ids are those of encoding it whole and then truncating.
 Example encode_chat(const Chat& chat, const ChatTemplate& t, const Tokenizer& tok,
-                    bool train_on_prompt, size_t limit) {
+                    bool train_on_prompt, size_t limit, size_t prompt_replies) {
   Example e;
   const std::vector<data::Piece> pieces = t.render(chat);
+  // Which pieces train: each reply is one trained piece, and the first `prompt_replies` of
+  // them belong to a prompt (a prompt-completion record's earlier turns).
+  std::vector<bool> trained(pieces.size(), train_on_prompt);
+  for (size_t k = 0, reply = 0; k < pieces.size(); ++k) {
+    if (pieces[k].trained && reply++ >= prompt_replies) trained[k] = true;
+  }
   if (!t.whole_text()) {
     // Instruction templates: prompt and response encoded separately and their ids concatenated
     // (as LLaMA-Factory does), so the mask boundary is exact for any tokenizer.
     e.append(tok.prefix_ids(), train_on_prompt);
-    for (const data::Piece& p : pieces) {
-      if (e.ids.size() >= limit) break;
-      e.append(encode_prefix(tok, p.text, limit - e.ids.size()), p.trained || train_on_prompt);
-      if (p.trained && t.appends_eos() && tok.eos_id() >= 0) e.append({tok.eos_id()}, true);
+    for (size_t k = 0; k < pieces.size() && e.ids.size() < limit; ++k) {
+      e.append(encode_prefix(tok, pieces[k].text, limit - e.ids.size()), trained[k]);
+      // Every reply ends with eos, trained with it.
+      if (pieces[k].trained && t.appends_eos() && tok.eos_id() >= 0) {
+        e.append({tok.eos_id()}, trained[k]);
+      }
     }
     return e;
   }
@@ -89,7 +101,7 @@ Example encode_chat(const Chat& chat, const ChatTemplate& t, const Tokenizer& to
             ? e.ids.size()
             : common_prefix(encode_prefix(tok, std::string_view(text).substr(0, offset), limit),
                             e.ids);
-    if (pieces[k].trained || train_on_prompt) {
+    if (trained[k]) {
       for (size_t i = start; i < end; ++i) e.labels[i] = e.ids[i];
     }
     start = std::max(start, end);
@@ -97,7 +109,7 @@ Example encode_chat(const Chat& chat, const ChatTemplate& t, const Tokenizer& to
   // A format without an end of turn (GLM-4) ends a trained conversation with eos, trained.
   if (t.appends_eos() && tok.eos_id() >= 0 && e.ids.size() < limit && !pieces.empty() &&
       pieces.back().trained) {
-    e.append({tok.eos_id()}, true);
+    e.append({tok.eos_id()}, trained.back());
   }
   return e;
 }
@@ -318,41 +330,140 @@ Chat parse_instruction(json::ObjectReader& r) {
   return c;
 }
 
-// The example in one record. A malformed record throws ConfigError "<where>: ...".
-// `truncated` is set when ChatGLM-Finetuning's layout cut the record.
+// TRL's prompt-completion record in its standard (text) form: the prompt and the completion
+// encoded as one text after the tokenizer's prefix (bos), then eos unless the completion ends
+// with it (TRL's add_eos). The completion is what follows the prompt's own ids (TRL's
+// completion_mask); every token trains unless `completion_only`.
+Example encode_prompt_completion(const std::string& prompt, const std::string& completion,
+                                 const Tokenizer& tok, bool completion_only, size_t limit) {
+  Example e;
+  e.append(tok.prefix_ids(), !completion_only);
+  e.append(encode_prefix(tok, prompt + completion, limit - std::min(limit, e.ids.size())),
+           !completion_only);
+  if (tok.eos_id() >= 0 && (e.ids.empty() || e.ids.back() != tok.eos_id())) {
+    e.append({tok.eos_id()}, true);
+  }
+  const size_t prompt_ids = tok.prefix_ids().size() + encode_prefix(tok, prompt, limit).size();
+  for (size_t i = std::min(prompt_ids, e.ids.size()); i < e.ids.size(); ++i) e.labels[i] = e.ids[i];
+  return e;
+}
+
+// TRL's conversational lists: the prompt's messages, and the completion's, which is the
+// assistant's reply.
+constexpr data::ChatLayout kPromptList{"prompt", "role", "content"};
+
+std::string parse_completion_message(json::ObjectReader& r, const std::string& where) {
+  const rapidjson::Value* v = r.find("completion");
+  if (v != nullptr && v->IsArray() && v->Size() > 1) {
+    r.fail_value("completion",
+                 fmt::format("has {} messages: zerotrain trains a completion of one assistant "
+                             "message (put earlier turns in the prompt)",
+                             v->Size()));
+  }
+  if (v == nullptr || !v->IsArray() || v->Empty()) {
+    r.fail("completion",
+           "a list of one assistant message, as the prompt is a list of messages (TRL's "
+           "conversational form)");
+  }
+  json::ObjectReader m((*v)[0], "completion[0]", where);
+  const std::string role_text = m.required_string("role");
+  if (data::normalized_role(role_text) != std::optional<std::string>("assistant")) {
+    m.fail_value("role", fmt::format("\"{}\": a completion is the assistant's reply", role_text));
+  }
+  return data::message_text(m, "content");
+}
+
+// TRL's prompt-completion record (docs/data.md): text, or conversational — the chat of the
+// prompt's messages and the completion's reply through the template, as the messages record
+// of the same turns. The completion trains (TRL's completion_only_loss); without
+// completion_only_loss every reply does (assistant_only_loss), or every token.
+Example parse_prompt_completion(const rapidjson::Document& doc, json::ObjectReader& r,
+                                const std::string& where, const Tokenizer& tok,
+                                const ChatTemplate& t, const DataOptions& o, size_t limit) {
+  if (!doc.HasMember("completion")) {
+    throw ConfigError(fmt::format(
+        "{}: a \"prompt\" record needs a \"completion\" (TRL's prompt-completion layout){}", where,
+        doc.HasMember("chosen") ? "; preference pairs (\"chosen\", \"rejected\") train with "
+                                  "--stage dpo"
+                                : ""));
+  }
+  const bool completion_only = o.completion_only_loss && !o.train_on_prompt;
+  const rapidjson::Value& prompt = doc["prompt"];
+  if (prompt.IsString()) {
+    if (!doc["completion"].IsString()) {
+      r.fail("completion", "a string, as the prompt is (TRL's standard form)");
+    }
+    return encode_prompt_completion(json::text(prompt), json::text(doc["completion"]), tok,
+                                    completion_only, limit);
+  }
+  if (!prompt.IsArray()) {
+    r.fail("prompt", "a string (text) or a list of messages (conversational)");
+  }
+  Chat chat = data::parse_chat(r, where, kPromptList, /*ends_with_user=*/true);
+  // The replies among the prompt's messages: as many trained pieces as the prompt renders.
+  size_t prompt_replies = 0;
+  for (const data::Piece& p : t.render(chat)) prompt_replies += p.trained ? 1 : 0;
+  chat.messages.push_back({"assistant", parse_completion_message(r, where), ""});
+  if (completion_only) {
+    return data::encode_chat(chat, t, tok, /*train_on_prompt=*/false, limit, prompt_replies);
+  }
+  return data::encode_chat(chat, t, tok, o.train_on_prompt || !o.assistant_only_loss, limit);
+}
+
+// The example in one record, encoded up to `limit` ids. A malformed record throws ConfigError
+// "<where>: ...". `truncated` is set when ChatGLM-Finetuning's layout cut the record,
+// `pretokenized` for input_ids records (whole, whatever `limit`).
 Example parse_line(std::string_view line, const std::string& where, const Tokenizer& tok,
                    const ChatTemplate& t, const DataOptions& o, int64_t id_limit, size_t limit,
-                   bool* truncated) {
+                   bool* truncated, bool* pretokenized) {
   rapidjson::Document doc = json::parse(line, where);
   json::ObjectReader r(doc, "", where);
   const bool train_on_prompt = o.train_on_prompt;
   // The first of these keys decides the format (docs/data.md).
-  if (doc.HasMember("input_ids")) return parse_tokens(r, id_limit);
+  *pretokenized = doc.HasMember("input_ids");
+  if (*pretokenized) return parse_tokens(r, id_limit);
   if (tok.vocab_size() > id_limit) throw TextNeedsVocabulary{};  // this record has text to encode
+  if (doc.HasMember("chosen") && doc.HasMember("rejected")) {
+    throw RecordOfAnotherStage(fmt::format(
+        "{}: a preference pair (\"chosen\" / \"rejected\"), which supervised fine-tuning "
+        "cannot train; train it with --stage dpo (or --stage kto for unpaired feedback)",
+        where));
+  }
+  if (doc.HasMember("kto_tag") || (doc.HasMember("completion") && doc.HasMember("label"))) {
+    throw RecordOfAnotherStage(fmt::format(
+        "{}: an example marked good or bad (\"{}\"), which supervised fine-tuning cannot "
+        "train; train it with --stage kto",
+        where, doc.HasMember("kto_tag") ? "kto_tag" : "label"));
+  }
   if (!o.glm_prompt_layout.empty() && doc.HasMember("instruction")) {
     // data_set.py reads exactly these three keys, instruction + input concatenated.
     const std::string instruction = r.required_string("instruction") + r.required_string("input");
     return encode_glm_finetuning(instruction, r.required_string("output"),
                                  static_cast<const ChatGlmTokenizer&>(tok), o, truncated);
   }
+  // TRL's assistant_only_loss false trains every token of a conversation.
+  const bool train_chat = train_on_prompt || !o.assistant_only_loss;
   if (doc.HasMember("messages"))
-    return encode_chat(parse_chat(r, where, kOpenAi), t, tok, train_on_prompt, limit);
+    return encode_chat(parse_chat(r, where, kOpenAi), t, tok, train_chat, limit);
   if (doc.HasMember("conversations")) {
-    return encode_chat(parse_chat(r, where, kShareGpt), t, tok, train_on_prompt, limit);
+    return encode_chat(parse_chat(r, where, kShareGpt), t, tok, train_chat, limit);
   }
   if (doc.HasMember("instruction"))
     return encode_chat(parse_instruction(r), t, tok, train_on_prompt, limit);
-  if (doc.HasMember("text")) return encode_text(r.required_string("text"), tok, limit);
+  if (doc.HasMember("prompt")) return parse_prompt_completion(doc, r, where, tok, t, o, limit);
+  const char* text_key = o.text_field.c_str();
+  if (doc.HasMember(text_key)) return encode_text(r.required_string(text_key), tok, limit);
   std::string keys;
   for (auto it = doc.MemberBegin(); it != doc.MemberEnd(); ++it) {
     keys += fmt::format("{}\"{}\"", keys.empty() ? "" : ", ", json::text(it->name));
   }
   throw ConfigError(fmt::format(
-      "{}: unknown layout: the layouts are \"text\" (plain text), \"instruction\" + \"output\" "
-      "(alpaca, "
-      "optional \"input\"), \"messages\" (OpenAI chat: role/content), \"conversations\" (ShareGPT: "
-      "from/value) and \"input_ids\" (pre-tokenized, optional \"labels\"); found {}",
-      where, keys.empty() ? "an empty object" : "keys " + keys));
+      "{}: unknown layout: the layouts are \"{}\" (plain text{}), \"prompt\" + \"completion\" "
+      "(TRL's, text or messages), \"instruction\" + \"output\" (alpaca, optional \"input\"), "
+      "\"messages\" (OpenAI chat: role/content), \"conversations\" (ShareGPT: from/value) and "
+      "\"input_ids\" (pre-tokenized, optional \"labels\"); found {}",
+      where, o.text_field, o.text_field == "text" ? "" : ", dataset_text_field",
+      keys.empty() ? "an empty object" : "keys " + keys));
 }
 
 }  // namespace
@@ -474,14 +585,20 @@ void data::read_records(const std::string& path, const Tokenizer& tok, const Dat
     std::string error;         // a malformed record's message
     std::exception_ptr fatal;  // anything else, rethrown where a sequential pass would throw it
   };
+  // A batch ends at kBatchLines records or kBatchBytes of text: long records then still
+  // report progress (and meet a stop) every few seconds.
   constexpr size_t kBatchLines = 8192;
+  constexpr size_t kBatchBytes = size_t{4} << 20;
   const int threads = cpu_worker_threads();
   std::vector<Record> batch;
+  size_t batch_bytes = 0;
   std::vector<Outcome> outcomes;
   auto work = [&](int64_t first, int64_t last) {
     for (size_t i = static_cast<size_t>(first); i < static_cast<size_t>(last); ++i) {
       try {
         outcomes[i].parsed = parse(batch[i].text, reader.where(batch[i]));
+      } catch (const RecordOfAnotherStage&) {
+        outcomes[i].fatal = std::current_exception();
       } catch (const ConfigError& error) {
         outcomes[i].error = error.what();
       } catch (const TextNeedsVocabulary&) {
@@ -503,8 +620,12 @@ void data::read_records(const std::string& path, const Tokenizer& tok, const Dat
       ++s.lines;
       if (!out.error.empty()) {
         if (!o.skip_bad_lines) {
-          throw ConfigError(fmt::format(
-              "{} (fix the record, or set skip_bad_lines to skip malformed ones)", out.error));
+          // Skipping helps a file whose other records are good: not one whose first is bad.
+          throw ConfigError(
+              fmt::format("{} ({})", out.error,
+                          s.lines - s.skipped_lines > 1
+                              ? "fix the record, or set skip_bad_lines to skip malformed ones"
+                              : "fix the record; docs/data.md lists the layouts"));
         }
         if (s.skipped_lines++ == 0) first_skipped = out.error;
         continue;
@@ -512,10 +633,13 @@ void data::read_records(const std::string& path, const Tokenizer& tok, const Dat
       take(out.parsed);
     }
     batch.clear();
+    batch_bytes = 0;
+    if (o.on_progress) o.on_progress({s.lines, reader.bytes_read(), reader.size()});
   };
   for (Record record; reader.next(record);) {
+    batch_bytes += record.text.size();
     batch.push_back(std::move(record));
-    if (batch.size() == kBatchLines) flush();
+    if (batch.size() == kBatchLines || batch_bytes >= kBatchBytes) flush();
   }
   flush();
   if (s.skipped_lines > 0) {
@@ -538,42 +662,77 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
     throw ConfigError(fmt::format("max_length: expected an integer >= 1, found {}", o.max_length));
   }
   check_glm_prompt_layout(o, tok);
+  if (o.truncation_mode == "keep_end") {
+    throw ConfigError(
+        "truncation_mode keep_end: supervised fine-tuning keeps the start of a long example "
+        "(TRL's default, keep_start); keep_end applies to preference data (--stage dpo, kto)");
+  }
+  for (const char* key : {"", "input_ids", "messages", "conversations", "instruction", "prompt"}) {
+    if (o.text_field == key) {
+      throw ConfigError(fmt::format(
+          "dataset_text_field: \"{}\" {}; name the key of plain-text records (TRL's default: "
+          "text)",
+          o.text_field, *key == 0 ? "is empty" : "is the key of another layout"));
+    }
+  }
   Dataset dataset;
   DatasetStats s;
   const int64_t id_limit = o.token_id_limit > 0 ? o.token_id_limit : tok.vocab_size();
+  // Why an example is dropped (Parsed::dropped).
+  enum Drop { kKept = 0, kUntrained, kTruncated, kSkipTruncated };
+  const size_t max_length = static_cast<size_t>(o.max_length);
   const auto parse = [&](std::string_view text, const std::string& where) {
     data::Parsed p;
-    p.examples.push_back(data::parse_line(text, where, tok, t, o, id_limit,
-                                          static_cast<size_t>(o.max_length), &p.truncated));
+    bool pretokenized = false;
+    // Encoded one id past max_length: whether the cut takes anything is then known.
+    Example e = data::parse_line(text, where, tok, t, o, id_limit, max_length + 1, &p.truncated,
+                                 &pretokenized);
+    const bool cut = e.ids.size() > max_length || p.truncated;
+    // No trained label in the whole example: known when nothing was cut, or for ids given whole.
+    const bool untrained = !data::has_trained_label(e) && (pretokenized || !cut);
+    if (e.ids.size() > max_length) {  // keep the start
+      e.ids.resize(max_length);
+      e.labels.resize(max_length);
+    }
+    if (p.truncated && o.skip_truncated) {
+      p.dropped = kSkipTruncated;
+    } else if (!data::has_trained_label(e)) {
+      p.dropped = untrained ? kUntrained : kTruncated;
+    } else {
+      p.examples.push_back(std::move(e));
+    }
     return p;
   };
   const auto take = [&](data::Parsed& p) {
-    Example& e = p.examples.front();
-    if (static_cast<int64_t>(e.ids.size()) > o.max_length) {  // keep the start
-      e.ids.resize(o.max_length);
-      e.labels.resize(o.max_length);
+    switch (p.dropped) {
+      case kUntrained:
+        ++s.untrained_examples;
+        break;
+      case kTruncated:
+        ++s.truncated_examples;
+        break;
+      case kSkipTruncated:
+        ++s.skipped_truncated;
+        break;
+      default:
+        dataset.add(p.examples.front().ids, p.examples.front().labels);
+        return;
     }
-    if (!data::has_trained_label(e) || (p.truncated && o.skip_truncated)) {
-      ++s.dropped_examples;
-      return;
-    }
-    dataset.add(e.ids, e.labels);
+    ++s.dropped_examples;
   };
   data::read_records(path, tok, o, id_limit, parse, take, s);
 
   s.examples = dataset.size();
   s.tokens = dataset.total_tokens();
   if (s.dropped_examples > 0) {
-    log::warn(
-        "{}: dropped {} example(s) left without a trained token by truncation to "
-        "max_length {} (raise max_length, or set train_on_prompt)",
-        path, s.dropped_examples, o.max_length);
+    log::warn("{}: dropped {} example(s): {}{}", path, s.dropped_examples, data::drop_causes(s, o),
+              s.truncated_examples > 0 ? " (raise max_length, or set train_on_prompt)" : "");
   }
   if (dataset.empty()) {
     throw ConfigError(fmt::format(
-        "data file '{}' has no usable example: {} line(s), {} skipped as malformed, {} dropped "
-        "without a trained token after truncation to max_length {}",
-        path, s.lines, s.skipped_lines, s.dropped_examples, o.max_length));
+        "data file '{}' has no usable example: {} line(s), {} skipped as malformed, {} dropped{}",
+        path, s.lines, s.skipped_lines, s.dropped_examples,
+        s.dropped_examples > 0 ? " (" + data::drop_causes(s, o) + ")" : ""));
   }
   if (stats != nullptr) *stats = s;
   return dataset;

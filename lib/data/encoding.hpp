@@ -12,6 +12,7 @@
 #include "data/chat_templates.hpp"
 #include "util/json.hpp"
 #include "zerotrain/data.hpp"
+#include "zerotrain/error.hpp"
 #include "zerotrain/tokenizer.hpp"
 
 namespace zt::data {
@@ -34,9 +35,9 @@ struct Example {
 bool has_trained_label(const Example& e);
 
 /// A chat through template `t`, at most `limit` ids: replies trained (and, with
-/// `train_on_prompt`, everything).
+/// `train_on_prompt`, everything) but the first `prompt_replies`, which belong to a prompt.
 Example encode_chat(const Chat& chat, const ChatTemplate& t, const Tokenizer& tok,
-                    bool train_on_prompt, size_t limit);
+                    bool train_on_prompt, size_t limit, size_t prompt_replies = 0);
 /// Plain text, every token trained: the tokenizer's prefix (bos), the text, eos.
 Example encode_text(const std::string& text, const Tokenizer& tok, size_t limit);
 
@@ -69,12 +70,20 @@ Chat parse_instruction_prompt(json::ObjectReader& r);
 /// tokenizer whose ids the model cannot take: fatal, not a malformed record.
 struct TextNeedsVocabulary {};
 
+/// A record of another stage's data (a preference pair given to SFT, KTO's examples given to
+/// DPO): the whole file is of that kind, so it stops the read whatever skip_bad_lines says, and
+/// its message names the stage that trains it.
+struct RecordOfAnotherStage : ConfigError {
+  using ConfigError::ConfigError;
+};
+
 /// What a format made of one record: its sequences (none when the record is dropped, with a
 /// cause of the format's own numbering) and whether a format cut it.
 struct Parsed {
   std::vector<Example> examples;
   std::vector<uint8_t> desirable;  ///< KTO data: per example, 1 where its completion is desirable
   int dropped = 0;
+  int answers = 0;  ///< preference data: the record's answers, kept or dropped (KTO: examples)
   bool truncated = false;
 };
 
@@ -84,7 +93,9 @@ using RecordParser = std::function<Parsed(std::string_view text, const std::stri
 /// Reads the records of `path` in batches, parsed on all worker threads, and hands each record's
 /// Parsed to `take` in file order (so errors, skips and results are those of a sequential pass).
 /// A malformed record is a ConfigError — or, with `o.skip_bad_lines`, skipped, counted and warned
-/// about. Fills `stats.lines` and `stats.skipped_lines`; an empty file is a ConfigError.
+/// about. Fills `stats.lines` and `stats.skipped_lines`; an empty file is a ConfigError. After
+/// each batch, `o.on_progress` (when set) hears where the file stands; what it throws
+/// propagates.
 void read_records(const std::string& path, const Tokenizer& tok, const DataOptions& o,
                   int64_t id_limit, const RecordParser& parse,
                   const std::function<void(Parsed&)>& take, DatasetStats& stats);

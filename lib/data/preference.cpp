@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "data/encoding.hpp"
+#include "data/stats.hpp"
 #include "util/log.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
@@ -21,8 +22,9 @@ using data::Chat;
 using data::ChatTemplate;
 using data::Example;
 
-// Why a pair is dropped (Parsed::dropped).
-enum Drop { kKept = 0, kIdentical, kEmpty, kLongPrompt };
+// Why a record is dropped (Parsed::dropped): what its answers are before any cut, then what
+// the cut to max_length makes of them.
+enum Drop { kKept = 0, kIdentical, kEmpty, kLongPrompt, kCutAnswer, kCutIdentical };
 
 // A pair before encoding: the prompt as text (TRL's standard form) or as a chat, and the two
 // answers.
@@ -194,11 +196,10 @@ void truncate(Example& e, const DataOptions& o) {
 }
 
 // One answer's sequence, encoded whole (where the answer starts is only known then: an answer
-// cut away would leave an earlier reply looking like the last one), then truncated as TRL does;
-// kKept, or why the record is dropped.
-Drop encode_answer(const Pair& p, const std::string& answer, const ChatTemplate& t,
-                   const Tokenizer& tok, const DataOptions& o, Example& e) {
-  e = encode_sequence(p, answer, t, tok, SIZE_MAX);
+// cut away would leave an earlier reply looking like the last one), truncated as TRL does;
+// kKept, or why no answer token is left: the prompt alone fills max_length (keep_start), or
+// (keep_end) what a template writes after the answer does (llama3_original's next header).
+Drop truncate_answer(Example& e, const DataOptions& o) {
   if (o.truncation_mode != "keep_end") {
     const size_t prompt = prompt_tokens(e);
     const size_t kept_prompt = o.max_prompt_length > 0
@@ -207,43 +208,40 @@ Drop encode_answer(const Pair& p, const std::string& answer, const ChatTemplate&
     if (kept_prompt >= static_cast<size_t>(o.max_length)) return kLongPrompt;
   }
   truncate(e, o);
-  // Nothing of the answer left (keep_end keeps its end).
-  return data::has_trained_label(e) ? kKept : kLongPrompt;
+  return data::has_trained_label(e) ? kKept : kCutAnswer;
 }
 
 // A record's answers, each with its KTO label (pairs: chosen 1, rejected 0), as sequences; the
-// whole record dropped with the first cause found.
+// whole record dropped with the first cause found: an answer empty or identical to the other
+// as text, then as tokens, then once cut to max_length.
 data::Parsed encode_answers(const Pair& p, const std::vector<std::pair<std::string, bool>>& answers,
                             const Tokenizer& tok, const ChatTemplate& t, const DataOptions& o,
                             int64_t id_limit) {
   data::Parsed out;
-  for (const auto& answer : answers) {
-    if (answer.first.empty()) {
-      out.dropped = kEmpty;
-      return out;
-    }
-  }
-  if (answers.size() == 2 && answers[0].first == answers[1].first) {
-    out.dropped = kIdentical;
-    return out;
-  }
-  if (tok.vocab_size() > id_limit) throw data::TextNeedsVocabulary{};
-  for (const auto& answer : answers) {
-    Example e;
-    if (const Drop why = encode_answer(p, answer.first, t, tok, o, e); why != kKept) {
-      out.examples.clear();
-      out.desirable.clear();
-      out.dropped = why;
-      return out;
-    }
-    out.examples.push_back(std::move(e));
-    out.desirable.push_back(answer.second ? 1 : 0);
-  }
-  if (answers.size() == 2 && out.examples[0].ids == out.examples[1].ids) {  // same once cut
+  out.answers = static_cast<int>(answers.size());
+  const auto drop = [&](Drop why) {
     out.examples.clear();
     out.desirable.clear();
-    out.dropped = kIdentical;
+    out.dropped = why;
+    return out;
+  };
+  for (const auto& answer : answers) {
+    if (answer.first.empty()) return drop(kEmpty);
   }
+  if (answers.size() == 2 && answers[0].first == answers[1].first) return drop(kIdentical);
+  if (tok.vocab_size() > id_limit) throw data::TextNeedsVocabulary{};
+  for (const auto& answer : answers) {
+    out.examples.push_back(encode_sequence(p, answer.first, t, tok, SIZE_MAX));
+    out.desirable.push_back(answer.second ? 1 : 0);
+    // Text that encodes to no token of its own (merged into the prompt's last one) is empty.
+    if (!data::has_trained_label(out.examples.back())) return drop(kEmpty);
+  }
+  const bool pair = out.examples.size() == 2;
+  if (pair && out.examples[0].ids == out.examples[1].ids) return drop(kIdentical);
+  for (Example& e : out.examples) {
+    if (const Drop why = truncate_answer(e, o); why != kKept) return drop(why);
+  }
+  if (pair && out.examples[0].ids == out.examples[1].ids) return drop(kCutIdentical);
   return out;
 }
 
@@ -256,6 +254,12 @@ data::Parsed encode_pair(std::string_view line, const std::string& where, const 
                          const ChatTemplate& t, const DataOptions& o, int64_t id_limit) {
   const rapidjson::Document doc = json::parse(line, where);
   json::ObjectReader r(doc, "", where);
+  if (!(r.has("chosen") && r.has("rejected")) && (r.has("kto_tag") || r.has("label"))) {
+    throw data::RecordOfAnotherStage(
+        fmt::format("{}: an example marked good or bad (\"{}\"), not a pair of answers: train such "
+                    "examples with --stage kto",
+                    where, r.has("kto_tag") ? "kto_tag" : "label"));
+  }
   return encode_pair(parse_pair(doc, r, where), tok, t, o, id_limit);
 }
 
@@ -375,6 +379,12 @@ Dataset tokenize_preference_jsonl(const std::string& path, const Tokenizer& tok,
       case kLongPrompt:
         ++s.long_prompts;
         break;
+      case kCutAnswer:
+        ++s.cut_answers;
+        break;
+      case kCutIdentical:
+        ++s.cut_identical_pairs;
+        break;
       default:
         if (!o.kto) {
           for (const Example& e : p.examples) dataset.add(e.ids, e.labels);
@@ -385,6 +395,9 @@ Dataset tokenize_preference_jsonl(const std::string& path, const Tokenizer& tok,
         return;
     }
     ++dropped;
+    // The rows the record would have made: a pair's two sequences; per KTO example, its own and
+    // its KL sequence.
+    s.dropped_examples += o.kto ? 2 * p.answers : p.answers;
   };
   data::read_records(path, tok, o, id_limit, parse, take, s);
   if (o.kto) {
@@ -401,20 +414,18 @@ Dataset tokenize_preference_jsonl(const std::string& path, const Tokenizer& tok,
   const char* what = o.kto ? "KTO record(s)" : "preference pair(s)";
   s.examples = dataset.size();
   s.tokens = dataset.total_tokens();
-  s.dropped_examples = o.kto ? dropped : 2 * dropped;
-  const std::string counts = fmt::format(
-      "{} with identical chosen and rejected answers, {} with an empty answer, {} whose prompt "
-      "alone fills max_length {}",
-      s.identical_pairs, s.empty_answers, s.long_prompts, o.max_length);
+  const std::string causes = data::drop_causes(s, o);
   if (dropped > 0) {
-    log::warn("{}: dropped {} of {} {}, which no loss can learn from: {}", path, dropped,
-              s.lines - s.skipped_lines, what, counts);
+    log::warn("{}: dropped {} of {} {}{}, which no loss can learn from: {}", path, dropped,
+              s.lines - s.skipped_lines, what,
+              o.kto ? fmt::format(" ({} KTO examples)", s.dropped_examples / 2) : "", causes);
   }
   if (dataset.empty()) {
-    throw ConfigError(fmt::format(
-        "data file '{}' has no usable {}: {} record(s), {} "
-        "skipped as malformed; dropped: {}",
-        path, o.kto ? "KTO example" : "preference pair", s.lines, s.skipped_lines, counts));
+    throw ConfigError(
+        fmt::format("data file '{}' has no usable {}: {} record(s), {} "
+                    "skipped as malformed; dropped: {}",
+                    path, o.kto ? "KTO example" : "preference pair", s.lines, s.skipped_lines,
+                    causes.empty() ? "none" : causes));
   }
   if (stats != nullptr) *stats = s;
   return dataset;

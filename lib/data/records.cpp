@@ -1,6 +1,7 @@
 // JSONL lines and JSON-array elements, one at a time.
 #include "data/records.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -30,6 +31,8 @@ bool is_blank(const std::string& line) {
 
 RecordReader::RecordReader(const std::string& path) : path_(path) {
   const int fd = files::open_regular(path, "data file");
+  struct stat st {};
+  if (::fstat(fd, &st) == 0) size_ = static_cast<int64_t>(st.st_size);
   in_ = ::fdopen(fd, "rb");
   if (in_ == nullptr) {
     ::close(fd);
@@ -54,6 +57,11 @@ RecordReader::RecordReader(const std::string& path) : path_(path) {
   } else {
     std::fseek(in_, start, SEEK_SET);
   }
+}
+
+int64_t RecordReader::bytes_read() const {
+  const long at = std::ftell(in_);
+  return at < 0 ? 0 : static_cast<int64_t>(at);
 }
 
 RecordReader::~RecordReader() {

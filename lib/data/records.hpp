@@ -30,6 +30,9 @@ class RecordReader {
   bool next(Record& out);
 
   bool is_array() const { return array_; }
+  /// Bytes of the file read so far, and its size when opened (for progress).
+  int64_t bytes_read() const;
+  int64_t size() const { return size_; }
   /// "<file>:<line>" for JSONL, "<file>: element <i> (line <l>)" for an array.
   std::string where(const Record& r) const;
 
@@ -46,6 +49,7 @@ class RecordReader {
   bool array_done_ = false;
   int64_t line_ = 1;
   int64_t count_ = 0;
+  int64_t size_ = 0;
 };
 
 }  // namespace zt::data

@@ -1,6 +1,7 @@
 // PEFT's adapter files: adapter_config.json + adapter_model.safetensors, and merged exports.
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -10,6 +11,7 @@
 #include <rapidjson/stringbuffer.h>
 
 #include "model/layers.hpp"
+#include "peft/adapter_io.hpp"
 #include "peft/linear_adapters.hpp"
 #include "peft/lora_config.hpp"
 #include "peft/lora_targets.hpp"
@@ -255,6 +257,20 @@ void check_floating(const SafetensorsFile& file, const std::string& key) {
   }
 }
 
+// What load_adapter and merge refuse alike: a stored tensor that `has` (the model's parameters,
+// adapters applied) does not name would otherwise be passed over without a word.
+void check_places(const std::string& file, const std::map<std::string, std::string>& keys,
+                  const std::function<bool(const std::string&)>& has) {
+  for (const auto& [name, key] : keys) {
+    if (!has(name)) {
+      throw IoError(
+          fmt::format("'{}' holds tensor '{}', which has no place in this model "
+                      "(a different base model?)",
+                      file, key));
+    }
+  }
+}
+
 class AdapterSource final : public ParameterSource {
  public:
   explicit AdapterSource(const std::string& dir)
@@ -283,8 +299,24 @@ std::shared_ptr<ParameterSource> adapter_source(const std::string& adapter_dir) 
   return std::make_shared<AdapterSource>(adapter_dir);
 }
 
+void peft::check_adapter_places(const ModelConfig& config, const std::string& dir,
+                                const PeftConfig& c) {
+  CausalLM placeholder(config, at::TensorOptions().dtype(at::kFloat), /*allocate=*/false);
+  apply_peft(placeholder, c, 0);
+  std::set<std::string> names;
+  for (const auto& item : placeholder.named_parameters(true)) names.insert(item.key());
+  const std::string file = dir + "/adapter_model.safetensors";
+  const SafetensorsFile st(file);
+  check_places(file, keys_by_name(st),
+               [&](const std::string& name) { return names.count(name) != 0; });
+}
+
 ParameterCount load_adapter(CausalLM& model, const std::string& dir, bool trainable) {
-  PeftConfig c = load_adapter_config(dir);
+  return peft::load_adapter_as(model, dir, load_adapter_config(dir), trainable);
+}
+
+ParameterCount peft::load_adapter_as(CausalLM& model, const std::string& dir, const PeftConfig& c,
+                                     bool trainable) {
   const std::string file = dir + "/adapter_model.safetensors";
   SafetensorsFile st(file);
   const ModelConfig& m = model.config();
@@ -294,14 +326,7 @@ ParameterCount load_adapter(CausalLM& model, const std::string& dir, bool traina
     std::map<std::string, at::Tensor> params;
     for (const auto& item : model.named_parameters(true)) params[item.key()] = item.value();
     const std::map<std::string, std::string> keys = keys_by_name(st);
-    for (const auto& [name, key] : keys) {
-      if (!params.count(name)) {
-        throw IoError(
-            fmt::format("'{}' holds tensor '{}', which has no place in this model "
-                        "(a different base model?)",
-                        file, key));
-      }
-    }
+    check_places(file, keys, [&](const std::string& name) { return params.count(name) != 0; });
     for (auto& [name, p] : params) {
       const bool lora = peft::is_adapter_parameter(name);
       if (!lora && !p.requires_grad()) continue;  // a frozen base weight

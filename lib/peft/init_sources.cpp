@@ -6,13 +6,16 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "model/layers.hpp"
 #include "peft/dora.hpp"
+#include "peft/linear_adapters.hpp"
 #include "peft/lora.hpp"
 #include "peft/lora_targets.hpp"
 #include "peft/pissa.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/safetensors.hpp"
 
 namespace zt::peft {
 namespace {
@@ -57,7 +60,8 @@ at::Tensor read_whole(ParameterSource& source, const std::string& name,
 class PissaSource final : public ParameterSource {
  public:
   PissaSource(std::shared_ptr<ParameterSource> base, Targets targets, const LoraOptions& o,
-              int64_t niter, uint64_t seed, c10::Device device, bool factors)
+              int64_t niter, uint64_t seed, c10::Device device, bool factors,
+              std::unique_ptr<SafetensorsFile> start = nullptr)
       : base_(std::move(base)),
         targets_(std::move(targets)),
         r_(o.r),
@@ -65,7 +69,8 @@ class PissaSource final : public ParameterSource {
         niter_(niter),
         seed_(seed),
         device_(device),
-        factors_(factors) {}
+        factors_(factors),
+        start_(std::move(start)) {}
 
   bool has(const std::string& name) const override {
     if (factors_ && (!module_of(targets_, name, "lora_A.weight").empty() ||
@@ -97,12 +102,33 @@ class PissaSource final : public ParameterSource {
       const model::Linear& lin = *targets_.at(module);
       const at::Tensor w =
           read_whole(*base_, module + ".weight", {lin.out_features, lin.in_features}, at::kFloat);
-      PissaFactors f =
-          pissa_factors(w.to(device_), r_, scaling_, niter_, generator_for(seed_, module));
+      PissaFactors f;
+      if (start_) {
+        // The factors the run started from, as it saved them: the residual is what they leave
+        // of the weight, computed as pissa_factors computes it.
+        f.lora_A = saved_factor(module + ".lora_A.weight", {r_, lin.in_features});
+        f.lora_B = saved_factor(module + ".lora_B.weight", {lin.out_features, r_});
+        f.residual = w.to(device_) - at::mm(f.lora_B.to(device_) * scaling_, f.lora_A.to(device_));
+      } else {
+        f = pissa_factors(w.to(device_), r_, scaling_, niter_, generator_for(seed_, module));
+      }
       cached_ = {f.lora_A.cpu(), f.lora_B.cpu(), f.residual.cpu()};
       cached_module_ = module;
     }
     return cached_;
+  }
+
+  at::Tensor saved_factor(const std::string& name, const std::vector<int64_t>& shape) const {
+    const std::string key = kAdapterKeyPrefix + name;
+    if (!start_->contains(key) || start_->info(key).shape != shape ||
+        !at::isFloatingType(start_->info(key).dtype)) {
+      throw IoError(fmt::format(
+          "'{}' {} '{}' of shape [{}]: it is not the starting adapter of the run that trained "
+          "this PiSSA adapter",
+          start_->path(), start_->contains(key) ? "has no floating-point" : "lacks", key,
+          fmt::join(shape, ", ")));
+    }
+    return start_->load(key).to(at::kFloat);
   }
 
   std::shared_ptr<ParameterSource> base_;
@@ -113,6 +139,7 @@ class PissaSource final : public ParameterSource {
   uint64_t seed_;
   c10::Device device_;
   bool factors_;
+  std::unique_ptr<SafetensorsFile> start_;  ///< the run's saved start (pissa_init), or null
   std::string cached_module_;
   PissaFactors cached_;
 };
@@ -181,6 +208,16 @@ std::shared_ptr<ParameterSource> pissa_source(std::shared_ptr<ParameterSource> b
   if (!niter) return base;
   return std::make_shared<PissaSource>(std::move(base), targets_of(model, options), options, *niter,
                                        seed, device, factors);
+}
+
+std::shared_ptr<ParameterSource> pissa_start_source(std::shared_ptr<ParameterSource> base,
+                                                    CausalLM& model, const LoraOptions& options,
+                                                    const std::string& init_dir) {
+  const std::optional<int64_t> niter = pissa_iterations(options.init_lora_weights);
+  if (!niter) return base;
+  return std::make_shared<PissaSource>(
+      std::move(base), targets_of(model, options), options, *niter, 0, at::kCPU, true,
+      std::make_unique<SafetensorsFile>(init_dir + "/adapter_model.safetensors"));
 }
 
 std::shared_ptr<ParameterSource> dora_source(std::shared_ptr<ParameterSource> base, CausalLM& model,

@@ -27,6 +27,15 @@ std::shared_ptr<ParameterSource> pissa_source(std::shared_ptr<ParameterSource> b
                                               CausalLM& model, const LoraOptions& options,
                                               uint64_t seed, c10::Device device, bool factors);
 
+/// pissa_source from the start a PiSSA run saved (`init_dir`: its pissa_init/ folder, the
+/// factors with PEFT's keys) rather than a decomposition: "<module>.lora_A.weight" /
+/// "<module>.lora_B.weight" those factors and "<module>.weight" the residual they leave of
+/// `base`'s weight — exactly the base and start the run trained from, whatever device and seed
+/// its decomposition had. IoError naming the file when it lacks a factor of this adapter's shape.
+std::shared_ptr<ParameterSource> pissa_start_source(std::shared_ptr<ParameterSource> base,
+                                                    CausalLM& model, const LoraOptions& options,
+                                                    const std::string& init_dir);
+
 /// `base` with "<module>.lora_magnitude_vector" of each DoRA target of `model`: the row norms of
 /// its weight as `base` gives it (a 4-bit storage dequantized) plus scaling · B · A (B and A as
 /// `base` gives them when the options are PiSSA — `base` is then a pissa_source —, else the

@@ -3,6 +3,7 @@
 #include "zerotrain/peft.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <functional>
 #include <optional>
@@ -379,6 +380,65 @@ ParameterCount count_parameters(const torch::nn::Module& model) {
     }
   }
   return c;
+}
+
+std::string describe_method(const PeftConfig& c, const std::optional<QuantizationConfig>& base,
+                            bool continued) {
+  switch (c.type) {
+    case FinetuningType::kFull:
+      return "full fine-tuning";
+    case FinetuningType::kFreeze:
+      return fmt::format("Freeze: the {} {} layers train",
+                         c.freeze.trainable_layers < 0 ? "first" : "last",
+                         std::abs(c.freeze.trainable_layers));
+    case FinetuningType::kPTuning:
+      return fmt::format("P-Tuning: {} virtual tokens through an {} encoder",
+                         c.prompt.num_virtual_tokens, c.prompt.reparameterization);
+    case FinetuningType::kPrefix:
+      return fmt::format("prefix tuning (P-Tuning v2): {} virtual tokens{}",
+                         c.prompt.num_virtual_tokens,
+                         c.prompt.prefix_projection ? " through a projection" : "");
+    case FinetuningType::kLora:
+      break;
+  }
+  const LoraOptions& o = c.lora;
+  std::string out = fmt::format("{}{} r{} (alpha {:g})", o.use_dora ? "DoRA" : "LoRA",
+                                o.use_rslora ? " with rsLoRA scaling" : "", o.r, o.alpha);
+  if (const std::optional<int64_t> niter = peft::pissa_iterations(o.init_lora_weights)) {
+    out += *niter < 0 ? ", started by PiSSA (a full SVD)"
+                      : fmt::format(", started by PiSSA ({} subspace iterations)", *niter);
+  }
+  if (continued) out += ", continuing a saved adapter";
+  if (base) {
+    std::string type = base->quant_type;
+    std::transform(type.begin(), type.end(), type.begin(), ::toupper);
+    out += fmt::format(" over a 4-bit {} base{}", type,
+                       base->double_quant ? " (double quantization)" : "");
+  } else {
+    out += " over a full-precision base";
+  }
+  return out;
+}
+
+bool adapter_starts_as_base(const PeftConfig& c, bool continued) {
+  // Adapters off leave a trained bias or a module to save as trained: only a LoRA / DoRA
+  // adapter of A and B alone (and DoRA's magnitude, the weight's own norms) falls back to the
+  // base, and only a new one whose B starts at zero (not PiSSA's factors over the residual)
+  // starts as the base computes.
+  return c.type == FinetuningType::kLora && !continued &&
+         !peft::pissa_iterations(c.lora.init_lora_weights) && c.lora.bias == "none" &&
+         c.lora.modules_to_save.empty();
+}
+
+std::string adapter_start_description(const PeftConfig& c, bool continued) {
+  if (c.type == FinetuningType::kPTuning || c.type == FinetuningType::kPrefix)
+    return "the prompt encoder as it starts";
+  if (continued) return "the adapter it continues";
+  if (peft::pissa_iterations(c.lora.init_lora_weights))
+    return "PiSSA's starting factors over the residual";
+  if (c.lora.bias != "none" || !c.lora.modules_to_save.empty())
+    return "the adapter, its trained biases and modules_to_save as they start";
+  return "the adapter as it starts";
 }
 
 ParameterCount apply_peft(CausalLM& model, const PeftConfig& c, uint64_t seed) {

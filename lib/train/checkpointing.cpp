@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "train/resume_check.hpp"
 #include "train/trainer_impl.hpp"
 #include "util/log.hpp"
 #include "util/rng.hpp"
@@ -145,6 +146,13 @@ void Trainer::Impl::save_checkpoint() {
 }
 
 void Trainer::Impl::write_checkpoint(CheckpointWriter& writer, bool in_run) {
+  if (open_window) {
+    // The run's loss through this step, the steps not logged yet included: a run resumed from
+    // here reports train_loss over all its steps.
+    const train::RunLoss loss = run_loss(*open_window);
+    state.train_loss_sum = loss.sum;
+    state.train_loss_steps = loss.steps;
+  }
   state.save_id = save_engine_state(*engine, writer.dir());
   bool available = false;
   std::vector<std::pair<std::string, at::Tensor>> weights = user_weights(available);
@@ -177,6 +185,11 @@ void Trainer::save_checkpoint(const std::string& dir) {
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
+  // The model is built: a checkpoint of another model, method or data is refused, not taken.
+  on_every_rank(*impl_->comm, fmt::format("checking '{}' against this run", dir), [&] {
+    TrainingArguments args = impl_->args;
+    train::reconcile_resumed_arguments(args, dir, train::ResumeDifferences::kRefuse);
+  });
   impl_->restore(dir);
 }
 

@@ -5,9 +5,10 @@
 
 namespace zt::train {
 
-LogWindow::LogWindow(const at::Device& device)
+LogWindow::LogWindow(const at::Device& device, RunLoss before)
     : loss_(at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device))),
-      start_(Clock::now()) {}
+      start_(Clock::now()),
+      closed_(before) {}
 
 void LogWindow::add_step(const at::Tensor& step_loss, int64_t tokens) {
   loss_ += step_loss;
@@ -25,8 +26,8 @@ LogRecord LogWindow::close(double global_loss_sum) {
   LogRecord r;
   r.loss = loss;
   r.tokens_per_second = static_cast<double>(tokens_) / std::max(1e-9, seconds);
-  run_loss_sum_ += loss * static_cast<double>(steps_);
-  run_loss_steps_ += steps_;
+  closed_.sum += global_loss_sum;
+  closed_.steps += steps_;
   last_logged_loss_ = loss;
   loss_.zero_();
   steps_ = 0;
@@ -35,8 +36,8 @@ LogRecord LogWindow::close(double global_loss_sum) {
   return r;
 }
 
-double LogWindow::run_mean_loss() const {
-  return run_loss_steps_ > 0 ? run_loss_sum_ / static_cast<double>(run_loss_steps_) : 0.0;
+RunLoss LogWindow::run_loss(double global_loss_sum) const {
+  return RunLoss{closed_.sum + global_loss_sum, closed_.steps + steps_};
 }
 
 }  // namespace zt::train

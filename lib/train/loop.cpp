@@ -33,15 +33,76 @@ double seconds_since(Clock::time_point t) {
 
 }  // namespace
 
-void Trainer::Impl::check_cancel() {
-  // [cancel, preempting signal], the largest of every rank's: one agreement per step.
-  int preempt = requests.preempt.load();
-  bool cancel = requests.cancel.load();
-  if (world > 1) {
+std::pair<bool, int> Trainer::Impl::asked_to_stop(bool agree) {
+  bool cancel = requests.asked->cancelled();
+  int preempt = requests.asked->preempt_signal();
+  if (agree && world > 1) {
     const std::vector<double> flags = comm::reduce_scalars(
         *comm, {cancel ? 1.0 : 0.0, static_cast<double>(preempt)}, ReduceOp::kMax);
     cancel = flags[0] > 0;
     preempt = static_cast<int>(flags[1]);
+  }
+  return {cancel, preempt};
+}
+
+CancelledError Trainer::Impl::stopped_before_first_step(int signal,
+                                                        const std::string& during) const {
+  const std::string who = signal > 0 ? fmt::format("stopped by signal {}", signal) : "cancelled";
+  const std::string when = during.empty() ? "" : during + ",";
+  if (run_dir.resume) {
+    return CancelledError(fmt::format(
+        "{}{} before the first step of this run: no checkpoint was saved; continue from '{}' "
+        "with --resume_from_checkpoint {}",
+        who, when, *run_dir.resume, *run_dir.resume));
+  }
+  return CancelledError(fmt::format(
+      "{}{} before the first step: no checkpoint was saved; run again to start over", who, when));
+}
+
+void Trainer::Impl::poll_stop() const {
+  if (requests.asked->cancelled() || requests.asked->preempt_signal() > 0) {
+    throw CancelledError("a stop was asked");  // run_phase's agreement says what stopped
+  }
+}
+
+void Trainer::Impl::stop_if_asked(const std::string& during, bool agree) {
+  const auto [cancel, preempt] = asked_to_stop(agree);
+  if (!cancel && preempt == 0) return;
+  requests.stop_signal = preempt;
+  throw stopped_before_first_step(preempt, during);
+}
+
+train::PhaseMeter Trainer::Impl::phase_meter(std::string what, std::string unit, double total,
+                                             double scale) const {
+  return train::PhaseMeter(std::move(what), std::move(unit), total, scale, rank == 0,
+                           callbacks.on_progress);
+}
+
+void Trainer::Impl::run_phase(const std::string& what, const train::PhaseMeter* meter,
+                              const std::function<void()>& fn) {
+  std::exception_ptr stopped;
+  on_every_rank(*comm, what, [&] {
+    try {
+      fn();
+    } catch (const CancelledError&) {
+      // A stop seen at one of fn's polls (poll_stop): asked on this rank, so the agreement
+      // below sees it and ends the phase on every rank, not only here.
+      stopped = std::current_exception();
+    }
+  });
+  stop_if_asked(fmt::format(" while {}{}", what, meter ? " (" + meter->position() + ")" : ""),
+                /*agree=*/true);
+  if (stopped) std::rethrow_exception(stopped);  // never reached: the requests are sticky
+}
+
+void Trainer::Impl::check_cancel() {
+  // [cancel, preempting signal], the largest of every rank's: one agreement per step.
+  const auto [cancel, preempt] = asked_to_stop(/*agree=*/true);
+  if ((cancel || preempt > 0) && state.global_step == 0) {
+    // Nothing trained yet (a stop asked after the phases before the first step): nothing to
+    // save, and no checkpoint-0 to name.
+    requests.stop_signal = preempt;
+    throw stopped_before_first_step(preempt, "");
   }
   if (preempt > 0) {
     // A scheduler's warning before preemption: keep this step's state, then stop.
@@ -213,11 +274,17 @@ void Trainer::Impl::prepare_output_dir() {
   on_every_rank(*comm, fmt::format("preparing output_dir '{}'", args.output_dir), [&] {
     if (rank != 0) return;
     fs::create_directories(args.output_dir);
-    // A run that starts afresh starts its log afresh (a previous run's outputs are only here
-    // with --overwrite_output_dir); a resumed run continues its own.
-    if (!run_dir.resume) {
+    // The log holds the run's history so far, each record once: a run that starts afresh starts
+    // it afresh (a previous run's outputs are only here with --overwrite_output_dir); a resumed
+    // run, with its checkpoint's records, the interrupted run's records past that step gone.
+    const std::string log_path = args.output_dir + "/trainer_log.jsonl";
+    if (state.log_history.empty()) {
       std::error_code ec;
-      fs::remove(args.output_dir + "/trainer_log.jsonl", ec);
+      fs::remove(log_path, ec);
+    } else {
+      std::string lines;
+      for (const LogRecord& r : state.log_history) lines += r.json() + "\n";
+      files::write_atomic(log_path, lines);
     }
     if (!run_dir.superseded.empty()) {
       for (const std::string& dir : run_dir.superseded) {
@@ -294,6 +361,12 @@ Trainer::Impl::StepResult Trainer::Impl::run_step(const std::vector<int64_t>& or
   state.total_flos +=
       6.0 * static_cast<double>(tokens) * static_cast<double>(non_embedding_parameters);
   return out;
+}
+
+train::RunLoss Trainer::Impl::run_loss(const train::LogWindow& window) {
+  // Every rank's window holds as many steps: all ranks reduce, or none.
+  return window.run_loss(
+      window.empty() ? 0.0 : comm::reduce_scalars(*comm, {window.local_loss_sum()})[0]);
 }
 
 void Trainer::Impl::log_window(train::LogWindow& window) {
@@ -402,7 +475,7 @@ void Trainer::Impl::load_best_at_end() {
   }
 }
 
-TrainResult Trainer::Impl::finish_training(const train::LogWindow& window, const RunClock& clock) {
+TrainResult Trainer::Impl::finish_training(const train::LogWindow& window) {
   TrainResult result;
   if (has_eval && last_eval.step != state.global_step) evaluate();
   result.eval_loss = last_eval.loss;
@@ -412,8 +485,11 @@ TrainResult Trainer::Impl::finish_training(const train::LogWindow& window, const
   LogRecord summary;
   summary.step = state.global_step;
   summary.epoch = epoch_progress();
-  summary.train_loss = window.run_mean_loss();
-  summary.train_runtime = seconds_since(clock.start);
+  const train::RunLoss loss = run_loss(window);  // every step, a resumed run's earlier ones too
+  state.train_loss_sum = loss.sum;
+  state.train_loss_steps = loss.steps;
+  summary.train_loss = loss.mean();
+  summary.train_runtime = seconds_since(created);  // the phases before the first step included
   log(summary);
   on_every_rank(*comm, "writing the final model", [&] {
     if (rank != 0) return;
@@ -455,11 +531,15 @@ TrainResult Trainer::Impl::train() {
   I.prepare_output_dir();
   if (I.state.global_step == 0) I.write_pissa_start();
   I.ensure_reference();
-  if (I.args.eval_on_start && I.has_eval) I.evaluate();
+  // Not again at a step the resumed checkpoint evaluated.
+  if (I.args.eval_on_start && I.has_eval && I.last_eval.step != I.state.global_step) {
+    I.evaluate();
+  }
   I.model->train();
 
   const Impl::RunClock clock{Clock::now(), I.state.global_step};
-  train::LogWindow window(I.comm->device());
+  train::LogWindow& window = I.open_window.emplace(
+      I.comm->device(), train::RunLoss{I.state.train_loss_sum, I.state.train_loss_steps});
   const int64_t megabatch = length_megabatch(I.train_samples, I.batch.size());
   while (I.state.global_step < I.total_steps) {
     // Each epoch's own order, from the seed and the epoch alone (HF's sampler with set_epoch):
@@ -477,7 +557,9 @@ TrainResult Trainer::Impl::train() {
       epoch_end = done.epoch_end;
     }
   }
-  return I.finish_training(window, clock);
+  TrainResult result = I.finish_training(window);
+  I.open_window.reset();  // its steps are in state.train_loss_* now
+  return result;
 }
 
 void Trainer::Impl::write_pissa_start() {

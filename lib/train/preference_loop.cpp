@@ -21,13 +21,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A scoring pass's state: dropout off (TRL's disable_dropout) and, for the reference, the
-// adapters off; whatever happens, restored after.
+// A scoring pass's state: dropout off (TRL's disable_dropout) and, for a reference that is the
+// model with its adapters off, the adapters off; whatever happens, restored after.
 class ScoringMode {
  public:
-  ScoringMode(CausalLM& model, bool reference) : model_(model), training_(model.is_training()) {
+  ScoringMode(CausalLM& model, bool adapters_off) : model_(model), training_(model.is_training()) {
     model_.eval();
-    if (reference) model_.set_adapters_enabled(false);
+    if (adapters_off) model_.set_adapters_enabled(false);
   }
   ~ScoringMode() {
     model_.set_adapters_enabled(true);
@@ -67,10 +67,10 @@ std::vector<int64_t> pair_rows(const std::vector<int64_t>& pairs) {
 
 at::Tensor Trainer::Impl::reference_log_probs(const at::Tensor& ids, const at::Tensor& labels) {
   at::NoGradGuard no_grad;
-  ScoringMode scoring(*model, /*reference=*/true);
+  ScoringMode scoring(*model, /*adapters_off=*/!reference_weights);
   if (!reference_weights) return model->label_log_probs(ids, labels).sum(1);
-  // The frozen reference: the starting weights swapped in for this forward, and out again
-  // whatever happens.
+  // The frozen reference: the starting trainable weights (with adapters, the adapters' starting
+  // values, the adapters on) swapped in for this forward, and out again whatever happens.
   engine->swap_parameters(*reference_weights);
   at::Tensor out;
   try {
@@ -185,7 +185,7 @@ double Trainer::Impl::unpaired_kl(const Dataset& data,
     }
     at::Tensor policy;
     {
-      ScoringMode scoring(*model, /*reference=*/false);
+      ScoringMode scoring(*model, /*adapters_off=*/false);
       policy = model->label_log_probs(ids, b.labels).sum(1);
     }
     if (batch.empty()) continue;
@@ -216,22 +216,30 @@ void Trainer::Impl::ensure_reference() {
 }
 
 void Trainer::Impl::precompute_reference() {
-  // The sequences of pairs `indices`, scored by the reference: the model as it starts, with its
-  // adapters off. A rank with no pair left still runs a forward (ZeRO-3 forwards are
+  // The sequences of pairs `indices`, scored by the reference (reference_log_probs: the model
+  // as it starts). A rank with no pair left still runs a forward (ZeRO-3 forwards are
   // collective), its result discarded.
+  // A phase before the first step: its progress in batches (the same count on every rank), and
+  // a stop asked on any rank ends it on every rank before the next batch (one agreement per
+  // batch, as the forwards may be collective).
+  const auto batches = [&](int64_t samples) {
+    return eval_batches(samples, world, rank, args.per_device_eval_batch_size);
+  };
+  const size_t total = (has_train ? batches(train_samples).size() : 0) +
+                       (has_eval ? batches(eval_samples).size() : 0);
+  const std::string phase = "precomputing the reference";
+  train::PhaseMeter meter = phase_meter(phase, "batches", static_cast<double>(total), 1);
+  int64_t done = 0;
   const auto score = [&](const Dataset& data, int64_t samples) {
     std::vector<double> local(static_cast<size_t>(2 * samples), 0.0);
-    at::NoGradGuard no_grad;
-    ScoringMode reference(*model, /*reference=*/true);
-    for (const std::vector<int64_t>& indices :
-         eval_batches(samples, world, rank, args.per_device_eval_batch_size)) {
+    for (const std::vector<int64_t>& indices : batches(samples)) {
+      stop_if_asked(fmt::format(" while {} ({})", phase, meter.position()), /*agree=*/true);
       const std::vector<int64_t> pairs = indices.empty() ? std::vector<int64_t>{0} : indices;
       const std::vector<int64_t> rows = pair_rows(pairs);
       const Batch b = collate(data, rows, pad_id);
-      const at::Tensor logps = model->label_log_probs(b.input_ids.to(comm->device()), b.labels)
-                                   .sum(1)
-                                   .to(at::kDouble)
-                                   .cpu();
+      const at::Tensor logps =
+          reference_log_probs(b.input_ids.to(comm->device()), b.labels).to(at::kDouble).cpu();
+      meter.update(static_cast<double>(++done));
       if (indices.empty()) continue;
       for (size_t k = 0; k < rows.size(); ++k) {
         local[static_cast<size_t>(rows[k])] = logps[static_cast<int64_t>(k)].item<double>();
@@ -241,9 +249,10 @@ void Trainer::Impl::precompute_reference() {
   };
   if (has_train) train_reference = score(train_data, train_samples);
   if (has_eval) eval_reference = score(eval_data, eval_samples);
+  meter.finish();
   if (rank == 0) {
-    log::info("reference log-probs precomputed for {} training and {} evaluation pairs",
-              train_samples, has_eval ? eval_samples : 0);
+    log::info("reference log-probs precomputed for {} training and {} evaluation {}", train_samples,
+              has_eval ? eval_samples : 0, sample_name());
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include <fmt/format.h>
 #include <rapidjson/prettywriter.h>
@@ -137,6 +138,10 @@ std::string zerotrain_state_json(const TrainerState& s) {
   w.Int64(s.data_seed);
   w.Key("tokens_seen");
   w.Int64(s.tokens_seen);
+  w.Key("train_loss_sum");
+  std::isfinite(s.train_loss_sum) ? w.Double(s.train_loss_sum) : w.Null();
+  w.Key("train_loss_steps");
+  w.Int64(s.train_loss_steps);
   w.Key("finetuning_type");
   w.String(s.finetuning_type.c_str());
   if (!s.run_id.empty()) {
@@ -153,11 +158,30 @@ std::string zerotrain_state_json(const TrainerState& s) {
 
 namespace {
 
+// The keys write_record writes for LogRecord's own fields; any other is a named metric.
+const std::set<std::string> kRecordKeys{"step",          "epoch",           "loss",
+                                        "learning_rate", "grad_norm",       "tokens_per_second",
+                                        "loss_scale",    "peak_memory_gib", "eval_loss",
+                                        "train_loss",    "train_runtime"};
+
 int64_t need_int(json::ObjectReader& o, const char* key, int64_t min,
                  int64_t max = limits::kMaxSteps) {
   std::optional<int64_t> v = o.integer(key, min, max);
   if (!v) o.fail(key, "an integer");
   return *v;
+}
+
+// The run's loss as a log history tells it, for checkpoints that did not save it: each training
+// record's loss is the mean over the steps since the record before (steps after the last record
+// are not in it).
+void logged_run_loss(TrainerState& s) {
+  int64_t last = 0;
+  for (const LogRecord& r : s.log_history) {
+    if (!r.loss || r.step <= last) continue;
+    s.train_loss_sum += *r.loss * static_cast<double>(r.step - last);
+    s.train_loss_steps += r.step - last;
+    last = r.step;
+  }
 }
 
 // The resume position, from zerotrain_state.json or the older "zerotrain" object.
@@ -172,6 +196,13 @@ void read_position(json::ObjectReader& z, TrainerState& s) {
   s.finetuning_type = z.string("finetuning_type").value_or("full");
   s.run_id = z.string("run_id").value_or("");
   s.save_id = z.string("save_id").value_or("");
+  if (std::optional<int64_t> steps = z.integer("train_loss_steps", 0, limits::kMaxSteps)) {
+    s.train_loss_steps = *steps;
+    // null: a loss that was not finite (an fp16 overflow), which the sum keeps
+    s.train_loss_sum = z.number("train_loss_sum").value_or(std::nan(""));
+  } else {
+    logged_run_loss(s);
+  }
 }
 
 }  // namespace
@@ -197,23 +228,32 @@ TrainerState read_trainer_state(const std::string& checkpoint_dir) {
     if (!h->IsArray()) r.fail("log_history", "an array");
     for (const auto& item : h->GetArray()) {
       json::ObjectReader e(item, "log_history[]", path);
+      // Each record as it was written (a resumed run writes the history again:
+      // trainer_log.jsonl), a value that was not finite, written null, included.
+      const auto value = [&](const char* key) -> std::optional<double> {
+        if (item.IsObject() && item.HasMember(key) && item[key].IsNull()) return std::nan("");
+        return e.number(key);
+      };
       LogRecord rec;
       rec.step = e.integer("step", 0, limits::kMaxSteps).value_or(0);
       rec.epoch = e.number("epoch").value_or(0.0);
-      rec.loss = e.number("loss");
-      rec.learning_rate = e.number("learning_rate");
-      rec.grad_norm = e.number("grad_norm");
-      rec.tokens_per_second = e.number("tokens_per_second");
-      rec.loss_scale = e.number("loss_scale");
-      rec.peak_memory_gib = e.number("peak_memory_gib");
-      rec.eval_loss = e.number("eval_loss");
-      rec.train_loss = e.number("train_loss");
-      rec.train_runtime = e.number("train_runtime");
-      // Named metrics (TRL's rewards/..., logps/...; eval_ ones in evaluation records).
+      rec.loss = value("loss");
+      rec.learning_rate = value("learning_rate");
+      rec.grad_norm = value("grad_norm");
+      rec.tokens_per_second = value("tokens_per_second");
+      rec.loss_scale = value("loss_scale");
+      rec.peak_memory_gib = value("peak_memory_gib");
+      rec.eval_loss = value("eval_loss");
+      rec.train_loss = value("train_loss");
+      rec.train_runtime = value("train_runtime");
+      // Named metrics: every other number (TRL's rewards/..., logps/..., kl; eval_ ones in
+      // evaluation records).
       for (auto it = item.MemberBegin(); it != item.MemberEnd(); ++it) {
         const std::string key = json::text(it->name);
-        if (key.find('/') == std::string::npos || !it->value.IsNumber()) continue;
-        rec.metrics[key] = it->value.GetDouble();
+        if (kRecordKeys.count(key) != 0 || !(it->value.IsNumber() || it->value.IsNull())) {
+          continue;
+        }
+        rec.metrics[key] = it->value.IsNull() ? std::nan("") : it->value.GetDouble();
       }
       s.log_history.push_back(rec);
     }

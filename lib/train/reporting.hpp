@@ -35,6 +35,12 @@ struct TrainerState {
   int64_t steps_in_epoch = 0;  ///< optimizer steps of it already done
   int64_t data_seed = 0;
   int64_t tokens_seen = 0;
+  /// The run's training loss through global_step (train::RunLoss): the sum of its steps'
+  /// losses and their count, so that a resumed run's train_loss covers the whole run. In a
+  /// checkpoint written before they were saved: from its log history, the steps its training
+  /// records cover.
+  double train_loss_sum = 0.0;
+  int64_t train_loss_steps = 0;
   std::string finetuning_type;
   /// Which run wrote a checkpoint: made when a run starts afresh, kept when it resumes, so a
   /// resumed run tells its own checkpoints from another run's in the same folder.

@@ -22,10 +22,12 @@
 #include <fmt/ranges.h>
 
 #include "config/quantization.hpp"
+#include "data/stats.hpp"
 #include "model/quantized_weights.hpp"
 #include "peft/init_sources.hpp"
 #include "peft/pissa.hpp"
 #include "train/reporting.hpp"
+#include "train/resume_check.hpp"
 #include "train/tensorboard.hpp"
 #include "train/trainer_impl.hpp"
 #include "util/capacity.hpp"
@@ -114,33 +116,40 @@ void Trainer::Impl::load_data() {
       args.cache_dir.empty() ? args.output_dir + "/.cache" : args.cache_dir;
   auto load = [&](const std::string& path, Dataset& into, const char* what) {
     DatasetStats stats;
-    // Rank 0 tokenizes (or finds the cache); the others read what it wrote.
-    on_every_rank(*comm, fmt::format("tokenizing {} '{}'", what, path), [&] {
-      if (rank == 0) into = load_or_tokenize(path, *tokenizer, options, cache_dir, &stats);
+    // Rank 0 tokenizes (or finds the cache), a phase that stops on request with its progress
+    // in the file's bytes; the others read what it wrote.
+    const std::string phase = fmt::format("tokenizing {} data '{}'", what, path);
+    std::error_code size_error;
+    const uintmax_t bytes = fs::file_size(path, size_error);
+    train::PhaseMeter meter =
+        phase_meter(phase, "MiB", size_error ? 0.0 : static_cast<double>(bytes), 1 << 20);
+    DataOptions tokenizing = options;
+    tokenizing.on_progress = [&](const TokenizeProgress& p) {
+      meter.update(static_cast<double>(p.bytes));
+      poll_stop();
+    };
+    run_phase(phase, rank == 0 ? &meter : nullptr, [&] {
+      if (rank != 0) return;
+      poll_stop();
+      into = load_or_tokenize(path, *tokenizer, tokenizing, cache_dir, &stats);
     });
+    meter.finish();
     on_every_rank(*comm, fmt::format("reading the tokenized {} data", what), [&] {
       if (rank != 0)
         into = load_dataset(dataset_cache_path(cache_dir, path, *tokenizer, options), &stats,
                             options.token_id_limit);
     });
     if (rank == 0) {
+      // Counted in the data's own units, each drop under its cause.
       log::info(
-          "{} data '{}': {} examples, {} tokens{}{}", what, path, stats.examples, stats.tokens,
+          "{} data '{}': {}{}{}", what, path, data::kept_summary(stats, options),
           stats.skipped_lines ? fmt::format(", {} bad lines skipped", stats.skipped_lines) : "",
           stats.dropped_examples
-              ? fmt::format(", {} examples dropped by truncation", stats.dropped_examples)
+              ? fmt::format("; {} dropped: {}", data::dropped_count(stats, options),
+                            data::drop_causes(stats, options))
               : "");
     }
   };
-  preference = args.stage == "dpo" || args.stage == "kto";
-  if (preference) {
-    pref = train::preference_options(args);
-    if (args.packing) {
-      throw ConfigError(fmt::format(
-          "packing: preference data are scored per sequence; train stage {} without packing",
-          args.stage));
-    }
-  }
   // A preference dataset is its pairs' two sequences side by side (examples 2i, 2i + 1), or
   // KTO's examples each with its KL sequence, labelled.
   const auto samples = [&](const Dataset& d, const std::string& path) {
@@ -222,15 +231,15 @@ void Trainer::Impl::plan_batches() {
       throw ConfigError(
           fmt::format("'{}' has {} {}, fewer than one global batch of {} (micro batch {} × "
                       "accumulation {} × {} ranks) with dataloader_drop_last; use a smaller batch",
-                      args.train_file, train_samples, preference ? "pairs" : "examples",
-                      batch.size(), batch.micro_batch, batch.accumulation, world));
+                      args.train_file, train_samples, sample_name(), batch.size(),
+                      batch.micro_batch, batch.accumulation, world));
     }
     if (rank == 0 && train_samples > 0 && batch.size() > static_cast<int64_t>(2 * train_samples)) {
       log::warn(
-          "one optimizer step takes {} examples (micro batch {} × accumulation {} × {} ranks), "
+          "one optimizer step takes {} {} (micro batch {} × accumulation {} × {} ranks), "
           "more than twice the {} of '{}': each step repeats them about {} times; lower "
           "gradient_accumulation_steps or per_device_train_batch_size",
-          batch.size(), batch.micro_batch, batch.accumulation, world, train_samples,
+          batch.size(), sample_name(), batch.micro_batch, batch.accumulation, world, train_samples,
           args.train_file, batch.size() / static_cast<int64_t>(train_samples));
     }
     total_steps = args.max_steps > 0
@@ -262,6 +271,53 @@ void Trainer::Impl::plan_batches() {
   eval_every = steps_for(eval_given, total_steps);
   save_every = steps_for(args.save_steps, total_steps);
   data_seed = static_cast<uint64_t>(args.data_seed.value_or(args.seed));
+}
+
+void Trainer::Impl::check_options() {
+  // What the options decide alone, said before any data is read or tokenized. The precision
+  // is not resolved yet: a DeepSpeed value left out or "auto" follows the arguments, as
+  // resolve_precision decides it later.
+  const auto enabled = [](const Auto<bool>& written, bool argument) {
+    return written.is_set() ? written.value() : argument;
+  };
+  const bool fp16 = enabled(ds.fp16.enabled, args.fp16) && comm->device().is_cuda();
+  const at::ScalarType compute = enabled(ds.bf16.enabled, args.bf16) ? at::kBFloat16
+                                 : fp16                              ? at::kHalf
+                                                                     : at::kFloat;
+  config::quantization_of(args, compute);
+  const std::optional<QuantizationConfig> saved = model::saved_quantization(model_config);
+  if (saved) config::saved_quantization_for(args, *saved, model_dir);
+  const PeftConfig method = peft_config_for(args);
+  if (peft::pissa_iterations(method.lora.init_lora_weights) &&
+      method.type == FinetuningType::kLora) {
+    if (!args.adapter_name_or_path.empty()) {
+      throw ConfigError(fmt::format(
+          "pissa_init: decomposes the base for a new adapter, but adapter_name_or_path '{}' "
+          "continues one; drop pissa_init to continue it",
+          args.adapter_name_or_path));
+    }
+    if (saved) {
+      throw ConfigError(fmt::format(
+          "pissa_init: '{}' holds 4-bit weights, and PiSSA decomposes full-precision ones; "
+          "start from the full-precision model (zerotrain quantizes the residual itself with "
+          "--quantization_bit 4)",
+          model_dir));
+    }
+  }
+  preference = args.stage == "dpo" || args.stage == "kto";
+  if (!preference) return;
+  pref = train::preference_options(args);
+  if (args.packing) {
+    throw ConfigError(fmt::format(
+        "packing: preference data are scored per sequence; train stage {} without packing",
+        args.stage));
+  }
+  if (!pref.uses_reference() && args.precompute_ref_log_probs.value_or(false) && rank == 0) {
+    log::warn(
+        "precompute_ref_log_probs: pref_loss {} has no reference model, so there is nothing to "
+        "precompute; the option does nothing",
+        pref.loss);
+  }
 }
 
 void Trainer::Impl::check_machine_fits() const {
@@ -318,29 +374,16 @@ void Trainer::Impl::build_model_and_engine() {
     adapter_method = peft.type == FinetuningType::kLora || peft.type == FinetuningType::kPTuning ||
                      peft.type == FinetuningType::kPrefix;
     if (preference && pref.uses_reference()) {
-      // The reference: the model as it starts. With adapters it is the model with them off, at
-      // any step; without, only the log-probs computed before the first step can be it.
-      // Without the precomputed table and without adapters, a frozen copy of the starting
-      // weights, sharded as the policy is (below, after the engine).
+      // The reference: the model as it starts. A new LoRA or DoRA adapter starts as the base
+      // (B is zero), so the model with its adapters off is it, at any step. Every other start —
+      // PiSSA's factors over the residual, a continued adapter, a prompt encoder's first
+      // table, full and freeze fine-tuning without the table — is a frozen copy of the
+      // trainable weights as they start, sharded as the policy is and swapped in (below,
+      // after the engine). The precomputed table is computed from that same reference.
       precomputed_reference = args.precompute_ref_log_probs.value_or(!adapter_method);
     }
     parameters = apply_peft_from_args(*model, args, static_cast<uint64_t>(args.seed));
     non_embedding_parameters = parameters.all - model_config.vocab_size * model_config.hidden_size;
-    if (peft::pissa_iterations(peft.lora.init_lora_weights) && peft.type == FinetuningType::kLora) {
-      if (!args.adapter_name_or_path.empty()) {
-        throw ConfigError(fmt::format(
-            "pissa_init: decomposes the base for a new adapter, but adapter_name_or_path '{}' "
-            "continues one; drop pissa_init to continue it",
-            args.adapter_name_or_path));
-      }
-      if (prequantized) {
-        throw ConfigError(fmt::format(
-            "pissa_init: '{}' holds 4-bit weights, and PiSSA decomposes full-precision ones; "
-            "start from the full-precision model (zerotrain quantizes the residual itself with "
-            "--quantization_bit 4)",
-            model_dir));
-      }
-    }
     if (prequantized) {
       base = model::prequantized_source(model_dir, model::quantized_weights(*model));
     } else if (!model_dir.empty()) {
@@ -373,16 +416,38 @@ void Trainer::Impl::build_model_and_engine() {
   }
   if (new_adapter) base = peft::dora_source(base, *model, peft.lora);
   eo.source = with_adapter_values(base, *model);
-  engine = std::make_unique<Engine>(model, ds, comm, eo);
-  if (preference && pref.uses_reference() && !precomputed_reference && !adapter_method) {
+  build_engine(eo, /*quantizing=*/!prequantized && !model::quantized_weights(*model).empty());
+  const bool continued = !args.adapter_name_or_path.empty();
+  const bool starts_as_base = adapter_method && adapter_starts_as_base(peft, continued);
+  if (preference && pref.uses_reference() &&
+      (adapter_method ? !starts_as_base : !precomputed_reference)) {
     reference_weights = std::make_unique<ParameterSnapshot>(engine->parameter_snapshot(*eo.source));
     if (rank == 0) {
       log::info(
-          "reference: a frozen copy of the trainable weights as they start, {:.2f} GiB on rank 0 "
-          "(ZeRO stage {}), swapped in for each reference forward",
+          "reference: a frozen copy of the trainable weights as they start ({}), {:.2f} GiB on "
+          "rank 0 (ZeRO stage {}), swapped in for each reference forward",
+          adapter_method ? adapter_start_description(peft, continued) : "the whole model",
           static_cast<double>(reference_weights->bytes()) / (1 << 30), engine->stage());
     }
   }
+}
+
+void Trainer::Impl::build_engine(EngineOptions eo, bool quantizing) {
+  // Each rank reads (and quantizes) its own slices without a collective: a stop seen at one
+  // weight ends this rank's build there, and run_phase's agreement every rank's.
+  const std::string phase =
+      quantizing ? "loading and quantizing the weights" : "loading the weights";
+  train::PhaseMeter meter = phase_meter(phase, "M values", 0.0, 1e6);
+  eo.on_load_progress = [&](int64_t done, int64_t total) {
+    meter.set_total(static_cast<double>(total));
+    meter.update(static_cast<double>(done));
+    poll_stop();
+  };
+  run_phase(phase, &meter, [&] {
+    poll_stop();
+    engine = std::make_unique<Engine>(model, ds, comm, std::move(eo));
+  });
+  meter.finish();
 }
 
 void Trainer::Impl::restore(const std::string& dir) {
@@ -397,7 +462,19 @@ void Trainer::Impl::restore(const std::string& dir) {
   load_engine_state(*engine, dir);
   read_rng_state(dir);
   read_reference(dir);
+  // The history up to the checkpoint's step, without a final summary (a checkpoint written
+  // after it): this run logs its own. Its last evaluation is not repeated at that step.
   state.log_history = saved.log_history;
+  state.log_history.erase(
+      std::remove_if(state.log_history.begin(), state.log_history.end(),
+                     [](const LogRecord& r) { return r.train_loss.has_value(); }),
+      state.log_history.end());
+  for (const LogRecord& r : state.log_history) {
+    if (r.eval_loss) last_eval = {r.eval_loss, r.step};
+  }
+  state.train_loss_sum = saved.train_loss_sum;
+  state.train_loss_steps = saved.train_loss_steps;
+  open_window.reset();
   state.best_metric = saved.best_metric;
   state.best_model_checkpoint = saved.best_model_checkpoint;
   state.best_global_step = saved.best_global_step;
@@ -437,7 +514,7 @@ void Trainer::Impl::announce() const {
             ds.zero.offload_optimizer.device != OffloadDevice::kNone ? ", optimizer offloaded" : "",
             args.gradient_checkpointing ? ", gradient checkpointing" : "");
   // HF's header: with max_steps the epochs follow from the steps.
-  log::info("  num {} = {}, num epochs = {}", preference ? "pairs" : "examples", train_samples,
+  log::info("  num {} = {}, num epochs = {}", sample_name(), train_samples,
             args.max_steps > 0
                 ? fmt::format("{:.2f} (from max_steps {})",
                               static_cast<double>(total_steps) /
@@ -447,7 +524,10 @@ void Trainer::Impl::announce() const {
   log::info("  batch size per device = {}, gradient accumulation steps = {}, total batch size = {}",
             batch.micro_batch, batch.accumulation, batch.size());
   log::info("  total optimization steps = {} ({} per epoch)", total_steps, steps_per_epoch);
-  log::info("  fine-tuning: {} — {}", args.finetuning_type, parameters.line());
+  log::info("  fine-tuning: {} — {}",
+            describe_method(peft, model_config.quantization,
+                            /*continued=*/!args.adapter_name_or_path.empty()),
+            parameters.line());
   log::info("  template: {} ({})", args.template_name, template_source);
 }
 
@@ -458,6 +538,8 @@ Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm,
   I.args = std::move(args);
   I.comm = std::move(comm);
   I.callbacks = std::move(callbacks);
+  if (!I.callbacks.stop) I.callbacks.stop = std::make_shared<StopRequest>();
+  I.requests.asked = I.callbacks.stop;
   check_training_arguments(I.args);
   I.rank = I.comm->rank();
   I.world = I.comm->world_size();
@@ -479,6 +561,12 @@ void Trainer::Impl::start() {
   on_every_rank(*I.comm, "checking the arguments, output_dir and model", [&] {
     I.check_output_dir();
     if (I.rank == 0) I.lock_output_dir();
+    // LLaMA-Factory's datasets (dataset, val_size, ...) become the JSONL files train_file and
+    // eval_file name: every rank reads them the same way, rank 0 writes them (into the cache
+    // folder the others read the tokenized data from).
+    for (const std::string& line : prepare_datasets(I.args, /*write=*/I.rank == 0)) {
+      if (I.rank == 0) log::info("{}", line);
+    }
     I.ds = deepspeed_config_for(I.args);
     if (!I.args.model_name_or_path.empty()) {
       I.model_dir = I.args.model_name_or_path;
@@ -506,8 +594,17 @@ void Trainer::Impl::start() {
     }
     I.args.template_name =
         resolve_template(I.args.template_name, I.model_dir, *I.tokenizer, &I.template_source);
+    // A resumed run keeps what its checkpoint's model and data are: a recorded option not
+    // given is taken from the checkpoint, one given otherwise is refused (resume_check.hpp).
+    if (I.run_dir.resume) {
+      for (const std::string& line : train::reconcile_resumed_arguments(
+               I.args, *I.run_dir.resume, train::ResumeDifferences::kTakeRecorded)) {
+        if (I.rank == 0) log::info("{}", line);
+      }
+    }
     I.pad_id =
         I.tokenizer->pad_id() >= 0 ? I.tokenizer->pad_id() : std::max(0, I.tokenizer->eos_id());
+    I.check_options();
   });
   I.load_data();
   on_every_rank(*I.comm, "planning batches and steps", [&] {
@@ -540,15 +637,29 @@ const TrainingArguments& Trainer::arguments() const {
 }
 
 void Trainer::set_callbacks(TrainerCallbacks callbacks) {
+  // A null stop keeps the run's request, unwritten: cancel() and preempt() may read it from
+  // another thread meanwhile (zt_trainer_request_stop).
+  if (callbacks.stop) {
+    impl_->requests.asked = callbacks.stop;
+  } else {
+    callbacks.stop = impl_->requests.asked;
+  }
   impl_->callbacks = std::move(callbacks);
 }
 
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,
+              "StopRequest is written from signal handlers");
+
+void StopRequest::preempt(int signal) noexcept {
+  preempt_.store(signal > 0 ? signal : SIGTERM);
+}
+
 void Trainer::cancel() {
-  impl_->requests.cancel.store(true);
+  impl_->requests.asked->cancel();
 }
 
 void Trainer::preempt(int signal) {
-  impl_->requests.preempt.store(signal > 0 ? signal : SIGTERM);
+  impl_->requests.asked->preempt(signal);
 }
 
 int Trainer::preempted_by() const {

@@ -7,16 +7,19 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "comm/agreement.hpp"
 #include "train/log_window.hpp"
+#include "train/phase_meter.hpp"
 #include "train/preference.hpp"
 #include "train/reporting.hpp"
 #include "train/tensorboard.hpp"
@@ -62,6 +65,10 @@ struct Trainer::Impl {
   bool preference = false;
   train::PreferenceOptions pref;
   std::vector<int64_t> train_chosen_tokens;
+  /// What a sample is, plural, for messages: "examples", "pairs" or "KTO examples".
+  const char* sample_name() const {
+    return !preference ? "examples" : pref.unpaired() ? "KTO examples" : "pairs";
+  }
   std::shared_ptr<CausalLM> model;
   PeftConfig peft;
   bool adapter_method = false;
@@ -91,15 +98,17 @@ struct Trainer::Impl {
     bool created = false;
   } run_dir;
 
-  /// Requests from outside the loop: Trainer::cancel and Trainer::preempt (any thread, a
-  /// signal handler's thread included) set `cancel` / `preempt`; loop.cpp reads them between
-  /// steps (check_cancel), agrees on them across ranks and records the agreed signal in
-  /// `stop_signal` (Trainer::preempted_by).
+  /// Requests from outside the loop: the host (TrainerCallbacks::stop, from any thread or a
+  /// signal handler, also before the constructor returns) and Trainer::cancel / preempt write
+  /// `asked` (never null); loop.cpp reads it between steps (check_cancel) and the phases before
+  /// the first step after each unit of their work (stop_if_asked), agrees on it across ranks
+  /// and records the agreed signal in `stop_signal` (Trainer::preempted_by).
   struct Requests {
-    std::atomic<int> preempt{0};
-    std::atomic<bool> cancel{false};
+    std::shared_ptr<StopRequest> asked;
     int stop_signal = 0;  ///< SIGTERM / SIGUSR1 asked to save and stop (preempt)
   } requests;
+  /// When the constructor began: the run's runtime (train_runtime) counts its phases too.
+  std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
 
   /// The last evaluation (loop.cpp writes; checkpointing.cpp compares it with the best metric
   /// when it saves at that step).
@@ -120,6 +129,9 @@ struct Trainer::Impl {
   void load_data();
   void plan_batches();
   void build_model_and_engine();
+  /// The checks the options alone decide (method, quantization, stage and loss), before any
+  /// data is read; sets `preference` and `pref`.
+  void check_options();
   void check_machine_fits() const;
   void restore(const std::string& dir);
   void announce() const;
@@ -130,8 +142,9 @@ struct Trainer::Impl {
     int64_t tokens = 0;  ///< the global batch's tokens
     bool epoch_end = false;
   };
+  /// The steps' clock, for their rate and the time left (train_runtime counts from `created`).
   struct RunClock {
-    std::chrono::steady_clock::time_point start;
+    std::chrono::steady_clock::time_point start;  ///< when the first step of train() began
     int64_t first_step = 0;  ///< the step train() started from (resumed runs: not 0)
   };
   void prepare_output_dir();
@@ -143,10 +156,17 @@ struct Trainer::Impl {
   /// (Communicator::take_timeline) to PREFIX.rank<R>.jsonl. Not a collective.
   void write_comm_timeline(int64_t step);
   void log_window(train::LogWindow& window);  ///< collective
+  /// train()'s log window: loop.cpp opens it with the run's loss before it (a resumed run's,
+  /// state.train_loss_*); checkpointing.cpp saves the run's loss through the step it saves.
+  std::optional<train::LogWindow> open_window;
+  /// The run's loss through this step: `window`'s, its open steps summed over ranks (a
+  /// collective while it has any).
+  train::RunLoss run_loss(const train::LogWindow& window);
   void load_best_at_end();
   /// A PiSSA run's starting adapter into output_dir/pissa_init (collective; at step 0 only).
   void write_pissa_start();
-  TrainResult finish_training(const train::LogWindow& window, const RunClock& clock);
+  /// The final evaluation, summary record (train_runtime since `created`) and model.
+  TrainResult finish_training(const train::LogWindow& window);
   /// Trainer::train() past its argument check: the epochs, then finish_training.
   TrainResult train();
   bool warned_past_max_steps = false;  ///< train_step past max_steps says so once
@@ -177,6 +197,33 @@ struct Trainer::Impl {
     }
   }
   void check_cancel();
+  /// What was asked, [cancel, preempting signal]: this rank's, or with `agree` the largest of
+  /// every rank's (one all-reduce: then a collective).
+  std::pair<bool, int> asked_to_stop(bool agree);
+  /// A poll in the work of run_phase: CancelledError when a stop was asked on this rank (the
+  /// phase's agreement then says what stopped, on every rank). Lock-free.
+  void poll_stop() const;
+  /// In a phase before this run's first step: throws the CancelledError of a stop asked on this
+  /// rank — with `agree`, on any rank (a collective: each rank calls it as often) — `during`
+  /// the phase ("while precomputing the reference (12 of 40 batches done)"), recording the
+  /// agreed signal for preempted_by().
+  void stop_if_asked(const std::string& during, bool agree);
+  /// The error a stop before this run's first step ends with: by `signal` (0: cancelled),
+  /// `during` what, and that no checkpoint was saved (a resumed run: where it can continue).
+  CancelledError stopped_before_first_step(int signal, const std::string& during) const;
+  /// A meter for a long phase before the first step (train::PhaseMeter): rank 0 reports it in
+  /// the log and to on_progress.
+  train::PhaseMeter phase_meter(std::string what, std::string unit, double total,
+                                double scale) const;
+  /// Runs `fn`, the work of phase `what` before the first step, on this rank, then agrees as
+  /// on_every_rank does; its CancelledError (a stop seen at a poll_stop) ends `fn` there,
+  /// and a stop asked on any rank ends the phase on every rank with the same error
+  /// (stopped_before_first_step, `meter`'s position where given). Collective.
+  void run_phase(const std::string& what, const train::PhaseMeter* meter,
+                 const std::function<void()>& fn);
+  /// The engine over `eo` (its source read and, with `quantizing`, quantized on this rank) as a
+  /// stoppable phase with its progress (run_phase). Collective.
+  void build_engine(EngineOptions eo, bool quantizing);
   LossSum forward(const Batch& b);
   /// What a preference micro-batch's loss takes from its whole global batch (the same numbers
   /// on every rank, so that any split gives the same step).

@@ -3,6 +3,11 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <string>
+
 #include <fmt/format.h>
 
 #include "util/device_stats.hpp"
@@ -36,6 +41,34 @@ void check_free(double bytes, double free_bytes, const std::string& device, cons
   if (free_bytes <= 0 || bytes <= free_bytes) return;
   throw OutOfMemoryError(fmt::format("{} needs {:.1f} GiB on {}, which has {:.1f} GiB free; {}",
                                      what, bytes / kGiB, device, free_bytes / kGiB, fix));
+}
+
+double host_available_bytes() {
+  if (const char* fake = std::getenv("ZT_TEST_HOST_AVAILABLE_BYTES"))
+    return std::strtod(fake, nullptr);  // tests
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (meminfo >> key >> kib) {
+    if (key == "MemAvailable:") return kib * 1024.0;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');  // the unit
+  }
+  return 0.0;
+}
+
+void throw_if_host_allocation_failed(const std::string& message, const std::string& what,
+                                     const std::string& fix) {
+  if (message.find("DefaultCPUAllocator: can't allocate memory") == std::string::npos) return;
+  const std::string tried = "you tried to allocate ";
+  const size_t at = message.find(tried);
+  const double bytes =
+      at == std::string::npos ? 0.0 : std::strtod(message.c_str() + at + tried.size(), nullptr);
+  const double available = host_available_bytes();
+  throw OutOfMemoryError(fmt::format(
+      "{}: the host could not allocate {}{}; {}", what,
+      bytes > 0 ? fmt::format("{:.1f} GiB more", bytes / kGiB) : std::string("more memory"),
+      available > 0 ? fmt::format(" ({:.1f} GiB available)", available / kGiB) : std::string(),
+      fix));
 }
 
 }  // namespace zt::capacity

@@ -23,4 +23,16 @@ void check_fits(double bytes, int cuda_device, const std::string& what, const st
 void check_free(double bytes, double free_bytes, const std::string& device, const std::string& what,
                 const std::string& fix);
 
+/// The host memory new allocations can take without swapping (MemAvailable of /proc/meminfo),
+/// in bytes; 0 when unknown. Tests set ZT_TEST_HOST_AVAILABLE_BYTES to stand for it, so that a
+/// refusal does not depend on the machine running them.
+double host_available_bytes();
+
+/// When `message` is LibTorch's CPU allocator failing ("DefaultCPUAllocator: can't allocate
+/// memory: you tried to allocate N bytes ..."), throws OutOfMemoryError "<what>: the host could
+/// not allocate X GiB more (Y GiB available); <fix>" instead of its enforce text; returns
+/// otherwise, for the caller to rethrow what it caught.
+void throw_if_host_allocation_failed(const std::string& message, const std::string& what,
+                                     const std::string& fix);
+
 }  // namespace zt::capacity

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <unordered_map>
@@ -183,9 +184,11 @@ struct Publishing {
 
 /// Reads the part of bucket `b` that a rank keeps, elements [begin, begin + len) of its flat
 /// space, straight from `source`, as fp32 on `device` (a raw bucket: its bytes); `staging` a
-/// host buffer reused across calls for a GPU (setup.cpp).
+/// host buffer reused across calls for a GPU (setup.cpp). `on_read`, when given, hears the
+/// elements of each parameter read.
 at::Tensor read_bucket(ParameterSource& source, const Layout& L, const Bucket& b, int64_t begin,
-                       int64_t len, const at::Device& device, at::Tensor& staging);
+                       int64_t len, const at::Device& device, at::Tensor& staging,
+                       const std::function<void(int64_t elements)>& on_read = nullptr);
 
 /// Engine's state and internals (the engine's UnitRunner: units.cpp runs the gate's units).
 struct EngineImpl final : UnitRunner {

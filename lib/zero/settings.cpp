@@ -152,4 +152,14 @@ double device_state_bytes(const EngineSettings& s, int64_t state_numel) {
   return bytes;
 }
 
+double host_state_bytes(const EngineSettings& s, int64_t state_numel) {
+  const double n = static_cast<double>(state_numel);
+  const double moments =
+      s.optimizer == OptimizerType::kSgd ? (s.hyper.momentum != 0.0 ? 1.0 : 0.0) : 2.0;
+  const double offloaded =
+      s.offload_optimizer ? s.offload_ratio * n * (4.0 + moments * c10::elementSize(s.state_dtype))
+                          : 0.0;
+  return offloaded + (s.device.is_cpu() ? device_state_bytes(s, state_numel) : 0.0);
+}
+
 }  // namespace zt::zero

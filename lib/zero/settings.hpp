@@ -84,6 +84,11 @@ EngineSettings resolve_settings(const DeepSpeedConfig& ds, const EngineOptions& 
 /// there (the compute copy of the parameters and the buckets in flight come on top).
 double device_state_bytes(const EngineSettings& s, int64_t state_numel);
 
+/// Bytes of optimizer state this rank keeps in host memory, a lower bound as device_state_bytes:
+/// on a CPU all of it, on a GPU the share offload_optimizer keeps on the host (fp32 masters and
+/// moments).
+double host_state_bytes(const EngineSettings& s, int64_t state_numel);
+
 /// Whether EngineOptions::update_in_backward can be honoured without changing the math, and if
 /// not, the first reason why not ("" when it can). Exposed for the eligibility table's tests.
 std::string update_in_backward_blocker(const EngineSettings& s);

@@ -73,6 +73,18 @@ std::vector<zero::ParamInfo> describe_parameters(torch::nn::Module& model,
   return params;
 }
 
+// What to change when this rank's share of host memory cannot fit: on a CPU everything is
+// there; on a GPU only what offload puts there.
+std::string host_memory_fix(const zero::EngineSettings& S) {
+  if (S.device.is_cpu()) {
+    return "train an adapter (--finetuning_type lora) or a smaller model, or shard the state "
+           "and weights with ZeRO stage 3 over ranks on more machines (each keeps 1/N of them)";
+  }
+  return "lower zero_optimization.offload_optimizer.ratio (the host's share) or drop "
+         "offload_param, use more machines (each rank keeps 1/N with ZeRO), or train an adapter "
+         "(--finetuning_type lora)";
+}
+
 }  // namespace
 
 bool applies_weight_decay(const std::string& parameter_name) {
@@ -112,10 +124,23 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
                         : LrSchedule::from_deepspeed(ds, I.options.total_train_steps).function();
   I.collect_parameters(ds);
   I.check_state_fits();
-  I.allocate_state();
-  I.place_buckets();
-  I.bind_parameters();
-  I.create_parts();
+  try {
+    I.allocate_state();
+    I.place_buckets();
+    I.bind_parameters();
+    I.create_parts();
+  } catch (const c10::Error& e) {
+    // check_state_fits counts what is known before allocating; the host can still run out
+    // (other processes, buffers on top): said as an OutOfMemoryError, not the allocator's text.
+    capacity::throw_if_host_allocation_failed(
+        e.what_without_backtrace(),
+        fmt::format("ZeRO stage {} over {} rank{}: allocating this rank's optimizer state and "
+                    "weights ({:.2f}B trainable elements)",
+                    I.S.stage, I.S.world, I.S.world == 1 ? "" : "s",
+                    static_cast<double>(I.layout.state_numel) / 1e9),
+        host_memory_fix(I.S));
+    throw;
+  }
   if (I.S.rank == 0) {
     for (const std::string& w : I.S.warnings) log::warn("{}", w);
     log::info(
@@ -175,9 +200,29 @@ void EngineImpl::collect_parameters(const DeepSpeedConfig& ds) {
   }
 }
 
-// Refuses, before any of it is allocated, optimizer state that cannot fit the GPU: said in GiB
-// with what to change, instead of the allocator's text halfway through set-up.
+// Refuses, before any of it is allocated, what this rank keeps that cannot fit: in host memory
+// (on a CPU everything, on a GPU what offload puts there), then the optimizer state on the GPU.
+// Said in GiB with what to change, instead of the allocator's text halfway through set-up.
 void EngineImpl::check_state_fits() const {
+  // The compute copy of the weights the host keeps: whole buckets, or this rank's shards of
+  // stage-3 units (where the masters are the compute copy, the state leaves them out).
+  double weights = 0;
+  for (const Bucket& b : layout.buckets) {
+    if (!S.device.is_cpu() && !(b.sharded_params && S.offload_param)) continue;
+    weights += static_cast<double>(b.sharded_params ? b.shard_numel : b.numel) *
+               static_cast<double>(c10::elementSize(stored_dtype(b)));
+  }
+  const double host_state = host_state_bytes(S, layout.state_numel);
+  capacity::check_free(
+      host_state + weights, capacity::host_available_bytes(), "the host",
+      fmt::format("ZeRO stage {} over {} rank{}: this rank's {:.1f} GiB of optimizer state for "
+                  "{:.2f}B trainable elements (gradients, {} masters, the optimizer's moments{}) "
+                  "and {:.1f} GiB of weights in {}",
+                  S.stage, S.world, S.world == 1 ? "" : "s", host_state / (1 << 30),
+                  static_cast<double>(layout.state_numel) / 1e9, c10::toString(S.master_dtype),
+                  S.device.is_cpu() ? "" : ": the offloaded share", weights / (1 << 30),
+                  c10::toString(S.compute)),
+      host_memory_fix(S));
   if (!S.device.is_cuda()) return;
   const int device = S.device.has_index() ? S.device.index() : 0;
   const double need = device_state_bytes(S, layout.state_numel);
@@ -228,7 +273,8 @@ void EngineImpl::allocate_state() {
 // GPU one staging buffer serves all buckets (fresh pages for every bucket cost more in page
 // faults than the reads on a 7B model).
 at::Tensor read_bucket(ParameterSource& source, const Layout& L, const Bucket& b, int64_t begin,
-                       int64_t len, const at::Device& device, at::Tensor& staging) {
+                       int64_t len, const at::Device& device, at::Tensor& staging,
+                       const std::function<void(int64_t elements)>& on_read) {
   at::Tensor host;
   if (b.raw) {
     host = at::empty({len}, at::TensorOptions().dtype(at::kByte));
@@ -249,6 +295,7 @@ at::Tensor read_bucket(ParameterSource& source, const Layout& L, const Bucket& b
     if (a > filled) host.narrow(0, filled - begin, a - filled).zero_();
     source.read(p.name, p.shape, a - b.offsets[k], host.narrow(0, a - begin, e - a));
     filled = e;
+    if (on_read) on_read(e - a);
   }
   if (begin + len > filled) host.narrow(0, filled - begin, begin + len - filled).zero_();
   return host.to(device);  // a blocking copy: the staging buffer is free again
@@ -263,6 +310,22 @@ void EngineImpl::place_buckets() {
   buckets.resize(L.buckets.size());
   at::NoGradGuard no_grad;
   at::Tensor staging;
+  // What this rank reads of the source (its parameters' elements, not the padding between
+  // them), for EngineOptions::on_load_progress.
+  int64_t to_read = 0, read = 0;
+  for (const Bucket& b : L.buckets) {
+    const int64_t begin = b.sharded_params ? b.slice_begin(S.rank, L.replicated) : 0;
+    const int64_t end = begin + (b.sharded_params ? b.shard_numel : b.numel);
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const int64_t numel = L.params[static_cast<size_t>(b.params[k])].numel;
+      to_read +=
+          std::max<int64_t>(0, std::min(end, b.offsets[k] + numel) - std::max(begin, b.offsets[k]));
+    }
+  }
+  const auto on_read = [&](int64_t elements) {
+    read += elements;
+    if (options.on_load_progress) options.on_load_progress(read, to_read);
+  };
   for (const Bucket& b : L.buckets) {
     BucketState& s = buckets[static_cast<size_t>(b.index)];
     const int64_t lo = b.slice_begin(S.rank, L.replicated);
@@ -271,7 +334,7 @@ void EngineImpl::place_buckets() {
     if (options.source) {
       const bool whole = !b.sharded_params;
       at::Tensor values = read_bucket(*options.source, L, b, whole ? 0 : lo,
-                                      whole ? b.numel : b.shard_numel, S.device, staging);
+                                      whole ? b.numel : b.shard_numel, S.device, staging, on_read);
       full = whole ? values : at::Tensor();
       slice = whole ? full.narrow(0, lo, b.shard_numel) : values;
     } else {
@@ -307,6 +370,7 @@ void EngineImpl::place_buckets() {
       s.flat_grad = at::zeros({b.numel}, s.flat_param.options());
     }
   }
+  options.on_load_progress = nullptr;  // the caller's, for the construction only
 }
 
 // Points the module's parameters (and, where gradients live in flat buckets, their .grad)

@@ -291,6 +291,19 @@ int main(void) {
   zt_trainer_free(t);
   zt_trainer_free(NULL);
 
+  /* A stop asked from outside (what a signal handler calls) before the first step: the job ends
+   * saying that nothing was saved, never naming a checkpoint-0. */
+  snprintf(options, sizeof options,
+           "{" MODEL ", \"device\": \"cpu\", \"output_dir\": \"%s/stopped\", \"train_file\":"
+           " \"%s/train.jsonl\", \"max_steps\": 2, \"template\": \"alpaca\"}",
+           dir, dir);
+  CHECK_OK(zt_trainer_create(options, &t));
+  zt_trainer_request_stop(NULL, 15); /* ignored */
+  zt_trainer_request_stop(t, 15);
+  CHECK_FAILS(zt_trainer_train(t, NULL, NULL), ZT_ERR_CANCELLED,
+              "stopped by signal 15 before the first step: no checkpoint was saved");
+  zt_trainer_free(t);
+
   /* A host that feeds token ids needs no tokenizer: a model with 64 ids (fewer than the
    * byte-level tokenizer's 259) trains through train_step. */
   snprintf(options, sizeof options,

@@ -1,5 +1,6 @@
 // libFuzzer: JSON configs — a model's config.json, a DeepSpeed config (resolved against
-// training arguments), training options — through the parsers the CLI and the C API use.
+// training arguments), training options (as JSON and as YAML) — through the parsers the CLI and
+// the C API use.
 #include <cstdint>
 #include <string>
 
@@ -26,6 +27,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     zt::TrainingArguments args;
     zt::apply_training_json(args, text);
+    (void)zt::training_arguments_json(args);
+  } catch (const zt::Error&) {
+  }
+  try {  // the same options as YAML (LLaMA-Factory's configs), through yaml-cpp
+    zt::TrainingArguments args;
+    zt::apply_training_yaml(args, text);
     (void)zt::training_arguments_json(args);
   } catch (const zt::Error&) {
   }

@@ -294,6 +294,11 @@ TEST_CASE(
   check_world_sizes({"--stage", "kto", "--finetuning_type", "lora", "--lora_r", "8", "--pref_ftx",
                      "0.1", "--deepspeed", stage_json(3)},
                     false);
+  // PiSSA over a 4-bit base: the reference is its starting factors swapped in (sharded under
+  // ZeRO-3), not the residual with the adapters off.
+  check_world_sizes({"--stage", "dpo", "--finetuning_type", "lora", "--pissa_init", "true",
+                     "--pissa_iter", "2", "--quantization_bit", "4", "--deepspeed", stage_json(3)},
+                    false);
 }
 
 TEST_CASE("nccl ranks: QLoRA with its layers' inputs in host memory gives world 1's losses",
