@@ -169,15 +169,11 @@ namespace {
 
 // A one-layer random model folder (config.json + safetensors) for verify.
 void write_random_model(const std::string& dir) {
-  const zt::ModelConfig c = zt::parse_model_config(
+  zt::test::write_model_folder(
+      dir,
       R"({"model_type": "llama", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 64,
-          "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 128})");
-  zt::CausalLM m(c, at::TensorOptions(), false);
-  zt::load_weights(m, *zt::random_source(c, 1));
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value());
-  zt::save_sharded_safetensors(dir, tensors);
-  zt::files::write_atomic(dir + "/config.json", zt::model_config_json(c));
+          "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 128})",
+      1);
 }
 
 // `count` preference pairs any model can learn (" good" over " bad") in dir/pairs.jsonl.
@@ -824,16 +820,11 @@ std::string llamafactory_folder(const std::string& tag) {
   const std::string dir = zt::test::temp_dir(tag);
   fs::copy(std::string(ZT_FIXTURES) + "/llamafactory", dir, fs::copy_options::recursive);
   const std::string model = dir + "/model";
-  fs::create_directories(model);
-  const zt::ModelConfig c = zt::parse_model_config(
+  zt::test::write_model_folder(
+      model,
       R"({"model_type": "llama", "vocab_size": 904, "hidden_size": 32, "intermediate_size": 64,
-          "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 4096})");
-  zt::CausalLM m(c, at::TensorOptions(), false);
-  zt::load_weights(m, *zt::random_source(c, 1));
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value());
-  zt::save_sharded_safetensors(model, tensors);
-  zt::files::write_atomic(model + "/config.json", zt::model_config_json(c));
+          "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 4096})",
+      1);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
     fs::copy_file(std::string(ZT_FIXTURES) + "/tokenizers/llama3/" + f, model + "/" + f);
   }

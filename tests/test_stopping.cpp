@@ -93,14 +93,7 @@ struct SeenPhases {
 
 // kTinyModel as an HF folder with seeded random weights.
 void write_base_model(const std::string& folder) {
-  const ModelConfig c = parse_model_config(test::kTinyModel);
-  CausalLM m(c, at::TensorOptions(), false);
-  load_weights(m, *random_source(c, 11));
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value());
-  fs::create_directories(folder);
-  save_sharded_safetensors(folder, tensors);
-  files::write_atomic(folder + "/config.json", model_config_json(c));
+  test::write_model_folder(folder, test::kTinyModel, 11);
 }
 
 }  // namespace

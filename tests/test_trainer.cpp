@@ -77,15 +77,7 @@ void train_ranks(int world, const std::string& dir, const std::vector<std::strin
 
 // A folder of kTinyModel with seeded random weights, as from_pretrained would read it.
 ModelConfig write_base_model(const std::string& folder) {
-  const ModelConfig c = parse_model_config(kTinyModel);
-  CausalLM m(c, at::TensorOptions(), false);
-  load_weights(m, *random_source(c, 11));
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value());
-  fs::create_directories(folder);
-  save_sharded_safetensors(folder, tensors);
-  files::write_atomic(folder + "/config.json", model_config_json(c));
-  return c;
+  return test::write_model_folder(folder, kTinyModel, 11);
 }
 
 // The arguments of run_flags over the model folder `dir`/base (write_base_model), writing into

@@ -1,10 +1,12 @@
 #include "support/jobs.hpp"
 
+#include <filesystem>
 #include <fstream>
 
 #include <fmt/format.h>
 
 #include "util/files.hpp"
+#include "zerotrain/safetensors.hpp"
 
 namespace zt::test {
 
@@ -21,6 +23,19 @@ std::vector<std::string> tiny_run_flags(const std::string& dir,
   f.insert(f.end(), settings.begin(), settings.end());
   f.insert(f.end(), extra.begin(), extra.end());
   return f;
+}
+
+ModelConfig write_model_folder(const std::string& folder, const std::string& config_json,
+                               uint64_t seed) {
+  const ModelConfig c = parse_model_config(config_json);
+  CausalLM m(c, at::TensorOptions(), false);
+  load_weights(m, *random_source(c, seed));
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value());
+  std::filesystem::create_directories(folder);
+  save_sharded_safetensors(folder, tensors);
+  files::write_atomic(folder + "/config.json", model_config_json(c));
+  return c;
 }
 
 std::string write_data(const std::string& dir, const std::string& name, int count, int salt) {

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "zerotrain/model.hpp"
+
 namespace zt::test {
 
 /// An inline LLaMA config (vocab 259: the byte-level tokenizer), 2 layers, GQA.
@@ -21,6 +23,10 @@ std::vector<std::string> tiny_run_flags(const std::string& dir,
 /// Writes `count` alpaca-style examples ("Is N even or odd?" → "odd" / "even", N from `salt`)
 /// to dir/name and returns the path.
 std::string write_data(const std::string& dir, const std::string& name, int count, int salt);
+/// A model folder of random weights (config.json + safetensors) of `config_json` drawn from
+/// `seed`, in `folder` (made when missing); returns its config.
+ModelConfig write_model_folder(const std::string& folder, const std::string& config_json,
+                               uint64_t seed);
 
 /// The same task as preference pairs in LLaMA-Factory's alpaca layout: the right answer chosen,
 /// the wrong one rejected. Returns the path.
