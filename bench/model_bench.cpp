@@ -229,12 +229,21 @@ int main(int argc, char** argv) {
           model->set_adapters_enabled(true);
           model->train();
         }
-        const at::Tensor logps = model->label_log_probs(on_device, pref_labels).sum(1);
+        // As the trainer: the log-probs and the logits metrics' mean logits of one forward.
+        at::Tensor mean_logits;
+        const at::Tensor logps =
+            model->label_log_probs(on_device, pref_labels, {}, 1024, {}, &mean_logits).sum(1);
+        const at::Tensor logits = train::answer_logit_sums(mean_logits, pref_labels);
         const at::Tensor tokens = at::full({pairs}, 0.75 * seq, logps.options());
-        const train::PreferenceLosses out =
-            train::preference_losses(dpo, {logps.narrow(0, 0, pairs), logps.narrow(0, pairs, pairs),
-                                           reference.narrow(0, 0, pairs),
-                                           reference.narrow(0, pairs, pairs), tokens, tokens});
+        train::PairLogProbs lp;
+        lp.chosen = logps.narrow(0, 0, pairs);
+        lp.rejected = logps.narrow(0, pairs, pairs);
+        lp.ref_chosen = reference.narrow(0, 0, pairs);
+        lp.ref_rejected = reference.narrow(0, pairs, pairs);
+        lp.chosen_tokens = lp.rejected_tokens = tokens;
+        lp.chosen_logits = logits.narrow(0, 0, pairs);
+        lp.rejected_logits = logits.narrow(0, pairs, pairs);
+        const train::PreferenceLosses out = train::preference_losses(dpo, lp);
         loss = {out.loss.sum(), pairs};
       } else {
         loss = model->loss(ids, ids);  // labels = inputs, as the peer does

@@ -447,6 +447,52 @@ TEST_CASE("merge keeps the chat format the run trained with, so verify asks in i
   CHECK_THAT(r.output, Contains("### Instruction:\nIs 7 odd?\n\n### Response:\n"));
 }
 
+TEST_CASE("the template logged and recorded for verify is the one the data went through",
+          "[cli][template]") {
+  // Plain text (and TRL's text prompt + completion) goes through no template: the run says so,
+  // records "raw", and verify sends prompts as they are — not in a template the model never saw.
+  // Mixed data names how much of it the template formatted.
+  const std::string dir = zt::test::temp_dir("applied_template");
+  std::string plain, mixed;
+  for (int i = 0; i < 8; ++i) {
+    const std::string record =
+        i % 2 ? fmt::format(R"({{"text": "{} is {}."}})", i, i % 2 ? "odd" : "even")
+              : fmt::format(R"({{"prompt": "Is {} odd?", "completion": " no"}})", i);
+    plain += record + "\n";
+    mixed +=
+        (i < 2 ? fmt::format(R"({{"instruction": "Is {} odd?", "output": "no"}})", i) : record) +
+        "\n";
+  }
+  zt::files::write_atomic(dir + "/plain.jsonl", plain);
+  zt::files::write_atomic(dir + "/mixed.jsonl", mixed);
+  const auto train = [&](const std::string& data, const std::string& out) {
+    std::string flags;
+    for (const std::string& f :
+         zt::test::tiny_run_flags(dir, {"--train_file", dir + "/" + data, "--output_dir",
+                                        dir + "/" + out, "--max_steps", "1", "--save_steps", "1",
+                                        "--per_device_train_batch_size", "2", "--device", "cpu"})) {
+      flags += " '" + f + "'";
+    }
+    return shell(fmt::format("ZT_LOG_LEVEL=info '{}' train {} 2>&1", ZT_CLI, flags));
+  };
+  Ran raw = train("plain.jsonl", "raw");
+  INFO(raw.output);
+  REQUIRE(raw.status == 0);
+  CHECK_THAT(raw.output, Contains("template: none applied: every training record is plain text"));
+  CHECK(zt::recorded_template(dir + "/raw") == std::optional<std::string>(zt::kRawTemplate));
+  CHECK(zt::recorded_template(dir + "/raw/checkpoint-1") ==
+        std::optional<std::string>(zt::kRawTemplate));
+  Ran asked = cli(fmt::format("verify '{}/raw' --prompt 'Is 7 odd?' --max_new_tokens 2", dir));
+  CHECK(asked.status == 0);
+  CHECK_THAT(asked.output, Contains("Is 7 odd?") && !Contains("###"));
+  Ran some = train("mixed.jsonl", "mixed");
+  INFO(some.output);
+  REQUIRE(some.status == 0);
+  CHECK_THAT(some.output, Contains("template: alpaca (--template), applied to 2 of the 8 training "
+                                   "sequences; the others are plain text or token ids"));
+  CHECK(zt::recorded_template(dir + "/mixed") == std::optional<std::string>("alpaca"));
+}
+
 TEST_CASE("merge of a P-Tuning run says to load it with PEFT, from its folder or a checkpoint",
           "[cli][errors]") {
   const std::string dir = zt::test::temp_dir("merge_ptuning");

@@ -55,6 +55,18 @@ TEST_CASE("self backend: every collective and dtype at world size 1", "[comm]") 
   for (at::ScalarType dtype : kDtypes) test::check_collectives(*comm, dtype);
 }
 
+TEST_CASE("a CUDA device without an index is the rank's local GPU", "[comm]") {
+  // Tensors made on "cuda" are on "cuda:N"; a communicator left on "cuda" refused them all.
+  LaunchEnv env;
+  env.local_rank = 0;
+  CommOptions o;
+  o.backend = Backend::kSelf;
+  o.device = at::Device(at::kCUDA);
+  CHECK(create_communicator(env, o)->device() == at::Device(at::kCUDA, 0));
+  o.device = at::Device(at::kCUDA, 0);
+  CHECK(create_communicator(env, o)->device() == at::Device(at::kCUDA, 0));
+}
+
 TEST_CASE("collectives reject bad arguments with InvalidArgument", "[comm][errors]") {
   auto comm = create_communicator(LaunchEnv{}, CommOptions{});
   at::Tensor f = at::zeros({4});

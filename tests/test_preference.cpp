@@ -538,10 +538,19 @@ TEST_CASE("label_log_probs: the rows' log-probabilities of full logits, with eac
     SafetensorsFile data(fixture("models/" + family + "/expected.safetensors"));
     const at::Tensor ids = data.load("input_ids"), labels = data.load("labels");
     const at::Tensor mask = data.load("attention_mask");
-    // Chunks smaller than a row, so chunk boundaries fall inside rows.
-    at::Tensor got = model->label_log_probs(ids, labels, mask, 5);
+    // Chunks smaller than a row, so chunk boundaries fall inside rows. The mean logits asked
+    // for too: a metric beside the log-probs, which must leave them and their gradients as
+    // they are.
+    at::Tensor mean_logits;
+    at::Tensor got = model->label_log_probs(ids, labels, mask, 5, {}, &mean_logits);
     const at::Tensor logits = model->logits(ids, mask);
     const int64_t t = ids.size(1);
+    REQUIRE(mean_logits.sizes() == got.sizes());
+    CHECK_FALSE(mean_logits.requires_grad());
+    // Entry t: the mean over the vocabulary of the logits that score label t (position t - 1).
+    CHECK(at::allclose(mean_logits.narrow(1, 1, t - 1), logits.narrow(1, 0, t - 1).mean(-1), 1e-5,
+                       1e-5));
+    CHECK(mean_logits.narrow(1, 0, 1).abs().max().item<double>() == 0.0);
     const at::Tensor y = labels.narrow(1, 1, t - 1);
     const at::Tensor want_tail = at::log_softmax(logits.narrow(1, 0, t - 1), -1)
                                      .gather(2, y.clamp_min(0).unsqueeze(2))
@@ -706,6 +715,7 @@ TEST_CASE("rank: dpo run", "[.rank]") {
 
 TEST_CASE("DPO trains the same at world 1, 2 and 4 under every ZeRO stage, and learns",
           "[preference][trainer]") {
+  if (test::skip_cpu_world(4)) return;
   const std::string dir = test::temp_dir("dpo-runs");
   write_pairs(dir, "train.jsonl", 24, 1);
   write_pairs(dir, "eval.jsonl", 8, 2);
@@ -727,9 +737,10 @@ TEST_CASE("DPO trains the same at world 1, 2 and 4 under every ZeRO stage, and l
                             std::to_string(micro), "--deepspeed", test::stage_json(stage)});
         test::run_ranks(world, "rank: dpo run", std::chrono::seconds(240),
                         {{"ZT_FLAGS", test::join_flags(flags)}});
-        compare_logged(reference, out,
-                       {"loss", "rewards/margins", "rewards/accuracies", "logps/chosen",
-                        "eval_loss", "eval_rewards/margins"});
+        compare_logged(
+            reference, out,
+            {"loss", "rewards/margins", "rewards/accuracies", "logps/chosen", "logits/chosen",
+             "logits/rejected", "eval_loss", "eval_rewards/margins", "eval_logits/chosen"});
       }
     }
     // Learning: the policy prefers the chosen answers more than at the start (where, for DPO,
@@ -746,7 +757,7 @@ namespace {
 std::string write_feedback(const std::string& dir, const std::string& name, int count, int salt) {
   std::string text;
   for (int i = 0; i < count; ++i) {
-    const int n = (i * 7919 + salt * 104729) % 10007;
+    const int n = static_cast<int>((int64_t{i} * 7919 + int64_t{salt} * 104729) % 10007);
     const bool right = (i + salt) % 2 == 0;
     text += fmt::format(
         "{{\"instruction\": \"Is {} even or odd?\", \"output\": \"{}\", \"label\": {}}}\n", n,
@@ -760,6 +771,7 @@ std::string write_feedback(const std::string& dir, const std::string& name, int 
 
 TEST_CASE("KTO trains the same at world 1, 2 and 4 under every ZeRO stage, and learns",
           "[preference][trainer]") {
+  if (test::skip_cpu_world(4)) return;
   const std::string dir = test::temp_dir("kto-runs");
   write_feedback(dir, "train.jsonl", 24, 1);
   write_feedback(dir, "eval.jsonl", 8, 2);
@@ -776,8 +788,8 @@ TEST_CASE("KTO trains the same at world 1, 2 and 4 under every ZeRO stage, and l
     return dir + "/" + name;
   };
   const std::vector<const char*> keys = {
-      "loss",      "kl",      "rewards/chosen",      "rewards/margins",
-      "eval_loss", "eval_kl", "eval_rewards/margins"};
+      "loss",      "kl",      "rewards/chosen",       "rewards/margins",     "logits/chosen",
+      "eval_loss", "eval_kl", "eval_rewards/margins", "eval_logits/rejected"};
   std::map<std::string, std::map<int64_t, double>> reference;
   const auto compare = [&](const std::string& out) { compare_logged(reference, out, keys); };
   for (int stage : {0, 3}) {
@@ -832,6 +844,7 @@ TEST_CASE(
     "the reference log-probs precomputed before training: the online reference's, kept for "
     "resume",
     "[preference][trainer]") {
+  if (test::skip_cpu_world(2)) return;
   const std::string dir = test::temp_dir("dpo-precompute");
   write_pairs(dir, "train.jsonl", 24, 3);
   write_pairs(dir, "eval.jsonl", 6, 4);
@@ -911,6 +924,7 @@ TEST_CASE(
 
 TEST_CASE("a frozen reference model, sharded as the policy, scores as the precomputed table does",
           "[preference][trainer]") {
+  if (test::skip_cpu_world(4)) return;
   // Full fine-tuning with precompute_ref_log_probs false: the starting weights kept as each
   // rank keeps its compute copy and swapped in for every reference forward. The steps equal
   // those of the precomputed table (the same model scored) at world 1, 2 and 4 under ZeRO-3
@@ -1052,6 +1066,7 @@ TEST_CASE("the reference of every adapter method is the model the run starts fro
 
 TEST_CASE("rpo_alpha adds the chosen answers' token-mean NLL over the global batch",
           "[preference][trainer]") {
+  if (test::skip_cpu_world(2)) return;
   // At the first step the policy is the reference: DPO's loss is log 2 exactly, and with
   // rpo_alpha α the step's loss is log 2 + α · the chosen answers' NLL averaged over all their
   // tokens — what an SFT run on the chosen answers logs at its first step (same model, same

@@ -28,7 +28,8 @@ constexpr const char* kUsage =
     "Loads an HF model folder (or a PEFT adapter folder over its base model) and generates a "
     "reply.\n"
     "  --template NAME     the prompt template (default: the one the run recorded in MODEL_DIR,\n"
-    "                      else the model's own chat format, else alpaca_zh)\n"
+    "                      else the model's own chat format, else alpaca_zh; a run whose\n"
+    "                      records no template formatted recorded raw: --raw)\n"
     "  --raw               send the prompt as it is, without a template\n"
     "  --max_new_tokens N  at most N new tokens [default: 64]\n"
     "  --base_model DIR    an adapter's base model folder, in place of the one its\n"
@@ -51,8 +52,10 @@ int compare_pairs(TrainedModel& trained, const Tokenizer& tok, const std::string
   DataOptions o;
   o.preference = true;
   o.max_length = model.config().max_position_embeddings;
-  o.template_name = resolve_template(
-      template_name ? *template_name : recorded_template(dir).value_or("auto"), model_dir, tok);
+  // A run that applied no template trained on text pairs, which no template formats.
+  std::string name = template_name ? *template_name : recorded_template(dir).value_or("auto");
+  if (name == kRawTemplate) name = "auto";
+  o.template_name = resolve_template(name, model_dir, tok);
   const Dataset pairs = tokenize_preference_jsonl(path, tok, o);
   const int32_t pad = tok.pad_id() >= 0 ? tok.pad_id() : std::max(0, tok.eos_id());
   const std::vector<std::pair<double, double>> policy = pair_log_probs(model, pairs, pad);
@@ -139,13 +142,14 @@ int cmd_verify(const Args& in) {
   if (compare) return compare_pairs(trained, *tok, *compare, template_name, dir);
   std::vector<int32_t> ids;
   std::string text = *prompt;
-  if (raw) {
+  // What the run trained with, as it recorded it; else what training would pick now. A run whose
+  // records no template formatted (plain text, token ids) recorded "raw": prompts as they are.
+  std::string name = template_name ? *template_name : recorded_template(dir).value_or("auto");
+  if (raw || name == kRawTemplate) {
     ids = tok->encode(text);
     const std::vector<int32_t> prefix = tok->prefix_ids();
     ids.insert(ids.begin(), prefix.begin(), prefix.end());
   } else {
-    // What the run trained with, as it recorded it; else what training would pick now.
-    std::string name = template_name ? *template_name : recorded_template(dir).value_or("auto");
     name = resolve_template(name, adapter ? base : dir, *tok);
     text = render_prompt(name, *prompt);
     ids = encode_prompt(name, *tok, *prompt);

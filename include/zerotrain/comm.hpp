@@ -145,8 +145,10 @@ std::string first_slurm_host(const std::string& nodelist);
 
 struct CommOptions {
   Backend backend =
-      Backend::kAuto;            ///< kAuto: NCCL when `device` is CUDA, else Gloo (self at 1 rank)
-  at::Device device = at::kCPU;  ///< for CUDA, the device of this rank (usually local_rank)
+      Backend::kAuto;  ///< kAuto: NCCL when `device` is CUDA, else Gloo (self at 1 rank)
+  /// For CUDA, the device of this rank; "cuda" without an index means GPU `local_rank`, as the
+  /// trainer picks it, so that every tensor the trainer makes on it matches the communicator's.
+  at::Device device = at::kCPU;
   std::chrono::milliseconds timeout = std::chrono::seconds(1800);            ///< ddp_timeout
   std::chrono::milliseconds rendezvous_timeout = std::chrono::seconds(300);  ///< start-up
   /// Time every collective (Communicator::take_timeline). Costs two events per collective.

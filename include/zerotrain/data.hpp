@@ -88,6 +88,9 @@ struct DatasetStats {
   int64_t skipped_lines = 0;     ///< malformed lines skipped (skip_bad_lines)
   int64_t dropped_examples = 0;  ///< rows the dropped records would have made
   int64_t tokens = 0;            ///< tokens of the kept rows
+  /// Kept rows whose records the chat template formatted (messages, conversations, instructions,
+  /// conversational prompts, ChatGLM-Finetuning's layout); the others are plain text or ids.
+  int64_t templated_examples = 0;
   // Examples dropped, by cause.
   int64_t untrained_examples = 0;  ///< no trained label at all (e.g. pre-tokenized labels all -100)
   int64_t truncated_examples = 0;  ///< cut to max_length, no trained label left (prompt fills it)
@@ -226,8 +229,13 @@ std::vector<std::string> template_names();
 std::string resolve_template(const std::string& name, const std::string& model_dir,
                              const Tokenizer& tok, std::string* source = nullptr);
 
+/// What a run records as its template when the template formatted none of its training records
+/// (plain text, TRL's text prompt + completion, token ids): prompts are then sent as they are.
+inline constexpr const char* kRawTemplate = "raw";
+
 /// The template recorded in `dir`/zerotrain_template.json (written with every checkpoint and
-/// exported model by the trainer), if there is one. A record naming no template is a ConfigError.
+/// exported model by the trainer), if there is one: a template's name, or kRawTemplate. A
+/// record naming neither is a ConfigError.
 std::optional<std::string> recorded_template(const std::string& dir);
 /// Writes `dir`/zerotrain_template.json naming `name` (atomically).
 void record_template(const std::string& dir, const std::string& name);

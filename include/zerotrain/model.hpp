@@ -188,9 +188,13 @@ class CausalLM : public torch::nn::Module {
   /// log p(labels[t] | input_ids[..t-1]), 0 at t = 0 and where labels is -100 — a sequence's
   /// log-probability is its row's sum. Computed as loss() computes (chunks of `chunk_tokens`
   /// positions, the same masks and packing); backward takes a gradient per entry.
+  /// `mean_logits`, when given, receives [batch, seq] fp32 without gradient, aligned the same
+  /// way: entry t is the mean over the vocabulary of the logits that score labels[t] (TRL's
+  /// `logits/chosen` averages these over the answer's tokens), 0 at t = 0.
   at::Tensor label_log_probs(const at::Tensor& input_ids, const at::Tensor& labels,
                              const at::Tensor& attention_mask = {}, int64_t chunk_tokens = 1024,
-                             const at::Tensor& position_ids = {});
+                             const at::Tensor& position_ids = {},
+                             at::Tensor* mean_logits = nullptr);
 
   /// Turns the fine-tuning method's adapters (LoRA layers, a prompt adapter) off or back on:
   /// off, the model computes its base model, as PEFT's disable_adapter() (the reference model
@@ -217,9 +221,16 @@ class CausalLM : public torch::nn::Module {
   struct Impl;
 
  private:
-  std::pair<at::Tensor, int64_t> head_losses(const at::Tensor& input_ids, const at::Tensor& labels,
-                                             const at::Tensor& attention_mask, int64_t chunk_tokens,
-                                             const at::Tensor& position_ids, bool per_position);
+  /// The head unit's results: the cross-entropies (summed, or per position), the tokens they
+  /// cover, and (when asked) each position's mean logit.
+  struct HeadOutputs {
+    at::Tensor losses;
+    int64_t tokens = 0;
+    at::Tensor mean_logits;
+  };
+  HeadOutputs head_losses(const at::Tensor& input_ids, const at::Tensor& labels,
+                          const at::Tensor& attention_mask, int64_t chunk_tokens,
+                          const at::Tensor& position_ids, bool per_position, bool mean_logits);
 
   ModelConfig config_;
   UnitGate gate_;

@@ -194,8 +194,13 @@ bool backend_available(Backend backend) {
   return false;
 }
 
-std::unique_ptr<Communicator> create_communicator(const LaunchEnv& env,
-                                                  const CommOptions& options) {
+std::unique_ptr<Communicator> create_communicator(const LaunchEnv& env, const CommOptions& given) {
+  CommOptions options = given;
+  if (options.device.is_cuda() && !options.device.has_index()) {
+    // Tensors made on "cuda" land on an indexed device; the check of every collective's
+    // tensors compares devices exactly, so the communicator names the index too.
+    options.device = at::Device(at::kCUDA, static_cast<at::DeviceIndex>(env.local_rank));
+  }
   Backend backend = options.backend;
   if (backend == Backend::kAuto) {
     backend = options.device.is_cuda() ? Backend::kNccl

@@ -23,7 +23,7 @@ namespace {
 
 // Bump when the tokenization rules or the file layout change: old cache files then no longer
 // match any key (and are rejected by load_dataset).
-constexpr int kCacheVersion = 1;
+constexpr int kCacheVersion = 2;  // 2: templated_examples
 constexpr const char* kCacheFormat = "zerotrain-dataset";
 
 // The data file's content as 96 bits (CRC-32C and a 64-bit multiply-rotate hash of every byte)
@@ -119,6 +119,7 @@ const StatField kStatFields[] = {
     {"skipped_lines", &DatasetStats::skipped_lines},
     {"dropped_examples", &DatasetStats::dropped_examples},
     {"tokens", &DatasetStats::tokens},
+    {"templated_examples", &DatasetStats::templated_examples},
     {"untrained_examples", &DatasetStats::untrained_examples, true},
     {"truncated_examples", &DatasetStats::truncated_examples, true},
     {"skipped_truncated", &DatasetStats::skipped_truncated, true},

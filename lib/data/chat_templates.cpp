@@ -12,6 +12,7 @@
 
 #include "util/files.hpp"
 #include "util/json.hpp"
+#include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::data {
@@ -526,7 +527,7 @@ std::optional<std::string> recorded_chat_template(const std::string& dir) {
   rapidjson::Document doc = json::parse(files::read_text(path, "template record"), path);
   json::ObjectReader r(doc, "", path);
   const std::string name = r.required_string("template", "the name of a template");
-  chat_template(name);  // known
+  if (name != kRawTemplate) chat_template(name);  // known
   return name;
 }
 

@@ -412,16 +412,20 @@ Example parse_prompt_completion(const rapidjson::Document& doc, json::ObjectRead
 
 // The example in one record, encoded up to `limit` ids. A malformed record throws ConfigError
 // "<where>: ...". `truncated` is set when ChatGLM-Finetuning's layout cut the record,
-// `pretokenized` for input_ids records (whole, whatever `limit`).
+// `pretokenized` for input_ids records (whole, whatever `limit`), `templated` for records the
+// chat template formats.
 Example parse_line(std::string_view line, const std::string& where, const Tokenizer& tok,
                    const ChatTemplate& t, const DataOptions& o, int64_t id_limit, size_t limit,
-                   bool* truncated, bool* pretokenized) {
+                   bool* truncated, bool* pretokenized, bool* templated) {
   rapidjson::Document doc = json::parse(line, where);
   json::ObjectReader r(doc, "", where);
   const bool train_on_prompt = o.train_on_prompt;
   // The first of these keys decides the format (docs/data.md).
   *pretokenized = doc.HasMember("input_ids");
   if (*pretokenized) return parse_tokens(r, id_limit);
+  // Every layout below but plain text and TRL's text prompt + completion goes through the
+  // template (ChatGLM-Finetuning's writes the template's prompt itself).
+  *templated = true;
   if (tok.vocab_size() > id_limit) throw TextNeedsVocabulary{};  // this record has text to encode
   if (doc.HasMember("chosen") && doc.HasMember("rejected")) {
     throw RecordOfAnotherStage(fmt::format(
@@ -450,9 +454,15 @@ Example parse_line(std::string_view line, const std::string& where, const Tokeni
   }
   if (doc.HasMember("instruction"))
     return encode_chat(parse_instruction(r), t, tok, train_on_prompt, limit);
-  if (doc.HasMember("prompt")) return parse_prompt_completion(doc, r, where, tok, t, o, limit);
+  if (doc.HasMember("prompt")) {
+    *templated = !doc["prompt"].IsString();
+    return parse_prompt_completion(doc, r, where, tok, t, o, limit);
+  }
   const char* text_key = o.text_field.c_str();
-  if (doc.HasMember(text_key)) return encode_text(r.required_string(text_key), tok, limit);
+  if (doc.HasMember(text_key)) {
+    *templated = false;
+    return encode_text(r.required_string(text_key), tok, limit);
+  }
   std::string keys;
   for (auto it = doc.MemberBegin(); it != doc.MemberEnd(); ++it) {
     keys += fmt::format("{}\"{}\"", keys.empty() ? "" : ", ", json::text(it->name));
@@ -686,7 +696,7 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
     bool pretokenized = false;
     // Encoded one id past max_length: whether the cut takes anything is then known.
     Example e = data::parse_line(text, where, tok, t, o, id_limit, max_length + 1, &p.truncated,
-                                 &pretokenized);
+                                 &pretokenized, &p.templated);
     const bool cut = e.ids.size() > max_length || p.truncated;
     // No trained label in the whole example: known when nothing was cut, or for ids given whole.
     const bool untrained = !data::has_trained_label(e) && (pretokenized || !cut);
@@ -716,6 +726,7 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
         break;
       default:
         dataset.add(p.examples.front().ids, p.examples.front().labels);
+        s.templated_examples += p.templated ? 1 : 0;
         return;
     }
     ++s.dropped_examples;

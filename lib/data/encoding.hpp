@@ -85,6 +85,9 @@ struct Parsed {
   int dropped = 0;
   int answers = 0;  ///< preference data: the record's answers, kept or dropped (KTO: examples)
   bool truncated = false;
+  /// The record was rendered through the chat template (messages, instructions), not taken as
+  /// plain text or ids.
+  bool templated = false;
 };
 
 /// Parses one record's text; throws ConfigError "<where>: ..." for a malformed one.

@@ -219,6 +219,7 @@ data::Parsed encode_answers(const Pair& p, const std::vector<std::pair<std::stri
                             int64_t id_limit) {
   data::Parsed out;
   out.answers = static_cast<int>(answers.size());
+  out.templated = !p.text_prompt.has_value();
   const auto drop = [&](Drop why) {
     out.examples.clear();
     out.desirable.clear();
@@ -386,6 +387,9 @@ Dataset tokenize_preference_jsonl(const std::string& path, const Tokenizer& tok,
         ++s.cut_identical_pairs;
         break;
       default:
+        // KTO: each example's KL sequence shares its prompt's format.
+        s.templated_examples +=
+            p.templated ? static_cast<int64_t>(p.examples.size()) * (o.kto ? 2 : 1) : 0;
         if (!o.kto) {
           for (const Example& e : p.examples) dataset.add(e.ids, e.labels);
           return;

@@ -196,10 +196,12 @@ bool CausalLM::adapters_enabled() const {
 }
 
 // The forward both losses share: the embeddings, the layers and, in the head's unit, the
-// cross-entropy of every position — summed (loss) or per position (label_log_probs).
-std::pair<at::Tensor, int64_t> CausalLM::head_losses(
-    const at::Tensor& input_ids, const at::Tensor& labels, const at::Tensor& attention_mask,
-    int64_t chunk_tokens, const at::Tensor& position_ids, bool per_position) {
+// cross-entropy of every position — summed (loss) or per position (label_log_probs) — and,
+// with `mean_logits`, each position's mean logit.
+CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const at::Tensor& labels,
+                                            const at::Tensor& attention_mask, int64_t chunk_tokens,
+                                            const at::Tensor& position_ids, bool per_position,
+                                            bool mean_logits) {
   Impl& I = *impl_;
   if (position_ids.defined() && I.prompt) {
     throw InvalidArgument(
@@ -260,41 +262,49 @@ std::pair<at::Tensor, int64_t> CausalLM::head_losses(
   }
   auto lm_head = I.lm_head;
   const int64_t chunk = chunk_tokens;
-  at::Tensor out = gate_(
+  std::vector<at::Tensor> out = gate_(
       1 + body->layers.size(), {x, shifted},
-      [body, lm_head, chunk, per_position](const std::vector<at::Tensor>& in) {
+      [body, lm_head, chunk, per_position, mean_logits](const std::vector<at::Tensor>& in) {
         at::Tensor h = body->norm->forward(in[0]);
         const at::Tensor& w = lm_head ? lm_head->weight : body->embed_tokens->weight;
         h = h.reshape({-1, h.size(-1)});
-        return std::vector<at::Tensor>{per_position
-                                           ? model::linear_token_cross_entropy(h, w, in[1], chunk)
-                                           : model::linear_cross_entropy(h, w, in[1], chunk)};
-      })[0];
-  return {out, tokens};
+        std::vector<at::Tensor> results{per_position
+                                            ? model::linear_token_cross_entropy(h, w, in[1], chunk)
+                                            : model::linear_cross_entropy(h, w, in[1], chunk)};
+        // A metric, read in the first pass only (a recomputation's outputs are never read).
+        if (mean_logits && !recomputing_for_backward()) {
+          results.push_back(model::row_mean_logits(h, w));
+        }
+        return results;
+      });
+  return {out[0], tokens, out.size() > 1 ? out[1].detach() : at::Tensor()};
 }
 
 LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
                        const at::Tensor& attention_mask, int64_t chunk_tokens,
                        const at::Tensor& position_ids) {
-  auto [sum, tokens] =
-      head_losses(input_ids, labels, attention_mask, chunk_tokens, position_ids, false);
-  return {sum, tokens};
+  HeadOutputs out =
+      head_losses(input_ids, labels, attention_mask, chunk_tokens, position_ids, false, false);
+  return {out.losses, out.tokens};
 }
 
 at::Tensor CausalLM::label_log_probs(const at::Tensor& input_ids, const at::Tensor& labels,
                                      const at::Tensor& attention_mask, int64_t chunk_tokens,
-                                     const at::Tensor& position_ids) {
+                                     const at::Tensor& position_ids, at::Tensor* mean_logits) {
   const int64_t virtual_tokens =
       impl_->prompt && impl_->prompt->prepends_tokens() ? impl_->prompt->num_virtual_tokens() : 0;
-  at::Tensor per_position =
-      head_losses(input_ids, labels, attention_mask, chunk_tokens, position_ids, true).first;
-  // Position t scores label t + 1: entry t of the result is position t - 1's, negated; the
-  // virtual tokens' columns (P-Tuning) are dropped.
+  HeadOutputs out = head_losses(input_ids, labels, attention_mask, chunk_tokens, position_ids, true,
+                                mean_logits != nullptr);
+  // Position t scores label t + 1: entry t of the result is position t - 1's; the virtual
+  // tokens' columns (P-Tuning) are dropped.
   const int64_t b = input_ids.size(0), t = input_ids.size(1) + virtual_tokens;
-  at::Tensor scores = per_position.view({b, t}).neg();
-  at::Tensor aligned =
-      at::cat({at::zeros({b, 1}, scores.options()), scores.narrow(1, 0, t - 1)}, 1);
-  return aligned.narrow(1, virtual_tokens, input_ids.size(1));
+  const auto align = [&](const at::Tensor& per_position) {
+    at::Tensor rows = per_position.view({b, t});
+    return at::cat({at::zeros({b, 1}, rows.options()), rows.narrow(1, 0, t - 1)}, 1)
+        .narrow(1, virtual_tokens, input_ids.size(1));
+  };
+  if (mean_logits) *mean_logits = align(out.mean_logits.to(at::kFloat));
+  return align(out.losses.neg());
 }
 
 std::vector<at::Tensor> CausalLM::hidden_states(const at::Tensor& input_ids,

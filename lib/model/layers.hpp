@@ -265,6 +265,11 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
                                 const at::Tensor& labels, int64_t chunk,
                                 bool eager_gradients = true);
 
+/// Each row's mean logit over the vocabulary, [N] fp32 without gradient: mean_v (hidden · wᵀ)_v
+/// = hidden · mean_v w_v, one vector product instead of the [N, vocab] logits, exact for a
+/// linear head (a head that transforms its logits, such as soft-capping, must average them).
+at::Tensor row_mean_logits(const at::Tensor& hidden, const at::Tensor& weight);
+
 /// The same cross-entropies per row, [N] fp32 (0 where label is -100), for losses that weigh
 /// rows differently (preference training): backward takes each row's own gradient. With a
 /// frozen weight (not fp16) the hidden-state gradient of a unit gradient is formed in forward

@@ -198,6 +198,19 @@ class LinearTokenCrossEntropy : public torch::autograd::Function<LinearTokenCros
 
 }  // namespace
 
+at::Tensor row_mean_logits(const at::Tensor& hidden, const at::Tensor& weight) {
+  at::NoGradGuard no_grad;
+  // Summed in fp32 (a bf16 sum over 150k rows would lose the digits that matter), a block of
+  // rows at a time: never an fp32 copy of the whole [vocab, hidden] weight.
+  constexpr int64_t kRows = 16384;
+  const int64_t vocab = weight.size(0);
+  at::Tensor sum = at::zeros({weight.size(1)}, weight.options().dtype(at::kFloat));
+  for (int64_t lo = 0; lo < vocab; lo += kRows) {
+    sum.add_(weight.narrow(0, lo, std::min(kRows, vocab - lo)).detach().to(at::kFloat).sum(0));
+  }
+  return at::mv(hidden.detach().to(at::kFloat), sum.div_(static_cast<double>(vocab)));
+}
+
 at::Tensor linear_token_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                       const at::Tensor& labels, int64_t chunk,
                                       bool eager_gradients) {

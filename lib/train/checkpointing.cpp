@@ -62,7 +62,7 @@ void Trainer::Impl::write_user_files(
     }
   }
   if (!model_dir.empty()) copy_model_companion_files(model_dir, dir);
-  record_template(dir, args.template_name);  // what `zerotrain verify` asks with
+  record_template(dir, applied_template());  // what `zerotrain verify` asks with
 }
 
 void Trainer::Impl::write_rng_state(const std::string& dir) const {

@@ -51,6 +51,34 @@ PreferenceOptions preference_options(const TrainingArguments& args) {
   return o;
 }
 
+namespace {
+
+// The logits metrics' sums: [Σ chosen logits, chosen tokens, Σ rejected logits, rejected
+// tokens] ([A] answers' logit sums and [A] token counts); zeros where the logits are undefined.
+at::Tensor logit_sums(const at::Tensor& chosen, const at::Tensor& chosen_tokens,
+                      const at::Tensor& rejected, const at::Tensor& rejected_tokens,
+                      const at::TensorOptions& options) {
+  if (!chosen.defined() || !rejected.defined()) return at::zeros({4}, options);
+  const auto total = [](const at::Tensor& t) { return t.detach().to(at::kDouble).sum(); };
+  return at::stack({total(chosen), total(chosen_tokens), total(rejected), total(rejected_tokens)})
+      .to(options.device());
+}
+
+// logits/chosen and logits/rejected from the sums above (`at`: where they start).
+void add_logits_metrics(std::map<std::string, double>& out, const std::vector<double>& sums,
+                        size_t at, const std::string& prefix) {
+  if (sums[at + 1] > 0) out[prefix + "logits/chosen"] = sums[at] / sums[at + 1];
+  if (sums[at + 3] > 0) out[prefix + "logits/rejected"] = sums[at + 2] / sums[at + 3];
+}
+
+}  // namespace
+
+at::Tensor answer_logit_sums(const at::Tensor& mean_logits, const at::Tensor& labels) {
+  at::Tensor answer = labels.ne(-100).to(mean_logits.device());
+  answer.narrow(1, 0, 1).fill_(false);  // the first label is scored by nothing
+  return (mean_logits * answer).sum(1);
+}
+
 PreferenceLosses preference_losses(const PreferenceOptions& o, const PairLogProbs& lp) {
   const double beta = o.beta, eps = o.label_smoothing;
   const at::Tensor avg_c = lp.chosen / lp.chosen_tokens.clamp_min(1);
@@ -105,8 +133,10 @@ PreferenceLosses preference_losses(const PreferenceOptions& o, const PairLogProb
                  reward_c - reward_r, logps_c, logps_r},
                 1)
           .to(at::kDouble);
-  out.sums = at::cat(
-      {per_pair.sum(0), at::full({1}, static_cast<double>(lp.chosen.size(0)), per_pair.options())});
+  out.sums = at::cat({per_pair.sum(0),
+                      at::full({1}, static_cast<double>(lp.chosen.size(0)), per_pair.options()),
+                      logit_sums(lp.chosen_logits, lp.chosen_tokens, lp.rejected_logits,
+                                 lp.rejected_tokens, per_pair.options())});
   return out;
 }
 
@@ -138,6 +168,14 @@ PreferenceLosses unpaired_losses(const PreferenceOptions& o, const UnpairedLogPr
   const at::Tensor df = d.to(at::kDouble), uf = 1 - df;
   out.sums = at::stack({(reward * df).sum(), (logps * df).sum(), (reward * uf).sum(),
                         (logps * uf).sum(), df.sum(), uf.sum()});
+  if (lp.logits.defined()) {
+    const at::Tensor logits = lp.logits.detach().to(at::kDouble);
+    const at::Tensor tokens = lp.tokens.detach().to(at::kDouble);
+    out.sums = at::cat({out.sums, logit_sums(logits * df, tokens * df, logits * uf, tokens * uf,
+                                             out.sums.options())});
+  } else {
+    out.sums = at::cat({out.sums, at::zeros({4}, out.sums.options())});
+  }
   return out;
 }
 
@@ -148,7 +186,7 @@ double unpaired_nll_scale(int64_t examples, int64_t desirable) {
 }
 
 int64_t metric_sums_size(const PreferenceOptions& o) {
-  return o.unpaired() ? 6 : 7;
+  return o.unpaired() ? 10 : 11;
 }
 
 std::map<std::string, double> preference_metrics(const PreferenceOptions& o,
@@ -169,6 +207,7 @@ std::map<std::string, double> preference_metrics(const PreferenceOptions& o,
     if (desirable > 0 && undesirable > 0) {
       out[prefix + "rewards/margins"] = sums[0] / desirable - sums[2] / undesirable;
     }
+    add_logits_metrics(out, sums, 6, prefix);
     return out;
   }
   const double pairs = sums[6];
@@ -176,6 +215,7 @@ std::map<std::string, double> preference_metrics(const PreferenceOptions& o,
   const char* names[] = {"rewards/chosen",  "rewards/rejected", "rewards/accuracies",
                          "rewards/margins", "logps/chosen",     "logps/rejected"};
   for (size_t k = 0; k < 6; ++k) out[prefix + names[k]] = sums[k] / pairs;
+  add_logits_metrics(out, sums, 7, prefix);
   return out;
 }
 

@@ -39,12 +39,19 @@ struct PreferenceOptions {
 PreferenceOptions preference_options(const TrainingArguments& args);
 
 /// Each pair's sequences: summed answer log-probabilities of the policy ([P], with grad) and the
-/// reference ([P], undefined when the loss has none), and the answers' token counts ([P] float).
+/// reference ([P], undefined when the loss has none), the answers' token counts ([P] float) and
+/// the policy's mean logits summed over each answer's tokens ([P], detached; undefined: the
+/// logits metrics are left out).
 struct PairLogProbs {
   at::Tensor chosen, rejected;
   at::Tensor ref_chosen, ref_rejected;
   at::Tensor chosen_tokens, rejected_tokens;
+  at::Tensor chosen_logits, rejected_logits;
 };
+
+/// Each row's mean logits ([rows, seq], CausalLM::label_log_probs' `mean_logits`) summed over
+/// its answer's tokens (labels [rows, seq] != -100, past the first): [rows].
+at::Tensor answer_logit_sums(const at::Tensor& mean_logits, const at::Tensor& labels);
 
 /// A batch's losses and what its metrics are made of.
 struct PreferenceLosses {
@@ -61,9 +68,11 @@ PreferenceLosses preference_losses(const PreferenceOptions& o, const PairLogProb
 /// Unpaired examples (KTO): each one's summed completion log-probabilities under the policy
 /// ([N], with grad) and the reference ([N]), whether it is desirable ([N] bool), its completion
 /// tokens ([N] float), the KL estimate z0 of its batch (0 for apo_zero_unpaired), and pref_ftx's
-/// rescaling: LLaMA-Factory's (examples / desirable examples)², over the global batch.
+/// rescaling: LLaMA-Factory's (examples / desirable examples)², over the global batch. `logits`:
+/// the policy's mean logits summed over each completion's tokens ([N], detached; undefined: the
+/// logits metrics are left out).
 struct UnpairedLogProbs {
-  at::Tensor policy, reference, desirable, tokens;
+  at::Tensor policy, reference, desirable, tokens, logits;
   double kl = 0.0;
   double nll_scale = 0.0;
 };
@@ -76,13 +85,17 @@ PreferenceLosses unpaired_losses(const PreferenceOptions& o, const UnpairedLogPr
 double unpaired_nll_scale(int64_t examples, int64_t desirable);
 
 /// Entries of PreferenceLosses::sums: pairs [6 metric sums, pairs]; unpaired [Σ rewards and
-/// Σ logps of desirable, then of undesirable examples, desirable count, undesirable count].
+/// Σ logps of desirable, then of undesirable examples, desirable count, undesirable count];
+/// both then [Σ mean logits over the chosen (desirable) answers' tokens, their tokens, the same
+/// of the rejected (undesirable) ones].
 int64_t metric_sums_size(const PreferenceOptions& o);
 
 /// The metrics TRL logs (`prefix` "" or "eval_") from sums over a window's batches and all
 /// ranks: rewards/chosen, rewards/rejected, rewards/margins, logps/chosen, logps/rejected, and
 /// for pairs rewards/accuracies (means over pairs; for unpaired examples, chosen means over
-/// the desirable ones, rejected over the undesirable, margins only when both are there).
+/// the desirable ones, rejected over the undesirable, margins only when both are there);
+/// logits/chosen and logits/rejected, TRL's DPO mean logit over the answers' tokens and the
+/// vocabulary (over the window's tokens; docs/preference.md).
 std::map<std::string, double> preference_metrics(const PreferenceOptions& o,
                                                  const std::vector<double>& sums,
                                                  const std::string& prefix);

@@ -112,11 +112,15 @@ LossSum Trainer::Impl::preference_rows(const at::Tensor& input_ids, const at::Te
     lp.ref_chosen = ref.narrow(0, 0, n);
     lp.ref_rejected = ref.narrow(0, n, n);
   }
-  const at::Tensor logps = model->label_log_probs(ids, labels).sum(1);
+  at::Tensor mean_logits;
+  const at::Tensor logps = model->label_log_probs(ids, labels, {}, 1024, {}, &mean_logits).sum(1);
+  const at::Tensor logits = train::answer_logit_sums(mean_logits, labels);
   lp.chosen = logps.narrow(0, 0, n);
   lp.rejected = logps.narrow(0, n, n);
   lp.chosen_tokens = counts.narrow(0, 0, n);
   lp.rejected_tokens = counts.narrow(0, n, n);
+  lp.chosen_logits = logits.narrow(0, 0, n);
+  lp.rejected_logits = logits.narrow(0, n, n);
   const train::PreferenceLosses losses = train::preference_losses(pref, lp);
   at::Tensor sum = losses.loss.sum();
   if (pref.rpo_alpha > 0) sum = sum - (pref.rpo_alpha * terms.nll_scale) * lp.chosen.sum();
@@ -149,7 +153,9 @@ LossSum Trainer::Impl::unpaired_forward(const Dataset& data, const std::vector<i
   } else {
     lp.reference = reference_log_probs(ids, b.labels);
   }
-  lp.policy = model->label_log_probs(ids, b.labels).sum(1);
+  at::Tensor mean_logits;
+  lp.policy = model->label_log_probs(ids, b.labels, {}, 1024, {}, &mean_logits).sum(1);
+  lp.logits = train::answer_logit_sums(mean_logits, b.labels);
   std::vector<uint8_t> flags;
   for (int64_t r : rows) flags.push_back(data.desirable().at(static_cast<size_t>(r)));
   lp.desirable = at::tensor(std::vector<int64_t>(flags.begin(), flags.end()), at::kLong)

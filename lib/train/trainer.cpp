@@ -110,12 +110,13 @@ void warn_unbalanced(const Dataset& d, const TrainingArguments& args) {
 }  // namespace
 
 void Trainer::Impl::load_data() {
+  DatasetStats train_stats, eval_stats;
   DataOptions options = data_options_for(args);
   options.token_id_limit = model_config.vocab_size;  // pre-tokenized ids index the embedding
   const std::string cache_dir =
       args.cache_dir.empty() ? args.output_dir + "/.cache" : args.cache_dir;
   auto load = [&](const std::string& path, Dataset& into, const char* what) {
-    DatasetStats stats;
+    DatasetStats& stats = what == std::string("training") ? train_stats : eval_stats;
     // Rank 0 tokenizes (or finds the cache), a phase that stops on request with its progress
     // in the file's bytes; the others read what it wrote.
     const std::string phase = fmt::format("tokenizing {} data '{}'", what, path);
@@ -167,6 +168,9 @@ void Trainer::Impl::load_data() {
   if (!args.train_file.empty()) {
     load(args.train_file, train_data, "training");
     has_train = true;
+    // Every rank read the stats (from rank 0's cache).
+    templated_rows = train_stats.templated_examples;
+    train_rows = train_stats.examples;
     train_samples = samples(train_data, args.train_file);
     if (preference) {
       train_lengths.resize(static_cast<size_t>(train_samples));
@@ -528,7 +532,20 @@ void Trainer::Impl::announce() const {
             describe_method(peft, model_config.quantization,
                             /*continued=*/!args.adapter_name_or_path.empty()),
             parameters.line());
-  log::info("  template: {} ({})", args.template_name, template_source);
+  if (train_rows > 0 && templated_rows == 0) {
+    log::info(
+        "  template: none applied: every training record is plain text or token ids (template "
+        "{} formats messages and instructions only); `zerotrain verify` sends prompts as they "
+        "are",
+        args.template_name);
+  } else if (templated_rows < train_rows) {
+    log::info(
+        "  template: {} ({}), applied to {} of the {} training sequences; the others are "
+        "plain text or token ids",
+        args.template_name, template_source, templated_rows, train_rows);
+  } else {
+    log::info("  template: {} ({})", args.template_name, template_source);
+  }
 }
 
 Trainer::Trainer(TrainingArguments args, std::shared_ptr<Communicator> comm,

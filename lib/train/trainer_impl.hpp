@@ -52,6 +52,13 @@ struct Trainer::Impl {
   std::string model_dir;
   std::shared_ptr<Tokenizer> tokenizer;
   std::string template_source;  ///< why args.template_name (resolved from "auto") was chosen
+  /// Rows of the training data that the template formatted, of all its rows (DatasetStats).
+  int64_t templated_rows = 0, train_rows = 0;
+  /// The template the training data went through, as checkpoints record it for `zerotrain
+  /// verify`: args.template_name, or "raw" when it formatted no record (plain text, token ids).
+  std::string applied_template() const {
+    return train_rows > 0 && templated_rows == 0 ? std::string(kRawTemplate) : args.template_name;
+  }
   int32_t pad_id = 0;
   Dataset train_data, eval_data;
   bool has_train = false, has_eval = false;

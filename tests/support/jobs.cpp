@@ -41,7 +41,7 @@ ModelConfig write_model_folder(const std::string& folder, const std::string& con
 std::string write_data(const std::string& dir, const std::string& name, int count, int salt) {
   std::string text;
   for (int i = 0; i < count; ++i) {
-    const int n = (i * 7919 + salt * 104729) % 10007;
+    const int n = static_cast<int>((int64_t{i} * 7919 + int64_t{salt} * 104729) % 10007);
     text += fmt::format("{{\"instruction\": \"Is {} even or odd?\", \"output\": \"{}\"}}\n", n,
                         n % 2 ? "odd" : "even");
   }
@@ -53,7 +53,7 @@ std::string write_data(const std::string& dir, const std::string& name, int coun
 std::string write_pairs(const std::string& dir, const std::string& name, int count, int salt) {
   std::string text;
   for (int i = 0; i < count; ++i) {
-    const int n = (i * 7919 + salt * 104729) % 10007;
+    const int n = static_cast<int>((int64_t{i} * 7919 + int64_t{salt} * 104729) % 10007);
     text += fmt::format(
         "{{\"instruction\": \"Is {} even or odd?\", \"chosen\": \"{}\", \"rejected\": \"{}\"}}\n",
         n, n % 2 ? "odd" : "even", n % 2 ? "even" : "odd");

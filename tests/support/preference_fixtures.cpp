@@ -37,10 +37,21 @@ std::shared_ptr<CausalLM> adapted_model(const std::string& family, const std::st
   return model;
 }
 
-// A case's loss, metrics (named `names`, in the fixture's order) and the gradients of the loss.
+// TRL's logits metrics of the fixture's batches under its adapter, from transformers + PEFT
+// (logits.safetensors: chosen, rejected, kto_chosen, kto_rejected).
+std::map<std::string, double> fixture_logits(const std::string& dir, const std::string& prefix) {
+  REQUIRE(fs::exists(dir + "/logits.safetensors"));
+  SafetensorsFile f(dir + "/logits.safetensors");
+  return {{"logits/chosen", f.load(prefix + "chosen").item<double>()},
+          {"logits/rejected", f.load(prefix + "rejected").item<double>()}};
+}
+
+// A case's loss, metrics (named `names`, in the fixture's order; `more`: others by name) and the
+// gradients of the loss.
 void check_case(CausalLM& model, const SafetensorsFile& expected, const std::string& name,
                 const train::PreferenceOptions& o, const train::PreferenceLosses& out,
-                const std::vector<const char*>& names, double slack) {
+                const std::vector<const char*>& names, const std::map<std::string, double>& more,
+                double slack) {
   const at::Tensor loss = out.loss.mean();
   CHECK(loss.item<double>() ==
         Approx(expected.load("loss." + name).item<double>()).epsilon(1e-5 * slack).margin(1e-7));
@@ -56,6 +67,11 @@ void check_case(CausalLM& model, const SafetensorsFile& expected, const std::str
     CHECK(metrics.at(names[k]) == Approx(want[static_cast<int64_t>(k)].item<double>())
                                       .epsilon(1e-5 * slack)
                                       .margin(1e-5 * slack));
+  }
+  for (const auto& [metric, value] : more) {
+    INFO(metric);
+    REQUIRE(metrics.count(metric) == 1);
+    CHECK(metrics.at(metric) == Approx(value).epsilon(1e-5 * slack).margin(1e-5 * slack));
   }
   loss.backward();
   int grads = 0;
@@ -114,9 +130,12 @@ int check_pair_fixture(const std::string& family, const at::Device& device, doub
     o.simpo_gamma = c["simpo_gamma"].GetDouble();
     o.ftx = c["pref_ftx"].GetDouble();
     for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
-    const at::Tensor logps = model->label_log_probs(ids, labels, mask).sum(1);
+    at::Tensor mean_logits;
+    const at::Tensor logps =
+        model->label_log_probs(ids, labels, mask, 1024, {}, &mean_logits).sum(1);
     CHECK(at::allclose(logps.detach().cpu(), expected.load("policy_logps"), 1e-5 * slack,
                        1e-4 * slack));
+    const at::Tensor logits = train::answer_logit_sums(mean_logits, labels);
     train::PairLogProbs lp;
     lp.chosen = logps.narrow(0, 0, pairs);
     lp.rejected = logps.narrow(0, pairs, pairs);
@@ -124,11 +143,13 @@ int check_pair_fixture(const std::string& family, const at::Device& device, doub
     lp.ref_rejected = ref.narrow(0, pairs, pairs);
     lp.chosen_tokens = counts.narrow(0, 0, pairs);
     lp.rejected_tokens = counts.narrow(0, pairs, pairs);
+    lp.chosen_logits = logits.narrow(0, 0, pairs);
+    lp.rejected_logits = logits.narrow(0, pairs, pairs);
     const train::PreferenceLosses out = train::preference_losses(o, lp);
     check_case(*model, expected, name, o, out,
                {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
                 "logps/chosen", "logps/rejected"},
-               slack);
+               fixture_logits(dir, ""), slack);
     ++checked;
   }
   return checked;
@@ -185,7 +206,9 @@ int check_kto_fixture(const std::string& family, const at::Device& device, doubl
     o.ftx = c["pref_ftx"].GetDouble();
     for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
     train::UnpairedLogProbs lp;
-    lp.policy = model->label_log_probs(ids, labels, mask).sum(1);
+    at::Tensor mean_logits;
+    lp.policy = model->label_log_probs(ids, labels, mask, 1024, {}, &mean_logits).sum(1);
+    lp.logits = train::answer_logit_sums(mean_logits, labels);
     CHECK(at::allclose(lp.policy.detach().cpu(), expected.load("policy_logps"), 1e-5 * slack,
                        1e-4 * slack));
     lp.reference = ref;
@@ -197,7 +220,7 @@ int check_kto_fixture(const std::string& family, const at::Device& device, doubl
     check_case(
         *model, expected, name, o, out,
         {"rewards/chosen", "logps/chosen", "rewards/rejected", "logps/rejected", "rewards/margins"},
-        slack);
+        fixture_logits(dir, "kto_"), slack);
     ++checked;
   }
   return checked;

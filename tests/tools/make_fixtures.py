@@ -2,13 +2,16 @@
 """Reference fixtures from the Hugging Face stack, made on the GPU machine (transformers 5.x,
 PEFT, tokenizers, safetensors), committed under tests/fixtures/ and checked by CI without them.
 
-    python3 tests/tools/make_fixtures.py OUT_DIR [models] [peft] [variants] [tokenizers]
+    python3 tests/tools/make_fixtures.py OUT_DIR [models] [families] [peft] [variants] [tokenizers]
 
 models/     tiny random llama (plain, llama3 and linear RoPE scaling), qwen2 (q/k/v bias, tied
             embeddings, also saved sharded), mistral, glm and glm4 (partial interleaved RoPE,
             fused gate_up_proj; glm4's post-sublayer norms) checkpoints as save_pretrained writes
             them, plus config_v4.json in the older key spelling, and expected.safetensors:
             logits, per-layer hidden states, the loss and a few gradients for fixed inputs.
+families    (models/ too) the families of [1/7]: qwen3 (q/k norms; yarn RoPE), mistral with head_dim,
+            gemma2, gemma3_text, phi3 (fused projections; partial rotary with LongRoPE); see
+            FAMILY_MODELS.
 peft/       adapters PEFT creates on the tiny llama (LoRA, rsLoRA on all linear layers,
             P-Tuning with MLP and LSTM encoders, prefix tuning with and without projection),
             with the logits and loss they give and PEFT's trainable-parameter counts.
@@ -28,7 +31,7 @@ import traceback
 import torch
 
 OUT = sys.argv[1]
-WHAT = set(sys.argv[2:]) or {"models", "peft", "variants", "tokenizers"}
+WHAT = set(sys.argv[2:]) or {"models", "families", "peft", "variants", "tokenizers"}
 torch.manual_seed(0)
 torch.use_deterministic_algorithms(True)
 torch.set_num_threads(4)
@@ -79,11 +82,57 @@ MODELS = {
 }
 
 
+# The families of [1/7] (made with `families`): what each adds to the shared decoder, in tiny
+# sizes where every switch matters over 16 tokens (a window of 4, soft-caps the logits reach).
+FAMILY_MODELS = {
+    # q/k RMSNorm per head; head_dim given, not hidden / heads.
+    "qwen3": ("qwen3", dict(TINY, head_dim=32, rope_theta=1000000.0, tie_word_embeddings=False,
+                            attention_bias=False)),
+    "qwen3_rope_yarn": ("qwen3", dict(TINY, head_dim=16, rope_theta=1000000.0,
+                                      tie_word_embeddings=True,
+                                      rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                    "original_max_position_embeddings": 32})),
+    # Mistral-Nemo / Small 3: head_dim given (128 with hidden 5120 / 32 heads).
+    "mistral_head_dim": ("mistral", dict(TINY, head_dim=32, rope_theta=1000000.0,
+                                         tie_word_embeddings=False, sliding_window=None)),
+    # Gemma 2: GeGLU (gelu_pytorch_tanh), (1 + w) norms, four norms per layer, embeddings × √H,
+    # query_pre_attn_scalar, attention and final soft-caps, sliding (even) and global (odd) layers.
+    "gemma2": ("gemma2", dict(TINY, head_dim=16, rope_theta=10000.0, query_pre_attn_scalar=24,
+                              attn_logit_softcapping=2.0, final_logit_softcapping=1.5,
+                              sliding_window=4, hidden_activation="gelu_pytorch_tanh",
+                              tie_word_embeddings=True, pad_token_id=0, eos_token_id=1,
+                              bos_token_id=2)),
+    # Gemma 3: Gemma 2's blocks with q/k norms and no soft-caps; 5 local : 1 global with their
+    # own RoPE bases, linear scaling on the global layers.
+    "gemma3_text": ("gemma3_text", dict(TINY, num_hidden_layers=6, head_dim=16,
+                                        rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                                        rope_scaling={"rope_type": "linear", "factor": 8.0},
+                                        query_pre_attn_scalar=16, sliding_window=4,
+                                        sliding_window_pattern=6,
+                                        hidden_activation="gelu_pytorch_tanh",
+                                        tie_word_embeddings=True, pad_token_id=0, eos_token_id=1,
+                                        bos_token_id=2)),
+    # Phi-3: fused qkv_proj and gate_up_proj.
+    "phi3": ("phi3", dict(TINY, rope_theta=10000.0, tie_word_embeddings=False, pad_token_id=0,
+                          eos_token_id=1, bos_token_id=2, sliding_window=None)),
+    # Phi-4-mini: partial rotary (0.75), LongRoPE short/long factors (rotary_dim / 2 each).
+    "phi3_longrope": ("phi3", dict(TINY, rope_theta=10000.0, tie_word_embeddings=True,
+                                   partial_rotary_factor=0.75, pad_token_id=0, eos_token_id=1,
+                                   bos_token_id=2, sliding_window=None,
+                                   original_max_position_embeddings=32,
+                                   rope_scaling={"rope_type": "longrope",
+                                                 "short_factor": [1.0 + 0.1 * i for i in range(6)],
+                                                 "long_factor": [1.5 + 0.2 * i for i in range(6)]})),
+}
+
+
 def build(kind, kwargs, seed):
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
     kwargs = dict(kwargs)
-    if int(transformers.__version__.split(".")[0]) >= 5:
+    if kind in ("gemma3_text", "phi3"):
+        pass  # their own RoPE keys: given in the 4.x spelling, which 5.x still converts
+    elif int(transformers.__version__.split(".")[0]) >= 5:
         # transformers 5 keeps RoPE settings in one rope_parameters dict.
         rope = {"rope_type": "default", "rope_theta": kwargs.pop("rope_theta")}
         scaling = kwargs.pop("rope_scaling", None)
@@ -113,6 +162,10 @@ def old_spelling(config):
     if "dtype" in c:
         c["torch_dtype"] = c.pop("dtype")
     rp = c.pop("rope_parameters", None)
+    if rp is not None and "full_attention" in rp:
+        # Gemma 3: one set per layer type; 4.x keeps the local base as rope_local_base_freq.
+        c["rope_local_base_freq"] = rp["sliding_attention"]["rope_theta"]
+        rp = rp["full_attention"]
     if rp is not None:
         rp = dict(rp)
         c["rope_theta"] = rp.pop("rope_theta")
@@ -126,10 +179,10 @@ def old_spelling(config):
     return c
 
 
-def make_models():
+def make_models(models=MODELS):
     from safetensors.torch import save_file
     root = os.path.join(OUT, "models")
-    for name, (kind, kwargs) in MODELS.items():
+    for name, (kind, kwargs) in models.items():
         d = os.path.join(root, name)
         os.makedirs(d, exist_ok=True)
         model = build(kind, kwargs, seed=sum(map(ord, name)))
@@ -150,7 +203,11 @@ def make_models():
                                          "layers.0.self_attn.k_proj.bias",
                                          "layers.0.mlp.gate_up_proj",
                                          "layers.1.post_self_attn_layernorm",
-                                         "layers.1.post_mlp_layernorm")):
+                                         "layers.1.post_mlp_layernorm",
+                                         "layers.0.self_attn.q_norm", "layers.0.self_attn.k_norm",
+                                         "layers.0.pre_feedforward_layernorm",
+                                         "layers.0.post_feedforward_layernorm",
+                                         "layers.0.self_attn.qkv_proj")):
                 expected["grad." + pname] = p.grad.detach().clone()
         save_file({k: v.contiguous() for k, v in expected.items()}, os.path.join(d, "expected.safetensors"))
         if name == "llama":
@@ -462,9 +519,21 @@ def versions():
     write_json(os.path.join(OUT, "VERSIONS.json"), v)
 
 
+def make_families():
+    """FAMILY_MODELS, each on its own: one that fails leaves the others made."""
+    for name, spec in FAMILY_MODELS.items():
+        try:
+            make_models({name: spec})
+            with open(os.path.join(OUT, "models", name, "config.json")) as f:
+                print(name, "config.json:", f.read(), flush=True)
+        except Exception:
+            print(f"FAILED family model {name}", flush=True)
+            traceback.print_exc()
+
+
 versions()
-for section, fn in (("models", make_models), ("peft", make_peft), ("variants", make_variants),
-                    ("tokenizers", make_tokenizers)):
+for section, fn in (("models", make_models), ("families", make_families), ("peft", make_peft),
+                    ("variants", make_variants), ("tokenizers", make_tokenizers)):
     if section not in WHAT:
         continue
     try:

@@ -3,7 +3,7 @@
 with transformers, PEFT and safetensors, committed under tests/fixtures/preference/ and checked
 by tests/test_preference.cpp in CI.
 
-    python3 tests/tools/make_preference_fixtures.py OUT_DIR
+    python3 tests/tools/make_preference_fixtures.py OUT_DIR [--logits]
 
 For each committed tiny model tests/fixtures/models/{llama,qwen2,glm}, with a PEFT LoRA adapter
 (r 4, alpha 8, all linear layers, lora_B moved off zero so that it matters) and a batch of 3
@@ -26,7 +26,9 @@ labels -100 on prompt and padding), writes OUT_DIR/preference/<family>/:
                          metrics.<k> [5] (rewards chosen, logps chosen, rewards rejected, logps
                          rejected, margin) and grad.<k>.<parameter>. The batch is drawn until its
                          KL estimate is positive, so that z0 matters.
-and OUT_DIR/preference/VERSIONS.json. The loss and metric formulas are those that
+and OUT_DIR/preference/VERSIONS.json. With --logits, only logits.safetensors per family
+(make_logits below: TRL's logits/chosen and logits/rejected), from the committed fixtures.
+The loss and metric formulas are those that
 docs/preference_reference.md restates from TRL and LLaMA-Factory; they are written here from
 those formulas, not copied from either project's code. Everything is fp32 on the CPU, with
 deterministic algorithms, so the numbers are reproducible.
@@ -310,7 +312,52 @@ def make(family):
     make_kto(family, model, trainable, d)
 
 
+def mean_answer_logits(model, ids, mask, labels):
+    """TRL's DPO logits metric of a set of rows: the logits that score labels[:, 1:] at the
+    answers' positions, averaged over those positions and the vocabulary."""
+    logits = model(input_ids=ids, attention_mask=mask).logits.to(torch.float32)[:, :-1, :]
+    return logits[labels[:, 1:] != -100].mean()
+
+
+def make_logits(family):
+    """logits.safetensors beside the committed fixtures of `family` (read from FIXTURES): TRL's
+    logits/chosen and logits/rejected of the pair batch (chosen, rejected), and the same mean of
+    the KTO batch's desirable and undesirable rows (kto_chosen, kto_rejected), under the
+    committed adapter."""
+    from peft import PeftModel
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+    d = os.path.join(FIXTURES, family)
+    base = AutoModelForCausalLM.from_pretrained(os.path.join(MODELS, family), dtype=torch.float32,
+                                                attn_implementation="eager").to("cpu")
+    model = PeftModel.from_pretrained(base, os.path.join(d, "adapter")).eval()
+    out = {}
+    with torch.no_grad():
+        pairs = load_file(os.path.join(d, "expected.safetensors"))
+        n = pairs["input_ids"].shape[0] // 2
+        for key, rows in (("chosen", slice(0, n)), ("rejected", slice(n, 2 * n))):
+            out[key] = mean_answer_logits(model, pairs["input_ids"][rows],
+                                          pairs["attention_mask"][rows], pairs["labels"][rows])
+        kto = load_file(os.path.join(d, "kto.safetensors"))
+        desirable = kto["desirable"].to(torch.bool)
+        for key, rows in (("kto_chosen", desirable), ("kto_rejected", ~desirable)):
+            out[key] = mean_answer_logits(model, kto["input_ids"][rows],
+                                          kto["attention_mask"][rows], kto["labels"][rows])
+    save_file({k: v.reshape(1).contiguous() for k, v in out.items()},
+              os.path.join(OUT, "preference", family, "logits.safetensors"))
+    print(family, "logits:", {k: round(v.item(), 6) for k, v in out.items()}, flush=True)
+
+
+FIXTURES = os.path.join(os.path.dirname(MODELS), "preference")
+
+
 def main():
+    if len(sys.argv) > 2 and sys.argv[2] == "--logits":
+        # Only the logits metrics, from the committed fixtures (their models and batches).
+        for family in FAMILIES:
+            os.makedirs(os.path.join(OUT, "preference", family), exist_ok=True)
+            make_logits(family)
+        return
     for family in FAMILIES:
         make(family)
     versions = {}
