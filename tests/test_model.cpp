@@ -184,9 +184,9 @@ TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
   };
   const std::string base = R"("vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
       "num_hidden_layers": 1, "num_attention_heads": 2)";
-  CHECK_THAT(
-      err(R"({"model_type": "gpt2", )" + base + "}"),
-      Contains("model_type") && Contains("gpt2") && Contains("llama, qwen2, mistral, glm, glm4"));
+  CHECK_THAT(err(R"({"model_type": "gpt2", )" + base + "}"),
+             Contains("model_type") && Contains("gpt2") &&
+                 Contains("llama, qwen2, qwen3, mistral, glm, glm4"));
   CHECK_THAT(err(R"({"model_type": "llama"})"), Contains("vocab_size"));
   CHECK_THAT(err(R"({"model_type": "llama", "rope_scaling": {"type": "yarn", "factor": 4}, )" +
                  base + "}"),
@@ -197,6 +197,24 @@ TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
              Contains("hidden_act") && Contains("gelu"));
   CHECK_THAT(err(R"({"model_type": "qwen2", "use_sliding_window": true, )" + base + "}"),
              Contains("use_sliding_window"));
+  // A layer list that disagrees with the layers, or asks for windows these families lack, is
+  // refused naming the key: for every family that reads it.
+  for (const char* family : {"qwen2", "qwen3"}) {
+    INFO(family);
+    const std::string head = std::string(R"({"model_type": ")") + family + "\", ";
+    CHECK_THAT(
+        err(head + R"("layer_types": ["full_attention", "full_attention"], )" + base + "}"),
+        Contains("layer_types") && Contains("list of 1 layer types") && Contains("2 entries"));
+    CHECK_THAT(err(head + R"("layer_types": "full_attention", )" + base + "}"),
+               Contains("layer_types") && Contains("no list"));
+    CHECK_THAT(err(head + R"("layer_types": ["sliding_attention"], )" + base + "}"),
+               Contains("layer_types") && Contains("layer 0 is \"sliding_attention\""));
+    CHECK_THAT(err(head + R"("layer_types": [7], )" + base + "}"),
+               Contains("layer_types") && Contains("not a string"));
+    CHECK(err(head + R"("layer_types": ["full_attention"], )" + base + "}") == "(accepted)");
+    CHECK_THAT(err(head + R"("use_sliding_window": true, )" + base + "}"),
+               Contains("use_sliding_window"));
+  }
   CHECK_THAT(err(R"({"model_type": "llama", "torch_dtype": "int8", )" + base + "}"),
              Contains("torch_dtype"));
   CHECK_THAT(
@@ -214,7 +232,7 @@ TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
 TEST_CASE("logits, hidden states, loss and gradients match transformers", "[model][parity]") {
   // chatglm: THUDM's remote modeling_chatglm.py (tests/tools/make_chatglm_fixture.py).
   for (const char* name : {"llama", "llama_rope_llama3", "llama_rope_linear", "qwen2", "mistral",
-                           "glm", "glm4", "chatglm"}) {
+                           "glm", "glm4", "chatglm", "qwen3", "mistral_head_dim"}) {
     INFO("model " << name);
     auto model = load_fixture_model(name);
     SafetensorsFile expected(fixture(std::string("models/") + name + "/expected.safetensors"));
@@ -308,7 +326,7 @@ TEST_CASE("random initialization is seeded and follows transformers' rule", "[mo
 
 TEST_CASE("greedy generation with the KV cache equals step-by-step full forwards",
           "[model][generate]") {
-  for (const char* name : {"llama", "qwen2", "mistral", "glm", "glm4"}) {
+  for (const char* name : {"llama", "qwen2", "mistral", "glm", "glm4", "qwen3"}) {
     INFO(name);
     auto model = load_fixture_model(name);
     at::NoGradGuard no_grad;

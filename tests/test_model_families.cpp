@@ -57,6 +57,12 @@ TEST_CASE("every family reads back the config.json it writes as the same model",
     // As read from its own file, the written text keeps the file's members.
     test::check_same_model(parse_model_config(model_config_json(from_file), name + " (kept)"),
                            from_file);
+    // What the config says the model costs is what the family's blocks build (the trainer's
+    // memory checks read the count before anything exists).
+    CausalLM built(from_file, at::TensorOptions(), /*allocate=*/false);
+    int64_t built_count = 0;
+    for (const auto& p : built.parameters()) built_count += p.numel();
+    CHECK(from_file.parameter_count() == built_count);
   }
 }
 
@@ -67,9 +73,10 @@ TEST_CASE("a family defined outside the library is one definition and one regist
   model::decoder::set_member(doc, "model_type", rapidjson::Value("llama_twin"), doc.GetAllocator());
   const std::string twin_text = json::dump(doc);
   if (model::find_family("llama_twin") == nullptr) {
-    CHECK_THROWS_MATCHES(parse_model_config(twin_text, "twin.json"), ConfigError,
-                         test::Has({"twin.json", "model_type", "\"llama_twin\" is not supported",
-                                    "supported: llama, qwen2, mistral, glm, glm4, chatglm"}));
+    CHECK_THROWS_MATCHES(
+        parse_model_config(twin_text, "twin.json"), ConfigError,
+        test::Has({"twin.json", "model_type", "\"llama_twin\" is not supported",
+                   "supported: llama, qwen2, qwen3, mistral, glm, glm4, chatglm"}));
     model::register_family(kTwin);
   }
   CHECK_THROWS_AS(model::register_family(kTwin), InvalidArgument);
@@ -109,7 +116,8 @@ void write_renamed(rapidjson::Document& doc, const ModelConfig& c) {
 constexpr model::ModuleNames kRenamedNames{
     "decoder",   "tok_embed",      "blocks", "final_norm",   "to_vocab", /*head_in_body=*/false,
     "self_attn", /*fused_qkv=*/"", "o_proj", "gate_up_proj", "down_proj"};
-const model::Family kRenamed{"llama_renamed", read_twin, write_renamed, false, kRenamedNames};
+const model::Family kRenamed{"llama_renamed", read_twin, write_renamed,
+                             nullptr,         false,     kRenamedNames};
 
 }  // namespace
 

@@ -43,15 +43,41 @@ struct DecoderBody : torch::nn::Module {
   torch::nn::ModuleList layer_list{nullptr};
   std::vector<std::shared_ptr<model::DecoderLayer>> layers;
   std::shared_ptr<model::RMSNorm> norm;
-  DecoderBody(const ModelConfig& c, const model::ParamFactory& o) {
+  /// What the body was built from: its layers and their rotary embeddings.
+  model::DecoderSpec spec;
+
+  using Tables = std::vector<std::pair<at::Tensor, at::Tensor>>;
+  /// cos / sin of each rotary embedding, for positions [start, start + length) ...
+  Tables tables(int64_t start, int64_t length, at::ScalarType dtype,
+                const at::Device& device) const {
+    Tables t;
+    for (const model::RotarySpec& r : spec.rotaries)
+      t.push_back(model::rotary_tables(r, start, length, dtype, device));
+    return t;
+  }
+  /// ... or for explicit positions [B, T] (packed documents).
+  Tables tables(const at::Tensor& positions, at::ScalarType dtype) const {
+    Tables t;
+    for (const model::RotarySpec& r : spec.rotaries)
+      t.push_back(model::rotary_tables(r, positions, dtype));
+    return t;
+  }
+  /// Layer i's cos / sin among `t`.
+  const std::pair<at::Tensor, at::Tensor>& of_layer(const Tables& t, size_t i) const {
+    return t[spec.layers[i].attention.rotary];
+  }
+  DecoderBody(const ModelConfig& c, model::DecoderSpec decoder, const model::ParamFactory& o)
+      : spec(std::move(decoder)) {
     const model::ModuleNames& names = model::family_of(c).names;
     auto embeddings = std::make_shared<model::Embedding>(c.vocab_size, c.hidden_size, o);
     auto list = torch::nn::ModuleList();
-    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-      layers.push_back(std::make_shared<model::DecoderLayer>(c, o));
+    for (const model::LayerSpec& layer : spec.layers) {
+      const model::RotarySpec& rotary = spec.rotaries.at(layer.attention.rotary);
+      layers.push_back(
+          std::make_shared<model::DecoderLayer>(layer, rotary, c.hidden_size, names, o));
       list->push_back(layers.back());
     }
-    auto final_norm = std::make_shared<model::RMSNorm>(c.hidden_size, c.rms_norm_eps, o);
+    auto final_norm = std::make_shared<model::RMSNorm>(c.hidden_size, spec.final_norm, o);
     embed_tokens = register_path(*this, names.embedding, embeddings);
     layer_list = torch::nn::ModuleList(register_path(*this, names.layers, list.ptr()));
     norm = register_path(*this, names.final_norm, final_norm);
@@ -131,8 +157,9 @@ CausalLM::CausalLM(const ModelConfig& config, at::TensorOptions options, bool al
   model::ParamFactory body_factory = factory;
   if (config_.quantization) body_factory.quantization = &*config_.quantization;
   const model::ModuleNames& names = model::family_of(config_).names;
-  impl_->body = register_module(std::string(names.body),
-                                std::make_shared<DecoderBody>(config_, body_factory));
+  impl_->body = register_module(
+      std::string(names.body),
+      std::make_shared<DecoderBody>(config_, model::decoder_spec(config_), body_factory));
   if (!config_.tie_word_embeddings) {
     auto head =
         std::make_shared<model::Linear>(config_.hidden_size, config_.vocab_size, false, factory);
@@ -233,15 +260,14 @@ CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const a
   })[0];
   Prepared p = apply_prompt(config_, I.prompt, embedded, mask);
   at::Tensor x = p.x;
-  auto [cos, sin] =
-      position_ids.defined()
-          ? model::rotary_tables(config_, position_ids.to(device), x.scalar_type())
-          : model::rotary_tables(config_, p.start, x.size(1), x.scalar_type(), device);
+  const DecoderBody::Tables tables =
+      position_ids.defined() ? body->tables(position_ids.to(device), x.scalar_type())
+                             : body->tables(p.start, x.size(1), x.scalar_type(), device);
   // Documents and padding as spans for variable-length attention where it runs (GPU), read
   // from the mask before it went to the device; the layers then get no mask.
   std::shared_ptr<const model::DocumentSpans> spans;
   if (p.mask.numel() > 0 && !I.prompt &&
-      model::varlen_attention_applies(config_, x.scalar_type(), device)) {
+      model::varlen_attention_applies(body->spec, x.scalar_type(), device)) {
     if (auto s = model::document_spans(attention_mask, device))
       spans = std::make_shared<const model::DocumentSpans>(std::move(*s));
   }
@@ -250,6 +276,7 @@ CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const a
   for (size_t i = 0; i < body->layers.size(); ++i) {
     const at::Tensor& pk = p.prefixes.empty() ? none : p.prefixes[i].first;
     const at::Tensor& pv = p.prefixes.empty() ? none : p.prefixes[i].second;
+    const auto& [cos, sin] = body->of_layer(tables, i);
     x = gate_(1 + i, {x, cos, sin, layer_mask, pk, pv},
               [layer = body->layers[i], spans](const std::vector<at::Tensor>& in) {
                 model::KvCache prefix{in[4], in[5]};
@@ -315,10 +342,12 @@ std::vector<at::Tensor> CausalLM::hidden_states(const at::Tensor& input_ids,
   Prepared p = apply_prompt(config_, I.prompt, I.body->embed_tokens->forward(ids),
                             mask_or_empty(attention_mask, ids));
   std::vector<at::Tensor> out{p.x};
-  auto [cos, sin] = model::rotary_tables(config_, p.start, p.x.size(1), p.x.scalar_type(), device);
+  const DecoderBody::Tables tables =
+      I.body->tables(p.start, p.x.size(1), p.x.scalar_type(), device);
   for (size_t i = 0; i < I.body->layers.size(); ++i) {
     model::KvCache prefix;
     if (!p.prefixes.empty()) prefix = {p.prefixes[i].first, p.prefixes[i].second};
+    const auto& [cos, sin] = I.body->of_layer(tables, i);
     out.push_back(I.body->layers[i]->forward(out.back(), cos, sin, p.mask,
                                              p.prefixes.empty() ? nullptr : &prefix));
   }
@@ -356,8 +385,9 @@ at::Tensor CausalLM::generate(const at::Tensor& input_ids, const GenerationOptio
   for (int64_t n = 0; n < o.max_new_tokens; ++n) {
     at::Tensor x = I.body->embed_tokens->forward(step_ids);
     if (n == 0 && virtual_tokens.defined()) x = at::cat({virtual_tokens, x}, 1);
-    auto [cos, sin] = model::rotary_tables(config_, position, x.size(1), x.scalar_type(), device);
+    const DecoderBody::Tables tables = I.body->tables(position, x.size(1), x.scalar_type(), device);
     for (size_t i = 0; i < I.body->layers.size(); ++i) {
+      const auto& [cos, sin] = I.body->of_layer(tables, i);
       x = I.body->layers[i]->forward(x, cos, sin, no_mask, &cache[i]);
     }
     position += x.size(1);

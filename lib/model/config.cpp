@@ -49,15 +49,8 @@ std::optional<int64_t> first_token_id(ObjectReader& r, const char* key) {
 }  // namespace
 
 int64_t ModelConfig::parameter_count() const {
-  const int64_t h = hidden_size, q = num_attention_heads * head_dim, kv = kv_dim();
-  int64_t layer = h * q + 2 * h * kv + q * h + 3 * h * intermediate_size + 2 * h;
-  if (post_sublayer_norms) layer += 2 * h;
-  if (qkv_bias) layer += q + 2 * kv;
-  if (o_proj_bias) layer += h;
-  if (mlp_bias) layer += 2 * intermediate_size + h;
-  int64_t total = vocab_size * h + num_hidden_layers * layer + h;
-  if (!tie_word_embeddings) total += vocab_size * h;
-  return total;
+  return model::parameter_count(model::decoder_spec(*this), hidden_size, vocab_size,
+                                tie_word_embeddings);
 }
 
 std::string ModelConfig::layer_prefix(int64_t i) const {

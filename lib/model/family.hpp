@@ -10,27 +10,11 @@
 
 #include <rapidjson/document.h>
 
+#include "model/blocks.hpp"
 #include "util/json.hpp"
 #include "zerotrain/model.hpp"
 
 namespace zt::model {
-
-/// The names a family's checkpoints give the shared blocks: its module tree, so that parameter
-/// names are the family's own (transformers' for HF families). Dotted paths nest holders.
-struct ModuleNames {
-  std::string_view body = "model";              ///< the decoder under the causal LM
-  std::string_view embedding = "embed_tokens";  ///< under the body
-  std::string_view layers = "layers";           ///< under the body
-  std::string_view final_norm = "norm";         ///< under the body
-  std::string_view lm_head = "lm_head";         ///< under the causal LM, or the body (below)
-  bool head_in_body = false;
-  std::string_view self_attn = "self_attn";  ///< in each layer
-  /// Non-empty: q, k and v are one projection of this name (in rows q, k, v), not three.
-  std::string_view fused_qkv;
-  std::string_view o_proj = "o_proj";
-  std::string_view gate_up_proj = "gate_up_proj";  ///< fused_gate_up models
-  std::string_view down_proj = "down_proj";
-};
 
 /// Prefix tuning (P-Tuning v2) as the family's own code does it. The default is PEFT's
 /// PrefixEncoder. ChatGLM2/3 bring their own: each prefix is embedded at the output's width, the
@@ -60,13 +44,15 @@ struct Conversion {
 struct Family {
   using ReadConfig = void (*)(json::ObjectReader& r, ModelConfig& c);
   using WriteConfig = void (*)(rapidjson::Document& doc, const ModelConfig& c);
+  using Compose = DecoderSpec (*)(const ModelConfig& c);
 
   constexpr Family(std::string_view model_type, ReadConfig read_config, WriteConfig write_config,
-                   bool remote_code = false, ModuleNames names = {}, PrefixTuning prefix = {},
-                   const Conversion* conversion = nullptr)
+                   Compose compose = nullptr, bool remote_code = false, ModuleNames names = {},
+                   PrefixTuning prefix = {}, const Conversion* conversion = nullptr)
       : model_type(model_type),
         read_config(read_config),
         write_config(write_config),
+        compose(compose),
         remote_code(remote_code),
         names(names),
         prefix(prefix),
@@ -80,6 +66,9 @@ struct Family {
   /// Writes a whole config.json for `c` as the family's own code would save it (a model built
   /// from an inline config has no file to copy). The caller adds dtype and RoPE spellings.
   WriteConfig write_config;
+  /// The blocks its decoder is made of, for `c` (blocks.hpp); null: shared_decoder(c), the
+  /// shared switches alone.
+  Compose compose;
   /// Read by remote code (trust_remote_code): its config.json carries torch_dtype only, none of
   /// transformers' RoPE spellings.
   bool remote_code;

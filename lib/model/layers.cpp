@@ -22,11 +22,11 @@ namespace {
 
 // Inverse frequencies with transformers' scaling rules (default, linear, llama3), over the
 // rotated dimensions.
-at::Tensor inverse_frequencies(const ModelConfig& c) {
-  const int64_t dim = c.rotary_dim();
-  at::Tensor inv = 1.0 / at::pow(c.rope_theta, at::arange(0, dim, 2, at::kLong).to(at::kFloat) /
-                                                   static_cast<double>(dim));
-  const RopeScaling& s = c.rope_scaling;
+at::Tensor inverse_frequencies(const RotarySpec& r) {
+  const int64_t dim = r.rotary_dim;
+  at::Tensor inv = 1.0 / at::pow(r.theta, at::arange(0, dim, 2, at::kLong).to(at::kFloat) /
+                                              static_cast<double>(dim));
+  const RopeScaling& s = r.scaling;
   if (s.type == "linear") return inv / s.factor;
   if (s.type != "llama3") return inv;
   const double old_len = static_cast<double>(s.original_max_position_embeddings);
@@ -54,40 +54,50 @@ at::Tensor rotate_pairs(const at::Tensor& x) {
 }
 
 // Per frequency, the angles of the dimensions it rotates: halves (LLaMA) or adjacent pairs (GLM).
-at::Tensor angles(const ModelConfig& c, const at::Tensor& freqs) {
-  return c.rope_interleaved ? freqs.repeat_interleave(2, -1) : at::cat({freqs, freqs}, -1);
+at::Tensor angles(const RotarySpec& r, const at::Tensor& freqs) {
+  return r.interleaved ? freqs.repeat_interleave(2, -1) : at::cat({freqs, freqs}, -1);
 }
 
 // RoPE on the first rotary_dim dimensions of x [.., head_dim]; the rest pass through.
-at::Tensor rotate(const ModelConfig& c, const at::Tensor& x, const at::Tensor& cos,
+at::Tensor rotate(const RotarySpec& spec, const at::Tensor& x, const at::Tensor& cos,
                   const at::Tensor& sin) {
-  const int64_t rd = c.rotary_dim();
+  const int64_t rd = spec.rotary_dim;
   if (kernels::fused_rotary_applies(x, cos, sin, rd)) {
-    return fused_rotate(x, cos, sin, rd, c.rope_interleaved);
+    return fused_rotate(x, cos, sin, rd, spec.interleaved);
   }
-  if (rd == x.size(-1) && !c.rope_interleaved) return x * cos + rotate_half(x) * sin;
+  if (rd == x.size(-1) && !spec.interleaved) return x * cos + rotate_half(x) * sin;
   const at::Tensor r = x.narrow(-1, 0, rd);
-  at::Tensor y = r * cos + (c.rope_interleaved ? rotate_pairs(r) : rotate_half(r)) * sin;
+  at::Tensor y = r * cos + (spec.interleaved ? rotate_pairs(r) : rotate_half(r)) * sin;
   if (rd == x.size(-1)) return y;
   return at::cat({y, x.narrow(-1, rd, x.size(-1) - rd)}, -1);
 }
 
 }  // namespace
 
+std::pair<at::Tensor, at::Tensor> rotary_tables(const RotarySpec& r, int64_t start, int64_t length,
+                                                at::ScalarType dtype, const at::Device& device) {
+  at::Tensor inv = inverse_frequencies(r);
+  at::Tensor pos = at::arange(start, start + length, at::kLong).to(at::kFloat);
+  at::Tensor emb = angles(r, at::outer(pos, inv));
+  return {emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)};
+}
+
+std::pair<at::Tensor, at::Tensor> rotary_tables(const RotarySpec& r, const at::Tensor& positions,
+                                                at::ScalarType dtype) {
+  at::Tensor inv = inverse_frequencies(r).to(positions.device());
+  at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv;  // [B, T, D/2]
+  at::Tensor emb = angles(r, freqs).unsqueeze(1);                   // [B, 1, T, D]
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
 std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, int64_t start, int64_t length,
                                                 at::ScalarType dtype, const at::Device& device) {
-  at::Tensor inv = inverse_frequencies(c);
-  at::Tensor pos = at::arange(start, start + length, at::kLong).to(at::kFloat);
-  at::Tensor emb = angles(c, at::outer(pos, inv));
-  return {emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)};
+  return rotary_tables(decoder_spec(c).rotaries.at(0), start, length, dtype, device);
 }
 
 std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, const at::Tensor& positions,
                                                 at::ScalarType dtype) {
-  at::Tensor inv = inverse_frequencies(c).to(positions.device());
-  at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv;  // [B, T, D/2]
-  at::Tensor emb = angles(c, freqs).unsqueeze(1);                   // [B, 1, T, D]
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  return rotary_tables(decoder_spec(c).rotaries.at(0), positions, dtype);
 }
 
 Linear::Linear(int64_t in, int64_t out, bool with_bias, const ParamFactory& o)
@@ -129,22 +139,39 @@ bool Linear::holds_values() const {
   return true;
 }
 
-Attention::Attention(const ModelConfig& c, const ParamFactory& o) : config(&c) {
-  const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.kv_dim();
-  const ModuleNames& names = family_of(c).names;
+Attention::Attention(const AttentionSpec& s, const RotarySpec& r, int64_t h,
+                     const ModuleNames& names, const ParamFactory& o)
+    : spec(s), rotary(r) {
+  const int64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
   if (!names.fused_qkv.empty()) {
     query_key_value = register_module(std::string(names.fused_qkv),
-                                      std::make_shared<Linear>(h, q + 2 * kv, c.qkv_bias, o));
-    o_proj = register_module(std::string(names.o_proj),
-                             std::make_shared<Linear>(q, h, c.o_proj_bias, o));
-    return;
+                                      std::make_shared<Linear>(h, q + 2 * kv, s.qkv_bias, o));
+  } else {
+    q_proj = register_module("q_proj", std::make_shared<Linear>(h, q, s.qkv_bias, o));
+    k_proj = register_module("k_proj", std::make_shared<Linear>(h, kv, s.qkv_bias, o));
+    v_proj = register_module("v_proj", std::make_shared<Linear>(h, kv, s.qkv_bias, o));
   }
-  q_proj = register_module("q_proj", std::make_shared<Linear>(h, q, c.qkv_bias, o));
-  k_proj = register_module("k_proj", std::make_shared<Linear>(h, kv, c.qkv_bias, o));
-  v_proj = register_module("v_proj", std::make_shared<Linear>(h, kv, c.qkv_bias, o));
-  o_proj =
-      register_module(std::string(names.o_proj), std::make_shared<Linear>(q, h, c.o_proj_bias, o));
+  o_proj = register_module(std::string(names.o_proj), std::make_shared<Linear>(q, h, s.o_bias, o));
+  if (s.qk_norm) {
+    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(s.head_dim, *s.qk_norm, o));
+    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(s.head_dim, *s.qk_norm, o));
+  }
 }
+
+namespace {
+
+// The blocks of the decoder `c` describes, with one layer at least: a lone block is built from
+// a config that may have none (tests).
+DecoderSpec with_a_layer(ModelConfig c) {
+  c.num_hidden_layers = std::max<int64_t>(1, c.num_hidden_layers);
+  return decoder_spec(c);
+}
+
+}  // namespace
+
+Attention::Attention(const ModelConfig& c, const ParamFactory& o)
+    : Attention(with_a_layer(c).layers.front().attention, with_a_layer(c).rotaries.front(),
+                c.hidden_size, family_of(c).names, o) {}
 
 std::optional<DocumentSpans> document_spans(const at::Tensor& mask, const at::Device& device) {
   const at::Tensor m = mask.to(at::kCPU, at::kLong).contiguous();
@@ -172,23 +199,29 @@ std::optional<DocumentSpans> document_spans(const at::Tensor& mask, const at::De
   return spans;
 }
 
-bool varlen_attention_applies(const ModelConfig& c, at::ScalarType dtype,
+bool varlen_attention_applies(const DecoderSpec& d, at::ScalarType dtype,
                               const at::Device& device) {
   static const bool off = [] {
     const char* e = std::getenv("ZT_VARLEN_ATTENTION");
     return e != nullptr && std::string(e) == "0";
   }();
+  const bool layers_fit = std::all_of(d.layers.begin(), d.layers.end(), [](const LayerSpec& l) {
+    return l.attention.head_dim % 8 == 0 && l.attention.head_dim <= 256 && !l.attention.window;
+  });
   return compat::has_varlen_attention() && !off && device.is_cuda() &&
-         (dtype == at::kBFloat16 || dtype == at::kHalf) && c.head_dim % 8 == 0 &&
-         c.head_dim <= 256 && !c.sliding_window;
+         (dtype == at::kBFloat16 || dtype == at::kHalf) && layers_fit;
+}
+
+bool varlen_attention_applies(const ModelConfig& c, at::ScalarType dtype,
+                              const at::Device& device) {
+  return varlen_attention_applies(decoder_spec(c), dtype, device);
 }
 
 at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               const at::Tensor& attention_mask, KvCache* cache,
                               const DocumentSpans* spans, bool output_unread) {
-  const ModelConfig& c = *config;
-  const int64_t b = x.size(0), t = x.size(1), d = c.head_dim;
-  const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
+  const int64_t b = x.size(0), t = x.size(1), d = spec.head_dim;
+  const int64_t heads = spec.heads, kv_heads = spec.kv_heads;
   at::Tensor q, k, v;
   if (query_key_value) {
     const at::Tensor qkv = query_key_value->forward(x);
@@ -200,11 +233,15 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
     k = k_proj->forward(x);
     v = v_proj->forward(x);
   }
-  q = q.view({b, t, heads, d}).transpose(1, 2);
-  k = k.view({b, t, kv_heads, d}).transpose(1, 2);
+  q = q.view({b, t, heads, d});
+  k = k.view({b, t, kv_heads, d});
+  if (q_norm) {  // over each head's values, before RoPE
+    q = q_norm->forward(q);
+    k = k_norm->forward(k);
+  }
+  q = rotate(rotary, q.transpose(1, 2), cos, sin);
+  k = rotate(rotary, k.transpose(1, 2), cos, sin);
   v = v.view({b, t, kv_heads, d}).transpose(1, 2);
-  q = rotate(c, q, cos, sin);
-  k = rotate(c, k, cos, sin);
   if (cache != nullptr) {
     if (cache->k.defined()) {
       k = at::cat({cache->k, k}, 2);
@@ -227,12 +264,11 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   // window if any, and only real tokens.
   at::Tensor mask;
   const bool padded = attention_mask.numel() > 0;
-  if (padded || c.sliding_window || t != s) {
+  if (padded || spec.window || t != s) {
     at::Tensor qpos = at::arange(s - t, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
     at::Tensor kpos = at::arange(0, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
     mask = kpos.unsqueeze(0) <= qpos.unsqueeze(1);  // [t, s]
-    if (c.sliding_window)
-      mask = mask.logical_and(kpos.unsqueeze(0) > qpos.unsqueeze(1) - *c.sliding_window);
+    if (spec.window) mask = mask.logical_and(kpos.unsqueeze(0) > qpos.unsqueeze(1) - *spec.window);
     mask = mask.view({1, 1, t, s});
     if (padded) {
       // Real keys of the query's own document (queries are the last t of the s keys).
@@ -245,39 +281,34 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   return o_proj->forward(out.transpose(1, 2).reshape({b, t, heads * d}), output_unread);
 }
 
-Mlp::Mlp(const ModelConfig& c, const ParamFactory& o) {
-  if (c.fused_gate_up) {
-    const ModuleNames& names = family_of(c).names;
-    gate_up_proj =
-        register_module(std::string(names.gate_up_proj),
-                        std::make_shared<Linear>(c.hidden_size, 2 * c.intermediate_size, false, o));
+Mlp::Mlp(const MlpSpec& s, int64_t h, const ModuleNames& names, const ParamFactory& o) {
+  const int64_t i = s.intermediate;
+  if (s.fused_gate_up) {
+    gate_up_proj = register_module(std::string(names.gate_up_proj),
+                                   std::make_shared<Linear>(h, 2 * i, s.bias, o));
     down_proj =
-        register_module(std::string(names.down_proj),
-                        std::make_shared<Linear>(c.intermediate_size, c.hidden_size, false, o));
+        register_module(std::string(names.down_proj), std::make_shared<Linear>(i, h, s.bias, o));
     return;
   }
-  gate_proj = register_module(
-      "gate_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
-  up_proj = register_module(
-      "up_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
-  down_proj = register_module(
-      "down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, c.mlp_bias, o));
+  gate_proj = register_module("gate_proj", std::make_shared<Linear>(h, i, s.bias, o));
+  up_proj = register_module("up_proj", std::make_shared<Linear>(h, i, s.bias, o));
+  down_proj = register_module("down_proj", std::make_shared<Linear>(i, h, s.bias, o));
 }
 
-DecoderLayer::DecoderLayer(const ModelConfig& c, const ParamFactory& o) {
-  self_attn =
-      register_module(std::string(family_of(c).names.self_attn), std::make_shared<Attention>(c, o));
-  mlp = register_module("mlp", std::make_shared<Mlp>(c, o));
-  input_layernorm = register_module("input_layernorm",
-                                    std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
-  post_attention_layernorm = register_module(
-      "post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
-  if (c.post_sublayer_norms) {
-    post_self_attn_layernorm = register_module(
-        "post_self_attn_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
-    post_mlp_layernorm = register_module(
-        "post_mlp_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
-  }
+DecoderLayer::DecoderLayer(const LayerSpec& s, const RotarySpec& rotary, int64_t h,
+                           const ModuleNames& names, const ParamFactory& o) {
+  self_attn = register_module(std::string(names.self_attn),
+                              std::make_shared<Attention>(s.attention, rotary, h, names, o));
+  mlp = register_module("mlp", std::make_shared<Mlp>(s.mlp, h, names, o));
+  const auto norm = [&](std::string_view name) {
+    return name.empty()
+               ? nullptr
+               : register_module(std::string(name), std::make_shared<RMSNorm>(h, s.norm, o));
+  };
+  before_attention = norm(s.norms.before_attention);
+  before_mlp = norm(s.norms.before_mlp);
+  after_attention = norm(s.norms.after_attention);
+  after_mlp = norm(s.norms.after_mlp);
 }
 
 at::Tensor Mlp::forward(const at::Tensor& x, bool output_unread) {

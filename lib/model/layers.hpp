@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 
+#include "model/blocks.hpp"
 #include "quant/four_bit_weight.hpp"
 #include "zerotrain/model.hpp"
 
@@ -131,6 +132,7 @@ struct RMSNorm : torch::nn::Module {
   RMSNorm(int64_t dim, double eps_, const ParamFactory& o) : eps(eps_) {
     weight = register_parameter("weight", o({dim}));
   }
+  RMSNorm(int64_t dim, const NormSpec& spec, const ParamFactory& o) : RMSNorm(dim, spec.eps, o) {}
   /// As transformers: normalize in fp32, cast back, then scale (rms_norm below).
   at::Tensor forward(const at::Tensor& x) { return rms_norm(x, weight, eps); }
 };
@@ -143,12 +145,17 @@ struct Embedding : torch::nn::Module {
   at::Tensor forward(const at::Tensor& ids) { return at::embedding(weight, ids); }
 };
 
-/// cos / sin tables [T, rotary_dim] for positions [0, T) (fp32 math, cast to `dtype`), laid
-/// out for the model's rotation (halves, or GLM's adjacent pairs).
-std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, int64_t start, int64_t length,
+/// cos / sin tables [T, rotary_dim] for positions [start, start + T) (fp32 math, cast to
+/// `dtype`), laid out for the rotation (halves, or GLM's adjacent pairs).
+std::pair<at::Tensor, at::Tensor> rotary_tables(const RotarySpec& r, int64_t start, int64_t length,
                                                 at::ScalarType dtype, const at::Device& device);
 /// Rotary tables for explicit positions [B, T] (packed sequences restart per document):
 /// cos/sin [B, 1, T, D], broadcasting over heads.
+std::pair<at::Tensor, at::Tensor> rotary_tables(const RotarySpec& r, const at::Tensor& positions,
+                                                at::ScalarType dtype);
+/// The same of the first rotary embedding of the decoder `c` describes (tests, kernels).
+std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, int64_t start, int64_t length,
+                                                at::ScalarType dtype, const at::Device& device);
 std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, const at::Tensor& positions,
                                                 at::ScalarType dtype);
 
@@ -172,19 +179,27 @@ struct DocumentSpans {
 /// mask on the host (a device mask is copied there first).
 std::optional<DocumentSpans> document_spans(const at::Tensor& mask, const at::Device& device);
 
-/// True when attention of model `c` runs over DocumentSpans for activations of `dtype` on
-/// `device`: CUDA, fp16 or bf16, a head size FlashAttention takes, no sliding window, LibTorch
-/// with the variable-length kernels (compat::has_varlen_attention), and not switched off by
-/// the environment (ZT_VARLEN_ATTENTION=0, for comparisons).
+/// True when every layer's attention of decoder `d` runs over DocumentSpans for activations of
+/// `dtype` on `device`: CUDA, fp16 or bf16, head sizes FlashAttention takes, no sliding window,
+/// LibTorch with the variable-length kernels (compat::has_varlen_attention), and not switched
+/// off by the environment (ZT_VARLEN_ATTENTION=0, for comparisons).
+bool varlen_attention_applies(const DecoderSpec& d, at::ScalarType dtype, const at::Device& device);
+/// The same for the decoder `c` describes.
 bool varlen_attention_applies(const ModelConfig& c, at::ScalarType dtype, const at::Device& device);
 
-/// Self-attention with q_proj, k_proj, v_proj and o_proj, or (ChatGLM's layout) one
-/// `query_key_value` [q + 2 kv, hidden] (all query heads, then the key, then the value groups)
-/// and `dense`, in o_proj's place.
+/// Self-attention as `spec` says, with q_proj, k_proj, v_proj and o_proj, or one fused
+/// projection (the family's ModuleNames::fused_qkv, [q + 2 kv, hidden]: all query heads, then
+/// the key, then the value groups) and its output projection under the family's name; with
+/// qk_norm, `q_norm` and `k_norm` over each head.
 struct Attention : torch::nn::Module {
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
-  std::shared_ptr<Linear> query_key_value;  ///< ChatGLM only (then q/k/v_proj are null)
-  const ModelConfig* config;
+  std::shared_ptr<Linear> query_key_value;  ///< a fused projection (then q/k/v_proj are null)
+  std::shared_ptr<RMSNorm> q_norm, k_norm;  ///< spec.qk_norm only
+  AttentionSpec spec;
+  RotarySpec rotary;
+  Attention(const AttentionSpec& spec, const RotarySpec& rotary, int64_t hidden,
+            const ModuleNames& names, const ParamFactory& o);
+  /// The attention of the first layer of the decoder `c` describes (tests).
   Attention(const ModelConfig& c, const ParamFactory& o);
   /// x [B, T, H]; cos/sin [T, D] or [B, 1, T, D]; attention_mask [B, S] or an empty tensor:
   /// 0 = padding, otherwise a document number — a query sees only keys of its own document
@@ -215,7 +230,7 @@ at::Tensor swiglu_halves(const at::Tensor& gate_up);
 /// down projection `dense_4h_to_h`).
 struct Mlp : torch::nn::Module {
   std::shared_ptr<Linear> gate_proj, up_proj, gate_up_proj, down_proj;
-  Mlp(const ModelConfig& c, const ParamFactory& o);
+  Mlp(const MlpSpec& spec, int64_t hidden, const ModuleNames& names, const ParamFactory& o);
   /// `output_unread`: the result's values will not be read (only back-propagated through), so
   /// the down projection's product — a third of the MLP's forward — is skipped. In the first
   /// pass of a recomputed unit, the gate and up outputs are kept while the engine has room
@@ -224,13 +239,17 @@ struct Mlp : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, bool output_unread = false);
 };
 
+/// A decoder layer as `spec` says: its attention, its MLP, and the norms of spec.norms under
+/// their names (before each sublayer always, after it where named: glm4).
 struct DecoderLayer : torch::nn::Module {
   std::shared_ptr<Attention> self_attn;
   std::shared_ptr<Mlp> mlp;
-  std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
-  std::shared_ptr<RMSNorm> post_self_attn_layernorm, post_mlp_layernorm;  ///< glm4 only
-  /// The attention is registered as `self_attn`, in ChatGLM's layout as `self_attention`.
-  DecoderLayer(const ModelConfig& c, const ParamFactory& o);
+  std::shared_ptr<RMSNorm> before_attention, before_mlp;
+  std::shared_ptr<RMSNorm> after_attention, after_mlp;  ///< null where the spec names none
+  /// The attention is registered under the family's name (`self_attn`, ChatGLM's
+  /// `self_attention`).
+  DecoderLayer(const LayerSpec& spec, const RotarySpec& rotary, int64_t hidden,
+               const ModuleNames& names, const ParamFactory& o);
   /// `output_unread`: the caller only back-propagates through the result (a recomputed unit,
   /// zt::recomputing_for_backward()); its values are then not all computed. Under activation
   /// checkpointing the first pass keeps h = x + attention (zt::keep_for_recompute: one more
@@ -240,17 +259,15 @@ struct DecoderLayer : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& attention_mask, KvCache* cache = nullptr,
                      bool output_unread = false, const DocumentSpans* spans = nullptr) {
-    // glm4 norms the attention's and the MLP's outputs, so their values are read.
-    const at::Tensor kept =
-        output_unread && !post_self_attn_layernorm ? kept_for_recompute() : at::Tensor();
-    at::Tensor a = self_attn->forward(input_layernorm->forward(x), cos, sin, attention_mask, cache,
+    // A norm after a sublayer (glm4) reads its output's values.
+    const at::Tensor kept = output_unread && !after_attention ? kept_for_recompute() : at::Tensor();
+    at::Tensor a = self_attn->forward(before_attention->forward(x), cos, sin, attention_mask, cache,
                                       spans, /*output_unread=*/kept.defined());
-    if (post_self_attn_layernorm) a = post_self_attn_layernorm->forward(a);
+    if (after_attention) a = after_attention->forward(a);
     const at::Tensor h = kept.defined() ? sum_kept(x, a, kept) : x + a;
-    if (!output_unread && !post_self_attn_layernorm) keep_for_recompute(h);
-    at::Tensor m =
-        mlp->forward(post_attention_layernorm->forward(h), output_unread && !post_mlp_layernorm);
-    if (post_mlp_layernorm) m = post_mlp_layernorm->forward(m);
+    if (!output_unread && !after_attention) keep_for_recompute(h);
+    at::Tensor m = mlp->forward(before_mlp->forward(h), output_unread && !after_mlp);
+    if (after_mlp) m = after_mlp->forward(m);
     return output_unread ? sum_unread(h, m) : h + m;
   }
 };

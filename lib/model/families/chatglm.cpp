@@ -139,7 +139,7 @@ constexpr PrefixTuning kPrefix{/*model_own=*/true, /*embed_at_output_width=*/tru
 // zerotrain merge --as glm: transformers' own statement of the same model.
 constexpr Conversion kToGlm{"glm", chatglm_as_glm, glm_names_of_chatglm};
 
-extern const Family kChatGlm{"chatglm", read,    write,  /*remote_code=*/true,
+extern const Family kChatGlm{"chatglm", read,    write,  /*compose=*/nullptr, /*remote_code=*/true,
                              kNames,    kPrefix, &kToGlm};
 
 }  // namespace model

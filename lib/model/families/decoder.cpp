@@ -93,6 +93,28 @@ void read_projection_biases(ObjectReader& r, ModelConfig& c) {
   if (auto v = r.boolean("mlp_bias")) c.mlp_bias = *v;
 }
 
+void read_full_attention_layers(ObjectReader& r, const ModelConfig& c) {
+  const rapidjson::Value* types = r.find("layer_types");
+  if (types == nullptr || types->IsNull()) return;
+  if (!types->IsArray() || static_cast<int64_t>(types->Size()) != c.num_hidden_layers) {
+    r.fail_value("layer_types",
+                 fmt::format("expected a list of {} layer types (one per layer of "
+                             "num_hidden_layers), found {}",
+                             c.num_hidden_layers,
+                             types->IsArray() ? fmt::format("{} entries", types->Size())
+                                              : std::string("no list")));
+  }
+  for (rapidjson::SizeType i = 0; i < types->Size(); ++i) {
+    const rapidjson::Value& t = (*types)[i];
+    if (!t.IsString() || json::text(t) != "full_attention") {
+      r.fail_value("layer_types",
+                   fmt::format("layer {} is {}; this family attends in full on every layer "
+                               "(\"full_attention\")",
+                               i, t.IsString() ? "\"" + json::text(t) + "\"" : "not a string"));
+    }
+  }
+}
+
 void set_member(rapidjson::Value& obj, const char* key, rapidjson::Value value, Alloc& alloc) {
   if (auto it = obj.FindMember(key); it != obj.MemberEnd()) {
     it->value = std::move(value);

@@ -21,6 +21,10 @@ int64_t required_size(json::ObjectReader& r, const char* key, int64_t max);
 void read_common(json::ObjectReader& r, ModelConfig& c);
 /// attention_bias (q/k/v and o_proj) and mlp_bias, as llama and mistral read them.
 void read_projection_biases(json::ObjectReader& r, ModelConfig& c);
+/// `layer_types`, where a family that attends in full on every layer finds it (transformers 5
+/// writes it for Qwen2/3): one "full_attention" per layer; a list of another length, or a layer
+/// of another type, is refused naming the key.
+void read_full_attention_layers(json::ObjectReader& r, const ModelConfig& c);
 
 /// Sets or replaces `obj[key]`.
 void set_member(rapidjson::Value& obj, const char* key, rapidjson::Value value, Alloc& alloc);

@@ -14,7 +14,8 @@ void read(json::ObjectReader& r, ModelConfig& c) {
                  "Qwen2's per-layer sliding window is not supported; set "
                  "it to false (Qwen2.5 releases ship it off)");
   }
-  r.known({"sliding_window", "max_window_layers", "layer_types"});
+  decoder::read_full_attention_layers(r, c);
+  r.known({"sliding_window", "max_window_layers"});
 }
 
 void write(rapidjson::Document& doc, const ModelConfig& c) {

@@ -8,13 +8,14 @@
 
 namespace zt::model {
 
-extern const Family kLlama, kQwen2, kMistral, kGlm, kGlm4, kChatGlm;
+extern const Family kLlama, kQwen2, kQwen3, kMistral, kGlm, kGlm4, kChatGlm;
 
 namespace {
 
 // The library's families first, then those registered by the program.
 std::vector<const Family*>& table() {
-  static std::vector<const Family*> families{&kLlama, &kQwen2, &kMistral, &kGlm, &kGlm4, &kChatGlm};
+  static std::vector<const Family*> families{&kLlama, &kQwen2, &kQwen3,  &kMistral,
+                                             &kGlm,   &kGlm4,  &kChatGlm};
   return families;
 }
 
@@ -44,6 +45,11 @@ std::string family_names() {
   std::vector<std::string_view> names;
   for (const Family* f : table()) names.push_back(f->model_type);
   return fmt::format("{}", fmt::join(names, ", "));
+}
+
+DecoderSpec decoder_spec(const ModelConfig& c) {
+  const Family& f = family_of(c);
+  return f.compose != nullptr ? f.compose(c) : shared_decoder(c);
 }
 
 void register_family(const Family& family) {

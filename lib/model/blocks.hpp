@@ -1,0 +1,105 @@
+// What a decoder is made of, block by block: a family composes these specs from its config
+// (Family::compose) and the shared modules build exactly what they say. Maths that no spec can
+// express yet is a new block (a field here, its module and CPU path in layers.cpp or a file of
+// its own, its kernel in lib/kernels/), never a family's flag threaded through the decoder.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "zerotrain/model.hpp"
+
+namespace zt::model {
+
+/// The names a family's checkpoints give the shared blocks: its module tree, so that parameter
+/// names are the family's own (transformers' for HF families). Dotted paths nest holders.
+struct ModuleNames {
+  std::string_view body = "model";              ///< the decoder under the causal LM
+  std::string_view embedding = "embed_tokens";  ///< under the body
+  std::string_view layers = "layers";           ///< under the body
+  std::string_view final_norm = "norm";         ///< under the body
+  std::string_view lm_head = "lm_head";         ///< under the causal LM, or the body (below)
+  bool head_in_body = false;
+  std::string_view self_attn = "self_attn";  ///< in each layer
+  /// Non-empty: q, k and v are one projection of this name (in rows q, k, v), not three.
+  std::string_view fused_qkv;
+  std::string_view o_proj = "o_proj";
+  std::string_view gate_up_proj = "gate_up_proj";  ///< fused_gate_up models
+  std::string_view down_proj = "down_proj";
+};
+
+/// An RMSNorm: normalized in fp32 and cast back, then scaled by its weight (transformers'
+/// LlamaRMSNorm).
+struct NormSpec {
+  double eps = 1e-6;
+};
+
+/// One rotary embedding: frequencies from `theta` with `scaling`, over the first `rotary_dim`
+/// dimensions of each head, rotated in halves (i, i + rotary_dim / 2) or, `interleaved`, in
+/// adjacent pairs (GLM).
+struct RotarySpec {
+  double theta = 10000.0;
+  RopeScaling scaling;
+  int64_t rotary_dim = 0;
+  bool interleaved = false;
+};
+
+/// Self-attention of one layer.
+struct AttentionSpec {
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  bool qkv_bias = false, o_bias = false;
+  /// A per-head RMSNorm of the queries and keys (`q_norm`, `k_norm`, weight [head_dim]) after
+  /// their projections and before RoPE (Qwen3).
+  std::optional<NormSpec> qk_norm;
+  /// Keys further back than this are not attended to (a sliding window).
+  std::optional<int64_t> window;
+  /// Which of DecoderSpec::rotaries rotates this layer's queries and keys.
+  size_t rotary = 0;
+};
+
+/// The gated MLP: down(act(gate(x)) · up(x)), silu (SwiGLU); gate and up as two projections
+/// or as the halves of one `gate_up_proj` (gate first).
+struct MlpSpec {
+  int64_t intermediate = 0;
+  bool bias = false;
+  bool fused_gate_up = false;
+};
+
+/// A layer's norms by place, under their module names; an empty name: no norm there.
+struct LayerNorms {
+  std::string_view before_attention = "input_layernorm";
+  std::string_view after_attention;  ///< on the attention's output, before the residual add
+  std::string_view before_mlp = "post_attention_layernorm";
+  std::string_view after_mlp;  ///< on the MLP's output, before the residual add
+};
+
+/// One decoder layer: x + attention(norm(x)), then + mlp(norm(·)), with the norms of `norms`.
+struct LayerSpec {
+  AttentionSpec attention;
+  MlpSpec mlp;
+  NormSpec norm;
+  LayerNorms norms;
+};
+
+/// The whole decoder: the rotary embeddings its layers use, the layers, the final norm.
+struct DecoderSpec {
+  std::vector<RotarySpec> rotaries;
+  std::vector<LayerSpec> layers;
+  NormSpec final_norm;
+};
+
+/// The decoder that the shared switches of `c` describe (sizes, biases, RoPE, partial and
+/// interleaved rotary, a fused gate_up, glm4's output norms, a sliding window on every layer):
+/// what every family composes first and then changes.
+DecoderSpec shared_decoder(const ModelConfig& c);
+
+/// The decoder the family of `c` composes (Family::compose, else shared_decoder).
+DecoderSpec decoder_spec(const ModelConfig& c);
+
+/// Parameters of a decoder of `d` over embeddings [vocab, hidden] (a second matrix for an
+/// untied output layer).
+int64_t parameter_count(const DecoderSpec& d, int64_t hidden, int64_t vocab, bool tied);
+
+}  // namespace zt::model
