@@ -604,7 +604,7 @@ TEST_CASE("SIGTERM before the first step ends the phase running within seconds, 
     }
     const pid_t pid = start_cli(long_run(dir, c.extra), dir + "/log.txt");
     bool started = false, ended = false;
-    for (int i = 0; i < 1200 && !started && !ended; ++i) {
+    for (int i = 0; i < 3600 && !started && !ended; ++i) {  // up to 3 min (sanitizers)
       started = fs::exists(dir + "/out/" + c.mark);
       ended = !started && ::waitpid(pid, nullptr, WNOHANG) == pid;
       if (!started) ::usleep(50000);

@@ -186,7 +186,7 @@ TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
       "num_hidden_layers": 1, "num_attention_heads": 2)";
   CHECK_THAT(err(R"({"model_type": "gpt2", )" + base + "}"),
              Contains("model_type") && Contains("gpt2") &&
-                 Contains("llama, qwen2, qwen3, mistral, glm, glm4"));
+                 Contains("llama, qwen2, qwen3, mistral, phi3, glm, glm4"));
   CHECK_THAT(err(R"({"model_type": "llama"})"), Contains("vocab_size"));
   CHECK_THAT(err(R"({"model_type": "llama", "rope_scaling": {"type": "yarn", "factor": 4}, )" +
                  base + "}"),
@@ -215,6 +215,20 @@ TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
     CHECK_THAT(err(head + R"("use_sliding_window": true, )" + base + "}"),
                Contains("use_sliding_window"));
   }
+  // Phi-3: dropout inside the decoder and biases are refused by key; LongRoPE (its 128k and
+  // Phi-4-mini configs) names what RoPE types are built.
+  for (const char* key : {"resid_pdrop", "embd_pdrop", "attention_dropout"}) {
+    CHECK_THAT(err(std::string(R"({"model_type": "phi3", ")") + key + R"(": 0.1, )" + base + "}"),
+               Contains(key) && Contains("dropout"));
+  }
+  CHECK_THAT(err(R"({"model_type": "phi3", "mlp_bias": true, )" + base + "}"),
+             Contains("mlp_bias"));
+  CHECK_THAT(err(R"({"model_type": "phi3", "partial_rotary_factor": 0.3, )" + base + "}"),
+             Contains("partial_rotary_factor") && Contains("even"));
+  CHECK_THAT(err(R"({"model_type": "phi3", "rope_scaling": {"type": "longrope", "short_factor": )"
+                 R"([1.0], "long_factor": [1.5]}, )" +
+                 base + "}"),
+             Contains("longrope") && Contains("default, linear, llama3"));
   CHECK_THAT(err(R"({"model_type": "llama", "torch_dtype": "int8", )" + base + "}"),
              Contains("torch_dtype"));
   CHECK_THAT(
@@ -232,7 +246,7 @@ TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
 TEST_CASE("logits, hidden states, loss and gradients match transformers", "[model][parity]") {
   // chatglm: THUDM's remote modeling_chatglm.py (tests/tools/make_chatglm_fixture.py).
   for (const char* name : {"llama", "llama_rope_llama3", "llama_rope_linear", "qwen2", "mistral",
-                           "glm", "glm4", "chatglm", "qwen3", "mistral_head_dim"}) {
+                           "glm", "glm4", "chatglm", "qwen3", "mistral_head_dim", "phi3"}) {
     INFO("model " << name);
     auto model = load_fixture_model(name);
     SafetensorsFile expected(fixture(std::string("models/") + name + "/expected.safetensors"));
@@ -326,7 +340,7 @@ TEST_CASE("random initialization is seeded and follows transformers' rule", "[mo
 
 TEST_CASE("greedy generation with the KV cache equals step-by-step full forwards",
           "[model][generate]") {
-  for (const char* name : {"llama", "qwen2", "mistral", "glm", "glm4", "qwen3"}) {
+  for (const char* name : {"llama", "qwen2", "mistral", "glm", "glm4", "qwen3", "phi3"}) {
     INFO(name);
     auto model = load_fixture_model(name);
     at::NoGradGuard no_grad;

@@ -93,6 +93,29 @@ void read_projection_biases(ObjectReader& r, ModelConfig& c) {
   if (auto v = r.boolean("mlp_bias")) c.mlp_bias = *v;
 }
 
+void read_partial_rotary(ObjectReader& r, ModelConfig& c, double otherwise) {
+  c.partial_rotary_factor = otherwise;
+  if (auto v = r.number("partial_rotary_factor", 1e-6)) c.partial_rotary_factor = *v;
+  if (std::optional<ObjectReader> p = r.object("rope_parameters")) {
+    if (auto v = p->number("partial_rotary_factor", 1e-6)) c.partial_rotary_factor = *v;
+  }
+  const int64_t dim = c.rotary_dim();
+  if (c.partial_rotary_factor > 1.0 || dim < 2 || dim % 2 != 0) {
+    r.fail_value("partial_rotary_factor",
+                 fmt::format("{} of head_dim {} gives {} rotary dimensions; RoPE needs an even "
+                             "number between 2 and head_dim",
+                             c.partial_rotary_factor, c.head_dim, dim));
+  }
+}
+
+void read_sliding_window(ObjectReader& r, ModelConfig& c) {
+  const rapidjson::Value* w = r.find("sliding_window");
+  if (w == nullptr || w->IsNull()) return;
+  std::optional<int64_t> window = w->IsNumber() ? json::as_integer(*w) : std::nullopt;
+  if (!window || *window < 1) r.fail("sliding_window", "a positive integer or null");
+  c.sliding_window = *window;
+}
+
 void read_full_attention_layers(ObjectReader& r, const ModelConfig& c) {
   const rapidjson::Value* types = r.find("layer_types");
   if (types == nullptr || types->IsNull()) return;

@@ -21,6 +21,12 @@ int64_t required_size(json::ObjectReader& r, const char* key, int64_t max);
 void read_common(json::ObjectReader& r, ModelConfig& c);
 /// attention_bias (q/k/v and o_proj) and mlp_bias, as llama and mistral read them.
 void read_projection_biases(json::ObjectReader& r, ModelConfig& c);
+/// partial_rotary_factor (default `otherwise`), at the top (4.x) or in rope_parameters (5.x):
+/// the share of each head RoPE rotates, refused unless it gives an even number of dimensions
+/// between 2 and head_dim.
+void read_partial_rotary(json::ObjectReader& r, ModelConfig& c, double otherwise);
+/// sliding_window: a positive integer, or null (or absent) for full attention on every layer.
+void read_sliding_window(json::ObjectReader& r, ModelConfig& c);
 /// `layer_types`, where a family that attends in full on every layer finds it (transformers 5
 /// writes it for Qwen2/3): one "full_attention" per layer; a list of another length, or a layer
 /// of another type, is refused naming the key.

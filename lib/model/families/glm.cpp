@@ -16,18 +16,7 @@ void read_glm_switches(json::ObjectReader& r, ModelConfig& c) {
   c.qkv_bias = r.boolean("attention_bias").value_or(true);
   c.fused_gate_up = true;
   c.rope_interleaved = true;
-  c.partial_rotary_factor = 0.5;
-  if (auto v = r.number("partial_rotary_factor", 1e-6)) c.partial_rotary_factor = *v;
-  if (std::optional<json::ObjectReader> p = r.object("rope_parameters")) {
-    if (auto v = p->number("partial_rotary_factor", 1e-6)) c.partial_rotary_factor = *v;
-  }
-  const int64_t dim = c.rotary_dim();
-  if (c.partial_rotary_factor > 1.0 || dim < 2 || dim % 2 != 0) {
-    r.fail_value("partial_rotary_factor",
-                 fmt::format("{} of head_dim {} gives {} rotary dimensions; RoPE needs an even "
-                             "number between 2 and head_dim",
-                             c.partial_rotary_factor, c.head_dim, dim));
-  }
+  decoder::read_partial_rotary(r, c, 0.5);
   if (auto v = r.boolean("mlp_bias"); v && *v) {
     r.fail_value("mlp_bias", "GLM's MLP has no biases");
   }

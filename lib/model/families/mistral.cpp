@@ -11,12 +11,7 @@ namespace {
 void read(json::ObjectReader& r, ModelConfig& c) {
   decoder::read_common(r, c);
   decoder::read_projection_biases(r, c);
-  const rapidjson::Value* w = r.find("sliding_window");
-  if (w != nullptr) {
-    std::optional<int64_t> window = w->IsNumber() ? json::as_integer(*w) : std::nullopt;
-    if (!window || *window < 1) r.fail("sliding_window", "a positive integer or null");
-    c.sliding_window = *window;
-  }
+  decoder::read_sliding_window(r, c);
 }
 
 void write(rapidjson::Document& doc, const ModelConfig& c) {
