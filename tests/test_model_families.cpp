@@ -76,7 +76,8 @@ TEST_CASE("a family defined outside the library is one definition and one regist
     CHECK_THROWS_MATCHES(
         parse_model_config(twin_text, "twin.json"), ConfigError,
         test::Has({"twin.json", "model_type", "\"llama_twin\" is not supported",
-                   "supported: llama, qwen2, qwen3, mistral, phi3, glm, glm4, chatglm"}));
+                   "supported: llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3_text, glm, glm4, "
+                   "chatglm"}));
     model::register_family(kTwin);
   }
   CHECK_THROWS_AS(model::register_family(kTwin), InvalidArgument);

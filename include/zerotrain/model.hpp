@@ -19,6 +19,10 @@
 
 namespace zt {
 
+namespace model {
+struct FamilySettings;
+}
+
 struct RopeScaling {
   std::string type = "default";  ///< default | linear | llama3
   double factor = 1.0;
@@ -79,6 +83,10 @@ struct ModelConfig {
   /// The config.json text this config was read from by load_model_config (empty for a config
   /// given inline): model_config_json writes its members back as they were.
   std::string source_json;
+  /// What the family read beyond the members above for its blocks (Gemma's soft-caps, layer
+  /// types, query scale, ...): made by its reader, read by its compose and writer; null for a
+  /// config built in code (the family's defaults). Immutable, shared by copies.
+  std::shared_ptr<const model::FamilySettings> family_settings;
 
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
   /// Dimensions of each head that RoPE rotates (transformers' int(head_dim × factor); the

@@ -31,10 +31,16 @@ struct ModuleNames {
 };
 
 /// An RMSNorm: normalized in fp32 and cast back, then scaled by its weight (transformers'
-/// LlamaRMSNorm).
+/// LlamaRMSNorm); or, `unit_offset`, scaled by (1 + weight) in fp32 before the cast (Gemma's,
+/// whose weights start at 0).
 struct NormSpec {
   double eps = 1e-6;
+  bool unit_offset = false;
 };
+
+/// The gate's activation in the gated MLP: silu (SwiGLU) or gelu with the tanh approximation
+/// (GeGLU: transformers' gelu_pytorch_tanh).
+enum class Activation { kSilu, kGeluTanh };
 
 /// One rotary embedding: frequencies from `theta` with `scaling`, over the first `rotary_dim`
 /// dimensions of each head, rotated in halves (i, i + rotary_dim / 2) or, `interleaved`, in
@@ -55,6 +61,10 @@ struct AttentionSpec {
   std::optional<NormSpec> qk_norm;
   /// Keys further back than this are not attended to (a sliding window).
   std::optional<int64_t> window;
+  /// The scores' scale; unset: 1 / √head_dim (Gemma: query_pre_attn_scalar^-½).
+  std::optional<double> scale;
+  /// The scores soft-capped to cap · tanh(scores / cap) before the mask (Gemma 2).
+  std::optional<double> softcap;
   /// Which of DecoderSpec::rotaries rotates this layer's queries and keys.
   size_t rotary = 0;
 };
@@ -65,6 +75,7 @@ struct MlpSpec {
   int64_t intermediate = 0;
   bool bias = false;
   bool fused_gate_up = false;
+  Activation activation = Activation::kSilu;
 };
 
 /// A layer's norms by place, under their module names; an empty name: no norm there.
@@ -88,6 +99,10 @@ struct DecoderSpec {
   std::vector<RotarySpec> rotaries;
   std::vector<LayerSpec> layers;
   NormSpec final_norm;
+  /// The token embeddings × √hidden, the factor rounded to their dtype (Gemma).
+  bool scale_embeddings = false;
+  /// The logits soft-capped to cap · tanh(logits / cap) (Gemma 2's final_logit_softcapping).
+  std::optional<double> logit_softcap;
 };
 
 /// The decoder that the shared switches of `c` describe (sizes, biases, RoPE, partial and

@@ -1,6 +1,8 @@
 // CausalLM: the decoder stack, its sharding units, losses, logits and generation.
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "model/family.hpp"
@@ -61,6 +63,20 @@ struct DecoderBody : torch::nn::Module {
     for (const model::RotarySpec& r : spec.rotaries)
       t.push_back(model::rotary_tables(r, positions, dtype));
     return t;
+  }
+  /// The token embeddings, × √hidden rounded to their dtype where the spec says so (Gemma).
+  at::Tensor embed(const at::Tensor& ids) const {
+    at::Tensor e = embed_tokens->forward(ids);
+    if (!spec.scale_embeddings) return e;
+    return e * at::scalar_tensor(std::sqrt(static_cast<double>(e.size(-1))), e.options());
+  }
+  /// The final logit soft-cap (0: none).
+  double logit_softcap() const { return spec.logit_softcap.value_or(0.0); }
+  /// Logits `z` in fp32, soft-capped where the spec says so.
+  at::Tensor capped(const at::Tensor& z) const {
+    const at::Tensor f = z.to(at::kFloat);
+    const double cap = logit_softcap();
+    return cap > 0 ? at::tanh(f / cap) * cap : f;
   }
   /// Layer i's cos / sin among `t`.
   const std::pair<at::Tensor, at::Tensor>& of_layer(const Tables& t, size_t i) const {
@@ -256,7 +272,7 @@ CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const a
 
   auto body = I.body;
   at::Tensor embedded = gate_(0, {ids}, [body](const std::vector<at::Tensor>& in) {
-    return std::vector<at::Tensor>{body->embed_tokens->forward(in[0])};
+    return std::vector<at::Tensor>{body->embed(in[0])};
   })[0];
   Prepared p = apply_prompt(config_, I.prompt, embedded, mask);
   at::Tensor x = p.x;
@@ -289,21 +305,22 @@ CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const a
   }
   auto lm_head = I.lm_head;
   const int64_t chunk = chunk_tokens;
-  std::vector<at::Tensor> out = gate_(
-      1 + body->layers.size(), {x, shifted},
-      [body, lm_head, chunk, per_position, mean_logits](const std::vector<at::Tensor>& in) {
-        at::Tensor h = body->norm->forward(in[0]);
-        const at::Tensor& w = lm_head ? lm_head->weight : body->embed_tokens->weight;
-        h = h.reshape({-1, h.size(-1)});
-        std::vector<at::Tensor> results{per_position
-                                            ? model::linear_token_cross_entropy(h, w, in[1], chunk)
-                                            : model::linear_cross_entropy(h, w, in[1], chunk)};
-        // A metric, read in the first pass only (a recomputation's outputs are never read).
-        if (mean_logits && !recomputing_for_backward()) {
-          results.push_back(model::row_mean_logits(h, w));
-        }
-        return results;
-      });
+  std::vector<at::Tensor> out =
+      gate_(1 + body->layers.size(), {x, shifted},
+            [body, lm_head, chunk, per_position, mean_logits](const std::vector<at::Tensor>& in) {
+              at::Tensor h = body->norm->forward(in[0]);
+              const at::Tensor& w = lm_head ? lm_head->weight : body->embed_tokens->weight;
+              h = h.reshape({-1, h.size(-1)});
+              const double cap = body->logit_softcap();
+              std::vector<at::Tensor> results{
+                  per_position ? model::linear_token_cross_entropy(h, w, in[1], chunk, true, cap)
+                               : model::linear_cross_entropy(h, w, in[1], chunk, true, cap)};
+              // A metric, read in the first pass only (a recomputation's outputs are never read).
+              if (mean_logits && !recomputing_for_backward()) {
+                results.push_back(model::row_mean_logits(h, w, cap));
+              }
+              return results;
+            });
   return {out[0], tokens, out.size() > 1 ? out[1].detach() : at::Tensor()};
 }
 
@@ -339,8 +356,8 @@ std::vector<at::Tensor> CausalLM::hidden_states(const at::Tensor& input_ids,
   Impl& I = *impl_;
   const at::Device device = I.body->embed_tokens->weight.device();
   at::Tensor ids = input_ids.to(device);
-  Prepared p = apply_prompt(config_, I.prompt, I.body->embed_tokens->forward(ids),
-                            mask_or_empty(attention_mask, ids));
+  Prepared p =
+      apply_prompt(config_, I.prompt, I.body->embed(ids), mask_or_empty(attention_mask, ids));
   std::vector<at::Tensor> out{p.x};
   const DecoderBody::Tables tables =
       I.body->tables(p.start, p.x.size(1), p.x.scalar_type(), device);
@@ -357,7 +374,7 @@ std::vector<at::Tensor> CausalLM::hidden_states(const at::Tensor& input_ids,
 at::Tensor CausalLM::logits(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
   std::vector<at::Tensor> states = hidden_states(input_ids, attention_mask);
   at::Tensor h = impl_->body->norm->forward(states.back());
-  return at::matmul(h, impl_->head_weight().t()).to(at::kFloat);
+  return impl_->body->capped(at::matmul(h, impl_->head_weight().t()));
 }
 
 at::Tensor CausalLM::generate(const at::Tensor& input_ids, const GenerationOptions& o) {
@@ -383,7 +400,7 @@ at::Tensor CausalLM::generate(const at::Tensor& input_ids, const GenerationOptio
   const at::Tensor no_mask = at::empty({0}, ids.options());
   at::Tensor step_ids = ids;
   for (int64_t n = 0; n < o.max_new_tokens; ++n) {
-    at::Tensor x = I.body->embed_tokens->forward(step_ids);
+    at::Tensor x = I.body->embed(step_ids);
     if (n == 0 && virtual_tokens.defined()) x = at::cat({virtual_tokens, x}, 1);
     const DecoderBody::Tables tables = I.body->tables(position, x.size(1), x.scalar_type(), device);
     for (size_t i = 0; i < I.body->layers.size(); ++i) {
@@ -392,7 +409,7 @@ at::Tensor CausalLM::generate(const at::Tensor& input_ids, const GenerationOptio
     }
     position += x.size(1);
     at::Tensor h = I.body->norm->forward(x.select(1, x.size(1) - 1));
-    at::Tensor logits = at::matmul(h, I.head_weight().t()).to(at::kFloat);
+    at::Tensor logits = I.body->capped(at::matmul(h, I.head_weight().t()));
     at::Tensor next;
     if (!o.do_sample) {
       next = logits.argmax(-1);

@@ -41,6 +41,12 @@ struct Conversion {
   std::vector<GlmTensorFrom> (*tensors)(const ModelConfig& c, const std::string& name);
 };
 
+/// A family's own reading of its config.json beyond ModelConfig's members
+/// (ModelConfig::family_settings): each family that needs one derives its own.
+struct FamilySettings {
+  virtual ~FamilySettings() = default;
+};
+
 struct Family {
   using ReadConfig = void (*)(json::ObjectReader& r, ModelConfig& c);
   using WriteConfig = void (*)(rapidjson::Document& doc, const ModelConfig& c);

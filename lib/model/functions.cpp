@@ -260,6 +260,12 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return RmsNormFunction::apply(x, weight, eps);
 }
 
+at::Tensor rms_norm_unit_offset(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return (normed * (1.0 + weight.to(at::kFloat))).to(x.scalar_type());
+}
+
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
   if (kernels::fused_swiglu_applies(gate, up)) {
     return SwigluFunction::apply(gate, up, at::empty({0}, gate.options()), gate.size(-1));

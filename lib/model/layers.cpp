@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,27 @@ at::Tensor rotate_pairs(const at::Tensor& x) {
 // Per frequency, the angles of the dimensions it rotates: halves (LLaMA) or adjacent pairs (GLM).
 at::Tensor angles(const RotarySpec& r, const at::Tensor& freqs) {
   return r.interleaved ? freqs.repeat_interleave(2, -1) : at::cat({freqs, freqs}, -1);
+}
+
+// Attention whose scores are soft-capped before the mask (Gemma 2), as transformers' eager
+// attention computes it: (q·kᵀ)·scale → cap·tanh(·/cap) → masked → softmax in fp32 → ·v. q [B, H,
+// T, D], k and v [B, KV, S, D] (each key/value head serves H / KV query heads), `mask` [.., T, S]
+// (true: attend). Masked scores take the dtype's lowest value, so a row with no key left is
+// uniform rather than NaN, as transformers'.
+at::Tensor softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& mask, double scale, double cap) {
+  const int64_t groups = q.size(1) / k.size(1);
+  const at::Tensor keys = groups > 1 ? k.repeat_interleave(groups, 1) : k;
+  const at::Tensor values = groups > 1 ? v.repeat_interleave(groups, 1) : v;
+  at::Tensor scores = at::matmul(q, keys.transpose(-2, -1)) * scale;
+  scores = at::tanh(scores / cap) * cap;
+  const double lowest = q.scalar_type() == at::kFloat    ? std::numeric_limits<float>::lowest()
+                        : q.scalar_type() == at::kDouble ? std::numeric_limits<double>::lowest()
+                        : q.scalar_type() == at::kHalf   ? -65504.0
+                                                         : -3.38953139e38;  // bf16
+  scores = scores.masked_fill(mask.logical_not(), lowest);
+  const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  return at::matmul(probs, values);
 }
 
 // RoPE on the first rotary_dim dimensions of x [.., head_dim]; the rest pass through.
@@ -206,7 +228,8 @@ bool varlen_attention_applies(const DecoderSpec& d, at::ScalarType dtype,
     return e != nullptr && std::string(e) == "0";
   }();
   const bool layers_fit = std::all_of(d.layers.begin(), d.layers.end(), [](const LayerSpec& l) {
-    return l.attention.head_dim % 8 == 0 && l.attention.head_dim <= 256 && !l.attention.window;
+    return l.attention.head_dim % 8 == 0 && l.attention.head_dim <= 256 && !l.attention.window &&
+           !l.attention.softcap;
   });
   return compat::has_varlen_attention() && !off && device.is_cuda() &&
          (dtype == at::kBFloat16 || dtype == at::kHalf) && layers_fit;
@@ -250,7 +273,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
     cache->k = k;
     cache->v = v;
   }
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const double scale = spec.scale ? *spec.scale : 1.0 / std::sqrt(static_cast<double>(d));
   if (spans != nullptr && cache == nullptr) {
     // [B, H, T, D] views of [B, T, H, D] (the rotation writes that layout): rows end to end.
     const at::Tensor out =
@@ -264,7 +287,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   // window if any, and only real tokens.
   at::Tensor mask;
   const bool padded = attention_mask.numel() > 0;
-  if (padded || spec.window || t != s) {
+  if (padded || spec.window || t != s || spec.softcap) {
     at::Tensor qpos = at::arange(s - t, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
     at::Tensor kpos = at::arange(0, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
     mask = kpos.unsqueeze(0) <= qpos.unsqueeze(1);  // [t, s]
@@ -277,11 +300,14 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
       mask = mask.logical_and(kdoc.ne(0)).logical_and(kdoc.eq(qdoc).logical_or(qdoc.eq(0)));
     }
   }
-  at::Tensor out = compat::attention(q, k, v, mask, /*causal=*/!mask.defined(), scale);
+  at::Tensor out = spec.softcap
+                       ? softcapped_attention(q, k, v, mask, scale, *spec.softcap)
+                       : compat::attention(q, k, v, mask, /*causal=*/!mask.defined(), scale);
   return o_proj->forward(out.transpose(1, 2).reshape({b, t, heads * d}), output_unread);
 }
 
-Mlp::Mlp(const MlpSpec& s, int64_t h, const ModuleNames& names, const ParamFactory& o) {
+Mlp::Mlp(const MlpSpec& s, int64_t h, const ModuleNames& names, const ParamFactory& o)
+    : activation(s.activation) {
   const int64_t i = s.intermediate;
   if (s.fused_gate_up) {
     gate_up_proj = register_module(std::string(names.gate_up_proj),
@@ -314,17 +340,24 @@ DecoderLayer::DecoderLayer(const LayerSpec& s, const RotarySpec& rotary, int64_t
 at::Tensor Mlp::forward(const at::Tensor& x, bool output_unread) {
   // The recomputation reads back what the first pass kept, if it kept (nothing is left then).
   at::Tensor a;
+  const bool gelu = activation == Activation::kGeluTanh;
   if (gate_up_proj) {
     const at::Tensor both = gate_up_proj->forward(x, false, kept_for_recompute());
     if (gate_up_proj->reuses_kept()) keep_for_recompute_if_room({both});
-    a = swiglu_halves(both);
+    if (gelu) {
+      const int64_t cols = both.size(-1) / 2;
+      a = at::gelu(both.narrow(-1, 0, cols), "tanh") * both.narrow(-1, cols, cols);
+    } else {
+      a = swiglu_halves(both);
+    }
   } else {
     const at::Tensor kept_gate = kept_for_recompute();
     const at::Tensor kept_up = kept_gate.defined() ? kept_for_recompute() : at::Tensor();
     const at::Tensor gate = gate_proj->forward(x, false, kept_gate);
     const at::Tensor up = up_proj->forward(x, false, kept_up);
     if (gate_proj->reuses_kept() && up_proj->reuses_kept()) keep_for_recompute_if_room({gate, up});
-    a = swiglu(gate, up);
+    // transformers' act_fn(gate) * up, in the activations' dtype.
+    a = gelu ? at::gelu(gate, "tanh") * up : swiglu(gate, up);
   }
   return down_proj->forward(a, output_unread);
 }

@@ -126,15 +126,25 @@ struct Linear : torch::nn::Module {
 /// the normalized x as well, about 3× the memory per norm when activations are not recomputed.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
+/// Gemma's RMSNorm: (x_fp32 · rsqrt(mean(x_fp32²) + eps) · (1 + weight_fp32)).to(x.dtype), as
+/// transformers' Gemma2RMSNorm computes it (autograd of the formula).
+at::Tensor rms_norm_unit_offset(const at::Tensor& x, const at::Tensor& weight, double eps);
+
 struct RMSNorm : torch::nn::Module {
   at::Tensor weight;
   double eps;
+  bool unit_offset = false;  ///< NormSpec::unit_offset
   RMSNorm(int64_t dim, double eps_, const ParamFactory& o) : eps(eps_) {
     weight = register_parameter("weight", o({dim}));
   }
-  RMSNorm(int64_t dim, const NormSpec& spec, const ParamFactory& o) : RMSNorm(dim, spec.eps, o) {}
-  /// As transformers: normalize in fp32, cast back, then scale (rms_norm below).
-  at::Tensor forward(const at::Tensor& x) { return rms_norm(x, weight, eps); }
+  RMSNorm(int64_t dim, const NormSpec& spec, const ParamFactory& o) : RMSNorm(dim, spec.eps, o) {
+    unit_offset = spec.unit_offset;
+  }
+  /// As transformers: normalize in fp32, cast back, then scale (rms_norm below); Gemma's scales
+  /// by 1 + weight before the cast.
+  at::Tensor forward(const at::Tensor& x) {
+    return unit_offset ? rms_norm_unit_offset(x, weight, eps) : rms_norm(x, weight, eps);
+  }
 };
 
 struct Embedding : torch::nn::Module {
@@ -225,11 +235,12 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 /// The same of the two halves of one fused projection's output [..., 2I] (gate first).
 at::Tensor swiglu_halves(const at::Tensor& gate_up);
 
-/// SwiGLU: down(silu(gate(x)) · up(x)), with gate and up as two projections (LLaMA) or as the
-/// two halves of one `gate_up_proj` (GLM, gate first; ChatGLM names it `dense_h_to_4h` and the
-/// down projection `dense_4h_to_h`).
+/// The gated MLP: down(act(gate(x)) · up(x)), SwiGLU (silu) or GeGLU (gelu, tanh approximation),
+/// with gate and up as two projections (LLaMA) or as the two halves of one `gate_up_proj` (GLM,
+/// gate first; ChatGLM names it `dense_h_to_4h` and the down projection `dense_4h_to_h`).
 struct Mlp : torch::nn::Module {
   std::shared_ptr<Linear> gate_proj, up_proj, gate_up_proj, down_proj;
+  Activation activation = Activation::kSilu;
   Mlp(const MlpSpec& spec, int64_t hidden, const ModuleNames& names, const ParamFactory& o);
   /// `output_unread`: the result's values will not be read (only back-propagated through), so
   /// the down projection's product — a third of the MLP's forward — is skipped. In the first
@@ -240,7 +251,7 @@ struct Mlp : torch::nn::Module {
 };
 
 /// A decoder layer as `spec` says: its attention, its MLP, and the norms of spec.norms under
-/// their names (before each sublayer always, after it where named: glm4).
+/// their names (before each sublayer always, after it where named: glm4, Gemma).
 struct DecoderLayer : torch::nn::Module {
   std::shared_ptr<Attention> self_attn;
   std::shared_ptr<Mlp> mlp;
@@ -259,7 +270,7 @@ struct DecoderLayer : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& attention_mask, KvCache* cache = nullptr,
                      bool output_unread = false, const DocumentSpans* spans = nullptr) {
-    // A norm after a sublayer (glm4) reads its output's values.
+    // A norm after a sublayer (glm4, Gemma) reads its output's values.
     const at::Tensor kept = output_unread && !after_attention ? kept_for_recompute() : at::Tensor();
     at::Tensor a = self_attn->forward(before_attention->forward(x), cos, sin, attention_mask, cache,
                                       spans, /*output_unread=*/kept.defined());
@@ -277,15 +288,18 @@ struct DecoderLayer : torch::nn::Module {
 /// [V, H], labels [N] (int64). Returns an fp32 scalar. When gradients are recorded, each
 /// chunk's gradients are formed in forward while its logits exist (backward scales them), except
 /// in fp16, whose loss scale must reach the products: there backward recomputes the logits.
-/// `eager_gradients` false always recomputes (tests).
+/// `eager_gradients` false always recomputes (tests). `softcap` > 0: the logits are
+/// cap · tanh(z / cap) (Gemma 2's final_logit_softcapping), the gradients through the tanh; the
+/// fused kernel is then not used.
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                 const at::Tensor& labels, int64_t chunk,
-                                bool eager_gradients = true);
+                                bool eager_gradients = true, double softcap = 0.0);
 
 /// Each row's mean logit over the vocabulary, [N] fp32 without gradient: mean_v (hidden · wᵀ)_v
-/// = hidden · mean_v w_v, one vector product instead of the [N, vocab] logits, exact for a
-/// linear head (a head that transforms its logits, such as soft-capping, must average them).
-at::Tensor row_mean_logits(const at::Tensor& hidden, const at::Tensor& weight);
+/// = hidden · mean_v w_v, one vector product instead of the [N, vocab] logits; with `softcap`
+/// the capped logits, averaged a chunk of rows at a time.
+at::Tensor row_mean_logits(const at::Tensor& hidden, const at::Tensor& weight,
+                           double softcap = 0.0);
 
 /// The same cross-entropies per row, [N] fp32 (0 where label is -100), for losses that weigh
 /// rows differently (preference training): backward takes each row's own gradient. With a
@@ -294,6 +308,6 @@ at::Tensor row_mean_logits(const at::Tensor& hidden, const at::Tensor& weight);
 /// (`eager_gradients` false always recomputes: tests).
 at::Tensor linear_token_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                       const at::Tensor& labels, int64_t chunk,
-                                      bool eager_gradients = true);
+                                      bool eager_gradients = true, double softcap = 0.0);
 
 }  // namespace zt::model

@@ -30,11 +30,20 @@ void chunk_products(const at::Tensor& dl, const at::Tensor& h, const at::Tensor&
 // hidden-state gradient, contiguous; undefined: not wanted).
 void add_chunk_gradients(at::Tensor& p, const at::Tensor& y, const at::Tensor& scale,
                          const at::Tensor& h, const at::Tensor& weight, at::Tensor grad_rows,
-                         bool weight_grad, at::Tensor& grad_weight) {
+                         bool weight_grad, at::Tensor& grad_weight,
+                         const at::Tensor& capped = at::Tensor(), double cap = 0.0) {
   p.scatter_add_(1, y.clamp_min(0).unsqueeze(1), at::full({p.size(0), 1}, -1.0, p.options()));
   at::Tensor mask = y.ne(-100).to(at::kFloat).unsqueeze(1);
   p.mul_(scale.defined() ? mask * scale : mask);
+  // Soft-capped logits c = cap·tanh(z / cap): dc/dz = 1 − (c / cap)².
+  if (capped.defined()) p.mul_(1.0 - (capped / cap).square());
   chunk_products(p.to(h.scalar_type()), h, weight, std::move(grad_rows), weight_grad, grad_weight);
+}
+
+// A chunk's logits in fp32, soft-capped to cap · tanh(z / cap) when `cap` > 0 (Gemma 2).
+at::Tensor chunk_logits(const at::Tensor& h, const at::Tensor& weight, double cap) {
+  at::Tensor z = at::matmul(h, weight.t()).to(at::kFloat);
+  return cap > 0 ? at::tanh(z / cap) * cap : z;
 }
 
 // Backward by recomputation, from the inputs forward saved (hidden, weight, labels) and the
@@ -48,6 +57,7 @@ std::pair<at::Tensor, at::Tensor> recomputed_gradients(torch::autograd::Autograd
   const at::Tensor& weight = saved[1];
   const at::Tensor& labels = saved[2];
   const int64_t chunk = ctx->saved_data["chunk"].toInt();
+  const double cap = ctx->saved_data["softcap"].toDouble();
   at::Tensor grad_hidden = at::empty(hidden.sizes(), hidden.options());  // contiguous rows
   at::Tensor grad_weight;
   const bool per_row = g.dim() == 1;
@@ -55,10 +65,12 @@ std::pair<at::Tensor, at::Tensor> recomputed_gradients(torch::autograd::Autograd
   for (int64_t lo = 0; lo < n; lo += chunk) {
     const int64_t len = std::min(chunk, n - lo);
     at::Tensor h = hidden.narrow(0, lo, len);
-    at::Tensor p = at::softmax(at::matmul(h, weight.t()).to(at::kFloat), 1);
+    const at::Tensor logits = chunk_logits(h, weight, cap);
+    at::Tensor p = at::softmax(logits, 1);
     add_chunk_gradients(p, labels.narrow(0, lo, len),
                         per_row ? g.narrow(0, lo, len).unsqueeze(1) : g, h, weight,
-                        grad_hidden.narrow(0, lo, len), ctx->needs_input_grad(1), grad_weight);
+                        grad_hidden.narrow(0, lo, len), ctx->needs_input_grad(1), grad_weight,
+                        cap > 0 ? logits : at::Tensor(), cap);
   }
   return {grad_hidden, grad_weight};
 }
@@ -75,13 +87,14 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
                             const at::Tensor& weight, const at::Tensor& labels, int64_t chunk,
-                            bool eager_hidden, bool eager_weight) {
+                            bool eager_hidden, bool eager_weight, double cap) {
     const bool eager = eager_hidden || eager_weight;
     if (eager) {
       ctx->saved_data["eager"] = true;
     } else {
       ctx->save_for_backward({hidden, weight, labels});
       ctx->saved_data["chunk"] = chunk;
+      ctx->saved_data["softcap"] = cap;
     }
     at::Tensor losses = at::empty({hidden.size(0)}, hidden.options().dtype(at::kFloat));
     at::Tensor grad_hidden, grad_weight;
@@ -92,7 +105,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       at::Tensor h = hidden.narrow(0, lo, len);
       at::Tensor y = labels.narrow(0, lo, len);
       at::Tensor logits = at::matmul(h, weight.t());
-      if (kernels::fused_cross_entropy_applies(logits, y)) {
+      if (cap == 0 && kernels::fused_cross_entropy_applies(logits, y)) {
         // One kernel: the rows' losses, and with `eager` d loss / d logits over the logits.
         losses.narrow(0, lo, len).copy_(kernels::fused_cross_entropy(logits, y, eager));
         if (eager) {
@@ -104,14 +117,16 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       }
       at::Tensor valid = y.ne(-100);
       logits = logits.to(at::kFloat);
+      if (cap > 0) logits = at::tanh(logits / cap) * cap;
       at::Tensor target = logits.gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);
       at::Tensor lse = at::logsumexp(logits, 1);
       losses.narrow(0, lo, len).copy_((lse - target) * valid);
       if (!eager) continue;
+      const at::Tensor capped = cap > 0 ? logits.clone() : at::Tensor();
       logits.sub_(lse.unsqueeze(1)).exp_();  // the softmax, in the logits' memory
       add_chunk_gradients(logits, y, at::Tensor(), h, weight,
                           eager_hidden ? grad_hidden.narrow(0, lo, len) : at::Tensor(),
-                          eager_weight, grad_weight);
+                          eager_weight, grad_weight, capped, cap);
     }
     const at::Tensor total = losses.sum();
     if (eager) {
@@ -132,10 +147,12 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       ctx->saved_data.erase("grad_weight");
       if (grad_hidden.defined()) grad_hidden.mul_(g);
       if (grad_weight.defined()) grad_weight.mul_(g);
-      return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+      return {grad_hidden,  grad_weight,  at::Tensor(), at::Tensor(),
+              at::Tensor(), at::Tensor(), at::Tensor()};
     }
     auto [grad_hidden, grad_weight] = recomputed_gradients(ctx, g);
-    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_hidden,  grad_weight,  at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -148,13 +165,14 @@ class LinearTokenCrossEntropy : public torch::autograd::Function<LinearTokenCros
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
                             const at::Tensor& weight, const at::Tensor& labels, int64_t chunk,
-                            bool eager) {
+                            bool eager, double cap) {
     at::Tensor grad_hidden, unused;
     if (eager) {
       grad_hidden = at::empty(hidden.sizes(), hidden.options());  // contiguous rows
     } else {
       ctx->save_for_backward({hidden, weight, labels});
       ctx->saved_data["chunk"] = chunk;
+      ctx->saved_data["softcap"] = cap;
     }
     at::Tensor losses = at::empty({hidden.size(0)}, hidden.options().dtype(at::kFloat));
     const int64_t n = hidden.size(0);
@@ -163,19 +181,21 @@ class LinearTokenCrossEntropy : public torch::autograd::Function<LinearTokenCros
       at::Tensor h = hidden.narrow(0, lo, len);
       at::Tensor y = labels.narrow(0, lo, len);
       at::Tensor logits = at::matmul(h, weight.t());
-      if (kernels::fused_cross_entropy_applies(logits, y)) {
+      if (cap == 0 && kernels::fused_cross_entropy_applies(logits, y)) {
         losses.narrow(0, lo, len).copy_(kernels::fused_cross_entropy(logits, y, eager));
         if (eager) chunk_products(logits, h, weight, grad_hidden.narrow(0, lo, len), false, unused);
         continue;
       }
       logits = logits.to(at::kFloat);
+      if (cap > 0) logits = at::tanh(logits / cap) * cap;
       at::Tensor target = logits.gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);
       at::Tensor lse = at::logsumexp(logits, 1);
       losses.narrow(0, lo, len).copy_((lse - target) * y.ne(-100));
       if (!eager) continue;
+      const at::Tensor capped = cap > 0 ? logits.clone() : at::Tensor();
       logits.sub_(lse.unsqueeze(1)).exp_();  // the softmax, in the logits' memory
       add_chunk_gradients(logits, y, at::Tensor(), h, weight, grad_hidden.narrow(0, lo, len), false,
-                          unused);
+                          unused, capped, cap);
     }
     if (eager) ctx->saved_data["grad_hidden"] = grad_hidden;
     return losses;
@@ -189,17 +209,31 @@ class LinearTokenCrossEntropy : public torch::autograd::Function<LinearTokenCros
       at::Tensor grad_hidden = ctx->saved_data["grad_hidden"].toTensor();
       ctx->saved_data.erase("grad_hidden");
       grad_hidden.mul_(g.unsqueeze(1));
-      return {grad_hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+      return {grad_hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
     auto [grad_hidden, grad_weight] = recomputed_gradients(ctx, g);
-    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor row_mean_logits(const at::Tensor& hidden, const at::Tensor& weight) {
+at::Tensor row_mean_logits(const at::Tensor& hidden, const at::Tensor& weight, double softcap) {
   at::NoGradGuard no_grad;
+  if (softcap > 0) {
+    // Capped logits are no linear function of the hidden states: averaged as they are, a chunk
+    // of rows at a time.
+    constexpr int64_t kChunk = 1024;
+    const int64_t n = hidden.size(0);
+    at::Tensor out = at::empty({n}, hidden.options().dtype(at::kFloat));
+    for (int64_t lo = 0; lo < n; lo += kChunk) {
+      const int64_t len = std::min(kChunk, n - lo);
+      out.narrow(0, lo, len)
+          .copy_(
+              chunk_logits(hidden.detach().narrow(0, lo, len), weight.detach(), softcap).mean(1));
+    }
+    return out;
+  }
   // Summed in fp32 (a bf16 sum over 150k rows would lose the digits that matter), a block of
   // rows at a time: never an fp32 copy of the whole [vocab, hidden] weight.
   constexpr int64_t kRows = 16384;
@@ -212,20 +246,22 @@ at::Tensor row_mean_logits(const at::Tensor& hidden, const at::Tensor& weight) {
 }
 
 at::Tensor linear_token_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
-                                      const at::Tensor& labels, int64_t chunk,
-                                      bool eager_gradients) {
+                                      const at::Tensor& labels, int64_t chunk, bool eager_gradients,
+                                      double softcap) {
   const bool eager = eager_gradients && at::GradMode::is_enabled() && hidden.requires_grad() &&
                      !weight.requires_grad() && hidden.scalar_type() != at::kHalf;
-  return LinearTokenCrossEntropy::apply(hidden, weight, labels, std::max<int64_t>(1, chunk), eager);
+  return LinearTokenCrossEntropy::apply(hidden, weight, labels, std::max<int64_t>(1, chunk), eager,
+                                        softcap);
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
-                                const at::Tensor& labels, int64_t chunk, bool eager_gradients) {
+                                const at::Tensor& labels, int64_t chunk, bool eager_gradients,
+                                double softcap) {
   const bool grads =
       eager_gradients && at::GradMode::is_enabled() && hidden.scalar_type() != at::kHalf;
   return LinearCrossEntropy::apply(hidden, weight, labels, std::max<int64_t>(1, chunk),
-                                   grads && hidden.requires_grad(),
-                                   grads && weight.requires_grad());
+                                   grads && hidden.requires_grad(), grads && weight.requires_grad(),
+                                   softcap);
 }
 
 }  // namespace zt::model

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "model/blocks.hpp"
 #include "support/catch.hpp"
 #include "zerotrain/comm.hpp"
 #include "zerotrain/config.hpp"
@@ -49,6 +50,46 @@ void check_same_model(const ModelConfig& got, const ModelConfig& want, bool same
   CHECK(got.pad_token_id == want.pad_token_id);
   if (same_dtype) CHECK(got.dtype == want.dtype);
   CHECK(got.parameter_count() == want.parameter_count());
+  // What the family composes from its own members (soft-caps, layer types, ...): every block.
+  const model::DecoderSpec a = model::decoder_spec(got), b = model::decoder_spec(want);
+  CHECK(a.scale_embeddings == b.scale_embeddings);
+  CHECK(a.logit_softcap == b.logit_softcap);
+  CHECK(a.final_norm.eps == b.final_norm.eps);
+  CHECK(a.final_norm.unit_offset == b.final_norm.unit_offset);
+  REQUIRE(a.rotaries.size() == b.rotaries.size());
+  for (size_t i = 0; i < a.rotaries.size(); ++i) {
+    INFO("rotary " << i);
+    CHECK(a.rotaries[i].theta == b.rotaries[i].theta);
+    CHECK(a.rotaries[i].scaling.type == b.rotaries[i].scaling.type);
+    CHECK(a.rotaries[i].scaling.factor == b.rotaries[i].scaling.factor);
+    CHECK(a.rotaries[i].rotary_dim == b.rotaries[i].rotary_dim);
+    CHECK(a.rotaries[i].interleaved == b.rotaries[i].interleaved);
+  }
+  REQUIRE(a.layers.size() == b.layers.size());
+  for (size_t i = 0; i < a.layers.size(); ++i) {
+    INFO("layer " << i);
+    const model::LayerSpec &x = a.layers[i], &y = b.layers[i];
+    CHECK(x.attention.heads == y.attention.heads);
+    CHECK(x.attention.kv_heads == y.attention.kv_heads);
+    CHECK(x.attention.head_dim == y.attention.head_dim);
+    CHECK(x.attention.qkv_bias == y.attention.qkv_bias);
+    CHECK(x.attention.o_bias == y.attention.o_bias);
+    CHECK(x.attention.qk_norm.has_value() == y.attention.qk_norm.has_value());
+    CHECK(x.attention.window == y.attention.window);
+    CHECK(x.attention.scale == y.attention.scale);
+    CHECK(x.attention.softcap == y.attention.softcap);
+    CHECK(x.attention.rotary == y.attention.rotary);
+    CHECK(x.mlp.intermediate == y.mlp.intermediate);
+    CHECK(x.mlp.bias == y.mlp.bias);
+    CHECK(x.mlp.fused_gate_up == y.mlp.fused_gate_up);
+    CHECK(x.mlp.activation == y.mlp.activation);
+    CHECK(x.norm.eps == y.norm.eps);
+    CHECK(x.norm.unit_offset == y.norm.unit_offset);
+    CHECK(x.norms.before_attention == y.norms.before_attention);
+    CHECK(x.norms.after_attention == y.norms.after_attention);
+    CHECK(x.norms.before_mlp == y.norms.before_mlp);
+    CHECK(x.norms.after_mlp == y.norms.after_mlp);
+  }
 }
 namespace {
 

@@ -6,20 +6,12 @@
 #include "zerotrain/error.hpp"
 
 namespace zt::model::decoder {
-namespace {
 
 using json::ObjectReader;
 
-// The RoPE block: 4.x rope_theta + rope_scaling, or 5.x rope_parameters.
-void read_rope(ObjectReader& top, ModelConfig& c) {
-  std::optional<ObjectReader> params = top.object("rope_parameters");
-  std::optional<ObjectReader> scaling = top.object("rope_scaling");
-  if (auto v = top.number("rope_theta", 1e-12)) c.rope_theta = *v;
-  std::optional<ObjectReader>& r = params ? params : scaling;
-  if (!r) return;
-  if (params) {
-    if (auto v = params->number("rope_theta", 1e-12)) c.rope_theta = *v;
-  }
+void read_rope_block(ObjectReader& block, double& theta, RopeScaling& scaling) {
+  ObjectReader* r = &block;
+  if (auto v = r->number("rope_theta", 1e-12)) theta = *v;
   std::optional<std::string> type = r->string("rope_type");
   if (!type) type = r->string("type");
   if (!type) type = std::string("default");
@@ -29,20 +21,37 @@ void read_rope(ObjectReader& top, ModelConfig& c) {
                                            "default, linear, llama3",
                                            *type));
   }
-  c.rope_scaling.type = *type;
+  scaling.type = *type;
   if (*type == "default") return;
   std::optional<double> factor = r->number("factor", 1e-12);
   if (!factor) r->fail("factor", fmt::format("a scaling factor for RoPE type \"{}\"", *type));
-  c.rope_scaling.factor = *factor;
+  scaling.factor = *factor;
   if (*type == "llama3") {
-    if (auto v = r->number("low_freq_factor", 1e-12)) c.rope_scaling.low_freq_factor = *v;
-    if (auto v = r->number("high_freq_factor", 1e-12)) c.rope_scaling.high_freq_factor = *v;
+    if (auto v = r->number("low_freq_factor", 1e-12)) scaling.low_freq_factor = *v;
+    if (auto v = r->number("high_freq_factor", 1e-12)) scaling.high_freq_factor = *v;
     std::optional<int64_t> orig = r->integer("original_max_position_embeddings", 1);
     if (!orig) r->fail("original_max_position_embeddings", "an integer for llama3 RoPE scaling");
-    c.rope_scaling.original_max_position_embeddings = *orig;
-    if (c.rope_scaling.high_freq_factor <= c.rope_scaling.low_freq_factor) {
+    scaling.original_max_position_embeddings = *orig;
+    if (scaling.high_freq_factor <= scaling.low_freq_factor) {
       r->fail_value("high_freq_factor", "must exceed low_freq_factor");
     }
+  }
+}
+
+namespace {
+
+// The RoPE settings: 4.x rope_theta + rope_scaling, or 5.x rope_parameters. rope_parameters
+// with one block per layer type (Gemma 3) is left to the family.
+void read_rope(ObjectReader& top, ModelConfig& c) {
+  std::optional<ObjectReader> params = top.object("rope_parameters");
+  std::optional<ObjectReader> scaling = top.object("rope_scaling");
+  if (auto v = top.number("rope_theta", 1e-12)) c.rope_theta = *v;
+  if (params && (params->has("full_attention") || params->has("sliding_attention"))) return;
+  if (params) {
+    read_rope_block(*params, c.rope_theta, c.rope_scaling);
+  } else if (scaling) {
+    double unused = c.rope_theta;  // 4.x keeps theta at the top
+    read_rope_block(*scaling, unused, c.rope_scaling);
   }
 }
 
@@ -54,7 +63,7 @@ int64_t required_size(ObjectReader& r, const char* key, int64_t max) {
   return *v;
 }
 
-void read_common(ObjectReader& r, ModelConfig& c) {
+void read_common(ObjectReader& r, ModelConfig& c, std::string_view activation) {
   auto required = [&](const char* key, int64_t max) { return required_size(r, key, max); };
   c.vocab_size = required("vocab_size", int64_t{1} << 31);
   c.hidden_size = required("hidden_size", int64_t{1} << 20);
@@ -83,8 +92,9 @@ void read_common(ObjectReader& r, ModelConfig& c) {
   if (auto v = r.number("initializer_range", 0.0)) c.initializer_range = *v;
   read_rope(r, c);
   if (auto v = r.boolean("tie_word_embeddings")) c.tie_word_embeddings = *v;
-  if (auto act = r.string("hidden_act"); act && *act != "silu") {
-    r.fail_value("hidden_act", fmt::format("\"{}\" is not supported; the decoder uses silu", *act));
+  if (auto act = r.string("hidden_act"); act && *act != activation) {
+    r.fail_value("hidden_act",
+                 fmt::format("\"{}\" is not supported; the decoder uses {}", *act, activation));
   }
 }
 

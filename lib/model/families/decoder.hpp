@@ -4,6 +4,7 @@
 #pragma once
 
 #include <optional>
+#include <string_view>
 
 #include <rapidjson/document.h>
 
@@ -17,8 +18,12 @@ using Alloc = rapidjson::Document::AllocatorType;
 /// A size that must be there: a positive integer up to `max`, so that no product overflows and
 /// a corrupt file is refused before anything is allocated.
 int64_t required_size(json::ObjectReader& r, const char* key, int64_t max);
-/// The shared members of a transformers decoder's config.json.
-void read_common(json::ObjectReader& r, ModelConfig& c);
+/// One RoPE block (5.x rope_parameters, 4.x rope_scaling): its rope_theta when there, its type
+/// (default, linear, llama3; others refused by key) and factors.
+void read_rope_block(json::ObjectReader& block, double& theta, RopeScaling& scaling);
+/// The shared members of a transformers decoder's config.json; `hidden_act`, when given, must
+/// be the family's `activation`.
+void read_common(json::ObjectReader& r, ModelConfig& c, std::string_view activation = "silu");
 /// attention_bias (q/k/v and o_proj) and mlp_bias, as llama and mistral read them.
 void read_projection_biases(json::ObjectReader& r, ModelConfig& c);
 /// partial_rotary_factor (default `otherwise`), at the top (4.x) or in rope_parameters (5.x):

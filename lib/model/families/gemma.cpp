@@ -1,0 +1,154 @@
+// See gemma.hpp.
+#include "model/families/gemma.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "model/families/decoder.hpp"
+
+namespace zt::model::gemma {
+namespace {
+
+// A soft-cap: absent takes `otherwise`, null turns it off, a number must be positive.
+std::optional<double> read_softcap(json::ObjectReader& r, const char* key,
+                                   std::optional<double> otherwise) {
+  if (!r.has(key)) return otherwise;
+  const rapidjson::Value* v = r.find(key);
+  if (v == nullptr || v->IsNull()) return std::nullopt;
+  if (!v->IsNumber() || !(v->GetDouble() > 0.0)) {
+    r.fail_value(key, "a soft-cap must be a positive number, or null for none");
+  }
+  return v->GetDouble();
+}
+
+const Settings& settings_of(const ModelConfig& c) {
+  static const Settings defaults;
+  const auto* s = dynamic_cast<const Settings*>(c.family_settings.get());
+  return s != nullptr ? *s : defaults;
+}
+
+}  // namespace
+
+void read(json::ObjectReader& r, ModelConfig& c, bool gemma3) {
+  decoder::read_common(r, c, "gelu_pytorch_tanh");
+  if (!r.has("head_dim")) c.head_dim = 256;  // Gemma's configs' default, not hidden / heads
+  if (auto act = r.string("hidden_activation"); act && *act != "gelu_pytorch_tanh") {
+    r.fail_value("hidden_activation",
+                 fmt::format("\"{}\" is not supported; Gemma uses gelu_pytorch_tanh", *act));
+  }
+  auto s = std::make_shared<Settings>();
+  s->qk_norm = gemma3;
+  if (auto v = r.number("query_pre_attn_scalar", 1e-12)) s->query_pre_attn_scalar = *v;
+  s->attn_softcap = read_softcap(r, "attn_logit_softcapping",
+                                 gemma3 ? std::nullopt : std::optional<double>(50.0));
+  s->final_softcap = read_softcap(r, "final_logit_softcapping",
+                                  gemma3 ? std::nullopt : std::optional<double>(30.0));
+  if (auto w = r.integer("sliding_window", 1)) s->window = *w;
+  const int64_t layers = c.num_hidden_layers;
+  const rapidjson::Value* types = r.find("layer_types");
+  if (types != nullptr && !types->IsNull()) {
+    if (!types->IsArray() || static_cast<int64_t>(types->Size()) != layers) {
+      r.fail_value("layer_types", fmt::format("expected a list of {} layer types (one per layer "
+                                              "of num_hidden_layers)",
+                                              layers));
+    }
+    for (rapidjson::SizeType i = 0; i < types->Size(); ++i) {
+      const rapidjson::Value& t = (*types)[i];
+      const std::string type = t.IsString() ? json::text(t) : "";
+      if (type != "sliding_attention" && type != "full_attention") {
+        r.fail_value("layer_types", fmt::format("layer {}: expected \"sliding_attention\" or "
+                                                "\"full_attention\"",
+                                                i));
+      }
+      s->sliding.push_back(type == "sliding_attention");
+    }
+  } else {
+    // transformers' default: every pattern-th layer global (Gemma 2: 2, Gemma 3: 6).
+    const int64_t pattern = gemma3 ? r.integer("sliding_window_pattern", 1).value_or(6) : 2;
+    for (int64_t i = 0; i < layers; ++i) s->sliding.push_back((i + 1) % pattern != 0);
+  }
+  if (gemma3) {
+    if (auto v = r.number("rope_local_base_freq", 1e-12)) s->local_theta = *v;
+    if (std::optional<json::ObjectReader> p = r.object("rope_parameters")) {
+      // 5.x: one block per layer type.
+      if (std::optional<json::ObjectReader> global = p->object("full_attention"))
+        decoder::read_rope_block(*global, c.rope_theta, c.rope_scaling);
+      if (std::optional<json::ObjectReader> local = p->object("sliding_attention"))
+        decoder::read_rope_block(*local, s->local_theta, s->local_scaling);
+    }
+  }
+  r.known({"attention_bias", "attention_dropout", "sliding_window_pattern",
+           "_sliding_window_pattern", "use_bidirectional_attention", "cache_implementation"});
+  if (auto v = r.boolean("attention_bias"); v && *v)
+    r.fail_value("attention_bias", "Gemma's projections have no biases");
+  if (auto v = r.boolean("use_bidirectional_attention"); v && *v)
+    r.fail_value("use_bidirectional_attention", "the decoder attends causally; set it to false");
+  c.family_settings = std::move(s);
+}
+
+DecoderSpec compose(const ModelConfig& c) {
+  const Settings& s = settings_of(c);
+  DecoderSpec d = shared_decoder(c);
+  d.scale_embeddings = true;
+  d.logit_softcap = s.final_softcap;
+  d.final_norm.unit_offset = true;
+  if (s.qk_norm) {
+    RotarySpec local = d.rotaries.front();
+    local.theta = s.local_theta;
+    local.scaling = s.local_scaling;
+    d.rotaries.push_back(local);
+  }
+  for (size_t i = 0; i < d.layers.size(); ++i) {
+    LayerSpec& l = d.layers[i];
+    const bool sliding = i < s.sliding.size() ? s.sliding[i] : (i + 1) % 2 != 0;
+    l.norm.unit_offset = true;
+    l.norms.before_attention = "input_layernorm";
+    l.norms.after_attention = "post_attention_layernorm";
+    l.norms.before_mlp = "pre_feedforward_layernorm";
+    l.norms.after_mlp = "post_feedforward_layernorm";
+    l.mlp.activation = Activation::kGeluTanh;
+    l.attention.scale = 1.0 / std::sqrt(s.query_pre_attn_scalar);
+    l.attention.softcap = s.attn_softcap;
+    l.attention.window = sliding ? std::optional<int64_t>(s.window) : std::nullopt;
+    if (s.qk_norm) {
+      l.attention.qk_norm = NormSpec{c.rms_norm_eps, /*unit_offset=*/true};
+      if (sliding) l.attention.rotary = 1;
+    }
+  }
+  return d;
+}
+
+void write(rapidjson::Document& doc, const ModelConfig& c, const char* architecture) {
+  const Settings& s = settings_of(c);
+  decoder::write_common(doc, c, architecture);
+  decoder::Alloc& alloc = doc.GetAllocator();
+  const auto put = [&](const char* key, rapidjson::Value v) {
+    decoder::set_member(doc, key, std::move(v), alloc);
+  };
+  const auto cap = [](const std::optional<double>& v) {
+    return v ? rapidjson::Value(*v) : rapidjson::Value(rapidjson::kNullType);
+  };
+  put("hidden_act", rapidjson::Value("gelu_pytorch_tanh", alloc));
+  put("hidden_activation", rapidjson::Value("gelu_pytorch_tanh", alloc));
+  put("query_pre_attn_scalar", rapidjson::Value(s.query_pre_attn_scalar));
+  put("attn_logit_softcapping", cap(s.attn_softcap));
+  put("final_logit_softcapping", cap(s.final_softcap));
+  put("sliding_window", rapidjson::Value(s.window));
+  put("attention_bias", rapidjson::Value(false));
+  rapidjson::Value types(rapidjson::kArrayType);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const bool sliding = static_cast<size_t>(i) < s.sliding.size()
+                             ? s.sliding[static_cast<size_t>(i)]
+                             : (i + 1) % 2 != 0;
+    types.PushBack(rapidjson::Value(sliding ? "sliding_attention" : "full_attention", alloc),
+                   alloc);
+  }
+  put("layer_types", std::move(types));
+  if (s.qk_norm) put("rope_local_base_freq", rapidjson::Value(s.local_theta));
+  decoder::write_token_ids(doc, c);
+}
+
+}  // namespace zt::model::gemma
