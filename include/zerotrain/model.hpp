@@ -1,6 +1,6 @@
-// Decoder-only LLMs as transformers builds them (LLaMA, Qwen2/3, Mistral, Phi-3/4, Gemma 2/3,
-// GLM): the configuration from an HF config.json, the model in LibTorch with HF's parameter
-// names, weight loading and saving, and generation.
+// Decoder-only LLMs as transformers builds them (LLaMA, Qwen2, Mistral, GLM, GLM-4): the
+// configuration from an HF config.json, the model in LibTorch with HF's parameter names, weight
+// loading and saving, and generation.
 //
 // Thread-safety: a CausalLM is used by one thread at a time (as any torch::nn::Module).
 #pragma once
@@ -44,7 +44,7 @@ struct QuantizationConfig {
 /// What an HF config.json says about a decoder, in either spelling: transformers 4.x
 /// (`torch_dtype`, `rope_theta`, `rope_scaling`) or 5.x (`dtype`, `rope_parameters`).
 struct ModelConfig {
-  std::string model_type;  ///< a family of model::families(): llama, qwen2, qwen3, gemma2, ...
+  std::string model_type;  ///< llama | qwen2 | mistral | glm | glm4 | chatglm
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
