@@ -380,22 +380,17 @@ TEST_CASE("the first hour's messages: the method, the next command, options befo
   zt::files::write_atomic(dir + "/kto.jsonl",
                           R"({"prompt": "Q", "completion": " a", "label": true})"
                           "\n");
-  zt::files::write_atomic(dir + "/pair.jsonl",
-                          R"({"prompt": "Q", "chosen": " a", "rejected": " b"})"
-                          "\n");
-  Ran pair_as_sft =
-      cli(fmt::format("{} --output_dir '{}/x1' --train_file '{}/pair.jsonl'", common, dir, dir));
-  CHECK(pair_as_sft.status != 0);
-  CHECK_THAT(pair_as_sft.output, Contains("pair.jsonl:1") && Contains("--stage dpo"));
-  // Every layout of pairs: LLaMA-Factory's alpaca and messages ones too.
-  zt::files::write_atomic(dir + "/pair2.jsonl",
-                          R"({"instruction": "Q", "chosen": " a", "rejected": " b"})"
-                          "\n");
-  Ran alpaca_pair =
-      cli(fmt::format("{} --output_dir '{}/x3' --train_file '{}/pair2.jsonl'", common, dir, dir));
-  CHECK(alpaca_pair.status != 0);
-  CHECK_THAT(alpaca_pair.output,
-             Contains("pair2.jsonl:1") && Contains("--stage dpo") && !Contains("skip_bad_lines"));
+  // Every layout of pairs: TRL's, and LLaMA-Factory's alpaca one.
+  for (const char* record : {R"({"prompt": "Q", "chosen": " a", "rejected": " b"})",
+                             R"({"instruction": "Q", "chosen": " a", "rejected": " b"})"}) {
+    INFO(record);
+    zt::files::write_atomic(dir + "/pair.jsonl", std::string(record) + "\n");
+    Ran pair_as_sft =
+        cli(fmt::format("{} --output_dir '{}/x1' --train_file '{}/pair.jsonl'", common, dir, dir));
+    CHECK(pair_as_sft.status != 0);
+    CHECK_THAT(pair_as_sft.output,
+               Contains("pair.jsonl:1") && Contains("--stage dpo") && !Contains("skip_bad_lines"));
+  }
   Ran kto_as_dpo = cli(fmt::format(
       "{} --output_dir '{}/x2' --train_file '{}/kto.jsonl' --stage dpo", common, dir, dir));
   CHECK(kto_as_dpo.status != 0);
