@@ -29,6 +29,8 @@
 #   bench/gpu_session.sh parity           per-layer hidden states of a Qwen2.5-7B-shaped model against transformers
 #                                         (SHAPE=glm-4-9b: a GLM-4-9B-shaped one)
 #   bench/gpu_session.sh glm              the GLM-4-9B-shaped LoRA step beside the peer (extended with that shape)
+#   bench/gpu_session.sh families         LoRA on the Qwen3-8B, Gemma-3-12B, Gemma-2-9B and Phi-4 shapes beside
+#                                         the peer (COMPILED=1 too), QLoRA Qwen3-14B's peak memory
 #   bench/gpu_session.sh compare          before/after: the models, micro and glm rows of this tree and of
 #                                         zt-before/ (git archive REV | tar -x -C zt-before), alternately
 #   bench/gpu_session.sh varlen           LoRA 7B on real lengths (the peer's varlen_lengths): padded, and packed
@@ -325,6 +327,17 @@ for phase in "$@"; do
             sed "s/^RESULT /RESULT $side /" | tee -a "$results/compare.jsonl" || true
         done
       done
+      ;;
+    families)
+      # [1/7]: LoRA r16 all-linear 1024 × 8 on the 2026 families' shapes beside the peer, eager
+      # and compiled (FAMILIES="qwen3-8b:0 phi-4:1" overrides: SHAPE:CKPT), then QLoRA
+      # Qwen3-14B 1024 × 4 with checkpointing (peak memory).
+      for row in ${FAMILIES:-qwen3-8b:0 gemma-3-12b:1 gemma-2-9b:1 phi-4:1}; do
+        IFS=: read -r shape ckpt <<< "$row"
+        ours "$shape" lora 1024 8 "$ckpt" 8
+        peer "$shape" lora 1024 8 "$ckpt"
+      done
+      [ "${QLORA14:-1}" = 1 ] && ours qwen3-14b qlora 1024 4 1 8
       ;;
     glm)
       # GLM-4-9B-shaped LoRA step beside the peer extended with that shape (bench/tools/hf_baseline_glm.py).

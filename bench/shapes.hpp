@@ -47,13 +47,45 @@ inline ModelConfig shape_config(const std::string& shape) {
       "vocab_size": 151552, "tie_word_embeddings": false, "rope_theta": 10000.0,
       "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07, "pad_token_id": 151329,
       "eos_token_id": [151329, 151336, 151338]})";
+  } else if (shape == "qwen3-8b") {  // the families of [1/7], as the peer's SHAPES has them
+    json = R"({"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+      "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": false,
+      "rope_theta": 1000000.0, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6})";
+  } else if (shape == "qwen3-14b") {
+    json = R"({"model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 17408,
+      "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 8,
+      "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": false,
+      "rope_theta": 1000000.0, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6})";
+  } else if (shape == "gemma-2-9b") {
+    json = R"({"model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336,
+      "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8,
+      "head_dim": 256, "vocab_size": 256000, "query_pre_attn_scalar": 256,
+      "sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+      "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+      "hidden_activation": "gelu_pytorch_tanh"})";
+  } else if (shape == "gemma-3-12b") {
+    json = R"({"model_type": "gemma3_text", "hidden_size": 3840, "intermediate_size": 15360,
+      "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 8,
+      "head_dim": 256, "vocab_size": 262208, "query_pre_attn_scalar": 256,
+      "sliding_window": 1024, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+      "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "max_position_embeddings": 131072,
+      "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh"})";
+  } else if (shape == "phi-4") {
+    json = R"({"model_type": "phi3", "hidden_size": 5120, "intermediate_size": 17920,
+      "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 10,
+      "vocab_size": 100352, "rope_theta": 250000.0, "max_position_embeddings": 16384,
+      "original_max_position_embeddings": 16384, "tie_word_embeddings": false,
+      "rms_norm_eps": 1e-5})";
   } else if (shape == "tiny") {  // for smoke tests of the tools  // for smoke tests of the tools
     json = R"({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
       "vocab_size": 256, "tie_word_embeddings": false, "rms_norm_eps": 1e-6})";
   } else {
     throw std::invalid_argument("unknown shape '" + shape +
-                                "' (qwen2.5-7b, qwen2.5-1.5b, llama2-7b, llama2-13b, glm-4-9b)");
+                                "' (qwen2.5-7b, qwen2.5-1.5b, llama2-7b, llama2-13b, llama2-70b, "
+                                "llama3-8b, glm-4-9b, qwen3-8b, qwen3-14b, gemma-2-9b, "
+                                "gemma-3-12b, phi-4)");
   }
   return parse_model_config(json, shape);
 }

@@ -188,9 +188,8 @@ TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
              Contains("model_type") && Contains("gpt2") &&
                  Contains("llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3_text, glm, glm4"));
   CHECK_THAT(err(R"({"model_type": "llama"})"), Contains("vocab_size"));
-  CHECK_THAT(err(R"({"model_type": "llama", "rope_scaling": {"type": "yarn", "factor": 4}, )" +
-                 base + "}"),
-             Contains("yarn") && Contains("default, linear, llama3"));
+  CHECK(err(R"({"model_type": "llama", "rope_scaling": {"type": "yarn", "factor": 4}, )" + base +
+            "}") == "(accepted)");
   CHECK_THAT(err(R"({"model_type": "llama", "num_key_value_heads": 3, )" + base + "}"),
              Contains("num_key_value_heads"));
   CHECK_THAT(err(R"({"model_type": "llama", "hidden_act": "gelu", )" + base + "}"),
@@ -242,10 +241,37 @@ TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
              Contains("mlp_bias"));
   CHECK_THAT(err(R"({"model_type": "phi3", "partial_rotary_factor": 0.3, )" + base + "}"),
              Contains("partial_rotary_factor") && Contains("even"));
-  CHECK_THAT(err(R"({"model_type": "phi3", "rope_scaling": {"type": "longrope", "short_factor": )"
-                 R"([1.0], "long_factor": [1.5]}, )" +
+  // RoPE: a type not built names those that are; LongRoPE's lists hold one factor per rotated
+  // frequency (here head_dim 4: 2); a factor that shrinks the context is refused.
+  CHECK_THAT(err(R"({"model_type": "llama", "rope_scaling": {"type": "su", "factor": 2.0}, )" +
                  base + "}"),
-             Contains("longrope") && Contains("default, linear, llama3"));
+             Contains("rope_type") && Contains("su") && Contains("yarn, longrope"));
+  for (const char* lists : {R"("short_factor": [1.0], "long_factor": [1.5, 2.0])",
+                            R"("short_factor": [1.0, 1.1], "long_factor": [1.5, 2.0, 2.5])"}) {
+    CHECK_THAT(err(std::string(R"({"model_type": "phi3", "rope_scaling": {"type": "longrope", )") +
+                   lists + "}, " + base + "}"),
+               Contains("rope_scaling") && Contains("factor") && Contains("rotary_dim 4"));
+  }
+  CHECK(err(R"({"model_type": "phi3", "rope_scaling": {"type": "longrope", "short_factor": )"
+            R"([1.0, 1.1], "long_factor": [1.5, 2.0]}, )" +
+            base + "}") == "(accepted)");
+  for (const char* bad :
+       {R"("short_factor": [1.0, -1.0], "long_factor": [1.5, 2.0])",
+        R"("short_factor": "1.0", "long_factor": [1.5, 2.0])", R"("long_factor": [1.5, 2.0])"}) {
+    CHECK_THAT(err(std::string(R"({"model_type": "phi3", "rope_scaling": {"type": "longrope", )") +
+                   bad + "}, " + base + "}"),
+               Contains("short_factor") && Contains("positive"));
+  }
+  for (const char* type : {"yarn", "dynamic", "llama3"}) {
+    CHECK_THAT(
+        err(std::string(R"({"model_type": "qwen3", "rope_scaling": {"rope_type": ")") + type +
+            R"(", "factor": 0.5, "original_max_position_embeddings": 8}, )" + base + "}"),
+        Contains("factor") && Contains("at least 1"));
+  }
+  CHECK_THAT(err(R"({"model_type": "qwen3", "rope_scaling": {"rope_type": "yarn", "factor": 4, )"
+                 R"("attention_factor": -1}, )" +
+                 base + "}"),
+             Contains("attention_factor"));
   CHECK_THAT(err(R"({"model_type": "llama", "torch_dtype": "int8", )" + base + "}"),
              Contains("torch_dtype"));
   CHECK_THAT(
@@ -264,7 +290,10 @@ TEST_CASE("logits, hidden states, loss and gradients match transformers", "[mode
   // chatglm: THUDM's remote modeling_chatglm.py (tests/tools/make_chatglm_fixture.py).
   for (const char* name :
        {"llama", "llama_rope_llama3", "llama_rope_linear", "qwen2", "mistral", "glm", "glm4",
-        "chatglm", "qwen3", "mistral_head_dim", "phi3", "gemma2", "gemma3_text"}) {
+        "chatglm", "qwen3", "mistral_head_dim", "phi3", "gemma2", "gemma3_text",
+        // RoPE scalings: yarn (Qwen3's; DeepSeek's members), dynamic NTK, LongRoPE short and long.
+        "qwen3_rope_yarn", "llama_rope_yarn", "llama_rope_dynamic", "phi3_longrope",
+        "phi3_longrope_long"}) {
     INFO("model " << name);
     auto model = load_fixture_model(name);
     SafetensorsFile expected(fixture(std::string("models/") + name + "/expected.safetensors"));

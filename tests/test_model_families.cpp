@@ -66,6 +66,26 @@ TEST_CASE("every family reads back the config.json it writes as the same model",
   }
 }
 
+TEST_CASE("every RoPE scaling reads back from the config.json written for it",
+          "[model][families]") {
+  for (const char* name :
+       {"llama_rope_linear", "llama_rope_llama3", "llama_rope_yarn", "llama_rope_dynamic",
+        "qwen3_rope_yarn", "phi3_longrope", "phi3_longrope_long", "gemma3_text"}) {
+    INFO("fixture " << name);
+    for (const char* file : {"config.json", "config_v4.json"}) {
+      INFO(file);
+      const ModelConfig from_file =
+          load_model_config(std::string(ZT_FIXTURES) + "/models/" + name + "/" + file);
+      CHECK(from_file.rope_scaling.type != "default");
+      ModelConfig inline_config = from_file;
+      inline_config.source_json.clear();
+      test::check_same_model(parse_model_config(model_config_json(inline_config), "written"),
+                             from_file);
+      test::check_same_model(parse_model_config(model_config_json(from_file), "kept"), from_file);
+    }
+  }
+}
+
 TEST_CASE("a family defined outside the library is one definition and one registration",
           "[model][families]") {
   rapidjson::Document doc =

@@ -5,6 +5,7 @@
 #include "support/catch.hpp"
 #include "support/messages.hpp"
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -127,6 +128,30 @@ TEST_CASE("zerotrain's prompt encoders compute what PEFT's do", "[peft][parity]"
     CHECK(max_abs(table,
                   SafetensorsFile(dir + "/adapter_model.safetensors").load("prompt_embeddings")) <
           1e-5);
+  }
+}
+
+TEST_CASE("P-Tuning's virtual tokens enter a decoder that scales its embeddings scaled too",
+          "[peft]") {
+  // PEFT passes the virtual tokens and the token embeddings together as inputs_embeds, which
+  // Gemma's model multiplies by √hidden; LLaMA's multiplies by nothing.
+  for (const auto& [family, scale] :
+       std::vector<std::pair<std::string, double>>{{"gemma2", std::sqrt(64.0)}, {"llama", 1.0}}) {
+    INFO(family);
+    ModelConfig mc = load_model_config(fixture("models/" + family));
+    auto model = std::make_shared<CausalLM>(mc, at::TensorOptions(), false);
+    load_weights(*model, *checkpoint_source(fixture("models/" + family)));
+    PeftConfig c = load_adapter_config(fixture("peft/ptuning_mlp"));
+    apply_peft(*model, c, 3);
+    at::NoGradGuard no_grad;
+    const at::Tensor ids = at::randint(3, 128, {2, 5}, at::kLong);
+    const std::vector<at::Tensor> states = model->hidden_states(ids, at::Tensor());
+    const int64_t n = c.prompt.num_virtual_tokens;
+    const at::Tensor virt = model->prompt_adapter()->virtual_embeddings();
+    CHECK(max_abs(states[0][0].narrow(0, 0, n), virt * scale) < 1e-5);
+    CHECK(max_abs(states[0][1].narrow(0, n, 5),
+                  model->named_parameters()["model.embed_tokens.weight"].index_select(0, ids[1]) *
+                      scale) < 1e-5);
   }
 }
 
@@ -467,6 +492,29 @@ const std::vector<WrittenAdapter>& written_by_zerotrain() {
        {"--finetuning_type", "lora", "--lora_target_modules",
         "query_key_value,dense,dense_h_to_4h,dense_4h_to_h"},
        "chatglm"},
+      // The families of [1/7]: LoRA's defaults (all-linear, under each family's names: Phi-3's
+      // fused qkv_proj and gate_up_proj), P-Tuning where the embeddings are scaled (Gemma:
+      // the virtual tokens with them), prefix tuning over q/k norms and over sliding windows.
+      {"qwen3_lora_all_linear", nullptr, {"--finetuning_type", "lora"}, "qwen3"},
+      {"mistral_head_dim_lora_all_linear",
+       nullptr,
+       {"--finetuning_type", "lora"},
+       "mistral_head_dim"},
+      {"phi3_lora_all_linear", nullptr, {"--finetuning_type", "lora"}, "phi3"},
+      {"gemma2_lora_all_linear", nullptr, {"--finetuning_type", "lora"}, "gemma2"},
+      {"gemma3_lora_all_linear", nullptr, {"--finetuning_type", "lora"}, "gemma3_text"},
+      {"gemma2_ptuning_mlp",
+       nullptr,
+       {"--finetuning_type", "ptuning", "--num_virtual_tokens", "4"},
+       "gemma2"},
+      {"qwen3_prefix",
+       nullptr,
+       {"--finetuning_type", "prefix", "--num_virtual_tokens", "3"},
+       "qwen3"},
+      {"gemma3_prefix",
+       nullptr,
+       {"--finetuning_type", "prefix", "--num_virtual_tokens", "3"},
+       "gemma3_text"},
   };
   return all;
 }

@@ -24,11 +24,23 @@ struct FamilySettings;
 }
 
 struct RopeScaling {
-  std::string type = "default";  ///< default | linear | llama3
+  std::string type = "default";  ///< default | linear | dynamic | llama3 | yarn | longrope
+  /// The context's extension; yarn and longrope without one: max / original positions.
   double factor = 1.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
+  double low_freq_factor = 1.0;   ///< llama3
+  double high_freq_factor = 4.0;  ///< llama3
+  /// The positions the model was pre-trained on (llama3, yarn, longrope).
   int64_t original_max_position_embeddings = 0;
+  /// yarn and longrope: cos and sin are multiplied by this; unset: derived from the factor
+  /// (and, for yarn, mscale / mscale_all_dim) as transformers derives it.
+  std::optional<double> attention_factor;
+  double beta_fast = 32.0, beta_slow = 1.0;      ///< yarn: the ramp's bounds, in rotations
+  std::optional<double> mscale, mscale_all_dim;  ///< yarn (DeepSeek): the attention factor's
+  bool truncate = true;  ///< yarn: the ramp's bounds rounded to whole dimensions (gpt-oss: no)
+  /// longrope: per-frequency divisors (rotary_dim / 2 each), short up to the original
+  /// positions, long beyond.
+  std::vector<double> short_factor, long_factor;
+  bool factor_given = false;  ///< whether `factor` came from the file (written back only then)
 };
 
 /// A 4-bit base for the decoder's projections (QLoRA), in bitsandbytes' blockwise format
@@ -44,7 +56,7 @@ struct QuantizationConfig {
 /// What an HF config.json says about a decoder, in either spelling: transformers 4.x
 /// (`torch_dtype`, `rope_theta`, `rope_scaling`) or 5.x (`dtype`, `rope_parameters`).
 struct ModelConfig {
-  std::string model_type;  ///< llama | qwen2 | mistral | glm | glm4 | chatglm
+  std::string model_type;  ///< a registered family: llama, qwen2, qwen3, mistral, phi3, gemma2, …
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;

@@ -19,17 +19,16 @@ namespace zt::kernels {
 bool fused_rms_norm_applies(const at::Tensor& x, const at::Tensor& weight);
 
 /// transformers' RMSNorm: y = weight · (x_fp32 · r).to(x.dtype), r = rsqrt(mean(x_fp32²) + eps),
-/// returned with r (fp32 [..., 1]). Only where fused_rms_norm_applies().
+/// returned with r (fp32 [..., 1]); `unit_offset`: Gemma's y = (x_fp32 · r · (1 + weight_fp32))
+/// .to(x.dtype). Only where fused_rms_norm_applies().
 std::pair<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& x, const at::Tensor& weight,
-                                                 double eps);
+                                                 double eps, bool unit_offset = false);
 
 /// Gradients of fused_rms_norm from grad_y and the saved x, weight, r; each only when wanted
 /// (else undefined).
-std::pair<at::Tensor, at::Tensor> fused_rms_norm_backward(const at::Tensor& grad_y,
-                                                          const at::Tensor& x,
-                                                          const at::Tensor& weight,
-                                                          const at::Tensor& r, bool want_x,
-                                                          bool want_weight);
+std::pair<at::Tensor, at::Tensor> fused_rms_norm_backward(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& r,
+    bool want_x, bool want_weight, bool unit_offset = false);
 
 /// True when fused_adamw handles these flat tensors or views of the same elements of them:
 /// CUDA, one floating dtype, contiguous, kernels not switched off.
@@ -70,15 +69,16 @@ at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 /// rows at one stride each: a projection's output or a half of a fused one).
 bool fused_swiglu_applies(const at::Tensor& gate, const at::Tensor& up);
 
-/// silu(gate) · up as transformers rounds it; contiguous.
-at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
+/// silu(gate) · up as transformers rounds it (`gelu`: GeGLU's gelu_tanh(gate) · up); contiguous.
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up, bool gelu = false);
 
 /// The gradients of fused_swiglu for `grad`. `halves`: gate and up are the two halves of one
 /// [..., 2I] tensor (gate first) and the result is its gradient, in `.first`; otherwise the
 /// gradients of gate and up.
 std::pair<at::Tensor, at::Tensor> fused_swiglu_backward(const at::Tensor& grad,
                                                         const at::Tensor& gate,
-                                                        const at::Tensor& up, bool halves);
+                                                        const at::Tensor& up, bool halves,
+                                                        bool gelu = false);
 
 /// True when fused_cross_entropy handles logits [rows, vocab] (CUDA, contiguous, a floating
 /// dtype) and labels [rows] (int64 on the same device).
@@ -86,8 +86,10 @@ bool fused_cross_entropy_applies(const at::Tensor& logits, const at::Tensor& lab
 
 /// Per-row cross-entropy (fp32 [rows]; 0 where the label is -100, NaN for a label outside the
 /// vocabulary). `write_grad`: the logits become d loss / d logits (softmax − onehot, 0 on
-/// ignored rows) in place, rounded to their dtype.
-at::Tensor fused_cross_entropy(const at::Tensor& logits, const at::Tensor& labels, bool write_grad);
+/// ignored rows) in place, rounded to their dtype. `softcap` > 0: of the soft-capped logits
+/// softcap · tanh(z / softcap), the gradient taken through the cap.
+at::Tensor fused_cross_entropy(const at::Tensor& logits, const at::Tensor& labels, bool write_grad,
+                               double softcap = 0.0);
 
 /// True when fused_dequantize_4bit handles 4-bit `codes` (contiguous uint8 on a CUDA device)
 /// in blocks of `blocksize` (a power of two), the kernels not switched off.

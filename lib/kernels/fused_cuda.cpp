@@ -94,7 +94,7 @@ bool fused_rms_norm_applies(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 std::pair<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& x, const at::Tensor& weight,
-                                                 double eps) {
+                                                 double eps, bool unit_offset) {
   TORCH_CHECK(fused_rms_norm_applies(x, weight), "fused_rms_norm: tensors it does not handle");
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t hidden = x.size(-1);
@@ -105,7 +105,7 @@ std::pair<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& x, const at::
   at::Tensor r = at::empty(r_shape, x.options().dtype(at::kFloat));
   cuda::check(gpu::rms_norm_forward(*scalar_of(x.scalar_type()), x.data_ptr(), weight.data_ptr(),
                                     y.data_ptr(), r.data_ptr<float>(), rows, hidden,
-                                    static_cast<float>(eps),
+                                    static_cast<float>(eps), unit_offset,
                                     at::cuda::getCurrentCUDAStream(x.device().index())),
               "the fused RMSNorm forward kernel");
   return {y, r};
@@ -115,7 +115,7 @@ std::pair<at::Tensor, at::Tensor> fused_rms_norm_backward(const at::Tensor& grad
                                                           const at::Tensor& x,
                                                           const at::Tensor& weight,
                                                           const at::Tensor& r, bool want_x,
-                                                          bool want_weight) {
+                                                          bool want_weight, bool unit_offset) {
   TORCH_CHECK(fused_rms_norm_applies(x, weight) && r.scalar_type() == at::kFloat &&
                   r.is_contiguous() && r.numel() * x.size(-1) == x.numel() &&
                   grad_y.sizes() == x.sizes(),
@@ -133,12 +133,12 @@ std::pair<at::Tensor, at::Tensor> fused_rms_norm_backward(const at::Tensor& grad
   at::Tensor grad_x = want_x ? at::empty_like(x, at::MemoryFormat::Contiguous) : at::Tensor();
   at::Tensor partial =
       want_weight ? at::empty({blocks, hidden}, x.options().dtype(at::kFloat)) : at::Tensor();
-  cuda::check(
-      gpu::rms_norm_backward(scalar, g.data_ptr(), x.data_ptr(), weight.data_ptr(),
-                             r.data_ptr<float>(), want_x ? grad_x.data_ptr() : nullptr,
-                             want_weight ? partial.data_ptr<float>() : nullptr, rows, hidden,
-                             blocks, at::cuda::getCurrentCUDAStream(x.device().index())),
-      "the fused RMSNorm backward kernel");
+  cuda::check(gpu::rms_norm_backward(scalar, g.data_ptr(), x.data_ptr(), weight.data_ptr(),
+                                     r.data_ptr<float>(), want_x ? grad_x.data_ptr() : nullptr,
+                                     want_weight ? partial.data_ptr<float>() : nullptr, rows,
+                                     hidden, blocks, unit_offset,
+                                     at::cuda::getCurrentCUDAStream(x.device().index())),
+              "the fused RMSNorm backward kernel");
   at::Tensor grad_weight = want_weight ? partial.sum(0).to(weight.scalar_type()) : at::Tensor();
   return {grad_x, grad_weight};
 }
@@ -280,21 +280,22 @@ bool fused_swiglu_applies(const at::Tensor& gate, const at::Tensor& up) {
   return row_stride(gate).has_value() && row_stride(up).has_value();
 }
 
-at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up, bool gelu) {
   TORCH_CHECK(fused_swiglu_applies(gate, up), "fused_swiglu: tensors it does not handle");
   const c10::cuda::CUDAGuard guard(gate.device());
   const int64_t cols = gate.size(-1), rows = cols == 0 ? 0 : gate.numel() / cols;
   at::Tensor out = at::empty(gate.sizes(), gate.options());
-  cuda::check(gpu::swiglu_forward(*scalar_of(gate.scalar_type()), gate.data_ptr(), up.data_ptr(),
-                                  out.data_ptr(), rows, cols, *row_stride(gate), *row_stride(up),
-                                  stream_of(gate)),
+  cuda::check(gpu::swiglu_forward(*scalar_of(gate.scalar_type()), gelu, gate.data_ptr(),
+                                  up.data_ptr(), out.data_ptr(), rows, cols, *row_stride(gate),
+                                  *row_stride(up), stream_of(gate)),
               "the fused SwiGLU kernel");
   return out;
 }
 
 std::pair<at::Tensor, at::Tensor> fused_swiglu_backward(const at::Tensor& grad,
                                                         const at::Tensor& gate,
-                                                        const at::Tensor& up, bool halves) {
+                                                        const at::Tensor& up, bool halves,
+                                                        bool gelu) {
   TORCH_CHECK(fused_swiglu_applies(gate, up) && grad.sizes() == gate.sizes(),
               "fused_swiglu_backward: tensors it does not handle");
   const c10::cuda::CUDAGuard guard(gate.device());
@@ -314,10 +315,10 @@ std::pair<at::Tensor, at::Tensor> fused_swiglu_backward(const at::Tensor& grad,
     grad_gate = at::empty(gate.sizes(), gate.options());
     grad_up = at::empty(gate.sizes(), gate.options());
   }
-  cuda::check(gpu::swiglu_backward(*scalar_of(gate.scalar_type()), g.data_ptr(), gate.data_ptr(),
-                                   up.data_ptr(), grad_gate.data_ptr(), grad_up.data_ptr(), rows,
-                                   cols, *row_stride(gate), *row_stride(up), gate_stride, up_stride,
-                                   stream_of(gate)),
+  cuda::check(gpu::swiglu_backward(*scalar_of(gate.scalar_type()), gelu, g.data_ptr(),
+                                   gate.data_ptr(), up.data_ptr(), grad_gate.data_ptr(),
+                                   grad_up.data_ptr(), rows, cols, *row_stride(gate),
+                                   *row_stride(up), gate_stride, up_stride, stream_of(gate)),
               "the fused SwiGLU backward kernel");
   if (halves) return {both, at::Tensor()};
   return {grad_gate, grad_up};
@@ -330,15 +331,16 @@ bool fused_cross_entropy_applies(const at::Tensor& logits, const at::Tensor& lab
          labels.size(0) == logits.size(0) && labels.is_contiguous();
 }
 
-at::Tensor fused_cross_entropy(const at::Tensor& logits, const at::Tensor& labels,
-                               bool write_grad) {
+at::Tensor fused_cross_entropy(const at::Tensor& logits, const at::Tensor& labels, bool write_grad,
+                               double softcap) {
   TORCH_CHECK(fused_cross_entropy_applies(logits, labels),
               "fused_cross_entropy: tensors it does not handle");
   const c10::cuda::CUDAGuard guard(logits.device());
   at::Tensor loss = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
   cuda::check(gpu::cross_entropy(*scalar_of(logits.scalar_type()), logits.data_ptr(),
                                  labels.data_ptr<int64_t>(), loss.data_ptr<float>(), logits.size(0),
-                                 logits.size(1), write_grad, stream_of(logits)),
+                                 logits.size(1), write_grad, static_cast<float>(softcap),
+                                 stream_of(logits)),
               "the fused cross-entropy kernel");
   return loss;
 }

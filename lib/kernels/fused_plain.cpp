@@ -9,14 +9,15 @@ bool fused_rms_norm_applies(const at::Tensor&, const at::Tensor&) {
   return false;
 }
 
-std::pair<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor&, const at::Tensor&, double) {
+std::pair<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor&, const at::Tensor&, double,
+                                                 bool) {
   TORCH_CHECK(
       false, "fused_rms_norm: this build has no CUDA kernels (check fused_rms_norm_applies first)");
 }
 
 std::pair<at::Tensor, at::Tensor> fused_rms_norm_backward(const at::Tensor&, const at::Tensor&,
                                                           const at::Tensor&, const at::Tensor&,
-                                                          bool, bool) {
+                                                          bool, bool, bool) {
   TORCH_CHECK(false, "fused_rms_norm_backward: this build has no CUDA kernels");
 }
 
@@ -54,12 +55,12 @@ bool fused_swiglu_applies(const at::Tensor&, const at::Tensor&) {
   return false;
 }
 
-at::Tensor fused_swiglu(const at::Tensor&, const at::Tensor&) {
+at::Tensor fused_swiglu(const at::Tensor&, const at::Tensor&, bool) {
   TORCH_CHECK(false, "fused_swiglu: this build has no CUDA kernels");
 }
 
 std::pair<at::Tensor, at::Tensor> fused_swiglu_backward(const at::Tensor&, const at::Tensor&,
-                                                        const at::Tensor&, bool) {
+                                                        const at::Tensor&, bool, bool) {
   TORCH_CHECK(false, "fused_swiglu_backward: this build has no CUDA kernels");
 }
 
@@ -67,7 +68,7 @@ bool fused_cross_entropy_applies(const at::Tensor&, const at::Tensor&) {
   return false;
 }
 
-at::Tensor fused_cross_entropy(const at::Tensor&, const at::Tensor&, bool) {
+at::Tensor fused_cross_entropy(const at::Tensor&, const at::Tensor&, bool, double) {
   TORCH_CHECK(false, "fused_cross_entropy: this build has no CUDA kernels");
 }
 

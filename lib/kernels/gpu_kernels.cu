@@ -20,7 +20,7 @@ constexpr int kChunks = 2;
 template <typename T, int kThreads>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
-                            float* __restrict__ r, int64_t hidden, float eps) {
+                            float* __restrict__ r, int64_t hidden, float eps, bool unit_offset) {
   using P = Pack<T>;
   constexpr int V = P::kN;
   __shared__ float shared[32];
@@ -53,22 +53,26 @@ __global__ void __launch_bounds__(kThreads)
       const P wv = wp[i];
       P out;
 #pragma unroll
-      for (int k = 0; k < V; ++k)
-        out.v[k] = from_float<T>(to_float(wv.v[k]) * rounded<T>(h[c][k] * rr));
+      for (int k = 0; k < V; ++k) {
+        // Gemma: (h·r)·(1 + w) in fp32, rounded once; LLaMA: w · (h·r).to(T).
+        out.v[k] = unit_offset ? from_float<T>((h[c][k] * rr) * (1.f + to_float(wv.v[k])))
+                               : from_float<T>(to_float(wv.v[k]) * rounded<T>(h[c][k] * rr));
+      }
       yr[i] = out;
     }
   }
 }
 
 // With n = (h·r).to(T), y = w·n: dL/dw = Σ_rows (g·n).to(T); with g_n = (g·w).to(T),
-// dL/dx = r·(g_n − h·r²·Σ(g_n·h)/N). Each block walks rows blockIdx.x, + gridDim.x, ...
+// dL/dx = r·(g_n − h·r²·Σ(g_n·h)/N). Unit offset (Gemma, y = (h·r·(1 + w)).to(T)): the same
+// with n = h·r and g_n = g·(1 + w), unrounded. Each block walks rows blockIdx.x, + gridDim.x, ...
 // and keeps its share of dL/dw in registers until the end.
 template <typename T, int kThreads>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_backward_kernel(const T* __restrict__ g, const T* __restrict__ x,
                              const T* __restrict__ w, const float* __restrict__ r,
                              T* __restrict__ gx, float* __restrict__ gw_partial, int64_t rows,
-                             int64_t hidden) {
+                             int64_t hidden, bool unit_offset) {
   using P = Pack<T>;
   constexpr int V = P::kN;
   __shared__ float shared[32];
@@ -83,7 +87,7 @@ __global__ void __launch_bounds__(kThreads)
     if (i < packs) wv = wp[i];
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      wf[c][k] = to_float(wv.v[k]);
+      wf[c][k] = unit_offset ? 1.f + to_float(wv.v[k]) : to_float(wv.v[k]);
       acc[c][k] = 0.f;
     }
   }
@@ -103,8 +107,13 @@ __global__ void __launch_bounds__(kThreads)
         for (int k = 0; k < V; ++k) {
           h[c][k] = to_float(xp.v[k]);
           const float gv = to_float(gp.v[k]);
-          if (gw_partial) acc[c][k] += rounded<T>(gv * rounded<T>(h[c][k] * rr));
-          gn[c][k] = rounded<T>(gv * wf[c][k]);
+          if (unit_offset) {
+            if (gw_partial) acc[c][k] += gv * (h[c][k] * rr);
+            gn[c][k] = gv * wf[c][k];
+          } else {
+            if (gw_partial) acc[c][k] += rounded<T>(gv * rounded<T>(h[c][k] * rr));
+            gn[c][k] = rounded<T>(gv * wf[c][k]);
+          }
           dot += gn[c][k] * h[c][k];
         }
       }
@@ -152,39 +161,40 @@ int rms_norm_threads(Scalar t, int64_t hidden) {
 
 template <typename T, int kThreads>
 void launch_forward(const void* x, const void* w, void* y, float* r, int64_t rows, int64_t hidden,
-                    float eps, cudaStream_t stream) {
+                    float eps, bool unit_offset, cudaStream_t stream) {
   rms_norm_forward_kernel<T, kThreads><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), r, hidden, eps);
+      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), r, hidden, eps,
+      unit_offset);
 }
 
 template <typename T, int kThreads>
 void launch_backward(const void* g, const void* x, const void* w, const float* r, void* gx,
-                     float* gw_partial, int64_t rows, int64_t hidden, int blocks,
+                     float* gw_partial, int64_t rows, int64_t hidden, int blocks, bool unit_offset,
                      cudaStream_t stream) {
   rms_norm_backward_kernel<T, kThreads><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       static_cast<const T*>(g), static_cast<const T*>(x), static_cast<const T*>(w), r,
-      static_cast<T*>(gx), gw_partial, rows, hidden);
+      static_cast<T*>(gx), gw_partial, rows, hidden, unit_offset);
 }
 
 // The kernels' instantiations: by dtype, then by thread count (rms_norm_threads).
 template <typename T>
 void forward_for(int threads, const void* x, const void* w, void* y, float* r, int64_t rows,
-                 int64_t hidden, float eps, cudaStream_t stream) {
+                 int64_t hidden, float eps, bool unit_offset, cudaStream_t stream) {
   switch (threads) {
     case 64:
-      launch_forward<T, 64>(x, w, y, r, rows, hidden, eps, stream);
+      launch_forward<T, 64>(x, w, y, r, rows, hidden, eps, unit_offset, stream);
       break;
     case 128:
-      launch_forward<T, 128>(x, w, y, r, rows, hidden, eps, stream);
+      launch_forward<T, 128>(x, w, y, r, rows, hidden, eps, unit_offset, stream);
       break;
     case 256:
-      launch_forward<T, 256>(x, w, y, r, rows, hidden, eps, stream);
+      launch_forward<T, 256>(x, w, y, r, rows, hidden, eps, unit_offset, stream);
       break;
     case 512:
-      launch_forward<T, 512>(x, w, y, r, rows, hidden, eps, stream);
+      launch_forward<T, 512>(x, w, y, r, rows, hidden, eps, unit_offset, stream);
       break;
     default:
-      launch_forward<T, 1024>(x, w, y, r, rows, hidden, eps, stream);
+      launch_forward<T, 1024>(x, w, y, r, rows, hidden, eps, unit_offset, stream);
       break;
   }
 }
@@ -192,22 +202,26 @@ void forward_for(int threads, const void* x, const void* w, void* y, float* r, i
 template <typename T>
 void backward_for(int threads, const void* g, const void* x, const void* w, const float* r,
                   void* gx, float* gw_partial, int64_t rows, int64_t hidden, int blocks,
-                  cudaStream_t stream) {
+                  bool unit_offset, cudaStream_t stream) {
   switch (threads) {
     case 64:
-      launch_backward<T, 64>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, stream);
+      launch_backward<T, 64>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, unit_offset, stream);
       break;
     case 128:
-      launch_backward<T, 128>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, stream);
+      launch_backward<T, 128>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, unit_offset,
+                              stream);
       break;
     case 256:
-      launch_backward<T, 256>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, stream);
+      launch_backward<T, 256>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, unit_offset,
+                              stream);
       break;
     case 512:
-      launch_backward<T, 512>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, stream);
+      launch_backward<T, 512>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, unit_offset,
+                              stream);
       break;
     default:
-      launch_backward<T, 1024>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, stream);
+      launch_backward<T, 1024>(g, x, w, r, gx, gw_partial, rows, hidden, blocks, unit_offset,
+                               stream);
       break;
   }
 }
@@ -368,18 +382,19 @@ bool rms_norm_supports(Scalar t, int64_t hidden) {
 }
 
 cudaError_t rms_norm_forward(Scalar t, const void* x, const void* w, void* y, float* r,
-                             int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
+                             int64_t rows, int64_t hidden, float eps, bool unit_offset,
+                             cudaStream_t stream) {
   if (rows > 0) {
     const int threads = rms_norm_threads(t, hidden);
     switch (t) {
       case Scalar::kFloat32:
-        forward_for<float>(threads, x, w, y, r, rows, hidden, eps, stream);
+        forward_for<float>(threads, x, w, y, r, rows, hidden, eps, unit_offset, stream);
         break;
       case Scalar::kFloat16:
-        forward_for<__half>(threads, x, w, y, r, rows, hidden, eps, stream);
+        forward_for<__half>(threads, x, w, y, r, rows, hidden, eps, unit_offset, stream);
         break;
       case Scalar::kBFloat16:
-        forward_for<__nv_bfloat16>(threads, x, w, y, r, rows, hidden, eps, stream);
+        forward_for<__nv_bfloat16>(threads, x, w, y, r, rows, hidden, eps, unit_offset, stream);
         break;
     }
   }
@@ -395,21 +410,21 @@ int rms_norm_backward_blocks(Scalar t, int64_t rows, int64_t hidden, int sm_coun
 
 cudaError_t rms_norm_backward(Scalar t, const void* grad_y, const void* x, const void* w,
                               const float* r, void* grad_x, float* grad_w_partial, int64_t rows,
-                              int64_t hidden, int blocks, cudaStream_t stream) {
+                              int64_t hidden, int blocks, bool unit_offset, cudaStream_t stream) {
   if (rows > 0) {
     const int threads = rms_norm_threads(t, hidden);
     switch (t) {
       case Scalar::kFloat32:
         backward_for<float>(threads, grad_y, x, w, r, grad_x, grad_w_partial, rows, hidden, blocks,
-                            stream);
+                            unit_offset, stream);
         break;
       case Scalar::kFloat16:
         backward_for<__half>(threads, grad_y, x, w, r, grad_x, grad_w_partial, rows, hidden, blocks,
-                             stream);
+                             unit_offset, stream);
         break;
       case Scalar::kBFloat16:
         backward_for<__nv_bfloat16>(threads, grad_y, x, w, r, grad_x, grad_w_partial, rows, hidden,
-                                    blocks, stream);
+                                    blocks, unit_offset, stream);
         break;
     }
   }

@@ -17,9 +17,11 @@ enum class Scalar { kFloat32, kFloat16, kBFloat16 };
 bool rms_norm_supports(Scalar t, int64_t hidden);
 
 /// y = w · (x·r).to(T), r = (mean(x²) + eps)^-½ per row, in fp32 — transformers' LlamaRMSNorm,
-/// roundings included. `r` gets one float per row. x, w, y 16-byte aligned.
+/// roundings included; `unit_offset`: y = (x·r·(1 + w)).to(T), Gemma's. `r` gets one float per
+/// row. x, w, y 16-byte aligned.
 cudaError_t rms_norm_forward(Scalar t, const void* x, const void* w, void* y, float* r,
-                             int64_t rows, int64_t hidden, float eps, cudaStream_t stream);
+                             int64_t rows, int64_t hidden, float eps, bool unit_offset,
+                             cudaStream_t stream);
 
 /// How many blocks rms_norm_backward uses (rows of `grad_w_partial`).
 int rms_norm_backward_blocks(Scalar t, int64_t rows, int64_t hidden, int sm_count);
@@ -28,7 +30,7 @@ int rms_norm_backward_blocks(Scalar t, int64_t rows, int64_t hidden, int sm_coun
 /// (nullable, fp32 [blocks, hidden]) gets per-block sums of d/dw, to be summed over blocks.
 cudaError_t rms_norm_backward(Scalar t, const void* grad_y, const void* x, const void* w,
                               const float* r, void* grad_x, float* grad_w_partial, int64_t rows,
-                              int64_t hidden, int blocks, cudaStream_t stream);
+                              int64_t hidden, int blocks, bool unit_offset, cudaStream_t stream);
 
 /// One AdamW update (decoupled weight decay, bias-corrected) in fp32 arithmetic on tensors of
 /// one dtype — LibTorch's fused AdamW's formula. The host forms the constants in fp64, so that
@@ -73,15 +75,16 @@ struct RotaryArgs {
 cudaError_t rotary(Scalar t, const void* x, const void* cos, const void* sin, void* out,
                    const RotaryArgs& args, cudaStream_t stream);
 
-/// SwiGLU a = silu(gate) · up over rows × cols, gate and up rows `gate_stride` / `up_stride`
-/// apart, out contiguous; transformers' roundings (silu rounded to t, then the product).
-cudaError_t swiglu_forward(Scalar t, const void* gate, const void* up, void* out, int64_t rows,
-                           int64_t cols, int64_t gate_stride, int64_t up_stride,
+/// SwiGLU a = silu(gate) · up (`gelu`: GeGLU, a = gelu_tanh(gate) · up) over rows × cols, gate
+/// and up rows `gate_stride` / `up_stride` apart, out contiguous; transformers' roundings (the
+/// activation rounded to t, then the product).
+cudaError_t swiglu_forward(Scalar t, bool gelu, const void* gate, const void* up, void* out,
+                           int64_t rows, int64_t cols, int64_t gate_stride, int64_t up_stride,
                            cudaStream_t stream);
 /// Its autograd: from grad (contiguous rows × cols) and the saved gate / up, d_gate and d_up
 /// (rows `grad_gate_stride` / `grad_up_stride` apart; the halves of one buffer for a fused
 /// gate_up projection).
-cudaError_t swiglu_backward(Scalar t, const void* grad, const void* gate, const void* up,
+cudaError_t swiglu_backward(Scalar t, bool gelu, const void* grad, const void* gate, const void* up,
                             void* grad_gate, void* grad_up, int64_t rows, int64_t cols,
                             int64_t gate_stride, int64_t up_stride, int64_t grad_gate_stride,
                             int64_t grad_up_stride, cudaStream_t stream);
@@ -89,9 +92,10 @@ cudaError_t swiglu_backward(Scalar t, const void* grad, const void* gate, const 
 /// Cross-entropy of logits [rows, vocab] (contiguous, dtype t) against labels (int64, −100
 /// ignored): loss[row] (fp32) = logsumexp(row) − row[label], 0 for an ignored row, NaN for a
 /// label outside [0, vocab). With `write_grad` the row becomes d loss / d logits = softmax −
-/// onehot (0 on ignored rows), rounded to t, in place.
+/// onehot (0 on ignored rows), rounded to t, in place. `softcap` > 0: the logits are first
+/// soft-capped, c = softcap · tanh(z / softcap) (Gemma 2), and the gradient is d loss / d z.
 cudaError_t cross_entropy(Scalar t, void* logits, const int64_t* labels, float* loss, int64_t rows,
-                          int64_t vocab, bool write_grad, cudaStream_t stream);
+                          int64_t vocab, bool write_grad, float softcap, cudaStream_t stream);
 
 /// The 16 values of a 4-bit code (NF4's or FP4's), passed by value to the kernel.
 struct FourBitTable {

@@ -1,5 +1,6 @@
 // The decoder's memory-bound steps as single passes (see gpu_kernels.hpp): rotary embedding,
-// SwiGLU and the cross-entropy of one chunk of logits.
+// the gated MLP's activation (SwiGLU, GeGLU) and the cross-entropy of one chunk of logits (soft-
+// capped or not).
 //
 // Why not ATen ops: transformers' rotary embedding is eight kernels per tensor (two products,
 // a negation, a concatenation, a sum — on a transposed view, so in ATen's non-vectorized loop),
@@ -105,6 +106,42 @@ __device__ __forceinline__ float silu_grad(float d, float g) {
   return d * s * (1.f + g * (1.f - s));
 }
 
+// ATen's gelu(approximate="tanh") and its backward in fp32 (GeGLU: Gemma's gelu_pytorch_tanh).
+constexpr float kGeluBeta = 0.7978845608028654f;  // √2 · (2 / √π) · ½ = √(2 / π)
+constexpr float kGeluKappa = 0.044715f;
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float inner = kGeluBeta * (x + kGeluKappa * (x * x * x));
+  return 0.5f * x * (1.f + tanhf(inner));
+}
+__device__ __forceinline__ float gelu_tanh_grad(float d, float x) {
+  const float x_sq = x * x;
+  const float inner = kGeluBeta * (x + kGeluKappa * x_sq * x);
+  const float t = tanhf(inner);
+  const float left = 0.5f * x, right = 1.f + t;
+  const float left_derivative = 0.5f * right;
+  const float right_derivative =
+      left * (1.f - t * t) * (kGeluBeta * (1.f + 3.f * kGeluKappa * x_sq));
+  return d * (left_derivative + right_derivative);
+}
+
+// The gate's activation and its gradient: silu (SwiGLU) or gelu-tanh (GeGLU).
+template <bool kGelu>
+__device__ __forceinline__ float activate(float g) {
+  if constexpr (kGelu) {
+    return gelu_tanh(g);
+  } else {
+    return silu(g);
+  }
+}
+template <bool kGelu>
+__device__ __forceinline__ float activate_grad(float d, float g) {
+  if constexpr (kGelu) {
+    return gelu_tanh_grad(d, g);
+  } else {
+    return silu_grad(d, g);
+  }
+}
+
 // V elements per thread (a 16-byte pack where rows allow it, else one).
 template <typename T, int V>
 struct Vec {
@@ -137,8 +174,8 @@ __device__ __forceinline__ void store(T* p, const Vec<T, V>& x) {
   }
 }
 
-// a = r(r(silu(g)) · u)
-template <typename T, int V>
+// a = r(r(act(g)) · u)
+template <typename T, int V, bool kGelu>
 __global__ void __launch_bounds__(kThreads)
     swiglu_forward_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
                           int64_t rows, int64_t cols, int64_t gate_stride, int64_t up_stride) {
@@ -151,14 +188,14 @@ __global__ void __launch_bounds__(kThreads)
     Vec<T, V> a;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      a.v[k] = from_float<T>(rounded<T>(silu(to_float(g.v[k]))) * to_float(u.v[k]));
+      a.v[k] = from_float<T>(rounded<T>(activate<kGelu>(to_float(g.v[k]))) * to_float(u.v[k]));
     }
     store<T, V>(out + row * cols + col, a);
   }
 }
 
-// With s = r(silu(g)): d_u = r(d · s); d_g = r(silu'(r(d · u), g)) — mul's backward, then silu's.
-template <typename T, int V>
+// With s = r(act(g)): d_u = r(d · s); d_g = r(act'(r(d · u), g)) — mul's backward, then act's.
+template <typename T, int V, bool kGelu>
 __global__ void __launch_bounds__(kThreads)
     swiglu_backward_kernel(const T* __restrict__ grad, const T* __restrict__ gate,
                            const T* __restrict__ up, T* __restrict__ grad_gate,
@@ -175,8 +212,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float df = to_float(d.v[k]), gf = to_float(g.v[k]);
-      du.v[k] = from_float<T>(df * rounded<T>(silu(gf)));
-      dg.v[k] = from_float<T>(silu_grad(rounded<T>(df * to_float(u.v[k])), gf));
+      du.v[k] = from_float<T>(df * rounded<T>(activate<kGelu>(gf)));
+      dg.v[k] = from_float<T>(activate_grad<kGelu>(rounded<T>(df * to_float(u.v[k])), gf));
     }
     store<T, V>(grad_gate + row * grad_gate_stride + col, dg);
     store<T, V>(grad_up + row * grad_up_stride + col, du);
@@ -197,7 +234,7 @@ bool packs_fit(int64_t cols, std::initializer_list<int64_t> strides,
   return true;
 }
 
-template <typename T>
+template <typename T, bool kGelu>
 void launch_swiglu_forward(const void* gate, const void* up, void* out, int64_t rows, int64_t cols,
                            int64_t gs, int64_t us, cudaStream_t stream) {
   constexpr int V = Pack<T>::kN;
@@ -206,13 +243,15 @@ void launch_swiglu_forward(const void* gate, const void* up, void* out, int64_t 
   auto* o = static_cast<T*>(out);
   const unsigned blocks = std::min<unsigned>(blocks_for(rows * cols, V), 65535u * 16u);
   if (packs_fit<T>(cols, {gs, us}, {gate, up, out})) {
-    swiglu_forward_kernel<T, V><<<blocks, kThreads, 0, stream>>>(g, u, o, rows, cols, gs, us);
+    swiglu_forward_kernel<T, V, kGelu>
+        <<<blocks, kThreads, 0, stream>>>(g, u, o, rows, cols, gs, us);
   } else {
-    swiglu_forward_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(g, u, o, rows, cols, gs, us);
+    swiglu_forward_kernel<T, 1, kGelu>
+        <<<blocks, kThreads, 0, stream>>>(g, u, o, rows, cols, gs, us);
   }
 }
 
-template <typename T>
+template <typename T, bool kGelu>
 void launch_swiglu_backward(const void* grad, const void* gate, const void* up, void* grad_gate,
                             void* grad_up, int64_t rows, int64_t cols, int64_t gs, int64_t us,
                             int64_t ggs, int64_t gus, cudaStream_t stream) {
@@ -224,10 +263,10 @@ void launch_swiglu_backward(const void* grad, const void* gate, const void* up, 
   auto* du = static_cast<T*>(grad_up);
   const unsigned blocks = std::min<unsigned>(blocks_for(rows * cols, V), 65535u * 16u);
   if (packs_fit<T>(cols, {gs, us, ggs, gus}, {grad, gate, up, grad_gate, grad_up})) {
-    swiglu_backward_kernel<T, V>
+    swiglu_backward_kernel<T, V, kGelu>
         <<<blocks, kThreads, 0, stream>>>(d, g, u, dg, du, rows, cols, gs, us, ggs, gus);
   } else {
-    swiglu_backward_kernel<T, 1>
+    swiglu_backward_kernel<T, 1, kGelu>
         <<<blocks, kThreads, 0, stream>>>(d, g, u, dg, du, rows, cols, gs, us, ggs, gus);
   }
 }
@@ -247,10 +286,15 @@ __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
   return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
 }
 
+// A logit soft-capped as ATen's tanh(z / cap) · cap computes it (Gemma 2); cap 0: z.
+__device__ __forceinline__ float soft_capped(float z, float cap) {
+  return cap > 0.f ? tanhf(z / cap) * cap : z;
+}
+
 template <typename T, int V>
 __global__ void __launch_bounds__(kLossThreads)
     cross_entropy_kernel(T* __restrict__ logits, const int64_t* __restrict__ labels,
-                         float* __restrict__ loss, int64_t vocab, bool write_grad) {
+                         float* __restrict__ loss, int64_t vocab, bool write_grad, float cap) {
   __shared__ MaxSum shared[32];
   __shared__ float lse_shared;
   const int64_t row = blockIdx.x;
@@ -263,10 +307,10 @@ __global__ void __launch_bounds__(kLossThreads)
     const Vec<T, V> p = load<T, V>(x + c);
     float local = -INFINITY;
 #pragma unroll
-    for (int k = 0; k < V; ++k) local = fmaxf(local, to_float(p.v[k]));
+    for (int k = 0; k < V; ++k) local = fmaxf(local, soft_capped(to_float(p.v[k]), cap));
     MaxSum here{local, 0.f};
 #pragma unroll
-    for (int k = 0; k < V; ++k) here.s += expf(to_float(p.v[k]) - local);
+    for (int k = 0; k < V; ++k) here.s += expf(soft_capped(to_float(p.v[k]), cap) - local);
     acc = merge(acc, here);
   }
   for (int o = 16; o > 0; o >>= 1) {
@@ -290,7 +334,7 @@ __global__ void __launch_bounds__(kLossThreads)
       } else if (label < 0 || label >= vocab) {
         loss[row] = NAN;  // surfaces as a non-finite loss, never as an out-of-bounds read
       } else {
-        loss[row] = lse - to_float(x[label]);
+        loss[row] = lse - soft_capped(to_float(x[label]), cap);
       }
     }
   }
@@ -302,8 +346,10 @@ __global__ void __launch_bounds__(kLossThreads)
     Vec<T, V> p = load<T, V>(x + c);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      float d = expf(to_float(p.v[k]) - lse);
+      const float z = soft_capped(to_float(p.v[k]), cap);
+      float d = expf(z - lse);
       if (c + k == label) d -= 1.f;
+      if (cap > 0.f) d *= 1.f - (z / cap) * (z / cap);  // d cap·tanh(z / cap) / dz
       p.v[k] = from_float<T>(valid ? d : 0.f);
     }
     store<T, V>(x + c, p);
@@ -312,16 +358,16 @@ __global__ void __launch_bounds__(kLossThreads)
 
 template <typename T>
 void launch_cross_entropy(void* logits, const int64_t* labels, float* loss, int64_t rows,
-                          int64_t vocab, bool write_grad, cudaStream_t stream) {
+                          int64_t vocab, bool write_grad, float cap, cudaStream_t stream) {
   constexpr int V = Pack<T>::kN;
   T* x = static_cast<T*>(logits);
   const unsigned blocks = static_cast<unsigned>(rows);
   if (packs_fit<T>(vocab, {}, {logits})) {
     cross_entropy_kernel<T, V>
-        <<<blocks, kLossThreads, 0, stream>>>(x, labels, loss, vocab, write_grad);
+        <<<blocks, kLossThreads, 0, stream>>>(x, labels, loss, vocab, write_grad, cap);
   } else {
     cross_entropy_kernel<T, 1>
-        <<<blocks, kLossThreads, 0, stream>>>(x, labels, loss, vocab, write_grad);
+        <<<blocks, kLossThreads, 0, stream>>>(x, labels, loss, vocab, write_grad, cap);
   }
 }
 
@@ -344,60 +390,86 @@ cudaError_t rotary(Scalar t, const void* x, const void* cos, const void* sin, vo
   return cudaGetLastError();
 }
 
-cudaError_t swiglu_forward(Scalar t, const void* gate, const void* up, void* out, int64_t rows,
-                           int64_t cols, int64_t gate_stride, int64_t up_stride,
-                           cudaStream_t stream) {
-  if (rows * cols == 0) return cudaSuccess;
+namespace {
+
+template <bool kGelu>
+void swiglu_forward_for(Scalar t, const void* gate, const void* up, void* out, int64_t rows,
+                        int64_t cols, int64_t gs, int64_t us, cudaStream_t stream) {
   switch (t) {
     case Scalar::kFloat32:
-      launch_swiglu_forward<float>(gate, up, out, rows, cols, gate_stride, up_stride, stream);
+      launch_swiglu_forward<float, kGelu>(gate, up, out, rows, cols, gs, us, stream);
       break;
     case Scalar::kFloat16:
-      launch_swiglu_forward<__half>(gate, up, out, rows, cols, gate_stride, up_stride, stream);
+      launch_swiglu_forward<__half, kGelu>(gate, up, out, rows, cols, gs, us, stream);
       break;
     case Scalar::kBFloat16:
-      launch_swiglu_forward<__nv_bfloat16>(gate, up, out, rows, cols, gate_stride, up_stride,
-                                           stream);
+      launch_swiglu_forward<__nv_bfloat16, kGelu>(gate, up, out, rows, cols, gs, us, stream);
       break;
+  }
+}
+
+template <bool kGelu>
+void swiglu_backward_for(Scalar t, const void* grad, const void* gate, const void* up,
+                         void* grad_gate, void* grad_up, int64_t rows, int64_t cols, int64_t gs,
+                         int64_t us, int64_t ggs, int64_t gus, cudaStream_t stream) {
+  switch (t) {
+    case Scalar::kFloat32:
+      launch_swiglu_backward<float, kGelu>(grad, gate, up, grad_gate, grad_up, rows, cols, gs, us,
+                                           ggs, gus, stream);
+      break;
+    case Scalar::kFloat16:
+      launch_swiglu_backward<__half, kGelu>(grad, gate, up, grad_gate, grad_up, rows, cols, gs, us,
+                                            ggs, gus, stream);
+      break;
+    case Scalar::kBFloat16:
+      launch_swiglu_backward<__nv_bfloat16, kGelu>(grad, gate, up, grad_gate, grad_up, rows, cols,
+                                                   gs, us, ggs, gus, stream);
+      break;
+  }
+}
+
+}  // namespace
+
+cudaError_t swiglu_forward(Scalar t, bool gelu, const void* gate, const void* up, void* out,
+                           int64_t rows, int64_t cols, int64_t gate_stride, int64_t up_stride,
+                           cudaStream_t stream) {
+  if (rows * cols == 0) return cudaSuccess;
+  if (gelu) {
+    swiglu_forward_for<true>(t, gate, up, out, rows, cols, gate_stride, up_stride, stream);
+  } else {
+    swiglu_forward_for<false>(t, gate, up, out, rows, cols, gate_stride, up_stride, stream);
   }
   return cudaGetLastError();
 }
 
-cudaError_t swiglu_backward(Scalar t, const void* grad, const void* gate, const void* up,
+cudaError_t swiglu_backward(Scalar t, bool gelu, const void* grad, const void* gate, const void* up,
                             void* grad_gate, void* grad_up, int64_t rows, int64_t cols,
                             int64_t gate_stride, int64_t up_stride, int64_t grad_gate_stride,
                             int64_t grad_up_stride, cudaStream_t stream) {
   if (rows * cols == 0) return cudaSuccess;
-  switch (t) {
-    case Scalar::kFloat32:
-      launch_swiglu_backward<float>(grad, gate, up, grad_gate, grad_up, rows, cols, gate_stride,
-                                    up_stride, grad_gate_stride, grad_up_stride, stream);
-      break;
-    case Scalar::kFloat16:
-      launch_swiglu_backward<__half>(grad, gate, up, grad_gate, grad_up, rows, cols, gate_stride,
-                                     up_stride, grad_gate_stride, grad_up_stride, stream);
-      break;
-    case Scalar::kBFloat16:
-      launch_swiglu_backward<__nv_bfloat16>(grad, gate, up, grad_gate, grad_up, rows, cols,
-                                            gate_stride, up_stride, grad_gate_stride,
-                                            grad_up_stride, stream);
-      break;
+  if (gelu) {
+    swiglu_backward_for<true>(t, grad, gate, up, grad_gate, grad_up, rows, cols, gate_stride,
+                              up_stride, grad_gate_stride, grad_up_stride, stream);
+  } else {
+    swiglu_backward_for<false>(t, grad, gate, up, grad_gate, grad_up, rows, cols, gate_stride,
+                               up_stride, grad_gate_stride, grad_up_stride, stream);
   }
   return cudaGetLastError();
 }
 
 cudaError_t cross_entropy(Scalar t, void* logits, const int64_t* labels, float* loss, int64_t rows,
-                          int64_t vocab, bool write_grad, cudaStream_t stream) {
+                          int64_t vocab, bool write_grad, float softcap, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   switch (t) {
     case Scalar::kFloat32:
-      launch_cross_entropy<float>(logits, labels, loss, rows, vocab, write_grad, stream);
+      launch_cross_entropy<float>(logits, labels, loss, rows, vocab, write_grad, softcap, stream);
       break;
     case Scalar::kFloat16:
-      launch_cross_entropy<__half>(logits, labels, loss, rows, vocab, write_grad, stream);
+      launch_cross_entropy<__half>(logits, labels, loss, rows, vocab, write_grad, softcap, stream);
       break;
     case Scalar::kBFloat16:
-      launch_cross_entropy<__nv_bfloat16>(logits, labels, loss, rows, vocab, write_grad, stream);
+      launch_cross_entropy<__nv_bfloat16>(logits, labels, loss, rows, vocab, write_grad, softcap,
+                                          stream);
       break;
   }
   return cudaGetLastError();

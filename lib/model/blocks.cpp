@@ -12,6 +12,7 @@ DecoderSpec shared_decoder(const ModelConfig& c) {
   rotary.scaling = c.rope_scaling;
   rotary.rotary_dim = c.rotary_dim();
   rotary.interleaved = c.rope_interleaved;
+  rotary.max_positions = c.max_position_embeddings;
   d.rotaries.push_back(rotary);
   LayerSpec layer;
   layer.attention.heads = c.num_attention_heads;

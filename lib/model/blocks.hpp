@@ -50,6 +50,8 @@ struct RotarySpec {
   RopeScaling scaling;
   int64_t rotary_dim = 0;
   bool interleaved = false;
+  /// max_position_embeddings: where dynamic scaling starts.
+  int64_t max_positions = 2048;
 };
 
 /// Self-attention of one layer.

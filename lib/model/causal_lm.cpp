@@ -64,9 +64,10 @@ struct DecoderBody : torch::nn::Module {
       t.push_back(model::rotary_tables(r, positions, dtype));
     return t;
   }
-  /// The token embeddings, × √hidden rounded to their dtype where the spec says so (Gemma).
-  at::Tensor embed(const at::Tensor& ids) const {
-    at::Tensor e = embed_tokens->forward(ids);
+  /// What enters the first layer: the embeddings `e` (a P-Tuning adapter's virtual tokens
+  /// among them, as PEFT passes them to the model) × √hidden rounded to their dtype where the
+  /// spec says so (Gemma).
+  at::Tensor scaled(const at::Tensor& e) const {
     if (!spec.scale_embeddings) return e;
     return e * at::scalar_tensor(std::sqrt(static_cast<double>(e.size(-1))), e.options());
   }
@@ -272,10 +273,10 @@ CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const a
 
   auto body = I.body;
   at::Tensor embedded = gate_(0, {ids}, [body](const std::vector<at::Tensor>& in) {
-    return std::vector<at::Tensor>{body->embed(in[0])};
+    return std::vector<at::Tensor>{body->embed_tokens->forward(in[0])};
   })[0];
   Prepared p = apply_prompt(config_, I.prompt, embedded, mask);
-  at::Tensor x = p.x;
+  at::Tensor x = body->scaled(p.x);
   const DecoderBody::Tables tables =
       position_ids.defined() ? body->tables(position_ids.to(device), x.scalar_type())
                              : body->tables(p.start, x.size(1), x.scalar_type(), device);
@@ -356,8 +357,9 @@ std::vector<at::Tensor> CausalLM::hidden_states(const at::Tensor& input_ids,
   Impl& I = *impl_;
   const at::Device device = I.body->embed_tokens->weight.device();
   at::Tensor ids = input_ids.to(device);
-  Prepared p =
-      apply_prompt(config_, I.prompt, I.body->embed(ids), mask_or_empty(attention_mask, ids));
+  Prepared p = apply_prompt(config_, I.prompt, I.body->embed_tokens->forward(ids),
+                            mask_or_empty(attention_mask, ids));
+  p.x = I.body->scaled(p.x);
   std::vector<at::Tensor> out{p.x};
   const DecoderBody::Tables tables =
       I.body->tables(p.start, p.x.size(1), p.x.scalar_type(), device);
@@ -400,8 +402,9 @@ at::Tensor CausalLM::generate(const at::Tensor& input_ids, const GenerationOptio
   const at::Tensor no_mask = at::empty({0}, ids.options());
   at::Tensor step_ids = ids;
   for (int64_t n = 0; n < o.max_new_tokens; ++n) {
-    at::Tensor x = I.body->embed(step_ids);
+    at::Tensor x = I.body->embed_tokens->forward(step_ids);
     if (n == 0 && virtual_tokens.defined()) x = at::cat({virtual_tokens, x}, 1);
+    x = I.body->scaled(x);
     const DecoderBody::Tables tables = I.body->tables(position, x.size(1), x.scalar_type(), device);
     for (size_t i = 0; i < I.body->layers.size(); ++i) {
       const auto& [cos, sin] = I.body->of_layer(tables, i);

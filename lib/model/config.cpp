@@ -80,6 +80,21 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
                              "num_attention_heads or head_dim)",
                              c.head_dim, dim));
   }
+  // LongRoPE divides each rotated frequency by its own factor.
+  for (const model::RotarySpec& rotary : model::decoder_spec(c).rotaries) {
+    const RopeScaling& s = rotary.scaling;
+    if (s.type != "longrope") continue;
+    for (auto [key, list] :
+         {std::pair{"short_factor", &s.short_factor}, std::pair{"long_factor", &s.long_factor}}) {
+      if (static_cast<int64_t>(list->size()) == rotary.rotary_dim / 2) continue;
+      r.fail_value(r.has("rope_parameters") ? "rope_parameters" : "rope_scaling",
+                   fmt::format("{} has {} factors; LongRoPE needs one per rotated frequency: "
+                               "{} (rotary_dim {} / 2, from head_dim {} × "
+                               "partial_rotary_factor {})",
+                               key, list->size(), rotary.rotary_dim / 2, rotary.rotary_dim,
+                               c.head_dim, c.partial_rotary_factor));
+    }
+  }
   if (auto d = r.string("dtype")) {
     c.dtype = dtype_from_name(r, "dtype", *d);
   } else if (auto td = r.string("torch_dtype")) {
@@ -131,15 +146,40 @@ using model::decoder::Alloc;
 using model::decoder::set_member;
 using model::decoder::string_value;
 
-// RoPE scaling's own members (factor and, for llama3, its frequency bounds); none for default.
+rapidjson::Value number_list(const std::vector<double>& values, Alloc& alloc) {
+  rapidjson::Value list(rapidjson::kArrayType);
+  for (double v : values) list.PushBack(rapidjson::Value(v), alloc);
+  return list;
+}
+
+// RoPE scaling's own members (none for default), as transformers reads them back: a yarn or
+// longrope factor only where the file gave one (else transformers derives the same from the
+// lengths).
 void add_scaling_members(rapidjson::Value& obj, const RopeScaling& r, Alloc& alloc) {
   if (r.type == "default") return;
-  set_member(obj, "factor", rapidjson::Value(r.factor), alloc);
+  const bool derived = r.type == "yarn" || r.type == "longrope";
+  if (!derived || r.factor_given) set_member(obj, "factor", rapidjson::Value(r.factor), alloc);
   if (r.type == "llama3") {
     set_member(obj, "low_freq_factor", rapidjson::Value(r.low_freq_factor), alloc);
     set_member(obj, "high_freq_factor", rapidjson::Value(r.high_freq_factor), alloc);
+  }
+  if (r.type == "llama3" || derived) {
     set_member(obj, "original_max_position_embeddings",
                rapidjson::Value(static_cast<int64_t>(r.original_max_position_embeddings)), alloc);
+  }
+  if (derived && r.attention_factor)
+    set_member(obj, "attention_factor", rapidjson::Value(*r.attention_factor), alloc);
+  if (r.type == "yarn") {
+    set_member(obj, "beta_fast", rapidjson::Value(r.beta_fast), alloc);
+    set_member(obj, "beta_slow", rapidjson::Value(r.beta_slow), alloc);
+    if (r.mscale) set_member(obj, "mscale", rapidjson::Value(*r.mscale), alloc);
+    if (r.mscale_all_dim)
+      set_member(obj, "mscale_all_dim", rapidjson::Value(*r.mscale_all_dim), alloc);
+    if (!r.truncate) set_member(obj, "truncate", rapidjson::Value(false), alloc);
+  }
+  if (r.type == "longrope") {
+    set_member(obj, "short_factor", number_list(r.short_factor, alloc), alloc);
+    set_member(obj, "long_factor", number_list(r.long_factor, alloc), alloc);
   }
 }
 
@@ -155,10 +195,17 @@ rapidjson::Value rope_parameters(const ModelConfig& c, Alloc& alloc) {
   return p;
 }
 
-// 4.x: rope_scaling {rope_type, ...}, null for plain RoPE.
+// 4.x: rope_scaling {rope_type, ...}, null for plain RoPE. 4.x's Phi-3 takes LongRoPE as
+// exactly {type, short_factor, long_factor} (the lengths at the top).
 rapidjson::Value rope_scaling(const ModelConfig& c, Alloc& alloc) {
   if (c.rope_scaling.type == "default") return rapidjson::Value(rapidjson::kNullType);
   rapidjson::Value p(rapidjson::kObjectType);
+  if (c.rope_scaling.type == "longrope") {
+    set_member(p, "type", string_value("longrope", alloc), alloc);
+    set_member(p, "short_factor", number_list(c.rope_scaling.short_factor, alloc), alloc);
+    set_member(p, "long_factor", number_list(c.rope_scaling.long_factor, alloc), alloc);
+    return p;
+  }
   set_member(p, "rope_type", string_value(c.rope_scaling.type, alloc), alloc);
   add_scaling_members(p, c.rope_scaling, alloc);
   return p;

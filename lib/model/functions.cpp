@@ -66,15 +66,17 @@ class VarlenAttentionFunction : public torch::autograd::Function<VarlenAttention
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            const at::Tensor& weight, double eps) {
+                            const at::Tensor& weight, double eps, bool unit_offset) {
+    ctx->saved_data["unit_offset"] = unit_offset;
     if (kernels::fused_rms_norm_applies(x, weight)) {  // the same math in one pass (GPU)
-      auto [y, r] = kernels::fused_rms_norm(x, weight, eps);
+      auto [y, r] = kernels::fused_rms_norm(x, weight, eps, unit_offset);
       ctx->save_for_backward({x, weight, r});
       return y;
     }
     at::Tensor h = x.to(at::kFloat);
     at::Tensor r = at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
     ctx->save_for_backward({x, weight, r});
+    if (unit_offset) return ((h * r) * (1.0 + weight.to(at::kFloat))).to(x.scalar_type());
     return weight * normalized(h, r, x.scalar_type());
   }
 
@@ -86,6 +88,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
 
   // y = w · n, n = (h·r).to(dtype), h = x_fp32, r = (mean(h²) + eps)^-½; with g_n = (g·w) in
   // fp32: dL/dh = r·(g_n − h·r²·Σ(g_n·h)/N) (Σ and N over the last dimension), dL/dw = Σ g·n.
+  // Unit offset (y = (h·r·(1 + w)).to(dtype)): n = h·r and g_n = g·(1 + w), all in fp32.
   // Written as two passes over [tokens, hidden] after the dot product (g_n − h·c in place, then
   // ·r into x's dtype) where the formula term by term takes four.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -95,26 +98,28 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const at::Tensor& weight = saved[1];
     const at::Tensor& r = saved[2];
     const at::Tensor& g = grads[0];
+    const bool unit_offset = ctx->saved_data["unit_offset"].toBool();
     if (kernels::fused_rms_norm_applies(x, weight)) {
       auto [grad_x, grad_weight] = kernels::fused_rms_norm_backward(
-          g, x, weight, r, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
-      return {grad_x, grad_weight, at::Tensor()};
+          g, x, weight, r, ctx->needs_input_grad(0), ctx->needs_input_grad(1), unit_offset);
+      return {grad_x, grad_weight, at::Tensor(), at::Tensor()};
     }
     at::Tensor h = x.to(at::kFloat);
     at::Tensor grad_x, grad_weight;
     if (ctx->needs_input_grad(1)) {
-      grad_weight = (g * normalized(h, r, x.scalar_type()))
-                        .sum_to_size(weight.sizes())
-                        .to(weight.scalar_type());
+      const at::Tensor n = unit_offset ? h * r : normalized(h, r, x.scalar_type());
+      const at::Tensor gn = unit_offset ? g.to(at::kFloat) * n : g * n;
+      grad_weight = gn.sum_to_size(weight.sizes()).to(weight.scalar_type());
     }
     if (ctx->needs_input_grad(0)) {
-      at::Tensor gn = (g * weight).to(at::kFloat);
+      at::Tensor gn = unit_offset ? g.to(at::kFloat) * (1.0 + weight.to(at::kFloat))
+                                  : (g * weight).to(at::kFloat);
       at::Tensor dot = (gn * h).sum(-1, /*keepdim=*/true);
       const double n = static_cast<double>(x.size(-1));
       gn.addcmul_(h, r.pow(2) * dot / n, -1.0);
       grad_x = normalized(gn, r, x.scalar_type());
     }
-    return {grad_x, grad_weight, at::Tensor()};
+    return {grad_x, grad_weight, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -124,31 +129,33 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
 class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate,
-                            const at::Tensor& up, const at::Tensor& both, int64_t cols) {
+                            const at::Tensor& up, const at::Tensor& both, int64_t cols, bool gelu) {
     const bool halves = both.numel() > 0;
     ctx->saved_data["halves"] = halves;
+    ctx->saved_data["gelu"] = gelu;
     if (halves) {
       ctx->save_for_backward({both});
       ctx->saved_data["cols"] = cols;
     } else {
       ctx->save_for_backward({gate, up});
     }
-    return kernels::fused_swiglu(gate, up);
+    return kernels::fused_swiglu(gate, up, gelu);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
+    const bool gelu = ctx->saved_data["gelu"].toBool();
     if (ctx->saved_data["halves"].toBool()) {
       const int64_t cols = ctx->saved_data["cols"].toInt();
       const at::Tensor& both = saved[0];
       auto [grad_both, unused] = kernels::fused_swiglu_backward(
-          grads[0], both.narrow(-1, 0, cols), both.narrow(-1, cols, cols), /*halves=*/true);
-      return {at::Tensor(), at::Tensor(), grad_both, at::Tensor()};
+          grads[0], both.narrow(-1, 0, cols), both.narrow(-1, cols, cols), /*halves=*/true, gelu);
+      return {at::Tensor(), at::Tensor(), grad_both, at::Tensor(), at::Tensor()};
     }
     auto [grad_gate, grad_up] =
-        kernels::fused_swiglu_backward(grads[0], saved[0], saved[1], /*halves=*/false);
-    return {grad_gate, grad_up, at::Tensor(), at::Tensor()};
+        kernels::fused_swiglu_backward(grads[0], saved[0], saved[1], /*halves=*/false, gelu);
+    return {grad_gate, grad_up, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -257,30 +264,39 @@ at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  return RmsNormFunction::apply(x, weight, eps);
+  return RmsNormFunction::apply(x, weight, eps, false);
 }
 
 at::Tensor rms_norm_unit_offset(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const at::Tensor xf = x.to(at::kFloat);
-  const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return (normed * (1.0 + weight.to(at::kFloat))).to(x.scalar_type());
+  return RmsNormFunction::apply(x, weight, eps, true);
 }
 
-at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+at::Tensor gated_activation(const at::Tensor& gate, const at::Tensor& up, Activation act) {
+  const bool gelu = act == Activation::kGeluTanh;
   if (kernels::fused_swiglu_applies(gate, up)) {
-    return SwigluFunction::apply(gate, up, at::empty({0}, gate.options()), gate.size(-1));
+    return SwigluFunction::apply(gate, up, at::empty({0}, gate.options()), gate.size(-1), gelu);
   }
-  return at::silu(gate) * up;
+  // transformers' act_fn(gate) * up, in the activations' dtype.
+  return (gelu ? at::gelu(gate, "tanh") : at::silu(gate)) * up;
 }
 
-at::Tensor swiglu_halves(const at::Tensor& gate_up) {
+at::Tensor gated_activation_halves(const at::Tensor& gate_up, Activation act) {
+  const bool gelu = act == Activation::kGeluTanh;
   const int64_t cols = gate_up.size(-1) / 2;
   const at::Tensor gate = gate_up.narrow(-1, 0, cols), up = gate_up.narrow(-1, cols, cols);
   if (kernels::fused_swiglu_applies(gate, up)) {
     // gate and up enter as non-differentiable views: the gradient goes to gate_up whole.
-    return SwigluFunction::apply(gate.detach(), up.detach(), gate_up, cols);
+    return SwigluFunction::apply(gate.detach(), up.detach(), gate_up, cols, gelu);
   }
-  return up * at::silu(gate);
+  return up * (gelu ? at::gelu(gate, "tanh") : at::silu(gate));
+}
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  return gated_activation(gate, up, Activation::kSilu);
+}
+
+at::Tensor swiglu_halves(const at::Tensor& gate_up) {
+  return gated_activation_halves(gate_up, Activation::kSilu);
 }
 
 at::Tensor linear_for_backward(const at::Tensor& x, const at::Tensor& weight,

@@ -21,13 +21,79 @@ namespace zt::model {
 
 namespace {
 
-// Inverse frequencies with transformers' scaling rules (default, linear, llama3), over the
-// rotated dimensions.
-at::Tensor inverse_frequencies(const RotarySpec& r) {
-  const int64_t dim = r.rotary_dim;
-  at::Tensor inv = 1.0 / at::pow(r.theta, at::arange(0, dim, 2, at::kLong).to(at::kFloat) /
-                                              static_cast<double>(dim));
+// Whether the frequencies depend on how far the positions reach (dynamic NTK, LongRoPE).
+bool reach_matters(const RotarySpec& r) {
+  return r.scaling.type == "dynamic" || r.scaling.type == "longrope";
+}
+
+// yarn's attention factor when the file gives none (transformers' get_mscale).
+double yarn_mscale(double factor, double mscale) {
+  return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
+// What cos and sin are multiplied by: 1 but for yarn and longrope.
+double attention_factor(const RotarySpec& r) {
   const RopeScaling& s = r.scaling;
+  if (s.attention_factor) return *s.attention_factor;
+  if (s.type == "yarn") {
+    if (s.mscale.value_or(0.0) != 0.0 && s.mscale_all_dim.value_or(0.0) != 0.0)
+      return yarn_mscale(s.factor, *s.mscale) / yarn_mscale(s.factor, *s.mscale_all_dim);
+    return yarn_mscale(s.factor, 1.0);
+  }
+  if (s.type == "longrope" && s.factor > 1.0) {
+    return std::sqrt(1.0 + std::log(s.factor) /
+                               std::log(static_cast<double>(s.original_max_position_embeddings)));
+  }
+  return 1.0;
+}
+
+// yarn: each frequency between its interpolated (÷ factor) and its original value, by a ramp
+// over the dimensions whose rotations within the original length lie between beta_slow and
+// beta_fast.
+at::Tensor yarn_frequencies(const RotarySpec& r, const at::Tensor& exponents) {
+  const RopeScaling& s = r.scaling;
+  const double dim = static_cast<double>(r.rotary_dim);
+  const double pi = 3.14159265358979323846;
+  const double original = static_cast<double>(s.original_max_position_embeddings);
+  const auto correction_dim = [&](double rotations) {
+    return dim * std::log(original / (rotations * 2 * pi)) / (2 * std::log(r.theta));
+  };
+  double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+  if (s.truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;
+  const at::Tensor positions = at::pow(r.theta, exponents);
+  const at::Tensor extrapolated = 1.0 / positions, interpolated = 1.0 / (s.factor * positions);
+  const at::Tensor ramp =
+      ((at::arange(r.rotary_dim / 2, at::kFloat) - low) / (high - low)).clamp(0, 1);
+  const at::Tensor keep = 1 - ramp;  // the share of each frequency left unscaled
+  return interpolated * (1 - keep) + extrapolated * keep;
+}
+
+// Inverse frequencies over the rotated dimensions with transformers' scaling rules, for
+// positions below `reach` (dynamic and longrope choose by it, as transformers' per-forward
+// update does from max(position_ids) + 1).
+at::Tensor inverse_frequencies(const RotarySpec& r, int64_t reach) {
+  const int64_t dim = r.rotary_dim;
+  const RopeScaling& s = r.scaling;
+  const at::Tensor exponents =
+      at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim);
+  if (s.type == "yarn") return yarn_frequencies(r, exponents);
+  if (s.type == "longrope") {
+    const std::vector<double>& f =
+        reach > s.original_max_position_embeddings ? s.long_factor : s.short_factor;
+    const at::Tensor ext = at::tensor(f, at::kDouble).to(at::kFloat);
+    return 1.0 / (ext * at::pow(r.theta, exponents));
+  }
+  double base = r.theta;
+  if (s.type == "dynamic" && reach > r.max_positions) {
+    const double grown =
+        s.factor * static_cast<double>(reach) / static_cast<double>(r.max_positions) -
+        (s.factor - 1);
+    base *= std::pow(grown, static_cast<double>(dim) / static_cast<double>(dim - 2));
+  }
+  at::Tensor inv = 1.0 / at::pow(base, exponents);
   if (s.type == "linear") return inv / s.factor;
   if (s.type != "llama3") return inv;
   const double old_len = static_cast<double>(s.original_max_position_embeddings);
@@ -80,6 +146,13 @@ at::Tensor softcapped_attention(const at::Tensor& q, const at::Tensor& k, const 
   return at::matmul(probs, values);
 }
 
+// cos or sin of the angles `emb` in fp32, times yarn's or longrope's attention factor.
+at::Tensor scaled_cos_sin(const RotarySpec& r, const at::Tensor& emb, bool cosine) {
+  const at::Tensor t = cosine ? emb.cos() : emb.sin();
+  const double factor = attention_factor(r);
+  return factor == 1.0 ? t : t * factor;
+}
+
 // RoPE on the first rotary_dim dimensions of x [.., head_dim]; the rest pass through.
 at::Tensor rotate(const RotarySpec& spec, const at::Tensor& x, const at::Tensor& cos,
                   const at::Tensor& sin) {
@@ -98,18 +171,23 @@ at::Tensor rotate(const RotarySpec& spec, const at::Tensor& x, const at::Tensor&
 
 std::pair<at::Tensor, at::Tensor> rotary_tables(const RotarySpec& r, int64_t start, int64_t length,
                                                 at::ScalarType dtype, const at::Device& device) {
-  at::Tensor inv = inverse_frequencies(r);
+  at::Tensor inv = inverse_frequencies(r, start + length);
   at::Tensor pos = at::arange(start, start + length, at::kLong).to(at::kFloat);
   at::Tensor emb = angles(r, at::outer(pos, inv));
-  return {emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)};
+  return {scaled_cos_sin(r, emb, /*cosine=*/true).to(dtype).to(device),
+          scaled_cos_sin(r, emb, /*cosine=*/false).to(dtype).to(device)};
 }
 
 std::pair<at::Tensor, at::Tensor> rotary_tables(const RotarySpec& r, const at::Tensor& positions,
                                                 at::ScalarType dtype) {
-  at::Tensor inv = inverse_frequencies(r).to(positions.device());
+  // dynamic and longrope read how far the positions reach (one host sync, theirs only).
+  const int64_t reach =
+      reach_matters(r) && positions.numel() > 0 ? positions.max().item<int64_t>() + 1 : 0;
+  at::Tensor inv = inverse_frequencies(r, reach).to(positions.device());
   at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv;  // [B, T, D/2]
   at::Tensor emb = angles(r, freqs).unsqueeze(1);                   // [B, 1, T, D]
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  return {scaled_cos_sin(r, emb, /*cosine=*/true).to(dtype),
+          scaled_cos_sin(r, emb, /*cosine=*/false).to(dtype)};
 }
 
 std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, int64_t start, int64_t length,
@@ -340,24 +418,17 @@ DecoderLayer::DecoderLayer(const LayerSpec& s, const RotarySpec& rotary, int64_t
 at::Tensor Mlp::forward(const at::Tensor& x, bool output_unread) {
   // The recomputation reads back what the first pass kept, if it kept (nothing is left then).
   at::Tensor a;
-  const bool gelu = activation == Activation::kGeluTanh;
   if (gate_up_proj) {
     const at::Tensor both = gate_up_proj->forward(x, false, kept_for_recompute());
     if (gate_up_proj->reuses_kept()) keep_for_recompute_if_room({both});
-    if (gelu) {
-      const int64_t cols = both.size(-1) / 2;
-      a = at::gelu(both.narrow(-1, 0, cols), "tanh") * both.narrow(-1, cols, cols);
-    } else {
-      a = swiglu_halves(both);
-    }
+    a = gated_activation_halves(both, activation);
   } else {
     const at::Tensor kept_gate = kept_for_recompute();
     const at::Tensor kept_up = kept_gate.defined() ? kept_for_recompute() : at::Tensor();
     const at::Tensor gate = gate_proj->forward(x, false, kept_gate);
     const at::Tensor up = up_proj->forward(x, false, kept_up);
     if (gate_proj->reuses_kept() && up_proj->reuses_kept()) keep_for_recompute_if_room({gate, up});
-    // transformers' act_fn(gate) * up, in the activations' dtype.
-    a = gelu ? at::gelu(gate, "tanh") * up : swiglu(gate, up);
+    a = gated_activation(gate, up, activation);
   }
   return down_proj->forward(a, output_unread);
 }

@@ -127,7 +127,7 @@ struct Linear : torch::nn::Module {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 /// Gemma's RMSNorm: (x_fp32 · rsqrt(mean(x_fp32²) + eps) · (1 + weight_fp32)).to(x.dtype), as
-/// transformers' Gemma2RMSNorm computes it (autograd of the formula).
+/// transformers' Gemma2RMSNorm computes it, with rms_norm's backward (and its kernel on CUDA).
 at::Tensor rms_norm_unit_offset(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 struct RMSNorm : torch::nn::Module {
@@ -229,10 +229,15 @@ at::Tensor sum_kept(const at::Tensor& x, const at::Tensor& y, const at::Tensor& 
 /// x + y for back-propagation only: an uninitialized tensor with the sum's backward.
 at::Tensor sum_unread(const at::Tensor& x, const at::Tensor& y);
 
-/// silu(gate) · up, rounded as transformers' `act_fn(gate) * up` (one kernel each way on CUDA,
-/// saving only gate and up for backward).
-at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+/// act(gate) · up for the gated MLP's activation (silu: SwiGLU; gelu-tanh: GeGLU), rounded as
+/// transformers' `act_fn(gate) * up` (one kernel each way on CUDA, saving only gate and up for
+/// backward).
+at::Tensor gated_activation(const at::Tensor& gate, const at::Tensor& up, Activation act);
 /// The same of the two halves of one fused projection's output [..., 2I] (gate first).
+at::Tensor gated_activation_halves(const at::Tensor& gate_up, Activation act);
+/// gated_activation with silu.
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+/// gated_activation_halves with silu.
 at::Tensor swiglu_halves(const at::Tensor& gate_up);
 
 /// The gated MLP: down(act(gate(x)) · up(x)), SwiGLU (silu) or GeGLU (gelu, tanh approximation),

@@ -105,9 +105,9 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       at::Tensor h = hidden.narrow(0, lo, len);
       at::Tensor y = labels.narrow(0, lo, len);
       at::Tensor logits = at::matmul(h, weight.t());
-      if (cap == 0 && kernels::fused_cross_entropy_applies(logits, y)) {
+      if (kernels::fused_cross_entropy_applies(logits, y)) {
         // One kernel: the rows' losses, and with `eager` d loss / d logits over the logits.
-        losses.narrow(0, lo, len).copy_(kernels::fused_cross_entropy(logits, y, eager));
+        losses.narrow(0, lo, len).copy_(kernels::fused_cross_entropy(logits, y, eager, cap));
         if (eager) {
           chunk_products(logits, h, weight,
                          eager_hidden ? grad_hidden.narrow(0, lo, len) : at::Tensor(), eager_weight,
@@ -181,8 +181,8 @@ class LinearTokenCrossEntropy : public torch::autograd::Function<LinearTokenCros
       at::Tensor h = hidden.narrow(0, lo, len);
       at::Tensor y = labels.narrow(0, lo, len);
       at::Tensor logits = at::matmul(h, weight.t());
-      if (cap == 0 && kernels::fused_cross_entropy_applies(logits, y)) {
-        losses.narrow(0, lo, len).copy_(kernels::fused_cross_entropy(logits, y, eager));
+      if (kernels::fused_cross_entropy_applies(logits, y)) {
+        losses.narrow(0, lo, len).copy_(kernels::fused_cross_entropy(logits, y, eager, cap));
         if (eager) chunk_products(logits, h, weight, grad_hidden.narrow(0, lo, len), false, unused);
         continue;
       }

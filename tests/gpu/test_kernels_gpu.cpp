@@ -118,6 +118,58 @@ TEST_CASE("fused RMSNorm gives transformers' outputs and gradients", "[gpu][kern
   }
 }
 
+TEST_CASE("fused RMSNorm with (1 + w) gives Gemma's outputs and gradients", "[gpu][kernels]") {
+  const at::Device cuda(at::kCUDA, 0);
+  // Gemma2RMSNorm: everything in fp32, (1 + w) before the one rounding.
+  const auto gemma = [](const at::Tensor& x, const at::Tensor& w) {
+    const at::Tensor h = x.to(at::kFloat);
+    return (h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + kEps) * (1.0 + w.to(at::kFloat)))
+        .to(x.scalar_type());
+  };
+  const auto exact = [](const at::Tensor& x, const at::Tensor& w) {
+    return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + kEps) * (1.0 + w);
+  };
+  // Gemma 2 / 3 widths (2304, 3584) and head_dim 256 (Gemma 3's q/k norms), in each dtype.
+  for (const auto& [hidden, dtype] :
+       std::vector<std::pair<int64_t, at::ScalarType>>{{2304, at::kBFloat16},
+                                                       {3584, at::kBFloat16},
+                                                       {256, at::kBFloat16},
+                                                       {2304, at::kHalf},
+                                                       {2304, at::kFloat}}) {
+    INFO("hidden " << hidden << ", " << c10::toString(dtype));
+    at::manual_seed(17);
+    const auto opts = at::TensorOptions().device(cuda).dtype(dtype);
+    at::Tensor x = (at::randn({3, 37, hidden}, opts.dtype(at::kFloat)) *
+                    at::rand({3, 37, 1}, opts.dtype(at::kFloat)).mul(8).add(0.1))
+                       .to(dtype);
+    // Gemma's weights sit around 0 (the norm scales by 1 + w).
+    at::Tensor w = (0.3 * at::randn({hidden}, opts.dtype(at::kFloat))).to(dtype);
+    at::Tensor g = at::randn({3, 37, hidden}, opts);
+    REQUIRE(zt::kernels::fused_rms_norm_applies(x, w));
+    const Result ours =
+        run([](auto& a, auto& b) { return zt::model::rms_norm_unit_offset(a, b, kEps); }, x, w, g);
+    const Result hf = run(gemma, x, w, g);
+    const Result truth = run(exact, x.to(at::kDouble), w.to(at::kDouble), g.to(at::kDouble));
+    const double u = unit_roundoff(dtype);
+    // Forward: transformers' roundings, up to r's last fp32 bit (one rounding of the dtype).
+    const at::Tensor diff = (ours.y.to(at::kDouble) - hf.y.to(at::kDouble)).abs();
+    CHECK((diff <= hf.y.to(at::kDouble).abs() * (dtype == at::kFloat ? 16 * u : 4 * u) + 1e-30)
+              .all()
+              .item<bool>());
+    std::printf(
+        "gemma rms_norm %lld %s: |gx - exact| %.3g (transformers %.3g), |gw - exact| "
+        "%.3g (%.3g)\n",
+        static_cast<long long>(hidden), c10::toString(dtype), rel_error(ours.gx, truth.gx),
+        rel_error(hf.gx, truth.gx), rel_error(ours.gw, truth.gw), rel_error(hf.gw, truth.gw));
+    CHECK(rel_error(ours.gx, truth.gx) <= 1.5 * rel_error(hf.gx, truth.gx) + u / 2);
+    CHECK(rel_error(ours.gw, truth.gw) <= 1.5 * rel_error(hf.gw, truth.gw) + u / 2);
+    // The plain RMSNorm of the same tensors is another function: the flag is read.
+    const Result plain =
+        run([](auto& a, auto& b) { return zt::model::rms_norm(a, b, kEps); }, x, w, g);
+    CHECK(rel_error(plain.y, truth.y) > 0.1);
+  }
+}
+
 TEST_CASE("fused RMSNorm: strided inputs and gradients take the right path", "[gpu][kernels]") {
   const at::Device cuda(at::kCUDA, 0);
   const auto opts = at::TensorOptions().device(cuda).dtype(at::kBFloat16);
@@ -343,6 +395,88 @@ TEST_CASE("fused SwiGLU equals silu(gate) * up, forward and backward", "[gpu][ke
         CHECK(at::equal(torch::autograd::grad({a}, {both2}, {g})[0], want_grad));
       }
     }
+  }
+}
+
+TEST_CASE("fused GeGLU equals gelu_tanh(gate) * up, forward and backward", "[gpu][kernels]") {
+  const at::Device cuda(at::kCUDA, 0);
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (int64_t cols : {1024, 1003}) {
+      INFO(c10::toString(dtype) << ", " << cols << " columns");
+      const auto opts = at::TensorOptions().device(cuda).dtype(dtype);
+      at::manual_seed(6);
+      const at::Tensor gu = (at::randn({2, 19, 2 * cols}, opts.dtype(at::kFloat)) * 4).to(dtype);
+      const at::Tensor g = at::randn({2, 19, cols}, opts.dtype(at::kFloat)).to(dtype);
+      // Within one rounding of the dtype of ATen's kernels (tanhf and the contractions may
+      // differ in the last fp32 bit, which the rounding to the dtype nearly always hides).
+      const double u = unit_roundoff(dtype);
+      const auto close = [&](const at::Tensor& got, const at::Tensor& want) {
+        const at::Tensor d = (got.to(at::kDouble) - want.to(at::kDouble)).abs();
+        const double scale = want.to(at::kDouble).abs().max().item<double>();
+        INFO("worst difference " << d.max().item<double>() << " of " << scale);
+        return (d <= 2 * u * want.to(at::kDouble).abs() + 1e-6 * scale).all().item<bool>();
+      };
+      at::Tensor gate = gu.narrow(-1, 0, cols).contiguous().requires_grad_(true);
+      at::Tensor up = gu.narrow(-1, cols, cols).contiguous().requires_grad_(true);
+      const at::Tensor want = at::gelu(gate, "tanh") * up;
+      const auto wg = torch::autograd::grad({want}, {gate, up}, {g});
+      at::Tensor gate2 = gate.detach().clone().requires_grad_(true);
+      at::Tensor up2 = up.detach().clone().requires_grad_(true);
+      const at::Tensor a =
+          zt::model::gated_activation(gate2, up2, zt::model::Activation::kGeluTanh);
+      CHECK(close(a.detach(), want.detach()));
+      const auto ag = torch::autograd::grad({a}, {gate2, up2}, {g});
+      CHECK(close(ag[0], wg[0]));
+      CHECK(close(ag[1], wg[1]));
+      // Not SwiGLU's values: the activation is the one asked for.
+      CHECK_FALSE(close(a.detach(), (at::silu(gate) * up).detach()));
+      // One fused gate_up projection (gate first).
+      at::Tensor both = gu.clone().requires_grad_(true);
+      const at::Tensor want_h =
+          both.narrow(-1, cols, cols) * at::gelu(both.narrow(-1, 0, cols), "tanh");
+      const at::Tensor want_grad = torch::autograd::grad({want_h}, {both}, {g})[0];
+      at::Tensor both2 = gu.clone().requires_grad_(true);
+      const at::Tensor h =
+          zt::model::gated_activation_halves(both2, zt::model::Activation::kGeluTanh);
+      CHECK(close(h.detach(), want_h.detach()));
+      CHECK(close(torch::autograd::grad({h}, {both2}, {g})[0], want_grad));
+    }
+  }
+}
+
+TEST_CASE("fused cross-entropy of soft-capped logits: Gemma 2's loss and d loss / d logits",
+          "[gpu][kernels]") {
+  const at::Device cuda(at::kCUDA, 0);
+  const double cap = 30.0;  // Gemma 2's final_logit_softcapping
+  for (at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    INFO(c10::toString(dtype));
+    const auto opts = at::TensorOptions().device(cuda).dtype(dtype);
+    at::manual_seed(19);
+    const int64_t rows = 41, vocab = 256000;
+    const at::Tensor logits = (at::randn({rows, vocab}, opts.dtype(at::kFloat)) * 20).to(dtype);
+    at::Tensor labels = at::randint(0, vocab, {rows}, opts.dtype(at::kLong));
+    labels.narrow(0, 3, 4).fill_(-100);
+    // The formula: autograd of the capped logits' cross-entropy in fp32.
+    at::Tensor z = logits.to(at::kFloat).requires_grad_(true);
+    const at::Tensor c = at::tanh(z / cap) * cap;
+    const at::Tensor valid = labels.ne(-100);
+    const at::Tensor want_loss =
+        (at::logsumexp(c, 1) - c.gather(1, labels.clamp_min(0).unsqueeze(1)).squeeze(1)) * valid;
+    const at::Tensor want_grad = torch::autograd::grad({want_loss.sum()}, {z})[0];
+    at::Tensor work = logits.clone();
+    const at::Tensor loss = zt::kernels::fused_cross_entropy(work, labels, true, cap);
+    CHECK((loss - want_loss.detach()).abs().max().item<double>() <=
+          1e-5 * want_loss.abs().max().item<double>());
+    const at::Tensor diff = (work.to(at::kDouble) - want_grad.to(at::kDouble)).abs();
+    const at::Tensor bound = 2 * unit_roundoff(dtype) * want_grad.to(at::kDouble).abs() +
+                             1e-5 * want_grad.abs().max().item<double>() + 1e-12;
+    INFO("worst gradient error / bound " << (diff / bound).max().item<double>());
+    CHECK((diff <= bound).all().item<bool>());
+    // Uncapped, the same logits give another loss: the cap is applied.
+    at::Tensor plain = logits.clone();
+    CHECK(
+        (zt::kernels::fused_cross_entropy(plain, labels, false) - loss).abs().max().item<double>() >
+        1.0);
   }
 }
 

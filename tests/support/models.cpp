@@ -19,6 +19,22 @@
 
 namespace zt::test {
 
+void check_same_scaling(const RopeScaling& got, const RopeScaling& want) {
+  CHECK(got.type == want.type);
+  CHECK(got.factor == want.factor);
+  CHECK(got.low_freq_factor == want.low_freq_factor);
+  CHECK(got.high_freq_factor == want.high_freq_factor);
+  CHECK(got.original_max_position_embeddings == want.original_max_position_embeddings);
+  CHECK(got.attention_factor == want.attention_factor);
+  CHECK(got.beta_fast == want.beta_fast);
+  CHECK(got.beta_slow == want.beta_slow);
+  CHECK(got.mscale == want.mscale);
+  CHECK(got.mscale_all_dim == want.mscale_all_dim);
+  CHECK(got.truncate == want.truncate);
+  CHECK(got.short_factor == want.short_factor);
+  CHECK(got.long_factor == want.long_factor);
+}
+
 void check_same_model(const ModelConfig& got, const ModelConfig& want, bool same_dtype) {
   CHECK(got.model_type == want.model_type);
   CHECK(got.vocab_size == want.vocab_size);
@@ -31,12 +47,7 @@ void check_same_model(const ModelConfig& got, const ModelConfig& want, bool same
   CHECK(got.max_position_embeddings == want.max_position_embeddings);
   CHECK(got.rms_norm_eps == want.rms_norm_eps);
   CHECK(got.rope_theta == want.rope_theta);
-  CHECK(got.rope_scaling.type == want.rope_scaling.type);
-  CHECK(got.rope_scaling.factor == want.rope_scaling.factor);
-  CHECK(got.rope_scaling.low_freq_factor == want.rope_scaling.low_freq_factor);
-  CHECK(got.rope_scaling.high_freq_factor == want.rope_scaling.high_freq_factor);
-  CHECK(got.rope_scaling.original_max_position_embeddings ==
-        want.rope_scaling.original_max_position_embeddings);
+  check_same_scaling(got.rope_scaling, want.rope_scaling);
   CHECK(got.partial_rotary_factor == want.partial_rotary_factor);
   CHECK(got.tie_word_embeddings == want.tie_word_embeddings);
   CHECK(got.qkv_bias == want.qkv_bias);
@@ -60,8 +71,8 @@ void check_same_model(const ModelConfig& got, const ModelConfig& want, bool same
   for (size_t i = 0; i < a.rotaries.size(); ++i) {
     INFO("rotary " << i);
     CHECK(a.rotaries[i].theta == b.rotaries[i].theta);
-    CHECK(a.rotaries[i].scaling.type == b.rotaries[i].scaling.type);
-    CHECK(a.rotaries[i].scaling.factor == b.rotaries[i].scaling.factor);
+    check_same_scaling(a.rotaries[i].scaling, b.rotaries[i].scaling);
+    CHECK(a.rotaries[i].max_positions == b.rotaries[i].max_positions);
     CHECK(a.rotaries[i].rotary_dim == b.rotaries[i].rotary_dim);
     CHECK(a.rotaries[i].interleaved == b.rotaries[i].interleaved);
   }

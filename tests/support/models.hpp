@@ -34,6 +34,9 @@ struct Batch {
 };
 Batch make_batch(const std::string& kind, int64_t step, int64_t first, int64_t count);
 
+/// Every member of two RoPE scalings is the same.
+void check_same_scaling(const RopeScaling& got, const RopeScaling& want);
+
 /// Checks (Catch CHECKs) that two configs state the same model: every member a family decides,
 /// RoPE scaling included, and the parameter count; the dtype too unless `same_dtype` is false
 /// (a config written in another dtype).

@@ -10,8 +10,9 @@ models/     tiny random llama (plain, llama3 and linear RoPE scaling), qwen2 (q/
             them, plus config_v4.json in the older key spelling, and expected.safetensors:
             logits, per-layer hidden states, the loss and a few gradients for fixed inputs.
 families    (models/ too) the families of [1/7]: qwen3 (q/k norms; yarn RoPE), mistral with head_dim,
-            gemma2, gemma3_text, phi3 (fused projections; partial rotary with LongRoPE); see
-            FAMILY_MODELS.
+            gemma2, gemma3_text, phi3 (fused projections; partial rotary with LongRoPE, short
+            and long), llama with yarn (DeepSeek's members) and dynamic RoPE; see
+            FAMILY_MODELS (FAMILIES=a,b makes only those).
 peft/       adapters PEFT creates on the tiny llama (LoRA, rsLoRA on all linear layers,
             P-Tuning with MLP and LSTM encoders, prefix tuning with and without projection),
             with the logits and loss they give and PEFT's trainable-parameter counts.
@@ -88,10 +89,23 @@ FAMILY_MODELS = {
     # q/k RMSNorm per head; head_dim given, not hidden / heads.
     "qwen3": ("qwen3", dict(TINY, head_dim=32, rope_theta=1000000.0, tie_word_embeddings=False,
                             attention_bias=False)),
+    # yarn as Qwen3's model card sets it; max / original positions (8) differ from the factor
+    # (4), so a reader that derives one from the other is caught.
     "qwen3_rope_yarn": ("qwen3", dict(TINY, head_dim=16, rope_theta=1000000.0,
                                       tie_word_embeddings=True,
                                       rope_scaling={"rope_type": "yarn", "factor": 4.0,
-                                                    "original_max_position_embeddings": 32})),
+                                                    "original_max_position_embeddings": 16})),
+    # yarn as DeepSeek and gpt-oss set it: its own betas, mscale / mscale_all_dim, untruncated.
+    "llama_rope_yarn": ("llama", dict(TINY, rope_theta=10000.0, tie_word_embeddings=False,
+                                      rope_scaling={"rope_type": "yarn", "factor": 8.0,
+                                                    "original_max_position_embeddings": 16,
+                                                    "beta_fast": 8.0, "beta_slow": 0.5,
+                                                    "mscale": 1.0, "mscale_all_dim": 0.8,
+                                                    "truncate": False})),
+    # dynamic NTK: 16 positions beyond max_position_embeddings 8 grow the base.
+    "llama_rope_dynamic": ("llama", dict(TINY, rope_theta=10000.0, tie_word_embeddings=False,
+                                         max_position_embeddings=8,
+                                         rope_scaling={"rope_type": "dynamic", "factor": 2.0})),
     # Mistral-Nemo / Small 3: head_dim given (128 with hidden 5120 / 32 heads).
     "mistral_head_dim": ("mistral", dict(TINY, head_dim=32, rope_theta=1000000.0,
                                          tie_word_embeddings=False, sliding_window=None)),
@@ -123,6 +137,15 @@ FAMILY_MODELS = {
                                    rope_scaling={"rope_type": "longrope",
                                                  "short_factor": [1.0 + 0.1 * i for i in range(6)],
                                                  "long_factor": [1.5 + 0.2 * i for i in range(6)]})),
+    # The same beyond its original 8 positions: the long factors, and the attention factor of
+    # max / original = 16.
+    "phi3_longrope_long": ("phi3", dict(TINY, rope_theta=10000.0, tie_word_embeddings=True,
+                                        partial_rotary_factor=0.75, pad_token_id=0,
+                                        eos_token_id=1, bos_token_id=2, sliding_window=None,
+                                        original_max_position_embeddings=8,
+                                        rope_scaling={"rope_type": "longrope",
+                                                      "short_factor": [1.0 + 0.1 * i for i in range(6)],
+                                                      "long_factor": [1.5 + 0.2 * i for i in range(6)]})),
 }
 
 
@@ -521,7 +544,10 @@ def versions():
 
 def make_families():
     """FAMILY_MODELS, each on its own: one that fails leaves the others made."""
+    only = set(filter(None, os.environ.get("FAMILIES", "").split(",")))
     for name, spec in FAMILY_MODELS.items():
+        if only and name not in only:
+            continue
         try:
             make_models({name: spec})
             with open(os.path.join(OUT, "models", name, "config.json")) as f:

@@ -2,6 +2,11 @@
 #include "model/families/decoder.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
 
 #include "zerotrain/error.hpp"
 
@@ -15,26 +20,81 @@ void read_rope_block(ObjectReader& block, double& theta, RopeScaling& scaling) {
   std::optional<std::string> type = r->string("rope_type");
   if (!type) type = r->string("type");
   if (!type) type = std::string("default");
-  r->known({"type", "rope_type"});
-  if (*type != "default" && *type != "linear" && *type != "llama3") {
-    r->fail_value("rope_type", fmt::format("RoPE type \"{}\" is not supported; supported: "
-                                           "default, linear, llama3",
-                                           *type));
+  r->known({"type", "rope_type", "partial_rotary_factor"});
+  constexpr const char* kTypes[] = {"default", "linear", "dynamic", "llama3", "yarn", "longrope"};
+  if (std::find(std::begin(kTypes), std::end(kTypes), *type) == std::end(kTypes)) {
+    r->fail_value("rope_type", fmt::format("RoPE type \"{}\" is not supported; supported: {}",
+                                           *type, fmt::join(kTypes, ", ")));
   }
   scaling.type = *type;
   if (*type == "default") return;
   std::optional<double> factor = r->number("factor", 1e-12);
-  if (!factor) r->fail("factor", fmt::format("a scaling factor for RoPE type \"{}\"", *type));
-  scaling.factor = *factor;
+  const bool factor_optional = *type == "yarn" || *type == "longrope";
+  if (!factor && !factor_optional)
+    r->fail("factor", fmt::format("a scaling factor for RoPE type \"{}\"", *type));
+  if (factor) {
+    if (*factor < 1.0 && *type != "linear") {
+      r->fail_value("factor", fmt::format("{} < 1: RoPE type \"{}\" extends the context by a "
+                                          "factor of at least 1",
+                                          *factor, *type));
+    }
+    scaling.factor = *factor;
+    scaling.factor_given = true;
+  }
+  if (auto v = r->integer("original_max_position_embeddings", 1, int64_t{1} << 30))
+    scaling.original_max_position_embeddings = *v;
   if (*type == "llama3") {
     if (auto v = r->number("low_freq_factor", 1e-12)) scaling.low_freq_factor = *v;
     if (auto v = r->number("high_freq_factor", 1e-12)) scaling.high_freq_factor = *v;
-    std::optional<int64_t> orig = r->integer("original_max_position_embeddings", 1);
-    if (!orig) r->fail("original_max_position_embeddings", "an integer for llama3 RoPE scaling");
-    scaling.original_max_position_embeddings = *orig;
+    if (scaling.original_max_position_embeddings == 0)
+      r->fail("original_max_position_embeddings", "an integer for llama3 RoPE scaling");
     if (scaling.high_freq_factor <= scaling.low_freq_factor) {
       r->fail_value("high_freq_factor", "must exceed low_freq_factor");
     }
+  }
+  if (*type == "yarn" || *type == "longrope") {
+    const rapidjson::Value* a = r->find("attention_factor");
+    if (a != nullptr && !a->IsNull()) {
+      scaling.attention_factor = r->number("attention_factor", 1e-12);
+      if (!scaling.attention_factor) r->fail("attention_factor", "a positive number or null");
+    }
+  }
+  if (*type == "yarn") {
+    // transformers: a missing (or zero) beta_fast / beta_slow is 32 / 1.
+    if (auto v = r->number("beta_fast", 0.0); v && *v > 0) scaling.beta_fast = *v;
+    if (auto v = r->number("beta_slow", 0.0); v && *v > 0) scaling.beta_slow = *v;
+    if (auto v = r->number("mscale", 0.0)) scaling.mscale = *v;
+    if (auto v = r->number("mscale_all_dim", 0.0)) scaling.mscale_all_dim = *v;
+    if (auto v = r->boolean("truncate")) scaling.truncate = *v;
+  }
+  if (*type == "longrope") {
+    for (auto [key, list] : {std::pair{"short_factor", &scaling.short_factor},
+                             std::pair{"long_factor", &scaling.long_factor}}) {
+      const rapidjson::Value* v = r->find(key);
+      if (v == nullptr || !v->IsArray() || v->Empty())
+        r->fail(key, "a list of positive numbers, one per rotated frequency (rotary_dim / 2)");
+      list->clear();
+      for (const rapidjson::Value& x : v->GetArray()) {
+        if (!x.IsNumber() || !(x.GetDouble() > 0.0) || !std::isfinite(x.GetDouble()))
+          r->fail(key, "a list of positive numbers, one per rotated frequency (rotary_dim / 2)");
+        list->push_back(x.GetDouble());
+      }
+    }
+  }
+}
+
+void complete_rope(ObjectReader& top, const ModelConfig& c, RopeScaling& s) {
+  if (s.type != "yarn" && s.type != "longrope") return;
+  // transformers' standardize_rope_params: the original length from the block, else from the
+  // top (Phi-3 writes it there), else max_position_embeddings.
+  if (s.original_max_position_embeddings == 0) {
+    s.original_max_position_embeddings =
+        top.integer("original_max_position_embeddings", 1, int64_t{1} << 30)
+            .value_or(c.max_position_embeddings);
+  }
+  if (!s.factor_given) {
+    s.factor = static_cast<double>(c.max_position_embeddings) /
+               static_cast<double>(s.original_max_position_embeddings);
   }
 }
 
@@ -53,6 +113,7 @@ void read_rope(ObjectReader& top, ModelConfig& c) {
     double unused = c.rope_theta;  // 4.x keeps theta at the top
     read_rope_block(*scaling, unused, c.rope_scaling);
   }
+  complete_rope(top, c, c.rope_scaling);
 }
 
 }  // namespace

@@ -19,8 +19,12 @@ using Alloc = rapidjson::Document::AllocatorType;
 /// a corrupt file is refused before anything is allocated.
 int64_t required_size(json::ObjectReader& r, const char* key, int64_t max);
 /// One RoPE block (5.x rope_parameters, 4.x rope_scaling): its rope_theta when there, its type
-/// (default, linear, llama3; others refused by key) and factors.
+/// (default, linear, dynamic, llama3, yarn, longrope; others refused by key) and its members.
 void read_rope_block(json::ObjectReader& block, double& theta, RopeScaling& scaling);
+/// What transformers fills in for a yarn or longrope block read from `top`'s config: the
+/// original length (from the block, else the top, else max_position_embeddings) and, when the
+/// block gives no factor, max / original positions. Call after read_rope_block.
+void complete_rope(json::ObjectReader& top, const ModelConfig& c, RopeScaling& scaling);
 /// The shared members of a transformers decoder's config.json; `hidden_act`, when given, must
 /// be the family's `activation`.
 void read_common(json::ObjectReader& r, ModelConfig& c, std::string_view activation = "silu");

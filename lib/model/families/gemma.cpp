@@ -78,6 +78,8 @@ void read(json::ObjectReader& r, ModelConfig& c, bool gemma3) {
         decoder::read_rope_block(*global, c.rope_theta, c.rope_scaling);
       if (std::optional<json::ObjectReader> local = p->object("sliding_attention"))
         decoder::read_rope_block(*local, s->local_theta, s->local_scaling);
+      decoder::complete_rope(r, c, c.rope_scaling);
+      decoder::complete_rope(r, c, s->local_scaling);
     }
   }
   r.known({"attention_bias", "attention_dropout", "sliding_window_pattern",

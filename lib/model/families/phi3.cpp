@@ -1,8 +1,7 @@
 // Phi-3 and Phi-4 (Phi3ForCausalLM): the shared decoder with q, k and v as one `qkv_proj` (query
 // heads, then the key and the value groups), gate and up as one `gate_up_proj` (gate first),
 // RoPE in halves on part of each head (partial_rotary_factor: Phi-4-mini's 0.75), an optional
-// sliding window, and no biases. LongRoPE (Phi-3-*-128k, Phi-4-mini) is refused with RoPE's
-// other unsupported types.
+// sliding window, and no biases. LongRoPE (Phi-3-*-128k, Phi-4-mini) is RoPE's (layers.cpp).
 #include <fmt/format.h>
 
 #include "model/families/decoder.hpp"
@@ -36,6 +35,12 @@ void write(rapidjson::Document& doc, const ModelConfig& c) {
   decoder::set_member(doc, "partial_rotary_factor", rapidjson::Value(c.partial_rotary_factor),
                       alloc);
   decoder::set_member(doc, "sliding_window", decoder::token_value(c.sliding_window), alloc);
+  if (c.rope_scaling.type == "longrope") {  // where 4.x's Phi-3 reads it
+    decoder::set_member(
+        doc, "original_max_position_embeddings",
+        rapidjson::Value(static_cast<int64_t>(c.rope_scaling.original_max_position_embeddings)),
+        alloc);
+  }
   for (const char* key : {"resid_pdrop", "embd_pdrop", "attention_dropout"})
     decoder::set_member(doc, key, rapidjson::Value(0.0), alloc);
   decoder::write_token_ids(doc, c);

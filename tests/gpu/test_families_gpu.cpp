@@ -1,0 +1,100 @@
+// The model families and RoPE scalings on CUDA, against the transformers 5.17 fixtures that the
+// CPU parity test reads (tests/fixtures/models/<name>/expected.safetensors): fp32 logits, hidden
+// states, loss and gradients with zerotrain's kernels on their fused paths (RMSNorm with w and
+// with 1 + w, rotary in halves, in pairs and in part, SwiGLU and GeGLU, the soft-capped loss),
+// then the same model in bf16 within bf16's reach of the fp32 answers.
+#include "support/catch.hpp"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kernels/fused.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/safetensors.hpp"
+
+using namespace zt;
+
+namespace {
+
+const at::Device kGpu(at::kCUDA, 0);
+
+std::string fixture(const std::string& rel) {
+  return std::string(ZT_FIXTURES) + "/" + rel;
+}
+
+std::shared_ptr<CausalLM> fixture_model(const std::string& name) {
+  ModelConfig c = load_model_config(fixture("models/" + name));
+  auto model = std::make_shared<CausalLM>(c, at::TensorOptions().dtype(at::kFloat), false);
+  load_weights(*model, *checkpoint_source(fixture("models/" + name)));
+  return model;
+}
+
+// The largest difference on real tokens, relative to the reference's largest value (Gemma's
+// states grow with √hidden and its (1 + w) norms).
+double relative_on(const at::Tensor& got, const at::Tensor& want, const at::Tensor& real) {
+  const at::Tensor g = got.to(at::kCPU, at::kDouble).index({real});
+  const at::Tensor w = want.to(at::kDouble).index({real});
+  return (g - w).abs().max().item<double>() / std::max(1.0, w.abs().max().item<double>());
+}
+
+}  // namespace
+
+TEST_CASE("every family on CUDA gives transformers' fp32 outputs and gradients, and bf16 near them",
+          "[gpu][families]") {
+  REQUIRE(at::getNumGPUs() > 0);
+  for (const char* name :
+       {"llama", "qwen2", "mistral", "glm", "glm4", "chatglm", "qwen3", "mistral_head_dim", "phi3",
+        "gemma2", "gemma3_text", "llama_rope_llama3", "qwen3_rope_yarn", "llama_rope_yarn",
+        "llama_rope_dynamic", "phi3_longrope", "phi3_longrope_long"}) {
+    INFO("model " << name);
+    SafetensorsFile expected(fixture(std::string("models/") + name + "/expected.safetensors"));
+    const at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");
+    const at::Tensor labels = expected.load("labels");
+    const at::Tensor real = mask.to(at::kBool);
+    const double hf_loss = expected.load("loss").item<double>();
+
+    auto model = fixture_model(name);
+    model->to(kGpu);
+    // The fused RMSNorm takes these fp32 rows (hidden 64), so the parity below is the kernel's.
+    REQUIRE(kernels::fused_rms_norm_applies(at::zeros({2, 64}, at::TensorOptions(kGpu)),
+                                            at::ones({64}, at::TensorOptions(kGpu))));
+    const at::Tensor logits = model->logits(ids, mask);
+    CHECK(logits.device().is_cuda());
+    CHECK(relative_on(logits, expected.load("logits"), real) < 2e-5);
+    const std::vector<at::Tensor> states = model->hidden_states(ids, mask);
+    for (size_t i = 0; i + 1 < states.size(); ++i) {
+      INFO("hidden state " << i);
+      CHECK(relative_on(states[i], expected.load("hidden_states." + std::to_string(i)), real) <
+            2e-5);
+    }
+    LossSum loss = model->loss(ids, labels, mask, /*chunk_tokens=*/7);
+    CHECK(loss.sum.item<double>() / loss.tokens == Approx(hf_loss).epsilon(1e-5));
+    (loss.sum / static_cast<double>(loss.tokens)).backward();
+    int compared = 0;
+    for (const auto& p : model->named_parameters()) {
+      const std::string key = "grad." + p.key();
+      if (!expected.contains(key)) continue;
+      INFO("gradient of " << p.key());
+      const at::Tensor want = expected.load(key).to(at::kDouble);
+      const at::Tensor got = p.value().grad().to(at::kCPU, at::kDouble);
+      CHECK((got - want).abs().max().item<double>() /
+                std::max(1.0, want.abs().max().item<double>()) <
+            2e-5);
+      ++compared;
+    }
+    CHECK(compared >= 4);
+
+    // bf16: the loss within bf16's noise of transformers' fp32 loss, the logits within a few
+    // bf16 roundings of the largest.
+    auto half = fixture_model(name);
+    half->to(kGpu, at::kBFloat16);
+    at::NoGradGuard no_grad;
+    LossSum bf = half->loss(ids, labels, mask);
+    INFO("bf16 loss " << bf.sum.item<double>() / bf.tokens << ", fp32 " << hf_loss);
+    CHECK(bf.sum.item<double>() / bf.tokens == Approx(hf_loss).epsilon(2e-2));
+    CHECK(relative_on(half->logits(ids, mask), expected.load("logits"), real) < 5e-2);
+  }
+}
