@@ -1,4 +1,4 @@
-# Finds LibTorch, fmt, RapidJSON, utf8proc, RE2, yaml-cpp and the optional CUDA / NCCL / Gloo
+# Finds LibTorch, fmt, RapidJSON, utf8proc, RE2, Oniguruma, yaml-cpp and the optional CUDA / NCCL / Gloo
 # pieces, and decides ZT_HAVE_CUDA, ZT_HAVE_NCCL, ZT_HAVE_GLOO and ZT_HAVE_TORCH_CUDA.
 
 # LibTorch: Torch_DIR when given; else the one of the Python `torch` package (the GPU machine's
@@ -61,6 +61,10 @@ zt_find_plain_library(zt_utf8proc UTF8PROC utf8proc.h utf8proc
 # (docs/peft.md). On the GPU machine an unpacked Debian package (cmake/gpu-deps-extra.sh).
 zt_find_plain_library(zt_re2 RE2 re2/re2.h re2
   "run `make deps` (Debian: libre2-dev), or on the GPU machine carry .gpu-deps after cmake/gpu-deps-extra.sh")
+# Oniguruma: tokenizer.json's Split regexes in the engine HF tokenizers compiles them with, so
+# lookaheads, \p{...} classes and (?i:...) groups mean what they mean there (docs/tokenizers.md).
+zt_find_plain_library(zt_onig ONIG oniguruma.h onig
+  "run `make deps` (Debian: libonig-dev), or on the GPU machine carry .gpu-deps after cmake/gpu-deps-extra.sh")
 # yaml-cpp: YAML options files (LLaMA-Factory's configs) through a maintained YAML library, not
 # a parser of our own (docs/config.md). Found like RE2 (the GPU machine's copy is unpacked).
 zt_find_plain_library(zt_yaml_cpp YAML_CPP yaml-cpp/yaml.h yaml-cpp

@@ -32,6 +32,8 @@ have_header fmt/format.h || missing+=(libfmt-dev)
 have_header utf8proc.h || missing+=(libutf8proc-dev)
 # RE2: user-given regular expressions in linear time (docs/peft.md).
 have_header re2/re2.h || missing+=(libre2-dev)
+# Oniguruma: the regex engine HF tokenizers runs tokenizer.json's Split patterns with.
+have_header oniguruma.h || missing+=(libonig-dev)
 # yaml-cpp: LLaMA-Factory's YAML configs (`zerotrain train config.yaml`, docs/config.md).
 have_header yaml-cpp/yaml.h || missing+=(libyaml-cpp-dev)
 # SentencePiece (Python, with Debian's libsentencepiece): the reference the ChatGLM tokenizer

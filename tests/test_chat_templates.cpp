@@ -13,6 +13,7 @@
 #include <rapidjson/document.h>
 
 #include "data/chat_templates.hpp"
+#include "data/jinja.hpp"
 #include "support/ranks.hpp"
 #include "tokenizer/hf_tokenizer.hpp"
 #include "util/files.hpp"
@@ -98,14 +99,16 @@ std::string jinja_python() {
   return found;
 }
 
-// jinja2's renderings of `cases` (messages, add_generation_prompt) with the template file.
-std::vector<std::optional<std::string>> reference(
-    const Format& f, const std::vector<std::pair<Turns, bool>>& cases) {
+// jinja2's renderings of `cases` (messages, add_generation_prompt) with the template file at
+// `path` (default: the format's reference text).
+std::vector<std::optional<std::string>> reference(const Format& f,
+                                                  const std::vector<std::pair<Turns, bool>>& cases,
+                                                  std::string path = "") {
   const std::string py = jinja_python();
   if (py.empty()) FAIL("no python3 with jinja2 (make deps installs python3-jinja2)");
   rapidjson::Document job(rapidjson::kObjectType);
   auto& a = job.GetAllocator();
-  const std::string path = fmt::format("{}/{}.jinja", ZT_DATA "/chat_templates", f.name);
+  if (path.empty()) path = fmt::format("{}/{}.jinja", ZT_DATA "/chat_templates", f.name);
   job.AddMember("template", rapidjson::Value(path.c_str(), a), a);
   if (f.bos) job.AddMember("bos_token", rapidjson::Value(f.bos, a), a);
   if (f.eos) job.AddMember("eos_token", rapidjson::Value(f.eos, a), a);
@@ -179,6 +182,153 @@ TEST_CASE("each model format renders what transformers renders with the model's 
   }
 }
 
+namespace {
+
+// Templates without a built-in format (tests/fixtures/chat_templates/SOURCES.md).
+const Format kOtherTemplates[] = {
+    {"gemma3", "<bos>", "<eos>"},
+    {"gemma2", "<bos>", "<eos>"},
+    {"mistral_nemo", "<s>", "</s>"},
+    {"deepseek_v3", "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
+     "<\uff5cend\u2581of\u2581sentence\uff5c>"},
+    {"phi4", nullptr, "<|im_end|>"},
+    {"phi3", "<s>", "<|endoftext|>"},
+};
+
+// Every template the interpreter is checked on: the built-in formats' texts and the others.
+std::vector<std::pair<Format, std::string>> all_template_files() {
+  std::vector<std::pair<Format, std::string>> out;
+  for (const Format& f : kFormats)
+    out.emplace_back(f, fmt::format("{}/chat_templates/{}.jinja", ZT_DATA, f.name));
+  for (const Format& f : kOtherTemplates)
+    out.emplace_back(f, fmt::format("{}/chat_templates/{}.jinja", ZT_FIXTURES, f.name));
+  return out;
+}
+
+jinja::Dict context_of(const Format& f, const Turns& turns, bool generation) {
+  jinja::List messages;
+  for (const auto& [role, content] : turns)
+    messages.emplace_back(
+        jinja::Dict{{"role", jinja::Value(role)}, {"content", jinja::Value(content)}});
+  jinja::Dict c{{"messages", jinja::Value(messages)},
+                {"add_generation_prompt", jinja::Value(generation)},
+                {"tools", jinja::Value::none()},
+                {"documents", jinja::Value::none()}};
+  if (f.bos) c.emplace_back("bos_token", jinja::Value(f.bos));
+  if (f.eos) c.emplace_back("eos_token", jinja::Value(f.eos));
+  return c;
+}
+
+// A model folder holding only `file`'s template in tokenizer_config.json with f's tokens.
+std::string folder_with(const Format& f, const std::string& file) {
+  const std::string dir = test::temp_dir("template_folder");
+  rapidjson::Document config(rapidjson::kObjectType);
+  auto& a = config.GetAllocator();
+  const std::string text = files::read_text(file);
+  config.AddMember("chat_template", rapidjson::Value(text.c_str(), a), a);
+  if (f.bos) config.AddMember("bos_token", rapidjson::Value(f.bos, a), a);
+  if (f.eos) config.AddMember("eos_token", rapidjson::Value(f.eos, a), a);
+  files::write_atomic(dir + "/tokenizer_config.json", json::dump(config, true));
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("the Jinja interpreter renders every chat template as jinja2 does under transformers",
+          "[data][templates][jinja]") {
+  for (const auto& [f, file] : all_template_files()) {
+    INFO("template " << file);
+    const jinja::Template t(files::read_text(file), file);
+    std::vector<std::pair<Turns, bool>> cases;
+    for (const Turns& c : conversations()) {
+      cases.emplace_back(c, false);
+      cases.emplace_back(Turns(c.begin(), c.end() - 1), true);
+    }
+    const auto want = reference(f, cases, file);
+    REQUIRE(want.size() == cases.size());
+    for (size_t k = 0; k < cases.size(); ++k) {
+      INFO("case " << k << (cases[k].second ? " (generation prompt)" : ""));
+      const jinja::Dict context = context_of(f, cases[k].first, cases[k].second);
+      if (!want[k]) {  // raise_exception in jinja2: a ConfigError here
+        CHECK_THROWS_WITH(t.render(context), Contains("the template raised"));
+        continue;
+      }
+      CHECK(t.render(context).text == *want[k]);
+    }
+  }
+}
+
+TEST_CASE("a chat template without a built-in format trains its replies as transformers renders it",
+          "[data][templates][jinja]") {
+  for (const Format& f : kOtherTemplates) {
+    INFO("template " << f.name);
+    const std::string file = fmt::format("{}/chat_templates/{}.jinja", ZT_FIXTURES, f.name);
+    const std::string dir = folder_with(f, file);
+    std::string source;
+    const std::string name = data::detect_chat_template(dir, &source);
+    CHECK(name == "jinja:" + dir + "/tokenizer_config.json");
+    CHECK_THAT(source, Contains("tokenizer_config.json"));
+    const data::ChatTemplate& t = data::chat_template(name);
+    CHECK(t.whole_text());
+    std::vector<std::pair<Turns, bool>> cases;
+    for (const Turns& c : conversations()) {
+      cases.emplace_back(c, false);
+      cases.emplace_back(Turns(c.begin(), c.end() - 1), true);
+    }
+    const auto want = reference(f, cases, file);
+    for (size_t k = 0; k < cases.size(); ++k) {
+      INFO("case " << k << (cases[k].second ? " (generation prompt)" : ""));
+      const data::Chat chat = chat_of(cases[k].first);
+      if (!want[k]) {
+        CHECK_THROWS_AS(cases[k].second ? t.prompt(chat) : joined(t.render(chat)), ConfigError);
+        continue;
+      }
+      if (cases[k].second) {
+        CHECK(t.prompt(chat) == *want[k]);
+        continue;
+      }
+      const std::vector<data::Piece> pieces = t.render(chat);
+      CHECK(joined(pieces) == *want[k]);
+      // One trained piece per reply, holding the reply's text (as the template writes it) and
+      // starting where the generation prompt of the turns before it ends.
+      std::vector<std::string> trained;
+      size_t replies = 0;
+      for (const data::Piece& p : pieces) {
+        if (p.trained) trained.push_back(p.text);
+      }
+      for (const auto& m : cases[k].first) replies += m.first == "assistant";
+      REQUIRE(trained.size() == replies);
+      size_t r = 0;
+      for (const auto& m : cases[k].first) {
+        if (m.first != "assistant") continue;
+        std::string reply = m.second;
+        // Templates trim or split the reply; its last word is there either way.
+        const size_t space = reply.find_last_not_of(" \t\n\u3000");
+        CHECK_FALSE(trained[r].empty());
+        if (space != std::string::npos) {
+          const size_t word = reply.find_last_of(" \n", space);
+          CHECK_THAT(trained[r], Contains(reply.substr(
+                                     word == std::string::npos ? 0 : word + 1,
+                                     space - (word == std::string::npos ? 0 : word + 1) + 1)));
+        }
+        ++r;
+      }
+    }
+  }
+  // A template file named on the command line, and what cannot be read, named.
+  const std::string file = fmt::format("{}/chat_templates/phi4.jinja", ZT_FIXTURES);
+  const data::ChatTemplate& named = data::chat_template("jinja:" + file);
+  data::Chat chat;
+  chat.messages.push_back({"user", "Hi", ""});
+  CHECK(named.prompt(chat) ==
+        "<|im_start|>user<|im_sep|>Hi<|im_end|><|im_start|>assistant<|im_sep|>");
+  CHECK_THROWS_WITH(data::chat_template("jinja:/nonexistent/t.jinja"),
+                    Contains("/nonexistent/t.jinja"));
+  const std::string bad = test::temp_dir("bad_template") + "/t.jinja";
+  files::write_atomic(bad, "{% for x in %}{% endfor %}");
+  CHECK_THROWS_WITH(data::chat_template("jinja:" + bad), Contains(bad) && Contains("line 1"));
+}
+
 TEST_CASE("template auto recognizes each model's chat_template and keeps alpaca_zh without one",
           "[data][templates]") {
   for (const Format& f : kFormats) {
@@ -206,9 +356,12 @@ TEST_CASE("template auto recognizes each model's chat_template and keeps alpaca_
   const std::string other = test::temp_dir("auto_other");
   files::write_atomic(other + "/tokenizer_config.json",
                       R"({"chat_template": "{{ messages[0]['content'] }}"})");
-  CHECK_THROWS_WITH(data::detect_chat_template(other), Contains(other + "/tokenizer_config.json") &&
-                                                           Contains("--template") &&
-                                                           Contains("qwen2.5"));
+  // Another template: rendered as written by the Jinja interpreter; one it cannot parse is
+  // refused naming the file and the line.
+  CHECK(data::detect_chat_template(other) == "jinja:" + other + "/tokenizer_config.json");
+  files::write_atomic(other + "/chat_template.jinja", "{{ messages[0]['content'] }}\n{% raw %}");
+  CHECK_THROWS_WITH(data::detect_chat_template(other), Contains(other + "/chat_template.jinja") &&
+                                                           Contains("line 2") && Contains("raw"));
   // The list form: the "default" entry.
   const std::string listed = test::temp_dir("auto_list");
   rapidjson::Document config(rapidjson::kObjectType);
@@ -323,4 +476,44 @@ TEST_CASE("real tokenizer folders: auto picks the model's format and trains its 
     REQUIRE(hf != nullptr);
     CHECK(hf->decode(trained, /*skip_special_tokens=*/false) == c.trained);
   }
+}
+
+TEST_CASE("hostile chat templates are refused naming the file and line, never a crash",
+          "[data][templates][jinja][hostile]") {
+  const auto refused = [](const std::string& text, const char* expected) {
+    INFO(text.substr(0, 120));
+    try {
+      const jinja::Template t(text, "hostile.jinja");
+      t.render({{"messages", jinja::Value(jinja::List{})}});
+    } catch (const ConfigError& e) {
+      CHECK_THAT(e.what(), Contains("hostile.jinja") && Contains(expected));
+      return;
+    }
+    FAIL("accepted");
+  };
+  // Nesting past any template's: brackets, signs, blocks.
+  refused("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}", "nested");
+  refused("{{ " + std::string(100000, '-') + "1 }}", "nested");
+  std::string blocks;
+  for (int i = 0; i < 50000; ++i) blocks += "{% if true %}";
+  refused(blocks, "nested");
+  // What grows without bound: repetition, recursion, ranges, integers.
+  refused("{{ 'x' * 100000000000 }}", "larger");
+  refused("{% set s = 'x' * 1000000 %}{% for i in range(200) %}{{ s }}{% endfor %}", "larger");
+  refused("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "nested more than");
+  refused("{{ range(100000000000) | length }}", "range");
+  refused("{{ 9223372036854775807 + 1 }}", "overflow");
+  refused("{{ 2 ** 64 }}", "overflow");
+  refused("{{ 1 // 0 }}", "division by zero");
+  refused("{{ 99999999999999999999999 }}", "64 bits");
+  refused("{{ '\\xZZ' }}", "non-hex");
+  // Unclosed or unknown constructs, wrong types.
+  refused("{% if x %}", "endif");
+  refused("{{ 'abc }}", "not closed");
+  refused("{% include 'x.jinja' %}", "include");
+  refused("{{ x | no_such_filter }}", "no_such_filter");
+  refused("{{ 1 is no_such_test }}", "no_such_test");
+  refused("{{ undefined_name.attribute }}", "undefined_name");
+  refused("{{ 'a' < 1 }}", "not supported");
+  refused("{{ raise_exception('stop here') }}", "stop here");
 }

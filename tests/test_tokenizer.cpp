@@ -7,6 +7,8 @@
 #include "support/catch.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -20,6 +22,7 @@
 #include "support/messages.hpp"
 #include "support/ranks.hpp"
 #include "tokenizer/hf_tokenizer.hpp"
+#include "tokenizer/split_rules.hpp"
 #include "tokenizer/unicode_text.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
@@ -389,24 +392,16 @@ TEST_CASE("unsupported tokenizer.json features are errors naming file, key and t
        {"normalizer.normalizers[1].pattern.Regex", "regex"}},
       {"qwen2",
        "/pre_tokenizer",
-       R"({"type": "Whitespace"})",
-       {"pre_tokenizer.type", "Whitespace"}},
+       R"({"type": "UnicodeScripts"})",
+       {"pre_tokenizer.type", "UnicodeScripts"}},
       {"qwen2",
        "/pre_tokenizer/pretokenizers/0/pattern/Regex",
-       R"("\\p{L}+|\\s+")",
-       {"pre_tokenizer.pretokenizers[0].pattern.Regex", "\\p{L}+|\\s+"}},
-      {"qwen2",
-       "/pre_tokenizer/pretokenizers/0/pattern",
-       R"({"String": " "})",
-       {"pre_tokenizer.pretokenizers[0].pattern.String"}},
+       R"("(\\p{L}+")",
+       {"pre_tokenizer.pretokenizers[0].pattern.Regex", "Oniguruma", "(\\p{L}+"}},
       {"qwen2",
        "/pre_tokenizer/pretokenizers/0/behavior",
-       R"("Removed")",
-       {"pre_tokenizer.pretokenizers[0].behavior", "Removed"}},
-      {"qwen2",
-       "/pre_tokenizer/pretokenizers/0/invert",
-       "true",
-       {"pre_tokenizer.pretokenizers[0].invert"}},
+       R"("Sideways")",
+       {"pre_tokenizer.pretokenizers[0].behavior", "Sideways", "MergedWithNext"}},
       {"qwen2",
        "/pre_tokenizer/pretokenizers/-",
        R"({"type": "Digits", "individual_digits": true})",
@@ -445,6 +440,179 @@ TEST_CASE("unsupported tokenizer.json features are errors naming file, key and t
     std::vector<std::string> parts = v.message;
     parts.push_back(path);
     CHECK_THROWS_MATCHES(load_tokenizer(dir, kLargeVocab), ConfigError, Has(parts));
+  }
+}
+
+// ---- Split in general ------------------------------------------------------------------------
+
+namespace {
+
+std::vector<std::string> pieces_of(const text::Matcher& m, text::SplitBehavior b, bool invert,
+                                   const std::string& input) {
+  std::vector<text::Span> spans, scratch;
+  text::split_by(m, b, invert, input, 0, spans, scratch);
+  std::vector<std::string> out;
+  for (const text::Span& s : spans) out.push_back(input.substr(s.first, s.second - s.first));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Split: each behavior and invert as HF tokenizers defines them", "[tokenizer][split]") {
+  using B = text::SplitBehavior;
+  using V = std::vector<std::string>;
+  // HF tokenizers' own example (its split.rs tests): "-" in "the-final--countdown".
+  const auto dash = text::Matcher::literal("-");
+  const std::string t = "the-final--countdown";
+  CHECK(pieces_of(*dash, B::kRemoved, false, t) == V{"the", "final", "countdown"});
+  CHECK(pieces_of(*dash, B::kIsolated, false, t) == V{"the", "-", "final", "-", "-", "countdown"});
+  CHECK(pieces_of(*dash, B::kMergedWithPrevious, false, t) ==
+        V{"the-", "final-", "-", "countdown"});
+  CHECK(pieces_of(*dash, B::kMergedWithNext, false, t) == V{"the", "-final", "-", "-countdown"});
+  CHECK(pieces_of(*dash, B::kContiguous, false, t) == V{"the", "-", "final", "--", "countdown"});
+  // invert swaps matches and gaps: Removed then keeps what the pattern matched.
+  CHECK(pieces_of(*dash, B::kRemoved, true, t) == V{"-", "-", "-"});
+  // With invert the words are the matches: each joins the dash before it (HF folds a match
+  // into the piece before it when that one is not a match).
+  CHECK(pieces_of(*dash, B::kMergedWithPrevious, true, t) == V{"the", "-final", "-", "-countdown"});
+  // A literal is literal; a regex is Oniguruma's (lookahead, \p{...}, case-insensitive groups).
+  CHECK(pieces_of(*text::Matcher::literal("[a]"), B::kIsolated, false, "a[a]b") ==
+        V{"a", "[a]", "b"});
+  CHECK(pieces_of(*text::Matcher::regex("\\s+(?!\\S)|\\s+"), B::kIsolated, false, "a   b") ==
+        V{"a", "  ", " ", "b"});
+  CHECK(pieces_of(*text::Matcher::regex("(?i:'S|'t)"), B::kIsolated, false, "IT'S it's") ==
+        V{"IT", "'S", " it", "'s"});
+  CHECK(pieces_of(*text::Matcher::regex("\\p{N}{1,3}"), B::kIsolated, false, "x12345") ==
+        V{"x", "123", "45"});
+  // Empty matches (a lookahead) cut without losing text, and never loop.
+  CHECK(pieces_of(*text::Matcher::regex("(?=a)"), B::kIsolated, false, "baa") == V{"b", "a", "a"});
+  CHECK(pieces_of(*dash, B::kIsolated, false, "").empty());
+  CHECK_THROWS_WITH(text::Matcher::regex("(unclosed"), Catch::Contains("Oniguruma"));
+}
+
+TEST_CASE("HF's character-class pre-tokenizers split as their Split equivalents",
+          "[tokenizer][split]") {
+  // Whitespace, WhitespaceSplit, Digits, Punctuation and Bert read from a tokenizer.json, then
+  // applied step by step: the pieces HF documents for each (its pre-tokenizer docs and tests).
+  struct PreCase {
+    const char* pre_tokenizer;
+    const char* text;
+    std::vector<std::string> pieces;
+  };
+  const std::vector<PreCase> cases = {
+      {R"({"type": "Whitespace"})",
+       "Hey friend!     How are you?!?",
+       {"Hey", "friend", "!", "How", "are", "you", "?!?"}},
+      {R"({"type": "WhitespaceSplit"})",
+       "Hey friend!     How are you?!?",
+       {"Hey", "friend!", "How", "are", "you?!?"}},
+      {R"({"type": "Digits", "individual_digits": true})",
+       "Call 123 please",
+       {"Call ", "1", "2", "3", " please"}},
+      {R"({"type": "Digits", "individual_digits": false})",
+       "Call 123 please",
+       {"Call ", "123", " please"}},
+      {R"({"type": "Punctuation"})",
+       "Hey friend!     How are you?!?",
+       {"Hey friend", "!", "     How are you", "?", "!", "?"}},
+      {R"({"type": "BertPreTokenizer"})",
+       "Hey friend!     How are you?!?",
+       {"Hey", "friend", "!", "How", "are", "you", "?", "!", "?"}},
+  };
+  for (const PreCase& c : cases) {
+    INFO(c.pre_tokenizer);
+    const std::string dir = copy_fixture("qwen2");
+    set_json(dir + "/tokenizer.json", "/pre_tokenizer", c.pre_tokenizer);
+    const hf::TokenizerJson spec = hf::read_tokenizer_json(dir + "/tokenizer.json");
+    std::vector<std::string> pieces{c.text};
+    for (const hf::PreTokenizerStep& step : spec.pre_tokenizers) {
+      REQUIRE(step.kind == hf::PreTokenizerStep::kSplit);
+      REQUIRE(step.matcher != nullptr);
+      std::vector<std::string> next;
+      for (const std::string& p : pieces) {
+        for (std::string& q : pieces_of(*step.matcher, step.behavior, step.invert, p))
+          next.push_back(std::move(q));
+      }
+      pieces.swap(next);
+    }
+    CHECK(pieces == c.pieces);
+  }
+  // And through the whole encoder: the same ids as the pieces' ids one after another.
+  const std::string dir = copy_fixture("qwen2");
+  set_json(dir + "/tokenizer_config.json", "/tokenizer_class", "\"PreTrainedTokenizerFast\"");
+  set_json(dir + "/tokenizer.json", "/pre_tokenizer", R"({"type": "Sequence", "pretokenizers":
+      [{"type": "WhitespaceSplit"}, {"type": "ByteLevel", "add_prefix_space": false,
+      "use_regex": false}]})");
+  std::shared_ptr<HfTokenizer> tok = load_hf(dir);
+  std::vector<int32_t> want;
+  for (const char* piece : {"Hey", "friend!", "How", "are", "you?!?"}) {
+    const std::vector<int32_t> ids = tok->encode(piece);
+    want.insert(want.end(), ids.begin(), ids.end());
+  }
+  CHECK(tok->encode("Hey friend!     How are you?!?") == want);
+}
+
+TEST_CASE("Oniguruma splits the hand-written patterns' regexes into the same pieces",
+          "[tokenizer][split]") {
+  std::vector<std::string> texts;
+  for (const std::string& name : {std::string("qwen2"), std::string("llama3")}) {
+    for (const Case& c : read_cases(name)) texts.push_back(c.text);
+  }
+  for (const char* extra :
+       {"I'm DON'T we're HTTPServer camelCase 12345",
+        " caf\u00e9\u0301 \u01c5uro \u4f60\u597d! \t\n  trailing  ", "a.\n\nx",
+        "$True foo\tbar\r\n/baz \U0001F680", "\u216b\u00b2 n\u0085\u00a0s\u2028l", "\u0300\u0301",
+        "  \n\n   x  \r\n"}) {
+    texts.emplace_back(extra);
+  }
+  for (text::SplitPattern p :
+       {text::SplitPattern::kGpt2, text::SplitPattern::kQwen2, text::SplitPattern::kLlama3}) {
+    const std::string regex(text::split_pattern_regex(p));
+    INFO(regex);
+    const auto onig = text::Matcher::regex(regex);
+    for (const std::string& s : texts) {
+      INFO(s);
+      std::vector<text::Span> by_hand, by_onig, scratch;
+      text::split_with_pattern(p, s, 0, by_hand);
+      text::split_by(*onig, text::SplitBehavior::kIsolated, false, s, 0, by_onig, scratch);
+      CHECK(by_onig == by_hand);
+    }
+  }
+}
+
+TEST_CASE("a Split the hand-written matchers do not take runs in Oniguruma to HF's ids",
+          "[tokenizer][split]") {
+  // The same regexes spelled another way (one more group): no longer recognised, so Oniguruma
+  // runs them; the ids must still be HF's.
+  for (const std::string& name : {std::string("qwen2"), std::string("llama3")}) {
+    INFO(name);
+    const std::string dir = copy_fixture(name);
+    set_json(dir + "/tokenizer_config.json", "/tokenizer_class", "\"PreTrainedTokenizerFast\"");
+    edit_json(dir + "/tokenizer.json", [](rapidjson::Document& doc, auto& a) {
+      rapidjson::Value& r = doc["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"];
+      const std::string regrouped = "(?:" + std::string(r.GetString()) + ")";
+      r.SetString(regrouped.c_str(), static_cast<rapidjson::SizeType>(regrouped.size()), a);
+    });
+    std::shared_ptr<HfTokenizer> tok = load_hf(dir);
+    for (const Case& c : read_cases(name)) {
+      INFO("text \"" << c.text << "\"");
+      CHECK(tok->encode(c.text) == c.ids);
+    }
+  }
+}
+
+TEST_CASE("a byte-level tokenizer.json under LlamaTokenizerFast's name is read as written",
+          "[tokenizer]") {
+  // DeepSeek-V3's case: a byte-level file whose tokenizer_config.json names a SentencePiece
+  // class. The class's Metaspace pipeline would drop the spaces; the file's own ids are HF
+  // tokenizers' (the fixture's recorded ids).
+  const std::string dir = copy_fixture("qwen2");
+  set_json(dir + "/tokenizer_config.json", "/tokenizer_class", "\"LlamaTokenizerFast\"");
+  std::shared_ptr<HfTokenizer> tok = load_hf(dir);
+  for (const Case& c : read_cases("qwen2")) {
+    INFO("text \"" << c.text << "\"");
+    CHECK(tok->encode(c.text) == c.ids);
+    CHECK(tok->decode(c.ids, false) == c.decoded);
   }
 }
 
@@ -505,5 +673,65 @@ TEST_CASE("decode leaves out unknown ids and -100 labels", "[tokenizer]") {
     noisy.push_back(static_cast<int32_t>(tok->vocab_size()));
     noisy.push_back(kIgnoreLabel);
     CHECK(tok->decode(noisy) == tok->decode(ids));
+  }
+}
+
+// Real tokenizer folders (tests/tools/fetch_real_tokenizers.sh) against the ids another
+// implementation wrote for a corpus (ZT_REAL_TOKENIZERS, ZT_CORPUS: {"text": ...} lines,
+// ZT_REFERENCE_IDS: {"<folder>": [[ids], ...]}, as tests/tools/tokenizers_js_ids.mjs or
+// check_hf_outputs.py write them). Prints each difference with the tokens around it.
+TEST_CASE("tool: real tokenizer folders against reference ids", "[.tool]") {
+  const char* real = std::getenv("ZT_REAL_TOKENIZERS");
+  const char* corpus = std::getenv("ZT_CORPUS");
+  const char* reference = std::getenv("ZT_REFERENCE_IDS");
+  REQUIRE((real && corpus && reference));
+  std::vector<std::string> texts;
+  {
+    std::ifstream in(corpus);
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      rapidjson::Document d;
+      d.Parse(line.c_str());
+      REQUIRE(d.IsObject());
+      texts.emplace_back(d["text"].GetString(), d["text"].GetStringLength());
+    }
+  }
+  const std::string content = read_file(reference);
+  rapidjson::Document ref;
+  ref.Parse(content.data(), content.size());
+  REQUIRE(ref.IsObject());
+  for (const auto& m : ref.GetObject()) {
+    const std::string name = m.name.GetString();
+    INFO("tokenizer " << name);
+    if (!m.value.IsArray()) {
+      WARN(name << ": no reference ids (" << m.value["error"].GetString() << ")");
+      continue;
+    }
+    std::shared_ptr<Tokenizer> tok;
+    try {
+      tok = load_tokenizer(std::string(real) + "/" + name, kLargeVocab);
+    } catch (const std::exception& e) {
+      FAIL_CHECK(name << " does not load: " << e.what());
+      continue;
+    }
+    size_t same = 0;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const std::vector<int32_t> want = ints(m.value[static_cast<rapidjson::SizeType>(i)]);
+      const std::vector<int32_t> got = tok->encode(texts[i]);
+      if (got == want) {
+        ++same;
+        continue;
+      }
+      size_t at = 0;
+      while (at < got.size() && at < want.size() && got[at] == want[at]) ++at;
+      std::string ours, theirs;
+      for (size_t k = at > 2 ? at - 2 : 0; k < std::min(got.size(), at + 4); ++k)
+        ours += "[" + tok->decode(std::vector<int32_t>{got[k]}) + "]";
+      for (size_t k = at > 2 ? at - 2 : 0; k < std::min(want.size(), at + 4); ++k)
+        theirs += "[" + tok->decode(std::vector<int32_t>{want[k]}) + "]";
+      FAIL_CHECK(name << " text " << i << " differs at token " << at << ": ours " << ours
+                      << " reference " << theirs);
+    }
+    std::printf("%s: %zu of %zu texts the same\n", name.c_str(), same, texts.size());
   }
 }

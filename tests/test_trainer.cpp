@@ -1603,21 +1603,27 @@ TEST_CASE("tool: write run outputs for the transformers checks", "[.tool]") {
   // The families of [1/7] from inline configs: config.json written by the family, not copied.
   const std::string tiny = R"("vocab_size": 128, "hidden_size": 64, "intermediate_size": 160,
       "num_attention_heads": 4, "num_key_value_heads": 2)";
-  export_run("inline_qwen3_yarn",
-             {"--model_config", R"({"model_type": "qwen3", "head_dim": 32, )" + tiny +
-                                    R"(, "num_hidden_layers": 2, "rope_theta": 1000000.0, "max_position_embeddings": 64,
+  export_run(
+      "inline_qwen3_yarn",
+      {"--model_config",
+       R"({"model_type": "qwen3", "head_dim": 32, )" + tiny +
+           R"(, "num_hidden_layers": 2, "rope_theta": 1000000.0, "max_position_embeddings": 64,
       "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}})"});
-  export_run("inline_gemma2", {"--model_config", R"({"model_type": "gemma2", "head_dim": 16, )" +
-                                                     tiny + R"(, "num_hidden_layers": 2, "query_pre_attn_scalar": 24,
+  export_run("inline_gemma2",
+             {"--model_config", R"({"model_type": "gemma2", "head_dim": 16, )" + tiny +
+                                    R"(, "num_hidden_layers": 2, "query_pre_attn_scalar": 24,
       "attn_logit_softcapping": 2.0, "final_logit_softcapping": 1.5, "sliding_window": 4})"});
-  export_run("inline_gemma3", {"--model_config", R"({"model_type": "gemma3_text", "head_dim": 16, )" +
-                                                     tiny + R"(, "num_hidden_layers": 3,
+  export_run("inline_gemma3",
+             {"--model_config", R"({"model_type": "gemma3_text", "head_dim": 16, )" + tiny +
+                                    R"(, "num_hidden_layers": 3,
       "query_pre_attn_scalar": 16, "sliding_window": 4, "sliding_window_pattern": 3,
       "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
       "rope_scaling": {"rope_type": "linear", "factor": 8.0}})"});
-  export_run("inline_phi3_longrope",
-             {"--model_config", R"({"model_type": "phi3", )" + tiny +
-                                    R"(, "num_hidden_layers": 2, "partial_rotary_factor": 0.75, "max_position_embeddings": 64,
+  export_run(
+      "inline_phi3_longrope",
+      {"--model_config",
+       R"({"model_type": "phi3", )" + tiny +
+           R"(, "num_hidden_layers": 2, "partial_rotary_factor": 0.75, "max_position_embeddings": 64,
       "original_max_position_embeddings": 8, "rope_scaling": {"type": "longrope",
       "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5], "long_factor": [1.5, 1.7, 1.9, 2.1, 2.3, 2.5]}})"});
   // A run's state and TensorBoard events.

@@ -2,6 +2,8 @@
 // are in data/chat_templates/); each renderer's comments name what it reproduces.
 #include "data/chat_templates.hpp"
 
+#include "data/folder_template.hpp"
+
 #include <algorithm>
 #include <ctime>
 #include <filesystem>
@@ -453,30 +455,10 @@ std::string without_whitespace(std::string_view s) {
 std::optional<std::pair<std::string, std::string>> folder_chat_template(const std::string& dir) {
   std::error_code ec;
   const std::string jinja = dir + "/chat_template.jinja";
-  if (std::filesystem::is_regular_file(jinja, ec))
-    return std::pair{files::read_text(jinja, "chat template"), jinja};
+  if (std::filesystem::is_regular_file(jinja, ec)) return template_text_in(jinja);
   const std::string config = dir + "/tokenizer_config.json";
   if (!std::filesystem::is_regular_file(config, ec)) return std::nullopt;
-  rapidjson::Document doc =
-      json::parse(files::read_text(config, "tokenizer config", files::kMaxTokenizerBytes), config);
-  if (!doc.IsObject()) return std::nullopt;
-  auto it = doc.FindMember("chat_template");
-  if (it == doc.MemberEnd() || it->value.IsNull()) return std::nullopt;
-  if (it->value.IsString())
-    return std::pair{std::string(it->value.GetString(), it->value.GetStringLength()), config};
-  if (it->value.IsArray()) {  // [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
-    for (const auto& entry : it->value.GetArray()) {
-      if (entry.IsObject() && entry.HasMember("name") && entry["name"].IsString() &&
-          json::text(entry["name"]) == "default" && entry.HasMember("template") &&
-          entry["template"].IsString()) {
-        return std::pair{json::text(entry["template"]), config};
-      }
-    }
-  }
-  throw ConfigError(
-      fmt::format("{}: chat_template: expected a template string or a list holding a \"default\" "
-                  "template",
-                  config));
+  return template_text_in(config);
 }
 
 }  // namespace
@@ -485,6 +467,7 @@ const ChatTemplate& chat_template(const std::string& name) {
   for (const auto& t : all()) {
     if (t->name() == name) return *t;
   }
+  if (name.rfind(kFolderTemplatePrefix, 0) == 0) return folder_chat_template_named(name);
   throw ConfigError(fmt::format("template: unknown template \"{}\"; choose auto or one of: {}",
                                 name, fmt::join(chat_template_names(), ", ")));
 }
@@ -511,13 +494,12 @@ std::string detect_chat_template(const std::string& model_dir, std::string* sour
       return name;
     }
   }
-  std::vector<std::string> formats;
-  for (const auto& [name, reference] : kReferenceChatTemplates) formats.push_back(name);
-  throw ConfigError(fmt::format(
-      "{}: its chat_template is none of the chat formats zerotrain reproduces ({}); pass "
-      "--template NAME with the "
-      "format it follows, or an instruction template (alpaca_zh, alpaca, chatml, plain)",
-      found->second, fmt::join(formats, ", ")));
+  // Any other template: rendered by the Jinja interpreter, as transformers renders it.
+  const std::string name = kFolderTemplatePrefix + found->second;
+  chat_template(name);  // parsed now: a template it cannot render is refused here, named
+  if (source != nullptr)
+    *source = fmt::format("the chat template of {} (rendered as written)", found->second);
+  return name;
 }
 
 std::optional<std::string> recorded_chat_template(const std::string& dir) {

@@ -55,7 +55,8 @@ class ChatTemplate {
   virtual bool appends_eos() const { return false; }
 };
 
-/// The template named `name`; a ConfigError listing the names for an unknown one.
+/// The template named `name` (a built-in one, or "jinja:<file>"); a ConfigError listing the
+/// names for an unknown one.
 const ChatTemplate& chat_template(const std::string& name);
 
 /// Every template name, instruction templates first.
@@ -63,9 +64,9 @@ std::vector<std::string> chat_template_names();
 
 /// What `--template auto` picks for the model folder `model_dir`: the built-in format whose
 /// reference text equals the folder's chat template (chat_template.jinja, or
-/// tokenizer_config.json's chat_template; whitespace ignored), or alpaca_zh when the folder has
-/// none (or `model_dir` is empty). A chat template zerotrain does not know is a ConfigError
-/// naming the file and the templates there are. `source` receives where the choice came from.
+/// tokenizer_config.json's chat_template; whitespace ignored); any other template as written
+/// ("jinja:<file>", rendered by the Jinja interpreter: folder_template.hpp); alpaca_zh when the
+/// folder has none (or `model_dir` is empty). `source` receives where the choice came from.
 std::string detect_chat_template(const std::string& model_dir, std::string* source = nullptr);
 
 /// The template zerotrain_template.json in `dir` records (what a run trained with), if any.

@@ -126,7 +126,7 @@ struct Piece {
 struct EncodeScratch {
   std::string repaired, normalized, normalize_tmp;
   std::string arenas[2];
-  std::vector<text::Span> spans;
+  std::vector<text::Span> spans, matches;
   std::vector<Piece> pieces, next_pieces;
 };
 thread_local EncodeScratch scratch;
@@ -168,10 +168,12 @@ HfTokenizer::HfTokenizer(hf::TokenizerJson spec)
   const bool plain_byte_level = [](const hf::PreTokenizerStep& s) {
     return s.kind == hf::PreTokenizerStep::kByteLevel && !s.add_prefix_space && !s.use_regex;
   }(steps.empty() ? hf::PreTokenizerStep{hf::PreTokenizerStep::kSplit} : steps.back());
-  if (steps.size() == 1 && steps[0].kind == hf::PreTokenizerStep::kSplit) {
+  const auto hand_written = [](const hf::PreTokenizerStep& s) {
+    return s.kind == hf::PreTokenizerStep::kSplit && !s.matcher;
+  };
+  if (steps.size() == 1 && hand_written(steps[0])) {
     impl_->split_only = steps[0].pattern;
-  } else if (steps.size() == 2 && steps[0].kind == hf::PreTokenizerStep::kSplit &&
-             plain_byte_level) {
+  } else if (steps.size() == 2 && hand_written(steps[0]) && plain_byte_level) {
     impl_->split_only = steps[0].pattern;
   } else if (steps.size() == 1 && steps[0].kind == hf::PreTokenizerStep::kByteLevel &&
              !steps[0].add_prefix_space) {
@@ -388,6 +390,20 @@ void HfTokenizer::pre_tokenize_and_encode(std::string_view text, bool at_start,
     pieces.swap(next);
   };
   for (const hf::PreTokenizerStep& step : spec_.pre_tokenizers) {
+    if (step.kind == hf::PreTokenizerStep::kSplit && step.matcher) {
+      next.clear();
+      for (const Piece& p : pieces) {
+        scratch.spans.clear();
+        text::split_by(*step.matcher, step.behavior, step.invert,
+                       base.substr(p.begin, p.end - p.begin), p.begin, scratch.spans,
+                       scratch.matches);
+        for (size_t k = 0; k < scratch.spans.size(); ++k) {
+          next.push_back(Piece{scratch.spans[k].first, scratch.spans[k].second, p.first && k == 0});
+        }
+      }
+      pieces.swap(next);
+      continue;
+    }
     if (step.kind == hf::PreTokenizerStep::kSplit) {
       split(step.pattern);
       continue;

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/split_rules.hpp"
 #include "tokenizer/unicode_text.hpp"
 #include "zerotrain/tokenizer.hpp"
 
@@ -36,9 +37,14 @@ struct PreTokenizerStep {
   enum Kind { kSplit, kMetaspace, kByteLevel } kind;
   explicit PreTokenizerStep(Kind k) : kind(k) {}
   text::SplitPattern pattern = text::SplitPattern::kGpt2;  // kSplit; kByteLevel with use_regex
-  bool use_regex = false;                                  // kByteLevel
-  bool add_prefix_space = false;                           // kByteLevel
-  std::string replacement;                                 // kMetaspace
+  /// kSplit in general (split_rules.hpp): the pattern as a regex or a string, with its behavior
+  /// and invert. Null: the hand-written `pattern`, Isolated, not inverted.
+  std::shared_ptr<const text::Matcher> matcher;
+  text::SplitBehavior behavior = text::SplitBehavior::kIsolated;
+  bool invert = false;
+  bool use_regex = false;                                                     // kByteLevel
+  bool add_prefix_space = false;                                              // kByteLevel
+  std::string replacement;                                                    // kMetaspace
   enum class Prepend { kAlways, kFirst, kNever } prepend = Prepend::kAlways;  // kMetaspace
   bool split = true;                                                          // kMetaspace
 };

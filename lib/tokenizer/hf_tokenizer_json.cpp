@@ -9,6 +9,7 @@
 #include "tokenizer/hf_tokenizer.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
+#include "util/log.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::hf {
@@ -17,7 +18,8 @@ namespace {
 constexpr const char* kNormalizerTypes =
     "NFC, NFD, NFKC, NFKD, Prepend, Replace (String pattern), Sequence";
 constexpr const char* kPreTokenizerTypes =
-    "Split (the GPT-2, Qwen2 or LLaMA-3 regex), ByteLevel, Metaspace, Sequence";
+    "Split (any regex or string, every behavior), Whitespace, WhitespaceSplit, Digits, "
+    "Punctuation, BertPreTokenizer, ByteLevel, Metaspace, Sequence";
 constexpr const char* kDecoderTypes =
     "ByteLevel, Metaspace, Replace (String pattern), ByteFallback, Fuse, Strip, Sequence";
 constexpr const char* kPostProcessorTypes = "TemplateProcessing, ByteLevel, Sequence";
@@ -118,6 +120,22 @@ void check_normalizer_growth(const std::vector<NormalizerStep>& steps, const std
   }
 }
 
+// A Split's `behavior` (HF's SplitDelimiterBehavior), refused by key when it is none of five.
+text::SplitBehavior split_behavior(json::ObjectReader& r, const std::string& name) {
+  static const std::pair<const char*, text::SplitBehavior> kBehaviors[] = {
+      {"Removed", text::SplitBehavior::kRemoved},
+      {"Isolated", text::SplitBehavior::kIsolated},
+      {"MergedWithPrevious", text::SplitBehavior::kMergedWithPrevious},
+      {"MergedWithNext", text::SplitBehavior::kMergedWithNext},
+      {"Contiguous", text::SplitBehavior::kContiguous}};
+  for (const auto& [n, b] : kBehaviors) {
+    if (name == n) return b;
+  }
+  r.fail_value("behavior", fmt::format("\"{}\": expected Removed, Isolated, MergedWithPrevious, "
+                                       "MergedWithNext or Contiguous",
+                                       name));
+}
+
 void read_pre_tokenizer(json::ObjectReader& r, const std::string& source,
                         std::vector<PreTokenizerStep>& out) {
   const std::string type = type_of(r);
@@ -133,23 +151,29 @@ void read_pre_tokenizer(json::ObjectReader& r, const std::string& source,
   if (type == "Split") {
     PreTokenizerStep s{PreTokenizerStep::kSplit};
     const rapidjson::Value* v = r.find("pattern");
-    if (v == nullptr || !v->IsObject()) r.fail("pattern", "an object {\"Regex\": \"...\"}");
+    if (v == nullptr || !v->IsObject()) {
+      r.fail("pattern", "an object {\"Regex\": \"...\"} or {\"String\": \"...\"}");
+    }
     json::ObjectReader p(*v, r.key_path("pattern"), source);
+    s.behavior = split_behavior(
+        r, r.required_string(
+               "behavior", "Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous"));
+    s.invert = r.boolean("invert").value_or(false);
     if (p.has("String")) {
-      unsupported(p, "String", "a Split on a string", "the GPT-2, Qwen2 and LLaMA-3 regexes");
+      s.matcher = text::Matcher::literal(p.required_string("String"));
+    } else {
+      const std::string regex = p.required_string("Regex");
+      std::optional<text::SplitPattern> known = text::known_split_pattern(regex);
+      if (known && s.behavior == text::SplitBehavior::kIsolated && !s.invert) {
+        s.pattern = *known;  // the hand-written matcher of this exact regex
+      } else {
+        try {
+          s.matcher = text::Matcher::regex(regex);
+        } catch (const ConfigError& e) {
+          p.fail_value("Regex", e.what());
+        }
+      }
     }
-    const std::string regex = p.required_string("Regex");
-    std::optional<text::SplitPattern> known = text::known_split_pattern(regex);
-    if (!known) {
-      unsupported(p, "Regex", fmt::format("the pattern \"{}\"", regex),
-                  "exactly the GPT-2, Qwen2 or LLaMA-3 regex, spelled as in their tokenizer.json");
-    }
-    s.pattern = *known;
-    std::optional<std::string> behavior = r.string("behavior");
-    if (behavior.value_or("") != "Isolated") {
-      unsupported(r, "behavior", fmt::format("\"{}\"", behavior.value_or("")), "\"Isolated\"");
-    }
-    if (r.boolean("invert").value_or(false)) unsupported(r, "invert", "true", "false");
     out.push_back(s);
   } else if (type == "ByteLevel") {
     PreTokenizerStep s{PreTokenizerStep::kByteLevel};
@@ -176,6 +200,41 @@ void read_pre_tokenizer(json::ObjectReader& r, const std::string& source,
     s.split = r.boolean("split").value_or(true);
     r.known({"str_rep"});
     out.push_back(s);
+  } else if (type == "Whitespace" || type == "WhitespaceSplit" || type == "Digits" ||
+             type == "Punctuation" || type == "BertPreTokenizer") {
+    // HF's character-class pre-tokenizers are Splits: the pattern each one uses, as a regex.
+    // Whitespace: \w+|[^\w\s]+ kept (Removed, inverted); WhitespaceSplit: Rust's
+    // char::is_whitespace removed; Digits: char::is_numeric, one by one or in runs;
+    // Punctuation: ASCII punctuation or Unicode P*, by its behavior (default Isolated); Bert:
+    // WhitespaceSplit then Punctuation.
+    static const char* const kWhitespace =
+        "[\\t-\\r \\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}"
+        "\\x{205f}\\x{3000}]";
+    static const char* const kPunctuation = "[\\p{P}\\x21-\\x2f\\x3a-\\x40\\x5b-\\x60\\x7b-\\x7e]";
+    const auto add = [&](const std::string& regex, text::SplitBehavior behavior, bool invert) {
+      PreTokenizerStep s{PreTokenizerStep::kSplit};
+      s.matcher = text::Matcher::regex(regex);
+      s.behavior = behavior;
+      s.invert = invert;
+      out.push_back(s);
+    };
+    if (type == "Whitespace") {
+      add("\\w+|[^\\w\\s]+", text::SplitBehavior::kRemoved, true);
+    } else if (type == "WhitespaceSplit") {
+      add(kWhitespace, text::SplitBehavior::kRemoved, false);
+    } else if (type == "Digits") {
+      add("\\p{N}",
+          r.boolean("individual_digits").value_or(false) ? text::SplitBehavior::kIsolated
+                                                         : text::SplitBehavior::kContiguous,
+          false);
+    } else if (type == "Punctuation") {
+      text::SplitBehavior behavior = text::SplitBehavior::kIsolated;
+      if (auto b = r.string("behavior")) behavior = split_behavior(r, *b);
+      add(kPunctuation, behavior, false);
+    } else {
+      add(kWhitespace, text::SplitBehavior::kRemoved, false);
+      add(kPunctuation, text::SplitBehavior::kIsolated, false);
+    }
   } else {
     unsupported(r, "type", fmt::format("pre-tokenizer \"{}\"", type), kPreTokenizerTypes);
   }
@@ -421,14 +480,32 @@ TokenizerJson read_tokenizer_json(const std::string& path,
   }
   std::optional<json::ObjectReader> m = r.object("model");
   if (!m) r.fail("model", "an object");
-  if (pipeline) {
-    spec.normalizers = pipeline->normalizers;
-    spec.pre_tokenizers = pipeline->pre_tokenizers;
-    spec.decoders = pipeline->decoders;
+  // A byte-level tokenizer.json under a SentencePiece class's name (DeepSeek-V3 and
+  // DeepSeek-R1-Distill-Llama name LlamaTokenizerFast): the class's Metaspace pipeline would
+  // drop every space, which transformers 5's LlamaTokenizer did (transformers #45488) until it
+  // learned to keep a byte-level file (#48317); the file as written is what the model was
+  // trained with, as transformers 4.x and the tokenizers library read it.
+  const bool file_byte_level = !spec.pre_tokenizers.empty() &&
+                               spec.pre_tokenizers.back().kind == PreTokenizerStep::kByteLevel;
+  const bool class_byte_level =
+      pipeline && !pipeline->pre_tokenizers.empty() &&
+      pipeline->pre_tokenizers.back().kind == PreTokenizerStep::kByteLevel;
+  std::optional<ClassPipeline> applied = pipeline;
+  if (applied && file_byte_level && !class_byte_level) {
+    log::info(
+        "{}: byte-level, though tokenizer_config.json names {}: read as written (as "
+        "transformers 4.x and the tokenizers library read it; docs/tokenizers.md)",
+        path, applied->name);
+    applied.reset();
+  }
+  if (applied) {
+    spec.normalizers = applied->normalizers;
+    spec.pre_tokenizers = applied->pre_tokenizers;
+    spec.decoders = applied->decoders;
   }
   const bool byte_level = !spec.pre_tokenizers.empty() &&
                           spec.pre_tokenizers.back().kind == PreTokenizerStep::kByteLevel;
-  spec.model = read_model(*m, path, byte_level, pipeline);
+  spec.model = read_model(*m, path, byte_level, applied);
   read_added_tokens(r, path, *spec.model, spec.model->entries(), spec.added);
   return spec;
 }

@@ -1,0 +1,182 @@
+// See split_rules.hpp.
+#include "tokenizer/split_rules.hpp"
+
+#include <fmt/format.h>
+#include <oniguruma.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "zerotrain/error.hpp"
+
+namespace zt::text {
+
+namespace {
+
+void initialize_oniguruma() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
+    onig_initialize(encodings, 1);
+  });
+}
+
+class RegexMatcher final : public Matcher {
+ public:
+  explicit RegexMatcher(const std::string& pattern) {
+    initialize_oniguruma();
+    OnigErrorInfo info{};
+    const auto* p = reinterpret_cast<const OnigUChar*>(pattern.data());
+    const int r = onig_new(&regex_, p, p + pattern.size(), ONIG_OPTION_NONE, ONIG_ENCODING_UTF8,
+                           ONIG_SYNTAX_DEFAULT, &info);
+    if (r != ONIG_NORMAL) {
+      OnigUChar message[ONIG_MAX_ERROR_MESSAGE_LEN];
+      onig_error_code_to_str(message, r, &info);
+      regex_ = nullptr;
+      throw ConfigError(fmt::format("the regex \"{}\" does not compile in Oniguruma: {}", pattern,
+                                    reinterpret_cast<const char*>(message)));
+    }
+  }
+  ~RegexMatcher() override {
+    if (regex_ != nullptr) onig_free(regex_);
+  }
+  RegexMatcher(const RegexMatcher&) = delete;
+  RegexMatcher& operator=(const RegexMatcher&) = delete;
+
+  void find(std::string_view text, std::vector<Span>& out) const override {
+    // One region per call: Oniguruma searches a shared regex from many threads with their own.
+    OnigRegion* region = onig_region_new();
+    const auto* begin = reinterpret_cast<const OnigUChar*>(text.data());
+    const OnigUChar* end = begin + text.size();
+    size_t from = 0;
+    bool have_last = false;
+    size_t last_end = 0;
+    while (from <= text.size()) {
+      onig_region_clear(region);
+      const int r = onig_search(regex_, begin, end, begin + from, end, region, ONIG_OPTION_NONE);
+      if (r == ONIG_MISMATCH) break;
+      if (r < 0) {
+        onig_region_free(region, 1);
+        OnigUChar message[ONIG_MAX_ERROR_MESSAGE_LEN];
+        onig_error_code_to_str(message, r);
+        throw ConfigError(fmt::format("a tokenizer regex failed while searching: {}",
+                                      reinterpret_cast<const char*>(message)));
+      }
+      const auto s = static_cast<size_t>(region->beg[0]), e = static_cast<size_t>(region->end[0]);
+      if (s == e && have_last && last_end == e) {
+        // An empty match where the last one ended: step over one character and search again.
+        if (from >= text.size()) break;
+        uint32_t len = 1;
+        const auto c = static_cast<unsigned char>(text[from]);
+        len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+        from = std::min(text.size(), from + len);
+        continue;
+      }
+      out.emplace_back(static_cast<uint32_t>(s), static_cast<uint32_t>(e));
+      from = e;
+      last_end = e;
+      have_last = true;
+      if (s == e && from >= text.size()) break;
+    }
+    onig_region_free(region, 1);
+  }
+
+ private:
+  regex_t* regex_ = nullptr;
+};
+
+class LiteralMatcher final : public Matcher {
+ public:
+  explicit LiteralMatcher(std::string text) : text_(std::move(text)) {}
+  void find(std::string_view text, std::vector<Span>& out) const override {
+    if (text_.empty()) return;
+    for (size_t at = text.find(text_); at != std::string_view::npos;
+         at = text.find(text_, at + text_.size())) {
+      out.emplace_back(static_cast<uint32_t>(at), static_cast<uint32_t>(at + text_.size()));
+    }
+  }
+
+ private:
+  std::string text_;
+};
+
+}  // namespace
+
+std::shared_ptr<const Matcher> Matcher::regex(const std::string& pattern) {
+  return std::make_shared<RegexMatcher>(pattern);
+}
+
+std::shared_ptr<const Matcher> Matcher::literal(std::string text) {
+  return std::make_shared<LiteralMatcher>(std::move(text));
+}
+
+void split_by(const Matcher& matcher, SplitBehavior behavior, bool invert, std::string_view text,
+              uint32_t offset, std::vector<Span>& out, std::vector<Span>& scratch) {
+  if (text.empty()) return;
+  scratch.clear();
+  matcher.find(text, scratch);
+  // The text as pieces that are matches or not (HF's find_matches), with invert applied.
+  struct Part {
+    uint32_t begin, end;
+    bool match;
+  };
+  std::vector<Part> parts;
+  parts.reserve(2 * scratch.size() + 1);
+  uint32_t prev = 0;
+  for (const Span& m : scratch) {
+    if (m.first > prev) parts.push_back({prev, m.first, invert});
+    parts.push_back({m.first, m.second, !invert});
+    prev = m.second;
+  }
+  const auto size = static_cast<uint32_t>(text.size());
+  if (prev < size) parts.push_back({prev, size, invert});
+  // HF's NormalizedString::split by behavior (tokenizers' normalizer.rs); empty pieces are
+  // dropped after, as PreTokenizedString::split drops them.
+  std::vector<Span> pieces;
+  bool previous_match = false;
+  switch (behavior) {
+    case SplitBehavior::kRemoved:
+      for (const Part& p : parts)
+        if (!p.match) pieces.emplace_back(p.begin, p.end);
+      break;
+    case SplitBehavior::kIsolated:
+      for (const Part& p : parts) pieces.emplace_back(p.begin, p.end);
+      break;
+    case SplitBehavior::kContiguous:  // runs of matches (or of gaps) become one piece
+      for (const Part& p : parts) {
+        if (p.match == previous_match && !pieces.empty()) {
+          pieces.back().second = p.end;
+        } else {
+          pieces.emplace_back(p.begin, p.end);
+        }
+        previous_match = p.match;
+      }
+      break;
+    case SplitBehavior::kMergedWithPrevious:  // a match after a gap joins the gap
+      for (const Part& p : parts) {
+        if (p.match && !previous_match && !pieces.empty()) {
+          pieces.back().second = p.end;
+        } else {
+          pieces.emplace_back(p.begin, p.end);
+        }
+        previous_match = p.match;
+      }
+      break;
+    case SplitBehavior::kMergedWithNext:  // a match before a gap joins it (HF folds backwards)
+      for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+        if (it->match && !previous_match && !pieces.empty()) {
+          pieces.back().first = it->begin;
+        } else {
+          pieces.emplace_back(it->begin, it->end);
+        }
+        previous_match = it->match;
+      }
+      std::reverse(pieces.begin(), pieces.end());
+      break;
+  }
+  for (const Span& s : pieces) {
+    if (s.second > s.first) out.emplace_back(offset + s.first, offset + s.second);
+  }
+}
+
+}  // namespace zt::text
