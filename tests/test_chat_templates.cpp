@@ -258,6 +258,54 @@ TEST_CASE("the Jinja interpreter renders every chat template as jinja2 does unde
   }
 }
 
+TEST_CASE("the Jinja interpreter's semantics at their edges are jinja2's",
+          "[data][templates][jinja]") {
+  // Scoping, loop variables, filters, tests, methods, slices and printing, each a template of
+  // its own rendered by both over one conversation.
+  const std::vector<std::string> snippets = {
+      "{% set s = 'ab' %}{% for i in range(3) %}{% set s = s ~ s %}{{ s|length }} {% endfor %}"
+      "{{ s|length }}",
+      "{% for i in range(3) %}{% if i == 0 %}{% set t = 'x' %}{% endif %}[{{ t }}]{% endfor %}",
+      "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}"
+      "{{ ns.n }}",
+      "{% for m in messages %}{{ loop.index }}/{{ loop.length }}{{ loop.first }}{{ loop.last }}"
+      "{{ loop.revindex0 }}{% if not loop.last %},{% endif %}{% endfor %}",
+      "{% for m in messages if m.role == 'assistant' %}{{ loop.index0 }}:{{ m.content[:3] }}|"
+      "{% else %}none{% endfor %}",
+      "{{ messages|length }} {{ messages|map(attribute='role')|join(',') }} "
+      "{{ messages|selectattr('role', 'equalto', 'user')|list|length }}",
+      "{{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 2 ** 10 }} {{ 1.0 }} {{ 1e3 }} "
+      "{{ 3.14 * 2 }} {{ true }} {{ none }} {{ [1, 'a', none] }} {{ {'k': 1} }}",
+      "{{ 'a,b,,c'.split(',') }} {{ '  x  '.strip() }}|{{ 'xxhixx'.strip('x') }} "
+      "{{ 'Hello'.startswith('He') }} {{ 'abc'[::-1] }} {{ 'héllo'[1:3] }} "
+      "{{ 'a b  c'.split() }} {{ 'a-b-c'.rsplit('-', 1) }} {{ 'ab' * 3 }}",
+      "{{ messages[0]|tojson }} {{ {'a': [1, 2.5, none, true, 'é\n']}|tojson(indent=2) }}",
+      "{% macro m(x, y='d') %}<{{ x }}{{ y }}>{% endmacro %}{{ m(1) }}{{ m(2, y='e') }}{{ m(x=3) "
+      "}}",
+      "{%- for m in messages -%}\n  {{ m.role }}\n{%- endfor %}\n  {% if true %}\n    "
+      "x\n  {% endif %}\n{# c #}\ny",
+      "{{ 'x' if messages|length > 2 else 'y' }} {{ 1 < 2 < 3 }} {{ 'a' in 'cat' }} "
+      "{{ 'role' in messages[0] }} {{ 3 is odd }} {{ none is none }} {{ 'x' is string }} "
+      "{{ messages is iterable }} {{ undefined_thing is defined }} {{ 4 is divisibleby 2 }}",
+      "{% filter upper %}abc {{ messages[0].role }}{% endfilter %} {% set b %}in{{ 1 }}"
+      "{% endset %}[{{ b }}] {{ messages|last|tojson }}",
+      "{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }};{% endfor %} "
+      "{{ {'a': 1}.get('z', 'dflt') }} {{ [3, 1, 2]|sort|join }} {{ [1, 2, 2]|unique|list }} "
+      "{{ ' x '|trim }}|{{ 'x'|default('d') }}{{ nothing|default('d') }} {{ 'A b'|lower }}",
+  };
+  const Format f{"snippet", "<s>", "</s>"};
+  const std::vector<std::pair<Turns, bool>> cases = {{conversations()[1], false}};
+  for (const std::string& text : snippets) {
+    INFO(text);
+    const std::string file = test::temp_dir("snippet") + "/t.jinja";
+    files::write_atomic(file, text);
+    const auto want = reference(f, cases, file);
+    REQUIRE(want[0]);
+    CHECK(jinja::Template(text, file).render(context_of(f, cases[0].first, false)).text ==
+          *want[0]);
+  }
+}
+
 TEST_CASE("a chat template without a built-in format trains its replies as transformers renders it",
           "[data][templates][jinja]") {
   for (const Format& f : kOtherTemplates) {
@@ -502,6 +550,16 @@ TEST_CASE("hostile chat templates are refused naming the file and line, never a 
   refused("{% set s = 'x' * 1000000 %}{% for i in range(200) %}{{ s }}{% endfor %}", "larger");
   refused("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "nested more than");
   refused("{{ range(100000000000) | length }}", "range");
+  refused("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}",
+          "loop steps");
+  refused(
+      "{% macro f(n) %}{% if n < 60 %}{{ f(n + 1) }}{{ f(n + 1) }}{% endif %}{% endmacro %}"
+      "{{ f(0) }}",
+      "loop steps");
+  refused(
+      "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+      "{% endfor %}",
+      "larger");
   refused("{{ 9223372036854775807 + 1 }}", "overflow");
   refused("{{ 2 ** 64 }}", "overflow");
   refused("{{ 1 // 0 }}", "division by zero");

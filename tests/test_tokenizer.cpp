@@ -488,6 +488,11 @@ TEST_CASE("Split: each behavior and invert as HF tokenizers defines them", "[tok
   CHECK(pieces_of(*text::Matcher::regex("(?=a)"), B::kIsolated, false, "baa") == V{"b", "a", "a"});
   CHECK(pieces_of(*dash, B::kIsolated, false, "").empty());
   CHECK_THROWS_WITH(text::Matcher::regex("(unclosed"), Catch::Contains("Oniguruma"));
+  // Catastrophic backtracking is cut off with an error, not run for hours.
+  std::vector<text::Span> spans, scratch;
+  CHECK_THROWS_WITH(text::split_by(*text::Matcher::regex("(\\w|\\w\\w)*[^\\w]"), B::kIsolated,
+                                   false, std::string(5000, 'a'), 0, spans, scratch),
+                    Catch::Contains("regex"));
 }
 
 TEST_CASE("HF's character-class pre-tokenizers split as their Split equivalents",

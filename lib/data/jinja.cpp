@@ -1750,6 +1750,8 @@ class Renderer {
     scopes_.emplace_back();
     const size_t count = items.size();
     for (size_t i = 0; i < count; ++i) {
+      step(n.line);
+      scopes_.back().clear();  // as jinja2: what one iteration sets, the next does not see
       bind(items[i]);
       Dict loop{{"index", Value(static_cast<int64_t>(i + 1))},
                 {"index0", Value(static_cast<int64_t>(i))},
@@ -1777,6 +1779,7 @@ class Renderer {
       if (calls_ >= kMaxCalls)
         error(node->line, fmt::format("macros nested more than {} calls deep", kMaxCalls));
       ++calls_;
+      step(node->line);
       struct Leave {
         int& n;
         ~Leave() { --n; }
@@ -1966,10 +1969,23 @@ class Renderer {
   }
 
   Value binary(const std::string& op, const Value& a, const Value& b, int line) {
-    if (op == "~") return Value(a.str() + b.str());
+    const auto bounded = [&](size_t size) {
+      if (size > kMaxText)
+        error(line,
+              fmt::format("'{}' builds a value larger than a chat template may (64 MiB)", op));
+    };
+    if (op == "~") {
+      const std::string x = a.str(), y = b.str();
+      bounded(x.size() + y.size());
+      return Value(x + y);
+    }
     if (op == "+") {
-      if (a.is_string() && b.is_string()) return Value(a.string() + b.string());
+      if (a.is_string() && b.is_string()) {
+        bounded(a.string().size() + b.string().size());
+        return Value(a.string() + b.string());
+      }
       if (a.is_list() && b.is_list()) {
+        bounded((a.list().size() + b.list().size()) * sizeof(Value));
         List l = a.list();
         l.insert(l.end(), b.list().begin(), b.list().end());
         return Value(std::move(l));
@@ -2521,6 +2537,15 @@ class Renderer {
     error(line, fmt::format("the test '{}' is not supported", name));
   }
 
+  // Loop iterations and macro calls one rendering may make: far beyond a chat's, short of a
+  // template that would run for hours (loops in loops over long ranges, branching recursion).
+  static constexpr int64_t kMaxSteps = 10'000'000;
+  void step(int line) {
+    if (++steps_ > kMaxSteps)
+      error(line,
+            fmt::format("the template runs more than {} loop steps and macro calls", kMaxSteps));
+  }
+
   static constexpr int kMaxCalls = 100;
   // What a template may write or build at most (a chat is far below): a runaway repetition
   // is an error, not an allocation that takes the machine.
@@ -2529,6 +2554,7 @@ class Renderer {
   std::string source_;
   std::vector<Scope> scopes_;
   int calls_ = 0;
+  int64_t steps_ = 0;
 };
 
 }  // namespace

@@ -18,6 +18,11 @@ void initialize_oniguruma() {
   std::call_once(once, [] {
     OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
     onig_initialize(encodings, 1);
+    // Backtracking is bounded per search: a pattern that would take hours on some text (a
+    // hostile tokenizer.json's `(a|a)*b`) fails with an error instead. Real tokenizers' patterns
+    // take a few steps per character, far below either limit.
+    onig_set_retry_limit_in_match(10'000'000);
+    onig_set_retry_limit_in_search(100'000'000);
   });
 }
 

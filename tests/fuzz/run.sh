@@ -8,7 +8,7 @@ set -euo pipefail
 build=$(cd "$1" && pwd) seconds=$2
 shift 2
 here=$(cd "$(dirname "$0")" && pwd)
-targets=${*:-fuzz_safetensors fuzz_json_config fuzz_tokenizer fuzz_sentencepiece fuzz_jsonl fuzz_checkpoint fuzz_capi_options fuzz_pattern fuzz_data_cache}
+targets=${*:-fuzz_safetensors fuzz_json_config fuzz_tokenizer fuzz_sentencepiece fuzz_jsonl fuzz_checkpoint fuzz_capi_options fuzz_pattern fuzz_data_cache fuzz_chat_template}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export ZT_LOG_LEVEL=error OMP_NUM_THREADS=1 ZT_CPU_THREADS=1
