@@ -561,6 +561,26 @@ TEST_CASE("hostile chat templates are refused naming the file and line, never a 
       "{% endfor %}",
       "larger");
   refused("{{ 9223372036854775807 + 1 }}", "overflow");
+  refused("{{ range(1e30) }}", "range");
+  refused("{{ 'a'|indent(1000000000000) }}", "indent");
+  // Long chains build trees evaluation would recurse down; values that hold themselves.
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 100000; ++i) chain += " + 1";
+  refused(chain + " }}", "nested");
+  std::string nots = "{{ ";
+  for (int i = 0; i < 100000; ++i) nots += "not ";
+  refused(nots + "x }}", "nested");
+  std::string filters = "{{ 'x'";
+  for (int i = 0; i < 100000; ++i) filters += "|trim";
+  refused(filters + " }}", "nested");
+  std::string conditions = "{{ 1";
+  for (int i = 0; i < 100000; ++i) conditions += " if x else 1";
+  refused(conditions + " }}", "nested");
+  refused("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns|tojson }}", "nested");
+  refused(
+      "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}"
+      "{% endfor %}{{ ns.l }}",
+      "nested");
   refused("{{ 2 ** 64 }}", "overflow");
   refused("{{ 1 // 0 }}", "division by zero");
   refused("{{ 99999999999999999999999 }}", "64 bits");

@@ -115,8 +115,35 @@ Value Value::undefined(std::string name) {
 }
 
 int64_t Value::integer() const {
-  return kind_ == Kind::kFloat ? static_cast<int64_t>(d_) : i_;
+  if (kind_ != Kind::kFloat) return i_;
+  // Python's int() of a float, saturated where int64 ends (and 0 for NaN) instead of undefined.
+  if (std::isnan(d_)) return 0;
+  if (d_ >= 9.2233720368547758e18) return std::numeric_limits<int64_t>::max();
+  if (d_ <= -9.2233720368547758e18) return std::numeric_limits<int64_t>::min();
+  return static_cast<int64_t>(d_);
 }
+
+namespace {
+
+// Lists and dicts nested deeper than this (a namespace holding itself, a list built into
+// itself in a loop) are refused where a value is printed, compared or dumped, before the
+// recursion does that to the stack.
+constexpr int kMaxValueNesting = 256;
+thread_local int value_nesting = 0;
+struct Nested {
+  Nested() {
+    if (++value_nesting > kMaxValueNesting) {
+      --value_nesting;
+      throw ConfigError(
+          fmt::format("a value nested more than {} lists or dicts deep", kMaxValueNesting));
+    }
+  }
+  ~Nested() { --value_nesting; }
+  Nested(const Nested&) = delete;
+  Nested& operator=(const Nested&) = delete;
+};
+
+}  // namespace
 
 double Value::number() const {
   return kind_ == Kind::kFloat ? d_ : static_cast<double>(i_);
@@ -181,11 +208,13 @@ std::string Value::repr() const {
     case Kind::kString:
       return quote(s_);
     case Kind::kList: {
+      const Nested nested;
       std::string out = "[";
       for (size_t i = 0; i < list_->size(); ++i) out += (i ? ", " : "") + (*list_)[i].repr();
       return out + "]";
     }
     case Kind::kDict: {
+      const Nested nested;
       std::string out = "{";
       for (size_t i = 0; i < dict_->size(); ++i)
         out += (i ? ", " : "") + quote((*dict_)[i].first) + ": " + (*dict_)[i].second.repr();
@@ -217,6 +246,7 @@ bool equal(const Value& a, const Value& b) {
     case K::kString:
       return a.string() == b.string();
     case K::kList: {
+      const Nested nested;
       if (a.list().size() != b.list().size()) return false;
       for (size_t i = 0; i < a.list().size(); ++i)
         if (!equal(a.list()[i], b.list()[i])) return false;
@@ -224,6 +254,7 @@ bool equal(const Value& a, const Value& b) {
     }
     case K::kDict:
     case K::kNamespace: {
+      const Nested nested;
       if (a.dict().size() != b.dict().size()) return false;
       for (const auto& [k, v] : a.dict()) {
         const Value w = b.get(k);
@@ -570,6 +601,7 @@ struct Expr {
   std::vector<std::pair<std::string, std::shared_ptr<Expr>>> kwargs;
   std::vector<std::string> ops;  // comparison chain operators
   bool negated = false;          // `is not`
+  int depth = 1;                 // of the tree below (evaluation recurses that deep)
 };
 using ExprPtr = std::shared_ptr<Expr>;
 
@@ -866,6 +898,7 @@ class Parser {
   }
 
   ExprPtr expression(bool with_condition = true) {
+    const Deeper deeper(*this, peek().line);
     ExprPtr e = or_expr();
     if (with_condition && at_name("if")) {
       ++i_;
@@ -876,7 +909,7 @@ class Parser {
         ++i_;
         c->args.push_back(expression());
       }
-      return c;
+      return tree(c);
     }
     return e;
   }
@@ -887,7 +920,7 @@ class Parser {
       ++i_;
       auto o = make_expr(Expr::Kind::kOr, e->line);
       o->args = {e, and_expr()};
-      e = o;
+      e = tree(o);
     }
     return e;
   }
@@ -898,17 +931,18 @@ class Parser {
       ++i_;
       auto a = make_expr(Expr::Kind::kAnd, e->line);
       a->args = {e, not_expr()};
-      e = a;
+      e = tree(a);
     }
     return e;
   }
 
   ExprPtr not_expr() {
+    const Deeper deeper(*this, peek().line);
     if (at_name("not")) {
       const int line = next().line;
       auto n = make_expr(Expr::Kind::kNot, line);
       n->args.push_back(not_expr());
-      return n;
+      return tree(n);
     }
     return compare();
   }
@@ -938,14 +972,29 @@ class Parser {
       chain->ops.push_back(op);
       chain->args.push_back(math1());
     }
-    return chain ? chain : e;
+    return chain ? tree(chain) : e;
   }
 
   ExprPtr binary(ExprPtr left, const std::string& op, ExprPtr right) {
     auto b = make_expr(Expr::Kind::kBinary, left->line);
     b->name = op;
     b->args = {std::move(left), std::move(right)};
-    return b;
+    return tree(b);
+  }
+
+  // A node whose operands are built: its depth, refused past kMaxDepth — chains such as
+  // `a + a + ...` or `x|f|f|...` grow a tree that evaluation would recurse down.
+  ExprPtr tree(ExprPtr e) const {
+    int below = 0;
+    for (const ExprPtr& a : e->args)
+      if (a) below = std::max(below, a->depth);
+    for (const auto& kv : e->kwargs)
+      if (kv.second) below = std::max(below, kv.second->depth);
+    e->depth = below + 1;
+    if (e->depth > kMaxDepth)
+      fail(source_, e->line,
+           fmt::format("an expression nested more than {} levels deep", kMaxDepth));
+    return e;
   }
 
   ExprPtr math1() {
@@ -1002,6 +1051,7 @@ class Parser {
       const Token& t = next();
       e = make_expr(t.text == "-" ? Expr::Kind::kNeg : Expr::Kind::kPos, t.line);
       e->args.push_back(unary(false));
+      e = tree(e);
     } else {
       e = primary();
     }
@@ -1045,7 +1095,7 @@ class Parser {
               if (at_op(")")) break;
               tuple->args.push_back(expression());
             }
-            e = tuple;
+            e = tree(tuple);
           }
           expect_op(")");
           return e;
@@ -1057,7 +1107,7 @@ class Parser {
             if (!at_op("]")) expect_op(",");
           }
           ++i_;
-          return list;
+          return tree(list);
         }
         if (t.text == "{") {
           auto dict = make_expr(Expr::Kind::kDict, t.line);
@@ -1068,7 +1118,7 @@ class Parser {
             if (!at_op("}")) expect_op(",");
           }
           ++i_;
-          return dict;
+          return tree(dict);
         }
         break;
       default:
@@ -1125,7 +1175,7 @@ class Parser {
         } else {
           a->name = name();
         }
-        e = a;
+        e = tree(a);
       } else if (at_op("[")) {
         ++i_;
         ExprPtr parts[3];
@@ -1142,17 +1192,17 @@ class Parser {
         if (colons == 0) {
           auto item = make_expr(Expr::Kind::kItem, e->line);
           item->args = {e, parts[0]};
-          e = item;
+          e = tree(item);
         } else {
           auto slice = make_expr(Expr::Kind::kSlice, e->line);
           slice->args = {e, parts[0], parts[1], parts[2]};
-          e = slice;
+          e = tree(slice);
         }
       } else if (at_op("(")) {
         auto call = make_expr(Expr::Kind::kCall, e->line);
         call->args.push_back(e);
         call_arguments(*call);
-        e = call;
+        e = tree(call);
       } else {
         return e;
       }
@@ -1170,7 +1220,7 @@ class Parser {
         f->name = name();
         f->args.push_back(e);  // null in a filter block: the body's text
         if (at_op("(")) call_arguments(*f);
-        e = f;
+        e = tree(f);
       } else if (at_name("is")) {
         ++i_;
         auto t = make_expr(Expr::Kind::kTest, peek().line);
@@ -1197,7 +1247,7 @@ class Parser {
                     !at_name("not"))) {
           t->args.push_back(unary(false));  // `is divisibleby 3`, `is sameas none`
         }
-        e = t;
+        e = tree(t);
       } else {
         return e;
       }
@@ -1310,6 +1360,7 @@ int compare_values(const Value& a, const Value& b) {
   if (a.is_string() && b.is_string())
     return a.string().compare(b.string()) < 0 ? -1 : a.string() == b.string() ? 0 : 1;
   if (a.is_list() && b.is_list()) {
+    const Nested nested;
     for (size_t i = 0; i < std::min(a.list().size(), b.list().size()); ++i) {
       if (const int c = compare_values(a.list()[i], b.list()[i]); c != 0) return c;
     }
@@ -1406,6 +1457,7 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 
 // json.dumps as transformers' tojson calls it (ensure_ascii=False, sort_keys optional).
 void dump_json(std::string& out, const Value& v, int indent, int depth, bool sort_keys) {
+  const Nested nested;
   const auto newline = [&](int d) {
     if (indent < 0) return;
     out += '\n';
@@ -1508,6 +1560,7 @@ void dump_json(std::string& out, const Value& v, int indent, int depth, bool sor
 // json.dumps on one line with the given item and key separators.
 void dump_json_with(std::string& out, const Value& v, const std::string& item,
                     const std::string& key) {
+  const Nested nested;
   if (v.is_list()) {
     out += '[';
     for (size_t i = 0; i < v.list().size(); ++i) {
@@ -1682,8 +1735,11 @@ class Renderer {
   }
 
   std::string print(const Value& v, int line) const {
-    (void)line;
-    return v.str();
+    try {
+      return v.str();
+    } catch (const ConfigError& e) {  // a value nested too deep to print
+      error(line, e.what());
+    }
   }
 
   // A filter chain whose innermost argument is null (set / filter blocks) applied to `v`.
@@ -2411,6 +2467,7 @@ class Renderer {
     }
     if (name == "indent") {
       const Value w = arg(rest, 0, kw, "width", Value(int64_t{4}));
+      if (!w.is_string() && w.integer() > 4096) error(line, "indent wider than 4096");
       const std::string pad =
           w.is_string() ? w.string()
                         : std::string(static_cast<size_t>(std::max<int64_t>(0, w.integer())), ' ');
@@ -2484,6 +2541,7 @@ class Renderer {
       return Value(static_cast<int64_t>(split(v.str(), Value::none(), -1).size()));
     if (name == "center") {
       const int64_t width = arg(rest, 0, kw, "width", Value(int64_t{80})).integer();
+      if (width > 65536) error(line, "center wider than 65536");
       std::string s = v.str();
       const int64_t len = static_cast<int64_t>(code_points(s).size());
       if (len >= width) return Value(s);
