@@ -92,8 +92,32 @@ Value::Value(bool b) : kind_(Kind::kBool), b_(b), i_(b ? 1 : 0) {}
 Value::Value(int64_t i) : kind_(Kind::kInt), i_(i) {}
 Value::Value(double d) : kind_(Kind::kFloat), d_(d) {}
 Value::Value(std::string s) : kind_(Kind::kString), s_(std::move(s)) {}
-Value::Value(List l) : kind_(Kind::kList), list_(std::make_shared<List>(std::move(l))) {}
-Value::Value(Dict d) : kind_(Kind::kDict), dict_(std::make_shared<Dict>(std::move(d))) {}
+namespace {
+
+constexpr int kMaxNesting = 256;
+
+int nesting_of(int below) {
+  if (below + 1 > kMaxNesting) {
+    throw ConfigError(fmt::format("a value nested more than {} lists or dicts deep", kMaxNesting));
+  }
+  return below + 1;
+}
+
+}  // namespace
+
+Value::Value(List l) : kind_(Kind::kList) {
+  int below = 0;
+  for (const Value& v : l) below = std::max(below, v.nesting_);
+  nesting_ = nesting_of(below);
+  list_ = std::make_shared<List>(std::move(l));
+}
+
+Value::Value(Dict d) : kind_(Kind::kDict) {
+  int below = 0;
+  for (const auto& kv : d) below = std::max(below, kv.second.nesting_);
+  nesting_ = nesting_of(below);
+  dict_ = std::make_shared<Dict>(std::move(d));
+}
 
 Value Value::function(Function f) {
   Value v;

@@ -84,6 +84,9 @@ class Value {
   Dict& mutable_dict() const { return *dict_; }
   const Function& fn() const { return *fn_; }
   const std::string& undefined_name() const { return s_; }
+  /// How many lists, dicts and namespaces deep the value is (0: a scalar). Building one past
+  /// 256 is a ConfigError, so printing, comparing and destroying never recurse deeper.
+  int nesting() const { return nesting_; }
 
   /// Python's truth value.
   bool truthy() const;
@@ -103,6 +106,7 @@ class Value {
   std::shared_ptr<List> list_;
   std::shared_ptr<Dict> dict_;
   std::shared_ptr<Function> fn_;
+  int nesting_ = 0;
 };
 
 /// Python's ==.
