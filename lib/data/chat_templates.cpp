@@ -3,6 +3,7 @@
 #include "data/chat_templates.hpp"
 
 #include "data/folder_template.hpp"
+#include "data/jinja.hpp"
 
 #include <algorithm>
 #include <ctime>
@@ -31,7 +32,7 @@ namespace {
 size_t leading_space(std::string_view s) {
   if (s.empty()) return 0;
   const auto c = static_cast<unsigned char>(s[0]);
-  if (c < 0x80) return (c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f)) ? 1 : 0;
+  if (c < 0x80) return jinja::is_python_space(c) ? 1 : 0;
   auto cp_at = [&](size_t n, uint32_t lead_mask) -> uint32_t {
     if (s.size() < n) return 0;
     uint32_t cp = c & lead_mask;
@@ -43,9 +44,7 @@ size_t leading_space(std::string_view s) {
   if ((c & 0xe0) == 0xc0) n = 2, cp = cp_at(2, 0x1f);
   if ((c & 0xf0) == 0xe0) n = 3, cp = cp_at(3, 0x0f);
   if (n == 0) return 0;
-  const bool space = cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) ||
-                     cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000;
-  return space ? n : 0;
+  return jinja::is_python_space(cp) ? n : 0;
 }
 
 // The length of the whitespace code point that ends `s`, 0 when none.

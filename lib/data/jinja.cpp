@@ -252,6 +252,12 @@ std::string Value::repr() const {
   return "";
 }
 
+bool is_python_space(uint32_t c) {
+  return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f) || c == 0x85 ||
+         c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
+         c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
 bool equal(const Value& a, const Value& b) {
   using K = Value::Kind;
   if (a.is_number() && b.is_number()) {
@@ -1416,11 +1422,7 @@ std::string strip(const std::string& s, const Value& chars, bool left, bool righ
   const bool whitespace = chars.is_none() || chars.is_undefined();
   if (!whitespace) set = code_points(chars.string());
   auto strip_it = [&](uint32_t c) {
-    if (whitespace)
-      return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f' ||
-             c == 0x1c || c == 0x1d || c == 0x1e || c == 0x1f || c == 0x85 || c == 0xa0 ||
-             c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
-             c == 0x202f || c == 0x205f || c == 0x3000;
+    if (whitespace) return is_python_space(c);
     return std::find(set.begin(), set.end(), c) != set.end();
   };
   size_t a = 0, b = cps.size();

@@ -112,6 +112,9 @@ class Value {
 /// Python's ==.
 bool equal(const Value& a, const Value& b);
 
+/// Python's str.isspace for one code point (what str.strip / split strip).
+bool is_python_space(uint32_t cp);
+
 /// A JSON text (a chat's messages, tools) as a Value; throws ConfigError naming `source`.
 Value from_json(std::string_view text, const std::string& source);
 
