@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <rapidjson/document.h>
 #include <rapidjson/pointer.h>
 #include <rapidjson/writer.h>
@@ -375,25 +376,33 @@ TEST_CASE("unsupported tokenizer.json features are errors naming file, key and t
     std::vector<std::string> message;  // besides the file's path
   };
   const std::vector<Variation> variations = {
-      {"qwen2", "/model/type", R"("WordPiece")", {"model.type", "WordPiece"}},
-      {"qwen2", "/model/type", R"("Unigram")", {"model.type", "Unigram"}},
+      {"llama3", "/model/type", R"("WordPieces")", {"model.type", "WordPieces", "Unigram"}},
+      {"llama3", "/model/type", R"("Unigram")", {"model.vocab", "[piece, score]"}},
       {"qwen2", "/model/dropout", "0.1", {"model.dropout", "0.1"}},
-      {"qwen2", "/model/continuing_subword_prefix", R"("##")", {"continuing_subword_prefix", "##"}},
-      {"qwen2", "/model/end_of_word_suffix", R"("</w>")", {"end_of_word_suffix", "</w>"}},
-      {"qwen2", "/normalizer", R"({"type": "Lowercase"})", {"normalizer.type", "Lowercase"}},
+      {"qwen2", "/model/continuing_subword_prefix", R"("####")", {"model.merges[0]"}},
+      {"qwen2", "/normalizer", R"({"type": "Lowercased"})", {"normalizer.type", "Lowercased"}},
       {"qwen2",
        "/normalizer",
        R"({"type": "Sequence", "normalizers": [{"type": "NFC"},
-        {"type": "BertNormalizer"}]})",
-       {"normalizer.normalizers[1].type", "BertNormalizer"}},
+        {"type": "Precompiled", "precompiled_charsmap": "not base64!"}]})",
+       {"normalizer.normalizers[1].precompiled_charsmap", "base64"}},
+      // A charsmap whose header claims a trie longer than the data (0xFFFF bytes).
+      {"qwen2",
+       "/normalizer",
+       R"({"type": "Precompiled", "precompiled_charsmap": "//8AAA=="})",
+       {"normalizer.precompiled_charsmap", "longer than the data"}},
       {"llama2",
        "/normalizer/normalizers/1/pattern",
-       R"({"Regex": " +"})",
-       {"normalizer.normalizers[1].pattern.Regex", "regex"}},
+       R"({"Regex": "( +"})",
+       {"normalizer.normalizers[1].pattern.Regex", "Oniguruma", "( +"}},
       {"qwen2",
        "/pre_tokenizer",
        R"({"type": "UnicodeScripts"})",
        {"pre_tokenizer.type", "UnicodeScripts"}},
+      {"qwen2",
+       "/pre_tokenizer",
+       R"({"type": "CharDelimiterSplit", "delimiter": "ab"})",
+       {"pre_tokenizer.delimiter", "one character"}},
       {"qwen2",
        "/pre_tokenizer/pretokenizers/0/pattern/Regex",
        R"("(\\p{L}+")",
@@ -406,14 +415,24 @@ TEST_CASE("unsupported tokenizer.json features are errors naming file, key and t
        "/pre_tokenizer/pretokenizers/-",
        R"({"type": "Digits", "individual_digits": true})",
        {"pre_tokenizer.pretokenizers[2].type", "Digits", "after ByteLevel"}},
-      {"qwen2",
-       "/decoder",
-       R"({"type": "WordPiece", "prefix": "##"})",
-       {"decoder.type", "WordPiece"}},
+      {"qwen2", "/decoder", R"({"type": "WordPieces"})", {"decoder.type", "WordPieces"}},
       {"qwen2",
        "/post_processor",
-       R"({"type": "RobertaProcessing"})",
-       {"post_processor.type", "RobertaProcessing"}},
+       R"({"type": "RobertaProcessing", "cls": ["<s>", 0]})",
+       {"post_processor.sep", "[token, id]"}},
+      {"qwen2",
+       "/post_processor",
+       R"({"type": "BertProcessing", "cls": ["[CLS]", -1], "sep": ["[SEP]", 1]})",
+       {"post_processor.cls", "[token, id]"}},
+      // Unigram: an unk_id past the pieces, a score that is not a number.
+      {"llama3",
+       "/model",
+       R"({"type": "Unigram", "unk_id": 5, "vocab": [["<unk>", 0.0], ["a", -1.5]]})",
+       {"model.unk_id", "5"}},
+      {"llama3",
+       "/model",
+       R"({"type": "Unigram", "unk_id": 0, "vocab": [["<unk>", 0.0], ["a", "-1.5"]]})",
+       {"model.vocab", "entry 1", "[piece, score]"}},
       {"llama2",
        "/post_processor/single",
        R"([{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"SpecialToken": {"id": "<s>", "type_id": 0}},
@@ -734,8 +753,21 @@ TEST_CASE("tool: real tokenizer folders against reference ids", "[.tool]") {
         ours += "[" + tok->decode(std::vector<int32_t>{got[k]}) + "]";
       for (size_t k = at > 2 ? at - 2 : 0; k < std::min(want.size(), at + 4); ++k)
         theirs += "[" + tok->decode(std::vector<int32_t>{want[k]}) + "]";
-      FAIL_CHECK(name << " text " << i << " differs at token " << at << ": ours " << ours
-                      << " reference " << theirs);
+      FAIL_CHECK(
+          name << " text " << i << " differs at token " << at << ": ours " << ours << " reference "
+               << theirs << " (ids: ours "
+               << fmt::format("{}", fmt::join(got.begin() +
+                                                  static_cast<std::ptrdiff_t>(at > 2 ? at - 2 : 0),
+                                              got.begin() + static_cast<std::ptrdiff_t>(
+                                                                std::min(got.size(), at + 4)),
+                                              " "))
+               << ", reference "
+               << fmt::format("{}", fmt::join(want.begin() +
+                                                  static_cast<std::ptrdiff_t>(at > 2 ? at - 2 : 0),
+                                              want.begin() + static_cast<std::ptrdiff_t>(
+                                                                 std::min(want.size(), at + 4)),
+                                              " "))
+               << ")");
     }
     std::printf("%s: %zu of %zu texts the same\n", name.c_str(), same, texts.size());
   }

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <mutex>
 
 #include <fmt/format.h>
 
@@ -14,70 +13,6 @@
 #include "zerotrain/error.hpp"
 
 namespace zt {
-
-// ---- hashing and tables --------------------------------------------------------------------
-
-uint64_t hash_bytes(std::string_view s) {
-  constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
-  const char* p = s.data();
-  size_t n = s.size();
-  uint64_t h = kMul ^ (n * 0xFF51AFD7ED558CCDull);
-  while (n >= 8) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    h = (h ^ v) * kMul;
-    h ^= h >> 32;
-    p += 8;
-    n -= 8;
-  }
-  uint64_t v = 0;
-  std::memcpy(&v, p, n);
-  h = (h ^ v) * kMul;
-  h ^= h >> 29;
-  h *= 0xBF58476D1CE4E5B9ull;
-  return h ^ (h >> 32);
-}
-
-void StringIdMap::grow() {
-  std::vector<Slot> old = std::move(slots_);
-  slots_.assign(old.empty() ? 64 : old.size() * 2, Slot{});
-  const size_t mask = slots_.size() - 1;
-  for (const Slot& s : old) {
-    if (s.id < 0) continue;
-    size_t i = s.hash & mask;
-    while (slots_[i].id >= 0) i = (i + 1) & mask;
-    slots_[i] = s;
-  }
-}
-
-void StringIdMap::insert(std::string_view key, int32_t id) {
-  if ((used_ + 1) * 2 > slots_.size()) grow();
-  const uint64_t h = hash_bytes(key);
-  const size_t mask = slots_.size() - 1;
-  size_t i = h & mask;
-  while (slots_[i].id >= 0) {
-    const Slot& s = slots_[i];
-    if (s.hash == h && std::string_view(arena_.data() + s.offset, s.length) == key) {
-      slots_[i].id = id;
-      return;
-    }
-    i = (i + 1) & mask;
-  }
-  slots_[i] = Slot{h, static_cast<uint32_t>(arena_.size()), static_cast<uint32_t>(key.size()), id};
-  arena_.append(key);
-  ++used_;
-}
-
-int32_t StringIdMap::find(std::string_view key) const {
-  if (slots_.empty()) return -1;
-  const uint64_t h = hash_bytes(key);
-  const size_t mask = slots_.size() - 1;
-  for (size_t i = h & mask;; i = (i + 1) & mask) {
-    const Slot& s = slots_[i];
-    if (s.id < 0) return -1;
-    if (s.hash == h && std::string_view(arena_.data() + s.offset, s.length) == key) return s.id;
-  }
-}
 
 namespace byte_level {
 namespace {
@@ -147,77 +82,6 @@ class BpeModel::PairMap {
   std::vector<uint64_t> keys_;
   std::vector<Merge> values_;
   size_t mask_ = 0;
-};
-
-// Encoded pre-tokens, as HF's BPE cache: words repeat, so most pieces are looked up instead of
-// merged. 16 shards, each behind its own mutex so that threads rarely meet; a shard that fills
-// up is emptied (HF stops inserting instead; either way the result is the same).
-class PieceCache {
- public:
-  PieceCache() : shards_(new Shard[kShards]) {
-    for (size_t s = 0; s < kShards; ++s) shards_[s].slots.assign(kSlots, Slot{});
-  }
-
-  bool find(std::string_view key, uint64_t hash, std::vector<int32_t>& out) const {
-    Shard& shard = shards_[hash >> 60];
-    std::lock_guard<std::mutex> lock(shard.mutex);
-    for (size_t i = hash & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
-      const Slot& s = shard.slots[i];
-      if (s.key_length == 0) return false;
-      if (s.hash == hash &&
-          std::string_view(shard.keys.data() + s.key_offset, s.key_length) == key) {
-        out.insert(out.end(), shard.ids.begin() + s.ids_offset,
-                   shard.ids.begin() + s.ids_offset + s.ids_length);
-        return true;
-      }
-    }
-  }
-
-  void insert(std::string_view key, uint64_t hash, const std::vector<int32_t>& ids) const {
-    Shard& shard = shards_[hash >> 60];
-    std::lock_guard<std::mutex> lock(shard.mutex);
-    if (shard.used >= kMaxEntries || shard.keys.size() + key.size() > kMaxArena) {
-      std::fill(shard.slots.begin(), shard.slots.end(), Slot{});
-      shard.keys.clear();
-      shard.ids.clear();
-      shard.used = 0;
-    }
-    size_t i = hash & (kSlots - 1);
-    for (; shard.slots[i].key_length != 0; i = (i + 1) & (kSlots - 1)) {
-      const Slot& s = shard.slots[i];
-      if (s.hash == hash &&
-          std::string_view(shard.keys.data() + s.key_offset, s.key_length) == key) {
-        return;  // another thread got here first
-      }
-    }
-    shard.slots[i] =
-        Slot{hash, static_cast<uint32_t>(shard.keys.size()), static_cast<uint32_t>(key.size()),
-             static_cast<uint32_t>(shard.ids.size()), static_cast<uint32_t>(ids.size())};
-    shard.keys.append(key);
-    shard.ids.insert(shard.ids.end(), ids.begin(), ids.end());
-    ++shard.used;
-  }
-
- private:
-  static constexpr size_t kShards = 16;   // indexed by the hash's top 4 bits
-  static constexpr size_t kSlots = 4096;  // per shard, at most half used
-  static constexpr size_t kMaxEntries = 2048;
-  static constexpr size_t kMaxArena = 256 << 10;
-  struct Slot {
-    uint64_t hash = 0;
-    uint32_t key_offset = 0;
-    uint32_t key_length = 0;  // 0: empty (pieces are never empty)
-    uint32_t ids_offset = 0;
-    uint32_t ids_length = 0;
-  };
-  struct Shard {
-    std::mutex mutex;
-    std::vector<Slot> slots;
-    std::string keys;
-    std::vector<int32_t> ids;
-    size_t used = 0;
-  };
-  std::unique_ptr<Shard[]> shards_;
 };
 
 // ---- the model -----------------------------------------------------------------------------
@@ -321,11 +185,20 @@ BpeModel::BpeModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& [left, right] = merges[rank];
     const int32_t a = vocab_.find(left), b = vocab_.find(right);
-    const int32_t merged = vocab_.find(left + right);
+    // HF makes the merged token a + b without b's continuing-subword prefix.
+    const size_t skip = options_.continuing_subword_prefix.size();
+    if (right.size() < skip) {
+      throw ConfigError(
+          fmt::format("{}: model.merges[{}]: \"{}\" is shorter than the "
+                      "continuing_subword_prefix",
+                      where, rank, right));
+    }
+    const int32_t merged = vocab_.find(left + right.substr(skip));
     const char* missing = a < 0 ? left.c_str() : b < 0 ? right.c_str() : nullptr;
     if (missing != nullptr || merged < 0) {
       throw ConfigError(fmt::format("{}: model.merges[{}]: \"{}\" is not in model.vocab", where,
-                                    rank, missing != nullptr ? missing : left + right));
+                                    rank,
+                                    missing != nullptr ? missing : left + right.substr(skip)));
     }
     merges_->insert_or_assign(a, b, Merge{static_cast<uint32_t>(rank), merged});
   }
@@ -363,15 +236,35 @@ void BpeModel::initial_symbols(std::string_view piece, std::vector<int32_t>& ids
     if (pending_unk) ids.push_back(unk_id_);
     pending_unk = true;
   };
+  // With a continuing-subword prefix or an end-of-word suffix, each character is looked up
+  // spelled with them (the prefix unless it starts the piece, the suffix when it ends it), and
+  // an unknown one falls back to the bytes of that spelling, as HF's merge_word does.
+  const std::string& prefix = options_.continuing_subword_prefix;
+  const std::string& suffix = options_.end_of_word_suffix;
+  const bool affixed = !prefix.empty() || !suffix.empty();
+  thread_local std::string spelled;
+  auto spell = [&](size_t i, size_t len, std::string_view ch) -> std::string_view {
+    spelled.clear();
+    if (i > 0) spelled += prefix;
+    spelled += ch;
+    if (i + len == piece.size()) spelled += suffix;
+    return spelled;
+  };
   if (options_.byte_level) {
-    for (char c : piece) {
-      const auto b = static_cast<unsigned char>(c);
-      if (single_byte_id_[b] >= 0) {
+    for (size_t i = 0; i < piece.size(); ++i) {
+      const auto b = static_cast<unsigned char>(piece[i]);
+      if (!affixed && single_byte_id_[b] >= 0) {
         known(single_byte_id_[b]);
+        continue;
+      }
+      std::string ch;  // the character the byte stands for, as the vocabulary spells it
+      text::append_utf8(byte_level::char_of(b), ch);
+      const std::string_view s = affixed ? spell(i, 1, ch) : std::string_view(ch);
+      const int32_t id = affixed ? vocab_.find(s) : -1;
+      if (id >= 0) {
+        known(id);
       } else {
-        std::string ch;  // the character the byte stands for, as the vocabulary spells it
-        text::append_utf8(byte_level::char_of(b), ch);
-        unknown(ch);
+        unknown(s);
       }
     }
   } else {
@@ -379,8 +272,9 @@ void BpeModel::initial_symbols(std::string_view piece, std::vector<int32_t>& ids
       const auto b = static_cast<unsigned char>(piece[i]);
       uint32_t len = 1;
       if (b >= 0x80) text::decode_at(piece, i, len);
-      const std::string_view ch = piece.substr(i, len);
-      const int32_t id = b < 0x80 ? single_byte_id_[b] : vocab_.find(ch);
+      const std::string_view ch =
+          affixed ? spell(i, len, piece.substr(i, len)) : piece.substr(i, len);
+      const int32_t id = affixed || b >= 0x80 ? vocab_.find(ch) : single_byte_id_[b];
       if (id >= 0) {
         known(id);
       } else {
@@ -454,8 +348,7 @@ void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) c
   }
   // Long pieces (a run of 300 spaces) are merged each time, as HF does past 256 bytes: caching
   // them would only evict the short, frequent ones.
-  constexpr size_t kMaxCached = 256;
-  const bool cached = piece.size() < kMaxCached;
+  const bool cached = piece.size() < PieceCache::kMaxKey;
   const uint64_t hash = cached ? hash_bytes(piece) : 0;
   if (cached && cache_->find(piece, hash, out)) return;
   thread_local std::vector<int32_t> ids;

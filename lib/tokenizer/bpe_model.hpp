@@ -13,32 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "tokenizer/token_model.hpp"
+
 namespace zt {
-
-/// A string → id table that looks up string_views without allocating (open addressing, keys
-/// in one arena). Later insertions of a key replace earlier ones.
-class StringIdMap {
- public:
-  void insert(std::string_view key, int32_t id);
-  /// The id of `key`, or -1.
-  int32_t find(std::string_view key) const;
-  size_t size() const { return used_; }
-
- private:
-  struct Slot {
-    uint64_t hash = 0;
-    uint32_t offset = 0;
-    uint32_t length = 0;
-    int32_t id = -1;  // -1: empty
-  };
-  void grow();
-  std::vector<Slot> slots_;
-  std::string arena_;
-  size_t used_ = 0;
-};
-
-/// 64-bit hash of a byte string (for the tables here; not stable across versions).
-uint64_t hash_bytes(std::string_view s);
 
 /// GPT-2's byte-to-character alphabet of ByteLevel tokenizers: printable Latin-1 bytes stand
 /// for themselves, the other 68 bytes for U+0100-U+0143.
@@ -48,20 +25,21 @@ uint32_t char_of(uint8_t byte);
 int byte_of(uint32_t cp);
 }  // namespace byte_level
 
-class PieceCache;
-
 /// Settings of a BPE model, as tokenizer.json's `model` object gives them.
 struct BpeOptions {
   std::optional<std::string> unk_token;
   bool fuse_unk = false;
   bool byte_fallback = false;
   bool ignore_merges = false;
+  /// Spelled before every character but a word's first, and after its last, when the initial
+  /// symbols are looked up; a merge of (a, b) makes a + b without b's prefix (HF's BPE).
+  std::string continuing_subword_prefix, end_of_word_suffix;
   /// The vocabulary is written in GPT-2's byte-to-character alphabet (a ByteLevel
   /// pre-tokenizer): pieces given to encode_piece are then raw bytes.
   bool byte_level = false;
 };
 
-class BpeModel {
+class BpeModel final : public TokenModel {
  public:
   /// `vocab`: (token, id) pairs, ids in [0, 2^24); `merges`: (left, right) in rank order.
   /// Tokens of merges missing from the vocabulary, an unk_token not in it, or an id used twice
@@ -69,21 +47,21 @@ class BpeModel {
   BpeModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
            const std::vector<std::pair<std::string, std::string>>& merges, BpeOptions options,
            const std::string& where);
-  ~BpeModel();
+  ~BpeModel() override;
   BpeModel(const BpeModel&) = delete;
   BpeModel& operator=(const BpeModel&) = delete;
 
   /// Appends the ids of one pre-token (raw bytes when byte_level, else UTF-8 text).
-  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const override;
 
   /// The id of a vocabulary entry spelled as in tokenizer.json, or -1.
-  int32_t token_id(std::string_view token) const { return vocab_.find(token); }
+  int32_t token_id(std::string_view token) const override { return vocab_.find(token); }
   /// The vocabulary entry of `id` as tokenizer.json spells it, or nullptr.
-  const std::string* token(int32_t id) const;
+  const std::string* token(int32_t id) const override;
   /// The number of vocabulary entries.
-  size_t entries() const { return vocab_.size(); }
+  size_t entries() const override { return vocab_.size(); }
   /// One past the largest id.
-  int32_t id_end() const { return static_cast<int32_t>(tokens_.size()); }
+  int32_t id_end() const override { return static_cast<int32_t>(tokens_.size()); }
 
  private:
   struct Merge {

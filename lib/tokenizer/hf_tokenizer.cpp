@@ -84,16 +84,6 @@ size_t leading_space_length(std::string_view s) {
   return i;
 }
 
-void replace_all(std::string_view s, std::string_view pattern, std::string_view with,
-                 std::string& out) {
-  size_t i = 0;
-  for (size_t hit; (hit = s.find(pattern, i)) != std::string_view::npos; i = hit + pattern.size()) {
-    out.append(s.data() + i, hit - i);
-    out.append(with);
-  }
-  out.append(s.data() + i, s.size() - i);
-}
-
 std::string hex64(uint64_t v) {
   return fmt::format("{:016x}", v);
 }
@@ -134,7 +124,7 @@ thread_local EncodeScratch scratch;
 
 HfTokenizer::HfTokenizer(hf::TokenizerJson spec)
     : spec_(std::move(spec)), impl_(std::make_unique<Impl>()) {
-  const BpeModel& model = *spec_.model;
+  const TokenModel& model = *spec_.model;
   id_end_ = model.id_end();
   for (const hf::AddedToken& t : spec_.added) id_end_ = std::max<int64_t>(id_end_, t.id + 1);
   impl_->id_token.assign(static_cast<size_t>(id_end_), nullptr);
@@ -288,18 +278,7 @@ void HfTokenizer::normalize(std::string_view in, std::string& out) const {
   std::string& tmp = scratch.normalize_tmp;
   for (const hf::NormalizerStep& step : spec_.normalizers) {
     tmp.clear();
-    switch (step.kind) {
-      case hf::NormalizerStep::kForm:
-        text::normalize(out, step.form, tmp);
-        break;
-      case hf::NormalizerStep::kPrepend:
-        if (!out.empty()) tmp.append(step.text);
-        tmp.append(out);
-        break;
-      case hf::NormalizerStep::kReplace:
-        replace_all(out, step.text, step.content, tmp);
-        break;
-    }
+    hf::apply_normalizer(step, out, tmp);
     out.swap(tmp);
   }
 }
@@ -356,7 +335,7 @@ void HfTokenizer::encode_normalized(std::string_view piece, bool at_start,
 
 void HfTokenizer::pre_tokenize_and_encode(std::string_view text, bool at_start,
                                           std::vector<int32_t>& ids) const {
-  const BpeModel& model = *spec_.model;
+  const TokenModel& model = *spec_.model;
   if (text.empty()) return;
   if (impl_->no_pre_tokenizer) {
     model.encode_piece(text, ids);
@@ -429,7 +408,7 @@ void HfTokenizer::pre_tokenize_and_encode(std::string_view text, bool at_start,
           !starts_with_rep && (step.prepend == hf::PreTokenizerStep::Prepend::kAlways ||
                                (step.prepend == hf::PreTokenizerStep::Prepend::kFirst && p.first));
       if (prepend) out.append(rep);
-      replace_all(s, " ", rep, out);
+      hf::replace_pattern(s, nullptr, " ", rep, out);
       const auto end = static_cast<uint32_t>(out.size());
       if (!step.split) {
         next.push_back(Piece{begin, end, p.first});
@@ -480,6 +459,22 @@ void flush_bytes(std::string& bytes, std::vector<std::string>& out) {
   bytes.clear();
 }
 
+// The WordPiece decoder's cleanup (HF's wordpiece::cleanup): spaces before punctuation and
+// English contractions removed, in this order.
+std::string wordpiece_cleanup(std::string s) {
+  static const std::pair<const char*, const char*> kRules[] = {
+      {" .", "."},   {" ?", "?"},     {" !", "!"},    {" ,", ","},
+      {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},  {" do not", " don't"},
+      {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  for (const auto& [from, to] : kRules) {
+    if (s.find(from) == std::string::npos) continue;
+    std::string next;
+    hf::replace_pattern(s, nullptr, from, to, next);
+    s = std::move(next);
+  }
+  return s;
+}
+
 void apply_decoder(const hf::DecoderStep& step, std::vector<std::string>& tokens) {
   std::vector<std::string> out;
   switch (step.kind) {
@@ -506,14 +501,46 @@ void apply_decoder(const hf::DecoderStep& step, std::vector<std::string>& tokens
     case hf::DecoderStep::kMetaspace:
       for (size_t i = 0; i < tokens.size(); ++i) {
         std::string s;
-        replace_all(tokens[i], step.text, i == 0 && step.prepend ? "" : " ", s);
+        hf::replace_pattern(tokens[i], nullptr, step.text, i == 0 && step.prepend ? "" : " ", s);
         out.push_back(std::move(s));
       }
       break;
     case hf::DecoderStep::kReplace:
       for (const std::string& t : tokens) {
         out.emplace_back();
-        replace_all(t, step.text, step.content, out.back());
+        hf::replace_pattern(t, step.matcher.get(), step.text, step.content, out.back());
+      }
+      break;
+    case hf::DecoderStep::kWordPiece:
+      // Tokens after the first lose the subword prefix or get a space before them.
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        std::string t = std::move(tokens[i]);
+        if (i != 0) {
+          t = t.compare(0, step.text.size(), step.text) == 0 ? t.substr(step.text.size()) : " " + t;
+        }
+        out.push_back(step.cleanup ? wordpiece_cleanup(t) : std::move(t));
+      }
+      break;
+    case hf::DecoderStep::kBpe:
+      // The end-of-word suffix becomes a space, and nothing in the last token.
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        out.emplace_back();
+        hf::replace_pattern(tokens[i], nullptr, step.text, i + 1 == tokens.size() ? "" : " ",
+                            out.back());
+      }
+      break;
+    case hf::DecoderStep::kCtc:
+      // Repeats collapsed, the pad token removed, the word delimiter a space after cleanup.
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        if (i > 0 && tokens[i] == tokens[i - 1]) continue;
+        std::string t;
+        hf::replace_pattern(tokens[i], nullptr, step.text, "", t);
+        if (step.cleanup) {
+          std::string cleaned;
+          hf::replace_pattern(wordpiece_cleanup(t), nullptr, step.content, " ", cleaned);
+          t = std::move(cleaned);
+        }
+        if (!t.empty()) out.push_back(std::move(t));
       }
       break;
     case hf::DecoderStep::kByteFallback: {

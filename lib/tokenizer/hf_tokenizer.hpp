@@ -18,19 +18,44 @@
 
 namespace zt {
 
-class BpeModel;
+class TokenModel;
+class PrecompiledCharsmap;
 class HfTokenizer;
 
 namespace hf {
 
 /// One step of the `normalizer`.
 struct NormalizerStep {
-  enum Kind { kForm, kPrepend, kReplace } kind;
+  enum Kind {
+    kForm,
+    kPrepend,
+    kReplace,
+    kLowercase,
+    kStrip,
+    kStripAccents,
+    kBert,
+    kNmt,
+    kPrecompiled,
+    kByteLevel
+  } kind;
   explicit NormalizerStep(Kind k) : kind(k) {}
   text::NormalForm form = text::NormalForm::kNFC;  // kForm
-  std::string text;                                // kPrepend: the prefix; kReplace: the pattern
-  std::string content;                             // kReplace: the replacement
+  std::string text;     // kPrepend: the prefix; kReplace: the pattern (when no matcher)
+  std::string content;  // kReplace: the replacement
+  std::shared_ptr<const text::Matcher> matcher;  // kReplace with a regex pattern
+  bool left = false, right = false;              // kStrip: which ends
+  // kBert: BertNormalizer's switches (strip_accents resolved: null follows lowercase).
+  bool clean_text = true, chinese_chars = true, strip_accents = true, lowercase = true;
+  std::shared_ptr<const PrecompiledCharsmap> charsmap;  // kPrecompiled
 };
+
+/// Appends `step` applied to `text` (well-formed UTF-8) to `out` (hf_normalizers.cpp).
+void apply_normalizer(const NormalizerStep& step, std::string_view text, std::string& out);
+
+/// Appends `text` with every match of `matcher` (or, when null, every occurrence of the
+/// non-empty `literal`) replaced by `with`: the Replace normalizer's and decoder's rule.
+void replace_pattern(std::string_view text, const text::Matcher* matcher, std::string_view literal,
+                     std::string_view with, std::string& out);
 
 /// One step of the `pre_tokenizer`.
 struct PreTokenizerStep {
@@ -51,12 +76,26 @@ struct PreTokenizerStep {
 
 /// One step of the `decoder`.
 struct DecoderStep {
-  enum Kind { kByteLevel, kMetaspace, kReplace, kByteFallback, kFuse, kStrip } kind;
+  enum Kind {
+    kByteLevel,
+    kMetaspace,
+    kReplace,
+    kByteFallback,
+    kFuse,
+    kStrip,
+    kWordPiece,
+    kBpe,
+    kCtc
+  } kind;
   explicit DecoderStep(Kind k) : kind(k) {}
-  std::string text;         // kReplace: the pattern; kMetaspace: the replacement; kStrip: the char
-  std::string content;      // kReplace: the replacement
-  bool prepend = true;      // kMetaspace: prepend_scheme is not "never"
-  int start = 0, stop = 0;  // kStrip
+  // kReplace: the pattern (when no matcher); kMetaspace: the replacement; kStrip: the char;
+  // kWordPiece: the subword prefix; kBpe: the end-of-word suffix; kCtc: the pad token.
+  std::string text;
+  std::string content;  // kReplace: the replacement; kCtc: the word delimiter token
+  std::shared_ptr<const text::Matcher> matcher;  // kReplace with a regex pattern
+  bool prepend = true;                           // kMetaspace: prepend_scheme is not "never"
+  bool cleanup = false;                          // kWordPiece, kCtc
+  int start = 0, stop = 0;                       // kStrip
 };
 
 struct AddedToken {
@@ -78,7 +117,7 @@ struct TokenizerJson {
   std::optional<std::vector<DecoderStep>> decoders;  // nullopt: tokens joined with spaces
   std::vector<AddedToken> added;
   std::optional<Template> post_template;  // nullopt: no TemplateProcessing
-  std::shared_ptr<const BpeModel> model;
+  std::shared_ptr<const TokenModel> model;
 };
 
 /// The pipeline transformers 5 builds itself for the tokenizer class tokenizer_config.json

@@ -7,6 +7,9 @@
 
 #include "tokenizer/bpe_model.hpp"
 #include "tokenizer/hf_tokenizer.hpp"
+#include "tokenizer/precompiled_charsmap.hpp"
+#include "tokenizer/unigram_model.hpp"
+#include "tokenizer/word_models.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "util/log.hpp"
@@ -16,13 +19,16 @@ namespace zt::hf {
 namespace {
 
 constexpr const char* kNormalizerTypes =
-    "NFC, NFD, NFKC, NFKD, Prepend, Replace (String pattern), Sequence";
+    "NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, BertNormalizer, Nmt, Precompiled, "
+    "Prepend, Replace, ByteLevel, Sequence";
 constexpr const char* kPreTokenizerTypes =
     "Split (any regex or string, every behavior), Whitespace, WhitespaceSplit, Digits, "
-    "Punctuation, BertPreTokenizer, ByteLevel, Metaspace, Sequence";
+    "Punctuation, BertPreTokenizer, CharDelimiterSplit, ByteLevel, Metaspace, Sequence";
 constexpr const char* kDecoderTypes =
-    "ByteLevel, Metaspace, Replace (String pattern), ByteFallback, Fuse, Strip, Sequence";
-constexpr const char* kPostProcessorTypes = "TemplateProcessing, ByteLevel, Sequence";
+    "ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, WordPiece, BPEDecoder, CTC, "
+    "Sequence";
+constexpr const char* kPostProcessorTypes =
+    "TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel, Sequence";
 
 [[noreturn]] void unsupported(const json::ObjectReader& r, std::string_view key,
                               std::string_view value, std::string_view supported) {
@@ -46,15 +52,25 @@ void for_each_object(json::ObjectReader& r, const char* key, const std::string& 
   }
 }
 
-// {"String": "..."}: the only pattern form supported (regex patterns need a regex engine).
-std::string string_pattern(json::ObjectReader& r, const char* key, const std::string& source) {
+// A Replace's pattern: {"String": "..."} (a literal) or {"Regex": "..."} (Oniguruma).
+void read_pattern(json::ObjectReader& r, const char* key, const std::string& source,
+                  std::string& literal, std::shared_ptr<const text::Matcher>& matcher) {
   const rapidjson::Value* v = r.find(key);
-  if (v == nullptr || !v->IsObject()) r.fail(key, "an object {\"String\": \"...\"}");
+  if (v == nullptr || !v->IsObject())
+    r.fail(key, "an object {\"String\": ...} or {\"Regex\": ...}");
   json::ObjectReader p(*v, r.key_path(key), source);
-  if (p.has("Regex")) unsupported(p, "Regex", "a regex pattern", "{\"String\": \"...\"}");
+  if (p.has("Regex")) {
+    const std::string regex = p.required_string("Regex");
+    try {
+      matcher = text::Matcher::regex(regex);
+    } catch (const ConfigError& e) {
+      p.fail_value("Regex", e.what());
+    }
+    return;
+  }
   std::optional<std::string> s = p.string("String");
   if (!s || s->empty()) p.fail("String", "a non-empty string");
-  return *s;
+  literal = *s;
 }
 
 // A string of exactly one character (Metaspace's replacement, Strip's content).
@@ -86,8 +102,37 @@ void read_normalizer(json::ObjectReader& r, const std::string& source,
     out.push_back(s);
   } else if (type == "Replace") {
     NormalizerStep s{NormalizerStep::kReplace};
-    s.text = string_pattern(r, "pattern", source);
+    read_pattern(r, "pattern", source, s.text, s.matcher);
     s.content = r.required_string("content");
+    out.push_back(s);
+  } else if (type == "Lowercase" || type == "StripAccents" || type == "Nmt" ||
+             type == "ByteLevel") {
+    out.push_back(NormalizerStep{type == "Lowercase"      ? NormalizerStep::kLowercase
+                                 : type == "StripAccents" ? NormalizerStep::kStripAccents
+                                 : type == "Nmt"          ? NormalizerStep::kNmt
+                                                          : NormalizerStep::kByteLevel});
+  } else if (type == "Strip") {
+    NormalizerStep s{NormalizerStep::kStrip};
+    s.left = r.boolean("strip_left").value_or(true);
+    s.right = r.boolean("strip_right").value_or(true);
+    out.push_back(s);
+  } else if (type == "BertNormalizer") {
+    NormalizerStep s{NormalizerStep::kBert};
+    s.clean_text = r.boolean("clean_text").value_or(true);
+    s.chinese_chars = r.boolean("handle_chinese_chars").value_or(true);
+    s.lowercase = r.boolean("lowercase").value_or(true);
+    s.strip_accents = r.boolean("strip_accents").value_or(s.lowercase);  // null: as lowercase
+    out.push_back(s);
+  } else if (type == "Precompiled") {
+    NormalizerStep s{NormalizerStep::kPrecompiled};
+    const std::string charsmap = r.required_string("precompiled_charsmap");
+    // An empty charsmap (an identity SentencePiece normalizer) changes nothing.
+    if (charsmap.empty()) return;
+    try {
+      s.charsmap = std::make_shared<const PrecompiledCharsmap>(charsmap, source);
+    } catch (const ConfigError& e) {
+      r.fail_value("precompiled_charsmap", e.what());
+    }
     out.push_back(s);
   } else {
     unsupported(r, "type", fmt::format("normalizer \"{}\"", type), kNormalizerTypes);
@@ -103,11 +148,30 @@ void check_normalizer_growth(const std::vector<NormalizerStep>& steps, const std
   double growth = 1;
   for (const NormalizerStep& step : steps) {
     double factor = 1;
-    if (step.kind == NormalizerStep::kForm) {
-      factor = step.form == text::NormalForm::kNFC ? 3 : 18;  // U+FDFA decomposes into 18
-    } else if (step.kind == NormalizerStep::kReplace && !step.text.empty()) {
-      factor = std::max(
-          1.0, static_cast<double>(step.content.size()) / static_cast<double>(step.text.size()));
+    switch (step.kind) {
+      case NormalizerStep::kForm:
+        factor = step.form == text::NormalForm::kNFC ? 3 : 18;  // U+FDFA decomposes into 18
+        break;
+      case NormalizerStep::kReplace:
+        // A regex may match empty text between any two bytes.
+        factor = step.matcher ? static_cast<double>(step.content.size() + 1)
+                              : std::max(1.0, static_cast<double>(step.content.size()) /
+                                                  static_cast<double>(step.text.size()));
+        break;
+      case NormalizerStep::kLowercase:  // U+0130 (2 bytes) lowercases to 3
+        factor = 1.5;
+        break;
+      case NormalizerStep::kBert:  // NFD, then spaces around a 3-byte CJK character
+        factor = (step.strip_accents ? 18 : 1) * 1.5 * (5.0 / 3);
+        break;
+      case NormalizerStep::kByteLevel:  // a byte becomes a character of up to 2 bytes
+        factor = 2;
+        break;
+      case NormalizerStep::kPrecompiled:  // a character of at least one byte, by its rule
+        factor = static_cast<double>(step.charsmap->longest_replacement()) + 1;
+        break;
+      default:
+        break;
     }
     growth *= factor;
     if (growth > kMaxGrowth) {
@@ -200,6 +264,12 @@ void read_pre_tokenizer(json::ObjectReader& r, const std::string& source,
     s.split = r.boolean("split").value_or(true);
     r.known({"str_rep"});
     out.push_back(s);
+  } else if (type == "CharDelimiterSplit") {
+    // A split on one character, which is removed (HF: split(delimiter, Removed)).
+    PreTokenizerStep s{PreTokenizerStep::kSplit};
+    s.matcher = text::Matcher::literal(one_char(r, "delimiter", " "));
+    s.behavior = text::SplitBehavior::kRemoved;
+    out.push_back(s);
   } else if (type == "Whitespace" || type == "WhitespaceSplit" || type == "Digits" ||
              type == "Punctuation" || type == "BertPreTokenizer") {
     // HF's character-class pre-tokenizers are Splits: the pattern each one uses, as a regex.
@@ -256,8 +326,23 @@ void read_decoder(json::ObjectReader& r, const std::string& source, std::vector<
     out.push_back(s);
   } else if (type == "Replace") {
     DecoderStep s{DecoderStep::kReplace};
-    s.text = string_pattern(r, "pattern", source);
+    read_pattern(r, "pattern", source, s.text, s.matcher);
     s.content = r.required_string("content");
+    out.push_back(s);
+  } else if (type == "WordPiece") {
+    DecoderStep s{DecoderStep::kWordPiece};
+    s.text = r.string("prefix").value_or("##");
+    s.cleanup = r.boolean("cleanup").value_or(true);
+    out.push_back(s);
+  } else if (type == "BPEDecoder") {
+    DecoderStep s{DecoderStep::kBpe};
+    s.text = r.string("suffix").value_or("</w>");
+    out.push_back(s);
+  } else if (type == "CTC") {
+    DecoderStep s{DecoderStep::kCtc};
+    s.text = r.string("pad_token").value_or("<pad>");
+    s.content = r.string("word_delimiter_token").value_or("|");
+    s.cleanup = r.boolean("cleanup").value_or(true);
     out.push_back(s);
   } else if (type == "ByteFallback") {
     out.push_back(DecoderStep{DecoderStep::kByteFallback});
@@ -335,42 +420,31 @@ void read_post_processor(json::ObjectReader& r, const std::string& source,
   } else if (type == "ByteLevel") {
     // Trims offsets only; ids are unchanged.
   } else if (type == "TemplateProcessing") {
-    if (out) r.fail_value("type", "a second TemplateProcessing is not supported");
+    if (out) r.fail_value("type", "a second template-adding post-processor is not supported");
     out.emplace();
     read_template(r, source, *out);
+  } else if (type == "BertProcessing" || type == "RobertaProcessing") {
+    // [CLS] $A [SEP] (BERT), <s> $A </s> (RoBERTa), the ids given with the tokens.
+    if (out) r.fail_value("type", "a second template-adding post-processor is not supported");
+    out.emplace();
+    for (const char* key : {"cls", "sep"}) {
+      const rapidjson::Value* v = r.find(key);
+      std::optional<int64_t> id;
+      if (v != nullptr && v->IsArray() && v->Size() == 2 && (*v)[0].IsString() &&
+          (*v)[1].IsNumber()) {
+        id = json::as_integer((*v)[1]);
+      }
+      if (!id || *id < 0 || *id >= INT32_MAX) r.fail(key, "a pair [token, id]");
+      (std::string(key) == "cls" ? out->before : out->after).push_back(static_cast<int32_t>(*id));
+    }
+    r.known({"trim_offsets", "add_prefix_space"});  // offsets only
   } else {
     unsupported(r, "type", fmt::format("post-processor \"{}\"", type), kPostProcessorTypes);
   }
 }
 
-std::shared_ptr<const BpeModel> read_model(json::ObjectReader& m, const std::string& source,
-                                           bool byte_level,
-                                           const std::optional<ClassPipeline>& pipeline) {
-  const std::string type = m.string("type").value_or("");
-  if (type != "BPE") {
-    unsupported(m, "type", fmt::format("model \"{}\"", type),
-                "BPE; WordPiece, Unigram and WordLevel models are not implemented");
-  }
-  if (std::optional<double> dropout = m.number("dropout"); dropout && *dropout != 0.0) {
-    unsupported(m, "dropout", fmt::format("{}", *dropout), "null (no BPE dropout)");
-  }
-  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (std::optional<std::string> s = m.string(key); s && !s->empty()) {
-      unsupported(m, key, fmt::format("\"{}\"", *s), "null");
-    }
-  }
-  BpeOptions o;
-  o.unk_token = m.string("unk_token");
-  o.fuse_unk = m.boolean("fuse_unk").value_or(false);
-  o.byte_fallback = m.boolean("byte_fallback").value_or(false);
-  o.ignore_merges = m.boolean("ignore_merges").value_or(false);
-  o.byte_level = byte_level;
-  if (pipeline) {  // the class's own BPE(vocab, merges, ...): its flags, merges always applied
-    o.fuse_unk = pipeline->fuse_unk;
-    o.byte_fallback = pipeline->byte_fallback;
-    o.ignore_merges = false;
-  }
-
+// A {token: id} vocabulary.
+std::vector<std::pair<std::string, int32_t>> read_vocab_object(json::ObjectReader& m) {
   const rapidjson::Value* v = m.find("vocab");
   if (v == nullptr || !v->IsObject()) m.fail("vocab", "an object {token: id}");
   std::vector<std::pair<std::string, int32_t>> vocab;
@@ -385,6 +459,29 @@ std::shared_ptr<const BpeModel> read_model(json::ObjectReader& m, const std::str
     }
     vocab.emplace_back(std::move(token), static_cast<int32_t>(id));
   }
+  return vocab;
+}
+
+std::shared_ptr<const TokenModel> read_bpe(json::ObjectReader& m, const std::string& source,
+                                           bool byte_level,
+                                           const std::optional<ClassPipeline>& pipeline) {
+  if (std::optional<double> dropout = m.number("dropout"); dropout && *dropout != 0.0) {
+    unsupported(m, "dropout", fmt::format("{}", *dropout), "null (no BPE dropout)");
+  }
+  BpeOptions o;
+  o.unk_token = m.string("unk_token");
+  o.fuse_unk = m.boolean("fuse_unk").value_or(false);
+  o.byte_fallback = m.boolean("byte_fallback").value_or(false);
+  o.ignore_merges = m.boolean("ignore_merges").value_or(false);
+  o.continuing_subword_prefix = m.string("continuing_subword_prefix").value_or("");
+  o.end_of_word_suffix = m.string("end_of_word_suffix").value_or("");
+  o.byte_level = byte_level;
+  if (pipeline) {  // the class's own BPE(vocab, merges, ...): its flags, merges always applied
+    o.fuse_unk = pipeline->fuse_unk;
+    o.byte_fallback = pipeline->byte_fallback;
+    o.ignore_merges = false;
+  }
+  const std::vector<std::pair<std::string, int32_t>> vocab = read_vocab_object(m);
   const rapidjson::Value* ml = m.find("merges");
   if (ml == nullptr || !ml->IsArray()) m.fail("merges", "an array of merges");
   std::vector<std::pair<std::string, std::string>> merges;
@@ -409,10 +506,66 @@ std::shared_ptr<const BpeModel> read_model(json::ObjectReader& m, const std::str
   return std::make_shared<const BpeModel>(vocab, merges, o, source);
 }
 
+std::shared_ptr<const TokenModel> read_unigram(json::ObjectReader& m, const std::string& source) {
+  const rapidjson::Value* v = m.find("vocab");
+  if (v == nullptr || !v->IsArray()) m.fail("vocab", "an array of [piece, score]");
+  std::vector<std::pair<std::string, double>> pieces;
+  pieces.reserve(v->Size());
+  for (rapidjson::SizeType i = 0; i < v->Size(); ++i) {
+    const rapidjson::Value& e = (*v)[i];
+    if (!e.IsArray() || e.Size() != 2 || !e[0].IsString() || !e[1].IsNumber()) {
+      m.fail_value("vocab",
+                   fmt::format("entry {} is {}: expected [piece, score]", i, json::render(e)));
+    }
+    pieces.emplace_back(json::text(e[0]), e[1].GetDouble());
+  }
+  std::optional<int32_t> unk;
+  if (std::optional<int64_t> id = m.integer("unk_id", 0, INT32_MAX)) {
+    unk = static_cast<int32_t>(*id);
+  }
+  const bool byte_fallback = m.boolean("byte_fallback").value_or(false);
+  return std::make_shared<const UnigramModel>(pieces, unk, byte_fallback, source);
+}
+
+std::shared_ptr<const TokenModel> read_model(json::ObjectReader& m, const std::string& source,
+                                             bool byte_level,
+                                             const std::optional<ClassPipeline>& pipeline) {
+  // Files written before the model carried its type: HF tries BPE, WordPiece, WordLevel and
+  // Unigram in turn; their members tell them apart.
+  std::string type = m.string("type").value_or("");
+  if (type.empty()) {
+    const rapidjson::Value* v = m.find("vocab");
+    type = m.has("merges")                                                           ? "BPE"
+           : v != nullptr && v->IsArray()                                            ? "Unigram"
+           : m.has("continuing_subword_prefix") || m.has("max_input_chars_per_word") ? "WordPiece"
+                                                                                     : "WordLevel";
+  }
+  if (pipeline && type != "BPE") {
+    m.fail_value("type", fmt::format("\"{}\": {} builds a BPE pipeline; the file and its "
+                                     "tokenizer_config.json's tokenizer_class disagree",
+                                     type, pipeline->name));
+  }
+  if (type == "BPE") return read_bpe(m, source, byte_level, pipeline);
+  if (type == "Unigram") return read_unigram(m, source);
+  if (type == "WordPiece") {
+    const int64_t max_chars =
+        m.integer("max_input_chars_per_word", 0, int64_t{1} << 40).value_or(100);
+    return std::make_shared<const WordPieceModel>(
+        read_vocab_object(m), m.string("unk_token").value_or("[UNK]"),
+        m.string("continuing_subword_prefix").value_or("##"), static_cast<size_t>(max_chars),
+        source);
+  }
+  if (type == "WordLevel") {
+    return std::make_shared<const WordLevelModel>(read_vocab_object(m),
+                                                  m.string("unk_token").value_or("<unk>"), source);
+  }
+  unsupported(m, "type", fmt::format("model \"{}\"", type), "BPE, Unigram, WordPiece, WordLevel");
+}
+
 // The added tokens with the ids HF tokenizers gives them when it loads the file: an existing
 // entry's id, else the next id after the vocabulary. A file that says otherwise is rejected
 // (HF would only warn and use its own id).
-void read_added_tokens(json::ObjectReader& r, const std::string& source, const BpeModel& model,
+void read_added_tokens(json::ObjectReader& r, const std::string& source, const TokenModel& model,
                        size_t model_entries, std::vector<AddedToken>& out) {
   if (!r.has("added_tokens")) return;
   int64_t max_added = -1;

@@ -19,6 +19,9 @@ peft/       adapters PEFT creates on the tiny llama (LoRA, rsLoRA on all linear 
 variants:   DoRA (llama; qwen2 all-linear with rsLoRA) and PiSSA (llama, with its pissa_init and
             pissa_converted folders) adapters PEFT made, with where they started, their logits,
             loss and one backward's gradients (peft/dora_*, peft/pissa_*).
+tokenizer_models (tokenizers/ too, only when named) Unigram, WordPiece, WordLevel and BPE with
+            subword prefix / suffix tokenizers with the other normalizers, pre-tokenizers,
+            post-processors and decoders (make_tokenizer_models).
 tokenizers/ small BPE tokenizers trained with the pipelines of Qwen2 (byte-level, digits one
             by one), LLaMA-3 (digits in threes), LLaMA-2 (normalizer ▁ + byte fallback) and
             Mistral (Metaspace pre-tokenizer), with the ids HF produces for a varied text set.
@@ -530,6 +533,137 @@ def make_tokenizers():
         print("tokenizer", name, tok.get_vocab_size())
 
 
+# SentencePiece normalization rules (code points in hex, source TAB target) for the Unigram
+# fixture's own precompiled charsmap: full-width letters and digits, a ligature, compositions
+# of two code points (which the Precompiled normalizer matches per grapheme), spaces.
+SPM_RULES = ([(f"{0xFF21 + i:X}", f"{0x41 + i:X}") for i in range(26)] +
+             [(f"{0xFF41 + i:X}", f"{0x61 + i:X}") for i in range(26)] +
+             [(f"{0xFF10 + i:X}", f"{0x30 + i:X}") for i in range(10)] +
+             [("FB01", "66 69"), ("65 301", "E9"), ("61 300", "E0"), ("6F 308", "F6"),
+              ("3000", "20"), ("A0", "20"), ("2028", "20"), ("2160", "49"), ("2161", "49 49"),
+              ("2026", "2E 2E 2E"), ("9", "20")])
+
+
+def make_tokenizer_models():
+    """The models and components beyond BPE, each in a small tokenizer trained here, with the
+    ids HF tokenizers gives for TEXTS: unigram_spm (a SentencePiece Unigram model with its own
+    precompiled charsmap and byte fallback, converted as transformers converts T5 / ALBERT),
+    unigram_albert (Unigram, ALBERT's normalizers: Replace by string and regex, NFKD,
+    StripAccents, Lowercase), wordpiece (BERT's pipeline), wordlevel (NFD / Lowercase /
+    StripAccents / Nmt, Whitespace, BertProcessing) and bpe_suffix (BPE with a subword prefix
+    and an end-of-word suffix, Strip, CharDelimiterSplit, Punctuation, Digits, RobertaProcessing,
+    the BPE decoder)."""
+    import tempfile
+
+    import sentencepiece as spm
+    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                            pre_tokenizers, processors, trainers)
+    root = os.path.join(OUT, "tokenizers")
+    lines = corpus()
+    fast = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+            "model_max_length": 512}
+
+    def save(name, tok, cfg):
+        d = os.path.join(root, name)
+        os.makedirs(d, exist_ok=True)
+        tok.save(os.path.join(d, "tokenizer.json"))
+        write_json(os.path.join(d, "tokenizer_config.json"), dict(fast, **cfg))
+        record_cases(d, Tokenizer.from_file(os.path.join(d, "tokenizer.json")))
+        print("tokenizer", name, tok.get_vocab_size(), flush=True)
+
+    # unigram_spm: trained by SentencePiece itself.
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "corpus.txt"), "w", encoding="utf-8") as f:
+            f.write("\n".join(l.replace("\n", " ") for l in lines if l.strip()))
+        with open(os.path.join(tmp, "rules.tsv"), "w") as f:
+            f.write("".join(f"{a}\t{b}\n" for a, b in SPM_RULES))
+        spm.SentencePieceTrainer.train(
+            input=os.path.join(tmp, "corpus.txt"), model_prefix=os.path.join(tmp, "m"),
+            vocab_size=700, model_type="unigram", byte_fallback=True,
+            normalization_rule_tsv=os.path.join(tmp, "rules.tsv"), character_coverage=0.9995,
+            pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2, hard_vocab_limit=False)
+        from sentencepiece import sentencepiece_model_pb2 as pb
+        proto = pb.ModelProto()
+        with open(os.path.join(tmp, "m.model"), "rb") as f:
+            proto.ParseFromString(f.read())
+    vocab = [(p.piece, p.score) for p in proto.pieces]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=1, byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([
+        normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap),
+        normalizers.Strip(left=False, right=True), normalizers.Replace(Regex(" {2,}"), "▁")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.decoder = decoders.Sequence([decoders.Metaspace(replacement="▁", prepend_scheme="always"),
+                                     decoders.ByteFallback(), decoders.Fuse()])
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                       special_tokens=[("</s>", 3)])
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                            for t in ("<pad>", "<unk>", "<s>", "</s>")])
+    save("unigram_spm", tok, {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"})
+
+    # unigram_albert: trained by HF's Unigram trainer, ALBERT's normalizers.
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.Sequence([
+        normalizers.Replace("``", '"'), normalizers.Replace("''", '"'), normalizers.NFKD(),
+        normalizers.StripAccents(), normalizers.Lowercase(), normalizers.Replace(Regex(" {2,}"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")])
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = trainers.UnigramTrainer(vocab_size=600, unk_token="<unk>", show_progress=False,
+                                      special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"])
+    tok.train_from_iterator(lines, trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+    save("unigram_albert", tok, {"bos_token": "[CLS]", "eos_token": "[SEP]", "unk_token": "<unk>",
+                                 "pad_token": "<pad>"})
+
+    # wordpiece: BERT's pipeline.
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=30))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                strip_accents=None, lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    trainer = trainers.WordPieceTrainer(vocab_size=700, show_progress=False,
+                                        special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tok.train_from_iterator(lines, trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+    save("wordpiece", tok, {"bos_token": "[CLS]", "eos_token": "[SEP]", "unk_token": "[UNK]",
+                            "pad_token": "[PAD]"})
+
+    # wordlevel: a word vocabulary with BERT's processor.
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.normalizer = normalizers.Sequence([normalizers.Nmt(), normalizers.NFD(),
+                                           normalizers.Lowercase(), normalizers.StripAccents()])
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(vocab_size=500, show_progress=False,
+                                        special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
+    tok.train_from_iterator(lines, trainer=trainer)
+    tok.post_processor = processors.BertProcessing(("[SEP]", tok.token_to_id("[SEP]")),
+                                                   ("[CLS]", tok.token_to_id("[CLS]")))
+    save("wordlevel", tok, {"bos_token": "[CLS]", "eos_token": "[SEP]", "unk_token": "[UNK]",
+                            "pad_token": "[PAD]"})
+
+    # bpe_suffix: BPE with a continuing-subword prefix and an end-of-word suffix.
+    tok = Tokenizer(models.BPE(unk_token="<unk>", continuing_subword_prefix="##",
+                               end_of_word_suffix="</w>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Strip(left=True, right=True),
+                                           normalizers.NFKC(), normalizers.Lowercase()])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.CharDelimiterSplit(" "),
+                                                 pre_tokenizers.Punctuation(),
+                                                 pre_tokenizers.Digits(individual_digits=True)])
+    tok.decoder = decoders.BPEDecoder(suffix="</w>")
+    trainer = trainers.BpeTrainer(vocab_size=800, show_progress=False,
+                                  special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+                                  continuing_subword_prefix="##", end_of_word_suffix="</w>")
+    tok.train_from_iterator(lines, trainer=trainer)
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=False,
+                                                      add_prefix_space=False)
+    save("bpe_suffix", tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                             "pad_token": "<pad>"})
+
+
 def versions():
     import importlib
     v = {}
@@ -559,7 +693,8 @@ def make_families():
 
 versions()
 for section, fn in (("models", make_models), ("families", make_families), ("peft", make_peft),
-                    ("variants", make_variants), ("tokenizers", make_tokenizers)):
+                    ("variants", make_variants), ("tokenizers", make_tokenizers),
+                    ("tokenizer_models", make_tokenizer_models)):
     if section not in WHAT:
         continue
     try:

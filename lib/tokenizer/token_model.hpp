@@ -1,0 +1,96 @@
+// The model of a tokenizer.json pipeline, whichever it is (BPE: bpe_model.hpp; Unigram:
+// unigram_model.hpp; WordPiece and WordLevel: word_models.hpp): what the pipeline asks of it
+// is the ids of one pre-token and the vocabulary both ways.
+//
+// Thread-safety: models are immutable after construction except for their caches, which lock
+// internally; every const method may be called from several threads at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace zt {
+
+class TokenModel {
+ public:
+  virtual ~TokenModel() = default;
+  /// Appends the ids of one pre-token (raw bytes for a byte-level BPE, else UTF-8 text).
+  virtual void encode_piece(std::string_view piece, std::vector<int32_t>& out) const = 0;
+  /// The id of a vocabulary entry spelled as in tokenizer.json, or -1.
+  virtual int32_t token_id(std::string_view token) const = 0;
+  /// The vocabulary entry of `id` as tokenizer.json spells it, or nullptr.
+  virtual const std::string* token(int32_t id) const = 0;
+  /// The number of vocabulary entries (HF's get_vocab_size without added tokens).
+  virtual size_t entries() const = 0;
+  /// One past the largest id.
+  virtual int32_t id_end() const = 0;
+};
+
+/// A string → id table that looks up string_views without allocating (open addressing, keys
+/// in one arena). Later insertions of a key replace earlier ones.
+class StringIdMap {
+ public:
+  void insert(std::string_view key, int32_t id);
+  /// The id of `key`, or -1.
+  int32_t find(std::string_view key) const;
+  size_t size() const { return used_; }
+
+ private:
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t offset = 0;
+    uint32_t length = 0;
+    int32_t id = -1;  // -1: empty
+  };
+  void grow();
+  std::vector<Slot> slots_;
+  std::string arena_;
+  size_t used_ = 0;
+};
+
+/// 64-bit hash of a byte string (for the tables here; not stable across versions).
+uint64_t hash_bytes(std::string_view s);
+
+/// Encoded pre-tokens, as HF's models cache them: words repeat, so most pieces are looked up
+/// instead of encoded again. Sharded behind mutexes (bpe_model.cpp); a shard that fills up is
+/// emptied (HF stops inserting instead; either way the result is the same).
+class PieceCache {
+ public:
+  PieceCache();
+  ~PieceCache();
+  /// Appends the cached ids of `key` to `out`; false when it is not cached.
+  bool find(std::string_view key, uint64_t hash, std::vector<int32_t>& out) const;
+  void insert(std::string_view key, uint64_t hash, const std::vector<int32_t>& ids) const;
+  /// Pieces this long or longer are not cached (they would only evict the short, frequent
+  /// ones; HF's limit is alike).
+  static constexpr size_t kMaxKey = 256;
+
+ private:
+  struct Shard;
+  std::unique_ptr<Shard[]> shards_;
+};
+
+/// The vocabulary of the Unigram, WordPiece and WordLevel models: tokens by id and ids by
+/// token. Ids must leave few holes (a table mostly empty is a damaged file); a token listed
+/// twice keeps its last id, as HF's HashMap does.
+class Vocabulary {
+ public:
+  /// `entries`: (token, id); errors start with `where` (the file and JSON path).
+  Vocabulary(const std::vector<std::pair<std::string, int32_t>>& entries, const std::string& where);
+  int32_t find(std::string_view token) const { return ids_.find(token); }
+  const std::string* token(int32_t id) const;
+  size_t size() const { return size_; }
+  int32_t id_end() const { return static_cast<int32_t>(tokens_.size()); }
+
+ private:
+  StringIdMap ids_;
+  std::vector<std::string> tokens_;
+  std::vector<bool> has_token_;
+  size_t size_ = 0;
+};
+
+}  // namespace zt

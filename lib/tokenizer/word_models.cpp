@@ -1,0 +1,88 @@
+// WordPiece and WordLevel as HF tokenizers' `WordPiece::tokenize` / `WordLevel::tokenize` run
+// them.
+#include "tokenizer/word_models.hpp"
+
+#include <fmt/format.h>
+
+#include "tokenizer/unicode_text.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt {
+namespace {
+
+ConfigError missing_unk(const std::string& where, const std::string& unk) {
+  return ConfigError(fmt::format(
+      "{}: model.unk_token \"{}\" is not in model.vocab, and the text has a word the vocabulary "
+      "cannot spell; fix the file's unk_token",
+      where, unk));
+}
+
+}  // namespace
+
+WordPieceModel::WordPieceModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
+                               std::string unk_token, std::string continuing_subword_prefix,
+                               size_t max_input_chars_per_word, const std::string& where)
+    : vocab_(vocab, where),
+      unk_token_(std::move(unk_token)),
+      prefix_(std::move(continuing_subword_prefix)),
+      max_chars_(max_input_chars_per_word),
+      where_(where) {}
+
+int32_t WordPieceModel::unk() const {
+  const int32_t id = vocab_.find(unk_token_);
+  if (id < 0) throw missing_unk(where_, unk_token_);
+  return id;
+}
+
+void WordPieceModel::encode_piece(std::string_view word, std::vector<int32_t>& out) const {
+  if (word.empty()) return;
+  size_t chars = 0;
+  for (size_t i = 0; i < word.size(); ++i)
+    chars += (static_cast<unsigned char>(word[i]) & 0xC0) != 0x80;
+  if (chars > max_chars_) {
+    out.push_back(unk());
+    return;
+  }
+  const size_t mark = out.size();
+  thread_local std::string candidate;
+  for (size_t start = 0; start < word.size();) {
+    size_t end = word.size();
+    int32_t found = -1;
+    while (start < end) {
+      candidate.clear();
+      if (start > 0) candidate += prefix_;
+      candidate.append(word.data() + start, end - start);
+      found = vocab_.find(candidate);
+      if (found >= 0) break;
+      // One character shorter.
+      do {
+        --end;
+      } while (end > start && (static_cast<unsigned char>(word[end]) & 0xC0) == 0x80);
+    }
+    if (found < 0) {  // a part no entry matches: the whole word is unk
+      out.resize(mark);
+      out.push_back(unk());
+      return;
+    }
+    out.push_back(found);
+    start = end;
+  }
+}
+
+WordLevelModel::WordLevelModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
+                               std::string unk_token, const std::string& where)
+    : vocab_(vocab, where), unk_token_(std::move(unk_token)), where_(where) {}
+
+void WordLevelModel::encode_piece(std::string_view word, std::vector<int32_t>& out) const {
+  if (word.empty()) return;
+  const int32_t id = vocab_.find(word);
+  if (id >= 0) {
+    out.push_back(id);
+    return;
+  }
+  const int32_t unk = vocab_.find(unk_token_);
+  if (unk < 0) throw missing_unk(where_, unk_token_);
+  out.push_back(unk);
+}
+
+}  // namespace zt

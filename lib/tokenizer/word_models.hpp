@@ -1,0 +1,58 @@
+// The WordPiece (BERT) and WordLevel models of HF tokenizers (`models::wordpiece`,
+// `models::wordlevel`).
+//
+// Thread-safety: immutable after construction; const methods may be called concurrently.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tokenizer/token_model.hpp"
+
+namespace zt {
+
+/// WordPiece: a word becomes its longest vocabulary prefix, then the longest entry of
+/// `prefix` + the rest, and so on; a word with a part no entry matches, or longer than
+/// `max_input_chars_per_word` characters, becomes the one unk token.
+class WordPieceModel final : public TokenModel {
+ public:
+  /// Errors start with `where` (the file and JSON path); `unk_token` must be in the vocabulary
+  /// when a word needs it (HF fails then too), which is checked when it is needed.
+  WordPieceModel(const std::vector<std::pair<std::string, int32_t>>& vocab, std::string unk_token,
+                 std::string continuing_subword_prefix, size_t max_input_chars_per_word,
+                 const std::string& where);
+
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const override;
+  int32_t token_id(std::string_view token) const override { return vocab_.find(token); }
+  const std::string* token(int32_t id) const override { return vocab_.token(id); }
+  size_t entries() const override { return vocab_.size(); }
+  int32_t id_end() const override { return vocab_.id_end(); }
+
+ private:
+  int32_t unk() const;
+  Vocabulary vocab_;
+  std::string unk_token_, prefix_;
+  size_t max_chars_;
+  std::string where_;
+};
+
+/// WordLevel: a word is its vocabulary entry, or the unk token.
+class WordLevelModel final : public TokenModel {
+ public:
+  WordLevelModel(const std::vector<std::pair<std::string, int32_t>>& vocab, std::string unk_token,
+                 const std::string& where);
+
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const override;
+  int32_t token_id(std::string_view token) const override { return vocab_.find(token); }
+  const std::string* token(int32_t id) const override { return vocab_.token(id); }
+  size_t entries() const override { return vocab_.size(); }
+  int32_t id_end() const override { return vocab_.id_end(); }
+
+ private:
+  Vocabulary vocab_;
+  std::string unk_token_;
+  std::string where_;
+};
+
+}  // namespace zt
