@@ -23,7 +23,10 @@
 #include "support/messages.hpp"
 #include "support/ranks.hpp"
 #include "tokenizer/hf_tokenizer.hpp"
+#include "tokenizer/precompiled_charsmap.hpp"
 #include "tokenizer/split_rules.hpp"
+#include "tokenizer/unigram_model.hpp"
+#include "tokenizer/word_models.hpp"
 #include "tokenizer/unicode_text.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
@@ -771,4 +774,83 @@ TEST_CASE("tool: real tokenizer folders against reference ids", "[.tool]") {
     }
     std::printf("%s: %zu of %zu texts the same\n", name.c_str(), same, texts.size());
   }
+}
+
+// ---- models and normalizers beyond BPE ---------------------------------------------------------
+
+TEST_CASE("a Precompiled charsmap normalizes per grapheme cluster as spm_precompiled does",
+          "[tokenizer]") {
+  // SentencePiece's nmt_nfkc rules (T5's, XLM-R's) as spm_precompiled ships them, and the
+  // normalizations its tests assert.
+  rapidjson::Document doc;
+  const std::string json = read_file(std::string(ZT_FIXTURES) + "/tokenizers/charsmaps/nmt_nfkc.json");
+  doc.Parse(json.c_str());
+  REQUIRE(doc.IsObject());
+  const PrecompiledCharsmap map(doc["precompiled_charsmap"].GetString(), "nmt_nfkc.json");
+  auto normalized = [&](const std::string& s) {
+    std::string out;
+    map.normalize(s, out);
+    return out;
+  };
+  CHECK(normalized("\xF0\x9D\x94\xBE") == "G");     // 𝔾
+  CHECK(normalized("\xF0\x9D\x95\xA0") == "o");     // 𝕠
+  CHECK(normalized("\xE2\x80\x8D") == " ");         // ZWJ
+  CHECK(normalized("\xEF\xAC\x81") == "fi");        // ﬁ
+  // A Thai syllable's cluster is rewritten character by character (its 6+ bytes), and a
+  // Devanagari one whose first rule covers the cluster.
+  CHECK(normalized("เขาไม่ได้พูดสักคำ") ==
+        "เขาไม\u0e48ได\u0e49พ\u0e39ดส\u0e31กค\u0e4dา");
+  CHECK(normalized("ड़ी दुख") == "ड\u093cी द\u0941ख");
+  // آپ: a cluster of two characters that the rule for its first (آ) replaces whole.
+  CHECK(normalized("\xD8\xA7\xD9\x93") == "آ");
+  CHECK(normalized("plain ascii stays") == "plain ascii stays");
+}
+
+TEST_CASE("Unigram picks the best-scored segmentation and fuses unknown characters",
+          "[tokenizer]") {
+  // HF tokenizers' own example of Unigram::encode.
+  const UnigramModel model({{"<unk>", 0.0},
+                            {"a", 0.0},
+                            {"b", 0.0},
+                            {"c", 0.0},
+                            {"d", 0.0},
+                            {"cd", 1.0},
+                            {"ab", 2.0},
+                            {"abc", 5.0},
+                            {"abcd", 10.0}},
+                           0, false, "example");
+  std::vector<int32_t> ids;
+  model.encode_piece("abcdacdxx", ids);
+  CHECK(ids == std::vector<int32_t>{8, 1, 5, 0});  // abcd, a, cd, xx (one fused unk)
+  // Byte fallback: the unknown run's bytes when every <0xXX> exists.
+  std::vector<std::pair<std::string, double>> pieces = {{"<unk>", 0.0}, {"a", -1.0}};
+  for (int b = 0; b < 256; ++b) pieces.emplace_back(fmt::format("<0x{:02X}>", b), -5.0);
+  const UnigramModel fallback(pieces, 0, true, "fallback");
+  ids.clear();
+  fallback.encode_piece("a\xC3\xA9", ids);  // a, é = C3 A9
+  CHECK(ids == std::vector<int32_t>{1, 2 + 0xC3, 2 + 0xA9});
+  // No unk_id: a character no piece covers is an error naming the file.
+  const UnigramModel no_unk({{"a", 0.0}}, std::nullopt, false, "no_unk.json");
+  ids.clear();
+  CHECK_THROWS_MATCHES(no_unk.encode_piece("ab", ids), ConfigError, Has({"no_unk.json", "unk_id"}));
+}
+
+TEST_CASE("WordPiece takes the longest prefix, then prefixed pieces, or one unk per word",
+          "[tokenizer]") {
+  const WordPieceModel model({{"[UNK]", 0}, {"un", 1}, {"##aff", 2}, {"##able", 3}, {"aff", 4}},
+                             "[UNK]", "##", 10, "wordpiece");
+  std::vector<int32_t> ids;
+  model.encode_piece("unaffable", ids);
+  CHECK(ids == std::vector<int32_t>{1, 2, 3});
+  ids.clear();
+  model.encode_piece("unaffablex", ids);  // "x" matches nothing: the whole word is unk
+  CHECK(ids == std::vector<int32_t>{0});
+  ids.clear();
+  model.encode_piece("unaffableun", ids);  // 11 characters, past max_input_chars_per_word
+  CHECK(ids == std::vector<int32_t>{0});
+  const WordLevelModel words({{"<unk>", 0}, {"hello", 1}}, "<unk>", "wordlevel");
+  ids.clear();
+  words.encode_piece("hello", ids);
+  words.encode_piece("world", ids);
+  CHECK(ids == std::vector<int32_t>{1, 0});
 }
