@@ -31,6 +31,8 @@
 #   bench/gpu_session.sh glm              the GLM-4-9B-shaped LoRA step beside the peer (extended with that shape)
 #   bench/gpu_session.sh families         LoRA on the Qwen3-8B, Gemma-3-12B, Gemma-2-9B and Phi-4 shapes beside
 #                                         the peer (COMPILED=1 too), QLoRA Qwen3-14B's peak memory
+#   bench/gpu_session.sh tokspeed         one-thread encoding speed, ours and HF tokenizers', per real
+#                                         tokenizer folder (REAL=DIR, TOKMB=10)
 #   bench/gpu_session.sh compare          before/after: the models, micro and glm rows of this tree and of
 #                                         zt-before/ (git archive REV | tar -x -C zt-before), alternately
 #   bench/gpu_session.sh varlen           LoRA 7B on real lengths (the peer's varlen_lengths): padded, and packed
@@ -54,11 +56,14 @@ b=build-gpu
 zt=$PWD/$b/bin/zerotrain
 steps=${STEPS:-20}
 
-peer() {  # SHAPE MODE SEQ MBS CKPT  (PEER=0 skips the peer runs; COMPILED=1 adds HF_COMPILE=1)
+peer() {  # SHAPE MODE SEQ MBS CKPT  (PEER=0 skips the peer runs; COMPILED=1 adds HF_COMPILE=1,
+        # COMPILED=only runs the compiled peer alone)
   [ "${PEER:-1}" = 1 ] || return 0
   if [ -f .peer/hf_baseline.py ]; then
-    python3 .peer/hf_baseline.py "$@" 2>&1 | tee -a "$results/peer.log" | grep '^RESULT' || true
-    if [ "${COMPILED:-0}" = 1 ]; then
+    if [ "${COMPILED:-0}" != only ]; then
+      python3 .peer/hf_baseline.py "$@" 2>&1 | tee -a "$results/peer.log" | grep '^RESULT' || true
+    fi
+    if [ "${COMPILED:-0}" != 0 ]; then
       HF_COMPILE=1 python3 .peer/hf_baseline.py "$@" 2>&1 | tee -a "$results/peer.log" |
         grep '^RESULT' || true
     fi
@@ -338,6 +343,20 @@ for phase in "$@"; do
         peer "$shape" lora 1024 8 "$ckpt"
       done
       [ "${QLORA14:-1}" = 1 ] && ours qwen3-14b qlora 1024 4 1 8
+      ;;
+    tokspeed)
+      # [2/7]: encoding speed on one thread, ours and HF tokenizers', on the same generated
+      # corpus (TOKMB MB) for each real tokenizer folder under REAL (tests/tools/
+      # fetch_real_tokenizers.sh): the ≥ 5× goal of docs/performance.md.
+      real=${REAL:-/tmp/zr/zt-real}
+      mb=${TOKMB:-10}
+      for d in "$real"/*/; do
+        $b/bin/zt_bench_tokenizer --mb "$mb" --threads 1 --tokenizer "$d" 2>&1 |
+          tee -a "$results/tokspeed.log" | grep '^RESULT' || true
+      done
+      RAYON_NUM_THREADS=1 python3 bench/tools/hf_tokenizer_speed.py \
+        "${TMPDIR:-/tmp}/zt_tokenizer_bench_${mb}mb_v1.jsonl" "$real"/*/ 2>&1 |
+        tee -a "$results/tokspeed.log" | grep '^RESULT' || true
       ;;
     glm)
       # GLM-4-9B-shaped LoRA step beside the peer extended with that shape (bench/tools/hf_baseline_glm.py).
