@@ -68,7 +68,9 @@ bool is_mark(uint32_t cp) {
 // BertNormalizer's steps, in its order: clean_text, handle_chinese_chars, strip_accents (NFD,
 // then without nonspacing marks), lowercase.
 void bert(const NormalizerStep& step, std::string_view s, std::string& out) {
-  std::string a, b;
+  thread_local std::string a, b, nfd;
+  a.clear();
+  b.clear();
   std::string_view cur = s;
   if (step.clean_text) {
     for_each_char(cur, [&](uint32_t cp, std::string_view bytes) {
@@ -100,7 +102,7 @@ void bert(const NormalizerStep& step, std::string_view s, std::string& out) {
     cur = a;
   }
   if (step.strip_accents) {
-    std::string nfd;
+    nfd.clear();
     text::normalize(cur, text::NormalForm::kNFD, nfd);
     for_each_char(nfd, [&](uint32_t cp, std::string_view bytes) {
       if (!in(kBertMn, cp)) b.append(bytes);

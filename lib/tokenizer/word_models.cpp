@@ -2,6 +2,8 @@
 // them.
 #include "tokenizer/word_models.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "tokenizer/unicode_text.hpp"
@@ -26,7 +28,10 @@ WordPieceModel::WordPieceModel(const std::vector<std::pair<std::string, int32_t>
       unk_token_(std::move(unk_token)),
       prefix_(std::move(continuing_subword_prefix)),
       max_chars_(max_input_chars_per_word),
-      where_(where) {}
+      where_(where),
+      cache_(std::make_unique<PieceCache>()) {
+  for (const auto& entry : vocab) longest_ = std::max(longest_, entry.first.size());
+}
 
 int32_t WordPieceModel::unk() const {
   const int32_t id = vocab_.find(unk_token_);
@@ -43,10 +48,30 @@ void WordPieceModel::encode_piece(std::string_view word, std::vector<int32_t>& o
     out.push_back(unk());
     return;
   }
+  const bool cached = word.size() < PieceCache::kMaxKey;
+  const uint64_t hash = cached ? hash_bytes(word) : 0;
+  if (cached && cache_->find(word, hash, out)) return;
+  thread_local std::vector<int32_t> ids;
+  ids.clear();
+  split_word(word, ids);
+  out.insert(out.end(), ids.begin(), ids.end());
+  if (cached) cache_->insert(word, hash, ids);
+}
+
+void WordPieceModel::split_word(std::string_view word, std::vector<int32_t>& out) const {
   const size_t mark = out.size();
   thread_local std::string candidate;
   for (size_t start = 0; start < word.size();) {
-    size_t end = word.size();
+    // Candidates longer than the longest entry cannot match: start at the last character
+    // boundary within that length.
+    const size_t room = longest_ > (start > 0 ? prefix_.size() : 0)
+                            ? longest_ - (start > 0 ? prefix_.size() : 0)
+                            : 0;
+    size_t end = std::min(word.size(), start + room);
+    while (end > start && end < word.size() &&
+           (static_cast<unsigned char>(word[end]) & 0xC0) == 0x80) {
+      --end;
+    }
     int32_t found = -1;
     while (start < end) {
       candidate.clear();

@@ -4,6 +4,7 @@
 // Thread-safety: immutable after construction; const methods may be called concurrently.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,10 +32,13 @@ class WordPieceModel final : public TokenModel {
 
  private:
   int32_t unk() const;
+  void split_word(std::string_view word, std::vector<int32_t>& out) const;
   Vocabulary vocab_;
   std::string unk_token_, prefix_;
   size_t max_chars_;
+  size_t longest_ = 0;  // the longest entry's bytes: no longer candidate is looked up
   std::string where_;
+  std::unique_ptr<PieceCache> cache_;
 };
 
 /// WordLevel: a word is its vocabulary entry, or the unk token.
