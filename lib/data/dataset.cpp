@@ -15,9 +15,9 @@
 
 #include "data/chat_templates.hpp"
 #include "data/encoding.hpp"
+#include "data/record_layouts.hpp"
 #include "data/records.hpp"
 #include "data/stats.hpp"
-#include "tokenizer/chatglm_tokenizer.hpp"
 #include "util/json.hpp"
 #include "util/log.hpp"
 #include "util/threads.hpp"
@@ -123,60 +123,6 @@ Example encode_text(const std::string& text, const Tokenizer& tok, size_t limit)
 }
 
 namespace {
-
-// v[start:stop] as Python slices it (negative bounds count from the end, clamped).
-std::vector<int32_t> py_slice(const std::vector<int32_t>& v, int64_t start, int64_t stop) {
-  const int64_t n = static_cast<int64_t>(v.size());
-  auto clamp = [n](int64_t i) { return std::clamp(i < 0 ? i + n : i, int64_t{0}, n); };
-  const int64_t a = clamp(start), b = clamp(stop);
-  if (a >= b) return {};
-  return {v.begin() + a, v.begin() + b};
-}
-
-std::vector<int32_t> joined(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-// ChatGLM-Finetuning's GLM2PromptDataSet / GLM3PromptDataSet for one record, token for token
-// (utils.py): `truncated` says whether a cut was made (is_skip drops those).
-Example encode_glm_finetuning(const std::string& instruction, const std::string& output,
-                              const ChatGlmTokenizer& tok, const DataOptions& o, bool* truncated) {
-  const int64_t max_len = o.max_length, max_src = o.max_source_length;
-  const auto command = [&](const char* name) { return *tok.command(name); };
-  std::vector<int32_t> src, tgt;
-  int64_t max_tgt = 0;
-  *truncated = false;
-  if (o.glm_prompt_layout == "glm2") {
-    src = tok.encode_plain("[Round 1]\n\n问：" + instruction + "\n\n答：");
-    if (static_cast<int64_t>(src.size()) > max_src) {  // keeps "\n\n答：", its last 4 tokens
-      src = joined(py_slice(src, 0, max_src - 4), py_slice(src, -4, INT64_MAX));
-      *truncated = true;
-    }
-    max_tgt = max_len - 3 - static_cast<int64_t>(src.size());
-    tgt = tok.encode_plain(output);
-  } else {
-    src = joined(joined({command("<|user|>")}, tok.encode_plain("\n")),
-                 tok.encode_plain(instruction));
-    if (static_cast<int64_t>(src.size()) > max_src) {
-      src = py_slice(src, 0, max_src);
-      *truncated = true;
-    }
-    max_tgt = max_len - 6 - static_cast<int64_t>(src.size());
-    tgt = joined(joined({command("<|assistant|>")}, tok.encode_plain("\n")),
-                 tok.encode_plain(output));
-  }
-  if (static_cast<int64_t>(tgt.size()) > max_tgt) {
-    tgt = py_slice(tgt, 0, max_tgt);
-    *truncated = true;
-  }
-  Example e;
-  e.append(tok.prefix_ids(), false);
-  e.append(src, false);
-  e.append(tgt, true);
-  e.append({tok.eos_id()}, true);
-  return e;
-}
 
 // ---- line formats --------------------------------------------------------------------------
 
@@ -415,8 +361,9 @@ Example parse_prompt_completion(const rapidjson::Document& doc, json::ObjectRead
 // `pretokenized` for input_ids records (whole, whatever `limit`), `templated` for records the
 // chat template formats.
 Example parse_line(std::string_view line, const std::string& where, const Tokenizer& tok,
-                   const ChatTemplate& t, const DataOptions& o, int64_t id_limit, size_t limit,
-                   bool* truncated, bool* pretokenized, bool* templated) {
+                   const ChatTemplate& t, const RecordLayout* layout, const DataOptions& o,
+                   int64_t id_limit, size_t limit, bool* truncated, bool* pretokenized,
+                   bool* templated) {
   rapidjson::Document doc = json::parse(line, where);
   json::ObjectReader r(doc, "", where);
   const bool train_on_prompt = o.train_on_prompt;
@@ -439,11 +386,10 @@ Example parse_line(std::string_view line, const std::string& where, const Tokeni
         "train; train it with --stage kto",
         where, doc.HasMember("kto_tag") ? "kto_tag" : "label"));
   }
-  if (!o.glm_prompt_layout.empty() && doc.HasMember("instruction")) {
+  if (layout != nullptr && doc.HasMember("instruction")) {
     // data_set.py reads exactly these three keys, instruction + input concatenated.
     const std::string instruction = r.required_string("instruction") + r.required_string("input");
-    return encode_glm_finetuning(instruction, r.required_string("output"),
-                                 static_cast<const ChatGlmTokenizer&>(tok), o, truncated);
+    return layout->encode(instruction, r.required_string("output"), truncated);
   }
   // TRL's assistant_only_loss false trains every token of a conversation.
   const bool train_chat = train_on_prompt || !o.assistant_only_loss;
@@ -547,42 +493,6 @@ void record_template(const std::string& dir, const std::string& name) {
   data::record_chat_template(dir, name);
 }
 
-namespace {
-
-// ChatGLM-Finetuning's layout needs ChatGLM's tokenizer (its special tokens) and room for the
-// target under max_length once the source has max_source_length tokens (data_set.py asserts it).
-void check_glm_prompt_layout(const DataOptions& o, const Tokenizer& tok) {
-  if (o.glm_prompt_layout.empty()) return;
-  if (o.glm_prompt_layout != "glm2" && o.glm_prompt_layout != "glm3") {
-    throw ConfigError(
-        fmt::format("mode: expected glm2 or glm3 (ChatGLM-Finetuning's data layouts "
-                    "for ChatGLM2/3-6B), found \"{}\"",
-                    o.glm_prompt_layout));
-  }
-  const auto* glm = dynamic_cast<const ChatGlmTokenizer*>(&tok);
-  if (glm == nullptr) {
-    throw ConfigError(fmt::format(
-        "mode {}: ChatGLM-Finetuning's data layout needs ChatGLM2/3's tokenizer (a model folder "
-        "with its tokenizer.model); this model's tokenizer is another",
-        o.glm_prompt_layout));
-  }
-  if (o.glm_prompt_layout == "glm3" && glm->generation() != ChatGlmTokenizer::kChatGlm3) {
-    throw ConfigError(
-        "mode glm3: the folder's tokenizer is ChatGLM2's (its tokenization_chatglm.py has no "
-        "role tokens); use --mode glm2 or a ChatGLM3 folder");
-  }
-  const int64_t reserved = o.glm_prompt_layout == "glm2" ? 3 : 6;
-  const int64_t min_src = o.glm_prompt_layout == "glm2" ? 4 : 1;
-  if (o.max_source_length < min_src || o.max_source_length + reserved > o.max_length) {
-    throw ConfigError(fmt::format(
-        "max_src_len {} with max_len {}: mode {} needs max_src_len >= {} and max_len >= "
-        "max_src_len + {} (data_set.py's room for the target and its special tokens)",
-        o.max_source_length, o.max_length, o.glm_prompt_layout, min_src, reserved));
-  }
-}
-
-}  // namespace
-
 void data::read_records(const std::string& path, const Tokenizer& tok, const DataOptions& o,
                         int64_t id_limit, const RecordParser& parse,
                         const std::function<void(Parsed&)>& take, DatasetStats& s) {
@@ -671,7 +581,7 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
   if (o.max_length < 1) {
     throw ConfigError(fmt::format("max_length: expected an integer >= 1, found {}", o.max_length));
   }
-  check_glm_prompt_layout(o, tok);
+  const std::unique_ptr<data::RecordLayout> layout = data::record_layout(o, tok);
   if (o.truncation_mode == "keep_end") {
     throw ConfigError(
         "truncation_mode keep_end: supervised fine-tuning keeps the start of a long example "
@@ -695,8 +605,8 @@ Dataset tokenize_jsonl(const std::string& path, const Tokenizer& tok, const Data
     data::Parsed p;
     bool pretokenized = false;
     // Encoded one id past max_length: whether the cut takes anything is then known.
-    Example e = data::parse_line(text, where, tok, t, o, id_limit, max_length + 1, &p.truncated,
-                                 &pretokenized, &p.templated);
+    Example e = data::parse_line(text, where, tok, t, layout.get(), o, id_limit, max_length + 1,
+                                 &p.truncated, &pretokenized, &p.templated);
     const bool cut = e.ids.size() > max_length || p.truncated;
     // No trained label in the whole example: known when nothing was cut, or for ids given whole.
     const bool untrained = !data::has_trained_label(e) && (pretokenized || !cut);

@@ -22,6 +22,7 @@
 #include <fmt/ranges.h>
 
 #include "config/quantization.hpp"
+#include "data/record_layouts.hpp"
 #include "data/stats.hpp"
 #include "model/quantized_weights.hpp"
 #include "peft/init_sources.hpp"
@@ -604,10 +605,11 @@ void Trainer::Impl::start() {
       if (I.rank != 0) quiet.emplace(LogLevel::kError);
       I.tokenizer = load_tokenizer(I.model_dir, I.model_config.vocab_size);
     }
-    // ChatGLM-Finetuning's layouts lay out instruction records themselves; the template is
+    // A family's record layout (`mode`) lays out instruction records itself; the template is
     // then that layout's prompt (what `zerotrain verify` asks with, and chat records' format).
-    if (!I.args.glm_prompt_layout.empty() && !I.args.is_given("template")) {
-      I.args.template_name = I.args.glm_prompt_layout == "glm2" ? "chatglm2" : "chatglm3";
+    if (const std::string layout = data::record_layout_template(I.args.glm_prompt_layout);
+        !layout.empty() && !I.args.is_given("template")) {
+      I.args.template_name = layout;
     }
     I.args.template_name =
         resolve_template(I.args.template_name, I.model_dir, *I.tokenizer, &I.template_source);
