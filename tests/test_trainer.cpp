@@ -1643,11 +1643,11 @@ TEST_CASE("tool: write run outputs for the transformers checks", "[.tool]") {
   const struct {
     const char* package;
     const char* templates;  // "auto", or the formats to check with this tokenizer
-  } sets[] = {{"qwen3", "auto"},       {"qwen2_5", "auto qwen2"},
-              {"llama3", "auto"},      {"llama3_1", "auto"},
-              {"llama3_2", "auto"},    {"llama2", "llama2 mistral_v0.1 mistral_v0.2 mistral_v0.3"},
-              {"gemma3", "auto"},      {"deepseek_v3", "auto"},
-              {"mistral_nemo", "auto"}};  // the Jinja-rendered ones: their folders' own templates
+  } sets[] = {{"qwen3", "auto"},        {"qwen2_5", "auto qwen2"},
+              {"llama3", "auto"},       {"llama3_1", "auto"},
+              {"llama3_2", "auto"},     {"llama2", "llama2 mistral_v0.1 mistral_v0.2 mistral_v0.3"},
+              {"gemma3", "auto"},       {"deepseek_v3", "auto"},
+              {"mistral_nemo", "auto"}, {"gptoss", "auto"}};  // Jinja-rendered: their own templates
   const std::string conversations =
       R"({"messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hi!"},)"
       R"( {"role": "assistant", "content": "Hello! How can I help?"}, {"role": "user", "content": "What is 2+2?"},)"
