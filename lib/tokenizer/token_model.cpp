@@ -82,8 +82,8 @@ int32_t StringIdMap::find(std::string_view key) const {
 // 16 shards indexed by the hash's top 4 bits, each behind its own mutex so that threads rarely
 // meet.
 struct PieceCache::Shard {
-  static constexpr size_t kSlots = 4096;  // at most half used
-  static constexpr size_t kMaxEntries = 2048;
+  static constexpr size_t kSlots = 16384;  // at most half used
+  static constexpr size_t kMaxEntries = 8192;
   static constexpr size_t kMaxArena = 256 << 10;
   struct Slot {
     uint64_t hash = 0;
