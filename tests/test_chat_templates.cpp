@@ -1,13 +1,18 @@
 // The models' chat formats against their own chat_template texts (data/chat_templates/),
 // rendered by jinja2 with transformers' settings (tests/tools/render_chat_templates.py): the
 // same text for every conversation shape, the same refusals; `--template auto` recognizes each
-// text; the trained labels are the replies and their end-of-turn markers.
+// text; the trained labels are the replies and their end-of-turn markers. The Jinja interpreter
+// against jinja2 on other models' templates, llama.cpp's collection among them over
+// conversations with tools and reasoning (fixtures/chat_templates/llamacpp/cases.json).
 #include "support/catch.hpp"
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
+#include <set>
 
 #include <fmt/format.h>
 #include <rapidjson/document.h>
@@ -99,20 +104,58 @@ std::string jinja_python() {
   return found;
 }
 
-// jinja2's renderings of `cases` (messages, add_generation_prompt) with the template file at
-// `path` (default: the format's reference text).
-std::vector<std::optional<std::string>> reference(const Format& f,
-                                                  const std::vector<std::pair<Turns, bool>>& cases,
-                                                  std::string path = "") {
+// What jinja2 made of one case: the text, or the error it stopped with (`raised`: the
+// template's own raise_exception).
+struct Jinja2Rendering {
+  std::optional<std::string> text;
+  std::string error;
+  bool raised = false;
+};
+
+// jinja2's renderings (tests/tools/render_chat_templates.py) of the template file at `path` with
+// f's special tokens, one per entry of `cases` (the script's job entries: messages,
+// add_generation_prompt, tools, kwargs).
+std::vector<Jinja2Rendering> jinja2_render(const Format& f, const std::string& path,
+                                           const rapidjson::Value& cases) {
   const std::string py = jinja_python();
   if (py.empty()) FAIL("no python3 with jinja2 (make deps installs python3-jinja2)");
   rapidjson::Document job(rapidjson::kObjectType);
   auto& a = job.GetAllocator();
-  if (path.empty()) path = fmt::format("{}/{}.jinja", ZT_DATA "/chat_templates", f.name);
   job.AddMember("template", rapidjson::Value(path.c_str(), a), a);
   if (f.bos) job.AddMember("bos_token", rapidjson::Value(f.bos, a), a);
   if (f.eos) job.AddMember("eos_token", rapidjson::Value(f.eos, a), a);
-  rapidjson::Value list(rapidjson::kArrayType);
+  job.AddMember("cases", rapidjson::Value(cases, a), a);
+  const std::string dir = test::temp_dir("jinja");
+  files::write_atomic(dir + "/job.json", json::dump(job));
+  const std::string command =
+      fmt::format("{} {}/tests/tools/render_chat_templates.py {}/job.json {}/out.json", py,
+                  ZT_SOURCE_ROOT, dir, dir);
+  REQUIRE(std::system(command.c_str()) == 0);
+  const rapidjson::Document out = json::parse(files::read_text(dir + "/out.json"), "out.json");
+  REQUIRE(out.IsArray());
+  REQUIRE(out.Size() == cases.Size());
+  std::vector<Jinja2Rendering> renderings;
+  for (const auto& r : out.GetArray()) {
+    Jinja2Rendering one;
+    if (r.HasMember("text")) {
+      one.text = json::text(r["text"]);
+    } else {
+      one.error = json::text(r["error"]);
+      one.raised = r.HasMember("raised") && r["raised"].GetBool();
+    }
+    renderings.push_back(std::move(one));
+  }
+  return renderings;
+}
+
+// jinja2's renderings of `cases` (messages, add_generation_prompt) with the template file at
+// `path` (default: the format's reference text); nullopt where jinja2 stopped.
+std::vector<std::optional<std::string>> reference(const Format& f,
+                                                  const std::vector<std::pair<Turns, bool>>& cases,
+                                                  std::string path = "") {
+  if (path.empty()) path = fmt::format("{}/{}.jinja", ZT_DATA "/chat_templates", f.name);
+  rapidjson::Document list(rapidjson::kArrayType);
+  auto& a = list.GetAllocator();
   for (const auto& [turns, generation] : cases) {
     rapidjson::Value messages(rapidjson::kArrayType);
     for (const auto& [role, content] : turns) {
@@ -126,24 +169,8 @@ std::vector<std::optional<std::string>> reference(const Format& f,
     c.AddMember("add_generation_prompt", generation, a);
     list.PushBack(c, a);
   }
-  job.AddMember("cases", list, a);
-  const std::string dir = test::temp_dir("jinja");
-  files::write_atomic(dir + "/job.json", json::dump(job));
-  const std::string command =
-      fmt::format("{} {}/tests/tools/render_chat_templates.py {}/job.json {}/out.json", py,
-                  ZT_SOURCE_ROOT, dir, dir);
-  REQUIRE(std::system(command.c_str()) == 0);
-  rapidjson::Document out;
-  out.Parse(files::read_text(dir + "/out.json").c_str());
-  REQUIRE(out.IsArray());
   std::vector<std::optional<std::string>> texts;
-  for (const auto& r : out.GetArray()) {
-    if (r.HasMember("text")) {
-      texts.emplace_back(std::string(r["text"].GetString(), r["text"].GetStringLength()));
-    } else {
-      texts.emplace_back(std::nullopt);
-    }
-  }
+  for (Jinja2Rendering& r : jinja2_render(f, path, list)) texts.push_back(std::move(r.text));
   return texts;
 }
 
@@ -193,6 +220,42 @@ const Format kOtherTemplates[] = {
      "<\uff5cend\u2581of\u2581sentence\uff5c>"},
     {"phi4", nullptr, "<|im_end|>"},
     {"phi3", "<s>", "<|endoftext|>"},
+};
+
+// llama.cpp's collection of real templates (models/templates/), with tool calls, tool results,
+// tool definitions and reasoning: rendered over llamacpp/cases.json (SOURCES.md). The tokens are
+// the models' own where the template uses them, none where it does not.
+const char* const kDeepSeekBos = "<\uff5cbegin\u2581of\u2581sentence\uff5c>";
+const Format kLlamaCppTemplates[] = {
+    {"llamacpp/ByteDance-Seed-OSS", nullptr, nullptr},
+    {"llamacpp/CohereForAI-c4ai-command-r-plus-tool_use", "<BOS_TOKEN>", nullptr},
+    {"llamacpp/CohereForAI-c4ai-command-r7b-12-2024-tool_use", "<BOS_TOKEN>", nullptr},
+    {"llamacpp/GLM-4.6", nullptr, nullptr},
+    {"llamacpp/GLM-4.7-Flash", nullptr, nullptr},
+    {"llamacpp/glm_4_5", nullptr, nullptr},
+    {"llamacpp/HuggingFaceTB-SmolLM3-3B", nullptr, nullptr},
+    {"llamacpp/Kimi-K2-Thinking", nullptr, nullptr},
+    {"llamacpp/moonshotai-Kimi-K2", nullptr, nullptr},
+    {"llamacpp/MiniMax-M2", nullptr, nullptr},
+    {"llamacpp/mistralai-Mistral-Small-3.1-24B-Instruct-2503", "<s>", "</s>"},
+    {"llamacpp/Mistral-Small-3.2-24B-Instruct-2506", "<s>", "</s>"},
+    {"llamacpp/unsloth-mistral-Devstral-Small-2507", "<s>", "</s>"},
+    {"llamacpp/NVIDIA-Nemotron-Nano-v2", nullptr, nullptr},
+    {"llamacpp/NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "<|begin_of_text|>", nullptr},
+    {"llamacpp/Qwen-Qwen2.5-7B-Instruct", nullptr, nullptr},
+    {"llamacpp/Qwen-Qwen3-0.6B", nullptr, nullptr},
+    {"llamacpp/Qwen3-Coder", nullptr, nullptr},
+    {"llamacpp/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", kDeepSeekBos, nullptr},
+    {"llamacpp/deepseek-ai-DeepSeek-V3.1", kDeepSeekBos, nullptr},
+    {"llamacpp/deepseek-ai-DeepSeek-V3.2", kDeepSeekBos, nullptr},
+    {"llamacpp/google-gemma-4-31B-it", "<bos>", nullptr},
+    {"llamacpp/ibm-granite-granite-3.3-2B-Instruct", nullptr, nullptr},
+    {"llamacpp/llama-cpp-microsoft-Phi-4-mini-instruct", nullptr, "<|endoftext|>"},
+    {"llamacpp/meetkai-functionary-medium-v3.1", "<|begin_of_text|>", nullptr},
+    {"llamacpp/meetkai-functionary-medium-v3.2", "<|begin_of_text|>", nullptr},
+    {"llamacpp/meta-llama-Llama-3.1-8B-Instruct", "<|begin_of_text|>", nullptr},
+    {"llamacpp/meta-llama-Llama-3.2-3B-Instruct", "<|begin_of_text|>", nullptr},
+    {"llamacpp/openai-gpt-oss-120b", nullptr, nullptr},
 };
 
 // Every template the interpreter is checked on: the built-in formats' texts and the others.
@@ -258,6 +321,87 @@ TEST_CASE("the Jinja interpreter renders every chat template as jinja2 does unde
   }
 }
 
+namespace {
+
+// One conversation of llamacpp/cases.json: its entry of the jinja2 script's job (tools resolved
+// from tool_sets) and the same as the interpreter's context.
+struct JsonCase {
+  std::string name;
+  jinja::Dict context;  // without the special tokens
+};
+
+// The cases, and their job entries (appended to `job_cases`, allocated in `doc`).
+std::vector<JsonCase> json_cases(rapidjson::Document& doc, rapidjson::Value& job_cases) {
+  const std::string file = ZT_FIXTURES "/chat_templates/llamacpp/cases.json";
+  const rapidjson::Document all = json::parse(files::read_text(file), file);
+  auto& a = doc.GetAllocator();
+  std::vector<JsonCase> out;
+  for (const auto& c : all["cases"].GetArray()) {
+    rapidjson::Value entry(rapidjson::kObjectType);
+    entry.AddMember("messages", rapidjson::Value(c["messages"], a), a);
+    entry.AddMember("add_generation_prompt", c["add_generation_prompt"].GetBool(), a);
+    if (c.HasMember("tools"))
+      entry.AddMember("tools", rapidjson::Value(all["tool_sets"][c["tools"].GetString()], a), a);
+    if (c.HasMember("kwargs")) entry.AddMember("kwargs", rapidjson::Value(c["kwargs"], a), a);
+    // The interpreter's context from the same JSON: what transformers passes (tools None when
+    // there are none), then the extra variables.
+    const jinja::Value v = jinja::from_json(json::dump(entry), file);
+    jinja::Dict context{
+        {"messages", v.get("messages")},
+        {"tools", v.get("tools").is_undefined() ? jinja::Value::none() : v.get("tools")},
+        {"documents", jinja::Value::none()},
+        {"add_generation_prompt", v.get("add_generation_prompt")}};
+    if (const jinja::Value kwargs = v.get("kwargs"); kwargs.is_dict())
+      context.insert(context.end(), kwargs.dict().begin(), kwargs.dict().end());
+    out.push_back({json::text(c["name"]), std::move(context)});
+    job_cases.PushBack(entry, a);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the Jinja interpreter renders llama.cpp's templates with tools and reasoning as jinja2",
+          "[data][templates][jinja]") {
+  rapidjson::Document doc(rapidjson::kObjectType);
+  rapidjson::Value job_cases(rapidjson::kArrayType);
+  const std::vector<JsonCase> cases = json_cases(doc, job_cases);
+  REQUIRE(cases.size() >= 10);
+  for (const Format& f : kLlamaCppTemplates) {
+    const std::string file = fmt::format("{}/chat_templates/{}.jinja", ZT_FIXTURES, f.name);
+    INFO("template " << file);
+    std::optional<jinja::Template> t;
+    try {
+      t.emplace(files::read_text(file), file);
+    } catch (const ConfigError& e) {
+      FAIL_CHECK("the interpreter refuses the template: " << e.what());
+      continue;
+    }
+    const std::vector<Jinja2Rendering> want = jinja2_render(f, file, job_cases);
+    size_t rendered = 0;
+    for (size_t k = 0; k < cases.size(); ++k) {
+      INFO("case " << k << ": " << cases[k].name);
+      jinja::Dict context = cases[k].context;
+      if (f.bos) context.emplace_back("bos_token", jinja::Value(f.bos));
+      if (f.eos) context.emplace_back("eos_token", jinja::Value(f.eos));
+      if (!want[k].text) {
+        INFO("jinja2: " << want[k].error);
+        if (want[k].raised) {  // the template's raise_exception: the same refusal, its message
+          CHECK_THROWS_WITH(t->render(context),
+                            Contains("the template raised") && Contains(want[k].error));
+        } else {  // jinja2 itself stops (undefined used, wrong type, sandbox): a ConfigError
+          CHECK_THROWS_AS(t->render(context), ConfigError);
+        }
+        continue;
+      }
+      ++rendered;
+      CHECK(t->render(context).text == *want[k].text);
+    }
+    // Every template renders some of the cases, so none is checked only on its refusals.
+    CHECK(rendered > 0);
+  }
+}
+
 TEST_CASE("the Jinja interpreter's semantics at their edges are jinja2's",
           "[data][templates][jinja]") {
   // Scoping, loop variables, filters, tests, methods, slices and printing, each a template of
@@ -292,6 +436,44 @@ TEST_CASE("the Jinja interpreter's semantics at their edges are jinja2's",
       "{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }};{% endfor %} "
       "{{ {'a': 1}.get('z', 'dflt') }} {{ [3, 1, 2]|sort|join }} {{ [1, 2, 2]|unique|list }} "
       "{{ ' x '|trim }}|{{ 'x'|default('d') }}{{ nothing|default('d') }} {{ 'A b'|lower }}",
+      // Markup (|safe, |escape): what is added, joined or formatted into it is escaped; ~ and
+      // tojson give plain text.
+      "{{ \"<a href='\"|safe + \"x'y\\\"<&\" + \"'>\"|safe }} {{ ('<'|safe ~ '<') + '>' }} "
+      "{{ '<b>'|e }} {{ '<b>'|e|e }} {{ '<b>'|safe|forceescape }} {{ ('x'|safe).upper() + '&' }} "
+      "{{ ' <x> '|safe|trim + '<' }} {{ (','|safe).join(['<', '>']) }} "
+      "{{ ['<', '>']|join(','|safe) }} {{ ('a<'|safe)[1] + '<' }} {{ ('<a>'|safe * 2) + '&' }} "
+      "{{ ['x'|safe] }} {{ ('{}'|safe).format('<') }} {{ ('<'|safe|string) + '<' }} "
+      "{{ ('a'|safe).replace(\"'\", 'x') }} {{ {'k': '<'|safe}|tojson + '<' }}",
+      // Dict keys of any scalar type (1, 1.0 and True one key; json.dumps' key strings); tuples.
+      "{% set d = {1: 'a', 0: 'b', 'k': 'c', none: 'n', 2.5: 'f', true: 'T'} %}{{ d[1] }}"
+      "{{ d[0] }}{{ d['k'] }}{{ d[none] }} {{ d }} {{ d|tojson }} {{ 1 in d }} {{ '1' in d }} "
+      "{{ d.get(0) }}{{ d.get(7, 'z') }} {{ {1: 2} == {1.0: 2} }} {{ d|length }} {{ d|list }} "
+      "{% for k, v in {16: 'x', 2: 'y'}|dictsort %}{{ k }}{{ v }}{% endfor %} "
+      "{{ {3: 'a', 1: 'b'}|tojson(sort_keys=true) }} {{ {2: 'x'}.items()|list }} "
+      "{{ (1, 'a') }} {{ (1,) }} {{ (1, 2) == [1, 2] }} {{ (1,) + (2,) }} {{ {(1, 2): 'p'} }}",
+      // sort, unique, min, max, dictsort: case-insensitive unless told; dictsort by / reverse.
+      "{{ ['b', 'A', 'a', 'C']|sort }} {{ ['b', 'A', 'a', 'C']|sort(case_sensitive=true) }} "
+      "{{ ['b', 'A', 'a']|sort(reverse=true) }} {{ ['a', 'A', 'b', 'B']|unique|list }} "
+      "{{ ['b', 'A', 'B']|min }} {{ ['b', 'A', 'B']|max }} "
+      "{{ ['b', 'A']|max(case_sensitive=true) }} "
+      "{% for k, v in {'b': 1, 'A': 2, 'c': 3}|dictsort %}{{ k }}{% endfor %} "
+      "{{ {'x': 2, 'y': 1, 'Z': 3}|dictsort(by='value') }} "
+      "{{ {'x': 2, 'Y': 1}|dictsort(reverse=true) }} "
+      "{{ messages|map(attribute='role')|unique|list }} "
+      "{{ messages|sort(attribute='role')|map(attribute='role')|join }}",
+      // Filters that walk a value yield nothing for a false one.
+      "{{ none|selectattr('a')|list }} {{ none|map(attribute='a')|list }} {{ ''|select|list }} "
+      "{{ none|reject('none')|list }} {{ none|rejectattr('a', 'none')|list }} "
+      "{{ 0|map('string')|list }}",
+      // Case, lines, padding, replace and repr as Python's.
+      "{{ 'Éa ñ ǅ'|upper }} {{ 'ÉA Ñ'|lower }} {{ 'Éa'.upper() }} "
+      "{{ 'hello-wORLD of (jinja) it\\'s'|title }} "
+      "{{ 'a\\r\\nb\\rc\\x0bd\\n\\ne\\n'.splitlines() }} "
+      "{{ 'x\\r\\ny\\n\\nz'|indent(2, first=true) }}|{{ 'x\\n\\ny\\n'|indent(blank=true) }}|"
+      "{{ ''|indent(first=true) }}|{{ 'ab'|center(5) }}|{{ 'abc'|center(6) }}| "
+      "{{ 'abc'.replace('', '-') }} {{ 'abc'|replace('', '-', 2) }} "
+      "{{ 'aaa'.replace('a', 'bb', 2) }} "
+      "{{ ['\\x00\\x7f\\xa0\\u200b\\u2028é✓\\U0001F600', \"a'b\", 'a\"b'] }}",
   };
   const Format f{"snippet", "<s>", "</s>"};
   const std::vector<std::pair<Turns, bool>> cases = {{conversations()[1], false}};
@@ -308,13 +490,33 @@ TEST_CASE("the Jinja interpreter's semantics at their edges are jinja2's",
 
 TEST_CASE("a chat template without a built-in format trains its replies as transformers renders it",
           "[data][templates][jinja]") {
-  for (const Format& f : kOtherTemplates) {
+  // llama.cpp's copies of templates zerotrain has built in: `auto` picks the built-in format,
+  // which must then render and train them as the rest.
+  const std::map<std::string, std::string> built_in = {
+      {"llamacpp/Qwen-Qwen2.5-7B-Instruct", "qwen2.5"},
+      {"llamacpp/Qwen-Qwen3-0.6B", "qwen3"},
+      {"llamacpp/meta-llama-Llama-3.1-8B-Instruct", "llama3.1"},
+      {"llamacpp/meta-llama-Llama-3.2-3B-Instruct", "llama3.2"},
+  };
+  // Templates that jinja2 cannot render without tool definitions (they walk `tools`, which
+  // transformers passes as None): no plain conversation to train on.
+  const std::set<std::string> need_tools = {
+      "llamacpp/llama-cpp-microsoft-Phi-4-mini-instruct",
+      "llamacpp/NousResearch-Hermes-3-Llama-3.1-8B-tool_use",
+      "llamacpp/CohereForAI-c4ai-command-r-plus-tool_use",
+  };
+  std::vector<Format> templates(std::begin(kOtherTemplates), std::end(kOtherTemplates));
+  for (const Format& f : kLlamaCppTemplates)
+    if (!need_tools.count(f.name)) templates.push_back(f);
+  for (const Format& f : templates) {
     INFO("template " << f.name);
     const std::string file = fmt::format("{}/chat_templates/{}.jinja", ZT_FIXTURES, f.name);
     const std::string dir = folder_with(f, file);
     std::string source;
     const std::string name = data::detect_chat_template(dir, &source);
-    CHECK(name == "jinja:" + dir + "/tokenizer_config.json");
+    const auto known = built_in.find(f.name);
+    CHECK(name ==
+          (known != built_in.end() ? known->second : "jinja:" + dir + "/tokenizer_config.json"));
     CHECK_THAT(source, Contains("tokenizer_config.json"));
     const data::ChatTemplate& t = data::chat_template(name);
     CHECK(t.whole_text());
@@ -346,6 +548,13 @@ TEST_CASE("a chat template without a built-in format trains its replies as trans
       }
       for (const auto& m : cases[k].first) replies += m.first == "assistant";
       REQUIRE(trained.size() == replies);
+      // A reply never starts inside a tag (a special token split between prompt and reply),
+      // however the template frames a reply's reasoning.
+      for (size_t i = 0; i + 1 < pieces.size(); ++i) {
+        if (pieces[i].trained || !pieces[i + 1].trained) continue;
+        const size_t open = pieces[i].text.rfind('<');
+        CHECK((open == std::string::npos || pieces[i].text.find('>', open) != std::string::npos));
+      }
       size_t r = 0;
       for (const auto& m : cases[k].first) {
         if (m.first != "assistant") continue;
@@ -563,6 +772,12 @@ TEST_CASE("hostile chat templates are refused naming the file and line, never a 
   refused("{{ 9223372036854775807 + 1 }}", "overflow");
   refused("{{ range(1e30) }}", "range");
   refused("{{ 'a'|indent(1000000000000) }}", "indent");
+  // What escaping, replacing, joining and indenting multiply is bounded where it is built.
+  refused("{% set s = 'x' * 10000000 %}{{ s.replace('x', 'yyyyyyyyyy') }}", "larger");
+  refused("{% set s = 'x' * 10000000 %}{{ s.replace('', 'yyyyyyyyyy') }}", "larger");
+  refused("{% set s = 'x' * 1000000 %}{{ ([s] * 1000)|join }}", "larger");
+  refused("{% set s = '\\n' * 1000000 %}{{ s|indent(100, blank=true) }}", "larger");
+  refused("{% set s = '\"' * 20000000 %}{{ 'x'|safe + s + s }}", "larger");
   // Long chains build trees evaluation would recurse down; values that hold themselves.
   std::string chain = "{{ 1";
   for (int i = 0; i < 100000; ++i) chain += " + 1";

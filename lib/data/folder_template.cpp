@@ -57,6 +57,16 @@ class FolderTemplate final : public ChatTemplate {
         const std::string other = run(probe, probe.size(), false).text;
         size_t start = 0;
         while (start < text.size() && start < other.size() && text[start] == other[start]) ++start;
+        // Where the renderings part before the reply's own text (a template that writes a
+        // reply's reasoning between its markers: "<think>step</think>" for the reply,
+        // "</think>" for the probe), they can part inside a tag; the reply starts at its "<",
+        // never in the middle of a special token.
+        if (start > 0 && start < other.size() && other[start] != kSentinel[0]) {
+          const size_t open = text.rfind('<', start - 1);
+          if (open != std::string::npos && start - open <= kMaxTag &&
+              text.find_first_of("> \t\n", open) >= start)
+            start = open;
+        }
         size_t tail = 0;
         while (tail < text.size() - start && tail < other.size() - start &&
                text[text.size() - 1 - tail] == other[other.size() - 1 - tail])
@@ -87,11 +97,13 @@ class FolderTemplate final : public ChatTemplate {
  private:
   // Text no reply holds: where a rendering with it parts from the real one is the reply.
   static constexpr const char* kSentinel = "\x01zerotrain-reply\x02";
+  // The longest special token a reply's start is moved back over ("<|start_of_role|>").
+  static constexpr size_t kMaxTag = 64;
 
   static jinja::Value with_content(const jinja::Value& message, const std::string& content) {
     jinja::Dict d = message.dict();
     for (auto& [k, v] : d) {
-      if (k == "content") v = jinja::Value(content);
+      if (k.is_string() && k.string() == "content") v = jinja::Value(content);
     }
     return jinja::Value(std::move(d));
   }

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 #include <rapidjson/document.h>
+#include <utf8proc.h>
 
 #include <algorithm>
 #include <charconv>
@@ -59,22 +60,46 @@ std::string float_repr(double d) {
   return s;
 }
 
+// Python's str.isprintable() for one code point: not a control, format, surrogate,
+// private-use or unassigned character, and no separator but the ASCII space.
+bool is_printable(uint32_t c) {
+  if (c < 0x80) return c >= 0x20 && c < 0x7f;
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
+    case UTF8PROC_CATEGORY_CC:
+    case UTF8PROC_CATEGORY_CF:
+    case UTF8PROC_CATEGORY_CS:
+    case UTF8PROC_CATEGORY_CO:
+    case UTF8PROC_CATEGORY_CN:
+    case UTF8PROC_CATEGORY_ZL:
+    case UTF8PROC_CATEGORY_ZP:
+    case UTF8PROC_CATEGORY_ZS:
+      return false;
+    default:
+      return true;
+  }
+}
+
 std::string quote(const std::string& s) {
-  // Python's repr: single quotes unless the text has one and no double quote.
+  // Python's repr: single quotes unless the text has one and no double quote; \n \r \t, and
+  // every other character that is not printable as \xNN, \uNNNN or \UNNNNNNNN.
   const char q = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
   std::string out(1, q);
-  for (char c : s) {
-    if (c == q || c == '\\') {
+  for (uint32_t c : code_points(s)) {
+    if (c == static_cast<uint32_t>(q) || c == '\\') {
       out += '\\';
-      out += c;
+      out += static_cast<char>(c);
     } else if (c == '\n') {
       out += "\\n";
     } else if (c == '\t') {
       out += "\\t";
     } else if (c == '\r') {
       out += "\\r";
+    } else if (!is_printable(c)) {
+      out += c < 0x100     ? fmt::format("\\x{:02x}", c)
+             : c < 0x10000 ? fmt::format("\\u{:04x}", c)
+                           : fmt::format("\\U{:08x}", c);
     } else {
-      out += c;
+      text::append_utf8(c, out);
     }
   }
   out += q;
@@ -92,6 +117,19 @@ Value::Value(bool b) : kind_(Kind::kBool), b_(b), i_(b ? 1 : 0) {}
 Value::Value(int64_t i) : kind_(Kind::kInt), i_(i) {}
 Value::Value(double d) : kind_(Kind::kFloat), d_(d) {}
 Value::Value(std::string s) : kind_(Kind::kString), s_(std::move(s)) {}
+
+Value Value::markup(std::string s) {
+  Value v(std::move(s));
+  v.markup_ = true;
+  return v;
+}
+
+Value Value::tuple(List l) {
+  Value v(std::move(l));
+  v.tuple_ = true;
+  return v;
+}
+
 namespace {
 
 constexpr int kMaxNesting = 256;
@@ -114,7 +152,12 @@ Value::Value(List l) : kind_(Kind::kList) {
 
 Value::Value(Dict d) : kind_(Kind::kDict) {
   int below = 0;
-  for (const auto& kv : d) below = std::max(below, kv.second.nesting_);
+  for (const auto& kv : d) {
+    if ((kv.first.is_list() && !kv.first.is_tuple()) || kv.first.is_dict())
+      throw ConfigError(
+          fmt::format("unhashable type: '{}' as a dict key", kv.first.is_list() ? "list" : "dict"));
+    below = std::max(below, kv.second.nesting_);
+  }
   nesting_ = nesting_of(below);
   dict_ = std::make_shared<Dict>(std::move(d));
 }
@@ -200,10 +243,19 @@ bool Value::truthy() const {
 Value Value::get(const std::string& key) const {
   if (is_dict()) {
     for (const auto& [k, v] : *dict_) {
-      if (k == key) return v;
+      if (k.is_string() && k.string() == key) return v;
     }
   }
   return undefined(key);
+}
+
+Value Value::item(const Value& key) const {
+  if (is_dict()) {
+    for (const auto& [k, v] : *dict_) {
+      if (equal(k, key)) return v;
+    }
+  }
+  return undefined(key.str());
 }
 
 std::string Value::str() const {
@@ -230,18 +282,19 @@ std::string Value::repr() const {
     case Kind::kFloat:
       return float_repr(d_);
     case Kind::kString:
-      return quote(s_);
+      return markup_ ? "Markup(" + quote(s_) + ")" : quote(s_);
     case Kind::kList: {
       const Nested nested;
-      std::string out = "[";
+      std::string out = tuple_ ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) out += (i ? ", " : "") + (*list_)[i].repr();
+      if (tuple_) return out + (list_->size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case Kind::kDict: {
       const Nested nested;
       std::string out = "{";
       for (size_t i = 0; i < dict_->size(); ++i)
-        out += (i ? ", " : "") + quote((*dict_)[i].first) + ": " + (*dict_)[i].second.repr();
+        out += (i ? ", " : "") + (*dict_)[i].first.repr() + ": " + (*dict_)[i].second.repr();
       return out + "}";
     }
     case Kind::kNamespace:
@@ -277,7 +330,7 @@ bool equal(const Value& a, const Value& b) {
       return a.string() == b.string();
     case K::kList: {
       const Nested nested;
-      if (a.list().size() != b.list().size()) return false;
+      if (a.is_tuple() != b.is_tuple() || a.list().size() != b.list().size()) return false;
       for (size_t i = 0; i < a.list().size(); ++i)
         if (!equal(a.list()[i], b.list()[i])) return false;
       return true;
@@ -287,8 +340,9 @@ bool equal(const Value& a, const Value& b) {
       const Nested nested;
       if (a.dict().size() != b.dict().size()) return false;
       for (const auto& [k, v] : a.dict()) {
-        const Value w = b.get(k);
-        if (w.is_undefined() || !equal(v, w)) return false;
+        const auto in_b = std::find_if(b.dict().begin(), b.dict().end(),
+                                       [&k = k](const auto& kv) { return equal(kv.first, k); });
+        if (in_b == b.dict().end() || !equal(v, in_b->second)) return false;
       }
       return true;
     }
@@ -314,7 +368,8 @@ Value json_value(const rapidjson::Value& v) {
   }
   Dict d;
   for (const auto& m : v.GetObject())
-    d.emplace_back(std::string(m.name.GetString(), m.name.GetStringLength()), json_value(m.value));
+    d.emplace_back(Value(std::string(m.name.GetString(), m.name.GetStringLength())),
+                   json_value(m.value));
   return Value(std::move(d));
 }
 
@@ -1348,7 +1403,7 @@ std::string type_name(const Value& v) {
     case Value::Kind::kString:
       return "str";
     case Value::Kind::kList:
-      return "list";
+      return v.is_tuple() ? "tuple" : "list";
     case Value::Kind::kDict:
       return "dict";
     case Value::Kind::kNamespace:
@@ -1410,7 +1465,12 @@ bool contains(const Value& container, const Value& item) {
       if (equal(v, item)) return true;
     return false;
   }
-  if (container.is_dict()) return item.is_string() && !container.get(item.string()).is_undefined();
+  if (container.is_dict()) {
+    if ((item.is_list() && !item.is_tuple()) || item.is_dict())
+      throw ConfigError(fmt::format("unhashable type: '{}'", type_name(item)));
+    return std::any_of(container.dict().begin(), container.dict().end(),
+                       [&](const auto& kv) { return equal(kv.first, item); });
+  }
   if (container.is_undefined()) return false;
   throw ConfigError(fmt::format("argument of type '{}' is not iterable", type_name(container)));
 }
@@ -1468,17 +1528,153 @@ List split(const std::string& s, const Value& sep, int64_t maxsplit) {
   return out;
 }
 
-std::string replace_all(std::string s, const std::string& from, const std::string& to,
+// What a template may write or build at most (a chat is far below): a runaway repetition
+// is an error, not an allocation that takes the machine.
+constexpr size_t kMaxTextBytes = size_t{64} << 20;
+
+void check_built(size_t size, const char* what) {
+  if (size > kMaxTextBytes)
+    throw ConfigError(
+        fmt::format("{} builds a value larger than a chat template may (64 MiB)", what));
+}
+
+// Python's str.replace: `count` occurrences (all when negative) of `from`, left to right; an
+// empty `from` matches before every character and at the end.
+std::string replace_all(const std::string& s, const std::string& from, const std::string& to,
                         int64_t count) {
-  if (from.empty()) return s;
-  size_t at = 0;
-  for (int64_t n = 0; count < 0 || n < count; ++n) {
-    at = s.find(from, at);
-    if (at == std::string::npos) break;
-    s.replace(at, from.size(), to);
-    at += to.size();
+  std::string out;
+  int64_t n = 0;
+  if (from.empty()) {
+    const std::vector<uint32_t> cps = code_points(s);
+    for (size_t i = 0; i <= cps.size(); ++i) {
+      if (count < 0 || n < count) {
+        out += to;
+        ++n;
+      }
+      if (i < cps.size()) text::append_utf8(cps[i], out);
+      check_built(out.size(), "replace");
+    }
+    return out;
   }
-  return s;
+  size_t at = 0;
+  for (; count < 0 || n < count; ++n) {
+    const size_t found = s.find(from, at);
+    if (found == std::string::npos) break;
+    out.append(s, at, found - at);
+    out += to;
+    at = found + from.size();
+    check_built(out.size(), "replace");
+  }
+  out.append(s, at, std::string::npos);
+  check_built(out.size(), "replace");
+  return out;
+}
+
+// Python's str.splitlines(): the lines without their breaks (\n, \r, \r\n, \v, \f, \x1c-\x1e,
+// \x85, U+2028, U+2029).
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::vector<uint32_t> line;
+  const std::vector<uint32_t> cps = code_points(s);
+  for (size_t i = 0; i < cps.size(); ++i) {
+    const uint32_t c = cps[i];
+    const bool is_break = c == '\n' || c == '\r' || c == 0x0b || c == 0x0c ||
+                          (c >= 0x1c && c <= 0x1e) || c == 0x85 || c == 0x2028 || c == 0x2029;
+    if (!is_break) {
+      line.push_back(c);
+      continue;
+    }
+    if (c == '\r' && i + 1 < cps.size() && cps[i + 1] == '\n') ++i;
+    out.push_back(from_code_points(line));
+    line.clear();
+  }
+  if (!line.empty()) out.push_back(from_code_points(line));
+  return out;
+}
+
+// d[key] = v: the value replaced where an equal key is (the first key kept, as Python keeps
+// it), else appended.
+void set_key(Dict& d, const Value& key, Value v) {
+  for (auto& kv : d) {
+    if (equal(kv.first, key)) {
+      kv.second = std::move(v);
+      return;
+    }
+  }
+  d.emplace_back(key, std::move(v));
+}
+
+// markupsafe's escape of a plain string: & < > " ' as HTML entities.
+std::string escape_html(const std::string& s) {
+  check_built(s.size(), "escaping");  // at most five times as long
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+// markupsafe's escape(): Markup as it is, anything else as its str() escaped.
+Value escaped(const Value& v) {
+  return v.is_markup() ? v : Value::markup(escape_html(v.str()));
+}
+
+// Python's str.upper / str.lower with Unicode's simple case mappings (Python's full mappings
+// differ for a few characters: 'ß'.upper() is 'SS' there and stays 'ß' here).
+std::string change_case(const std::string& s, bool upper) {
+  std::string out;
+  out.reserve(s.size());
+  for (uint32_t c : code_points(s)) {
+    const auto cp = static_cast<utf8proc_int32_t>(c);
+    text::append_utf8(static_cast<uint32_t>(upper ? utf8proc_toupper(cp) : utf8proc_tolower(cp)),
+                      out);
+  }
+  return out;
+}
+
+// What jinja2's sort, dictsort, unique, min and max compare by default (case_sensitive=False):
+// strings lowercased, everything else as it is.
+Value ignore_case(const Value& v) {
+  return v.is_string() ? Value(change_case(v.string(), false)) : v;
+}
+
+// A dict key as json.dumps writes it: strings as they are, numbers, bools and None as JSON.
+std::string json_key(const Value& k) {
+  switch (k.kind()) {
+    case Value::Kind::kString:
+      return k.string();
+    case Value::Kind::kNone:
+      return "null";
+    case Value::Kind::kBool:
+      return k.boolean() ? "true" : "false";
+    case Value::Kind::kInt:
+      return std::to_string(k.integer());
+    case Value::Kind::kFloat:
+      return std::isnan(k.number())   ? "NaN"
+             : std::isinf(k.number()) ? (k.number() > 0 ? "Infinity" : "-Infinity")
+                                      : float_repr(k.number());
+    default:
+      throw ConfigError(
+          fmt::format("keys must be str, int, float, bool or None, not {}", type_name(k)));
+  }
 }
 
 // json.dumps as transformers' tojson calls it (ensure_ascii=False, sort_keys optional).
@@ -1563,14 +1759,15 @@ void dump_json(std::string& out, const Value& v, int indent, int depth, bool sor
         return;
       }
       Dict items = v.dict();
-      if (sort_keys)
-        std::stable_sort(items.begin(), items.end(),
-                         [](const auto& a, const auto& b) { return a.first < b.first; });
+      if (sort_keys)  // Python sorts the keys themselves: mixed types are a TypeError
+        std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) {
+          return compare_values(a.first, b.first) < 0;
+        });
       out += '{';
       for (size_t i = 0; i < items.size(); ++i) {
         if (i) out += indent < 0 ? ", " : ",";
         newline(depth + 1);
-        dump_json(out, Value(items[i].first), indent, depth + 1, sort_keys);
+        dump_json(out, Value(json_key(items[i].first)), indent, depth + 1, sort_keys);
         out += ": ";
         dump_json(out, items[i].second, indent, depth + 1, sort_keys);
       }
@@ -1598,7 +1795,7 @@ void dump_json_with(std::string& out, const Value& v, const std::string& item,
     out += '{';
     for (size_t i = 0; i < v.dict().size(); ++i) {
       if (i) out += item;
-      dump_json(out, Value(v.dict()[i].first), -1, 0, false);
+      dump_json(out, Value(json_key(v.dict()[i].first)), -1, 0, false);
       out += key;
       dump_json_with(out, v.dict()[i].second, item, key);
     }
@@ -1626,7 +1823,7 @@ class Renderer {
  public:
   Renderer(std::string source, const Dict& context) : source_(std::move(source)) {
     scopes_.emplace_back();
-    for (const auto& [k, v] : context) scopes_.back()[k] = v;
+    for (const auto& [k, v] : context) scopes_.back()[k.str()] = v;
     install_globals();
   }
 
@@ -1680,13 +1877,13 @@ class Renderer {
                 Value::function([](const std::vector<Value>& a, const Kwargs& kw) -> Value {
                   Dict attrs;
                   if (!a.empty() && a[0].is_dict()) attrs = a[0].dict();
-                  for (const auto& [k, v] : kw) attrs.emplace_back(k, v);
+                  for (const auto& [k, v] : kw) set_key(attrs, Value(k), v);
                   return Value::make_namespace(std::move(attrs));
                 }));
     set_default("dict", Value::function([](const std::vector<Value>& a, const Kwargs& kw) -> Value {
                   Dict d;
                   if (!a.empty() && a[0].is_dict()) d = a[0].dict();
-                  for (const auto& [k, v] : kw) d.emplace_back(k, v);
+                  for (const auto& [k, v] : kw) set_key(d, Value(k), v);
                   return Value(std::move(d));
                 }));
   }
@@ -1785,14 +1982,7 @@ class Renderer {
       if (ns.kind() != Value::Kind::kNamespace)
         error(line, fmt::format("cannot assign the attribute '{}' of a non-namespace object",
                                 target.name));
-      Dict& d = ns.mutable_dict();
-      for (auto& kv : d) {
-        if (kv.first == target.name) {
-          kv.second = v;
-          return;
-        }
-      }
-      d.emplace_back(target.name, v);
+      set_key(ns.mutable_dict(), Value(target.name), v);
     } else {  // a tuple of names
       const List items = iterate(v);
       if (items.size() != target.args.size())
@@ -1939,13 +2129,14 @@ class Renderer {
           const std::vector<uint32_t> cps = code_points(obj.string());
           std::vector<uint32_t> picked;
           for (size_t i : slice_indices(a, b, c, cps.size())) picked.push_back(cps[i]);
-          return Value(from_code_points(picked));
+          return obj.is_markup() ? Value::markup(from_code_points(picked))
+                                 : Value(from_code_points(picked));
         }
         if (obj.is_list()) {
           List picked;
           for (size_t i : slice_indices(a, b, c, obj.list().size()))
             picked.push_back(obj.list()[i]);
-          return Value(std::move(picked));
+          return obj.is_tuple() ? Value::tuple(std::move(picked)) : Value(std::move(picked));
         }
         if (obj.is_undefined())
           error(e.line, fmt::format("'{}' is undefined", obj.undefined_name()));
@@ -2027,23 +2218,12 @@ class Renderer {
       case Expr::Kind::kTuple: {
         List l;
         for (const auto& a : e.args) l.push_back(eval(*a));
-        return Value(std::move(l));
+        return e.kind == Expr::Kind::kTuple ? Value::tuple(std::move(l)) : Value(std::move(l));
       }
       case Expr::Kind::kDict: {
         Dict d;
-        for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
-          const Value k = eval(*e.args[i]);
-          if (!k.is_string()) error(e.line, "dict keys must be strings in a chat template");
-          Value v = eval(*e.args[i + 1]);
-          bool replaced = false;
-          for (auto& kv : d) {
-            if (kv.first == k.string()) {
-              kv.second = v;
-              replaced = true;
-            }
-          }
-          if (!replaced) d.emplace_back(k.string(), std::move(v));
-        }
+        for (size_t i = 0; i + 1 < e.args.size(); i += 2)
+          set_key(d, eval(*e.args[i]), eval(*e.args[i + 1]));
         return Value(std::move(d));
       }
     }
@@ -2064,13 +2244,19 @@ class Renderer {
     if (op == "+") {
       if (a.is_string() && b.is_string()) {
         bounded(a.string().size() + b.string().size());
+        // Markup + str and str + Markup: the plain side is escaped, the sum is Markup.
+        if (a.is_markup() || b.is_markup()) {
+          const std::string x = escaped(a).string(), y = escaped(b).string();
+          bounded(x.size() + y.size());
+          return Value::markup(x + y);
+        }
         return Value(a.string() + b.string());
       }
-      if (a.is_list() && b.is_list()) {
+      if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
         bounded((a.list().size() + b.list().size()) * sizeof(Value));
         List l = a.list();
         l.insert(l.end(), b.list().begin(), b.list().end());
-        return Value(std::move(l));
+        return a.is_tuple() ? Value::tuple(std::move(l)) : Value(std::move(l));
       }
     }
     if (op == "*") {
@@ -2087,12 +2273,12 @@ class Renderer {
         if (s->is_string()) {
           std::string out;
           for (int64_t i = 0; i < times; ++i) out += s->string();
-          return Value(out);
+          return s->is_markup() ? Value::markup(out) : Value(out);
         }
         List out;
         for (int64_t i = 0; i < times; ++i)
           out.insert(out.end(), s->list().begin(), s->list().end());
-        return Value(std::move(out));
+        return s->is_tuple() ? Value::tuple(std::move(out)) : Value(std::move(out));
       }
     }
     if (!a.is_number() || !b.is_number()) {
@@ -2149,17 +2335,16 @@ class Renderer {
   }
 
   Value item(const Value& obj, const Value& key, int line) {
-    if (obj.is_dict()) {
-      if (key.is_string()) return obj.get(key.string());
-      return Value::undefined(key.str());
-    }
+    if (obj.is_dict()) return obj.item(key);
     if (obj.is_list() && key.is_number()) {
       if (auto i = index_of(key.integer(), obj.list().size())) return obj.list()[*i];
       return Value::undefined(fmt::format("[{}]", key.integer()));
     }
     if (obj.is_string() && key.is_number()) {
       const std::vector<uint32_t> cps = code_points(obj.string());
-      if (auto i = index_of(key.integer(), cps.size())) return Value(from_code_points({cps[*i]}));
+      if (auto i = index_of(key.integer(), cps.size()))
+        return obj.is_markup() ? Value::markup(from_code_points({cps[*i]}))
+                               : Value(from_code_points({cps[*i]}));
       return Value::undefined(fmt::format("[{}]", key.integer()));
     }
     if (key.is_string()) return attribute(obj, key.string(), line);
@@ -2179,13 +2364,14 @@ class Renderer {
         return Value::function([obj, name](const std::vector<Value>& a, const Kwargs& kw) -> Value {
           if (name == "get") {
             const Value k = arg(a, 0, kw, "key");
-            const Value v = k.is_string() ? obj.get(k.string()) : Value();
-            return v.is_undefined() ? arg(a, 1, kw, "default", Value::none()) : v;
+            for (const auto& [key, v] : obj.dict())
+              if (equal(key, k)) return v;
+            return arg(a, 1, kw, "default", Value::none());
           }
           List out;
           for (const auto& [k, v] : obj.dict()) {
             if (name == "items")
-              out.emplace_back(List{Value(k), v});
+              out.push_back(Value::tuple({k, v}));
             else if (name == "keys")
               out.emplace_back(k);
             else
@@ -2195,11 +2381,13 @@ class Renderer {
         });
       }
     }
-    if (obj.is_string()) return string_method(obj.string(), name, line);
+    if (obj.is_string()) return string_method(obj, name, line);
     return Value::undefined(name);
   }
 
-  Value string_method(const std::string& s, const std::string& name, int line) {
+  // str's method `name` bound to `self` (a string); on Markup, markupsafe's: the result keeps
+  // the mark, and string arguments of strip, replace, join and format are escaped first.
+  Value string_method(const Value& self, const std::string& name, int line) {
     static const char* const kMethods[] = {
         "strip", "lstrip", "rstrip",  "split",   "rsplit",     "startswith", "endswith",
         "upper", "lower",  "replace", "title",   "capitalize", "join",       "find",
@@ -2208,26 +2396,37 @@ class Renderer {
                      [&](const char* m) { return name == m; }) == std::end(kMethods))
       return Value::undefined(name);
     (void)line;
-    return Value::function([s, name](const std::vector<Value>& a, const Kwargs& kw) -> Value {
-      if (name == "strip")
-        return Value(strip(s, arg(a, 0, kw, "chars", Value::none()), true, true));
-      if (name == "lstrip")
-        return Value(strip(s, arg(a, 0, kw, "chars", Value::none()), true, false));
-      if (name == "rstrip")
-        return Value(strip(s, arg(a, 0, kw, "chars", Value::none()), false, true));
+    const bool markup = self.is_markup();
+    return Value::function([s = self.string(), name, markup](const std::vector<Value>& a,
+                                                             const Kwargs& kw) -> Value {
+      const auto text = [markup](std::string t) {
+        return markup ? Value::markup(std::move(t)) : Value(std::move(t));
+      };
+      const auto text_list = [&](List parts) {
+        if (markup)
+          for (Value& part : parts) part = Value::markup(part.string());
+        return Value(std::move(parts));
+      };
+      // An argument as markupsafe passes it to str's method: a plain string escaped.
+      const auto argument = [markup](Value v) {
+        return markup && v.is_string() && !v.is_markup() ? Value(escape_html(v.string())) : v;
+      };
+      if (name == "strip" || name == "lstrip" || name == "rstrip")
+        return text(strip(s, argument(arg(a, 0, kw, "chars", Value::none())), name != "rstrip",
+                          name != "lstrip"));
       if (name == "split")
-        return Value(split(s, arg(a, 0, kw, "sep", Value::none()),
-                           arg(a, 1, kw, "maxsplit", Value(int64_t{-1})).integer()));
+        return text_list(split(s, arg(a, 0, kw, "sep", Value::none()),
+                               arg(a, 1, kw, "maxsplit", Value(int64_t{-1})).integer()));
       if (name == "rsplit") {
         const Value sep = arg(a, 0, kw, "sep", Value::none());
         const int64_t maxsplit = arg(a, 1, kw, "maxsplit", Value(int64_t{-1})).integer();
-        if (maxsplit < 0 || sep.is_none()) return Value(split(s, sep, maxsplit));
+        if (maxsplit < 0 || sep.is_none()) return text_list(split(s, sep, maxsplit));
         List parts = split(s, sep, -1);
         while (static_cast<int64_t>(parts.size()) > maxsplit + 1) {
           parts[0] = Value(parts[0].string() + sep.string() + parts[1].string());
           parts.erase(parts.begin() + 1);
         }
-        return Value(std::move(parts));
+        return text_list(std::move(parts));
       }
       if (name == "startswith" || name == "endswith") {
         const Value p = arg(a, 0, kw, "prefix");
@@ -2241,16 +2440,11 @@ class Renderer {
         }
         return Value(false);
       }
-      if (name == "upper" || name == "lower") {
-        std::string out = s;
-        for (char& c : out)
-          c = static_cast<char>(name == "upper" ? std::toupper(static_cast<unsigned char>(c))
-                                                : std::tolower(static_cast<unsigned char>(c)));
-        return Value(out);
-      }
+      if (name == "upper" || name == "lower") return text(change_case(s, name == "upper"));
       if (name == "replace")
-        return Value(replace_all(s, arg(a, 0, kw, "old").str(), arg(a, 1, kw, "new").str(),
-                                 arg(a, 2, kw, "count", Value(int64_t{-1})).integer()));
+        return text(replace_all(s, argument(arg(a, 0, kw, "old")).str(),
+                                argument(arg(a, 1, kw, "new")).str(),
+                                arg(a, 2, kw, "count", Value(int64_t{-1})).integer()));
       if (name == "title" || name == "capitalize") {
         std::string out = s;
         bool start = true;
@@ -2263,13 +2457,16 @@ class Renderer {
             start = !std::isalpha(c);
           }
         }
-        return Value(out);
+        return text(out);
       }
       if (name == "join") {
         std::string out;
         const List items = iterate(arg(a, 0, kw, "iterable"));
-        for (size_t i = 0; i < items.size(); ++i) out += (i ? s : "") + items[i].str();
-        return Value(out);
+        for (size_t i = 0; i < items.size(); ++i) {
+          out += (i ? s : "") + (markup ? escaped(items[i]) : items[i]).str();
+          check_built(out.size(), "join");
+        }
+        return text(out);
       }
       if (name == "find") {
         const size_t at = s.find(arg(a, 0, kw, "sub").str());
@@ -2294,29 +2491,22 @@ class Renderer {
                      std::all_of(s.begin(), s.end(), [](char c) { return is_space(c); }));
       if (name == "splitlines") {
         List out;
-        size_t from = 0;
-        while (from < s.size()) {
-          size_t at = s.find('\n', from);
-          if (at == std::string::npos) at = s.size();
-          std::string part = s.substr(from, at - from);
-          if (!part.empty() && part.back() == '\r') part.pop_back();
-          out.emplace_back(part);
-          from = at + 1;
-        }
-        return Value(std::move(out));
+        for (std::string& l : split_lines(s)) out.emplace_back(std::move(l));
+        return text_list(std::move(out));
       }
       // format: positional {} fields only
       std::string out;
       size_t next = 0;
       for (size_t i = 0; i < s.size(); ++i) {
         if (s[i] == '{' && i + 1 < s.size() && s[i + 1] == '}') {
-          out += next < a.size() ? a[next++].str() : "";
+          if (next < a.size()) out += (markup ? escaped(a[next]) : a[next]).str();
+          ++next;
           ++i;
         } else {
           out += s[i];
         }
       }
-      return Value(out);
+      return text(out);
     });
   }
 
@@ -2329,8 +2519,9 @@ class Renderer {
       if (v.is_undefined()) return "";
       return v.str();
     };
-    if (name == "trim")
-      return Value(strip(need_string(), arg(rest, 0, kw, "chars", Value::none()), true, true));
+    // Filters that are str methods keep Markup as Markup (jinja2 calls them on soft_str(value)).
+    const Value as_text = v.is_markup() ? v : Value(need_string());
+    if (name == "trim") return string_method(as_text, "strip", line).fn()(rest, kw);
     if (name == "length" || name == "count") {
       if (v.is_string()) return Value(static_cast<int64_t>(code_points(v.string()).size()));
       if (v.is_list()) return Value(static_cast<int64_t>(v.list().size()));
@@ -2345,18 +2536,28 @@ class Renderer {
       return name == "first" ? items.front() : items.back();
     }
     if (name == "join") {
-      const std::string sep = arg(rest, 0, kw, "d", Value("")).str();
+      const Value sep = arg(rest, 0, kw, "d", Value(""));
       const Value attr = arg(rest, 1, kw, "attribute");
+      List items = iterate(v);
+      if (!attr.is_undefined())
+        for (Value& x : items) x = item(x, attr, line);
+      // Without autoescape jinja2 joins str(d) and the items' str(): no Markup, no escaping.
+      return string_method(Value(sep.str()), "join", line).fn()({Value(std::move(items))}, {});
+    }
+    if (name == "upper" || name == "lower" || name == "capitalize")
+      return string_method(as_text, name, line).fn()({}, {});
+    if (name == "title") {
+      // jinja2's own title (not str.title): a word starts after '-', '(', '{', '[', '<' or
+      // whitespace; its first character is upper-cased, the rest lower-cased.
       std::string out;
-      const List items = iterate(v);
-      for (size_t i = 0; i < items.size(); ++i) {
-        const Value x = attr.is_undefined() ? items[i] : item(items[i], attr, line);
-        out += (i ? sep : "") + x.str();
+      bool start = true;
+      for (uint32_t c : code_points(need_string())) {
+        const std::string one = from_code_points({c});
+        out += change_case(one, start);
+        start = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || is_python_space(c);
       }
       return Value(out);
     }
-    if (name == "upper" || name == "lower" || name == "title" || name == "capitalize")
-      return string_method(need_string(), name, line).fn()({}, {});
     if (name == "replace")
       return Value(replace_all(need_string(), arg(rest, 0, kw, "old").str(),
                                arg(rest, 1, kw, "new").str(),
@@ -2367,33 +2568,10 @@ class Renderer {
         return arg(rest, 0, kw, "default_value", Value(""));
       return v;
     }
-    if (name == "string") return Value(v.str());
-    if (name == "safe" || name == "e" || name == "escape" || name == "forceescape") {
-      if (name == "safe") return v;
-      std::string out;
-      for (char c : v.str()) {
-        switch (c) {
-          case '&':
-            out += "&amp;";
-            break;
-          case '<':
-            out += "&lt;";
-            break;
-          case '>':
-            out += "&gt;";
-            break;
-          case '"':
-            out += "&#34;";
-            break;
-          case '\'':
-            out += "&#39;";
-            break;
-          default:
-            out += c;
-        }
-      }
-      return Value(out);
-    }
+    if (name == "string") return v.is_markup() ? v : Value(v.str());
+    if (name == "safe") return v.is_markup() ? v : Value::markup(v.str());
+    if (name == "e" || name == "escape") return escaped(v);
+    if (name == "forceescape") return Value::markup(escape_html(v.str()));
     if (name == "int") {
       if (v.is_number()) return Value(v.integer());
       try {
@@ -2422,56 +2600,85 @@ class Renderer {
       if (v.is_string()) {
         std::vector<uint32_t> cps = code_points(v.string());
         std::reverse(cps.begin(), cps.end());
-        return Value(from_code_points(cps));
+        return v.is_markup() ? Value::markup(from_code_points(cps)) : Value(from_code_points(cps));
       }
       List items = iterate(v);
       std::reverse(items.begin(), items.end());
       return Value(std::move(items));
     }
+    // sort, unique, min and max compare an item (or its `attribute`) with strings lowercased
+    // unless case_sensitive, as jinja2 does.
+    const auto sort_key = [&](const Value& x, const Value& attr, bool case_sensitive) {
+      const Value k = attr.is_undefined() ? x : item(x, attr, line);
+      return case_sensitive ? k : ignore_case(k);
+    };
     if (name == "sort") {
       List items = iterate(v);
       const bool reverse = arg(rest, 0, kw, "reverse", Value(false)).truthy();
+      const bool case_sensitive = arg(rest, 1, kw, "case_sensitive", Value(false)).truthy();
       const Value attr = arg(rest, 2, kw, "attribute");
       std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
-        const Value x = attr.is_undefined() ? a : item(a, attr, line);
-        const Value y = attr.is_undefined() ? b : item(b, attr, line);
+        const Value x = sort_key(a, attr, case_sensitive), y = sort_key(b, attr, case_sensitive);
         return reverse ? compare_values(y, x) < 0 : compare_values(x, y) < 0;
       });
       return Value(std::move(items));
     }
     if (name == "unique") {
-      List out;
+      const bool case_sensitive = arg(rest, 0, kw, "case_sensitive", Value(false)).truthy();
+      const Value attr = arg(rest, 1, kw, "attribute");
+      List out, seen;
       for (const Value& x : iterate(v)) {
-        if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equal(x, y); }))
-          out.push_back(x);
+        const Value k = sort_key(x, attr, case_sensitive);
+        if (std::any_of(seen.begin(), seen.end(), [&](const Value& y) { return equal(k, y); }))
+          continue;
+        seen.push_back(k);
+        out.push_back(x);
       }
       return Value(std::move(out));
     }
-    if (name == "min" || name == "max" || name == "sum") {
+    if (name == "min" || name == "max") {
       const List items = iterate(v);
-      const Value attr = arg(rest, name == "sum" ? 0 : 1, kw, "attribute");
-      if (name == "sum") {
-        Value total = arg(rest, 1, kw, "start", Value(int64_t{0}));
-        for (const Value& x : items)
-          total = binary("+", total, attr.is_undefined() ? x : item(x, attr, line), line);
-        return total;
-      }
+      const bool case_sensitive = arg(rest, 0, kw, "case_sensitive", Value(false)).truthy();
+      const Value attr = arg(rest, 1, kw, "attribute");
       if (items.empty()) return Value::undefined(name);
-      Value best = items[0];
-      for (const Value& x : items)
-        if ((name == "min") == (compare_values(x, best) < 0) && !equal(x, best)) best = x;
-      return best;
+      // Python's min / max: the first item whose key no other beats.
+      size_t best = 0;
+      for (size_t i = 1; i < items.size(); ++i) {
+        const int c = compare_values(sort_key(items[i], attr, case_sensitive),
+                                     sort_key(items[best], attr, case_sensitive));
+        if (name == "min" ? c < 0 : c > 0) best = i;
+      }
+      return items[best];
+    }
+    if (name == "sum") {
+      const Value attr = arg(rest, 0, kw, "attribute");
+      Value total = arg(rest, 1, kw, "start", Value(int64_t{0}));
+      for (const Value& x : iterate(v))
+        total = binary("+", total, attr.is_undefined() ? x : item(x, attr, line), line);
+      return total;
     }
     if (name == "items" || name == "dictsort") {
       if (v.is_undefined()) return Value(List{});
       if (!v.is_dict())
         error(line, fmt::format("{}: expected a dict, found '{}'", name, type_name(v)));
-      List out;
       Dict d = v.dict();
-      if (name == "dictsort")
-        std::stable_sort(d.begin(), d.end(),
-                         [](const auto& a, const auto& b) { return a.first < b.first; });
-      for (const auto& [k, x] : d) out.emplace_back(List{Value(k), x});
+      if (name == "dictsort") {
+        // dictsort(case_sensitive=False, by='key', reverse=False)
+        const bool case_sensitive = arg(rest, 0, kw, "case_sensitive", Value(false)).truthy();
+        const std::string by = arg(rest, 1, kw, "by", Value("key")).str();
+        if (by != "key" && by != "value")
+          error(line, "dictsort: you can only sort by either 'key' or 'value'");
+        const bool reverse = arg(rest, 2, kw, "reverse", Value(false)).truthy();
+        const auto key = [&](const std::pair<Value, Value>& kv) {
+          const Value& k = by == "key" ? kv.first : kv.second;
+          return case_sensitive ? k : ignore_case(k);
+        };
+        std::stable_sort(d.begin(), d.end(), [&](const auto& a, const auto& b) {
+          return reverse ? compare_values(key(b), key(a)) < 0 : compare_values(key(a), key(b)) < 0;
+        });
+      }
+      List out;
+      for (const auto& [k, x] : d) out.push_back(Value::tuple({k, x}));
       return Value(std::move(out));
     }
     if (name == "tojson") {
@@ -2499,20 +2706,24 @@ class Renderer {
                         : std::string(static_cast<size_t>(std::max<int64_t>(0, w.integer())), ' ');
       const bool first = arg(rest, 1, kw, "first", Value(false)).truthy();
       const bool blank = arg(rest, 2, kw, "blank", Value(false)).truthy();
-      const List lines = split(v.str(), Value("\n"), -1);
-      std::string out;
+      // As jinja2: the text's lines (str.splitlines of it + "\n", so any line break becomes
+      // "\n"), every one after the first indented (blank ones only when `blank`), the first
+      // too when `first`.
+      const std::vector<std::string> lines = split_lines(v.str() + "\n");
+      std::string out = first ? pad : "";
       for (size_t i = 0; i < lines.size(); ++i) {
-        if (i) out += '\n';
-        const std::string& l = lines[i].string();
-        if ((i > 0 || first) && (blank || !l.empty())) out += pad;
-        out += l;
+        if (i) out += (blank || !lines[i].empty()) ? "\n" + pad : "\n";
+        out += lines[i];
+        check_built(out.size(), "indent");
       }
-      return Value(out);
+      return v.is_markup() ? Value::markup(out) : Value(out);
     }
+    // map, select, reject, selectattr and rejectattr yield nothing for a false value (None, an
+    // empty string): jinja2 walks the value only `if value`.
     if (name == "map") {
       List out;
       const Value attr = arg({}, 0, kw, "attribute");
-      for (const Value& x : iterate(v)) {
+      for (const Value& x : v.truthy() ? iterate(v) : List{}) {
         if (!attr.is_undefined()) {
           Value got = item(x, attr, line);
           if (got.is_undefined()) got = arg({}, 0, kw, "default");
@@ -2530,7 +2741,7 @@ class Renderer {
       const bool by_attr = name == "selectattr" || name == "rejectattr";
       const bool keep_true = name == "select" || name == "selectattr";
       List out;
-      for (const Value& x : iterate(v)) {
+      for (const Value& x : v.truthy() ? iterate(v) : List{}) {
         Value subject = x;
         size_t at = 0;
         if (by_attr) {
@@ -2571,7 +2782,8 @@ class Renderer {
       std::string s = v.str();
       const int64_t len = static_cast<int64_t>(code_points(s).size());
       if (len >= width) return Value(s);
-      const int64_t left = (width - len) / 2;
+      const int64_t margin = width - len;
+      const int64_t left = margin / 2 + (margin & width & 1);  // as CPython's str.center
       return Value(std::string(static_cast<size_t>(left), ' ') + s +
                    std::string(static_cast<size_t>(width - len - left), ' '));
     }
@@ -2631,9 +2843,7 @@ class Renderer {
   }
 
   static constexpr int kMaxCalls = 100;
-  // What a template may write or build at most (a chat is far below): a runaway repetition
-  // is an error, not an allocation that takes the machine.
-  static constexpr size_t kMaxText = size_t{64} << 20;
+  static constexpr size_t kMaxText = kMaxTextBytes;
 
   std::string source_;
   std::vector<Scope> scopes_;

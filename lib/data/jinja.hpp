@@ -10,8 +10,10 @@
 // none in either case), names, attributes and items, Python slices, calls with keyword
 // arguments, filters and tests, `not`, `and`, `or`, comparisons, `in` / `not in`, arithmetic, `~`
 // and the conditional expression. Values follow Python's semantics (truth, equality, printing:
-// True / None / 1.0, str methods on code points). Not built: inheritance, includes, imports,
-// call blocks, recursive loops — a template using one is refused when parsed, naming the line.
+// True / None / 1.0, str methods on code points, dict keys of any hashable type, tuples) and
+// markupsafe's for `|safe` text (Markup: what is added to it is HTML-escaped). Not built:
+// inheritance, includes, imports, call blocks, recursive loops — a template using one is refused
+// when parsed, naming the line.
 #pragma once
 
 #include <cstdint>
@@ -27,8 +29,9 @@ namespace zt::jinja {
 
 class Value;
 using List = std::vector<Value>;
-/// A dict: keys in insertion order, as Python's.
-using Dict = std::vector<std::pair<std::string, Value>>;
+/// A dict: keys in insertion order, as Python's. Keys are strings, numbers, bools, None or
+/// tuples, compared as Python compares them (1, 1.0 and True are one key).
+using Dict = std::vector<std::pair<Value, Value>>;
 using Kwargs = std::vector<std::pair<std::string, Value>>;
 using Function = std::function<Value(const std::vector<Value>& args, const Kwargs& kwargs)>;
 
@@ -58,7 +61,14 @@ class Value {
   Value(std::string s);                             // NOLINT(google-explicit-constructor)
   Value(const char* s) : Value(std::string(s)) {}   // NOLINT(google-explicit-constructor)
   Value(List l);                                    // NOLINT(google-explicit-constructor)
-  Value(Dict d);                                    // NOLINT(google-explicit-constructor)
+  /// Throws ConfigError for a key that is a list (not a tuple), dict or namespace (unhashable
+  /// in Python).
+  Value(Dict d);  // NOLINT(google-explicit-constructor)
+  /// markupsafe's Markup: text marked safe (`|safe`, `|escape`). A plain string added to it,
+  /// or joined or formatted into it, is HTML-escaped first; its str methods keep the mark.
+  static Value markup(std::string s);
+  /// A tuple: a list that prints as Python's tuple (`(1, 'a')`) and equals no list.
+  static Value tuple(List l);
   static Value function(Function f);
   static Value make_namespace(Dict attributes);
   /// `undefined` named: what an error about using it says.
@@ -68,10 +78,12 @@ class Value {
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
   bool is_none() const { return kind_ == Kind::kNone; }
   bool is_string() const { return kind_ == Kind::kString; }
+  bool is_markup() const { return kind_ == Kind::kString && markup_; }
   bool is_number() const {
     return kind_ == Kind::kInt || kind_ == Kind::kFloat || kind_ == Kind::kBool;
   }
   bool is_list() const { return kind_ == Kind::kList; }
+  bool is_tuple() const { return kind_ == Kind::kList && tuple_; }
   bool is_dict() const { return kind_ == Kind::kDict || kind_ == Kind::kNamespace; }
 
   bool boolean() const { return b_; }
@@ -92,6 +104,8 @@ class Value {
   bool truthy() const;
   /// The member `key` of a dict or namespace, else undefined.
   Value get(const std::string& key) const;
+  /// The member under any key (Python's d[key]) of a dict or namespace, else undefined.
+  Value item(const Value& key) const;
   /// Python's str(): what {{ value }} prints.
   std::string str() const;
   /// Python's repr() (inside lists and dicts when printed).
@@ -102,7 +116,9 @@ class Value {
   bool b_ = false;
   int64_t i_ = 0;
   double d_ = 0;
-  std::string s_;  // the string, or an undefined value's name
+  bool markup_ = false;  // a string marked safe
+  bool tuple_ = false;   // a list that is a tuple
+  std::string s_;        // the string, or an undefined value's name
   std::shared_ptr<List> list_;
   std::shared_ptr<Dict> dict_;
   std::shared_ptr<Function> fn_;

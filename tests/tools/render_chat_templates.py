@@ -5,8 +5,15 @@ C++ tests to compare zerotrain's built-in formats with (tests/test_chat_template
     render_chat_templates.py JOB.json OUT.json
 
 JOB.json: {"template": PATH, "bos_token": STR|null, "eos_token": STR|null,
-           "cases": [{"messages": [...], "add_generation_prompt": BOOL}, ...]}
-OUT.json: [{"text": STR} | {"error": STR}, ...], one entry per case.
+           "cases": [{"messages": [...], "add_generation_prompt": BOOL,
+                      "tools": [...]|null, "kwargs": {...}}, ...]}
+OUT.json: [{"text": STR} | {"error": STR, "raised": BOOL}, ...], one entry per case.
+
+Messages are passed as given (OpenAI-style objects: tool_calls, tool_call_id, reasoning_content
+...); "tools" (JSON-schema function definitions) is passed as `tools` (None when absent, as
+transformers passes it), "kwargs" as further template variables (enable_thinking, ...).
+"raised": the template called raise_exception; otherwise jinja2 (or Python under it) failed
+with the error's type and message in "error".
 
 transformers (chat_template_utils) compiles templates in an ImmutableSandboxedEnvironment with
 trim_blocks and lstrip_blocks, the loopcontrols extension, its own tojson filter (json.dumps,
@@ -45,11 +52,13 @@ def main():
     out = []
     for case in job["cases"]:
         try:
-            out.append({"text": template.render(messages=case["messages"], tools=None, documents=None,
+            out.append({"text": template.render(messages=case["messages"], tools=case.get("tools"), documents=None,
                                                 add_generation_prompt=case.get("add_generation_prompt", False),
-                                                **tokens)})
+                                                **tokens, **case.get("kwargs", {}))})
         except TemplateError as e:
-            out.append({"error": str(e)})
+            out.append({"error": str(e), "raised": True})
+        except Exception as e:  # what jinja2 itself refuses: an undefined used, a wrong type
+            out.append({"error": f"{type(e).__name__}: {e}", "raised": False})
     with open(sys.argv[2], "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False)
 
