@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -25,9 +26,9 @@
 #include "tokenizer/hf_tokenizer.hpp"
 #include "tokenizer/precompiled_charsmap.hpp"
 #include "tokenizer/split_rules.hpp"
+#include "tokenizer/unicode_text.hpp"
 #include "tokenizer/unigram_model.hpp"
 #include "tokenizer/word_models.hpp"
-#include "tokenizer/unicode_text.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/tokenizer.hpp"
@@ -783,7 +784,8 @@ TEST_CASE("a Precompiled charsmap normalizes per grapheme cluster as spm_precomp
   // SentencePiece's nmt_nfkc rules (T5's, XLM-R's) as spm_precompiled ships them, and the
   // normalizations its tests assert.
   rapidjson::Document doc;
-  const std::string json = read_file(std::string(ZT_FIXTURES) + "/tokenizers/charsmaps/nmt_nfkc.json");
+  const std::string json =
+      read_file(std::string(ZT_FIXTURES) + "/tokenizers/charsmaps/nmt_nfkc.json");
   doc.Parse(json.c_str());
   REQUIRE(doc.IsObject());
   const PrecompiledCharsmap map(doc["precompiled_charsmap"].GetString(), "nmt_nfkc.json");
@@ -792,14 +794,13 @@ TEST_CASE("a Precompiled charsmap normalizes per grapheme cluster as spm_precomp
     map.normalize(s, out);
     return out;
   };
-  CHECK(normalized("\xF0\x9D\x94\xBE") == "G");     // 𝔾
-  CHECK(normalized("\xF0\x9D\x95\xA0") == "o");     // 𝕠
-  CHECK(normalized("\xE2\x80\x8D") == " ");         // ZWJ
-  CHECK(normalized("\xEF\xAC\x81") == "fi");        // ﬁ
+  CHECK(normalized("\xF0\x9D\x94\xBE") == "G");  // 𝔾
+  CHECK(normalized("\xF0\x9D\x95\xA0") == "o");  // 𝕠
+  CHECK(normalized("\xE2\x80\x8D") == " ");      // ZWJ
+  CHECK(normalized("\xEF\xAC\x81") == "fi");     // ﬁ
   // A Thai syllable's cluster is rewritten character by character (its 6+ bytes), and a
   // Devanagari one whose first rule covers the cluster.
-  CHECK(normalized("เขาไม่ได้พูดสักคำ") ==
-        "เขาไม\u0e48ได\u0e49พ\u0e39ดส\u0e31กค\u0e4dา");
+  CHECK(normalized("เขาไม่ได้พูดสักคำ") == "เขาไม\u0e48ได\u0e49พ\u0e39ดส\u0e31กค\u0e4dา");
   CHECK(normalized("ड़ी दुख") == "ड\u093cी द\u0941ख");
   // آپ: a cluster of two characters that the rule for its first (آ) replaces whole.
   CHECK(normalized("\xD8\xA7\xD9\x93") == "آ");
@@ -853,4 +854,43 @@ TEST_CASE("WordPiece takes the longest prefix, then prefixed pieces, or one unk 
   words.encode_piece("hello", ids);
   words.encode_piece("world", ids);
   CHECK(ids == std::vector<int32_t>{1, 0});
+}
+
+TEST_CASE("a damaged Precompiled charsmap never reads outside its data", "[tokenizer][hostile]") {
+  // Tries whose units point anywhere: every lookup stays inside the array and the strings (a
+  // damaged unit is no rule), whatever the text. Under ASan this is the check that matters.
+  std::mt19937 rng(7);
+  auto base64 = [](const std::string& bytes) {
+    static const char* kAlphabet =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    for (size_t i = 0; i < bytes.size(); i += 3) {
+      uint32_t n = uint32_t(static_cast<unsigned char>(bytes[i])) << 16;
+      if (i + 1 < bytes.size()) n |= uint32_t(static_cast<unsigned char>(bytes[i + 1])) << 8;
+      if (i + 2 < bytes.size()) n |= uint32_t(static_cast<unsigned char>(bytes[i + 2]));
+      out += kAlphabet[(n >> 18) & 63];
+      out += kAlphabet[(n >> 12) & 63];
+      out += i + 1 < bytes.size() ? kAlphabet[(n >> 6) & 63] : '=';
+      out += i + 2 < bytes.size() ? kAlphabet[n & 63] : '=';
+    }
+    return out;
+  };
+  const std::vector<std::string> texts = {"abc", "é e\u0301", "日本語", "\xF0\x9F\x91\x8D", "a\0b"};
+  for (int trial = 0; trial < 200; ++trial) {
+    const uint32_t units = 1 + rng() % 64;
+    std::string bytes(4, '\0');
+    const uint32_t trie_bytes = units * 4;
+    for (int k = 0; k < 4; ++k) bytes[k] = static_cast<char>((trie_bytes >> (8 * k)) & 0xFF);
+    for (uint32_t u = 0; u < units; ++u) {
+      const uint32_t v = trial % 2 ? rng() : rng() % 4096;
+      for (int k = 0; k < 4; ++k) bytes.push_back(static_cast<char>((v >> (8 * k)) & 0xFF));
+    }
+    bytes += std::string("x\0yz\0", 5);
+    const PrecompiledCharsmap map(base64(bytes), "random");
+    for (const std::string& t : texts) {
+      std::string out;
+      map.normalize(t, out);
+      CHECK(text::is_valid_utf8(out));
+    }
+  }
 }
