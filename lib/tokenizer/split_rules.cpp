@@ -49,8 +49,13 @@ class RegexMatcher final : public Matcher {
   RegexMatcher& operator=(const RegexMatcher&) = delete;
 
   void find(std::string_view text, std::vector<Span>& out) const override {
-    // One region per call: Oniguruma searches a shared regex from many threads with their own.
-    OnigRegion* region = onig_region_new();
+    // A region per thread, kept: Oniguruma searches a shared regex from many threads with
+    // their own (and grows a region to the groups of whichever regex uses it).
+    struct FreeRegion {
+      void operator()(OnigRegion* r) const { onig_region_free(r, 1); }
+    };
+    thread_local const std::unique_ptr<OnigRegion, FreeRegion> kept(onig_region_new());
+    OnigRegion* region = kept.get();
     const auto* begin = reinterpret_cast<const OnigUChar*>(text.data());
     const OnigUChar* end = begin + text.size();
     size_t from = 0;
@@ -61,7 +66,6 @@ class RegexMatcher final : public Matcher {
       const int r = onig_search(regex_, begin, end, begin + from, end, region, ONIG_OPTION_NONE);
       if (r == ONIG_MISMATCH) break;
       if (r < 0) {
-        onig_region_free(region, 1);
         OnigUChar message[ONIG_MAX_ERROR_MESSAGE_LEN];
         onig_error_code_to_str(message, r);
         throw ConfigError(fmt::format("a tokenizer regex failed while searching: {}",
@@ -83,7 +87,6 @@ class RegexMatcher final : public Matcher {
       have_last = true;
       if (s == e && from >= text.size()) break;
     }
-    onig_region_free(region, 1);
   }
 
  private:
