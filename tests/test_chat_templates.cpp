@@ -810,3 +810,55 @@ TEST_CASE("hostile chat templates are refused naming the file and line, never a 
   refused("{{ 'a' < 1 }}", "not supported");
   refused("{{ raise_exception('stop here') }}", "stop here");
 }
+
+TEST_CASE("template kwargs render the folder's own template as written, as apply_chat_template",
+          "[data][templates]") {
+  // Qwen3's template, whose generation prompt enable_thinking false closes an empty think block:
+  // --template auto with kwargs renders the text itself (not the built-in qwen3 format, which
+  // takes none), the kwargs riding in the template's name.
+  const Format qwen3{"qwen3", nullptr, "<|im_end|>"};
+  const std::string file = std::string(ZT_DATA) + "/chat_templates/qwen3.jinja";
+  const std::string dir = folder_with(qwen3, file);
+  std::shared_ptr<Tokenizer> tok = HfTokenizer::load(ZT_FIXTURES "/tokenizers/qwen2");
+  CHECK(resolve_template("auto", dir, *tok) == "qwen3");
+  const std::string name =
+      resolve_template("auto", dir, *tok, nullptr, R"({"enable_thinking": false})");
+  CHECK_THAT(name, Contains("jinja:") && Contains("?{\"enable_thinking\":false}"));
+  const data::ChatTemplate& t = data::chat_template(name);
+  // jinja2's rendering with the same kwarg, of a conversation and of its prompt.
+  rapidjson::Document job(rapidjson::kArrayType);
+  auto& a = job.GetAllocator();
+  const Turns turns = conversations().front();
+  for (const bool generation : {false, true}) {
+    rapidjson::Value messages(rapidjson::kArrayType);
+    const size_t n = generation ? turns.size() - 1 : turns.size();
+    for (size_t i = 0; i < n; ++i) {
+      rapidjson::Value m(rapidjson::kObjectType);
+      m.AddMember("role", rapidjson::Value(turns[i].first.c_str(), a), a);
+      m.AddMember("content", rapidjson::Value(turns[i].second.c_str(), a), a);
+      messages.PushBack(m, a);
+    }
+    rapidjson::Value c(rapidjson::kObjectType);
+    c.AddMember("messages", messages, a);
+    c.AddMember("add_generation_prompt", generation, a);
+    rapidjson::Value kwargs(rapidjson::kObjectType);
+    kwargs.AddMember("enable_thinking", false, a);
+    c.AddMember("kwargs", kwargs, a);
+    job.PushBack(c, a);
+  }
+  const std::vector<Jinja2Rendering> want = jinja2_render(qwen3, file, job);
+  REQUIRE(want.size() == 2);
+  REQUIRE(want[0].text);
+  REQUIRE(want[1].text);
+  CHECK(joined(t.render(chat_of(turns))) == *want[0].text);
+  CHECK(t.prompt(chat_of(Turns(turns.begin(), turns.end() - 1))) == *want[1].text);
+  // The built-in format's prompt differs there: the kwarg reached the template.
+  CHECK(data::chat_template("qwen3").prompt(chat_of(Turns(turns.begin(), turns.end() - 1))) !=
+        *want[1].text);
+  // Kwargs for a format that takes none, or that are not an object, are refused naming the option.
+  CHECK_THROWS_WITH(resolve_template("qwen3", dir, *tok, nullptr, R"({"enable_thinking": false})",
+                                     "enable_thinking"),
+                    Contains("enable_thinking") && Contains("qwen3"));
+  CHECK_THROWS_WITH(resolve_template("auto", dir, *tok, nullptr, "[1]", "chat_template_kwargs"),
+                    Contains("chat_template_kwargs") && Contains("JSON object"));
+}

@@ -229,7 +229,11 @@ struct TrainingArguments {
   double val_size = 0.0;
   std::optional<int64_t> max_samples;  ///< the first N records of each dataset only
   std::string template_name = "auto";  ///< option "template": auto, or a name (docs/data.md)
-  int64_t max_length = 1024;           ///< alias model_max_length
+  /// Chat template kwargs (a JSON object, apply_chat_template's **kwargs), and LLaMA-Factory's
+  /// enable_thinking, which sets that kwarg (docs/data.md).
+  std::string chat_template_kwargs;
+  std::optional<bool> enable_thinking;
+  int64_t max_length = 1024;  ///< alias model_max_length
   bool train_on_prompt = false;
   /// TRL's SFT options (docs/data.md): prompt-completion records train the completion only
   /// (unset: true, TRL's None); messages records train the assistant replies only (unset:

@@ -226,8 +226,13 @@ std::vector<std::string> template_names();
 /// (recognized from its chat template), else alpaca_zh when it has none; any other name must be
 /// a template. The chosen format's special tokens must each be one token of `tok` (ConfigError
 /// naming the token otherwise). `source`, when given, receives why it was chosen.
+/// `template_kwargs` (a JSON object, as apply_chat_template's **kwargs: enable_thinking, ...)
+/// render the folder's template as written with them, recorded in the returned name; a
+/// built-in or instruction format takes none (ConfigError naming `kwargs_option`).
 std::string resolve_template(const std::string& name, const std::string& model_dir,
-                             const Tokenizer& tok, std::string* source = nullptr);
+                             const Tokenizer& tok, std::string* source = nullptr,
+                             const std::string& template_kwargs = "",
+                             const std::string& kwargs_option = "chat_template_kwargs");
 
 /// What a run records as its template when the template formatted none of its training records
 /// (plain text, TRL's text prompt + completion, token ids): prompts are then sent as they are.

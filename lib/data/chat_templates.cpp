@@ -477,7 +477,8 @@ std::vector<std::string> chat_template_names() {
   return names;
 }
 
-std::string detect_chat_template(const std::string& model_dir, std::string* source) {
+std::string detect_chat_template(const std::string& model_dir, std::string* source,
+                                 bool as_written) {
   auto fallback = [&](const std::string& why) {
     if (source != nullptr) *source = why;
     return std::string("alpaca_zh");
@@ -488,6 +489,7 @@ std::string detect_chat_template(const std::string& model_dir, std::string* sour
     return fallback(fmt::format("'{}' has no chat template: zerotrain's default", model_dir));
   const std::string text = without_whitespace(found->first);
   for (const auto& [name, reference] : kReferenceChatTemplates) {
+    if (as_written) break;  // template kwargs: the text itself renders them
     if (without_whitespace(reference) == text) {
       if (source != nullptr) *source = fmt::format("the chat template of {}", found->second);
       return name;

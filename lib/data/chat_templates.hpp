@@ -67,7 +67,10 @@ std::vector<std::string> chat_template_names();
 /// tokenizer_config.json's chat_template; whitespace ignored); any other template as written
 /// ("jinja:<file>", rendered by the Jinja interpreter: folder_template.hpp); alpaca_zh when the
 /// folder has none (or `model_dir` is empty). `source` receives where the choice came from.
-std::string detect_chat_template(const std::string& model_dir, std::string* source = nullptr);
+/// `as_written`: the folder's template as written even where a built-in format matches it
+/// (template kwargs need the text itself).
+std::string detect_chat_template(const std::string& model_dir, std::string* source = nullptr,
+                                 bool as_written = false);
 
 /// The template zerotrain_template.json in `dir` records (what a run trained with), if any.
 std::optional<std::string> recorded_chat_template(const std::string& dir);

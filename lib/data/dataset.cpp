@@ -15,6 +15,7 @@
 
 #include "data/chat_templates.hpp"
 #include "data/encoding.hpp"
+#include "data/folder_template.hpp"
 #include "data/record_layouts.hpp"
 #include "data/records.hpp"
 #include "data/stats.hpp"
@@ -456,12 +457,25 @@ std::vector<std::string> template_names() {
 }
 
 std::string resolve_template(const std::string& name, const std::string& model_dir,
-                             const Tokenizer& tok, std::string* source) {
+                             const Tokenizer& tok, std::string* source,
+                             const std::string& template_kwargs, const std::string& kwargs_option) {
   std::string chosen = name;
+  const bool kwargs = !template_kwargs.empty() && template_kwargs != "{}";
   if (name == "auto") {
-    chosen = data::detect_chat_template(model_dir, source);
+    chosen = data::detect_chat_template(model_dir, source, /*as_written=*/kwargs);
   } else if (source != nullptr) {
     *source = "--template";
+  }
+  if (kwargs) {
+    if (chosen.rfind(data::kFolderTemplatePrefix, 0) != 0) {
+      throw ConfigError(fmt::format(
+          "{}: template kwargs go to a chat template rendered as written (--template auto with "
+          "the model folder's own, or jinja:FILE); {} takes none",
+          kwargs_option, chosen));
+    }
+    // A name resumed from a checkpoint carries its kwargs already.
+    const size_t at = chosen.find(data::kTemplateKwargsSeparator);
+    chosen = data::with_template_kwargs(chosen.substr(0, at), template_kwargs, kwargs_option);
   }
   const ChatTemplate& t = data::chat_template(chosen);
   // Checked in the order the format writes them, together: ChatGLM's tokenizer reads "sop" as

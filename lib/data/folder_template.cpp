@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <rapidjson/document.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -198,12 +199,30 @@ std::optional<std::pair<std::string, std::string>> template_text_in(const std::s
                   file));
 }
 
+std::string with_template_kwargs(const std::string& name, const std::string& kwargs_json,
+                                 const std::string& option) {
+  if (kwargs_json.empty()) return name;
+  rapidjson::Document doc;
+  doc.Parse(kwargs_json.data(), kwargs_json.size());
+  if (doc.HasParseError() || !doc.IsObject()) {
+    throw ConfigError(fmt::format(
+        "{}: expected a JSON object of chat template kwargs (such as {{\"enable_thinking\": "
+        "false}}), found {}",
+        option, kwargs_json));
+  }
+  if (doc.ObjectEmpty()) return name;
+  return name + "?" + json::dump(doc);
+}
+
 const ChatTemplate& folder_chat_template_named(const std::string& name) {
   static std::mutex mutex;
   static std::map<std::string, std::unique_ptr<ChatTemplate>> loaded;
   const std::lock_guard<std::mutex> lock(mutex);
   if (auto it = loaded.find(name); it != loaded.end()) return *it->second;
-  const std::string file = name.substr(std::string(kFolderTemplatePrefix).size());
+  const size_t prefix = std::string(kFolderTemplatePrefix).size();
+  const size_t kwargs_at = name.find(kTemplateKwargsSeparator, prefix);
+  const std::string file =
+      name.substr(prefix, kwargs_at == std::string::npos ? std::string::npos : kwargs_at - prefix);
   std::error_code ec;
   if (!std::filesystem::is_regular_file(file, ec)) {
     throw ConfigError(
@@ -227,6 +246,20 @@ const ChatTemplate& folder_chat_template_named(const std::string& name) {
         if (it == doc.MemberEnd()) continue;
         if (auto t = token_text(it->value)) specials.emplace_back(key, jinja::Value(*t));
       }
+    }
+  }
+  // The kwargs go to the template beside the special tokens, overriding them, as
+  // apply_chat_template's **kwargs do.
+  if (kwargs_at != std::string::npos) {
+    const jinja::Value kwargs = jinja::from_json(name.substr(kwargs_at + 1), name);
+    if (!kwargs.is_dict()) {
+      throw ConfigError(fmt::format("template {}: the kwargs are not a JSON object", name));
+    }
+    for (const auto& [key, value] : kwargs.dict()) {
+      specials.erase(std::remove_if(specials.begin(), specials.end(),
+                                    [&](const auto& kv) { return kv.first.str() == key.str(); }),
+                     specials.end());
+      specials.emplace_back(key, value);
     }
   }
   auto made = std::make_unique<FolderTemplate>(name, text->first, text->second, specials);

@@ -14,8 +14,18 @@ namespace zt::data {
 /// or a tokenizer_config.json with a chat_template).
 inline constexpr const char* kFolderTemplatePrefix = "jinja:";
 
-/// The template named `name` (kFolderTemplatePrefix + file), parsed once and kept; its special
-/// tokens (bos_token, eos_token, ...) come from tokenizer_config.json beside the file. Its
+/// Template kwargs (transformers' apply_chat_template(..., **kwargs): enable_thinking, ...) ride
+/// in the name after the file: kFolderTemplatePrefix + file + "?" + a JSON object, so that the
+/// data cache, a resumed run and `verify` see them with the template.
+inline constexpr const char* kTemplateKwargsSeparator = "?{";
+
+/// `name` (a folder template's) with `kwargs_json` (a JSON object, empty: none) attached. A
+/// value that is not a JSON object is a ConfigError naming `option`.
+std::string with_template_kwargs(const std::string& name, const std::string& kwargs_json,
+                                 const std::string& option);
+
+/// The template named `name` (kFolderTemplatePrefix + file [+ kwargs]), parsed once and kept; its
+/// special tokens (bos_token, eos_token, ...) come from tokenizer_config.json beside the file. Its
 /// render() cuts a conversation into replies (trained) and the rest by the template's
 /// {% generation %} blocks where it has them, else where the conversation rendered with a
 /// reply replaced by a sentinel parts from the real rendering (wherever the template puts the

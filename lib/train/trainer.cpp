@@ -85,6 +85,27 @@ std::shared_ptr<Communicator> join_training_job(const TrainingArguments& args,
 
 namespace {
 
+// The chat template kwargs the options give: chat_template_kwargs (a JSON object) with
+// LLaMA-Factory's enable_thinking set in it; "" when neither is given.
+std::string template_kwargs(const TrainingArguments& args) {
+  if (args.chat_template_kwargs.empty() && !args.enable_thinking) return "";
+  rapidjson::Document doc(rapidjson::kObjectType);
+  if (!args.chat_template_kwargs.empty()) {
+    doc.Parse(args.chat_template_kwargs.data(), args.chat_template_kwargs.size());
+    if (doc.HasParseError() || !doc.IsObject()) {
+      throw ConfigError(fmt::format(
+          "chat_template_kwargs: expected a JSON object (such as {{\"enable_thinking\": false}}), "
+          "found {}",
+          args.chat_template_kwargs));
+    }
+  }
+  if (args.enable_thinking) {
+    doc.RemoveMember("enable_thinking");
+    doc.AddMember("enable_thinking", *args.enable_thinking, doc.GetAllocator());
+  }
+  return json::dump(doc);
+}
+
 // TRL's advice for KTO (the paper's Eq. 8): desirable_weight × desirable examples over
 // undesirable_weight × undesirable ones should lie in [1, 4/3]. Said, not enforced.
 void warn_unbalanced(const Dataset& d, const TrainingArguments& args) {
@@ -612,7 +633,9 @@ void Trainer::Impl::start() {
       I.args.template_name = layout;
     }
     I.args.template_name =
-        resolve_template(I.args.template_name, I.model_dir, *I.tokenizer, &I.template_source);
+        resolve_template(I.args.template_name, I.model_dir, *I.tokenizer, &I.template_source,
+                         template_kwargs(I.args),
+                         I.args.enable_thinking ? "enable_thinking" : "chat_template_kwargs");
     // A resumed run keeps what its checkpoint's model and data are: a recorded option not
     // given is taken from the checkpoint, one given otherwise is refused (resume_check.hpp).
     if (I.run_dir.resume) {
