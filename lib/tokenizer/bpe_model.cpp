@@ -348,15 +348,10 @@ void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) c
   }
   // Long pieces (a run of 300 spaces) are merged each time, as HF does past 256 bytes: caching
   // them would only evict the short, frequent ones.
-  const bool cached = piece.size() < PieceCache::kMaxKey;
-  const uint64_t hash = cached ? hash_bytes(piece) : 0;
-  if (cached && cache_->find(piece, hash, out)) return;
-  thread_local std::vector<int32_t> ids;
-  ids.clear();
-  initial_symbols(piece, ids);
-  merge(ids);
-  out.insert(out.end(), ids.begin(), ids.end());
-  if (cached) cache_->insert(piece, hash, ids);
+  cache_->encode(piece, out, [&](std::string_view p, std::vector<int32_t>& ids) {
+    initial_symbols(p, ids);
+    merge(ids);
+  });
 }
 
 }  // namespace zt

@@ -65,6 +65,19 @@ class PieceCache {
   /// Appends the cached ids of `key` to `out`; false when it is not cached.
   bool find(std::string_view key, uint64_t hash, std::vector<int32_t>& out) const;
   void insert(std::string_view key, uint64_t hash, const std::vector<int32_t>& ids) const;
+  /// Appends the ids of `piece`: the cached ones, else those `encode(piece, ids)` appends to an
+  /// empty vector (then cached, when the piece is short enough).
+  template <typename Encode>
+  void encode(std::string_view piece, std::vector<int32_t>& out, Encode&& encode) const {
+    const bool cached = piece.size() < kMaxKey;
+    const uint64_t hash = cached ? hash_bytes(piece) : 0;
+    if (cached && find(piece, hash, out)) return;
+    thread_local std::vector<int32_t> ids;
+    ids.clear();
+    encode(piece, ids);
+    out.insert(out.end(), ids.begin(), ids.end());
+    if (cached) insert(piece, hash, ids);
+  }
   /// Pieces this long or longer are not cached (they would only evict the short, frequent
   /// ones; HF's limit is alike).
   static constexpr size_t kMaxKey = 256;
@@ -91,6 +104,20 @@ class Vocabulary {
   std::vector<std::string> tokens_;
   std::vector<bool> has_token_;
   size_t size_ = 0;
+};
+
+/// A model whose vocabulary is a Vocabulary (Unigram, WordPiece, WordLevel): the lookups both
+/// ways.
+class VocabularyModel : public TokenModel {
+ public:
+  int32_t token_id(std::string_view token) const override { return vocab_.find(token); }
+  const std::string* token(int32_t id) const override { return vocab_.token(id); }
+  size_t entries() const override { return vocab_.size(); }
+  int32_t id_end() const override { return vocab_.id_end(); }
+
+ protected:
+  explicit VocabularyModel(Vocabulary vocab) : vocab_(std::move(vocab)) {}
+  Vocabulary vocab_;
 };
 
 }  // namespace zt

@@ -108,7 +108,7 @@ constexpr double kUnkPenalty = 10.0;  // HF's K_UNK_PENALTY
 UnigramModel::UnigramModel(const std::vector<std::pair<std::string, double>>& pieces,
                            std::optional<int32_t> unk_id, bool byte_fallback,
                            const std::string& where)
-    : vocab_(indexed(pieces), where),
+    : VocabularyModel(Vocabulary(indexed(pieces), where)),
       trie_(std::make_unique<Trie>()),
       byte_fallback_(byte_fallback),
       where_(where),
@@ -141,14 +141,8 @@ UnigramModel::~UnigramModel() = default;
 
 void UnigramModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
   if (piece.empty()) return;
-  const bool cached = piece.size() < PieceCache::kMaxKey;
-  const uint64_t hash = cached ? hash_bytes(piece) : 0;
-  if (cached && cache_->find(piece, hash, out)) return;
-  thread_local std::vector<int32_t> ids;
-  ids.clear();
-  segment(piece, ids);
-  out.insert(out.end(), ids.begin(), ids.end());
-  if (cached) cache_->insert(piece, hash, ids);
+  cache_->encode(piece, out,
+                 [&](std::string_view p, std::vector<int32_t>& ids) { segment(p, ids); });
 }
 
 void UnigramModel::segment(std::string_view s, std::vector<int32_t>& out) const {

@@ -16,7 +16,7 @@
 
 namespace zt {
 
-class UnigramModel final : public TokenModel {
+class UnigramModel final : public VocabularyModel {
  public:
   /// `pieces`: (piece, score), the id of each its index. `unk_id`: nullopt when the file has
   /// none (a text with a character outside the pieces is then an error, as in HF). Errors
@@ -26,16 +26,13 @@ class UnigramModel final : public TokenModel {
   ~UnigramModel() override;
 
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const override;
-  int32_t token_id(std::string_view token) const override { return vocab_.find(token); }
-  const std::string* token(int32_t id) const override { return vocab_.token(id); }
+  /// HF's get_vocab_size: the pieces, a piece listed twice counted twice.
   size_t entries() const override { return scores_.size(); }
-  int32_t id_end() const override { return vocab_.id_end(); }
 
  private:
   class Trie;
   void segment(std::string_view piece, std::vector<int32_t>& out) const;
 
-  Vocabulary vocab_;
   std::vector<double> scores_;
   std::unique_ptr<Trie> trie_;
   int32_t unk_id_ = -1;

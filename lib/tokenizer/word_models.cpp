@@ -24,7 +24,7 @@ ConfigError missing_unk(const std::string& where, const std::string& unk) {
 WordPieceModel::WordPieceModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
                                std::string unk_token, std::string continuing_subword_prefix,
                                size_t max_input_chars_per_word, const std::string& where)
-    : vocab_(vocab, where),
+    : VocabularyModel(Vocabulary(vocab, where)),
       unk_token_(std::move(unk_token)),
       prefix_(std::move(continuing_subword_prefix)),
       max_chars_(max_input_chars_per_word),
@@ -48,14 +48,8 @@ void WordPieceModel::encode_piece(std::string_view word, std::vector<int32_t>& o
     out.push_back(unk());
     return;
   }
-  const bool cached = word.size() < PieceCache::kMaxKey;
-  const uint64_t hash = cached ? hash_bytes(word) : 0;
-  if (cached && cache_->find(word, hash, out)) return;
-  thread_local std::vector<int32_t> ids;
-  ids.clear();
-  split_word(word, ids);
-  out.insert(out.end(), ids.begin(), ids.end());
-  if (cached) cache_->insert(word, hash, ids);
+  cache_->encode(word, out,
+                 [&](std::string_view w, std::vector<int32_t>& ids) { split_word(w, ids); });
 }
 
 void WordPieceModel::split_word(std::string_view word, std::vector<int32_t>& out) const {
@@ -96,7 +90,7 @@ void WordPieceModel::split_word(std::string_view word, std::vector<int32_t>& out
 
 WordLevelModel::WordLevelModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
                                std::string unk_token, const std::string& where)
-    : vocab_(vocab, where), unk_token_(std::move(unk_token)), where_(where) {}
+    : VocabularyModel(Vocabulary(vocab, where)), unk_token_(std::move(unk_token)), where_(where) {}
 
 void WordLevelModel::encode_piece(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;

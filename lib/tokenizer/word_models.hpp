@@ -16,7 +16,7 @@ namespace zt {
 /// WordPiece: a word becomes its longest vocabulary prefix, then the longest entry of
 /// `prefix` + the rest, and so on; a word with a part no entry matches, or longer than
 /// `max_input_chars_per_word` characters, becomes the one unk token.
-class WordPieceModel final : public TokenModel {
+class WordPieceModel final : public VocabularyModel {
  public:
   /// Errors start with `where` (the file and JSON path); `unk_token` must be in the vocabulary
   /// when a word needs it (HF fails then too), which is checked when it is needed.
@@ -25,15 +25,10 @@ class WordPieceModel final : public TokenModel {
                  const std::string& where);
 
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const override;
-  int32_t token_id(std::string_view token) const override { return vocab_.find(token); }
-  const std::string* token(int32_t id) const override { return vocab_.token(id); }
-  size_t entries() const override { return vocab_.size(); }
-  int32_t id_end() const override { return vocab_.id_end(); }
 
  private:
   int32_t unk() const;
   void split_word(std::string_view word, std::vector<int32_t>& out) const;
-  Vocabulary vocab_;
   std::string unk_token_, prefix_;
   size_t max_chars_;
   size_t longest_ = 0;  // the longest entry's bytes: no longer candidate is looked up
@@ -42,19 +37,14 @@ class WordPieceModel final : public TokenModel {
 };
 
 /// WordLevel: a word is its vocabulary entry, or the unk token.
-class WordLevelModel final : public TokenModel {
+class WordLevelModel final : public VocabularyModel {
  public:
   WordLevelModel(const std::vector<std::pair<std::string, int32_t>>& vocab, std::string unk_token,
                  const std::string& where);
 
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const override;
-  int32_t token_id(std::string_view token) const override { return vocab_.find(token); }
-  const std::string* token(int32_t id) const override { return vocab_.token(id); }
-  size_t entries() const override { return vocab_.size(); }
-  int32_t id_end() const override { return vocab_.id_end(); }
 
  private:
-  Vocabulary vocab_;
   std::string unk_token_;
   std::string where_;
 };
