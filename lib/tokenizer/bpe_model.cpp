@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -88,8 +89,6 @@ class BpeModel::PairMap {
 
 namespace {
 
-constexpr int32_t kMaxId = 1 << 24;
-
 struct Symbol {
   int32_t id;
   int32_t prev;
@@ -127,43 +126,25 @@ bool byte_level_bytes(std::string_view token, std::string& out) {
 BpeModel::BpeModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
                    const std::vector<std::pair<std::string, std::string>>& merges,
                    BpeOptions options, const std::string& where)
-    : options_(std::move(options)),
+    : VocabularyModel(Vocabulary(vocab, where)),
+      options_(std::move(options)),
       merges_(std::make_unique<PairMap>(merges.size())),
       cache_(std::make_unique<PieceCache>()) {
-  int32_t end = 0;
-  for (const auto& [token, id] : vocab) {
-    if (id < 0 || id >= kMaxId) {
-      throw ConfigError(fmt::format("{}: model.vocab: \"{}\" has id {}, outside [0, {})", where,
-                                    token, id, kMaxId));
+  // HF's BPE reads the vocabulary into a map as well, but a token listed twice is a damaged
+  // file here rather than its last id.
+  if (vocab_.size() != vocab.size()) {
+    std::unordered_set<std::string_view> seen;
+    for (const auto& entry : vocab) {
+      if (!seen.insert(entry.first).second) {
+        throw ConfigError(fmt::format("{}: model.vocab: \"{}\" appears twice", where, entry.first));
+      }
     }
-    end = std::max(end, id + 1);
   }
-  // Ids leave few holes in real vocabularies; a table mostly empty is a damaged (or hostile)
-  // file, refused before the table is allocated.
-  if (static_cast<size_t>(end) > 2 * vocab.size() + 1024) {
-    throw ConfigError(
-        fmt::format("{}: model.vocab: {} entries with ids up to {}: most ids name "
-                    "no token; the file is damaged",
-                    where, vocab.size(), end - 1));
-  }
-  tokens_.resize(static_cast<size_t>(end));
-  has_token_.assign(static_cast<size_t>(end), false);
-  std::string bytes;
-  for (const auto& [token, id] : vocab) {
-    if (!text::is_valid_utf8(token)) {
-      throw ConfigError(fmt::format("{}: model.vocab: entry {} is not valid UTF-8", where, id));
+  if (options_.byte_level) {
+    std::string bytes;
+    for (const auto& [token, id] : vocab) {
+      if (byte_level_bytes(token, bytes)) piece_vocab_.insert(bytes, id);
     }
-    if (vocab_.find(token) >= 0) {
-      throw ConfigError(fmt::format("{}: model.vocab: \"{}\" appears twice", where, token));
-    }
-    if (has_token_[id]) {
-      throw ConfigError(fmt::format("{}: model.vocab: id {} is given to both \"{}\" and \"{}\"",
-                                    where, id, tokens_[id], token));
-    }
-    vocab_.insert(token, id);
-    tokens_[id] = token;
-    has_token_[id] = true;
-    if (options_.byte_level && byte_level_bytes(token, bytes)) piece_vocab_.insert(bytes, id);
   }
   if (options_.unk_token) {
     unk_id_ = vocab_.find(*options_.unk_token);
@@ -205,11 +186,6 @@ BpeModel::BpeModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
 }
 
 BpeModel::~BpeModel() = default;
-
-const std::string* BpeModel::token(int32_t id) const {
-  if (id < 0 || id >= id_end() || !has_token_[id]) return nullptr;
-  return &tokens_[id];
-}
 
 void BpeModel::initial_symbols(std::string_view piece, std::vector<int32_t>& ids) const {
   // An unknown character becomes its <0xXX> tokens when they all exist, else unk (consecutive
@@ -338,9 +314,8 @@ void BpeModel::merge(std::vector<int32_t>& ids) const {
 
 void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
   if (piece.empty()) return;
-  const StringIdMap& pieces = options_.byte_level ? piece_vocab_ : vocab_;
   if (options_.ignore_merges) {
-    const int32_t id = pieces.find(piece);
+    const int32_t id = options_.byte_level ? piece_vocab_.find(piece) : vocab_.find(piece);
     if (id >= 0) {
       out.push_back(id);
       return;

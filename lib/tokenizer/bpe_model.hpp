@@ -39,7 +39,7 @@ struct BpeOptions {
   bool byte_level = false;
 };
 
-class BpeModel final : public TokenModel {
+class BpeModel final : public VocabularyModel {
  public:
   /// `vocab`: (token, id) pairs, ids in [0, 2^24); `merges`: (left, right) in rank order.
   /// Tokens of merges missing from the vocabulary, an unk_token not in it, or an id used twice
@@ -54,15 +54,6 @@ class BpeModel final : public TokenModel {
   /// Appends the ids of one pre-token (raw bytes when byte_level, else UTF-8 text).
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const override;
 
-  /// The id of a vocabulary entry spelled as in tokenizer.json, or -1.
-  int32_t token_id(std::string_view token) const override { return vocab_.find(token); }
-  /// The vocabulary entry of `id` as tokenizer.json spells it, or nullptr.
-  const std::string* token(int32_t id) const override;
-  /// The number of vocabulary entries.
-  size_t entries() const override { return vocab_.size(); }
-  /// One past the largest id.
-  int32_t id_end() const override { return static_cast<int32_t>(tokens_.size()); }
-
  private:
   struct Merge {
     uint32_t rank;
@@ -74,10 +65,7 @@ class BpeModel final : public TokenModel {
   void merge(std::vector<int32_t>& ids) const;
 
   BpeOptions options_;
-  StringIdMap vocab_;        // as tokenizer.json spells the tokens
-  StringIdMap piece_vocab_;  // the same in the pieces' spelling (raw bytes when byte_level)
-  std::vector<std::string> tokens_;
-  std::vector<bool> has_token_;
+  StringIdMap piece_vocab_;  // vocab_ in the pieces' spelling (raw bytes when byte_level)
   std::unique_ptr<PairMap> merges_;
   int32_t unk_id_ = -1;
   int32_t byte_token_[256];      // <0xXX> tokens for byte fallback, -1 when absent
