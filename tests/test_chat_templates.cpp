@@ -861,4 +861,9 @@ TEST_CASE("template kwargs render the folder's own template as written, as apply
                     Contains("enable_thinking") && Contains("qwen3"));
   CHECK_THROWS_WITH(resolve_template("auto", dir, *tok, nullptr, "[1]", "chat_template_kwargs"),
                     Contains("chat_template_kwargs") && Contains("JSON object"));
+  // Malformed or deeply nested kwargs: an error naming the option, never a deep recursion.
+  for (const std::string& bad : {std::string("{\"a\": "), std::string(100000, '[')}) {
+    CHECK_THROWS_WITH(resolve_template("auto", dir, *tok, nullptr, bad, "chat_template_kwargs"),
+                      Contains("chat_template_kwargs"));
+  }
 }

@@ -202,9 +202,8 @@ std::optional<std::pair<std::string, std::string>> template_text_in(const std::s
 std::string with_template_kwargs(const std::string& name, const std::string& kwargs_json,
                                  const std::string& option) {
   if (kwargs_json.empty()) return name;
-  rapidjson::Document doc;
-  doc.Parse(kwargs_json.data(), kwargs_json.size());
-  if (doc.HasParseError() || !doc.IsObject()) {
+  const rapidjson::Document doc = json::parse(kwargs_json, option);  // nesting bounded
+  if (!doc.IsObject()) {
     throw ConfigError(fmt::format(
         "{}: expected a JSON object of chat template kwargs (such as {{\"enable_thinking\": "
         "false}}), found {}",

@@ -91,8 +91,8 @@ std::string template_kwargs(const TrainingArguments& args) {
   if (args.chat_template_kwargs.empty() && !args.enable_thinking) return "";
   rapidjson::Document doc(rapidjson::kObjectType);
   if (!args.chat_template_kwargs.empty()) {
-    doc.Parse(args.chat_template_kwargs.data(), args.chat_template_kwargs.size());
-    if (doc.HasParseError() || !doc.IsObject()) {
+    doc = json::parse(args.chat_template_kwargs, "chat_template_kwargs");
+    if (!doc.IsObject()) {
       throw ConfigError(fmt::format(
           "chat_template_kwargs: expected a JSON object (such as {{\"enable_thinking\": false}}), "
           "found {}",
