@@ -254,11 +254,12 @@ const ChatTemplate& folder_chat_template_named(const std::string& name) {
     if (!kwargs.is_dict()) {
       throw ConfigError(fmt::format("template {}: the kwargs are not a JSON object", name));
     }
-    for (const auto& [key, value] : kwargs.dict()) {
+    for (const auto& entry : kwargs.dict()) {
+      const std::string key = entry.first.str();
       specials.erase(std::remove_if(specials.begin(), specials.end(),
-                                    [&](const auto& kv) { return kv.first.str() == key.str(); }),
+                                    [&](const auto& kv) { return kv.first.str() == key; }),
                      specials.end());
-      specials.emplace_back(key, value);
+      specials.emplace_back(entry.first, entry.second);
     }
   }
   auto made = std::make_unique<FolderTemplate>(name, text->first, text->second, specials);
