@@ -982,10 +982,11 @@ TEST_CASE("rank: train_step on a split global batch", "[.rank]") {
   const int world = comm->world_size(), rank = comm->rank();
   const int64_t rows = 8, micro = std::atoi(std::getenv("ZT_MICRO")),
                 accum = rows / (micro * world);
+  const char* model_config = std::getenv("ZT_MODEL_CONFIG");
   TrainingArguments args;
   apply_training_flags(
       args, {"--model_config",
-             kTinyModel,
+             model_config != nullptr ? model_config : kTinyModel,
              "--output_dir",
              std::getenv("ZT_DIR"),
              "--max_steps",
@@ -1026,17 +1027,27 @@ TEST_CASE("rank: train_step on a split global batch", "[.rank]") {
   }
 }
 
+namespace {
+
+// The split-batch runs of "rank: train_step on a split global batch" at `world` ranks, ZeRO
+// `stage`, `micro` rows a micro-step, of `model` (kTinyModel when empty); returns the run's
+// folder.
+std::string split_run(int world, int stage, int micro, const std::string& model = "") {
+  const std::string dir = test::temp_dir("split");
+  test::Env env{
+      {"ZT_DIR", dir}, {"ZT_STAGE", std::to_string(stage)}, {"ZT_MICRO", std::to_string(micro)}};
+  if (!model.empty()) env.emplace_back("ZT_MODEL_CONFIG", model);
+  test::run_ranks(world, "rank: train_step on a split global batch", std::chrono::seconds(240),
+                  env);
+  return dir;
+}
+
+}  // namespace
+
 TEST_CASE("train_step gives the same steps whatever the world size, split and stage",
           "[trainer][equivalence]") {
   if (test::skip_cpu_world(4)) return;
-  auto run = [](int world, int stage, int micro = 2) {
-    const std::string dir = test::temp_dir("split");
-    test::run_ranks(world, "rank: train_step on a split global batch", std::chrono::seconds(240),
-                    {{"ZT_DIR", dir},
-                     {"ZT_STAGE", std::to_string(stage)},
-                     {"ZT_MICRO", std::to_string(micro)}});
-    return dir;
-  };
+  auto run = [](int world, int stage, int micro = 2) { return split_run(world, stage, micro); };
   auto norms_of = [](const std::string& dir) {
     std::vector<double> n;
     std::ifstream in(dir + "/norms.txt");
@@ -1060,6 +1071,44 @@ TEST_CASE("train_step gives the same steps whatever the world size, split and st
     for (const std::string& name : want_model.names()) {
       INFO(name);
       CHECK((model.load(name) - want_model.load(name)).abs().max().item<double>() < 2e-6);
+    }
+  }
+}
+
+TEST_CASE("a mixture-of-experts model trains the same at 1, 2 and 4 ranks under every ZeRO stage",
+          "[trainer][equivalence][moe]") {
+  if (test::skip_cpu_world(4)) return;
+  // Qwen3-MoE's blocks: q/k norms, 6 experts of which each token takes 2, a dense layer
+  // between sparse ones (decoder_sparse_step 2 would leave layer 0 dense; mlp_only_layers does).
+  const std::string model =
+      R"({"model_type": "qwen3_moe", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
+        "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+        "norm_topk_prob": true, "mlp_only_layers": [1]})";
+  auto norms_of = [](const std::string& dir) {
+    std::vector<double> n;
+    std::ifstream in(dir + "/norms.txt");
+    for (double v; in >> v;) n.push_back(v);
+    return n;
+  };
+  const std::string reference = split_run(1, 0, 2, model);
+  const std::vector<double> want = norms_of(reference);
+  REQUIRE(want.size() == 4);
+  SafetensorsCheckpoint want_model(reference + "/model");
+  CHECK(want_model.contains("model.layers.0.mlp.experts.gate_up_proj"));
+  CHECK(want_model.contains("model.layers.1.mlp.gate_proj.weight"));
+  for (auto [world, stage, micro] :
+       {std::tuple{2, 3, 2}, std::tuple{4, 1, 2}, std::tuple{2, 2, 1}, std::tuple{1, 3, 8}}) {
+    INFO("world " << world << " stage " << stage << " micro-batch " << micro);
+    const std::string dir = split_run(world, stage, micro, model);
+    const std::vector<double> got = norms_of(dir);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(2e-5));
+    SafetensorsCheckpoint trained(dir + "/model");
+    for (const std::string& name : want_model.names()) {
+      INFO(name);
+      CHECK((trained.load(name) - want_model.load(name)).abs().max().item<double>() < 2e-6);
     }
   }
 }
@@ -1626,6 +1675,11 @@ TEST_CASE("tool: write run outputs for the transformers checks", "[.tool]") {
            R"(, "num_hidden_layers": 2, "partial_rotary_factor": 0.75, "max_position_embeddings": 64,
       "original_max_position_embeddings": 8, "rope_scaling": {"type": "longrope",
       "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5], "long_factor": [1.5, 1.7, 1.9, 2.1, 2.3, 2.5]}})"});
+  export_run("inline_qwen3_moe",
+             {"--model_config", R"({"model_type": "qwen3_moe", "head_dim": 16, )" + tiny +
+                                    R"(, "num_hidden_layers": 3, "num_experts": 4,
+      "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": false,
+      "decoder_sparse_step": 1, "mlp_only_layers": [2]})"});
   // A run's state and TensorBoard events.
   {
     write_data(work, "train.jsonl", 16, 17);

@@ -44,8 +44,12 @@ int64_t parameter_count(const DecoderSpec& d, int64_t hidden, int64_t vocab, boo
     if (a.qkv_bias) total += q + 2 * kv;
     if (a.o_bias) total += hidden;
     if (a.qk_norm) total += 2 * a.head_dim;
-    total += 3 * hidden * l.mlp.intermediate;
-    if (l.mlp.bias) total += 2 * l.mlp.intermediate + hidden;
+    if (l.moe) {
+      total += l.moe->experts * (hidden + 3 * hidden * l.moe->intermediate);
+    } else {
+      total += 3 * hidden * l.mlp.intermediate;
+      if (l.mlp.bias) total += 2 * l.mlp.intermediate + hidden;
+    }
     for (std::string_view norm : {l.norms.before_attention, l.norms.after_attention,
                                   l.norms.before_mlp, l.norms.after_mlp}) {
       if (!norm.empty()) total += hidden;

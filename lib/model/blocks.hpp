@@ -80,6 +80,23 @@ struct MlpSpec {
   Activation activation = Activation::kSilu;
 };
 
+/// A sparse mixture of experts in a layer's MLP place (transformers' SparseMoeBlock): a router
+/// `gate` (weight [experts, hidden], not a Linear: no adapter targets it by default) scores each
+/// token; softmax over all experts in fp32, the top_k kept (renormalized to sum 1 where
+/// `normalize_top_k`: Qwen3-MoE's norm_topk_prob, Mixtral always); each chosen expert's gated
+/// MLP down(act(gate(x)) · up(x)) weighted by its score, summed. The experts' weights are
+/// transformers 5's fused tensors `experts.gate_up_proj` [experts, 2·intermediate, hidden] (gate
+/// rows first) and `experts.down_proj` [experts, hidden, intermediate]; checkpoints with one
+/// module per expert are read into them (model/weights.cpp). Dropless: every (token, expert)
+/// pair is computed, no capacity.
+struct MoeSpec {
+  int64_t experts = 0;
+  int64_t top_k = 0;
+  int64_t intermediate = 0;  ///< each expert's (moe_intermediate_size)
+  bool normalize_top_k = false;
+  Activation activation = Activation::kSilu;
+};
+
 /// A layer's norms by place, under their module names; an empty name: no norm there.
 struct LayerNorms {
   std::string_view before_attention = "input_layernorm";
@@ -92,6 +109,8 @@ struct LayerNorms {
 struct LayerSpec {
   AttentionSpec attention;
   MlpSpec mlp;
+  /// Set: the layer's MLP is this mixture of experts (registered as `mlp`), not `mlp`.
+  std::optional<MoeSpec> moe;
   NormSpec norm;
   LayerNorms norms;
 };

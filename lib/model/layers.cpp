@@ -14,6 +14,7 @@
 #include "kernels/fused.hpp"
 #include "model/family.hpp"
 #include "model/functions.hpp"
+#include "model/moe.hpp"
 #include "util/torch_compat.hpp"
 #include "zerotrain/error.hpp"
 
@@ -403,7 +404,11 @@ DecoderLayer::DecoderLayer(const LayerSpec& s, const RotarySpec& rotary, int64_t
                            const ModuleNames& names, const ParamFactory& o) {
   self_attn = register_module(std::string(names.self_attn),
                               std::make_shared<Attention>(s.attention, rotary, h, names, o));
-  mlp = register_module("mlp", std::make_shared<Mlp>(s.mlp, h, names, o));
+  if (s.moe) {
+    moe = register_module("mlp", std::make_shared<SparseMoe>(*s.moe, h, o));
+  } else {
+    mlp = register_module("mlp", std::make_shared<Mlp>(s.mlp, h, names, o));
+  }
   const auto norm = [&](std::string_view name) {
     return name.empty()
                ? nullptr
@@ -413,6 +418,10 @@ DecoderLayer::DecoderLayer(const LayerSpec& s, const RotarySpec& rotary, int64_t
   before_mlp = norm(s.norms.before_mlp);
   after_attention = norm(s.norms.after_attention);
   after_mlp = norm(s.norms.after_mlp);
+}
+
+at::Tensor DecoderLayer::feed_forward(const at::Tensor& x, bool output_unread) {
+  return moe ? moe->forward(x) : mlp->forward(x, output_unread);
 }
 
 at::Tensor Mlp::forward(const at::Tensor& x, bool output_unread) {

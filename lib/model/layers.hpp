@@ -255,11 +255,15 @@ struct Mlp : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, bool output_unread = false);
 };
 
-/// A decoder layer as `spec` says: its attention, its MLP, and the norms of spec.norms under
-/// their names (before each sublayer always, after it where named: glm4, Gemma).
+struct SparseMoe;  // model/moe.hpp
+
+/// A decoder layer as `spec` says: its attention, its MLP (or mixture of experts), and the norms
+/// of spec.norms under their names (before each sublayer always, after it where named: glm4,
+/// Gemma).
 struct DecoderLayer : torch::nn::Module {
   std::shared_ptr<Attention> self_attn;
-  std::shared_ptr<Mlp> mlp;
+  std::shared_ptr<Mlp> mlp;        ///< null where the layer is a mixture of experts
+  std::shared_ptr<SparseMoe> moe;  ///< spec.moe: registered as `mlp` in place of the MLP
   std::shared_ptr<RMSNorm> before_attention, before_mlp;
   std::shared_ptr<RMSNorm> after_attention, after_mlp;  ///< null where the spec names none
   /// The attention is registered under the family's name (`self_attn`, ChatGLM's
@@ -282,10 +286,13 @@ struct DecoderLayer : torch::nn::Module {
     if (after_attention) a = after_attention->forward(a);
     const at::Tensor h = kept.defined() ? sum_kept(x, a, kept) : x + a;
     if (!output_unread && !after_attention) keep_for_recompute(h);
-    at::Tensor m = mlp->forward(before_mlp->forward(h), output_unread && !after_mlp);
+    at::Tensor m = feed_forward(before_mlp->forward(h), output_unread && !after_mlp);
     if (after_mlp) m = after_mlp->forward(m);
     return output_unread ? sum_unread(h, m) : h + m;
   }
+  /// The MLP's output, or the mixture of experts' (which computes it whole even when unread:
+  /// its products are the experts' chosen rows only).
+  at::Tensor feed_forward(const at::Tensor& x, bool output_unread);
 };
 
 /// Σ over rows with label != -100 of cross-entropy(hidden · weightᵀ, label), computed in chunks

@@ -58,13 +58,106 @@ bool is_recomputed_buffer(const std::string& name) {
          ends_with(".attn.bias") || ends_with(".attn.masked_bias");
 }
 
+// A checkpoint with one module per expert (transformers 4.x, and Qwen3-MoE and Mixtral as
+// released) holds in pieces what the model keeps as one fused tensor: `P.experts.gate_up_proj`
+// [E, 2I, H] is each expert's gate rows then its up rows, `P.experts.down_proj` [E, H, I] each
+// expert's down weight. The pieces are `P.experts.<e>.{gate,up,down}_proj.weight`, or Mixtral's
+// `P'.experts.<e>.{w1,w3,w2}.weight` under `block_sparse_moe` in place of `mlp`.
+struct ExpertPieces {
+  std::string prefix;                 ///< "model.layers.3.mlp.experts."
+  std::vector<std::string_view> own;  ///< per expert, in the fused tensor's order
+};
+
+std::optional<ExpertPieces> expert_pieces(const SafetensorsCheckpoint& ckpt,
+                                          const std::string& name) {
+  const auto ends_with = [&](std::string_view tail) {
+    return name.size() > tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  const bool gate_up = ends_with(".experts.gate_up_proj");
+  if (!gate_up && !ends_with(".experts.down_proj")) return std::nullopt;
+  const std::string experts = name.substr(0, name.rfind('.') + 1);  // "...mlp.experts."
+  std::vector<std::string> prefixes{experts};
+  if (const size_t at = experts.rfind(".mlp.experts."); at != std::string::npos) {
+    prefixes.push_back(experts.substr(0, at) + ".block_sparse_moe.experts.");
+  }
+  using Names = std::vector<std::string_view>;
+  const Names hf = gate_up ? Names{"gate_proj", "up_proj"} : Names{"down_proj"};
+  const Names mixtral = gate_up ? Names{"w1", "w3"} : Names{"w2"};
+  for (const std::string& prefix : prefixes) {
+    for (const Names* names : {&hf, &mixtral}) {
+      if (ckpt.contains(prefix + "0." + std::string(names->front()) + ".weight")) {
+        return ExpertPieces{prefix, *names};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// The pieces' names for `experts` experts, in the fused tensor's order.
+std::vector<std::string> piece_names(const ExpertPieces& p, int64_t experts) {
+  std::vector<std::string> names;
+  for (int64_t e = 0; e < experts; ++e) {
+    for (std::string_view own : p.own) {
+      names.push_back(fmt::format("{}{}.{}.weight", p.prefix, e, own));
+    }
+  }
+  return names;
+}
+
+// Each piece of a fused expert tensor of `shape` ([E, rows, cols]) must be there, a weight, of
+// shape [rows / pieces per expert, cols].
+std::vector<std::string> checked_pieces(const SafetensorsCheckpoint& ckpt, const std::string& name,
+                                        const ExpertPieces& p, const std::vector<int64_t>& shape) {
+  const auto per_expert = static_cast<int64_t>(p.own.size());
+  if (shape.size() != 3 || shape[1] % per_expert != 0) {
+    throw IoError(
+        fmt::format("checkpoint '{}': '{}' is not an experts' tensor [experts, rows, "
+                    "cols] to gather from '{}*'",
+                    ckpt.path(), name, p.prefix));
+  }
+  const std::vector<int64_t> piece{shape[1] / per_expert, shape[2]};
+  std::vector<std::string> names = piece_names(p, shape[0]);
+  for (const std::string& n : names) {
+    if (!ckpt.contains(n)) {
+      throw IoError(
+          fmt::format("checkpoint '{}' lacks tensor '{}': the model's config gives {} "
+                      "experts (num_experts), and '{}' is gathered from each of them",
+                      ckpt.path(), n, shape[0], name));
+    }
+    const TensorInfo& info = ckpt.info(n);
+    check_weight_dtype(ckpt.path(), n, info);
+    if (info.shape != piece) {
+      throw IoError(
+          fmt::format("checkpoint '{}': tensor '{}' has shape [{}] but an expert of the "
+                      "model's config has [{}] (moe_intermediate_size, hidden_size)",
+                      ckpt.path(), n, fmt::join(info.shape, ", "), fmt::join(piece, ", ")));
+    }
+  }
+  // A checkpoint with more experts than the config says: the config does not describe it.
+  const std::string extra = piece_names(p, shape[0] + 1).back();
+  if (ckpt.contains(extra)) {
+    throw IoError(
+        fmt::format("checkpoint '{}' holds '{}', an expert beyond the {} of the model's "
+                    "config: set num_experts to match the weights",
+                    ckpt.path(), extra, shape[0]));
+  }
+  return names;
+}
+
 class CheckpointSource final : public ParameterSource {
  public:
   explicit CheckpointSource(const std::string& path) : ckpt_(path) {}
-  bool has(const std::string& name) const override { return ckpt_.contains(name); }
+  bool has(const std::string& name) const override {
+    return ckpt_.contains(name) || expert_pieces(ckpt_, name).has_value();
+  }
   void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
             const at::Tensor& out) override {
     if (!ckpt_.contains(name)) {
+      if (std::optional<ExpertPieces> p = expert_pieces(ckpt_, name)) {
+        read_pieces(checked_pieces(ckpt_, name, *p, shape), offset, out);
+        return;
+      }
       throw IoError(
           fmt::format("checkpoint '{}' lacks tensor '{}', which the model's config "
                       "requires (a different model_type, size or tie_word_embeddings?)",
@@ -82,6 +175,18 @@ class CheckpointSource final : public ParameterSource {
   }
 
  private:
+  // Elements [offset, offset + out.numel()) of the pieces laid end to end (all of one size).
+  void read_pieces(const std::vector<std::string>& pieces, int64_t offset, const at::Tensor& out) {
+    const int64_t size = ckpt_.info(pieces.front()).numel;
+    at::Tensor flat = out.view({-1});
+    for (int64_t done = 0; done < flat.numel();) {
+      const int64_t at = offset + done, piece = at / size, from = at % size;
+      const int64_t n = std::min(size - from, flat.numel() - done);
+      ckpt_.read_range(pieces[static_cast<size_t>(piece)], from, flat.narrow(0, done, n));
+      done += n;
+    }
+  }
+
   SafetensorsCheckpoint ckpt_;
 };
 
@@ -202,6 +307,12 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
     needed.insert(name);
     if (embedding.empty() && name.find("embed") != std::string::npos) embedding = name;
     if (!ckpt.contains(name)) {
+      if (std::optional<ExpertPieces> p = expert_pieces(ckpt, name)) {
+        for (std::string& piece : checked_pieces(ckpt, name, *p, expected)) {
+          needed.insert(std::move(piece));
+        }
+        continue;
+      }
       throw IoError(
           fmt::format("checkpoint '{}' lacks tensor '{}', which the model's config "
                       "requires",

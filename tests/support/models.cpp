@@ -100,6 +100,14 @@ void check_same_model(const ModelConfig& got, const ModelConfig& want, bool same
     CHECK(x.norms.after_attention == y.norms.after_attention);
     CHECK(x.norms.before_mlp == y.norms.before_mlp);
     CHECK(x.norms.after_mlp == y.norms.after_mlp);
+    REQUIRE(x.moe.has_value() == y.moe.has_value());
+    if (x.moe) {
+      CHECK(x.moe->experts == y.moe->experts);
+      CHECK(x.moe->top_k == y.moe->top_k);
+      CHECK(x.moe->intermediate == y.moe->intermediate);
+      CHECK(x.moe->normalize_top_k == y.moe->normalize_top_k);
+      CHECK(x.moe->activation == y.moe->activation);
+    }
   }
 }
 namespace {

@@ -149,6 +149,13 @@ FAMILY_MODELS = {
                                         rope_scaling={"rope_type": "longrope",
                                                       "short_factor": [1.0 + 0.1 * i for i in range(6)],
                                                       "long_factor": [1.5 + 0.2 * i for i in range(6)]})),
+    # Qwen3-MoE: Qwen3's attention, 4 experts of which each token takes 2 (renormalized), the
+    # middle layer dense (mlp_only_layers).
+    "qwen3_moe": ("qwen3_moe", dict(TINY, num_hidden_layers=3, head_dim=32, rope_theta=1000000.0,
+                                    tie_word_embeddings=False, num_experts=4,
+                                    num_experts_per_tok=2, moe_intermediate_size=32,
+                                    norm_topk_prob=True, mlp_only_layers=[1],
+                                    decoder_sparse_step=1)),
 }
 
 
@@ -179,6 +186,10 @@ def build(kind, kwargs, seed):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             elif name.endswith(".bias"):
                 p.copy_(0.05 * torch.randn_like(p))
+            elif name.endswith("mlp.gate.weight") or ".experts." in name:
+                # Routers far from ties (transformers starts them at zero) and experts that
+                # differ, so a wrong choice of experts shows.
+                p.normal_(0.0, 0.3 if name.endswith("gate.weight") else 0.05)
     return model
 
 
@@ -233,7 +244,10 @@ def make_models(models=MODELS):
                                          "layers.0.self_attn.q_norm", "layers.0.self_attn.k_norm",
                                          "layers.0.pre_feedforward_layernorm",
                                          "layers.0.post_feedforward_layernorm",
-                                         "layers.0.self_attn.qkv_proj")):
+                                         "layers.0.self_attn.qkv_proj",
+                                         "layers.0.mlp.gate.weight",
+                                         "layers.0.mlp.experts.gate_up_proj",
+                                         "layers.2.mlp.experts.down_proj")):
                 expected["grad." + pname] = p.grad.detach().clone()
         save_file({k: v.contiguous() for k, v in expected.items()}, os.path.join(d, "expected.safetensors"))
         if name == "llama":

@@ -1,0 +1,117 @@
+// See moe.hpp. The CPU path multiplies each expert's rows in turn; the pairs are grouped by
+// expert first, so each expert's rows are one contiguous block and each token's outputs are
+// summed in ascending expert order, as transformers' loop over the experts hit sums them.
+#include "model/moe.hpp"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <fmt/format.h>
+
+#include <tuple>
+
+#include "zerotrain/error.hpp"
+
+namespace zt::model {
+
+namespace {
+
+class GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& weight, const std::vector<int64_t>& counts) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["counts"] = counts;
+    const at::Tensor input = x.contiguous();
+    at::Tensor out = at::empty({x.size(0), weight.size(1)}, x.options());
+    int64_t start = 0;
+    for (size_t e = 0; e < counts.size(); ++e) {
+      const int64_t n = counts[e];
+      if (n == 0) continue;
+      at::Tensor rows = out.narrow(0, start, n);
+      at::mm_out(rows, input.narrow(0, start, n), weight.select(0, static_cast<int64_t>(e)).t());
+      start += n;
+    }
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor x = saved[0].contiguous(), weight = saved[1];
+    const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
+    const at::Tensor g = grads[0].contiguous();
+    at::Tensor dx, dw;
+    if (ctx->needs_input_grad(0)) dx = at::empty_like(x);
+    if (ctx->needs_input_grad(1)) dw = at::zeros_like(weight);
+    int64_t start = 0;
+    for (size_t e = 0; e < counts.size(); ++e) {
+      const int64_t n = counts[e];
+      if (n == 0) continue;
+      const auto i = static_cast<int64_t>(e);
+      const at::Tensor ge = g.narrow(0, start, n);
+      if (dx.defined()) {
+        at::Tensor rows = dx.narrow(0, start, n);
+        at::mm_out(rows, ge, weight.select(0, i));
+      }
+      if (dw.defined()) {
+        at::Tensor slice = dw.select(0, i);
+        at::mm_out(slice, ge.t(), x.narrow(0, start, n));
+      }
+      start += n;
+    }
+    return {dx, dw, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+Routing route_top_k(const at::Tensor& logits, int64_t top_k, bool normalize) {
+  const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
+  at::Tensor weights, experts;
+  std::tie(weights, experts) = at::topk(probs, top_k, -1);
+  if (normalize) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  return {experts, weights};
+}
+
+at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& weight,
+                          const std::vector<int64_t>& counts) {
+  int64_t rows = 0;
+  for (int64_t n : counts) rows += n;
+  if (x.dim() != 2 || weight.dim() != 3 || x.size(1) != weight.size(2) ||
+      static_cast<int64_t>(counts.size()) != weight.size(0) || rows != x.size(0)) {
+    throw InvalidArgument(fmt::format(
+        "grouped_linear: rows [{}, {}] in {} groups do not fit weights [{}, {}, {}]", x.size(0),
+        x.dim() > 1 ? x.size(1) : 0, counts.size(), weight.size(0),
+        weight.dim() > 1 ? weight.size(1) : 0, weight.dim() > 2 ? weight.size(2) : 0));
+  }
+  return GroupedLinearFunction::apply(x, weight, counts);
+}
+
+SparseMoe::SparseMoe(const MoeSpec& s, int64_t hidden, const ParamFactory& o) : spec(s) {
+  gate = register_module("gate", std::make_shared<MoeRouter>(s.experts, hidden, o));
+  experts = register_module("experts", std::make_shared<MoeExperts>(s, hidden, o));
+}
+
+at::Tensor SparseMoe::forward(const at::Tensor& x) {
+  const int64_t hidden = x.size(-1);
+  const at::Tensor flat = x.reshape({-1, hidden});
+  const Routing r = route_top_k(at::linear(flat, gate->weight), spec.top_k, spec.normalize_top_k);
+  // The (token, expert) pairs grouped by expert, each group in token order.
+  const at::Tensor chosen = r.experts.reshape({-1});
+  const at::Tensor order = std::get<1>(at::sort(chosen, /*stable=*/true, 0, /*descending=*/false));
+  const at::Tensor token = at::div(order, spec.top_k, "trunc");
+  const at::Tensor per_expert = at::bincount(chosen, {}, spec.experts).to(at::kCPU);
+  const std::vector<int64_t> counts(per_expert.data_ptr<int64_t>(),
+                                    per_expert.data_ptr<int64_t>() + spec.experts);
+  const at::Tensor rows = flat.index_select(0, token);
+  const at::Tensor both = grouped_linear(rows, experts->gate_up_proj, counts);
+  const at::Tensor out = grouped_linear(gated_activation_halves(both, spec.activation),
+                                        experts->down_proj, counts);
+  // Weighted in fp32 (the router's weights are), back to the activations' dtype, then summed
+  // per token.
+  const at::Tensor weighted =
+      (out * r.weights.reshape({-1}).index_select(0, order).unsqueeze(1)).to(x.scalar_type());
+  return at::zeros_like(flat).index_add(0, token, weighted).view(x.sizes());
+}
+
+}  // namespace zt::model

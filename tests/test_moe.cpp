@@ -1,0 +1,296 @@
+// Mixtures of experts (model/moe.hpp, families/qwen3_moe.cpp): the block against the formula
+// computed token by token, routing that stays inside the experts whatever the router gives, the
+// grouped products' gradients, the family's config, checkpoints with one module per expert, and
+// training at several world sizes against one rank.
+#include "support/catch.hpp"
+
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "model/blocks.hpp"
+#include "model/layers.hpp"
+#include "model/moe.hpp"
+#include "support/jobs.hpp"
+#include "support/messages.hpp"
+#include "support/ranks.hpp"
+#include "util/files.hpp"
+#include "util/json.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/safetensors.hpp"
+
+using namespace zt;
+namespace fs = std::filesystem;
+
+namespace {
+
+double max_abs(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+// The mixture's output for each token on its own, as transformers' formula reads: softmax over
+// the router's logits in fp32, the k largest (ties to the lower index), renormalized or not,
+// and each chosen expert's gated MLP weighted by its score. Differentiable in every input.
+at::Tensor formula(const model::SparseMoe& m, const at::Tensor& x) {
+  const model::MoeSpec& s = m.spec;
+  const int64_t inter = s.intermediate;
+  std::vector<at::Tensor> rows;
+  for (int64_t t = 0; t < x.size(0); ++t) {
+    const at::Tensor xt = x[t];
+    const at::Tensor probs = at::softmax(at::mv(m.gate->weight, xt).to(at::kFloat), 0);
+    const at::Tensor order =
+        std::get<1>(at::sort(probs.detach(), /*stable=*/true, 0, /*descending=*/true));
+    at::Tensor total = at::zeros_like(xt);
+    at::Tensor chosen_sum = at::zeros({}, probs.options());
+    for (int64_t j = 0; j < s.top_k; ++j) chosen_sum = chosen_sum + probs[order[j].item<int64_t>()];
+    for (int64_t j = 0; j < s.top_k; ++j) {
+      const int64_t e = order[j].item<int64_t>();
+      at::Tensor w = probs[e];
+      if (s.normalize_top_k) w = w / chosen_sum;
+      const at::Tensor gate = at::mv(m.experts->gate_up_proj[e].narrow(0, 0, inter), xt);
+      const at::Tensor up = at::mv(m.experts->gate_up_proj[e].narrow(0, inter, inter), xt);
+      const at::Tensor act = s.activation == model::Activation::kSilu
+                                 ? at::silu(gate)
+                                 : at::gelu(gate, "tanh");
+      total = total + (at::mv(m.experts->down_proj[e], act * up) * w).to(x.scalar_type());
+    }
+    rows.push_back(total);
+  }
+  return at::stack(rows);
+}
+
+std::shared_ptr<model::SparseMoe> random_moe(const model::MoeSpec& spec, int64_t hidden,
+                                             uint64_t seed) {
+  model::ParamFactory o{at::TensorOptions().dtype(at::kFloat)};
+  auto m = std::make_shared<model::SparseMoe>(spec, hidden, o);
+  at::manual_seed(seed);
+  at::NoGradGuard no_grad;
+  for (auto& p : m->parameters()) p.normal_(0.0, 0.5);
+  return m;
+}
+
+const std::string kMoeConfig =
+    R"({"model_type": "qwen3_moe", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
+        "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+        "norm_topk_prob": true, "rope_theta": 1000000.0})";
+
+}  // namespace
+
+TEST_CASE("a mixture of experts gives the formula's output and gradients token by token",
+          "[model][moe]") {
+  for (const bool normalize : {true, false}) {
+    for (const auto act : {model::Activation::kSilu, model::Activation::kGeluTanh}) {
+      INFO("normalize " << normalize << " gelu " << (act == model::Activation::kGeluTanh));
+      model::MoeSpec spec{/*experts=*/5, /*top_k=*/2, /*intermediate=*/12, normalize, act};
+      auto m = random_moe(spec, 16, 7);
+      at::manual_seed(8);
+      const at::Tensor x0 = at::randn({3, 7, 16});
+      const at::Tensor probe = at::randn({3, 7, 16});
+      at::Tensor x = x0.clone().requires_grad_(true);
+      const at::Tensor got = m->forward(x);
+      REQUIRE(got.sizes() == x.sizes());
+      (got * probe).sum().backward();
+      std::vector<at::Tensor> grads{x.grad().clone()};
+      for (auto& p : m->parameters()) {
+        grads.push_back(p.grad().clone());
+        p.mutable_grad() = at::Tensor();
+      }
+      at::Tensor xr = x0.reshape({-1, 16}).clone().requires_grad_(true);
+      const at::Tensor want = formula(*m, xr);
+      CHECK(max_abs(got.reshape({-1, 16}), want) < 1e-5);
+      (want * probe.reshape({-1, 16})).sum().backward();
+      CHECK(max_abs(grads[0].reshape({-1, 16}), xr.grad()) < 1e-4);
+      size_t i = 1;
+      for (auto& p : m->named_parameters()) {
+        INFO("gradient of " << p.key());
+        const at::Tensor& g = grads[i++];
+        CHECK(max_abs(g, p.value().grad()) / std::max(1.0, g.abs().max().item<double>()) < 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("routing stays inside the experts whatever the router's logits hold", "[model][moe]") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const at::Tensor logits = at::tensor({nan, nan, nan, nan, inf, -inf, 0.0, 1.0, -inf, -inf, -inf,
+                                        -inf, nan, 1.0, inf, inf, 0.0, 0.0, 0.0, 0.0},
+                                       at::kFloat)
+                                .reshape({5, 4});
+  for (const bool normalize : {true, false}) {
+    const model::Routing r = model::route_top_k(logits, 3, normalize);
+    REQUIRE(r.experts.sizes() == at::IntArrayRef({5, 3}));
+    CHECK(r.experts.min().item<int64_t>() >= 0);
+    CHECK(r.experts.max().item<int64_t>() < 4);
+  }
+  // Whole blocks too: NaN in the router's weights reaches outputs, never an index.
+  model::MoeSpec spec{4, 2, 8, true, model::Activation::kSilu};
+  auto m = random_moe(spec, 8, 3);
+  {
+    at::NoGradGuard no_grad;
+    m->gate->weight[1].fill_(nan);
+    m->gate->weight[2].fill_(inf);
+  }
+  CHECK_NOTHROW(m->forward(at::randn({2, 5, 8})));
+}
+
+TEST_CASE("grouped products: each expert's rows by its weight, unused experts' gradients zero",
+          "[model][moe]") {
+  at::manual_seed(4);
+  const at::Tensor w0 = at::randn({4, 6, 5});
+  const std::vector<int64_t> counts{3, 0, 4, 0};
+  const at::Tensor x0 = at::randn({7, 5});
+  at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+  const at::Tensor y = model::grouped_linear(x, w, counts);
+  const at::Tensor probe = at::randn({7, 6});
+  (y * probe).sum().backward();
+  // The same products one expert at a time through autograd.
+  at::Tensor xr = x0.clone().requires_grad_(true), wr = w0.clone().requires_grad_(true);
+  const at::Tensor want =
+      at::cat({at::matmul(xr.narrow(0, 0, 3), wr[0].t()), at::matmul(xr.narrow(0, 3, 4), wr[2].t())});
+  (want * probe).sum().backward();
+  CHECK(max_abs(y, want) < 1e-5);
+  CHECK(max_abs(x.grad(), xr.grad()) < 1e-5);
+  CHECK(max_abs(w.grad(), wr.grad()) < 1e-5);
+  CHECK(w.grad()[1].abs().max().item<double>() == 0.0);
+  CHECK(w.grad()[3].abs().max().item<double>() == 0.0);
+  // Counts that do not cover the rows, or a weight of another width, are errors.
+  CHECK_THROWS_AS(model::grouped_linear(x0, w0, {3, 0, 3, 0}), InvalidArgument);
+  CHECK_THROWS_AS(model::grouped_linear(x0, w0, {7, 0, 0}), InvalidArgument);
+  CHECK_THROWS_AS(model::grouped_linear(at::randn({7, 4}), w0, counts), InvalidArgument);
+}
+
+TEST_CASE("qwen3_moe's config: sparse layers by step and list, bad values named by key",
+          "[model][moe][families]") {
+  // kMoeConfig with the members of `extra` (a JSON object's members) set, replacing its own.
+  auto with = [](const std::string& extra) {
+    rapidjson::Document doc, more;
+    doc.Parse(kMoeConfig.c_str());
+    more.Parse(("{" + extra + "}").c_str());
+    for (auto& m : more.GetObject()) {
+      doc.RemoveMember(m.name);
+      doc.AddMember(rapidjson::Value(m.name, doc.GetAllocator()),
+                    rapidjson::Value(m.value, doc.GetAllocator()), doc.GetAllocator());
+    }
+    return json::dump(doc);
+  };
+  {
+    const ModelConfig c = parse_model_config(
+        with(R"("num_hidden_layers": 4, "decoder_sparse_step": 2, "mlp_only_layers": [3])"));
+    const model::DecoderSpec d = model::decoder_spec(c);
+    REQUIRE(d.layers.size() == 4);
+    CHECK(!d.layers[0].moe);
+    CHECK(d.layers[1].moe);
+    CHECK(!d.layers[2].moe);
+    CHECK(!d.layers[3].moe);  // sparse by step, dense by the list
+    CHECK(d.layers[1].moe->experts == 6);
+    CHECK(d.layers[1].moe->top_k == 2);
+    CHECK(d.layers[1].moe->intermediate == 16);
+    CHECK(d.layers[1].moe->normalize_top_k);
+    CHECK(d.layers[0].mlp.intermediate == 48);
+    CHECK(d.layers[1].attention.qk_norm);
+    // What the config says the model costs is what is built.
+    CausalLM built(c, at::TensorOptions(), /*allocate=*/false);
+    int64_t count = 0;
+    for (const auto& p : built.parameters()) count += p.numel();
+    CHECK(c.parameter_count() == count);
+  }
+  using test::Has;
+  CHECK_THROWS_MATCHES(parse_model_config(with(R"("num_experts_per_tok": 7)")), ConfigError,
+                       Has({"num_experts_per_tok", "7 experts per token", "6 experts"}));
+  CHECK_THROWS_MATCHES(parse_model_config(with(R"("mlp_only_layers": [0, 2])")), ConfigError,
+                       Has({"mlp_only_layers", "2 is not a layer index"}));
+  CHECK_THROWS_MATCHES(parse_model_config(with(R"("mlp_only_layers": "all")")), ConfigError,
+                       Has({"mlp_only_layers"}));
+  CHECK_THROWS_MATCHES(parse_model_config(with(R"("num_experts": 0)")), ConfigError,
+                       Has({"num_experts"}));
+  CHECK_THROWS_MATCHES(parse_model_config(with(R"("decoder_sparse_step": 0)")), ConfigError,
+                       Has({"decoder_sparse_step"}));
+  CHECK_THROWS_MATCHES(parse_model_config(with(R"("output_router_logits": true)")), ConfigError,
+                       Has({"output_router_logits", "load-balancing"}));
+  CHECK_THROWS_MATCHES(
+      parse_model_config(with(R"("num_experts": 4096, "moe_intermediate_size": 1000000, "hidden_size": 1048576)")),
+      ConfigError, Has({"num_experts", "overflow"}));
+  // transformers' other name for the count.
+  std::string local = kMoeConfig;
+  local.replace(local.find("\"num_experts\""), 13, "\"num_local_experts\"");
+  CHECK(model::decoder_spec(parse_model_config(local)).layers[0].moe->experts == 6);
+}
+
+TEST_CASE("a checkpoint with one module per expert loads as the fused experts' tensors",
+          "[model][moe]") {
+  const std::string dir = test::temp_dir("moe_layouts");
+  const ModelConfig c = test::write_model_folder(dir + "/fused", kMoeConfig, 12);
+  CausalLM fused(c, at::TensorOptions(), false);
+  load_weights(fused, *checkpoint_source(dir + "/fused"));
+  // The same weights as transformers 4.x writes them: experts.<e>.{gate,up,down}_proj.weight.
+  const int64_t experts = 6, inter = 16;
+  auto split = [&](const std::string& to, bool drop_one, bool extra_expert, bool bad_shape) {
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const auto& p : fused.named_parameters()) {
+      const std::string& name = p.key();
+      const at::Tensor v = p.value().detach();
+      const size_t at = name.find("experts.");
+      if (at == std::string::npos) {
+        tensors.emplace_back(name, v);
+        continue;
+      }
+      const std::string prefix = name.substr(0, at + 8);
+      const bool gate_up = name.find("gate_up_proj") != std::string::npos;
+      for (int64_t e = 0; e < experts + (extra_expert ? 1 : 0); ++e) {
+        const at::Tensor w = v[std::min(e, experts - 1)];
+        if (gate_up) {
+          tensors.emplace_back(fmt::format("{}{}.gate_proj.weight", prefix, e),
+                               w.narrow(0, 0, inter).contiguous());
+          if (!(drop_one && e == 3)) {
+            tensors.emplace_back(fmt::format("{}{}.up_proj.weight", prefix, e),
+                                 bad_shape && e == 2 ? w.narrow(0, inter, inter - 1).contiguous()
+                                                     : w.narrow(0, inter, inter).contiguous());
+          }
+        } else {
+          tensors.emplace_back(fmt::format("{}{}.down_proj.weight", prefix, e), w);
+        }
+      }
+    }
+    fs::create_directories(to);
+    save_sharded_safetensors(to, tensors);
+    files::write_atomic(to + "/config.json", model_config_json(c));
+  };
+  split(dir + "/per_expert", false, false, false);
+  CausalLM pieces(c, at::TensorOptions(), false);
+  check_checkpoint(pieces, dir + "/per_expert");
+  load_weights(pieces, *checkpoint_source(dir + "/per_expert"));
+  at::manual_seed(2);
+  const at::Tensor ids = at::randint(3, 259, {2, 9}, at::kLong);
+  {
+    at::NoGradGuard no_grad;
+    CHECK(at::equal(fused.logits(ids), pieces.logits(ids)));
+  }
+  // A slice across experts, as a ZeRO-3 rank reads its part.
+  auto source = checkpoint_source(dir + "/per_expert");
+  const std::string name = "model.layers.1.mlp.experts.gate_up_proj";
+  const at::Tensor whole = fused.named_parameters()[name].detach().reshape({-1});
+  at::Tensor part = at::empty({1000});
+  source->read(name, {experts, 2 * inter, 32}, 777, part);
+  CHECK(at::equal(part, whole.narrow(0, 777, 1000)));
+  CHECK(source->has(name));
+  // A missing piece, a piece of the wrong shape, an expert beyond the config: named.
+  using test::Has;
+  split(dir + "/missing", true, false, false);
+  CHECK_THROWS_MATCHES(check_checkpoint(pieces, dir + "/missing"), IoError,
+                       Has({"lacks tensor", "experts.3.up_proj.weight", "num_experts"}));
+  CHECK_THROWS_MATCHES(load_weights(pieces, *checkpoint_source(dir + "/missing")), IoError,
+                       Has({"experts.3.up_proj.weight"}));
+  split(dir + "/shape", false, false, true);
+  CHECK_THROWS_MATCHES(check_checkpoint(pieces, dir + "/shape"), IoError,
+                       Has({"experts.2.up_proj.weight", "[15, 32]", "[16, 32]"}));
+  split(dir + "/extra", false, true, false);
+  CHECK_THROWS_MATCHES(check_checkpoint(pieces, dir + "/extra"), IoError,
+                       Has({"experts.6.", "set num_experts"}));
+}
