@@ -19,9 +19,12 @@
 #include "support/ranks.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
+#include "zerotrain/checkpoint.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
 #include "zerotrain/safetensors.hpp"
+#include "zerotrain/trainer.hpp"
 
 using namespace zt;
 namespace fs = std::filesystem;
@@ -53,10 +56,9 @@ at::Tensor formula(const model::SparseMoe& m, const at::Tensor& x) {
       if (s.normalize_top_k) w = w / chosen_sum;
       const at::Tensor gate = at::mv(m.experts->gate_up_proj[e].narrow(0, 0, inter), xt);
       const at::Tensor up = at::mv(m.experts->gate_up_proj[e].narrow(0, inter, inter), xt);
-      const at::Tensor act = s.activation == model::Activation::kSilu
-                                 ? at::silu(gate)
-                                 : at::gelu(gate, "tanh");
-      total = total + (at::mv(m.experts->down_proj[e], act * up) * w).to(x.scalar_type());
+      const at::Tensor act =
+          s.activation == model::Activation::kSilu ? at::silu(gate) : at::gelu(gate, "tanh");
+      total = total + at::mv(m.experts->down_proj[e], act * up) * w.to(x.scalar_type());
     }
     rows.push_back(total);
   }
@@ -119,8 +121,8 @@ TEST_CASE("a mixture of experts gives the formula's output and gradients token b
 TEST_CASE("routing stays inside the experts whatever the router's logits hold", "[model][moe]") {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
-  const at::Tensor logits = at::tensor({nan, nan, nan, nan, inf, -inf, 0.0, 1.0, -inf, -inf, -inf,
-                                        -inf, nan, 1.0, inf, inf, 0.0, 0.0, 0.0, 0.0},
+  const at::Tensor logits = at::tensor({nan,  nan,  nan, nan, inf, -inf, 0.0, 1.0, -inf, -inf,
+                                        -inf, -inf, nan, 1.0, inf, inf,  0.0, 0.0, 0.0,  0.0},
                                        at::kFloat)
                                 .reshape({5, 4});
   for (const bool normalize : {true, false}) {
@@ -152,8 +154,8 @@ TEST_CASE("grouped products: each expert's rows by its weight, unused experts' g
   (y * probe).sum().backward();
   // The same products one expert at a time through autograd.
   at::Tensor xr = x0.clone().requires_grad_(true), wr = w0.clone().requires_grad_(true);
-  const at::Tensor want =
-      at::cat({at::matmul(xr.narrow(0, 0, 3), wr[0].t()), at::matmul(xr.narrow(0, 3, 4), wr[2].t())});
+  const at::Tensor want = at::cat(
+      {at::matmul(xr.narrow(0, 0, 3), wr[0].t()), at::matmul(xr.narrow(0, 3, 4), wr[2].t())});
   (want * probe).sum().backward();
   CHECK(max_abs(y, want) < 1e-5);
   CHECK(max_abs(x.grad(), xr.grad()) < 1e-5);
@@ -215,8 +217,31 @@ TEST_CASE("qwen3_moe's config: sparse layers by step and list, bad values named 
   CHECK_THROWS_MATCHES(parse_model_config(with(R"("output_router_logits": true)")), ConfigError,
                        Has({"output_router_logits", "load-balancing"}));
   CHECK_THROWS_MATCHES(
-      parse_model_config(with(R"("num_experts": 4096, "moe_intermediate_size": 1000000, "hidden_size": 1048576)")),
+      parse_model_config(
+          with(R"("num_experts": 4096, "moe_intermediate_size": 1000000, "hidden_size": 1048576)")),
       ConfigError, Has({"num_experts", "overflow"}));
+  // Mixtral: every layer sparse, experts of intermediate_size, always renormalized; noise on
+  // the router's input refused.
+  {
+    const std::string mixtral =
+        R"({"model_type": "mixtral", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 24,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_local_experts": 5, "num_experts_per_tok": 2})";
+    const model::DecoderSpec d = model::decoder_spec(parse_model_config(mixtral));
+    for (const model::LayerSpec& l : d.layers) {
+      REQUIRE(l.moe);
+      CHECK(l.moe->experts == 5);
+      CHECK(l.moe->intermediate == 24);
+      CHECK(l.moe->normalize_top_k);
+    }
+    std::string noisy = mixtral;
+    noisy.insert(noisy.size() - 1, R"(, "router_jitter_noise": 0.01)");
+    CHECK_THROWS_MATCHES(parse_model_config(noisy), ConfigError, Has({"router_jitter_noise"}));
+    std::string greedy = mixtral;
+    greedy.replace(greedy.find("\"num_experts_per_tok\": 2"), 24, "\"num_experts_per_tok\": 6");
+    CHECK_THROWS_MATCHES(parse_model_config(greedy), ConfigError,
+                         Has({"num_experts_per_tok", "5 experts (num_local_experts)"}));
+  }
   // transformers' other name for the count.
   std::string local = kMoeConfig;
   local.replace(local.find("\"num_experts\""), 13, "\"num_local_experts\"");
@@ -231,30 +256,41 @@ TEST_CASE("a checkpoint with one module per expert loads as the fused experts' t
   load_weights(fused, *checkpoint_source(dir + "/fused"));
   // The same weights as transformers 4.x writes them: experts.<e>.{gate,up,down}_proj.weight.
   const int64_t experts = 6, inter = 16;
-  auto split = [&](const std::string& to, bool drop_one, bool extra_expert, bool bad_shape) {
+  // `mixtral`: as Mixtral's 4.x files, block_sparse_moe.{gate, experts.<e>.{w1,w3,w2}}.
+  auto split = [&](const std::string& to, bool drop_one, bool extra_expert, bool bad_shape,
+                   bool mixtral = false) {
+    const std::string gate_name = mixtral ? "w1" : "gate_proj",
+                      up_name = mixtral ? "w3" : "up_proj",
+                      down_name = mixtral ? "w2" : "down_proj";
+    const auto block = [&](std::string n) {
+      if (mixtral && n.find(".mlp.") != std::string::npos)
+        n.replace(n.find(".mlp."), 5, ".block_sparse_moe.");
+      return n;
+    };
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (const auto& p : fused.named_parameters()) {
       const std::string& name = p.key();
       const at::Tensor v = p.value().detach();
       const size_t at = name.find("experts.");
       if (at == std::string::npos) {
-        tensors.emplace_back(name, v);
+        tensors.emplace_back(name.find("mlp.gate.weight") != std::string::npos ? block(name) : name,
+                             v);
         continue;
       }
-      const std::string prefix = name.substr(0, at + 8);
+      const std::string prefix = block(name.substr(0, at + 8));
       const bool gate_up = name.find("gate_up_proj") != std::string::npos;
       for (int64_t e = 0; e < experts + (extra_expert ? 1 : 0); ++e) {
         const at::Tensor w = v[std::min(e, experts - 1)];
         if (gate_up) {
-          tensors.emplace_back(fmt::format("{}{}.gate_proj.weight", prefix, e),
+          tensors.emplace_back(fmt::format("{}{}.{}.weight", prefix, e, gate_name),
                                w.narrow(0, 0, inter).contiguous());
           if (!(drop_one && e == 3)) {
-            tensors.emplace_back(fmt::format("{}{}.up_proj.weight", prefix, e),
+            tensors.emplace_back(fmt::format("{}{}.{}.weight", prefix, e, up_name),
                                  bad_shape && e == 2 ? w.narrow(0, inter, inter - 1).contiguous()
                                                      : w.narrow(0, inter, inter).contiguous());
           }
         } else {
-          tensors.emplace_back(fmt::format("{}{}.down_proj.weight", prefix, e), w);
+          tensors.emplace_back(fmt::format("{}{}.{}.weight", prefix, e, down_name), w);
         }
       }
     }
@@ -271,6 +307,15 @@ TEST_CASE("a checkpoint with one module per expert loads as the fused experts' t
   {
     at::NoGradGuard no_grad;
     CHECK(at::equal(fused.logits(ids), pieces.logits(ids)));
+  }
+  // Mixtral's names for the same (the router renamed too): the same model.
+  split(dir + "/mixtral_names", false, false, false, /*mixtral=*/true);
+  CausalLM renamed(c, at::TensorOptions(), false);
+  check_checkpoint(renamed, dir + "/mixtral_names");
+  load_weights(renamed, *checkpoint_source(dir + "/mixtral_names"));
+  {
+    at::NoGradGuard no_grad;
+    CHECK(at::equal(fused.logits(ids), renamed.logits(ids)));
   }
   // A slice across experts, as a ZeRO-3 rank reads its part.
   auto source = checkpoint_source(dir + "/per_expert");
@@ -293,4 +338,67 @@ TEST_CASE("a checkpoint with one module per expert loads as the fused experts' t
   split(dir + "/extra", false, true, false);
   CHECK_THROWS_MATCHES(check_checkpoint(pieces, dir + "/extra"), IoError,
                        Has({"experts.6.", "set num_experts"}));
+}
+
+TEST_CASE(
+    "LoRA on a mixture-of-experts model trains its projections, not the router or experts, "
+    "and merges",
+    "[model][moe][peft]") {
+  const std::string dir = test::temp_dir("moe_lora");
+  test::write_data(dir, "train.jsonl", 16, 4);
+  // Layer 1 dense (mlp_only_layers), layer 0 a mixture.
+  std::string text = kMoeConfig;
+  text.insert(text.size() - 1, R"(, "mlp_only_layers": [1])");
+  const ModelConfig c = test::write_model_folder(dir + "/base", text, 21);
+  std::vector<std::string> flags =
+      test::tiny_run_flags(dir,
+                           {"--per_device_train_batch_size", "2", "--learning_rate", "1e-2",
+                            "--max_steps", "4", "--save_steps", "4", "--seed", "5",
+                            "--finetuning_type", "lora", "--lora_target", "all", "--lora_r", "4"},
+                           {});
+  flags[0] = "--model_name_or_path";
+  flags[1] = dir + "/base";
+  TrainingArguments args;
+  apply_training_flags(args, flags);
+  Trainer(args, std::shared_ptr<Communicator>(test::join())).train();
+  // PEFT's all-linear: every projection but the output layer; the router and the experts are
+  // parameters of no projection.
+  const std::string config = files::read_text(dir + "/out/adapter_config.json");
+  INFO(config);
+  for (const char* name :
+       {"layers.0.self_attn.q_proj", "layers.0.self_attn.o_proj", "layers.1.self_attn.k_proj",
+        "layers.1.mlp.gate_proj", "layers.1.mlp.up_proj", "layers.1.mlp.down_proj"}) {
+    CHECK(config.find(std::string(name) + "\"") != std::string::npos);
+  }
+  CHECK(config.find("layers.0.mlp") == std::string::npos);
+  SafetensorsCheckpoint adapter(dir + "/out/adapter_model.safetensors");
+  for (const std::string& name : adapter.names()) {
+    INFO(name);
+    CHECK(name.find("experts") == std::string::npos);
+    CHECK(name.find("mlp.gate.") == std::string::npos);
+  }
+  CHECK(adapter.contains("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"));
+  MergeOptions options;
+  options.dtype = at::kFloat;
+  merge_checkpoint(dir + "/out", dir + "/merged", options);
+  CausalLM with_adapter(c, at::TensorOptions(), false), merged(c, at::TensorOptions(), false);
+  load_weights(with_adapter, *checkpoint_source(dir + "/base"));
+  load_adapter(with_adapter, dir + "/out", false);
+  load_weights(merged, *checkpoint_source(dir + "/merged"));
+  at::NoGradGuard no_grad;
+  at::manual_seed(6);
+  const at::Tensor ids = at::randint(3, 250, {2, 10}, at::kLong);
+  const at::Tensor a = with_adapter.logits(ids), b = merged.logits(ids);
+  CHECK(max_abs(a, b) < 1e-4);
+  // The adapter changed the outputs, and the merge left the router and the experts as they were.
+  CausalLM plain(c, at::TensorOptions(), false);
+  load_weights(plain, *checkpoint_source(dir + "/base"));
+  CHECK(max_abs(plain.logits(ids), b) > 1e-3);
+  SafetensorsCheckpoint base(dir + "/base"), out(dir + "/merged");
+  for (const char* name :
+       {"model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.gate_up_proj",
+        "model.layers.0.mlp.experts.down_proj"}) {
+    INFO(name);
+    CHECK(at::equal(base.load(name), out.load(name)));
+  }
 }

@@ -1680,6 +1680,10 @@ TEST_CASE("tool: write run outputs for the transformers checks", "[.tool]") {
                                     R"(, "num_hidden_layers": 3, "num_experts": 4,
       "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": false,
       "decoder_sparse_step": 1, "mlp_only_layers": [2]})"});
+  export_run("inline_mixtral",
+             {"--model_config", R"({"model_type": "mixtral", "head_dim": 16, )" + tiny +
+                                    R"(, "num_hidden_layers": 2, "num_local_experts": 4,
+      "num_experts_per_tok": 2, "intermediate_size": 48})"});
   // A run's state and TensorBoard events.
   {
     write_data(work, "train.jsonl", 16, 17);

@@ -79,10 +79,10 @@ at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& weight,
   for (int64_t n : counts) rows += n;
   if (x.dim() != 2 || weight.dim() != 3 || x.size(1) != weight.size(2) ||
       static_cast<int64_t>(counts.size()) != weight.size(0) || rows != x.size(0)) {
-    throw InvalidArgument(fmt::format(
-        "grouped_linear: rows [{}, {}] in {} groups do not fit weights [{}, {}, {}]", x.size(0),
-        x.dim() > 1 ? x.size(1) : 0, counts.size(), weight.size(0),
-        weight.dim() > 1 ? weight.size(1) : 0, weight.dim() > 2 ? weight.size(2) : 0));
+    throw InvalidArgument(
+        fmt::format("grouped_linear: rows [{}, {}] in {} groups do not fit weights [{}, {}, {}]",
+                    x.size(0), x.dim() > 1 ? x.size(1) : 0, counts.size(), weight.size(0),
+                    weight.dim() > 1 ? weight.size(1) : 0, weight.dim() > 2 ? weight.size(2) : 0));
   }
   return GroupedLinearFunction::apply(x, weight, counts);
 }
@@ -105,13 +105,13 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
                                     per_expert.data_ptr<int64_t>() + spec.experts);
   const at::Tensor rows = flat.index_select(0, token);
   const at::Tensor both = grouped_linear(rows, experts->gate_up_proj, counts);
-  const at::Tensor out = grouped_linear(gated_activation_halves(both, spec.activation),
-                                        experts->down_proj, counts);
-  // Weighted in fp32 (the router's weights are), back to the activations' dtype, then summed
-  // per token.
-  const at::Tensor weighted =
-      (out * r.weights.reshape({-1}).index_select(0, order).unsqueeze(1)).to(x.scalar_type());
-  return at::zeros_like(flat).index_add(0, token, weighted).view(x.sizes());
+  const at::Tensor out =
+      grouped_linear(gated_activation_halves(both, spec.activation), experts->down_proj, counts);
+  // Weighted by the scores cast to the activations' dtype (transformers 5's router returns them
+  // so), then summed per token.
+  const at::Tensor scores =
+      r.weights.to(x.scalar_type()).reshape({-1}).index_select(0, order).unsqueeze(1);
+  return at::zeros_like(flat).index_add(0, token, out * scores).view(x.sizes());
 }
 
 }  // namespace zt::model

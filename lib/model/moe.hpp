@@ -45,7 +45,8 @@ struct MoeRouter : torch::nn::Module {
 struct MoeExperts : torch::nn::Module {
   at::Tensor gate_up_proj, down_proj;
   MoeExperts(const MoeSpec& spec, int64_t hidden, const ParamFactory& o) {
-    gate_up_proj = register_parameter("gate_up_proj", o({spec.experts, 2 * spec.intermediate, hidden}));
+    gate_up_proj =
+        register_parameter("gate_up_proj", o({spec.experts, 2 * spec.intermediate, hidden}));
     down_proj = register_parameter("down_proj", o({spec.experts, hidden, spec.intermediate}));
   }
 };

@@ -58,6 +58,20 @@ bool is_recomputed_buffer(const std::string& name) {
          ends_with(".attn.bias") || ends_with(".attn.masked_bias");
 }
 
+// The name a checkpoint gives a parameter of the model: its own, or Mixtral's 4.x name of the
+// router (`block_sparse_moe.gate` for transformers 5's `mlp.gate`) where the file has that.
+std::string stored_name(const SafetensorsCheckpoint& ckpt, const std::string& name) {
+  if (ckpt.contains(name)) return name;
+  constexpr std::string_view kRouter = ".mlp.gate.weight";
+  if (name.size() > kRouter.size() &&
+      name.compare(name.size() - kRouter.size(), kRouter.size(), kRouter) == 0) {
+    std::string old =
+        name.substr(0, name.size() - kRouter.size()) + ".block_sparse_moe.gate.weight";
+    if (ckpt.contains(old)) return old;
+  }
+  return name;
+}
+
 // A checkpoint with one module per expert (transformers 4.x, and Qwen3-MoE and Mixtral as
 // released) holds in pieces what the model keeps as one fused tensor: `P.experts.gate_up_proj`
 // [E, 2I, H] is each expert's gate rows then its up rows, `P.experts.down_proj` [E, H, I] each
@@ -149,10 +163,11 @@ class CheckpointSource final : public ParameterSource {
  public:
   explicit CheckpointSource(const std::string& path) : ckpt_(path) {}
   bool has(const std::string& name) const override {
-    return ckpt_.contains(name) || expert_pieces(ckpt_, name).has_value();
+    return ckpt_.contains(stored_name(ckpt_, name)) || expert_pieces(ckpt_, name).has_value();
   }
-  void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
+  void read(const std::string& model_name, const std::vector<int64_t>& shape, int64_t offset,
             const at::Tensor& out) override {
+    const std::string name = stored_name(ckpt_, model_name);
     if (!ckpt_.contains(name)) {
       if (std::optional<ExpertPieces> p = expert_pieces(ckpt_, name)) {
         read_pieces(checked_pieces(ckpt_, name, *p, shape), offset, out);
@@ -298,9 +313,9 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
   std::set<std::string> needed;
   std::string embedding;
   for (const auto& item : model.named_parameters(true)) {
-    const std::string& name = item.key();
+    const std::string name = stored_name(ckpt, item.key());
     // A 4-bit projection is read from the file's [rows, cols] values.
-    const auto q = quantized.find(name);
+    const auto q = quantized.find(item.key());
     const std::vector<int64_t> expected =
         q == quantized.end() ? item.value().sizes().vec()
                              : std::vector<int64_t>{q->second->rows, q->second->cols};

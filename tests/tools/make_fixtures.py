@@ -156,6 +156,12 @@ FAMILY_MODELS = {
                                     num_experts_per_tok=2, moe_intermediate_size=32,
                                     norm_topk_prob=True, mlp_only_layers=[1],
                                     decoder_sparse_step=1)),
+    # Mixtral: Mistral's attention, 4 experts of intermediate_size in every layer, top 2
+    # renormalized.
+    "mixtral": ("mixtral", dict(TINY, intermediate_size=48, head_dim=16, rope_theta=1000000.0,
+                                tie_word_embeddings=False, num_local_experts=4,
+                                num_experts_per_tok=2, sliding_window=None, bos_token_id=1,
+                                eos_token_id=2)),
 }
 
 

@@ -1,0 +1,44 @@
+// What the mixture-of-experts families (qwen3_moe.cpp, mixtral.cpp) read and write the same
+// way: the experts' count, how many each token takes, their width, the router's options, and
+// which layers are sparse.
+#pragma once
+
+#include <vector>
+
+#include <rapidjson/document.h>
+
+#include "model/blocks.hpp"
+#include "model/family.hpp"
+#include "util/json.hpp"
+
+namespace zt::model::moe {
+
+/// A mixture-of-experts config's own members (ModelConfig::family_settings).
+struct Settings : FamilySettings {
+  MoeSpec spec;
+  std::vector<bool> sparse;  ///< per layer: a mixture of experts in the MLP's place
+  double router_aux_loss_coef = 0.001;
+  // Qwen3-MoE's choice of sparse layers, as read (written back).
+  std::vector<int64_t> mlp_only_layers;
+  int64_t decoder_sparse_step = 1;
+};
+
+/// The settings of `c` (defaults for a config not read by a mixture-of-experts family).
+const Settings& settings_of(const ModelConfig& c);
+
+/// The experts' members: the count (`experts_key`, or transformers' alias of it, default
+/// `experts`), num_experts_per_tok (default `top_k`, at most the count), each expert's
+/// `intermediate` width, and router_aux_loss_coef; output_router_logits true is refused (the
+/// load-balancing loss is not computed), and experts whose parameters overflow the library's
+/// counts are refused naming the count's key. Every layer is sparse; the caller changes that.
+std::shared_ptr<Settings> read(json::ObjectReader& r, const ModelConfig& c,
+                               const char* experts_key, const char* alias, int64_t experts,
+                               int64_t top_k, int64_t intermediate);
+
+/// Puts the mixture on the sparse layers of `d`.
+void compose(const Settings& s, DecoderSpec& d);
+
+/// Writes num_experts_per_tok, output_router_logits (false) and router_aux_loss_coef.
+void write(rapidjson::Document& doc, const Settings& s);
+
+}  // namespace zt::model::moe
