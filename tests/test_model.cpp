@@ -529,11 +529,11 @@ TEST_CASE("document spans: each row's runs laid end to end, or none where a docu
 TEST_CASE("the example shape configs parse and have their models' parameter counts",
           "[model][config]") {
   // Published sizes: Qwen2.5-7B 7.62 B, LLaMA-2-7B 6.74 B, LLaMA-2-13B 13.02 B, GLM-4-9B 9.40 B
-  // parameters.
-  const std::pair<const char*, double> shapes[] = {{"qwen2.5-7b", 7.62e9},
-                                                   {"llama-2-7b", 6.74e9},
-                                                   {"llama-2-13b", 13.02e9},
-                                                   {"glm-4-9b", 9.40e9}};
+  // parameters; the mixtures of experts all experts counted: Qwen3-30B-A3B 30.53 B, Mixtral-8x7B
+  // 46.70 B.
+  const std::pair<const char*, double> shapes[] = {
+      {"qwen2.5-7b", 7.62e9}, {"llama-2-7b", 6.74e9},     {"llama-2-13b", 13.02e9},
+      {"glm-4-9b", 9.40e9},   {"qwen3-30b-a3b", 30.53e9}, {"mixtral-8x7b", 46.70e9}};
   for (const auto& [name, published] : shapes) {
     INFO(name);
     ModelConfig c = load_model_config(std::string(ZT_EXAMPLES) + "/shapes/" + name + ".json");

@@ -1044,62 +1044,26 @@ std::string split_run(int world, int stage, int micro, const std::string& model 
 
 }  // namespace
 
-TEST_CASE("train_step gives the same steps whatever the world size, split and stage",
-          "[trainer][equivalence]") {
-  if (test::skip_cpu_world(4)) return;
-  auto run = [](int world, int stage, int micro = 2) { return split_run(world, stage, micro); };
-  auto norms_of = [](const std::string& dir) {
-    std::vector<double> n;
-    std::ifstream in(dir + "/norms.txt");
-    for (double v; in >> v;) n.push_back(v);
-    return n;
-  };
-  const std::string reference = run(1, 0);
-  const std::vector<double> want = norms_of(reference);
-  REQUIRE(want.size() == 4);
-  SafetensorsCheckpoint want_model(reference + "/model");
-  // The last run: the whole batch in one micro-step at one rank, where the engine updates
-  // inside backward and train_step passes the exact token count instead of correcting later.
-  for (auto [world, stage, micro] :
-       {std::tuple{2, 3, 2}, std::tuple{4, 1, 2}, std::tuple{2, 2, 2}, std::tuple{1, 2, 8}}) {
-    INFO("world " << world << " stage " << stage << " micro-batch " << micro);
-    const std::string dir = run(world, stage, micro);
-    const std::vector<double> got = norms_of(dir);
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(2e-5));
-    SafetensorsCheckpoint model(dir + "/model");
-    for (const std::string& name : want_model.names()) {
-      INFO(name);
-      CHECK((model.load(name) - want_model.load(name)).abs().max().item<double>() < 2e-6);
-    }
-  }
+namespace {
+
+// The gradient norms a split run wrote.
+std::vector<double> norms_of(const std::string& dir) {
+  std::vector<double> n;
+  std::ifstream in(dir + "/norms.txt");
+  for (double v; in >> v;) n.push_back(v);
+  return n;
 }
 
-TEST_CASE("a mixture-of-experts model trains the same at 1, 2 and 4 ranks under every ZeRO stage",
-          "[trainer][equivalence][moe]") {
-  if (test::skip_cpu_world(4)) return;
-  // Qwen3-MoE's blocks: q/k norms, 6 experts of which each token takes 2, a dense layer
-  // between sparse ones (decoder_sparse_step 2 would leave layer 0 dense; mlp_only_layers does).
-  const std::string model =
-      R"({"model_type": "qwen3_moe", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 48,
-        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-        "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
-        "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-        "norm_topk_prob": true, "mlp_only_layers": [1]})";
-  auto norms_of = [](const std::string& dir) {
-    std::vector<double> n;
-    std::ifstream in(dir + "/norms.txt");
-    for (double v; in >> v;) n.push_back(v);
-    return n;
-  };
+// The split-batch steps of `model` at one rank under stage 0, then at each (world, stage,
+// micro-batch) of `runs`: each must give the reference's gradient norms and trained weights.
+// Returns the reference's folder.
+std::string check_same_steps(const std::vector<std::tuple<int, int, int>>& runs,
+                             const std::string& model = "") {
   const std::string reference = split_run(1, 0, 2, model);
   const std::vector<double> want = norms_of(reference);
   REQUIRE(want.size() == 4);
   SafetensorsCheckpoint want_model(reference + "/model");
-  CHECK(want_model.contains("model.layers.0.mlp.experts.gate_up_proj"));
-  CHECK(want_model.contains("model.layers.1.mlp.gate_proj.weight"));
-  for (auto [world, stage, micro] :
-       {std::tuple{2, 3, 2}, std::tuple{4, 1, 2}, std::tuple{2, 2, 1}, std::tuple{1, 3, 8}}) {
+  for (auto [world, stage, micro] : runs) {
     INFO("world " << world << " stage " << stage << " micro-batch " << micro);
     const std::string dir = split_run(world, stage, micro, model);
     const std::vector<double> got = norms_of(dir);
@@ -1111,6 +1075,35 @@ TEST_CASE("a mixture-of-experts model trains the same at 1, 2 and 4 ranks under 
       CHECK((trained.load(name) - want_model.load(name)).abs().max().item<double>() < 2e-6);
     }
   }
+  return reference;
+}
+
+}  // namespace
+
+TEST_CASE("train_step gives the same steps whatever the world size, split and stage",
+          "[trainer][equivalence]") {
+  if (test::skip_cpu_world(4)) return;
+  // The last run: the whole batch in one micro-step at one rank, where the engine updates
+  // inside backward and train_step passes the exact token count instead of correcting later.
+  check_same_steps({{2, 3, 2}, {4, 1, 2}, {2, 2, 2}, {1, 2, 8}});
+}
+
+TEST_CASE("a mixture-of-experts model trains the same at 1, 2 and 4 ranks under every ZeRO stage",
+          "[trainer][equivalence][moe]") {
+  if (test::skip_cpu_world(4)) return;
+  // Qwen3-MoE's blocks: q/k norms, 6 experts of which each token takes 2, a dense layer
+  // between sparse ones (mlp_only_layers).
+  const std::string model =
+      R"({"model_type": "qwen3_moe", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
+        "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+        "norm_topk_prob": true, "mlp_only_layers": [1]})";
+  const std::string reference =
+      check_same_steps({{2, 3, 2}, {4, 1, 2}, {2, 2, 1}, {1, 3, 8}}, model);
+  SafetensorsCheckpoint trained(reference + "/model");
+  CHECK(trained.contains("model.layers.0.mlp.experts.gate_up_proj"));
+  CHECK(trained.contains("model.layers.1.mlp.gate_proj.weight"));
 }
 
 namespace {

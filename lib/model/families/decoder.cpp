@@ -209,6 +209,17 @@ void read_full_attention_layers(ObjectReader& r, const ModelConfig& c) {
   }
 }
 
+void read_qwen_sliding_window(ObjectReader& r, const ModelConfig& c, std::string_view family) {
+  if (auto v = r.boolean("use_sliding_window"); v && *v) {
+    r.fail_value("use_sliding_window",
+                 fmt::format("{}'s per-layer sliding window is not supported; set it to false "
+                             "(the released models ship it off)",
+                             family));
+  }
+  read_full_attention_layers(r, c);
+  r.known({"sliding_window", "max_window_layers"});
+}
+
 void set_member(rapidjson::Value& obj, const char* key, rapidjson::Value value, Alloc& alloc) {
   if (auto it = obj.FindMember(key); it != obj.MemberEnd()) {
     it->value = std::move(value);

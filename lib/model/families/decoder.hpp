@@ -41,6 +41,11 @@ void read_sliding_window(json::ObjectReader& r, ModelConfig& c);
 /// of another type, is refused naming the key.
 void read_full_attention_layers(json::ObjectReader& r, const ModelConfig& c);
 
+/// Qwen's per-layer sliding-window switches (Qwen2, Qwen3, Qwen3-MoE): use_sliding_window true
+/// is refused naming `family` (no released model turns it on), layer_types must be full
+/// attention on every layer, and sliding_window / max_window_layers are then known and unused.
+void read_qwen_sliding_window(json::ObjectReader& r, const ModelConfig& c, std::string_view family);
+
 /// Sets or replaces `obj[key]`.
 void set_member(rapidjson::Value& obj, const char* key, rapidjson::Value value, Alloc& alloc);
 rapidjson::Value string_value(const std::string& s, Alloc& alloc);

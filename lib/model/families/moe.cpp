@@ -15,9 +15,9 @@ const Settings& settings_of(const ModelConfig& c) {
   return s != nullptr ? *s : defaults;
 }
 
-std::shared_ptr<Settings> read(json::ObjectReader& r, const ModelConfig& c,
-                               const char* experts_key, const char* alias, int64_t experts,
-                               int64_t top_k, int64_t intermediate) {
+std::shared_ptr<Settings> read(json::ObjectReader& r, const ModelConfig& c, const char* experts_key,
+                               const char* alias, int64_t experts, int64_t top_k,
+                               int64_t intermediate) {
   auto s = std::make_shared<Settings>();
   const char* key = r.has(experts_key) || !r.has(alias) ? experts_key : alias;
   s->spec.experts = r.integer(key, 1, 4096).value_or(experts);
@@ -58,8 +58,7 @@ void write(rapidjson::Document& doc, const Settings& s) {
   decoder::Alloc& alloc = doc.GetAllocator();
   decoder::set_member(doc, "num_experts_per_tok", rapidjson::Value(s.spec.top_k), alloc);
   decoder::set_member(doc, "output_router_logits", rapidjson::Value(false), alloc);
-  decoder::set_member(doc, "router_aux_loss_coef", rapidjson::Value(s.router_aux_loss_coef),
-                      alloc);
+  decoder::set_member(doc, "router_aux_loss_coef", rapidjson::Value(s.router_aux_loss_coef), alloc);
 }
 
 }  // namespace zt::model::moe

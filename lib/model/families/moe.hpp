@@ -31,9 +31,9 @@ const Settings& settings_of(const ModelConfig& c);
 /// `intermediate` width, and router_aux_loss_coef; output_router_logits true is refused (the
 /// load-balancing loss is not computed), and experts whose parameters overflow the library's
 /// counts are refused naming the count's key. Every layer is sparse; the caller changes that.
-std::shared_ptr<Settings> read(json::ObjectReader& r, const ModelConfig& c,
-                               const char* experts_key, const char* alias, int64_t experts,
-                               int64_t top_k, int64_t intermediate);
+std::shared_ptr<Settings> read(json::ObjectReader& r, const ModelConfig& c, const char* experts_key,
+                               const char* alias, int64_t experts, int64_t top_k,
+                               int64_t intermediate);
 
 /// Puts the mixture on the sparse layers of `d`.
 void compose(const Settings& s, DecoderSpec& d);

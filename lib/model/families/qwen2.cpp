@@ -9,13 +9,7 @@ namespace {
 void read(json::ObjectReader& r, ModelConfig& c) {
   decoder::read_common(r, c);
   c.qkv_bias = true;
-  if (auto v = r.boolean("use_sliding_window"); v && *v) {
-    r.fail_value("use_sliding_window",
-                 "Qwen2's per-layer sliding window is not supported; set "
-                 "it to false (Qwen2.5 releases ship it off)");
-  }
-  decoder::read_full_attention_layers(r, c);
-  r.known({"sliding_window", "max_window_layers"});
+  decoder::read_qwen_sliding_window(r, c, "Qwen2");
 }
 
 void write(rapidjson::Document& doc, const ModelConfig& c) {

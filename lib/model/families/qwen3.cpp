@@ -15,13 +15,8 @@ namespace {
 void read(json::ObjectReader& r, ModelConfig& c) {
   decoder::read_common(r, c);
   decoder::read_projection_biases(r, c);
-  if (auto v = r.boolean("use_sliding_window"); v && *v) {
-    r.fail_value("use_sliding_window",
-                 "Qwen3's per-layer sliding window is not supported; set it to false (the "
-                 "released models ship it off)");
-  }
-  decoder::read_full_attention_layers(r, c);
-  r.known({"sliding_window", "max_window_layers", "attention_dropout"});
+  decoder::read_qwen_sliding_window(r, c, "Qwen3");
+  r.known({"attention_dropout"});
 }
 
 DecoderSpec compose(const ModelConfig& c) {

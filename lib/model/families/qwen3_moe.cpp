@@ -16,12 +16,7 @@ namespace {
 void read(json::ObjectReader& r, ModelConfig& c) {
   decoder::read_common(r, c);
   decoder::read_projection_biases(r, c);
-  if (auto v = r.boolean("use_sliding_window"); v && *v) {
-    r.fail_value("use_sliding_window",
-                 "Qwen3-MoE's per-layer sliding window is not supported; set it to false (the "
-                 "released models ship it off)");
-  }
-  decoder::read_full_attention_layers(r, c);
+  decoder::read_qwen_sliding_window(r, c, "Qwen3-MoE");
   const int64_t width = r.integer("moe_intermediate_size", 1, int64_t{1} << 20).value_or(768);
   // transformers maps num_experts to num_local_experts; a file may carry either.
   auto s = moe::read(r, c, "num_experts", "num_local_experts", 128, 8, width);
@@ -45,7 +40,7 @@ void read(json::ObjectReader& r, ModelConfig& c) {
     for (int64_t j : s->mlp_only_layers) dense = dense || j == i;
     s->sparse[static_cast<size_t>(i)] = !dense;
   }
-  r.known({"sliding_window", "max_window_layers", "attention_dropout"});
+  r.known({"attention_dropout"});
   c.family_settings = std::move(s);
 }
 
