@@ -1676,7 +1676,7 @@ TEST_CASE("tool: write run outputs for the transformers checks", "[.tool]") {
   export_run("inline_mixtral",
              {"--model_config", R"({"model_type": "mixtral", "head_dim": 16, )" + tiny +
                                     R"(, "num_hidden_layers": 2, "num_local_experts": 4,
-      "num_experts_per_tok": 2, "intermediate_size": 48})"});
+      "num_experts_per_tok": 2})"});
   // A run's state and TensorBoard events.
   {
     write_data(work, "train.jsonl", 16, 17);
