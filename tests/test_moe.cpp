@@ -4,6 +4,7 @@
 // training at several world sizes against one rank.
 #include "support/catch.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -401,4 +402,46 @@ TEST_CASE(
     INFO(name);
     CHECK(at::equal(base.load(name), out.load(name)));
   }
+}
+
+TEST_CASE("QLoRA over a mixture-of-experts base: 4-bit projections, experts kept in their dtype",
+          "[model][moe][peft][quant]") {
+  const std::string dir = test::temp_dir("moe_qlora");
+  test::write_data(dir, "train.jsonl", 16, 9);
+  std::string text = kMoeConfig;
+  text.insert(text.size() - 1, R"(, "mlp_only_layers": [1])");
+  const ModelConfig c = test::write_model_folder(dir + "/base", text, 22);
+  std::vector<std::string> flags = test::tiny_run_flags(
+      dir,
+      {"--per_device_train_batch_size", "2", "--learning_rate", "1e-2", "--max_steps", "3",
+       "--save_steps", "3", "--seed", "5", "--finetuning_type", "lora", "--lora_target", "all",
+       "--lora_r", "4", "--quantization_bit", "4"},
+      {});
+  flags[0] = "--model_name_or_path";
+  flags[1] = dir + "/base";
+  TrainingArguments args;
+  apply_training_flags(args, flags);
+  std::vector<double> losses;
+  TrainerCallbacks callbacks;
+  callbacks.on_step = [&](const StepStats& s) { losses.push_back(s.loss); };
+  Trainer(args, std::shared_ptr<Communicator>(test::join()), callbacks).train();
+  REQUIRE(losses.size() == 3);
+  for (double l : losses) CHECK(std::isfinite(l));
+  // The base the run trained over: its projections 4-bit, the router and experts as loaded.
+  ModelConfig q = c;
+  QuantizationConfig nf4;
+  q.quantization = nf4;
+  CausalLM model(q, at::TensorOptions(), false);
+  load_weights(model, *checkpoint_source(dir + "/base"));
+  const auto params = model.named_parameters();
+  CHECK(params["model.layers.0.self_attn.q_proj.weight"].scalar_type() == at::kByte);
+  CHECK(params["model.layers.1.mlp.gate_proj.weight"].scalar_type() == at::kByte);
+  CHECK(params["model.layers.0.mlp.experts.gate_up_proj"].scalar_type() == at::kFloat);
+  CHECK(params["model.layers.0.mlp.gate.weight"].scalar_type() == at::kFloat);
+  // The adapter trained on top of it and merges into the full-precision base.
+  MergeOptions options;
+  options.dtype = at::kFloat;
+  merge_checkpoint(dir + "/out", dir + "/merged", options);
+  SafetensorsCheckpoint merged(dir + "/merged");
+  CHECK(merged.contains("model.layers.0.mlp.experts.down_proj"));
 }
