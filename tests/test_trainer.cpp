@@ -68,11 +68,13 @@ std::string train_step_run_id(const std::string& checkpoint) {
   return text.substr(at, 40);
 }
 
+// `model`: an inline config.json in place of kTinyModel.
 void train_ranks(int world, const std::string& dir, const std::vector<std::string>& extra,
-                 int cancel_at = 0) {
+                 int cancel_at = 0, const std::string& model = "") {
+  std::vector<std::string> flags = run_flags(dir, extra);
+  if (!model.empty()) flags[1] = model;
   test::run_ranks(world, "rank: trainer run", std::chrono::seconds(240),
-                  {{"ZT_FLAGS", join_flags(run_flags(dir, extra))},
-                   {"ZT_CANCEL_AT", std::to_string(cancel_at)}});
+                  {{"ZT_FLAGS", join_flags(flags)}, {"ZT_CANCEL_AT", std::to_string(cancel_at)}});
 }
 
 // A folder of kTinyModel with seeded random weights, as from_pretrained would read it.
@@ -361,18 +363,21 @@ TEST_CASE("updates inside backward train and resume as updates in step() do",
     CHECK(norms.at(step) == Approx(norm).epsilon(1e-5));
 }
 
-TEST_CASE("a run saved at 2 ranks resumes at 1 and 4 with the global batch kept",
-          "[trainer][checkpoint]") {
-  if (test::skip_cpu_world(4)) return;
+namespace {
+
+// A run of `model` (kTinyModel when empty) under ZeRO `stage` at 2 ranks, stopped after step 5
+// and resumed at 1 and 4 ranks, logs the uninterrupted run's losses for steps 5 to 8.
+void check_resumed_at_other_worlds(int stage, const std::string& model = "") {
   const std::string whole = test::temp_dir("whole_w"), saved = test::temp_dir("saved_w");
   for (const std::string& d : {whole, saved}) write_data(d, "train.jsonl", 40, 2);
   const std::vector<std::string> base{
       "--gradient_accumulation_steps", "2", "--deepspeed",
-      R"({"zero_optimization": {"stage": 2}, "train_batch_size": "auto",
-                                         "gradient_accumulation_steps": "auto",
-                                         "train_micro_batch_size_per_gpu": "auto"})"};
-  train_ranks(2, whole, base);
-  train_ranks(2, saved, base, /*cancel_at=*/5);
+      fmt::format(R"({{"zero_optimization": {{"stage": {}}}, "train_batch_size": "auto",
+                     "gradient_accumulation_steps": "auto",
+                     "train_micro_batch_size_per_gpu": "auto"}})",
+                  stage)};
+  train_ranks(2, whole, base, 0, model);
+  train_ranks(2, saved, base, /*cancel_at=*/5, model);
   const auto want = logged_losses(whole + "/out");
   for (int world : {1, 4}) {
     INFO("resumed at world " << world);
@@ -380,9 +385,10 @@ TEST_CASE("a run saved at 2 ranks resumes at 1 and 4 with the global batch kept"
     write_data(dir, "train.jsonl", 40, 2);
     fs::copy(saved + "/out", dir + "/out", fs::copy_options::recursive);
     // micro batch 2 × 2 ranks × accumulation 2 = 8; the resumed run picks its accumulation.
-    std::vector<std::string> resume{"--resume_from_checkpoint", "True", "--deepspeed",
-                                    R"({"zero_optimization": {"stage": 2}})"};
-    train_ranks(world, dir, resume);
+    std::vector<std::string> resume{
+        "--resume_from_checkpoint", "True", "--deepspeed",
+        fmt::format(R"({{"zero_optimization": {{"stage": {}}}}})", stage)};
+    train_ranks(world, dir, resume, 0, model);
     const auto got = logged_losses(dir + "/out");
     for (int64_t step = 5; step <= 8; ++step) {
       INFO("step " << step);
@@ -390,6 +396,25 @@ TEST_CASE("a run saved at 2 ranks resumes at 1 and 4 with the global batch kept"
       CHECK(got.at(step) == Approx(want.at(step)).epsilon(1e-4));  // reduction order differs
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("a run saved at 2 ranks resumes at 1 and 4 with the global batch kept",
+          "[trainer][checkpoint]") {
+  if (test::skip_cpu_world(4)) return;
+  check_resumed_at_other_worlds(2);
+}
+
+TEST_CASE("a mixture-of-experts run saved at 2 ranks under ZeRO-3 resumes at 1 and 4",
+          "[trainer][checkpoint][moe]") {
+  if (test::skip_cpu_world(4)) return;
+  check_resumed_at_other_worlds(3,
+                                R"({"model_type": "qwen3_moe", "vocab_size": 259, "hidden_size": 32,
+      "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 128,
+      "tie_word_embeddings": false, "num_experts": 4, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 16, "mlp_only_layers": [1]})");
 }
 
 TEST_CASE("a run writes logs, checkpoints a user can load, and the final model", "[trainer]") {
