@@ -405,6 +405,10 @@ TEST_CASE("unsupported tokenizer.json features are errors naming file, key and t
        {"pre_tokenizer.type", "UnicodeScripts"}},
       {"qwen2",
        "/pre_tokenizer",
+       R"({"type": "FixedLength", "length": 0})",
+       {"pre_tokenizer.length", "1-65536"}},
+      {"qwen2",
+       "/pre_tokenizer",
        R"({"type": "CharDelimiterSplit", "delimiter": "ab"})",
        {"pre_tokenizer.delimiter", "one character"}},
       {"qwen2",
@@ -520,7 +524,8 @@ TEST_CASE("Split: each behavior and invert as HF tokenizers defines them", "[tok
 
 TEST_CASE("HF's character-class pre-tokenizers split as their Split equivalents",
           "[tokenizer][split]") {
-  // Whitespace, WhitespaceSplit, Digits, Punctuation and Bert read from a tokenizer.json, then
+  // Whitespace, WhitespaceSplit, Digits, Punctuation, Bert and FixedLength read from a
+  // tokenizer.json, then
   // applied step by step: the pieces HF documents for each (its pre-tokenizer docs and tests).
   struct PreCase {
     const char* pre_tokenizer;
@@ -546,6 +551,14 @@ TEST_CASE("HF's character-class pre-tokenizers split as their Split equivalents"
       {R"({"type": "BertPreTokenizer"})",
        "Hey friend!     How are you?!?",
        {"Hey", "friend", "!", "How", "are", "you", "?", "!", "?"}},
+      // FixedLength: chunks of `length` characters, not bytes; newlines are characters too.
+      {R"({"type": "FixedLength", "length": 3})", "abcdefgh", {"abc", "def", "gh"}},
+      {R"({"type": "FixedLength"})", "ATGCATGCAT", {"ATGCA", "TGCAT"}},
+      {R"({"type": "FixedLength", "length": 65536})", "a b\tc", {"a b\tc"}},
+      {R"({"type": "FixedLength", "length": 2})",
+       "\u4f60\u597d\n\xF0\x9F\x9A\x80"
+       "e\u0301",
+       {"\u4f60\u597d", "\n\xF0\x9F\x9A\x80", "e\u0301"}},
   };
   for (const PreCase& c : cases) {
     INFO(c.pre_tokenizer);

@@ -23,7 +23,8 @@ constexpr const char* kNormalizerTypes =
     "Prepend, Replace, ByteLevel, Sequence";
 constexpr const char* kPreTokenizerTypes =
     "Split (any regex or string, every behavior), Whitespace, WhitespaceSplit, Digits, "
-    "Punctuation, BertPreTokenizer, CharDelimiterSplit, ByteLevel, Metaspace, Sequence";
+    "Punctuation, BertPreTokenizer, CharDelimiterSplit, FixedLength, ByteLevel, Metaspace, "
+    "Sequence";
 constexpr const char* kDecoderTypes =
     "ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, WordPiece, BPEDecoder, CTC, "
     "Sequence";
@@ -269,6 +270,15 @@ void read_pre_tokenizer(json::ObjectReader& r, const std::string& source,
     PreTokenizerStep s{PreTokenizerStep::kSplit};
     s.matcher = text::Matcher::literal(one_char(r, "delimiter", " "));
     s.behavior = text::SplitBehavior::kRemoved;
+    out.push_back(s);
+  } else if (type == "FixedLength") {
+    // Chunks of `length` characters (Unicode scalar values) from the start, the last one
+    // shorter: each run of up to `length` characters isolated. HF's default is 5; a length of 0
+    // makes HF's Rust code panic.
+    const int64_t length = r.integer("length", 1, 65536).value_or(5);
+    PreTokenizerStep s{PreTokenizerStep::kSplit};
+    s.matcher = text::Matcher::regex(fmt::format("[\\s\\S]{{1,{}}}", length));
+    s.behavior = text::SplitBehavior::kIsolated;
     out.push_back(s);
   } else if (type == "Whitespace" || type == "WhitespaceSplit" || type == "Digits" ||
              type == "Punctuation" || type == "BertPreTokenizer") {
