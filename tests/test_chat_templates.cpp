@@ -796,6 +796,11 @@ TEST_CASE("hostile chat templates are refused naming the file and line, never a 
       "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}"
       "{% endfor %}{{ ns.l }}",
       "nested");
+  // Subscripts with nothing, or two things, between the brackets (the fuzzer's find).
+  refused("{{ x[] }}", "empty subscript");
+  refused("{%- if too[].0 %}{% endif %}", "empty subscript");
+  refused("{{ x[1 2] }}", "expected ':' or ']'");
+  refused("{{ x[1:2 3] }}", "expected ':' or ']'");
   refused("{{ 2 ** 64 }}", "overflow");
   refused("{{ 1 // 0 }}", "division by zero");
   refused("{{ 99999999999999999999999 }}", "64 bits");

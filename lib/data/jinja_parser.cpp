@@ -564,10 +564,12 @@ class Parser {
             if (++colons > 2) fail(source_, peek().line, "a slice has at most two ':'");
             continue;
           }
+          if (parts[colons]) fail(source_, peek().line, "expected ':' or ']' in a subscript");
           parts[colons] = expression();
         }
         ++i_;
         if (colons == 0) {
+          if (!parts[0]) fail(source_, e->line, "an empty subscript '[]': expected an index");
           auto item = make_expr(Expr::Kind::kItem, e->line);
           item->args = {e, parts[0]};
           e = tree(item);
