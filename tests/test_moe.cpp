@@ -445,3 +445,46 @@ TEST_CASE("QLoRA over a mixture-of-experts base: 4-bit projections, experts kept
   SafetensorsCheckpoint merged(dir + "/merged");
   CHECK(merged.contains("model.layers.0.mlp.experts.down_proj"));
 }
+
+TEST_CASE("Freeze and DPO train a mixture-of-experts model: the chosen layers' experts move",
+          "[model][moe][trainer]") {
+  // Layer 0 dense, layer 1 a mixture.
+  std::string text = kMoeConfig;
+  text.insert(text.size() - 1, R"(, "mlp_only_layers": [0])");
+  for (const char* stage : {"sft", "dpo"}) {
+    INFO("stage " << stage);
+    const std::string dir = test::temp_dir("moe_freeze");
+    if (std::string(stage) == "dpo") {
+      test::write_pairs(dir, "train.jsonl", 12, 3);
+    } else {
+      test::write_data(dir, "train.jsonl", 12, 3);
+    }
+    test::write_model_folder(dir + "/base", text, 31);
+    std::vector<std::string> flags = test::tiny_run_flags(
+        dir,
+        {"--stage", stage, "--per_device_train_batch_size", "2", "--per_device_eval_batch_size",
+         "1", "--learning_rate", "1e-2", "--max_steps", "3", "--save_steps", "3", "--seed", "5",
+         "--finetuning_type", "freeze", "--freeze_trainable_layers", "1"},
+        {});
+    flags[0] = "--model_name_or_path";
+    flags[1] = dir + "/base";
+    TrainingArguments args;
+    apply_training_flags(args, flags);
+    std::vector<double> losses;
+    TrainerCallbacks callbacks;
+    callbacks.on_step = [&](const StepStats& s) { losses.push_back(s.loss); };
+    Trainer(args, std::shared_ptr<Communicator>(test::join()), callbacks).train();
+    REQUIRE(losses.size() == 3);
+    for (double l : losses) CHECK(std::isfinite(l));
+    // The last layer (the mixture) trained, router and experts included; layer 0 did not.
+    SafetensorsCheckpoint base(dir + "/base"), out(dir + "/out");
+    for (const char* name :
+         {"model.layers.1.mlp.gate.weight", "model.layers.1.mlp.experts.gate_up_proj",
+          "model.layers.1.mlp.experts.down_proj"}) {
+      INFO(name);
+      CHECK(max_abs(base.load(name), out.load(name)) > 0.0);
+    }
+    CHECK(at::equal(base.load("model.layers.0.mlp.gate_proj.weight"),
+                    out.load("model.layers.0.mlp.gate_proj.weight")));
+  }
+}
