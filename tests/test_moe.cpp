@@ -339,6 +339,24 @@ TEST_CASE("a checkpoint with one module per expert loads as the fused experts' t
   split(dir + "/extra", false, true, false);
   CHECK_THROWS_MATCHES(check_checkpoint(pieces, dir + "/extra"), IoError,
                        Has({"experts.6.", "set num_experts"}));
+  // A fused file whose experts' tensor holds another count than the config's: named with both
+  // shapes, in the check and in the read.
+  {
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const auto& p : fused.named_parameters()) {
+      const bool experts = p.key() == "model.layers.1.mlp.experts.down_proj";
+      tensors.emplace_back(
+          p.key(), experts ? p.value().detach().narrow(0, 0, 5).contiguous() : p.value().detach());
+    }
+    fs::create_directories(dir + "/fused_count");
+    save_sharded_safetensors(dir + "/fused_count", tensors);
+    files::write_atomic(dir + "/fused_count/config.json", model_config_json(c));
+    CHECK_THROWS_MATCHES(
+        check_checkpoint(pieces, dir + "/fused_count"), IoError,
+        Has({"model.layers.1.mlp.experts.down_proj", "[5, 32, 16]", "[6, 32, 16]"}));
+    CHECK_THROWS_MATCHES(load_weights(pieces, *checkpoint_source(dir + "/fused_count")), IoError,
+                         Has({"model.layers.1.mlp.experts.down_proj", "[5, 32, 16]"}));
+  }
 }
 
 TEST_CASE(
