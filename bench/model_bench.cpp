@@ -42,6 +42,7 @@
 
 #include <fmt/format.h>
 
+#include "model/blocks.hpp"
 #include "model/quantized_weights.hpp"
 #include "peft/init_sources.hpp"
 #include "shapes.hpp"
@@ -265,13 +266,17 @@ int main(int argc, char** argv) {
             ? fmt::format(R"(, "padding": {:.3f})",
                           1.0 - static_cast<double>(real_tokens) / static_cast<double>(positions))
             : std::string();
-    const double n = static_cast<double>(c.parameter_count());
+    // A mixture of experts multiplies only each token's chosen experts.
+    const int64_t active = model::parameter_count(model::decoder_spec(c), c.hidden_size,
+                                                  c.vocab_size, c.tie_word_embeddings,
+                                                  /*active=*/true);
+    const double n = static_cast<double>(active);
     const double flops_token = 6 * n + 12.0 * c.num_hidden_layers * c.hidden_size * seq;
     std::printf(
         "RESULT %s\n",
         fmt::format(
-            R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "stage": {}, "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}, "in_backward": {}, "keep": "{}", "offload": {}{}{}}})J",
-            shape, mode, engine.stage(), seq, mbs, ckpt ? 1 : 0, c.parameter_count(),
+            R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "stage": {}, "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "active_params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}, "in_backward": {}, "keep": "{}", "offload": {}{}{}}})J",
+            shape, mode, engine.stage(), seq, mbs, ckpt ? 1 : 0, c.parameter_count(), active,
             counts.trainable, step_s, tokens_per_s, tokens_per_s * flops_token / 1e12,
             device_stats::peak_allocated(0) / 1073741824.0, init_s, loss_value,
             engine.updates_in_backward() ? "true" : "false", args.gradient_checkpointing_keep,

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "model/blocks.hpp"
 #include "model/layers.hpp"
 #include "peft/lora.hpp"
 #include "support/models.hpp"
@@ -556,6 +557,19 @@ TEST_CASE("the example shape configs parse and have their models' parameter coun
     for (const auto& p : m.parameters()) count += p.numel();
     CHECK(static_cast<double>(count) == Approx(published).epsilon(0.005));
   }
+  // What one token's forward multiplies: Qwen3-30B-A3B's published 3.3 B activated parameters
+  // (8 of 128 experts), Mixtral-8x7B's 12.9 B (2 of 8); a dense model's are all of them.
+  for (const auto& [name, published] :
+       {std::pair<const char*, double>{"qwen3-30b-a3b", 3.35e9}, {"mixtral-8x7b", 12.88e9}}) {
+    INFO(name);
+    const ModelConfig c = load_model_config(std::string(ZT_EXAMPLES) + "/shapes/" + name + ".json");
+    const int64_t active = model::parameter_count(model::decoder_spec(c), c.hidden_size,
+                                                  c.vocab_size, c.tie_word_embeddings, true);
+    CHECK(static_cast<double>(active) == Approx(published).epsilon(0.01));
+  }
+  const ModelConfig dense = load_model_config(std::string(ZT_EXAMPLES) + "/shapes/llama-2-7b.json");
+  CHECK(model::parameter_count(model::decoder_spec(dense), dense.hidden_size, dense.vocab_size,
+                               dense.tie_word_embeddings, true) == dense.parameter_count());
 }
 
 TEST_CASE("RMSNorm's own backward gives autograd's gradients of transformers' formula", "[model]") {

@@ -34,7 +34,8 @@ DecoderSpec shared_decoder(const ModelConfig& c) {
   return d;
 }
 
-int64_t parameter_count(const DecoderSpec& d, int64_t hidden, int64_t vocab, bool tied) {
+int64_t parameter_count(const DecoderSpec& d, int64_t hidden, int64_t vocab, bool tied,
+                        bool active) {
   int64_t total = vocab * hidden + hidden;  // the embeddings and the final norm
   if (!tied) total += vocab * hidden;
   for (const LayerSpec& l : d.layers) {
@@ -45,7 +46,8 @@ int64_t parameter_count(const DecoderSpec& d, int64_t hidden, int64_t vocab, boo
     if (a.o_bias) total += hidden;
     if (a.qk_norm) total += 2 * a.head_dim;
     if (l.moe) {
-      total += l.moe->experts * (hidden + 3 * hidden * l.moe->intermediate);
+      const int64_t experts = active ? l.moe->top_k : l.moe->experts;
+      total += l.moe->experts * hidden + experts * 3 * hidden * l.moe->intermediate;
     } else {
       total += 3 * hidden * l.mlp.intermediate;
       if (l.mlp.bias) total += 2 * l.mlp.intermediate + hidden;

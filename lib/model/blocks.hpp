@@ -135,7 +135,9 @@ DecoderSpec shared_decoder(const ModelConfig& c);
 DecoderSpec decoder_spec(const ModelConfig& c);
 
 /// Parameters of a decoder of `d` over embeddings [vocab, hidden] (a second matrix for an
-/// untied output layer).
-int64_t parameter_count(const DecoderSpec& d, int64_t hidden, int64_t vocab, bool tied);
+/// untied output layer). `active`: those one token's forward multiplies — a mixture's top_k
+/// experts rather than all of them (what 6·N FLOPs per token counts).
+int64_t parameter_count(const DecoderSpec& d, int64_t hidden, int64_t vocab, bool tied,
+                        bool active = false);
 
 }  // namespace zt::model
