@@ -83,6 +83,32 @@ const std::string kMoeConfig =
         "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
         "norm_topk_prob": true, "rope_theta": 1000000.0})";
 
+// kMoeConfig with `mlp_only_layers` set.
+std::string moe_config_with_dense(int layer) {
+  std::string text = kMoeConfig;
+  text.insert(text.size() - 1, fmt::format(R"(, "mlp_only_layers": [{}])", layer));
+  return text;
+}
+
+// A run of the trainer on `dir`/base (a model folder) with the tiny run's data flags, 2 rows a
+// step, learning rate 1e-2, then `settings`; returns each step's loss.
+std::vector<double> train_on_base(const std::string& dir,
+                                  const std::vector<std::string>& settings) {
+  std::vector<std::string> run{
+      "--per_device_train_batch_size", "2", "--learning_rate", "1e-2", "--seed", "5"};
+  run.insert(run.end(), settings.begin(), settings.end());
+  std::vector<std::string> flags = test::tiny_run_flags(dir, run, {});
+  flags[0] = "--model_name_or_path";
+  flags[1] = dir + "/base";
+  TrainingArguments args;
+  apply_training_flags(args, flags);
+  std::vector<double> losses;
+  TrainerCallbacks callbacks;
+  callbacks.on_step = [&](const StepStats& s) { losses.push_back(s.loss); };
+  Trainer(args, std::shared_ptr<Communicator>(test::join()), callbacks).train();
+  return losses;
+}
+
 }  // namespace
 
 TEST_CASE("a mixture of experts gives the formula's output and gradients token by token",
@@ -366,20 +392,9 @@ TEST_CASE(
   const std::string dir = test::temp_dir("moe_lora");
   test::write_data(dir, "train.jsonl", 16, 4);
   // Layer 1 dense (mlp_only_layers), layer 0 a mixture.
-  std::string text = kMoeConfig;
-  text.insert(text.size() - 1, R"(, "mlp_only_layers": [1])");
-  const ModelConfig c = test::write_model_folder(dir + "/base", text, 21);
-  std::vector<std::string> flags =
-      test::tiny_run_flags(dir,
-                           {"--per_device_train_batch_size", "2", "--learning_rate", "1e-2",
-                            "--max_steps", "4", "--save_steps", "4", "--seed", "5",
-                            "--finetuning_type", "lora", "--lora_target", "all", "--lora_r", "4"},
-                           {});
-  flags[0] = "--model_name_or_path";
-  flags[1] = dir + "/base";
-  TrainingArguments args;
-  apply_training_flags(args, flags);
-  Trainer(args, std::shared_ptr<Communicator>(test::join())).train();
+  const ModelConfig c = test::write_model_folder(dir + "/base", moe_config_with_dense(1), 21);
+  train_on_base(dir, {"--max_steps", "4", "--save_steps", "4", "--finetuning_type", "lora",
+                      "--lora_target", "all", "--lora_r", "4"});
   // PEFT's all-linear: every projection but the output layer; the router and the experts are
   // parameters of no projection.
   const std::string config = files::read_text(dir + "/out/adapter_config.json");
@@ -426,23 +441,10 @@ TEST_CASE("QLoRA over a mixture-of-experts base: 4-bit projections, experts kept
           "[model][moe][peft][quant]") {
   const std::string dir = test::temp_dir("moe_qlora");
   test::write_data(dir, "train.jsonl", 16, 9);
-  std::string text = kMoeConfig;
-  text.insert(text.size() - 1, R"(, "mlp_only_layers": [1])");
-  const ModelConfig c = test::write_model_folder(dir + "/base", text, 22);
-  std::vector<std::string> flags = test::tiny_run_flags(
-      dir,
-      {"--per_device_train_batch_size", "2", "--learning_rate", "1e-2", "--max_steps", "3",
-       "--save_steps", "3", "--seed", "5", "--finetuning_type", "lora", "--lora_target", "all",
-       "--lora_r", "4", "--quantization_bit", "4"},
-      {});
-  flags[0] = "--model_name_or_path";
-  flags[1] = dir + "/base";
-  TrainingArguments args;
-  apply_training_flags(args, flags);
-  std::vector<double> losses;
-  TrainerCallbacks callbacks;
-  callbacks.on_step = [&](const StepStats& s) { losses.push_back(s.loss); };
-  Trainer(args, std::shared_ptr<Communicator>(test::join()), callbacks).train();
+  const ModelConfig c = test::write_model_folder(dir + "/base", moe_config_with_dense(1), 22);
+  const std::vector<double> losses =
+      train_on_base(dir, {"--max_steps", "3", "--save_steps", "3", "--finetuning_type", "lora",
+                          "--lora_target", "all", "--lora_r", "4", "--quantization_bit", "4"});
   REQUIRE(losses.size() == 3);
   for (double l : losses) CHECK(std::isfinite(l));
   // The base the run trained over: its projections 4-bit, the router and experts as loaded.
@@ -467,8 +469,6 @@ TEST_CASE("QLoRA over a mixture-of-experts base: 4-bit projections, experts kept
 TEST_CASE("Freeze and DPO train a mixture-of-experts model: the chosen layers' experts move",
           "[model][moe][trainer]") {
   // Layer 0 dense, layer 1 a mixture.
-  std::string text = kMoeConfig;
-  text.insert(text.size() - 1, R"(, "mlp_only_layers": [0])");
   for (const char* stage : {"sft", "dpo"}) {
     INFO("stage " << stage);
     const std::string dir = test::temp_dir("moe_freeze");
@@ -477,21 +477,11 @@ TEST_CASE("Freeze and DPO train a mixture-of-experts model: the chosen layers' e
     } else {
       test::write_data(dir, "train.jsonl", 12, 3);
     }
-    test::write_model_folder(dir + "/base", text, 31);
-    std::vector<std::string> flags = test::tiny_run_flags(
-        dir,
-        {"--stage", stage, "--per_device_train_batch_size", "2", "--per_device_eval_batch_size",
-         "1", "--learning_rate", "1e-2", "--max_steps", "3", "--save_steps", "3", "--seed", "5",
-         "--finetuning_type", "freeze", "--freeze_trainable_layers", "1"},
-        {});
-    flags[0] = "--model_name_or_path";
-    flags[1] = dir + "/base";
-    TrainingArguments args;
-    apply_training_flags(args, flags);
-    std::vector<double> losses;
-    TrainerCallbacks callbacks;
-    callbacks.on_step = [&](const StepStats& s) { losses.push_back(s.loss); };
-    Trainer(args, std::shared_ptr<Communicator>(test::join()), callbacks).train();
+    test::write_model_folder(dir + "/base", moe_config_with_dense(0), 31);
+    const std::vector<double> losses =
+        train_on_base(dir, {"--stage", stage, "--per_device_eval_batch_size", "1", "--max_steps",
+                            "3", "--save_steps", "3", "--finetuning_type", "freeze",
+                            "--freeze_trainable_layers", "1"});
     REQUIRE(losses.size() == 3);
     for (double l : losses) CHECK(std::isfinite(l));
     // The last layer (the mixture) trained, router and experts included; layer 0 did not.
