@@ -48,14 +48,15 @@ std::optional<int64_t> layer_of(const std::string& name) {
   return n;
 }
 
+bool ends_with(std::string_view name, std::string_view tail) {
+  return name.size() >= tail.size() &&
+         name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 // Buffers transformers recomputes and never loads (older LLaMA and ChatGLM files carry them).
 bool is_recomputed_buffer(const std::string& name) {
-  auto ends_with = [&](std::string_view tail) {
-    return name.size() >= tail.size() &&
-           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  return ends_with("rotary_emb.inv_freq") || ends_with("rotary_pos_emb.inv_freq") ||
-         ends_with(".attn.bias") || ends_with(".attn.masked_bias");
+  return ends_with(name, "rotary_emb.inv_freq") || ends_with(name, "rotary_pos_emb.inv_freq") ||
+         ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias");
 }
 
 // The name a checkpoint gives a parameter of the model: its own, or Mixtral's 4.x name of the
@@ -63,8 +64,7 @@ bool is_recomputed_buffer(const std::string& name) {
 std::string stored_name(const SafetensorsCheckpoint& ckpt, const std::string& name) {
   if (ckpt.contains(name)) return name;
   constexpr std::string_view kRouter = ".mlp.gate.weight";
-  if (name.size() > kRouter.size() &&
-      name.compare(name.size() - kRouter.size(), kRouter.size(), kRouter) == 0) {
+  if (ends_with(name, kRouter)) {
     std::string old =
         name.substr(0, name.size() - kRouter.size()) + ".block_sparse_moe.gate.weight";
     if (ckpt.contains(old)) return old;
@@ -84,12 +84,8 @@ struct ExpertPieces {
 
 std::optional<ExpertPieces> expert_pieces(const SafetensorsCheckpoint& ckpt,
                                           const std::string& name) {
-  const auto ends_with = [&](std::string_view tail) {
-    return name.size() > tail.size() &&
-           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  const bool gate_up = ends_with(".experts.gate_up_proj");
-  if (!gate_up && !ends_with(".experts.down_proj")) return std::nullopt;
+  const bool gate_up = ends_with(name, ".experts.gate_up_proj");
+  if (!gate_up && !ends_with(name, ".experts.down_proj")) return std::nullopt;
   const std::string experts = name.substr(0, name.rfind('.') + 1);  // "...mlp.experts."
   std::vector<std::string> prefixes{experts};
   if (const size_t at = experts.rfind(".mlp.experts."); at != std::string::npos) {
@@ -108,15 +104,9 @@ std::optional<ExpertPieces> expert_pieces(const SafetensorsCheckpoint& ckpt,
   return std::nullopt;
 }
 
-// The pieces' names for `experts` experts, in the fused tensor's order.
-std::vector<std::string> piece_names(const ExpertPieces& p, int64_t experts) {
-  std::vector<std::string> names;
-  for (int64_t e = 0; e < experts; ++e) {
-    for (std::string_view own : p.own) {
-      names.push_back(fmt::format("{}{}.{}.weight", p.prefix, e, own));
-    }
-  }
-  return names;
+// Expert `e`'s piece `own` ("up_proj").
+std::string piece_name(const ExpertPieces& p, int64_t e, std::string_view own) {
+  return fmt::format("{}{}.{}.weight", p.prefix, e, own);
 }
 
 // Each piece of a fused expert tensor of `shape` ([E, rows, cols]) must be there, a weight, of
@@ -131,7 +121,10 @@ std::vector<std::string> checked_pieces(const SafetensorsCheckpoint& ckpt, const
                     ckpt.path(), name, p.prefix));
   }
   const std::vector<int64_t> piece{shape[1] / per_expert, shape[2]};
-  std::vector<std::string> names = piece_names(p, shape[0]);
+  std::vector<std::string> names;
+  for (int64_t e = 0; e < shape[0]; ++e) {
+    for (std::string_view own : p.own) names.push_back(piece_name(p, e, own));
+  }
   for (const std::string& n : names) {
     if (!ckpt.contains(n)) {
       throw IoError(
@@ -149,7 +142,7 @@ std::vector<std::string> checked_pieces(const SafetensorsCheckpoint& ckpt, const
     }
   }
   // A checkpoint with more experts than the config says: the config does not describe it.
-  const std::string extra = piece_names(p, shape[0] + 1).back();
+  const std::string extra = piece_name(p, shape[0], p.own.front());
   if (ckpt.contains(extra)) {
     throw IoError(
         fmt::format("checkpoint '{}' holds '{}', an expert beyond the {} of the model's "
