@@ -111,7 +111,10 @@ std::string without_keys(const std::string& text, std::initializer_list<const ch
 
 TEST_CASE("a written config.json keeps the input's members and reads the same in 4.x and 5.x",
           "[model][config]") {
-  for (const char* name : {"llama", "llama_rope_llama3", "llama_rope_linear", "qwen2", "mistral"}) {
+  for (const char* name :
+       {"llama", "llama_rope_llama3", "llama_rope_linear", "llama_rope_dynamic", "llama_rope_yarn",
+        "qwen2", "qwen3", "qwen3_rope_yarn", "mistral", "mistral_head_dim", "phi3", "phi3_longrope",
+        "gemma2", "gemma3_text", "qwen3_moe", "mixtral"}) {
     for (const char* file : {"config.json", "config_v4.json"}) {
       INFO(name << "/" << file);
       const std::string path = fixture(std::string("models/") + name + "/" + file);
@@ -159,6 +162,18 @@ TEST_CASE("a written config.json keeps the input's members and reads the same in
   test::check_same_model(
       parse_model_config(without_keys(written, {"rope_theta", "rope_scaling", "torch_dtype"})),
       inline_config);
+  // Gemma's query_pre_attn_scalar is an int in transformers' config classes, which 5.x checks
+  // strictly: an inline config's whole number is written as one.
+  rapidjson::Document gemma;
+  gemma.Parse(
+      model_config_json(parse_model_config(
+                            R"({"model_type": "gemma2", "vocab_size": 300, "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16,
+      "query_pre_attn_scalar": 24.0})"))
+          .c_str());
+  REQUIRE(gemma.IsObject());
+  CHECK(gemma["query_pre_attn_scalar"].IsInt64());
+  CHECK(gemma["query_pre_attn_scalar"].GetInt64() == 24);
   // A list of eos ids stays a list when the file had one.
   const std::string dir = test::temp_dir("eos_list");
   files::write_atomic(dir + "/config.json",
@@ -233,6 +248,22 @@ TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
     CHECK_THAT(err(head + R"("hidden_activation": "relu", )" + base + "}"),
                Contains("hidden_activation") && Contains("relu"));
   }
+  // Gemma 3's 5.x rope_parameters hold one block per layer type: a flat block (transformers
+  // fails on it with a KeyError), a type its layers use left out, or another key is refused.
+  {
+    const std::string head = R"({"model_type": "gemma3_text", )";
+    const std::string full = R"("layer_types": ["full_attention"], )";
+    CHECK_THAT(err(head + R"("rope_parameters": {"rope_type": "default", "rope_theta": 1e4}, )" +
+                   base + "}"),
+               Contains("rope_parameters") && Contains("one block per layer type"));
+    CHECK_THAT(err(head + full + R"("rope_parameters": {"sliding_attention": {}}, )" + base + "}"),
+               Contains("rope_parameters") && Contains("one block per layer type"));
+    CHECK_THAT(
+        err(head + R"("rope_parameters": {"sliding_attention": {}, "global": {}}, )" + base + "}"),
+        Contains("rope_parameters.global"));
+    CHECK(err(head + full + R"("rope_parameters": {"full_attention": {"rope_type": "linear", )" +
+              R"("factor": 8.0}}, )" + base + "}") == "(accepted)");
+  }
   // Phi-3: dropout inside the decoder and biases are refused by key; LongRoPE (its 128k and
   // Phi-4-mini configs) names what RoPE types are built.
   for (const char* key : {"resid_pdrop", "embd_pdrop", "attention_dropout"}) {
@@ -295,7 +326,9 @@ TEST_CASE("logits, hidden states, loss and gradients match transformers", "[mode
         "chatglm", "qwen3", "mistral_head_dim", "phi3", "gemma2", "gemma3_text",
         // RoPE scalings: yarn (Qwen3's; DeepSeek's members), dynamic NTK, LongRoPE short and long.
         "qwen3_rope_yarn", "llama_rope_yarn", "llama_rope_dynamic", "phi3_longrope",
-        "phi3_longrope_long"}) {
+        "phi3_longrope_long",
+        // Mixtures of experts: routers made sharp enough that another expert choice would show.
+        "qwen3_moe", "mixtral"}) {
     INFO("model " << name);
     auto model = load_fixture_model(name);
     SafetensorsFile expected(fixture(std::string("models/") + name + "/expected.safetensors"));

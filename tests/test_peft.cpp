@@ -131,16 +131,22 @@ TEST_CASE("zerotrain's prompt encoders compute what PEFT's do", "[peft][parity]"
   }
 }
 
-TEST_CASE("P-Tuning's virtual tokens enter a decoder that scales its embeddings scaled too",
+TEST_CASE("P-Tuning's virtual tokens are scaled where the family's model scales its embeddings",
           "[peft]") {
-  // PEFT passes the virtual tokens and the token embeddings together as inputs_embeds, which
-  // Gemma's model multiplies by √hidden; LLaMA's multiplies by nothing.
-  for (const auto& [family, scale] :
-       std::vector<std::pair<std::string, double>>{{"gemma2", std::sqrt(64.0)}, {"llama", 1.0}}) {
-    INFO(family);
-    ModelConfig mc = load_model_config(fixture("models/" + family));
+  // PEFT passes the virtual tokens and the token embeddings together as inputs_embeds. Gemma 2's
+  // model multiplies those by √hidden; Gemma 3's embedding module scales the tokens itself, so
+  // the virtual tokens enter unscaled; LLaMA scales nothing.
+  struct Case {
+    std::string family;
+    double virtual_scale, token_scale;
+  };
+  for (const Case& k : {Case{"gemma2", std::sqrt(64.0), std::sqrt(64.0)},
+                        Case{"gemma3_text", 1.0, std::sqrt(64.0)}, Case{"llama", 1.0, 1.0}}) {
+    INFO(k.family);
+    ModelConfig mc = load_model_config(fixture("models/" + k.family));
+    REQUIRE(mc.hidden_size == 64);
     auto model = std::make_shared<CausalLM>(mc, at::TensorOptions(), false);
-    load_weights(*model, *checkpoint_source(fixture("models/" + family)));
+    load_weights(*model, *checkpoint_source(fixture("models/" + k.family)));
     PeftConfig c = load_adapter_config(fixture("peft/ptuning_mlp"));
     apply_peft(*model, c, 3);
     at::NoGradGuard no_grad;
@@ -148,10 +154,16 @@ TEST_CASE("P-Tuning's virtual tokens enter a decoder that scales its embeddings 
     const std::vector<at::Tensor> states = model->hidden_states(ids, at::Tensor());
     const int64_t n = c.prompt.num_virtual_tokens;
     const at::Tensor virt = model->prompt_adapter()->virtual_embeddings();
-    CHECK(max_abs(states[0][0].narrow(0, 0, n), virt * scale) < 1e-5);
+    CHECK(max_abs(states[0][0].narrow(0, 0, n), virt * k.virtual_scale) < 1e-5);
     CHECK(max_abs(states[0][1].narrow(0, n, 5),
                   model->named_parameters()["model.embed_tokens.weight"].index_select(0, ids[1]) *
-                      scale) < 1e-5);
+                      k.token_scale) < 1e-5);
+    // Generation starts from the same first step.
+    const at::Tensor logits = model->logits(ids.narrow(0, 0, 1), at::Tensor());
+    GenerationOptions g;
+    g.max_new_tokens = 1;
+    CHECK(model->generate(ids.narrow(0, 0, 1), g).item<int64_t>() ==
+          logits[0][-1].argmax().item<int64_t>());
   }
 }
 
@@ -493,8 +505,9 @@ const std::vector<WrittenAdapter>& written_by_zerotrain() {
         "query_key_value,dense,dense_h_to_4h,dense_4h_to_h"},
        "chatglm"},
       // The families of [1/7]: LoRA's defaults (all-linear, under each family's names: Phi-3's
-      // fused qkv_proj and gate_up_proj), P-Tuning where the embeddings are scaled (Gemma:
-      // the virtual tokens with them), prefix tuning over q/k norms and over sliding windows.
+      // fused qkv_proj and gate_up_proj), P-Tuning where the embeddings are scaled (Gemma 2:
+      // the virtual tokens with them; Gemma 3: inside the embedding, without them), prefix tuning
+      // over q/k norms and over sliding windows.
       {"qwen3_lora_all_linear", nullptr, {"--finetuning_type", "lora"}, "qwen3"},
       {"mistral_head_dim_lora_all_linear",
        nullptr,
@@ -507,6 +520,10 @@ const std::vector<WrittenAdapter>& written_by_zerotrain() {
        nullptr,
        {"--finetuning_type", "ptuning", "--num_virtual_tokens", "4"},
        "gemma2"},
+      {"gemma3_ptuning_mlp",
+       nullptr,
+       {"--finetuning_type", "ptuning", "--num_virtual_tokens", "4"},
+       "gemma3_text"},
       {"qwen3_prefix",
        nullptr,
        {"--finetuning_type", "prefix", "--num_virtual_tokens", "3"},

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <rapidjson/document.h>
 #include <rapidjson/pointer.h>
 #include <rapidjson/writer.h>
@@ -212,6 +213,76 @@ TEST_CASE(
     ids.insert(ids.begin(), tok->bos_id());
     CHECK(ids == ints(c["transformers_ids"]));
   }
+}
+
+TEST_CASE("BertTokenizer builds its own WordPiece pipeline over the file's vocabulary",
+          "[tokenizer]") {
+  // transformers 5's BertTokenizer takes only the vocabulary (and added tokens) of a
+  // tokenizer.json and builds WordPiece, BertNormalizer, BertPreTokenizer, the WordPiece decoder
+  // and [CLS] text [SEP] itself. A folder naming it with a WordLevel file (a custom tokenizer's
+  // shape) must encode as the same vocabulary written out as that pipeline does.
+  const std::string vocab =
+      R"({"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "[PAD]": 3, "[MASK]": 4, "hello": 5, "world": 6,
+      "_": 7, "x": 8, "##s": 9, "cafe": 10, ",": 11, "!": 12, "1": 13, "##0": 14, "中": 15})";
+  const std::string added =
+      R"([{"id": 0, "content": "[UNK]", "special": true}, {"id": 1, "content": "[CLS]", "special": true},
+      {"id": 2, "content": "[SEP]", "special": true}, {"id": 3, "content": "[PAD]", "special": true},
+      {"id": 4, "content": "[MASK]", "special": true}])";
+  const auto folder = [&](const std::string& name, const std::string& body,
+                          const std::string& config) {
+    const std::string dir = test::temp_dir(name);
+    write_file(dir + "/tokenizer.json",
+               R"({"version": "1.0", "added_tokens": )" + added + ", " + body + "}");
+    write_file(dir + "/tokenizer_config.json", config);
+    return dir;
+  };
+  const std::string word_level =
+      R"("normalizer": {"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "Lowercase"},
+      {"type": "StripAccents"}]}, "pre_tokenizer": {"type": "Whitespace"},
+      "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 2], "cls": ["[CLS]", 1]},
+      "decoder": null, "model": {"type": "WordLevel", "unk_token": "[UNK]", "vocab": )" +
+      vocab + "}";
+  const std::string class_dir =
+      folder("bert-class", word_level, R"({"tokenizer_class": "BertTokenizer"})");
+  const std::string as_file =
+      folder("bert-file", word_level, R"({"tokenizer_class": "PreTrainedTokenizerFast"})");
+  const std::string written_out = folder(
+      "bert-written",
+      R"("normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
+      "strip_accents": null, "lowercase": true}, "pre_tokenizer": {"type": "BertPreTokenizer"},
+      "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 2], "cls": ["[CLS]", 1]},
+      "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": true},
+      "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+      "max_input_chars_per_word": 100, "vocab": )" +
+          vocab + "}",
+      R"({"tokenizer_class": "PreTrainedTokenizerFast"})");
+  std::shared_ptr<HfTokenizer> cls = load_hf(class_dir), file = load_hf(as_file),
+                               want = load_hf(written_out);
+  int differing_from_file = 0;
+  for (const char* text : {"Hello, world!", "hello world_x", "Café 10 hellos", "中world!!", "x1 0",
+                           "  hello\tworld  ", "helloworld", ""}) {
+    INFO("text \"" << text << "\"");
+    CHECK(cls->encode(text) == want->encode(text));
+    CHECK(cls->decode(cls->encode(text)) == want->decode(want->encode(text)));
+    differing_from_file += cls->encode(text) != file->encode(text);
+  }
+  CHECK(differing_from_file > 0);  // the class's pipeline is not the file's
+  // [CLS] text [SEP] when special tokens are added.
+  CHECK(cls->bos_id() == 1);
+  CHECK(cls->eos_id() == 2);
+  // do_lower_case false keeps the case: "Hello" is no word of the vocabulary then.
+  const std::string cased = folder(
+      "bert-cased", word_level, R"({"tokenizer_class": "BertTokenizer", "do_lower_case": false})");
+  CHECK(load_hf(cased)->encode("Hello") == std::vector<int32_t>{0});
+  CHECK(cls->encode("Hello") == std::vector<int32_t>{5});
+  // A Unigram file under BertTokenizer's name has no vocabulary object to build WordPiece on.
+  const std::string unigram =
+      folder("bert-unigram",
+             R"("model": {"type": "Unigram", "unk_id": 0, "vocab": [["[UNK]", 0.0], ["[CLS]", 0.0],
+             ["[SEP]", 0.0], ["[PAD]", 0.0], ["[MASK]", 0.0], ["a", -1.0]]})",
+             R"({"tokenizer_class": "BertTokenizer"})");
+  CHECK_THROWS_WITH(load_hf(unigram),
+                    Catch::Contains("model.type") && Catch::Contains("BertTokenizer"));
 }
 
 TEST_CASE("special-token strings in the text become their ids", "[tokenizer]") {

@@ -122,6 +122,11 @@ struct DecoderSpec {
   NormSpec final_norm;
   /// The token embeddings × √hidden, the factor rounded to their dtype (Gemma).
   bool scale_embeddings = false;
+  /// Where that scale applies, which decides P-Tuning's virtual tokens (PEFT passes them with
+  /// the token embeddings as inputs_embeds): true, in the model, on everything entering the
+  /// first layer (Gemma 2's model scales its inputs_embeds); false, in the embedding module, so
+  /// the virtual tokens enter unscaled (Gemma 3's Gemma3TextScaledWordEmbedding).
+  bool scale_virtual_tokens = true;
   /// The logits soft-capped to cap · tanh(logits / cap) (Gemma 2's final_logit_softcapping).
   std::optional<double> logit_softcap;
 };

@@ -64,11 +64,17 @@ struct DecoderBody : torch::nn::Module {
       t.push_back(model::rotary_tables(r, positions, dtype));
     return t;
   }
-  /// What enters the first layer: the embeddings `e` (a P-Tuning adapter's virtual tokens
-  /// among them, as PEFT passes them to the model) × √hidden rounded to their dtype where the
-  /// spec says so (Gemma).
-  at::Tensor scaled(const at::Tensor& e) const {
-    if (!spec.scale_embeddings) return e;
+  /// The token embeddings `e` as the embedding module gives them: × √hidden rounded to their
+  /// dtype where the spec scales inside that module (Gemma 3).
+  at::Tensor scaled_tokens(const at::Tensor& e) const {
+    return spec.scale_embeddings && !spec.scale_virtual_tokens ? times_root_hidden(e) : e;
+  }
+  /// What enters the first layer: `x` (the token embeddings, with a P-Tuning adapter's virtual
+  /// tokens as PEFT passes them to the model) × √hidden where the spec scales there (Gemma 2).
+  at::Tensor scaled(const at::Tensor& x) const {
+    return spec.scale_embeddings && spec.scale_virtual_tokens ? times_root_hidden(x) : x;
+  }
+  static at::Tensor times_root_hidden(const at::Tensor& e) {
     return e * at::scalar_tensor(std::sqrt(static_cast<double>(e.size(-1))), e.options());
   }
   /// The final logit soft-cap (0: none).
@@ -273,7 +279,7 @@ CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const a
 
   auto body = I.body;
   at::Tensor embedded = gate_(0, {ids}, [body](const std::vector<at::Tensor>& in) {
-    return std::vector<at::Tensor>{body->embed_tokens->forward(in[0])};
+    return std::vector<at::Tensor>{body->scaled_tokens(body->embed_tokens->forward(in[0]))};
   })[0];
   Prepared p = apply_prompt(config_, I.prompt, embedded, mask);
   at::Tensor x = body->scaled(p.x);
@@ -357,8 +363,9 @@ std::vector<at::Tensor> CausalLM::hidden_states(const at::Tensor& input_ids,
   Impl& I = *impl_;
   const at::Device device = I.body->embed_tokens->weight.device();
   at::Tensor ids = input_ids.to(device);
-  Prepared p = apply_prompt(config_, I.prompt, I.body->embed_tokens->forward(ids),
-                            mask_or_empty(attention_mask, ids));
+  Prepared p =
+      apply_prompt(config_, I.prompt, I.body->scaled_tokens(I.body->embed_tokens->forward(ids)),
+                   mask_or_empty(attention_mask, ids));
   p.x = I.body->scaled(p.x);
   std::vector<at::Tensor> out{p.x};
   const DecoderBody::Tables tables =
@@ -402,7 +409,7 @@ at::Tensor CausalLM::generate(const at::Tensor& input_ids, const GenerationOptio
   const at::Tensor no_mask = at::empty({0}, ids.options());
   at::Tensor step_ids = ids;
   for (int64_t n = 0; n < o.max_new_tokens; ++n) {
-    at::Tensor x = I.body->embed_tokens->forward(step_ids);
+    at::Tensor x = I.body->scaled_tokens(I.body->embed_tokens->forward(step_ids));
     if (n == 0 && virtual_tokens.defined()) x = at::cat({virtual_tokens, x}, 1);
     x = I.body->scaled(x);
     const DecoderBody::Tables tables = I.body->tables(position, x.size(1), x.scalar_type(), device);

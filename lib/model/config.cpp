@@ -146,69 +146,12 @@ using model::decoder::Alloc;
 using model::decoder::set_member;
 using model::decoder::string_value;
 
-rapidjson::Value number_list(const std::vector<double>& values, Alloc& alloc) {
-  rapidjson::Value list(rapidjson::kArrayType);
-  for (double v : values) list.PushBack(rapidjson::Value(v), alloc);
-  return list;
-}
-
-// RoPE scaling's own members (none for default), as transformers reads them back: a yarn or
-// longrope factor only where the file gave one (else transformers derives the same from the
-// lengths).
-void add_scaling_members(rapidjson::Value& obj, const RopeScaling& r, Alloc& alloc) {
-  if (r.type == "default") return;
-  const bool derived = r.type == "yarn" || r.type == "longrope";
-  if (!derived || r.factor_given) set_member(obj, "factor", rapidjson::Value(r.factor), alloc);
-  if (r.type == "llama3") {
-    set_member(obj, "low_freq_factor", rapidjson::Value(r.low_freq_factor), alloc);
-    set_member(obj, "high_freq_factor", rapidjson::Value(r.high_freq_factor), alloc);
-  }
-  if (r.type == "llama3" || derived) {
-    set_member(obj, "original_max_position_embeddings",
-               rapidjson::Value(static_cast<int64_t>(r.original_max_position_embeddings)), alloc);
-  }
-  if (derived && r.attention_factor)
-    set_member(obj, "attention_factor", rapidjson::Value(*r.attention_factor), alloc);
-  if (r.type == "yarn") {
-    set_member(obj, "beta_fast", rapidjson::Value(r.beta_fast), alloc);
-    set_member(obj, "beta_slow", rapidjson::Value(r.beta_slow), alloc);
-    if (r.mscale) set_member(obj, "mscale", rapidjson::Value(*r.mscale), alloc);
-    if (r.mscale_all_dim)
-      set_member(obj, "mscale_all_dim", rapidjson::Value(*r.mscale_all_dim), alloc);
-    if (!r.truncate) set_member(obj, "truncate", rapidjson::Value(false), alloc);
-  }
-  if (r.type == "longrope") {
-    set_member(obj, "short_factor", number_list(r.short_factor, alloc), alloc);
-    set_member(obj, "long_factor", number_list(r.long_factor, alloc), alloc);
-  }
-}
-
-// 5.x: rope_parameters {rope_type, rope_theta, ...}.
-rapidjson::Value rope_parameters(const ModelConfig& c, Alloc& alloc) {
-  rapidjson::Value p(rapidjson::kObjectType);
-  set_member(p, "rope_type", string_value(c.rope_scaling.type, alloc), alloc);
-  set_member(p, "rope_theta", rapidjson::Value(c.rope_theta), alloc);
-  if (c.partial_rotary_factor != 1.0) {
-    set_member(p, "partial_rotary_factor", rapidjson::Value(c.partial_rotary_factor), alloc);
-  }
-  add_scaling_members(p, c.rope_scaling, alloc);
-  return p;
-}
-
-// 4.x: rope_scaling {rope_type, ...}, null for plain RoPE. 4.x's Phi-3 takes LongRoPE as
-// exactly {type, short_factor, long_factor} (the lengths at the top).
-rapidjson::Value rope_scaling(const ModelConfig& c, Alloc& alloc) {
-  if (c.rope_scaling.type == "default") return rapidjson::Value(rapidjson::kNullType);
-  rapidjson::Value p(rapidjson::kObjectType);
-  if (c.rope_scaling.type == "longrope") {
-    set_member(p, "type", string_value("longrope", alloc), alloc);
-    set_member(p, "short_factor", number_list(c.rope_scaling.short_factor, alloc), alloc);
-    set_member(p, "long_factor", number_list(c.rope_scaling.long_factor, alloc), alloc);
-    return p;
-  }
-  set_member(p, "rope_type", string_value(c.rope_scaling.type, alloc), alloc);
-  add_scaling_members(p, c.rope_scaling, alloc);
-  return p;
+// 5.x: rope_parameters, one block, unless the family writes its own (Gemma 3: one per layer
+// type).
+rapidjson::Value rope_parameters(const model::Family& family, const ModelConfig& c, Alloc& alloc) {
+  if (family.rope_parameters) return family.rope_parameters(c, alloc);
+  return model::decoder::rope_parameters_block(c.rope_theta, c.rope_scaling,
+                                               c.partial_rotary_factor, alloc);
 }
 
 }  // namespace
@@ -236,9 +179,10 @@ std::string model_config_json(const ModelConfig& c) {
   if (!doc.HasMember("rope_theta"))
     set_member(doc, "rope_theta", rapidjson::Value(c.rope_theta), alloc);
   if (!doc.HasMember("rope_scaling"))
-    set_member(doc, "rope_scaling", rope_scaling(c, alloc), alloc);
+    set_member(doc, "rope_scaling", model::decoder::rope_scaling_block(c.rope_scaling, alloc),
+               alloc);
   if (!doc.HasMember("rope_parameters"))
-    set_member(doc, "rope_parameters", rope_parameters(c, alloc), alloc);
+    set_member(doc, "rope_parameters", rope_parameters(*family, c, alloc), alloc);
   return json::dump(doc, /*pretty=*/true);
 }
 

@@ -51,10 +51,13 @@ struct Family {
   using ReadConfig = void (*)(json::ObjectReader& r, ModelConfig& c);
   using WriteConfig = void (*)(rapidjson::Document& doc, const ModelConfig& c);
   using Compose = DecoderSpec (*)(const ModelConfig& c);
+  using RopeParameters = rapidjson::Value (*)(const ModelConfig& c,
+                                              rapidjson::Document::AllocatorType& alloc);
 
   constexpr Family(std::string_view model_type, ReadConfig read_config, WriteConfig write_config,
                    Compose compose = nullptr, bool remote_code = false, ModuleNames names = {},
-                   PrefixTuning prefix = {}, const Conversion* conversion = nullptr)
+                   PrefixTuning prefix = {}, const Conversion* conversion = nullptr,
+                   RopeParameters rope_parameters = nullptr)
       : model_type(model_type),
         read_config(read_config),
         write_config(write_config),
@@ -62,7 +65,8 @@ struct Family {
         remote_code(remote_code),
         names(names),
         prefix(prefix),
-        conversion(conversion) {}
+        conversion(conversion),
+        rope_parameters(rope_parameters) {}
 
   /// config.json's model_type.
   std::string_view model_type;
@@ -84,6 +88,10 @@ struct Family {
   PrefixTuning prefix;
   /// Its folders written as another family's, or null (ChatGLM's as transformers' glm).
   const Conversion* conversion;
+  /// 5.x's rope_parameters for `c`, where they are not one block of ModelConfig's RoPE (Gemma 3:
+  /// one per layer type); null: that one block. Written beside 4.x's spelling whenever a
+  /// config.json is saved.
+  RopeParameters rope_parameters;
 };
 
 /// The family of `model_type`, or null.

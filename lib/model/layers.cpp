@@ -138,10 +138,13 @@ at::Tensor softcapped_attention(const at::Tensor& q, const at::Tensor& k, const 
   const at::Tensor values = groups > 1 ? v.repeat_interleave(groups, 1) : v;
   at::Tensor scores = at::matmul(q, keys.transpose(-2, -1)) * scale;
   scores = at::tanh(scores / cap) * cap;
-  const double lowest = q.scalar_type() == at::kFloat    ? std::numeric_limits<float>::lowest()
-                        : q.scalar_type() == at::kDouble ? std::numeric_limits<double>::lowest()
-                        : q.scalar_type() == at::kHalf   ? -65504.0
-                                                         : -3.38953139e38;  // bf16
+  // Each dtype's own lowest, exactly (a double a little past bf16's range does not convert).
+  const double lowest =
+      q.scalar_type() == at::kFloat    ? std::numeric_limits<float>::lowest()
+      : q.scalar_type() == at::kDouble ? std::numeric_limits<double>::lowest()
+      : q.scalar_type() == at::kHalf
+          ? static_cast<double>(static_cast<float>(std::numeric_limits<c10::Half>::lowest()))
+          : static_cast<double>(static_cast<float>(std::numeric_limits<c10::BFloat16>::lowest()));
   scores = scores.masked_fill(mask.logical_not(), lowest);
   const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
   return at::matmul(probs, values);

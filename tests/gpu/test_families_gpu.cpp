@@ -48,7 +48,7 @@ TEST_CASE("every family on CUDA gives transformers' fp32 outputs and gradients, 
   for (const char* name :
        {"llama", "qwen2", "mistral", "glm", "glm4", "chatglm", "qwen3", "mistral_head_dim", "phi3",
         "gemma2", "gemma3_text", "llama_rope_llama3", "qwen3_rope_yarn", "llama_rope_yarn",
-        "llama_rope_dynamic", "phi3_longrope", "phi3_longrope_long"}) {
+        "llama_rope_dynamic", "phi3_longrope", "phi3_longrope_long", "qwen3_moe", "mixtral"}) {
     INFO("model " << name);
     SafetensorsFile expected(fixture(std::string("models/") + name + "/expected.safetensors"));
     const at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");
@@ -88,14 +88,17 @@ TEST_CASE("every family on CUDA gives transformers' fp32 outputs and gradients, 
     CHECK(compared >= 4);
 
     // bf16: the loss within bf16's noise of transformers' fp32 loss, the logits within a few
-    // bf16 roundings of the largest.
+    // bf16 roundings of the largest per layer. transformers' own bf16 run on the H100
+    // (2026-12-05) departs from its fp32 logits by 0.4-1.2% on the 2-layer fixtures and by 9.1%
+    // on the 6-layer Gemma 3 one; zerotrain's by 7.0% there.
     auto half = fixture_model(name);
     half->to(kGpu, at::kBFloat16);
     at::NoGradGuard no_grad;
     LossSum bf = half->loss(ids, labels, mask);
     INFO("bf16 loss " << bf.sum.item<double>() / bf.tokens << ", fp32 " << hf_loss);
     CHECK(bf.sum.item<double>() / bf.tokens == Approx(hf_loss).epsilon(2e-2));
-    CHECK(relative_on(half->logits(ids, mask), expected.load("logits"), real) < 5e-2);
+    CHECK(relative_on(half->logits(ids, mask), expected.load("logits"), real) <
+          2.5e-2 * static_cast<double>(half->config().num_hidden_layers));
   }
 }
 

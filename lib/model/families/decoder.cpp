@@ -265,6 +265,73 @@ void write_projection_biases(rapidjson::Document& doc, const ModelConfig& c) {
   set_member(doc, "mlp_bias", rapidjson::Value(c.mlp_bias), doc.GetAllocator());
 }
 
+namespace {
+
+rapidjson::Value number_list(const std::vector<double>& values, Alloc& alloc) {
+  rapidjson::Value list(rapidjson::kArrayType);
+  for (double v : values) list.PushBack(rapidjson::Value(v), alloc);
+  return list;
+}
+
+// RoPE scaling's own members (none for default), as transformers reads them back: a yarn or
+// longrope factor only where the file gave one (else transformers derives the same from the
+// lengths).
+void add_scaling_members(rapidjson::Value& obj, const RopeScaling& r, Alloc& alloc) {
+  if (r.type == "default") return;
+  const bool derived = r.type == "yarn" || r.type == "longrope";
+  if (!derived || r.factor_given) set_member(obj, "factor", rapidjson::Value(r.factor), alloc);
+  if (r.type == "llama3") {
+    set_member(obj, "low_freq_factor", rapidjson::Value(r.low_freq_factor), alloc);
+    set_member(obj, "high_freq_factor", rapidjson::Value(r.high_freq_factor), alloc);
+  }
+  if (r.type == "llama3" || derived) {
+    set_member(obj, "original_max_position_embeddings",
+               rapidjson::Value(static_cast<int64_t>(r.original_max_position_embeddings)), alloc);
+  }
+  if (derived && r.attention_factor)
+    set_member(obj, "attention_factor", rapidjson::Value(*r.attention_factor), alloc);
+  if (r.type == "yarn") {
+    set_member(obj, "beta_fast", rapidjson::Value(r.beta_fast), alloc);
+    set_member(obj, "beta_slow", rapidjson::Value(r.beta_slow), alloc);
+    if (r.mscale) set_member(obj, "mscale", rapidjson::Value(*r.mscale), alloc);
+    if (r.mscale_all_dim)
+      set_member(obj, "mscale_all_dim", rapidjson::Value(*r.mscale_all_dim), alloc);
+    if (!r.truncate) set_member(obj, "truncate", rapidjson::Value(false), alloc);
+  }
+  if (r.type == "longrope") {
+    set_member(obj, "short_factor", number_list(r.short_factor, alloc), alloc);
+    set_member(obj, "long_factor", number_list(r.long_factor, alloc), alloc);
+  }
+}
+
+}  // namespace
+
+rapidjson::Value rope_parameters_block(double theta, const RopeScaling& scaling,
+                                       double partial_rotary_factor, Alloc& alloc) {
+  rapidjson::Value p(rapidjson::kObjectType);
+  set_member(p, "rope_type", string_value(scaling.type, alloc), alloc);
+  set_member(p, "rope_theta", rapidjson::Value(theta), alloc);
+  if (partial_rotary_factor != 1.0) {
+    set_member(p, "partial_rotary_factor", rapidjson::Value(partial_rotary_factor), alloc);
+  }
+  add_scaling_members(p, scaling, alloc);
+  return p;
+}
+
+rapidjson::Value rope_scaling_block(const RopeScaling& scaling, Alloc& alloc) {
+  if (scaling.type == "default") return rapidjson::Value(rapidjson::kNullType);
+  rapidjson::Value p(rapidjson::kObjectType);
+  if (scaling.type == "longrope") {
+    set_member(p, "type", string_value("longrope", alloc), alloc);
+    set_member(p, "short_factor", number_list(scaling.short_factor, alloc), alloc);
+    set_member(p, "long_factor", number_list(scaling.long_factor, alloc), alloc);
+    return p;
+  }
+  set_member(p, "rope_type", string_value(scaling.type, alloc), alloc);
+  add_scaling_members(p, scaling, alloc);
+  return p;
+}
+
 void write_token_ids(rapidjson::Document& doc, const ModelConfig& c) {
   Alloc& alloc = doc.GetAllocator();
   set_member(doc, "bos_token_id", token_value(c.bos_token_id), alloc);

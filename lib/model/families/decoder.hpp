@@ -57,6 +57,13 @@ rapidjson::Value token_value(const std::optional<int64_t>& v);
 void write_common(rapidjson::Document& doc, const ModelConfig& c, const char* architecture);
 /// attention_bias and mlp_bias, as llama and mistral write them.
 void write_projection_biases(rapidjson::Document& doc, const ModelConfig& c);
+/// One 5.x rope_parameters block: {rope_type, rope_theta, partial_rotary_factor (unless 1), and
+/// the type's own members as transformers reads them back}.
+rapidjson::Value rope_parameters_block(double theta, const RopeScaling& scaling,
+                                       double partial_rotary_factor, Alloc& alloc);
+/// 4.x's rope_scaling for `scaling`: null for plain RoPE; LongRoPE as exactly 4.x's Phi-3 takes
+/// it, {type, short_factor, long_factor} (the lengths at the top of the config).
+rapidjson::Value rope_scaling_block(const RopeScaling& scaling, Alloc& alloc);
 /// The special token ids that end every decoder's config.json.
 void write_token_ids(rapidjson::Document& doc, const ModelConfig& c);
 

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -73,11 +74,20 @@ void read(json::ObjectReader& r, ModelConfig& c, bool gemma3) {
   if (gemma3) {
     if (auto v = r.number("rope_local_base_freq", 1e-12)) s->local_theta = *v;
     if (std::optional<json::ObjectReader> p = r.object("rope_parameters")) {
-      // 5.x: one block per layer type.
-      if (std::optional<json::ObjectReader> global = p->object("full_attention"))
-        decoder::read_rope_block(*global, c.rope_theta, c.rope_scaling);
-      if (std::optional<json::ObjectReader> local = p->object("sliding_attention"))
-        decoder::read_rope_block(*local, s->local_theta, s->local_scaling);
+      // 5.x: one block per layer type, each type the layers use there (transformers fails on
+      // a missing one, and on a flat block).
+      std::optional<json::ObjectReader> global = p->object("full_attention");
+      std::optional<json::ObjectReader> local = p->object("sliding_attention");
+      const bool any_sliding = std::count(s->sliding.begin(), s->sliding.end(), true) > 0;
+      const bool any_full = std::count(s->sliding.begin(), s->sliding.end(), false) > 0;
+      if ((any_full && !global) || (any_sliding && !local)) {
+        r.fail_value("rope_parameters",
+                     "Gemma 3 takes one block per layer type: {\"full_attention\": {...}, "
+                     "\"sliding_attention\": {...}}");
+      }
+      p->reject_unknown("Gemma 3's rope_parameters hold full_attention and sliding_attention");
+      if (global) decoder::read_rope_block(*global, c.rope_theta, c.rope_scaling);
+      if (local) decoder::read_rope_block(*local, s->local_theta, s->local_scaling);
       decoder::complete_rope(r, c, c.rope_scaling);
       decoder::complete_rope(r, c, s->local_scaling);
     }
@@ -95,6 +105,7 @@ DecoderSpec compose(const ModelConfig& c) {
   const Settings& s = settings_of(c);
   DecoderSpec d = shared_decoder(c);
   d.scale_embeddings = true;
+  d.scale_virtual_tokens = !s.qk_norm;  // Gemma 3 scales inside its embedding module
   d.logit_softcap = s.final_softcap;
   d.final_norm.unit_offset = true;
   if (s.qk_norm) {
@@ -123,6 +134,20 @@ DecoderSpec compose(const ModelConfig& c) {
   return d;
 }
 
+rapidjson::Value rope_parameters(const ModelConfig& c, rapidjson::Document::AllocatorType& alloc) {
+  const Settings& s = settings_of(c);
+  rapidjson::Value p(rapidjson::kObjectType);
+  decoder::set_member(
+      p, "full_attention",
+      decoder::rope_parameters_block(c.rope_theta, c.rope_scaling, c.partial_rotary_factor, alloc),
+      alloc);
+  decoder::set_member(p, "sliding_attention",
+                      decoder::rope_parameters_block(s.local_theta, s.local_scaling,
+                                                     c.partial_rotary_factor, alloc),
+                      alloc);
+  return p;
+}
+
 void write(rapidjson::Document& doc, const ModelConfig& c, const char* architecture) {
   const Settings& s = settings_of(c);
   decoder::write_common(doc, c, architecture);
@@ -135,7 +160,12 @@ void write(rapidjson::Document& doc, const ModelConfig& c, const char* architect
   };
   put("hidden_act", rapidjson::Value("gelu_pytorch_tanh", alloc));
   put("hidden_activation", rapidjson::Value("gelu_pytorch_tanh", alloc));
-  put("query_pre_attn_scalar", rapidjson::Value(s.query_pre_attn_scalar));
+  // An int in transformers' config classes, which 5.x validates strictly: a whole number is
+  // written as one.
+  const double scalar = s.query_pre_attn_scalar;
+  put("query_pre_attn_scalar", std::trunc(scalar) == scalar && std::abs(scalar) < 9.0e15
+                                   ? rapidjson::Value(static_cast<int64_t>(scalar))
+                                   : rapidjson::Value(scalar));
   put("attn_logit_softcapping", cap(s.attn_softcap));
   put("final_logit_softcapping", cap(s.final_softcap));
   put("sliding_window", rapidjson::Value(s.window));

@@ -30,6 +30,9 @@ struct Settings : FamilySettings {
 void read(json::ObjectReader& r, ModelConfig& c, bool gemma3);
 /// The blocks of a Gemma decoder of `c`.
 DecoderSpec compose(const ModelConfig& c);
+/// Gemma 3's 5.x rope_parameters: one block per layer type, full_attention (the config's own
+/// RoPE) and sliding_attention (the local one), as transformers 5 saves them.
+rapidjson::Value rope_parameters(const ModelConfig& c, rapidjson::Document::AllocatorType& alloc);
 /// config.json for `c` as transformers saves it (Gemma2ForCausalLM, Gemma3ForCausalLM).
 void write(rapidjson::Document& doc, const ModelConfig& c, const char* architecture);
 

@@ -16,6 +16,7 @@ void write(rapidjson::Document& doc, const ModelConfig& c) {
 
 }  // namespace
 
-extern const Family kGemma3{"gemma3_text", read, write, gemma::compose};
+extern const Family kGemma3{
+    "gemma3_text", read, write, gemma::compose, false, {}, {}, nullptr, gemma::rope_parameters};
 
 }  // namespace zt::model
