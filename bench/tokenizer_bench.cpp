@@ -261,6 +261,13 @@ void encode_lines(const zt::Tokenizer& tok, const std::vector<std::string>& line
   }
 }
 
+// The folder's own name, also for a path given with a trailing slash ("real/qwen3/").
+std::string folder_name(const std::string& dir) {
+  fs::path p(dir);
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -344,10 +351,9 @@ int main(int argc, char** argv) {
         "RESULT %s\n",
         fmt::format(
             R"J({{"bench": "tokenizer", "tokenizer": "{}", "threads": {}, "corpus_mb": {:.1f}, "tokens": {}, "bytes_per_token": {:.2f}, "seconds": {:.2f}, "mb_per_s": {:.2f}, "mb_per_s_per_core": {:.2f}, "encode_mb_per_s_per_core": {:.2f}}})J",
-            fs::path(dir).filename().string(), threads, double(total.jsonl_bytes) / 1e6,
-            total.tokens, double(total.text_bytes) / double(std::max<uint64_t>(1, total.tokens)),
-            seconds, mb_per_s, mb_per_s / threads,
-            double(total.text_bytes) / 1e6 / total.encode_seconds)
+            folder_name(dir), threads, double(total.jsonl_bytes) / 1e6, total.tokens,
+            double(total.text_bytes) / double(std::max<uint64_t>(1, total.tokens)), seconds,
+            mb_per_s, mb_per_s / threads, double(total.text_bytes) / 1e6 / total.encode_seconds)
             .c_str());
     std::fflush(stdout);
   }

@@ -22,6 +22,9 @@ with open(corpus, "rb") as f:
 jsonl_bytes = sum(len(l) + 1 for l in lines)
 for d in dirs:
     tok = tokenizers.Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    # The same work as zt_bench_tokenizer: whole texts, no truncation or padding from the file.
+    tok.no_truncation()
+    tok.no_padding()
     start = time.perf_counter()
     tokens = 0
     text_bytes = 0

@@ -121,17 +121,29 @@ struct TokenizerJson {
 };
 
 /// The pipeline transformers 5 builds itself for the tokenizer class tokenizer_config.json
-/// names: its classes with their own constructor (LlamaTokenizer, Qwen2Tokenizer) take only the
-/// vocabulary, merges, added tokens and post-processor from tokenizer.json and set the
-/// normalizer, pre-tokenizer, decoder and BPE flags themselves (transformers 4.x, and classes
-/// without a constructor such as PreTrainedTokenizerFast, use tokenizer.json as written).
+/// names: its classes with their own constructor (LlamaTokenizer, Qwen2Tokenizer, BertTokenizer)
+/// take the vocabulary, merges, added tokens and (but BertTokenizer) the post-processor from
+/// tokenizer.json and set the model, normalizer, pre-tokenizer and decoder themselves
+/// (transformers 4.x, and classes without a constructor such as PreTrainedTokenizerFast, use
+/// tokenizer.json as written).
 struct ClassPipeline {
   std::string name;  ///< the tokenizer_class, for messages
   std::vector<NormalizerStep> normalizers;
   std::vector<PreTokenizerStep> pre_tokenizers;
   std::vector<DecoderStep> decoders;
+  /// The model the class builds from the file's vocabulary: BPE (with the file's merges and
+  /// these flags) or WordPiece (BertTokenizer's, unknown words as `unk_token`).
+  enum class Model { kBpe, kWordPiece } model = Model::kBpe;
   bool fuse_unk = false, byte_fallback = false;
+  std::string unk_token = "[UNK]";
+  /// Set: the class's own post-processor, these tokens around the text (BertTokenizer's
+  /// [CLS] · [SEP]); unset: the file's.
+  std::optional<std::pair<std::string, std::string>> template_around;
 };
+
+/// BertPreTokenizer's steps: split on whitespace (removed), then each punctuation character
+/// on its own.
+std::vector<PreTokenizerStep> bert_pre_tokenizer();
 
 /// The class pipeline for the tokenizer in `dir`, or nullopt when tokenizer.json applies as
 /// written (no tokenizer_config.json, or a class without its own pipeline). Rules and the

@@ -94,6 +94,27 @@ std::optional<ClassPipeline> class_pipeline(const std::string& dir) {
     p.fuse_unk = p.byte_fallback = true;
     return p;
   }
+  if (name == "BertTokenizer" || name == "BertTokenizerFast") {
+    // WordPiece over the file's vocabulary; BertNormalizer(clean_text, handle_chinese_chars =
+    // tokenize_chinese_chars, strip_accents (null: as lowercase), lowercase = do_lower_case);
+    // BertPreTokenizer; the WordPiece decoder; [CLS] text [SEP]. The class's defaults are
+    // true for both switches.
+    NormalizerStep bert{NormalizerStep::kBert};
+    bert.lowercase = r.boolean("do_lower_case").value_or(true);
+    bert.chinese_chars = r.boolean("tokenize_chinese_chars").value_or(true);
+    bert.strip_accents = r.boolean("strip_accents").value_or(bert.lowercase);
+    p.normalizers = {bert};
+    p.pre_tokenizers = bert_pre_tokenizer();
+    DecoderStep pieces{DecoderStep::kWordPiece};
+    pieces.text = "##";
+    pieces.cleanup = true;
+    p.decoders = {pieces};
+    p.model = ClassPipeline::Model::kWordPiece;
+    p.unk_token = token_setting(config, "unk_token").value_or("[UNK]");
+    p.template_around = std::make_pair(token_setting(config, "cls_token").value_or("[CLS]"),
+                                       token_setting(config, "sep_token").value_or("[SEP]"));
+    return p;
+  }
   if (name == "Qwen2Tokenizer" || name == "Qwen2TokenizerFast") {
     // NFC, the Qwen2 regex split, ByteLevel without its own regex; plain BPE.
     p.normalizers = {NormalizerStep{NormalizerStep::kForm}};

@@ -31,6 +31,21 @@ constexpr const char* kDecoderTypes =
 constexpr const char* kPostProcessorTypes =
     "TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel, Sequence";
 
+// HF's character classes for its pre-tokenizers, as regexes: Rust's char::is_whitespace, and
+// ASCII punctuation or Unicode P*.
+constexpr const char* kWhitespace =
+    "[\\t-\\r \\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}"
+    "\\x{205f}\\x{3000}]";
+constexpr const char* kPunctuation = "[\\p{P}\\x21-\\x2f\\x3a-\\x40\\x5b-\\x60\\x7b-\\x7e]";
+
+PreTokenizerStep split_step(const std::string& regex, text::SplitBehavior behavior, bool invert) {
+  PreTokenizerStep s{PreTokenizerStep::kSplit};
+  s.matcher = text::Matcher::regex(regex);
+  s.behavior = behavior;
+  s.invert = invert;
+  return s;
+}
+
 [[noreturn]] void unsupported(const json::ObjectReader& r, std::string_view key,
                               std::string_view value, std::string_view supported) {
   r.fail_value(key, fmt::format("{} is not supported by zerotrain (supported: {}); see "
@@ -287,16 +302,8 @@ void read_pre_tokenizer(json::ObjectReader& r, const std::string& source,
     // char::is_whitespace removed; Digits: char::is_numeric, one by one or in runs;
     // Punctuation: ASCII punctuation or Unicode P*, by its behavior (default Isolated); Bert:
     // WhitespaceSplit then Punctuation.
-    static const char* const kWhitespace =
-        "[\\t-\\r \\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}"
-        "\\x{205f}\\x{3000}]";
-    static const char* const kPunctuation = "[\\p{P}\\x21-\\x2f\\x3a-\\x40\\x5b-\\x60\\x7b-\\x7e]";
     const auto add = [&](const std::string& regex, text::SplitBehavior behavior, bool invert) {
-      PreTokenizerStep s{PreTokenizerStep::kSplit};
-      s.matcher = text::Matcher::regex(regex);
-      s.behavior = behavior;
-      s.invert = invert;
-      out.push_back(s);
+      out.push_back(split_step(regex, behavior, invert));
     };
     if (type == "Whitespace") {
       add("\\w+|[^\\w\\s]+", text::SplitBehavior::kRemoved, true);
@@ -312,8 +319,8 @@ void read_pre_tokenizer(json::ObjectReader& r, const std::string& source,
       if (auto b = r.string("behavior")) behavior = split_behavior(r, *b);
       add(kPunctuation, behavior, false);
     } else {
-      add(kWhitespace, text::SplitBehavior::kRemoved, false);
-      add(kPunctuation, text::SplitBehavior::kIsolated, false);
+      const std::vector<PreTokenizerStep> bert = bert_pre_tokenizer();
+      out.insert(out.end(), bert.begin(), bert.end());
     }
   } else {
     unsupported(r, "type", fmt::format("pre-tokenizer \"{}\"", type), kPreTokenizerTypes);
@@ -550,6 +557,20 @@ std::shared_ptr<const TokenModel> read_model(json::ObjectReader& m, const std::s
            : m.has("continuing_subword_prefix") || m.has("max_input_chars_per_word") ? "WordPiece"
                                                                                      : "WordLevel";
   }
+  if (pipeline && pipeline->model == ClassPipeline::Model::kWordPiece) {
+    // The class's own WordPiece over the file's vocabulary (a WordPiece, WordLevel or BPE
+    // vocab object), with its defaults: "##" continues a word, words past 100 characters are
+    // unknown.
+    if (type == "Unigram") {
+      m.fail_value("type",
+                   fmt::format("\"Unigram\": {} builds a WordPiece model from a "
+                               "vocabulary object; the file and its tokenizer_config.json's "
+                               "tokenizer_class disagree",
+                               pipeline->name));
+    }
+    return std::make_shared<const WordPieceModel>(read_vocab_object(m), pipeline->unk_token, "##",
+                                                  100, source);
+  }
   if (pipeline && type != "BPE") {
     m.fail_value("type", fmt::format("\"{}\": {} builds a BPE pipeline; the file and its "
                                      "tokenizer_config.json's tokenizer_class disagree",
@@ -617,6 +638,11 @@ void read_added_tokens(json::ObjectReader& r, const std::string& source, const T
 
 }  // namespace
 
+std::vector<PreTokenizerStep> bert_pre_tokenizer() {
+  return {split_step(kWhitespace, text::SplitBehavior::kRemoved, false),
+          split_step(kPunctuation, text::SplitBehavior::kIsolated, false)};
+}
+
 TokenizerJson read_tokenizer_json(const std::string& path,
                                   const std::optional<ClassPipeline>& pipeline) {
   const std::string content = files::read_text(path, "tokenizer file", files::kMaxTokenizerBytes);
@@ -670,6 +696,19 @@ TokenizerJson read_tokenizer_json(const std::string& path,
                           spec.pre_tokenizers.back().kind == PreTokenizerStep::kByteLevel;
   spec.model = read_model(*m, path, byte_level, applied);
   read_added_tokens(r, path, *spec.model, spec.model->entries(), spec.added);
+  if (applied && applied->template_around) {
+    // The class's TemplateProcessing: its [CLS]-like token before the text, its [SEP]-like
+    // one after, by their ids (transformers falls back to 2 and 3 for a token it lacks).
+    const auto id_of = [&](const std::string& token, int32_t fallback) {
+      for (const AddedToken& t : spec.added) {
+        if (t.content == token) return t.id;
+      }
+      const int32_t id = spec.model->token_id(token);
+      return id >= 0 ? id : fallback;
+    };
+    spec.post_template = Template{{id_of(applied->template_around->first, 2)},
+                                  {id_of(applied->template_around->second, 3)}};
+  }
   return spec;
 }
 

@@ -29,6 +29,10 @@ for name in names:
     d = os.path.join(real, name)
     try:
         t = tokenizers.Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+        # The file's truncation / padding (T5's and some BERTs' carry them) are per-call settings
+        # in transformers and the data pipeline's job in zerotrain (docs/tokenizers.md): off.
+        t.no_truncation()
+        t.no_padding()
         raw[name] = [t.encode(x, add_special_tokens=False).ids for x in texts]
     except Exception as e:  # noqa: BLE001 - the file says what failed
         raw[name] = {"error": f"{type(e).__name__}: {e}"}

@@ -255,6 +255,21 @@ def make_models(models=MODELS):
                                          "layers.0.mlp.experts.gate_up_proj",
                                          "layers.2.mlp.experts.down_proj")):
                 expected["grad." + pname] = p.grad.detach().clone()
+        if getattr(model.config, "num_experts_per_tok", None):
+            # A mixture of experts with output_router_logits: transformers' load-balancing loss
+            # (the raw router logits of every sparse layer, softmax, top-k counts; padding
+            # excluded by the mask) and the loss with it added at a coefficient large enough to
+            # show in every router's gradient.
+            model.zero_grad()
+            model.router_aux_loss_coef = 0.25
+            out = model(input_ids=ids, attention_mask=mask, labels=labels, output_router_logits=True)
+            out.loss.backward()
+            expected["aux.coef"] = torch.tensor([0.25])
+            expected["aux.aux_loss"] = out.aux_loss.detach().reshape(1)
+            expected["aux.loss"] = out.loss.detach().reshape(1)
+            for pname, p in model.named_parameters():
+                if "mlp.gate.weight" in pname or "mlp.experts." in pname or "lm_head" in pname:
+                    expected["aux.grad." + pname] = p.grad.detach().clone()
         save_file({k: v.contiguous() for k, v in expected.items()}, os.path.join(d, "expected.safetensors"))
         if name == "llama":
             save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()},
