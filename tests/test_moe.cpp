@@ -241,8 +241,18 @@ TEST_CASE("qwen3_moe's config: sparse layers by step and list, bad values named 
                        Has({"num_experts"}));
   CHECK_THROWS_MATCHES(parse_model_config(with(R"("decoder_sparse_step": 0)")), ConfigError,
                        Has({"decoder_sparse_step"}));
-  CHECK_THROWS_MATCHES(parse_model_config(with(R"("output_router_logits": true)")), ConfigError,
-                       Has({"output_router_logits", "load-balancing"}));
+  CHECK_THROWS_MATCHES(parse_model_config(with(R"("router_aux_loss_coef": -0.1)")), ConfigError,
+                       Has({"router_aux_loss_coef"}));
+  CHECK_THROWS_MATCHES(parse_model_config(with(R"("output_router_logits": "yes")")), ConfigError,
+                       Has({"output_router_logits"}));
+  // The loss is asked for only by output_router_logits; its coefficient is written back.
+  CHECK_FALSE(model::decoder_spec(parse_model_config(with(R"("router_aux_loss_coef": 0.2)")))
+                  .router_aux_coef);
+  const ModelConfig balanced =
+      parse_model_config(with(R"("output_router_logits": true, "router_aux_loss_coef": 0.2)"));
+  CHECK(model::decoder_spec(balanced).router_aux_coef == 0.2);
+  CHECK(model::decoder_spec(parse_model_config(model_config_json(balanced))).router_aux_coef ==
+        0.2);
   CHECK_THROWS_MATCHES(
       parse_model_config(
           with(R"("num_experts": 4096, "moe_intermediate_size": 1000000, "hidden_size": 1048576)")),
@@ -435,6 +445,137 @@ TEST_CASE(
     INFO(name);
     CHECK(at::equal(base.load(name), out.load(name)));
   }
+}
+
+namespace {
+
+// kMoeConfig (layer 1 dense) with the load-balancing loss at coefficient `coef`.
+std::string balanced_config(double coef) {
+  std::string text = moe_config_with_dense(1);
+  text.insert(text.size() - 1,
+              fmt::format(R"(, "output_router_logits": true, "router_aux_loss_coef": {})", coef));
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("the load-balancing loss: k for an even router, padding left out, its own gradient",
+          "[model][moe]") {
+  const ModelConfig c = parse_model_config(balanced_config(0.5));
+  CausalLM m(c, at::TensorOptions(), false);
+  load_weights(m, *random_source(c, 17));
+  at::manual_seed(4);
+  const at::Tensor ids = at::randint(3, 250, {2, 9}, at::kLong);
+  at::Tensor mask = at::ones({2, 9}, at::kLong);
+  mask[1].narrow(0, 6, 3).fill_(0);
+  const at::Tensor labels = ids.clone();
+  std::vector<at::Tensor> routers;
+  for (const auto& p : m.named_parameters()) {
+    if (p.key().find("mlp.gate.weight") != std::string::npos) routers.push_back(p.value());
+  }
+  REQUIRE(routers.size() == 1);  // layer 0; layer 1 is dense
+  // Only a forward with gradients computes it (evaluation and generation do not), with the
+  // config's coefficient.
+  {
+    at::NoGradGuard no_grad;
+    CHECK_FALSE(m.loss(ids, labels, mask).aux.defined());
+  }
+  CHECK(m.loss(ids, labels, mask).aux_coef == 0.5);
+  // A router of zeros spreads every token evenly: P_e = R / E, and the top k take the first k
+  // experts (ties to the lower index), so aux = E · Σ_e C_e P_e / R² = k; padding changes
+  // neither side.
+  {
+    at::NoGradGuard no_grad;
+    for (const at::Tensor& r : routers) r.zero_();
+  }
+  for (const at::Tensor& with_mask : {mask, at::Tensor()}) {
+    CHECK(m.loss(ids, labels, with_mask).aux.item<double>() == Approx(2.0).epsilon(1e-6));
+  }
+  // A trained router: the gradient that reaches the routers is the loss's own, against finite
+  // differences of its value along a random direction (small enough that no choice flips).
+  {
+    at::NoGradGuard no_grad;
+    for (const at::Tensor& r : routers) r.normal_(0.0, 0.5);
+  }
+  const auto aux_value = [&] { return m.loss(ids, labels, mask).aux.item<double>(); };
+  const double base = aux_value();
+  CHECK(base > 2.0);  // uneven routing costs more than the even one
+  m.zero_grad();
+  LossSum l = m.loss(ids, labels, mask);
+  // The objective reaches the routers through the layers: the language-model loss (here
+  // weighted 0) carries the backward there.
+  (l.sum * 0.0 + l.aux).backward();
+  std::vector<at::Tensor> directions;
+  double analytic = 0.0;
+  at::manual_seed(9);
+  for (const at::Tensor& r : routers) {
+    directions.push_back(at::randn_like(r));
+    REQUIRE(r.grad().defined());
+    analytic += (r.grad() * directions.back()).sum().item<double>();
+  }
+  const double eps = 1e-3;
+  const auto moved = [&](double by) {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < routers.size(); ++i) routers[i].add_(directions[i] * by);
+  };
+  moved(eps);
+  const double up = aux_value();
+  moved(-2 * eps);
+  const double down = aux_value();
+  moved(eps);
+  INFO("aux " << base << ", analytic " << analytic << ", differences " << (up - down) / (2 * eps));
+  CHECK(std::abs(analytic) > 1e-2);
+  CHECK((up - down) / (2 * eps) == Approx(analytic).epsilon(2e-2));
+}
+
+TEST_CASE("the load-balancing loss trains the routers alike with and without recomputation",
+          "[model][moe][trainer]") {
+  // Activation checkpointing and ZeRO-3 recompute each layer in backward: the routers' share of
+  // the loss's gradient must come from the recomputation as it comes from the first pass.
+  const std::string dir = test::temp_dir("moe_balance");
+  test::write_data(dir, "train.jsonl", 16, 4);
+  test::write_model_folder(dir + "/base", balanced_config(0.5), 21);
+  // Adam's epsilon 1e-4: fp32 summation noise on near-zero gradients stays out of the updates
+  // (as the equivalence tests of test_trainer.cpp do); no clipping, which a DeepSpeed config
+  // without gradient_clipping turns off.
+  const std::vector<std::string> full{"--max_steps",    "3",    "--finetuning_type", "full",
+                                      "--adam_epsilon", "1e-4", "--max_grad_norm",   "0"};
+  const std::vector<double> plain = train_on_base(dir, full);
+  REQUIRE(plain.size() == 3);
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--gradient_checkpointing", "true"},
+        std::vector<std::string>{"--deepspeed", R"({"zero_optimization": {"stage": 3}})"}}) {
+    INFO(extra[0]);
+    std::vector<std::string> flags = full;
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    flags.insert(flags.end(), {"--output_dir", dir + "/out_" + extra[0].substr(2)});
+    const std::vector<double> got = train_on_base(dir, flags);
+    REQUIRE(got.size() == plain.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(plain[i]).epsilon(1e-5));
+  }
+  // Without the loss the same run steps differently: its logged loss lacks coef · aux, and from
+  // the second step on the routers have moved otherwise.
+  fs::remove_all(dir + "/base");
+  test::write_model_folder(dir + "/base", moe_config_with_dense(1), 21);
+  std::vector<std::string> flags = full;
+  flags.insert(flags.end(), {"--output_dir", dir + "/out_plain"});
+  const std::vector<double> without = train_on_base(dir, flags);
+  REQUIRE(without.size() == plain.size());
+  CHECK(plain[0] - without[0] > 0.5);  // 0.5 · aux, aux ≥ 1
+  // LLaMA-Factory's moe_aux_loss_coef turns it on over the same config.json.
+  flags.insert(flags.end(), {"--output_dir", dir + "/out_option", "--moe_aux_loss_coef", "0.5"});
+  const std::vector<double> option = train_on_base(dir, flags);
+  REQUIRE(option.size() == plain.size());
+  for (size_t i = 0; i < option.size(); ++i) CHECK(option[i] == Approx(plain[i]).epsilon(1e-6));
+  // Batches fed by the host program refuse it rather than leave it out.
+  test::write_model_folder(dir + "/host_base", balanced_config(0.5), 21);
+  TrainingArguments args;
+  apply_training_flags(args, {"--model_name_or_path", dir + "/host_base", "--output_dir",
+                              dir + "/out_host", "--max_steps", "2"});
+  Trainer host(args, std::shared_ptr<Communicator>(test::join()));
+  const at::Tensor ids = at::randint(3, 250, {2, 8}, at::kLong);
+  CHECK_THROWS_MATCHES(host.train_step(ids, ids), ConfigError,
+                       test::Has({"output_router_logits", "train_step"}));
 }
 
 TEST_CASE("QLoRA over a mixture-of-experts base: 4-bit projections, experts kept in their dtype",

@@ -406,15 +406,20 @@ TEST_CASE("a run saved at 2 ranks resumes at 1 and 4 with the global batch kept"
   check_resumed_at_other_worlds(2);
 }
 
-TEST_CASE("a mixture-of-experts run saved at 2 ranks under ZeRO-3 resumes at 1 and 4",
-          "[trainer][checkpoint][moe]") {
+TEST_CASE(
+    "a mixture-of-experts run with its load-balancing loss saved at 2 ranks under ZeRO-3 "
+    "resumes at 1 and 4",
+    "[trainer][checkpoint][moe]") {
   if (test::skip_cpu_world(4)) return;
+  // The logged losses carry router_aux_loss_coef · aux of every micro-batch (each the same
+  // rows whatever the world size), and ZeRO-3 recomputes every layer in backward.
   check_resumed_at_other_worlds(3,
                                 R"({"model_type": "qwen3_moe", "vocab_size": 259, "hidden_size": 32,
       "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
       "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 128,
       "tie_word_embeddings": false, "num_experts": 4, "num_experts_per_tok": 2,
-      "moe_intermediate_size": 16, "mlp_only_layers": [1]})");
+      "moe_intermediate_size": 16, "mlp_only_layers": [1], "output_router_logits": true,
+      "router_aux_loss_coef": 0.3})");
 }
 
 TEST_CASE("a run writes logs, checkpoints a user can load, and the final model", "[trainer]") {

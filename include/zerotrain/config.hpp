@@ -342,6 +342,11 @@ struct TrainingArguments {
   std::string
       freeze_extra_modules;  ///< comma list of modules also trained (embed_tokens, lm_head, norm)
 
+  /// LLaMA-Factory: a mixture of experts trains with its load-balancing loss at this
+  /// coefficient (config.json's output_router_logits and router_aux_loss_coef set so); unset or
+  /// 0: the config's own settings.
+  std::optional<double> moe_aux_loss_coef;
+
   // A 4-bit base (QLoRA; docs/quantization.md), in LLaMA-Factory's and transformers'
   // BitsAndBytesConfig names; each spelling keeps its own defaults (quantization_of).
   int64_t quantization_bit = 0;                   ///< LLaMA-Factory: 4 (0: none; 8 is refused)

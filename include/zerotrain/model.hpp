@@ -143,6 +143,13 @@ std::vector<GlmTensorFrom> glm_names_of_chatglm(const ModelConfig& config, const
 struct LossSum {
   at::Tensor sum;  ///< fp32 scalar, differentiable
   int64_t tokens = 0;
+  /// A mixture of experts whose config sets output_router_logits, in a forward with gradients:
+  /// transformers' load-balancing loss of this batch (fp32 scalar, differentiable through the
+  /// routers, under activation checkpointing and ZeRO-3 too) and router_aux_loss_coef. The
+  /// objective adds aux_coef · aux per batch, as transformers' model adds it to its loss.
+  /// Undefined (and 0) otherwise.
+  at::Tensor aux{};
+  double aux_coef = 0.0;
 };
 
 /// Options for generate().
@@ -247,6 +254,7 @@ class CausalLM : public torch::nn::Module {
     at::Tensor losses;
     int64_t tokens = 0;
     at::Tensor mean_logits;
+    at::Tensor aux{};  ///< the load-balancing loss, where it is computed
   };
   HeadOutputs head_losses(const at::Tensor& input_ids, const at::Tensor& labels,
                           const at::Tensor& attention_mask, int64_t chunk_tokens,

@@ -129,6 +129,9 @@ struct DecoderSpec {
   bool scale_virtual_tokens = true;
   /// The logits soft-capped to cap · tanh(logits / cap) (Gemma 2's final_logit_softcapping).
   std::optional<double> logit_softcap;
+  /// Set: the mixtures of experts' load-balancing loss is computed, to be added with this
+  /// coefficient (transformers' output_router_logits with router_aux_loss_coef).
+  std::optional<double> router_aux_coef;
 };
 
 /// The decoder that the shared switches of `c` describe (sizes, biases, RoPE, partial and

@@ -7,6 +7,7 @@
 
 #include "model/family.hpp"
 #include "model/layers.hpp"
+#include "model/moe.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/units.hpp"
@@ -121,6 +122,9 @@ struct CausalLM::Impl {
   std::shared_ptr<PromptAdapter> installed_prompt;
   PromptAdapter* prompt = nullptr;  // installed_prompt while the adapters are on, else null
   bool adapters_enabled = true;
+  /// The load-balancing loss's gathering, shared by the sparse layers; null unless the config
+  /// asks for the loss.
+  std::shared_ptr<model::RouterBalance> balance;
 
   const at::Tensor& head_weight() const {
     return lm_head ? lm_head->weight : body->embed_tokens->weight;
@@ -189,6 +193,12 @@ CausalLM::CausalLM(const ModelConfig& config, at::TensorOptions options, bool al
     torch::nn::Module& owner =
         names.head_in_body ? static_cast<torch::nn::Module&>(*impl_->body) : *this;
     impl_->lm_head = register_path(owner, names.lm_head, head);
+  }
+  if (impl_->body->spec.router_aux_coef) {
+    impl_->balance = std::make_shared<model::RouterBalance>();
+    for (const auto& layer : impl_->body->layers) {
+      if (layer->moe) layer->moe->balance = impl_->balance;
+    }
   }
 }
 
@@ -283,6 +293,15 @@ CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const a
   })[0];
   Prepared p = apply_prompt(config_, I.prompt, embedded, mask);
   at::Tensor x = body->scaled(p.x);
+  // The load-balancing loss of a forward that trains: rows are real where the mask is
+  // non-zero (its last columns cover the layers' rows; a prefix adds none).
+  const bool balanced = I.balance && at::GradMode::is_enabled();
+  if (balanced) {
+    at::Tensor rows;
+    if (p.mask.numel() > 0)
+      rows = p.mask.narrow(1, p.mask.size(1) - x.size(1), x.size(1)).ne(0).reshape({-1});
+    I.balance->begin(rows);
+  }
   const DecoderBody::Tables tables =
       position_ids.defined() ? body->tables(position_ids.to(device), x.scalar_type())
                              : body->tables(p.start, x.size(1), x.scalar_type(), device);
@@ -328,7 +347,9 @@ CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const a
               }
               return results;
             });
-  return {out[0], tokens, out.size() > 1 ? out[1].detach() : at::Tensor()};
+  // After the head: the loss's node is the graph's newest, so its backward runs first.
+  const at::Tensor aux = balanced ? I.balance->finish() : at::Tensor();
+  return {out[0], tokens, out.size() > 1 ? out[1].detach() : at::Tensor(), aux};
 }
 
 LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
@@ -336,7 +357,12 @@ LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
                        const at::Tensor& position_ids) {
   HeadOutputs out =
       head_losses(input_ids, labels, attention_mask, chunk_tokens, position_ids, false, false);
-  return {out.losses, out.tokens};
+  LossSum l{out.losses, out.tokens};
+  if (out.aux.defined()) {
+    l.aux = out.aux;
+    l.aux_coef = *impl_->body->spec.router_aux_coef;
+  }
+  return l;
 }
 
 at::Tensor CausalLM::label_log_probs(const at::Tensor& input_ids, const at::Tensor& labels,

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "zerotrain/error.hpp"
+#include "zerotrain/units.hpp"
 
 namespace zt::model {
 
@@ -65,6 +66,104 @@ class GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFunc
 
 }  // namespace
 
+// The loss's node: its backward records the objective's gradient for the routers' nodes.
+class BalanceLossFunction : public torch::autograd::Function<BalanceLossFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& anchor,
+                            const at::Tensor& value, RouterBalance* balance) {
+    (void)anchor;
+    ctx->saved_data["balance"] = reinterpret_cast<int64_t>(balance);
+    return value.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* balance = reinterpret_cast<RouterBalance*>(ctx->saved_data["balance"].toInt());
+    balance->seed_ = grads[0].detach().to(at::kFloat).reshape({});
+    return {at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// In a sparse layer: the scores pass through; the layer's probability sums P_e get the loss's
+// gradient, seed · E · C_e / R².
+class BalanceGradientFunction : public torch::autograd::Function<BalanceGradientFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& scores,
+                            const at::Tensor& probs, RouterBalance* balance) {
+    (void)probs;
+    ctx->saved_data["balance"] = reinterpret_cast<int64_t>(balance);
+    return scores.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* balance = reinterpret_cast<RouterBalance*>(ctx->saved_data["balance"].toInt());
+    at::Tensor probs_grad;
+    // No seed: the objective left the loss out (its gradient is zero).
+    if (balance->seed_.defined()) {
+      probs_grad = balance->counts_ * (balance->seed_ * static_cast<double>(balance->experts_) /
+                                       (balance->rows_ * balance->rows_));
+    }
+    return {grads[0], probs_grad, at::Tensor()};
+  }
+};
+
+void RouterBalance::begin(const at::Tensor& row_weights) {
+  open_ = true;
+  armed_ = false;
+  experts_ = 0;
+  row_weights_ = row_weights.defined() ? row_weights.to(at::kFloat).reshape({-1}) : at::Tensor();
+  counts_ = probs_ = rows_ = seed_ = at::Tensor();
+}
+
+at::Tensor RouterBalance::observe(const at::Tensor& logits, const at::Tensor& selected,
+                                  const at::Tensor& scores) {
+  const bool recomputing = recomputing_for_backward();
+  if (!(open_ && !recomputing) && !(armed_ && recomputing)) return scores;
+  // transformers' softmax in the logits' dtype, summed in fp32, rows weighted by the mask.
+  const at::Tensor probs = at::softmax(logits, -1).to(at::kFloat);
+  const at::Tensor& w = row_weights_;
+  if (w.defined() && w.size(0) != probs.size(0)) {
+    throw InvalidArgument(
+        fmt::format("RouterBalance: {} row weights for {} rows", w.size(0), probs.size(0)));
+  }
+  if (open_ && !recomputing) {
+    at::NoGradGuard no_grad;
+    const int64_t experts = logits.size(-1);
+    if (experts_ != 0 && experts_ != experts) {
+      throw InvalidArgument(
+          fmt::format("RouterBalance: layers of {} and {} experts", experts_, experts));
+    }
+    experts_ = experts;
+    // transformers' own top-k of those probabilities (the router's, but for ties in a
+    // 16-bit dtype).
+    const at::Tensor chosen = std::get<1>(at::topk(at::softmax(logits, -1), selected.size(-1), -1));
+    const at::Tensor per_choice = w.defined() ? w.repeat_interleave(chosen.size(-1))
+                                              : at::ones({chosen.numel()}, probs.options());
+    const at::Tensor c =
+        at::zeros({experts}, probs.options()).scatter_add_(0, chosen.reshape({-1}), per_choice);
+    const at::Tensor p = (w.defined() ? probs * w.unsqueeze(1) : probs).sum(0);
+    const at::Tensor r =
+        w.defined() ? w.sum()
+                    : at::scalar_tensor(static_cast<double>(probs.size(0)), probs.options());
+    counts_ = counts_.defined() ? counts_ + c : c;
+    probs_ = probs_.defined() ? probs_ + p : p;
+    rows_ = rows_.defined() ? rows_ + r : r;
+  }
+  if (!at::GradMode::is_enabled() || !logits.requires_grad()) return scores;
+  const at::Tensor p = (w.defined() ? probs * w.unsqueeze(1) : probs).sum(0);
+  return BalanceGradientFunction::apply(scores, p, this);
+}
+
+at::Tensor RouterBalance::finish() {
+  open_ = false;
+  if (!counts_.defined()) return at::Tensor();
+  armed_ = true;
+  const at::Tensor value =
+      (counts_ * probs_).sum() * static_cast<double>(experts_) / (rows_ * rows_);
+  // A leaf that requires grad puts the loss's node in the graph.
+  const at::Tensor anchor = at::zeros({}, value.options()).requires_grad_(true);
+  return BalanceLossFunction::apply(anchor, value, this);
+}
+
 Routing route_top_k(const at::Tensor& logits, int64_t top_k, bool normalize) {
   const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
   at::Tensor weights, experts;
@@ -95,7 +194,9 @@ SparseMoe::SparseMoe(const MoeSpec& s, int64_t hidden, const ParamFactory& o) : 
 at::Tensor SparseMoe::forward(const at::Tensor& x) {
   const int64_t hidden = x.size(-1);
   const at::Tensor flat = x.reshape({-1, hidden});
-  const Routing r = route_top_k(at::linear(flat, gate->weight), spec.top_k, spec.normalize_top_k);
+  const at::Tensor logits = at::linear(flat, gate->weight);
+  Routing r = route_top_k(logits, spec.top_k, spec.normalize_top_k);
+  if (balance) r.weights = balance->observe(logits, r.experts, r.weights);
   // The (token, expert) pairs grouped by expert, each group in token order.
   const at::Tensor chosen = r.experts.reshape({-1});
   const at::Tensor order = std::get<1>(at::sort(chosen, /*stable=*/true, 0, /*descending=*/false));

@@ -51,11 +51,48 @@ struct MoeExperts : torch::nn::Module {
   }
 };
 
+/// transformers' load-balancing loss (load_balancing_loss_func) of one forward, gathered over
+/// the mixture layers of a model: with C_e the top-k choices of expert e and P_e the sum of its
+/// softmax probabilities over every sparse layer's real rows (padding excluded), and R the rows
+/// counted, aux = E · Σ_e (C_e / R)(P_e / R). The counts come from the forward's first pass;
+/// the gradient reaches each router inside its layer (`inject`), so a layer that activation
+/// checkpointing or ZeRO-3 recomputes gets it from its recomputation: its value is
+/// E · C_e / R² times the gradient the objective gives the loss (`finish`'s result), which that
+/// result's backward records before any layer's runs (it is the graph's newest node). One
+/// forward whose loss counts at a time, its backward before the next; not thread-safe.
+class RouterBalance {
+ public:
+  /// Starts a forward whose loss counts: `row_weights` [rows] fp32 (1 real, 0 padding), or
+  /// undefined when every row is real.
+  void begin(const at::Tensor& row_weights);
+  /// In a sparse layer: adds the layer's choices to the counts in the forward's first pass, and
+  /// where gradients are recorded (that pass without recomputation, or the recomputation)
+  /// returns `scores` [rows, k] through a node that gives the layer's router its share of the
+  /// loss's gradient; otherwise `scores` as they are.
+  at::Tensor observe(const at::Tensor& logits, const at::Tensor& selected,
+                     const at::Tensor& scores);
+  /// Ends the forward: the loss, an fp32 scalar whose backward seeds the routers' gradients;
+  /// undefined when no sparse layer ran.
+  at::Tensor finish();
+
+ private:
+  bool open_ = false;   // inside begin .. finish
+  bool armed_ = false;  // finish ran: the recomputations of its backward may come
+  int64_t experts_ = 0;
+  at::Tensor row_weights_, counts_, probs_, rows_;
+  at::Tensor seed_;  // ∂ objective / ∂ aux, from finish's node
+  friend class BalanceLossFunction;
+  friend class BalanceGradientFunction;
+};
+
 /// The mixture: `gate` (the router) and `experts` under the layer's `mlp`.
 struct SparseMoe : torch::nn::Module {
   std::shared_ptr<MoeRouter> gate;
   std::shared_ptr<MoeExperts> experts;
   MoeSpec spec;
+  /// Set (by the model, when its config asks for the load-balancing loss): where this layer's
+  /// routing is counted.
+  std::shared_ptr<RouterBalance> balance;
   SparseMoe(const MoeSpec& spec, int64_t hidden, const ParamFactory& o);
   /// x [..., hidden] → the weighted sum of each token's experts' outputs, same shape and dtype.
   at::Tensor forward(const at::Tensor& x);

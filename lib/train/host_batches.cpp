@@ -126,6 +126,12 @@ StepStats Trainer::Impl::train_preference_step(const at::Tensor& chosen_ids,
 
 StepStats Trainer::Impl::host_step(const LossSum& l) {
   Impl& I = *this;
+  if (l.aux.defined()) {  // every rank's config alike: all refuse before any collective
+    throw ConfigError(
+        "output_router_logits: the load-balancing loss is added to the batches the trainer "
+        "makes (train()); for batches the host program feeds (train_step) set "
+        "output_router_logits false in the model's config.json");
+  }
   // The window's count (tokens, or pairs) is learned at its end: the engine normalizes by it.
   I.engine->backward_tokens(l.sum, l.tokens);
   const std::vector<double> totals =

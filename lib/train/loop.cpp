@@ -345,9 +345,15 @@ Trainer::Impl::StepResult Trainer::Impl::run_step(const std::vector<int64_t>& or
     LossSum l = preference ? preference_forward(train_data, indices, terms, window_metric_sums,
                                                 train_reference)
                            : forward(collate(train_data, indices, pad_id));
-    engine->backward(l.sum, divisor);
+    // transformers adds router_aux_loss_coef · aux to each micro-batch's loss, which HF Trainer
+    // sums over the accumulation steps and the ranks (the token-normalized loss times the
+    // ranks, averaged): so the objective here adds each one whole.
+    at::Tensor objective = l.sum;
+    if (l.aux.defined()) objective = objective + l.aux * (divisor * l.aux_coef);
+    engine->backward(objective, divisor);
     engine->step();
     out.loss += l.sum.detach() / divisor;
+    if (l.aux.defined()) out.loss += l.aux.detach() * l.aux_coef;
   }
   state.global_step = engine->global_step();
   state.steps_in_epoch = s + 1;

@@ -24,6 +24,8 @@
 #include "config/quantization.hpp"
 #include "data/record_layouts.hpp"
 #include "data/stats.hpp"
+#include "model/blocks.hpp"
+#include "model/families/moe.hpp"
 #include "model/quantized_weights.hpp"
 #include "peft/init_sources.hpp"
 #include "peft/pissa.hpp"
@@ -333,6 +335,12 @@ void Trainer::Impl::check_options() {
   preference = args.stage == "dpo" || args.stage == "kto";
   if (!preference) return;
   pref = train::preference_options(args);
+  if (model::decoder_spec(model_config).router_aux_coef) {
+    throw ConfigError(fmt::format(
+        "'{}/config.json': output_router_logits: the load-balancing loss is added to the "
+        "supervised (sft / pt) loss only so far; train stage {} with output_router_logits false",
+        model_dir, args.stage));
+  }
   if (args.packing) {
     throw ConfigError(fmt::format(
         "packing: preference data are scored per sequence; train stage {} without packing",
@@ -618,6 +626,14 @@ void Trainer::Impl::start() {
       throw ConfigError(
           "no model: give --model_name_or_path DIR (an HF model folder) or --model_config "
           "(a config.json path or inline JSON, for random weights)");
+    }
+    if (I.args.moe_aux_loss_coef.value_or(0.0) > 0.0 &&
+        !model::moe::set_router_aux(I.model_config, *I.args.moe_aux_loss_coef) && I.rank == 0) {
+      // LLaMA-Factory passes it on only to the mixtures it knows, silently; said here.
+      log::warn(
+          "moe_aux_loss_coef: model_type {} has no mixture of experts; the option does "
+          "nothing",
+          I.model_config.model_type);
     }
     {
       // Every rank reads the same tokenizer files: what loading them warns about is said once,

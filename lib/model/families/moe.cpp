@@ -37,27 +37,33 @@ std::shared_ptr<Settings> read(json::ObjectReader& r, const ModelConfig& c, cons
                                   "trains; check {}, the experts' width and hidden_size",
                                   key));
   }
-  if (auto v = r.boolean("output_router_logits"); v && *v) {
-    r.fail_value("output_router_logits",
-                 "the router's load-balancing loss (router_aux_loss_coef) is not computed yet; "
-                 "set output_router_logits false to train on the language-model loss alone, as "
-                 "the released configs do");
-  }
-  if (auto v = r.number("router_aux_loss_coef", 0.0)) s->router_aux_loss_coef = *v;
+  s->output_router_logits = r.boolean("output_router_logits").value_or(false);
+  if (auto v = r.number("router_aux_loss_coef", 0.0, 1e6)) s->router_aux_loss_coef = *v;
   s->sparse.assign(static_cast<size_t>(c.num_hidden_layers), true);
   return s;
+}
+
+bool set_router_aux(ModelConfig& c, double coefficient) {
+  const auto* s = dynamic_cast<const Settings*>(c.family_settings.get());
+  if (s == nullptr) return false;
+  auto changed = std::make_shared<Settings>(*s);
+  changed->output_router_logits = true;
+  changed->router_aux_loss_coef = coefficient;
+  c.family_settings = std::move(changed);
+  return true;
 }
 
 void compose(const Settings& s, DecoderSpec& d) {
   for (size_t i = 0; i < d.layers.size(); ++i) {
     if (i < s.sparse.size() ? s.sparse[i] : true) d.layers[i].moe = s.spec;
   }
+  if (s.output_router_logits) d.router_aux_coef = s.router_aux_loss_coef;
 }
 
 void write(rapidjson::Document& doc, const Settings& s) {
   decoder::Alloc& alloc = doc.GetAllocator();
   decoder::set_member(doc, "num_experts_per_tok", rapidjson::Value(s.spec.top_k), alloc);
-  decoder::set_member(doc, "output_router_logits", rapidjson::Value(false), alloc);
+  decoder::set_member(doc, "output_router_logits", rapidjson::Value(s.output_router_logits), alloc);
   decoder::set_member(doc, "router_aux_loss_coef", rapidjson::Value(s.router_aux_loss_coef), alloc);
 }
 

@@ -18,6 +18,7 @@ struct Settings : FamilySettings {
   MoeSpec spec;
   std::vector<bool> sparse;  ///< per layer: a mixture of experts in the MLP's place
   double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;  ///< the load-balancing loss is added in training
   // Qwen3-MoE's choice of sparse layers, as read (written back).
   std::vector<int64_t> mlp_only_layers;
   int64_t decoder_sparse_step = 1;
@@ -28,17 +29,23 @@ const Settings& settings_of(const ModelConfig& c);
 
 /// The experts' members: the count (`experts_key`, or transformers' alias of it, default
 /// `experts`), num_experts_per_tok (default `top_k`, at most the count), each expert's
-/// `intermediate` width, and router_aux_loss_coef; output_router_logits true is refused (the
-/// load-balancing loss is not computed), and experts whose parameters overflow the library's
-/// counts are refused naming the count's key. Every layer is sparse; the caller changes that.
+/// `intermediate` width, output_router_logits and router_aux_loss_coef (a number ≥ 0); experts
+/// whose parameters overflow the library's counts are refused naming the count's key. Every layer
+/// is sparse; the caller changes that.
 std::shared_ptr<Settings> read(json::ObjectReader& r, const ModelConfig& c, const char* experts_key,
                                const char* alias, int64_t experts, int64_t top_k,
                                int64_t intermediate);
 
-/// Puts the mixture on the sparse layers of `d`.
+/// `c` with its load-balancing loss on at `coefficient` (LLaMA-Factory's moe_aux_loss_coef:
+/// output_router_logits and router_aux_loss_coef). False for a model without a mixture of
+/// experts, left as it was.
+bool set_router_aux(ModelConfig& c, double coefficient);
+
+/// Puts the mixture on the sparse layers of `d`, and the load-balancing loss's coefficient
+/// where output_router_logits asks for it.
 void compose(const Settings& s, DecoderSpec& d);
 
-/// Writes num_experts_per_tok, output_router_logits (false) and router_aux_loss_coef.
+/// Writes num_experts_per_tok, output_router_logits and router_aux_loss_coef.
 void write(rapidjson::Document& doc, const Settings& s);
 
 }  // namespace zt::model::moe
