@@ -64,6 +64,16 @@ class GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFunc
   }
 };
 
+// The RouterBalance a node serves, kept in its context (the model owns it, so it outlives
+// every backward).
+void keep_balance(torch::autograd::AutogradContext* ctx, RouterBalance* balance) {
+  ctx->saved_data["balance"] = reinterpret_cast<int64_t>(balance);
+}
+
+RouterBalance& balance_of(torch::autograd::AutogradContext* ctx) {
+  return *reinterpret_cast<RouterBalance*>(ctx->saved_data["balance"].toInt());
+}
+
 }  // namespace
 
 // The loss's node: its backward records the objective's gradient for the routers' nodes.
@@ -72,13 +82,12 @@ class BalanceLossFunction : public torch::autograd::Function<BalanceLossFunction
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& anchor,
                             const at::Tensor& value, RouterBalance* balance) {
     (void)anchor;
-    ctx->saved_data["balance"] = reinterpret_cast<int64_t>(balance);
+    keep_balance(ctx, balance);
     return value.clone();
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto* balance = reinterpret_cast<RouterBalance*>(ctx->saved_data["balance"].toInt());
-    balance->seed_ = grads[0].detach().to(at::kFloat).reshape({});
+    balance_of(ctx).seed_ = grads[0].detach().to(at::kFloat).reshape({});
     return {at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -90,17 +99,16 @@ class BalanceGradientFunction : public torch::autograd::Function<BalanceGradient
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& scores,
                             const at::Tensor& probs, RouterBalance* balance) {
     (void)probs;
-    ctx->saved_data["balance"] = reinterpret_cast<int64_t>(balance);
+    keep_balance(ctx, balance);
     return scores.clone();
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto* balance = reinterpret_cast<RouterBalance*>(ctx->saved_data["balance"].toInt());
+    const RouterBalance& b = balance_of(ctx);
     at::Tensor probs_grad;
     // No seed: the objective left the loss out (its gradient is zero).
-    if (balance->seed_.defined()) {
-      probs_grad = balance->counts_ * (balance->seed_ * static_cast<double>(balance->experts_) /
-                                       (balance->rows_ * balance->rows_));
+    if (b.seed_.defined()) {
+      probs_grad = b.counts_ * (b.seed_ * static_cast<double>(b.experts_) / (b.rows_ * b.rows_));
     }
     return {grads[0], probs_grad, at::Tensor()};
   }
