@@ -126,13 +126,16 @@ at::Tensor RouterBalance::observe(const at::Tensor& logits, const at::Tensor& se
                                   const at::Tensor& scores) {
   const bool recomputing = recomputing_for_backward();
   if (!(open_ && !recomputing) && !(armed_ && recomputing)) return scores;
-  // transformers' softmax in the logits' dtype, summed in fp32, rows weighted by the mask.
-  const at::Tensor probs = at::softmax(logits, -1).to(at::kFloat);
+  // transformers' softmax in the logits' dtype, summed in fp32, rows weighted by the mask: the
+  // layer's P_e, with a graph where gradients are recorded.
+  const at::Tensor soft = at::softmax(logits, -1);
+  const at::Tensor probs = soft.to(at::kFloat);
   const at::Tensor& w = row_weights_;
   if (w.defined() && w.size(0) != probs.size(0)) {
     throw InvalidArgument(
         fmt::format("RouterBalance: {} row weights for {} rows", w.size(0), probs.size(0)));
   }
+  const at::Tensor p = (w.defined() ? probs * w.unsqueeze(1) : probs).sum(0);
   if (open_ && !recomputing) {
     at::NoGradGuard no_grad;
     const int64_t experts = logits.size(-1);
@@ -143,21 +146,19 @@ at::Tensor RouterBalance::observe(const at::Tensor& logits, const at::Tensor& se
     experts_ = experts;
     // transformers' own top-k of those probabilities (the router's, but for ties in a
     // 16-bit dtype).
-    const at::Tensor chosen = std::get<1>(at::topk(at::softmax(logits, -1), selected.size(-1), -1));
+    const at::Tensor chosen = std::get<1>(at::topk(soft, selected.size(-1), -1));
     const at::Tensor per_choice = w.defined() ? w.repeat_interleave(chosen.size(-1))
                                               : at::ones({chosen.numel()}, probs.options());
     const at::Tensor c =
         at::zeros({experts}, probs.options()).scatter_add_(0, chosen.reshape({-1}), per_choice);
-    const at::Tensor p = (w.defined() ? probs * w.unsqueeze(1) : probs).sum(0);
     const at::Tensor r =
         w.defined() ? w.sum()
                     : at::scalar_tensor(static_cast<double>(probs.size(0)), probs.options());
     counts_ = counts_.defined() ? counts_ + c : c;
-    probs_ = probs_.defined() ? probs_ + p : p;
+    probs_ = probs_.defined() ? probs_ + p.detach() : p.detach();
     rows_ = rows_.defined() ? rows_ + r : r;
   }
   if (!at::GradMode::is_enabled() || !logits.requires_grad()) return scores;
-  const at::Tensor p = (w.defined() ? probs * w.unsqueeze(1) : probs).sum(0);
   return BalanceGradientFunction::apply(scores, p, this);
 }
 

@@ -78,8 +78,10 @@ void read(json::ObjectReader& r, ModelConfig& c, bool gemma3) {
       // a missing one, and on a flat block).
       std::optional<json::ObjectReader> global = p->object("full_attention");
       std::optional<json::ObjectReader> local = p->object("sliding_attention");
-      const bool any_sliding = std::count(s->sliding.begin(), s->sliding.end(), true) > 0;
-      const bool any_full = std::count(s->sliding.begin(), s->sliding.end(), false) > 0;
+      const bool any_sliding =
+          std::find(s->sliding.begin(), s->sliding.end(), true) != s->sliding.end();
+      const bool any_full =
+          std::find(s->sliding.begin(), s->sliding.end(), false) != s->sliding.end();
       if ((any_full && !global) || (any_sliding && !local)) {
         r.fail_value("rope_parameters",
                      "Gemma 3 takes one block per layer type: {\"full_attention\": {...}, "
@@ -162,10 +164,9 @@ void write(rapidjson::Document& doc, const ModelConfig& c, const char* architect
   put("hidden_activation", rapidjson::Value("gelu_pytorch_tanh", alloc));
   // An int in transformers' config classes, which 5.x validates strictly: a whole number is
   // written as one.
-  const double scalar = s.query_pre_attn_scalar;
-  put("query_pre_attn_scalar", std::trunc(scalar) == scalar && std::abs(scalar) < 9.0e15
-                                   ? rapidjson::Value(static_cast<int64_t>(scalar))
-                                   : rapidjson::Value(scalar));
+  rapidjson::Value scalar(s.query_pre_attn_scalar);
+  if (const std::optional<int64_t> whole = json::as_integer(scalar)) scalar.SetInt64(*whole);
+  put("query_pre_attn_scalar", std::move(scalar));
   put("attn_logit_softcapping", cap(s.attn_softcap));
   put("final_logit_softcapping", cap(s.final_softcap));
   put("sliding_window", rapidjson::Value(s.window));
