@@ -16,6 +16,8 @@ families    (models/ too) the families of [1/7]: qwen3 (q/k norms; yarn RoPE), m
 peft/       adapters PEFT creates on the tiny llama (LoRA, rsLoRA on all linear layers,
             P-Tuning with MLP and LSTM encoders, prefix tuning with and without projection),
             with the logits and loss they give and PEFT's trainable-parameter counts.
+experts     LoRA on the MoE fixtures' fused expert tensors through PEFT's target_parameters
+            (peft/experts_*), with the attention's target_modules.
 variants:   DoRA (llama; qwen2 all-linear with rsLoRA) and PiSSA (llama, with its pissa_init and
             pissa_converted folders) adapters PEFT made, with where they started, their logits,
             loss and one backward's gradients (peft/dora_*, peft/pissa_*).
@@ -413,6 +415,68 @@ def make_variants():
         print("variant", name, "trainable", trainable, "all", total, "loss", float(out.loss))
 
 
+# LoRA on the experts (peft/experts_*): PEFT 0.21's target_parameters on transformers 5's fused
+# expert tensors (one ParamWrapper per tensor: lora_A [r * E, in], lora_B [out, r * E]) beside
+# target_modules on the attention, made on the MoE family fixtures' own weights; expected holds
+# the eval logits and loss and one train-mode backward's gradients of every LoRA tensor, and
+# keys.json the state-dict names PEFT saved.
+EXPERT_CASES = {
+    "experts_qwen3_moe": ("qwen3_moe", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                            target_parameters=["experts.gate_up_proj",
+                                                               "experts.down_proj"])),
+    "experts_mixtral_rslora": ("mixtral", dict(r=2, lora_alpha=4, target_modules=["o_proj"],
+                                               target_parameters=["experts.down_proj"],
+                                               use_rslora=True)),
+}
+
+
+def make_experts():
+    from peft import LoraConfig, TaskType, get_peft_model
+    from safetensors.torch import save_file
+    root = os.path.join(OUT, "peft")
+    for name, (family, spec) in EXPERT_CASES.items():
+        try:
+            d = os.path.join(root, name)
+            os.makedirs(d, exist_ok=True)
+            kind, kwargs = FAMILY_MODELS[family]
+            base = build(kind, kwargs, seed=sum(map(ord, family)))
+            cfg = LoraConfig(task_type=TaskType.CAUSAL_LM, lora_dropout=0.0, bias="none", **spec)
+            torch.manual_seed(77)
+            model = get_peft_model(base, cfg)
+            with torch.no_grad():
+                for pname, p in model.named_parameters():
+                    if "lora_B" in pname:
+                        p.copy_(0.05 * torch.randn_like(p))
+            model.save_pretrained(d)
+            ids, mask, labels = inputs(kwargs["vocab_size"])
+            model.eval()
+            with torch.no_grad():
+                out = model(input_ids=ids, attention_mask=mask, labels=labels)
+            expected = {"input_ids": ids, "attention_mask": mask, "labels": labels,
+                        "logits": out.logits.contiguous(), "loss": out.loss.reshape(1)}
+            model.train()
+            model.zero_grad()
+            model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+            names = {}
+            for pname, p in model.named_parameters():
+                if p.requires_grad:
+                    expected["grad." + pname] = p.grad.detach().contiguous()
+                    names[pname] = list(p.shape)
+            save_file(expected, os.path.join(d, "expected.safetensors"))
+            trainable, total = model.get_nb_trainable_parameters()
+            from safetensors import safe_open
+            with safe_open(os.path.join(d, "adapter_model.safetensors"), "pt") as f:
+                saved = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+            write_json(os.path.join(d, "counts.json"), {"trainable": trainable, "all": total,
+                                                         "base_model": "models/" + family})
+            write_json(os.path.join(d, "keys.json"), {"parameters": names, "saved": saved})
+            print("experts", name, "trainable", trainable, "loss", float(out.loss), "saved", saved,
+                  flush=True)
+        except Exception:
+            print(f"FAILED experts case {name}", flush=True)
+            traceback.print_exc()
+
+
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 LLAMA3_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -728,7 +792,8 @@ def make_families():
 
 versions()
 for section, fn in (("models", make_models), ("families", make_families), ("peft", make_peft),
-                    ("variants", make_variants), ("tokenizers", make_tokenizers),
+                    ("variants", make_variants), ("experts", make_experts),
+                    ("tokenizers", make_tokenizers),
                     ("tokenizer_models", make_tokenizer_models)):
     if section not in WHAT:
         continue
