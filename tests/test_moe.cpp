@@ -637,3 +637,215 @@ TEST_CASE("Freeze and DPO train a mixture-of-experts model: the chosen layers' e
                     out.load("model.layers.0.mlp.gate_proj.weight")));
   }
 }
+
+// ---- LoRA on the experts (PEFT's target_parameters) ---------------------------------------------
+
+namespace {
+
+std::string fixture(const std::string& rel) {
+  return std::string(ZT_FIXTURES) + "/" + rel;
+}
+
+// PEFT's parameter name ("base_model.model.X.lora_A.default.weight") as the model's
+// ("X.lora_A.weight").
+std::string model_name_of(std::string peft) {
+  peft.erase(0, std::string("base_model.model.").size());
+  const size_t at = peft.find(".default");
+  if (at != std::string::npos) peft.erase(at, 8);
+  return peft;
+}
+
+std::shared_ptr<CausalLM> family_model(const std::string& family) {
+  ModelConfig c = load_model_config(fixture("models/" + family));
+  auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
+  load_weights(*model, *checkpoint_source(fixture("models/" + family)));
+  return model;
+}
+
+// Logits compared on real tokens.
+double max_abs_real(const at::Tensor& got, const at::Tensor& want, const at::Tensor& mask) {
+  const at::Tensor real = mask.to(at::kBool);
+  return max_abs(got.index({real}), want.index({real}));
+}
+
+}  // namespace
+
+TEST_CASE("PEFT's adapters on the experts give PEFT's logits, loss and gradients in zerotrain",
+          "[model][moe][peft][parity]") {
+  // Made by PEFT 0.21 over transformers 5.17 (make_fixtures.py experts): target_parameters on
+  // the fused gate_up_proj (inside) and down_proj (outside) with q/v LoRA, and rsLoRA on
+  // Mixtral's down_proj alone.
+  for (const char* name : {"experts_qwen3_moe", "experts_mixtral_rslora"}) {
+    INFO("adapter " << name);
+    const std::string dir = fixture(std::string("peft/") + name);
+    const std::string family = std::string(name) == "experts_qwen3_moe" ? "qwen3_moe" : "mixtral";
+    auto model = family_model(family);
+    const ParameterCount count = load_adapter(*model, dir, /*trainable=*/true);
+    const std::string counts = files::read_text(dir + "/counts.json");
+    CHECK_THAT(counts, Catch::Contains(fmt::format("\"trainable\": {}", count.trainable)));
+    SafetensorsFile expected(dir + "/expected.safetensors");
+    const at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");
+    {
+      at::NoGradGuard no_grad;
+      CHECK(max_abs_real(model->logits(ids, mask), expected.load("logits"), mask) < 2e-5);
+    }
+    LossSum l = model->loss(ids, expected.load("labels"), mask);
+    const at::Tensor loss = l.sum / static_cast<double>(l.tokens);
+    CHECK(loss.item<double>() == Approx(expected.load("loss").item<double>()).epsilon(1e-5));
+    loss.backward();
+    const auto params = model->named_parameters();
+    int experts = 0;
+    for (const std::string& key : expected.names()) {
+      if (key.rfind("grad.", 0) != 0) continue;
+      const std::string ours = model_name_of(key.substr(5));
+      INFO("gradient of " << ours);
+      REQUIRE(params.contains(ours));
+      const at::Tensor g = expected.load(key);
+      CHECK(max_abs(params[ours].grad(), g) / std::max(1e-3, g.abs().max().item<double>()) < 2e-5);
+      experts += ours.find("experts") != std::string::npos;
+    }
+    CHECK(experts >= 4);
+  }
+}
+
+TEST_CASE("LoRA on the experts saves PEFT's keys, loads back, merges and turns off",
+          "[model][moe][peft]") {
+  // The qwen3_moe fixture with the options of PEFT's experts_qwen3_moe adapter.
+  const PeftConfig c = load_adapter_config(fixture("peft/experts_qwen3_moe"));
+  REQUIRE(c.lora.target_parameters.size() == 2);
+  auto model = family_model("qwen3_moe");
+  const auto base_params = model->named_parameters();
+  const at::Tensor base_gate_up = base_params["model.layers.0.mlp.experts.gate_up_proj"].clone();
+  const at::Tensor ids = at::randint(3, 128, {2, 10}, at::kLong);
+  at::Tensor base_logits;
+  {
+    at::NoGradGuard no_grad;
+    base_logits = model->logits(ids);
+  }
+  apply_peft(*model, c, 7);
+  {
+    at::NoGradGuard no_grad;  // give B (zero at the start) an effect
+    for (auto& item : model->named_parameters()) {
+      if (item.key().find("lora_B") != std::string::npos) item.value().normal_(0, 0.05);
+    }
+  }
+  at::NoGradGuard no_grad;
+  const at::Tensor adapted = model->logits(ids);
+  CHECK(max_abs(adapted, base_logits) > 1e-3);
+  // PEFT's tensor names and shapes, nothing more.
+  const std::string dir = test::temp_dir("expert_adapter");
+  save_adapter(*model, c, dir);
+  SafetensorsFile ours(dir + "/adapter_model.safetensors");
+  SafetensorsFile peft(fixture("peft/experts_qwen3_moe/adapter_model.safetensors"));
+  CHECK(ours.names().size() == peft.names().size());
+  for (const std::string& key : peft.names()) {
+    INFO(key);
+    REQUIRE(ours.contains(key));
+    CHECK(ours.info(key).shape == peft.info(key).shape);
+  }
+  CHECK_THAT(files::read_text(dir + "/adapter_config.json"),
+             Catch::Contains("\"target_parameters\"") && Catch::Contains("experts.down_proj"));
+  auto loaded = family_model("qwen3_moe");
+  load_adapter(*loaded, dir, /*trainable=*/false);
+  CHECK(max_abs(loaded->logits(ids), adapted) < 1e-5);
+  // Off: the base model; back on: the adapter.
+  model->set_adapters_enabled(false);
+  CHECK(max_abs(model->logits(ids), base_logits) < 1e-6);
+  model->set_adapters_enabled(true);
+  // Merged: the same outputs from the tensors alone; unmerged: the base tensors again.
+  merge_lora(*model);
+  const auto merged_params = model->named_parameters();
+  CHECK(max_abs(merged_params["model.layers.0.mlp.experts.gate_up_proj"], base_gate_up) > 1e-4);
+  CHECK(max_abs(model->logits(ids), adapted) < 1e-5);
+  CHECK_THROWS_AS(model->set_adapters_enabled(false), InvalidArgument);
+  unmerge_lora(*model);
+  CHECK(max_abs(model->named_parameters()["model.layers.0.mlp.experts.gate_up_proj"],
+                base_gate_up) < 1e-6);
+  // The exported model folds the experts' adapters in and holds no adapter tensor.
+  const std::string exported = test::temp_dir("expert_export");
+  export_merged(*model, exported, at::kFloat);
+  SafetensorsCheckpoint folder(exported);
+  for (const std::string& n : folder.names()) CHECK(n.find("lora_") == std::string::npos);
+  CausalLM plain(load_model_config(exported), at::TensorOptions(), false);
+  load_weights(plain, *checkpoint_source(exported));
+  CHECK(max_abs(plain.logits(ids), adapted) < 1e-5);
+}
+
+TEST_CASE("LoRA on the experts trains through the trainer, and its checkpoint merges",
+          "[model][moe][peft][trainer]") {
+  const std::string dir = test::temp_dir("moe_expert_lora");
+  test::write_data(dir, "train.jsonl", 16, 9);
+  const ModelConfig c = test::write_model_folder(dir + "/base", moe_config_with_dense(1), 23);
+  const std::vector<double> losses = train_on_base(
+      dir, {"--max_steps", "4", "--save_steps", "4", "--finetuning_type", "lora", "--lora_r", "4",
+            "--lora_target", "q_proj", "--lora_target_parameters",
+            "experts.gate_up_proj,mlp.experts.down_proj", "--lora_modules_to_save", "gate"});
+  REQUIRE(losses.size() == 4);
+  SafetensorsFile adapter(dir + "/out/adapter_model.safetensors");
+  CHECK(adapter.contains("base_model.model.model.layers.0.mlp.experts.base_layer.lora_B.weight"));
+  CHECK(adapter.contains("base_model.model.model.layers.0.mlp.experts.lora_A.weight"));
+  CHECK(adapter.load("base_model.model.model.layers.0.mlp.experts.lora_B.weight")
+            .abs()
+            .max()
+            .item<double>() > 0);
+  // The router, frozen by default, trains in full when asked (modules_to_save).
+  SafetensorsCheckpoint base_folder(dir + "/base");
+  REQUIRE(adapter.contains("base_model.model.model.layers.0.mlp.gate.weight"));
+  CHECK(max_abs(adapter.load("base_model.model.model.layers.0.mlp.gate.weight"),
+                base_folder.load("model.layers.0.mlp.gate.weight")) > 0);
+  // `zerotrain merge` of the run's output folds the expert adapters into the tensors.
+  MergeOptions options;
+  options.dtype = at::kFloat;
+  merge_checkpoint(dir + "/out", dir + "/merged", options);
+  CausalLM with_adapter(c, at::TensorOptions(), false), merged(c, at::TensorOptions(), false),
+      plain(c, at::TensorOptions(), false);
+  load_weights(with_adapter, *checkpoint_source(dir + "/base"));
+  load_adapter(with_adapter, dir + "/out", false);
+  load_weights(merged, *checkpoint_source(dir + "/merged"));
+  load_weights(plain, *checkpoint_source(dir + "/base"));
+  at::NoGradGuard no_grad;
+  const at::Tensor ids = at::randint(3, 250, {2, 12}, at::kLong);
+  const at::Tensor want = with_adapter.logits(ids);
+  CHECK(max_abs(merged.logits(ids), want) < 1e-4);
+  CHECK(max_abs(plain.logits(ids), want) > 1e-4);
+  SafetensorsCheckpoint base(dir + "/base"), out(dir + "/merged");
+  CHECK(max_abs(base.load("model.layers.0.mlp.experts.down_proj"),
+                out.load("model.layers.0.mlp.experts.down_proj")) > 0);
+}
+
+TEST_CASE("target_parameters that pick no expert tensor, or options PEFT refuses there, are named",
+          "[model][moe][peft][errors]") {
+  auto moe = family_model("qwen3_moe");
+  PeftConfig c;
+  c.type = FinetuningType::kLora;
+  c.lora.r = 2;
+  c.lora.target_modules = {"q_proj"};
+  auto refused = [&](std::shared_ptr<CausalLM> model, const std::vector<std::string>& words) {
+    CHECK_THROWS_MATCHES(apply_peft(*model, c, 1), ConfigError, test::Has(words));
+  };
+  c.lora.target_parameters = {"experts.up_proj"};  // a 4.x name, not a fused tensor
+  refused(moe, {"lora_target_parameters", "experts.up_proj", "gate_up_proj", "down_proj"});
+  c.lora.target_parameters = {"self_attn.q_proj.weight"};  // a parameter, but no expert tensor
+  refused(family_model("qwen3_moe"), {"lora_target_parameters", "q_proj.weight"});
+  c.lora.target_parameters = {"experts.down_proj"};
+  refused(family_model("llama"), {"lora_target_parameters", "no mixture-of-experts"});
+  c.lora.dropout = 0.1;
+  refused(family_model("qwen3_moe"), {"lora_target_parameters", "lora_dropout"});
+  c.lora.dropout = 0;
+  c.lora.use_dora = true;
+  refused(family_model("qwen3_moe"), {"lora_target_parameters", "DoRA"});
+  c.lora.use_dora = false;
+  c.lora.init_lora_weights = "pissa";
+  refused(family_model("qwen3_moe"), {"lora_target_parameters", "PiSSA"});
+  // An adapter_config.json whose target_parameters is not a list of names.
+  for (const char* bad : {R"("experts.down_proj")", R"([1])", R"([""])", R"({})"}) {
+    INFO(bad);
+    const std::string dir = test::temp_dir("bad_target_parameters");
+    files::write_atomic(dir + "/adapter_config.json",
+                        fmt::format(R"({{"peft_type": "LORA", "r": 2, "lora_alpha": 4,
+                                       "target_modules": ["q_proj"], "target_parameters": {}}})",
+                                    bad));
+    CHECK_THROWS_MATCHES(load_adapter_config(dir), ConfigError,
+                         test::Has({"adapter_config.json", "target_parameters"}));
+  }
+}

@@ -133,14 +133,16 @@ TEST_CASE("zerotrain's prompt encoders compute what PEFT's do", "[peft][parity]"
 
 TEST_CASE("P-Tuning's virtual tokens are scaled where the family's model scales its embeddings",
           "[peft]") {
-  // PEFT passes the virtual tokens and the token embeddings together as inputs_embeds. Gemma 2's
-  // model multiplies those by √hidden; Gemma 3's embedding module scales the tokens itself, so
-  // the virtual tokens enter unscaled; LLaMA scales nothing.
+  // PEFT passes the virtual tokens and the token embeddings together as inputs_embeds.
+  // transformers 5's Gemma 2 and Gemma 3 scale the tokens by √hidden inside their embedding
+  // modules (Gemma2TextScaledWordEmbedding, Gemma3TextScaledWordEmbedding), so the virtual
+  // tokens enter unscaled (4.x's Gemma 2 scaled inputs_embeds in the model); LLaMA scales
+  // nothing.
   struct Case {
     std::string family;
     double virtual_scale, token_scale;
   };
-  for (const Case& k : {Case{"gemma2", std::sqrt(64.0), std::sqrt(64.0)},
+  for (const Case& k : {Case{"gemma2", 1.0, std::sqrt(64.0)},
                         Case{"gemma3_text", 1.0, std::sqrt(64.0)}, Case{"llama", 1.0, 1.0}}) {
     INFO(k.family);
     ModelConfig mc = load_model_config(fixture("models/" + k.family));
@@ -532,6 +534,17 @@ const std::vector<WrittenAdapter>& written_by_zerotrain() {
        nullptr,
        {"--finetuning_type", "prefix", "--num_virtual_tokens", "3"},
        "gemma3_text"},
+      // LoRA on the experts' fused tensors (PEFT's target_parameters), nested and alone.
+      {"qwen3_moe_experts",
+       nullptr,
+       {"--finetuning_type", "lora", "--lora_r", "4", "--lora_target_modules", "q_proj,v_proj",
+        "--lora_target_parameters", "experts.gate_up_proj,experts.down_proj"},
+       "qwen3_moe"},
+      {"mixtral_experts_rslora",
+       nullptr,
+       {"--finetuning_type", "lora", "--lora_r", "2", "--use_rslora", "true",
+        "--lora_target_modules", "o_proj", "--lora_target_parameters", "experts.down_proj"},
+       "mixtral"},
   };
   return all;
 }
@@ -682,7 +695,7 @@ TEST_CASE(
       }
     }
   }
-  CHECK(checked["peft_from_zerotrain"] >= 12);
+  CHECK(checked["peft_from_zerotrain"] >= 33);
   CHECK(checked["peft_made"] >= 2);
 }
 

@@ -367,15 +367,17 @@ namespace {
 
 // A run of `model` (kTinyModel when empty) under ZeRO `stage` at 2 ranks, stopped after step 5
 // and resumed at 1 and 4 ranks, logs the uninterrupted run's losses for steps 5 to 8.
-void check_resumed_at_other_worlds(int stage, const std::string& model = "") {
+void check_resumed_at_other_worlds(int stage, const std::string& model = "",
+                                   const std::vector<std::string>& method = {}) {
   const std::string whole = test::temp_dir("whole_w"), saved = test::temp_dir("saved_w");
   for (const std::string& d : {whole, saved}) write_data(d, "train.jsonl", 40, 2);
-  const std::vector<std::string> base{
+  std::vector<std::string> base{
       "--gradient_accumulation_steps", "2", "--deepspeed",
       fmt::format(R"({{"zero_optimization": {{"stage": {}}}, "train_batch_size": "auto",
                      "gradient_accumulation_steps": "auto",
                      "train_micro_batch_size_per_gpu": "auto"}})",
                   stage)};
+  base.insert(base.end(), method.begin(), method.end());
   train_ranks(2, whole, base, 0, model);
   train_ranks(2, saved, base, /*cancel_at=*/5, model);
   const auto want = logged_losses(whole + "/out");
@@ -388,6 +390,7 @@ void check_resumed_at_other_worlds(int stage, const std::string& model = "") {
     std::vector<std::string> resume{
         "--resume_from_checkpoint", "True", "--deepspeed",
         fmt::format(R"({{"zero_optimization": {{"stage": {}}}}})", stage)};
+    resume.insert(resume.end(), method.begin(), method.end());
     train_ranks(world, dir, resume, 0, model);
     const auto got = logged_losses(dir + "/out");
     for (int64_t step = 5; step <= 8; ++step) {
@@ -420,6 +423,22 @@ TEST_CASE(
       "tie_word_embeddings": false, "num_experts": 4, "num_experts_per_tok": 2,
       "moe_intermediate_size": 16, "mlp_only_layers": [1], "output_router_logits": true,
       "router_aux_loss_coef": 0.3})");
+}
+
+TEST_CASE("LoRA on the experts saved at 2 ranks under ZeRO-3 resumes at 1 and 4",
+          "[trainer][checkpoint][moe][peft]") {
+  if (test::skip_cpu_world(4)) return;
+  // The experts' adapters ([r·E, in] and [out, r·E] per fused tensor) sharded by ZeRO-3 like
+  // any parameter, beside the attention's LoRA.
+  check_resumed_at_other_worlds(
+      3,
+      R"({"model_type": "qwen3_moe", "vocab_size": 259, "hidden_size": 32,
+      "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 128,
+      "tie_word_embeddings": false, "num_experts": 4, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 16, "mlp_only_layers": [1]})",
+      {"--finetuning_type", "lora", "--lora_r", "4", "--lora_target", "q_proj,v_proj",
+       "--lora_target_parameters", "experts.gate_up_proj,experts.down_proj"});
 }
 
 TEST_CASE("a run writes logs, checkpoints a user can load, and the final model", "[trainer]") {

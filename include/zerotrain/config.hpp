@@ -322,8 +322,11 @@ struct TrainingArguments {
   double lora_alpha = 16.0;
   double lora_dropout = 0.0;
   std::string lora_target_modules = "all-linear";  ///< comma list, a regex, or all-linear
-  std::string lora_bias = "none";                  ///< none | all | lora_only
-  std::string lora_modules_to_save;                ///< comma list
+  /// Comma list of the experts' fused tensors LoRA adapts too (TRL's lora_target_parameters,
+  /// PEFT's target_parameters): experts.gate_up_proj, experts.down_proj.
+  std::string lora_target_parameters;
+  std::string lora_bias = "none";    ///< none | all | lora_only
+  std::string lora_modules_to_save;  ///< comma list
   bool use_rslora = false;
   bool use_dora = false;             ///< DoRA (LLaMA-Factory / PEFT)
   bool pissa_init = false;           ///< LLaMA-Factory: PiSSA initialization

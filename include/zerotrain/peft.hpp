@@ -30,6 +30,11 @@ struct LoraOptions {
   /// "all-linear": every projection except the output layer.
   std::vector<std::string> target_modules{"all-linear"};
   std::string target_regex;
+  /// PEFT's target_parameters: the mixtures' fused expert tensors ("experts.gate_up_proj",
+  /// "experts.down_proj"; a name matches "<experts module>.<tensor>" equal or as a dotted
+  /// suffix), each adapted per expert as PEFT's ParamWrapper does (docs/peft.md). Only those
+  /// tensors; without dropout, DoRA or PiSSA, as PEFT.
+  std::vector<std::string> target_parameters;
   std::string bias = "none";  ///< none | all | lora_only
   std::vector<std::string> modules_to_save;
   bool use_rslora = false;  ///< scale by alpha / sqrt(r) instead of alpha / r

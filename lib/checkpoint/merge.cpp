@@ -13,6 +13,7 @@
 #include "model/family.hpp"
 #include "model/quantized_weights.hpp"
 #include "peft/adapter_io.hpp"
+#include "peft/expert_lora.hpp"
 #include "peft/init_sources.hpp"
 #include "peft/linear_adapters.hpp"
 #include "peft/pissa.hpp"
@@ -204,12 +205,13 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
     const std::string module = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0
                                    ? name.substr(0, name.size() - 7)
                                    : "";
-    if (adapter && !module.empty()) {
-      peft::fold_trained_adapter(
-          peft.lora, module, value, [&](const std::string& n) { return masters->has(n); },
-          [&](const std::string& n, at::Tensor& out) {
-            masters->read(n, out.sizes().vec(), 0, out);
-          });
+    if (adapter) {
+      const auto trained = [&](const std::string& n) { return masters->has(n); };
+      const auto read = [&](const std::string& n, at::Tensor& out) {
+        masters->read(n, out.sizes().vec(), 0, out);
+      };
+      if (!module.empty()) peft::fold_trained_adapter(peft.lora, module, value, trained, read);
+      peft::fold_trained_expert_adapter(peft.lora, name, value, trained, read);
     }
     held_name = name;
     held = value;

@@ -120,13 +120,11 @@ struct DecoderSpec {
   std::vector<RotarySpec> rotaries;
   std::vector<LayerSpec> layers;
   NormSpec final_norm;
-  /// The token embeddings × √hidden, the factor rounded to their dtype (Gemma).
+  /// The token embeddings × √hidden, the factor rounded to their dtype, inside the embedding
+  /// module as transformers 5's Gemma 2 and 3 (their ScaledWordEmbedding): P-Tuning's virtual
+  /// tokens, which PEFT hands to the model with the token embeddings as inputs_embeds, enter
+  /// unscaled.
   bool scale_embeddings = false;
-  /// Where that scale applies, which decides P-Tuning's virtual tokens (PEFT passes them with
-  /// the token embeddings as inputs_embeds): true, in the model, on everything entering the
-  /// first layer (Gemma 2's model scales its inputs_embeds); false, in the embedding module, so
-  /// the virtual tokens enter unscaled (Gemma 3's Gemma3TextScaledWordEmbedding).
-  bool scale_virtual_tokens = true;
   /// The logits soft-capped to cap · tanh(logits / cap) (Gemma 2's final_logit_softcapping).
   std::optional<double> logit_softcap;
   /// Set: the mixtures of experts' load-balancing loss is computed, to be added with this

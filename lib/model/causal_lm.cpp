@@ -66,14 +66,9 @@ struct DecoderBody : torch::nn::Module {
     return t;
   }
   /// The token embeddings `e` as the embedding module gives them: × √hidden rounded to their
-  /// dtype where the spec scales inside that module (Gemma 3).
+  /// dtype where the spec scales (Gemma).
   at::Tensor scaled_tokens(const at::Tensor& e) const {
-    return spec.scale_embeddings && !spec.scale_virtual_tokens ? times_root_hidden(e) : e;
-  }
-  /// What enters the first layer: `x` (the token embeddings, with a P-Tuning adapter's virtual
-  /// tokens as PEFT passes them to the model) × √hidden where the spec scales there (Gemma 2).
-  at::Tensor scaled(const at::Tensor& x) const {
-    return spec.scale_embeddings && spec.scale_virtual_tokens ? times_root_hidden(x) : x;
+    return spec.scale_embeddings ? times_root_hidden(e) : e;
   }
   static at::Tensor times_root_hidden(const at::Tensor& e) {
     return e * at::scalar_tensor(std::sqrt(static_cast<double>(e.size(-1))), e.options());
@@ -246,7 +241,24 @@ void CausalLM::set_adapters_enabled(bool enabled) {
     }
     linears.push_back(std::move(lin));
   }
+  std::vector<model::MoeExperts::Adapted*> experts;
+  for (const auto& item : named_modules("", /*include_self=*/false)) {
+    auto e = std::dynamic_pointer_cast<model::MoeExperts>(item.value());
+    if (!e) continue;
+    for (size_t i = 0; i < model::MoeExperts::kTensors; ++i) {
+      model::MoeExperts::Adapted& a = e->adapted[i];
+      if (!a.adapter) continue;
+      if (a.merged) {
+        throw InvalidArgument(
+            fmt::format("set_adapters_enabled: the adapter of '{}.{}' is merged "
+                        "into its tensor; unmerge it first",
+                        item.key(), model::MoeExperts::kNames[i]));
+      }
+      experts.push_back(&a);
+    }
+  }
   for (auto& lin : linears) lin->adapter_disabled = !enabled;
+  for (model::MoeExperts::Adapted* a : experts) a->disabled = !enabled;
   I.adapters_enabled = enabled;
   I.prompt = enabled ? I.installed_prompt.get() : nullptr;
 }
@@ -292,7 +304,7 @@ CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const a
     return std::vector<at::Tensor>{body->scaled_tokens(body->embed_tokens->forward(in[0]))};
   })[0];
   Prepared p = apply_prompt(config_, I.prompt, embedded, mask);
-  at::Tensor x = body->scaled(p.x);
+  at::Tensor x = p.x;
   // The load-balancing loss of a forward that trains: rows are real where the mask is
   // non-zero (its last columns cover the layers' rows; a prefix adds none).
   const bool balanced = I.balance && at::GradMode::is_enabled();
@@ -392,7 +404,6 @@ std::vector<at::Tensor> CausalLM::hidden_states(const at::Tensor& input_ids,
   Prepared p =
       apply_prompt(config_, I.prompt, I.body->scaled_tokens(I.body->embed_tokens->forward(ids)),
                    mask_or_empty(attention_mask, ids));
-  p.x = I.body->scaled(p.x);
   std::vector<at::Tensor> out{p.x};
   const DecoderBody::Tables tables =
       I.body->tables(p.start, p.x.size(1), p.x.scalar_type(), device);
@@ -437,7 +448,6 @@ at::Tensor CausalLM::generate(const at::Tensor& input_ids, const GenerationOptio
   for (int64_t n = 0; n < o.max_new_tokens; ++n) {
     at::Tensor x = I.body->scaled_tokens(I.body->embed_tokens->forward(step_ids));
     if (n == 0 && virtual_tokens.defined()) x = at::cat({virtual_tokens, x}, 1);
-    x = I.body->scaled(x);
     const DecoderBody::Tables tables = I.body->tables(position, x.size(1), x.scalar_type(), device);
     for (size_t i = 0; i < I.body->layers.size(); ++i) {
       const auto& [cos, sin] = I.body->of_layer(tables, i);

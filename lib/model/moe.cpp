@@ -195,6 +195,14 @@ at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& weight,
   return GroupedLinearFunction::apply(x, weight, counts);
 }
 
+at::Tensor MoeExperts::project(size_t i, const at::Tensor& rows,
+                               const std::vector<int64_t>& counts) {
+  const at::Tensor base = grouped_linear(rows, tensor(i), counts);
+  const Adapted& a = adapted.at(i);
+  if (!a.adapter || a.merged || a.disabled) return base;
+  return base + a.adapter->forward(rows, counts);
+}
+
 SparseMoe::SparseMoe(const MoeSpec& s, int64_t hidden, const ParamFactory& o) : spec(s) {
   gate = register_module("gate", std::make_shared<MoeRouter>(s.experts, hidden, o));
   experts = register_module("experts", std::make_shared<MoeExperts>(s, hidden, o));
@@ -214,9 +222,9 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
   const std::vector<int64_t> counts(per_expert.data_ptr<int64_t>(),
                                     per_expert.data_ptr<int64_t>() + spec.experts);
   const at::Tensor rows = flat.index_select(0, token);
-  const at::Tensor both = grouped_linear(rows, experts->gate_up_proj, counts);
+  const at::Tensor both = experts->project(0, rows, counts);
   const at::Tensor out =
-      grouped_linear(gated_activation_halves(both, spec.activation), experts->down_proj, counts);
+      experts->project(1, gated_activation_halves(both, spec.activation), counts);
   // Weighted by the scores cast to the activations' dtype (transformers 5's router returns them
   // so), then summed per token.
   const at::Tensor scores =

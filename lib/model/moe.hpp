@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -40,15 +41,47 @@ struct MoeRouter : torch::nn::Module {
   }
 };
 
+/// What an adapter method adds to one of the experts' fused tensors [E, out, in] (PEFT's LoRA
+/// through target_parameters: lib/peft/expert_lora.hpp implements it; the model only calls it).
+/// It registers its parameters on the MoeExperts it adapts, under PEFT's names. Called from the
+/// thread running the model.
+class ExpertAdapter {
+ public:
+  virtual ~ExpertAdapter() = default;
+  /// The adapter's share of the grouped product of `rows` [M, in], grouped by expert as
+  /// grouped_linear's `counts`: [M, out], added to the base's.
+  virtual at::Tensor forward(const at::Tensor& rows, const std::vector<int64_t>& counts) const = 0;
+  /// Folds the adapter into `weight`, the tensor's values as fp32 [E, out, in], in place
+  /// (merge_lora), and takes it out again (after merge_into of the same weight).
+  virtual void merge_into(at::Tensor& weight) const = 0;
+  virtual void unmerge_from(at::Tensor& weight) const = 0;
+};
+
 /// The experts' fused weights: `gate_up_proj` [experts, 2·intermediate, hidden] (gate rows
-/// first) and `down_proj` [experts, hidden, intermediate], transformers 5's names.
+/// first) and `down_proj` [experts, hidden, intermediate], transformers 5's names, registered
+/// in that order (the order PEFT nests its wrappers in), each with an optional adapter.
 struct MoeExperts : torch::nn::Module {
+  static constexpr size_t kTensors = 2;
+  /// The tensors' names, in registration order.
+  static constexpr const char* kNames[kTensors] = {"gate_up_proj", "down_proj"};
   at::Tensor gate_up_proj, down_proj;
+  /// One tensor's adapter (peft's attach), as model::Linear keeps its own: `merged` folded into
+  /// the tensor (merge_lora), `disabled` while the model's adapters are off.
+  struct Adapted {
+    std::shared_ptr<const ExpertAdapter> adapter;
+    bool merged = false, disabled = false;
+  };
+  std::array<Adapted, kTensors> adapted;
+
   MoeExperts(const MoeSpec& spec, int64_t hidden, const ParamFactory& o) {
     gate_up_proj =
         register_parameter("gate_up_proj", o({spec.experts, 2 * spec.intermediate, hidden}));
     down_proj = register_parameter("down_proj", o({spec.experts, hidden, spec.intermediate}));
   }
+  /// Tensor `i` of kNames.
+  at::Tensor& tensor(size_t i) { return i == 0 ? gate_up_proj : down_proj; }
+  /// grouped_linear of `rows` by tensor `i`, plus its adapter's share where one is active.
+  at::Tensor project(size_t i, const at::Tensor& rows, const std::vector<int64_t>& counts);
 };
 
 /// transformers' load-balancing loss (load_balancing_loss_func) of one forward, gathered over

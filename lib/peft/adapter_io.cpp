@@ -405,6 +405,14 @@ ParameterCount apply_peft_from_args(CausalLM& model, const TrainingArguments& ar
         fmt::format("use_rslora {}", saved.lora.use_rslora));
   agree("lora_dropout", ours.dropout == saved.lora.dropout, fmt::format("{}", ours.dropout),
         fmt::format("lora_dropout {}", saved.lora.dropout));
+  auto sorted = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  agree("lora_target_parameters",
+        sorted(ours.target_parameters) == sorted(saved.lora.target_parameters),
+        args.lora_target_parameters,
+        fmt::format("target_parameters [{}]", fmt::join(saved.lora.target_parameters, ", ")));
   if (args.is_given("lora_target_modules")) {
     // Compared by the projections they pick: PEFT writes all-linear out as module paths.
     const std::vector<std::string> asked = peft::lora_targets(model, ours);

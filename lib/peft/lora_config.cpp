@@ -106,6 +106,14 @@ void write_lora_config(JsonWriter& w, CausalLM& model, const LoraOptions& o) {
     for (const std::string& t : saved_target_modules(model, o)) w.String(t.c_str());
     w.EndArray();
   }
+  w.Key("target_parameters");
+  if (o.target_parameters.empty()) {
+    w.Null();
+  } else {
+    w.StartArray();
+    for (const std::string& t : o.target_parameters) w.String(t.c_str());
+    w.EndArray();
+  }
   w.Key("bias");
   w.String(o.bias.c_str());
   w.Key("modules_to_save");
@@ -159,6 +167,14 @@ void read_lora_config(json::ObjectReader& r, LoraOptions& o) {
       o.target_modules.emplace_back(json::text(x));
     }
   }
+  if (const rapidjson::Value* p = r.find("target_parameters"); p != nullptr && !p->IsNull()) {
+    if (!p->IsArray()) r.fail("target_parameters", "a list of parameter names or null");
+    for (const auto& x : p->GetArray()) {
+      if (!x.IsString() || x.GetStringLength() == 0)
+        r.fail("target_parameters", "a list of parameter names (non-empty strings) or null");
+      o.target_parameters.emplace_back(json::text(x));
+    }
+  }
   if (auto v = r.choice("bias", {"none", "all", "lora_only"})) o.bias = *v;
   if (const rapidjson::Value* m = r.find("modules_to_save"); m != nullptr && !m->IsNull()) {
     if (!m->IsArray()) r.fail("modules_to_save", "a list of module names or null");
@@ -190,8 +206,8 @@ void read_lora_config(json::ObjectReader& r, LoraOptions& o) {
       r.fail_value(k, "is not supported by zerotrain; remove it or set false");
     }
   }
-  for (const char* k : {"layers_to_transform", "layer_replication", "target_parameters",
-                        "exclude_modules", "trainable_token_indices"}) {
+  for (const char* k :
+       {"layers_to_transform", "layer_replication", "exclude_modules", "trainable_token_indices"}) {
     const rapidjson::Value* v = r.find(k);
     if (v != nullptr && !(v->IsArray() && v->Empty())) {
       r.fail_value(k, "is not supported by zerotrain; remove it");

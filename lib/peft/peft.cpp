@@ -14,6 +14,7 @@
 
 #include "model/family.hpp"
 #include "model/layers.hpp"
+#include "peft/expert_lora.hpp"
 #include "peft/linear_adapters.hpp"
 #include "peft/lora_targets.hpp"
 #include "peft/pissa.hpp"
@@ -103,6 +104,17 @@ std::vector<std::pair<std::string, std::shared_ptr<model::Linear>>> projections(
   return out;
 }
 
+// The mixtures' experts modules by path (their fused tensors are what target_parameters names).
+std::vector<std::pair<std::string, std::shared_ptr<model::MoeExperts>>> experts_modules(
+    torch::nn::Module& m) {
+  std::vector<std::pair<std::string, std::shared_ptr<model::MoeExperts>>> out;
+  for (const auto& item : m.named_modules("", /*include_self=*/false)) {
+    if (auto e = std::dynamic_pointer_cast<model::MoeExperts>(item.value()))
+      out.emplace_back(item.key(), e);
+  }
+  return out;
+}
+
 // The output layer's module path, by the model's family (lm_head, transformer.output_layer).
 std::string output_layer_path(const ModelConfig& c) {
   const model::ModuleNames& n = model::family_of(c).names;
@@ -171,14 +183,42 @@ void apply_lora(CausalLM& model, const LoraOptions& o, uint64_t seed) {
       adapter_elements +=
           static_cast<double>(o.r) * static_cast<double>(lin->in_features + lin->out_features);
   }
+  const auto experts = experts_modules(model);
+  for (auto& [path, e] : experts) {
+    for (size_t i : peft::targeted_expert_tensors(path, o)) {
+      const at::Tensor& w = e->tensor(i);
+      adapter_elements += static_cast<double>(o.r) * static_cast<double>(w.size(0)) *
+                          static_cast<double>(w.size(1) + w.size(2));
+    }
+  }
   capacity::check_fits(adapter_elements * 4, -1,
-                       fmt::format("LoRA rank {} on {} projections", o.r, targeted.size()),
+                       fmt::format("LoRA rank {} on {} projections{}", o.r, targeted.size(),
+                                   o.target_parameters.empty() ? "" : " and the experts"),
                        "lower lora_r or target fewer modules");
+  // target_parameters: the experts' fused tensors, and each name must pick some.
+  for (const std::string& t : o.target_parameters) {
+    LoraOptions one = o;
+    one.target_parameters = {t};
+    const bool any = std::any_of(experts.begin(), experts.end(), [&](const auto& item) {
+      return !peft::targeted_expert_tensors(item.first, one).empty();
+    });
+    if (!any) {
+      throw ConfigError(fmt::format(
+          "lora_target_parameters: \"{}\" names none of this model's expert tensors; {}", t,
+          experts.empty()
+              ? std::string("the model has no mixture-of-experts layers (target modules instead)")
+              : fmt::format("they are {0}.gate_up_proj and {0}.down_proj in each mixture "
+                            "layer (experts.gate_up_proj / experts.down_proj match them all)",
+                            experts.front().first)));
+    }
+  }
+  peft::check_expert_options(o);
   freeze_all(model);
   for (auto& [path, lin] : projections(model)) {
     if (std::find(targeted.begin(), targeted.end(), path) != targeted.end())
       peft::attach_adapter(path, *lin, o, seed);
   }
+  for (auto& [path, e] : experts) peft::attach_expert_adapters(path, *e, o, seed);
   // Every name (or the regex) must pick something: a typo would otherwise leave a module
   // silently untrained.
   std::set<std::string> distinct;
@@ -299,7 +339,11 @@ PeftConfig peft_config_for(const TrainingArguments& a) {
     c.lora.target_modules.clear();
   } else {
     c.lora.target_modules = split_list(targets);
-    if (c.lora.target_modules.empty()) throw ConfigError("lora_target_modules: empty");
+  }
+  c.lora.target_parameters = split_list(a.lora_target_parameters);
+  if (c.lora.target_modules.empty() && c.lora.target_regex.empty() &&
+      c.lora.target_parameters.empty()) {
+    throw ConfigError("lora_target_modules: empty (and no lora_target_parameters)");
   }
   c.lora.bias = a.lora_bias;
   c.lora.modules_to_save = split_list(a.lora_modules_to_save);
@@ -408,6 +452,8 @@ std::string describe_method(const PeftConfig& c, const std::optional<Quantizatio
     out += *niter < 0 ? ", started by PiSSA (a full SVD)"
                       : fmt::format(", started by PiSSA ({} subspace iterations)", *niter);
   }
+  if (!o.target_parameters.empty())
+    out += fmt::format(", also on the expert tensors {}", fmt::join(o.target_parameters, ", "));
   if (continued) out += ", continuing a saved adapter";
   if (base) {
     std::string type = base->quant_type;
@@ -494,6 +540,16 @@ void merge_lora(CausalLM& model) {
     lin->weight.copy_(merged);
     lin->adapter_merged = true;
   }
+  for (auto& [path, e] : experts_modules(model)) {
+    for (size_t i = 0; i < model::MoeExperts::kTensors; ++i) {
+      model::MoeExperts::Adapted& a = e->adapted[i];
+      if (!a.adapter || a.merged) continue;
+      at::Tensor merged = e->tensor(i).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+      a.adapter->merge_into(merged);
+      e->tensor(i).copy_(merged);
+      a.merged = true;
+    }
+  }
 }
 
 void unmerge_lora(CausalLM& model) {
@@ -504,6 +560,16 @@ void unmerge_lora(CausalLM& model) {
     lin->adapter->unmerge_from(weight);
     lin->weight.copy_(weight);
     lin->adapter_merged = false;
+  }
+  for (auto& [path, e] : experts_modules(model)) {
+    for (size_t i = 0; i < model::MoeExperts::kTensors; ++i) {
+      model::MoeExperts::Adapted& a = e->adapted[i];
+      if (!a.adapter || !a.merged) continue;
+      at::Tensor weight = e->tensor(i).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+      a.adapter->unmerge_from(weight);
+      e->tensor(i).copy_(weight);
+      a.merged = false;
+    }
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include "kernels/fused.hpp"
 #include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
 #include "zerotrain/safetensors.hpp"
 
 using namespace zt;
@@ -104,8 +105,8 @@ TEST_CASE("every family on CUDA gives transformers' fp32 outputs and gradients, 
 
 TEST_CASE("the mixtures of experts on CUDA give the CPU's fp32 logits, loss and gradients",
           "[gpu][families][moe]") {
-  // No transformers fixture yet (see make_fixtures.py families): the same seeded weights on both
-  // devices, routers scaled up so that a different choice of experts would show.
+  // The same seeded weights on both devices, routers scaled up so that a different choice of
+  // experts would show (the transformers fixtures' own parity runs in the test above).
   REQUIRE(at::getNumGPUs() > 0);
   for (const char* name : {"qwen3_moe", "mixtral"}) {
     INFO("model " << name);
@@ -138,5 +139,42 @@ TEST_CASE("the mixtures of experts on CUDA give the CPU's fp32 logits, loss and 
       CHECK((g - w).abs().max().item<double>() / std::max(1e-6, w.abs().max().item<double>()) <
             1e-3);
     }
+  }
+}
+
+TEST_CASE("PEFT's adapters on the experts give PEFT's logits and gradients on CUDA",
+          "[gpu][families][moe][peft]") {
+  // The fixtures of the CPU test (PEFT 0.21's target_parameters on the fused experts): the low-rank
+  // grouped products on the GPU path.
+  REQUIRE(at::getNumGPUs() > 0);
+  for (const char* name : {"experts_qwen3_moe", "experts_mixtral_rslora"}) {
+    INFO("adapter " << name);
+    const std::string dir = fixture(std::string("peft/") + name);
+    auto model = fixture_model(std::string(name) == "experts_qwen3_moe" ? "qwen3_moe" : "mixtral");
+    load_adapter(*model, dir, /*trainable=*/true);
+    model->to(kGpu);
+    SafetensorsFile expected(dir + "/expected.safetensors");
+    const at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");
+    const at::Tensor real = mask.to(at::kBool);
+    CHECK(relative_on(model->logits(ids, mask), expected.load("logits"), real) < 1e-4);
+    LossSum l = model->loss(ids, expected.load("labels"), mask);
+    const at::Tensor loss = l.sum / static_cast<double>(l.tokens);
+    CHECK(loss.item<double>() == Approx(expected.load("loss").item<double>()).epsilon(1e-4));
+    loss.backward();
+    auto params = model->named_parameters();
+    int compared = 0;
+    for (const std::string& key : expected.names()) {
+      if (key.rfind("grad.base_model.model.", 0) != 0) continue;
+      std::string ours = key.substr(std::string("grad.base_model.model.").size());
+      ours.erase(ours.find(".default"), 8);
+      INFO("gradient of " << ours);
+      REQUIRE(params.contains(ours));
+      const at::Tensor g = params[ours].grad().to(at::kCPU, at::kDouble);
+      const at::Tensor w = expected.load(key).to(at::kDouble);
+      CHECK((g - w).abs().max().item<double>() / std::max(1e-3, w.abs().max().item<double>()) <
+            1e-3);
+      ++compared;
+    }
+    CHECK(compared >= 4);
   }
 }

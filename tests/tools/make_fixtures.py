@@ -164,6 +164,29 @@ FAMILY_MODELS = {
                                 tie_word_embeddings=False, num_local_experts=4,
                                 num_experts_per_tok=2, sliding_window=None, bos_token_id=1,
                                 eos_token_id=2)),
+    # gpt-oss: attention sinks and biases, sliding (window 4) and full layers alternating, yarn
+    # RoPE, 4 experts of which each token takes 2 (softmax over the chosen logits), router and
+    # expert biases, the clamped SwiGLU (alpha 1.702, limit swiglu_limit).
+    "gpt_oss": ("gpt_oss", dict(TINY, num_hidden_layers=2, intermediate_size=32, head_dim=16,
+                                rope_theta=150000.0, tie_word_embeddings=False,
+                                num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                                layer_types=["sliding_attention", "full_attention"],
+                                swiglu_limit=7.0, attention_bias=True,
+                                rope_scaling={"rope_type": "yarn", "factor": 32.0,
+                                              "beta_fast": 32.0, "beta_slow": 1.0,
+                                              "truncate": False,
+                                              "original_max_position_embeddings": 4096})),
+    # GLM-4.5: the first layer dense, then 4 routed experts (sigmoid scores with
+    # e_score_correction_bias, grouped top-2 of 2 groups) and one shared expert,
+    # routed_scaling_factor, partial RoPE, q/k norms off.
+    "glm4_moe": ("glm4_moe", dict(TINY, num_hidden_layers=2, head_dim=16, rope_theta=10000.0,
+                                  partial_rotary_factor=0.5, attention_bias=True,
+                                  tie_word_embeddings=False, moe_intermediate_size=32,
+                                  n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                                  n_group=2, topk_group=1, routed_scaling_factor=2.5,
+                                  norm_topk_prob=True, first_k_dense_replace=1,
+                                  use_qk_norm=False, pad_token_id=0, eos_token_id=[1, 2],
+                                  bos_token_id=None)),
 }
 
 
@@ -194,10 +217,19 @@ def build(kind, kwargs, seed):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             elif name.endswith(".bias"):
                 p.copy_(0.05 * torch.randn_like(p))
-            elif name.endswith("mlp.gate.weight") or ".experts." in name:
+            elif (name.endswith("mlp.gate.weight") or name.endswith("mlp.router.weight") or
+                  ".experts." in name):
                 # Routers far from ties (transformers starts them at zero) and experts that
                 # differ, so a wrong choice of experts shows.
-                p.normal_(0.0, 0.3 if name.endswith("gate.weight") else 0.05)
+                p.normal_(0.0, 0.3 if name.endswith(("gate.weight", "router.weight")) else 0.05)
+            elif name.endswith(("router.bias", "self_attn.sinks")):
+                p.normal_(0.0, 0.5)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # GLM-4.5's, a buffer there
+                b.normal_(0.0, 0.1)
+        for name, p in model.named_parameters():
+            if name.endswith("e_score_correction_bias"):  # a parameter in other versions
+                p.normal_(0.0, 0.1)
     return model
 
 
@@ -255,23 +287,33 @@ def make_models(models=MODELS):
                                          "layers.0.self_attn.qkv_proj",
                                          "layers.0.mlp.gate.weight",
                                          "layers.0.mlp.experts.gate_up_proj",
-                                         "layers.2.mlp.experts.down_proj")):
-                expected["grad." + pname] = p.grad.detach().clone()
-        if getattr(model.config, "num_experts_per_tok", None):
-            # A mixture of experts with output_router_logits: transformers' load-balancing loss
-            # (the raw router logits of every sparse layer, softmax, top-k counts; padding
-            # excluded by the mask) and the loss with it added at a coefficient large enough to
-            # show in every router's gradient.
-            model.zero_grad()
-            model.router_aux_loss_coef = 0.25
-            out = model(input_ids=ids, attention_mask=mask, labels=labels, output_router_logits=True)
-            out.loss.backward()
-            expected["aux.coef"] = torch.tensor([0.25])
-            expected["aux.aux_loss"] = out.aux_loss.detach().reshape(1)
-            expected["aux.loss"] = out.loss.detach().reshape(1)
-            for pname, p in model.named_parameters():
-                if "mlp.gate.weight" in pname or "mlp.experts." in pname or "lm_head" in pname:
-                    expected["aux.grad." + pname] = p.grad.detach().clone()
+                                         "layers.2.mlp.experts.down_proj",
+                                         "layers.1.mlp.router", "layers.1.self_attn.sinks",
+                                         "layers.1.mlp.experts", "layers.1.mlp.gate.weight",
+                                         "layers.1.mlp.shared_experts",
+                                         "layers.0.self_attn.o_proj.bias")):
+                if p.grad is not None:
+                    expected["grad." + pname] = p.grad.detach().clone()
+        try:
+            if getattr(model.config, "num_experts_per_tok", None) and kind != "glm4_moe":
+                # A mixture of experts with output_router_logits: transformers' load-balancing loss
+                # (the raw router logits of every sparse layer, softmax, top-k counts; padding
+                # excluded by the mask) and the loss with it added at a coefficient large enough to
+                # show in every router's gradient.
+                model.zero_grad()
+                model.router_aux_loss_coef = 0.25
+                out = model(input_ids=ids, attention_mask=mask, labels=labels, output_router_logits=True)
+                out.loss.backward()
+                expected["aux.coef"] = torch.tensor([0.25])
+                expected["aux.aux_loss"] = out.aux_loss.detach().reshape(1)
+                expected["aux.loss"] = out.loss.detach().reshape(1)
+                for pname, p in model.named_parameters():
+                    if ("mlp.gate.weight" in pname or "mlp.router." in pname or "mlp.experts." in pname
+                            or "lm_head" in pname):
+                        expected["aux.grad." + pname] = p.grad.detach().clone()
+        except Exception:
+            print(f"FAILED aux of {name}", flush=True)
+            traceback.print_exc()
         save_file({k: v.contiguous() for k, v in expected.items()}, os.path.join(d, "expected.safetensors"))
         if name == "llama":
             save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()},

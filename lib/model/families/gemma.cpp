@@ -107,7 +107,6 @@ DecoderSpec compose(const ModelConfig& c) {
   const Settings& s = settings_of(c);
   DecoderSpec d = shared_decoder(c);
   d.scale_embeddings = true;
-  d.scale_virtual_tokens = !s.qk_norm;  // Gemma 3 scales inside its embedding module
   d.logit_softcap = s.final_softcap;
   d.final_norm.unit_offset = true;
   if (s.qk_norm) {
