@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -24,6 +25,7 @@
 
 #include "support/messages.hpp"
 #include "support/ranks.hpp"
+#include "tokenizer/bpe_model.hpp"
 #include "tokenizer/hf_tokenizer.hpp"
 #include "tokenizer/precompiled_charsmap.hpp"
 #include "tokenizer/split_rules.hpp"
@@ -975,6 +977,65 @@ TEST_CASE("a damaged Precompiled charsmap never reads outside its data", "[token
       std::string out;
       map.normalize(t, out);
       CHECK(text::is_valid_utf8(out));
+    }
+  }
+}
+
+TEST_CASE("BPE's word split of a SentencePiece-style piece gives the whole piece's ids",
+          "[tokenizer]") {
+  // Random merges over an alphabet with "▁", some of them joining a token to a following "▁…"
+  // (as Gemma 3's ">" + "▁</"), byte fallback and unk for characters outside the vocabulary:
+  // the model that cuts pieces into words gives the ids of the one that merges them whole.
+  const std::string space = "\xE2\x96\x81";
+  const std::vector<std::string> alphabet{"a", "b", "c", ">", "<", "/", space, "\xC3\xA9"};
+  std::mt19937 rng(2026);
+  for (int trial = 0; trial < 20; ++trial) {
+    INFO("trial " << trial);
+    std::vector<std::pair<std::string, int32_t>> vocab;
+    std::set<std::string> known;
+    auto add = [&](const std::string& t) {
+      if (known.insert(t).second) vocab.emplace_back(t, static_cast<int32_t>(vocab.size()));
+    };
+    add("<unk>");
+    for (int b = 0; b < 256; b += 3) add(fmt::format("<0x{:02X}>", b));  // fallback for some
+    for (const std::string& a : alphabet) add(a);
+    add("<0x7A>");  // "z"'s fallback; "€" has none of its bytes and becomes unk
+    // Merges may start from a fallback token or unk too: what an unknown character becomes.
+    std::vector<std::string> tokens(alphabet.begin(), alphabet.end());
+    tokens.insert(tokens.end(), {"<0x7A>", "<unk>"});
+    std::vector<std::pair<std::string, std::string>> merges;
+    std::set<std::pair<std::string, std::string>> seen;
+    for (int m = 0; m < 120; ++m) {
+      const std::string& l = tokens[rng() % tokens.size()];
+      const std::string& r = tokens[rng() % tokens.size()];
+      // Keep joins across a cut rare (two or three per trial), as real files do.
+      const bool joins =
+          r.rfind(space, 0) == 0 && l.size() >= 3 && l.compare(l.size() - 3, 3, space) != 0;
+      if (joins && rng() % 8 != 0) continue;
+      if (!seen.insert({l, r}).second || l.size() + r.size() > 12) continue;
+      merges.emplace_back(l, r);
+      add(l + r);
+      tokens.push_back(l + r);
+    }
+    BpeOptions whole;
+    whole.unk_token = "<unk>";
+    whole.fuse_unk = trial % 2 == 0;
+    whole.byte_fallback = trial % 3 != 0;
+    whole.split_words = false;
+    BpeOptions cut = whole;
+    cut.split_words = true;
+    const BpeModel reference(vocab, merges, whole, "test"), model(vocab, merges, cut, "test");
+    std::vector<std::string> letters = alphabet;
+    letters.insert(letters.end(), {space, space, "z", "\xE2\x82\xAC"});  // unknown ones
+    for (int n = 0; n < 200; ++n) {
+      std::string piece;
+      const int length = 1 + static_cast<int>(rng() % 40);
+      for (int i = 0; i < length; ++i) piece += letters[rng() % letters.size()];
+      std::vector<int32_t> want, got;
+      reference.encode_piece(piece, want);
+      model.encode_piece(piece, got);
+      INFO("piece " << piece);
+      REQUIRE(got == want);
     }
   }
 }

@@ -89,6 +89,10 @@ class BpeModel::PairMap {
 
 namespace {
 
+// SentencePiece's space, "▁" (U+2581), where a word starts.
+constexpr std::string_view kSpace = "\xE2\x96\x81";
+constexpr uint32_t kSpaceChar = 0x2581;
+
 struct Symbol {
   int32_t id;
   int32_t prev;
@@ -182,6 +186,23 @@ BpeModel::BpeModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
                                     missing != nullptr ? missing : left + right.substr(skip)));
     }
     merges_->insert_or_assign(a, b, Merge{static_cast<uint32_t>(rank), merged});
+  }
+  split_words_ = options_.split_words && !options_.byte_level && !options_.ignore_merges &&
+                 options_.continuing_subword_prefix.empty() &&
+                 options_.end_of_word_suffix.empty() && vocab_.find(kSpace) >= 0;
+  if (split_words_) {
+    for (const auto& [left, right] : merges) {
+      if (right.rfind(kSpace, 0) != 0 || left.empty()) continue;
+      size_t start = left.size() - 1;  // the last character's first byte
+      while (start > 0 && (static_cast<unsigned char>(left[start]) & 0xC0) == 0x80) --start;
+      uint32_t len = 0;
+      const uint32_t last = text::decode_at(left, start, len);
+      if (last == kSpaceChar) continue;  // "▁" + "▁…": a run of spaces, never cut inside
+      if (std::find(joined_before_space_.begin(), joined_before_space_.end(), last) ==
+          joined_before_space_.end()) {
+        joined_before_space_.push_back(last);
+      }
+    }
   }
 }
 
@@ -312,6 +333,31 @@ void BpeModel::merge(std::vector<int32_t>& ids) const {
   }
 }
 
+bool BpeModel::word_starts_at(std::string_view piece, size_t at) const {
+  if (at == 0) return false;
+  size_t start = at - 1;  // the previous character's first byte
+  while (start > 0 && (static_cast<unsigned char>(piece[start]) & 0xC0) == 0x80) --start;
+  uint32_t len = 0;
+  const uint32_t before = text::decode_at(piece, start, len);
+  if (before == kSpaceChar || std::find(joined_before_space_.begin(), joined_before_space_.end(),
+                                        before) != joined_before_space_.end()) {
+    return false;
+  }
+  // A character outside the vocabulary starts as byte-fallback tokens or unk, which the merges
+  // above do not speak of: no cut after it.
+  const auto b = static_cast<unsigned char>(piece[start]);
+  return b < 0x80 ? single_byte_id_[b] >= 0 : vocab_.find(piece.substr(start, len)) >= 0;
+}
+
+void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
+  // Long pieces (a run of 300 spaces) are merged each time, as HF does past 256 bytes: caching
+  // them would only evict the short, frequent ones.
+  cache_->encode(word, out, [&](std::string_view p, std::vector<int32_t>& ids) {
+    initial_symbols(p, ids);
+    merge(ids);
+  });
+}
+
 void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
   if (piece.empty()) return;
   if (options_.ignore_merges) {
@@ -321,12 +367,15 @@ void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) c
       return;
     }
   }
-  // Long pieces (a run of 300 spaces) are merged each time, as HF does past 256 bytes: caching
-  // them would only evict the short, frequent ones.
-  cache_->encode(piece, out, [&](std::string_view p, std::vector<int32_t>& ids) {
-    initial_symbols(p, ids);
-    merge(ids);
-  });
+  if (!split_words_) return encode_word(piece, out);
+  size_t word = 0;
+  for (size_t at = piece.find(kSpace, 1); at != std::string_view::npos;
+       at = piece.find(kSpace, at + 3)) {
+    if (!word_starts_at(piece, at)) continue;
+    encode_word(piece.substr(word, at - word), out);
+    word = at;
+  }
+  encode_word(piece.substr(word), out);
 }
 
 }  // namespace zt

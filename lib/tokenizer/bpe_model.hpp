@@ -37,6 +37,10 @@ struct BpeOptions {
   /// The vocabulary is written in GPT-2's byte-to-character alphabet (a ByteLevel
   /// pre-tokenizer): pieces given to encode_piece are then raw bytes.
   bool byte_level = false;
+  /// Cut a piece into words before each "▁" that follows another character, where no merge can
+  /// join across the cut (BpeModel's derived split), so that each word is merged and cached on
+  /// its own. Exact by construction; false merges whole pieces (the tests' reference).
+  bool split_words = true;
 };
 
 class BpeModel final : public VocabularyModel {
@@ -52,6 +56,15 @@ class BpeModel final : public VocabularyModel {
   BpeModel& operator=(const BpeModel&) = delete;
 
   /// Appends the ids of one pre-token (raw bytes when byte_level, else UTF-8 text).
+  ///
+  /// SentencePiece-style pipelines (LLaMA-2's, Gemma's) leave a whole line as one piece, with
+  /// its spaces written "▁". Where the merges allow, such a piece is cut into words — before
+  /// each "▁" that follows another character c — and each word is merged and cached on its
+  /// own: BPE never merges across a cut unless some merge (a, b) has b starting with "▁" and a
+  /// ending in c, so the cuts are made only after characters in the vocabulary that end no
+  /// such a (Gemma 3's merges have one: ">" + "▁</"), and only for models without byte_level,
+  /// ignore_merges, affixes, and with "▁" in the vocabulary. The ids are those of the whole
+  /// piece.
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const override;
 
  private:
@@ -63,6 +76,11 @@ class BpeModel final : public VocabularyModel {
 
   void initial_symbols(std::string_view piece, std::vector<int32_t>& ids) const;
   void merge(std::vector<int32_t>& ids) const;
+  /// One word (or piece) through the cache.
+  void encode_word(std::string_view word, std::vector<int32_t>& out) const;
+  /// Whether a word may start at `at` (a "▁" in `piece`): the character before it is another
+  /// one, in the vocabulary, and no merge joins a token ending in it to one starting with "▁".
+  bool word_starts_at(std::string_view piece, size_t at) const;
 
   BpeOptions options_;
   StringIdMap piece_vocab_;  // vocab_ in the pieces' spelling (raw bytes when byte_level)
@@ -71,6 +89,9 @@ class BpeModel final : public VocabularyModel {
   int32_t byte_token_[256];      // <0xXX> tokens for byte fallback, -1 when absent
   int32_t single_byte_id_[256];  // byte_level: the id of each byte's character, -1 when absent
   std::unique_ptr<PieceCache> cache_;
+  bool split_words_ = false;  // options_.split_words, where the model allows it
+  // The last characters of merges' left tokens whose right token starts with "▁".
+  std::vector<uint32_t> joined_before_space_;
 };
 
 }  // namespace zt
