@@ -40,7 +40,9 @@
 #   bench/gpu_session.sh ladder           long context: one LoRA 7B step at micro-batch 1 with checkpointing
 #                                         at 16k, 32k, ... 256k tokens until the first failure, ours then the peer's
 #   bench/gpu_session.sh conformance      PEFT, transformers and tensorboard read what zerotrain wrote
-#                                         (.gpu-check/: see docs/build.md), results in $OUT/conformance.tgz
+#                                         (this build's tool tests write it), results in $OUT/conformance.tgz
+#   bench/gpu_session.sh fixtures         make_fixtures.py SECTIONS (FAMILIES=...) and transformers' sources
+#                                         of SOURCES="gpt_oss glm4_moe ...", in $OUT/fixtures.tgz
 #
 # Phases may be chained (`build test`). Needs `.gpu-deps/` (../shared/gpu/prepare-deps.sh, then
 # cmake/gpu-deps-extra.sh) and,
@@ -350,7 +352,10 @@ for phase in "$@"; do
       # [2/7]: encoding speed on one thread, ours and HF tokenizers', on the same generated
       # corpus (TOKMB MB) for each real tokenizer folder under REAL (tests/tools/
       # fetch_real_tokenizers.sh): the ≥ 5× goal of docs/performance.md.
-      real=${REAL:-/tmp/zr/zt-real}
+      real=${REAL:-/tmp/zt-real}
+      if [ ! -d "$real" ] && [ -f .gpu-check/real.tar.xz ]; then
+        mkdir -p "$real" && tar xJf .gpu-check/real.tar.xz -C "$real"
+      fi
       mb=${TOKMB:-10}
       for d in "$real"/*/; do
         $b/bin/zt_bench_tokenizer --mb "$mb" --threads 1 --tokenizer "$d" 2>&1 |
@@ -424,16 +429,46 @@ print('\n'.join(map(str, varlen_lengths(4000, 2048))))" > /tmp/zt-lengths.txt
       rm -rf /tmp/zt-parity
       ;;
     conformance)
-      # .gpu-check/ (carried): adapters/ and outputs/ from the CPU build's tool tests, real.tgz
-      # the real tokenizer folders (tests/tools/fetch_real_tokenizers.sh).
-      rm -rf /tmp/zt-real /tmp/zt-conformance && mkdir -p /tmp/zt-real /tmp/zt-conformance
-      tar xzf .gpu-check/real.tgz -C /tmp/zt-real
-      python3 tests/tools/check_peft_loads.py .gpu-check/adapters /tmp/zt-conformance/peft \
-        > /tmp/zt-conformance/peft.log 2>&1 || tail -30 /tmp/zt-conformance/peft.log
-      python3 tests/tools/check_hf_outputs.py .gpu-check/outputs /tmp/zt-real /tmp/zt-conformance/hf \
-        > /tmp/zt-conformance/hf.log 2>&1 || tail -30 /tmp/zt-conformance/hf.log
-      tar czf "$results/conformance.tgz" -C /tmp/zt-conformance .
-      grep -h -E "^(all_linear|peft_made)" /tmp/zt-conformance/peft.log | cut -c1-400 || true
+      # PEFT, transformers and tokenizers read what zerotrain wrote: the adapters and exported
+      # folders come from this build's own tool tests (zt_tests "[.tool]" cases), the real
+      # tokenizer folders from .gpu-check/real.tar.xz (carried; tests/tools/
+      # fetch_real_tokenizers.sh DIR NAME..., then tar cJf), results in $OUT/conformance.tgz.
+      c=/tmp/zt-conformance
+      rm -rf /tmp/zt-real $c && mkdir -p /tmp/zt-real $c
+      if [ -f .gpu-check/real.tar.xz ]; then tar xJf .gpu-check/real.tar.xz -C /tmp/zt-real; fi
+      ZT_OUT=$c/adapters $b/bin/zt_tests "tool: write zerotrain adapters for the PEFT check" \
+        > $c/tool_adapters.log 2>&1 || tail -20 $c/tool_adapters.log
+      ZT_OUT=$c/outputs ZT_REAL_TOKENIZERS=/tmp/zt-real $b/bin/zt_tests \
+        "tool: write run outputs for the transformers checks" > $c/tool_outputs.log 2>&1 ||
+        tail -20 $c/tool_outputs.log
+      python3 tests/tools/check_peft_loads.py $c/adapters $c/peft > $c/peft.log 2>&1 ||
+        tail -30 $c/peft.log
+      python3 tests/tools/check_hf_outputs.py $c/outputs /tmp/zt-real $c/hf > $c/hf.log 2>&1 ||
+        tail -30 $c/hf.log
+      tar czf "$results/conformance.tgz" -C $c peft hf peft.log hf.log
+      python3 - "$c/peft/report.json" <<'PY' || true
+import json, sys
+for name, r in sorted(json.load(open(sys.argv[1])).items()):
+    if isinstance(r, dict) and "max_abs_diff_vs_zerotrain" in r:
+        print(name, r["max_abs_diff_vs_zerotrain"], r.get("peft_resaves_same_tensors"))
+    elif isinstance(r, dict) and "skipped" in r:
+        print(name, "skipped:", r["skipped"])
+PY
+      ;;
+    fixtures)
+      # Reference fixtures from transformers / PEFT (tests/tools/make_fixtures.py; SECTIONS, by
+      # default "families experts", FAMILIES=a,b for some family models only) and, for the
+      # model types in SOURCES, transformers' own modeling and configuration files: all in
+      # $OUT/fixtures.tgz, to be committed under tests/fixtures/.
+      f=/tmp/zt-fixtures
+      rm -rf $f && mkdir -p $f/src
+      # shellcheck disable=SC2086
+      python3 tests/tools/make_fixtures.py $f/out ${SECTIONS:-families experts} > $f/make.log 2>&1 ||
+        true
+      grep -E "FAILED|Error" $f/make.log | head -20 || true
+      t=$(python3 -c "import os, transformers; print(os.path.dirname(transformers.__file__))")
+      for m in ${SOURCES:-}; do cp "$t/models/$m/"*.py $f/src/ 2>/dev/null || echo "no model type $m"; done
+      tar czf "$results/fixtures.tgz" -C $f .
       ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
