@@ -813,6 +813,53 @@ TEST_CASE("LoRA on the experts trains through the trainer, and its checkpoint me
                 out.load("model.layers.0.mlp.experts.down_proj")) > 0);
 }
 
+TEST_CASE("LoRA on the experts over a 4-bit base trains, continues from its folder and merges",
+          "[model][moe][peft][quant]") {
+  // QLoRA: the projections 4-bit, the experts in their dtype with their LoRA; the run's output
+  // continues (adapter_name_or_path) from its saved values, and `zerotrain merge` folds the
+  // experts' adapters into the full-precision base.
+  const std::string dir = test::temp_dir("moe_expert_qlora");
+  test::write_data(dir, "train.jsonl", 16, 9);
+  const ModelConfig c = test::write_model_folder(dir + "/base", moe_config_with_dense(1), 24);
+  const std::vector<std::string> lora{"--finetuning_type",
+                                      "lora",
+                                      "--lora_r",
+                                      "4",
+                                      "--lora_target",
+                                      "all",
+                                      "--lora_target_parameters",
+                                      "experts.down_proj",
+                                      "--quantization_bit",
+                                      "4"};
+  std::vector<std::string> first{"--max_steps", "3", "--save_steps", "3"};
+  first.insert(first.end(), lora.begin(), lora.end());
+  const std::vector<double> losses = train_on_base(dir, first);
+  REQUIRE(losses.size() == 3);
+  for (double l : losses) CHECK(std::isfinite(l));
+  SafetensorsFile trained(dir + "/out/adapter_model.safetensors");
+  const std::string key = "base_model.model.model.layers.0.mlp.experts.lora_B.weight";
+  REQUIRE(trained.contains(key));
+  CHECK(trained.load(key).abs().max().item<double>() > 0);
+  // Continued from the folder: the first step starts at its values (a learning rate of 0 keeps
+  // them, so the adapter written again is the one read).
+  const std::string again = dir + "/again";
+  std::vector<std::string> more{"--max_steps",     "1",  "--save_steps",           "1",
+                                "--learning_rate", "0",  "--adapter_name_or_path", dir + "/out",
+                                "--output_dir",    again};
+  more.insert(more.end(), lora.begin(), lora.end());
+  train_on_base(dir, more);
+  SafetensorsFile continued(again + "/adapter_model.safetensors");
+  CHECK(at::equal(continued.load(key), trained.load(key)));
+  MergeOptions options;
+  options.dtype = at::kFloat;
+  merge_checkpoint(dir + "/out", dir + "/merged", options);
+  SafetensorsCheckpoint base(dir + "/base"), merged(dir + "/merged");
+  CHECK(max_abs(base.load("model.layers.0.mlp.experts.down_proj"),
+                merged.load("model.layers.0.mlp.experts.down_proj")) > 0);
+  CHECK(at::equal(base.load("model.layers.0.mlp.experts.gate_up_proj"),
+                  merged.load("model.layers.0.mlp.experts.gate_up_proj")));
+}
+
 TEST_CASE("target_parameters that pick no expert tensor, or options PEFT refuses there, are named",
           "[model][moe][peft][errors]") {
   auto moe = family_model("qwen3_moe");

@@ -87,6 +87,18 @@ std::vector<std::string> saved_target_modules(CausalLM& model, const LoraOptions
   return {names.begin(), names.end()};
 }
 
+// `key`: the list of `names`, or null when it is empty (as PEFT writes an unset list).
+void names_or_null(JsonWriter& w, const char* key, const std::vector<std::string>& names) {
+  w.Key(key);
+  if (names.empty()) {
+    w.Null();
+    return;
+  }
+  w.StartArray();
+  for (const std::string& n : names) w.String(n.c_str());
+  w.EndArray();
+}
+
 }  // namespace
 
 void write_lora_config(JsonWriter& w, CausalLM& model, const LoraOptions& o) {
@@ -106,24 +118,10 @@ void write_lora_config(JsonWriter& w, CausalLM& model, const LoraOptions& o) {
     for (const std::string& t : saved_target_modules(model, o)) w.String(t.c_str());
     w.EndArray();
   }
-  w.Key("target_parameters");
-  if (o.target_parameters.empty()) {
-    w.Null();
-  } else {
-    w.StartArray();
-    for (const std::string& t : o.target_parameters) w.String(t.c_str());
-    w.EndArray();
-  }
+  names_or_null(w, "target_parameters", o.target_parameters);
   w.Key("bias");
   w.String(o.bias.c_str());
-  w.Key("modules_to_save");
-  if (o.modules_to_save.empty()) {
-    w.Null();
-  } else {
-    w.StartArray();
-    for (const std::string& m : o.modules_to_save) w.String(m.c_str());
-    w.EndArray();
-  }
+  names_or_null(w, "modules_to_save", o.modules_to_save);
   w.Key("use_rslora");
   w.Bool(o.use_rslora);
   w.Key("use_dora");

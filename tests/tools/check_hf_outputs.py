@@ -75,6 +75,15 @@ for f in sorted(os.listdir(os.path.join(IN, "chat"))):
     job = json.load(open(os.path.join(IN, "chat", f)))
     tok = AutoTokenizer.from_pretrained(os.path.join(REAL, job["package"]))
     template = None if job["asked"] == "auto" else open(os.path.join(refs, job["template"] + ".jinja")).read()
+    if template is None and not getattr(tok, "chat_template", None):
+        # The folder has no template of its own: zerotrain's `auto` picked a named format, which
+        # is checked by its reference text where there is one.
+        ref = os.path.join(refs, job["template"] + ".jinja")
+        if not os.path.exists(ref):
+            chat[f] = {"template": job["template"], "skipped": "no chat template in the folder"}
+            print("chat", f, chat[f], flush=True)
+            continue
+        template = open(ref).read()
     results = []
     for messages, ex in zip(conversations, job["examples"]):
         hf = tok.apply_chat_template(messages, tokenize=True, chat_template=template)

@@ -395,6 +395,24 @@ VARIANT_CASES = {
 }
 
 
+def eval_and_gradients(model, vocab, name_of):
+    """The fixed inputs, the eval logits and loss, then one train-mode backward's gradient of
+    every trainable parameter ("grad." + name_of(name)); returns (expected, eval output)."""
+    ids, mask, labels = inputs(vocab)
+    model.eval()
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    expected = {"input_ids": ids, "attention_mask": mask, "labels": labels,
+                "logits": out.logits.contiguous(), "loss": out.loss.reshape(1)}
+    model.train()
+    model.zero_grad()
+    model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    for pname, p in model.named_parameters():
+        if p.requires_grad:
+            expected["grad." + name_of(pname)] = p.grad.detach().contiguous()
+    return expected, out
+
+
 def our_name(peft_name):
     """base_model.model.X.lora_A.default.weight -> X.lora_A.weight (zerotrain's names)."""
     n = peft_name.replace("base_model.model.", "", 1).replace(".default", "")
@@ -438,18 +456,7 @@ def make_variants():
         if spec.get("init_lora_weights") == "pissa":
             model.save_pretrained(os.path.join(d, "pissa_converted"),
                                   path_initial_model_for_weight_conversion=os.path.join(d, "pissa_init"))
-        ids, mask, labels = inputs(kwargs["vocab_size"])
-        model.eval()
-        with torch.no_grad():
-            out = model(input_ids=ids, attention_mask=mask, labels=labels)
-        expected = {"input_ids": ids, "attention_mask": mask, "labels": labels,
-                    "logits": out.logits.contiguous(), "loss": out.loss.reshape(1)}
-        model.train()
-        model.zero_grad()
-        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
-        for pname, p in model.named_parameters():
-            if p.requires_grad:
-                expected["grad." + our_name(pname)] = p.grad.detach().contiguous()
+        expected, out = eval_and_gradients(model, kwargs["vocab_size"], our_name)
         save_file(expected, os.path.join(d, "expected.safetensors"))
         trainable, total = model.get_nb_trainable_parameters()
         write_json(os.path.join(d, "counts.json"), {"trainable": trainable, "all": total,
@@ -490,20 +497,8 @@ def make_experts():
                     if "lora_B" in pname:
                         p.copy_(0.05 * torch.randn_like(p))
             model.save_pretrained(d)
-            ids, mask, labels = inputs(kwargs["vocab_size"])
-            model.eval()
-            with torch.no_grad():
-                out = model(input_ids=ids, attention_mask=mask, labels=labels)
-            expected = {"input_ids": ids, "attention_mask": mask, "labels": labels,
-                        "logits": out.logits.contiguous(), "loss": out.loss.reshape(1)}
-            model.train()
-            model.zero_grad()
-            model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
-            names = {}
-            for pname, p in model.named_parameters():
-                if p.requires_grad:
-                    expected["grad." + pname] = p.grad.detach().contiguous()
-                    names[pname] = list(p.shape)
+            expected, out = eval_and_gradients(model, kwargs["vocab_size"], lambda n: n)
+            names = {n: list(p.shape) for n, p in model.named_parameters() if p.requires_grad}
             save_file(expected, os.path.join(d, "expected.safetensors"))
             trainable, total = model.get_nb_trainable_parameters()
             from safetensors import safe_open
