@@ -1039,3 +1039,55 @@ TEST_CASE("BPE's word split of a SentencePiece-style piece gives the whole piece
     }
   }
 }
+
+TEST_CASE("the hand-written split patterns find Oniguruma's matches", "[tokenizer]") {
+  // \p{N}{1,k}, \p{N}+ and classes of literal ranges (DeepSeek-V3's digit and CJK splits) run
+  // without a regex; over text mixing every kind of number, CJK, kana at the ranges' ends,
+  // letters and spaces, their matches are Oniguruma's. Forms the hand-written path does not
+  // take (negation, escapes, a dash at an end) go to Oniguruma and agree trivially.
+  const std::vector<std::string> patterns{
+      "\\p{N}{1,3}", "\\p{N}+", "\\p{N}{1,1}", "[一-龥぀-ゟ゠-ヿ]+", "[a-cx]+", "[α-ω0-9]+",
+      "[^a]+",       "[a-]+",   "[\\d]+"};
+  const std::vector<std::string> letters{"0",
+                                         "7",
+                                         "\xD9\xA1",
+                                         "\xEF\xBC\x90",
+                                         "\xE2\x85\xAB",
+                                         "\xC2\xBD",
+                                         "\xC2\xB2",  // numbers
+                                         "一",
+                                         "龥",
+                                         "龦",
+                                         "ぁ",
+                                         "ゟ",
+                                         "゠",
+                                         "ヿ",
+                                         "㐀",  // CJK, kana
+                                         "a",
+                                         "b",
+                                         "c",
+                                         "x",
+                                         "y",
+                                         "-",
+                                         "α",
+                                         "ω",
+                                         "Ω",
+                                         " ",
+                                         "\n",
+                                         "é"};
+  std::mt19937 rng(7);
+  for (const std::string& p : patterns) {
+    INFO("pattern " << p);
+    const auto fast = text::Matcher::regex(p), reference = text::Matcher::oniguruma(p);
+    for (int n = 0; n < 300; ++n) {
+      std::string s;
+      const int length = static_cast<int>(rng() % 30);
+      for (int i = 0; i < length; ++i) s += letters[rng() % letters.size()];
+      std::vector<text::Span> got, want;
+      fast->find(s, got);
+      reference->find(s, want);
+      INFO("text " << s);
+      REQUIRE(got == want);
+    }
+  }
+}

@@ -108,9 +108,108 @@ class LiteralMatcher final : public Matcher {
   std::string text_;
 };
 
+// Runs of characters of one set, cut into chunks of at most `most` characters (0: no limit):
+// what Oniguruma finds for `\p{N}{1,3}`, `\p{N}+` or a class of literal ranges `[一-龥ぁ-ゟ]+`
+// (leftmost, greedy, no empty match), without a regex search per piece.
+class RunMatcher final : public Matcher {
+ public:
+  using Member = bool (*)(uint32_t cp, const std::vector<std::pair<uint32_t, uint32_t>>& ranges);
+  RunMatcher(Member member, std::vector<std::pair<uint32_t, uint32_t>> ranges, size_t most)
+      : member_(member), ranges_(std::move(ranges)), most_(most) {}
+
+  void find(std::string_view text, std::vector<Span>& out) const override {
+    size_t i = 0, start = 0, count = 0;
+    auto close = [&](size_t end) {
+      if (count > 0) out.emplace_back(static_cast<uint32_t>(start), static_cast<uint32_t>(end));
+      count = 0;
+    };
+    while (i < text.size()) {
+      uint32_t len = 1;
+      const uint32_t cp = decode_at(text, i, len);
+      if (!member_(cp, ranges_)) {
+        close(i);
+      } else {
+        if (count == most_ && most_ > 0) close(i);
+        if (count == 0) start = i;
+        ++count;
+      }
+      i += len;
+    }
+    close(text.size());
+  }
+
+  static bool number(uint32_t cp, const std::vector<std::pair<uint32_t, uint32_t>>&) {
+    return (char_class(cp) & kNumber) != 0;
+  }
+  static bool in_ranges(uint32_t cp, const std::vector<std::pair<uint32_t, uint32_t>>& ranges) {
+    for (const auto& [lo, hi] : ranges) {
+      if (cp >= lo && cp <= hi) return true;
+    }
+    return false;
+  }
+
+ private:
+  Member member_;
+  std::vector<std::pair<uint32_t, uint32_t>> ranges_;
+  size_t most_;
+};
+
+// `pattern` as a RunMatcher when it is one of the simple forms it covers exactly: `\p{N}+`,
+// `\p{N}{1,k}`, or `[...]+` of literal characters and ranges a-b (no escapes, negation or
+// nested classes); nullptr otherwise.
+std::shared_ptr<const Matcher> run_matcher(const std::string& pattern) {
+  using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
+  if (pattern == "\\p{N}+") return std::make_shared<RunMatcher>(RunMatcher::number, Ranges{}, 0);
+  const std::string digits = "\\p{N}{1,";
+  if (pattern.rfind(digits, 0) == 0 && pattern.size() > digits.size() + 1 &&
+      pattern.back() == '}') {
+    const std::string k = pattern.substr(digits.size(), pattern.size() - digits.size() - 1);
+    if (k.size() == 1 && k[0] >= '1' && k[0] <= '9') {
+      return std::make_shared<RunMatcher>(RunMatcher::number, Ranges{},
+                                          static_cast<size_t>(k[0] - '0'));
+    }
+    return nullptr;
+  }
+  if (pattern.size() < 4 || pattern.front() != '[' || pattern.compare(pattern.size() - 2, 2, "]+"))
+    return nullptr;
+  const std::string_view inner(pattern.data() + 1, pattern.size() - 3);
+  if (inner.empty() || !is_valid_utf8(inner)) return nullptr;
+  std::vector<uint32_t> cps;
+  for (size_t i = 0; i < inner.size();) {
+    uint32_t len = 1;
+    cps.push_back(decode_at(inner, i, len));
+    i += len;
+  }
+  Ranges ranges;
+  for (size_t i = 0; i < cps.size();) {
+    const uint32_t c = cps[i];
+    // Characters with a meaning inside a class in Oniguruma's syntax: leave those to it.
+    if (c == '\\' || c == '[' || c == ']' || c == '^' || c == '&' || c == ':' ||
+        (c == '-' && (i == 0 || i + 1 == cps.size()))) {
+      return nullptr;
+    }
+    if (i + 2 < cps.size() && cps[i + 1] == '-') {
+      const uint32_t hi = cps[i + 2];
+      if (hi < c || hi == '\\' || hi == '[' || hi == ']' || hi == '-') return nullptr;
+      ranges.emplace_back(c, hi);
+      i += 3;
+    } else {
+      if (c == '-') return nullptr;
+      ranges.emplace_back(c, c);
+      i += 1;
+    }
+  }
+  return std::make_shared<RunMatcher>(RunMatcher::in_ranges, std::move(ranges), 0);
+}
+
 }  // namespace
 
 std::shared_ptr<const Matcher> Matcher::regex(const std::string& pattern) {
+  if (auto fast = run_matcher(pattern)) return fast;
+  return oniguruma(pattern);
+}
+
+std::shared_ptr<const Matcher> Matcher::oniguruma(const std::string& pattern) {
   return std::make_shared<RegexMatcher>(pattern);
 }
 
@@ -128,8 +227,9 @@ void split_by(const Matcher& matcher, SplitBehavior behavior, bool invert, std::
     uint32_t begin, end;
     bool match;
   };
-  std::vector<Part> parts;
-  parts.reserve(2 * scratch.size() + 1);
+  // Per-thread scratch: a split runs once per piece, many times per text.
+  thread_local std::vector<Part> parts;
+  parts.clear();
   uint32_t prev = 0;
   for (const Span& m : scratch) {
     if (m.first > prev) parts.push_back({prev, m.first, invert});
@@ -140,7 +240,8 @@ void split_by(const Matcher& matcher, SplitBehavior behavior, bool invert, std::
   if (prev < size) parts.push_back({prev, size, invert});
   // HF's NormalizedString::split by behavior (tokenizers' normalizer.rs); empty pieces are
   // dropped after, as PreTokenizedString::split drops them.
-  std::vector<Span> pieces;
+  thread_local std::vector<Span> pieces;
+  pieces.clear();
   bool previous_match = false;
   switch (behavior) {
     case SplitBehavior::kRemoved:

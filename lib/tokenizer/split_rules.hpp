@@ -23,8 +23,13 @@ enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWith
 class Matcher {
  public:
   /// A regex in Oniguruma's Ruby syntax (what HF tokenizers' onig crate compiles), UTF-8.
-  /// Throws ConfigError with Oniguruma's message when it does not compile.
+  /// Throws ConfigError with Oniguruma's message when it does not compile. The simple forms
+  /// real files use beside their main pattern — `\p{N}+`, `\p{N}{1,k}` (k ≤ 9), and classes of
+  /// literal characters and ranges repeated, `[一-龥぀-ゟ]+` (DeepSeek-V3's) — are matched by
+  /// hand, with Oniguruma's matches.
   static std::shared_ptr<const Matcher> regex(const std::string& pattern);
+  /// The same pattern always run by Oniguruma (the reference of the hand-written forms).
+  static std::shared_ptr<const Matcher> oniguruma(const std::string& pattern);
   /// A literal string (HF's `{"String": ...}`); an empty one matches nothing.
   static std::shared_ptr<const Matcher> literal(std::string text);
 
