@@ -896,3 +896,23 @@ TEST_CASE("target_parameters that pick no expert tensor, or options PEFT refuses
                          test::Has({"adapter_config.json", "target_parameters"}));
   }
 }
+
+TEST_CASE("target_parameters with a layer in the name adapt that layer's experts only",
+          "[model][moe][peft]") {
+  // OpenAI's gpt-oss LoRA recipe names layers: "7.mlp.experts.gate_up_proj". A name matches as
+  // a dotted suffix of the tensor's path, as PEFT matches it.
+  auto model = family_model("qwen3_moe");  // sparse layers 0 and 2
+  PeftConfig c;
+  c.type = FinetuningType::kLora;
+  c.lora.r = 2;
+  c.lora.target_modules = {"q_proj"};
+  c.lora.target_parameters = {"2.mlp.experts.down_proj"};
+  apply_peft(*model, c, 3);
+  const auto params = model->named_parameters();
+  CHECK(params.contains("model.layers.2.mlp.experts.lora_A.weight"));
+  CHECK_FALSE(params.contains("model.layers.0.mlp.experts.lora_A.weight"));
+  CHECK_FALSE(params.contains("model.layers.2.mlp.experts.base_layer.lora_A.weight"));
+  // "12.mlp..." is not layer 2's: components match whole.
+  c.lora.target_parameters = {"12.mlp.experts.down_proj"};
+  CHECK_THROWS_AS(apply_peft(*family_model("qwen3_moe"), c, 3), ConfigError);
+}
