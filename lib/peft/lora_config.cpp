@@ -99,6 +99,20 @@ void names_or_null(JsonWriter& w, const char* key, const std::vector<std::string
   w.EndArray();
 }
 
+// `key`: a list of non-empty names (of a `what`) or null, appended to `out`; anything else is
+// refused naming the key.
+void read_names_or_null(json::ObjectReader& r, const char* key, const char* what,
+                        std::vector<std::string>& out) {
+  const rapidjson::Value* v = r.find(key);
+  if (v == nullptr || v->IsNull()) return;
+  const std::string expected = fmt::format("a list of {} names (non-empty strings) or null", what);
+  if (!v->IsArray()) r.fail(key, expected);
+  for (const auto& x : v->GetArray()) {
+    if (!x.IsString() || x.GetStringLength() == 0) r.fail(key, expected);
+    out.emplace_back(json::text(x));
+  }
+}
+
 }  // namespace
 
 void write_lora_config(JsonWriter& w, CausalLM& model, const LoraOptions& o) {
@@ -165,23 +179,9 @@ void read_lora_config(json::ObjectReader& r, LoraOptions& o) {
       o.target_modules.emplace_back(json::text(x));
     }
   }
-  if (const rapidjson::Value* p = r.find("target_parameters"); p != nullptr && !p->IsNull()) {
-    if (!p->IsArray()) r.fail("target_parameters", "a list of parameter names or null");
-    for (const auto& x : p->GetArray()) {
-      if (!x.IsString() || x.GetStringLength() == 0)
-        r.fail("target_parameters", "a list of parameter names (non-empty strings) or null");
-      o.target_parameters.emplace_back(json::text(x));
-    }
-  }
+  read_names_or_null(r, "target_parameters", "parameter", o.target_parameters);
   if (auto v = r.choice("bias", {"none", "all", "lora_only"})) o.bias = *v;
-  if (const rapidjson::Value* m = r.find("modules_to_save"); m != nullptr && !m->IsNull()) {
-    if (!m->IsArray()) r.fail("modules_to_save", "a list of module names or null");
-    for (const auto& x : m->GetArray()) {
-      if (!x.IsString() || x.GetStringLength() == 0)
-        r.fail("modules_to_save", "a list of module names (non-empty strings) or null");
-      o.modules_to_save.emplace_back(json::text(x));
-    }
-  }
+  read_names_or_null(r, "modules_to_save", "module", o.modules_to_save);
   if (auto v = r.boolean("use_rslora")) o.use_rslora = *v;
   if (auto v = r.boolean("use_dora")) o.use_dora = *v;
   if (const rapidjson::Value* v = r.find("init_lora_weights"); v != nullptr && !v->IsNull()) {

@@ -395,6 +395,17 @@ VARIANT_CASES = {
 }
 
 
+def peft_model(models, family, spec):
+    """PEFT's LoRA `spec` (no dropout, no bias) on `family`'s fixture weights from `models`,
+    drawn from seed 77; returns (the PEFT model, the family's config kwargs)."""
+    from peft import LoraConfig, TaskType, get_peft_model
+    kind, kwargs = models[family]
+    base = build(kind, kwargs, seed=sum(map(ord, family)))
+    cfg = LoraConfig(task_type=TaskType.CAUSAL_LM, lora_dropout=0.0, bias="none", **spec)
+    torch.manual_seed(77)
+    return get_peft_model(base, cfg), kwargs
+
+
 def eval_and_gradients(model, vocab, name_of):
     """The fixed inputs, the eval logits and loss, then one train-mode backward's gradient of
     every trainable parameter ("grad." + name_of(name)); returns (expected, eval output)."""
@@ -423,17 +434,12 @@ def our_name(peft_name):
 
 
 def make_variants():
-    from peft import LoraConfig, TaskType, get_peft_model
     from safetensors.torch import save_file
     root = os.path.join(OUT, "peft")
     for name, (family, spec) in VARIANT_CASES.items():
         d = os.path.join(root, name)
         os.makedirs(d, exist_ok=True)
-        kind, kwargs = MODELS[family]
-        base = build(kind, kwargs, seed=sum(map(ord, family)))
-        cfg = LoraConfig(task_type=TaskType.CAUSAL_LM, lora_dropout=0.0, bias="none", **spec)
-        torch.manual_seed(77)
-        model = get_peft_model(base, cfg)
+        model, kwargs = peft_model(MODELS, family, spec)
         start = {}
         for pname, p in model.named_parameters():
             if "lora_magnitude_vector" in pname or (spec.get("init_lora_weights") == "pissa" and (
@@ -480,18 +486,13 @@ EXPERT_CASES = {
 
 
 def make_experts():
-    from peft import LoraConfig, TaskType, get_peft_model
     from safetensors.torch import save_file
     root = os.path.join(OUT, "peft")
     for name, (family, spec) in EXPERT_CASES.items():
         try:
             d = os.path.join(root, name)
             os.makedirs(d, exist_ok=True)
-            kind, kwargs = FAMILY_MODELS[family]
-            base = build(kind, kwargs, seed=sum(map(ord, family)))
-            cfg = LoraConfig(task_type=TaskType.CAUSAL_LM, lora_dropout=0.0, bias="none", **spec)
-            torch.manual_seed(77)
-            model = get_peft_model(base, cfg)
+            model, kwargs = peft_model(FAMILY_MODELS, family, spec)
             with torch.no_grad():
                 for pname, p in model.named_parameters():
                     if "lora_B" in pname:
