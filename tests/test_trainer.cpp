@@ -429,14 +429,16 @@ TEST_CASE("LoRA on the experts saved at 2 ranks under ZeRO-3 resumes at 1 and 4"
           "[trainer][checkpoint][moe][peft]") {
   if (test::skip_cpu_world(4)) return;
   // The experts' adapters ([r·E, in] and [out, r·E] per fused tensor) sharded by ZeRO-3 like
-  // any parameter, beside the attention's LoRA.
+  // any parameter, beside the attention's LoRA, with the load-balancing loss on (its gradient
+  // reaches the frozen routers' inputs through the adapted layers).
   check_resumed_at_other_worlds(
       3,
       R"({"model_type": "qwen3_moe", "vocab_size": 259, "hidden_size": 32,
       "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
       "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 128,
       "tie_word_embeddings": false, "num_experts": 4, "num_experts_per_tok": 2,
-      "moe_intermediate_size": 16, "mlp_only_layers": [1]})",
+      "moe_intermediate_size": 16, "mlp_only_layers": [1], "output_router_logits": true,
+      "router_aux_loss_coef": 0.3})",
       {"--finetuning_type", "lora", "--lora_r", "4", "--lora_target", "q_proj,v_proj",
        "--lora_target_parameters", "experts.gate_up_proj,experts.down_proj"});
 }

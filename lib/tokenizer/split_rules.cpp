@@ -199,6 +199,9 @@ std::shared_ptr<const Matcher> run_matcher(const std::string& pattern) {
       i += 1;
     }
   }
+  // A class of many ranges (a hostile file's) is Oniguruma's: it tests membership in a table,
+  // this one range by range.
+  if (ranges.size() > 64) return nullptr;
   return std::make_shared<RunMatcher>(RunMatcher::in_ranges, std::move(ranges), 0);
 }
 
