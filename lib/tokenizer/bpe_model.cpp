@@ -350,7 +350,7 @@ bool BpeModel::word_starts_at(std::string_view piece, size_t at) const {
 }
 
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
-  // Long pieces (a run of 300 spaces) are merged each time, as HF does past 256 bytes: caching
+  // Long pieces (a run of 300 spaces) are merged each time (PieceCache::kMaxKey): caching
   // them would only evict the short, frequent ones.
   cache_->encode(word, out, [&](std::string_view p, std::vector<int32_t>& ids) {
     initial_symbols(p, ids);
