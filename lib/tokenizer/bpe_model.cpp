@@ -286,6 +286,7 @@ void BpeModel::initial_symbols(std::string_view piece, std::vector<int32_t>& ids
 void BpeModel::merge(std::vector<int32_t>& ids) const {
   const size_t n = ids.size();
   if (n < 2) return;
+  if (n <= kShortWord && options_.scan_short_words) return merge_short(ids);
   thread_local std::vector<Symbol> symbols;
   thread_local std::vector<Candidate> queue;
   symbols.resize(n);
@@ -331,6 +332,42 @@ void BpeModel::merge(std::vector<int32_t>& ids) const {
   for (size_t i = 0; i < n; ++i) {
     if (symbols[i].alive) ids.push_back(symbols[i].id);
   }
+}
+
+void BpeModel::merge_short(std::vector<int32_t>& ids) const {
+  // The same choice as the queue's — the lowest rank, then the leftmost pair — by scanning the
+  // current pairs' ranks, which a merge changes only beside it: no queue, no stale entries.
+  const size_t n = ids.size();
+  constexpr uint32_t kNone = ~0u;
+  std::array<int32_t, kShortWord> id;
+  std::array<uint32_t, kShortWord> rank;  // of the pair (i, i + 1) among the live symbols
+  std::array<int32_t, kShortWord> merged;
+  size_t live = n;
+  std::copy(ids.begin(), ids.end(), id.begin());
+  auto pair_at = [&](size_t i) {
+    const Merge* m = i + 1 < live ? merges_->find(id[i], id[i + 1]) : nullptr;
+    rank[i] = m != nullptr ? m->rank : kNone;
+    merged[i] = m != nullptr ? m->new_id : -1;
+  };
+  for (size_t i = 0; i < live; ++i) pair_at(i);
+  while (live > 1) {
+    size_t best = 0;
+    for (size_t i = 1; i + 1 < live; ++i) {
+      if (rank[i] < rank[best]) best = i;
+    }
+    if (rank[best] == kNone) break;
+    id[best] = merged[best];
+    // Close the gap the right symbol leaves.
+    for (size_t i = best + 1; i + 1 < live; ++i) {
+      id[i] = id[i + 1];
+      rank[i] = rank[i + 1];
+      merged[i] = merged[i + 1];
+    }
+    --live;
+    if (best > 0) pair_at(best - 1);
+    pair_at(best);
+  }
+  ids.assign(id.begin(), id.begin() + static_cast<std::ptrdiff_t>(live));
 }
 
 bool BpeModel::word_starts_at(std::string_view piece, size_t at) const {

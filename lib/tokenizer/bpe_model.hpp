@@ -41,6 +41,10 @@ struct BpeOptions {
   /// join across the cut (BpeModel's derived split), so that each word is merged and cached on
   /// its own. Exact by construction; false merges whole pieces (the tests' reference).
   bool split_words = true;
+  /// Words of at most BpeModel::kShortWord symbols merged by scanning their pairs' ranks rather
+  /// than through the priority queue (the same merges; false: always the queue, the tests'
+  /// reference).
+  bool scan_short_words = true;
 };
 
 class BpeModel final : public VocabularyModel {
@@ -76,6 +80,9 @@ class BpeModel final : public VocabularyModel {
 
   void initial_symbols(std::string_view piece, std::vector<int32_t>& ids) const;
   void merge(std::vector<int32_t>& ids) const;
+  /// merge() of a word of at most kShortWord symbols, without the queue.
+  static constexpr size_t kShortWord = 24;
+  void merge_short(std::vector<int32_t>& ids) const;
   /// One word (or piece) through the cache.
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
   /// Whether a word may start at `at` (a "▁" in `piece`): the character before it is another
