@@ -390,6 +390,13 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   // Long pieces (a run of 300 spaces) are merged each time (PieceCache::kMaxKey): caching
   // them would only evict the short, frequent ones.
   cache_->encode(word, out, [&](std::string_view p, std::vector<int32_t>& ids) {
+    if (options_.ignore_merges) {  // a piece in the vocabulary is its token, merges aside
+      const int32_t id = options_.byte_level ? piece_vocab_.find(p) : vocab_.find(p);
+      if (id >= 0) {
+        ids.push_back(id);
+        return;
+      }
+    }
     initial_symbols(p, ids);
     merge(ids);
   });
@@ -397,13 +404,6 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
 
 void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
   if (piece.empty()) return;
-  if (options_.ignore_merges) {
-    const int32_t id = options_.byte_level ? piece_vocab_.find(piece) : vocab_.find(piece);
-    if (id >= 0) {
-      out.push_back(id);
-      return;
-    }
-  }
   if (!split_words_) return encode_word(piece, out);
   size_t word = 0;
   for (size_t at = piece.find(kSpace, 1); at != std::string_view::npos;
