@@ -167,6 +167,15 @@ BpeModel::BpeModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
       single_byte_id_[b] = b < 0x80 ? vocab_.find(std::string(1, static_cast<char>(b))) : -1;
     }
   }
+  if (!options_.byte_level) {
+    char_id_.assign(0x10000, -1);
+    for (const auto& [token, id] : vocab) {
+      if (token.empty() || token.size() > 3) continue;
+      uint32_t len = 0;
+      const uint32_t cp = text::decode_at(token, 0, len);
+      if (len == token.size() && cp < char_id_.size()) char_id_[cp] = vocab_.find(token);
+    }
+  }
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& [left, right] = merges[rank];
     const int32_t a = vocab_.find(left), b = vocab_.find(right);
@@ -267,11 +276,13 @@ void BpeModel::initial_symbols(std::string_view piece, std::vector<int32_t>& ids
   } else {
     for (size_t i = 0; i < piece.size();) {
       const auto b = static_cast<unsigned char>(piece[i]);
-      uint32_t len = 1;
-      if (b >= 0x80) text::decode_at(piece, i, len);
+      uint32_t len = 1, cp = b;
+      if (b >= 0x80) cp = text::decode_at(piece, i, len);
       const std::string_view ch =
           affixed ? spell(i, len, piece.substr(i, len)) : piece.substr(i, len);
-      const int32_t id = affixed || b >= 0x80 ? vocab_.find(ch) : single_byte_id_[b];
+      const int32_t id = affixed     ? vocab_.find(ch)
+                         : b >= 0x80 ? char_token(ch, cp)
+                                     : single_byte_id_[b];
       if (id >= 0) {
         known(id);
       } else {
@@ -383,7 +394,7 @@ bool BpeModel::word_starts_at(std::string_view piece, size_t at) const {
   // A character outside the vocabulary starts as byte-fallback tokens or unk, which the merges
   // above do not speak of: no cut after it.
   const auto b = static_cast<unsigned char>(piece[start]);
-  return b < 0x80 ? single_byte_id_[b] >= 0 : vocab_.find(piece.substr(start, len)) >= 0;
+  return b < 0x80 ? single_byte_id_[b] >= 0 : char_token(piece.substr(start, len), before) >= 0;
 }
 
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {

@@ -95,6 +95,13 @@ class BpeModel final : public VocabularyModel {
   int32_t unk_id_ = -1;
   int32_t byte_token_[256];      // <0xXX> tokens for byte fallback, -1 when absent
   int32_t single_byte_id_[256];  // byte_level: the id of each byte's character, -1 when absent
+  // Not byte_level: the id of each character of the Basic Multilingual Plane that is a token
+  // by itself (-1 when not), so that initial symbols need no string lookup.
+  std::vector<int32_t> char_id_;
+  /// The id of the character `ch` (UTF-8, code point `cp`), or -1.
+  int32_t char_token(std::string_view ch, uint32_t cp) const {
+    return cp < char_id_.size() ? char_id_[cp] : vocab_.find(ch);
+  }
   std::unique_ptr<PieceCache> cache_;
   bool split_words_ = false;  // options_.split_words, where the model allows it
   // The last characters of merges' left tokens whose right token starts with "▁".
