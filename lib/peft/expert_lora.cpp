@@ -110,7 +110,7 @@ size_t attach_expert_adapters(const std::string& path, model::MoeExperts& expert
     }
     at::NoGradGuard no_grad;
     const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-    const at::TensorOptions options = w.options().device(w.device());
+    const at::TensorOptions options = w.options();
     auto a = host->register_module(
         "lora_A", std::make_shared<Factor>(at::empty({o.r * e, in})
                                                .uniform_(-bound, bound, generator_for(seed, module))

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <set>
 
@@ -197,10 +198,10 @@ void apply_lora(CausalLM& model, const LoraOptions& o, uint64_t seed) {
                        "lower lora_r or target fewer modules");
   // target_parameters: the experts' fused tensors, and each name must pick some.
   for (const std::string& t : o.target_parameters) {
-    LoraOptions one = o;
-    one.target_parameters = {t};
     const bool any = std::any_of(experts.begin(), experts.end(), [&](const auto& item) {
-      return !peft::targeted_expert_tensors(item.first, one).empty();
+      return std::any_of(
+          std::begin(model::MoeExperts::kNames), std::end(model::MoeExperts::kNames),
+          [&](const char* tensor) { return ends_with_component(item.first + "." + tensor, t); });
     });
     if (!any) {
       throw ConfigError(fmt::format(

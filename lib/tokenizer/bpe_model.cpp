@@ -173,7 +173,7 @@ BpeModel::BpeModel(const std::vector<std::pair<std::string, int32_t>>& vocab,
       if (token.empty() || token.size() > 3) continue;
       uint32_t len = 0;
       const uint32_t cp = text::decode_at(token, 0, len);
-      if (len == token.size() && cp < char_id_.size()) char_id_[cp] = vocab_.find(token);
+      if (len == token.size() && cp < char_id_.size()) char_id_[cp] = id;
     }
   }
   for (size_t rank = 0; rank < merges.size(); ++rank) {
