@@ -2,8 +2,10 @@
 // single-rank backend, rendezvous failures (missing rank, port taken) and dead peers.
 #include "support/catch.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -201,6 +203,43 @@ TEST_CASE("rank: peer dies", "[.rank]") {
   std::printf("caught=%d timely=%d\n", caught, timely);
   std::fflush(stdout);
   std::_Exit(caught && timely ? 0 : 1);
+}
+
+// A write into a pipe nobody reads, as a socket write to a dead peer is: with SIGPIPE at its
+// default action the process would die of the signal; after joining it fails with EPIPE. A rank
+// whose host installed a handler of its own (ZT_HOST_SIGPIPE) finds that handler still in place.
+namespace {
+volatile sig_atomic_t host_sigpipes = 0;
+void count_sigpipe(int) {
+  host_sigpipes = host_sigpipes + 1;
+}
+}  // namespace
+
+TEST_CASE("rank: a write to a closed peer", "[.rank]") {
+  const bool host_handler = std::getenv("ZT_HOST_SIGPIPE") != nullptr;
+  // Launched ranks inherit an ignored SIGPIPE: start from the default, as a C++ program does.
+  ::signal(SIGPIPE, host_handler ? count_sigpipe : SIG_DFL);
+  auto comm = test::join(Backend::kGloo);
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  ::close(fds[0]);
+  const char byte = 1;
+  errno = 0;
+  const ssize_t n = ::write(fds[1], &byte, 1);
+  const int err = errno;
+  ::close(fds[1]);
+  CHECK(n == -1);
+  CHECK(err == EPIPE);
+  CHECK(host_sigpipes == (host_handler ? 1 : 0));
+  comm->barrier();
+}
+
+TEST_CASE("a rank's write to a dead peer's socket is an error, not a silent death by SIGPIPE",
+          "[comm][errors]") {
+  if (!backend_available(Backend::kGloo)) return;
+  test::run_ranks(2, "rank: a write to a closed peer", std::chrono::seconds(60));
+  test::run_ranks(2, "rank: a write to a closed peer", std::chrono::seconds(60),
+                  {{"ZT_HOST_SIGPIPE", "1"}});
 }
 
 TEST_CASE("a rank that dies mid-run fails the others with DistributedError, no hang",

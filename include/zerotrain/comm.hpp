@@ -161,6 +161,13 @@ struct CommOptions {
 /// builds the backend. Collective over all ranks. Throws DistributedError naming the address,
 /// port and the ranks that never arrived when the rendezvous times out, or the port cannot be
 /// served; ConfigError when the backend is not built in.
+///
+/// A job of several ranks talks over sockets, and a write to the socket of a peer that died
+/// raises SIGPIPE, whose default action ends this process silently (c10d's Gloo transport and
+/// store do not all write with MSG_NOSIGNAL; Python ignores SIGPIPE for them). So where
+/// SIGPIPE still has its default action, the first multi-rank communicator sets it to ignored,
+/// process-wide, and such a write fails with EPIPE — a DistributedError naming the peer. A
+/// handler the host program installed is left as it is.
 std::unique_ptr<Communicator> create_communicator(const LaunchEnv& env, const CommOptions& options);
 
 /// Which backends this build of libzerotrain contains.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <thread>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -20,8 +21,24 @@ std::string key_prefix() {
   return fmt::format("zt/{}/", restart ? restart : "0");
 }
 
+namespace {
+
+// A write to a dead peer's socket must fail with EPIPE, not end this process (comm.hpp).
+void ignore_default_sigpipe() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) != 0) return;
+  if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGPIPE, &ignore, nullptr);
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout,
                                            std::chrono::milliseconds op_timeout) {
+  ignore_default_sigpipe();
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + timeout;
   const std::string where = fmt::format("{}:{}", env.master_addr, env.master_port);

@@ -482,6 +482,13 @@ EXPERT_CASES = {
     "experts_mixtral_rslora": ("mixtral", dict(r=2, lora_alpha=4, target_modules=["o_proj"],
                                                target_parameters=["experts.down_proj"],
                                                use_rslora=True)),
+    # gpt-oss keeps its experts transposed ([E, in, out]) and biased; GLM-4.5's routed experts
+    # sit beside a shared expert (nn.Linear modules, targeted by name).
+    "experts_gpt_oss": ("gpt_oss", dict(r=4, lora_alpha=8, target_modules=["q_proj"],
+                                        target_parameters=["experts.gate_up_proj",
+                                                           "experts.down_proj"])),
+    "experts_glm4_moe": ("glm4_moe", dict(r=2, lora_alpha=8, target_modules=["k_proj", "down_proj"],
+                                          target_parameters=["experts.gate_up_proj"])),
 }
 
 
