@@ -115,7 +115,7 @@ TEST_CASE("a written config.json keeps the input's members and reads the same in
   for (const char* name :
        {"llama", "llama_rope_llama3", "llama_rope_linear", "llama_rope_dynamic", "llama_rope_yarn",
         "qwen2", "qwen3", "qwen3_rope_yarn", "mistral", "mistral_head_dim", "phi3", "phi3_longrope",
-        "gemma2", "gemma3_text", "qwen3_moe", "mixtral"}) {
+        "gemma2", "gemma3_text", "qwen3_moe", "mixtral", "glm4_moe"}) {
     for (const char* file : {"config.json", "config_v4.json"}) {
       INFO(name << "/" << file);
       const std::string path = fixture(std::string("models/") + name + "/" + file);
@@ -328,8 +328,10 @@ TEST_CASE("logits, hidden states, loss and gradients match transformers", "[mode
         // RoPE scalings: yarn (Qwen3's; DeepSeek's members), dynamic NTK, LongRoPE short and long.
         "qwen3_rope_yarn", "llama_rope_yarn", "llama_rope_dynamic", "phi3_longrope",
         "phi3_longrope_long",
-        // Mixtures of experts: routers made sharp enough that another expert choice would show.
-        "qwen3_moe", "mixtral"}) {
+        // Mixtures of experts: routers made sharp enough that another expert choice would show;
+        // GLM-4.5's sigmoid router over groups with its correction bias, a shared expert, a
+        // dense first layer and partial RoPE in halves.
+        "qwen3_moe", "mixtral", "glm4_moe"}) {
     INFO("model " << name);
     auto model = load_fixture_model(name);
     SafetensorsFile expected(fixture(std::string("models/") + name + "/expected.safetensors"));
@@ -467,8 +469,8 @@ TEST_CASE("greedy generation with the KV cache equals step-by-step full forwards
           "[model][generate]") {
   // The mixtures of experts (fixture configs without weights yet) with seeded random weights,
   // their routers scaled up so that each token's choice of experts matters.
-  for (const char* name :
-       {"llama", "qwen2", "mistral", "glm", "glm4", "qwen3", "phi3", "qwen3_moe", "mixtral"}) {
+  for (const char* name : {"llama", "qwen2", "mistral", "glm", "glm4", "qwen3", "phi3", "qwen3_moe",
+                           "mixtral", "glm4_moe"}) {
     INFO(name);
     std::shared_ptr<CausalLM> model;
     if (std::filesystem::exists(fixture(std::string("models/") + name + "/model.safetensors"))) {

@@ -4,10 +4,12 @@
 // training at several world sizes against one rank.
 #include "support/catch.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -15,6 +17,7 @@
 #include "model/blocks.hpp"
 #include "model/layers.hpp"
 #include "model/moe.hpp"
+#include "peft/fused_experts.hpp"
 #include "support/jobs.hpp"
 #include "support/messages.hpp"
 #include "support/ranks.hpp"
@@ -157,6 +160,18 @@ TEST_CASE("routing stays inside the experts whatever the router's logits hold", 
     REQUIRE(r.experts.sizes() == at::IntArrayRef({5, 3}));
     CHECK(r.experts.min().item<int64_t>() >= 0);
     CHECK(r.experts.max().item<int64_t>() < 4);
+    // GLM-4.5's sigmoid routing over 2 groups, the correction bias NaN and infinite too.
+    model::MoeSpec groups{4, 2, 8, normalize, model::Activation::kSilu};
+    groups.router = model::MoeSpec::Router::kSigmoidGroups;
+    groups.groups = 2;
+    groups.top_groups = 1;
+    for (const at::Tensor& correction :
+         {at::zeros({4}), at::tensor({nan, inf, -inf, 0.5}, at::kFloat)}) {
+      const model::Routing g = model::route_sigmoid_groups(logits, correction, groups);
+      REQUIRE(g.experts.sizes() == at::IntArrayRef({5, 2}));
+      CHECK(g.experts.min().item<int64_t>() >= 0);
+      CHECK(g.experts.max().item<int64_t>() < 4);
+    }
   }
   // Whole blocks too: NaN in the router's weights reaches outputs, never an index.
   model::MoeSpec spec{4, 2, 8, true, model::Activation::kSilu};
@@ -396,8 +411,8 @@ TEST_CASE("a checkpoint with one module per expert loads as the fused experts' t
 }
 
 TEST_CASE(
-    "LoRA on a mixture-of-experts model trains its projections, not the router or experts, "
-    "and merges",
+    "LoRA all-linear on a mixture-of-experts model trains the attention, routers and experts as "
+    "PEFT 0.21 converts it, and merges",
     "[model][moe][peft]") {
   const std::string dir = test::temp_dir("moe_lora");
   test::write_data(dir, "train.jsonl", 16, 4);
@@ -405,23 +420,23 @@ TEST_CASE(
   const ModelConfig c = test::write_model_folder(dir + "/base", moe_config_with_dense(1), 21);
   train_on_base(dir, {"--max_steps", "4", "--save_steps", "4", "--finetuning_type", "lora",
                       "--lora_target", "all", "--lora_r", "4"});
-  // PEFT's all-linear: every projection but the output layer; the router and the experts are
-  // parameters of no projection.
+  // PEFT 0.21 on transformers 5 resolves all-linear to names and moves the experts' 4.x names
+  // and the router's to target_parameters: the attention, the routers and the experts (gate_up
+  // at rank 2r) are adapted; the dense layer's MLP is no longer named.
   const std::string config = files::read_text(dir + "/out/adapter_config.json");
   INFO(config);
-  for (const char* name :
-       {"layers.0.self_attn.q_proj", "layers.0.self_attn.o_proj", "layers.1.self_attn.k_proj",
-        "layers.1.mlp.gate_proj", "layers.1.mlp.up_proj", "layers.1.mlp.down_proj"}) {
-    CHECK(config.find(std::string(name) + "\"") != std::string::npos);
+  for (const char* name : {"\"q_proj\"", "\"o_proj\"", "\"gate.weight\"", "\"gate_up_proj\"",
+                           "\"down_proj\"", R"(".*\\.gate_up_proj": 8)"}) {
+    CHECK(config.find(name) != std::string::npos);
   }
-  CHECK(config.find("layers.0.mlp") == std::string::npos);
   SafetensorsCheckpoint adapter(dir + "/out/adapter_model.safetensors");
   for (const std::string& name : adapter.names()) {
     INFO(name);
-    CHECK(name.find("experts") == std::string::npos);
-    CHECK(name.find("mlp.gate.") == std::string::npos);
+    CHECK(name.find("layers.1.mlp") == std::string::npos);
   }
   CHECK(adapter.contains("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"));
+  CHECK(adapter.contains("base_model.model.model.layers.0.mlp.gate.lora_A.weight"));
+  CHECK(adapter.contains("base_model.model.model.layers.0.mlp.experts.lora_A.weight"));
   MergeOptions options;
   options.dtype = at::kFloat;
   merge_checkpoint(dir + "/out", dir + "/merged", options);
@@ -434,7 +449,8 @@ TEST_CASE(
   const at::Tensor ids = at::randint(3, 250, {2, 10}, at::kLong);
   const at::Tensor a = with_adapter.logits(ids), b = merged.logits(ids);
   CHECK(max_abs(a, b) < 1e-4);
-  // The adapter changed the outputs, and the merge left the router and the experts as they were.
+  // The adapter changed the outputs; the merge folded it into the router and the experts and
+  // left the dense layer's MLP as it was.
   CausalLM plain(c, at::TensorOptions(), false);
   load_weights(plain, *checkpoint_source(dir + "/base"));
   CHECK(max_abs(plain.logits(ids), b) > 1e-3);
@@ -443,8 +459,10 @@ TEST_CASE(
        {"model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.gate_up_proj",
         "model.layers.0.mlp.experts.down_proj"}) {
     INFO(name);
-    CHECK(at::equal(base.load(name), out.load(name)));
+    CHECK_FALSE(at::equal(base.load(name), out.load(name)));
   }
+  CHECK(at::equal(base.load("model.layers.1.mlp.down_proj.weight"),
+                  out.load("model.layers.1.mlp.down_proj.weight")));
 }
 
 namespace {
@@ -673,12 +691,16 @@ double max_abs_real(const at::Tensor& got, const at::Tensor& want, const at::Ten
 TEST_CASE("PEFT's adapters on the experts give PEFT's logits, loss and gradients in zerotrain",
           "[model][moe][peft][parity]") {
   // Made by PEFT 0.21 over transformers 5.17 (make_fixtures.py experts): target_parameters on
-  // the fused gate_up_proj (inside) and down_proj (outside) with q/v LoRA, and rsLoRA on
-  // Mixtral's down_proj alone.
-  for (const char* name : {"experts_qwen3_moe", "experts_mixtral_rslora"}) {
+  // the fused gate_up_proj (inside) and down_proj (outside) with q/v LoRA, rsLoRA on Mixtral's
+  // down_proj alone, and on GLM-4.5 target_modules ["k_proj", "down_proj"] as PEFT's conversion
+  // for transformers 5 leaves them (down_proj moved to target_parameters: the experts', not the
+  // dense layer's or the shared expert's).
+  const std::pair<const char*, const char*> cases[] = {{"experts_qwen3_moe", "qwen3_moe"},
+                                                       {"experts_mixtral_rslora", "mixtral"},
+                                                       {"experts_glm4_moe", "glm4_moe"}};
+  for (const auto& [name, family] : cases) {
     INFO("adapter " << name);
     const std::string dir = fixture(std::string("peft/") + name);
-    const std::string family = std::string(name) == "experts_qwen3_moe" ? "qwen3_moe" : "mixtral";
     auto model = family_model(family);
     const ParameterCount count = load_adapter(*model, dir, /*trainable=*/true);
     const std::string counts = files::read_text(dir + "/counts.json");
@@ -826,7 +848,7 @@ TEST_CASE("LoRA on the experts over a 4-bit base trains, continues from its fold
                                       "--lora_r",
                                       "4",
                                       "--lora_target",
-                                      "all",
+                                      "q_proj,k_proj,v_proj,o_proj",
                                       "--lora_target_parameters",
                                       "experts.down_proj",
                                       "--quantization_bit",
@@ -915,4 +937,273 @@ TEST_CASE("target_parameters with a layer in the name adapt that layer's experts
   // "12.mlp..." is not layer 2's: components match whole.
   c.lora.target_parameters = {"12.mlp.experts.down_proj"};
   CHECK_THROWS_AS(apply_peft(*family_model("qwen3_moe"), c, 3), ConfigError);
+}
+
+namespace {
+
+LoraOptions lora_on(std::vector<std::string> targets, int64_t r = 4, double alpha = 8) {
+  LoraOptions o;
+  o.r = r;
+  o.alpha = alpha;
+  o.target_modules = std::move(targets);
+  return o;
+}
+
+std::vector<std::string> sorted_names(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+}  // namespace
+
+// PEFT 0.21 on transformers 5 (convert_peft_config_for_transformers): the 4.x names of a
+// mixture's per-expert projections and router become target_parameters of the fused tensors.
+TEST_CASE("LoRA targets naming the experts' 4.x projections adapt the fused tensors, as PEFT 0.21",
+          "[model][moe][peft]") {
+  auto qwen = family_model("qwen3_moe");  // its layer 1 dense (mlp_only_layers)
+  SECTION(
+      "gate_proj, up_proj and down_proj: the fused tensors, gate_up_proj at rank and alpha 2x") {
+    const LoraOptions o = peft::converted_for_fused_experts(
+        *qwen, lora_on({"q_proj", "gate_proj", "up_proj", "down_proj"}));
+    CHECK(o.target_modules == std::vector<std::string>{"q_proj"});
+    CHECK(sorted_names(o.target_parameters) ==
+          std::vector<std::string>{"down_proj", "gate_up_proj"});
+    REQUIRE(o.rank_pattern.size() == 1);
+    CHECK(o.at("model.layers.0.mlp.experts.gate_up_proj").r == 8);
+    CHECK(o.at("model.layers.0.mlp.experts.gate_up_proj").alpha == 16);
+    CHECK(o.at("model.layers.0.mlp.experts.down_proj").r == 4);
+    CHECK(o.at("model.layers.0.self_attn.q_proj").alpha == 8);
+    // Idempotent: what PEFT reads back from the adapter_config.json it wrote.
+    const LoraOptions again = peft::converted_for_fused_experts(*qwen, o);
+    CHECK(again.target_modules == o.target_modules);
+    CHECK(again.target_parameters == o.target_parameters);
+    CHECK(again.rank_pattern == o.rank_pattern);
+  }
+  SECTION("a dotted name is converted too; one half of gate_up_proj alone is refused") {
+    const LoraOptions o = peft::converted_for_fused_experts(*qwen, lora_on({"mlp.down_proj"}));
+    CHECK(o.target_modules.empty());
+    CHECK(o.target_parameters == std::vector<std::string>{"down_proj"});
+    CHECK(o.rank_pattern.empty());
+    CHECK_THROWS_WITH(peft::converted_for_fused_experts(*qwen, lora_on({"gate_proj"})),
+                      Catch::Contains("up_proj") && Catch::Contains("gate_up_proj"));
+  }
+  SECTION("all-linear: the attention, the fused experts and the routers") {
+    const LoraOptions o = peft::converted_for_fused_experts(*qwen, lora_on({"all-linear"}));
+    CHECK(sorted_names(o.target_modules) ==
+          std::vector<std::string>{"k_proj", "o_proj", "q_proj", "v_proj"});
+    CHECK(sorted_names(o.target_parameters) ==
+          std::vector<std::string>{"down_proj", "gate.weight", "gate_up_proj"});
+    PeftConfig c;
+    c.type = FinetuningType::kLora;
+    c.lora = o;
+    apply_peft(*qwen, c, 3);
+    const auto params = qwen->named_parameters();
+    // The router as a projection of rank r; the experts' gate_up_proj at rank 2r per expert;
+    // the dense layer's MLP, which PEFT's conversion no longer names, untouched.
+    REQUIRE(params.contains("model.layers.0.mlp.gate.lora_A.weight"));
+    CHECK(params["model.layers.0.mlp.gate.lora_A.weight"].size(0) == 4);
+    const at::Tensor gate_up = params["model.layers.0.mlp.experts.gate_up_proj"];
+    CHECK(params["model.layers.0.mlp.experts.base_layer.lora_A.weight"].size(0) ==
+          8 * gate_up.size(0));
+    CHECK_FALSE(params.contains("model.layers.1.mlp.down_proj.lora_A.weight"));
+    CHECK_FALSE(params.contains("model.layers.1.mlp.gate_proj.lora_A.weight"));
+    CHECK(params.contains("model.layers.1.self_attn.v_proj.lora_A.weight"));
+  }
+  SECTION("a regex is resolved to names first, the experts' old names found by probing") {
+    LoraOptions given = lora_on({});
+    given.target_regex = R"(.*\.layers\.0\..*(q_proj|gate_proj|up_proj))";
+    const LoraOptions o = peft::converted_for_fused_experts(*qwen, given);
+    CHECK(o.target_regex.empty());
+    CHECK(o.target_modules == std::vector<std::string>{"q_proj"});
+    CHECK(o.target_parameters == std::vector<std::string>{"gate_up_proj"});
+    CHECK(o.at("x.experts.gate_up_proj").r == 8);
+  }
+  SECTION("Mixtral's w1 / w3 / w2 and the router; a family without a pattern is left alone") {
+    auto mixtral = family_model("mixtral");
+    const LoraOptions o =
+        peft::converted_for_fused_experts(*mixtral, lora_on({"w1", "w2", "w3", "gate", "o_proj"}));
+    CHECK(o.target_modules == std::vector<std::string>{"o_proj"});
+    CHECK(sorted_names(o.target_parameters) ==
+          std::vector<std::string>{"down_proj", "gate.weight", "gate_up_proj"});
+    auto llama = family_model("llama");
+    const LoraOptions same =
+        peft::converted_for_fused_experts(*llama, lora_on({"gate_proj", "down_proj"}));
+    CHECK(same.target_modules == std::vector<std::string>{"gate_proj", "down_proj"});
+    CHECK(same.target_parameters.empty());
+  }
+}
+
+TEST_CASE("A converted LoRA config round-trips: adapter_config.json, its keys, logits and merge",
+          "[model][moe][peft]") {
+  PeftConfig c;
+  c.type = FinetuningType::kLora;
+  c.lora = lora_on({"q_proj", "gate", "gate_proj", "up_proj", "down_proj"}, 2, 4);
+  auto model = family_model("qwen3_moe");
+  const at::Tensor ids = at::randint(3, 128, {2, 10}, at::kLong);
+  at::Tensor base_logits;
+  {
+    at::NoGradGuard no_grad;
+    base_logits = model->logits(ids);
+  }
+  apply_peft(*model, c, 11);
+  {
+    at::NoGradGuard no_grad;
+    for (auto& item : model->named_parameters()) {
+      if (item.key().find("lora_B") != std::string::npos) item.value().normal_(0, 0.05);
+    }
+  }
+  at::NoGradGuard no_grad;
+  const at::Tensor adapted = model->logits(ids);
+  CHECK(max_abs(adapted, base_logits) > 1e-3);
+  const std::string dir = test::temp_dir("converted_adapter");
+  save_adapter(*model, c, dir);
+  const std::string config = files::read_text(dir + "/adapter_config.json");
+  CHECK_THAT(config, Catch::Contains("\"gate_up_proj\"") && Catch::Contains("\"gate.weight\"") &&
+                         Catch::Contains(R"(".*\\.gate_up_proj": 4)"));
+  // PEFT's config as read back: converted already, the patterns kept.
+  const PeftConfig read = load_adapter_config(dir);
+  CHECK(read.lora.rank_pattern.size() == 1);
+  CHECK(read.lora.target_modules == std::vector<std::string>{"q_proj"});
+  SafetensorsFile saved(dir + "/adapter_model.safetensors");
+  CHECK(saved.contains("base_model.model.model.layers.0.mlp.gate.lora_B.weight"));
+  auto loaded = family_model("qwen3_moe");
+  load_adapter(*loaded, dir, /*trainable=*/false);
+  CHECK(max_abs(loaded->logits(ids), adapted) < 1e-5);
+  merge_lora(*model);
+  CHECK(max_abs(model->logits(ids), adapted) < 1e-5);
+}
+
+TEST_CASE("rank_pattern / alpha_pattern in adapter_config.json: read, checked, applied by path",
+          "[peft]") {
+  const std::string dir = test::temp_dir("rank_pattern");
+  auto write = [&](const std::string& patterns) {
+    files::write_atomic(
+        dir + "/adapter_config.json",
+        R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"])" +
+            patterns + "}");
+  };
+  write(
+      R"(, "rank_pattern": {"layers\\.0\\.self_attn\\.q_proj": 2, "v_proj": 6}, "alpha_pattern": {"v_proj": 3})");
+  const PeftConfig c = load_adapter_config(dir);
+  CHECK(c.lora.at("model.layers.0.self_attn.q_proj").r == 2);
+  CHECK(c.lora.at("model.layers.1.self_attn.q_proj").r == 4);  // the pattern names layer 0
+  CHECK(c.lora.at("model.layers.1.self_attn.v_proj").r == 6);
+  CHECK(c.lora.at("model.layers.1.self_attn.v_proj").alpha == 3);
+  CHECK(c.lora.at("model.layers.1.self_attn.xv_proj").r == 4);  // a whole component only
+  auto model = family_model("llama");
+  apply_peft(*model, c, 1);
+  const auto params = model->named_parameters();
+  CHECK(params["model.layers.0.self_attn.q_proj.lora_A.weight"].size(0) == 2);
+  CHECK(params["model.layers.1.self_attn.q_proj.lora_A.weight"].size(0) == 4);
+  CHECK(params["model.layers.1.self_attn.v_proj.lora_B.weight"].size(1) == 6);
+  for (const std::string bad :
+       {R"(, "rank_pattern": {"q_proj": 0})", R"(, "rank_pattern": {"q_proj": "2"})",
+        R"(, "alpha_pattern": {"(q_proj": 2})", R"(, "rank_pattern": [1])"}) {
+    INFO(bad);
+    write(bad);
+    CHECK_THROWS_AS(load_adapter_config(dir), ConfigError);
+  }
+}
+
+namespace {
+
+const char* const kGlm4Moe =
+    R"({"model_type": "glm4_moe", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+        "n_shared_experts": 1, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.0,
+        "first_k_dense_replace": 1, "partial_rotary_factor": 0.5, "attention_bias": true,
+        "num_nextn_predict_layers": 1})";
+
+// kGlm4Moe with `key` set to `value` (JSON text).
+std::string glm_with(const std::string& key, const std::string& value) {
+  rapidjson::Document doc;
+  doc.Parse(kGlm4Moe);
+  rapidjson::Document v(&doc.GetAllocator());
+  v.Parse(value.c_str());
+  doc.RemoveMember(key.c_str());
+  doc.AddMember(rapidjson::Value(key.c_str(), doc.GetAllocator()), v, doc.GetAllocator());
+  return json::dump(doc);
+}
+
+}  // namespace
+
+TEST_CASE("GLM-4.5's config: groups, dense first layers and shared experts, bad keys refused",
+          "[model][moe][config]") {
+  using test::Has;
+  const model::DecoderSpec d = model::decoder_spec(parse_model_config(kGlm4Moe));
+  REQUIRE(d.layers.size() == 3);
+  CHECK_FALSE(d.layers[0].moe);
+  REQUIRE(d.layers[1].moe);
+  const model::MoeSpec& m = *d.layers[1].moe;
+  CHECK(m.router == model::MoeSpec::Router::kSigmoidGroups);
+  CHECK(m.groups == 4);
+  CHECK(m.top_groups == 2);
+  CHECK(m.scaling == 2.0);
+  CHECK(m.shared_intermediate == 16);
+  CHECK(d.layers[1].attention.qkv_bias);
+  CHECK_FALSE(d.layers[1].attention.o_bias);
+  CHECK(d.rotaries[0].rotary_dim == 4);
+  CHECK_FALSE(d.rotaries[0].interleaved);
+  CHECK_THROWS_MATCHES(parse_model_config(glm_with("n_group", "3")), ConfigError,
+                       Has({"n_group", "do not divide"}));
+  CHECK_THROWS_MATCHES(parse_model_config(glm_with("topk_group", "5")), ConfigError,
+                       Has({"topk_group"}));
+  CHECK_THROWS_MATCHES(parse_model_config(glm_with("num_experts_per_tok", "5")), ConfigError,
+                       Has({"num_experts_per_tok", "groups hold only 4"}));
+  CHECK_THROWS_MATCHES(parse_model_config(glm_with("first_k_dense_replace", "4")), ConfigError,
+                       Has({"first_k_dense_replace"}));
+  CHECK_THROWS_MATCHES(parse_model_config(glm_with("routed_scaling_factor", "\"2\"")), ConfigError,
+                       Has({"routed_scaling_factor"}));
+  // Written back as read, the 4.x names of the counts included.
+  const ModelConfig c = parse_model_config(kGlm4Moe);
+  const ModelConfig again = parse_model_config(model_config_json(c));
+  CHECK(model::decoder_spec(again).layers[2].moe->top_groups == 2);
+}
+
+TEST_CASE("GLM-4.5: the correction bias is never trained, and MTP layers are skipped on load",
+          "[model][moe]") {
+  using test::Has;
+  const std::string dir = test::temp_dir("glm4_moe");
+  const ModelConfig c = test::write_model_folder(dir + "/base", kGlm4Moe, 5);
+  auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
+  load_weights(*model, *checkpoint_source(dir + "/base"));
+  // Full fine-tuning, Freeze of every layer and LoRA saving the router all leave it frozen.
+  PeftConfig full;
+  full.type = FinetuningType::kFull;
+  apply_peft(*model, full, 1);
+  auto params = model->named_parameters();
+  REQUIRE(params.contains("model.layers.1.mlp.gate.e_score_correction_bias"));
+  CHECK_FALSE(params["model.layers.1.mlp.gate.e_score_correction_bias"].requires_grad());
+  CHECK(params["model.layers.1.mlp.gate.weight"].requires_grad());
+  auto lora = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
+  load_weights(*lora, *checkpoint_source(dir + "/base"));
+  PeftConfig saved;
+  saved.type = FinetuningType::kLora;
+  saved.lora.target_modules = {"q_proj"};
+  saved.lora.modules_to_save = {"gate"};
+  apply_peft(*lora, saved, 1);
+  params = lora->named_parameters();
+  CHECK(params["model.layers.2.mlp.gate.weight"].requires_grad());
+  CHECK_FALSE(params["model.layers.2.mlp.gate.e_score_correction_bias"].requires_grad());
+  // A checkpoint with the layer past num_hidden_layers that num_nextn_predict_layers names
+  // loads; one more layer is a config that does not describe the file.
+  SafetensorsCheckpoint base(dir + "/base");
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const std::string& n : base.names()) {
+    at::Tensor t = at::empty(base.info(n).shape, at::kFloat);
+    base.read_range(n, 0, t);
+    tensors.emplace_back(n, t);
+  }
+  tensors.emplace_back("model.layers.3.eh_proj.weight", at::zeros({32, 64}));
+  const std::string mtp = dir + "/mtp";
+  std::filesystem::create_directories(mtp);
+  files::write_atomic(mtp + "/config.json", kGlm4Moe);
+  save_safetensors(mtp + "/model.safetensors", tensors);
+  CausalLM shape(c, at::TensorOptions(), false);
+  CHECK_NOTHROW(check_checkpoint(shape, mtp));
+  tensors.emplace_back("model.layers.4.eh_proj.weight", at::zeros({32, 64}));
+  save_safetensors(mtp + "/model.safetensors", tensors);
+  CHECK_THROWS_MATCHES(check_checkpoint(shape, mtp), IoError, Has({"num_hidden_layers"}));
 }

@@ -545,6 +545,21 @@ const std::vector<WrittenAdapter>& written_by_zerotrain() {
        {"--finetuning_type", "lora", "--lora_r", "2", "--use_rslora", "true",
         "--lora_target_modules", "o_proj", "--lora_target_parameters", "experts.down_proj"},
        "mixtral"},
+      // all-linear as PEFT 0.21 converts it on transformers 5: attention, routers (gate.weight),
+      // the experts with gate_up_proj at rank 2r; GLM-4.5's shared expert and dense layer not.
+      {"qwen3_moe_all_linear",
+       nullptr,
+       {"--finetuning_type", "lora", "--lora_r", "2", "--lora_target_modules", "all-linear"},
+       "qwen3_moe"},
+      {"glm4_moe_all_linear",
+       nullptr,
+       {"--finetuning_type", "lora", "--lora_r", "2", "--lora_target_modules", "all-linear"},
+       "glm4_moe"},
+      {"mixtral_w123_gate",
+       nullptr,
+       {"--finetuning_type", "lora", "--lora_r", "2", "--lora_target_modules",
+        "q_proj,w1,w2,w3,gate"},
+       "mixtral"},
   };
   return all;
 }

@@ -1728,6 +1728,12 @@ TEST_CASE("tool: write run outputs for the transformers checks", "[.tool]") {
              {"--model_config", R"({"model_type": "mixtral", "head_dim": 16, )" + tiny +
                                     R"(, "num_hidden_layers": 2, "num_local_experts": 4,
       "num_experts_per_tok": 2})"});
+  export_run("inline_glm4_moe",
+             {"--model_config", R"({"model_type": "glm4_moe", "head_dim": 16, )" + tiny +
+                                    R"(, "num_hidden_layers": 2, "n_routed_experts": 4,
+      "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1, "n_group": 2,
+      "topk_group": 1, "routed_scaling_factor": 2.5, "first_k_dense_replace": 1,
+      "partial_rotary_factor": 0.5, "attention_bias": true})"});
   // A run's state and TensorBoard events.
   {
     write_data(work, "train.jsonl", 16, 17);

@@ -45,7 +45,17 @@ struct LoraOptions {
   /// "pissa" (the weight's top-r singular triplets; the base keeps the residual), or
   /// "pissa_niter_<n>" (the same from a randomized SVD with n subspace iterations).
   std::string init_lora_weights = "true";
+  /// PEFT's rank_pattern and alpha_pattern: a projection's (or expert tensor's) own rank and
+  /// alpha where a pattern matches its path — Python's re.match of `(.*\.)?(<pattern>)$`, the
+  /// first pattern in order that does — else r and alpha. PEFT 0.21's conversion for
+  /// transformers 5's fused experts sets them (lib/peft/fused_experts.hpp); a user may too.
+  /// Not with DoRA or PiSSA.
+  std::vector<std::pair<std::string, int64_t>> rank_pattern;
+  std::vector<std::pair<std::string, double>> alpha_pattern;
 
+  /// These options with r and alpha as rank_pattern / alpha_pattern give them for the module or
+  /// parameter at `path` (the patterns cleared). Throws ConfigError for a pattern RE2 refuses.
+  LoraOptions at(const std::string& path) const;
   /// The factor the adapter's product B·A is scaled by (PEFT's LoraLayer.scaling): alpha / r,
   /// or alpha / sqrt(r) with rsLoRA. The one definition training and merge use.
   double scaling() const;

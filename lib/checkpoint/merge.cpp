@@ -14,6 +14,7 @@
 #include "model/quantized_weights.hpp"
 #include "peft/adapter_io.hpp"
 #include "peft/expert_lora.hpp"
+#include "peft/fused_experts.hpp"
 #include "peft/init_sources.hpp"
 #include "peft/linear_adapters.hpp"
 #include "peft/pissa.hpp"
@@ -156,6 +157,8 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
   }
   const bool to_glm = options.as_glm;
   CausalLM shape_of(config, at::TensorOptions(), /*allocate=*/false);
+  // The adapter's options as training applied them (PEFT's conversion for fused experts).
+  if (adapter) peft.lora = peft::converted_for_fused_experts(shape_of, peft.lora);
   std::vector<TensorEntry> plan;
   struct Rows {
     std::string name;  // the model's tensor

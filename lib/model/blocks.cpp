@@ -47,7 +47,9 @@ int64_t parameter_count(const DecoderSpec& d, int64_t hidden, int64_t vocab, boo
     if (a.qk_norm) total += 2 * a.head_dim;
     if (l.moe) {
       const int64_t experts = active ? l.moe->top_k : l.moe->experts;
-      total += l.moe->experts * hidden + experts * 3 * hidden * l.moe->intermediate;
+      total += l.moe->experts * hidden + experts * 3 * hidden * l.moe->intermediate +
+               3 * hidden * l.moe->shared_intermediate;
+      if (l.moe->router == MoeSpec::Router::kSigmoidGroups) total += l.moe->experts;
     } else {
       total += 3 * hidden * l.mlp.intermediate;
       if (l.mlp.bias) total += 2 * l.mlp.intermediate + hidden;

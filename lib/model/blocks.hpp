@@ -95,6 +95,19 @@ struct MoeSpec {
   int64_t intermediate = 0;  ///< each expert's (moe_intermediate_size)
   bool normalize_top_k = false;
   Activation activation = Activation::kSilu;
+  /// How the router scores and picks experts: softmax over all, then the top_k (above); or
+  /// kSigmoidGroups (GLM-4.5, DeepSeek-V3): sigmoid scores from an fp32 product, the choice by
+  /// score + the router's `e_score_correction_bias` (a frozen [experts] parameter) among the
+  /// `top_groups` of `groups` equal groups ranked by their two best, the weights the chosen
+  /// scores without the bias (renormalized where normalize_top_k, + 1e-20) × `scaling`
+  /// (routed_scaling_factor), kept in fp32 for the weighted sum.
+  enum class Router { kSoftmaxTopK, kSigmoidGroups };
+  Router router = Router::kSoftmaxTopK;
+  int64_t groups = 1, top_groups = 1;
+  double scaling = 1.0;
+  /// > 0: a shared expert, a dense gated MLP of this width (`shared_experts`), whose output
+  /// every token adds to its routed experts' (GLM-4.5's n_shared_experts × moe_intermediate).
+  int64_t shared_intermediate = 0;
 };
 
 /// A layer's norms by place, under their module names; an empty name: no norm there.

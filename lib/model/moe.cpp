@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <limits>
 #include <tuple>
 
 #include "zerotrain/error.hpp"
@@ -203,16 +204,60 @@ at::Tensor MoeExperts::project(size_t i, const at::Tensor& rows,
   return base + a.adapter->forward(rows, counts);
 }
 
+Routing route_sigmoid_groups(const at::Tensor& logits, const at::Tensor& correction,
+                             const MoeSpec& spec) {
+  const int64_t n = logits.size(0), e = spec.experts, per_group = e / spec.groups;
+  const at::Tensor scores = logits.to(at::kFloat).sigmoid();
+  at::Tensor choice = scores + correction.to(at::kFloat);
+  // Each group ranked by the sum of its two best; the experts of all but the top_groups masked.
+  const at::Tensor group_scores =
+      std::get<0>(
+          choice.view({n, spec.groups, per_group}).topk(std::min<int64_t>(2, per_group), -1))
+          .sum(-1);
+  const at::Tensor best_groups = std::get<1>(group_scores.topk(spec.top_groups, -1));
+  const at::Tensor keep = at::zeros_like(group_scores)
+                              .scatter_(1, best_groups, 1.0)
+                              .unsqueeze(-1)
+                              .expand({n, spec.groups, per_group})
+                              .reshape({n, e})
+                              .to(at::kBool);
+  choice = choice.masked_fill(keep.logical_not(), -std::numeric_limits<float>::infinity());
+  const at::Tensor chosen = std::get<1>(choice.topk(spec.top_k, -1));
+  at::Tensor weights = scores.gather(1, chosen);
+  if (spec.normalize_top_k) weights = weights / (weights.sum(-1, /*keepdim=*/true) + 1e-20);
+  return {chosen, weights * spec.scaling};
+}
+
+bool is_fixed_parameter(std::string_view name) {
+  constexpr std::string_view kCorrection = ".e_score_correction_bias";
+  return name.size() >= kCorrection.size() &&
+         name.substr(name.size() - kCorrection.size()) == kCorrection;
+}
+
 SparseMoe::SparseMoe(const MoeSpec& s, int64_t hidden, const ParamFactory& o) : spec(s) {
-  gate = register_module("gate", std::make_shared<MoeRouter>(s.experts, hidden, o));
+  gate = register_module("gate", std::make_shared<MoeRouter>(s, hidden, o));
   experts = register_module("experts", std::make_shared<MoeExperts>(s, hidden, o));
+  if (s.shared_intermediate > 0) {
+    MlpSpec shared;
+    shared.intermediate = s.shared_intermediate;
+    shared.activation = s.activation;
+    shared_experts =
+        register_module("shared_experts", std::make_shared<Mlp>(shared, hidden, ModuleNames{}, o));
+  }
 }
 
 at::Tensor SparseMoe::forward(const at::Tensor& x) {
   const int64_t hidden = x.size(-1);
   const at::Tensor flat = x.reshape({-1, hidden});
-  const at::Tensor logits = at::linear(flat, gate->weight);
-  Routing r = route_top_k(logits, spec.top_k, spec.normalize_top_k);
+  const bool sigmoid = spec.router == MoeSpec::Router::kSigmoidGroups;
+  // GLM-4.5's router multiplies in fp32 (its weight cast up), its adapter's share added.
+  const bool adapted = gate->adapter && !gate->adapter_merged && !gate->adapter_disabled;
+  const at::Tensor logits = sigmoid && !adapted
+                                ? at::linear(flat.to(at::kFloat), gate->weight.to(at::kFloat))
+                            : sigmoid ? gate->forward(flat).to(at::kFloat)
+                                      : gate->forward(flat);
+  Routing r = sigmoid ? route_sigmoid_groups(logits, gate->correction, spec)
+                      : route_top_k(logits, spec.top_k, spec.normalize_top_k);
   if (balance) r.weights = balance->observe(logits, r.experts, r.weights);
   // The (token, expert) pairs grouped by expert, each group in token order.
   const at::Tensor chosen = r.experts.reshape({-1});
@@ -225,11 +270,17 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
   const at::Tensor both = experts->project(0, rows, counts);
   const at::Tensor out =
       experts->project(1, gated_activation_halves(both, spec.activation), counts);
-  // Weighted by the scores cast to the activations' dtype (transformers 5's router returns them
-  // so), then summed per token.
-  const at::Tensor scores =
-      r.weights.to(x.scalar_type()).reshape({-1}).index_select(0, order).unsqueeze(1);
-  return at::zeros_like(flat).index_add(0, token, out * scores).view(x.sizes());
+  // Weighted by the scores cast to the activations' dtype (transformers 5's softmax routers
+  // return them so; GLM-4.5's weighs in fp32 and casts the product), then summed per token.
+  const at::Tensor scores = r.weights.to(sigmoid ? at::kFloat : x.scalar_type())
+                                .reshape({-1})
+                                .index_select(0, order)
+                                .unsqueeze(1);
+  const at::Tensor weighted =
+      sigmoid ? (out.to(at::kFloat) * scores).to(x.scalar_type()) : out * scores;
+  at::Tensor routed = at::zeros_like(flat).index_add(0, token, weighted);
+  if (shared_experts) routed = routed + shared_experts->forward(flat);
+  return routed.view(x.sizes());
 }
 
 }  // namespace zt::model

@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "model/blocks.hpp"
@@ -26,6 +27,17 @@ struct Routing {
 };
 Routing route_top_k(const at::Tensor& logits, int64_t top_k, bool normalize);
 
+/// MoeSpec::Router::kSigmoidGroups' routing of fp32 `logits` [N, experts] with the router's
+/// `correction` [experts] (transformers' Glm4MoeTopkRouter): `experts` always in range (NaN
+/// logits included), `weights` fp32 with the gradient to the logits.
+Routing route_sigmoid_groups(const at::Tensor& logits, const at::Tensor& correction,
+                             const MoeSpec& spec);
+
+/// Whether parameter `name` is one no fine-tuning method trains (a router's
+/// e_score_correction_bias, which DeepSeek-V3's recipe updates by its own rule and transformers
+/// keeps as a buffer): apply_peft leaves these frozen whatever the method asks.
+bool is_fixed_parameter(std::string_view name);
+
 /// Rows of `x` [M, in] grouped by expert: rows [start_e, start_e + counts[e]) times
 /// weight[e]ᵀ, for `weight` [E, out, in] and `counts` the rows of each expert in order (summing
 /// to M). Returns [M, out]. Backward gives x's gradient and weight's as one [E, out, in] tensor
@@ -33,11 +45,18 @@ Routing route_top_k(const at::Tensor& logits, int64_t top_k, bool normalize);
 at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& weight,
                           const std::vector<int64_t>& counts);
 
-/// The router: one parameter `weight` [experts, hidden] (transformers 5's TopKRouter).
-struct MoeRouter : torch::nn::Module {
-  at::Tensor weight;
-  MoeRouter(int64_t experts, int64_t hidden, const ParamFactory& o) {
-    weight = register_parameter("weight", o({experts, hidden}));
+/// The router: one parameter `weight` [experts, hidden] (transformers 5's TopKRouter). A
+/// projection, so that LoRA can adapt it where PEFT does (`gate.weight` in target_parameters,
+/// which PEFT's conversion for transformers 5 puts there: lib/peft/fused_experts.hpp), but not
+/// one that all-linear takes (transformers 5's router is no nn.Linear), and never 4-bit.
+struct MoeRouter : Linear {
+  /// kSigmoidGroups: `e_score_correction_bias` [experts], frozen (is_fixed_parameter); held in
+  /// the model's dtype, as DeepSpeed's engine casts transformers' fp32 buffer.
+  at::Tensor correction;
+  MoeRouter(const MoeSpec& spec, int64_t hidden, const ParamFactory& o)
+      : Linear(hidden, spec.experts, /*with_bias=*/false, ParamFactory{o.options, o.allocate}) {
+    if (spec.router == MoeSpec::Router::kSigmoidGroups)
+      correction = register_parameter("e_score_correction_bias", o({spec.experts}));
   }
 };
 
@@ -118,10 +137,12 @@ class RouterBalance {
   friend class BalanceGradientFunction;
 };
 
-/// The mixture: `gate` (the router) and `experts` under the layer's `mlp`.
+/// The mixture: `gate` (the router), `experts` and, where the spec has one, `shared_experts`
+/// under the layer's `mlp`.
 struct SparseMoe : torch::nn::Module {
   std::shared_ptr<MoeRouter> gate;
   std::shared_ptr<MoeExperts> experts;
+  std::shared_ptr<Mlp> shared_experts;
   MoeSpec spec;
   /// Set (by the model, when its config asks for the load-balancing loss): where this layer's
   /// routing is counted.

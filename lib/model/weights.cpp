@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "model/families/moe.hpp"
 #include "model/quantized_weights.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
@@ -245,7 +246,8 @@ class RandomSource final : public ParameterSource {
     int64_t numel = 1;
     for (int64_t d : shape) numel *= d;
     const bool norm = name.size() > 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0;
-    const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    // Biases, and GLM-4.5's e_score_correction_bias, start at zero (transformers' init).
+    const bool bias = name.size() > 4 && name.compare(name.size() - 4, 4, "bias") == 0;
     if (out.numel() == 0) return;
     if (norm) {
       out.fill_(1.0);
@@ -342,6 +344,8 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
   // lists unexpected keys.
   std::vector<std::string> unused;
   int64_t highest_layer = -1;
+  // GLM-4.5's multi-token-prediction layers follow the decoder's; transformers skips them.
+  const int64_t extra = model::moe::settings_of(config).extra_layers;
   for (const std::string& name : ckpt.names()) {
     if (needed.count(name) != 0 || is_recomputed_buffer(name) ||
         model::is_quantization_part(name, quantized)) {
@@ -349,6 +353,7 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
     }
     if (std::optional<int64_t> layer = layer_of(name);
         layer && *layer >= config.num_hidden_layers) {
+      if (*layer < config.num_hidden_layers + extra) continue;
       highest_layer = std::max(highest_layer, *layer);
       continue;
     }

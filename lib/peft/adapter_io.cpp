@@ -12,6 +12,7 @@
 
 #include "model/layers.hpp"
 #include "peft/adapter_io.hpp"
+#include "peft/fused_experts.hpp"
 #include "peft/linear_adapters.hpp"
 #include "peft/lora_config.hpp"
 #include "peft/lora_targets.hpp"
@@ -395,8 +396,10 @@ ParameterCount apply_peft_from_args(CausalLM& model, const TrainingArguments& ar
                       option, ours, dir, theirs));
     }
   };
-  // What the arguments ask for, through the one conversion of the flat options.
-  const LoraOptions ours = peft_config_for(args).lora;
+  // What the arguments ask for, through the one conversion of the flat options; both sides as
+  // PEFT reads them for this model (its fused experts' names converted).
+  const LoraOptions ours = peft::converted_for_fused_experts(model, peft_config_for(args).lora);
+  saved.lora = peft::converted_for_fused_experts(model, saved.lora);
   agree("lora_r", ours.r == saved.lora.r, std::to_string(ours.r),
         fmt::format("r {}", saved.lora.r));
   agree("lora_alpha", ours.alpha == saved.lora.alpha, fmt::format("{}", ours.alpha),

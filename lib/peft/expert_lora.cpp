@@ -91,17 +91,18 @@ void check_expert_options(const LoraOptions& o) {
 }
 
 size_t attach_expert_adapters(const std::string& path, model::MoeExperts& experts,
-                              const LoraOptions& o, uint64_t seed) {
-  const std::vector<size_t> targeted = targeted_expert_tensors(path, o);
+                              const LoraOptions& given, uint64_t seed) {
+  const std::vector<size_t> targeted = targeted_expert_tensors(path, given);
   if (targeted.empty()) return 0;
-  check_expert_options(o);
+  check_expert_options(given);
   for (size_t i : targeted) {
     model::MoeExperts::Adapted& slot = experts.adapted[i];
     const std::string name = path + "." + model::MoeExperts::kNames[i];
     if (slot.adapter) throw InvalidArgument(fmt::format("'{}' already has a LoRA adapter", name));
     const at::Tensor& w = experts.tensor(i);
     const int64_t e = w.size(0), out = w.size(1), in = w.size(2);
-    const std::string module = *expert_adapter_path(path, i, o);
+    const std::string module = *expert_adapter_path(path, i, given);
+    const LoraOptions o = given.at(name);  // PEFT's key: the tensor's path
     torch::nn::Module* host = &experts;
     std::shared_ptr<torch::nn::Module> nested;
     if (module != path) {  // "<path>.base_layer": the inner wrapper's own module
@@ -122,7 +123,8 @@ size_t attach_expert_adapters(const std::string& path, model::MoeExperts& expert
   return targeted.size();
 }
 
-bool fold_trained_expert_adapter(const LoraOptions& o, const std::string& name, at::Tensor& weight,
+bool fold_trained_expert_adapter(const LoraOptions& given, const std::string& name,
+                                 at::Tensor& weight,
                                  const std::function<bool(const std::string&)>& has,
                                  const TensorReader& read) {
   const size_t dot = name.rfind('.');
@@ -130,8 +132,9 @@ bool fold_trained_expert_adapter(const LoraOptions& o, const std::string& name, 
   const std::string path = name.substr(0, dot), tensor = name.substr(dot + 1);
   for (size_t i = 0; i < model::MoeExperts::kTensors; ++i) {
     if (tensor != model::MoeExperts::kNames[i]) continue;
-    const std::optional<std::string> module = expert_adapter_path(path, i, o);
+    const std::optional<std::string> module = expert_adapter_path(path, i, given);
     if (!module || !has(*module + ".lora_A.weight")) return false;
+    const LoraOptions o = given.at(name);
     const int64_t e = weight.size(0), out = weight.size(1), in = weight.size(2);
     at::Tensor a = at::empty({o.r * e, in}, at::kFloat), b = at::empty({out, o.r * e}, at::kFloat);
     read(*module + ".lora_A.weight", a);

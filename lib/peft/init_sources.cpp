@@ -10,6 +10,7 @@
 
 #include "model/layers.hpp"
 #include "peft/dora.hpp"
+#include "peft/fused_experts.hpp"
 #include "peft/linear_adapters.hpp"
 #include "peft/lora.hpp"
 #include "peft/lora_targets.hpp"
@@ -25,7 +26,7 @@ using Targets = std::map<std::string, std::shared_ptr<model::Linear>>;
 Targets targets_of(CausalLM& model, const LoraOptions& o) {
   Targets out;
   auto modules = model.named_modules("", /*include_self=*/false);
-  for (const std::string& path : lora_targets(model, o)) {
+  for (const std::string& path : lora_targets(model, converted_for_fused_experts(model, o))) {
     out[path] = std::dynamic_pointer_cast<model::Linear>(modules[path]);
   }
   return out;

@@ -22,8 +22,9 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 }  // namespace
 
-void attach_adapter(const std::string& path, model::Linear& lin, const LoraOptions& options,
+void attach_adapter(const std::string& path, model::Linear& lin, const LoraOptions& given,
                     uint64_t seed) {
+  const LoraOptions options = given.at(path);  // its own rank and alpha
   if (lin.adapter) throw InvalidArgument(fmt::format("'{}' already has a LoRA adapter", path));
   if (options.use_dora) {
     lin.adapter = std::make_shared<DoraAdapter>(path, lin, options, seed);
@@ -58,11 +59,12 @@ bool is_adapter_parameter(const std::string& name) {
          ends_with(name, ".lora_magnitude_vector");
 }
 
-bool fold_trained_adapter(const LoraOptions& options, const std::string& module, at::Tensor& weight,
+bool fold_trained_adapter(const LoraOptions& given, const std::string& module, at::Tensor& weight,
                           const std::function<bool(const std::string&)>& has,
                           const TensorReader& read) {
   const std::string a_name = module + ".lora_A.weight", b_name = module + ".lora_B.weight";
   if (!has(a_name)) return false;
+  const LoraOptions options = given.at(module);
   at::Tensor a = at::empty({options.r, weight.size(1)}, at::kFloat);
   at::Tensor b = at::empty({weight.size(0), options.r}, at::kFloat);
   read(a_name, a);

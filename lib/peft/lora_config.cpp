@@ -3,14 +3,19 @@
 #include "peft/lora_config.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "peft/fused_experts.hpp"
 #include "peft/lora_targets.hpp"
 #include "peft/pissa.hpp"
+#include "util/pattern.hpp"
+#include "zerotrain/error.hpp"
 
 namespace zt::peft {
 namespace {
@@ -115,7 +120,9 @@ void read_names_or_null(json::ObjectReader& r, const char* key, const char* what
 
 }  // namespace
 
-void write_lora_config(JsonWriter& w, CausalLM& model, const LoraOptions& o) {
+void write_lora_config(JsonWriter& w, CausalLM& model, const LoraOptions& given) {
+  // As PEFT saves it on transformers 5: converted for the model's fused experts.
+  const LoraOptions o = converted_for_fused_experts(model, given);
   w.Key("peft_type");
   w.String("LORA");
   w.Key("r");
@@ -154,9 +161,17 @@ void write_lora_config(JsonWriter& w, CausalLM& model, const LoraOptions& o) {
   w.Null();
   w.Key("rank_pattern");
   w.StartObject();
+  for (const auto& [key, rank] : o.rank_pattern) {
+    w.Key(key.c_str());
+    w.Int64(rank);
+  }
   w.EndObject();
   w.Key("alpha_pattern");
   w.StartObject();
+  for (const auto& [key, alpha] : o.alpha_pattern) {
+    w.Key(key.c_str());
+    w.Double(alpha);
+  }
   w.EndObject();
 }
 
@@ -211,10 +226,31 @@ void read_lora_config(json::ObjectReader& r, LoraOptions& o) {
       r.fail_value(k, "is not supported by zerotrain; remove it");
     }
   }
+  // Per-module ranks and alphas: {pattern: value}, each pattern a regex RE2 takes.
   for (const char* k : {"rank_pattern", "alpha_pattern"}) {
     const rapidjson::Value* v = r.find(k);
-    if (v != nullptr && v->IsObject() && v->MemberCount() > 0) {
-      r.fail_value(k, "per-module ranks are not supported by zerotrain; remove it");
+    if (v == nullptr || v->IsNull()) continue;
+    const bool rank = std::string_view(k) == "rank_pattern";
+    const char* expected =
+        rank ? "an object of {pattern: rank >= 1}" : "an object of {pattern: alpha >= 0}";
+    if (!v->IsObject()) r.fail(k, expected);
+    for (const auto& m : v->GetObject()) {
+      const std::string key = json::text(m.name);
+      if (key.empty() || !m.value.IsNumber()) r.fail(k, expected);
+      try {
+        Pattern(key, fmt::format("the key \"{}\"", key));  // refused here, not at a module
+      } catch (const ConfigError& e) {
+        r.fail_value(k, e.what());
+      }
+      if (rank) {
+        const std::optional<int64_t> n = json::as_integer(m.value);
+        if (!n || *n < 1 || *n > (int64_t{1} << 20)) r.fail(k, expected);
+        o.rank_pattern.emplace_back(key, *n);
+      } else {
+        const double a = m.value.GetDouble();
+        if (!(a >= 0.0) || !std::isfinite(a)) r.fail(k, expected);
+        o.alpha_pattern.emplace_back(key, a);
+      }
     }
   }
 }

@@ -15,7 +15,9 @@
 
 #include "model/family.hpp"
 #include "model/layers.hpp"
+#include "model/moe.hpp"
 #include "peft/expert_lora.hpp"
+#include "peft/fused_experts.hpp"
 #include "peft/linear_adapters.hpp"
 #include "peft/lora_targets.hpp"
 #include "peft/pissa.hpp"
@@ -122,13 +124,20 @@ std::string output_layer_path(const ModelConfig& c) {
   return n.head_in_body ? fmt::format("{}.{}", n.body, n.lm_head) : std::string(n.lm_head);
 }
 
-// `pattern` is o.target_regex compiled (when there is one); `head` the output layer's path.
+// `pattern` is o.target_regex compiled (when there is one); `head` the output layer's path;
+// `router`: the projection is a mixture's router, which target_parameters adapts by its weight
+// ("gate.weight") and all-linear leaves out (transformers 5's router is no nn.Linear).
 bool is_lora_target(const std::string& path, const LoraOptions& o, const Pattern* pattern,
-                    const std::string& head) {
+                    const std::string& head, bool router) {
+  if (router) {
+    for (const std::string& t : o.target_parameters) {
+      if (ends_with_component(path + ".weight", t)) return true;
+    }
+  }
   if (pattern != nullptr) return pattern->full_match(path);
   for (const std::string& t : o.target_modules) {
     if (t == "all-linear") {  // PEFT's: every projection but the output layer
-      if (path != head) return true;
+      if (path != head && !router) return true;
     } else if (ends_with_component(path, t)) {
       return true;
     }
@@ -141,6 +150,29 @@ void freeze_all(torch::nn::Module& m) {
 }
 
 }  // namespace
+
+LoraOptions LoraOptions::at(const std::string& path) const {
+  LoraOptions out = *this;
+  out.rank_pattern.clear();
+  out.alpha_pattern.clear();
+  auto matches = [&](const std::string& key, const char* what) {
+    return Pattern("(.*\\.)?(" + key + ")", fmt::format("lora {} key \"{}\"", what, key))
+        .full_match(path);
+  };
+  for (const auto& [key, rank] : rank_pattern) {
+    if (matches(key, "rank_pattern")) {
+      out.r = rank;
+      break;
+    }
+  }
+  for (const auto& [key, value] : alpha_pattern) {
+    if (matches(key, "alpha_pattern")) {
+      out.alpha = value;
+      break;
+    }
+  }
+  return out;
+}
 
 double LoraOptions::scaling() const {
   return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
@@ -171,7 +203,16 @@ void check_prompt_fits(const ModelConfig& m, const PromptOptions& o, bool prefix
                        "lower num_virtual_tokens or encoder_hidden_size");
 }
 
-void apply_lora(CausalLM& model, const LoraOptions& o, uint64_t seed) {
+void apply_lora(CausalLM& model, const LoraOptions& given, uint64_t seed) {
+  // What PEFT 0.21 trains on transformers 5 for this model's type (its experts fused).
+  const LoraOptions o = peft::converted_for_fused_experts(model, given);
+  if ((!o.rank_pattern.empty() || !o.alpha_pattern.empty()) &&
+      (o.use_dora || o.init_lora_weights != "true")) {
+    throw ConfigError(
+        "lora rank_pattern / alpha_pattern (set by PEFT's conversion when gate_proj and up_proj "
+        "name a mixture's fused experts) cannot be combined with DoRA or PiSSA in zerotrain; "
+        "drop use_dora / pissa_init, or target the experts' tensors apart");
+  }
   if (o.r < 1) throw ConfigError(fmt::format("lora_r: expected an integer >= 1, found {}", o.r));
   if (o.bias != "none" && o.bias != "all" && o.bias != "lora_only") {
     throw ConfigError(
@@ -181,14 +222,15 @@ void apply_lora(CausalLM& model, const LoraOptions& o, uint64_t seed) {
   double adapter_elements = 0;
   for (auto& [path, lin] : projections(model)) {
     if (std::find(targeted.begin(), targeted.end(), path) != targeted.end())
-      adapter_elements +=
-          static_cast<double>(o.r) * static_cast<double>(lin->in_features + lin->out_features);
+      adapter_elements += static_cast<double>(o.at(path).r) *
+                          static_cast<double>(lin->in_features + lin->out_features);
   }
   const auto experts = experts_modules(model);
   for (auto& [path, e] : experts) {
     for (size_t i : peft::targeted_expert_tensors(path, o)) {
       const at::Tensor& w = e->tensor(i);
-      adapter_elements += static_cast<double>(o.r) * static_cast<double>(w.size(0)) *
+      const int64_t r = o.at(path + "." + model::MoeExperts::kNames[i]).r;
+      adapter_elements += static_cast<double>(r) * static_cast<double>(w.size(0)) *
                           static_cast<double>(w.size(1) + w.size(2));
     }
   }
@@ -196,20 +238,27 @@ void apply_lora(CausalLM& model, const LoraOptions& o, uint64_t seed) {
                        fmt::format("LoRA rank {} on {} projections{}", o.r, targeted.size(),
                                    o.target_parameters.empty() ? "" : " and the experts"),
                        "lower lora_r or target fewer modules");
-  // target_parameters: the experts' fused tensors, and each name must pick some.
+  // target_parameters: the experts' fused tensors and the routers' weights, and each name must
+  // pick some.
   for (const std::string& t : o.target_parameters) {
-    const bool any = std::any_of(experts.begin(), experts.end(), [&](const auto& item) {
+    bool any = std::any_of(experts.begin(), experts.end(), [&](const auto& item) {
       return std::any_of(
           std::begin(model::MoeExperts::kNames), std::end(model::MoeExperts::kNames),
           [&](const char* tensor) { return ends_with_component(item.first + "." + tensor, t); });
     });
+    for (auto& [path, lin] : projections(model)) {
+      any = any || (std::dynamic_pointer_cast<model::MoeRouter>(lin) != nullptr &&
+                    ends_with_component(path + ".weight", t));
+    }
     if (!any) {
       throw ConfigError(fmt::format(
-          "lora_target_parameters: \"{}\" names none of this model's expert tensors; {}", t,
+          "lora_target_parameters: \"{}\" names none of this model's expert tensors or routers; {}",
+          t,
           experts.empty()
               ? std::string("the model has no mixture-of-experts layers (target modules instead)")
               : fmt::format("they are {0}.gate_up_proj and {0}.down_proj in each mixture "
-                            "layer (experts.gate_up_proj / experts.down_proj match them all)",
+                            "layer (experts.gate_up_proj / experts.down_proj match them all; "
+                            "gate.weight the routers)",
                             experts.front().first)));
     }
   }
@@ -317,7 +366,8 @@ std::vector<std::string> peft::lora_targets(CausalLM& model, const LoraOptions& 
   const std::string head = output_layer_path(model.config());
   std::vector<std::string> out;
   for (auto& [path, lin] : projections(model)) {
-    if (is_lora_target(path, o, pattern ? &*pattern : nullptr, head)) out.push_back(path);
+    const bool router = std::dynamic_pointer_cast<model::MoeRouter>(lin) != nullptr;
+    if (is_lora_target(path, o, pattern ? &*pattern : nullptr, head, router)) out.push_back(path);
   }
   return out;
 }
@@ -522,6 +572,10 @@ ParameterCount apply_peft(CausalLM& model, const PeftConfig& c, uint64_t seed) {
       model.set_prompt_adapter(adapter);
       break;
     }
+  }
+  // What no method trains (a router's e_score_correction_bias), whatever it selected.
+  for (auto& item : model.named_parameters(true)) {
+    if (model::is_fixed_parameter(item.key())) item.value().set_requires_grad(false);
   }
   return count_parameters(model);
 }

@@ -631,8 +631,8 @@ void Trainer::Impl::start() {
         !model::moe::set_router_aux(I.model_config, *I.args.moe_aux_loss_coef) && I.rank == 0) {
       // LLaMA-Factory passes it on only to the mixtures it knows, silently; said here.
       log::warn(
-          "moe_aux_loss_coef: model_type {} has no mixture of experts; the option does "
-          "nothing",
+          "moe_aux_loss_coef: model_type {} has no load-balancing loss (no mixture of "
+          "experts, or one balanced otherwise, as GLM-4.5's); the option does nothing",
           I.model_config.model_type);
     }
     {

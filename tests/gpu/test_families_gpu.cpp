@@ -46,10 +46,26 @@ double relative_on(const at::Tensor& got, const at::Tensor& want, const at::Tens
 TEST_CASE("every family on CUDA gives transformers' fp32 outputs and gradients, and bf16 near them",
           "[gpu][families]") {
   REQUIRE(at::getNumGPUs() > 0);
-  for (const char* name :
-       {"llama", "qwen2", "mistral", "glm", "glm4", "chatglm", "qwen3", "mistral_head_dim", "phi3",
-        "gemma2", "gemma3_text", "llama_rope_llama3", "qwen3_rope_yarn", "llama_rope_yarn",
-        "llama_rope_dynamic", "phi3_longrope", "phi3_longrope_long", "qwen3_moe", "mixtral"}) {
+  for (const char* name : {"llama",
+                           "qwen2",
+                           "mistral",
+                           "glm",
+                           "glm4",
+                           "chatglm",
+                           "qwen3",
+                           "mistral_head_dim",
+                           "phi3",
+                           "gemma2",
+                           "gemma3_text",
+                           "llama_rope_llama3",
+                           "qwen3_rope_yarn",
+                           "llama_rope_yarn",
+                           "llama_rope_dynamic",
+                           "phi3_longrope",
+                           "phi3_longrope_long",
+                           "qwen3_moe",
+                           "mixtral",
+                           "glm4_moe"}) {
     INFO("model " << name);
     SafetensorsFile expected(fixture(std::string("models/") + name + "/expected.safetensors"));
     const at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");

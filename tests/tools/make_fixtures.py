@@ -489,6 +489,11 @@ EXPERT_CASES = {
                                                            "experts.down_proj"])),
     "experts_glm4_moe": ("glm4_moe", dict(r=2, lora_alpha=8, target_modules=["k_proj", "down_proj"],
                                           target_parameters=["experts.gate_up_proj"])),
+    # PEFT's conversion for transformers 5: all-linear (attention, routers, the experts with
+    # gate_up_proj at rank 2r) and Mixtral's 4.x names.
+    "experts_qwen3_moe_all_linear": ("qwen3_moe", dict(r=2, lora_alpha=4, target_modules="all-linear")),
+    "experts_mixtral_w123": ("mixtral", dict(r=2, lora_alpha=8,
+                                             target_modules=["q_proj", "w1", "w2", "w3", "gate"])),
 }
 
 

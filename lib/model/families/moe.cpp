@@ -45,7 +45,7 @@ std::shared_ptr<Settings> read(json::ObjectReader& r, const ModelConfig& c, cons
 
 bool set_router_aux(ModelConfig& c, double coefficient) {
   const auto* s = dynamic_cast<const Settings*>(c.family_settings.get());
-  if (s == nullptr) return false;
+  if (s == nullptr || !s->balance_loss) return false;
   auto changed = std::make_shared<Settings>(*s);
   changed->output_router_logits = true;
   changed->router_aux_loss_coef = coefficient;
@@ -57,7 +57,7 @@ void compose(const Settings& s, DecoderSpec& d) {
   for (size_t i = 0; i < d.layers.size(); ++i) {
     if (i < s.sparse.size() ? s.sparse[i] : true) d.layers[i].moe = s.spec;
   }
-  if (s.output_router_logits) d.router_aux_coef = s.router_aux_loss_coef;
+  if (s.output_router_logits && s.balance_loss) d.router_aux_coef = s.router_aux_loss_coef;
 }
 
 void write(rapidjson::Document& doc, const Settings& s) {

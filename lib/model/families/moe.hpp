@@ -22,6 +22,12 @@ struct Settings : FamilySettings {
   // Qwen3-MoE's choice of sparse layers, as read (written back).
   std::vector<int64_t> mlp_only_layers;
   int64_t decoder_sparse_step = 1;
+  // GLM-4.5's: its dense first layers, shared experts, q/k norms, and the multi-token-prediction
+  // layers its checkpoints hold past num_hidden_layers (not part of the model, not loaded).
+  int64_t first_dense = 0, shared_experts = 0, extra_layers = 0;
+  bool qk_norm = false;
+  /// Whether transformers computes the load-balancing loss for the family (not GLM-4.5).
+  bool balance_loss = true;
 };
 
 /// The settings of `c` (defaults for a config not read by a mixture-of-experts family).
@@ -38,7 +44,7 @@ std::shared_ptr<Settings> read(json::ObjectReader& r, const ModelConfig& c, cons
 
 /// `c` with its load-balancing loss on at `coefficient` (LLaMA-Factory's moe_aux_loss_coef:
 /// output_router_logits and router_aux_loss_coef). False for a model without a mixture of
-/// experts, left as it was.
+/// experts or whose family has no such loss (GLM-4.5), left as it was.
 bool set_router_aux(ModelConfig& c, double coefficient);
 
 /// Puts the mixture on the sparse layers of `d`, and the load-balancing loss's coefficient
