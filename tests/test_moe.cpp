@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -1206,4 +1207,65 @@ TEST_CASE("GLM-4.5: the correction bias is never trained, and MTP layers are ski
   tensors.emplace_back("model.layers.4.eh_proj.weight", at::zeros({32, 64}));
   save_safetensors(mtp + "/model.safetensors", tensors);
   CHECK_THROWS_MATCHES(check_checkpoint(shape, mtp), IoError, Has({"num_hidden_layers"}));
+}
+
+// GLM-4.5's router against its definition written out token by token (transformers'
+// Glm4MoeTopkRouter): the correction bias decides the choice and not the weights, the groups
+// limit the choice, and the weights are renormalized and scaled. The bias is as large as the
+// scores, so that a router that ignored it would choose otherwise for many tokens.
+TEST_CASE("GLM-4.5's grouped sigmoid routing picks and weighs experts as its definition says",
+          "[model][moe]") {
+  at::manual_seed(12);
+  const int64_t n = 64, experts = 8, groups = 4, per_group = 2;
+  model::MoeSpec spec{experts, 3, 8, true, model::Activation::kSilu};
+  spec.router = model::MoeSpec::Router::kSigmoidGroups;
+  spec.groups = groups;
+  spec.top_groups = 2;
+  spec.scaling = 2.5;
+  const at::Tensor logits = at::randn({n, experts}) * 2.0;
+  const at::Tensor bias = at::randn({experts});
+  const model::Routing r = model::route_sigmoid_groups(logits, bias, spec);
+  const auto l = logits.accessor<float, 2>();
+  const auto b = bias.accessor<float, 1>();
+  int differs_without_bias = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<double> score(experts), choice(experts);
+    for (int64_t e = 0; e < experts; ++e) {
+      score[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(l[t][e])));
+      choice[e] = score[e] + b[e];
+    }
+    // Groups ranked by the sum of their two best (here: both), the best two kept.
+    std::vector<std::pair<double, int64_t>> ranked;
+    for (int64_t g = 0; g < groups; ++g)
+      ranked.emplace_back(choice[g * per_group] + choice[g * per_group + 1], g);
+    std::sort(ranked.rbegin(), ranked.rend());
+    std::vector<std::pair<double, int64_t>> candidates;
+    for (int64_t k = 0; k < 2; ++k) {
+      for (int64_t j = 0; j < per_group; ++j) {
+        const int64_t e = ranked[static_cast<size_t>(k)].second * per_group + j;
+        candidates.emplace_back(choice[e], e);
+      }
+    }
+    std::sort(candidates.rbegin(), candidates.rend());
+    std::set<int64_t> want;
+    double sum = 0;
+    for (int64_t k = 0; k < 3; ++k) {
+      want.insert(candidates[static_cast<size_t>(k)].second);
+      sum += score[candidates[static_cast<size_t>(k)].second];
+    }
+    std::set<int64_t> got;
+    for (int64_t k = 0; k < 3; ++k) {
+      const int64_t e = r.experts[t][k].item<int64_t>();
+      got.insert(e);
+      CHECK(r.weights[t][k].item<double>() == Approx(score[e] / (sum + 1e-20) * 2.5).epsilon(1e-5));
+    }
+    CHECK(got == want);
+    // What the choice would be by the scores alone.
+    std::vector<std::pair<double, int64_t>> plain;
+    for (int64_t e = 0; e < experts; ++e) plain.emplace_back(score[e], e);
+    std::sort(plain.rbegin(), plain.rend());
+    std::set<int64_t> unbiased{plain[0].second, plain[1].second, plain[2].second};
+    differs_without_bias += unbiased != want;
+  }
+  CHECK(differs_without_bias > n / 4);  // the test can tell a router that ignores the bias
 }
