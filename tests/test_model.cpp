@@ -115,7 +115,7 @@ TEST_CASE("a written config.json keeps the input's members and reads the same in
   for (const char* name :
        {"llama", "llama_rope_llama3", "llama_rope_linear", "llama_rope_dynamic", "llama_rope_yarn",
         "qwen2", "qwen3", "qwen3_rope_yarn", "mistral", "mistral_head_dim", "phi3", "phi3_longrope",
-        "gemma2", "gemma3_text", "qwen3_moe", "mixtral", "glm4_moe"}) {
+        "gemma2", "gemma3_text", "qwen3_moe", "mixtral", "glm4_moe", "gpt_oss"}) {
     for (const char* file : {"config.json", "config_v4.json"}) {
       INFO(name << "/" << file);
       const std::string path = fixture(std::string("models/") + name + "/" + file);
@@ -331,7 +331,11 @@ TEST_CASE("logits, hidden states, loss and gradients match transformers", "[mode
         // Mixtures of experts: routers made sharp enough that another expert choice would show;
         // GLM-4.5's sigmoid router over groups with its correction bias, a shared expert, a
         // dense first layer and partial RoPE in halves.
-        "qwen3_moe", "mixtral", "glm4_moe"}) {
+        "qwen3_moe", "mixtral", "glm4_moe",
+        // gpt-oss: attention sinks, alternating sliding windows, yarn without truncation, the
+        // router's bias and softmax over the top logits, [E, in, out] experts with biases and
+        // the clamped, interleaved SwiGLU.
+        "gpt_oss"}) {
     INFO("model " << name);
     auto model = load_fixture_model(name);
     SafetensorsFile expected(fixture(std::string("models/") + name + "/expected.safetensors"));
@@ -377,7 +381,7 @@ TEST_CASE("the mixtures' load-balancing loss matches transformers' where the fix
   // make_fixtures.py records transformers' aux_loss, its loss with router_aux_loss_coef · aux
   // and the gradients then (the aux.* tensors, from the 2026-12-05 tool on); fixtures made
   // before carry none, and the test then checks nothing but that.
-  for (const char* name : {"qwen3_moe", "mixtral"}) {
+  for (const char* name : {"qwen3_moe", "mixtral", "gpt_oss"}) {
     INFO("model " << name);
     SafetensorsFile expected(fixture(std::string("models/") + name + "/expected.safetensors"));
     if (!expected.contains("aux.aux_loss")) {
@@ -470,7 +474,7 @@ TEST_CASE("greedy generation with the KV cache equals step-by-step full forwards
   // The mixtures of experts (fixture configs without weights yet) with seeded random weights,
   // their routers scaled up so that each token's choice of experts matters.
   for (const char* name : {"llama", "qwen2", "mistral", "glm", "glm4", "qwen3", "phi3", "qwen3_moe",
-                           "mixtral", "glm4_moe"}) {
+                           "mixtral", "glm4_moe", "gpt_oss"}) {
     INFO(name);
     std::shared_ptr<CausalLM> model;
     if (std::filesystem::exists(fixture(std::string("models/") + name + "/model.safetensors"))) {

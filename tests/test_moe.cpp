@@ -698,7 +698,8 @@ TEST_CASE("PEFT's adapters on the experts give PEFT's logits, loss and gradients
   // dense layer's or the shared expert's).
   const std::pair<const char*, const char*> cases[] = {{"experts_qwen3_moe", "qwen3_moe"},
                                                        {"experts_mixtral_rslora", "mixtral"},
-                                                       {"experts_glm4_moe", "glm4_moe"}};
+                                                       {"experts_glm4_moe", "glm4_moe"},
+                                                       {"experts_gpt_oss", "gpt_oss"}};
   for (const auto& [name, family] : cases) {
     INFO("adapter " << name);
     const std::string dir = fixture(std::string("peft/") + name);
@@ -1268,4 +1269,26 @@ TEST_CASE("GLM-4.5's grouped sigmoid routing picks and weighs experts as its def
     differs_without_bias += unbiased != want;
   }
   CHECK(differs_without_bias > n / 4);  // the test can tell a router that ignores the bias
+}
+
+// gpt-oss's activation against its definition, with values past the clamp (the transformers
+// fixture's activations stay far inside ±7, so only this tells a missing clamp).
+TEST_CASE("gpt-oss's clamped SwiGLU: interleaved gate and up, clamped, (up + 1) · g · σ(αg)",
+          "[model][moe]") {
+  model::MoeSpec spec{4, 2, 3, true, model::Activation::kSilu};
+  spec.clamped_swiglu = true;
+  const at::Tensor x =
+      at::tensor({-9.0, 8.0, 3.0, -12.0, 10.0, 0.5, 0.0, 7.5, -2.0, 1.0, 12.0, -0.5}, at::kFloat)
+          .view({2, 6});
+  const at::Tensor y = model::clamped_swiglu_interleaved(x, spec);
+  REQUIRE(y.sizes() == at::IntArrayRef({2, 3}));
+  const auto v = x.accessor<float, 2>();
+  for (int64_t r = 0; r < 2; ++r) {
+    for (int64_t j = 0; j < 3; ++j) {
+      const double g = std::min(static_cast<double>(v[r][2 * j]), 7.0);
+      const double u = std::clamp(static_cast<double>(v[r][2 * j + 1]), -7.0, 7.0);
+      const double want = (u + 1.0) * g / (1.0 + std::exp(-1.702 * g));
+      CHECK(y[r][j].item<double>() == Approx(want).epsilon(1e-5));
+    }
+  }
 }

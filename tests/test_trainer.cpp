@@ -1734,6 +1734,12 @@ TEST_CASE("tool: write run outputs for the transformers checks", "[.tool]") {
       "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1, "n_group": 2,
       "topk_group": 1, "routed_scaling_factor": 2.5, "first_k_dense_replace": 1,
       "partial_rotary_factor": 0.5, "attention_bias": true})"});
+  export_run("inline_gpt_oss",
+             {"--model_config", R"({"model_type": "gpt_oss", "head_dim": 16, )" + tiny +
+                                    R"(, "num_hidden_layers": 2, "num_local_experts": 4,
+      "num_experts_per_tok": 2, "sliding_window": 4, "rope_theta": 150000.0,
+      "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+      "truncate": false, "original_max_position_embeddings": 4096}})"});
   // A run's state and TensorBoard events.
   {
     write_data(work, "train.jsonl", 16, 17);

@@ -10,6 +10,7 @@
 
 #include "checkpoint/run_settings.hpp"
 #include "config/quantization.hpp"
+#include "model/blocks.hpp"
 #include "model/family.hpp"
 #include "model/quantized_weights.hpp"
 #include "peft/adapter_io.hpp"
@@ -159,6 +160,10 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
   CausalLM shape_of(config, at::TensorOptions(), /*allocate=*/false);
   // The adapter's options as training applied them (PEFT's conversion for fused experts).
   if (adapter) peft.lora = peft::converted_for_fused_experts(shape_of, peft.lora);
+  // gpt-oss keeps its experts' tensors [E, in, out].
+  bool experts_transposed = false;
+  for (const model::LayerSpec& l : model::decoder_spec(config).layers)
+    experts_transposed = experts_transposed || (l.moe && l.moe->transposed);
   std::vector<TensorEntry> plan;
   struct Rows {
     std::string name;  // the model's tensor
@@ -214,7 +219,7 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
         masters->read(n, out.sizes().vec(), 0, out);
       };
       if (!module.empty()) peft::fold_trained_adapter(peft.lora, module, value, trained, read);
-      peft::fold_trained_expert_adapter(peft.lora, name, value, trained, read);
+      peft::fold_trained_expert_adapter(peft.lora, name, experts_transposed, value, trained, read);
     }
     held_name = name;
     held = value;

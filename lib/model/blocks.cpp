@@ -45,11 +45,14 @@ int64_t parameter_count(const DecoderSpec& d, int64_t hidden, int64_t vocab, boo
     if (a.qkv_bias) total += q + 2 * kv;
     if (a.o_bias) total += hidden;
     if (a.qk_norm) total += 2 * a.head_dim;
+    if (a.sinks) total += a.heads;
     if (l.moe) {
       const int64_t experts = active ? l.moe->top_k : l.moe->experts;
       total += l.moe->experts * hidden + experts * 3 * hidden * l.moe->intermediate +
                3 * hidden * l.moe->shared_intermediate;
-      if (l.moe->router == MoeSpec::Router::kSigmoidGroups) total += l.moe->experts;
+      if (l.moe->router == MoeSpec::Router::kSigmoidGroups || l.moe->router_bias)
+        total += l.moe->experts;
+      if (l.moe->expert_bias) total += experts * (2 * l.moe->intermediate + hidden);
     } else {
       total += 3 * hidden * l.mlp.intermediate;
       if (l.mlp.bias) total += 2 * l.mlp.intermediate + hidden;

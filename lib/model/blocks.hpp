@@ -28,6 +28,7 @@ struct ModuleNames {
   std::string_view o_proj = "o_proj";
   std::string_view gate_up_proj = "gate_up_proj";  ///< fused_gate_up models
   std::string_view down_proj = "down_proj";
+  std::string_view moe_router = "gate";  ///< a mixture's router under `mlp` (gpt-oss: router)
 };
 
 /// An RMSNorm: normalized in fp32 and cast back, then scaled by its weight (transformers'
@@ -67,6 +68,9 @@ struct AttentionSpec {
   std::optional<double> scale;
   /// The scores soft-capped to cap · tanh(scores / cap) before the mask (Gemma 2).
   std::optional<double> softcap;
+  /// A learned logit per head (`sinks` [heads]) that joins each row's softmax and takes its
+  /// share of the probability, its column then dropped (gpt-oss's attention sinks).
+  bool sinks = false;
   /// Which of DecoderSpec::rotaries rotates this layer's queries and keys.
   size_t rotary = 0;
 };
@@ -101,13 +105,22 @@ struct MoeSpec {
   /// `top_groups` of `groups` equal groups ranked by their two best, the weights the chosen
   /// scores without the bias (renormalized where normalize_top_k, + 1e-20) × `scaling`
   /// (routed_scaling_factor), kept in fp32 for the weighted sum.
-  enum class Router { kSoftmaxTopK, kSigmoidGroups };
+  /// kTopKSoftmax (gpt-oss): the top_k of the logits (the router with a bias), their softmax
+  /// in the logits' dtype the weights.
+  enum class Router { kSoftmaxTopK, kSigmoidGroups, kTopKSoftmax };
   Router router = Router::kSoftmaxTopK;
   int64_t groups = 1, top_groups = 1;
   double scaling = 1.0;
   /// > 0: a shared expert, a dense gated MLP of this width (`shared_experts`), whose output
   /// every token adds to its routed experts' (GLM-4.5's n_shared_experts × moe_intermediate).
   int64_t shared_intermediate = 0;
+  /// gpt-oss's experts: the router has a bias; the tensors are [experts, in, out]
+  /// (`transposed`) with biases `gate_up_proj_bias` [experts, 2·intermediate] and
+  /// `down_proj_bias` [experts, hidden]; gate and up interleave in gate_up's columns (even:
+  /// gate), and the activation is the clamped SwiGLU: gate ≤ limit, up in [-limit, limit],
+  /// (up + 1) · gate · σ(alpha · gate).
+  bool router_bias = false, transposed = false, expert_bias = false, clamped_swiglu = false;
+  double swiglu_alpha = 1.702, swiglu_limit = 7.0;
 };
 
 /// A layer's norms by place, under their module names; an empty name: no norm there.

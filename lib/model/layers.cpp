@@ -126,6 +126,16 @@ at::Tensor angles(const RotarySpec& r, const at::Tensor& freqs) {
   return r.interleaved ? freqs.repeat_interleave(2, -1) : at::cat({freqs, freqs}, -1);
 }
 
+// Each dtype's own lowest, exactly (a double a little past bf16's range does not convert).
+double lowest_of(at::ScalarType t) {
+  return t == at::kFloat    ? std::numeric_limits<float>::lowest()
+         : t == at::kDouble ? std::numeric_limits<double>::lowest()
+         : t == at::kHalf
+             ? static_cast<double>(static_cast<float>(std::numeric_limits<c10::Half>::lowest()))
+             : static_cast<double>(
+                   static_cast<float>(std::numeric_limits<c10::BFloat16>::lowest()));
+}
+
 // Attention whose scores are soft-capped before the mask (Gemma 2), as transformers' eager
 // attention computes it: (q·kᵀ)·scale → cap·tanh(·/cap) → masked → softmax in fp32 → ·v. q [B, H,
 // T, D], k and v [B, KV, S, D] (each key/value head serves H / KV query heads), `mask` [.., T, S]
@@ -138,16 +148,29 @@ at::Tensor softcapped_attention(const at::Tensor& q, const at::Tensor& k, const 
   const at::Tensor values = groups > 1 ? v.repeat_interleave(groups, 1) : v;
   at::Tensor scores = at::matmul(q, keys.transpose(-2, -1)) * scale;
   scores = at::tanh(scores / cap) * cap;
-  // Each dtype's own lowest, exactly (a double a little past bf16's range does not convert).
-  const double lowest =
-      q.scalar_type() == at::kFloat    ? std::numeric_limits<float>::lowest()
-      : q.scalar_type() == at::kDouble ? std::numeric_limits<double>::lowest()
-      : q.scalar_type() == at::kHalf
-          ? static_cast<double>(static_cast<float>(std::numeric_limits<c10::Half>::lowest()))
-          : static_cast<double>(static_cast<float>(std::numeric_limits<c10::BFloat16>::lowest()));
-  scores = scores.masked_fill(mask.logical_not(), lowest);
+  scores = scores.masked_fill(mask.logical_not(), lowest_of(q.scalar_type()));
   const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
   return at::matmul(probs, values);
+}
+
+// Attention with a learned sink logit per head (gpt-oss), as transformers' eager attention
+// computes it: (q·kᵀ)·scale, masked to the dtype's lowest, the head's sink appended to each row,
+// the row's maximum subtracted, softmax in the scores' dtype, the sink's column dropped, ·v.
+// Shapes as softcapped_attention's; `sinks` [H].
+at::Tensor sink_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& mask, double scale, const at::Tensor& sinks) {
+  const int64_t groups = q.size(1) / k.size(1);
+  const at::Tensor keys = groups > 1 ? k.repeat_interleave(groups, 1) : k;
+  const at::Tensor values = groups > 1 ? v.repeat_interleave(groups, 1) : v;
+  at::Tensor scores = at::matmul(q, keys.transpose(-2, -1)) * scale;
+  scores = scores.masked_fill(mask.logical_not(), lowest_of(scores.scalar_type()));
+  const at::Tensor sink = sinks.to(scores.scalar_type())
+                              .view({1, -1, 1, 1})
+                              .expand({scores.size(0), scores.size(1), scores.size(2), 1});
+  at::Tensor combined = at::cat({scores, sink}, -1);
+  combined = combined - std::get<0>(combined.max(-1, /*keepdim=*/true));
+  const at::Tensor probs = at::softmax(combined, -1).narrow(-1, 0, scores.size(-1));
+  return at::matmul(probs.to(values.scalar_type()), values);
 }
 
 // cos or sin of the angles `emb` in fp32, times yarn's or longrope's attention factor.
@@ -260,6 +283,7 @@ Attention::Attention(const AttentionSpec& s, const RotarySpec& r, int64_t h,
     q_norm = register_module("q_norm", std::make_shared<RMSNorm>(s.head_dim, *s.qk_norm, o));
     k_norm = register_module("k_norm", std::make_shared<RMSNorm>(s.head_dim, *s.qk_norm, o));
   }
+  if (s.sinks) sinks = register_parameter("sinks", o({s.heads}));
 }
 
 namespace {
@@ -311,7 +335,7 @@ bool varlen_attention_applies(const DecoderSpec& d, at::ScalarType dtype,
   }();
   const bool layers_fit = std::all_of(d.layers.begin(), d.layers.end(), [](const LayerSpec& l) {
     return l.attention.head_dim % 8 == 0 && l.attention.head_dim <= 256 && !l.attention.window &&
-           !l.attention.softcap;
+           !l.attention.softcap && !l.attention.sinks;
   });
   return compat::has_varlen_attention() && !off && device.is_cuda() &&
          (dtype == at::kBFloat16 || dtype == at::kHalf) && layers_fit;
@@ -369,7 +393,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   // window if any, and only real tokens.
   at::Tensor mask;
   const bool padded = attention_mask.numel() > 0;
-  if (padded || spec.window || t != s || spec.softcap) {
+  if (padded || spec.window || t != s || spec.softcap || spec.sinks) {
     at::Tensor qpos = at::arange(s - t, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
     at::Tensor kpos = at::arange(0, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
     mask = kpos.unsqueeze(0) <= qpos.unsqueeze(1);  // [t, s]
@@ -382,7 +406,8 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
       mask = mask.logical_and(kdoc.ne(0)).logical_and(kdoc.eq(qdoc).logical_or(qdoc.eq(0)));
     }
   }
-  at::Tensor out = spec.softcap
+  at::Tensor out = spec.sinks ? sink_attention(q, k, v, mask, scale, sinks)
+                   : spec.softcap
                        ? softcapped_attention(q, k, v, mask, scale, *spec.softcap)
                        : compat::attention(q, k, v, mask, /*causal=*/!mask.defined(), scale);
   return o_proj->forward(out.transpose(1, 2).reshape({b, t, heads * d}), output_unread);
@@ -408,7 +433,7 @@ DecoderLayer::DecoderLayer(const LayerSpec& s, const RotarySpec& rotary, int64_t
   self_attn = register_module(std::string(names.self_attn),
                               std::make_shared<Attention>(s.attention, rotary, h, names, o));
   if (s.moe) {
-    moe = register_module("mlp", std::make_shared<SparseMoe>(*s.moe, h, o));
+    moe = register_module("mlp", std::make_shared<SparseMoe>(*s.moe, h, o, names));
   } else {
     mlp = register_module("mlp", std::make_shared<Mlp>(s.mlp, h, names, o));
   }

@@ -205,6 +205,7 @@ struct Attention : torch::nn::Module {
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
   std::shared_ptr<Linear> query_key_value;  ///< a fused projection (then q/k/v_proj are null)
   std::shared_ptr<RMSNorm> q_norm, k_norm;  ///< spec.qk_norm only
+  at::Tensor sinks;                         ///< spec.sinks only: [heads]
   AttentionSpec spec;
   RotarySpec rotary;
   Attention(const AttentionSpec& spec, const RotarySpec& rotary, int64_t hidden,

@@ -196,9 +196,13 @@ at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& weight,
   return GroupedLinearFunction::apply(x, weight, counts);
 }
 
-at::Tensor MoeExperts::project(size_t i, const at::Tensor& rows,
-                               const std::vector<int64_t>& counts) {
-  const at::Tensor base = grouped_linear(rows, tensor(i), counts);
+at::Tensor MoeExperts::project(size_t i, const at::Tensor& rows, const std::vector<int64_t>& counts,
+                               const at::Tensor& expert_of_row) {
+  // [E, in, out] tensors multiply as their [E, out, in] view (its gradient flows back).
+  at::Tensor base =
+      grouped_linear(rows, transposed ? tensor(i).transpose(1, 2) : tensor(i), counts);
+  const at::Tensor& bias = i == 0 ? gate_up_proj_bias : down_proj_bias;
+  if (bias.defined()) base = base + bias.index_select(0, expert_of_row);
   const Adapted& a = adapted.at(i);
   if (!a.adapter || a.merged || a.disabled) return base;
   return base + a.adapter->forward(rows, counts);
@@ -228,14 +232,31 @@ Routing route_sigmoid_groups(const at::Tensor& logits, const at::Tensor& correct
   return {chosen, weights * spec.scaling};
 }
 
+Routing route_softmax_of_top_k(const at::Tensor& logits, int64_t top_k) {
+  at::Tensor values, experts;
+  std::tie(values, experts) = at::topk(logits, top_k, -1);
+  return {experts, at::softmax(values, -1)};
+}
+
+at::Tensor clamped_swiglu_interleaved(const at::Tensor& gate_up, const MoeSpec& spec) {
+  const int64_t i = gate_up.size(-1) / 2;
+  const at::Tensor pairs = gate_up.view({-1, i, 2});
+  const at::Tensor gate = pairs.select(-1, 0).clamp_max(spec.swiglu_limit);
+  const at::Tensor up = pairs.select(-1, 1).clamp(-spec.swiglu_limit, spec.swiglu_limit);
+  const at::Tensor glu = gate * at::sigmoid(gate * spec.swiglu_alpha);
+  return (up + 1) * glu;
+}
+
 bool is_fixed_parameter(std::string_view name) {
   constexpr std::string_view kCorrection = ".e_score_correction_bias";
   return name.size() >= kCorrection.size() &&
          name.substr(name.size() - kCorrection.size()) == kCorrection;
 }
 
-SparseMoe::SparseMoe(const MoeSpec& s, int64_t hidden, const ParamFactory& o) : spec(s) {
-  gate = register_module("gate", std::make_shared<MoeRouter>(s, hidden, o));
+SparseMoe::SparseMoe(const MoeSpec& s, int64_t hidden, const ParamFactory& o,
+                     const ModuleNames& names)
+    : spec(s) {
+  gate = register_module(std::string(names.moe_router), std::make_shared<MoeRouter>(s, hidden, o));
   experts = register_module("experts", std::make_shared<MoeExperts>(s, hidden, o));
   if (s.shared_intermediate > 0) {
     MlpSpec shared;
@@ -257,7 +278,9 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
                             : sigmoid ? gate->forward(flat).to(at::kFloat)
                                       : gate->forward(flat);
   Routing r = sigmoid ? route_sigmoid_groups(logits, gate->correction, spec)
-                      : route_top_k(logits, spec.top_k, spec.normalize_top_k);
+              : spec.router == MoeSpec::Router::kTopKSoftmax
+                  ? route_softmax_of_top_k(logits, spec.top_k)
+                  : route_top_k(logits, spec.top_k, spec.normalize_top_k);
   if (balance) r.weights = balance->observe(logits, r.experts, r.weights);
   // The (token, expert) pairs grouped by expert, each group in token order.
   const at::Tensor chosen = r.experts.reshape({-1});
@@ -267,9 +290,11 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
   const std::vector<int64_t> counts(per_expert.data_ptr<int64_t>(),
                                     per_expert.data_ptr<int64_t>() + spec.experts);
   const at::Tensor rows = flat.index_select(0, token);
-  const at::Tensor both = experts->project(0, rows, counts);
-  const at::Tensor out =
-      experts->project(1, gated_activation_halves(both, spec.activation), counts);
+  const at::Tensor expert_of_row = spec.expert_bias ? chosen.index_select(0, order) : at::Tensor();
+  const at::Tensor both = experts->project(0, rows, counts, expert_of_row);
+  const at::Tensor act = spec.clamped_swiglu ? clamped_swiglu_interleaved(both, spec)
+                                             : gated_activation_halves(both, spec.activation);
+  const at::Tensor out = experts->project(1, act, counts, expert_of_row);
   // Weighted by the scores cast to the activations' dtype (transformers 5's softmax routers
   // return them so; GLM-4.5's weighs in fp32 and casts the product), then summed per token.
   const at::Tensor scores = r.weights.to(sigmoid ? at::kFloat : x.scalar_type())

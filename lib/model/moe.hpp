@@ -33,6 +33,14 @@ Routing route_top_k(const at::Tensor& logits, int64_t top_k, bool normalize);
 Routing route_sigmoid_groups(const at::Tensor& logits, const at::Tensor& correction,
                              const MoeSpec& spec);
 
+/// gpt-oss's routing of `logits` [N, experts] (its router's, with the bias): the top_k logits,
+/// their softmax (in the logits' dtype) the weights; `experts` always in range.
+Routing route_softmax_of_top_k(const at::Tensor& logits, int64_t top_k);
+
+/// gpt-oss's activation of the experts' gate_up output [M, 2I], gate and up interleaved (even
+/// columns gate): (clamp(up, ±limit) + 1) · g · σ(alpha · g), g = min(gate, limit). [M, I].
+at::Tensor clamped_swiglu_interleaved(const at::Tensor& gate_up, const MoeSpec& spec);
+
 /// Whether parameter `name` is one no fine-tuning method trains (a router's
 /// e_score_correction_bias, which DeepSeek-V3's recipe updates by its own rule and transformers
 /// keeps as a buffer): apply_peft leaves these frozen whatever the method asks.
@@ -54,7 +62,7 @@ struct MoeRouter : Linear {
   /// the model's dtype, as DeepSpeed's engine casts transformers' fp32 buffer.
   at::Tensor correction;
   MoeRouter(const MoeSpec& spec, int64_t hidden, const ParamFactory& o)
-      : Linear(hidden, spec.experts, /*with_bias=*/false, ParamFactory{o.options, o.allocate}) {
+      : Linear(hidden, spec.experts, spec.router_bias, ParamFactory{o.options, o.allocate}) {
     if (spec.router == MoeSpec::Router::kSigmoidGroups)
       correction = register_parameter("e_score_correction_bias", o({spec.experts}));
   }
@@ -78,12 +86,16 @@ class ExpertAdapter {
 
 /// The experts' fused weights: `gate_up_proj` [experts, 2·intermediate, hidden] (gate rows
 /// first) and `down_proj` [experts, hidden, intermediate], transformers 5's names, registered
-/// in that order (the order PEFT nests its wrappers in), each with an optional adapter.
+/// in that order (the order PEFT nests its wrappers in), each with an optional adapter. With
+/// spec.transposed (gpt-oss) they are [experts, in, out]; with spec.expert_bias they have
+/// `gate_up_proj_bias` [experts, 2·intermediate] and `down_proj_bias` [experts, hidden].
 struct MoeExperts : torch::nn::Module {
   static constexpr size_t kTensors = 2;
   /// The tensors' names, in registration order.
   static constexpr const char* kNames[kTensors] = {"gate_up_proj", "down_proj"};
   at::Tensor gate_up_proj, down_proj;
+  at::Tensor gate_up_proj_bias, down_proj_bias;  ///< spec.expert_bias only
+  bool transposed = false;
   /// One tensor's adapter (peft's attach), as model::Linear keeps its own: `merged` folded into
   /// the tensor (merge_lora), `disabled` while the model's adapters are off.
   struct Adapted {
@@ -92,15 +104,22 @@ struct MoeExperts : torch::nn::Module {
   };
   std::array<Adapted, kTensors> adapted;
 
-  MoeExperts(const MoeSpec& spec, int64_t hidden, const ParamFactory& o) {
-    gate_up_proj =
-        register_parameter("gate_up_proj", o({spec.experts, 2 * spec.intermediate, hidden}));
-    down_proj = register_parameter("down_proj", o({spec.experts, hidden, spec.intermediate}));
+  MoeExperts(const MoeSpec& spec, int64_t hidden, const ParamFactory& o)
+      : transposed(spec.transposed) {
+    const int64_t e = spec.experts, i = spec.intermediate;
+    gate_up_proj = register_parameter("gate_up_proj",
+                                      transposed ? o({e, hidden, 2 * i}) : o({e, 2 * i, hidden}));
+    if (spec.expert_bias)
+      gate_up_proj_bias = register_parameter("gate_up_proj_bias", o({e, 2 * i}));
+    down_proj = register_parameter("down_proj", transposed ? o({e, i, hidden}) : o({e, hidden, i}));
+    if (spec.expert_bias) down_proj_bias = register_parameter("down_proj_bias", o({e, hidden}));
   }
   /// Tensor `i` of kNames.
   at::Tensor& tensor(size_t i) { return i == 0 ? gate_up_proj : down_proj; }
-  /// grouped_linear of `rows` by tensor `i`, plus its adapter's share where one is active.
-  at::Tensor project(size_t i, const at::Tensor& rows, const std::vector<int64_t>& counts);
+  /// grouped_linear of `rows` by tensor `i` (its bias added by `expert_of_row` [M], the expert
+  /// of each row, where it has one), plus its adapter's share where one is active.
+  at::Tensor project(size_t i, const at::Tensor& rows, const std::vector<int64_t>& counts,
+                     const at::Tensor& expert_of_row = {});
 };
 
 /// transformers' load-balancing loss (load_balancing_loss_func) of one forward, gathered over
@@ -147,7 +166,9 @@ struct SparseMoe : torch::nn::Module {
   /// Set (by the model, when its config asks for the load-balancing loss): where this layer's
   /// routing is counted.
   std::shared_ptr<RouterBalance> balance;
-  SparseMoe(const MoeSpec& spec, int64_t hidden, const ParamFactory& o);
+  /// The router registered as names.moe_router.
+  SparseMoe(const MoeSpec& spec, int64_t hidden, const ParamFactory& o,
+            const ModuleNames& names = {});
   /// x [..., hidden] → the weighted sum of each token's experts' outputs, same shape and dtype.
   at::Tensor forward(const at::Tensor& x);
 };

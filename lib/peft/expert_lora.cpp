@@ -99,7 +99,8 @@ size_t attach_expert_adapters(const std::string& path, model::MoeExperts& expert
     model::MoeExperts::Adapted& slot = experts.adapted[i];
     const std::string name = path + "." + model::MoeExperts::kNames[i];
     if (slot.adapter) throw InvalidArgument(fmt::format("'{}' already has a LoRA adapter", name));
-    const at::Tensor& w = experts.tensor(i);
+    // [E, out, in], as PEFT sees it (gpt-oss's [E, in, out] swapped).
+    const at::Tensor w = experts.transposed ? experts.tensor(i).transpose(1, 2) : experts.tensor(i);
     const int64_t e = w.size(0), out = w.size(1), in = w.size(2);
     const std::string module = *expert_adapter_path(path, i, given);
     const LoraOptions o = given.at(name);  // PEFT's key: the tensor's path
@@ -123,12 +124,13 @@ size_t attach_expert_adapters(const std::string& path, model::MoeExperts& expert
   return targeted.size();
 }
 
-bool fold_trained_expert_adapter(const LoraOptions& given, const std::string& name,
-                                 at::Tensor& weight,
+bool fold_trained_expert_adapter(const LoraOptions& given, const std::string& name, bool transposed,
+                                 at::Tensor& stored,
                                  const std::function<bool(const std::string&)>& has,
                                  const TensorReader& read) {
   const size_t dot = name.rfind('.');
-  if (dot == std::string::npos || weight.dim() != 3) return false;
+  if (dot == std::string::npos || stored.dim() != 3) return false;
+  at::Tensor weight = transposed ? stored.transpose(1, 2) : stored;  // [E, out, in], a view
   const std::string path = name.substr(0, dot), tensor = name.substr(dot + 1);
   for (size_t i = 0; i < model::MoeExperts::kTensors; ++i) {
     if (tensor != model::MoeExperts::kNames[i]) continue;

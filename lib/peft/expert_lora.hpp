@@ -41,10 +41,11 @@ size_t attach_expert_adapters(const std::string& path, model::MoeExperts& expert
                               const LoraOptions& options, uint64_t seed);
 
 /// Adds the trained expert adapter of tensor `name` ("<experts>.gate_up_proj" or
-/// "<experts>.down_proj") to its values `weight` (fp32 [E, out, in]) when `has` says it was
-/// trained (merging a checkpoint into an HF folder). Returns whether it did.
+/// "<experts>.down_proj") to its values `weight` (fp32 [E, out, in], or [E, in, out] where
+/// `transposed`: gpt-oss) when `has` says it was trained (merging a checkpoint into an HF
+/// folder). Returns whether it did.
 bool fold_trained_expert_adapter(const LoraOptions& options, const std::string& name,
-                                 at::Tensor& weight,
+                                 bool transposed, at::Tensor& weight,
                                  const std::function<bool(const std::string&)>& has,
                                  const TensorReader& read);
 

@@ -47,7 +47,9 @@ bool targets_name(const std::string& target, std::string_view old_name) {
   return ends_with_component(target, std::string(old_name));
 }
 
-std::string leaf(const std::string& path) { return path.substr(path.rfind('.') + 1); }
+std::string leaf(const std::string& path) {
+  return path.substr(path.rfind('.') + 1);
+}
 
 // A regex target_modules resolved to the leaf names of what it matches (modules and
 // parameters), with the old names recovered from the fused tensors' containers.
@@ -114,15 +116,15 @@ void set_pattern(std::vector<std::pair<std::string, Value>>& patterns, const std
 
 std::string_view fused_experts_pattern(std::string_view model_type) {
   static const std::map<std::string_view, std::string_view> kPatterns{
-      {"mixtral", "mixtral"},           {"minimax", "mixtral"},
-      {"minimax_m2", "mixtral"},        {"qwen2_moe", "qwen2_moe"},
-      {"deepseek_v2", "qwen2_moe"},     {"deepseek_v3", "qwen2_moe"},
-      {"dots1", "qwen2_moe"},           {"ernie4_5_moe", "qwen2_moe"},
-      {"glm4_moe", "qwen2_moe"},        {"glm4_moe_lite", "qwen2_moe"},
-      {"glm4v_moe", "qwen2_moe"},       {"longcat_flash", "qwen2_moe"},
-      {"solar_open", "qwen2_moe"},      {"qwen3_moe", "qwen2_moe"},
-      {"qwen3_omni_moe", "qwen2_moe"},  {"qwen3_next", "qwen2_moe"},
-      {"hunyuan_v1_moe", "qwen2_moe"},  {"flex_olmo", "qwen2_moe"},
+      {"mixtral", "mixtral"},          {"minimax", "mixtral"},
+      {"minimax_m2", "mixtral"},       {"qwen2_moe", "qwen2_moe"},
+      {"deepseek_v2", "qwen2_moe"},    {"deepseek_v3", "qwen2_moe"},
+      {"dots1", "qwen2_moe"},          {"ernie4_5_moe", "qwen2_moe"},
+      {"glm4_moe", "qwen2_moe"},       {"glm4_moe_lite", "qwen2_moe"},
+      {"glm4v_moe", "qwen2_moe"},      {"longcat_flash", "qwen2_moe"},
+      {"solar_open", "qwen2_moe"},     {"qwen3_moe", "qwen2_moe"},
+      {"qwen3_omni_moe", "qwen2_moe"}, {"qwen3_next", "qwen2_moe"},
+      {"hunyuan_v1_moe", "qwen2_moe"}, {"flex_olmo", "qwen2_moe"},
       {"olmoe", "qwen2_moe"}};
   const auto found = kPatterns.find(model_type);
   return found == kPatterns.end() ? std::string_view() : found->second;

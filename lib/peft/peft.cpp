@@ -600,7 +600,8 @@ void merge_lora(CausalLM& model) {
       model::MoeExperts::Adapted& a = e->adapted[i];
       if (!a.adapter || a.merged) continue;
       at::Tensor merged = e->tensor(i).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-      a.adapter->merge_into(merged);
+      at::Tensor as_out_in = e->transposed ? merged.transpose(1, 2) : merged;  // a view
+      a.adapter->merge_into(as_out_in);
       e->tensor(i).copy_(merged);
       a.merged = true;
     }
@@ -621,7 +622,8 @@ void unmerge_lora(CausalLM& model) {
       model::MoeExperts::Adapted& a = e->adapted[i];
       if (!a.adapter || !a.merged) continue;
       at::Tensor weight = e->tensor(i).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-      a.adapter->unmerge_from(weight);
+      at::Tensor as_out_in = e->transposed ? weight.transpose(1, 2) : weight;  // a view
+      a.adapter->unmerge_from(as_out_in);
       e->tensor(i).copy_(weight);
       a.merged = false;
     }

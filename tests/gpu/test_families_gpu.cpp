@@ -65,7 +65,8 @@ TEST_CASE("every family on CUDA gives transformers' fp32 outputs and gradients, 
                            "phi3_longrope_long",
                            "qwen3_moe",
                            "mixtral",
-                           "glm4_moe"}) {
+                           "glm4_moe",
+                           "gpt_oss"}) {
     INFO("model " << name);
     SafetensorsFile expected(fixture(std::string("models/") + name + "/expected.safetensors"));
     const at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");

@@ -187,6 +187,35 @@ void read_sliding_window(ObjectReader& r, ModelConfig& c) {
   c.sliding_window = *window;
 }
 
+void refuse_attention_dropout(ObjectReader& r) {
+  if (auto p = r.number("attention_dropout", 0.0); p && *p > 0.0) {
+    r.fail_value("attention_dropout", "dropout inside the decoder is not supported; set it to 0");
+  }
+}
+
+std::optional<std::vector<bool>> read_sliding_layers(ObjectReader& r, const ModelConfig& c) {
+  const rapidjson::Value* types = r.find("layer_types");
+  if (types == nullptr || types->IsNull()) return std::nullopt;
+  const int64_t layers = c.num_hidden_layers;
+  if (!types->IsArray() || static_cast<int64_t>(types->Size()) != layers) {
+    r.fail_value("layer_types", fmt::format("expected a list of {} layer types (one per layer "
+                                            "of num_hidden_layers)",
+                                            layers));
+  }
+  std::vector<bool> sliding;
+  for (rapidjson::SizeType i = 0; i < types->Size(); ++i) {
+    const rapidjson::Value& t = (*types)[i];
+    const std::string type = t.IsString() ? json::text(t) : "";
+    if (type != "sliding_attention" && type != "full_attention") {
+      r.fail_value("layer_types", fmt::format("layer {}: expected \"sliding_attention\" or "
+                                              "\"full_attention\"",
+                                              i));
+    }
+    sliding.push_back(type == "sliding_attention");
+  }
+  return sliding;
+}
+
 void read_full_attention_layers(ObjectReader& r, const ModelConfig& c) {
   const rapidjson::Value* types = r.find("layer_types");
   if (types == nullptr || types->IsNull()) return;

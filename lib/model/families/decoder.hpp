@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include <rapidjson/document.h>
 
@@ -34,8 +35,15 @@ void read_projection_biases(json::ObjectReader& r, ModelConfig& c);
 /// the share of each head RoPE rotates, refused unless it gives an even number of dimensions
 /// between 2 and head_dim.
 void read_partial_rotary(json::ObjectReader& r, ModelConfig& c, double otherwise);
+/// attention_dropout above 0 refused by key (dropout inside the decoder is not built; released
+/// configs ship 0).
+void refuse_attention_dropout(json::ObjectReader& r);
 /// sliding_window: a positive integer, or null (or absent) for full attention on every layer.
 void read_sliding_window(json::ObjectReader& r, ModelConfig& c);
+/// `layer_types` where sliding and full layers alternate (Gemma 2/3, gpt-oss): per layer, true
+/// for "sliding_attention", false for "full_attention"; nullopt when absent or null. A list of
+/// another length or another type is refused naming the key.
+std::optional<std::vector<bool>> read_sliding_layers(json::ObjectReader& r, const ModelConfig& c);
 /// `layer_types`, where a family that attends in full on every layer finds it (transformers 5
 /// writes it for Qwen2/3): one "full_attention" per layer; a list of another length, or a layer
 /// of another type, is refused naming the key.

@@ -49,23 +49,8 @@ void read(json::ObjectReader& r, ModelConfig& c, bool gemma3) {
                                   gemma3 ? std::nullopt : std::optional<double>(30.0));
   if (auto w = r.integer("sliding_window", 1)) s->window = *w;
   const int64_t layers = c.num_hidden_layers;
-  const rapidjson::Value* types = r.find("layer_types");
-  if (types != nullptr && !types->IsNull()) {
-    if (!types->IsArray() || static_cast<int64_t>(types->Size()) != layers) {
-      r.fail_value("layer_types", fmt::format("expected a list of {} layer types (one per layer "
-                                              "of num_hidden_layers)",
-                                              layers));
-    }
-    for (rapidjson::SizeType i = 0; i < types->Size(); ++i) {
-      const rapidjson::Value& t = (*types)[i];
-      const std::string type = t.IsString() ? json::text(t) : "";
-      if (type != "sliding_attention" && type != "full_attention") {
-        r.fail_value("layer_types", fmt::format("layer {}: expected \"sliding_attention\" or "
-                                                "\"full_attention\"",
-                                                i));
-      }
-      s->sliding.push_back(type == "sliding_attention");
-    }
+  if (std::optional<std::vector<bool>> sliding = decoder::read_sliding_layers(r, c)) {
+    s->sliding = std::move(*sliding);
   } else {
     // transformers' default: every pattern-th layer global (Gemma 2: 2, Gemma 3: 6).
     const int64_t pattern = gemma3 ? r.integer("sliding_window_pattern", 1).value_or(6) : 2;

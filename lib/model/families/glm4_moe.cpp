@@ -34,10 +34,10 @@ void read(json::ObjectReader& r, ModelConfig& c) {
   }
   spec.top_groups = r.integer("topk_group", 1, spec.groups).value_or(1);
   if (spec.top_k > spec.top_groups * (spec.experts / spec.groups)) {
-    r.fail_value("num_experts_per_tok",
-                 fmt::format("{} experts per token, but the {} best of {} groups hold only {}",
-                             spec.top_k, spec.top_groups, spec.groups,
-                             spec.top_groups * (spec.experts / spec.groups)));
+    r.fail_value(
+        "num_experts_per_tok",
+        fmt::format("{} experts per token, but the {} best of {} groups hold only {}", spec.top_k,
+                    spec.top_groups, spec.groups, spec.top_groups * (spec.experts / spec.groups)));
   }
   s->shared_experts = r.integer("n_shared_experts", 0, 1024).value_or(1);
   spec.shared_intermediate = s->shared_experts * width;
@@ -48,9 +48,7 @@ void read(json::ObjectReader& r, ModelConfig& c) {
   // transformers computes no load-balancing loss for GLM-4.5 (its balance comes from the
   // correction bias): output_router_logits changes nothing there, nor here.
   s->balance_loss = false;
-  if (auto p = r.number("attention_dropout", 0.0); p && *p > 0.0) {
-    r.fail_value("attention_dropout", "dropout inside the decoder is not supported; set it to 0");
-  }
+  decoder::refuse_attention_dropout(r);
   r.known({"num_mtp_layers"});
   c.family_settings = std::move(s);
 }

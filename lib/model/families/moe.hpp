@@ -28,6 +28,9 @@ struct Settings : FamilySettings {
   bool qk_norm = false;
   /// Whether transformers computes the load-balancing loss for the family (not GLM-4.5).
   bool balance_loss = true;
+  // gpt-oss's sliding-window layers (per layer) and their window.
+  std::vector<bool> sliding;
+  int64_t window = 128;
 };
 
 /// The settings of `c` (defaults for a config not read by a mixture-of-experts family).

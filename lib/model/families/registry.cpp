@@ -9,7 +9,7 @@
 namespace zt::model {
 
 extern const Family kLlama, kQwen2, kQwen3, kQwen3Moe, kMistral, kMixtral, kPhi3, kGemma2, kGemma3,
-    kGlm, kGlm4, kGlm4Moe, kChatGlm;
+    kGlm, kGlm4, kGlm4Moe, kGptOss, kChatGlm;
 
 namespace {
 
@@ -17,7 +17,7 @@ namespace {
 std::vector<const Family*>& table() {
   static std::vector<const Family*> families{&kLlama,   &kQwen2,   &kQwen3,  &kQwen3Moe, &kMistral,
                                              &kMixtral, &kPhi3,    &kGemma2, &kGemma3,   &kGlm,
-                                             &kGlm4,    &kGlm4Moe, &kChatGlm};
+                                             &kGlm4,    &kGlm4Moe, &kGptOss, &kChatGlm};
   return families;
 }
 
