@@ -1098,9 +1098,12 @@ TEST_CASE("rank_pattern / alpha_pattern in adapter_config.json: read, checked, a
   CHECK(params["model.layers.0.self_attn.q_proj.lora_A.weight"].size(0) == 2);
   CHECK(params["model.layers.1.self_attn.q_proj.lora_A.weight"].size(0) == 4);
   CHECK(params["model.layers.1.self_attn.v_proj.lora_B.weight"].size(1) == 6);
-  for (const std::string bad :
-       {R"(, "rank_pattern": {"q_proj": 0})", R"(, "rank_pattern": {"q_proj": "2"})",
-        R"(, "alpha_pattern": {"(q_proj": 2})", R"(, "rank_pattern": [1])"}) {
+  std::string many = R"(, "rank_pattern": {)";
+  for (int i = 0; i < 1025; ++i) many += fmt::format(R"({}"p{}": 2)", i ? ", " : "", i);
+  many += "}";
+  for (const std::string& bad : std::vector<std::string>{
+           many, R"(, "rank_pattern": {"q_proj": 0})", R"(, "rank_pattern": {"q_proj": "2"})",
+           R"(, "alpha_pattern": {"(q_proj": 2})", R"(, "rank_pattern": [1])"}) {
     INFO(bad);
     write(bad);
     CHECK_THROWS_AS(load_adapter_config(dir), ConfigError);

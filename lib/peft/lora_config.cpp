@@ -233,7 +233,11 @@ void read_lora_config(json::ObjectReader& r, LoraOptions& o) {
     const bool rank = std::string_view(k) == "rank_pattern";
     const char* expected =
         rank ? "an object of {pattern: rank >= 1}" : "an object of {pattern: alpha >= 0}";
-    if (!v->IsObject()) r.fail(k, expected);
+    // Each pattern is matched against every module: bounded, so a hostile file cannot make
+    // loading quadratic.
+    if (!v->IsObject() || v->MemberCount() > 1024) {
+      r.fail(k, std::string(expected) + ", at most 1024 patterns");
+    }
     for (const auto& m : v->GetObject()) {
       const std::string key = json::text(m.name);
       if (key.empty() || !m.value.IsNumber()) r.fail(k, expected);
