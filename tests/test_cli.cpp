@@ -915,7 +915,7 @@ TEST_CASE("LLaMA-Factory's example configs run as they are, the model a local fo
     CHECK(fs::exists(out + "/loss.svg"));
     const std::string args = read_file(out + "/training_args.json");
     CHECK_THAT(args, Contains(R"("max_length": 2048)") && Contains(R"("template": "chatml")") &&
-                         Contains(R"("lora_target_modules": "all-linear")") &&
+                         Contains(R"("lora_target_modules": "all")") &&
                          Contains(R"("dataset": "identity,alpaca_en_demo")") &&
                          Contains("/.cache/datasets/identity+alpaca_en_demo.train-"));
   }

@@ -891,7 +891,7 @@ TEST_CASE("LLaMA-Factory's YAML configs read into the options, overridden by the
   CHECK(a.stage == "sft");
   CHECK(a.finetuning_type == "lora");
   CHECK(a.lora_r == 8);
-  CHECK(a.lora_target_modules == "all-linear");  // LLaMA-Factory's "all"
+  CHECK(a.lora_target_modules == "all");  // LLaMA-Factory's: its list of linear layers' names
   CHECK(a.dataset == "identity,alpaca_en_demo");
   CHECK(a.dataset_dir == "data");
   CHECK(a.template_name == "chatml");  // qwen3_nothink: ChatML without a default system

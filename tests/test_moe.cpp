@@ -420,7 +420,7 @@ TEST_CASE(
   // Layer 1 dense (mlp_only_layers), layer 0 a mixture.
   const ModelConfig c = test::write_model_folder(dir + "/base", moe_config_with_dense(1), 21);
   train_on_base(dir, {"--max_steps", "4", "--save_steps", "4", "--finetuning_type", "lora",
-                      "--lora_target", "all", "--lora_r", "4"});
+                      "--lora_target", "all-linear", "--lora_r", "4"});
   // PEFT 0.21 on transformers 5 resolves all-linear to names and moves the experts' 4.x names
   // and the router's to target_parameters: the attention, the routers and the experts (gate_up
   // at rank 2r) are adapted; the dense layer's MLP is no longer named.
@@ -1010,6 +1010,22 @@ TEST_CASE("LoRA targets naming the experts' 4.x projections adapt the fused tens
     CHECK_FALSE(params.contains("model.layers.1.mlp.down_proj.lora_A.weight"));
     CHECK_FALSE(params.contains("model.layers.1.mlp.gate_proj.lora_A.weight"));
     CHECK(params.contains("model.layers.1.self_attn.v_proj.lora_A.weight"));
+  }
+  SECTION("LLaMA-Factory's all: the linear layers' names, converted, and no more") {
+    // Layer 1's dense MLP gives gate_proj / up_proj / down_proj, which become the experts'
+    // tensors; the router, no nn.Linear, is not in the list. Mixtral has no dense layer: its
+    // list is the attention's, which nothing converts.
+    const LoraOptions o = peft::converted_for_fused_experts(*qwen, lora_on({"all"}));
+    CHECK(sorted_names(o.target_modules) ==
+          std::vector<std::string>{"k_proj", "o_proj", "q_proj", "v_proj"});
+    CHECK(sorted_names(o.target_parameters) ==
+          std::vector<std::string>{"down_proj", "gate_up_proj"});
+    CHECK(o.at("model.layers.0.mlp.experts.gate_up_proj").r == 8);
+    auto mixtral = family_model("mixtral");
+    const LoraOptions m = peft::converted_for_fused_experts(*mixtral, lora_on({"all"}));
+    CHECK(sorted_names(m.target_modules) ==
+          std::vector<std::string>{"k_proj", "o_proj", "q_proj", "v_proj"});
+    CHECK(m.target_parameters.empty());
   }
   SECTION("a regex is resolved to names first, the experts' old names found by probing") {
     LoraOptions given = lora_on({});

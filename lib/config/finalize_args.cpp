@@ -149,10 +149,10 @@ void finalize(Args& a, const std::string& where) {
     }
   }
   a.report_to = reports.empty() ? "none" : reports;
-  // LLaMA-Factory's spellings of zerotrain values: lora_target all (every linear layer but the
-  // output layer, PEFT's all-linear) and the template qwen3_nothink (ChatML without a default
-  // system message: zerotrain's chatml, string for string).
-  if (a.lora_target_modules == "all") a.lora_target_modules = "all-linear";
+  // LLaMA-Factory's spelling of a zerotrain value: the template qwen3_nothink (ChatML without a
+  // default system message: zerotrain's chatml, string for string). Its lora_target all stays
+  // itself: the names of every linear layer but the output layer, which is PEFT's all-linear
+  // except on the mixtures PEFT converts (lib/peft/fused_experts.hpp).
   if (a.template_name == "qwen3_nothink") a.template_name = "chatml";
   if (a.train_sampling_strategy == "group_by_length") a.group_by_length = true;
   if (a.group_by_length && a.train_sampling_strategy == "sequential") {

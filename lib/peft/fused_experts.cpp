@@ -141,10 +141,15 @@ LoraOptions converted_for_fused_experts(CausalLM& model, const LoraOptions& give
     const std::set<std::string> resolved = resolve_regex(model, o.target_regex, pattern);
     if (resolved.empty()) return given;  // left for the usual "matches nothing" error
     targets.assign(resolved.begin(), resolved.end());
-  } else if (targets.size() == 1 && targets.front() == "all-linear") {
+  } else if (targets.size() == 1 &&
+             (targets.front() == "all-linear" || targets.front() == kAllLinearNames)) {
+    // Every projection's name; PEFT's string all-linear adds the experts' and router's old
+    // names (they were nn.Linear in 4.x), LLaMA-Factory's list holds what it found only.
     std::set<std::string> names;
     for (const std::string& path : lora_targets(model, o)) names.insert(leaf(path));
-    for (const Rename& m : renames) names.insert(std::string(m.old_name));
+    if (targets.front() == "all-linear") {
+      for (const Rename& m : renames) names.insert(std::string(m.old_name));
+    }
     targets.assign(names.begin(), names.end());
   } else {
     bool any = false;

@@ -66,10 +66,11 @@ std::set<std::string> condensed(const std::set<std::string>& targets,
 std::vector<std::string> saved_target_modules(CausalLM& model, const LoraOptions& o) {
   std::set<std::string> names;
   for (const std::string& t : o.target_modules) {
-    if (t != "all-linear") names.insert(t);
+    if (t != "all-linear" && t != kAllLinearNames) names.insert(t);
   }
-  if (std::find(o.target_modules.begin(), o.target_modules.end(), "all-linear") !=
-      o.target_modules.end()) {
+  if (std::find_if(o.target_modules.begin(), o.target_modules.end(), [](const std::string& t) {
+        return t == "all-linear" || t == kAllLinearNames;
+      }) != o.target_modules.end()) {
     for (const std::string& path : peft::lora_targets(model, o)) names.insert(path);
   }
   if (names.size() >= kCondenseFrom) {

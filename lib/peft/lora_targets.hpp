@@ -10,6 +10,12 @@
 
 namespace zt::peft {
 
+/// LLaMA-Factory's `lora_target all` in target_modules: the names of every projection but the
+/// output layer (its find_all_linear_modules), handed to PEFT as a list — PEFT's all-linear but
+/// on the mixtures PEFT converts, where the list's names are converted and no more
+/// (lib/peft/fused_experts.hpp).
+inline constexpr const char* kAllLinearNames = "all";
+
 /// Whether dotted `path` is `name` or ends with "." + `name` (how PEFT matches target names).
 bool ends_with_component(const std::string& path, const std::string& name);
 

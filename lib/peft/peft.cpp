@@ -136,7 +136,8 @@ bool is_lora_target(const std::string& path, const LoraOptions& o, const Pattern
   }
   if (pattern != nullptr) return pattern->full_match(path);
   for (const std::string& t : o.target_modules) {
-    if (t == "all-linear") {  // PEFT's: every projection but the output layer
+    // PEFT's all-linear, LLaMA-Factory's all: every projection but the output layer.
+    if (t == "all-linear" || t == peft::kAllLinearNames) {
       if (path != head && !router) return true;
     } else if (ends_with_component(path, t)) {
       return true;
@@ -281,7 +282,7 @@ void apply_lora(CausalLM& model, const LoraOptions& given, uint64_t seed) {
   };
   if (!o.target_regex.empty() && targeted.empty()) throw unmatched(o.target_regex);
   for (const std::string& t : o.target_modules) {
-    if (t == "all-linear") continue;
+    if (t == "all-linear" || t == peft::kAllLinearNames) continue;
     const bool any = std::any_of(targeted.begin(), targeted.end(), [&](const std::string& path) {
       return ends_with_component(path, t);
     });
