@@ -1169,6 +1169,8 @@ TEST_CASE("GLM-4.5's config: groups, dense first layers and shared experts, bad 
   CHECK_FALSE(d.rotaries[0].interleaved);
   CHECK_THROWS_MATCHES(parse_model_config(glm_with("n_group", "3")), ConfigError,
                        Has({"n_group", "do not divide"}));
+  CHECK_THROWS_MATCHES(parse_model_config(glm_with("n_group", "8")), ConfigError,
+                       Has({"n_group", "groups of two"}));
   CHECK_THROWS_MATCHES(parse_model_config(glm_with("topk_group", "5")), ConfigError,
                        Has({"topk_group"}));
   CHECK_THROWS_MATCHES(parse_model_config(glm_with("num_experts_per_tok", "5")), ConfigError,

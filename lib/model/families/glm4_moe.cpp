@@ -28,8 +28,11 @@ void read(json::ObjectReader& r, ModelConfig& c) {
   spec.normalize_top_k = r.boolean("norm_topk_prob").value_or(true);
   if (auto v = r.number("routed_scaling_factor", 0.0, 1e6)) spec.scaling = *v;
   spec.groups = r.integer("n_group", 1, spec.experts).value_or(1);
-  if (spec.experts % spec.groups != 0) {
-    r.fail_value("n_group", fmt::format("{} groups do not divide the {} experts (n_routed_experts)",
+  // Groups are ranked by their two best experts, so each holds two at least (transformers'
+  // topk(2) fails on fewer).
+  if (spec.experts % spec.groups != 0 || spec.experts / spec.groups < 2) {
+    r.fail_value("n_group", fmt::format("{} groups do not divide the {} experts (n_routed_experts) "
+                                        "into groups of two or more",
                                         spec.groups, spec.experts));
   }
   spec.top_groups = r.integer("topk_group", 1, spec.groups).value_or(1);
