@@ -679,17 +679,66 @@ TEST_CASE("Oniguruma splits the hand-written patterns' regexes into the same pie
         "  \n\n   x  \r\n"}) {
     texts.emplace_back(extra);
   }
-  for (text::SplitPattern p :
-       {text::SplitPattern::kGpt2, text::SplitPattern::kQwen2, text::SplitPattern::kLlama3}) {
+  for (text::SplitPattern p : {text::SplitPattern::kGpt2, text::SplitPattern::kQwen2,
+                               text::SplitPattern::kLlama3, text::SplitPattern::kO200k}) {
     const std::string regex(text::split_pattern_regex(p));
     INFO(regex);
-    const auto onig = text::Matcher::regex(regex);
+    const auto onig = text::Matcher::oniguruma(regex);
     for (const std::string& s : texts) {
       INFO(s);
       std::vector<text::Span> by_hand, by_onig, scratch;
       text::split_with_pattern(p, s, 0, by_hand);
       text::split_by(*onig, text::SplitBehavior::kIsolated, false, s, 0, by_onig, scratch);
       CHECK(by_onig == by_hand);
+    }
+  }
+}
+
+TEST_CASE("o200k's and DeepSeek-V3's main patterns by hand find Oniguruma's matches",
+          "[tokenizer][split]") {
+  // Random text over every class the two patterns name: each letter category (Lu, Ll, Lt, Lm,
+  // Lo, astral ones too), the three mark categories, numbers of each kind, punctuation and
+  // symbols (emoji, skin tones), ZWJ and other format or control characters, private use,
+  // unassigned, every kind of space and line end, and the contractions' letters in both cases
+  // (ſ folds to s) — plus random code points of the first three planes. Each pattern runs by
+  // hand through Matcher::regex and, as the reference, in Oniguruma.
+  const std::vector<std::string> alphabet{
+      "a",      "A",          "z",          "Z",      "'",      "s",          "S",
+      "t",      "T",          "r",          "R",      "e",      "E",          "v",
+      "V",      "m",          "M",          "l",      "L",      "d",          "D",
+      "/",      " ",          " ",          "\t",     "\n",     "\r",         ".",
+      ",",      "!",          "?",          "$",      "+",      "-",          "_",
+      "`",      "^",          "~",          "0",      "9",      "\u017f",     "\u00e9",
+      "\u0301", "\ufe0f",     "\u0903",     "\u20dd", "\u01c5", "\u01c4",     "\u02b0",
+      "\u4e00", "\u3042",     "\u05d0",     "\u0663", "\u216b", "\u00bd",     "\u00b2",
+      "\u00bf", "\u2014",     "\u300c",     "\u20ac", "\u00a9", "\U0001F680", "\U0001F44D",
+      "\u200d", "\x01",       "\x7f",       "\u00a0", "\u0085", "\u2028",     "\u3000",
+      "\u212a", "\U0001D400", "\U00020000", "\ue000", "\u0378", "\U0001F3FB", "\u30a2",
+      "\uff10"};
+  std::vector<std::string> regexes{
+      std::string(text::split_pattern_regex(text::SplitPattern::kO200k)),
+      std::string(text::gap_pattern_regex(text::GapPattern::kDeepSeekV3))};
+  std::mt19937 rng(11);
+  for (const std::string& regex : regexes) {
+    INFO("pattern " << regex);
+    const auto fast = text::Matcher::regex(regex), reference = text::Matcher::oniguruma(regex);
+    for (int n = 0; n < 4000; ++n) {
+      std::string s;
+      const int length = 1 + static_cast<int>(rng() % 24);
+      for (int i = 0; i < length; ++i) {
+        if (rng() % 5 != 0) {
+          s += alphabet[rng() % alphabet.size()];
+          continue;
+        }
+        uint32_t cp = 0x80 + static_cast<uint32_t>(rng() % 0x2FF80);
+        if (cp >= 0xD800 && cp < 0xE000) cp = 0x2C00 + (cp & 0x3FF);  // no surrogates
+        text::append_utf8(cp, s);
+      }
+      std::vector<text::Span> got, want;
+      fast->find(s, got);
+      reference->find(s, want);
+      INFO("text " << s);
+      REQUIRE(got == want);
     }
   }
 }

@@ -6,25 +6,13 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 
 #include "zerotrain/error.hpp"
 
 namespace zt::text {
 
 namespace {
-
-void initialize_oniguruma() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
-    onig_initialize(encodings, 1);
-    // Backtracking is bounded per search: a pattern that would take hours on some text (a
-    // hostile tokenizer.json's `(a|a)*b`) fails with an error instead. Real tokenizers' patterns
-    // take a few steps per character, far below either limit.
-    onig_set_retry_limit_in_match(10'000'000);
-    onig_set_retry_limit_in_search(100'000'000);
-  });
-}
 
 class RegexMatcher final : public Matcher {
  public:
@@ -154,6 +142,26 @@ class RunMatcher final : public Matcher {
   size_t most_;
 };
 
+// The matches of a pattern unicode_text.hpp matches by hand: o200k's, Qwen2's, ... (tiling)
+// and DeepSeek-V3's main one (with gaps), for the Splits the tokenizer's own fast path does not
+// take (another behavior, invert) and for DeepSeek-V3's.
+class KnownPatternMatcher final : public Matcher {
+ public:
+  explicit KnownPatternMatcher(SplitPattern p) : tiling_(p) {}
+  explicit KnownPatternMatcher(GapPattern p) : gaps_(p) {}
+  void find(std::string_view text, std::vector<Span>& out) const override {
+    if (tiling_) {
+      split_with_pattern(*tiling_, text, 0, out);
+    } else {
+      find_with_pattern(*gaps_, text, out);
+    }
+  }
+
+ private:
+  std::optional<SplitPattern> tiling_;
+  std::optional<GapPattern> gaps_;
+};
+
 // `pattern` as a RunMatcher when it is one of the simple forms it covers exactly: `\p{N}+`,
 // `\p{N}{1,k}`, or `[...]+` of literal characters and ranges a-b (no escapes, negation or
 // nested classes); nullptr otherwise.
@@ -209,6 +217,8 @@ std::shared_ptr<const Matcher> run_matcher(const std::string& pattern) {
 
 std::shared_ptr<const Matcher> Matcher::regex(const std::string& pattern) {
   if (auto fast = run_matcher(pattern)) return fast;
+  if (auto p = known_split_pattern(pattern)) return std::make_shared<KnownPatternMatcher>(*p);
+  if (auto p = known_gap_pattern(pattern)) return std::make_shared<KnownPatternMatcher>(*p);
   return oniguruma(pattern);
 }
 
@@ -225,6 +235,18 @@ void split_by(const Matcher& matcher, SplitBehavior behavior, bool invert, std::
   if (text.empty()) return;
   scratch.clear();
   matcher.find(text, scratch);
+  const auto size = static_cast<uint32_t>(text.size());
+  if (behavior == SplitBehavior::kIsolated) {
+    // Matches and gaps alike become pieces (so invert changes nothing): straight to `out`.
+    uint32_t prev = 0;
+    for (const Span& m : scratch) {
+      if (m.first > prev) out.emplace_back(offset + prev, offset + m.first);
+      if (m.second > m.first) out.emplace_back(offset + m.first, offset + m.second);
+      prev = m.second;
+    }
+    if (prev < size) out.emplace_back(offset + prev, offset + size);
+    return;
+  }
   // The text as pieces that are matches or not (HF's find_matches), with invert applied.
   struct Part {
     uint32_t begin, end;
@@ -239,7 +261,6 @@ void split_by(const Matcher& matcher, SplitBehavior behavior, bool invert, std::
     parts.push_back({m.first, m.second, !invert});
     prev = m.second;
   }
-  const auto size = static_cast<uint32_t>(text.size());
   if (prev < size) parts.push_back({prev, size, invert});
   // HF's NormalizedString::split by behavior (tokenizers' normalizer.rs); empty pieces are
   // dropped after, as PreTokenizedString::split drops them.

@@ -1,7 +1,8 @@
 // HF tokenizers' `Split` pre-tokenizer in general: a pattern (a regex, run by Oniguruma — the
 // engine HF tokenizers compiles tokenizer.json's regexes with — or a literal string), a
-// `behavior` and `invert`. The three regexes unicode_text.hpp matches by hand (GPT-2, Qwen2,
-// LLaMA-3) keep that path when split Isolated and not inverted; everything else comes here.
+// `behavior` and `invert`. The tiling regexes unicode_text.hpp matches by hand (GPT-2, Qwen2,
+// LLaMA-3, o200k) keep the tokenizer's own path when split Isolated and not inverted; everything
+// else comes here, where known regexes still match by hand.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +26,9 @@ class Matcher {
   /// A regex in Oniguruma's Ruby syntax (what HF tokenizers' onig crate compiles), UTF-8.
   /// Throws ConfigError with Oniguruma's message when it does not compile. The simple forms
   /// real files use beside their main pattern — `\p{N}+`, `\p{N}{1,k}` (k ≤ 9), and classes of
-  /// literal characters and ranges repeated, `[一-龥぀-ゟ]+` (DeepSeek-V3's) — are matched by
-  /// hand, with Oniguruma's matches.
+  /// literal characters and ranges repeated, `[一-龥぀-ゟ]+` (DeepSeek-V3's) — and the exact
+  /// regexes unicode_text.hpp knows (GPT-2's, Qwen2's, LLaMA-3's, o200k's, DeepSeek-V3's main
+  /// one) are matched by hand, with Oniguruma's matches.
   static std::shared_ptr<const Matcher> regex(const std::string& pattern);
   /// The same pattern always run by Oniguruma (the reference of the hand-written forms).
   static std::shared_ptr<const Matcher> oniguruma(const std::string& pattern);

@@ -5,13 +5,30 @@
 #include <array>
 #include <cctype>
 #include <cstring>
+#include <mutex>
 
 #include <fmt/format.h>
+#include <oniguruma.h>
 #include <utf8proc.h>
 
 #include "zerotrain/error.hpp"
 
 namespace zt::text {
+namespace {}  // namespace
+
+void initialize_oniguruma() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
+    onig_initialize(encodings, 1);
+    // Backtracking is bounded per search: a pattern that would take hours on some text (a
+    // hostile tokenizer.json's `(a|a)*b`) fails with an error instead. Real tokenizers' patterns
+    // take a few steps per character, far below either limit.
+    onig_set_retry_limit_in_match(10'000'000);
+    onig_set_retry_limit_in_search(100'000'000);
+  });
+}
+
 namespace {
 
 // The second byte of a sequence has a narrower range after these lead bytes (no overlongs, no
@@ -61,8 +78,9 @@ bool ascii_block(const char* p) {
 
 constexpr std::array<uint8_t, 128> make_ascii_classes() {
   std::array<uint8_t, 128> t{};
-  for (int c = 'a'; c <= 'z'; ++c) t[c] = kLetter;
-  for (int c = 'A'; c <= 'Z'; ++c) t[c] = kLetter;
+  for (int c = 0x21; c <= 0x7E; ++c) t[c] = kPunctSymbol;  // letters and digits overwritten
+  for (int c = 'a'; c <= 'z'; ++c) t[c] = kLetter | kLowerSet;
+  for (int c = 'A'; c <= 'Z'; ++c) t[c] = kLetter | kUpperSet;
   for (int c = '0'; c <= '9'; ++c) t[c] = kNumber;
   for (int c = 0x09; c <= 0x0D; ++c) t[c] = kSpace;
   t[' '] = kSpace;
@@ -72,26 +90,37 @@ constexpr std::array<uint8_t, 128> make_ascii_classes() {
 }
 constexpr std::array<uint8_t, 128> kAsciiClass = make_ascii_classes();
 
-uint8_t class_from_category(uint32_t cp) {
-  if (cp == 0x85) return kSpace;  // NEL: a control character that \s includes
-  switch (utf8proc_category(static_cast<utf8proc_int32_t>(cp))) {
-    case UTF8PROC_CATEGORY_LU:
-    case UTF8PROC_CATEGORY_LL:
-    case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_LO:
-      return kLetter;
-    case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_NO:
-      return kNumber;
-    case UTF8PROC_CATEGORY_ZS:
-    case UTF8PROC_CATEGORY_ZL:
-    case UTF8PROC_CATEGORY_ZP:
-      return kSpace;
-    default:
-      return 0;
-  }
+// Oniguruma's ctype of a Unicode property name (\p{Lu}, \p{M}, ...).
+OnigCtype property_ctype(const char* name) {
+  auto* p = reinterpret_cast<OnigUChar*>(const_cast<char*>(name));
+  const int ctype = ONIGENC_PROPERTY_NAME_TO_CTYPE(ONIG_ENCODING_UTF8, p, p + std::strlen(name));
+  if (ctype < 0) throw Error(fmt::format("Oniguruma does not know the property {}", name));
+  return static_cast<OnigCtype>(ctype);
+}
+
+// A character's classes from Oniguruma's own Unicode tables — the data the regex engine of HF
+// tokenizers matches \p{...} and \s with — so that the hand-written patterns and a regex run by
+// Oniguruma agree on every code point, including ones a Unicode version apart.
+uint8_t class_from_oniguruma(uint32_t cp) {
+  struct Ctypes {
+    OnigCtype lu, lt, ll, lm, lo, m, n, p, s;
+  };
+  static const Ctypes k = [] {
+    initialize_oniguruma();
+    return Ctypes{property_ctype("Lu"), property_ctype("Lt"), property_ctype("Ll"),
+                  property_ctype("Lm"), property_ctype("Lo"), property_ctype("M"),
+                  property_ctype("N"),  property_ctype("P"),  property_ctype("S")};
+  }();
+  auto is = [cp](OnigCtype t) { return ONIGENC_IS_CODE_CTYPE(ONIG_ENCODING_UTF8, cp, t) != 0; };
+  uint8_t c = 0;
+  if (is(ONIGENC_CTYPE_SPACE)) c |= kSpace;
+  if (is(k.lu) || is(k.lt)) c |= kLetter | kUpperSet;
+  if (is(k.ll)) c |= kLetter | kLowerSet;
+  if (is(k.lm) || is(k.lo)) c |= kLetter | kUpperSet | kLowerSet;
+  if (is(k.m)) c |= kMark | kUpperSet | kLowerSet;
+  if (is(k.n)) c |= kNumber;
+  if (is(k.p) || is(k.s)) c |= kPunctSymbol;
+  return c;
 }
 
 // The classes of the Basic Multilingual Plane, computed once (64 KiB): most text never leaves
@@ -100,7 +129,7 @@ const uint8_t* bmp_classes() {
   static const std::vector<uint8_t> table = [] {
     std::vector<uint8_t> t(0x10000);
     for (uint32_t cp = 0; cp < 0x10000; ++cp) {
-      t[cp] = cp < 0x80 ? kAsciiClass[cp] : class_from_category(cp);
+      t[cp] = cp < 0x80 ? kAsciiClass[cp] : class_from_oniguruma(cp);
     }
     return t;
   }();
@@ -282,12 +311,135 @@ size_t match_qwen2(std::string_view s, size_t i, int digit_group) {
   return match_spaces(s, i, true);
 }
 
+// Where a run of \r, \n (and '/' for o200k) ends: the `[\r\n]*` after a run of symbols.
+size_t skip_line_ends(std::string_view s, size_t j, bool slash) {
+  while (j < s.size() && (s[j] == '\r' || s[j] == '\n' || (slash && s[j] == '/'))) ++j;
+  return j;
+}
+
+// o200k's `[Lu Lt Lm Lo M]*[Ll Lm Lo M]+` at `j`: its end, or 0 when it does not match. The
+// greedy first run gives back characters until the second can start: the whole first run when
+// a lowercase-set character follows it (then that set's run), else up to the run's last
+// character that is in both sets.
+size_t upper_star_lower_plus(std::string_view s, size_t j) {
+  size_t k = j, last_lower_end = 0;
+  while (k < s.size()) {
+    const Char c = char_at(s, k);
+    if (!(c.cls & kUpperSet)) break;
+    k += c.len;
+    if (c.cls & kLowerSet) last_lower_end = k;
+  }
+  if (k < s.size()) {
+    const Char c = char_at(s, k);
+    if (c.cls & kLowerSet) return scan_class(s, k + c.len, kLowerSet);
+  }
+  return last_lower_end;
+}
+
+// o200k's `[Lu Lt Lm Lo M]+[Ll Lm Lo M]*` at `j`: its end, or 0.
+size_t upper_plus_lower_star(std::string_view s, size_t j) {
+  const size_t k = scan_class(s, j, kUpperSet);
+  return k == j ? 0 : scan_class(s, k, kLowerSet);
+}
+
+// One match of o200k's pattern (gpt-oss) at `i`:
+//   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|...)?
+//   |[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|...)?
+//   |\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// Each letter alternative tries its optional first character before going without it, as
+// Oniguruma backtracks; a mark may be that character or start the word itself.
+size_t match_o200k(std::string_view s, size_t i) {
+  const Char c0 = char_at(s, i);
+  const size_t i1 = i + c0.len;
+  const bool prefix = !(c0.cls & (kLetter | kNumber | kNewline)) && i1 < s.size();
+  size_t e = prefix ? upper_star_lower_plus(s, i1) : 0;
+  if (e == 0) e = upper_star_lower_plus(s, i);
+  if (e == 0 && prefix) e = upper_plus_lower_star(s, i1);
+  if (e == 0) e = upper_plus_lower_star(s, i);
+  if (e != 0) {
+    if (e < s.size() && s[e] == '\'') {
+      if (size_t c = contraction(s, e, true)) return c;
+    }
+    return e;
+  }
+  if (c0.cls & kNumber) {
+    size_t j = i1;
+    for (int k = 1; k < 3 && j < s.size(); ++k) {
+      const Char c = char_at(s, j);
+      if (!(c.cls & kNumber)) break;
+      j += c.len;
+    }
+    return j;
+  }
+  size_t k = i;
+  Char c = c0;
+  if (c0.cp == ' ' && i1 < s.size()) {
+    const Char c1 = char_at(s, i1);
+    if (is_other(c1.cls)) {
+      c = c1;
+      k = i1;
+    }
+  }
+  if (is_other(c.cls)) return skip_line_ends(s, scan_other(s, k + c.len), true);
+  return match_spaces(s, i, true);
+}
+
+// ASCII punctuation and symbols: the class `[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]`.
+inline bool ascii_punct(uint32_t cp) {
+  return cp < 0x80 && (kAsciiClass[cp] & kPunctSymbol) != 0;
+}
+inline bool ascii_letter(char ch) {
+  return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z');
+}
+
+// One match of DeepSeek-V3's main pattern at `i`, or `i` when none starts there:
+//   [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+
+//   | ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// Characters outside all of them (a digit or a control character before no letter, ZWJ
+// between emoji) are left to the gaps.
+size_t match_deepseek_v3(std::string_view s, size_t i) {
+  const Char c0 = char_at(s, i);
+  const size_t i1 = i + c0.len;
+  if (ascii_punct(c0.cp) && i1 < s.size() && ascii_letter(s[i1])) {
+    size_t j = i1 + 1;
+    while (j < s.size() && ascii_letter(s[j])) ++j;
+    return j;
+  }
+  constexpr uint8_t kLetterMark = kLetter | kMark;
+  if (!(c0.cls & (kLetter | kPunctSymbol | kNewline)) && i1 < s.size()) {
+    const Char c1 = char_at(s, i1);
+    if (c1.cls & kLetterMark) return scan_class(s, i1 + c1.len, kLetterMark);
+  }
+  if (c0.cls & kLetterMark) return scan_class(s, i1, kLetterMark);
+  size_t k = i;
+  Char c = c0;
+  if (c0.cp == ' ' && i1 < s.size()) {
+    const Char c1 = char_at(s, i1);
+    if (c1.cls & kPunctSymbol) {
+      c = c1;
+      k = i1;
+    }
+  }
+  if (c.cls & kPunctSymbol) {
+    return skip_line_ends(s, scan_class(s, k + c.len, kPunctSymbol), false);
+  }
+  if (c0.cls & kSpace) return match_spaces(s, i, true);
+  return i;
+}
+
 constexpr std::string_view kGpt2Regex =
     R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re";
 constexpr std::string_view kQwen2Regex =
     R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
 constexpr std::string_view kLlama3Regex =
     R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
+constexpr std::string_view kO200kRegex =
+    R"re([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
+// DeepSeek-V3's file writes \r and \n inside its classes as the characters themselves.
+constexpr std::string_view kDeepSeekV3Regex =
+    "[!\"#$%&'()*+,\\-./"
+    ":;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+    "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+";
 
 }  // namespace
 
@@ -378,7 +530,7 @@ void normalize(std::string_view s, NormalForm form, std::string& out) {
 
 uint8_t char_class(uint32_t cp) {
   if (cp < 0x10000) return bmp_classes()[cp];
-  return class_from_category(cp);
+  return class_from_oniguruma(cp);
 }
 
 bool is_word_char(uint32_t cp) {
@@ -406,6 +558,7 @@ std::optional<SplitPattern> known_split_pattern(std::string_view regex) {
   if (regex == kGpt2Regex) return SplitPattern::kGpt2;
   if (regex == kQwen2Regex) return SplitPattern::kQwen2;
   if (regex == kLlama3Regex) return SplitPattern::kLlama3;
+  if (regex == kO200kRegex) return SplitPattern::kO200k;
   return std::nullopt;
 }
 
@@ -417,6 +570,8 @@ std::string_view split_pattern_regex(SplitPattern p) {
       return kQwen2Regex;
     case SplitPattern::kLlama3:
       return kLlama3Regex;
+    case SplitPattern::kO200k:
+      return kO200kRegex;
   }
   return {};
 }
@@ -436,9 +591,43 @@ void split_with_pattern(SplitPattern p, std::string_view text, uint32_t offset,
       case SplitPattern::kLlama3:
         end = match_qwen2(text, i, 3);
         break;
+      case SplitPattern::kO200k:
+        end = match_o200k(text, i);
+        break;
     }
     out.emplace_back(offset + static_cast<uint32_t>(i), offset + static_cast<uint32_t>(end));
     i = end;
+  }
+}
+
+std::optional<GapPattern> known_gap_pattern(std::string_view regex) {
+  if (regex == kDeepSeekV3Regex) return GapPattern::kDeepSeekV3;
+  return std::nullopt;
+}
+
+std::string_view gap_pattern_regex(GapPattern p) {
+  switch (p) {
+    case GapPattern::kDeepSeekV3:
+      return kDeepSeekV3Regex;
+  }
+  return {};
+}
+
+void find_with_pattern(GapPattern p, std::string_view text, std::vector<Span>& out) {
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t end = i;
+    switch (p) {
+      case GapPattern::kDeepSeekV3:
+        end = match_deepseek_v3(text, i);
+        break;
+    }
+    if (end > i) {
+      out.emplace_back(static_cast<uint32_t>(i), static_cast<uint32_t>(end));
+      i = end;
+    } else {
+      i += char_at(text, i).len;
+    }
   }
 }
 

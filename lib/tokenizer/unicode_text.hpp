@@ -1,6 +1,7 @@
 // UTF-8 and Unicode pieces of the HF tokenizers: repairing ill-formed UTF-8, the normalization
 // forms (through libutf8proc), the character classes of the split patterns, and the split
-// patterns themselves (GPT-2, Qwen2, LLaMA-3), matched by hand instead of by a regex engine.
+// patterns themselves (GPT-2, Qwen2, LLaMA-3, o200k, DeepSeek-V3), matched by hand instead of by
+// a regex engine.
 //
 // Everything here is stateless and thread-safe. Text is UTF-8 in std::string_view; spans are
 // byte offsets.
@@ -56,9 +57,24 @@ enum class NormalForm { kNFC, kNFD, kNFKC, kNFKD };
 /// the rest goes through utf8proc.
 void normalize(std::string_view s, NormalForm form, std::string& out);
 
-/// Character classes as the split patterns see them (Oniguruma's Unicode semantics, which HF
-/// tokenizers use): \p{L}, \p{N}, \s (U+0009-000D, U+0085 and the Z* categories), and \r \n.
-enum CharClass : uint8_t { kLetter = 1, kNumber = 2, kSpace = 4, kNewline = 8 };
+/// Sets up Oniguruma (once per process; thread-safe): UTF-8, and the backtracking limits that
+/// stop a hostile regex.
+void initialize_oniguruma();
+
+/// Character classes as the split patterns see them, from Oniguruma's own Unicode tables (the
+/// engine and data HF tokenizers matches with): \p{L}, \p{N}, \s (White_Space), \r \n, and
+/// the sets o200k's (gpt-oss) and DeepSeek-V3's patterns name. A character has every bit whose
+/// set holds it.
+enum CharClass : uint8_t {
+  kLetter = 1,
+  kNumber = 2,
+  kSpace = 4,
+  kNewline = 8,
+  kUpperSet = 16,     ///< [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]
+  kLowerSet = 32,     ///< [\p{Ll}\p{Lm}\p{Lo}\p{M}]
+  kMark = 64,         ///< \p{M}
+  kPunctSymbol = 128  ///< \p{P} or \p{S}
+};
 uint8_t char_class(uint32_t cp);
 
 /// `\s` and `\w` of Rust's regex crate, used by added tokens' lstrip / rstrip / single_word.
@@ -69,11 +85,13 @@ inline bool is_space(uint32_t cp) {
 }
 bool is_word_char(uint32_t cp);
 
-/// The split patterns zerotrain knows, recognised by their exact regex string.
+/// The split patterns zerotrain knows, recognised by their exact regex string. Each tiles its
+/// text: every character is in a match.
 enum class SplitPattern {
   kGpt2,    ///< GPT-2's, also ByteLevel's built-in regex (use_regex: true)
   kQwen2,   ///< Qwen2's: case-insensitive contractions, digits one by one
   kLlama3,  ///< LLaMA-3's: as Qwen2's with digits in groups of up to three
+  kO200k,   ///< o200k's (gpt-oss): cased words with their contractions, digits by three
 };
 std::optional<SplitPattern> known_split_pattern(std::string_view regex);
 /// The regex string of a known pattern (for messages and docs).
@@ -83,5 +101,17 @@ std::string_view split_pattern_regex(SplitPattern p);
 /// character is part of exactly one match, so the spans tile `text` (HF's `Isolated` split).
 void split_with_pattern(SplitPattern p, std::string_view text, uint32_t offset,
                         std::vector<Span>& out);
+
+/// Known patterns whose matches leave gaps (characters no alternative matches at), matched by
+/// hand; a Split keeps the gaps as pieces of their own.
+enum class GapPattern {
+  kDeepSeekV3,  ///< DeepSeek-V3's main split (after its digit and CJK splits)
+};
+std::optional<GapPattern> known_gap_pattern(std::string_view regex);
+std::string_view gap_pattern_regex(GapPattern p);
+
+/// Appends the matches of `p` in `text` (leftmost, as Oniguruma searches) as spans relative to
+/// `text`.
+void find_with_pattern(GapPattern p, std::string_view text, std::vector<Span>& out);
 
 }  // namespace zt::text
