@@ -413,6 +413,33 @@ TEST_CASE("the mixtures' load-balancing loss matches transformers' where the fix
   }
 }
 
+TEST_CASE("a config.json leaving out keys at their class defaults is the model transformers reads",
+          "[model][parity]") {
+  // transformers 4.x writes a base key such as tie_word_embeddings only where it differs from a
+  // default (google/gemma-2-9b's config.json has none, nor its checkpoint an lm_head): without
+  // the key each family takes its config class's default, so the fixture's logits stay.
+  const std::pair<const char*, const char*> cases[] = {{"gemma2", "tie_word_embeddings"},
+                                                       {"gemma3_text", "tie_word_embeddings"}};
+  for (const auto& [name, key] : cases) {
+    INFO(name << " without " << key);
+    const std::string from = fixture(std::string("models/") + name);
+    const std::string dir = test::temp_dir("class_defaults");
+    for (const char* file : {"model.safetensors", "generation_config.json"}) {
+      std::filesystem::copy_file(from + "/" + file, dir + "/" + file);
+    }
+    std::ofstream(dir + "/config.json")
+        << without_keys(files::read_text(from + "/config.json"), {key});
+    ModelConfig c = load_model_config(dir);
+    auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
+    load_weights(*model, *checkpoint_source(dir));
+    SafetensorsFile expected(from + "/expected.safetensors");
+    const at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");
+    const at::Tensor real = mask.to(at::kBool);
+    CHECK(max_abs(model->logits(ids, mask).index({real}), expected.load("logits").index({real})) <
+          2e-5);
+  }
+}
+
 TEST_CASE("the same model loads from a sharded folder and from the 4.x config", "[model][parity]") {
   auto a = load_fixture_model("qwen2");
   ModelConfig c = load_model_config(fixture("models/qwen2/config_v4.json"));

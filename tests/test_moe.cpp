@@ -696,10 +696,13 @@ TEST_CASE("PEFT's adapters on the experts give PEFT's logits, loss and gradients
   // down_proj alone, and on GLM-4.5 target_modules ["k_proj", "down_proj"] as PEFT's conversion
   // for transformers 5 leaves them (down_proj moved to target_parameters: the experts', not the
   // dense layer's or the shared expert's).
-  const std::pair<const char*, const char*> cases[] = {{"experts_qwen3_moe", "qwen3_moe"},
-                                                       {"experts_mixtral_rslora", "mixtral"},
-                                                       {"experts_glm4_moe", "glm4_moe"},
-                                                       {"experts_gpt_oss", "gpt_oss"}};
+  const std::pair<const char*, const char*> cases[] = {
+      {"experts_qwen3_moe", "qwen3_moe"},
+      {"experts_mixtral_rslora", "mixtral"},
+      {"experts_glm4_moe", "glm4_moe"},
+      {"experts_gpt_oss", "gpt_oss"},
+      {"experts_qwen3_moe_all_linear", "qwen3_moe"},
+      {"experts_mixtral_w123", "mixtral"}};
   for (const auto& [name, family] : cases) {
     INFO("adapter " << name);
     const std::string dir = fixture(std::string("peft/") + name);

@@ -36,6 +36,9 @@ const Settings& settings_of(const ModelConfig& c) {
 void read(json::ObjectReader& r, ModelConfig& c, bool gemma3) {
   decoder::read_common(r, c, "gelu_pytorch_tanh");
   if (!r.has("head_dim")) c.head_dim = 256;  // Gemma's configs' default, not hidden / heads
+  // Gemma2Config's and Gemma3TextConfig's default, which transformers 4.x leaves out of the
+  // config.json it writes (google/gemma-2-9b's has no such key and no lm_head tensor).
+  if (!r.has("tie_word_embeddings")) c.tie_word_embeddings = true;
   if (auto act = r.string("hidden_activation"); act && *act != "gelu_pytorch_tanh") {
     r.fail_value("hidden_activation",
                  fmt::format("\"{}\" is not supported; Gemma uses gelu_pytorch_tanh", *act));
