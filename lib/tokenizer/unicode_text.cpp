@@ -2,9 +2,11 @@
 // matched by hand (see unicode_text.hpp).
 #include "tokenizer/unicode_text.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -98,29 +100,22 @@ OnigCtype property_ctype(const char* name) {
   return static_cast<OnigCtype>(ctype);
 }
 
-// A character's classes from Oniguruma's own Unicode tables — the data the regex engine of HF
-// tokenizers matches \p{...} and \s with — so that the hand-written patterns and a regex run by
-// Oniguruma agree on every code point, including ones a Unicode version apart.
-uint8_t class_from_oniguruma(uint32_t cp) {
-  struct Ctypes {
-    OnigCtype lu, lt, ll, lm, lo, m, n, p, s;
-  };
-  static const Ctypes k = [] {
-    initialize_oniguruma();
-    return Ctypes{property_ctype("Lu"), property_ctype("Lt"), property_ctype("Ll"),
-                  property_ctype("Lm"), property_ctype("Lo"), property_ctype("M"),
-                  property_ctype("N"),  property_ctype("P"),  property_ctype("S")};
-  }();
-  auto is = [cp](OnigCtype t) { return ONIGENC_IS_CODE_CTYPE(ONIG_ENCODING_UTF8, cp, t) != 0; };
-  uint8_t c = 0;
-  if (is(ONIGENC_CTYPE_SPACE)) c |= kSpace;
-  if (is(k.lu) || is(k.lt)) c |= kLetter | kUpperSet;
-  if (is(k.ll)) c |= kLetter | kLowerSet;
-  if (is(k.lm) || is(k.lo)) c |= kLetter | kUpperSet | kLowerSet;
-  if (is(k.m)) c |= kMark | kUpperSet | kLowerSet;
-  if (is(k.n)) c |= kNumber;
-  if (is(k.p) || is(k.s)) c |= kPunctSymbol;
-  return c;
+struct ClassRange {
+  uint32_t first, last;
+  uint8_t classes;
+};
+constexpr ClassRange kClassRanges[] = {
+#include "tokenizer/split_classes.inc"
+};
+
+// A character's classes from the generated ranges (Unicode 16.0, as HF tokenizers' Oniguruma).
+uint8_t class_from_ranges(uint32_t cp) {
+  const auto* end = std::end(kClassRanges);
+  const auto* it = std::upper_bound(std::begin(kClassRanges), end, cp,
+                                    [](uint32_t c, const ClassRange& r) { return c < r.first; });
+  if (it == std::begin(kClassRanges)) return 0;
+  --it;
+  return cp <= it->last ? it->classes : 0;
 }
 
 // The classes of the Basic Multilingual Plane, computed once (64 KiB): most text never leaves
@@ -128,8 +123,10 @@ uint8_t class_from_oniguruma(uint32_t cp) {
 const uint8_t* bmp_classes() {
   static const std::vector<uint8_t> table = [] {
     std::vector<uint8_t> t(0x10000);
-    for (uint32_t cp = 0; cp < 0x10000; ++cp) {
-      t[cp] = cp < 0x80 ? kAsciiClass[cp] : class_from_oniguruma(cp);
+    for (uint32_t cp = 0; cp < 0x80; ++cp) t[cp] = kAsciiClass[cp];
+    for (const ClassRange& r : kClassRanges) {
+      if (r.first >= 0x10000) break;
+      for (uint32_t cp = r.first; cp <= r.last && cp < 0x10000; ++cp) t[cp] = r.classes;
     }
     return t;
   }();
@@ -530,7 +527,30 @@ void normalize(std::string_view s, NormalForm form, std::string& out) {
 
 uint8_t char_class(uint32_t cp) {
   if (cp < 0x10000) return bmp_classes()[cp];
-  return class_from_oniguruma(cp);
+  return class_from_ranges(cp);
+}
+
+uint8_t oniguruma_char_class(uint32_t cp) {
+  struct Ctypes {
+    OnigCtype lu, lt, ll, lm, lo, m, n, p, s;
+  };
+  static const Ctypes k = [] {
+    initialize_oniguruma();
+    return Ctypes{property_ctype("Lu"), property_ctype("Lt"), property_ctype("Ll"),
+                  property_ctype("Lm"), property_ctype("Lo"), property_ctype("M"),
+                  property_ctype("N"),  property_ctype("P"),  property_ctype("S")};
+  }();
+  auto is = [cp](OnigCtype t) { return ONIGENC_IS_CODE_CTYPE(ONIG_ENCODING_UTF8, cp, t) != 0; };
+  if (cp < 0x80) return kAsciiClass[cp];
+  uint8_t c = 0;
+  if (is(ONIGENC_CTYPE_SPACE)) c |= kSpace;
+  if (is(k.lu) || is(k.lt)) c |= kLetter | kUpperSet;
+  if (is(k.ll)) c |= kLetter | kLowerSet;
+  if (is(k.lm) || is(k.lo)) c |= kLetter | kUpperSet | kLowerSet;
+  if (is(k.m)) c |= kMark | kUpperSet | kLowerSet;
+  if (is(k.n)) c |= kNumber;
+  if (is(k.p) || is(k.s)) c |= kPunctSymbol;
+  return c;
 }
 
 bool is_word_char(uint32_t cp) {

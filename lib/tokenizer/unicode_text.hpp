@@ -61,10 +61,10 @@ void normalize(std::string_view s, NormalForm form, std::string& out);
 /// stop a hostile regex.
 void initialize_oniguruma();
 
-/// Character classes as the split patterns see them, from Oniguruma's own Unicode tables (the
-/// engine and data HF tokenizers matches with): \p{L}, \p{N}, \s (White_Space), \r \n, and
-/// the sets o200k's (gpt-oss) and DeepSeek-V3's patterns name. A character has every bit whose
-/// set holds it.
+/// Character classes as the split patterns see them: \p{L}, \p{N}, \s (White_Space), \r \n,
+/// and the sets o200k's (gpt-oss) and DeepSeek-V3's patterns name. A character has every bit
+/// whose set holds it. The data is Unicode 16.0 from Oniguruma's property tables — what the
+/// Oniguruma that HF tokenizers bundles matches with (split_classes.inc, generated).
 enum CharClass : uint8_t {
   kLetter = 1,
   kNumber = 2,
@@ -76,6 +76,10 @@ enum CharClass : uint8_t {
   kPunctSymbol = 128  ///< \p{P} or \p{S}
 };
 uint8_t char_class(uint32_t cp);
+/// The same classes from the Oniguruma this program links (Debian 12's: Unicode 14.0), which
+/// runs the regexes no hand-written matcher takes; differs from char_class() only on characters
+/// assigned since.
+uint8_t oniguruma_char_class(uint32_t cp);
 
 /// `\s` and `\w` of Rust's regex crate, used by added tokens' lstrip / rstrip / single_word.
 /// `\w` is approximated by the general categories L*, M*, Nd, Nl, Pc plus ZWNJ / ZWJ (Rust adds
