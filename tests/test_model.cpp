@@ -416,19 +416,29 @@ TEST_CASE("the mixtures' load-balancing loss matches transformers' where the fix
 TEST_CASE("a config.json leaving out keys at their class defaults is the model transformers reads",
           "[model][parity]") {
   // transformers 4.x writes a base key such as tie_word_embeddings only where it differs from a
-  // default (google/gemma-2-9b's config.json has none, nor its checkpoint an lm_head): without
-  // the key each family takes its config class's default, so the fixture's logits stay.
-  const std::pair<const char*, const char*> cases[] = {{"gemma2", "tie_word_embeddings"},
-                                                       {"gemma3_text", "tie_word_embeddings"}};
-  for (const auto& [name, key] : cases) {
-    INFO(name << " without " << key);
+  // default (google/gemma-2-9b's config.json has none, nor its checkpoint an lm_head), and a
+  // sub-config (Gemma 3's text_config) only its members that differ: without the key each
+  // family takes its config class's default — Gemma 3's, Mixtral's and gpt-oss's own
+  // rope_theta among them — so where the fixture holds that default its logits stay.
+  struct Case {
+    const char* name;
+    const char* config;
+    const char* key;
+  };
+  const Case cases[] = {{"gemma2", "config.json", "tie_word_embeddings"},
+                        {"gemma3_text", "config.json", "tie_word_embeddings"},
+                        {"gemma3_text", "config_v4.json", "rope_theta"},
+                        {"mixtral", "config_v4.json", "rope_theta"},
+                        {"gpt_oss", "config_v4.json", "rope_theta"}};
+  for (const auto& [name, config, key] : cases) {
+    INFO(name << "/" << config << " without " << key);
     const std::string from = fixture(std::string("models/") + name);
     const std::string dir = test::temp_dir("class_defaults");
     for (const char* file : {"model.safetensors", "generation_config.json"}) {
       std::filesystem::copy_file(from + "/" + file, dir + "/" + file);
     }
     std::ofstream(dir + "/config.json")
-        << without_keys(files::read_text(from + "/config.json"), {key});
+        << without_keys(files::read_text(from + "/" + config), {key});
     ModelConfig c = load_model_config(dir);
     auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
     load_weights(*model, *checkpoint_source(dir));

@@ -34,6 +34,9 @@ const Settings& settings_of(const ModelConfig& c) {
 }  // namespace
 
 void read(json::ObjectReader& r, ModelConfig& c, bool gemma3) {
+  // Gemma2Config's / Gemma3TextConfig's defaults for keys a config.json leaves out.
+  c.max_position_embeddings = gemma3 ? 131072 : 8192;
+  if (gemma3) c.rope_theta = 1'000'000.0;
   decoder::read_common(r, c, "gelu_pytorch_tanh");
   if (!r.has("head_dim")) c.head_dim = 256;  // Gemma's configs' default, not hidden / heads
   // Gemma2Config's and Gemma3TextConfig's default, which transformers 4.x leaves out of the

@@ -35,6 +35,8 @@ void write_glm_config(rapidjson::Document& doc, const ModelConfig& c, const char
 namespace {
 
 void read(json::ObjectReader& r, ModelConfig& c) {
+  c.rms_norm_eps = 1.5625e-7;  // GlmConfig's defaults for keys a config.json leaves out
+  c.max_position_embeddings = 131072;
   decoder::read_common(r, c);
   read_glm_switches(r, c);
 }

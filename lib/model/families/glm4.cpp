@@ -8,6 +8,8 @@ namespace zt::model {
 namespace {
 
 void read(json::ObjectReader& r, ModelConfig& c) {
+  c.rms_norm_eps = 1.5625e-7;  // Glm4Config's defaults for keys a config.json leaves out
+  c.max_position_embeddings = 131072;
   decoder::read_common(r, c);
   read_glm_switches(r, c);
   c.post_sublayer_norms = true;

@@ -18,6 +18,8 @@ namespace zt::model {
 namespace {
 
 void read(json::ObjectReader& r, ModelConfig& c) {
+  c.rms_norm_eps = 1e-5;  // Glm4MoeConfig's defaults for keys a config.json leaves out
+  c.max_position_embeddings = 131072;
   decoder::read_common(r, c);
   if (auto v = r.boolean("attention_bias")) c.qkv_bias = *v;  // o_proj has none
   decoder::read_partial_rotary(r, c, 0.5);

@@ -18,6 +18,9 @@ namespace {
 
 void read(json::ObjectReader& r, ModelConfig& c) {
   const bool rope_given = r.has("rope_parameters") || r.has("rope_scaling");
+  c.rope_theta = 150000.0;  // GptOssConfig's defaults for keys a config.json leaves out
+  c.rms_norm_eps = 1e-5;
+  c.max_position_embeddings = 131072;
   decoder::read_common(r, c);
   if (!rope_given) {  // transformers' default for gpt-oss
     c.rope_scaling.type = "yarn";

@@ -9,9 +9,14 @@ namespace zt::model {
 namespace {
 
 void read(json::ObjectReader& r, ModelConfig& c) {
+  c.max_position_embeddings = 131072;  // MistralConfig's default for a key left out
   decoder::read_common(r, c);
   decoder::read_projection_biases(r, c);
-  decoder::read_sliding_window(r, c);
+  if (r.has("sliding_window")) {
+    decoder::read_sliding_window(r, c);
+  } else {
+    c.sliding_window = 4096;  // MistralConfig's default (released configs write 4096 or null)
+  }
 }
 
 void write(rapidjson::Document& doc, const ModelConfig& c) {

@@ -14,6 +14,9 @@ namespace zt::model {
 namespace {
 
 void read(json::ObjectReader& r, ModelConfig& c) {
+  c.rope_theta = 1'000'000.0;  // MixtralConfig's defaults for keys a config.json leaves out
+  c.rms_norm_eps = 1e-5;
+  c.max_position_embeddings = 131072;
   decoder::read_common(r, c);
   decoder::read_sliding_window(r, c);
   auto s = moe::read(r, c, "num_local_experts", "num_experts", 8, 2, c.intermediate_size);

@@ -11,6 +11,8 @@ namespace zt::model {
 namespace {
 
 void read(json::ObjectReader& r, ModelConfig& c) {
+  c.rms_norm_eps = 1e-5;  // Phi3Config's defaults for keys a config.json leaves out
+  c.max_position_embeddings = 4096;
   decoder::read_common(r, c);
   c.fused_gate_up = true;
   decoder::read_partial_rotary(r, c, 1.0);

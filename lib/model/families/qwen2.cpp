@@ -7,6 +7,7 @@ namespace zt::model {
 namespace {
 
 void read(json::ObjectReader& r, ModelConfig& c) {
+  c.max_position_embeddings = 32768;  // Qwen2Config's default for a key left out
   decoder::read_common(r, c);
   c.qkv_bias = true;
   decoder::read_qwen_sliding_window(r, c, "Qwen2");

@@ -14,6 +14,7 @@ namespace zt::model {
 namespace {
 
 void read(json::ObjectReader& r, ModelConfig& c) {
+  c.max_position_embeddings = 32768;  // Qwen3MoeConfig's default for a key left out
   decoder::read_common(r, c);
   decoder::read_projection_biases(r, c);
   decoder::read_qwen_sliding_window(r, c, "Qwen3-MoE");
