@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -18,6 +20,7 @@
 #include "model/blocks.hpp"
 #include "model/layers.hpp"
 #include "model/moe.hpp"
+#include "model/quantized_weights.hpp"
 #include "peft/fused_experts.hpp"
 #include "support/jobs.hpp"
 #include "support/messages.hpp"
@@ -1315,4 +1318,171 @@ TEST_CASE("gpt-oss's clamped SwiGLU: interleaved gate and up, clamped, (up + 1) 
       CHECK(y[r][j].item<double>() == Approx(want).epsilon(1e-5));
     }
   }
+}
+
+namespace {
+
+// An FP4 E2M1 code by its definition (OCP Microscaling formats): sign bit 3, a 2-bit exponent
+// with bias 1 (0: subnormal, 0.5 · m), a 1-bit mantissa.
+double e2m1(int code) {
+  const int exponent = (code >> 1) & 3, mantissa = code & 1;
+  const double magnitude =
+      exponent == 0 ? 0.5 * mantissa : std::ldexp(1.0 + 0.5 * mantissa, exponent - 1);
+  return (code & 8) ? -magnitude : magnitude;
+}
+
+// The dequantized [E, in, out] experts' tensor of `blocks` [E, out, G, 16] and `scales` [E, out,
+// G], element by element: element (e, i, o) is the (i mod 32)-th code of group i / 32 of row o,
+// the low nibble of a byte first, times 2^(scale − 127).
+at::Tensor mxfp4_by_definition(const at::Tensor& blocks, const at::Tensor& scales) {
+  const int64_t experts = blocks.size(0), rows = blocks.size(1), groups = blocks.size(2);
+  at::Tensor out = at::empty({experts, groups * 32, rows}, at::kDouble);
+  auto b = blocks.accessor<uint8_t, 4>();
+  auto s = scales.accessor<uint8_t, 3>();
+  auto o = out.accessor<double, 3>();
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t i = 0; i < groups * 32; ++i) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t byte = b[e][r][i / 32][(i % 32) / 2];
+        const int code = i % 2 == 0 ? byte & 0x0F : byte >> 4;
+        o[e][i][r] = std::ldexp(e2m1(code), static_cast<int>(s[e][r][i / 32]) - 127);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("gpt-oss as released: MXFP4 experts read as transformers dequantizes them",
+          "[model][moe]") {
+  // Every byte under exponents from the smallest to the largest finite one, against the
+  // definition of E2M1 and E8M0.
+  {
+    at::Tensor blocks = at::arange(256, at::kInt).to(at::kByte).view({1, 16, 16});
+    at::Tensor scales =
+        at::tensor({0, 1, 100, 126, 127, 128, 140, 200, 254, 120, 121, 122, 123, 124, 125, 129},
+                   at::kInt)
+            .to(at::kByte)
+            .view({1, 16});
+    const at::Tensor got =
+        model::dequantize_mxfp4(blocks.view({1, 16, 1, 16}), scales.view({1, 16, 1}));
+    const at::Tensor want =
+        mxfp4_by_definition(blocks.view({1, 16, 1, 16}), scales.view({1, 16, 1}));
+    // In fp32, as transformers' bf16: 6 · 2^127 overflows to infinity in both.
+    CHECK(at::equal(got.view({16, 32}).t(), want.view({32, 16}).to(at::kFloat)));
+  }
+  // A gpt-oss folder as released: config.json with quantization_config mxfp4, the experts as
+  // _blocks / _scales, everything else as the fixture has it.
+  const std::string from = fixture("models/gpt_oss");
+  const std::string dir = test::temp_dir("mxfp4");
+  rapidjson::Document config;
+  config.Parse(files::read_text(from + "/config.json").c_str());
+  rapidjson::Document q(&config.GetAllocator());
+  q.Parse(R"({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
+      "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]})");
+  config.AddMember("quantization_config", q, config.GetAllocator());
+  files::write_atomic(dir + "/config.json", json::dump(config));
+  SafetensorsFile dense(from + "/model.safetensors");
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  std::map<std::string, at::Tensor> want;
+  at::manual_seed(3);
+  for (const std::string& name : dense.names()) {
+    auto ends = [&](const std::string& tail) {
+      return name.size() >= tail.size() &&
+             name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    const bool experts = ends(".experts.gate_up_proj") || ends(".experts.down_proj");
+    if (!experts) {
+      tensors.emplace_back(name, dense.load(name));
+      continue;
+    }
+    const std::vector<int64_t> shape = dense.info(name).shape;  // [E, in, out]
+    const at::Tensor blocks =
+        at::randint(0, 256, {shape[0], shape[2], shape[1] / 32, 16}, at::kInt).to(at::kByte);
+    const at::Tensor scales =
+        at::randint(118, 130, {shape[0], shape[2], shape[1] / 32}, at::kInt).to(at::kByte);
+    tensors.emplace_back(name + "_blocks", blocks);
+    tensors.emplace_back(name + "_scales", scales);
+    want[name] = mxfp4_by_definition(blocks, scales);
+  }
+  REQUIRE(want.size() == 4);  // two layers' gate_up_proj and down_proj
+  save_safetensors(dir + "/model.safetensors", tensors);
+
+  ModelConfig c = load_model_config(dir);
+  auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
+  load_weights(*model, *checkpoint_source(dir));
+  CHECK_NOTHROW(check_checkpoint(*model, dir));
+  const auto params = model->named_parameters();
+  for (const auto& [name, values] : want) {
+    INFO(name);
+    CHECK(at::equal(params[name].to(at::kDouble), values));
+  }
+  // A slice that starts inside one expert and ends inside the next (ZeRO-3 reads slices).
+  {
+    const std::string name = want.begin()->first;
+    const at::Tensor& whole = want.begin()->second;
+    const int64_t per_expert = whole.size(1) * whole.size(2);
+    at::Tensor slice = at::empty({per_expert}, at::kFloat);
+    checkpoint_source(dir)->read(name, whole.sizes().vec(), per_expert / 2, slice);
+    CHECK(at::equal(slice.to(at::kDouble), whole.view({-1}).narrow(0, per_expert / 2, per_expert)));
+  }
+  // The model is the full-precision one with those experts: the same logits.
+  {
+    auto reference = family_model("gpt_oss");
+    at::NoGradGuard no_grad;
+    for (auto& p : reference->named_parameters()) {
+      if (want.count(p.key()) != 0) p.value().copy_(want[p.key()]);
+    }
+    const at::Tensor ids = at::randint(0, c.vocab_size, {2, 12}, at::kLong);
+    CHECK(at::equal(model->logits(ids), reference->logits(ids)));
+  }
+  // Written back as floating-point weights: no quantization_config.
+  CHECK_THAT(model_config_json(c), !Catch::Contains("quantization_config"));
+
+  // Bad input, by class: a part missing, a part of another dtype or shape, another method.
+  auto damaged =
+      [&](const std::string& tag,
+          const std::function<void(std::vector<std::pair<std::string, at::Tensor>>&)>& edit) {
+        const std::string d = test::temp_dir(tag);
+        files::write_atomic(d + "/config.json", json::dump(config));
+        std::vector<std::pair<std::string, at::Tensor>> t = tensors;
+        edit(t);
+        save_safetensors(d + "/model.safetensors", t);
+        ModelConfig dc = load_model_config(d);
+        auto m = std::make_shared<CausalLM>(dc, at::TensorOptions(), false);
+        std::string message;
+        try {
+          load_weights(*m, *checkpoint_source(d));
+        } catch (const IoError& e) {
+          message = e.what();
+        }
+        return message;
+      };
+  const std::string first = want.begin()->first;
+  CHECK_THAT(
+      damaged("mxfp4_missing",
+              [&](auto& t) {
+                t.erase(std::remove_if(t.begin(), t.end(),
+                                       [&](const auto& x) { return x.first == first + "_scales"; }),
+                        t.end());
+              }),
+      Catch::Contains(first + "_scales") && Catch::Contains("lacks"));
+  CHECK_THAT(damaged("mxfp4_dtype",
+                     [&](auto& t) {
+                       for (auto& x : t)
+                         if (x.first == first + "_blocks") x.second = x.second.to(at::kFloat);
+                     }),
+             Catch::Contains(first + "_blocks") && Catch::Contains("U8"));
+  CHECK_THAT(damaged("mxfp4_shape",
+                     [&](auto& t) {
+                       for (auto& x : t)
+                         if (x.first == first + "_scales") x.second = x.second.narrow(1, 0, 1).contiguous();
+                     }),
+             Catch::Contains(first + "_scales") && Catch::Contains("shape"));
+  rapidjson::Document other;
+  other.CopyFrom(config, other.GetAllocator());
+  other["quantization_config"]["quant_method"].SetString("fp8");
+  CHECK_THROWS_WITH(parse_model_config(json::dump(other)),
+                    Catch::Contains("quant_method") && Catch::Contains("fp8"));
 }

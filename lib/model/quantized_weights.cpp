@@ -286,6 +286,8 @@ std::optional<QuantizationConfig> saved_quantization(const ModelConfig& config) 
   }
   json::ObjectReader q(doc["quantization_config"], "quantization_config", source);
   const std::string method = q.string("quant_method").value_or("bitsandbytes");
+  // gpt-oss's MXFP4 experts are dequantized while they load (its family reads the config).
+  if (method == "mxfp4" && config.model_type == "gpt_oss") return std::nullopt;
   if (method != "bitsandbytes" || !q.boolean("load_in_4bit").value_or(false)) {
     throw ConfigError(fmt::format(
         "{}: quantization_config is {}{}; zerotrain reads bitsandbytes' 4-bit models only — give "

@@ -17,6 +17,12 @@
 
 namespace zt::model {
 
+/// gpt-oss's MXFP4: `blocks` uint8 [..., G, 16] (32 FP4 E2M1 codes per group, the low nibble
+/// first) and `scales` uint8 [..., G] (E8M0 exponents biased by 127) as fp32 [..., 32 G]:
+/// code × 2^(scale − 127), as transformers' convert_moe_packed_tensors computes it (exact in
+/// bf16 too). The checkpoint reader dequantizes the released experts with it. Thread-safe.
+at::Tensor dequantize_mxfp4(const at::Tensor& blocks, const at::Tensor& scales);
+
 /// The 4-bit weights of `model` by parameter name ("model.layers.0.self_attn.q_proj.weight"):
 /// the storage each Linear with a quantized base registers as its weight, and its layout.
 std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized_weights(

@@ -1,5 +1,6 @@
 // Where parameter values come from: checkpoints (read per slice) and seeded random init.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -7,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -153,11 +155,99 @@ std::vector<std::string> checked_pieces(const SafetensorsCheckpoint& ckpt, const
   return names;
 }
 
+// gpt-oss as released (quantization_config quant_method "mxfp4"): each experts' tensor
+// `P.experts.{gate_up,down}_proj` [E, in, out] is stored as `<name>_blocks` (uint8 [E, out,
+// G, 16]: 32 FP4 E2M1 codes per group, the low nibble first) and `<name>_scales` (uint8 [E,
+// out, G]: the group's E8M0 exponent, biased by 127), with in = 32 G — what transformers'
+// Mxfp4Config(dequantize=True) turns into bf16 (convert_moe_packed_tensors). Values are
+// code × 2^(scale - 127), exact in bf16 and fp32.
+struct Mxfp4Parts {
+  std::string blocks, scales;
+};
+
+std::optional<Mxfp4Parts> mxfp4_parts(const SafetensorsCheckpoint& ckpt, const std::string& name) {
+  if (!ends_with(name, ".experts.gate_up_proj") && !ends_with(name, ".experts.down_proj")) {
+    return std::nullopt;
+  }
+  Mxfp4Parts p{name + "_blocks", name + "_scales"};
+  if (!ckpt.contains(p.blocks) && !ckpt.contains(p.scales)) return std::nullopt;
+  return p;
+}
+
+// Both parts there, uint8, and of the shapes an experts' tensor of `shape` [E, in, out] needs.
+void check_mxfp4(const SafetensorsCheckpoint& ckpt, const std::string& name, const Mxfp4Parts& p,
+                 const std::vector<int64_t>& shape) {
+  for (const std::string* part : {&p.blocks, &p.scales}) {
+    if (!ckpt.contains(*part)) {
+      throw IoError(
+          fmt::format("checkpoint '{}' lacks tensor '{}', which MXFP4 '{}' needs beside "
+                      "'{}'",
+                      ckpt.path(), *part, name, part == &p.blocks ? p.scales : p.blocks));
+    }
+    if (ckpt.info(*part).dtype != at::kByte) {
+      throw IoError(fmt::format("checkpoint '{}': tensor '{}' is {}, but MXFP4 parts are U8",
+                                ckpt.path(), *part, ckpt.info(*part).dtype_name));
+    }
+  }
+  if (shape.size() != 3 || shape[1] % 32 != 0) {
+    throw IoError(
+        fmt::format("checkpoint '{}': '{}' is MXFP4, which packs rows of 32 values, but "
+                    "the model's tensor has shape [{}]",
+                    ckpt.path(), name, fmt::join(shape, ", ")));
+  }
+  const std::vector<int64_t> blocks{shape[0], shape[2], shape[1] / 32, 16};
+  const std::vector<int64_t> scales{shape[0], shape[2], shape[1] / 32};
+  for (const auto& [part, want] : {std::pair{&p.blocks, &blocks}, std::pair{&p.scales, &scales}}) {
+    if (ckpt.info(*part).shape != *want) {
+      throw IoError(
+          fmt::format("checkpoint '{}': tensor '{}' has shape [{}] but the model's "
+                      "config needs [{}] for '{}' [{}]",
+                      ckpt.path(), *part, fmt::join(ckpt.info(*part).shape, ", "),
+                      fmt::join(*want, ", "), name, fmt::join(shape, ", ")));
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor model::dequantize_mxfp4(const at::Tensor& blocks, const at::Tensor& scales) {
+  static constexpr float kCodes[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                       -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  const at::Tensor b = blocks.to(at::kByte).contiguous();
+  const at::Tensor e = scales.to(at::kByte).contiguous();
+  if (b.dim() < 2 || b.size(-1) != 16 || e.sizes() != b.sizes().slice(0, b.dim() - 1)) {
+    throw InvalidArgument(
+        fmt::format("MXFP4: blocks [{}] and scales [{}] are not [..., G, 16] and [..., G]",
+                    fmt::join(b.sizes(), ", "), fmt::join(e.sizes(), ", ")));
+  }
+  std::vector<int64_t> out_shape(b.sizes().begin(), b.sizes().end() - 2);
+  out_shape.push_back(b.size(-2) * 32);
+  at::Tensor out = at::empty(out_shape, at::TensorOptions().dtype(at::kFloat));
+  const uint8_t* code = b.data_ptr<uint8_t>();
+  const uint8_t* exponent = e.data_ptr<uint8_t>();
+  float* value = out.data_ptr<float>();
+  const int64_t groups = e.numel();
+  at::parallel_for(0, groups, 4096, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int power = static_cast<int>(exponent[g]) - 127;
+      for (int k = 0; k < 16; ++k) {
+        const uint8_t byte = code[g * 16 + k];
+        value[g * 32 + 2 * k] = std::ldexp(kCodes[byte & 0x0F], power);
+        value[g * 32 + 2 * k + 1] = std::ldexp(kCodes[byte >> 4], power);
+      }
+    }
+  });
+  return out;
+}
+
+namespace {
+
 class CheckpointSource final : public ParameterSource {
  public:
   explicit CheckpointSource(const std::string& path) : ckpt_(path) {}
   bool has(const std::string& name) const override {
-    return ckpt_.contains(stored_name(ckpt_, name)) || expert_pieces(ckpt_, name).has_value();
+    return ckpt_.contains(stored_name(ckpt_, name)) || expert_pieces(ckpt_, name).has_value() ||
+           mxfp4_parts(ckpt_, name).has_value();
   }
   void read(const std::string& model_name, const std::vector<int64_t>& shape, int64_t offset,
             const at::Tensor& out) override {
@@ -165,6 +255,11 @@ class CheckpointSource final : public ParameterSource {
     if (!ckpt_.contains(name)) {
       if (std::optional<ExpertPieces> p = expert_pieces(ckpt_, name)) {
         read_pieces(checked_pieces(ckpt_, name, *p, shape), offset, out);
+        return;
+      }
+      if (std::optional<Mxfp4Parts> p = mxfp4_parts(ckpt_, name)) {
+        check_mxfp4(ckpt_, name, *p, shape);
+        read_mxfp4(*p, shape, offset, out);
         return;
       }
       throw IoError(
@@ -192,6 +287,25 @@ class CheckpointSource final : public ParameterSource {
       const int64_t at = offset + done, piece = at / size, from = at % size;
       const int64_t n = std::min(size - from, flat.numel() - done);
       ckpt_.read_range(pieces[static_cast<size_t>(piece)], from, flat.narrow(0, done, n));
+      done += n;
+    }
+  }
+
+  // Elements [offset, offset + out.numel()) of the dequantized [E, in, out] tensor, one expert
+  // at a time (an expert's [in, out] is contiguous there; its parts are [out, G, 16], [out, G]).
+  void read_mxfp4(const Mxfp4Parts& p, const std::vector<int64_t>& shape, int64_t offset,
+                  const at::Tensor& out) {
+    const int64_t rows = shape[2], groups = shape[1] / 32, per_expert = shape[1] * shape[2];
+    at::Tensor flat = out.view({-1});
+    for (int64_t done = 0; done < flat.numel();) {
+      const int64_t at = offset + done, expert = at / per_expert, from = at % per_expert;
+      const int64_t n = std::min(per_expert - from, flat.numel() - done);
+      at::Tensor blocks = at::empty({rows, groups, 16}, at::TensorOptions().dtype(at::kByte));
+      at::Tensor scales = at::empty({rows, groups}, at::TensorOptions().dtype(at::kByte));
+      ckpt_.read_range(p.blocks, expert * rows * groups * 16, blocks);
+      ckpt_.read_range(p.scales, expert * rows * groups, scales);
+      const at::Tensor values = model::dequantize_mxfp4(blocks, scales).t().contiguous().view({-1});
+      flat.narrow(0, done, n).copy_(values.narrow(0, from, n));
       done += n;
     }
   }
@@ -321,6 +435,12 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
         for (std::string& piece : checked_pieces(ckpt, name, *p, expected)) {
           needed.insert(std::move(piece));
         }
+        continue;
+      }
+      if (std::optional<Mxfp4Parts> p = mxfp4_parts(ckpt, name)) {
+        check_mxfp4(ckpt, name, *p, expected);
+        needed.insert(p->blocks);
+        needed.insert(p->scales);
         continue;
       }
       throw IoError(

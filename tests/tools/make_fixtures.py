@@ -18,6 +18,8 @@ peft/       adapters PEFT creates on the tiny llama (LoRA, rsLoRA on all linear 
             with the logits and loss they give and PEFT's trainable-parameter counts.
 experts     LoRA on the MoE fixtures' fused expert tensors through PEFT's target_parameters
             (peft/experts_*), with the attention's target_modules.
+mxfp4       models/gpt_oss_mxfp4: gpt-oss's experts stored as released (MXFP4 blocks and
+            scales) and what transformers' Mxfp4Config(dequantize=True) makes of them.
 variants:   DoRA (llama; qwen2 all-linear with rsLoRA) and PiSSA (llama, with its pissa_init and
             pissa_converted folders) adapters PEFT made, with where they started, their logits,
             loss and one backward's gradients (peft/dora_*, peft/pissa_*).
@@ -840,9 +842,55 @@ def make_families():
             traceback.print_exc()
 
 
+def make_mxfp4():
+    """models/gpt_oss_mxfp4: the gpt_oss fixture as released models are stored — its experts as
+    random MXFP4 `_blocks` / `_scales` with quantization_config {"quant_method": "mxfp4"} — and
+    the logits transformers gives after loading it with Mxfp4Config(dequantize=True), plus the
+    experts it dequantized (the reference of zerotrain's reader)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, Mxfp4Config
+    src = os.path.join(OUT, "models", "gpt_oss")
+    if not os.path.isdir(src):
+        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "models",
+                           "gpt_oss")
+    d = os.path.join(OUT, "models", "gpt_oss_mxfp4")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"]}
+    write_json(os.path.join(d, "config.json"), config)
+    gen = torch.Generator().manual_seed(11)
+    tensors = {}
+    for name, t in load_file(os.path.join(src, "model.safetensors")).items():
+        if name.endswith(".experts.gate_up_proj") or name.endswith(".experts.down_proj"):
+            e, cols, rows = t.shape  # [E, in, out]
+            tensors[name + "_blocks"] = torch.randint(0, 256, (e, rows, cols // 32, 16),
+                                                      generator=gen, dtype=torch.uint8)
+            tensors[name + "_scales"] = torch.randint(118, 130, (e, rows, cols // 32),
+                                                      generator=gen, dtype=torch.uint8)
+        else:
+            tensors[name] = t.contiguous()
+    save_file(tensors, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    model = AutoModelForCausalLM.from_pretrained(
+        d, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.float32)
+    model = model.to("cpu").float().eval()
+    ids, mask, _ = inputs(config["vocab_size"])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    expected = {"input_ids": ids, "attention_mask": mask, "logits": logits}
+    for name, p in model.named_parameters():
+        if name.endswith(".experts.gate_up_proj") or name.endswith(".experts.down_proj"):
+            expected[name] = p.detach().float().contiguous()
+    save_file(expected, os.path.join(d, "expected.safetensors"))
+    print("mxfp4", {k: list(v.shape) for k, v in expected.items()}, flush=True)
+
+
 versions()
 for section, fn in (("models", make_models), ("families", make_families), ("peft", make_peft),
-                    ("variants", make_variants), ("experts", make_experts),
+                    ("variants", make_variants), ("experts", make_experts), ("mxfp4", make_mxfp4),
                     ("tokenizers", make_tokenizers),
                     ("tokenizer_models", make_tokenizer_models)):
     if section not in WHAT:

@@ -48,11 +48,17 @@ void read(json::ObjectReader& r, ModelConfig& c) {
   } else {
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) s->sliding.push_back((i + 1) % 2 != 0);
   }
-  if (const rapidjson::Value* q = r.find("quantization_config"); q != nullptr && !q->IsNull()) {
-    r.fail_value("quantization_config",
-                 "gpt-oss's MXFP4 experts are not read yet: load the model with transformers' "
-                 "Mxfp4Config(dequantize=True), save_pretrained it in bf16, and train from that "
-                 "folder");
+  // As released: the experts in MXFP4, read dequantized (as transformers' Mxfp4Config(
+  // dequantize=True), what LLaMA-Factory and TRL load gpt-oss with for training); the rest
+  // (modules_to_not_convert) in bf16. Any other quantization is refused by key.
+  if (std::optional<json::ObjectReader> q = r.object("quantization_config")) {
+    const std::optional<std::string> method = q->string("quant_method");
+    if (method != std::optional<std::string>("mxfp4")) {
+      q->fail_value("quant_method",
+                    fmt::format("{}: gpt-oss is read as released (MXFP4 experts) or in full "
+                                "precision; give the bf16 model",
+                                method.value_or("(none)")));
+    }
   }
   decoder::refuse_attention_dropout(r);
   r.known({"swiglu_limit"});
