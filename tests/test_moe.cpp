@@ -1477,7 +1477,8 @@ TEST_CASE("gpt-oss as released: MXFP4 experts read as transformers dequantizes t
   CHECK_THAT(damaged("mxfp4_shape",
                      [&](auto& t) {
                        for (auto& x : t)
-                         if (x.first == first + "_scales") x.second = x.second.narrow(1, 0, 1).contiguous();
+                         if (x.first == first + "_scales")
+                           x.second = x.second.narrow(1, 0, 1).contiguous();
                      }),
              Catch::Contains(first + "_scales") && Catch::Contains("shape"));
   rapidjson::Document other;

@@ -268,6 +268,38 @@ size_t match_gpt2(std::string_view s, size_t i) {
   return match_spaces(s, i, false);
 }
 
+// Where a run of \r, \n (and '/' for o200k) ends: the `[\r\n]*` after a run of symbols.
+size_t skip_line_ends(std::string_view s, size_t j, bool slash) {
+  while (j < s.size() && (s[j] == '\r' || s[j] == '\n' || (slash && s[j] == '/'))) ++j;
+  return j;
+}
+
+// `\p{N}{1,most}` where the number `c0` starts at `i`: its end.
+size_t numbers_up_to(std::string_view s, size_t i, const Char& c0, int most) {
+  size_t j = i + c0.len;
+  for (int k = 1; k < most && j < s.size(); ++k) {
+    const Char c = char_at(s, j);
+    if (!(c.cls & kNumber)) break;
+    j += c.len;
+  }
+  return j;
+}
+
+// ` ?[^\s\p{L}\p{N}]+[\r\n]*` (`[\r\n/]*` with `slash`) at `i`, whose character is `c0`: its
+// end, or 0 when it does not match there.
+size_t symbols_then_line_ends(std::string_view s, size_t i, const Char& c0, bool slash) {
+  size_t k = i;
+  Char c = c0;
+  if (c0.cp == ' ' && i + 1 < s.size()) {
+    const Char c1 = char_at(s, i + 1);
+    if (is_other(c1.cls)) {
+      c = c1;
+      k = i + 1;
+    }
+  }
+  return is_other(c.cls) ? skip_line_ends(s, scan_other(s, k + c.len), slash) : 0;
+}
+
 // One match of Qwen2's (`digit_group` 1) or LLaMA-3's (3) pattern at `i`:
 //   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,g}| ?[^\s\p{L}\p{N}]+[\r\n]*
 //   |\s*[\r\n]+|\s+(?!\S)|\s+
@@ -282,36 +314,9 @@ size_t match_qwen2(std::string_view s, size_t i, int digit_group) {
     const Char c1 = char_at(s, i1);
     if (c1.cls & kLetter) return scan_class(s, i1 + c1.len, kLetter);
   }
-  if (c0.cls & kNumber) {
-    size_t j = i1;
-    for (int k = 1; k < digit_group && j < s.size(); ++k) {
-      const Char c = char_at(s, j);
-      if (!(c.cls & kNumber)) break;
-      j += c.len;
-    }
-    return j;
-  }
-  size_t k = i;
-  Char c = c0;
-  if (c0.cp == ' ' && i1 < s.size()) {
-    const Char c1 = char_at(s, i1);
-    if (is_other(c1.cls)) {
-      c = c1;
-      k = i1;
-    }
-  }
-  if (is_other(c.cls)) {
-    size_t j = scan_other(s, k + c.len);
-    while (j < s.size() && (s[j] == '\r' || s[j] == '\n')) ++j;
-    return j;
-  }
+  if (c0.cls & kNumber) return numbers_up_to(s, i, c0, digit_group);
+  if (size_t e = symbols_then_line_ends(s, i, c0, false)) return e;
   return match_spaces(s, i, true);
-}
-
-// Where a run of \r, \n (and '/' for o200k) ends: the `[\r\n]*` after a run of symbols.
-size_t skip_line_ends(std::string_view s, size_t j, bool slash) {
-  while (j < s.size() && (s[j] == '\r' || s[j] == '\n' || (slash && s[j] == '/'))) ++j;
-  return j;
 }
 
 // o200k's `[Lu Lt Lm Lo M]*[Ll Lm Lo M]+` at `j`: its end, or 0 when it does not match. The
@@ -359,25 +364,8 @@ size_t match_o200k(std::string_view s, size_t i) {
     }
     return e;
   }
-  if (c0.cls & kNumber) {
-    size_t j = i1;
-    for (int k = 1; k < 3 && j < s.size(); ++k) {
-      const Char c = char_at(s, j);
-      if (!(c.cls & kNumber)) break;
-      j += c.len;
-    }
-    return j;
-  }
-  size_t k = i;
-  Char c = c0;
-  if (c0.cp == ' ' && i1 < s.size()) {
-    const Char c1 = char_at(s, i1);
-    if (is_other(c1.cls)) {
-      c = c1;
-      k = i1;
-    }
-  }
-  if (is_other(c.cls)) return skip_line_ends(s, scan_other(s, k + c.len), true);
+  if (c0.cls & kNumber) return numbers_up_to(s, i, c0, 3);
+  if (size_t e = symbols_then_line_ends(s, i, c0, true)) return e;
   return match_spaces(s, i, true);
 }
 
