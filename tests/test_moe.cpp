@@ -1487,3 +1487,100 @@ TEST_CASE("gpt-oss as released: MXFP4 experts read as transformers dequantizes t
   CHECK_THROWS_WITH(parse_model_config(json::dump(other)),
                     Catch::Contains("quant_method") && Catch::Contains("fp8"));
 }
+
+namespace {
+
+// `from`'s model folder with its experts' tensors stored as gpt-oss's are released: random
+// MXFP4 blocks and scales, quantization_config mxfp4 in config.json.
+void write_as_mxfp4(const std::string& from, const std::string& to, uint64_t seed) {
+  fs::create_directories(to);
+  rapidjson::Document config;
+  config.Parse(files::read_text(from + "/config.json").c_str());
+  rapidjson::Document q(&config.GetAllocator());
+  q.Parse(R"({"quant_method": "mxfp4"})");
+  config.AddMember("quantization_config", q, config.GetAllocator());
+  files::write_atomic(to + "/config.json", json::dump(config));
+  SafetensorsCheckpoint dense(from);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  for (const std::string& name : dense.names()) {
+    const bool experts =
+        name.find(".experts.") != std::string::npos && name.find("_bias") == std::string::npos;
+    if (!experts) {
+      tensors.emplace_back(name, dense.load(name));
+      continue;
+    }
+    const std::vector<int64_t> shape = dense.info(name).shape;  // [E, in, out]
+    tensors.emplace_back(name + "_blocks",
+                         at::randint(0, 256, {shape[0], shape[2], shape[1] / 32, 16}, gen,
+                                     at::TensorOptions().dtype(at::kInt))
+                             .to(at::kByte));
+    tensors.emplace_back(name + "_scales",
+                         at::randint(120, 127, {shape[0], shape[2], shape[1] / 32}, gen,
+                                     at::TensorOptions().dtype(at::kInt))
+                             .to(at::kByte));
+  }
+  save_safetensors(to + "/model.safetensors", tensors);
+}
+
+}  // namespace
+
+TEST_CASE("LoRA on gpt-oss's MXFP4 experts trains, also over a 4-bit base, and merges",
+          "[model][moe][peft][trainer]") {
+  // The seams of the released format: LoRA on the dequantized experts (and the attention),
+  // plain and with 4-bit projections; `zerotrain merge` writes floating-point experts and a
+  // config.json without quantization_config that reads back as the adapted model.
+  for (const bool four_bit : {false, true}) {
+    INFO("quantization_bit 4: " << four_bit);
+    const std::string dir = test::temp_dir(four_bit ? "mxfp4_qlora" : "mxfp4_lora");
+    test::write_data(dir, "train.jsonl", 16, 9);
+    rapidjson::Document config;
+    config.Parse(files::read_text(fixture("models/gpt_oss/config.json")).c_str());
+    config["vocab_size"].SetInt(300);
+    test::write_model_folder(dir + "/dense", json::dump(config), 31);
+    write_as_mxfp4(dir + "/dense", dir + "/base", 32);
+    std::vector<std::string> run{"--max_steps",
+                                 "3",
+                                 "--save_steps",
+                                 "3",
+                                 "--finetuning_type",
+                                 "lora",
+                                 "--lora_r",
+                                 "4",
+                                 "--lora_target",
+                                 "q_proj",
+                                 "--lora_target_parameters",
+                                 "experts.gate_up_proj,experts.down_proj"};
+    if (four_bit) run.insert(run.end(), {"--quantization_bit", "4"});
+    const std::vector<double> losses = train_on_base(dir, run);
+    REQUIRE(losses.size() == 3);
+    for (double l : losses) CHECK(std::isfinite(l));
+    MergeOptions options;
+    options.dtype = at::kFloat;
+    merge_checkpoint(dir + "/out", dir + "/merged", options);
+    const std::string merged_config = files::read_text(dir + "/merged/config.json");
+    CHECK(merged_config.find("quantization_config") == std::string::npos);
+    SafetensorsCheckpoint merged_file(dir + "/merged");
+    CHECK(merged_file.contains("model.layers.0.mlp.experts.gate_up_proj"));
+    CHECK_FALSE(merged_file.contains("model.layers.0.mlp.experts.gate_up_proj_blocks"));
+    const ModelConfig c = load_model_config(dir + "/base");
+    CausalLM with_adapter(c, at::TensorOptions(), false), merged(c, at::TensorOptions(), false),
+        plain(c, at::TensorOptions(), false);
+    load_weights(with_adapter, *checkpoint_source(dir + "/base"));
+    load_adapter(with_adapter, dir + "/out", false);
+    load_weights(merged, *checkpoint_source(dir + "/merged"));
+    load_weights(plain, *checkpoint_source(dir + "/base"));
+    at::NoGradGuard no_grad;
+    const auto merged_params = merged.named_parameters(), plain_params = plain.named_parameters();
+    for (const char* name :
+         {"model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"}) {
+      INFO(name);
+      CHECK(max_abs(merged_params[name], plain_params[name]) > 0);  // the adapter folded in
+    }
+    if (four_bit) continue;  // merged into the dequantized 4-bit projections, as PEFT merges
+    const at::Tensor ids = at::randint(3, 250, {2, 12}, at::kLong);
+    const at::Tensor want = with_adapter.logits(ids);
+    CHECK(max_abs(merged.logits(ids), want) < 1e-4);
+    CHECK(max_abs(plain.logits(ids), want) > 1e-4);
+  }
+}
