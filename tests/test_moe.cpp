@@ -1481,6 +1481,25 @@ TEST_CASE("gpt-oss as released: MXFP4 experts read as transformers dequantizes t
                            x.second = x.second.narrow(1, 0, 1).contiguous();
                      }),
              Catch::Contains(first + "_scales") && Catch::Contains("shape"));
+  // E8M0's NaN (255) whatever the codes, and 254 with codes of 6 (past fp32's range).
+  for (const std::pair<int, int>& bad : {std::pair{255, 0x77}, {254, 0x77}, {255, 0x00}}) {
+    const int scale = bad.first, code = bad.second;
+    INFO("scale " << scale << " codes " << code);
+    CHECK_THAT(damaged("mxfp4_range",
+                       [&](auto& t) {
+                         for (auto& x : t) {
+                           if (x.first == first + "_scales") {
+                             x.second = x.second.clone();
+                             x.second.view({-1})[3] = scale;
+                           }
+                           if (x.first == first + "_blocks") {  // that group's codes
+                             x.second = x.second.clone();
+                             x.second.view({-1, 16})[3].fill_(code);
+                           }
+                         }
+                       }),
+               Catch::Contains(first + "_scales") && Catch::Contains("out of range"));
+  }
   rapidjson::Document other;
   other.CopyFrom(config, other.GetAllocator());
   other["quantization_config"]["quant_method"].SetString("fp8");

@@ -305,6 +305,14 @@ class CheckpointSource final : public ParameterSource {
       ckpt_.read_range(p.blocks, expert * rows * groups * 16, blocks);
       ckpt_.read_range(p.scales, expert * rows * groups, scales);
       const at::Tensor values = model::dequantize_mxfp4(blocks, scales).t().contiguous().view({-1});
+      // E8M0's 255 is NaN, and 254 times a code of 2 or more overflows: transformers would
+      // give infinite weights; a clear error instead.
+      if (scales.max().item<int>() == 255 || !values.isfinite().all().item<bool>()) {
+        throw IoError(fmt::format(
+            "checkpoint '{}': '{}' of expert {} holds scales out of range (largest {}; E8M0 "
+            "255 is NaN, 254 overflows with codes of 2 or more): the values would not be finite",
+            ckpt_.path(), p.scales, expert, scales.max().item<int>()));
+      }
       flat.narrow(0, done, n).copy_(values.narrow(0, from, n));
       done += n;
     }
