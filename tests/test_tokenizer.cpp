@@ -679,8 +679,9 @@ TEST_CASE("Oniguruma splits the hand-written patterns' regexes into the same pie
         "  \n\n   x  \r\n"}) {
     texts.emplace_back(extra);
   }
-  for (text::SplitPattern p : {text::SplitPattern::kGpt2, text::SplitPattern::kQwen2,
-                               text::SplitPattern::kLlama3, text::SplitPattern::kO200k}) {
+  for (text::SplitPattern p :
+       {text::SplitPattern::kGpt2, text::SplitPattern::kQwen2, text::SplitPattern::kLlama3,
+        text::SplitPattern::kO200k, text::SplitPattern::kTekken}) {
     const std::string regex(text::split_pattern_regex(p));
     INFO(regex);
     const auto onig = text::Matcher::oniguruma(regex);
@@ -694,7 +695,7 @@ TEST_CASE("Oniguruma splits the hand-written patterns' regexes into the same pie
   }
 }
 
-TEST_CASE("o200k's and DeepSeek-V3's main patterns by hand find Oniguruma's matches",
+TEST_CASE("o200k's, Tekken's and DeepSeek-V3's main patterns by hand find Oniguruma's matches",
           "[tokenizer][split]") {
   // Random text over every class the two patterns name: each letter category (Lu, Ll, Lt, Lm,
   // Lo, astral ones too), the three mark categories, numbers of each kind, punctuation and
@@ -717,6 +718,7 @@ TEST_CASE("o200k's and DeepSeek-V3's main patterns by hand find Oniguruma's matc
       "\uff10"};
   std::vector<std::string> regexes{
       std::string(text::split_pattern_regex(text::SplitPattern::kO200k)),
+      std::string(text::split_pattern_regex(text::SplitPattern::kTekken)),
       std::string(text::gap_pattern_regex(text::GapPattern::kDeepSeekV3))};
   std::mt19937 rng(11);
   for (const std::string& regex : regexes) {

@@ -344,13 +344,14 @@ size_t upper_plus_lower_star(std::string_view s, size_t j) {
   return k == j ? 0 : scan_class(s, k, kLowerSet);
 }
 
-// One match of o200k's pattern (gpt-oss) at `i`:
+// One match of o200k's pattern (gpt-oss) at `i`, or of Mistral-Nemo's (Tekken) without
+// `contractions` and with `digit_group` 1:
 //   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|...)?
 //   |[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|...)?
 //   |\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
 // Each letter alternative tries its optional first character before going without it, as
 // Oniguruma backtracks; a mark may be that character or start the word itself.
-size_t match_o200k(std::string_view s, size_t i) {
+size_t match_cased_words(std::string_view s, size_t i, bool contractions, int digit_group) {
   const Char c0 = char_at(s, i);
   const size_t i1 = i + c0.len;
   const bool prefix = !(c0.cls & (kLetter | kNumber | kNewline)) && i1 < s.size();
@@ -359,12 +360,12 @@ size_t match_o200k(std::string_view s, size_t i) {
   if (e == 0 && prefix) e = upper_plus_lower_star(s, i1);
   if (e == 0) e = upper_plus_lower_star(s, i);
   if (e != 0) {
-    if (e < s.size() && s[e] == '\'') {
+    if (contractions && e < s.size() && s[e] == '\'') {
       if (size_t c = contraction(s, e, true)) return c;
     }
     return e;
   }
-  if (c0.cls & kNumber) return numbers_up_to(s, i, c0, 3);
+  if (c0.cls & kNumber) return numbers_up_to(s, i, c0, digit_group);
   if (size_t e = symbols_then_line_ends(s, i, c0, true)) return e;
   return match_spaces(s, i, true);
 }
@@ -420,6 +421,8 @@ constexpr std::string_view kLlama3Regex =
     R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
 constexpr std::string_view kO200kRegex =
     R"re([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
+constexpr std::string_view kTekkenRegex =
+    R"re([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
 // DeepSeek-V3's file writes \r and \n inside its classes as the characters themselves.
 constexpr std::string_view kDeepSeekV3Regex =
     "[!\"#$%&'()*+,\\-./"
@@ -567,6 +570,7 @@ std::optional<SplitPattern> known_split_pattern(std::string_view regex) {
   if (regex == kQwen2Regex) return SplitPattern::kQwen2;
   if (regex == kLlama3Regex) return SplitPattern::kLlama3;
   if (regex == kO200kRegex) return SplitPattern::kO200k;
+  if (regex == kTekkenRegex) return SplitPattern::kTekken;
   return std::nullopt;
 }
 
@@ -580,6 +584,8 @@ std::string_view split_pattern_regex(SplitPattern p) {
       return kLlama3Regex;
     case SplitPattern::kO200k:
       return kO200kRegex;
+    case SplitPattern::kTekken:
+      return kTekkenRegex;
   }
   return {};
 }
@@ -600,7 +606,10 @@ void split_with_pattern(SplitPattern p, std::string_view text, uint32_t offset,
         end = match_qwen2(text, i, 3);
         break;
       case SplitPattern::kO200k:
-        end = match_o200k(text, i);
+        end = match_cased_words(text, i, true, 3);
+        break;
+      case SplitPattern::kTekken:
+        end = match_cased_words(text, i, false, 1);
         break;
     }
     out.emplace_back(offset + static_cast<uint32_t>(i), offset + static_cast<uint32_t>(end));

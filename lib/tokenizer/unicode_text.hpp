@@ -1,7 +1,7 @@
 // UTF-8 and Unicode pieces of the HF tokenizers: repairing ill-formed UTF-8, the normalization
 // forms (through libutf8proc), the character classes of the split patterns, and the split
-// patterns themselves (GPT-2, Qwen2, LLaMA-3, o200k, DeepSeek-V3), matched by hand instead of by
-// a regex engine.
+// patterns themselves (GPT-2, Qwen2, LLaMA-3, o200k, Tekken, DeepSeek-V3), matched by hand instead
+// of by a regex engine.
 //
 // Everything here is stateless and thread-safe. Text is UTF-8 in std::string_view; spans are
 // byte offsets.
@@ -96,6 +96,7 @@ enum class SplitPattern {
   kQwen2,   ///< Qwen2's: case-insensitive contractions, digits one by one
   kLlama3,  ///< LLaMA-3's: as Qwen2's with digits in groups of up to three
   kO200k,   ///< o200k's (gpt-oss): cased words with their contractions, digits by three
+  kTekken,  ///< Mistral-Nemo's (Tekken): o200k's without contractions, digits one by one
 };
 std::optional<SplitPattern> known_split_pattern(std::string_view regex);
 /// The regex string of a known pattern (for messages and docs).
