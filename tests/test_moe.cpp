@@ -801,6 +801,29 @@ TEST_CASE("LoRA on the experts saves PEFT's keys, loads back, merges and turns o
   CHECK(max_abs(plain.logits(ids), adapted) < 1e-5);
 }
 
+namespace {
+
+// `zerotrain merge` of the run's output in `dir` (into `dir`/merged, fp32), and three models of
+// `c`: the base with the run's adapter, the merged folder, and the base alone.
+struct MergedRun {
+  std::shared_ptr<CausalLM> with_adapter, merged, plain;
+};
+MergedRun merge_run(const std::string& dir, const ModelConfig& c) {
+  MergeOptions options;
+  options.dtype = at::kFloat;
+  merge_checkpoint(dir + "/out", dir + "/merged", options);
+  MergedRun r{std::make_shared<CausalLM>(c, at::TensorOptions(), false),
+              std::make_shared<CausalLM>(c, at::TensorOptions(), false),
+              std::make_shared<CausalLM>(c, at::TensorOptions(), false)};
+  load_weights(*r.with_adapter, *checkpoint_source(dir + "/base"));
+  load_adapter(*r.with_adapter, dir + "/out", false);
+  load_weights(*r.merged, *checkpoint_source(dir + "/merged"));
+  load_weights(*r.plain, *checkpoint_source(dir + "/base"));
+  return r;
+}
+
+}  // namespace
+
 TEST_CASE("LoRA on the experts trains through the trainer, and its checkpoint merges",
           "[model][moe][peft][trainer]") {
   const std::string dir = test::temp_dir("moe_expert_lora");
@@ -824,20 +847,12 @@ TEST_CASE("LoRA on the experts trains through the trainer, and its checkpoint me
   CHECK(max_abs(adapter.load("base_model.model.model.layers.0.mlp.gate.weight"),
                 base_folder.load("model.layers.0.mlp.gate.weight")) > 0);
   // `zerotrain merge` of the run's output folds the expert adapters into the tensors.
-  MergeOptions options;
-  options.dtype = at::kFloat;
-  merge_checkpoint(dir + "/out", dir + "/merged", options);
-  CausalLM with_adapter(c, at::TensorOptions(), false), merged(c, at::TensorOptions(), false),
-      plain(c, at::TensorOptions(), false);
-  load_weights(with_adapter, *checkpoint_source(dir + "/base"));
-  load_adapter(with_adapter, dir + "/out", false);
-  load_weights(merged, *checkpoint_source(dir + "/merged"));
-  load_weights(plain, *checkpoint_source(dir + "/base"));
+  const MergedRun run = merge_run(dir, c);
   at::NoGradGuard no_grad;
   const at::Tensor ids = at::randint(3, 250, {2, 12}, at::kLong);
-  const at::Tensor want = with_adapter.logits(ids);
-  CHECK(max_abs(merged.logits(ids), want) < 1e-4);
-  CHECK(max_abs(plain.logits(ids), want) > 1e-4);
+  const at::Tensor want = run.with_adapter->logits(ids);
+  CHECK(max_abs(run.merged->logits(ids), want) < 1e-4);
+  CHECK(max_abs(run.plain->logits(ids), want) > 1e-4);
   SafetensorsCheckpoint base(dir + "/base"), out(dir + "/merged");
   CHECK(max_abs(base.load("model.layers.0.mlp.experts.down_proj"),
                 out.load("model.layers.0.mlp.experts.down_proj")) > 0);
@@ -1574,23 +1589,15 @@ TEST_CASE("LoRA on gpt-oss's MXFP4 experts trains, also over a 4-bit base, and m
     const std::vector<double> losses = train_on_base(dir, run);
     REQUIRE(losses.size() == 3);
     for (double l : losses) CHECK(std::isfinite(l));
-    MergeOptions options;
-    options.dtype = at::kFloat;
-    merge_checkpoint(dir + "/out", dir + "/merged", options);
+    const MergedRun merged = merge_run(dir, load_model_config(dir + "/base"));
     const std::string merged_config = files::read_text(dir + "/merged/config.json");
     CHECK(merged_config.find("quantization_config") == std::string::npos);
     SafetensorsCheckpoint merged_file(dir + "/merged");
     CHECK(merged_file.contains("model.layers.0.mlp.experts.gate_up_proj"));
     CHECK_FALSE(merged_file.contains("model.layers.0.mlp.experts.gate_up_proj_blocks"));
-    const ModelConfig c = load_model_config(dir + "/base");
-    CausalLM with_adapter(c, at::TensorOptions(), false), merged(c, at::TensorOptions(), false),
-        plain(c, at::TensorOptions(), false);
-    load_weights(with_adapter, *checkpoint_source(dir + "/base"));
-    load_adapter(with_adapter, dir + "/out", false);
-    load_weights(merged, *checkpoint_source(dir + "/merged"));
-    load_weights(plain, *checkpoint_source(dir + "/base"));
     at::NoGradGuard no_grad;
-    const auto merged_params = merged.named_parameters(), plain_params = plain.named_parameters();
+    const auto merged_params = merged.merged->named_parameters(),
+               plain_params = merged.plain->named_parameters();
     for (const char* name :
          {"model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"}) {
       INFO(name);
@@ -1598,8 +1605,8 @@ TEST_CASE("LoRA on gpt-oss's MXFP4 experts trains, also over a 4-bit base, and m
     }
     if (four_bit) continue;  // merged into the dequantized 4-bit projections, as PEFT merges
     const at::Tensor ids = at::randint(3, 250, {2, 12}, at::kLong);
-    const at::Tensor want = with_adapter.logits(ids);
-    CHECK(max_abs(merged.logits(ids), want) < 1e-4);
-    CHECK(max_abs(plain.logits(ids), want) > 1e-4);
+    const at::Tensor want = merged.with_adapter->logits(ids);
+    CHECK(max_abs(merged.merged->logits(ids), want) < 1e-4);
+    CHECK(max_abs(merged.plain->logits(ids), want) > 1e-4);
   }
 }
