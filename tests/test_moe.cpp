@@ -1497,7 +1497,8 @@ TEST_CASE("gpt-oss as released: MXFP4 experts read as transformers dequantizes t
                      }),
              Catch::Contains(first + "_scales") && Catch::Contains("shape"));
   // E8M0's NaN (255) whatever the codes, and 254 with codes of 6 (past fp32's range).
-  for (const std::pair<int, int>& bad : {std::pair{255, 0x77}, {254, 0x77}, {255, 0x00}}) {
+  for (const std::pair<int, int>& bad :
+       {std::pair{255, 0x77}, std::pair{254, 0x77}, std::pair{255, 0x00}}) {
     const int scale = bad.first, code = bad.second;
     INFO("scale " << scale << " codes " << code);
     CHECK_THAT(damaged("mxfp4_range",

@@ -366,7 +366,7 @@ size_t match_cased_words(std::string_view s, size_t i, bool contractions, int di
     return e;
   }
   if (c0.cls & kNumber) return numbers_up_to(s, i, c0, digit_group);
-  if (size_t e = symbols_then_line_ends(s, i, c0, true)) return e;
+  if (size_t end = symbols_then_line_ends(s, i, c0, true)) return end;
   return match_spaces(s, i, true);
 }
 
