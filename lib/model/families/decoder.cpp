@@ -361,6 +361,16 @@ rapidjson::Value rope_scaling_block(const RopeScaling& scaling, Alloc& alloc) {
   return p;
 }
 
+rapidjson::Value layer_types_value(int64_t layers, const std::function<bool(int64_t)>& sliding,
+                                   Alloc& alloc) {
+  rapidjson::Value types(rapidjson::kArrayType);
+  for (int64_t i = 0; i < layers; ++i) {
+    types.PushBack(rapidjson::Value(sliding(i) ? "sliding_attention" : "full_attention", alloc),
+                   alloc);
+  }
+  return types;
+}
+
 void write_token_ids(rapidjson::Document& doc, const ModelConfig& c) {
   Alloc& alloc = doc.GetAllocator();
   set_member(doc, "bos_token_id", token_value(c.bos_token_id), alloc);

@@ -3,6 +3,7 @@
 // the special token ids. Each family's file adds its own switches around these.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -44,6 +45,10 @@ void read_sliding_window(json::ObjectReader& r, ModelConfig& c);
 /// for "sliding_attention", false for "full_attention"; nullopt when absent or null. A list of
 /// another length or another type is refused naming the key.
 std::optional<std::vector<bool>> read_sliding_layers(json::ObjectReader& r, const ModelConfig& c);
+/// The `layer_types` list read_sliding_layers reads: per layer "sliding_attention" where
+/// `sliding(layer)`, else "full_attention".
+rapidjson::Value layer_types_value(int64_t layers, const std::function<bool(int64_t)>& sliding,
+                                   Alloc& alloc);
 /// `layer_types`, where a family that attends in full on every layer finds it (transformers 5
 /// writes it for Qwen2/3): one "full_attention" per layer; a list of another length, or a layer
 /// of another type, is refused naming the key.

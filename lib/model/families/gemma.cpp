@@ -161,15 +161,14 @@ void write(rapidjson::Document& doc, const ModelConfig& c, const char* architect
   put("final_logit_softcapping", cap(s.final_softcap));
   put("sliding_window", rapidjson::Value(s.window));
   put("attention_bias", rapidjson::Value(false));
-  rapidjson::Value types(rapidjson::kArrayType);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const bool sliding = static_cast<size_t>(i) < s.sliding.size()
-                             ? s.sliding[static_cast<size_t>(i)]
-                             : (i + 1) % 2 != 0;
-    types.PushBack(rapidjson::Value(sliding ? "sliding_attention" : "full_attention", alloc),
-                   alloc);
-  }
-  put("layer_types", std::move(types));
+  put("layer_types", decoder::layer_types_value(
+                         c.num_hidden_layers,
+                         [&](int64_t i) {
+                           return static_cast<size_t>(i) < s.sliding.size()
+                                      ? s.sliding[static_cast<size_t>(i)]
+                                      : (i + 1) % 2 != 0;
+                         },
+                         alloc));
   if (s.qk_norm) put("rope_local_base_freq", rapidjson::Value(s.local_theta));
   decoder::write_token_ids(doc, c);
 }

@@ -87,14 +87,15 @@ void write(rapidjson::Document& doc, const ModelConfig& c) {
   decoder::set_member(doc, "num_local_experts", rapidjson::Value(s.spec.experts), alloc);
   decoder::set_member(doc, "swiglu_limit", rapidjson::Value(7.0), alloc);
   decoder::set_member(doc, "sliding_window", rapidjson::Value(s.window), alloc);
-  rapidjson::Value types(rapidjson::kArrayType);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const bool sliding =
-        static_cast<size_t>(i) < s.sliding.size() && s.sliding[static_cast<size_t>(i)];
-    types.PushBack(rapidjson::Value(sliding ? "sliding_attention" : "full_attention", alloc),
-                   alloc);
-  }
-  decoder::set_member(doc, "layer_types", std::move(types), alloc);
+  decoder::set_member(doc, "layer_types",
+                      decoder::layer_types_value(
+                          c.num_hidden_layers,
+                          [&](int64_t i) {
+                            return static_cast<size_t>(i) < s.sliding.size() &&
+                                   s.sliding[static_cast<size_t>(i)];
+                          },
+                          alloc),
+                      alloc);
   moe::write(doc, s);
   decoder::write_token_ids(doc, c);
 }
