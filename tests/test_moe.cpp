@@ -1523,6 +1523,29 @@ TEST_CASE("gpt-oss as released: MXFP4 experts read as transformers dequantizes t
                     Catch::Contains("quant_method") && Catch::Contains("fp8"));
 }
 
+TEST_CASE("a gpt-oss MXFP4 folder made by transformers gives its dequantized experts and logits",
+          "[model][moe][parity]") {
+  // transformers 5.17 loaded this folder with Mxfp4Config(dequantize=True), as LLaMA-Factory and
+  // TRL load gpt-oss for training; expected.safetensors holds the experts it made and its logits.
+  const std::string dir = fixture("models/gpt_oss_mxfp4");
+  ModelConfig c = load_model_config(dir);
+  auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
+  load_weights(*model, *checkpoint_source(dir));
+  SafetensorsFile expected(dir + "/expected.safetensors");
+  const auto params = model->named_parameters();
+  int experts = 0;
+  for (const std::string& name : expected.names()) {
+    if (!params.contains(name)) continue;
+    INFO(name);
+    CHECK(at::equal(params[name], expected.load(name)));
+    ++experts;
+  }
+  CHECK(experts == 4);  // two layers' gate_up_proj and down_proj
+  const at::Tensor mask = expected.load("attention_mask");
+  const at::Tensor logits = model->logits(expected.load("input_ids"), mask);
+  CHECK(max_abs_real(logits, expected.load("logits"), mask) < 2e-5);
+}
+
 namespace {
 
 // `from`'s model folder with its experts' tensors stored as gpt-oss's are released: random
