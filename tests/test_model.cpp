@@ -204,7 +204,7 @@ TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
   CHECK_THAT(err(R"({"model_type": "gpt2", )" + base + "}"),
              Contains("model_type") && Contains("gpt2") &&
                  Contains("llama, qwen2, qwen3, qwen3_moe, mistral, mixtral, phi3, gemma2, "
-                          "gemma3_text, glm, glm4"));
+                          "gemma3_text, gemma3, glm, glm4"));
   CHECK_THAT(err(R"({"model_type": "llama"})"), Contains("vocab_size"));
   CHECK(err(R"({"model_type": "llama", "rope_scaling": {"type": "yarn", "factor": 4}, )" + base +
             "}") == "(accepted)");
@@ -325,6 +325,9 @@ TEST_CASE("logits, hidden states, loss and gradients match transformers", "[mode
   for (const char* name :
        {"llama", "llama_rope_llama3", "llama_rope_linear", "qwen2", "mistral", "glm", "glm4",
         "chatglm", "qwen3", "mistral_head_dim", "phi3", "gemma2", "gemma3_text",
+        // Gemma 3 as published: Gemma3ForConditionalGeneration with a SigLIP tower, in the
+        // layout transformers 5 saves (language_model.model.*), on text alone.
+        "gemma3",
         // RoPE scalings: yarn (Qwen3's; DeepSeek's members), dynamic NTK, LongRoPE short and long.
         "qwen3_rope_yarn", "llama_rope_yarn", "llama_rope_dynamic", "phi3_longrope",
         "phi3_longrope_long",

@@ -97,7 +97,7 @@ TEST_CASE("a family defined outside the library is one definition and one regist
         parse_model_config(twin_text, "twin.json"), ConfigError,
         test::Has({"twin.json", "model_type", "\"llama_twin\" is not supported",
                    "supported: llama, qwen2, qwen3, qwen3_moe, mistral, mixtral, phi3, "
-                   "gemma2, gemma3_text, glm, glm4, glm4_moe, gpt_oss, "
+                   "gemma2, gemma3_text, gemma3, glm, glm4, glm4_moe, gpt_oss, "
                    "chatglm"}));
     model::register_family(kTwin);
   }

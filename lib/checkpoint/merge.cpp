@@ -184,6 +184,11 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
       source_of.push_back({item.key(), g.first_row, g.rows});
     }
   }
+  // A multimodal folder's vision tower and projector, not trained: copied from the folder that
+  // holds them (the base, or a full fine-tune's checkpoint).
+  const auto kept_of = model::kept_parts_of(config, {base_dir, checkpoint_dir});
+  const std::vector<model::KeptPart>& kept = kept_of.first;
+  for (const model::KeptPart& p : kept) plan.push_back(TensorEntry{p.name, dtype, p.shape});
   std::map<std::string, std::vector<int64_t>> model_shape;
   for (const auto& item : shape_of.named_parameters(true))
     model_shape[item.key()] = item.value().sizes().vec();
@@ -225,7 +230,7 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
     held = value;
     return value;
   };
-  for (size_t i = 0; i < plan.size(); ++i) {
+  for (size_t i = 0; i < source_of.size(); ++i) {  // the model's tensors, then the kept parts
     const TensorEntry& e = plan[i];
     const Rows& from = source_of[i];
     at::Tensor value = model_tensor(from.name);
@@ -234,6 +239,13 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
     report.largest_tensor_bytes = std::max(report.largest_tensor_bytes, e.nbytes());
     ++report.tensors;
     report.peak_rss_anon_bytes = std::max(report.peak_rss_anon_bytes, rss_anon_bytes() - rss_start);
+  }
+  if (!kept.empty()) {
+    const SafetensorsCheckpoint from(kept_of.second);
+    for (const model::KeptPart& p : kept) {
+      writer.write(p.name, from.load(p.stored, dtype));
+      ++report.tensors;
+    }
   }
   report.files = writer.finish();
   ModelConfig out_config = to_glm ? conversion->config(config) : config;

@@ -179,8 +179,8 @@ CausalLM::CausalLM(const ModelConfig& config, at::TensorOptions options, bool al
   model::ParamFactory body_factory = factory;
   if (config_.quantization) body_factory.quantization = &*config_.quantization;
   const model::ModuleNames& names = model::family_of(config_).names;
-  impl_->body = register_module(
-      std::string(names.body),
+  impl_->body = register_path(
+      *this, names.body,
       std::make_shared<DecoderBody>(config_, model::decoder_spec(config_), body_factory));
   if (!config_.tie_word_embeddings) {
     auto head =

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -71,10 +72,40 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
                                            model::family_names()));
   }
   c.model_type = type;
-  family->read_config(r, c);
+  // A multimodal folder: its text decoder's config, every key left out at the text config
+  // class's default (as transformers' Gemma3TextConfig(**text_config) reads it).
+  rapidjson::Document text_doc(rapidjson::kObjectType);
+  std::optional<ObjectReader> text_reader;
+  if (const model::Multimodal* mm = family->multimodal) {
+    const std::string key(mm->text_config);
+    text_doc.Parse(mm->text_defaults.data(), mm->text_defaults.size());
+    const rapidjson::Value* given = r.find(key.c_str());
+    if (given != nullptr && !given->IsNull()) {
+      ObjectReader(*given, key, source);  // an object, without repeated keys
+      for (auto it = given->MemberBegin(); it != given->MemberEnd(); ++it) {
+        rapidjson::Value copy(it->value, text_doc.GetAllocator());
+        if (text_doc.HasMember(it->name)) {
+          text_doc[it->name] = copy;
+        } else {
+          text_doc.AddMember(rapidjson::Value(it->name, text_doc.GetAllocator()), copy,
+                             text_doc.GetAllocator());
+        }
+      }
+    }
+    text_reader.emplace(text_doc, key, source);
+    r.known({"vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index",
+             "image_token_index", "image_token_id", "boi_token_id", "eoi_token_id",
+             "initializer_range", "architectures", "transformers_version", "processor_class"});
+  }
+  ObjectReader& m = text_reader ? *text_reader : r;  // the decoder's members
+  family->read_config(m, c);
+  // transformers 5 ties a multimodal model's head by its top-level key (default true).
+  if (text_reader) {
+    if (auto v = r.boolean("tie_word_embeddings")) c.tie_word_embeddings = *v;
+  }
   // RoPE rotates pairs of dimensions: every family needs an even rotary width.
   if (const int64_t dim = c.rotary_dim(); dim < 2 || dim % 2 != 0) {
-    r.fail_value(r.has("head_dim") ? "head_dim" : "num_attention_heads",
+    m.fail_value(m.has("head_dim") ? "head_dim" : "num_attention_heads",
                  fmt::format("head_dim {} gives {} rotary dimensions; RoPE rotates pairs, so it "
                              "needs an even number of at least 2 (check hidden_size / "
                              "num_attention_heads or head_dim)",
@@ -87,7 +118,7 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
     for (auto [key, list] :
          {std::pair{"short_factor", &s.short_factor}, std::pair{"long_factor", &s.long_factor}}) {
       if (static_cast<int64_t>(list->size()) == rotary.rotary_dim / 2) continue;
-      r.fail_value(r.has("rope_parameters") ? "rope_parameters" : "rope_scaling",
+      m.fail_value(m.has("rope_parameters") ? "rope_parameters" : "rope_scaling",
                    fmt::format("{} has {} factors; LongRoPE needs one per rotated frequency: "
                                "{} (rotary_dim {} / 2, from head_dim {} × "
                                "partial_rotary_factor {})",
@@ -95,25 +126,26 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
                                c.head_dim, c.partial_rotary_factor));
     }
   }
-  if (auto d = r.string("dtype")) {
-    c.dtype = dtype_from_name(r, "dtype", *d);
-  } else if (auto td = r.string("torch_dtype")) {
-    c.dtype = dtype_from_name(r, "torch_dtype", *td);
+  // The dtype and token ids: the top level's, else (a multimodal folder) the decoder's.
+  ObjectReader& dtype_at = r.has("dtype") || r.has("torch_dtype") ? r : m;
+  if (auto d = dtype_at.string("dtype")) {
+    c.dtype = dtype_from_name(dtype_at, "dtype", *d);
+  } else if (auto td = dtype_at.string("torch_dtype")) {
+    c.dtype = dtype_from_name(dtype_at, "torch_dtype", *td);
   }
-  c.bos_token_id = first_token_id(r, "bos_token_id");
-  c.eos_token_id = first_token_id(r, "eos_token_id");
-  c.pad_token_id = first_token_id(r, "pad_token_id");
-  // An id beyond the embedding would fail deep inside LibTorch; old configs write -1 for none.
   for (auto [key, id] :
        {std::pair{"bos_token_id", &c.bos_token_id}, std::pair{"eos_token_id", &c.eos_token_id},
         std::pair{"pad_token_id", &c.pad_token_id}}) {
+    ObjectReader& at = r.has(key) ? r : m;
+    *id = first_token_id(at, key);
+    // An id beyond the embedding would fail deep inside LibTorch; old configs write -1 for none.
     if (*id && **id < 0) id->reset();
     if (*id && **id >= c.vocab_size) {
-      r.fail_value(key, fmt::format("{} is outside the vocabulary [0, {})", **id, c.vocab_size));
+      at.fail_value(key, fmt::format("{} is outside the vocabulary [0, {})", **id, c.vocab_size));
     }
   }
-  if (auto tp = r.integer("pretraining_tp", 1); tp && *tp != 1) {
-    r.fail_value("pretraining_tp",
+  if (auto tp = m.integer("pretraining_tp", 1); tp && *tp != 1) {
+    m.fail_value("pretraining_tp",
                  "tensor-parallel pretraining slices (pretraining_tp > 1) are "
                  "not supported");
   }
@@ -175,14 +207,22 @@ std::string model_config_json(const ModelConfig& c) {
   // The dtype is what zerotrain changes (the weights it writes); both spellings carry it.
   set_member(doc, "torch_dtype", rapidjson::Value(dtype_name(c.dtype), alloc), alloc);
   set_member(doc, "dtype", rapidjson::Value(dtype_name(c.dtype), alloc), alloc);
-  // RoPE in the spelling a line reads, added where the file had only the other's.
-  if (!doc.HasMember("rope_theta"))
-    set_member(doc, "rope_theta", rapidjson::Value(c.rope_theta), alloc);
-  if (!doc.HasMember("rope_scaling"))
-    set_member(doc, "rope_scaling", model::decoder::rope_scaling_block(c.rope_scaling, alloc),
+  // RoPE in the spelling a line reads, added where the file had only the other's: beside the
+  // decoder's other members (a multimodal folder's text_config).
+  rapidjson::Value* decoder = &doc;
+  if (const model::Multimodal* mm = family->multimodal) {
+    const std::string key(mm->text_config);
+    if (!doc.HasMember(key.c_str()) || !doc[key.c_str()].IsObject())
+      set_member(doc, key.c_str(), rapidjson::Value(rapidjson::kObjectType), alloc);
+    decoder = &doc[key.c_str()];
+  }
+  if (!decoder->HasMember("rope_theta"))
+    set_member(*decoder, "rope_theta", rapidjson::Value(c.rope_theta), alloc);
+  if (!decoder->HasMember("rope_scaling"))
+    set_member(*decoder, "rope_scaling", model::decoder::rope_scaling_block(c.rope_scaling, alloc),
                alloc);
-  if (!doc.HasMember("rope_parameters"))
-    set_member(doc, "rope_parameters", rope_parameters(*family, c, alloc), alloc);
+  if (!decoder->HasMember("rope_parameters"))
+    set_member(*decoder, "rope_parameters", rope_parameters(*family, c, alloc), alloc);
   return json::dump(doc, /*pretty=*/true);
 }
 

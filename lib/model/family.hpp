@@ -4,6 +4,7 @@
 // families/registry.cpp. docs/model.md shows how to add one.
 #pragma once
 
+#include <array>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,6 +42,21 @@ struct Conversion {
   std::vector<GlmTensorFrom> (*tensors)(const ModelConfig& c, const std::string& name);
 };
 
+/// A multimodal folder whose text decoder zerotrain trains, text alone (Gemma 3 4B / 12B / 27B,
+/// published only as Gemma3ForConditionalGeneration). Its config.json holds the decoder's config
+/// under `text_config`, which transformers 4.x writes as a diff against the text config class:
+/// `text_defaults` (that class's defaults, a JSON object) fills every key left out before the
+/// family reads it. The module tree is transformers' (ModuleNames::body
+/// "model.language_model"), so parameter and PEFT names are the ones transformers and PEFT use.
+/// The folder's other parts (`parts`, model-name prefixes: the vision tower, the projector) are
+/// not modelled: loading skips them, and every folder of whole weights zerotrain writes from
+/// such a model copies them from the base (weights.cpp, kept_parts).
+struct Multimodal {
+  std::string_view text_config = "text_config";
+  std::string_view text_defaults;
+  std::array<std::string_view, 2> parts;
+};
+
 /// A family's own reading of its config.json beyond ModelConfig's members
 /// (ModelConfig::family_settings): each family that needs one derives its own.
 struct FamilySettings {
@@ -57,7 +73,7 @@ struct Family {
   constexpr Family(std::string_view model_type, ReadConfig read_config, WriteConfig write_config,
                    Compose compose = nullptr, bool remote_code = false, ModuleNames names = {},
                    PrefixTuning prefix = {}, const Conversion* conversion = nullptr,
-                   RopeParameters rope_parameters = nullptr)
+                   RopeParameters rope_parameters = nullptr, const Multimodal* multimodal = nullptr)
       : model_type(model_type),
         read_config(read_config),
         write_config(write_config),
@@ -66,12 +82,14 @@ struct Family {
         names(names),
         prefix(prefix),
         conversion(conversion),
-        rope_parameters(rope_parameters) {}
+        rope_parameters(rope_parameters),
+        multimodal(multimodal) {}
 
   /// config.json's model_type.
   std::string_view model_type;
   /// Reads the family's config.json members into `c`, whose model_type is set: the sizes and
-  /// every switch of the family, refusing (through `r`) what the blocks cannot compute.
+  /// every switch of the family, refusing (through `r`) what the blocks cannot compute. A
+  /// multimodal family's `r` reads its text_config, completed with its defaults.
   ReadConfig read_config;
   /// Writes a whole config.json for `c` as the family's own code would save it (a model built
   /// from an inline config has no file to copy). The caller adds dtype and RoPE spellings.
@@ -92,7 +110,31 @@ struct Family {
   /// one per layer type); null: that one block. Written beside 4.x's spelling whenever a
   /// config.json is saved.
   RopeParameters rope_parameters;
+  /// A multimodal folder's text decoder (above), or null.
+  const Multimodal* multimodal;
 };
+
+/// Whether `stored`, a tensor of a folder of `c`'s family, belongs to a part of a multimodal
+/// folder that is not modelled (Multimodal::parts), in either layout transformers saves.
+bool is_kept_part(const ModelConfig& c, const std::string& stored);
+
+/// One tensor of such a part: its name in transformers' module tree (the name zerotrain writes),
+/// its name in the folder's files, and its shape.
+struct KeptPart {
+  std::string name, stored;
+  std::vector<int64_t> shape;
+};
+
+/// The tensors of `dir`'s files (a model folder of `c`'s family) that belong to the parts
+/// beside the text decoder; empty for a family that is not multimodal. Throws IoError for
+/// unreadable files.
+std::vector<KeptPart> kept_parts(const ModelConfig& c, const std::string& dir);
+
+/// kept_parts of the first of `dirs` (empty entries and folders without model weights skipped)
+/// that holds any, and that folder; ({}, "") when none does. Logs a warning when `c`'s family is
+/// multimodal and no folder holds its parts (what is written then lacks them).
+std::pair<std::vector<KeptPart>, std::string> kept_parts_of(const ModelConfig& c,
+                                                            const std::vector<std::string>& dirs);
 
 /// The family of `model_type`, or null.
 const Family* find_family(std::string_view model_type);

@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "model/families/moe.hpp"
+#include "model/family.hpp"
 #include "model/quantized_weights.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
@@ -62,10 +63,36 @@ bool is_recomputed_buffer(const std::string& name) {
          ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias");
 }
 
-// The name a checkpoint gives a parameter of the model: its own, or Mixtral's 4.x name of the
-// router (`block_sparse_moe.gate` for transformers 5's `mlp.gate`) where the file has that.
+// transformers' renaming of multimodal checkpoints saved in their original layout (Gemma 3 and
+// the LLaVA kin as published, and as transformers 5 saves them by default): the file's prefix,
+// then the module tree's.
+constexpr std::pair<std::string_view, std::string_view> kOriginalLayout[] = {
+    {"language_model.model.", "model.language_model."},
+    {"language_model.lm_head.", "lm_head."},
+    {"vision_tower.", "model.vision_tower."},
+    {"multi_modal_projector.", "model.multi_modal_projector."}};
+
+// `name` with its prefix turned from one layout to the other (`to_original`: module tree to
+// file), or nullopt where no prefix applies.
+std::optional<std::string> in_other_layout(const std::string& name, bool to_original) {
+  for (const auto& [original, tree] : kOriginalLayout) {
+    const std::string_view from = to_original ? tree : original;
+    if (name.compare(0, from.size(), from) == 0) {
+      return std::string(to_original ? original : tree) + name.substr(from.size());
+    }
+  }
+  return std::nullopt;
+}
+
+// The name a checkpoint gives a parameter of the model: its own; a multimodal folder's in its
+// original layout; or Mixtral's 4.x name of the router (`block_sparse_moe.gate` for transformers
+// 5's `mlp.gate`) where the file has that.
 std::string stored_name(const SafetensorsCheckpoint& ckpt, const std::string& name) {
   if (ckpt.contains(name)) return name;
+  if (std::optional<std::string> original = in_other_layout(name, /*to_original=*/true);
+      original && ckpt.contains(*original)) {
+    return *original;
+  }
   constexpr std::string_view kRouter = ".mlp.gate.weight";
   if (ends_with(name, kRouter)) {
     std::string old =
@@ -474,9 +501,14 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
   int64_t highest_layer = -1;
   // GLM-4.5's multi-token-prediction layers follow the decoder's; transformers skips them.
   const int64_t extra = model::moe::settings_of(config).extra_layers;
+  int64_t kept = 0;
   for (const std::string& name : ckpt.names()) {
     if (needed.count(name) != 0 || is_recomputed_buffer(name) ||
         model::is_quantization_part(name, quantized)) {
+      continue;
+    }
+    if (model::is_kept_part(config, name)) {
+      ++kept;
       continue;
     }
     if (std::optional<int64_t> layer = layer_of(name);
@@ -493,6 +525,13 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
         "config does not describe these weights; set num_hidden_layers {} (or give the folder "
         "whose config matches)",
         path, highest_layer, config.num_hidden_layers, highest_layer + 1));
+  }
+  if (kept > 0) {
+    log::info(
+        "checkpoint '{}': {} tensors of the parts beside the text decoder (vision tower, "
+        "projector) are not trained, and are copied as they are into every whole model written "
+        "from it",
+        path, kept);
   }
   std::vector<std::string> listed;
   for (const std::string& name : unused) {
@@ -530,11 +569,59 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
   }
 }
 
+namespace model {
+
+bool is_kept_part(const ModelConfig& c, const std::string& stored) {
+  const Multimodal* mm = family_of(c).multimodal;
+  if (mm == nullptr) return false;
+  const std::string name = in_other_layout(stored, /*to_original=*/false).value_or(stored);
+  return std::any_of(mm->parts.begin(), mm->parts.end(), [&](std::string_view part) {
+    return !part.empty() && name.compare(0, part.size(), part) == 0;
+  });
+}
+
+std::vector<KeptPart> kept_parts(const ModelConfig& c, const std::string& dir) {
+  std::vector<KeptPart> out;
+  if (family_of(c).multimodal == nullptr) return out;
+  const SafetensorsCheckpoint ckpt(dir);
+  for (const std::string& stored : ckpt.names()) {
+    if (!is_kept_part(c, stored)) continue;
+    out.push_back(KeptPart{in_other_layout(stored, /*to_original=*/false).value_or(stored), stored,
+                           ckpt.info(stored).shape});
+  }
+  return out;
+}
+
+std::pair<std::vector<KeptPart>, std::string> kept_parts_of(const ModelConfig& c,
+                                                            const std::vector<std::string>& dirs) {
+  const Multimodal* mm = family_of(c).multimodal;
+  if (mm == nullptr) return {};
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const std::string& dir : dirs) {
+    if (dir.empty() || (!fs::exists(fs::path(dir) / "model.safetensors", ec) &&
+                        !fs::exists(fs::path(dir) / "model.safetensors.index.json", ec))) {
+      continue;
+    }
+    std::vector<KeptPart> parts = kept_parts(c, dir);
+    if (!parts.empty()) return {std::move(parts), dir};
+  }
+  log::warn(
+      "model_type {}: no folder among [{}] holds the parts beside the text decoder ({}); the "
+      "model written has the text decoder alone",
+      c.model_type, fmt::join(dirs, ", "), fmt::join(mm->parts, ", "));
+  return {};
+}
+
+}  // namespace model
+
 int copy_model_companion_files(const std::string& from, const std::string& to) {
   namespace fs = std::filesystem;
   static const char* const kFiles[] = {
       "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
       "vocab.json", "merges.txt", "chat_template.jinja", "generation_config.json",
+      // a multimodal folder's processor (Gemma 3's), so what is written still reads images
+      "preprocessor_config.json", "processor_config.json", "chat_template.json",
       // ChatGLM2/3's remote code, which its config's auto_map
       // names (trust_remote_code loads the folder with it)
       "configuration_chatglm.py", "modeling_chatglm.py", "tokenization_chatglm.py",

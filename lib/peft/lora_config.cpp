@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "model/family.hpp"
 #include "peft/fused_experts.hpp"
 #include "peft/lora_targets.hpp"
 #include "peft/pissa.hpp"
@@ -64,6 +65,9 @@ std::set<std::string> condensed(const std::set<std::string>& targets,
 // expands the shorthand before saving, and reads "all-linear" only as a plain string, never
 // inside a list), and a list of 20 or more condensed to suffixes as PEFT condenses it.
 std::vector<std::string> saved_target_modules(CausalLM& model, const LoraOptions& o) {
+  // A multimodal model's decoder alone is modelled here: a short name ("q_proj") would also pick
+  // the vision tower's projections in PEFT, so its targets are written as the module paths.
+  if (model::family_of(model.config()).multimodal != nullptr) return peft::lora_targets(model, o);
   std::set<std::string> names;
   for (const std::string& t : o.target_modules) {
     if (t != "all-linear" && t != kAllLinearNames) names.insert(t);

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "model/family.hpp"
 #include "train/resume_check.hpp"
 #include "train/trainer_impl.hpp"
 #include "util/log.hpp"
@@ -51,13 +52,21 @@ void Trainer::Impl::write_user_files(
     c.dtype = dtype;
     files::write_atomic(dir + "/config.json", model_config_json(c) + "\n");
     if (available) {
+      // A multimodal folder's vision tower and projector, not trained: the base's, as they are.
+      const auto kept_of = model::kept_parts_of(c, {model_dir});
+      const std::vector<model::KeptPart>& kept = kept_of.first;
       SafetensorsStreamWriter writer(dir, [&] {
         std::vector<TensorEntry> plan;
         for (const auto& [name, value] : weights)
           plan.push_back(TensorEntry{name, dtype, value.sizes().vec()});
+        for (const model::KeptPart& p : kept) plan.push_back(TensorEntry{p.name, dtype, p.shape});
         return plan;
       }());
       for (const auto& [name, value] : weights) writer.write(name, value);
+      if (!kept.empty()) {
+        const SafetensorsCheckpoint from(kept_of.second);
+        for (const model::KeptPart& p : kept) writer.write(p.name, from.load(p.stored, dtype));
+      }
       writer.finish();
     }
   }

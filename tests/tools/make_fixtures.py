@@ -18,6 +18,8 @@ peft/       adapters PEFT creates on the tiny llama (LoRA, rsLoRA on all linear 
             with the logits and loss they give and PEFT's trainable-parameter counts.
 experts     LoRA on the MoE fixtures' fused expert tensors through PEFT's target_parameters
             (peft/experts_*), with the attention's target_modules.
+multimodal  models/gemma3, models/gemma3_new_names: Gemma 3 as published, with its vision tower
+            (model_type gemma3), and what transformers computes of text alone.
 mxfp4       models/gpt_oss_mxfp4: gpt-oss's experts stored as released (MXFP4 blocks and
             scales) and what transformers' Mxfp4Config(dequantize=True) makes of them.
 variants:   DoRA (llama; qwen2 all-linear with rsLoRA) and PiSSA (llama, with its pissa_init and
@@ -888,9 +890,72 @@ def make_mxfp4():
     print("mxfp4", {k: list(v.shape) for k, v in expected.items()}, flush=True)
 
 
+def make_multimodal():
+    """models/gemma3: a Gemma3ForConditionalGeneration (model_type gemma3, the only form Gemma 3
+    4B / 12B / 27B are published in) with a tiny SigLIP tower, saved as save_pretrained writes it
+    (text_config written as a diff against Gemma3TextConfig's defaults), and expected.safetensors
+    for text alone: logits, hidden states, loss and gradients in train mode (token_type_ids all
+    zero, as transformers 5 requires there), the decoder being Gemma 3's. models/gemma3_new_names:
+    the same weights under transformers' module names (model.language_model.*), as 4.52-4.57
+    saved them."""
+    from safetensors.torch import save_file
+    import transformers
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+    _, text = FAMILY_MODELS["gemma3_text"]
+    text = dict(text, model_type="gemma3_text")
+    vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64,
+                  num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14,
+                  vision_use_head=False)
+    cfg = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    cfg._attn_implementation = "eager"
+    cfg.text_config._attn_implementation = "eager"
+    torch.manual_seed(sum(map(ord, "gemma3")))
+    model = Gemma3ForConditionalGeneration(cfg).to(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif "vision_tower" in name or "multi_modal_projector" in name:
+                p.normal_(0.0, 0.02)
+    d = os.path.join(OUT, "models", "gemma3")
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    d2 = os.path.join(OUT, "models", "gemma3_new_names")
+    os.makedirs(d2, exist_ok=True)
+    try:
+        model.save_pretrained(d2, safe_serialization=True, save_original_format=False)
+    except TypeError:  # 4.x: its own names are the new ones
+        model.save_pretrained(d2, safe_serialization=True)
+    ids, mask, labels = inputs(text["vocab_size"])
+    model.train()
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, output_hidden_states=True,
+                token_type_ids=torch.zeros_like(ids))
+    out.loss.backward()
+    expected = {"input_ids": ids, "attention_mask": mask, "labels": labels,
+                "logits": out.logits.detach(), "loss": out.loss.detach().reshape(1)}
+    for i, h in enumerate(out.hidden_states):
+        expected[f"hidden_states.{i}"] = h.detach()
+    for pname, p in model.named_parameters():
+        if p.grad is not None and "language_model" in pname and any(
+                k in pname for k in ("embed_tokens", "layers.0.self_attn.q_proj",
+                                     "layers.1.mlp.down_proj", "layers.5.self_attn.k_norm",
+                                     "language_model.norm")):
+            expected["grad." + pname] = p.grad.detach().clone()
+    save_file({k: v.contiguous() for k, v in expected.items()},
+              os.path.join(d, "expected.safetensors"))
+    from safetensors import safe_open
+    for folder in (d, d2):
+        with safe_open(os.path.join(folder, "model.safetensors"), "pt") as f:
+            print("multimodal", folder, sorted(f.keys())[:4], "...", len(list(f.keys())), flush=True)
+    with open(os.path.join(d, "config.json")) as f:
+        print("multimodal config.json:", f.read(), flush=True)
+    print("multimodal loss", float(out.loss), transformers.__version__, flush=True)
+
+
 versions()
 for section, fn in (("models", make_models), ("families", make_families), ("peft", make_peft),
                     ("variants", make_variants), ("experts", make_experts), ("mxfp4", make_mxfp4),
+                    ("multimodal", make_multimodal),
                     ("tokenizers", make_tokenizers),
                     ("tokenizer_models", make_tokenizer_models)):
     if section not in WHAT:

@@ -1,0 +1,290 @@
+// Multimodal folders whose text decoder zerotrain trains on text alone: Gemma 3 as published
+// (model_type gemma3, Gemma3ForConditionalGeneration). The fixture models/gemma3 is transformers
+// 5.17's own save of a tiny Gemma3ForConditionalGeneration with a SigLIP tower
+// (tests/tools/make_fixtures.py multimodal).
+#include "support/catch.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "support/jobs.hpp"
+#include "support/messages.hpp"
+#include "support/models.hpp"
+#include "support/ranks.hpp"
+#include "util/files.hpp"
+#include "util/json.hpp"
+#include "zerotrain/checkpoint.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
+#include "zerotrain/safetensors.hpp"
+#include "zerotrain/trainer.hpp"
+
+using namespace zt;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fixture(const std::string& rel) {
+  return std::string(ZT_FIXTURES) + "/" + rel;
+}
+
+double max_abs(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+bool starts_with(const std::string& s, std::string_view prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// The layouts transformers saves a Gemma3ForConditionalGeneration in: the original one
+// (language_model.model.*, vision_tower.*; 5.x's default), and its module tree's names
+// (model.language_model.*, model.vision_tower.*: 4.52-4.57, and 5.x with
+// save_original_format=False — the same 103 names for this fixture, seen on the GPU machine).
+std::string module_tree_name(const std::string& original) {
+  for (const auto& [from, to] :
+       {std::pair{"language_model.model.", "model.language_model."},
+        std::pair{"language_model.lm_head.", "lm_head."},
+        std::pair{"vision_tower.", "model.vision_tower."},
+        std::pair{"multi_modal_projector.", "model.multi_modal_projector."}}) {
+    if (starts_with(original, from)) return to + original.substr(std::string(from).size());
+  }
+  return original;
+}
+
+bool is_vision_part(const std::string& name) {
+  return name.find("vision_tower.") != std::string::npos ||
+         name.find("multi_modal_projector.") != std::string::npos;
+}
+
+// A copy of `from` whose tensors are renamed by `rename` and whose config.json is `config`.
+void write_folder(const std::string& from, const std::string& to, const std::string& config,
+                  std::string (*rename)(const std::string&)) {
+  fs::create_directories(to);
+  files::write_atomic(to + "/config.json", config);
+  SafetensorsCheckpoint in(from);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const std::string& name : in.names()) tensors.emplace_back(rename(name), in.load(name));
+  save_safetensors(to + "/model.safetensors", tensors);
+}
+
+std::shared_ptr<CausalLM> load(const std::string& dir) {
+  ModelConfig c = load_model_config(dir);
+  auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
+  load_weights(*model, *checkpoint_source(dir));
+  check_checkpoint(*model, dir);
+  return model;
+}
+
+std::string same_name(const std::string& name) {
+  return name;
+}
+
+// The fixture's config.json as google/gemma-3-4b-it's is written (transformers 4.50): text_config
+// holds only what differs from Gemma3TextConfig's defaults, RoPE in the 4.x spelling, no
+// top-level tie_word_embeddings or dtype.
+std::string released_config() {
+  rapidjson::Document doc;
+  doc.Parse(files::read_text(fixture("models/gemma3/config.json")).c_str());
+  rapidjson::Value& text = doc["text_config"];
+  for (const char* key :
+       {"_sliding_window_pattern", "attention_bias", "attention_dropout", "attn_logit_softcapping",
+        "final_logit_softcapping", "bos_token_id", "eos_token_id", "pad_token_id",
+        "hidden_activation", "initializer_range", "layer_types", "rms_norm_eps",
+        "sliding_window_pattern", "tie_word_embeddings", "use_bidirectional_attention", "use_cache",
+        "rope_parameters"}) {
+    REQUIRE(text.HasMember(key));
+    text.RemoveMember(key);
+  }
+  rapidjson::Document scaling(&doc.GetAllocator());
+  scaling.Parse(R"({"factor": 8.0, "rope_type": "linear"})");
+  text.AddMember("rope_scaling", rapidjson::Value(scaling, doc.GetAllocator()), doc.GetAllocator());
+  doc.RemoveMember("tie_word_embeddings");
+  doc.RemoveMember("dtype");
+  return json::dump(doc);
+}
+
+}  // namespace
+
+TEST_CASE("Gemma 3 as published: its text_config at Gemma3TextConfig's defaults, either layout",
+          "[model][families][multimodal]") {
+  const std::string dir = fixture("models/gemma3");
+  SafetensorsFile expected(dir + "/expected.safetensors");
+  const at::Tensor ids = expected.load("input_ids"), mask = expected.load("attention_mask");
+  const at::Tensor real = mask.to(at::kBool);
+  auto model = load(dir);
+  const at::Tensor want = model->logits(ids, mask);
+  CHECK(max_abs(want.index({real}), expected.load("logits").index({real})) < 2e-5);
+  // transformers' module tree: the decoder under model.language_model, the head tied.
+  for (const auto& p : model->named_parameters()) {
+    INFO(p.key());
+    CHECK(starts_with(p.key(), "model.language_model."));
+  }
+
+  // The same weights under the module tree's names, and under a config.json written as a diff.
+  const std::string tmp = test::temp_dir("gemma3_layouts");
+  write_folder(dir, tmp + "/new_names", files::read_text(dir + "/config.json"), module_tree_name);
+  write_folder(dir, tmp + "/released", released_config(), same_name);
+  for (const char* variant : {"new_names", "released"}) {
+    INFO(variant);
+    auto other = load(tmp + "/" + variant);
+    CHECK(max_abs(other->logits(ids, mask), want) < 1e-6);
+    test::check_same_model(other->config(), model->config());
+  }
+
+  // text_config left out: every member at Gemma3TextConfig's default (its source, transformers
+  // 5.17), as Gemma3Config(text_config=None) builds it. google/gemma-3-4b-it's six keys give
+  // its published size, 3.88 B parameters beside the vision tower.
+  const ModelConfig defaults =
+      parse_model_config(R"({"model_type": "gemma3", "vision_config": {}})", "defaults.json");
+  CHECK(defaults.vocab_size == 262208);
+  CHECK(defaults.hidden_size == 2304);
+  CHECK(defaults.intermediate_size == 9216);
+  CHECK(defaults.num_hidden_layers == 26);
+  CHECK(defaults.num_attention_heads == 8);
+  CHECK(defaults.num_key_value_heads == 4);
+  CHECK(defaults.head_dim == 256);
+  CHECK(defaults.rms_norm_eps == 1e-6);
+  CHECK(defaults.rope_theta == 1e6);
+  CHECK(defaults.tie_word_embeddings);
+  CHECK(defaults.max_position_embeddings == 131072);
+  CHECK(defaults.bos_token_id == 2);
+  CHECK(defaults.eos_token_id == 1);
+  CHECK(defaults.pad_token_id == 0);
+  const ModelConfig four_b = parse_model_config(
+      R"({"model_type": "gemma3", "eos_token_id": [1, 106], "text_config": {"hidden_size": 2560,
+          "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
+          "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+          "torch_dtype": "bfloat16", "vision_config": {"model_type": "siglip_vision_model"}})",
+      "gemma-3-4b-it.json");
+  CHECK(four_b.parameter_count() / 10'000'000 == 388);
+  CHECK(four_b.dtype == at::kBFloat16);
+  CHECK(four_b.eos_token_id == 1);
+  CHECK(four_b.rope_scaling.type == "linear");
+
+  // Bad input names its place inside text_config.
+  auto error_of = [](const std::string& text) {
+    try {
+      parse_model_config(text, "bad.json");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(error_of(R"({"model_type": "gemma3", "text_config": "big"})"),
+             Catch::Contains("text_config") && Catch::Contains("object"));
+  CHECK_THAT(error_of(R"({"model_type": "gemma3", "text_config": {"hidden_size": "big"}})"),
+             Catch::Contains("text_config.hidden_size"));
+  CHECK_THAT(error_of(R"({"model_type": "gemma3", "text_config": {"hidden_activation": "relu"}})"),
+             Catch::Contains("text_config.hidden_activation"));
+  CHECK_THAT(error_of(R"({"model_type": "gemma3", "text_config": {"num_key_value_heads": 3}})"),
+             Catch::Contains("text_config.num_key_value_heads"));
+}
+
+TEST_CASE("Gemma 3 as published trains LoRA, QLoRA and full, and what it writes keeps its tower",
+          "[model][families][multimodal][peft][trainer]") {
+  // A base of the byte-level tokenizer's vocabulary in the original layout, with the fixture's
+  // vision tower and projector.
+  const std::string dir = test::temp_dir("gemma3_runs");
+  rapidjson::Document config;
+  config.Parse(files::read_text(fixture("models/gemma3/config.json")).c_str());
+  config["text_config"]["vocab_size"].SetInt(300);
+  test::write_model_folder(dir + "/random", json::dump(config), 41);
+  {
+    SafetensorsCheckpoint random(dir + "/random"), tower(fixture("models/gemma3"));
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const std::string& name : random.names()) {
+      REQUIRE(starts_with(name, "model.language_model."));
+      tensors.emplace_back("language_model.model." + name.substr(21), random.load(name));
+    }
+    for (const std::string& name : tower.names()) {
+      if (is_vision_part(name)) tensors.emplace_back(name, tower.load(name));
+    }
+    fs::create_directories(dir + "/base");
+    files::write_atomic(dir + "/base/config.json", json::dump(config));
+    save_safetensors(dir + "/base/model.safetensors", tensors);
+  }
+  SafetensorsCheckpoint base(dir + "/base");
+  std::map<std::string, at::Tensor> tower;
+  for (const std::string& name : base.names()) {
+    if (is_vision_part(name)) tower[module_tree_name(name)] = base.load(name);
+  }
+  REQUIRE(tower.size() > 10);
+  test::write_data(dir, "train.jsonl", 16, 9);
+
+  // The vision tower, under transformers' module names, exactly as the base had it; the
+  // config.json a Gemma3ForConditionalGeneration's.
+  auto check_whole_folder = [&](const std::string& folder) {
+    INFO("folder " << folder);
+    SafetensorsCheckpoint written(folder);
+    for (const auto& [name, values] : tower) {
+      INFO(name);
+      REQUIRE(written.contains(name));
+      CHECK(at::equal(written.load(name), values));
+    }
+    const ModelConfig c = load_model_config(folder);
+    CHECK(c.model_type == "gemma3");
+    CHECK_THAT(files::read_text(folder + "/config.json"),
+               Catch::Contains("vision_config") && Catch::Contains("siglip_vision_model"));
+    return load(folder);
+  };
+
+  for (const std::string method : {"lora", "qlora", "full"}) {
+    INFO(method);
+    std::vector<std::string> flags = test::tiny_run_flags(
+        dir,
+        {"--per_device_train_batch_size", "2", "--learning_rate", "1e-2", "--seed", "5",
+         "--max_steps", "2", "--save_steps", "2", "--output_dir", dir + "/out_" + method,
+         "--finetuning_type", method == "full" ? "full" : "lora", "--lora_target", "q_proj,v_proj",
+         "--lora_r", "4"},
+        {});
+    flags[0] = "--model_name_or_path";
+    flags[1] = dir + "/base";
+    if (method == "qlora") flags.insert(flags.end(), {"--quantization_bit", "4"});
+    TrainingArguments args;
+    apply_training_flags(args, flags);
+    std::vector<double> losses;
+    TrainerCallbacks callbacks;
+    callbacks.on_step = [&](const StepStats& s) { losses.push_back(s.loss); };
+    Trainer(args, std::shared_ptr<Communicator>(test::join()), callbacks).train();
+    REQUIRE(losses.size() == 2);
+    for (double l : losses) CHECK(std::isfinite(l));
+    const std::string out = dir + "/out_" + method;
+    if (method == "full") {
+      check_whole_folder(out);
+      continue;
+    }
+    // PEFT's keys on Gemma3ForConditionalGeneration, and targets that leave the tower alone
+    // (PEFT would match "q_proj" in SigLIP too).
+    SafetensorsCheckpoint adapter(out + "/adapter_model.safetensors");
+    for (const std::string& key : adapter.names()) {
+      INFO(key);
+      CHECK(starts_with(key, "base_model.model.model.language_model.layers."));
+    }
+    rapidjson::Document adapter_config;
+    adapter_config.Parse(files::read_text(out + "/adapter_config.json").c_str());
+    const rapidjson::Value& targets = adapter_config["target_modules"];
+    REQUIRE(targets.IsArray());
+    CHECK(targets.Size() == 2 * 6);  // q and v of six layers
+    for (const auto& t : targets.GetArray()) {
+      CHECK(starts_with(json::text(t), "model.language_model.layers."));
+    }
+    MergeOptions options;
+    options.dtype = at::kFloat;
+    merge_checkpoint(out, dir + "/merged_" + method, options);
+    auto merged = check_whole_folder(dir + "/merged_" + method);
+    if (method == "qlora") continue;  // merged into the dequantized projections, as PEFT merges
+    auto with_adapter = load(dir + "/base");
+    load_adapter(*with_adapter, out, /*trainable=*/false);
+    auto plain = load(dir + "/base");
+    at::NoGradGuard no_grad;
+    const at::Tensor ids = at::randint(3, 250, {2, 12}, at::kLong);
+    const at::Tensor want = with_adapter->logits(ids);
+    CHECK(max_abs(merged->logits(ids), want) < 1e-4);
+    CHECK(max_abs(plain->logits(ids), want) > 1e-4);
+  }
+}
