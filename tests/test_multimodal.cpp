@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "data/chat_templates.hpp"
 #include "support/jobs.hpp"
 #include "support/messages.hpp"
 #include "support/models.hpp"
@@ -287,4 +288,26 @@ TEST_CASE("Gemma 3 as published trains LoRA, QLoRA and full, and what it writes 
     CHECK(max_abs(merged->logits(ids), want) < 1e-4);
     CHECK(max_abs(plain->logits(ids), want) > 1e-4);
   }
+}
+
+TEST_CASE("a multimodal folder's processor template (chat_template.json) is its chat template",
+          "[data][multimodal]") {
+  // Gemma 3's processor carries the template in chat_template.json; the tokenizer's own
+  // (chat_template.jinja, tokenizer_config.json's member) comes first where there is one.
+  const std::string dir = test::temp_dir("processor_template");
+  const std::string text = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}";
+  rapidjson::Document doc(rapidjson::kObjectType);
+  doc.AddMember("chat_template", rapidjson::Value(text.c_str(), doc.GetAllocator()),
+                doc.GetAllocator());
+  files::write_atomic(dir + "/chat_template.json", json::dump(doc));
+  files::write_atomic(dir + "/tokenizer_config.json", R"({"eos_token": "<eos>"})");
+  std::string source;
+  const std::string name = data::detect_chat_template(dir, &source);
+  CHECK(name == "jinja:" + dir + "/chat_template.json");
+  const data::ChatTemplate& t = data::chat_template(name);
+  CHECK(t.whole_text());
+  // The tokenizer's template wins, as AutoTokenizer reads it.
+  files::write_atomic(dir + "/tokenizer_config.json",
+                      R"({"chat_template": "{{ messages[0]['content'] }}"})");
+  CHECK(data::detect_chat_template(dir, &source) == "jinja:" + dir + "/tokenizer_config.json");
 }

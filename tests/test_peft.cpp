@@ -497,6 +497,13 @@ const std::vector<WrittenAdapter>& written_by_zerotrain() {
       // The GLM family under PEFT's names for it: transformers' glm / glm4, and ChatGLM's own
       // remote-code modules (loaded in PEFT over THUDM's modeling_chatglm.py).
       {"glm4_lora_all_linear", nullptr, {"--finetuning_type", "lora"}, "glm4"},
+      // Gemma 3 as published: PEFT wraps Gemma3ForConditionalGeneration, SigLIP tower and all;
+      // zerotrain's targets are the decoder's module paths, so the tower stays untouched.
+      {"gemma3_mm_lora_names",
+       nullptr,
+       {"--finetuning_type", "lora", "--lora_target_modules", "q_proj,v_proj"},
+       "gemma3"},
+      {"gemma3_mm_lora_all_linear", nullptr, {"--finetuning_type", "lora"}, "gemma3"},
       {"glm_lora_names",
        nullptr,
        {"--finetuning_type", "lora", "--lora_target_modules", "q_proj,gate_up_proj"},

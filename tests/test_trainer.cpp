@@ -1685,6 +1685,13 @@ TEST_CASE("tool: write run outputs for the transformers checks", "[.tool]") {
       export_run(fmt::format("{}_{}", family, spelling), {"--model_name_or_path", model});
     }
   }
+  {  // Gemma 3 as published: a full fine-tune's folder, the vision tower carried along
+    const std::string model = work + "/in_gemma3";
+    fs::create_directories(model);
+    for (const char* f : {"model.safetensors", "config.json"})
+      fs::copy_file(std::string(ZT_FIXTURES) + "/models/gemma3/" + f, model + "/" + f);
+    export_run("gemma3_v5", {"--model_name_or_path", model});
+  }
   export_run("inline_qwen2",
              {"--model_config", R"({"model_type": "qwen2", "vocab_size": 128, "hidden_size": 64,
       "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -456,8 +456,14 @@ std::optional<std::pair<std::string, std::string>> folder_chat_template(const st
   const std::string jinja = dir + "/chat_template.jinja";
   if (std::filesystem::is_regular_file(jinja, ec)) return template_text_in(jinja);
   const std::string config = dir + "/tokenizer_config.json";
-  if (!std::filesystem::is_regular_file(config, ec)) return std::nullopt;
-  return template_text_in(config);
+  if (std::filesystem::is_regular_file(config, ec)) {
+    if (auto found = template_text_in(config)) return found;
+  }
+  // A multimodal folder's processor template (Gemma 3's), which transformers' processors
+  // apply: {"chat_template": "..."}, read as tokenizer_config.json's member.
+  const std::string processor = dir + "/chat_template.json";
+  if (std::filesystem::is_regular_file(processor, ec)) return template_text_in(processor);
+  return std::nullopt;
 }
 
 }  // namespace

@@ -31,13 +31,24 @@ for name in sorted(os.listdir(os.path.join(IN, "models"))):
     d = os.path.join(IN, "models", name)
     try:
         config = AutoConfig.from_pretrained(d)
-        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+        # Gemma 3 as published: the multimodal class, its vision tower compared with the base's.
+        cls = AutoModelForCausalLM
+        if config.model_type == "gemma3":
+            cls = transformers.Gemma3ForConditionalGeneration
+        model = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
         ours = load_file(os.path.join(d, "zerotrain_logits.safetensors"))
         with torch.no_grad():
             logits = model(input_ids=ours["input_ids"]).logits
         models[name] = {"max_abs_diff": (logits - ours["logits"]).abs().max().item(),
                         "rope_parameters": getattr(config, "rope_parameters", None),
                         "dtype": str(getattr(config, "dtype", None))}
+        if config.model_type == "gemma3":
+            base = cls.from_pretrained("tests/fixtures/models/gemma3", dtype=torch.float32).state_dict()
+            tower = {k: v for k, v in model.state_dict().items()
+                     if "vision_tower" in k or "multi_modal_projector" in k}
+            models[name]["vision_tensors"] = len(tower)
+            models[name]["vision_max_abs_diff"] = max(
+                (v - base[k]).abs().max().item() for k, v in tower.items())
     except Exception as e:  # noqa: BLE001 - the report says what failed
         models[name] = {"error": f"{type(e).__name__}: {e}"}
     print("model", name, models[name], flush=True)

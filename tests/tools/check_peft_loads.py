@@ -35,8 +35,13 @@ torch.set_num_threads(4)
 
 def load_base(path):
     with open(os.path.join(path, "config.json")) as f:
-        if json.load(f).get("model_type") == "chatglm":
-            return load_chatglm(path)
+        model_type = json.load(f).get("model_type")
+    if model_type == "chatglm":
+        return load_chatglm(path)
+    if model_type == "gemma3":  # Gemma 3 as published: the multimodal class, tower and all
+        from transformers import Gemma3ForConditionalGeneration
+        return Gemma3ForConditionalGeneration.from_pretrained(path, dtype=torch.float32,
+                                                              attn_implementation="eager")
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
 
 
