@@ -73,7 +73,8 @@ struct Family {
   constexpr Family(std::string_view model_type, ReadConfig read_config, WriteConfig write_config,
                    Compose compose = nullptr, bool remote_code = false, ModuleNames names = {},
                    PrefixTuning prefix = {}, const Conversion* conversion = nullptr,
-                   RopeParameters rope_parameters = nullptr, const Multimodal* multimodal = nullptr)
+                   RopeParameters rope_parameters = nullptr, const Multimodal* multimodal = nullptr,
+                   std::string_view read_dequantized = {})
       : model_type(model_type),
         read_config(read_config),
         write_config(write_config),
@@ -83,7 +84,8 @@ struct Family {
         prefix(prefix),
         conversion(conversion),
         rope_parameters(rope_parameters),
-        multimodal(multimodal) {}
+        multimodal(multimodal),
+        read_dequantized(read_dequantized) {}
 
   /// config.json's model_type.
   std::string_view model_type;
@@ -112,6 +114,11 @@ struct Family {
   RopeParameters rope_parameters;
   /// A multimodal folder's text decoder (above), or null.
   const Multimodal* multimodal;
+  /// The quant_method of a quantization_config that this family's folders are read dequantized
+  /// from, as released (gpt-oss's "mxfp4": the checkpoint reader dequantizes its experts'
+  /// `_blocks` / `_scales`, weights.cpp); "" for none. Any other quant_method goes to the 4-bit
+  /// path (quantized_weights.hpp), which reads bitsandbytes' only.
+  std::string_view read_dequantized;
 };
 
 /// Whether `stored`, a tensor of a folder of `c`'s family, belongs to a part of a multimodal

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/family.hpp"
 #include "model/layers.hpp"
 #include "util/dtype_names.hpp"
 #include "util/json.hpp"
@@ -286,8 +287,11 @@ std::optional<QuantizationConfig> saved_quantization(const ModelConfig& config) 
   }
   json::ObjectReader q(doc["quantization_config"], "quantization_config", source);
   const std::string method = q.string("quant_method").value_or("bitsandbytes");
-  // gpt-oss's MXFP4 experts are dequantized while they load (its family reads the config).
-  if (method == "mxfp4" && config.model_type == "gpt_oss") return std::nullopt;
+  // A format the family's folders are read dequantized from (gpt-oss's MXFP4 experts).
+  if (const std::string_view own = family_of(config).read_dequantized;
+      !own.empty() && method == own) {
+    return std::nullopt;
+  }
   if (method != "bitsandbytes" || !q.boolean("load_in_4bit").value_or(false)) {
     throw ConfigError(fmt::format(
         "{}: quantization_config is {}{}; zerotrain reads bitsandbytes' 4-bit models only — give "

@@ -16,6 +16,9 @@
 namespace zt::model {
 namespace {
 
+// The format gpt-oss is released in (its experts), read dequantized.
+constexpr std::string_view kMxfp4 = "mxfp4";
+
 void read(json::ObjectReader& r, ModelConfig& c) {
   const bool rope_given = r.has("rope_parameters") || r.has("rope_scaling");
   c.rope_theta = 150000.0;  // GptOssConfig's defaults for keys a config.json leaves out
@@ -53,7 +56,7 @@ void read(json::ObjectReader& r, ModelConfig& c) {
   // (modules_to_not_convert) in bf16. Any other quantization is refused by key.
   if (std::optional<json::ObjectReader> q = r.object("quantization_config")) {
     const std::optional<std::string> method = q->string("quant_method");
-    if (method != std::optional<std::string>("mxfp4")) {
+    if (method != std::optional<std::string>(kMxfp4)) {
       q->fail_value("quant_method",
                     fmt::format("{}: gpt-oss is read as released (MXFP4 experts) or in full "
                                 "precision; give the bf16 model",
@@ -108,6 +111,16 @@ constexpr ModuleNames kNames = [] {
 
 }  // namespace
 
-extern const Family kGptOss{"gpt_oss", read, write, compose, /*remote_code=*/false, kNames};
+extern const Family kGptOss{"gpt_oss",
+                            read,
+                            write,
+                            compose,
+                            /*remote_code=*/false,
+                            kNames,
+                            {},
+                            nullptr,
+                            nullptr,
+                            nullptr,
+                            /*read_dequantized=*/kMxfp4};
 
 }  // namespace zt::model
