@@ -114,6 +114,13 @@ for f in sorted(os.listdir(os.path.join(IN, "chat"))) if have_chat else []:
             at = first if first is not None else min(len(hf), len(ex["ids"]))
             text = tok.apply_chat_template(messages, tokenize=False, chat_template=template)
             raw = tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+            # The file itself through tokenizers: transformers 5 replaces some files' pipelines
+            # (a byte-level tokenizer.json labelled LlamaTokenizerFast gets Metaspace, which drops
+            # every space: DeepSeek-V3, transformers issue #45488), zerotrain follows the file.
+            import tokenizers
+            file = tokenizers.Tokenizer.from_file(os.path.join(REAL, job["package"], "tokenizer.json"))
+            result["tokenizer_json_same_as_ours"] = (
+                file.encode(text, add_special_tokens=False).ids == ex["ids"])
             result.update({"hf_tokens": tok.convert_ids_to_tokens(list(hf)[max(0, at - 3):at + 6]),
                            "ours_tokens": tok.convert_ids_to_tokens(ex["ids"][max(0, at - 3):at + 6]),
                            "text_start": text[:120], "tokenizers_alone_same_as_hf": raw == list(hf),
