@@ -201,10 +201,11 @@ TEST_CASE("unsupported or inconsistent model configs are errors naming the key",
   };
   const std::string base = R"("vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
       "num_hidden_layers": 1, "num_attention_heads": 2)";
-  CHECK_THAT(err(R"({"model_type": "gpt2", )" + base + "}"),
-             Contains("model_type") && Contains("gpt2") &&
-                 Contains("llama, qwen2, qwen3, qwen3_moe, mistral, mixtral, phi3, gemma2, "
-                          "gemma3_text, gemma3, glm, glm4"));
+  CHECK_THAT(
+      err(R"({"model_type": "gpt2", )" + base + "}"),
+      Contains("model_type") && Contains("gpt2") &&
+          Contains("llama, qwen2, qwen3, qwen3_moe, mistral, mistral3, mixtral, phi3, gemma2, "
+                   "gemma3_text, gemma3, glm, glm4"));
   CHECK_THAT(err(R"({"model_type": "llama"})"), Contains("vocab_size"));
   CHECK(err(R"({"model_type": "llama", "rope_scaling": {"type": "yarn", "factor": 4}, )" + base +
             "}") == "(accepted)");
@@ -328,6 +329,9 @@ TEST_CASE("logits, hidden states, loss and gradients match transformers", "[mode
         // Gemma 3 as published: Gemma3ForConditionalGeneration with a SigLIP tower, in the
         // layout transformers 5 saves (language_model.model.*), on text alone.
         "gemma3",
+        // Mistral-Small-3.1 / 3.2 as published: Mistral3ForConditionalGeneration with a Pixtral
+        // tower (its head tied: transformers 5's Mistral3Config writes tie_word_embeddings true).
+        "mistral3",
         // RoPE scalings: yarn (Qwen3's; DeepSeek's members), dynamic NTK, LongRoPE short and long.
         "qwen3_rope_yarn", "llama_rope_yarn", "llama_rope_dynamic", "phi3_longrope",
         "phi3_longrope_long",
@@ -451,6 +455,39 @@ TEST_CASE("a config.json leaving out keys at their class defaults is the model t
     CHECK(max_abs(model->logits(ids, mask).index({real}), expected.load("logits").index({real})) <
           2e-5);
   }
+}
+
+TEST_CASE("a key given as null is transformers' None, not the class default an absent key takes",
+          "[model][parity]") {
+  // Mistral v0.2 / v0.3, Nemo and Small write "sliding_window": null (full attention), where an
+  // absent key is MistralConfig's 4096; Gemma 2's soft-caps are off when null, 50 / 30 absent.
+  const ModelConfig mistral = load_model_config(fixture("models/mistral"));
+  REQUIRE(
+      files::read_text(fixture("models/mistral/config.json")).find("\"sliding_window\": null") !=
+      std::string::npos);
+  CHECK_FALSE(mistral.sliding_window.has_value());
+  for (const auto& l : model::decoder_spec(mistral).layers) CHECK_FALSE(l.attention.window);
+  CHECK(load_model_config(fixture("models/mistral_head_dim")).sliding_window == std::nullopt);
+  const ModelConfig absent = parse_model_config(
+      without_keys(files::read_text(fixture("models/mistral/config.json")), {"sliding_window"}),
+      "mistral without sliding_window");
+  CHECK(absent.sliding_window == 4096);
+
+  std::string gemma2 = files::read_text(fixture("models/gemma2/config.json"));
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    const std::string quoted = std::string("\"") + key + "\": ";
+    const size_t at = gemma2.find(quoted);
+    REQUIRE(at != std::string::npos);
+    const size_t end = gemma2.find_first_of(",}", at);
+    gemma2.replace(at, end - at, quoted + "null");
+  }
+  const model::DecoderSpec uncapped =
+      model::decoder_spec(parse_model_config(gemma2, "gemma2 with null soft-caps"));
+  CHECK_FALSE(uncapped.logit_softcap.has_value());
+  for (const auto& l : uncapped.layers) CHECK_FALSE(l.attention.softcap.has_value());
+  const model::DecoderSpec capped =
+      model::decoder_spec(load_model_config(fixture("models/gemma2")));
+  CHECK(capped.logit_softcap.has_value());
 }
 
 TEST_CASE("the same model loads from a sharded folder and from the 4.x config", "[model][parity]") {

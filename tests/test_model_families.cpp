@@ -96,7 +96,7 @@ TEST_CASE("a family defined outside the library is one definition and one regist
     CHECK_THROWS_MATCHES(
         parse_model_config(twin_text, "twin.json"), ConfigError,
         test::Has({"twin.json", "model_type", "\"llama_twin\" is not supported",
-                   "supported: llama, qwen2, qwen3, qwen3_moe, mistral, mixtral, phi3, "
+                   "supported: llama, qwen2, qwen3, qwen3_moe, mistral, mistral3, mixtral, phi3, "
                    "gemma2, gemma3_text, gemma3, glm, glm4, glm4_moe, gpt_oss, "
                    "chatglm"}));
     model::register_family(kTwin);

@@ -186,6 +186,56 @@ TEST_CASE("Gemma 3 as published: its text_config at Gemma3TextConfig's defaults,
              Catch::Contains("text_config.num_key_value_heads"));
 }
 
+TEST_CASE("Mistral-Small-3.1 as published: an untied head from text_config, its layout's names",
+          "[model][families][multimodal]") {
+  // transformers 5.17's own mistral3 fixture ties the head (its Mistral3Config writes a top-level
+  // tie_word_embeddings true). The published folders (transformers 4.50) have no top-level key,
+  // text_config's false, and language_model.lm_head.weight: that head is read, as vLLM reads it
+  // (transformers 5 would tie it to the embeddings: vLLM #51063).
+  const std::string dir = fixture("models/mistral3");
+  const std::string tmp = test::temp_dir("mistral3_released");
+  rapidjson::Document config;
+  config.Parse(files::read_text(dir + "/config.json").c_str());
+  config.RemoveMember("tie_word_embeddings");
+  REQUIRE(config["text_config"]["tie_word_embeddings"].IsFalse());
+  fs::create_directories(tmp);
+  files::write_atomic(tmp + "/config.json", json::dump(config));
+  SafetensorsCheckpoint in(dir);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const std::string& name : in.names()) tensors.emplace_back(name, in.load(name));
+  const at::Tensor head = in.load("language_model.model.embed_tokens.weight") * 1.5;
+  tensors.emplace_back("language_model.lm_head.weight", head);
+  save_safetensors(tmp + "/model.safetensors", tensors);
+  auto model = load(tmp);
+  CHECK_FALSE(model->config().tie_word_embeddings);
+  const auto params = model->named_parameters();
+  REQUIRE(params.contains("lm_head.weight"));
+  CHECK(at::equal(params["lm_head.weight"], head));
+  // The fixture's own (tied) logits with the head scaled: 1.5 × the tied model's.
+  auto tied = load(dir);
+  SafetensorsFile expected(dir + "/expected.safetensors");
+  const at::Tensor ids = expected.load("input_ids");
+  CHECK(max_abs(model->logits(ids), tied->logits(ids) * 1.5) < 1e-4);
+
+  // Mistral-Small-3.1-24B-Instruct-2503's text_config: 23.57 B parameters beside the tower.
+  const ModelConfig small = parse_model_config(
+      R"({"model_type": "mistral3", "image_token_index": 10, "projector_hidden_act": "gelu",
+          "spatial_merge_size": 2, "text_config": {"head_dim": 128, "hidden_size": 5120,
+          "intermediate_size": 32768, "max_position_embeddings": 131072, "model_type": "mistral",
+          "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8,
+          "rms_norm_eps": 1e-05, "rope_theta": 1000000000.0, "sliding_window": null,
+          "vocab_size": 131072}, "torch_dtype": "bfloat16", "vision_config": {"model_type": "pixtral"}})",
+      "mistral-small-3.1.json");
+  CHECK(small.parameter_count() / 10'000'000 == 2357);
+  CHECK_FALSE(small.tie_word_embeddings);
+  CHECK_FALSE(small.sliding_window.has_value());
+  // A text decoder of another family under mistral3 is refused by key.
+  CHECK_THROWS_WITH(parse_model_config(R"({"model_type": "mistral3", "text_config":
+                                           {"model_type": "ministral3"}})",
+                                       "ministral.json"),
+                    Catch::Contains("text_config.model_type") && Catch::Contains("ministral3"));
+}
+
 TEST_CASE("Gemma 3 as published trains LoRA, QLoRA and full, and what it writes keeps its tower",
           "[model][families][multimodal][peft][trainer]") {
   // A base of the byte-level tokenizer's vocabulary in the original layout, with the fixture's

@@ -53,6 +53,8 @@ struct Conversion {
 /// such a model copies them from the base (weights.cpp, kept_parts).
 struct Multimodal {
   std::string_view text_config = "text_config";
+  /// The family its text decoder is (text_config's model_type, which must be this where given).
+  std::string_view text_model_type;
   std::string_view text_defaults;
   std::array<std::string_view, 2> parts;
 };

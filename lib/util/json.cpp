@@ -190,6 +190,10 @@ std::string ObjectReader::key_path(std::string_view key) const {
   return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
 }
 
+bool ObjectReader::present(const char* key) const {
+  return value_->FindMember(key) != value_->MemberEnd();
+}
+
 bool ObjectReader::has(const char* key) const {
   auto it = value_->FindMember(key);
   return it != value_->MemberEnd() && !it->value.IsNull();

@@ -54,6 +54,9 @@ class ObjectReader {
   const std::string& source() const { return source_; }
   std::string key_path(std::string_view key) const;
   bool has(const char* key) const;
+  /// True when the member exists, null included (`has` counts null as absent): for keys whose
+  /// null means "none" where absence means the class's default (a sliding window, a soft-cap).
+  bool present(const char* key) const;
   /// True when the member exists and is the string "auto".
   bool is_auto(const char* key) const;
   const rapidjson::Value* find(const char* key);

@@ -20,6 +20,8 @@ experts     LoRA on the MoE fixtures' fused expert tensors through PEFT's target
             (peft/experts_*), with the attention's target_modules.
 multimodal  models/gemma3, models/gemma3_new_names: Gemma 3 as published, with its vision tower
             (model_type gemma3), and what transformers computes of text alone.
+mistral3    models/mistral3: Mistral-Small-3.1 / 3.2 as published (Mistral3ForConditionalGeneration
+            with a Pixtral tower), and what transformers computes of text alone.
 mxfp4       models/gpt_oss_mxfp4: gpt-oss's experts stored as released (MXFP4 blocks and
             scales) and what transformers' Mxfp4Config(dequantize=True) makes of them.
 variants:   DoRA (llama; qwen2 all-linear with rsLoRA) and PiSSA (llama, with its pissa_init and
@@ -890,6 +892,56 @@ def make_mxfp4():
     print("mxfp4", {k: list(v.shape) for k, v in expected.items()}, flush=True)
 
 
+def make_mistral3():
+    """models/mistral3: a Mistral3ForConditionalGeneration (Mistral-Small-3.1 / 3.2 as published)
+    with a tiny Pixtral tower, saved as save_pretrained writes it, and expected.safetensors for
+    text alone (logits, hidden states, loss, gradients), the decoder being Mistral's with its
+    head_dim and untied head."""
+    from safetensors.torch import save_file
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+    text = dict(TINY, model_type="mistral", head_dim=32, rope_theta=1000000000.0,
+                sliding_window=None, tie_word_embeddings=False)
+    vision = dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, head_dim=16, image_size=28, patch_size=14)
+    cfg = Mistral3Config(text_config=text, vision_config=vision, image_token_index=10,
+                         spatial_merge_size=2)
+    cfg._attn_implementation = "eager"
+    cfg.text_config._attn_implementation = "eager"
+    torch.manual_seed(sum(map(ord, "mistral3")))
+    model = Mistral3ForConditionalGeneration(cfg).to(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif "vision_tower" in name or "multi_modal_projector" in name:
+                p.normal_(0.0, 0.02)
+    d = os.path.join(OUT, "models", "mistral3")
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    ids, mask, labels = inputs(text["vocab_size"])
+    ids[ids == 10] = 11  # no image token in text alone
+    labels = torch.where(labels == 10, torch.full_like(labels, 11), labels)
+    model.train()
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, output_hidden_states=True)
+    out.loss.backward()
+    expected = {"input_ids": ids, "attention_mask": mask, "labels": labels,
+                "logits": out.logits.detach(), "loss": out.loss.detach().reshape(1)}
+    for i, h in enumerate(out.hidden_states):
+        expected[f"hidden_states.{i}"] = h.detach()
+    for pname, p in model.named_parameters():
+        if p.grad is not None and ("language_model" in pname or pname.startswith("lm_head")) and any(
+                k in pname for k in ("embed_tokens", "layers.0.self_attn.q_proj",
+                                     "layers.1.mlp.down_proj", "language_model.norm", "lm_head")):
+            expected["grad." + pname] = p.grad.detach().clone()
+    save_file({k: v.contiguous() for k, v in expected.items()},
+              os.path.join(d, "expected.safetensors"))
+    from safetensors import safe_open
+    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+        keys = sorted(f.keys())
+        print("mistral3", keys[:3], [k for k in keys if "lm_head" in k], len(keys), flush=True)
+    print("mistral3 loss", float(out.loss.detach()), sorted(expected)[:8], flush=True)
+
+
 def make_multimodal():
     """models/gemma3: a Gemma3ForConditionalGeneration (model_type gemma3, the only form Gemma 3
     4B / 12B / 27B are published in) with a tiny SigLIP tower, saved as save_pretrained writes it
@@ -955,7 +1007,7 @@ def make_multimodal():
 versions()
 for section, fn in (("models", make_models), ("families", make_families), ("peft", make_peft),
                     ("variants", make_variants), ("experts", make_experts), ("mxfp4", make_mxfp4),
-                    ("multimodal", make_multimodal),
+                    ("multimodal", make_multimodal), ("mistral3", make_mistral3),
                     ("tokenizers", make_tokenizers),
                     ("tokenizer_models", make_tokenizer_models)):
     if section not in WHAT:

@@ -16,7 +16,7 @@ namespace {
 // A soft-cap: absent takes `otherwise`, null turns it off, a number must be positive.
 std::optional<double> read_softcap(json::ObjectReader& r, const char* key,
                                    std::optional<double> otherwise) {
-  if (!r.has(key)) return otherwise;
+  if (!r.present(key)) return otherwise;
   const rapidjson::Value* v = r.find(key);
   if (v == nullptr || v->IsNull()) return std::nullopt;
   if (!v->IsNumber() || !(v->GetDouble() > 0.0)) {

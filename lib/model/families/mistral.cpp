@@ -12,7 +12,7 @@ void read(json::ObjectReader& r, ModelConfig& c) {
   c.max_position_embeddings = 131072;  // MistralConfig's default for a key left out
   decoder::read_common(r, c);
   decoder::read_projection_biases(r, c);
-  if (r.has("sliding_window")) {
+  if (r.present("sliding_window")) {  // null: full attention (Mistral v0.2 on, Nemo, Small)
     decoder::read_sliding_window(r, c);
   } else {
     c.sliding_window = 4096;  // MistralConfig's default (released configs write 4096 or null)

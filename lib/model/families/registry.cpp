@@ -8,17 +8,17 @@
 
 namespace zt::model {
 
-extern const Family kLlama, kQwen2, kQwen3, kQwen3Moe, kMistral, kMixtral, kPhi3, kGemma2, kGemma3,
-    kGemma3Multimodal, kGlm, kGlm4, kGlm4Moe, kGptOss, kChatGlm;
+extern const Family kLlama, kQwen2, kQwen3, kQwen3Moe, kMistral, kMistral3, kMixtral, kPhi3,
+    kGemma2, kGemma3, kGemma3Multimodal, kGlm, kGlm4, kGlm4Moe, kGptOss, kChatGlm;
 
 namespace {
 
 // The library's families first, then those registered by the program.
 std::vector<const Family*>& table() {
   static std::vector<const Family*> families{
-      &kLlama,   &kQwen2, &kQwen3,   &kQwen3Moe, &kMistral,
-      &kMixtral, &kPhi3,  &kGemma2,  &kGemma3,   &kGemma3Multimodal,
-      &kGlm,     &kGlm4,  &kGlm4Moe, &kGptOss,   &kChatGlm};
+      &kLlama,   &kQwen2,   &kQwen3,  &kQwen3Moe, &kMistral,          &kMistral3,
+      &kMixtral, &kPhi3,    &kGemma2, &kGemma3,   &kGemma3Multimodal, &kGlm,
+      &kGlm4,    &kGlm4Moe, &kGptOss, &kChatGlm};
   return families;
 }
 
