@@ -97,25 +97,6 @@ std::string moe_config_with_dense(int layer) {
   return text;
 }
 
-// A run of the trainer on `dir`/base (a model folder) with the tiny run's data flags, 2 rows a
-// step, learning rate 1e-2, then `settings`; returns each step's loss.
-std::vector<double> train_on_base(const std::string& dir,
-                                  const std::vector<std::string>& settings) {
-  std::vector<std::string> run{
-      "--per_device_train_batch_size", "2", "--learning_rate", "1e-2", "--seed", "5"};
-  run.insert(run.end(), settings.begin(), settings.end());
-  std::vector<std::string> flags = test::tiny_run_flags(dir, run, {});
-  flags[0] = "--model_name_or_path";
-  flags[1] = dir + "/base";
-  TrainingArguments args;
-  apply_training_flags(args, flags);
-  std::vector<double> losses;
-  TrainerCallbacks callbacks;
-  callbacks.on_step = [&](const StepStats& s) { losses.push_back(s.loss); };
-  Trainer(args, std::shared_ptr<Communicator>(test::join()), callbacks).train();
-  return losses;
-}
-
 }  // namespace
 
 TEST_CASE("a mixture of experts gives the formula's output and gradients token by token",
@@ -422,8 +403,8 @@ TEST_CASE(
   test::write_data(dir, "train.jsonl", 16, 4);
   // Layer 1 dense (mlp_only_layers), layer 0 a mixture.
   const ModelConfig c = test::write_model_folder(dir + "/base", moe_config_with_dense(1), 21);
-  train_on_base(dir, {"--max_steps", "4", "--save_steps", "4", "--finetuning_type", "lora",
-                      "--lora_target", "all-linear", "--lora_r", "4"});
+  test::train_on_base(dir, {"--max_steps", "4", "--save_steps", "4", "--finetuning_type", "lora",
+                            "--lora_target", "all-linear", "--lora_r", "4"});
   // PEFT 0.21 on transformers 5 resolves all-linear to names and moves the experts' 4.x names
   // and the router's to target_parameters: the attention, the routers and the experts (gate_up
   // at rank 2r) are adapted; the dense layer's MLP is no longer named.
@@ -562,7 +543,7 @@ TEST_CASE("the load-balancing loss trains the routers alike with and without rec
   // without gradient_clipping turns off.
   const std::vector<std::string> full{"--max_steps",    "3",    "--finetuning_type", "full",
                                       "--adam_epsilon", "1e-4", "--max_grad_norm",   "0"};
-  const std::vector<double> plain = train_on_base(dir, full);
+  const std::vector<double> plain = test::train_on_base(dir, full);
   REQUIRE(plain.size() == 3);
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{"--gradient_checkpointing", "true"},
@@ -571,7 +552,7 @@ TEST_CASE("the load-balancing loss trains the routers alike with and without rec
     std::vector<std::string> flags = full;
     flags.insert(flags.end(), extra.begin(), extra.end());
     flags.insert(flags.end(), {"--output_dir", dir + "/out_" + extra[0].substr(2)});
-    const std::vector<double> got = train_on_base(dir, flags);
+    const std::vector<double> got = test::train_on_base(dir, flags);
     REQUIRE(got.size() == plain.size());
     for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(plain[i]).epsilon(1e-5));
   }
@@ -581,12 +562,12 @@ TEST_CASE("the load-balancing loss trains the routers alike with and without rec
   test::write_model_folder(dir + "/base", moe_config_with_dense(1), 21);
   std::vector<std::string> flags = full;
   flags.insert(flags.end(), {"--output_dir", dir + "/out_plain"});
-  const std::vector<double> without = train_on_base(dir, flags);
+  const std::vector<double> without = test::train_on_base(dir, flags);
   REQUIRE(without.size() == plain.size());
   CHECK(plain[0] - without[0] > 0.5);  // 0.5 · aux, aux ≥ 1
   // LLaMA-Factory's moe_aux_loss_coef turns it on over the same config.json.
   flags.insert(flags.end(), {"--output_dir", dir + "/out_option", "--moe_aux_loss_coef", "0.5"});
-  const std::vector<double> option = train_on_base(dir, flags);
+  const std::vector<double> option = test::train_on_base(dir, flags);
   REQUIRE(option.size() == plain.size());
   for (size_t i = 0; i < option.size(); ++i) CHECK(option[i] == Approx(plain[i]).epsilon(1e-6));
   // Batches fed by the host program refuse it rather than leave it out.
@@ -605,9 +586,9 @@ TEST_CASE("QLoRA over a mixture-of-experts base: 4-bit projections, experts kept
   const std::string dir = test::temp_dir("moe_qlora");
   test::write_data(dir, "train.jsonl", 16, 9);
   const ModelConfig c = test::write_model_folder(dir + "/base", moe_config_with_dense(1), 22);
-  const std::vector<double> losses =
-      train_on_base(dir, {"--max_steps", "3", "--save_steps", "3", "--finetuning_type", "lora",
-                          "--lora_target", "all", "--lora_r", "4", "--quantization_bit", "4"});
+  const std::vector<double> losses = test::train_on_base(
+      dir, {"--max_steps", "3", "--save_steps", "3", "--finetuning_type", "lora", "--lora_target",
+            "all", "--lora_r", "4", "--quantization_bit", "4"});
   REQUIRE(losses.size() == 3);
   for (double l : losses) CHECK(std::isfinite(l));
   // The base the run trained over: its projections 4-bit, the router and experts as loaded.
@@ -642,9 +623,9 @@ TEST_CASE("Freeze and DPO train a mixture-of-experts model: the chosen layers' e
     }
     test::write_model_folder(dir + "/base", moe_config_with_dense(0), 31);
     const std::vector<double> losses =
-        train_on_base(dir, {"--stage", stage, "--per_device_eval_batch_size", "1", "--max_steps",
-                            "3", "--save_steps", "3", "--finetuning_type", "freeze",
-                            "--freeze_trainable_layers", "1"});
+        test::train_on_base(dir, {"--stage", stage, "--per_device_eval_batch_size", "1",
+                                  "--max_steps", "3", "--save_steps", "3", "--finetuning_type",
+                                  "freeze", "--freeze_trainable_layers", "1"});
     REQUIRE(losses.size() == 3);
     for (double l : losses) CHECK(std::isfinite(l));
     // The last layer (the mixture) trained, router and experts included; layer 0 did not.
@@ -829,7 +810,7 @@ TEST_CASE("LoRA on the experts trains through the trainer, and its checkpoint me
   const std::string dir = test::temp_dir("moe_expert_lora");
   test::write_data(dir, "train.jsonl", 16, 9);
   const ModelConfig c = test::write_model_folder(dir + "/base", moe_config_with_dense(1), 23);
-  const std::vector<double> losses = train_on_base(
+  const std::vector<double> losses = test::train_on_base(
       dir, {"--max_steps", "4", "--save_steps", "4", "--finetuning_type", "lora", "--lora_r", "4",
             "--lora_target", "q_proj", "--lora_target_parameters",
             "experts.gate_up_proj,mlp.experts.down_proj", "--lora_modules_to_save", "gate"});
@@ -878,7 +859,7 @@ TEST_CASE("LoRA on the experts over a 4-bit base trains, continues from its fold
                                       "4"};
   std::vector<std::string> first{"--max_steps", "3", "--save_steps", "3"};
   first.insert(first.end(), lora.begin(), lora.end());
-  const std::vector<double> losses = train_on_base(dir, first);
+  const std::vector<double> losses = test::train_on_base(dir, first);
   REQUIRE(losses.size() == 3);
   for (double l : losses) CHECK(std::isfinite(l));
   SafetensorsFile trained(dir + "/out/adapter_model.safetensors");
@@ -892,7 +873,7 @@ TEST_CASE("LoRA on the experts over a 4-bit base trains, continues from its fold
                                 "--learning_rate", "0",  "--adapter_name_or_path", dir + "/out",
                                 "--output_dir",    again};
   more.insert(more.end(), lora.begin(), lora.end());
-  train_on_base(dir, more);
+  test::train_on_base(dir, more);
   SafetensorsFile continued(again + "/adapter_model.safetensors");
   CHECK(at::equal(continued.load(key), trained.load(key)));
   MergeOptions options;
@@ -1610,7 +1591,7 @@ TEST_CASE("LoRA on gpt-oss's MXFP4 experts trains, also over a 4-bit base, and m
                                  "--lora_target_parameters",
                                  "experts.gate_up_proj,experts.down_proj"};
     if (four_bit) run.insert(run.end(), {"--quantization_bit", "4"});
-    const std::vector<double> losses = train_on_base(dir, run);
+    const std::vector<double> losses = test::train_on_base(dir, run);
     REQUIRE(losses.size() == 3);
     for (double l : losses) CHECK(std::isfinite(l));
     const MergedRun merged = merge_run(dir, load_model_config(dir + "/base"));

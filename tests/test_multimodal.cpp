@@ -236,107 +236,102 @@ TEST_CASE("Mistral-Small-3.1 as published: an untied head from text_config, its 
                     Catch::Contains("text_config.model_type") && Catch::Contains("ministral3"));
 }
 
-TEST_CASE("Gemma 3 as published trains LoRA, QLoRA and full, and what it writes keeps its tower",
+TEST_CASE("Gemma 3 and Mistral-Small as published train LoRA, QLoRA and full, keeping the tower",
           "[model][families][multimodal][peft][trainer]") {
-  // A base of the byte-level tokenizer's vocabulary in the original layout, with the fixture's
-  // vision tower and projector.
-  const std::string dir = test::temp_dir("gemma3_runs");
-  rapidjson::Document config;
-  config.Parse(files::read_text(fixture("models/gemma3/config.json")).c_str());
-  config["text_config"]["vocab_size"].SetInt(300);
-  test::write_model_folder(dir + "/random", json::dump(config), 41);
-  {
-    SafetensorsCheckpoint random(dir + "/random"), tower(fixture("models/gemma3"));
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
-    for (const std::string& name : random.names()) {
-      REQUIRE(starts_with(name, "model.language_model."));
-      tensors.emplace_back("language_model.model." + name.substr(21), random.load(name));
+  for (const std::string family : {"gemma3", "mistral3"}) {
+    INFO(family);
+    // A base of the byte-level tokenizer's vocabulary in the original layout, with the
+    // fixture's vision tower and projector.
+    const std::string dir = test::temp_dir(family + "_runs");
+    rapidjson::Document config;
+    config.Parse(files::read_text(fixture("models/" + family + "/config.json")).c_str());
+    config["text_config"]["vocab_size"].SetInt(300);
+    test::write_model_folder(dir + "/random", json::dump(config), 41);
+    {
+      SafetensorsCheckpoint random(dir + "/random"), tower(fixture("models/" + family));
+      std::vector<std::pair<std::string, at::Tensor>> tensors;
+      for (const std::string& name : random.names()) {
+        REQUIRE(starts_with(name, "model.language_model."));
+        tensors.emplace_back("language_model.model." + name.substr(21), random.load(name));
+      }
+      for (const std::string& name : tower.names()) {
+        if (is_vision_part(name)) tensors.emplace_back(name, tower.load(name));
+      }
+      fs::create_directories(dir + "/base");
+      files::write_atomic(dir + "/base/config.json", json::dump(config));
+      save_safetensors(dir + "/base/model.safetensors", tensors);
     }
-    for (const std::string& name : tower.names()) {
-      if (is_vision_part(name)) tensors.emplace_back(name, tower.load(name));
+    SafetensorsCheckpoint base(dir + "/base");
+    std::map<std::string, at::Tensor> tower;
+    for (const std::string& name : base.names()) {
+      if (is_vision_part(name)) tower[module_tree_name(name)] = base.load(name);
     }
-    fs::create_directories(dir + "/base");
-    files::write_atomic(dir + "/base/config.json", json::dump(config));
-    save_safetensors(dir + "/base/model.safetensors", tensors);
-  }
-  SafetensorsCheckpoint base(dir + "/base");
-  std::map<std::string, at::Tensor> tower;
-  for (const std::string& name : base.names()) {
-    if (is_vision_part(name)) tower[module_tree_name(name)] = base.load(name);
-  }
-  REQUIRE(tower.size() > 10);
-  test::write_data(dir, "train.jsonl", 16, 9);
+    REQUIRE(tower.size() > 10);
+    test::write_data(dir, "train.jsonl", 16, 9);
 
-  // The vision tower, under transformers' module names, exactly as the base had it; the
-  // config.json a Gemma3ForConditionalGeneration's.
-  auto check_whole_folder = [&](const std::string& folder) {
-    INFO("folder " << folder);
-    SafetensorsCheckpoint written(folder);
-    for (const auto& [name, values] : tower) {
-      INFO(name);
-      REQUIRE(written.contains(name));
-      CHECK(at::equal(written.load(name), values));
-    }
-    const ModelConfig c = load_model_config(folder);
-    CHECK(c.model_type == "gemma3");
-    CHECK_THAT(files::read_text(folder + "/config.json"),
-               Catch::Contains("vision_config") && Catch::Contains("siglip_vision_model"));
-    return load(folder);
-  };
+    // The vision tower, under transformers' module names, exactly as the base had it; the
+    // config.json the base's multimodal one.
+    auto check_whole_folder = [&](const std::string& folder) {
+      INFO("folder " << folder);
+      SafetensorsCheckpoint written(folder);
+      for (const auto& [name, values] : tower) {
+        INFO(name);
+        REQUIRE(written.contains(name));
+        CHECK(at::equal(written.load(name), values));
+      }
+      const ModelConfig c = load_model_config(folder);
+      CHECK(c.model_type == family);
+      CHECK_THAT(files::read_text(folder + "/config.json"), Catch::Contains("vision_config"));
+      return load(folder);
+    };
 
-  for (const std::string method : {"lora", "qlora", "full"}) {
-    INFO(method);
-    std::vector<std::string> flags = test::tiny_run_flags(
-        dir,
-        {"--per_device_train_batch_size", "2", "--learning_rate", "1e-2", "--seed", "5",
-         "--max_steps", "2", "--save_steps", "2", "--output_dir", dir + "/out_" + method,
-         "--finetuning_type", method == "full" ? "full" : "lora", "--lora_target", "q_proj,v_proj",
-         "--lora_r", "4"},
-        {});
-    flags[0] = "--model_name_or_path";
-    flags[1] = dir + "/base";
-    if (method == "qlora") flags.insert(flags.end(), {"--quantization_bit", "4"});
-    TrainingArguments args;
-    apply_training_flags(args, flags);
-    std::vector<double> losses;
-    TrainerCallbacks callbacks;
-    callbacks.on_step = [&](const StepStats& s) { losses.push_back(s.loss); };
-    Trainer(args, std::shared_ptr<Communicator>(test::join()), callbacks).train();
-    REQUIRE(losses.size() == 2);
-    for (double l : losses) CHECK(std::isfinite(l));
-    const std::string out = dir + "/out_" + method;
-    if (method == "full") {
-      check_whole_folder(out);
-      continue;
+    const int64_t layers = load_model_config(dir + "/base").num_hidden_layers;
+    for (const std::string method : {"lora", "qlora", "full"}) {
+      INFO(method);
+      const std::string out = dir + "/out_" + method;
+      std::vector<std::string> flags{"--max_steps",       "2",
+                                     "--save_steps",      "2",
+                                     "--output_dir",      out,
+                                     "--finetuning_type", method == "full" ? "full" : "lora",
+                                     "--lora_target",     "q_proj,v_proj",
+                                     "--lora_r",          "4"};
+      if (method == "qlora") flags.insert(flags.end(), {"--quantization_bit", "4"});
+      const std::vector<double> losses = test::train_on_base(dir, flags);
+      REQUIRE(losses.size() == 2);
+      for (double l : losses) CHECK(std::isfinite(l));
+      if (method == "full") {
+        check_whole_folder(out);
+        continue;
+      }
+      // PEFT's keys on the *ForConditionalGeneration, and targets that leave the tower alone
+      // (PEFT would match "q_proj" in the vision tower too).
+      SafetensorsCheckpoint adapter(out + "/adapter_model.safetensors");
+      for (const std::string& key : adapter.names()) {
+        INFO(key);
+        CHECK(starts_with(key, "base_model.model.model.language_model.layers."));
+      }
+      rapidjson::Document adapter_config;
+      adapter_config.Parse(files::read_text(out + "/adapter_config.json").c_str());
+      const rapidjson::Value& targets = adapter_config["target_modules"];
+      REQUIRE(targets.IsArray());
+      CHECK(targets.Size() == 2 * layers);  // q and v of every layer
+      for (const auto& t : targets.GetArray()) {
+        CHECK(starts_with(json::text(t), "model.language_model.layers."));
+      }
+      MergeOptions options;
+      options.dtype = at::kFloat;
+      merge_checkpoint(out, dir + "/merged_" + method, options);
+      auto merged = check_whole_folder(dir + "/merged_" + method);
+      if (method == "qlora") continue;  // merged into the dequantized projections, as PEFT does
+      auto with_adapter = load(dir + "/base");
+      load_adapter(*with_adapter, out, /*trainable=*/false);
+      auto plain = load(dir + "/base");
+      at::NoGradGuard no_grad;
+      const at::Tensor ids = at::randint(3, 250, {2, 12}, at::kLong);
+      const at::Tensor want = with_adapter->logits(ids);
+      CHECK(max_abs(merged->logits(ids), want) < 1e-4);
+      CHECK(max_abs(plain->logits(ids), want) > 1e-4);
     }
-    // PEFT's keys on Gemma3ForConditionalGeneration, and targets that leave the tower alone
-    // (PEFT would match "q_proj" in SigLIP too).
-    SafetensorsCheckpoint adapter(out + "/adapter_model.safetensors");
-    for (const std::string& key : adapter.names()) {
-      INFO(key);
-      CHECK(starts_with(key, "base_model.model.model.language_model.layers."));
-    }
-    rapidjson::Document adapter_config;
-    adapter_config.Parse(files::read_text(out + "/adapter_config.json").c_str());
-    const rapidjson::Value& targets = adapter_config["target_modules"];
-    REQUIRE(targets.IsArray());
-    CHECK(targets.Size() == 2 * 6);  // q and v of six layers
-    for (const auto& t : targets.GetArray()) {
-      CHECK(starts_with(json::text(t), "model.language_model.layers."));
-    }
-    MergeOptions options;
-    options.dtype = at::kFloat;
-    merge_checkpoint(out, dir + "/merged_" + method, options);
-    auto merged = check_whole_folder(dir + "/merged_" + method);
-    if (method == "qlora") continue;  // merged into the dequantized projections, as PEFT merges
-    auto with_adapter = load(dir + "/base");
-    load_adapter(*with_adapter, out, /*trainable=*/false);
-    auto plain = load(dir + "/base");
-    at::NoGradGuard no_grad;
-    const at::Tensor ids = at::randint(3, 250, {2, 12}, at::kLong);
-    const at::Tensor want = with_adapter->logits(ids);
-    CHECK(max_abs(merged->logits(ids), want) < 1e-4);
-    CHECK(max_abs(plain->logits(ids), want) > 1e-4);
   }
 }
 

@@ -5,8 +5,11 @@
 
 #include <fmt/format.h>
 
+#include "support/ranks.hpp"
 #include "util/files.hpp"
+#include "zerotrain/config.hpp"
 #include "zerotrain/safetensors.hpp"
+#include "zerotrain/trainer.hpp"
 
 namespace zt::test {
 
@@ -103,6 +106,23 @@ std::map<int64_t, double> logged(const std::string& out_dir, const std::string& 
     values[step] = std::stod(line.substr(at + quoted.size()));
   }
   return values;
+}
+
+std::vector<double> train_on_base(const std::string& dir,
+                                  const std::vector<std::string>& settings) {
+  std::vector<std::string> run{
+      "--per_device_train_batch_size", "2", "--learning_rate", "1e-2", "--seed", "5"};
+  run.insert(run.end(), settings.begin(), settings.end());
+  std::vector<std::string> flags = tiny_run_flags(dir, run, {});
+  flags[0] = "--model_name_or_path";
+  flags[1] = dir + "/base";
+  TrainingArguments args;
+  apply_training_flags(args, flags);
+  std::vector<double> losses;
+  TrainerCallbacks callbacks;
+  callbacks.on_step = [&](const StepStats& s) { losses.push_back(s.loss); };
+  Trainer(args, std::shared_ptr<Communicator>(join()), callbacks).train();
+  return losses;
 }
 
 }  // namespace zt::test

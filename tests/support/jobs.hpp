@@ -28,6 +28,10 @@ std::string write_data(const std::string& dir, const std::string& name, int coun
 ModelConfig write_model_folder(const std::string& folder, const std::string& config_json,
                                uint64_t seed);
 
+/// A run of the trainer on `dir`/base (a model folder) with the tiny run's data flags, 2 rows a
+/// step, learning rate 1e-2, then `settings` (a later flag wins); returns each step's loss.
+std::vector<double> train_on_base(const std::string& dir, const std::vector<std::string>& settings);
+
 /// The same task as preference pairs in LLaMA-Factory's alpaca layout: the right answer chosen,
 /// the wrong one rejected. Returns the path.
 std::string write_pairs(const std::string& dir, const std::string& name, int count, int salt);
