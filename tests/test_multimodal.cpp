@@ -19,10 +19,12 @@
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "zerotrain/checkpoint.hpp"
+#include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/peft.hpp"
 #include "zerotrain/safetensors.hpp"
+#include "zerotrain/tokenizer.hpp"
 #include "zerotrain/trainer.hpp"
 
 using namespace zt;
@@ -355,4 +357,28 @@ TEST_CASE("a multimodal folder's processor template (chat_template.json) is its 
   files::write_atomic(dir + "/tokenizer_config.json",
                       R"({"chat_template": "{{ messages[0]['content'] }}"})");
   CHECK(data::detect_chat_template(dir, &source) == "jinja:" + dir + "/tokenizer_config.json");
+}
+
+TEST_CASE("LLaMA-Factory's gemma3, mistral_small, phi4 ... templates are the folder's own format",
+          "[data][multimodal]") {
+  // LLaMA-Factory's YAML for Gemma 3 says template: gemma3; its turns are Gemma 3's own chat
+  // template's, which the folder carries.
+  const std::string dir = test::temp_dir("lf_template_names");
+  files::write_atomic(
+      dir + "/tokenizer_config.json",
+      R"({"chat_template": "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"})");
+  auto tok = byte_tokenizer();
+  for (const char* name : {"gemma3", "gemma2", "mistral_small", "phi4", "gpt_oss"}) {
+    INFO(name);
+    std::string source;
+    CHECK(resolve_template(name, dir, *tok, &source) == "jinja:" + dir + "/tokenizer_config.json");
+    CHECK_THAT(source, Catch::Contains(name) && Catch::Contains("LLaMA-Factory"));
+  }
+  // Without a template in the folder: named, with what to give instead.
+  const std::string empty = test::temp_dir("lf_template_none");
+  CHECK_THROWS_WITH(resolve_template("gemma3", empty, *tok),
+                    Catch::Contains("gemma3") && Catch::Contains("jinja:FILE"));
+  CHECK_THROWS_WITH(resolve_template("gemma3", "", *tok), Catch::Contains("no model folder"));
+  // A name LLaMA-Factory has and zerotrain does not stays an error naming the choices.
+  CHECK_THROWS_WITH(resolve_template("cohere", dir, *tok), Catch::Contains("unknown template"));
 }

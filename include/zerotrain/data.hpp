@@ -223,12 +223,14 @@ std::vector<int32_t> encode_prompt(const std::string& template_name, const Token
 std::vector<std::string> template_names();
 
 /// The template a run uses for `name`: "auto" is the model folder's own chat format
-/// (recognized from its chat template), else alpaca_zh when it has none; any other name must be
-/// a template. The chosen format's special tokens must each be one token of `tok` (ConfigError
-/// naming the token otherwise). `source`, when given, receives why it was chosen.
-/// `template_kwargs` (a JSON object, as apply_chat_template's **kwargs: enable_thinking, ...)
-/// render the folder's template as written with them, recorded in the returned name; a
-/// built-in or instruction format takes none (ConfigError naming `kwargs_option`).
+/// (recognized from its chat template), else alpaca_zh when it has none. LLaMA-Factory's names
+/// of formats that are the model's own (gemma, gemma2, gemma3, mistral_small, phi4, phi4_mini,
+/// gpt_oss, glm4_moe, deepseek3) read the folder's chat template as auto does, a ConfigError
+/// when it has none. Any other name must be a template. The chosen format's special tokens must
+/// each be one token of `tok` (ConfigError naming the token otherwise). `source`, when given,
+/// receives why it was chosen. `template_kwargs` (a JSON object, as apply_chat_template's **kwargs:
+/// enable_thinking, ...) render the folder's template as written with them, recorded in the
+/// returned name; a built-in or instruction format takes none (ConfigError naming `kwargs_option`).
 std::string resolve_template(const std::string& name, const std::string& model_dir,
                              const Tokenizer& tok, std::string* source = nullptr,
                              const std::string& template_kwargs = "",

@@ -7,6 +7,8 @@
 #include <exception>
 #include <fstream>
 #include <optional>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -461,8 +463,27 @@ std::string resolve_template(const std::string& name, const std::string& model_d
                              const std::string& template_kwargs, const std::string& kwargs_option) {
   std::string chosen = name;
   const bool kwargs = !template_kwargs.empty() && template_kwargs != "{}";
-  if (name == "auto") {
-    chosen = data::detect_chat_template(model_dir, source, /*as_written=*/kwargs);
+  // LLaMA-Factory's names for formats that write what the model's own chat template writes
+  // (its gemma3 is Gemma 3's turns, its phi4 Phi-4's): the folder's template, as auto reads it.
+  static const std::set<std::string> kModelOwn{"gemma",         "gemma2",   "gemma3",
+                                               "mistral_small", "phi4",     "phi4_mini",
+                                               "gpt_oss",       "glm4_moe", "deepseek3"};
+  if (name == "auto" || kModelOwn.count(name) != 0) {
+    std::string why;
+    chosen = data::detect_chat_template(model_dir, &why, /*as_written=*/kwargs);
+    if (name != "auto" && why.find("chat template of") == std::string::npos) {
+      throw ConfigError(fmt::format(
+          "template {} (LLaMA-Factory's name) is the model's own chat format, read from its "
+          "folder, but {}; give --template jinja:FILE with the model's chat template",
+          name, model_dir.empty() ? "there is no model folder" : "'" + model_dir + "' has none"));
+    }
+    if (source != nullptr) {
+      *source = name == "auto" ? why
+                               : fmt::format(
+                                     "--template {} (LLaMA-Factory's name for the model's "
+                                     "own format): {}",
+                                     name, why);
+    }
   } else if (source != nullptr) {
     *source = "--template";
   }
