@@ -59,6 +59,10 @@ std::string module_tree_name(const std::string& original) {
   return original;
 }
 
+std::string dtype_name_of(at::ScalarType t) {
+  return t == at::kBFloat16 ? "bfloat16" : t == at::kHalf ? "float16" : "float32";
+}
+
 bool is_vision_part(const std::string& name) {
   return name.find("vision_tower.") != std::string::npos ||
          name.find("multi_modal_projector.") != std::string::npos;
@@ -248,6 +252,8 @@ TEST_CASE("Gemma 3 and Mistral-Small as published train LoRA, QLoRA and full, ke
     rapidjson::Document config;
     config.Parse(files::read_text(fixture("models/" + family + "/config.json")).c_str());
     config["text_config"]["vocab_size"].SetInt(300);
+    // As some published folders state it: a dtype inside text_config too (the runs write fp32).
+    config["text_config"].AddMember("dtype", "bfloat16", config.GetAllocator());
     test::write_model_folder(dir + "/random", json::dump(config), 41);
     {
       SafetensorsCheckpoint random(dir + "/random"), tower(fixture("models/" + family));
@@ -283,6 +289,16 @@ TEST_CASE("Gemma 3 and Mistral-Small as published train LoRA, QLoRA and full, ke
       }
       const ModelConfig c = load_model_config(folder);
       CHECK(c.model_type == family);
+      // The dtype written, at the top and wherever text_config states one.
+      rapidjson::Document written_config;
+      written_config.Parse(files::read_text(folder + "/config.json").c_str());
+      CHECK(json::text(written_config["dtype"]) == dtype_name_of(c.dtype));
+      for (const char* d : {"torch_dtype", "dtype"}) {
+        if (written_config["text_config"].HasMember(d)) {
+          CHECK(json::text(written_config["text_config"][d]) ==
+                json::text(written_config["dtype"]));
+        }
+      }
       CHECK_THAT(files::read_text(folder + "/config.json"), Catch::Contains("vision_config"));
       return load(folder);
     };

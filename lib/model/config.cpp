@@ -223,6 +223,11 @@ std::string model_config_json(const ModelConfig& c) {
     if (!doc.HasMember(key.c_str()) || !doc[key.c_str()].IsObject())
       set_member(doc, key.c_str(), rapidjson::Value(rapidjson::kObjectType), alloc);
     decoder = &doc[key.c_str()];
+    // A dtype the text config states itself follows the weights written, as the top's does.
+    for (const char* d : {"torch_dtype", "dtype"}) {
+      if (decoder->HasMember(d))
+        set_member(*decoder, d, rapidjson::Value(dtype_name(c.dtype), alloc), alloc);
+    }
   }
   if (!decoder->HasMember("rope_theta"))
     set_member(*decoder, "rope_theta", rapidjson::Value(c.rope_theta), alloc);
