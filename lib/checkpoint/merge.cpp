@@ -12,6 +12,7 @@
 #include "config/quantization.hpp"
 #include "model/blocks.hpp"
 #include "model/family.hpp"
+#include "model/kept_parts.hpp"
 #include "model/quantized_weights.hpp"
 #include "peft/adapter_io.hpp"
 #include "peft/expert_lora.hpp"
@@ -186,9 +187,8 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
   }
   // A multimodal folder's vision tower and projector, not trained: copied from the folder that
   // holds them (the base, or a full fine-tune's checkpoint).
-  const auto kept_of = model::kept_parts_of(config, {base_dir, checkpoint_dir});
-  const std::vector<model::KeptPart>& kept = kept_of.first;
-  for (const model::KeptPart& p : kept) plan.push_back(TensorEntry{p.name, dtype, p.shape});
+  const model::KeptParts kept = model::kept_parts_of(config, {base_dir, checkpoint_dir});
+  kept.plan(plan, dtype);
   std::map<std::string, std::vector<int64_t>> model_shape;
   for (const auto& item : shape_of.named_parameters(true))
     model_shape[item.key()] = item.value().sizes().vec();
@@ -240,13 +240,8 @@ MergeReport merge_checkpoint(const std::string& checkpoint_dir, const std::strin
     ++report.tensors;
     report.peak_rss_anon_bytes = std::max(report.peak_rss_anon_bytes, rss_anon_bytes() - rss_start);
   }
-  if (!kept.empty()) {
-    const SafetensorsCheckpoint from(kept_of.second);
-    for (const model::KeptPart& p : kept) {
-      writer.write(p.name, from.load(p.stored, dtype));
-      ++report.tensors;
-    }
-  }
+  kept.write(writer, dtype);
+  report.tensors += static_cast<int64_t>(kept.tensors.size());
   report.files = writer.finish();
   ModelConfig out_config = to_glm ? conversion->config(config) : config;
   out_config.dtype = dtype;

@@ -468,6 +468,10 @@ std::optional<std::pair<std::string, std::string>> folder_chat_template(const st
 
 }  // namespace
 
+bool has_folder_chat_template(const std::string& model_dir) {
+  return !model_dir.empty() && folder_chat_template(model_dir).has_value();
+}
+
 const ChatTemplate& chat_template(const std::string& name) {
   for (const auto& t : all()) {
     if (t->name() == name) return *t;

@@ -62,6 +62,10 @@ const ChatTemplate& chat_template(const std::string& name);
 /// Every template name, instruction templates first.
 std::vector<std::string> chat_template_names();
 
+/// Whether `model_dir` holds a chat template of its own (chat_template.jinja,
+/// tokenizer_config.json's member, or a processor's chat_template.json).
+bool has_folder_chat_template(const std::string& model_dir);
+
 /// What `--template auto` picks for the model folder `model_dir`: the built-in format whose
 /// reference text equals the folder's chat template (chat_template.jinja, or
 /// tokenizer_config.json's chat_template; whitespace ignored); any other template as written

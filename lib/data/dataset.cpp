@@ -469,14 +469,14 @@ std::string resolve_template(const std::string& name, const std::string& model_d
                                                "mistral_small", "phi4",     "phi4_mini",
                                                "gpt_oss",       "glm4_moe", "deepseek3"};
   if (name == "auto" || kModelOwn.count(name) != 0) {
-    std::string why;
-    chosen = data::detect_chat_template(model_dir, &why, /*as_written=*/kwargs);
-    if (name != "auto" && why.find("chat template of") == std::string::npos) {
+    if (name != "auto" && !data::has_folder_chat_template(model_dir)) {
       throw ConfigError(fmt::format(
           "template {} (LLaMA-Factory's name) is the model's own chat format, read from its "
           "folder, but {}; give --template jinja:FILE with the model's chat template",
           name, model_dir.empty() ? "there is no model folder" : "'" + model_dir + "' has none"));
     }
+    std::string why;
+    chosen = data::detect_chat_template(model_dir, &why, /*as_written=*/kwargs);
     if (source != nullptr) {
       *source = name == "auto" ? why
                                : fmt::format(

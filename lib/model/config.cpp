@@ -98,12 +98,6 @@ ModelConfig parse_model_config(std::string_view text, const std::string& source)
           "model_type", fmt::format("\"{}\" is not supported under {}; supported: {}", *t, type,
                                     mm->text_model_type));
     }
-    r.known({"vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index",
-             "image_token_index", "image_token_id", "boi_token_id", "eoi_token_id",
-             "initializer_range", "architectures", "transformers_version", "processor_class",
-             // Mistral3's
-             "projector_hidden_act", "vision_feature_layer", "spatial_merge_size",
-             "multimodal_projector_bias"});
   }
   ObjectReader& m = text_reader ? *text_reader : r;  // the decoder's members
   family->read_config(m, c);

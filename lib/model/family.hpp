@@ -50,7 +50,7 @@ struct Conversion {
 /// "model.language_model"), so parameter and PEFT names are the ones transformers and PEFT use.
 /// The folder's other parts (`parts`, model-name prefixes: the vision tower, the projector) are
 /// not modelled: loading skips them, and every folder of whole weights zerotrain writes from
-/// such a model copies them from the base (weights.cpp, kept_parts).
+/// such a model copies them from the base (kept_parts.hpp).
 struct Multimodal {
   std::string_view text_config = "text_config";
   /// The family its text decoder is (text_config's model_type, which must be this where given).
@@ -122,28 +122,6 @@ struct Family {
   /// path (quantized_weights.hpp), which reads bitsandbytes' only.
   std::string_view read_dequantized;
 };
-
-/// Whether `stored`, a tensor of a folder of `c`'s family, belongs to a part of a multimodal
-/// folder that is not modelled (Multimodal::parts), in either layout transformers saves.
-bool is_kept_part(const ModelConfig& c, const std::string& stored);
-
-/// One tensor of such a part: its name in transformers' module tree (the name zerotrain writes),
-/// its name in the folder's files, and its shape.
-struct KeptPart {
-  std::string name, stored;
-  std::vector<int64_t> shape;
-};
-
-/// The tensors of `dir`'s files (a model folder of `c`'s family) that belong to the parts
-/// beside the text decoder; empty for a family that is not multimodal. Throws IoError for
-/// unreadable files.
-std::vector<KeptPart> kept_parts(const ModelConfig& c, const std::string& dir);
-
-/// kept_parts of the first of `dirs` (empty entries and folders without model weights skipped)
-/// that holds any, and that folder; ({}, "") when none does. Logs a warning when `c`'s family is
-/// multimodal and no folder holds its parts (what is written then lacks them).
-std::pair<std::vector<KeptPart>, std::string> kept_parts_of(const ModelConfig& c,
-                                                            const std::vector<std::string>& dirs);
 
 /// The family of `model_type`, or null.
 const Family* find_family(std::string_view model_type);

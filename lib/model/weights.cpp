@@ -14,6 +14,7 @@
 
 #include "model/families/moe.hpp"
 #include "model/family.hpp"
+#include "model/kept_parts.hpp"
 #include "model/quantized_weights.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
@@ -502,12 +503,13 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
   // GLM-4.5's multi-token-prediction layers follow the decoder's; transformers skips them.
   const int64_t extra = model::moe::settings_of(config).extra_layers;
   int64_t kept = 0;
+  const model::Multimodal* multimodal = model::family_of(config).multimodal;
   for (const std::string& name : ckpt.names()) {
     if (needed.count(name) != 0 || is_recomputed_buffer(name) ||
         model::is_quantization_part(name, quantized)) {
       continue;
     }
-    if (model::is_kept_part(config, name)) {
+    if (model::is_kept_part(multimodal, name)) {
       ++kept;
       continue;
     }
@@ -571,8 +573,7 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
 
 namespace model {
 
-bool is_kept_part(const ModelConfig& c, const std::string& stored) {
-  const Multimodal* mm = family_of(c).multimodal;
+bool is_kept_part(const Multimodal* mm, const std::string& stored) {
   if (mm == nullptr) return false;
   const std::string name = in_other_layout(stored, /*to_original=*/false).value_or(stored);
   return std::any_of(mm->parts.begin(), mm->parts.end(), [&](std::string_view part) {
@@ -580,20 +581,17 @@ bool is_kept_part(const ModelConfig& c, const std::string& stored) {
   });
 }
 
-std::vector<KeptPart> kept_parts(const ModelConfig& c, const std::string& dir) {
-  std::vector<KeptPart> out;
-  if (family_of(c).multimodal == nullptr) return out;
-  const SafetensorsCheckpoint ckpt(dir);
-  for (const std::string& stored : ckpt.names()) {
-    if (!is_kept_part(c, stored)) continue;
-    out.push_back(KeptPart{in_other_layout(stored, /*to_original=*/false).value_or(stored), stored,
-                           ckpt.info(stored).shape});
-  }
-  return out;
+void KeptParts::plan(std::vector<TensorEntry>& plan, at::ScalarType dtype) const {
+  for (const Tensor& t : tensors) plan.push_back(TensorEntry{t.name, dtype, t.shape});
 }
 
-std::pair<std::vector<KeptPart>, std::string> kept_parts_of(const ModelConfig& c,
-                                                            const std::vector<std::string>& dirs) {
+void KeptParts::write(SafetensorsStreamWriter& writer, at::ScalarType dtype) const {
+  if (tensors.empty()) return;
+  const SafetensorsCheckpoint from(dir);
+  for (const Tensor& t : tensors) writer.write(t.name, from.load(t.stored, dtype));
+}
+
+KeptParts kept_parts_of(const ModelConfig& c, const std::vector<std::string>& dirs) {
   const Multimodal* mm = family_of(c).multimodal;
   if (mm == nullptr) return {};
   namespace fs = std::filesystem;
@@ -603,8 +601,15 @@ std::pair<std::vector<KeptPart>, std::string> kept_parts_of(const ModelConfig& c
                         !fs::exists(fs::path(dir) / "model.safetensors.index.json", ec))) {
       continue;
     }
-    std::vector<KeptPart> parts = kept_parts(c, dir);
-    if (!parts.empty()) return {std::move(parts), dir};
+    KeptParts kept{dir, {}};
+    const SafetensorsCheckpoint ckpt(dir);
+    for (const std::string& stored : ckpt.names()) {
+      if (!is_kept_part(mm, stored)) continue;
+      kept.tensors.push_back(
+          KeptParts::Tensor{in_other_layout(stored, /*to_original=*/false).value_or(stored), stored,
+                            ckpt.info(stored).shape});
+    }
+    if (!kept.tensors.empty()) return kept;
   }
   log::warn(
       "model_type {}: no folder among [{}] holds the parts beside the text decoder ({}); the "

@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "model/family.hpp"
+#include "model/kept_parts.hpp"
 #include "train/resume_check.hpp"
 #include "train/trainer_impl.hpp"
 #include "util/log.hpp"
@@ -53,20 +53,16 @@ void Trainer::Impl::write_user_files(
     files::write_atomic(dir + "/config.json", model_config_json(c) + "\n");
     if (available) {
       // A multimodal folder's vision tower and projector, not trained: the base's, as they are.
-      const auto kept_of = model::kept_parts_of(c, {model_dir});
-      const std::vector<model::KeptPart>& kept = kept_of.first;
+      const model::KeptParts kept = model::kept_parts_of(c, {model_dir});
       SafetensorsStreamWriter writer(dir, [&] {
         std::vector<TensorEntry> plan;
         for (const auto& [name, value] : weights)
           plan.push_back(TensorEntry{name, dtype, value.sizes().vec()});
-        for (const model::KeptPart& p : kept) plan.push_back(TensorEntry{p.name, dtype, p.shape});
+        kept.plan(plan, dtype);
         return plan;
       }());
       for (const auto& [name, value] : weights) writer.write(name, value);
-      if (!kept.empty()) {
-        const SafetensorsCheckpoint from(kept_of.second);
-        for (const model::KeptPart& p : kept) writer.write(p.name, from.load(p.stored, dtype));
-      }
+      kept.write(writer, dtype);
       writer.finish();
     }
   }
