@@ -57,8 +57,8 @@ class PeerWatch;
 
 /// One collective as the GPU timed it (CommOptions::timeline; NCCL).
 struct CollectiveTime {
-  std::string op;           ///< "all_reduce", "reduce_scatter", "all_gather", "broadcast"
-  int64_t bytes = 0;        ///< of its larger buffer (the whole, not the shard)
+  std::string op;     ///< "all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"
+  int64_t bytes = 0;  ///< of its larger buffer (the whole, not the shard)
   double in_flight_ms = 0;  ///< on the communication stream, from its start to its end
   /// How long the stream that waited for it (Work::wait) stood still at the wait, or how long
   /// the host blocked (Work::synchronize); 0 when it was done before it was needed, and when
@@ -94,6 +94,15 @@ class Communicator {
   WorkHandle all_gather_uneven(const at::Tensor& output, const at::Tensor& input,
                                const std::vector<int64_t>& counts);
 
+  /// All-to-all of different sizes: `input` holds, in rank order, send_counts[q] elements for
+  /// rank q, and `output` receives, in rank order, recv_counts[q] elements from rank q. Rank r's
+  /// send_counts[q] must equal rank q's recv_counts[r] (callers exchange their counts first, with
+  /// an all_to_all of fixed sizes); a count may be 0, so ranks outside a group exchange nothing.
+  /// Both tensors contiguous, of one dtype, with exactly the counts' sums of elements.
+  WorkHandle all_to_all(const at::Tensor& output, const at::Tensor& input,
+                        const std::vector<int64_t>& recv_counts,
+                        const std::vector<int64_t>& send_counts);
+
   /// Throws the DistributedError of a collective that failed on this communicator, if one did.
   /// On NCCL a failed collective is aborted, and the results of collectives in flight then are
   /// undefined: a caller that reads a result through a host copy of its own (not
@@ -111,6 +120,10 @@ class Communicator {
   void post_failure(const std::string& message) noexcept;
 
  protected:
+  /// all_to_all after its checks: the backend's exchange (counts valid, tensors flat-viewable).
+  virtual WorkHandle exchange(const at::Tensor& output, const at::Tensor& input,
+                              const std::vector<int64_t>& recv_counts,
+                              const std::vector<int64_t>& send_counts) = 0;
   /// The job's signs of life (null at world size 1), handed to the backend by
   /// create_communicator.
   std::shared_ptr<comm::PeerWatch> peers_;

@@ -156,6 +156,36 @@ class GlooCommunicator final : public Communicator {
     return std::make_unique<ThenWork>(std::move(inner), [t, wire]() mutable { t.copy_(wire); });
   }
 
+  WorkHandle exchange(const at::Tensor& out, const at::Tensor& in,
+                      const std::vector<int64_t>& recv_counts,
+                      const std::vector<int64_t>& send_counts) override {
+    // Gloo takes no empty buffer, so every rank also sends itself one element, after its own
+    // block (the same on both sides of that self-exchange); widened where Gloo lacks the dtype.
+    const at::ScalarType wire_type = needs_widening(in) ? at::kFloat : in.scalar_type();
+    const auto r = static_cast<size_t>(rank_);
+    int64_t send_cut = 0, recv_cut = 0;  // where the own block ends in input and output
+    for (size_t q = 0; q <= r; ++q) {
+      send_cut += send_counts[q];
+      recv_cut += recv_counts[q];
+    }
+    std::vector<int64_t> send = send_counts, recv = recv_counts;
+    send[r] += 1;
+    recv[r] += 1;
+    at::Tensor wire_in = at::zeros({in.numel() + 1}, in.options().dtype(wire_type));
+    const at::Tensor flat_in = in.reshape({-1});
+    wire_in.narrow(0, 0, send_cut).copy_(flat_in.narrow(0, 0, send_cut));
+    wire_in.narrow(0, send_cut + 1, in.numel() - send_cut)
+        .copy_(flat_in.narrow(0, send_cut, in.numel() - send_cut));
+    at::Tensor wire_out = at::empty({out.numel() + 1}, out.options().dtype(wire_type));
+    auto inner = wrap(pg_->alltoall_base(wire_out, wire_in, recv, send), "all_to_all");
+    return std::make_unique<ThenWork>(std::move(inner), [out, wire_out, recv_cut]() mutable {
+      at::Tensor flat = out.view({-1});
+      const int64_t n = flat.numel();
+      flat.narrow(0, 0, recv_cut).copy_(wire_out.narrow(0, 0, recv_cut));
+      flat.narrow(0, recv_cut, n - recv_cut).copy_(wire_out.narrow(0, recv_cut + 1, n - recv_cut));
+    });
+  }
+
   void barrier() override {
     WorkHandle w;
     try {

@@ -251,6 +251,34 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  WorkHandle exchange(const at::Tensor& out, const at::Tensor& in,
+                      const std::vector<int64_t>& recv_counts,
+                      const std::vector<int64_t>& send_counts) override {
+    // Point-to-point sends and receives in one NCCL group (NCCL has no all-to-all of its own).
+    const ncclDataType_t type = nccl_type(in.scalar_type());
+    const size_t size = in.element_size();
+    return launch("all_to_all", {out, in}, [&] {
+      ncclResult_t r = ncclGroupStart();
+      int64_t sent = 0, received = 0;
+      for (int q = 0; q < world_ && (r == ncclSuccess || r == ncclInProgress); ++q) {
+        const int64_t s = send_counts[static_cast<size_t>(q)];
+        const int64_t v = recv_counts[static_cast<size_t>(q)];
+        if (s > 0) {
+          r = ncclSend(static_cast<const char*>(in.data_ptr()) + sent * size,
+                       static_cast<size_t>(s), type, q, comm_, stream_);
+        }
+        if (v > 0 && (r == ncclSuccess || r == ncclInProgress)) {
+          r = ncclRecv(static_cast<char*>(out.data_ptr()) + received * size, static_cast<size_t>(v),
+                       type, q, comm_, stream_);
+        }
+        sent += s;
+        received += v;
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r == ncclSuccess || r == ncclInProgress ? end : r;
+    });
+  }
+
   void barrier() override {
     // A one-element all-reduce, waited on by the host: NCCL has no barrier of its own.
     at::Tensor one = at::ones({1}, at::TensorOptions().device(device_).dtype(at::kFloat));

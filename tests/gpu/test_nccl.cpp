@@ -70,6 +70,16 @@ TEST_CASE("rank: nccl collectives", "[.rank]") {
   for (at::ScalarType dtype : kDtypes) test::check_collectives(*comm, dtype);
 }
 
+TEST_CASE("nccl: every collective at world 2 and 4, nodes of their own on one GPU",
+          "[gpu][nccl][ranks]") {
+  // all_to_all's pairs of sends and receives included (check_collectives).
+  for (int world : {2, 4}) {
+    INFO("world " << world);
+    test::run_ranks(world, "rank: nccl collectives", std::chrono::seconds(240), {},
+                    test::gpu_ranks_share_a_gpu(world));
+  }
+}
+
 TEST_CASE("nccl: every collective across all visible GPUs", "[gpu][nccl][multi]") {
   int gpus = static_cast<int>(at::getNumGPUs());
   if (gpus < 2) {

@@ -2,6 +2,8 @@
 
 #include "support/catch.hpp"
 
+#include "zerotrain/error.hpp"
+
 #include <fmt/format.h>
 
 namespace zt::test {
@@ -110,6 +112,35 @@ void check_collectives(Communicator& comm, at::ScalarType dtype) {
                               at::TensorOptions().dtype(dtype).device(dev));
     comm.all_gather_uneven(out, in, counts)->wait();
     CHECK(read(out) == expected);
+  }
+
+  // all_to_all of different sizes: rank r sends (r + q) % 3 elements to rank q (none to some,
+  // itself included), receiving (q + r) % 3 from each; a first one of 0 elements everywhere at
+  // world 1 too.
+  {
+    std::vector<int64_t> send, recv;
+    std::vector<double> mine, expected;
+    for (int q = 0; q < w; ++q) {
+      const int64_t out = (r + q) % 3, in = (q + r) % 3;
+      send.push_back(out);
+      recv.push_back(in);
+      for (int64_t i = 0; i < out; ++i) mine.push_back(value(r, q * 10 + i));
+      for (int64_t i = 0; i < in; ++i) expected.push_back(value(q, r * 10 + i));
+    }
+    const auto options = at::TensorOptions().dtype(dtype).device(dev);
+    at::Tensor in = mine.empty() ? at::empty({0}, options) : make(mine, dtype, dev);
+    at::Tensor out = at::full({static_cast<int64_t>(expected.size())}, -5.0, options);
+    comm.all_to_all(out, in, recv, send)->wait();
+    CHECK(read(out) == expected);
+    const std::vector<int64_t> none(static_cast<size_t>(w), 0);
+    at::Tensor empty = at::empty({0}, options);
+    comm.all_to_all(empty, empty, none, none)->wait();
+    if (w > 1) {
+      CHECK_THROWS_AS(comm.all_to_all(out, in, send, std::vector<int64_t>(1, 0)), InvalidArgument);
+    }
+    CHECK_THROWS_AS(comm.all_to_all(at::empty({static_cast<int64_t>(expected.size()) + 1}, options),
+                                    in, recv, send),
+                    InvalidArgument);
   }
 
   // broadcast from the last rank.
