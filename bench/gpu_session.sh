@@ -31,6 +31,8 @@
 #   bench/gpu_session.sh glm              the GLM-4-9B-shaped LoRA step beside the peer (extended with that shape)
 #   bench/gpu_session.sh families         LoRA on the Qwen3-8B, Gemma-3-12B, Gemma-2-9B and Phi-4 shapes beside
 #                                         the peer (COMPILED=1 too), QLoRA Qwen3-14B's peak memory
+#   bench/gpu_session.sh moe              LoRA on the Qwen3-30B-A3B shape beside the peer (COMPILED=1 too),
+#                                         QLoRA over gpt-oss-20b's 4-bit experts: peak memory
 #   bench/gpu_session.sh tokspeed         one-thread encoding speed, ours and HF tokenizers', per real
 #                                         tokenizer folder (REAL=DIR, TOKMB=10)
 #   bench/gpu_session.sh compare          before/after: the models, micro and glm rows of this tree and of
@@ -347,6 +349,14 @@ for phase in "$@"; do
       # QLoRA with checkpointing that keeps nothing (gradient_checkpointing_keep none): the
       # memory floor the goal is about; `auto` spends free memory on kept outputs for speed.
       [ "${QLORA14:-1}" = 1 ] && ZT_BENCH_KEEP=none ours qwen3-14b qlora 1024 4 1 8
+      ;;
+    moe)
+      # [4/7]: LoRA r16 all-linear (attention, experts, routers: PEFT 0.21's conversion) on the
+      # Qwen3-30B-A3B shape 1024 × 8 with checkpointing beside the peer, eager and compiled; then
+      # the gpt-oss-20b shape's LoRA over 4-bit experts (QLoRA) 1024 × 1: its peak memory.
+      ours qwen3-30b-a3b lora 1024 8 1 8
+      peer qwen3-30b-a3b lora 1024 8 1
+      ZT_BENCH_KEEP=none ours gpt-oss-20b qlora 1024 1 1 8
       ;;
     tokspeed)
       # [2/7]: encoding speed on one thread, ours and HF tokenizers', on the same generated

@@ -77,6 +77,21 @@ inline ModelConfig shape_config(const std::string& shape) {
       "vocab_size": 100352, "rope_theta": 250000.0, "max_position_embeddings": 16384,
       "original_max_position_embeddings": 16384, "tie_word_embeddings": false,
       "rms_norm_eps": 1e-5})";
+  } else if (shape == "qwen3-30b-a3b") {
+    json = R"({"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+      "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+      "norm_topk_prob": true, "num_hidden_layers": 48, "num_attention_heads": 32,
+      "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "rope_theta": 1000000.0,
+      "max_position_embeddings": 40960, "tie_word_embeddings": false, "rms_norm_eps": 1e-6})";
+  } else if (shape == "gpt-oss-20b") {  // openai/gpt-oss-20b's config.json, experts dequantized
+    json = R"({"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+      "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
+      "head_dim": 64, "num_local_experts": 32, "num_experts_per_tok": 4, "vocab_size": 201088,
+      "sliding_window": 128, "attention_bias": true, "swiglu_limit": 7.0,
+      "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+      "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "original_max_position_embeddings": 4096, "truncate": false}, "rope_theta": 150000.0,
+      "max_position_embeddings": 131072, "tie_word_embeddings": false, "rms_norm_eps": 1e-5})";
   } else if (shape == "tiny") {  // for smoke tests of the tools  // for smoke tests of the tools
     json = R"({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -85,7 +100,7 @@ inline ModelConfig shape_config(const std::string& shape) {
     throw std::invalid_argument("unknown shape '" + shape +
                                 "' (qwen2.5-7b, qwen2.5-1.5b, llama2-7b, llama2-13b, llama2-70b, "
                                 "llama3-8b, glm-4-9b, qwen3-8b, qwen3-14b, gemma-2-9b, "
-                                "gemma-3-12b, phi-4)");
+                                "gemma-3-12b, phi-4, qwen3-30b-a3b, gpt-oss-20b)");
   }
   return parse_model_config(json, shape);
 }

@@ -22,8 +22,10 @@
 #include "model/moe.hpp"
 #include "model/quantized_weights.hpp"
 #include "peft/fused_experts.hpp"
+#include "quant/four_bit_weight.hpp"
 #include "support/jobs.hpp"
 #include "support/messages.hpp"
+#include "support/models.hpp"
 #include "support/ranks.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
@@ -83,12 +85,7 @@ std::shared_ptr<model::SparseMoe> random_moe(const model::MoeSpec& spec, int64_t
   return m;
 }
 
-const std::string kMoeConfig =
-    R"({"model_type": "qwen3_moe", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 48,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-        "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
-        "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-        "norm_topk_prob": true, "rope_theta": 1000000.0})";
+const std::string kMoeConfig = test::tiny_moe_config(6);
 
 // kMoeConfig with `mlp_only_layers` set.
 std::string moe_config_with_dense(int layer) {
@@ -189,8 +186,38 @@ TEST_CASE("grouped products: each expert's rows by its weight, unused experts' g
   CHECK(max_abs(w.grad(), wr.grad()) < 1e-5);
   CHECK(w.grad()[1].abs().max().item<double>() == 0.0);
   CHECK(w.grad()[3].abs().max().item<double>() == 0.0);
+  // Groups from a count tensor (as the router gives them) are the same groups.
+  const model::ExpertGroups from_tensor(at::tensor(counts, at::kLong));
+  CHECK(from_tensor.counts() == counts);
+  CHECK(at::equal(model::grouped_linear(x0, w0, from_tensor), y.detach()));
+  // 4-bit experts: the product of their dequantized values, stored [E, out, in] or [E, in, out];
+  // the input's gradient only.
+  for (const bool transposed : {false, true}) {
+    INFO("transposed: " << transposed);
+    const at::Tensor values = transposed ? w0.transpose(1, 2).contiguous() : w0;
+    const auto layout = model::four_bit_layout(QuantizationConfig{}, 4 * values.size(1),
+                                               values.size(2), at::kFloat, 4);
+    const at::Tensor storage =
+        quant::quantize_weight(*layout, values.reshape({-1, values.size(2)}));
+    const at::Tensor dense =
+        quant::dequantize_weight(*layout, storage, at::kFloat).view(values.sizes());
+    CHECK(max_abs(dense, values) > 1e-4);  // the quantization is seen
+    at::Tensor xq = x0.clone().requires_grad_(true), xd = x0.clone().requires_grad_(true);
+    const at::Tensor yq =
+        model::quantized_grouped_linear(xq, storage, *layout, transposed, from_tensor);
+    const at::Tensor yd =
+        model::grouped_linear(xd, transposed ? dense.transpose(1, 2) : dense, counts);
+    CHECK(max_abs(yq, yd) < 1e-5);
+    (yq * probe).sum().backward();
+    (yd * probe).sum().backward();
+    CHECK(max_abs(xq.grad(), xd.grad()) < 1e-5);
+    CHECK_THROWS_AS(model::quantized_grouped_linear(x0, storage.narrow(0, 0, 10), *layout,
+                                                    transposed, from_tensor),
+                    InvalidArgument);
+  }
   // Counts that do not cover the rows, or a weight of another width, are errors.
   CHECK_THROWS_AS(model::grouped_linear(x0, w0, {3, 0, 3, 0}), InvalidArgument);
+  CHECK_THROWS_AS(model::grouped_linear(x0, w0, {8, -1, 0, 0}), InvalidArgument);
   CHECK_THROWS_AS(model::grouped_linear(x0, w0, {7, 0, 0}), InvalidArgument);
   CHECK_THROWS_AS(model::grouped_linear(at::randn({7, 4}), w0, counts), InvalidArgument);
 }
@@ -581,7 +608,7 @@ TEST_CASE("the load-balancing loss trains the routers alike with and without rec
                        test::Has({"output_router_logits", "train_step"}));
 }
 
-TEST_CASE("QLoRA over a mixture-of-experts base: 4-bit projections, experts kept in their dtype",
+TEST_CASE("QLoRA over a mixture-of-experts base: 4-bit projections and experts, routers kept",
           "[model][moe][peft][quant]") {
   const std::string dir = test::temp_dir("moe_qlora");
   test::write_data(dir, "train.jsonl", 16, 9);
@@ -591,7 +618,7 @@ TEST_CASE("QLoRA over a mixture-of-experts base: 4-bit projections, experts kept
             "all", "--lora_r", "4", "--quantization_bit", "4"});
   REQUIRE(losses.size() == 3);
   for (double l : losses) CHECK(std::isfinite(l));
-  // The base the run trained over: its projections 4-bit, the router and experts as loaded.
+  // The base the run trained over: its projections and experts 4-bit, the router as loaded.
   ModelConfig q = c;
   QuantizationConfig nf4;
   q.quantization = nf4;
@@ -600,7 +627,8 @@ TEST_CASE("QLoRA over a mixture-of-experts base: 4-bit projections, experts kept
   const auto params = model.named_parameters();
   CHECK(params["model.layers.0.self_attn.q_proj.weight"].scalar_type() == at::kByte);
   CHECK(params["model.layers.1.mlp.gate_proj.weight"].scalar_type() == at::kByte);
-  CHECK(params["model.layers.0.mlp.experts.gate_up_proj"].scalar_type() == at::kFloat);
+  CHECK(params["model.layers.0.mlp.experts.gate_up_proj"].scalar_type() == at::kByte);
+  CHECK(params["model.layers.0.mlp.experts.down_proj"].scalar_type() == at::kByte);
   CHECK(params["model.layers.0.mlp.gate.weight"].scalar_type() == at::kFloat);
   // The adapter trained on top of it and merges into the full-precision base.
   MergeOptions options;
@@ -839,11 +867,80 @@ TEST_CASE("LoRA on the experts trains through the trainer, and its checkpoint me
                 out.load("model.layers.0.mlp.experts.down_proj")) > 0);
 }
 
+TEST_CASE("4-bit experts compute with their dequantized values, forward and backward",
+          "[model][moe][peft][quant]") {
+  // Each family's fused experts as NF4 storage (double quantization, QLoRA's recipe) against a
+  // twin holding every 4-bit weight's dequantized values in fp32: the same logits, and LoRA on
+  // the experts and the attention gets the same gradients — the input's gradient flows through
+  // the 4-bit experts to the first layer's adapter.
+  for (const char* family : {"qwen3_moe", "mixtral", "glm4_moe", "gpt_oss"}) {
+    INFO(family);
+    const std::string dir = fixture(std::string("models/") + family);
+    const ModelConfig c = load_model_config(dir);
+    ModelConfig q = c;
+    q.quantization = QuantizationConfig{};
+    CausalLM four(q, at::TensorOptions(), false), twin(c, at::TensorOptions(), false);
+    load_weights(four, *checkpoint_source(dir));
+    load_weights(twin, *model::merge_base_source(dir, c, q.quantization));
+    const auto params = four.named_parameters(), dense_params = twin.named_parameters();
+    int64_t stored = 0, values = 0;
+    for (const auto& [name, layout] : model::quantized_weights(four)) {
+      if (name.find("experts.") == std::string::npos) continue;
+      INFO(name);
+      CHECK(params[name].scalar_type() == at::kByte);
+      CHECK(layout->value_shape() == dense_params[name].sizes().vec());
+      stored += params[name].numel();
+      values += layout->numel();
+    }
+    REQUIRE(values > 0);
+    CHECK(stored * 4 < values * 3);  // under a byte a value (fp32: 4), code tables included
+    const at::Tensor ids = at::randint(3, c.vocab_size - 1, {2, 9}, at::kLong);
+    {
+      at::NoGradGuard no_grad;
+      const at::Tensor want = twin.logits(ids);
+      CHECK(max_abs(four.logits(ids), want) < 1e-5);
+      // The twin differs from the full-precision model: the comparison sees the quantization.
+      CHECK(max_abs(family_model(family)->logits(ids), want) > 1e-5);
+    }
+    PeftConfig lora;
+    lora.type = FinetuningType::kLora;
+    lora.lora.r = 4;
+    lora.lora.target_modules = {"q_proj"};
+    lora.lora.target_parameters = {"experts.gate_up_proj", "experts.down_proj"};
+    apply_peft(four, lora, 5);
+    apply_peft(twin, lora, 5);
+    {
+      at::NoGradGuard no_grad;  // B is zero at the start: give it values, the same in both
+      auto twin_params = twin.named_parameters();
+      at::manual_seed(6);
+      for (auto& item : four.named_parameters()) {
+        if (item.key().find("lora_B") == std::string::npos) continue;
+        item.value().normal_(0, 0.05);
+        twin_params[item.key()].copy_(item.value());
+      }
+    }
+    const at::Tensor labels = ids.roll(-1, 1);
+    for (CausalLM* m : {&four, &twin}) m->loss(ids, labels).sum.backward();
+    const auto twin_params = twin.named_parameters();
+    int adapters = 0;
+    for (const auto& item : four.named_parameters()) {
+      if (!item.value().requires_grad()) continue;
+      INFO(item.key());
+      REQUIRE(item.value().grad().defined());
+      const at::Tensor want = twin_params[item.key()].grad();
+      CHECK(max_abs(item.value().grad(), want) <=
+            1e-5 * std::max(1.0, want.abs().max().item<double>()));
+      adapters += item.key().find("layers.0.self_attn.q_proj.lora_A") != std::string::npos;
+    }
+    CHECK(adapters == 1);
+  }
+}
+
 TEST_CASE("LoRA on the experts over a 4-bit base trains, continues from its folder and merges",
           "[model][moe][peft][quant]") {
-  // QLoRA: the projections 4-bit, the experts in their dtype with their LoRA; the run's output
+  // QLoRA: the projections and the experts 4-bit, the experts with their LoRA; the run's output
   // continues (adapter_name_or_path) from its saved values, and `zerotrain merge` folds the
-  // experts' adapters into the full-precision base.
+  // experts' adapters into the dequantized base, as PEFT merges into a 4-bit model.
   const std::string dir = test::temp_dir("moe_expert_qlora");
   test::write_data(dir, "train.jsonl", 16, 9);
   const ModelConfig c = test::write_model_folder(dir + "/base", moe_config_with_dense(1), 24);
@@ -880,10 +977,20 @@ TEST_CASE("LoRA on the experts over a 4-bit base trains, continues from its fold
   options.dtype = at::kFloat;
   merge_checkpoint(dir + "/out", dir + "/merged", options);
   SafetensorsCheckpoint base(dir + "/base"), merged(dir + "/merged");
-  CHECK(max_abs(base.load("model.layers.0.mlp.experts.down_proj"),
-                merged.load("model.layers.0.mlp.experts.down_proj")) > 0);
-  CHECK(at::equal(base.load("model.layers.0.mlp.experts.gate_up_proj"),
-                  merged.load("model.layers.0.mlp.experts.gate_up_proj")));
+  ModelConfig q = c;
+  q.quantization = QuantizationConfig{};
+  auto dequantized = model::merge_base_source(dir + "/base", c, q.quantization);
+  const auto values = [&](const char* name) {
+    at::Tensor out = at::empty(base.info(name).shape, at::kFloat);
+    dequantized->read(name, out.sizes().vec(), 0, out);
+    return out;
+  };
+  // down_proj: its adapter folded into its dequantized values; gate_up_proj: those values alone.
+  const char* down = "model.layers.0.mlp.experts.down_proj";
+  const char* gate_up = "model.layers.0.mlp.experts.gate_up_proj";
+  CHECK(max_abs(values(down), merged.load(down).to(at::kFloat)) > 0);
+  CHECK(max_abs(values(gate_up), merged.load(gate_up).to(at::kFloat)) < 1e-6);
+  CHECK(max_abs(base.load(gate_up).to(at::kFloat), merged.load(gate_up).to(at::kFloat)) > 1e-4);
 }
 
 TEST_CASE("target_parameters that pick no expert tensor, or options PEFT refuses there, are named",

@@ -349,6 +349,10 @@ struct TrainingArguments {
   /// coefficient (config.json's output_router_logits and router_aux_loss_coef set so); unset or
   /// 0: the config's own settings.
   std::optional<double> moe_aux_loss_coef;
+  /// Expert parallelism (docs/model.md): ranks that share one copy of each mixture's experts,
+  /// each holding 1/size of them, tokens sent to their experts by all-to-all (DeepSpeed-MoE's
+  /// ep_size, Megatron's expert_model_parallel_size). Must divide the world and the experts.
+  int64_t expert_parallel_size = 1;
 
   // A 4-bit base (QLoRA; docs/quantization.md), in LLaMA-Factory's and transformers'
   // BitsAndBytesConfig names; each spelling keeps its own defaults (quantization_of).

@@ -5,7 +5,9 @@
 // Collective-ness: the constructor, backward(), step() and gather_full_parameters() are
 // collectives — every rank calls them in the same order. Threading: one thread drives an
 // Engine; LibTorch's autograd threads run its hooks. The Engine does not own the communicator
-// exclusively (shared_ptr) but must be the only user of it while it runs.
+// exclusively (shared_ptr) but must be the only user of it while it runs, apart from the model
+// it trains: an expert-parallel model's exchanges (CausalLM::set_expert_communicator) run inside
+// the forwards and backwards the caller drives, in the same order on every rank.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -65,6 +67,12 @@ struct EngineOptions {
   bool trace = false;
   /// Where initial values come from; empty: the module's own values, broadcast from rank 0.
   std::shared_ptr<ParameterSource> source;
+  /// Parameters (by name) whose values differ from rank to rank: an expert-parallel model's
+  /// experts (each rank's own share). They must be frozen and come from `source` (each rank
+  /// reads its own); the engine never broadcasts, shards or gathers them — under ZeRO-3 they
+  /// stay whole on their rank, as persistent parameters do. Empty: none. ConfigError for a
+  /// trainable one, InvalidArgument without a source.
+  std::function<bool(const std::string& name)> rank_local;
   /// With a `source`: called on the constructing thread after each parameter's values are read
   /// from it (reading may quantize or decompose them), with the values this rank has read so
   /// far and will read in all. It may throw (the Trainer throws CancelledError when a stop is

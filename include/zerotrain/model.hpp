@@ -19,6 +19,8 @@
 
 namespace zt {
 
+class Communicator;
+
 namespace model {
 struct FamilySettings;
 }
@@ -92,6 +94,15 @@ struct ModelConfig {
   /// Set: the decoder's projections keep 4-bit weights, quantized from the checkpoint's while
   /// it loads (the run's choice, not config.json's; model_config_json leaves it out).
   std::optional<QuantizationConfig> quantization = std::nullopt;
+  /// Expert parallelism (the run's choice, not config.json's; model_config_json leaves it out):
+  /// a model made with size > 1 holds experts [rank · E / size, (rank + 1) · E / size) of every
+  /// mixture, and its mixtures send each token's rows to their experts' ranks and back by
+  /// all-to-all (CausalLM::set_expert_communicator). decoder_spec refuses a size that does not
+  /// divide a mixture's experts, naming expert_parallel_size.
+  struct ExpertShard {
+    int64_t size = 1;  ///< ranks that share one copy of the experts (expert_parallel_size)
+    int64_t rank = 0;  ///< this rank's place among them: its world rank modulo size
+  } expert_shard;
   /// The config.json text this config was read from by load_model_config (empty for a config
   /// given inline): model_config_json writes its members back as they were.
   std::string source_json;
@@ -239,6 +250,15 @@ class CausalLM : public torch::nn::Module {
   /// Generates continuations of `input_ids` [batch, seq] (no padding) with a KV cache.
   /// Returns the new tokens [batch, ≤ max_new_tokens].
   at::Tensor generate(const at::Tensor& input_ids, const GenerationOptions& options);
+
+  /// The communicator an expert-parallel model's mixtures exchange rows over (config's
+  /// expert_shard.size > 1): the job's, whose ranks [r − rank, r − rank + size) form this rank's
+  /// group. Every mixture's forward and backward is then a collective of that group (all-to-alls
+  /// in layer order, the same on every rank of the job: ranks of other groups take part with
+  /// nothing to exchange), so every rank runs the same forwards — the trainer's lockstep steps
+  /// and evaluation. The engine may share the communicator (collectives stay in one order).
+  /// Throws InvalidArgument when the world does not fit the shard.
+  void set_expert_communicator(std::shared_ptr<Communicator> comm);
 
   /// Installs (or, with null, removes) a prompt-learning adapter. With P-Tuning, logits() and
   /// hidden_states() cover the virtual tokens too (as PEFT's outputs do).

@@ -121,6 +121,10 @@ struct MoeSpec {
   /// (up + 1) · gate · σ(alpha · gate).
   bool router_bias = false, transposed = false, expert_bias = false, clamped_swiglu = false;
   double swiglu_alpha = 1.702, swiglu_limit = 7.0;
+  /// Expert parallelism (ModelConfig::expert_shard): this rank's block holds experts
+  /// [shard_rank · local, (shard_rank + 1) · local), local = experts / shard_size.
+  int64_t shard_size = 1, shard_rank = 0;
+  int64_t local_experts() const { return experts / shard_size; }
 };
 
 /// A layer's norms by place, under their module names; an empty name: no norm there.

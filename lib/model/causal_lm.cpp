@@ -224,6 +224,19 @@ void CausalLM::set_prompt_adapter(std::shared_ptr<PromptAdapter> adapter) {
   I.prompt = I.adapters_enabled ? I.installed_prompt.get() : nullptr;
 }
 
+void CausalLM::set_expert_communicator(std::shared_ptr<Communicator> comm) {
+  const ModelConfig::ExpertShard& shard = config().expert_shard;
+  if (comm && (comm->world_size() % shard.size != 0 || comm->rank() % shard.size != shard.rank)) {
+    throw InvalidArgument(fmt::format(
+        "set_expert_communicator: rank {} of {} cannot hold the experts of shard {} of {} "
+        "(expert_parallel_size must divide the world; rank r holds shard r mod size)",
+        comm->rank(), comm->world_size(), shard.rank, shard.size));
+  }
+  for (const auto& item : named_modules("", /*include_self=*/false)) {
+    if (auto moe = std::dynamic_pointer_cast<model::SparseMoe>(item.value())) moe->comm = comm;
+  }
+}
+
 PromptAdapter* CausalLM::prompt_adapter() const {
   return impl_->installed_prompt.get();
 }

@@ -227,26 +227,33 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, const at::
   return rotary_tables(decoder_spec(c).rotaries.at(0), positions, dtype);
 }
 
+std::shared_ptr<const quant::FourBitLayout> four_bit_layout(const QuantizationConfig& q,
+                                                            int64_t rows, int64_t cols,
+                                                            at::ScalarType dtype, int64_t groups) {
+  const std::optional<quant::FourBit> type = quant::parse_four_bit(q.quant_type);
+  if (!type || !quant::valid_blocksize(q.blocksize)) {
+    throw ConfigError(
+        fmt::format("4-bit base: quant_type '{}' with blocksize {}: give nf4 or fp4, and a block "
+                    "of 32, 64, …, 4096 elements",
+                    q.quant_type, q.blocksize));
+  }
+  auto layout = std::make_shared<quant::FourBitLayout>();
+  layout->type = *type;
+  layout->blocksize = q.blocksize;
+  layout->double_quant = q.double_quant;
+  layout->rows = rows;
+  layout->cols = cols;
+  layout->groups = groups;
+  layout->dtype = dtype;
+  return layout;
+}
+
 Linear::Linear(int64_t in, int64_t out, bool with_bias, const ParamFactory& o)
     : in_features(in), out_features(out) {
   if (o.quantization != nullptr) {
-    const QuantizationConfig& q = *o.quantization;
-    const std::optional<quant::FourBit> type = quant::parse_four_bit(q.quant_type);
-    if (!type || !quant::valid_blocksize(q.blocksize)) {
-      throw ConfigError(fmt::format(
-          "4-bit base: quant_type '{}' with blocksize {}: give nf4 or fp4, and a block of 32, "
-          "64, …, 4096 elements",
-          q.quant_type, q.blocksize));
-    }
-    auto layout = std::make_shared<quant::FourBitLayout>();
-    layout->type = *type;
-    layout->blocksize = q.blocksize;
-    layout->double_quant = q.double_quant;
-    layout->rows = out;
-    layout->cols = in;
-    layout->dtype = c10::typeMetaToScalarType(o.options.dtype());
-    quantized = layout;
-    weight = register_parameter("weight", o.bytes(layout->bytes()), /*requires_grad=*/false);
+    quantized =
+        four_bit_layout(*o.quantization, out, in, c10::typeMetaToScalarType(o.options.dtype()));
+    weight = register_parameter("weight", o.bytes(quantized->bytes()), /*requires_grad=*/false);
   } else {
     weight = register_parameter("weight", o({out, in}));
   }

@@ -34,6 +34,13 @@ struct ParamFactory {
   }
 };
 
+/// The 4-bit layout of a [rows, cols] weight (`groups` > 1: [groups, rows / groups, cols]) in
+/// `dtype` under `q`; ConfigError naming a quant_type or blocksize bitsandbytes lacks.
+std::shared_ptr<const quant::FourBitLayout> four_bit_layout(const QuantizationConfig& q,
+                                                            int64_t rows, int64_t cols,
+                                                            at::ScalarType dtype,
+                                                            int64_t groups = 1);
+
 /// x · Wᵀ + bias for a 4-bit W held as `storage` (quant::FourBitLayout): W is dequantized for
 /// the product and again in backward, which returns only the input's (and bias's) gradient —
 /// the base is frozen. `output_unread` or a defined `kept`: as linear_for_backward, no product

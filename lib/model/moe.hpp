@@ -14,6 +14,7 @@
 
 #include "model/blocks.hpp"
 #include "model/layers.hpp"
+#include "zerotrain/comm.hpp"
 
 namespace zt::model {
 
@@ -46,12 +47,57 @@ at::Tensor clamped_swiglu_interleaved(const at::Tensor& gate_up, const MoeSpec& 
 /// keeps as a buffer): apply_peft leaves these frozen whatever the method asks.
 bool is_fixed_parameter(std::string_view name);
 
+/// How rows grouped by expert (the token-expert pairs in a stable order by expert) split among
+/// the experts. `ends()` is int32 [E] on the rows' device, each expert's end row (the running
+/// sum of the counts): the GPU's grouped GEMM reads it there, so that a mixture's forward and
+/// backward never wait for the host. `counts()` copies the counts to the host on its first call,
+/// for the paths that loop over the experts (the CPU, and dtypes or shapes the grouped GEMM does
+/// not take). Not thread-safe (that first copy).
+class ExpertGroups {
+ public:
+  /// From each expert's row count, int64 [E], on any device.
+  explicit ExpertGroups(const at::Tensor& counts);
+  /// From host counts, `ends()` on `device`.
+  explicit ExpertGroups(const std::vector<int64_t>& counts, const at::Device& device = at::kCPU);
+  int64_t experts() const { return ends_.size(0); }
+  const at::Tensor& ends() const { return ends_; }
+  const std::vector<int64_t>& counts() const;
+
+ private:
+  at::Tensor ends_;
+  mutable std::shared_ptr<std::vector<int64_t>> counts_;  // null until read
+};
+
 /// Rows of `x` [M, in] grouped by expert: rows [start_e, start_e + counts[e]) times
-/// weight[e]ᵀ, for `weight` [E, out, in] and `counts` the rows of each expert in order (summing
+/// weight[e]ᵀ, for `weight` [E, out, in] and `groups` the rows of each expert in order (summing
 /// to M). Returns [M, out]. Backward gives x's gradient and weight's as one [E, out, in] tensor
-/// (zeros where an expert had no rows), never a per-expert copy of the weight.
+/// (zeros where an expert had no rows), never a per-expert copy of the weight. On CUDA, with
+/// bf16 operands whose sizes and strides the grouped GEMM takes (compat::has_grouped_mm: in, out
+/// multiples of 8), one grouped GEMM per product forward and backward, no host sync; otherwise
+/// one product per expert. `groups` are checked against the rows where their counts are on the
+/// host.
+at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& weight,
+                          const ExpertGroups& groups);
 at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& weight,
                           const std::vector<int64_t>& counts);
+
+/// grouped_linear over a frozen 4-bit weight: `storage` (quant::FourBitLayout with
+/// `layout.groups` experts, its values [E, a, b]) dequantized for the product and again in
+/// backward, which gives only x's gradient. `transposed`: the values are [E, in, out] (gpt-oss).
+at::Tensor quantized_grouped_linear(const at::Tensor& x, const at::Tensor& storage,
+                                    const quant::FourBitLayout& layout, bool transposed,
+                                    const ExpertGroups& groups);
+
+/// Whether parameter `name` is one of a mixture's expert tensors (`….experts.gate_up_proj`,
+/// `….experts.down_proj` and their biases): the tensors expert parallelism shards by expert.
+bool is_expert_tensor(std::string_view name);
+
+/// `global`, which holds a model's full tensors, read as an expert-parallel model's parameters
+/// (ModelConfig::expert_shard): an expert tensor asked with this rank's shape [E / size, ...]
+/// reads its experts [rank · E / size, ...) of the full one; every other name as it is. Below any
+/// quantizing source (it maps values, not 4-bit storage). Not thread-safe, as every source.
+std::shared_ptr<ParameterSource> expert_shard_source(std::shared_ptr<ParameterSource> global,
+                                                     const ModelConfig::ExpertShard& shard);
 
 /// The router: one parameter `weight` [experts, hidden] (transformers 5's TopKRouter). A
 /// projection, so that LoRA can adapt it where PEFT does (`gate.weight` in target_parameters,
@@ -76,8 +122,8 @@ class ExpertAdapter {
  public:
   virtual ~ExpertAdapter() = default;
   /// The adapter's share of the grouped product of `rows` [M, in], grouped by expert as
-  /// grouped_linear's `counts`: [M, out], added to the base's.
-  virtual at::Tensor forward(const at::Tensor& rows, const std::vector<int64_t>& counts) const = 0;
+  /// grouped_linear's `groups`: [M, out], added to the base's.
+  virtual at::Tensor forward(const at::Tensor& rows, const ExpertGroups& groups) const = 0;
   /// Folds the adapter into `weight`, the tensor's values as fp32 [E, out, in], in place
   /// (merge_lora), and takes it out again (after merge_into of the same weight).
   virtual void merge_into(at::Tensor& weight) const = 0;
@@ -89,6 +135,8 @@ class ExpertAdapter {
 /// in that order (the order PEFT nests its wrappers in), each with an optional adapter. With
 /// spec.transposed (gpt-oss) they are [experts, in, out]; with spec.expert_bias they have
 /// `gate_up_proj_bias` [experts, 2·intermediate] and `down_proj_bias` [experts, hidden].
+/// Made with a ParamFactory's quantization (a 4-bit model) the two tensors are frozen uint8
+/// storage (quant::FourBitLayout, `groups` the experts) of those values; biases stay as they are.
 struct MoeExperts : torch::nn::Module {
   static constexpr size_t kTensors = 2;
   /// The tensors' names, in registration order.
@@ -103,22 +151,22 @@ struct MoeExperts : torch::nn::Module {
     bool merged = false, disabled = false;
   };
   std::array<Adapted, kTensors> adapted;
+  /// Tensor i's 4-bit layout where the experts are 4-bit, else null.
+  std::array<std::shared_ptr<const quant::FourBitLayout>, kTensors> quantized;
 
-  MoeExperts(const MoeSpec& spec, int64_t hidden, const ParamFactory& o)
-      : transposed(spec.transposed) {
-    const int64_t e = spec.experts, i = spec.intermediate;
-    gate_up_proj = register_parameter("gate_up_proj",
-                                      transposed ? o({e, hidden, 2 * i}) : o({e, 2 * i, hidden}));
-    if (spec.expert_bias)
-      gate_up_proj_bias = register_parameter("gate_up_proj_bias", o({e, 2 * i}));
-    down_proj = register_parameter("down_proj", transposed ? o({e, i, hidden}) : o({e, hidden, i}));
-    if (spec.expert_bias) down_proj_bias = register_parameter("down_proj_bias", o({e, hidden}));
-  }
-  /// Tensor `i` of kNames.
+  MoeExperts(const MoeSpec& spec, int64_t hidden, const ParamFactory& o);
+  /// Tensor `i` of kNames (its storage when 4-bit).
   at::Tensor& tensor(size_t i) { return i == 0 ? gate_up_proj : down_proj; }
+  const at::Tensor& tensor(size_t i) const { return i == 0 ? gate_up_proj : down_proj; }
+  /// Tensor i's values' shape as stored ([E, out, in], or [E, in, out] when transposed).
+  std::vector<int64_t> shape(size_t i) const;
+  /// The options of the values (the model's dtype where the tensors are 4-bit storage).
+  at::TensorOptions value_options() const;
+  /// Tensor i's values in `dtype`, as stored (4-bit storage dequantized).
+  at::Tensor values(size_t i, at::ScalarType dtype) const;
   /// grouped_linear of `rows` by tensor `i` (its bias added by `expert_of_row` [M], the expert
   /// of each row, where it has one), plus its adapter's share where one is active.
-  at::Tensor project(size_t i, const at::Tensor& rows, const std::vector<int64_t>& counts,
+  at::Tensor project(size_t i, const at::Tensor& rows, const ExpertGroups& groups,
                      const at::Tensor& expert_of_row = {});
 };
 
@@ -166,11 +214,26 @@ struct SparseMoe : torch::nn::Module {
   /// Set (by the model, when its config asks for the load-balancing loss): where this layer's
   /// routing is counted.
   std::shared_ptr<RouterBalance> balance;
+  /// spec.shard_size > 1: the communicator the rows travel over (CausalLM::
+  /// set_expert_communicator); this rank holds spec.local_experts() of the experts.
+  std::shared_ptr<Communicator> comm;
   /// The router registered as names.moe_router.
   SparseMoe(const MoeSpec& spec, int64_t hidden, const ParamFactory& o,
             const ModuleNames& names = {});
   /// x [..., hidden] → the weighted sum of each token's experts' outputs, same shape and dtype.
+  /// Under expert parallelism a collective of the job (CausalLM::set_expert_communicator).
   at::Tensor forward(const at::Tensor& x);
+
+ private:
+  /// The experts' outputs for `rows` [P, hidden] grouped by expert (`counts` [experts] on the
+  /// rows' device; `expert_of_row` [P] where the experts have biases): here, or under expert
+  /// parallelism on the ranks that hold them.
+  at::Tensor expert_outputs(const at::Tensor& rows, const at::Tensor& counts,
+                            const at::Tensor& expert_of_row);
+  at::Tensor experts_across_ranks(const at::Tensor& rows, const at::Tensor& counts);
+  /// gate_up, activation, down of rows grouped by this rank's experts.
+  at::Tensor local_experts(const at::Tensor& rows, const ExpertGroups& groups,
+                           const at::Tensor& expert_of_row);
 };
 
 }  // namespace zt::model

@@ -10,6 +10,7 @@
 
 #include "model/family.hpp"
 #include "model/layers.hpp"
+#include "model/moe.hpp"
 #include "util/dtype_names.hpp"
 #include "util/json.hpp"
 #include "zerotrain/error.hpp"
@@ -75,7 +76,7 @@ class QuantizingSource final : public OneWeightAtATime {
  private:
   at::Tensor whole(const std::string& name, const quant::FourBitLayout& layout) override {
     at::Tensor values = at::empty({layout.rows, layout.cols}, at::kFloat);
-    dense_.read(name, {layout.rows, layout.cols}, 0, values);
+    dense_.read(name, layout.value_shape(), 0, values);
     return quant::quantize_weight(layout, values);
   }
   ParameterSource& other() override { return dense_; }
@@ -95,10 +96,11 @@ constexpr const char* kParts[] = {".absmax",
 class PrequantizedSource final : public OneWeightAtATime {
  public:
   PrequantizedSource(const std::string& path,
-                     std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized)
+                     std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized,
+                     const SourceWrap& dense_wrap)
       : OneWeightAtATime(std::move(quantized), /*bytes=*/true),
         ckpt_(path),
-        dense_(checkpoint_source(path)) {}
+        dense_(dense_wrap ? dense_wrap(checkpoint_source(path)) : checkpoint_source(path)) {}
 
   bool has(const std::string& name) const override { return ckpt_.contains(name); }
 
@@ -148,6 +150,14 @@ class PrequantizedSource final : public OneWeightAtATime {
 
   // The storage of weight `name` from the file's parts, each checked.
   at::Tensor whole(const std::string& name, const quant::FourBitLayout& layout) override {
+    // A mixture's fused experts: bitsandbytes quantizes nn.Linear modules only, so the folder
+    // holds their values (whole, or one tensor per expert), quantized here as a full-precision
+    // folder's are.
+    if (layout.groups > 1) {
+      at::Tensor values = at::empty({layout.rows, layout.cols}, at::kFloat);
+      dense_->read(name, layout.value_shape(), 0, values);
+      return quant::quantize_weight(layout, values);
+    }
     const std::string type(quant::to_string(layout.type));
     const std::string other = layout.type == quant::FourBit::nf4 ? "fp4" : "nf4";
     if (ckpt_.contains(name + ".quant_state.bitsandbytes__" + other)) {
@@ -269,7 +279,7 @@ std::shared_ptr<ParameterSource> merge_base_source(
           "ones (PiSSA's residual); give the full-precision model as --base_model",
           base_dir));
     }
-    storage = prequantized_source(base_dir, layouts);
+    storage = prequantized_source(base_dir, layouts, nullptr);
   } else {
     std::shared_ptr<ParameterSource> dense = full_precision();
     storage = quantizing_source(*dense, layouts, dense);
@@ -335,8 +345,9 @@ bool is_quantization_part(
 
 std::shared_ptr<ParameterSource> prequantized_source(
     const std::string& path,
-    std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized) {
-  return std::make_shared<PrequantizedSource>(path, std::move(quantized));
+    std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized,
+    const SourceWrap& dense_wrap) {
+  return std::make_shared<PrequantizedSource>(path, std::move(quantized), dense_wrap);
 }
 
 std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized_weights(
@@ -346,6 +357,13 @@ std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized_wei
     const auto* linear = dynamic_cast<const Linear*>(item.value().get());
     if (linear != nullptr && linear->quantized) {
       out.emplace(item.key() + ".weight", linear->quantized);
+    }
+    if (const auto* experts = dynamic_cast<const MoeExperts*>(item.value().get())) {
+      for (size_t i = 0; i < MoeExperts::kTensors; ++i) {
+        if (experts->quantized[i]) {
+          out.emplace(item.key() + "." + MoeExperts::kNames[i], experts->quantized[i]);
+        }
+      }
     }
   }
   return out;

@@ -66,10 +66,14 @@ bool is_quantization_part(
 /// parts after checking every one of them against its layout — the packed codes' size, the
 /// quant_state JSON (type, block size, shape, dtype, double quantization), the quant_map, and
 /// finite, non-negative scales — so a folder that lies is an IoError naming the tensor and
-/// never a wrong weight. Every other name is read as checkpoint_source reads it.
+/// never a wrong weight. Every other name is read as checkpoint_source reads it, through
+/// `dense_wrap` when given (an expert-parallel model's share of the experts, which the folder
+/// holds unquantized: bitsandbytes quantizes nn.Linear modules only).
 std::shared_ptr<ParameterSource> prequantized_source(
     const std::string& path,
-    std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized);
+    std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> quantized,
+    const std::function<std::shared_ptr<ParameterSource>(std::shared_ptr<ParameterSource>)>&
+        dense_wrap = nullptr);
 
 /// The full-precision values a LoRA adapter over a 4-bit base was trained with, for merging it:
 /// `base_dir`'s bitsandbytes 4-bit weights dequantized; or, when the run quantized a

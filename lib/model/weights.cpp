@@ -15,6 +15,7 @@
 #include "model/families/moe.hpp"
 #include "model/family.hpp"
 #include "model/kept_parts.hpp"
+#include "model/moe.hpp"
 #include "model/quantized_weights.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
@@ -461,9 +462,12 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
     const std::string name = stored_name(ckpt, item.key());
     // A 4-bit projection is read from the file's [rows, cols] values.
     const auto q = quantized.find(item.key());
-    const std::vector<int64_t> expected =
-        q == quantized.end() ? item.value().sizes().vec()
-                             : std::vector<int64_t>{q->second->rows, q->second->cols};
+    std::vector<int64_t> expected =
+        q == quantized.end() ? item.value().sizes().vec() : q->second->value_shape();
+    // An expert-parallel model's experts are a share of the file's tensors.
+    if (config.expert_shard.size > 1 && model::is_expert_tensor(item.key())) {
+      expected[0] *= config.expert_shard.size;
+    }
     needed.insert(name);
     if (embedding.empty() && name.find("embed") != std::string::npos) embedding = name;
     if (!ckpt.contains(name)) {
@@ -486,7 +490,10 @@ void check_checkpoint(const CausalLM& model, const std::string& path) {
     }
     const TensorInfo& info = ckpt.info(name);
     // bitsandbytes' packed 4-bit weight: prequantized_source checks it with its parts.
-    if (q != quantized.end() && model::holds_packed_codes(info, *q->second)) continue;
+    if (q != quantized.end() && q->second->groups == 1 &&
+        model::holds_packed_codes(info, *q->second)) {
+      continue;
+    }
     check_weight_dtype(path, name, info);
     if (info.shape != expected) {
       throw IoError(fmt::format(

@@ -27,9 +27,9 @@ class ExpertLora final : public model::ExpertAdapter {
              double scaling)
       : a_(std::move(a)), b_(std::move(b)), experts_(experts), r_(r), scaling_(scaling) {}
 
-  at::Tensor forward(const at::Tensor& rows, const std::vector<int64_t>& counts) const override {
-    const at::Tensor low = model::grouped_linear(rows, a_per_expert(), counts);
-    return model::grouped_linear(scaling_ != 1.0 ? low * scaling_ : low, b_per_expert(), counts);
+  at::Tensor forward(const at::Tensor& rows, const model::ExpertGroups& groups) const override {
+    const at::Tensor low = model::grouped_linear(rows, a_per_expert(), groups);
+    return model::grouped_linear(scaling_ != 1.0 ? low * scaling_ : low, b_per_expert(), groups);
   }
   void merge_into(at::Tensor& weight) const override { add(weight, scaling_); }
   void unmerge_from(at::Tensor& weight) const override { add(weight, -scaling_); }
@@ -100,8 +100,9 @@ size_t attach_expert_adapters(const std::string& path, model::MoeExperts& expert
     const std::string name = path + "." + model::MoeExperts::kNames[i];
     if (slot.adapter) throw InvalidArgument(fmt::format("'{}' already has a LoRA adapter", name));
     // [E, out, in], as PEFT sees it (gpt-oss's [E, in, out] swapped).
-    const at::Tensor w = experts.transposed ? experts.tensor(i).transpose(1, 2) : experts.tensor(i);
-    const int64_t e = w.size(0), out = w.size(1), in = w.size(2);
+    const std::vector<int64_t> shape = experts.shape(i);
+    const int64_t e = shape[0], out = shape[experts.transposed ? 2 : 1],
+                  in = shape[experts.transposed ? 1 : 2];
     const std::string module = *expert_adapter_path(path, i, given);
     const LoraOptions o = given.at(name);  // PEFT's key: the tensor's path
     torch::nn::Module* host = &experts;
@@ -112,7 +113,7 @@ size_t attach_expert_adapters(const std::string& path, model::MoeExperts& expert
     }
     at::NoGradGuard no_grad;
     const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-    const at::TensorOptions options = w.options();
+    const at::TensorOptions options = experts.value_options();
     auto a = host->register_module(
         "lora_A", std::make_shared<Factor>(at::empty({o.r * e, in})
                                                .uniform_(-bound, bound, generator_for(seed, module))

@@ -16,6 +16,7 @@
 #include "model/family.hpp"
 #include "model/layers.hpp"
 #include "model/moe.hpp"
+#include "model/quantized_weights.hpp"
 #include "peft/expert_lora.hpp"
 #include "peft/fused_experts.hpp"
 #include "peft/linear_adapters.hpp"
@@ -229,10 +230,10 @@ void apply_lora(CausalLM& model, const LoraOptions& given, uint64_t seed) {
   const auto experts = experts_modules(model);
   for (auto& [path, e] : experts) {
     for (size_t i : peft::targeted_expert_tensors(path, o)) {
-      const at::Tensor& w = e->tensor(i);
+      const std::vector<int64_t> w = e->shape(i);
       const int64_t r = o.at(path + "." + model::MoeExperts::kNames[i]).r;
-      adapter_elements += static_cast<double>(r) * static_cast<double>(w.size(0)) *
-                          static_cast<double>(w.size(1) + w.size(2));
+      adapter_elements +=
+          static_cast<double>(r) * static_cast<double>(w[0]) * static_cast<double>(w[1] + w[2]);
     }
   }
   capacity::check_fits(adapter_elements * 4, -1,
@@ -469,11 +470,8 @@ ParameterCount count_parameters(const torch::nn::Module& model) {
     if (p.requires_grad()) c.trainable += p.numel();
   }
   // A 4-bit weight counts its values, not its storage bytes (as PEFT counts a 4-bit model's).
-  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
-    const auto* linear = dynamic_cast<const model::Linear*>(item.value().get());
-    if (linear != nullptr && linear->quantized) {
-      c.all += linear->quantized->numel() - linear->weight.numel();
-    }
+  for (const auto& [name, layout] : model::quantized_weights(model)) {
+    c.all += layout->numel() - layout->bytes();
   }
   return c;
 }
@@ -600,6 +598,12 @@ void merge_lora(CausalLM& model) {
     for (size_t i = 0; i < model::MoeExperts::kTensors; ++i) {
       model::MoeExperts::Adapted& a = e->adapted[i];
       if (!a.adapter || a.merged) continue;
+      if (e->quantized[i]) {
+        throw InvalidArgument(fmt::format(
+            "merge_lora: '{}.{}' is 4-bit, which an adapter cannot be folded into in place; "
+            "`zerotrain merge` folds it into the full-precision base instead",
+            path, model::MoeExperts::kNames[i]));
+      }
       at::Tensor merged = e->tensor(i).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
       at::Tensor as_out_in = e->transposed ? merged.transpose(1, 2) : merged;  // a view
       a.adapter->merge_into(as_out_in);

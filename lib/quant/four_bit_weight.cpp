@@ -85,7 +85,8 @@ std::vector<int64_t> layout_numbers(const FourBitLayout& layout) {
           layout.double_quant ? 1 : 0,
           layout.rows,
           layout.cols,
-          static_cast<int64_t>(layout.dtype)};
+          static_cast<int64_t>(layout.dtype),
+          layout.groups};
 }
 
 FourBitLayout layout_from_numbers(const std::vector<int64_t>& n) {
@@ -96,6 +97,7 @@ FourBitLayout layout_from_numbers(const std::vector<int64_t>& n) {
   layout.rows = n.at(3);
   layout.cols = n.at(4);
   layout.dtype = static_cast<at::ScalarType>(n.at(5));
+  layout.groups = n.at(6);
   return layout;
 }
 

@@ -20,10 +20,17 @@ struct FourBitLayout {
   int64_t blocksize = 64;
   bool double_quant = false;
   int64_t rows = 0, cols = 0;
+  /// The values are [groups, rows / groups, cols] where groups > 1 (a mixture's experts, each
+  /// quantized in the same blocks as the whole), else [rows, cols].
+  int64_t groups = 1;
   /// The dtype the weight's values have when dequantized (the model's).
   at::ScalarType dtype = at::kFloat;
 
   int64_t numel() const { return rows * cols; }
+  std::vector<int64_t> value_shape() const {
+    if (groups > 1) return {groups, rows / groups, cols};
+    return {rows, cols};
+  }
   int64_t blocks() const { return (numel() + blocksize - 1) / blocksize; }
   int64_t nested_blocks() const { return (blocks() + kNestedBlocksize - 1) / kNestedBlocksize; }
   int64_t codes_bytes() const { return (numel() + 1) / 2; }
@@ -41,7 +48,7 @@ struct FourBitLayout {
 };
 
 /// The layout as integers and back (an autograd context keeps it so: its saved_data holds
-/// IValues): type, blocksize, double_quant, rows, cols, dtype.
+/// IValues): type, blocksize, double_quant, rows, cols, dtype, groups.
 std::vector<int64_t> layout_numbers(const FourBitLayout& layout);
 FourBitLayout layout_from_numbers(const std::vector<int64_t>& numbers);
 

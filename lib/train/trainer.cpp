@@ -26,6 +26,7 @@
 #include "data/stats.hpp"
 #include "model/blocks.hpp"
 #include "model/families/moe.hpp"
+#include "model/moe.hpp"
 #include "model/quantized_weights.hpp"
 #include "peft/init_sources.hpp"
 #include "peft/pissa.hpp"
@@ -387,6 +388,49 @@ void Trainer::Impl::check_machine_fits() const {
       "max_length");
 }
 
+namespace {
+
+// Expert parallelism's share for this rank (expert_parallel_size), checked against the world;
+// decoder_spec checks it against the experts.
+ModelConfig::ExpertShard expert_shard_for(const TrainingArguments& args, int rank, int world) {
+  ModelConfig::ExpertShard shard;
+  const int64_t size = args.expert_parallel_size;
+  if (size == 1) return shard;
+  if (world % size != 0) {
+    throw ConfigError(fmt::format(
+        "expert_parallel_size {} does not divide the {} ranks of this job; give a divisor of {}",
+        size, world, world));
+  }
+  shard.size = size;
+  shard.rank = rank % size;
+  return shard;
+}
+
+// Expert parallelism trains beside the experts for now: their tensors (and any adapter on them)
+// stay frozen, so that no gradient of a rank's own experts needs a reduction of its own.
+void check_experts_frozen(CausalLM& model, const TrainingArguments& args) {
+  // What a run writes of the model itself (full and freeze fine-tuning) would be rank 0's share.
+  if (args.finetuning_type == "full" || args.finetuning_type == "freeze") {
+    throw ConfigError(fmt::format(
+        "expert_parallel_size {} with finetuning_type {}: expert parallelism trains adapters "
+        "beside frozen experts for now (lora, also over a 4-bit base, ptuning, prefix); set "
+        "expert_parallel_size 1 to train the model itself",
+        args.expert_parallel_size, args.finetuning_type));
+  }
+  for (const auto& item : model.named_parameters(true)) {
+    if (item.value().requires_grad() && item.key().find(".experts.") != std::string::npos) {
+      throw ConfigError(fmt::format(
+          "expert_parallel_size {}: '{}' would be trained, but expert parallelism keeps the "
+          "experts frozen for now (LoRA on the attention, the routers, dense layers and shared "
+          "experts, or QLoRA); drop the experts from lora_target / lora_target_parameters (or "
+          "freeze them), or set expert_parallel_size 1",
+          args.expert_parallel_size, item.key()));
+    }
+  }
+}
+
+}  // namespace
+
 void Trainer::Impl::build_model_and_engine() {
   std::shared_ptr<ParameterSource> base;
   bool prequantized = false;  // the folder holds bitsandbytes' 4-bit weights
@@ -401,6 +445,7 @@ void Trainer::Impl::build_model_and_engine() {
       model_config.quantization = config::saved_quantization_for(args, *saved, model_dir);
       prequantized = true;
     }
+    model_config.expert_shard = expert_shard_for(args, rank, world);
     model = std::make_shared<CausalLM>(model_config, at::TensorOptions(), /*allocate=*/false);
     if (!model_dir.empty()) check_checkpoint(*model, model_dir);  // before adapters join the model
     peft = peft_config_for(args);
@@ -417,14 +462,23 @@ void Trainer::Impl::build_model_and_engine() {
       precomputed_reference = args.precompute_ref_log_probs.value_or(!adapter_method);
     }
     parameters = apply_peft_from_args(*model, args, static_cast<uint64_t>(args.seed));
+    if (model_config.expert_shard.size > 1) check_experts_frozen(*model, args);
     non_embedding_parameters = parameters.all - model_config.vocab_size * model_config.hidden_size;
+    // Under expert parallelism each rank reads its share of the experts (below quantization).
+    const ModelConfig::ExpertShard shard = model_config.expert_shard;
     if (prequantized) {
-      base = model::prequantized_source(model_dir, model::quantized_weights(*model));
+      base =
+          model::prequantized_source(model_dir, model::quantized_weights(*model),
+                                     [shard](std::shared_ptr<ParameterSource> dense) {
+                                       return model::expert_shard_source(std::move(dense), shard);
+                                     });
     } else if (!model_dir.empty()) {
-      base = checkpoint_source(model_dir);
+      base = model::expert_shard_source(checkpoint_source(model_dir), shard);
     } else {
-      base = random_source(model_config, static_cast<uint64_t>(args.seed));
+      base = model::expert_shard_source(
+          random_source(model_config, static_cast<uint64_t>(args.seed)), shard);
     }
+    if (shard.size > 1) model->set_expert_communicator(comm);
   });
   // Collective from here: every rank builds its engine (and reads its slices of the weights).
   EngineOptions eo;
@@ -450,6 +504,8 @@ void Trainer::Impl::build_model_and_engine() {
   }
   if (new_adapter) base = peft::dora_source(base, *model, peft.lora);
   eo.source = with_adapter_values(base, *model);
+  // Each rank's experts are its own: read by each, kept whole by each (ZeRO-3 too).
+  if (model_config.expert_shard.size > 1) eo.rank_local = model::is_expert_tensor;
   build_engine(eo, /*quantizing=*/!prequantized && !model::quantized_weights(*model).empty());
   const bool continued = !args.adapter_name_or_path.empty();
   const bool starts_as_base = adapter_method && adapter_starts_as_base(peft, continued);

@@ -21,5 +21,9 @@ int64_t total_memory(int device);
 /// Caps what LibTorch's caching allocator may hold on `device` at `bytes` (a smaller card played
 /// on a larger one: allocations past it fail as out of memory); nothing without CUDA.
 void cap_memory(int device, int64_t bytes);
+/// Turns LibTorch's CUDA sync debug mode to "error" (`on`: an operation that makes the host wait
+/// for a device — a device-to-host copy, a stream synchronize — throws) or back off.
+/// Process-wide; for tests that prove a path never waits. Nothing without CUDA.
+void set_sync_errors(bool on);
 
 }  // namespace zt::device_stats

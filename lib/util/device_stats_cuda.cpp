@@ -1,5 +1,6 @@
 // device_stats with a CUDA LibTorch: the caching allocator's own counters.
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #include <algorithm>
@@ -69,6 +70,11 @@ void cap_memory(int device, int64_t bytes) {
   if (device >= 0 && device < kMaxDevices) caps[device] = std::min(bytes, total);
   c10::cuda::CUDACachingAllocator::setMemoryFraction(
       std::min(1.0, static_cast<double>(bytes) / static_cast<double>(total)), device);
+}
+
+void set_sync_errors(bool on) {
+  c10::cuda::warning_state().set_sync_debug_mode(on ? c10::cuda::SyncDebugMode::L_ERROR
+                                                    : c10::cuda::SyncDebugMode::L_DISABLED);
 }
 
 }  // namespace zt::device_stats

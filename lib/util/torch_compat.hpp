@@ -60,6 +60,30 @@ inline void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorL
 #endif
 }
 
+/// True when LibTorch has the grouped GEMM at::_grouped_mm (2.8 and newer): on CUDA, bf16
+/// operands on sm90 / sm100 run one CUTLASS kernel for every group, the group sizes read on the
+/// device; elsewhere it loops over the groups (reading their sizes on the host).
+constexpr bool has_grouped_mm() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+  return true;
+#else
+  return false;
+#endif
+}
+
+/// at::_grouped_mm(a, b, offs) where has_grouped_mm(): `offs` int32 [G] the groups' end
+/// positions along the dimension the 2-D operand(s) are cut in — a [M, K] × b [G, K, N] gives
+/// [M, N] with rows [offs[g-1], offs[g]) times b[g]; a [N, M] × b [M, K] (both 2-D) gives
+/// [G, N, K], group g the product of columns / rows [offs[g-1], offs[g]).
+inline at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+  return at::_grouped_mm(a, b, offs);
+#else
+  (void)a, (void)b, (void)offs;
+  TORCH_CHECK(false, "grouped_mm needs LibTorch 2.8 or newer");
+#endif
+}
+
 /// softmax(q·kᵀ·scale + mask)·v for q [B, H, T, D] and k, v [B, Hkv, S, D] where Hkv divides H
 /// (grouped-query attention). `mask` is bool [B or 1, 1, T, S] (true = may attend) or undefined
 /// with `causal` set for a plain causal mask. LibTorch ≥ 2.5: scaled_dot_product_attention with

@@ -33,7 +33,7 @@ Layout build_layout(std::vector<ParamInfo> params, const LayoutOptions& o) {
   // Stage 3: small parameters and those outside every unit stay whole (persistent).
   if (stage3) {
     for (ParamInfo& p : L.params) {
-      p.persistent = p.unit < 0 || p.numel < o.persistence_threshold;
+      p.persistent = p.unit < 0 || p.numel < o.persistence_threshold || p.rank_local;
     }
   }
 

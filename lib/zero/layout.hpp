@@ -32,8 +32,11 @@ struct ParamInfo {
   bool decay = true;
   int unit = -1;            ///< sharding unit, -1 when in none
   bool persistent = false;  ///< stage 3: kept whole on every rank
-  int holders = 0;          ///< how many units' modules hold it
-  bool shared = false;      ///< held by two units (tied weights): gradients arrive more than once
+  /// Its values are this rank's own (EngineOptions::rank_local): frozen, never sharded
+  /// (persistent under stage 3), read from the source on each rank.
+  bool rank_local = false;
+  int holders = 0;      ///< how many units' modules hold it
+  bool shared = false;  ///< held by two units (tied weights): gradients arrive more than once
   /// Bytes, not values (a quantized base, uint8): frozen, in buckets of their own that are
   /// never converted to another dtype, only copied, gathered and broadcast.
   bool raw = false;

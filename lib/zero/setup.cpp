@@ -173,6 +173,24 @@ EngineImpl::~EngineImpl() = default;
 // are never moved.
 void EngineImpl::collect_parameters(const DeepSpeedConfig& ds) {
   std::vector<ParamInfo> params = describe_parameters(*model, options.units);
+  if (options.rank_local) {
+    for (ParamInfo& p : params) {
+      if (!options.rank_local(p.name)) continue;
+      if (p.trainable) {
+        throw ConfigError(fmt::format(
+            "Engine: '{}' is this rank's own (EngineOptions::rank_local) and trainable; rank-local "
+            "parameters must be frozen (their gradients would need a reduction of their own)",
+            p.name));
+      }
+      if (!options.source) {
+        throw InvalidArgument(fmt::format(
+            "Engine: '{}' is this rank's own (EngineOptions::rank_local), but there is no source "
+            "to read each rank's values from (without one rank 0's would be broadcast)",
+            p.name));
+      }
+      p.rank_local = true;
+    }
+  }
   EngineFacts facts;
   facts.world = comm->world_size();
   facts.rank = comm->rank();

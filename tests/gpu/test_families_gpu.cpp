@@ -12,6 +12,10 @@
 #include <vector>
 
 #include "kernels/fused.hpp"
+#include "model/moe.hpp"
+#include "peft/expert_lora.hpp"
+#include "quant/four_bit_weight.hpp"
+#include "util/device_stats.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/peft.hpp"
 #include "zerotrain/safetensors.hpp"
@@ -40,6 +44,15 @@ double relative_on(const at::Tensor& got, const at::Tensor& want, const at::Tens
   const at::Tensor w = want.to(at::kDouble).index({real});
   return (g - w).abs().max().item<double>() / std::max(1.0, w.abs().max().item<double>());
 }
+
+// CUDA's sync debug mode at "error" while it lives (device_stats::set_sync_errors), off after,
+// whatever a check throws.
+struct SyncErrors {
+  explicit SyncErrors(bool on) { device_stats::set_sync_errors(on); }
+  ~SyncErrors() { device_stats::set_sync_errors(false); }
+  SyncErrors(const SyncErrors&) = delete;
+  SyncErrors& operator=(const SyncErrors&) = delete;
+};
 
 }  // namespace
 
@@ -209,5 +222,99 @@ TEST_CASE("PEFT's adapters on the experts give PEFT's logits and gradients on CU
       ++compared;
     }
     CHECK(compared >= 4);
+  }
+}
+
+TEST_CASE("the experts' grouped GEMMs on CUDA: the loop's products and gradients, no host sync",
+          "[gpu][families][moe]") {
+  // bf16 rows grouped by expert through grouped_linear, some experts without rows, against the
+  // same products one expert at a time in fp32; a weight stored [E, in, out] (gpt-oss) too.
+  // The forward and backward run with CUDA's sync debug mode at "error": reading the counts on
+  // the host (the per-expert loop) would throw.
+  REQUIRE(at::getNumGPUs() > 0);
+  at::manual_seed(11);
+  const std::vector<int64_t> counts{5, 0, 17, 1, 0, 9};
+  int64_t rows = 0;
+  for (int64_t n : counts) rows += n;
+  for (const bool transposed : {false, true}) {
+    INFO("weight stored transposed: " << transposed);
+    const at::Tensor w0 = transposed ? at::randn({6, 32, 24}) : at::randn({6, 24, 32});
+    const at::Tensor x0 = at::randn({rows, 32}), probe = at::randn({rows, 24});
+    auto run = [&](at::ScalarType dtype, const at::Device& device, bool device_counts) {
+      // Copies (x0's own .to would return x0 itself on the CPU, making it require gradients).
+      at::Tensor x = x0.to(device, dtype, false, /*copy=*/true).requires_grad_(true);
+      at::Tensor w = w0.to(device, dtype, false, /*copy=*/true).requires_grad_(true);
+      const at::Tensor p = probe.to(device, dtype);
+      const model::ExpertGroups groups =
+          device_counts ? model::ExpertGroups(at::tensor(counts, at::kLong).to(device))
+                        : model::ExpertGroups(counts);
+      at::Tensor y;
+      {
+        const SyncErrors no_waits(device_counts);
+        y = model::grouped_linear(x, transposed ? w.transpose(1, 2) : w, groups);
+        (y * p).sum().backward();
+      }
+      return std::vector<at::Tensor>{y.to(at::kCPU, at::kFloat), x.grad().to(at::kCPU, at::kFloat),
+                                     w.grad().to(at::kCPU, at::kFloat)};
+    };
+    const auto want = run(at::kFloat, at::kCPU, false);
+    const auto got = run(at::kBFloat16, kGpu, true);
+    const char* what[] = {"output", "input gradient", "weight gradient"};
+    for (size_t i = 0; i < 3; ++i) {
+      INFO(what[i]);
+      CHECK((got[i] - want[i]).abs().max().item<double>() <
+            0.02 * std::max(1.0, want[i].abs().max().item<double>()));
+    }
+    for (int64_t e : {1, 4}) CHECK(got[2][e].abs().max().item<double>() == 0.0);
+  }
+}
+
+TEST_CASE("a mixture's forward and backward on CUDA in bf16 never wait for the host",
+          "[gpu][families][moe]") {
+  // The qwen3-like block with LoRA on its experts (rank 8) and the 4-bit experts of QLoRA: the
+  // routing, the counts, the grouped products and their gradients stay on the device.
+  REQUIRE(at::getNumGPUs() > 0);
+  model::MoeSpec spec{8, 2, 32, true, model::Activation::kSilu};
+  for (const bool four_bit : {false, true}) {
+    INFO("4-bit experts: " << four_bit);
+    QuantizationConfig nf4;
+    model::ParamFactory o{at::TensorOptions().dtype(at::kBFloat16).device(kGpu)};
+    if (four_bit) o.quantization = &nf4;
+    auto m = std::make_shared<model::SparseMoe>(spec, 64, o);
+    {
+      at::NoGradGuard no_grad;
+      at::manual_seed(3);
+      for (auto& item : m->named_parameters()) {
+        at::Tensor p = item.value();
+        if (p.scalar_type() == at::kByte) {
+          const size_t t = item.key().find("gate_up") != std::string::npos ? 0 : 1;
+          const quant::FourBitLayout& layout = *m->experts->quantized[t];
+          p.copy_(quant::quantize_weight(layout, at::randn({layout.rows, layout.cols}) * 0.1));
+        } else {
+          p.normal_(0, 0.1);
+        }
+      }
+    }
+    LoraOptions lora;
+    lora.r = 8;
+    lora.target_parameters = {"experts.gate_up_proj", "experts.down_proj"};
+    REQUIRE(peft::attach_expert_adapters("mlp.experts", *m->experts, lora, 1) == 2);
+    {
+      at::NoGradGuard no_grad;  // B starts at zero: give the adapter an effect
+      for (auto& item : m->named_parameters()) {
+        if (item.key().find("lora_B") != std::string::npos) item.value().normal_(0, 0.1);
+      }
+    }
+    const at::Tensor x =
+        (at::randn({4, 33, 64}) * 0.5).to(kGpu, at::kBFloat16).requires_grad_(true);
+    {
+      const SyncErrors no_waits(true);
+      at::Tensor y;
+      CHECK_NOTHROW(y = m->forward(x));
+      CHECK_NOTHROW(y.to(at::kFloat).square().sum().backward());
+    }
+    REQUIRE(x.grad().defined());
+    CHECK(x.grad().isfinite().all().item<bool>());
+    CHECK(x.grad().abs().max().item<double>() > 0);
   }
 }

@@ -373,4 +373,15 @@ std::vector<double> fixture_batch_losses(const std::shared_ptr<Communicator>& co
   return losses;
 }
 
+std::string tiny_moe_config(int experts) {
+  return fmt::format(
+      R"({{"model_type": "qwen3_moe", "vocab_size": 259, "hidden_size": 32,
+          "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 128,
+          "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "num_experts": {},
+          "num_experts_per_tok": 2, "moe_intermediate_size": 16, "norm_topk_prob": true,
+          "rope_theta": 1000000.0}})",
+      experts);
+}
+
 }  // namespace zt::test

@@ -26,6 +26,9 @@ struct TestModel : torch::nn::Module {
 /// parameters drawn from `seed`.
 std::shared_ptr<TestModel> make_model(const std::string& kind, uint64_t seed);
 
+/// A tiny Qwen3-MoE config.json (2 layers, hidden 32) with `experts` experts, 2 per token.
+std::string tiny_moe_config(int experts);
+
 /// One micro-batch: inputs and labels (some -100) for sample indices [first, first + count).
 struct Batch {
   at::Tensor inputs, labels;

@@ -52,7 +52,30 @@ std::string family_names() {
 
 DecoderSpec decoder_spec(const ModelConfig& c) {
   const Family& f = family_of(c);
-  return f.compose != nullptr ? f.compose(c) : shared_decoder(c);
+  DecoderSpec spec = f.compose != nullptr ? f.compose(c) : shared_decoder(c);
+  const ModelConfig::ExpertShard& shard = c.expert_shard;
+  if (shard.size == 1 && shard.rank == 0) return spec;
+  bool mixtures = false;
+  for (LayerSpec& l : spec.layers) {
+    if (!l.moe) continue;
+    mixtures = true;
+    if (shard.size < 1 || shard.rank < 0 || shard.rank >= shard.size ||
+        l.moe->experts % shard.size != 0) {
+      throw ConfigError(fmt::format(
+          "expert_parallel_size {} (rank {} of it): it must divide the {} experts of {}'s "
+          "mixtures; give a divisor of {}",
+          shard.size, shard.rank, l.moe->experts, c.source, l.moe->experts));
+    }
+    l.moe->shard_size = shard.size;
+    l.moe->shard_rank = shard.rank;
+  }
+  if (!mixtures) {
+    throw ConfigError(fmt::format(
+        "expert_parallel_size {}: {} ({}) has no mixture of experts to share among ranks; leave "
+        "it at 1",
+        shard.size, c.source, c.model_type));
+  }
+  return spec;
 }
 
 void register_family(const Family& family) {

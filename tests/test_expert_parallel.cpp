@@ -1,0 +1,397 @@
+// Expert parallelism (moe.hpp, docs/model.md): a mixture whose experts are split over the ranks
+// of a group, rows sent to their experts and back by all-to-all, against the same mixture whole
+// in one process (world 1) — outputs, the inputs' and the experts' gradients — at world 2 and 4
+// over real Gloo processes; the trainer's runs against world 1's; the settings it refuses.
+#include "support/catch.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/blocks.hpp"
+#include "model/layers.hpp"
+#include "model/moe.hpp"
+#include "quant/four_bit_weight.hpp"
+#include "support/jobs.hpp"
+#include "support/models.hpp"
+#include "support/ranks.hpp"
+#include "zerotrain/comm.hpp"
+#include "zerotrain/config.hpp"
+#include "zerotrain/engine.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/trainer.hpp"
+
+using namespace zt;
+
+namespace {
+
+double max_abs(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+// The largest difference relative to the reference's largest value (at least 1): fp32 on a GPU
+// against the CPU's reference rounds differently.
+double relative(const at::Tensor& got, const at::Tensor& want) {
+  return max_abs(got.cpu(), want) / std::max(1.0, want.abs().max().item<double>());
+}
+
+// The mixtures the rank test shards: softmax routing (Qwen3-MoE), gpt-oss's biased [E, in, out]
+// experts with the clamped SwiGLU, GLM-4.5's sigmoid groups with a shared expert, and 4-bit
+// experts (QLoRA).
+struct Case {
+  const char* name;
+  model::MoeSpec spec;
+  bool four_bit = false;
+};
+
+std::vector<Case> cases() {
+  model::MoeSpec qwen{8, 2, 16, true, model::Activation::kSilu};
+  model::MoeSpec oss = qwen;
+  oss.router = model::MoeSpec::Router::kTopKSoftmax;
+  oss.router_bias = oss.transposed = oss.expert_bias = oss.clamped_swiglu = true;
+  model::MoeSpec glm = qwen;
+  glm.router = model::MoeSpec::Router::kSigmoidGroups;
+  glm.groups = 4;
+  glm.top_groups = 2;
+  glm.scaling = 2.5;
+  glm.shared_intermediate = 16;
+  return {
+      {"qwen3_moe", qwen}, {"gpt_oss", oss}, {"glm4_moe", glm}, {"qwen3_moe 4-bit", qwen, true}};
+}
+
+// The mixture of `spec` (sharded as spec says) with values from one seed whatever the shard: each
+// parameter of the whole mixture drawn in full, a shard taking its experts' rows.
+std::shared_ptr<model::SparseMoe> seeded_mixture(const model::MoeSpec& spec, bool four_bit,
+                                                 int64_t hidden) {
+  // Without double quantization each expert's blocks quantize alone, a shard's as the whole's
+  // (double quantization's offset is the mean over the whole tensor's scales).
+  static const QuantizationConfig nf4 = [] {
+    QuantizationConfig q;
+    q.double_quant = false;
+    return q;
+  }();
+  model::ParamFactory o{at::TensorOptions().dtype(at::kFloat)};
+  if (four_bit) o.quantization = &nf4;
+  auto m = std::make_shared<model::SparseMoe>(spec, hidden, o);
+  model::MoeSpec whole_spec = spec;
+  whole_spec.shard_size = 1;
+  whole_spec.shard_rank = 0;
+  auto whole =
+      std::make_shared<model::SparseMoe>(whole_spec, hidden, model::ParamFactory{o.options});
+  at::NoGradGuard no_grad;
+  at::manual_seed(17);
+  for (auto& item : whole->named_parameters()) item.value().normal_(0.0, 0.4);
+  const auto values = whole->named_parameters();
+  const int64_t local = spec.local_experts();
+  for (auto& item : m->named_parameters()) {
+    at::Tensor full = values[item.key()];
+    if (model::is_expert_tensor("mlp." + item.key())) {
+      full = full.narrow(0, spec.shard_rank * local, local);
+    }
+    if (item.value().scalar_type() == at::kByte) {
+      const size_t t = item.key().find("gate_up") != std::string::npos ? 0 : 1;
+      const quant::FourBitLayout& layout = *m->experts->quantized[t];
+      item.value().copy_(quant::quantize_weight(layout, full.reshape({layout.rows, layout.cols})));
+    } else {
+      item.value().copy_(full);
+    }
+  }
+  return m;
+}
+
+// Rows of every rank, skewed so that some experts get none: the same on every rank.
+at::Tensor all_rows(int world, int64_t per_rank, int64_t hidden) {
+  at::manual_seed(23);
+  at::Tensor x = at::randn({world * per_rank, hidden});
+  x.narrow(1, 0, 2).mul_(3.0);
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("rank: an expert-parallel mixture", "[.rank]") {
+  // ZT_EP_CUDA=1: over NCCL, the mixture on this rank's GPU (its LOCAL_RANK) in fp32.
+  const bool cuda = std::getenv("ZT_EP_CUDA") != nullptr;
+  const at::Device device =
+      cuda ? at::Device(at::kCUDA, static_cast<int16_t>(std::atoi(std::getenv("LOCAL_RANK"))))
+           : at::Device(at::kCPU);
+  std::shared_ptr<Communicator> comm(test::join(cuda ? Backend::kNccl : Backend::kAuto, device));
+  const int world = comm->world_size(), rank = comm->rank();
+  const int64_t ep = std::atoi(std::getenv("ZT_EP"));
+  const int64_t hidden = 16, per_rank = 7;
+  for (const Case& c : cases()) {
+    INFO(c.name << ", rank " << rank << " of " << world << ", expert_parallel_size " << ep);
+    // World 1's answer: the whole mixture over every rank's rows (4-bit: the same storage).
+    model::MoeSpec whole_spec = c.spec;
+    auto whole = seeded_mixture(whole_spec, c.four_bit, hidden);
+    model::MoeSpec spec = c.spec;
+    spec.shard_size = ep;
+    spec.shard_rank = rank % ep;
+    auto mine = seeded_mixture(spec, c.four_bit, hidden);
+    mine->to(device);
+    mine->comm = comm;
+    const at::Tensor x0 = all_rows(world, per_rank, hidden);
+    const at::Tensor probe = at::randn({world * per_rank, hidden});
+    at::Tensor xw = x0.clone().requires_grad_(true);
+    (whole->forward(xw) * probe).sum().backward();
+    at::Tensor x = x0.narrow(0, rank * per_rank, per_rank).to(device, at::kFloat, false, true);
+    x.requires_grad_(true);
+    const at::Tensor y = mine->forward(x).cpu();
+    (y * probe.narrow(0, rank * per_rank, per_rank)).sum().backward();
+    // This rank's rows: their outputs and gradients.
+    {
+      at::NoGradGuard no_grad;
+      const at::Tensor want = whole->forward(x0).narrow(0, rank * per_rank, per_rank);
+      CHECK(relative(y, want) < 1e-5);
+    }
+    CHECK(relative(x.grad(), xw.grad().narrow(0, rank * per_rank, per_rank)) < 1e-5);
+    // The router's gradient from this rank's rows, summed over ranks; this rank's experts'
+    // gradients from its group's rows that chose them (the exchange's backward), summed over
+    // the groups (the ranks holding the same experts).
+    at::Tensor router = mine->gate->weight.grad().clone();
+    comm->all_reduce(router)->wait();
+    CHECK(relative(router, whole->gate->weight.grad()) < 1e-5);
+    if (!c.four_bit) {
+      const int64_t local = spec.local_experts();
+      for (const char* t : {"gate_up_proj", "down_proj"}) {
+        INFO(t);
+        const at::Tensor grad = mine->experts->named_parameters()[t].grad().contiguous();
+        at::Tensor every = at::empty({world * grad.numel()}, grad.options());
+        comm->all_gather(every, grad)->wait();
+        at::Tensor got = at::zeros_like(grad);
+        for (int q = spec.shard_rank; q < world; q += static_cast<int>(ep)) {
+          got += every.narrow(0, q * grad.numel(), grad.numel()).view(grad.sizes());
+        }
+        const at::Tensor want =
+            whole->experts->named_parameters()[t].grad().narrow(0, spec.shard_rank * local, local);
+        CHECK(relative(got, want) < 1e-5);
+      }
+    }
+  }
+  // A sharded mixture without its communicator says what to do.
+  model::MoeSpec spec = cases()[0].spec;
+  spec.shard_size = ep;
+  auto lone = seeded_mixture(spec, false, hidden);
+  CHECK_THROWS_WITH(lone->forward(at::randn({3, hidden})),
+                    Catch::Contains("set_expert_communicator"));
+}
+
+TEST_CASE("expert parallelism over NCCL: world 2 and 4 give world 1's mixture", "[moe][gpu]") {
+  // On the GPU machine (LibTorch with CUDA): ranks of their own nodes on GPU 0 where GPUs are
+  // fewer (zt::emulated_node_env). Elsewhere there is no NCCL device to run on.
+  if (at::getNumGPUs() == 0) {
+    WARN("no GPU: expert parallelism over NCCL runs on the GPU machine");
+    return;
+  }
+  for (const auto& [world, ep] : {std::pair<int, int>{2, 2}, {4, 2}}) {
+    INFO("world " << world << ", expert_parallel_size " << ep);
+    test::run_ranks(world, "rank: an expert-parallel mixture", std::chrono::seconds(240),
+                    {{"ZT_EP", std::to_string(ep)}, {"ZT_EP_CUDA", "1"}},
+                    test::gpu_ranks_share_a_gpu(world));
+  }
+}
+
+TEST_CASE("expert parallelism: world 2 and 4 give world 1's mixture, outputs and gradients",
+          "[moe][ranks]") {
+  const std::pair<int, int> settings[] = {{2, 2}, {4, 4}, {4, 2}};
+  for (const auto& [world, ep] : settings) {
+    if (test::skip_cpu_world(world)) return;
+    INFO("world " << world << ", expert_parallel_size " << ep);
+    test::run_ranks(world, "rank: an expert-parallel mixture", std::chrono::seconds(180),
+                    {{"ZT_EP", std::to_string(ep)}});
+  }
+}
+
+namespace {
+
+// The qwen3_moe trainer runs of the tests below: LoRA on q_proj and v_proj beside frozen experts,
+// 4 rows a step at every world; under ZeRO-3 every parameter of 10 elements or more sharded (the
+// experts would be, were they not each rank's own).
+const std::string kEpModel = test::tiny_moe_config(8);
+
+std::vector<std::string> ep_run(int world, int ep, const std::string& extra_stage) {
+  std::vector<std::string> run{
+      "--max_steps",
+      "4",
+      "--save_steps",
+      "100",
+      "--finetuning_type",
+      "lora",
+      "--lora_r",
+      "4",
+      "--lora_target",
+      "q_proj,v_proj",
+      "--gradient_accumulation_steps",
+      std::to_string(2 / std::min(world, 2)),
+      "--per_device_train_batch_size",
+      std::to_string(world == 4 ? 1 : 2),
+      "--expert_parallel_size",
+      std::to_string(ep),
+      "--deepspeed",
+      R"({"zero_optimization": {"stage3_param_persistence_threshold": 10, "stage": )" +
+          extra_stage + "}}"};
+  return run;
+}
+
+}  // namespace
+
+// One run per process (a job's communicator is made once): ZT_EP_CASE "0", "2" or "3" (the ZeRO
+// stage; under 3 each rank's experts stay whole on it), "q" (QLoRA at stage 2), or a setting
+// expert parallelism refuses.
+TEST_CASE("rank: expert-parallel training", "[.rank]") {
+  const std::string dir = std::getenv("ZT_EP_DIR"), which = std::getenv("ZT_EP_CASE");
+  const int world = std::atoi(std::getenv("WORLD_SIZE"));
+  const int ep = std::atoi(std::getenv("ZT_EP"));
+  const std::string out =
+      dir + "/out_" + std::to_string(world) + "_" + std::to_string(ep) + "_" + which;
+  const bool stage_given = which == "0" || which == "2" || which == "3";
+  std::vector<std::string> run = ep_run(world, ep, stage_given ? which : "2");
+  run.insert(run.end(), {"--output_dir", out});
+  if (which == "q")
+    run.insert(run.end(), {"--quantization_bit", "4", "--double_quantization", "false"});
+  if (which == "trained experts") {
+    run.insert(run.end(), {"--lora_target_parameters", "experts.down_proj"});
+    CHECK_THROWS_WITH(test::train_on_base(dir, run),
+                      Catch::Contains("experts.") && Catch::Contains("frozen"));
+    return;
+  }
+  if (which == "freeze") {
+    run.insert(run.end(),
+               {"--finetuning_type", "freeze", "--freeze_trainable_modules", "self_attn"});
+    CHECK_THROWS_WITH(test::train_on_base(dir, run),
+                      Catch::Contains("finetuning_type freeze") && Catch::Contains("adapters"));
+    return;
+  }
+  test::write_curves(std::atoi(std::getenv("RANK")), {test::train_on_base(dir, run)});
+}
+
+TEST_CASE("expert-parallel LoRA and QLoRA train as world 1 does, stages 0, 2 and 3",
+          "[moe][ranks][trainer]") {
+  const std::string dir = test::temp_dir("expert_parallel");
+  test::write_data(dir, "train.jsonl", 16, 9);
+  test::write_model_folder(dir + "/base", kEpModel, 41);
+  setenv("ZT_EP_DIR", dir.c_str(), 1);
+  // World 1 without expert parallelism: the reference.
+  const std::vector<std::string> kinds{"0", "2", "3", "q"};
+  std::vector<std::vector<double>> reference;
+  for (const std::string& kind : kinds) {
+    std::vector<std::string> run = ep_run(1, 1, kind == "q" ? "2" : kind);
+    run.insert(run.end(), {"--output_dir", dir + "/ref_" + kind});
+    if (kind == "q") {
+      run.insert(run.end(), {"--quantization_bit", "4", "--double_quantization", "false"});
+    }
+    reference.push_back(test::train_on_base(dir, run));
+    REQUIRE(reference.back().size() == 4);
+  }
+  const std::pair<int, int> settings[] = {{2, 2}, {4, 4}, {4, 2}};
+  for (const auto& [world, ep] : settings) {
+    if (test::skip_cpu_world(world)) return;
+    setenv("ZT_EP", std::to_string(ep).c_str(), 1);
+    for (size_t k = 0; k < kinds.size(); ++k) {
+      INFO("world " << world << ", expert_parallel_size " << ep << ", run " << kinds[k]);
+      setenv("ZT_EP_CASE", kinds[k].c_str(), 1);
+      const std::vector<std::vector<double>> curves =
+          test::curves_at_world(world, "rank: expert-parallel training", std::chrono::seconds(300));
+      REQUIRE(curves.size() == 1);
+      REQUIRE(curves[0].size() == reference[k].size());
+      for (size_t i = 0; i < curves[0].size(); ++i) {
+        CHECK(curves[0][i] == Approx(reference[k][i]).epsilon(1e-4));
+      }
+    }
+  }
+  // What expert parallelism refuses, said on every rank alike.
+  setenv("ZT_EP", "2", 1);
+  for (const char* refused : {"trained experts", "freeze"}) {
+    INFO(refused);
+    setenv("ZT_EP_CASE", refused, 1);
+    test::run_ranks(2, "rank: expert-parallel training", std::chrono::seconds(120));
+  }
+}
+
+TEST_CASE("expert_parallel_size that does not divide the experts or the world, or a dense model",
+          "[moe][errors]") {
+  ModelConfig c = parse_model_config(kEpModel, "ep.json");
+  c.expert_shard = {3, 0};
+  CHECK_THROWS_WITH(CausalLM(c, at::TensorOptions(), false),
+                    Catch::Contains("expert_parallel_size 3") && Catch::Contains("8 experts"));
+  ModelConfig dense = parse_model_config(
+      R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+          "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2})",
+      "dense.json");
+  dense.expert_shard = {2, 1};
+  CHECK_THROWS_WITH(CausalLM(dense, at::TensorOptions(), false),
+                    Catch::Contains("no mixture of experts"));
+  // A shard of 2 holds half the experts; its source reads its half of the whole tensors.
+  c.expert_shard = {2, 1};
+  CausalLM half(c, at::TensorOptions(), true);
+  const auto params = half.named_parameters();
+  CHECK(params["model.layers.0.mlp.experts.gate_up_proj"].size(0) == 4);
+  CHECK(params["model.layers.0.mlp.gate.weight"].size(0) == 8);
+  // The trainer at one rank: 2 does not divide 1.
+  const std::string dir = test::temp_dir("expert_parallel_errors");
+  test::write_data(dir, "train.jsonl", 4, 3);
+  test::write_model_folder(dir + "/base", kEpModel, 42);
+  CHECK_THROWS_WITH(test::train_on_base(dir, ep_run(1, 2, "2")),
+                    Catch::Contains("expert_parallel_size 2 does not divide the 1 ranks"));
+}
+
+TEST_CASE(
+    "a rank's share of the experts reads from every checkpoint layout as a slice of the whole",
+    "[moe]") {
+  // Fused tensors, Mixtral's one module per expert (4.x names), gpt-oss's MXFP4 blocks and its
+  // biases: shard r of 2 is experts [r·E/2, (r+1)·E/2) of what the whole model reads.
+  for (const char* family : {"qwen3_moe", "mixtral", "gpt_oss_mxfp4"}) {
+    INFO(family);
+    const std::string dir = std::string(ZT_FIXTURES) + "/models/" + family;
+    const ModelConfig whole_config = load_model_config(dir);
+    CausalLM whole(whole_config, at::TensorOptions(), true);
+    load_weights(whole, *checkpoint_source(dir));
+    const auto want = whole.named_parameters();
+    int experts = 0;
+    for (int64_t r = 0; r < 2; ++r) {
+      ModelConfig c = whole_config;
+      c.expert_shard = {2, r};
+      CausalLM half(c, at::TensorOptions(), true);
+      check_checkpoint(half, dir);  // the file's whole tensors fit the shard's
+      load_weights(half, *model::expert_shard_source(checkpoint_source(dir), c.expert_shard));
+      for (const auto& item : half.named_parameters()) {
+        INFO(item.key());
+        at::Tensor full = want[item.key()];
+        if (model::is_expert_tensor(item.key())) {
+          const int64_t local = item.value().size(0);
+          full = full.narrow(0, r * local, local);
+          ++experts;
+        }
+        CHECK(at::equal(item.value(), full));
+      }
+    }
+    CHECK(experts >= 8);
+  }
+}
+
+TEST_CASE("the engine keeps rank-local parameters frozen and read from a source", "[moe][engine]") {
+  const ModelConfig c = parse_model_config(kEpModel, "ep.json");
+  auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
+  DeepSpeedConfig ds = parse_deepspeed_config(
+      R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "train_micro_batch_size_per_gpu": 1,
+          "gradient_accumulation_steps": 1})");
+  EngineOptions eo;
+  eo.units = model->units();
+  eo.gate = &model->gate();
+  eo.rank_local = model::is_expert_tensor;
+  LaunchEnv single;
+  std::shared_ptr<Communicator> comm = create_communicator(single, CommOptions{});
+  // Full fine-tuning: the experts are trainable.
+  eo.source = random_source(c, 3);
+  CHECK_THROWS_WITH(Engine(model, ds, comm, eo),
+                    Catch::Contains("experts.gate_up_proj") && Catch::Contains("frozen"));
+  // Frozen, but no source to read each rank's own values from.
+  for (auto& item : model->named_parameters()) {
+    if (model::is_expert_tensor(item.key())) item.value().set_requires_grad(false);
+  }
+  eo.source = nullptr;
+  CHECK_THROWS_WITH(Engine(model, ds, comm, eo), Catch::Contains("no source"));
+}
