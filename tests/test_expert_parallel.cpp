@@ -5,10 +5,14 @@
 #include "support/catch.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "model/blocks.hpp"
 #include "model/layers.hpp"
@@ -202,6 +206,52 @@ TEST_CASE("expert parallelism: world 2 and 4 give world 1's mixture, outputs and
     INFO("world " << world << ", expert_parallel_size " << ep);
     test::run_ranks(world, "rank: an expert-parallel mixture", std::chrono::seconds(180),
                     {{"ZT_EP", std::to_string(ep)}});
+  }
+}
+
+// The last rank dies (SIGKILL-like, no goodbye) after a first step of an expert-parallel mixture;
+// the others, exchanging rows with it, must end with a DistributedError naming it.
+TEST_CASE("rank: an expert-parallel peer dies", "[.rank]") {
+  std::shared_ptr<Communicator> comm(test::join());
+  const int world = comm->world_size(), rank = comm->rank();
+  model::MoeSpec spec = cases()[0].spec;
+  spec.shard_size = world;
+  spec.shard_rank = rank;
+  auto mine = seeded_mixture(spec, false, 16);
+  mine->comm = comm;
+  const at::Tensor x = all_rows(world, 7, 16).narrow(0, rank * 7, 7);
+  mine->forward(x).sum().backward();
+  if (rank == world - 1) std::_Exit(17);
+  const auto start = std::chrono::steady_clock::now();
+  std::string caught;
+  try {
+    for (int i = 0; i < 100; ++i) mine->forward(x).sum().backward();
+  } catch (const DistributedError& e) {
+    caught = e.what();
+  }
+  const bool timely = std::chrono::steady_clock::now() - start < std::chrono::seconds(40);
+  const bool named =
+      caught.find("all_to_all") != std::string::npos &&
+      caught.find(fmt::format("rank(s) {} stopped answering", world - 1)) != std::string::npos;
+  std::printf("rank %d caught: %s\nnamed=%d timely=%d\n", rank, caught.c_str(), named, timely);
+  std::fflush(stdout);
+  std::_Exit(named && timely ? 0 : 1);  // destructors of a group with a dead member skipped
+}
+
+TEST_CASE("a rank that dies inside the experts' all-to-all is named by the others, no hang",
+          "[moe][ranks][errors]") {
+  for (int world : {2, 4}) {
+    if (test::skip_cpu_world(world)) return;
+    test::RankRun run =
+        test::launch_ranks(world, "rank: an expert-parallel peer dies", std::chrono::seconds(120),
+                           {{"ZT_TEST_TIMEOUT_MS", "10000"}}, std::chrono::seconds(60));
+    INFO(run.report());
+    CHECK_FALSE(run.result.timed_out);
+    for (int r = 0; r < world - 1; ++r) {
+      CHECK(run.result.ranks[static_cast<size_t>(r)].exit_code == 0);
+      CHECK_FALSE(run.result.ranks[static_cast<size_t>(r)].killed_by_launcher);
+    }
+    CHECK(run.result.ranks[static_cast<size_t>(world - 1)].exit_code == 17);
   }
 }
 
