@@ -315,10 +315,11 @@ TEST_CASE("rank: expert-parallel training", "[.rank]") {
                       Catch::Contains("finetuning_type freeze") && Catch::Contains("adapters"));
     return;
   }
+  if (which == "saved") run.insert(run.end(), {"--save_steps", "2"});
   test::write_curves(std::atoi(std::getenv("RANK")), {test::train_on_base(dir, run)});
 }
 
-TEST_CASE("expert-parallel LoRA and QLoRA train as world 1 does, stages 0, 2 and 3",
+TEST_CASE("expert-parallel LoRA and QLoRA train as world 1 does, stages 0, 2 and 3, and resume",
           "[moe][ranks][trainer]") {
   const std::string dir = test::temp_dir("expert_parallel");
   test::write_data(dir, "train.jsonl", 16, 9);
@@ -352,6 +353,20 @@ TEST_CASE("expert-parallel LoRA and QLoRA train as world 1 does, stages 0, 2 and
       }
     }
   }
+  // A run saved at world 4 with expert_parallel_size 2 resumes at world 1 without it: the
+  // remaining steps are those of world 1's uninterrupted run.
+  setenv("ZT_EP", "2", 1);
+  setenv("ZT_EP_CASE", "saved", 1);
+  REQUIRE(test::curves_at_world(4, "rank: expert-parallel training", std::chrono::seconds(300))
+              .size() == 1);
+  std::vector<std::string> resumed = ep_run(1, 1, "2");
+  const std::string saved = dir + "/out_4_2_saved";
+  resumed.insert(resumed.end(), {"--output_dir", dir + "/resumed", "--resume_from_checkpoint",
+                                 saved + "/checkpoint-2"});
+  const std::vector<double> rest = test::train_on_base(dir, resumed);
+  REQUIRE(rest.size() == 2);
+  for (size_t i = 0; i < rest.size(); ++i)
+    CHECK(rest[i] == Approx(reference[1][i + 2]).epsilon(1e-4));
   // What expert parallelism refuses, said on every rank alike.
   setenv("ZT_EP", "2", 1);
   for (const char* refused : {"trained experts", "freeze"}) {

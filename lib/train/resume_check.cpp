@@ -47,7 +47,7 @@ const std::vector<std::string> kMayChange = {
     // batches, ranks and the machine (checkpoints resume at any world size)
     "per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_drop_last",
     "deepspeed", "device", "use_cpu", "tf32", "torch_dtype", "fp16", "bf16",
-    "bnb_4bit_compute_dtype", "ddp_timeout", "rendezvous_timeout",
+    "bnb_4bit_compute_dtype", "ddp_timeout", "rendezvous_timeout", "expert_parallel_size",
     // memory and speed, not results
     "gradient_checkpointing", "gradient_checkpointing_keep", "use_unsloth_gc", "update_in_backward",
     "precompute_ref_log_probs",
