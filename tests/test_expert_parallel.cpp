@@ -262,7 +262,15 @@ namespace {
 // experts would be, were they not each rank's own).
 const std::string kEpModel = test::tiny_moe_config(8);
 
-std::vector<std::string> ep_run(int world, int ep, const std::string& extra_stage) {
+// The run of kind `kind`: "0", "2", "3" (the ZeRO stage), "3 offload" (stage 3 with parameters
+// and optimizer offloaded), "q" (QLoRA at stage 2, without double quantization, so that a rank's
+// experts quantize as the whole's do), anything else stage 2.
+std::vector<std::string> ep_run(int world, int ep, const std::string& kind) {
+  const std::string zero =
+      kind == "0" || kind == "2" || kind == "3" ? kind
+      : kind == "3 offload"
+          ? R"(3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"})"
+          : "2";
   std::vector<std::string> run{
       "--max_steps",
       "4",
@@ -281,27 +289,27 @@ std::vector<std::string> ep_run(int world, int ep, const std::string& extra_stag
       "--expert_parallel_size",
       std::to_string(ep),
       "--deepspeed",
-      R"({"zero_optimization": {"stage3_param_persistence_threshold": 10, "stage": )" +
-          extra_stage + "}}"};
+      R"({"zero_optimization": {"stage3_param_persistence_threshold": 10, "stage": )" + zero +
+          "}}"};
+  if (kind == "q") {
+    run.insert(run.end(), {"--quantization_bit", "4", "--double_quantization", "false"});
+  }
   return run;
 }
 
 }  // namespace
 
-// One run per process (a job's communicator is made once): ZT_EP_CASE "0", "2" or "3" (the ZeRO
-// stage; under 3 each rank's experts stay whole on it), "q" (QLoRA at stage 2), or a setting
-// expert parallelism refuses.
+// One run per process (a job's communicator is made once): ZT_EP_CASE a kind of ep_run (under
+// stage 3 each rank's experts stay whole on it, offloaded or not), "saved" (stage 2, a checkpoint
+// at step 2), or a setting expert parallelism refuses.
 TEST_CASE("rank: expert-parallel training", "[.rank]") {
   const std::string dir = std::getenv("ZT_EP_DIR"), which = std::getenv("ZT_EP_CASE");
   const int world = std::atoi(std::getenv("WORLD_SIZE"));
   const int ep = std::atoi(std::getenv("ZT_EP"));
   const std::string out =
       dir + "/out_" + std::to_string(world) + "_" + std::to_string(ep) + "_" + which;
-  const bool stage_given = which == "0" || which == "2" || which == "3";
-  std::vector<std::string> run = ep_run(world, ep, stage_given ? which : "2");
+  std::vector<std::string> run = ep_run(world, ep, which);
   run.insert(run.end(), {"--output_dir", out});
-  if (which == "q")
-    run.insert(run.end(), {"--quantization_bit", "4", "--double_quantization", "false"});
   if (which == "trained experts") {
     run.insert(run.end(), {"--lora_target_parameters", "experts.down_proj"});
     CHECK_THROWS_WITH(test::train_on_base(dir, run),
@@ -319,21 +327,19 @@ TEST_CASE("rank: expert-parallel training", "[.rank]") {
   test::write_curves(std::atoi(std::getenv("RANK")), {test::train_on_base(dir, run)});
 }
 
-TEST_CASE("expert-parallel LoRA and QLoRA train as world 1 does, stages 0, 2 and 3, and resume",
-          "[moe][ranks][trainer]") {
+TEST_CASE(
+    "expert-parallel LoRA and QLoRA train as world 1 does, stages 0-3 and offload, and resume",
+    "[moe][ranks][trainer]") {
   const std::string dir = test::temp_dir("expert_parallel");
   test::write_data(dir, "train.jsonl", 16, 9);
   test::write_model_folder(dir + "/base", kEpModel, 41);
   setenv("ZT_EP_DIR", dir.c_str(), 1);
   // World 1 without expert parallelism: the reference.
-  const std::vector<std::string> kinds{"0", "2", "3", "q"};
+  const std::vector<std::string> kinds{"0", "2", "3", "3 offload", "q"};
   std::vector<std::vector<double>> reference;
   for (const std::string& kind : kinds) {
-    std::vector<std::string> run = ep_run(1, 1, kind == "q" ? "2" : kind);
+    std::vector<std::string> run = ep_run(1, 1, kind);
     run.insert(run.end(), {"--output_dir", dir + "/ref_" + kind});
-    if (kind == "q") {
-      run.insert(run.end(), {"--quantization_bit", "4", "--double_quantization", "false"});
-    }
     reference.push_back(test::train_on_base(dir, run));
     REQUIRE(reference.back().size() == 4);
   }
