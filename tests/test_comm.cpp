@@ -249,13 +249,7 @@ TEST_CASE("a rank that dies mid-run fails the others with DistributedError, no h
     test::RankRun run =
         test::launch_ranks(world, "rank: peer dies", std::chrono::seconds(90),
                            {{"ZT_TEST_TIMEOUT_MS", "20000"}}, std::chrono::seconds(60));
-    INFO(run.report());
-    CHECK_FALSE(run.result.timed_out);
-    for (int r = 0; r < world - 1; ++r) {
-      CHECK(run.result.ranks[static_cast<size_t>(r)].exit_code == 0);
-      CHECK_FALSE(run.result.ranks[static_cast<size_t>(r)].killed_by_launcher);
-    }
-    CHECK(run.result.ranks[static_cast<size_t>(world - 1)].exit_code == 17);
+    test::check_last_rank_died(run, 17);
   }
 }
 

@@ -245,13 +245,7 @@ TEST_CASE("a rank that dies inside the experts' all-to-all is named by the other
     test::RankRun run =
         test::launch_ranks(world, "rank: an expert-parallel peer dies", std::chrono::seconds(120),
                            {{"ZT_TEST_TIMEOUT_MS", "10000"}}, std::chrono::seconds(60));
-    INFO(run.report());
-    CHECK_FALSE(run.result.timed_out);
-    for (int r = 0; r < world - 1; ++r) {
-      CHECK(run.result.ranks[static_cast<size_t>(r)].exit_code == 0);
-      CHECK_FALSE(run.result.ranks[static_cast<size_t>(r)].killed_by_launcher);
-    }
-    CHECK(run.result.ranks[static_cast<size_t>(world - 1)].exit_code == 17);
+    test::check_last_rank_died(run, 17);
   }
 }
 

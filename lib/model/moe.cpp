@@ -102,8 +102,7 @@ void keep_groups(torch::autograd::AutogradContext* ctx, const ExpertGroups& g) {
   ctx->saved_data["ends"] = g.ends();
 }
 ExpertGroups groups_of(torch::autograd::AutogradContext* ctx) {
-  const at::Tensor ends = ctx->saved_data["ends"].toTensor().to(at::kLong);
-  return ExpertGroups(at::diff(ends, 1, 0, at::zeros({1}, ends.options())));
+  return ExpertGroups::from_ends(ctx->saved_data["ends"].toTensor());
 }
 
 class GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFunction> {
@@ -296,6 +295,12 @@ ExpertGroups::ExpertGroups(const std::vector<int64_t>& counts, const at::Device&
   counts_ = std::make_shared<std::vector<int64_t>>(counts);
 }
 
+ExpertGroups ExpertGroups::from_ends(const at::Tensor& ends) {
+  ExpertGroups g;
+  g.ends_ = ends;
+  return g;
+}
+
 const std::vector<int64_t>& ExpertGroups::counts() const {
   if (!counts_) {
     const at::Tensor ends = ends_.to(at::kCPU, at::kLong);
@@ -397,13 +402,6 @@ std::vector<int64_t> MoeExperts::shape(size_t i) const {
 
 at::TensorOptions MoeExperts::value_options() const {
   return quantized[0] ? gate_up_proj.options().dtype(quantized[0]->dtype) : gate_up_proj.options();
-}
-
-at::Tensor MoeExperts::values(size_t i, at::ScalarType dtype) const {
-  if (quantized[i]) {
-    return quant::dequantize_weight(*quantized[i], tensor(i), dtype).view(shape(i));
-  }
-  return tensor(i).to(dtype);
 }
 
 at::Tensor MoeExperts::project(size_t i, const at::Tensor& rows, const ExpertGroups& groups,

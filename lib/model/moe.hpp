@@ -59,6 +59,8 @@ class ExpertGroups {
   explicit ExpertGroups(const at::Tensor& counts);
   /// From host counts, `ends()` on `device`.
   explicit ExpertGroups(const std::vector<int64_t>& counts, const at::Device& device = at::kCPU);
+  /// From `ends()` as another ExpertGroups made them (int32 [E]; an autograd node's saved copy).
+  static ExpertGroups from_ends(const at::Tensor& ends);
   int64_t experts() const { return ends_.size(0); }
   const at::Tensor& ends() const { return ends_; }
   const std::vector<int64_t>& counts() const;
@@ -66,6 +68,7 @@ class ExpertGroups {
  private:
   at::Tensor ends_;
   mutable std::shared_ptr<std::vector<int64_t>> counts_;  // null until read
+  ExpertGroups() = default;
 };
 
 /// Rows of `x` [M, in] grouped by expert: rows [start_e, start_e + counts[e]) times
@@ -162,8 +165,6 @@ struct MoeExperts : torch::nn::Module {
   std::vector<int64_t> shape(size_t i) const;
   /// The options of the values (the model's dtype where the tensors are 4-bit storage).
   at::TensorOptions value_options() const;
-  /// Tensor i's values in `dtype`, as stored (4-bit storage dequantized).
-  at::Tensor values(size_t i, at::ScalarType dtype) const;
   /// grouped_linear of `rows` by tensor `i` (its bias added by `expert_of_row` [M], the expert
   /// of each row, where it has one), plus its adapter's share where one is active.
   at::Tensor project(size_t i, const at::Tensor& rows, const ExpertGroups& groups,

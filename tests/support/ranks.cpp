@@ -92,6 +92,17 @@ void run_ranks(int world, const std::string& name, std::chrono::seconds timeout,
   REQUIRE(run.result.ok());
 }
 
+void check_last_rank_died(const RankRun& run, int code) {
+  INFO(run.report());
+  CHECK_FALSE(run.result.timed_out);
+  const size_t last = run.result.ranks.size() - 1;
+  for (size_t r = 0; r < last; ++r) {
+    CHECK(run.result.ranks[r].exit_code == 0);
+    CHECK_FALSE(run.result.ranks[r].killed_by_launcher);
+  }
+  CHECK(run.result.ranks[last].exit_code == code);
+}
+
 bool gpu_ranks_share_a_gpu(int world) {
   return static_cast<int>(at::getNumGPUs()) < world;
 }

@@ -28,6 +28,11 @@ RankRun launch_ranks(int world, const std::string& name,
                      std::chrono::seconds grace = std::chrono::seconds(30),
                      bool one_node_per_rank = false);
 
+/// Checks (Catch CHECKs, the report as context) a run whose last rank exited with `code` on
+/// purpose mid-run: no timeout, and every other rank exited 0 by itself, not by the launcher's
+/// kill (the hidden tests exit 0 once they caught the error they expect).
+void check_last_rank_died(const RankRun& run, int code);
+
 /// launch_ranks + REQUIRE that every rank passed (the report is the failure message).
 void run_ranks(int world, const std::string& name,
                std::chrono::seconds timeout = std::chrono::seconds(180), Env env = {},
