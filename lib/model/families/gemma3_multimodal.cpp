@@ -22,11 +22,11 @@ constexpr Multimodal kMultimodal{"text_config",
                                  {"model.vision_tower.", "model.multi_modal_projector."}};
 
 void read(json::ObjectReader& r, ModelConfig& c) {
-  multimodal::read(r, c, "gemma3_text");
+  multimodal::read(r, c, kMultimodal.text_model_type);
 }
 
 void write(rapidjson::Document& doc, const ModelConfig& c) {
-  multimodal::write(doc, c, "gemma3_text", "Gemma3ForConditionalGeneration");
+  multimodal::write(doc, c, kMultimodal.text_model_type, "Gemma3ForConditionalGeneration");
 }
 
 }  // namespace
