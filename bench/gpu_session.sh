@@ -31,6 +31,8 @@
 #   bench/gpu_session.sh glm              the GLM-4-9B-shaped LoRA step beside the peer (extended with that shape)
 #   bench/gpu_session.sh families         LoRA on the Qwen3-8B, Gemma-3-12B, Gemma-2-9B and Phi-4 shapes beside
 #                                         the peer (COMPILED=1 too), QLoRA Qwen3-14B's peak memory
+#   bench/gpu_session.sh moefull          full fine-tuning with expert parallelism at 2 emulated nodes:
+#                                         losses beside world 1, the cut 30B-A3B shape's memory per rank
 #   bench/gpu_session.sh moe              LoRA on the Qwen3-30B-A3B shape beside the peer (COMPILED=1 too),
 #                                         QLoRA over gpt-oss-20b's 4-bit experts: peak memory
 #   bench/gpu_session.sh tokspeed         one-thread encoding speed, ours and HF tokenizers', per real
@@ -357,6 +359,67 @@ for phase in "$@"; do
       ours qwen3-30b-a3b lora 1024 8 1 8
       peer qwen3-30b-a3b lora 1024 8 1
       ZT_BENCH_KEEP=none ours gpt-oss-20b qlora 1024 1 1 8
+      ;;
+    moefull)
+      # [4/7]: full fine-tuning with expert parallelism over NCCL, 2 ranks as nodes of their own.
+      # (1) a small Qwen3-MoE at world 1 and at world 2 with expert_parallel_size 2, ZeRO 2 and
+      # 3, bf16: the per-step losses side by side (summary: the largest relative difference).
+      # (2) the Qwen3-30B-A3B shape cut to MOELAYERS (4) layers, bf16, ZeRO-2, 1024 × 1 with
+      # checkpointing, at world 2 with expert_parallel_size 2: each rank's peak memory beside
+      # docs/scaling.md's formula for it (bench/tools/scaling_model.py moe_memory).
+      python3 examples/synthetic_tokens.py /tmp/zt-moe.jsonl 256 1000 64
+      python3 examples/synthetic_tokens.py /tmp/zt-moe1k.jsonl 1024 150000 16
+      cat > /tmp/zt-moe-small.json << 'JSON'
+{"model_type": "qwen3_moe", "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512,
+ "moe_intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "head_dim": 64, "num_experts": 8, "num_experts_per_tok": 2,
+ "norm_topk_prob": true, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
+ "rope_theta": 1000000.0, "tie_word_embeddings": false}
+JSON
+      for stage in 2 3; do
+        for run in "1 1" "2 2"; do
+          read -r world ep <<< "$run"
+          out=/tmp/zt-moefull-z$stage-w$world
+          rm -rf $out
+          "$zt" launch --nproc_per_node "$world" --one_node_per_rank true -- "$zt" train \
+            --model_config /tmp/zt-moe-small.json --train_file /tmp/zt-moe.jsonl --output_dir $out \
+            --deepspeed "{\"zero_optimization\": {\"stage\": $stage}}" --bf16 true \
+            --finetuning_type full --learning_rate 1e-4 --max_length 256 --max_steps 6 \
+            --per_device_train_batch_size $((4 / world)) --expert_parallel_size $ep \
+            --logging_steps 1 --save_strategy no --seed 7 > "$results/moefull-z$stage-w$world.log" 2>&1 ||
+            { echo "moefull z$stage w$world failed"; tail -20 "$results/moefull-z$stage-w$world.log"; }
+        done
+        python3 - /tmp/zt-moefull-z$stage-w1 /tmp/zt-moefull-z$stage-w2 << 'PY' | tee -a "$results/summary.jsonl"
+import json, sys
+def losses(d):
+    out = {}
+    for line in open(d + "/trainer_log.jsonl"):
+        r = json.loads(line)
+        if "loss" in r: out[r["current_steps"]] = r["loss"]
+    return out
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+diff = max(abs(a[k] - b[k]) / abs(a[k]) for k in a)
+print(json.dumps({"row": sys.argv[2].split("/")[-1], "world1": [a[k] for k in sorted(a)],
+                  "world2_ep2": [b[k] for k in sorted(b)], "max_relative_difference": diff}))
+PY
+      done
+      layers=${MOELAYERS:-4}
+      python3 -c "import json, sys; c = json.load(open('examples/shapes/qwen3-30b-a3b.json'))
+c['num_hidden_layers'] = int(sys.argv[1]); c['max_window_layers'] = int(sys.argv[1]); print(json.dumps(c))" \
+        "$layers" > /tmp/zt-moe-cut.json
+      rm -rf /tmp/zt-moemem
+      "$zt" launch --nproc_per_node 2 --one_node_per_rank true -- "$zt" train \
+        --model_config /tmp/zt-moe-cut.json --train_file /tmp/zt-moe1k.jsonl \
+        --output_dir /tmp/zt-moemem --deepspeed '{"zero_optimization": {"stage": 2}}' \
+        --bf16 true --finetuning_type full --max_length 1024 --max_steps 3 \
+        --per_device_train_batch_size 1 --gradient_checkpointing true --expert_parallel_size 2 \
+        --logging_steps 1 --save_strategy no > "$results/moemem.log" 2>&1 ||
+        { echo "moemem failed"; tail -20 "$results/moemem.log"; }
+      grep -E "engine:|trainable params" "$results/moemem.log" | head -4
+      grep -o '"peak_memory_gib": *[0-9.]*' /tmp/zt-moemem/trainer_log.jsonl | tail -1 |
+        tee "$results/moemem.peak" || true
+      python3 bench/tools/scaling_model.py moe_memory /tmp/zt-moe-cut.json --world 2 --ep 2 \
+        --stage 2 | tee -a "$results/summary.jsonl"
       ;;
     tokspeed)
       # [2/7]: encoding speed on one thread, ours and HF tokenizers', on the same generated

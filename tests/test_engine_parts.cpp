@@ -220,7 +220,10 @@ TEST_CASE("weight decay follows HF's name rules", "[engine]") {
   CHECK(applies_weight_decay("normalizer.weight"));  // "norm" must be a whole component
 }
 
-TEST_CASE("layouts: every parameter element is owned by exactly one rank's slice", "[engine]") {
+TEST_CASE(
+    "layouts: every parameter element is owned by exactly one rank's slice, a rank-local one by "
+    "each rank whole in local buckets",
+    "[engine]") {
   std::vector<int64_t> sizes = {7, 100, 3, 64, 1000, 1, 33};
   for (int stage : {0, 1, 2, 3}) {
     for (int world : {1, 2, 3, 4}) {
@@ -235,6 +238,7 @@ TEST_CASE("layouts: every parameter element is owned by exactly one rank's slice
           p.trainable = i != 2;
           p.decay = applies_weight_decay(p.name);
           p.unit = static_cast<int>(i % 2);
+          p.rank_local = i == 4 || i == 6;  // an expert-parallel rank's own experts
           params.push_back(p);
         }
         zero::LayoutOptions o;
@@ -250,7 +254,14 @@ TEST_CASE("layouts: every parameter element is owned by exactly one rank's slice
         for (const zero::Bucket& b : L.buckets) {
           CHECK(b.numel % zero::kAlign == 0);
           if (!b.trainable) continue;
-          const int64_t lo = b.slice_begin(rank, L.replicated), hi = lo + b.shard_numel;
+          for (int m : b.params) CHECK(b.local == params[static_cast<size_t>(m)].rank_local);
+          if (b.local) {
+            CHECK(b.replicated);
+            CHECK_FALSE(b.sharded_params);
+            CHECK(b.shard.offset >= L.local_state_begin);
+            CHECK(b.shard.offset + b.shard_numel <= L.local_state_end);
+          }
+          const int64_t lo = b.slice_begin(rank), hi = lo + b.shard_numel;
           for (size_t k = 0; k < b.params.size(); ++k) {
             CHECK(b.offsets[k] % zero::kAlign == 0);
             int64_t begin = std::max(lo, b.offsets[k]);
@@ -270,7 +281,7 @@ TEST_CASE("layouts: every parameter element is owned by exactly one rank's slice
       for (size_t i = 0; i < sizes.size(); ++i) {
         if (i == 2) continue;  // frozen: no optimizer state
         INFO("stage " << stage << " world " << world << " param " << i);
-        CHECK(owned[i] == sizes[i] * (stage == 0 ? world : 1));
+        CHECK(owned[i] == sizes[i] * (stage == 0 || i == 4 || i == 6 ? world : 1));
       }
     }
   }

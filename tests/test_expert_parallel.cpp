@@ -26,6 +26,7 @@
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
+#include "zerotrain/safetensors.hpp"
 #include "zerotrain/trainer.hpp"
 
 using namespace zt;
@@ -258,44 +259,67 @@ const std::string kEpModel = test::tiny_moe_config(8);
 
 // The run of kind `kind`: "0", "2", "3" (the ZeRO stage), "3 offload" (stage 3 with parameters
 // and optimizer offloaded), "q" (QLoRA at stage 2, without double quantization, so that a rank's
-// experts quantize as the whole's do), anything else stage 2.
+// experts quantize as the whole's do), "full 0", "full 2", "full 3 offload" (full fine-tuning:
+// the experts trained too), "freeze" (the last layer's MLP — router and experts — trained),
+// anything else stage 2.
 std::vector<std::string> ep_run(int world, int ep, const std::string& kind) {
+  const bool full = kind.rfind("full ", 0) == 0;
+  const std::string stage = full ? kind.substr(5) : kind;
   const std::string zero =
-      kind == "0" || kind == "2" || kind == "3" ? kind
-      : kind == "3 offload"
+      stage == "0" || stage == "2" || stage == "3" ? stage
+      : stage == "3 offload"
           ? R"(3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"})"
           : "2";
-  std::vector<std::string> run{
-      "--max_steps",
-      "4",
-      "--save_steps",
-      "100",
-      "--finetuning_type",
-      "lora",
-      "--lora_r",
-      "4",
-      "--lora_target",
-      "q_proj,v_proj",
-      "--gradient_accumulation_steps",
-      std::to_string(2 / std::min(world, 2)),
-      "--per_device_train_batch_size",
-      std::to_string(world == 4 ? 1 : 2),
-      "--expert_parallel_size",
-      std::to_string(ep),
-      "--deepspeed",
-      R"({"zero_optimization": {"stage3_param_persistence_threshold": 10, "stage": )" + zero +
-          "}}"};
+  std::vector<std::string> run{"--max_steps",
+                               "4",
+                               "--save_steps",
+                               "100",
+                               "--finetuning_type",
+                               "lora",
+                               "--lora_r",
+                               "4",
+                               "--lora_target",
+                               "q_proj,v_proj",
+                               "--gradient_accumulation_steps",
+                               std::to_string(2 / std::min(world, 2)),
+                               "--per_device_train_batch_size",
+                               std::to_string(world == 4 ? 1 : 2),
+                               "--expert_parallel_size",
+                               std::to_string(ep),
+                               "--deepspeed",
+                               R"({"zero_optimization": {"stage3_param_persistence_threshold": 10,
+          "stage3_gather_16bit_weights_on_model_save": true, "stage": )" +
+                                   zero + "}}"};
   if (kind == "q") {
     run.insert(run.end(), {"--quantization_bit", "4", "--double_quantization", "false"});
   }
+  if (full) run.insert(run.end(), {"--finetuning_type", "full", "--learning_rate", "2e-3"});
+  if (kind == "freeze") {
+    run.insert(run.end(), {"--finetuning_type", "freeze", "--freeze_trainable_layers", "1",
+                           "--freeze_trainable_modules", "mlp"});
+  }
   return run;
+}
+
+// Two model files hold the same tensors, values equal to fp32 rounding over a few steps.
+void check_same_model(const std::string& want_path, const std::string& got_path) {
+  SafetensorsFile want(want_path), got(got_path);
+  CHECK(want.names().size() == got.names().size());
+  for (const std::string& name : want.names()) {
+    INFO(got_path << ": " << name);
+    REQUIRE(got.contains(name));
+    const at::Tensor w = want.load(name, at::kFloat), g = got.load(name, at::kFloat);
+    REQUIRE(w.sizes() == g.sizes());
+    CHECK(relative(g, w) < 1e-4);
+  }
 }
 
 }  // namespace
 
 // One run per process (a job's communicator is made once): ZT_EP_CASE a kind of ep_run (under
 // stage 3 each rank's experts stay whole on it, offloaded or not), "saved" (stage 2, a checkpoint
-// at step 2), or a setting expert parallelism refuses.
+// at step 2), "full saved" (full fine-tuning at stage 2, a checkpoint at step 2), "full resumed"
+// (full fine-tuning resumed from ZT_EP_RESUME), or a setting expert parallelism refuses.
 TEST_CASE("rank: expert-parallel training", "[.rank]") {
   const std::string dir = std::getenv("ZT_EP_DIR"), which = std::getenv("ZT_EP_CASE");
   const int world = std::atoi(std::getenv("WORLD_SIZE"));
@@ -307,17 +331,19 @@ TEST_CASE("rank: expert-parallel training", "[.rank]") {
   if (which == "trained experts") {
     run.insert(run.end(), {"--lora_target_parameters", "experts.down_proj"});
     CHECK_THROWS_WITH(test::train_on_base(dir, run),
-                      Catch::Contains("experts.") && Catch::Contains("frozen"));
-    return;
-  }
-  if (which == "freeze") {
-    run.insert(run.end(),
-               {"--finetuning_type", "freeze", "--freeze_trainable_modules", "self_attn"});
-    CHECK_THROWS_WITH(test::train_on_base(dir, run),
-                      Catch::Contains("finetuning_type freeze") && Catch::Contains("adapters"));
+                      Catch::Contains("experts.") && Catch::Contains("adapter on the experts"));
     return;
   }
   if (which == "saved") run.insert(run.end(), {"--save_steps", "2"});
+  if (which == "full saved") {
+    run = ep_run(world, ep, "full 2");
+    run.insert(run.end(), {"--output_dir", out, "--save_steps", "2"});
+  }
+  if (which == "full resumed") {
+    run = ep_run(world, ep, "full 2");
+    run.insert(run.end(),
+               {"--output_dir", out, "--resume_from_checkpoint", std::getenv("ZT_EP_RESUME")});
+  }
   test::write_curves(std::atoi(std::getenv("RANK")), {test::train_on_base(dir, run)});
 }
 
@@ -329,7 +355,8 @@ TEST_CASE(
   test::write_model_folder(dir + "/base", kEpModel, 41);
   setenv("ZT_EP_DIR", dir.c_str(), 1);
   // World 1 without expert parallelism: the reference.
-  const std::vector<std::string> kinds{"0", "2", "3", "3 offload", "q"};
+  const std::vector<std::string> kinds{
+      "0", "2", "3", "3 offload", "q", "full 0", "full 2", "full 3 offload", "freeze"};
   std::vector<std::vector<double>> reference;
   for (const std::string& kind : kinds) {
     std::vector<std::string> run = ep_run(1, 1, kind);
@@ -351,6 +378,12 @@ TEST_CASE(
       for (size_t i = 0; i < curves[0].size(); ++i) {
         CHECK(curves[0][i] == Approx(reference[k][i]).epsilon(1e-4));
       }
+      // What full and freeze fine-tuning write is the whole model: every rank's experts.
+      if (kinds[k].rfind("full", 0) == 0 || kinds[k] == "freeze") {
+        const std::string out = fmt::format("{}/out_{}_{}_{}", dir, world, ep, kinds[k]);
+        check_same_model(dir + "/ref_" + kinds[k] + "/model.safetensors",
+                         out + "/model.safetensors");
+      }
     }
   }
   // A run saved at world 4 with expert_parallel_size 2 resumes at world 1 without it: the
@@ -367,9 +400,36 @@ TEST_CASE(
   REQUIRE(rest.size() == 2);
   for (size_t i = 0; i < rest.size(); ++i)
     CHECK(rest[i] == Approx(reference[1][i + 2]).epsilon(1e-4));
+  // Full fine-tuning saved at world 4 with expert_parallel_size 2 (each rank's optimizer state
+  // of its experts, in the whole tensors' elements) resumes at world 1 and at world 2 with
+  // expert_parallel_size 2: the remaining steps and the model are world 1's.
+  const size_t full = 6;
+  REQUIRE(kinds[full] == "full 2");
+  setenv("ZT_EP_CASE", "full saved", 1);
+  REQUIRE(test::curves_at_world(4, "rank: expert-parallel training", std::chrono::seconds(300))
+              .size() == 1);
+  const std::string full_saved = dir + "/out_4_2_full saved/checkpoint-2";
+  std::vector<std::string> full_resumed = ep_run(1, 1, "full 2");
+  full_resumed.insert(full_resumed.end(), {"--output_dir", dir + "/full_resumed",
+                                           "--resume_from_checkpoint", full_saved});
+  const std::vector<double> full_rest = test::train_on_base(dir, full_resumed);
+  REQUIRE(full_rest.size() == 2);
+  for (size_t i = 0; i < full_rest.size(); ++i)
+    CHECK(full_rest[i] == Approx(reference[full][i + 2]).epsilon(1e-4));
+  check_same_model(dir + "/ref_full 2/model.safetensors", dir + "/full_resumed/model.safetensors");
+  setenv("ZT_EP_CASE", "full resumed", 1);
+  setenv("ZT_EP_RESUME", full_saved.c_str(), 1);
+  const std::vector<std::vector<double>> at_two =
+      test::curves_at_world(2, "rank: expert-parallel training", std::chrono::seconds(300));
+  REQUIRE(at_two.size() == 1);
+  REQUIRE(at_two[0].size() == 2);
+  for (size_t i = 0; i < at_two[0].size(); ++i)
+    CHECK(at_two[0][i] == Approx(reference[full][i + 2]).epsilon(1e-4));
+  check_same_model(dir + "/ref_full 2/model.safetensors",
+                   dir + "/out_2_2_full resumed/model.safetensors");
   // What expert parallelism refuses, said on every rank alike.
   setenv("ZT_EP", "2", 1);
-  for (const char* refused : {"trained experts", "freeze"}) {
+  for (const char* refused : {"trained experts"}) {
     INFO(refused);
     setenv("ZT_EP_CASE", refused, 1);
     test::run_ranks(2, "rank: expert-parallel training", std::chrono::seconds(120));
@@ -437,7 +497,8 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("the engine keeps rank-local parameters frozen and read from a source", "[moe][engine]") {
+TEST_CASE("the engine reads rank-local parameters from a source and checks their split",
+          "[moe][engine]") {
   const ModelConfig c = parse_model_config(kEpModel, "ep.json");
   auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
   DeepSpeedConfig ds = parse_deepspeed_config(
@@ -448,15 +509,28 @@ TEST_CASE("the engine keeps rank-local parameters frozen and read from a source"
   eo.gate = &model->gate();
   eo.rank_local = model::is_expert_tensor;
   LaunchEnv single;
-  std::shared_ptr<Communicator> comm = create_communicator(single, CommOptions{});
-  // Full fine-tuning: the experts are trainable.
-  eo.source = random_source(c, 3);
+  std::shared_ptr<Communicator> comm(create_communicator(single, CommOptions{}));
+  // No source to read each rank's own values from.
   CHECK_THROWS_WITH(Engine(model, ds, comm, eo),
-                    Catch::Contains("experts.gate_up_proj") && Catch::Contains("frozen"));
-  // Frozen, but no source to read each rank's own values from.
-  for (auto& item : model->named_parameters()) {
-    if (model::is_expert_tensor(item.key())) item.value().set_requires_grad(false);
+                    Catch::Contains("experts.gate_up_proj") && Catch::Contains("no source"));
+  // A split that does not fit this rank: holders without it at its block, peers without it.
+  eo.source = random_source(c, 3);
+  eo.local_split.blocks = 2;
+  eo.local_split.index = 1;
+  eo.local_split.holders = {0, 1};
+  CHECK_THROWS_WITH(Engine(model, ds, comm, eo), Catch::Contains("local_split"));
+  eo.local_split = {};
+  eo.local_split.peers = {1};
+  CHECK_THROWS_WITH(Engine(model, ds, comm, eo), Catch::Contains("local_split"));
+  // Trainable experts at one rank of one block: trained as any parameter, their pieces whole.
+  eo.local_split = {};
+  Engine engine(model, ds, comm, eo);
+  bool experts = false;
+  for (const auto& [piece, values] : engine.state_pieces()) {
+    if (!model::is_expert_tensor(piece.name)) continue;
+    experts = true;
+    CHECK(piece.begin == 0);
+    CHECK(piece.length == model->named_parameters()[piece.name].numel());
   }
-  eo.source = nullptr;
-  CHECK_THROWS_WITH(Engine(model, ds, comm, eo), Catch::Contains("no source"));
+  CHECK(experts);
 }

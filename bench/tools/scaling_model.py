@@ -7,6 +7,8 @@ step and a link model (docs/scaling.md says what it assumes and how it was check
     scaling_model.py table PROFILE.json...       the docs' table: NVLink 2/4/8, IB 2-16 nodes
     scaling_model.py check OVERLAP.jsonl --link measured | --bw GBPS [--latency US]
                                                  predicted vs measured emulated runs
+    scaling_model.py moe_memory SHAPE.json --world W --ep E [--stage S]
+                                                 a mixture's full fine-tuning: bytes per rank
 
 A PROFILE is one model and batch at one rank (bench/gpu_session.sh scaling writes them):
   {"name": "lora-qwen2.5-7b", "shape": "examples/shapes/qwen2.5-7b.json", "mode": "lora",
@@ -251,9 +253,41 @@ def check(args):
     sys.exit(0 if worst <= 0.15 else 1)
 
 
+def moe_params(shape):
+    """A Qwen3-MoE-like shape's parameters: (dense, experts). Dense: embeddings, the output layer,
+    attention (with q/k norms), norms, routers; experts: every layer's fused gate/up/down."""
+    h, L, V = shape["hidden_size"], shape["num_hidden_layers"], shape["vocab_size"]
+    heads, kv = shape["num_attention_heads"], shape.get("num_key_value_heads", shape["num_attention_heads"])
+    d = shape.get("head_dim") or h // heads
+    E, mi = shape["num_experts"], shape["moe_intermediate_size"]
+    attn = h * heads * d + 2 * h * kv * d + heads * d * h + 2 * d
+    dense = V * h * (1 if shape.get("tie_word_embeddings") else 2) + h
+    dense += L * (attn + 2 * h + E * h)
+    experts = L * E * 3 * h * mi
+    return dense, experts
+
+
+def moe_memory(shape, world, ep, stage):
+    """Bytes a rank keeps for bf16 full fine-tuning with fp32 masters and AdamW (docs/scaling.md,
+    "Mixtures of experts"): the compute copy of the dense part and of its E/ep experts (2 bytes a
+    value); per optimizer-state element 16 bytes (fp32 master, fp32 gradient accumulator, two fp32
+    moments) — the dense part's split over the world from stage 1 on, the experts' kept whole by
+    every rank holding them; stages 0-1 also keep a flat bf16 gradient of every trainable value."""
+    dense, experts = moe_params(shape)
+    mine = experts / ep
+    state_dense = dense / (world if stage >= 1 else 1)
+    out = {"dense_params": dense, "expert_params": experts, "world": world, "ep": ep,
+           "stage": stage}
+    out["compute_gib"] = 2 * (dense + mine) / 2**30
+    out["optimizer_state_gib"] = 16 * (state_dense + mine) / 2**30
+    out["flat_gradients_gib"] = 2 * (dense + mine) / 2**30 if stage <= 1 else 0.0
+    out["per_rank_gib"] = out["compute_gib"] + out["optimizer_state_gib"] + out["flat_gradients_gib"]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("verb", choices=["predict", "table", "check"])
+    ap.add_argument("verb", choices=["predict", "table", "check", "moe_memory"])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--link", default="nvlink-h200", choices=sorted(LINKS) + ["measured"],
                     help="measured (check only): each world's emulated link from the file itself")
@@ -265,8 +299,16 @@ def main():
     ap.add_argument("--kappa", type=float, default=1.0,
                     help="emulated ranks: time-slicing cost beyond N times one rank's compute")
     ap.add_argument("--tokens-per-rank", type=int, default=4096)
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--ep", type=int, default=1)
     args = ap.parse_args()
-    if args.verb == "predict":
+    if args.verb == "moe_memory":
+        with open(args.files[0]) as f:
+            shape = json.load(f)
+        row = moe_memory(shape, args.world, args.ep, int(args.stage))
+        print(json.dumps({"run": "moe_memory " + args.files[0],
+                          **{k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}}))
+    elif args.verb == "predict":
         prof = load_profile(args.files[0])
         for n in [int(x) for x in args.ranks.split(",")]:
             t, parts = step_ms(prof, n, link_from(args), args.stage, args.emulated, args.kappa)

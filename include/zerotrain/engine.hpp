@@ -68,11 +68,27 @@ struct EngineOptions {
   /// Where initial values come from; empty: the module's own values, broadcast from rank 0.
   std::shared_ptr<ParameterSource> source;
   /// Parameters (by name) whose values differ from rank to rank: an expert-parallel model's
-  /// experts (each rank's own share). They must be frozen and come from `source` (each rank
-  /// reads its own); the engine never broadcasts, shards or gathers them — under ZeRO-3 they
-  /// stay whole on their rank, as persistent parameters do. Empty: none. ConfigError for a
-  /// trainable one, InvalidArgument without a source.
+  /// experts (each rank's own share, `local_split` says which). They come from `source` (each
+  /// rank reads its own); the engine never broadcasts them or shards them over the job — under
+  /// ZeRO-3 they stay whole on their rank, as persistent parameters do. A trainable one keeps
+  /// whole optimizer state on its rank, and its gradient is summed over `local_split.peers`
+  /// (the ranks holding the same share) with the same normalization as every other gradient.
+  /// Empty: none. InvalidArgument without a source.
   std::function<bool(const std::string& name)> rank_local;
+  /// How the rank-local parameters split over the job (EngineOptions::rank_local).
+  struct LocalSplit {
+    /// This rank holds block `index` of `blocks` equal blocks along dim 0 of each rank-local
+    /// parameter's whole tensor: its checkpoint pieces and gather_full_parameters() are in the
+    /// whole's terms.
+    int64_t blocks = 1, index = 0;
+    /// holders[j]: the rank of this rank's group that holds block j, ascending (this rank at
+    /// `index`); gather_full_parameters() assembles the whole from them. Empty: this rank
+    /// alone.
+    std::vector<int> holders;
+    /// The ranks holding the same block as this one, ascending, this rank among them. Empty:
+    /// this rank alone.
+    std::vector<int> peers;
+  } local_split;
   /// With a `source`: called on the constructing thread after each parameter's values are read
   /// from it (reading may quantize or decompose them), with the values this rank has read so
   /// far and will read in all. It may throw (the Trainer throws CancelledError when a stop is
@@ -216,18 +232,22 @@ class Engine {
 
   /// Full fp32 values of every trainable parameter by name (from the master weights), and the
   /// compute-dtype values of frozen ones (unless `trainable_only`, which spares gathering a
-  /// frozen base model to save an adapter). Collective under stage ≥ 1 (all-gathers).
+  /// frozen base model to save an adapter); rank-local parameters whole, assembled from their
+  /// holders (EngineOptions::local_split). Collective under stage ≥ 1 or with rank-local
+  /// parameters (all-gathers).
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters(
       bool trainable_only = false);
 
-  /// Names and shapes of the trainable parameters (the optimizer's), in module order.
+  /// Names and shapes of the trainable parameters (the optimizer's), in module order; a
+  /// rank-local one's whole shape (EngineOptions::local_split).
   std::vector<std::pair<std::string, std::vector<int64_t>>> trainable_parameters() const;
   /// The kinds of optimizer state kept per trainable element, in order: "master", then
   /// "exp_avg" and "exp_avg_sq" (Adam/AdamW) or "momentum_buffer" (SGD with momentum).
   std::vector<std::string> state_kinds() const;
   /// What this rank contributes to a checkpoint: its pieces of the trainable parameters with a
   /// host copy of each kind's values (state_kinds() order). Under stage 0 every rank holds
-  /// everything and rank 0 alone contributes. Not collective.
+  /// everything and rank 0 alone contributes; of the rank-local parameters, the first of the
+  /// peers holding a block contributes it, in the whole tensor's elements. Not collective.
   std::vector<std::pair<StatePiece, std::vector<at::Tensor>>> state_pieces() const;
   EngineState state() const;
   /// Restores the optimizer state of every piece this rank holds through `read`, and the

@@ -14,23 +14,30 @@ class DoneWork final : public Work {
   void synchronize() override {}
 };
 
-/// A host-side collective followed by host-side post-processing (copy-back of a converted
-/// dtype, compaction of padded chunks). CPU only: `then` runs on the waiting thread.
+/// A collective followed by post-processing (copy-back of a converted dtype, compaction of
+/// padded chunks), run once on whichever of wait() and synchronize() comes first, on the
+/// waiting thread — on CUDA after the current stream was made to wait, so work it enqueues is
+/// ordered after the collective.
 class ThenWork final : public Work {
  public:
   ThenWork(WorkHandle inner, std::function<void()> then)
       : inner_(std::move(inner)), then_(std::move(then)) {}
   void wait() override {
     inner_->wait();
-    if (then_) {
-      auto f = std::move(then_);
-      then_ = nullptr;
-      f();
-    }
+    run();
   }
-  void synchronize() override { wait(); }
+  void synchronize() override {
+    inner_->synchronize();
+    run();
+  }
 
  private:
+  void run() {
+    if (!then_) return;
+    auto f = std::move(then_);
+    then_ = nullptr;
+    f();
+  }
   WorkHandle inner_;
   std::function<void()> then_;
 };

@@ -24,6 +24,8 @@ namespace fs = std::filesystem;
 std::vector<std::pair<std::string, at::Tensor>> Trainer::Impl::user_weights(bool& available) {
   available = true;
   if (adapter_method) return engine->gather_full_parameters(/*trainable_only=*/true);
+  // Under expert parallelism each rank holds a share of the experts: the whole is gathered.
+  if (model->config().expert_shard.size > 1) return engine->gather_full_parameters();
   if (engine->stage() == 3) {
     if (!ds.zero.stage3_gather_16bit_weights_on_model_save) {
       available = false;

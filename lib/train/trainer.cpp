@@ -406,24 +406,35 @@ ModelConfig::ExpertShard expert_shard_for(const TrainingArguments& args, int ran
   return shard;
 }
 
-// Expert parallelism trains beside the experts for now: their tensors (and any adapter on them)
-// stay frozen, so that no gradient of a rank's own experts needs a reduction of its own.
-void check_experts_frozen(CausalLM& model, const TrainingArguments& args) {
-  // What a run writes of the model itself (full and freeze fine-tuning) would be rank 0's share.
-  if (args.finetuning_type == "full" || args.finetuning_type == "freeze") {
-    throw ConfigError(fmt::format(
-        "expert_parallel_size {} with finetuning_type {}: expert parallelism trains adapters "
-        "beside frozen experts for now (lora, also over a 4-bit base, ptuning, prefix); set "
-        "expert_parallel_size 1 to train the model itself",
-        args.expert_parallel_size, args.finetuning_type));
+// How an expert-parallel job's experts split (EngineOptions::local_split): rank r holds block
+// r mod size of every expert tensor; its group — the ranks whose blocks make the whole — is the
+// `size` ranks from r − (r mod size), and its peers — the ranks holding the same block — are
+// every size-th rank from r mod size, over whom the experts' gradients are summed.
+EngineOptions::LocalSplit expert_split(const ModelConfig::ExpertShard& shard, int rank, int world) {
+  EngineOptions::LocalSplit split;
+  split.blocks = shard.size;
+  split.index = shard.rank;
+  for (int64_t j = 0; j < shard.size; ++j) {
+    split.holders.push_back(static_cast<int>(rank - shard.rank + j));
   }
+  for (int q = static_cast<int>(shard.rank); q < world; q += static_cast<int>(shard.size)) {
+    split.peers.push_back(q);
+  }
+  return split;
+}
+
+// Expert parallelism trains the experts' own tensors (full and freeze fine-tuning), not adapters
+// on them: an adapter's factors over a rank's experts are not one block of the whole factor
+// (PEFT's lora_B holds every expert's columns interleaved), so they would not save as PEFT's.
+void check_expert_training(CausalLM& model, const TrainingArguments& args) {
   for (const auto& item : model.named_parameters(true)) {
-    if (item.value().requires_grad() && item.key().find(".experts.") != std::string::npos) {
+    if (item.value().requires_grad() && item.key().find(".experts.") != std::string::npos &&
+        !model::is_expert_tensor(item.key())) {
       throw ConfigError(fmt::format(
-          "expert_parallel_size {}: '{}' would be trained, but expert parallelism keeps the "
-          "experts frozen for now (LoRA on the attention, the routers, dense layers and shared "
-          "experts, or QLoRA); drop the experts from lora_target / lora_target_parameters (or "
-          "freeze them), or set expert_parallel_size 1",
+          "expert_parallel_size {}: '{}' is an adapter on the experts, which expert parallelism "
+          "does not train (it trains the experts themselves under full or freeze fine-tuning, "
+          "and adapters beside them: attention, routers, dense layers, shared experts); drop the "
+          "experts from lora_target / lora_target_parameters, or set expert_parallel_size 1",
           args.expert_parallel_size, item.key()));
     }
   }
@@ -462,7 +473,7 @@ void Trainer::Impl::build_model_and_engine() {
       precomputed_reference = args.precompute_ref_log_probs.value_or(!adapter_method);
     }
     parameters = apply_peft_from_args(*model, args, static_cast<uint64_t>(args.seed));
-    if (model_config.expert_shard.size > 1) check_experts_frozen(*model, args);
+    if (model_config.expert_shard.size > 1) check_expert_training(*model, args);
     non_embedding_parameters = parameters.all - model_config.vocab_size * model_config.hidden_size;
     // Under expert parallelism each rank reads its share of the experts (below quantization).
     const ModelConfig::ExpertShard shard = model_config.expert_shard;
@@ -504,8 +515,12 @@ void Trainer::Impl::build_model_and_engine() {
   }
   if (new_adapter) base = peft::dora_source(base, *model, peft.lora);
   eo.source = with_adapter_values(base, *model);
-  // Each rank's experts are its own: read by each, kept whole by each (ZeRO-3 too).
-  if (model_config.expert_shard.size > 1) eo.rank_local = model::is_expert_tensor;
+  // Each rank's experts are its own: read by each, kept whole by each (ZeRO-3 too), trained
+  // with their gradients summed over the ranks holding the same experts.
+  if (model_config.expert_shard.size > 1) {
+    eo.rank_local = model::is_expert_tensor;
+    eo.local_split = expert_split(model_config.expert_shard, rank, world);
+  }
   build_engine(eo, /*quantizing=*/!prequantized && !model::quantized_weights(*model).empty());
   const bool continued = !args.adapter_name_or_path.empty();
   const bool starts_as_base = adapter_method && adapter_starts_as_base(peft, continued);

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "comm/agreement.hpp"
+#include "comm/groups.hpp"
 #include "util/log.hpp"
 #include "zero/copy_stream.hpp"
 #include "zero/engine_impl.hpp"
@@ -105,16 +107,29 @@ struct BoundaryStats {
   double tokens = 0.0;       ///< backward_tokens: the window's count, all ranks
 };
 
+at::Tensor squared_norm(const at::Tensor& g) {
+  return g.numel() > 0
+             ? at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kFloat).pow(2).reshape({1})
+             : at::zeros({1}, g.options().dtype(at::kFloat));
+}
+
 // One all-reduce carries the squared norm of this rank's slices, the count of non-finite
 // losses and (backward_tokens) the window's count. Replicated buckets (stage 0) hold the same
-// values on every rank: rank 0 speaks for them.
+// values on every rank: rank 0 speaks for them; local buckets hold the same values on a rank's
+// peers: the first of them speaks for them.
 BoundaryStats boundary_stats(EngineImpl& I) {
   const at::Tensor& g = I.grad_acc;
-  at::Tensor local_sq =
-      g.numel() > 0
-          ? at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kFloat).pow(2).reshape({1})
-          : at::zeros({1}, g.options().dtype(at::kFloat));
-  if (I.layout.replicated && I.S.rank != 0) local_sq.zero_();
+  const zero::Layout& L = I.layout;
+  const int64_t a = L.local_state_begin, b = L.local_state_end;
+  at::Tensor local_sq;
+  if (a == b || g.numel() == 0) {
+    local_sq = squared_norm(g);
+    if (L.replicated && I.S.rank != 0) local_sq.zero_();
+  } else {
+    local_sq = squared_norm(g.narrow(0, 0, a)) + squared_norm(g.narrow(0, b, g.numel() - b));
+    if (L.replicated && I.S.rank != 0) local_sq.zero_();
+    if (I.local_leader) local_sq += squared_norm(g.narrow(0, a, b - a));
+  }
   std::vector<at::Tensor> parts{local_sq, I.steps.nonfinite_losses.reshape({1})};
   if (I.tokens.open) parts.push_back(at::full({1}, I.tokens.count, local_sq.options()));
   at::Tensor stats = at::cat(parts);
@@ -217,7 +232,7 @@ void zero::EngineImpl::publish(const zero::Bucket& b, const at::Tensor& mine) {
   BucketState& s = buckets[static_cast<size_t>(b.index)];
   if (b.sharded_params) {
     s.param_shard.copy_(mine);
-  } else if (layout.replicated || S.world == 1) {
+  } else if (b.replicated || S.world == 1) {
     if (!s.flat_param.is_same(mine) && s.flat_param.data_ptr() != mine.data_ptr())
       s.flat_param.copy_(mine);
   } else {
@@ -281,23 +296,39 @@ const std::vector<TraceEvent>& Engine::trace() const {
 
 namespace {
 
-// This rank's pieces of the trainable parameters, each with its offset in the flat state.
+// A parameter's whole shape: a rank-local one's block count times its own along dim 0.
+std::vector<int64_t> whole_shape(const zero::EngineImpl& I, const zero::ParamInfo& p) {
+  std::vector<int64_t> shape = p.shape;
+  if (p.rank_local) shape[0] *= I.options.local_split.blocks;
+  return shape;
+}
+
+// This rank's pieces of the trainable parameters, each with its offset in the flat state; a
+// rank-local parameter's in the whole tensor's elements.
 std::vector<std::pair<StatePiece, int64_t>> held_pieces(const zero::EngineImpl& I) {
   const zero::Layout& L = I.layout;
   std::vector<std::pair<StatePiece, int64_t>> out;
   for (const zero::Bucket& b : L.buckets) {
     if (!b.trainable) continue;
-    const int64_t lo = b.slice_begin(I.S.rank, L.replicated);
+    const int64_t lo = b.slice_begin(I.S.rank);
     for (size_t k = 0; k < b.params.size(); ++k) {
       const zero::ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];
       const int64_t a = std::max(lo, b.offsets[k]);
       const int64_t e = std::min(lo + b.shard_numel, b.offsets[k] + p.numel);
       if (a >= e) continue;
-      out.emplace_back(StatePiece{p.name, p.shape, a - b.offsets[k], e - a},
+      const int64_t block = p.rank_local ? I.options.local_split.index * p.numel : 0;
+      out.emplace_back(StatePiece{p.name, whole_shape(I, p), block + a - b.offsets[k], e - a},
                        b.shard.offset + (a - lo));
     }
   }
   return out;
+}
+
+// Whether this rank writes a piece of `name` into checkpoints: of a replicated parameter only
+// one rank of those holding it does.
+bool writes_piece(const zero::EngineImpl& I, const zero::ParamInfo& p) {
+  if (p.rank_local) return I.local_leader;
+  return !I.layout.replicated || I.S.rank == 0;
 }
 
 // The state tensors in state_kinds() order (host copies made current).
@@ -314,7 +345,7 @@ std::vector<at::Tensor> state_tensors(const zero::EngineImpl& I) {
 std::vector<std::pair<std::string, std::vector<int64_t>>> Engine::trainable_parameters() const {
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   for (const zero::ParamInfo& p : impl_->layout.params) {
-    if (p.trainable) out.emplace_back(p.name, p.shape);
+    if (p.trainable) out.emplace_back(p.name, whole_shape(*impl_, p));
   }
   return out;
 }
@@ -331,9 +362,11 @@ std::vector<std::string> Engine::state_kinds() const {
 std::vector<std::pair<StatePiece, std::vector<at::Tensor>>> Engine::state_pieces() const {
   const EngineImpl& I = *impl_;
   std::vector<std::pair<StatePiece, std::vector<at::Tensor>>> out;
-  if (I.layout.replicated && I.S.rank != 0) return out;
+  std::map<std::string, const zero::ParamInfo*> by_name;
+  for (const zero::ParamInfo& p : I.layout.params) by_name[p.name] = &p;
   const std::vector<at::Tensor> tensors = state_tensors(I);
   for (auto& [piece, offset] : held_pieces(I)) {
+    if (!writes_piece(I, *by_name.at(piece.name))) continue;
     std::vector<at::Tensor> values;
     for (const at::Tensor& t : tensors) {
       at::Tensor run = t.narrow(0, offset, piece.length);
@@ -448,7 +481,7 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gather_full_parameters(
     if (b.trainable) {
       at::Tensor mine =
           I.master.narrow(0, b.shard.offset, b.shard_numel).to(I.S.device, at::kFloat);
-      if (L.replicated) {
+      if (b.replicated) {
         full = mine;
       } else {
         full = at::empty({b.numel}, mine.options());
@@ -469,7 +502,16 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gather_full_parameters(
     const zero::Bucket& b = L.buckets[static_cast<size_t>(I.slots[i].bucket)];
     if (trainable_only && !b.trainable) continue;
     const at::Tensor& full = full_of_bucket[static_cast<size_t>(b.index)];
-    out.emplace_back(p.name, full.narrow(0, I.slots[i].offset, p.numel).view(p.shape).clone());
+    at::Tensor values = full.narrow(0, I.slots[i].offset, p.numel);
+    if (p.rank_local && !I.options.local_split.holders.empty()) {
+      // The whole from the holders of its blocks, in block order (dim 0).
+      at::Tensor whole = at::empty({I.options.local_split.blocks * p.numel}, values.options());
+      comm::group_all_gather(*I.comm, whole, values.contiguous(), I.options.local_split.holders)
+          ->wait();
+      out.emplace_back(p.name, whole.view(whole_shape(I, p)));
+      continue;
+    }
+    out.emplace_back(p.name, values.view(p.shape).clone());
   }
   return out;
 }

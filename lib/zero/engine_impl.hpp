@@ -201,6 +201,10 @@ struct EngineImpl final : UnitRunner {
   std::shared_ptr<torch::nn::Module> model;
   std::shared_ptr<Communicator> comm;
   Layout layout;
+  /// The ranks holding this rank's rank-local values (EngineOptions::local_split.peers, or
+  /// this rank alone): local buckets are reduced over them, and the first speaks for them.
+  std::vector<int> local_peers;
+  bool local_leader = true;
   /// The dtype a bucket's parameters are kept in: the compute dtype, or uint8 for raw bytes.
   at::ScalarType stored_dtype(const Bucket& b) const { return b.raw ? at::kByte : S.compute; }
 

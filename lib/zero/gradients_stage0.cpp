@@ -1,7 +1,9 @@
 // ZeRO stage 0 (plain data parallelism), more than one rank: every parameter's .grad is a view
 // into its bucket's flat gradient, where autograd accumulates over the window; at the window's
 // last micro-step each bucket is all-reduced in place (in the wire dtype) and its mean lands in
-// the fp32 accumulator, which on stage 0 holds whole buckets on every rank.
+// the fp32 accumulator, which on stage 0 holds whole buckets on every rank. A local bucket
+// (trainable rank-local parameters) is summed over the ranks holding the same values instead.
+#include "comm/groups.hpp"
 #include "zero/engine_impl.hpp"
 
 namespace zt::zero {
@@ -21,7 +23,9 @@ class AllReduceGradients final : public GradientStrategy {
         s.flat_grad.scalar_type() == e_.S.wire ? s.flat_grad : s.flat_grad.to(e_.S.wire);
     p.in_place = wire.is_same(s.flat_grad);
     if (e_.S.pre_scale != 1.0) wire.mul_(e_.S.pre_scale);
-    p.work = e_.comm->all_reduce(wire, ReduceOp::kSum);
+    p.work = e_.layout.buckets[static_cast<size_t>(bucket)].local
+                 ? comm::group_all_reduce(*e_.comm, wire, e_.local_peers)
+                 : e_.comm->all_reduce(wire, ReduceOp::kSum);
     p.input = wire;
     return p;
   }

@@ -6,8 +6,7 @@
 namespace zt::zero {
 namespace {
 
-void finish_bucket(Bucket& b, const std::vector<ParamInfo>& params, const LayoutOptions& o,
-                   bool replicated) {
+void finish_bucket(Bucket& b, const std::vector<ParamInfo>& params, const LayoutOptions& o) {
   // Decaying parameters first so each rank's slice has at most one run of each kind.
   std::stable_sort(b.params.begin(), b.params.end(), [&](int x, int y) {
     return params[static_cast<size_t>(x)].decay && !params[static_cast<size_t>(y)].decay;
@@ -17,7 +16,7 @@ void finish_bucket(Bucket& b, const std::vector<ParamInfo>& params, const Layout
     b.offsets.push_back(offset);
     offset += round_up(params[static_cast<size_t>(p)].numel, kAlign);
   }
-  int64_t parts = replicated ? 1 : o.world;
+  int64_t parts = b.replicated ? 1 : o.world;
   b.numel = round_up(std::max<int64_t>(offset, 1), parts * kAlign);
   b.shard_numel = b.numel / parts;
 }
@@ -37,8 +36,8 @@ Layout build_layout(std::vector<ParamInfo> params, const LayoutOptions& o) {
     }
   }
 
-  auto add_bucket = [&](std::vector<int> members, bool trainable, bool raw, bool sharded,
-                        int unit) {
+  auto add_bucket = [&](std::vector<int> members, bool trainable, bool raw, bool local,
+                        bool sharded, int unit) {
     if (members.empty()) return;
     Bucket b;
     b.index = static_cast<int>(L.buckets.size());
@@ -46,18 +45,23 @@ Layout build_layout(std::vector<ParamInfo> params, const LayoutOptions& o) {
     b.raw = raw;
     b.sharded_params = sharded;
     b.unit = unit;
+    b.local = local;
+    b.replicated = L.replicated || local;
     b.params = std::move(members);
     for (int m : b.params) b.late = b.late || L.params[static_cast<size_t>(m)].shared;
-    finish_bucket(b, L.params, o, L.replicated);
+    finish_bucket(b, L.params, o);
     L.buckets.push_back(std::move(b));
   };
-  // The kinds of bucket: trainable values, frozen values, frozen bytes (raw parameters).
+  // The kinds of bucket: trainable values, trainable rank-local values, frozen values, frozen
+  // bytes (raw parameters). Frozen rank-local values are never reduced: they mix with the rest.
   struct Kind {
-    bool trainable, raw;
+    bool trainable, raw, local;
   };
-  const Kind kinds[] = {{true, false}, {false, false}, {false, true}};
+  const Kind kinds[] = {
+      {true, false, false}, {true, false, true}, {false, false, false}, {false, true, false}};
   auto of_kind = [](const ParamInfo& p, const Kind& k) {
-    return p.trainable == k.trainable && p.raw == k.raw;
+    return p.trainable == k.trainable && p.raw == k.raw &&
+           (!p.trainable || p.rank_local == k.local);
   };
 
   // Resident buckets by size, in reverse registration order.
@@ -68,14 +72,14 @@ Layout build_layout(std::vector<ParamInfo> params, const LayoutOptions& o) {
       const ParamInfo& p = L.params[static_cast<size_t>(i)];
       if (!of_kind(p, kind) || (stage3 && !p.persistent)) continue;
       if (!current.empty() && filled + p.numel > o.bucket_size) {
-        add_bucket(std::move(current), kind.trainable, kind.raw, false, -1);
+        add_bucket(std::move(current), kind.trainable, kind.raw, kind.local, false, -1);
         current.clear();
         filled = 0;
       }
       current.push_back(i);
       filled += p.numel;
     }
-    add_bucket(std::move(current), kind.trainable, kind.raw, false, -1);
+    add_bucket(std::move(current), kind.trainable, kind.raw, kind.local, false, -1);
   }
 
   // Stage 3: the sharded buckets of each unit.
@@ -90,7 +94,7 @@ Layout build_layout(std::vector<ParamInfo> params, const LayoutOptions& o) {
         }
         if (members.empty()) continue;
         L.unit_buckets[static_cast<size_t>(u)].push_back(static_cast<int>(L.buckets.size()));
-        add_bucket(std::move(members), kind.trainable, kind.raw, true, u);
+        add_bucket(std::move(members), kind.trainable, kind.raw, kind.local, true, u);
       }
     }
   }
@@ -102,7 +106,11 @@ Layout build_layout(std::vector<ParamInfo> params, const LayoutOptions& o) {
     if (!b.trainable) continue;
     b.shard.offset = L.state_numel;
     b.shard.numel = b.shard_numel;
-    const int64_t lo = b.slice_begin(o.rank, L.replicated), hi = lo + b.shard_numel;
+    if (b.local) {
+      if (L.local_state_end == L.local_state_begin) L.local_state_begin = L.state_numel;
+      L.local_state_end = L.state_numel + b.shard_numel;
+    }
+    const int64_t lo = b.slice_begin(o.rank), hi = lo + b.shard_numel;
     int64_t real = 0;
     for (size_t k = 0; k < b.params.size(); ++k) {
       const ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];

@@ -2,8 +2,10 @@
 //
 // Every bucket is a contiguous flat space of whole parameters (each aligned to kAlign elements),
 // padded to a multiple of world × kAlign and cut into world equal slices; rank r owns slice r of
-// every bucket. Reduce-scatter of a bucket therefore lands exactly in the owner's slice, and the
-// rank's optimizer state is the concatenation of its slices of the trainable buckets.
+// every bucket. Replicated buckets (all of them on stage 0; trainable rank-local parameters on
+// every stage) are one slice that every rank owns whole. Reduce-scatter of a bucket therefore lands
+// exactly in the owner's slice, and the rank's optimizer state is the concatenation of its slices
+// of the trainable buckets.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -32,8 +34,8 @@ struct ParamInfo {
   bool decay = true;
   int unit = -1;            ///< sharding unit, -1 when in none
   bool persistent = false;  ///< stage 3: kept whole on every rank
-  /// Its values are this rank's own (EngineOptions::rank_local): frozen, never sharded
-  /// (persistent under stage 3), read from the source on each rank.
+  /// Its values are this rank's own (EngineOptions::rank_local): never sharded (persistent
+  /// under stage 3), read from the source on each rank; trainable ones in local buckets.
   bool rank_local = false;
   int holders = 0;      ///< how many units' modules hold it
   bool shared = false;  ///< held by two units (tied weights): gradients arrive more than once
@@ -61,10 +63,12 @@ struct Bucket {
   ShardLayout shard;             ///< this rank's slice (trainable buckets)
   bool late = false;             ///< holds a shared parameter: reduced only after backward
   bool raw = false;              ///< holds raw parameters (ParamInfo::raw) only, as uint8
+  bool replicated = false;       ///< one slice, owned whole by every rank
+  /// Holds trainable rank-local parameters only (replicated): reduced over the ranks holding
+  /// the same values (EngineOptions::local_split.peers), not over the job.
+  bool local = false;
   /// Start of this rank's slice in the bucket's flat space.
-  int64_t slice_begin(int rank, bool replicated) const {
-    return replicated ? 0 : rank * shard_numel;
-  }
+  int64_t slice_begin(int rank) const { return replicated ? 0 : rank * shard_numel; }
 };
 
 struct LayoutOptions {
@@ -83,12 +87,15 @@ struct Layout {
   bool replicated = false;                     ///< stage 0: every rank holds whole buckets
   int64_t state_numel = 0;                     ///< this rank's flat fp32 state
   std::vector<Segment> segments;               ///< real elements of the state, with decay flags
+  /// The local buckets' slices in the state: one run [begin, end) (empty when none).
+  int64_t local_state_begin = 0, local_state_end = 0;
 };
 
 /// Builds buckets for `params` (in module registration order). Stages 0–2 and stage-3
 /// persistent parameters: buckets of up to bucket_size elements in reverse registration order
-/// (the order backward produces gradients), trainable and frozen apart. Stage 3: one trainable
-/// and one frozen bucket per unit. Inside a bucket, decaying parameters come first.
+/// (the order backward produces gradients), trainable, trainable rank-local and frozen apart.
+/// Stage 3: one trainable and one frozen bucket per unit. Inside a bucket, decaying parameters
+/// come first.
 Layout build_layout(std::vector<ParamInfo> params, const LayoutOptions& options);
 
 }  // namespace zt::zero

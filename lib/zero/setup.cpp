@@ -169,28 +169,62 @@ namespace zero {
 EngineImpl::EngineImpl() = default;
 EngineImpl::~EngineImpl() = default;
 
+namespace {
+
+// EngineOptions::local_split as this rank sees it: its block among the holders, its peers.
+void check_local_split(const EngineOptions::LocalSplit& split, int rank, int world) {
+  auto ranks_ok = [&](const std::vector<int>& ranks) {
+    return std::all_of(ranks.begin(), ranks.end(), [&](int r) { return r >= 0 && r < world; });
+  };
+  const bool holders_ok =
+      split.holders.empty()
+          ? split.blocks == 1 && split.index == 0
+          : static_cast<int64_t>(split.holders.size()) == split.blocks && split.index >= 0 &&
+                std::is_sorted(split.holders.begin(), split.holders.end()) &&
+                split.index < split.blocks &&
+                split.holders[static_cast<size_t>(split.index)] == rank && ranks_ok(split.holders);
+  const bool peers_ok =
+      split.peers.empty() ||
+      (std::is_sorted(split.peers.begin(), split.peers.end()) && ranks_ok(split.peers) &&
+       std::find(split.peers.begin(), split.peers.end(), rank) != split.peers.end());
+  if (!holders_ok || !peers_ok || split.blocks < 1) {
+    throw InvalidArgument(fmt::format(
+        "Engine: EngineOptions::local_split (block {} of {}, holders [{}], peers [{}]) does not "
+        "fit rank {} of {}: the holders list one rank per block in ascending order, this rank at "
+        "its own block, and the peers (ascending) include this rank",
+        split.index, split.blocks, fmt::join(split.holders, ", "), fmt::join(split.peers, ", "),
+        rank, world));
+  }
+}
+
+}  // namespace
+
 // Settings and layout. With a ParameterSource the module's own values are placeholders and
 // are never moved.
 void EngineImpl::collect_parameters(const DeepSpeedConfig& ds) {
   std::vector<ParamInfo> params = describe_parameters(*model, options.units);
   if (options.rank_local) {
+    check_local_split(options.local_split, comm->rank(), comm->world_size());
     for (ParamInfo& p : params) {
       if (!options.rank_local(p.name)) continue;
-      if (p.trainable) {
-        throw ConfigError(fmt::format(
-            "Engine: '{}' is this rank's own (EngineOptions::rank_local) and trainable; rank-local "
-            "parameters must be frozen (their gradients would need a reduction of their own)",
-            p.name));
-      }
       if (!options.source) {
         throw InvalidArgument(fmt::format(
             "Engine: '{}' is this rank's own (EngineOptions::rank_local), but there is no source "
             "to read each rank's values from (without one rank 0's would be broadcast)",
             p.name));
       }
+      if (p.shape.empty()) {
+        throw InvalidArgument(fmt::format(
+            "Engine: '{}' is this rank's own (EngineOptions::rank_local) but a scalar: a share "
+            "is a block of the whole along dim 0",
+            p.name));
+      }
       p.rank_local = true;
     }
   }
+  local_peers = options.local_split.peers;
+  if (local_peers.empty()) local_peers = {comm->rank()};
+  local_leader = local_peers.front() == comm->rank();
   EngineFacts facts;
   facts.world = comm->world_size();
   facts.rank = comm->rank();
@@ -332,7 +366,7 @@ void EngineImpl::place_buckets() {
   // them), for EngineOptions::on_load_progress.
   int64_t to_read = 0, read = 0;
   for (const Bucket& b : L.buckets) {
-    const int64_t begin = b.sharded_params ? b.slice_begin(S.rank, L.replicated) : 0;
+    const int64_t begin = b.sharded_params ? b.slice_begin(S.rank) : 0;
     const int64_t end = begin + (b.sharded_params ? b.shard_numel : b.numel);
     for (size_t k = 0; k < b.params.size(); ++k) {
       const int64_t numel = L.params[static_cast<size_t>(b.params[k])].numel;
@@ -346,7 +380,7 @@ void EngineImpl::place_buckets() {
   };
   for (const Bucket& b : L.buckets) {
     BucketState& s = buckets[static_cast<size_t>(b.index)];
-    const int64_t lo = b.slice_begin(S.rank, L.replicated);
+    const int64_t lo = b.slice_begin(S.rank);
     at::Tensor slice;  // this rank's slice of the bucket, fp32, on the device
     at::Tensor full;   // the whole bucket when this rank keeps it whole
     if (options.source) {

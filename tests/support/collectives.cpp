@@ -2,6 +2,7 @@
 
 #include "support/catch.hpp"
 
+#include "comm/groups.hpp"
 #include "zerotrain/error.hpp"
 
 #include <fmt/format.h>
@@ -141,6 +142,35 @@ void check_collectives(Communicator& comm, at::ScalarType dtype) {
     CHECK_THROWS_AS(comm.all_to_all(at::empty({static_cast<int64_t>(expected.size()) + 1}, options),
                                     in, recv, send),
                     InvalidArgument);
+  }
+
+  // Group collectives over all_to_all (comm/groups.hpp): sums over the ranks of one residue
+  // modulo `stride` (expert parallelism's peers), and gathers over runs of `stride` consecutive
+  // ranks (its holders of a whole); an odd size, so the sum's chunks are padded.
+  for (int stride : {1, 2}) {
+    if (w % stride != 0) continue;
+    INFO("groups of stride " << stride);
+    std::vector<int> peers, run;
+    for (int q = r % stride; q < w; q += stride) peers.push_back(q);
+    for (int q = r - r % stride; q < r - r % stride + stride; ++q) run.push_back(q);
+    std::vector<double> mine(n), summed(n, 0.0), gathered;
+    for (int64_t i = 0; i < n; ++i) {
+      mine[i] = value(r, i + 4);
+      for (int q : peers) summed[i] += value(q, i + 4);
+    }
+    for (int q : run) {
+      for (int64_t i = 0; i < n; ++i) gathered.push_back(value(q, i + 4));
+    }
+    at::Tensor t = make(mine, dtype, dev);
+    comm::group_all_reduce(comm, t, peers)->wait();
+    CHECK(read(t) == summed);
+    at::Tensor out = make(std::vector<double>(gathered.size(), -2.0), dtype, dev);
+    comm::group_all_gather(comm, out, make(mine, dtype, dev), run)->wait();
+    CHECK(read(out) == gathered);
+  }
+  if (w > 1) {
+    at::Tensor t = make(std::vector<double>(n, 1.0), dtype, dev);
+    CHECK_THROWS_AS(comm::group_all_reduce(comm, t, {(r + 1) % w}), InvalidArgument);
   }
 
   // broadcast from the last rank.

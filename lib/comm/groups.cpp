@@ -1,0 +1,86 @@
+// See groups.hpp.
+#include "comm/groups.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "comm/work.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt::comm {
+namespace {
+
+void check_group(const Communicator& comm, const std::vector<int>& group, const char* op) {
+  const bool sorted = std::is_sorted(group.begin(), group.end()) &&
+                      std::adjacent_find(group.begin(), group.end()) == group.end();
+  const bool inside = !group.empty() && group.front() >= 0 && group.back() < comm.world_size();
+  if (!sorted || !inside || std::find(group.begin(), group.end(), comm.rank()) == group.end()) {
+    throw InvalidArgument(fmt::format(
+        "{}: the group [{}] must list distinct ranks of the {} in ascending order, rank {} among "
+        "them",
+        op, fmt::join(group, ", "), comm.world_size(), comm.rank()));
+  }
+}
+
+// `chunk` elements to (and from) every member of the group, none to anyone else.
+std::vector<int64_t> group_counts(const Communicator& comm, const std::vector<int>& group,
+                                  int64_t chunk) {
+  std::vector<int64_t> counts(static_cast<size_t>(comm.world_size()), 0);
+  for (int q : group) counts[static_cast<size_t>(q)] = chunk;
+  return counts;
+}
+
+}  // namespace
+
+WorkHandle group_all_reduce(Communicator& comm, const at::Tensor& tensor,
+                            const std::vector<int>& group) {
+  check_group(comm, group, "group_all_reduce");
+  const int64_t members = static_cast<int64_t>(group.size());
+  if (members == 1) return std::make_unique<DoneWork>();
+  const int64_t n = tensor.numel();
+  const int64_t chunk = (n + members - 1) / members;
+  at::Tensor flat = tensor.view({-1});
+  at::Tensor padded = flat;
+  if (chunk * members != n) {
+    padded = at::zeros({chunk * members}, tensor.options());
+    padded.narrow(0, 0, n).copy_(flat);
+  }
+  const std::vector<int64_t> counts = group_counts(comm, group, chunk);
+  // Reduce-scatter: member j receives every member's chunk j and sums them.
+  at::Tensor received = at::empty({chunk * members}, tensor.options());
+  comm.all_to_all(received, padded, counts, counts)->wait();
+  const at::Tensor mine =
+      received.view({members, chunk}).sum(0, false, at::kFloat).to(tensor.scalar_type());
+  // All-gather: every member's sum to every member, in group order.
+  at::Tensor sent = mine.repeat({members});
+  WorkHandle gathered = comm.all_to_all(padded, sent, counts, counts);
+  if (padded.is_same(flat)) {
+    return std::make_unique<ThenWork>(std::move(gathered), [sent] { (void)sent; });
+  }
+  return std::make_unique<ThenWork>(std::move(gathered), [flat, padded, sent, n]() mutable {
+    flat.copy_(padded.narrow(0, 0, n));
+  });
+}
+
+WorkHandle group_all_gather(Communicator& comm, const at::Tensor& output, const at::Tensor& input,
+                            const std::vector<int>& group) {
+  check_group(comm, group, "group_all_gather");
+  const int64_t members = static_cast<int64_t>(group.size());
+  if (output.numel() != members * input.numel()) {
+    throw InvalidArgument(fmt::format(
+        "group_all_gather: the output has {} elements, not {} × {} (the group's inputs)",
+        output.numel(), members, input.numel()));
+  }
+  if (members == 1) {
+    output.view({-1}).copy_(input.reshape({-1}));
+    return std::make_unique<DoneWork>();
+  }
+  const int64_t n = input.numel();
+  at::Tensor sent = input.reshape({1, n}).expand({members, n}).contiguous();
+  const std::vector<int64_t> counts = group_counts(comm, group, n);
+  WorkHandle work = comm.all_to_all(output, sent, counts, counts);
+  return std::make_unique<ThenWork>(std::move(work), [sent] { (void)sent; });
+}
+
+}  // namespace zt::comm
