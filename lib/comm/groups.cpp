@@ -2,6 +2,7 @@
 #include "comm/groups.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 

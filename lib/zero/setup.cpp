@@ -7,6 +7,7 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "optim/schedule.hpp"
 #include "util/capacity.hpp"
