@@ -395,7 +395,7 @@ def losses(d):
     out = {}
     for line in open(d + "/trainer_log.jsonl"):
         r = json.loads(line)
-        if "loss" in r: out[r["current_steps"]] = r["loss"]
+        if "loss" in r: out[r["step"]] = r["loss"]
     return out
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
 diff = max(abs(a[k] - b[k]) / abs(a[k]) for k in a)
