@@ -233,8 +233,8 @@ class Engine {
   /// Full fp32 values of every trainable parameter by name (from the master weights), and the
   /// compute-dtype values of frozen ones (unless `trainable_only`, which spares gathering a
   /// frozen base model to save an adapter); rank-local parameters whole, assembled from their
-  /// holders (EngineOptions::local_split). Collective under stage ≥ 1 or with rank-local
-  /// parameters (all-gathers).
+  /// holders (EngineOptions::local_split), in host memory. Collective under stage ≥ 1 or with
+  /// rank-local parameters (all-gathers).
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters(
       bool trainable_only = false);
 

@@ -440,6 +440,21 @@ void check_expert_training(CausalLM& model, const TrainingArguments& args) {
   }
 }
 
+// The counts a run states are the whole model's: under expert parallelism the other ranks'
+// experts (as many as this rank's, trained or frozen as its own are) are added to this rank's.
+void add_other_ranks_experts(CausalLM& model, int64_t shard_size, ParameterCount& counts) {
+  const auto quantized = model::quantized_weights(model);
+  for (const auto& item : model.named_parameters(true)) {
+    if (!model::is_expert_tensor(item.key())) continue;
+    const auto four_bit = quantized.find(item.key());
+    const int64_t values =
+        (four_bit == quantized.end() ? item.value().numel() : four_bit->second->numel()) *
+        (shard_size - 1);
+    counts.all += values;
+    if (item.value().requires_grad()) counts.trainable += values;
+  }
+}
+
 }  // namespace
 
 void Trainer::Impl::build_model_and_engine() {
@@ -473,7 +488,10 @@ void Trainer::Impl::build_model_and_engine() {
       precomputed_reference = args.precompute_ref_log_probs.value_or(!adapter_method);
     }
     parameters = apply_peft_from_args(*model, args, static_cast<uint64_t>(args.seed));
-    if (model_config.expert_shard.size > 1) check_expert_training(*model, args);
+    if (model_config.expert_shard.size > 1) {
+      check_expert_training(*model, args);
+      add_other_ranks_experts(*model, model_config.expert_shard.size, parameters);
+    }
     non_embedding_parameters = parameters.all - model_config.vocab_size * model_config.hidden_size;
     // Under expert parallelism each rank reads its share of the experts (below quantization).
     const ModelConfig::ExpertShard shard = model_config.expert_shard;

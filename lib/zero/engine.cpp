@@ -508,7 +508,8 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gather_full_parameters(
       at::Tensor whole = at::empty({I.options.local_split.blocks * p.numel}, values.options());
       comm::group_all_gather(*I.comm, whole, values.contiguous(), I.options.local_split.holders)
           ->wait();
-      out.emplace_back(p.name, whole.view(whole_shape(I, p)));
+      // On the host at once: the whole experts of every layer would not fit beside the model.
+      out.emplace_back(p.name, whole.view(whole_shape(I, p)).cpu());
       continue;
     }
     out.emplace_back(p.name, values.view(p.shape).clone());
