@@ -534,3 +534,70 @@ TEST_CASE("the engine reads rank-local parameters from a source and checks their
   }
   CHECK(experts);
 }
+
+// Full fine-tuning's optimizer state of the experts at world 4 with expert_parallel_size 2: each
+// rank keeps half of its block's state (its peers the other half), in the whole tensors'
+// elements, and the four ranks' pieces cover every whole expert tensor exactly once.
+TEST_CASE("rank: experts' state cut among their peers", "[.rank]") {
+  std::shared_ptr<Communicator> comm(test::join());
+  const int world = comm->world_size(), rank = comm->rank();
+  ModelConfig c = parse_model_config(kEpModel, "ep.json");
+  c.expert_shard = {2, rank % 2};
+  auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), false);
+  DeepSpeedConfig ds = parse_deepspeed_config(
+      R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "train_micro_batch_size_per_gpu": 1,
+          "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2}})");
+  EngineOptions eo;
+  eo.units = model->units();
+  eo.gate = &model->gate();
+  eo.rank_local = model::is_expert_tensor;
+  eo.source = model::expert_shard_source(random_source(c, 3), c.expert_shard);
+  eo.local_split.blocks = 2;
+  eo.local_split.index = rank % 2;
+  eo.local_split.holders = {rank - rank % 2, rank - rank % 2 + 1};
+  for (int q = rank % 2; q < world; q += 2) eo.local_split.peers.push_back(q);
+  Engine engine(model, ds, comm, eo);
+  const auto params = model->named_parameters();
+  int64_t mine = 0, local = 0;
+  std::vector<double> ranges;  // (tensor index, begin, length) of every expert piece here
+  std::vector<std::string> names;
+  for (const auto& item : params) {
+    if (model::is_expert_tensor(item.key())) {
+      names.push_back(item.key());
+      local += item.value().numel();
+    }
+  }
+  for (const auto& [piece, values] : engine.state_pieces()) {
+    const auto it = std::find(names.begin(), names.end(), piece.name);
+    if (it == names.end()) continue;
+    CHECK(piece.shape[0] == 2 * params[piece.name].size(0));  // the whole tensor's shape
+    mine += piece.length;
+    ranges.insert(ranges.end(),
+                  {static_cast<double>(it - names.begin()), static_cast<double>(piece.begin),
+                   static_cast<double>(piece.length)});
+  }
+  CHECK(mine * 2 <= local + 2 * 16 * static_cast<int64_t>(names.size()));  // half, bar padding
+  CHECK(mine * 2 >= local - 2 * 16 * static_cast<int64_t>(names.size()));
+  // Every rank's ranges, padded to a common count, to check the cover.
+  const int64_t most = 3 * static_cast<int64_t>(names.size());
+  ranges.resize(static_cast<size_t>(most), -1.0);
+  at::Tensor all = at::empty({world * most}, at::kDouble).to(at::kFloat);
+  at::Tensor here = at::tensor(ranges, at::TensorOptions().dtype(at::kDouble)).to(at::kFloat);
+  comm->all_gather(all, here)->wait();
+  for (size_t t = 0; t < names.size(); ++t) {
+    INFO(names[t]);
+    std::vector<int> covered(static_cast<size_t>(2 * params[names[t]].numel()), 0);
+    for (int64_t k = 0; k + 2 < all.numel(); k += 3) {
+      if (all[k].item<double>() != static_cast<double>(t)) continue;
+      const int64_t begin = all[k + 1].item<int64_t>(), length = all[k + 2].item<int64_t>();
+      for (int64_t e = begin; e < begin + length; ++e) ++covered[static_cast<size_t>(e)];
+    }
+    CHECK(std::all_of(covered.begin(), covered.end(), [](int n) { return n == 1; }));
+  }
+}
+
+TEST_CASE("expert parallelism cuts the experts' optimizer state among the ranks holding them",
+          "[moe][ranks][engine]") {
+  if (test::skip_cpu_world(4)) return;
+  test::run_ranks(4, "rank: experts' state cut among their peers", std::chrono::seconds(120));
+}

@@ -9,6 +9,10 @@ step and a link model (docs/scaling.md says what it assumes and how it was check
                                                  predicted vs measured emulated runs
     scaling_model.py moe_memory SHAPE.json --world W --ep E [--stage S]
                                                  a mixture's full fine-tuning: bytes per rank
+    scaling_model.py moe_predict SHAPE.json --one-gpu-lora TOK_S [--tokens-per-rank T]
+                                                 a mixture's full fine-tuning at 8 GPUs (EP 8) and
+                                                 2x8 (EP 8 in a node, 2 expert-data-parallel
+                                                 ranks over IB): tokens/s per GPU, all-to-all in
 
 A PROFILE is one model and batch at one rank (bench/gpu_session.sh scaling writes them):
   {"name": "lora-qwen2.5-7b", "shape": "examples/shapes/qwen2.5-7b.json", "mode": "lora",
@@ -285,9 +289,49 @@ def moe_memory(shape, world, ep, stage):
     return out
 
 
+def moe_predict(shape, lora_tok_s, tokens, gpus, ep, intra, inter):
+    """Full fine-tuning of a mixture (bf16, fp32 masters, AdamW, ZeRO-2, activation checkpointing)
+    at `gpus` ranks with expert parallelism `ep` inside a node (docs/scaling.md, "Mixtures of
+    experts"). Compute per token from a measured one-GPU LoRA step of the same shape: LoRA with
+    recomputation costs ~6 active-parameter FLOPs a token (forward, recomputed forward, the input
+    gradients), full fine-tuning ~8 (the weight gradients too). Per layer six all-to-alls of the
+    routed rows (dispatch and combine in the forward, the recomputed forward and the backward),
+    each T·k·h bf16 values of which (ep−1)/ep leave the rank, plus two latency-bound count
+    exchanges; not overlapped (zerotrain's exchange is not yet). The dense gradients are
+    reduce-scattered over all ranks and the experts' over their expert-data-parallel group
+    (gpus / ep ranks, across nodes), overlapped with backward as zerotrain's buckets are; the
+    updated slices all-gathered after the step."""
+    h, L, k = shape["hidden_size"], shape["num_hidden_layers"], shape["num_experts_per_tok"]
+    dense, experts = moe_params(shape)
+    compute = tokens / lora_tok_s * 1e3 * 8.0 / 6.0
+    a2a_bytes = tokens * k * h * 2.0 * (ep - 1) / ep
+    per_a2a = (intra["latency_us"] / 1e3 + a2a_bytes / (intra["bw"] * 1e9) * 1e3) if ep > 1 else 0.0
+    counts = intra["latency_us"] / 1e3 if ep > 1 else 0.0
+    a2a = L * (6 * per_a2a + 3 * counts)
+    link = intra if gpus <= 8 else inter
+    edp = gpus // ep
+    dense_rs = collective_ms(2.0 * dense, gpus, link, "rs")
+    expert_rs = collective_ms(2.0 * experts / ep, edp, inter if gpus > 8 else intra, "rs")
+    backward = compute * 6.0 / 8.0  # recomputed forward + backward: 6 of the 8 units
+    # Buckets of 5e8 elements drain one at a time beside the backward after them; the last one
+    # cannot hide (as step_ms has it).
+    reduce = dense_rs + expert_rs
+    buckets = max(1, math.ceil((dense + experts / ep) / 5e8))
+    per = reduce / buckets
+    reduce_exposed = per + max(0.0, reduce - per - backward * (buckets - 1) / buckets)
+    gather = collective_ms(2.0 * dense, gpus, link, "ag") + \
+        collective_ms(2.0 * experts / ep, edp, inter if gpus > 8 else intra, "ag")
+    optimizer = optimizer_ms(dense / gpus + experts / ep / max(edp, 1))
+    total = compute + a2a + reduce_exposed + gather + optimizer
+    return {"gpus": gpus, "ep": ep, "tokens_per_rank": tokens, "compute_ms": round(compute, 1),
+            "all_to_all_ms": round(a2a, 1), "grad_reduce_exposed_ms": round(reduce_exposed, 1),
+            "param_gather_ms": round(gather, 1), "optimizer_ms": round(optimizer, 1),
+            "step_ms": round(total, 1), "tokens_per_s_per_gpu": round(tokens / total * 1e3)}
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("verb", choices=["predict", "table", "check", "moe_memory"])
+    ap.add_argument("verb", choices=["predict", "table", "check", "moe_memory", "moe_predict"])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--link", default="nvlink-h200", choices=sorted(LINKS) + ["measured"],
                     help="measured (check only): each world's emulated link from the file itself")
@@ -301,7 +345,17 @@ def main():
     ap.add_argument("--tokens-per-rank", type=int, default=4096)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--ep", type=int, default=1)
+    ap.add_argument("--one-gpu-lora", type=float, default=0.0,
+                    help="moe_predict: a measured one-GPU LoRA step's tokens/s on the shape")
     args = ap.parse_args()
+    if args.verb == "moe_predict":
+        with open(args.files[0]) as f:
+            shape = json.load(f)
+        for gpus in (8, 16):
+            row = moe_predict(shape, args.one_gpu_lora, args.tokens_per_rank, gpus, 8,
+                              LINKS["nvlink-h200"], LINKS["ib-400"])
+            print(json.dumps({"run": "moe_predict " + args.files[0], **row}))
+        return
     if args.verb == "moe_memory":
         with open(args.files[0]) as f:
             shape = json.load(f)

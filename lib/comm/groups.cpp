@@ -34,6 +34,27 @@ std::vector<int64_t> group_counts(const Communicator& comm, const std::vector<in
 
 }  // namespace
 
+WorkHandle group_reduce_scatter(Communicator& comm, const at::Tensor& output,
+                                const at::Tensor& input, const std::vector<int>& group) {
+  check_group(comm, group, "group_reduce_scatter");
+  const int64_t members = static_cast<int64_t>(group.size()), chunk = output.numel();
+  if (input.numel() != members * chunk) {
+    throw InvalidArgument(fmt::format(
+        "group_reduce_scatter: the input has {} elements, not {} × {} (the group's chunks)",
+        input.numel(), members, chunk));
+  }
+  if (members == 1) {
+    output.view({-1}).copy_(input.reshape({-1}));
+    return std::make_unique<DoneWork>();
+  }
+  const std::vector<int64_t> counts = group_counts(comm, group, chunk);
+  at::Tensor received = at::empty({members * chunk}, input.options());
+  WorkHandle work = comm.all_to_all(received, input.reshape({-1}), counts, counts);
+  return std::make_unique<ThenWork>(std::move(work), [output, received, members, chunk]() mutable {
+    output.view({-1}).copy_(received.view({members, chunk}).sum(0, false, at::kFloat));
+  });
+}
+
 WorkHandle group_all_reduce(Communicator& comm, const at::Tensor& tensor,
                             const std::vector<int>& group) {
   check_group(comm, group, "group_all_reduce");
@@ -47,21 +68,14 @@ WorkHandle group_all_reduce(Communicator& comm, const at::Tensor& tensor,
     padded = at::zeros({chunk * members}, tensor.options());
     padded.narrow(0, 0, n).copy_(flat);
   }
-  const std::vector<int64_t> counts = group_counts(comm, group, chunk);
-  // Reduce-scatter: member j receives every member's chunk j and sums them.
-  at::Tensor received = at::empty({chunk * members}, tensor.options());
-  comm.all_to_all(received, padded, counts, counts)->wait();
-  const at::Tensor mine =
-      received.view({members, chunk}).sum(0, false, at::kFloat).to(tensor.scalar_type());
-  // All-gather: every member's sum to every member, in group order.
-  at::Tensor sent = mine.repeat({members});
-  WorkHandle gathered = comm.all_to_all(padded, sent, counts, counts);
-  if (padded.is_same(flat)) {
-    return std::make_unique<ThenWork>(std::move(gathered), [sent] { (void)sent; });
-  }
-  return std::make_unique<ThenWork>(std::move(gathered), [flat, padded, sent, n]() mutable {
-    flat.copy_(padded.narrow(0, 0, n));
-  });
+  // Each member sums its chunk, then sends the sum to every member (into place in `padded`,
+  // whose chunk of this rank's own was consumed by the first exchange, which has been waited on).
+  at::Tensor mine = at::empty({chunk}, tensor.options());
+  group_reduce_scatter(comm, mine, padded, group)->wait();
+  WorkHandle gathered = group_all_gather(comm, padded, mine, group);
+  if (padded.is_same(flat)) return gathered;
+  return std::make_unique<ThenWork>(
+      std::move(gathered), [flat, padded, n]() mutable { flat.copy_(padded.narrow(0, 0, n)); });
 }
 
 WorkHandle group_all_gather(Communicator& comm, const at::Tensor& output, const at::Tensor& input,

@@ -115,8 +115,8 @@ at::Tensor squared_norm(const at::Tensor& g) {
 
 // One all-reduce carries the squared norm of this rank's slices, the count of non-finite
 // losses and (backward_tokens) the window's count. Replicated buckets (stage 0) hold the same
-// values on every rank: rank 0 speaks for them; local buckets hold the same values on a rank's
-// peers: the first of them speaks for them.
+// values on every rank: rank 0 speaks for them, and the first of a rank's peers for its local
+// buckets.
 BoundaryStats boundary_stats(EngineImpl& I) {
   const at::Tensor& g = I.grad_acc;
   const zero::Layout& L = I.layout;
@@ -128,7 +128,7 @@ BoundaryStats boundary_stats(EngineImpl& I) {
   } else {
     local_sq = squared_norm(g.narrow(0, 0, a)) + squared_norm(g.narrow(0, b, g.numel() - b));
     if (L.replicated && I.S.rank != 0) local_sq.zero_();
-    if (I.local_leader) local_sq += squared_norm(g.narrow(0, a, b - a));
+    if (!L.replicated || I.local_leader) local_sq += squared_norm(g.narrow(0, a, b - a));
   }
   std::vector<at::Tensor> parts{local_sq, I.steps.nonfinite_losses.reshape({1})};
   if (I.tokens.open) parts.push_back(at::full({1}, I.tokens.count, local_sq.options()));
@@ -235,6 +235,10 @@ void zero::EngineImpl::publish(const zero::Bucket& b, const at::Tensor& mine) {
   } else if (b.replicated || S.world == 1) {
     if (!s.flat_param.is_same(mine) && s.flat_param.data_ptr() != mine.data_ptr())
       s.flat_param.copy_(mine);
+  } else if (b.local) {
+    at::Tensor piece = mine.to(at::TensorOptions().dtype(S.compute).device(S.device));
+    publishing.gathers.push_back(comm::group_all_gather(*comm, s.flat_param, piece, local_peers));
+    publishing.inputs.push_back(piece);
   } else {
     // All-gathers in flight are bounded by allgather_bucket_size elements.
     at::Tensor piece = mine.to(at::TensorOptions().dtype(S.compute).device(S.device));
@@ -310,7 +314,7 @@ std::vector<std::pair<StatePiece, int64_t>> held_pieces(const zero::EngineImpl& 
   std::vector<std::pair<StatePiece, int64_t>> out;
   for (const zero::Bucket& b : L.buckets) {
     if (!b.trainable) continue;
-    const int64_t lo = b.slice_begin(I.S.rank);
+    const int64_t lo = b.slice_begin();
     for (size_t k = 0; k < b.params.size(); ++k) {
       const zero::ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];
       const int64_t a = std::max(lo, b.offsets[k]);
@@ -327,7 +331,7 @@ std::vector<std::pair<StatePiece, int64_t>> held_pieces(const zero::EngineImpl& 
 // Whether this rank writes a piece of `name` into checkpoints: of a replicated parameter only
 // one rank of those holding it does.
 bool writes_piece(const zero::EngineImpl& I, const zero::ParamInfo& p) {
-  if (p.rank_local) return I.local_leader;
+  if (p.rank_local) return !I.layout.replicated || I.local_leader;
   return !I.layout.replicated || I.S.rank == 0;
 }
 
@@ -483,6 +487,9 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gather_full_parameters(
           I.master.narrow(0, b.shard.offset, b.shard_numel).to(I.S.device, at::kFloat);
       if (b.replicated) {
         full = mine;
+      } else if (b.local) {
+        full = at::empty({b.numel}, mine.options());
+        comm::group_all_gather(*I.comm, full, mine, I.local_peers)->wait();
       } else {
         full = at::empty({b.numel}, mine.options());
         I.comm->all_gather(full, mine)->wait();

@@ -1,8 +1,8 @@
 // ZeRO stage 1, more than one rank: gradients accumulate over the window in whole flat buckets
 // exactly as on stage 0, but at the window's last micro-step each bucket is reduce-scattered,
 // so a rank receives (and keeps optimizer state for) only its own slice. A local bucket
-// (trainable rank-local parameters, replicated) is summed whole over the ranks holding the same
-// values, which all keep its state.
+// (trainable rank-local parameters) is reduce-scattered over the ranks holding the same values
+// instead, its slices theirs.
 #include "comm/groups.hpp"
 #include "zero/engine_impl.hpp"
 
@@ -14,8 +14,8 @@ Pending scatter_bucket(EngineImpl& e, int bucket, at::Tensor input) {
   p.bucket = bucket;
   if (e.S.pre_scale != 1.0) input.mul_(e.S.pre_scale);
   if (b.local) {
-    p.work = comm::group_all_reduce(*e.comm, input, e.local_peers);
-    p.output = input;
+    p.output = at::empty({b.shard_numel}, input.options());
+    p.work = comm::group_reduce_scatter(*e.comm, p.output, input, e.local_peers);
   } else if (e.S.use_reduce_scatter) {
     p.output = at::empty({b.shard_numel}, input.options());
     p.work = e.comm->reduce_scatter(p.output, input, ReduceOp::kSum);

@@ -16,7 +16,8 @@ void finish_bucket(Bucket& b, const std::vector<ParamInfo>& params, const Layout
     b.offsets.push_back(offset);
     offset += round_up(params[static_cast<size_t>(p)].numel, kAlign);
   }
-  int64_t parts = b.replicated ? 1 : o.world;
+  const int64_t parts = b.replicated ? 1 : b.local ? o.local_peers : o.world;
+  b.owner = b.replicated ? 0 : b.local ? o.local_place : o.rank;
   b.numel = round_up(std::max<int64_t>(offset, 1), parts * kAlign);
   b.shard_numel = b.numel / parts;
 }
@@ -46,7 +47,7 @@ Layout build_layout(std::vector<ParamInfo> params, const LayoutOptions& o) {
     b.sharded_params = sharded;
     b.unit = unit;
     b.local = local;
-    b.replicated = L.replicated || local;
+    b.replicated = L.replicated;
     b.params = std::move(members);
     for (int m : b.params) b.late = b.late || L.params[static_cast<size_t>(m)].shared;
     finish_bucket(b, L.params, o);
@@ -110,7 +111,7 @@ Layout build_layout(std::vector<ParamInfo> params, const LayoutOptions& o) {
       if (L.local_state_end == L.local_state_begin) L.local_state_begin = L.state_numel;
       L.local_state_end = L.state_numel + b.shard_numel;
     }
-    const int64_t lo = b.slice_begin(o.rank), hi = lo + b.shard_numel;
+    const int64_t lo = b.slice_begin(), hi = lo + b.shard_numel;
     int64_t real = 0;
     for (size_t k = 0; k < b.params.size(); ++k) {
       const ParamInfo& p = L.params[static_cast<size_t>(b.params[k])];

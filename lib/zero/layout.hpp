@@ -2,8 +2,10 @@
 //
 // Every bucket is a contiguous flat space of whole parameters (each aligned to kAlign elements),
 // padded to a multiple of world × kAlign and cut into world equal slices; rank r owns slice r of
-// every bucket. Replicated buckets (all of them on stage 0; trainable rank-local parameters on
-// every stage) are one slice that every rank owns whole. Reduce-scatter of a bucket therefore lands
+// every bucket. Replicated buckets (all of them on stage 0) are one slice that every rank owns
+// whole. Local buckets (trainable rank-local parameters: an expert-parallel rank's experts) are
+// cut among the ranks holding the same values instead (its peers), rank r owning the slice of its
+// place among them. Reduce-scatter of a bucket therefore lands
 // exactly in the owner's slice, and the rank's optimizer state is the concatenation of its slices
 // of the trainable buckets.
 #pragma once
@@ -64,11 +66,12 @@ struct Bucket {
   bool late = false;             ///< holds a shared parameter: reduced only after backward
   bool raw = false;              ///< holds raw parameters (ParamInfo::raw) only, as uint8
   bool replicated = false;       ///< one slice, owned whole by every rank
-  /// Holds trainable rank-local parameters only (replicated): reduced over the ranks holding
-  /// the same values (EngineOptions::local_split.peers), not over the job.
+  /// Holds trainable rank-local parameters only: cut among, and reduced over, the ranks holding
+  /// the same values (EngineOptions::local_split.peers), not the job.
   bool local = false;
+  int owner = 0;  ///< which slice this rank owns: its rank, its place among its peers, or 0
   /// Start of this rank's slice in the bucket's flat space.
-  int64_t slice_begin(int rank) const { return replicated ? 0 : rank * shard_numel; }
+  int64_t slice_begin() const { return owner * shard_numel; }
 };
 
 struct LayoutOptions {
@@ -78,6 +81,9 @@ struct LayoutOptions {
   int64_t bucket_size = 500000000;         ///< reduce_bucket_size (elements)
   int64_t persistence_threshold = 100000;  ///< stage3_param_persistence_threshold
   int num_units = 0;
+  /// The ranks holding this rank's rank-local values, and this rank's place among them.
+  int local_peers = 1;
+  int local_place = 0;
 };
 
 struct Layout {

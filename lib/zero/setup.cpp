@@ -242,6 +242,9 @@ void EngineImpl::collect_parameters(const DeepSpeedConfig& ds) {
   lo.bucket_size = S.bucket_size;
   lo.persistence_threshold = S.persistence_threshold;
   lo.num_units = static_cast<int>(options.units.size());
+  lo.local_peers = static_cast<int>(local_peers.size());
+  lo.local_place = static_cast<int>(std::find(local_peers.begin(), local_peers.end(), S.rank) -
+                                    local_peers.begin());
   layout = build_layout(std::move(params), lo);
   slots.assign(layout.params.size(), ParamSlot{});
   for (const Bucket& b : layout.buckets) {
@@ -367,7 +370,7 @@ void EngineImpl::place_buckets() {
   // them), for EngineOptions::on_load_progress.
   int64_t to_read = 0, read = 0;
   for (const Bucket& b : L.buckets) {
-    const int64_t begin = b.sharded_params ? b.slice_begin(S.rank) : 0;
+    const int64_t begin = b.sharded_params ? b.slice_begin() : 0;
     const int64_t end = begin + (b.sharded_params ? b.shard_numel : b.numel);
     for (size_t k = 0; k < b.params.size(); ++k) {
       const int64_t numel = L.params[static_cast<size_t>(b.params[k])].numel;
@@ -381,7 +384,7 @@ void EngineImpl::place_buckets() {
   };
   for (const Bucket& b : L.buckets) {
     BucketState& s = buckets[static_cast<size_t>(b.index)];
-    const int64_t lo = b.slice_begin(S.rank);
+    const int64_t lo = b.slice_begin();
     at::Tensor slice;  // this rank's slice of the bucket, fp32, on the device
     at::Tensor full;   // the whole bucket when this rank keeps it whole
     if (options.source) {

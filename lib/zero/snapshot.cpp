@@ -40,7 +40,7 @@ ParameterSnapshot Engine::parameter_snapshot(ParameterSource& source) const {
     if (!b.trainable) continue;
     const at::Tensor& like = compute_copy(I, b);
     const bool whole = !b.sharded_params;
-    const int64_t begin = whole ? 0 : b.slice_begin(I.S.rank);
+    const int64_t begin = whole ? 0 : b.slice_begin();
     const at::Tensor values = zero::read_bucket(
         source, I.layout, b, begin, whole ? b.numel : b.shard_numel, I.S.device, staging);
     at::Tensor held = at::empty_like(like);  // the same dtype, device and pinning
