@@ -33,6 +33,7 @@
 #                                         the peer (COMPILED=1 too), QLoRA Qwen3-14B's peak memory
 #   bench/gpu_session.sh moefull          full fine-tuning with expert parallelism at 2 emulated nodes:
 #                                         losses beside world 1, the cut 30B-A3B shape's memory per rank
+#   bench/gpu_session.sh moebig           a QLoRA step of the GLM-4.5-Air shape (106B) on one GPU
 #   bench/gpu_session.sh moe              LoRA on the Qwen3-30B-A3B shape beside the peer (COMPILED=1 too),
 #                                         QLoRA over gpt-oss-20b's 4-bit experts: peak memory
 #   bench/gpu_session.sh tokspeed         one-thread encoding speed, ours and HF tokenizers', per real
@@ -362,8 +363,8 @@ for phase in "$@"; do
       ;;
     moefull)
       # [4/7]: full fine-tuning with expert parallelism over NCCL, 2 ranks as nodes of their own.
-      # (1) a small Qwen3-MoE at world 1 and at world 2 with expert_parallel_size 2, ZeRO 2 and
-      # 3, bf16: the per-step losses side by side (summary: the largest relative difference).
+      # (1) a small Qwen3-MoE at world 1 and at world 2 and 4 with expert_parallel_size 2, ZeRO 2
+      # and 3, bf16: the per-step losses side by side (summary: the largest relative difference).
       # (2) the Qwen3-30B-A3B shape cut to MOELAYERS (4) layers, bf16, ZeRO-2, 1024 × 1 with
       # checkpointing, at world 2 with expert_parallel_size 2: each rank's peak memory beside
       # docs/scaling.md's formula for it (bench/tools/scaling_model.py moe_memory).
@@ -377,7 +378,7 @@ for phase in "$@"; do
  "rope_theta": 1000000.0, "tie_word_embeddings": false}
 JSON
       for stage in 2 3; do
-        for run in "1 1" "2 2"; do
+        for run in "1 1" "2 2" "4 2"; do
           read -r world ep <<< "$run"
           out=/tmp/zt-moefull-z$stage-w$world
           rm -rf $out
@@ -389,7 +390,8 @@ JSON
             --logging_steps 1 --save_strategy no --seed 7 > "$results/moefull-z$stage-w$world.log" 2>&1 ||
             { echo "moefull z$stage w$world failed"; tail -20 "$results/moefull-z$stage-w$world.log"; }
         done
-        python3 - /tmp/zt-moefull-z$stage-w1 /tmp/zt-moefull-z$stage-w2 << 'PY' | tee -a "$results/summary.jsonl"
+        for world in 2 4; do
+        python3 - /tmp/zt-moefull-z$stage-w1 /tmp/zt-moefull-z$stage-w$world << 'PY' | tee -a "$results/summary.jsonl"
 import json, sys
 def losses(d):
     out = {}
@@ -400,8 +402,9 @@ def losses(d):
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
 diff = max(abs(a[k] - b[k]) / abs(a[k]) for k in a)
 print(json.dumps({"row": sys.argv[2].split("/")[-1], "world1": [a[k] for k in sorted(a)],
-                  "world2_ep2": [b[k] for k in sorted(b)], "max_relative_difference": diff}))
+                  "ep2": [b[k] for k in sorted(b)], "max_relative_difference": diff}))
 PY
+        done
       done
       layers=${MOELAYERS:-4}
       python3 -c "import json, sys; c = json.load(open('examples/shapes/qwen3-30b-a3b.json'))
@@ -420,6 +423,16 @@ c['num_hidden_layers'] = int(sys.argv[1]); c['max_window_layers'] = int(sys.argv
         tee "$results/moemem.peak" || true
       python3 bench/tools/scaling_model.py moe_memory /tmp/zt-moe-cut.json --world 2 --ep 2 \
         --stage 2 | tee -a "$results/summary.jsonl"
+      ;;
+    moebig)
+      # [4/7]: a QLoRA step of the GLM-4.5-Air shape (106B) on one GPU, 1024 × 1 with
+      # checkpointing (keep none): LoRA r16 on every linear layer, then on attention alone
+      # (TARGETS overrides). The 4-bit base is drawn directly (ZT_BENCH_RANDOM_4BIT: random codes
+      # and repeated scales), not quantized from random values on the host.
+      for target in ${TARGETS:-all-linear q_proj,k_proj,v_proj,o_proj}; do
+        ZT_BENCH_TARGET=$target ZT_BENCH_RANDOM_4BIT=1 ZT_BENCH_KEEP=none ZT_BENCH_WARMUP=1 \
+          ours glm-4.5-air qlora 1024 1 1 2
+      done
       ;;
     tokspeed)
       # [2/7]: encoding speed on one thread, ours and HF tokenizers', on the same generated

@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -45,6 +46,8 @@
 #include "model/blocks.hpp"
 #include "model/quantized_weights.hpp"
 #include "peft/init_sources.hpp"
+#include "quant/blockwise.hpp"
+#include "quant/four_bit_weight.hpp"
 #include "shapes.hpp"
 #include "train/preference.hpp"
 #include "util/device_stats.hpp"
@@ -58,6 +61,61 @@
 using namespace zt;
 
 namespace {
+
+// ZT_BENCH_RANDOM_4BIT=1: a 4-bit base's storage drawn directly — random codes, the scales of a
+// small quantized sample repeated — instead of random values quantized on the host, which takes
+// minutes for a 100B shape. Speed and memory do not depend on the values.
+class RandomFourBitSource final : public ParameterSource {
+ public:
+  RandomFourBitSource(std::shared_ptr<ParameterSource> other,
+                      std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> layouts)
+      : other_(std::move(other)), layouts_(std::move(layouts)) {}
+
+  void read(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
+            const at::Tensor& out) override {
+    auto it = layouts_.find(name);
+    if (it == layouts_.end() || out.scalar_type() != at::kByte) {
+      other_->read(name, shape, offset, out);
+      return;
+    }
+    if (name != current_) {
+      storage_ = draw(*it->second);
+      current_ = name;
+    }
+    out.copy_(storage_.narrow(0, offset, out.numel()));
+  }
+
+ private:
+  static at::Tensor draw(const quant::FourBitLayout& l) {
+    quant::FourBitLayout small = l;
+    small.groups = 1;
+    small.rows = quant::kNestedBlocksize;
+    small.cols = l.blocksize;
+    const at::Tensor sample =
+        quant::quantize_weight(small, at::randn({small.rows, small.cols}) * 0.02);
+    at::Tensor s = at::empty({l.bytes()}, at::kByte);
+    s.narrow(0, 0, l.codes_bytes()).random_(0, 256);
+    auto tile = [&](int64_t at, int64_t from, int64_t unit, int64_t count) {
+      const at::Tensor piece = sample.narrow(0, from, unit);
+      at::Tensor dest = s.narrow(0, at, count * unit).view({count, unit});
+      dest.copy_(piece.view({1, unit}).expand({count, unit}));
+    };
+    if (l.double_quant) {
+      tile(l.absmax_offset(), small.absmax_offset(), 1, l.blocks());  // the first block's code
+      tile(l.nested_absmax_offset(), small.nested_absmax_offset(), 4, l.nested_blocks());
+      s.narrow(0, l.nested_code_offset(), 4 * 256 + 4)
+          .copy_(sample.narrow(0, small.nested_code_offset(), 4 * 256 + 4));
+    } else {
+      tile(l.absmax_offset(), small.absmax_offset(), 4, l.blocks());
+    }
+    return s;
+  }
+
+  std::shared_ptr<ParameterSource> other_;
+  std::map<std::string, std::shared_ptr<const quant::FourBitLayout>> layouts_;
+  std::string current_;
+  at::Tensor storage_;
+};
 
 // The micro-batches of a real-length mode: `count` batches from the lengths in `path`, random
 // token ids (labels = ids, as the peer), padded per batch or packed into rows of `seq`.
@@ -144,9 +202,11 @@ int main(int argc, char** argv) {
     args.per_device_train_batch_size = mbs;
     args.lr_scheduler_type = "constant";
     if (adapter || real_lengths) {
-      apply_training_flags(args, {"--finetuning_type", "lora", "--lora_r", "16", "--lora_alpha",
-                                  "32", "--lora_target_modules", "all-linear", "--use_dora",
-                                  mode == "dora" || mode == "qdora" ? "true" : "false"});
+      const char* target = std::getenv("ZT_BENCH_TARGET");  // all-linear unless given
+      apply_training_flags(args,
+                           {"--finetuning_type", "lora", "--lora_r", "16", "--lora_alpha", "32",
+                            "--lora_target_modules", target ? target : "all-linear", "--use_dora",
+                            mode == "dora" || mode == "qdora" ? "true" : "false"});
     } else if (mode == "freeze") {
       apply_training_flags(args, {"--finetuning_type", "freeze", "--freeze_trainable_layers", "2"});
     }
@@ -170,7 +230,10 @@ int main(int argc, char** argv) {
     eo.total_train_steps = steps + warm;
     std::shared_ptr<ParameterSource> base = random_source(c, 0);
     if (auto quantized = model::quantized_weights(*model); !quantized.empty()) {
-      base = model::quantizing_source(*base, std::move(quantized), base);
+      const char* direct = std::getenv("ZT_BENCH_RANDOM_4BIT");
+      base = direct != nullptr && std::string(direct) == "1"
+                 ? std::make_shared<RandomFourBitSource>(base, std::move(quantized))
+                 : model::quantizing_source(*base, std::move(quantized), base);
     }
     base = peft::dora_source(base, *model, peft_config_for(args).lora);
     eo.source = with_adapter_values(base, *model);

@@ -83,6 +83,15 @@ inline ModelConfig shape_config(const std::string& shape) {
       "norm_topk_prob": true, "num_hidden_layers": 48, "num_attention_heads": 32,
       "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "rope_theta": 1000000.0,
       "max_position_embeddings": 40960, "tie_word_embeddings": false, "rms_norm_eps": 1e-6})";
+  } else if (shape == "glm-4.5-air") {  // zai-org/GLM-4.5-Air's config.json (106B, 12B active)
+    json = R"({"model_type": "glm4_moe", "hidden_size": 4096, "intermediate_size": 10944,
+      "moe_intermediate_size": 1408, "n_routed_experts": 128, "n_shared_experts": 1,
+      "num_experts_per_tok": 8, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
+      "routed_scaling_factor": 1.0, "norm_topk_prob": true, "num_hidden_layers": 46,
+      "num_nextn_predict_layers": 1, "num_attention_heads": 96, "num_key_value_heads": 8,
+      "head_dim": 128, "partial_rotary_factor": 0.5, "attention_bias": true,
+      "use_qk_norm": false, "vocab_size": 151552, "rope_theta": 1000000,
+      "max_position_embeddings": 131072, "tie_word_embeddings": false, "rms_norm_eps": 1e-5})";
   } else if (shape == "gpt-oss-20b") {  // openai/gpt-oss-20b's config.json, experts dequantized
     json = R"({"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
       "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
@@ -100,7 +109,7 @@ inline ModelConfig shape_config(const std::string& shape) {
     throw std::invalid_argument("unknown shape '" + shape +
                                 "' (qwen2.5-7b, qwen2.5-1.5b, llama2-7b, llama2-13b, llama2-70b, "
                                 "llama3-8b, glm-4-9b, qwen3-8b, qwen3-14b, gemma-2-9b, "
-                                "gemma-3-12b, phi-4, qwen3-30b-a3b, gpt-oss-20b)");
+                                "gemma-3-12b, phi-4, qwen3-30b-a3b, gpt-oss-20b, glm-4.5-air)");
   }
   return parse_model_config(json, shape);
 }
