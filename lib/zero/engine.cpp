@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <string>
 
 #include <fmt/format.h>
@@ -307,11 +306,24 @@ std::vector<int64_t> whole_shape(const zero::EngineImpl& I, const zero::ParamInf
   return shape;
 }
 
-// This rank's pieces of the trainable parameters, each with its offset in the flat state; a
-// rank-local parameter's in the whole tensor's elements.
-std::vector<std::pair<StatePiece, int64_t>> held_pieces(const zero::EngineImpl& I) {
+// Whether this rank writes a piece of `p` into checkpoints: of a replicated parameter only one
+// rank of those holding it does.
+bool writes_piece(const zero::EngineImpl& I, const zero::ParamInfo& p) {
+  if (p.rank_local) return !I.layout.replicated || I.local_leader;
+  return !I.layout.replicated || I.S.rank == 0;
+}
+
+// One of this rank's pieces of the trainable parameters (a rank-local parameter's in the whole
+// tensor's elements), with its offset in the flat state.
+struct HeldPiece {
+  StatePiece piece;
+  int64_t offset = 0;
+  bool writes = false;  ///< this rank writes it into checkpoints (writes_piece)
+};
+
+std::vector<HeldPiece> held_pieces(const zero::EngineImpl& I) {
   const zero::Layout& L = I.layout;
-  std::vector<std::pair<StatePiece, int64_t>> out;
+  std::vector<HeldPiece> out;
   for (const zero::Bucket& b : L.buckets) {
     if (!b.trainable) continue;
     const int64_t lo = b.slice_begin();
@@ -321,18 +333,11 @@ std::vector<std::pair<StatePiece, int64_t>> held_pieces(const zero::EngineImpl& 
       const int64_t e = std::min(lo + b.shard_numel, b.offsets[k] + p.numel);
       if (a >= e) continue;
       const int64_t block = p.rank_local ? I.options.local_split.index * p.numel : 0;
-      out.emplace_back(StatePiece{p.name, whole_shape(I, p), block + a - b.offsets[k], e - a},
-                       b.shard.offset + (a - lo));
+      out.push_back({StatePiece{p.name, whole_shape(I, p), block + a - b.offsets[k], e - a},
+                     b.shard.offset + (a - lo), writes_piece(I, p)});
     }
   }
   return out;
-}
-
-// Whether this rank writes a piece of `name` into checkpoints: of a replicated parameter only
-// one rank of those holding it does.
-bool writes_piece(const zero::EngineImpl& I, const zero::ParamInfo& p) {
-  if (p.rank_local) return !I.layout.replicated || I.local_leader;
-  return !I.layout.replicated || I.S.rank == 0;
 }
 
 // The state tensors in state_kinds() order (host copies made current).
@@ -366,11 +371,9 @@ std::vector<std::string> Engine::state_kinds() const {
 std::vector<std::pair<StatePiece, std::vector<at::Tensor>>> Engine::state_pieces() const {
   const EngineImpl& I = *impl_;
   std::vector<std::pair<StatePiece, std::vector<at::Tensor>>> out;
-  std::map<std::string, const zero::ParamInfo*> by_name;
-  for (const zero::ParamInfo& p : I.layout.params) by_name[p.name] = &p;
   const std::vector<at::Tensor> tensors = state_tensors(I);
-  for (auto& [piece, offset] : held_pieces(I)) {
-    if (!writes_piece(I, *by_name.at(piece.name))) continue;
+  for (auto& [piece, offset, writes] : held_pieces(I)) {
+    if (!writes) continue;
     std::vector<at::Tensor> values;
     for (const at::Tensor& t : tensors) {
       at::Tensor run = t.narrow(0, offset, piece.length);
@@ -405,7 +408,7 @@ void Engine::load_state(const StateReader& read, const EngineState& state) {
   const std::vector<at::Tensor> tensors = state_tensors(I);
   std::string error;
   try {
-    for (const auto& [piece, offset] : held_pieces(I)) {
+    for (const auto& [piece, offset, writes] : held_pieces(I)) {
       for (size_t k = 0; k < kinds.size(); ++k) {
         at::Tensor host =
             at::empty({piece.length}, at::TensorOptions().dtype(tensors[k].scalar_type()));
