@@ -377,7 +377,7 @@ for phase in "$@"; do
  "norm_topk_prob": true, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
  "rope_theta": 1000000.0, "tie_word_embeddings": false}
 JSON
-      for stage in 2 3; do
+      for stage in ${STAGES:-2 3}; do
         for run in "1 1" "2 2" "4 2"; do
           read -r world ep <<< "$run"
           out=/tmp/zt-moefull-z$stage-w$world
@@ -407,6 +407,7 @@ PY
         done
       done
       layers=${MOELAYERS:-4}
+      [ "$layers" = 0 ] && continue  # MOELAYERS=0: the losses only
       python3 -c "import json, sys; c = json.load(open('examples/shapes/qwen3-30b-a3b.json'))
 c['num_hidden_layers'] = int(sys.argv[1]); c['max_window_layers'] = int(sys.argv[1]); print(json.dumps(c))" \
         "$layers" > /tmp/zt-moe-cut.json
