@@ -261,10 +261,13 @@ const std::string kEpModel = test::tiny_moe_config(8);
 // and optimizer offloaded), "q" (QLoRA at stage 2, without double quantization, so that a rank's
 // experts quantize as the whole's do), "full 0", "full 2", "full 3 offload" (full fine-tuning:
 // the experts trained too), "freeze" (the last layer's MLP — router and experts — trained),
-// anything else stage 2.
+// "dpo 2" and "dpo full 2" (DPO on ZT_EP_DIR/pairs.jsonl: LoRA, and full fine-tuning, whose
+// reference is a swapped-in copy of the experts too), anything else stage 2.
 std::vector<std::string> ep_run(int world, int ep, const std::string& kind) {
-  const bool full = kind.rfind("full ", 0) == 0;
-  const std::string stage = full ? kind.substr(5) : kind;
+  const bool dpo = kind.rfind("dpo ", 0) == 0;
+  const std::string rest = dpo ? kind.substr(4) : kind;
+  const bool full = rest.rfind("full ", 0) == 0;
+  const std::string stage = full ? rest.substr(5) : rest;
   const std::string zero =
       stage == "0" || stage == "2" || stage == "3" ? stage
       : stage == "3 offload"
@@ -294,6 +297,10 @@ std::vector<std::string> ep_run(int world, int ep, const std::string& kind) {
     run.insert(run.end(), {"--quantization_bit", "4", "--double_quantization", "false"});
   }
   if (full) run.insert(run.end(), {"--finetuning_type", "full", "--learning_rate", "2e-3"});
+  if (dpo) {
+    run.insert(run.end(), {"--stage", "dpo", "--train_file",
+                           std::string(std::getenv("ZT_EP_DIR")) + "/pairs.jsonl"});
+  }
   if (kind == "freeze") {
     run.insert(run.end(), {"--finetuning_type", "freeze", "--freeze_trainable_layers", "1",
                            "--freeze_trainable_modules", "mlp"});
@@ -355,8 +362,10 @@ TEST_CASE(
   test::write_model_folder(dir + "/base", kEpModel, 41);
   setenv("ZT_EP_DIR", dir.c_str(), 1);
   // World 1 without expert parallelism: the reference.
-  const std::vector<std::string> kinds{
-      "0", "2", "3", "3 offload", "q", "full 0", "full 2", "full 3 offload", "freeze"};
+  test::write_pairs(dir, "pairs.jsonl", 16, 5);
+  const std::vector<std::string> kinds{"0",      "2",      "3",         "3 offload",
+                                       "q",      "full 0", "full 2",    "full 3 offload",
+                                       "freeze", "dpo 2",  "dpo full 2"};
   std::vector<std::vector<double>> reference;
   for (const std::string& kind : kinds) {
     std::vector<std::string> run = ep_run(1, 1, kind);
@@ -379,7 +388,7 @@ TEST_CASE(
         CHECK(curves[0][i] == Approx(reference[k][i]).epsilon(1e-4));
       }
       // What full and freeze fine-tuning write is the whole model: every rank's experts.
-      if (kinds[k].rfind("full", 0) == 0 || kinds[k] == "freeze") {
+      if (kinds[k].find("full") != std::string::npos || kinds[k] == "freeze") {
         const std::string out = fmt::format("{}/out_{}_{}_{}", dir, world, ep, kinds[k]);
         check_same_model(dir + "/ref_" + kinds[k] + "/model.safetensors",
                          out + "/model.safetensors");
