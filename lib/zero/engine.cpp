@@ -234,17 +234,16 @@ void zero::EngineImpl::publish(const zero::Bucket& b, const at::Tensor& mine) {
   } else if (b.replicated || S.world == 1) {
     if (!s.flat_param.is_same(mine) && s.flat_param.data_ptr() != mine.data_ptr())
       s.flat_param.copy_(mine);
-  } else if (b.local) {
-    at::Tensor piece = mine.to(at::TensorOptions().dtype(S.compute).device(S.device));
-    publishing.gathers.push_back(comm::group_all_gather(*comm, s.flat_param, piece, local_peers));
-    publishing.inputs.push_back(piece);
   } else {
-    // All-gathers in flight are bounded by allgather_bucket_size elements.
+    // All-gathers in flight are bounded by allgather_bucket_size elements; a local bucket's
+    // among the ranks holding it.
     at::Tensor piece = mine.to(at::TensorOptions().dtype(S.compute).device(S.device));
     if (publishing.elements > 0 && publishing.elements + b.numel > S.allgather_bucket_size) {
       finish_publishing();
     }
-    publishing.gathers.push_back(comm->all_gather(s.flat_param, piece));
+    publishing.gathers.push_back(
+        b.local ? comm::group_all_gather(*comm, s.flat_param, piece, local_peers)
+                : comm->all_gather(s.flat_param, piece));
     publishing.inputs.push_back(piece);
     publishing.elements += b.numel;
   }
