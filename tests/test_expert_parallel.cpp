@@ -25,7 +25,9 @@
 #include "zerotrain/config.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/log.hpp"
 #include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
 #include "zerotrain/safetensors.hpp"
 #include "zerotrain/trainer.hpp"
 
@@ -351,7 +353,22 @@ TEST_CASE("rank: expert-parallel training", "[.rank]") {
     run.insert(run.end(),
                {"--output_dir", out, "--resume_from_checkpoint", std::getenv("ZT_EP_RESUME")});
   }
-  test::write_curves(std::atoi(std::getenv("RANK")), {test::train_on_base(dir, run)});
+  // Full fine-tuning states the whole model's counts (every rank's experts), as world 1 does.
+  std::vector<std::string> said;
+  if (which == "full 2") {
+    set_log_sink([&](LogLevel, const std::string& message) { said.push_back(message); });
+  }
+  const std::vector<double> curve = test::train_on_base(dir, run);
+  set_log_sink(nullptr);
+  if (which == "full 2" && std::atoi(std::getenv("RANK")) == 0) {
+    const std::string whole =
+        count_parameters(CausalLM(parse_model_config(kEpModel, "ep.json"), at::TensorOptions()))
+            .line();
+    INFO("the counts of the whole model: " << whole);
+    CHECK(std::any_of(said.begin(), said.end(),
+                      [&](const std::string& m) { return m.find(whole) != std::string::npos; }));
+  }
+  test::write_curves(std::atoi(std::getenv("RANK")), {curve});
 }
 
 TEST_CASE(
