@@ -94,8 +94,7 @@ WorkHandle group_all_gather(Communicator& comm, const at::Tensor& output, const 
   const int64_t n = input.numel();
   at::Tensor sent = input.reshape({1, n}).expand({members, n}).contiguous();
   const std::vector<int64_t> counts = group_counts(comm, group, n);
-  WorkHandle work = comm.all_to_all(output, sent, counts, counts);
-  return std::make_unique<ThenWork>(std::move(work), [sent] { (void)sent; });
+  return comm.all_to_all(output, sent, counts, counts);  // the backend keeps `sent` alive
 }
 
 }  // namespace zt::comm
