@@ -46,6 +46,8 @@
 #                                         at 16k, 32k, ... 256k tokens until the first failure, ours then the peer's
 #   bench/gpu_session.sh conformance      PEFT, transformers and tensorboard read what zerotrain wrote
 #                                         (this build's tool tests write it), results in $OUT/conformance.tgz
+#   bench/gpu_session.sh generate         generation tokens/s, generate_batch beside transformers' generate
+#                                         (GEN="SHAPE BATCH PROMPT NEW LORA_R;...")
 #   bench/gpu_session.sh fixtures         make_fixtures.py SECTIONS (FAMILIES=...) and transformers' sources
 #                                         of SOURCES="gpt_oss glm4_moe ...", in $OUT/fixtures.tgz
 #
@@ -103,6 +105,18 @@ example() {  # NAME SCRIPT [VAR=VALUE...]
 for phase in "$@"; do
   echo "== $phase ($(date -u +%H:%M:%S))"
   case "$phase" in
+    generate)
+      IFS=';' read -r -a cases <<< "${GEN:-qwen2.5-1.5b 64 256 256 0;qwen2.5-7b 64 256 256 16}"
+      for c in "${cases[@]}"; do
+        # shellcheck disable=SC2086
+        $b/bin/zt_bench_generate $c 2>&1 | tee -a "$results/generate.log" | grep '^RESULT' || true
+        if [ "${PEER:-1}" = 1 ]; then
+          # shellcheck disable=SC2086
+          python3 bench/tools/hf_generate.py $c 2>&1 | tee -a "$results/generate.log" |
+            grep '^RESULT' || true
+        fi
+      done
+      ;;
     build)
       cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release > "$results/configure.log" 2>&1 ||
         { tail -30 "$results/configure.log"; exit 1; }

@@ -368,7 +368,7 @@ struct TrainingArguments {
   std::string bnb_4bit_quant_storage;  ///< transformers: accepted; the codes are kept as bytes
 
   // Preference training (docs/preference.md): LLaMA-Factory's names; TRL's are aliases.
-  std::string stage = "sft";  ///< LLaMA-Factory: sft | dpo | kto
+  std::string stage = "sft";  ///< LLaMA-Factory: sft | dpo | kto; grpo (TRL's GRPO)
   /// alias loss_type: sigmoid | hinge | ipo | robust | orpo | simpo (stage dpo); kto |
   /// apo_zero_unpaired (stage kto, where the default sigmoid means kto)
   std::string pref_loss = "sigmoid";
@@ -385,6 +385,27 @@ struct TrainingArguments {
   /// (default: on for full fine-tuning, which has no adapters to switch off; off there, a
   /// frozen copy of the starting weights is the reference).
   std::optional<bool> precompute_ref_log_probs;
+
+  // GRPO (stage grpo, docs/grpo.md): TRL's GRPOConfig names; `beta` (pref_beta, default 0 here)
+  // and `loss_type` (pref_loss, default dapo here) are shared with preference training.
+  int64_t num_generations = 8;
+  int64_t max_completion_length = 512;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  double min_p = 0.0;
+  double repetition_penalty = 1.0;
+  double epsilon = 0.2;
+  std::optional<double> epsilon_high;  ///< default: epsilon
+  std::optional<double> delta;
+  std::string importance_sampling_level = "token";
+  std::string scale_rewards = "group";  ///< group (true) | batch | none (false)
+  bool mask_truncated_completions = false;
+  int64_t num_iterations = 1;  ///< only 1 so far (the policy that sampled is the one trained)
+  double sapo_temperature_pos = 1.0, sapo_temperature_neg = 1.05;
+  bool use_bias_correction_kl = false;
+  std::string reward_funcs;    ///< comma list of built-in rewards (builtin_reward's specs)
+  std::string reward_weights;  ///< comma list of numbers, one per reward function
 
   // ChatGLM-Finetuning's train.py flags (docs/chatglm.md). Any of them given puts its defaults
   // in place of HF's for what is not given (finalize_chatglm_finetuning in training_args.cpp).

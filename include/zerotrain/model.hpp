@@ -163,15 +163,25 @@ struct LossSum {
   double aux_coef = 0.0;
 };
 
-/// Options for generate().
+/// Options for generate() and generate_batch(): transformers' `generate` arguments of the same
+/// names (docs/generation.md). Checked before any generation (InvalidArgument).
 struct GenerationOptions {
   int64_t max_new_tokens = 64;
   bool do_sample = false;  ///< greedy when false
   double temperature = 1.0;
-  int64_t top_k = 0;   ///< 0: off
-  double top_p = 1.0;  ///< 1: off
-  std::vector<int64_t> eos_token_ids;
+  int64_t top_k = 0;                   ///< 0: off
+  double top_p = 1.0;                  ///< 1: off
+  double min_p = 0.0;                  ///< 0: off
+  double repetition_penalty = 1.0;     ///< 1: off; over each row's prompt and completion tokens
+  std::vector<int64_t> eos_token_ids;  ///< stop tokens (kept as the completion's last token)
+  /// Sampling's seed: with it, a sequence's stream (generate_batch) fixes its draws.
   uint64_t seed = 0;
+};
+
+/// One sequence's completion from generate_batch.
+struct Generated {
+  std::vector<int64_t> tokens;
+  bool stopped = false;  ///< it ended with a stop token (otherwise at max_new_tokens)
 };
 
 /// Extension point for prompt-learning adapters (P-Tuning, prefix tuning; see peft.hpp). A
@@ -248,8 +258,21 @@ class CausalLM : public torch::nn::Module {
                                         const at::Tensor& attention_mask = {});
 
   /// Generates continuations of `input_ids` [batch, seq] (no padding) with a KV cache.
-  /// Returns the new tokens [batch, ≤ max_new_tokens].
+  /// Returns the new tokens [batch, ≤ max_new_tokens]; rows that stopped early are filled
+  /// with the config's pad_token_id (or their stop token). generate_batch's work.
   at::Tensor generate(const at::Tensor& input_ids, const GenerationOptions& options);
+
+  /// Generates a completion of each prompt (token ids, of any lengths; none empty) as
+  /// transformers' `generate` does for a left-padded batch: one KV cache for the batch, each
+  /// row's positions counted from its first real token, sequences that stop leave the batch
+  /// (their rows of the cache are dropped). With adapters, as they are set (no merge). With
+  /// do_sample, the draws of prompt i come from (options.seed, streams[i], step) alone —
+  /// `streams` defaults to 0, 1, ... — so a sequence samples the same tokens in any batch or
+  /// rank when its logits are the same. The model's parameters must be materialized on this
+  /// process (not ZeRO-3's placeholders). Not a collective; not thread-safe on one model.
+  std::vector<Generated> generate_batch(const std::vector<std::vector<int64_t>>& prompts,
+                                        const GenerationOptions& options,
+                                        const std::vector<uint64_t>& streams = {});
 
   /// The communicator an expert-parallel model's mixtures exchange rows over (config's
   /// expert_shard.size > 1): the job's, whose ranks [r − rank, r − rank + size) form this rank's

@@ -21,6 +21,7 @@
 
 #include "zerotrain/comm.hpp"
 #include "zerotrain/config.hpp"
+#include "zerotrain/grpo.hpp"
 
 namespace zt {
 
@@ -71,6 +72,20 @@ struct StepStats {
   double grad_norm = 0.0;      ///< global norm before clipping; valid when stepped
   double learning_rate = 0.0;  ///< of the last step
   double loss_scale = 1.0;     ///< 1 unless fp16
+};
+
+/// What a GRPO step did (Trainer::train_grpo_step), the same on every rank: StepStats (`loss`
+/// the step's GRPO loss, summed over its micro-batches as TRL's) and the step's metrics under
+/// TRL's names (reward, reward_std, rewards/<name>/mean and /std, frac_reward_zero_std,
+/// completions/mean_length, min_length, max_length, clipped_ratio, mean_terminated_length,
+/// min_terminated_length, max_terminated_length, kl with beta, clip_ratio/low_mean,
+/// high_mean, region_mean, low_min, high_max or cispo_clip_ratio).
+struct GrpoStepStats : StepStats {
+  std::map<std::string, double> metrics;
+  /// This rank's completions as text, prompt by prompt (prompt i's at i·G ... i·G + G − 1).
+  std::vector<std::string> completions;
+  /// Their rewards, weighted and summed over the functions (NaN: none scored it).
+  std::vector<double> rewards;
 };
 
 /// A request to stop a run, shared by the host and its Trainer (TrainerCallbacks::stop). The
@@ -184,6 +199,21 @@ class Trainer {
   StepStats train_preference_step(const at::Tensor& chosen_ids, const at::Tensor& chosen_labels,
                                   const at::Tensor& rejected_ids,
                                   const at::Tensor& rejected_labels);
+  /// One GRPO step (stage grpo; docs/grpo.md) over prompts the host gives: this rank's
+  /// `prompts` (per_device_train_batch_size × gradient_accumulation_steps / num_generations of
+  /// them, the same count on every rank), each completed num_generations times by the model
+  /// being trained (sampling as the run's temperature, top_p, top_k, min_p and
+  /// repetition_penalty say, up to max_completion_length tokens, stopping at the tokenizer's
+  /// and config's end tokens); the completions scored by `rewards` (reward_weights weighting
+  /// them), advantages taken within each prompt's group, and one optimizer step taken on the
+  /// run's loss_type over micro-batches of per_device_train_batch_size completions. A
+  /// completion's samples depend on the run's seed, the step and its index in the global
+  /// batch (rank-major), not on the world size. Bad prompts (empty, ids outside the vocabulary,
+  /// too long for max_completion_length within the model's context), a wrong prompt count and
+  /// a failing reward function (named with its completion and prompt) are errors before the
+  /// step's update. Not with ZeRO-3 or expert parallelism yet. Collective.
+  GrpoStepStats train_grpo_step(const std::vector<GrpoPrompt>& prompts,
+                                const std::vector<RewardFunction>& rewards);
   /// The token-weighted mean loss over batches every rank gives (the same number of batches on
   /// every rank; an empty list on all is an InvalidArgument), without changing the model.
   /// Collective.

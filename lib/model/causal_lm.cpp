@@ -1,6 +1,7 @@
 // CausalLM: the decoder stack, its sharding units, losses, logits and generation.
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 #include "model/family.hpp"
 #include "model/layers.hpp"
 #include "model/moe.hpp"
+#include "model/sampling.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/units.hpp"
@@ -437,67 +439,150 @@ at::Tensor CausalLM::logits(const at::Tensor& input_ids, const at::Tensor& atten
 }
 
 at::Tensor CausalLM::generate(const at::Tensor& input_ids, const GenerationOptions& o) {
+  const at::Tensor ids = input_ids.to(at::kCPU).to(at::kLong).contiguous();
+  std::vector<std::vector<int64_t>> prompts;
+  for (int64_t r = 0; r < ids.size(0); ++r) {
+    const int64_t* row = ids[r].data_ptr<int64_t>();
+    prompts.emplace_back(row, row + ids.size(1));
+  }
+  const std::vector<Generated> done = generate_batch(prompts, o);
+  size_t width = 0;
+  for (const Generated& g : done) width = std::max(width, g.tokens.size());
+  at::Tensor out = at::empty({ids.size(0), static_cast<int64_t>(width)}, at::kLong);
+  for (size_t r = 0; r < done.size(); ++r) {
+    const std::vector<int64_t>& t = done[r].tokens;
+    const int64_t fill = config_.pad_token_id ? *config_.pad_token_id : t.empty() ? 0 : t.back();
+    for (size_t c = 0; c < width; ++c)
+      out[static_cast<int64_t>(r)][static_cast<int64_t>(c)] = c < t.size() ? t[c] : fill;
+  }
+  return out.to(impl_->body->embed_tokens->weight.device());
+}
+
+std::vector<Generated> CausalLM::generate_batch(const std::vector<std::vector<int64_t>>& prompts,
+                                                const GenerationOptions& o,
+                                                const std::vector<uint64_t>& streams_in) {
+  model::check_generation_options(o);
   Impl& I = *impl_;
   at::NoGradGuard no_grad;
-  const at::Device device = I.body->embed_tokens->weight.device();
-  at::Tensor ids = input_ids.to(device);
-  const int64_t batch = ids.size(0);
-  std::vector<model::KvCache> cache(I.body->layers.size());
-  int64_t position = 0;
-  at::Tensor virtual_tokens;
-  if (I.prompt) {
-    Prepared p = apply_prompt(config_, I.prompt, I.body->embed_tokens->forward(ids.narrow(1, 0, 1)),
-                              at::empty({0}, ids.options()));
-    if (p.virtual_tokens > 0) virtual_tokens = p.x.narrow(1, 0, p.virtual_tokens);
-    for (size_t i = 0; i < p.prefixes.size(); ++i)
-      cache[i] = {p.prefixes[i].first, p.prefixes[i].second};
-    position = p.start;
+  const int64_t n = static_cast<int64_t>(prompts.size());
+  std::vector<Generated> out(static_cast<size_t>(n));
+  std::vector<uint64_t> streams = streams_in;
+  if (streams.empty()) {
+    for (int64_t i = 0; i < n; ++i) streams.push_back(static_cast<uint64_t>(i));
+  } else if (static_cast<int64_t>(streams.size()) != n) {
+    throw InvalidArgument(
+        fmt::format("generate_batch: {} streams for {} prompts", streams.size(), n));
   }
-  at::Generator gen = at::detail::createCPUGenerator(o.seed);
-  std::vector<at::Tensor> produced;
-  at::Tensor finished = at::zeros({batch}, at::TensorOptions().dtype(at::kBool).device(device));
-  const at::Tensor no_mask = at::empty({0}, ids.options());
-  at::Tensor step_ids = ids;
-  for (int64_t n = 0; n < o.max_new_tokens; ++n) {
-    at::Tensor x = I.body->scaled_tokens(I.body->embed_tokens->forward(step_ids));
-    if (n == 0 && virtual_tokens.defined()) x = at::cat({virtual_tokens, x}, 1);
-    const DecoderBody::Tables tables = I.body->tables(position, x.size(1), x.scalar_type(), device);
+  int64_t width = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& p = prompts[static_cast<size_t>(i)];
+    if (p.empty()) throw InvalidArgument(fmt::format("generate_batch: prompt {} is empty", i));
+    for (int64_t t : p) {
+      if (t < 0 || t >= config_.vocab_size) {
+        throw InvalidArgument(fmt::format(
+            "generate_batch: prompt {} holds token id {}, outside the vocabulary [0, {})", i, t,
+            config_.vocab_size));
+      }
+    }
+    width = std::max<int64_t>(width, static_cast<int64_t>(p.size()));
+  }
+  if (n == 0 || o.max_new_tokens == 0) return out;
+
+  // The batch left-padded. The attention mask numbers the padding as a document of its own
+  // (2) beside the real tokens (1): a real query sees only real keys, and a padding query
+  // always sees at least itself (no row of the attention is empty).
+  const at::Device device = I.body->embed_tokens->weight.device();
+  at::Tensor ids = at::zeros({n, width}, at::kLong);
+  at::Tensor doc = at::ones({n, width}, at::kLong);
+  at::Tensor pos = at::zeros({n, width}, at::kLong);
+  bool padded = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& p = prompts[static_cast<size_t>(i)];
+    const int64_t pad = width - static_cast<int64_t>(p.size());
+    padded = padded || pad > 0;
+    if (pad > 0) doc[i].narrow(0, 0, pad).fill_(2);
+    ids[i].narrow(0, pad, width - pad).copy_(at::tensor(p, at::kLong));
+    pos[i].narrow(0, pad, width - pad).copy_(at::arange(width - pad, at::kLong));
+  }
+  ids = ids.to(device);
+  at::Tensor seen;
+  if (o.repetition_penalty != 1.0) {
+    seen = at::zeros({n, config_.vocab_size}, at::TensorOptions().dtype(at::kBool).device(device));
+    seen.scatter_(1, ids, true);
+    if (padded) {  // padding is not a token of the row
+      for (int64_t i = 0; i < n; ++i) {
+        const auto& p = prompts[static_cast<size_t>(i)];
+        seen[i].zero_();
+        seen[i].index_fill_(0, at::tensor(p, at::kLong).to(device), true);
+      }
+    }
+  }
+  Prepared prep =
+      apply_prompt(config_, I.prompt, I.body->scaled_tokens(I.body->embed_tokens->forward(ids)),
+                   padded || I.prompt ? doc.to(device) : at::empty({0}, ids.options()));
+  // Positions: P-Tuning's virtual tokens take 0 .. v - 1 and the prompt follows; a prefix
+  // moves the prompt to p.start.
+  const int64_t v = prep.virtual_tokens;
+  pos = pos + (v > 0 ? v : prep.start);
+  if (v > 0) pos = at::cat({at::arange(v, at::kLong).unsqueeze(0).expand({n, v}), pos}, 1);
+  pos = pos.to(device);
+  std::vector<model::KvCache> cache(I.body->layers.size());
+  for (size_t i = 0; i < prep.prefixes.size(); ++i)
+    cache[i] = {prep.prefixes[i].first, prep.prefixes[i].second};
+  at::Tensor mask = prep.mask;
+  at::Tensor x = prep.x;
+  std::vector<int64_t> rows(static_cast<size_t>(n));  // the prompt of each row still running
+  for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = i;
+  at::Tensor last = pos.narrow(1, pos.size(1) - 1, 1);
+  for (int64_t step = 0; step < o.max_new_tokens; ++step) {
+    const DecoderBody::Tables tables = I.body->tables(pos, x.scalar_type());
     for (size_t i = 0; i < I.body->layers.size(); ++i) {
       const auto& [cos, sin] = I.body->of_layer(tables, i);
-      x = I.body->layers[i]->forward(x, cos, sin, no_mask, &cache[i]);
+      x = I.body->layers[i]->forward(x, cos, sin, mask, &cache[i]);
     }
-    position += x.size(1);
-    at::Tensor h = I.body->norm->forward(x.select(1, x.size(1) - 1));
-    at::Tensor logits = I.body->capped(at::matmul(h, I.head_weight().t()));
+    const at::Tensor h = I.body->norm->forward(x.select(1, x.size(1) - 1));
+    const at::Tensor scores =
+        model::process_logits(I.body->capped(at::matmul(h, I.head_weight().t())), seen, o);
     at::Tensor next;
-    if (!o.do_sample) {
-      next = logits.argmax(-1);
+    if (o.do_sample) {
+      std::vector<uint64_t> active;
+      for (int64_t r : rows) active.push_back(streams[static_cast<size_t>(r)]);
+      next = model::sample_tokens(scores, model::uniform_draws(o.seed, active, step));
     } else {
-      logits = logits / std::max(o.temperature, 1e-6);
-      if (o.top_k > 0 && o.top_k < logits.size(-1)) {
-        at::Tensor kth =
-            std::get<0>(logits.topk(o.top_k, -1)).select(-1, o.top_k - 1).unsqueeze(-1);
-        logits = logits.masked_fill(logits < kth, -INFINITY);
-      }
-      if (o.top_p < 1.0) {
-        auto [sorted, order] = logits.sort(-1, /*descending=*/true);
-        at::Tensor cum = at::softmax(sorted, -1).cumsum(-1);
-        at::Tensor drop = (cum - at::softmax(sorted, -1)) > o.top_p;  // keep the first over p
-        logits = logits.scatter(-1, order, sorted.masked_fill(drop, -INFINITY));
-      }
-      at::Tensor probs = at::softmax(logits, -1).to(at::kCPU);
-      next = at::multinomial(probs, 1, false, gen).squeeze(-1).to(device);
+      next = scores.argmax(-1);
     }
-    if (!o.eos_token_ids.empty() && config_.pad_token_id) {
-      next = at::where(finished, at::full_like(next, *config_.pad_token_id), next);
+    const at::Tensor host = next.to(at::kCPU).contiguous();
+    const int64_t* chosen = host.data_ptr<int64_t>();
+    std::vector<int64_t> keep;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      Generated& g = out[static_cast<size_t>(rows[r])];
+      g.tokens.push_back(chosen[r]);
+      g.stopped = std::find(o.eos_token_ids.begin(), o.eos_token_ids.end(), chosen[r]) !=
+                  o.eos_token_ids.end();
+      if (!g.stopped) keep.push_back(static_cast<int64_t>(r));
     }
-    produced.push_back(next.unsqueeze(1));
-    for (int64_t eos : o.eos_token_ids) finished = finished.logical_or(next.eq(eos));
-    if (!o.eos_token_ids.empty() && finished.all().item<bool>()) break;
-    step_ids = next.unsqueeze(1);
+    if (keep.empty() || step + 1 == o.max_new_tokens) break;
+    if (keep.size() < rows.size()) {  // finished sequences leave the batch
+      const at::Tensor k = at::tensor(keep, at::kLong).to(device);
+      for (model::KvCache& c : cache) {
+        c.k = c.k.index_select(0, k);
+        c.v = c.v.index_select(0, k);
+      }
+      if (mask.numel() > 0) mask = mask.index_select(0, k);
+      if (seen.defined()) seen = seen.index_select(0, k);
+      next = next.index_select(0, k);
+      last = last.index_select(0, k);
+      std::vector<int64_t> still;
+      for (int64_t r : keep) still.push_back(rows[static_cast<size_t>(r)]);
+      rows = std::move(still);
+    }
+    if (seen.defined()) seen.scatter_(1, next.unsqueeze(1), true);
+    x = I.body->scaled_tokens(I.body->embed_tokens->forward(next.unsqueeze(1)));
+    if (mask.numel() > 0) mask = at::cat({mask, at::ones({mask.size(0), 1}, mask.options())}, 1);
+    last = last + 1;
+    pos = last;
   }
-  if (produced.empty()) return at::empty({batch, 0}, ids.options());
-  return at::cat(produced, 1);
+  return out;
 }
 
 }  // namespace zt

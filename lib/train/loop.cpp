@@ -391,6 +391,12 @@ void Trainer::Impl::log_window(train::LogWindow& window) {
     window_kl_sum = 0.0;
     window_kl_steps = 0;
   }
+  if (grpo && grpo_window_steps > 0) {  // TRL: each metric's mean over the window's steps
+    for (const auto& [name, sum] : grpo_window_sums)
+      r.metrics[name] = sum / static_cast<double>(grpo_window_steps);
+    grpo_window_sums.clear();
+    grpo_window_steps = 0;
+  }
   log(r);
 }
 
@@ -551,13 +557,16 @@ TrainResult Trainer::Impl::train() {
     // Each epoch's own order, from the seed and the epoch alone (HF's sampler with set_epoch):
     // a resumed run rebuilds the same one.
     const bool shuffle = I.args.train_sampling_strategy != "sequential";
+    // GRPO: an order of the prompts, each standing for its num_generations completions.
     const std::vector<int64_t> order =
-        epoch_order(I.train_samples, I.data_seed, I.state.epoch_index, shuffle,
-                    I.args.group_by_length ? &I.train_lengths : nullptr, megabatch);
+        I.grpo ? epoch_order(I.train_samples / I.grpo_options.num_generations, I.data_seed,
+                             I.state.epoch_index, shuffle, nullptr, 0)
+               : epoch_order(I.train_samples, I.data_seed, I.state.epoch_index, shuffle,
+                             I.args.group_by_length ? &I.train_lengths : nullptr, megabatch);
     bool epoch_end = false;
     while (!epoch_end && I.state.global_step < I.total_steps) {
       I.check_cancel();
-      const Impl::StepResult done = I.run_step(order);
+      const Impl::StepResult done = I.grpo ? I.run_grpo_step(order) : I.run_step(order);
       window.add_step(done.loss, done.tokens);
       I.after_step(done, window, clock);
       epoch_end = done.epoch_end;

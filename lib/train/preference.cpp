@@ -13,6 +13,19 @@ namespace zt::train {
 PreferenceOptions preference_options(const TrainingArguments& args) {
   PreferenceOptions o;
   o.loss = args.pref_loss;
+  for (const char* grpo : {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"}) {
+    if (o.loss == grpo) {
+      throw ConfigError(fmt::format(
+          "pref_loss {}: a GRPO loss_type; train it with stage grpo (stage {} takes sigmoid, "
+          "hinge, ipo, robust, orpo, simpo, kto or apo_zero_unpaired)",
+          o.loss, args.stage));
+    }
+  }
+  if (!(args.pref_beta > 0)) {
+    throw ConfigError(fmt::format(
+        "pref_beta {}: the preference losses' beta is a number > 0 (0 is GRPO's no-KL setting)",
+        args.pref_beta));
+  }
   const bool kto = args.stage == "kto";
   if (kto && (o.loss == "sigmoid" || o.loss == "kto")) {
     o.loss = "kto";  // LLaMA-Factory's stage kto ignores pref_loss, whose default is sigmoid

@@ -66,15 +66,20 @@ std::vector<int64_t> pair_rows(const std::vector<int64_t>& pairs) {
 }  // namespace
 
 at::Tensor Trainer::Impl::reference_log_probs(const at::Tensor& ids, const at::Tensor& labels) {
+  return reference_token_log_probs(ids, labels).sum(1);
+}
+
+at::Tensor Trainer::Impl::reference_token_log_probs(const at::Tensor& ids,
+                                                    const at::Tensor& labels) {
   at::NoGradGuard no_grad;
   ScoringMode scoring(*model, /*adapters_off=*/!reference_weights);
-  if (!reference_weights) return model->label_log_probs(ids, labels).sum(1);
+  if (!reference_weights) return model->label_log_probs(ids, labels);
   // The frozen reference: the starting trainable weights (with adapters, the adapters' starting
   // values, the adapters on) swapped in for this forward, and out again whatever happens.
   engine->swap_parameters(*reference_weights);
   at::Tensor out;
   try {
-    out = model->label_log_probs(ids, labels).sum(1);
+    out = model->label_log_probs(ids, labels);
   } catch (...) {
     engine->swap_parameters(*reference_weights);
     throw;

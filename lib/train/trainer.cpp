@@ -135,6 +135,10 @@ void warn_unbalanced(const Dataset& d, const TrainingArguments& args) {
 }  // namespace
 
 void Trainer::Impl::load_data() {
+  if (grpo) {
+    load_grpo_prompts();
+    return;
+  }
   DatasetStats train_stats, eval_stats;
   DataOptions options = data_options_for(args);
   options.token_id_limit = model_config.vocab_size;  // pre-tokenized ids index the embedding
@@ -334,6 +338,11 @@ void Trainer::Impl::check_options() {
     }
   }
   preference = args.stage == "dpo" || args.stage == "kto";
+  grpo = args.stage == "grpo";
+  if (grpo) {
+    check_grpo_options();
+    return;
+  }
   if (!preference) return;
   pref = train::preference_options(args);
   if (model::decoder_spec(model_config).router_aux_coef) {
@@ -542,8 +551,9 @@ void Trainer::Impl::build_model_and_engine() {
   build_engine(eo, /*quantizing=*/!prequantized && !model::quantized_weights(*model).empty());
   const bool continued = !args.adapter_name_or_path.empty();
   const bool starts_as_base = adapter_method && adapter_starts_as_base(peft, continued);
-  if (preference && pref.uses_reference() &&
-      (adapter_method ? !starts_as_base : !precomputed_reference)) {
+  const bool reference_model =
+      (preference && pref.uses_reference()) || (grpo && grpo_options.beta != 0.0);
+  if (reference_model && (adapter_method ? !starts_as_base : !precomputed_reference)) {
     reference_weights = std::make_unique<ParameterSnapshot>(engine->parameter_snapshot(*eo.source));
     if (rank == 0) {
       log::info(

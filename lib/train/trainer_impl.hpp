@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "comm/agreement.hpp"
+#include "train/grpo.hpp"
 #include "train/log_window.hpp"
 #include "train/phase_meter.hpp"
 #include "train/preference.hpp"
@@ -31,6 +32,7 @@
 #include "zerotrain/data.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/grpo.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/peft.hpp"
 #include "zerotrain/tokenizer.hpp"
@@ -74,8 +76,15 @@ struct Trainer::Impl {
   std::vector<int64_t> train_chosen_tokens;
   /// What a sample is, plural, for messages: "examples", "pairs" or "KTO examples".
   const char* sample_name() const {
-    return !preference ? "examples" : pref.unpaired() ? "KTO examples" : "pairs";
+    return grpo              ? "completions"
+           : !preference     ? "examples"
+           : pref.unpaired() ? "KTO examples"
+                             : "pairs";
   }
+  /// GRPO (stage grpo; grpo_loop.cpp): the loss's options and the sampling of completions.
+  bool grpo = false;
+  train::GrpoOptions grpo_options;
+  GenerationOptions sampling;
   std::shared_ptr<CausalLM> model;
   PeftConfig peft;
   bool adapter_method = false;
@@ -179,6 +188,26 @@ struct Trainer::Impl {
   bool warned_past_max_steps = false;  ///< train_step past max_steps says so once
   /// Trainer::train_step's work.
   StepStats train_step(const at::Tensor& input_ids, const at::Tensor& labels);
+  /// check_options for stage grpo: the loss's and the sampling's options, and what GRPO does
+  /// not run with yet (ConfigError naming the option).
+  void check_grpo_options();
+  /// Stage grpo's prompts from train_file (read by every rank; grpo_loop.cpp), and the reward
+  /// functions reward_funcs names.
+  std::vector<GrpoPrompt> grpo_prompts;
+  std::vector<RewardFunction> grpo_rewards;
+  void load_grpo_prompts();
+  /// One optimizer step of train() for stage grpo: the step's prompts of `order` (over
+  /// prompts), this rank's share rank-major, through train_grpo_step.
+  StepResult run_grpo_step(const std::vector<int64_t>& order);
+  /// The GRPO metrics of the logging window's steps, summed (log_window averages them).
+  std::map<std::string, double> grpo_window_sums;
+  int64_t grpo_window_steps = 0;
+  /// Trainer::train_grpo_step's work (grpo_loop.cpp).
+  GrpoStepStats train_grpo_step(const std::vector<GrpoPrompt>& prompts,
+                                const std::vector<RewardFunction>& rewards);
+  /// The reference's per-token log-probs of rows `ids` / `labels` ([rows, seq] fp32, 0 where
+  /// labels are -100), as reference_log_probs computes them. Collective under ZeRO-3.
+  at::Tensor reference_token_log_probs(const at::Tensor& ids, const at::Tensor& labels);
   /// Trainer::train_preference_step's work.
   StepStats train_preference_step(const at::Tensor& chosen_ids, const at::Tensor& chosen_labels,
                                   const at::Tensor& rejected_ids,

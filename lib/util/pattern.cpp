@@ -39,4 +39,9 @@ bool Pattern::full_match(std::string_view subject) const {
   return RE2::FullMatch(re2::StringPiece(subject.data(), subject.size()), *re_);
 }
 
+bool Pattern::prefix_match(std::string_view subject) const {
+  const re2::StringPiece text(subject.data(), subject.size());
+  return re_->Match(text, 0, text.size(), RE2::ANCHOR_START, nullptr, 0);
+}
+
 }  // namespace zt

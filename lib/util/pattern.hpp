@@ -26,6 +26,8 @@ class Pattern {
 
   /// Whether the whole of `subject` matches (Python's re.fullmatch, as PEFT uses).
   bool full_match(std::string_view subject) const;
+  /// Whether a prefix of `subject` matches (Python's re.match).
+  bool prefix_match(std::string_view subject) const;
 
  private:
   std::unique_ptr<re2::RE2> re_;

@@ -1,0 +1,546 @@
+// GRPO steps (stage grpo): the options check, and Trainer::train_grpo_step — generation with
+// the weights being trained, rewards, group-relative advantages and the clipped policy loss
+// over micro-batches (train/grpo.hpp has the formulas, train/rewards.hpp the rewards).
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "data/chat_templates.hpp"
+#include "model/blocks.hpp"
+#include "model/sampling.hpp"
+#include "train/rewards.hpp"
+#include "train/trainer_impl.hpp"
+#include "util/files.hpp"
+#include "util/json.hpp"
+#include "util/log.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt {
+
+namespace {
+
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t x = a * 0x9E3779B97F4A7C15ULL ^ (b + 0x632BE59BD9B4E019ULL);
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// reward_weights: a comma list of numbers, one per reward function (empty: all 1).
+std::vector<double> parse_weights(const std::string& text, size_t functions) {
+  std::vector<double> out;
+  if (text.empty()) return out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(start, end - start);
+    char* stop = nullptr;
+    const double v = std::strtod(item.c_str(), &stop);
+    if (item.empty() || stop != item.c_str() + item.size() || !std::isfinite(v)) {
+      throw ConfigError(fmt::format("reward_weights: '{}' is not a number", item));
+    }
+    out.push_back(v);
+    start = end + 1;
+  }
+  if (out.size() != functions) {
+    throw ConfigError(
+        fmt::format("reward_weights: {} weights for {} reward functions", out.size(), functions));
+  }
+  return out;
+}
+
+// A column of a prompt row as the rewards see it: strings as they are, anything else as JSON.
+std::string column_text(const rapidjson::Value& v) {
+  return v.IsString() ? std::string(v.GetString(), v.GetStringLength()) : json::dump(v);
+}
+
+}  // namespace
+
+void Trainer::Impl::load_grpo_prompts() {
+  if (args.train_file.empty()) return;  // a host that gives its prompts (train_grpo_step)
+  if (!args.eval_file.empty()) {
+    throw ConfigError(fmt::format(
+        "eval_file '{}': stage grpo does not evaluate yet; drop eval_file (docs/grpo.md)",
+        args.eval_file));
+  }
+  const std::string& path = args.train_file;
+  std::ifstream in(path);
+  if (!in) throw IoError(fmt::format("'{}': cannot open the GRPO prompts", path));
+  const int64_t room = model_config.max_position_embeddings - grpo_options.max_completion_length;
+  std::string line;
+  int64_t number = 0, too_long = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = fmt::format("'{}' line {}", path, number);
+    const rapidjson::Document row = json::parse(line, where);
+    if (!row.IsObject() || !row.HasMember("prompt")) {
+      throw ConfigError(fmt::format(
+          "{}: a GRPO row is an object with a \"prompt\" (text, or a list of messages as TRL's "
+          "conversational prompts), and any other columns for the rewards",
+          where));
+    }
+    const rapidjson::Value& p = row["prompt"];
+    std::vector<int32_t> ids;
+    if (p.IsString()) {
+      // TRL's standard prompts: the text as it is, no special tokens added.
+      ids = tokenizer->encode(std::string_view(p.GetString(), p.GetStringLength()));
+    } else if (p.IsArray()) {
+      data::Chat chat;
+      for (const auto& m : p.GetArray()) {
+        if (!m.IsObject() || !m.HasMember("role") || !m["role"].IsString() ||
+            !m.HasMember("content") || !m["content"].IsString()) {
+          throw ConfigError(fmt::format(
+              "{}: \"prompt\" messages are objects with a string \"role\" and \"content\"", where));
+        }
+        const std::string role = m["role"].GetString();
+        const std::string content = m["content"].GetString();
+        if (role == "system" && chat.messages.empty() && !chat.system) {
+          chat.system = content;
+        } else if (role == "user" || role == "assistant") {
+          chat.messages.push_back({role, content, ""});
+        } else {
+          throw ConfigError(fmt::format(
+              "{}: message role '{}': system (first), then user and assistant", where, role));
+        }
+      }
+      if (chat.messages.empty() || chat.messages.back().role != "user") {
+        throw ConfigError(fmt::format(
+            "{}: a conversational prompt ends with a user message (the completion answers it)",
+            where));
+      }
+      // apply_chat_template(add_generation_prompt=True), encoded as one text.
+      const data::ChatTemplate& t = data::chat_template(args.template_name);
+      const std::string text = t.prompt(chat);
+      ids = tokenizer->encode(text);
+      if (!t.whole_text()) {
+        const std::vector<int32_t> prefix = tokenizer->prefix_ids();
+        ids.insert(ids.begin(), prefix.begin(), prefix.end());
+      }
+    } else {
+      throw ConfigError(fmt::format("{}: \"prompt\" is {}; expected text or a list of messages",
+                                    where, json::type_name(p)));
+    }
+    if (args.max_prompt_length > 0 && static_cast<int64_t>(ids.size()) > args.max_prompt_length) {
+      // TRL ≤ 0.28: a prompt keeps its last max_prompt_length tokens.
+      ids.erase(ids.begin(), ids.end() - args.max_prompt_length);
+    }
+    if (ids.empty()) continue;
+    if (static_cast<int64_t>(ids.size()) > room) {
+      ++too_long;
+      continue;
+    }
+    GrpoPrompt g;
+    g.ids.assign(ids.begin(), ids.end());
+    for (auto it = row.MemberBegin(); it != row.MemberEnd(); ++it) {
+      const std::string name(it->name.GetString(), it->name.GetStringLength());
+      if (name != "prompt") g.columns[name] = column_text(it->value);
+    }
+    grpo_prompts.push_back(std::move(g));
+  }
+  if (grpo_prompts.empty()) {
+    throw ConfigError(fmt::format(
+        "'{}' has no prompt that fits: every prompt is empty or longer than "
+        "max_position_embeddings {} − max_completion_length {} tokens",
+        path, model_config.max_position_embeddings, grpo_options.max_completion_length));
+  }
+  if (too_long > 0 && rank == 0) {
+    log::warn(
+        "'{}': {} prompts dropped, longer than max_position_embeddings {} − "
+        "max_completion_length {} tokens (set max_prompt_length to keep their ends)",
+        path, too_long, model_config.max_position_embeddings, grpo_options.max_completion_length);
+  }
+  if (rank == 0) log::info("GRPO prompts '{}': {}", path, grpo_prompts.size());
+  has_train = true;
+  train_samples = static_cast<int64_t>(grpo_prompts.size()) * grpo_options.num_generations;
+  train_rows = static_cast<int64_t>(grpo_prompts.size());
+  if (args.reward_funcs.empty()) {
+    throw ConfigError(
+        "reward_funcs: stage grpo from train_file needs reward functions, e.g. --reward_funcs "
+        "accuracy,think_format (docs/grpo.md lists the built-ins)");
+  }
+  size_t start = 0;
+  while (start <= args.reward_funcs.size()) {
+    size_t end = args.reward_funcs.find(',', start);
+    if (end == std::string::npos) end = args.reward_funcs.size();
+    grpo_rewards.push_back(builtin_reward(args.reward_funcs.substr(start, end - start)));
+    start = end + 1;
+  }
+}
+
+Trainer::Impl::StepResult Trainer::Impl::run_grpo_step(const std::vector<int64_t>& order) {
+  const int64_t g = grpo_options.num_generations;
+  const int64_t n = static_cast<int64_t>(order.size());
+  const int64_t s = state.steps_in_epoch;
+  const int64_t per_step = batch.size() / g;  // prompts
+  const int64_t per_rank = per_step / world;
+  // The step's prompts, rank-major (wrapping to the epoch's start when it runs out).
+  std::vector<GrpoPrompt> mine;
+  int64_t prompt_tokens = 0;
+  for (int64_t q = 0; q < per_step; ++q) {
+    const GrpoPrompt& p =
+        grpo_prompts[static_cast<size_t>(order[static_cast<size_t>((s * per_step + q) % n)])];
+    prompt_tokens += static_cast<int64_t>(p.ids.size()) * g;
+    if (q / per_rank == rank) mine.push_back(p);
+  }
+  const GrpoStepStats st = train_grpo_step(mine, grpo_rewards);
+  grpo_window_steps += 1;
+  for (const auto& [name, value] : st.metrics) grpo_window_sums[name] += value;
+  StepResult out;
+  // The window sums its steps' losses over the ranks: each rank holds its share of the step's.
+  out.loss = at::scalar_tensor(st.loss / static_cast<double>(world),
+                               at::TensorOptions().dtype(at::kFloat).device(comm->device()));
+  out.tokens =
+      prompt_tokens + static_cast<int64_t>(std::llround(st.metrics.at("completions/mean_length") *
+                                                        static_cast<double>(batch.size())));
+  state.steps_in_epoch = s + 1;
+  out.epoch_end = state.steps_in_epoch == steps_per_epoch;
+  if (out.epoch_end) {
+    state.epoch_index += 1;
+    state.steps_in_epoch = 0;
+  }
+  state.epoch = epoch_progress();
+  state.tokens_seen += out.tokens;
+  state.total_flos +=
+      6.0 * static_cast<double>(out.tokens) * static_cast<double>(non_embedding_parameters);
+  return out;
+}
+
+GrpoStepStats Trainer::train_grpo_step(const std::vector<GrpoPrompt>& prompts,
+                                       const std::vector<RewardFunction>& rewards) {
+  return impl_->posting_failures([&] { return impl_->train_grpo_step(prompts, rewards); });
+}
+
+void Trainer::Impl::check_grpo_options() {
+  train::GrpoOptions& o = grpo_options;
+  const bool loss_given = args.is_given("pref_loss") || args.is_given("loss_type");
+  o.loss_type = loss_given ? args.pref_loss : "dapo";  // TRL's default
+  const bool beta_given = args.is_given("pref_beta") || args.is_given("beta");
+  o.beta = beta_given ? args.pref_beta : 0.0;  // TRL's default: no reference model
+  o.num_generations = args.num_generations;
+  o.epsilon = args.epsilon;
+  o.epsilon_high = args.epsilon_high.value_or(args.epsilon);
+  o.delta = args.delta;
+  o.importance_sampling_level = args.importance_sampling_level;
+  o.scale_rewards = args.scale_rewards == "true"    ? "group"
+                    : args.scale_rewards == "false" ? "none"
+                                                    : args.scale_rewards;
+  o.max_completion_length = args.max_completion_length;
+  o.mask_truncated_completions = args.mask_truncated_completions;
+  o.sapo_temperature_pos = args.sapo_temperature_pos;
+  o.sapo_temperature_neg = args.sapo_temperature_neg;
+  o.use_bias_correction_kl = args.use_bias_correction_kl;
+  train::check_grpo_options(o);
+  if (args.num_iterations != 1) {
+    throw ConfigError(fmt::format(
+        "num_iterations {}: GRPO updates the policy once per generation batch so far (the "
+        "policy that sampled is the one trained); set num_iterations 1",
+        args.num_iterations));
+  }
+  const auto refuse = [&](const std::string& what) {
+    throw ConfigError(fmt::format("stage grpo: {} (docs/grpo.md)", what));
+  };
+  if (ds.zero.stage == 3) {
+    refuse(
+        "ZeRO stage 3: generation needs every rank to hold the whole weights, and gathering "
+        "them for generation is not implemented yet; train GRPO with ZeRO stage 0, 1 or 2");
+  }
+  if (model_config.expert_shard.size > 1) {
+    refuse("expert parallelism: generation does not drive the mixtures' all-to-all yet");
+  }
+  if (model::decoder_spec(model_config).router_aux_coef) {
+    refuse("output_router_logits: the load-balancing loss is added to the sft loss only");
+  }
+  if (args.packing) refuse("packing: completions are scored per sequence; train without packing");
+  if (args.precompute_ref_log_probs.value_or(false)) {
+    refuse(
+        "precompute_ref_log_probs: completions are new each step, so their reference "
+        "log-probs cannot be computed before training");
+  }
+  if (args.temperature != 1.0 && model::decoder_spec(model_config).logit_softcap) {
+    refuse(
+        fmt::format("temperature {}: a model with final_logit_softcapping scores completions "
+                    "at temperature 1 only so far",
+                    args.temperature));
+  }
+  sampling = GenerationOptions{};
+  sampling.do_sample = true;
+  sampling.temperature = args.temperature;
+  sampling.top_p = args.top_p;
+  sampling.top_k = args.top_k;
+  sampling.min_p = args.min_p;
+  sampling.repetition_penalty = args.repetition_penalty;
+  sampling.max_new_tokens = args.max_completion_length;
+  if (tokenizer->eos_id() >= 0) sampling.eos_token_ids.push_back(tokenizer->eos_id());
+  if (model_config.eos_token_id && *model_config.eos_token_id != tokenizer->eos_id())
+    sampling.eos_token_ids.push_back(*model_config.eos_token_id);
+  try {
+    model::check_generation_options(sampling);
+  } catch (const InvalidArgument& e) {
+    throw ConfigError(e.what());
+  }
+  if (!args.reward_funcs.empty()) {  // the specs are checked now, before any weight is read
+    size_t count = 0;
+    size_t start = 0;
+    while (start <= args.reward_funcs.size()) {
+      size_t end = args.reward_funcs.find(',', start);
+      if (end == std::string::npos) end = args.reward_funcs.size();
+      builtin_reward(args.reward_funcs.substr(start, end - start), "reward_funcs");
+      ++count;
+      start = end + 1;
+    }
+    if (!args.reward_weights.empty()) parse_weights(args.reward_weights, count);
+  }
+}
+
+GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prompts,
+                                             const std::vector<RewardFunction>& rewards) {
+  Impl& I = *this;
+  if (!I.grpo) {
+    throw InvalidArgument(fmt::format(
+        "train_grpo_step: the run's stage is {}; set stage grpo in its options", I.args.stage));
+  }
+  const int64_t g = I.grpo_options.num_generations;
+  const int64_t per_rank = I.batch.micro_batch * I.batch.accumulation;  // completions
+  if (per_rank % g != 0) {
+    throw ConfigError(fmt::format(
+        "num_generations {}: a rank's completions per step, per_device_train_batch_size {} × "
+        "gradient_accumulation_steps {} = {}, must be whole groups of num_generations",
+        g, I.batch.micro_batch, I.batch.accumulation, per_rank));
+  }
+  if (static_cast<int64_t>(prompts.size()) * g != per_rank) {
+    throw InvalidArgument(fmt::format(
+        "train_grpo_step: {} prompts × num_generations {} completions, but a step takes "
+        "per_device_train_batch_size × gradient_accumulation_steps = {} completions per rank: "
+        "give {} prompts",
+        prompts.size(), g, per_rank, per_rank / g));
+  }
+  if (rewards.empty()) throw InvalidArgument("train_grpo_step: give at least one reward function");
+  const std::vector<double> weights = parse_weights(I.args.reward_weights, rewards.size());
+  const int64_t vocab = I.model_config.vocab_size;
+  const int64_t context = I.model_config.max_position_embeddings;
+  std::vector<std::vector<int64_t>> rows;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const std::vector<int64_t>& ids = prompts[p].ids;
+    if (ids.empty()) throw InvalidArgument(fmt::format("train_grpo_step: prompt {} is empty", p));
+    for (int64_t t : ids) {
+      if (t < 0 || t >= vocab) {
+        throw InvalidArgument(fmt::format(
+            "train_grpo_step: prompt {} holds token id {}, outside the vocabulary [0, {})", p, t,
+            vocab));
+      }
+    }
+    if (static_cast<int64_t>(ids.size()) + I.grpo_options.max_completion_length > context) {
+      throw InvalidArgument(fmt::format(
+          "train_grpo_step: prompt {} is {} tokens; with max_completion_length {} that is beyond "
+          "the model's context of {} tokens (max_position_embeddings); shorten it",
+          p, ids.size(), I.grpo_options.max_completion_length, context));
+    }
+    for (int64_t k = 0; k < g; ++k) rows.push_back(ids);
+  }
+
+  // 1. Completions, sampled by the weights being trained, without dropout. Each one's draws
+  // come from (seed, step, its index in the global batch).
+  const int64_t step = I.engine->global_step();
+  GenerationOptions sampling_now = I.sampling;
+  sampling_now.seed = mix(static_cast<uint64_t>(I.args.seed), static_cast<uint64_t>(step));
+  std::vector<uint64_t> streams;
+  for (int64_t c = 0; c < per_rank; ++c)
+    streams.push_back(static_cast<uint64_t>(I.rank * per_rank + c));
+  std::vector<Generated> done;
+  {
+    const bool training = I.model->is_training();
+    I.model->eval();
+    try {
+      done = I.model->generate_batch(rows, sampling_now, streams);
+    } catch (...) {
+      if (training) I.model->train();
+      throw;
+    }
+    if (training) I.model->train();
+  }
+
+  // 2. Rewards for this rank's completions.
+  std::vector<RewardInput> inputs(static_cast<size_t>(per_rank));
+  GrpoStepStats out;
+  for (int64_t c = 0; c < per_rank; ++c) {
+    const GrpoPrompt& p = prompts[static_cast<size_t>(c / g)];
+    RewardInput& r = inputs[static_cast<size_t>(c)];
+    const auto& tokens = done[static_cast<size_t>(c)].tokens;
+    r.prompt = I.tokenizer->decode(std::vector<int32_t>(p.ids.begin(), p.ids.end()));
+    r.completion = I.tokenizer->decode(std::vector<int32_t>(tokens.begin(), tokens.end()));
+    r.completion_ids = tokens;
+    r.columns = p.columns;
+    out.completions.push_back(r.completion);
+  }
+  const at::Tensor per_function = train::score_completions(rewards, inputs, g);  // [n, F]
+
+  // 3. Advantages: groups are whole on this rank; the batch's std (scale_rewards batch) and
+  // the logged statistics are over every rank's completions.
+  const std::string scale = I.grpo_options.scale_rewards;
+  train::GroupAdvantages adv = train::group_advantages(
+      per_function, weights, g, scale == "batch" ? std::string("none") : scale);
+  const at::Tensor r = adv.rewards;  // [n] fp64, NaN: unscored
+  const at::Tensor scored = r.isnan().logical_not();
+  const at::Tensor r0 = at::where(scored, r, at::zeros_like(r));
+  const int64_t f = per_function.size(1);
+  std::vector<double> sums{r0.sum().item<double>(), r0.pow(2).sum().item<double>(),
+                           scored.sum().item<double>()};
+  for (int64_t j = 0; j < f; ++j) {
+    const at::Tensor col = per_function.select(1, j);
+    const at::Tensor ok = col.isnan().logical_not();
+    const at::Tensor c0 = at::where(ok, col, at::zeros_like(col));
+    sums.push_back(c0.sum().item<double>());
+    sums.push_back(c0.pow(2).sum().item<double>());
+    sums.push_back(ok.sum().item<double>());
+  }
+  // Completion lengths and truncation, and the loss's counted tokens.
+  std::vector<int64_t> lengths;
+  std::vector<bool> truncated;
+  double length_sum = 0, terminated_sum = 0, terminated = 0, counted = 0;
+  double min_length = std::numeric_limits<double>::infinity(), max_length = 0;
+  double min_terminated = std::numeric_limits<double>::infinity(), max_terminated = 0;
+  for (const Generated& d : done) {
+    const auto n = static_cast<double>(d.tokens.size());
+    lengths.push_back(static_cast<int64_t>(d.tokens.size()));
+    truncated.push_back(!d.stopped);
+    length_sum += n;
+    min_length = std::min(min_length, n);
+    max_length = std::max(max_length, n);
+    if (d.stopped) {
+      terminated += 1;
+      terminated_sum += n;
+      min_terminated = std::min(min_terminated, n);
+      max_terminated = std::max(max_terminated, n);
+    }
+    if (d.stopped || !I.grpo_options.mask_truncated_completions) counted += n;
+  }
+  sums.insert(sums.end(),
+              {length_sum, terminated, terminated_sum, counted, adv.std_zero.sum().item<double>()});
+  const std::vector<double> global = comm::reduce_scalars(*I.comm, sums);
+  const std::vector<double> extremes = comm::reduce_scalars(
+      *I.comm, {-min_length, max_length, -min_terminated, max_terminated}, ReduceOp::kMax);
+  const double completions = static_cast<double>(per_rank * I.world);
+  const auto mean_std = [](double s, double sq, double n) {
+    const double mean = n > 0 ? s / n : NAN;
+    const double var = n > 1 ? (sq - n * mean * mean) / (n - 1) : NAN;
+    return std::pair<double, double>{mean, std::sqrt(std::max(0.0, var))};
+  };
+  const auto [reward_mean, reward_std] = mean_std(global[0], global[1], global[2]);
+  at::Tensor advantages = adv.advantages;
+  if (scale == "batch") {
+    advantages = adv.advantages / (reward_std + 1e-4);
+    advantages = at::nan_to_num(advantages, 0.0);
+  }
+  out.metrics["reward"] = reward_mean;
+  out.metrics["reward_std"] = reward_std;
+  for (int64_t j = 0; j < f; ++j) {
+    const auto [m, s] =
+        mean_std(global[static_cast<size_t>(3 + 3 * j)], global[static_cast<size_t>(4 + 3 * j)],
+                 global[static_cast<size_t>(5 + 3 * j)]);
+    const std::string& name = rewards[static_cast<size_t>(j)].name;
+    out.metrics["rewards/" + name + "/mean"] = m;
+    out.metrics["rewards/" + name + "/std"] = s;
+  }
+  const size_t k = static_cast<size_t>(3 + 3 * f);
+  const double all_terminated = global[k + 1];
+  out.metrics["completions/mean_length"] = global[k] / completions;
+  out.metrics["completions/min_length"] = -extremes[0];
+  out.metrics["completions/max_length"] = extremes[1];
+  out.metrics["completions/clipped_ratio"] = 1.0 - all_terminated / completions;
+  out.metrics["completions/mean_terminated_length"] =
+      all_terminated > 0 ? global[k + 2] / all_terminated : 0.0;
+  out.metrics["completions/min_terminated_length"] = all_terminated > 0 ? -extremes[2] : 0.0;
+  out.metrics["completions/max_terminated_length"] = all_terminated > 0 ? extremes[3] : 0.0;
+  out.metrics["frac_reward_zero_std"] = global[k + 4] / completions;
+  if (scale == "batch") {
+    out.metrics["frac_reward_zero_std"] = reward_std == 0.0 ? 1.0 : 0.0;
+  }
+  for (int64_t c = 0; c < per_rank; ++c) out.rewards.push_back(r[c].item<double>());
+
+  // 4. The step: micro-batches of per_device_train_batch_size completions, each the prompt
+  // and its completion right-padded, the completion's tokens labelled (none of a truncated
+  // one's with mask_truncated_completions).
+  train::GrpoStepCounts counts;
+  counts.completions = per_rank * I.world;
+  counts.micro_batches = I.batch.accumulation * I.world;
+  counts.generation_tokens = static_cast<int64_t>(global[k + 3]);
+  const double divisor = train::grpo_divisor(I.grpo_options, counts);
+  const at::Device device = I.comm->device();
+  const int64_t mb = I.batch.micro_batch;
+  at::Tensor sums_total = at::zeros({train::kGrpoSums}, at::kDouble);
+  double loss = 0, low_min = std::numeric_limits<double>::infinity(), high_max = 0;
+  bool clip_extremes = false;
+  I.model->train();
+  for (int64_t a = 0; a < I.batch.accumulation; ++a) {
+    int64_t width = 0;
+    for (int64_t i = a * mb; i < (a + 1) * mb; ++i) {
+      width = std::max<int64_t>(width, static_cast<int64_t>(rows[static_cast<size_t>(i)].size()) +
+                                           lengths[static_cast<size_t>(i)]);
+    }
+    at::Tensor ids = at::full({mb, width}, I.pad_id, at::kLong);
+    at::Tensor labels = at::full({mb, width}, kIgnoreLabel, at::kLong);
+    for (int64_t b = 0; b < mb; ++b) {
+      const auto c = static_cast<size_t>(a * mb + b);
+      const auto& p = rows[c];
+      const auto& t = done[c].tokens;
+      const auto np = static_cast<int64_t>(p.size()), nt = static_cast<int64_t>(t.size());
+      ids[b].narrow(0, 0, np).copy_(at::tensor(p, at::kLong));
+      if (nt == 0) continue;
+      ids[b].narrow(0, np, nt).copy_(at::tensor(t, at::kLong));
+      if (!(truncated[c] && I.grpo_options.mask_truncated_completions))
+        labels[b].narrow(0, np, nt).copy_(at::tensor(t, at::kLong));
+    }
+    train::GrpoInputs in;
+    const at::Tensor dev_ids = ids.to(device);
+    in.logps = I.model->label_log_probs(dev_ids, labels);
+    in.mask = labels.ne(kIgnoreLabel).to(at::kFloat).to(device);
+    in.advantages = advantages.narrow(0, a * mb, mb).to(at::kFloat).to(device);
+    if (I.grpo_options.beta != 0.0) in.ref_logps = I.reference_token_log_probs(dev_ids, labels);
+    const train::GrpoLoss l = train::grpo_loss(I.grpo_options, in);
+    I.engine->backward(l.numerator, divisor);
+    I.engine->step();
+    loss += l.numerator.detach().item<double>() / divisor;
+    sums_total += l.sums.to(at::kCPU);
+    if (l.low_clipped.defined()) {
+      clip_extremes = true;
+      low_min = std::min(low_min, at::nan_to_num(l.low_clipped, 1.0).min().item<double>());
+      high_max = std::max(high_max, at::nan_to_num(l.high_clipped, 0.0).max().item<double>());
+    }
+  }
+  std::vector<double> step_sums(sums_total.data_ptr<double>(),
+                                sums_total.data_ptr<double>() + sums_total.numel());
+  step_sums.push_back(loss);
+  const std::vector<double> all = comm::reduce_scalars(*I.comm, step_sums);
+  for (const auto& [name, value] : train::grpo_metrics(
+           I.grpo_options, std::vector<double>(all.begin(), all.end() - 1), false, "")) {
+    out.metrics[name] = value;
+  }
+  if (clip_extremes) {
+    const std::vector<double> e =
+        comm::reduce_scalars(*I.comm, {-low_min, high_max}, ReduceOp::kMax);
+    out.metrics["clip_ratio/low_min"] = -e[0];
+    out.metrics["clip_ratio/high_max"] = e[1];
+  }
+  out.loss = all.back();
+  out.global_step = I.engine->global_step();
+  out.stepped = out.global_step > step;
+  if (out.stepped) {
+    out.skipped = I.engine->last_step_skipped();
+    out.grad_norm = I.engine->last_grad_norm();
+  }
+  I.state.global_step = out.global_step;
+  out.learning_rate = I.engine->learning_rate();
+  out.loss_scale = I.engine->loss_scale();
+  return out;
+}
+
+}  // namespace zt

@@ -1,0 +1,252 @@
+// Generation: batched decoding of prompts of different lengths against transformers' own
+// `generate` (fixtures tests/tools/make_generation_fixtures.py made on the GPU machine), its
+// logits processors against the scores transformers sampled from, and the sampler's
+// independence from the batch a sequence is generated in.
+#include "support/catch.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+#include <limits>
+
+#include "model/sampling.hpp"
+#include "util/files.hpp"
+#include "util/json.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/model.hpp"
+#include "zerotrain/peft.hpp"
+
+using namespace zt;
+
+namespace {
+
+std::string fixture(const std::string& rel) {
+  return std::string(ZT_FIXTURES) + "/" + rel;
+}
+
+std::shared_ptr<CausalLM> tiny_llama() {
+  ModelConfig c = load_model_config(fixture("models/llama"));
+  auto model = std::make_shared<CausalLM>(c, at::TensorOptions().dtype(at::kFloat), false);
+  load_weights(*model, *checkpoint_source(fixture("models/llama")));
+  return model;
+}
+
+std::vector<int64_t> ints(const rapidjson::Value& a) {
+  std::vector<int64_t> out;
+  for (const auto& v : a.GetArray()) out.push_back(v.GetInt64());
+  return out;
+}
+
+// A [rows, cols] float tensor of a JSON matrix (null: -inf).
+at::Tensor matrix(const rapidjson::Value& a) {
+  std::vector<float> flat;
+  int64_t rows = 0, cols = 0;
+  for (const auto& row : a.GetArray()) {
+    ++rows;
+    cols = row.Size();
+    for (const auto& v : row.GetArray())
+      flat.push_back(v.IsNull() ? -std::numeric_limits<float>::infinity() : v.GetFloat());
+  }
+  return at::tensor(flat).view({rows, cols});
+}
+
+}  // namespace
+
+TEST_CASE("batched greedy generation of prompts of different lengths is transformers'",
+          "[generate]") {
+  auto model = tiny_llama();
+  const rapidjson::Document doc =
+      json::parse(files::read_text(fixture("generation/greedy.json")), "greedy.json");
+  for (const auto& c : doc["cases"].GetArray()) {
+    INFO(c["name"].GetString());
+    GenerationOptions o;
+    o.max_new_tokens = c["max_new_tokens"].GetInt64();
+    o.eos_token_ids = ints(c["eos_token_ids"]);
+    o.repetition_penalty = c["repetition_penalty"].GetDouble();
+    std::vector<std::vector<int64_t>> prompts;
+    for (const auto& p : c["prompts"].GetArray()) prompts.push_back(ints(p));
+    const std::vector<Generated> got = model->generate_batch(prompts, o);
+    REQUIRE(got.size() == prompts.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("prompt " << i);
+      const std::vector<int64_t> want = ints(c["completions"][static_cast<rapidjson::SizeType>(i)]);
+      CHECK(got[i].tokens == want);
+      const bool ended = !want.empty() && std::find(o.eos_token_ids.begin(), o.eos_token_ids.end(),
+                                                    want.back()) != o.eos_token_ids.end();
+      CHECK(got[i].stopped == ended);
+    }
+  }
+}
+
+TEST_CASE("the logits processors leave transformers' sampling scores", "[generate]") {
+  const rapidjson::Document doc =
+      json::parse(files::read_text(fixture("generation/sampling.json")), "sampling.json");
+  int compared = 0;
+  for (const auto& c : doc["cases"].GetArray()) {
+    INFO(c["name"].GetString());
+    const auto& opt = c["options"];
+    GenerationOptions o;
+    o.do_sample = true;
+    o.temperature = opt["temperature"].GetDouble();
+    o.top_k = opt["top_k"].GetInt64();
+    o.top_p = opt["top_p"].GetDouble();
+    o.min_p = opt["min_p"].IsNull() ? 0.0 : opt["min_p"].GetDouble();
+    o.repetition_penalty = opt["repetition_penalty"].GetDouble();
+    for (const auto& step : c["steps"].GetArray()) {
+      const at::Tensor logits = matrix(step["logits"]);
+      const at::Tensor want = matrix(step["scores"]);
+      at::Tensor seen = at::zeros(logits.sizes(), at::kBool);
+      size_t longest = 0;
+      for (const auto& h : step["history"].GetArray())
+        longest = std::max<size_t>(longest, h.Size());
+      int64_t row = 0;
+      for (const auto& h : step["history"].GetArray()) {
+        for (int64_t t : ints(h)) seen[row][t] = true;
+        // transformers' input_ids hold a padded row's padding (id 0) too, and its repetition
+        // penalty counts it (docs/generation.md): given here, so that the formulas compare.
+        if (h.Size() < longest) seen[row][0] = true;
+        ++row;
+      }
+      const at::Tensor got = model::process_logits(logits, seen, o);
+      // The same tokens filtered out, the same values elsewhere.
+      CHECK(at::equal(got.isinf(), want.isinf()));
+      const at::Tensor kept = want.isinf().logical_not();
+      CHECK(at::allclose(got.masked_select(kept), want.masked_select(kept), 1e-5, 1e-5));
+      ++compared;
+    }
+  }
+  CHECK(compared >= 12);
+}
+
+TEST_CASE("a sequence generates the same tokens alone and in any batch", "[generate]") {
+  auto model = tiny_llama();
+  const std::vector<std::vector<int64_t>> prompts = {
+      {1, 17, 33, 90, 5}, {1, 44}, {1, 3, 99, 120, 7, 8, 9, 10}, {1, 70, 71}};
+  for (bool sample : {false, true}) {
+    INFO("do_sample " << sample);
+    GenerationOptions o;
+    o.max_new_tokens = 10;
+    o.do_sample = sample;
+    o.temperature = 1.5;
+    o.top_p = 0.95;
+    o.seed = 11;
+    o.repetition_penalty = 1.1;
+    const std::vector<Generated> together = model->generate_batch(prompts, o, {5, 6, 7, 8});
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const auto alone = model->generate_batch({prompts[i]}, o, {5 + i});
+      CHECK(alone[0].tokens == together[i].tokens);
+    }
+    // Reversed order, other batch mates: the streams decide.
+    const auto reversed = model->generate_batch({prompts[3], prompts[0]}, o, {8, 5});
+    CHECK(reversed[0].tokens == together[3].tokens);
+    CHECK(reversed[1].tokens == together[0].tokens);
+    if (sample) {  // another seed draws another completion
+      o.seed = 12;
+      CHECK(model->generate_batch(prompts, o, {5, 6, 7, 8})[2].tokens != together[2].tokens);
+    }
+  }
+}
+
+TEST_CASE("finished sequences leave the batch and the others go on", "[generate]") {
+  auto model = tiny_llama();
+  const std::vector<std::vector<int64_t>> prompts = {{1, 17, 33}, {1, 44, 45, 46, 47}};
+  GenerationOptions o;
+  o.max_new_tokens = 8;
+  const auto free_run = model->generate_batch(prompts, o);
+  // Row 0 stops at its third token; row 1 continues as it would alone.
+  o.eos_token_ids = {free_run[0].tokens[2]};
+  const auto stopped = model->generate_batch(prompts, o);
+  CHECK(stopped[0].tokens ==
+        std::vector<int64_t>(free_run[0].tokens.begin(), free_run[0].tokens.begin() + 3));
+  CHECK(stopped[0].stopped);
+  const auto& row1 = free_run[1].tokens;
+  const auto cut = std::find(row1.begin(), row1.end(), o.eos_token_ids[0]);
+  CHECK(stopped[1].tokens == std::vector<int64_t>(row1.begin(), cut == row1.end() ? cut : cut + 1));
+  CHECK(stopped[1].stopped == (cut != row1.end()));
+}
+
+TEST_CASE("adapters generate padded batches as they generate each prompt alone", "[generate]") {
+  const std::vector<std::vector<int64_t>> prompts = {{1, 17, 33, 90, 5, 6}, {1, 44}};
+  for (FinetuningType type :
+       {FinetuningType::kLora, FinetuningType::kPTuning, FinetuningType::kPrefix}) {
+    INFO("method " << static_cast<int>(type));
+    auto model = tiny_llama();
+    PeftConfig peft;
+    peft.type = type;
+    peft.prompt.num_virtual_tokens = 3;
+    apply_peft(*model, peft, 5);
+    {
+      at::NoGradGuard no_grad;  // adapters that matter (LoRA's B starts at zero)
+      for (auto& p : model->named_parameters()) {
+        if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.3);
+      }
+    }
+    GenerationOptions o;
+    o.max_new_tokens = 6;
+    const auto together = model->generate_batch(prompts, o);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      CHECK(model->generate_batch({prompts[i]}, o)[0].tokens == together[i].tokens);
+    }
+    // The adapter takes part: with it off, the completions differ.
+    model->set_adapters_enabled(false);
+    const auto base = model->generate_batch(prompts, o);
+    model->set_adapters_enabled(true);
+    CHECK((base[0].tokens != together[0].tokens || base[1].tokens != together[1].tokens));
+  }
+}
+
+TEST_CASE("generation refuses bad options and prompts before generating", "[generate]") {
+  auto model = tiny_llama();
+  const std::vector<std::vector<int64_t>> ok = {{1, 2, 3}};
+  const auto refuses = [&](GenerationOptions o, const std::string& what) {
+    o.do_sample = true;
+    CHECK_THROWS_WITH(model->generate_batch(ok, o), Catch::Contains(what));
+  };
+  GenerationOptions o;
+  o.temperature = 0;
+  refuses(o, "temperature");
+  o = {};
+  o.top_p = 1.5;
+  refuses(o, "top_p");
+  o = {};
+  o.min_p = -0.1;
+  refuses(o, "min_p");
+  o = {};
+  o.top_k = -1;
+  refuses(o, "top_k");
+  o = {};
+  o.repetition_penalty = std::nan("");
+  refuses(o, "repetition_penalty");
+  o = {};
+  o.max_new_tokens = -2;
+  refuses(o, "max_new_tokens");
+  CHECK_THROWS_WITH(model->generate_batch({{1, 2}, {}}, {}), Catch::Contains("prompt 1 is empty"));
+  CHECK_THROWS_WITH(model->generate_batch({{1, 500}}, {}), Catch::Contains("token id 500"));
+  CHECK_THROWS_WITH(model->generate_batch(ok, {}, {1, 2}), Catch::Contains("streams"));
+}
+
+TEST_CASE("sampling draws depend on the seed, stream and step alone", "[generate]") {
+  const at::Tensor a = model::uniform_draws(3, {0, 1, 2}, 4);
+  const at::Tensor b = model::uniform_draws(3, {2, 1, 0}, 4);
+  CHECK(a[0].item<double>() == b[2].item<double>());
+  CHECK(a[0].item<double>() != a[1].item<double>());
+  CHECK(model::uniform_draws(3, {0}, 5)[0].item<double>() != a[0].item<double>());
+  CHECK(model::uniform_draws(4, {0}, 4)[0].item<double>() != a[0].item<double>());
+  // Inverse-CDF: the token whose probability interval holds u; filtered tokens never.
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const at::Tensor scores =
+      at::tensor({ninf, std::log(0.25f), ninf, std::log(0.75f)}).view({1, 4}).repeat({3, 1});
+  const at::Tensor u = at::tensor({0.1, 0.3, 0.9999}, at::kDouble);
+  const at::Tensor t = model::sample_tokens(scores, u);
+  CHECK(t[0].item<int64_t>() == 1);
+  CHECK(t[1].item<int64_t>() == 3);
+  CHECK(t[2].item<int64_t>() == 3);
+  // Over many draws the frequencies follow the probabilities.
+  std::vector<uint64_t> streams(4000);
+  for (size_t i = 0; i < streams.size(); ++i) streams[i] = i;
+  const at::Tensor many = model::sample_tokens(scores.narrow(0, 0, 1).repeat({4000, 1}),
+                                               model::uniform_draws(9, streams, 0));
+  const double share = many.eq(1).to(at::kDouble).mean().item<double>();
+  CHECK(share == Approx(0.25).margin(0.03));
+}

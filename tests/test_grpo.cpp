@@ -1,0 +1,724 @@
+// GRPO's losses and advantages against TRL's own code (fixtures by
+// tests/tools/make_grpo_fixtures.py, which runs GRPOTrainer._compute_loss and its advantage
+// block unchanged), for every loss_type; and the step's loss independent of how the batch is
+// cut into micro-batches and ranks.
+#include "support/catch.hpp"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "support/jobs.hpp"
+#include "support/ranks.hpp"
+#include "train/grpo.hpp"
+#include "train/rewards.hpp"
+#include "util/files.hpp"
+#include "util/json.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/safetensors.hpp"
+#include "zerotrain/trainer.hpp"
+
+using namespace zt;
+using train::GrpoOptions;
+
+namespace {
+
+std::string fixture(const std::string& rel) {
+  return std::string(ZT_FIXTURES) + "/" + rel;
+}
+
+// A JSON array of numbers or of arrays of numbers as an fp64 tensor (null: NaN).
+at::Tensor tensor_of(const rapidjson::Value& a) {
+  std::vector<double> flat;
+  std::vector<int64_t> shape{static_cast<int64_t>(a.Size())};
+  for (const auto& v : a.GetArray()) {
+    if (v.IsArray()) {
+      if (shape.size() == 1) shape.push_back(v.Size());
+      for (const auto& x : v.GetArray()) flat.push_back(x.IsNull() ? NAN : x.GetDouble());
+    } else {
+      flat.push_back(v.IsNull() ? NAN : v.GetDouble());
+    }
+  }
+  return at::tensor(flat, at::kDouble).view(shape);
+}
+
+GrpoOptions options_of(const rapidjson::Value& o) {
+  GrpoOptions g;
+  g.loss_type = o["loss_type"].GetString();
+  g.beta = o["beta"].GetDouble();
+  g.epsilon = o["epsilon"].GetDouble();
+  g.epsilon_high = o["epsilon_high"].GetDouble();
+  if (o.HasMember("delta") && !o["delta"].IsNull()) g.delta = o["delta"].GetDouble();
+  g.importance_sampling_level = o["importance_sampling_level"].GetString();
+  g.max_completion_length = o["max_completion_length"].GetInt64();
+  if (o.HasMember("use_bias_correction_kl"))
+    g.use_bias_correction_kl = o["use_bias_correction_kl"].GetBool();
+  if (o.HasMember("sapo_temperature_pos"))
+    g.sapo_temperature_pos = o["sapo_temperature_pos"].GetDouble();
+  if (o.HasMember("sapo_temperature_neg"))
+    g.sapo_temperature_neg = o["sapo_temperature_neg"].GetDouble();
+  return g;
+}
+
+struct Case {
+  std::string name;
+  GrpoOptions o;
+  train::GrpoInputs in;
+  at::Tensor logps;
+};
+
+Case load_case(const rapidjson::Value& c) {
+  Case k;
+  k.name = c["name"].GetString();
+  k.o = options_of(c["options"]);
+  k.logps = tensor_of(c["logps"]).requires_grad_(true);
+  k.in.logps = k.logps;
+  k.in.old_logps = tensor_of(c["old_logps"]);
+  k.in.ref_logps = tensor_of(c["ref_logps"]);
+  k.in.mask = tensor_of(c["mask"]);
+  k.in.advantages = tensor_of(c["advantages"]);
+  k.in.entropies = tensor_of(c["entropies"]);
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE("every GRPO loss_type gives TRL's loss, gradient and metrics", "[grpo]") {
+  const rapidjson::Document doc =
+      json::parse(files::read_text(fixture("grpo/loss.json")), "loss.json");
+  int cases = 0;
+  for (const auto& c : doc["cases"].GetArray()) {
+    Case k = load_case(c);
+    INFO(k.name);
+    train::check_grpo_options(k.o);
+    const train::GrpoLoss l = train::grpo_loss(k.o, k.in);
+    // One micro-batch on one rank: the step's counts are this batch's.
+    train::GrpoStepCounts counts{k.in.mask.size(0), 1, k.in.mask.sum().item<int64_t>()};
+    const at::Tensor loss = l.numerator / train::grpo_divisor(k.o, counts);
+    CHECK(loss.item<double>() == Approx(c["loss"].GetDouble()).epsilon(1e-10).margin(1e-12));
+    loss.backward();
+    const at::Tensor want = tensor_of(c["grad"]);
+    CHECK((k.logps.grad() - want).abs().max().item<double>() < 1e-12);
+    std::vector<double> sums(l.sums.data_ptr<double>(), l.sums.data_ptr<double>() + l.sums.numel());
+    const auto metrics = train::grpo_metrics(k.o, sums, true, "");
+    const auto& want_metrics = c["metrics"];
+    for (const auto& [name, value] : metrics) {
+      INFO(name);
+      REQUIRE(want_metrics.HasMember(name.c_str()));
+      CHECK(value == Approx(want_metrics[name.c_str()].GetDouble()).epsilon(1e-6).margin(1e-7));
+    }
+    for (const char* name : {"clip_ratio/low_min", "clip_ratio/high_max"}) {
+      if (!want_metrics.HasMember(name)) continue;
+      const at::Tensor& per =
+          std::string(name) == "clip_ratio/low_min" ? l.low_clipped : l.high_clipped;
+      const double v = std::string(name) == "clip_ratio/low_min" ? per.min().item<double>()
+                                                                 : per.max().item<double>();
+      CHECK(v == Approx(want_metrics[name].GetDouble()).epsilon(1e-6).margin(1e-7));
+    }
+    // Every metric TRL logged (entropy, kl, clip ratios) is one of ours.
+    for (const auto& m : want_metrics.GetObject()) {
+      const std::string name = m.name.GetString();
+      if (name == "clip_ratio/low_min" || name == "clip_ratio/high_max") continue;
+      CHECK(metrics.count(name) == 1);
+    }
+    ++cases;
+  }
+  CHECK(cases >= 12);
+}
+
+TEST_CASE("GRPO advantages are TRL's for every scale_rewards, weights and missing rewards",
+          "[grpo]") {
+  const rapidjson::Document doc =
+      json::parse(files::read_text(fixture("grpo/advantages.json")), "advantages.json");
+  for (const auto& c : doc["cases"].GetArray()) {
+    INFO(c["name"].GetString());
+    std::vector<double> weights;
+    for (const auto& w : c["weights"].GetArray()) weights.push_back(w.GetDouble());
+    const auto a =
+        train::group_advantages(tensor_of(c["rewards_per_func"]), weights,
+                                c["num_generations"].GetInt64(), c["scale_rewards"].GetString());
+    const at::Tensor want = tensor_of(c["advantages"]);
+    CHECK((a.advantages - want).abs().max().item<double>() < 1e-9);
+    const at::Tensor rewards = tensor_of(c["rewards"]);
+    CHECK(at::equal(a.rewards.isnan(), rewards.isnan()));
+    CHECK(at::allclose(at::nan_to_num(a.rewards, 0.0), at::nan_to_num(rewards, 0.0)));
+    std::vector<int64_t> zero;
+    for (const auto& z : c["std_zero"].GetArray()) zero.push_back(z.GetBool());
+    CHECK(at::equal(a.std_zero.to(at::kLong), at::tensor(zero, at::kLong)));
+  }
+}
+
+TEST_CASE("a GRPO step's loss is the same however its completions are cut into micro-batches",
+          "[grpo]") {
+  const rapidjson::Document doc =
+      json::parse(files::read_text(fixture("grpo/loss.json")), "loss.json");
+  for (const auto& c : doc["cases"].GetArray()) {
+    Case k = load_case(c);
+    if (k.o.loss_type == "bnpo") continue;  // TRL's bnpo is a mean of micro-batch token means
+    INFO(k.name);
+    const int64_t b = k.in.mask.size(0);
+    const train::GrpoStepCounts counts{b, 1, k.in.mask.sum().item<int64_t>()};
+    const double whole =
+        (train::grpo_loss(k.o, k.in).numerator / train::grpo_divisor(k.o, counts)).item<double>();
+    for (int64_t parts : {2, 3, 6}) {
+      INFO(parts << " micro-batches");
+      const train::GrpoStepCounts cut{b, parts, counts.generation_tokens};
+      double sum = 0;
+      for (int64_t p = 0; p < parts; ++p) {
+        train::GrpoInputs in;
+        const int64_t n = b / parts;
+        in.logps = k.in.logps.narrow(0, p * n, n);
+        in.old_logps = k.in.old_logps.narrow(0, p * n, n);
+        in.ref_logps = k.in.ref_logps.narrow(0, p * n, n);
+        in.mask = k.in.mask.narrow(0, p * n, n);
+        in.advantages = k.in.advantages.narrow(0, p * n, n);
+        sum += (train::grpo_loss(k.o, in).numerator / train::grpo_divisor(k.o, cut)).item<double>();
+      }
+      CHECK(sum == Approx(whole).epsilon(1e-12).margin(1e-14));
+    }
+  }
+}
+
+TEST_CASE("GRPO options out of range are refused with the option named", "[grpo]") {
+  const auto refused = [](GrpoOptions o, const std::string& what) {
+    CHECK_THROWS_AS(train::check_grpo_options(o), ConfigError);
+    CHECK_THROWS_WITH(train::check_grpo_options(o), Catch::Contains(what));
+  };
+  GrpoOptions o;
+  o.loss_type = "ppo";
+  refused(o, "loss_type 'ppo'");
+  o = {};
+  o.loss_type = "vespo";
+  refused(o, "vespo");
+  o = {};
+  o.num_generations = 1;
+  refused(o, "num_generations 1");
+  o = {};
+  o.importance_sampling_level = "batch";
+  refused(o, "importance_sampling_level");
+  o = {};
+  o.scale_rewards = "yes";
+  refused(o, "scale_rewards");
+  o = {};
+  o.beta = -1;
+  refused(o, "beta");
+  o = {};
+  o.epsilon = 1.5;
+  refused(o, "epsilon 1.5");
+  o = {};
+  o.delta = 0.0;
+  refused(o, "delta");
+  o = {};
+  o.loss_type = "luspo";
+  refused(o, "importance_sampling_level sequence");
+  o = {};
+  CHECK_NOTHROW(train::check_grpo_options(o));
+  // Rewards that are not whole groups, or weights that do not match the functions.
+  CHECK_THROWS_WITH(train::group_advantages(at::zeros({5, 1}, at::kDouble), {}, 2, "group"),
+                    Catch::Contains("num_generations 2"));
+  CHECK_THROWS_WITH(train::group_advantages(at::zeros({4, 2}, at::kDouble), {1.0}, 2, "group"),
+                    Catch::Contains("reward_weights"));
+}
+
+namespace {
+
+std::vector<std::optional<double>> score(const std::string& spec,
+                                         const std::vector<train::RewardInput>& in) {
+  return builtin_reward(spec, "reward_funcs").fn(in);
+}
+
+train::RewardInput completion(const std::string& text, std::vector<int64_t> ids = {},
+                              std::map<std::string, std::string> columns = {}) {
+  train::RewardInput r;
+  r.completion = text;
+  r.completion_ids = std::move(ids);
+  r.columns = std::move(columns);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("the built-in rewards score as TRL's and DAPO's definitions", "[grpo][rewards]") {
+  // TRL's repetition_penalty_reward docstring: n-grams of 2, max_penalty -1.
+  auto r = score("repetition:2:-1", {completion("", {1, 2, 3, 4}), completion("", {5, 5, 5, 5, 5}),
+                                     completion("", {7})});
+  CHECK(*r[0] == 0.0);
+  CHECK(*r[1] == Approx(-0.75));
+  CHECK(*r[2] == 0.0);
+  // TRL's think_format_reward docstring, and a second <think>.
+  r = score("think_format",
+            {completion("<think>\nThis is my reasoning.\n</think>\nThis is my answer."),
+             completion("<think>\nThis is my reasoning.\nThis is my answer."),
+             completion("<think>a</think><think>b</think>"), completion(" <think>a</think>")});
+  CHECK(*r[0] == 1.0);
+  CHECK(*r[1] == 0.0);
+  CHECK(*r[2] == 0.0);
+  CHECK(*r[3] == 0.0);
+  // DAPO's soft overlong punishment, MAX 100, CACHE 20: 0 to 80 tokens, then linear to -1.
+  r = score("overlong:100:20",
+            {completion("", std::vector<int64_t>(80)), completion("", std::vector<int64_t>(90)),
+             completion("", std::vector<int64_t>(100)), completion("", std::vector<int64_t>(101))});
+  CHECK(*r[0] == 0.0);
+  CHECK(*r[1] == Approx(-0.5));
+  CHECK(*r[2] == Approx(-1.0));
+  CHECK(*r[3] == -1.0);
+  // A format pattern, matched from the start with "." across lines.
+  r = score(
+      "format:<think>.*?</think>\\s*<answer>.*?</answer>$",
+      {completion("<think>\nx\n</think>\n<answer>4</answer>"), completion("<answer>4</answer>"),
+       completion("junk <think>x</think><answer>4</answer>")});
+  CHECK(*r[0] == 1.0);
+  CHECK(*r[1] == 0.0);
+  CHECK(*r[2] == 0.0);
+}
+
+TEST_CASE("the accuracy reward reads GSM8K, boxed and plain answers", "[grpo][rewards]") {
+  const std::map<std::string, std::string> gsm{
+      {"answer", "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 1,072"}};
+  auto r = score(
+      "accuracy",
+      {completion("So the total is 1072.", {}, gsm), completion("It is 1,072 clips.", {}, gsm),
+       completion("The answer is \\boxed{1072}. Check: 5 + 5 = 10", {}, gsm),
+       completion("I think 1072, no wait, 1071", {}, gsm), completion("no idea", {}, gsm),
+       completion("\\boxed{\\frac{1}{2}}", {}, {{"solution", "The result is $\\boxed{0.5}$"}}),
+       completion("\\boxed{x^2 + 1}", {}, {{"solution", "\\boxed{x^2+1}"}}),
+       completion("12", {}, {}), completion("-3.50", {}, {{"answer", "-3.5"}})});
+  CHECK(*r[0] == 1.0);
+  CHECK(*r[1] == 1.0);
+  CHECK(*r[2] == 1.0);  // the boxed answer, not the last number
+  CHECK(*r[3] == 0.0);
+  CHECK(*r[4] == 0.0);
+  CHECK(*r[5] == 1.0);
+  CHECK(*r[6] == 1.0);
+  CHECK_FALSE(r[7].has_value());  // no reference: unscored
+  CHECK(*r[8] == 1.0);
+  CHECK(train::reference_answer("a\n#### 18") == "18");
+  CHECK(train::completion_answer("costs $1,234.50 total") == "1234.50");
+  CHECK_FALSE(train::same_answer("", ""));
+}
+
+TEST_CASE("a reward function that fails is named with the completion and prompt",
+          "[grpo][rewards]") {
+  std::vector<train::RewardInput> in(6);
+  const auto fn = [](std::function<std::vector<std::optional<double>>(size_t)> f) {
+    return train::RewardFunction{
+        "mine", [f](const std::vector<train::RewardInput>& x) { return f(x.size()); }};
+  };
+  // NaN at completion 4: prompt 2 with 2 generations each.
+  auto nan_at_4 = fn([](size_t n) {
+    std::vector<std::optional<double>> v(n, 1.0);
+    v[4] = NAN;
+    return v;
+  });
+  CHECK_THROWS_WITH(
+      train::score_completions({nan_at_4}, in, 2),
+      Catch::Contains("'mine'") && Catch::Contains("completion 4") && Catch::Contains("prompt 2"));
+  auto short_list = fn([](size_t n) { return std::vector<std::optional<double>>(n - 1, 0.0); });
+  CHECK_THROWS_WITH(train::score_completions({short_list}, in, 2),
+                    Catch::Contains("returned 5 rewards for 6"));
+  auto throws = fn([](size_t) -> std::vector<std::optional<double>> {
+    throw std::runtime_error("service down");
+  });
+  CHECK_THROWS_WITH(train::score_completions({throws}, in, 2), Catch::Contains("service down"));
+  auto infinite = fn([](size_t n) {
+    std::vector<std::optional<double>> v(n, 0.0);
+    v[0] = INFINITY;
+    return v;
+  });
+  CHECK_THROWS_WITH(train::score_completions({infinite}, in, 3), Catch::Contains("prompt 0"));
+  // None is a NaN entry; the other function's rewards stay.
+  auto none_at_1 = fn([](size_t n) {
+    std::vector<std::optional<double>> v(n, 2.0);
+    v[1] = std::nullopt;
+    return v;
+  });
+  const at::Tensor s =
+      train::score_completions({none_at_1, builtin_reward("repetition:2:-1", "x")}, in, 2);
+  CHECK(s.sizes() == at::IntArrayRef({6, 2}));
+  CHECK(std::isnan(s[1][0].item<double>()));
+  CHECK(s[0][0].item<double>() == 2.0);
+  CHECK(s[1][1].item<double>() == 0.0);
+  // Spec errors name the option.
+  CHECK_THROWS_WITH(builtin_reward("overlong:10", "reward_funcs"),
+                    Catch::Contains("reward_funcs") && Catch::Contains("MAX and CACHE"));
+  CHECK_THROWS_WITH(builtin_reward("repetition:3:0.5", "reward_funcs"), Catch::Contains("PENALTY"));
+  CHECK_THROWS_WITH(builtin_reward("format:a(?=x)", "reward_funcs"), Catch::Contains("RE2"));
+  CHECK_THROWS_WITH(builtin_reward("magic", "reward_funcs"), Catch::Contains("accuracy"));
+}
+
+namespace {
+
+// GRPO runs of the tiny byte-level model (kTinyModel): 4 prompts a step, 2 completions each.
+std::vector<std::string> grpo_flags(const std::string& dir, int64_t micro, int64_t accum,
+                                    const std::vector<std::string>& extra) {
+  std::vector<std::string> f{"--model_config",
+                             test::kTinyModel,
+                             "--output_dir",
+                             dir,
+                             "--stage",
+                             "grpo",
+                             "--num_generations",
+                             "2",
+                             "--max_completion_length",
+                             "6",
+                             "--max_steps",
+                             "3",
+                             "--learning_rate",
+                             "0.02",
+                             "--seed",
+                             "4",
+                             "--max_grad_norm",
+                             "0",
+                             "--per_device_train_batch_size",
+                             std::to_string(micro),
+                             "--gradient_accumulation_steps",
+                             std::to_string(accum),
+                             "--logging_steps",
+                             "1",
+                             "--save_steps",
+                             "100"};
+  f.insert(f.end(), extra.begin(), extra.end());
+  return f;
+}
+
+// Step s's prompts (the global batch's, in order): byte ids of a short question.
+std::vector<GrpoPrompt> grpo_prompts(int64_t step) {
+  std::vector<GrpoPrompt> out;
+  for (int64_t p = 0; p < 4; ++p) {
+    const std::string q = fmt::format("Q{}: {} + {} =", step, p + 2, 3 * p + step);
+    GrpoPrompt g;
+    g.ids.push_back(256);  // bos
+    for (unsigned char c : q) g.ids.push_back(c);
+    if (p % 2 == 1) g.ids.push_back('?');  // prompts of different lengths
+    g.columns["answer"] = std::to_string(p + 2 + 3 * p + step);
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+// A reward that sees the completion's tokens: the share of them below 128 (ASCII).
+RewardFunction ascii_share() {
+  return {"ascii", [](const std::vector<RewardInput>& batch) {
+            std::vector<std::optional<double>> out;
+            for (const RewardInput& r : batch) {
+              double n = 0;
+              for (int64_t t : r.completion_ids) n += t < 128;
+              out.push_back(r.completion_ids.empty() ? 0.0 : n / r.completion_ids.size());
+            }
+            return out;
+          }};
+}
+
+}  // namespace
+
+TEST_CASE("rank: grpo steps", "[.rank]") {
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  const int world = comm->world_size(), rank = comm->rank();
+  const int64_t micro = std::atoi(std::getenv("ZT_MICRO"));
+  const int64_t per_rank = 8 / world, accum = per_rank / micro;
+  TrainingArguments args;
+  apply_training_flags(args, grpo_flags(std::getenv("ZT_DIR"), micro, accum,
+                                        test::split_flags(std::getenv("ZT_FLAGS"))));
+  Trainer trainer(args, comm);
+  std::ofstream out;
+  if (rank == 0) out.open(std::string(std::getenv("ZT_DIR")) + "/steps.txt");
+  for (int64_t step = 0; step < 3; ++step) {
+    const std::vector<GrpoPrompt> all = grpo_prompts(step);
+    const int64_t mine = 4 / world;
+    const std::vector<GrpoPrompt> prompts(all.begin() + rank * mine,
+                                          all.begin() + (rank + 1) * mine);
+    const GrpoStepStats s =
+        trainer.train_grpo_step(prompts, {ascii_share(), builtin_reward("repetition:2:-1")});
+    CHECK(s.stepped);
+    CHECK(s.completions.size() == static_cast<size_t>(per_rank));
+    if (rank == 0) {
+      out << fmt::format("{:.12g}", s.loss);
+      for (const auto& [name, value] : s.metrics) out << fmt::format(" {}={:.10g}", name, value);
+      out << "\n";
+    }
+  }
+  trainer.export_model(std::string(std::getenv("ZT_DIR")) + "/model");
+}
+
+TEST_CASE("GRPO steps are the same at world 1, 2 and 4 and under ZeRO 0-2", "[grpo][trainer]") {
+  if (test::skip_cpu_world(4)) return;
+  const std::string dir = test::temp_dir("grpo-worlds");
+  for (const std::string& setting :
+       {std::string("--finetuning_type full --pref_beta 0.05 --loss_type grpo"),
+        std::string("--finetuning_type lora --lora_r 4 --pref_beta 0.1 --loss_type dapo"),
+        std::string("--finetuning_type full --loss_type bnpo --scale_rewards batch"),
+        std::string("--finetuning_type lora --lora_r 4 --loss_type dr_grpo "
+                    "--importance_sampling_level sequence --mask_truncated_completions true")}) {
+    INFO(setting);
+    std::string reference_steps;
+    std::map<std::string, at::Tensor> reference_model;
+    // bnpo averages micro-batch token means (TRL's definition), so it compares runs of one
+    // micro-batch size; the other losses any split.
+    const bool bnpo = setting.find("bnpo") != std::string::npos;
+    const std::vector<std::tuple<int, int64_t, int>> runs =
+        bnpo ? std::vector<std::tuple<int, int64_t, int>>{{1, 2, 0}, {2, 2, 2}, {4, 2, 1}}
+             : std::vector<std::tuple<int, int64_t, int>>{
+                   {1, 2, 0}, {2, 2, 2}, {4, 1, 1}, {2, 1, 0}};
+    for (const auto& [world, micro, stage] : runs) {
+      INFO("world " << world << ", micro " << micro << ", stage " << stage);
+      const std::string out = fmt::format("{}/w{}-m{}-s{}-{}", dir, world, micro, stage,
+                                          std::hash<std::string>()(setting));
+      std::vector<std::string> flags;
+      std::istringstream words(setting);
+      for (std::string w; words >> w;) flags.push_back(w);
+      flags.push_back("--deepspeed");
+      flags.push_back(fmt::format(R"({{"zero_optimization": {{"stage": {}}}}})", stage));
+      test::run_ranks(world, "rank: grpo steps", std::chrono::seconds(240),
+                      {{"ZT_DIR", out},
+                       {"ZT_MICRO", std::to_string(micro)},
+                       {"ZT_FLAGS", test::join_flags(flags)}});
+      const std::string steps = files::read_text(out + "/steps.txt");
+      std::map<std::string, at::Tensor> model;
+      for (const std::string file : {"adapter_model.safetensors", "model.safetensors"}) {
+        if (!std::filesystem::exists(out + "/model/" + file)) continue;
+        const SafetensorsFile st(out + "/model/" + file);
+        for (const std::string& name : st.names()) model[name] = st.load(name);
+      }
+      REQUIRE(!model.empty());
+      if (reference_steps.empty()) {
+        reference_steps = steps;
+        reference_model = model;
+        continue;
+      }
+      // The numbers agree to rounding: compare them field by field.
+      std::istringstream a(reference_steps), b(steps);
+      std::string x, y;
+      while (a >> x && b >> y) {
+        const auto ex = x.find('='), ey = y.find('=');
+        CHECK(x.substr(0, ex + 1) == y.substr(0, ey + 1));
+        const double vx = std::stod(x.substr(ex + 1)), vy = std::stod(y.substr(ey + 1));
+        INFO(x << " vs " << y);
+        CHECK(vy == Approx(vx).epsilon(1e-4).margin(1e-6));
+      }
+      for (const auto& [name, t] : reference_model) {
+        INFO(name);
+        REQUIRE(model.count(name) == 1);
+        CHECK((model.at(name).to(at::kFloat) - t.to(at::kFloat)).abs().max().item<double>() < 1e-4);
+      }
+    }
+  }
+}
+
+TEST_CASE("GRPO learns from a reward alone", "[grpo][trainer]") {
+  // The reward: the share of a completion's tokens that are ASCII bytes (about half at the
+  // start, for a random model over 259 ids).
+  const std::string dir = test::temp_dir("grpo-learns");
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  TrainingArguments args;
+  apply_training_flags(args, grpo_flags(dir, 8, 2,
+                                        {"--num_generations", "4", "--max_completion_length", "8",
+                                         "--learning_rate", "0.03", "--max_steps", "40",
+                                         "--loss_type", "dr_grpo", "--scale_rewards", "none"}));
+  Trainer trainer(args, comm);
+  std::vector<double> rewards;
+  for (int64_t step = 0; step < 24; ++step) {
+    const GrpoStepStats s = trainer.train_grpo_step(grpo_prompts(step), {ascii_share()});
+    rewards.push_back(s.metrics.at("reward"));
+    CHECK(s.metrics.at("rewards/ascii/mean") == Approx(s.metrics.at("reward")));
+  }
+  const double first = (rewards[0] + rewards[1] + rewards[2] + rewards[3]) / 4;
+  const double last = (rewards[20] + rewards[21] + rewards[22] + rewards[23]) / 4;
+  INFO("mean reward " << first << " -> " << last);
+  CHECK(last > first + 0.2);
+}
+
+TEST_CASE("a GRPO step refuses bad prompts, counts and rewards before it updates",
+          "[grpo][trainer]") {
+  const std::string dir = test::temp_dir("grpo-errors");
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  TrainingArguments args;
+  apply_training_flags(args, grpo_flags(dir, 4, 2, {}));
+  Trainer trainer(args, comm);
+  const std::vector<GrpoPrompt> ok = grpo_prompts(0);
+  CHECK_THROWS_WITH(trainer.train_grpo_step({ok[0], ok[1]}, {ascii_share()}),
+                    Catch::Contains("give 4 prompts"));
+  std::vector<GrpoPrompt> bad = ok;
+  bad[2].ids.push_back(900);
+  CHECK_THROWS_WITH(trainer.train_grpo_step(bad, {ascii_share()}),
+                    Catch::Contains("prompt 2") && Catch::Contains("token id 900"));
+  bad = ok;
+  bad[1].ids.assign(125, 65);
+  CHECK_THROWS_WITH(trainer.train_grpo_step(bad, {ascii_share()}),
+                    Catch::Contains("prompt 1") && Catch::Contains("max_completion_length"));
+  bad = ok;
+  bad[3].ids.clear();
+  CHECK_THROWS_WITH(trainer.train_grpo_step(bad, {ascii_share()}),
+                    Catch::Contains("prompt 3 is empty"));
+  CHECK_THROWS_WITH(trainer.train_grpo_step(ok, {}), Catch::Contains("reward function"));
+  const RewardFunction nan_reward{"broken", [](const std::vector<RewardInput>& b) {
+                                    std::vector<std::optional<double>> v(b.size(), 0.5);
+                                    v[5] = NAN;
+                                    return v;
+                                  }};
+  CHECK_THROWS_WITH(trainer.train_grpo_step(ok, {nan_reward}),
+                    Catch::Contains("'broken'") && Catch::Contains("completion 5") &&
+                        Catch::Contains("prompt 2"));
+  // Nothing above stepped: the first good step is step 1.
+  const GrpoStepStats s = trainer.train_grpo_step(ok, {ascii_share()});
+  CHECK(s.global_step == 1);
+  CHECK(s.metrics.count("completions/mean_length") == 1);
+  CHECK(s.metrics.count("clip_ratio/region_mean") == 1);
+  CHECK(s.metrics.count("kl") == 0);  // beta 0: no reference
+}
+
+TEST_CASE("stage grpo refuses options it does not run with, naming them", "[grpo][trainer]") {
+  const std::string dir = test::temp_dir("grpo-options");
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  const auto refused = [&](const std::vector<std::string>& extra, const std::string& what) {
+    TrainingArguments args;
+    apply_training_flags(
+        args, grpo_flags(dir + "/" + std::to_string(std::hash<std::string>()(what)), 4, 2, extra));
+    CHECK_THROWS_WITH(Trainer(args, comm), Catch::Contains(what));
+  };
+  refused({"--deepspeed", R"({"zero_optimization": {"stage": 3}})"}, "ZeRO stage 3");
+  refused({"--num_iterations", "2"}, "num_iterations 2");
+  refused({"--loss_type", "sigmoid"}, "loss_type 'sigmoid'");
+  refused({"--importance_sampling_level", "token", "--loss_type", "luspo"}, "luspo");
+  refused({"--reward_funcs", "accuracy,nonsense"}, "nonsense");
+  refused({"--reward_funcs", "accuracy", "--reward_weights", "1,2"}, "2 weights for 1");
+  // And a preference run refuses GRPO's losses.
+  TrainingArguments dpo;
+  apply_training_flags(dpo,
+                       grpo_flags(dir + "/dpo", 4, 2, {"--stage", "dpo", "--loss_type", "dapo"}));
+  CHECK_THROWS_WITH(Trainer(dpo, comm), Catch::Contains("stage grpo"));
+}
+
+namespace {
+
+// A GRPO prompt file: plain-text prompts and conversational ones, with an answer column.
+std::string write_prompts(const std::string& dir, int count) {
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/prompts.jsonl";
+  std::ofstream f(path);
+  for (int i = 0; i < count; ++i) {
+    if (i % 3 == 2) {
+      f << fmt::format(
+               R"({{"prompt": [{{"role": "user", "content": "What is {} + {}?"}}], "answer": "{}"}})",
+               i, 2 * i, 3 * i)
+        << "\n";
+    } else {
+      f << fmt::format(R"({{"prompt": "Q: {} + 4 =", "answer": "#### {}", "level": {}}})", i, i + 4,
+                       i % 2)
+        << "\n";
+    }
+  }
+  return path;
+}
+
+std::vector<std::string> grpo_file_flags(const std::string& dir, const std::string& out,
+                                         int world) {
+  return {"--model_config",
+          test::kTinyModel,
+          "--train_file",
+          dir + "/prompts.jsonl",
+          "--output_dir",
+          out,
+          "--template",
+          "alpaca",
+          "--stage",
+          "grpo",
+          "--num_generations",
+          "2",
+          "--max_completion_length",
+          "6",
+          "--per_device_train_batch_size",
+          "4",
+          "--gradient_accumulation_steps",
+          std::to_string(2 / world),
+          "--max_steps",
+          "4",
+          "--logging_steps",
+          "1",
+          "--save_steps",
+          "2",
+          "--learning_rate",
+          "0.02",
+          "--seed",
+          "7",
+          "--reward_funcs",
+          "accuracy,repetition:2:-1",
+          "--reward_weights",
+          "1,0.5",
+          "--pref_beta",
+          "0.05",
+          "--finetuning_type",
+          "lora",
+          "--lora_r",
+          "4"};
+}
+
+}  // namespace
+
+TEST_CASE("rank: grpo run", "[.rank]") {
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  TrainingArguments args;
+  apply_training_flags(args, test::split_flags(std::getenv("ZT_FLAGS")));
+  Trainer trainer(args, comm);
+  CHECK(trainer.train().global_step == args.max_steps);
+}
+
+TEST_CASE("stage grpo trains from a prompt file alike at world 1 and 2, and resumes mid-run",
+          "[grpo][trainer]") {
+  if (test::skip_cpu_world(2)) return;
+  const std::string dir = test::temp_dir("grpo-file");
+  write_prompts(dir, 8);
+  const auto run = [&](int world, const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> flags = grpo_file_flags(dir, dir + "/" + name, world);
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    test::run_ranks(world, "rank: grpo run", std::chrono::seconds(240),
+                    {{"ZT_FLAGS", test::join_flags(flags)}});
+    return dir + "/" + name;
+  };
+  const std::string one = run(1, "one", {});
+  const std::string two = run(2, "two", {});
+  for (const char* key :
+       {"loss", "reward", "reward_std", "rewards/accuracy/mean", "rewards/repetition/mean",
+        "completions/mean_length", "kl", "clip_ratio/region_mean", "frac_reward_zero_std"}) {
+    const auto want = test::logged(one, key), got = test::logged(two, key);
+    INFO(key);
+    REQUIRE(want.size() == 4);
+    for (const auto& [step, value] : want) {
+      INFO("step " << step);
+      CHECK(got.at(step) == Approx(value).epsilon(1e-4).margin(1e-6));
+    }
+  }
+  // The reward is the weighted sum of the functions' means (every completion scored by both).
+  const auto reward = test::logged(one, "reward");
+  const auto accuracy = test::logged(one, "rewards/accuracy/mean");
+  const auto repetition = test::logged(one, "rewards/repetition/mean");
+  for (const auto& [step, value] : reward) {
+    CHECK(value == Approx(accuracy.at(step) + 0.5 * repetition.at(step)).margin(1e-9));
+  }
+  // Resumed from step 2 at the other world size: steps 3 and 4 as the whole run had them.
+  std::filesystem::create_directories(dir + "/resumed");
+  std::filesystem::copy(two + "/checkpoint-2", dir + "/resumed/checkpoint-2",
+                        std::filesystem::copy_options::recursive);
+  const std::string resumed =
+      run(1, "resumed", {"--resume_from_checkpoint", dir + "/resumed/checkpoint-2"});
+  for (const char* key : {"loss", "reward", "kl"}) {
+    for (int64_t step = 3; step <= 4; ++step) {
+      INFO(key << " at step " << step);
+      CHECK(test::logged(resumed, key).at(step) ==
+            Approx(test::logged(one, key).at(step)).epsilon(1e-4).margin(1e-6));
+    }
+  }
+  // A bad row is named with its file and line.
+  std::ofstream(dir + "/prompts.jsonl", std::ios::app) << R"({"question": "no prompt"})"
+                                                       << "\n";
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  TrainingArguments args;
+  apply_training_flags(args, grpo_file_flags(dir, dir + "/bad", 1));
+  CHECK_THROWS_WITH(Trainer(args, comm),
+                    Catch::Contains("prompts.jsonl' line 9") && Catch::Contains("\"prompt\""));
+}
