@@ -17,6 +17,7 @@
 #include "support/jobs.hpp"
 #include "support/ranks.hpp"
 #include "train/grpo.hpp"
+#include "train/reward_process.hpp"
 #include "train/rewards.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
@@ -721,4 +722,100 @@ TEST_CASE("stage grpo trains from a prompt file alike at world 1 and 2, and resu
   apply_training_flags(args, grpo_file_flags(dir, dir + "/bad", 1));
   CHECK_THROWS_WITH(Trainer(args, comm),
                     Catch::Contains("prompts.jsonl' line 9") && Catch::Contains("\"prompt\""));
+}
+
+TEST_CASE("a reward program scores completions over JSON lines, and its failures are named",
+          "[grpo][rewards]") {
+  std::vector<RewardInput> batch(5);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i].prompt = "Q" + std::to_string(i);
+    batch[i].completion = std::string(i, 'x') + "\"quoted\"\n";
+    batch[i].completion_ids = {static_cast<int64_t>(i), 7};
+    batch[i].columns["answer"] = i % 2 ? "odd" : "even";
+  }
+  // A long-lived Python program: the completion's length plus 100 for odd answers, None for
+  // prompt Q3; it counts the lines it has read, so a second batch shows it kept running.
+  const std::string script =
+      "python3 -u -c \"import sys, json\n"
+      "seen = 0\n"
+      "for line in sys.stdin:\n"
+      "    o = json.loads(line); seen += 1\n"
+      "    if o['prompt'] == 'Q3': print('null'); continue\n"
+      "    print(len(o['completion']) + (100 if o['answer'] == 'odd' else 0) + 1000 * (seen > 5) "
+      "+ len(o['completion_ids']) / 10)\n\"";
+  train::RewardProcess p(script, 30);
+  auto r = p.score(batch);
+  REQUIRE(r.size() == 5);
+  for (size_t i = 0; i < 5; ++i) {
+    INFO(i);
+    if (i == 3) {
+      CHECK_FALSE(r[i].has_value());
+    } else {
+      CHECK(*r[i] ==
+            Approx(static_cast<double>(batch[i].completion.size()) + (i % 2 ? 100 : 0) + 0.2));
+    }
+  }
+  r = p.score(batch);  // the same process: it has read 10 lines now
+  CHECK(*r[0] == Approx(1000 + batch[0].completion.size() + 0.2));
+
+  const auto fails = [&](const std::string& command, double timeout, const std::string& what) {
+    train::RewardProcess q(command, timeout);
+    CHECK_THROWS_WITH(q.score(batch), Catch::Contains(what) && Catch::Contains("reward_command"));
+  };
+  fails("exit 3", 10, "exited with status 3");
+  fails("read line; sleep 20", 0.5, "within reward_timeout 0.5 s");
+  fails("while read line; do echo hello; done", 10, "\"hello\", not a number");
+  fails("read line; echo 1; exit 0", 10, "completion 1 of 5");
+  fails("no_such_program_zt", 10, "exited with status 127");
+  // A NaN answer reaches the scoring, which names the completion and prompt.
+  train::RewardProcess nan_process("while read line; do echo nan; done", 10);
+  CHECK_THROWS_WITH(
+      train::score_completions(
+          {{"command", [&](const std::vector<RewardInput>& b) { return nan_process.score(b); }}},
+          batch, 1),
+      Catch::Contains("'command'") && Catch::Contains("completion 0"));
+  // After a failure the next batch starts the program anew.
+  train::RewardProcess flaky("read line; sleep 5", 0.3);
+  CHECK_THROWS(flaky.score(batch));
+  CHECK_THROWS_WITH(flaky.score(batch), Catch::Contains("within reward_timeout"));
+}
+
+TEST_CASE("stage grpo takes a reward program beside the built-ins", "[grpo][trainer]") {
+  const std::string dir = test::temp_dir("grpo-command");
+  write_prompts(dir, 8);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  // The program's reward: 1 for a completion of the prompt whose answer is "#### 5", else 0.
+  const std::string program =
+      "python3 -u -c \"import sys, json\n"
+      "for line in sys.stdin:\n"
+      "    print(1.0 if json.loads(line)['answer'] == '#### 5' else 0.0)\n\"";
+  std::vector<std::string> flags = grpo_file_flags(dir, dir + "/out", 1);
+  for (size_t i = 0; i + 1 < flags.size(); ++i) {
+    if (flags[i] == "--max_steps") flags[i + 1] = "2";
+    if (flags[i] == "--reward_weights") flags[i + 1] = "1,0.5,2";
+  }
+  flags.insert(flags.end(), {"--reward_command", program});
+  TrainingArguments args;
+  apply_training_flags(args, flags);
+  Trainer(args, comm).train();
+  const auto command = test::logged(dir + "/out", "rewards/command/mean");
+  REQUIRE(command.size() == 2);
+  // 8 prompts in 2 steps of 4: prompt 1 ("#### 5") is in one of them, its 2 completions of 8.
+  CHECK(command.at(1) + command.at(2) == Approx(0.25));
+  const auto reward = test::logged(dir + "/out", "reward");
+  const auto accuracy = test::logged(dir + "/out", "rewards/accuracy/mean");
+  const auto repetition = test::logged(dir + "/out", "rewards/repetition/mean");
+  for (int64_t step = 1; step <= 2; ++step) {
+    CHECK(reward.at(step) ==
+          Approx(accuracy.at(step) + 0.5 * repetition.at(step) + 2 * command.at(step)));
+  }
+  // Weights must count the program too.
+  flags.back() = program;
+  for (size_t i = 0; i + 1 < flags.size(); ++i) {
+    if (flags[i] == "--reward_weights") flags[i + 1] = "1,0.5";
+    if (flags[i] == "--output_dir") flags[i + 1] = dir + "/out2";
+  }
+  TrainingArguments two;
+  apply_training_flags(two, flags);
+  CHECK_THROWS_WITH(Trainer(two, comm), Catch::Contains("2 weights for 3"));
 }

@@ -406,6 +406,10 @@ struct TrainingArguments {
   bool use_bias_correction_kl = false;
   std::string reward_funcs;    ///< comma list of built-in rewards (builtin_reward's specs)
   std::string reward_weights;  ///< comma list of numbers, one per reward function
+  /// A reward program (docs/grpo.md): run with /bin/sh -c, fed JSON lines, answering a number
+  /// per line; scored after reward_funcs' functions. Each batch answered within reward_timeout s.
+  std::string reward_command;
+  double reward_timeout = 60.0;
 
   // ChatGLM-Finetuning's train.py flags (docs/chatglm.md). Any of them given puts its defaults
   // in place of HF's for what is not given (finalize_chatglm_finetuning in training_args.cpp).

@@ -630,6 +630,16 @@ std::vector<Option> grpo() {
        "comma list of built-in rewards (accuracy, think_format, format:P, overlong:M:C, "
        "repetition:N:P)"},
       {"reward_weights", &Args::reward_weights, {}, -1e308, "comma list, one weight per reward"},
+      {"reward_command",
+       &Args::reward_command,
+       {},
+       -1e308,
+       "a reward program: JSON lines in, one number (or null) per line out"},
+      {"reward_timeout",
+       &Args::reward_timeout,
+       {},
+       {0, 86400, Range::kOpenBelow},
+       "seconds the reward program has for a batch"},
   };
 }
 

@@ -15,6 +15,7 @@
 #include "data/chat_templates.hpp"
 #include "model/blocks.hpp"
 #include "model/sampling.hpp"
+#include "train/reward_process.hpp"
 #include "train/rewards.hpp"
 #include "train/trainer_impl.hpp"
 #include "util/files.hpp"
@@ -162,17 +163,21 @@ void Trainer::Impl::load_grpo_prompts() {
   has_train = true;
   train_samples = static_cast<int64_t>(grpo_prompts.size()) * grpo_options.num_generations;
   train_rows = static_cast<int64_t>(grpo_prompts.size());
-  if (args.reward_funcs.empty()) {
+  if (args.reward_funcs.empty() && args.reward_command.empty()) {
     throw ConfigError(
         "reward_funcs: stage grpo from train_file needs reward functions, e.g. --reward_funcs "
-        "accuracy,think_format (docs/grpo.md lists the built-ins)");
+        "accuracy,think_format (docs/grpo.md lists the built-ins), or a reward_command");
   }
   size_t start = 0;
-  while (start <= args.reward_funcs.size()) {
+  while (!args.reward_funcs.empty() && start <= args.reward_funcs.size()) {
     size_t end = args.reward_funcs.find(',', start);
     if (end == std::string::npos) end = args.reward_funcs.size();
     grpo_rewards.push_back(builtin_reward(args.reward_funcs.substr(start, end - start)));
     start = end + 1;
+  }
+  if (!args.reward_command.empty()) {
+    grpo_rewards.push_back(
+        train::RewardProcess::function(args.reward_command, args.reward_timeout));
   }
 }
 
@@ -287,10 +292,11 @@ void Trainer::Impl::check_grpo_options() {
   } catch (const InvalidArgument& e) {
     throw ConfigError(e.what());
   }
-  if (!args.reward_funcs.empty()) {  // the specs are checked now, before any weight is read
-    size_t count = 0;
+  if (!args.reward_funcs.empty() || !args.reward_command.empty()) {
+    // The specs are checked now, before any weight is read.
+    size_t count = args.reward_command.empty() ? 0 : 1;
     size_t start = 0;
-    while (start <= args.reward_funcs.size()) {
+    while (!args.reward_funcs.empty() && start <= args.reward_funcs.size()) {
       size_t end = args.reward_funcs.find(',', start);
       if (end == std::string::npos) end = args.reward_funcs.size();
       builtin_reward(args.reward_funcs.substr(start, end - start), "reward_funcs");
