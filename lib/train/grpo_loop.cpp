@@ -34,24 +34,31 @@ uint64_t mix(uint64_t a, uint64_t b) {
   return x ^ (x >> 31);
 }
 
+// The items of a comma list (none when it is empty): reward_funcs' specs, reward_weights.
+std::vector<std::string> comma_items(const std::string& list) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (!list.empty() && start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    out.push_back(list.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
 // reward_weights: a comma list of numbers, one per reward function (empty: all 1).
 std::vector<double> parse_weights(const std::string& text, size_t functions) {
   std::vector<double> out;
-  if (text.empty()) return out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find(',', start);
-    if (end == std::string::npos) end = text.size();
-    const std::string item = text.substr(start, end - start);
+  for (const std::string& item : comma_items(text)) {
     char* stop = nullptr;
     const double v = std::strtod(item.c_str(), &stop);
     if (item.empty() || stop != item.c_str() + item.size() || !std::isfinite(v)) {
       throw ConfigError(fmt::format("reward_weights: '{}' is not a number", item));
     }
     out.push_back(v);
-    start = end + 1;
   }
-  if (out.size() != functions) {
+  if (!out.empty() && out.size() != functions) {
     throw ConfigError(
         fmt::format("reward_weights: {} weights for {} reward functions", out.size(), functions));
   }
@@ -168,13 +175,8 @@ void Trainer::Impl::load_grpo_prompts() {
         "reward_funcs: stage grpo from train_file needs reward functions, e.g. --reward_funcs "
         "accuracy,think_format (docs/grpo.md lists the built-ins), or a reward_command");
   }
-  size_t start = 0;
-  while (!args.reward_funcs.empty() && start <= args.reward_funcs.size()) {
-    size_t end = args.reward_funcs.find(',', start);
-    if (end == std::string::npos) end = args.reward_funcs.size();
-    grpo_rewards.push_back(builtin_reward(args.reward_funcs.substr(start, end - start)));
-    start = end + 1;
-  }
+  for (const std::string& spec : comma_items(args.reward_funcs))
+    grpo_rewards.push_back(builtin_reward(spec));
   if (!args.reward_command.empty()) {
     grpo_rewards.push_back(
         train::RewardProcess::function(args.reward_command, args.reward_timeout));
@@ -295,13 +297,9 @@ void Trainer::Impl::check_grpo_options() {
   if (!args.reward_funcs.empty() || !args.reward_command.empty()) {
     // The specs are checked now, before any weight is read.
     size_t count = args.reward_command.empty() ? 0 : 1;
-    size_t start = 0;
-    while (!args.reward_funcs.empty() && start <= args.reward_funcs.size()) {
-      size_t end = args.reward_funcs.find(',', start);
-      if (end == std::string::npos) end = args.reward_funcs.size();
-      builtin_reward(args.reward_funcs.substr(start, end - start), "reward_funcs");
+    for (const std::string& spec : comma_items(args.reward_funcs)) {
+      builtin_reward(spec, "reward_funcs");
       ++count;
-      start = end + 1;
     }
     if (!args.reward_weights.empty()) parse_weights(args.reward_weights, count);
   }
