@@ -48,6 +48,8 @@
 #                                         (this build's tool tests write it), results in $OUT/conformance.tgz
 #   bench/gpu_session.sh generate         generation tokens/s, generate_batch beside transformers' generate
 #                                         (GEN="SHAPE BATCH PROMPT NEW LORA_R;...")
+#   bench/gpu_session.sh grpo             a GRPO step on the Qwen2.5-7B shape, LoRA, P=32 prompts x 8 x
+#                                         (256 + 768) tokens, then that batch's generation alone
 #   bench/gpu_session.sh fixtures         make_fixtures.py SECTIONS (FAMILIES=...) and transformers' sources
 #                                         of SOURCES="gpt_oss glm4_moe ...", in $OUT/fixtures.tgz
 #
@@ -105,6 +107,9 @@ example() {  # NAME SCRIPT [VAR=VALUE...]
 for phase in "$@"; do
   echo "== $phase ($(date -u +%H:%M:%S))"
   case "$phase" in
+    grpo)
+      P=${P:-32} bench/tools/grpo_step.sh 2>&1 | tee -a "$results/grpo.log" | tail -12
+      ;;
     generate)
       IFS=';' read -r -a cases <<< "${GEN:-qwen2.5-1.5b 64 256 256 0;qwen2.5-7b 64 256 256 16}"
       for c in "${cases[@]}"; do

@@ -22,4 +22,5 @@ for mode in lora_varlen lora_packed; do
 done
 check "adamw" gparams_per_s env ZT_BENCH_ADAM_MILLIONS=1 ZT_BENCH_ITERS=2 "$bin/zt_bench_engine" adamw
 check "tokenizer" mb_per_s_per_core "$bin/zt_bench_tokenizer" --mb 0.05
+check "generate" tokens_per_s "$bin/zt_bench_generate" tiny 3 5 4 2
 echo "bench smoke: OK"
