@@ -5,6 +5,7 @@
 #include "support/catch.hpp"
 
 #include <ATen/ATen.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <filesystem>
@@ -588,6 +589,8 @@ TEST_CASE("stage grpo refuses options it does not run with, naming them", "[grpo
   refused({"--importance_sampling_level", "token", "--loss_type", "luspo"}, "luspo");
   refused({"--reward_funcs", "accuracy,nonsense"}, "nonsense");
   refused({"--reward_funcs", "accuracy", "--reward_weights", "1,2"}, "2 weights for 1");
+  refused({"--reward_funcs", "accuracy", "--reward_weights", "0x10"}, "not a decimal number");
+  refused({"--reward_funcs", "overlong:1e999:4"}, "not a decimal number");
   // And a preference run refuses GRPO's losses.
   TrainingArguments dpo;
   apply_training_flags(dpo,
@@ -722,6 +725,15 @@ TEST_CASE("stage grpo trains from a prompt file alike at world 1 and 2, and resu
   apply_training_flags(args, grpo_file_flags(dir, dir + "/bad", 1));
   CHECK_THROWS_WITH(Trainer(args, comm),
                     Catch::Contains("prompts.jsonl' line 9") && Catch::Contains("\"prompt\""));
+  // A FIFO as the prompt file is refused at once, never waited on.
+  const std::string fifo = dir + "/fifo.jsonl";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  std::vector<std::string> fifo_flags = grpo_file_flags(dir, dir + "/fifo-out", 1);
+  for (size_t i = 0; i + 1 < fifo_flags.size(); ++i)
+    if (fifo_flags[i] == "--train_file") fifo_flags[i + 1] = fifo;
+  TrainingArguments fifo_args;
+  apply_training_flags(fifo_args, fifo_flags);
+  CHECK_THROWS_WITH(Trainer(fifo_args, comm), Catch::Contains("FIFO"));
 }
 
 TEST_CASE("a reward program scores completions over JSON lines, and its failures are named",

@@ -17,8 +17,47 @@
 #include "util/yaml.hpp"
 #include "zerotrain/config.hpp"
 
+namespace zt::config {
+
+// Decimal text only, as Python's float() and int() read flags: digits with an optional sign,
+// point and exponent. Hexadecimal (0x10), inf, nan and digit separators are refused; leading
+// zeros are decimal (010 is ten), as in Python.
+bool is_decimal_text(std::string_view s) {
+  size_t i = 0;
+  auto digits = [&] {
+    const size_t from = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    return i - from;
+  };
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+  size_t mantissa = digits();
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    mantissa += digits();
+  }
+  if (mantissa == 0) return false;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    if (digits() == 0) return false;
+  }
+  return i == s.size();
+}
+
+std::optional<double> parse_double_text(const std::string& s) {
+  if (!is_decimal_text(s)) return std::nullopt;
+  char* end = nullptr;
+  double d = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || !std::isfinite(d)) return std::nullopt;
+  return d;
+}
+
+}  // namespace zt::config
+
 namespace zt {
 namespace {
+
+using config::parse_double_text;
 
 using config::Member;
 using config::Option;
@@ -62,39 +101,6 @@ std::optional<bool> parse_bool_text(std::string_view s) {
   if (s == "true" || s == "True" || s == "TRUE" || s == "1" || s == "yes") return true;
   if (s == "false" || s == "False" || s == "FALSE" || s == "0" || s == "no") return false;
   return std::nullopt;
-}
-
-// Decimal text only, as Python's float() and int() read flags: digits with an optional sign,
-// point and exponent. Hexadecimal (0x10), inf, nan and digit separators are refused; leading
-// zeros are decimal (010 is ten), as in Python.
-bool is_decimal_text(std::string_view s) {
-  size_t i = 0;
-  auto digits = [&] {
-    const size_t from = i;
-    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
-    return i - from;
-  };
-  if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
-  size_t mantissa = digits();
-  if (i < s.size() && s[i] == '.') {
-    ++i;
-    mantissa += digits();
-  }
-  if (mantissa == 0) return false;
-  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
-    ++i;
-    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
-    if (digits() == 0) return false;
-  }
-  return i == s.size();
-}
-
-std::optional<double> parse_double_text(const std::string& s) {
-  if (!is_decimal_text(s)) return std::nullopt;
-  char* end = nullptr;
-  double d = std::strtod(s.c_str(), &end);
-  if (end != s.c_str() + s.size() || !std::isfinite(d)) return std::nullopt;
-  return d;
 }
 
 std::optional<int64_t> parse_int_text(const std::string& s) {

@@ -41,6 +41,12 @@ struct Option {
   const char* help = "";
 };
 
+/// Decimal text only, as Python's float() reads a flag: digits with an optional sign, point and
+/// exponent; hexadecimal (0x10), inf, nan and digit separators are refused.
+bool is_decimal_text(std::string_view s);
+/// Its value, when it is decimal text of a finite number.
+std::optional<double> parse_double_text(const std::string& s);
+
 /// Every option, in help order.
 const std::vector<Option>& options();
 /// The option called `name`, or null.

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "config/training_options.hpp"
 #include "data/chat_templates.hpp"
 #include "model/blocks.hpp"
 #include "model/sampling.hpp"
@@ -51,12 +52,9 @@ std::vector<std::string> comma_items(const std::string& list) {
 std::vector<double> parse_weights(const std::string& text, size_t functions) {
   std::vector<double> out;
   for (const std::string& item : comma_items(text)) {
-    char* stop = nullptr;
-    const double v = std::strtod(item.c_str(), &stop);
-    if (item.empty() || stop != item.c_str() + item.size() || !std::isfinite(v)) {
-      throw ConfigError(fmt::format("reward_weights: '{}' is not a number", item));
-    }
-    out.push_back(v);
+    const std::optional<double> v = config::parse_double_text(item);  // decimal, as flags are
+    if (!v) throw ConfigError(fmt::format("reward_weights: '{}' is not a decimal number", item));
+    out.push_back(*v);
   }
   if (!out.empty() && out.size() != functions) {
     throw ConfigError(
@@ -80,12 +78,15 @@ void Trainer::Impl::load_grpo_prompts() {
         args.eval_file));
   }
   const std::string& path = args.train_file;
-  std::ifstream in(path);
-  if (!in) throw IoError(fmt::format("'{}': cannot open the GRPO prompts", path));
+  // A regular file only (never a FIFO, device or folder), read whole: prompt files are small.
+  const std::string text = files::read_text(path, "GRPO prompts", files::kMaxTokenizerBytes);
   const int64_t room = model_config.max_position_embeddings - grpo_options.max_completion_length;
-  std::string line;
   int64_t number = 0, too_long = 0;
-  while (std::getline(in, line)) {
+  for (size_t at = 0; at < text.size();) {
+    size_t eol = text.find('\n', at);
+    if (eol == std::string::npos) eol = text.size();
+    const std::string line = text.substr(at, eol - at);
+    at = eol + 1;
     ++number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = fmt::format("'{}' line {}", path, number);
@@ -480,8 +481,11 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
   const double divisor = train::grpo_divisor(I.grpo_options, counts);
   const at::Device device = I.comm->device();
   const int64_t mb = I.batch.micro_batch;
-  at::Tensor sums_total = at::zeros({train::kGrpoSums}, at::kDouble);
-  double loss = 0, low_min = std::numeric_limits<double>::infinity(), high_max = 0;
+  // Kept on the device through the micro-batches and read once after them (no sync per
+  // micro-batch): the metric sums, then the loss, −(low_min) and high_max.
+  const auto on_device = at::TensorOptions().dtype(at::kDouble).device(device);
+  at::Tensor sums_total = at::zeros({train::kGrpoSums}, on_device);
+  at::Tensor tail = at::tensor({0.0, -std::numeric_limits<double>::infinity(), 0.0}).to(device);
   bool clip_extremes = false;
   I.model->train();
   for (int64_t a = 0; a < I.batch.accumulation; ++a) {
@@ -512,17 +516,19 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
     const train::GrpoLoss l = train::grpo_loss(I.grpo_options, in);
     I.engine->backward(l.numerator, divisor);
     I.engine->step();
-    loss += l.numerator.detach().item<double>() / divisor;
-    sums_total += l.sums.to(at::kCPU);
+    tail[0] += l.numerator.detach().to(at::kDouble) / divisor;
+    sums_total += l.sums;
     if (l.low_clipped.defined()) {
       clip_extremes = true;
-      low_min = std::min(low_min, at::nan_to_num(l.low_clipped, 1.0).min().item<double>());
-      high_max = std::max(high_max, at::nan_to_num(l.high_clipped, 0.0).max().item<double>());
+      tail[1] = at::maximum(tail[1], -at::nan_to_num(l.low_clipped, 1.0).min().to(at::kDouble));
+      tail[2] = at::maximum(tail[2], at::nan_to_num(l.high_clipped, 0.0).max().to(at::kDouble));
     }
   }
-  std::vector<double> step_sums(sums_total.data_ptr<double>(),
-                                sums_total.data_ptr<double>() + sums_total.numel());
-  step_sums.push_back(loss);
+  const at::Tensor host = at::cat({sums_total, tail}).to(at::kCPU);
+  const double* h = host.data_ptr<double>();
+  const double low_min = -h[train::kGrpoSums + 1], high_max = h[train::kGrpoSums + 2];
+  std::vector<double> step_sums(h, h + train::kGrpoSums);
+  step_sums.push_back(h[train::kGrpoSums]);
   const std::vector<double> all = comm::reduce_scalars(*I.comm, step_sums);
   for (const auto& [name, value] : train::grpo_metrics(
            I.grpo_options, std::vector<double>(all.begin(), all.end() - 1), false, "")) {

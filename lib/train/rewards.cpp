@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 
+#include "config/training_options.hpp"
 #include "util/pattern.hpp"
 #include "zerotrain/error.hpp"
 
@@ -133,12 +134,9 @@ std::string canonical_text(const std::string& s) {
 }
 
 double parse_number(const std::string& text, const std::string& what) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v)) {
-    throw ConfigError(fmt::format("{}: '{}' is not a number", what, text));
-  }
-  return v;
+  const std::optional<double> v = config::parse_double_text(text);  // decimal, as flags are
+  if (!v) throw ConfigError(fmt::format("{}: '{}' is not a decimal number", what, text));
+  return *v;
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
