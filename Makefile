@@ -38,7 +38,8 @@ SANITIZE_TESTS ?=
 SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 OMP_NUM_THREADS=1
 sanitize: deps
 	cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-	  -DZT_SANITIZE=address,undefined -DZT_FUZZ=ON -DZT_WITH_CUDA=OFF -DZT_WITH_NCCL=OFF -DZT_BUILD_BENCH=OFF
+	  -DZT_SANITIZE=address,undefined -DZT_FUZZ=ON -DZT_WITH_CUDA=OFF -DZT_WITH_NCCL=OFF -DZT_BUILD_BENCH=OFF \
+	  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" -DCMAKE_C_FLAGS_RELEASE="-O1 -DNDEBUG"
 	cmake --build $(SANITIZE_BUILD) -j $(JOBS)
 ifeq ($(SANITIZE_TESTS),)
 	cd $(SANITIZE_BUILD) && $(SANITIZE_ENV) ctest --output-on-failure -j $(JOBS) --timeout 2400
