@@ -5,21 +5,27 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <initializer_list>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
 
 #include "status.hpp"
 #include "util/json.hpp"
 #include "zerotrain/build_config.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/grpo.hpp"
 #include "zerotrain/log.hpp"
 #include "zerotrain/tokenizer.hpp"
 #include "zerotrain/trainer.hpp"
@@ -425,6 +431,53 @@ ZT_TOKENIZER_GETTER(int32_t, pad_id, pad_id())
 
 void zt_tokenizer_free(zt_tokenizer* tok) {
   delete tok;
+}
+
+zt_status zt_trainer_add_reward(zt_trainer* t, const char* name, zt_reward_fn fn, void* user_data) {
+  return guarded([&] {
+    require(t != nullptr, "zt_trainer_add_reward: trainer is NULL");
+    require(name != nullptr, "zt_trainer_add_reward: name is NULL");
+    require(fn != nullptr,
+            fmt::format("zt_trainer_add_reward: the function of '{}' is NULL", name));
+    zt::RewardFunction reward;
+    reward.name = name;
+    reward.fn = [fn, user_data](const std::vector<zt::RewardInput>& batch) {
+      // The C view of the batch: lengths beside the texts, int32 ids, the columns as JSON.
+      const size_t n = batch.size();
+      std::vector<std::vector<int32_t>> ids(n);
+      std::vector<std::string> columns(n);
+      std::vector<zt_reward_input> inputs(n);
+      for (size_t i = 0; i < n; ++i) {
+        const zt::RewardInput& b = batch[i];
+        ids[i].assign(b.completion_ids.begin(), b.completion_ids.end());
+        rapidjson::StringBuffer text;
+        rapidjson::Writer<rapidjson::StringBuffer> w(text);
+        w.StartObject();
+        for (const auto& [key, value] : b.columns) {
+          w.Key(key.data(), static_cast<rapidjson::SizeType>(key.size()));
+          w.String(value.data(), static_cast<rapidjson::SizeType>(value.size()));
+        }
+        w.EndObject();
+        columns[i].assign(text.GetString(), text.GetSize());
+        inputs[i] = zt_reward_input{b.prompt.c_str(),     static_cast<int64_t>(b.prompt.size()),
+                                    b.completion.c_str(), static_cast<int64_t>(b.completion.size()),
+                                    ids[i].data(),        static_cast<int64_t>(ids[i].size()),
+                                    columns[i].c_str()};
+      }
+      std::vector<double> rewards(n, std::nan(""));
+      const int rc = fn(inputs.data(), static_cast<int64_t>(n), rewards.data(), user_data);
+      if (rc != 0) {
+        throw zt::CancelledError(
+            fmt::format("the host's callback returned {} (nonzero: stop the run)", rc));
+      }
+      std::vector<std::optional<double>> out(n);
+      for (size_t i = 0; i < n; ++i) {
+        if (!std::isnan(rewards[i])) out[i] = rewards[i];
+      }
+      return out;
+    };
+    t->trainer->add_reward(std::move(reward));
+  });
 }
 
 void zt_trainer_free(zt_trainer* t) {

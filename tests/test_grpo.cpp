@@ -7,10 +7,12 @@
 #include <ATen/ATen.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -448,7 +450,7 @@ TEST_CASE("rank: grpo steps", "[.rank]") {
   trainer.export_model(std::string(std::getenv("ZT_DIR")) + "/model");
 }
 
-TEST_CASE("GRPO steps are the same at world 1, 2 and 4 and under ZeRO 0-2", "[grpo][trainer]") {
+TEST_CASE("GRPO steps are the same at world 1, 2 and 4 and under ZeRO 0-3", "[grpo][trainer]") {
   if (test::skip_cpu_world(4)) return;
   const std::string dir = test::temp_dir("grpo-worlds");
   for (const std::string& setting :
@@ -464,9 +466,9 @@ TEST_CASE("GRPO steps are the same at world 1, 2 and 4 and under ZeRO 0-2", "[gr
     // micro-batch size; the other losses any split.
     const bool bnpo = setting.find("bnpo") != std::string::npos;
     const std::vector<std::tuple<int, int64_t, int>> runs =
-        bnpo ? std::vector<std::tuple<int, int64_t, int>>{{1, 2, 0}, {2, 2, 2}, {4, 2, 1}}
+        bnpo ? std::vector<std::tuple<int, int64_t, int>>{{1, 2, 0}, {2, 2, 2}, {4, 2, 3}}
              : std::vector<std::tuple<int, int64_t, int>>{
-                   {1, 2, 0}, {2, 2, 2}, {4, 1, 1}, {2, 1, 0}};
+                   {1, 2, 0}, {2, 2, 2}, {4, 1, 1}, {2, 1, 3}, {4, 1, 3}};
     for (const auto& [world, micro, stage] : runs) {
       INFO("world " << world << ", micro " << micro << ", stage " << stage);
       const std::string out = fmt::format("{}/w{}-m{}-s{}-{}", dir, world, micro, stage,
@@ -475,7 +477,13 @@ TEST_CASE("GRPO steps are the same at world 1, 2 and 4 and under ZeRO 0-2", "[gr
       std::istringstream words(setting);
       for (std::string w; words >> w;) flags.push_back(w);
       flags.push_back("--deepspeed");
-      flags.push_back(fmt::format(R"({{"zero_optimization": {{"stage": {}}}}})", stage));
+      // Stage 3 shards every weight of the tiny model (the default persistence threshold would
+      // keep them all whole on each rank).
+      flags.push_back(
+          stage == 3
+              ? std::string(
+                    R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100}})")
+              : fmt::format(R"({{"zero_optimization": {{"stage": {}}}}})", stage));
       test::run_ranks(world, "rank: grpo steps", std::chrono::seconds(240),
                       {{"ZT_DIR", out},
                        {"ZT_MICRO", std::to_string(micro)},
@@ -583,12 +591,11 @@ TEST_CASE("stage grpo refuses options it does not run with, naming them", "[grpo
         args, grpo_flags(dir + "/" + std::to_string(std::hash<std::string>()(what)), 4, 2, extra));
     CHECK_THROWS_WITH(Trainer(args, comm), Catch::Contains(what));
   };
-  refused({"--deepspeed", R"({"zero_optimization": {"stage": 3}})"}, "ZeRO stage 3");
   refused({"--num_iterations", "2"}, "num_iterations 2");
   refused({"--loss_type", "sigmoid"}, "loss_type 'sigmoid'");
   refused({"--importance_sampling_level", "token", "--loss_type", "luspo"}, "luspo");
   refused({"--reward_funcs", "accuracy,nonsense"}, "nonsense");
-  refused({"--reward_funcs", "accuracy", "--reward_weights", "1,2"}, "2 weights for 1");
+  refused({"--reward_funcs", "accuracy,think_format", "--reward_weights", "1"}, "1 weights for 2");
   refused({"--reward_funcs", "accuracy", "--reward_weights", "0x10"}, "not a decimal number");
   refused({"--reward_funcs", "overlong:1e999:4"}, "not a decimal number");
   // And a preference run refuses GRPO's losses.
@@ -736,6 +743,112 @@ TEST_CASE("stage grpo trains from a prompt file alike at world 1 and 2, and resu
   CHECK_THROWS_WITH(Trainer(fifo_args, comm), Catch::Contains("FIFO"));
 }
 
+TEST_CASE("rank: grpo host rewards", "[.rank]") {
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  TrainingArguments args;
+  apply_training_flags(args, test::split_flags(std::getenv("ZT_FLAGS")));
+  const std::string mode = std::getenv("ZT_MODE");
+  const std::string flag = std::string(std::getenv("ZT_DIR")) + "/rank0-failed";
+  Trainer trainer(args, comm);
+  const RewardFn ones = [](const std::vector<RewardInput>& b) {
+    return std::vector<std::optional<double>>(b.size(), 1.0);
+  };
+  trainer.add_reward({"ones", ones});
+  if (mode == "uneven") {
+    if (comm->rank() == 1) trainer.add_reward({"more", ones});
+    CHECK_THROWS_WITH(trainer.train(), Catch::Contains("every rank adds the same ones"));
+    return;
+  }
+  // Rank 1's function asks to stop at its first call. Rank 1 then stays up until rank 0 has
+  // its error: rank 0 learns it from the posted failure, not from a peer that went away.
+  const RewardFn stops = [](const std::vector<RewardInput>&) -> std::vector<std::optional<double>> {
+    throw CancelledError("the host stops");
+  };
+  trainer.add_reward({"stops", comm->rank() == 1 ? stops : ones});
+  if (comm->rank() == 1) {
+    CHECK_THROWS_AS(trainer.train(), CancelledError);
+    for (int i = 0; i < 1200 && !std::filesystem::exists(flag); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK(std::filesystem::exists(flag));
+  } else {
+    CHECK_THROWS_WITH(trainer.train(), Catch::Contains("rank 1") &&
+                                           Catch::Contains("reward function 'stops'") &&
+                                           Catch::Contains("the host stops"));
+    std::ofstream(flag) << "done\n";
+  }
+}
+
+TEST_CASE("host reward functions: the same on every rank, and one that stops tells the others",
+          "[grpo][trainer]") {
+  if (test::skip_cpu_world(2)) return;
+  const std::string dir = test::temp_dir("grpo-host");
+  write_prompts(dir, 8);
+  std::vector<std::string> flags = grpo_file_flags(dir, dir + "/out", 2);
+  for (size_t i = 0; i + 1 < flags.size(); ++i) {
+    if (flags[i] == "--reward_funcs") flags[i + 1] = "accuracy";
+    if (flags[i] == "--reward_weights") flags[i + 1] = "";
+  }
+  for (const char* mode : {"uneven", "stops"}) {
+    INFO(mode);
+    test::run_ranks(2, "rank: grpo host rewards", std::chrono::seconds(240),
+                    {{"ZT_FLAGS", test::join_flags(flags)}, {"ZT_MODE", mode}, {"ZT_DIR", dir}});
+  }
+}
+
+TEST_CASE("a host reward function joins the built-ins, weighted after them", "[grpo][trainer]") {
+  const std::string dir = test::temp_dir("grpo-host-one");
+  write_prompts(dir, 8);
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  std::vector<std::string> flags = grpo_file_flags(dir, dir + "/out", 1);
+  for (size_t i = 0; i + 1 < flags.size(); ++i) {
+    if (flags[i] == "--max_steps") flags[i + 1] = "2";
+    if (flags[i] == "--reward_weights") flags[i + 1] = "1,0.5,3";
+  }
+  TrainingArguments args;
+  apply_training_flags(args, flags);
+  Trainer trainer(args, comm);
+  int64_t calls = 0, seen = 0;
+  trainer.add_reward({"length", [&](const std::vector<RewardInput>& batch) {
+                        ++calls;
+                        std::vector<std::optional<double>> out;
+                        for (const RewardInput& r : batch) {
+                          ++seen;
+                          CHECK(r.columns.count("answer") == 1);
+                          CHECK(!r.completion_ids.empty());
+                          out.push_back(static_cast<double>(r.completion_ids.size()));
+                        }
+                        return out;
+                      }});
+  CHECK_THROWS_WITH(trainer.add_reward({"length", nullptr}), Catch::Contains("no function"));
+  CHECK_THROWS_WITH(
+      trainer.add_reward(
+          {"accuracy", [](const auto& b) { return std::vector<std::optional<double>>(b.size()); }}),
+      Catch::Contains("'accuracy' is already there"));
+  trainer.train();
+  CHECK(calls == 2);
+  CHECK(seen == 16);  // 2 steps × 4 prompts × 2 generations
+  const auto reward = test::logged(dir + "/out", "reward");
+  const auto accuracy = test::logged(dir + "/out", "rewards/accuracy/mean");
+  const auto repetition = test::logged(dir + "/out", "rewards/repetition/mean");
+  const auto length = test::logged(dir + "/out", "rewards/length/mean");
+  const auto mean_length = test::logged(dir + "/out", "completions/mean_length");
+  REQUIRE(length.size() == 2);
+  for (int64_t step = 1; step <= 2; ++step) {
+    CHECK(length.at(step) == Approx(mean_length.at(step)));
+    CHECK(reward.at(step) ==
+          Approx(accuracy.at(step) + 0.5 * repetition.at(step) + 3 * length.at(step)));
+  }
+  // A run with no reward function at all is refused when it starts, naming the ways to add one.
+  for (size_t i = 0; i + 1 < flags.size(); ++i) {
+    if (flags[i] == "--reward_funcs" || flags[i] == "--reward_weights") flags[i + 1] = "";
+    if (flags[i] == "--output_dir") flags[i + 1] = dir + "/none";
+  }
+  TrainingArguments none;
+  apply_training_flags(none, flags);
+  CHECK_THROWS_WITH(Trainer(none, comm).train(),
+                    Catch::Contains("reward_funcs") && Catch::Contains("add_reward"));
+}
+
 TEST_CASE("a reward program scores completions over JSON lines, and its failures are named",
           "[grpo][rewards]") {
   std::vector<RewardInput> batch(5);
@@ -776,10 +889,25 @@ TEST_CASE("a reward program scores completions over JSON lines, and its failures
   };
   fails("exit 3", 10, "exited with status 3");
   fails("read line; sleep 20", 0.5, "within reward_timeout 0.5 s");
-  fails("while read line; do echo hello; done", 10, "\"hello\", not a number");
+  fails("while read line; do echo hello; done", 10, "\"hello\", not a finite decimal number");
+  fails("while read line; do echo 0x10; done", 10, "\"0x10\", not a finite decimal number");
+  fails("while read line; do echo inf; done", 10, "\"inf\", not a finite decimal number");
   fails("read line; echo 1; exit 0", 10, "completion 1 of 5");
   fails("no_such_program_zt", 10, "exited with status 127");
-  // A NaN answer reaches the scoring, which names the completion and prompt.
+  // Two lines per completion: out of step, refused in this batch (when the extra lines are there
+  // when it ends) or the next one, never read as the next completions' rewards.
+  train::RewardProcess twice("while read line; do echo 1; echo 2; done", 10);
+  bool refused = false;
+  try {
+    twice.score(batch);
+  } catch (const Error& e) {
+    refused = std::string(e.what()).find("more lines than completions") != std::string::npos;
+  }
+  if (!refused) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    CHECK_THROWS_WITH(twice.score(batch), Catch::Contains("more lines than completions"));
+  }
+  // A NaN answer is named with its completion, through the scoring.
   train::RewardProcess nan_process("while read line; do echo nan; done", 10);
   CHECK_THROWS_WITH(
       train::score_completions(

@@ -3,6 +3,7 @@
 // recomputed layers (activation checkpointing, ZeRO-3) train as the plain model does.
 #include "support/catch.hpp"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 
 #include <atomic>
@@ -91,6 +92,78 @@ TEST_CASE("rank: model zero3 from checkpoint", "[.rank]") {
   engine.backward(loss.sum, static_cast<double>(loss.tokens * comm->world_size()));
   CHECK(engine.step());
   CHECK(engine.last_grad_norm() > 0);
+}
+
+TEST_CASE("rank: model zero3 held generation", "[.rank]") {
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  const int rank = comm->rank();
+  const std::string dir = fixture("models/llama");
+  ModelConfig c = load_model_config(dir);
+  auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), /*allocate=*/false);
+  DeepSpeedConfig ds = parse_deepspeed_config(R"({"zero_optimization": {"stage": 3,
+      "stage3_param_persistence_threshold": 100}, "optimizer": {"type": "AdamW",
+      "params": {"lr": 0.001}}})");
+  TrainingArguments args;
+  args.lr_scheduler_type = "constant";
+  resolve_config(ds, args, ResolveContext{comm->world_size(), c.hidden_size, 4});
+  EngineOptions eo;
+  eo.units = model->units();
+  eo.gate = &model->gate();
+  eo.source = checkpoint_source(dir);
+  Engine engine(model, ds, comm, eo);
+  // The same model whole, outside any engine: the generation it gives.
+  auto whole = std::make_shared<CausalLM>(c, at::TensorOptions(), /*allocate=*/false);
+  load_weights(*whole, *checkpoint_source(dir));
+  GenerationOptions g;
+  g.max_new_tokens = 3 + 4 * rank;  // the ranks decode different numbers of tokens
+  const std::vector<std::vector<int64_t>> prompts = {{5, 9, 13}, {7, 2}};
+  const std::vector<Generated> want = whole->generate_batch(prompts, g, {0, 1});
+
+  engine.hold_units();
+  const int64_t held = engine.memory().gathered_now;
+  CHECK(held > 0);
+  model->eval();
+  // The decode loop calls the layers directly, not through their gates: without the hold their
+  // parameters would be released placeholders. Nothing is gathered per token, so the ranks'
+  // different token counts need no agreement.
+  const std::vector<Generated> got = model->generate_batch(prompts, g, {0, 1});
+  CHECK(engine.memory().gathered_now == held);
+  SafetensorsFile expected(dir + "/expected.safetensors");
+  {
+    // A gated forward without gradients while held (a reference's) releases nothing either.
+    at::NoGradGuard no_grad;
+    LossSum held_loss = model->loss(expected.load("input_ids"), expected.load("labels"),
+                                    expected.load("attention_mask"));
+    CHECK(held_loss.sum.item<double>() / held_loss.tokens ==
+          Approx(expected.load("loss").item<double>()).epsilon(1e-5));
+    CHECK(engine.memory().gathered_now == held);
+  }
+  engine.release_units();
+  CHECK(engine.memory().gathered_now == 0);
+  engine.release_units();  // a second release is a no-op
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("row " << i << " on rank " << rank);
+    CHECK(got[i].tokens == want[i].tokens);
+    CHECK(got[i].tokens.size() == static_cast<size_t>(g.max_new_tokens));
+  }
+  // Training forwards gather unit by unit again afterwards.
+  model->train();
+  LossSum loss = model->loss(expected.load("input_ids"), expected.load("labels"),
+                             expected.load("attention_mask"));
+  CHECK(loss.sum.item<double>() / loss.tokens ==
+        Approx(expected.load("loss").item<double>()).epsilon(1e-5));
+  engine.backward(loss.sum, static_cast<double>(loss.tokens * comm->world_size()));
+  CHECK_THROWS_WITH(engine.hold_units(), Catch::Contains("between backward() and step()"));
+  CHECK(engine.step());
+}
+
+TEST_CASE("model: ZeRO-3 generation holds the gathered units, so ranks decode apart",
+          "[model][engine]") {
+  for (int world : {2, 4}) {
+    if (test::skip_cpu_world(world)) continue;
+    test::run_ranks(world, "rank: model zero3 held generation", std::chrono::seconds(120));
+  }
 }
 
 TEST_CASE("model: ZeRO-3 loads each rank's slice straight from the checkpoint", "[model][engine]") {

@@ -28,11 +28,20 @@ static void zt_go_log(int level, const char *message, void *user_data) {
   goLog(level, (char *)message, user_data);
 }
 static void zt_go_set_log(uintptr_t handle) { zt_set_log_callback(zt_go_log, (void *)handle); }
+extern int goReward(zt_reward_input *inputs, int64_t n, double *rewards, void *user_data);
+static int zt_go_reward(const zt_reward_input *inputs, int64_t n, double *rewards, void *user_data) {
+  return goReward((zt_reward_input *)inputs, n, rewards, user_data);
+}
+static zt_status zt_go_add_reward(zt_trainer *t, const char *name, uintptr_t handle) {
+  return zt_trainer_add_reward(t, name, zt_go_reward, (void *)handle);
+}
 */
 import "C"
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
 	"runtime"
 	"runtime/cgo"
 	"sync"
@@ -94,7 +103,10 @@ func statsOf(s *C.zt_step_stats) StepStats {
 }
 
 // Trainer is one rank's trainer; Close frees it.
-type Trainer struct{ raw *C.zt_trainer }
+type Trainer struct {
+	raw     *C.zt_trainer
+	rewards []cgo.Handle // the reward functions the C side calls, released by Close
+}
 
 // New creates a trainer from the options of `zerotrain train` as one JSON object. Collective.
 // The C calls of one trainer must stay on one OS thread (the error message is thread-local),
@@ -108,7 +120,7 @@ func New(optionsJSON string) (*Trainer, error) {
 	if err := check(C.zt_trainer_create(opts, &raw)); err != nil {
 		return nil, err
 	}
-	t := &Trainer{raw}
+	t := &Trainer{raw: raw}
 	runtime.SetFinalizer(t, (*Trainer).Close)
 	return t, nil
 }
@@ -119,6 +131,10 @@ func (t *Trainer) Close() {
 		C.zt_trainer_free(t.raw)
 		t.raw = nil
 	}
+	for _, h := range t.rewards {
+		h.Delete()
+	}
+	t.rewards = nil
 }
 
 // Rank is this process's rank; WorldSize the job's number of ranks.
@@ -215,6 +231,70 @@ func (t *Trainer) Train(progress func(StepStats) bool) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	return check(C.zt_go_train(t.raw, C.uintptr_t(h)))
+}
+
+// RewardInput is what a GRPO reward function sees of one completion.
+type RewardInput struct {
+	Prompt        string            // the prompt's text as the model saw it (chat template applied)
+	Completion    string            // the completion's text, special tokens dropped
+	CompletionIDs []int32           // its tokens, with the stop token where it stopped
+	Columns       map[string]string // the prompt row's other columns ("answer", "solution", ...)
+}
+
+// RewardFunc scores a batch of one rank's completions (whole groups of num_generations): one
+// reward each, math.NaN() where it does not score a completion.
+type RewardFunc func(batch []RewardInput) []float64
+
+//export goReward
+func goReward(inputs *C.zt_reward_input, n C.int64_t, rewards *C.double, userData unsafe.Pointer) (status C.int) {
+	fn := cgo.Handle(uintptr(userData)).Value().(RewardFunc)
+	in := unsafe.Slice(inputs, int(n))
+	batch := make([]RewardInput, len(in))
+	for i, r := range in {
+		batch[i].Prompt = C.GoStringN(r.prompt, C.int(r.prompt_len))
+		batch[i].Completion = C.GoStringN(r.completion, C.int(r.completion_len))
+		ids := unsafe.Slice((*int32)(unsafe.Pointer(r.completion_ids)), int(r.n_completion_ids))
+		batch[i].CompletionIDs = append([]int32(nil), ids...)
+		if err := json.Unmarshal([]byte(C.GoString(r.columns_json)), &batch[i].Columns); err != nil {
+			fmt.Fprintln(os.Stderr, "zerotrain: a prompt's columns:", err)
+			return 1
+		}
+	}
+	// A panic must not unwind into C: it stops the run, as a wrong number of rewards does.
+	defer func() {
+		if p := recover(); p != nil {
+			fmt.Fprintln(os.Stderr, "zerotrain: a reward function panicked:", p)
+			status = 1
+		}
+	}()
+	out := fn(batch)
+	if len(out) != len(batch) {
+		fmt.Fprintf(os.Stderr, "zerotrain: a reward function returned %d rewards for %d completions\n", len(out), len(batch))
+		return 1
+	}
+	copy(unsafe.Slice((*float64)(unsafe.Pointer(rewards)), len(out)), out)
+	return 0
+}
+
+// AddReward adds a reward function name to a run with stage grpo (after its reward_funcs and
+// reward_command, in the order added). fn is called inside Train, on its thread; a panic or a
+// wrong number of rewards stops the run (a Cancelled error naming the function). Every rank adds
+// the same functions.
+func (t *Trainer) AddReward(name string, fn RewardFunc) error {
+	if fn == nil {
+		return &Error{InvalidArgument, fmt.Sprintf("reward function %q is nil", name)}
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	h := cgo.NewHandle(fn)
+	if err := check(C.zt_go_add_reward(t.raw, cname, C.uintptr_t(h))); err != nil {
+		h.Delete()
+		return err
+	}
+	t.rewards = append(t.rewards, h)
+	return nil
 }
 
 func (t *Trainer) withPath(dir string, call func(*C.char) C.zt_status) error {

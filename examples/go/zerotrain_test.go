@@ -175,3 +175,62 @@ func TestTokenizer(t *testing.T) {
 		t.Fatal("a missing folder loaded")
 	}
 }
+
+func TestGRPOWithAGoReward(t *testing.T) {
+	dir := t.TempDir()
+	prompts := filepath.Join(dir, "prompts.jsonl")
+	var rows strings.Builder
+	for i := 0; i < 8; i++ {
+		fmt.Fprintf(&rows, "{\"prompt\": \"Say a %d:\", \"answer\": \"aaa\"}\n", i)
+	}
+	if err := os.WriteFile(prompts, []byte(rows.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	options := func(out string, steps int) string {
+		return fmt.Sprintf(`{%s, "output_dir": %q, "train_file": %q, "stage": "grpo", "num_generations": 4,
+			"max_completion_length": 6, "per_device_train_batch_size": 4, "max_steps": %d, "save_steps": 100,
+			"finetuning_type": "lora"}`, tiny, filepath.Join(dir, out), prompts, steps)
+	}
+	tr, err := New(options("out", 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	var sizes []int
+	err = tr.AddReward("share_of_a", func(batch []RewardInput) []float64 {
+		sizes = append(sizes, len(batch))
+		out := make([]float64, len(batch))
+		for i, r := range batch {
+			if !strings.HasPrefix(r.Prompt, "Say a ") || r.Columns["answer"] != "aaa" || len(r.CompletionIDs) == 0 {
+				t.Errorf("input %+v", r)
+			}
+			out[i] = float64(strings.Count(r.Completion, "a")) / float64(len(r.Completion)+1)
+		}
+		return out
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e *Error
+	if err := tr.AddReward("share_of_a", func(b []RewardInput) []float64 { return nil }); !errors.As(err, &e) || e.Status != InvalidArgument {
+		t.Fatalf("a second function of the same name: %v", err)
+	}
+	if err := tr.Train(nil); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(sizes) != "[4 4]" {
+		t.Fatalf("the reward saw batches %v", sizes)
+	}
+	// A function that panics stops the run with a Cancelled error naming it.
+	short, err := New(options("short", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer short.Close()
+	if err := short.AddReward("panics", func([]RewardInput) []float64 { panic("no") }); err != nil {
+		t.Fatal(err)
+	}
+	if err := short.Train(nil); !errors.As(err, &e) || e.Status != Cancelled || !strings.Contains(e.Message, "reward function 'panics'") {
+		t.Fatalf("got %v", err)
+	}
+}

@@ -264,9 +264,19 @@ class Engine {
   /// module computes with the snapshot's values (the engine's own are in `snapshot`), after a
   /// second it is as before, bit for bit. For forwards without gradients in between (nothing
   /// may train the swapped-in values); not between backward() and step() (InvalidArgument).
-  /// Gathered ZeRO-3 units are released first. Not collective, but every rank swaps before the
-  /// same forwards.
+  /// Gathered ZeRO-3 units are released first (a hold_units() ends). Not collective, but every rank
+  /// swaps before the same forwards.
   void swap_parameters(ParameterSnapshot& snapshot);
+
+  /// Stage 3 with partitioned units: gathers every unit's parameters and keeps them until
+  /// release_units(), so forwards without gradients in between (generation: one forward per
+  /// token) gather nothing and need no other rank — ranks may run different numbers of them.
+  /// Holds the whole model on each rank meanwhile (EngineMemory's gathered elements say how
+  /// much). A no-op at other stages. Collective (all-gathers); not between backward() and
+  /// step() (InvalidArgument).
+  void hold_units();
+  /// Ends hold_units(): every unit released. Not collective; a no-op when nothing is held.
+  void release_units();
 
   EngineMemory memory() const;
   const std::vector<TraceEvent>& trace() const;

@@ -211,9 +211,19 @@ class Trainer {
   /// batch (rank-major), not on the world size. Bad prompts (empty, ids outside the vocabulary,
   /// too long for max_completion_length within the model's context), a wrong prompt count and
   /// a failing reward function (named with its completion and prompt) are errors before the
-  /// step's update. Not with ZeRO-3 or expert parallelism yet. Collective.
+  /// step's update. Under ZeRO-3 the units are gathered once for the generation
+  /// (Engine::hold_units). Not with expert parallelism yet. Collective.
   GrpoStepStats train_grpo_step(const std::vector<GrpoPrompt>& prompts,
                                 const std::vector<RewardFunction>& rewards);
+  /// Adds a reward function to those train() scores a grpo run's completions with: after the
+  /// options' reward_funcs and reward_command, in the order added (reward_weights, when given,
+  /// has one weight per function in that order). `reward.fn` is called on the thread that runs
+  /// train(), once per step with this rank's completions; what it throws stops the run, its
+  /// class kept (a CancelledError stays one), the message naming the function. Every rank adds
+  /// the same functions in the same order (train() checks the count). A run of another stage, a
+  /// nameless or empty function, or a name already there: InvalidArgument. Between calls; not
+  /// collective.
+  void add_reward(RewardFunction reward);
   /// The token-weighted mean loss over batches every rank gives (the same number of batches on
   /// every rank; an empty list on all is an InvalidArgument), without changing the model.
   /// Collective.

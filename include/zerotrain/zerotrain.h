@@ -173,6 +173,41 @@ ZT_EXPORT zt_status zt_trainer_load_checkpoint(zt_trainer* t, const char* dir);
 ZT_EXPORT zt_status zt_trainer_export(zt_trainer* t,
                                       const char* dir); /* HF folder, or PEFT adapter */
 
+/* ---- GRPO rewards from the host (appended in 0.2) ------------------------------------------
+ * A run with "stage": "grpo" samples num_generations completions of each prompt of its
+ * train_file and scores them with reward functions: the built-ins of "reward_funcs", a
+ * "reward_command" program, and the host's own callbacks (docs/grpo.md). */
+typedef struct zt_reward_input {
+  const char* prompt;     /* the prompt's text as the model saw it (its chat template applied) */
+  int64_t prompt_len;     /* bytes, without the NUL that follows them (the text may hold NULs) */
+  const char* completion; /* the completion's text, special tokens dropped; NUL-terminated */
+  int64_t completion_len;
+  const int32_t* completion_ids; /* its tokens, with the stop token where it stopped */
+  int64_t n_completion_ids;
+  /* The prompt row's other columns ("answer", "solution", ...) as one JSON object of strings
+   * (a column that is not a string in train_file is its JSON text), NUL-terminated. */
+  const char* columns_json;
+} zt_reward_input;
+
+/* Scores `n` completions: writes rewards[i] for inputs[i], a finite number, or NaN where this
+ * function does not score that completion (TRL's None: it counts in no mean). Completions come
+ * in groups of num_generations, each group one prompt's. Called on the thread inside
+ * zt_trainer_train, once per step with this rank's completions; `inputs` and `rewards` are valid
+ * only during the call. Return 0, or nonzero to stop: zt_trainer_train then returns
+ * ZT_ERR_CANCELLED on every rank, the message naming the function. An infinite reward is
+ * ZT_ERR_INVALID_ARGUMENT naming the function, the completion and its prompt. */
+typedef int (*zt_reward_fn)(const zt_reward_input* inputs, int64_t n, double* rewards,
+                            void* user_data);
+
+/* Adds a reward function `name` (metrics: rewards/<name>/mean and /std) to a grpo run, after
+ * "reward_funcs" and "reward_command", in the order added; "reward_weights", when given, has
+ * one weight per function in that order. Every rank adds the same functions in the same order
+ * before zt_trainer_train (which checks the count). `name` is copied; `user_data` is passed
+ * back untouched and must outlive the trainer's training calls. Errors: NULL arguments, an
+ * empty or taken name, a run of another stage → ZT_ERR_INVALID_ARGUMENT. Not collective. */
+ZT_EXPORT zt_status zt_trainer_add_reward(zt_trainer* t, const char* name, zt_reward_fn fn,
+                                          void* user_data);
+
 /* Frees the trainer and leaves the job. NULL is fine. Not collective, but every rank should
  * free its trainer; using `t` afterwards is undefined. */
 ZT_EXPORT void zt_trainer_free(zt_trainer* t);

@@ -48,17 +48,25 @@ std::vector<std::string> comma_items(const std::string& list) {
   return out;
 }
 
-// reward_weights: a comma list of numbers, one per reward function (empty: all 1).
-std::vector<double> parse_weights(const std::string& text, size_t functions) {
+// reward_weights: a comma list of decimal numbers (empty: all 1).
+std::vector<double> weight_list(const std::string& text) {
   std::vector<double> out;
   for (const std::string& item : comma_items(text)) {
     const std::optional<double> v = config::parse_double_text(item);  // decimal, as flags are
     if (!v) throw ConfigError(fmt::format("reward_weights: '{}' is not a decimal number", item));
     out.push_back(*v);
   }
+  return out;
+}
+
+// reward_weights for `functions` reward functions: one weight each, in their order.
+std::vector<double> parse_weights(const std::string& text, size_t functions) {
+  std::vector<double> out = weight_list(text);
   if (!out.empty() && out.size() != functions) {
-    throw ConfigError(
-        fmt::format("reward_weights: {} weights for {} reward functions", out.size(), functions));
+    throw ConfigError(fmt::format(
+        "reward_weights: {} weights for {} reward functions (reward_funcs, then reward_command, "
+        "then the host's in the order it added them)",
+        out.size(), functions));
   }
   return out;
 }
@@ -171,11 +179,8 @@ void Trainer::Impl::load_grpo_prompts() {
   has_train = true;
   train_samples = static_cast<int64_t>(grpo_prompts.size()) * grpo_options.num_generations;
   train_rows = static_cast<int64_t>(grpo_prompts.size());
-  if (args.reward_funcs.empty() && args.reward_command.empty()) {
-    throw ConfigError(
-        "reward_funcs: stage grpo from train_file needs reward functions, e.g. --reward_funcs "
-        "accuracy,think_format (docs/grpo.md lists the built-ins), or a reward_command");
-  }
+  // A run with neither is refused when it starts (check_grpo_rewards): a host may still add
+  // its own (Trainer::add_reward, zt_trainer_add_reward).
   for (const std::string& spec : comma_items(args.reward_funcs))
     grpo_rewards.push_back(builtin_reward(spec));
   if (!args.reward_command.empty()) {
@@ -227,6 +232,48 @@ GrpoStepStats Trainer::train_grpo_step(const std::vector<GrpoPrompt>& prompts,
   return impl_->posting_failures([&] { return impl_->train_grpo_step(prompts, rewards); });
 }
 
+void Trainer::add_reward(RewardFunction reward) {
+  Impl& I = *impl_;
+  if (!I.grpo) {
+    throw InvalidArgument(fmt::format(
+        "add_reward: the run's stage is {}; reward functions score stage grpo's completions",
+        I.args.stage));
+  }
+  if (reward.name.empty()) throw InvalidArgument("add_reward: the reward function has no name");
+  if (!reward.fn) {
+    throw InvalidArgument(
+        fmt::format("add_reward: reward function '{}' has no function to call", reward.name));
+  }
+  for (const RewardFunction& r : I.grpo_rewards) {
+    if (r.name == reward.name) {
+      throw InvalidArgument(
+          fmt::format("add_reward: a reward function named '{}' is already there (its metrics are "
+                      "rewards/{}/mean and /std): give each its own name",
+                      reward.name, reward.name));
+    }
+  }
+  I.grpo_rewards.push_back(std::move(reward));
+}
+
+void Trainer::Impl::check_grpo_rewards() {
+  const auto count = static_cast<double>(grpo_rewards.size());
+  // Every rank scores with the same functions: the metrics are reduced function by function.
+  const std::vector<double> most = comm::reduce_scalars(*comm, {count, -count}, ReduceOp::kMax);
+  if (most[0] != count || -most[1] != count) {
+    throw InvalidArgument(fmt::format(
+        "stage grpo: rank {} has {} reward functions, but the ranks have from {} to {}: every "
+        "rank adds the same ones, in the same order",
+        rank, grpo_rewards.size(), -most[1], most[0]));
+  }
+  if (grpo_rewards.empty()) {
+    throw ConfigError(
+        "reward_funcs: stage grpo from train_file needs reward functions, e.g. --reward_funcs "
+        "accuracy,think_format (docs/grpo.md lists the built-ins), a reward_command, or the "
+        "host's own (Trainer::add_reward, zt_trainer_add_reward)");
+  }
+  parse_weights(args.reward_weights, grpo_rewards.size());
+}
+
 void Trainer::Impl::check_grpo_options() {
   train::GrpoOptions& o = grpo_options;
   const bool loss_given = args.is_given("pref_loss") || args.is_given("loss_type");
@@ -256,11 +303,6 @@ void Trainer::Impl::check_grpo_options() {
   const auto refuse = [&](const std::string& what) {
     throw ConfigError(fmt::format("stage grpo: {} (docs/grpo.md)", what));
   };
-  if (ds.zero.stage == 3) {
-    refuse(
-        "ZeRO stage 3: generation needs every rank to hold the whole weights, and gathering "
-        "them for generation is not implemented yet; train GRPO with ZeRO stage 0, 1 or 2");
-  }
   if (model_config.expert_shard.size > 1) {
     refuse("expert parallelism: generation does not drive the mixtures' all-to-all yet");
   }
@@ -302,7 +344,9 @@ void Trainer::Impl::check_grpo_options() {
       builtin_reward(spec, "reward_funcs");
       ++count;
     }
-    if (!args.reward_weights.empty()) parse_weights(args.reward_weights, count);
+    // More weights than these may be for the host's functions (checked when the run starts).
+    const std::vector<double> weights = weight_list(args.reward_weights);
+    if (!weights.empty() && weights.size() < count) parse_weights(args.reward_weights, count);
   }
 }
 
@@ -353,7 +397,9 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
   }
 
   // 1. Completions, sampled by the weights being trained, without dropout. Each one's draws
-  // come from (seed, step, its index in the global batch).
+  // come from (seed, step, its index in the global batch). Under ZeRO-3 the units are gathered
+  // once for the whole generation (hold_units), so a rank decodes as many tokens as its own
+  // completions need, with no collective per token.
   const int64_t step = I.engine->global_step();
   GenerationOptions sampling_now = I.sampling;
   sampling_now.seed = mix(static_cast<uint64_t>(I.args.seed), static_cast<uint64_t>(step));
@@ -364,12 +410,15 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
   {
     const bool training = I.model->is_training();
     I.model->eval();
+    I.engine->hold_units();
     try {
       done = I.model->generate_batch(rows, sampling_now, streams);
     } catch (...) {
+      I.engine->release_units();
       if (training) I.model->train();
       throw;
     }
+    I.engine->release_units();
     if (training) I.model->train();
   }
 
@@ -386,7 +435,15 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
     r.columns = p.columns;
     out.completions.push_back(r.completion);
   }
-  const at::Tensor per_function = train::score_completions(rewards, inputs, g);  // [n, F]
+  at::Tensor per_function;  // [n, F]
+  try {
+    per_function = train::score_completions(rewards, inputs, g);
+  } catch (const CancelledError& e) {
+    // A reward function that asked to stop: this rank stops with its CancelledError, and the
+    // others are told (posting_failures passes a cancel by), so none waits for it.
+    I.comm->post_failure(e.what());
+    throw;
+  }
 
   // 3. Advantages: groups are whole on this rank; the batch's std (scale_rewards batch) and
   // the logged statistics are over every rank's completions.

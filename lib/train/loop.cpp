@@ -539,6 +539,7 @@ TrainResult Trainer::train() {
 
 TrainResult Trainer::Impl::train() {
   Impl& I = *this;
+  if (I.grpo) I.check_grpo_rewards();
   I.announce();
   I.prepare_output_dir();
   if (I.state.global_step == 0) I.write_pissa_start();

@@ -21,6 +21,7 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
+#include "config/training_options.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::train {
@@ -123,6 +124,24 @@ void RewardProcess::stop() noexcept {
 
 std::vector<std::optional<double>> RewardProcess::score(const std::vector<RewardInput>& batch) {
   if (pid_ < 0) start();
+  // What the program wrote since the last batch was answered, nobody having asked: it is out of
+  // step with its input (it answers some completion twice, or prints something else too).
+  for (;;) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0 || !(p.revents & POLLIN)) break;
+    char buf[4096];
+    const ssize_t n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
+    if (n <= 0) break;  // an end or error shows when this batch is sent or read
+    pending_.append(buf, static_cast<size_t>(n));
+  }
+  if (!pending_.empty()) {
+    const std::string extra = trimmed(pending_.substr(0, pending_.find('\n')));
+    stop();
+    throw Error(fmt::format(
+        "reward_command '{}' wrote \"{}\" after answering the last batch, more lines than "
+        "completions (one line each: a number, or null; docs/grpo.md); it was stopped",
+        command_, extra.substr(0, 60)));
+  }
   std::string out;
   for (const RewardInput& r : batch) out += json_line(r);
   size_t sent = 0;
@@ -186,14 +205,20 @@ std::vector<std::optional<double>> RewardProcess::score(const std::vector<Reward
           rewards.push_back(std::nullopt);
           continue;
         }
-        char* end = nullptr;
-        const double v = std::strtod(line.c_str(), &end);
-        if (line.empty() || end != line.c_str() + line.size()) {
-          throw fail(fmt::format("answered \"{}\", not a number", line.substr(0, 60)));
+        // Decimal text, as Python prints a float; hexadecimal, inf and nan are refused.
+        const std::optional<double> v = config::parse_double_text(line);
+        if (!v) {
+          throw fail(
+              fmt::format("answered \"{}\", not a finite decimal number", line.substr(0, 60)));
         }
-        rewards.push_back(v);
+        rewards.push_back(*v);
       }
     }
+  }
+  if (!pending_.empty()) {
+    const std::string extra = trimmed(pending_.substr(0, pending_.find('\n')));
+    throw fail(fmt::format("answered {} completions, then \"{}\": more lines than completions",
+                           batch.size(), extra.substr(0, 60)));
   }
   return rewards;
 }

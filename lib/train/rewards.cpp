@@ -286,6 +286,22 @@ RewardFunction builtin_reward(const std::string& spec, const std::string& what) 
 
 namespace zt::train {
 
+namespace {
+
+// `error` again with `message`, its class kept: a host's cancel or bad argument stays one.
+[[noreturn]] void rethrow_as(const std::exception& error, const std::string& message) {
+  if (dynamic_cast<const CancelledError*>(&error)) throw CancelledError(message);
+  if (dynamic_cast<const InvalidArgument*>(&error)) throw InvalidArgument(message);
+  if (dynamic_cast<const ConfigError*>(&error)) throw ConfigError(message);
+  if (dynamic_cast<const IoError*>(&error)) throw IoError(message);
+  if (dynamic_cast<const DistributedError*>(&error)) throw DistributedError(message);
+  if (dynamic_cast<const OutOfMemoryError*>(&error)) throw OutOfMemoryError(message);
+  if (dynamic_cast<const NumericError*>(&error)) throw NumericError(message);
+  throw Error(message);
+}
+
+}  // namespace
+
 at::Tensor score_completions(const std::vector<RewardFunction>& functions,
                              const std::vector<RewardInput>& inputs, int64_t num_generations) {
   const auto n = static_cast<int64_t>(inputs.size());
@@ -300,18 +316,18 @@ at::Tensor score_completions(const std::vector<RewardFunction>& functions,
     try {
       r = fn.fn(inputs);
     } catch (const std::exception& e) {
-      throw Error(fmt::format("reward function '{}' failed on a batch of {} completions: {}",
-                              fn.name, n, e.what()));
+      rethrow_as(e, fmt::format("reward function '{}' failed on a batch of {} completions: {}",
+                                fn.name, n, e.what()));
     }
     if (static_cast<int64_t>(r.size()) != n) {
-      throw Error(fmt::format(
+      throw InvalidArgument(fmt::format(
           "reward function '{}' returned {} rewards for {} completions (one each, or None)",
           fn.name, r.size(), n));
     }
     for (int64_t i = 0; i < n; ++i) {
       const auto& v = r[static_cast<size_t>(i)];
       if (v && !std::isfinite(*v)) {
-        throw Error(fmt::format(
+        throw InvalidArgument(fmt::format(
             "reward function '{}' returned {} for completion {} (prompt {} of the batch): a "
             "reward is a finite number, or None to leave the completion unscored",
             fn.name, *v, i, i / g));

@@ -31,9 +31,10 @@ std::string reference_answer(const std::string& text);
 bool same_answer(const std::string& a, const std::string& b);
 
 /// Scores `inputs` (completions in groups of `num_generations`) by every function:
-/// [completions, functions] fp64, NaN where a function gave None. A function that throws,
-/// returns the wrong number of rewards, or a NaN or infinite reward is an Error naming
-/// it, the completion and its prompt's index in the batch (i / num_generations).
+/// [completions, functions] fp64, NaN where a function gave None. What a function throws is
+/// rethrown with its class (a CancelledError stays one) and a message naming the function; the
+/// wrong number of rewards, or a NaN or infinite reward, is an InvalidArgument naming it, the
+/// completion and its prompt's index in the batch (i / num_generations).
 at::Tensor score_completions(const std::vector<RewardFunction>& functions,
                              const std::vector<RewardInput>& inputs, int64_t num_generations);
 

@@ -196,6 +196,9 @@ struct Trainer::Impl {
   std::vector<GrpoPrompt> grpo_prompts;
   std::vector<RewardFunction> grpo_rewards;
   void load_grpo_prompts();
+  /// When a grpo run starts: at least one reward function, the same count on every rank, and
+  /// reward_weights one per function (collective).
+  void check_grpo_rewards();
   /// One optimizer step of train() for stage grpo: the step's prompts of `order` (over
   /// prompts), this rank's share rank-major, through train_grpo_step.
   StepResult run_grpo_step(const std::vector<int64_t>& order);

@@ -171,6 +171,7 @@ struct LaunchQueue {
 struct UnitResidency {
   int64_t gathered_now = 0, gathered_peak = 0;
   int depth = 0;
+  bool held = false;  ///< Engine::hold_units: forwards without gradients release nothing
 };
 
 /// The all-gathers of updated parameters after a step (engine.cpp's publish and

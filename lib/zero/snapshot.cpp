@@ -62,6 +62,7 @@ void Engine::swap_parameters(ParameterSnapshot& snapshot) {
   I.finish_publishing();  // a step's all-gathers write the compute copy
   // Gathered stage-3 units hold copies of the shards: drop them, the next forward gathers the
   // values swapped in.
+  I.residency.held = false;  // a hold_units ends here
   for (size_t u = 0; u < I.units.size(); ++u) I.release(u);
   // Offloaded shards are written on the host below: no upload from them may still be reading.
   if (I.S.offload_param && I.S.device.is_cuda()) torch::cuda::synchronize();

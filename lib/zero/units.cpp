@@ -339,7 +339,7 @@ std::vector<at::Tensor> zero::EngineImpl::run_unit(size_t unit,
       DepthGuard depth(residency.depth);
       out = fn(inputs);
     }
-    if (sharded) release(unit);
+    if (sharded && !residency.held) release(unit);
     return out;
   }
   auto call = c10::make_intrusive<UnitCall>();
@@ -446,6 +446,29 @@ void zero::EngineImpl::release(size_t u) {
   st.elements = 0;
   st.status = UnitStatus::kReleased;
   record(TraceEvent::Kind::kUnitRelease, static_cast<int>(u));
+}
+
+void Engine::hold_units() {
+  zero::EngineImpl& I = *impl_;
+  if (!I.S.shard_units) return;
+  if (I.steps.awaiting_step)
+    throw InvalidArgument("Engine::hold_units between backward() and step()");
+  I.finish_publishing();
+  // Every gather is issued before any is waited on, in unit order on every rank.
+  for (size_t u = 0; u < I.units.size(); ++u) {
+    if (I.units[u].status == zero::EngineImpl::UnitStatus::kReleased) I.start_gather(u);
+  }
+  for (size_t u = 0; u < I.units.size(); ++u) {
+    if (I.units[u].status == zero::EngineImpl::UnitStatus::kGathering) I.finish_gather(u);
+  }
+  I.residency.held = true;
+}
+
+void Engine::release_units() {
+  zero::EngineImpl& I = *impl_;
+  if (!I.residency.held) return;
+  I.residency.held = false;
+  for (size_t u = 0; u < I.units.size(); ++u) I.release(u);
 }
 
 void zero::EngineImpl::bind_unit_params(size_t u, bool gathered) {

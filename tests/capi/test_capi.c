@@ -65,6 +65,32 @@ static int on_progress(const zt_step_stats *stats, void *user_data) {
   return stats->global_step >= stop_after;
 }
 
+/* A GRPO reward: the share of a completion's bytes that are 'a'; checks what it is given. */
+static int reward_calls = 0;
+static int64_t reward_completions = 0;
+static int reward_stop_at = 0;    /* the call that returns nonzero (0: none) */
+static int reward_infinite = 0;   /* gives an infinite reward */
+static int reward_saw_answer = 1; /* every input had the row's answer column */
+static int share_of_a(const zt_reward_input *in, int64_t n, double *rewards, void *user_data) {
+  CHECK(user_data == &reward_calls);
+  ++reward_calls;
+  reward_completions += n;
+  CHECK(n > 0 && n % 4 == 0); /* whole groups of num_generations */
+  for (int64_t i = 0; i < n; ++i) {
+    CHECK(in[i].prompt_len == (int64_t)strlen(in[i].prompt) && strstr(in[i].prompt, "Say a") != NULL);
+    CHECK(in[i].completion_len >= (int64_t)strlen(in[i].completion)); /* NUL bytes may be in it */
+    CHECK(in[i].n_completion_ids >= 1 && in[i].n_completion_ids <= 6);
+    if (strstr(in[i].columns_json, "\"answer\": \"aaa\"") == NULL &&
+        strstr(in[i].columns_json, "\"answer\":\"aaa\"") == NULL)
+      reward_saw_answer = 0;
+    int64_t a = 0;
+    for (int64_t c = 0; c < in[i].completion_len; ++c) a += in[i].completion[c] == 'a';
+    rewards[i] = in[i].completion_len > 0 ? (double)a / (double)in[i].completion_len : NAN;
+  }
+  if (reward_infinite) rewards[n - 1] = INFINITY;
+  return reward_calls == reward_stop_at;
+}
+
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
   (void)st;
   (void)flag;
@@ -290,6 +316,78 @@ int main(void) {
   CHECK(exists(path));
   zt_trainer_free(t);
   zt_trainer_free(NULL);
+
+  /* GRPO with the host's reward: 2 prompts × 4 completions a step, scored by share_of_a. */
+  char prompts[512], grpo[2048];
+  snprintf(prompts, sizeof prompts, "%s/prompts.jsonl", dir);
+  f = fopen(prompts, "w");
+  if (f == NULL) return 2;
+  for (int i = 0; i < 8; ++i) fprintf(f, "{\"prompt\": \"Say a %d:\", \"answer\": \"aaa\"}\n", i);
+  fclose(f);
+#define GRPO_OPTIONS(extra)                                                                        \
+  snprintf(grpo, sizeof grpo,                                                                      \
+           "{" MODEL ", \"device\": \"cpu\", \"output_dir\": \"%s/grpo\", \"train_file\": \"%s\","   \
+           " \"stage\": \"grpo\", \"num_generations\": 4, \"max_completion_length\": 6,"           \
+           " \"per_device_train_batch_size\": 4, \"gradient_accumulation_steps\": 2,"              \
+           " \"max_steps\": 3, \"save_steps\": 100, \"finetuning_type\": \"lora\"," extra           \
+           " \"distributed\": {\"rank\": 0, \"world_size\": 1}}",                                 \
+           dir, prompts);                                                                          \
+  snprintf(path, sizeof path, "%s/grpo", dir);                                                     \
+  nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS)
+  GRPO_OPTIONS(" \"reward_funcs\": \"accuracy\", \"reward_weights\": \"0.5,1\",");
+  CHECK_OK(zt_trainer_create(grpo, &t));
+  CHECK_FAILS(zt_trainer_add_reward(NULL, "a", share_of_a, NULL), ZT_ERR_INVALID_ARGUMENT, "NULL");
+  CHECK_FAILS(zt_trainer_add_reward(t, NULL, share_of_a, NULL), ZT_ERR_INVALID_ARGUMENT, "name");
+  CHECK_FAILS(zt_trainer_add_reward(t, "a", NULL, NULL), ZT_ERR_INVALID_ARGUMENT, "'a'");
+  CHECK_FAILS(zt_trainer_add_reward(t, "", share_of_a, NULL), ZT_ERR_INVALID_ARGUMENT, "name");
+  CHECK_FAILS(zt_trainer_add_reward(t, "accuracy", share_of_a, NULL), ZT_ERR_INVALID_ARGUMENT,
+              "'accuracy' is already there");
+  CHECK_OK(zt_trainer_add_reward(t, "share_of_a", share_of_a, &reward_calls));
+  CHECK_OK(zt_trainer_train(t, NULL, NULL));
+  CHECK(reward_calls == 3 && reward_completions == 3 * 8);
+  CHECK(reward_saw_answer);
+  snprintf(path, sizeof path, "%s/grpo/trainer_state.json", dir);
+  CHECK(exists(path));
+  zt_trainer_free(t);
+  /* A callback that asks to stop, at its second call: the run stops there, naming it. */
+  reward_calls = 0;
+  reward_stop_at = 2;
+  GRPO_OPTIONS("");
+  CHECK_OK(zt_trainer_create(grpo, &t));
+  CHECK_OK(zt_trainer_add_reward(t, "share_of_a", share_of_a, &reward_calls));
+  CHECK_FAILS(zt_trainer_train(t, NULL, NULL), ZT_ERR_CANCELLED, "reward function 'share_of_a'");
+  CHECK(reward_calls == 2);
+  zt_trainer_free(t);
+  /* An infinite reward: an argument error naming the function, the completion and its prompt. */
+  reward_calls = 0;
+  reward_stop_at = 0;
+  reward_infinite = 1;
+  GRPO_OPTIONS("");
+  CHECK_OK(zt_trainer_create(grpo, &t));
+  CHECK_OK(zt_trainer_add_reward(t, "share_of_a", share_of_a, &reward_calls));
+  CHECK_FAILS(zt_trainer_train(t, NULL, NULL), ZT_ERR_INVALID_ARGUMENT,
+              "reward function 'share_of_a' returned inf for completion 7 (prompt 1");
+  zt_trainer_free(t);
+  reward_infinite = 0;
+  /* No reward function at all, or weights that do not fit the functions: refused at the start. */
+  GRPO_OPTIONS("");
+  CHECK_OK(zt_trainer_create(grpo, &t));
+  CHECK_FAILS(zt_trainer_train(t, NULL, NULL), ZT_ERR_CONFIG, "zt_trainer_add_reward");
+  zt_trainer_free(t);
+  reward_calls = 0;
+  GRPO_OPTIONS(" \"reward_weights\": \"1,2\",");
+  CHECK_OK(zt_trainer_create(grpo, &t));
+  CHECK_OK(zt_trainer_add_reward(t, "share_of_a", share_of_a, &reward_calls));
+  CHECK_FAILS(zt_trainer_train(t, NULL, NULL), ZT_ERR_CONFIG, "2 weights for 1 reward functions");
+  zt_trainer_free(t);
+  CHECK(reward_calls == 0);
+#undef GRPO_OPTIONS
+  /* Rewards score a grpo run only. */
+  snprintf(options, sizeof options, "{" MODEL ", \"device\": \"cpu\", \"max_steps\": 2}");
+  CHECK_OK(zt_trainer_create(options, &t));
+  CHECK_FAILS(zt_trainer_add_reward(t, "share_of_a", share_of_a, NULL), ZT_ERR_INVALID_ARGUMENT,
+              "stage grpo");
+  zt_trainer_free(t);
 
   /* A stop asked from outside (what a signal handler calls) before the first step: the job ends
    * saying that nothing was saved, never naming a checkpoint-0. */

@@ -25,6 +25,21 @@ pub struct zt_step_stats {
     pub loss_scale: f64,
 }
 
+#[repr(C)]
+pub struct zt_reward_input {
+    pub prompt: *const c_char,
+    pub prompt_len: i64,
+    pub completion: *const c_char,
+    pub completion_len: i64,
+    pub completion_ids: *const i32,
+    pub n_completion_ids: i64,
+    pub columns_json: *const c_char,
+}
+
+pub type zt_reward_fn = Option<
+    unsafe extern "C" fn(inputs: *const zt_reward_input, n: i64, rewards: *mut f64, user_data: *mut c_void) -> c_int,
+>;
+
 pub type zt_progress_fn = Option<unsafe extern "C" fn(stats: *const zt_step_stats, user_data: *mut c_void) -> c_int>;
 pub type zt_log_fn = Option<unsafe extern "C" fn(level: c_int, message: *const c_char, user_data: *mut c_void)>;
 
@@ -68,6 +83,7 @@ extern "C" {
     pub fn zt_trainer_save_checkpoint(t: *mut zt_trainer, dir: *const c_char) -> c_int;
     pub fn zt_trainer_load_checkpoint(t: *mut zt_trainer, dir: *const c_char) -> c_int;
     pub fn zt_trainer_export(t: *mut zt_trainer, dir: *const c_char) -> c_int;
+    pub fn zt_trainer_add_reward(t: *mut zt_trainer, name: *const c_char, f: zt_reward_fn, user_data: *mut c_void) -> c_int;
     pub fn zt_trainer_free(t: *mut zt_trainer);
     pub fn zt_tokenizer_load(model_dir: *const c_char, out: *mut *mut zt_tokenizer) -> c_int;
     pub fn zt_tokenizer_encode(

@@ -80,9 +80,62 @@ pub fn version() -> String {
 /// What one step did (the same on every rank).
 pub type StepStats = ffi::zt_step_stats;
 
+/// What a GRPO reward function sees of one completion.
+#[derive(Clone, Debug)]
+pub struct RewardInput {
+    /// The prompt's text as the model saw it (its chat template applied).
+    pub prompt: String,
+    /// The completion's text, special tokens dropped (invalid UTF-8 replaced).
+    pub completion: String,
+    /// Its tokens, with the stop token where it stopped.
+    pub completion_ids: Vec<i32>,
+    /// The prompt row's other columns (`answer`, `solution`, ...) as one JSON object of strings.
+    pub columns_json: String,
+}
+
+type RewardFn = Box<dyn FnMut(&[RewardInput]) -> Vec<Option<f64>>>;
+
+unsafe extern "C" fn reward_trampoline(
+    inputs: *const ffi::zt_reward_input,
+    n: i64,
+    rewards: *mut f64,
+    data: *mut c_void,
+) -> c_int {
+    let f = &mut *(data as *mut RewardFn);
+    let text = |p: *const c_char, len: i64| {
+        String::from_utf8_lossy(std::slice::from_raw_parts(p as *const u8, len as usize)).into_owned()
+    };
+    let batch: Vec<RewardInput> = std::slice::from_raw_parts(inputs, n as usize)
+        .iter()
+        .map(|r| RewardInput {
+            prompt: text(r.prompt, r.prompt_len),
+            completion: text(r.completion, r.completion_len),
+            completion_ids: std::slice::from_raw_parts(r.completion_ids, r.n_completion_ids as usize).to_vec(),
+            columns_json: CStr::from_ptr(r.columns_json).to_string_lossy().into_owned(),
+        })
+        .collect();
+    // A panic must not unwind into C: it stops the run, as a wrong number of rewards does.
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&batch))) {
+        Ok(scores) if scores.len() == batch.len() => {
+            for (i, r) in scores.iter().enumerate() {
+                *rewards.add(i) = r.unwrap_or(f64::NAN);
+            }
+            0
+        }
+        Ok(scores) => {
+            eprintln!("zerotrain: a reward function returned {} rewards for {} completions", scores.len(), batch.len());
+            1
+        }
+        Err(_) => 1,
+    }
+}
+
 /// One rank's trainer. Owns the C handle; dropping it frees the trainer.
 pub struct Trainer {
     raw: *mut ffi::zt_trainer,
+    // The reward functions the C side calls, boxed twice for one thin pointer each; freed after
+    // the trainer (Drop frees it first).
+    rewards: Vec<Box<RewardFn>>,
 }
 
 impl Trainer {
@@ -91,7 +144,7 @@ impl Trainer {
         let options = c_string(options_json, "options")?;
         let mut raw = ptr::null_mut();
         check(unsafe { ffi::zt_trainer_create(options.as_ptr(), &mut raw) })?;
-        Ok(Trainer { raw })
+        Ok(Trainer { raw, rewards: Vec::new() })
     }
 
     pub fn rank(&self) -> i32 {
@@ -187,6 +240,23 @@ impl Trainer {
         }
         let data = &mut progress as *mut F as *mut c_void;
         check(unsafe { ffi::zt_trainer_train(self.raw, Some(trampoline::<F>), data) })
+    }
+
+    /// Adds a reward function `name` to a run with stage grpo (after its reward_funcs and
+    /// reward_command, in the order added). `f` scores a batch of this rank's completions (whole
+    /// groups of num_generations): one reward each, `None` where it does not score one. It is
+    /// called inside `train`, on its thread; a panic or a wrong number of rewards stops the run
+    /// (a `ZT_ERR_CANCELLED` error naming the function). Every rank adds the same functions.
+    pub fn add_reward<F>(&mut self, name: &str, f: F) -> Result<()>
+    where
+        F: FnMut(&[RewardInput]) -> Vec<Option<f64>> + 'static,
+    {
+        let n = c_string(name, "reward name")?;
+        let mut boxed: Box<RewardFn> = Box::new(Box::new(f));
+        let data = &mut *boxed as *mut RewardFn as *mut c_void;
+        check(unsafe { ffi::zt_trainer_add_reward(self.raw, n.as_ptr(), Some(reward_trampoline), data) })?;
+        self.rewards.push(boxed);
+        Ok(())
     }
 
     /// Writes one complete checkpoint folder at `dir`. Collective.
@@ -355,6 +425,51 @@ mod tests {
         assert!(last.loss < first.loss, "{} -> {}", first.loss, last.loss);
         let e = t.train_pairs_step(&chosen, &cl, &rejected[..8], &rl[..8], 2).err().unwrap();
         assert_eq!(e.status, 1, "{}", e);
+    }
+
+    #[test]
+    fn a_grpo_run_is_scored_by_a_closure() {
+        use std::cell::RefCell;
+        use std::rc::Rc;
+        let dir = temp_dir("grpo");
+        let prompts = dir.join("prompts.jsonl");
+        let rows: String = (0..8).map(|i| format!("{{\"prompt\": \"Say a {i}:\", \"answer\": \"aaa\"}}\n")).collect();
+        std::fs::write(&prompts, rows).unwrap();
+        let options = |out: &str, steps: i32| {
+            format!(
+                r#"{{{TINY}, "output_dir": "{}", "train_file": "{}", "stage": "grpo", "num_generations": 4,
+                    "max_completion_length": 6, "per_device_train_batch_size": 4, "max_steps": {steps},
+                    "save_steps": 100, "finetuning_type": "lora"}}"#,
+                dir.join(out).display(),
+                prompts.display()
+            )
+        };
+        let mut t = Trainer::new(&options("out", 2)).unwrap();
+        let seen = Rc::new(RefCell::new(Vec::<usize>::new()));
+        let log = seen.clone();
+        t.add_reward("share_of_a", move |batch| {
+            log.borrow_mut().push(batch.len());
+            batch
+                .iter()
+                .map(|r| {
+                    assert!(r.prompt.starts_with("Say a ") && r.columns_json.contains("aaa"), "{r:?}");
+                    assert!(!r.completion_ids.is_empty() && r.completion_ids.len() <= 6);
+                    let a = r.completion.bytes().filter(|&b| b == b'a').count();
+                    (!r.completion.is_empty()).then(|| a as f64 / r.completion.len() as f64)
+                })
+                .collect()
+        })
+        .unwrap();
+        let e = t.add_reward("share_of_a", |b| vec![None; b.len()]).err().unwrap();
+        assert_eq!(e.status, 1, "{}", e);
+        t.train(|_| true).unwrap();
+        assert_eq!(*seen.borrow(), vec![4, 4]);
+        // A function that answers for the wrong number of completions stops the run, named.
+        let mut t = Trainer::new(&options("short", 1)).unwrap();
+        t.add_reward("short", |b| vec![Some(1.0); b.len() - 1]).unwrap();
+        let e = t.train(|_| true).err().unwrap();
+        assert_eq!(e.status_name(), "ZT_ERR_CANCELLED", "{}", e);
+        assert!(e.message.contains("reward function 'short'"), "{}", e);
     }
 
     #[test]
