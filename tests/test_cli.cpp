@@ -246,7 +246,8 @@ TEST_CASE("a demo that does not learn says why it exits non-zero", "[cli][errors
   CHECK_THAT(r.output, Contains("did not teach the task") && Contains("--max_steps (now 1)"));
 }
 
-TEST_CASE("a DPO run's adapter: verify --compare scores pairs, and against the base", "[cli]") {
+TEST_CASE("a DPO run's adapter: verify --compare scores pairs, and against the base",
+          "[cli][slow]") {
   const std::string dir = zt::test::temp_dir("verify_compare");
   std::filesystem::create_directories(dir + "/base");
   write_random_model(dir + "/base");

@@ -49,7 +49,7 @@ TEST_CASE("engine: DeepSpeed's mean normalization matches too", "[engine][equiva
 }
 
 TEST_CASE("engine: zerotrain's own decoder trains identically under every stage",
-          "[engine][equivalence][model]") {
+          "[engine][equivalence][model][slow]") {
   run_case(make_case(0, 2, 1, "fp32", false, "llm"));
   run_case(make_case(1, 1, 3, "fp32", true, "llm", "sgd"));
   run_case(make_case(2, 4, 1, "bf16", false, "llm", "adamw", true));

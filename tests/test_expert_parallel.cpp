@@ -378,7 +378,7 @@ TEST_CASE("rank: expert-parallel training", "[.rank]") {
 
 TEST_CASE(
     "expert-parallel LoRA and QLoRA train as world 1 does, stages 0-3 and offload, and resume",
-    "[moe][ranks][trainer]") {
+    "[moe][ranks][trainer][slow]") {
   const std::string dir = test::temp_dir("expert_parallel");
   test::write_data(dir, "train.jsonl", 16, 9);
   test::write_model_folder(dir + "/base", kEpModel, 41);

@@ -450,7 +450,8 @@ TEST_CASE("rank: grpo steps", "[.rank]") {
   trainer.export_model(std::string(std::getenv("ZT_DIR")) + "/model");
 }
 
-TEST_CASE("GRPO steps are the same at world 1, 2 and 4 and under ZeRO 0-3", "[grpo][trainer]") {
+TEST_CASE("GRPO steps are the same at world 1, 2 and 4 and under ZeRO 0-3",
+          "[grpo][trainer][slow]") {
   if (test::skip_cpu_world(4)) return;
   const std::string dir = test::temp_dir("grpo-worlds");
   for (const std::string& setting :
@@ -760,7 +761,8 @@ TEST_CASE("rank: grpo host rewards", "[.rank]") {
     return;
   }
   // Rank 1's function asks to stop at its first call. Rank 1 then stays up until rank 0 has
-  // its error: rank 0 learns it from the posted failure, not from a peer that went away.
+  // its error, and the collectives' timeout is longer than the test's (ZT_TEST_TIMEOUT_MS): rank
+  // 0 learns of it from the ranks' agreement, neither from a peer that went away nor a timeout.
   const RewardFn stops = [](const std::vector<RewardInput>&) -> std::vector<std::optional<double>> {
     throw CancelledError("the host stops");
   };
@@ -771,9 +773,9 @@ TEST_CASE("rank: grpo host rewards", "[.rank]") {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     CHECK(std::filesystem::exists(flag));
   } else {
-    CHECK_THROWS_WITH(trainer.train(), Catch::Contains("rank 1") &&
-                                           Catch::Contains("reward function 'stops'") &&
-                                           Catch::Contains("the host stops"));
+    CHECK_THROWS_WITH(trainer.train(),
+                      Catch::Contains("scoring the completions (a reward function) failed on "
+                                      "rank(s) 1"));
     std::ofstream(flag) << "done\n";
   }
 }
@@ -791,7 +793,10 @@ TEST_CASE("host reward functions: the same on every rank, and one that stops tel
   for (const char* mode : {"uneven", "stops"}) {
     INFO(mode);
     test::run_ranks(2, "rank: grpo host rewards", std::chrono::seconds(240),
-                    {{"ZT_FLAGS", test::join_flags(flags)}, {"ZT_MODE", mode}, {"ZT_DIR", dir}});
+                    {{"ZT_FLAGS", test::join_flags(flags)},
+                     {"ZT_MODE", mode},
+                     {"ZT_DIR", dir},
+                     {"ZT_TEST_TIMEOUT_MS", "600000"}});
   }
 }
 

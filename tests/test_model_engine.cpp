@@ -49,13 +49,11 @@ struct CountProducts {
   ~CountProducts() { at::removeCallback(handle); }
   at::CallbackHandle handle;
 };
-}  // namespace
-
-TEST_CASE("rank: model zero3 from checkpoint", "[.rank]") {
-  auto comm = std::shared_ptr<Communicator>(test::join());
-  const std::string dir = fixture(std::string("models/") + std::getenv("ZT_MODEL"));
-  ModelConfig c = load_model_config(dir);
-  auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), /*allocate=*/false);
+// A ZeRO-3 engine over `model` (placeholders) that reads each rank's slices of the checkpoint
+// at `dir`, sharding all but the smallest parameters (persistence threshold 100 elements).
+Engine zero3_engine(const std::shared_ptr<Communicator>& comm,
+                    const std::shared_ptr<CausalLM>& model, const ModelConfig& c,
+                    const std::string& dir) {
   DeepSpeedConfig ds = parse_deepspeed_config(R"({"zero_optimization": {"stage": 3,
       "stage3_param_persistence_threshold": 100}, "optimizer": {"type": "AdamW",
       "params": {"lr": 0.001}}})");
@@ -66,7 +64,17 @@ TEST_CASE("rank: model zero3 from checkpoint", "[.rank]") {
   eo.units = model->units();
   eo.gate = &model->gate();
   eo.source = checkpoint_source(dir);
-  Engine engine(model, ds, comm, eo);
+  return Engine(model, ds, comm, eo);
+}
+
+}  // namespace
+
+TEST_CASE("rank: model zero3 from checkpoint", "[.rank]") {
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  const std::string dir = fixture(std::string("models/") + std::getenv("ZT_MODEL"));
+  ModelConfig c = load_model_config(dir);
+  auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), /*allocate=*/false);
+  Engine engine = zero3_engine(comm, model, c, dir);
 
   // Each rank holds about 1/world of the weights (persistent norms and tied weights aside).
   EngineMemory m = engine.memory();
@@ -100,17 +108,7 @@ TEST_CASE("rank: model zero3 held generation", "[.rank]") {
   const std::string dir = fixture("models/llama");
   ModelConfig c = load_model_config(dir);
   auto model = std::make_shared<CausalLM>(c, at::TensorOptions(), /*allocate=*/false);
-  DeepSpeedConfig ds = parse_deepspeed_config(R"({"zero_optimization": {"stage": 3,
-      "stage3_param_persistence_threshold": 100}, "optimizer": {"type": "AdamW",
-      "params": {"lr": 0.001}}})");
-  TrainingArguments args;
-  args.lr_scheduler_type = "constant";
-  resolve_config(ds, args, ResolveContext{comm->world_size(), c.hidden_size, 4});
-  EngineOptions eo;
-  eo.units = model->units();
-  eo.gate = &model->gate();
-  eo.source = checkpoint_source(dir);
-  Engine engine(model, ds, comm, eo);
+  Engine engine = zero3_engine(comm, model, c, dir);
   // The same model whole, outside any engine: the generation it gives.
   auto whole = std::make_shared<CausalLM>(c, at::TensorOptions(), /*allocate=*/false);
   load_weights(*whole, *checkpoint_source(dir));

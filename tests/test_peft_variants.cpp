@@ -510,7 +510,7 @@ std::vector<double> train_losses(CausalLM& model, int64_t shift, int steps, doub
 }  // namespace
 
 TEST_CASE("QLoRA's and DoRA's loss curves stay within a band of LoRA's on a trained model",
-          "[quant][peft]") {
+          "[quant][peft][slow]") {
   // The fixture llama (transformers' initialization) first learns one task in full: a model
   // whose weights mean something, so a 4-bit base's error is not noise on noise. Then LoRA,
   // QLoRA (NF4, double quantization), DoRA and DoRA over the 4-bit base learn a second task

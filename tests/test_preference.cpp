@@ -714,7 +714,7 @@ TEST_CASE("rank: dpo run", "[.rank]") {
 }
 
 TEST_CASE("DPO trains the same at world 1, 2 and 4 under every ZeRO stage, and learns",
-          "[preference][trainer]") {
+          "[preference][trainer][slow]") {
   if (test::skip_cpu_world(4)) return;
   const std::string dir = test::temp_dir("dpo-runs");
   write_pairs(dir, "train.jsonl", 24, 1);
@@ -770,7 +770,7 @@ std::string write_feedback(const std::string& dir, const std::string& name, int 
 }  // namespace
 
 TEST_CASE("KTO trains the same at world 1, 2 and 4 under every ZeRO stage, and learns",
-          "[preference][trainer]") {
+          "[preference][trainer][slow]") {
   if (test::skip_cpu_world(4)) return;
   const std::string dir = test::temp_dir("kto-runs");
   write_feedback(dir, "train.jsonl", 24, 1);
@@ -923,7 +923,7 @@ TEST_CASE(
 }
 
 TEST_CASE("a frozen reference model, sharded as the policy, scores as the precomputed table does",
-          "[preference][trainer]") {
+          "[preference][trainer][slow]") {
   if (test::skip_cpu_world(4)) return;
   // Full fine-tuning with precompute_ref_log_probs false: the starting weights kept as each
   // rank keeps its compute copy and swapped in for every reference forward. The steps equal

@@ -235,7 +235,7 @@ func (t *Trainer) Train(progress func(StepStats) bool) error {
 
 // RewardInput is what a GRPO reward function sees of one completion.
 type RewardInput struct {
-	Prompt        string            // the prompt's text as the model saw it (chat template applied)
+	Prompt        string            // the prompt's tokens as text (a template's special tokens dropped)
 	Completion    string            // the completion's text, special tokens dropped
 	CompletionIDs []int32           // its tokens, with the stop token where it stopped
 	Columns       map[string]string // the prompt row's other columns ("answer", "solution", ...)

@@ -219,9 +219,12 @@ class Trainer {
   /// options' reward_funcs and reward_command, in the order added (reward_weights, when given,
   /// has one weight per function in that order). `reward.fn` is called on the thread that runs
   /// train(), once per step with this rank's completions; what it throws stops the run, its
-  /// class kept (a CancelledError stays one), the message naming the function. Every rank adds
+  /// class kept (a CancelledError stays one), the message naming the function, and the other
+  /// ranks at once with a DistributedError naming this rank (the ranks agree after scoring, so
+  /// none waits out a timeout while this rank's process lives on). Every rank adds
   /// the same functions in the same order (train() checks the count). A run of another stage, a
-  /// nameless or empty function, or a name already there: InvalidArgument. Between calls; not
+  /// function that is empty, a name already there or not 1 to 64 letters, digits, '_', '-', '.' or
+  /// ':' (the metrics' keys): InvalidArgument. Between calls; not
   /// collective.
   void add_reward(RewardFunction reward);
   /// The token-weighted mean loss over batches every rank gives (the same number of batches on

@@ -178,7 +178,8 @@ ZT_EXPORT zt_status zt_trainer_export(zt_trainer* t,
  * train_file and scores them with reward functions: the built-ins of "reward_funcs", a
  * "reward_command" program, and the host's own callbacks (docs/grpo.md). */
 typedef struct zt_reward_input {
-  const char* prompt;     /* the prompt's text as the model saw it (its chat template applied) */
+  const char* prompt;     /* the prompt's tokens as text (special tokens such as a template's
+                             markers dropped, as zt_tokenizer_decode gives it) */
   int64_t prompt_len;     /* bytes, without the NUL that follows them (the text may hold NULs) */
   const char* completion; /* the completion's text, special tokens dropped; NUL-terminated */
   int64_t completion_len;
@@ -194,7 +195,8 @@ typedef struct zt_reward_input {
  * in groups of num_generations, each group one prompt's. Called on the thread inside
  * zt_trainer_train, once per step with this rank's completions; `inputs` and `rewards` are valid
  * only during the call. Return 0, or nonzero to stop: zt_trainer_train then returns
- * ZT_ERR_CANCELLED on every rank, the message naming the function. An infinite reward is
+ * ZT_ERR_CANCELLED on this rank, the message naming the function, and ZT_ERR_DISTRIBUTED naming
+ * this rank on the others, at once (the ranks agree after scoring). An infinite reward is
  * ZT_ERR_INVALID_ARGUMENT naming the function, the completion and its prompt. */
 typedef int (*zt_reward_fn)(const zt_reward_input* inputs, int64_t n, double* rewards,
                             void* user_data);
@@ -203,8 +205,9 @@ typedef int (*zt_reward_fn)(const zt_reward_input* inputs, int64_t n, double* re
  * "reward_funcs" and "reward_command", in the order added; "reward_weights", when given, has
  * one weight per function in that order. Every rank adds the same functions in the same order
  * before zt_trainer_train (which checks the count). `name` is copied; `user_data` is passed
- * back untouched and must outlive the trainer's training calls. Errors: NULL arguments, an
- * empty or taken name, a run of another stage → ZT_ERR_INVALID_ARGUMENT. Not collective. */
+ * back untouched and must outlive the trainer's training calls. Errors: NULL arguments, a name
+ * already taken or not 1 to 64 letters, digits, '_', '-', '.' or ':', a run of another stage →
+ * ZT_ERR_INVALID_ARGUMENT. Not collective. */
 ZT_EXPORT zt_status zt_trainer_add_reward(zt_trainer* t, const char* name, zt_reward_fn fn,
                                           void* user_data);
 

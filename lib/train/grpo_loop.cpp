@@ -4,7 +4,9 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <utility>
@@ -239,7 +241,19 @@ void Trainer::add_reward(RewardFunction reward) {
         "add_reward: the run's stage is {}; reward functions score stage grpo's completions",
         I.args.stage));
   }
-  if (reward.name.empty()) throw InvalidArgument("add_reward: the reward function has no name");
+  // The name is a metric's key (rewards/<name>/mean in the logs, TensorBoard and JSON files).
+  const bool plain = std::all_of(reward.name.begin(), reward.name.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || std::strchr("_-.:", ch) != nullptr;
+  });
+  if (reward.name.empty() || reward.name.size() > 64 || !plain) {
+    const bool printable = std::all_of(reward.name.begin(), reward.name.end(),
+                                       [](char ch) { return ch >= 0x20 && ch < 0x7f; });
+    throw InvalidArgument(fmt::format(
+        "add_reward: the reward function name {} is not 1 to 64 letters, digits, '_', '-', '.' "
+        "or ':' (it names the metrics rewards/<name>/mean and /std)",
+        printable && reward.name.size() <= 80 ? "'" + reward.name + "'"
+                                              : fmt::format("of {} bytes", reward.name.size())));
+  }
   if (!reward.fn) {
     throw InvalidArgument(
         fmt::format("add_reward: reward function '{}' has no function to call", reward.name));
@@ -435,15 +449,12 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
     r.columns = p.columns;
     out.completions.push_back(r.completion);
   }
+  // The ranks agree on the scoring (one small all-reduce): a reward function that fails or asks
+  // to stop on one rank stops the step on every rank at once, none waiting out the collective
+  // timeout while that rank's process lives on (a host that handles the error).
   at::Tensor per_function;  // [n, F]
-  try {
-    per_function = train::score_completions(rewards, inputs, g);
-  } catch (const CancelledError& e) {
-    // A reward function that asked to stop: this rank stops with its CancelledError, and the
-    // others are told (posting_failures passes a cancel by), so none waits for it.
-    I.comm->post_failure(e.what());
-    throw;
-  }
+  comm::on_every_rank(*I.comm, "scoring the completions (a reward function)",
+                      [&] { per_function = train::score_completions(rewards, inputs, g); });
 
   // 3. Advantages: groups are whole on this rank; the batch's std (scale_rewards batch) and
   // the logged statistics are over every rank's completions.

@@ -340,6 +340,10 @@ int main(void) {
   CHECK_FAILS(zt_trainer_add_reward(t, NULL, share_of_a, NULL), ZT_ERR_INVALID_ARGUMENT, "name");
   CHECK_FAILS(zt_trainer_add_reward(t, "a", NULL, NULL), ZT_ERR_INVALID_ARGUMENT, "'a'");
   CHECK_FAILS(zt_trainer_add_reward(t, "", share_of_a, NULL), ZT_ERR_INVALID_ARGUMENT, "name");
+  CHECK_FAILS(zt_trainer_add_reward(t, "a/b", share_of_a, NULL), ZT_ERR_INVALID_ARGUMENT,
+              "name 'a/b' is not 1 to 64 letters");
+  CHECK_FAILS(zt_trainer_add_reward(t, "\x01\xff", share_of_a, NULL), ZT_ERR_INVALID_ARGUMENT,
+              "name of 2 bytes");
   CHECK_FAILS(zt_trainer_add_reward(t, "accuracy", share_of_a, NULL), ZT_ERR_INVALID_ARGUMENT,
               "'accuracy' is already there");
   CHECK_OK(zt_trainer_add_reward(t, "share_of_a", share_of_a, &reward_calls));

@@ -83,7 +83,7 @@ pub type StepStats = ffi::zt_step_stats;
 /// What a GRPO reward function sees of one completion.
 #[derive(Clone, Debug)]
 pub struct RewardInput {
-    /// The prompt's text as the model saw it (its chat template applied).
+    /// The prompt's tokens as text (a template's special tokens dropped).
     pub prompt: String,
     /// The completion's text, special tokens dropped (invalid UTF-8 replaced).
     pub completion: String,
