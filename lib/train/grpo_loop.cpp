@@ -50,21 +50,18 @@ std::vector<std::string> comma_items(const std::string& list) {
   return out;
 }
 
-// reward_weights: a comma list of decimal numbers (empty: all 1).
-std::vector<double> weight_list(const std::string& text) {
+// reward_weights: a comma list of decimal numbers, one per reward function in their order
+// (empty: all 1). With `more_to_come` (at creation, before the host adds its own functions) only
+// fewer weights than `functions` is refused.
+std::vector<double> parse_weights(const std::string& text, size_t functions,
+                                  bool more_to_come = false) {
   std::vector<double> out;
   for (const std::string& item : comma_items(text)) {
     const std::optional<double> v = config::parse_double_text(item);  // decimal, as flags are
     if (!v) throw ConfigError(fmt::format("reward_weights: '{}' is not a decimal number", item));
     out.push_back(*v);
   }
-  return out;
-}
-
-// reward_weights for `functions` reward functions: one weight each, in their order.
-std::vector<double> parse_weights(const std::string& text, size_t functions) {
-  std::vector<double> out = weight_list(text);
-  if (!out.empty() && out.size() != functions) {
+  if (!out.empty() && (out.size() < functions || (out.size() > functions && !more_to_come))) {
     throw ConfigError(fmt::format(
         "reward_weights: {} weights for {} reward functions (reward_funcs, then reward_command, "
         "then the host's in the order it added them)",
@@ -359,8 +356,7 @@ void Trainer::Impl::check_grpo_options() {
       ++count;
     }
     // More weights than these may be for the host's functions (checked when the run starts).
-    const std::vector<double> weights = weight_list(args.reward_weights);
-    if (!weights.empty() && weights.size() < count) parse_weights(args.reward_weights, count);
+    parse_weights(args.reward_weights, count, /*more_to_come=*/true);
   }
 }
 
