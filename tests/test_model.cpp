@@ -550,8 +550,11 @@ TEST_CASE("greedy generation with the KV cache equals step-by-step full forwards
           "[model][generate]") {
   // The mixtures of experts (fixture configs without weights yet) with seeded random weights,
   // their routers scaled up so that each token's choice of experts matters.
-  for (const char* name : {"llama", "qwen2", "mistral", "glm", "glm4", "qwen3", "phi3", "qwen3_moe",
-                           "mixtral", "glm4_moe", "gpt_oss"}) {
+  // Gemma 2 / 3 and gpt-oss slide a window of 4 (soft-capped, sinks); dynamic NTK and LongRoPE
+  // recompute their frequencies as the positions reach further.
+  for (const char* name : {"llama", "qwen2", "mistral", "glm", "chatglm", "glm4", "qwen3", "phi3",
+                           "gemma2", "gemma3_text", "llama_rope_dynamic", "phi3_longrope",
+                           "qwen3_rope_yarn", "qwen3_moe", "mixtral", "glm4_moe", "gpt_oss"}) {
     INFO(name);
     std::shared_ptr<CausalLM> model;
     if (std::filesystem::exists(fixture(std::string("models/") + name + "/model.safetensors"))) {

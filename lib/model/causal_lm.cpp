@@ -10,6 +10,7 @@
 #include "model/layers.hpp"
 #include "model/moe.hpp"
 #include "model/sampling.hpp"
+#include "model/step_graph.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/units.hpp"
@@ -348,7 +349,7 @@ CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const a
     const auto& [cos, sin] = body->of_layer(tables, i);
     x = gate_(1 + i, {x, cos, sin, layer_mask, pk, pv},
               [layer = body->layers[i], spans](const std::vector<at::Tensor>& in) {
-                model::KvCache prefix{in[4], in[5]};
+                model::KvCache prefix{in[4], in[5], {}, {}};
                 // A unit is one layer: when the engine recomputes it, its output only roots
                 // back-propagation.
                 return std::vector<at::Tensor>{layer->forward(
@@ -424,7 +425,7 @@ std::vector<at::Tensor> CausalLM::hidden_states(const at::Tensor& input_ids,
       I.body->tables(p.start, p.x.size(1), p.x.scalar_type(), device);
   for (size_t i = 0; i < I.body->layers.size(); ++i) {
     model::KvCache prefix;
-    if (!p.prefixes.empty()) prefix = {p.prefixes[i].first, p.prefixes[i].second};
+    if (!p.prefixes.empty()) prefix = {p.prefixes[i].first, p.prefixes[i].second, {}, {}};
     const auto& [cos, sin] = I.body->of_layer(tables, i);
     out.push_back(I.body->layers[i]->forward(out.back(), cos, sin, p.mask,
                                              p.prefixes.empty() ? nullptr : &prefix));
@@ -464,6 +465,13 @@ std::vector<Generated> CausalLM::generate_batch(const std::vector<std::vector<in
   model::check_generation_options(o);
   Impl& I = *impl_;
   at::NoGradGuard no_grad;
+  // Generation never drops out: eval mode for its duration, the caller's mode back after.
+  struct ModeBack {
+    CausalLM& model;
+    bool training;
+    ~ModeBack() { model.train(training); }
+  } mode_back{*this, is_training()};
+  eval();
   const int64_t n = static_cast<int64_t>(prompts.size());
   std::vector<Generated> out(static_cast<size_t>(n));
   std::vector<uint64_t> streams = streams_in;
@@ -526,61 +534,175 @@ std::vector<Generated> CausalLM::generate_batch(const std::vector<std::vector<in
   pos = pos + (v > 0 ? v : prep.start);
   if (v > 0) pos = at::cat({at::arange(v, at::kLong).unsqueeze(0).expand({n, v}), pos}, 1);
   pos = pos.to(device);
-  std::vector<model::KvCache> cache(I.body->layers.size());
+  const at::ScalarType dtype = prep.x.scalar_type();
+  const size_t layers = I.body->layers.size();
+  std::vector<model::KvCache> cache(layers);
   for (size_t i = 0; i < prep.prefixes.size(); ++i)
-    cache[i] = {prep.prefixes[i].first, prep.prefixes[i].second};
-  at::Tensor mask = prep.mask;
-  at::Tensor x = prep.x;
-  std::vector<int64_t> rows(static_cast<size_t>(n));  // the prompt of each row still running
+    cache[i] = {prep.prefixes[i].first, prep.prefixes[i].second, {}, {}};
+  at::Tensor seen_tokens = seen;
+  // The next token's scores from the last position's hidden state h [B, H].
+  const auto scores_of = [&](const at::Tensor& h) {
+    return model::process_logits(
+        I.body->capped(at::matmul(I.body->norm->forward(h), I.head_weight().t())), seen_tokens, o);
+  };
+  const auto choose = [&](const at::Tensor& scores, const at::Tensor& draws) {
+    return o.do_sample ? model::sample_tokens(scores, draws) : scores.argmax(-1);
+  };
+  // rows[r]: the prompt of buffer row r; live[r]: whether it is still generating.
+  std::vector<int64_t> rows(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(i)] = i;
-  at::Tensor last = pos.narrow(1, pos.size(1) - 1, 1);
-  for (int64_t step = 0; step < o.max_new_tokens; ++step) {
-    const DecoderBody::Tables tables = I.body->tables(pos, x.scalar_type());
-    for (size_t i = 0; i < I.body->layers.size(); ++i) {
-      const auto& [cos, sin] = I.body->of_layer(tables, i);
-      x = I.body->layers[i]->forward(x, cos, sin, mask, &cache[i]);
-    }
-    const at::Tensor h = I.body->norm->forward(x.select(1, x.size(1) - 1));
-    const at::Tensor scores =
-        model::process_logits(I.body->capped(at::matmul(h, I.head_weight().t())), seen, o);
-    at::Tensor next;
-    if (o.do_sample) {
-      std::vector<uint64_t> active;
-      for (int64_t r : rows) active.push_back(streams[static_cast<size_t>(r)]);
-      next = model::sample_tokens(scores, model::uniform_draws(o.seed, active, step));
-    } else {
-      next = scores.argmax(-1);
-    }
+  std::vector<char> live(static_cast<size_t>(n), 1);
+  int64_t running = n;
+  const auto draws_for = [&](int64_t step) {
+    std::vector<uint64_t> active;
+    for (int64_t r : rows) active.push_back(streams[static_cast<size_t>(r)]);
+    return model::uniform_draws(o.seed, active, step);
+  };
+  const auto take = [&](const at::Tensor& next) {
     const at::Tensor host = next.to(at::kCPU).contiguous();
     const int64_t* chosen = host.data_ptr<int64_t>();
-    std::vector<int64_t> keep;
     for (size_t r = 0; r < rows.size(); ++r) {
+      if (!live[r]) continue;
       Generated& g = out[static_cast<size_t>(rows[r])];
       g.tokens.push_back(chosen[r]);
       g.stopped = std::find(o.eos_token_ids.begin(), o.eos_token_ids.end(), chosen[r]) !=
                   o.eos_token_ids.end();
-      if (!g.stopped) keep.push_back(static_cast<int64_t>(r));
-    }
-    if (keep.empty() || step + 1 == o.max_new_tokens) break;
-    if (keep.size() < rows.size()) {  // finished sequences leave the batch
-      const at::Tensor k = at::tensor(keep, at::kLong).to(device);
-      for (model::KvCache& c : cache) {
-        c.k = c.k.index_select(0, k);
-        c.v = c.v.index_select(0, k);
+      if (g.stopped) {
+        live[r] = 0;
+        --running;
       }
-      if (mask.numel() > 0) mask = mask.index_select(0, k);
-      if (seen.defined()) seen = seen.index_select(0, k);
-      next = next.index_select(0, k);
-      last = last.index_select(0, k);
-      std::vector<int64_t> still;
-      for (int64_t r : keep) still.push_back(rows[static_cast<size_t>(r)]);
-      rows = std::move(still);
     }
-    if (seen.defined()) seen.scatter_(1, next.unsqueeze(1), true);
-    x = I.body->scaled_tokens(I.body->embed_tokens->forward(next.unsqueeze(1)));
-    if (mask.numel() > 0) mask = at::cat({mask, at::ones({mask.size(0), 1}, mask.options())}, 1);
-    last = last + 1;
-    pos = last;
+  };
+
+  // The prompts' pass: every layer's keys and values, and the first token.
+  at::Tensor first;
+  {
+    const DecoderBody::Tables tables = I.body->tables(pos, dtype);
+    at::Tensor x = prep.x;
+    for (size_t i = 0; i < layers; ++i) {
+      const auto& [cos, sin] = I.body->of_layer(tables, i);
+      x = I.body->layers[i]->forward(x, cos, sin, prep.mask, &cache[i]);
+    }
+    first =
+        choose(scores_of(x.select(1, x.size(1) - 1)), o.do_sample ? draws_for(0) : at::Tensor());
+  }
+  take(first);
+  if (running == 0 || o.max_new_tokens == 1) return out;
+
+  // Decoding, one token a row a step, into fixed buffers: each layer's keys and values for
+  // every position the generation reaches, the positions each row may attend to, the step's
+  // input tokens, positions, draws and output. A step reads nothing from the host, so on CUDA
+  // it is recorded once and replayed (StepGraph).
+  const int64_t held = cache[0].k.size(2);  // prefix, virtual tokens and prompt
+  const int64_t capacity = held + o.max_new_tokens - 1;
+  for (model::KvCache& c : cache) {
+    for (at::Tensor* t : {&c.k, &c.v}) {
+      at::Tensor buffer = at::zeros({n, t->size(1), capacity, t->size(3)}, t->options());
+      buffer.narrow(2, 0, held).copy_(*t);
+      *t = buffer;
+    }
+  }
+  at::Tensor keys = at::zeros({n, 1, 1, capacity}, at::TensorOptions(at::kBool).device(device));
+  if (prep.mask.numel() > 0) {
+    TORCH_CHECK(prep.mask.size(1) == held, "generate_batch: a mask of ", prep.mask.size(1),
+                " keys for ", held, " cached");
+    keys.narrow(3, 0, held).copy_(prep.mask.eq(1).view({n, 1, 1, held}));
+  } else {
+    keys.narrow(3, 0, held).fill_(true);
+  }
+  const at::TensorOptions longs = at::TensorOptions(at::kLong).device(device);
+  at::Tensor slot = at::full({1}, held, longs);
+  at::Tensor tokens = first.view({n, 1}).clone();
+  const at::Tensor last = pos.narrow(1, pos.size(1) - 1, 1);
+  at::Tensor positions = last + 1;
+  at::Tensor draws = at::zeros({n}, at::TensorOptions(at::kDouble).device(device));
+  at::Tensor chosen = at::zeros({n}, longs);
+  if (seen_tokens.defined()) seen_tokens.scatter_(1, tokens, true);
+  const auto attach = [&] {
+    for (model::KvCache& c : cache) {
+      c.slot = slot;
+      c.keys = keys;
+    }
+  };
+  attach();
+  // cos / sin of every position the decoding reaches, gathered by position each step — or, for
+  // the scalings whose frequencies depend on how far the positions reach (dynamic, longrope),
+  // computed from the positions each step, as the prompts' pass does.
+  bool reach = false;
+  for (const model::RotarySpec& r : I.body->spec.rotaries) reach = reach || model::reach_matters(r);
+  DecoderBody::Tables all;
+  if (!reach) {
+    const int64_t top = last.max().item<int64_t>() + o.max_new_tokens + 1;
+    for (const auto& [c, si] : I.body->tables(at::arange(top, longs).view({1, top}), dtype))
+      all.emplace_back(c.view({top, -1}), si.view({top, -1}));
+  }
+  const auto step = [&] {
+    keys.index_fill_(3, slot, true);
+    DecoderBody::Tables tables;
+    if (reach) {
+      tables = I.body->tables(positions, dtype);
+    } else {
+      const at::Tensor at_positions = positions.view({-1});
+      const int64_t b = positions.size(0);
+      for (const auto& [c, si] : all) {
+        tables.emplace_back(c.index_select(0, at_positions).view({b, 1, 1, -1}),
+                            si.index_select(0, at_positions).view({b, 1, 1, -1}));
+      }
+    }
+    at::Tensor x = I.body->scaled_tokens(I.body->embed_tokens->forward(tokens));
+    for (size_t i = 0; i < layers; ++i) {
+      const auto& [cos, sin] = I.body->of_layer(tables, i);
+      x = I.body->layers[i]->forward(x, cos, sin, at::Tensor(), &cache[i]);
+    }
+    const at::Tensor next = choose(scores_of(x.select(1, 0)), draws);
+    chosen.copy_(next);
+    if (seen_tokens.defined()) seen_tokens.scatter_(1, next.unsqueeze(1), true);
+    tokens.copy_(next.unsqueeze(1));
+    positions.add_(1);
+    slot.add_(1);
+  };
+  // Recorded where nothing in a step reads the host: not with mixtures of experts (their
+  // routing counts tokens on the host) or frequencies that depend on the reach.
+  bool recordable = !reach;
+  for (const model::LayerSpec& l : I.body->spec.layers) recordable = recordable && !l.moe;
+  recordable = recordable && model::StepGraph::records(device);
+  std::unique_ptr<model::StepGraph> graph;
+  for (int64_t s = 1; s < o.max_new_tokens; ++s) {
+    if (o.do_sample) draws.copy_(draws_for(s));
+    if (recordable) {
+      if (!graph) graph = std::make_unique<model::StepGraph>(device, step);
+      graph->run();
+    } else {
+      step();
+    }
+    take(chosen);
+    if (running == 0) break;
+    // Finished rows leave the batch: at once where steps run one by one, once half of them
+    // finished where a step is a recording (each new batch size is recorded anew, about a
+    // step's cost).
+    const int64_t buffered = static_cast<int64_t>(rows.size());
+    if (running == buffered || (recordable && 2 * running > buffered)) continue;
+    std::vector<int64_t> keep, still;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      if (!live[r]) continue;
+      keep.push_back(static_cast<int64_t>(r));
+      still.push_back(rows[r]);
+    }
+    const at::Tensor k = at::tensor(keep, at::kLong).to(device);
+    for (model::KvCache& c : cache) {
+      c.k = c.k.index_select(0, k);
+      c.v = c.v.index_select(0, k);
+    }
+    keys = keys.index_select(0, k);
+    tokens = tokens.index_select(0, k);
+    positions = positions.index_select(0, k);
+    draws = draws.index_select(0, k);
+    chosen = chosen.index_select(0, k);
+    if (seen_tokens.defined()) seen_tokens = seen_tokens.index_select(0, k);
+    attach();
+    rows = std::move(still);
+    live.assign(rows.size(), 1);
+    graph.reset();
   }
   return out;
 }

@@ -22,11 +22,6 @@ namespace zt::model {
 
 namespace {
 
-// Whether the frequencies depend on how far the positions reach (dynamic NTK, LongRoPE).
-bool reach_matters(const RotarySpec& r) {
-  return r.scaling.type == "dynamic" || r.scaling.type == "longrope";
-}
-
 // yarn's attention factor when the file gives none (transformers' get_mscale).
 double yarn_mscale(double factor, double mscale) {
   return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
@@ -196,6 +191,10 @@ at::Tensor rotate(const RotarySpec& spec, const at::Tensor& x, const at::Tensor&
 
 }  // namespace
 
+bool reach_matters(const RotarySpec& r) {
+  return r.scaling.type == "dynamic" || r.scaling.type == "longrope";
+}
+
 std::pair<at::Tensor, at::Tensor> rotary_tables(const RotarySpec& r, int64_t start, int64_t length,
                                                 at::ScalarType dtype, const at::Device& device) {
   at::Tensor inv = inverse_frequencies(r, start + length);
@@ -353,6 +352,34 @@ bool varlen_attention_applies(const ModelConfig& c, at::ScalarType dtype,
   return varlen_attention_applies(decoder_spec(c), dtype, device);
 }
 
+at::Tensor Attention::buffered_attention(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, KvCache& cache, double scale) {
+  // One query a row (t = 1): its key and value written at the slot, then attention over the
+  // buffer's positions the row may see — within the sliding window if any (left padding keeps
+  // the rows aligned, so buffer distance is position distance).
+  TORCH_CHECK(q.size(2) == 1, "buffered_attention: one query a row, got ", q.size(2));
+  cache.k.index_copy_(2, cache.slot, k);
+  cache.v.index_copy_(2, cache.slot, v);
+  at::Tensor mask = cache.keys;
+  if (spec.window) {
+    const at::Tensor index = at::arange(cache.k.size(2), cache.slot.options());
+    mask = mask.logical_and(index.gt(cache.slot - *spec.window).view({1, 1, 1, -1}));
+  }
+  if (spec.sinks) return sink_attention(q, cache.k, cache.v, mask, scale, sinks).transpose(1, 2);
+  if (spec.softcap) {
+    return softcapped_attention(q, cache.k, cache.v, mask, scale, *spec.softcap).transpose(1, 2);
+  }
+  // The query heads of a key head together ([B, kv_heads, group, D]): the products read each
+  // key once, with no copy of the keys per query head. Softmax in fp32, as eager attention.
+  const int64_t b = q.size(0), kv_heads = cache.k.size(1), d = q.size(3);
+  const int64_t group = q.size(1) / kv_heads;
+  const at::Tensor grouped = q.reshape({b, kv_heads, group, d});
+  at::Tensor scores = at::matmul(grouped, cache.k.transpose(-2, -1)) * scale;
+  scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+  const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  return at::matmul(probs, cache.v).view({b, kv_heads * group, 1, d}).transpose(1, 2);
+}
+
 at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               const at::Tensor& attention_mask, KvCache* cache,
                               const DocumentSpans* spans, bool output_unread) {
@@ -378,6 +405,11 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   q = rotate(rotary, q.transpose(1, 2), cos, sin);
   k = rotate(rotary, k.transpose(1, 2), cos, sin);
   v = v.view({b, t, kv_heads, d}).transpose(1, 2);
+  const double scale = spec.scale ? *spec.scale : 1.0 / std::sqrt(static_cast<double>(d));
+  if (cache != nullptr && cache->slot.defined()) {
+    return o_proj->forward(buffered_attention(q, k, v, *cache, scale).reshape({b, t, heads * d}),
+                           output_unread);
+  }
   if (cache != nullptr) {
     if (cache->k.defined()) {
       k = at::cat({cache->k, k}, 2);
@@ -386,7 +418,6 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
     cache->k = k;
     cache->v = v;
   }
-  const double scale = spec.scale ? *spec.scale : 1.0 / std::sqrt(static_cast<double>(d));
   if (spans != nullptr && cache == nullptr) {
     // [B, H, T, D] views of [B, T, H, D] (the rotation writes that layout): rows end to end.
     const at::Tensor out =

@@ -162,6 +162,10 @@ struct Embedding : torch::nn::Module {
   at::Tensor forward(const at::Tensor& ids) { return at::embedding(weight, ids); }
 };
 
+/// Whether the rotary frequencies depend on how far the positions reach (dynamic NTK,
+/// LongRoPE): then cos / sin of a position depend on the longest position of the batch.
+bool reach_matters(const RotarySpec& r);
+
 /// cos / sin tables [T, rotary_dim] for positions [start, start + T) (fp32 math, cast to
 /// `dtype`), laid out for the rotation (halves, or GLM's adjacent pairs).
 std::pair<at::Tensor, at::Tensor> rotary_tables(const RotarySpec& r, int64_t start, int64_t length,
@@ -178,7 +182,12 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(const ModelConfig& c, const at::
 
 /// The key/value cache of one layer (generation, and prefix tuning's learned prefixes).
 struct KvCache {
-  at::Tensor k, v;  ///< [B, kv_heads, S, head_dim]
+  at::Tensor k, v;  ///< [B, kv_heads, S, head_dim]: the keys and values so far, or fixed buffers
+  /// Decoding one token a row into fixed buffers (all defined, or none: then k and v grow by
+  /// concatenation): the buffer position this step's key and value go to (int64 [1] on the
+  /// device), and which buffer positions each row's query may attend to (bool [B, 1, 1, S]).
+  /// Nothing the step reads is on the host, so a step can be recorded (StepGraph).
+  at::Tensor slot, keys;
 };
 
 /// Where the documents of a [B, T] batch lie once its rows are laid end to end: what
@@ -222,13 +231,21 @@ struct Attention : torch::nn::Module {
   /// x [B, T, H]; cos/sin [T, D] or [B, 1, T, D]; attention_mask [B, S] or an empty tensor:
   /// 0 = padding, otherwise a document number — a query sees only keys of its own document
   /// (plain batches have one document, 1; packed ones number theirs 1, 2, ...). With `cache`,
-  /// the new keys/values are appended and attention covers the cached ones. With `spans` (the
+  /// the new keys/values are appended and attention covers the cached ones; with a cache of
+  /// fixed buffers (KvCache::slot; T = 1) they are written at the slot and attention covers the
+  /// positions KvCache::keys allows, attention_mask unread. With `spans` (the
   /// same mask's document_spans, no cache) attention runs over them instead of the mask.
   /// `output_unread`: only back-propagated through (a recomputed unit): o_proj's product is
   /// skipped.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& attention_mask, KvCache* cache = nullptr,
                      const DocumentSpans* spans = nullptr, bool output_unread = false);
+
+ private:
+  /// forward's attention into a cache of fixed buffers: q [B, heads, 1, D], k and v
+  /// [B, kv_heads, 1, D]; returns [B, 1, heads, D].
+  at::Tensor buffered_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                KvCache& cache, double scale);
 };
 
 /// x + y for back-propagation only: returns `kept` (the sum's values from an earlier pass) with

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -299,6 +300,95 @@ TEST_CASE(
   check_world_sizes({"--stage", "dpo", "--finetuning_type", "lora", "--pissa_init", "true",
                      "--pissa_iter", "2", "--quantization_bit", "4", "--deepspeed", stage_json(3)},
                     false);
+}
+
+// ---- GRPO: generation, scoring and the update over NCCL ---------------------------------------
+
+namespace {
+
+// A GRPO run of the tiny model at `world` ranks from 4 arithmetic prompts a step, 2 completions
+// each (8 a step: 2 per micro-batch, accumulated to 8 over the ranks), fp32 on CUDA.
+std::string grpo_run(const std::string& dir, int world, const std::vector<std::string>& method) {
+  const std::string out =
+      fmt::format("{}/w{}-{}", dir, world, std::hash<std::string>()(join_flags(method)));
+  std::vector<std::string> flags = {"--model_config",
+                                    test::kTinyModel,
+                                    "--train_file",
+                                    dir + "/prompts.jsonl",
+                                    "--output_dir",
+                                    out,
+                                    "--template",
+                                    "alpaca",
+                                    "--stage",
+                                    "grpo",
+                                    "--num_generations",
+                                    "2",
+                                    "--max_completion_length",
+                                    "8",
+                                    "--per_device_train_batch_size",
+                                    "2",
+                                    "--gradient_accumulation_steps",
+                                    std::to_string(4 / world),
+                                    "--max_steps",
+                                    "3",
+                                    "--logging_steps",
+                                    "1",
+                                    "--save_strategy",
+                                    "no",
+                                    "--learning_rate",
+                                    "0.02",
+                                    "--seed",
+                                    "7",
+                                    "--temperature",
+                                    "1.0",
+                                    "--reward_funcs",
+                                    "accuracy,repetition:2:-1",
+                                    "--device",
+                                    "cuda"};
+  flags.insert(flags.end(), method.begin(), method.end());
+  test::run_ranks(world, "rank: gpu trainer job", std::chrono::seconds(300),
+                  {{"ZT_FLAGS", join_flags(flags)}}, test::gpu_ranks_share_a_gpu(world));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("nccl ranks: GRPO at stages 0, 2 and 3 gives world 1's loss, rewards and KL",
+          "[gpu][nccl][ranks][trainer][grpo]") {
+  const std::string dir = test::temp_dir("nccl_grpo");
+  {
+    std::ofstream f(dir + "/prompts.jsonl");
+    for (int i = 0; i < 12; ++i)
+      f << fmt::format(R"({{"prompt": "Q: {} + 4 =", "answer": "#### {}"}})", i, i + 4) << "\n";
+  }
+  const std::string stage3 = stage_json(3, R"(, "stage3_param_persistence_threshold": 100)");
+  for (const std::vector<std::string>& method :
+       {std::vector<std::string>{"--finetuning_type", "lora", "--lora_r", "4", "--pref_beta",
+                                 "0.05", "--deepspeed", stage_json(2)},
+        std::vector<std::string>{"--finetuning_type", "lora", "--lora_r", "4", "--loss_type",
+                                 "dapo", "--deepspeed", stage3},
+        std::vector<std::string>{"--finetuning_type", "full", "--pref_beta", "0.05", "--deepspeed",
+                                 stage3},
+        std::vector<std::string>{"--finetuning_type", "full", "--loss_type", "dr_grpo",
+                                 "--deepspeed", stage_json(0)}}) {
+    INFO(join_flags(method));
+    const std::string one = grpo_run(dir, 1, method);
+    for (int world : {2, 4}) {
+      const std::string got = grpo_run(dir, world, method);
+      for (const char* key : {"loss", "reward", "reward_std", "rewards/accuracy/mean",
+                              "rewards/repetition/mean", "completions/mean_length", "kl"}) {
+        const auto want = test::logged(one, key), have = test::logged(got, key);
+        INFO("world " << world << ", " << key);
+        if (std::string(key) == "kl" && want.empty()) continue;  // beta 0: no KL term
+        REQUIRE(want.size() == 3);
+        for (const auto& [step, value] : want) {
+          INFO("step " << step);
+          REQUIRE(have.count(step));
+          CHECK(have.at(step) == Approx(value).epsilon(1e-4).margin(1e-6));
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("nccl ranks: QLoRA with its layers' inputs in host memory gives world 1's losses",
