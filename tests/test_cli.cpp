@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -25,6 +26,7 @@
 #include "support/jobs.hpp"
 #include "support/ranks.hpp"
 #include "util/files.hpp"
+#include "util/json.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/comm.hpp"
 #include "zerotrain/config.hpp"
@@ -205,7 +207,7 @@ TEST_CASE("verify loads a model folder and answers a prompt in the training temp
 }
 
 TEST_CASE("every subcommand answers --help with its usage and exit 0", "[cli]") {
-  for (const char* command : {"train", "merge", "verify", "launch", "config", "demo"}) {
+  for (const char* command : {"train", "merge", "verify", "generate", "launch", "config", "demo"}) {
     INFO(command);
     Ran r = cli(std::string(command) + " --help");
     CHECK(r.status == 0);
@@ -237,6 +239,115 @@ TEST_CASE("verify asks in the template the run recorded", "[cli]") {
       cli(fmt::format("verify '{}' --prompt 'Is 7 odd?' --template plain --max_new_tokens 2", dir));
   CHECK(chosen.status == 0);
   CHECK(chosen.output.find("###") == std::string::npos);
+}
+
+namespace {
+
+// The JSON lines of `path`, parsed.
+std::vector<rapidjson::Document> json_lines(const std::string& path) {
+  std::vector<rapidjson::Document> rows;
+  std::istringstream lines(zt::files::read_text(path));
+  for (std::string line; std::getline(lines, line);) {
+    rows.emplace_back();
+    rows.back().Parse(line.c_str());
+    REQUIRE_FALSE(rows.back().HasParseError());
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("generate writes samples of many prompts as JSON lines, the same whatever the batch",
+          "[cli][generate]") {
+  const std::string dir = zt::test::temp_dir("generate_cli");
+  write_random_model(dir);
+  zt::files::write_atomic(
+      dir + "/prompts.jsonl",
+      "{\"prompt\": \"Is 7 odd?\", \"answer\": \"odd\"}\n"
+      "{\"prompt\": [{\"role\": \"user\", \"content\": \"Is 8 odd?\"}], \"answer\": \"even\"}\n"
+      "\n"
+      "{\"prompt\": \"Q: 1 + 2 =\", \"level\": 3}\n");
+  const std::string common = fmt::format(
+      "generate '{0}' --prompts '{0}/prompts.jsonl' --num_return_sequences 3 --max_new_tokens 6 "
+      "--temperature 1.3 --seed 4 --device cpu",
+      dir);
+  Ran r = cli(fmt::format("{} --output '{}/a.jsonl' --batch_size 2", common, dir));
+  REQUIRE(r.status == 0);
+  const auto rows = json_lines(dir + "/a.jsonl");
+  REQUIRE(rows.size() == 9);
+  std::set<std::string> completions;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    INFO("line " << i);
+    CHECK(rows[i]["prompt_index"].GetInt() == static_cast<int>(i / 3));
+    CHECK(rows[i]["sample"].GetInt() == static_cast<int>(i % 3));
+    const std::string reason = rows[i]["finish_reason"].GetString();
+    CHECK((reason == "stop" || reason == "length"));
+    CHECK(rows[i]["completion_tokens"].GetInt() <= 6);
+    if (reason == "length") CHECK(rows[i]["completion_tokens"].GetInt() == 6);
+    completions.insert(rows[i]["completion"].GetString());
+  }
+  CHECK(completions.size() > 3);  // samples differ
+  // Other columns pass through; text prompts as they are, messages through the template.
+  CHECK(std::string(rows[0]["answer"].GetString()) == "odd");
+  CHECK(std::string(rows[6]["level"].GetString()) == "3");
+  CHECK(std::string(rows[0]["prompt"].GetString()) == "Is 7 odd?");
+  CHECK_THAT(rows[3]["prompt"].GetString(), Contains("Is 8 odd?") && Contains("###"));
+  // One prompt at a time, or all at once: the same file (a completion's draws are its own).
+  REQUIRE(cli(fmt::format("{} --output '{}/b.jsonl' --batch_size 1", common, dir)).status == 0);
+  CHECK(zt::files::read_text(dir + "/b.jsonl") == zt::files::read_text(dir + "/a.jsonl"));
+  // Another seed, other samples.
+  Ran other = cli(fmt::format("{} --seed 5", common));
+  REQUIRE(other.status == 0);
+  CHECK(other.output != zt::files::read_text(dir + "/a.jsonl"));
+  // Greedy: every sample of a prompt alike, and verify's reply to the same prompt.
+  Ran greedy = cli(
+      fmt::format("generate '{}' --prompt 'Is 7 odd?' --do_sample false --num_return_sequences 2 "
+                  "--max_new_tokens 4 --device cpu",
+                  dir));
+  REQUIRE(greedy.status == 0);
+  std::istringstream lines(greedy.output);
+  std::vector<rapidjson::Document> answers;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    answers.emplace_back();
+    answers.back().Parse(line.c_str());
+  }
+  REQUIRE(answers.size() == 2);
+  const std::string reply = answers[0]["completion"].GetString();
+  CHECK(reply == answers[1]["completion"].GetString());
+  Ran verify = cli(fmt::format("verify '{}' --prompt 'Is 7 odd?' --max_new_tokens 4", dir));
+  REQUIRE(verify.status == 0);
+  CHECK_THAT(verify.output, Contains(std::string(answers[0]["prompt"].GetString()) + reply));
+}
+
+TEST_CASE("generate refuses bad options, files and outputs, naming them, and leaves no output",
+          "[cli][generate][errors]") {
+  const std::string dir = zt::test::temp_dir("generate_errors");
+  write_random_model(dir);
+  zt::files::write_atomic(dir + "/prompts.jsonl", "{\"prompt\": \"hi\"}\n{\"question\": 1}\n");
+  zt::files::write_atomic(dir + "/kept.jsonl", "saved\n");
+  const auto refused = [&](const std::string& flags, const std::string& what) {
+    INFO(flags);
+    Ran r = cli(fmt::format("generate '{}' --device cpu {}", dir, flags));
+    CHECK(r.status == 2);
+    CHECK_THAT(r.output, Contains(what));
+  };
+  refused("--prompt hi --top_p 1.5", "--top_p");
+  refused("--prompt hi --temperature 0", "--temperature");
+  refused("--prompt hi --num_return_sequences 0", "--num_return_sequences");
+  refused("--prompt hi --do_sample maybe", "--do_sample");
+  refused("--prompt hi --device tpu", "--device");
+  refused("--prompt hi --max_new_tokens 200", "max_position_embeddings");
+  refused("", "usage: zerotrain generate");
+  refused(fmt::format("--prompts '{0}/prompts.jsonl' --output '{0}/new.jsonl'", dir),
+          "prompts.jsonl' line 2");
+  CHECK_FALSE(fs::exists(dir + "/new.jsonl"));
+  refused(fmt::format("--prompt hi --output '{0}/kept.jsonl'", dir), "--overwrite_output");
+  CHECK(zt::files::read_text(dir + "/kept.jsonl") == "saved\n");
+  refused(fmt::format("--prompt hi --output '{0}'", dir), "not a regular file");
+  // Nothing but the files the test wrote is left in the folder (no temporary outputs).
+  for (const auto& entry : fs::directory_iterator(dir))
+    CHECK(entry.path().filename().string().find(".tmp-") == std::string::npos);
 }
 
 TEST_CASE("a demo that does not learn says why it exits non-zero", "[cli][errors]") {

@@ -17,9 +17,10 @@ using Args = std::vector<std::string>;
 int cmd_train(const Args& args);   // zerotrain train [--options FILE.json] [--NAME VALUE ...]
 int cmd_merge(const Args& args);   // zerotrain merge CHECKPOINT OUT [--dtype D] [--base_model DIR]
 int cmd_verify(const Args& args);  // zerotrain verify MODEL_DIR --prompt "..." [...]
-int cmd_launch(const Args& args);  // zerotrain launch --nproc_per_node N [--] command...
-int cmd_config(const Args& args);  // zerotrain config [training flags] [--world_size N] ...
-int cmd_demo(const Args& args);    // zerotrain demo [--nproc_per_node N]
+int cmd_generate(const Args& args);  // zerotrain generate MODEL_DIR --prompts FILE.jsonl [...]
+int cmd_launch(const Args& args);    // zerotrain launch --nproc_per_node N [--] command...
+int cmd_config(const Args& args);    // zerotrain config [training flags] [--world_size N] ...
+int cmd_demo(const Args& args);      // zerotrain demo [--nproc_per_node N]
 
 /// The training arguments of a `train` command line: --options FILE.json, then the flags.
 TrainingArguments parse_training_command(const Args& args);

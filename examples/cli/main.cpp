@@ -31,6 +31,8 @@ void usage(std::FILE* out) {
       "  merge    consolidate a checkpoint into an HF folder:\n"
       "           zerotrain merge CHECKPOINT OUT [--dtype bf16|fp16|fp32] [--base_model DIR]\n"
       "  verify   load a model folder and generate: zerotrain verify MODEL_DIR --prompt \"...\"\n"
+      "  generate completions of many prompts as JSON lines: zerotrain generate MODEL_DIR\n"
+      "           --prompts FILE.jsonl [--num_return_sequences N] [--output OUT.jsonl] ...\n"
       "  demo     fine-tune a built-in tiny model on bundled data, merge, verify and report\n"
       "  config   parse a DeepSpeed config + training flags and print the resolved settings\n"
       "  launch   start N local ranks of any program with torchrun's variables:\n"
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
     if (command == "train") return zt::cli::cmd_train(args);
     if (command == "merge") return zt::cli::cmd_merge(args);
     if (command == "verify") return zt::cli::cmd_verify(args);
+    if (command == "generate") return zt::cli::cmd_generate(args);
     if (command == "launch") return zt::cli::cmd_launch(args);
     if (command == "config") return zt::cli::cmd_config(args);
     if (command == "demo") return zt::cli::cmd_demo(args);

@@ -12,12 +12,27 @@
 
 namespace zt {
 
+class Tokenizer;
+
 /// One prompt of a GRPO step: its tokens as the model sees them (templated, with any BOS), and
 /// the dataset row's other columns as text (`answer`, `solution`, ...) for the rewards.
 struct GrpoPrompt {
   std::vector<int64_t> ids;
   std::map<std::string, std::string> columns;
 };
+
+/// The prompts of a JSON-lines file in TRL's prompt-dataset layout, each row an object with a
+/// "prompt" — text, encoded as it is (no special tokens added), or a list of messages (system
+/// first, then user / assistant, ending with a user message), rendered by the chat template
+/// `template_name` with its generation prompt — and any other columns (kept as text, JSON for
+/// non-strings). With max_prompt_length > 0 a prompt keeps its last max_prompt_length tokens;
+/// with max_tokens > 0 a longer prompt is left out and counted in `dropped`. Empty prompts are
+/// left out. ConfigError naming the file and line for a row of another shape; the file is read
+/// only if it is a regular file. What stage grpo and `zerotrain generate` read.
+std::vector<GrpoPrompt> read_grpo_prompts(const std::string& path, const Tokenizer& tokenizer,
+                                          const std::string& template_name,
+                                          int64_t max_prompt_length = 0, int64_t max_tokens = 0,
+                                          int64_t* dropped = nullptr);
 
 /// What a reward function sees of one completion.
 struct RewardInput {

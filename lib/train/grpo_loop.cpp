@@ -77,18 +77,15 @@ std::string column_text(const rapidjson::Value& v) {
 
 }  // namespace
 
-void Trainer::Impl::load_grpo_prompts() {
-  if (args.train_file.empty()) return;  // a host that gives its prompts (train_grpo_step)
-  if (!args.eval_file.empty()) {
-    throw ConfigError(fmt::format(
-        "eval_file '{}': stage grpo does not evaluate yet; drop eval_file (docs/grpo.md)",
-        args.eval_file));
-  }
-  const std::string& path = args.train_file;
+std::vector<GrpoPrompt> read_grpo_prompts(const std::string& path, const Tokenizer& tokenizer,
+                                          const std::string& template_name,
+                                          int64_t max_prompt_length, int64_t max_tokens,
+                                          int64_t* dropped) {
   // A regular file only (never a FIFO, device or folder), read whole: prompt files are small.
   const std::string text = files::read_text(path, "GRPO prompts", files::kMaxTokenizerBytes);
-  const int64_t room = model_config.max_position_embeddings - grpo_options.max_completion_length;
-  int64_t number = 0, too_long = 0;
+  std::vector<GrpoPrompt> prompts;
+  int64_t number = 0;
+  if (dropped != nullptr) *dropped = 0;
   for (size_t at = 0; at < text.size();) {
     size_t eol = text.find('\n', at);
     if (eol == std::string::npos) eol = text.size();
@@ -108,7 +105,7 @@ void Trainer::Impl::load_grpo_prompts() {
     std::vector<int32_t> ids;
     if (p.IsString()) {
       // TRL's standard prompts: the text as it is, no special tokens added.
-      ids = tokenizer->encode(std::string_view(p.GetString(), p.GetStringLength()));
+      ids = tokenizer.encode(std::string_view(p.GetString(), p.GetStringLength()));
     } else if (p.IsArray()) {
       data::Chat chat;
       for (const auto& m : p.GetArray()) {
@@ -134,24 +131,24 @@ void Trainer::Impl::load_grpo_prompts() {
             where));
       }
       // apply_chat_template(add_generation_prompt=True), encoded as one text.
-      const data::ChatTemplate& t = data::chat_template(args.template_name);
+      const data::ChatTemplate& t = data::chat_template(template_name);
       const std::string text = t.prompt(chat);
-      ids = tokenizer->encode(text);
+      ids = tokenizer.encode(text);
       if (!t.whole_text()) {
-        const std::vector<int32_t> prefix = tokenizer->prefix_ids();
+        const std::vector<int32_t> prefix = tokenizer.prefix_ids();
         ids.insert(ids.begin(), prefix.begin(), prefix.end());
       }
     } else {
       throw ConfigError(fmt::format("{}: \"prompt\" is {}; expected text or a list of messages",
                                     where, json::type_name(p)));
     }
-    if (args.max_prompt_length > 0 && static_cast<int64_t>(ids.size()) > args.max_prompt_length) {
+    if (max_prompt_length > 0 && static_cast<int64_t>(ids.size()) > max_prompt_length) {
       // TRL ≤ 0.28: a prompt keeps its last max_prompt_length tokens.
-      ids.erase(ids.begin(), ids.end() - args.max_prompt_length);
+      ids.erase(ids.begin(), ids.end() - max_prompt_length);
     }
     if (ids.empty()) continue;
-    if (static_cast<int64_t>(ids.size()) > room) {
-      ++too_long;
+    if (max_tokens > 0 && static_cast<int64_t>(ids.size()) > max_tokens) {
+      if (dropped != nullptr) ++*dropped;
       continue;
     }
     GrpoPrompt g;
@@ -160,8 +157,23 @@ void Trainer::Impl::load_grpo_prompts() {
       const std::string name(it->name.GetString(), it->name.GetStringLength());
       if (name != "prompt") g.columns[name] = column_text(it->value);
     }
-    grpo_prompts.push_back(std::move(g));
+    prompts.push_back(std::move(g));
   }
+  return prompts;
+}
+
+void Trainer::Impl::load_grpo_prompts() {
+  if (args.train_file.empty()) return;  // a host that gives its prompts (train_grpo_step)
+  if (!args.eval_file.empty()) {
+    throw ConfigError(fmt::format(
+        "eval_file '{}': stage grpo does not evaluate yet; drop eval_file (docs/grpo.md)",
+        args.eval_file));
+  }
+  const std::string& path = args.train_file;
+  const int64_t room = model_config.max_position_embeddings - grpo_options.max_completion_length;
+  int64_t too_long = 0;
+  grpo_prompts = read_grpo_prompts(path, *tokenizer, args.template_name, args.max_prompt_length,
+                                   room, &too_long);
   if (grpo_prompts.empty()) {
     throw ConfigError(fmt::format(
         "'{}' has no prompt that fits: every prompt is empty or longer than "
