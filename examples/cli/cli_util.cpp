@@ -54,6 +54,13 @@ std::optional<std::string> take_option(Args& args, const std::string& name) {
   return std::nullopt;
 }
 
+bool take_switch(Args& args, const std::string& name) {
+  const auto end = std::remove(args.begin(), args.end(), "--" + name);
+  const bool found = end != args.end();
+  args.erase(end, args.end());
+  return found;
+}
+
 std::vector<std::pair<double, double>> pair_log_probs(CausalLM& model, const Dataset& pairs,
                                                       int32_t pad_id, int64_t batch) {
   at::NoGradGuard no_grad;

@@ -144,15 +144,7 @@ int cmd_generate(const Args& in) {
   const std::string dtype_text = last_option(args, "dtype").value_or("auto");
   const bool overwrite =
       parse_bool("overwrite_output", last_option(args, "overwrite_output").value_or("false"));
-  bool raw = false;
-  for (auto it = args.begin(); it != args.end();) {
-    if (*it == "--raw") {
-      raw = true;
-      it = args.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  const bool raw = take_switch(args, "raw");
   if (args.size() != 1 || !prompt == !prompts_file)
     throw ConfigError(std::string(kUsage).substr(0, std::string(kUsage).find('\n')));
   if (!args[0].empty() && args[0][0] == '-')

@@ -118,15 +118,7 @@ int cmd_verify(const Args& in) {
     throw ConfigError(fmt::format("--max_new_tokens: expected an integer in [1, {}], found \"{}\"",
                                   1L << 20, max_text));
   }
-  bool raw = false;
-  for (auto it = args.begin(); it != args.end();) {
-    if (*it == "--raw") {
-      raw = true;
-      it = args.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  const bool raw = take_switch(args, "raw");
   if (args.size() != 1 || !prompt == !compare)
     throw ConfigError(std::string(kUsage).substr(0, std::string(kUsage).find('\n')));
   std::string dir = args[0];

@@ -28,6 +28,9 @@ TrainingArguments parse_training_command(const Args& args);
 /// Takes `--name value` (or `--name=value`) out of `args`; nullopt when absent.
 std::optional<std::string> take_option(Args& args, const std::string& name);
 
+/// Takes every `--name` (a flag without a value) out of `args`; whether there was one.
+bool take_switch(Args& args, const std::string& name);
+
 /// The integer `text` given for `--flag`, in [min, max]; a ConfigError naming the flag and the
 /// range otherwise (no trailing text, no overflow).
 long parse_integer(const std::string& flag, const std::string& text, long min, long max);

@@ -1,6 +1,7 @@
 // StepGraph with CUDA LibTorch: the step recorded as a CUDA graph on a pool stream, replayed on
 // the current stream.
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -8,7 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <optional>
 
 #include "model/step_graph.hpp"
 #include "util/log.hpp"
@@ -18,8 +18,9 @@ namespace zt::model {
 struct StepGraph::Impl {
   at::Device device;
   std::function<void()> step;
-  std::optional<at::cuda::CUDAGraph> graph;
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
   bool failed = false;
+  Impl(at::Device d, std::function<void()> s) : device(d), step(std::move(s)) {}
 };
 
 bool StepGraph::records(const at::Device& device) {
@@ -28,12 +29,12 @@ bool StepGraph::records(const at::Device& device) {
 }
 
 StepGraph::StepGraph(at::Device device, std::function<void()> step)
-    : impl_(std::make_unique<Impl>(Impl{device, std::move(step), std::nullopt, false})) {}
+    : impl_(std::make_unique<Impl>(device, std::move(step))) {}
 
 StepGraph::~StepGraph() = default;
 
 bool StepGraph::recorded() const {
-  return impl_->graph.has_value();
+  return impl_->graph != nullptr;
 }
 
 void StepGraph::run() {
@@ -58,7 +59,7 @@ void StepGraph::run() {
   {
     c10::cuda::CUDAStreamGuard guard(side);
     I.step();
-    I.graph.emplace();
+    I.graph = std::make_unique<at::cuda::CUDAGraph>();
     I.graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
     try {
       I.step();
