@@ -1,6 +1,7 @@
 // zerotrain generate MODEL_DIR (--prompt "..." | --prompts FILE.jsonl) [--output OUT.jsonl]
 // [sampling options]: batched generation with the library's engine (docs/generation.md) — a
 // trained model or adapter folder answering many prompts, several samples each, as JSON lines.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 
 #include <fmt/format.h>
@@ -56,10 +56,13 @@ constexpr const char* kUsage =
     "  --overwrite_output BOOL  replace an existing --output file [default: false]\n";
 
 double parse_real(const std::string& flag, const std::string& text, double min, double max) {
+  // Decimal numbers only, as training's flags (strtod alone would take hex, inf and nan).
+  const bool decimal =
+      !text.empty() && text.find_first_not_of("0123456789+-.eE") == std::string::npos;
   char* end = nullptr;
   errno = 0;
   const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v < min || v > max) {
+  if (!decimal || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v < min || v > max) {
     throw ConfigError(
         fmt::format("--{}: expected a number in [{}, {}], found \"{}\"", flag, min, max, text));
   }
@@ -72,10 +75,52 @@ bool parse_bool(const std::string& flag, const std::string& text) {
   throw ConfigError(fmt::format("--{}: expected true or false, found \"{}\"", flag, text));
 }
 
-// `s` as a JSON string literal (control characters escaped; UTF-8 passed through).
+// The length of the well-formed UTF-8 sequence at s[i] (RFC 3629: no overlongs, surrogates or
+// values past U+10FFFF), or 0 when the bytes there form none.
+size_t utf8_length(const std::string& s, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char b = byte(i);
+  if (b < 0x80) return 1;
+  size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
+  if (b >= 0xC2 && b <= 0xDF) {
+    n = 2;
+  } else if (b >= 0xE0 && b <= 0xEF) {
+    n = 3;
+    if (b == 0xE0) lo = 0xA0;
+    if (b == 0xED) hi = 0x9F;
+  } else if (b >= 0xF0 && b <= 0xF4) {
+    n = 4;
+    if (b == 0xF0) lo = 0x90;
+    if (b == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + n > s.size() || byte(i + 1) < lo || byte(i + 1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k)
+    if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) return 0;
+  return n;
+}
+
+// `s` as a JSON string literal: control characters escaped, and each byte that starts no
+// well-formed UTF-8 sequence (a completion may end inside a character, the byte tokenizer
+// decodes any bytes) written as U+FFFD, as Python's decode(errors="replace") does.
 std::string json_string(const std::string& s) {
   std::string out = "\"";
-  for (const char c : s) {
+  for (size_t i = 0; i < s.size();) {
+    const char c = s[i];
+    const size_t n = utf8_length(s, i);
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+      continue;
+    }
+    if (n > 1) {
+      out.append(s, i, n);
+      i += n;
+      continue;
+    }
+    ++i;
     switch (c) {
       case '"':
         out += "\\\"";
@@ -238,19 +283,21 @@ int cmd_generate(const Args& in) {
   if (config.eos_token_id && *config.eos_token_id != tok->eos_id())
     g.eos_token_ids.push_back(*config.eos_token_id);
 
+  // The temporary file is new (O_EXCL) and no link is followed, so nothing outside is written.
   const std::string temporary = output ? fmt::format("{}.tmp-{}", *output, ::getpid()) : "";
-  std::ofstream file;
+  std::FILE* out = stdout;
   if (output) {
-    file.open(temporary, std::ios::out | std::ios::trunc);
-    if (!file) throw IoError(fmt::format("cannot write '{}': {}", temporary, std::strerror(errno)));
-  }
-  std::FILE* out = output ? nullptr : stdout;
-  const auto emit = [&](const std::string& line) {
-    if (output) {
-      file << line << '\n';
-    } else {
-      std::fprintf(out, "%s\n", line.c_str());
+    const int fd =
+        ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 || (out = ::fdopen(fd, "w")) == nullptr) {
+      const int error = errno;
+      if (fd >= 0) ::close(fd);
+      throw IoError(fmt::format("cannot create '{}': {}", temporary, std::strerror(error)));
     }
+  }
+  const auto emit = [&](const std::string& line) {
+    if (std::fprintf(out, "%s\n", line.c_str()) < 0)
+      throw IoError(fmt::format("writing '{}' failed", output ? temporary : "stdout"));
   };
   try {
     const int64_t n = static_cast<int64_t>(prompts.size());
@@ -281,18 +328,18 @@ int cmd_generate(const Args& in) {
           line += fmt::format(", {}: {}", json_string(column), json_string(value));
         emit(line + "}");
       }
-      if (output && !file) throw IoError(fmt::format("writing '{}' failed", temporary));
     }
     if (output) {
-      file.close();
-      if (!file) throw IoError(fmt::format("writing '{}' failed", temporary));
+      std::FILE* done = out;
+      out = nullptr;
+      if (std::fclose(done) != 0) throw IoError(fmt::format("writing '{}' failed", temporary));
       std::filesystem::rename(temporary, *output);
       std::fprintf(stderr, "zerotrain generate: %zu completions of %zu prompts in %s\n",
                    prompts.size() * static_cast<size_t>(samples), prompts.size(), output->c_str());
     }
   } catch (...) {
     if (output) {
-      file.close();
+      if (out != nullptr) std::fclose(out);
       std::error_code ec;
       std::filesystem::remove(temporary, ec);
     }
