@@ -667,7 +667,34 @@ std::vector<Generated> CausalLM::generate_batch(const std::vector<std::vector<in
   for (const model::LayerSpec& l : I.body->spec.layers) recordable = recordable && !l.moe;
   recordable = recordable && model::StepGraph::records(device);
   std::unique_ptr<model::StepGraph> graph;
-  for (int64_t s = 1; s < o.max_new_tokens; ++s) {
+  for (int64_t s = 1; s < o.max_new_tokens && running > 0; ++s) {
+    // Finished rows leave the batch: at once where steps run one by one, once half of them
+    // finished where a step is a recording (each new batch size is recorded anew, about a
+    // step's cost).
+    const int64_t buffered = static_cast<int64_t>(rows.size());
+    if (running < buffered && (!recordable || 2 * running <= buffered)) {
+      std::vector<int64_t> keep, still;
+      for (size_t r = 0; r < rows.size(); ++r) {
+        if (!live[r]) continue;
+        keep.push_back(static_cast<int64_t>(r));
+        still.push_back(rows[r]);
+      }
+      const at::Tensor k = at::tensor(keep, at::kLong).to(device);
+      for (model::KvCache& c : cache) {
+        c.k = c.k.index_select(0, k);
+        c.v = c.v.index_select(0, k);
+      }
+      keys = keys.index_select(0, k);
+      tokens = tokens.index_select(0, k);
+      positions = positions.index_select(0, k);
+      draws = draws.index_select(0, k);
+      chosen = chosen.index_select(0, k);
+      if (seen_tokens.defined()) seen_tokens = seen_tokens.index_select(0, k);
+      attach();
+      rows = std::move(still);
+      live.assign(rows.size(), 1);
+      graph.reset();
+    }
     if (o.do_sample) draws.copy_(draws_for(s));
     if (recordable) {
       if (!graph) graph = std::make_unique<model::StepGraph>(device, step);
@@ -676,33 +703,6 @@ std::vector<Generated> CausalLM::generate_batch(const std::vector<std::vector<in
       step();
     }
     take(chosen);
-    if (running == 0) break;
-    // Finished rows leave the batch: at once where steps run one by one, once half of them
-    // finished where a step is a recording (each new batch size is recorded anew, about a
-    // step's cost).
-    const int64_t buffered = static_cast<int64_t>(rows.size());
-    if (running == buffered || (recordable && 2 * running > buffered)) continue;
-    std::vector<int64_t> keep, still;
-    for (size_t r = 0; r < rows.size(); ++r) {
-      if (!live[r]) continue;
-      keep.push_back(static_cast<int64_t>(r));
-      still.push_back(rows[r]);
-    }
-    const at::Tensor k = at::tensor(keep, at::kLong).to(device);
-    for (model::KvCache& c : cache) {
-      c.k = c.k.index_select(0, k);
-      c.v = c.v.index_select(0, k);
-    }
-    keys = keys.index_select(0, k);
-    tokens = tokens.index_select(0, k);
-    positions = positions.index_select(0, k);
-    draws = draws.index_select(0, k);
-    chosen = chosen.index_select(0, k);
-    if (seen_tokens.defined()) seen_tokens = seen_tokens.index_select(0, k);
-    attach();
-    rows = std::move(still);
-    live.assign(rows.size(), 1);
-    graph.reset();
   }
   return out;
 }
