@@ -265,7 +265,11 @@ class CausalLM : public torch::nn::Module {
   /// Generates a completion of each prompt (token ids, of any lengths; none empty) as
   /// transformers' `generate` does for a left-padded batch: one KV cache for the batch, each
   /// row's positions counted from its first real token, sequences that stop leave the batch
-  /// (their rows of the cache are dropped). With adapters, as they are set (no merge). With
+  /// (their rows of the cache are dropped). The cache is allocated once for every position the
+  /// generation can reach (B × (longest prompt + max_new_tokens) keys and values a layer); on
+  /// CUDA a decoding step is recorded as a CUDA graph and replayed (docs/generation.md). Runs
+  /// in eval mode (no dropout), the caller's mode restored. With adapters, as they are set (no
+  /// merge). With
   /// do_sample, the draws of prompt i come from (options.seed, streams[i], step) alone —
   /// `streams` defaults to 0, 1, ... — so a sequence samples the same tokens in any batch or
   /// rank when its logits are the same. The model's parameters must be materialized on this
