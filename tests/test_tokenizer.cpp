@@ -695,6 +695,124 @@ TEST_CASE("Oniguruma splits the hand-written patterns' regexes into the same pie
   }
 }
 
+TEST_CASE("one-character patterns with a count find Oniguruma's matches without it",
+          "[tokenizer][split]") {
+  // The class of patterns Matcher::regex matches by hand as runs of one character set — each
+  // kind of atom (bracket classes with ranges, escapes, negation, nesting, intersections and
+  // POSIX brackets; properties; \w \s \d \h and their negations; '.'; escaped and plain
+  // literals, multibyte too) under each count (none, +, {n}, {n,}, {n,m}) — and patterns
+  // that look alike but are not one atom (Oniguruma's): every behavior, against Oniguruma on
+  // random text from the first three planes.
+  const std::vector<std::string> atoms{
+      "[\\p{P}\\x21-\\x2f\\x3a-\\x40\\x5b-\\x60\\x7b-\\x7e]",
+      "[\\t-\\r \\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}"
+      "\\x{3000}]",
+      "\\p{N}",
+      "\\p{L}",
+      "\\p{Lu}",
+      "\\P{L}",
+      "\\p{^N}",
+      "\\p{Han}",
+      "\\s",
+      "\\S",
+      "\\w",
+      "\\W",
+      "\\d",
+      "\\h",
+      ".",
+      " ",
+      "a",
+      "\u00e9",
+      "\u4e00",
+      "\U0001F600",
+      "\\.",
+      "\\-",
+      "\\t",
+      "\\x41",
+      "\\x{263a}",
+      "[^\\s]",
+      "[a-z&&[^aeiou]]",
+      "[[:alpha:]]",
+      "[[:^space:]\\d]",
+      "[\\s\\S]",
+      "[一-龥぀-ゟ゠-ヿ]",
+      "[\\]a]",
+      "[-a]",
+      "[a\\-z]"};
+  const std::vector<std::string> counts{"", "+", "{2}", "{2,}", "{1,3}", "{2,4}", "{3,3}"};
+  std::vector<std::string> patterns;
+  for (const auto& a : atoms) {
+    for (const auto& c : counts) patterns.push_back(a + c);
+  }
+  // Alike but not one atom: zero-width, optional, lazy, alternation, groups, line breaks.
+  for (const char* other : {"\\s*", "a?", "\\p{N}+?", "a|b", "(a)+", "\\R", "\\X", "\\b", "a{0,2}",
+                            "a{,2}", "\\p{N}++", "[a]]", "a{x}"}) {
+    patterns.emplace_back(other);
+  }
+  const std::vector<std::string> alphabet{"a",          "b",
+                                          "e",          "i",
+                                          "z",          "A",
+                                          "Z",          " ",
+                                          " ",          "  ",
+                                          "\t",         "\n",
+                                          "\r\n",       "\x0b",
+                                          ".",          "-",
+                                          "]",          "!",
+                                          "0",          "7",
+                                          "\u00e9",     "e\u0301",
+                                          "\u00a0",     "\u0085",
+                                          "\u2028",     "\u3000",
+                                          "\u4e00",     "\u3042",
+                                          "\u30a2",     "\u0663",
+                                          "\u00bd",     "\u263a",
+                                          "\U0001F600", "\U0001F44D\U0001F3FB",
+                                          "\u200d",     "\U00020000",
+                                          "\ue000",     "\u0378",
+                                          "\uff10",     "\u2014",
+                                          "\u300c"};
+  std::mt19937 rng(23);
+  for (const std::string& pattern : patterns) {
+    INFO("pattern " << pattern);
+    std::shared_ptr<const text::Matcher> fast, reference;
+    try {
+      reference = text::Matcher::oniguruma(pattern);
+    } catch (const ConfigError&) {
+      // What Oniguruma refuses is refused the same way.
+      CHECK_THROWS_AS(text::Matcher::regex(pattern), ConfigError);
+      continue;
+    }
+    fast = text::Matcher::regex(pattern);
+    for (int n = 0; n < 300; ++n) {
+      std::string s;
+      const int length = 1 + static_cast<int>(rng() % 30);
+      for (int i = 0; i < length; ++i) {
+        if (rng() % 6 != 0) {
+          s += alphabet[rng() % alphabet.size()];
+          continue;
+        }
+        uint32_t cp = 0x80 + static_cast<uint32_t>(rng() % 0x2FF80);
+        if (cp >= 0xD800 && cp < 0xE000) cp = 0x2C00 + (cp & 0x3FF);
+        // \p{L} and \p{N} are Unicode 16 here and 14 in Debian's Oniguruma: keep to characters
+        // both agree on (the test after this one holds the newer ones to HF's pieces).
+        if (text::char_class(cp) != text::oniguruma_char_class(cp)) cp = 0x4E00 + (cp & 0xFF);
+        text::append_utf8(cp, s);
+      }
+      INFO("text " << s);
+      std::vector<text::Span> got, want;
+      fast->find(s, got);
+      reference->find(s, want);
+      REQUIRE(got == want);
+      for (auto behavior : {text::SplitBehavior::kRemoved, text::SplitBehavior::kContiguous,
+                            text::SplitBehavior::kMergedWithNext}) {
+        std::vector<text::Span> a, b, scratch;
+        text::split_by(*fast, behavior, n % 2 == 1, s, 3, a, scratch);
+        text::split_by(*reference, behavior, n % 2 == 1, s, 3, b, scratch);
+        REQUIRE(a == b);
+      }
+    }
+  }
+}
+
 TEST_CASE("o200k's, Tekken's and DeepSeek-V3's main patterns by hand find Oniguruma's matches",
           "[tokenizer][split]") {
   // Random text over every class the two patterns name: each letter category (Lu, Ll, Lt, Lm,
@@ -1040,11 +1158,58 @@ TEST_CASE("WordPiece takes the longest prefix, then prefixed pieces, or one unk 
   ids.clear();
   model.encode_piece("unaffableun", ids);  // 11 characters, past max_input_chars_per_word
   CHECK(ids == std::vector<int32_t>{0});
+  // The longest entry wins at each step, not the first found: u / un / una, then ##f / ##ff /
+  // ##ffa, then ##b / ##ble; multibyte entries too.
+  const WordPieceModel nested({{"[UNK]", 0},
+                               {"u", 1},
+                               {"un", 2},
+                               {"una", 3},
+                               {"##f", 4},
+                               {"##ff", 5},
+                               {"##ffa", 6},
+                               {"##b", 7},
+                               {"##ble", 8},
+                               {"\u00e9", 9},
+                               {"\u00e9t\u00e9", 10},
+                               {"##\u00e9", 11}},
+                              "[UNK]", "##", 20, "wordpiece");
+  ids.clear();
+  nested.encode_piece("unaffable", ids);
+  CHECK(ids == std::vector<int32_t>{3, 6, 8});
+  ids.clear();
+  nested.encode_piece("\u00e9t\u00e9\u00e9", ids);
+  CHECK(ids == std::vector<int32_t>{10, 11});
   const WordLevelModel words({{"<unk>", 0}, {"hello", 1}}, "<unk>", "wordlevel");
   ids.clear();
   words.encode_piece("hello", ids);
   words.encode_piece("world", ids);
   CHECK(ids == std::vector<int32_t>{1, 0});
+}
+
+TEST_CASE("BertNormalizer drops controls, turns spaces into ' ' and lowercases, ASCII or not",
+          "[tokenizer]") {
+  // HF's BertNormalizer: clean_text drops NUL, U+FFFD and the control characters but tab, line
+  // feed and return (Cc, Cf) and writes every White_Space character as ' '; lowercase is per
+  // character. ASCII runs take their own path: each flag on and off, next to other text.
+  auto normalized = [](bool clean, bool lower, const std::string& s) {
+    hf::NormalizerStep step{hf::NormalizerStep::kBert};
+    step.clean_text = clean;
+    step.chinese_chars = false;
+    step.strip_accents = false;
+    step.lowercase = lower;
+    std::string out;
+    hf::apply_normalizer(step, s, out);
+    return out;
+  };
+  const std::string s = std::string("A\tB\x01", 4) + std::string("C\x7F\0D\r\nE\x0b\x0c", 8) +
+                        "\u00c9\u0085\u00a0\u200b\u3000X";
+  // U+0085 is Cc and U+200B Cf (both dropped), U+00A0 and U+3000 spaces.
+  CHECK(normalized(true, true, s) == "a bcd  e\u00e9  x");
+  CHECK(normalized(true, false, s) == "A BCD  E\u00c9  X");
+  CHECK(normalized(false, true, s) == std::string("a\tb\x01", 4) +
+                                          std::string("c\x7F\0d\r\ne\x0b\x0c", 8) +
+                                          "\u00e9\u0085\u00a0\u200b\u3000x");
+  CHECK(normalized(false, false, s) == s);
 }
 
 TEST_CASE("a damaged Precompiled charsmap never reads outside its data", "[tokenizer][hostile]") {

@@ -37,6 +37,28 @@ void for_each_char(std::string_view s, F&& f) {
   }
 }
 
+// The length of the ASCII run `s` starts with.
+size_t ascii_run(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size() && static_cast<unsigned char>(s[i]) < 0x80) ++i;
+  return i;
+}
+
+// Calls ascii(run) for each maximal ASCII run of `s` and other(run) for each run of other
+// characters between them: for the steps that leave ASCII alone or map it byte by byte.
+template <typename Ascii, typename Other>
+void by_runs(std::string_view s, Ascii&& ascii, Other&& other) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t a = ascii_run(s.substr(i));
+    if (a > 0) ascii(s.substr(i, a));
+    i += a;
+    size_t j = i;
+    while (j < s.size() && static_cast<unsigned char>(s[j]) >= 0x80) ++j;
+    if (j > i) other(s.substr(i, j - i));
+    i = j;
+  }
+}
+
 void lowercase(std::string_view s, std::string& out) {
   for_each_char(s, [&](uint32_t cp, std::string_view bytes) {
     if (cp < 0x80) {
@@ -66,8 +88,28 @@ bool is_mark(uint32_t cp) {
 }
 
 // BertNormalizer's steps, in its order: clean_text, handle_chinese_chars, strip_accents (NFD,
-// then without nonspacing marks), lowercase.
+// then without nonspacing marks), lowercase. Each acts on a character alone (NFD too, at the
+// starters ASCII characters are), so ASCII runs take one pass and the rest the steps in turn.
+void bert_steps(const NormalizerStep& step, std::string_view s, std::string& out);
+
 void bert(const NormalizerStep& step, std::string_view s, std::string& out) {
+  by_runs(
+      s,
+      [&](std::string_view run) {
+        for (char c : run) {
+          if (step.clean_text) {
+            // NUL and the controls but tab, line feed and return go; other spaces become ' '.
+            if (c == 0 || c == 0x7F || (c < 0x20 && c != '\t' && c != '\n' && c != '\r')) continue;
+            if (c == '\t' || c == '\n' || c == '\r') c = ' ';
+          }
+          if (step.lowercase && c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
+          out.push_back(c);
+        }
+      },
+      [&](std::string_view run) { bert_steps(step, run, out); });
+}
+
+void bert_steps(const NormalizerStep& step, std::string_view s, std::string& out) {
   thread_local std::string a, b, nfd;
   a.clear();
   b.clear();
@@ -149,7 +191,12 @@ void apply_normalizer(const NormalizerStep& step, std::string_view s, std::strin
       replace_pattern(s, step.matcher.get(), step.text, step.content, out);
       break;
     case NormalizerStep::kLowercase:
-      lowercase(s, out);
+      by_runs(
+          s,
+          [&](std::string_view run) {
+            for (char c : run) out.push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c);
+          },
+          [&](std::string_view run) { lowercase(run, out); });
       break;
     case NormalizerStep::kStrip: {
       size_t begin = 0, end = s.size();
@@ -169,9 +216,13 @@ void apply_normalizer(const NormalizerStep& step, std::string_view s, std::strin
       break;
     }
     case NormalizerStep::kStripAccents:
-      for_each_char(s, [&](uint32_t cp, std::string_view bytes) {
-        if (!is_mark(cp)) out.append(bytes);
-      });
+      by_runs(
+          s, [&](std::string_view run) { out.append(run); },
+          [&](std::string_view run) {
+            for_each_char(run, [&](uint32_t cp, std::string_view bytes) {
+              if (!is_mark(cp)) out.append(bytes);
+            });
+          });
       break;
     case NormalizerStep::kBert:
       bert(step, s, out);

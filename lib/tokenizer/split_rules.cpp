@@ -5,6 +5,11 @@
 #include <oniguruma.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <cctype>
+#include <deque>
+#include <limits>
 #include <mutex>
 #include <optional>
 
@@ -96,50 +101,87 @@ class LiteralMatcher final : public Matcher {
   std::string text_;
 };
 
-// Runs of characters of one set, cut into chunks of at most `most` characters (0: no limit):
-// what Oniguruma finds for `\p{N}{1,3}`, `\p{N}+` or a class of literal ranges `[一-龥ぁ-ゟ]+`
-// (leftmost, greedy, no empty match), without a regex search per piece.
-class RunMatcher final : public Matcher {
+// A pattern that is one character atom with a greedy count (class_run_matcher): its matches
+// are runs of member characters cut into chunks of at most `most` characters, a chunk kept when
+// it holds at least `least` — what Oniguruma finds for `[...]{n,m}` (leftmost, greedy; a run
+// shorter than `least` matches nowhere), without a regex search per match. Membership comes
+// from Oniguruma itself, one 256-character block at a time on first use, so the set is the
+// regex engine's; `\p{L}` and `\p{N}` alone are answered from split_classes.inc, Unicode 16 as
+// HF tokenizers' Oniguruma has it, where Debian's has Unicode 14.
+class ClassRunMatcher final : public Matcher {
  public:
-  using Member = bool (*)(uint32_t cp, const std::vector<std::pair<uint32_t, uint32_t>>& ranges);
-  RunMatcher(Member member, std::vector<std::pair<uint32_t, uint32_t>> ranges, size_t most)
-      : member_(member), ranges_(std::move(ranges)), most_(most) {}
+  struct FreeRegex {
+    void operator()(regex_t* r) const { onig_free(r); }
+  };
+  using Regex = std::unique_ptr<regex_t, FreeRegex>;
+
+  ClassRunMatcher(Regex atom, uint8_t classes, size_t least, size_t most)
+      : atom_(std::move(atom)), classes_(classes), least_(least), most_(most) {
+    for (auto& b : blocks_) b.store(nullptr, std::memory_order_relaxed);
+    ascii_ = block(0);
+  }
 
   void find(std::string_view text, std::vector<Span>& out) const override {
-    size_t i = 0, start = 0, count = 0;
-    auto close = [&](size_t end) {
-      if (count > 0) out.emplace_back(static_cast<uint32_t>(start), static_cast<uint32_t>(end));
+    size_t start = 0, count = 0;
+    const auto close = [&](size_t end) {
+      if (count >= least_)
+        out.emplace_back(static_cast<uint32_t>(start), static_cast<uint32_t>(end));
       count = 0;
     };
-    while (i < text.size()) {
+    for (size_t i = 0; i < text.size();) {
       uint32_t len = 1;
       const uint32_t cp = decode_at(text, i, len);
-      if (!member_(cp, ranges_)) {
-        close(i);
+      if (!member(cp)) {
+        if (count > 0) close(i);
       } else {
-        if (count == most_ && most_ > 0) close(i);
+        if (count == most_) close(i);
         if (count == 0) start = i;
         ++count;
       }
       i += len;
     }
-    close(text.size());
-  }
-
-  static bool number(uint32_t cp, const std::vector<std::pair<uint32_t, uint32_t>>&) {
-    return (char_class(cp) & kNumber) != 0;
-  }
-  static bool in_ranges(uint32_t cp, const std::vector<std::pair<uint32_t, uint32_t>>& ranges) {
-    for (const auto& [lo, hi] : ranges) {
-      if (cp >= lo && cp <= hi) return true;
-    }
-    return false;
+    if (count > 0) close(text.size());
   }
 
  private:
-  Member member_;
-  std::vector<std::pair<uint32_t, uint32_t>> ranges_;
-  size_t most_;
+  using Bits = std::array<uint64_t, 4>;
+  static constexpr size_t kBlocks = 0x110000 / 256;
+
+  bool member(uint32_t cp) const {
+    if (classes_ != 0) return (char_class(cp) & classes_) != 0;
+    const Bits* b = cp < 256 ? ascii_ : blocks_[cp >> 8].load(std::memory_order_acquire);
+    if (b == nullptr) b = block(cp >> 8);
+    return ((*b)[(cp >> 6) & 3] >> (cp & 63)) & 1;
+  }
+
+  // The members of block k (code points 256k to 256k + 255), asked of Oniguruma once.
+  const Bits* block(uint32_t k) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (const Bits* b = blocks_[k].load(std::memory_order_relaxed)) return b;
+    Bits bits{};
+    if (classes_ == 0) {
+      for (uint32_t c = 0; c < 256; ++c) {
+        const uint32_t cp = k * 256 + c;
+        if (cp >= 0xD800 && cp < 0xE000) continue;  // not in well-formed text
+        std::string utf8;
+        append_utf8(cp, utf8);
+        const auto* p = reinterpret_cast<const OnigUChar*>(utf8.data());
+        const int r = onig_match(atom_.get(), p, p + utf8.size(), p, nullptr, ONIG_OPTION_NONE);
+        if (r == static_cast<int>(utf8.size())) bits[c >> 6] |= uint64_t{1} << (c & 63);
+      }
+    }
+    storage_.push_back(bits);
+    blocks_[k].store(&storage_.back(), std::memory_order_release);
+    return &storage_.back();
+  }
+
+  Regex atom_;
+  uint8_t classes_;  // nonzero: the CharClass bits that decide membership
+  size_t least_, most_;
+  const Bits* ascii_ = nullptr;
+  mutable std::array<std::atomic<const Bits*>, kBlocks> blocks_;
+  mutable std::deque<Bits> storage_;  // never moves what it holds
+  mutable std::mutex mutex_;
 };
 
 // The matches of a pattern unicode_text.hpp matches by hand: o200k's, Qwen2's, ... (tiling)
@@ -162,61 +204,122 @@ class KnownPatternMatcher final : public Matcher {
   std::optional<GapPattern> gaps_;
 };
 
-// `pattern` as a RunMatcher when it is one of the simple forms it covers exactly: `\p{N}+`,
-// `\p{N}{1,k}`, or `[...]+` of literal characters and ranges a-b (no escapes, negation or
-// nested classes); nullptr otherwise.
-std::shared_ptr<const Matcher> run_matcher(const std::string& pattern) {
-  using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
-  if (pattern == "\\p{N}+") return std::make_shared<RunMatcher>(RunMatcher::number, Ranges{}, 0);
-  const std::string digits = "\\p{N}{1,";
-  if (pattern.rfind(digits, 0) == 0 && pattern.size() > digits.size() + 1 &&
-      pattern.back() == '}') {
-    const std::string k = pattern.substr(digits.size(), pattern.size() - digits.size() - 1);
-    if (k.size() == 1 && k[0] >= '1' && k[0] <= '9') {
-      return std::make_shared<RunMatcher>(RunMatcher::number, Ranges{},
-                                          static_cast<size_t>(k[0] - '0'));
+// The length of the single-character atom `p` starts with, or 0 when it starts with anything
+// else: a bracket class (nested classes, `&&` and POSIX brackets inside it; one starting with
+// `]` is left to Oniguruma), `\p{..}` / `\P{..}`, `\w \W \s \S \d \D \h \H`, `\t \n \r \f \v`,
+// `\xHH`, `\x{H..}`, an escaped ASCII punctuation character, `.`, or a literal character.
+// Everything else (groups, anchors, alternation, `\R`, `\X`, back-references) is not one.
+size_t atom_length(std::string_view p) {
+  const size_t n = p.size();
+  if (n == 0) return 0;
+  const char c = p[0];
+  if (c == '[') {
+    size_t i = 1;
+    int depth = 1;
+    auto opened = [&] {  // after a '[': an optional '^', then not ']'
+      if (i < n && p[i] == '^') ++i;
+      return i < n && p[i] != ']';
+    };
+    if (!opened()) return 0;
+    while (i < n) {
+      if (p[i] == '\\') {
+        i += 2;
+      } else if (p[i] == '[') {
+        ++i;
+        ++depth;
+        if (!opened()) return 0;
+      } else if (p[i] == ']') {
+        ++i;
+        if (--depth == 0) return i;
+      } else {
+        ++i;
+      }
     }
-    return nullptr;
+    return 0;
   }
-  if (pattern.size() < 4 || pattern.front() != '[' || pattern.compare(pattern.size() - 2, 2, "]+"))
-    return nullptr;
-  const std::string_view inner(pattern.data() + 1, pattern.size() - 3);
-  if (inner.empty() || !is_valid_utf8(inner)) return nullptr;
-  std::vector<uint32_t> cps;
-  for (size_t i = 0; i < inner.size();) {
-    uint32_t len = 1;
-    cps.push_back(decode_at(inner, i, len));
-    i += len;
-  }
-  Ranges ranges;
-  for (size_t i = 0; i < cps.size();) {
-    const uint32_t c = cps[i];
-    // Characters with a meaning inside a class in Oniguruma's syntax: leave those to it.
-    if (c == '\\' || c == '[' || c == ']' || c == '^' || c == '&' || c == ':' ||
-        (c == '-' && (i == 0 || i + 1 == cps.size()))) {
-      return nullptr;
+  if (c == '\\') {
+    if (n < 2) return 0;
+    const char d = p[1];
+    if (std::string_view("wWsSdDhHtnrfv").find(d) != std::string_view::npos) return 2;
+    if (d == 'p' || d == 'P' || (d == 'x' && n > 2 && p[2] == '{')) {
+      if (n < 4 || p[2] != '{') return 0;
+      const size_t close = p.find('}', 3);
+      return close == std::string_view::npos ? 0 : close + 1;
     }
-    if (i + 2 < cps.size() && cps[i + 1] == '-') {
-      const uint32_t hi = cps[i + 2];
-      if (hi < c || hi == '\\' || hi == '[' || hi == ']' || hi == '-') return nullptr;
-      ranges.emplace_back(c, hi);
-      i += 3;
+    if (d == 'x') {
+      return n >= 4 && std::isxdigit(static_cast<unsigned char>(p[2])) &&
+                     std::isxdigit(static_cast<unsigned char>(p[3]))
+                 ? 4
+                 : 0;
+    }
+    // An escaped punctuation character is itself, but for the GNU operators `\<` `\>` `\``
+    // `\'` some syntaxes read as anchors.
+    const auto u = static_cast<unsigned char>(d);
+    return u < 0x80 && std::ispunct(u) && std::string_view("<>`'").find(d) == std::string_view::npos
+               ? 2
+               : 0;
+  }
+  if (c == '.') return 1;
+  if (std::string_view("^$|?*+(){}]").find(c) != std::string_view::npos) return 0;
+  const auto u = static_cast<unsigned char>(c);
+  const size_t len = u < 0x80 ? 1 : u < 0xE0 ? 2 : u < 0xF0 ? 3 : 4;
+  return len <= n && is_valid_utf8(p.substr(0, len)) ? len : 0;
+}
+
+// `text` as a count in [1, 100000] (Oniguruma's largest), or 0.
+size_t count_of(std::string_view text) {
+  if (text.empty() || text.size() > 6) return 0;
+  size_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return 0;
+    v = v * 10 + static_cast<size_t>(c - '0');
+  }
+  return v <= 100000 ? v : 0;
+}
+
+// `pattern` as a ClassRunMatcher when it is one character atom (atom_length) followed by
+// nothing, `+`, `{n}`, `{n,}` or `{n,m}` with 1 ≤ n ≤ m (greedy; lazy and possessive counts,
+// `*`, `?` and zero counts are Oniguruma's), and the atom compiles; nullptr otherwise.
+std::shared_ptr<const Matcher> class_run_matcher(const std::string& pattern) {
+  const size_t atom = atom_length(pattern);
+  if (atom == 0) return nullptr;
+  const std::string_view count = std::string_view(pattern).substr(atom);
+  constexpr size_t kUnbounded = std::numeric_limits<size_t>::max();
+  size_t least = 1, most = 1;
+  if (count == "+") {
+    most = kUnbounded;
+  } else if (!count.empty()) {
+    if (count.size() < 3 || count.front() != '{' || count.back() != '}') return nullptr;
+    const std::string_view inner = count.substr(1, count.size() - 2);
+    const size_t comma = inner.find(',');
+    least = count_of(inner.substr(0, comma));
+    if (comma == std::string_view::npos) {
+      most = least;
+    } else if (comma + 1 == inner.size()) {
+      most = kUnbounded;
     } else {
-      if (c == '-') return nullptr;
-      ranges.emplace_back(c, c);
-      i += 1;
+      most = count_of(inner.substr(comma + 1));
     }
+    if (least == 0 || most == 0 || most < least) return nullptr;
   }
-  // A class of many ranges (a hostile file's) is Oniguruma's: it tests membership in a table,
-  // this one range by range.
-  if (ranges.size() > 64) return nullptr;
-  return std::make_shared<RunMatcher>(RunMatcher::in_ranges, std::move(ranges), 0);
+  initialize_oniguruma();
+  regex_t* compiled = nullptr;
+  OnigErrorInfo info{};
+  const auto* p = reinterpret_cast<const OnigUChar*>(pattern.data());
+  if (onig_new(&compiled, p, p + atom, ONIG_OPTION_NONE, ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT,
+               &info) != ONIG_NORMAL) {
+    return nullptr;  // Oniguruma's own error, from the whole pattern
+  }
+  ClassRunMatcher::Regex regex(compiled);
+  const std::string_view a(pattern.data(), atom);
+  const uint8_t classes = a == "\\p{L}" ? kLetter : a == "\\p{N}" ? kNumber : 0;
+  return std::make_shared<ClassRunMatcher>(std::move(regex), classes, least, most);
 }
 
 }  // namespace
 
 std::shared_ptr<const Matcher> Matcher::regex(const std::string& pattern) {
-  if (auto fast = run_matcher(pattern)) return fast;
+  if (auto fast = class_run_matcher(pattern)) return fast;
   if (auto p = known_split_pattern(pattern)) return std::make_shared<KnownPatternMatcher>(*p);
   if (auto p = known_gap_pattern(pattern)) return std::make_shared<KnownPatternMatcher>(*p);
   return oniguruma(pattern);

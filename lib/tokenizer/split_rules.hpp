@@ -24,11 +24,13 @@ enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWith
 class Matcher {
  public:
   /// A regex in Oniguruma's Ruby syntax (what HF tokenizers' onig crate compiles), UTF-8.
-  /// Throws ConfigError with Oniguruma's message when it does not compile. The simple forms
-  /// real files use beside their main pattern — `\p{N}+`, `\p{N}{1,k}` (k ≤ 9), and classes of
-  /// literal characters and ranges repeated, `[一-龥぀-ゟ]+` (DeepSeek-V3's) — and the exact
-  /// regexes unicode_text.hpp knows (GPT-2's, Qwen2's, LLaMA-3's, o200k's, DeepSeek-V3's main
-  /// one) are matched by hand, with Oniguruma's matches.
+  /// Throws ConfigError with Oniguruma's message when it does not compile. Matched by hand,
+  /// with Oniguruma's matches: a pattern of one character atom with a greedy count — a bracket
+  /// class, `\p{..}`, `\s`, `.`, a literal, ... then nothing, `+`, `{n}`, `{n,}` or `{n,m}`:
+  /// the classes of BERT's and ALBERT's pre-tokenizers, `\p{N}{1,3}`, DeepSeek-V3's
+  /// `[一-龥぀-ゟ]+`, ALBERT's ` {2,}` (membership asked of Oniguruma once per 256 code
+  /// points) — and the exact regexes unicode_text.hpp knows (GPT-2's, Qwen2's, LLaMA-3's,
+  /// o200k's, DeepSeek-V3's main one).
   static std::shared_ptr<const Matcher> regex(const std::string& pattern);
   /// The same pattern always run by Oniguruma (the reference of the hand-written forms).
   static std::shared_ptr<const Matcher> oniguruma(const std::string& pattern);

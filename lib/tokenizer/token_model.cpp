@@ -77,14 +77,63 @@ int32_t StringIdMap::find(std::string_view key) const {
   }
 }
 
+// ---- the byte trie --------------------------------------------------------------------------
+
+void ByteTrie::insert(std::string_view key, int32_t id) {
+  uint32_t node = 0;
+  for (char c : key) {
+    const auto byte = static_cast<uint8_t>(c);
+    uint32_t next = child(node, byte);
+    if (next == kNone) {
+      next = static_cast<uint32_t>(values_.size());
+      values_.push_back(-1);
+      add(node, byte, next);
+    }
+    node = next;
+  }
+  if (node != 0) values_[node] = id;
+}
+
+void ByteTrie::add(uint32_t node, uint8_t byte, uint32_t child) {
+  if (node == 0) {
+    root_[byte] = child;
+    return;
+  }
+  if ((used_ + 1) * 2 > keys_.size()) grow();
+  const uint64_t k = key(node, byte);
+  size_t i = slot(k);
+  while (keys_[i] != kEmpty) i = (i + 1) & (keys_.size() - 1);
+  keys_[i] = k;
+  children_[i] = child;
+  ++used_;
+}
+
+void ByteTrie::grow() {
+  std::vector<uint64_t> keys = std::move(keys_);
+  std::vector<uint32_t> children = std::move(children_);
+  keys_.assign(keys.empty() ? 1024 : keys.size() * 2, kEmpty);
+  children_.assign(keys_.size(), kNone);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i] == kEmpty) continue;
+    size_t j = slot(keys[i]);
+    while (keys_[j] != kEmpty) j = (j + 1) & (keys_.size() - 1);
+    keys_[j] = keys[i];
+    children_[j] = children[i];
+  }
+}
+
 // ---- the piece cache -----------------------------------------------------------------------
+
+namespace {
+constexpr size_t kShards = 16;
+}  // namespace
 
 // 16 shards indexed by the hash's top 4 bits, each behind its own mutex so that threads rarely
 // meet.
 struct PieceCache::Shard {
-  static constexpr size_t kSlots = 16384;  // at most half used
-  static constexpr size_t kMaxEntries = 8192;
-  static constexpr size_t kMaxArena = 256 << 10;
+  static constexpr size_t kSlots = 4096;  // at most half used
+  static constexpr size_t kMaxEntries = 2048;
+  static constexpr size_t kMaxArena = 128 << 10;
   struct Slot {
     uint64_t hash = 0;
     uint32_t key_offset = 0;
@@ -99,10 +148,6 @@ struct PieceCache::Shard {
   size_t used = 0;
 };
 
-namespace {
-constexpr size_t kShards = 16;
-}
-
 PieceCache::PieceCache() : shards_(new Shard[kShards]) {
   for (size_t s = 0; s < kShards; ++s) shards_[s].slots.assign(Shard::kSlots, Shard::Slot{});
 }
@@ -116,15 +161,15 @@ bool PieceCache::find(std::string_view key, uint64_t hash, std::vector<int32_t>&
     const Shard::Slot& s = shard.slots[i];
     if (s.key_length == 0) return false;
     if (s.hash == hash && std::string_view(shard.keys.data() + s.key_offset, s.key_length) == key) {
-      out.insert(out.end(), shard.ids.begin() + s.ids_offset,
-                 shard.ids.begin() + s.ids_offset + s.ids_length);
+      const int32_t* ids = shard.ids.data() + s.ids_offset;
+      out.insert(out.end(), ids, ids + s.ids_length);
       return true;
     }
   }
 }
 
-void PieceCache::insert(std::string_view key, uint64_t hash,
-                        const std::vector<int32_t>& ids) const {
+void PieceCache::insert(std::string_view key, uint64_t hash, const int32_t* ids,
+                        size_t count) const {
   Shard& shard = shards_[hash >> 60];
   std::lock_guard<std::mutex> lock(shard.mutex);
   if (shard.used >= Shard::kMaxEntries || shard.keys.size() + key.size() > Shard::kMaxArena) {
@@ -142,9 +187,9 @@ void PieceCache::insert(std::string_view key, uint64_t hash,
   }
   shard.slots[i] =
       Shard::Slot{hash, static_cast<uint32_t>(shard.keys.size()), static_cast<uint32_t>(key.size()),
-                  static_cast<uint32_t>(shard.ids.size()), static_cast<uint32_t>(ids.size())};
+                  static_cast<uint32_t>(shard.ids.size()), static_cast<uint32_t>(count)};
   shard.keys.append(key);
-  shard.ids.insert(shard.ids.end(), ids.begin(), ids.end());
+  shard.ids.insert(shard.ids.end(), ids, ids + count);
   ++shard.used;
 }
 

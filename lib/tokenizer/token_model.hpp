@@ -6,6 +6,7 @@
 // internally; every const method may be called from several threads at once.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -52,11 +53,57 @@ class StringIdMap {
   size_t used_ = 0;
 };
 
+/// Byte strings and their ids as a trie: node 0 is the root, whose children sit in a table of
+/// 256; every other edge (node, byte) → child lives in one open-addressing table, and each node
+/// knows the id of the string ending there (-1: none). Unigram's and WordPiece's prefix lookups.
+class ByteTrie {
+ public:
+  ByteTrie() { root_.fill(kNone); }
+  /// Adds `key` (not empty) with `id`; a key added twice keeps the later id.
+  void insert(std::string_view key, int32_t id);
+
+  /// Calls f(length, id) for every key that is a prefix of `s`, shortest first.
+  template <typename F>
+  void prefixes(std::string_view s, F&& f) const {
+    if (s.empty()) return;
+    uint32_t node = root_[static_cast<uint8_t>(s[0])];
+    for (size_t i = 1;; ++i) {
+      if (node == kNone) return;
+      if (values_[node] >= 0) f(i, values_[node]);
+      if (i == s.size()) return;
+      node = child(node, static_cast<uint8_t>(s[i]));
+    }
+  }
+
+ private:
+  static constexpr uint32_t kNone = ~0u;
+  static constexpr uint64_t kEmpty = ~0ull;
+  static uint64_t key(uint32_t node, uint8_t byte) { return (uint64_t(node) << 8) | byte; }
+  size_t slot(uint64_t k) const { return ((k * 0x9E3779B97F4A7C15ull) >> 24) & (keys_.size() - 1); }
+  uint32_t child(uint32_t node, uint8_t byte) const {
+    if (node == 0) return root_[byte];
+    if (keys_.empty()) return kNone;
+    const uint64_t k = key(node, byte);
+    for (size_t i = slot(k);; i = (i + 1) & (keys_.size() - 1)) {
+      if (keys_[i] == k) return children_[i];
+      if (keys_[i] == kEmpty) return kNone;
+    }
+  }
+  void add(uint32_t node, uint8_t byte, uint32_t child);
+  void grow();
+
+  std::array<uint32_t, 256> root_;
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> children_;
+  std::vector<int32_t> values_ = {-1};  // the root
+  size_t used_ = 0;
+};
+
 /// 64-bit hash of a byte string (for the tables here; not stable across versions).
 uint64_t hash_bytes(std::string_view s);
 
 /// Encoded pre-tokens, as HF's models cache them: words repeat, so most pieces are looked up
-/// instead of encoded again. Sharded behind mutexes (bpe_model.cpp); a shard that fills up is
+/// instead of encoded again. Sharded behind mutexes (token_model.cpp); a shard that fills up is
 /// emptied (HF stops inserting instead; either way the result is the same).
 class PieceCache {
  public:
@@ -64,7 +111,7 @@ class PieceCache {
   ~PieceCache();
   /// Appends the cached ids of `key` to `out`; false when it is not cached.
   bool find(std::string_view key, uint64_t hash, std::vector<int32_t>& out) const;
-  void insert(std::string_view key, uint64_t hash, const std::vector<int32_t>& ids) const;
+  void insert(std::string_view key, uint64_t hash, const int32_t* ids, size_t count) const;
   /// Appends the ids of `piece`: the cached ones, else those `encode(piece, ids)` appends to an
   /// empty vector (then cached, when the piece is short enough).
   template <typename Encode>
@@ -76,7 +123,7 @@ class PieceCache {
     ids.clear();
     encode(piece, ids);
     out.insert(out.end(), ids.begin(), ids.end());
-    if (cached) insert(piece, hash, ids);
+    if (cached) insert(piece, hash, ids.data(), ids.size());
   }
   /// Pieces this long or longer are not cached: they are rarely seen twice (long runs of CJK,
   /// digits or whitespace) and would only evict the short, frequent ones. HF caches below 256

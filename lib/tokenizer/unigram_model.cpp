@@ -16,80 +16,6 @@
 
 namespace zt {
 
-// The pieces' bytes as a trie: node 0 is the root; an edge (node, byte) → child lives in one
-// open-addressing table, and each node knows the id of the piece ending there (-1: none).
-class UnigramModel::Trie {
- public:
-  void insert(std::string_view key, int32_t id) {
-    uint32_t node = 0;
-    for (char c : key) {
-      uint32_t child = find(node, static_cast<uint8_t>(c));
-      if (child == kNone) {
-        child = static_cast<uint32_t>(values_.size());
-        values_.push_back(-1);
-        add(node, static_cast<uint8_t>(c), child);
-      }
-      node = child;
-    }
-    values_[node] = id;
-  }
-
-  /// Calls f(length, id) for every piece that is a prefix of `s`, shortest first.
-  template <typename F>
-  void prefixes(std::string_view s, F&& f) const {
-    uint32_t node = 0;
-    for (size_t i = 0; i < s.size(); ++i) {
-      node = find(node, static_cast<uint8_t>(s[i]));
-      if (node == kNone) return;
-      if (values_[node] >= 0) f(i + 1, values_[node]);
-    }
-  }
-
- private:
-  static constexpr uint32_t kNone = ~0u;
-  static uint64_t key(uint32_t node, uint8_t byte) { return (uint64_t(node) << 8) | byte; }
-  size_t slot(uint64_t k) const { return ((k * 0x9E3779B97F4A7C15ull) >> 24) & (keys_.size() - 1); }
-
-  uint32_t find(uint32_t node, uint8_t byte) const {
-    if (keys_.empty()) return kNone;
-    const uint64_t k = key(node, byte);
-    for (size_t i = slot(k);; i = (i + 1) & (keys_.size() - 1)) {
-      if (keys_[i] == k) return children_[i];
-      if (keys_[i] == kEmpty) return kNone;
-    }
-  }
-
-  void add(uint32_t node, uint8_t byte, uint32_t child) {
-    if ((used_ + 1) * 2 > keys_.size()) grow();
-    const uint64_t k = key(node, byte);
-    size_t i = slot(k);
-    while (keys_[i] != kEmpty) i = (i + 1) & (keys_.size() - 1);
-    keys_[i] = k;
-    children_[i] = child;
-    ++used_;
-  }
-
-  void grow() {
-    std::vector<uint64_t> keys = std::move(keys_);
-    std::vector<uint32_t> children = std::move(children_);
-    keys_.assign(keys.empty() ? 1024 : keys.size() * 2, kEmpty);
-    children_.assign(keys_.size(), kNone);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (keys[i] == kEmpty) continue;
-      size_t j = slot(keys[i]);
-      while (keys_[j] != kEmpty) j = (j + 1) & (keys_.size() - 1);
-      keys_[j] = keys[i];
-      children_[j] = children[i];
-    }
-  }
-
-  static constexpr uint64_t kEmpty = ~0ull;
-  std::vector<uint64_t> keys_;
-  std::vector<uint32_t> children_;
-  std::vector<int32_t> values_ = {-1};  // the root
-  size_t used_ = 0;
-};
-
 namespace {
 
 std::vector<std::pair<std::string, int32_t>> indexed(
@@ -109,7 +35,7 @@ UnigramModel::UnigramModel(const std::vector<std::pair<std::string, double>>& pi
                            std::optional<int32_t> unk_id, bool byte_fallback,
                            const std::string& where)
     : VocabularyModel(Vocabulary(indexed(pieces), where)),
-      trie_(std::make_unique<Trie>()),
+      trie_(std::make_unique<ByteTrie>()),
       byte_fallback_(byte_fallback),
       where_(where),
       cache_(std::make_unique<PieceCache>()) {
@@ -183,8 +109,12 @@ void UnigramModel::segment(std::string_view s, std::vector<int32_t>& out) const 
     }
     at += char_len;
   }
-  // Back from the end: the pieces, unknown runs fused into one string.
-  thread_local std::vector<std::pair<size_t, size_t>> spans;  // [begin, end), reversed
+  // Back from the end: the pieces (their ids the trie's), unknown runs fused into one string.
+  struct Span {
+    size_t begin, end;
+    int32_t id;  // -1: an unknown run
+  };
+  thread_local std::vector<Span> spans;  // reversed
   spans.clear();
   size_t run_end = 0;
   bool in_run = false;
@@ -196,16 +126,20 @@ void UnigramModel::segment(std::string_view s, std::vector<int32_t>& out) const 
       in_run = true;
     } else {
       if (in_run) {
-        spans.emplace_back(end, run_end);
+        spans.push_back(Span{end, run_end, -1});
         in_run = false;
       }
-      spans.emplace_back(begin, end);
+      spans.push_back(Span{begin, end, node.id});
     }
     end = begin;
   }
-  if (in_run) spans.emplace_back(0, run_end);
+  if (in_run) spans.push_back(Span{0, run_end, -1});
   for (size_t k = spans.size(); k-- > 0;) {
-    const std::string_view text = s.substr(spans[k].first, spans[k].second - spans[k].first);
+    if (spans[k].id >= 0) {
+      out.push_back(spans[k].id);
+      continue;
+    }
+    const std::string_view text = s.substr(spans[k].begin, spans[k].end - spans[k].begin);
     const int32_t id = vocab_.find(text);
     if (id >= 0) {
       out.push_back(id);

@@ -30,11 +30,10 @@ class UnigramModel final : public VocabularyModel {
   size_t entries() const override { return scores_.size(); }
 
  private:
-  class Trie;
   void segment(std::string_view piece, std::vector<int32_t>& out) const;
 
   std::vector<double> scores_;
-  std::unique_ptr<Trie> trie_;
+  std::unique_ptr<ByteTrie> trie_;
   int32_t unk_id_ = -1;
   double unk_score_ = 0;
   bool byte_fallback_ = false;

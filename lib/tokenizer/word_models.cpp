@@ -30,7 +30,16 @@ WordPieceModel::WordPieceModel(const std::vector<std::pair<std::string, int32_t>
       max_chars_(max_input_chars_per_word),
       where_(where),
       cache_(std::make_unique<PieceCache>()) {
-  for (const auto& entry : vocab) longest_ = std::max(longest_, entry.first.size());
+  // Each entry under the id the vocabulary gives its text (a text listed twice: the later id).
+  for (const auto& entry : vocab) {
+    const std::string_view text = entry.first;
+    if (text.empty()) continue;
+    const int32_t id = vocab_.find(text);
+    first_.insert(text, id);
+    if (text.size() > prefix_.size() && text.compare(0, prefix_.size(), prefix_) == 0) {
+      continuing_.insert(text.substr(prefix_.size()), id);
+    }
+  }
 }
 
 int32_t WordPieceModel::unk() const {
@@ -52,39 +61,28 @@ void WordPieceModel::encode_piece(std::string_view word, std::vector<int32_t>& o
                  [&](std::string_view w, std::vector<int32_t>& ids) { split_word(w, ids); });
 }
 
+// HF looks up prefix + word[start, end) for each end from the word's end back, one character
+// at a time; the longest such entry is the last one a walk down the trie meets at a character
+// boundary.
 void WordPieceModel::split_word(std::string_view word, std::vector<int32_t>& out) const {
   const size_t mark = out.size();
-  thread_local std::string candidate;
   for (size_t start = 0; start < word.size();) {
-    // Candidates longer than the longest entry cannot match: start at the last character
-    // boundary within that length.
-    const size_t room = longest_ > (start > 0 ? prefix_.size() : 0)
-                            ? longest_ - (start > 0 ? prefix_.size() : 0)
-                            : 0;
-    size_t end = std::min(word.size(), start + room);
-    while (end > start && end < word.size() &&
-           (static_cast<unsigned char>(word[end]) & 0xC0) == 0x80) {
-      --end;
-    }
+    const std::string_view rest = word.substr(start);
+    size_t length = 0;
     int32_t found = -1;
-    while (start < end) {
-      candidate.clear();
-      if (start > 0) candidate += prefix_;
-      candidate.append(word.data() + start, end - start);
-      found = vocab_.find(candidate);
-      if (found >= 0) break;
-      // One character shorter.
-      do {
-        --end;
-      } while (end > start && (static_cast<unsigned char>(word[end]) & 0xC0) == 0x80);
-    }
+    (start == 0 ? first_ : continuing_).prefixes(rest, [&](size_t len, int32_t id) {
+      if (len == rest.size() || (static_cast<unsigned char>(rest[len]) & 0xC0) != 0x80) {
+        length = len;
+        found = id;
+      }
+    });
     if (found < 0) {  // a part no entry matches: the whole word is unk
       out.resize(mark);
       out.push_back(unk());
       return;
     }
     out.push_back(found);
-    start = end;
+    start += length;
   }
 }
 

@@ -31,7 +31,8 @@ class WordPieceModel final : public VocabularyModel {
   void split_word(std::string_view word, std::vector<int32_t>& out) const;
   std::string unk_token_, prefix_;
   size_t max_chars_;
-  size_t longest_ = 0;  // the longest entry's bytes: no longer candidate is looked up
+  ByteTrie first_;       // every entry: the candidates at a word's start
+  ByteTrie continuing_;  // the entries that start with prefix_, without it: the later ones
   std::string where_;
   std::unique_ptr<PieceCache> cache_;
 };
