@@ -99,26 +99,21 @@ void ByteTrie::add(uint32_t node, uint8_t byte, uint32_t child) {
     root_[byte] = child;
     return;
   }
-  if ((used_ + 1) * 2 > keys_.size()) grow();
-  const uint64_t k = key(node, byte);
-  size_t i = slot(k);
-  while (keys_[i] != kEmpty) i = (i + 1) & (keys_.size() - 1);
-  keys_[i] = k;
-  children_[i] = child;
+  if ((used_ + 1) * 2 > edges_.size()) grow();
+  size_t i = slot(node, byte);
+  while (edges_[i].parent != kNone) i = (i + 1) & (edges_.size() - 1);
+  edges_[i] = Edge{node, child, byte};
   ++used_;
 }
 
 void ByteTrie::grow() {
-  std::vector<uint64_t> keys = std::move(keys_);
-  std::vector<uint32_t> children = std::move(children_);
-  keys_.assign(keys.empty() ? 1024 : keys.size() * 2, kEmpty);
-  children_.assign(keys_.size(), kNone);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (keys[i] == kEmpty) continue;
-    size_t j = slot(keys[i]);
-    while (keys_[j] != kEmpty) j = (j + 1) & (keys_.size() - 1);
-    keys_[j] = keys[i];
-    children_[j] = children[i];
+  std::vector<Edge> old = std::move(edges_);
+  edges_.assign(old.empty() ? 1024 : old.size() * 2, Edge{});
+  for (const Edge& e : old) {
+    if (e.parent == kNone) continue;
+    size_t j = slot(e.parent, static_cast<uint8_t>(e.byte));
+    while (edges_[j].parent != kNone) j = (j + 1) & (edges_.size() - 1);
+    edges_[j] = e;
   }
 }
 

@@ -77,24 +77,30 @@ class ByteTrie {
 
  private:
   static constexpr uint32_t kNone = ~0u;
-  static constexpr uint64_t kEmpty = ~0ull;
-  static uint64_t key(uint32_t node, uint8_t byte) { return (uint64_t(node) << 8) | byte; }
-  size_t slot(uint64_t k) const { return ((k * 0x9E3779B97F4A7C15ull) >> 24) & (keys_.size() - 1); }
+  // An edge with its key in one slot, so that a step down the trie reads one place.
+  struct Edge {
+    uint32_t parent = kNone;  // kNone: an empty slot
+    uint32_t child = kNone;
+    uint32_t byte = 0;
+  };
+  size_t slot(uint32_t node, uint8_t byte) const {
+    const uint64_t k = (uint64_t(node) << 8) | byte;
+    return ((k * 0x9E3779B97F4A7C15ull) >> 24) & (edges_.size() - 1);
+  }
   uint32_t child(uint32_t node, uint8_t byte) const {
     if (node == 0) return root_[byte];
-    if (keys_.empty()) return kNone;
-    const uint64_t k = key(node, byte);
-    for (size_t i = slot(k);; i = (i + 1) & (keys_.size() - 1)) {
-      if (keys_[i] == k) return children_[i];
-      if (keys_[i] == kEmpty) return kNone;
+    if (edges_.empty()) return kNone;
+    for (size_t i = slot(node, byte);; i = (i + 1) & (edges_.size() - 1)) {
+      const Edge& e = edges_[i];
+      if (e.parent == node && e.byte == byte) return e.child;
+      if (e.parent == kNone) return kNone;
     }
   }
   void add(uint32_t node, uint8_t byte, uint32_t child);
   void grow();
 
   std::array<uint32_t, 256> root_;
-  std::vector<uint64_t> keys_;
-  std::vector<uint32_t> children_;
+  std::vector<Edge> edges_;             // open addressing, at most half full
   std::vector<int32_t> values_ = {-1};  // the root
   size_t used_ = 0;
 };
