@@ -592,7 +592,7 @@ TEST_CASE("stage grpo refuses options it does not run with, naming them", "[grpo
         args, grpo_flags(dir + "/" + std::to_string(std::hash<std::string>()(what)), 4, 2, extra));
     CHECK_THROWS_WITH(Trainer(args, comm), Catch::Contains(what));
   };
-  refused({"--num_iterations", "2"}, "num_iterations 2");
+  refused({"--num_iterations", "0"}, "num_iterations");
   refused({"--loss_type", "sigmoid"}, "loss_type 'sigmoid'");
   refused({"--importance_sampling_level", "token", "--loss_type", "luspo"}, "luspo");
   refused({"--reward_funcs", "accuracy,nonsense"}, "nonsense");
@@ -742,6 +742,74 @@ TEST_CASE("stage grpo trains from a prompt file alike at world 1 and 2, and resu
   TrainingArguments fifo_args;
   apply_training_flags(fifo_args, fifo_flags);
   CHECK_THROWS_WITH(Trainer(fifo_args, comm), Catch::Contains("FIFO"));
+}
+
+TEST_CASE("num_iterations trains a generation batch again, its ratio to the sampling policy",
+          "[grpo][trainer]") {
+  // TRL's μ: a batch is generated, then trained on μ optimizer steps in a row; the ratio is to
+  // the log-probs of the policy that sampled (taken before the first update), so the first
+  // update is num_iterations 1's and the later ones see the moved policy clipped.
+  const std::string dir = test::temp_dir("grpo-iterations");
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  const auto trainer_with = [&](const std::string& name, int mu) {
+    TrainingArguments args;
+    apply_training_flags(
+        args, grpo_flags(dir + "/" + name, 4, 2,
+                         {"--finetuning_type", "full", "--loss_type", "grpo", "--num_iterations",
+                          std::to_string(mu), "--epsilon", "1e-6", "--max_steps", "6"}));
+    return std::make_unique<Trainer>(args, comm);
+  };
+  const std::vector<RewardFunction> rewards{ascii_share(), builtin_reward("repetition:2:-1")};
+  auto once = trainer_with("once", 1);
+  auto twice = trainer_with("twice", 2);
+  const GrpoStepStats a1 = once->train_grpo_step(grpo_prompts(0), rewards);
+  const GrpoStepStats b1 = twice->train_grpo_step(grpo_prompts(0), rewards);
+  CHECK(b1.completions == a1.completions);
+  CHECK(b1.rewards == a1.rewards);
+  CHECK(b1.loss == Approx(a1.loss).margin(1e-7));
+  CHECK(b1.metrics.at("clip_ratio/region_mean") == 0.0);  // the ratio is 1
+  // The same completions again: nothing generated, the policy moved by one update, so with
+  // epsilon 1e-6 the tokens whose ratio moved with their advantage's sign are clipped.
+  const GrpoStepStats b2 = twice->train_grpo_step(grpo_prompts(0), rewards);
+  CHECK(b2.stepped);
+  CHECK(b2.global_step == 2);
+  CHECK(b2.completions.empty());
+  CHECK(b2.metrics.count("reward") == 0);
+  CHECK(b2.metrics.at("clip_ratio/region_mean") > 0.05);
+  CHECK(b2.loss != Approx(b1.loss));
+  // The third step generates for its own prompts; the fourth must repeat them.
+  const GrpoStepStats b3 = twice->train_grpo_step(grpo_prompts(1), rewards);
+  CHECK(b3.completions.size() == 8);
+  CHECK(b3.metrics.count("reward") == 1);
+  CHECK_THROWS_WITH(twice->train_grpo_step(grpo_prompts(2), rewards),
+                    Catch::Contains("num_iterations 2") && Catch::Contains("same prompts"));
+
+  // Through train(): each prompt batch trains num_iterations steps, generation metrics logged at
+  // the steps that generated; the same at world 1 and 2.
+  if (test::skip_cpu_world(2)) return;
+  write_prompts(dir, 8);
+  const auto run = [&](int world, const std::string& name) {
+    std::vector<std::string> flags = grpo_file_flags(dir, dir + "/" + name, world);
+    for (const char* f : {"--num_iterations", "2", "--epsilon", "0.01"}) flags.emplace_back(f);
+    test::run_ranks(world, "rank: grpo run", std::chrono::seconds(240),
+                    {{"ZT_FLAGS", test::join_flags(flags)}});
+    return dir + "/" + name;
+  };
+  const std::string one = run(1, "run-one"), two = run(2, "run-two");
+  const auto reward = test::logged(one, "reward");
+  CHECK(reward.size() == 2);
+  CHECK(reward.count(1) == 1);
+  CHECK(reward.count(3) == 1);
+  for (const char* key : {"loss", "reward", "clip_ratio/region_mean", "completions/mean_length"}) {
+    const auto want = test::logged(one, key), got = test::logged(two, key);
+    INFO(key);
+    REQUIRE(!want.empty());
+    for (const auto& [step, value] : want) {
+      INFO("step " << step);
+      CHECK(got.at(step) == Approx(value).epsilon(1e-4).margin(1e-6));
+    }
+  }
+  CHECK(test::logged(one, "loss").size() == 4);
 }
 
 TEST_CASE("rank: grpo host rewards", "[.rank]") {

@@ -22,6 +22,7 @@
 #include <rapidjson/document.h>
 #include <rapidjson/pointer.h>
 #include <rapidjson/writer.h>
+#include <utf8proc.h>
 
 #include "support/messages.hpp"
 #include "support/ranks.hpp"
@@ -1114,6 +1115,59 @@ TEST_CASE("a Precompiled charsmap normalizes per grapheme cluster as spm_precomp
   // آپ: a cluster of two characters that the rule for its first (آ) replaces whole.
   CHECK(normalized("\xD8\xA7\xD9\x93") == "آ");
   CHECK(normalized("plain ascii stays") == "plain ascii stays");
+  // Runs of ASCII characters take a table; the text is still each grapheme cluster's
+  // normalization in turn (a cluster alone is normalized the general way): ASCII beside
+  // combining marks, ZWJ, a prepended mark (U+0600), CR LF, controls, tabs, NUL, emoji and
+  // flags.
+  const std::vector<std::string> alphabet{"a",
+                                          "Z",
+                                          " ",
+                                          "\t",
+                                          "\r",
+                                          "\n",
+                                          "\r\n",
+                                          std::string(1, '\0'),
+                                          "\x01",
+                                          "\x7f",
+                                          "~",
+                                          "0",
+                                          "\u0301",
+                                          "\u0300",
+                                          "\u200d",
+                                          "\u0600",
+                                          "\u00e9",
+                                          "\uff21",
+                                          "\u3000",
+                                          "\ufb01",
+                                          "\U0001F600",
+                                          "\U0001F1EB\U0001F1F7",
+                                          "\u0915\u094d",
+                                          "\u0e48",
+                                          "\u00a0"};
+  std::mt19937 rng(31);
+  for (int n = 0; n < 2000; ++n) {
+    std::string s;
+    for (int i = 0, length = 1 + static_cast<int>(rng() % 16); i < length; ++i)
+      s += alphabet[rng() % alphabet.size()];
+    std::string want;
+    utf8proc_int32_t state = 0;
+    size_t cluster = 0;
+    uint32_t previous = 0;
+    for (size_t i = 0; i < s.size();) {
+      uint32_t len;
+      const uint32_t cp = text::decode_at(s, i, len);
+      if (i > 0 && utf8proc_grapheme_break_stateful(static_cast<utf8proc_int32_t>(previous),
+                                                    static_cast<utf8proc_int32_t>(cp), &state)) {
+        want += normalized(s.substr(cluster, i - cluster));
+        cluster = i;
+      }
+      previous = cp;
+      i += len;
+    }
+    want += normalized(s.substr(cluster));
+    INFO("text " << s);
+    REQUIRE(normalized(s) == want);
+  }
 }
 
 TEST_CASE("Unigram picks the best-scored segmentation and fuses unknown characters",

@@ -212,7 +212,10 @@ class Trainer {
   /// too long for max_completion_length within the model's context), a wrong prompt count and
   /// a failing reward function (named with its completion and prompt) are errors before the
   /// step's update. Under ZeRO-3 the units are gathered once for the generation
-  /// (Engine::hold_units). Not with expert parallelism yet. Collective.
+  /// (Engine::hold_units). With num_iterations μ > 1 a call generates every μ-th time and the
+  /// μ − 1 calls after it train again on those completions (give them the same prompts; their
+  /// stats carry no completions, rewards or generation metrics), the ratio taken to the policy
+  /// that sampled. Not with expert parallelism yet. Collective.
   GrpoStepStats train_grpo_step(const std::vector<GrpoPrompt>& prompts,
                                 const std::vector<RewardFunction>& rewards);
   /// Adds a reward function to those train() scores a grpo run's completions with: after the

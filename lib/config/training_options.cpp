@@ -607,7 +607,8 @@ std::vector<Option> grpo() {
        &Args::num_iterations,
        {},
        {1, 1e6},
-       "policy updates per generation batch (1 so far)"},
+       "policy updates per generation batch (TRL's μ): the completions are trained on this "
+       "many optimizer steps, the ratio taken to the policy that sampled them"},
       {"sapo_temperature_pos",
        &Args::sapo_temperature_pos,
        {},

@@ -89,6 +89,11 @@ PrecompiledCharsmap::PrecompiledCharsmap(std::string_view base64, const std::str
     longest_ = std::max(longest_, end - begin);
     begin = end + 1;
   }
+  for (int b = 0; b < 128; ++b) {
+    const std::string c(1, static_cast<char>(b));
+    const std::optional<std::string_view> r = transform(c);
+    ascii_[b] = r ? std::string(*r) : c;
+  }
 }
 
 std::optional<std::string_view> PrecompiledCharsmap::transform(std::string_view chunk) const {
@@ -155,6 +160,24 @@ void PrecompiledCharsmap::normalize(std::string_view text, std::string& out) con
                                                   static_cast<utf8proc_int32_t>(cp), &state)) {
       flush(i);
       cluster = i;
+    }
+    if (cp < 0x80 && cluster == i) {
+      // A cluster starts at this ASCII character. Followed by another ASCII character (but LF
+      // after CR) it is a cluster alone, and so is each one after it while the next is ASCII:
+      // their replacements come from a table. The last of the run may join what follows.
+      size_t j = i;
+      while (j + 1 < text.size() && static_cast<unsigned char>(text[j + 1]) < 0x80 &&
+             !(text[j] == '\r' && text[j + 1] == '\n')) {
+        out.append(ascii_[static_cast<unsigned char>(text[j])]);
+        ++j;
+      }
+      if (j > i) {
+        cluster = j;
+        previous = static_cast<unsigned char>(text[j - 1]);
+        state = 0;  // what the break after an ASCII character leaves (its own class)
+        i = j;
+        continue;
+      }
     }
     previous = cp;
     i += len;

@@ -6,6 +6,7 @@
 // Thread-safety: immutable after construction.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -32,6 +33,7 @@ class PrecompiledCharsmap {
   std::vector<uint32_t> array_;  // the Darts double array
   std::string normalized_;       // the replacements, each ended by a NUL
   size_t longest_ = 0;
+  std::array<std::string, 128> ascii_;  // what an ASCII character alone in its cluster becomes
 };
 
 }  // namespace zt

@@ -206,25 +206,36 @@ Trainer::Impl::StepResult Trainer::Impl::run_grpo_step(const std::vector<int64_t
   const int64_t s = state.steps_in_epoch;
   const int64_t per_step = batch.size() / g;  // prompts
   const int64_t per_rank = per_step / world;
-  // The step's prompts, rank-major (wrapping to the epoch's start when it runs out).
+  // The step's prompts, rank-major (wrapping to the epoch's start when it runs out); with
+  // num_iterations μ, μ steps in a row take the same prompts (the first generates).
+  const int64_t batch_index = s / args.num_iterations;
   std::vector<GrpoPrompt> mine;
   int64_t prompt_tokens = 0;
   for (int64_t q = 0; q < per_step; ++q) {
-    const GrpoPrompt& p =
-        grpo_prompts[static_cast<size_t>(order[static_cast<size_t>((s * per_step + q) % n)])];
+    const GrpoPrompt& p = grpo_prompts[static_cast<size_t>(
+        order[static_cast<size_t>((batch_index * per_step + q) % n)])];
     prompt_tokens += static_cast<int64_t>(p.ids.size()) * g;
     if (q / per_rank == rank) mine.push_back(p);
   }
   const GrpoStepStats st = train_grpo_step(mine, grpo_rewards);
   grpo_window_steps += 1;
-  for (const auto& [name, value] : st.metrics) grpo_window_sums[name] += value;
+  for (const auto& [name, value] : st.metrics) {
+    grpo_window_sums[name] += value;
+    grpo_window_counts[name] += 1;
+  }
+  // Tokens are counted when they are generated (TRL's num_input_tokens_seen): a step that
+  // trains again on a generation batch adds none.
+  const bool generated = st.metrics.count("completions/mean_length") > 0;
+  if (!generated) prompt_tokens = 0;
   StepResult out;
   // The window sums its steps' losses over the ranks: each rank holds its share of the step's.
   out.loss = at::scalar_tensor(st.loss / static_cast<double>(world),
                                at::TensorOptions().dtype(at::kFloat).device(comm->device()));
   out.tokens =
-      prompt_tokens + static_cast<int64_t>(std::llround(st.metrics.at("completions/mean_length") *
-                                                        static_cast<double>(batch.size())));
+      !generated ? 0
+                 : prompt_tokens +
+                       static_cast<int64_t>(std::llround(st.metrics.at("completions/mean_length") *
+                                                         static_cast<double>(batch.size())));
   state.steps_in_epoch = s + 1;
   out.epoch_end = state.steps_in_epoch == steps_per_epoch;
   if (out.epoch_end) {
@@ -317,12 +328,6 @@ void Trainer::Impl::check_grpo_options() {
   o.sapo_temperature_neg = args.sapo_temperature_neg;
   o.use_bias_correction_kl = args.use_bias_correction_kl;
   train::check_grpo_options(o);
-  if (args.num_iterations != 1) {
-    throw ConfigError(fmt::format(
-        "num_iterations {}: GRPO updates the policy once per generation batch so far (the "
-        "policy that sampled is the one trained); set num_iterations 1",
-        args.num_iterations));
-  }
   const auto refuse = [&](const std::string& what) {
     throw ConfigError(fmt::format("stage grpo: {} (docs/grpo.md)", what));
   };
@@ -372,6 +377,21 @@ void Trainer::Impl::check_grpo_options() {
   }
 }
 
+// A generation batch as the step trains on it: its rows (prompt then completion), which tokens
+// count, the advantages and the loss's divisor; with num_iterations μ > 1 also each micro-batch's
+// log-probs under the policy that sampled (TRL's old_per_token_logps), and how many steps used it.
+struct Trainer::Impl::GrpoBuffer {
+  std::vector<std::vector<int64_t>> prompts;  // the step's prompts (the calls that reuse it)
+  std::vector<std::vector<int64_t>> rows;     // a prompt per completion
+  std::vector<Generated> done;
+  std::vector<int64_t> lengths;
+  std::vector<bool> truncated;
+  at::Tensor advantages;  // [completions] fp64 (CPU)
+  double divisor = 1.0;
+  std::vector<at::Tensor> old_logps;  // per micro-batch (μ > 1)
+  int64_t uses = 0;
+};
+
 GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prompts,
                                              const std::vector<RewardFunction>& rewards) {
   Impl& I = *this;
@@ -418,176 +438,213 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
     for (int64_t k = 0; k < g; ++k) rows.push_back(ids);
   }
 
-  // 1. Completions, sampled by the weights being trained, without dropout. Each one's draws
-  // come from (seed, step, its index in the global batch). Under ZeRO-3 the units are gathered
-  // once for the whole generation (hold_units), so a rank decodes as many tokens as its own
-  // completions need, with no collective per token.
+  const int64_t mu = I.args.num_iterations;
   const int64_t step = I.engine->global_step();
-  GenerationOptions sampling_now = I.sampling;
-  sampling_now.seed = mix(static_cast<uint64_t>(I.args.seed), static_cast<uint64_t>(step));
-  std::vector<uint64_t> streams;
-  for (int64_t c = 0; c < per_rank; ++c)
-    streams.push_back(static_cast<uint64_t>(I.rank * per_rank + c));
-  std::vector<Generated> done;
-  {
-    const bool training = I.model->is_training();
-    I.model->eval();
-    I.engine->hold_units();
-    try {
-      done = I.model->generate_batch(rows, sampling_now, streams);
-    } catch (...) {
+  const int64_t mb = I.batch.micro_batch;
+  GrpoStepStats out;
+  std::vector<std::vector<int64_t>> given;
+  for (const GrpoPrompt& p : prompts) given.push_back(p.ids);
+  std::shared_ptr<GrpoBuffer> buf = I.grpo_buffer;
+  if (buf && buf->uses < mu) {
+    // num_iterations μ: this step trains again on the batch an earlier one generated.
+    if (buf->prompts != given) {
+      throw InvalidArgument(fmt::format(
+          "train_grpo_step: num_iterations {}: this call trains again on the completions of the "
+          "call {} before it, whose prompts differ; give the same prompts {} calls in a row",
+          mu, buf->uses, mu));
+    }
+  } else {
+    buf = std::make_shared<GrpoBuffer>();
+    buf->prompts = std::move(given);
+    // 1. Completions, sampled by the weights being trained, without dropout. Each one's draws
+    // come from (seed, step, its index in the global batch). Under ZeRO-3 the units are gathered
+    // once for the whole generation (hold_units), so a rank decodes as many tokens as its own
+    // completions need, with no collective per token.
+    GenerationOptions sampling_now = I.sampling;
+    sampling_now.seed = mix(static_cast<uint64_t>(I.args.seed), static_cast<uint64_t>(step));
+    std::vector<uint64_t> streams;
+    for (int64_t c = 0; c < per_rank; ++c)
+      streams.push_back(static_cast<uint64_t>(I.rank * per_rank + c));
+    std::vector<Generated> done;
+    {
+      const bool training = I.model->is_training();
+      I.model->eval();
+      I.engine->hold_units();
+      try {
+        done = I.model->generate_batch(rows, sampling_now, streams);
+      } catch (...) {
+        I.engine->release_units();
+        if (training) I.model->train();
+        throw;
+      }
       I.engine->release_units();
       if (training) I.model->train();
-      throw;
     }
-    I.engine->release_units();
-    if (training) I.model->train();
-  }
 
-  // 2. Rewards for this rank's completions.
-  std::vector<RewardInput> inputs(static_cast<size_t>(per_rank));
-  GrpoStepStats out;
-  for (int64_t c = 0; c < per_rank; ++c) {
-    const GrpoPrompt& p = prompts[static_cast<size_t>(c / g)];
-    RewardInput& r = inputs[static_cast<size_t>(c)];
-    const auto& tokens = done[static_cast<size_t>(c)].tokens;
-    r.prompt = I.tokenizer->decode(std::vector<int32_t>(p.ids.begin(), p.ids.end()));
-    r.completion = I.tokenizer->decode(std::vector<int32_t>(tokens.begin(), tokens.end()));
-    r.completion_ids = tokens;
-    r.columns = p.columns;
-    out.completions.push_back(r.completion);
-  }
-  // The ranks agree on the scoring (one small all-reduce): a reward function that fails or asks
-  // to stop on one rank stops the step on every rank at once, none waiting out the collective
-  // timeout while that rank's process lives on (a host that handles the error).
-  at::Tensor per_function;  // [n, F]
-  comm::on_every_rank(*I.comm, "scoring the completions (a reward function)",
-                      [&] { per_function = train::score_completions(rewards, inputs, g); });
-
-  // 3. Advantages: groups are whole on this rank; the batch's std (scale_rewards batch) and
-  // the logged statistics are over every rank's completions.
-  const std::string scale = I.grpo_options.scale_rewards;
-  train::GroupAdvantages adv = train::group_advantages(
-      per_function, weights, g, scale == "batch" ? std::string("none") : scale);
-  const at::Tensor r = adv.rewards;  // [n] fp64, NaN: unscored
-  const at::Tensor scored = r.isnan().logical_not();
-  const at::Tensor r0 = at::where(scored, r, at::zeros_like(r));
-  const int64_t f = per_function.size(1);
-  std::vector<double> sums{r0.sum().item<double>(), r0.pow(2).sum().item<double>(),
-                           scored.sum().item<double>()};
-  for (int64_t j = 0; j < f; ++j) {
-    const at::Tensor col = per_function.select(1, j);
-    const at::Tensor ok = col.isnan().logical_not();
-    const at::Tensor c0 = at::where(ok, col, at::zeros_like(col));
-    sums.push_back(c0.sum().item<double>());
-    sums.push_back(c0.pow(2).sum().item<double>());
-    sums.push_back(ok.sum().item<double>());
-  }
-  // Completion lengths and truncation, and the loss's counted tokens.
-  std::vector<int64_t> lengths;
-  std::vector<bool> truncated;
-  double length_sum = 0, terminated_sum = 0, terminated = 0, counted = 0;
-  double min_length = std::numeric_limits<double>::infinity(), max_length = 0;
-  double min_terminated = std::numeric_limits<double>::infinity(), max_terminated = 0;
-  for (const Generated& d : done) {
-    const auto n = static_cast<double>(d.tokens.size());
-    lengths.push_back(static_cast<int64_t>(d.tokens.size()));
-    truncated.push_back(!d.stopped);
-    length_sum += n;
-    min_length = std::min(min_length, n);
-    max_length = std::max(max_length, n);
-    if (d.stopped) {
-      terminated += 1;
-      terminated_sum += n;
-      min_terminated = std::min(min_terminated, n);
-      max_terminated = std::max(max_terminated, n);
+    // 2. Rewards for this rank's completions.
+    std::vector<RewardInput> inputs(static_cast<size_t>(per_rank));
+    for (int64_t c = 0; c < per_rank; ++c) {
+      const GrpoPrompt& p = prompts[static_cast<size_t>(c / g)];
+      RewardInput& r = inputs[static_cast<size_t>(c)];
+      const auto& tokens = done[static_cast<size_t>(c)].tokens;
+      r.prompt = I.tokenizer->decode(std::vector<int32_t>(p.ids.begin(), p.ids.end()));
+      r.completion = I.tokenizer->decode(std::vector<int32_t>(tokens.begin(), tokens.end()));
+      r.completion_ids = tokens;
+      r.columns = p.columns;
+      out.completions.push_back(r.completion);
     }
-    if (d.stopped || !I.grpo_options.mask_truncated_completions) counted += n;
+    // The ranks agree on the scoring (one small all-reduce): a reward function that fails or asks
+    // to stop on one rank stops the step on every rank at once, none waiting out the collective
+    // timeout while that rank's process lives on (a host that handles the error).
+    at::Tensor per_function;  // [n, F]
+    comm::on_every_rank(*I.comm, "scoring the completions (a reward function)",
+                        [&] { per_function = train::score_completions(rewards, inputs, g); });
+
+    // 3. Advantages: groups are whole on this rank; the batch's std (scale_rewards batch) and
+    // the logged statistics are over every rank's completions.
+    const std::string scale = I.grpo_options.scale_rewards;
+    train::GroupAdvantages adv = train::group_advantages(
+        per_function, weights, g, scale == "batch" ? std::string("none") : scale);
+    const at::Tensor r = adv.rewards;  // [n] fp64, NaN: unscored
+    const at::Tensor scored = r.isnan().logical_not();
+    const at::Tensor r0 = at::where(scored, r, at::zeros_like(r));
+    const int64_t f = per_function.size(1);
+    std::vector<double> sums{r0.sum().item<double>(), r0.pow(2).sum().item<double>(),
+                             scored.sum().item<double>()};
+    for (int64_t j = 0; j < f; ++j) {
+      const at::Tensor col = per_function.select(1, j);
+      const at::Tensor ok = col.isnan().logical_not();
+      const at::Tensor c0 = at::where(ok, col, at::zeros_like(col));
+      sums.push_back(c0.sum().item<double>());
+      sums.push_back(c0.pow(2).sum().item<double>());
+      sums.push_back(ok.sum().item<double>());
+    }
+    // Completion lengths and truncation, and the loss's counted tokens.
+    std::vector<int64_t> lengths;
+    std::vector<bool> truncated;
+    double length_sum = 0, terminated_sum = 0, terminated = 0, counted = 0;
+    double min_length = std::numeric_limits<double>::infinity(), max_length = 0;
+    double min_terminated = std::numeric_limits<double>::infinity(), max_terminated = 0;
+    for (const Generated& d : done) {
+      const auto n = static_cast<double>(d.tokens.size());
+      lengths.push_back(static_cast<int64_t>(d.tokens.size()));
+      truncated.push_back(!d.stopped);
+      length_sum += n;
+      min_length = std::min(min_length, n);
+      max_length = std::max(max_length, n);
+      if (d.stopped) {
+        terminated += 1;
+        terminated_sum += n;
+        min_terminated = std::min(min_terminated, n);
+        max_terminated = std::max(max_terminated, n);
+      }
+      if (d.stopped || !I.grpo_options.mask_truncated_completions) counted += n;
+    }
+    sums.insert(sums.end(), {length_sum, terminated, terminated_sum, counted,
+                             adv.std_zero.sum().item<double>()});
+    const std::vector<double> global = comm::reduce_scalars(*I.comm, sums);
+    const std::vector<double> extremes = comm::reduce_scalars(
+        *I.comm, {-min_length, max_length, -min_terminated, max_terminated}, ReduceOp::kMax);
+    const double completions = static_cast<double>(per_rank * I.world);
+    const auto mean_std = [](double s, double sq, double n) {
+      const double mean = n > 0 ? s / n : NAN;
+      const double var = n > 1 ? (sq - n * mean * mean) / (n - 1) : NAN;
+      return std::pair<double, double>{mean, std::sqrt(std::max(0.0, var))};
+    };
+    const auto [reward_mean, reward_std] = mean_std(global[0], global[1], global[2]);
+    at::Tensor advantages = adv.advantages;
+    if (scale == "batch") {
+      advantages = adv.advantages / (reward_std + 1e-4);
+      advantages = at::nan_to_num(advantages, 0.0);
+    }
+    out.metrics["reward"] = reward_mean;
+    out.metrics["reward_std"] = reward_std;
+    for (int64_t j = 0; j < f; ++j) {
+      const auto [m, s] =
+          mean_std(global[static_cast<size_t>(3 + 3 * j)], global[static_cast<size_t>(4 + 3 * j)],
+                   global[static_cast<size_t>(5 + 3 * j)]);
+      const std::string& name = rewards[static_cast<size_t>(j)].name;
+      out.metrics["rewards/" + name + "/mean"] = m;
+      out.metrics["rewards/" + name + "/std"] = s;
+    }
+    const size_t k = static_cast<size_t>(3 + 3 * f);
+    const double all_terminated = global[k + 1];
+    out.metrics["completions/mean_length"] = global[k] / completions;
+    out.metrics["completions/min_length"] = -extremes[0];
+    out.metrics["completions/max_length"] = extremes[1];
+    out.metrics["completions/clipped_ratio"] = 1.0 - all_terminated / completions;
+    out.metrics["completions/mean_terminated_length"] =
+        all_terminated > 0 ? global[k + 2] / all_terminated : 0.0;
+    out.metrics["completions/min_terminated_length"] = all_terminated > 0 ? -extremes[2] : 0.0;
+    out.metrics["completions/max_terminated_length"] = all_terminated > 0 ? extremes[3] : 0.0;
+    out.metrics["frac_reward_zero_std"] = global[k + 4] / completions;
+    if (scale == "batch") {
+      out.metrics["frac_reward_zero_std"] = reward_std == 0.0 ? 1.0 : 0.0;
+    }
+    for (int64_t c = 0; c < per_rank; ++c) out.rewards.push_back(r[c].item<double>());
+    buf->rows = rows;
+    buf->lengths = lengths;
+    buf->truncated = truncated;
+    buf->advantages = advantages;
+    buf->done = std::move(done);
+    train::GrpoStepCounts counts;
+    counts.completions = per_rank * I.world;
+    counts.micro_batches = I.batch.accumulation * I.world;
+    counts.generation_tokens = static_cast<int64_t>(global[k + 3]);
+    buf->divisor = train::grpo_divisor(I.grpo_options, counts);
+    I.grpo_buffer = mu > 1 ? buf : nullptr;
   }
-  sums.insert(sums.end(),
-              {length_sum, terminated, terminated_sum, counted, adv.std_zero.sum().item<double>()});
-  const std::vector<double> global = comm::reduce_scalars(*I.comm, sums);
-  const std::vector<double> extremes = comm::reduce_scalars(
-      *I.comm, {-min_length, max_length, -min_terminated, max_terminated}, ReduceOp::kMax);
-  const double completions = static_cast<double>(per_rank * I.world);
-  const auto mean_std = [](double s, double sq, double n) {
-    const double mean = n > 0 ? s / n : NAN;
-    const double var = n > 1 ? (sq - n * mean * mean) / (n - 1) : NAN;
-    return std::pair<double, double>{mean, std::sqrt(std::max(0.0, var))};
-  };
-  const auto [reward_mean, reward_std] = mean_std(global[0], global[1], global[2]);
-  at::Tensor advantages = adv.advantages;
-  if (scale == "batch") {
-    advantages = adv.advantages / (reward_std + 1e-4);
-    advantages = at::nan_to_num(advantages, 0.0);
-  }
-  out.metrics["reward"] = reward_mean;
-  out.metrics["reward_std"] = reward_std;
-  for (int64_t j = 0; j < f; ++j) {
-    const auto [m, s] =
-        mean_std(global[static_cast<size_t>(3 + 3 * j)], global[static_cast<size_t>(4 + 3 * j)],
-                 global[static_cast<size_t>(5 + 3 * j)]);
-    const std::string& name = rewards[static_cast<size_t>(j)].name;
-    out.metrics["rewards/" + name + "/mean"] = m;
-    out.metrics["rewards/" + name + "/std"] = s;
-  }
-  const size_t k = static_cast<size_t>(3 + 3 * f);
-  const double all_terminated = global[k + 1];
-  out.metrics["completions/mean_length"] = global[k] / completions;
-  out.metrics["completions/min_length"] = -extremes[0];
-  out.metrics["completions/max_length"] = extremes[1];
-  out.metrics["completions/clipped_ratio"] = 1.0 - all_terminated / completions;
-  out.metrics["completions/mean_terminated_length"] =
-      all_terminated > 0 ? global[k + 2] / all_terminated : 0.0;
-  out.metrics["completions/min_terminated_length"] = all_terminated > 0 ? -extremes[2] : 0.0;
-  out.metrics["completions/max_terminated_length"] = all_terminated > 0 ? extremes[3] : 0.0;
-  out.metrics["frac_reward_zero_std"] = global[k + 4] / completions;
-  if (scale == "batch") {
-    out.metrics["frac_reward_zero_std"] = reward_std == 0.0 ? 1.0 : 0.0;
-  }
-  for (int64_t c = 0; c < per_rank; ++c) out.rewards.push_back(r[c].item<double>());
+  buf->uses += 1;
 
   // 4. The step: micro-batches of per_device_train_batch_size completions, each the prompt
   // and its completion right-padded, the completion's tokens labelled (none of a truncated
   // one's with mask_truncated_completions).
-  train::GrpoStepCounts counts;
-  counts.completions = per_rank * I.world;
-  counts.micro_batches = I.batch.accumulation * I.world;
-  counts.generation_tokens = static_cast<int64_t>(global[k + 3]);
-  const double divisor = train::grpo_divisor(I.grpo_options, counts);
   const at::Device device = I.comm->device();
-  const int64_t mb = I.batch.micro_batch;
+  const auto micro_batch = [&](int64_t a) {
+    int64_t width = 0;
+    for (int64_t i = a * mb; i < (a + 1) * mb; ++i) {
+      width =
+          std::max<int64_t>(width, static_cast<int64_t>(buf->rows[static_cast<size_t>(i)].size()) +
+                                       buf->lengths[static_cast<size_t>(i)]);
+    }
+    at::Tensor ids = at::full({mb, width}, I.pad_id, at::kLong);
+    at::Tensor labels = at::full({mb, width}, kIgnoreLabel, at::kLong);
+    for (int64_t b = 0; b < mb; ++b) {
+      const auto c = static_cast<size_t>(a * mb + b);
+      const auto& p = buf->rows[c];
+      const auto& t = buf->done[c].tokens;
+      const auto np = static_cast<int64_t>(p.size()), nt = static_cast<int64_t>(t.size());
+      ids[b].narrow(0, 0, np).copy_(at::tensor(p, at::kLong));
+      if (nt == 0) continue;
+      ids[b].narrow(0, np, nt).copy_(at::tensor(t, at::kLong));
+      if (!(buf->truncated[c] && I.grpo_options.mask_truncated_completions))
+        labels[b].narrow(0, np, nt).copy_(at::tensor(t, at::kLong));
+    }
+    return std::pair<at::Tensor, at::Tensor>{ids.to(device), labels};
+  };
+  I.model->train();
+  if (mu > 1 && buf->uses == 1) {
+    // TRL's old_per_token_logps: the sampling policy's, before this batch's first update.
+    at::NoGradGuard no_grad;
+    for (int64_t a = 0; a < I.batch.accumulation; ++a) {
+      const auto [ids, labels] = micro_batch(a);
+      buf->old_logps.push_back(I.model->label_log_probs(ids, labels).detach());
+    }
+  }
+  const double divisor = buf->divisor;
   // Kept on the device through the micro-batches and read once after them (no sync per
   // micro-batch): the metric sums, then the loss, −(low_min) and high_max.
   const auto on_device = at::TensorOptions().dtype(at::kDouble).device(device);
   at::Tensor sums_total = at::zeros({train::kGrpoSums}, on_device);
   at::Tensor tail = at::tensor({0.0, -std::numeric_limits<double>::infinity(), 0.0}).to(device);
   bool clip_extremes = false;
-  I.model->train();
   for (int64_t a = 0; a < I.batch.accumulation; ++a) {
-    int64_t width = 0;
-    for (int64_t i = a * mb; i < (a + 1) * mb; ++i) {
-      width = std::max<int64_t>(width, static_cast<int64_t>(rows[static_cast<size_t>(i)].size()) +
-                                           lengths[static_cast<size_t>(i)]);
-    }
-    at::Tensor ids = at::full({mb, width}, I.pad_id, at::kLong);
-    at::Tensor labels = at::full({mb, width}, kIgnoreLabel, at::kLong);
-    for (int64_t b = 0; b < mb; ++b) {
-      const auto c = static_cast<size_t>(a * mb + b);
-      const auto& p = rows[c];
-      const auto& t = done[c].tokens;
-      const auto np = static_cast<int64_t>(p.size()), nt = static_cast<int64_t>(t.size());
-      ids[b].narrow(0, 0, np).copy_(at::tensor(p, at::kLong));
-      if (nt == 0) continue;
-      ids[b].narrow(0, np, nt).copy_(at::tensor(t, at::kLong));
-      if (!(truncated[c] && I.grpo_options.mask_truncated_completions))
-        labels[b].narrow(0, np, nt).copy_(at::tensor(t, at::kLong));
-    }
+    const auto [dev_ids, labels] = micro_batch(a);
     train::GrpoInputs in;
-    const at::Tensor dev_ids = ids.to(device);
     in.logps = I.model->label_log_probs(dev_ids, labels);
+    if (mu > 1) in.old_logps = buf->old_logps[static_cast<size_t>(a)];
     in.mask = labels.ne(kIgnoreLabel).to(at::kFloat).to(device);
-    in.advantages = advantages.narrow(0, a * mb, mb).to(at::kFloat).to(device);
+    in.advantages = buf->advantages.narrow(0, a * mb, mb).to(at::kFloat).to(device);
     if (I.grpo_options.beta != 0.0) in.ref_logps = I.reference_token_log_probs(dev_ids, labels);
     const train::GrpoLoss l = train::grpo_loss(I.grpo_options, in);
     I.engine->backward(l.numerator, divisor);

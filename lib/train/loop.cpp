@@ -391,10 +391,11 @@ void Trainer::Impl::log_window(train::LogWindow& window) {
     window_kl_sum = 0.0;
     window_kl_steps = 0;
   }
-  if (grpo && grpo_window_steps > 0) {  // TRL: each metric's mean over the window's steps
+  if (grpo && grpo_window_steps > 0) {  // TRL: each metric's mean over the steps that gave it
     for (const auto& [name, sum] : grpo_window_sums)
-      r.metrics[name] = sum / static_cast<double>(grpo_window_steps);
+      r.metrics[name] = sum / static_cast<double>(grpo_window_counts[name]);
     grpo_window_sums.clear();
+    grpo_window_counts.clear();
     grpo_window_steps = 0;
   }
   log(r);

@@ -260,6 +260,8 @@ void Trainer::Impl::plan_batches() {
   batch = GlobalBatch{args.per_device_train_batch_size, args.gradient_accumulation_steps, world};
   if (has_train) {
     steps_per_epoch = zt::steps_per_epoch(train_samples, batch.size(), args.dataloader_drop_last);
+    // GRPO trains each generation batch num_iterations times (TRL repeats its prompts so).
+    if (grpo) steps_per_epoch *= args.num_iterations;
     if (steps_per_epoch == 0) {
       throw ConfigError(
           fmt::format("'{}' has {} {}, fewer than one global batch of {} (micro batch {} × "

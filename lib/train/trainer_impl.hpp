@@ -204,7 +204,12 @@ struct Trainer::Impl {
   StepResult run_grpo_step(const std::vector<int64_t>& order);
   /// The GRPO metrics of the logging window's steps, summed (log_window averages them).
   std::map<std::string, double> grpo_window_sums;
+  std::map<std::string, int64_t> grpo_window_counts;  // steps that gave each metric
   int64_t grpo_window_steps = 0;
+  /// The generation batch that num_iterations > 1 trains on again (TRL's buffered inputs):
+  /// made by the step that generates, reused by the next num_iterations − 1 (grpo_loop.cpp).
+  struct GrpoBuffer;
+  std::shared_ptr<GrpoBuffer> grpo_buffer;
   /// Trainer::train_grpo_step's work (grpo_loop.cpp).
   GrpoStepStats train_grpo_step(const std::vector<GrpoPrompt>& prompts,
                                 const std::vector<RewardFunction>& rewards);
