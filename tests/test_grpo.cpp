@@ -592,7 +592,12 @@ TEST_CASE("stage grpo refuses options it does not run with, naming them", "[grpo
         args, grpo_flags(dir + "/" + std::to_string(std::hash<std::string>()(what)), 4, 2, extra));
     CHECK_THROWS_WITH(Trainer(args, comm), Catch::Contains(what));
   };
-  refused({"--num_iterations", "0"}, "num_iterations");
+  {
+    TrainingArguments args;  // refused as it is read
+    CHECK_THROWS_WITH(apply_training_flags(
+                          args, grpo_flags(dir + "/iterations", 4, 2, {"--num_iterations", "0"})),
+                      Catch::Contains("num_iterations") && Catch::Contains("from 1"));
+  }
   refused({"--loss_type", "sigmoid"}, "loss_type 'sigmoid'");
   refused({"--importance_sampling_level", "token", "--loss_type", "luspo"}, "luspo");
   refused({"--reward_funcs", "accuracy,nonsense"}, "nonsense");

@@ -814,6 +814,44 @@ TEST_CASE("one-character patterns with a count find Oniguruma's matches without 
   }
 }
 
+TEST_CASE("a one-character pattern learns its set from several threads at once",
+          "[tokenizer][split]") {
+  // The set is filled 256 code points at a time when text first reaches them: four threads on a
+  // cold matcher, over text from many blocks, find what a warm one finds.
+  std::mt19937 rng(41);
+  std::vector<std::string> texts;
+  for (int n = 0; n < 400; ++n) {
+    std::string s;
+    for (int i = 0; i < 24; ++i) {
+      uint32_t cp = static_cast<uint32_t>(rng() % 0x30000);
+      if (cp >= 0xD800 && cp < 0xE000) cp -= 0x1000;
+      text::append_utf8(cp == 0 ? 1 : cp, s);
+    }
+    texts.push_back(std::move(s));
+  }
+  for (const char* pattern : {"[\\p{P}\\p{S}\\s]{1,3}", "\\P{Han}+", "[^\\p{L}]"}) {
+    INFO("pattern " << pattern);
+    const auto warm = text::Matcher::regex(pattern);
+    std::vector<std::vector<text::Span>> want(texts.size());
+    for (size_t i = 0; i < texts.size(); ++i) warm->find(texts[i], want[i]);
+    const auto cold = text::Matcher::regex(pattern);
+    std::vector<int> mismatches(4, 0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        for (size_t i = 0; i < texts.size(); ++i) {
+          const size_t k = (i * 7 + static_cast<size_t>(t) * 101) % texts.size();
+          std::vector<text::Span> got;
+          cold->find(texts[k], got);
+          mismatches[t] += got != want[k];
+        }
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    CHECK(mismatches == std::vector<int>(4, 0));
+  }
+}
+
 TEST_CASE("o200k's, Tekken's and DeepSeek-V3's main patterns by hand find Oniguruma's matches",
           "[tokenizer][split]") {
   // Random text over every class the two patterns name: each letter category (Lu, Ll, Lt, Lm,
