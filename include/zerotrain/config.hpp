@@ -401,9 +401,7 @@ struct TrainingArguments {
   std::string importance_sampling_level = "token";
   std::string scale_rewards = "group";  ///< group (true) | batch | none (false)
   bool mask_truncated_completions = false;
-  /// GRPO: optimizer steps per generation batch (TRL's μ); > 1 clips the ratio to the policy
-  /// that sampled, whose log-probs are taken before the first of them.
-  int64_t num_iterations = 1;
+  int64_t num_iterations = 1;  ///< GRPO: optimizer steps per generation batch (TRL's μ)
   double sapo_temperature_pos = 1.0, sapo_temperature_neg = 1.05;
   bool use_bias_correction_kl = false;
   std::string reward_funcs;    ///< comma list of built-in rewards (builtin_reward's specs)

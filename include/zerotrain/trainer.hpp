@@ -200,22 +200,19 @@ class Trainer {
                                   const at::Tensor& rejected_ids,
                                   const at::Tensor& rejected_labels);
   /// One GRPO step (stage grpo; docs/grpo.md) over prompts the host gives: this rank's
-  /// `prompts` (per_device_train_batch_size × gradient_accumulation_steps / num_generations of
-  /// them, the same count on every rank), each completed num_generations times by the model
-  /// being trained (sampling as the run's temperature, top_p, top_k, min_p and
-  /// repetition_penalty say, up to max_completion_length tokens, stopping at the tokenizer's
-  /// and config's end tokens); the completions scored by `rewards` (reward_weights weighting
-  /// them), advantages taken within each prompt's group, and one optimizer step taken on the
-  /// run's loss_type over micro-batches of per_device_train_batch_size completions. A
-  /// completion's samples depend on the run's seed, the step and its index in the global
-  /// batch (rank-major), not on the world size. Bad prompts (empty, ids outside the vocabulary,
-  /// too long for max_completion_length within the model's context), a wrong prompt count and
-  /// a failing reward function (named with its completion and prompt) are errors before the
-  /// step's update. Under ZeRO-3 the units are gathered once for the generation
-  /// (Engine::hold_units). With num_iterations μ > 1 a call generates every μ-th time and the
-  /// μ − 1 calls after it train again on those completions (give them the same prompts; their
-  /// stats carry no completions, rewards or generation metrics), the ratio taken to the policy
-  /// that sampled. Not with expert parallelism yet. Collective.
+  /// `prompts` (per_device_train_batch_size × gradient_accumulation_steps / num_generations,
+  /// the same count on every rank), each completed num_generations times by the model trained
+  /// (the run's temperature, top_p, top_k, min_p, repetition_penalty; up to
+  /// max_completion_length tokens, ending at the tokenizer's and config's end tokens), scored by
+  /// `rewards` (reward_weights), advantages taken in each prompt's group, one optimizer step on
+  /// the run's loss_type over micro-batches of per_device_train_batch_size completions. Samples
+  /// depend on the seed, step and index in the global batch (rank-major), not the world size.
+  /// Bad prompts (empty, ids outside the vocabulary, too long for the context), a wrong count
+  /// and a failing reward function (named) are errors before the update. ZeRO-3 gathers the
+  /// units once for the generation (Engine::hold_units). num_iterations μ > 1: every μ-th call
+  /// generates, the μ − 1 after it (same prompts) train again on its completions, the ratio to
+  /// the sampling policy, their stats without completions, rewards or generation metrics. Not
+  /// with expert parallelism yet. Collective.
   GrpoStepStats train_grpo_step(const std::vector<GrpoPrompt>& prompts,
                                 const std::vector<RewardFunction>& rewards);
   /// Adds a reward function to those train() scores a grpo run's completions with: after the
