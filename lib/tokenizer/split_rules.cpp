@@ -117,9 +117,12 @@ class ClassRunMatcher final : public Matcher {
 
   ClassRunMatcher(Regex atom, uint8_t classes, size_t least, size_t most)
       : atom_(std::move(atom)), classes_(classes), least_(least), most_(most) {
-    for (auto& b : blocks_) b.store(nullptr, std::memory_order_relaxed);
+    for (auto& b : bmp_) b.store(nullptr, std::memory_order_relaxed);
     ascii_ = block(0);
   }
+  ~ClassRunMatcher() override { delete[] astral_.load(std::memory_order_relaxed); }
+  ClassRunMatcher(const ClassRunMatcher&) = delete;
+  ClassRunMatcher& operator=(const ClassRunMatcher&) = delete;
 
   void find(std::string_view text, std::vector<Span>& out) const override {
     size_t start = 0, count = 0;
@@ -145,19 +148,43 @@ class ClassRunMatcher final : public Matcher {
 
  private:
   using Bits = std::array<uint64_t, 4>;
-  static constexpr size_t kBlocks = 0x110000 / 256;
+  using Slot = std::atomic<const Bits*>;
+  static constexpr size_t kBmpBlocks = 0x10000 / 256;
+  static constexpr size_t kAstralBlocks = (0x110000 - 0x10000) / 256;
 
   bool member(uint32_t cp) const {
     if (classes_ != 0) return (char_class(cp) & classes_) != 0;
-    const Bits* b = cp < 256 ? ascii_ : blocks_[cp >> 8].load(std::memory_order_acquire);
+    const Bits* b = nullptr;
+    if (cp < 256) {
+      b = ascii_;
+    } else if (cp < 0x10000) {
+      b = bmp_[cp >> 8].load(std::memory_order_acquire);
+    } else if (const Slot* astral = astral_.load(std::memory_order_acquire)) {
+      b = astral[(cp >> 8) - kBmpBlocks].load(std::memory_order_acquire);
+    }
     if (b == nullptr) b = block(cp >> 8);
     return ((*b)[(cp >> 6) & 3] >> (cp & 63)) & 1;
+  }
+
+  // The slot of block k; the table past the Basic Multilingual Plane is made on first use (a
+  // file with many Split steps keeps 2 KiB a pattern until text leaves the BMP). Under mutex_.
+  Slot& slot(uint32_t k) const {
+    if (k < kBmpBlocks) return bmp_[k];
+    Slot* astral = astral_.load(std::memory_order_relaxed);
+    if (astral == nullptr) {
+      astral = new Slot[kAstralBlocks];
+      for (size_t i = 0; i < kAstralBlocks; ++i)
+        astral[i].store(nullptr, std::memory_order_relaxed);
+      astral_.store(astral, std::memory_order_release);
+    }
+    return astral[k - kBmpBlocks];
   }
 
   // The members of block k (code points 256k to 256k + 255), asked of Oniguruma once.
   const Bits* block(uint32_t k) const {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (const Bits* b = blocks_[k].load(std::memory_order_relaxed)) return b;
+    Slot& target = slot(k);
+    if (const Bits* b = target.load(std::memory_order_relaxed)) return b;
     Bits bits{};
     if (classes_ == 0) {
       for (uint32_t c = 0; c < 256; ++c) {
@@ -171,7 +198,7 @@ class ClassRunMatcher final : public Matcher {
       }
     }
     storage_.push_back(bits);
-    blocks_[k].store(&storage_.back(), std::memory_order_release);
+    target.store(&storage_.back(), std::memory_order_release);
     return &storage_.back();
   }
 
@@ -179,7 +206,8 @@ class ClassRunMatcher final : public Matcher {
   uint8_t classes_;  // nonzero: the CharClass bits that decide membership
   size_t least_, most_;
   const Bits* ascii_ = nullptr;
-  mutable std::array<std::atomic<const Bits*>, kBlocks> blocks_;
+  mutable std::array<Slot, kBmpBlocks> bmp_;
+  mutable std::atomic<Slot*> astral_{nullptr};
   mutable std::deque<Bits> storage_;  // never moves what it holds
   mutable std::mutex mutex_;
 };
