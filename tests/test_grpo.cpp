@@ -815,6 +815,25 @@ TEST_CASE("num_iterations trains a generation batch again, its ratio to the samp
     }
   }
   CHECK(test::logged(one, "loss").size() == 4);
+  // Resumed between a batch's two uses (step 1): the rest of that batch is generated anew, the
+  // next batch's first step generates for its own prompts, and the run ends.
+  std::vector<std::string> resume = grpo_file_flags(dir, dir + "/run-resumed", 1);
+  for (const char* f : {"--num_iterations", "2", "--epsilon", "0.01", "--save_steps", "1"})
+    resume.emplace_back(f);
+  test::run_ranks(1, "rank: grpo run", std::chrono::seconds(240),
+                  {{"ZT_FLAGS", test::join_flags(resume)}});
+  std::vector<std::string> again = grpo_file_flags(dir, dir + "/run-again", 1);
+  for (const std::string& f :
+       {std::string("--num_iterations"), std::string("2"), std::string("--epsilon"),
+        std::string("0.01"), std::string("--resume_from_checkpoint"),
+        dir + "/run-resumed/checkpoint-1"})
+    again.push_back(f);
+  test::run_ranks(1, "rank: grpo run", std::chrono::seconds(240),
+                  {{"ZT_FLAGS", test::join_flags(again)}});
+  const auto resumed = test::logged(dir + "/run-again", "reward");
+  CHECK(resumed.count(2) == 1);
+  CHECK(resumed.count(3) == 1);
+  CHECK(test::logged(dir + "/run-again", "loss").count(4) == 1);
 }
 
 TEST_CASE("rank: grpo host rewards", "[.rank]") {

@@ -209,6 +209,9 @@ Trainer::Impl::StepResult Trainer::Impl::run_grpo_step(const std::vector<int64_t
   // The step's prompts, rank-major (wrapping to the epoch's start when it runs out); with
   // num_iterations μ, μ steps in a row take the same prompts (the first generates).
   const int64_t batch_index = s / args.num_iterations;
+  // A batch's first step generates, whatever is buffered: a run resumed between a batch's uses
+  // generated anew for its rest, and that buffer must not outlive the batch.
+  if (s % args.num_iterations == 0) grpo_buffer.reset();
   std::vector<GrpoPrompt> mine;
   int64_t prompt_tokens = 0;
   for (int64_t q = 0; q < per_step; ++q) {
@@ -226,7 +229,6 @@ Trainer::Impl::StepResult Trainer::Impl::run_grpo_step(const std::vector<int64_t
   // Tokens are counted when they are generated (TRL's num_input_tokens_seen): a step that
   // trains again on a generation batch adds none.
   const bool generated = st.metrics.count("completions/mean_length") > 0;
-  if (!generated) prompt_tokens = 0;
   StepResult out;
   // The window sums its steps' losses over the ranks: each rank holds its share of the step's.
   out.loss = at::scalar_tensor(st.loss / static_cast<double>(world),
