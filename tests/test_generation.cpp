@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -249,4 +250,129 @@ TEST_CASE("sampling draws depend on the seed, stream and step alone", "[generate
                                                model::uniform_draws(9, streams, 0));
   const double share = many.eq(1).to(at::kDouble).mean().item<double>();
   CHECK(share == Approx(0.25).margin(0.03));
+}
+
+namespace {
+
+// Token texts for the stop-string tests: id → "<id>".
+std::shared_ptr<const std::vector<std::string>> bracketed(int64_t vocab) {
+  auto texts = std::make_shared<std::vector<std::string>>();
+  for (int64_t i = 0; i < vocab; ++i) texts->push_back("<" + std::to_string(i) + ">");
+  return texts;
+}
+
+}  // namespace
+
+TEST_CASE("stop strings end a sequence at the token that completes them, as transformers'",
+          "[generate]") {
+  // transformers' StopStringCriteria documents these for the stop string "stop": a match needs
+  // the last token to hold the string's end (overhangs off either end allowed), and a string
+  // completed by earlier tokens does not count.
+  const std::vector<std::string> vocab = {"st",  "op",     "stop", "opera", "sto",  "pper",
+                                          "las", "topper", "s",    "to",    "pped", "at"};
+  const auto id = [&](const std::string& t) {
+    return static_cast<int64_t>(std::find(vocab.begin(), vocab.end(), t) - vocab.begin());
+  };
+  const StopStrings stop({"stop"}, std::make_shared<const std::vector<std::string>>(vocab));
+  const auto ids = [&](std::initializer_list<const char*> tokens) {
+    std::vector<int64_t> out;
+    for (const char* t : tokens) out.push_back(id(t));
+    return out;
+  };
+  for (const auto& seq : {ids({"st", "op"}), ids({"stop"}), ids({"st", "opera"}),
+                          ids({"sto", "pper"}), ids({"las", "topper"}), ids({"s", "to", "pped"})}) {
+    CHECK(stop.completes({}, seq));
+  }
+  for (const auto& seq : {ids({"stop", "at"}), ids({"st", "op", "at"}), ids({"st"}), ids({})}) {
+    CHECK_FALSE(stop.completes({}, seq));
+  }
+  // The prompt's tokens hold the string's start; a string wholly in the prompt does not count.
+  CHECK(stop.completes(ids({"las", "st"}), ids({"op"})));
+  CHECK_FALSE(stop.completes(ids({"stop"}), ids({"at"})));
+  // Several strings: any one completes.
+  const StopStrings two({"xyz", "pp"}, std::make_shared<const std::vector<std::string>>(vocab));
+  CHECK(two.completes({}, ids({"sto", "pped"})));
+  CHECK_FALSE(two.completes({}, ids({"sto", "at"})));
+
+  // The option's text: one string, or a JSON list; malformed lists are named.
+  CHECK(StopStrings::parse("</answer>") == std::vector<std::string>{"</answer>"});
+  CHECK(StopStrings::parse(R"(["a", "\n\n"])") == std::vector<std::string>{"a", "\n\n"});
+  CHECK(StopStrings::parse("").empty());
+  CHECK_THROWS_WITH(StopStrings::parse("[1]"), Catch::Contains("stop_strings"));
+  CHECK_THROWS_WITH(StopStrings::parse("[]"), Catch::Contains("empty"));
+  CHECK_THROWS_WITH(StopStrings::parse(R"(["a", ""])"), Catch::Contains("item 1"));
+  CHECK_THROWS_WITH(StopStrings::parse("[\"a\""), Catch::Contains("stop_strings"));
+  CHECK_THROWS_AS(StopStrings({}, bracketed(4)), InvalidArgument);
+  CHECK_THROWS_AS(StopStrings({""}, bracketed(4)), InvalidArgument);
+}
+
+TEST_CASE("generation stops at the first stop string in the completion", "[generate]") {
+  auto model = tiny_llama();
+  const std::vector<std::vector<int64_t>> prompts = {{1, 17, 33}, {1, 44, 45, 46, 47}};
+  GenerationOptions o;
+  o.max_new_tokens = 8;
+  const auto free_run = model->generate_batch(prompts, o);
+  const auto texts = bracketed(model->config().vocab_size);
+  const auto text_of = [&](int64_t t) { return (*texts)[static_cast<size_t>(t)]; };
+  // Row 0's stop string starts inside its second token's text and ends inside its third's.
+  const std::string a = text_of(free_run[0].tokens[1]), b = text_of(free_run[0].tokens[2]);
+  const std::string s = a.substr(1) + b.substr(0, 2);
+  o.stop_strings = std::make_shared<StopStrings>(std::vector<std::string>{s}, texts);
+  const auto stopped = model->generate_batch(prompts, o);
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    INFO("row " << r);
+    // Where the string first ends in the whole text (prompt, then the free completion), past
+    // the prompt: the sequence stops at the token holding that end.
+    std::string whole;
+    for (int64_t t : prompts[r]) whole += text_of(t);
+    const size_t prompt_chars = whole.size();
+    std::vector<size_t> ends;
+    for (int64_t t : free_run[r].tokens) ends.push_back((whole += text_of(t)).size());
+    size_t cut = free_run[r].tokens.size();
+    bool found = false;
+    for (size_t at = whole.find(s); at != std::string::npos && !found; at = whole.find(s, at + 1)) {
+      if (at + s.size() <= prompt_chars) continue;
+      found = true;
+      cut = static_cast<size_t>(std::lower_bound(ends.begin(), ends.end(), at + s.size()) -
+                                ends.begin()) +
+            1;
+    }
+    CHECK(stopped[r].tokens ==
+          std::vector<int64_t>(free_run[r].tokens.begin(), free_run[r].tokens.begin() + cut));
+    CHECK(stopped[r].stopped == found);
+  }
+  CHECK(stopped[0].tokens.size() == 3);
+}
+
+TEST_CASE("scored log-probs and entropies at a temperature are those of the divided logits",
+          "[generate][grpo]") {
+  // TRL's GRPO scores completions with logits / temperature; its entropy metric is that
+  // distribution's. Checked against the full logits of the same model.
+  auto model = tiny_llama();
+  const at::Tensor ids =
+      at::tensor({1, 17, 33, 90, 5, 6, 1, 44, 45, 46, 47, 48}, at::kLong).view({2, 6});
+  at::Tensor labels = ids.clone();
+  labels[0][0] = -100;
+  labels[1][2] = -100;
+  const at::Tensor logits = model->logits(ids).to(at::kDouble);
+  for (const double t : {1.0, 0.7, 2.5}) {
+    INFO("temperature " << t);
+    at::Tensor entropies;
+    const at::Tensor got =
+        model->label_log_probs(ids, labels, {}, 3, {}, nullptr, t, &entropies).to(at::kDouble);
+    const at::Tensor scaled = logits / t;
+    const at::Tensor logp = at::log_softmax(scaled, -1);
+    const at::Tensor want_entropy = -(logp.exp() * logp).sum(-1);
+    for (int64_t b = 0; b < 2; ++b) {
+      CHECK(got[b][0].item<double>() == 0.0);
+      for (int64_t i = 1; i < 6; ++i) {
+        const int64_t y = labels[b][i].item<int64_t>();
+        const double want = y == -100 ? 0.0 : logp[b][i - 1][y].item<double>();
+        CHECK(got[b][i].item<double>() == Approx(want).margin(1e-5));
+        CHECK(entropies[b][i].item<double>() ==
+              Approx(want_entropy[b][i - 1].item<double>()).margin(1e-5));
+      }
+    }
+  }
+  CHECK_THROWS_AS(model->label_log_probs(ids, labels, {}, 3, {}, nullptr, 0.0), InvalidArgument);
 }

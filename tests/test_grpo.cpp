@@ -1056,3 +1056,135 @@ TEST_CASE("stage grpo takes a reward program beside the built-ins", "[grpo][trai
   apply_training_flags(two, flags);
   CHECK_THROWS_WITH(Trainer(two, comm), Catch::Contains("2 weights for 3"));
 }
+
+TEST_CASE("steps_per_generation: one generation batch feeds several optimizer steps, a slice each",
+          "[grpo][trainer]") {
+  // TRL's steps_per_generation: the completions of steps_per_generation micro-batches are made
+  // at once and each optimizer step trains on its slice; dapo divides by the tokens of the whole
+  // generation batch. With weights that barely move, the slices' losses add up to the loss of
+  // one step over the whole batch (the same completions: draws depend on seed, stream, step).
+  const std::string dir = test::temp_dir("grpo-slices");
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  const auto trainer_with = [&](const std::string& name, int64_t accum,
+                                std::vector<std::string> extra) {
+    TrainingArguments args;
+    extra.insert(extra.end(), {"--finetuning_type", "full", "--learning_rate", "1e-9"});
+    apply_training_flags(args, grpo_flags(dir + "/" + name, 4, accum, extra));
+    return std::make_unique<Trainer>(args, comm);
+  };
+  const std::vector<RewardFunction> rewards{ascii_share(), builtin_reward("repetition:2:-1")};
+  auto whole = trainer_with("whole", 2, {});
+  auto sliced = trainer_with("sliced", 1, {"--steps_per_generation", "2"});
+  const GrpoStepStats w = whole->train_grpo_step(grpo_prompts(0), rewards);
+  const GrpoStepStats s1 = sliced->train_grpo_step(grpo_prompts(0), rewards);
+  CHECK(s1.completions == w.completions);
+  CHECK(s1.rewards == w.rewards);
+  CHECK(s1.metrics.at("reward") == w.metrics.at("reward"));
+  const GrpoStepStats s2 = sliced->train_grpo_step(grpo_prompts(0), rewards);
+  CHECK(s2.stepped);
+  CHECK(s2.global_step == 2);
+  CHECK(s2.completions.empty());
+  CHECK(s2.metrics.count("reward") == 0);
+  CHECK(s1.loss != Approx(w.loss).margin(1e-6));
+  CHECK(s1.loss + s2.loss == Approx(w.loss).margin(1e-6));
+  // The next call generates for its own prompts; the one after must repeat them.
+  const GrpoStepStats s3 = sliced->train_grpo_step(grpo_prompts(1), rewards);
+  CHECK(s3.completions.size() == 8);
+  CHECK_THROWS_WITH(sliced->train_grpo_step(grpo_prompts(2), rewards),
+                    Catch::Contains("steps_per_generation 2") && Catch::Contains("same prompts"));
+  // A generation batch of two prompts is refused for a step that needs four.
+  auto other = trainer_with("other", 1, {"--steps_per_generation", "2"});
+  const std::vector<GrpoPrompt> four = grpo_prompts(0);
+  const std::vector<GrpoPrompt> two(four.begin(), four.begin() + 2);
+  CHECK_THROWS_WITH(other->train_grpo_step(two, rewards),
+                    Catch::Contains("steps_per_generation") && Catch::Contains("give 4 prompts"));
+  // Not a multiple of the accumulation steps: refused, naming both.
+  CHECK_THROWS_WITH(trainer_with("odd", 2, {"--steps_per_generation", "3"}),
+                    Catch::Contains("steps_per_generation 3") &&
+                        Catch::Contains("gradient_accumulation_steps 2"));
+
+  // Through train(): generation at the first step of each two, the same at world 1 and 2, and a
+  // run resumed inside a generation batch trains on the rest of a new one.
+  if (test::skip_cpu_world(2)) return;
+  write_prompts(dir, 8);
+  const auto run = [&](int world, const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> flags = grpo_file_flags(dir, dir + "/" + name, world);
+    // grpo_file_flags accumulates 2 / world micro-batches: a generation batch of twice that.
+    flags.insert(flags.end(),
+                 {"--steps_per_generation", std::to_string(2 * (2 / world)), "--save_steps", "1"});
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    test::run_ranks(world, "rank: grpo run", std::chrono::seconds(240),
+                    {{"ZT_FLAGS", test::join_flags(flags)}});
+    return dir + "/" + name;
+  };
+  const std::string one = run(1, "run-one", {}), two_ranks = run(2, "run-two", {});
+  const auto reward = test::logged(one, "reward");
+  CHECK(reward.size() == 2);
+  CHECK(reward.count(1) == 1);
+  CHECK(reward.count(3) == 1);
+  for (const char* key : {"loss", "reward", "kl", "entropy", "completions/mean_length"}) {
+    const auto want = test::logged(one, key), got = test::logged(two_ranks, key);
+    INFO(key);
+    REQUIRE(!want.empty());
+    for (const auto& [step, value] : want) {
+      INFO("step " << step);
+      CHECK(got.at(step) == Approx(value).epsilon(1e-4).margin(1e-6));
+    }
+  }
+  std::filesystem::create_directories(dir + "/resumed");
+  std::filesystem::copy(one + "/checkpoint-1", dir + "/resumed/checkpoint-1",
+                        std::filesystem::copy_options::recursive);
+  const std::string resumed =
+      run(1, "resumed", {"--resume_from_checkpoint", dir + "/resumed/checkpoint-1"});
+  const auto again = test::logged(resumed, "reward");
+  CHECK(again.count(2) == 1);  // the rest of the interrupted batch, generated anew
+  CHECK(again.count(3) == 1);  // the next batch, from its first step
+  CHECK(test::logged(resumed, "loss").count(4) == 1);
+}
+
+TEST_CASE("GRPO scores at the sampling temperature and logs the entropy, and stops at strings",
+          "[grpo][trainer]") {
+  // TRL divides the logits by the temperature before it scores completions: a low temperature
+  // makes the scored distribution sharp, so its logged entropy falls well below temperature 1's
+  // (which for a random model is about log 259: scored at temperature 1, the cold run's
+  // completions would log that too).
+  const std::string dir = test::temp_dir("grpo-temperature");
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  const auto step_with = [&](const std::string& name, std::vector<std::string> extra) {
+    TrainingArguments args;
+    apply_training_flags(args, grpo_flags(dir + "/" + name, 4, 2, extra));
+    Trainer trainer(args, comm);
+    return trainer.train_grpo_step(grpo_prompts(0), {ascii_share()});
+  };
+  const GrpoStepStats warm = step_with("t1", {});
+  const GrpoStepStats cold = step_with("t005", {"--temperature", "0.05"});
+  const double log_vocab = std::log(259.0);
+  INFO("entropy at 1: " << warm.metrics.at("entropy")
+                        << ", at 0.05: " << cold.metrics.at("entropy"));
+  CHECK(warm.metrics.at("entropy") > 0.5 * log_vocab);
+  CHECK(warm.metrics.at("entropy") <= log_vocab + 1e-6);
+  CHECK(warm.metrics.at("entropy") > log_vocab - 0.1);
+  CHECK(cold.metrics.at("entropy") < warm.metrics.at("entropy") - 1.0);
+  // Stop strings end completions (the completing token kept) and count as terminated; a list
+  // that is no list of strings is refused before any weight is read.
+  // Every printable ASCII character but '"' and '\\' (a random model's bytes hit one often).
+  std::string list = "[", printable;
+  for (char ch = 0x20; ch < 0x7f; ++ch) {
+    if (ch == '"' || ch == '\\') continue;
+    list += fmt::format("{}\"{}\"", list.size() > 1 ? ", " : "", ch);
+    printable += ch;
+  }
+  list += "]";
+  const GrpoStepStats stopped = step_with("stops", {"--stop_strings", list});
+  CHECK(stopped.metrics.at("completions/mean_length") < warm.metrics.at("completions/mean_length"));
+  CHECK(stopped.metrics.at("completions/clipped_ratio") <
+        warm.metrics.at("completions/clipped_ratio"));
+  for (const std::string& c : stopped.completions) {
+    INFO(c);
+    const size_t hit = c.find_first_of(printable);
+    CHECK((hit == std::string::npos || hit == c.size() - 1));
+  }
+  TrainingArguments bad;
+  apply_training_flags(bad, grpo_flags(dir + "/bad", 4, 2, {"--stop_strings", "[1, 2]"}));
+  CHECK_THROWS_WITH(Trainer(bad, comm), Catch::Contains("stop_strings"));
+}

@@ -47,6 +47,7 @@ constexpr const char* kUsage =
     "  --do_sample BOOL     sample (true) or greedy (false) [default: true]\n"
     "  --temperature T --top_p P --top_k K --min_p M --repetition_penalty R\n"
     "                       transformers' generate options [defaults: 1, 1, 0, 0, 1]\n"
+    "  --stop_strings S     transformers' stop_strings: one string, or a JSON list of them\n"
     "  --seed S             sampling seed: a completion's tokens depend on it, its prompt's\n"
     "                       index and its sample number only, not on the batch [default: 0]\n"
     "  --batch_size N       prompts generated together [default: 64]\n"
@@ -189,6 +190,13 @@ int cmd_generate(const Args& in) {
   const std::string dtype_text = last_option(args, "dtype").value_or("auto");
   const bool overwrite =
       parse_bool("overwrite_output", last_option(args, "overwrite_output").value_or("false"));
+  const std::vector<std::string> stops = [&] {
+    try {
+      return StopStrings::parse(last_option(args, "stop_strings").value_or(""), "--stop_strings");
+    } catch (const InvalidArgument& e) {
+      throw ConfigError(e.what());
+    }
+  }();
   const bool raw = take_switch(args, "raw");
   if (args.size() != 1 || !prompt == !prompts_file)
     throw ConfigError(std::string(kUsage).substr(0, std::string(kUsage).find('\n')));
@@ -282,6 +290,8 @@ int cmd_generate(const Args& in) {
   if (tok->eos_id() >= 0) g.eos_token_ids = {tok->eos_id()};
   if (config.eos_token_id && *config.eos_token_id != tok->eos_id())
     g.eos_token_ids.push_back(*config.eos_token_id);
+  if (!stops.empty())
+    g.stop_strings = std::make_shared<StopStrings>(stops, StopStrings::token_texts(*tok));
 
   // The temporary file is new (O_EXCL) and no link is followed, so nothing outside is written.
   const std::string temporary = output ? fmt::format("{}.tmp-{}", *output, ::getpid()) : "";
@@ -316,7 +326,12 @@ int cmd_generate(const Args& in) {
         const int64_t p = lo + static_cast<int64_t>(i) / samples;
         const GrpoPrompt& source = prompts[static_cast<size_t>(p)];
         std::vector<int32_t> tokens(done[i].tokens.begin(), done[i].tokens.end());
-        if (done[i].stopped && !tokens.empty()) tokens.pop_back();  // the stop token
+        // A stop token leaves the text; a token that completed a stop string stays in it, as
+        // transformers keeps it.
+        const bool stop_token = done[i].stopped && !tokens.empty() &&
+                                std::find(g.eos_token_ids.begin(), g.eos_token_ids.end(),
+                                          tokens.back()) != g.eos_token_ids.end();
+        if (stop_token) tokens.pop_back();
         std::string line = fmt::format(
             "{{\"prompt_index\": {}, \"sample\": {}, \"prompt\": {}, \"completion\": {}, "
             "\"completion_tokens\": {}, \"finish_reason\": \"{}\"",

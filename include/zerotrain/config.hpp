@@ -402,6 +402,11 @@ struct TrainingArguments {
   std::string scale_rewards = "group";  ///< group (true) | batch | none (false)
   bool mask_truncated_completions = false;
   int64_t num_iterations = 1;  ///< GRPO: optimizer steps per generation batch (TRL's μ)
+  /// GRPO: micro-batches one generation batch covers (TRL's; 0: gradient_accumulation_steps);
+  /// a multiple of gradient_accumulation_steps, so a generation feeds whole optimizer steps.
+  int64_t steps_per_generation = 0;
+  /// GRPO: transformers' stop_strings — one string, or a JSON list of strings.
+  std::string stop_strings;
   double sapo_temperature_pos = 1.0, sapo_temperature_neg = 1.05;
   bool use_bias_correction_kl = false;
   std::string reward_funcs;    ///< comma list of built-in rewards (builtin_reward's specs)

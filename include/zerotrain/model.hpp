@@ -163,6 +163,38 @@ struct LossSum {
   double aux_coef = 0.0;
 };
 
+class Tokenizer;
+
+/// transformers' `stop_strings` (StopStringCriteria): a sequence stops at the token that
+/// completes one of the strings — the token holds the string's last character, perhaps with
+/// more text after it, and the tokens before it (the prompt's included) hold the rest. A
+/// token's text is its text decoded alone, after a fixed prefix (so a leading space stays), as
+/// transformers reads the vocabulary; special tokens count as no text. Immutable; shared.
+class StopStrings {
+ public:
+  /// `token_texts[id]`: the text of token `id` (ids past its end have none). InvalidArgument
+  /// for no strings or an empty one.
+  StopStrings(std::vector<std::string> strings,
+              std::shared_ptr<const std::vector<std::string>> token_texts);
+  /// The strings of an option's text: one string, or (text starting with '[') a JSON list of
+  /// strings; none for empty text. InvalidArgument naming `what` for a malformed list.
+  static std::vector<std::string> parse(const std::string& text,
+                                        const std::string& what = "stop_strings");
+  /// Every token's text as transformers' StopStringCriteria reads it from `tokenizer`.
+  static std::shared_ptr<const std::vector<std::string>> token_texts(const Tokenizer& tokenizer);
+
+  /// Whether the last of `tokens` (a row's completion so far, after `prompt`) completes a stop
+  /// string. False when `tokens` is empty.
+  bool completes(const std::vector<int64_t>& prompt, const std::vector<int64_t>& tokens) const;
+  const std::vector<std::string>& strings() const { return strings_; }
+
+ private:
+  const std::string& text(int64_t id) const;
+  std::vector<std::string> strings_;
+  std::shared_ptr<const std::vector<std::string>> texts_;
+  size_t longest_ = 0;
+};
+
 /// Options for generate() and generate_batch(): transformers' `generate` arguments of the same
 /// names (docs/generation.md). Checked before any generation (InvalidArgument).
 struct GenerationOptions {
@@ -174,6 +206,8 @@ struct GenerationOptions {
   double min_p = 0.0;                  ///< 0: off
   double repetition_penalty = 1.0;     ///< 1: off; over each row's prompt and completion tokens
   std::vector<int64_t> eos_token_ids;  ///< stop tokens (kept as the completion's last token)
+  /// Stop strings (null: none); the completing token is kept, as transformers keeps it.
+  std::shared_ptr<const StopStrings> stop_strings;
   /// Sampling's seed: with it, a sequence's stream (generate_batch) fixes its draws.
   uint64_t seed = 0;
 };
@@ -181,7 +215,7 @@ struct GenerationOptions {
 /// One sequence's completion from generate_batch.
 struct Generated {
   std::vector<int64_t> tokens;
-  bool stopped = false;  ///< it ended with a stop token (otherwise at max_new_tokens)
+  bool stopped = false;  ///< it ended with a stop token or string (else at max_new_tokens)
 };
 
 /// Extension point for prompt-learning adapters (P-Tuning, prefix tuning; see peft.hpp). A
@@ -238,11 +272,15 @@ class CausalLM : public torch::nn::Module {
   /// positions, the same masks and packing); backward takes a gradient per entry.
   /// `mean_logits`, when given, receives [batch, seq] fp32 without gradient, aligned the same
   /// way: entry t is the mean over the vocabulary of the logits that score labels[t] (TRL's
-  /// `logits/chosen` averages these over the answer's tokens), 0 at t = 0.
+  /// `logits/chosen` averages these over the answer's tokens), 0 at t = 0. With `temperature`
+  /// ≠ 1 the logits are divided by it first (TRL's GRPO scores completions so; InvalidArgument
+  /// for a model with a final logit soft-cap). `entropies`, when given, receives [batch, seq]
+  /// fp32 without gradient, aligned the same way: the entropy of the distribution that scores
+  /// labels[t] (TRL's `entropy` metric), 0 at t = 0.
   at::Tensor label_log_probs(const at::Tensor& input_ids, const at::Tensor& labels,
                              const at::Tensor& attention_mask = {}, int64_t chunk_tokens = 1024,
-                             const at::Tensor& position_ids = {},
-                             at::Tensor* mean_logits = nullptr);
+                             const at::Tensor& position_ids = {}, at::Tensor* mean_logits = nullptr,
+                             double temperature = 1.0, at::Tensor* entropies = nullptr);
 
   /// Turns the fine-tuning method's adapters (LoRA layers, a prompt adapter) off or back on:
   /// off, the model computes its base model, as PEFT's disable_adapter() (the reference model
@@ -296,16 +334,24 @@ class CausalLM : public torch::nn::Module {
 
  private:
   /// The head unit's results: the cross-entropies (summed, or per position), the tokens they
-  /// cover, and (when asked) each position's mean logit.
+  /// cover, and (when asked) each position's mean logit and entropy.
   struct HeadOutputs {
     at::Tensor losses;
     int64_t tokens = 0;
     at::Tensor mean_logits;
     at::Tensor aux{};  ///< the load-balancing loss, where it is computed
+    at::Tensor entropies{};
+  };
+  /// What head_losses computes besides the losses: the logits' divisor and the metrics asked.
+  struct HeadRequest {
+    bool per_position = false;
+    bool mean_logits = false;
+    bool entropies = false;
+    double temperature = 1.0;
   };
   HeadOutputs head_losses(const at::Tensor& input_ids, const at::Tensor& labels,
                           const at::Tensor& attention_mask, int64_t chunk_tokens,
-                          const at::Tensor& position_ids, bool per_position, bool mean_logits);
+                          const at::Tensor& position_ids, const HeadRequest& request);
 
   ModelConfig config_;
   UnitGate gate_;

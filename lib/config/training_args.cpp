@@ -202,6 +202,8 @@ void assign_value(Args& args, const Option& o, const RawValue& v, const std::str
       } else if (v.json && v.json->IsNumber() &&
                  std::string_view(o.name) == "gradient_checkpointing_keep") {
         s = json::dump(*v.json);  // GiB, as on the command line
+      } else if (v.json && v.json->IsArray() && std::string_view(o.name) == "stop_strings") {
+        s = json::dump(*v.json);  // a list, as on the command line
       } else if (v.json && v.json->IsArray() && std::string_view(o.name) == "report_to") {
         for (const auto& item : v.json->GetArray()) {  // HF's list form
           if (!item.IsString()) bad_value(where, o, v, "a string or a list of strings");

@@ -288,9 +288,18 @@ bool CausalLM::adapters_enabled() const {
 // with `mean_logits`, each position's mean logit.
 CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const at::Tensor& labels,
                                             const at::Tensor& attention_mask, int64_t chunk_tokens,
-                                            const at::Tensor& position_ids, bool per_position,
-                                            bool mean_logits) {
+                                            const at::Tensor& position_ids,
+                                            const HeadRequest& request) {
   Impl& I = *impl_;
+  if (!(request.temperature > 0) || !std::isfinite(request.temperature)) {
+    throw InvalidArgument(fmt::format(
+        "CausalLM::label_log_probs: temperature {}: a finite number > 0", request.temperature));
+  }
+  if (request.temperature != 1.0 && I.body->logit_softcap() > 0) {
+    throw InvalidArgument(
+        "CausalLM::label_log_probs: a temperature other than 1 with a final logit soft-cap "
+        "(final_logit_softcapping) is not supported");
+  }
   if (position_ids.defined() && I.prompt) {
     throw InvalidArgument(
         "CausalLM::loss: packed sequences (position_ids) cannot be combined with "
@@ -359,32 +368,39 @@ CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const a
   }
   auto lm_head = I.lm_head;
   const int64_t chunk = chunk_tokens;
-  std::vector<at::Tensor> out =
-      gate_(1 + body->layers.size(), {x, shifted},
-            [body, lm_head, chunk, per_position, mean_logits](const std::vector<at::Tensor>& in) {
-              at::Tensor h = body->norm->forward(in[0]);
-              const at::Tensor& w = lm_head ? lm_head->weight : body->embed_tokens->weight;
-              h = h.reshape({-1, h.size(-1)});
-              const double cap = body->logit_softcap();
-              std::vector<at::Tensor> results{
-                  per_position ? model::linear_token_cross_entropy(h, w, in[1], chunk, true, cap)
-                               : model::linear_cross_entropy(h, w, in[1], chunk, true, cap)};
-              // A metric, read in the first pass only (a recomputation's outputs are never read).
-              if (mean_logits && !recomputing_for_backward()) {
-                results.push_back(model::row_mean_logits(h, w, cap));
-              }
-              return results;
-            });
+  std::vector<at::Tensor> out = gate_(
+      1 + body->layers.size(), {x, shifted},
+      [body, lm_head, chunk, request](const std::vector<at::Tensor>& in) {
+        at::Tensor h = body->norm->forward(in[0]);
+        const at::Tensor& w = lm_head ? lm_head->weight : body->embed_tokens->weight;
+        h = h.reshape({-1, h.size(-1)});
+        // (h / T)·wᵀ = (h·wᵀ) / T: the temperature divides the rows (no soft-cap here).
+        if (request.temperature != 1.0) h = h / request.temperature;
+        const double cap = body->logit_softcap();
+        std::vector<at::Tensor> results{
+            request.per_position ? model::linear_token_cross_entropy(h, w, in[1], chunk, true, cap)
+                                 : model::linear_cross_entropy(h, w, in[1], chunk, true, cap)};
+        // Metrics, read in the first pass only (a recomputation's outputs are never read).
+        if (!recomputing_for_backward()) {
+          if (request.mean_logits) results.push_back(model::row_mean_logits(h, w, cap));
+          if (request.entropies) results.push_back(model::row_entropies(h, w, cap));
+        }
+        return results;
+      });
   // After the head: the loss's node is the graph's newest, so its backward runs first.
   const at::Tensor aux = balanced ? I.balance->finish() : at::Tensor();
-  return {out[0], tokens, out.size() > 1 ? out[1].detach() : at::Tensor(), aux};
+  HeadOutputs result{out[0], tokens, {}, aux, {}};
+  size_t next = 1;
+  if (request.mean_logits && next < out.size()) result.mean_logits = out[next++].detach();
+  if (request.entropies && next < out.size()) result.entropies = out[next++].detach();
+  return result;
 }
 
 LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
                        const at::Tensor& attention_mask, int64_t chunk_tokens,
                        const at::Tensor& position_ids) {
   HeadOutputs out =
-      head_losses(input_ids, labels, attention_mask, chunk_tokens, position_ids, false, false);
+      head_losses(input_ids, labels, attention_mask, chunk_tokens, position_ids, HeadRequest{});
   LossSum l{out.losses, out.tokens};
   if (out.aux.defined()) {
     l.aux = out.aux;
@@ -395,11 +411,17 @@ LossSum CausalLM::loss(const at::Tensor& input_ids, const at::Tensor& labels,
 
 at::Tensor CausalLM::label_log_probs(const at::Tensor& input_ids, const at::Tensor& labels,
                                      const at::Tensor& attention_mask, int64_t chunk_tokens,
-                                     const at::Tensor& position_ids, at::Tensor* mean_logits) {
+                                     const at::Tensor& position_ids, at::Tensor* mean_logits,
+                                     double temperature, at::Tensor* entropies) {
   const int64_t virtual_tokens =
       impl_->prompt && impl_->prompt->prepends_tokens() ? impl_->prompt->num_virtual_tokens() : 0;
-  HeadOutputs out = head_losses(input_ids, labels, attention_mask, chunk_tokens, position_ids, true,
-                                mean_logits != nullptr);
+  HeadRequest request;
+  request.per_position = true;
+  request.mean_logits = mean_logits != nullptr;
+  request.entropies = entropies != nullptr;
+  request.temperature = temperature;
+  HeadOutputs out =
+      head_losses(input_ids, labels, attention_mask, chunk_tokens, position_ids, request);
   // Position t scores label t + 1: entry t of the result is position t - 1's; the virtual
   // tokens' columns (P-Tuning) are dropped.
   const int64_t b = input_ids.size(0), t = input_ids.size(1) + virtual_tokens;
@@ -409,6 +431,7 @@ at::Tensor CausalLM::label_log_probs(const at::Tensor& input_ids, const at::Tens
         .narrow(1, virtual_tokens, input_ids.size(1));
   };
   if (mean_logits) *mean_logits = align(out.mean_logits.to(at::kFloat));
+  if (entropies) *entropies = align(out.entropies.to(at::kFloat));
   return align(out.losses.neg());
 }
 
@@ -566,7 +589,9 @@ std::vector<Generated> CausalLM::generate_batch(const std::vector<std::vector<in
       Generated& g = out[static_cast<size_t>(rows[r])];
       g.tokens.push_back(chosen[r]);
       g.stopped = std::find(o.eos_token_ids.begin(), o.eos_token_ids.end(), chosen[r]) !=
-                  o.eos_token_ids.end();
+                      o.eos_token_ids.end() ||
+                  (o.stop_strings &&
+                   o.stop_strings->completes(prompts[static_cast<size_t>(rows[r])], g.tokens));
       if (g.stopped) {
         live[r] = 0;
         --running;

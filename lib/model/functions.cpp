@@ -43,12 +43,13 @@ class VarlenAttentionFunction : public torch::autograd::Function<VarlenAttention
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
-                            int64_t max_length, double scale) {
+                            int64_t max_length, double scale, int64_t window_left) {
     compat::VarlenAttention r =
-        compat::varlen_attention_forward(q, k, v, cu_seqlens, max_length, scale);
+        compat::varlen_attention_forward(q, k, v, cu_seqlens, max_length, scale, window_left);
     ctx->save_for_backward({q, k, v, r.out, r.logsumexp, r.rng_state, r.unused, cu_seqlens});
     ctx->saved_data["max_length"] = max_length;
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["window_left"] = window_left;
     return r.out;
   }
 
@@ -58,8 +59,8 @@ class VarlenAttentionFunction : public torch::autograd::Function<VarlenAttention
     const compat::VarlenAttention fwd{s[3], s[4], s[5], s[6]};
     auto [dq, dk, dv] = compat::varlen_attention_backward(
         grads[0].contiguous(), s[0], s[1], s[2], fwd, s[7], ctx->saved_data["max_length"].toInt(),
-        ctx->saved_data["scale"].toDouble());
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+        ctx->saved_data["scale"].toDouble(), ctx->saved_data["window_left"].toInt());
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -258,9 +259,12 @@ at::Tensor fused_rotate(const at::Tensor& x, const at::Tensor& cos, const at::Te
 }
 
 at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const DocumentSpans& spans, double scale) {
+                            const DocumentSpans& spans, double scale, int64_t window) {
+  // transformers' sliding window W: key j is seen from query i when i − j < W, FlashAttention's
+  // window_size_left W − 1 (transformers' flash path passes the same).
   return VarlenAttentionFunction::apply(q.contiguous(), k.contiguous(), v.contiguous(),
-                                        spans.cu_seqlens, spans.max_length, scale);
+                                        spans.cu_seqlens, spans.max_length, scale,
+                                        window > 0 ? window - 1 : int64_t{-1});
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {

@@ -16,8 +16,9 @@ at::Tensor fused_rotate(const at::Tensor& x, const at::Tensor& cos, const at::Te
                         int64_t rotary_dim, bool interleaved);
 
 /// Causal FlashAttention within each span of q [N, H, D], k and v [N, Hkv, D], the rows laid
-/// end to end (compat::varlen_attention_forward), with its backward.
+/// end to end (compat::varlen_attention_forward), with its backward. `window` > 0: a sliding
+/// window of that many positions (the query's own included), as transformers' sliding_window.
 at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const DocumentSpans& spans, double scale);
+                            const DocumentSpans& spans, double scale, int64_t window = 0);
 
 }  // namespace zt::model

@@ -340,8 +340,8 @@ bool varlen_attention_applies(const DecoderSpec& d, at::ScalarType dtype,
     return e != nullptr && std::string(e) == "0";
   }();
   const bool layers_fit = std::all_of(d.layers.begin(), d.layers.end(), [](const LayerSpec& l) {
-    return l.attention.head_dim % 8 == 0 && l.attention.head_dim <= 256 && !l.attention.window &&
-           !l.attention.softcap && !l.attention.sinks;
+    return l.attention.head_dim % 8 == 0 && l.attention.head_dim <= 256 && !l.attention.softcap &&
+           !l.attention.sinks;
   });
   return compat::has_varlen_attention() && !off && device.is_cuda() &&
          (dtype == at::kBFloat16 || dtype == at::kHalf) && layers_fit;
@@ -420,10 +420,10 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   }
   if (spans != nullptr && cache == nullptr) {
     // [B, H, T, D] views of [B, T, H, D] (the rotation writes that layout): rows end to end.
-    const at::Tensor out =
-        varlen_attention(q.transpose(1, 2).reshape({b * t, heads, d}),
-                         k.transpose(1, 2).reshape({b * t, kv_heads, d}),
-                         v.transpose(1, 2).reshape({b * t, kv_heads, d}), *spans, scale);
+    const at::Tensor out = varlen_attention(q.transpose(1, 2).reshape({b * t, heads, d}),
+                                            k.transpose(1, 2).reshape({b * t, kv_heads, d}),
+                                            v.transpose(1, 2).reshape({b * t, kv_heads, d}), *spans,
+                                            scale, spec.window.value_or(0));
     return o_proj->forward(out.view({b, t, heads * d}), output_unread);
   }
   const int64_t s = k.size(2);  // keys: cached + new (attention handles the head groups)
@@ -431,11 +431,13 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   // window if any, and only real tokens.
   at::Tensor mask;
   const bool padded = attention_mask.numel() > 0;
-  if (padded || spec.window || t != s || spec.softcap || spec.sinks) {
+  // A window of at least s positions hides no key: plain causal attention (the fused kernels).
+  const bool windowed = spec.window && *spec.window < s;
+  if (padded || windowed || t != s || spec.softcap || spec.sinks) {
     at::Tensor qpos = at::arange(s - t, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
     at::Tensor kpos = at::arange(0, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
     mask = kpos.unsqueeze(0) <= qpos.unsqueeze(1);  // [t, s]
-    if (spec.window) mask = mask.logical_and(kpos.unsqueeze(0) > qpos.unsqueeze(1) - *spec.window);
+    if (windowed) mask = mask.logical_and(kpos.unsqueeze(0) > qpos.unsqueeze(1) - *spec.window);
     mask = mask.view({1, 1, t, s});
     if (padded) {
       // Real keys of the query's own document (queries are the last t of the s keys).

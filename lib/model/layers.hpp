@@ -206,9 +206,10 @@ struct DocumentSpans {
 std::optional<DocumentSpans> document_spans(const at::Tensor& mask, const at::Device& device);
 
 /// True when every layer's attention of decoder `d` runs over DocumentSpans for activations of
-/// `dtype` on `device`: CUDA, fp16 or bf16, head sizes FlashAttention takes, no sliding window,
-/// LibTorch with the variable-length kernels (compat::has_varlen_attention), and not switched
-/// off by the environment (ZT_VARLEN_ATTENTION=0, for comparisons).
+/// `dtype` on `device`: CUDA, fp16 or bf16, head sizes FlashAttention takes (sliding windows
+/// included), no soft-capped or sink attention, LibTorch with the variable-length kernels
+/// (compat::has_varlen_attention), and not switched off by the environment (ZT_VARLEN_ATTENTION=0,
+/// for comparisons).
 bool varlen_attention_applies(const DecoderSpec& d, at::ScalarType dtype, const at::Device& device);
 /// The same for the decoder `c` describes.
 bool varlen_attention_applies(const ModelConfig& c, at::ScalarType dtype, const at::Device& device);
@@ -337,6 +338,10 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
 /// the capped logits, averaged a chunk of rows at a time.
 at::Tensor row_mean_logits(const at::Tensor& hidden, const at::Tensor& weight,
                            double softcap = 0.0);
+
+/// Each row's entropy of softmax(hidden · wᵀ) (capped with `softcap`), [N] fp32 without
+/// gradient, a chunk of rows at a time (never the [N, vocab] logits whole).
+at::Tensor row_entropies(const at::Tensor& hidden, const at::Tensor& weight, double softcap = 0.0);
 
 /// The same cross-entropies per row, [N] fp32 (0 where label is -100), for losses that weigh
 /// rows differently (preference training): backward takes each row's own gradient. With a

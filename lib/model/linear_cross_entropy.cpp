@@ -245,6 +245,23 @@ at::Tensor row_mean_logits(const at::Tensor& hidden, const at::Tensor& weight, d
   return at::mv(hidden.detach().to(at::kFloat), sum.div_(static_cast<double>(vocab)));
 }
 
+at::Tensor row_entropies(const at::Tensor& hidden, const at::Tensor& weight, double softcap) {
+  at::NoGradGuard no_grad;
+  // H = logsumexp(z) − Σ softmax(z)·z, in fp32; 256 rows at a time bound the memory to two
+  // [256, vocab] fp32 blocks.
+  constexpr int64_t kChunk = 256;
+  const int64_t n = hidden.size(0);
+  at::Tensor out = at::empty({n}, hidden.options().dtype(at::kFloat));
+  for (int64_t lo = 0; lo < n; lo += kChunk) {
+    const int64_t len = std::min(kChunk, n - lo);
+    const at::Tensor z = chunk_logits(hidden.detach().narrow(0, lo, len), weight.detach(), softcap);
+    const at::Tensor lse = at::logsumexp(z, 1, /*keepdim=*/true);
+    const at::Tensor weighted = (z - lse).exp_().mul_(z).sum(1);
+    out.narrow(0, lo, len).copy_(lse.squeeze(1) - weighted);
+  }
+  return out;
+}
+
 at::Tensor linear_token_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                       const at::Tensor& labels, int64_t chunk, bool eager_gradients,
                                       double softcap) {

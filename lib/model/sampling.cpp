@@ -7,10 +7,112 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <string>
 
+#include "util/json.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/tokenizer.hpp"
+
+namespace zt {
+
+// transformers' StopStringCriteria (generation/stopping_criteria.py) restated: a token ends the
+// sequence when its text holds a stop string's last character (anything may follow it in the
+// token) and the texts before it hold the rest. A stop string entirely in earlier tokens does
+// not count (it would have stopped the sequence there, or it lies in the prompt).
+StopStrings::StopStrings(std::vector<std::string> strings,
+                         std::shared_ptr<const std::vector<std::string>> token_texts)
+    : strings_(std::move(strings)), texts_(std::move(token_texts)) {
+  if (strings_.empty()) throw InvalidArgument("stop_strings: give at least one string");
+  for (const std::string& s : strings_) {
+    if (s.empty()) throw InvalidArgument("stop_strings: a stop string is empty");
+    longest_ = std::max(longest_, s.size());
+  }
+  if (!texts_) throw InvalidArgument("stop_strings: no token texts to match them against");
+}
+
+std::vector<std::string> StopStrings::parse(const std::string& text, const std::string& what) {
+  if (text.empty()) return {};
+  if (text.front() != '[') return {text};
+  rapidjson::Document d;
+  try {
+    d = json::parse(text, what);
+  } catch (const Error& e) {
+    throw InvalidArgument(fmt::format("{}: not a JSON list of strings ({})", what, e.what()));
+  }
+  if (!d.IsArray()) throw InvalidArgument(fmt::format("{}: not a JSON list of strings", what));
+  std::vector<std::string> out;
+  for (const auto& v : d.GetArray()) {
+    if (!v.IsString() || v.GetStringLength() == 0) {
+      throw InvalidArgument(
+          fmt::format("{}: every item of the list is a non-empty string; item {} is {}", what,
+                      out.size(), v.IsString() ? "empty" : json::type_name(v)));
+    }
+    out.emplace_back(v.GetString(), v.GetStringLength());
+  }
+  if (out.empty()) throw InvalidArgument(fmt::format("{}: the list is empty", what));
+  return out;
+}
+
+std::shared_ptr<const std::vector<std::string>> StopStrings::token_texts(
+    const Tokenizer& tokenizer) {
+  // transformers' clean_tokenizer_vocab: each token decoded after the tokens of "abcdef", the
+  // prefix's text cut off, so that a leading space (SentencePiece's ▁) is kept.
+  static constexpr std::string_view kPrefix = "abcdef";
+  const std::vector<int32_t> base = tokenizer.encode(kPrefix);
+  auto texts = std::make_shared<std::vector<std::string>>();
+  const int64_t n = tokenizer.vocab_size();
+  texts->reserve(static_cast<size_t>(n));
+  std::vector<int32_t> ids = base;
+  ids.push_back(0);
+  for (int64_t id = 0; id < n; ++id) {
+    ids.back() = static_cast<int32_t>(id);
+    const std::string text = tokenizer.decode(ids);
+    const size_t at = text.find(kPrefix);
+    texts->push_back(at == std::string::npos ? std::string() : text.substr(at + kPrefix.size()));
+  }
+  return texts;
+}
+
+const std::string& StopStrings::text(int64_t id) const {
+  static const std::string none;
+  return id >= 0 && id < static_cast<int64_t>(texts_->size()) ? (*texts_)[static_cast<size_t>(id)]
+                                                              : none;
+}
+
+bool StopStrings::completes(const std::vector<int64_t>& prompt,
+                            const std::vector<int64_t>& tokens) const {
+  if (tokens.empty()) return false;
+  const std::string& last = text(tokens.back());
+  if (last.empty()) return false;
+  // The texts before the last token, back to longest_ − 1 bytes (enough for any string's
+  // rest), then the last token's.
+  std::vector<const std::string*> before;
+  size_t have = 0;
+  const auto total = static_cast<int64_t>(prompt.size() + tokens.size());
+  for (int64_t i = total - 2; i >= 0 && have + 1 < longest_; --i) {
+    const auto u = static_cast<size_t>(i);
+    const std::string& t = text(u >= prompt.size() ? tokens[u - prompt.size()] : prompt[u]);
+    before.push_back(&t);
+    have += t.size();
+  }
+  std::string tail;
+  tail.reserve(have + last.size());
+  for (auto it = before.rbegin(); it != before.rend(); ++it) tail += **it;
+  const size_t split = tail.size();
+  tail += last;
+  for (const std::string& s : strings_) {
+    // An occurrence that ends inside the last token: it starts at split + 1 − |s| or later.
+    const size_t from = split + 1 >= s.size() ? split + 1 - s.size() : 0;
+    if (tail.find(s, from) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace zt
 
 namespace zt::model {
 

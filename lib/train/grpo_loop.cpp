@@ -204,23 +204,27 @@ Trainer::Impl::StepResult Trainer::Impl::run_grpo_step(const std::vector<int64_t
   const int64_t g = grpo_options.num_generations;
   const int64_t n = static_cast<int64_t>(order.size());
   const int64_t s = state.steps_in_epoch;
+  // A generation batch's prompts: the prompts of grpo_slices() steps in order (wrapping to the
+  // epoch's start when they run out), each step's rank-major; a rank takes its share of every
+  // step's, step by step. The grpo_cycle() steps in a row that it feeds take the same prompts
+  // (the first generates).
+  const int64_t cycle = grpo_cycle();
   const int64_t per_step = batch.size() / g;  // prompts
+  const int64_t per_generation = per_step * grpo_slices();
   const int64_t per_rank = per_step / world;
-  // The step's prompts, rank-major (wrapping to the epoch's start when it runs out); with
-  // num_iterations μ, μ steps in a row take the same prompts (the first generates).
-  const int64_t batch_index = s / args.num_iterations;
-  // A batch's first step generates, whatever is buffered: a run resumed between a batch's uses
-  // generated anew for its rest, and that buffer must not outlive the batch.
-  if (s % args.num_iterations == 0) grpo_buffer.reset();
+  const int64_t batch_index = s / cycle;
+  // A cycle's first step generates, whatever is buffered: a run resumed inside a cycle
+  // generated anew for its rest, and that buffer must not outlive the cycle.
+  if (s % cycle == 0) grpo_buffer.reset();
   std::vector<GrpoPrompt> mine;
   int64_t prompt_tokens = 0;
-  for (int64_t q = 0; q < per_step; ++q) {
+  for (int64_t q = 0; q < per_generation; ++q) {
     const GrpoPrompt& p = grpo_prompts[static_cast<size_t>(
-        order[static_cast<size_t>((batch_index * per_step + q) % n)])];
+        order[static_cast<size_t>((batch_index * per_generation + q) % n)])];
     prompt_tokens += static_cast<int64_t>(p.ids.size()) * g;
-    if (q / per_rank == rank) mine.push_back(p);
+    if ((q % per_step) / per_rank == rank) mine.push_back(p);
   }
-  const GrpoStepStats st = train_grpo_step(mine, grpo_rewards);
+  const GrpoStepStats st = train_grpo_step(mine, grpo_rewards, s % cycle);
   grpo_window_steps += 1;
   for (const auto& [name, value] : st.metrics) {
     grpo_window_sums[name] += value;
@@ -233,11 +237,10 @@ Trainer::Impl::StepResult Trainer::Impl::run_grpo_step(const std::vector<int64_t
   // The window sums its steps' losses over the ranks: each rank holds its share of the step's.
   out.loss = at::scalar_tensor(st.loss / static_cast<double>(world),
                                at::TensorOptions().dtype(at::kFloat).device(comm->device()));
-  out.tokens =
-      !generated ? 0
-                 : prompt_tokens +
-                       static_cast<int64_t>(std::llround(st.metrics.at("completions/mean_length") *
-                                                         static_cast<double>(batch.size())));
+  out.tokens = !generated ? 0
+                          : prompt_tokens + static_cast<int64_t>(std::llround(
+                                                st.metrics.at("completions/mean_length") *
+                                                static_cast<double>(batch.size() * grpo_slices())));
   state.steps_in_epoch = s + 1;
   out.epoch_end = state.steps_in_epoch == steps_per_epoch;
   if (out.epoch_end) {
@@ -254,6 +257,18 @@ Trainer::Impl::StepResult Trainer::Impl::run_grpo_step(const std::vector<int64_t
 GrpoStepStats Trainer::train_grpo_step(const std::vector<GrpoPrompt>& prompts,
                                        const std::vector<RewardFunction>& rewards) {
   return impl_->posting_failures([&] { return impl_->train_grpo_step(prompts, rewards); });
+}
+
+int64_t Trainer::Impl::grpo_slices() const {
+  const int64_t k = args.steps_per_generation, a = batch.accumulation;
+  if (k == 0) return 1;  // TRL's default: gradient_accumulation_steps
+  if (a <= 0 || k % a != 0) {
+    throw ConfigError(fmt::format(
+        "steps_per_generation {}: a multiple of gradient_accumulation_steps {}, so that a "
+        "generation batch feeds whole optimizer steps (docs/grpo.md)",
+        k, a));
+  }
+  return k / a;
 }
 
 void Trainer::add_reward(RewardFunction reward) {
@@ -363,6 +378,11 @@ void Trainer::Impl::check_grpo_options() {
   if (model_config.eos_token_id && *model_config.eos_token_id != tokenizer->eos_id())
     sampling.eos_token_ids.push_back(*model_config.eos_token_id);
   try {
+    const std::vector<std::string> stops = StopStrings::parse(args.stop_strings);
+    if (!stops.empty()) {
+      sampling.stop_strings =
+          std::make_shared<StopStrings>(stops, StopStrings::token_texts(*tokenizer));
+    }
     model::check_generation_options(sampling);
   } catch (const InvalidArgument& e) {
     throw ConfigError(e.what());
@@ -379,40 +399,44 @@ void Trainer::Impl::check_grpo_options() {
   }
 }
 
-// A generation batch as the step trains on it: its rows (prompt then completion), which tokens
-// count, the advantages and the loss's divisor; with num_iterations μ > 1 also each micro-batch's
-// log-probs under the policy that sampled (TRL's old_per_token_logps), and how many steps used it.
+// A generation batch as its steps train on it: its rows (prompt then completion), which tokens
+// count, the advantages and the loss's divisor; when it feeds more than one step (its slices,
+// steps_per_generation; num_iterations) also each micro-batch's log-probs under the policy that
+// sampled (TRL's old_per_token_logps), and how many steps used it.
 struct Trainer::Impl::GrpoBuffer {
-  std::vector<std::vector<int64_t>> prompts;  // the step's prompts (the calls that reuse it)
+  std::vector<std::vector<int64_t>> prompts;  // the batch's prompts (the calls that reuse it)
   std::vector<std::vector<int64_t>> rows;     // a prompt per completion
   std::vector<Generated> done;
   std::vector<int64_t> lengths;
   std::vector<bool> truncated;
   at::Tensor advantages;  // [completions] fp64 (CPU)
   double divisor = 1.0;
-  std::vector<at::Tensor> old_logps;  // per micro-batch (μ > 1)
+  std::vector<at::Tensor> old_logps;  // per micro-batch (more than one step)
   int64_t uses = 0;
 };
 
 GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prompts,
-                                             const std::vector<RewardFunction>& rewards) {
+                                             const std::vector<RewardFunction>& rewards,
+                                             int64_t cycle_step) {
   Impl& I = *this;
   if (!I.grpo) {
     throw InvalidArgument(fmt::format(
         "train_grpo_step: the run's stage is {}; set stage grpo in its options", I.args.stage));
   }
   const int64_t g = I.grpo_options.num_generations;
-  const int64_t per_rank = I.batch.micro_batch * I.batch.accumulation;  // completions
+  const int64_t slices = I.grpo_slices();
+  const int64_t per_step = I.batch.micro_batch * I.batch.accumulation;  // a rank's completions
+  const int64_t per_rank = per_step * slices;  // a rank's completions per generation batch
   if (per_rank % g != 0) {
     throw ConfigError(fmt::format(
-        "num_generations {}: a rank's completions per step, per_device_train_batch_size {} × "
-        "gradient_accumulation_steps {} = {}, must be whole groups of num_generations",
-        g, I.batch.micro_batch, I.batch.accumulation, per_rank));
+        "num_generations {}: a rank's completions per generation, per_device_train_batch_size "
+        "{} × steps_per_generation {} = {}, must be whole groups of num_generations",
+        g, I.batch.micro_batch, I.batch.accumulation * slices, per_rank));
   }
   if (static_cast<int64_t>(prompts.size()) * g != per_rank) {
     throw InvalidArgument(fmt::format(
-        "train_grpo_step: {} prompts × num_generations {} completions, but a step takes "
-        "per_device_train_batch_size × gradient_accumulation_steps = {} completions per rank: "
+        "train_grpo_step: {} prompts × num_generations {} completions, but a generation batch "
+        "takes per_device_train_batch_size × steps_per_generation = {} completions per rank: "
         "give {} prompts",
         prompts.size(), g, per_rank, per_rank / g));
   }
@@ -440,33 +464,42 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
     for (int64_t k = 0; k < g; ++k) rows.push_back(ids);
   }
 
-  const int64_t mu = I.args.num_iterations;
+  const int64_t cycle = I.grpo_cycle();
   const int64_t step = I.engine->global_step();
   const int64_t mb = I.batch.micro_batch;
+  const int64_t accumulation = I.batch.accumulation;
   GrpoStepStats out;
   std::vector<std::vector<int64_t>> given;
   for (const GrpoPrompt& p : prompts) given.push_back(p.ids);
   std::shared_ptr<GrpoBuffer> buf = I.grpo_buffer;
-  if (buf && buf->uses < mu) {
-    // num_iterations μ: this step trains again on the batch an earlier one generated.
+  if (buf && buf->uses < cycle) {
+    // This step trains on a generation batch an earlier one made: its next slice (a
+    // steps_per_generation batch) or again (num_iterations).
     if (buf->prompts != given) {
       throw InvalidArgument(fmt::format(
-          "train_grpo_step: num_iterations {}: this call trains again on the completions of the "
-          "call {} before it, whose prompts differ; give the same prompts {} calls in a row",
-          mu, buf->uses, mu));
+          "train_grpo_step: with steps_per_generation {} and num_iterations {} a generation "
+          "batch feeds {} steps; this call trains on the completions of the call {} before it, "
+          "whose prompts differ: give the same prompts {} calls in a row",
+          slices * accumulation, I.args.num_iterations, cycle, buf->uses, cycle));
     }
   } else {
     buf = std::make_shared<GrpoBuffer>();
     buf->prompts = std::move(given);
+    // A run resumed inside a cycle generates anew and trains on the cycle's remaining steps.
+    buf->uses = cycle_step > 0 ? cycle_step % cycle : 0;
     // 1. Completions, sampled by the weights being trained, without dropout. Each one's draws
-    // come from (seed, step, its index in the global batch). Under ZeRO-3 the units are gathered
+    // come from (seed, step, its index in the global generation batch: step slice by step
+    // slice, each rank-major, so any world size draws alike). Under ZeRO-3 the units are gathered
     // once for the whole generation (hold_units), so a rank decodes as many tokens as its own
     // completions need, with no collective per token.
     GenerationOptions sampling_now = I.sampling;
     sampling_now.seed = mix(static_cast<uint64_t>(I.args.seed), static_cast<uint64_t>(step));
     std::vector<uint64_t> streams;
-    for (int64_t c = 0; c < per_rank; ++c)
-      streams.push_back(static_cast<uint64_t>(I.rank * per_rank + c));
+    for (int64_t c = 0; c < per_rank; ++c) {
+      const int64_t slice = c / per_step, within = c % per_step;
+      streams.push_back(
+          static_cast<uint64_t>(slice * per_step * I.world + I.rank * per_step + within));
+    }
     std::vector<Generated> done;
     {
       const bool training = I.model->is_training();
@@ -589,13 +622,17 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
     buf->truncated = truncated;
     buf->advantages = advantages;
     buf->done = std::move(done);
+    // The divisors are a step's (its completions, its micro-batches) except dapo's and
+    // cispo's, which count the tokens of the whole generation batch (TRL's num_items_in_batch).
     train::GrpoStepCounts counts;
-    counts.completions = per_rank * I.world;
-    counts.micro_batches = I.batch.accumulation * I.world;
+    counts.completions = per_step * I.world;
+    counts.micro_batches = accumulation * I.world;
     counts.generation_tokens = static_cast<int64_t>(global[k + 3]);
     buf->divisor = train::grpo_divisor(I.grpo_options, counts);
-    I.grpo_buffer = mu > 1 ? buf : nullptr;
+    I.grpo_buffer = cycle > 1 ? buf : nullptr;
   }
+  // The slice of the generation batch this step trains on: micro-batches [first, first + a).
+  const int64_t first = (buf->uses % slices) * accumulation;
   buf->uses += 1;
 
   // 4. The step: micro-batches of per_device_train_batch_size completions, each the prompt
@@ -625,12 +662,15 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
     return std::pair<at::Tensor, at::Tensor>{ids.to(device), labels};
   };
   I.model->train();
-  if (mu > 1 && buf->uses == 1) {
-    // TRL's old_per_token_logps: the sampling policy's, before this batch's first update.
+  const double temperature = I.args.temperature;
+  if (cycle > 1 && buf->old_logps.empty()) {
+    // TRL's old_per_token_logps: the sampling policy's, for every micro-batch of the
+    // generation batch before its first update.
     at::NoGradGuard no_grad;
-    for (int64_t a = 0; a < I.batch.accumulation; ++a) {
+    for (int64_t a = 0; a < slices * accumulation; ++a) {
       const auto [ids, labels] = micro_batch(a);
-      buf->old_logps.push_back(I.model->label_log_probs(ids, labels).detach());
+      buf->old_logps.push_back(
+          I.model->label_log_probs(ids, labels, {}, 1024, {}, nullptr, temperature).detach());
     }
   }
   const double divisor = buf->divisor;
@@ -640,14 +680,16 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
   at::Tensor sums_total = at::zeros({train::kGrpoSums}, on_device);
   at::Tensor tail = at::tensor({0.0, -std::numeric_limits<double>::infinity(), 0.0}).to(device);
   bool clip_extremes = false;
-  for (int64_t a = 0; a < I.batch.accumulation; ++a) {
+  for (int64_t a = first; a < first + accumulation; ++a) {
     const auto [dev_ids, labels] = micro_batch(a);
     train::GrpoInputs in;
-    in.logps = I.model->label_log_probs(dev_ids, labels);
-    if (mu > 1) in.old_logps = buf->old_logps[static_cast<size_t>(a)];
+    in.logps = I.model->label_log_probs(dev_ids, labels, {}, 1024, {}, nullptr, temperature,
+                                        &in.entropies);
+    if (cycle > 1) in.old_logps = buf->old_logps[static_cast<size_t>(a)];
     in.mask = labels.ne(kIgnoreLabel).to(at::kFloat).to(device);
     in.advantages = buf->advantages.narrow(0, a * mb, mb).to(at::kFloat).to(device);
-    if (I.grpo_options.beta != 0.0) in.ref_logps = I.reference_token_log_probs(dev_ids, labels);
+    if (I.grpo_options.beta != 0.0)
+      in.ref_logps = I.reference_token_log_probs(dev_ids, labels, temperature);
     const train::GrpoLoss l = train::grpo_loss(I.grpo_options, in);
     I.engine->backward(l.numerator, divisor);
     I.engine->step();
@@ -666,7 +708,7 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
   step_sums.push_back(h[train::kGrpoSums]);
   const std::vector<double> all = comm::reduce_scalars(*I.comm, step_sums);
   for (const auto& [name, value] : train::grpo_metrics(
-           I.grpo_options, std::vector<double>(all.begin(), all.end() - 1), false, "")) {
+           I.grpo_options, std::vector<double>(all.begin(), all.end() - 1), true, "")) {
     out.metrics[name] = value;
   }
   if (clip_extremes) {

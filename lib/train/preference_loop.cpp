@@ -69,17 +69,20 @@ at::Tensor Trainer::Impl::reference_log_probs(const at::Tensor& ids, const at::T
   return reference_token_log_probs(ids, labels).sum(1);
 }
 
-at::Tensor Trainer::Impl::reference_token_log_probs(const at::Tensor& ids,
-                                                    const at::Tensor& labels) {
+at::Tensor Trainer::Impl::reference_token_log_probs(const at::Tensor& ids, const at::Tensor& labels,
+                                                    double temperature) {
   at::NoGradGuard no_grad;
   ScoringMode scoring(*model, /*adapters_off=*/!reference_weights);
-  if (!reference_weights) return model->label_log_probs(ids, labels);
+  const auto score = [&] {
+    return model->label_log_probs(ids, labels, {}, 1024, {}, nullptr, temperature);
+  };
+  if (!reference_weights) return score();
   // The frozen reference: the starting trainable weights (with adapters, the adapters' starting
   // values, the adapters on) swapped in for this forward, and out again whatever happens.
   engine->swap_parameters(*reference_weights);
   at::Tensor out;
   try {
-    out = model->label_log_probs(ids, labels);
+    out = score();
   } catch (...) {
     engine->swap_parameters(*reference_weights);
     throw;

@@ -258,10 +258,17 @@ void Trainer::Impl::plan_batches() {
     resolve_config(ds, args, context);
   }
   batch = GlobalBatch{args.per_device_train_batch_size, args.gradient_accumulation_steps, world};
+  if (grpo) grpo_slices();  // steps_per_generation fits the accumulation steps (ConfigError)
   if (has_train) {
-    steps_per_epoch = zt::steps_per_epoch(train_samples, batch.size(), args.dataloader_drop_last);
-    // GRPO trains each generation batch num_iterations times (TRL repeats its prompts so).
-    if (grpo) steps_per_epoch *= args.num_iterations;
+    if (grpo) {
+      // A generation batch holds the prompts of steps_per_generation micro-batches and feeds
+      // grpo_cycle() steps, num_iterations times each slice (TRL repeats its prompts so).
+      steps_per_epoch = zt::steps_per_epoch(train_samples, batch.size() * grpo_slices(),
+                                            args.dataloader_drop_last) *
+                        grpo_cycle();
+    } else {
+      steps_per_epoch = zt::steps_per_epoch(train_samples, batch.size(), args.dataloader_drop_last);
+    }
     if (steps_per_epoch == 0) {
       throw ConfigError(
           fmt::format("'{}' has {} {}, fewer than one global batch of {} (micro batch {} × "

@@ -206,16 +206,25 @@ struct Trainer::Impl {
   std::map<std::string, double> grpo_window_sums;
   std::map<std::string, int64_t> grpo_window_counts;  // steps that gave each metric
   int64_t grpo_window_steps = 0;
-  /// The generation batch that num_iterations > 1 trains on again (TRL's buffered inputs):
-  /// made by the step that generates, reused by the next num_iterations − 1 (grpo_loop.cpp).
+  /// The generation batch that later steps train on (TRL's buffered inputs): made by the step
+  /// that generates, it feeds grpo_cycle() optimizer steps (grpo_loop.cpp).
   struct GrpoBuffer;
   std::shared_ptr<GrpoBuffer> grpo_buffer;
-  /// Trainer::train_grpo_step's work (grpo_loop.cpp).
+  /// Optimizer steps one generation batch feeds: steps_per_generation ÷ the accumulation steps
+  /// (its slices), and the steps of the cycle, slices × num_iterations. ConfigError when
+  /// steps_per_generation is no multiple of the accumulation steps.
+  int64_t grpo_slices() const;
+  int64_t grpo_cycle() const { return grpo_slices() * args.num_iterations; }
+  /// Trainer::train_grpo_step's work (grpo_loop.cpp). `cycle_step`: the step's place in its
+  /// generation cycle when train() knows it (a run resumed mid-cycle), else −1.
   GrpoStepStats train_grpo_step(const std::vector<GrpoPrompt>& prompts,
-                                const std::vector<RewardFunction>& rewards);
+                                const std::vector<RewardFunction>& rewards,
+                                int64_t cycle_step = -1);
   /// The reference's per-token log-probs of rows `ids` / `labels` ([rows, seq] fp32, 0 where
-  /// labels are -100), as reference_log_probs computes them. Collective under ZeRO-3.
-  at::Tensor reference_token_log_probs(const at::Tensor& ids, const at::Tensor& labels);
+  /// labels are -100), as reference_log_probs computes them, the logits divided by
+  /// `temperature` (GRPO's). Collective under ZeRO-3.
+  at::Tensor reference_token_log_probs(const at::Tensor& ids, const at::Tensor& labels,
+                                       double temperature = 1.0);
   /// Trainer::train_preference_step's work.
   StepStats train_preference_step(const at::Tensor& chosen_ids, const at::Tensor& chosen_labels,
                                   const at::Tensor& rejected_ids,

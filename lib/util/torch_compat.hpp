@@ -144,17 +144,22 @@ struct VarlenAttention {
 
 /// Causal FlashAttention within each of n sequences laid end to end: q [N, H, D], k and v
 /// [N, Hkv, D] (Hkv divides H), `cu_seqlens` int32 [n + 1] on the device (0, then where each
-/// sequence ends), `max_len` at least the longest. Only when has_varlen_attention().
+/// sequence ends), `max_len` at least the longest. `window_left` ≥ 0: a query sees the keys at
+/// most that many positions before it (FlashAttention's window_size_left), −1: all. Only when
+/// has_varlen_attention().
 inline VarlenAttention varlen_attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                 const at::Tensor& v, const at::Tensor& cu_seqlens,
-                                                int64_t max_len, double scale) {
+                                                int64_t max_len, double scale,
+                                                int64_t window_left = -1) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  const std::optional<int64_t> left =
+      window_left >= 0 ? std::optional<int64_t>(window_left) : std::nullopt;
   auto r = at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len,
                                         /*dropout_p=*/0.0, /*is_causal=*/true,
-                                        /*return_debug_mask=*/false, scale);
+                                        /*return_debug_mask=*/false, scale, left);
   return {std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r)};
 #else
-  (void)q, (void)k, (void)v, (void)cu_seqlens, (void)max_len, (void)scale;
+  (void)q, (void)k, (void)v, (void)cu_seqlens, (void)max_len, (void)scale, (void)window_left;
   TORCH_CHECK(false, "variable-length attention needs LibTorch 2.5 or newer");
 #endif
 }
@@ -162,14 +167,17 @@ inline VarlenAttention varlen_attention_forward(const at::Tensor& q, const at::T
 /// The gradients of q, k and v for `grad_out` [N, H, D] of varlen_attention_forward.
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const VarlenAttention& fwd, const at::Tensor& cu_seqlens, int64_t max_len, double scale) {
+    const VarlenAttention& fwd, const at::Tensor& cu_seqlens, int64_t max_len, double scale,
+    int64_t window_left = -1) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  const std::optional<int64_t> left =
+      window_left >= 0 ? std::optional<int64_t>(window_left) : std::nullopt;
   return at::_flash_attention_backward(grad_out, q, k, v, fwd.out, fwd.logsumexp, cu_seqlens,
                                        cu_seqlens, max_len, max_len, /*dropout_p=*/0.0,
-                                       /*is_causal=*/true, fwd.rng_state, fwd.unused, scale);
+                                       /*is_causal=*/true, fwd.rng_state, fwd.unused, scale, left);
 #else
   (void)grad_out, (void)q, (void)k, (void)v, (void)fwd, (void)cu_seqlens, (void)max_len;
-  (void)scale;
+  (void)scale, (void)window_left;
   TORCH_CHECK(false, "variable-length attention needs LibTorch 2.5 or newer");
 #endif
 }

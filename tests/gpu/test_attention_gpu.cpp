@@ -69,68 +69,89 @@ Grads run_attention(model::Attention& attn, const at::Tensor& x0, const at::Tens
 
 TEST_CASE("variable-length attention equals the masked attention on every real token",
           "[gpu][attention]") {
-  ModelConfig c;
-  c.hidden_size = 256;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;  // grouped-query, as Qwen2.5 and LLaMA-3
-  c.head_dim = 64;
-  c.intermediate_size = 512;
-  c.vocab_size = 64;
-  c.qkv_bias = true;
-  REQUIRE(model::varlen_attention_applies(c, at::kBFloat16, kGpu));
+  // Without a window, and with a sliding window shorter than the documents (FlashAttention's
+  // window_size_left against the masked window).
+  for (const std::optional<int64_t> window :
+       {std::optional<int64_t>(), std::optional<int64_t>(7)}) {
+    INFO("sliding window " << window.value_or(0));
+    ModelConfig c;
+    c.sliding_window = window;
+    c.hidden_size = 256;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;  // grouped-query, as Qwen2.5 and LLaMA-3
+    c.head_dim = 64;
+    c.intermediate_size = 512;
+    c.vocab_size = 64;
+    c.qkv_bias = true;
+    REQUIRE(model::varlen_attention_applies(c, at::kBFloat16, kGpu));
 
-  const int64_t width = 40;
-  const Packed p = pack_rows({{5, 17, 3, 9, -6}, {40}, {12, 12, -16}}, width);
-  const at::Tensor real = p.mask.ne(0).unsqueeze(-1).to(kGpu);  // [B, T, 1]
+    const int64_t width = 40;
+    const Packed p = pack_rows({{5, 17, 3, 9, -6}, {40}, {12, 12, -16}}, width);
+    const at::Tensor real = p.mask.ne(0).unsqueeze(-1).to(kGpu);  // [B, T, 1]
 
-  at::manual_seed(11);
-  model::Attention truth_attn(c, model::ParamFactory{at::TensorOptions().device(kGpu)});
-  for (auto& w : truth_attn.parameters()) w.detach().normal_(0, 0.08);
-  model::Attention attn(c,
-                        model::ParamFactory{at::TensorOptions().dtype(at::kBFloat16).device(kGpu)});
-  {
-    at::NoGradGuard no_grad;
-    auto src = truth_attn.parameters();
-    auto dst = attn.parameters();
-    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+    at::manual_seed(11);
+    model::Attention truth_attn(c, model::ParamFactory{at::TensorOptions().device(kGpu)});
+    for (auto& w : truth_attn.parameters()) w.detach().normal_(0, 0.08);
+    model::Attention attn(
+        c, model::ParamFactory{at::TensorOptions().dtype(at::kBFloat16).device(kGpu)});
+    {
+      at::NoGradGuard no_grad;
+      auto src = truth_attn.parameters();
+      auto dst = attn.parameters();
+      for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+    }
+    const at::Tensor x = at::randn({3, width, c.hidden_size}, at::TensorOptions().device(kGpu));
+    const at::Tensor g = at::randn({3, width, c.hidden_size}, at::TensorOptions().device(kGpu)) *
+                         real;  // padding's outputs are never used
+    auto [cos32, sin32] = model::rotary_tables(c, p.positions.to(kGpu), at::kFloat);
+    auto [cos, sin] = model::rotary_tables(c, p.positions.to(kGpu), at::kBFloat16);
+    const at::Tensor mask = p.mask.to(kGpu);
+
+    // fp32 with the mask: the truth.
+    const Grads t = run_attention(truth_attn, x, cos32, sin32, mask, nullptr, g);
+    const Grads dense = run_attention(attn, x.to(at::kBFloat16), cos, sin, mask, nullptr, g);
+    const std::optional<model::DocumentSpans> spans = model::document_spans(p.mask, kGpu);
+    REQUIRE(spans.has_value());
+    const at::Tensor none = at::empty({0}, mask.options());
+    const Grads var = run_attention(attn, x.to(at::kBFloat16), cos, sin, none, &*spans, g);
+
+    const std::pair<const char*, std::pair<at::Tensor, at::Tensor>> outputs[] = {
+        {"output", {var.out * real, dense.out * real}},
+        {"d x", {var.dx * real, dense.dx * real}},
+        {"d q_proj", {var.dq, dense.dq}},
+        {"d k_proj", {var.dk, dense.dk}},
+        {"d v_proj", {var.dv, dense.dv}}};
+    const at::Tensor truths[] = {t.out * real, t.dx * real, t.dq, t.dk, t.dv};
+    for (size_t i = 0; i < 5; ++i) {
+      const double e_var = rel_error(outputs[i].second.first, truths[i]);
+      const double e_dense = rel_error(outputs[i].second.second, truths[i]);
+      INFO(outputs[i].first << ": varlen " << e_var << ", masked " << e_dense);
+      CHECK(e_var < 2 * e_dense + 1e-3);
+      CHECK(e_var < 2e-2);
+    }
+
+    // The check can fail: spans of whole rows (documents attending across their boundaries) are
+    // far from the truth.
+    model::DocumentSpans rows;
+    rows.cu_seqlens = at::arange(0, 4 * width, width, at::TensorOptions().dtype(at::kInt)).to(kGpu);
+    rows.max_length = width;
+    const Grads wrong = run_attention(attn, x.to(at::kBFloat16), cos, sin, none, &rows, g);
+    CHECK(rel_error(wrong.out * real, truths[0]) > 0.1);
+    if (window) {
+      // And the window must bind: the spans without it are far from the truth.
+      model::Attention unwindowed(
+          c, model::ParamFactory{at::TensorOptions().dtype(at::kBFloat16).device(kGpu)});
+      {
+        at::NoGradGuard no_grad;
+        auto src = attn.parameters();
+        auto dst = unwindowed.parameters();
+        for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+      }
+      unwindowed.spec.window.reset();
+      const Grads open = run_attention(unwindowed, x.to(at::kBFloat16), cos, sin, none, &*spans, g);
+      CHECK(rel_error(open.out * real, truths[0]) > 0.1);
+    }
   }
-  const at::Tensor x = at::randn({3, width, c.hidden_size}, at::TensorOptions().device(kGpu));
-  const at::Tensor g = at::randn({3, width, c.hidden_size}, at::TensorOptions().device(kGpu)) *
-                       real;  // padding's outputs are never used
-  auto [cos32, sin32] = model::rotary_tables(c, p.positions.to(kGpu), at::kFloat);
-  auto [cos, sin] = model::rotary_tables(c, p.positions.to(kGpu), at::kBFloat16);
-  const at::Tensor mask = p.mask.to(kGpu);
-
-  // fp32 with the mask: the truth.
-  const Grads t = run_attention(truth_attn, x, cos32, sin32, mask, nullptr, g);
-  const Grads dense = run_attention(attn, x.to(at::kBFloat16), cos, sin, mask, nullptr, g);
-  const std::optional<model::DocumentSpans> spans = model::document_spans(p.mask, kGpu);
-  REQUIRE(spans.has_value());
-  const at::Tensor none = at::empty({0}, mask.options());
-  const Grads var = run_attention(attn, x.to(at::kBFloat16), cos, sin, none, &*spans, g);
-
-  const std::pair<const char*, std::pair<at::Tensor, at::Tensor>> outputs[] = {
-      {"output", {var.out * real, dense.out * real}},
-      {"d x", {var.dx * real, dense.dx * real}},
-      {"d q_proj", {var.dq, dense.dq}},
-      {"d k_proj", {var.dk, dense.dk}},
-      {"d v_proj", {var.dv, dense.dv}}};
-  const at::Tensor truths[] = {t.out * real, t.dx * real, t.dq, t.dk, t.dv};
-  for (size_t i = 0; i < 5; ++i) {
-    const double e_var = rel_error(outputs[i].second.first, truths[i]);
-    const double e_dense = rel_error(outputs[i].second.second, truths[i]);
-    INFO(outputs[i].first << ": varlen " << e_var << ", masked " << e_dense);
-    CHECK(e_var < 2 * e_dense + 1e-3);
-    CHECK(e_var < 2e-2);
-  }
-
-  // The check can fail: spans of whole rows (documents attending across their boundaries) are
-  // far from the truth.
-  model::DocumentSpans rows;
-  rows.cu_seqlens = at::arange(0, 4 * width, width, at::TensorOptions().dtype(at::kInt)).to(kGpu);
-  rows.max_length = width;
-  const Grads wrong = run_attention(attn, x.to(at::kBFloat16), cos, sin, none, &rows, g);
-  CHECK(rel_error(wrong.out * real, truths[0]) > 0.1);
 }
 
 TEST_CASE("a packed batch on the GPU gives each document's own loss and gradients",
