@@ -363,6 +363,25 @@ TEST_CASE("a demo that does not learn says why it exits non-zero", "[cli][errors
   CHECK_THAT(r.output, Contains("did not teach the task") && Contains("--max_steps (now 1)"));
 }
 
+TEST_CASE("the GRPO demo warms up, trains from the reward and says when it did not learn",
+          "[cli][errors][grpo]") {
+  // One GRPO step after the warm-up: every stage runs (warm-up, merge, GRPO from the prompt
+  // file, merge, the held-out accuracy by the reward), and one step does not teach the task.
+  const std::string dir = zt::test::temp_dir("demo_grpo");
+  Ran r = cli(
+      fmt::format("demo --stage grpo --nproc_per_node 1 --max_steps 1 --output_dir '{}/d'", dir));
+  CHECK(r.status == 1);
+  CHECK_THAT(r.output, Contains("after the 40-step warm-up") && Contains("accuracy: before") &&
+                           Contains("GRPO did not teach the task") &&
+                           Contains("--max_steps (now 1)"));
+  CHECK(std::filesystem::exists(dir + "/d/merged/model.safetensors"));
+  CHECK(std::filesystem::exists(dir + "/d/run/trainer_log.jsonl"));
+  Ran lora = cli(fmt::format(
+      "demo --stage grpo --finetuning_type lora --nproc_per_node 1 --output_dir '{}/e'", dir));
+  CHECK(lora.status != 0);
+  CHECK_THAT(lora.output, Contains("--stage grpo runs full fine-tuning"));
+}
+
 TEST_CASE("a DPO run's adapter: verify --compare scores pairs, and against the base",
           "[cli][slow]") {
   const std::string dir = zt::test::temp_dir("verify_compare");

@@ -356,7 +356,7 @@ int cmd_demo(const Args& in) {
         "after (full fine-tuning: the reference's log-probs computed before training).\n"
         "With --stage grpo a 40-step supervised warm-up on last-digit questions teaches the "
         "answer's form,\n"
-        "then GRPO (--max_steps, default 60) learns the task from the built-in accuracy reward "
+        "then GRPO (--max_steps, default 200) learns the task from the built-in accuracy reward "
         "alone;\n"
         "the demo prints the reward's accuracy on held-out questions before GRPO and after.\n",
         stdout);
@@ -369,7 +369,8 @@ int cmd_demo(const Args& in) {
       take_option(args, "nproc_per_node").value_or(std::to_string(gpus > 0 ? gpus : 2)), 1, 1024));
   const fs::path dir = fs::absolute(take_option(args, "output_dir").value_or("zerotrain-demo"));
   const std::string stage = take_option(args, "stage").value_or("sft");
-  const std::string steps = take_option(args, "max_steps").value_or(stage == "grpo" ? "60" : "300");
+  const std::string steps =
+      take_option(args, "max_steps").value_or(stage == "grpo" ? "200" : "300");
   parse_integer("max_steps", steps, 1, 1L << 30);
   // The adapter variants: LoRA, QLoRA (4-bit base), DoRA — over a random base written to a folder
   // (an adapter needs a base model folder to merge into).
