@@ -118,23 +118,27 @@ void write_file(const fs::path& path, const std::string& text) {
   if (!out) throw IoError("cannot write '" + path.string() + "'");
 }
 
-void write_jsonl(const fs::path& path, const std::vector<Question>& questions) {
+// A JSON-lines file of `row(question)` per question.
+template <typename Row>
+void write_rows(const fs::path& path, const std::vector<Question>& questions, Row row) {
   std::string text;
-  for (const Question& q : questions) {
-    text += "{\"instruction\": " + json_string(q.instruction) +
-            ", \"input\": \"\", \"output\": " + json_string(q.answer) + "}\n";
-  }
+  for (const Question& q : questions) text += row(q) + "\n";
   write_file(path, text);
+}
+
+void write_jsonl(const fs::path& path, const std::vector<Question>& questions) {
+  write_rows(path, questions, [](const Question& q) {
+    return "{\"instruction\": " + json_string(q.instruction) +
+           ", \"input\": \"\", \"output\": " + json_string(q.answer) + "}";
+  });
 }
 
 // GRPO's prompts in TRL's conversational form, the answer as a column for the reward.
 void write_prompts(const fs::path& path, const std::vector<Question>& questions) {
-  std::string text;
-  for (const Question& q : questions) {
-    text += "{\"prompt\": [{\"role\": \"user\", \"content\": " + json_string(q.instruction) +
-            "}], \"answer\": " + json_string(q.answer) + "}\n";
-  }
-  write_file(path, text);
+  write_rows(path, questions, [](const Question& q) {
+    return "{\"prompt\": [{\"role\": \"user\", \"content\": " + json_string(q.instruction) +
+           "}], \"answer\": " + json_string(q.answer) + "}";
+  });
 }
 
 // The preference variant's pairs: the right answer chosen, a wrong one rejected (the other

@@ -65,6 +65,14 @@ Grads run_attention(model::Attention& attn, const at::Tensor& x0, const at::Tens
           attn.v_proj->weight.grad()};
 }
 
+// Copies `from`'s parameters into `to` (the same module tree), converting their dtype.
+void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
+  at::NoGradGuard no_grad;
+  auto src = from.parameters();
+  auto dst = to.parameters();
+  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+}
+
 }  // namespace
 
 TEST_CASE("variable-length attention equals the masked attention on every real token",
@@ -94,12 +102,7 @@ TEST_CASE("variable-length attention equals the masked attention on every real t
     for (auto& w : truth_attn.parameters()) w.detach().normal_(0, 0.08);
     model::Attention attn(
         c, model::ParamFactory{at::TensorOptions().dtype(at::kBFloat16).device(kGpu)});
-    {
-      at::NoGradGuard no_grad;
-      auto src = truth_attn.parameters();
-      auto dst = attn.parameters();
-      for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
-    }
+    copy_parameters(truth_attn, attn);
     const at::Tensor x = at::randn({3, width, c.hidden_size}, at::TensorOptions().device(kGpu));
     const at::Tensor g = at::randn({3, width, c.hidden_size}, at::TensorOptions().device(kGpu)) *
                          real;  // padding's outputs are never used
@@ -141,12 +144,7 @@ TEST_CASE("variable-length attention equals the masked attention on every real t
       // And the window must bind: the spans without it are far from the truth.
       model::Attention unwindowed(
           c, model::ParamFactory{at::TensorOptions().dtype(at::kBFloat16).device(kGpu)});
-      {
-        at::NoGradGuard no_grad;
-        auto src = attn.parameters();
-        auto dst = unwindowed.parameters();
-        for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
-      }
+      copy_parameters(attn, unwindowed);
       unwindowed.spec.window.reset();
       const Grads open = run_attention(unwindowed, x.to(at::kBFloat16), cos, sin, none, &*spans, g);
       CHECK(rel_error(open.out * real, truths[0]) > 0.1);
