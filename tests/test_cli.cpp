@@ -296,6 +296,28 @@ TEST_CASE("generate writes samples of many prompts as JSON lines, the same whate
   // One prompt at a time, or all at once: the same file (a completion's draws are its own).
   REQUIRE(cli(fmt::format("{} --output '{}/b.jsonl' --batch_size 1", common, dir)).status == 0);
   CHECK(zt::files::read_text(dir + "/b.jsonl") == zt::files::read_text(dir + "/a.jsonl"));
+  // Stop strings (every printable ASCII character but the quotes and '\\'): a completion ends
+  // at the token that completes one, kept in the text, with finish_reason stop.
+  std::string list = "[", printable;
+  for (char ch = 0x20; ch < 0x7f; ++ch) {
+    if (ch == '"' || ch == '\\' || ch == '\'') continue;
+    list += fmt::format("{}\"{}\"", list.size() > 1 ? ", " : "", ch);
+    printable += ch;
+  }
+  list += "]";
+  REQUIRE(
+      cli(fmt::format("{} --output '{}/s.jsonl' --stop_strings '{}'", common, dir, list)).status ==
+      0);
+  int ended_by_string = 0;
+  for (const auto& row : json_lines(dir + "/s.jsonl")) {
+    const std::string c = row["completion"].GetString();
+    const size_t hit = c.find_first_of(printable);
+    INFO(c);
+    CHECK((hit == std::string::npos ||
+           (hit == c.size() - 1 && std::string(row["finish_reason"].GetString()) == "stop")));
+    ended_by_string += hit != std::string::npos;
+  }
+  CHECK(ended_by_string > 0);
   // Another seed, other samples.
   Ran other = cli(fmt::format("{} --seed 5", common));
   REQUIRE(other.status == 0);
@@ -343,6 +365,8 @@ TEST_CASE("generate refuses bad options, files and outputs, naming them, and lea
   refused("--prompt hi --num_return_sequences 0", "--num_return_sequences");
   refused("--prompt hi --do_sample maybe", "--do_sample");
   refused("--prompt hi --device tpu", "--device");
+  refused("--prompt hi --stop_strings '[1]'", "--stop_strings");
+  refused("--prompt hi --stop_strings '[\"a\", \"\"]'", "--stop_strings: every item");
   refused("--prompt hi --max_new_tokens 200", "max_position_embeddings");
   refused("", "usage: zerotrain generate");
   refused(fmt::format("--prompts '{0}/prompts.jsonl' --output '{0}/new.jsonl'", dir),
