@@ -220,7 +220,8 @@ double accuracy(CausalLM& model, const Tokenizer& tok, const std::vector<Questio
 }
 
 // Runs `zerotrain train ARGS` as `nproc` local ranks, then consolidates its checkpoint-STEPS
-// into `merged` and loads it; false (after logging why) when training fails.
+// into `merged` (an adapter folded into `base`) and loads it; null (after logging why) when
+// training fails.
 std::unique_ptr<CausalLM> train_and_merge(const Args& train, int nproc, const fs::path& run,
                                           const std::string& steps, const fs::path& merged,
                                           const std::string& base = "") {
@@ -492,26 +493,14 @@ int cmd_demo(const Args& in) {
     if (bits) train.insert(train.end(), {"--quantization_bit", *bits});
     if (dora) train.insert(train.end(), {"--use_dora", *dora});
   }
-  LocalLaunchOptions launch;
-  launch.nproc = nproc;
-  launch.env = {{"OMP_NUM_THREADS", "1"}};
-  LaunchResult result = launch_local(train, launch);
-  if (!result.ok()) {
-    log_message(LogLevel::kError, "demo: training failed\n" + result.summary());
-    return 1;
-  }
-
-  // The checkpoint's shards, consolidated as `zerotrain merge` does, then asked again.
-  const std::string checkpoint = (run / ("checkpoint-" + steps)).string();
-  const fs::path merged = dir / "merged";
-  MergeOptions merging;
-  if (adapter) merging.base_model = (dir / "base").string();  // the adapter folds into it
-  merge_checkpoint(checkpoint, merged.string(), merging);
-  std::printf("merged %s into %s; held-out questions:\n", checkpoint.c_str(), merged.c_str());
-  CausalLM trained(load_model_config(merged.string()), at::TensorOptions(), /*allocate=*/false);
-  load_weights(trained, *checkpoint_source(merged.string()));
-  const double after = dpo ? preference_accuracy(trained, *tok, dir / "held_out.jsonl", true)
-                           : accuracy(trained, *tok, held_out, true);
+  // The checkpoint's shards, consolidated as `zerotrain merge` does, then asked again (an
+  // adapter folds into its base).
+  std::unique_ptr<CausalLM> trained = train_and_merge(train, nproc, run, steps, dir / "merged",
+                                                      adapter ? (dir / "base").string() : "");
+  if (!trained) return 1;
+  std::printf("held-out questions:\n");
+  const double after = dpo ? preference_accuracy(*trained, *tok, dir / "held_out.jsonl", true)
+                           : accuracy(*trained, *tok, held_out, true);
   // A preference run starts near chance (50 %): a gain above 30 points is the task learned.
   const double gain = dpo ? 30.0 : 50.0;
   std::printf("%s: before %.1f%% after %.1f%%\n", dpo ? "prefers the right answer" : "accuracy",
