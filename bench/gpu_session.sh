@@ -50,6 +50,8 @@
 #                                         (GEN="SHAPE BATCH PROMPT NEW LORA_R;...")
 #   bench/gpu_session.sh grpo             a GRPO step on the Qwen2.5-7B shape, LoRA, P=32 prompts x 8 x
 #                                         (256 + 768) tokens, then that batch's generation alone
+#   bench/gpu_session.sh grpolong         an 8B (LLaMA-3-8B shape) LoRA GRPO step, 8 generations of 20K tokens:
+#                                         wall time and peak memory
 #   bench/gpu_session.sh fixtures         make_fixtures.py SECTIONS (FAMILIES=...) and transformers' sources
 #                                         of SOURCES="gpt_oss glm4_moe ...", in $OUT/fixtures.tgz
 #
@@ -109,6 +111,10 @@ for phase in "$@"; do
   case "$phase" in
     grpo)
       P=${P:-32} bench/tools/grpo_step.sh 2>&1 | tee -a "$results/grpo.log" | tail -12
+      ;;
+    grpolong)  # [5/7]: an 8B LoRA GRPO step with 20K-token completions (Unsloth's 54.3 GB mark)
+      SHAPE=llama3-8b P=1 MICRO=1 COMPLETION=${COMPLETION:-20000} SPLIT=0 bench/tools/grpo_step.sh \
+        2>&1 | tee -a "$results/grpolong.log" | tail -12
       ;;
     generate)
       IFS=';' read -r -a cases <<< "${GEN:-qwen2.5-1.5b 64 256 256 0;qwen2.5-7b 64 256 256 16}"

@@ -388,7 +388,7 @@ TEST_CASE("a demo that does not learn says why it exits non-zero", "[cli][errors
 }
 
 TEST_CASE("the GRPO demo warms up, trains from the reward and says when it did not learn",
-          "[cli][errors][grpo]") {
+          "[cli][errors][grpo][slow]") {
   // One GRPO step after the warm-up: every stage runs (warm-up, merge, GRPO from the prompt
   // file, merge, the held-out accuracy by the reward), and one step does not teach the task.
   const std::string dir = zt::test::temp_dir("demo_grpo");
