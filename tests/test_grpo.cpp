@@ -567,6 +567,12 @@ TEST_CASE("a GRPO step refuses bad prompts, counts and rewards before it updates
   CHECK_THROWS_WITH(trainer.train_grpo_step(bad, {ascii_share()}),
                     Catch::Contains("prompt 3 is empty"));
   CHECK_THROWS_WITH(trainer.train_grpo_step(ok, {}), Catch::Contains("reward function"));
+  // The host's next-token batches and pairs are another objective's: refused, naming the stage.
+  const at::Tensor ids = at::full({2, 6}, 65, at::kLong);
+  CHECK_THROWS_WITH(trainer.train_step(ids, ids),
+                    Catch::Contains("stage grpo") && Catch::Contains("train_grpo_step"));
+  CHECK_THROWS_WITH(trainer.train_preference_step(ids, ids, ids, ids),
+                    Catch::Contains("stage grpo") && Catch::Contains("stage dpo"));
   const RewardFunction nan_reward{"broken", [](const std::vector<RewardInput>& b) {
                                     std::vector<std::optional<double>> v(b.size(), 0.5);
                                     v[5] = NAN;

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "model/kept_parts.hpp"
+#include "train/objective.hpp"
 #include "train/resume_check.hpp"
 #include "train/trainer_impl.hpp"
 #include "util/log.hpp"
@@ -167,7 +168,7 @@ void Trainer::Impl::write_checkpoint(CheckpointWriter& writer, bool in_run) {
   try {
     write_user_files(writer.dir(), available, weights);
     write_rng_state(writer.dir());
-    write_reference(writer.dir());
+    objective->write_state(writer.dir());
     if (rank == 0) {
       files::write_atomic(writer.dir() + "/trainer_state.json", train::trainer_state_json(state));
       files::write_atomic(writer.dir() + "/zerotrain_state.json",

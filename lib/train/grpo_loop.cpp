@@ -18,6 +18,7 @@
 #include "data/chat_templates.hpp"
 #include "model/blocks.hpp"
 #include "model/sampling.hpp"
+#include "train/objective.hpp"
 #include "train/reward_process.hpp"
 #include "train/rewards.hpp"
 #include "train/trainer_impl.hpp"
@@ -200,59 +201,109 @@ void Trainer::Impl::load_grpo_prompts() {
   }
 }
 
-Trainer::Impl::StepResult Trainer::Impl::run_grpo_step(const std::vector<int64_t>& order) {
-  const int64_t g = grpo_options.num_generations;
+namespace train {
+
+namespace {
+
+// Stage grpo: each step trains on completions sampled for its prompts (a generation batch feeds
+// grpo_cycle() steps), through train_grpo_step; the window averages each metric over the steps
+// that gave it (TRL's).
+class GrpoObjective final : public Objective {
+ public:
+  explicit GrpoObjective(Trainer::Impl& trainer) : Objective(trainer) { t_.check_grpo_options(); }
+  const char* sample_name() const override { return "completions"; }
+  bool uses_reference() const override { return t_.grpo_options.beta != 0.0; }
+  void prepare() override { t_.check_grpo_rewards(); }
+
+  // An order of the prompts, each standing for its num_generations completions.
+  std::vector<int64_t> epoch_order(int64_t epoch, bool shuffle, int64_t megabatch) const override {
+    (void)megabatch;
+    return zt::epoch_order(t_.train_samples / t_.grpo_options.num_generations, t_.data_seed, epoch,
+                           shuffle, nullptr, 0);
+  }
+
+  Trainer::Impl::StepResult step(const std::vector<int64_t>& order) override;
+
+  LossSum forward(const std::vector<int64_t>& samples, Split split) override {
+    (void)samples;
+    (void)split;
+    throw InvalidArgument(
+        "stage grpo scores completions it samples for prompts: it has no forward over stored "
+        "samples (evaluation data are not read with stage grpo)");
+  }
+
+  std::map<std::string, double> take_window_metrics() override {
+    std::map<std::string, double> out;
+    for (const auto& [name, sum] : sums_) out[name] = sum / static_cast<double>(counts_[name]);
+    sums_.clear();
+    counts_.clear();
+    return out;
+  }
+
+  void check_token_steps() const override {
+    throw InvalidArgument(
+        "train_step: a run with stage grpo trains on completions it samples for prompts, not "
+        "next-token losses: train() from train_file, or give its prompts to train_grpo_step");
+  }
+
+ private:
+  /// The GRPO metrics of the logging window's steps, summed, and the steps that gave each.
+  std::map<std::string, double> sums_;
+  std::map<std::string, int64_t> counts_;
+};
+
+Trainer::Impl::StepResult GrpoObjective::step(const std::vector<int64_t>& order) {
+  Trainer::Impl& I = t_;
+  const int64_t g = I.grpo_options.num_generations;
   const int64_t n = static_cast<int64_t>(order.size());
-  const int64_t s = state.steps_in_epoch;
+  const int64_t s = I.state.steps_in_epoch;
   // A generation batch's prompts: the prompts of grpo_slices() steps in order (wrapping to the
   // epoch's start when they run out), each step's rank-major; a rank takes its share of every
   // step's, step by step. The grpo_cycle() steps in a row that it feeds take the same prompts
   // (the first generates).
-  const int64_t cycle = grpo_cycle();
-  const int64_t per_step = batch.size() / g;  // prompts
-  const int64_t per_generation = per_step * grpo_slices();
-  const int64_t per_rank = per_step / world;
+  const int64_t cycle = I.grpo_cycle();
+  const int64_t per_step = I.batch.size() / g;  // prompts
+  const int64_t per_generation = per_step * I.grpo_slices();
+  const int64_t per_rank = per_step / I.world;
   const int64_t batch_index = s / cycle;
   // A cycle's first step generates, whatever is buffered: a run resumed inside a cycle
   // generated anew for its rest, and that buffer must not outlive the cycle.
-  if (s % cycle == 0) grpo_buffer.reset();
+  if (s % cycle == 0) I.grpo_buffer.reset();
   std::vector<GrpoPrompt> mine;
   int64_t prompt_tokens = 0;
   for (int64_t q = 0; q < per_generation; ++q) {
-    const GrpoPrompt& p = grpo_prompts[static_cast<size_t>(
+    const GrpoPrompt& p = I.grpo_prompts[static_cast<size_t>(
         order[static_cast<size_t>((batch_index * per_generation + q) % n)])];
     prompt_tokens += static_cast<int64_t>(p.ids.size()) * g;
-    if ((q % per_step) / per_rank == rank) mine.push_back(p);
+    if ((q % per_step) / per_rank == I.rank) mine.push_back(p);
   }
-  const GrpoStepStats st = train_grpo_step(mine, grpo_rewards, s % cycle);
-  grpo_window_steps += 1;
+  const GrpoStepStats st = I.train_grpo_step(mine, I.grpo_rewards, s % cycle);
   for (const auto& [name, value] : st.metrics) {
-    grpo_window_sums[name] += value;
-    grpo_window_counts[name] += 1;
+    sums_[name] += value;
+    counts_[name] += 1;
   }
   // Tokens are counted when they are generated (TRL's num_input_tokens_seen): a step that
   // trains again on a generation batch adds none.
   const bool generated = st.metrics.count("completions/mean_length") > 0;
-  StepResult out;
+  Trainer::Impl::StepResult out;
   // The window sums its steps' losses over the ranks: each rank holds its share of the step's.
-  out.loss = at::scalar_tensor(st.loss / static_cast<double>(world),
-                               at::TensorOptions().dtype(at::kFloat).device(comm->device()));
-  out.tokens = !generated ? 0
-                          : prompt_tokens + static_cast<int64_t>(std::llround(
-                                                st.metrics.at("completions/mean_length") *
-                                                static_cast<double>(batch.size() * grpo_slices())));
-  state.steps_in_epoch = s + 1;
-  out.epoch_end = state.steps_in_epoch == steps_per_epoch;
-  if (out.epoch_end) {
-    state.epoch_index += 1;
-    state.steps_in_epoch = 0;
-  }
-  state.epoch = epoch_progress();
-  state.tokens_seen += out.tokens;
-  state.total_flos +=
-      6.0 * static_cast<double>(out.tokens) * static_cast<double>(non_embedding_parameters);
+  out.loss = at::scalar_tensor(st.loss / static_cast<double>(I.world),
+                               at::TensorOptions().dtype(at::kFloat).device(I.comm->device()));
+  out.tokens = !generated
+                   ? 0
+                   : prompt_tokens + static_cast<int64_t>(std::llround(
+                                         st.metrics.at("completions/mean_length") *
+                                         static_cast<double>(I.batch.size() * I.grpo_slices())));
   return out;
 }
+
+}  // namespace
+
+std::unique_ptr<Objective> make_grpo_objective(Trainer::Impl& trainer) {
+  return std::make_unique<GrpoObjective>(trainer);
+}
+
+}  // namespace train
 
 GrpoStepStats Trainer::train_grpo_step(const std::vector<GrpoPrompt>& prompts,
                                        const std::vector<RewardFunction>& rewards) {
@@ -689,7 +740,7 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
     in.mask = labels.ne(kIgnoreLabel).to(at::kFloat).to(device);
     in.advantages = buf->advantages.narrow(0, a * mb, mb).to(at::kFloat).to(device);
     if (I.grpo_options.beta != 0.0)
-      in.ref_logps = I.reference_token_log_probs(dev_ids, labels, temperature);
+      in.ref_logps = I.objective->reference_token_log_probs(dev_ids, labels, temperature);
     const train::GrpoLoss l = train::grpo_loss(I.grpo_options, in);
     I.engine->backward(l.numerator, divisor);
     I.engine->step();

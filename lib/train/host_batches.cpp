@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "train/objective.hpp"
 #include "train/trainer_impl.hpp"
 #include "util/log.hpp"
 #include "zerotrain/error.hpp"
@@ -48,14 +49,7 @@ StepStats Trainer::train_step(const at::Tensor& input_ids, const at::Tensor& lab
 
 StepStats Trainer::Impl::train_step(const at::Tensor& input_ids, const at::Tensor& labels) {
   Impl& I = *this;
-  if (I.preference) {
-    throw InvalidArgument(fmt::format(
-        "train_step: a run with stage {} trains a preference loss, not next-token losses{}",
-        I.args.stage,
-        I.pref.unpaired()
-            ? ""
-            : ": give its pairs to train_preference_step (zt_trainer_train_pairs_step)"));
-  }
+  I.objective->check_token_steps();
   const int64_t vocab = I.model_config.vocab_size;
   at::Tensor ids = checked_tokens(input_ids, "train_step input_ids", vocab, false);
   at::Tensor y = labels.defined() ? checked_tokens(labels, "train_step labels", vocab, true) : ids;
@@ -81,23 +75,7 @@ StepStats Trainer::Impl::train_preference_step(const at::Tensor& chosen_ids,
                                                const at::Tensor& rejected_ids,
                                                const at::Tensor& rejected_labels) {
   Impl& I = *this;
-  if (!I.preference) {
-    throw InvalidArgument(
-        "train_preference_step: the run trains next-token losses; set stage dpo in its options "
-        "for preference pairs");
-  }
-  if (I.pref.unpaired()) {
-    throw InvalidArgument(
-        "train_preference_step: the run has stage kto, whose examples are unpaired and whose KL "
-        "estimate spans the global batch; KTO trains from train_file (train()), host pairs with "
-        "stage dpo");
-  }
-  if (I.precomputed_reference || I.pref.rpo_alpha > 0) {
-    throw InvalidArgument(fmt::format(
-        "train_preference_step: {} needs the pairs of train_file (train()); host pairs train with "
-        "an adapter method's online reference or a reference-free loss, without rpo_alpha",
-        I.precomputed_reference ? "the precomputed reference" : "rpo_alpha"));
-  }
+  I.objective->check_pair_steps();
   const int64_t vocab = I.model_config.vocab_size;
   const char* fn = "train_preference_step";
   const at::Tensor c = checked_tokens(chosen_ids, "train_preference_step chosen_ids", vocab, false);
@@ -120,8 +98,7 @@ StepStats Trainer::Impl::train_preference_step(const at::Tensor& chosen_ids,
         "{}: a row has no scored answer token (every label past the first is -100)", fn));
   }
   I.model->train();
-  at::Tensor metrics;
-  return I.host_step(I.preference_rows(at::cat({c, r}), at::cat({cy, ry}), {}, metrics, {}));
+  return I.host_step(I.objective->pair_loss(at::cat({c, r}), at::cat({cy, ry})));
 }
 
 StepStats Trainer::Impl::host_step(const LossSum& l) {

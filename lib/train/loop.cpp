@@ -14,6 +14,7 @@
 
 #include "peft/pissa.hpp"
 #include "train/log_window.hpp"
+#include "train/objective.hpp"
 #include "train/trainer_impl.hpp"
 #include "util/log.hpp"
 #include "zerotrain/error.hpp"
@@ -210,42 +211,26 @@ void Trainer::Impl::report_to_tensorboard(const LogRecord& r) {
 
 double Trainer::Impl::run_evaluation() {
   if (!has_eval) throw ConfigError("evaluate: no eval_file given");
-  ensure_reference();
+  objective->prepare();
   at::NoGradGuard no_grad;
   model->eval();
   std::vector<std::vector<int64_t>> batches =
       eval_batches(eval_samples, world, rank, args.per_device_eval_batch_size);
   double sum = 0.0, tokens = 0.0;
-  at::Tensor metric_sums;
-  BatchTerms terms;
-  if (preference && pref.unpaired()) {
-    // KTO: the KL estimate and pref_ftx's rescaling over the whole evaluation set.
-    terms.kl = unpaired_kl(eval_data, batches, eval_reference);
-    std::vector<int64_t> all(static_cast<size_t>(eval_samples));
-    for (int64_t i = 0; i < eval_samples; ++i) all[static_cast<size_t>(i)] = i;
-    terms.nll_scale = unpaired_nll_scale(eval_data, all);
-  }
+  objective->begin_evaluation(batches);
   for (const std::vector<int64_t>& indices : batches) {
-    // A rank with nothing left still runs a forward (ZeRO-3 forwards are collective), unweighted.
+    // A rank with nothing left still runs a forward (ZeRO-3 forwards are collective), unweighted:
+    // its loss and metric sums are not counted.
     const bool empty = indices.empty();
-    const std::vector<int64_t> taken = empty ? std::vector<int64_t>{0} : indices;
-    at::Tensor batch_metrics;
-    LossSum l = preference
-                    ? preference_forward(eval_data, taken, terms, batch_metrics, eval_reference)
-                    : forward(collate(eval_data, taken, pad_id));
+    LossSum l = objective->forward(empty ? std::vector<int64_t>{0} : indices,
+                                   empty ? train::Split::kEvalUncounted : train::Split::kEval);
     if (!empty) {
       sum += l.sum.item<double>();
       tokens += static_cast<double>(l.tokens);
-      if (batch_metrics.defined()) {
-        metric_sums = metric_sums.defined() ? metric_sums + batch_metrics : batch_metrics;
-      }
     }
   }
   model->train();
-  if (preference) {
-    eval_metrics = preference_metrics(metric_sums, "eval_");
-    if (pref.uses_kl()) eval_metrics["eval_kl"] = terms.kl;
-  }
+  objective->end_evaluation();
   const std::vector<double> global = comm::reduce_scalars(*comm, {sum, tokens});
   if (global[1] <= 0) {
     throw ConfigError(fmt::format("'{}' has no token that counts in the loss", args.eval_file));
@@ -259,7 +244,7 @@ double Trainer::Impl::evaluate() {
   r.step = state.global_step;
   r.epoch = epoch_progress();
   r.eval_loss = loss;
-  if (preference) r.metrics = eval_metrics;
+  r.metrics = objective->evaluation_metrics();
   log(r);
   last_eval.loss = loss;
   last_eval.step = state.global_step;
@@ -305,67 +290,18 @@ void Trainer::Impl::prepare_output_dir() {
 }
 
 Trainer::Impl::StepResult Trainer::Impl::run_step(const std::vector<int64_t>& order) {
-  const int64_t s = state.steps_in_epoch;
-  // The whole global batch's counts, the same on every rank without communication: the
-  // targets normalize the summed token losses (HF's num_items_in_batch).
-  // Preference data: the targets are the pairs or KTO's examples (the loss is a mean over
-  // them); rpo_alpha's token mean over the chosen answers is scaled to that divisor.
-  int64_t targets = 0, tokens = 0, chosen_tokens = 0;
-  std::vector<int64_t> samples;  // the global batch's
-  for (int64_t a = 0; a < batch.accumulation; ++a) {
-    for (int64_t r = 0; r < world; ++r) {
-      for (int64_t i : micro_batch_indices(order, batch, s, a, r)) {
-        samples.push_back(i);
-        targets += train_targets[static_cast<size_t>(i)];
-        tokens += train_lengths[static_cast<size_t>(i)];
-        if (preference) chosen_tokens += train_chosen_tokens[static_cast<size_t>(i)];
-      }
-    }
-  }
-  const double divisor = static_cast<double>(std::max<int64_t>(1, targets));
-  BatchTerms terms;
-  if (preference && pref.unpaired()) {
-    // KTO: the KL estimate of the whole global batch, before any of its losses.
-    std::vector<std::vector<int64_t>> mine;
-    for (int64_t a = 0; a < batch.accumulation; ++a) {
-      mine.push_back(micro_batch_indices(order, batch, s, a, rank));
-    }
-    terms.kl = unpaired_kl(train_data, mine, train_reference);
-    terms.nll_scale = unpaired_nll_scale(train_data, samples);
-    window_kl_sum += terms.kl;
-    window_kl_steps += 1;
-  } else if (preference) {
-    terms.nll_scale = divisor / static_cast<double>(std::max<int64_t>(1, chosen_tokens));
-  }
-  StepResult out;
-  out.loss = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(comm->device()));
-  out.tokens = tokens;
-  for (int64_t a = 0; a < batch.accumulation; ++a) {
-    const std::vector<int64_t> indices = micro_batch_indices(order, batch, s, a, rank);
-    LossSum l = preference ? preference_forward(train_data, indices, terms, window_metric_sums,
-                                                train_reference)
-                           : forward(collate(train_data, indices, pad_id));
-    // transformers adds router_aux_loss_coef · aux to each micro-batch's loss, which HF Trainer
-    // sums over the accumulation steps and the ranks (the token-normalized loss times the
-    // ranks, averaged): so the objective here adds each one whole.
-    at::Tensor objective = l.sum;
-    if (l.aux.defined()) objective = objective + l.aux * (divisor * l.aux_coef);
-    engine->backward(objective, divisor);
-    engine->step();
-    out.loss += l.sum.detach() / divisor;
-    if (l.aux.defined()) out.loss += l.aux.detach() * l.aux_coef;
-  }
+  StepResult out = objective->step(order);
   state.global_step = engine->global_step();
-  state.steps_in_epoch = s + 1;
+  state.steps_in_epoch += 1;
   out.epoch_end = state.steps_in_epoch == steps_per_epoch;
   if (out.epoch_end) {  // the position a checkpoint saved now resumes from
     state.epoch_index += 1;
     state.steps_in_epoch = 0;
   }
   state.epoch = epoch_progress();
-  state.tokens_seen += tokens;
+  state.tokens_seen += out.tokens;
   state.total_flos +=
-      6.0 * static_cast<double>(tokens) * static_cast<double>(non_embedding_parameters);
+      6.0 * static_cast<double>(out.tokens) * static_cast<double>(non_embedding_parameters);
   return out;
 }
 
@@ -384,20 +320,7 @@ void Trainer::Impl::log_window(train::LogWindow& window) {
   r.grad_norm = engine->last_grad_norm();
   if (ds.fp16.enabled.value()) r.loss_scale = engine->loss_scale();
   r.peak_memory_gib = window_peak_memory_gib();
-  if (preference) {
-    r.metrics = preference_metrics(window_metric_sums, "");
-    window_metric_sums = at::Tensor();
-    if (window_kl_steps > 0) r.metrics["kl"] = window_kl_sum / static_cast<double>(window_kl_steps);
-    window_kl_sum = 0.0;
-    window_kl_steps = 0;
-  }
-  if (grpo && grpo_window_steps > 0) {  // TRL: each metric's mean over the steps that gave it
-    for (const auto& [name, sum] : grpo_window_sums)
-      r.metrics[name] = sum / static_cast<double>(grpo_window_counts[name]);
-    grpo_window_sums.clear();
-    grpo_window_counts.clear();
-    grpo_window_steps = 0;
-  }
+  r.metrics = objective->take_window_metrics();
   log(r);
 }
 
@@ -540,11 +463,10 @@ TrainResult Trainer::train() {
 
 TrainResult Trainer::Impl::train() {
   Impl& I = *this;
-  if (I.grpo) I.check_grpo_rewards();
+  I.objective->prepare();
   I.announce();
   I.prepare_output_dir();
   if (I.state.global_step == 0) I.write_pissa_start();
-  I.ensure_reference();
   // Not again at a step the resumed checkpoint evaluated.
   if (I.args.eval_on_start && I.has_eval && I.last_eval.step != I.state.global_step) {
     I.evaluate();
@@ -559,16 +481,12 @@ TrainResult Trainer::Impl::train() {
     // Each epoch's own order, from the seed and the epoch alone (HF's sampler with set_epoch):
     // a resumed run rebuilds the same one.
     const bool shuffle = I.args.train_sampling_strategy != "sequential";
-    // GRPO: an order of the prompts, each standing for its num_generations completions.
     const std::vector<int64_t> order =
-        I.grpo ? epoch_order(I.train_samples / I.grpo_options.num_generations, I.data_seed,
-                             I.state.epoch_index, shuffle, nullptr, 0)
-               : epoch_order(I.train_samples, I.data_seed, I.state.epoch_index, shuffle,
-                             I.args.group_by_length ? &I.train_lengths : nullptr, megabatch);
+        I.objective->epoch_order(I.state.epoch_index, shuffle, megabatch);
     bool epoch_end = false;
     while (!epoch_end && I.state.global_step < I.total_steps) {
       I.check_cancel();
-      const Impl::StepResult done = I.grpo ? I.run_grpo_step(order) : I.run_step(order);
+      const Impl::StepResult done = I.run_step(order);
       window.add_step(done.loss, done.tokens);
       I.after_step(done, window, clock);
       epoch_end = done.epoch_end;

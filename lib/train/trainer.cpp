@@ -30,6 +30,7 @@
 #include "model/quantized_weights.hpp"
 #include "peft/init_sources.hpp"
 #include "peft/pissa.hpp"
+#include "train/objective.hpp"
 #include "train/reporting.hpp"
 #include "train/resume_check.hpp"
 #include "train/tensorboard.hpp"
@@ -109,29 +110,6 @@ std::string template_kwargs(const TrainingArguments& args) {
   return json::dump(doc);
 }
 
-// TRL's advice for KTO (the paper's Eq. 8): desirable_weight × desirable examples over
-// undesirable_weight × undesirable ones should lie in [1, 4/3]. Said, not enforced.
-void warn_unbalanced(const Dataset& d, const TrainingArguments& args) {
-  int64_t desirable = 0;
-  for (size_t i = 0; i < d.desirable().size(); i += 2) desirable += d.desirable()[i];
-  const int64_t undesirable = d.size() / 2 - desirable;
-  if (desirable == 0 || undesirable == 0) {
-    log::warn("'{}' has {} desirable and {} undesirable KTO examples: the loss only pushes one way",
-              args.train_file, desirable, undesirable);
-    return;
-  }
-  const double ratio = args.kto_chosen_weight * static_cast<double>(desirable) /
-                       (args.kto_rejected_weight * static_cast<double>(undesirable));
-  if (ratio < 1.0 || ratio > 4.0 / 3.0) {
-    log::warn(
-        "'{}': {} desirable and {} undesirable KTO examples; kto_chosen_weight × desirable / "
-        "(kto_rejected_weight × undesirable) is {:.3g}, outside [1, 4/3], the range the KTO "
-        "paper (Eq. 8) and TRL advise; set kto_chosen_weight / kto_rejected_weight to bring it "
-        "there",
-        args.train_file, desirable, undesirable, ratio);
-  }
-}
-
 }  // namespace
 
 void Trainer::Impl::load_data() {
@@ -180,68 +158,19 @@ void Trainer::Impl::load_data() {
               : "");
     }
   };
-  // A preference dataset is its pairs' two sequences side by side (examples 2i, 2i + 1), or
-  // KTO's examples each with its KL sequence, labelled.
-  const auto samples = [&](const Dataset& d, const std::string& path) {
-    if (!preference) return d.size();
-    if (d.size() % 2 != 0 ||
-        (pref.unpaired() && d.desirable().size() != static_cast<size_t>(d.size()))) {
-      throw IoError(fmt::format(
-          "the tokenized preference data of '{}' {}; remove its cache and tokenize "
-          "again",
-          path,
-          d.size() % 2 != 0 ? "has an odd number of sequences" : "lack KTO's desirable labels"));
-    }
-    return d.size() / 2;
-  };
   if (!args.train_file.empty()) {
     load(args.train_file, train_data, "training");
     has_train = true;
     // Every rank read the stats (from rank 0's cache).
     templated_rows = train_stats.templated_examples;
     train_rows = train_stats.examples;
-    train_samples = samples(train_data, args.train_file);
-    if (preference) {
-      train_lengths.resize(static_cast<size_t>(train_samples));
-      train_targets.assign(static_cast<size_t>(train_samples), 1);
-      train_chosen_tokens.resize(static_cast<size_t>(train_samples));
-      for (int64_t i = 0; i < train_samples; ++i) {
-        train_lengths[static_cast<size_t>(i)] =
-            train_data.length(2 * i) + train_data.length(2 * i + 1);
-        TokenView labels = train_data.labels(2 * i);
-        int64_t n = 0;
-        for (int64_t t = 1; t < labels.size; ++t) n += labels[t] != kIgnoreLabel;
-        train_chosen_tokens[static_cast<size_t>(i)] = n;
-      }
-      if (pref.unpaired() && rank == 0) warn_unbalanced(train_data, args);
-    }
-  }
-  if (!args.train_file.empty() && !preference) {
-    if (args.packing) {
-      std::vector<int64_t> order(static_cast<size_t>(train_data.size()));
-      for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-      const int64_t before = train_data.size();
-      train_data = pack(train_data, args.max_length, order);
-      if (rank == 0)
-        log::info("packing: {} examples into {} sequences of at most {} tokens", before,
-                  train_data.size(), args.max_length);
-    }
-    train_lengths = train_data.lengths();
-    train_targets.resize(static_cast<size_t>(train_data.size()));
-    for (int64_t i = 0; i < train_data.size(); ++i) {
-      // The tokens the loss counts: labels after the causal shift (a row's first label is never
-      // predicted), as CausalLM::loss counts them.
-      TokenView labels = train_data.labels(i);
-      int64_t n = 0;
-      for (int64_t t = 1; t < labels.size; ++t) n += labels[t] != kIgnoreLabel;
-      train_targets[static_cast<size_t>(i)] = n;
-    }
-    train_samples = train_data.size();
+    train_samples = objective->samples_of(train_data, args.train_file);
+    objective->index_training_data();
   }
   if (!args.eval_file.empty()) {
     load(args.eval_file, eval_data, "evaluation");
     has_eval = true;
-    eval_samples = samples(eval_data, args.eval_file);
+    eval_samples = objective->samples_of(eval_data, args.eval_file);
   }
 }
 
@@ -346,31 +275,9 @@ void Trainer::Impl::check_options() {
           model_dir));
     }
   }
-  preference = args.stage == "dpo" || args.stage == "kto";
   grpo = args.stage == "grpo";
-  if (grpo) {
-    check_grpo_options();
-    return;
-  }
-  if (!preference) return;
-  pref = train::preference_options(args);
-  if (model::decoder_spec(model_config).router_aux_coef) {
-    throw ConfigError(fmt::format(
-        "'{}/config.json': output_router_logits: the load-balancing loss is added to the "
-        "supervised (sft / pt) loss only so far; train stage {} with output_router_logits false",
-        model_dir, args.stage));
-  }
-  if (args.packing) {
-    throw ConfigError(fmt::format(
-        "packing: preference data are scored per sequence; train stage {} without packing",
-        args.stage));
-  }
-  if (!pref.uses_reference() && args.precompute_ref_log_probs.value_or(false) && rank == 0) {
-    log::warn(
-        "precompute_ref_log_probs: pref_loss {} has no reference model, so there is nothing to "
-        "precompute; the option does nothing",
-        pref.loss);
-  }
+  // The stage's own checks (its loss's options; what it does not run with yet).
+  objective = train::make_objective(*this);
 }
 
 void Trainer::Impl::check_machine_fits() const {
@@ -496,15 +403,6 @@ void Trainer::Impl::build_model_and_engine() {
     peft.base_model_name_or_path = args.model_name_or_path;
     adapter_method = peft.type == FinetuningType::kLora || peft.type == FinetuningType::kPTuning ||
                      peft.type == FinetuningType::kPrefix;
-    if (preference && pref.uses_reference()) {
-      // The reference: the model as it starts. A new LoRA or DoRA adapter starts as the base
-      // (B is zero), so the model with its adapters off is it, at any step. Every other start —
-      // PiSSA's factors over the residual, a continued adapter, a prompt encoder's first
-      // table, full and freeze fine-tuning without the table — is a frozen copy of the
-      // trainable weights as they start, sharded as the policy is and swapped in (below,
-      // after the engine). The precomputed table is computed from that same reference.
-      precomputed_reference = args.precompute_ref_log_probs.value_or(!adapter_method);
-    }
     parameters = apply_peft_from_args(*model, args, static_cast<uint64_t>(args.seed));
     if (model_config.expert_shard.size > 1) {
       check_expert_training(*model, args);
@@ -560,9 +458,14 @@ void Trainer::Impl::build_model_and_engine() {
   build_engine(eo, /*quantizing=*/!prequantized && !model::quantized_weights(*model).empty());
   const bool continued = !args.adapter_name_or_path.empty();
   const bool starts_as_base = adapter_method && adapter_starts_as_base(peft, continued);
-  const bool reference_model =
-      (preference && pref.uses_reference()) || (grpo && grpo_options.beta != 0.0);
-  if (reference_model && (adapter_method ? !starts_as_base : !precomputed_reference)) {
+  // The reference: the model as it starts. A new LoRA or DoRA adapter starts as the base (B is
+  // zero), so the model with its adapters off is it, at any step. Every other start — PiSSA's
+  // factors over the residual, a continued adapter, a prompt encoder's first table, full and
+  // freeze fine-tuning without a precomputed table — is a frozen copy of the trainable weights
+  // as they start, sharded as the policy is and swapped in for each reference forward.
+  const bool precomputed = objective->precomputes_reference(adapter_method);
+  if (objective->uses_reference() && (adapter_method ? !starts_as_base : !precomputed)) {
+    std::unique_ptr<ParameterSnapshot>& reference_weights = objective->reference_weights;
     reference_weights = std::make_unique<ParameterSnapshot>(engine->parameter_snapshot(*eo.source));
     if (rank == 0) {
       log::info(
@@ -603,7 +506,7 @@ void Trainer::Impl::restore(const std::string& dir) {
   }
   load_engine_state(*engine, dir);
   read_rng_state(dir);
-  read_reference(dir);
+  objective->read_state(dir);
   // The history up to the checkpoint's step, without a final summary (a checkpoint written
   // after it): this run logs its own. Its last evaluation is not repeated at that step.
   state.log_history = saved.log_history;

@@ -21,7 +21,6 @@
 #include "train/grpo.hpp"
 #include "train/log_window.hpp"
 #include "train/phase_meter.hpp"
-#include "train/preference.hpp"
 #include "train/reporting.hpp"
 #include "train/tensorboard.hpp"
 #include "util/device_stats.hpp"
@@ -39,6 +38,10 @@
 #include "zerotrain/trainer.hpp"
 
 namespace zt {
+
+namespace train {
+class Objective;
+}
 
 // The state is grouped by who writes it. What set-up decides (trainer.cpp's start and the
 // argument check before it) is fixed afterwards: the other parts read it. The groups below
@@ -67,20 +70,13 @@ struct Trainer::Impl {
   std::vector<int64_t> train_targets;  ///< per training sample: labels that count (pairs: 1)
   std::vector<int64_t> train_lengths;  ///< per training sample: tokens (pairs: both sequences')
   /// Examples, or with preference data pairs (examples 2i and 2i + 1) or KTO's examples (2i,
-  /// with its KL sequence 2i + 1): what batches count.
+  /// with its KL sequence 2i + 1), or GRPO's completions: what batches count.
   int64_t train_samples = 0, eval_samples = 0;
-  /// Preference training (stage dpo or kto; preference_loop.cpp): the loss, and per training
-  /// pair the chosen answer's scored tokens (rpo_alpha's token mean).
-  bool preference = false;
-  train::PreferenceOptions pref;
-  std::vector<int64_t> train_chosen_tokens;
-  /// What a sample is, plural, for messages: "examples", "pairs" or "KTO examples".
-  const char* sample_name() const {
-    return grpo              ? "completions"
-           : !preference     ? "examples"
-           : pref.unpaired() ? "KTO examples"
-                             : "pairs";
-  }
+  /// What the run trains (objective.hpp): made from the stage by check_options, before any
+  /// data is read; it owns its batch terms, forward, reference and metric window.
+  std::unique_ptr<train::Objective> objective;
+  /// The objective's name of a sample, plural, for messages ("examples", "pairs"...).
+  const char* sample_name() const;
   /// GRPO (stage grpo; grpo_loop.cpp): the loss's options and the sampling of completions.
   bool grpo = false;
   train::GrpoOptions grpo_options;
@@ -146,7 +142,7 @@ struct Trainer::Impl {
   void plan_batches();
   void build_model_and_engine();
   /// The checks the options alone decide (method, quantization, stage and loss), before any
-  /// data is read; sets `preference` and `pref`.
+  /// data is read; makes `objective`.
   void check_options();
   void check_machine_fits() const;
   void restore(const std::string& dir);
@@ -164,7 +160,8 @@ struct Trainer::Impl {
     int64_t first_step = 0;  ///< the step train() started from (resumed runs: not 0)
   };
   void prepare_output_dir();
-  /// One optimizer step over the global batch at the epoch's position in `order`.
+  /// One optimizer step over the global batch at the epoch's position in `order` (the
+  /// objective's step), and the run's progress after it.
   StepResult run_step(const std::vector<int64_t>& order);
   /// What follows a step: callbacks, logging, progress, evaluation, checkpoints.
   void after_step(const StepResult& done, train::LogWindow& window, const RunClock& clock);
@@ -199,13 +196,6 @@ struct Trainer::Impl {
   /// When a grpo run starts: at least one reward function, the same count on every rank, and
   /// reward_weights one per function (collective).
   void check_grpo_rewards();
-  /// One optimizer step of train() for stage grpo: the step's prompts of `order` (over
-  /// prompts), this rank's share rank-major, through train_grpo_step.
-  StepResult run_grpo_step(const std::vector<int64_t>& order);
-  /// The GRPO metrics of the logging window's steps, summed (log_window averages them).
-  std::map<std::string, double> grpo_window_sums;
-  std::map<std::string, int64_t> grpo_window_counts;  // steps that gave each metric
-  int64_t grpo_window_steps = 0;
   /// The generation batch that later steps train on (TRL's buffered inputs): made by the step
   /// that generates, it feeds grpo_cycle() optimizer steps (grpo_loop.cpp).
   struct GrpoBuffer;
@@ -220,11 +210,6 @@ struct Trainer::Impl {
   GrpoStepStats train_grpo_step(const std::vector<GrpoPrompt>& prompts,
                                 const std::vector<RewardFunction>& rewards,
                                 int64_t cycle_step = -1);
-  /// The reference's per-token log-probs of rows `ids` / `labels` ([rows, seq] fp32, 0 where
-  /// labels are -100), as reference_log_probs computes them, the logits divided by
-  /// `temperature` (GRPO's). Collective under ZeRO-3.
-  at::Tensor reference_token_log_probs(const at::Tensor& ids, const at::Tensor& labels,
-                                       double temperature = 1.0);
   /// Trainer::train_preference_step's work.
   StepStats train_preference_step(const at::Tensor& chosen_ids, const at::Tensor& chosen_labels,
                                   const at::Tensor& rejected_ids,
@@ -277,68 +262,9 @@ struct Trainer::Impl {
   /// The engine over `eo` (its source read and, with `quantizing`, quantized on this rank) as a
   /// stoppable phase with its progress (run_phase). Collective.
   void build_engine(EngineOptions eo, bool quantizing);
+  /// The next-token losses of a batch the trainer made (sft, pt; packed rows with their
+  /// document spans).
   LossSum forward(const Batch& b);
-  /// What a preference micro-batch's loss takes from its whole global batch (the same numbers
-  /// on every rank, so that any split gives the same step).
-  struct BatchTerms {
-    /// Pairs: rpo_alpha's factor, pairs / chosen answer tokens. Unpaired: pref_ftx's,
-    /// (examples / desirable examples)² (LLaMA-Factory's rescaling, over the global batch).
-    double nll_scale = 0.0;
-    double kl = 0.0;  ///< unpaired: KTO's KL estimate z0 (unpaired_kl)
-  };
-  /// Preference samples `samples` of `data` (pairs, or with stage kto unpaired examples):
-  /// LossSum{Σ of their losses (+ the NLL term scaled by `terms`), samples}; this rank's metric
-  /// sums added to `metric_sums` (train::PreferenceLosses::sums).
-  LossSum preference_forward(const Dataset& data, const std::vector<int64_t>& samples,
-                             const BatchTerms& terms, at::Tensor& metric_sums,
-                             const at::Tensor& reference = {});
-  /// The same for pairs already made: `ids` / `labels` [2 × pairs, seq], the chosen rows then
-  /// the rejected ones; `reference` the precomputed log-probs of those rows (or undefined).
-  LossSum preference_rows(const at::Tensor& ids, const at::Tensor& labels, const BatchTerms& terms,
-                          at::Tensor& metric_sums, const at::Tensor& reference);
-  /// Unpaired examples `samples` of `data` (their sequences, rows 2i), as preference_forward.
-  LossSum unpaired_forward(const Dataset& data, const std::vector<int64_t>& samples,
-                           const BatchTerms& terms, at::Tensor& metric_sums,
-                           const at::Tensor& reference);
-  /// KTO's KL estimate z0 of a global batch: the mean, over all ranks' examples of `batches`
-  /// (this rank's micro-batches; every rank passes as many), of the policy's log-probability
-  /// of the example's KL sequence (row 2i + 1) minus the reference's, at least 0; without
-  /// dropout and without gradients. Collective.
-  double unpaired_kl(const Dataset& data, const std::vector<std::vector<int64_t>>& batches,
-                     const at::Tensor& reference);
-  /// pref_ftx's BatchTerms::nll_scale for unpaired examples `samples` of `data` (all ranks').
-  double unpaired_nll_scale(const Dataset& data, const std::vector<int64_t>& samples) const;
-  /// With precompute_ref_log_probs: the reference's summed answer log-probs of every sequence
-  /// of the training and evaluation pairs ([2 × pairs] fp64 on the host, in the datasets'
-  /// order), computed once before the first step and kept in every checkpoint
-  /// (ref_log_probs.safetensors). Undefined otherwise (the reference runs with each batch).
-  bool precomputed_reference = false;
-  at::Tensor train_reference, eval_reference;
-  /// Without precompute_ref_log_probs and without adapters (full, freeze): the frozen reference
-  /// model, the trainable parameters as they started (read from the engine's source, at start
-  /// and on resume), kept as this rank keeps its compute copy — ZeRO-3 shards it as it shards
-  /// the policy — and swapped in for each reference forward. Null otherwise.
-  std::unique_ptr<ParameterSnapshot> reference_weights;
-  /// The reference's summed answer log-probs of rows `ids` / `labels`: the model with its
-  /// adapters off, or with reference_weights swapped in; without dropout or gradients.
-  /// Collective under ZeRO-3 (its forward).
-  at::Tensor reference_log_probs(const at::Tensor& ids, const at::Tensor& labels);
-  /// Computes them (collective), or on resume reads them from checkpoint `dir`.
-  void precompute_reference();
-  /// precompute_reference at step 0 when they are not there yet (collective).
-  void ensure_reference();
-  void read_reference(const std::string& dir);
-  void write_reference(const std::string& dir) const;
-  /// The metric sums over ranks as a record's named metrics (`prefix` "" or "eval_").
-  /// Collective.
-  std::map<std::string, double> preference_metrics(const at::Tensor& metric_sums,
-                                                   const std::string& prefix);
-  /// This rank's preference metric sums since the last log (loop.cpp adds, log_window takes),
-  /// and KTO's z0 summed over the window's steps.
-  at::Tensor window_metric_sums;
-  double window_kl_sum = 0.0;
-  int64_t window_kl_steps = 0;
-  std::map<std::string, double> eval_metrics;  ///< the last evaluation's (preference training)
   double run_evaluation();
   double evaluate();  ///< run_evaluation, logged (Trainer::evaluate)
   void log(const LogRecord& record);
