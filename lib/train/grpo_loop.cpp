@@ -18,6 +18,7 @@
 #include "data/chat_templates.hpp"
 #include "model/blocks.hpp"
 #include "model/sampling.hpp"
+#include "train/grpo.hpp"
 #include "train/objective.hpp"
 #include "train/reward_process.hpp"
 #include "train/rewards.hpp"
@@ -163,62 +164,38 @@ std::vector<GrpoPrompt> read_grpo_prompts(const std::string& path, const Tokeniz
   return prompts;
 }
 
-void Trainer::Impl::load_grpo_prompts() {
-  if (args.train_file.empty()) return;  // a host that gives its prompts (train_grpo_step)
-  if (!args.eval_file.empty()) {
-    throw ConfigError(fmt::format(
-        "eval_file '{}': stage grpo does not evaluate yet; drop eval_file (docs/grpo.md)",
-        args.eval_file));
-  }
-  const std::string& path = args.train_file;
-  const int64_t room = model_config.max_position_embeddings - grpo_options.max_completion_length;
-  int64_t too_long = 0;
-  grpo_prompts = read_grpo_prompts(path, *tokenizer, args.template_name, args.max_prompt_length,
-                                   room, &too_long);
-  if (grpo_prompts.empty()) {
-    throw ConfigError(fmt::format(
-        "'{}' has no prompt that fits: every prompt is empty or longer than "
-        "max_position_embeddings {} − max_completion_length {} tokens",
-        path, model_config.max_position_embeddings, grpo_options.max_completion_length));
-  }
-  if (too_long > 0 && rank == 0) {
-    log::warn(
-        "'{}': {} prompts dropped, longer than max_position_embeddings {} − "
-        "max_completion_length {} tokens (set max_prompt_length to keep their ends)",
-        path, too_long, model_config.max_position_embeddings, grpo_options.max_completion_length);
-  }
-  if (rank == 0) log::info("GRPO prompts '{}': {}", path, grpo_prompts.size());
-  has_train = true;
-  train_samples = static_cast<int64_t>(grpo_prompts.size()) * grpo_options.num_generations;
-  train_rows = static_cast<int64_t>(grpo_prompts.size());
-  // A run with neither is refused when it starts (check_grpo_rewards): a host may still add
-  // its own (Trainer::add_reward, zt_trainer_add_reward).
-  for (const std::string& spec : comma_items(args.reward_funcs))
-    grpo_rewards.push_back(builtin_reward(spec));
-  if (!args.reward_command.empty()) {
-    grpo_rewards.push_back(
-        train::RewardProcess::function(args.reward_command, args.reward_timeout));
-  }
-}
-
 namespace train {
 
 namespace {
 
 // Stage grpo: each step trains on completions sampled for its prompts (a generation batch feeds
-// grpo_cycle() steps), through train_grpo_step; the window averages each metric over the steps
+// cycle_steps() steps), through train_step; the window averages each metric over the steps
 // that gave it (TRL's).
 class GrpoObjective final : public Objective {
  public:
-  explicit GrpoObjective(Trainer::Impl& trainer) : Objective(trainer) { t_.check_grpo_options(); }
+  /// Checks the loss's and the sampling's options, and what GRPO does not run with yet
+  /// (ConfigError naming the option); the reward functions' specs, before any weight is read.
+  explicit GrpoObjective(Trainer::Impl& trainer);
   const char* sample_name() const override { return "completions"; }
-  bool uses_reference() const override { return t_.grpo_options.beta != 0.0; }
-  void prepare() override { t_.check_grpo_rewards(); }
+  bool uses_reference() const override { return options_.beta != 0.0; }
+  /// When a run starts: at least one reward function, the same count on every rank, and
+  /// reward_weights one per function. Collective.
+  void prepare() override;
+  /// The prompts of train_file (read by every rank), and the reward functions reward_funcs and
+  /// reward_command name.
+  bool load_own_data() override;
+  void check_global_batch() const override { generation_slices(); }
+  /// A generation batch holds the prompts of steps_per_generation micro-batches and feeds
+  /// cycle_steps() steps, num_iterations times each slice (TRL repeats its prompts so).
+  int64_t steps_per_epoch(bool drop_last) const override {
+    return zt::steps_per_epoch(t_.train_samples, t_.batch.size() * generation_slices(), drop_last) *
+           cycle_steps();
+  }
 
   // An order of the prompts, each standing for its num_generations completions.
   std::vector<int64_t> epoch_order(int64_t epoch, bool shuffle, int64_t megabatch) const override {
     (void)megabatch;
-    return zt::epoch_order(t_.train_samples / t_.grpo_options.num_generations, t_.data_seed, epoch,
+    return zt::epoch_order(t_.train_samples / options_.num_generations, t_.data_seed, epoch,
                            shuffle, nullptr, 0);
   }
 
@@ -246,138 +223,38 @@ class GrpoObjective final : public Objective {
         "next-token losses: train() from train_file, or give its prompts to train_grpo_step");
   }
 
+  /// Trainer::train_grpo_step's work. `cycle_step`: the step's place in its generation cycle
+  /// when train() knows it (a run resumed mid-cycle), else −1.
+  GrpoStepStats train_step(const std::vector<GrpoPrompt>& prompts,
+                           const std::vector<RewardFunction>& rewards, int64_t cycle_step = -1);
+  /// Trainer::add_reward's work.
+  void add_reward(RewardFunction reward);
+
  private:
+  /// Optimizer steps one generation batch feeds: steps_per_generation ÷ the accumulation steps
+  /// (its slices), and the steps of the cycle, slices × num_iterations. ConfigError when
+  /// steps_per_generation is no multiple of the accumulation steps.
+  int64_t generation_slices() const;
+  int64_t cycle_steps() const { return generation_slices() * t_.args.num_iterations; }
+
+  GrpoOptions options_;
+  GenerationOptions sampling_;
+  std::vector<GrpoPrompt> prompts_;
+  std::vector<RewardFunction> rewards_;
+  /// The generation batch that later steps train on (TRL's buffered inputs): made by the step
+  /// that generates, it feeds cycle_steps() optimizer steps.
+  struct Buffer;
+  std::shared_ptr<Buffer> buffer_;
   /// The GRPO metrics of the logging window's steps, summed, and the steps that gave each.
   std::map<std::string, double> sums_;
   std::map<std::string, int64_t> counts_;
 };
 
-Trainer::Impl::StepResult GrpoObjective::step(const std::vector<int64_t>& order) {
+GrpoObjective::GrpoObjective(Trainer::Impl& trainer) : Objective(trainer) {
   Trainer::Impl& I = t_;
-  const int64_t g = I.grpo_options.num_generations;
-  const int64_t n = static_cast<int64_t>(order.size());
-  const int64_t s = I.state.steps_in_epoch;
-  // A generation batch's prompts: the prompts of grpo_slices() steps in order (wrapping to the
-  // epoch's start when they run out), each step's rank-major; a rank takes its share of every
-  // step's, step by step. The grpo_cycle() steps in a row that it feeds take the same prompts
-  // (the first generates).
-  const int64_t cycle = I.grpo_cycle();
-  const int64_t per_step = I.batch.size() / g;  // prompts
-  const int64_t per_generation = per_step * I.grpo_slices();
-  const int64_t per_rank = per_step / I.world;
-  const int64_t batch_index = s / cycle;
-  // A cycle's first step generates, whatever is buffered: a run resumed inside a cycle
-  // generated anew for its rest, and that buffer must not outlive the cycle.
-  if (s % cycle == 0) I.grpo_buffer.reset();
-  std::vector<GrpoPrompt> mine;
-  int64_t prompt_tokens = 0;
-  for (int64_t q = 0; q < per_generation; ++q) {
-    const GrpoPrompt& p = I.grpo_prompts[static_cast<size_t>(
-        order[static_cast<size_t>((batch_index * per_generation + q) % n)])];
-    prompt_tokens += static_cast<int64_t>(p.ids.size()) * g;
-    if ((q % per_step) / per_rank == I.rank) mine.push_back(p);
-  }
-  const GrpoStepStats st = I.train_grpo_step(mine, I.grpo_rewards, s % cycle);
-  for (const auto& [name, value] : st.metrics) {
-    sums_[name] += value;
-    counts_[name] += 1;
-  }
-  // Tokens are counted when they are generated (TRL's num_input_tokens_seen): a step that
-  // trains again on a generation batch adds none.
-  const bool generated = st.metrics.count("completions/mean_length") > 0;
-  Trainer::Impl::StepResult out;
-  // The window sums its steps' losses over the ranks: each rank holds its share of the step's.
-  out.loss = at::scalar_tensor(st.loss / static_cast<double>(I.world),
-                               at::TensorOptions().dtype(at::kFloat).device(I.comm->device()));
-  out.tokens = !generated
-                   ? 0
-                   : prompt_tokens + static_cast<int64_t>(std::llround(
-                                         st.metrics.at("completions/mean_length") *
-                                         static_cast<double>(I.batch.size() * I.grpo_slices())));
-  return out;
-}
-
-}  // namespace
-
-std::unique_ptr<Objective> make_grpo_objective(Trainer::Impl& trainer) {
-  return std::make_unique<GrpoObjective>(trainer);
-}
-
-}  // namespace train
-
-GrpoStepStats Trainer::train_grpo_step(const std::vector<GrpoPrompt>& prompts,
-                                       const std::vector<RewardFunction>& rewards) {
-  return impl_->posting_failures([&] { return impl_->train_grpo_step(prompts, rewards); });
-}
-
-int64_t Trainer::Impl::grpo_slices() const {
-  const int64_t k = args.steps_per_generation, a = batch.accumulation;
-  if (k == 0) return 1;  // TRL's default: gradient_accumulation_steps
-  if (a <= 0 || k % a != 0) {
-    throw ConfigError(fmt::format(
-        "steps_per_generation {}: a multiple of gradient_accumulation_steps {}, so that a "
-        "generation batch feeds whole optimizer steps (docs/grpo.md)",
-        k, a));
-  }
-  return k / a;
-}
-
-void Trainer::add_reward(RewardFunction reward) {
-  Impl& I = *impl_;
-  if (!I.grpo) {
-    throw InvalidArgument(fmt::format(
-        "add_reward: the run's stage is {}; reward functions score stage grpo's completions",
-        I.args.stage));
-  }
-  // The name is a metric's key (rewards/<name>/mean in the logs, TensorBoard and JSON files).
-  const bool plain = std::all_of(reward.name.begin(), reward.name.end(), [](char ch) {
-    return std::isalnum(static_cast<unsigned char>(ch)) || std::strchr("_-.:", ch) != nullptr;
-  });
-  if (reward.name.empty() || reward.name.size() > 64 || !plain) {
-    const bool printable = std::all_of(reward.name.begin(), reward.name.end(),
-                                       [](char ch) { return ch >= 0x20 && ch < 0x7f; });
-    throw InvalidArgument(fmt::format(
-        "add_reward: the reward function name {} is not 1 to 64 letters, digits, '_', '-', '.' "
-        "or ':' (it names the metrics rewards/<name>/mean and /std)",
-        printable && reward.name.size() <= 80 ? "'" + reward.name + "'"
-                                              : fmt::format("of {} bytes", reward.name.size())));
-  }
-  if (!reward.fn) {
-    throw InvalidArgument(
-        fmt::format("add_reward: reward function '{}' has no function to call", reward.name));
-  }
-  for (const RewardFunction& r : I.grpo_rewards) {
-    if (r.name == reward.name) {
-      throw InvalidArgument(
-          fmt::format("add_reward: a reward function named '{}' is already there (its metrics are "
-                      "rewards/{}/mean and /std): give each its own name",
-                      reward.name, reward.name));
-    }
-  }
-  I.grpo_rewards.push_back(std::move(reward));
-}
-
-void Trainer::Impl::check_grpo_rewards() {
-  const auto count = static_cast<double>(grpo_rewards.size());
-  // Every rank scores with the same functions: the metrics are reduced function by function.
-  const std::vector<double> most = comm::reduce_scalars(*comm, {count, -count}, ReduceOp::kMax);
-  if (most[0] != count || -most[1] != count) {
-    throw InvalidArgument(fmt::format(
-        "stage grpo: rank {} has {} reward functions, but the ranks have from {} to {}: every "
-        "rank adds the same ones, in the same order",
-        rank, grpo_rewards.size(), -most[1], most[0]));
-  }
-  if (grpo_rewards.empty()) {
-    throw ConfigError(
-        "reward_funcs: stage grpo from train_file needs reward functions, e.g. --reward_funcs "
-        "accuracy,think_format (docs/grpo.md lists the built-ins), a reward_command, or the "
-        "host's own (Trainer::add_reward, zt_trainer_add_reward)");
-  }
-  parse_weights(args.reward_weights, grpo_rewards.size());
-}
-
-void Trainer::Impl::check_grpo_options() {
-  train::GrpoOptions& o = grpo_options;
+  const TrainingArguments& args = I.args;
+  const ModelConfig& model_config = I.model_config;
+  GrpoOptions& o = options_;
   const bool loss_given = args.is_given("pref_loss") || args.is_given("loss_type");
   o.loss_type = loss_given ? args.pref_loss : "dapo";  // TRL's default
   const bool beta_given = args.is_given("pref_beta") || args.is_given("beta");
@@ -395,7 +272,7 @@ void Trainer::Impl::check_grpo_options() {
   o.sapo_temperature_pos = args.sapo_temperature_pos;
   o.sapo_temperature_neg = args.sapo_temperature_neg;
   o.use_bias_correction_kl = args.use_bias_correction_kl;
-  train::check_grpo_options(o);
+  check_grpo_options(o);
   const auto refuse = [&](const std::string& what) {
     throw ConfigError(fmt::format("stage grpo: {} (docs/grpo.md)", what));
   };
@@ -417,6 +294,7 @@ void Trainer::Impl::check_grpo_options() {
                     "at temperature 1 only so far",
                     args.temperature));
   }
+  GenerationOptions& sampling = sampling_;
   sampling = GenerationOptions{};
   sampling.do_sample = true;
   sampling.temperature = args.temperature;
@@ -425,14 +303,14 @@ void Trainer::Impl::check_grpo_options() {
   sampling.min_p = args.min_p;
   sampling.repetition_penalty = args.repetition_penalty;
   sampling.max_new_tokens = args.max_completion_length;
-  if (tokenizer->eos_id() >= 0) sampling.eos_token_ids.push_back(tokenizer->eos_id());
-  if (model_config.eos_token_id && *model_config.eos_token_id != tokenizer->eos_id())
+  if (I.tokenizer->eos_id() >= 0) sampling.eos_token_ids.push_back(I.tokenizer->eos_id());
+  if (model_config.eos_token_id && *model_config.eos_token_id != I.tokenizer->eos_id())
     sampling.eos_token_ids.push_back(*model_config.eos_token_id);
   try {
     const std::vector<std::string> stops = StopStrings::parse(args.stop_strings);
     if (!stops.empty()) {
       sampling.stop_strings =
-          std::make_shared<StopStrings>(stops, StopStrings::token_texts(*tokenizer));
+          std::make_shared<StopStrings>(stops, StopStrings::token_texts(*I.tokenizer));
     }
     model::check_generation_options(sampling);
   } catch (const InvalidArgument& e) {
@@ -450,11 +328,157 @@ void Trainer::Impl::check_grpo_options() {
   }
 }
 
+bool GrpoObjective::load_own_data() {
+  Trainer::Impl& I = t_;
+  const TrainingArguments& args = I.args;
+  const ModelConfig& model_config = I.model_config;
+  if (args.train_file.empty()) return true;  // a host that gives its prompts (train_step)
+  if (!args.eval_file.empty()) {
+    throw ConfigError(fmt::format(
+        "eval_file '{}': stage grpo does not evaluate yet; drop eval_file (docs/grpo.md)",
+        args.eval_file));
+  }
+  const std::string& path = args.train_file;
+  const int64_t room = model_config.max_position_embeddings - options_.max_completion_length;
+  int64_t too_long = 0;
+  prompts_ = read_grpo_prompts(path, *I.tokenizer, args.template_name, args.max_prompt_length, room,
+                               &too_long);
+  if (prompts_.empty()) {
+    throw ConfigError(
+        fmt::format("'{}' has no prompt that fits: every prompt is empty or longer than "
+                    "max_position_embeddings {} − max_completion_length {} tokens",
+                    path, model_config.max_position_embeddings, options_.max_completion_length));
+  }
+  if (too_long > 0 && I.rank == 0) {
+    log::warn(
+        "'{}': {} prompts dropped, longer than max_position_embeddings {} − "
+        "max_completion_length {} tokens (set max_prompt_length to keep their ends)",
+        path, too_long, model_config.max_position_embeddings, options_.max_completion_length);
+  }
+  if (I.rank == 0) log::info("GRPO prompts '{}': {}", path, prompts_.size());
+  I.has_train = true;
+  I.train_samples = static_cast<int64_t>(prompts_.size()) * options_.num_generations;
+  I.train_rows = static_cast<int64_t>(prompts_.size());
+  // A run with neither is refused when it starts (check_rewards_): a host may still add
+  // its own (Trainer::add_reward, zt_trainer_add_reward).
+  for (const std::string& spec : comma_items(args.reward_funcs))
+    rewards_.push_back(builtin_reward(spec));
+  if (!args.reward_command.empty()) {
+    rewards_.push_back(RewardProcess::function(args.reward_command, args.reward_timeout));
+  }
+  return true;
+}
+
+int64_t GrpoObjective::generation_slices() const {
+  const int64_t k = t_.args.steps_per_generation, a = t_.batch.accumulation;
+  if (k == 0) return 1;  // TRL's default: gradient_accumulation_steps
+  if (a <= 0 || k % a != 0) {
+    throw ConfigError(fmt::format(
+        "steps_per_generation {}: a multiple of gradient_accumulation_steps {}, so that a "
+        "generation batch feeds whole optimizer steps (docs/grpo.md)",
+        k, a));
+  }
+  return k / a;
+}
+
+void GrpoObjective::prepare() {
+  const auto count = static_cast<double>(rewards_.size());
+  // Every rank scores with the same functions: the metrics are reduced function by function.
+  const std::vector<double> most = comm::reduce_scalars(*t_.comm, {count, -count}, ReduceOp::kMax);
+  if (most[0] != count || -most[1] != count) {
+    throw InvalidArgument(fmt::format(
+        "stage grpo: rank {} has {} reward functions, but the ranks have from {} to {}: every "
+        "rank adds the same ones, in the same order",
+        t_.rank, rewards_.size(), -most[1], most[0]));
+  }
+  if (rewards_.empty()) {
+    throw ConfigError(
+        "reward_funcs: stage grpo from train_file needs reward functions, e.g. --reward_funcs "
+        "accuracy,think_format (docs/grpo.md lists the built-ins), a reward_command, or the "
+        "host's own (Trainer::add_reward, zt_trainer_add_reward)");
+  }
+  parse_weights(t_.args.reward_weights, rewards_.size());
+}
+
+void GrpoObjective::add_reward(RewardFunction reward) {
+  // The name is a metric's key (rewards/<name>/mean in the logs, TensorBoard and JSON files).
+  const bool plain = std::all_of(reward.name.begin(), reward.name.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || std::strchr("_-.:", ch) != nullptr;
+  });
+  if (reward.name.empty() || reward.name.size() > 64 || !plain) {
+    const bool printable = std::all_of(reward.name.begin(), reward.name.end(),
+                                       [](char ch) { return ch >= 0x20 && ch < 0x7f; });
+    throw InvalidArgument(fmt::format(
+        "add_reward: the reward function name {} is not 1 to 64 letters, digits, '_', '-', '.' "
+        "or ':' (it names the metrics rewards/<name>/mean and /std)",
+        printable && reward.name.size() <= 80 ? "'" + reward.name + "'"
+                                              : fmt::format("of {} bytes", reward.name.size())));
+  }
+  if (!reward.fn) {
+    throw InvalidArgument(
+        fmt::format("add_reward: reward function '{}' has no function to call", reward.name));
+  }
+  for (const RewardFunction& r : rewards_) {
+    if (r.name == reward.name) {
+      throw InvalidArgument(
+          fmt::format("add_reward: a reward function named '{}' is already there (its metrics are "
+                      "rewards/{}/mean and /std): give each its own name",
+                      reward.name, reward.name));
+    }
+  }
+  rewards_.push_back(std::move(reward));
+}
+
+Trainer::Impl::StepResult GrpoObjective::step(const std::vector<int64_t>& order) {
+  Trainer::Impl& I = t_;
+  const int64_t g = options_.num_generations;
+  const int64_t n = static_cast<int64_t>(order.size());
+  const int64_t s = I.state.steps_in_epoch;
+  // A generation batch's prompts: the prompts of generation_slices() steps in order (wrapping to
+  // the epoch's start when they run out), each step's rank-major; a rank takes its share of every
+  // step's, step by step. The cycle_steps() steps in a row that it feeds take the same prompts
+  // (the first generates).
+  const int64_t cycle = cycle_steps();
+  const int64_t per_step = I.batch.size() / g;  // prompts
+  const int64_t per_generation = per_step * generation_slices();
+  const int64_t per_rank = per_step / I.world;
+  const int64_t batch_index = s / cycle;
+  // A cycle's first step generates, whatever is buffered: a run resumed inside a cycle
+  // generated anew for its rest, and that buffer must not outlive the cycle.
+  if (s % cycle == 0) buffer_.reset();
+  std::vector<GrpoPrompt> mine;
+  int64_t prompt_tokens = 0;
+  for (int64_t q = 0; q < per_generation; ++q) {
+    const GrpoPrompt& p = prompts_[static_cast<size_t>(
+        order[static_cast<size_t>((batch_index * per_generation + q) % n)])];
+    prompt_tokens += static_cast<int64_t>(p.ids.size()) * g;
+    if ((q % per_step) / per_rank == I.rank) mine.push_back(p);
+  }
+  const GrpoStepStats st = train_step(mine, rewards_, s % cycle);
+  for (const auto& [name, value] : st.metrics) {
+    sums_[name] += value;
+    counts_[name] += 1;
+  }
+  // Tokens are counted when they are generated (TRL's num_input_tokens_seen): a step that
+  // trains again on a generation batch adds none.
+  const bool generated = st.metrics.count("completions/mean_length") > 0;
+  Trainer::Impl::StepResult out;
+  // The window sums its steps' losses over the ranks: each rank holds its share of the step's.
+  out.loss = at::scalar_tensor(st.loss / static_cast<double>(I.world),
+                               at::TensorOptions().dtype(at::kFloat).device(I.comm->device()));
+  out.tokens =
+      !generated ? 0
+                 : prompt_tokens + static_cast<int64_t>(std::llround(
+                                       st.metrics.at("completions/mean_length") *
+                                       static_cast<double>(I.batch.size() * generation_slices())));
+  return out;
+}
+
 // A generation batch as its steps train on it: its rows (prompt then completion), which tokens
 // count, the advantages and the loss's divisor; when it feeds more than one step (its slices,
 // steps_per_generation; num_iterations) also each micro-batch's log-probs under the policy that
 // sampled (TRL's old_per_token_logps), and how many steps used it.
-struct Trainer::Impl::GrpoBuffer {
+struct GrpoObjective::Buffer {
   std::vector<std::vector<int64_t>> prompts;  // the batch's prompts (the calls that reuse it)
   std::vector<std::vector<int64_t>> rows;     // a prompt per completion
   std::vector<Generated> done;
@@ -466,16 +490,12 @@ struct Trainer::Impl::GrpoBuffer {
   int64_t uses = 0;
 };
 
-GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prompts,
-                                             const std::vector<RewardFunction>& rewards,
-                                             int64_t cycle_step) {
-  Impl& I = *this;
-  if (!I.grpo) {
-    throw InvalidArgument(fmt::format(
-        "train_grpo_step: the run's stage is {}; set stage grpo in its options", I.args.stage));
-  }
-  const int64_t g = I.grpo_options.num_generations;
-  const int64_t slices = I.grpo_slices();
+GrpoStepStats GrpoObjective::train_step(const std::vector<GrpoPrompt>& prompts,
+                                        const std::vector<RewardFunction>& rewards,
+                                        int64_t cycle_step) {
+  Trainer::Impl& I = t_;
+  const int64_t g = options_.num_generations;
+  const int64_t slices = generation_slices();
   const int64_t per_step = I.batch.micro_batch * I.batch.accumulation;  // a rank's completions
   const int64_t per_rank = per_step * slices;  // a rank's completions per generation batch
   if (per_rank % g != 0) {
@@ -506,23 +526,23 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
             vocab));
       }
     }
-    if (static_cast<int64_t>(ids.size()) + I.grpo_options.max_completion_length > context) {
+    if (static_cast<int64_t>(ids.size()) + options_.max_completion_length > context) {
       throw InvalidArgument(fmt::format(
           "train_grpo_step: prompt {} is {} tokens; with max_completion_length {} that is beyond "
           "the model's context of {} tokens (max_position_embeddings); shorten it",
-          p, ids.size(), I.grpo_options.max_completion_length, context));
+          p, ids.size(), options_.max_completion_length, context));
     }
     for (int64_t k = 0; k < g; ++k) rows.push_back(ids);
   }
 
-  const int64_t cycle = I.grpo_cycle();
+  const int64_t cycle = cycle_steps();
   const int64_t step = I.engine->global_step();
   const int64_t mb = I.batch.micro_batch;
   const int64_t accumulation = I.batch.accumulation;
   GrpoStepStats out;
   std::vector<std::vector<int64_t>> given;
   for (const GrpoPrompt& p : prompts) given.push_back(p.ids);
-  std::shared_ptr<GrpoBuffer> buf = I.grpo_buffer;
+  std::shared_ptr<Buffer> buf = buffer_;
   if (buf && buf->uses < cycle) {
     // This step trains on a generation batch an earlier one made: its next slice (a
     // steps_per_generation batch) or again (num_iterations).
@@ -534,7 +554,7 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
           slices * accumulation, I.args.num_iterations, cycle, buf->uses, cycle));
     }
   } else {
-    buf = std::make_shared<GrpoBuffer>();
+    buf = std::make_shared<Buffer>();
     buf->prompts = std::move(given);
     // A run resumed inside a cycle generates anew and trains on the cycle's remaining steps.
     buf->uses = cycle_step > 0 ? cycle_step % cycle : 0;
@@ -543,7 +563,7 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
     // slice, each rank-major, so any world size draws alike). Under ZeRO-3 the units are gathered
     // once for the whole generation (hold_units), so a rank decodes as many tokens as its own
     // completions need, with no collective per token.
-    GenerationOptions sampling_now = I.sampling;
+    GenerationOptions sampling_now = sampling_;
     sampling_now.seed = mix(static_cast<uint64_t>(I.args.seed), static_cast<uint64_t>(step));
     std::vector<uint64_t> streams;
     for (int64_t c = 0; c < per_rank; ++c) {
@@ -584,13 +604,13 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
     // timeout while that rank's process lives on (a host that handles the error).
     at::Tensor per_function;  // [n, F]
     comm::on_every_rank(*I.comm, "scoring the completions (a reward function)",
-                        [&] { per_function = train::score_completions(rewards, inputs, g); });
+                        [&] { per_function = score_completions(rewards, inputs, g); });
 
     // 3. Advantages: groups are whole on this rank; the batch's std (scale_rewards batch) and
     // the logged statistics are over every rank's completions.
-    const std::string scale = I.grpo_options.scale_rewards;
-    train::GroupAdvantages adv = train::group_advantages(
-        per_function, weights, g, scale == "batch" ? std::string("none") : scale);
+    const std::string scale = options_.scale_rewards;
+    GroupAdvantages adv =
+        group_advantages(per_function, weights, g, scale == "batch" ? std::string("none") : scale);
     const at::Tensor r = adv.rewards;  // [n] fp64, NaN: unscored
     const at::Tensor scored = r.isnan().logical_not();
     const at::Tensor r0 = at::where(scored, r, at::zeros_like(r));
@@ -624,7 +644,7 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
         min_terminated = std::min(min_terminated, n);
         max_terminated = std::max(max_terminated, n);
       }
-      if (d.stopped || !I.grpo_options.mask_truncated_completions) counted += n;
+      if (d.stopped || !options_.mask_truncated_completions) counted += n;
     }
     sums.insert(sums.end(), {length_sum, terminated, terminated_sum, counted,
                              adv.std_zero.sum().item<double>()});
@@ -675,12 +695,12 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
     buf->done = std::move(done);
     // The divisors are a step's (its completions, its micro-batches) except dapo's and
     // cispo's, which count the tokens of the whole generation batch (TRL's num_items_in_batch).
-    train::GrpoStepCounts counts;
+    GrpoStepCounts counts;
     counts.completions = per_step * I.world;
     counts.micro_batches = accumulation * I.world;
     counts.generation_tokens = static_cast<int64_t>(global[k + 3]);
-    buf->divisor = train::grpo_divisor(I.grpo_options, counts);
-    I.grpo_buffer = cycle > 1 ? buf : nullptr;
+    buf->divisor = grpo_divisor(options_, counts);
+    buffer_ = cycle > 1 ? buf : nullptr;
   }
   // The slice of the generation batch this step trains on: micro-batches [first, first + a).
   const int64_t first = (buf->uses % slices) * accumulation;
@@ -707,7 +727,7 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
       ids[b].narrow(0, 0, np).copy_(at::tensor(p, at::kLong));
       if (nt == 0) continue;
       ids[b].narrow(0, np, nt).copy_(at::tensor(t, at::kLong));
-      if (!(buf->truncated[c] && I.grpo_options.mask_truncated_completions))
+      if (!(buf->truncated[c] && options_.mask_truncated_completions))
         labels[b].narrow(0, np, nt).copy_(at::tensor(t, at::kLong));
     }
     return std::pair<at::Tensor, at::Tensor>{ids.to(device), labels};
@@ -728,20 +748,20 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
   // Kept on the device through the micro-batches and read once after them (no sync per
   // micro-batch): the metric sums, then the loss, −(low_min) and high_max.
   const auto on_device = at::TensorOptions().dtype(at::kDouble).device(device);
-  at::Tensor sums_total = at::zeros({train::kGrpoSums}, on_device);
+  at::Tensor sums_total = at::zeros({kGrpoSums}, on_device);
   at::Tensor tail = at::tensor({0.0, -std::numeric_limits<double>::infinity(), 0.0}).to(device);
   bool clip_extremes = false;
   for (int64_t a = first; a < first + accumulation; ++a) {
     const auto [dev_ids, labels] = micro_batch(a);
-    train::GrpoInputs in;
+    GrpoInputs in;
     in.logps = I.model->label_log_probs(dev_ids, labels, {}, 1024, {}, nullptr, temperature,
                                         &in.entropies);
     if (cycle > 1) in.old_logps = buf->old_logps[static_cast<size_t>(a)];
     in.mask = labels.ne(kIgnoreLabel).to(at::kFloat).to(device);
     in.advantages = buf->advantages.narrow(0, a * mb, mb).to(at::kFloat).to(device);
-    if (I.grpo_options.beta != 0.0)
-      in.ref_logps = I.objective->reference_token_log_probs(dev_ids, labels, temperature);
-    const train::GrpoLoss l = train::grpo_loss(I.grpo_options, in);
+    if (options_.beta != 0.0)
+      in.ref_logps = reference_token_log_probs(dev_ids, labels, temperature);
+    const GrpoLoss l = grpo_loss(options_, in);
     I.engine->backward(l.numerator, divisor);
     I.engine->step();
     tail[0] += l.numerator.detach().to(at::kDouble) / divisor;
@@ -754,12 +774,12 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
   }
   const at::Tensor host = at::cat({sums_total, tail}).to(at::kCPU);
   const double* h = host.data_ptr<double>();
-  const double low_min = -h[train::kGrpoSums + 1], high_max = h[train::kGrpoSums + 2];
-  std::vector<double> step_sums(h, h + train::kGrpoSums);
-  step_sums.push_back(h[train::kGrpoSums]);
+  const double low_min = -h[kGrpoSums + 1], high_max = h[kGrpoSums + 2];
+  std::vector<double> step_sums(h, h + kGrpoSums);
+  step_sums.push_back(h[kGrpoSums]);
   const std::vector<double> all = comm::reduce_scalars(*I.comm, step_sums);
-  for (const auto& [name, value] : train::grpo_metrics(
-           I.grpo_options, std::vector<double>(all.begin(), all.end() - 1), true, "")) {
+  for (const auto& [name, value] :
+       grpo_metrics(options_, std::vector<double>(all.begin(), all.end() - 1), true, "")) {
     out.metrics[name] = value;
   }
   if (clip_extremes) {
@@ -779,6 +799,37 @@ GrpoStepStats Trainer::Impl::train_grpo_step(const std::vector<GrpoPrompt>& prom
   out.learning_rate = I.engine->learning_rate();
   out.loss_scale = I.engine->loss_scale();
   return out;
+}
+
+// The run's GRPO objective, for the host API of stage grpo: InvalidArgument naming `what` when
+// the run has another stage.
+GrpoObjective& grpo_of(Trainer::Impl& I, const char* what, const char* why) {
+  auto* g = dynamic_cast<GrpoObjective*>(I.objective.get());
+  if (g == nullptr) {
+    throw InvalidArgument(fmt::format("{}: the run's stage is {}; {}", what, I.args.stage, why));
+  }
+  return *g;
+}
+
+}  // namespace
+
+std::unique_ptr<Objective> make_grpo_objective(Trainer::Impl& trainer) {
+  return std::make_unique<GrpoObjective>(trainer);
+}
+
+}  // namespace train
+
+GrpoStepStats Trainer::train_grpo_step(const std::vector<GrpoPrompt>& prompts,
+                                       const std::vector<RewardFunction>& rewards) {
+  return impl_->posting_failures([&] {
+    return train::grpo_of(*impl_, "train_grpo_step", "set stage grpo in its options")
+        .train_step(prompts, rewards);
+  });
+}
+
+void Trainer::add_reward(RewardFunction reward) {
+  train::grpo_of(*impl_, "add_reward", "reward functions score stage grpo's completions")
+      .add_reward(std::move(reward));
 }
 
 }  // namespace zt

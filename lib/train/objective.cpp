@@ -18,6 +18,10 @@ int64_t Objective::samples_of(const Dataset& d, const std::string& path) const {
   return d.size();
 }
 
+int64_t Objective::steps_per_epoch(bool drop_last) const {
+  return zt::steps_per_epoch(t_.train_samples, t_.batch.size(), drop_last);
+}
+
 std::vector<int64_t> Objective::epoch_order(int64_t epoch, bool shuffle, int64_t megabatch) const {
   return zt::epoch_order(t_.train_samples, t_.data_seed, epoch, shuffle,
                          t_.args.group_by_length ? &t_.train_lengths : nullptr, megabatch);

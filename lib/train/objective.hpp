@@ -44,9 +44,18 @@ class Objective {
   /// The samples of dataset `d` (tokenized from `path`): its sequences, or the pairs (two
   /// sequences each) of preference data. IoError when `d` lacks what the objective reads.
   virtual int64_t samples_of(const Dataset& d, const std::string& path) const;
+  /// Reads the run's data itself (GRPO's prompts: Impl::has_train, train_samples) and returns
+  /// true; false when the trainer tokenizes train_file and eval_file into datasets.
+  virtual bool load_own_data() { return false; }
   /// After the training data are read: the per-sample counts the batches take
-  /// (Impl::train_lengths, train_targets) where the objective's samples are not sequences.
+  /// (Impl::train_lengths, train_targets), the samples packed into sequences where asked.
   virtual void index_training_data() {}
+  /// Once the global batch is known (Impl::batch): ConfigError when the objective cannot
+  /// split it (GRPO: steps_per_generation no multiple of the accumulation steps).
+  virtual void check_global_batch() const {}
+  /// Optimizer steps in an epoch of Impl::train_samples at the global batch (0: fewer samples
+  /// than one batch with `drop_last`).
+  virtual int64_t steps_per_epoch(bool drop_last) const;
   /// Whether the losses score against a reference: the model as the run starts.
   virtual bool uses_reference() const { return false; }
   /// Whether that reference is a table of log-probs computed before the first step (then the

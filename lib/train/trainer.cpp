@@ -113,10 +113,7 @@ std::string template_kwargs(const TrainingArguments& args) {
 }  // namespace
 
 void Trainer::Impl::load_data() {
-  if (grpo) {
-    load_grpo_prompts();
-    return;
-  }
+  if (objective->load_own_data()) return;
   DatasetStats train_stats, eval_stats;
   DataOptions options = data_options_for(args);
   options.token_id_limit = model_config.vocab_size;  // pre-tokenized ids index the embedding
@@ -187,17 +184,9 @@ void Trainer::Impl::plan_batches() {
     resolve_config(ds, args, context);
   }
   batch = GlobalBatch{args.per_device_train_batch_size, args.gradient_accumulation_steps, world};
-  if (grpo) grpo_slices();  // steps_per_generation fits the accumulation steps (ConfigError)
+  objective->check_global_batch();
   if (has_train) {
-    if (grpo) {
-      // A generation batch holds the prompts of steps_per_generation micro-batches and feeds
-      // grpo_cycle() steps, num_iterations times each slice (TRL repeats its prompts so).
-      steps_per_epoch = zt::steps_per_epoch(train_samples, batch.size() * grpo_slices(),
-                                            args.dataloader_drop_last) *
-                        grpo_cycle();
-    } else {
-      steps_per_epoch = zt::steps_per_epoch(train_samples, batch.size(), args.dataloader_drop_last);
-    }
+    steps_per_epoch = objective->steps_per_epoch(args.dataloader_drop_last);
     if (steps_per_epoch == 0) {
       throw ConfigError(
           fmt::format("'{}' has {} {}, fewer than one global batch of {} (micro batch {} × "
@@ -275,7 +264,6 @@ void Trainer::Impl::check_options() {
           model_dir));
     }
   }
-  grpo = args.stage == "grpo";
   // The stage's own checks (its loss's options; what it does not run with yet).
   objective = train::make_objective(*this);
 }

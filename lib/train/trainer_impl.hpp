@@ -18,7 +18,6 @@
 #include <fmt/format.h>
 
 #include "comm/agreement.hpp"
-#include "train/grpo.hpp"
 #include "train/log_window.hpp"
 #include "train/phase_meter.hpp"
 #include "train/reporting.hpp"
@@ -77,10 +76,6 @@ struct Trainer::Impl {
   std::unique_ptr<train::Objective> objective;
   /// The objective's name of a sample, plural, for messages ("examples", "pairs"...).
   const char* sample_name() const;
-  /// GRPO (stage grpo; grpo_loop.cpp): the loss's options and the sampling of completions.
-  bool grpo = false;
-  train::GrpoOptions grpo_options;
-  GenerationOptions sampling;
   std::shared_ptr<CausalLM> model;
   PeftConfig peft;
   bool adapter_method = false;
@@ -185,31 +180,6 @@ struct Trainer::Impl {
   bool warned_past_max_steps = false;  ///< train_step past max_steps says so once
   /// Trainer::train_step's work.
   StepStats train_step(const at::Tensor& input_ids, const at::Tensor& labels);
-  /// check_options for stage grpo: the loss's and the sampling's options, and what GRPO does
-  /// not run with yet (ConfigError naming the option).
-  void check_grpo_options();
-  /// Stage grpo's prompts from train_file (read by every rank; grpo_loop.cpp), and the reward
-  /// functions reward_funcs names.
-  std::vector<GrpoPrompt> grpo_prompts;
-  std::vector<RewardFunction> grpo_rewards;
-  void load_grpo_prompts();
-  /// When a grpo run starts: at least one reward function, the same count on every rank, and
-  /// reward_weights one per function (collective).
-  void check_grpo_rewards();
-  /// The generation batch that later steps train on (TRL's buffered inputs): made by the step
-  /// that generates, it feeds grpo_cycle() optimizer steps (grpo_loop.cpp).
-  struct GrpoBuffer;
-  std::shared_ptr<GrpoBuffer> grpo_buffer;
-  /// Optimizer steps one generation batch feeds: steps_per_generation ÷ the accumulation steps
-  /// (its slices), and the steps of the cycle, slices × num_iterations. ConfigError when
-  /// steps_per_generation is no multiple of the accumulation steps.
-  int64_t grpo_slices() const;
-  int64_t grpo_cycle() const { return grpo_slices() * args.num_iterations; }
-  /// Trainer::train_grpo_step's work (grpo_loop.cpp). `cycle_step`: the step's place in its
-  /// generation cycle when train() knows it (a run resumed mid-cycle), else −1.
-  GrpoStepStats train_grpo_step(const std::vector<GrpoPrompt>& prompts,
-                                const std::vector<RewardFunction>& rewards,
-                                int64_t cycle_step = -1);
   /// Trainer::train_preference_step's work.
   StepStats train_preference_step(const at::Tensor& chosen_ids, const at::Tensor& chosen_labels,
                                   const at::Tensor& rejected_ids,
