@@ -33,6 +33,9 @@ using train::GrpoOptions;
 
 namespace {
 
+// A GRPO prompt file of `count` prompts in `dir` (below); its path.
+std::string write_prompts(const std::string& dir, int count);
+
 std::string fixture(const std::string& rel) {
   return std::string(ZT_FIXTURES) + "/" + rel;
 }
@@ -610,6 +613,8 @@ TEST_CASE("stage grpo refuses options it does not run with, naming them", "[grpo
   refused({"--reward_funcs", "accuracy,think_format", "--reward_weights", "1"}, "1 weights for 2");
   refused({"--reward_funcs", "accuracy", "--reward_weights", "0x10"}, "not a decimal number");
   refused({"--reward_funcs", "overlong:1e999:4"}, "not a decimal number");
+  refused({"--eval_file", write_prompts(dir + "/eval", 2), "--per_device_eval_batch_size", "3"},
+          "per_device_eval_batch_size 3");
   // And a preference run refuses GRPO's losses.
   TrainingArguments dpo;
   apply_training_flags(dpo,
@@ -696,8 +701,13 @@ TEST_CASE("stage grpo trains from a prompt file alike at world 1 and 2, and resu
   if (test::skip_cpu_world(2)) return;
   const std::string dir = test::temp_dir("grpo-file");
   write_prompts(dir, 8);
+  // Evaluated every 2 steps on 5 prompts, one a rank and batch: 5 batches at world 1, 3 at
+  // world 2, whose last leaves rank 1 without a prompt.
+  const std::string eval_prompts = write_prompts(dir + "/eval", 5);
   const auto run = [&](int world, const std::string& name, std::vector<std::string> extra) {
     std::vector<std::string> flags = grpo_file_flags(dir, dir + "/" + name, world);
+    flags.insert(flags.end(), {"--eval_file", eval_prompts, "--eval_strategy", "steps",
+                               "--eval_steps", "2", "--per_device_eval_batch_size", "2"});
     flags.insert(flags.end(), extra.begin(), extra.end());
     test::run_ranks(world, "rank: grpo run", std::chrono::seconds(240),
                     {{"ZT_FLAGS", test::join_flags(flags)}});
@@ -716,6 +726,20 @@ TEST_CASE("stage grpo trains from a prompt file alike at world 1 and 2, and resu
       CHECK(got.at(step) == Approx(value).epsilon(1e-4).margin(1e-6));
     }
   }
+  // The evaluations: TRL's metrics with eval_ names, over the whole evaluation set, the same at
+  // either world size (the completions' draws are their places in the evaluation).
+  for (const char* key :
+       {"eval_loss", "eval_reward", "eval_reward_std", "eval_rewards/accuracy/mean",
+        "eval_completions/mean_length", "eval_completions/clipped_ratio", "eval_kl", "eval_entropy",
+        "eval_clip_ratio/region_mean", "eval_frac_reward_zero_std"}) {
+    const auto want = test::logged(one, key), got = test::logged(two, key);
+    INFO(key);
+    REQUIRE(want.size() == 2);  // steps 2 and 4 (the final evaluation is step 4's)
+    for (const auto& [step, value] : want) {
+      INFO("step " << step);
+      CHECK(got.at(step) == Approx(value).epsilon(1e-4).margin(1e-6));
+    }
+  }
   // The reward is the weighted sum of the functions' means (every completion scored by both).
   const auto reward = test::logged(one, "reward");
   const auto accuracy = test::logged(one, "rewards/accuracy/mean");
@@ -729,6 +753,8 @@ TEST_CASE("stage grpo trains from a prompt file alike at world 1 and 2, and resu
                         std::filesystem::copy_options::recursive);
   const std::string resumed =
       run(1, "resumed", {"--resume_from_checkpoint", dir + "/resumed/checkpoint-2"});
+  CHECK(test::logged(resumed, "eval_reward").at(4) ==
+        Approx(test::logged(one, "eval_reward").at(4)).epsilon(1e-4).margin(1e-6));
   for (const char* key : {"loss", "reward", "kl"}) {
     for (int64_t step = 3; step <= 4; ++step) {
       INFO(key << " at step " << step);

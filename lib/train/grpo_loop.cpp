@@ -168,6 +168,82 @@ namespace train {
 
 namespace {
 
+// Mixed into an evaluation's sampling seed, so that its draws are not a training step's.
+constexpr uint64_t kEvaluationDraws = 0x6576616c75617465ULL;  // "evaluate"
+
+// Completions [first, first + count) of a generation batch as one micro-batch: each prompt
+// (`rows`) and its completion right-padded with `pad` to the longest, the completion's tokens
+// labelled (none of a truncated one's with `mask_truncated`). The ids on `device`, the labels
+// on the host.
+std::pair<at::Tensor, at::Tensor> completion_batch(const std::vector<std::vector<int64_t>>& rows,
+                                                   const std::vector<Generated>& done,
+                                                   int64_t first, int64_t count,
+                                                   bool mask_truncated, int64_t pad,
+                                                   const at::Device& device) {
+  int64_t width = 0;
+  for (int64_t i = first; i < first + count; ++i) {
+    const auto c = static_cast<size_t>(i);
+    width = std::max<int64_t>(width, static_cast<int64_t>(rows[c].size() + done[c].tokens.size()));
+  }
+  at::Tensor ids = at::full({count, width}, pad, at::kLong);
+  at::Tensor labels = at::full({count, width}, kIgnoreLabel, at::kLong);
+  for (int64_t b = 0; b < count; ++b) {
+    const auto c = static_cast<size_t>(first + b);
+    const auto& p = rows[c];
+    const auto& t = done[c].tokens;
+    const auto np = static_cast<int64_t>(p.size()), nt = static_cast<int64_t>(t.size());
+    ids[b].narrow(0, 0, np).copy_(at::tensor(p, at::kLong));
+    if (nt == 0) continue;
+    ids[b].narrow(0, np, nt).copy_(at::tensor(t, at::kLong));
+    if (done[c].stopped || !mask_truncated)
+      labels[b].narrow(0, np, nt).copy_(at::tensor(t, at::kLong));
+  }
+  return {ids.to(device), labels};
+}
+
+// A mean and sample standard deviation (torch.std's n − 1) from a sum, a sum of squares and a
+// count: NaN where they are undefined.
+std::pair<double, double> reward_mean_std(double sum, double squares, double n) {
+  const double mean = n > 0 ? sum / n : NAN;
+  const double var = n > 1 ? (squares - n * mean * mean) / (n - 1) : NAN;
+  return {mean, std::sqrt(std::max(0.0, var))};
+}
+
+// TRL's reward and completion metrics from the sums over every rank's completions (as
+// sample_and_score lays them out: the reward's sum, squares and count, the same for each
+// function, then lengths, terminated count, terminated lengths, counted tokens and the groups
+// of zero std) and the extremes (−min length, max length, −min and max terminated length), of
+// `completions` completions.
+std::map<std::string, double> completion_metrics(const std::vector<double>& global,
+                                                 const std::vector<double>& extremes,
+                                                 const std::vector<RewardFunction>& rewards,
+                                                 double completions, const std::string& scale) {
+  std::map<std::string, double> m;
+  const auto [reward_mean, reward_std] = reward_mean_std(global[0], global[1], global[2]);
+  m["reward"] = reward_mean;
+  m["reward_std"] = reward_std;
+  const size_t f = rewards.size();
+  for (size_t j = 0; j < f; ++j) {
+    const auto [mean, std] =
+        reward_mean_std(global[3 + 3 * j], global[4 + 3 * j], global[5 + 3 * j]);
+    m["rewards/" + rewards[j].name + "/mean"] = mean;
+    m["rewards/" + rewards[j].name + "/std"] = std;
+  }
+  const size_t k = 3 + 3 * f;
+  const double all_terminated = global[k + 1];
+  m["completions/mean_length"] = global[k] / completions;
+  m["completions/min_length"] = -extremes[0];
+  m["completions/max_length"] = extremes[1];
+  m["completions/clipped_ratio"] = 1.0 - all_terminated / completions;
+  m["completions/mean_terminated_length"] =
+      all_terminated > 0 ? global[k + 2] / all_terminated : 0.0;
+  m["completions/min_terminated_length"] = all_terminated > 0 ? -extremes[2] : 0.0;
+  m["completions/max_terminated_length"] = all_terminated > 0 ? extremes[3] : 0.0;
+  m["frac_reward_zero_std"] =
+      scale == "batch" ? (reward_std == 0.0 ? 1.0 : 0.0) : global[k + 4] / completions;
+  return m;
+}
+
 // Stage grpo: each step trains on completions sampled for its prompts (a generation batch feeds
 // cycle_steps() steps), through train_step; the window averages each metric over the steps
 // that gave it (TRL's).
@@ -206,7 +282,7 @@ class GrpoObjective final : public Objective {
     (void)split;
     throw InvalidArgument(
         "stage grpo scores completions it samples for prompts: it has no forward over stored "
-        "samples (evaluation data are not read with stage grpo)");
+        "samples (its evaluation samples too: evaluate)");
   }
 
   std::map<std::string, double> take_window_metrics() override {
@@ -216,6 +292,12 @@ class GrpoObjective final : public Objective {
     counts_.clear();
     return out;
   }
+
+  /// The evaluation prompts, num_generations completions each, sampled and scored in batches
+  /// of per_device_eval_batch_size completions a rank; the loss at ratio 1 (TRL's evaluation)
+  /// and the metrics over the whole evaluation set. Collective.
+  double evaluate() override;
+  std::map<std::string, double> evaluation_metrics() const override { return eval_metrics_; }
 
   void check_token_steps() const override {
     throw InvalidArgument(
@@ -231,6 +313,33 @@ class GrpoObjective final : public Objective {
   void add_reward(RewardFunction reward);
 
  private:
+  /// A generation batch's completions on this rank, sampled and scored.
+  struct Scored {
+    std::vector<std::vector<int64_t>> rows;  ///< a prompt per completion
+    std::vector<Generated> done;
+    at::Tensor rewards;     ///< [completions] fp64 (CPU), NaN where no function scored
+    at::Tensor advantages;  ///< [completions] fp64 (CPU)
+    std::vector<std::string> completions;  ///< decoded
+    /// TRL's reward and completion metrics over every rank's completions (reward, reward_std,
+    /// rewards/<name>/mean and /std, completions/*, frac_reward_zero_std).
+    std::map<std::string, double> metrics;
+    int64_t counted_tokens = 0;  ///< the loss's tokens over every rank's completions
+    /// What the metrics come from (completion_metrics), over every rank's completions.
+    std::vector<double> sums, extremes;
+  };
+  /// Samples num_generations completions of each of `prompts` (generation options seeded with
+  /// `seed`, completion c drawing from `streams[c]`) with the weights being trained, without
+  /// dropout, the units held gathered under ZeRO-3; scores them with `rewards` (weighted by
+  /// `weights`) and forms their advantages. `global_completions`: every rank's completions;
+  /// with `counts` false this rank only takes part (its completions count in no metric).
+  /// Collective.
+  Scored sample_and_score(const std::vector<GrpoPrompt>& prompts,
+                          const std::vector<RewardFunction>& rewards,
+                          const std::vector<double>& weights, uint64_t seed,
+                          const std::vector<uint64_t>& streams, int64_t global_completions,
+                          bool counts);
+
+ private:
   /// Optimizer steps one generation batch feeds: steps_per_generation ÷ the accumulation steps
   /// (its slices), and the steps of the cycle, slices × num_iterations. ConfigError when
   /// steps_per_generation is no multiple of the accumulation steps.
@@ -239,8 +348,9 @@ class GrpoObjective final : public Objective {
 
   GrpoOptions options_;
   GenerationOptions sampling_;
-  std::vector<GrpoPrompt> prompts_;
+  std::vector<GrpoPrompt> prompts_, eval_prompts_;
   std::vector<RewardFunction> rewards_;
+  std::map<std::string, double> eval_metrics_;  ///< the last evaluation's, "eval_" names
   /// The generation batch that later steps train on (TRL's buffered inputs): made by the step
   /// that generates, it feeds cycle_steps() optimizer steps.
   struct Buffer;
@@ -332,41 +442,139 @@ bool GrpoObjective::load_own_data() {
   Trainer::Impl& I = t_;
   const TrainingArguments& args = I.args;
   const ModelConfig& model_config = I.model_config;
-  if (args.train_file.empty()) return true;  // a host that gives its prompts (train_step)
-  if (!args.eval_file.empty()) {
-    throw ConfigError(fmt::format(
-        "eval_file '{}': stage grpo does not evaluate yet; drop eval_file (docs/grpo.md)",
-        args.eval_file));
-  }
-  const std::string& path = args.train_file;
+  // Without either file the host gives its prompts (Trainer::train_grpo_step).
+  if (args.train_file.empty() && args.eval_file.empty()) return true;
+  const int64_t g = options_.num_generations;
   const int64_t room = model_config.max_position_embeddings - options_.max_completion_length;
-  int64_t too_long = 0;
-  prompts_ = read_grpo_prompts(path, *I.tokenizer, args.template_name, args.max_prompt_length, room,
-                               &too_long);
-  if (prompts_.empty()) {
-    throw ConfigError(
-        fmt::format("'{}' has no prompt that fits: every prompt is empty or longer than "
-                    "max_position_embeddings {} − max_completion_length {} tokens",
-                    path, model_config.max_position_embeddings, options_.max_completion_length));
+  const auto read = [&](const std::string& path, const char* what) {
+    int64_t too_long = 0;
+    std::vector<GrpoPrompt> prompts = read_grpo_prompts(path, *I.tokenizer, args.template_name,
+                                                        args.max_prompt_length, room, &too_long);
+    if (prompts.empty()) {
+      throw ConfigError(
+          fmt::format("'{}' has no prompt that fits: every prompt is empty or longer than "
+                      "max_position_embeddings {} − max_completion_length {} tokens",
+                      path, model_config.max_position_embeddings, options_.max_completion_length));
+    }
+    if (too_long > 0 && I.rank == 0) {
+      log::warn(
+          "'{}': {} prompts dropped, longer than max_position_embeddings {} − "
+          "max_completion_length {} tokens (set max_prompt_length to keep their ends)",
+          path, too_long, model_config.max_position_embeddings, options_.max_completion_length);
+    }
+    if (I.rank == 0) log::info("GRPO {}prompts '{}': {}", what, path, prompts.size());
+    return prompts;
+  };
+  if (!args.train_file.empty()) {
+    prompts_ = read(args.train_file, "");
+    I.has_train = true;
+    I.train_samples = static_cast<int64_t>(prompts_.size()) * g;
+    I.train_rows = static_cast<int64_t>(prompts_.size());
   }
-  if (too_long > 0 && I.rank == 0) {
-    log::warn(
-        "'{}': {} prompts dropped, longer than max_position_embeddings {} − "
-        "max_completion_length {} tokens (set max_prompt_length to keep their ends)",
-        path, too_long, model_config.max_position_embeddings, options_.max_completion_length);
+  if (!args.eval_file.empty()) {
+    // An evaluation batch holds whole groups on each rank, as a generation batch does.
+    if (args.per_device_eval_batch_size % g != 0) {
+      throw ConfigError(fmt::format(
+          "per_device_eval_batch_size {}: stage grpo evaluates whole groups of num_generations "
+          "{} completions on each rank; set a multiple of {}",
+          args.per_device_eval_batch_size, g, g));
+    }
+    eval_prompts_ = read(args.eval_file, "evaluation ");
+    I.has_eval = true;
+    I.eval_samples = static_cast<int64_t>(eval_prompts_.size()) * g;
   }
-  if (I.rank == 0) log::info("GRPO prompts '{}': {}", path, prompts_.size());
-  I.has_train = true;
-  I.train_samples = static_cast<int64_t>(prompts_.size()) * options_.num_generations;
-  I.train_rows = static_cast<int64_t>(prompts_.size());
-  // A run with neither is refused when it starts (check_rewards_): a host may still add
-  // its own (Trainer::add_reward, zt_trainer_add_reward).
+  // A run with neither is refused when it starts (prepare): a host may still add its own
+  // (Trainer::add_reward, zt_trainer_add_reward).
   for (const std::string& spec : comma_items(args.reward_funcs))
     rewards_.push_back(builtin_reward(spec));
   if (!args.reward_command.empty()) {
     rewards_.push_back(RewardProcess::function(args.reward_command, args.reward_timeout));
   }
   return true;
+}
+
+double GrpoObjective::evaluate() {
+  Trainer::Impl& I = t_;
+  at::NoGradGuard no_grad;
+  const int64_t g = options_.num_generations;
+  const int64_t per_rank = I.args.per_device_eval_batch_size / g;  // a rank's prompts a batch
+  const int64_t per_batch = per_rank * I.world;
+  const auto n = static_cast<int64_t>(eval_prompts_.size());
+  const std::vector<double> weights = parse_weights(I.args.reward_weights, rewards_.size());
+  // Draws of the evaluation's own, from the seed and the step: the same completions at any
+  // world size, and the training's draws untouched.
+  const uint64_t seed = mix(mix(static_cast<uint64_t>(I.args.seed), kEvaluationDraws),
+                            static_cast<uint64_t>(I.state.global_step));
+  const double temperature = I.args.temperature;
+  const at::Device device = I.comm->device();
+  std::vector<double> sums, extremes;  // completion_metrics's, over every batch
+  // The loss's metric sums and numerator, this rank's, kept on the device.
+  at::Tensor loss_sums = at::zeros({kGrpoSums + 1}, at::TensorOptions(at::kDouble).device(device));
+  int64_t counted_tokens = 0;
+  double micro_batches = 0;  // this rank's that count
+  I.model->eval();
+  for (int64_t first = 0; first < n; first += per_batch) {
+    // This rank's prompts of the batch, rank-major; a rank with none left samples the batch's
+    // first prompt only to take part in the collectives (ZeRO-3's gathers, the reductions).
+    const int64_t begin = std::min(n, first + I.rank * per_rank);
+    const int64_t count = std::min(per_rank, n - begin);
+    const bool counts = count > 0;
+    std::vector<GrpoPrompt> mine(eval_prompts_.begin() + begin,
+                                 eval_prompts_.begin() + begin + count);
+    if (!counts) mine.push_back(eval_prompts_[static_cast<size_t>(first)]);
+    std::vector<uint64_t> streams;  // each completion's index in the whole evaluation
+    for (int64_t c = 0; c < static_cast<int64_t>(mine.size()) * g; ++c) {
+      streams.push_back(static_cast<uint64_t>(begin * g + c));
+    }
+    const int64_t batch_completions = std::min(per_batch, n - first) * g;
+    Scored scored =
+        sample_and_score(mine, rewards_, weights, seed, streams, batch_completions, counts);
+    if (sums.empty()) {
+      sums = scored.sums;
+      extremes = scored.extremes;
+    } else {
+      for (size_t k = 0; k < sums.size(); ++k) sums[k] += scored.sums[k];
+      for (size_t k = 0; k < extremes.size(); ++k)
+        extremes[k] = std::max(extremes[k], scored.extremes[k]);
+    }
+    counted_tokens += scored.counted_tokens;
+    // The loss as TRL evaluates it: the policy's own log-probs as the sampling policy's (ratio
+    // 1), this rank's completions as one micro-batch.
+    const auto [ids, labels] =
+        completion_batch(scored.rows, scored.done, 0, static_cast<int64_t>(scored.rows.size()),
+                         options_.mask_truncated_completions, I.pad_id, device);
+    GrpoInputs in;
+    in.logps =
+        I.model->label_log_probs(ids, labels, {}, 1024, {}, nullptr, temperature, &in.entropies);
+    in.mask = labels.ne(kIgnoreLabel).to(at::kFloat).to(device);
+    in.advantages = scored.advantages.to(at::kFloat).to(device);
+    if (options_.beta != 0.0) in.ref_logps = reference_token_log_probs(ids, labels, temperature);
+    const GrpoLoss l = grpo_loss(options_, in);
+    if (counts) {
+      loss_sums.narrow(0, 0, kGrpoSums) += l.sums;
+      loss_sums[kGrpoSums] += l.numerator.to(at::kDouble);
+      micro_batches += 1;
+    }
+  }
+  I.model->train();
+  const at::Tensor host = loss_sums.to(at::kCPU);
+  std::vector<double> local(host.data_ptr<double>(), host.data_ptr<double>() + kGrpoSums + 1);
+  local.push_back(micro_batches);
+  const std::vector<double> all = comm::reduce_scalars(*I.comm, local);
+  GrpoStepCounts whole;  // the evaluation as one generation batch
+  whole.completions = n * g;
+  whole.micro_batches = static_cast<int64_t>(all.back());
+  whole.generation_tokens = counted_tokens;
+  const double loss = all[kGrpoSums] / grpo_divisor(options_, whole);
+  std::map<std::string, double> metrics = completion_metrics(
+      sums, extremes, rewards_, static_cast<double>(n * g), options_.scale_rewards);
+  for (const auto& [name, value] : grpo_metrics(
+           options_, std::vector<double>(all.begin(), all.begin() + kGrpoSums), true, "")) {
+    metrics[name] = value;
+  }
+  eval_metrics_.clear();
+  for (const auto& [name, value] : metrics) eval_metrics_["eval_" + name] = value;
+  return loss;
 }
 
 int64_t GrpoObjective::generation_slices() const {
@@ -482,13 +690,129 @@ struct GrpoObjective::Buffer {
   std::vector<std::vector<int64_t>> prompts;  // the batch's prompts (the calls that reuse it)
   std::vector<std::vector<int64_t>> rows;     // a prompt per completion
   std::vector<Generated> done;
-  std::vector<int64_t> lengths;
-  std::vector<bool> truncated;
   at::Tensor advantages;  // [completions] fp64 (CPU)
   double divisor = 1.0;
   std::vector<at::Tensor> old_logps;  // per micro-batch (more than one step)
   int64_t uses = 0;
 };
+
+GrpoObjective::Scored GrpoObjective::sample_and_score(const std::vector<GrpoPrompt>& prompts,
+                                                      const std::vector<RewardFunction>& rewards,
+                                                      const std::vector<double>& weights,
+                                                      uint64_t seed,
+                                                      const std::vector<uint64_t>& streams,
+                                                      int64_t global_completions, bool counts) {
+  Trainer::Impl& I = t_;
+  const int64_t g = options_.num_generations;
+  const int64_t n = static_cast<int64_t>(prompts.size()) * g;
+  Scored result;
+  // 1. Completions, sampled by the weights being trained, without dropout. Under ZeRO-3 the
+  // units are gathered once for the whole generation (hold_units), so a rank decodes as many
+  // tokens as its own completions need, with no collective per token.
+  GenerationOptions sampling_now = sampling_;
+  sampling_now.seed = seed;
+  std::vector<std::vector<int64_t>> rows;
+  for (const GrpoPrompt& p : prompts) {
+    for (int64_t k = 0; k < g; ++k) rows.push_back(p.ids);
+  }
+  std::vector<Generated> done;
+  {
+    const bool training = I.model->is_training();
+    I.model->eval();
+    I.engine->hold_units();
+    try {
+      done = I.model->generate_batch(rows, sampling_now, streams);
+    } catch (...) {
+      I.engine->release_units();
+      if (training) I.model->train();
+      throw;
+    }
+    I.engine->release_units();
+    if (training) I.model->train();
+  }
+
+  // 2. Rewards for this rank's completions.
+  std::vector<RewardInput> inputs(static_cast<size_t>(n));
+  for (int64_t c = 0; c < n; ++c) {
+    const GrpoPrompt& p = prompts[static_cast<size_t>(c / g)];
+    RewardInput& r = inputs[static_cast<size_t>(c)];
+    const auto& tokens = done[static_cast<size_t>(c)].tokens;
+    r.prompt = I.tokenizer->decode(std::vector<int32_t>(p.ids.begin(), p.ids.end()));
+    r.completion = I.tokenizer->decode(std::vector<int32_t>(tokens.begin(), tokens.end()));
+    r.completion_ids = tokens;
+    r.columns = p.columns;
+    result.completions.push_back(r.completion);
+  }
+  // The ranks agree on the scoring (one small all-reduce): a reward function that fails or asks
+  // to stop on one rank stops the step on every rank at once, none waiting out the collective
+  // timeout while that rank's process lives on (a host that handles the error).
+  at::Tensor per_function;  // [n, F]
+  comm::on_every_rank(*I.comm, "scoring the completions (a reward function)",
+                      [&] { per_function = score_completions(rewards, inputs, g); });
+
+  // 3. Advantages: groups are whole on this rank; the batch's std (scale_rewards batch) and
+  // the logged statistics are over every rank's completions.
+  const std::string scale = options_.scale_rewards;
+  GroupAdvantages adv =
+      group_advantages(per_function, weights, g, scale == "batch" ? std::string("none") : scale);
+  const at::Tensor r = adv.rewards;  // [n] fp64, NaN: unscored
+  const at::Tensor scored = r.isnan().logical_not();
+  const at::Tensor r0 = at::where(scored, r, at::zeros_like(r));
+  const int64_t f = per_function.size(1);
+  std::vector<double> sums{r0.sum().item<double>(), r0.pow(2).sum().item<double>(),
+                           scored.sum().item<double>()};
+  for (int64_t j = 0; j < f; ++j) {
+    const at::Tensor col = per_function.select(1, j);
+    const at::Tensor ok = col.isnan().logical_not();
+    const at::Tensor c0 = at::where(ok, col, at::zeros_like(col));
+    sums.push_back(c0.sum().item<double>());
+    sums.push_back(c0.pow(2).sum().item<double>());
+    sums.push_back(ok.sum().item<double>());
+  }
+  // Completion lengths and truncation, and the loss's counted tokens.
+  double length_sum = 0, terminated_sum = 0, terminated = 0, counted = 0;
+  double min_length = std::numeric_limits<double>::infinity(), max_length = 0;
+  double min_terminated = std::numeric_limits<double>::infinity(), max_terminated = 0;
+  for (const Generated& d : done) {
+    const auto n = static_cast<double>(d.tokens.size());
+    length_sum += n;
+    min_length = std::min(min_length, n);
+    max_length = std::max(max_length, n);
+    if (d.stopped) {
+      terminated += 1;
+      terminated_sum += n;
+      min_terminated = std::min(min_terminated, n);
+      max_terminated = std::max(max_terminated, n);
+    }
+    if (d.stopped || !options_.mask_truncated_completions) counted += n;
+  }
+  sums.insert(sums.end(),
+              {length_sum, terminated, terminated_sum, counted, adv.std_zero.sum().item<double>()});
+  std::vector<double> ends{-min_length, max_length, -min_terminated, max_terminated};
+  if (!counts) {  // a rank that only takes part: nothing of its completions counts
+    std::fill(sums.begin(), sums.end(), 0.0);
+    std::fill(ends.begin(), ends.end(), -std::numeric_limits<double>::infinity());
+  }
+  const std::vector<double> global = comm::reduce_scalars(*I.comm, sums);
+  const std::vector<double> extremes = comm::reduce_scalars(*I.comm, ends, ReduceOp::kMax);
+  const double reward_std = reward_mean_std(global[0], global[1], global[2]).second;
+  at::Tensor advantages = adv.advantages;
+  if (scale == "batch") {
+    advantages = adv.advantages / (reward_std + 1e-4);
+    advantages = at::nan_to_num(advantages, 0.0);
+  }
+  result.metrics =
+      completion_metrics(global, extremes, rewards, static_cast<double>(global_completions), scale);
+  result.sums = global;
+  result.extremes = extremes;
+  result.rewards = r;
+  result.advantages = advantages;
+  result.rows = std::move(rows);
+  result.done = std::move(done);
+  result.counted_tokens =
+      static_cast<int64_t>(global[static_cast<size_t>(3 + 3 * per_function.size(1) + 3)]);
+  return result;
+}
 
 GrpoStepStats GrpoObjective::train_step(const std::vector<GrpoPrompt>& prompts,
                                         const std::vector<RewardFunction>& rewards,
@@ -515,7 +839,6 @@ GrpoStepStats GrpoObjective::train_step(const std::vector<GrpoPrompt>& prompts,
   const std::vector<double> weights = parse_weights(I.args.reward_weights, rewards.size());
   const int64_t vocab = I.model_config.vocab_size;
   const int64_t context = I.model_config.max_position_embeddings;
-  std::vector<std::vector<int64_t>> rows;
   for (size_t p = 0; p < prompts.size(); ++p) {
     const std::vector<int64_t>& ids = prompts[p].ids;
     if (ids.empty()) throw InvalidArgument(fmt::format("train_grpo_step: prompt {} is empty", p));
@@ -532,7 +855,6 @@ GrpoStepStats GrpoObjective::train_step(const std::vector<GrpoPrompt>& prompts,
           "the model's context of {} tokens (max_position_embeddings); shorten it",
           p, ids.size(), options_.max_completion_length, context));
     }
-    for (int64_t k = 0; k < g; ++k) rows.push_back(ids);
   }
 
   const int64_t cycle = cycle_steps();
@@ -558,147 +880,31 @@ GrpoStepStats GrpoObjective::train_step(const std::vector<GrpoPrompt>& prompts,
     buf->prompts = std::move(given);
     // A run resumed inside a cycle generates anew and trains on the cycle's remaining steps.
     buf->uses = cycle_step > 0 ? cycle_step % cycle : 0;
-    // 1. Completions, sampled by the weights being trained, without dropout. Each one's draws
-    // come from (seed, step, its index in the global generation batch: step slice by step
-    // slice, each rank-major, so any world size draws alike). Under ZeRO-3 the units are gathered
-    // once for the whole generation (hold_units), so a rank decodes as many tokens as its own
-    // completions need, with no collective per token.
-    GenerationOptions sampling_now = sampling_;
-    sampling_now.seed = mix(static_cast<uint64_t>(I.args.seed), static_cast<uint64_t>(step));
+    // 1.–3. Completions sampled by the weights being trained, their rewards and advantages.
+    // Each one's draws come from (seed, step, its index in the global generation batch: step
+    // slice by step slice, each rank-major, so any world size draws alike).
     std::vector<uint64_t> streams;
     for (int64_t c = 0; c < per_rank; ++c) {
       const int64_t slice = c / per_step, within = c % per_step;
       streams.push_back(
           static_cast<uint64_t>(slice * per_step * I.world + I.rank * per_step + within));
     }
-    std::vector<Generated> done;
-    {
-      const bool training = I.model->is_training();
-      I.model->eval();
-      I.engine->hold_units();
-      try {
-        done = I.model->generate_batch(rows, sampling_now, streams);
-      } catch (...) {
-        I.engine->release_units();
-        if (training) I.model->train();
-        throw;
-      }
-      I.engine->release_units();
-      if (training) I.model->train();
-    }
-
-    // 2. Rewards for this rank's completions.
-    std::vector<RewardInput> inputs(static_cast<size_t>(per_rank));
-    for (int64_t c = 0; c < per_rank; ++c) {
-      const GrpoPrompt& p = prompts[static_cast<size_t>(c / g)];
-      RewardInput& r = inputs[static_cast<size_t>(c)];
-      const auto& tokens = done[static_cast<size_t>(c)].tokens;
-      r.prompt = I.tokenizer->decode(std::vector<int32_t>(p.ids.begin(), p.ids.end()));
-      r.completion = I.tokenizer->decode(std::vector<int32_t>(tokens.begin(), tokens.end()));
-      r.completion_ids = tokens;
-      r.columns = p.columns;
-      out.completions.push_back(r.completion);
-    }
-    // The ranks agree on the scoring (one small all-reduce): a reward function that fails or asks
-    // to stop on one rank stops the step on every rank at once, none waiting out the collective
-    // timeout while that rank's process lives on (a host that handles the error).
-    at::Tensor per_function;  // [n, F]
-    comm::on_every_rank(*I.comm, "scoring the completions (a reward function)",
-                        [&] { per_function = score_completions(rewards, inputs, g); });
-
-    // 3. Advantages: groups are whole on this rank; the batch's std (scale_rewards batch) and
-    // the logged statistics are over every rank's completions.
-    const std::string scale = options_.scale_rewards;
-    GroupAdvantages adv =
-        group_advantages(per_function, weights, g, scale == "batch" ? std::string("none") : scale);
-    const at::Tensor r = adv.rewards;  // [n] fp64, NaN: unscored
-    const at::Tensor scored = r.isnan().logical_not();
-    const at::Tensor r0 = at::where(scored, r, at::zeros_like(r));
-    const int64_t f = per_function.size(1);
-    std::vector<double> sums{r0.sum().item<double>(), r0.pow(2).sum().item<double>(),
-                             scored.sum().item<double>()};
-    for (int64_t j = 0; j < f; ++j) {
-      const at::Tensor col = per_function.select(1, j);
-      const at::Tensor ok = col.isnan().logical_not();
-      const at::Tensor c0 = at::where(ok, col, at::zeros_like(col));
-      sums.push_back(c0.sum().item<double>());
-      sums.push_back(c0.pow(2).sum().item<double>());
-      sums.push_back(ok.sum().item<double>());
-    }
-    // Completion lengths and truncation, and the loss's counted tokens.
-    std::vector<int64_t> lengths;
-    std::vector<bool> truncated;
-    double length_sum = 0, terminated_sum = 0, terminated = 0, counted = 0;
-    double min_length = std::numeric_limits<double>::infinity(), max_length = 0;
-    double min_terminated = std::numeric_limits<double>::infinity(), max_terminated = 0;
-    for (const Generated& d : done) {
-      const auto n = static_cast<double>(d.tokens.size());
-      lengths.push_back(static_cast<int64_t>(d.tokens.size()));
-      truncated.push_back(!d.stopped);
-      length_sum += n;
-      min_length = std::min(min_length, n);
-      max_length = std::max(max_length, n);
-      if (d.stopped) {
-        terminated += 1;
-        terminated_sum += n;
-        min_terminated = std::min(min_terminated, n);
-        max_terminated = std::max(max_terminated, n);
-      }
-      if (d.stopped || !options_.mask_truncated_completions) counted += n;
-    }
-    sums.insert(sums.end(), {length_sum, terminated, terminated_sum, counted,
-                             adv.std_zero.sum().item<double>()});
-    const std::vector<double> global = comm::reduce_scalars(*I.comm, sums);
-    const std::vector<double> extremes = comm::reduce_scalars(
-        *I.comm, {-min_length, max_length, -min_terminated, max_terminated}, ReduceOp::kMax);
-    const double completions = static_cast<double>(per_rank * I.world);
-    const auto mean_std = [](double s, double sq, double n) {
-      const double mean = n > 0 ? s / n : NAN;
-      const double var = n > 1 ? (sq - n * mean * mean) / (n - 1) : NAN;
-      return std::pair<double, double>{mean, std::sqrt(std::max(0.0, var))};
-    };
-    const auto [reward_mean, reward_std] = mean_std(global[0], global[1], global[2]);
-    at::Tensor advantages = adv.advantages;
-    if (scale == "batch") {
-      advantages = adv.advantages / (reward_std + 1e-4);
-      advantages = at::nan_to_num(advantages, 0.0);
-    }
-    out.metrics["reward"] = reward_mean;
-    out.metrics["reward_std"] = reward_std;
-    for (int64_t j = 0; j < f; ++j) {
-      const auto [m, s] =
-          mean_std(global[static_cast<size_t>(3 + 3 * j)], global[static_cast<size_t>(4 + 3 * j)],
-                   global[static_cast<size_t>(5 + 3 * j)]);
-      const std::string& name = rewards[static_cast<size_t>(j)].name;
-      out.metrics["rewards/" + name + "/mean"] = m;
-      out.metrics["rewards/" + name + "/std"] = s;
-    }
-    const size_t k = static_cast<size_t>(3 + 3 * f);
-    const double all_terminated = global[k + 1];
-    out.metrics["completions/mean_length"] = global[k] / completions;
-    out.metrics["completions/min_length"] = -extremes[0];
-    out.metrics["completions/max_length"] = extremes[1];
-    out.metrics["completions/clipped_ratio"] = 1.0 - all_terminated / completions;
-    out.metrics["completions/mean_terminated_length"] =
-        all_terminated > 0 ? global[k + 2] / all_terminated : 0.0;
-    out.metrics["completions/min_terminated_length"] = all_terminated > 0 ? -extremes[2] : 0.0;
-    out.metrics["completions/max_terminated_length"] = all_terminated > 0 ? extremes[3] : 0.0;
-    out.metrics["frac_reward_zero_std"] = global[k + 4] / completions;
-    if (scale == "batch") {
-      out.metrics["frac_reward_zero_std"] = reward_std == 0.0 ? 1.0 : 0.0;
-    }
-    for (int64_t c = 0; c < per_rank; ++c) out.rewards.push_back(r[c].item<double>());
-    buf->rows = rows;
-    buf->lengths = lengths;
-    buf->truncated = truncated;
-    buf->advantages = advantages;
-    buf->done = std::move(done);
+    Scored scored =
+        sample_and_score(prompts, rewards, weights,
+                         mix(static_cast<uint64_t>(I.args.seed), static_cast<uint64_t>(step)),
+                         streams, per_rank * I.world, /*counts=*/true);
+    out.metrics = std::move(scored.metrics);
+    out.completions = std::move(scored.completions);
+    for (int64_t c = 0; c < per_rank; ++c) out.rewards.push_back(scored.rewards[c].item<double>());
+    buf->rows = std::move(scored.rows);
+    buf->advantages = scored.advantages;
+    buf->done = std::move(scored.done);
     // The divisors are a step's (its completions, its micro-batches) except dapo's and
     // cispo's, which count the tokens of the whole generation batch (TRL's num_items_in_batch).
     GrpoStepCounts counts;
     counts.completions = per_step * I.world;
     counts.micro_batches = accumulation * I.world;
-    counts.generation_tokens = static_cast<int64_t>(global[k + 3]);
+    counts.generation_tokens = scored.counted_tokens;
     buf->divisor = grpo_divisor(options_, counts);
     buffer_ = cycle > 1 ? buf : nullptr;
   }
@@ -711,26 +917,8 @@ GrpoStepStats GrpoObjective::train_step(const std::vector<GrpoPrompt>& prompts,
   // one's with mask_truncated_completions).
   const at::Device device = I.comm->device();
   const auto micro_batch = [&](int64_t a) {
-    int64_t width = 0;
-    for (int64_t i = a * mb; i < (a + 1) * mb; ++i) {
-      width =
-          std::max<int64_t>(width, static_cast<int64_t>(buf->rows[static_cast<size_t>(i)].size()) +
-                                       buf->lengths[static_cast<size_t>(i)]);
-    }
-    at::Tensor ids = at::full({mb, width}, I.pad_id, at::kLong);
-    at::Tensor labels = at::full({mb, width}, kIgnoreLabel, at::kLong);
-    for (int64_t b = 0; b < mb; ++b) {
-      const auto c = static_cast<size_t>(a * mb + b);
-      const auto& p = buf->rows[c];
-      const auto& t = buf->done[c].tokens;
-      const auto np = static_cast<int64_t>(p.size()), nt = static_cast<int64_t>(t.size());
-      ids[b].narrow(0, 0, np).copy_(at::tensor(p, at::kLong));
-      if (nt == 0) continue;
-      ids[b].narrow(0, np, nt).copy_(at::tensor(t, at::kLong));
-      if (!(buf->truncated[c] && options_.mask_truncated_completions))
-        labels[b].narrow(0, np, nt).copy_(at::tensor(t, at::kLong));
-    }
-    return std::pair<at::Tensor, at::Tensor>{ids.to(device), labels};
+    return completion_batch(buf->rows, buf->done, a * mb, mb, options_.mask_truncated_completions,
+                            I.pad_id, device);
   };
   I.model->train();
   const double temperature = I.args.temperature;

@@ -212,30 +212,7 @@ void Trainer::Impl::report_to_tensorboard(const LogRecord& r) {
 double Trainer::Impl::run_evaluation() {
   if (!has_eval) throw ConfigError("evaluate: no eval_file given");
   objective->prepare();
-  at::NoGradGuard no_grad;
-  model->eval();
-  std::vector<std::vector<int64_t>> batches =
-      eval_batches(eval_samples, world, rank, args.per_device_eval_batch_size);
-  double sum = 0.0, tokens = 0.0;
-  objective->begin_evaluation(batches);
-  for (const std::vector<int64_t>& indices : batches) {
-    // A rank with nothing left still runs a forward (ZeRO-3 forwards are collective), unweighted:
-    // its loss and metric sums are not counted.
-    const bool empty = indices.empty();
-    LossSum l = objective->forward(empty ? std::vector<int64_t>{0} : indices,
-                                   empty ? train::Split::kEvalUncounted : train::Split::kEval);
-    if (!empty) {
-      sum += l.sum.item<double>();
-      tokens += static_cast<double>(l.tokens);
-    }
-  }
-  model->train();
-  objective->end_evaluation();
-  const std::vector<double> global = comm::reduce_scalars(*comm, {sum, tokens});
-  if (global[1] <= 0) {
-    throw ConfigError(fmt::format("'{}' has no token that counts in the loss", args.eval_file));
-  }
-  return global[0] / global[1];
+  return objective->evaluate();
 }
 
 double Trainer::Impl::evaluate() {

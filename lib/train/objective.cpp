@@ -68,6 +68,34 @@ Trainer::Impl::StepResult Objective::step(const std::vector<int64_t>& order) {
   return out;
 }
 
+double Objective::evaluate() {
+  Trainer::Impl& I = t_;
+  at::NoGradGuard no_grad;
+  I.model->eval();
+  std::vector<std::vector<int64_t>> batches =
+      eval_batches(I.eval_samples, I.world, I.rank, I.args.per_device_eval_batch_size);
+  double sum = 0.0, tokens = 0.0;
+  begin_evaluation(batches);
+  for (const std::vector<int64_t>& indices : batches) {
+    // A rank with nothing left still runs a forward (ZeRO-3 forwards are collective), unweighted:
+    // its loss and metric sums are not counted.
+    const bool empty = indices.empty();
+    LossSum l = forward(empty ? std::vector<int64_t>{0} : indices,
+                        empty ? Split::kEvalUncounted : Split::kEval);
+    if (!empty) {
+      sum += l.sum.item<double>();
+      tokens += static_cast<double>(l.tokens);
+    }
+  }
+  I.model->train();
+  end_evaluation();
+  const std::vector<double> global = comm::reduce_scalars(*I.comm, {sum, tokens});
+  if (global[1] <= 0) {
+    throw ConfigError(fmt::format("'{}' has no token that counts in the loss", I.args.eval_file));
+  }
+  return global[0] / global[1];
+}
+
 void Objective::check_pair_steps() const {
   throw InvalidArgument(fmt::format(
       "train_preference_step: the run trains {}; set stage dpo in its options for "

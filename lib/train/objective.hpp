@@ -87,6 +87,11 @@ class Objective {
 
   // ---- evaluation (loop.cpp)
 
+  /// One evaluation over the evaluation data, dropout off and without gradients: its loss, and
+  /// its metrics kept for evaluation_metrics(). By default the token-weighted mean loss of this
+  /// rank's batches (eval_batches) through begin_evaluation, forward and end_evaluation, every
+  /// example once across ranks. Collective.
+  virtual double evaluate();
   /// Before an evaluation over this rank's `batches` of the evaluation data: the terms its
   /// losses take from the whole set. Collective.
   virtual void begin_evaluation(const std::vector<std::vector<int64_t>>& batches) { (void)batches; }
