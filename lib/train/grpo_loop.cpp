@@ -256,7 +256,7 @@ class GrpoObjective final : public Objective {
   bool uses_reference() const override { return options_.beta != 0.0; }
   /// When a run starts: at least one reward function, the same count on every rank, and
   /// reward_weights one per function. Collective.
-  void prepare() override;
+  void check_ready() override;
   /// The prompts of train_file (read by every rank), and the reward functions reward_funcs and
   /// reward_command name.
   bool load_own_data() override;
@@ -483,7 +483,7 @@ bool GrpoObjective::load_own_data() {
     I.has_eval = true;
     I.eval_samples = static_cast<int64_t>(eval_prompts_.size()) * g;
   }
-  // A run with neither is refused when it starts (prepare): a host may still add its own
+  // A run with neither is refused when it starts (check_ready): a host may still add its own
   // (Trainer::add_reward, zt_trainer_add_reward).
   for (const std::string& spec : comma_items(args.reward_funcs))
     rewards_.push_back(builtin_reward(spec));
@@ -589,7 +589,7 @@ int64_t GrpoObjective::generation_slices() const {
   return k / a;
 }
 
-void GrpoObjective::prepare() {
+void GrpoObjective::check_ready() {
   const auto count = static_cast<double>(rewards_.size());
   // Every rank scores with the same functions: the metrics are reduced function by function.
   const std::vector<double> most = comm::reduce_scalars(*t_.comm, {count, -count}, ReduceOp::kMax);

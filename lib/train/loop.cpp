@@ -211,6 +211,7 @@ void Trainer::Impl::report_to_tensorboard(const LogRecord& r) {
 
 double Trainer::Impl::run_evaluation() {
   if (!has_eval) throw ConfigError("evaluate: no eval_file given");
+  objective->check_ready();
   objective->prepare();
   return objective->evaluate();
 }
@@ -440,10 +441,11 @@ TrainResult Trainer::train() {
 
 TrainResult Trainer::Impl::train() {
   Impl& I = *this;
-  I.objective->prepare();
+  I.objective->check_ready();
   I.announce();
   I.prepare_output_dir();
   if (I.state.global_step == 0) I.write_pissa_start();
+  I.objective->prepare();
   // Not again at a step the resumed checkpoint evaluated.
   if (I.args.eval_on_start && I.has_eval && I.last_eval.step != I.state.global_step) {
     I.evaluate();

@@ -68,8 +68,12 @@ class Objective {
 
   // ---- training (loop.cpp)
 
-  /// Before the first step or evaluation of train() or evaluate(): what must exist first (the
-  /// precomputed reference; GRPO's reward functions, the same on every rank). Collective.
+  /// When train() or evaluate() starts, before the run touches its output folder: what the
+  /// objective must have to run at all (GRPO: reward functions, the same count on every rank).
+  /// Collective.
+  virtual void check_ready() {}
+  /// Before the first step or evaluation, once the output folder is prepared: what must exist
+  /// first (the precomputed reference, a phase that stops on request). Collective.
   virtual void prepare() {}
   /// Epoch `epoch`'s order of what steps draw from: the training samples (grouped by length
   /// with group_by_length, in megabatches of `megabatch`), or GRPO's prompts.
