@@ -86,6 +86,24 @@ void add_logits_metrics(std::map<std::string, double>& out, const std::vector<do
 
 }  // namespace
 
+PairLogProbs split_pairs(const at::Tensor& logps, const at::Tensor& tokens,
+                         const at::Tensor& logits, const at::Tensor& reference) {
+  const int64_t n = logps.size(0) / 2;
+  const auto half = [n](const at::Tensor& t, int64_t which) {
+    return t.defined() ? t.narrow(0, which * n, n) : at::Tensor();
+  };
+  PairLogProbs lp;
+  lp.chosen = half(logps, 0);
+  lp.rejected = half(logps, 1);
+  lp.ref_chosen = half(reference, 0);
+  lp.ref_rejected = half(reference, 1);
+  lp.chosen_tokens = half(tokens, 0);
+  lp.rejected_tokens = half(tokens, 1);
+  lp.chosen_logits = half(logits, 0);
+  lp.rejected_logits = half(logits, 1);
+  return lp;
+}
+
 at::Tensor answer_logit_sums(const at::Tensor& mean_logits, const at::Tensor& labels) {
   at::Tensor answer = labels.ne(-100).to(mean_logits.device());
   answer.narrow(1, 0, 1).fill_(false);  // the first label is scored by nothing

@@ -49,6 +49,12 @@ struct PairLogProbs {
   at::Tensor chosen_logits, rejected_logits;
 };
 
+/// The pairs of a batch laid out as one forward takes them — the chosen rows, then the rejected
+/// ones — from its per-row answer log-probs, token counts and logit sums ([2 × P] each) and the
+/// reference's log-probs (the same layout, or undefined).
+PairLogProbs split_pairs(const at::Tensor& logps, const at::Tensor& tokens,
+                         const at::Tensor& logits, const at::Tensor& reference);
+
 /// Each row's mean logits ([rows, seq], CausalLM::label_log_probs' `mean_logits`) summed over
 /// its answer's tokens (labels [rows, seq] != -100, past the first): [rows].
 at::Tensor answer_logit_sums(const at::Tensor& mean_logits, const at::Tensor& labels);

@@ -356,23 +356,15 @@ class PairedObjective final : public PreferenceObjective {
     const at::Tensor ids = input_ids.to(device);
     // Rows are right-padded: causal attention never reaches the padding, so no mask is needed.
     const at::Tensor counts = answer_tokens(labels, device);
-    PairLogProbs lp;
+    at::Tensor ref;
     if (pref_.uses_reference()) {
-      const at::Tensor ref = reference.defined() ? reference.to(at::kFloat).to(device)
-                                                 : reference_log_probs(ids, labels);
-      lp.ref_chosen = ref.narrow(0, 0, n);
-      lp.ref_rejected = ref.narrow(0, n, n);
+      ref = reference.defined() ? reference.to(at::kFloat).to(device)
+                                : reference_log_probs(ids, labels);
     }
     at::Tensor mean_logits;
     const at::Tensor logps =
         t_.model->label_log_probs(ids, labels, {}, 1024, {}, &mean_logits).sum(1);
-    const at::Tensor logits = answer_logit_sums(mean_logits, labels);
-    lp.chosen = logps.narrow(0, 0, n);
-    lp.rejected = logps.narrow(0, n, n);
-    lp.chosen_tokens = counts.narrow(0, 0, n);
-    lp.rejected_tokens = counts.narrow(0, n, n);
-    lp.chosen_logits = logits.narrow(0, 0, n);
-    lp.rejected_logits = logits.narrow(0, n, n);
+    const PairLogProbs lp = split_pairs(logps, counts, answer_logit_sums(mean_logits, labels), ref);
     const PreferenceLosses losses = preference_losses(pref_, lp);
     at::Tensor sum = losses.loss.sum();
     if (pref_.rpo_alpha > 0) sum = sum - (pref_.rpo_alpha * nll_scale) * lp.chosen.sum();

@@ -104,7 +104,6 @@ int check_pair_fixture(const std::string& family, const at::Device& device, doub
   const at::Tensor ids = expected.load("input_ids").to(device);
   const at::Tensor labels = expected.load("labels").to(device);
   const at::Tensor mask = expected.load("attention_mask").to(device);
-  const int64_t pairs = ids.size(0) / 2;
   at::Tensor ref;
   {
     at::NoGradGuard no_grad;
@@ -135,16 +134,8 @@ int check_pair_fixture(const std::string& family, const at::Device& device, doub
         model->label_log_probs(ids, labels, mask, 1024, {}, &mean_logits).sum(1);
     CHECK(at::allclose(logps.detach().cpu(), expected.load("policy_logps"), 1e-5 * slack,
                        1e-4 * slack));
-    const at::Tensor logits = train::answer_logit_sums(mean_logits, labels);
-    train::PairLogProbs lp;
-    lp.chosen = logps.narrow(0, 0, pairs);
-    lp.rejected = logps.narrow(0, pairs, pairs);
-    lp.ref_chosen = ref.narrow(0, 0, pairs);
-    lp.ref_rejected = ref.narrow(0, pairs, pairs);
-    lp.chosen_tokens = counts.narrow(0, 0, pairs);
-    lp.rejected_tokens = counts.narrow(0, pairs, pairs);
-    lp.chosen_logits = logits.narrow(0, 0, pairs);
-    lp.rejected_logits = logits.narrow(0, pairs, pairs);
+    const train::PairLogProbs lp =
+        train::split_pairs(logps, counts, train::answer_logit_sums(mean_logits, labels), ref);
     const train::PreferenceLosses out = train::preference_losses(o, lp);
     check_case(*model, expected, name, o, out,
                {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
