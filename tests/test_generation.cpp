@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "model/sampling.hpp"
 #include "util/files.hpp"
@@ -375,4 +376,53 @@ TEST_CASE("scored log-probs and entropies at a temperature are those of the divi
     }
   }
   CHECK_THROWS_AS(model->label_log_probs(ids, labels, {}, 3, {}, nullptr, 0.0), InvalidArgument);
+}
+
+TEST_CASE("a long generation attends over the positions it reached as a full forward does",
+          "[generate]") {
+  // Past 1,024 positions a decoding step attends over the buffer's reached part (recorded anew
+  // for each reach): every greedy token is still an argmax of the full forward's logits over
+  // the generated sequence (with the repetition penalty, which keeps the tiny models from
+  // repeating one token, applied as transformers does), before and after each reach — with
+  // sliding windows too (gpt-oss's with sinks, Gemma 2's with soft-capped attention).
+  at::NoGradGuard no_grad;
+  constexpr int64_t kNew = 1100;
+  constexpr double kPenalty = 1.3;
+  for (const char* name : {"llama", "gpt_oss", "gemma2"}) {
+    INFO(name);
+    ModelConfig c = load_model_config(fixture(std::string("models/") + name));
+    c.max_position_embeddings = 4096;
+    auto model = std::make_shared<CausalLM>(c, at::TensorOptions().dtype(at::kFloat), false);
+    load_weights(*model, *checkpoint_source(fixture(std::string("models/") + name)));
+    model->eval();
+    GenerationOptions o;
+    o.max_new_tokens = kNew;  // no stop token: every row runs to the end
+    o.repetition_penalty = kPenalty;
+    const std::vector<std::vector<int64_t>> prompts{{5, 9, 14, 3, 7}, {11, 4, 6}};
+    const std::vector<Generated> got = model->generate_batch(prompts, o);
+    REQUIRE(got.size() == prompts.size());
+    for (size_t r = 0; r < got.size(); ++r) {
+      INFO("row " << r);
+      REQUIRE(got[r].tokens.size() == kNew);
+      std::vector<int64_t> sequence = prompts[r];
+      sequence.insert(sequence.end(), got[r].tokens.begin(), got[r].tokens.end());
+      const at::Tensor logits =
+          model->logits(at::tensor(sequence, at::kLong).view({1, -1}))[0].to(at::kDouble);
+      at::Tensor seen = at::zeros({logits.size(1)}, at::kBool);
+      for (int64_t t : prompts[r]) seen[t] = true;
+      const auto p = static_cast<int64_t>(prompts[r].size());
+      int64_t off_argmax = 0;
+      for (int64_t j = 0; j < kNew; ++j) {
+        const at::Tensor row = logits[p - 1 + j];
+        const at::Tensor scored =
+            at::where(seen, at::where(row > 0, row / kPenalty, row * kPenalty), row);
+        const int64_t token = got[r].tokens[static_cast<size_t>(j)];
+        off_argmax += scored.max().item<double>() - scored[token].item<double>() > 1e-4;
+        seen[token] = true;
+      }
+      CHECK(off_argmax == 0);
+      // The penalty keeps a row from settling on one token: the attention decides them.
+      CHECK(std::set<int64_t>(got[r].tokens.begin(), got[r].tokens.end()).size() >= 5);
+    }
+  }
 }

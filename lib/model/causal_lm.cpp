@@ -692,6 +692,11 @@ std::vector<Generated> CausalLM::generate_batch(const std::vector<std::vector<in
   for (const model::LayerSpec& l : I.body->spec.layers) recordable = recordable && !l.moe;
   recordable = recordable && model::StepGraph::records(device);
   std::unique_ptr<model::StepGraph> graph;
+  // A step attends over the buffer positions decoding has reached, rounded up to kReachStep,
+  // not the whole buffer: a long generation reads half the keys and values on average. Each
+  // reach is recorded anew (about a step's cost, every kReachStep steps).
+  constexpr int64_t kReachStep = 1024;
+  int64_t reached = 0;
   for (int64_t s = 1; s < o.max_new_tokens && running > 0; ++s) {
     // Finished rows leave the batch: at once where steps run one by one, once half of them
     // finished where a step is a recording (each new batch size is recorded anew, about a
@@ -718,6 +723,14 @@ std::vector<Generated> CausalLM::generate_batch(const std::vector<std::vector<in
       attach();
       rows = std::move(still);
       live.assign(rows.size(), 1);
+      graph.reset();
+    }
+    // Step s writes its key and value at buffer position held + s − 1.
+    const int64_t needed =
+        std::min(capacity, (held + s + kReachStep - 1) / kReachStep * kReachStep);
+    if (needed != reached) {
+      reached = needed;
+      for (model::KvCache& c : cache) c.reach = reached;
       graph.reset();
     }
     if (o.do_sample) draws.copy_(draws_for(s));

@@ -360,24 +360,27 @@ at::Tensor Attention::buffered_attention(const at::Tensor& q, const at::Tensor& 
   TORCH_CHECK(q.size(2) == 1, "buffered_attention: one query a row, got ", q.size(2));
   cache.k.index_copy_(2, cache.slot, k);
   cache.v.index_copy_(2, cache.slot, v);
-  at::Tensor mask = cache.keys;
+  // Only the positions decoding has reached: the rest of the buffer holds no visible key.
+  const int64_t reach = cache.reach > 0 ? cache.reach : cache.k.size(2);
+  const at::Tensor keys = cache.k.narrow(2, 0, reach), values = cache.v.narrow(2, 0, reach);
+  at::Tensor mask = cache.keys.narrow(3, 0, reach);
   if (spec.window) {
-    const at::Tensor index = at::arange(cache.k.size(2), cache.slot.options());
+    const at::Tensor index = at::arange(reach, cache.slot.options());
     mask = mask.logical_and(index.gt(cache.slot - *spec.window).view({1, 1, 1, -1}));
   }
-  if (spec.sinks) return sink_attention(q, cache.k, cache.v, mask, scale, sinks).transpose(1, 2);
+  if (spec.sinks) return sink_attention(q, keys, values, mask, scale, sinks).transpose(1, 2);
   if (spec.softcap) {
-    return softcapped_attention(q, cache.k, cache.v, mask, scale, *spec.softcap).transpose(1, 2);
+    return softcapped_attention(q, keys, values, mask, scale, *spec.softcap).transpose(1, 2);
   }
   // The query heads of a key head together ([B, kv_heads, group, D]): the products read each
   // key once, with no copy of the keys per query head. Softmax in fp32, as eager attention.
-  const int64_t b = q.size(0), kv_heads = cache.k.size(1), d = q.size(3);
+  const int64_t b = q.size(0), kv_heads = keys.size(1), d = q.size(3);
   const int64_t group = q.size(1) / kv_heads;
   const at::Tensor grouped = q.reshape({b, kv_heads, group, d});
-  at::Tensor scores = at::matmul(grouped, cache.k.transpose(-2, -1)) * scale;
+  at::Tensor scores = at::matmul(grouped, keys.transpose(-2, -1)) * scale;
   scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
   const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-  return at::matmul(probs, cache.v).view({b, kv_heads * group, 1, d}).transpose(1, 2);
+  return at::matmul(probs, values).view({b, kv_heads * group, 1, d}).transpose(1, 2);
 }
 
 at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,

@@ -188,6 +188,10 @@ struct KvCache {
   /// device), and which buffer positions each row's query may attend to (bool [B, 1, 1, S]).
   /// Nothing the step reads is on the host, so a step can be recorded (StepGraph).
   at::Tensor slot, keys;
+  /// Decoding into fixed buffers: buffer positions [0, reach) hold every key this step may see,
+  /// so attention reads only them (0: the whole buffer). Set by the decoding loop, which
+  /// records a step anew for each reach.
+  int64_t reach = 0;
 };
 
 /// Where the documents of a [B, T] batch lie once its rows are laid end to end: what

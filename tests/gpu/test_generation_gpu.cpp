@@ -172,3 +172,32 @@ TEST_CASE("decoding recorded as CUDA graphs gives the tokens of decoding step by
   }
   CHECK(stopped >= 7);
 }
+
+TEST_CASE("decoding past 1,024 positions re-records each reach and gives the stepwise tokens",
+          "[gpu][generate]") {
+  // A step attends over the reached part of the buffer, a recording per 1,024 positions:
+  // 1,100 sampled tokens a row cross a reach, recorded and step by step alike (the 8-token
+  // sliding windows and sinks of gpt-oss too).
+  for (const char* name : {"llama", "gpt_oss"}) {
+    INFO(name);
+    ModelConfig mc = load_model_config(fixture(std::string("models/") + name));
+    mc.max_position_embeddings = 4096;
+    auto model = std::make_shared<CausalLM>(mc, at::TensorOptions().dtype(at::kFloat), true);
+    load_weights(*model, *checkpoint_source(fixture(std::string("models/") + name)));
+    model->to(kGpu, at::kBFloat16);
+    const std::vector<std::vector<int64_t>> prompts{{1, 5, 9, 14}, {1, 11}, {1, 3, 7}};
+    GenerationOptions o;
+    o.max_new_tokens = 1100;
+    o.do_sample = true;
+    o.seed = 11;
+    const std::vector<Generated> recorded = model->generate_batch(prompts, o);
+    ::setenv("ZT_CUDA_GRAPHS", "0", 1);
+    const std::vector<Generated> stepwise = model->generate_batch(prompts, o);
+    ::unsetenv("ZT_CUDA_GRAPHS");
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      INFO("prompt " << i);
+      CHECK(recorded[i].tokens.size() == 1100);
+      CHECK(recorded[i].tokens == stepwise[i].tokens);
+    }
+  }
+}
