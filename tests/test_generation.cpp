@@ -12,6 +12,8 @@
 #include <limits>
 #include <set>
 
+#include "model/decoding.hpp"
+#include "model/layers.hpp"
 #include "model/sampling.hpp"
 #include "util/files.hpp"
 #include "util/json.hpp"
@@ -424,5 +426,53 @@ TEST_CASE("a long generation attends over the positions it reached as a full for
       // The penalty keeps a row from settling on one token: the attention decides them.
       CHECK(std::set<int64_t>(got[r].tokens.begin(), got[r].tokens.end()).size() >= 5);
     }
+  }
+}
+
+TEST_CASE("while decoding, a LoRA projection folds its scaling into its last product",
+          "[generate][peft]") {
+  // The decoding shortcut (model/decoding.hpp): the same projection as PEFT's expression, to
+  // rounding, only inside a DecodingScope and without gradients.
+  ModelConfig c = load_model_config(fixture("models/llama"));
+  auto model = std::make_shared<CausalLM>(c, at::TensorOptions().dtype(at::kFloat), false);
+  load_weights(*model, *checkpoint_source(fixture("models/llama")));
+  PeftConfig pc;
+  pc.type = FinetuningType::kLora;
+  pc.lora.r = 4;
+  pc.lora.alpha = 7;  // a scaling (1.75) that rounds
+  apply_peft(*model, pc, 3);
+  at::NoGradGuard no_grad;
+  at::manual_seed(9);
+  for (auto& item : model->named_parameters(true)) {
+    if (item.key().find("lora_B") != std::string::npos)
+      item.value().add_(at::randn_like(item.value()) * 0.3);
+  }
+  model->eval();
+  int checked = 0;
+  for (const auto& item : model->named_modules()) {
+    auto* linear = dynamic_cast<model::Linear*>(item.value().get());
+    if (linear == nullptr || item.key().find("q_proj") == std::string::npos ||
+        item.key().find("lora") != std::string::npos)
+      continue;
+    INFO(item.key());
+    const at::Tensor x = at::randn({3, 5, linear->in_features});
+    const at::Tensor plain = linear->forward(x);
+    at::Tensor decoded;
+    {
+      const model::DecodingScope decoding;
+      decoded = linear->forward(x);
+    }
+    CHECK(at::allclose(decoded, plain, 1e-5, 1e-6));
+    CHECK(!model::decoding());
+    ++checked;
+  }
+  CHECK(checked == c.num_hidden_layers);
+  // And generation with the adapter is unchanged: greedy tokens of a batch as of each alone.
+  GenerationOptions o;
+  o.max_new_tokens = 12;
+  const std::vector<std::vector<int64_t>> prompts{{5, 9, 14}, {11, 4}};
+  const std::vector<Generated> both = model->generate_batch(prompts, o);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    CHECK(model->generate_batch({prompts[i]}, o)[0].tokens == both[i].tokens);
   }
 }

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "model/decoding.hpp"
 #include "model/family.hpp"
 #include "model/layers.hpp"
 #include "model/moe.hpp"
@@ -488,6 +489,7 @@ std::vector<Generated> CausalLM::generate_batch(const std::vector<std::vector<in
   model::check_generation_options(o);
   Impl& I = *impl_;
   at::NoGradGuard no_grad;
+  const model::DecodingScope decoding;  // what generation alone may shorten (model/decoding.hpp)
   // Generation never drops out: eval mode for its duration, the caller's mode back after.
   struct ModeBack {
     CausalLM& model;

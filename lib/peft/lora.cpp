@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "model/decoding.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::peft {
@@ -127,6 +128,13 @@ LoraAdapter::LoraAdapter(const std::string& path, model::Linear& host, const Lor
 
 at::Tensor LoraAdapter::forward(const model::Linear& base, const at::Tensor& x, bool output_unread,
                                 const at::Tensor& kept) const {
+  if (model::decoding() && !at::GradMode::is_enabled() && kept.numel() == 0 && !output_unread) {
+    // Decoding: y + ((x·Aᵀ)·Bᵀ)·scaling in one product after the base's.
+    at::Tensor y = base.base_forward(x).contiguous();
+    y.view({-1, base.out_features})
+        .addmm_(at::mm(x.reshape({-1, x.size(-1)}), a_->weight.t()), b_->weight.t(), 1.0, scaling_);
+    return y;
+  }
   if (!reuses_kept(base.is_training())) {
     // Dropout in training: autograd of PEFT's expression around the base's product (its own
     // function); the output is computed.
