@@ -270,11 +270,6 @@ std::vector<std::string> ep_run(int world, int ep, const std::string& kind) {
   const std::string rest = dpo ? kind.substr(4) : kind;
   const bool full = rest.rfind("full ", 0) == 0;
   const std::string stage = full ? rest.substr(5) : rest;
-  const std::string zero =
-      stage == "0" || stage == "2" || stage == "3" ? stage
-      : stage == "3 offload"
-          ? R"(3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"})"
-          : "2";
   std::vector<std::string> run{"--max_steps",
                                "4",
                                "--save_steps",
@@ -290,11 +285,9 @@ std::vector<std::string> ep_run(int world, int ep, const std::string& kind) {
                                "--per_device_train_batch_size",
                                std::to_string(world == 4 ? 1 : 2),
                                "--expert_parallel_size",
-                               std::to_string(ep),
-                               "--deepspeed",
-                               R"({"zero_optimization": {"stage3_param_persistence_threshold": 10,
-          "stage3_gather_16bit_weights_on_model_save": true, "stage": )" +
-                                   zero + "}}"};
+                               std::to_string(ep)};
+  const std::vector<std::string> zero = test::zero_stage_flags(stage);
+  run.insert(run.end(), zero.begin(), zero.end());
   if (kind == "q") {
     run.insert(run.end(), {"--quantization_bit", "4", "--double_quantization", "false"});
   }

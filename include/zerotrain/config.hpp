@@ -193,6 +193,9 @@ struct DeepSpeedConfig {
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   CommDataType communication_data_type = CommDataType::kDefault;
+  /// Ulysses sequence parallelism's degree (DeepSpeed's top-level `sequence_parallel_size`,
+  /// ALST): what TrainingArguments::sequence_parallel_size takes when that is left at 1.
+  int64_t sequence_parallel_size = 1;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   ZeroConfig zero;
@@ -353,6 +356,17 @@ struct TrainingArguments {
   /// each holding 1/size of them, tokens sent to their experts by all-to-all (DeepSpeed-MoE's
   /// ep_size, Megatron's expert_model_parallel_size). Must divide the world and the experts.
   int64_t expert_parallel_size = 1;
+  /// Ulysses sequence parallelism (docs/long_context.md): groups of this many consecutive ranks
+  /// share each sequence, every rank holding 1/size of its positions, all-to-all swapping
+  /// positions for heads around attention (DeepSpeed's and LLaMA-Factory's name; HF's
+  /// parallelism_config `sp_size`). The data is split over world / size groups. Must divide
+  /// the world and the attention heads.
+  int64_t sequence_parallel_size = 1;
+  /// ALST's TiledMLP (Axolotl's names; docs/long_context.md): each dense MLP runs over its rows
+  /// in tiles — tiled_mlp_num_shards of them, unset: ceil(rows / hidden_size) — recomputed tile
+  /// by tile in backward, so its [tokens, intermediate_size] activations never exist whole.
+  bool tiled_mlp = false;
+  std::optional<int64_t> tiled_mlp_num_shards;
 
   // A 4-bit base (QLoRA; docs/quantization.md), in LLaMA-Factory's and transformers'
   // BitsAndBytesConfig names; each spelling keeps its own defaults (quantization_of).

@@ -325,6 +325,34 @@ class CausalLM : public torch::nn::Module {
   /// Throws InvalidArgument when the world does not fit the shard.
   void set_expert_communicator(std::shared_ptr<Communicator> comm);
 
+  /// Ulysses sequence parallelism over `comm` (the job's; null or size 1: off): ranks
+  /// [r − r mod size, r − r mod size + size) form rank r's group, whose members are given the
+  /// same batches. loss() and label_log_probs() then run the layers over this rank's share of
+  /// the positions only — the sequence padded to a multiple of `size` (padding attends and is
+  /// attended to by nothing real, and counts nowhere), rank r mod size holding the r mod size-th
+  /// slice — with all-to-alls swapping positions for heads around each attention and back
+  /// (keys and values replicated where the model has fewer of them than `size`). loss() returns
+  /// the summed loss and the count of this rank's labels (labels are shifted before the cut,
+  /// positions counted over the whole sequence), so their sums over the group are the whole
+  /// sequence's; label_log_probs() returns the whole [batch, seq] with this rank's positions
+  /// filled and 0 elsewhere. Every forward and backward of those two is then a collective of
+  /// the job (every rank runs the same forwards; ranks of other groups exchange nothing with
+  /// this one); logits(), hidden_states() and generation stay local and whole. Throws
+  /// InvalidArgument naming sequence_parallel_size when `size` does not divide the world or the
+  /// attention heads, when the key/value heads and `size` do not divide one another, or for a
+  /// model with a prompt adapter, experts sharded over ranks or a load-balancing loss.
+  void set_sequence_parallel(std::shared_ptr<Communicator> comm, int64_t size);
+  /// The degree set by set_sequence_parallel (1: off).
+  int64_t sequence_parallel_size() const;
+
+  /// ALST's TiledMLP: while on, each dense MLP of loss() and label_log_probs() runs over its
+  /// input rows in `shards` tiles (0: ALST's ceil(rows / hidden_size)), forward without keeping
+  /// any tile's intermediate activations, backward recomputing and back-propagating one tile at
+  /// a time (dropout's draws replayed), so the [rows, intermediate_size] activations never exist
+  /// whole — what bounds a long sequence's layer once attention runs in linear memory. The
+  /// values and gradients are the untiled MLP's (its products cut by rows). Off by default.
+  void set_tiled_mlp(bool on, int64_t shards = 0);
+
   /// Installs (or, with null, removes) a prompt-learning adapter. With P-Tuning, logits() and
   /// hidden_states() cover the virtual tokens too (as PEFT's outputs do).
   void set_prompt_adapter(std::shared_ptr<PromptAdapter> adapter);

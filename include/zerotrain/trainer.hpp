@@ -184,7 +184,8 @@ class Trainer {
   /// over all ranks (known only at the boundary, applied there), so equal global batches give
   /// equal results whatever the ZeRO stage, world size or split. Ids outside the vocabulary and
   /// malformed shapes are InvalidArgument (on the rank that gave them; the others fail in the
-  /// next collective). Collective.
+  /// next collective). With sequence_parallel_size > 1 the ranks of a group give the same
+  /// micro-batch (each trains its share of the positions; docs/long_context.md). Collective.
   StepStats train_step(const at::Tensor& input_ids, const at::Tensor& labels = {});
   /// One micro-batch of preference pairs given by the caller, in a run with stage dpo:
   /// `chosen_ids` / `rejected_ids` [pairs, seq] int64, each row the prompt and an answer,

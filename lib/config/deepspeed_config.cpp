@@ -356,6 +356,7 @@ DeepSpeedConfig parse_deepspeed_config(std::string_view text, const std::string&
   config::read_auto_int(top, "gradient_accumulation_steps", ds.gradient_accumulation_steps, 1);
   config::read_auto_number(top, "gradient_clipping", ds.gradient_clipping, 0.0);
   if (auto v = top.integer("steps_per_print", 1)) ds.steps_per_print = *v;
+  if (auto v = top.integer("sequence_parallel_size", 1, 1 << 20)) ds.sequence_parallel_size = *v;
   if (auto v = top.boolean("wall_clock_breakdown")) ds.wall_clock_breakdown = *v;
   if (auto v = top.boolean("prescale_gradients")) ds.prescale_gradients = *v;
   if (auto v = top.number("gradient_predivide_factor", 1e-12)) ds.gradient_predivide_factor = *v;

@@ -337,6 +337,10 @@ std::string deepspeed_config_json(const DeepSpeedConfig& ds) {
   put_auto(w, "gradient_clipping", ds.gradient_clipping, number);
   w.Key("steps_per_print");
   w.Int64(ds.steps_per_print);
+  if (ds.sequence_parallel_size > 1) {
+    w.Key("sequence_parallel_size");
+    w.Int64(ds.sequence_parallel_size);
+  }
   w.Key("wall_clock_breakdown");
   w.Bool(ds.wall_clock_breakdown);
   w.Key("prescale_gradients");

@@ -111,7 +111,9 @@ const std::vector<ForeignOption>& table() {
        "TRL's padding_free: padding changes no loss (it is never trained nor attended to); "
        "packing (zerotrain's packing option) lays examples end to end, and on the GPU attention "
        "then runs over each document without padding"},
-      {"parallelism_config", K::kValue, "none|{}|", "zerotrain parallelizes data with ZeRO only"},
+      {"parallelism_config", K::kValue, "none|{}|",
+       "an empty one asks for nothing; its sp_size is sequence_parallel_size "
+       "(docs/long_context.md)"},
       {"past_index", K::kValue, nullptr, "the decoders keep no past state in training"},
       {"prediction_loss_only", K::kFlag, nullptr, "evaluation reports eval_loss only"},
       {"project", K::kValue, nullptr,

@@ -3,6 +3,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
+#include <string>
 #include <type_traits>
 #include <variant>
 
@@ -298,6 +300,65 @@ void note_foreign(Args& args, const config::ForeignOption& f, const std::string&
   args.ignored[f.name] = fmt::format("{} has no effect in zerotrain: {}", f.name, f.note);
 }
 
+// HF's parallelism_config (Accelerate's ParallelismConfig, as JSON): its sp_size is
+// sequence_parallel_size (sp_backend deepspeed: ALST's Ulysses). Applied after the other
+// options, so that a sequence_parallel_size given beside it anywhere must agree with it.
+void apply_parallelism_config(Args& args, const std::string& text, const std::string& where) {
+  const std::string canonical = config::canonical_value(text);
+  if (canonical.empty() || canonical == "none" || canonical == "{}") return;
+  const std::string name = where + "parallelism_config";
+  rapidjson::Document doc = json::parse(text, name);
+  if (!doc.IsObject()) {
+    throw ConfigError(fmt::format("{}: give an object such as {{\"sp_size\": 2}}", name));
+  }
+  for (auto it = doc.MemberBegin(); it != doc.MemberEnd(); ++it) {
+    const std::string key(it->name.GetString(), it->name.GetStringLength());
+    const rapidjson::Value& v = it->value;
+    const bool size_key = key == "sp_size" || key == "tp_size" || key == "cp_size" ||
+                          key == "dp_replicate_size" || key == "dp_shard_size";
+    if (size_key &&
+        !(v.IsInt64() && (v.GetInt64() >= 1 || (key == "dp_shard_size" && v.GetInt64() == -1)))) {
+      throw ConfigError(
+          fmt::format("{}.{}: {} is not a degree (an integer ≥ 1)", name, key, json::render(v)));
+    }
+    if (key == "sp_size") {
+      const int64_t size = v.GetInt64();
+      const bool given = args.is_given("sequence_parallel_size") ||
+                         args.is_given("ds_sequence_parallel_size") ||
+                         args.sequence_parallel_size != 1;
+      if (given && args.sequence_parallel_size != size) {
+        throw ConfigError(fmt::format(
+            "{}.sp_size {} and sequence_parallel_size {} name the same option with different "
+            "values; give one of them",
+            name, size, args.sequence_parallel_size));
+      }
+      args.sequence_parallel_size = size;
+      args.given.insert("sequence_parallel_size");
+    } else if (key == "sp_backend") {
+      if (!v.IsString() || std::string(v.GetString()) != "deepspeed") {
+        throw ConfigError(fmt::format(
+            "{}.sp_backend {}: zerotrain's sequence parallelism is DeepSpeed's Ulysses; give "
+            "\"deepspeed\" or leave it out",
+            name, json::render(v)));
+      }
+    } else if (key == "tp_size" || key == "cp_size") {
+      if (v.GetInt64() != 1) {
+        throw ConfigError(fmt::format(
+            "{}.{} {}: zerotrain has no {} parallelism; use sp_size (Ulysses) for long sequences",
+            name, key, v.GetInt64(), key == "tp_size" ? "tensor" : "context (ring attention)"));
+      }
+    } else if (key == "dp_replicate_size" || key == "dp_shard_size" || key == "sp_handler") {
+      // The data-parallel ranks are every sequence group's (ZeRO shards over the whole job);
+      // sp_handler's sequence length and padding are read from each batch.
+    } else {
+      throw ConfigError(fmt::format(
+          "{}: unknown key '{}' (known: sp_size, sp_backend, sp_handler, tp_size, cp_size, "
+          "dp_replicate_size, dp_shard_size)",
+          name, key));
+    }
+  }
+}
+
 // A JSON value's canonical text (config::canonical_value's rules).
 std::string canonical_json(const rapidjson::Value& v) {
   if (v.IsNull()) return "none";
@@ -360,6 +421,7 @@ std::vector<std::string> apply_training_flags(TrainingArguments& args,
   auto is_flag = [](const std::string& t) { return t.size() >= 3 && t.compare(0, 2, "--") == 0; };
   std::vector<std::string> positional;
   AliasCheck aliases("--");
+  std::optional<std::string> parallelism;  // HF's parallelism_config, applied last
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& token = argv[i];
     if (!is_flag(token)) {
@@ -394,6 +456,12 @@ std::vector<std::string> apply_training_flags(TrainingArguments& args,
     if (o == nullptr) {
       if (const config::ForeignOption* f = config::find_foreign_option(name)) {
         const std::string value = take(f->kind);
+        // An empty parallelism_config is without effect (HF's default); another is read below.
+        if (name == "parallelism_config" &&
+            !config::is_neutral(*f, config::canonical_value(value))) {
+          parallelism = value;
+          continue;
+        }
         note_foreign(args, *f, config::canonical_value(value), value, "--");
         continue;
       }
@@ -408,6 +476,7 @@ std::vector<std::string> apply_training_flags(TrainingArguments& args,
                                         : config::ValueKind::kValue);
     aliases.assign(args, *o, v);
   }
+  if (parallelism) apply_parallelism_config(args, *parallelism, "--");
   finalize(args, "");
   return positional;
 }
@@ -419,12 +488,19 @@ void apply_training_object(TrainingArguments& args, const rapidjson::Value& doc,
                            const std::string& source) {
   std::string where = source + ": ";
   AliasCheck aliases(where);
+  std::optional<std::string> parallelism;  // HF's parallelism_config, applied last
   for (auto it = doc.MemberBegin(); it != doc.MemberEnd(); ++it) {
     std::string name(it->name.GetString(), it->name.GetStringLength());
     if (is_local_rank_flag(name)) continue;
     const Option* o = find_option(name);
     if (o == nullptr) {
       if (const config::ForeignOption* f = config::find_foreign_option(name)) {
+        if (name == "parallelism_config" && !config::is_neutral(*f, canonical_json(it->value))) {
+          parallelism = it->value.IsString()
+                            ? std::string(it->value.GetString(), it->value.GetStringLength())
+                            : json::dump(it->value);
+          continue;
+        }
         note_foreign(args, *f, canonical_json(it->value), json::render(it->value), where);
         continue;
       }
@@ -440,6 +516,7 @@ void apply_training_object(TrainingArguments& args, const rapidjson::Value& doc,
     v.json = &it->value;
     aliases.assign(args, *o, v);
   }
+  if (parallelism) apply_parallelism_config(args, *parallelism, where);
   finalize(args, where);
 }
 

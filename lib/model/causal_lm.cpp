@@ -11,6 +11,7 @@
 #include "model/layers.hpp"
 #include "model/moe.hpp"
 #include "model/sampling.hpp"
+#include "model/sequence_parallel.hpp"
 #include "model/step_graph.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/model.hpp"
@@ -124,6 +125,8 @@ struct CausalLM::Impl {
   /// The load-balancing loss's gathering, shared by the sparse layers; null unless the config
   /// asks for the loss.
   std::shared_ptr<model::RouterBalance> balance;
+  /// Set by set_sequence_parallel (size > 1): the losses run over this rank's positions.
+  std::shared_ptr<const model::SequenceShard> sequence;
 
   const at::Tensor& head_weight() const {
     return lm_head ? lm_head->weight : body->embed_tokens->weight;
@@ -171,6 +174,50 @@ Prepared apply_prompt(const ModelConfig& c, PromptAdapter* prompt, at::Tensor x,
   }
   if (padded) p.mask = at::cat({ones.to(p.mask.device()), p.mask}, 1);
   return p;
+}
+
+// `t` [B, T] with `pad` columns of `value` appended.
+at::Tensor pad_columns(const at::Tensor& t, int64_t pad, int64_t value) {
+  if (pad == 0) return t;
+  return at::cat({t, at::full({t.size(0), pad}, value, t.options())}, 1);
+}
+
+// What a sequence-parallel rank computes of a batch: its slice [first, first + length) of the
+// sequence padded to `padded` positions (padding: id 0, label -100, document 0).
+struct SequenceSlice {
+  int64_t first = 0, length = 0, padded = 0, real = 0;
+  at::Tensor cut(const at::Tensor& t, int64_t dim = 1) const {
+    return t.narrow(dim, first, length);
+  }
+};
+
+// The rotary tables of this rank's slice: for a rotary whose frequencies depend on how far the
+// positions reach (dynamic, LongRoPE), the whole sequence's tables cut; for the others, the
+// slice's own (the same values).
+DecoderBody::Tables slice_tables(const DecoderBody& body, const SequenceSlice& slice,
+                                 const at::Tensor& positions, at::ScalarType dtype,
+                                 const at::Device& device) {
+  DecoderBody::Tables t;
+  for (const model::RotarySpec& r : body.spec.rotaries) {
+    if (positions.defined()) {  // padded to the whole sequence; the padding's 0s reach nothing
+      if (model::reach_matters(r)) {
+        auto [cos, sin] = model::rotary_tables(r, positions, dtype);
+        t.emplace_back(slice.cut(cos, 2), slice.cut(sin, 2));
+      } else {
+        t.push_back(model::rotary_tables(r, slice.cut(positions), dtype));
+      }
+    } else if (model::reach_matters(r)) {
+      auto [cos, sin] = model::rotary_tables(r, 0, slice.real, dtype, device);
+      const int64_t pad = slice.padded - slice.real;
+      const auto padded = [&](const at::Tensor& x) {
+        return pad == 0 ? x : at::cat({x, at::zeros({pad, x.size(1)}, x.options())}, 0);
+      };
+      t.emplace_back(slice.cut(padded(cos), 0), slice.cut(padded(sin), 0));
+    } else {
+      t.push_back(model::rotary_tables(r, slice.first, slice.length, dtype, device));
+    }
+  }
+  return t;
 }
 
 }  // namespace
@@ -222,6 +269,11 @@ void CausalLM::initialize_random(uint64_t seed) {
 
 void CausalLM::set_prompt_adapter(std::shared_ptr<PromptAdapter> adapter) {
   Impl& I = *impl_;
+  if (adapter && I.sequence) {
+    throw InvalidArgument(
+        "set_prompt_adapter: P-Tuning and prefix tuning cannot train with sequence "
+        "parallelism (sequence_parallel_size > 1); use LoRA, freeze or full, or size 1");
+  }
   if (I.installed_prompt) unregister_module("prompt_encoder");
   I.installed_prompt = std::move(adapter);
   if (I.installed_prompt) register_module("prompt_encoder", I.installed_prompt);
@@ -239,6 +291,67 @@ void CausalLM::set_expert_communicator(std::shared_ptr<Communicator> comm) {
   for (const auto& item : named_modules("", /*include_self=*/false)) {
     if (auto moe = std::dynamic_pointer_cast<model::SparseMoe>(item.value())) moe->comm = comm;
   }
+}
+
+void CausalLM::set_sequence_parallel(std::shared_ptr<Communicator> comm, int64_t size) {
+  Impl& I = *impl_;
+  std::shared_ptr<const model::SequenceShard> shard;
+  if (comm && size > 1) {
+    const auto refuse = [&](const std::string& why) {
+      throw InvalidArgument(fmt::format("sequence_parallel_size {}: {}", size, why));
+    };
+    if (comm->world_size() % size != 0) {
+      refuse(fmt::format("it does not divide the {} ranks of this job; give a divisor of {}",
+                         comm->world_size(), comm->world_size()));
+    }
+    for (const model::LayerSpec& layer : I.body->spec.layers) {
+      const int64_t heads = layer.attention.heads, kv = layer.attention.kv_heads;
+      if (heads % size != 0) {
+        refuse(
+            fmt::format("it does not divide the model's {} attention heads, which the ranks "
+                        "of a group share; give a divisor of {}",
+                        heads, heads));
+      }
+      if (kv % size != 0 && size % kv != 0) {
+        refuse(
+            fmt::format("the model's {} key/value heads and the degree must divide one "
+                        "another (each rank takes kv/size of them, or one replicated)",
+                        kv));
+      }
+      if (layer.moe && layer.moe->shard_size > 1) {
+        refuse(
+            "expert parallelism (expert_parallel_size > 1) and sequence parallelism do not "
+            "combine yet; give one of them");
+      }
+    }
+    if (I.body->spec.router_aux_coef) {
+      refuse(
+          "a mixture of experts' load-balancing loss (output_router_logits, "
+          "moe_aux_loss_coef) is one over the whole batch's tokens, which no rank holds; "
+          "train without it, or with sequence_parallel_size 1");
+    }
+    if (I.installed_prompt) {
+      refuse(
+          "P-Tuning and prefix tuning cannot train with sequence parallelism; use LoRA, "
+          "freeze or full");
+    }
+    shard = std::make_shared<const model::SequenceShard>(std::move(comm), size);
+  }
+  I.sequence = shard;
+}
+
+void CausalLM::set_tiled_mlp(bool on, int64_t shards) {
+  if (shards < 0) {
+    throw InvalidArgument(
+        fmt::format("set_tiled_mlp: {} shards; give 0 (ALST's rule) or more", shards));
+  }
+  for (const auto& layer : impl_->body->layers) {
+    layer->mlp_shards = on ? std::optional<int64_t>(shards) : std::nullopt;
+  }
+}
+
+int64_t CausalLM::sequence_parallel_size() const {
+  return impl_->sequence ? impl_->sequence->size : 1;
 }
 
 PromptAdapter* CausalLM::prompt_adapter() const {
@@ -320,8 +433,26 @@ CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const a
                 1);
   }
   at::Tensor shifted =
-      at::cat({y.narrow(1, 1, y.size(1) - 1), at::full({y.size(0), 1}, -100, y.options())}, 1)
-          .reshape({-1});
+      at::cat({y.narrow(1, 1, y.size(1) - 1), at::full({y.size(0), 1}, -100, y.options())}, 1);
+  // Sequence parallelism: this rank's slice of the positions, the labels shifted before the
+  // cut and the mask and positions kept whole (attention covers every position).
+  const model::SequenceShard* shard = I.sequence.get();
+  SequenceSlice slice;
+  at::Tensor whole_mask = attention_mask;  // the mask the document spans are read from
+  at::Tensor positions = position_ids;
+  if (shard != nullptr) {
+    slice.real = ids.size(1);
+    slice.length = shard->slice_length(slice.real);
+    slice.padded = slice.length * shard->size;
+    slice.first = shard->place * slice.length;
+    const int64_t pad = slice.padded - slice.real;
+    ids = slice.cut(pad_columns(ids, pad, 0));
+    shifted = slice.cut(pad_columns(shifted, pad, -100));
+    if (mask.numel() > 0) mask = pad_columns(mask, pad, 0);
+    if (whole_mask.defined()) whole_mask = pad_columns(whole_mask, pad, 0);
+    if (positions.defined()) positions = pad_columns(positions, pad, 0);
+  }
+  shifted = shifted.reshape({-1});
   const int64_t tokens = shifted.ne(-100).sum().item<int64_t>();
   shifted = shifted.to(device);
 
@@ -341,14 +472,17 @@ CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const a
     I.balance->begin(rows);
   }
   const DecoderBody::Tables tables =
-      position_ids.defined() ? body->tables(position_ids.to(device), x.scalar_type())
-                             : body->tables(p.start, x.size(1), x.scalar_type(), device);
+      shard != nullptr
+          ? slice_tables(*body, slice, positions.defined() ? positions.to(device) : positions,
+                         x.scalar_type(), device)
+      : position_ids.defined() ? body->tables(position_ids.to(device), x.scalar_type())
+                               : body->tables(p.start, x.size(1), x.scalar_type(), device);
   // Documents and padding as spans for variable-length attention where it runs (GPU), read
   // from the mask before it went to the device; the layers then get no mask.
   std::shared_ptr<const model::DocumentSpans> spans;
   if (p.mask.numel() > 0 && !I.prompt &&
       model::varlen_attention_applies(body->spec, x.scalar_type(), device)) {
-    if (auto s = model::document_spans(attention_mask, device))
+    if (auto s = model::document_spans(whole_mask, device))
       spans = std::make_shared<const model::DocumentSpans>(std::move(*s));
   }
   const at::Tensor none = at::empty({0}, x.options());
@@ -357,15 +491,16 @@ CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const a
     const at::Tensor& pk = p.prefixes.empty() ? none : p.prefixes[i].first;
     const at::Tensor& pv = p.prefixes.empty() ? none : p.prefixes[i].second;
     const auto& [cos, sin] = body->of_layer(tables, i);
-    x = gate_(1 + i, {x, cos, sin, layer_mask, pk, pv},
-              [layer = body->layers[i], spans](const std::vector<at::Tensor>& in) {
-                model::KvCache prefix{in[4], in[5], {}, {}};
-                // A unit is one layer: when the engine recomputes it, its output only roots
-                // back-propagation.
-                return std::vector<at::Tensor>{layer->forward(
-                    in[0], in[1], in[2], in[3], in[4].numel() > 0 ? &prefix : nullptr,
-                    recomputing_for_backward(), spans.get())};
-              })[0];
+    x = gate_(
+        1 + i, {x, cos, sin, layer_mask, pk, pv},
+        [layer = body->layers[i], spans, sequence = I.sequence](const std::vector<at::Tensor>& in) {
+          model::KvCache prefix{in[4], in[5], {}, {}};
+          // A unit is one layer: when the engine recomputes it, its output only roots
+          // back-propagation.
+          return std::vector<at::Tensor>{
+              layer->forward(in[0], in[1], in[2], in[3], in[4].numel() > 0 ? &prefix : nullptr,
+                             recomputing_for_backward(), spans.get(), sequence.get())};
+        })[0];
   }
   auto lm_head = I.lm_head;
   const int64_t chunk = chunk_tokens;
@@ -394,6 +529,22 @@ CausalLM::HeadOutputs CausalLM::head_losses(const at::Tensor& input_ids, const a
   size_t next = 1;
   if (request.mean_logits && next < out.size()) result.mean_logits = out[next++].detach();
   if (request.entropies && next < out.size()) result.entropies = out[next++].detach();
+  if (shard != nullptr && request.per_position) {
+    // Per position over the whole sequence, 0 off this rank's slice.
+    const int64_t b = input_ids.size(0);
+    const auto whole = [&](const at::Tensor& mine) {
+      if (!mine.defined()) return mine;
+      const at::Tensor rows = mine.view({b, slice.length});
+      return at::cat({at::zeros({b, slice.first}, rows.options()), rows,
+                      at::zeros({b, slice.padded - slice.first - slice.length}, rows.options())},
+                     1)
+          .narrow(1, 0, slice.real)
+          .reshape({-1});
+    };
+    result.losses = whole(result.losses);
+    result.mean_logits = whole(result.mean_logits);
+    result.entropies = whole(result.entropies);
+  }
   return result;
 }
 

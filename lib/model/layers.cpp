@@ -9,12 +9,15 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/fused.hpp"
 #include "model/family.hpp"
 #include "model/functions.hpp"
 #include "model/moe.hpp"
+#include "model/sequence_parallel.hpp"
+#include "model/tiled_mlp.hpp"
 #include "util/torch_compat.hpp"
 #include "zerotrain/error.hpp"
 
@@ -385,9 +388,10 @@ at::Tensor Attention::buffered_attention(const at::Tensor& q, const at::Tensor& 
 
 at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               const at::Tensor& attention_mask, KvCache* cache,
-                              const DocumentSpans* spans, bool output_unread) {
-  const int64_t b = x.size(0), t = x.size(1), d = spec.head_dim;
-  const int64_t heads = spec.heads, kv_heads = spec.kv_heads;
+                              const DocumentSpans* spans, bool output_unread,
+                              const SequenceShard* sequence) {
+  const int64_t b = x.size(0), local_t = x.size(1), d = spec.head_dim;
+  int64_t t = local_t, heads = spec.heads, kv_heads = spec.kv_heads;
   at::Tensor q, k, v;
   if (query_key_value) {
     const at::Tensor qkv = query_key_value->forward(x);
@@ -421,39 +425,53 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
     cache->k = k;
     cache->v = v;
   }
+  // Sequence parallelism: this rank's heads over every position from here to the output.
+  const SequenceShard* shard = cache == nullptr ? sequence : nullptr;
+  at::Tensor head_sinks = sinks;
+  if (shard != nullptr) {
+    std::tie(q, k, v) = shard->to_heads(q, k, v);
+    heads = q.size(1);
+    kv_heads = k.size(1);
+    t = q.size(2);
+    if (spec.sinks) head_sinks = sinks.narrow(0, shard->place * heads, heads);
+  }
+  at::Tensor out;  // [B, heads, t, D]
   if (spans != nullptr && cache == nullptr) {
     // [B, H, T, D] views of [B, T, H, D] (the rotation writes that layout): rows end to end.
-    const at::Tensor out = varlen_attention(q.transpose(1, 2).reshape({b * t, heads, d}),
-                                            k.transpose(1, 2).reshape({b * t, kv_heads, d}),
-                                            v.transpose(1, 2).reshape({b * t, kv_heads, d}), *spans,
-                                            scale, spec.window.value_or(0));
-    return o_proj->forward(out.view({b, t, heads * d}), output_unread);
-  }
-  const int64_t s = k.size(2);  // keys: cached + new (attention handles the head groups)
-  // Query i (absolute position s - t + i) sees keys j <= its position, within the sliding
-  // window if any, and only real tokens.
-  at::Tensor mask;
-  const bool padded = attention_mask.numel() > 0;
-  // A window of at least s positions hides no key: plain causal attention (the fused kernels).
-  const bool windowed = spec.window && *spec.window < s;
-  if (padded || windowed || t != s || spec.softcap || spec.sinks) {
-    at::Tensor qpos = at::arange(s - t, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
-    at::Tensor kpos = at::arange(0, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
-    mask = kpos.unsqueeze(0) <= qpos.unsqueeze(1);  // [t, s]
-    if (windowed) mask = mask.logical_and(kpos.unsqueeze(0) > qpos.unsqueeze(1) - *spec.window);
-    mask = mask.view({1, 1, t, s});
-    if (padded) {
-      // Real keys of the query's own document (queries are the last t of the s keys).
-      at::Tensor kdoc = attention_mask.view({b, 1, 1, s});
-      at::Tensor qdoc = attention_mask.narrow(1, s - t, t).view({b, 1, t, 1});
-      mask = mask.logical_and(kdoc.ne(0)).logical_and(kdoc.eq(qdoc).logical_or(qdoc.eq(0)));
+    out = varlen_attention(q.transpose(1, 2).reshape({b * t, heads, d}),
+                           k.transpose(1, 2).reshape({b * t, kv_heads, d}),
+                           v.transpose(1, 2).reshape({b * t, kv_heads, d}), *spans, scale,
+                           spec.window.value_or(0))
+              .view({b, t, heads, d})
+              .transpose(1, 2);
+  } else {
+    const int64_t s = k.size(2);  // keys: cached + new (attention handles the head groups)
+    // Query i (absolute position s - t + i) sees keys j <= its position, within the sliding
+    // window if any, and only real tokens.
+    at::Tensor mask;
+    const bool padded = attention_mask.numel() > 0;
+    // A window of at least s positions hides no key: plain causal attention (the fused kernels).
+    const bool windowed = spec.window && *spec.window < s;
+    if (padded || windowed || t != s || spec.softcap || spec.sinks) {
+      at::Tensor qpos =
+          at::arange(s - t, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
+      at::Tensor kpos = at::arange(0, s, at::TensorOptions().dtype(at::kLong).device(x.device()));
+      mask = kpos.unsqueeze(0) <= qpos.unsqueeze(1);  // [t, s]
+      if (windowed) mask = mask.logical_and(kpos.unsqueeze(0) > qpos.unsqueeze(1) - *spec.window);
+      mask = mask.view({1, 1, t, s});
+      if (padded) {
+        // Real keys of the query's own document (queries are the last t of the s keys).
+        at::Tensor kdoc = attention_mask.view({b, 1, 1, s});
+        at::Tensor qdoc = attention_mask.narrow(1, s - t, t).view({b, 1, t, 1});
+        mask = mask.logical_and(kdoc.ne(0)).logical_and(kdoc.eq(qdoc).logical_or(qdoc.eq(0)));
+      }
     }
+    out = spec.sinks     ? sink_attention(q, k, v, mask, scale, head_sinks)
+          : spec.softcap ? softcapped_attention(q, k, v, mask, scale, *spec.softcap)
+                         : compat::attention(q, k, v, mask, /*causal=*/!mask.defined(), scale);
   }
-  at::Tensor out = spec.sinks ? sink_attention(q, k, v, mask, scale, sinks)
-                   : spec.softcap
-                       ? softcapped_attention(q, k, v, mask, scale, *spec.softcap)
-                       : compat::attention(q, k, v, mask, /*causal=*/!mask.defined(), scale);
-  return o_proj->forward(out.transpose(1, 2).reshape({b, t, heads * d}), output_unread);
+  const at::Tensor merged = shard != nullptr ? shard->to_positions(out) : out.transpose(1, 2);
+  return o_proj->forward(merged.reshape({b, local_t, spec.heads * d}), output_unread);
 }
 
 Mlp::Mlp(const MlpSpec& s, int64_t h, const ModuleNames& names, const ParamFactory& o)
@@ -492,7 +510,20 @@ DecoderLayer::DecoderLayer(const LayerSpec& s, const RotarySpec& rotary, int64_t
 }
 
 at::Tensor DecoderLayer::feed_forward(const at::Tensor& x, bool output_unread) {
-  return moe ? moe->forward(x) : mlp->forward(x, output_unread);
+  if (moe) return moe->forward(x);
+  if (mlp_shards) {
+    const int64_t hidden = x.size(-1);
+    const int64_t tiles = mlp_tiles(x.numel() / hidden, hidden, *mlp_shards);
+    if (tiles > 1) return tiled_mlp(*mlp, x, tiles, output_unread);
+  }
+  return mlp->forward(x, output_unread);
+}
+
+at::Tensor Mlp::compute(const at::Tensor& x) {
+  const at::Tensor a =
+      gate_up_proj ? gated_activation_halves(gate_up_proj->forward(x), activation)
+                   : gated_activation(gate_proj->forward(x), up_proj->forward(x), activation);
+  return down_proj->forward(a);
 }
 
 at::Tensor Mlp::forward(const at::Tensor& x, bool output_unread) {

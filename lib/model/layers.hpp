@@ -57,6 +57,7 @@ at::Tensor linear_for_backward(const at::Tensor& x, const at::Tensor& weight,
                                const at::Tensor& bias, const at::Tensor& kept = {});
 
 struct Linear;
+struct SequenceShard;  // model/sequence_parallel.hpp
 
 /// What an adapter method adds to one Linear. lib/peft/ implements the methods (LoRA and rsLoRA:
 /// peft/lora.cpp) and attaches them (peft/linear_adapters.hpp); the model only calls them. An
@@ -241,10 +242,13 @@ struct Attention : torch::nn::Module {
   /// positions KvCache::keys allows, attention_mask unread. With `spans` (the
   /// same mask's document_spans, no cache) attention runs over them instead of the mask.
   /// `output_unread`: only back-propagated through (a recomputed unit): o_proj's product is
-  /// skipped.
+  /// skipped. `sequence` (sequence parallelism, no cache): x holds this rank's share of the
+  /// positions, and attention runs over every position for this rank's share of the heads,
+  /// exchanged before and after (attention_mask and spans then cover the whole sequence).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& attention_mask, KvCache* cache = nullptr,
-                     const DocumentSpans* spans = nullptr, bool output_unread = false);
+                     const DocumentSpans* spans = nullptr, bool output_unread = false,
+                     const SequenceShard* sequence = nullptr);
 
  private:
   /// forward's attention into a cache of fixed buffers: q [B, heads, 1, D], k and v
@@ -283,6 +287,9 @@ struct Mlp : torch::nn::Module {
   /// (zt::keep_for_recompute_if_room), and the recomputation takes them instead of forming them
   /// again: two of the MLP's three products.
   at::Tensor forward(const at::Tensor& x, bool output_unread = false);
+  /// The same values, computed whole and nothing kept for a recomputation (a tile of
+  /// tiled_mlp).
+  at::Tensor compute(const at::Tensor& x);
 };
 
 struct SparseMoe;  // model/moe.hpp
@@ -296,6 +303,9 @@ struct DecoderLayer : torch::nn::Module {
   std::shared_ptr<SparseMoe> moe;  ///< spec.moe: registered as `mlp` in place of the MLP
   std::shared_ptr<RMSNorm> before_attention, before_mlp;
   std::shared_ptr<RMSNorm> after_attention, after_mlp;  ///< null where the spec names none
+  /// Set (CausalLM::set_tiled_mlp): the dense MLP runs in tiles (model/tiled_mlp.hpp), this
+  /// many (0: ceil(rows / hidden)).
+  std::optional<int64_t> mlp_shards;
   /// The attention is registered under the family's name (`self_attn`, ChatGLM's
   /// `self_attention`).
   DecoderLayer(const LayerSpec& spec, const RotarySpec& rotary, int64_t hidden,
@@ -306,13 +316,15 @@ struct DecoderLayer : torch::nn::Module {
   /// [tokens, hidden] per layer), so the recomputation skips the attention's output projection
   /// as well as the MLP's down projection — what transformers' checkpointing recomputes less
   /// the two products whose outputs only feed sums.
+  /// `sequence`: Attention::forward's.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& attention_mask, KvCache* cache = nullptr,
-                     bool output_unread = false, const DocumentSpans* spans = nullptr) {
+                     bool output_unread = false, const DocumentSpans* spans = nullptr,
+                     const SequenceShard* sequence = nullptr) {
     // A norm after a sublayer (glm4, Gemma) reads its output's values.
     const at::Tensor kept = output_unread && !after_attention ? kept_for_recompute() : at::Tensor();
     at::Tensor a = self_attn->forward(before_attention->forward(x), cos, sin, attention_mask, cache,
-                                      spans, /*output_unread=*/kept.defined());
+                                      spans, /*output_unread=*/kept.defined(), sequence);
     if (after_attention) a = after_attention->forward(a);
     const at::Tensor h = kept.defined() ? sum_kept(x, a, kept) : x + a;
     if (!output_unread && !after_attention) keep_for_recompute(h);

@@ -11,6 +11,7 @@
 #include <limits>
 #include <tuple>
 
+#include "model/exchange.hpp"
 #include "util/torch_compat.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/units.hpp"
@@ -575,48 +576,6 @@ at::Tensor SparseMoe::expert_outputs(const at::Tensor& rows, const at::Tensor& c
 
 namespace {
 
-// Rows [n, width] to other ranks and back: recv_rows[q] rows come from rank q, send_rows[q]
-// go to it (rows in rank order on both sides).
-at::Tensor exchange_rows(Communicator& comm, const at::Tensor& rows,
-                         const std::vector<int64_t>& recv_rows,
-                         const std::vector<int64_t>& send_rows) {
-  const int64_t width = rows.size(1);
-  std::vector<int64_t> recv, send;
-  int64_t total = 0;
-  for (size_t q = 0; q < recv_rows.size(); ++q) {
-    recv.push_back(recv_rows[q] * width);
-    send.push_back(send_rows[q] * width);
-    total += recv_rows[q];
-  }
-  at::Tensor out = at::empty({total, width}, rows.options());
-  comm.all_to_all(out, rows.contiguous(), recv, send)->wait();
-  return out;
-}
-
-// exchange_rows with its backward: the gradients travel back the other way.
-class ExchangeFunction : public torch::autograd::Function<ExchangeFunction> {
- public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& rows,
-                            const std::shared_ptr<Communicator>& comm,
-                            const std::vector<int64_t>& recv_rows,
-                            const std::vector<int64_t>& send_rows) {
-    ctx->saved_data["recv"] = recv_rows;
-    ctx->saved_data["send"] = send_rows;
-    ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(comm.get()));
-    return exchange_rows(*comm, rows, recv_rows, send_rows);
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    // The model owns the communicator (SparseMoe::comm) past every backward of its forwards.
-    auto* comm =
-        reinterpret_cast<Communicator*>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
-    return {exchange_rows(*comm, grads[0], ctx->saved_data["send"].toIntVector(),
-                          ctx->saved_data["recv"].toIntVector()),
-            at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
 std::vector<int64_t> host_values(const at::Tensor& t) {
   const at::Tensor h = t.to(at::kCPU, at::kLong).contiguous();
   return std::vector<int64_t>(h.data_ptr<int64_t>(), h.data_ptr<int64_t>() + h.numel());
@@ -648,7 +607,7 @@ at::Tensor SparseMoe::experts_across_ranks(const at::Tensor& rows, const at::Ten
       recv_rows[static_cast<size_t>(first + j)] += from[static_cast<size_t>(j * local + e)];
     }
   }
-  const at::Tensor received = ExchangeFunction::apply(rows, comm, recv_rows, send_rows);
+  const at::Tensor received = exchange_rows(comm, rows, recv_rows, send_rows);
   // The received rows come by member, each member's by expert: regrouped by expert (members
   // in order within each), and back again after the experts.
   std::vector<int64_t> block_start(static_cast<size_t>(ep), 0);
@@ -678,7 +637,7 @@ at::Tensor SparseMoe::experts_across_ranks(const at::Tensor& rows, const at::Ten
   }
   const at::Tensor done = local_experts(regrouped, groups, expert_of_row);
   const at::Tensor back = at::zeros_like(done).index_copy(0, perm, done);
-  return ExchangeFunction::apply(back, comm, send_rows, recv_rows);
+  return exchange_rows(comm, back, send_rows, recv_rows);
 }
 
 }  // namespace zt::model

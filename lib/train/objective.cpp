@@ -2,10 +2,13 @@
 // the next-token objective of stages sft and pt.
 #include "train/objective.hpp"
 
+#include <torch/csrc/autograd/custom_function.h>
+
 #include <algorithm>
 
 #include <fmt/format.h>
 
+#include "comm/groups.hpp"
 #include "util/log.hpp"
 #include "zerotrain/error.hpp"
 
@@ -36,7 +39,7 @@ Trainer::Impl::StepResult Objective::step(const std::vector<int64_t>& order) {
   int64_t targets = 0, tokens = 0;
   std::vector<int64_t> samples;  // the global batch's
   for (int64_t a = 0; a < I.batch.accumulation; ++a) {
-    for (int64_t r = 0; r < I.world; ++r) {
+    for (int64_t r = 0; r < I.data_world; ++r) {
       for (int64_t i : micro_batch_indices(order, I.batch, s, a, r)) {
         samples.push_back(i);
         targets += I.train_targets[static_cast<size_t>(i)];
@@ -46,7 +49,7 @@ Trainer::Impl::StepResult Objective::step(const std::vector<int64_t>& order) {
   }
   std::vector<std::vector<int64_t>> mine;
   for (int64_t a = 0; a < I.batch.accumulation; ++a) {
-    mine.push_back(micro_batch_indices(order, I.batch, s, a, I.rank));
+    mine.push_back(micro_batch_indices(order, I.batch, s, a, I.data_rank));
   }
   const double divisor = static_cast<double>(std::max<int64_t>(1, targets));
   begin_step(samples, mine, divisor);
@@ -73,7 +76,7 @@ double Objective::evaluate() {
   at::NoGradGuard no_grad;
   I.model->eval();
   std::vector<std::vector<int64_t>> batches =
-      eval_batches(I.eval_samples, I.world, I.rank, I.args.per_device_eval_batch_size);
+      eval_batches(I.eval_samples, I.data_world, I.data_rank, I.args.per_device_eval_batch_size);
   double sum = 0.0, tokens = 0.0;
   begin_evaluation(batches);
   for (const std::vector<int64_t>& indices : batches) {
@@ -142,6 +145,50 @@ at::Tensor Objective::reference_token_log_probs(const at::Tensor& ids, const at:
   }
   t_.engine->swap_parameters(*reference_weights);
   return out;
+}
+
+namespace {
+
+// The sum over a group of ranks, backward too (every member's loss reads the sum).
+class GroupSum : public torch::autograd::Function<GroupSum> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& rows,
+                            Communicator* comm, const std::vector<int64_t>& group) {
+    ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(comm));
+    ctx->saved_data["group"] = group;
+    return sum(*comm, rows, group);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    // The trainer owns the communicator past every backward of its steps.
+    auto* comm =
+        reinterpret_cast<Communicator*>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
+    return {sum(*comm, grads[0], ctx->saved_data["group"].toIntVector()), at::Tensor(),
+            at::Tensor()};
+  }
+
+ private:
+  static at::Tensor sum(Communicator& comm, const at::Tensor& rows,
+                        const std::vector<int64_t>& group) {
+    const std::vector<int> members(group.begin(), group.end());
+    at::Tensor out = rows.detach().to(comm.device(), at::kFloat).contiguous().clone();
+    comm::group_all_reduce(comm, out, members)->wait();
+    return out.to(rows.device(), rows.scalar_type());
+  }
+};
+
+}  // namespace
+
+at::Tensor Objective::sequence_sum(const at::Tensor& rows) const {
+  const int64_t size = t_.sequence_parallel;
+  if (size == 1) return rows;
+  std::vector<int64_t> group;
+  for (int64_t j = 0; j < size; ++j) group.push_back(t_.data_rank * size + j);
+  return GroupSum::apply(rows, t_.comm.get(), group);
+}
+
+int64_t Objective::counted_once(int64_t count) const {
+  return t_.rank % t_.sequence_parallel == 0 ? count : 0;
 }
 
 namespace {

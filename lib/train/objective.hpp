@@ -136,10 +136,23 @@ class Objective {
   /// Collective under ZeRO-3 (its forward).
   at::Tensor reference_token_log_probs(const at::Tensor& ids, const at::Tensor& labels,
                                        double temperature = 1.0);
-  /// Their sums over each row's answer.
+  /// Their sums over each row's answer (with sequence parallelism: over this rank's positions).
   at::Tensor reference_log_probs(const at::Tensor& ids, const at::Tensor& labels) {
     return reference_token_log_probs(ids, labels).sum(1);
   }
+
+  // ---- sequence parallelism (docs/long_context.md)
+
+  /// Per-row values `rows` [n] summed over this rank's sequence-parallel group, whose members
+  /// each scored their own positions of the same rows: the whole sequences' values. With
+  /// autograd: backward sums the gradients over the group too, so a loss that every member
+  /// computes alike from the sums and divides by the group's size trains as the whole
+  /// sequences' loss once. `rows` itself without sequence parallelism; a collective of the
+  /// whole job with it.
+  at::Tensor sequence_sum(const at::Tensor& rows) const;
+  /// `count` on the first member of this rank's sequence-parallel group, 0 on the others: a
+  /// count of whole rows that the sums over ranks must see once.
+  int64_t counted_once(int64_t count) const;
 
  protected:
   /// The default step's hook, before its micro-batches: the terms their losses take from the

@@ -259,7 +259,7 @@ class PreferenceObjective : public Objective {
   void precompute() {
     Trainer::Impl& I = t_;
     const auto batches = [&](int64_t samples) {
-      return eval_batches(samples, I.world, I.rank, I.args.per_device_eval_batch_size);
+      return eval_batches(samples, I.data_world, I.data_rank, I.args.per_device_eval_batch_size);
     };
     const size_t total = (I.has_train ? batches(I.train_samples).size() : 0) +
                          (I.has_eval ? batches(I.eval_samples).size() : 0);
@@ -356,20 +356,25 @@ class PairedObjective final : public PreferenceObjective {
     const at::Tensor ids = input_ids.to(device);
     // Rows are right-padded: causal attention never reaches the padding, so no mask is needed.
     const at::Tensor counts = answer_tokens(labels, device);
+    // With sequence parallelism each member scores its positions of every row: the rows'
+    // sums over the group are the whole rows', and every member computes the same loss from
+    // them, counted once over the group (sequence_sum, counted_once).
     at::Tensor ref;
     if (pref_.uses_reference()) {
       ref = reference.defined() ? reference.to(at::kFloat).to(device)
-                                : reference_log_probs(ids, labels);
+                                : sequence_sum(reference_log_probs(ids, labels));
     }
     at::Tensor mean_logits;
     const at::Tensor logps =
-        t_.model->label_log_probs(ids, labels, {}, 1024, {}, &mean_logits).sum(1);
-    const PairLogProbs lp = split_pairs(logps, counts, answer_logit_sums(mean_logits, labels), ref);
+        sequence_sum(t_.model->label_log_probs(ids, labels, {}, 1024, {}, &mean_logits).sum(1));
+    const PairLogProbs lp =
+        split_pairs(logps, counts, sequence_sum(answer_logit_sums(mean_logits, labels)), ref);
     const PreferenceLosses losses = preference_losses(pref_, lp);
     at::Tensor sum = losses.loss.sum();
     if (pref_.rpo_alpha > 0) sum = sum - (pref_.rpo_alpha * nll_scale) * lp.chosen.sum();
-    add_sums(metric_sums, losses.sums);
-    return {sum, n};
+    const double members = static_cast<double>(t_.sequence_parallel);
+    add_sums(metric_sums, members == 1 ? losses.sums : losses.sums / members);
+    return {members == 1 ? sum : sum / members, counted_once(n)};
   }
 
   std::vector<int64_t> chosen_tokens_;  ///< per training pair

@@ -48,9 +48,10 @@ const std::vector<std::string> kMayChange = {
     "per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_drop_last",
     "deepspeed", "device", "use_cpu", "tf32", "torch_dtype", "fp16", "bf16",
     "bnb_4bit_compute_dtype", "ddp_timeout", "rendezvous_timeout", "expert_parallel_size",
+    "sequence_parallel_size",
     // memory and speed, not results
     "gradient_checkpointing", "gradient_checkpointing_keep", "use_unsloth_gc", "update_in_backward",
-    "precompute_ref_log_probs",
+    "tiled_mlp", "tiled_mlp_num_shards", "precompute_ref_log_probs",
     // the data's order and which bad lines stop the run (not what a good example becomes);
     // where the data file is (the same data moved or copied: what it becomes — template,
     // lengths, layout options — is compared)

@@ -172,7 +172,7 @@ void Trainer::Impl::load_data() {
 }
 
 void Trainer::Impl::plan_batches() {
-  ResolveContext context{world, model_config.hidden_size, std::nullopt};
+  ResolveContext context{data_world, model_config.hidden_size, std::nullopt};
   if (run_dir.resume) {
     const train::TrainerState saved = train::read_trainer_state(*run_dir.resume);
     context.resumed = SavedBatch{saved.global_batch_size, saved.world_size};
@@ -183,7 +183,9 @@ void Trainer::Impl::plan_batches() {
     if (rank != 0) quiet.emplace(LogLevel::kError);
     resolve_config(ds, args, context);
   }
-  batch = GlobalBatch{args.per_device_train_batch_size, args.gradient_accumulation_steps, world};
+  // The data's ranks: with sequence parallelism every group shares its batches.
+  batch =
+      GlobalBatch{args.per_device_train_batch_size, args.gradient_accumulation_steps, data_world};
   objective->check_global_batch();
   if (has_train) {
     steps_per_epoch = objective->steps_per_epoch(args.dataloader_drop_last);
@@ -192,15 +194,15 @@ void Trainer::Impl::plan_batches() {
           fmt::format("'{}' has {} {}, fewer than one global batch of {} (micro batch {} × "
                       "accumulation {} × {} ranks) with dataloader_drop_last; use a smaller batch",
                       args.train_file, train_samples, sample_name(), batch.size(),
-                      batch.micro_batch, batch.accumulation, world));
+                      batch.micro_batch, batch.accumulation, data_world));
     }
     if (rank == 0 && train_samples > 0 && batch.size() > static_cast<int64_t>(2 * train_samples)) {
       log::warn(
           "one optimizer step takes {} {} (micro batch {} × accumulation {} × {} ranks), "
           "more than twice the {} of '{}': each step repeats them about {} times; lower "
           "gradient_accumulation_steps or per_device_train_batch_size",
-          batch.size(), sample_name(), batch.micro_batch, batch.accumulation, world, train_samples,
-          args.train_file, batch.size() / static_cast<int64_t>(train_samples));
+          batch.size(), sample_name(), batch.micro_batch, batch.accumulation, data_world,
+          train_samples, args.train_file, batch.size() / static_cast<int64_t>(train_samples));
     }
     total_steps = args.max_steps > 0
                       ? args.max_steps
@@ -213,7 +215,7 @@ void Trainer::Impl::plan_batches() {
   }
   resolve_config(
       ds, args,
-      ResolveContext{world, model_config.hidden_size,
+      ResolveContext{data_world, model_config.hidden_size,
                      total_steps > 0 ? std::optional<int64_t>(total_steps) : std::nullopt});
   check_resolved(ds);
   // HF's Trainer: a step interval below 1 is a fraction of the run, ceil(max_steps · ratio).
@@ -264,8 +266,71 @@ void Trainer::Impl::check_options() {
           model_dir));
     }
   }
+  check_sequence_parallel();
   // The stage's own checks (its loss's options; what it does not run with yet).
   objective = train::make_objective(*this);
+}
+
+void Trainer::Impl::check_sequence_parallel() {
+  int64_t size = args.sequence_parallel_size;
+  if (ds.sequence_parallel_size > 1) {
+    if (size > 1 && size != ds.sequence_parallel_size) {
+      throw ConfigError(fmt::format(
+          "{}: sequence_parallel_size {} and the argument sequence_parallel_size {} differ; give "
+          "one of them",
+          ds.source, ds.sequence_parallel_size, size));
+    }
+    size = ds.sequence_parallel_size;
+  }
+  sequence_parallel = size;
+  data_world = world;
+  data_rank = rank;
+  if (size == 1) return;
+  const auto refuse = [&](const std::string& why) {
+    throw ConfigError(fmt::format("sequence_parallel_size {}: {}", size, why));
+  };
+  if (world % size != 0) {
+    refuse(fmt::format("it does not divide the {} ranks of this job; give a divisor of {}", world,
+                       world));
+  }
+  const ModelConfig& c = model_config;
+  if (c.num_attention_heads % size != 0) {
+    refuse(
+        fmt::format("it does not divide the model's {} attention heads (num_attention_heads), "
+                    "which the ranks of a group share; give a divisor of {}",
+                    c.num_attention_heads, c.num_attention_heads));
+  }
+  if (c.num_key_value_heads % size != 0 && size % c.num_key_value_heads != 0) {
+    refuse(
+        fmt::format("the model's {} key/value heads (num_key_value_heads) and the degree must "
+                    "divide one another",
+                    c.num_key_value_heads));
+  }
+  if (args.stage != "sft" && args.stage != "pt" && args.stage != "dpo") {
+    refuse(
+        fmt::format("stage {} does not train with sequence parallelism yet (sft, pt and dpo "
+                    "do); use sequence_parallel_size 1",
+                    args.stage));
+  }
+  const PeftConfig method = peft_config_for(args);
+  if (method.type == FinetuningType::kPTuning || method.type == FinetuningType::kPrefix) {
+    refuse(
+        fmt::format("finetuning_type {} adds virtual tokens or prefixes to every sequence, "
+                    "which sequence parallelism does not split; use lora, freeze or full",
+                    args.finetuning_type));
+  }
+  if (args.expert_parallel_size > 1) {
+    refuse(
+        "expert parallelism (expert_parallel_size > 1) and sequence parallelism do not "
+        "combine yet; give one of them");
+  }
+  if (model::decoder_spec(c).router_aux_coef) {
+    refuse(
+        "a mixture of experts' load-balancing loss (output_router_logits, moe_aux_loss_coef) "
+        "is one over the whole batch's tokens, which no rank holds; train without it");
+  }
+  data_world = static_cast<int>(world / size);
+  data_rank = static_cast<int>(rank / size);
 }
 
 void Trainer::Impl::check_machine_fits() const {
@@ -290,7 +355,9 @@ void Trainer::Impl::check_machine_fits() const {
       args.per_device_eval_batch_size > args.per_device_train_batch_size && !args.eval_file.empty();
   const int64_t rows =
       eval_wider ? args.per_device_eval_batch_size : args.per_device_train_batch_size;
-  const double tokens = static_cast<double>(rows) * static_cast<double>(args.max_length);
+  // With sequence parallelism a rank holds 1/size of each sequence's positions.
+  const double tokens = static_cast<double>(rows) * static_cast<double>(args.max_length) /
+                        static_cast<double>(sequence_parallel);
   capacity::check_fits(
       tokens * static_cast<double>(c.hidden_size) * element *
           static_cast<double>(c.num_hidden_layers),
@@ -412,6 +479,11 @@ void Trainer::Impl::build_model_and_engine() {
           random_source(model_config, static_cast<uint64_t>(args.seed)), shard);
     }
     if (shard.size > 1) model->set_expert_communicator(comm);
+    if (sequence_parallel > 1) model->set_sequence_parallel(comm, sequence_parallel);
+    // tiled_mlp_num_shards alone asks for tiles too.
+    if (args.tiled_mlp || args.tiled_mlp_num_shards) {
+      model->set_tiled_mlp(true, args.tiled_mlp_num_shards.value_or(0));
+    }
   });
   // Collective from here: every rank builds its engine (and reads its slices of the weights).
   EngineOptions eo;
@@ -546,6 +618,12 @@ void Trainer::Impl::announce() const {
             ds.zero.stage, precision,
             ds.zero.offload_optimizer.device != OffloadDevice::kNone ? ", optimizer offloaded" : "",
             args.gradient_checkpointing ? ", gradient checkpointing" : "");
+  if (sequence_parallel > 1) {
+    log::info(
+        "  sequence parallelism: groups of {} ranks share each sequence ({} data-parallel "
+        "group{})",
+        sequence_parallel, data_world, data_world == 1 ? "" : "s");
+  }
   // HF's header: with max_steps the epochs follow from the steps.
   log::info("  num {} = {}, num epochs = {}", sample_name(), train_samples,
             args.max_steps > 0

@@ -51,6 +51,12 @@ struct Trainer::Impl {
   std::shared_ptr<Communicator> comm;
   TrainerCallbacks callbacks;
   int rank = 0, world = 1;
+  /// Ulysses sequence parallelism (check_sequence_parallel): groups of `sequence_parallel`
+  /// consecutive ranks share each batch, so the data is split over `data_world` groups and this
+  /// rank takes group `data_rank`'s (without it: world and rank). Gradients, ZeRO's shards and
+  /// the sums over ranks stay the whole job's: each rank's losses cover its own positions.
+  int64_t sequence_parallel = 1;
+  int data_rank = 0, data_world = 1;
   DeepSpeedConfig ds;
   ModelConfig model_config;
   std::string model_dir;
@@ -139,6 +145,9 @@ struct Trainer::Impl {
   /// The checks the options alone decide (method, quantization, stage and loss), before any
   /// data is read; makes `objective`.
   void check_options();
+  /// sequence_parallel_size (the arguments', or the DeepSpeed config's) checked against the
+  /// world, the model's heads and the run's stage and method; sets the data's ranks.
+  void check_sequence_parallel();
   void check_machine_fits() const;
   void restore(const std::string& dir);
   void announce() const;

@@ -94,6 +94,18 @@ std::string stage_json(int stage, const std::string& extra) {
                      stage, extra);
 }
 
+std::vector<std::string> zero_stage_flags(const std::string& kind) {
+  const std::string stage =
+      kind == "0" || kind == "1" || kind == "2" || kind == "3" ? kind
+      : kind == "3 offload"
+          ? R"(3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"})"
+          : "2";
+  return {"--deepspeed",
+          R"({"zero_optimization": {"stage3_param_persistence_threshold": 10,
+              "stage3_gather_16bit_weights_on_model_save": true, "stage": )" +
+              stage + "}}"};
+}
+
 std::map<int64_t, double> logged(const std::string& out_dir, const std::string& key) {
   const std::string quoted = "\"" + key + "\":";
   std::map<int64_t, double> values;

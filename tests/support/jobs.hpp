@@ -49,6 +49,12 @@ std::vector<std::string> split_flags(const std::string& joined);
 /// model's first steps).
 std::string stage_json(int stage, const std::string& extra = "");
 
+/// `--deepspeed` with the ZeRO stage `kind` names: "0" … "3", or "3 offload" (stage 3 with
+/// parameters and optimizer offloaded to the CPU); any other kind is stage 2. Under stage 3
+/// every parameter of 10 elements or more is sharded and the 16-bit model gathered for saving
+/// (the multi-rank trainer tests' runs).
+std::vector<std::string> zero_stage_flags(const std::string& kind);
+
 /// The training losses, by step.
 inline std::map<int64_t, double> logged_losses(const std::string& out_dir) {
   return logged(out_dir, "loss");
