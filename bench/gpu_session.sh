@@ -52,6 +52,8 @@
 #                                         (256 + 768) tokens, then that batch's generation alone
 #   bench/gpu_session.sh grpolong         an 8B (LLaMA-3-8B shape) LoRA GRPO step, 8 generations of 20K tokens:
 #                                         wall time and peak memory
+#   bench/gpu_session.sh sp               Ulysses sequence parallelism at world 1, SP 2 and SP 4 on emulated
+#                                         nodes: losses beside world 1's, exposed all-to-all time
 #   bench/gpu_session.sh fixtures         make_fixtures.py SECTIONS (FAMILIES=...) and transformers' sources
 #                                         of SOURCES="gpt_oss glm4_moe ...", in $OUT/fixtures.tgz
 #
@@ -204,6 +206,38 @@ for phase in "$@"; do
           { echo "$name failed"; tail -5 "$results/overlap-$name.log"; continue; }
         python3 bench/tools/summarize_timeline.py "$name" "/tmp/zt-ov-$name/tl" \
           "/tmp/zt-ov-$name/out/trainer_log.jsonl" "$world" "$stage" | tee -a "$results/overlap.jsonl"
+      done
+      ;;
+    sp)  # [6/7] Ulysses sequence parallelism through the CLI: one LoRA step sequence of SPLEN
+      # tokens (default 16384) on the SPSHAPE shape (default qwen2.5-1.5b: 12 heads, 2 kv),
+      # bf16, at world 1 and at SP 2 and 4 on emulated nodes: each step's loss beside world 1's
+      # (bf16 noise), tokens/s (time-sliced: not a speed figure) and the all-to-all time exposed
+      # per step (ZT_COMM_TIMELINE, summarize_timeline.py).
+      len=${SPLEN:-16384}
+      shape=${SPSHAPE:-qwen2.5-1.5b}
+      python3 examples/synthetic_tokens.py /tmp/zt-sp.jsonl "$len" 32000 64
+      for n in 1 2 4; do
+        name=sp-$shape-$len-w$n
+        launcher=("$zt" launch --nproc_per_node "$n" --one_node_per_rank true --)
+        [ "$n" = 1 ] && launcher=()
+        rm -rf "/tmp/zt-$name" && mkdir -p "/tmp/zt-$name"
+        ZT_COMM_TIMELINE="/tmp/zt-$name/tl" "${launcher[@]}" "$zt" train \
+          --model_config "examples/shapes/$shape.json" --train_file /tmp/zt-sp.jsonl \
+          --output_dir "/tmp/zt-$name/out" --bf16 true --max_length "$len" \
+          --deepspeed '{"zero_optimization": {"stage": 2}, "bf16": {"enabled": true}}' \
+          --sequence_parallel_size "$n" --max_steps "${SPSTEPS:-4}" --finetuning_type lora \
+          --lora_r 16 --lora_alpha 32 --lora_target_modules all-linear \
+          --per_device_train_batch_size 1 --gradient_accumulation_steps 1 \
+          --gradient_checkpointing true --logging_steps 1 --save_strategy no \
+          > "$results/$name.log" 2>&1 || { echo "$name failed"; tail -8 "$results/$name.log"; continue; }
+        python3 - "/tmp/zt-$name/out/trainer_log.jsonl" "$name" <<'PY' | tee -a "$results/sp.jsonl"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l and '"step"' in l]
+print(json.dumps({"name": sys.argv[2], "losses": [r["loss"] for r in recs],
+                  "tokens_per_s": [r.get("tokens_per_second") for r in recs]}))
+PY
+        [ "$n" = 1 ] || python3 bench/tools/summarize_timeline.py "$name" "/tmp/zt-$name/tl" \
+          "/tmp/zt-$name/out/trainer_log.jsonl" "$n" 2 | tee -a "$results/sp.jsonl"
       done
       ;;
     scaling)  # the scaling rows at WORLDS ranks (default 1 2 4 8, those the machine has GPUs
@@ -518,10 +552,12 @@ print('\n'.join(map(str, varlen_lengths(4000, 2048))))" > /tmp/zt-lengths.txt
       ZT_VARLEN_ATTENTION=0 ours qwen2.5-7b lora_packed 2048 4 0
       peer qwen2.5-7b lora_varlen 2048 4 0
       ;;
-    ladder)  # LADDER="16384 32768 ..." overrides the lengths
+    ladder)  # LADDER="16384 32768 ..." overrides the lengths; LSHAPE the shape (qwen2.5-7b);
+      # TILED=1 adds the tiled MLP, OFFLOAD=1 use_unsloth_gc (the peer runs without either)
       lengths=${LADDER:-16384 32768 65536 131072 262144}
       for seq in $lengths; do
-        line=$( (ZT_BENCH_WARMUP=0 $b/bin/zt_bench_model qwen2.5-7b lora "$seq" 1 1 1 2>&1 || true) |
+        line=$( (ZT_BENCH_WARMUP=0 ZT_BENCH_TILED=${TILED:-0} ZT_BENCH_OFFLOAD=${OFFLOAD:-0} \
+          $b/bin/zt_bench_model "${LSHAPE:-qwen2.5-7b}" lora "$seq" 1 1 1 2>&1 || true) |
           tee -a "$results/ladder.log" | grep '^RESULT' || true)
         [ -n "$line" ] || line="RESULT {\"impl\": \"zerotrain\", \"seq\": $seq, \"error\": \"no result\"}"
         echo "$line"

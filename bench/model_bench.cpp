@@ -211,6 +211,11 @@ int main(int argc, char** argv) {
       apply_training_flags(args, {"--finetuning_type", "freeze", "--freeze_trainable_layers", "2"});
     }
     const ParameterCount counts = apply_peft_from_args(*model, args, 0);
+    // ZT_BENCH_TILED=1: ALST's tiled MLP (tiled_mlp; ZT_BENCH_TILES: its shards, else ALST's).
+    if (std::getenv("ZT_BENCH_TILED") && std::string(std::getenv("ZT_BENCH_TILED")) == "1") {
+      const char* tiles = std::getenv("ZT_BENCH_TILES");
+      model->set_tiled_mlp(true, tiles ? std::atol(tiles) : 0);
+    }
     resolve_config(ds, args, ResolveContext{1, c.hidden_size, steps + warm});
     CommOptions co;
     co.device = device;
