@@ -204,8 +204,9 @@ namespace {
 // step at every world (2 a micro-batch with one group of ranks, 1 with two), LoRA on q_proj and
 // v_proj unless the kind says otherwise: "0", "2", "3" (the ZeRO stage), "3 offload", "q"
 // (QLoRA at stage 2), "full 2", "packed" (examples packed into rows of 64 tokens, stage 2),
-// "dpo" (DPO on ZT_SP_DIR/pairs.jsonl, the reference the adapters off) and "dpo full" (full
-// fine-tuning, its reference log-probs precomputed).
+// "dpo" (DPO on ZT_SP_DIR/pairs.jsonl, the reference the adapters off), "dpo full" (full
+// fine-tuning, its reference log-probs precomputed) and "kto" (KTO on the same pairs: its KL
+// estimate sums every member's part of each KL sequence).
 std::vector<std::string> sp_run(int world, int sp, const std::string& kind) {
   const int groups = std::max(1, world / sp);
   std::vector<std::string> run{"--max_steps",
@@ -236,6 +237,10 @@ std::vector<std::string> sp_run(int world, int sp, const std::string& kind) {
     run.insert(run.end(), {"--stage", "dpo", "--train_file",
                            std::string(std::getenv("ZT_SP_DIR")) + "/pairs.jsonl"});
   }
+  if (kind == "kto") {
+    run.insert(run.end(), {"--stage", "kto", "--train_file",
+                           std::string(std::getenv("ZT_SP_DIR")) + "/pairs.jsonl"});
+  }
   if (kind == "dpo full") {
     run.insert(run.end(), {"--finetuning_type", "full", "--learning_rate", "2e-3"});
   }
@@ -259,7 +264,7 @@ TEST_CASE("rank: sequence-parallel training", "[.rank]") {
     CHECK_THROWS_WITH(test::train_on_base(dir, run),
                       Catch::Contains("sequence_parallel_size") && Catch::Contains(says));
   };
-  if (which == "kto") return refused({"--stage", "kto"}, "stage kto");
+  if (which == "grpo") return refused({"--stage", "grpo"}, "stage grpo");
   if (which == "ptuning") return refused({"--finetuning_type", "ptuning"}, "ptuning");
   if (which == "heads") {
     // A model of 3 heads at degree 2 (written by the visible test).
@@ -276,8 +281,8 @@ TEST_CASE("rank: sequence-parallel training", "[.rank]") {
 }
 
 TEST_CASE(
-    "sequence-parallel LoRA, QLoRA, full and DPO training run as world 1 does, and resume "
-    "at another degree",
+    "sequence-parallel LoRA, QLoRA, full, DPO and KTO training run as world 1 does, and "
+    "resume at another degree",
     "[ranks][trainer][slow]") {
   const std::string dir = test::temp_dir("sequence_parallel");
   test::write_data(dir, "train.jsonl", 16, 9);
@@ -285,7 +290,7 @@ TEST_CASE(
   test::write_pairs(dir, "pairs.jsonl", 16, 5);
   setenv("ZT_SP_DIR", dir.c_str(), 1);
   const std::vector<std::string> kinds{"0",      "2",      "3",   "3 offload", "q",
-                                       "full 2", "packed", "dpo", "dpo full"};
+                                       "full 2", "packed", "dpo", "dpo full",  "kto"};
   std::vector<std::vector<double>> reference;
   for (const std::string& kind : kinds) {
     std::vector<std::string> run = sp_run(1, 1, kind);
@@ -346,7 +351,7 @@ TEST_CASE("sequence_parallel_size: what it refuses, said on every rank alike", "
       3);
   setenv("ZT_SP_DIR", dir.c_str(), 1);
   setenv("ZT_SP", "2", 1);
-  for (const char* refused : {"kto", "ptuning", "heads"}) {
+  for (const char* refused : {"grpo", "ptuning", "heads"}) {
     INFO(refused);
     setenv("ZT_SP_CASE", refused, 1);
     test::run_ranks(2, "rank: sequence-parallel training", std::chrono::seconds(120));

@@ -400,13 +400,16 @@ class UnpairedObjective final : public PreferenceObjective {
     const Batch b = collate(d, rows, t_.pad_id);
     const at::Device device = t_.comm->device();
     const at::Tensor ids = b.input_ids.to(device);
+    // With sequence parallelism the rows' sums over the group, every member's loss alike and
+    // counted once (as the paired objective's).
     UnpairedLogProbs lp;
     const at::Tensor table = table_rows(eval, rows);
-    lp.reference =
-        table.defined() ? table.to(at::kFloat).to(device) : reference_log_probs(ids, b.labels);
+    lp.reference = table.defined() ? table.to(at::kFloat).to(device)
+                                   : sequence_sum(reference_log_probs(ids, b.labels));
     at::Tensor mean_logits;
-    lp.policy = t_.model->label_log_probs(ids, b.labels, {}, 1024, {}, &mean_logits).sum(1);
-    lp.logits = answer_logit_sums(mean_logits, b.labels);
+    lp.policy =
+        sequence_sum(t_.model->label_log_probs(ids, b.labels, {}, 1024, {}, &mean_logits).sum(1));
+    lp.logits = sequence_sum(answer_logit_sums(mean_logits, b.labels));
     std::vector<int64_t> flags;
     for (int64_t r : rows) flags.push_back(d.desirable().at(static_cast<size_t>(r)));
     lp.desirable = at::tensor(flags, at::kLong).to(at::kBool).to(device);
@@ -415,8 +418,10 @@ class UnpairedObjective final : public PreferenceObjective {
     lp.kl = terms.kl;
     lp.nll_scale = terms.nll_scale;
     const PreferenceLosses losses = unpaired_losses(pref_, lp);
-    add_sums(sums(split), losses.sums);
-    return {losses.loss.sum(), static_cast<int64_t>(samples.size())};
+    const double members = static_cast<double>(t_.sequence_parallel);
+    add_sums(sums(split), members == 1 ? losses.sums : losses.sums / members);
+    const at::Tensor sum = losses.loss.sum();
+    return {members == 1 ? sum : sum / members, counted_once(static_cast<int64_t>(samples.size()))};
   }
 
   void check_pair_steps() const override {
@@ -484,8 +489,10 @@ class UnpairedObjective final : public PreferenceObjective {
         policy = t_.model->label_log_probs(ids, b.labels).sum(1);
       }
       if (batch.empty()) continue;
+      // With sequence parallelism each member adds its positions' part of every row, and the
+      // rows are counted on the group's first member only.
       local += (policy.to(at::kDouble) - ref.to(at::kDouble)).sum();
-      count += static_cast<int64_t>(batch.size());
+      count += counted_once(static_cast<int64_t>(batch.size()));
     }
     const std::vector<double> global =
         comm::reduce_scalars(*t_.comm, {local.item<double>(), static_cast<double>(count)});

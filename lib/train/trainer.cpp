@@ -306,11 +306,10 @@ void Trainer::Impl::check_sequence_parallel() {
                     "divide one another",
                     c.num_key_value_heads));
   }
-  if (args.stage != "sft" && args.stage != "pt" && args.stage != "dpo") {
+  if (args.stage == "grpo") {
     refuse(
-        fmt::format("stage {} does not train with sequence parallelism yet (sft, pt and dpo "
-                    "do); use sequence_parallel_size 1",
-                    args.stage));
+        "stage grpo does not train with sequence parallelism yet (sft, pt, dpo and kto do): its "
+        "generation runs whole on each rank; use sequence_parallel_size 1");
   }
   const PeftConfig method = peft_config_for(args);
   if (method.type == FinetuningType::kPTuning || method.type == FinetuningType::kPrefix) {
