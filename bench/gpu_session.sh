@@ -553,11 +553,15 @@ print('\n'.join(map(str, varlen_lengths(4000, 2048))))" > /tmp/zt-lengths.txt
       peer qwen2.5-7b lora_varlen 2048 4 0
       ;;
     ladder)  # LADDER="16384 32768 ..." overrides the lengths; LSHAPE the shape (qwen2.5-7b);
-      # TILED=1 adds the tiled MLP, OFFLOAD=1 use_unsloth_gc (the peer runs without either)
+      # TILED=1 adds the tiled MLP, OFFLOAD=1 use_unsloth_gc (HOST_GIB its host budget),
+      # SPAN=N recompute_num_layers, LAYERS=L the shape with L layers, LMODE=qlora QLoRA,
+      # CAP_GIB an allocator cap, KEEP gradient_checkpointing_keep (the peer runs without any)
       lengths=${LADDER:-16384 32768 65536 131072 262144}
       for seq in $lengths; do
-        line=$( (ZT_BENCH_WARMUP=0 ZT_BENCH_TILED=${TILED:-0} ZT_BENCH_OFFLOAD=${OFFLOAD:-0} \
-          $b/bin/zt_bench_model "${LSHAPE:-qwen2.5-7b}" lora "$seq" 1 1 1 2>&1 || true) |
+        line=$( (env ZT_BENCH_WARMUP=0 ZT_BENCH_TILED=${TILED:-0} ZT_BENCH_OFFLOAD=${OFFLOAD:-0} \
+          ${KEEP:+ZT_BENCH_KEEP=$KEEP} ${SPAN:+ZT_BENCH_SPAN=$SPAN} ${LAYERS:+ZT_BENCH_LAYERS=$LAYERS} \
+          ${HOST_GIB:+ZT_BENCH_HOST_GIB=$HOST_GIB} ${CAP_GIB:+ZT_BENCH_CAP_GIB=$CAP_GIB} \
+          $b/bin/zt_bench_model "${LSHAPE:-qwen2.5-7b}" "${LMODE:-lora}" "$seq" 1 1 1 2>&1 || true) |
           tee -a "$results/ladder.log" | grep '^RESULT' || true)
         [ -n "$line" ] || line="RESULT {\"impl\": \"zerotrain\", \"seq\": $seq, \"error\": \"no result\"}"
         echo "$line"

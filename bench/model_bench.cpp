@@ -15,7 +15,11 @@
 // run inside backward where the engine allows it (EngineOptions::update_in_backward: full mode
 // without clipping); ZT_BENCH_IN_BACKWARD=0 keeps them in step(). ZT_BENCH_KEEP=none|auto|GiB: what
 // checkpointed layers keep to skip products (gradient_checkpointing_keep; default auto).
-// ZT_BENCH_OFFLOAD=1: recomputed layers hold their saved inputs in host memory (use_unsloth_gc).
+// ZT_BENCH_OFFLOAD=1: recomputed layers hold their saved inputs in host memory (use_unsloth_gc),
+// within ZT_BENCH_HOST_GIB of it if given. ZT_BENCH_SPAN=N: one checkpoint per N layers
+// (recompute_num_layers). ZT_BENCH_TILED=1: the tiled MLP (ZT_BENCH_TILES its shards).
+// ZT_BENCH_LAYERS=L: the shape's width with L layers. The result adds the activations' host
+// peak (host_activations_gib) and the process's peak resident host memory (host_rss_gib).
 // ZT_BENCH_PHASES=1 synchronizes between forward, backward and the optimizer step and reports
 // each one's time (fwd_s, bwd_s, opt_s); the synchronization costs a little overlap.
 // Real lengths (LoRA as above, examples from ZT_BENCH_LENGTHS: a file of lengths, one per line —
@@ -31,6 +35,8 @@
 // adapters off, without gradients); dpo_pre the same with the reference's log-probs given (as
 // precompute_ref_log_probs). tokens_per_s counts every row's tokens, so it sits beside lora at
 // the same SEQ and MICRO_BATCH.
+#include <sys/resource.h>
+
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 
@@ -148,6 +154,13 @@ std::vector<Batch> real_length_batches(const std::string& path, bool packed, int
   return batches;
 }
 
+// The most resident host memory this process has held, in GiB (page-locked memory included).
+double peak_rss_gib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / (1024.0 * 1024.0);  // ru_maxrss is in KiB
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,6 +177,10 @@ int main(int argc, char** argv) {
   const at::Device device = at::getNumGPUs() > 0 ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   try {
     ModelConfig c = bench::shape_config(shape);
+    // ZT_BENCH_LAYERS: the shape's width with fewer layers (the memory per layer at lengths
+    // whose whole-depth step would not fit one run).
+    if (const char* layers = std::getenv("ZT_BENCH_LAYERS"))
+      c.num_hidden_layers = std::atol(layers);
     // qlora: LoRA over a 4-bit base, NF4 with double quantization (QLoRA's recipe).
     if (mode == "qlora" || mode == "qdora") c.quantization = QuantizationConfig{};
     auto model =
@@ -232,6 +249,11 @@ int main(int argc, char** argv) {
     args.use_unsloth_gc =
         std::getenv("ZT_BENCH_OFFLOAD") && std::string(std::getenv("ZT_BENCH_OFFLOAD")) == "1";
     eo.offload_activations = args.use_unsloth_gc;
+    // ZT_BENCH_SPAN: recompute_num_layers; ZT_BENCH_HOST_GIB: the host budget of use_unsloth_gc.
+    if (const char* span = std::getenv("ZT_BENCH_SPAN")) eo.units_per_checkpoint = std::atol(span);
+    if (const char* host = std::getenv("ZT_BENCH_HOST_GIB")) {
+      eo.offload_activations_host_bytes = static_cast<int64_t>(std::atof(host) * (1LL << 30));
+    }
     eo.total_train_steps = steps + warm;
     std::shared_ptr<ParameterSource> base = random_source(c, 0);
     if (auto quantized = model::quantized_weights(*model); !quantized.empty()) {
@@ -343,12 +365,14 @@ int main(int argc, char** argv) {
     std::printf(
         "RESULT %s\n",
         fmt::format(
-            R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "stage": {}, "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "active_params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}, "in_backward": {}, "keep": "{}", "offload": {}{}{}}})J",
+            R"J({{"impl": "zerotrain", "shape": "{}", "mode": "{}", "stage": {}, "seq": {}, "mbs": {}, "ckpt": {}, "params": {}, "active_params": {}, "trainable": {}, "step_s": {:.4f}, "tokens_per_s": {:.0f}, "tflops_6N": {:.1f}, "peak_gib": {:.1f}, "init_s": {:.1f}, "loss": {:.4f}, "in_backward": {}, "keep": "{}", "offload": {}, "layers": {}, "span": {}, "host_activations_gib": {:.1f}, "host_rss_gib": {:.1f}{}{}}})J",
             shape, mode, engine.stage(), seq, mbs, ckpt ? 1 : 0, c.parameter_count(), active,
             counts.trainable, step_s, tokens_per_s, tokens_per_s * flops_token / 1e12,
             device_stats::peak_allocated(0) / 1073741824.0, init_s, loss_value,
             engine.updates_in_backward() ? "true" : "false", args.gradient_checkpointing_keep,
-            args.use_unsloth_gc ? "true" : "false", padding,
+            args.use_unsloth_gc ? "true" : "false", c.num_hidden_layers, eo.units_per_checkpoint,
+            static_cast<double>(engine.memory().host_activations_peak) / 1073741824.0,
+            peak_rss_gib(), padding,
             phases ? fmt::format(R"(, "fwd_s": {:.4f}, "bwd_s": {:.4f}, "opt_s": {:.4f})",
                                  phase_s[0] / steps, phase_s[1] / steps, phase_s[2] / steps)
                    : std::string())

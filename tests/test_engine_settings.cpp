@@ -3,6 +3,7 @@
 // checked here without building an engine.
 #include "support/catch.hpp"
 
+#include <algorithm>
 #include <string>
 #include <tuple>
 
@@ -278,6 +279,26 @@ TEST_CASE("settings: impossible combinations are refused naming the file", "[eng
   CHECK_THROWS_AS(zero::resolve_settings(config(2, "fp32"), o, f), ConfigError);
   CHECK_THROWS_WITH(zero::resolve_settings(config(2, "fp32"), o, f),
                     Contains("communicator runs on cpu"));
+}
+
+TEST_CASE("settings: recompute_num_layers below 1 is refused, without recomputation it warns",
+          "[engine][settings]") {
+  EngineOptions o;
+  zero::EngineFacts f;
+  for (int64_t bad : {0, -3}) {
+    o.units_per_checkpoint = bad;
+    CHECK_THROWS_MATCHES(zero::resolve_settings(config(2, "fp32"), o, f), InvalidArgument,
+                         test::Has({"recompute_num_layers", "at least 1", std::to_string(bad)}));
+  }
+  o.units_per_checkpoint = 2;
+  const auto warned = [](const zero::EngineSettings& s) {
+    return std::any_of(s.warnings.begin(), s.warnings.end(), [](const std::string& w) {
+      return w.find("recompute_num_layers 2 has no effect") != std::string::npos;
+    });
+  };
+  CHECK(warned(zero::resolve_settings(config(2, "fp32"), o, f)));
+  o.activation_checkpointing = true;
+  CHECK_FALSE(warned(zero::resolve_settings(config(2, "fp32"), o, f)));
 }
 
 // EngineOptions::kAutoKeep's budget (zero::KeepBudget), from what a device would report: the

@@ -388,27 +388,22 @@ TEST_CASE(
     reference.push_back(test::train_on_base(dir, run));
     REQUIRE(reference.back().size() == 4);
   }
-  const std::pair<int, int> settings[] = {{2, 2}, {4, 4}, {4, 2}};
-  for (const auto& [world, ep] : settings) {
-    if (test::skip_cpu_world(world)) return;
-    setenv("ZT_EP", std::to_string(ep).c_str(), 1);
-    for (size_t k = 0; k < kinds.size(); ++k) {
-      INFO("world " << world << ", expert_parallel_size " << ep << ", run " << kinds[k]);
-      setenv("ZT_EP_CASE", kinds[k].c_str(), 1);
-      const std::vector<std::vector<double>> curves =
-          test::curves_at_world(world, "rank: expert-parallel training", std::chrono::seconds(300));
-      REQUIRE(curves.size() == 1);
-      REQUIRE(curves[0].size() == reference[k].size());
-      for (size_t i = 0; i < curves[0].size(); ++i) {
-        CHECK(curves[0][i] == Approx(reference[k][i]).epsilon(1e-4));
-      }
-      // What full and freeze fine-tuning write is the whole model: every rank's experts.
-      if (kinds[k].find("full") != std::string::npos || kinds[k] == "freeze") {
-        const std::string out = fmt::format("{}/out_{}_{}_{}", dir, world, ep, kinds[k]);
-        check_same_model(dir + "/ref_" + kinds[k] + "/model.safetensors",
-                         out + "/model.safetensors");
-      }
+  // What full and freeze fine-tuning write is the whole model: every rank's experts.
+  const auto same_model = [&](int world, int ep, size_t k) {
+    if (kinds[k].find("full") != std::string::npos || kinds[k] == "freeze") {
+      const std::string out = fmt::format("{}/out_{}_{}_{}", dir, world, ep, kinds[k]);
+      check_same_model(dir + "/ref_" + kinds[k] + "/model.safetensors", out + "/model.safetensors");
     }
+  };
+  if (!test::check_degree_sweep({"rank: expert-parallel training",
+                                 "ZT_EP",
+                                 "ZT_EP_CASE",
+                                 "expert_parallel_size",
+                                 {{2, 2}, {4, 4}, {4, 2}},
+                                 kinds,
+                                 reference},
+                                1e-4, same_model)) {
+    return;
   }
   // A run saved at world 4 with expert_parallel_size 2 resumes at world 1 without it: the
   // remaining steps are those of world 1's uninterrupted run.

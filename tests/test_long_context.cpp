@@ -205,8 +205,9 @@ namespace {
 // v_proj unless the kind says otherwise: "0", "2", "3" (the ZeRO stage), "3 offload", "q"
 // (QLoRA at stage 2), "full 2", "packed" (examples packed into rows of 64 tokens, stage 2),
 // "dpo" (DPO on ZT_SP_DIR/pairs.jsonl, the reference the adapters off), "dpo full" (full
-// fine-tuning, its reference log-probs precomputed) and "kto" (KTO on the same pairs: its KL
-// estimate sums every member's part of each KL sequence).
+// fine-tuning, its reference log-probs precomputed), "kto" (KTO on the same pairs: its KL
+// estimate sums every member's part of each KL sequence) and "span" (stage 2, checkpointing with
+// one checkpoint per two layers in host memory: the rebuilt layer's all-to-alls run again).
 std::vector<std::string> sp_run(int world, int sp, const std::string& kind) {
   const int groups = std::max(1, world / sp);
   std::vector<std::string> run{"--max_steps",
@@ -233,6 +234,10 @@ std::vector<std::string> sp_run(int world, int sp, const std::string& kind) {
   if (kind == "full 2")
     run.insert(run.end(), {"--finetuning_type", "full", "--learning_rate", "2e-3"});
   if (kind == "packed") run.insert(run.end(), {"--packing", "true", "--max_length", "64"});
+  if (kind == "span") {
+    run.insert(run.end(), {"--gradient_checkpointing", "true", "--recompute_num_layers", "2",
+                           "--use_unsloth_gc", "true"});
+  }
   if (kind.rfind("dpo", 0) == 0) {
     run.insert(run.end(), {"--stage", "dpo", "--train_file",
                            std::string(std::getenv("ZT_SP_DIR")) + "/pairs.jsonl"});
@@ -289,8 +294,8 @@ TEST_CASE(
   test::write_model_folder(dir + "/base", test::kTinyModel, 41);
   test::write_pairs(dir, "pairs.jsonl", 16, 5);
   setenv("ZT_SP_DIR", dir.c_str(), 1);
-  const std::vector<std::string> kinds{"0",      "2",      "3",   "3 offload", "q",
-                                       "full 2", "packed", "dpo", "dpo full",  "kto"};
+  const std::vector<std::string> kinds{"0",      "2",   "3",        "3 offload", "q",   "full 2",
+                                       "packed", "dpo", "dpo full", "kto",       "span"};
   std::vector<std::vector<double>> reference;
   for (const std::string& kind : kinds) {
     std::vector<std::string> run = sp_run(1, 1, kind);
@@ -298,21 +303,14 @@ TEST_CASE(
     reference.push_back(test::train_on_base(dir, run));
     REQUIRE(reference.back().size() == 4);
   }
-  const std::pair<int, int> settings[] = {{2, 2}, {4, 4}, {4, 2}};
-  for (const auto& [world, sp] : settings) {
-    if (test::skip_cpu_world(world)) return;
-    setenv("ZT_SP", std::to_string(sp).c_str(), 1);
-    for (size_t k = 0; k < kinds.size(); ++k) {
-      INFO("world " << world << ", sequence_parallel_size " << sp << ", run " << kinds[k]);
-      setenv("ZT_SP_CASE", kinds[k].c_str(), 1);
-      const std::vector<std::vector<double>> curves = test::curves_at_world(
-          world, "rank: sequence-parallel training", std::chrono::seconds(300));
-      REQUIRE(curves.size() == 1);
-      REQUIRE(curves[0].size() == reference[k].size());
-      for (size_t i = 0; i < curves[0].size(); ++i) {
-        CHECK(curves[0][i] == Approx(reference[k][i]).epsilon(1e-5));
-      }
-    }
+  if (!test::check_degree_sweep({"rank: sequence-parallel training",
+                                 "ZT_SP",
+                                 "ZT_SP_CASE",
+                                 "sequence_parallel_size",
+                                 {{2, 2}, {4, 4}, {4, 2}},
+                                 kinds,
+                                 reference})) {
+    return;
   }
   // Saved at world 4 with sequence_parallel_size 2: resumed at world 1 without it, and at
   // world 2 with it, the remaining steps are world 1's.
@@ -543,7 +541,10 @@ TEST_CASE("a tiled MLP replays its dropout draws tile by tile in backward", "[mo
   gradients(xr);
 }
 
-TEST_CASE("tiled_mlp trains as the plain MLP does, ZeRO 0-3 and checkpointing", "[trainer][long]") {
+TEST_CASE(
+    "tiled_mlp trains as the plain MLP does, ZeRO 0-3 and checkpointing, with recompute_num_layers "
+    "and use_unsloth_gc",
+    "[trainer][long]") {
   const std::string dir = test::temp_dir("tiled_mlp");
   test::write_data(dir, "train.jsonl", 16, 9);
   test::write_model_folder(dir + "/base", test::kTinyModel, 41);
@@ -562,6 +563,15 @@ TEST_CASE("tiled_mlp trains as the plain MLP does, ZeRO 0-3 and checkpointing", 
       const std::vector<double> got = test::train_on_base(dir, tiled);
       REQUIRE(got.size() == want.size());
       for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-5));
+      if (!checkpointing) continue;
+      // The long-context recipe: tiled, one checkpoint per two layers, held in host memory.
+      tiled.insert(tiled.end(), {"--output_dir", dir + "/span_" + name, "--recompute_num_layers",
+                                 "2", "--use_unsloth_gc", "true"});
+      const std::vector<double> spanned = test::train_on_base(dir, tiled);
+      REQUIRE(spanned.size() == want.size());
+      for (size_t i = 0; i < spanned.size(); ++i) {
+        CHECK(spanned[i] == Approx(want[i]).epsilon(1e-5));
+      }
     }
   }
 }

@@ -214,8 +214,10 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     std::vector<std::pair<std::string, at::Tensor>> params;
     double products = 0;  ///< matrix products over all steps
     int64_t host_activations_peak = 0;
+    double layer_forward = 0;  ///< products of one layer's forward (the plain run only)
   };
-  auto train = [&](int stage, bool checkpointing, int64_t keep_bytes, bool offload) {
+  auto train = [&](int stage, bool checkpointing, int64_t keep_bytes, bool offload,
+                   int64_t span = 1, int64_t host_limit = 0) {
     ModelConfig mc = load_model_config(dir);
     if (qlora) mc.quantization = QuantizationConfig{};  // NF4 with double quantization
     auto model = std::make_shared<CausalLM>(mc, at::TensorOptions(), /*allocate=*/false);
@@ -244,8 +246,17 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     eo.activation_checkpointing = checkpointing;
     eo.recompute_keep_bytes = keep_bytes;
     eo.offload_activations = offload;
+    eo.units_per_checkpoint = span;
+    eo.offload_activations_host_bytes = host_limit;
     Engine engine(model, ds, comm, eo);
     Run run;
+    if (stage == 0 && !checkpointing) {  // the products of one layer's whole forward
+      at::NoGradGuard no_grad;
+      CountProducts count;
+      model->hidden_states(ids.narrow(0, first, rows), mask.narrow(0, first, rows));
+      run.layer_forward = static_cast<double>(products.load()) /
+                          static_cast<double>(load_model_config(dir).num_hidden_layers);
+    }
     CountProducts count;
     for (int step = 0; step < steps; ++step) {
       LossSum loss = model->loss(ids.narrow(0, first, rows), labels.narrow(0, first, rows),
@@ -275,24 +286,55 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     int64_t keep;
     int64_t kept_layers;  ///< per step, when checkpointing
     bool offload = false;
+    int64_t span = 1;         ///< EngineOptions::units_per_checkpoint
+    int64_t host_layers = 0;  ///< the host budget in layer inputs (0: the default)
   };
+  // Layer inputs fill the host budget exactly (a CPU rank counts them unrounded).
+  const int64_t layer_input = rows * ids.size(1) * config.hidden_size * 4;
   for (const Case& c :
        {Case{0, true, EngineOptions::kAutoKeep, 0}, Case{2, true, 0, 0},
         Case{3, false, EngineOptions::kAutoKeep, 0}, Case{0, true, all, layers},
         Case{2, true, one, 1}, Case{3, false, all, 0}, Case{0, true, all, layers, true},
-        Case{2, true, one, 1, true}, Case{3, false, EngineOptions::kAutoKeep, 0, true}}) {
+        Case{2, true, one, 1, true}, Case{3, false, EngineOptions::kAutoKeep, 0, true},
+        Case{0, true, 0, 0, false, 2}, Case{2, true, one, 0, true, 2},
+        Case{3, false, 0, 0, false, layers}, Case{3, false, 0, 0, true, 2},
+        Case{0, true, 0, 0, true, 1, 3}, Case{2, true, 0, 0, true, 2, 1}}) {
     INFO("stage " << c.stage << (c.checkpointing ? ", checkpointing" : "")
-                  << (c.offload ? ", offloaded" : "")
+                  << (c.offload ? ", offloaded" : "") << ", units per checkpoint " << c.span
+                  << ", host budget " << c.host_layers << " layer inputs"
                   << (qlora  ? ", QLoRA"
                       : lora ? ", LoRA"
                              : "")
                   << ", keep budget " << c.keep);
-    const Run run = train(c.stage, c.checkpointing, c.keep, c.offload);
-    // Each layer's input and its sum after attention, [rows, seq, hidden] fp32, all at once —
-    // but the first layer's input with adapters: the frozen embeddings' output needs no gradient.
-    const int64_t layer_input = rows * ids.size(1) * config.hidden_size * 4;
-    if (c.offload && (c.checkpointing || comm->world_size() > 1)) {
-      CHECK(run.host_activations_peak >= (layers * 2 - (lora ? 1 : 0)) * layer_input);
+    const Run run =
+        train(c.stage, c.checkpointing, c.keep, c.offload, c.span, c.host_layers * layer_input);
+    // The recomputed units in order — with stage 3 at several ranks the embeddings and the head
+    // too — and their places in their spans: a unit whose activation input is the unit before's
+    // output continues its span while the span has room; one without an activation input (the
+    // embeddings' ids; with adapters the first layer, whose input from the frozen embeddings
+    // needs no gradient — unless the embeddings are a unit call too, whose outputs always do)
+    // starts one. What waits on the host, [rows, seq, hidden] fp32 each, all
+    // at once: the activation input of each span's first unit, and with spans of one each
+    // layer's sum after attention (with longer spans nothing is kept). Within a host budget: as
+    // many as it holds, the rest stay on the device.
+    const bool recomputed = c.checkpointing || comm->world_size() > 1;
+    const bool sharded = c.stage == 3 && comm->world_size() > 1;
+    std::vector<bool> takes_activation;
+    if (sharded) takes_activation.push_back(false);
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      takes_activation.push_back(!lora || layer > 0 || sharded);
+    }
+    if (sharded) takes_activation.push_back(true);
+    int64_t on_host = c.span > 1 ? 0 : layers, rebuilt = 0, place = 0;
+    for (size_t k = 0; k < takes_activation.size(); ++k) {
+      place = takes_activation[k] && k > 0 && place + 1 < c.span ? place + 1 : 0;
+      if (place == 0 && takes_activation[k]) ++on_host;
+      const bool layer = !sharded || (k > 0 && k + 1 < takes_activation.size());
+      if (layer) rebuilt += place;  // a unit at place p runs the p before it again
+    }
+    if (c.offload && recomputed) {
+      CHECK(run.host_activations_peak ==
+            std::min(on_host, c.host_layers > 0 ? c.host_layers : on_host) * layer_input);
     } else {
       CHECK(run.host_activations_peak == 0);
     }
@@ -301,8 +343,18 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     const double products_run = run.products;
     if (c.checkpointing) {
       const int64_t per_layer = glm ? 2 : lora ? 17 : 5, kept_products = glm ? 1 : lora ? 4 : 2;
-      const int64_t recomputed = layers * per_layer - c.kept_layers * kept_products;
-      CHECK(products_run - plain_products == static_cast<double>(steps * recomputed));
+      double recomputed_products =
+          static_cast<double>(layers * per_layer - c.kept_layers * kept_products);
+      if (c.span > 1) {
+        // Nothing kept: a layer recomputes its whole forward but the down projection's products
+        // (the base's, and with LoRA its B's), and runs the layers before it in its span again,
+        // whole, to rebuild its input.
+        REQUIRE(plain_run.layer_forward > 0);
+        recomputed_products =
+            static_cast<double>(layers) * (plain_run.layer_forward - (lora ? 2 : 1)) +
+            static_cast<double>(rebuilt) * plain_run.layer_forward;
+      }
+      CHECK(products_run - plain_products == static_cast<double>(steps) * recomputed_products);
     }
     // fp32 noise: the engine equivalence tests' tolerance (stage 3 sums its norm in another order).
     for (size_t i = 0; i < norms.size(); ++i)

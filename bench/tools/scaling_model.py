@@ -9,6 +9,10 @@ step and a link model (docs/scaling.md says what it assumes and how it was check
                                                  predicted vs measured emulated runs
     scaling_model.py moe_memory SHAPE.json --world W --ep E [--stage S]
                                                  a mixture's full fine-tuning: bytes per rank
+    scaling_model.py long_memory SHAPE.json [--method lora|qlora] [--span N] [--sp S] [--zero3]
+                             [--gpu-gib G] [--host-gib H] [--work A] [--tokens T,...]
+                                                 long context: GPU and host bytes at T tokens,
+                                                 the longest that fits (docs/performance.md)
     scaling_model.py moe_predict SHAPE.json --one-gpu-lora TOK_S [--tokens-per-rank T]
                                                  a mixture's full fine-tuning at 8 GPUs (EP 8) and
                                                  2x8 (EP 8 in a node, 2 expert-data-parallel
@@ -329,9 +333,73 @@ def moe_predict(shape, lora_tok_s, tokens, gpus, ep, intra, inter):
             "step_ms": round(total, 1), "tokens_per_s_per_gpu": round(tokens / total * 1e3)}
 
 
+GIB = 1024.0 ** 3
+
+
+def pow2_at_least(n):
+    """The page-locked block LibTorch's caching host allocator makes for n bytes."""
+    return 1 << max(0, math.ceil(math.log2(n))) if n > 0 else 0
+
+
+def long_memory(shape, tokens, method="lora", span=2, work=None, gpu_gib=139.0, host_gib=None,
+                sp=1, zero3=False, lora_r=16):
+    """The long-context memory model (docs/performance.md): one sequence of `tokens` tokens at
+    micro-batch 1, checkpointing with `span` layers per saved input held in page-locked host
+    memory (use_unsloth_gc, recompute_num_layers), the tiled MLP, at `sp` ranks of Ulysses
+    sequence parallelism (each holds tokens / sp positions). GPU bytes per rank:
+        weights + trainable state + work · u + (checkpoints the host budget cannot hold) · u
+    where u = tokens / sp · hidden · 2 bytes (one layer's input in bf16) and `work` the measured
+    working set in units of u (one layer's recomputation and backward, the head's saved values,
+    the first layer's input, the checkpoints fetched back, the exchange buffers). Host bytes:
+    ceil(L / span) saved inputs (the first one stays on the GPU with adapters: the frozen
+    embeddings' output needs no gradient), each a power-of-two block, within 3/4 of `host_gib`
+    shared by the node's ranks."""
+    p = shape_params(shape, "lora" if method in ("lora", "qlora") else "full", lora_r)
+    h, L = shape["hidden_size"], shape["num_hidden_layers"]
+    if method == "qlora":  # NF4 linear weights + double-quantized absmax; embeddings, head bf16
+        linear = p["total"] - p["persistent"]
+        weights = linear * (0.5 + 0.127 / 8) + 2 * p["persistent"]
+    else:
+        weights = 2 * p["total"]
+    if zero3:
+        weights /= sp
+    state = 18 * p["trainable"]  # bf16 value, fp32 master, gradient and two Adam moments
+    if work is None:
+        work = WORK[method]
+    u = tokens / sp * h * 2
+    saved = math.ceil(L / span) - (1 if method in ("lora", "qlora") else 0)
+    host_budget = 0.75 * (host_gib if host_gib is not None else 120.0) * GIB / (8 if sp > 1 else 1)
+    block = pow2_at_least(int(u))
+    on_host = min(saved, int(host_budget // block)) if block > 0 else saved
+    gpu = weights + state + work * u + (saved - on_host) * u
+    return {"tokens": tokens, "method": method, "span": span, "sp": sp, "gpu_gib": gpu / GIB,
+            "fits": gpu <= gpu_gib * GIB, "weights_gib": weights / GIB, "work_u": work,
+            "u_gib": u / GIB, "saved_inputs": saved, "on_host": on_host,
+            "host_gib": on_host * block / GIB}
+
+
+def longest(shape, method, span, work, gpu_gib, host_gib, sp=1, zero3=False, step=1024):
+    """The longest sequence (a multiple of `step` tokens) long_memory says fits."""
+    lo, hi = 0, step
+    while long_memory(shape, hi, method, span, work, gpu_gib, host_gib, sp, zero3)["fits"]:
+        lo, hi = hi, hi * 2
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        if long_memory(shape, mid, method, span, work, gpu_gib, host_gib, sp, zero3)["fits"]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# The working set in layer inputs, measured (docs/performance.md, the long-context rows).
+WORK = {"lora": 12.0, "qlora": 12.0}
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("verb", choices=["predict", "table", "check", "moe_memory", "moe_predict"])
+    ap.add_argument("verb", choices=["predict", "table", "check", "moe_memory", "moe_predict",
+                                     "long_memory"])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--link", default="nvlink-h200", choices=sorted(LINKS) + ["measured"],
                     help="measured (check only): each world's emulated link from the file itself")
@@ -347,7 +415,29 @@ def main():
     ap.add_argument("--ep", type=int, default=1)
     ap.add_argument("--one-gpu-lora", type=float, default=0.0,
                     help="moe_predict: a measured one-GPU LoRA step's tokens/s on the shape")
+    ap.add_argument("--method", default="lora", choices=["lora", "qlora", "full"])
+    ap.add_argument("--span", type=int, default=2, help="long_memory: recompute_num_layers")
+    ap.add_argument("--work", type=float, default=None,
+                    help="long_memory: the working set in layer inputs (default: the measured one)")
+    ap.add_argument("--gpu-gib", type=float, default=139.0)
+    ap.add_argument("--host-gib", type=float, default=120.0, help="the host's available memory")
+    ap.add_argument("--sp", type=int, default=1, help="long_memory: sequence_parallel_size")
+    ap.add_argument("--zero3", action="store_true", help="long_memory: weights partitioned")
+    ap.add_argument("--tokens", default="", help="long_memory: lengths to predict (comma list)")
     args = ap.parse_args()
+    if args.verb == "long_memory":
+        with open(args.files[0]) as f:
+            shape = json.load(f)
+        for t in [int(x) for x in args.tokens.split(",") if x]:
+            row = long_memory(shape, t, args.method, args.span, args.work, args.gpu_gib,
+                              args.host_gib, args.sp, args.zero3)
+            print(json.dumps({k: round(v, 2) if isinstance(v, float) else v
+                              for k, v in row.items()}))
+        best = longest(shape, args.method, args.span, args.work, args.gpu_gib, args.host_gib,
+                       args.sp, args.zero3)
+        print(json.dumps({"longest_tokens": best, "method": args.method, "span": args.span,
+                          "sp": args.sp, "gpu_gib": args.gpu_gib, "host_gib": args.host_gib}))
+        return
     if args.verb == "moe_predict":
         with open(args.files[0]) as f:
             shape = json.load(f)

@@ -304,6 +304,10 @@ struct TrainingArguments {
   /// LLaMA-Factory's: recomputed layers hold their saved inputs in host memory between forward
   /// and backward (EngineOptions::offload_activations).
   bool use_unsloth_gc = false;
+  /// Megatron's (--recompute-num-layers) and NeMo's: with gradient_checkpointing, one checkpoint
+  /// per this many consecutive decoder layers; the layers between are rebuilt in backward from
+  /// it (EngineOptions::units_per_checkpoint).
+  int64_t recompute_num_layers = 1;
   /// zerotrain's own: update each parameter during backward and free its gradient where that
   /// cannot change the math (EngineOptions::update_in_backward; docs/engine.md).
   bool update_in_backward = true;

@@ -56,6 +56,21 @@ struct EngineOptions {
   /// after it runs its backward). LLaMA-Factory's use_unsloth_gc. What units keep only to skip
   /// products (recompute_keep_bytes) stays on the device. No effect where no unit is recomputed.
   bool offload_activations = false;
+  /// With offload_activations: the most bytes the saved activations may hold in host memory at
+  /// once (page-locked ones counted rounded up to a power of two, as the caching host allocator
+  /// makes them); a tensor that would pass it stays on the device. 0: three quarters of the
+  /// host's available memory (MemAvailable) when the engine is built, shared by the ranks of the
+  /// node (LOCAL_WORLD_SIZE).
+  int64_t offload_activations_host_bytes = 0;
+  /// Recomputed units per saved checkpoint (Megatron's recompute_num_layers): of up to N
+  /// consecutive recomputed unit calls, each taking the one before's output as its input, only
+  /// the first saves its inputs (on the device, or the host with offload_activations); each
+  /// other's are rebuilt in its backward by running the calls before it again, without
+  /// gradients, from that one. The saved inputs shrink N-fold; the price is N(N-1)/2 unit
+  /// forwards more per N units. Only activations passed as a call's output to the next call
+  /// are rebuilt; a call whose inputs come from elsewhere starts a new span. 1: every recomputed
+  /// unit saves its inputs. No effect where no unit is recomputed. InvalidArgument below 1.
+  int64_t units_per_checkpoint = 1;
   /// Optimizer steps of the whole run, for schedules that count towards its end.
   int64_t total_train_steps = 0;
   /// The learning rate of the optimizer step that follows `applied` applied steps (skipped fp16

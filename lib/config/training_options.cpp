@@ -255,6 +255,17 @@ std::vector<Option> batches_and_optimization() {
        -1e308,
        "recomputed layers hold their saved inputs in host memory between forward and backward "
        "(with gradient_checkpointing or ZeRO-3)"},
+      {"recompute_num_layers",
+       &Args::recompute_num_layers,
+       {},
+       {1, kWidthMax},
+       "Megatron: one checkpoint per N consecutive layers; the layers between are rebuilt from it "
+       "in backward (with gradient_checkpointing or ZeRO-3)"},
+      {"activations_checkpoint_num_layers",
+       &Args::recompute_num_layers,
+       {},
+       {1, kWidthMax},
+       "NeMo: alias of recompute_num_layers"},
       {"update_in_backward",
        &Args::update_in_backward,
        {},

@@ -50,8 +50,9 @@ const std::vector<std::string> kMayChange = {
     "bnb_4bit_compute_dtype", "ddp_timeout", "rendezvous_timeout", "expert_parallel_size",
     "sequence_parallel_size",
     // memory and speed, not results
-    "gradient_checkpointing", "gradient_checkpointing_keep", "use_unsloth_gc", "update_in_backward",
-    "tiled_mlp", "tiled_mlp_num_shards", "precompute_ref_log_probs",
+    "gradient_checkpointing", "gradient_checkpointing_keep", "use_unsloth_gc",
+    "recompute_num_layers", "activations_checkpoint_num_layers", "update_in_backward", "tiled_mlp",
+    "tiled_mlp_num_shards", "precompute_ref_log_probs",
     // the data's order and which bad lines stop the run (not what a good example becomes);
     // where the data file is (the same data moved or copied: what it becomes — template,
     // lengths, layout options — is compared)

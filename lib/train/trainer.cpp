@@ -493,6 +493,7 @@ void Trainer::Impl::build_model_and_engine() {
   static_assert(EngineOptions::kAutoKeep == -1, "recompute_keep_bytes_for's auto");
   eo.recompute_keep_bytes = recompute_keep_bytes_for(args);
   eo.offload_activations = args.use_unsloth_gc;
+  eo.units_per_checkpoint = args.recompute_num_layers;
   eo.update_in_backward = args.update_in_backward;
   eo.total_train_steps = total_steps;  // 0 when unknown: schedules that need it say so
   eo.learning_rate = learning_rate_schedule(ds, args, total_steps);

@@ -45,9 +45,11 @@ class CopyStream {
 /// EngineOptions::offload_activations' copies and the bytes of activations on the host now and
 /// at most; shared by the engine and the unit calls, which may outlive it.
 struct ActivationHost {
-  explicit ActivationHost(at::Device device) : copies(device) {}
+  ActivationHost(at::Device device, int64_t limit) : copies(device), limit(limit) {}
   CopyStream copies;
   std::atomic<int64_t> bytes{0}, peak{0};
+  /// EngineOptions::offload_activations_host_bytes, resolved: what passes it stays on the device.
+  const int64_t limit;
 };
 
 /// Page-locks host memory [p, p + bytes) where it lies (cudaHostRegister), so that GPU copies

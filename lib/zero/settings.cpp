@@ -122,6 +122,17 @@ EngineSettings resolve_settings(const DeepSpeedConfig& ds, const EngineOptions& 
   s.persistence_threshold = ds.zero.stage3_param_persistence_threshold.value();
   s.prefetch_elements = ds.zero.stage3_prefetch_bucket_size.value();
   s.max_live_elements = ds.zero.stage3_max_live_parameters;
+  if (options.units_per_checkpoint < 1) {
+    throw InvalidArgument(fmt::format(
+        "EngineOptions::units_per_checkpoint (recompute_num_layers) must be at least 1, not {}",
+        options.units_per_checkpoint));
+  }
+  if (options.units_per_checkpoint > 1 && !s.checkpointing) {
+    s.warnings.emplace_back(
+        fmt::format("recompute_num_layers {} has no effect: no layer is recomputed; turn on "
+                    "gradient_checkpointing",
+                    options.units_per_checkpoint));
+  }
   if (options.offload_activations && !s.checkpointing) {
     s.warnings.emplace_back(
         "use_unsloth_gc (offload_activations) has no effect: no layer is recomputed; turn on "

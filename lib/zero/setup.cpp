@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <limits>
 #include <string>
 
 #include <fmt/format.h>
@@ -461,7 +463,17 @@ void EngineImpl::create_parts() {
   units.resize(options.units.size());
   if (S.shard_units && S.offload_param && S.world == 1 && S.device.is_cuda())
     param_uploads = std::make_unique<CopyStream>(S.device);
-  if (options.offload_activations) activation_host = std::make_shared<ActivationHost>(S.device);
+  if (options.offload_activations) {
+    int64_t limit = options.offload_activations_host_bytes;
+    if (limit <= 0) {  // three quarters of what the host has, shared by the node's ranks
+      const char* local = std::getenv("LOCAL_WORLD_SIZE");
+      const double ranks = std::max(1, local != nullptr ? std::atoi(local) : 1);
+      const double available = capacity::host_available_bytes();
+      limit = available > 0 ? static_cast<int64_t>(0.75 * available / ranks)
+                            : std::numeric_limits<int64_t>::max();
+    }
+    activation_host = std::make_shared<ActivationHost>(S.device, limit);
+  }
   dummy = at::zeros({}, dev32).requires_grad_(true);
   if (options.recompute_keep_bytes != EngineOptions::kAutoKeep) {
     keep_budget->fixed = std::max<int64_t>(0, options.recompute_keep_bytes);

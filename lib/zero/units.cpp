@@ -10,7 +10,9 @@
 // checkpointing anyway. With EngineOptions::offload_activations what the recomputation needs
 // waits in host memory: sent on a side stream as the unit runs, brought back for its backward,
 // and the previous unit's fetched while this one's backward runs (one ahead, as stage 3's
-// prefetch).
+// prefetch). With EngineOptions::units_per_checkpoint N > 1 only the first of up to N chained
+// calls (each fed the one before's output) saves its inputs; a later one's backward first
+// rebuilds its inputs by running the calls before it again, without gradients.
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -39,9 +41,20 @@ struct UnitCall : torch::CustomClassHolder {
   std::shared_ptr<zero::KeepBudget> budget;
   int64_t kept_in_budget = 0;  ///< bytes of `kept` counted against `budget`
 
-  // offload_activations: the saved inputs and the required `kept` tensors, as host copies
-  // between forward and fetch(), then as device tensors whose copies `fetches` are waited for.
-  std::vector<at::Tensor> inputs;              ///< by input position; undefined: saved by autograd
+  // With offload_activations or units_per_checkpoint > 1 the call holds its inputs itself
+  // (`holds_inputs`; autograd saves none): by input position, detached; with offload_activations
+  // its activations as host copies between forward and fetch() (while the host budget allows),
+  // then as device tensors whose copies `fetches` are waited for. Undefined where rebuilt from
+  // the previous call's outputs (`from_previous`). The required `kept` tensors go to the host
+  // too.
+  bool holds_inputs = false;
+  std::vector<at::Tensor> inputs;
+  /// Per input position: the index of the previous call's output it is, to be rebuilt in
+  /// backward; -1: held. Empty: nothing rebuilt (the call starts a span).
+  std::vector<int> from_previous;
+  int64_t span_position = 0;  ///< 0: this call saves its inputs; k: k calls after the one that did
+  /// The call's outputs (weakly: only to recognize them as the next call's inputs).
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> outputs;
   std::shared_ptr<zero::ActivationHost> host;  ///< null without offload_activations
   std::vector<int64_t> fetches;
   int64_t host_bytes = 0;
@@ -56,7 +69,7 @@ struct UnitCall : torch::CustomClassHolder {
   void drop_kept() {
     kept.clear();
     kept_optional.clear();
-    for (const at::Tensor& x : inputs) inputs_dropped = inputs_dropped || x.defined();
+    inputs_dropped = inputs_dropped || holds_inputs;
     inputs.clear();
     // Copies fetched for a backward that never ran: the stream forgets them once waited for.
     for (int64_t ticket : fetches) host->copies.device_wait(ticket);
@@ -73,31 +86,49 @@ struct UnitCall : torch::CustomClassHolder {
 thread_local c10::weak_intrusive_ptr<torch::CustomClassHolder> last_call{
     c10::intrusive_ptr<torch::CustomClassHolder>()};
 
-// A host copy of `t`, sent on the activation stream (page-locked when `t` is on a GPU).
-at::Tensor to_host(zero::ActivationHost& host, const at::Tensor& t) {
+// An activation: what a unit's recomputation differentiates (not a mask or positions).
+bool is_activation(const at::Tensor& x) {
+  return x.defined() && x.requires_grad() && at::isFloatingType(x.scalar_type());
+}
+
+// The host bytes a copy of `t` takes: page-locked blocks come rounded up to a power of two.
+int64_t host_bytes_of(const at::Tensor& t) {
+  const auto n = static_cast<uint64_t>(t.nbytes());
+  if (!t.is_cuda() || n == 0) return static_cast<int64_t>(n);
+  uint64_t block = 1;
+  while (block < n) block <<= 1;
+  return static_cast<int64_t>(block);
+}
+
+// A host copy of `t` sent on the activation stream (page-locked when `t` is on a GPU), counted
+// in the call's host bytes; `t` itself where the host budget has no room for it.
+at::Tensor to_host(UnitCall& call, const at::Tensor& t) {
+  zero::ActivationHost& host = *call.host;
+  const int64_t bytes = host_bytes_of(t);
+  if (host.bytes.load() + call.host_bytes + bytes > host.limit) return t;
   at::Tensor copy = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(t.is_cuda()));
   host.copies.copy_detached(copy, t);
+  call.host_bytes += bytes;
   return copy;
 }
 
-// Sends the call's saved inputs (those needing a gradient: the activations, not the masks) and
-// its required kept tensors to the host; the inputs' slots in `saved` are emptied.
-void offload_inputs(UnitCall& call, std::vector<at::Tensor>& saved) {
+// Takes the call's inputs from autograd's keeping: each held detached (activations sent to the
+// host with offload_activations) except those rebuilt from the previous call's outputs.
+void hold_inputs(UnitCall& call, std::vector<at::Tensor>& saved) {
   call.inputs.assign(saved.size(), at::Tensor());
   for (size_t i = 0; i < saved.size(); ++i) {
-    const at::Tensor& x = saved[i];
-    if (!x.defined() || !x.requires_grad() || !at::isFloatingType(x.scalar_type())) continue;
-    call.inputs[i] = to_host(*call.host, x.detach());
-    call.host_bytes += static_cast<int64_t>(x.nbytes());
+    const at::Tensor x = saved[i];
     saved[i] = at::Tensor();
+    const bool rebuilt = !call.from_previous.empty() && call.from_previous[i] >= 0;
+    if (!x.defined() || rebuilt) continue;
+    call.inputs[i] = call.host && is_activation(x) ? to_host(call, x.detach()) : x.detach();
   }
 }
 
 void offload_kept(UnitCall& call) {
   for (size_t k = 0; k < call.kept.size(); ++k) {
     if (call.kept_optional[k] || !call.kept[k].defined()) continue;
-    call.host_bytes += static_cast<int64_t>(call.kept[k].nbytes());
-    call.kept[k] = to_host(*call.host, call.kept[k]);
+    call.kept[k] = to_host(call, call.kept[k]);
   }
   const int64_t now = call.host->bytes += call.host_bytes;
   int64_t peak = call.host->peak.load();
@@ -133,7 +164,7 @@ struct KeepingGuard {
 };
 
 struct RecomputeGuard {
-  RecomputeGuard() : before(recomputing) { recomputing = true; }
+  explicit RecomputeGuard(bool now = true) : before(recomputing) { recomputing = now; }
   ~RecomputeGuard() { recomputing = before; }
   bool before;
 };
@@ -143,6 +174,74 @@ struct DepthGuard {
   ~DepthGuard() { --depth; }
   int& depth;
 };
+
+UnitCall* previous_of(const UnitCall& call) {
+  return static_cast<UnitCall*>(call.previous.lock().get());
+}
+
+std::vector<at::Tensor> rebuilt_outputs(UnitCall& call);
+
+// The inputs of a call that holds them, for its recomputation or its successor's rebuilding:
+// the host copies brought back (waited for), the rebuilt ones run again from the call before.
+std::vector<at::Tensor> unit_inputs(UnitCall& call) {
+  if (call.host) {
+    fetch(call);
+    for (int64_t ticket : call.fetches) call.host->copies.device_wait(ticket);
+    call.fetches.clear();
+  }
+  std::vector<at::Tensor> in = call.inputs;
+  if (!call.from_previous.empty()) {
+    auto previous = c10::static_intrusive_pointer_cast<UnitCall>(call.previous.lock());
+    if (!previous || previous->inputs_dropped) {
+      throw InvalidArgument(fmt::format(
+          "recompute_num_layers: unit '{}' rebuilds its inputs from the unit call before it, "
+          "whose graph was already freed or back-propagated; run backward once over the whole "
+          "forward pass",
+          call.impl->options.units[call.unit].name));
+    }
+    const std::vector<at::Tensor> outputs = rebuilt_outputs(*previous);
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (call.from_previous[i] >= 0) in[i] = outputs[static_cast<size_t>(call.from_previous[i])];
+    }
+  }
+  return in;
+}
+
+// The outputs of a call's first pass again: its function run on its inputs without gradients,
+// with its random state and its parameters gathered, keeping nothing and skipping nothing.
+std::vector<at::Tensor> rebuilt_outputs(UnitCall& call) {
+  std::vector<at::Tensor> in = unit_inputs(call);
+  zero::EngineImpl& I = *call.impl;
+  if (I.S.shard_units) I.gather(call.unit, /*forward_order=*/false);
+  const at::Tensor cpu_now = rng::state(at::kCPU);
+  const at::Tensor dev_now = I.S.device.is_cuda() ? rng::state(I.S.device) : at::Tensor();
+  rng::set_state(at::kCPU, call.cpu_rng);
+  if (dev_now.defined()) rng::set_state(I.S.device, call.device_rng);
+  std::vector<at::Tensor> out;
+  {
+    at::NoGradGuard no_grad;
+    DepthGuard depth(I.residency.depth);
+    KeepingGuard keeping(nullptr);
+    RecomputeGuard first_pass(false);  // the outputs' values are read
+    out = call.fn(in);
+  }
+  rng::set_state(at::kCPU, cpu_now);
+  if (dev_now.defined()) rng::set_state(I.S.device, dev_now);
+  return out;
+}
+
+// Starts bringing up the host copies of the nearest call before this one that has some (the
+// next backward to need them), while this backward runs.
+void prefetch_before(UnitCall& call) {
+  UnitCall* c = previous_of(call);
+  for (int64_t n = 0; c != nullptr && n < call.impl->options.units_per_checkpoint; ++n) {
+    if (c->host_bytes > 0) {
+      fetch(*c);
+      return;
+    }
+    c = previous_of(*c);
+  }
+}
 
 class UnitFunction : public torch::autograd::Function<UnitFunction> {
  public:
@@ -155,13 +254,7 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
     for (const at::Tensor& x : inputs)
       call->input_requires_grad.push_back(x.defined() && x.requires_grad());
     std::vector<at::Tensor> saved = inputs.vec();
-    if (call->host) {
-      offload_inputs(*call, saved);
-      auto last = c10::static_intrusive_pointer_cast<UnitCall>(last_call.lock());
-      if (last && last->impl == &I) call->previous = last_call;
-      last_call = c10::weak_intrusive_ptr<torch::CustomClassHolder>(
-          c10::intrusive_ptr<torch::CustomClassHolder>(call));
-    }
+    if (call->holds_inputs) hold_inputs(*call, saved);
     ctx->save_for_backward(saved);
     call->cpu_rng = rng::state(at::kCPU);
     if (I.S.device.is_cuda()) call->device_rng = rng::state(I.S.device);
@@ -189,26 +282,17 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
     zero::EngineImpl& I = *call->impl;
     const size_t u = call->unit;
     const bool sharded = I.S.shard_units;
-    torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (call->inputs_dropped) {
       throw InvalidArgument(
-          "use_unsloth_gc (offload_activations): a recomputed unit's backward ran a second time, "
-          "but its saved inputs were dropped after the first; back-propagate once per forward "
-          "pass or turn the option off");
+          "use_unsloth_gc (offload_activations) or recompute_num_layers above 1: a recomputed "
+          "unit's backward ran a second time, but its saved inputs were dropped after the first; "
+          "back-propagate once per forward pass or turn the option off");
     }
-    if (call->host) {
-      // This call's copies (unless its successor's backward fetched them), then the previous
-      // call's, which come up while this backward runs.
-      fetch(*call);
-      if (auto previous = c10::static_intrusive_pointer_cast<UnitCall>(call->previous.lock())) {
-        fetch(*previous);
-      }
-      for (int64_t ticket : call->fetches) call->host->copies.device_wait(ticket);
-      call->fetches.clear();
-      for (size_t i = 0; i < call->inputs.size(); ++i) {
-        if (call->inputs[i].defined()) saved[i] = call->inputs[i];
-      }
-    }
+    // This call's inputs: its host copies (unless its successor's backward fetched them), those
+    // rebuilt from the calls before it; then the copies of the call whose come up next.
+    torch::autograd::variable_list saved =
+        call->holds_inputs ? unit_inputs(*call) : ctx->get_saved_variables();
+    if (call->host) prefetch_before(*call);
     if (sharded) I.gather(u, /*forward_order=*/false);
 
     // Stage 3: the unit's trainable gradients accumulate straight into one flat buffer.
@@ -284,15 +368,23 @@ bool recomputing_for_backward() {
   return recomputing;
 }
 
+// With units_per_checkpoint > 1 units keep nothing beyond their inputs: the option trades time
+// for memory, and what a unit keeps per call would outweigh the inputs it saves.
+bool keeps_nothing(const UnitCall& call) {
+  return call.impl->options.units_per_checkpoint > 1;
+}
+
 bool keep_for_recompute(const at::Tensor& t) {
-  if (keeping_call == nullptr || recomputing) return false;
+  if (keeping_call == nullptr || recomputing || keeps_nothing(*keeping_call)) return false;
   keeping_call->kept.push_back(t);
   keeping_call->kept_optional.push_back(false);
   return true;
 }
 
 bool keep_for_recompute_if_room(at::TensorList ts) {
-  if (keeping_call == nullptr || recomputing || ts.empty()) return false;
+  if (keeping_call == nullptr || recomputing || ts.empty() || keeps_nothing(*keeping_call)) {
+    return false;
+  }
   UnitCall& call = *keeping_call;
   int64_t bytes = 0;
   for (const at::Tensor& t : ts) bytes += static_cast<int64_t>(t.nbytes());
@@ -348,8 +440,44 @@ std::vector<at::Tensor> zero::EngineImpl::run_unit(size_t unit,
   call->host = activation_host;
   call->unit = unit;
   call->fn = fn;
+  const int64_t span = options.units_per_checkpoint;
+  call->holds_inputs = activation_host != nullptr || span > 1;
+  if (call->holds_inputs) {
+    // The call before on this thread, for the prefetch and the span: whose outputs are all of
+    // this call's activations continues its span, unless the span is full.
+    auto last = c10::static_intrusive_pointer_cast<UnitCall>(last_call.lock());
+    if (last && last->impl == this) {
+      call->previous = last_call;
+      std::vector<int> from(inputs.size(), -1);
+      bool all = span > 1 && last->span_position + 1 < span, any = false;
+      for (size_t i = 0; i < inputs.size() && all; ++i) {
+        if (!is_activation(inputs[i])) continue;
+        for (size_t j = 0; j < last->outputs.size() && from[i] < 0; ++j) {
+          if (last->outputs[j].lock().get() == inputs[i].unsafeGetTensorImpl()) {
+            from[i] = static_cast<int>(j);
+          }
+        }
+        all = from[i] >= 0;
+        any = true;
+      }
+      if (all && any) {
+        call->from_previous = std::move(from);
+        call->span_position = last->span_position + 1;
+      }
+    }
+    last_call = c10::weak_intrusive_ptr<torch::CustomClassHolder>(
+        c10::intrusive_ptr<torch::CustomClassHolder>(call));
+  }
   c10::IValue handle = c10::IValue::make_capsule(call);
-  return UnitFunction::apply(dummy, at::TensorList(inputs), handle);
+  std::vector<at::Tensor> outputs = UnitFunction::apply(dummy, at::TensorList(inputs), handle);
+  if (span > 1) {
+    for (const at::Tensor& y : outputs) {
+      call->outputs.emplace_back(
+          y.defined() ? y.getIntrusivePtr()
+                      : c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
+    }
+  }
+  return outputs;
 }
 
 // ---- gathering --------------------------------------------------------------------------------

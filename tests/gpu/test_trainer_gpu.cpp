@@ -131,12 +131,15 @@ TEST_CASE("trainer on GPU: fp32 on CUDA follows the CPU run step by step", "[gpu
 
 TEST_CASE("trainer on GPU: layers' saved inputs in host memory (use_unsloth_gc) change no step",
           "[gpu][trainer]") {
-  // Checkpointed LoRA and QLoRA runs on CUDA, with the layers' inputs and sums sent to page-locked
-  // host memory and fetched back one layer ahead, against the same runs keeping them on the GPU.
+  // Checkpointed LoRA and QLoRA runs on CUDA (with dropout: the recomputations replay its
+  // draws), with the layers' inputs and sums sent to page-locked host memory and fetched back one
+  // layer ahead, against the same runs keeping them on the GPU; then with one checkpoint per two
+  // layers (recompute_num_layers), the second rebuilt from the first in backward.
   for (const char* quantization : {"0", "4"}) {
     INFO("quantization_bit " << quantization);
     std::vector<std::vector<StepStats>> runs;
-    for (const char* offload : {"false", "true"}) {
+    for (const char* offload : {"false", "true", "span"}) {
+      const bool span = std::string(offload) == "span";
       const std::string dir = test::temp_dir("gpu_unsloth_gc");
       write_data(dir, "train.jsonl", 48, 2);
       runs.emplace_back();
@@ -150,17 +153,24 @@ TEST_CASE("trainer on GPU: layers' saved inputs in host memory (use_unsloth_gc) 
                                      "8",
                                      "--gradient_checkpointing",
                                      "true",
+                                     "--lora_dropout",
+                                     "0.1",
                                      "--use_unsloth_gc",
-                                     offload};
+                                     span ? "true" : offload,
+                                     "--recompute_num_layers",
+                                     span ? "2" : "1"};
       if (std::string(quantization) == "4") extra.insert(extra.end(), {"--quantization_bit", "4"});
       run_job(job_flags(dir, extra), &runs.back());
     }
-    REQUIRE(runs[0].size() == 6);
-    REQUIRE(runs[1].size() == 6);
-    for (size_t i = 0; i < 6; ++i) {
-      INFO("step " << i + 1);
-      CHECK(runs[1][i].loss == Approx(runs[0][i].loss).epsilon(1e-5));
-      CHECK(runs[1][i].grad_norm == Approx(runs[0][i].grad_norm).epsilon(1e-4));
+    for (size_t r = 1; r < runs.size(); ++r) {
+      INFO((r == 1 ? "use_unsloth_gc" : "use_unsloth_gc, recompute_num_layers 2"));
+      REQUIRE(runs[0].size() == 6);
+      REQUIRE(runs[r].size() == 6);
+      for (size_t i = 0; i < 6; ++i) {
+        INFO("step " << i + 1);
+        CHECK(runs[r][i].loss == Approx(runs[0][i].loss).epsilon(1e-5));
+        CHECK(runs[r][i].grad_norm == Approx(runs[0][i].grad_norm).epsilon(1e-4));
+      }
     }
   }
 }

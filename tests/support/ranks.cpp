@@ -147,4 +147,26 @@ std::vector<std::vector<double>> curves_at_world(int world, const std::string& n
   return curves;
 }
 
+bool check_degree_sweep(const DegreeSweep& sweep, double epsilon,
+                        const std::function<void(int world, int degree, size_t kind)>& after) {
+  for (const auto& [world, degree] : sweep.settings) {
+    if (skip_cpu_world(world)) return false;
+    setenv(sweep.degree_env.c_str(), std::to_string(degree).c_str(), 1);
+    for (size_t k = 0; k < sweep.kinds.size(); ++k) {
+      INFO("world " << world << ", " << sweep.degree_label << " " << degree << ", run "
+                    << sweep.kinds[k]);
+      setenv(sweep.case_env.c_str(), sweep.kinds[k].c_str(), 1);
+      const std::vector<std::vector<double>> curves =
+          curves_at_world(world, sweep.name, std::chrono::seconds(300));
+      REQUIRE(curves.size() == 1);
+      REQUIRE(curves[0].size() == sweep.reference[k].size());
+      for (size_t i = 0; i < curves[0].size(); ++i) {
+        CHECK(curves[0][i] == Approx(sweep.reference[k][i]).epsilon(epsilon));
+      }
+      if (after) after(world, degree, k);
+    }
+  }
+  return true;
+}
+
 }  // namespace zt::test

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -44,6 +45,21 @@ void run_ranks(int world, const std::string& name,
 void write_curves(int rank, const std::vector<std::vector<double>>& curves);
 std::vector<std::vector<double>> curves_at_world(int world, const std::string& name,
                                                  std::chrono::seconds timeout);
+
+/// A sweep of a parallel degree against world 1: for each (world, degree) of `settings` and each
+/// run kind k, sets the environment variables `degree_env` = degree and `case_env` = kinds[k],
+/// runs the rank test `name` at `world` (curves_at_world, 300 s) and CHECKs its one curve
+/// against reference[k], point by point, to relative `epsilon`; then calls `after(world, degree,
+/// k)` when given. Returns false (the caller's test ends there) when a world cannot run in this
+/// build (skip_cpu_world).
+struct DegreeSweep {
+  std::string name, degree_env, case_env, degree_label;
+  std::vector<std::pair<int, int>> settings;
+  std::vector<std::string> kinds;
+  std::vector<std::vector<double>> reference;
+};
+bool check_degree_sweep(const DegreeSweep& sweep, double epsilon = 1e-5,
+                        const std::function<void(int world, int degree, size_t kind)>& after = {});
 
 /// Whether `world` GPU ranks must play nodes of their own: fewer GPUs are visible than ranks
 /// (then they all share GPU 0, as LOCAL_RANK 0 of their emulated nodes).
