@@ -27,8 +27,11 @@ namespace {
 // them (tokens per step, steps × batch, deadlines in nanoseconds) overflows or is allocated
 // before the memory check sees it.
 constexpr double kLengthMax = 1 << 20;  // tokens per sequence; hidden sizes
-constexpr double kBatchMax = 1 << 16;   // examples per micro-batch; accumulation steps
-constexpr double kWidthMax = 1 << 16;   // LoRA rank, virtual tokens, layers
+// One sequence's tokens: past a million with sequence parallelism (ALST trains 3.7M on 8 GPUs);
+// what does not fit the machine is refused before anything is allocated.
+constexpr double kSequenceMax = 1 << 24;
+constexpr double kBatchMax = 1 << 16;  // examples per micro-batch; accumulation steps
+constexpr double kWidthMax = 1 << 16;  // LoRA rank, virtual tokens, layers
 constexpr double kStepsMax = static_cast<double>(limits::kMaxSteps);
 constexpr double kSeedMax = 4294967295;  // 2^32 - 1, as HF's set_seed (numpy) takes
 constexpr double kSecondsMax = 1e9;      // timeouts: about 31 years
@@ -104,9 +107,17 @@ std::vector<Option> run_and_data() {
        {},
        -1e308,
        "LLaMA-Factory: the chat template's enable_thinking kwarg (Qwen3, GLM-4.5, ...)"},
-      {"max_length", &Args::max_length, {}, {1, kLengthMax}, "tokens per example after truncation"},
-      {"model_max_length", &Args::max_length, {}, {1, kLengthMax}, "alias of max_length"},
-      {"cutoff_len", &Args::max_length, {}, {1, kLengthMax}, "LLaMA-Factory: alias of max_length"},
+      {"max_length",
+       &Args::max_length,
+       {},
+       {1, kSequenceMax},
+       "tokens per example after truncation"},
+      {"model_max_length", &Args::max_length, {}, {1, kSequenceMax}, "alias of max_length"},
+      {"cutoff_len",
+       &Args::max_length,
+       {},
+       {1, kSequenceMax},
+       "LLaMA-Factory: alias of max_length"},
       {"train_on_prompt",
        &Args::train_on_prompt,
        {},
@@ -719,7 +730,7 @@ std::vector<Option> chatglm_finetuning() {
       {"max_len",
        &Args::max_length,
        {},
-       {1, kLengthMax},
+       {1, kSequenceMax},
        "ChatGLM-Finetuning: alias of max_length"},
       {"max_src_len",
        &Args::max_source_length,
