@@ -215,6 +215,10 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     double products = 0;  ///< matrix products over all steps
     int64_t host_activations_peak = 0;
     double layer_forward = 0;  ///< products of one layer's forward (the plain run only)
+    double head_forward = 0;   ///< of the head's forward without gradients (the plain run only)
+  };
+  const auto layers_of = [](const std::string& d) {
+    return load_model_config(d).num_hidden_layers;
   };
   auto train = [&](int stage, bool checkpointing, int64_t keep_bytes, bool offload,
                    int64_t span = 1, int64_t host_limit = 0) {
@@ -250,12 +254,19 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     eo.offload_activations_host_bytes = host_limit;
     Engine engine(model, ds, comm, eo);
     Run run;
-    if (stage == 0 && !checkpointing) {  // the products of one layer's whole forward
+    if (stage == 0 && !checkpointing) {  // the products of one layer's and the head's forwards
       at::NoGradGuard no_grad;
+      double layers_forward = 0;
+      {
+        CountProducts count;
+        model->hidden_states(ids.narrow(0, first, rows), mask.narrow(0, first, rows));
+        layers_forward = static_cast<double>(products.load());
+      }
       CountProducts count;
-      model->hidden_states(ids.narrow(0, first, rows), mask.narrow(0, first, rows));
-      run.layer_forward = static_cast<double>(products.load()) /
-                          static_cast<double>(load_model_config(dir).num_hidden_layers);
+      model->loss(ids.narrow(0, first, rows), labels.narrow(0, first, rows),
+                  mask.narrow(0, first, rows));
+      run.layer_forward = layers_forward / static_cast<double>(layers_of(dir));
+      run.head_forward = static_cast<double>(products.load()) - layers_forward;
     }
     CountProducts count;
     for (int step = 0; step < steps; ++step) {
@@ -318,19 +329,20 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     // layer's sum after attention (with longer spans nothing is kept). Within a host budget: as
     // many as it holds, the rest stay on the device.
     const bool recomputed = c.checkpointing || comm->world_size() > 1;
-    const bool sharded = c.stage == 3 && comm->world_size() > 1;
-    std::vector<bool> takes_activation;
-    if (sharded) takes_activation.push_back(false);
-    for (int64_t layer = 0; layer < layers; ++layer) {
-      takes_activation.push_back(!lora || layer > 0 || sharded);
-    }
-    if (sharded) takes_activation.push_back(true);
+    // With spans of several units every unit is recomputed: the embeddings and the head too.
+    const bool all_units = recomputed && ((c.stage == 3 && comm->world_size() > 1) || c.span > 1);
+    std::vector<char> units;  // 'e'mbeddings, 'l'ayer, 'h'ead
+    if (all_units) units.push_back('e');
+    units.insert(units.end(), static_cast<size_t>(layers), 'l');
+    if (all_units) units.push_back('h');
     int64_t on_host = c.span > 1 ? 0 : layers, rebuilt = 0, place = 0;
-    for (size_t k = 0; k < takes_activation.size(); ++k) {
-      place = takes_activation[k] && k > 0 && place + 1 < c.span ? place + 1 : 0;
-      if (place == 0 && takes_activation[k]) ++on_host;
-      const bool layer = !sharded || (k > 0 && k + 1 < takes_activation.size());
-      if (layer) rebuilt += place;  // a unit at place p runs the p before it again
+    for (size_t k = 0; k < units.size(); ++k) {
+      const bool takes_activation =
+          units[k] == 'h' || (units[k] == 'l' && (!lora || all_units || units[k - 1] == 'l'));
+      place = takes_activation && k > 0 && place + 1 < c.span ? place + 1 : 0;
+      if (place == 0 && takes_activation) ++on_host;
+      // A unit at place p runs the p before it again: a layer's forward each.
+      for (size_t j = k - static_cast<size_t>(place); j < k; ++j) rebuilt += units[j] == 'l';
     }
     if (c.offload && recomputed) {
       CHECK(run.host_activations_peak ==
@@ -348,11 +360,16 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
       if (c.span > 1) {
         // Nothing kept: a layer recomputes its whole forward but the down projection's products
         // (the base's, and with LoRA its B's), and runs the layers before it in its span again,
-        // whole, to rebuild its input.
+        // whole, to rebuild its input. The head's first pass computes its logits' products
+        // once more (its recomputation forms the gradients as the plain forward does); with
+        // adapters the first layer's input, now a recomputed unit's output, gets a gradient:
+        // the base and A products of q, k and v back to it (past them the layer's sums needed
+        // gradients already).
         REQUIRE(plain_run.layer_forward > 0);
         recomputed_products =
             static_cast<double>(layers) * (plain_run.layer_forward - (lora ? 2 : 1)) +
-            static_cast<double>(rebuilt) * plain_run.layer_forward;
+            static_cast<double>(rebuilt) * plain_run.layer_forward + plain_run.head_forward +
+            (lora ? 2 * 3 : 0);
       }
       CHECK(products_run - plain_products == static_cast<double>(steps) * recomputed_products);
     }

@@ -351,9 +351,11 @@ def long_memory(shape, tokens, method="lora", span=2, work=None, gpu_gib=139.0, 
     where u = tokens / sp · hidden · 2 bytes (one layer's input in bf16) and `work` the measured
     working set in units of u (one layer's recomputation and backward, the head's saved values,
     the first layer's input, the checkpoints fetched back, the exchange buffers). Host bytes:
-    ceil(L / span) saved inputs (the first one stays on the GPU with adapters: the frozen
-    embeddings' output needs no gradient), each a power-of-two block, within 3/4 of `host_gib`
-    shared by the node's ranks."""
+    ceil(L / span) saved inputs (2 L with spans of one: each layer's input and its kept sum;
+    the first input stays on the GPU with adapters: the frozen embeddings' output needs no
+    gradient), each a power-of-two block, within 3/4 of `host_gib` shared by the node's ranks
+    (up to 8). Under sequence parallelism the all-to-alls' send and receive buffers add
+    SP_EXCHANGE layer inputs of the rank's slice (q, k, v out and in, an estimate)."""
     p = shape_params(shape, "lora" if method in ("lora", "qlora") else "full", lora_r)
     h, L = shape["hidden_size"], shape["num_hidden_layers"]
     if method == "qlora":  # NF4 linear weights + double-quantized absmax; embeddings, head bf16
@@ -365,10 +367,20 @@ def long_memory(shape, tokens, method="lora", span=2, work=None, gpu_gib=139.0, 
         weights /= sp
     state = 18 * p["trainable"]  # bf16 value, fp32 master, gradient and two Adam moments
     if work is None:
-        work = WORK[method]
+        work = WORK_SPAN if span > 1 else WORK_ONE
+    if sp > 1:
+        work += SP_EXCHANGE
     u = tokens / sp * h * 2
-    saved = math.ceil(L / span) - (1 if method in ("lora", "qlora") else 0)
-    host_budget = 0.75 * (host_gib if host_gib is not None else 120.0) * GIB / (8 if sp > 1 else 1)
+    # Spans of one keep each layer's sum after attention beside its input, and with adapters
+    # the first layer's input (the frozen embeddings' output) stays on the GPU (in `work`).
+    # Longer spans recompute every unit: the L + 2 units (embeddings, layers, head) start a span
+    # every `span` units, the embeddings' with no activation to save.
+    if span > 1:
+        saved = math.ceil((L + 2) / span) - 1
+    else:
+        saved = 2 * L - (1 if method in ("lora", "qlora") else 0)
+    node_ranks = min(sp, 8)
+    host_budget = 0.75 * (host_gib if host_gib is not None else 120.0) * GIB / node_ranks
     block = pow2_at_least(int(u))
     on_host = min(saved, int(host_budget // block)) if block > 0 else saved
     gpu = weights + state + work * u + (saved - on_host) * u
@@ -392,8 +404,13 @@ def longest(shape, method, span, work, gpu_gib, host_gib, sp=1, zero3=False, ste
     return lo
 
 
-# The working set in layer inputs, measured (docs/performance.md, the long-context rows).
-WORK = {"lora": 12.0, "qlora": 12.0}
+# The working set in layer inputs (docs/performance.md, "The long-context memory model"): with
+# spans of one measured (the LLaMA-3-8B shape at 131,072 tokens, tiled MLP, use_unsloth_gc);
+# with longer spans that less the first layer's input and the head's two (recomputed units
+# now), plus the rebuilt input beside its span's saved one — an estimate until measured.
+WORK_ONE = 17.0
+WORK_SPAN = 15.0
+SP_EXCHANGE = 3.0
 
 
 def main():

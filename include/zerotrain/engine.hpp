@@ -62,14 +62,14 @@ struct EngineOptions {
   /// host's available memory (MemAvailable) when the engine is built, shared by the ranks of the
   /// node (LOCAL_WORLD_SIZE).
   int64_t offload_activations_host_bytes = 0;
-  /// Recomputed units per saved checkpoint (Megatron's recompute_num_layers): of up to N
-  /// consecutive recomputed unit calls, each taking the one before's output as its input, only
-  /// the first saves its inputs (on the device, or the host with offload_activations); each
-  /// other's are rebuilt in its backward by running the calls before it again, without
-  /// gradients, from that one. The saved inputs shrink N-fold; the price is N(N-1)/2 unit
+  /// Units per saved checkpoint (Megatron's recompute_num_layers). N > 1: every unit is
+  /// recomputed (UnitSpec::recompute false too), and of up to N consecutive calls, each taking
+  /// the one before's output as input, only the first saves its inputs (on the device, or the
+  /// host with offload_activations); each other's are rebuilt in its backward by running the
+  /// calls before it again, without gradients. Saved inputs shrink N-fold for N(N-1)/2 unit
   /// forwards more per N units. Only activations passed as a call's output to the next call
   /// are rebuilt; a call whose inputs come from elsewhere starts a new span. 1: every recomputed
-  /// unit saves its inputs. No effect where no unit is recomputed. InvalidArgument below 1.
+  /// unit saves its inputs. No effect without checkpointing. InvalidArgument below 1.
   int64_t units_per_checkpoint = 1;
   /// Optimizer steps of the whole run, for schedules that count towards its end.
   int64_t total_train_steps = 0;
