@@ -426,8 +426,8 @@ std::vector<at::Tensor> zero::EngineImpl::run_unit(size_t unit,
   // (the embeddings, the head): the head then keeps nothing for its backward but its input (the
   // chunked loss's saved rows are one layer input more), and the first layer's input is rebuilt
   // by a lookup instead of held.
-  const bool recomputed = S.checkpointing && (options.units[unit].recompute ||
-                                              options.units_per_checkpoint > 1);
+  const bool recomputed =
+      S.checkpointing && (options.units[unit].recompute || options.units_per_checkpoint > 1);
   if (!sharded && !recomputed) return fn(inputs);
   if (!at::GradMode::is_enabled()) {
     // Evaluation: nothing to recompute later, only parameters to gather.
