@@ -338,7 +338,8 @@ TEST_CASE("rank: model recomputation", "[.rank]") {
     int64_t on_host = c.span > 1 ? 0 : layers, rebuilt = 0, place = 0;
     for (size_t k = 0; k < units.size(); ++k) {
       const bool takes_activation =
-          units[k] == 'h' || (units[k] == 'l' && (!lora || all_units || units[k - 1] == 'l'));
+          units[k] == 'h' ||
+          (units[k] == 'l' && (!lora || all_units || (k > 0 && units[k - 1] == 'l')));
       place = takes_activation && k > 0 && place + 1 < c.span ? place + 1 : 0;
       if (place == 0 && takes_activation) ++on_host;
       // A unit at place p runs the p before it again: a layer's forward each.
