@@ -175,6 +175,24 @@ struct DepthGuard {
   int& depth;
 };
 
+// Runs with a call's random state of its first pass, then puts the current state back (on an
+// exception too): a recomputation or rebuild draws the forward's dropout masks again.
+struct ReplayedRandom {
+  ReplayedRandom(const UnitCall& call, at::Device device)
+      : device(device),
+        cpu_now(rng::state(at::kCPU)),
+        device_now(device.is_cuda() ? rng::state(device) : at::Tensor()) {
+    rng::set_state(at::kCPU, call.cpu_rng);
+    if (device_now.defined()) rng::set_state(device, call.device_rng);
+  }
+  ~ReplayedRandom() {
+    rng::set_state(at::kCPU, cpu_now);
+    if (device_now.defined()) rng::set_state(device, device_now);
+  }
+  at::Device device;
+  at::Tensor cpu_now, device_now;
+};
+
 UnitCall* previous_of(const UnitCall& call) {
   return static_cast<UnitCall*>(call.previous.lock().get());
 }
@@ -213,20 +231,15 @@ std::vector<at::Tensor> rebuilt_outputs(UnitCall& call) {
   std::vector<at::Tensor> in = unit_inputs(call);
   zero::EngineImpl& I = *call.impl;
   if (I.S.shard_units) I.gather(call.unit, /*forward_order=*/false);
-  const at::Tensor cpu_now = rng::state(at::kCPU);
-  const at::Tensor dev_now = I.S.device.is_cuda() ? rng::state(I.S.device) : at::Tensor();
-  rng::set_state(at::kCPU, call.cpu_rng);
-  if (dev_now.defined()) rng::set_state(I.S.device, call.device_rng);
   std::vector<at::Tensor> out;
   {
+    ReplayedRandom random(call, I.S.device);
     at::NoGradGuard no_grad;
     DepthGuard depth(I.residency.depth);
     KeepingGuard keeping(nullptr);
     RecomputeGuard first_pass(false);  // the outputs' values are read
     out = call.fn(in);
   }
-  rng::set_state(at::kCPU, cpu_now);
-  if (dev_now.defined()) rng::set_state(I.S.device, dev_now);
   return out;
 }
 
@@ -319,12 +332,9 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
       detached.push_back(x);
     }
     // Recompute with the random state of the forward, then put the current state back.
-    at::Tensor cpu_now = rng::state(at::kCPU);
-    at::Tensor dev_now = I.S.device.is_cuda() ? rng::state(I.S.device) : at::Tensor();
-    rng::set_state(at::kCPU, call->cpu_rng);
-    if (dev_now.defined()) rng::set_state(I.S.device, call->device_rng);
     torch::autograd::variable_list outputs;
     {
+      ReplayedRandom random(*call, I.S.device);
       at::AutoGradMode enable(true);
       DepthGuard depth(I.residency.depth);
       RecomputeGuard recompute;
@@ -333,8 +343,6 @@ class UnitFunction : public torch::autograd::Function<UnitFunction> {
       outputs = call->fn(detached);
     }
     call->drop_kept();
-    rng::set_state(at::kCPU, cpu_now);
-    if (dev_now.defined()) rng::set_state(I.S.device, dev_now);
 
     torch::autograd::variable_list roots, grads;
     for (size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
