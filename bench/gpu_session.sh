@@ -242,7 +242,9 @@ PY
       ;;
     scaling)  # the scaling rows at WORLDS ranks (default 1 2 4 8, those the machine has GPUs
       # for; EMULATE=1 plays the missing ones as nodes of their own on GPU 0 — a dry run, no
-      # figure), each beside PyTorch FSDP2 (bench/fsdp2_baseline.py) on the same shape and batch
+      # figure), each beside PyTorch FSDP2 (bench/fsdp2_baseline.py) on the same shape and batch.
+      # A row's fifth field takes the [7/7] modes, '+'-separated (hpz, mics, qw, qg), with groups
+      # of NODE ranks (default half the world: two nodes), e.g. full:qwen2.5-7b:3:2:hpz+qw+qg
       gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
       python3 examples/synthetic_tokens.py /tmp/zt-sc.jsonl 1024
       rows=${SCALING:-"lora:qwen2.5-7b:2:8 full:qwen2.5-7b:2:2 full:qwen2.5-7b:3:2 full:llama-2-13b:3:1"}
@@ -253,9 +255,16 @@ PY
           nodes=true
         fi
         for row in $rows; do
-          IFS=: read -r mode shape stage mbs <<< "$row"
-          name=$mode-$shape-z$stage-w$n
-          ds="{\"zero_optimization\": {\"stage\": $stage}, \"bf16\": {\"enabled\": \"auto\"},
+          IFS=: read -r mode shape stage mbs modes <<< "$row"
+          name=$mode-$shape-z$stage${modes:+-$modes}-w$n
+          node=${NODE:-$(( n > 1 ? n / 2 : 1 ))}
+          zk=""
+          case "+$modes+" in *+hpz+*) zk="$zk, \"zero_hpz_partition_size\": $node" ;; esac
+          case "+$modes+" in *+mics+*) zk="$zk, \"mics_shard_size\": $node" ;; esac
+          case "+$modes+" in *+qw+*) zk="$zk, \"zero_quantized_weights\": true" ;; esac
+          case "+$modes+" in *+qg+*) zk="$zk, \"zero_quantized_gradients\": true" ;; esac
+          export ZT_RANKS_PER_NODE=$node
+          ds="{\"zero_optimization\": {\"stage\": $stage$zk}, \"bf16\": {\"enabled\": \"auto\"},
               \"train_micro_batch_size_per_gpu\": \"auto\", \"gradient_accumulation_steps\": \"auto\",
               \"train_batch_size\": \"auto\"}"
           extra=()

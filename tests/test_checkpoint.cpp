@@ -33,12 +33,15 @@ constexpr int64_t kSaveAt = 3, kTotal = 6;
 // `offload_ratio`: offload_optimizer.ratio, or negative for no optimizer offload.
 std::unique_ptr<Engine> make_engine(const std::shared_ptr<test::TestModel>& model,
                                     const std::shared_ptr<Communicator>& comm, int stage,
-                                    double offload_ratio = -1.0) {
+                                    double offload_ratio = -1.0, int mics = -1,
+                                    const std::string& zero_extra = "") {
   const int64_t accum = kGlobal / (kMicro * comm->world_size());
-  const std::string offload =
+  std::string offload =
       offload_ratio < 0 ? ""
                         : fmt::format(R"(, "offload_optimizer": {{"device": "cpu", "ratio": {}}})",
                                       offload_ratio);
+  if (mics > 0) offload += fmt::format(R"(, "mics_shard_size": {})", mics);
+  if (!zero_extra.empty()) offload += ", " + zero_extra;
   DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
       R"({{"zero_optimization": {{"stage": {}, "reduce_bucket_size": 300,
            "stage3_param_persistence_threshold": 20{}}},
@@ -87,8 +90,12 @@ TEST_CASE("rank: engine state resumes across world sizes", "[.rank]") {
   const std::string dir = env("ZT_DIR"), phase = env("ZT_PHASE");
   const int stage = std::stoi(env("ZT_STAGE"));
   const char* ratio = std::getenv("ZT_OFFLOAD_RATIO");             // partial offload's runs only
+  const char* mics = std::getenv("ZT_MICS");                       // MiCS runs only
+  const char* extra = std::getenv("ZT_ZERO_EXTRA");                // more zero_optimization keys
+  const char* tolerance = std::getenv("ZT_TOLERANCE");             // quantized runs' band
   auto model = test::make_model("llm", phase == "save" ? 7 : 99);  // resume starts elsewhere
-  auto engine = make_engine(model, comm, stage, ratio ? std::stod(ratio) : -1.0);
+  auto engine = make_engine(model, comm, stage, ratio ? std::stod(ratio) : -1.0,
+                            mics ? std::atoi(mics) : -1, extra ? extra : "");
   if (phase == "save") {
     train(*engine, *model, 0, kSaveAt);
     CheckpointWriter writer(*comm, dir, kSaveAt);
@@ -109,7 +116,8 @@ TEST_CASE("rank: engine state resumes across world sizes", "[.rank]") {
     SafetensorsFile want(dir + "/uninterrupted.safetensors");
     for (const auto& [name, value] : params) {
       INFO(name);
-      CHECK((value.to(at::kFloat) - want.load(name)).abs().max().item<double>() < 2e-5);
+      CHECK((value.to(at::kFloat) - want.load(name)).abs().max().item<double>() <
+            (tolerance ? std::stod(tolerance) : 2e-5));
     }
   }
   comm->barrier();
@@ -134,6 +142,66 @@ TEST_CASE("optimizer state saved at 2 ranks resumes at 1, 2 and 4 ranks and othe
           {{"ZT_DIR", dir}, {"ZT_PHASE", "resume"}, {"ZT_STAGE", std::to_string(r.stage)}});
     }
   }
+}
+
+TEST_CASE("MiCS shard groups' checkpoints resume without them, at other world sizes, and back",
+          "[checkpoint][engine]") {
+  if (test::skip_cpu_world(4)) return;
+  struct Run {
+    int world, stage, mics;
+  };
+  auto run = [](const std::string& dir, const std::string& phase, Run r) {
+    INFO(phase << " at world " << r.world << " stage " << r.stage << " mics_shard_size " << r.mics);
+    test::run_ranks(r.world, "rank: engine state resumes across world sizes",
+                    std::chrono::seconds(240),
+                    {{"ZT_DIR", dir},
+                     {"ZT_PHASE", phase},
+                     {"ZT_STAGE", std::to_string(r.stage)},
+                     {"ZT_MICS", std::to_string(r.mics)}});
+  };
+  // Each group of two holds a copy: only the first writes its slices.
+  const std::string hybrid = test::temp_dir("resume-mics");
+  run(hybrid, "save", Run{4, 3, 2});
+  for (Run r : {Run{1, 3, -1}, Run{2, 2, 1}, Run{4, 1, 2}}) run(hybrid, "resume", r);
+  const std::string plain = test::temp_dir("resume-plain");
+  run(plain, "save", Run{2, 1, -1});
+  run(plain, "resume", Run{4, 3, 2});
+}
+
+TEST_CASE(
+    "hpZ and the quantized exchanges save the plain stage's state: their checkpoints "
+    "resume without them and at other world sizes",
+    "[checkpoint][engine]") {
+  if (test::skip_cpu_world(4)) return;
+  struct Run {
+    int world, stage;
+    std::string extra;
+    double tolerance;
+  };
+  auto run = [](const std::string& dir, const std::string& phase, const Run& r) {
+    INFO(phase << " at world " << r.world << " stage " << r.stage << " with {" << r.extra << "}");
+    test::run_ranks(r.world, "rank: engine state resumes across world sizes",
+                    std::chrono::seconds(240),
+                    {{"ZT_DIR", dir},
+                     {"ZT_PHASE", phase},
+                     {"ZT_STAGE", std::to_string(r.stage)},
+                     {"ZT_ZERO_EXTRA", r.extra},
+                     {"ZT_TOLERANCE", fmt::format("{}", r.tolerance)},
+                     {"ZT_RANKS_PER_NODE", "2"}});
+  };
+  const std::string hpz = R"("zero_hpz_partition_size": 2)";
+  const std::string quantized =
+      R"("zero_quantized_weights": true, "zero_quantized_gradients": true)";
+  // hpZ is exact: the resumed plain run is the uninterrupted one. The quantized runs are within
+  // their noise of it over the three steps after the resume.
+  const std::string exact = test::temp_dir("resume-hpz");
+  run(exact, "save", Run{4, 3, hpz, 0});
+  run(exact, "resume", Run{2, 3, "", 2e-5});
+  run(exact, "resume", Run{4, 3, quantized, 2e-2});
+  const std::string noisy = test::temp_dir("resume-qg");
+  run(noisy, "save", Run{4, 2, R"("zero_quantized_gradients": true)", 0});
+  run(noisy, "resume", Run{1, 3, "", 2e-2});
+  run(noisy, "resume", Run{4, 3, hpz + ", " + quantized, 2e-2});
 }
 
 TEST_CASE("partially offloaded optimizer state resumes with another share offloaded, or none",

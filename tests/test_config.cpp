@@ -61,7 +61,9 @@ const char* kFull = R"({
     "ignore_unused_parameters": false,
     "zero_hpz_partition_size": 1,
     "zero_quantized_weights": false,
-    "zero_quantized_gradients": false
+    "zero_quantized_gradients": false,
+    "mics_shard_size": 4,
+    "mics_hierarchical_params_gather": true
   },
   "fp16": {"enabled": true, "auto_cast": false, "loss_scale": 0, "initial_scale_power": 12,
            "loss_scale_window": 500, "hysteresis": 3, "consecutive_hysteresis": true,
@@ -106,6 +108,8 @@ TEST_CASE("every DeepSpeed key of REFERENCE §1 is parsed", "[config]") {
   CHECK_FALSE(z.reduce_scatter);
   CHECK(z.reduce_bucket_size.value() == 200000000);
   CHECK(z.allgather_bucket_size == 300000000);
+  CHECK(z.mics_shard_size == 4);
+  CHECK(z.mics_hierarchical_params_gather);
   CHECK_FALSE(z.overlap());
   CHECK(z.offload_optimizer.device == OffloadDevice::kCpu);
   CHECK(z.offload_optimizer.pin_memory);
@@ -578,6 +582,7 @@ TEST_CASE("describe() shows the resolved settings", "[config]") {
   CHECK_THAT(text, Catch::Contains("stage=3"));
   CHECK_THAT(text, Catch::Contains("fp16, dynamic loss scale from 4096"));
   CHECK_THAT(text, Catch::Contains("WarmupDecayLR"));
+  CHECK_THAT(text, Catch::Contains("mics: shard_size=4"));
 }
 
 // ---- HF TrainingArguments compatibility ---------------------------------------------------------

@@ -42,6 +42,39 @@ TEST_CASE("engine: stage 3 matches the single-process reference", "[engine][equi
   run_case(make_case(3, 2, 3, "fp32", false, "mlp", "sgd"));
 }
 
+// MiCS / hybrid sharding: state (and at stage 3 parameters) cut within groups of consecutive
+// ranks, each group a whole copy, gradients summed within the group and then over the copies.
+TEST_CASE("engine: MiCS shard groups (mics_shard_size) match the single-process reference",
+          "[engine][equivalence]") {
+  auto mics = [](zt::test::Case c, int size) {
+    c.mics = size;
+    return c;
+  };
+  run_case(mics(make_case(1, 4, 3, "fp32", false, "transformer"), 2));
+  run_case(mics(make_case(2, 4, 1, "bf16", true, "transformer", "adamw", true), 2));
+  run_case(mics(make_case(3, 4, 1, "fp32", false, "transformer"), 2));
+  run_case(mics(make_case(3, 4, 3, "bf16", true, "llm"), 2));
+  run_case(mics(make_case(2, 4, 1, "fp32", false, "mlp", "sgd"), 1));  // every rank a copy
+  run_case(mics(make_case(3, 2, 1, "fp16", false, "transformer"), 1));
+  run_case(mics(make_case(3, 8, 1, "fp32", false, "transformer"), 4));  // 2 groups of 4
+}
+
+// hpZ: stage 3's gathered parameters kept cut within groups of consecutive ranks, so that
+// every gather but the first after an update stays within the group.
+TEST_CASE(
+    "engine: hpZ secondary copies (zero_hpz_partition_size) match the single-process "
+    "reference",
+    "[engine][equivalence]") {
+  auto hpz = [](zt::test::Case c, int size) {
+    c.hpz = size;
+    return c;
+  };
+  run_case(hpz(make_case(3, 4, 3, "fp32", false, "transformer"), 2));
+  run_case(hpz(make_case(3, 4, 1, "bf16", false, "llm", "adamw", true), 2));
+  run_case(hpz(make_case(3, 4, 1, "fp16", false, "transformer", "sgd"), 2));
+  run_case(hpz(make_case(3, 8, 1, "fp32", false, "transformer"), 2));  // 4 groups of 2
+}
+
 TEST_CASE("engine: DeepSpeed's mean normalization matches too", "[engine][equivalence]") {
   zt::test::Case c = make_case(2, 2, 3, "fp32", false, "transformer");
   c.token_norm = false;

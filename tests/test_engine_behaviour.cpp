@@ -4,10 +4,13 @@
 // backward.
 #include "support/catch.hpp"
 
+#include <algorithm>
 #include <cstdlib>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "support/counting_allocator.hpp"
 #include "support/models.hpp"
@@ -31,7 +34,7 @@ Setup make_engine(std::shared_ptr<Communicator> comm, const std::string& kind, i
                   const std::string& dtype, const std::string& zero_extra = "", bool trace = false,
                   int accum = 1, const std::string& top_extra = "", bool in_backward = false,
                   double weight_decay = 0.0, bool unused_parameter = false,
-                  bool checkpointing = false) {
+                  bool checkpointing = false, bool overlap_step_gather = true) {
   Setup s;
   s.comm = std::move(comm);
   s.model = test::make_model(kind, 99);
@@ -55,6 +58,7 @@ Setup make_engine(std::shared_ptr<Communicator> comm, const std::string& kind, i
   eo.trace = trace;
   eo.update_in_backward = in_backward;
   eo.activation_checkpointing = checkpointing;
+  eo.overlap_step_gather = overlap_step_gather;
   // Checkpointing recomputes every unit here, the embedding and the head too: each unit's
   // backward is then a node of its own, and a weight they share gets a gradient from each.
   if (checkpointing) {
@@ -174,6 +178,122 @@ TEST_CASE("engine: with overlap_comm buckets are reduced while backward runs, wi
                   {{"ZT_OVERLAP", "1"}});
   test::run_ranks(2, "rank: engine overlap trace", std::chrono::seconds(120),
                   {{"ZT_OVERLAP", "0"}});
+}
+
+// ---- stages 1-2: a step's parameter all-gathers overlap the next forward
+// -------------------------
+
+TEST_CASE("rank: engine step gather overlap", "[.rank]") {
+  const int stage = std::atoi(std::getenv("ZT_STAGE"));
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  const std::string zero = R"("reduce_bucket_size": 300)";  // many small buckets
+  Setup on = make_engine(comm, "transformer", stage, "fp32", zero, /*trace=*/true);
+  Setup off = make_engine(comm, "transformer", stage, "fp32", zero, true, 1, "", false, 0.0, false,
+                          false, /*overlap_step_gather=*/false);
+  using Kind = TraceEvent::Kind;
+  for (int64_t step = 0; step < 3; ++step) {
+    const size_t from = on.engine->trace().size();
+    train_step(on, "transformer", step);
+    train_step(off, "transformer", step);
+    // Each wait of `on` comes after the unit it serves started, before backward, in unit order.
+    const std::vector<TraceEvent>& trace = on.engine->trace();
+    std::vector<int> wait_units;
+    int unit = -1;
+    bool forward = true;
+    for (size_t i = from; i < trace.size(); ++i) {
+      if (trace[i].kind == Kind::kBackwardBegin) forward = false;
+      if (trace[i].kind == Kind::kUnitRun && forward) unit = trace[i].index;
+      if (trace[i].kind == Kind::kParameterWait) {
+        CHECK(forward);
+        CHECK(unit >= 0);
+        wait_units.push_back(unit);
+      }
+    }
+    INFO("step " << step << ": waits at units " << fmt::format("{}", fmt::join(wait_units, " ")));
+    if (step == 0) {
+      CHECK(wait_units.empty());  // nothing was published before the first step
+    } else {
+      CHECK(wait_units.size() >= 3);
+      CHECK(std::is_sorted(wait_units.begin(), wait_units.end()));
+      CHECK(std::set<int>(wait_units.begin(), wait_units.end()).size() >= 2);  // spread out
+    }
+    for (const TraceEvent& e : off.engine->trace()) CHECK(e.kind != Kind::kParameterWait);
+  }
+  // Until waited for, `on`'s parameters in units hold the step before's values; the final norm,
+  // in no unit, is gathered within the step. Then both compute copies are the same.
+  auto mine = on.model->named_parameters(true), theirs = off.model->named_parameters(true);
+  bool stale = false;
+  for (const auto& item : mine) {
+    const bool same = at::equal(item.value(), theirs[item.key()]);
+    if (item.key().rfind("norm.", 0) == 0) CHECK(same);
+    stale = stale || !same;
+  }
+  CHECK(stale);
+  on.engine->wait_for_parameters();
+  for (const auto& item : mine) {
+    INFO(item.key());
+    CHECK(at::equal(item.value(), theirs[item.key()]));
+  }
+  CHECK(same_values(on.engine->gather_full_parameters(), off.engine->gather_full_parameters()));
+}
+
+TEST_CASE(
+    "engine: at stages 1 and 2 a step's parameter all-gathers are waited for unit by unit "
+    "in the next forward, with the same values",
+    "[engine]") {
+  for (const auto& [world, stage] : {std::pair{2, "1"}, {2, "2"}, {4, "2"}}) {
+    if (test::skip_cpu_world(world)) continue;
+    test::run_ranks(world, "rank: engine step gather overlap", std::chrono::seconds(120),
+                    {{"ZT_STAGE", stage}});
+  }
+}
+
+// ---- ranks that disagree on the hierarchy are refused on every rank, before any exchange -------
+
+TEST_CASE("rank: engine hierarchy disagreement", "[.rank]") {
+  const std::string what = std::getenv("ZT_DISAGREE");
+  auto comm = std::shared_ptr<Communicator>(test::join());
+  const int rank = comm->rank();
+  std::string zero;
+  if (what == "mics") zero = rank == 1 ? R"("mics_shard_size": 1)" : "";
+  if (what == "hpz") zero = rank == 0 ? R"("zero_hpz_partition_size": 2)" : "";
+  if (what == "node") {
+    zero = R"("zero_quantized_gradients": true)";
+    setenv("ZT_RANKS_PER_NODE", rank % 2 == 0 ? "2" : "4", 1);
+  }
+  if (what == "refused") zero = rank == 1 ? R"("mics_shard_size": 3)" : "";
+  try {
+    Setup s = make_engine(comm, "transformer", 3, "fp32", zero);
+    FAIL("the engine was built");
+  } catch (const ConfigError& e) {
+    INFO(e.what());
+    if (what == "refused") {
+      CHECK(rank == 1);
+      CHECK_THAT(e.what(), Catch::Contains("mics_shard_size: 3 does not divide"));
+    } else {
+      const char* key = what == "mics"  ? "mics_shard_size"
+                        : what == "hpz" ? "zero_hpz_partition_size"
+                                        : "ranks per node";
+      CHECK_THAT(e.what(), Catch::Contains(key) && Catch::Contains("differs between the ranks"));
+    }
+  } catch (const DistributedError& e) {
+    INFO(e.what());
+    CHECK(what == "refused");
+    CHECK(rank != 1);
+    CHECK_THAT(e.what(), Catch::Contains("failed on rank(s) 1;"));
+  }
+}
+
+TEST_CASE(
+    "ranks with different MiCS, hpZ or node settings are refused on every rank, naming the "
+    "setting, and one rank's refusal is named by the others",
+    "[engine][errors]") {
+  if (test::skip_cpu_world(4)) return;
+  for (const char* what : {"mics", "hpz", "node", "refused"}) {
+    INFO(what);
+    test::run_ranks(4, "rank: engine hierarchy disagreement", std::chrono::seconds(120),
+                    {{"ZT_DISAGREE", what}});
+  }
 }
 
 // ---- memory per rank follows the ZeRO formulas --------------------------------------------------

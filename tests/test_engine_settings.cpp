@@ -281,6 +281,64 @@ TEST_CASE("settings: impossible combinations are refused naming the file", "[eng
                     Contains("communicator runs on cpu"));
 }
 
+TEST_CASE(
+    "settings: mics_shard_size must divide the world; at stage 0 it warns, and it is "
+    "refused with expert parallelism",
+    "[engine][settings]") {
+  auto mics = [](int stage, int64_t g) {
+    return config(stage, "fp32", fmt::format(R"("mics_shard_size": {})", g));
+  };
+  for (int64_t g : {3, 8}) {
+    CHECK_THROWS_MATCHES(settings(mics(2, g), {4}), ConfigError,
+                         test::Has({"settings.json", "zero_optimization.mics_shard_size",
+                                    std::to_string(g), "4 ranks"}));
+  }
+  CHECK(settings(mics(3, 2), {4}).shard_group == 2);
+  CHECK(settings(mics(1, 1), {4}).shard_group == 1);
+  CHECK(settings(mics(2, 4), {4}).shard_group == 4);
+  CHECK(settings(mics(3, -1), {4}).shard_group == 4);
+  CHECK(settings(config(2, "fp32"), {4}).shard_group == 4);
+  const zero::EngineSettings zero0 = settings(mics(0, 2), {4});
+  CHECK(zero0.shard_group == 4);
+  CHECK(std::any_of(zero0.warnings.begin(), zero0.warnings.end(), [](const std::string& w) {
+    return w.find("mics_shard_size 2 has no effect at stage 0") != std::string::npos;
+  }));
+  EngineOptions o;
+  o.rank_local = [](const std::string&) { return true; };
+  zero::EngineFacts f;
+  f.world = 4;
+  CHECK_THROWS_MATCHES(zero::resolve_settings(mics(2, 2), o, f), ConfigError,
+                       test::Has({"mics_shard_size", "expert parallelism"}));
+  CHECK_NOTHROW(zero::resolve_settings(mics(2, 4), o, f));  // one group: nothing changes
+}
+
+TEST_CASE(
+    "settings: zero_hpz_partition_size must divide the world at stage 3, apart from MiCS "
+    "and offload_param; below stage 3 it warns",
+    "[engine][settings]") {
+  auto hpz = [](int stage, int64_t h, const std::string& more = "") {
+    return config(stage, "fp32", fmt::format(R"("zero_hpz_partition_size": {}{})", h, more));
+  };
+  for (int64_t h : {3, 16}) {
+    CHECK_THROWS_MATCHES(settings(hpz(3, h), {8}), ConfigError,
+                         test::Has({"settings.json", "zero_optimization.zero_hpz_partition_size",
+                                    std::to_string(h), "8 ranks"}));
+  }
+  CHECK(settings(hpz(3, 2), {8}).hpz_group == 2);
+  CHECK(settings(hpz(3, 4), {8}).hpz_group == 4);
+  CHECK(settings(hpz(3, 8), {8}).hpz_group == 1);  // the whole job: the shards themselves
+  CHECK(settings(config(3, "fp32"), {8}).hpz_group == 1);
+  CHECK_THROWS_MATCHES(settings(hpz(3, 2, R"(, "mics_shard_size": 4)"), {8}), ConfigError,
+                       test::Has({"zero_hpz_partition_size", "mics_shard_size"}));
+  CHECK_THROWS_MATCHES(settings(hpz(3, 2, R"(, "offload_param": {"device": "cpu"})"), {8}),
+                       ConfigError, test::Has({"zero_hpz_partition_size", "offload_param"}));
+  const zero::EngineSettings two = settings(hpz(2, 2), {8});
+  CHECK(two.hpz_group == 1);
+  CHECK(std::any_of(two.warnings.begin(), two.warnings.end(), [](const std::string& w) {
+    return w.find("zero_hpz_partition_size 2 has no effect below stage 3") != std::string::npos;
+  }));
+}
+
 TEST_CASE("settings: recompute_num_layers below 1 is refused, without recomputation it warns",
           "[engine][settings]") {
   EngineOptions o;

@@ -4,7 +4,8 @@ step and a link model (docs/scaling.md says what it assumes and how it was check
 
     scaling_model.py predict PROFILE.json [--link NAME|--bw GBPS --latency US] [--ranks 2,4,8]
                              [--emulated] [--stage S] [--offload]
-    scaling_model.py table PROFILE.json...       the docs' table: NVLink 2/4/8, IB 2-16 nodes
+    scaling_model.py table PROFILE.json...       the docs' table: NVLink 2/4/8, IB 2-16 nodes,
+                                                 and each profile's node_modes (parse_modes)
     scaling_model.py check OVERLAP.jsonl --link measured | --bw GBPS [--latency US]
                                                  predicted vs measured emulated runs
     scaling_model.py moe_memory SHAPE.json --world W --ep E [--stage S]
@@ -28,7 +29,7 @@ The model (one optimizer step, no accumulation, per rank; bytes are bf16):
   compute  C = fwd + bwd + opt / S  (S = N from stage 1 on: each rank updates its slice)
   stage 0  all-reduce of the trainable gradients in buckets during backward
   stage 1-2 reduce-scatter of the gradients in buckets during backward, all-gather of the
-           updated trainable parameters after the step (not overlapped)
+           updated trainable parameters overlapped with the next forward (overlapped_gather_ms)
   stage 3  per unit (decoder layer) an all-gather before its forward and before its recomputed
            backward, prefetched one unit ahead; the gradients reduce-scattered per unit
   A collective of B bytes over a ring of N ranks takes latency + B (N-1)/N / bw (all-reduce:
@@ -116,24 +117,109 @@ def pass_ms(gathers, computes, scatters=None):
     return max(t, comm_end), sum(computes)
 
 
-def step_ms(profile, n, link, stage, emulated=False, kappa=1.0, agreements=4):
+def unit_sizes(p):
+    """Units in call order: the embedding, the decoder layers, the output layer (with the final
+    norm): their parameters, the forward's compute share of each (matmul weights: the embedding
+    is a lookup, the head's matmul is the embedding's size) and their trainable parameters."""
+    L = p["layers"]
+    sizes = [p["embedding"]] + [p["layer"]] * L + [p["persistent"] - p["embedding"]]
+    work = [0.0] + [float(p["layer"])] * L + [float(p["embedding"])]
+    share = [w / sum(work) for w in work]
+    if p["trainable"] < p["total"]:  # adapters: all in the decoder layers
+        trainable = [0.0] + [p["trainable"] / L] * L + [0.0]
+    else:
+        trainable = sizes
+    return sizes, share, trainable
+
+
+# ZeRO++'s int8 blocks against bf16: 256 values in 256 bytes plus a 4-byte scale, over 512.
+QUANT = (256 + 4) / 512
+
+
+def parse_modes(stage):
+    """The [7/7] modes after a stage, '+'-separated: "3+hpz+qw+qg", "2+mics". hpz: stage 3's
+    gathers after the first within the node (zero_hpz_partition_size = ranks per node); mics:
+    shard groups of one node (mics_shard_size); qw / qg: int8 weight gathers / gradient
+    reduce-scatters (two hops across nodes). Returns (the stage text, the set of modes)."""
+    parts = str(stage).split("+")
+    modes = set(parts[1:])
+    unknown = modes - {"hpz", "mics", "qw", "qg"}
+    if unknown:
+        raise SystemExit(f"unknown modes {sorted(unknown)} in stage {stage!r}")
+    return parts[0], modes
+
+
+def overlapped_gather_ms(trainable, computes, bucket_bytes, n, link, cost=None):
+    """Stages 1-2 (EngineOptions::overlap_step_gather): the step's all-gathers of the trainable
+    buckets, issued together when the next forward's first unit runs, in unit order on one FIFO
+    stream; each bucket must be complete before its first unit computes. Buckets are cut from the
+    last parameter backwards, bucket_bytes of bf16 each, as the layout cuts them. Returns (the
+    forward's exposed time, the gathers' total time)."""
+    buckets, acc, first = [], 0.0, len(trainable) - 1
+    for k in range(len(trainable) - 1, -1, -1):
+        acc += 2.0 * trainable[k]
+        first = k
+        if acc >= bucket_bytes:
+            buckets.append((first, acc))
+            acc = 0.0
+    if acc > 0:
+        buckets.append((first, acc))
+    buckets.sort()
+    done, t_comm = [], 0.0
+    for unit, nbytes in buckets:
+        t_comm += cost(nbytes) if cost else collective_ms(nbytes, n, link, "ag")
+        done.append((unit, t_comm))
+    t = 0.0
+    for k, c in enumerate(computes):
+        ready = max([d for u, d in done if u <= k], default=0.0)
+        t = max(t, ready) + c
+    return max(t, t_comm) - sum(computes), t_comm
+
+
+def step_ms(profile, n, link, stage, emulated=False, kappa=1.0, agreements=4,
+            gather_overlap=True, intra=None, per_node=None):
     """Predicted step time in ms at n ranks, with the parts it is made of. `kappa`: how much
     longer than n times one rank's compute n ranks time-slicing one GPU take (measured, see
     docs/scaling.md); `agreements`: the small all-reduces of every step (the trainer's flags,
-    the gradient norm, the logged loss), each one latency."""
+    the gradient norm, the logged loss), each one latency; `gather_overlap`: stages 1-2 overlap
+    the step's parameter all-gathers with the next forward (false: rows measured before
+    EngineOptions::overlap_step_gather, which ran them alone after the step); `intra`, `per_node`:
+    the link inside a node and its ranks, where `link` joins the nodes (the modes of
+    parse_modes keep traffic on `intra`; without them the ring runs at `link`)."""
+    stage, modes = parse_modes(stage)
     stage, overlap, bucket_bytes = parse_stage(stage)
+    intra = intra or link
+    per_node = min(per_node or n, n)
+    nodes = max(1, n // per_node)
+
+    def reduce_ms(nbytes):
+        """One bucket's gradient reduce-scatter (stages 1-3)."""
+        if "mics" in modes:  # within the node, then the slice over the copies
+            return (collective_ms(nbytes, per_node, intra, "rs")
+                    + collective_ms(nbytes / per_node, nodes, link, "ar"))
+        if "qg" in modes and nodes > 1:  # two int8 hops
+            return (collective_ms(QUANT * nbytes, per_node, intra, "rs")
+                    + collective_ms(QUANT * nbytes / per_node, nodes, link, "rs"))
+        if "qg" in modes:
+            return collective_ms(QUANT * nbytes, n, link, "rs")
+        return collective_ms(nbytes, n, link, "rs")
+
+    def gather_ms(nbytes, within_node=False, quantized=False):
+        if "mics" in modes or within_node:
+            return collective_ms(nbytes, per_node, intra, "ag")
+        return collective_ms((QUANT if quantized else 1.0) * nbytes, n, link, "ag")
+
     p = profile["params"]
     scale = n * kappa if emulated else 1
     fwd, bwd = profile["fwd_ms"] * scale, profile["bwd_ms"] * scale
     opt = profile["opt_ms"] * scale / (n if stage >= 1 else 1)
-    L = p["layers"]
     grads = 2.0 * p["trainable"]
     exposed = agreements * link["latency_us"] / 1e3 if n > 1 else 0.0
     parts = {}
     if n > 1 and stage <= 2:
-        kind = "ar" if stage == 0 else "rs"
         buckets = max(1, math.ceil(grads / bucket_bytes))
-        per = collective_ms(grads / buckets, n, link, kind)
+        per = (collective_ms(grads / buckets, n, link, "ar") if stage == 0
+               else reduce_ms(grads / buckets))
         if overlap:
             # Bucket k (from the end of backward) can run beside the backward that follows it;
             # the last one cannot. A queue of collectives drains one at a time.
@@ -143,27 +229,35 @@ def step_ms(profile, n, link, stage, emulated=False, kappa=1.0, agreements=4):
             rs_exposed = per * buckets  # reduced after backward (overlap_comm off)
         parts["grad_reduce_ms"] = round(per * buckets, 2)
         exposed += rs_exposed
-        if stage >= 1:
-            gather = collective_ms(grads, n, link, "ag")
+        if stage >= 1 and gather_overlap:
+            sizes, share, trainable = unit_sizes(p)
+            gather_exposed, gather = overlapped_gather_ms(
+                trainable, [fwd * s for s in share], bucket_bytes, n, link, cost=gather_ms)
+            parts["param_gather_ms"] = round(gather, 2)
+            parts["param_gather_exposed_ms"] = round(gather_exposed, 2)
+            exposed += gather_exposed
+        elif stage >= 1:
+            gather = gather_ms(grads)
             parts["param_gather_ms"] = round(gather, 2)
             exposed += gather
     elif n > 1:
-        # Units in call order: the embedding, the decoder layers, the output layer (with the
-        # final norm), each gathered for forward and again for the recomputing backward.
-        # Compute is split by matmul weights over the layers and the output layer (tied or not);
-        # the embedding is a lookup.
-        sizes = [p["embedding"]] + [p["layer"]] * L + [p["persistent"] - p["embedding"]]
-        work = [0.0] + [float(p["layer"])] * L + [float(p["embedding"])]  # the head's matmul
-        share = [w / sum(work) for w in work]
-        g = [collective_ms(2.0 * s, n, link, "ag") for s in sizes]
-        if p["trainable"] < p["total"]:  # adapters: all in the decoder layers
-            trainable = [0.0] + [p["trainable"] / L] * L + [0.0]
+        # Each unit gathered for forward and again for the recomputing backward. With hpZ the
+        # backward's gathers stay in the node, and so do the forward's of a frozen base (its
+        # secondary copy stands); the trainable values cross the job once a step.
+        sizes, share, trainable = unit_sizes(p)
+        qw = "qw" in modes
+        if "hpz" in modes:
+            g_fwd = [gather_ms(2.0 * (s - t), within_node=True)
+                     + (gather_ms(2.0 * t, quantized=qw) if t > 0 else 0.0)
+                     for s, t in zip(sizes, trainable)]
+            g_bwd = [gather_ms(2.0 * s, within_node=True) for s in sizes]
         else:
-            trainable = sizes
-        rs = [collective_ms(2.0 * t, n, link, "rs") for t in trainable]
-        f_total, f_compute = pass_ms(g, [fwd * s for s in share])
-        b_total, b_compute = pass_ms(g[::-1], [bwd * s for s in share[::-1]], rs[::-1])
-        parts["gathers_ms"] = round(2 * sum(g), 2)
+            g_fwd = [gather_ms(2.0 * s, quantized=qw) for s in sizes]
+            g_bwd = g_fwd
+        rs = [reduce_ms(2.0 * t) if t > 0 else 0.0 for t in trainable]
+        f_total, f_compute = pass_ms(g_fwd, [fwd * s for s in share])
+        b_total, b_compute = pass_ms(g_bwd[::-1], [bwd * s for s in share[::-1]], rs[::-1])
+        parts["gathers_ms"] = round(sum(g_fwd) + sum(g_bwd), 2)
         parts["grad_reduce_ms"] = round(sum(rs), 2)
         exposed += (f_total - f_compute) + (b_total - b_compute)
     total = fwd + bwd + opt + exposed
@@ -248,7 +342,8 @@ def check(args):
         mode, shape = base.split("-", 1)
         prof = profile_from_run(mode, shape, one[key]["tokens_per_s"], args.tokens_per_rank)
         link = links[n] if args.link == "measured" else link_from(args)
-        t, parts = step_ms(prof, n, link, m["stage"], emulated=True, kappa=args.kappa)
+        t, parts = step_ms(prof, n, link, m["stage"], emulated=True, kappa=args.kappa,
+                           gather_overlap=bool(m.get("step_gather_overlap", False)))
         predicted = prof["tokens_per_rank"] * n / t * 1e3  # the whole job's, as the trainer logs
         err = predicted / m["tokens_per_s"] - 1
         worst = max(worst, abs(err))
@@ -488,6 +583,16 @@ def main():
                     row[f"nvlink {n}"] = round(prof["tokens_per_rank"] / t * 1e3)
                 for nodes in (2, 4, 8, 16):
                     t, _ = step_ms(prof, 8 * nodes, LINKS["ib-400"], stage)
+                    row[f"ib {nodes}x8"] = round(prof["tokens_per_rank"] / t * 1e3)
+                print(json.dumps(row))
+            # The [7/7] modes across nodes: NVLink inside each node of 8, IB between them.
+            for stage in prof.get("node_modes", []):
+                row = {"run": prof["name"], "stage": stage}
+                one, _ = step_ms(prof, 1, LINKS["nvlink-h200"], str(stage).split("+")[0])
+                row["1"] = round(prof["tokens_per_rank"] / one * 1e3)
+                for nodes in (2, 4, 8, 16):
+                    t, _ = step_ms(prof, 8 * nodes, LINKS["ib-400"], stage,
+                                   intra=LINKS["nvlink-h200"], per_node=8)
                     row[f"ib {nodes}x8"] = round(prof["tokens_per_rank"] / t * 1e3)
                 print(json.dumps(row))
     else:

@@ -91,6 +91,16 @@ struct ZeroConfig {
   bool stage3_gather_16bit_weights_on_model_save = false;
   bool round_robin_gradients = false;
   bool ignore_unused_parameters = true;
+  /// MiCS / hybrid sharding: state and (stage 3) parameters sharded within groups of this many
+  /// consecutive ranks and replicated across the groups; -1 (or 0): one group of the whole job.
+  int64_t mics_shard_size = -1;
+  bool mics_hierarchical_params_gather = false;
+  /// ZeRO++ hpZ: a secondary copy of the stage-3 shards within groups of this many consecutive
+  /// ranks, which backward's gathers read; 1: none.
+  int64_t zero_hpz_partition_size = 1;
+  /// ZeRO++ qwZ / qgZ: stage-3 weight gathers / gradient reductions in blockwise int8.
+  bool zero_quantized_weights = false;
+  bool zero_quantized_gradients = false;
 
   /// Reduce gradient buckets while backward runs. Off only where written false.
   bool overlap() const { return overlap_comm.value_or(true); }

@@ -3,7 +3,9 @@
 // runs mixed-precision training steps with DeepSpeed's semantics.
 //
 // Collective-ness: the constructor, backward(), step() and gather_full_parameters() are
-// collectives — every rank calls them in the same order. Threading: one thread drives an
+// collectives — every rank calls them in the same order; so is, at stages 1-2, the first unit
+// run after step(), which issues the step's parameter all-gathers (overlap_step_gather: the next
+// forward starts at the same point on every rank). Threading: one thread drives an
 // Engine; LibTorch's autograd threads run its hooks. The Engine does not own the communicator
 // exclusively (shared_ptr) but must be the only user of it while it runs, apart from the model
 // it trains: an expert-parallel model's exchanges (CausalLM::set_expert_communicator) run inside
@@ -71,6 +73,18 @@ struct EngineOptions {
   /// are rebuilt; a call whose inputs come from elsewhere starts a new span. 1: every recomputed
   /// unit saves its inputs. No effect without checkpointing. InvalidArgument below 1.
   int64_t units_per_checkpoint = 1;
+  /// Stages 1 and 2 over several ranks: step() leaves the all-gathers that refresh the compute
+  /// copy of a trainable bucket whose parameters all belong to units for the next forward,
+  /// which issues them in unit order when its first unit runs and waits for each just before
+  /// the first unit reading it, so that the gathers overlap the forward (a bucket holding a
+  /// parameter outside every unit, or one step() publishes from offloaded state, is gathered
+  /// within step() as before). Until then those parameters hold the previous step's values: a
+  /// host reading them other than through units calls wait_for_parameters() first. false:
+  /// every gather finishes inside step().
+  bool overlap_step_gather = true;
+  /// Ranks per node, for hierarchies keeping traffic in a node (consecutive ranks share one). 0:
+  /// LOCAL_WORLD_SIZE, else the whole job. ZT_RANKS_PER_NODE overrides both (emulated nodes).
+  int ranks_per_node = 0;
   /// Optimizer steps of the whole run, for schedules that count towards its end.
   int64_t total_train_steps = 0;
   /// The learning rate of the optimizer step that follows `applied` applied steps (skipped fp16
@@ -134,7 +148,17 @@ struct ParameterSnapshot {
 
 /// One recorded engine event (EngineOptions::trace).
 struct TraceEvent {
-  enum class Kind { kBackwardBegin, kBucketLaunch, kBackwardEnd, kUnitGather, kUnitRelease };
+  /// kUnitRun: a unit starts (index the unit); kParameterWait: a gather step() left for the
+  /// forward is waited for (index the bucket; EngineOptions::overlap_step_gather).
+  enum class Kind {
+    kBackwardBegin,
+    kBucketLaunch,
+    kBackwardEnd,
+    kUnitGather,
+    kUnitRelease,
+    kUnitRun,
+    kParameterWait
+  };
   Kind kind;
   int64_t micro_step;
   int index;  ///< bucket or unit, -1 otherwise
@@ -280,16 +304,24 @@ class Engine {
   /// second it is as before, bit for bit. For forwards without gradients in between (nothing
   /// may train the swapped-in values); not between backward() and step() (InvalidArgument).
   /// Gathered ZeRO-3 units are released first (a hold_units() ends). Not collective, but every rank
-  /// swaps before the same forwards.
+  /// swaps before the same forwards (it finishes what wait_for_parameters() would).
   void swap_parameters(ParameterSnapshot& snapshot);
 
   /// Stage 3 with partitioned units: gathers every unit's parameters and keeps them until
   /// release_units(), so forwards without gradients in between (generation: one forward per
   /// token) gather nothing and need no other rank — ranks may run different numbers of them.
   /// Holds the whole model on each rank meanwhile (EngineMemory's gathered elements say how
-  /// much). A no-op at other stages. Collective (all-gathers); not between backward() and
-  /// step() (InvalidArgument).
+  /// much). At other stages it only waits as wait_for_parameters() does. Collective
+  /// (all-gathers); not between backward() and step() (InvalidArgument).
   void hold_units();
+  /// Issues and waits for the all-gathers step() left for the next forward
+  /// (EngineOptions::overlap_step_gather): afterwards every parameter holds the last step's
+  /// values. Units wait for their own parameters, and backward(), step(), hold_units(),
+  /// swap_parameters(), load_state() and gather_full_parameters() call it; a host that reads the
+  /// module's parameters otherwise, or runs units on some ranks only (an evaluation over uneven
+  /// shards), calls it first. Collective when gathers are pending: every rank calls it at the
+  /// same point. Cheap when none is.
+  void wait_for_parameters();
   /// Ends hold_units(): every unit released. Not collective; a no-op when nothing is held.
   void release_units();
 

@@ -109,23 +109,23 @@ ZeroConfig parse_zero(ObjectReader& top, std::vector<std::string>& warnings) {
   r->known({"allgather_partitions", "load_from_fp32_weights", "elastic_checkpoint",
             "memory_efficient_linear", "stage3_model_persistence_threshold",
             "use_multi_rank_bucket_allreduce", "legacy_stage1", "log_trace_cache_warnings",
-            "zeropp_loco_param", "pipeline_loading_checkpoint", "override_module_apply",
-            "mics_hierarchical_params_gather"});
+            "zeropp_loco_param", "pipeline_loading_checkpoint", "override_module_apply"});
 
-  // ZeRO++ and MiCS: known features zerotrain does not implement. Defaults pass; anything else
-  // is an error rather than a silently different algorithm.
-  if (auto v = r->integer("zero_hpz_partition_size", 1); v && *v != 1) {
-    r->fail_value("zero_hpz_partition_size",
-                  "hierarchical partitioning (ZeRO++ hpZ) is not supported; remove it or set 1");
+  // MiCS / hybrid sharding (docs/engine.md). The group size must divide the world: checked
+  // where the world is known (resolve_settings).
+  if (auto v = r->integer("mics_shard_size", -1, 1 << 20)) z.mics_shard_size = *v == 0 ? -1 : *v;
+  if (auto v = r->boolean("mics_hierarchical_params_gather")) {
+    z.mics_hierarchical_params_gather = *v;
   }
-  for (const char* key : {"zero_quantized_weights", "zero_quantized_gradients",
-                          "zero_quantized_nontrainable_weights"}) {
-    if (auto v = r->boolean(key); v && *v) {
-      r->fail_value(key, "ZeRO++ quantized communication is not supported; remove it or set false");
-    }
-  }
-  if (auto v = r->integer("mics_shard_size"); v && *v > 0) {
-    r->fail_value("mics_shard_size", "MiCS sharding is not supported; remove it or set -1");
+
+  // ZeRO++: hpZ (checked against the world in resolve_settings), qwZ and qgZ (docs/engine.md).
+  if (auto v = r->integer("zero_hpz_partition_size", 1, 1 << 20)) z.zero_hpz_partition_size = *v;
+  if (auto v = r->boolean("zero_quantized_weights")) z.zero_quantized_weights = *v;
+  if (auto v = r->boolean("zero_quantized_gradients")) z.zero_quantized_gradients = *v;
+  if (auto v = r->boolean("zero_quantized_nontrainable_weights"); v && *v) {
+    r->fail_value("zero_quantized_nontrainable_weights",
+                  "quantizing only the frozen weights' gathers is not supported; "
+                  "zero_quantized_weights quantizes every stage-3 weight gather, or set false");
   }
 
   if (z.offload_optimizer.enabled() && z.stage == 0) {

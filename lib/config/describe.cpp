@@ -91,6 +91,12 @@ std::string describe(const DeepSpeedConfig& ds) {
         z.stage3_max_live_parameters, z.stage3_max_reuse_distance,
         z.stage3_gather_16bit_weights_on_model_save);
   }
+  if (z.mics_shard_size > 0) {
+    out += fmt::format(
+        "mics: shard_size={} (state sharded within groups of that many ranks, "
+        "replicated across them)\n",
+        z.mics_shard_size);
+  }
   out += fmt::format("offload: optimizer={}{} param={}\n", offload_name(z.offload_optimizer),
                      z.offload_optimizer.enabled() && z.offload_optimizer.ratio != 1.0
                          ? fmt::format(" ratio={}", z.offload_optimizer.ratio)

@@ -24,6 +24,7 @@ namespace fs = std::filesystem;
 
 std::vector<std::pair<std::string, at::Tensor>> Trainer::Impl::user_weights(bool& available) {
   available = true;
+  engine->wait_for_parameters();  // below stage 3 rank 0 reads the module itself
   if (adapter_method) return engine->gather_full_parameters(/*trainable_only=*/true);
   // Under expert parallelism each rank holds a share of the experts: the whole is gathered.
   if (model->config().expert_shard.size > 1) return engine->gather_full_parameters();

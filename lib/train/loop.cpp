@@ -213,6 +213,7 @@ double Trainer::Impl::run_evaluation() {
   if (!has_eval) throw ConfigError("evaluate: no eval_file given");
   objective->check_ready();
   objective->prepare();
+  engine->wait_for_parameters();  // ranks may evaluate different numbers of batches
   return objective->evaluate();
 }
 

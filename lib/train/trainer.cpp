@@ -495,6 +495,12 @@ void Trainer::Impl::build_model_and_engine() {
   eo.offload_activations = args.use_unsloth_gc;
   eo.units_per_checkpoint = args.recompute_num_layers;
   eo.update_in_backward = args.update_in_backward;
+  try {  // the launcher's ranks per node (MPI's and Slurm's too) for qgZ's two hops
+    eo.ranks_per_node = launch_env_from_environment().local_world_size;
+  } catch (const ConfigError&) {
+    // A host's own communicator beside malformed launcher variables: the engine reads
+    // LOCAL_WORLD_SIZE itself.
+  }
   eo.total_train_steps = total_steps;  // 0 when unknown: schedules that need it say so
   eo.learning_rate = learning_rate_schedule(ds, args, total_steps);
   // A new adapter's starts that depend on the base: PiSSA's under the quantization (the residual

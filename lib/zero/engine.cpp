@@ -46,6 +46,7 @@ void run_backward(EngineImpl& I, const at::Tensor& loss, double factor) {
     I.steps.nonfinite_losses.add_(
         at::isfinite(loss.detach()).logical_not().to(at::kFloat).reshape({}));
   }
+  I.finish_publishing();  // a forward that ran no unit left the last step's gathers
   I.begin_backward();
   at::Tensor scaled = loss.to(at::kFloat).reshape({}) * factor;
   scaled.backward();
@@ -114,19 +115,21 @@ at::Tensor squared_norm(const at::Tensor& g) {
 
 // One all-reduce carries the squared norm of this rank's slices, the count of non-finite
 // losses and (backward_tokens) the window's count. Replicated buckets (stage 0) hold the same
-// values on every rank: rank 0 speaks for them, and the first of a rank's peers for its local
-// buckets.
+// values on every rank: rank 0 speaks for them (the first MiCS group for its slices), and the
+// first of a rank's peers for its local buckets.
 BoundaryStats boundary_stats(EngineImpl& I) {
   const at::Tensor& g = I.grad_acc;
   const zero::Layout& L = I.layout;
   const int64_t a = L.local_state_begin, b = L.local_state_end;
+  // Slices held by every rank (stage 0) or by every MiCS group: one rank or group speaks.
+  const bool speaks = L.replicated ? I.S.rank == 0 : I.writes_slices();
   at::Tensor local_sq;
   if (a == b || g.numel() == 0) {
     local_sq = squared_norm(g);
-    if (L.replicated && I.S.rank != 0) local_sq.zero_();
+    if (!speaks) local_sq.zero_();
   } else {
     local_sq = squared_norm(g.narrow(0, 0, a)) + squared_norm(g.narrow(0, b, g.numel() - b));
-    if (L.replicated && I.S.rank != 0) local_sq.zero_();
+    if (!speaks) local_sq.zero_();
     if (!L.replicated || I.local_leader) local_sq += squared_norm(g.narrow(0, a, b - a));
   }
   std::vector<at::Tensor> parts{local_sq, I.steps.nonfinite_losses.reshape({1})};
@@ -149,17 +152,24 @@ void throw_nonfinite(const EngineImpl& I, bool loss) {
       loss ? "loss" : "gradient norm", I.steps.global, I.steps.micro, c10::toString(I.S.compute)));
 }
 
-// The optimizer over every trainable bucket, then the compute copies refreshed.
+// The optimizer over every trainable bucket, then the compute copies refreshed: within the
+// step, or (step_gather_unit) by the next forward.
 void apply_update(EngineImpl& I, const UpdateHyper& h) {
   if (I.offload) {
     I.offload->step(h);
   } else {
     I.optimizer->step(I.grad_acc, h);
     for (const zero::Bucket& b : I.layout.buckets) {
-      if (b.trainable) I.publish(b, I.slice_of(b.index, I.master));
+      if (!b.trainable) continue;
+      const int unit = I.step_gather_unit[static_cast<size_t>(b.index)];
+      if (unit >= 0) {
+        I.publishing.deferred.push_back({unit, b.index, nullptr, at::Tensor()});
+      } else {
+        I.publish(b, I.slice_of(b.index, I.master));
+      }
     }
   }
-  I.finish_publishing();
+  I.wait_published();
 }
 
 }  // namespace
@@ -171,6 +181,7 @@ bool Engine::step(double gradient_scale) {
         "Engine::step: gradient_scale must be positive and finite, got {}", gradient_scale));
   }
   if (!I.steps.awaiting_step) throw InvalidArgument("Engine::step called without backward()");
+  I.finish_publishing();  // a forward that ran no unit left the last step's gathers
   I.steps.awaiting_step = false;
   if (!I.at_boundary()) return false;
   if (I.in_backward && gradient_scale != 1.0) {
@@ -231,6 +242,7 @@ void zero::EngineImpl::publish(const zero::Bucket& b, const at::Tensor& mine) {
   BucketState& s = buckets[static_cast<size_t>(b.index)];
   if (b.sharded_params) {
     s.param_shard.copy_(mine);
+    s.secondary = at::Tensor();  // hpZ: the next gather is over the job again
   } else if (b.replicated || S.world == 1) {
     if (!s.flat_param.is_same(mine) && s.flat_param.data_ptr() != mine.data_ptr())
       s.flat_param.copy_(mine);
@@ -239,21 +251,63 @@ void zero::EngineImpl::publish(const zero::Bucket& b, const at::Tensor& mine) {
     // among the ranks holding it.
     at::Tensor piece = mine.to(at::TensorOptions().dtype(S.compute).device(S.device));
     if (publishing.elements > 0 && publishing.elements + b.numel > S.allgather_bucket_size) {
-      finish_publishing();
+      wait_published();
     }
-    publishing.gathers.push_back(
-        b.local ? comm::group_all_gather(*comm, s.flat_param, piece, local_peers)
-                : comm->all_gather(s.flat_param, piece));
+    publishing.gathers.push_back(gather_bucket(b, s.flat_param, piece));
     publishing.inputs.push_back(piece);
     publishing.elements += b.numel;
   }
 }
 
-void zero::EngineImpl::finish_publishing() {
+WorkHandle zero::EngineImpl::gather_bucket(const Bucket& b, const at::Tensor& whole,
+                                           const at::Tensor& mine) {
+  if (b.local) return comm::group_all_gather(*comm, whole, mine, local_peers);
+  if (hybrid()) return comm::group_all_gather(*comm, whole, mine, shard_peers);
+  return comm->all_gather(whole, mine);
+}
+
+void zero::EngineImpl::wait_published() {
   for (WorkHandle& g : publishing.gathers) g->wait();
   publishing.gathers.clear();
   publishing.inputs.clear();
   publishing.elements = 0;
+}
+
+void zero::EngineImpl::wait_gathers_before(int64_t unit) {
+  std::vector<Publishing::Deferred>& deferred = publishing.deferred;
+  if (deferred.empty()) return;
+  if (!deferred.front().gather) {
+    // Issued in the order the forward needs them: on one communication stream the first
+    // unit's then waits for its own gathers alone.
+    std::stable_sort(deferred.begin(), deferred.end(),
+                     [](const auto& a, const auto& b) { return a.unit < b.unit; });
+    for (Publishing::Deferred& d : deferred) {
+      const Bucket& b = layout.buckets[static_cast<size_t>(d.bucket)];
+      BucketState& s = buckets[static_cast<size_t>(d.bucket)];
+      d.input =
+          slice_of(d.bucket, master).to(at::TensorOptions().dtype(S.compute).device(S.device));
+      d.gather = gather_bucket(b, s.flat_param, d.input);
+    }
+  }
+  size_t& next = publishing.next_wait;
+  for (; next < deferred.size() && deferred[next].unit <= unit; ++next) {
+    deferred[next].gather->wait();
+    deferred[next].input = at::Tensor();
+    record(TraceEvent::Kind::kParameterWait, deferred[next].bucket);
+  }
+  if (next == deferred.size()) {
+    deferred.clear();
+    next = 0;
+  }
+}
+
+void zero::EngineImpl::finish_publishing() {
+  wait_gathers_before(std::numeric_limits<int64_t>::max());
+  wait_published();
+}
+
+void Engine::wait_for_parameters() {
+  impl_->finish_publishing();
 }
 
 double Engine::learning_rate() const {
@@ -305,11 +359,11 @@ std::vector<int64_t> whole_shape(const zero::EngineImpl& I, const zero::ParamInf
   return shape;
 }
 
-// Whether this rank writes a piece of `p` into checkpoints: of a replicated parameter only one
-// rank of those holding it does.
+// Whether this rank writes a piece of `p` into checkpoints: of a replicated parameter (or a
+// slice MiCS's groups each hold) only one rank of those holding it does.
 bool writes_piece(const zero::EngineImpl& I, const zero::ParamInfo& p) {
   if (p.rank_local) return !I.layout.replicated || I.local_leader;
-  return !I.layout.replicated || I.S.rank == 0;
+  return I.layout.replicated ? I.S.rank == 0 : I.writes_slices();
 }
 
 // One of this rank's pieces of the trainable parameters (a rank-local parameter's in the whole
@@ -451,6 +505,7 @@ EngineMemory Engine::memory() const {
     if (s.param_shard.defined()) m.compute_params += s.param_shard.nbytes();
     if (s.flat_param.defined() && !s.param_shard.defined())
       m.compute_params += s.flat_param.nbytes();
+    if (s.secondary.defined()) m.compute_params += s.secondary.nbytes();
     if (s.flat_grad.defined()) m.gradients += s.flat_grad.nbytes();
   }
   m.gradients += I.grad_acc.nbytes();
@@ -479,6 +534,7 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gather_full_parameters(
   EngineImpl& I = *impl_;
   const zero::Layout& L = I.layout;
   at::NoGradGuard no_grad;
+  I.finish_publishing();
   if (I.offload) I.offload->sync_host();
   std::vector<at::Tensor> full_of_bucket(L.buckets.size());
   for (const zero::Bucket& b : L.buckets) {
@@ -489,17 +545,14 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::gather_full_parameters(
           I.master.narrow(0, b.shard.offset, b.shard_numel).to(I.S.device, at::kFloat);
       if (b.replicated) {
         full = mine;
-      } else if (b.local) {
-        full = at::empty({b.numel}, mine.options());
-        comm::group_all_gather(*I.comm, full, mine, I.local_peers)->wait();
       } else {
         full = at::empty({b.numel}, mine.options());
-        I.comm->all_gather(full, mine)->wait();
+        I.gather_bucket(b, full, mine)->wait();
       }
     } else if (b.sharded_params) {
       at::Tensor mine = I.buckets[static_cast<size_t>(b.index)].param_shard.to(I.S.device);
       full = at::empty({b.numel}, mine.options());
-      I.comm->all_gather(full, mine)->wait();
+      I.gather_bucket(b, full, mine)->wait();
     } else {
       full = I.buckets[static_cast<size_t>(b.index)].flat_param;
     }

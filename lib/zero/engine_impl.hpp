@@ -111,9 +111,13 @@ struct ParamSlot {
 };
 
 struct BucketState {
-  at::Tensor flat_param;    ///< full compute-dtype values (resident, or gathered stage-3)
-  at::Tensor flat_grad;     ///< stages 0/1: the .grad of every parameter is a view into it
-  at::Tensor param_shard;   ///< stage 3 units: this rank's compute-dtype slice (persistent)
+  at::Tensor flat_param;   ///< full compute-dtype values (resident, or gathered stage-3)
+  at::Tensor flat_grad;    ///< stages 0/1: the .grad of every parameter is a view into it
+  at::Tensor param_shard;  ///< stage 3 units: this rank's compute-dtype slice (persistent)
+  /// hpZ (EngineSettings::hpz_group): this rank's part of the gathered whole among its hpZ group,
+  /// kept from the last gather over the job until the values change; gathers within the group
+  /// read it instead.
+  at::Tensor secondary;
   at::Tensor staging;       ///< stage 2/3: gradients of this micro-step, until reduced
   int expected = 0;         ///< parameters whose gradient readiness is awaited
   bool slice_fresh = true;  ///< grad_acc's slice holds nothing of this window yet (copy, not add)
@@ -176,11 +180,22 @@ struct UnitResidency {
 
 /// The all-gathers of updated parameters after a step (engine.cpp's publish and
 /// finish_publishing): grouped up to S.allgather_bucket_size elements; `inputs` kept alive until
-/// they are waited on, which happens before the next forward reads the parameters.
+/// they are waited on, at the end of the step. With EngineOptions::overlap_step_gather the
+/// buckets of EngineImpl::step_gather_unit wait in `deferred` instead, by the unit before which
+/// each must be complete: the next unit to run issues them all in that order (each input made
+/// from the masters then, so nothing is held meanwhile) and waits for those its unit needs.
 struct Publishing {
   std::vector<WorkHandle> gathers;
   std::vector<at::Tensor> inputs;
   int64_t elements = 0;
+  struct Deferred {
+    int unit = 0;
+    int bucket = 0;
+    WorkHandle gather;  ///< once issued
+    at::Tensor input;
+  };
+  std::vector<Deferred> deferred;
+  size_t next_wait = 0;  ///< deferred[next_wait..] are not waited for yet
 };
 
 /// Reads the part of bucket `b` that a rank keeps, elements [begin, begin + len) of its flat
@@ -206,6 +221,21 @@ struct EngineImpl final : UnitRunner {
   /// this rank alone): local buckets are reduced over them, and the first speaks for them.
   std::vector<int> local_peers;
   bool local_leader = true;
+  /// MiCS (EngineSettings::shard_group below the world): the ranks of this rank's shard group,
+  /// among which other buckets are cut and gathered, and the ranks holding the same slices in the
+  /// other groups, over which those slices' gradients are summed; the first group speaks for
+  /// the slices (the norm, checkpoints). Without MiCS the world and this rank alone.
+  std::vector<int> shard_peers, replica_peers;
+  /// hpZ: the consecutive ranks (EngineSettings::hpz_group) whose secondary parts make a whole;
+  /// empty without hpZ.
+  std::vector<int> hpz_peers;
+  /// qgZ's two hops where the job spans nodes (EngineOptions::ranks_per_node between 1 and the
+  /// world): this rank's node, and the ranks at its place on every node. Empty otherwise.
+  std::vector<int> node_peers, place_peers;
+  bool hybrid() const { return replica_peers.size() > 1; }
+  bool writes_slices() const { return S.rank < S.shard_group; }
+  /// Starts the all-gather of bucket `b`'s slices `mine` into `whole` among the ranks cutting it.
+  WorkHandle gather_bucket(const Bucket& b, const at::Tensor& whole, const at::Tensor& mine);
   /// The dtype a bucket's parameters are kept in: the compute dtype, or uint8 for raw bytes.
   at::ScalarType stored_dtype(const Bucket& b) const { return b.raw ? at::kByte : S.compute; }
 
@@ -236,6 +266,7 @@ struct EngineImpl final : UnitRunner {
     UnitStatus status = UnitStatus::kReleased;
     std::vector<WorkHandle> gathers;
     std::vector<at::Tensor> sources;  ///< shard copies on the device while gathering
+    std::vector<int> keep_secondary;  ///< hpZ: buckets gathered over the job, to keep a part of
     std::vector<int64_t> uploads;     ///< one rank: offloaded shards coming up (param_uploads)
     int64_t elements = 0;             ///< gathered elements when gathered
   };
@@ -252,6 +283,9 @@ struct EngineImpl final : UnitRunner {
 
   // ---- parameter all-gathers after a step ----
   Publishing publishing;
+  /// By bucket: the first unit reading a trainable bucket whose gather after a step waits for
+  /// the next forward (EngineOptions::overlap_step_gather); -1 for those gathered within step().
+  std::vector<int> step_gather_unit;
 
   // setup.cpp: the constructor's phases, in order
   void collect_parameters(const DeepSpeedConfig& ds);
@@ -267,6 +301,11 @@ struct EngineImpl final : UnitRunner {
   /// Writes a trainable bucket's updated slice `mine` into its compute copy (all-gathers
   /// when others hold the rest).
   void publish(const Bucket& b, const at::Tensor& mine);
+  /// Waits for what publish() issued (not the deferred gathers).
+  void wait_published();
+  /// Issues the deferred gathers (once) and waits for those complete before `unit` runs.
+  void wait_gathers_before(int64_t unit);
+  /// Every gather of the last step issued and waited for (Engine::wait_for_parameters).
   void finish_publishing();
   bool at_boundary() const { return steps.micro % S.accumulation == 0; }
   at::Tensor slice_of(int bucket, const at::Tensor& state) const;

@@ -16,8 +16,9 @@ void finish_bucket(Bucket& b, const std::vector<ParamInfo>& params, const Layout
     b.offsets.push_back(offset);
     offset += round_up(params[static_cast<size_t>(p)].numel, kAlign);
   }
-  const int64_t parts = b.replicated ? 1 : b.local ? o.local_peers : o.world;
-  b.owner = b.replicated ? 0 : b.local ? o.local_place : o.rank;
+  const int group = o.shard_group > 0 ? o.shard_group : o.world;
+  const int64_t parts = b.replicated ? 1 : b.local ? o.local_peers : group;
+  b.owner = b.replicated ? 0 : b.local ? o.local_place : o.rank % group;
   b.numel = round_up(std::max<int64_t>(offset, 1), parts * kAlign);
   b.shard_numel = b.numel / parts;
 }

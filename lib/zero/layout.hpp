@@ -69,7 +69,8 @@ struct Bucket {
   /// Holds trainable rank-local parameters only: cut among, and reduced over, the ranks holding
   /// the same values (EngineOptions::local_split.peers), not the job.
   bool local = false;
-  int owner = 0;  ///< which slice this rank owns: its rank, its place among its peers, or 0
+  int owner =
+      0;  ///< which slice this rank owns: its place in its shard group or among its peers, or 0
   /// Start of this rank's slice in the bucket's flat space.
   int64_t slice_begin() const { return owner * shard_numel; }
 };
@@ -84,6 +85,9 @@ struct LayoutOptions {
   /// The ranks holding this rank's rank-local values, and this rank's place among them.
   int local_peers = 1;
   int local_place = 0;
+  /// The ranks a bucket is cut among otherwise (EngineSettings::shard_group): consecutive groups
+  /// of this many, rank % shard_group the slice a rank owns. 0: the world.
+  int shard_group = 0;
 };
 
 struct Layout {

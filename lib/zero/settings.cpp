@@ -104,6 +104,52 @@ EngineSettings resolve_settings(const DeepSpeedConfig& ds, const EngineOptions& 
   const double w = static_cast<double>(s.world), f = ds.gradient_predivide_factor;
   s.pre_scale = ds.prescale_gradients ? 1.0 / w : 1.0 / f;
   s.post_scale = ds.prescale_gradients ? 1.0 : f / w;
+  s.shard_group = s.world;
+  if (const int64_t g = ds.zero.mics_shard_size; g > 0) {
+    if (s.stage == 0) {
+      s.warnings.emplace_back(fmt::format(
+          "{}: zero_optimization.mics_shard_size {} has no effect at stage 0 (every rank keeps "
+          "everything); use stage 1, 2 or 3",
+          ds.source, g));
+    } else if (g > s.world || s.world % g != 0) {
+      throw ConfigError(fmt::format(
+          "{}: zero_optimization.mics_shard_size: {} does not divide the {} ranks of the job; set "
+          "a divisor of it (the ranks of one node, usually) or -1",
+          ds.source, g, s.world));
+    } else if (options.rank_local && g < s.world) {
+      throw ConfigError(fmt::format(
+          "{}: zero_optimization.mics_shard_size {} cannot be combined with expert parallelism "
+          "yet; remove one of them",
+          ds.source, g));
+    } else {
+      s.shard_group = static_cast<int>(g);
+    }
+  }
+  if (const int64_t h = ds.zero.zero_hpz_partition_size; h > 1) {
+    const std::string key = fmt::format("{}: zero_optimization.zero_hpz_partition_size", ds.source);
+    if (s.stage != 3) {
+      s.warnings.emplace_back(fmt::format(
+          "{} {} has no effect below stage 3 (hpZ keeps a copy of stage 3's parameter shards)", key,
+          h));
+    } else if (h > s.world || s.world % h != 0) {
+      throw ConfigError(
+          fmt::format("{}: {} does not divide the {} ranks of the job; set a "
+                      "divisor of it (the ranks of one node, usually) or 1",
+                      key, h, s.world));
+    } else if (s.shard_group < s.world) {
+      throw ConfigError(
+          fmt::format("{} {} cannot be combined with mics_shard_size {}: MiCS "
+                      "already keeps every gather within its group; remove one",
+                      key, h, s.shard_group));
+    } else if (ds.zero.offload_param.enabled()) {
+      throw ConfigError(fmt::format(
+          "{} {} cannot be combined with offload_param: its copy of the parameters would take "
+          "the GPU memory offloading frees; remove one",
+          key, h));
+    } else if (h < s.world) {  // at the world the secondary part would be the shard itself
+      s.hpz_group = static_cast<int>(h);
+    }
+  }
   s.bucket_size = std::max<int64_t>(1, ds.zero.reduce_bucket_size.value());
   s.allgather_bucket_size = ds.zero.allgather_bucket_size;
 
@@ -117,6 +163,44 @@ EngineSettings resolve_settings(const DeepSpeedConfig& ds, const EngineOptions& 
                     ds.source));
   }
   s.shard_units = s.stage == 3 && (s.world > 1 || s.offload_param);
+  if (ds.zero.zero_quantized_weights) {
+    if (!s.shard_units || s.world == 1) {
+      s.warnings.emplace_back(fmt::format(
+          "{}: zero_optimization.zero_quantized_weights has no effect: it quantizes stage 3's "
+          "parameter gathers between ranks, and this run has none",
+          ds.source));
+    } else {
+      s.quantized_weights = true;
+    }
+  }
+  if (ds.zero.zero_quantized_gradients) {
+    const std::string key =
+        fmt::format("{}: zero_optimization.zero_quantized_gradients", ds.source);
+    if (s.stage == 0 || s.world == 1) {
+      s.warnings.emplace_back(fmt::format(
+          "{} has no effect: it quantizes the gradients' reduce-scatter between ranks (stages "
+          "1-3), and this run has none",
+          key));
+    } else if (ds.communication_data_type == CommDataType::kFp32) {
+      throw ConfigError(
+          fmt::format("{} contradicts communication_data_type \"fp32\": gradients "
+                      "cannot travel both as fp32 and as int8; remove one",
+                      key));
+    } else if (!s.use_reduce_scatter) {
+      throw ConfigError(
+          fmt::format("{} needs reduce_scatter: it quantizes the reduce-scatter, "
+                      "and reduce_scatter false asks for an all-reduce; remove one",
+                      key));
+    } else if (s.shard_group < s.world) {
+      throw ConfigError(fmt::format("{} cannot be combined with mics_shard_size {} yet; remove one",
+                                    key, s.shard_group));
+    } else if (options.rank_local) {
+      throw ConfigError(
+          fmt::format("{} cannot be combined with expert parallelism yet; remove one", key));
+    } else {
+      s.quantized_gradients = true;
+    }
+  }
   s.layout_stage = s.stage == 3 && !s.shard_units ? 2 : s.stage;
   s.checkpointing = options.activation_checkpointing || s.shard_units;
   s.persistence_threshold = ds.zero.stage3_param_persistence_threshold.value();

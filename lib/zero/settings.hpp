@@ -44,6 +44,17 @@ struct EngineSettings {
   GradientPath gradients = GradientPath::kAllReduce;
   bool overlap = false;  ///< reduce buckets while backward runs
   bool use_reduce_scatter = true;
+  /// Ranks a bucket's state and (stage 3) parameters are cut among: the world, or MiCS's groups
+  /// of consecutive ranks (mics_shard_size), each group holding a whole copy.
+  int shard_group = 1;
+  /// ZeRO++ hpZ (zero_hpz_partition_size): stage 3's secondary copy of the gathered parameters
+  /// cut among this many consecutive ranks; 1: none.
+  int hpz_group = 1;
+  /// ZeRO++ qwZ: stage 3's parameter gathers in blockwise int8 (lib/comm/quantized.hpp).
+  bool quantized_weights = false;
+  /// ZeRO++ qgZ: gradient reduce-scatters (stages 1-3) in blockwise int8, in two hops where
+  /// the job spans several nodes (within the node, then across).
+  bool quantized_gradients = false;
   double pre_scale = 1.0, post_scale = 1.0;  ///< around each gradient reduction (product 1/world)
   bool offload_optimizer = false, offload_param = false;
   /// With offload_optimizer: the share of the state the CPU holds (offload_optimizer.ratio).

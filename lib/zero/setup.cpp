@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "comm/agreement.hpp"
 #include "optim/schedule.hpp"
 #include "util/capacity.hpp"
 #include "util/device_stats.hpp"
@@ -74,6 +75,58 @@ std::vector<zero::ParamInfo> describe_parameters(torch::nn::Module& model,
   }
   if (!any_trainable) throw ConfigError("Engine: the model has no trainable parameters");
   return params;
+}
+
+// Ranks per node for the hierarchies: ZT_RANKS_PER_NODE (the stated override, for the emulated
+// tier, where each rank plays a host of its own), else EngineOptions::ranks_per_node, else the
+// launcher's LOCAL_WORLD_SIZE, else the whole job; one that does not divide the job is the whole
+// job, with a warning.
+int ranks_per_node(int option, int world) {
+  int n = 0;
+  if (const char* v = std::getenv("ZT_RANKS_PER_NODE"); v != nullptr && *v != '\0') {
+    n = std::atoi(v);
+  }
+  if (n <= 0) n = option;
+  if (const char* v = std::getenv("LOCAL_WORLD_SIZE"); n <= 0 && v != nullptr && *v != '\0') {
+    n = std::atoi(v);
+  }
+  if (n <= 0) return world;
+  if (world % n != 0) {
+    log::warn(
+        "{} ranks per node do not divide the {} ranks of the job: the hierarchies treat the "
+        "job as one node",
+        n, world);
+    return world;
+  }
+  return n;
+}
+
+// The settings whose groups every rank must share, agreed in one all-reduce (the largest and
+// the smallest value of each): a difference is a ConfigError on every rank, naming the setting.
+void agree_on_hierarchy(Communicator& comm, const zero::EngineSettings& S, int per_node,
+                        const std::string& source) {
+  if (comm.world_size() == 1) return;
+  const std::vector<std::pair<const char*, double>> items = {
+      {"zero_optimization.stage", S.stage},
+      {"zero_optimization.mics_shard_size", S.shard_group},
+      {"zero_optimization.zero_hpz_partition_size", S.hpz_group},
+      {"zero_optimization.zero_quantized_weights", S.quantized_weights ? 1.0 : 0.0},
+      {"zero_optimization.zero_quantized_gradients", S.quantized_gradients ? 1.0 : 0.0},
+      {"the ranks per node (ZT_RANKS_PER_NODE, EngineOptions::ranks_per_node, LOCAL_WORLD_SIZE)",
+       per_node}};
+  std::vector<double> values;
+  for (const auto& item : items) values.push_back(item.second);
+  for (const auto& item : items) values.push_back(-item.second);
+  const std::vector<double> extremes = comm::reduce_scalars(comm, values, ReduceOp::kMax);
+  for (size_t k = 0; k < items.size(); ++k) {
+    const double most = extremes[k], least = -extremes[items.size() + k];
+    if (most != least) {
+      throw ConfigError(fmt::format(
+          "{}: {} differs between the ranks ({} on some, {} on others; {} on rank {}): every "
+          "rank must run with the same DeepSpeed config and launcher variables",
+          source, items[k].first, least, most, items[k].second, comm.rank()));
+    }
+  }
 }
 
 // What to change when this rank's share of host memory cannot fit: on a CPU everything is
@@ -232,7 +285,14 @@ void EngineImpl::collect_parameters(const DeepSpeedConfig& ds) {
   facts.world = comm->world_size();
   facts.rank = comm->rank();
   facts.device = comm->device();
-  S = resolve_settings(ds, options, facts);
+  // Every rank learns whether any refused the settings before the first collective, then that
+  // all chose the same hierarchy: a rank of another config or environment would otherwise pair
+  // its exchanges with the wrong ones.
+  comm::on_every_rank(*comm, "resolving the engine's settings",
+                      [&] { S = resolve_settings(ds, options, facts); });
+  const int per_node =
+      S.quantized_gradients ? ranks_per_node(options.ranks_per_node, S.world) : S.world;
+  agree_on_hierarchy(*comm, S, per_node, ds.source);
   // Module::to replaces each parameter's data in place: `params` still holds the same objects.
   if (!options.source) model->to(S.device);
   if (S.fp16) scaler = LossScaler(S.scaler);
@@ -247,6 +307,29 @@ void EngineImpl::collect_parameters(const DeepSpeedConfig& ds) {
   lo.local_peers = static_cast<int>(local_peers.size());
   lo.local_place = static_cast<int>(std::find(local_peers.begin(), local_peers.end(), S.rank) -
                                     local_peers.begin());
+  lo.shard_group = S.shard_group;
+  // MiCS: the consecutive ranks sharing one copy, and the ranks holding the same slice of it.
+  shard_peers.clear();
+  replica_peers.clear();
+  const int first = S.rank - S.rank % S.shard_group;
+  for (int r = first; r < first + S.shard_group; ++r) shard_peers.push_back(r);
+  for (int r = S.rank % S.shard_group; r < S.world; r += S.shard_group) replica_peers.push_back(r);
+  node_peers.clear();
+  place_peers.clear();
+  if (S.quantized_gradients) {
+    if (per_node > 1 && per_node < S.world) {
+      const int node = S.rank - S.rank % per_node;
+      for (int r = node; r < node + per_node; ++r) node_peers.push_back(r);
+      for (int r = S.rank % per_node; r < S.world; r += per_node) place_peers.push_back(r);
+    }
+  }
+  hpz_peers.clear();
+  if (S.hpz_group > 1 && S.shard_units) {
+    for (int r = S.rank - S.rank % S.hpz_group; r < S.rank - S.rank % S.hpz_group + S.hpz_group;
+         ++r) {
+      hpz_peers.push_back(r);
+    }
+  }
   layout = build_layout(std::move(params), lo);
   slots.assign(layout.params.size(), ParamSlot{});
   for (const Bucket& b : layout.buckets) {
@@ -453,6 +536,18 @@ void EngineImpl::bind_parameters() {
 }
 
 void EngineImpl::create_parts() {
+  // A trainable bucket step() all-gathers waits for the next forward when every parameter in it
+  // belongs to a unit (none is read before its unit runs) and step() publishes it from the
+  // device masters.
+  step_gather_unit.assign(layout.buckets.size(), -1);
+  const bool defer = options.overlap_step_gather && !options.units.empty() &&
+                     !S.offload_optimizer && !S.in_backward();
+  for (const Bucket& b : layout.buckets) {
+    if (!defer || !b.trainable || b.sharded_params || b.replicated || S.world == 1) continue;
+    int first = std::numeric_limits<int>::max();
+    for (int p : b.params) first = std::min(first, layout.params[static_cast<size_t>(p)].unit);
+    if (first >= 0 && !b.params.empty()) step_gather_unit[static_cast<size_t>(b.index)] = first;
+  }
   const std::vector<std::vector<Segment>> none;
   optimizer =
       std::make_unique<ShardOptimizer>(S.optimizer, master, layout.segments, S.hyper.momentum,

@@ -76,6 +76,7 @@ void Engine::swap_parameters(ParameterSnapshot& snapshot) {
     const at::Tensor mine = live.clone();
     live.copy_(held);
     held.copy_(mine);
+    I.buckets[static_cast<size_t>(b.index)].secondary = at::Tensor();  // hpZ: other values now
   }
 }
 

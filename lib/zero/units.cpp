@@ -20,6 +20,8 @@
 
 #include <fmt/format.h>
 
+#include "comm/groups.hpp"
+#include "comm/quantized.hpp"
 #include "util/rng.hpp"
 #include "zero/copy_stream.hpp"
 #include "zero/engine_impl.hpp"
@@ -429,6 +431,8 @@ std::vector<at::Tensor> zero::EngineImpl::run_unit(size_t unit,
                     "nest",
                     options.units[unit].name));
   }
+  record(TraceEvent::Kind::kUnitRun, static_cast<int>(unit));
+  wait_gathers_before(static_cast<int64_t>(unit));  // the last step's, for this unit's parameters
   const bool sharded = S.shard_units;
   // With spans of several units every unit is recomputed, those not worth it otherwise too
   // (the embeddings, the head): the head then keeps nothing for its backward but its input (the
@@ -516,8 +520,21 @@ void zero::EngineImpl::start_gather(size_t u) {
     } else {
       s.flat_param = at::empty({bucket.numel},
                                at::TensorOptions().dtype(stored_dtype(bucket)).device(S.device));
-      st.gathers.push_back(comm->all_gather(s.flat_param, source));
-      st.sources.push_back(source);
+      if (s.secondary.defined()) {
+        // hpZ: the values have not changed since the last gather over the job; the group's
+        // parts of it make the whole without leaving the node.
+        st.gathers.push_back(comm::group_all_gather(*comm, s.flat_param, s.secondary, hpz_peers));
+      } else if (S.quantized_weights && !bucket.raw) {
+        // qwZ: in int8 blocks (a quantized base's bytes travel as they are).
+        st.gathers.push_back(comm::quantized_all_gather(
+            *comm, s.flat_param, source, hybrid() ? shard_peers : std::vector<int>{}));
+        st.sources.push_back(source);
+        if (!hpz_peers.empty()) st.keep_secondary.push_back(b);
+      } else {
+        st.gathers.push_back(gather_bucket(bucket, s.flat_param, source));
+        st.sources.push_back(source);
+        if (!hpz_peers.empty()) st.keep_secondary.push_back(b);
+      }
     }
     st.elements += bucket.numel;
   }
@@ -533,6 +550,12 @@ void zero::EngineImpl::finish_gather(size_t u) {
   for (WorkHandle& w : st.gathers) w->wait();
   st.gathers.clear();
   st.sources.clear();
+  for (int b : st.keep_secondary) {
+    BucketState& s = buckets[static_cast<size_t>(b)];
+    const int64_t part = s.flat_param.numel() / static_cast<int64_t>(hpz_peers.size());
+    s.secondary = s.flat_param.narrow(0, (S.rank % S.hpz_group) * part, part).clone();
+  }
+  st.keep_secondary.clear();
   bind_unit_params(u, true);
   st.status = UnitStatus::kGathered;
 }
@@ -592,7 +615,7 @@ void zero::EngineImpl::release(size_t u) {
 
 void Engine::hold_units() {
   zero::EngineImpl& I = *impl_;
-  if (!I.S.shard_units) return;
+  if (!I.S.shard_units) return I.finish_publishing();
   if (I.steps.awaiting_step)
     throw InvalidArgument("Engine::hold_units between backward() and step()");
   I.finish_publishing();

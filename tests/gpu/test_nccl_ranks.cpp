@@ -143,6 +143,18 @@ TEST_CASE("nccl ranks: the engine in bf16 and fp16 (loss scaler) matches the ref
   }
 }
 
+TEST_CASE("nccl ranks: MiCS shard groups and hpZ secondary copies match the reference at world 4",
+          "[gpu][nccl][ranks]") {
+  for (int stage : {1, 2, 3}) {
+    test::Case mics = make_case(stage, 4, 2, stage == 2 ? "bf16" : "fp32", false, "transformer");
+    mics.mics = 2;
+    run_on_gpu(mics);
+  }
+  test::Case hpz = make_case(3, 4, 2, "fp32", false, "transformer", "adamw", true);
+  hpz.hpz = 2;
+  run_on_gpu(hpz);
+}
+
 TEST_CASE("nccl ranks: offload, no clipping and stage-3 prefetch", "[gpu][nccl][ranks]") {
   for (int world : {2, 4}) {
     run_on_gpu(make_case(2, world, 2, "fp32", true, "transformer"));

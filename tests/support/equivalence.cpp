@@ -30,9 +30,9 @@
 namespace zt::test {
 
 std::string Case::encode() const {
-  return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", stage, world, accum, dtype,
-                     int(offload), model, opt, int(ckpt), int(token_norm), bucket, steps, micro,
-                     device, clip, int(in_backward), offload_ratio);
+  return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", stage, world, accum,
+                     dtype, int(offload), model, opt, int(ckpt), int(token_norm), bucket, steps,
+                     micro, device, clip, int(in_backward), offload_ratio, mics, hpz);
 }
 
 Case Case::decode(const std::string& s) {
@@ -40,18 +40,21 @@ Case Case::decode(const std::string& s) {
   std::istringstream in(s);
   in >> c.stage >> c.world >> c.accum >> c.dtype >> c.offload >> c.model >> c.opt >> c.ckpt >>
       c.token_norm >> c.bucket >> c.steps >> c.micro >> c.device >> c.clip >> c.in_backward >>
-      c.offload_ratio;
+      c.offload_ratio >> c.mics >> c.hpz;
   if (!in) throw std::runtime_error("malformed ZT_CASE: " + s);
   return c;
 }
 
 std::string Case::describe() const {
   return fmt::format(
-      "stage {} world {} accum {} {} offload {}{} {} {} ckpt {} {} on {} clip {}{}", stage, world,
-      accum, dtype, offload,
-      offload && offload_ratio != 1.0 ? fmt::format(" (ratio {})", offload_ratio) : std::string(),
-      model, opt, ckpt, token_norm ? "token-normalized" : "mean-normalized", device, clip,
-      in_backward ? " updates in backward" : "");
+             "stage {} world {} accum {} {} offload {}{} {} {} ckpt {} {} on {} clip {}{}{}", stage,
+             world, accum, dtype, offload,
+             offload && offload_ratio != 1.0 ? fmt::format(" (ratio {})", offload_ratio)
+                                             : std::string(),
+             model, opt, ckpt, token_norm ? "token-normalized" : "mean-normalized", device, clip,
+             in_backward ? " updates in backward" : "",
+             mics > 0 ? fmt::format(" mics_shard_size {}", mics) : std::string()) +
+         (hpz > 1 ? fmt::format(" zero_hpz_partition_size {}", hpz) : std::string());
 }
 
 namespace {
@@ -74,6 +77,8 @@ std::string ds_json(const Case& c) {
           ? R"(, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true)"
           : "";
   if (c.offload && c.stage == 3) offload += R"(, "offload_param": {"device": "cpu"})";
+  if (c.mics > 0) offload += fmt::format(R"(, "mics_shard_size": {})", c.mics);
+  if (c.hpz > 1) offload += fmt::format(R"(, "zero_hpz_partition_size": {})", c.hpz);
   return fmt::format(R"({{
     "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
     "train_batch_size": "auto", "gradient_clipping": "auto",

@@ -23,6 +23,8 @@ struct Case {
   double clip = 1.0;           ///< max_grad_norm (0: none)
   bool in_backward = false;    ///< EngineOptions::update_in_backward, required to take effect
   double offload_ratio = 1.0;  ///< offload_optimizer.ratio (with `offload`)
+  int mics = -1;               ///< mics_shard_size (-1: none)
+  int hpz = 1;                 ///< zero_hpz_partition_size (1: none)
 
   std::string encode() const;
   static Case decode(const std::string& s);

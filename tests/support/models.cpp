@@ -347,8 +347,15 @@ std::vector<double> fixture_batch_losses(const std::shared_ptr<Communicator>& co
     return at::cat({t, t.roll(5, 1)}).narrow(0, rank * rows, rows);
   };
   const at::Tensor ids = ours("input_ids"), labels = ours("labels"), mask = ours("attention_mask");
-  const std::string offload =
-      setting == "3 offload" ? R"(, "offload_param": {"device": "cpu"})" : "";
+  std::string offload = setting == "3 offload" ? R"(, "offload_param": {"device": "cpu"})" : "";
+  // Groups of half the job: hpZ's secondary copies, MiCS's shard groups (two nodes' worth).
+  const int half = std::max(1, world / 2);
+  if (setting.find("hpz") != std::string::npos && half > 1)
+    offload += fmt::format(R"(, "zero_hpz_partition_size": {})", half);
+  if (setting.find("mics") != std::string::npos && world > 1)
+    offload += fmt::format(R"(, "mics_shard_size": {})", half);
+  if (setting.find("qw") != std::string::npos) offload += R"(, "zero_quantized_weights": true)";
+  if (setting.find("qg") != std::string::npos) offload += R"(, "zero_quantized_gradients": true)";
   DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
       R"({{"zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 10{}}},
           "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}, "gradient_clipping": 1.0}})",

@@ -47,6 +47,8 @@ void check_same_model(const ModelConfig& got, const ModelConfig& want, bool same
 
 /// The losses of `steps` steps of `model`, an adapter over a base the engine reads from
 /// `source`, at this rank of `comm`: ZeRO `setting` "0" … "3" or "3 offload" (offload_param),
+/// a setting holding "hpz" / "mics" with zero_hpz_partition_size / mics_shard_size half the world,
+/// "qw" / "qg" with zero_quantized_weights / zero_quantized_gradients,
 /// AdamW at a constant 0.01, clipping 1.0; each the global mean over a batch of 4 rows — the
 /// tiny llama fixture's 2 and the same rolled by 5 — split by rank. The adapters' tests at
 /// world 1, 2 and 4 compare these.
