@@ -213,6 +213,18 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const DeepSpeedConfig& 
         I.S.stage == 3 && !I.S.shard_units
             ? " (one rank: nothing to partition, units stay resident as in stage 2)"
             : "");
+    std::vector<std::string> modes;
+    if (I.hybrid()) modes.push_back(fmt::format("MiCS shard groups of {} ranks", I.S.shard_group));
+    if (!I.hpz_peers.empty()) modes.push_back(fmt::format("hpZ groups of {}", I.hpz_peers.size()));
+    if (I.S.quantized_weights) modes.emplace_back("int8 weight gathers (qwZ)");
+    if (I.S.quantized_gradients) {
+      modes.push_back(I.node_peers.empty()
+                          ? std::string("int8 gradient reduce-scatters (qgZ)")
+                          : fmt::format("int8 gradient reduce-scatters (qgZ) in two hops, nodes "
+                                        "of {} ranks",
+                                        I.node_peers.size()));
+    }
+    if (!modes.empty()) log::info("engine across nodes: {}", fmt::join(modes, ", "));
   }
 }
 
