@@ -9,14 +9,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "comm/quantized.hpp"
 #include "support/models.hpp"
 #include "support/ranks.hpp"
 #include "zerotrain/comm.hpp"
+#include "zerotrain/config.hpp"
+#include "zerotrain/engine.hpp"
 #include "zerotrain/model.hpp"
 #include "zerotrain/peft.hpp"
 
@@ -40,27 +45,35 @@ at::Tensor block_bounds(const at::Tensor& x) {
       .narrow(1, 0, n);
 }
 
-// Counts the all-gathers over the whole job (group exchanges are all-to-alls), forwarding
-// every call to the communicator it wraps.
+// Counts the all-gathers over the whole job (group exchanges are all-to-alls) and the bytes this
+// rank sends, inside its node of `per_node` consecutive ranks and across, as a direct exchange
+// would send them (a collective's data to each other rank; an all-reduce's twice 1/world),
+// forwarding every call to the communicator it wraps.
 class CountingCommunicator final : public Communicator {
  public:
-  explicit CountingCommunicator(std::shared_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+  explicit CountingCommunicator(std::shared_ptr<Communicator> inner, int per_node = 1)
+      : inner_(std::move(inner)), per_node_(per_node) {}
   int64_t all_gathers = 0;
+  double intra_bytes = 0, inter_bytes = 0;
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
   at::Device device() const override { return inner_->device(); }
   Backend backend() const override { return inner_->backend(); }
   WorkHandle all_reduce(const at::Tensor& t, ReduceOp op) override {
+    to_each(2.0 * static_cast<double>(t.nbytes()) / world_size());
     return inner_->all_reduce(t, op);
   }
   WorkHandle reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
+    to_each(static_cast<double>(out.nbytes()));
     return inner_->reduce_scatter(out, in, op);
   }
   WorkHandle all_gather(const at::Tensor& out, const at::Tensor& in) override {
     ++all_gathers;
+    to_each(static_cast<double>(in.nbytes()));
     return inner_->all_gather(out, in);
   }
   WorkHandle broadcast(const at::Tensor& t, int root) override {
+    if (root == rank()) to_each(static_cast<double>(t.nbytes()));
     return inner_->broadcast(t, root);
   }
   void barrier() override { inner_->barrier(); }
@@ -69,11 +82,24 @@ class CountingCommunicator final : public Communicator {
  protected:
   WorkHandle exchange(const at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& recv,
                       const std::vector<int64_t>& send) override {
+    for (int q = 0; q < world_size(); ++q) {
+      if (q != rank())
+        add(q, static_cast<double>(send[static_cast<size_t>(q)] * in.element_size()));
+    }
     return inner_->all_to_all(out, in, recv, send);
   }
 
  private:
+  void add(int q, double bytes) {
+    (q / per_node_ == rank() / per_node_ ? intra_bytes : inter_bytes) += bytes;
+  }
+  void to_each(double bytes) {
+    for (int q = 0; q < world_size(); ++q) {
+      if (q != rank()) add(q, bytes);
+    }
+  }
   std::shared_ptr<Communicator> inner_;
+  int per_node_;
 };
 
 PeftConfig lora_config() {
@@ -274,4 +300,72 @@ TEST_CASE(
     // Quantized, not the same run: the first step agrees only where nothing was quantized yet.
     CHECK(curves[s] != plain);
   }
+}
+
+// ---- the traffic each mode sends across nodes (bench/tools/scaling_model.py traffic) -----------
+
+// One steady step of full fine-tuning of the tiny LLaMA per mode at world 4 as two nodes of two:
+// the bytes rank 0 sends inside its node and across, as JSON lines in ZT_OUT, for
+// `scaling_model.py traffic` to set beside its formulas.
+TEST_CASE("rank: traffic by mode", "[.rank]") {
+  setenv("ZT_RANKS_PER_NODE", "2", 1);
+  auto counting = std::make_shared<CountingCommunicator>(test::join(), 2);
+  std::shared_ptr<Communicator> comm = counting;
+  const int rank = comm->rank(), world = comm->world_size();
+  const std::vector<std::pair<int, std::string>> modes = {{3, ""},   {3, "hpz"},       {3, "qw"},
+                                                          {3, "qg"}, {3, "hpz+qw+qg"}, {3, "mics"},
+                                                          {2, ""},   {2, "mics"},      {2, "qg"}};
+  std::string lines;
+  for (const auto& [stage, mode] : modes) {
+    const auto has = [&mode = mode](const std::string& m) {
+      return ("+" + mode + "+").find("+" + m + "+") != std::string::npos;
+    };
+    std::string keys;
+    if (has("hpz")) keys += R"(, "zero_hpz_partition_size": 2)";
+    if (has("mics")) keys += R"(, "mics_shard_size": 2)";
+    if (has("qw")) keys += R"(, "zero_quantized_weights": true)";
+    if (has("qg")) keys += R"(, "zero_quantized_gradients": true)";
+    auto model = test::make_model("llm", 3);
+    DeepSpeedConfig ds = parse_deepspeed_config(fmt::format(
+        R"({{"zero_optimization": {{"stage": {}, "reduce_bucket_size": 100000000,
+             "stage3_param_persistence_threshold": 0{}}},
+            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}}}})",
+        stage, keys));
+    TrainingArguments args;
+    args.per_device_train_batch_size = 2;
+    resolve_config(ds, args, ResolveContext{world, 16, 4});
+    EngineOptions eo;
+    eo.units = model->units();
+    eo.gate = &model->unit_gate();
+    eo.total_train_steps = 4;
+    Engine engine(model, ds, comm, eo);
+    double intra = 0, inter = 0;
+    for (int64_t step = 0; step < 2; ++step) {  // the second step's traffic
+      intra = counting->intra_bytes;
+      inter = counting->inter_bytes;
+      test::Batch b = test::make_batch("llm", step, rank * 2, 2);
+      engine.backward(model->loss_sum(b.inputs, b.labels), 10.0);
+      engine.step();
+    }
+    const double step_intra = counting->intra_bytes - intra;
+    const double step_inter = counting->inter_bytes - inter;
+    int64_t params = 0;
+    for (const auto& item : engine.gather_full_parameters()) params += item.second.numel();
+    lines +=
+        fmt::format(R"({{"stage": {}, "modes": "{}", "world": {}, "per_node": 2, "params": {}, )"
+                    R"("intra_bytes": {}, "inter_bytes": {}}})"
+                    "\n",
+                    stage, mode, world, params, step_intra, step_inter);
+  }
+  if (rank == 0) {
+    std::ofstream out(std::getenv("ZT_OUT"));
+    out << lines;
+  }
+  comm->barrier();
+}
+
+TEST_CASE("tool: traffic by mode", "[.tool]") {
+  const char* out = std::getenv("ZT_OUT");
+  REQUIRE(out != nullptr);
+  test::run_ranks(4, "rank: traffic by mode", std::chrono::seconds(300), {{"ZT_OUT", out}});
 }

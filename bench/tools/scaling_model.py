@@ -8,6 +8,9 @@ step and a link model (docs/scaling.md says what it assumes and how it was check
                                                  and each profile's node_modes (parse_modes)
     scaling_model.py check OVERLAP.jsonl --link measured | --bw GBPS [--latency US]
                                                  predicted vs measured emulated runs
+    scaling_model.py traffic TRAFFIC.jsonl       bytes sent across nodes per step by mode, measured
+                                                 (test_hierarchy.cpp's "tool: traffic by mode")
+                                                 beside traffic_across_nodes
     scaling_model.py moe_memory SHAPE.json --world W --ep E [--stage S]
                                                  a mixture's full fine-tuning: bytes per rank
     scaling_model.py long_memory SHAPE.json [--method lora|qlora] [--span N] [--sp S] [--zero3]
@@ -115,6 +118,29 @@ def pass_ms(gathers, computes, scatters=None):
         if scatters:
             comm(t, scatters[k])
     return max(t, comm_end), sum(computes)
+
+
+def traffic_across_nodes(params, world, per_node, stage, modes, value_bytes=2.0):
+    """Bytes one rank sends to other nodes in a step of full fine-tuning (every parameter
+    trainable, in units), as a direct exchange sends them: P/W of the values to each rank of
+    the other nodes per gather or reduce-scatter over the job. Stage 3: the forward's gather,
+    the recomputing backward's, the gradients' reduce-scatter; stages 1-2: the reduce-scatter
+    and the post-step gather. hpz: the backward's gather stays in the node; qw / qg: those
+    gathers / the reduce-scatter in int8 blocks (QUANT × 2 bytes a value), qg's second hop
+    alone crossing, to the rank at the same place on each other node; mics: only each slice's
+    all-reduce over the copies crosses (twice P/W to each other node's rank at the same place)."""
+    W, L = world, per_node
+    nodes = W // L
+    share = params / W * value_bytes
+    int8 = params / W * QUANT * 2.0
+    if "mics" in modes:
+        return 2 * share * (nodes - 1)
+    reduce = int8 * (nodes - 1) if "qg" in modes else share * (W - L)
+    if stage >= 3:
+        forward = (int8 if "qw" in modes else share) * (W - L)
+        backward = 0.0 if "hpz" in modes else forward
+        return forward + backward + reduce
+    return share * (W - L) + reduce
 
 
 def unit_sizes(p):
@@ -511,7 +537,7 @@ SP_EXCHANGE = 3.0
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("verb", choices=["predict", "table", "check", "moe_memory", "moe_predict",
-                                     "long_memory"])
+                                     "long_memory", "traffic"])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--link", default="nvlink-h200", choices=sorted(LINKS) + ["measured"],
                     help="measured (check only): each world's emulated link from the file itself")
@@ -537,6 +563,24 @@ def main():
     ap.add_argument("--zero3", action="store_true", help="long_memory: weights partitioned")
     ap.add_argument("--tokens", default="", help="long_memory: lengths to predict (comma list)")
     args = ap.parse_args()
+    if args.verb == "traffic":
+        # Measured bytes across nodes per step (test_hierarchy.cpp's "tool: traffic by mode",
+        # fp32 on the CPU: 4 bytes a value) beside traffic_across_nodes.
+        rows = [json.loads(line) for line in open(args.files[0]) if line.strip()]
+        plain = {r["stage"]: r["inter_bytes"] for r in rows if not r["modes"]}
+        worst = 0.0
+        for r in rows:
+            modes = set(filter(None, r["modes"].split("+")))
+            want = traffic_across_nodes(r["params"], r["world"], r["per_node"], r["stage"], modes,
+                                        value_bytes=4.0)
+            err = r["inter_bytes"] / want - 1
+            worst = max(worst, abs(err))
+            print(json.dumps({"stage": r["stage"], "modes": r["modes"] or "plain",
+                              "measured_across": r["inter_bytes"], "model": round(want),
+                              "error": round(err, 3),
+                              "of_plain": round(r["inter_bytes"] / plain[r["stage"]], 3)}))
+        print(json.dumps({"worst_error": round(worst, 3)}))
+        return
     if args.verb == "long_memory":
         with open(args.files[0]) as f:
             shape = json.load(f)
