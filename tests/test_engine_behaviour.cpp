@@ -265,6 +265,10 @@ TEST_CASE("rank: engine hierarchy disagreement", "[.rank]") {
     setenv("ZT_RANKS_PER_NODE", rank % 2 == 0 ? "2" : "4", 1);
   }
   if (what == "refused") zero = rank == 1 ? R"("mics_shard_size": 3)" : "";
+  if (what == "straddle") {  // world 6 as nodes of 3: groups of 2 would cross them
+    zero = R"("zero_hpz_partition_size": 2)";
+    setenv("ZT_RANKS_PER_NODE", "3", 1);
+  }
   try {
     Setup s = make_engine(comm, "transformer", 3, "fp32", zero);
     FAIL("the engine was built");
@@ -273,6 +277,9 @@ TEST_CASE("rank: engine hierarchy disagreement", "[.rank]") {
     if (what == "refused") {
       CHECK(rank == 1);
       CHECK_THAT(e.what(), Catch::Contains("mics_shard_size: 3 does not divide"));
+    } else if (what == "straddle") {
+      CHECK_THAT(e.what(), Catch::Contains("zero_hpz_partition_size: groups of 2 ranks straddle "
+                                           "the nodes of 3 ranks"));
     } else {
       const char* key = what == "mics"  ? "mics_shard_size"
                         : what == "hpz" ? "zero_hpz_partition_size"
@@ -297,6 +304,9 @@ TEST_CASE(
     test::run_ranks(4, "rank: engine hierarchy disagreement", std::chrono::seconds(120),
                     {{"ZT_DISAGREE", what}});
   }
+  // Groups that straddle nodes: the same error on every rank.
+  test::run_ranks(6, "rank: engine hierarchy disagreement", std::chrono::seconds(120),
+                  {{"ZT_DISAGREE", "straddle"}});
 }
 
 // ---- memory per rank follows the ZeRO formulas --------------------------------------------------

@@ -302,9 +302,21 @@ void EngineImpl::collect_parameters(const DeepSpeedConfig& ds) {
   // its exchanges with the wrong ones.
   comm::on_every_rank(*comm, "resolving the engine's settings",
                       [&] { S = resolve_settings(ds, options, facts); });
-  const int per_node =
-      S.quantized_gradients ? ranks_per_node(options.ranks_per_node, S.world) : S.world;
+  const bool hierarchy = S.quantized_gradients || S.shard_group < S.world || S.hpz_group > 1;
+  const int per_node = hierarchy ? ranks_per_node(options.ranks_per_node, S.world) : S.world;
   agree_on_hierarchy(*comm, S, per_node, ds.source);
+  // A group must lie within a node or be whole nodes; one that straddles nodes would send
+  // across them the traffic it exists to keep inside.
+  for (const auto& [key, group] : {std::pair<const char*, int>{"mics_shard_size", S.shard_group},
+                                   {"zero_hpz_partition_size", S.hpz_group}}) {
+    if (group > 1 && group < S.world && per_node % group != 0 && group % per_node != 0) {
+      throw ConfigError(fmt::format(
+          "{}: zero_optimization.{}: groups of {} ranks straddle the nodes of {} ranks (ranks per "
+          "node from ZT_RANKS_PER_NODE, the launcher or LOCAL_WORLD_SIZE); set a divisor or a "
+          "multiple of {}",
+          ds.source, key, group, per_node, per_node));
+    }
+  }
   // Module::to replaces each parameter's data in place: `params` still holds the same objects.
   if (!options.source) model->to(S.device);
   if (S.fp16) scaler = LossScaler(S.scaler);
