@@ -23,6 +23,20 @@ std::vector<int> whole_job(const Communicator& comm, const std::vector<int>& gro
   return all;
 }
 
+// Checks that `many` holds `members` × `one` elements (the exchange's other side), naming `op`;
+// a group of one copies `from` into `to` and is done (nothing travels, nothing is quantized).
+WorkHandle checked_or_alone(const char* op, const char* many_name, const at::Tensor& many,
+                            const at::Tensor& one, int64_t members, const at::Tensor& to,
+                            const at::Tensor& from) {
+  if (many.numel() != members * one.numel()) {
+    throw InvalidArgument(fmt::format("{}: the {} has {} elements, not {} × {} (the group's)", op,
+                                      many_name, many.numel(), members, one.numel()));
+  }
+  if (members > 1) return nullptr;
+  to.view({-1}).copy_(from.reshape({-1}));
+  return std::make_unique<DoneWork>();
+}
+
 std::vector<int64_t> counts_for(const Communicator& comm, const std::vector<int>& group,
                                 int64_t each) {
   std::vector<int64_t> counts(static_cast<size_t>(comm.world_size()), 0);
@@ -66,14 +80,9 @@ WorkHandle quantized_all_gather(Communicator& comm, const at::Tensor& output,
                                 const at::Tensor& input, const std::vector<int>& group) {
   const std::vector<int> members = whole_job(comm, group);
   const int64_t m = static_cast<int64_t>(members.size()), n = input.numel();
-  if (output.numel() != m * n) {
-    throw InvalidArgument(fmt::format(
-        "quantized_all_gather: the output has {} elements, not {} × {} (the group's inputs)",
-        output.numel(), m, n));
-  }
-  if (m == 1) {  // nothing travels
-    output.view({-1}).copy_(input.reshape({-1}));
-    return std::make_unique<DoneWork>();
+  if (WorkHandle alone =
+          checked_or_alone("quantized_all_gather", "output", output, input, m, output, input)) {
+    return alone;
   }
   const at::Tensor sent = quantize_blocks(input.reshape({1, n})).view({-1});
   at::Tensor received = at::empty({m * sent.numel()}, sent.options());
@@ -88,14 +97,9 @@ WorkHandle quantized_reduce_scatter(Communicator& comm, const at::Tensor& output
                                     const at::Tensor& input, const std::vector<int>& group) {
   const std::vector<int> members = whole_job(comm, group);
   const int64_t m = static_cast<int64_t>(members.size()), n = output.numel();
-  if (input.numel() != m * n) {
-    throw InvalidArgument(fmt::format(
-        "quantized_reduce_scatter: the input has {} elements, not {} × {} (the group's chunks)",
-        input.numel(), m, n));
-  }
-  if (m == 1) {
-    output.view({-1}).copy_(input.reshape({-1}));
-    return std::make_unique<DoneWork>();
+  if (WorkHandle alone =
+          checked_or_alone("quantized_reduce_scatter", "input", input, output, m, output, input)) {
+    return alone;
   }
   const at::Tensor sent = quantize_blocks(input.reshape({m, n})).view({-1});
   at::Tensor received = at::empty_like(sent);
