@@ -265,6 +265,12 @@ TEST_CASE("rank: engine hierarchy disagreement", "[.rank]") {
     setenv("ZT_RANKS_PER_NODE", rank % 2 == 0 ? "2" : "4", 1);
   }
   if (what == "refused") zero = rank == 1 ? R"("mics_shard_size": 3)" : "";
+  if (what == "badenv" || (what == "badenv1" && rank == 2)) {  // never read as 2 or 16
+    zero = R"("zero_quantized_gradients": true)";
+    setenv("ZT_RANKS_PER_NODE", what == "badenv" ? "2x" : "0x10", 1);
+  } else if (what == "badenv1") {
+    zero = R"("zero_quantized_gradients": true)";
+  }
   if (what == "straddle") {  // world 6 as nodes of 3: groups of 2 would cross them
     zero = R"("zero_hpz_partition_size": 2)";
     setenv("ZT_RANKS_PER_NODE", "3", 1);
@@ -277,6 +283,11 @@ TEST_CASE("rank: engine hierarchy disagreement", "[.rank]") {
     if (what == "refused") {
       CHECK(rank == 1);
       CHECK_THAT(e.what(), Catch::Contains("mics_shard_size: 3 does not divide"));
+    } else if (what == "badenv" || what == "badenv1") {
+      CHECK((what == "badenv" || rank == 2));
+      CHECK_THAT(e.what(), Catch::Contains(what == "badenv" ? "ZT_RANKS_PER_NODE=2x"
+                                                            : "ZT_RANKS_PER_NODE=0x10") &&
+                               Catch::Contains("expected a count of ranks"));
     } else if (what == "straddle") {
       CHECK_THAT(e.what(), Catch::Contains("zero_hpz_partition_size: groups of 2 ranks straddle "
                                            "the nodes of 3 ranks"));
@@ -288,9 +299,10 @@ TEST_CASE("rank: engine hierarchy disagreement", "[.rank]") {
     }
   } catch (const DistributedError& e) {
     INFO(e.what());
-    CHECK(what == "refused");
-    CHECK(rank != 1);
-    CHECK_THAT(e.what(), Catch::Contains("failed on rank(s) 1;"));
+    const int alone = what == "refused" ? 1 : 2;  // the rank that refused alone
+    CHECK((what == "refused" || what == "badenv1"));
+    CHECK(rank != alone);
+    CHECK_THAT(e.what(), Catch::Contains(fmt::format("failed on rank(s) {};", alone)));
   }
 }
 
@@ -299,7 +311,7 @@ TEST_CASE(
     "setting, and one rank's refusal is named by the others",
     "[engine][errors]") {
   if (test::skip_cpu_world(4)) return;
-  for (const char* what : {"mics", "hpz", "node", "refused"}) {
+  for (const char* what : {"mics", "hpz", "node", "refused", "badenv", "badenv1"}) {
     INFO(what);
     test::run_ranks(4, "rank: engine hierarchy disagreement", std::chrono::seconds(120),
                     {{"ZT_DISAGREE", what}});

@@ -77,19 +77,34 @@ std::vector<zero::ParamInfo> describe_parameters(torch::nn::Module& model,
   return params;
 }
 
+// A count of ranks from the environment variable `name`: 0 when unset or empty; anything but a
+// decimal count from 1 to 2^20 is a ConfigError naming the variable (never read as another
+// number, as atoi would read "2x" or "0x10").
+int ranks_from_env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return 0;
+  const std::string text(v);
+  int64_t n = 0;
+  bool ok = text.size() <= 7;
+  for (char c : text) {
+    ok = ok && c >= '0' && c <= '9';
+    if (ok) n = n * 10 + (c - '0');
+  }
+  if (!ok || n < 1 || n > (1 << 20)) {
+    throw ConfigError(fmt::format("{}={}: expected a count of ranks, 1 to {}; fix or unset it",
+                                  name, text, 1 << 20));
+  }
+  return static_cast<int>(n);
+}
+
 // Ranks per node for the hierarchies: ZT_RANKS_PER_NODE (the stated override, for the emulated
 // tier, where each rank plays a host of its own), else EngineOptions::ranks_per_node, else the
 // launcher's LOCAL_WORLD_SIZE, else the whole job; one that does not divide the job is the whole
 // job, with a warning.
 int ranks_per_node(int option, int world) {
-  int n = 0;
-  if (const char* v = std::getenv("ZT_RANKS_PER_NODE"); v != nullptr && *v != '\0') {
-    n = std::atoi(v);
-  }
+  int n = ranks_from_env("ZT_RANKS_PER_NODE");
   if (n <= 0) n = option;
-  if (const char* v = std::getenv("LOCAL_WORLD_SIZE"); n <= 0 && v != nullptr && *v != '\0') {
-    n = std::atoi(v);
-  }
+  if (n <= 0) n = ranks_from_env("LOCAL_WORLD_SIZE");
   if (n <= 0) return world;
   if (world % n != 0) {
     log::warn(
@@ -300,10 +315,12 @@ void EngineImpl::collect_parameters(const DeepSpeedConfig& ds) {
   // Every rank learns whether any refused the settings before the first collective, then that
   // all chose the same hierarchy: a rank of another config or environment would otherwise pair
   // its exchanges with the wrong ones.
-  comm::on_every_rank(*comm, "resolving the engine's settings",
-                      [&] { S = resolve_settings(ds, options, facts); });
-  const bool hierarchy = S.quantized_gradients || S.shard_group < S.world || S.hpz_group > 1;
-  const int per_node = hierarchy ? ranks_per_node(options.ranks_per_node, S.world) : S.world;
+  int per_node = 0;
+  comm::on_every_rank(*comm, "resolving the engine's settings", [&] {
+    S = resolve_settings(ds, options, facts);
+    const bool hierarchy = S.quantized_gradients || S.shard_group < S.world || S.hpz_group > 1;
+    per_node = hierarchy ? ranks_per_node(options.ranks_per_node, S.world) : S.world;
+  });
   agree_on_hierarchy(*comm, S, per_node, ds.source);
   // A group must lie within a node or be whole nodes; one that straddles nodes would send
   // across them the traffic it exists to keep inside.
@@ -585,8 +602,7 @@ void EngineImpl::create_parts() {
   if (options.offload_activations) {
     int64_t limit = options.offload_activations_host_bytes;
     if (limit <= 0) {  // three quarters of what the host has, shared by the node's ranks
-      const char* local = std::getenv("LOCAL_WORLD_SIZE");
-      const double ranks = std::max(1, local != nullptr ? std::atoi(local) : 1);
+      const double ranks = std::max(1, ranks_from_env("LOCAL_WORLD_SIZE"));
       const double available = capacity::host_available_bytes();
       limit = available > 0 ? static_cast<int64_t>(0.75 * available / ranks)
                             : std::numeric_limits<int64_t>::max();
