@@ -524,14 +524,13 @@ void zero::EngineImpl::start_gather(size_t u) {
         // hpZ: the values have not changed since the last gather over the job; the group's
         // parts of it make the whole without leaving the node.
         st.gathers.push_back(comm::group_all_gather(*comm, s.flat_param, s.secondary, hpz_peers));
-      } else if (S.quantized_weights && !bucket.raw) {
-        // qwZ: in int8 blocks (a quantized base's bytes travel as they are).
-        st.gathers.push_back(comm::quantized_all_gather(
-            *comm, s.flat_param, source, hybrid() ? shard_peers : std::vector<int>{}));
-        st.sources.push_back(source);
-        if (!hpz_peers.empty()) st.keep_secondary.push_back(b);
       } else {
-        st.gathers.push_back(gather_bucket(bucket, s.flat_param, source));
+        // qwZ: in int8 blocks (a quantized base's bytes travel as they are).
+        st.gathers.push_back(
+            S.quantized_weights && !bucket.raw
+                ? comm::quantized_all_gather(*comm, s.flat_param, source,
+                                             hybrid() ? shard_peers : std::vector<int>{})
+                : gather_bucket(bucket, s.flat_param, source));
         st.sources.push_back(source);
         if (!hpz_peers.empty()) st.keep_secondary.push_back(b);
       }
