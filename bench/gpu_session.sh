@@ -175,16 +175,25 @@ for phase in "$@"; do
       # A stage suffixed "oc" adds "overlap_comm": true and 2e8-element buckets (HF's ZeRO-2
       # example config), "no" "overlap_comm": false (DeepSpeed's default below stage 3; zerotrain's
       # is on). OVWORLD=1 runs the same rows as one plain rank (no timeline): the compute the
-      # model is checked from; OVWORLD=4 at four ranks. Then: scaling_model.py check FILE
-      # --link measured --kappa 1.25 (docs/scaling.md).
+      # model is checked from; OVWORLD=4 at four ranks. A stage may carry the [7/7] modes after
+      # '+' (3+hpz, 3+qw+qg, 2oc+mics) with groups of OVNODE ranks (default half the world), the
+      # ranks per node. Then: scaling_model.py check FILE --link measured --kappa 1.25
+      # (docs/scaling.md).
       python3 examples/synthetic_tokens.py /tmp/zt-ov.jsonl 1024
       rows=${OVERLAP:-"lora:qwen2.5-7b:2oc lora:qwen2.5-7b:3 lora:qwen2.5-7b:3off full:qwen2.5-1.5b:1oc full:qwen2.5-1.5b:2oc full:qwen2.5-1.5b:3"}
       world=${OVWORLD:-2}
       for row in $rows; do
         IFS=: read -r mode shape stage <<< "$row"
         name=$mode-$shape-z$stage-w$world
-        zero="\"stage\": ${stage//[a-z]/}"
-        case "$stage" in
+        base=${stage%%+*}
+        modes=${stage#"$base"}
+        node=${OVNODE:-$(( world > 1 ? world / 2 : 1 ))}
+        zero="\"stage\": ${base//[a-z]/}"
+        case "$modes+" in *+hpz+*) zero+=", \"zero_hpz_partition_size\": $node" ;; esac
+        case "$modes+" in *+mics+*) zero+=", \"mics_shard_size\": $node" ;; esac
+        case "$modes+" in *+qw+*) zero+=', "zero_quantized_weights": true' ;; esac
+        case "$modes+" in *+qg+*) zero+=', "zero_quantized_gradients": true' ;; esac
+        case "$base" in
           *off) zero+=', "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}' ;;
           *oc) zero+=', "overlap_comm": true, "reduce_bucket_size": 2e8, "allgather_bucket_size": 2e8' ;;
           *no) zero+=', "overlap_comm": false' ;;
@@ -197,7 +206,7 @@ for phase in "$@"; do
         launcher=("$zt" launch --nproc_per_node "$world" --one_node_per_rank true --)
         [ "$world" = 1 ] && launcher=()
         rm -rf "/tmp/zt-ov-$name" && mkdir -p "/tmp/zt-ov-$name"
-        ZT_COMM_TIMELINE="/tmp/zt-ov-$name/tl" "${launcher[@]}" "$zt" train \
+        ZT_RANKS_PER_NODE=$node ZT_COMM_TIMELINE="/tmp/zt-ov-$name/tl" "${launcher[@]}" "$zt" train \
           --model_config "examples/shapes/$shape.json" --train_file /tmp/zt-ov.jsonl \
           --output_dir "/tmp/zt-ov-$name/out" --deepspeed "$ds" --bf16 true --max_length 1024 \
           --max_steps "${OVSTEPS:-5}" --finetuning_type "$mode" "${extra[@]}" \
@@ -205,7 +214,8 @@ for phase in "$@"; do
           --save_strategy no > "$results/overlap-$name.log" 2>&1 ||
           { echo "$name failed"; tail -5 "$results/overlap-$name.log"; continue; }
         python3 bench/tools/summarize_timeline.py "$name" "/tmp/zt-ov-$name/tl" \
-          "/tmp/zt-ov-$name/out/trainer_log.jsonl" "$world" "$stage" | tee -a "$results/overlap.jsonl"
+          "/tmp/zt-ov-$name/out/trainer_log.jsonl" "$world" "$stage" "$node" |
+          tee -a "$results/overlap.jsonl"
       done
       ;;
     sp)  # [6/7] Ulysses sequence parallelism through the CLI: one LoRA step sequence of SPLEN

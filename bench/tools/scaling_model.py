@@ -336,7 +336,8 @@ def measured_links(rows):
         if n < 2 or not ops:
             continue
         ag, ar = ops.get("all_gather"), ops.get("all_reduce")
-        if parse_stage(r["stage"])[0] in (1, 2) and ag and ag["gb"] >= 0.5:
+        stage, modes = parse_modes(str(r["stage"]))
+        if parse_stage(stage)[0] in (1, 2) and not modes and ag and ag["gb"] >= 0.5:
             bws.setdefault(n, []).append(ag["gb"] * (n - 1) / n / (ag["in_flight_ms"] / 1e3))
         if ar and ar["gb"] == 0 and ar["per_step"]:
             lats.setdefault(n, []).append(ar["in_flight_ms"] / ar["per_step"] * 1e3)
@@ -369,7 +370,8 @@ def check(args):
         prof = profile_from_run(mode, shape, one[key]["tokens_per_s"], args.tokens_per_rank)
         link = links[n] if args.link == "measured" else link_from(args)
         t, parts = step_ms(prof, n, link, m["stage"], emulated=True, kappa=args.kappa,
-                           gather_overlap=bool(m.get("step_gather_overlap", False)))
+                           gather_overlap=bool(m.get("step_gather_overlap", False)),
+                           per_node=m.get("per_node"))
         predicted = prof["tokens_per_rank"] * n / t * 1e3  # the whole job's, as the trainer logs
         err = predicted / m["tokens_per_s"] - 1
         worst = max(worst, abs(err))

@@ -5,7 +5,9 @@ were in flight and of the time the compute stream (or host) stood still waiting 
 the exposed communication — in total and by operation, with the step time from the run's
 trainer_log.jsonl.
 
-    summarize_timeline.py NAME PREFIX [TRAINER_LOG [WORLD STAGE]]
+    summarize_timeline.py NAME PREFIX [TRAINER_LOG [WORLD STAGE [PER_NODE]]]
+
+STAGE may carry the [7/7] modes ("3+hpz+qw"); PER_NODE is the ranks per node they were run with.
 """
 import collections
 import glob
@@ -51,4 +53,8 @@ for path in sorted(glob.glob(prefix + ".rank*.jsonl")):
                   for op, o in sorted(per_op.items())},
     }
 job = {"world": int(sys.argv[4]), "stage": sys.argv[5]} if len(sys.argv) > 5 else {}
+if len(sys.argv) > 6:
+    job["per_node"] = int(sys.argv[6])
+if job:  # rows measured since EngineOptions::overlap_step_gather (on by default) came in
+    job["step_gather_overlap"] = True
 print(json.dumps({"run": name, **job, **(step_s or {}), "ranks": ranks}))

@@ -56,7 +56,7 @@ void run_on_gpu(test::Case c) {
 // One job of the tiny model at `world` ranks with a global batch of 8 (micro-batch 8 / world,
 // accumulation 1 — or 2 with `accumulate`, micro-batch halved), through the library.
 std::map<int64_t, double> trainer_losses(int world, const std::vector<std::string>& method,
-                                         bool accumulate = true) {
+                                         bool accumulate = true, test::Env env = {}) {
   const std::string dir = test::temp_dir("nccl_job");
   const bool pairs = std::find(method.begin(), method.end(), "--stage") != method.end();
   if (pairs) {
@@ -72,8 +72,9 @@ std::map<int64_t, double> trainer_losses(int world, const std::vector<std::strin
                             "--learning_rate", "3e-3", "--max_steps", "6", "--logging_steps", "1",
                             "--save_steps", "3", "--seed", "5", "--device", "cuda"},
                            method);
-  test::run_ranks(world, "rank: gpu trainer job", std::chrono::seconds(240),
-                  {{"ZT_FLAGS", join_flags(flags)}}, test::gpu_ranks_share_a_gpu(world));
+  env.emplace_back("ZT_FLAGS", join_flags(flags));
+  test::run_ranks(world, "rank: gpu trainer job", std::chrono::seconds(240), env,
+                  test::gpu_ranks_share_a_gpu(world));
   return logged_losses(dir + "/out");
 }
 
@@ -143,8 +144,11 @@ TEST_CASE("nccl ranks: the engine in bf16 and fp16 (loss scaler) matches the ref
   }
 }
 
-TEST_CASE("nccl ranks: MiCS shard groups and hpZ secondary copies match the reference at world 4",
-          "[gpu][nccl][ranks]") {
+TEST_CASE(
+    "nccl ranks: MiCS shard groups and hpZ secondary copies match the reference at world 4 and 8",
+    "[gpu][nccl][ranks]") {
+  // World 4 as 2 nodes of 2; world 8 as 2 nodes of 4 and as 4 nodes of 2 (ZT_RANKS_PER_NODE is
+  // the group size: run_case).
   for (int stage : {1, 2, 3}) {
     test::Case mics = make_case(stage, 4, 2, stage == 2 ? "bf16" : "fp32", false, "transformer");
     mics.mics = 2;
@@ -153,6 +157,14 @@ TEST_CASE("nccl ranks: MiCS shard groups and hpZ secondary copies match the refe
   test::Case hpz = make_case(3, 4, 2, "fp32", false, "transformer", "adamw", true);
   hpz.hpz = 2;
   run_on_gpu(hpz);
+  for (int group : {4, 2}) {
+    test::Case mics = make_case(group == 4 ? 2 : 3, 8, 1, "fp32", false, "transformer");
+    mics.mics = group;
+    run_on_gpu(mics);
+    test::Case wide = make_case(3, 8, 1, "fp32", false, "transformer", "adamw", true);
+    wide.hpz = group;
+    run_on_gpu(wide);
+  }
 }
 
 TEST_CASE("nccl ranks: offload, no clipping and stage-3 prefetch", "[gpu][nccl][ranks]") {
@@ -178,6 +190,27 @@ TEST_CASE("nccl ranks: full fine-tuning at stages 2 and 3 gives world 1's losses
           "[gpu][nccl][ranks][trainer]") {
   check_world_sizes({"--finetuning_type", "full", "--deepspeed", stage_json(2)}, false);
   check_world_sizes({"--finetuning_type", "full", "--deepspeed", stage_json(3)}, false);
+}
+
+TEST_CASE("nccl ranks: qwZ and qgZ at world 4 (2 nodes of 2) stay within 2% of world 1's losses",
+          "[gpu][nccl][ranks][trainer]") {
+  // Int8 blocks over NCCL's all-to-all and all-gather, qgZ in two hops (within the node, then
+  // across): full fine-tuning at stage 3, against the unquantized one-rank job.
+  const std::vector<std::string> full{"--finetuning_type", "full", "--deepspeed", stage_json(3)};
+  const auto one = trainer_losses(1, full);
+  const auto got = trainer_losses(
+      4,
+      {"--finetuning_type", "full", "--deepspeed",
+       stage_json(3, R"(, "zero_quantized_weights": true, "zero_quantized_gradients": true)")},
+      true, {{"ZT_RANKS_PER_NODE", "2"}});
+  REQUIRE(one.size() == 6);
+  REQUIRE(got.size() == 6);
+  WARN("qwZ + qgZ at world 4 against world 1: " << max_relative(one, got) << " (relative)");
+  for (const auto& [step, loss] : one) {
+    INFO("step " << step);
+    CHECK(std::isfinite(got.at(step)));
+    CHECK(got.at(step) == Approx(loss).epsilon(2e-2));
+  }
 }
 
 TEST_CASE("nccl ranks: LoRA at stages 0-3, offload and packing give world 1's losses",

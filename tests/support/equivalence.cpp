@@ -16,6 +16,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -274,8 +275,12 @@ Case make_case(int stage, int world, int accum, const char* dtype, bool offload,
 void run_case(const Case& c) {
   if (c.device == "cpu" && skip_cpu_world(c.world)) return;
   INFO(c.describe());
-  test::run_ranks(c.world, "rank: engine equivalence", std::chrono::seconds(240),
-                  {{"ZT_CASE", c.encode()}},
+  // A MiCS or hpZ group is a node of its own (on the emulated GPU tier each rank plays a host,
+  // whose groups would otherwise straddle nodes and be refused).
+  Env env{{"ZT_CASE", c.encode()}};
+  const int group = std::max(c.mics, c.hpz);
+  if (group > 1) env.emplace_back("ZT_RANKS_PER_NODE", std::to_string(group));
+  test::run_ranks(c.world, "rank: engine equivalence", std::chrono::seconds(240), env,
                   c.device == "cuda" && test::gpu_ranks_share_a_gpu(c.world));
 }
 
