@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "model/blocks.hpp"
 #include "model/layers.hpp"
@@ -210,6 +211,104 @@ TEST_CASE("expert parallelism: world 2 and 4 give world 1's mixture, outputs and
     test::run_ranks(world, "rank: an expert-parallel mixture", std::chrono::seconds(180),
                     {{"ZT_EP", std::to_string(ep)}});
   }
+}
+
+namespace {
+
+// Logs each all-to-all as issued and as waited for, and passes everything on.
+class LoggingCommunicator final : public Communicator {
+ public:
+  LoggingCommunicator(std::shared_ptr<Communicator> inner, std::vector<std::string>& log)
+      : inner_(std::move(inner)), log_(log) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  at::Device device() const override { return inner_->device(); }
+  Backend backend() const override { return inner_->backend(); }
+  WorkHandle all_reduce(const at::Tensor& t, ReduceOp op) override {
+    return inner_->all_reduce(t, op);
+  }
+  WorkHandle reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
+    return inner_->reduce_scatter(out, in, op);
+  }
+  WorkHandle all_gather(const at::Tensor& out, const at::Tensor& in) override {
+    return inner_->all_gather(out, in);
+  }
+  WorkHandle broadcast(const at::Tensor& t, int root) override {
+    return inner_->broadcast(t, root);
+  }
+  void barrier() override { inner_->barrier(); }
+
+ protected:
+  WorkHandle exchange(const at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& recv,
+                      const std::vector<int64_t>& send) override {
+    log_.emplace_back("issue");
+    return std::make_unique<Logged>(inner_->all_to_all(out, in, recv, send), log_);
+  }
+
+ private:
+  struct Logged final : Work {
+    Logged(WorkHandle w, std::vector<std::string>& log) : inner(std::move(w)), log(log) {}
+    void wait() override {
+      inner->wait();
+      if (!waited) log.emplace_back("wait");
+      waited = true;
+    }
+    void synchronize() override { wait(); }
+    WorkHandle inner;
+    std::vector<std::string>& log;
+    bool waited = false;
+  };
+  std::shared_ptr<Communicator> inner_;
+  std::vector<std::string>& log_;
+};
+
+// How many exchanges were issued and not yet waited for when `log[at]` happened.
+int in_flight(const std::vector<std::string>& log, size_t at) {
+  int n = 0;
+  for (size_t k = 0; k < at; ++k) n += log[k] == "issue" ? 1 : log[k] == "wait" ? -1 : 0;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("rank: shared experts beside the exchange", "[.rank]") {
+  std::vector<std::string> log;
+  auto comm =
+      std::make_shared<LoggingCommunicator>(std::shared_ptr<Communicator>(test::join()), log);
+  const int world = comm->world_size(), rank = comm->rank();
+  model::MoeSpec spec = cases()[2].spec;  // GLM-4.5's, with a shared expert
+  REQUIRE(spec.shared_intermediate > 0);
+  spec.shard_size = world;
+  spec.shard_rank = rank;
+  auto mine = seeded_mixture(spec, false, 16);
+  mine->comm = comm;
+  // The shared expert's first weight marks when its gradient is computed.
+  at::Tensor weight = mine->shared_experts->parameters()[0];
+  weight.register_hook([&log](const at::Tensor& g) {
+    log.emplace_back("shared backward");
+    return g;
+  });
+  const at::Tensor x = all_rows(world, 7, 16).narrow(0, rank * 7, 7).clone().requires_grad_(true);
+  const at::Tensor y = mine->forward(x);
+  const size_t forward_end = log.size();
+  y.sum().backward();
+  INFO(fmt::format("rank {}: {}", rank, fmt::join(log, ", ")));
+  // Forward: three exchanges (the counts, the rows out, the rows back), each waited for.
+  CHECK(std::count(log.begin(), log.begin() + forward_end, "issue") == 3);
+  CHECK(in_flight(log, forward_end) == 0);
+  // Backward: the rows' gradients go back (two exchanges), and the shared expert's backward runs
+  // while the first of them (the returning rows' gradients) is in flight.
+  const auto shared = std::find(log.begin(), log.end(), "shared backward");
+  REQUIRE(shared != log.end());
+  CHECK(in_flight(log, static_cast<size_t>(shared - log.begin())) == 1);
+  CHECK(std::count(log.begin() + forward_end, log.end(), "issue") == 2);
+  CHECK(in_flight(log, log.size()) == 0);
+}
+
+TEST_CASE("expert parallelism: a mixture's shared experts compute while its rows travel",
+          "[moe][ranks]") {
+  if (test::skip_cpu_world(2)) return;
+  test::run_ranks(2, "rank: shared experts beside the exchange", std::chrono::seconds(120));
 }
 
 // The last rank dies (SIGKILL-like, no goodbye) after a first step of an expert-parallel mixture;

@@ -546,7 +546,11 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
   const at::Tensor rows = flat.index_select(0, token);
   const at::Tensor expert_of_row =
       spec.expert_bias && spec.shard_size == 1 ? chosen.index_select(0, order) : at::Tensor();
-  const at::Tensor out = expert_outputs(rows, counts, expert_of_row);
+  // The shared experts run while the routed rows come back from their ranks.
+  at::Tensor shared;
+  const at::Tensor out = expert_outputs(rows, counts, expert_of_row, [&] {
+    if (shared_experts) shared = shared_experts->forward(flat);
+  });
   // Weighted by the scores cast to the activations' dtype (transformers 5's softmax routers
   // return them so; GLM-4.5's weighs in fp32 and casts the product), then summed per token.
   const at::Tensor scores = r.weights.to(sigmoid ? at::kFloat : x.scalar_type())
@@ -556,7 +560,7 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
   const at::Tensor weighted =
       sigmoid ? (out.to(at::kFloat) * scores).to(x.scalar_type()) : out * scores;
   at::Tensor routed = at::zeros_like(flat).index_add(0, token, weighted);
-  if (shared_experts) routed = routed + shared_experts->forward(flat);
+  if (shared_experts) routed = routed + shared;
   return routed.view(x.sizes());
 }
 
@@ -569,9 +573,12 @@ at::Tensor SparseMoe::local_experts(const at::Tensor& rows, const ExpertGroups& 
 }
 
 at::Tensor SparseMoe::expert_outputs(const at::Tensor& rows, const at::Tensor& counts,
-                                     const at::Tensor& expert_of_row) {
-  if (spec.shard_size > 1) return experts_across_ranks(rows, counts);
-  return local_experts(rows, ExpertGroups(counts), expert_of_row);
+                                     const at::Tensor& expert_of_row,
+                                     const std::function<void()>& beside) {
+  if (spec.shard_size > 1) return experts_across_ranks(rows, counts, beside);
+  at::Tensor out = local_experts(rows, ExpertGroups(counts), expert_of_row);
+  beside();
+  return out;
 }
 
 namespace {
@@ -583,7 +590,8 @@ std::vector<int64_t> host_values(const at::Tensor& t) {
 
 }  // namespace
 
-at::Tensor SparseMoe::experts_across_ranks(const at::Tensor& rows, const at::Tensor& counts) {
+at::Tensor SparseMoe::experts_across_ranks(const at::Tensor& rows, const at::Tensor& counts,
+                                           const std::function<void()>& beside) {
   if (!comm) {
     throw InvalidArgument(
         "a mixture of experts sharded over ranks (expert_parallel_size > 1) has no communicator: "
@@ -637,7 +645,9 @@ at::Tensor SparseMoe::experts_across_ranks(const at::Tensor& rows, const at::Ten
   }
   const at::Tensor done = local_experts(regrouped, groups, expert_of_row);
   const at::Tensor back = at::zeros_like(done).index_copy(0, perm, done);
-  return exchange_rows(comm, back, send_rows, recv_rows);
+  RowsInFlight returning = start_rows(comm, back, send_rows, recv_rows);
+  beside();
+  return finish_rows(std::move(returning));
 }
 
 }  // namespace zt::model

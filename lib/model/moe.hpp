@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -228,10 +229,13 @@ struct SparseMoe : torch::nn::Module {
  private:
   /// The experts' outputs for `rows` [P, hidden] grouped by expert (`counts` [experts] on the
   /// rows' device; `expert_of_row` [P] where the experts have biases): here, or under expert
-  /// parallelism on the ranks that hold them.
+  /// parallelism on the ranks that hold them. `beside` runs once, after the experts' compute:
+  /// under expert parallelism while their outputs travel back (and, in backward, while their
+  /// gradients travel out).
   at::Tensor expert_outputs(const at::Tensor& rows, const at::Tensor& counts,
-                            const at::Tensor& expert_of_row);
-  at::Tensor experts_across_ranks(const at::Tensor& rows, const at::Tensor& counts);
+                            const at::Tensor& expert_of_row, const std::function<void()>& beside);
+  at::Tensor experts_across_ranks(const at::Tensor& rows, const at::Tensor& counts,
+                                  const std::function<void()>& beside);
   /// gate_up, activation, down of rows grouped by this rank's experts.
   at::Tensor local_experts(const at::Tensor& rows, const ExpertGroups& groups,
                            const at::Tensor& expert_of_row);
