@@ -297,7 +297,9 @@ TEST_CASE("rank: shared experts beside the exchange", "[.rank]") {
   CHECK(std::count(log.begin(), log.begin() + forward_end, "issue") == 3);
   CHECK(in_flight(log, forward_end) == 0);
   // Backward: the rows' gradients go back (two exchanges), and the shared expert's backward runs
-  // while the first of them (the returning rows' gradients) is in flight.
+  // while the first of them (the returning rows' gradients) is in flight. The autograd engine
+  // runs the newest ready node first, so this also says that forward made the shared expert's
+  // nodes between the return's start and finish (computed there, while the rows travelled).
   const auto shared = std::find(log.begin(), log.end(), "shared backward");
   REQUIRE(shared != log.end());
   CHECK(in_flight(log, static_cast<size_t>(shared - log.begin())) == 1);
