@@ -9,6 +9,8 @@
 #   bench/gpu_session.sh ranks            the multi-rank tier: NCCL at world 2 and 4 on emulated nodes
 #   bench/gpu_session.sh zero3mem         LLaMA-2-13B LoRA ZeRO-3 at 2 ranks: peak memory per rank
 #   bench/gpu_session.sh overlap          exposed communication per step at 2 emulated nodes, by stage
+#   bench/gpu_session.sh nodes            [7/7]'s modes (MiCS, hpZ, qwZ + qgZ) at 4 emulated ranks as 2 nodes
+#                                         of 2: exposed communication and traffic per step, the model's check
 #   bench/gpu_session.sh scaling          the scaling rows at 1, 2, 4, 8 GPUs beside FSDP2 (EMULATE=1:
 #                                         the GPUs missing played as nodes on GPU 0, a dry run)
 #   bench/gpu_session.sh lora7b           examples/finetune_7b.sh MODE=lora beside the peer
@@ -217,6 +219,17 @@ for phase in "$@"; do
           "/tmp/zt-ov-$name/out/trainer_log.jsonl" "$world" "$stage" "$node" |
           tee -a "$results/overlap.jsonl"
       done
+      ;;
+    nodes)  # [7/7] exposed communication per step by mode at 4 emulated ranks as 2 nodes of 2:
+      # full fine-tuning of the 1.5B shape, plain stage 2 (the link is measured from it) and 3
+      # beside MiCS, hpZ and qwZ + qgZ (NODES="..." rows), the one-rank row they are predicted
+      # from, then scaling_model.py check on them (docs/scaling.md, "The modes across nodes").
+      OVWORLD=1 OVERLAP="full:qwen2.5-1.5b:2" OVSTEPS=${OVSTEPS:-3} bench/gpu_session.sh overlap
+      OVWORLD=4 OVNODE=2 OVSTEPS=${OVSTEPS:-3} OVERLAP="${NODES:-full:qwen2.5-1.5b:2oc \
+        full:qwen2.5-1.5b:3 full:qwen2.5-1.5b:3+hpz+qw+qg full:qwen2.5-1.5b:2oc+mics \
+        full:qwen2.5-1.5b:3+hpz full:qwen2.5-1.5b:3+mics}" bench/gpu_session.sh overlap
+      python3 bench/tools/scaling_model.py check "$results/overlap.jsonl" --link measured \
+        --kappa 1.25 | tee "$results/nodes-check.jsonl" || true
       ;;
     sp)  # [6/7] Ulysses sequence parallelism through the CLI: one LoRA step sequence of SPLEN
       # tokens (default 16384) on the SPSHAPE shape (default qwen2.5-1.5b: 12 heads, 2 kv),
