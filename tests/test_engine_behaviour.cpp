@@ -244,7 +244,7 @@ TEST_CASE(
     "engine: at stages 1 and 2 a step's parameter all-gathers are waited for unit by unit "
     "in the next forward, with the same values",
     "[engine]") {
-  for (const auto& [world, stage] : {std::pair{2, "1"}, {2, "2"}, {4, "2"}}) {
+  for (const auto& [world, stage] : {std::pair{2, "1"}, {2, "2"}, {4, "2"}, {8, "1"}}) {
     if (test::skip_cpu_world(world)) continue;
     test::run_ranks(world, "rank: engine step gather overlap", std::chrono::seconds(120),
                     {{"ZT_STAGE", stage}});
