@@ -19,6 +19,7 @@
 #include "model/layers.hpp"
 #include "model/moe.hpp"
 #include "quant/four_bit_weight.hpp"
+#include "support/forwarding_comm.hpp"
 #include "support/jobs.hpp"
 #include "support/models.hpp"
 #include "support/ranks.hpp"
@@ -216,33 +217,16 @@ TEST_CASE("expert parallelism: world 2 and 4 give world 1's mixture, outputs and
 namespace {
 
 // Logs each all-to-all as issued and as waited for, and passes everything on.
-class LoggingCommunicator final : public Communicator {
+class LoggingCommunicator final : public test::ForwardingCommunicator {
  public:
   LoggingCommunicator(std::shared_ptr<Communicator> inner, std::vector<std::string>& log)
-      : inner_(std::move(inner)), log_(log) {}
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  at::Device device() const override { return inner_->device(); }
-  Backend backend() const override { return inner_->backend(); }
-  WorkHandle all_reduce(const at::Tensor& t, ReduceOp op) override {
-    return inner_->all_reduce(t, op);
-  }
-  WorkHandle reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
-    return inner_->reduce_scatter(out, in, op);
-  }
-  WorkHandle all_gather(const at::Tensor& out, const at::Tensor& in) override {
-    return inner_->all_gather(out, in);
-  }
-  WorkHandle broadcast(const at::Tensor& t, int root) override {
-    return inner_->broadcast(t, root);
-  }
-  void barrier() override { inner_->barrier(); }
+      : ForwardingCommunicator(std::move(inner)), log_(log) {}
 
  protected:
   WorkHandle exchange(const at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& recv,
                       const std::vector<int64_t>& send) override {
     log_.emplace_back("issue");
-    return std::make_unique<Logged>(inner_->all_to_all(out, in, recv, send), log_);
+    return std::make_unique<Logged>(ForwardingCommunicator::exchange(out, in, recv, send), log_);
   }
 
  private:
@@ -258,7 +242,6 @@ class LoggingCommunicator final : public Communicator {
     std::vector<std::string>& log;
     bool waited = false;
   };
-  std::shared_ptr<Communicator> inner_;
   std::vector<std::string>& log_;
 };
 

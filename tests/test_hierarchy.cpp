@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "comm/quantized.hpp"
+#include "support/forwarding_comm.hpp"
 #include "support/models.hpp"
 #include "support/ranks.hpp"
 #include "zerotrain/comm.hpp"
@@ -49,35 +50,29 @@ at::Tensor block_bounds(const at::Tensor& x) {
 // rank sends, inside its node of `per_node` consecutive ranks and across, as a direct exchange
 // would send them (a collective's data to each other rank; an all-reduce's twice 1/world),
 // forwarding every call to the communicator it wraps.
-class CountingCommunicator final : public Communicator {
+class CountingCommunicator final : public test::ForwardingCommunicator {
  public:
   explicit CountingCommunicator(std::shared_ptr<Communicator> inner, int per_node = 1)
-      : inner_(std::move(inner)), per_node_(per_node) {}
+      : ForwardingCommunicator(std::move(inner)), per_node_(per_node) {}
   int64_t all_gathers = 0;
   double intra_bytes = 0, inter_bytes = 0;
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  at::Device device() const override { return inner_->device(); }
-  Backend backend() const override { return inner_->backend(); }
   WorkHandle all_reduce(const at::Tensor& t, ReduceOp op) override {
     to_each(2.0 * static_cast<double>(t.nbytes()) / world_size());
-    return inner_->all_reduce(t, op);
+    return ForwardingCommunicator::all_reduce(t, op);
   }
   WorkHandle reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
     to_each(static_cast<double>(out.nbytes()));
-    return inner_->reduce_scatter(out, in, op);
+    return ForwardingCommunicator::reduce_scatter(out, in, op);
   }
   WorkHandle all_gather(const at::Tensor& out, const at::Tensor& in) override {
     ++all_gathers;
     to_each(static_cast<double>(in.nbytes()));
-    return inner_->all_gather(out, in);
+    return ForwardingCommunicator::all_gather(out, in);
   }
   WorkHandle broadcast(const at::Tensor& t, int root) override {
     if (root == rank()) to_each(static_cast<double>(t.nbytes()));
-    return inner_->broadcast(t, root);
+    return ForwardingCommunicator::broadcast(t, root);
   }
-  void barrier() override { inner_->barrier(); }
-  void raise_if_failed() override { inner_->raise_if_failed(); }
 
  protected:
   WorkHandle exchange(const at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& recv,
@@ -86,7 +81,7 @@ class CountingCommunicator final : public Communicator {
       if (q != rank())
         add(q, static_cast<double>(send[static_cast<size_t>(q)] * in.element_size()));
     }
-    return inner_->all_to_all(out, in, recv, send);
+    return ForwardingCommunicator::exchange(out, in, recv, send);
   }
 
  private:
@@ -98,7 +93,6 @@ class CountingCommunicator final : public Communicator {
       if (q != rank()) add(q, bytes);
     }
   }
-  std::shared_ptr<Communicator> inner_;
   int per_node_;
 };
 

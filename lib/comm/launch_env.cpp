@@ -1,10 +1,11 @@
 // Reading rank, world size and master address from torchrun / mpirun / srun variables.
-#include <charconv>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 
 #include <fmt/format.h>
 
+#include "util/env.hpp"
 #include "zerotrain/comm.hpp"
 #include "zerotrain/error.hpp"
 
@@ -19,14 +20,7 @@ int int_var(const Getenv& getenv, const char* name, int min, std::optional<int> 
     if (fallback) return *fallback;
     throw ConfigError(fmt::format("environment variable {} is not set", name));
   }
-  int out = 0;
-  std::string_view s(v);
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  if (ec != std::errc() || p != s.data() + s.size() || out < min) {
-    throw ConfigError(fmt::format(
-        "environment variable {}: expected an integer >= {}, found \"{}\"", name, min, s));
-  }
-  return out;
+  return parse_env_int(name, v, min, std::numeric_limits<int>::max(), "an integer");
 }
 
 std::string string_var(const Getenv& getenv, const char* name, const std::string* fallback,

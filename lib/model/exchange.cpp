@@ -117,8 +117,7 @@ RowsInFlight start_rows(const std::shared_ptr<Communicator>& comm, const at::Ten
 }
 
 at::Tensor finish_rows(RowsInFlight&& started) {
-  RowsInFlight s = std::move(started);
-  return FinishFunction::apply(s.rows, s.flight);
+  return FinishFunction::apply(started.rows, started.flight);
 }
 
 at::Tensor exchange_rows(const std::shared_ptr<Communicator>& comm, const at::Tensor& rows,

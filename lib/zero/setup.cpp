@@ -15,6 +15,7 @@
 #include "optim/schedule.hpp"
 #include "util/capacity.hpp"
 #include "util/device_stats.hpp"
+#include "util/env.hpp"
 #include "util/log.hpp"
 #include "zero/copy_stream.hpp"
 #include "zero/engine_impl.hpp"
@@ -78,23 +79,11 @@ std::vector<zero::ParamInfo> describe_parameters(torch::nn::Module& model,
 }
 
 // A count of ranks from the environment variable `name`: 0 when unset or empty; anything but a
-// decimal count from 1 to 2^20 is a ConfigError naming the variable (never read as another
-// number, as atoi would read "2x" or "0x10").
+// decimal count from 1 to 2^20 is a ConfigError naming the variable (util/env.hpp).
 int ranks_from_env(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return 0;
-  const std::string text(v);
-  int64_t n = 0;
-  bool ok = text.size() <= 7;
-  for (char c : text) {
-    ok = ok && c >= '0' && c <= '9';
-    if (ok) n = n * 10 + (c - '0');
-  }
-  if (!ok || n < 1 || n > (1 << 20)) {
-    throw ConfigError(fmt::format("{}={}: expected a count of ranks, 1 to {}; fix or unset it",
-                                  name, text, 1 << 20));
-  }
-  return static_cast<int>(n);
+  return parse_env_int(name, v, 1, 1 << 20, "a count of ranks");
 }
 
 // Ranks per node for the hierarchies: ZT_RANKS_PER_NODE (the stated override, for the emulated
